@@ -1,0 +1,42 @@
+"""graphc: numpy model code -> Graph IR -> optimized, partitioned, parallel execution.
+
+Public API (everything else is internal and may change):
+
+    trace(fn, *args, **kwargs) -> Graph      record a numpy function as a graph
+    evaluate(graph, *args, **kwargs)         run a graph with the reference interpreter
+    parse(text) -> Graph                     read the text IR back
+    Graph, Node, Value, TensorType           the IR
+    ArraySpec(shape, dtype)                  an argument that has a type but no data
+    OPS                                      the op registry (name -> OpDef)
+    TraceError, ParseError, VerifyError, EvaluationError, GraphcError
+"""
+
+from graphc.errors import EvaluationError, GraphcError, ParseError, SourceLoc, TraceError, VerifyError
+from graphc.frontend import Tracer, trace
+from graphc.interpreter import evaluate
+from graphc.ir import Graph, Node, TensorType, Value
+from graphc.ops import REGISTRY as OPS
+from graphc.pytree import ArraySpec
+from graphc.textir import parse, print_graph
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ArraySpec",
+    "EvaluationError",
+    "Graph",
+    "GraphcError",
+    "Node",
+    "OPS",
+    "ParseError",
+    "SourceLoc",
+    "TensorType",
+    "TraceError",
+    "Tracer",
+    "Value",
+    "VerifyError",
+    "evaluate",
+    "parse",
+    "print_graph",
+    "trace",
+]

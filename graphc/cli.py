@@ -1,0 +1,142 @@
+"""The ``graphc`` command line.
+
+    graphc ir FILE:FUNC [--example NAME] [-o OUT]   trace FUNC on its example arguments, print the IR
+    graphc ir FILE.gir                              parse and verify a dumped IR file, print it again
+    graphc bench FILE:FUNC [--example NAME]         time tracing, printing, parsing and evaluation
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from graphc.errors import GraphcError
+
+
+def write_atomically(path: str, text: str) -> None:
+    """Write via a temporary file in the same folder, so an interrupted run leaves no partial file."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".graphc-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def cmd_ir(args: argparse.Namespace) -> int:
+    import graphc
+
+    if args.target.endswith(".gir") and ":" not in args.target:
+        try:
+            with open(args.target) as f:
+                text = f.read()
+        except OSError as exc:
+            raise GraphcError(f"{args.target}: {exc.strerror}") from None
+        try:
+            graph = graphc.parse(text)
+        except graphc.ParseError as exc:
+            raise GraphcError(f"{args.target}: {exc}") from None
+    else:
+        from graphc.loader import load_target
+
+        fn, fargs, fkwargs = load_target(args.target, args.example)
+        graph = graphc.trace(fn, *fargs, **fkwargs)
+    text = str(graph)
+    if args.output:
+        write_atomically(args.output, text)
+        print(f"wrote {args.output}: {len(graph.nodes)} nodes", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _timed(fn, repeat: int) -> tuple[list[float], object]:
+    times, result = [], None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - t0)
+    return times, result
+
+
+def _fmt(times: list[float]) -> str:
+    med = statistics.median(times)
+    spread = (max(times) - min(times)) / 2
+    return f"{med * 1e3:10.1f} ms  ± {spread * 1e3:6.1f}  (n={len(times)})"
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    import graphc
+    from graphc.loader import load_target
+
+    fn, fargs, fkwargs = load_target(args.target, args.example)
+    n_params = sum(np.size(x) for x in _array_leaves((fargs, fkwargs)))
+    print(f"graphc bench {args.target} ({args.example or 'example_args'}): {n_params:,} array elements in the arguments")
+    t_trace, graph = _timed(lambda: graphc.trace(fn, *fargs, **fkwargs), args.repeat)
+    t_print, text = _timed(lambda: str(graph), args.repeat)
+    t_parse, parsed = _timed(lambda: graphc.parse(text), args.repeat)
+    t_verify, _ = _timed(graph.verify, args.repeat)
+    assert str(parsed) == text, "text round trip changed the graph"
+    print(f"  graph: {len(graph.nodes)} nodes, {len(graph.inputs)} inputs; IR text {len(text.splitlines())} lines, {len(text) / 1e3:.0f} kB")
+    print(f"  trace            {_fmt(t_trace)}")
+    print(f"  print IR         {_fmt(t_print)}")
+    print(f"  parse IR         {_fmt(t_parse)}")
+    print(f"  verify           {_fmt(t_verify)}")
+    if not args.no_run:
+        t_eager, _ = _timed(lambda: fn(*fargs, **fkwargs), args.repeat)
+        t_eval, _ = _timed(lambda: graphc.evaluate(graph, *fargs, **fkwargs), args.repeat)
+        ratio = statistics.median(t_eval) / statistics.median(t_eager)
+        print(f"  numpy eager      {_fmt(t_eager)}")
+        print(f"  reference interp {_fmt(t_eval)}   ({ratio:.2f}x numpy eager's time)")
+    return 0
+
+
+def _array_leaves(tree):
+    from graphc.pytree import flatten
+
+    return flatten(tree)[0]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="graphc", description="numpy model code -> graph IR -> parallel execution")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    ir = sub.add_parser("ir", help="print the IR of FILE:FUNC traced on its example arguments (or of a .gir file)")
+    ir.add_argument("target", help="FILE:FUNC (e.g. models/gpt.py:gpt) or a .gir file to parse and verify")
+    ir.add_argument("--example", help="function in FILE returning (args, kwargs) (default: example_args)")
+    ir.add_argument("-o", "--output", help="write the IR to this file instead of stdout")
+    ir.set_defaults(func=cmd_ir)
+
+    bench = sub.add_parser("bench", help="time tracing, IR printing/parsing and evaluation of FILE:FUNC")
+    bench.add_argument("target", help="FILE:FUNC")
+    bench.add_argument("--example", help="function in FILE returning (args, kwargs) (default: example_args)")
+    bench.add_argument("--repeat", type=int, default=3, help="repetitions per measurement (default 3)")
+    bench.add_argument("--no-run", action="store_true", help="skip numpy eager and interpreter timings")
+    bench.set_defaults(func=cmd_bench)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except GraphcError as exc:
+        print(f"graphc: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("graphc: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

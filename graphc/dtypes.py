@@ -1,0 +1,53 @@
+"""The dtypes graphc supports and their short names in the text IR (``f32[4,8]``)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graphc.errors import ShapeError
+
+SHORT_NAMES: dict[np.dtype, str] = {
+    np.dtype(np.bool_): "bool",
+    np.dtype(np.int8): "i8",
+    np.dtype(np.int16): "i16",
+    np.dtype(np.int32): "i32",
+    np.dtype(np.int64): "i64",
+    np.dtype(np.uint8): "u8",
+    np.dtype(np.uint16): "u16",
+    np.dtype(np.uint32): "u32",
+    np.dtype(np.uint64): "u64",
+    np.dtype(np.float16): "f16",
+    np.dtype(np.float32): "f32",
+    np.dtype(np.float64): "f64",
+}
+BY_SHORT_NAME: dict[str, np.dtype] = {v: k for k, v in SHORT_NAMES.items()}
+
+
+def canonical(dtype) -> np.dtype:
+    """The numpy dtype for ``dtype`` (a dtype, type, or name), or ShapeError if unsupported."""
+    if isinstance(dtype, str) and dtype in BY_SHORT_NAME:
+        return BY_SHORT_NAME[dtype]
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as exc:
+        raise ShapeError(f"not a dtype: {dtype!r}") from exc
+    dt = dt.newbyteorder("=") if dt.byteorder not in "=|" else dt
+    if dt not in SHORT_NAMES:
+        raise ShapeError(f"dtype {dt} is not supported (supported: {', '.join(SHORT_NAMES.values())})")
+    return dt
+
+
+def short_name(dtype: np.dtype) -> str:
+    return SHORT_NAMES[np.dtype(dtype)]
+
+
+def is_float(dtype: np.dtype) -> bool:
+    return np.dtype(dtype).kind == "f"
+
+
+def is_int(dtype: np.dtype) -> bool:
+    return np.dtype(dtype).kind in "iu"
+
+
+def is_bool(dtype: np.dtype) -> bool:
+    return np.dtype(dtype).kind == "b"

@@ -1,0 +1,154 @@
+"""``x[key]`` on a traced array, with numpy's full semantics for basic and advanced indexing.
+
+1. basic part: slices and (when no index arrays are present) integers become one ``slice`` node,
+   then one ``reshape`` drops integer-indexed dims and inserts ``None`` dims;
+2. advanced part: index arrays (traced, numpy, lists, ranges, static bool masks via nonzero) and,
+   when any is present, integers too, broadcast together and become one ``gather``. As in numpy,
+   the gathered dims replace the indexed dims in place when the advanced indices are adjacent in
+   the key, and move to the front otherwise.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from graphc.errors import TraceError
+from graphc.frontend.functions import reshape_to
+from graphc.frontend.shape_functions import transpose
+from graphc.frontend.tracer import Tracer, bind, lift, user_location
+
+
+def _classify(k: Any) -> list[tuple[str, Any]]:
+    if k is None:
+        return [("none", None)]
+    if k is Ellipsis:
+        return [("ellipsis", None)]
+    if isinstance(k, slice):
+        return [("slice", k)]
+    if isinstance(k, Tracer):
+        if k.dtype.kind == "b":
+            raise TraceError(
+                "boolean-mask indexing with a traced mask has a data-dependent shape; use np.where(mask, x, 0) instead",
+                user_location(),
+            )
+        if k.dtype.kind not in "iu":
+            raise TraceError(f"arrays used as indices must be of integer type, got {k.dtype}", user_location())
+        return [("array", k)]
+    if isinstance(k, (bool, np.bool_)):
+        raise TraceError("a scalar bool used as an index is not supported", user_location())
+    if isinstance(k, (int, np.integer)):
+        return [("int", int(k))]
+    if isinstance(k, (list, tuple, range, np.ndarray)):
+        if isinstance(k, (list, tuple)) and any(isinstance(v, Tracer) for v in k):
+            return [("array", lift(list(k)))]
+        arr = np.asarray(list(k) if isinstance(k, range) else k)
+        if arr.dtype == bool:
+            if arr.ndim == 0:
+                raise TraceError("a 0-d bool array used as an index is not supported", user_location())
+            return [("mask", arr)]
+        if arr.size == 0:
+            arr = arr.astype(np.int64)
+        if arr.dtype.kind not in "iu":
+            raise TraceError(f"arrays used as indices must be of integer type, got {arr.dtype}", user_location())
+        return [("array", arr)]
+    raise TraceError(f"unsupported index of type {type(k).__name__}: {k!r}", user_location())
+
+
+def getitem(x: Tracer, key: Any) -> Tracer:
+    items: list[tuple[str, Any]] = []
+    for k in key if isinstance(key, tuple) else (key,):
+        items.extend(_classify(k))
+
+    if sum(kind == "ellipsis" for kind, _ in items) > 1:
+        raise TraceError("an index can only have a single ellipsis ('...')", user_location())
+    consumed = sum(v.ndim if kind == "mask" else kind in ("slice", "int", "array") for kind, v in items)
+    if consumed > x.ndim:
+        raise TraceError(f"too many indices for array: array is {x.ndim}-dimensional, but {consumed} were indexed", user_location())
+    fill = [("slice", slice(None))] * (x.ndim - consumed)
+    if any(kind == "ellipsis" for kind, _ in items):
+        at = next(i for i, (kind, _) in enumerate(items) if kind == "ellipsis")
+        items = items[:at] + fill + items[at + 1:]
+    else:
+        items = items + fill
+
+    # a static bool mask becomes one integer index array per dim it covers (np.nonzero)
+    expanded: list[tuple[str, Any]] = []
+    dim = 0
+    for kind, v in items:
+        if kind == "mask":
+            covered = x.shape[dim: dim + v.ndim]
+            if v.shape != covered:
+                raise TraceError(
+                    f"boolean index did not match indexed array along axes {dim}..{dim + v.ndim - 1}: "
+                    f"mask shape {v.shape}, array dims {covered}",
+                    user_location(),
+                )
+            expanded.extend(("array", nz) for nz in np.nonzero(v))
+            dim += v.ndim
+        else:
+            expanded.append((kind, v))
+            dim += kind != "none"
+    items = expanded
+
+    advanced = any(kind == "array" for kind, _ in items)
+    if advanced:  # integers index like 0-d arrays when any index array is present
+        items = [("array", np.asarray(v, dtype=np.int64)) if kind == "int" else (kind, v) for kind, v in items]
+
+    # 1. basic part
+    starts, stops, steps, shape = [], [], [], []
+    dim = 0
+    for kind, v in items:
+        if kind == "none":
+            shape.append(1)
+            continue
+        n = x.shape[dim]
+        if kind == "slice":
+            a, b, s = v.indices(n)
+            if s < 0 and b < 0:
+                b = -1
+            length = len(range(a, b, s))
+            if length == 0:
+                a, b, s = 0, 0, 1
+            starts.append(a), stops.append(b), steps.append(s), shape.append(length)
+        elif kind == "int":
+            if not -n <= v < n:
+                raise TraceError(f"index {v} is out of bounds for axis {dim} with size {n}", user_location())
+            v %= n
+            starts.append(v), stops.append(v + 1), steps.append(1)
+        else:  # array: keep the whole dim for the gather below
+            if not isinstance(v, Tracer) and v.size and not (-n <= v.min() and v.max() < n):
+                bad = v.max() if v.max() >= n else v.min()
+                raise TraceError(f"index {bad} is out of bounds for axis {dim} with size {n}", user_location())
+            starts.append(0), stops.append(n), steps.append(1), shape.append(n)
+        dim += 1
+    y = x
+    if (tuple(starts), tuple(stops), tuple(steps)) != ((0,) * x.ndim, x.shape, (1,) * x.ndim):
+        y = bind("slice", y, starts=tuple(starts), stops=tuple(stops), steps=tuple(steps))
+    y = reshape_to(y, tuple(shape))
+    if not advanced:
+        return y
+
+    # 2. advanced part: positions of the index arrays among y's dims
+    positions, indices, pos = [], [], 0
+    for kind, v in items:
+        if kind == "int":
+            continue
+        if kind == "array":
+            positions.append(pos)
+            indices.append(lift(v))
+        pos += 1
+    try:
+        np.broadcast_shapes(*(i.shape for i in indices))
+    except ValueError:
+        raise TraceError(
+            "shape mismatch: indexing arrays could not be broadcast together with shapes "
+            + " ".join(str(i.shape) for i in indices),
+            user_location(),
+        ) from None
+    adjacent = positions == list(range(positions[0], positions[0] + len(positions)))
+    if adjacent:
+        return bind("gather", y, *indices, axis=positions[0])
+    rest = [d for d in range(y.ndim) if d not in positions]
+    return bind("gather", transpose(y, positions + rest), *indices, axis=0)

@@ -1,0 +1,368 @@
+"""numpy's shape-manipulation and array-creation functions on traced arrays."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from graphc import dtypes
+from graphc.errors import TraceError
+from graphc.frontend.functions import (
+    _reject,
+    broadcast,
+    full,
+    implements,
+    norm_axes,
+    norm_axis,
+    reshape_to,
+    result_dtype,
+)
+from graphc.frontend.tracer import Tracer, bind, bind_multi, lift, user_location
+
+
+def _resolve_shape(shape: Any, size: int, fname: str = "reshape") -> tuple[int, ...]:
+    if isinstance(shape, (int, np.integer)):
+        shape = (shape,)
+    shape = tuple(int(d) for d in shape)
+    unknown = [i for i, d in enumerate(shape) if d == -1]
+    if len(unknown) > 1 or any(d < -1 for d in shape):
+        raise TraceError(f"{fname}: invalid shape {shape}", user_location())
+    if unknown:
+        known = int(np.prod([d for d in shape if d != -1], dtype=np.int64))
+        if known == 0 or size % known:
+            raise TraceError(f"cannot reshape array of size {size} into shape {shape}", user_location())
+        shape = tuple(size // known if d == -1 else d for d in shape)
+    return shape
+
+
+@implements(np.reshape)
+def reshape(a, shape=None, order="C", *, newshape=None, copy=None):
+    if order != "C":
+        raise TraceError(f"numpy.reshape: order={order!r} is not supported (only 'C')", user_location())
+    x = lift(a)
+    shape = newshape if shape is None else shape
+    return reshape_to(x, _resolve_shape(shape, x.size))
+
+
+@implements(np.ravel)
+def ravel(a, order="C"):
+    return reshape(a, (-1,), order)
+
+
+@implements(np.transpose)
+def transpose(a, axes=None):
+    x = lift(a)
+    perm = tuple(reversed(range(x.ndim))) if axes is None else tuple(norm_axis(i, x.ndim, "transpose") for i in axes)
+    if sorted(perm) != list(range(x.ndim)):
+        raise TraceError(f"transpose: axes {axes} do not match an array of dimension {x.ndim}", user_location())
+    return x if perm == tuple(range(x.ndim)) else bind("transpose", x, perm=perm)
+
+
+@implements(np.swapaxes)
+def swapaxes(a, axis1, axis2):
+    x = lift(a)
+    i, j = norm_axis(axis1, x.ndim, "swapaxes"), norm_axis(axis2, x.ndim, "swapaxes")
+    perm = list(range(x.ndim))
+    perm[i], perm[j] = perm[j], perm[i]
+    return transpose(x, perm)
+
+
+@implements(np.moveaxis)
+def moveaxis(a, source, destination):
+    x = lift(a)
+    src = [source] if isinstance(source, int) else list(source)
+    dst = [destination] if isinstance(destination, int) else list(destination)
+    src = [norm_axis(s, x.ndim, "moveaxis") for s in src]
+    dst = [norm_axis(d, x.ndim, "moveaxis") for d in dst]
+    order = [n for n in range(x.ndim) if n not in src]
+    for d, s in sorted(zip(dst, src)):
+        order.insert(d, s)
+    return transpose(x, order)
+
+
+@implements(np.expand_dims)
+def expand_dims(a, axis):
+    x = lift(a)
+    axes = [axis] if isinstance(axis, int) else list(axis)
+    out_ndim = x.ndim + len(axes)
+    axes = sorted(norm_axis(ax, out_ndim, "expand_dims") for ax in axes)
+    shape = list(x.shape)
+    for ax in axes:
+        shape.insert(ax, 1)
+    return reshape_to(x, tuple(shape))
+
+
+@implements(np.squeeze)
+def squeeze(a, axis=None):
+    x = lift(a)
+    if axis is None:
+        axes = tuple(i for i, d in enumerate(x.shape) if d == 1)
+    else:
+        axes = norm_axes(axis, x.ndim, "squeeze")
+        bad = [i for i in axes if x.shape[i] != 1]
+        if bad:
+            raise TraceError(f"squeeze: cannot select an axis to squeeze out which has size not equal to one (axis {bad[0]})", user_location())
+    return reshape_to(x, tuple(d for i, d in enumerate(x.shape) if i not in axes))
+
+
+@implements(np.broadcast_to)
+def broadcast_to(array, shape, subok=False):
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    return broadcast(lift(array), shape)
+
+
+@implements(np.broadcast_arrays)
+def broadcast_arrays(*args, subok=False):
+    xs = [lift(a) for a in args]
+    shape = np.broadcast_shapes(*(x.shape for x in xs))
+    return tuple(broadcast(x, shape) for x in xs)
+
+
+@implements(np.atleast_1d, np.atleast_2d)
+def atleast_nd(*arys):
+    raise TraceError("numpy.atleast_1d/atleast_2d are not supported; use reshape", user_location())
+
+
+@implements(np.concatenate)
+def concatenate(arrays, axis=0, out=None, *, dtype=None, casting="same_kind"):
+    _reject("concatenate", out=out)
+    arrays = list(arrays)
+    if not arrays:
+        raise TraceError("need at least one array to concatenate", user_location())
+    dt = dtypes.canonical(dtype) if dtype is not None else result_dtype(*arrays)
+    xs = [lift(a, dt) for a in arrays]
+    if axis is None:
+        xs = [reshape_to(x, (x.size,)) for x in xs]
+        axis = 0
+    if any(x.ndim == 0 for x in xs):
+        raise TraceError("zero-dimensional arrays cannot be concatenated", user_location())
+    axis = norm_axis(axis, xs[0].ndim, "concatenate")
+    return xs[0] if len(xs) == 1 else bind("concatenate", *xs, axis=axis)
+
+
+@implements(np.stack)
+def stack(arrays, axis=0, out=None, *, dtype=None, casting="same_kind"):
+    _reject("stack", out=out)
+    arrays = list(arrays)
+    if not arrays:
+        raise TraceError("need at least one array to stack", user_location())
+    xs = [lift(a) for a in arrays]
+    if len({x.shape for x in xs}) != 1:
+        raise TraceError(f"all input arrays must have the same shape, got {[x.shape for x in xs]}", user_location())
+    axis = norm_axis(axis, xs[0].ndim + 1, "stack")
+    return concatenate([expand_dims(x, axis) for x in xs], axis=axis, dtype=dtype)
+
+
+@implements(np.hstack)
+def hstack(tup, *, dtype=None, casting="same_kind"):
+    xs = [lift(a) for a in tup]
+    xs = [reshape_to(x, (1,)) if x.ndim == 0 else x for x in xs]
+    return concatenate(xs, axis=0 if xs[0].ndim == 1 else 1, dtype=dtype)
+
+
+@implements(np.vstack, np.row_stack) if hasattr(np, "row_stack") else implements(np.vstack)
+def vstack(tup, *, dtype=None, casting="same_kind"):
+    xs = [lift(a) for a in tup]
+    xs = [reshape_to(x, (1, x.size)) if x.ndim < 2 else x for x in xs]
+    return concatenate(xs, axis=0, dtype=dtype)
+
+
+def _split_at(x: Tracer, indices: list[int], axis: int) -> list[Tracer]:
+    n = x.shape[axis]
+    indices = [min(max(i if i >= 0 else i + n, 0), n) for i in indices]
+    indices = [max(i, indices[k - 1]) if k else i for k, i in enumerate(indices)]
+    return list(bind_multi("split", x, indices=tuple(indices), axis=axis))
+
+
+@implements(np.split)
+def split(ary, indices_or_sections, axis=0):
+    x = lift(ary)
+    axis = norm_axis(axis, x.ndim, "split")
+    if isinstance(indices_or_sections, (int, np.integer)):
+        k = int(indices_or_sections)
+        if k <= 0 or x.shape[axis] % k:
+            raise TraceError(f"array split does not result in an equal division: {x.shape[axis]} into {k}", user_location())
+        step = x.shape[axis] // k
+        return _split_at(x, [step * i for i in range(1, k)], axis)
+    return _split_at(x, [int(i) for i in indices_or_sections], axis)
+
+
+@implements(np.array_split)
+def array_split(ary, indices_or_sections, axis=0):
+    x = lift(ary)
+    axis = norm_axis(axis, x.ndim, "array_split")
+    if isinstance(indices_or_sections, (int, np.integer)):
+        k, n = int(indices_or_sections), x.shape[axis]
+        if k <= 0:
+            raise TraceError("number sections must be larger than 0", user_location())
+        each, extra = divmod(n, k)
+        sizes = [each + 1] * extra + [each] * (k - extra)
+        return _split_at(x, list(np.cumsum(sizes)[:-1]), axis)
+    return _split_at(x, [int(i) for i in indices_or_sections], axis)
+
+
+@implements(np.repeat)
+def repeat(a, repeats, axis=None):
+    x = lift(a)
+    if axis is None:
+        x, axis = reshape_to(x, (x.size,)), 0
+    axis = norm_axis(axis, x.ndim, "repeat")
+    if isinstance(repeats, Tracer):
+        raise TraceError("numpy.repeat with traced repeat counts has a data-dependent shape", user_location())
+    reps = np.asarray(repeats)
+    if reps.ndim == 0:
+        r = int(reps)
+        shape = list(x.shape)
+        expanded = expand_dims(x, axis + 1)
+        b = broadcast(expanded, tuple(shape[: axis + 1] + [r] + shape[axis + 1:]))
+        shape[axis] *= r
+        return reshape_to(b, tuple(shape))
+    index = np.repeat(np.arange(x.shape[axis]), reps)
+    return bind("gather", x, lift(index), axis=axis)
+
+
+@implements(np.tile)
+def tile(A, reps):
+    x = lift(A)
+    reps = (reps,) if isinstance(reps, int) else tuple(reps)
+    nd = max(x.ndim, len(reps))
+    reps = (1,) * (nd - len(reps)) + reps
+    x = reshape_to(x, (1,) * (nd - x.ndim) + x.shape)
+    inter = reshape_to(x, tuple(v for d in x.shape for v in (1, d)))
+    b = broadcast(inter, tuple(v for r, d in zip(reps, x.shape) for v in (r, d)))
+    return reshape_to(b, tuple(r * d for r, d in zip(reps, x.shape)))
+
+
+@implements(np.take)
+def take(a, indices, axis=None, out=None, mode="raise"):
+    _reject("take", out=out)
+    if mode != "raise":
+        raise TraceError(f"numpy.take: mode={mode!r} is not supported", user_location())
+    x = lift(a)
+    if axis is None:
+        x, axis = reshape_to(x, (x.size,)), 0
+    idx = lift(indices)
+    if idx.dtype.kind not in "iu":
+        raise TraceError(f"numpy.take: indices must be integers, got {idx.dtype}", user_location())
+    return bind("gather", x, idx, axis=norm_axis(axis, x.ndim, "take"))
+
+
+@implements(np.flip)
+def flip(m, axis=None):
+    x = lift(m)
+    axes = norm_axes(axis, x.ndim, "flip")
+    starts = tuple(n - 1 if i in axes and n else 0 for i, n in enumerate(x.shape))
+    stops = tuple(-1 if i in axes and n else n for i, n in enumerate(x.shape))
+    steps = tuple(-1 if i in axes and n else 1 for i, n in enumerate(x.shape))
+    return bind("slice", x, starts=starts, stops=stops, steps=steps)
+
+
+def _pad_widths(pad_width, ndim: int) -> tuple[tuple[int, int], ...]:
+    w = np.asarray(pad_width, dtype=np.int64)
+    try:
+        w = np.broadcast_to(w, (ndim, 2))
+    except ValueError:
+        raise TraceError(f"numpy.pad: pad_width {pad_width!r} does not fit {ndim} dimensions", user_location()) from None
+    if (w < 0).any():
+        raise TraceError("numpy.pad: negative pad widths", user_location())
+    return tuple((int(a), int(b)) for a, b in w)
+
+
+@implements(np.pad)
+def pad(array, pad_width, mode="constant", **kwargs):
+    if mode != "constant":
+        raise TraceError(f"numpy.pad: mode={mode!r} is not supported (only 'constant')", user_location())
+    x = lift(array)
+    value = kwargs.pop("constant_values", 0)
+    if kwargs:
+        raise TraceError(f"numpy.pad: unsupported arguments {sorted(kwargs)}", user_location())
+    if isinstance(value, Tracer) or np.ndim(value) != 0:
+        raise TraceError("numpy.pad: only a single static constant_values is supported", user_location())
+    value = value.item() if isinstance(value, np.generic) else value
+    widths = _pad_widths(pad_width, x.ndim)
+    if all(w == (0, 0) for w in widths):
+        return x
+    return bind("pad", x, widths=widths, value=float(value) if x.dtype.kind == "f" else int(value))
+
+
+def _triangle(m, k: int, upper: bool) -> Tracer:
+    x = lift(m)
+    if x.ndim < 2:
+        raise TraceError("numpy.triu/tril need at least 2 dimensions", user_location())
+    n, cols = x.shape[-2:]
+    mask = np.tri(n, cols, k - 1 if upper else k, dtype=bool)
+    if upper:
+        mask = ~mask
+    return bind("where", lift(mask), x, full((), 0, x.dtype))
+
+
+@implements(np.triu)
+def triu(m, k=0):
+    return _triangle(m, int(k), True)
+
+
+@implements(np.tril)
+def tril(m, k=0):
+    return _triangle(m, int(k), False)
+
+
+def _like(a, value, dtype, shape):
+    x = lift(a)
+    dt = dtypes.canonical(dtype) if dtype is not None else x.dtype
+    sh = x.shape if shape is None else ((shape,) if isinstance(shape, int) else tuple(shape))
+    if isinstance(value, Tracer):
+        return broadcast(lift(value, dt), sh)
+    return full(sh, value, dt)
+
+
+@implements(np.zeros_like)
+def zeros_like(a, dtype=None, order="K", subok=True, shape=None, *, device=None):
+    return _like(a, 0, dtype, shape)
+
+
+@implements(np.empty_like)
+def empty_like(prototype, dtype=None, order="K", subok=True, shape=None, *, device=None):
+    return _like(prototype, 0, dtype, shape)
+
+
+@implements(np.ones_like)
+def ones_like(a, dtype=None, order="K", subok=True, shape=None, *, device=None):
+    return _like(a, 1, dtype, shape)
+
+
+@implements(np.full_like)
+def full_like(a, fill_value, dtype=None, order="K", subok=True, shape=None, *, device=None):
+    return _like(a, fill_value, dtype, shape)
+
+
+@implements(np.copy)
+def copy(a, order="K", subok=False):
+    return lift(a)
+
+
+@implements(np.shape)
+def shape_of(a):
+    return lift(a).shape
+
+
+@implements(np.ndim)
+def ndim_of(a):
+    return lift(a).ndim
+
+
+@implements(np.size)
+def size_of(a, axis=None):
+    x = lift(a)
+    return x.size if axis is None else x.shape[norm_axis(axis, x.ndim, "size")]
+
+
+def array_from_nested(obj: Any, dtype: Any = None) -> Tracer:
+    """``np.array([...])`` whose elements include traced values: stack them (numpy's promotion)."""
+    if not isinstance(obj, (list, tuple)):
+        return lift(obj, dtype)
+    if not obj:
+        raise TraceError("np.array of an empty list that holds traced values", user_location())
+    items = [array_from_nested(v) for v in obj]
+    dt = dtypes.canonical(dtype) if dtype is not None else result_dtype(*items)
+    return stack([lift(t, dt) for t in items])

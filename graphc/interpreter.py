@@ -1,0 +1,78 @@
+"""The reference interpreter: the oracle every later stage is checked against.
+
+A plain loop over the nodes with an environment of numpy arrays; each op runs its numpy reference
+implementation. A value is dropped after its last use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from graphc.errors import EvaluationError
+from graphc.ir import Graph, Value
+from graphc.pytree import ArraySpec, flatten_as, unflatten
+
+
+def bind_arguments(graph: Graph, args: tuple, kwargs: dict) -> list[np.ndarray]:
+    """Flatten call arguments against the graph's signature, checking structure, shapes and dtypes."""
+    try:
+        leaves = flatten_as((tuple(args), dict(kwargs)), graph.in_tree, path="arguments")
+    except ValueError as exc:
+        raise EvaluationError(f"graph @{graph.name}: {exc}") from None
+    arrays = []
+    for leaf, value in zip(leaves, graph.inputs):
+        if isinstance(leaf, ArraySpec):
+            raise EvaluationError(f"graph @{graph.name}: input %{value.name} is an ArraySpec; evaluation needs data")
+        arr = np.asarray(leaf)
+        if arr.shape != value.type.shape or arr.dtype != value.type.dtype:
+            raise EvaluationError(
+                f"graph @{graph.name}: input %{value.name} expects {value.type}, "
+                f"got array of shape {arr.shape} and dtype {arr.dtype}"
+            )
+        arrays.append(arr)
+    return arrays
+
+
+def last_uses(graph: Graph) -> dict[int, list[Value]]:
+    """For each node index, the values whose last use is that node (graph outputs are never freed)."""
+    last: dict[Value, int] = {}
+    for i, node in enumerate(graph.nodes):
+        for v in node.inputs:
+            last[v] = i
+    keep = set(graph.outputs)
+    out: dict[int, list[Value]] = {}
+    for v, i in last.items():
+        if v not in keep:
+            out.setdefault(i, []).append(v)
+    return out
+
+
+def run_flat(graph: Graph, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    env: dict[Value, np.ndarray] = dict(zip(graph.inputs, arrays))
+    frees = last_uses(graph)
+    for i, node in enumerate(graph.nodes):
+        results = node.op.evaluate(*(env[v] for v in node.inputs), **node.attrs)
+        for value, result in zip(node.outputs, results):
+            if result.shape != value.type.shape or result.dtype != value.type.dtype:
+                raise AssertionError(
+                    f"reference implementation of {node.op.name} at {node.loc} returned "
+                    f"{result.dtype}{list(result.shape)}, expected {value.type}"
+                )
+            env[value] = result
+        for v in frees.get(i, ()):
+            env.pop(v, None)
+    return [env[v] for v in graph.outputs]
+
+
+def as_numpy_result(x: np.ndarray) -> Any:
+    """numpy returns scalars, not 0-d arrays, from most operations; do the same."""
+    return x[()] if x.ndim == 0 else x
+
+
+def evaluate(graph: Graph, *args: Any, **kwargs: Any) -> Any:
+    """Run ``graph`` on the same arguments its function was traced with; returns the same pytree."""
+    arrays = bind_arguments(graph, args, kwargs)
+    outs = run_flat(graph, arrays)
+    return unflatten(graph.out_tree, [as_numpy_result(o) for o in outs])

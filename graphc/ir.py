@@ -1,0 +1,257 @@
+"""Graph IR: a Graph of Nodes in SSA form.
+
+* A ``Value`` is defined exactly once: as a graph input, or as an output of one Node. It has a
+  ``TensorType`` (shape, dtype).
+* A ``Node`` applies an ``OpDef`` (from the op registry, not a string) to input Values with frozen
+  attributes, produces typed output Values, and remembers the user's source line (``SourceLoc``).
+* A ``Graph`` holds its inputs, its nodes in a topological order, and its outputs; ``in_tree`` and
+  ``out_tree`` (pytree TreeDefs) give the calling convention of the function it was traced from, so
+  ``graphc.evaluate(graph, *args, **kwargs)`` takes the same arguments as that function.
+
+Stage machine (each later pass says which stage it needs): traced -> optimized -> partitioned -> lowered.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterable
+
+import numpy as np
+
+from graphc import dtypes
+from graphc.errors import ShapeError, SourceLoc, VerifyError
+from graphc.pytree import TreeDef
+
+if TYPE_CHECKING:
+    from graphc.ops import OpDef
+
+
+@dataclass(frozen=True)
+class TensorType:
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    def __post_init__(self):
+        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        object.__setattr__(self, "dtype", dtypes.canonical(self.dtype))
+        if any(d < 0 for d in self.shape):
+            raise ShapeError(f"negative dimension in shape {self.shape}")
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    def __str__(self) -> str:
+        return f"{dtypes.short_name(self.dtype)}[{','.join(map(str, self.shape))}]"
+
+
+class Value:
+    """An SSA value. ``producer`` is None for graph inputs."""
+
+    __slots__ = ("type", "producer", "index", "name")
+
+    def __init__(self, type: TensorType, producer: Node | None = None, index: int = 0, name: str | None = None):
+        self.type = type
+        self.producer = producer
+        self.index = index
+        self.name = name  # a name hint; graph inputs keep theirs in the text IR
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.type.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.type.dtype
+
+    def __repr__(self) -> str:
+        return f"Value({self.name or hex(id(self))}: {self.type})"
+
+
+def freeze_attr(v: Any) -> Any:
+    """Attributes are immutable: lists become tuples, arrays become read-only."""
+    if isinstance(v, (list, tuple)):
+        return tuple(freeze_attr(x) for x in v)
+    if isinstance(v, np.ndarray):
+        if v.flags.writeable:
+            v = v.copy()
+            v.setflags(write=False)
+        return v
+    if isinstance(v, np.dtype):
+        return dtypes.canonical(v)
+    if isinstance(v, np.integer):
+        return int(v)
+    if isinstance(v, np.floating):
+        return float(v)
+    if isinstance(v, np.bool_):
+        return bool(v)
+    return v
+
+
+class Node:
+    """One operation. ``attrs`` is a dict that must not be mutated after construction."""
+
+    __slots__ = ("op", "inputs", "attrs", "outputs", "loc")
+
+    def __init__(
+        self,
+        op: OpDef,
+        inputs: Iterable[Value],
+        attrs: dict[str, Any],
+        output_types: Iterable[TensorType],
+        loc: SourceLoc | None = None,
+    ):
+        self.op = op
+        self.inputs = tuple(inputs)
+        self.attrs = {k: freeze_attr(v) for k, v in attrs.items()}
+        self.outputs = tuple(Value(t, self, i) for i, t in enumerate(output_types))
+        self.loc = loc
+
+    @property
+    def output(self) -> Value:
+        if len(self.outputs) != 1:
+            raise ValueError(f"{self.op.name} has {len(self.outputs)} outputs")
+        return self.outputs[0]
+
+    def __repr__(self) -> str:
+        return f"Node({self.op.name}, loc={self.loc})"
+
+
+_NAME_OK = re.compile(r"[^A-Za-z0-9_.]")
+
+
+class Graph:
+    def __init__(
+        self,
+        name: str,
+        inputs: list[Value],
+        nodes: list[Node],
+        outputs: list[Value],
+        in_tree: TreeDef,
+        out_tree: TreeDef,
+    ):
+        self.name = name
+        self.inputs = inputs
+        self.nodes = nodes
+        self.outputs = outputs
+        self.in_tree = in_tree
+        self.out_tree = out_tree
+
+    def __str__(self) -> str:
+        from graphc.textir import print_graph
+
+        return print_graph(self)
+
+    def __repr__(self) -> str:
+        return f"<Graph @{self.name}: {len(self.inputs)} inputs, {len(self.nodes)} nodes, {len(self.outputs)} outputs>"
+
+    def value_names(self) -> dict[Value, str]:
+        """Names used by the text IR and by error messages: inputs keep their (sanitized, unique)
+        names, node results are numbered %0, %1, ... in node order."""
+        names: dict[Value, str] = {}
+        taken: set[str] = set()
+        for i, v in enumerate(self.inputs):
+            base = _NAME_OK.sub("_", v.name or f"arg{i}") or f"arg{i}"
+            if base[0].isdigit() or base[0] == ".":
+                base = "in" + base
+            name, k = base, 1
+            while name in taken:
+                name, k = f"{base}_{k}", k + 1
+            taken.add(name)
+            names[v] = name
+        counter = 0
+        for node in self.nodes:
+            for out in node.outputs:
+                names[out] = str(counter)
+                counter += 1
+        return names
+
+    def verify(self) -> Graph:
+        """Check SSA (each value defined once, before use, so the graph is acyclic), every node's
+        attributes and output types against its op's rule, and the signature. Returns self."""
+        names = self.value_names()
+
+        def describe(node: Node) -> str:
+            res = ", ".join("%" + names.get(o, "?") for o in node.outputs)
+            where = f" at {node.loc}" if node.loc else ""
+            return f"node {res} = {node.op.name}(...){where}"
+
+        defined: set[Value] = set()
+        if len(set(self.inputs)) != len(self.inputs):
+            raise VerifyError(f"graph @{self.name}: an input value is listed twice")
+        if self.in_tree.num_leaves != len(self.inputs):
+            raise VerifyError(
+                f"graph @{self.name}: signature has {self.in_tree.num_leaves} array leaves "
+                f"but the graph has {len(self.inputs)} inputs"
+            )
+        for v in self.inputs:
+            if v.producer is not None:
+                raise VerifyError(f"graph @{self.name}: input %{names[v]} is produced by a node")
+            defined.add(v)
+        seen_nodes: set[int] = set()
+        for node in self.nodes:
+            if id(node) in seen_nodes:
+                raise VerifyError(f"{describe(node)} appears twice in the node list")
+            seen_nodes.add(id(node))
+            for i, v in enumerate(node.inputs):
+                if not isinstance(v, Value):
+                    raise VerifyError(f"{describe(node)}: operand {i} is {type(v).__name__}, not a Value")
+                if v not in defined:
+                    where = "is defined later (cycle or misordered nodes)" if v in names else "is not defined in this graph"
+                    raise VerifyError(f"{describe(node)}: operand {i} (%{names.get(v, '?')}) {where}")
+            for i, out in enumerate(node.outputs):
+                if out.producer is not node or out.index != i:
+                    raise VerifyError(f"{describe(node)}: output {i} does not point back to its node")
+                if out in defined:
+                    raise VerifyError(f"{describe(node)}: output {i} is defined twice")
+            try:
+                expected = node.op.infer_types(tuple(v.type for v in node.inputs), node.attrs)
+            except ShapeError as exc:
+                raise VerifyError(f"{describe(node)}: {exc}") from None
+            got = tuple(o.type for o in node.outputs)
+            if expected != got:
+                raise VerifyError(
+                    f"{describe(node)}: declared result types {', '.join(map(str, got))} "
+                    f"but the op's rule gives {', '.join(map(str, expected))}"
+                )
+            defined.update(node.outputs)
+        for i, v in enumerate(self.outputs):
+            if v not in defined:
+                raise VerifyError(f"graph @{self.name}: output {i} is not defined in this graph")
+        if self.out_tree.num_leaves != len(self.outputs):
+            raise VerifyError(
+                f"graph @{self.name}: result structure has {self.out_tree.num_leaves} array leaves "
+                f"but the graph returns {len(self.outputs)} values"
+            )
+        return self
+
+    def users(self) -> dict[Value, list[Node]]:
+        out: dict[Value, list[Node]] = {v: [] for v in self.inputs}
+        for node in self.nodes:
+            for o in node.outputs:
+                out[o] = []
+            for v in node.inputs:
+                out.setdefault(v, []).append(node)
+        return out
+
+    def to_networkx(self):
+        """A networkx DiGraph of node indices (edges producer -> consumer), for analyses."""
+        import networkx as nx
+
+        g = nx.DiGraph()
+        index = {id(n): i for i, n in enumerate(self.nodes)}
+        for i, node in enumerate(self.nodes):
+            g.add_node(i, op=node.op.name)
+            for v in node.inputs:
+                if v.producer is not None:
+                    g.add_edge(index[id(v.producer)], i)
+        return g

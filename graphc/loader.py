@@ -1,0 +1,58 @@
+"""Load ``FILE:FUNC`` targets and their example arguments for the CLI."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from types import ModuleType
+from typing import Any, Callable
+
+from graphc.errors import GraphcError
+
+
+class UsageError(GraphcError):
+    """Bad command-line input: the message says what was expected."""
+
+
+def load_module(path: str) -> ModuleType:
+    if not os.path.isfile(path):
+        raise UsageError(f"{path}: no such file")
+    if not path.endswith(".py"):
+        raise UsageError(f"{path}: expected a Python file (.py)")
+    abspath = os.path.abspath(path)
+    name = "graphc_user_" + os.path.splitext(os.path.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(name, abspath)
+    if spec is None or spec.loader is None:
+        raise UsageError(f"{path}: cannot be imported")
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, os.path.dirname(abspath))
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as exc:
+        raise UsageError(f"{exc.filename}:{exc.lineno}: syntax error: {exc.msg}") from None
+    finally:
+        sys.path.pop(0)
+    return module
+
+
+def load_target(target: str, example: str | None = None) -> tuple[Callable, tuple, dict]:
+    """``FILE:FUNC`` -> (function, args, kwargs), the arguments from ``example`` (a function in the
+    same file returning ``(args, kwargs)``; default ``example_args``)."""
+    path, sep, func_name = target.rpartition(":")
+    if not sep or not path or not func_name:
+        raise UsageError(f"{target!r}: expected FILE:FUNC, e.g. models/gpt.py:gpt")
+    module = load_module(path)
+    fn = getattr(module, func_name, None)
+    if not callable(fn):
+        funcs = sorted(k for k, v in vars(module).items() if callable(v) and getattr(v, "__module__", None) == module.__name__)
+        raise UsageError(f"{path}: no function {func_name!r} (functions: {', '.join(funcs) or 'none'})")
+    ex_name = example or "example_args"
+    ex = getattr(module, ex_name, None)
+    if not callable(ex):
+        raise UsageError(f"{path}: no function {ex_name!r} giving example arguments; write one returning (args, kwargs) "
+                         "or name one with --example")
+    result: Any = ex()
+    if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], (tuple, list)) and isinstance(result[1], dict)):
+        raise UsageError(f"{path}:{ex_name}() must return (args, kwargs): a tuple of positional arguments and a dict")
+    return fn, tuple(result[0]), dict(result[1])

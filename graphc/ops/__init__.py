@@ -1,0 +1,128 @@
+"""The op registry: every primitive is an ``OpDef`` declared once, with all of its rules beside it.
+
+An OpDef carries
+  * ``infer(in_types, **attrs) -> tuple[TensorType, ...]``: the shape/dtype rule, which also validates
+    the attributes and raises ``ShapeError`` with a readable message;
+  * ``impl(*arrays, **attrs)``: the numpy reference implementation used by ``graphc.evaluate``;
+  * slots filled by later stages, declared here so that a test can walk the registry and find an op
+    that misses one: ``vjp`` and ``jvp`` (autodiff), ``dim_rule`` (sharding), ``cost`` (flops/bytes).
+
+The families live in their own modules (elementwise, reduction, shape, indexing, linalg, constant);
+importing this package registers all of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from graphc.errors import ShapeError
+from graphc.ir import TensorType
+
+KINDS = ("elementwise", "reduction", "shape", "index", "contraction", "constant")
+
+
+@dataclass(eq=False)
+class OpDef:
+    name: str
+    kind: str
+    infer: Callable[..., tuple[TensorType, ...]]
+    impl: Callable[..., Any]
+    attrs: tuple[str, ...] = ()
+    num_inputs: int | None = 1  # None: variadic (at least ``min_inputs``)
+    min_inputs: int = 1
+    doc: str = ""
+    # Filled in by later stages, next to the op's definition.
+    vjp: Callable | None = None
+    jvp: Callable | None = None
+    dim_rule: Callable | None = None
+    cost: Callable | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        return f"OpDef({self.name})"
+
+    def infer_types(self, in_types: tuple[TensorType, ...], attrs: dict[str, Any]) -> tuple[TensorType, ...]:
+        if self.num_inputs is not None and len(in_types) != self.num_inputs:
+            raise ShapeError(f"{self.name} takes {self.num_inputs} operand(s), got {len(in_types)}")
+        if self.num_inputs is None and len(in_types) < self.min_inputs:
+            raise ShapeError(f"{self.name} takes at least {self.min_inputs} operand(s), got {len(in_types)}")
+        missing = [a for a in self.attrs if a not in attrs]
+        unknown = [a for a in attrs if a not in self.attrs]
+        if missing or unknown:
+            raise ShapeError(
+                f"{self.name} expects attributes ({', '.join(self.attrs) or 'none'})"
+                + (f"; missing {', '.join(missing)}" if missing else "")
+                + (f"; unknown {', '.join(unknown)}" if unknown else "")
+            )
+        try:
+            return tuple(self.infer(in_types, **attrs))
+        except ShapeError:
+            raise
+        except (TypeError, ValueError, IndexError) as exc:
+            raise ShapeError(f"{self.name}: invalid attributes {attrs}: {exc}") from None
+
+    def evaluate(self, *arrays: np.ndarray, **attrs: Any) -> tuple[np.ndarray, ...]:
+        out = self.impl(*arrays, **attrs)
+        if isinstance(out, tuple):
+            return tuple(np.asarray(o) for o in out)
+        return (np.asarray(out),)
+
+
+REGISTRY: dict[str, OpDef] = {}
+
+
+def register(op: OpDef) -> OpDef:
+    if op.name in REGISTRY:
+        raise ValueError(f"op {op.name} registered twice")
+    if op.kind not in KINDS:
+        raise ValueError(f"op {op.name}: unknown kind {op.kind}")
+    REGISTRY[op.name] = op
+    return op
+
+
+def get_op(name: str) -> OpDef:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"unknown op {name!r}") from None
+
+
+# --- helpers shared by the shape rules --------------------------------------------------------
+
+
+def check_axis(axis: Any, ndim: int, what: str = "axis") -> int:
+    """A non-negative, in-range axis (attributes are stored normalized)."""
+    if not isinstance(axis, int) or isinstance(axis, bool):
+        raise ShapeError(f"{what} must be an int, got {axis!r}")
+    if not 0 <= axis < ndim:
+        raise ShapeError(f"{what} {axis} is out of range for a {ndim}-d operand")
+    return axis
+
+
+def check_axes(axes: Any, ndim: int) -> tuple[int, ...]:
+    if not isinstance(axes, tuple):
+        raise ShapeError(f"axes must be a tuple of ints, got {axes!r}")
+    for a in axes:
+        check_axis(a, ndim)
+    if len(set(axes)) != len(axes) or list(axes) != sorted(axes):
+        raise ShapeError(f"axes must be sorted and unique, got {axes}")
+    return axes
+
+
+def check_shape(shape: Any, what: str = "shape") -> tuple[int, ...]:
+    if not isinstance(shape, tuple) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise ShapeError(f"{what} must be a tuple of non-negative ints, got {shape!r}")
+    return shape
+
+
+def same_dtype(in_types: tuple[TensorType, ...], opname: str) -> np.dtype:
+    dts = {t.dtype for t in in_types}
+    if len(dts) != 1:
+        raise ShapeError(f"{opname} needs operands of one dtype, got {', '.join(str(t) for t in in_types)}")
+    return in_types[0].dtype
+
+
+from graphc.ops import constant, elementwise, indexing, linalg, reduction, shape  # noqa: E402,F401  (registers)

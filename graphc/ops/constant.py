@@ -1,0 +1,23 @@
+"""``constant``: an array baked into the graph (masks, position tables, numpy arrays the user's code
+builds from static values). The text IR stores it bit-exactly."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graphc import dtypes
+from graphc.errors import ShapeError
+from graphc.ir import TensorType
+from graphc.ops import OpDef, register
+
+
+def _constant_infer(in_types, value):
+    if not isinstance(value, np.ndarray):
+        raise ShapeError(f"constant: value must be a numpy array, got {type(value).__name__}")
+    return (TensorType(value.shape, dtypes.canonical(value.dtype)),)
+
+
+constant = register(
+    OpDef("constant", "constant", _constant_infer, lambda value: value, attrs=("value",), num_inputs=0,
+          doc="a literal array")
+)

@@ -1,0 +1,38 @@
+"""Integer-array indexing. ``gather(x, i1, ..., ik, axis=a)`` is numpy's ``x[:, ..., :, i1, ..., ik]``
+with the k index arrays applied to dims a..a+k-1 and broadcast together: the result has shape
+``x.shape[:a] + broadcast(i1..ik).shape + x.shape[a+k:]``. Negative indices wrap and out-of-range
+indices raise IndexError, exactly as numpy does. ``emb[tokens]`` and ``x[np.arange(n), labels]``
+are both one gather."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graphc.errors import ShapeError
+from graphc.ir import TensorType
+from graphc.ops import OpDef, register
+from graphc.ops.elementwise import broadcast_shapes
+
+
+def _gather_infer(in_types, axis):
+    x, *idx = in_types
+    if not isinstance(axis, int) or not 0 <= axis <= x.ndim - len(idx):
+        raise ShapeError(f"gather: axis {axis!r} with {len(idx)} index arrays does not fit a {x.ndim}-d operand")
+    for t in idx:
+        if t.dtype.kind not in "iu":
+            raise ShapeError(f"gather: index arrays must be integers, got {t}")
+    b = broadcast_shapes("gather", *(t.shape for t in idx))
+    for d, t in enumerate(idx):
+        if x.shape[axis + d] == 0 and t.size > 0:
+            raise ShapeError(f"gather: cannot index into dimension {axis + d} of size 0")
+    return (TensorType(x.shape[:axis] + b + x.shape[axis + len(idx):], x.dtype),)
+
+
+def _gather_impl(x, *idx, axis):
+    return x[(slice(None),) * axis + tuple(idx)]
+
+
+gather = register(
+    OpDef("gather", "index", _gather_infer, _gather_impl, attrs=("axis",), num_inputs=None, min_inputs=2,
+          doc="x[..., i1, ..., ik, ...] with the k index arrays at dims axis..axis+k-1")
+)

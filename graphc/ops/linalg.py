@@ -1,0 +1,73 @@
+"""Contractions: ``matmul`` (numpy semantics for operands of rank >= 2, batch dims broadcast) and
+``einsum`` with an explicit equation of single letters (the tracer expands ``...`` and 1-d cases)."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from graphc.errors import ShapeError
+from graphc.ir import TensorType
+from graphc.ops import OpDef, register, same_dtype
+from graphc.ops.elementwise import broadcast_shapes
+
+
+def _matmul_infer(in_types):
+    a, b = in_types
+    dt = same_dtype(in_types, "matmul")
+    if dt.kind == "b":
+        raise ShapeError("matmul of bool operands is not supported")
+    if a.ndim < 2 or b.ndim < 2:
+        raise ShapeError(f"matmul primitive needs operands of rank >= 2, got {a} and {b}")
+    if a.shape[-1] != b.shape[-2]:
+        raise ShapeError(
+            f"matmul: shapes {a.shape} and {b.shape} not aligned: "
+            f"{a.shape[-1]} (dim {a.ndim - 1}) != {b.shape[-2]} (dim {b.ndim - 2})"
+        )
+    batch = broadcast_shapes("matmul", a.shape[:-2], b.shape[:-2])
+    return (TensorType(batch + (a.shape[-2], b.shape[-1]), dt),)
+
+
+matmul = register(OpDef("matmul", "contraction", _matmul_infer, np.matmul, num_inputs=2,
+                        doc="batched matrix product, batch dims broadcast"))
+
+_EQUATION = re.compile(r"^([a-zA-Z]*(,[a-zA-Z]*)*)->([a-zA-Z]*)$")
+
+
+def parse_equation(equation: str, n_operands: int) -> tuple[list[str], str]:
+    if not isinstance(equation, str) or not _EQUATION.match(equation):
+        raise ShapeError(f"einsum: equation must look like 'ij,jk->ik' (letters only, explicit '->'), got {equation!r}")
+    lhs, out = equation.split("->")
+    ins = lhs.split(",")
+    if len(ins) != n_operands:
+        raise ShapeError(f"einsum: equation {equation!r} names {len(ins)} operands, got {n_operands}")
+    for s in ins + [out]:
+        if len(set(s)) != len(s):
+            raise ShapeError(f"einsum: repeated index in {s!r} (diagonals are not supported)")
+    missing = set(out) - set("".join(ins))
+    if missing:
+        raise ShapeError(f"einsum: output index {''.join(sorted(missing))} does not appear in any operand")
+    return ins, out
+
+
+def _einsum_infer(in_types, equation):
+    dt = same_dtype(in_types, "einsum")
+    if dt.kind == "b":
+        raise ShapeError("einsum of bool operands is not supported")
+    ins, out = parse_equation(equation, len(in_types))
+    sizes: dict[str, int] = {}
+    for spec, t in zip(ins, in_types):
+        if len(spec) != t.ndim:
+            raise ShapeError(f"einsum: operand {t} has rank {t.ndim} but its subscripts {spec!r} have {len(spec)}")
+        for letter, n in zip(spec, t.shape):
+            if sizes.setdefault(letter, n) != n:
+                raise ShapeError(f"einsum: index {letter!r} has size {sizes[letter]} in one operand and {n} in another")
+    return (TensorType(tuple(sizes[c] for c in out), dt),)
+
+
+einsum = register(
+    OpDef("einsum", "contraction", _einsum_infer,
+          lambda *xs, equation: np.einsum(equation, *xs, optimize=len(xs) > 1),
+          attrs=("equation",), num_inputs=None, doc="Einstein summation, explicit form")
+)

@@ -1,0 +1,65 @@
+"""Reductions over a sorted tuple of axes. The result dtype is the operand's dtype: the tracer first
+converts to numpy's accumulation dtype (``np.sum`` of int32 accumulates in int64, ``np.mean`` of
+ints in float64)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graphc.errors import ShapeError
+from graphc.ir import TensorType
+from graphc.ops import OpDef, check_axes, check_axis, register
+
+
+def reduced_shape(shape: tuple[int, ...], axes: tuple[int, ...], keepdims: bool) -> tuple[int, ...]:
+    if keepdims:
+        return tuple(1 if i in axes else d for i, d in enumerate(shape))
+    return tuple(d for i, d in enumerate(shape) if i not in axes)
+
+
+def _check_keepdims(keepdims) -> None:
+    if not isinstance(keepdims, bool):
+        raise ShapeError(f"keepdims must be a bool, got {keepdims!r}")
+
+
+def _reduce(name: str, fn, needs_elements: bool, doc: str) -> OpDef:
+    def infer(in_types, axes, keepdims):
+        (x,) = in_types
+        check_axes(axes, x.ndim)
+        _check_keepdims(keepdims)
+        if needs_elements and any(x.shape[a] == 0 for a in axes):
+            raise ShapeError(f"{name}: zero-size reduction over axes {axes} of shape {x.shape} has no identity")
+        if name == "reduce_sum" and x.dtype.kind == "b":
+            raise ShapeError("reduce_sum of bool: convert to an integer dtype first")
+        return (TensorType(reduced_shape(x.shape, axes, keepdims), x.dtype),)
+
+    def impl(x, axes, keepdims):
+        return fn(x, axis=axes, keepdims=keepdims)
+
+    return register(OpDef(name, "reduction", infer, impl, attrs=("axes", "keepdims"), doc=doc))
+
+
+reduce_sum = _reduce("reduce_sum", np.sum, False, "sum over axes")
+reduce_max = _reduce("reduce_max", np.max, True, "max over axes (nan-propagating)")
+reduce_min = _reduce("reduce_min", np.min, True, "min over axes (nan-propagating)")
+
+
+def _argmax_infer(in_types, axis, keepdims):
+    (x,) = in_types
+    check_axis(axis, x.ndim)
+    _check_keepdims(keepdims)
+    if x.shape[axis] == 0:
+        raise ShapeError(f"argmax of an empty axis {axis} of shape {x.shape}")
+    return (TensorType(reduced_shape(x.shape, (axis,), keepdims), np.int64),)
+
+
+argmax = register(
+    OpDef(
+        "argmax",
+        "reduction",
+        _argmax_infer,
+        lambda x, axis, keepdims: np.argmax(x, axis=axis, keepdims=keepdims).astype(np.int64),
+        attrs=("axis", "keepdims"),
+        doc="index of the first maximum along axis (int64)",
+    )
+)

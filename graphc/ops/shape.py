@@ -1,0 +1,154 @@
+"""Primitives that move data without arithmetic: reshape, transpose, broadcast_to, slice, pad,
+concatenate, split. numpy's expand_dims / squeeze / swapaxes / stack / hstack / flip / repeat
+decompose onto these."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graphc.errors import ShapeError
+from graphc.ir import TensorType
+from graphc.ops import OpDef, check_axis, check_shape, register, same_dtype
+
+
+def _reshape_infer(in_types, shape):
+    (x,) = in_types
+    check_shape(shape)
+    if int(np.prod(shape, dtype=np.int64)) != x.size:
+        raise ShapeError(f"cannot reshape array of shape {x.shape} (size {x.size}) into shape {shape}")
+    return (TensorType(shape, x.dtype),)
+
+
+reshape = register(
+    OpDef("reshape", "shape", _reshape_infer, lambda x, shape: np.reshape(x, shape), attrs=("shape",),
+          doc="row-major reshape to a fully specified shape")
+)
+
+
+def _transpose_infer(in_types, perm):
+    (x,) = in_types
+    if not isinstance(perm, tuple) or sorted(perm) != list(range(x.ndim)):
+        raise ShapeError(f"perm {perm!r} is not a permutation of the {x.ndim} axes of {x}")
+    return (TensorType(tuple(x.shape[p] for p in perm), x.dtype),)
+
+
+transpose = register(
+    OpDef("transpose", "shape", _transpose_infer, lambda x, perm: np.transpose(x, perm), attrs=("perm",),
+          doc="output axis i is input axis perm[i]")
+)
+
+
+def _broadcast_infer(in_types, shape):
+    (x,) = in_types
+    check_shape(shape)
+    ok = len(shape) >= x.ndim and all(
+        d == s or d == 1 for d, s in zip(reversed(x.shape), reversed(shape))
+    )
+    if not ok:
+        raise ShapeError(f"cannot broadcast shape {x.shape} to {shape}")
+    return (TensorType(shape, x.dtype),)
+
+
+broadcast_to = register(
+    OpDef("broadcast_to", "shape", _broadcast_infer, lambda x, shape: np.broadcast_to(x, shape),
+          attrs=("shape",), doc="numpy broadcasting (leading dims added, size-1 dims stretched)")
+)
+
+
+def slice_length(start: int, stop: int, step: int) -> int:
+    """Length of x[start:stop:step] for normalized bounds; stop == -1 with a negative step means
+    'through index 0' (Python range semantics)."""
+    return len(range(start, stop, step))
+
+
+def _slice_infer(in_types, starts, stops, steps):
+    (x,) = in_types
+    if not (isinstance(starts, tuple) and isinstance(stops, tuple) and isinstance(steps, tuple)):
+        raise ShapeError("slice: starts, stops and steps must be tuples")
+    if not len(starts) == len(stops) == len(steps) == x.ndim:
+        raise ShapeError(f"slice: need one start/stop/step per dimension of {x}")
+    out = []
+    for d, (a, b, s, n) in enumerate(zip(starts, stops, steps, x.shape)):
+        if s == 0:
+            raise ShapeError(f"slice: step of dim {d} is 0")
+        lo_ok = 0 <= a <= n if s > 0 else (0 <= a < n or (n == 0 and a == -1))
+        hi_ok = 0 <= b <= n if s > 0 else -1 <= b < max(n, 1)
+        if not (lo_ok and hi_ok):
+            raise ShapeError(f"slice: bounds {a}:{b}:{s} are not normalized for dim {d} of size {n}")
+        out.append(slice_length(a, b, s))
+    return (TensorType(tuple(out), x.dtype),)
+
+
+def _py_slice(a: int, b: int, s: int) -> slice:
+    return slice(a, None if (s < 0 and b < 0) else b, s)
+
+
+def _slice_impl(x, starts, stops, steps):
+    return x[tuple(_py_slice(a, b, s) for a, b, s in zip(starts, stops, steps))]
+
+
+slice_ = register(
+    OpDef("slice", "shape", _slice_infer, _slice_impl, attrs=("starts", "stops", "steps"),
+          doc="x[start:stop:step] per dim, bounds normalized like range(); stop -1 with step < 0 means through 0")
+)
+
+
+def _pad_infer(in_types, widths, value):
+    (x,) = in_types
+    if not isinstance(widths, tuple) or len(widths) != x.ndim:
+        raise ShapeError(f"pad: need one (before, after) pair per dimension of {x}")
+    for w in widths:
+        if not (isinstance(w, tuple) and len(w) == 2 and all(isinstance(v, int) and v >= 0 for v in w)):
+            raise ShapeError(f"pad: widths must be non-negative (before, after) pairs, got {widths}")
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise ShapeError(f"pad: value must be a number, got {value!r}")
+    return (TensorType(tuple(n + lo + hi for n, (lo, hi) in zip(x.shape, widths)), x.dtype),)
+
+
+pad = register(
+    OpDef("pad", "shape", _pad_infer,
+          lambda x, widths, value: np.pad(x, widths, mode="constant", constant_values=value),
+          attrs=("widths", "value"), doc="constant padding, (before, after) per dim")
+)
+
+
+def _concat_infer(in_types, axis):
+    dt = same_dtype(in_types, "concatenate")
+    first = in_types[0]
+    check_axis(axis, first.ndim)
+    for t in in_types[1:]:
+        if t.ndim != first.ndim or any(a != b for i, (a, b) in enumerate(zip(t.shape, first.shape)) if i != axis):
+            raise ShapeError(
+                f"concatenate along axis {axis}: shapes {', '.join(str(u.shape) for u in in_types)} differ off that axis"
+            )
+    shape = list(first.shape)
+    shape[axis] = sum(t.shape[axis] for t in in_types)
+    return (TensorType(tuple(shape), dt),)
+
+
+concatenate = register(
+    OpDef("concatenate", "shape", _concat_infer, lambda *xs, axis: np.concatenate(xs, axis=axis),
+          attrs=("axis",), num_inputs=None, doc="join along axis")
+)
+
+
+def _split_infer(in_types, indices, axis):
+    (x,) = in_types
+    check_axis(axis, x.ndim)
+    n = x.shape[axis]
+    if not isinstance(indices, tuple) or list(indices) != sorted(indices) or any(not 0 <= i <= n for i in indices):
+        raise ShapeError(f"split: indices must be sorted within [0, {n}], got {indices!r}")
+    bounds = (0, *indices, n)
+    outs = []
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        shape = list(x.shape)
+        shape[axis] = hi - lo
+        outs.append(TensorType(tuple(shape), x.dtype))
+    return tuple(outs)
+
+
+split = register(
+    OpDef("split", "shape", _split_infer,
+          lambda x, indices, axis: tuple(np.split(x, indices, axis=axis)),
+          attrs=("indices", "axis"), doc="split at sorted indices along axis; len(indices)+1 results")
+)

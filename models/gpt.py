@@ -1,0 +1,127 @@
+"""A GPT-2 style decoder in plain numpy (after picoGPT), batched.
+
+params = {
+  "wte": [n_vocab, d], "wpe": [n_ctx, d],
+  "blocks": [{"ln_1": {"g", "b"}, "attn": {"c_attn": {"w": [d, 3d], "b"}, "c_proj": {"w": [d, d], "b"}},
+              "ln_2": {"g", "b"}, "mlp": {"c_fc": {"w": [d, 4d], "b"}, "c_proj": {"w": [4d, d], "b"}}}, ...],
+  "ln_f": {"g", "b"},
+}
+"""
+
+import math
+
+import numpy as np
+
+
+def gelu(x):
+    # Python floats keep float32 activations float32 (a numpy float64 scalar would promote them)
+    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+
+
+def softmax(x):
+    e = np.exp(x - np.max(x, axis=-1, keepdims=True))
+    return e / np.sum(e, axis=-1, keepdims=True)
+
+
+def layer_norm(x, g, b, eps=1e-5):
+    mean = np.mean(x, axis=-1, keepdims=True)
+    variance = np.var(x, axis=-1, keepdims=True)
+    return g * (x - mean) / np.sqrt(variance + eps) + b
+
+
+def linear(x, w, b):
+    # [..., d_in] @ [d_in, d_out] + [d_out] -> [..., d_out]
+    return x @ w + b
+
+
+def ffn(x, c_fc, c_proj):
+    # [B, T, d] -> [B, T, 4d] -> [B, T, d]
+    return linear(gelu(linear(x, **c_fc)), **c_proj)
+
+
+def attention(q, k, v, mask):
+    # [B, H, T, dh] x3, [T, T] -> [B, H, T, dh]
+    return softmax(q @ k.swapaxes(-1, -2) / math.sqrt(q.shape[-1]) + mask) @ v
+
+
+def mha(x, c_attn, c_proj, n_head):
+    # [B, T, d] -> [B, T, d]
+    B, T, d = x.shape
+    qkv = linear(x, **c_attn)  # [B, T, 3d]
+    q, k, v = (h.reshape(B, T, n_head, d // n_head).transpose(0, 2, 1, 3) for h in np.split(qkv, 3, axis=-1))
+    causal_mask = (1 - np.tri(T, dtype=x.dtype)) * -1e10  # [T, T]
+    out = attention(q, k, v, causal_mask)  # [B, H, T, dh]
+    return linear(out.transpose(0, 2, 1, 3).reshape(B, T, d), **c_proj)
+
+
+def transformer_block(x, mlp, attn, ln_1, ln_2, n_head):
+    x = x + mha(layer_norm(x, **ln_1), **attn, n_head=n_head)
+    return x + ffn(layer_norm(x, **ln_2), **mlp)
+
+
+def gpt(params, tokens, n_head):
+    # tokens [B, T] int -> logits [B, T, n_vocab]
+    T = tokens.shape[1]
+    x = params["wte"][tokens] + params["wpe"][np.arange(T)]  # [B, T, d]
+    for block in params["blocks"]:
+        x = transformer_block(x, **block, n_head=n_head)
+    x = layer_norm(x, **params["ln_f"])
+    return x @ params["wte"].T
+
+
+def lm_loss(params, tokens, targets, n_head):
+    # mean next-token cross-entropy; targets [B, T] int
+    logits = gpt(params, tokens, n_head)  # [B, T, V]
+    z = logits - logits.max(axis=-1, keepdims=True)
+    logp = z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+    B, T, V = logits.shape
+    flat = logp.reshape(B * T, V)
+    return -flat[np.arange(B * T), targets.reshape(-1)].mean()
+
+
+def init_params(rng, n_vocab, n_ctx, d, n_layer, dtype=np.float32, zeros=False):
+    """Random weights; ``zeros=True`` gives all-zero weights without touching memory (for
+    benchmarks of tracing large models)."""
+
+    def w(*shape, scale=0.02):
+        if zeros:
+            return np.zeros(shape, dtype)
+        return (rng.standard_normal(shape) * scale).astype(dtype)
+
+    def ln():
+        return {"g": np.ones(d, dtype), "b": np.zeros(d, dtype)}
+
+    def lin(d_in, d_out):
+        return {"w": w(d_in, d_out), "b": np.zeros(d_out, dtype)}
+
+    blocks = [
+        {
+            "ln_1": ln(),
+            "attn": {"c_attn": lin(d, 3 * d), "c_proj": lin(d, d)},
+            "ln_2": ln(),
+            "mlp": {"c_fc": lin(d, 4 * d), "c_proj": lin(4 * d, d)},
+        }
+        for _ in range(n_layer)
+    ]
+    return {"wte": w(n_vocab, d), "wpe": w(n_ctx, d, scale=0.01), "blocks": blocks, "ln_f": ln()}
+
+
+def example_args(batch=2, seq=16, n_vocab=128, d=64, n_layer=2, n_head=4, seed=0):
+    rng = np.random.default_rng(seed)
+    params = init_params(rng, n_vocab, seq, d, n_layer)
+    tokens = rng.integers(0, n_vocab, size=(batch, seq))
+    return (params, tokens), {"n_head": n_head}
+
+
+def example_loss_args(batch=2, seq=16, n_vocab=128, d=64, n_layer=2, n_head=4, seed=0):
+    (params, tokens), kw = example_args(batch, seq, n_vocab, d, n_layer, n_head, seed)
+    targets = np.random.default_rng(seed + 1).integers(0, n_vocab, size=(batch, seq))
+    return (params, tokens, targets), kw
+
+
+def example_args_48l():
+    """The issue-2 benchmark size: 48 layers, d=1024 (zero weights; 2.4 GB, lazily allocated)."""
+    rng = np.random.default_rng(0)
+    params = init_params(rng, n_vocab=1024, n_ctx=64, d=1024, n_layer=48, zeros=True)
+    tokens = rng.integers(0, 1024, size=(1, 64))
+    return (params, tokens), {"n_head": 16}

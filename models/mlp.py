@@ -1,0 +1,55 @@
+"""A multi-layer perceptron classifier in plain numpy.
+
+params = {"layers": [{"w": [d_in, d_out], "b": [d_out]}, ...]}
+"""
+
+import numpy as np
+
+
+def init_params(rng, sizes=(784, 256, 256, 10), dtype=np.float32):
+    layers = []
+    for d_in, d_out in zip(sizes[:-1], sizes[1:]):
+        w = rng.standard_normal((d_in, d_out)) * np.sqrt(2.0 / d_in)
+        layers.append({"w": w.astype(dtype), "b": np.zeros(d_out, dtype)})
+    return {"layers": layers}
+
+
+def relu(x):
+    return np.maximum(x, 0)
+
+
+def mlp(params, x):
+    # [batch, d_in] -> [batch, n_classes]
+    *hidden, last = params["layers"]
+    for layer in hidden:
+        x = relu(x @ layer["w"] + layer["b"])  # [batch, d_out]
+    return x @ last["w"] + last["b"]
+
+
+def log_softmax(z):
+    # [batch, n] -> [batch, n]
+    z = z - z.max(axis=-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+
+
+def loss(params, x, labels):
+    # mean cross-entropy; labels [batch] int
+    logp = log_softmax(mlp(params, x))  # [batch, n_classes]
+    return -np.mean(logp[np.arange(x.shape[0]), labels])
+
+
+def accuracy(params, x, labels):
+    return np.mean(np.argmax(mlp(params, x), axis=-1) == labels)
+
+
+def example_args(batch=64, sizes=(784, 256, 256, 10), seed=0):
+    rng = np.random.default_rng(seed)
+    params = init_params(rng, sizes)
+    x = rng.standard_normal((batch, sizes[0])).astype(np.float32)
+    return (params, x), {}
+
+
+def example_loss_args(batch=64, sizes=(784, 256, 256, 10), seed=0):
+    (params, x), _ = example_args(batch, sizes, seed)
+    labels = np.random.default_rng(seed + 1).integers(0, sizes[-1], size=batch)
+    return (params, x, labels), {}
