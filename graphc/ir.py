@@ -14,8 +14,9 @@ Stage machine (each later pass says which stage it needs): traced -> optimized -
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -72,6 +73,10 @@ class Value:
     @property
     def dtype(self) -> np.dtype:
         return self.type.dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.type.shape)
 
     def __repr__(self) -> str:
         return f"Value({self.name or hex(id(self))}: {self.type})"
@@ -171,8 +176,9 @@ class Graph:
         counter = 0
         for node in self.nodes:
             for out in node.outputs:
-                names[out] = str(counter)
-                counter += 1
+                if out not in names:
+                    names[out] = str(counter)
+                    counter += 1
         return names
 
     def verify(self) -> Graph:

@@ -7,8 +7,9 @@ str, None) is *static*: it is stored in the TreeDef itself, so it is part of wha
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -36,7 +37,7 @@ class TreeDef:
     """kind is one of "dict", "list", "tuple" (with children), "leaf" (dynamic) or "static" (value)."""
 
     kind: str
-    children: tuple["TreeDef", ...] = ()
+    children: tuple[TreeDef, ...] = ()
     keys: tuple[Any, ...] = ()
     value: Any = None
 
@@ -130,8 +131,8 @@ def _flatten_as(x: Any, t: TreeDef, leaves: list, path: str) -> None:
         return
     if t.kind == "dict":
         if not isinstance(x, dict) or set(x.keys()) != set(t.keys):
-            got = sorted(map(repr, x.keys())) if isinstance(x, dict) else type(x).__name__
-            raise ValueError(f"{path}: expected a dict with keys {sorted(map(repr, t.keys))}, got {got}")
+            got = _keys_text(x.keys()) if isinstance(x, dict) else type(x).__name__
+            raise ValueError(f"{path}: expected a dict with keys {_keys_text(t.keys)}, got {got}")
         for k, c in zip(t.keys, t.children):
             _flatten_as(x[k], c, leaves, f"{path}[{k!r}]")
         return
@@ -141,6 +142,10 @@ def _flatten_as(x: Any, t: TreeDef, leaves: list, path: str) -> None:
         raise ValueError(f"{path}: expected a {t.kind} of length {len(t.children)}, got {got}")
     for i, (v, c) in enumerate(zip(x, t.children)):
         _flatten_as(v, c, leaves, f"{path}[{i}]")
+
+
+def _keys_text(keys) -> str:
+    return "[" + ", ".join(sorted(map(repr, keys))) + "]"
 
 
 def leaf_paths(treedef: TreeDef, prefix: tuple = ()) -> list[tuple]:

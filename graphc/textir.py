@@ -137,6 +137,8 @@ def format_array(a: np.ndarray) -> str:
 
 def _array_from_list(data: Any, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
     arr = np.array(data, dtype=dtype)
+    if arr.size == 0 and 0 in shape:  # "[]" says nothing about the other dims of an empty array
+        arr = arr.reshape(shape)
     if arr.shape != shape:
         raise ValueError(f"array literal has shape {arr.shape}, its type says {shape}")
     return arr
@@ -416,19 +418,28 @@ class _Builder:
         return node
 
 
+def _end_position(text: str) -> tuple[int, int]:
+    lines = text.split("\n")
+    return len(lines), len(lines[-1]) + 1
+
+
 def parse(text: str) -> Graph:
     """Parse the text IR. Raises ParseError with line and column on malformed input."""
     parser = _parser()
     try:
         tree = parser.parse(text)
     except UnexpectedToken as exc:
-        got = "end of input" if exc.token.type == "$END" else repr(str(exc.token))
-        raise ParseError(f"unexpected {got}; expected {_describe_expected(parser, exc.expected)}", exc.line, exc.column) from None
+        expected = _describe_expected(parser, set(getattr(exc, "accepts", None) or exc.expected))
+        if exc.token.type == "$END":
+            line, column = _end_position(text)
+            raise ParseError(f"unexpected end of input; expected {expected}", line, column) from None
+        raise ParseError(f"unexpected {str(exc.token)!r}; expected {expected}", exc.line, exc.column) from None
     except UnexpectedCharacters as exc:
         raise ParseError(f"unexpected character {text[exc.pos_in_stream]!r}", exc.line, exc.column) from None
     except UnexpectedEOF as exc:
+        line, column = _end_position(text)
         raise ParseError(f"unexpected end of input; expected {_describe_expected(parser, set(exc.expected))}",
-                         exc.line, exc.column) from None
+                         line, column) from None
     except UnexpectedInput as exc:  # pragma: no cover - other lark errors
         raise ParseError(str(exc), exc.line, exc.column) from None
 

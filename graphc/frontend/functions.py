@@ -7,13 +7,14 @@ graph cannot express (``out=``, ``where=``, non-constant modes) raise a TraceErr
 from __future__ import annotations
 
 import string
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from graphc import dtypes
 from graphc.errors import TraceError
-from graphc.frontend.tracer import Tracer, bind, bind_multi, convert, lift, user_location
+from graphc.frontend.tracer import Tracer, bind, convert, lift, user_location
 from graphc.frontend.ufuncs import apply_ufunc
 
 HANDLERS: dict[Callable, Callable] = {}

@@ -18,6 +18,7 @@ from graphc.errors import TraceError
 from graphc.frontend.functions import reshape_to
 from graphc.frontend.shape_functions import transpose
 from graphc.frontend.tracer import Tracer, bind, lift, user_location
+from graphc.ops.shape import normalize_slice, slice_length
 
 
 def _classify(k: Any) -> list[tuple[str, Any]]:
@@ -105,13 +106,8 @@ def getitem(x: Tracer, key: Any) -> Tracer:
             continue
         n = x.shape[dim]
         if kind == "slice":
-            a, b, s = v.indices(n)
-            if s < 0 and b < 0:
-                b = -1
-            length = len(range(a, b, s))
-            if length == 0:
-                a, b, s = 0, 0, 1
-            starts.append(a), stops.append(b), steps.append(s), shape.append(length)
+            a, b, s = normalize_slice(v, n)
+            starts.append(a), stops.append(b), steps.append(s), shape.append(slice_length(a, b, s))
         elif kind == "int":
             if not -n <= v < n:
                 raise TraceError(f"index {v} is out of bounds for axis {dim} with size {n}", user_location())

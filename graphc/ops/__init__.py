@@ -13,8 +13,9 @@ importing this package registers all of them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -125,4 +126,10 @@ def same_dtype(in_types: tuple[TensorType, ...], opname: str) -> np.dtype:
     return in_types[0].dtype
 
 
-from graphc.ops import constant, elementwise, indexing, linalg, reduction, shape  # noqa: E402,F401  (registers)
+# importing the family modules registers their ops
+import graphc.ops.constant  # noqa: E402,F401
+import graphc.ops.elementwise  # noqa: E402,F401
+import graphc.ops.indexing  # noqa: E402,F401
+import graphc.ops.linalg  # noqa: E402,F401
+import graphc.ops.reduction  # noqa: E402,F401
+import graphc.ops.shape  # noqa: E402,F401

@@ -6,8 +6,6 @@ are both one gather."""
 
 from __future__ import annotations
 
-import numpy as np
-
 from graphc.errors import ShapeError
 from graphc.ir import TensorType
 from graphc.ops import OpDef, register

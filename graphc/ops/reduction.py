@@ -34,12 +34,16 @@ def _reduce(name: str, fn, needs_elements: bool, doc: str) -> OpDef:
         return (TensorType(reduced_shape(x.shape, axes, keepdims), x.dtype),)
 
     def impl(x, axes, keepdims):
-        return fn(x, axis=axes, keepdims=keepdims)
+        return fn(x, axis=axes, keepdims=keepdims).astype(x.dtype, copy=False)
 
     return register(OpDef(name, "reduction", infer, impl, attrs=("axes", "keepdims"), doc=doc))
 
 
-reduce_sum = _reduce("reduce_sum", np.sum, False, "sum over axes")
+def _sum_same_dtype(x, axis, keepdims):
+    return np.sum(x, axis=axis, keepdims=keepdims, dtype=x.dtype)  # numpy would widen small ints
+
+
+reduce_sum = _reduce("reduce_sum", _sum_same_dtype, False, "sum over axes")
 reduce_max = _reduce("reduce_max", np.max, True, "max over axes (nan-propagating)")
 reduce_min = _reduce("reduce_min", np.min, True, "min over axes (nan-propagating)")
 

@@ -61,6 +61,16 @@ def slice_length(start: int, stop: int, step: int) -> int:
     return len(range(start, stop, step))
 
 
+def normalize_slice(s: slice, n: int) -> tuple[int, int, int]:
+    """The normalized (start, stop, step) of ``s`` on a dim of size n, as the slice op stores it."""
+    a, b, step = s.indices(n)
+    if step < 0 and b < 0:
+        b = -1
+    if len(range(a, b, step)) == 0:
+        return 0, 0, 1
+    return a, b, step
+
+
 def _slice_infer(in_types, starts, stops, steps):
     (x,) = in_types
     if not (isinstance(starts, tuple) and isinstance(stops, tuple) and isinstance(steps, tuple)):
@@ -105,9 +115,14 @@ def _pad_infer(in_types, widths, value):
     return (TensorType(tuple(n + lo + hi for n, (lo, hi) in zip(x.shape, widths)), x.dtype),)
 
 
+def _pad_impl(x, widths, value):
+    if x.ndim == 0:
+        return x.copy()
+    return np.pad(x, widths, mode="constant", constant_values=value)
+
+
 pad = register(
-    OpDef("pad", "shape", _pad_infer,
-          lambda x, widths, value: np.pad(x, widths, mode="constant", constant_values=value),
+    OpDef("pad", "shape", _pad_infer, _pad_impl,
           attrs=("widths", "value"), doc="constant padding, (before, after) per dim")
 )
 

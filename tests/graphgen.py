@@ -1,0 +1,279 @@
+"""Hypothesis strategies for random graphs built from the op registry.
+
+Every op in the registry has a sampler here (tests/test_registry.py fails otherwise): given the
+values built so far it draws operands and attributes that the op's rule accepts, creating constant
+operands when the pool has nothing suitable.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import strategies as st
+
+from graphc.builder import GraphBuilder
+from graphc.ir import Graph, TensorType, Value
+from graphc.ops.elementwise import COMPARISONS
+from graphc.ops.shape import normalize_slice
+
+DTYPES = [np.dtype(d) for d in ("float32", "float64", "int64", "int32", "bool")]
+FLOATS = [d for d in DTYPES if d.kind == "f"]
+
+
+def shapes(min_rank=0, max_rank=3, min_dim=1, max_dim=4):
+    return st.lists(st.integers(min_dim, max_dim), min_size=min_rank, max_size=max_rank).map(tuple)
+
+
+def random_array(draw, shape, dtype) -> np.ndarray:
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    if dtype.kind == "b":
+        return np.asarray(rng.random(shape) < 0.5)
+    if dtype.kind in "iu":
+        return np.asarray(rng.integers(-5, 6, size=shape), dtype=dtype)
+    arr = np.asarray(rng.standard_normal(shape), dtype=dtype)
+    if arr.size and draw(st.booleans()):  # specials must survive printing bit-exactly
+        specials = np.array([np.nan, np.inf, -np.inf, -0.0, 1e-30, 3.4e38], dtype=dtype)
+        flat = arr.reshape(-1)
+        flat[draw(st.integers(0, arr.size - 1))] = specials[draw(st.integers(0, len(specials) - 1))]
+    return arr
+
+
+def constant(draw, b: GraphBuilder, shape, dtype) -> Value:
+    return b.op("constant", value=random_array(draw, tuple(shape), np.dtype(dtype)))
+
+
+def pick(draw, b: GraphBuilder, pool: list[Value], ok, make_dtype=None, min_rank=0) -> Value:
+    """A pool value satisfying ``ok``, or a new constant (of ``make_dtype``) when none does."""
+    candidates = [v for v in pool if ok(v) and v.type.ndim >= min_rank]
+    if candidates and draw(st.booleans()):
+        return draw(st.sampled_from(candidates))
+    dt = make_dtype or draw(st.sampled_from(DTYPES))
+    return constant(draw, b, draw(shapes(min_rank=min_rank)), dt)
+
+
+def broadcast_partner(draw, shape) -> tuple[int, ...]:
+    """A shape that broadcasts with ``shape`` to ``shape``: a suffix with some dims set to 1."""
+    k = draw(st.integers(0, len(shape)))
+    suffix = list(shape[len(shape) - k:])
+    return tuple(1 if draw(st.booleans()) else d for d in suffix)
+
+
+def kind_is(*kinds):
+    return lambda v: v.dtype.kind in kinds
+
+
+def _unary(kinds, make):
+    def sample(draw, b, pool, name):
+        x = pick(draw, b, pool, kind_is(*kinds), make)
+        return [b.op(name, x)]
+
+    return sample
+
+
+def _binary(kinds, make, **extra):
+    def sample(draw, b, pool, name):
+        x = pick(draw, b, pool, kind_is(*kinds), make)
+        y = constant(draw, b, broadcast_partner(draw, x.shape), x.dtype)
+        if name == "pow" and x.dtype.kind in "iu":
+            y = b.op("abs", y)  # integers to negative integer powers raise in numpy
+        attrs = {k: draw(v) for k, v in extra.items()}
+        operands = (x, y) if draw(st.booleans()) else (y, x)
+        if name == "pow" and x.dtype.kind in "iu":
+            operands = (x, y)
+        return [b.op(name, *operands, **attrs)]
+
+    return sample
+
+
+f32 = np.dtype("float32")
+SAMPLERS = {
+    **{n: _unary("f", f32) for n in ("exp", "log", "tanh", "sqrt", "sin", "cos")},
+    "neg": _unary("if", f32),
+    "abs": _unary("iuf", f32),
+    "sign": _unary("iuf", f32),
+    "logical_not": _unary("b", np.dtype(bool)),
+    **{n: _binary("biuf", None) for n in ("add", "mul", "maximum", "minimum")},
+    "sub": _binary("iuf", f32),
+    "div": _binary("f", f32),
+    "pow": _binary("iuf", f32),
+    "logical_and": _binary("b", np.dtype(bool)),
+    "logical_or": _binary("b", np.dtype(bool)),
+    "compare": _binary("biuf", None, direction=st.sampled_from(sorted(COMPARISONS))),
+}
+
+
+def _sampler(name):
+    def register(fn):
+        SAMPLERS[name] = lambda draw, b, pool, _name: fn(draw, b, pool)
+        return fn
+
+    return register
+
+
+@_sampler("where")
+def _where(draw, b, pool):
+    x = pick(draw, b, pool, lambda v: True)
+    c = constant(draw, b, broadcast_partner(draw, x.shape), bool)
+    y = constant(draw, b, broadcast_partner(draw, x.shape), x.dtype)
+    return [b.op("where", c, x, y)]
+
+
+@_sampler("convert")
+def _convert(draw, b, pool):
+    x = pick(draw, b, pool, lambda v: True)
+    return [b.op("convert", x, dtype=draw(st.sampled_from(DTYPES)))]
+
+
+def _axes(draw, ndim):
+    return tuple(sorted(draw(st.sets(st.integers(0, ndim - 1), max_size=ndim)))) if ndim else ()
+
+
+def _reduce(name, kinds):
+    @_sampler(name)
+    def sample(draw, b, pool):
+        x = pick(draw, b, pool, kind_is(*kinds), f32)
+        return [b.op(name, x, axes=_axes(draw, x.ndim), keepdims=draw(st.booleans()))]
+
+
+_reduce("reduce_sum", "iuf")
+_reduce("reduce_max", "biuf")
+_reduce("reduce_min", "biuf")
+
+
+@_sampler("argmax")
+def _argmax(draw, b, pool):
+    x = pick(draw, b, pool, lambda v: True, min_rank=1)
+    return [b.op("argmax", x, axis=draw(st.integers(0, x.ndim - 1)), keepdims=draw(st.booleans()))]
+
+
+@_sampler("reshape")
+def _reshape(draw, b, pool):
+    x = pick(draw, b, pool, lambda v: True)
+    size = x.type.size
+    options = [(size,), (1,) + x.shape, tuple(reversed(x.shape)), x.shape + (1,)]
+    if x.ndim >= 2:
+        options.append(x.shape[:-2] + (x.shape[-2] * x.shape[-1],))
+    return [b.op("reshape", x, shape=draw(st.sampled_from(options)))]
+
+
+@_sampler("transpose")
+def _transpose(draw, b, pool):
+    x = pick(draw, b, pool, lambda v: True)
+    return [b.op("transpose", x, perm=tuple(draw(st.permutations(range(x.ndim)))))]
+
+
+@_sampler("broadcast_to")
+def _broadcast(draw, b, pool):
+    x = pick(draw, b, pool, lambda v: True)
+    shape = tuple(draw(st.integers(1, 3)) if d == 1 else d for d in x.shape)
+    return [b.op("broadcast_to", x, shape=(draw(st.integers(1, 3)),) * draw(st.integers(0, 1)) + shape)]
+
+
+@_sampler("slice")
+def _slice(draw, b, pool):
+    x = pick(draw, b, pool, lambda v: True)
+    bounds = []
+    for n in x.shape:
+        s = slice(draw(st.integers(-n - 1, n + 1) | st.none()), draw(st.integers(-n - 1, n + 1) | st.none()),
+                  draw(st.sampled_from([1, 1, 2, -1, -2, 3])))
+        bounds.append(normalize_slice(s, n))
+    starts, stops, steps = (tuple(t) for t in zip(*bounds)) if bounds else ((), (), ())
+    return [b.op("slice", x, starts=starts, stops=stops, steps=steps)]
+
+
+@_sampler("pad")
+def _pad(draw, b, pool):
+    x = pick(draw, b, pool, kind_is("iuf"), f32)
+    widths = tuple((draw(st.integers(0, 2)), draw(st.integers(0, 2))) for _ in x.shape)
+    value = draw(st.sampled_from([0, 1, -3])) if x.dtype.kind in "iu" else draw(st.sampled_from([0.0, 1.5, -2.0]))
+    return [b.op("pad", x, widths=widths, value=value)]
+
+
+@_sampler("concatenate")
+def _concat(draw, b, pool):
+    x = pick(draw, b, pool, lambda v: True, min_rank=1)
+    axis = draw(st.integers(0, x.ndim - 1))
+    others = []
+    for _ in range(draw(st.integers(1, 2))):
+        shape = list(x.shape)
+        shape[axis] = draw(st.integers(0, 3))
+        others.append(constant(draw, b, shape, x.dtype))
+    return [b.op("concatenate", x, *others, axis=axis)]
+
+
+@_sampler("split")
+def _split(draw, b, pool):
+    x = pick(draw, b, pool, lambda v: True, min_rank=1)
+    axis = draw(st.integers(0, x.ndim - 1))
+    indices = tuple(sorted(draw(st.lists(st.integers(0, x.shape[axis]), max_size=3))))
+    return list(b.op("split", x, indices=indices, axis=axis) if indices else [b.op("split", x, indices=(), axis=axis)])
+
+
+@_sampler("gather")
+def _gather(draw, b, pool):
+    x = pick(draw, b, pool, lambda v: True, min_rank=1)
+    k = draw(st.integers(1, x.ndim))
+    axis = draw(st.integers(0, x.ndim - k))
+    idx_shape = draw(shapes(max_rank=2))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    indices = []
+    for d in range(k):
+        n = x.shape[axis + d]
+        arr = np.asarray(rng.integers(-n, n, size=idx_shape), dtype=draw(st.sampled_from([np.int64, np.int32])))
+        indices.append(b.op("constant", value=arr))
+    return [b.op("gather", x, *indices, axis=axis)]
+
+
+@_sampler("matmul")
+def _matmul(draw, b, pool):
+    x = pick(draw, b, pool, kind_is("iuf"), f32, min_rank=2)
+    m = draw(st.integers(1, 4))
+    batch = broadcast_partner(draw, x.shape[:-2])
+    y = constant(draw, b, batch + (x.shape[-1], m), x.dtype)
+    return [b.op("matmul", x, y)]
+
+
+@_sampler("einsum")
+def _einsum(draw, b, pool):
+    x = pick(draw, b, pool, kind_is("iuf"), f32, min_rank=1)
+    letters = "abcdefgh"
+    xs = letters[: x.ndim]
+    shared = "".join(c for c in xs if draw(st.booleans()))
+    new = letters[x.ndim: x.ndim + draw(st.integers(0, 2))]
+    ys = "".join(draw(st.permutations(shared + new)))
+    sizes = dict(zip(xs, x.shape)) | {c: draw(st.integers(1, 3)) for c in new}
+    y = constant(draw, b, tuple(sizes[c] for c in ys), x.dtype)
+    out = "".join(c for c in sorted(set(xs + ys)) if draw(st.booleans()))
+    return [b.op("einsum", x, y, equation=f"{xs},{ys}->{out}")]
+
+
+@_sampler("constant")
+def _constant(draw, b, pool):
+    return [constant(draw, b, draw(shapes()), draw(st.sampled_from(DTYPES)))]
+
+
+@st.composite
+def random_graphs(draw, max_nodes: int = 10, ops: list[str] | None = None) -> Graph:
+    b = GraphBuilder("random")
+    pool: list[Value] = []
+    for i in range(draw(st.integers(1, 3))):
+        pool.append(b.input(TensorType(draw(shapes()), draw(st.sampled_from(DTYPES))), f"x{i}"))
+    names = sorted(ops or SAMPLERS)
+    for _ in range(draw(st.integers(1, max_nodes))):
+        name = draw(st.sampled_from(names))
+        pool.extend(SAMPLERS[name](draw, b, pool, name))
+    outputs = draw(st.lists(st.sampled_from(pool), min_size=1, max_size=3))
+    return b.build(outputs)
+
+
+def random_inputs(graph: Graph, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for v in graph.inputs:
+        t = v.type
+        if t.dtype.kind == "b":
+            out.append(np.asarray(rng.random(t.shape) < 0.5))
+        elif t.dtype.kind in "iu":
+            out.append(np.asarray(rng.integers(-5, 6, size=t.shape), dtype=t.dtype))
+        else:
+            out.append(np.asarray(rng.standard_normal(t.shape), dtype=t.dtype))
+    return out

@@ -1,0 +1,80 @@
+"""The graphc command line."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import graphc
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, "-m", "graphc.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+def test_ir_prints_parseable_ir():
+    res = run("ir", "models/mlp.py:mlp")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("graph @mlp(")
+    assert 'loc("models/mlp.py":' in res.stdout
+    assert str(graphc.parse(res.stdout)) == res.stdout
+
+
+def test_ir_with_named_example_and_output_file(tmp_path):
+    out = tmp_path / "loss.gir"
+    res = run("ir", "models/gpt.py:lm_loss", "--example", "example_loss_args", "-o", str(out))
+    assert res.returncode == 0, res.stderr
+    text = out.read_text()
+    assert text.startswith("graph @lm_loss(")
+    again = run("ir", str(out))
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == text
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["ir", "models/mlp.py:nope"], "models/mlp.py: no function 'nope' (functions: accuracy,"),
+        (["ir", "models/missing.py:f"], "models/missing.py: no such file"),
+        (["ir", "models/mlp.py"], "expected FILE:FUNC"),
+        (["ir", "models/mlp.py:mlp", "--example", "nothing"], "no function 'nothing' giving example arguments"),
+    ],
+)
+def test_usage_errors_exit_2_with_a_message(args, message):
+    res = run(*args)
+    assert res.returncode == 2
+    assert res.stdout == ""
+    assert message in res.stderr
+
+
+def test_malformed_gir_file_reports_file_line_and_column(tmp_path):
+    bad = tmp_path / "bad.gir"
+    bad.write_text("graph @g(%x : f32[2]) {\n  %0 = add(%x, %q) : f32[2]\n  return %0\n}\n")
+    res = run("ir", str(bad))
+    assert res.returncode == 2
+    assert f"{bad}: line 2, column 16: value %q is used before it is defined" in res.stderr
+
+
+def test_trace_error_in_user_file_is_reported(tmp_path):
+    user = tmp_path / "user_model.py"
+    user.write_text(
+        "import numpy as np\n"
+        "def f(x):\n"
+        "    return np.sort(x)\n"
+        "def example_args():\n"
+        "    return (np.ones(3),), {}\n"
+    )
+    res = run("ir", f"{user}:f")
+    assert res.returncode == 2
+    assert "user_model.py:3: numpy.sort is not supported by graphc" in res.stderr
+
+
+def test_bench_reports_timings():
+    res = run("bench", "models/mlp.py:mlp", "--repeat", "2")
+    assert res.returncode == 0, res.stderr
+    for word in ("trace", "print IR", "parse IR", "numpy eager", "reference interp"):
+        assert word in res.stdout

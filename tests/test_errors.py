@@ -1,0 +1,199 @@
+"""Every error path of the frontend names the user's file:line and says what was expected."""
+
+import numpy as np
+import pytest
+
+import graphc
+
+THIS_FILE = "tests/test_errors.py"
+
+
+def line_of(marker: str) -> int:
+    with open(__file__) as f:
+        for i, line in enumerate(f, 1):
+            if marker in line and "line_of(" not in line:
+                return i
+    raise AssertionError(marker)
+
+
+def trace_error(fn, *args, **kwargs) -> graphc.TraceError:
+    with pytest.raises(graphc.TraceError) as info:
+        graphc.trace(fn, *args, **kwargs)
+    return info.value
+
+
+def check_location(err: graphc.TraceError, marker: str):
+    line = line_of(marker)
+    assert err.lineno == line, str(err)
+    assert err.filename.endswith("test_errors.py")
+    assert str(err).startswith(f"{err.filename}:{line}: ")
+
+
+X = np.ones((3, 4), np.float32)
+
+
+def test_unsupported_numpy_function_names_it_and_the_line():
+    def f(x):
+        y = x * 2
+        return np.cumsum(y, axis=0)  # <unsupported>
+
+    err = trace_error(f, X)
+    check_location(err, "<unsupported>")
+    assert "numpy.cumsum is not supported" in str(err)
+
+
+def test_unsupported_ufunc_names_it():
+    def f(x):
+        return np.arctan2(x, x)  # <ufunc>
+
+    err = trace_error(f, X)
+    check_location(err, "<ufunc>")
+    assert "numpy.arctan2 is not supported" in str(err)
+
+
+def test_shape_mismatch_in_matmul_names_the_line():
+    def f(x, w):
+        h = x @ w  # <matmul>
+        return h
+
+    err = trace_error(f, X, np.ones((5, 2), np.float32))
+    check_location(err, "<matmul>")
+    assert "shapes (3, 4) and (5, 2) not aligned" in str(err)
+
+
+def test_broadcast_mismatch_names_the_line():
+    def f(x):
+        return x + np.ones(5)  # <broadcast>
+
+    err = trace_error(f, X)
+    check_location(err, "<broadcast>")
+    assert "could not be broadcast together with shapes (3, 4) (5,)" in str(err)
+
+
+def test_shape_error_deep_in_user_helpers_points_at_the_helper_line():
+    def helper(a):
+        return a.reshape(7, -1)  # <helper>
+
+    def f(x):
+        return helper(x) * 2
+
+    err = trace_error(f, X)
+    check_location(err, "<helper>")
+    assert "cannot reshape array of size 12 into shape (7, -1)" in str(err)
+
+
+def test_python_control_flow_on_traced_value():
+    def f(x):
+        if x.sum() > 0:  # <if>
+            return x
+        return -x
+
+    err = trace_error(f, X)
+    check_location(err, "<if>")
+    assert "bool() of a traced array" in str(err)
+
+
+def test_float_of_traced_value():
+    def f(x):
+        return float(x.mean())  # <float>
+
+    err = trace_error(f, X)
+    check_location(err, "<float>")
+    assert "float() of a traced array" in str(err)
+
+
+def test_in_place_assignment_is_rejected():
+    def f(x):
+        x[0] = 1.0  # <setitem>
+        return x
+
+    err = trace_error(f, X)
+    check_location(err, "<setitem>")
+    assert "in-place assignment" in str(err)
+
+
+def test_traced_bool_mask_index_is_rejected():
+    def f(x):
+        return x[x > 0]  # <mask>
+
+    err = trace_error(f, X)
+    check_location(err, "<mask>")
+    assert "data-dependent shape" in str(err)
+
+
+def test_out_argument_is_rejected():
+    def f(x):
+        out = np.empty_like(x)
+        return np.add(x, x, out=out)  # <out>
+
+    err = trace_error(f, X)
+    check_location(err, "<out>")
+    assert "out=" in str(err)
+
+
+def test_static_index_out_of_bounds():
+    def f(x):
+        return x[:, 9]  # <oob>
+
+    err = trace_error(f, X)
+    check_location(err, "<oob>")
+    assert "index 9 is out of bounds for axis 1 with size 4" in str(err)
+
+
+def test_one_argument_where():
+    def f(x):
+        return np.where(x > 0)  # <where1>
+
+    err = trace_error(f, X)
+    check_location(err, "<where1>")
+    assert "three-argument form" in str(err)
+
+
+def test_complex_dtype_argument():
+    err = trace_error(lambda z: z * 2, np.ones(3, np.complex64))
+    assert "dtype complex64 is not supported" in str(err)
+    assert "argument z" in str(err)
+
+
+def test_unsupported_argument_type():
+    class Config:
+        pass
+
+    err = trace_error(lambda x, cfg: x, X, Config())
+    assert "has type Config" in str(err)
+
+
+def test_tracer_leaking_between_traces():
+    leaked = []
+
+    def first(x):
+        leaked.append(x * 2)
+        return x
+
+    def second(x):
+        return x + leaked[0]  # <leak>
+
+    graphc.trace(first, X)
+    err = trace_error(second, X)
+    check_location(err, "<leak>")
+    assert "another trace" in str(err)
+
+
+def test_int_overflow_of_python_scalar_matches_numpy():
+    def f(a):
+        return a + 300  # <overflow>
+
+    with pytest.raises(OverflowError):
+        f(np.ones(3, np.int8))
+    with pytest.raises(OverflowError):
+        graphc.trace(f, np.ones(3, np.int8))
+
+
+def test_evaluate_rejects_mismatched_arguments():
+    g = graphc.trace(lambda p, x: p["w"] @ x, {"w": np.ones((2, 3))}, np.ones(3))
+    with pytest.raises(graphc.EvaluationError, match=r"input %p.w expects f64\[2,3\], got array of shape \(3, 3\)"):
+        graphc.evaluate(g, {"w": np.ones((3, 3))}, np.ones(3))
+    with pytest.raises(graphc.EvaluationError, match=r"arguments\[0\]\[0\]: expected a dict with keys \['w'\], got \['v'\]"):
+        graphc.evaluate(g, {"v": np.ones((2, 3))}, np.ones(3))
+    with pytest.raises(graphc.EvaluationError, match="expected a tuple of length 2"):
+        graphc.evaluate(g, {"w": np.ones((2, 3))})
