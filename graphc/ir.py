@@ -102,10 +102,13 @@ def freeze_attr(v: Any) -> Any:
     return v
 
 
+PARTS = ("forward", "backward", "update")
+
+
 class Node:
     """One operation. ``attrs`` is a dict that must not be mutated after construction."""
 
-    __slots__ = ("op", "inputs", "attrs", "outputs", "loc")
+    __slots__ = ("op", "inputs", "attrs", "outputs", "loc", "part")
 
     def __init__(
         self,
@@ -114,12 +117,16 @@ class Node:
         attrs: dict[str, Any],
         output_types: Iterable[TensorType],
         loc: SourceLoc | None = None,
+        part: str | None = None,
     ):
         self.op = op
         self.inputs = tuple(inputs)
         self.attrs = {k: freeze_attr(v) for k, v in attrs.items()}
         self.outputs = tuple(Value(t, self, i) for i, t in enumerate(output_types))
         self.loc = loc
+        if part is not None and part not in PARTS:
+            raise ValueError(f"part must be one of {PARTS}, got {part!r}")
+        self.part = part  # which part of a training step: forward / backward / update (None: untagged)
 
     @property
     def output(self) -> Value:

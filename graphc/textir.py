@@ -32,7 +32,7 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 
 from graphc import dtypes
 from graphc.errors import ParseError, ShapeError, SourceLoc
-from graphc.ir import Graph, Node, TensorType, Value
+from graphc.ir import PARTS, Graph, Node, TensorType, Value
 from graphc.ops import REGISTRY
 from graphc.pytree import TreeDef
 
@@ -41,9 +41,10 @@ start: "graph" GRAPH_NAME "(" [arg ("," arg)* [","]] ")" "{" node* "return" tree
 
 arg: tree | IDENT "=" tree
 
-node: VALUE ("," VALUE)* "=" IDENT "(" [operand ("," operand)*] ")" ":" type ("," type)* [loc]
+node: VALUE ("," VALUE)* "=" IDENT "(" [operand ("," operand)*] ")" ":" type ("," type)* [loc] [part]
 operand: VALUE | IDENT "=" tree
 loc: "loc" "(" STRING ":" INT ")"
+part: "part" "(" IDENT ")"
 type: IDENT "[" [INT ("," INT)*] "]"
 
 ?tree: dict | list | tuple | input | ref | literal | array
@@ -214,7 +215,8 @@ def format_node(node: Node, names: dict[Value, str]) -> str:
     operands += [f"{k}={format_literal(v)}" for k, v in node.attrs.items()]
     types = ", ".join(str(o.type) for o in node.outputs)
     loc = f' loc({json.dumps(node.loc.file)}:{node.loc.line})' if node.loc else ""
-    return f"{results} = {node.op.name}({', '.join(operands)}) : {types}{loc}"
+    part = f" part({node.part})" if node.part else ""
+    return f"{results} = {node.op.name}({', '.join(operands)}) : {types}{loc}{part}"
 
 
 # --- parsing -------------------------------------------------------------------------------------
@@ -382,6 +384,7 @@ class _Builder:
         operands = [c for c in t.children if isinstance(c, Tree) and c.data == "operand"]
         types = [self.type(c) for c in t.children if isinstance(c, Tree) and c.data == "type"]
         loc_tree = next((c for c in t.children if isinstance(c, Tree) and c.data == "loc"), None)
+        part_tree = next((c for c in t.children if isinstance(c, Tree) and c.data == "part"), None)
         op = REGISTRY.get(str(opname))
         if op is None:
             raise _error_at(opname, f"unknown op {str(opname)!r}")
@@ -409,7 +412,12 @@ class _Builder:
         if loc_tree is not None:
             file_tok, line_tok = loc_tree.children
             loc = SourceLoc(json.loads(str(file_tok)), int(line_tok))
-        node = Node(op, inputs, attrs, types, loc)
+        part = None
+        if part_tree is not None:
+            part = str(part_tree.children[0])
+            if part not in PARTS:
+                raise _error_at(part_tree.children[0], f"part must be one of {', '.join(PARTS)}, got {part!r}")
+        node = Node(op, inputs, attrs, types, loc, part)
         for tok, out in zip(results, node.outputs):
             name = str(tok)[1:]
             if name in self.env:

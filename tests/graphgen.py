@@ -86,7 +86,7 @@ def _binary(kinds, make, **extra):
 
 f32 = np.dtype("float32")
 SAMPLERS = {
-    **{n: _unary("f", f32) for n in ("exp", "log", "tanh", "sqrt", "sin", "cos")},
+    **{n: _unary("f", f32) for n in ("exp", "log", "log1p", "expm1", "tanh", "sqrt", "sin", "cos")},
     "neg": _unary("if", f32),
     "abs": _unary("iuf", f32),
     "sign": _unary("iuf", f32),
@@ -277,3 +277,15 @@ def random_inputs(graph: Graph, seed: int = 0) -> list[np.ndarray]:
         else:
             out.append(np.asarray(rng.standard_normal(t.shape), dtype=t.dtype))
     return out
+
+
+@_sampler("scatter_add")
+def _scatter_add(draw, b, pool):
+    x = pick(draw, b, pool, kind_is("iuf"), f32, min_rank=1)
+    axis = draw(st.integers(0, x.ndim - 1))
+    idx_shape = draw(shapes(max_rank=2))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    n = x.shape[axis]
+    idx = b.op("constant", value=np.asarray(rng.integers(-n, n, size=idx_shape), dtype=np.int64))
+    updates = constant(draw, b, x.shape[:axis] + idx_shape + x.shape[axis + 1:], x.dtype)
+    return [b.op("scatter_add", x, idx, updates, axis=axis)]

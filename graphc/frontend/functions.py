@@ -14,7 +14,7 @@ import numpy as np
 
 from graphc import dtypes
 from graphc.errors import TraceError
-from graphc.frontend.tracer import Tracer, bind, convert, lift, user_location
+from graphc.frontend.tracer import Tracer, bind, convert, fresh, lift, mark_view, user_location
 from graphc.frontend.ufuncs import apply_ufunc
 
 HANDLERS: dict[Callable, Callable] = {}
@@ -29,13 +29,25 @@ def implements(*funcs: Callable):
     return register
 
 
+# numpy returns views from these; in-place updates through views are rejected (tracer.mark_view)
+VIEW_FUNCTIONS = {
+    np.reshape, np.ravel, np.transpose, np.swapaxes, np.moveaxis, np.expand_dims, np.squeeze,
+    np.broadcast_to, np.split, np.array_split, np.asarray,
+}
+
+
 def handle_function(func: Callable, args: tuple, kwargs: dict):
     handler = HANDLERS.get(func)
     if handler is None:
         mod = getattr(func, "__module__", "numpy") or "numpy"
         mod = "numpy" if mod.startswith("numpy._core") or mod == "numpy" else mod
         raise TraceError(f"{mod}.{func.__name__} is not supported by graphc", user_location())
-    return handler(*args, **kwargs)
+    result = handler(*args, **kwargs)
+    if func in VIEW_FUNCTIONS and args and isinstance(args[0], Tracer):
+        mark_view(result, args[0])
+    elif isinstance(result, Tracer) and any(result is a for a in args):
+        result = fresh(result)  # numpy returned a new array (np.copy, a no-op np.pad, ...)
+    return result
 
 
 def _reject(fname: str, **given: Any) -> None:

@@ -248,6 +248,26 @@ def take(a, indices, axis=None, out=None, mode="raise"):
     return bind("gather", x, idx, axis=norm_axis(axis, x.ndim, "take"))
 
 
+@implements(np.take_along_axis)
+def take_along_axis(arr, indices, axis=-1):
+    x, idx = lift(arr), lift(indices)
+    if axis is None:
+        x, axis = reshape_to(x, (x.size,)), 0
+    if idx.ndim != x.ndim:
+        raise TraceError("`indices` and `arr` must have the same number of dimensions", user_location())
+    axis = norm_axis(axis, x.ndim, "take_along_axis")
+    # result[i, j, k] = x[i, idx[i, j, k], k] for axis 1: one index array per dim, broadcast together
+    index_arrays = []
+    for d in range(x.ndim):
+        if d == axis:
+            index_arrays.append(idx)
+        else:
+            shape = [1] * x.ndim
+            shape[d] = x.shape[d]
+            index_arrays.append(lift(np.arange(x.shape[d]).reshape(shape)))
+    return bind("gather", x, *index_arrays, axis=0)
+
+
 @implements(np.flip)
 def flip(m, axis=None):
     x = lift(m)

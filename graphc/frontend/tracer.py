@@ -14,6 +14,7 @@ import inspect
 import os
 import sys
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -90,6 +91,18 @@ class TraceContext:
         self.inputs: list[Value] = []
         self.nodes: list[Node] = []
         self._constants: dict[int, tuple[Any, Tracer]] = {}
+        self.part: str | None = None  # tag for new nodes (autodiff sets "backward")
+        self.loc_override: SourceLoc | None = None  # autodiff: backward nodes keep their forward node's line
+
+    @contextlib.contextmanager
+    def annotate(self, part: str | None = None, loc: SourceLoc | None = None):
+        """Tag the nodes emitted inside the block with ``part`` and (if given) ``loc``."""
+        saved = self.part, self.loc_override
+        self.part, self.loc_override = part or self.part, loc or self.loc_override
+        try:
+            yield
+        finally:
+            self.part, self.loc_override = saved
 
     def new_input(self, type_: TensorType, name: str) -> Tracer:
         v = Value(type_, None, 0, name)
@@ -106,7 +119,8 @@ class TraceContext:
                     user_location(),
                 )
         out_types = op.infer_types(tuple(t._value.type for t in inputs), attrs)
-        node = Node(op, [t._value for t in inputs], attrs, out_types, user_location())
+        loc = self.loc_override or user_location()
+        node = Node(op, [t._value for t in inputs], attrs, out_types, loc, self.part)
         self.nodes.append(node)
         return tuple(Tracer(self, v) for v in node.outputs)
 
@@ -197,11 +211,13 @@ class Tracer:
     operators, attributes and methods; each operation is recorded in the trace."""
 
     __array_priority__ = 1000
-    __slots__ = ("_ctx", "_value")
+    __slots__ = ("_ctx", "_value", "_base", "_views", "__weakref__")
 
     def __init__(self, ctx: TraceContext, value: Value):
         self._ctx = ctx
         self._value = value
+        self._base: Tracer | None = None  # set when numpy would return a view of another array
+        self._views: weakref.WeakSet | None = None  # live views of this array
 
     # --- numpy protocols -------------------------------------------------------------------
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
@@ -215,7 +231,13 @@ class Tracer:
         return user_errors(handle_function)(func, args, kwargs)
 
     def __array__(self, dtype=None, copy=None):
-        raise _control_flow_error("a concrete numpy array was requested (np.asarray / np.array)")
+        raise TraceError(
+            "numpy needed the concrete value of a traced array here. This happens when a numpy array "
+            "(not a traced one) is indexed with a traced index, as in table[idx] (use np.take(table, idx, axis=0)), "
+            "when a traced value is stored into a numpy array (x[i] = traced), or when a library converts "
+            "its input with np.asarray outside the traced function",
+            user_location(),
+        )
 
     # --- static attributes -----------------------------------------------------------------
     @property
@@ -298,7 +320,7 @@ class Tracer:
     def __matmul__(self, o): return np.matmul(self, o)  # noqa: E704
     def __rmatmul__(self, o): return np.matmul(o, self)  # noqa: E704
     def __neg__(self): return np.negative(self)  # noqa: E704
-    def __pos__(self): return self  # noqa: E704
+    def __pos__(self): return fresh(self)  # noqa: E704
     def __abs__(self): return np.absolute(self)  # noqa: E704
     def __invert__(self): return np.invert(self)  # noqa: E704
     def __and__(self, o): return np.bitwise_and(self, o)  # noqa: E704
@@ -315,10 +337,32 @@ class Tracer:
     def __floordiv__(self, o): return np.floor_divide(self, o)  # noqa: E704
     def __mod__(self, o): return np.remainder(self, o)  # noqa: E704
 
+    # in-place operators: numpy keeps the left operand's dtype (casting="same_kind") and every
+    # reference to this array sees the update; views cannot be updated in place in a graph
+    def __iadd__(self, o): return self._inplace(np.add, o)  # noqa: E704
+    def __isub__(self, o): return self._inplace(np.subtract, o)  # noqa: E704
+    def __imul__(self, o): return self._inplace(np.multiply, o)  # noqa: E704
+    def __itruediv__(self, o): return self._inplace(np.true_divide, o)  # noqa: E704
+    def __ipow__(self, o): return self._inplace(np.power, o)  # noqa: E704
+    def __imatmul__(self, o): return self._inplace(np.matmul, o)  # noqa: E704
+    def __iand__(self, o): return self._inplace(np.bitwise_and, o)  # noqa: E704
+    def __ior__(self, o): return self._inplace(np.bitwise_or, o)  # noqa: E704
+
+    def _inplace(self, ufunc, other):
+        return user_errors(_inplace_update)(self, ufunc, other)
+
     def __getitem__(self, key):
         from graphc.frontend.indexing import getitem
 
-        return user_errors(getitem)(self, key)
+        result = user_errors(getitem)(self, key)
+        if result._value.producer is None or result._value.producer.op.name != "gather":
+            mark_view(result, self)  # basic indexing returns a view in numpy
+        return result
+
+    def __getattr__(self, name):
+        if hasattr(np.ndarray, name):
+            raise TraceError(f"ndarray.{name} is not supported by graphc", user_location())
+        raise AttributeError(f"'Tracer' object has no attribute {name!r}")
 
     def __setitem__(self, key, value):
         raise TraceError(
@@ -342,7 +386,7 @@ class Tracer:
     def squeeze(self, axis=None): return np.squeeze(self, axis)  # noqa: E704
     def flatten(self, order="C"): return np.reshape(self, (-1,), order=order)  # noqa: E704
     def ravel(self, order="C"): return np.reshape(self, (-1,), order=order)  # noqa: E704
-    def copy(self, order="C"): return self  # noqa: E704  (values are immutable in the graph)
+    def copy(self, order="C"): return fresh(self)  # noqa: E704
     def dot(self, b): return np.dot(self, b)  # noqa: E704
     def clip(self, min=None, max=None): return np.clip(self, min, max)  # noqa: E704
     def repeat(self, repeats, axis=None): return np.repeat(self, repeats, axis)  # noqa: E704
@@ -364,38 +408,116 @@ class Tracer:
         return np.std(self, axis, dtype, ddof=ddof, keepdims=keepdims)
 
     def astype(self, dtype, copy=True):
-        return user_errors(convert)(self, dtype)
+        result = user_errors(convert)(self, dtype)
+        return fresh(result) if result is self else result
+
+
+def fresh(t: Tracer) -> Tracer:
+    """A new array object with the same value (numpy's copies: in-place updates of it must not
+    reach the original object)."""
+    return Tracer(t._ctx, t._value)
+
+
+def mark_view(result: Any, base: Tracer) -> None:
+    """Record that numpy would return ``result`` as a view of ``base`` (for in-place checks)."""
+    root = base._base if base._base is not None else base
+    for r in result if isinstance(result, (list, tuple)) else (result,):
+        if isinstance(r, Tracer) and r is not root:
+            r._base = root
+            if root._views is None:
+                root._views = weakref.WeakSet()
+            root._views.add(r)
+
+
+def _inplace_update(target: Tracer, ufunc, other) -> Tracer:
+    from graphc.frontend.ufuncs import apply_ufunc
+
+    if target._base is not None:
+        raise TraceError(
+            "in-place update of a view (a slice, reshape or transpose of another array) would change that "
+            "array too, which a graph cannot express; compute a new array instead (y = x - 1)",
+            user_location(),
+        )
+    if target._views:
+        raise TraceError(
+            "in-place update of an array that has live views (slices, reshapes or transposes of it) "
+            "would change them too, which a graph cannot express; compute a new array instead",
+            user_location(),
+        )
+    result = apply_ufunc(ufunc, target, other)
+    if not np.can_cast(result.dtype, target.dtype, "same_kind"):
+        raise TraceError(
+            f"Cannot cast ufunc '{ufunc.__name__}' output from {result.dtype} to {target.dtype} "
+            "with casting rule 'same_kind' (numpy raises here too)",
+            user_location(),
+        )
+    target._value = convert(result, target.dtype)._value
+    return target
 
 
 # --- numpy entry points that do not dispatch on their argument: patched while tracing ----------
 
-_PATCHED = ("asarray", "array", "asanyarray", "ascontiguousarray")
+_ARRAY_CONSTRUCTORS = ("asarray", "array", "asanyarray", "ascontiguousarray")
 _patch_lock = threading.Lock()
 _patch_depth = 0
-_originals: dict[str, Callable] = {}
+_originals: list[tuple[Any, str, Callable]] = []
 
 
-def _make_patch(name: str, original: Callable) -> Callable:
+def _contains_tracer_anywhere(args: tuple, kwargs: dict) -> bool:
+    return any(_contains_tracer(a) for a in args) or any(_contains_tracer(v) for v in kwargs.values())
+
+
+def _constructor_patch(original: Callable) -> Callable:
     @functools.wraps(original)
     def patched(obj, *args, **kwargs):
         if current_context() is not None and _contains_tracer(obj):
             dtype = kwargs.get("dtype", args[0] if args else None)
-            return user_errors(lift)(obj, None if dtype is None else dtypes.canonical(dtype))
+            result = user_errors(lift)(obj, None if dtype is None else dtypes.canonical(dtype))
+            copies = original is np.array and kwargs.get("copy", True) is not False
+            return fresh(result) if copies and result is obj else result
         return original(obj, *args, **kwargs)
 
     return patched
 
 
+def _handler_patch(original: Callable) -> Callable:
+    """numpy only dispatches on some arguments (not on the arrays inside a list passed to np.mean,
+    nor on np.take's indices); route any call that holds a traced value to graphc's handler."""
+
+    @functools.wraps(original)
+    def patched(*args, **kwargs):
+        if current_context() is not None and _contains_tracer_anywhere(args, kwargs):
+            from graphc.frontend.functions import handle_function
+
+            return user_errors(handle_function)(original, args, kwargs)
+        return original(*args, **kwargs)
+
+    return patched
+
+
+def _patch_targets() -> list[tuple[Any, str, Callable]]:
+    from graphc.frontend.functions import HANDLERS
+
+    targets = [(np, name, _constructor_patch(getattr(np, name))) for name in _ARRAY_CONSTRUCTORS]
+    for func in HANDLERS:
+        for module in (np, np.linalg):
+            if getattr(module, func.__name__, None) is func:
+                targets.append((module, func.__name__, _handler_patch(func)))
+    return targets
+
+
 @contextlib.contextmanager
 def numpy_patches():
-    """While any thread traces, ``np.asarray(tracer)`` and ``np.array([tracer, ...])`` return
-    tracers (other threads, and calls without tracers, reach numpy unchanged)."""
+    """While any thread traces, numpy entry points that do not dispatch on every argument are
+    wrapped: ``np.asarray(tracer)``, ``np.array([tracer, ...])``, ``np.mean([t1, t2])``,
+    ``np.take(table, traced_idx)`` reach graphc. Other threads, and calls without traced values,
+    reach numpy unchanged."""
     global _patch_depth
     with _patch_lock:
         if _patch_depth == 0:
-            for name in _PATCHED:
-                _originals[name] = getattr(np, name)
-                setattr(np, name, _make_patch(name, _originals[name]))
+            for module, name, patched in _patch_targets():
+                _originals.append((module, name, getattr(module, name)))
+                setattr(module, name, patched)
         _patch_depth += 1
     try:
         yield
@@ -403,8 +525,9 @@ def numpy_patches():
         with _patch_lock:
             _patch_depth -= 1
             if _patch_depth == 0:
-                for name in _PATCHED:
-                    setattr(np, name, _originals.pop(name))
+                while _originals:
+                    module, name, original = _originals.pop()
+                    setattr(module, name, original)
 
 
 # --- trace ---------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from graphc.errors import TraceError
-from graphc.frontend.tracer import Tracer, bind, lift, user_location
+from graphc.frontend.tracer import Tracer, bind, fresh, lift, user_location
 
 # ufunc -> (primitive, attrs). The primitive sees operands already converted to the loop dtype.
 _SIMPLE: dict[np.ufunc, tuple[str, dict[str, Any]]] = {
@@ -27,6 +27,8 @@ _SIMPLE: dict[np.ufunc, tuple[str, dict[str, Any]]] = {
     np.negative: ("neg", {}),
     np.exp: ("exp", {}),
     np.log: ("log", {}),
+    np.log1p: ("log1p", {}),
+    np.expm1: ("expm1", {}),
     np.tanh: ("tanh", {}),
     np.sqrt: ("sqrt", {}),
     np.sin: ("sin", {}),
@@ -88,13 +90,15 @@ def apply_ufunc(ufunc: np.ufunc, *inputs: Any) -> Tracer:
     loop_in = sig[: ufunc.nin]
     operands = [lift(x, dt) for x, dt in zip(inputs, loop_in)]
     if ufunc is np.positive:
-        return operands[0]
+        return fresh(operands[0])
     if ufunc is np.square:
         return bind("mul", operands[0], operands[0])
     if ufunc is np.reciprocal:
         if sig[0].kind != "f":
             raise TraceError("np.reciprocal of integers is not supported (it truncates)", user_location())
         return bind("div", lift(np.ones((), sig[0])), operands[0])
+    if ufunc in COMPOSITE:
+        return _composite(ufunc, sig, operands)
     if ufunc in _BOOL_ONLY:
         if any(dt.kind != "b" for dt in loop_in):
             raise TraceError(
@@ -107,7 +111,27 @@ def apply_ufunc(ufunc: np.ufunc, *inputs: Any) -> Tracer:
     return out
 
 
-SUPPORTED = set(_SIMPLE) | set(_BOOL_ONLY) | {np.positive, np.square, np.reciprocal, np.matmul}
+_LOG_BASE = {np.log2: np.log(2.0), np.log10: np.log(10.0)}
+
+
+def _composite(ufunc: np.ufunc, sig: tuple, operands: list[Tracer]) -> Tracer:
+    """ufuncs that numpy itself defines from the primitives' functions."""
+    if ufunc in _LOG_BASE:  # log2(x) = log(x) / log(2)
+        return bind("div", bind("log", operands[0]), lift(np.asarray(_LOG_BASE[ufunc], sig[0])))
+    if ufunc is np.exp2:  # 2**x
+        return bind("pow", lift(np.asarray(2, sig[0])), operands[0])
+    if ufunc is np.isnan:  # x != x
+        return bind("compare", operands[0], operands[0], direction="ne")
+    if ufunc is np.logaddexp:  # max(a, b) + log1p(exp(-|a - b|)), as numpy computes it
+        a, b = operands
+        big = bind("maximum", a, b)
+        diff = bind("abs", bind("sub", a, b))
+        return bind("add", big, bind("log1p", bind("exp", bind("neg", diff))))
+    raise AssertionError(ufunc)
+
+
+COMPOSITE = set(_LOG_BASE) | {np.exp2, np.isnan, np.logaddexp}
+SUPPORTED = set(_SIMPLE) | set(_BOOL_ONLY) | COMPOSITE | {np.positive, np.square, np.reciprocal, np.matmul}
 
 
 def handle_ufunc(ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any):

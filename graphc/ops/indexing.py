@@ -6,6 +6,8 @@ are both one gather."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from graphc.errors import ShapeError
 from graphc.ir import TensorType
 from graphc.ops import OpDef, register
@@ -33,4 +35,29 @@ def _gather_impl(x, *idx, axis):
 gather = register(
     OpDef("gather", "index", _gather_infer, _gather_impl, attrs=("axis",), num_inputs=None, min_inputs=2,
           doc="x[..., i1, ..., ik, ...] with the k index arrays at dims axis..axis+k-1")
+)
+
+
+def _scatter_add_infer(in_types, axis):
+    x, *idx, updates = in_types
+    if not idx:
+        raise ShapeError("scatter_add needs at least one index array")
+    (expected,) = _gather_infer((x, *idx), axis)
+    if updates.dtype != x.dtype:
+        raise ShapeError(f"scatter_add: updates {updates} must have the dtype of the operand {x}")
+    if updates.shape != expected.shape:
+        raise ShapeError(f"scatter_add: updates have shape {updates.shape}, the indexed region has {expected.shape}")
+    return (x,)
+
+
+def _scatter_add_impl(x, *rest, axis):
+    *idx, updates = rest
+    out = np.array(x, copy=True)
+    np.add.at(out, (slice(None),) * axis + tuple(idx), updates)
+    return out
+
+
+scatter_add = register(
+    OpDef("scatter_add", "index", _scatter_add_infer, _scatter_add_impl, attrs=("axis",), num_inputs=None,
+          min_inputs=3, doc="x with updates added at x[..., i1, ..., ik, ...] (repeated indices accumulate); gather's transpose")
 )
