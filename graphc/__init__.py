@@ -3,6 +3,9 @@
 Public API (everything else is internal and may change):
 
     trace(fn, *args, **kwargs) -> Graph      record a numpy function as a graph
+    grad, value_and_grad, vjp, jvp           autodiff (eager on numpy arrays, or inside a trace)
+    optim.sgd / momentum / adam              optimizers as plain pytree functions
+    tree_map(fn, tree, *rest)                map over array leaves of pytrees
     evaluate(graph, *args, **kwargs)         run a graph with the reference interpreter
     parse(text) -> Graph                     read the text IR back
     Graph, Node, Value, TensorType           the IR
@@ -11,12 +14,14 @@ Public API (everything else is internal and may change):
     TraceError, ParseError, VerifyError, EvaluationError, GraphcError
 """
 
+from graphc import optim
+from graphc.autodiff import grad, jvp, value_and_grad, vjp
 from graphc.errors import EvaluationError, GraphcError, ParseError, SourceLoc, TraceError, VerifyError
 from graphc.frontend import Tracer, trace
 from graphc.interpreter import evaluate
 from graphc.ir import Graph, Node, TensorType, Value
 from graphc.ops import REGISTRY as OPS
-from graphc.pytree import ArraySpec
+from graphc.pytree import ArraySpec, tree_map
 from graphc.textir import parse, print_graph
 
 __version__ = "0.1.0"
@@ -36,6 +41,12 @@ __all__ = [
     "Value",
     "VerifyError",
     "evaluate",
+    "grad",
+    "jvp",
+    "optim",
+    "tree_map",
+    "value_and_grad",
+    "vjp",
     "parse",
     "print_graph",
     "trace",

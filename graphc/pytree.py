@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 STATIC_TYPES = (bool, int, float, str, type(None))
+ARRAY_TYPES: tuple[type, ...] = (np.ndarray, np.generic)  # the tracer adds its Tracer type
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ LEAF = TreeDef("leaf")
 def is_dynamic_leaf(x: Any, is_leaf: Callable[[Any], bool] | None = None) -> bool:
     if is_leaf is not None and is_leaf(x):
         return True
-    return isinstance(x, (np.ndarray, np.generic, ArraySpec))
+    return isinstance(x, ARRAY_TYPES) or isinstance(x, ArraySpec)
 
 
 def flatten(tree: Any, is_leaf: Callable[[Any], bool] | None = None, path: str = "") -> tuple[list[Any], TreeDef]:
@@ -178,3 +179,28 @@ def render(treedef: TreeDef, leaf: Callable[[int], str], static: Callable[[Any],
         return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
 
     return go(treedef)
+
+
+def tree_map(fn: Callable, tree: Any, *rest: Any) -> Any:
+    """Apply ``fn`` to corresponding array leaves of ``tree`` and ``rest`` (same structure); static
+    leaves of ``tree`` are kept, and a None leaf in any of the trees (no gradient) stays None."""
+    leaves, treedef = flatten(tree, is_leaf=lambda x: x is None)
+    others = [_flatten_like(r, treedef) for r in rest]
+    out = []
+    for i, leaf in enumerate(leaves):
+        args = [leaf] + [o[i] for o in others]
+        out.append(None if any(a is None for a in args) else fn(*args))
+    return unflatten(treedef, out)
+
+
+def _flatten_like(tree: Any, treedef: TreeDef) -> list[Any]:
+    leaves, other = flatten(tree, is_leaf=lambda x: x is None)
+    if _shape_of(other) != _shape_of(treedef):
+        raise ValueError(f"tree_map: trees differ in structure: {treedef} vs {other}")
+    return leaves
+
+
+def _shape_of(t: TreeDef) -> Any:
+    if t.kind in ("leaf", "static"):
+        return "*"
+    return (t.kind, tuple(t.keys), tuple(_shape_of(c) for c in t.children))

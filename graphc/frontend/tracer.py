@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from graphc import dtypes
+from graphc import dtypes, pytree
 from graphc.errors import ShapeError, SourceLoc, TraceError
 from graphc.ir import Graph, Node, TensorType, Value
 from graphc.ops import get_op
@@ -217,7 +217,7 @@ class Tracer:
         self._ctx = ctx
         self._value = value
         self._base: Tracer | None = None  # set when numpy would return a view of another array
-        self._views: weakref.WeakSet | None = None  # live views of this array
+        self._views: list[weakref.ref] | None = None  # views of this array (weak: dead views do not count)
 
     # --- numpy protocols -------------------------------------------------------------------
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
@@ -425,8 +425,8 @@ def mark_view(result: Any, base: Tracer) -> None:
         if isinstance(r, Tracer) and r is not root:
             r._base = root
             if root._views is None:
-                root._views = weakref.WeakSet()
-            root._views.add(r)
+                root._views = []
+            root._views.append(weakref.ref(r))
 
 
 def _inplace_update(target: Tracer, ufunc, other) -> Tracer:
@@ -438,7 +438,7 @@ def _inplace_update(target: Tracer, ufunc, other) -> Tracer:
             "array too, which a graph cannot express; compute a new array instead (y = x - 1)",
             user_location(),
         )
-    if target._views:
+    if target._views and any(ref() is not None for ref in target._views):
         raise TraceError(
             "in-place update of an array that has live views (slices, reshapes or transposes of it) "
             "would change them too, which a graph cannot express; compute a new array instead",
@@ -453,6 +453,9 @@ def _inplace_update(target: Tracer, ufunc, other) -> Tracer:
         )
     target._value = convert(result, target.dtype)._value
     return target
+
+
+pytree.ARRAY_TYPES = pytree.ARRAY_TYPES + (Tracer,)
 
 
 # --- numpy entry points that do not dispatch on their argument: patched while tracing ----------
@@ -595,5 +598,46 @@ def trace(fn: Callable, *args: Any, **kwargs: Any) -> Graph:
                     raise TraceError(f"{name} returned a traced value from another trace")
     finally:
         stack.pop()
-    graph = Graph(ctx.name, ctx.inputs, ctx.nodes, outputs, in_tree, out_tree)
-    return graph
+    tag_parts(ctx.nodes)
+    return Graph(ctx.name, ctx.inputs, ctx.nodes, outputs, in_tree, out_tree)
+
+
+def tag_parts(nodes: list[Node]) -> None:
+    """In a graph with backward nodes (from autodiff), tag the rest: nodes that use gradients are
+    the update, all others the forward part. Graphs without gradients stay untagged."""
+    if not any(n.part == "backward" for n in nodes):
+        return
+    uses_grads: set[Value] = set()
+    for n in nodes:
+        if n.part == "backward":
+            uses_grads.update(n.outputs)
+        elif any(v in uses_grads for v in n.inputs):
+            n.part = "update"
+            uses_grads.update(n.outputs)
+        else:
+            n.part = "forward"
+
+
+def inline_graph(graph: Graph, *args: Any, **kwargs: Any) -> Any:
+    """Call ``graph`` like the function it was traced from, inside the current trace: its nodes
+    are emitted again on the given (traced or numpy) arguments."""
+    ctx = current_context()
+    if ctx is None:
+        raise RuntimeError("inline_graph needs an active trace")
+    leaves = [lift(x) for x in _flat_arguments(graph, args, kwargs)]
+    env: dict[Value, Tracer] = dict(zip(graph.inputs, leaves))
+    for node in graph.nodes:
+        with ctx.annotate(loc=node.loc):
+            outs = ctx.emit(node.op.name, [env[v] for v in node.inputs], node.attrs)
+        env.update(zip(node.outputs, outs))
+    return unflatten(graph.out_tree, [env[v] for v in graph.outputs])
+
+
+def _flat_arguments(graph: Graph, args: tuple, kwargs: dict) -> list[Any]:
+    from graphc.pytree import flatten_as
+
+    leaves = flatten_as((tuple(args), dict(kwargs)), graph.in_tree, path="arguments")
+    for leaf, v in zip(leaves, graph.inputs):
+        if tuple(np.shape(leaf)) != v.type.shape or np.result_type(leaf) != v.type.dtype:
+            raise TraceError(f"graph @{graph.name}: input %{v.name} expects {v.type}", user_location())
+    return leaves

@@ -139,3 +139,128 @@ convert = register(
         doc="x.astype(dtype) with numpy's casting (unsafe casts allowed, like astype)",
     )
 )
+
+
+# --- autodiff rules ---------------------------------------------------------------------------
+# vjp(ad, g) -> one cotangent per input (None: zero or not differentiable);
+# jvp(ad, *tangents) -> the output tangent (None: zero). ``ad`` gives the node's inputs/outputs as
+# traced arrays, so the rules are numpy code; see graphc/autodiff.py.
+
+
+def _set_rules(op: OpDef, vjp, jvp) -> None:
+    op.vjp, op.jvp = vjp, jvp
+
+
+def _unary_rules(op: OpDef, derivative) -> None:
+    """Rules for y = f(x) from f'(x) written with x and y."""
+
+    def vjp(ad, g):
+        (x,), (y,) = ad.inputs, ad.outputs
+        return [g * derivative(x, y)]
+
+    def jvp(ad, t):
+        (x,), (y,) = ad.inputs, ad.outputs
+        return None if t is None else t * derivative(x, y)
+
+    _set_rules(op, vjp, jvp)
+
+
+_unary_rules(exp, lambda x, y: y)  # d exp(x) = exp(x)
+_unary_rules(log, lambda x, y: 1 / x)  # d log(x) = 1/x
+_unary_rules(log1p, lambda x, y: 1 / (1 + x))  # d log(1+x) = 1/(1+x)
+_unary_rules(expm1, lambda x, y: y + 1)  # d (exp(x)-1) = exp(x)
+_unary_rules(tanh, lambda x, y: 1 - y * y)  # d tanh = 1 - tanh^2
+_unary_rules(sqrt, lambda x, y: 0.5 / y)  # d sqrt(x) = 1/(2 sqrt(x))
+_unary_rules(sin, lambda x, y: np.cos(x))  # d sin = cos
+_unary_rules(cos, lambda x, y: -np.sin(x))  # d cos = -sin
+_unary_rules(abs_, lambda x, y: np.sign(x))  # d |x| = sign(x)
+_set_rules(neg, lambda ad, g: [-g], lambda ad, t: None if t is None else -t)
+_set_rules(sign, lambda ad, g: [None], lambda ad, t: None)  # piecewise constant
+for _op in (logical_not, logical_and, logical_or, compare):
+    _set_rules(_op, lambda ad, g: [None] * len(ad.inputs), lambda ad, *t: None)  # bool results
+
+
+def _sum_tangents(*terms):
+    terms = [t for t in terms if t is not None]
+    if not terms:
+        return None
+    total = terms[0]
+    for t in terms[1:]:
+        total = total + t
+    return total
+
+
+def _scale(t, factor):
+    """t * factor, with the constants 1 and -1 emitting no multiply."""
+    if isinstance(factor, int) and factor in (1, -1):
+        return t if factor == 1 else -t
+    return t * factor
+
+
+def _binary_rules(op: OpDef, dx, dy) -> None:
+    """Rules for z = f(x, y) from the partial derivatives dx(x, y, z) and dy(x, y, z)."""
+
+    def vjp(ad, g):
+        (x, y), (z,) = ad.inputs, ad.outputs
+        gx = ad.unbroadcast(_scale(g, dx(x, y, z)), x.shape) if ad.needs[0] else None
+        gy = ad.unbroadcast(_scale(g, dy(x, y, z)), y.shape) if ad.needs[1] else None
+        return [gx, gy]
+
+    def jvp(ad, tx, ty):
+        (x, y), (z,) = ad.inputs, ad.outputs
+        terms = [_scale(tx, dx(x, y, z)) if tx is not None else None, _scale(ty, dy(x, y, z)) if ty is not None else None]
+        return ad.broadcast_to_output(_sum_tangents(*terms))
+
+    _set_rules(op, vjp, jvp)
+
+
+def _pow_dx(x, y, z):  # d x**y / dx = y x**(y-1), and 0 where y == 0
+    return y * np.power(x, np.where(y == 0, 1, y - 1))
+
+
+def _pow_dy(x, y, z):  # d x**y / dy = x**y log(x), and 0 where x == 0
+    return z * np.log(np.where(x == 0, 1, x))
+
+
+def _max_dx(x, y, z):  # 1 where x is the max, 0.5 at ties (split evenly), else 0
+    one, half, zero = (z.dtype.type(v) for v in (1, 0.5, 0))
+    return np.where(x > y, one, np.where(x == y, half, zero))
+
+
+_binary_rules(add, lambda x, y, z: 1, lambda x, y, z: 1)
+_binary_rules(sub, lambda x, y, z: 1, lambda x, y, z: -1)
+_binary_rules(mul, lambda x, y, z: y, lambda x, y, z: x)
+_binary_rules(div, lambda x, y, z: 1 / y, lambda x, y, z: -z / y)
+_binary_rules(pow_, _pow_dx, _pow_dy)
+_binary_rules(maximum, _max_dx, lambda x, y, z: _max_dx(y, x, z))
+_binary_rules(minimum, lambda x, y, z: _max_dx(y, x, z), _max_dx)
+
+
+def _where_vjp(ad, g):
+    c, x, y = ad.inputs
+    gx = ad.unbroadcast(np.where(c, g, 0), x.shape) if ad.needs[1] else None
+    gy = ad.unbroadcast(np.where(c, 0, g), y.shape) if ad.needs[2] else None
+    return [None, gx, gy]
+
+
+def _where_jvp(ad, tc, tx, ty):
+    if tx is None and ty is None:
+        return None
+    c, x, y = ad.inputs
+    return ad.broadcast_to_output(np.where(c, ad.instantiate(tx, x), ad.instantiate(ty, y)))
+
+
+_set_rules(where, _where_vjp, _where_jvp)
+
+
+def _convert_vjp(ad, g):
+    (x,) = ad.inputs
+    return [g.astype(x.dtype) if x.dtype.kind == "f" and g.dtype.kind == "f" else None]
+
+
+def _convert_jvp(ad, t):
+    (y,) = ad.outputs
+    return t.astype(y.dtype) if t is not None and y.dtype.kind == "f" else None
+
+
+_set_rules(convert, _convert_vjp, _convert_jvp)

@@ -61,3 +61,33 @@ scatter_add = register(
     OpDef("scatter_add", "index", _scatter_add_infer, _scatter_add_impl, attrs=("axis",), num_inputs=None,
           min_inputs=3, doc="x with updates added at x[..., i1, ..., ik, ...] (repeated indices accumulate); gather's transpose")
 )
+
+
+# --- autodiff rules (see graphc/autodiff.py) --------------------------------------------------
+
+
+def _gather_vjp(ad, g):  # gather's transpose: add each picked row's cotangent back (repeats add up)
+    x, *idx = ad.inputs
+    return [ad.bind("scatter_add", ad.zeros(x), *idx, g, axis=ad.attrs["axis"])] + [None] * len(idx)
+
+
+def _gather_jvp(ad, tx, *tidx):
+    x, *idx = ad.inputs
+    return None if tx is None else ad.bind("gather", tx, *idx, axis=ad.attrs["axis"])
+
+
+def _scatter_add_vjp(ad, g):
+    x, *idx, updates = ad.inputs
+    return [g] + [None] * len(idx) + [ad.bind("gather", g, *idx, axis=ad.attrs["axis"])]
+
+
+def _scatter_add_jvp(ad, tx, *rest):
+    *tidx, tu = rest
+    if tx is None and tu is None:
+        return None
+    x, *idx, updates = ad.inputs
+    return ad.bind("scatter_add", ad.instantiate(tx, x), *idx, ad.instantiate(tu, updates), axis=ad.attrs["axis"])
+
+
+gather.vjp, gather.jvp = _gather_vjp, _gather_jvp
+scatter_add.vjp, scatter_add.jvp = _scatter_add_vjp, _scatter_add_jvp

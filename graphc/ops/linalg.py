@@ -71,3 +71,61 @@ einsum = register(
           lambda *xs, equation: np.einsum(equation, *xs, optimize=len(xs) > 1),
           attrs=("equation",), num_inputs=None, doc="Einstein summation, explicit form")
 )
+
+
+# --- autodiff rules (see graphc/autodiff.py) --------------------------------------------------
+
+
+def _matmul_vjp(ad, g):  # C = A B: dA = g B^T, dB = A^T g (summed over broadcast batch dims)
+    a, b = ad.inputs
+    ga = ad.unbroadcast(g @ np.swapaxes(b, -1, -2), a.shape) if ad.needs[0] else None
+    gb = ad.unbroadcast(np.swapaxes(a, -1, -2) @ g, b.shape) if ad.needs[1] else None
+    return [ga, gb]
+
+
+def _matmul_jvp(ad, ta, tb):
+    a, b = ad.inputs
+    terms = [ta @ b if ta is not None else None, a @ tb if tb is not None else None]
+    terms = [ad.broadcast_to_output(t) for t in terms if t is not None]
+    return None if not terms else terms[0] if len(terms) == 1 else terms[0] + terms[1]
+
+
+matmul.vjp, matmul.jvp = _matmul_vjp, _matmul_jvp
+
+
+def _einsum_vjp(ad, g):
+    """The cotangent of operand i is an einsum of g with the other operands onto operand i's
+    subscripts; indices that only operand i has (summed away) are broadcast back."""
+    ins, out = parse_equation(ad.attrs["equation"], len(ad.inputs))
+    grads = []
+    for i, (spec, x) in enumerate(zip(ins, ad.inputs)):
+        if not ad.needs[i]:
+            grads.append(None)
+            continue
+        others = [(s, y) for j, (s, y) in enumerate(zip(ins, ad.inputs)) if j != i]
+        available = set(out).union(*(set(s) for s, _ in others))
+        kept = "".join(c for c in spec if c in available)
+        eq = ",".join([out] + [s for s, _ in others]) + "->" + kept
+        r = ad.bind("einsum", g, *(y for _, y in others), equation=eq)
+        if kept != spec:
+            r = np.broadcast_to(r.reshape(tuple(n if c in available else 1 for c, n in zip(spec, x.shape))), x.shape)
+        grads.append(r)
+    return grads
+
+
+def _einsum_jvp(ad, *tangents):
+    terms = []
+    for i, t in enumerate(tangents):
+        if t is not None:
+            operands = list(ad.inputs)
+            operands[i] = t
+            terms.append(ad.bind("einsum", *operands, **ad.attrs))
+    if not terms:
+        return None
+    total = terms[0]
+    for t in terms[1:]:
+        total = total + t
+    return total
+
+
+einsum.vjp, einsum.jvp = _einsum_vjp, _einsum_jvp

@@ -67,3 +67,44 @@ argmax = register(
         doc="index of the first maximum along axis (int64)",
     )
 )
+
+
+# --- autodiff rules (see graphc/autodiff.py) --------------------------------------------------
+
+
+def _keepdims_shape(x, axes):
+    return tuple(1 if i in axes else d for i, d in enumerate(x.shape))
+
+
+def _sum_vjp(ad, g):  # every input element contributes once: broadcast g back
+    (x,) = ad.inputs
+    return [np.broadcast_to(g.reshape(_keepdims_shape(x, ad.attrs["axes"])), x.shape)]
+
+
+def _sum_jvp(ad, t):
+    return None if t is None else ad.bind("reduce_sum", t, **ad.attrs)
+
+
+reduce_sum.vjp, reduce_sum.jvp = _sum_vjp, _sum_jvp
+
+
+def _extremum_weights(ad):
+    """1/count at the positions that attain the max (min), 0 elsewhere: ties share evenly."""
+    (x,), (y,) = ad.inputs, ad.outputs
+    axes = ad.attrs["axes"]
+    hit = (x == y.reshape(_keepdims_shape(x, axes))).astype(x.dtype)
+    return hit / ad.bind("reduce_sum", hit, axes=axes, keepdims=True)
+
+
+def _extremum_vjp(ad, g):
+    (x,) = ad.inputs
+    return [g.reshape(_keepdims_shape(x, ad.attrs["axes"])) * _extremum_weights(ad)]
+
+
+def _extremum_jvp(ad, t):
+    return None if t is None else ad.bind("reduce_sum", t * _extremum_weights(ad), **ad.attrs)
+
+
+reduce_max.vjp, reduce_max.jvp = _extremum_vjp, _extremum_jvp
+reduce_min.vjp, reduce_min.jvp = _extremum_vjp, _extremum_jvp
+argmax.vjp, argmax.jvp = (lambda ad, g: [None]), (lambda ad, t: None)  # integer result

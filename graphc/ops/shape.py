@@ -167,3 +167,88 @@ split = register(
           lambda x, indices, axis: tuple(np.split(x, indices, axis=axis)),
           attrs=("indices", "axis"), doc="split at sorted indices along axis; len(indices)+1 results")
 )
+
+
+# --- autodiff rules (see graphc/autodiff.py) --------------------------------------------------
+# These ops are linear: the JVP applies the op to the tangent, the VJP is the transposed op.
+
+
+def _linear_jvp(opname: str):
+    def jvp(ad, *tangents):
+        if all(t is None for t in tangents):
+            return None
+        ts = [ad.instantiate(t, x) for t, x in zip(tangents, ad.inputs)]
+        return ad.bind_any(opname, *ts, **ad.attrs)
+
+    return jvp
+
+
+reshape.vjp = lambda ad, g: [g.reshape(ad.inputs[0].shape)]
+transpose.vjp = lambda ad, g: [g.transpose(tuple(np.argsort(ad.attrs["perm"])))]
+broadcast_to.vjp = lambda ad, g: [ad.unbroadcast(g, ad.inputs[0].shape)]
+for _op in (reshape, transpose, broadcast_to, slice_, concatenate, split):
+    _op.jvp = _linear_jvp(_op.name)
+
+
+def _pad_jvp(ad, t):
+    return None if t is None else ad.bind("pad", t, widths=ad.attrs["widths"], value=0 if t.dtype.kind in "iu" else 0.0)
+
+
+def _pad_vjp(ad, g):  # the cotangent of the interior; the padding value is a constant
+    (x,) = ad.inputs
+    widths = ad.attrs["widths"]
+    return [ad.bind("slice", g, starts=tuple(lo for lo, _ in widths),
+                    stops=tuple(lo + n for (lo, _), n in zip(widths, x.shape)), steps=(1,) * x.ndim)]
+
+
+pad.vjp, pad.jvp = _pad_vjp, _pad_jvp
+
+
+def _slice_vjp(ad, g):
+    """Scatter g back to the sliced positions, one dim at a time: flip negative steps, spread
+    strided elements apart with zeros (reshape + pad + reshape), then pad to the full size."""
+    (x,) = ad.inputs
+    starts, stops, steps = ad.attrs["starts"], ad.attrs["stops"], ad.attrs["steps"]
+    for d, (a, b, s, n) in enumerate(zip(starts, stops, steps, x.shape)):
+        picked = range(a, b, s)
+        count = len(picked)
+        if count == 0:
+            return [ad.zeros(x)]
+        lo, step = min(picked[0], picked[-1]), abs(s)
+        shape = list(g.shape)
+        if s < 0:
+            g = ad.bind("slice", g, starts=tuple(count - 1 if i == d else 0 for i in range(g.ndim)),
+                        stops=tuple(-1 if i == d else k for i, k in enumerate(shape)),
+                        steps=tuple(-1 if i == d else 1 for i in range(g.ndim)))
+        if step > 1 and count > 1:
+            spread = g.reshape(tuple(shape[: d + 1]) + (1,) + tuple(shape[d + 1:]))
+            spread = ad.bind("pad", spread, widths=tuple((0, step - 1) if i == d + 1 else (0, 0) for i in range(g.ndim + 1)),
+                             value=0.0)
+            shape[d] = count * step
+            g = ad.bind("slice", spread.reshape(tuple(shape)), starts=(0,) * g.ndim,
+                        stops=tuple((count - 1) * step + 1 if i == d else k for i, k in enumerate(shape)),
+                        steps=(1,) * g.ndim)
+        covered = g.shape[d]
+        g = ad.bind("pad", g, widths=tuple((lo, n - lo - covered) if i == d else (0, 0) for i in range(g.ndim)), value=0.0)
+    return [g]
+
+
+slice_.vjp = _slice_vjp
+
+
+def _concat_vjp(ad, g):
+    axis = ad.attrs["axis"]
+    bounds = np.cumsum([x.shape[axis] for x in ad.inputs])[:-1]
+    parts = ad.bind_any("split", g, indices=tuple(int(b) for b in bounds), axis=axis)
+    return list(parts) if isinstance(parts, tuple) else [parts]
+
+
+concatenate.vjp = _concat_vjp
+
+
+def _split_vjp(ad, *gs):
+    parts = [ad.instantiate(g, y) for g, y in zip(gs, ad.outputs)]
+    return [parts[0] if len(parts) == 1 else ad.bind("concatenate", *parts, axis=ad.attrs["axis"])]
+
+
+split.vjp = _split_vjp
