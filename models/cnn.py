@@ -1,9 +1,11 @@
-"""A small CNN classifier in plain numpy: im2col convolutions, 2x2 max pooling, two dense layers.
+"""A small CNN classifier in plain numpy (the training step uses graphc.grad): im2col convolutions, 2x2 max pooling, two dense layers.
 
 params = {"conv1": {"w": [F1, C, k, k], "b": [F1]}, "conv2": {...}, "fc1": {"w", "b"}, "fc2": {"w", "b"}}
 """
 
 import numpy as np
+
+import graphc
 
 
 def im2col(x, kh, kw, stride=1, pad=0):
@@ -56,6 +58,13 @@ def loss(params, images, labels):
     return -np.mean(logp[np.arange(len(labels)), labels])
 
 
+def train_step(params, velocity, images, labels, lr=0.05):
+    # one momentum-SGD step: returns (params, velocity, loss before the step)
+    loss_value, grads = graphc.value_and_grad(loss)(params, images, labels)
+    params, velocity = graphc.optim.momentum(params, grads, velocity, lr=lr)
+    return params, velocity, loss_value
+
+
 def init_params(rng, channels=1, n_classes=10, dtype=np.float32):
     def he(*shape):
         fan_in = int(np.prod(shape[1:])) if len(shape) == 4 else shape[0]
@@ -80,3 +89,8 @@ def example_loss_args(batch=8, seed=0):
     (params, images), _ = example_args(batch, seed)
     labels = np.random.default_rng(seed + 1).integers(0, 10, size=batch)
     return (params, images, labels), {}
+
+
+def example_train_args(batch=8, seed=0):
+    (params, images, labels), _ = example_loss_args(batch, seed)
+    return (params, graphc.optim.momentum_init(params), images, labels), {"lr": 0.05}

@@ -1,4 +1,4 @@
-"""A GPT-2 style decoder in plain numpy (after picoGPT), batched.
+"""A GPT-2 style decoder in plain numpy (after picoGPT), batched; the training step uses graphc.grad.
 
 params = {
   "wte": [n_vocab, d], "wpe": [n_ctx, d],
@@ -11,6 +11,8 @@ params = {
 import math
 
 import numpy as np
+
+import graphc
 
 
 def gelu(x):
@@ -79,6 +81,13 @@ def lm_loss(params, tokens, targets, n_head):
     return -flat[np.arange(B * T), targets.reshape(-1)].mean()
 
 
+def train_step(params, opt_state, tokens, targets, n_head, lr=1e-3):
+    # one Adam step on the language-model loss: returns (params, opt_state, loss before the step)
+    loss, grads = graphc.value_and_grad(lm_loss)(params, tokens, targets, n_head)
+    params, opt_state = graphc.optim.adam(params, grads, opt_state, lr=lr)
+    return params, opt_state, loss
+
+
 def init_params(rng, n_vocab, n_ctx, d, n_layer, dtype=np.float32, zeros=False):
     """Random weights; ``zeros=True`` gives all-zero weights without touching memory (for
     benchmarks of tracing large models)."""
@@ -125,3 +134,8 @@ def example_args_48l():
     params = init_params(rng, n_vocab=1024, n_ctx=64, d=1024, n_layer=48, zeros=True)
     tokens = rng.integers(0, 1024, size=(1, 64))
     return (params, tokens), {"n_head": 16}
+
+
+def example_train_args(batch=2, seq=16, n_vocab=128, d=64, n_layer=2, n_head=4, seed=0):
+    (params, tokens, targets), kw = example_loss_args(batch, seq, n_vocab, d, n_layer, n_head, seed)
+    return (params, graphc.optim.adam_init(params), tokens, targets), {**kw, "lr": 1e-3}

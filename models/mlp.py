@@ -1,9 +1,11 @@
-"""A multi-layer perceptron classifier in plain numpy.
+"""A multi-layer perceptron classifier in plain numpy (the training step uses graphc.grad).
 
 params = {"layers": [{"w": [d_in, d_out], "b": [d_out]}, ...]}
 """
 
 import numpy as np
+
+import graphc
 
 
 def init_params(rng, sizes=(784, 256, 256, 10), dtype=np.float32):
@@ -42,6 +44,12 @@ def accuracy(params, x, labels):
     return np.mean(np.argmax(mlp(params, x), axis=-1) == labels)
 
 
+def train_step(params, x, labels, lr=0.1):
+    # one SGD step on the cross-entropy: returns (new params, loss before the step)
+    loss_value, grads = graphc.value_and_grad(loss)(params, x, labels)
+    return graphc.optim.sgd(params, grads, lr), loss_value
+
+
 def example_args(batch=64, sizes=(784, 256, 256, 10), seed=0):
     rng = np.random.default_rng(seed)
     params = init_params(rng, sizes)
@@ -53,3 +61,8 @@ def example_loss_args(batch=64, sizes=(784, 256, 256, 10), seed=0):
     (params, x), _ = example_args(batch, sizes, seed)
     labels = np.random.default_rng(seed + 1).integers(0, sizes[-1], size=batch)
     return (params, x, labels), {}
+
+
+def example_train_args(batch=64, sizes=(784, 256, 256, 10), seed=0):
+    (params, x, labels), _ = example_loss_args(batch, sizes, seed)
+    return (params, x, labels), {"lr": 0.1}

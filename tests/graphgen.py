@@ -7,6 +7,8 @@ operands when the pool has nothing suitable.
 
 from __future__ import annotations
 
+import contextvars
+
 import numpy as np
 from hypothesis import strategies as st
 
@@ -16,6 +18,8 @@ from graphc.ops.elementwise import COMPARISONS
 from graphc.ops.shape import normalize_slice
 
 DTYPES = [np.dtype(d) for d in ("float32", "float64", "int64", "int32", "bool")]
+# non-finite and extreme constants (on by default; off for finite-difference tests)
+SPECIALS = contextvars.ContextVar("SPECIALS", default=True)
 FLOATS = [d for d in DTYPES if d.kind == "f"]
 
 
@@ -30,7 +34,7 @@ def random_array(draw, shape, dtype) -> np.ndarray:
     if dtype.kind in "iu":
         return np.asarray(rng.integers(-5, 6, size=shape), dtype=dtype)
     arr = np.asarray(rng.standard_normal(shape), dtype=dtype)
-    if arr.size and draw(st.booleans()):  # specials must survive printing bit-exactly
+    if arr.size and SPECIALS.get() and draw(st.booleans()):  # specials must survive printing bit-exactly
         specials = np.array([np.nan, np.inf, -np.inf, -0.0, 1e-30, 3.4e38], dtype=dtype)
         flat = arr.reshape(-1)
         flat[draw(st.integers(0, arr.size - 1))] = specials[draw(st.integers(0, len(specials) - 1))]
@@ -252,17 +256,23 @@ def _constant(draw, b, pool):
 
 
 @st.composite
-def random_graphs(draw, max_nodes: int = 10, ops: list[str] | None = None) -> Graph:
-    b = GraphBuilder("random")
-    pool: list[Value] = []
-    for i in range(draw(st.integers(1, 3))):
-        pool.append(b.input(TensorType(draw(shapes()), draw(st.sampled_from(DTYPES))), f"x{i}"))
-    names = sorted(ops or SAMPLERS)
-    for _ in range(draw(st.integers(1, max_nodes))):
-        name = draw(st.sampled_from(names))
-        pool.extend(SAMPLERS[name](draw, b, pool, name))
-    outputs = draw(st.lists(st.sampled_from(pool), min_size=1, max_size=3))
-    return b.build(outputs)
+def random_graphs(draw, max_nodes: int = 10, ops: list[str] | None = None, input_dtypes=None,
+                  specials: bool = True) -> Graph:
+    token = SPECIALS.set(specials)
+    try:
+        b = GraphBuilder("random")
+        pool: list[Value] = []
+        for i in range(draw(st.integers(1, 3))):
+            dtype = draw(st.sampled_from(input_dtypes or DTYPES))
+            pool.append(b.input(TensorType(draw(shapes()), dtype), f"x{i}"))
+        names = sorted(ops or SAMPLERS)
+        for _ in range(draw(st.integers(1, max_nodes))):
+            name = draw(st.sampled_from(names))
+            pool.extend(SAMPLERS[name](draw, b, pool, name))
+        outputs = draw(st.lists(st.sampled_from(pool), min_size=1, max_size=3))
+        return b.build(outputs)
+    finally:
+        SPECIALS.reset(token)
 
 
 def random_inputs(graph: Graph, seed: int = 0) -> list[np.ndarray]:

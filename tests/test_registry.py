@@ -24,6 +24,7 @@ def test_every_op_declares_its_rules(name):
     assert op.kind in KINDS
     assert callable(op.infer) and callable(op.impl)
     assert op.doc, f"{name} has no doc string"
+    assert callable(op.vjp) and callable(op.jvp), f"{name} misses a VJP or JVP rule"
     assert name in SAMPLERS, f"{name} has no random-graph sampler in tests/graphgen.py"
 
 

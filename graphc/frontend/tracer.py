@@ -619,11 +619,13 @@ def tag_parts(nodes: list[Node]) -> None:
 
 
 def inline_graph(graph: Graph, *args: Any, **kwargs: Any) -> Any:
-    """Call ``graph`` like the function it was traced from, inside the current trace: its nodes
-    are emitted again on the given (traced or numpy) arguments."""
+    """Call ``graph`` like the function it was traced from: inside a trace its nodes are emitted
+    again on the given (traced or numpy) arguments; outside one it is evaluated."""
     ctx = current_context()
     if ctx is None:
-        raise RuntimeError("inline_graph needs an active trace")
+        from graphc.interpreter import evaluate
+
+        return evaluate(graph, *args, **kwargs)
     leaves = [lift(x) for x in _flat_arguments(graph, args, kwargs)]
     env: dict[Value, Tracer] = dict(zip(graph.inputs, leaves))
     for node in graph.nodes:
@@ -638,6 +640,7 @@ def _flat_arguments(graph: Graph, args: tuple, kwargs: dict) -> list[Any]:
 
     leaves = flatten_as((tuple(args), dict(kwargs)), graph.in_tree, path="arguments")
     for leaf, v in zip(leaves, graph.inputs):
-        if tuple(np.shape(leaf)) != v.type.shape or np.result_type(leaf) != v.type.dtype:
+        dtype = leaf.dtype if isinstance(leaf, (Tracer, np.ndarray, np.generic)) else np.asarray(leaf).dtype
+        if tuple(leaf.shape if isinstance(leaf, Tracer) else np.shape(leaf)) != v.type.shape or dtype != v.type.dtype:
             raise TraceError(f"graph @{graph.name}: input %{v.name} expects {v.type}", user_location())
     return leaves
