@@ -5,6 +5,7 @@ Public API (everything else is internal and may change):
     trace(fn, *args, **kwargs) -> Graph      record a numpy function as a graph
     grad, value_and_grad, vjp, jvp           autodiff (eager on numpy arrays, or inside a trace)
     optim.sgd / momentum / adam              optimizers as plain pytree functions
+    cond, while_loop, fori_loop              explicit graph control flow (the source transform emits them too)
     tree_map(fn, tree, *rest)                map over array leaves of pytrees
     evaluate(graph, *args, **kwargs)         run a graph with the reference interpreter
     parse(text) -> Graph                     read the text IR back
@@ -18,6 +19,7 @@ from graphc import optim
 from graphc.autodiff import grad, jvp, value_and_grad, vjp
 from graphc.errors import EvaluationError, GraphcError, ParseError, SourceLoc, TraceError, VerifyError
 from graphc.frontend import Tracer, trace
+from graphc.frontend.control import cond, fori_loop, while_loop
 from graphc.interpreter import evaluate
 from graphc.ir import Graph, Node, TensorType, Value
 from graphc.ops import REGISTRY as OPS
@@ -40,7 +42,10 @@ __all__ = [
     "Tracer",
     "Value",
     "VerifyError",
+    "cond",
     "evaluate",
+    "fori_loop",
+    "while_loop",
     "grad",
     "jvp",
     "optim",

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from graphc.errors import EvaluationError
-from graphc.ir import Graph, Value
+from graphc.ir import Graph, Region, Value
 from graphc.pytree import ArraySpec, flatten_as, unflatten
 
 
@@ -35,7 +35,7 @@ def bind_arguments(graph: Graph, args: tuple, kwargs: dict) -> list[np.ndarray]:
     return arrays
 
 
-def last_uses(graph: Graph) -> dict[int, list[Value]]:
+def last_uses(graph: Graph | Region) -> dict[int, list[Value]]:
     """For each node index, the values whose last use is that node (graph outputs are never freed)."""
     last: dict[Value, int] = {}
     for i, node in enumerate(graph.nodes):
@@ -49,11 +49,16 @@ def last_uses(graph: Graph) -> dict[int, list[Value]]:
     return out
 
 
-def run_flat(graph: Graph, arrays: list[np.ndarray]) -> list[np.ndarray]:
+def run_flat(graph: Graph | Region, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    """Run a graph body or a region on flat input arrays."""
     env: dict[Value, np.ndarray] = dict(zip(graph.inputs, arrays))
     frees = last_uses(graph)
     for i, node in enumerate(graph.nodes):
-        results = node.op.evaluate(*(env[v] for v in node.inputs), **node.attrs)
+        operands = [env[v] for v in node.inputs]
+        if node.regions:
+            results = tuple(np.asarray(r) for r in node.op.impl(run_flat, node.regions, *operands, **node.attrs))
+        else:
+            results = node.op.evaluate(*operands, **node.attrs)
         for value, result in zip(node.outputs, results):
             if result.shape != value.type.shape or result.dtype != value.type.dtype:
                 raise AssertionError(

@@ -108,7 +108,7 @@ PARTS = ("forward", "backward", "update")
 class Node:
     """One operation. ``attrs`` is a dict that must not be mutated after construction."""
 
-    __slots__ = ("op", "inputs", "attrs", "outputs", "loc", "part")
+    __slots__ = ("op", "inputs", "attrs", "outputs", "loc", "part", "regions")
 
     def __init__(
         self,
@@ -118,8 +118,10 @@ class Node:
         output_types: Iterable[TensorType],
         loc: SourceLoc | None = None,
         part: str | None = None,
+        regions: Iterable[Region] = (),
     ):
         self.op = op
+        self.regions = tuple(regions)
         self.inputs = tuple(inputs)
         self.attrs = {k: freeze_attr(v) for k, v in attrs.items()}
         self.outputs = tuple(Value(t, self, i) for i, t in enumerate(output_types))
@@ -136,6 +138,38 @@ class Node:
 
     def __repr__(self) -> str:
         return f"Node({self.op.name}, loc={self.loc})"
+
+
+class Region:
+    """A nested block of a control-flow node: its own inputs (block arguments), nodes and outputs.
+
+    Regions are isolated from above: their nodes use only the region's inputs and values defined
+    inside it, so every value a branch or loop body needs is an explicit operand of the node (the
+    tracer adds captured outer values as operands automatically)."""
+
+    def __init__(self, inputs: list[Value], nodes: list[Node], outputs: list[Value]):
+        self.inputs = inputs
+        self.nodes = nodes
+        self.outputs = outputs
+
+    @property
+    def in_types(self) -> tuple[TensorType, ...]:
+        return tuple(v.type for v in self.inputs)
+
+    @property
+    def out_types(self) -> tuple[TensorType, ...]:
+        return tuple(v.type for v in self.outputs)
+
+    def __repr__(self) -> str:
+        return f"<Region: {len(self.inputs)} inputs, {len(self.nodes)} nodes, {len(self.outputs)} outputs>"
+
+
+def walk(nodes: Iterable[Node]):
+    """Every node, including those inside regions (a node before the nodes of its regions)."""
+    for node in nodes:
+        yield node
+        for region in node.regions:
+            yield from walk(region.nodes)
 
 
 _NAME_OK = re.compile(r"[^A-Za-z0-9_.]")
@@ -181,24 +215,29 @@ class Graph:
             taken.add(name)
             names[v] = name
         counter = 0
-        for node in self.nodes:
-            for out in node.outputs:
-                if out not in names:
-                    names[out] = str(counter)
-                    counter += 1
+
+        def number(nodes: list[Node]) -> None:
+            nonlocal counter
+            for node in nodes:
+                for out in node.outputs:
+                    if out not in names:
+                        names[out] = str(counter)
+                        counter += 1
+                for region in node.regions:
+                    for arg in region.inputs:
+                        if arg not in names:
+                            names[arg] = str(counter)
+                            counter += 1
+                    number(region.nodes)
+
+        number(self.nodes)
         return names
 
     def verify(self) -> Graph:
         """Check SSA (each value defined once, before use, so the graph is acyclic), every node's
-        attributes and output types against its op's rule, and the signature. Returns self."""
+        attributes and output types against its op's rule, regions (isolated: they use only their
+        own inputs and values), and the signature. Returns self."""
         names = self.value_names()
-
-        def describe(node: Node) -> str:
-            res = ", ".join("%" + names.get(o, "?") for o in node.outputs)
-            where = f" at {node.loc}" if node.loc else ""
-            return f"node {res} = {node.op.name}(...){where}"
-
-        defined: set[Value] = set()
         if len(set(self.inputs)) != len(self.inputs):
             raise VerifyError(f"graph @{self.name}: an input value is listed twice")
         if self.in_tree.num_leaves != len(self.inputs):
@@ -209,37 +248,9 @@ class Graph:
         for v in self.inputs:
             if v.producer is not None:
                 raise VerifyError(f"graph @{self.name}: input %{names[v]} is produced by a node")
-            defined.add(v)
         seen_nodes: set[int] = set()
-        for node in self.nodes:
-            if id(node) in seen_nodes:
-                raise VerifyError(f"{describe(node)} appears twice in the node list")
-            seen_nodes.add(id(node))
-            for i, v in enumerate(node.inputs):
-                if not isinstance(v, Value):
-                    raise VerifyError(f"{describe(node)}: operand {i} is {type(v).__name__}, not a Value")
-                if v not in defined:
-                    where = "is defined later (cycle or misordered nodes)" if v in names else "is not defined in this graph"
-                    raise VerifyError(f"{describe(node)}: operand {i} (%{names.get(v, '?')}) {where}")
-            for i, out in enumerate(node.outputs):
-                if out.producer is not node or out.index != i:
-                    raise VerifyError(f"{describe(node)}: output {i} does not point back to its node")
-                if out in defined:
-                    raise VerifyError(f"{describe(node)}: output {i} is defined twice")
-            try:
-                expected = node.op.infer_types(tuple(v.type for v in node.inputs), node.attrs)
-            except ShapeError as exc:
-                raise VerifyError(f"{describe(node)}: {exc}") from None
-            got = tuple(o.type for o in node.outputs)
-            if expected != got:
-                raise VerifyError(
-                    f"{describe(node)}: declared result types {', '.join(map(str, got))} "
-                    f"but the op's rule gives {', '.join(map(str, expected))}"
-                )
-            defined.update(node.outputs)
-        for i, v in enumerate(self.outputs):
-            if v not in defined:
-                raise VerifyError(f"graph @{self.name}: output {i} is not defined in this graph")
+        everywhere: set[Value] = set()
+        _verify_block(self.inputs, self.nodes, self.outputs, names, f"graph @{self.name}", seen_nodes, everywhere)
         if self.out_tree.num_leaves != len(self.outputs):
             raise VerifyError(
                 f"graph @{self.name}: result structure has {self.out_tree.num_leaves} array leaves "
@@ -268,3 +279,61 @@ class Graph:
                 if v.producer is not None:
                     g.add_edge(index[id(v.producer)], i)
         return g
+
+
+def describe_node(node: Node, names: dict[Value, str]) -> str:
+    res = ", ".join("%" + names.get(o, "?") for o in node.outputs)
+    where = f" at {node.loc}" if node.loc else ""
+    return f"node {res} = {node.op.name}(...){where}"
+
+
+def _verify_block(inputs: list[Value], nodes: list[Node], outputs: list[Value], names: dict[Value, str],
+                  where: str, seen_nodes: set[int], everywhere: set[Value]) -> None:
+    """Verify one block (the graph body or a region) in its own scope."""
+    defined: set[Value] = set()
+    for v in inputs:
+        if v in everywhere:
+            raise VerifyError(f"{where}: input %{names.get(v, '?')} is defined twice")
+        defined.add(v)
+        everywhere.add(v)
+    for node in nodes:
+        describe = describe_node(node, names)
+        if id(node) in seen_nodes:
+            raise VerifyError(f"{describe} appears twice in the node list")
+        seen_nodes.add(id(node))
+        for i, v in enumerate(node.inputs):
+            if not isinstance(v, Value):
+                raise VerifyError(f"{describe}: operand {i} is {type(v).__name__}, not a Value")
+            if v not in defined:
+                if v in everywhere:
+                    why = "is defined outside this region (regions take every value they use as an operand)"
+                elif v in names:
+                    why = "is defined later (cycle or misordered nodes)"
+                else:
+                    why = "is not defined in this graph"
+                raise VerifyError(f"{describe}: operand {i} (%{names.get(v, '?')}) {why}")
+        for i, out in enumerate(node.outputs):
+            if out.producer is not node or out.index != i:
+                raise VerifyError(f"{describe}: output {i} does not point back to its node")
+            if out in everywhere:
+                raise VerifyError(f"{describe}: output {i} is defined twice")
+        if len(node.regions) != node.op.num_regions:
+            raise VerifyError(f"{describe}: {node.op.name} needs {node.op.num_regions} region(s), has {len(node.regions)}")
+        for k, region in enumerate(node.regions):
+            _verify_block(region.inputs, region.nodes, region.outputs, names,
+                          f"{describe}, region {k}", seen_nodes, everywhere)
+        try:
+            expected = node.op.infer_types(tuple(v.type for v in node.inputs), node.attrs, node.regions)
+        except ShapeError as exc:
+            raise VerifyError(f"{describe}: {exc}") from None
+        got = tuple(o.type for o in node.outputs)
+        if expected != got:
+            raise VerifyError(
+                f"{describe}: declared result types {', '.join(map(str, got))} "
+                f"but the op's rule gives {', '.join(map(str, expected))}"
+            )
+        defined.update(node.outputs)
+        everywhere.update(node.outputs)
+    for i, v in enumerate(outputs):
+        if v not in defined:
+            raise VerifyError(f"{where}: output {i} is not defined in this {'graph' if where.startswith('graph') else 'region'}")

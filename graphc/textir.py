@@ -32,7 +32,7 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 
 from graphc import dtypes
 from graphc.errors import ParseError, ShapeError, SourceLoc
-from graphc.ir import PARTS, Graph, Node, TensorType, Value
+from graphc.ir import PARTS, Graph, Node, Region, TensorType, Value
 from graphc.ops import REGISTRY
 from graphc.pytree import TreeDef
 
@@ -41,7 +41,11 @@ start: "graph" GRAPH_NAME "(" [arg ("," arg)* [","]] ")" "{" node* "return" tree
 
 arg: tree | IDENT "=" tree
 
-node: VALUE ("," VALUE)* "=" IDENT "(" [operand ("," operand)*] ")" ":" type ("," type)* [loc] [part]
+node: [VALUE ("," VALUE)* "="] IDENT "(" [operand ("," operand)*] ")" ":" types [loc] [part] [regions]
+types: type ("," type)* | "(" ")"
+regions: "{" region+ "}"
+region: "(" [region_arg ("," region_arg)*] ")" "{" node* "yield" [VALUE ("," VALUE)*] "}"
+region_arg: VALUE ":" type
 operand: VALUE | IDENT "=" tree
 loc: "loc" "(" STRING ":" INT ")"
 part: "part" "(" IDENT ")"
@@ -202,21 +206,36 @@ def print_graph(g: Graph) -> str:
     else:
         lines.append(") {")
     for node in g.nodes:
-        lines.append("  " + format_node(node, names))
+        lines.extend(format_node(node, names, "  "))
     ret = format_tree(g.out_tree, lambda i: "%" + names[g.outputs[i]], "  ")
     lines.append(f"  return {ret}")
     lines.append("}")
     return "\n".join(lines) + "\n"
 
 
-def format_node(node: Node, names: dict[Value, str]) -> str:
+def format_node(node: Node, names: dict[Value, str], indent: str = "") -> list[str]:
+    """The node's line, followed by its regions (indented) if it has any."""
     results = ", ".join("%" + names[o] for o in node.outputs)
     operands = ["%" + names[v] for v in node.inputs]
     operands += [f"{k}={format_literal(v)}" for k, v in node.attrs.items()]
-    types = ", ".join(str(o.type) for o in node.outputs)
+    types = ", ".join(str(o.type) for o in node.outputs) or "()"
     loc = f' loc({json.dumps(node.loc.file)}:{node.loc.line})' if node.loc else ""
     part = f" part({node.part})" if node.part else ""
-    return f"{results} = {node.op.name}({', '.join(operands)}) : {types}{loc}{part}"
+    head = f"{results} = " if node.outputs else ""
+    line = f"{indent}{head}{node.op.name}({', '.join(operands)}) : {types}{loc}{part}"
+    if not node.regions:
+        return [line]
+    lines = [line + " {"]
+    for region in node.regions:
+        args = ", ".join(f"%{names[v]} : {v.type}" for v in region.inputs)
+        lines.append(f"{indent}  ({args}) {{")
+        for inner in region.nodes:
+            lines.extend(format_node(inner, names, indent + "    "))
+        outs = ", ".join("%" + names[v] for v in region.outputs)
+        lines.append(f"{indent}    yield {outs}".rstrip())
+        lines.append(f"{indent}  }}")
+    lines.append(f"{indent}}}")
+    return lines
 
 
 # --- parsing -------------------------------------------------------------------------------------
@@ -264,7 +283,9 @@ class _Builder:
     """Walks the parse tree in order, defining values and building nodes."""
 
     def __init__(self):
-        self.env: dict[str, Value] = {}
+        self.env: dict[str, Value] = {}  # the values visible in the current block
+        self.defined: set[str] = set()  # every name defined anywhere (names are unique)
+        self.outer: list[dict[str, Value]] = []  # enclosing blocks' scopes (for error messages)
         self.inputs: list[Value] = []
 
     # trees of the signature / results / attributes
@@ -283,11 +304,8 @@ class _Builder:
             if role != "input":
                 raise _error_at(t, "a typed value declaration is only allowed in the graph signature")
             tok, ty = t.children
-            name = str(tok)[1:]
-            if name in self.env:
-                raise _error_at(tok, f"value %{name} is defined twice")
-            v = Value(self.type(ty), None, 0, name)
-            self.env[name] = v
+            v = Value(self.type(ty), None, 0, str(tok)[1:])
+            self.define(tok, v)
             self.inputs.append(v)
             leaves.append(v)
             return TreeDef("leaf")
@@ -372,17 +390,47 @@ class _Builder:
             raise _error_at(name, f"unknown dtype {str(name)!r} (expected one of {', '.join(dtypes.BY_SHORT_NAME)})")
         return TensorType(tuple(int(d) for d in dims if d is not None), dtypes.BY_SHORT_NAME[str(name)])
 
+    def define(self, tok: Token, value: Value) -> None:
+        name = str(tok)[1:]
+        if name in self.defined:
+            raise _error_at(tok, f"value %{name} is defined twice")
+        self.defined.add(name)
+        self.env[name] = value
+
     def value(self, tok: Token) -> Value:
         name = str(tok)[1:]
         if name not in self.env:
+            if any(name in scope for scope in self.outer):
+                raise _error_at(tok, f"value %{name} is defined outside this region "
+                                     "(regions take every value they use as an operand)")
             raise _error_at(tok, f"value %{name} is used before it is defined")
         return self.env[name]
+
+    def region(self, t: Tree) -> Region:
+        self.outer.append(self.env)
+        self.env = {}
+        try:
+            args = [c for c in t.children if isinstance(c, Tree) and c.data == "region_arg"]
+            inputs = []
+            for a in args:
+                tok, ty = a.children
+                v = Value(self.type(ty), None, 0, None)
+                self.define(tok, v)
+                inputs.append(v)
+            nodes = [self.node(c) for c in t.children if isinstance(c, Tree) and c.data == "node"]
+            outputs = [self.value(c) for c in t.children if isinstance(c, Token) and c.type == "VALUE"]
+            return Region(inputs, nodes, outputs)
+        finally:
+            self.env = self.outer.pop()
 
     def node(self, t: Tree) -> Node:
         results = [c for c in t.children if isinstance(c, Token) and c.type == "VALUE"]
         opname = next(c for c in t.children if isinstance(c, Token) and c.type == "IDENT")
         operands = [c for c in t.children if isinstance(c, Tree) and c.data == "operand"]
-        types = [self.type(c) for c in t.children if isinstance(c, Tree) and c.data == "type"]
+        types_t = next(c for c in t.children if isinstance(c, Tree) and c.data == "types")
+        types = [self.type(c) for c in types_t.children if isinstance(c, Tree)]
+        regions_t = next((c for c in t.children if isinstance(c, Tree) and c.data == "regions"), None)
+        regions = [self.region(r) for r in regions_t.children] if regions_t is not None else []
         loc_tree = next((c for c in t.children if isinstance(c, Tree) and c.data == "loc"), None)
         part_tree = next((c for c in t.children if isinstance(c, Tree) and c.data == "part"), None)
         op = REGISTRY.get(str(opname))
@@ -402,7 +450,7 @@ class _Builder:
         if len(results) != len(types):
             raise _error_at(t, f"{len(results)} results but {len(types)} result types")
         try:
-            expected = op.infer_types(tuple(v.type for v in inputs), attrs)
+            expected = op.infer_types(tuple(v.type for v in inputs), attrs, tuple(regions))
         except ShapeError as exc:
             raise _error_at(opname, str(exc)) from None
         if tuple(types) != expected:
@@ -417,12 +465,9 @@ class _Builder:
             part = str(part_tree.children[0])
             if part not in PARTS:
                 raise _error_at(part_tree.children[0], f"part must be one of {', '.join(PARTS)}, got {part!r}")
-        node = Node(op, inputs, attrs, types, loc, part)
+        node = Node(op, inputs, attrs, types, loc, part, regions)
         for tok, out in zip(results, node.outputs):
-            name = str(tok)[1:]
-            if name in self.env:
-                raise _error_at(tok, f"value %{name} is defined twice")
-            self.env[name] = out
+            self.define(tok, out)
         return node
 
 

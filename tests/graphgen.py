@@ -299,3 +299,57 @@ def _scatter_add(draw, b, pool):
     idx = b.op("constant", value=np.asarray(rng.integers(-n, n, size=idx_shape), dtype=np.int64))
     updates = constant(draw, b, x.shape[:axis] + idx_shape + x.shape[axis + 1:], x.dtype)
     return [b.op("scatter_add", x, idx, updates, axis=axis)]
+
+
+def _region(in_types, body):
+    """A region whose nodes ``body(builder, args)`` emits; returns its outputs."""
+    from graphc.ir import Region
+
+    rb = GraphBuilder("region")
+    args = [rb.input(t) for t in in_types]
+    outs = body(rb, args)
+    return Region(rb.inputs, rb.nodes, list(outs))
+
+
+def _scalar(b, value, dtype):
+    return b.op("constant", value=np.asarray(value, dtype=dtype))
+
+
+@_sampler("cond")
+def _cond(draw, b, pool):
+    x = pick(draw, b, pool, kind_is("f"), f32)
+    pred = constant(draw, b, (), bool)
+    t = x.type
+    true_r = _region([t], lambda rb, a: [rb.op("neg", a[0])])
+    false_r = _region([t], lambda rb, a: [rb.op("mul", a[0], _scalar(rb, 2.0, t.dtype))])
+    return _emit_with_regions(b, "cond", [pred, x], {}, (true_r, false_r))
+
+
+@_sampler("while_loop")
+def _while(draw, b, pool):
+    x = pick(draw, b, pool, kind_is("f"), f32)
+    limit = draw(st.integers(0, 3))
+    i0 = _scalar(b, 0, np.int64)
+    ts = [i0.type, x.type]
+    cond_r = _region(ts, lambda rb, a: [rb.op("compare", a[0], _scalar(rb, limit, np.int64), direction="lt")])
+    body_r = _region(ts, lambda rb, a: [rb.op("add", a[0], _scalar(rb, 1, np.int64)),
+                                       rb.op("mul", a[1], _scalar(rb, 0.5, x.dtype))])
+    return _emit_with_regions(b, "while_loop", [i0, x], {}, (cond_r, body_r))
+
+
+@_sampler("fori_loop")
+def _fori(draw, b, pool):
+    x = pick(draw, b, pool, kind_is("f"), f32)
+    lo, hi = _scalar(b, 0, np.int64), _scalar(b, draw(st.integers(0, 3)), np.int64)
+    body_r = _region([lo.type, x.type], lambda rb, a: [rb.op("add", a[1], rb.op("convert", a[0], dtype=x.dtype))])
+    return _emit_with_regions(b, "fori_loop", [lo, hi, x], {"step": 1}, (body_r,))
+
+
+def _emit_with_regions(b, opname, inputs, attrs, regions):
+    from graphc.ir import Node
+    from graphc.ops import get_op
+
+    op = get_op(opname)
+    node = Node(op, inputs, attrs, op.infer_types(tuple(v.type for v in inputs), attrs, regions), None, None, regions)
+    b.nodes.append(node)
+    return list(node.outputs)

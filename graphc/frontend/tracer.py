@@ -86,10 +86,13 @@ def user_errors(fn: Callable) -> Callable:
 class TraceContext:
     """The graph under construction. One per ``trace`` call; contexts nest."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, parent: TraceContext | None = None):
         self.name = name
+        self.parent = parent  # set for a region being traced inside another trace
         self.inputs: list[Value] = []
         self.nodes: list[Node] = []
+        self.captured: dict[Value, Tracer] = {}  # outer value -> this region's input for it
+        self.captured_outer: list[Tracer] = []  # the outer values, in input order
         self._constants: dict[int, tuple[Any, Tracer]] = {}
         self.part: str | None = None  # tag for new nodes (autodiff sets "backward")
         self.loc_override: SourceLoc | None = None  # autodiff: backward nodes keep their forward node's line
@@ -109,18 +112,36 @@ class TraceContext:
         self.inputs.append(v)
         return Tracer(self, v)
 
-    def emit(self, opname: str, inputs: list[Tracer], attrs: dict[str, Any]) -> tuple[Tracer, ...]:
+    def local(self, t: Tracer) -> Tracer:
+        """``t`` as a value of this context: a value of an enclosing trace becomes a region input
+        (captured once; the control-flow op passes it as an operand)."""
+        if t._ctx is self:
+            return t
+        hit = self.captured.get(t._value)
+        if hit is not None:
+            return hit
+        ancestor = self.parent
+        while ancestor is not None and ancestor is not t._ctx:
+            ancestor = ancestor.parent
+        if ancestor is None:
+            raise TraceError(
+                "a traced value from another trace (or from a trace that has finished) was used here; "
+                "do not keep traced values in globals or closures between traces",
+                user_location(),
+            )
+        outer = self.parent.local(t)  # the parent may itself be a region that must capture it
+        inner = Tracer(self, Value(t._value.type, None, 0, None))
+        self.inputs.append(inner._value)
+        self.captured[t._value] = inner
+        self.captured_outer.append(outer)
+        return inner
+
+    def emit(self, opname: str, inputs: list[Tracer], attrs: dict[str, Any], regions: tuple = ()) -> tuple[Tracer, ...]:
         op = get_op(opname)
-        for t in inputs:
-            if t._ctx is not self:
-                raise TraceError(
-                    "a traced value from another trace (or from a trace that has finished) was used here; "
-                    "do not keep traced values in globals or closures between traces",
-                    user_location(),
-                )
-        out_types = op.infer_types(tuple(t._value.type for t in inputs), attrs)
+        inputs = [self.local(t) for t in inputs]
+        out_types = op.infer_types(tuple(t._value.type for t in inputs), attrs, regions)
         loc = self.loc_override or user_location()
-        node = Node(op, [t._value for t in inputs], attrs, out_types, loc, self.part)
+        node = Node(op, [t._value for t in inputs], attrs, out_types, loc, self.part, regions)
         self.nodes.append(node)
         return tuple(Tracer(self, v) for v in node.outputs)
 
@@ -150,9 +171,11 @@ def bind_multi(opname: str, *inputs: Tracer, **attrs: Any) -> tuple[Tracer, ...]
 
 
 def _context_of(inputs) -> TraceContext:
+    ctx = current_context()
+    if ctx is not None:
+        return ctx  # values of enclosing traces are captured by ctx.local
     for t in inputs:
         return t._ctx
-    ctx = current_context()
     if ctx is None:
         raise RuntimeError("graphc: no active trace")
     return ctx
@@ -630,7 +653,7 @@ def inline_graph(graph: Graph, *args: Any, **kwargs: Any) -> Any:
     env: dict[Value, Tracer] = dict(zip(graph.inputs, leaves))
     for node in graph.nodes:
         with ctx.annotate(loc=node.loc):
-            outs = ctx.emit(node.op.name, [env[v] for v in node.inputs], node.attrs)
+            outs = ctx.emit(node.op.name, [env[v] for v in node.inputs], node.attrs, node.regions)
         env.update(zip(node.outputs, outs))
     return unflatten(graph.out_tree, [env[v] for v in graph.outputs])
 

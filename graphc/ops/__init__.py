@@ -22,7 +22,7 @@ import numpy as np
 from graphc.errors import ShapeError
 from graphc.ir import TensorType
 
-KINDS = ("elementwise", "reduction", "shape", "index", "contraction", "constant")
+KINDS = ("elementwise", "reduction", "shape", "index", "contraction", "constant", "control")
 
 
 @dataclass(eq=False)
@@ -34,6 +34,7 @@ class OpDef:
     attrs: tuple[str, ...] = ()
     num_inputs: int | None = 1  # None: variadic (at least ``min_inputs``)
     min_inputs: int = 1
+    num_regions: int = 0  # control-flow ops: infer(in_types, regions, **attrs)
     doc: str = ""
     # Filled in by later stages, next to the op's definition.
     vjp: Callable | None = None
@@ -45,7 +46,7 @@ class OpDef:
     def __repr__(self) -> str:
         return f"OpDef({self.name})"
 
-    def infer_types(self, in_types: tuple[TensorType, ...], attrs: dict[str, Any]) -> tuple[TensorType, ...]:
+    def infer_types(self, in_types: tuple[TensorType, ...], attrs: dict[str, Any], regions: tuple = ()) -> tuple[TensorType, ...]:
         if self.num_inputs is not None and len(in_types) != self.num_inputs:
             raise ShapeError(f"{self.name} takes {self.num_inputs} operand(s), got {len(in_types)}")
         if self.num_inputs is None and len(in_types) < self.min_inputs:
@@ -58,7 +59,11 @@ class OpDef:
                 + (f"; missing {', '.join(missing)}" if missing else "")
                 + (f"; unknown {', '.join(unknown)}" if unknown else "")
             )
+        if len(regions) != self.num_regions:
+            raise ShapeError(f"{self.name} needs {self.num_regions} region(s), got {len(regions)}")
         try:
+            if self.num_regions:
+                return tuple(self.infer(in_types, regions, **attrs))
             return tuple(self.infer(in_types, **attrs))
         except ShapeError:
             raise
@@ -128,6 +133,7 @@ def same_dtype(in_types: tuple[TensorType, ...], opname: str) -> np.dtype:
 
 # importing the family modules registers their ops
 import graphc.ops.constant  # noqa: E402,F401
+import graphc.ops.control  # noqa: E402,F401
 import graphc.ops.elementwise  # noqa: E402,F401
 import graphc.ops.indexing  # noqa: E402,F401
 import graphc.ops.linalg  # noqa: E402,F401

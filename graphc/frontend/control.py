@@ -1,0 +1,335 @@
+"""Graph control flow from Python functions: ``cond``, ``while_loop``, ``fori_loop``.
+
+Each branch or loop body is traced into a Region by a child TraceContext. Values the function
+closes over are captured by the child context and passed to the op as extra operands, so regions
+stay isolated. These functions are what the source transform (graphc/frontend/autograph.py)
+calls for ``if``/``while``/``for`` on traced values, and they are public (``graphc.cond`` ...)
+for code that wants graph control flow explicitly. The autodiff rules of the control-flow ops
+are here too, since they trace new regions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from graphc import dtypes
+from graphc.errors import TraceError
+from graphc.frontend.tracer import TraceContext, Tracer, _ctx_stack, current_context, lift, user_location
+from graphc.ir import Region, TensorType, Value
+from graphc.ops import get_op
+from graphc.pytree import TreeDef, flatten, unflatten
+
+
+def trace_region(fn: Callable, in_types: Sequence[TensorType], name: str = "region") -> tuple[Region, list[Tracer], Any]:
+    """Trace ``fn(*args)`` with one traced argument per type, in a child of the current trace.
+    Returns the region, the outer values it captured (operands to append), and the raw result
+    (a pytree whose leaves are the region's outputs, in order)."""
+    parent = current_context()
+    if parent is None:
+        raise RuntimeError("trace_region needs an active trace")
+    ctx = TraceContext(name, parent)
+    args = [Tracer(ctx, Value(t, None, 0, None)) for t in in_types]
+    ctx.inputs.extend(a._value for a in args)
+    stack = _ctx_stack()
+    stack.append(ctx)
+    try:
+        result = fn(*args)
+        leaves, treedef = flatten(result, is_leaf=lambda x: isinstance(x, Tracer))
+        outs = [lift(x) if isinstance(x, (Tracer, np.ndarray, np.generic)) else x for x in leaves]
+        outs = [ctx.local(o) if isinstance(o, Tracer) else o for o in outs]
+    finally:
+        stack.pop()
+    arrays = [o for o in outs if isinstance(o, Tracer)]
+    region = Region(list(ctx.inputs), list(ctx.nodes), [o._value for o in arrays])
+    return region, list(ctx.captured_outer), unflatten(treedef, outs)
+
+
+def _with_inputs(region: Region, extra: list[Value]) -> Region:
+    return Region(region.inputs + extra, region.nodes, region.outputs)
+
+
+def _unify_captures(regions: list[Region], captures: list[list[Tracer]], n_explicit: int) -> tuple[list[Region], list[Tracer]]:
+    """Give every region an input for every value any of them captured (same order)."""
+    union: list[Tracer] = []
+    seen: dict[Value, int] = {}
+    for caps in captures:
+        for c in caps:
+            if c._value not in seen:
+                seen[c._value] = len(union)
+                union.append(c)
+    fixed = []
+    for region, caps in zip(regions, captures):
+        own = {c._value: region.inputs[n_explicit + k] for k, c in enumerate(caps)}
+        inputs = region.inputs[:n_explicit] + [own.get(u._value) or Value(u._value.type) for u in union]
+        fixed.append(Region(inputs, region.nodes, region.outputs))
+    return fixed, union
+
+
+def _static_structure(result: Any) -> tuple[TreeDef, list[Any]]:
+    leaves, treedef = flatten(result, is_leaf=lambda x: isinstance(x, Tracer))
+    return treedef, leaves
+
+
+def _describe_types(ts) -> str:
+    return "(" + ", ".join(map(str, ts)) + ")"
+
+
+def as_predicate(pred: Any, what: str) -> Tracer:
+    """numpy's truth value of a traced array: a single element, nonzero."""
+    p = lift(pred)
+    if p.size != 1:
+        raise TraceError(
+            f"the truth value of an array with more than one element is ambiguous ({what} on an array of shape {p.shape}); "
+            "use .any() or .all()",
+            user_location(),
+        )
+    if p.ndim:
+        p = p.reshape(())
+    if p.dtype.kind != "b":
+        p = p != 0
+    return p
+
+
+def cond(pred: Any, true_fn: Callable, false_fn: Callable, *operands: Any) -> Any:
+    """``true_fn(*operands)`` if ``pred`` else ``false_fn(*operands)``, as one graph op when
+    ``pred`` is traced (both branches are traced; their results must agree in structure, shape
+    and dtype). Static predicates just call the chosen branch."""
+    if not isinstance(pred, Tracer):
+        return true_fn(*operands) if pred else false_fn(*operands)
+    p = as_predicate(pred, "if")
+    ops = [lift(x) for x in operands]
+    in_types = [o._value.type for o in ops]
+    r_true, c_true, res_true = trace_region(true_fn, in_types, "true")
+    r_false, c_false, res_false = trace_region(false_fn, in_types, "false")
+    t_tree, t_leaves = _static_structure(res_true)
+    f_tree, f_leaves = _static_structure(res_false)
+    if t_tree != f_tree:
+        raise TraceError(
+            f"the branches of an if on a traced value give different structures: {t_tree} and {f_tree} "
+            "(both branches must produce the same variables, with equal static values)",
+            user_location(),
+        )
+    if r_true.out_types != r_false.out_types:
+        raise TraceError(
+            "the branches of an if on a traced value give arrays of different shape or dtype: "
+            f"{_describe_types(r_true.out_types)} and {_describe_types(r_false.out_types)}",
+            user_location(),
+        )
+    (r_true, r_false), captured = _unify_captures([r_true, r_false], [c_true, c_false], len(ops))
+    outs = bind_multi_regions("cond", [p, *ops, *captured], {}, (r_true, r_false))
+    it = iter(outs)
+    return unflatten(t_tree, [next(it) if isinstance(x, Tracer) else x for x in t_leaves])
+
+
+def bind_multi_regions(opname: str, inputs: list[Tracer], attrs: dict, regions: tuple) -> tuple[Tracer, ...]:
+    ctx = current_context()
+    return ctx.emit(opname, inputs, attrs, regions)
+
+
+def _carry_arrays(init: Sequence[Any], what: str) -> list[Tracer]:
+    """Loop-carried values must be arrays; Python numbers become numpy scalars of their default
+    dtype (a counter ``i = 0`` is carried as an int64)."""
+    out = []
+    for x in init:
+        if isinstance(x, (bool, int, float)) and not isinstance(x, Tracer):
+            x = np.asarray(x)
+        if not isinstance(x, (Tracer, np.ndarray, np.generic)):
+            raise TraceError(f"{what}: loop variables must be arrays or numbers, got {type(x).__name__}", user_location())
+        out.append(lift(x))
+    return out
+
+
+def _check_carry(body_types, in_types, names: Sequence[str] | None, what: str) -> None:
+    if tuple(body_types) == tuple(in_types):
+        return
+    names = list(names or [f"#{i}" for i in range(len(in_types))])
+    for name, a, b in zip(names, in_types, body_types):
+        if a != b:
+            raise TraceError(
+                f"{what}: loop variable {name} is {a} before an iteration and {b} after it; a loop on a traced "
+                "value needs each variable to keep its shape and dtype",
+                user_location(),
+            )
+    raise TraceError(f"{what}: the body returns {len(body_types)} values for {len(in_types)} loop variables", user_location())
+
+
+def while_loop(cond_fn: Callable, body_fn: Callable, init: Sequence[Any], names: Sequence[str] | None = None) -> list[Tracer]:
+    """``while cond_fn(*carry): carry = body_fn(*carry)`` as one graph op. Returns the final carry."""
+    carry = _carry_arrays(init, "while")
+    in_types = [c._value.type for c in carry]
+    r_cond, c_cond, res_cond = trace_region(lambda *a: as_predicate(cond_fn(*a), "while"), in_types, "cond")
+    r_body, c_body, res_body = trace_region(lambda *a: list(_carry_arrays(body_fn(*a), "while")), in_types, "body")
+    _check_carry(r_body.out_types, in_types, names, "while")
+    (r_cond, r_body), captured = _unify_captures([r_cond, r_body], [c_cond, c_body], len(carry))
+    # captured values are loop invariants: the body passes them through unchanged
+    n_cap = len(captured)
+    r_body = Region(r_body.inputs, r_body.nodes, r_body.outputs + r_body.inputs[len(carry):])
+    outs = bind_multi_regions("while_loop", [*carry, *captured], {}, (r_cond, r_body))
+    return list(outs[: len(outs) - n_cap])
+
+
+def fori_loop(lower: Any, upper: Any, body_fn: Callable, init: Sequence[Any], step: int = 1,
+              names: Sequence[str] | None = None) -> list[Tracer]:
+    """``for i in range(lower, upper, step): carry = body_fn(i, *carry)`` as one graph op (the
+    bounds may be traced; ``step`` is a Python int). Returns the final carry."""
+    if not isinstance(step, int) or step == 0:
+        raise TraceError(f"range() step must be a non-zero Python int in a loop on a traced range, got {step!r}", user_location())
+    lo = lift(np.asarray(lower, np.int64) if not isinstance(lower, Tracer) else lower)
+    hi = lift(np.asarray(upper, np.int64) if not isinstance(upper, Tracer) else upper)
+    for b in (lo, hi):
+        if b.dtype.kind not in "iu" or b.ndim:
+            raise TraceError(f"range() bounds must be integer scalars, got {b._value.type}", user_location())
+    lo, hi = lo.astype(np.int64), hi.astype(np.int64)
+    carry = _carry_arrays(init, "for")
+    in_types = [c._value.type for c in carry]
+    index_t = TensorType((), np.int64)
+    r_body, c_body, _ = trace_region(lambda i, *a: list(_carry_arrays(body_fn(i, *a), "for")), [index_t, *in_types], "body")
+    _check_carry(r_body.out_types, in_types, names, "for")
+    n = len(carry)
+    r_body = Region(r_body.inputs, r_body.nodes, r_body.outputs + r_body.inputs[1 + n:])
+    outs = bind_multi_regions("fori_loop", [lo, hi, *carry, *c_body], {"step": step}, (r_body,))
+    return list(outs[:n])
+
+
+# --- autodiff rules of the control-flow ops ---------------------------------------------------------
+
+
+def inline_region(region: Region, args: Sequence[Tracer]) -> list[Tracer]:
+    """Emit a region's nodes again on ``args`` in the current trace."""
+    ctx = current_context()
+    env: dict[Value, Tracer] = dict(zip(region.inputs, args))
+    for node in region.nodes:
+        with ctx.annotate(loc=node.loc):
+            outs = ctx.emit(node.op.name, [env[v] for v in node.inputs], node.attrs, node.regions)
+        env.update(zip(node.outputs, outs))
+    return [env[v] for v in region.outputs]
+
+
+def _float(v) -> bool:
+    return dtypes.is_float(v.dtype)
+
+
+def _zeros(v) -> Tracer:
+    return np.broadcast_to(lift(np.zeros((), v.dtype)), v.shape)
+
+
+def _cond_jvp(ad, tpred, *tangents):
+    from graphc.autodiff import jvp
+
+    pred, *ops = ad.inputs
+    if all(t is None for t in tangents):
+        return None
+    tans = [t if t is not None else _zeros(o) for t, o in zip(tangents, ops)]
+    float_out = [i for i, o in enumerate(ad.outputs) if _float(o)]
+
+    def branch(region):
+        def fn(*args):
+            primals, ts = args[: len(ops)], args[len(ops):]
+            _, out_t = jvp(lambda *p: inline_region(region, p), primals, ts)
+            return [out_t[i] for i in float_out]
+        return fn
+
+    result = cond(pred, branch(ad.node.regions[0]), branch(ad.node.regions[1]), *ops, *tans)
+    it = iter(result)
+    return tuple(next(it) if i in float_out else None for i in range(len(ad.outputs)))
+
+
+def _cond_vjp(ad, *gs):
+    from graphc.autodiff import vjp
+
+    pred, *ops = ad.inputs
+    wanted = [i for i, (o, need) in enumerate(zip(ops, ad.needs[1:])) if need and _float(o)]
+    if not wanted:
+        return [None] * len(ad.inputs)
+    cts = [g if g is not None else _zeros(o) for g, o in zip(gs, ad.outputs)]
+    float_out = [i for i, o in enumerate(ad.outputs) if _float(o)]
+
+    def branch(region):
+        def fn(*args):
+            primals, ct = args[: len(ops)], args[len(ops):]
+            _, pullback = vjp(lambda *p: [inline_region(region, p)[i] for i in float_out], *primals)
+            grads = pullback(list(ct))
+            return [grads[i] if grads[i] is not None else _zeros(ops[i]) for i in wanted]
+        return fn
+
+    result = cond(pred, branch(ad.node.regions[0]), branch(ad.node.regions[1]), *ops, *[cts[i] for i in float_out])
+    grads: list[Any] = [None] * len(ad.inputs)
+    for i, g in zip(wanted, result):
+        grads[1 + i] = g
+    return grads
+
+
+def _loop_jvp(ad, *tangents):
+    from graphc.autodiff import jvp
+
+    node = ad.node
+    is_fori = node.op.name == "fori_loop"
+    head = 2 if is_fori else 0
+    carry = ad.inputs[head:]
+    if all(t is None for t in tangents[head:]):
+        return None
+    tans = [t if t is not None else _zeros(c) for t, c in zip(tangents[head:], carry)]
+    n = len(carry)
+    if is_fori:
+        (body,) = node.regions
+
+        def body_fn(i, *args):
+            primals, ts = args[:n], args[n:]
+            out, out_t = jvp(lambda *p: inline_region(body, [i, *p]), primals, ts)
+            return [*out, *out_t]
+
+        result = fori_loop(ad.inputs[0], ad.inputs[1], body_fn, [*carry, *tans], step=node.attrs["step"])
+    else:
+        cond_r, body = node.regions
+        result = while_loop(lambda *a: inline_region(cond_r, a[:n])[0],
+                            lambda *a: [*(o := jvp(lambda *p: inline_region(body, p), a[:n], a[n:]))[0], *o[1]],
+                            [*carry, *tans])
+    return tuple(result[n:][: len(node.outputs)])
+
+
+def _while_vjp(ad, *gs):
+    raise TraceError(
+        "reverse-mode differentiation through a while loop whose trip count depends on data is not supported: "
+        "its iterations are not known when tracing. Use a bounded loop instead: `for i in range(N)` with a "
+        "Python int N, or graphc.fori_loop(lower, upper, body, init) with int bounds",
+        ad.node.loc,
+    )
+
+
+def _static_bound(v: Value) -> int | None:
+    node = v.producer
+    if node is not None and node.op.name == "constant":
+        return int(node.attrs["value"])
+    return None
+
+
+def _fori_vjp(ad, *gs):
+    """A counted loop with bounds known when tracing: differentiate its unrolled iterations."""
+    from graphc.autodiff import vjp
+
+    node = ad.node
+    lower, upper = (_static_bound(v) for v in node.inputs[:2])
+    if lower is None or upper is None:
+        _while_vjp(ad, *gs)
+    (body,) = node.regions
+    carry = ad.inputs[2:]
+
+    def unrolled(*c):
+        c = list(c)
+        n = len(c)
+        for i in range(lower, upper, node.attrs["step"]):
+            c = inline_region(body, [lift(np.asarray(i, np.int64)), *c])[:n]
+        return c
+
+    _, pullback = vjp(unrolled, *carry)
+    cts = [g if g is not None else _zeros(o) for g, o in zip(gs, ad.outputs)]
+    grads = pullback(cts)
+    return [None, None, *grads]
+
+
+get_op("cond").jvp, get_op("cond").vjp = _cond_jvp, _cond_vjp
+get_op("while_loop").jvp, get_op("while_loop").vjp = _loop_jvp, _while_vjp
+get_op("fori_loop").jvp, get_op("fori_loop").vjp = _loop_jvp, _fori_vjp
