@@ -182,7 +182,9 @@ class _Recorded:
         leaves, self.in_tree = flatten(tuple(primals), is_leaf=lambda v: isinstance(v, Tracer))
         self.aliases = [_alias(leaf) for leaf in leaves]
         start = len(ctx.nodes)
-        out = fn(*unflatten(self.in_tree, self.aliases), **(kwargs or {}))
+        from graphc.frontend.autograph import convert
+
+        out = convert(fn)(*unflatten(self.in_tree, self.aliases), **(kwargs or {}))
         self.nodes = ctx.nodes[start:]
         out_leaves, self.out_tree = flatten(out, is_leaf=lambda v: isinstance(v, Tracer))
         self.out_leaves = [lift(o) if isinstance(o, (Tracer, np.ndarray, np.generic)) else o for o in out_leaves]

@@ -82,15 +82,15 @@ def test_shape_error_deep_in_user_helpers_points_at_the_helper_line():
     assert "cannot reshape array of size 12 into shape (7, -1)" in str(err)
 
 
-def test_python_control_flow_on_traced_value():
+def test_return_inside_traced_if():
     def f(x):
-        if x.sum() > 0:  # <if>
-            return x
+        if x.sum() > 0:
+            return x  # <return>
         return -x
 
     err = trace_error(f, X)
-    check_location(err, "<if>")
-    assert "bool() of a traced array" in str(err)
+    check_location(err, "<return>")
+    assert "`return` inside an if/while whose condition is a traced value is not supported" in str(err)
 
 
 def test_float_of_traced_value():

@@ -30,6 +30,9 @@ def trace_region(fn: Callable, in_types: Sequence[TensorType], name: str = "regi
     parent = current_context()
     if parent is None:
         raise RuntimeError("trace_region needs an active trace")
+    from graphc.frontend.autograph import convert
+
+    fn = convert(fn)
     ctx = TraceContext(name, parent)
     args = [Tracer(ctx, Value(t, None, 0, None)) for t in in_types]
     ctx.inputs.extend(a._value for a in args)
@@ -93,7 +96,7 @@ def as_predicate(pred: Any, what: str) -> Tracer:
     return p
 
 
-def cond(pred: Any, true_fn: Callable, false_fn: Callable, *operands: Any) -> Any:
+def cond(pred: Any, true_fn: Callable, false_fn: Callable, *operands: Any, names: Sequence[str] | None = None) -> Any:
     """``true_fn(*operands)`` if ``pred`` else ``false_fn(*operands)``, as one graph op when
     ``pred`` is traced (both branches are traced; their results must agree in structure, shape
     and dtype). Static predicates just call the chosen branch."""
@@ -104,8 +107,14 @@ def cond(pred: Any, true_fn: Callable, false_fn: Callable, *operands: Any) -> An
     in_types = [o._value.type for o in ops]
     r_true, c_true, res_true = trace_region(true_fn, in_types, "true")
     r_false, c_false, res_false = trace_region(false_fn, in_types, "false")
+    targets = _weak_targets(res_true, res_false)
+    if targets:  # a Python number in one branch, an array in the other: retrace with the number as that array
+        r_true, c_true, res_true = trace_region(_promoting(true_fn, targets), in_types, "true")
+        r_false, c_false, res_false = trace_region(_promoting(false_fn, targets), in_types, "false")
     t_tree, t_leaves = _static_structure(res_true)
     f_tree, f_leaves = _static_structure(res_false)
+    if names is not None and t_tree != f_tree:
+        _explain_branch_mismatch(res_true, res_false, names)
     if t_tree != f_tree:
         raise TraceError(
             f"the branches of an if on a traced value give different structures: {t_tree} and {f_tree} "
@@ -113,6 +122,8 @@ def cond(pred: Any, true_fn: Callable, false_fn: Callable, *operands: Any) -> An
             user_location(),
         )
     if r_true.out_types != r_false.out_types:
+        if names is not None:
+            _explain_branch_mismatch(res_true, res_false, names)
         raise TraceError(
             "the branches of an if on a traced value give arrays of different shape or dtype: "
             f"{_describe_types(r_true.out_types)} and {_describe_types(r_false.out_types)}",
@@ -122,6 +133,58 @@ def cond(pred: Any, true_fn: Callable, false_fn: Callable, *operands: Any) -> An
     outs = bind_multi_regions("cond", [p, *ops, *captured], {}, (r_true, r_false))
     it = iter(outs)
     return unflatten(t_tree, [next(it) if isinstance(x, Tracer) else x for x in t_leaves])
+
+
+def _weak_targets(res_true: Any, res_false: Any) -> dict[int, TensorType]:
+    """Top-level result positions where one branch gives a Python number and the other an
+    array: the number becomes an array of that shape and dtype (like a weak scalar in numpy)."""
+    if not (isinstance(res_true, (list, tuple)) and isinstance(res_false, (list, tuple))) or len(res_true) != len(res_false):
+        return {}
+    targets = {}
+    for i, (a, b) in enumerate(zip(res_true, res_false)):
+        for x, y in ((a, b), (b, a)):
+            if isinstance(x, Tracer) and isinstance(y, (int, float)) and not isinstance(y, bool):
+                targets[i] = x._value.type
+    return targets
+
+
+def _promoting(fn: Callable, targets: dict[int, TensorType]) -> Callable:
+    def run(*args):
+        out = list(fn(*args))
+        for i, t in targets.items():
+            if isinstance(out[i], (int, float)) and not isinstance(out[i], Tracer):
+                out[i] = np.broadcast_to(lift(np.asarray(out[i], t.dtype)), t.shape)
+        return out
+
+    return run
+
+
+def _explain_branch_mismatch(res_true: Any, res_false: Any, names: Sequence[str]) -> None:
+    """Name the variable whose value differs in kind, shape or dtype between the branches."""
+    from graphc.frontend.autograph_runtime import _UNDEFINED_MARK
+
+    def describe(v: Any) -> str:
+        if isinstance(v, Tracer):
+            return f"an array {v._value.type}"
+        if isinstance(v, str) and v == _UNDEFINED_MARK:
+            return "not assigned"
+        return repr(v)
+
+    for name, a, b in zip(names, res_true, res_false):
+        ta, la = _static_structure(a)
+        tb, lb = _static_structure(b)
+        types_a = [x._value.type if isinstance(x, Tracer) else None for x in la]
+        types_b = [x._value.type if isinstance(x, Tracer) else None for x in lb]
+        if ta != tb or types_a != types_b:
+            if describe(a) == "not assigned" or describe(b) == "not assigned":
+                why = "is assigned in only one branch (it has no value before the if)"
+            else:
+                why = f"is {describe(a)} in the true branch and {describe(b)} in the false branch"
+            raise TraceError(
+                f"variable {name!r} {why}; an if on a traced value becomes a graph cond whose branches must "
+                "give every variable the same shape and dtype",
+                user_location(),
+            )
 
 
 def bind_multi_regions(opname: str, inputs: list[Tracer], attrs: dict, regions: tuple) -> tuple[Tracer, ...]:

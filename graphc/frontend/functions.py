@@ -16,6 +16,7 @@ from graphc import dtypes
 from graphc.errors import TraceError
 from graphc.frontend.tracer import Tracer, bind, convert, fresh, lift, mark_view, user_location
 from graphc.frontend.ufuncs import apply_ufunc
+from graphc.ops.reduction import reduced_shape
 
 HANDLERS: dict[Callable, Callable] = {}
 
@@ -180,37 +181,66 @@ def min_(a, axis=None, out=None, keepdims=False, initial=np._NoValue, where=np._
     return _reduce("reduce_min", a, axis, keepdims, "min")
 
 
+def _logical_reduce(prim: str, a: Any, axis: Any, keepdims: bool, fname: str, empty: bool) -> Tracer:
+    """np.all / np.any: min / max of ``x != 0``; over a zero-size axis numpy gives the identity
+    (True for all, False for any), which reduce_min / reduce_max do not have."""
+    x = lift(a)
+    if x.dtype.kind != "b":
+        x = apply_ufunc(np.not_equal, x, 0)
+    axes = norm_axes(axis, x.ndim, fname)
+    if any(x.shape[i] == 0 for i in axes):
+        return full(reduced_shape(x.shape, axes, bool(keepdims)), empty, np.bool_)
+    return _reduce(prim, x, axes, keepdims, fname)
+
+
 @implements(np.all)
 def all_(a, axis=None, out=None, keepdims=False, *, where=np._NoValue):
     _reject("all", out=out, where=where)
-    x = lift(a)
-    return _reduce("reduce_min", x if x.dtype.kind == "b" else apply_ufunc(np.not_equal, x, 0), axis, keepdims, "all")
+    return _logical_reduce("reduce_min", a, axis, keepdims, "all", True)
 
 
 @implements(np.any)
 def any_(a, axis=None, out=None, keepdims=False, *, where=np._NoValue):
     _reject("any", out=out, where=where)
-    x = lift(a)
-    return _reduce("reduce_max", x if x.dtype.kind == "b" else apply_ufunc(np.not_equal, x, 0), axis, keepdims, "any")
+    return _logical_reduce("reduce_max", a, axis, keepdims, "any", False)
+
+
+def _arg_reduce(x: Tracer, axis: Any, keepdims: bool, fname: str, first_index: Callable) -> Tracer:
+    """``first_index(x, axis)`` over one axis, or over the flattened array when axis is None."""
+    flat, ndim = axis is None, x.ndim
+    if flat:
+        x, axis = reshape_to(x, (x.size,)), 0
+    axis = norm_axis(axis, x.ndim, fname)
+    if x.shape[axis] == 0:
+        raise TraceError(f"attempt to get {fname} of an empty sequence", user_location())
+    res = first_index(x, axis, bool(keepdims) and not flat)
+    return reshape_to(res, (1,) * ndim) if flat and keepdims else res
+
+
+def _first_max(x: Tracer, axis: int, keepdims: bool) -> Tracer:
+    return bind("argmax", x, axis=axis, keepdims=keepdims)
+
+
+def _first_min(x: Tracer, axis: int, keepdims: bool) -> Tracer:
+    """Floats: argmax(-x) (negation is exact and keeps nan, and numpy's argmin is the first nan if
+    there is one). Ints and bools: the first index where x == min(x) (-x would overflow for the
+    most negative int and does not exist for unsigned ints and bools)."""
+    if x.dtype.kind == "f":
+        return _first_max(bind("neg", x), axis, keepdims)
+    low = bind("reduce_min", x, axes=(axis,), keepdims=True)
+    return _first_max(bind("compare", x, low, direction="eq"), axis, keepdims)
 
 
 @implements(np.argmax)
 def argmax(a, axis=None, out=None, *, keepdims=False):
     _reject("argmax", out=out)
-    x = lift(a)
-    if axis is None:
-        res = bind("argmax", reshape_to(x, (x.size,)), axis=0, keepdims=False)
-        return reshape_to(res, (1,) * x.ndim) if keepdims else res
-    return bind("argmax", x, axis=norm_axis(axis, x.ndim, "argmax"), keepdims=bool(keepdims))
+    return _arg_reduce(lift(a), axis, keepdims, "argmax", _first_max)
 
 
 @implements(np.argmin)
 def argmin(a, axis=None, out=None, *, keepdims=False):
     _reject("argmin", out=out)
-    x = lift(a)
-    if x.dtype.kind == "u" or x.dtype.kind == "b":
-        raise TraceError("numpy.argmin of unsigned or bool arrays is not supported", user_location())
-    return argmax(apply_ufunc(np.negative, x), axis, keepdims=keepdims)
+    return _arg_reduce(lift(a), axis, keepdims, "argmin", _first_min)
 
 
 # --- elementwise helpers that are functions, not ufuncs ------------------------------------------
@@ -233,37 +263,66 @@ def where(condition, x=None, y=None):
 
 @implements(np.clip)
 def clip(a, a_min=np._NoValue, a_max=np._NoValue, out=None, *, min=np._NoValue, max=np._NoValue, **kwargs):
+    """maximum then minimum. As numpy does for integer arrays, a Python int bound beyond the
+    dtype's range is dropped (it clips nothing) instead of overflowing."""
     _reject("clip", out=out)
     lo = a_min if a_min is not np._NoValue else (None if min is np._NoValue else min)
     hi = a_max if a_max is not np._NoValue else (None if max is np._NoValue else max)
-    res = a
+    res = lift(a)
+    if res.dtype.kind in "iu":
+        info = np.iinfo(res.dtype)
+        lo = None if type(lo) is int and lo <= info.min else lo
+        hi = None if type(hi) is int and hi >= info.max else hi
     if lo is not None:
         res = apply_ufunc(np.maximum, res, lo)
     if hi is not None:
         res = apply_ufunc(np.minimum, res, hi)
-    return lift(res)
+    return res
 
 
 @implements(np.isclose)
 def isclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=False):
+    """numpy's definition (numpy/_core/numeric.py): b is made inexact first (ints become float64,
+    so a - b and abs(b) cannot overflow), then
+    ``(abs(a - b) <= atol + rtol * abs(b)) & isfinite(b) | (a == b)``, and with equal_nan
+    ``| isnan(a) & isnan(b)``. Python scalars stay weak, as in numpy."""
+    x = a if isinstance(a, (int, float)) else lift(a)
+    if isinstance(b, (int, float)) and not isinstance(b, np.generic):
+        y = float(b)
+    else:
+        y = lift(b)
+        y = convert(y, result_dtype(y, 1.0))
+    atol, rtol = (t if isinstance(t, (int, float)) else lift(t) for t in (atol, rtol))
+    diff = apply_ufunc(np.absolute, apply_ufunc(np.subtract, x, y))
+    tol = apply_ufunc(np.add, atol, apply_ufunc(np.multiply, rtol, apply_ufunc(np.absolute, y)))
+    close = apply_ufunc(np.logical_and, apply_ufunc(np.less_equal, diff, tol), apply_ufunc(np.isfinite, y))
+    result = apply_ufunc(np.logical_or, close, apply_ufunc(np.equal, x, y))
     if equal_nan:
-        raise TraceError("numpy.isclose(..., equal_nan=True) is not supported", user_location())
-    diff = apply_ufunc(np.absolute, apply_ufunc(np.subtract, a, b))
-    tol = apply_ufunc(np.add, atol, apply_ufunc(np.multiply, rtol, apply_ufunc(np.absolute, b)))
-    return apply_ufunc(np.less_equal, diff, tol)
+        both_nan = apply_ufunc(np.logical_and, apply_ufunc(np.isnan, x), apply_ufunc(np.isnan, y))
+        result = apply_ufunc(np.logical_or, result, both_nan)
+    return result
 
 
 @implements(np.allclose)
 def allclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=False):
+    """numpy returns a Python bool; a traced one is a 0-d bool array."""
     return all_(isclose(a, b, rtol, atol, equal_nan))
 
 
 # --- contractions ----------------------------------------------------------------------------
 
 
+def _bool_contraction(contract: Callable, *operands: Any) -> Tracer:
+    """numpy contracts bool operands in bool (a logical or of ands); the primitives have no bool
+    form, so count the true products in int64 and compare with 0."""
+    return apply_ufunc(np.not_equal, contract(*(lift(x, np.dtype(np.int64)) for x in operands)), 0)
+
+
 def matmul(a: Any, b: Any) -> Tracer:
     """np.matmul with numpy's 1-d rules: a 1-d left operand is a row, a 1-d right one a column."""
     dt = result_dtype(a, b)
+    if dt.kind == "b":
+        return _bool_contraction(matmul, a, b)
     x, y = lift(a, dt), lift(b, dt)
     if x.ndim == 0 or y.ndim == 0:
         raise TraceError("matmul: input operand does not have enough dimensions (scalars are not allowed)", user_location())
@@ -295,12 +354,34 @@ def dot(a, b, out=None):
     return einsum(f"{''.join(sa)},{''.join(sb)}->{''.join(out_s)}", x, y)
 
 
-@implements(np.vdot, np.inner)
+@implements(np.inner)
 def inner(a, b):
+    """numpy's inner: products summed over the last axes, result shape a.shape[:-1] + b.shape[:-1];
+    a 0-d operand just multiplies. Python scalars count as arrays here (float64, not weak)."""
     x, y = lift(a), lift(b)
-    if x.ndim != 1 or y.ndim != 1:
-        raise TraceError("numpy.inner/vdot are supported for 1-d operands only", user_location())
-    return matmul(x, y)
+    if x.ndim == 0 or y.ndim == 0:
+        return apply_ufunc(np.multiply, x, y)
+    if x.shape[-1] != y.shape[-1]:
+        raise TraceError(
+            f"inner: shapes {x.shape} and {y.shape} not aligned: {x.shape[-1]} (dim {x.ndim - 1}) != "
+            f"{y.shape[-1]} (dim {y.ndim - 1})",
+            user_location(),
+        )
+    if x.ndim == 1 and y.ndim == 1:
+        return matmul(x, y)
+    letters = iter(string.ascii_letters)
+    sa = "".join(next(letters) for _ in range(x.ndim))
+    sb = "".join(next(letters) for _ in range(y.ndim - 1)) + sa[-1]
+    return einsum(f"{sa},{sb}->{sa[:-1]}{sb[:-1]}", x, y)
+
+
+@implements(np.vdot)
+def vdot(a, b):
+    """numpy's vdot flattens both operands, which must have the same size, and takes their dot."""
+    x, y = lift(a), lift(b)
+    if x.size != y.size:
+        raise TraceError(f"vdot: vectors have different lengths ({x.size} and {y.size})", user_location())
+    return matmul(reshape_to(x, (x.size,)), reshape_to(y, (y.size,)))
 
 
 @implements(np.outer)
@@ -310,13 +391,22 @@ def outer(a, b, out=None):
     return apply_ufunc(np.multiply, reshape_to(x, (x.size, 1)), reshape_to(y, (1, y.size)))
 
 
-def _expand_einsum(subscripts: str, operands: list[Tracer]) -> str:
-    """Explicit form with single letters: expand '...' and add the implicit output."""
+def _expand_einsum(subscripts: str, operands: list[Tracer]) -> tuple[list[str], str]:
+    """Explicit form with single letters: expand '...' and add the implicit output (numpy's rule:
+    the '...' dims, then the letters that appear once, sorted). Returns (input specs, output spec)."""
     eq = subscripts.replace(" ", "")
     lhs, arrow, rhs = eq.partition("->")
     ins = lhs.split(",")
     if len(ins) != len(operands):
         raise TraceError(f"einsum: {subscripts!r} names {len(ins)} operands but {len(operands)} were given", user_location())
+    for i, (s, x) in enumerate(zip(ins, operands)):
+        named = len(s.replace("...", ""))
+        if named != x.ndim and ("..." not in s or named > x.ndim):
+            raise TraceError(
+                f"einsum: operand {i} has {x.ndim} dimensions but its subscripts {s!r} name {named}"
+                + ("" if "..." in s else " (and there is no '...' for the rest)"),
+                user_location(),
+            )
     used = set(c for c in eq if c.isalpha())
     free = iter(c for c in string.ascii_letters if c not in used)
     ell_rank = max((x.ndim - len(s.replace("...", "")) for s, x in zip(ins, operands) if "..." in s), default=0)
@@ -334,18 +424,64 @@ def _expand_einsum(subscripts: str, operands: list[Tracer]) -> str:
         for c in "".join(new_ins):
             counts[c] = counts.get(c, 0) + 1
         out = ell + "".join(sorted(c for c, n in counts.items() if n == 1 and c not in ell))
-    return ",".join(new_ins) + "->" + out
+    repeated = sorted(c for c in set(out) if out.count(c) > 1)
+    if repeated:
+        raise TraceError(f"einsum: output subscript {repeated[0]!r} appears more than once", user_location())
+    return new_ins, out
+
+
+def _einsum_diagonal(spec: str, x: Tracer, i: int) -> tuple[str, Tracer]:
+    """A letter repeated within one operand ('ii->i', 'iij->j') takes the diagonal over its dims:
+    those dims go first, then x[arange(n), arange(n), ...] leaves one dim for the letter."""
+    while True:
+        letter = next((c for c in spec if spec.count(c) > 1), None)
+        if letter is None:
+            return spec, x
+        dims = [d for d, c in enumerate(spec) if c == letter]
+        sizes = [x.shape[d] for d in dims]
+        if len(set(sizes)) > 1:
+            raise TraceError(
+                f"einsum: dimensions in operand {i} for collapsing index {letter!r} don't match ({' != '.join(map(str, sizes))})",
+                user_location(),
+            )
+        rest = [d for d in range(x.ndim) if d not in dims]
+        if dims + rest != list(range(x.ndim)):
+            x = bind("transpose", x, perm=tuple(dims + rest))
+        idx = lift(np.arange(sizes[0]))
+        x = bind("gather", x, *([idx] * len(dims)), axis=0)
+        spec = letter + "".join(spec[d] for d in rest)
+
+
+def _einsum_broadcast(specs: list[str], xs: list[Tracer]) -> list[Tracer]:
+    """numpy broadcasts a size-1 dim against the size the same letter has in the other operands."""
+    sizes: dict[str, int] = {}
+    for spec, x in zip(specs, xs):
+        for c, n in zip(spec, x.shape):
+            m = sizes.setdefault(c, n)
+            if n != m and 1 not in (n, m):
+                raise TraceError(
+                    f"einsum: operands could not be broadcast together: index {c!r} has size {m} in one operand and {n} in another",
+                    user_location(),
+                )
+            sizes[c] = n if m == 1 else m
+    return [broadcast(x, tuple(sizes[c] for c in spec)) for spec, x in zip(specs, xs)]
 
 
 @implements(np.einsum)
-def einsum(subscripts, *operands, out=None, optimize=False, **kwargs):
-    _reject("einsum", out=out)
+def einsum(subscripts, *operands, out=None, optimize=False, dtype=None, **kwargs):
+    """The subscripts-string form: '...' expanded, repeated letters within an operand taken as
+    diagonals, size-1 dims broadcast, then one einsum primitive with distinct letters per operand."""
+    _reject("einsum", out=out, dtype=dtype)
     if not isinstance(subscripts, str):
         raise TraceError("numpy.einsum: only the subscripts-string form is supported", user_location())
     dt = result_dtype(*operands)
+    if dt.kind == "b":
+        return _bool_contraction(lambda *xs: einsum(subscripts, *xs), *operands)
     xs = [lift(x, dt) for x in operands]
-    eq = _expand_einsum(subscripts, xs)
-    return bind("einsum", *xs, equation=eq)
+    specs, out_spec = _expand_einsum(subscripts, xs)
+    specs, xs = map(list, zip(*(_einsum_diagonal(s, x, i) for i, (s, x) in enumerate(zip(specs, xs)))))
+    xs = _einsum_broadcast(specs, xs)
+    return bind("einsum", *xs, equation=",".join(specs) + "->" + out_spec)
 
 
 @implements(np.tensordot)
@@ -368,14 +504,78 @@ def tensordot(a, b, axes=2):
     return einsum(f"{''.join(sa)},{''.join(sb)}->{''.join(out)}", x, y)
 
 
+# --- linalg.norm -------------------------------------------------------------------------------
+
+
+def _abs_max(x: Tracer, axis: int, keepdims: bool = False) -> Tracer:
+    """numpy's ``.max(axis, initial=0)`` of a non-negative array: 0 over an empty axis."""
+    if x.shape[axis] == 0:
+        return full(reduced_shape(x.shape, (axis,), keepdims), 0, x.dtype)
+    return max_(x, axis, keepdims=keepdims)
+
+
+def _vector_norm(x: Tracer, ord: Any, axis: int, keepdims: bool) -> Tracer:
+    if isinstance(ord, str):
+        raise TraceError(f"numpy.linalg.norm: invalid norm order {ord!r} for vectors", user_location())
+    if ord is None or ord == 2:
+        return apply_ufunc(np.sqrt, sum_(apply_ufunc(np.multiply, x, x), axis, keepdims=keepdims))
+    absx = apply_ufunc(np.absolute, x)
+    if ord == np.inf:
+        return _abs_max(absx, axis, keepdims)
+    if ord == -np.inf:
+        return min_(absx, axis, keepdims=keepdims)
+    if ord == 0:  # the number of nonzero entries
+        return sum_(convert(apply_ufunc(np.not_equal, x, 0), x.dtype), axis, keepdims=keepdims)
+    if ord == 1:
+        return sum_(absx, axis, keepdims=keepdims)
+    # (sum |x|**ord) ** (1 / ord), with numpy's in-place powers keeping x's dtype
+    total = sum_(convert(apply_ufunc(np.power, absx, ord), x.dtype), axis, keepdims=keepdims)
+    return apply_ufunc(np.power, total, np.reciprocal(ord, dtype=total.dtype))
+
+
+def _matrix_norm(x: Tracer, ord: Any, axes: tuple[int, int], keepdims: bool) -> Tracer:
+    row, col = axes
+    if ord in (None, "fro", "f"):
+        ret = apply_ufunc(np.sqrt, sum_(apply_ufunc(np.multiply, x, x), axes))
+    elif ord in (1, -1, np.inf, -np.inf):
+        # ord 1: the largest column sum of |x| (sum over rows), ord inf: the largest row sum
+        summed, other = (row, col) if ord in (1, -1) else (col, row)
+        sums = sum_(apply_ufunc(np.absolute, x), summed)
+        other -= other > summed
+        ret = _abs_max(sums, other) if ord in (1, np.inf) else min_(sums, other)
+    elif ord in (2, -2, "nuc"):
+        raise TraceError(f"numpy.linalg.norm: the matrix norm ord={ord!r} needs singular values (SVD), "
+                         "which graphc does not support", user_location())
+    else:
+        raise TraceError(f"numpy.linalg.norm: invalid norm order {ord!r} for matrices", user_location())
+    if keepdims:
+        ret = reshape_to(ret, tuple(1 if i in axes else n for i, n in enumerate(x.shape)))
+    return ret
+
+
 @implements(np.linalg.norm)
 def norm(x, ord=None, axis=None, keepdims=False):
-    if ord not in (None, 2, "fro") or (ord == 2 and (axis is None and lift(x).ndim != 1)):
-        raise TraceError(f"numpy.linalg.norm: only the 2-norm / Frobenius norm is supported (ord={ord!r})", user_location())
+    """numpy's norm: ints become float64; a vector norm over one axis (ord None/2, 1, inf, -inf,
+    0 or any p), a matrix norm over two (None/'fro', 1, -1, inf, -inf; 2, -2 and 'nuc' need an SVD)."""
     t = lift(x)
     if t.dtype.kind != "f":
         t = convert(t, np.float64)
-    return apply_ufunc(np.sqrt, sum_(apply_ufunc(np.multiply, t, t), axis, keepdims=keepdims))
+    if axis is None and (ord is None or (ord in ("f", "fro") and t.ndim == 2) or (ord == 2 and t.ndim == 1)):
+        ret = apply_ufunc(np.sqrt, sum_(apply_ufunc(np.multiply, t, t)))
+        return reshape_to(ret, (1,) * t.ndim) if keepdims else ret
+    if axis is None:
+        axes = tuple(range(t.ndim))
+    elif isinstance(axis, tuple):
+        axes = tuple(norm_axis(a, t.ndim, "norm") for a in axis)
+    else:
+        axes = (norm_axis(axis, t.ndim, "norm"),)
+    if len(axes) == 1:
+        return _vector_norm(t, ord, axes[0], bool(keepdims))
+    if len(axes) == 2:
+        if axes[0] == axes[1]:
+            raise TraceError("numpy.linalg.norm: duplicate axes given", user_location())
+        return _matrix_norm(t, ord, axes, bool(keepdims))
+    raise TraceError(f"numpy.linalg.norm: improper number of dimensions to norm ({len(axes)})", user_location())
 
 
 from graphc.frontend.shape_functions import array_from_nested  # noqa: E402,F401  (registers, re-export)

@@ -3,9 +3,9 @@
 1. basic part: slices and (when no index arrays are present) integers become one ``slice`` node,
    then one ``reshape`` drops integer-indexed dims and inserts ``None`` dims;
 2. advanced part: index arrays (traced, numpy, lists, ranges, static bool masks via nonzero) and,
-   when any is present, integers too, broadcast together and become one ``gather``. As in numpy,
-   the gathered dims replace the indexed dims in place when the advanced indices are adjacent in
-   the key, and move to the front otherwise.
+   when any is present, integers and scalar bools too, broadcast together and become one
+   ``gather``. As in numpy, the gathered dims replace the indexed dims in place when the advanced
+   indices are adjacent in the key, and move to the front otherwise.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def _classify(k: Any) -> list[tuple[str, Any]]:
             raise TraceError(f"arrays used as indices must be of integer type, got {k.dtype}", user_location())
         return [("array", k)]
     if isinstance(k, (bool, np.bool_)):
-        raise TraceError("a scalar bool used as an index is not supported", user_location())
+        return [("bool", bool(k))]
     if isinstance(k, (int, np.integer)):
         return [("int", int(k))]
     if isinstance(k, (list, tuple, range, np.ndarray)):
@@ -46,15 +46,75 @@ def _classify(k: Any) -> list[tuple[str, Any]]:
             return [("array", lift(list(k)))]
         arr = np.asarray(list(k) if isinstance(k, range) else k)
         if arr.dtype == bool:
-            if arr.ndim == 0:
-                raise TraceError("a 0-d bool array used as an index is not supported", user_location())
-            return [("mask", arr)]
+            return [("bool", bool(arr))] if arr.ndim == 0 else [("mask", arr)]
         if arr.size == 0:
             arr = arr.astype(np.int64)
         if arr.dtype.kind not in "iu":
             raise TraceError(f"arrays used as indices must be of integer type, got {arr.dtype}", user_location())
         return [("array", arr)]
     raise TraceError(f"unsupported index of type {type(k).__name__}: {k!r}", user_location())
+
+
+def _expand_masks(x: Tracer, items: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """A static bool mask becomes one integer index array per dim it covers (np.nonzero). numpy
+    checks only the mask dims of nonzero size against the array (an empty mask selects nothing)."""
+    expanded: list[tuple[str, Any]] = []
+    dim = 0
+    for kind, v in items:
+        if kind == "mask":
+            covered = x.shape[dim: dim + v.ndim]
+            if any(m and m != n for m, n in zip(v.shape, covered)):
+                raise TraceError(
+                    f"boolean index did not match indexed array along axes {dim}..{dim + v.ndim - 1}: "
+                    f"mask shape {v.shape}, array dims {covered}",
+                    user_location(),
+                )
+            expanded.extend(("array", nz) for nz in np.nonzero(v))
+            dim += v.ndim
+        else:
+            expanded.append((kind, v))
+            dim += kind not in ("none", "bool")
+    return expanded
+
+
+def _check_int(v: int, n: int, dim: int) -> None:
+    if not -n <= v < n:
+        raise TraceError(f"index {v} is out of bounds for axis {dim} with size {n}", user_location())
+
+
+def _advanced_items(x: Tracer, items: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """With index arrays present, integers (bounds-checked first) index like 0-d arrays and a scalar
+    bool like an index into a new size-1 dim ([0] for True, [] for False). The index arrays must
+    broadcast together; static ones are bounds-checked unless they broadcast to size 0, where numpy
+    checks nothing (they are then replaced by empty ones, which select the same nothing)."""
+    out: list[tuple[str, Any]] = []
+    dim = 0
+    for kind, v in items:
+        if kind == "int":
+            _check_int(v, x.shape[dim], dim)
+            kind, v = "array", np.asarray(v, dtype=np.int64)
+        elif kind == "bool":
+            v = np.zeros((int(v),), np.int64)
+        out.append((kind, v))
+        dim += kind in ("slice", "array")
+    shapes = [v.shape for kind, v in out if kind in ("array", "bool")]
+    try:
+        bshape = np.broadcast_shapes(*shapes)
+    except ValueError:
+        raise TraceError(
+            "shape mismatch: indexing arrays could not be broadcast together with shapes " + " ".join(map(str, shapes)),
+            user_location(),
+        ) from None
+    if 0 in bshape:
+        return [(kind, np.zeros(bshape, np.int64) if kind in ("array", "bool") else v) for kind, v in out]
+    dim = 0
+    for kind, v in out:
+        if kind == "array" and not isinstance(v, Tracer) and v.size:
+            n = x.shape[dim]
+            if not (-n <= v.min() and v.max() < n):
+                _check_int(int(v.max() if v.max() >= n else v.min()), n, dim)
+        dim += kind in ("slice", "array")
+    return out
 
 
 def getitem(x: Tracer, key: Any) -> Tracer:
@@ -73,35 +133,16 @@ def getitem(x: Tracer, key: Any) -> Tracer:
         items = items[:at] + fill + items[at + 1:]
     else:
         items = items + fill
+    items = _expand_masks(x, items)
+    advanced = any(kind in ("array", "bool") for kind, _ in items)
+    if advanced:
+        items = _advanced_items(x, items)
 
-    # a static bool mask becomes one integer index array per dim it covers (np.nonzero)
-    expanded: list[tuple[str, Any]] = []
-    dim = 0
-    for kind, v in items:
-        if kind == "mask":
-            covered = x.shape[dim: dim + v.ndim]
-            if v.shape != covered:
-                raise TraceError(
-                    f"boolean index did not match indexed array along axes {dim}..{dim + v.ndim - 1}: "
-                    f"mask shape {v.shape}, array dims {covered}",
-                    user_location(),
-                )
-            expanded.extend(("array", nz) for nz in np.nonzero(v))
-            dim += v.ndim
-        else:
-            expanded.append((kind, v))
-            dim += kind != "none"
-    items = expanded
-
-    advanced = any(kind == "array" for kind, _ in items)
-    if advanced:  # integers index like 0-d arrays when any index array is present
-        items = [("array", np.asarray(v, dtype=np.int64)) if kind == "int" else (kind, v) for kind, v in items]
-
-    # 1. basic part
+    # 1. basic part; a scalar bool adds a size-1 dim (like None) that the gather below indexes
     starts, stops, steps, shape = [], [], [], []
     dim = 0
     for kind, v in items:
-        if kind == "none":
+        if kind in ("none", "bool"):
             shape.append(1)
             continue
         n = x.shape[dim]
@@ -109,14 +150,10 @@ def getitem(x: Tracer, key: Any) -> Tracer:
             a, b, s = normalize_slice(v, n)
             starts.append(a), stops.append(b), steps.append(s), shape.append(slice_length(a, b, s))
         elif kind == "int":
-            if not -n <= v < n:
-                raise TraceError(f"index {v} is out of bounds for axis {dim} with size {n}", user_location())
+            _check_int(v, n, dim)
             v %= n
             starts.append(v), stops.append(v + 1), steps.append(1)
         else:  # array: keep the whole dim for the gather below
-            if not isinstance(v, Tracer) and v.size and not (-n <= v.min() and v.max() < n):
-                bad = v.max() if v.max() >= n else v.min()
-                raise TraceError(f"index {bad} is out of bounds for axis {dim} with size {n}", user_location())
             starts.append(0), stops.append(n), steps.append(1), shape.append(n)
         dim += 1
     y = x
@@ -126,23 +163,12 @@ def getitem(x: Tracer, key: Any) -> Tracer:
     if not advanced:
         return y
 
-    # 2. advanced part: positions of the index arrays among y's dims
-    positions, indices, pos = [], [], 0
-    for kind, v in items:
-        if kind == "int":
-            continue
-        if kind == "array":
+    # 2. advanced part: positions of the index arrays among y's dims (one dim per item now)
+    positions, indices = [], []
+    for pos, (kind, v) in enumerate(items):
+        if kind in ("array", "bool"):
             positions.append(pos)
             indices.append(lift(v))
-        pos += 1
-    try:
-        np.broadcast_shapes(*(i.shape for i in indices))
-    except ValueError:
-        raise TraceError(
-            "shape mismatch: indexing arrays could not be broadcast together with shapes "
-            + " ".join(str(i.shape) for i in indices),
-            user_location(),
-        ) from None
     adjacent = positions == list(range(positions[0], positions[0] + len(positions)))
     if adjacent:
         return bind("gather", y, *indices, axis=positions[0])

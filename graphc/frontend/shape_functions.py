@@ -19,6 +19,7 @@ from graphc.frontend.functions import (
     result_dtype,
 )
 from graphc.frontend.tracer import Tracer, bind, bind_multi, lift, user_location
+from graphc.ops.shape import normalize_slice
 
 
 def _resolve_shape(shape: Any, size: int, fname: str = "reshape") -> tuple[int, ...]:
@@ -169,10 +170,22 @@ def vstack(tup, *, dtype=None, casting="same_kind"):
 
 
 def _split_at(x: Tracer, indices: list[int], axis: int) -> list[Tracer]:
+    """numpy's split: piece k is x[indices[k-1]:indices[k]] along axis with Python's slice rules
+    (negative indices count from the end, indices past the end clamp, and an index smaller than the
+    one before gives an empty piece, the next piece starting back at it). Increasing indices are one
+    split; otherwise each piece is its own slice."""
     n = x.shape[axis]
-    indices = [min(max(i if i >= 0 else i + n, 0), n) for i in indices]
-    indices = [max(i, indices[k - 1]) if k else i for k, i in enumerate(indices)]
-    return list(bind_multi("split", x, indices=tuple(indices), axis=axis))
+    bounds = [0, *indices, n]
+    pieces = [slice(lo, hi).indices(n)[:2] for lo, hi in zip(bounds[:-1], bounds[1:])]
+    if all(lo <= hi for lo, hi in pieces):
+        return list(bind_multi("split", x, indices=tuple(hi for _, hi in pieces[:-1]), axis=axis))
+    out = []
+    for lo, hi in pieces:
+        a, b, _ = normalize_slice(slice(lo, hi), n)
+        starts = tuple(a if d == axis else 0 for d in range(x.ndim))
+        stops = tuple(b if d == axis else m for d, m in enumerate(x.shape))
+        out.append(bind("slice", x, starts=starts, stops=stops, steps=(1,) * x.ndim))
+    return out
 
 
 @implements(np.split)

@@ -55,15 +55,20 @@ def _is_internal(filename: str) -> bool:
     return filename.startswith(_GRAPHC_DIR) or filename.startswith(_NUMPY_DIR) or filename.startswith("<__array_function__")
 
 
-def user_location() -> SourceLoc | None:
-    """The innermost frame outside graphc and numpy: the user's line that is being traced."""
-    frame = sys._getframe(1)
+def _user_frame():
+    frame = sys._getframe(2)
     while frame is not None:
         filename = frame.f_code.co_filename
         if not _is_internal(os.path.abspath(filename) if not filename.startswith("<") else filename):
-            return SourceLoc(_display_path(filename), frame.f_lineno)
+            return frame
         frame = frame.f_back
     return None
+
+
+def user_location() -> SourceLoc | None:
+    """The innermost frame outside graphc and numpy: the user's line that is being traced."""
+    frame = _user_frame()
+    return SourceLoc(_display_path(frame.f_code.co_filename), frame.f_lineno) if frame is not None else None
 
 
 def user_errors(fn: Callable) -> Callable:
@@ -221,11 +226,23 @@ def _contains_tracer(x: Any) -> bool:
 
 
 def _control_flow_error(what: str) -> TraceError:
+    from graphc.frontend.autograph import unconverted_reason
+
+    frame = _user_frame()
+    loc = SourceLoc(_display_path(frame.f_code.co_filename), frame.f_lineno) if frame is not None else None
+    reason = unconverted_reason(frame.f_code) if frame is not None else None
+    if reason is not None:
+        return TraceError(
+            f"{what} of a traced array in {frame.f_code.co_name}: graphc turns `if`/`while` on traced values into "
+            f"graph control flow by transforming a function's source, but {reason}. Define the function in a "
+            "file, or use np.where / graphc.cond instead",
+            loc,
+        )
     return TraceError(
-        f"{what} of a traced array: its value is not known while tracing. Python `if`, `while`, "
-        "`and`/`or`, bool(), int(), float() and .item() need a concrete value; use np.where or "
-        "keep such decisions on static (non-array) arguments",
-        user_location(),
+        f"{what} of a traced array: its value is not known while tracing. bool(), int(), float(), .item() and "
+        "Python control flow that graphc cannot transform here need a concrete value; use np.where or keep such "
+        "decisions on static (non-array) arguments",
+        loc,
     )
 
 
@@ -358,7 +375,11 @@ class Tracer:
     def __ne__(self, o): return np.not_equal(self, o)  # noqa: E704
 
     def __floordiv__(self, o): return np.floor_divide(self, o)  # noqa: E704
+    def __rfloordiv__(self, o): return np.floor_divide(o, self)  # noqa: E704
     def __mod__(self, o): return np.remainder(self, o)  # noqa: E704
+    def __rmod__(self, o): return np.remainder(o, self)  # noqa: E704
+    def __divmod__(self, o): return np.divmod(self, o)  # noqa: E704
+    def __rdivmod__(self, o): return np.divmod(o, self)  # noqa: E704
 
     # in-place operators: numpy keeps the left operand's dtype (casting="same_kind") and every
     # reference to this array sees the update; views cannot be updated in place in a graph
@@ -370,6 +391,8 @@ class Tracer:
     def __imatmul__(self, o): return self._inplace(np.matmul, o)  # noqa: E704
     def __iand__(self, o): return self._inplace(np.bitwise_and, o)  # noqa: E704
     def __ior__(self, o): return self._inplace(np.bitwise_or, o)  # noqa: E704
+    def __ifloordiv__(self, o): return self._inplace(np.floor_divide, o)  # noqa: E704
+    def __imod__(self, o): return self._inplace(np.remainder, o)  # noqa: E704
 
     def _inplace(self, ufunc, other):
         return user_errors(_inplace_update)(self, ufunc, other)
@@ -606,11 +629,16 @@ def trace(fn: Callable, *args: Any, **kwargs: Any) -> Graph:
     names = _input_names(fn, args, kwargs)
     tracers = [ctx.new_input(_input_type(leaf, n), n) for leaf, n in zip(leaves, names)]
     targs, tkwargs = unflatten(in_tree, tracers)
+    from graphc.frontend.autograph import convert
+
+    fn = convert(fn)
     stack = _ctx_stack()
     stack.append(ctx)
     try:
         with numpy_patches():
             result = fn(*targs, **tkwargs)
+            if inspect.isgenerator(result):
+                raise TraceError(f"{name} is a generator function (it yields); graphc traces functions that return arrays")
             try:
                 out_leaves, out_tree = flatten(result, is_leaf=lambda x: isinstance(x, Tracer), path="result")
             except TypeError as exc:

@@ -88,9 +88,15 @@ def apply_ufunc(ufunc: np.ufunc, *inputs: Any) -> Tracer:
         return matmul(*inputs)
     sig = resolve_loop(ufunc, inputs)
     loop_in = sig[: ufunc.nin]
+    if ufunc in _COMPARISONS:
+        known = _compare_out_of_range(_COMPARISONS[ufunc], inputs, loop_in[0])
+        if known is not None:
+            return known
     operands = [lift(x, dt) for x, dt in zip(inputs, loop_in)]
     if ufunc is np.positive:
         return fresh(operands[0])
+    if ufunc is np.negative and sig[0].kind == "u":  # numpy wraps modulo 2**n: 0 - x
+        return bind("sub", lift(np.zeros((), sig[0])), operands[0])
     if ufunc is np.square:
         return bind("mul", operands[0], operands[0])
     if ufunc is np.reciprocal:
@@ -111,7 +117,87 @@ def apply_ufunc(ufunc: np.ufunc, *inputs: Any) -> Tracer:
     return out
 
 
+_COMPARISONS = {u: attrs["direction"] for u, (prim, attrs) in _SIMPLE.items() if prim == "compare"}
+_SWAPPED = {"eq": "eq", "ne": "ne", "lt": "gt", "le": "ge", "gt": "lt", "ge": "le"}
+
+
+def _compare_out_of_range(direction: str, inputs: tuple, loop_dt: np.dtype) -> Tracer | None:
+    """numpy 2 compares an integer array with a Python int outside the array's dtype by value
+    (``int8_array < 1000`` is all True, ``uint8_array == -1`` all False) instead of raising
+    OverflowError: the result does not depend on the array, only on its shape."""
+    if loop_dt.kind not in "iu":
+        return None
+    info = np.iinfo(loop_dt)
+    for i, v in enumerate(inputs):
+        if type(v) is int and not info.min <= v <= info.max:
+            other = lift(inputs[1 - i])
+            d = direction if i == 1 else _SWAPPED[direction]  # now `other <d> v`
+            above = v > info.max  # v is above (or below) every value other can hold
+            value = {"eq": False, "ne": True, "lt": above, "le": above, "gt": not above, "ge": not above}[d]
+            return bind("broadcast_to", lift(np.asarray(value)), shape=other.shape)
+    return None
+
+
 _LOG_BASE = {np.log2: np.log(2.0), np.log10: np.log(10.0)}
+
+
+# --- integer floor division -------------------------------------------------------------------
+
+_U64, _F64 = np.dtype(np.uint64), np.dtype(np.float64)
+_BELOW_ONE = 1.0 - 2.0**-49  # scales a float64 quotient estimate so that it errs low, never high
+
+
+def _const(value: Any, dt: np.dtype) -> Tracer:
+    return lift(np.asarray(value, dt))
+
+
+def _udivmod(n: Tracer, d: Tracer, steps: int) -> tuple[Tracer, Tracer]:
+    """Exact quotient and remainder of uint64 ``n`` by uint64 ``d >= 1``. Each step adds
+    trunc(float64(r) / float64(d) * (1 - 2**-49)) to the quotient: the estimate is never above r / d
+    (the four roundings err by less than 2**-50), so the remainder stays non-negative, and it loses
+    less than r * 2**-48 + d. One step leaves r < 2d when n < 2**53 (the 8- to 32-bit dtypes), two
+    steps do for any uint64; one compare then brings r below d."""
+    fd = bind("convert", d, dtype=_F64)
+    q, r = None, n
+    for _ in range(steps):
+        est = bind("mul", bind("div", bind("convert", r, dtype=_F64), fd), _const(_BELOW_ONE, _F64))
+        t = bind("convert", est, dtype=_U64)
+        q = t if q is None else bind("add", q, t)
+        r = bind("sub", r, bind("mul", t, d))
+    over = bind("compare", r, d, direction="ge")
+    return bind("add", q, bind("convert", over, dtype=_U64)), bind("where", over, bind("sub", r, d), r)
+
+
+def _magnitude(x: Tracer, negative: Tracer) -> Tracer:
+    """|x| as uint64, exact for the most negative int too (0 - x wraps to 2**63)."""
+    ux = bind("convert", x, dtype=_U64)
+    return bind("where", negative, bind("sub", _const(0, _U64), ux), ux)
+
+
+def _int_floor_divmod(a: Tracer, b: Tracer) -> tuple[Tracer, Tracer]:
+    """numpy's integer // and % exactly: the quotient rounds toward -inf, the remainder has the
+    divisor's sign, both are 0 where the divisor is 0, and MIN // -1 wraps to MIN. The magnitudes
+    are divided in uint64 (``_udivmod``), then the quotient gets its sign (and, when the signs differ
+    and something remains, one more step down); the remainder is a - q * b, which wraps back to the
+    exact value."""
+    dt = a.dtype
+    zero = _const(0, dt)
+    by_zero = bind("compare", b, zero, direction="eq")
+    b = bind("where", by_zero, _const(1, dt), b)
+    steps = 2 if dt.itemsize == 8 else 1
+    if dt.kind == "u":
+        qu, _ = _udivmod(bind("convert", a, dtype=_U64), bind("convert", b, dtype=_U64), steps)
+        q = bind("convert", qu, dtype=dt)
+    else:
+        a_neg = bind("compare", a, zero, direction="lt")
+        b_neg = bind("compare", b, zero, direction="lt")
+        qu, ru = _udivmod(_magnitude(a, a_neg), _magnitude(b, b_neg), steps)
+        signs_differ = bind("compare", a_neg, b_neg, direction="ne")
+        step_down = bind("logical_and", signs_differ, bind("compare", ru, _const(0, _U64), direction="ne"))
+        qu = bind("add", qu, bind("convert", step_down, dtype=_U64))
+        q = bind("convert", bind("where", signs_differ, bind("sub", _const(0, _U64), qu), qu), dtype=dt)
+    r = bind("sub", a, bind("mul", q, b))
+    return bind("where", by_zero, zero, q), bind("where", by_zero, zero, r)
 
 
 def _composite(ufunc: np.ufunc, sig: tuple, operands: list[Tracer]) -> Tracer:
@@ -122,6 +208,21 @@ def _composite(ufunc: np.ufunc, sig: tuple, operands: list[Tracer]) -> Tracer:
         return bind("pow", lift(np.asarray(2, sig[0])), operands[0])
     if ufunc is np.isnan:  # x != x
         return bind("compare", operands[0], operands[0], direction="ne")
+    if ufunc in (np.isfinite, np.isinf):  # |x| < inf, |x| == inf (nan is neither); ints and bools are finite
+        x = operands[0]
+        if sig[0].kind != "f":
+            return bind("broadcast_to", lift(np.asarray(ufunc is np.isfinite)), shape=x.shape)
+        inf = lift(np.asarray(np.inf, sig[0]))
+        return bind("compare", bind("abs", x), inf, direction="lt" if ufunc is np.isfinite else "eq")
+    if ufunc in _DIVISION:
+        if sig[0].kind not in "iu":
+            raise TraceError(
+                f"numpy.{ufunc.__name__} of {sig[0]} operands is not supported: graphc has no exact decomposition "
+                "of numpy's float floor division (it needs fmod); it is supported for integers",
+                user_location(),
+            )
+        q, r = _int_floor_divmod(*operands)
+        return {np.floor_divide: q, np.remainder: r, np.divmod: (q, r)}[ufunc]
     if ufunc is np.logaddexp:  # max(a, b) + log1p(exp(-|a - b|)), as numpy computes it
         a, b = operands
         big = bind("maximum", a, b)
@@ -130,7 +231,8 @@ def _composite(ufunc: np.ufunc, sig: tuple, operands: list[Tracer]) -> Tracer:
     raise AssertionError(ufunc)
 
 
-COMPOSITE = set(_LOG_BASE) | {np.exp2, np.isnan, np.logaddexp}
+_DIVISION = (np.floor_divide, np.remainder, np.divmod)
+COMPOSITE = set(_LOG_BASE) | set(_DIVISION) | {np.exp2, np.isnan, np.isfinite, np.isinf, np.logaddexp}
 SUPPORTED = set(_SIMPLE) | set(_BOOL_ONLY) | COMPOSITE | {np.positive, np.square, np.reciprocal, np.matmul}
 
 

@@ -1,0 +1,443 @@
+"""Source transform: Python control flow on traced values becomes graph control flow.
+
+``convert(fn)`` parses ``fn``'s source with ``ast`` and rewrites
+
+    if test: ... else: ...           ->  _gc_rt.if_stmt(test, true_fn, false_fn, vars, names)
+    while test: ...                  ->  _gc_rt.while_stmt(cond_fn, body_fn, vars, names)
+    for i in range(...): ...         ->  _gc_rt.for_range(range_args, body_fn, vars, names)
+    a if test else b                 ->  _gc_rt.if_exp(test, lambda: a, lambda: b)
+    a and b, a or b, not a           ->  _gc_rt.and_ / or_ / not_ (short-circuit kept for static values)
+    f(args)                          ->  _gc_rt.call(f, args)   (user functions are converted too)
+
+where the branches and bodies become nested functions that take and return the variables the
+statement assigns. At run time each helper looks at the condition: a static Python value runs
+the original Python control flow, unchanged; a traced value emits ``cond`` / ``while_loop`` /
+``fori_loop`` (graphc/frontend/control.py). The transformed code is compiled with the user's
+file name and line numbers, so errors and node locations point at the original source.
+
+Statements whose bodies ``return``, ``break``, ``continue`` or ``yield`` are left as Python, with
+a check that raises TraceError (naming the line) if their condition turns out to be traced.
+Functions whose source cannot be read (REPL, exec, C extensions, lambdas) are traced as they are.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import inspect
+import sys
+import sysconfig
+import textwrap
+import types
+from collections.abc import Callable
+from typing import Any
+
+RUNTIME = "_gc_rt"
+_FRAME_SENSITIVE = {"super", "locals", "globals", "vars", "eval", "exec", "range", "len", "isinstance", "print",
+                    "getattr", "setattr", "hasattr", "type", "zip", "enumerate", "iter", "next", "list", "dict",
+                    "tuple", "int", "float", "str", "bool", "min", "max", "abs", "sum", "sorted", "reversed", "map"}
+_SKIP_PACKAGES = ("numpy", "graphc", "scipy", "networkx", "lark", "hypothesis", "_pytest", "pytest", "numba")
+
+
+class _Unreadable:
+    """Why a function was not converted (kept in the cache; shown in control-flow errors)."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+
+_cache: dict[types.CodeType, Any] = {}  # code -> compiled maker, or _Unreadable
+_unconverted_reasons: dict[types.CodeType, str] = {}
+
+
+# --- analysis helpers -------------------------------------------------------------------------------
+
+
+class _Assigned(ast.NodeVisitor):
+    """Names a block assigns (in its own scope), in first-assignment order; bases of subscript
+    targets count as assigned (``d["k"] = v`` changes ``d``)."""
+
+    def __init__(self):
+        self.names: list[str] = []
+        self.attribute_targets: list[ast.AST] = []
+
+    def add(self, name: str) -> None:
+        if name not in self.names and not name.startswith("_gc_"):
+            self.names.append(name)
+
+    def target(self, t: ast.AST) -> None:
+        if isinstance(t, ast.Name):
+            self.add(t.id)
+        elif isinstance(t, (ast.Tuple, ast.List)):
+            for e in t.elts:
+                self.target(e)
+        elif isinstance(t, ast.Starred):
+            self.target(t.value)
+        elif isinstance(t, ast.Subscript):
+            base = t.value
+            while isinstance(base, ast.Subscript):
+                base = base.value
+            if isinstance(base, ast.Name):
+                self.add(base.id)
+            else:
+                self.attribute_targets.append(t)
+        elif isinstance(t, ast.Attribute):
+            self.attribute_targets.append(t)
+
+    def visit_Assign(self, node):
+        for t in node.targets:
+            self.target(t)
+        self.generic_visit(node)
+
+    def visit_AugAssign(self, node):
+        self.target(node.target)
+        self.generic_visit(node)
+
+    def visit_AnnAssign(self, node):
+        self.target(node.target)
+        self.generic_visit(node)
+
+    def visit_NamedExpr(self, node):
+        self.target(node.target)
+        self.generic_visit(node)
+
+    def visit_For(self, node):
+        self.target(node.target)
+        self.generic_visit(node)
+
+    def visit_With(self, node):
+        for item in node.items:
+            if item.optional_vars is not None:
+                self.target(item.optional_vars)
+        self.generic_visit(node)
+
+    def visit_Import(self, node):
+        for alias in node.names:
+            self.add((alias.asname or alias.name).split(".")[0])
+
+    visit_ImportFrom = visit_Import
+
+    def visit_FunctionDef(self, node):
+        self.add(node.name)  # the body is another scope
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_ClassDef(self, node):
+        self.add(node.name)
+
+    def visit_Lambda(self, node):
+        pass
+
+    def visit_ListComp(self, node):
+        pass
+
+    visit_SetComp = visit_DictComp = visit_GeneratorExp = visit_ListComp
+
+
+def assigned_names(stmts: list[ast.stmt]) -> _Assigned:
+    v = _Assigned()
+    for s in stmts:
+        v.visit(s)
+    return v
+
+
+def _escapes(stmts: list[ast.stmt], loop_level: bool) -> ast.AST | None:
+    """The first return / yield (anywhere in the block, outside nested scopes) or break /
+    continue (that would leave this block's loop, when ``loop_level``) in ``stmts``."""
+
+    def walk(node: ast.AST, in_loop: bool) -> ast.AST | None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            return None
+        if isinstance(node, (ast.Return, ast.Yield, ast.YieldFrom, ast.Await)):
+            return node
+        if isinstance(node, (ast.Break, ast.Continue)) and not in_loop:
+            return node
+        nested_loop = in_loop or isinstance(node, (ast.For, ast.While, ast.AsyncFor))
+        for child in ast.iter_child_nodes(node):
+            found = walk(child, nested_loop if child not in getattr(node, "orelse", []) else in_loop)
+            if found is not None:
+                return found
+        return None
+
+    for s in stmts:
+        found = walk(s, not loop_level)
+        if found is not None:
+            return found
+    return None
+
+
+def _kind(node: ast.AST) -> str:
+    return {ast.Return: "return", ast.Break: "break", ast.Continue: "continue", ast.Yield: "yield",
+            ast.YieldFrom: "yield", ast.Await: "await"}.get(type(node), type(node).__name__)
+
+
+# --- the transformer ------------------------------------------------------------------------------------
+
+
+def _rt(attr: str) -> ast.expr:
+    return ast.Attribute(value=ast.Name(id=RUNTIME, ctx=ast.Load()), attr=attr, ctx=ast.Load())
+
+
+def _names_tuple(names: list[str]) -> ast.expr:
+    return ast.Tuple(elts=[ast.Constant(n) for n in names], ctx=ast.Load())
+
+
+def _current_values(names: list[str]) -> ast.expr:
+    """``(x if 'x' in locals() else _gc_rt.UNDEF, ...)``: values of possibly unbound names."""
+    return ast.Call(func=_rt("values"), args=[ast.Call(func=ast.Name("locals", ast.Load()), args=[], keywords=[]),
+                                              _names_tuple(names)], keywords=[])
+
+
+def _def(name: str, params: list[str], body: list[ast.stmt], returns: list[str] | None) -> ast.FunctionDef:
+    body = list(body)
+    if returns is not None:
+        body.append(ast.Return(value=ast.Tuple(elts=[ast.Name(n, ast.Load()) for n in returns], ctx=ast.Load())))
+    if not body:
+        body = [ast.Pass()]
+    return ast.FunctionDef(
+        name=name,
+        args=ast.arguments(posonlyargs=[], args=[ast.arg(arg=p) for p in params], vararg=None, kwonlyargs=[],
+                           kw_defaults=[], kwarg=None, defaults=[]),
+        body=body, decorator_list=[], returns=None, type_params=[],
+    )
+
+
+def _assign(names: list[str], value: ast.expr) -> ast.stmt:
+    if not names:
+        return ast.Expr(value=value)
+    target = ast.Tuple(elts=[ast.Name(n, ast.Store()) for n in names], ctx=ast.Store())
+    return ast.Assign(targets=[target], value=value)
+
+
+def _locate(new: Any, original: ast.AST) -> Any:
+    """Give generated nodes the source position of the statement they replace (nodes copied from
+    the user's code keep their own)."""
+    for stmt in new if isinstance(new, list) else [new]:
+        for n in ast.walk(stmt):
+            if "lineno" in n._attributes and getattr(n, "lineno", None) is None:
+                n.lineno, n.col_offset = original.lineno, original.col_offset
+                n.end_lineno, n.end_col_offset = original.lineno, original.col_offset
+    return new
+
+
+class _Transformer(ast.NodeTransformer):
+    def __init__(self, class_name: str | None):
+        self.counter = 0
+        self.class_name = class_name
+
+    def fresh(self, kind: str) -> str:
+        self.counter += 1
+        return f"_gc_{kind}_{self.counter}"
+
+    # private names of methods are mangled as the class body would have mangled them
+    def visit_Attribute(self, node):
+        self.generic_visit(node)
+        if self.class_name and node.attr.startswith("__") and not node.attr.endswith("__"):
+            node.attr = f"_{self.class_name.lstrip('_')}{node.attr}"
+        return node
+
+    def _static_check(self, node: ast.If | ast.While, escape: ast.AST) -> ast.AST:
+        node.test = ast.Call(func=_rt("static_test"), args=[node.test, ast.Constant(_kind(escape)),
+                                                             ast.Constant(escape.lineno)], keywords=[])
+        return _locate(node, node)
+
+    def visit_If(self, node: ast.If):
+        self.generic_visit(node)
+        escape = _escapes(node.body + node.orelse, loop_level=False)
+        if escape is not None:
+            return self._static_check(node, escape)
+        found = assigned_names(node.body + node.orelse)
+        names = found.names
+        true_name, false_name = self.fresh("if_true"), self.fresh("if_false")
+        call = ast.Call(func=_rt("if_stmt"), args=[
+            node.test, ast.Name(true_name, ast.Load()), ast.Name(false_name, ast.Load()), _current_values(names),
+            _names_tuple(names), ast.Constant(bool(found.attribute_targets))], keywords=[])
+        return _locate([_def(true_name, names, node.body, names), _def(false_name, names, node.orelse, names),
+                        _assign(names, call)], node)
+
+    def visit_While(self, node: ast.While):
+        self.generic_visit(node)
+        escape = _escapes(node.body, loop_level=True) or (_escapes(node.orelse, False) if node.orelse else None)
+        if escape is not None or node.orelse:
+            return self._static_check(node, escape or node)
+        names = assigned_names(node.body).names
+        cond_name, body_name = self.fresh("while_cond"), self.fresh("while_body")
+        cond_fn = _def(cond_name, names, [ast.Return(value=node.test)], None)
+        call = ast.Call(func=_rt("while_stmt"), args=[ast.Name(cond_name, ast.Load()), ast.Name(body_name, ast.Load()),
+                                                      _current_values(names), _names_tuple(names)], keywords=[])
+        return _locate([cond_fn, _def(body_name, names, node.body, names), _assign(names, call)], node)
+
+    def visit_For(self, node: ast.For):
+        self.generic_visit(node)
+        it = node.iter
+        is_range = (isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id == "range"
+                    and not it.keywords and 1 <= len(it.args) <= 3 and isinstance(node.target, ast.Name))
+        if not is_range:
+            return node
+        escape = _escapes(node.body, loop_level=True)
+        if escape is not None or node.orelse:
+            node.iter = ast.Call(func=_rt("static_range"), args=[ast.Tuple(elts=it.args, ctx=ast.Load()),
+                                 ast.Constant(_kind(escape) if escape else "else"), ast.Constant(node.lineno)], keywords=[])
+            return _locate(node, node)
+        index = node.target.id
+        names = [n for n in assigned_names(node.body).names if n != index]
+        body_name = self.fresh("for_body")
+        call = ast.Call(func=_rt("for_range"), args=[ast.Tuple(elts=it.args, ctx=ast.Load()), ast.Name(body_name, ast.Load()),
+                                                     _current_values([index] + names), _names_tuple([index] + names)],
+                        keywords=[])
+        return _locate([_def(body_name, [index] + names, node.body, names), _assign([index] + names, call)], node)
+
+    def visit_IfExp(self, node: ast.IfExp):
+        self.generic_visit(node)
+        lam = lambda e: ast.Lambda(args=ast.arguments(posonlyargs=[], args=[], vararg=None, kwonlyargs=[],  # noqa: E731
+                                                      kw_defaults=[], kwarg=None, defaults=[]), body=e)
+        return _locate(ast.Call(func=_rt("if_exp"), args=[node.test, lam(node.body), lam(node.orelse)], keywords=[]), node)
+
+    def visit_BoolOp(self, node: ast.BoolOp):
+        self.generic_visit(node)
+        fn = "and_" if isinstance(node.op, ast.And) else "or_"
+        lam = lambda e: ast.Lambda(args=ast.arguments(posonlyargs=[], args=[], vararg=None, kwonlyargs=[],  # noqa: E731
+                                                      kw_defaults=[], kwarg=None, defaults=[]), body=e)
+        return _locate(ast.Call(func=_rt(fn), args=[lam(v) for v in node.values], keywords=[]), node)
+
+    def visit_UnaryOp(self, node: ast.UnaryOp):
+        self.generic_visit(node)
+        if isinstance(node.op, ast.Not):
+            return _locate(ast.Call(func=_rt("not_"), args=[node.operand], keywords=[]), node)
+        return node
+
+    def visit_Call(self, node: ast.Call):
+        self.generic_visit(node)
+        if isinstance(node.func, ast.Name) and (node.func.id in _FRAME_SENSITIVE or node.func.id.startswith("_gc_")):
+            return node
+        if isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name) and node.func.value.id == RUNTIME:
+            return node
+        return _locate(ast.Call(func=_rt("call"), args=[node.func, *node.args], keywords=node.keywords), node)
+
+    # nested functions are converted with the rest of the body (their own scope is fine)
+    def visit_Lambda(self, node):
+        return node  # no statements inside; calls in lambdas are not converted
+
+
+# --- conversion ----------------------------------------------------------------------------------------
+
+
+def _is_user_function(fn: types.FunctionType) -> bool:
+    module = getattr(fn, "__module__", None) or ""
+    if module.split(".")[0] in _SKIP_PACKAGES or module in sys.builtin_module_names:
+        return False
+    filename = fn.__code__.co_filename
+    stdlib = sysconfig.get_paths().get("stdlib", "\0")
+    return not filename.startswith(stdlib) or "site-packages" in filename
+
+
+def _class_of(fn: types.FunctionType) -> str | None:
+    parts = fn.__qualname__.split(".")
+    return parts[-2] if len(parts) >= 2 and parts[-2] != "<locals>" else None
+
+
+def _build_maker(fn: types.FunctionType) -> Any:
+    code = fn.__code__
+    if fn.__name__ == "<lambda>":
+        return _Unreadable("it is a lambda")
+    if code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR):
+        return _Unreadable("it is a generator or coroutine")
+    try:
+        lines, first = inspect.getsourcelines(fn)
+    except (OSError, TypeError) as exc:
+        return _Unreadable(f"its source could not be read ({exc})")
+    try:
+        tree = ast.parse(textwrap.dedent("".join(lines)))
+    except SyntaxError as exc:
+        return _Unreadable(f"its source could not be parsed ({exc.msg})")
+    fdef = tree.body[0] if tree.body else None
+    if not isinstance(fdef, ast.FunctionDef) or fdef.name != fn.__name__:
+        return _Unreadable("its source is not a plain def")
+    if any(isinstance(n, (ast.Nonlocal, ast.Global)) for n in ast.walk(fdef)):
+        return _Unreadable("it declares nonlocal/global names")
+    ast.increment_lineno(tree, first - 1)
+    fdef.decorator_list = []
+    transformer = _Transformer(_class_of(fn))
+    fdef.body = [transformer.visit(s) for s in fdef.body]
+    fdef.body = [s for item in fdef.body for s in (item if isinstance(item, list) else [item])]
+    _flatten_bodies(fdef)
+    freevars = list(code.co_freevars)
+    maker = ast.FunctionDef(
+        name="_gc_maker",
+        args=ast.arguments(posonlyargs=[], args=[ast.arg(arg=RUNTIME)] + [ast.arg(arg=v) for v in freevars],
+                           vararg=None, kwonlyargs=[], kw_defaults=[], kwarg=None, defaults=[]),
+        body=[fdef, ast.Return(value=ast.Name(fn.__name__, ast.Load()))], decorator_list=[], returns=None, type_params=[],
+    )
+    module = ast.Module(body=[maker], type_ignores=[])
+    ast.copy_location(maker, fdef)
+    ast.fix_missing_locations(module)
+    namespace: dict[str, Any] = {}
+    exec(compile(module, code.co_filename, "exec"), fn.__globals__, namespace)  # noqa: S102
+    return namespace["_gc_maker"]
+
+
+def _flatten_bodies(node: ast.AST) -> None:
+    """The transformer returns lists of statements for one statement; splice them in place."""
+    for field in ("body", "orelse", "finalbody"):
+        stmts = getattr(node, field, None)
+        if isinstance(stmts, list):
+            flat = []
+            for s in stmts:
+                flat.extend(s if isinstance(s, list) else [s])
+            setattr(node, field, flat)
+    for child in ast.iter_child_nodes(node):
+        _flatten_bodies(child)
+    for handler in getattr(node, "handlers", []):
+        _flatten_bodies(handler)
+
+
+def convert(fn: Callable) -> Callable:
+    """``fn`` with its control flow made traceable, or ``fn`` itself where that is not possible or
+    not needed (numpy, graphc, the standard library, builtins, classes)."""
+    if isinstance(fn, types.MethodType):
+        converted = convert(fn.__func__)
+        return fn if converted is fn.__func__ else types.MethodType(converted, fn.__self__)
+    if isinstance(fn, functools.partial):
+        inner = convert(fn.func)
+        return fn if inner is fn.func else functools.partial(inner, *fn.args, **fn.keywords)
+    if not isinstance(fn, types.FunctionType):
+        call = getattr(type(fn), "__call__", None)
+        if isinstance(call, types.FunctionType) and not isinstance(fn, type) and _is_user_function(call):
+            converted = convert(call)
+            return fn if converted is call else types.MethodType(converted, fn)
+        return fn
+    if getattr(fn, "_graphc_converted", False) or not _is_user_function(fn):
+        return fn
+    code = fn.__code__
+    maker = _cache.get(code)
+    if maker is None:
+        try:
+            maker = _build_maker(fn)
+        except (SyntaxError, ValueError, TypeError) as exc:  # an unusual construct: trace it unconverted
+            maker = _Unreadable(f"it could not be transformed ({exc})")
+        _cache[code] = maker
+    if isinstance(maker, _Unreadable):
+        _unconverted_reasons[code] = maker.reason
+        return fn
+    try:
+        cells = [c.cell_contents for c in (fn.__closure__ or ())]
+    except ValueError:  # a closure variable that is not bound yet
+        _unconverted_reasons[code] = "a variable it closes over is not bound yet"
+        return fn
+    from graphc.frontend import autograph_runtime
+
+    new = maker(autograph_runtime, *cells)
+    new.__defaults__ = fn.__defaults__
+    new.__kwdefaults__ = fn.__kwdefaults__
+    new.__doc__ = fn.__doc__
+    new.__qualname__ = fn.__qualname__
+    new.__module__ = fn.__module__
+    new.__dict__.update(fn.__dict__)
+    new._graphc_converted = True
+    new.__wrapped__ = fn
+    return new
+
+
+def unconverted_reason(code: types.CodeType) -> str | None:
+    """Why the function with this code was traced without the source transform, if it was."""
+    return _unconverted_reasons.get(code)

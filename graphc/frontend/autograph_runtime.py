@@ -1,0 +1,223 @@
+"""Run-time helpers called by source-transformed code (see autograph.py). Each one keeps plain
+Python semantics for static values and emits graph control flow for traced ones."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from graphc.errors import SourceLoc, TraceError
+from graphc.frontend import control
+from graphc.frontend.autograph import convert
+from graphc.frontend.tracer import Tracer, current_context, user_location
+from graphc.pytree import flatten, unflatten
+
+_UNDEFINED_MARK = "<graphc: undefined variable>"
+
+
+class _Undefined:
+    """The value of a variable that is not bound yet (a branch or loop body may bind it)."""
+
+    def __repr__(self) -> str:
+        return "<undefined>"
+
+
+UNDEF = _Undefined()
+
+
+def values(local_vars: dict[str, Any], names: Sequence[str]) -> tuple:
+    return tuple(local_vars.get(n, UNDEF) for n in names)
+
+
+def _at_line(lineno: int) -> SourceLoc | None:
+    loc = user_location()
+    return SourceLoc(loc.file, lineno) if loc else None
+
+
+def static_test(test: Any, kind: str, lineno: int) -> Any:
+    """The condition of an if/while whose body leaves it early (return/break/continue/yield):
+    it must be static."""
+    if isinstance(test, Tracer):
+        raise TraceError(
+            f"`{kind}` inside an if/while whose condition is a traced value is not supported: graph control flow "
+            "cannot leave a branch or loop early. Compute both outcomes and select with np.where, or move the "
+            f"`{kind}` out of the traced branch",
+            _at_line(lineno),
+        )
+    return test
+
+
+def static_range(args: tuple, kind: str, lineno: int) -> range:
+    if any(isinstance(a, Tracer) for a in args):
+        what = "an `else:` clause" if kind == "else" else f"`{kind}`"
+        raise TraceError(
+            f"a for loop over a traced range() with {what} in its body is not supported: graph loops cannot "
+            "leave early. Use a loop without it (or a range of Python ints, which is unrolled)",
+            _at_line(lineno),
+        )
+    return range(*args)
+
+
+def _mark_undefined(vals: Sequence[Any]) -> list[Any]:
+    return [_UNDEFINED_MARK if v is UNDEF else v for v in vals]
+
+
+def _unmark(vals: Sequence[Any]) -> tuple:
+    return tuple(UNDEF if isinstance(v, str) and v == _UNDEFINED_MARK else v for v in vals)
+
+
+def _copy_containers(x: Any) -> Any:
+    """New dict/list containers with the same leaves: a traced branch may assign d["k"] = v
+    without the other branch (or the code after the if) seeing it."""
+    if isinstance(x, dict):
+        return {k: _copy_containers(v) for k, v in x.items()}
+    if type(x) is list:
+        return [_copy_containers(v) for v in x]
+    if type(x) is tuple:
+        return tuple(_copy_containers(v) for v in x)
+    return x
+
+
+def if_stmt(test: Any, true_fn: Callable, false_fn: Callable, vals: tuple, names: tuple, assigns_attributes: bool):
+    if not isinstance(test, Tracer):
+        return true_fn(*vals) if test else false_fn(*vals)
+    if assigns_attributes:
+        raise TraceError("assigning to an attribute inside an if on a traced value is not supported; "
+                         "assign to a local variable and set the attribute after the if", user_location())
+
+    def branch(fn: Callable) -> Callable:
+        return lambda: _mark_undefined(fn(*_copy_containers(vals)))
+
+    result = control.cond(test, branch(true_fn), branch(false_fn), names=names)
+    return _unmark(result)
+
+
+def if_exp(test: Any, true_thunk: Callable, false_thunk: Callable) -> Any:
+    if not isinstance(test, Tracer):
+        return true_thunk() if test else false_thunk()
+    return control.cond(test, true_thunk, false_thunk)
+
+
+def and_(*thunks: Callable) -> Any:
+    value = thunks[0]()
+    rest = thunks[1:]
+    if not rest:
+        return value
+    if isinstance(value, Tracer):  # a and b == (b if a else a), as one cond
+        return control.cond(value, lambda: and_(*rest), lambda: value)
+    return and_(*rest) if value else value
+
+
+def or_(*thunks: Callable) -> Any:
+    value = thunks[0]()
+    rest = thunks[1:]
+    if not rest:
+        return value
+    if isinstance(value, Tracer):  # a or b == (a if a else b)
+        return control.cond(value, lambda: value, lambda: or_(*rest))
+    return value if value else or_(*rest)
+
+
+def not_(x: Any) -> Any:
+    if isinstance(x, Tracer):
+        return np.logical_not(control.as_predicate(x, "not"))
+    return not x
+
+
+def call(fn: Callable, *args: Any, **kwargs: Any) -> Any:
+    if current_context() is None:
+        return fn(*args, **kwargs)
+    return convert(fn)(*args, **kwargs)
+
+
+def _loop_state(vals: Sequence[Any], names: Sequence[str], what: str) -> tuple[list[Any], Any]:
+    """Flatten loop variables to carried arrays (Python numbers become numpy scalars)."""
+    for name, v in zip(names, vals):
+        if v is UNDEF:
+            raise TraceError(
+                f"variable {name!r} is first assigned inside a {what} loop whose condition is traced; "
+                "give it a value before the loop (graph loops carry each variable from one iteration to the next)",
+                user_location(),
+            )
+    as_arrays = [_numbers_to_arrays(v) for v in vals]
+    leaves, treedef = flatten(as_arrays, is_leaf=lambda x: isinstance(x, Tracer))
+    return leaves, treedef
+
+
+def _numbers_to_arrays(x: Any) -> Any:
+    if isinstance(x, bool | int | float) and not isinstance(x, Tracer):
+        return np.asarray(x)
+    if isinstance(x, dict):
+        return {k: _numbers_to_arrays(v) for k, v in x.items()}
+    if type(x) in (list, tuple):
+        return type(x)(_numbers_to_arrays(v) for v in x)
+    return x
+
+
+def _flat_body(body_fn: Callable, treedef: Any, names: Sequence[str], what: str, with_index: bool) -> Callable:
+    def run(*args):
+        index, leaves = (args[0], args[1:]) if with_index else (None, args)
+        state = unflatten(treedef, list(leaves))
+        out = body_fn(index, *state) if with_index else body_fn(*state)
+        out_leaves, out_tree = flatten([_numbers_to_arrays(v) for v in out], is_leaf=lambda x: isinstance(x, Tracer))
+        if out_tree != treedef:
+            for name, before, after in zip(names, state, out):
+                if flatten(_numbers_to_arrays(before), is_leaf=lambda x: isinstance(x, Tracer))[1] != \
+                        flatten(_numbers_to_arrays(after), is_leaf=lambda x: isinstance(x, Tracer))[1]:
+                    raise TraceError(f"{what} loop on a traced value: variable {name!r} changes its structure or static "
+                                     f"value in the body ({before!r} -> {after!r})", user_location())
+            raise TraceError(f"{what} loop on a traced value: the loop variables change structure", user_location())
+        return out_leaves
+
+    return run
+
+
+def _leaf_names(vals: Sequence[Any], names: Sequence[str]) -> list[str]:
+    out = []
+    for name, v in zip(names, vals):
+        leaves, _ = flatten(_numbers_to_arrays(v), is_leaf=lambda x: isinstance(x, Tracer))
+        out.extend([name] if len(leaves) == 1 else [f"{name}[{i}]" for i in range(len(leaves))])
+    return out
+
+
+def while_stmt(cond_fn: Callable, body_fn: Callable, vals: tuple, names: tuple) -> tuple:
+    vals = tuple(vals)
+    while True:
+        test = cond_fn(*vals)
+        if isinstance(test, Tracer):
+            return _graph_while(cond_fn, body_fn, vals, names)
+        if not test:
+            return vals
+        vals = tuple(body_fn(*vals))
+
+
+def _graph_while(cond_fn: Callable, body_fn: Callable, vals: tuple, names: tuple) -> tuple:
+    leaves, treedef = _loop_state(vals, names, "while")
+    out = control.while_loop(
+        lambda *ls: cond_fn(*unflatten(treedef, list(ls))),
+        _flat_body(body_fn, treedef, names, "while", with_index=False),
+        leaves,
+        names=_leaf_names(vals, names),
+    )
+    return tuple(unflatten(treedef, list(out)))
+
+
+def for_range(range_args: tuple, body_fn: Callable, vals: tuple, names: tuple) -> tuple:
+    index, state = vals[0], tuple(vals[1:])
+    if not any(isinstance(a, Tracer) for a in range_args):
+        for i in range(*range_args):
+            state = tuple(body_fn(i, *state))
+            index = i
+        return (index, *state)
+    if len(range_args) == 1:
+        start, stop, step = 0, range_args[0], 1
+    else:
+        start, stop, step = (*range_args, 1)[:3]
+    if isinstance(step, Tracer):
+        raise TraceError("range() with a traced step is not supported; the step must be a Python int", user_location())
+    leaves, treedef = _loop_state(state, names[1:], "for")
+    out = control.fori_loop(start, stop, _flat_body(body_fn, treedef, names[1:], "for", with_index=True), leaves,
+                            step=int(step), names=_leaf_names(state, names[1:]))
+    return (UNDEF, *unflatten(treedef, list(out)))
