@@ -214,24 +214,6 @@ def key_template(draw, kinds, require=None, max_extra=2, min_rank=0):
     return x, template, traced
 
 
-def empty_index_quirk(key) -> bool:
-    """numpy skips two checks when the advanced indices select nothing: a size-0 bool mask is not checked
-    against the dims it covers, and index arrays are not bounds-checked when they broadcast to size 0.
-    graphc raises TraceError for both (see test_empty_advanced_index, a known gap)."""
-    parts = []
-    for k in key if isinstance(key, tuple) else (key,):
-        if isinstance(k, (list, range)):
-            k = np.asarray(list(k) if isinstance(k, range) else k)
-        if isinstance(k, np.ndarray):
-            if k.dtype == bool and k.size == 0:
-                return True
-            parts.extend(np.nonzero(k) if k.dtype == bool else [k])
-    try:
-        return bool(parts) and int(np.prod(np.broadcast_shapes(*(p.shape for p in parts)))) == 0
-    except ValueError:
-        return False
-
-
 def run(x, template, traced):
     key_fn = lambda *idx: substitute(template, idx)  # noqa: E731
     key = substitute(template, traced)
@@ -241,12 +223,6 @@ def run(x, template, traced):
         event(f"numpy IndexError: {str(exc).split(':')[0][:40]}")
     except (TypeError, ValueError):
         assume(False)
-    else:
-        if empty_index_quirk(key):
-            try:
-                return check_index(x, key_fn, *traced)
-            except graphc.TraceError:
-                assume(False)  # the known gap above; everything else about such keys is still checked
     outcome = check_index(x, key_fn, *traced)
     event(f"numpy {'accepts' if outcome == 'ok' else 'raises IndexError'}")
     return outcome
@@ -342,30 +318,26 @@ def test_traced_index_examples(x, key_fn, traced):
         pytest.param(X34, (False, 0), id="false_int"),
         pytest.param(X34, (Ellipsis, np.True_), id="np_true"),
         pytest.param(X34, np.array(True), id="0d_mask"),
+        pytest.param(X34, (np.False_,), id="np_false"),
+        pytest.param(X34, (True, [0, 2]), id="true_with_array"),
+        pytest.param(X34, ([0, 2], slice(None), True), id="true_non_adjacent"),
+        pytest.param(X34, (None, False, slice(1, 3), np.array(True)), id="none_false_slice_true"),
+        pytest.param(np.float32(2.0), True, id="true_on_0d"),
     ],
 )
-@pytest.mark.xfail(strict=True, reason="graphc gap: scalar / 0-d bool indices (x[True], x[np.True_]) raise TraceError")
 def test_scalar_bool_index(x, key):
     assert check_index(x, lambda: key) == "ok"
-
-
-_QUIRK = pytest.mark.xfail(
-    strict=True,
-    reason="graphc gap: numpy accepts advanced indices that select nothing without its usual checks "
-    "(a size-0 bool mask is not shape-checked; index arrays broadcasting to size 0 are not bounds-checked); "
-    "graphc raises TraceError",
-)
 
 
 @pytest.mark.parametrize(
     "x, key",
     [
-        pytest.param(X34, np.zeros((0,), bool), id="empty_mask_wrong_length", marks=_QUIRK),
-        pytest.param(X34, np.zeros((0, 7), bool), id="empty_2d_mask_wrong_shape", marks=_QUIRK),
-        pytest.param(np.zeros((0, 0), np.float32), (np.array([0]), np.zeros((0,), bool)), id="empty_mask_and_oob_array",
-                     marks=_QUIRK),
-        pytest.param(X34, (np.array([5]), np.array([], np.int64)), id="oob_array_broadcast_to_empty", marks=_QUIRK),
-        pytest.param(X34, ([7, 8], np.zeros((0, 1), np.int64)), id="oob_list_broadcast_to_empty", marks=_QUIRK),
+        pytest.param(X34, np.zeros((0,), bool), id="empty_mask_wrong_length"),
+        pytest.param(X34, np.zeros((0, 4), bool), id="empty_2d_mask_wrong_length"),
+        pytest.param(X34, np.zeros((3, 0), bool), id="empty_2d_mask_wrong_width"),
+        pytest.param(np.zeros((0, 0), np.float32), (np.array([0]), np.zeros((0,), bool)), id="empty_mask_and_oob_array"),
+        pytest.param(X34, (np.array([5]), np.array([], np.int64)), id="oob_array_broadcast_to_empty"),
+        pytest.param(X34, ([7, 8], np.zeros((0, 1), np.int64)), id="oob_list_broadcast_to_empty"),
         pytest.param(X34, (np.array([1]), np.array([], np.int64)), id="in_bounds_broadcast_to_empty"),
         pytest.param(X34, np.zeros((3,), bool), id="all_false_mask"),
     ],
@@ -387,6 +359,7 @@ def test_empty_advanced_index(x, key):
         pytest.param(X34, ([0, 3],), id="list_oob"),
         pytest.param(X34, (np.array([0, 1]), np.array([0, 1, 2])), id="shape_mismatch"),
         pytest.param(X34, np.array([True, False]), id="mask_wrong_shape"),
+        pytest.param(X34, np.zeros((0, 7), bool), id="empty_mask_nonzero_dim_wrong"),
         pytest.param(X34, (range(2, 5),), id="range_oob"),
         pytest.param(np.zeros((0, 3)), (slice(None), [5]), id="oob_with_empty_result"),
         pytest.param(np.float32(1.0), 0, id="index_0d"),

@@ -401,7 +401,7 @@ def convert(fn: Callable) -> Callable:
         inner = convert(fn.func)
         return fn if inner is fn.func else functools.partial(inner, *fn.args, **fn.keywords)
     if not isinstance(fn, types.FunctionType):
-        call = getattr(type(fn), "__call__", None)
+        call = inspect.getattr_static(type(fn), "__call__", None)
         if isinstance(call, types.FunctionType) and not isinstance(fn, type) and _is_user_function(call):
             converted = convert(call)
             return fn if converted is call else types.MethodType(converted, fn)
