@@ -279,10 +279,12 @@ def value_and_grad(fn: Callable, argnums: int | Sequence[int] = 0) -> Callable:
             return _trace_and_run(lambda a, k: value_and_grad(fn, argnums)(*a, **k), args, kwargs)
 
         def restricted(*diff_args):
+            from graphc.frontend.autograph import convert
+
             full = list(args)
             for i, a in zip(nums, diff_args):
                 full[i] = a
-            return fn(*full, **kwargs)
+            return convert(fn)(*full, **kwargs)
 
         rec = _Recorded(restricted, tuple(args[i] for i in nums))
         out = rec.out

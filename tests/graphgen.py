@@ -65,6 +65,11 @@ def kind_is(*kinds):
     return lambda v: v.dtype.kind in kinds
 
 
+def nonempty(ok):
+    """Ops that need elements (max/min/argmax reductions, gathers): no zero-size dims."""
+    return lambda v: ok(v) and all(d > 0 for d in v.shape)
+
+
 def _unary(kinds, make):
     def sample(draw, b, pool, name):
         x = pick(draw, b, pool, kind_is(*kinds), make)
@@ -131,21 +136,21 @@ def _axes(draw, ndim):
     return tuple(sorted(draw(st.sets(st.integers(0, ndim - 1), max_size=ndim)))) if ndim else ()
 
 
-def _reduce(name, kinds):
+def _reduce(name, kinds, need_elements=False):
     @_sampler(name)
     def sample(draw, b, pool):
-        x = pick(draw, b, pool, kind_is(*kinds), f32)
+        x = pick(draw, b, pool, nonempty(kind_is(*kinds)) if need_elements else kind_is(*kinds), f32)
         return [b.op(name, x, axes=_axes(draw, x.ndim), keepdims=draw(st.booleans()))]
 
 
 _reduce("reduce_sum", "iuf")
-_reduce("reduce_max", "biuf")
-_reduce("reduce_min", "biuf")
+_reduce("reduce_max", "biuf", need_elements=True)
+_reduce("reduce_min", "biuf", need_elements=True)
 
 
 @_sampler("argmax")
 def _argmax(draw, b, pool):
-    x = pick(draw, b, pool, lambda v: True, min_rank=1)
+    x = pick(draw, b, pool, nonempty(lambda v: True), min_rank=1)
     return [b.op("argmax", x, axis=draw(st.integers(0, x.ndim - 1)), keepdims=draw(st.booleans()))]
 
 
@@ -214,7 +219,7 @@ def _split(draw, b, pool):
 
 @_sampler("gather")
 def _gather(draw, b, pool):
-    x = pick(draw, b, pool, lambda v: True, min_rank=1)
+    x = pick(draw, b, pool, nonempty(lambda v: True), min_rank=1)
     k = draw(st.integers(1, x.ndim))
     axis = draw(st.integers(0, x.ndim - k))
     idx_shape = draw(shapes(max_rank=2))
@@ -291,7 +296,7 @@ def random_inputs(graph: Graph, seed: int = 0) -> list[np.ndarray]:
 
 @_sampler("scatter_add")
 def _scatter_add(draw, b, pool):
-    x = pick(draw, b, pool, kind_is("iuf"), f32, min_rank=1)
+    x = pick(draw, b, pool, nonempty(kind_is("iuf")), f32, min_rank=1)
     axis = draw(st.integers(0, x.ndim - 1))
     idx_shape = draw(shapes(max_rank=2))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))

@@ -141,9 +141,10 @@ def assigned_names(stmts: list[ast.stmt]) -> _Assigned:
     return v
 
 
-def _escapes(stmts: list[ast.stmt], loop_level: bool) -> ast.AST | None:
-    """The first return / yield (anywhere in the block, outside nested scopes) or break /
-    continue (that would leave this block's loop, when ``loop_level``) in ``stmts``."""
+def _escapes(stmts: list[ast.stmt]) -> ast.AST | None:
+    """The first statement in ``stmts`` that leaves the block early: return / yield / await
+    anywhere (outside nested scopes), or break / continue that is not inside a loop nested in
+    the block. Such blocks cannot become the functions of graph control flow."""
 
     def walk(node: ast.AST, in_loop: bool) -> ast.AST | None:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
@@ -160,7 +161,7 @@ def _escapes(stmts: list[ast.stmt], loop_level: bool) -> ast.AST | None:
         return None
 
     for s in stmts:
-        found = walk(s, not loop_level)
+        found = walk(s, False)
         if found is not None:
             return found
     return None
@@ -243,7 +244,7 @@ class _Transformer(ast.NodeTransformer):
 
     def visit_If(self, node: ast.If):
         self.generic_visit(node)
-        escape = _escapes(node.body + node.orelse, loop_level=False)
+        escape = _escapes(node.body + node.orelse)
         if escape is not None:
             return self._static_check(node, escape)
         found = assigned_names(node.body + node.orelse)
@@ -257,7 +258,7 @@ class _Transformer(ast.NodeTransformer):
 
     def visit_While(self, node: ast.While):
         self.generic_visit(node)
-        escape = _escapes(node.body, loop_level=True) or (_escapes(node.orelse, False) if node.orelse else None)
+        escape = _escapes(node.body) or (_escapes(node.orelse) if node.orelse else None)
         if escape is not None or node.orelse:
             return self._static_check(node, escape or node)
         names = assigned_names(node.body).names
@@ -274,7 +275,7 @@ class _Transformer(ast.NodeTransformer):
                     and not it.keywords and 1 <= len(it.args) <= 3 and isinstance(node.target, ast.Name))
         if not is_range:
             return node
-        escape = _escapes(node.body, loop_level=True)
+        escape = _escapes(node.body)
         if escape is not None or node.orelse:
             node.iter = ast.Call(func=_rt("static_range"), args=[ast.Tuple(elts=it.args, ctx=ast.Load()),
                                  ast.Constant(_kind(escape) if escape else "else"), ast.Constant(node.lineno)], keywords=[])

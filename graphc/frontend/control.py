@@ -100,7 +100,7 @@ def cond(pred: Any, true_fn: Callable, false_fn: Callable, *operands: Any, names
     """``true_fn(*operands)`` if ``pred`` else ``false_fn(*operands)``, as one graph op when
     ``pred`` is traced (both branches are traced; their results must agree in structure, shape
     and dtype). Static predicates just call the chosen branch."""
-    if not isinstance(pred, Tracer):
+    if not isinstance(pred, Tracer):  # static (or eager): plain Python
         return true_fn(*operands) if pred else false_fn(*operands)
     p = as_predicate(pred, "if")
     ops = [lift(x) for x in operands]
@@ -221,6 +221,11 @@ def _check_carry(body_types, in_types, names: Sequence[str] | None, what: str) -
 
 def while_loop(cond_fn: Callable, body_fn: Callable, init: Sequence[Any], names: Sequence[str] | None = None) -> list[Tracer]:
     """``while cond_fn(*carry): carry = body_fn(*carry)`` as one graph op. Returns the final carry."""
+    if current_context() is None:  # eager: plain Python
+        carry = list(init)
+        while cond_fn(*carry):
+            carry = list(body_fn(*carry))
+        return carry
     carry = _carry_arrays(init, "while")
     in_types = [c._value.type for c in carry]
     r_cond, c_cond, res_cond = trace_region(lambda *a: as_predicate(cond_fn(*a), "while"), in_types, "cond")
@@ -240,6 +245,11 @@ def fori_loop(lower: Any, upper: Any, body_fn: Callable, init: Sequence[Any], st
     bounds may be traced; ``step`` is a Python int). Returns the final carry."""
     if not isinstance(step, int) or step == 0:
         raise TraceError(f"range() step must be a non-zero Python int in a loop on a traced range, got {step!r}", user_location())
+    if current_context() is None:  # eager: plain Python
+        carry = list(init)
+        for i in range(int(lower), int(upper), step):
+            carry = list(body_fn(np.int64(i), *carry))
+        return carry
     lo = lift(np.asarray(lower, np.int64) if not isinstance(lower, Tracer) else lower)
     hi = lift(np.asarray(upper, np.int64) if not isinstance(upper, Tracer) else upper)
     for b in (lo, hi):

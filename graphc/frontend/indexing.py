@@ -47,6 +47,8 @@ def _classify(k: Any) -> list[tuple[str, Any]]:
         arr = np.asarray(list(k) if isinstance(k, range) else k)
         if arr.dtype == bool:
             return [("bool", bool(arr))] if arr.ndim == 0 else [("mask", arr)]
+        if arr.ndim == 0 and arr.dtype.kind in "iu":  # numpy treats a 0-d integer array as an integer
+            return [("int", int(arr))]
         if arr.size == 0:
             arr = arr.astype(np.int64)
         if arr.dtype.kind not in "iu":

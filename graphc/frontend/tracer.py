@@ -231,6 +231,8 @@ def _control_flow_error(what: str) -> TraceError:
     frame = _user_frame()
     loc = SourceLoc(_display_path(frame.f_code.co_filename), frame.f_lineno) if frame is not None else None
     reason = unconverted_reason(frame.f_code) if frame is not None else None
+    if reason is None and frame is not None and frame.f_code.co_flags & inspect.CO_GENERATOR:
+        reason = "it is a generator, which graphc does not transform"
     if reason is not None:
         return TraceError(
             f"{what} of a traced array in {frame.f_code.co_name}: graphc turns `if`/`while` on traced values into "
@@ -406,6 +408,8 @@ class Tracer:
         return result
 
     def __getattr__(self, name):
+        if name.startswith("__"):  # protocol probes (numpy asks for __array_struct__ etc.)
+            raise AttributeError(name)
         if hasattr(np.ndarray, name):
             raise TraceError(f"ndarray.{name} is not supported by graphc", user_location())
         raise AttributeError(f"'Tracer' object has no attribute {name!r}")

@@ -1,0 +1,374 @@
+"""Data-dependent control flow: the source transform, regions in the IR, autodiff through them,
+and the errors of what cannot become graph control flow."""
+
+import numpy as np
+import pytest
+
+import graphc
+from graphc.builder import GraphBuilder
+from graphc.ir import Region, TensorType
+from tests.helpers import assert_same_pytree
+
+
+def line_of(marker: str) -> int:
+    with open(__file__) as f:
+        for i, line in enumerate(f, 1):
+            if marker in line and "line_of(" not in line:
+                return i
+    raise AssertionError(marker)
+
+
+def ops_of(graph):
+    from graphc.ir import walk
+
+    return [n.op.name for n in walk(graph.nodes)]
+
+
+# --- models with data-dependent branches and loops ----------------------------------------------
+
+
+def clipped_sgd(params, grads, lr=0.1, max_norm=1.0):
+    norm = np.sqrt(sum(np.sum(g * g) for g in grads.values()))
+    if norm > max_norm:
+        grads = {k: g * (max_norm / norm) for k, g in grads.items()}
+    return {k: params[k] - lr * grads[k] for k in params}
+
+
+def fixed_point(x, tol=1e-8):
+    err = np.float64(1.0)
+    while err > tol:
+        y = np.cos(x)
+        err = np.abs(y - x).max()
+        x = y
+    return x
+
+
+def decay_steps(x, n_steps):
+    for i in range(n_steps):
+        x = 0.9 * x + 0.1 * np.tanh(x + i)
+    return x
+
+
+def piecewise(x):
+    s = x.sum()
+    if s > 1.0:
+        y = x * 2.0
+    elif s > -1.0:
+        y = x - 1.0
+    else:
+        y = -x
+    return y
+
+
+def cond_in_loop(x, n):
+    total = np.zeros_like(x)
+    i = 0  # a Python int, carried as an int64 array once the loop condition is traced
+    while i < n:
+        if (x * i).sum() > 3.0:
+            total = total + x
+        else:
+            total = total - 0.5 * x
+        i = i + 1
+    return total
+
+
+RNG = np.random.default_rng(0)
+PARAMS = {"w": RNG.standard_normal((3, 2)), "b": RNG.standard_normal(2)}
+
+
+@pytest.mark.parametrize(
+    "fn, args, op",
+    [
+        (clipped_sgd, (PARAMS, {"w": 3 * np.ones((3, 2)), "b": np.ones(2)}), "cond"),
+        (clipped_sgd, (PARAMS, {"w": 0.01 * np.ones((3, 2)), "b": np.zeros(2)}), "cond"),
+        (fixed_point, (np.array([0.1, 2.0, -1.0]),), "while_loop"),
+        (fixed_point, (np.array([0.7390851332151607]),), "while_loop"),
+        (decay_steps, (np.array([0.5, -0.3]), np.int64(5)), "fori_loop"),
+        (decay_steps, (np.array([0.5, -0.3]), np.int64(0)), "fori_loop"),
+        (piecewise, (np.array([1.0, 2.0]),), "cond"),
+        (piecewise, (np.array([0.1, 0.2]),), "cond"),
+        (piecewise, (np.array([-1.0, -2.0]),), "cond"),
+        (cond_in_loop, (np.array([1.0, 2.0]), np.int64(4)), "while_loop"),
+    ],
+)
+def test_data_dependent_control_flow_matches_numpy(fn, args, op):
+    graph = graphc.trace(fn, *args)
+    assert op in ops_of(graph)
+    graph.verify()
+    assert_same_pytree(graphc.evaluate(graph, *args), fn(*args))
+
+
+def test_one_graph_serves_every_branch():
+    graph = graphc.trace(piecewise, np.zeros(2))
+    for x in ([1.0, 2.0], [0.1, 0.2], [-1.0, -2.0]):
+        x = np.array(x)
+        np.testing.assert_array_equal(graphc.evaluate(graph, x), piecewise(x))
+
+
+def test_static_control_flow_is_unchanged():
+    def model(params, x, training=True, n_layers=2):
+        for i in range(n_layers):  # static: unrolled
+            x = np.tanh(x @ params[i])
+        heads = [x[:, j] for j in range(x.shape[1])]  # list comprehension over a static range
+        if training:  # static flag
+            x = x * 0.5
+        return x, len(heads)
+
+    params = [np.eye(3), np.eye(3)]
+    graph = graphc.trace(model, params, np.ones((2, 3)))
+    assert not {"cond", "while_loop", "fori_loop"} & set(ops_of(graph))
+    assert_same_pytree(graphc.evaluate(graph, params, np.ones((2, 3))), model(params, np.ones((2, 3))))
+
+
+# --- the IR: nested regions print, parse, verify -------------------------------------------------
+
+
+def test_nested_regions_round_trip():
+    graph = graphc.trace(cond_in_loop, np.array([1.0, 2.0]), np.int64(4))
+    text = str(graph)
+    assert "while_loop(" in text and "cond(" in text and "yield" in text
+    parsed = graphc.parse(text)
+    assert str(parsed) == text
+    x, n = np.array([1.0, 2.0]), np.int64(4)
+    assert_same_pytree(graphc.evaluate(parsed, x, n), cond_in_loop(x, n))
+
+
+def _cond_graph(false_out_type=None, use_outer=False):
+    b = GraphBuilder("g")
+    x = b.input(TensorType((3,), np.float64), "x")
+    p = b.op("compare", b.op("reduce_sum", x, axes=(0,), keepdims=False),
+             b.op("constant", value=np.zeros((), np.float64)), direction="gt")
+    tb = GraphBuilder("t")
+    ta = tb.input(TensorType((3,), np.float64))
+    true_r = Region(tb.inputs, tb.nodes, [tb.op("neg", ta)])
+    fb = GraphBuilder("f")
+    fa = fb.input(TensorType((3,), np.float64))
+    out = fb.op("exp", x if use_outer else fa)
+    if false_out_type is not None:
+        out = fb.op("convert", out, dtype=false_out_type)
+    false_r = Region(fb.inputs, fb.nodes, [out])
+    from graphc.ir import Node
+    from graphc.ops import get_op
+
+    cond = get_op("cond")
+    node = Node(cond, [p, x], {}, [TensorType((3,), np.float64)], None, None, (true_r, false_r))
+    b.nodes.append(node)
+    return b.build([node.outputs[0]])
+
+
+def test_verifier_accepts_a_well_formed_cond():
+    _cond_graph().verify()
+
+
+def test_verifier_rejects_region_type_mismatch_naming_the_node():
+    with pytest.raises(graphc.VerifyError, match=r"node %\d+ = cond\(\.\.\.\): cond: the false region returns \(f32\[3\]\), expected \(f64\[3\]\)"):
+        _cond_graph(false_out_type=np.float32).verify()
+
+
+def test_verifier_rejects_a_region_using_an_outer_value():
+    with pytest.raises(graphc.VerifyError, match=r"node %\d+ = exp\(\.\.\.\): operand 0 \(%x\) is defined outside this region"):
+        _cond_graph(use_outer=True).verify()
+
+
+def test_parser_rejects_a_region_using_an_outer_value():
+    text = str(_cond_graph()).replace("exp(%", "exp(%x) : f64[3]  # ").split("\n")
+    bad = "\n".join(line if "exp(" not in line else line.split("exp(")[0] + "exp(%x) : f64[3]" for line in text)
+    with pytest.raises(graphc.ParseError, match=r"value %x is defined outside this region"):
+        graphc.parse(bad)
+
+
+# --- autodiff through control flow ---------------------------------------------------------------
+
+
+def numeric_grad(f, x, eps=1e-6):
+    g = np.zeros_like(x)
+    for i in np.ndindex(x.shape):
+        d = np.zeros_like(x)
+        d[i] = eps
+        g[i] = (f(x + d) - f(x - d)) / (2 * eps)
+    return g
+
+
+def branchy_loss(x):
+    if x.sum() > 0.0:
+        y = np.sin(x) * x
+    else:
+        y = np.exp(x) - x * x
+    return np.sum(y * y)
+
+
+@pytest.mark.parametrize("x", [np.array([0.3, 0.8, -0.2]), np.array([-0.3, -0.8, 0.2])])
+def test_grad_through_cond_matches_finite_differences(x):
+    np.testing.assert_allclose(graphc.grad(branchy_loss)(x), numeric_grad(branchy_loss, x), rtol=1e-6)
+    v = np.array([1.0, -2.0, 0.5])
+    _, t = graphc.jvp(branchy_loss, (x,), (v,))
+    assert float(t) == pytest.approx(float(numeric_grad(branchy_loss, x) @ v), rel=1e-6)
+
+
+def counted_loss(x):
+    (y,) = graphc.fori_loop(0, 4, lambda i, h: [np.tanh(h * 1.5 + 0.1 * i)], [x])
+    return np.sum(y * y)
+
+
+def test_grad_through_counted_loop_matches_finite_differences():
+    x = np.array([0.2, -0.4, 0.9])
+    np.testing.assert_allclose(graphc.grad(counted_loss)(x), numeric_grad(counted_loss, x), rtol=1e-6)
+    v = np.array([0.5, 1.0, -1.0])
+    _, t = graphc.jvp(counted_loss, (x,), (v,))
+    assert float(t) == pytest.approx(float(numeric_grad(counted_loss, x) @ v), rel=1e-6)
+
+
+def test_jvp_through_a_data_dependent_while_loop():
+    def f(x):
+        y = x
+        while np.sum(y * y) < 10.0:
+            y = y * 1.5
+        return np.sum(y)
+
+    x = np.array([0.5, 1.0])
+    _, t = graphc.jvp(f, (x,), (np.array([1.0, 0.0]),))
+    assert float(t) == pytest.approx(1.5**3)  # three iterations: 1.25 * 2.25**3 >= 10
+
+
+def test_reverse_mode_through_data_dependent_while_suggests_a_bounded_loop():
+    def f(x):
+        y = x
+        while np.sum(y * y) < 10.0:  # <while-grad>
+            y = y * 1.5
+        return np.sum(y)
+
+    with pytest.raises(graphc.TraceError, match="trip count depends on data.*bounded loop") as info:
+        graphc.grad(f)(np.array([0.5, 1.0]))
+    assert info.value.lineno == line_of("<while-grad>")
+
+
+def test_training_step_with_clipping_is_one_graph():
+    from models import mlp
+
+    def step(params, x, labels, lr=0.1, max_norm=0.5):
+        loss, grads = graphc.value_and_grad(mlp.loss)(params, x, labels)
+        norm = np.sqrt(sum(np.sum(g * g) for layer in grads["layers"] for g in layer.values()))
+        if norm > max_norm:
+            lr = lr * max_norm / norm
+        return graphc.optim.sgd(params, grads, lr), loss
+
+    args, _ = mlp.example_loss_args(batch=8, sizes=(6, 5, 3))
+    graph = graphc.trace(step, *args)
+    assert "cond" in ops_of(graph)
+    assert_same_pytree(graphc.evaluate(graph, *args), step(*args))
+
+
+# --- errors ----------------------------------------------------------------------------------------
+
+
+def trace_error(fn, *args):
+    with pytest.raises(graphc.TraceError) as info:
+        graphc.trace(fn, *args)
+    return info.value
+
+
+X = np.array([1.0, -2.0, 3.0])
+
+
+def test_break_in_traced_loop():
+    def f(x):
+        while x.sum() < 10.0:
+            x = x + 1.0
+            if x.max() > 2.0:
+                break  # <break>
+        return x
+
+    err = trace_error(f, X)
+    assert err.lineno == line_of("<break>")
+    assert "`break` inside an if/while whose condition is a traced value" in str(err)
+
+
+def test_continue_in_traced_range_loop():
+    def f(x, n):
+        for i in range(n):
+            if i == 2:
+                continue  # <continue-line>
+            x = x + i
+        return x
+
+    err = trace_error(f, X, np.int64(3))
+    assert err.lineno == line_of("for i in range(n):")
+    assert "`continue` in its body is not supported" in str(err)
+
+
+def test_return_in_traced_branch():
+    def f(x):
+        if x.max() > 0:
+            return x  # <return>
+        return -x
+
+    err = trace_error(f, X)
+    assert err.lineno == line_of("<return>")
+
+
+def test_shape_change_between_branches_names_the_variable():
+    def f(x):
+        if x.sum() > 0:  # <shape-if>
+            y = x[:2]
+        else:
+            y = x
+        return y
+
+    err = trace_error(f, X)
+    assert err.lineno == line_of("<shape-if>")
+    assert "variable 'y' is an array f64[2] in the true branch and an array f64[3] in the false branch" in str(err)
+
+
+def test_variable_assigned_in_one_branch_only():
+    def f(x):
+        if x.sum() > 0:  # <one-branch>
+            z = x * 2
+        return x
+
+    err = trace_error(f, X)
+    assert err.lineno == line_of("<one-branch>")
+    assert "variable 'z' is assigned in only one branch" in str(err)
+
+
+def test_loop_variable_changing_shape():
+    def f(x):
+        while x.sum() < 100.0:  # <grow>
+            x = np.concatenate([x, x])
+        return x
+
+    err = trace_error(f, X)
+    assert err.lineno == line_of("<grow>")
+    assert "loop variable x is f64[3] before an iteration and f64[6] after it" in str(err)
+
+
+def test_generator_function_is_rejected():
+    def gen(x):
+        yield x * 2
+
+    err = trace_error(gen, X)
+    assert "generator function" in str(err)
+
+
+def test_traced_if_inside_a_generator():
+    def gen(x):
+        if x.sum() > 0:  # <gen-if>
+            yield x
+
+    err = trace_error(lambda x: list(gen(x)), X)
+    assert err.lineno == line_of("<gen-if>")
+    assert "it is a generator" in str(err)
+
+
+def test_no_source_falls_back_to_plain_tracing():
+    namespace = {"np": np}
+    exec("def f(x):\n    return np.tanh(x) * 2\n", namespace)  # noqa: S102
+    graph = graphc.trace(namespace["f"], X)
+    np.testing.assert_allclose(graphc.evaluate(graph, X), np.tanh(X) * 2)
+
+
+def test_no_source_with_traced_if_says_why():
+    namespace = {"np": np}
+    exec("def f(x):\n    if x.sum() > 0:\n        return x\n    return -x\n", namespace)  # noqa: S102
+    err = trace_error(namespace["f"], X)
+    assert err.lineno == 2
+    assert "source could not be read" in str(err)
