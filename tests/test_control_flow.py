@@ -322,7 +322,7 @@ def test_shape_change_between_branches_names_the_variable():
 def test_variable_assigned_in_one_branch_only():
     def f(x):
         if x.sum() > 0:  # <one-branch>
-            z = x * 2
+            z = x * 2  # noqa: F841  (assigned in one branch only: the point of the test)
         return x
 
     err = trace_error(f, X)
