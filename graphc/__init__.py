@@ -8,6 +8,7 @@ Public API (everything else is internal and may change):
     cond, while_loop, fori_loop              explicit graph control flow (the source transform emits them too)
     tree_map(fn, tree, *rest)                map over array leaves of pytrees
     evaluate(graph, *args, **kwargs)         run a graph with the reference interpreter
+    optimize(graph, passes=None)             run the default pass pipeline (or the named passes)
     parse(text) -> Graph                     read the text IR back
     Graph, Node, Value, TensorType           the IR
     ArraySpec(shape, dtype)                  an argument that has a type but no data
@@ -25,6 +26,14 @@ from graphc.ir import Graph, Node, TensorType, Value
 from graphc.ops import REGISTRY as OPS
 from graphc.pytree import ArraySpec, tree_map
 from graphc.textir import parse, print_graph
+
+
+def optimize(graph: Graph, passes=None, verify=None, dump_dir=None) -> Graph:
+    """Run the default optimization pipeline (or the named passes) on ``graph``; see passes/."""
+    from passes import optimize as _optimize
+
+    return _optimize(graph, passes, verify, dump_dir)
+
 
 __version__ = "0.1.0"
 
@@ -48,6 +57,7 @@ __all__ = [
     "while_loop",
     "grad",
     "jvp",
+    "optimize",
     "optim",
     "tree_map",
     "value_and_grad",

@@ -1,6 +1,7 @@
 """The ``graphc`` command line.
 
-    graphc ir FILE:FUNC [--example NAME] [-o OUT]   trace FUNC on its example arguments, print the IR
+    graphc ir FILE:FUNC [--example NAME] [--stage PASS] [--dump-ir DIR] [-o OUT]
+                                                    trace FUNC on its example arguments, print the IR
     graphc ir FILE.gir                              parse and verify a dumped IR file, print it again
     graphc bench FILE:FUNC [--example NAME]         time tracing, printing, parsing and evaluation
 """
@@ -50,6 +51,11 @@ def cmd_ir(args: argparse.Namespace) -> int:
 
         fn, fargs, fkwargs = load_target(args.target, args.example)
         graph = graphc.trace(fn, *fargs, **fkwargs)
+    if args.stage != "traced" or args.dump_ir:
+        from passes import run_pipeline
+
+        result = run_pipeline(graph, dump_dir=args.dump_ir)
+        graph = result.stage(args.stage)
     text = str(graph)
     if args.output:
         write_atomically(args.output, text)
@@ -114,6 +120,10 @@ def build_parser() -> argparse.ArgumentParser:
     ir.add_argument("target", help="FILE:FUNC (e.g. models/gpt.py:gpt) or a .gir file to parse and verify")
     ir.add_argument("--example", help="function in FILE returning (args, kwargs) (default: example_args)")
     ir.add_argument("-o", "--output", help="write the IR to this file instead of stdout")
+    ir.add_argument("--stage", default="traced",
+                    help="print the IR after this pass of the default pipeline (traced, fold_constants, simplify, "
+                         "cse, dce, optimized; default traced)")
+    ir.add_argument("--dump-ir", metavar="DIR", help="write the IR after every pass to DIR (NN-<pass>.gir)")
     ir.set_defaults(func=cmd_ir)
 
     bench = sub.add_parser("bench", help="time tracing, IR printing/parsing and evaluation of FILE:FUNC")

@@ -1,4 +1,9 @@
 """Optimization and partitioning passes over the Graph IR (each a function Graph -> Graph).
 
-Empty until the pass manager lands; the traced IR is the only stage so far.
+``optimize(graph)`` runs the default pipeline (passes/manager.py); the passes are
+fold_constants, simplify, cse and dce.
 """
+
+from passes.manager import DEFAULT_PIPELINE, PASSES, optimize, run_pipeline
+
+__all__ = ["DEFAULT_PIPELINE", "PASSES", "optimize", "run_pipeline"]

@@ -1,0 +1,53 @@
+"""Common-subexpression elimination: a node equal to an earlier one (same op, same operands,
+equal attributes) is replaced by it; equal constants become one constant.
+
+Assumes: a verified graph. Guarantees: same results (ops are pure and deterministic); the output
+verifies. Control-flow nodes are not merged with each other (their regions are compared by
+identity), but CSE runs inside their regions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from graphc.ir import Graph, Node, Value
+from passes.rewrite import Rewriter, apply_to_graph, finish, map_regions
+
+
+def attr_key(v: Any) -> Any:
+    """A hashable key for an attribute value (arrays by dtype, shape and bytes)."""
+    if isinstance(v, np.ndarray):
+        return ("array", v.dtype.str, v.shape, v.tobytes())
+    if isinstance(v, tuple):
+        return tuple(attr_key(x) for x in v)
+    if isinstance(v, float) and v != v:
+        return ("nan",)
+    return (type(v).__name__, v)
+
+
+def node_key(op_name: str, inputs: list[Value], attrs: dict[str, Any]) -> tuple:
+    return (op_name, tuple(id(v) for v in inputs), tuple(sorted((k, attr_key(v)) for k, v in attrs.items())))
+
+
+def cse_block(inputs: list[Value], nodes: list[Node], outputs: list[Value]) -> tuple[list[Node], list[Value]]:
+    rw = Rewriter()
+    seen: dict[tuple, Node] = {}
+    for node in nodes:
+        regions = map_regions(node, cse_block)
+        if node.regions:
+            rw.keep(node, regions)
+            continue
+        key = node_key(node.op.name, rw.operands(node), node.attrs)
+        earlier = seen.get(key)
+        if earlier is not None:
+            rw.replace(node, list(earlier.outputs))
+            continue
+        seen[key] = rw.keep(node)
+    return finish(rw, nodes, outputs)
+
+
+def cse(graph: Graph) -> Graph:
+    """Merge nodes that compute the same thing."""
+    return apply_to_graph(graph, cse_block)

@@ -1,0 +1,99 @@
+"""The pass manager: named passes, the default pipeline, IR dumps after every pass.
+
+    traced --fold_constants--> --simplify--> --cse--> --dce--> optimized
+
+Each pass is a function Graph -> Graph that does not mutate its input and returns it unchanged
+when it did nothing. ``optimize`` runs a pipeline, verifying the graph after every pass when
+``verify`` is on (tests, or GRAPHC_DEBUG=1) and writing ``NN-<pass>.gir`` files to ``dump_dir``
+(the MLIR --print-ir-after-all habit).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from graphc.errors import GraphcError, VerifyError
+from graphc.ir import Graph
+from passes.cse import cse
+from passes.dce import dce
+from passes.fold import fold_constants
+from passes.simplify import simplify
+
+PASSES: dict[str, Callable[[Graph], Graph]] = {
+    "fold_constants": fold_constants,
+    "simplify": simplify,
+    "cse": cse,
+    "dce": dce,
+}
+
+DEFAULT_PIPELINE = ("fold_constants", "simplify", "cse", "dce")
+
+
+@dataclass
+class Stage:
+    name: str
+    graph: Graph
+    seconds: float = 0.0
+
+
+@dataclass
+class PipelineResult:
+    stages: list[Stage] = field(default_factory=list)
+
+    @property
+    def graph(self) -> Graph:
+        return self.stages[-1].graph
+
+    def stage(self, name: str) -> Graph:
+        """The graph after the named pass ("traced" is the input, "optimized" the output)."""
+        if name == "optimized":
+            return self.graph
+        for s in self.stages:
+            if s.name == name:
+                return s.graph
+        raise GraphcError(f"no stage {name!r}; stages: {', '.join(s.name for s in self.stages)}, optimized")
+
+
+def _debug() -> bool:
+    return os.environ.get("GRAPHC_DEBUG", "") not in ("", "0")
+
+
+def run_pipeline(graph: Graph, passes: list[str] | tuple[str, ...] | None = None, verify: bool | None = None,
+                 dump_dir: str | None = None) -> PipelineResult:
+    names = list(DEFAULT_PIPELINE if passes is None else passes)
+    unknown = [n for n in names if n not in PASSES]
+    if unknown:
+        raise GraphcError(f"unknown pass {unknown[0]!r}; passes: {', '.join(PASSES)}")
+    verify = _debug() if verify is None else verify
+    result = PipelineResult([Stage("traced", graph)])
+    if dump_dir:
+        os.makedirs(dump_dir, exist_ok=True)
+        _dump(dump_dir, 0, "traced", graph)
+    for i, name in enumerate(names, 1):
+        start = time.perf_counter()
+        graph = PASSES[name](graph)
+        elapsed = time.perf_counter() - start
+        if verify:
+            try:
+                graph.verify()
+            except VerifyError as exc:
+                raise VerifyError(f"after pass {name}: {exc}") from None
+        result.stages.append(Stage(name, graph, elapsed))
+        if dump_dir:
+            _dump(dump_dir, i, name, graph)
+    return result
+
+
+def _dump(folder: str, index: int, name: str, graph: Graph) -> None:
+    from graphc.cli import write_atomically
+
+    write_atomically(os.path.join(folder, f"{index:02d}-{name}.gir"), str(graph))
+
+
+def optimize(graph: Graph, passes: list[str] | tuple[str, ...] | None = None, verify: bool | None = None,
+             dump_dir: str | None = None) -> Graph:
+    """Run the default pipeline (or the named passes) and return the optimized graph."""
+    return run_pipeline(graph, passes, verify, dump_dir).graph
