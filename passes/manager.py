@@ -1,6 +1,6 @@
 """The pass manager: named passes, the default pipeline, IR dumps after every pass.
 
-    traced --fold_constants--> --simplify--> --cse--> --dce--> optimized
+    traced --fold_constants--> --simplify--> --cse--> --dce--> --fuse--> optimized
 
 Each pass is a function Graph -> Graph that does not mutate its input and returns it unchanged
 when it did nothing. ``optimize`` runs a pipeline, verifying the graph after every pass when
@@ -20,6 +20,7 @@ from graphc.ir import Graph
 from passes.cse import cse
 from passes.dce import dce
 from passes.fold import fold_constants
+from passes.fuse import fuse
 from passes.simplify import simplify
 
 PASSES: dict[str, Callable[[Graph], Graph]] = {
@@ -27,9 +28,10 @@ PASSES: dict[str, Callable[[Graph], Graph]] = {
     "simplify": simplify,
     "cse": cse,
     "dce": dce,
+    "fuse": fuse,
 }
 
-DEFAULT_PIPELINE = ("fold_constants", "simplify", "cse", "dce")
+DEFAULT_PIPELINE = ("fold_constants", "simplify", "cse", "dce", "fuse")
 
 
 @dataclass

@@ -358,3 +358,17 @@ def _emit_with_regions(b, opname, inputs, attrs, regions):
     node = Node(op, inputs, attrs, op.infer_types(tuple(v.type for v in inputs), attrs, regions), None, None, regions)
     b.nodes.append(node)
     return list(node.outputs)
+
+
+@_sampler("fused")
+def _fused(draw, b, pool):
+    x = pick(draw, b, pool, kind_is("f"), f32)
+    y = constant(draw, b, broadcast_partner(draw, x.shape), x.dtype)
+    t = x.type
+
+    def body(rb, a):
+        s = rb.op("add", rb.op("mul", a[0], a[1]), a[0])
+        return [s, rb.op("tanh", s)]
+
+    region = _region([t, y.type], body)
+    return _emit_with_regions(b, "fused", [x, y], {}, (region,))

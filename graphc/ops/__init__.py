@@ -22,7 +22,7 @@ import numpy as np
 from graphc.errors import ShapeError
 from graphc.ir import TensorType
 
-KINDS = ("elementwise", "reduction", "shape", "index", "contraction", "constant", "control")
+KINDS = ("elementwise", "reduction", "shape", "index", "contraction", "constant", "control", "fused")
 
 
 @dataclass(eq=False)
@@ -135,6 +135,7 @@ def same_dtype(in_types: tuple[TensorType, ...], opname: str) -> np.dtype:
 import graphc.ops.constant  # noqa: E402,F401
 import graphc.ops.control  # noqa: E402,F401
 import graphc.ops.elementwise  # noqa: E402,F401
+import graphc.ops.fused  # noqa: E402,F401
 import graphc.ops.indexing  # noqa: E402,F401
 import graphc.ops.linalg  # noqa: E402,F401
 import graphc.ops.reduction  # noqa: E402,F401

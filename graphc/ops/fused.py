@@ -1,0 +1,50 @@
+"""``fused``: a cluster of elementwise ops (and reductions over the last axis with their
+elementwise prologue and epilogue, as in softmax, layer norm and GELU) that the fusion pass
+groups into one node. Its region holds the original ops; the runtime compiles it into one Numba
+kernel, the interpreter simply runs the region.
+
+  fused(*xs) {(*xs) -> ys} -> ys
+"""
+
+from __future__ import annotations
+
+from graphc.errors import ShapeError
+from graphc.ops import OpDef, register
+
+
+def _fused_infer(in_types, regions):
+    (region,) = regions
+    if region.in_types != tuple(in_types):
+        raise ShapeError("fused: the region's inputs do not match the operands")
+    return region.out_types
+
+
+def _fused_impl(run, regions, *xs):
+    return tuple(run(regions[0], list(xs)))
+
+
+fused = register(OpDef("fused", "fused", _fused_infer, _fused_impl, num_inputs=None, min_inputs=0, num_regions=1,
+                       doc="a fused elementwise / row-reduction cluster, compiled to one kernel"))
+
+
+def _fused_vjp(ad, *gs):
+    from graphc.autodiff import vjp
+    from graphc.frontend.control import _zeros, inline_region
+
+    (region,) = ad.node.regions
+    _, pullback = vjp(lambda *xs: inline_region(region, xs), *ad.inputs)
+    grads = pullback([g if g is not None else _zeros(o) for g, o in zip(gs, ad.outputs)])
+    return list(grads)
+
+
+def _fused_jvp(ad, *tangents):
+    from graphc.autodiff import jvp
+    from graphc.frontend.control import _zeros, inline_region
+
+    (region,) = ad.node.regions
+    ts = [t if t is not None else _zeros(x) for t, x in zip(tangents, ad.inputs)]
+    _, out = jvp(lambda *xs: inline_region(region, xs), ad.inputs, ts)
+    return tuple(out)
+
+
+fused.vjp, fused.jvp = _fused_vjp, _fused_jvp

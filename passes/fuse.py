@@ -1,0 +1,171 @@
+"""Elementwise fusion: maximal clusters of elementwise ops, together with reductions over the last
+axis and their elementwise prologue and epilogue (softmax, layer norm, GELU), become one
+``fused`` node whose region holds the original ops. The runtime compiles each fused node into one
+Numba kernel that makes one or a few passes over each row instead of one numpy call per op.
+
+A cluster has an iteration space S = (..., n). Its ops are either *elementwise* on S, *row*
+ops on S[:-1] (+ (1,)) (per-row scalars such as a mean or a variance), or last-axis reductions
+from S to a row. Operands from outside the cluster may broadcast. A node joins a cluster only if
+all its operands from outside the cluster were computed before the cluster's first node, so a
+cluster never depends on itself through outside nodes; the fused node takes the place of the
+cluster's first node.
+
+Assumes: a verified graph (best after simplify/cse/dce). Guarantees: same results (the region is
+the original ops); the output verifies. Runs inside control-flow regions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from graphc.ir import Graph, Node, Region, Value
+from passes.rewrite import Rewriter, apply_to_graph, finish, map_regions
+
+ROW_REDUCTIONS = ("reduce_sum", "reduce_max", "reduce_min")
+
+
+@dataclass(eq=False)
+class Cluster:
+    space: tuple[int, ...]
+    part: str | None
+    first: int
+    nodes: list[int] = field(default_factory=list)
+    values: dict[Value, str] = field(default_factory=dict)  # value -> "elem" | "row"
+
+    @property
+    def row_shapes(self) -> tuple[tuple[int, ...], ...]:
+        return (self.space[:-1] + (1,), self.space[:-1]) if self.space else ()
+
+
+def _is_row_reduction(node: Node) -> bool:
+    x = node.inputs[0] if node.inputs else None
+    return node.op.name in ROW_REDUCTIONS and x is not None and x.ndim >= 1 and node.attrs["axes"] == (x.ndim - 1,)
+
+
+def fusable(node: Node) -> bool:
+    if node.regions:
+        return False
+    if node.op.kind == "elementwise":
+        return all(o.dtype.kind in "biuf" for o in node.outputs)
+    return _is_row_reduction(node)
+
+
+def _level(cluster: Cluster, node: Node) -> str | None:
+    """The level the node would have in the cluster, or None if it does not fit."""
+    out = node.outputs[0]
+    if _is_row_reduction(node):
+        x = node.inputs[0]
+        return "row" if cluster.values.get(x) == "elem" or (x not in cluster.values and x.shape == cluster.space) else None
+    if out.shape == cluster.space:
+        return "elem"
+    if out.shape in cluster.row_shapes and all(cluster.values.get(v, "row") == "row" for v in node.inputs):
+        return "row"
+    return None
+
+
+def _producer_index(v: Value, index: dict[int, int]) -> int:
+    return -1 if v.producer is None else index[id(v.producer)]
+
+
+def find_clusters(nodes: list[Node]) -> list[Cluster]:
+    index = {id(n): i for i, n in enumerate(nodes)}
+    owner: dict[Value, Cluster] = {}
+    clusters: list[Cluster] = []
+    for i, node in enumerate(nodes):
+        if not fusable(node):
+            continue
+        joined = None
+        for v in node.inputs:
+            c = owner.get(v)
+            if c is None or c.part != node.part:
+                continue
+            level = _level(c, node)
+            outside = [u for u in node.inputs if u not in c.values]
+            if level is not None and all(_producer_index(u, index) < c.first for u in outside):
+                joined = (c, level)
+                break
+        if joined is None:
+            space = node.inputs[0].shape if _is_row_reduction(node) else node.outputs[0].shape
+            c = Cluster(space, node.part, i)
+            clusters.append(c)
+            level = _level(c, node) or "elem"
+            joined = (c, level)
+        c, level = joined
+        c.nodes.append(i)
+        for o in node.outputs:
+            c.values[o] = level
+            owner[o] = c
+    return [c for c in clusters if len(c.nodes) >= 2]
+
+
+def _is_scalar_constant(v: Value) -> bool:
+    p = v.producer
+    return p is not None and p.op.name == "constant" and p.attrs["value"].size == 1
+
+
+def fuse_block(inputs: list[Value], nodes: list[Node], outputs: list[Value]) -> tuple[list[Node], list[Value]]:
+    original = nodes
+    # constants have no operands: hoisting them first keeps the order valid and lets clusters use
+    # constants that the trace happened to create late (the eps of a layer norm, a mask)
+    nodes = [n for n in nodes if n.op.name == "constant"] + [n for n in nodes if n.op.name != "constant"]
+    clusters = find_clusters(nodes)
+    if not clusters:
+        rw = Rewriter()
+        for node in original:
+            rw.keep(node, map_regions(node, fuse_block))
+        return finish(rw, original, outputs)
+    member = {i: c for c in clusters for i in c.nodes}
+    users: dict[Value, int] = {}
+    for i, node in enumerate(nodes):
+        for v in node.inputs:
+            if member.get(i) is None or v not in member[i].values:
+                users[v] = users.get(v, 0) + 1
+    live_out = set(outputs)
+    rw = Rewriter()
+    for i, node in enumerate(nodes):
+        c = member.get(i)
+        if c is None:
+            rw.keep(node, map_regions(node, fuse_block))
+        elif i == c.first:
+            _emit_fused(rw, c, nodes, users, live_out)
+    return finish(rw, original, outputs)
+
+
+def _emit_fused(rw: Rewriter, c: Cluster, nodes: list[Node], users: dict[Value, int], live_out: set[Value]) -> None:
+    region_inputs: list[Value] = []
+    operands: list[Value] = []
+    local: dict[Value, Value] = {}
+    body: list[Node] = []
+
+    def inside(v: Value) -> Value:
+        if v in local:
+            return local[v]
+        if _is_scalar_constant(v):  # scalar constants become literals of the kernel
+            const = v.producer
+            copy = Node(const.op, [], const.attrs, [v.type], const.loc, const.part)
+            body.append(copy)
+            local[v] = copy.outputs[0]
+            return local[v]
+        arg = Value(v.type)
+        region_inputs.append(arg)
+        operands.append(rw.get(v))
+        local[v] = arg
+        return arg
+
+    for i in c.nodes:
+        node = nodes[i]
+        ins = [inside(v) for v in node.inputs]
+        copy = Node(node.op, ins, node.attrs, [o.type for o in node.outputs], node.loc, node.part)
+        body.append(copy)
+        local.update(zip(node.outputs, copy.outputs))
+    results = [v for i in c.nodes for v in nodes[i].outputs if users.get(v) or v in live_out]
+    region = Region(region_inputs, body, [local[v] for v in results])
+    first = nodes[c.first]
+    fused = rw.emit("fused", operands, {}, first, (region,))
+    for v, out in zip(results, fused.outputs):
+        rw.subst[v] = out
+
+
+def fuse(graph: Graph) -> Graph:
+    """Group elementwise ops and last-axis reductions into fused nodes."""
+    return apply_to_graph(graph, fuse_block)
