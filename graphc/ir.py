@@ -164,6 +164,22 @@ class Region:
         return f"<Region: {len(self.inputs)} inputs, {len(self.nodes)} nodes, {len(self.outputs)} outputs>"
 
 
+def clone_region(region: Region) -> Region:
+    """A deep copy with new Values and Nodes (a region may appear only once in a graph)."""
+    env: dict[Value, Value] = {}
+    inputs = []
+    for v in region.inputs:
+        env[v] = Value(v.type, None, 0, v.name)
+        inputs.append(env[v])
+    nodes = []
+    for node in region.nodes:
+        copy = Node(node.op, [env[v] for v in node.inputs], node.attrs, [o.type for o in node.outputs], node.loc,
+                    node.part, tuple(clone_region(r) for r in node.regions))
+        env.update(zip(node.outputs, copy.outputs))
+        nodes.append(copy)
+    return Region(inputs, nodes, [env[v] for v in region.outputs])
+
+
 def walk(nodes: Iterable[Node]):
     """Every node, including those inside regions (a node before the nodes of its regions)."""
     for node in nodes:

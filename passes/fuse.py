@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from graphc.ir import Graph, Node, Region, Value
+from passes.dce import dce_block
 from passes.rewrite import Rewriter, apply_to_graph, finish, map_regions
 
 ROW_REDUCTIONS = ("reduce_sum", "reduce_max", "reduce_min")
@@ -112,7 +113,7 @@ def fuse_block(inputs: list[Value], nodes: list[Node], outputs: list[Value]) -> 
     if not clusters:
         rw = Rewriter()
         for node in original:
-            rw.keep(node, map_regions(node, fuse_block))
+            rw.keep(node, _fuse_inside(node))
         return finish(rw, original, outputs)
     member = {i: c for c in clusters for i in c.nodes}
     users: dict[Value, int] = {}
@@ -125,10 +126,16 @@ def fuse_block(inputs: list[Value], nodes: list[Node], outputs: list[Value]) -> 
     for i, node in enumerate(nodes):
         c = member.get(i)
         if c is None:
-            rw.keep(node, map_regions(node, fuse_block))
+            rw.keep(node, _fuse_inside(node))
         elif i == c.first:
             _emit_fused(rw, c, nodes, users, live_out)
-    return finish(rw, original, outputs)
+    new_nodes, new_outputs = finish(rw, original, outputs)
+    return dce_block(inputs, new_nodes, new_outputs)  # scalar constants copied into kernels are dead outside
+
+
+def _fuse_inside(node: Node):
+    """Fuse inside control-flow regions; a fused node's region is already one kernel."""
+    return node.regions if node.op.name == "fused" else map_regions(node, fuse_block)
 
 
 def _emit_fused(rw: Rewriter, c: Cluster, nodes: list[Node], users: dict[Value, int], live_out: set[Value]) -> None:

@@ -172,14 +172,11 @@ class KernelSpec:
             for v in node.inputs:
                 if self.level.get(v) == "elem" and v not in region.inputs and self.phase[v] < p:
                     used_later.add(v)
-        for v in outs:
-            if self.level[v] == "elem" and v not in region.inputs:
-                pass
         for v in sorted(used_later, key=lambda v: self.names[v]):
             body.append(f"t_{self.names[v]} = np.empty(n, dtype={_np_type(v.dtype)})")
         body.append("for r in range(R):")
         inner: list[str] = []
-        for i, (v, kind) in enumerate(zip(region.inputs, kinds)):
+        for v, kind in zip(region.inputs, kinds):
             if not kind.per_element:
                 inner.append(f"{self.names[v]} = {kind.read(self.names[v])}")
         for p in range(self.n_phases):
@@ -200,7 +197,7 @@ class KernelSpec:
             loop: list[str] = []
             loaded: set[Value] = set()
 
-            def elem_ref(v: Value) -> str:
+            def elem_ref(v: Value, p=p, loop=loop, loaded=loaded) -> str:
                 name = self.names[v]
                 if v in region.inputs:
                     kind = kinds[region.inputs.index(v)]

@@ -36,6 +36,8 @@ RUNTIME = "_gc_rt"
 _FRAME_SENSITIVE = {"super", "locals", "globals", "vars", "eval", "exec", "range", "len", "isinstance", "print",
                     "getattr", "setattr", "hasattr", "type", "zip", "enumerate", "iter", "next", "list", "dict",
                     "tuple", "int", "float", "str", "bool", "min", "max", "abs", "sum", "sorted", "reversed", "map"}
+_MUTATORS = {"append", "extend", "insert", "pop", "remove", "clear", "update", "setdefault", "popitem", "sort",
+             "reverse", "add", "discard"}
 _SKIP_PACKAGES = ("numpy", "graphc", "scipy", "networkx", "lark", "hypothesis", "_pytest", "pytest", "numba")
 
 
@@ -47,6 +49,7 @@ class _Unreadable:
 
 
 _cache: dict[types.CodeType, Any] = {}  # code -> compiled maker, or _Unreadable
+_generated: set[types.CodeType] = set()  # code objects compiled from transformed source (already converted)
 _unconverted_reasons: dict[types.CodeType, str] = {}
 
 
@@ -116,6 +119,20 @@ class _Assigned(ast.NodeVisitor):
             self.add((alias.asname or alias.name).split(".")[0])
 
     visit_ImportFrom = visit_Import
+
+    def visit_Call(self, node):
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr in _MUTATORS:
+            base = func.value
+            while isinstance(base, ast.Subscript):
+                base = base.value
+            if isinstance(base, ast.Name):
+                self.add(base.id)  # outs.append(y) changes outs
+        self.generic_visit(node)
+
+    def visit_Delete(self, node):
+        for t in node.targets:
+            self.target(t)
 
     def visit_FunctionDef(self, node):
         self.add(node.name)  # the body is another scope
@@ -191,8 +208,8 @@ def _current_values(names: list[str]) -> ast.expr:
 
 def _def(name: str, params: list[str], body: list[ast.stmt], returns: list[str] | None) -> ast.FunctionDef:
     body = list(body)
-    if returns is not None:
-        body.append(ast.Return(value=ast.Tuple(elts=[ast.Name(n, ast.Load()) for n in returns], ctx=ast.Load())))
+    if returns is not None:  # values(locals(), names): a name the body deleted comes back as UNDEF
+        body.append(ast.Return(value=_current_values(returns)))
     if not body:
         body = [ast.Pass()]
     return ast.FunctionDef(
@@ -222,9 +239,10 @@ def _locate(new: Any, original: ast.AST) -> Any:
 
 
 class _Transformer(ast.NodeTransformer):
-    def __init__(self, class_name: str | None):
+    def __init__(self, class_name: str | None, self_name: str | None = None):
         self.counter = 0
         self.class_name = class_name
+        self.self_name = self_name  # the method's first parameter, for zero-argument super()
 
     def fresh(self, kind: str) -> str:
         self.counter += 1
@@ -307,8 +325,23 @@ class _Transformer(ast.NodeTransformer):
             return _locate(ast.Call(func=_rt("not_"), args=[node.operand], keywords=[]), node)
         return node
 
+    def visit_Compare(self, node: ast.Compare):
+        self.generic_visit(node)
+        if len(node.ops) == 1:
+            return node
+        # a < b < c  ->  and_(lambda: a < b, lambda: b < c): each link may be traced
+        operands = [node.left, *node.comparators]
+        links = [ast.Compare(left=operands[i], ops=[op], comparators=[operands[i + 1]]) for i, op in enumerate(node.ops)]
+        lam = lambda e: ast.Lambda(args=ast.arguments(posonlyargs=[], args=[], vararg=None, kwonlyargs=[],  # noqa: E731
+                                                      kw_defaults=[], kwarg=None, defaults=[]), body=e)
+        return _locate(ast.Call(func=_rt("and_"), args=[lam(link) for link in links], keywords=[]), node)
+
     def visit_Call(self, node: ast.Call):
         self.generic_visit(node)
+        if isinstance(node.func, ast.Name) and node.func.id == "super" and not node.args and self.self_name:
+            # zero-argument super() needs the method's frame; branches become nested functions
+            node.args = [ast.Name("__class__", ast.Load()), ast.Name(self.self_name, ast.Load())]
+            return _locate(node, node)
         if isinstance(node.func, ast.Name) and (node.func.id in _FRAME_SENSITIVE or node.func.id.startswith("_gc_")):
             return node
         if isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name) and node.func.value.id == RUNTIME:
@@ -333,8 +366,15 @@ def _is_user_function(fn: types.FunctionType) -> bool:
 
 
 def _class_of(fn: types.FunctionType) -> str | None:
-    parts = fn.__qualname__.split(".")
-    return parts[-2] if len(parts) >= 2 and parts[-2] != "<locals>" else None
+    """The innermost class the function is lexically inside (private names are mangled with it)."""
+    parts = fn.__qualname__.split(".")[:-1]
+    i = len(parts) - 1
+    while i >= 0:
+        if parts[i] == "<locals>":
+            i -= 2  # skip the enclosing function
+            continue
+        return parts[i]
+    return None
 
 
 def _build_maker(fn: types.FunctionType) -> Any:
@@ -343,8 +383,8 @@ def _build_maker(fn: types.FunctionType) -> Any:
         return _Unreadable("it is a lambda")
     if code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR):
         return _Unreadable("it is a generator or coroutine")
-    try:
-        lines, first = inspect.getsourcelines(fn)
+    try:  # the code object's own source: inspect would follow a decorator's __wrapped__ otherwise
+        lines, first = inspect.getsourcelines(code)
     except (OSError, TypeError) as exc:
         return _Unreadable(f"its source could not be read ({exc})")
     try:
@@ -352,13 +392,15 @@ def _build_maker(fn: types.FunctionType) -> Any:
     except SyntaxError as exc:
         return _Unreadable(f"its source could not be parsed ({exc.msg})")
     fdef = tree.body[0] if tree.body else None
-    if not isinstance(fdef, ast.FunctionDef) or fdef.name != fn.__name__:
+    if not isinstance(fdef, ast.FunctionDef) or fdef.name != code.co_name:
         return _Unreadable("its source is not a plain def")
     if any(isinstance(n, (ast.Nonlocal, ast.Global)) for n in ast.walk(fdef)):
         return _Unreadable("it declares nonlocal/global names")
     ast.increment_lineno(tree, first - 1)
     fdef.decorator_list = []
-    transformer = _Transformer(_class_of(fn))
+    uses_super = "__class__" in code.co_freevars
+    first_arg = fdef.args.posonlyargs[0].arg if fdef.args.posonlyargs else (fdef.args.args[0].arg if fdef.args.args else None)
+    transformer = _Transformer(_class_of(fn), first_arg if uses_super else None)
     fdef.body = [transformer.visit(s) for s in fdef.body]
     fdef.body = [s for item in fdef.body for s in (item if isinstance(item, list) else [item])]
     _flatten_bodies(fdef)
@@ -367,14 +409,23 @@ def _build_maker(fn: types.FunctionType) -> Any:
         name="_gc_maker",
         args=ast.arguments(posonlyargs=[], args=[ast.arg(arg=RUNTIME)] + [ast.arg(arg=v) for v in freevars],
                            vararg=None, kwonlyargs=[], kw_defaults=[], kwarg=None, defaults=[]),
-        body=[fdef, ast.Return(value=ast.Name(fn.__name__, ast.Load()))], decorator_list=[], returns=None, type_params=[],
+        body=[fdef, ast.Return(value=ast.Name(code.co_name, ast.Load()))], decorator_list=[], returns=None, type_params=[],
     )
     module = ast.Module(body=[maker], type_ignores=[])
     ast.copy_location(maker, fdef)
     ast.fix_missing_locations(module)
     namespace: dict[str, Any] = {}
-    exec(compile(module, code.co_filename, "exec"), fn.__globals__, namespace)  # noqa: S102
+    compiled = compile(module, code.co_filename, "exec")
+    _generated.update(_all_code(compiled))
+    exec(compiled, fn.__globals__, namespace)  # noqa: S102
     return namespace["_gc_maker"]
+
+
+def _all_code(code: types.CodeType):
+    yield code
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _all_code(const)
 
 
 def _flatten_bodies(node: ast.AST) -> None:
@@ -407,8 +458,8 @@ def convert(fn: Callable) -> Callable:
             converted = convert(call)
             return fn if converted is call else types.MethodType(converted, fn)
         return fn
-    if getattr(fn, "_graphc_converted", False) or not _is_user_function(fn):
-        return fn
+    if getattr(fn, "_graphc_converted", False) or fn.__code__ in _generated or not _is_user_function(fn):
+        return fn  # (functions nested in converted code were transformed with it)
     code = fn.__code__
     maker = _cache.get(code)
     if maker is None:

@@ -11,20 +11,37 @@ import numpy as np
 from graphc.errors import SourceLoc, TraceError
 from graphc.frontend import control
 from graphc.frontend.autograph import convert
-from graphc.frontend.tracer import Tracer, current_context, user_location
+from graphc.frontend.tracer import Tracer, current_context, fresh, user_location
 from graphc.pytree import flatten, unflatten
 
 _UNDEFINED_MARK = "<graphc: undefined variable>"
 
 
 class _Undefined:
-    """The value of a variable that is not bound yet (a branch or loop body may bind it)."""
+    """The value of a variable that is not bound yet (a branch or loop body may bind it), or that
+    was only assigned inside a loop on a traced value (``name`` and ``loc`` say which loop)."""
+
+    def __init__(self, name: str | None = None, loc: SourceLoc | None = None):
+        self.name = name
+        self.loc = loc
 
     def __repr__(self) -> str:
         return "<undefined>"
 
+    def error(self) -> TraceError:
+        return TraceError(
+            f"variable {self.name!r} is only assigned inside the body of a loop on a traced value, so it has no "
+            "value after the loop (the loop's iterations are not known when tracing); give it a value before the "
+            "loop to carry it from one iteration to the next",
+            self.loc,
+        )
+
 
 UNDEF = _Undefined()
+
+
+def is_undefined(v: Any) -> bool:
+    return isinstance(v, _Undefined)
 
 
 def values(local_vars: dict[str, Any], names: Sequence[str]) -> tuple:
@@ -61,7 +78,7 @@ def static_range(args: tuple, kind: str, lineno: int) -> range:
 
 
 def _mark_undefined(vals: Sequence[Any]) -> list[Any]:
-    return [_UNDEFINED_MARK if v is UNDEF else v for v in vals]
+    return [_UNDEFINED_MARK if is_undefined(v) else v for v in vals]
 
 
 def _unmark(vals: Sequence[Any]) -> tuple:
@@ -69,8 +86,11 @@ def _unmark(vals: Sequence[Any]) -> tuple:
 
 
 def _copy_containers(x: Any) -> Any:
-    """New dict/list containers with the same leaves: a traced branch may assign d["k"] = v
-    without the other branch (or the code after the if) seeing it."""
+    """New dict/list containers and array objects with the same values: a traced branch may
+    assign d["k"] = v or update y += 1 in place without the other branch (or the code after the
+    if) seeing it."""
+    if isinstance(x, Tracer):
+        return fresh(x)
     if isinstance(x, dict):
         return {k: _copy_containers(v) for k, v in x.items()}
     if type(x) is list:
@@ -97,7 +117,7 @@ def if_stmt(test: Any, true_fn: Callable, false_fn: Callable, vals: tuple, names
 def if_exp(test: Any, true_thunk: Callable, false_thunk: Callable) -> Any:
     if not isinstance(test, Tracer):
         return true_thunk() if test else false_thunk()
-    return control.cond(test, true_thunk, false_thunk)
+    return control.cond(test, lambda: [true_thunk()], lambda: [false_thunk()])[0]
 
 
 def and_(*thunks: Callable) -> Any:
@@ -106,7 +126,7 @@ def and_(*thunks: Callable) -> Any:
     if not rest:
         return value
     if isinstance(value, Tracer):  # a and b == (b if a else a), as one cond
-        return control.cond(value, lambda: and_(*rest), lambda: value)
+        return control.cond(value, lambda: [and_(*rest)], lambda: [value])[0]
     return and_(*rest) if value else value
 
 
@@ -116,7 +136,7 @@ def or_(*thunks: Callable) -> Any:
     if not rest:
         return value
     if isinstance(value, Tracer):  # a or b == (a if a else b)
-        return control.cond(value, lambda: value, lambda: or_(*rest))
+        return control.cond(value, lambda: [value], lambda: [or_(*rest)])[0]
     return value if value else or_(*rest)
 
 
@@ -126,16 +146,16 @@ def not_(x: Any) -> Any:
     return not x
 
 
-def call(fn: Callable, *args: Any, **kwargs: Any) -> Any:
+def call(_gc_fn: Callable, /, *args: Any, **kwargs: Any) -> Any:
     if current_context() is None:
-        return fn(*args, **kwargs)
-    return convert(fn)(*args, **kwargs)
+        return _gc_fn(*args, **kwargs)
+    return convert(_gc_fn)(*args, **kwargs)
 
 
 def _loop_state(vals: Sequence[Any], names: Sequence[str], what: str) -> tuple[list[Any], Any]:
     """Flatten loop variables to carried arrays (Python numbers become numpy scalars)."""
     for name, v in zip(names, vals):
-        if v is UNDEF:
+        if is_undefined(v):
             raise TraceError(
                 f"variable {name!r} is first assigned inside a {what} loop whose condition is traced; "
                 "give it a value before the loop (graph loops carry each variable from one iteration to the next)",
@@ -193,15 +213,45 @@ def while_stmt(cond_fn: Callable, body_fn: Callable, vals: tuple, names: tuple) 
         vals = tuple(body_fn(*vals))
 
 
+def _split_locals(vals: tuple, names: tuple) -> tuple[list[int], list[int]]:
+    """Positions of carried variables (defined before the loop) and of body-local ones (first
+    assigned in the body: temporaries, an inner loop's target), which are not carried."""
+    carried = [k for k, v in enumerate(vals) if not is_undefined(v)]
+    local = [k for k, v in enumerate(vals) if is_undefined(v)]
+    return carried, local
+
+
+def _carried_only(fn: Callable, vals: tuple, carried: list[int], with_index: bool) -> Callable:
+    def run(*args):
+        index, sub = (args[0], args[1:]) if with_index else (None, args)
+        full = [UNDEF] * len(vals)
+        for k, v in zip(carried, sub):
+            full[k] = v
+        out = fn(index, *full) if with_index else fn(*full)
+        return tuple(out[k] for k in carried) if isinstance(out, (tuple, list)) else out
+
+    return run
+
+
 def _graph_while(cond_fn: Callable, body_fn: Callable, vals: tuple, names: tuple) -> tuple:
-    leaves, treedef = _loop_state(vals, names, "while")
+    carried, local = _split_locals(vals, names)
+    sub_vals = tuple(vals[k] for k in carried)
+    sub_names = tuple(names[k] for k in carried)
+    cond_c = _carried_only(cond_fn, vals, carried, with_index=False)
+    body_c = _carried_only(body_fn, vals, carried, with_index=False)
+    leaves, treedef = _loop_state(sub_vals, sub_names, "while")
     out = control.while_loop(
-        lambda *ls: cond_fn(*unflatten(treedef, list(ls))),
-        _flat_body(body_fn, treedef, names, "while", with_index=False),
+        lambda *ls: cond_c(*unflatten(treedef, list(ls))),
+        _flat_body(body_c, treedef, sub_names, "while", with_index=False),
         leaves,
-        names=_leaf_names(vals, names),
+        names=_leaf_names(sub_vals, sub_names),
     )
-    return tuple(unflatten(treedef, list(out)))
+    result = list(vals)
+    for k, v in zip(carried, unflatten(treedef, list(out))):
+        result[k] = v
+    for k in local:
+        result[k] = _Undefined(names[k], user_location())
+    return tuple(result)
 
 
 def for_range(range_args: tuple, body_fn: Callable, vals: tuple, names: tuple) -> tuple:
@@ -217,7 +267,30 @@ def for_range(range_args: tuple, body_fn: Callable, vals: tuple, names: tuple) -
         start, stop, step = (*range_args, 1)[:3]
     if isinstance(step, Tracer):
         raise TraceError("range() with a traced step is not supported; the step must be a Python int", user_location())
-    leaves, treedef = _loop_state(state, names[1:], "for")
-    out = control.fori_loop(start, stop, _flat_body(body_fn, treedef, names[1:], "for", with_index=True), leaves,
-                            step=int(step), names=_leaf_names(state, names[1:]))
-    return (UNDEF, *unflatten(treedef, list(out)))
+    carried, local = _split_locals(state, names[1:])
+    sub_vals = tuple(state[k] for k in carried)
+    sub_names = tuple(names[1:][k] for k in carried)
+    body_c = _carried_only(body_fn, state, carried, with_index=True)
+    leaves, treedef = _loop_state(sub_vals, sub_names, "for")
+    out = control.fori_loop(start, stop, _flat_body(body_c, treedef, sub_names, "for", with_index=True), leaves,
+                            step=int(step), names=_leaf_names(sub_vals, sub_names))
+    result = list(state)
+    for k, v in zip(carried, unflatten(treedef, list(out))):
+        result[k] = v
+    for k in local:
+        result[k] = _Undefined(names[1:][k], user_location())
+    return (_last_index(start, stop, int(step), index), *result)
+
+
+def _last_index(start: Any, stop: Any, step: int, before: Any) -> Any:
+    """The loop variable after ``for i in range(start, stop, step)``: the last index, or its value
+    before the loop when the range is empty (a weak int, like the Python int it stands for)."""
+    start = start if isinstance(start, Tracer) else np.asarray(start, np.int64)
+    stop = stop if isinstance(stop, Tracer) else np.asarray(stop, np.int64)
+    trips = np.maximum((stop - start + (step - 1 if step > 0 else step + 1)) // step, 0)
+    last = start + (trips - 1) * step
+    if not is_undefined(before):
+        last = np.where(trips > 0, last, before)
+    if isinstance(last, Tracer):
+        last._weak = True
+    return last

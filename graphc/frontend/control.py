@@ -18,12 +18,13 @@ import numpy as np
 from graphc import dtypes
 from graphc.errors import TraceError
 from graphc.frontend.tracer import TraceContext, Tracer, _ctx_stack, current_context, lift, user_location
-from graphc.ir import Region, TensorType, Value
+from graphc.ir import Region, TensorType, Value, clone_region
 from graphc.ops import get_op
 from graphc.pytree import TreeDef, flatten, unflatten
 
 
-def trace_region(fn: Callable, in_types: Sequence[TensorType], name: str = "region") -> tuple[Region, list[Tracer], Any]:
+def trace_region(fn: Callable, in_types: Sequence[TensorType], name: str = "region",
+                 weak: Sequence[bool] = ()) -> tuple[Region, list[Tracer], Any]:
     """Trace ``fn(*args)`` with one traced argument per type, in a child of the current trace.
     Returns the region, the outer values it captured (operands to append), and the raw result
     (a pytree whose leaves are the region's outputs, in order)."""
@@ -35,6 +36,8 @@ def trace_region(fn: Callable, in_types: Sequence[TensorType], name: str = "regi
     fn = convert(fn)
     ctx = TraceContext(name, parent)
     args = [Tracer(ctx, Value(t, None, 0, None)) for t in in_types]
+    for a, w in zip(args, weak):
+        a._weak = w
     ctx.inputs.extend(a._value for a in args)
     stack = _ctx_stack()
     stack.append(ctx)
@@ -130,33 +133,50 @@ def cond(pred: Any, true_fn: Callable, false_fn: Callable, *operands: Any, names
             user_location(),
         )
     (r_true, r_false), captured = _unify_captures([r_true, r_false], [c_true, c_false], len(ops))
-    outs = bind_multi_regions("cond", [p, *ops, *captured], {}, (r_true, r_false))
+    outs = list(bind_multi_regions("cond", [p, *ops, *captured], {}, (r_true, r_false)))
+    t_arrays = [x for x in t_leaves if isinstance(x, Tracer)]
+    f_arrays = [x for x in f_leaves if isinstance(x, Tracer)]
+    for k, (a, b) in enumerate(zip(t_arrays, f_arrays)):
+        outs[k]._weak = a._weak and b._weak
     it = iter(outs)
     return unflatten(t_tree, [next(it) if isinstance(x, Tracer) else x for x in t_leaves])
 
 
-def _weak_targets(res_true: Any, res_false: Any) -> dict[int, TensorType]:
-    """Top-level result positions where one branch gives a Python number and the other an
-    array: the number becomes an array of that shape and dtype (like a weak scalar in numpy)."""
+def _weak_targets(res_true: Any, res_false: Any) -> dict[int, tuple[TensorType, bool]]:
+    """Top-level result positions where the branches give a Python number and an array, or two
+    different Python numbers: the numbers become arrays (of the array's type, or weak arrays of
+    the numbers' common type), as numpy would let either value flow on."""
     if not (isinstance(res_true, (list, tuple)) and isinstance(res_false, (list, tuple))) or len(res_true) != len(res_false):
         return {}
     targets = {}
     for i, (a, b) in enumerate(zip(res_true, res_false)):
         for x, y in ((a, b), (b, a)):
-            if isinstance(x, Tracer) and isinstance(y, (int, float)) and not isinstance(y, bool):
-                targets[i] = x._value.type
+            if isinstance(x, Tracer) and isinstance(y, (bool, int, float)):
+                if isinstance(y, bool) and x.dtype.kind != "b":
+                    continue
+                targets[i] = (x._value.type, x._weak)
+        if isinstance(a, (bool, int, float)) and isinstance(b, (bool, int, float)) and not isinstance(a, Tracer) \
+                and not isinstance(b, Tracer) and (a != b or type(a) is not type(b)):
+            dt = np.result_type(np.asarray(a), np.asarray(b))
+            targets[i] = (TensorType((), dt), not (isinstance(a, bool) and isinstance(b, bool)))
     return targets
 
 
-def _promoting(fn: Callable, targets: dict[int, TensorType]) -> Callable:
+def _promoting(fn: Callable, targets: dict[int, tuple[TensorType, bool]]) -> Callable:
     def run(*args):
         out = list(fn(*args))
-        for i, t in targets.items():
-            if isinstance(out[i], (int, float)) and not isinstance(out[i], Tracer):
-                out[i] = np.broadcast_to(lift(np.asarray(out[i], t.dtype)), t.shape)
+        for i, (t, weak) in targets.items():
+            if isinstance(out[i], (bool, int, float)) and not isinstance(out[i], Tracer):
+                arr = np.broadcast_to(lift(np.asarray(out[i], t.dtype)), t.shape)
+                out[i] = arr if arr.shape else _weakened(arr, weak)
         return out
 
     return run
+
+
+def _weakened(t: Tracer, weak: bool) -> Tracer:
+    t = Tracer(t._ctx, t._value, weak)
+    return t
 
 
 def _explain_branch_mismatch(res_true: Any, res_false: Any, names: Sequence[str]) -> None:
@@ -193,16 +213,36 @@ def bind_multi_regions(opname: str, inputs: list[Tracer], attrs: dict, regions: 
 
 
 def _carry_arrays(init: Sequence[Any], what: str) -> list[Tracer]:
-    """Loop-carried values must be arrays; Python numbers become numpy scalars of their default
-    dtype (a counter ``i = 0`` is carried as an int64)."""
+    """Loop-carried values must be arrays; Python numbers become weak arrays (a counter ``i = 0``
+    is carried as an int64 that still promotes like a Python int)."""
     out = []
     for x in init:
+        weak = isinstance(x, (int, float)) and not isinstance(x, (bool, Tracer))
         if isinstance(x, (bool, int, float)) and not isinstance(x, Tracer):
             x = np.asarray(x)
         if not isinstance(x, (Tracer, np.ndarray, np.generic)):
             raise TraceError(f"{what}: loop variables must be arrays or numbers, got {type(x).__name__}", user_location())
-        out.append(lift(x))
+        t = lift(x)
+        out.append(Tracer(t._ctx, t._value, weak or (isinstance(t, Tracer) and t._weak)))
     return out
+
+
+def _settle_carry(carry: list[Tracer], body: Callable, extra_types: Sequence[TensorType] = ()) -> list[Tracer]:
+    """A weak carried number takes the dtype its first iteration gives it (acc = 0.0 then
+    acc = acc + x32.sum() is a float32 accumulator, as numpy makes it after one step)."""
+    for _ in range(3):
+        in_types = [*extra_types, *(c._value.type for c in carry)]
+        weak = [True] * len(extra_types) + [c._weak for c in carry]
+        _, _, res = trace_region(body, in_types, "probe", weak)
+        changed = False
+        for k, (c, r) in enumerate(zip(carry, res)):
+            if c._weak and isinstance(r, Tracer) and r.shape == c.shape and r.dtype != c.dtype:
+                converted = c.astype(r.dtype)
+                carry[k] = Tracer(converted._ctx, converted._value, r._weak)
+                changed = True
+        if not changed:
+            break
+    return carry
 
 
 def _check_carry(body_types, in_types, names: Sequence[str] | None, what: str) -> None:
@@ -227,16 +267,22 @@ def while_loop(cond_fn: Callable, body_fn: Callable, init: Sequence[Any], names:
             carry = list(body_fn(*carry))
         return carry
     carry = _carry_arrays(init, "while")
+    body = lambda *a: list(_carry_arrays(body_fn(*a), "while"))  # noqa: E731
+    carry = _settle_carry(carry, body)
     in_types = [c._value.type for c in carry]
-    r_cond, c_cond, res_cond = trace_region(lambda *a: as_predicate(cond_fn(*a), "while"), in_types, "cond")
-    r_body, c_body, res_body = trace_region(lambda *a: list(_carry_arrays(body_fn(*a), "while")), in_types, "body")
+    weak = [c._weak for c in carry]
+    r_cond, c_cond, res_cond = trace_region(lambda *a: as_predicate(cond_fn(*a), "while"), in_types, "cond", weak)
+    r_body, c_body, res_body = trace_region(body, in_types, "body", weak)
     _check_carry(r_body.out_types, in_types, names, "while")
     (r_cond, r_body), captured = _unify_captures([r_cond, r_body], [c_cond, c_body], len(carry))
     # captured values are loop invariants: the body passes them through unchanged
     n_cap = len(captured)
     r_body = Region(r_body.inputs, r_body.nodes, r_body.outputs + r_body.inputs[len(carry):])
     outs = bind_multi_regions("while_loop", [*carry, *captured], {}, (r_cond, r_body))
-    return list(outs[: len(outs) - n_cap])
+    result = list(outs[: len(outs) - n_cap])
+    for r, w in zip(result, weak):
+        r._weak = w
+    return result
 
 
 def fori_loop(lower: Any, upper: Any, body_fn: Callable, init: Sequence[Any], step: int = 1,
@@ -257,14 +303,20 @@ def fori_loop(lower: Any, upper: Any, body_fn: Callable, init: Sequence[Any], st
             raise TraceError(f"range() bounds must be integer scalars, got {b._value.type}", user_location())
     lo, hi = lo.astype(np.int64), hi.astype(np.int64)
     carry = _carry_arrays(init, "for")
-    in_types = [c._value.type for c in carry]
     index_t = TensorType((), np.int64)
-    r_body, c_body, _ = trace_region(lambda i, *a: list(_carry_arrays(body_fn(i, *a), "for")), [index_t, *in_types], "body")
+    body = lambda i, *a: list(_carry_arrays(body_fn(i, *a), "for"))  # noqa: E731
+    carry = _settle_carry(carry, body, [index_t])
+    in_types = [c._value.type for c in carry]
+    weak = [c._weak for c in carry]
+    r_body, c_body, _ = trace_region(body, [index_t, *in_types], "body", [True, *weak])  # the index is a Python int
     _check_carry(r_body.out_types, in_types, names, "for")
     n = len(carry)
     r_body = Region(r_body.inputs, r_body.nodes, r_body.outputs + r_body.inputs[1 + n:])
     outs = bind_multi_regions("fori_loop", [lo, hi, *carry, *c_body], {"step": step}, (r_body,))
-    return list(outs[:n])
+    result = list(outs[:n])
+    for r, w in zip(result, weak):
+        r._weak = w
+    return result
 
 
 # --- autodiff rules of the control-flow ops ---------------------------------------------------------
@@ -276,7 +328,8 @@ def inline_region(region: Region, args: Sequence[Tracer]) -> list[Tracer]:
     env: dict[Value, Tracer] = dict(zip(region.inputs, args))
     for node in region.nodes:
         with ctx.annotate(loc=node.loc):
-            outs = ctx.emit(node.op.name, [env[v] for v in node.inputs], node.attrs, node.regions)
+            outs = ctx.emit(node.op.name, [env[v] for v in node.inputs], node.attrs,
+                            tuple(clone_region(r) for r in node.regions))
         env.update(zip(node.outputs, outs))
     return [env[v] for v in region.outputs]
 

@@ -83,7 +83,7 @@ def result_dtype(*xs: Any) -> np.dtype:
     parts = []
     for x in xs:
         if isinstance(x, Tracer):
-            parts.append(x.dtype)
+            parts.append((0.0 if x.dtype.kind == "f" else 0 if x.dtype.kind in "iu" else x.dtype) if x._weak else x.dtype)
         elif isinstance(x, (list, tuple)):
             parts.append(lift(x).dtype)
         else:

@@ -22,7 +22,7 @@ import numpy as np
 
 from graphc import dtypes, pytree
 from graphc.errors import ShapeError, SourceLoc, TraceError
-from graphc.ir import Graph, Node, TensorType, Value
+from graphc.ir import Graph, Node, TensorType, Value, clone_region
 from graphc.ops import get_op
 from graphc.pytree import ArraySpec, flatten, leaf_paths, unflatten
 
@@ -138,7 +138,8 @@ class TraceContext:
         inner = Tracer(self, Value(t._value.type, None, 0, None))
         self.inputs.append(inner._value)
         self.captured[t._value] = inner
-        self.captured_outer.append(outer)
+        self.captured_outer.append(Tracer(outer._ctx, outer._value))  # a snapshot: the object may be updated in place
+        inner._weak = t._weak
         return inner
 
     def emit(self, opname: str, inputs: list[Tracer], attrs: dict[str, Any], regions: tuple = ()) -> tuple[Tracer, ...]:
@@ -253,11 +254,14 @@ class Tracer:
     operators, attributes and methods; each operation is recorded in the trace."""
 
     __array_priority__ = 1000
-    __slots__ = ("_ctx", "_value", "_base", "_views", "__weakref__")
+    __slots__ = ("_ctx", "_value", "_base", "_views", "_weak", "__weakref__")
 
-    def __init__(self, ctx: TraceContext, value: Value):
+    def __init__(self, ctx: TraceContext, value: Value, weak: bool = False):
         self._ctx = ctx
         self._value = value
+        # a weak array stands for a Python number (a loop counter, a range index): in numpy's
+        # promotion it counts like a Python scalar, so i * x32 stays float32 (NEP 50)
+        self._weak = weak
         self._base: Tracer | None = None  # set when numpy would return a view of another array
         self._views: list[weakref.ref] | None = None  # views of this array (weak: dead views do not count)
 
@@ -465,7 +469,7 @@ class Tracer:
 def fresh(t: Tracer) -> Tracer:
     """A new array object with the same value (numpy's copies: in-place updates of it must not
     reach the original object)."""
-    return Tracer(t._ctx, t._value)
+    return Tracer(t._ctx, t._value, t._weak)
 
 
 def mark_view(result: Any, base: Tracer) -> None:
@@ -501,7 +505,8 @@ def _inplace_update(target: Tracer, ufunc, other) -> Tracer:
             "with casting rule 'same_kind' (numpy raises here too)",
             user_location(),
         )
-    target._value = convert(result, target.dtype)._value
+    result = convert(result, target.dtype)
+    target._ctx, target._value = result._ctx, result._value  # (a branch's copy of an outer array becomes local)
     return target
 
 
@@ -646,6 +651,9 @@ def trace(fn: Callable, *args: Any, **kwargs: Any) -> Graph:
             try:
                 out_leaves, out_tree = flatten(result, is_leaf=lambda x: isinstance(x, Tracer), path="result")
             except TypeError as exc:
+                undefined = _find_undefined(result)
+                if undefined is not None:
+                    raise undefined.error() from None
                 raise TraceError(f"{name} returned something graphc cannot represent: {exc}") from None
             outputs = [user_errors(lift)(leaf)._value for leaf in out_leaves]
             for leaf in out_leaves:
@@ -655,6 +663,17 @@ def trace(fn: Callable, *args: Any, **kwargs: Any) -> Graph:
         stack.pop()
     tag_parts(ctx.nodes)
     return Graph(ctx.name, ctx.inputs, ctx.nodes, outputs, in_tree, out_tree)
+
+
+def _find_undefined(tree: Any) -> Any:
+    if type(tree).__name__ == "_Undefined" and getattr(tree, "name", None):
+        return tree
+    children = tree.values() if isinstance(tree, dict) else tree if isinstance(tree, (list, tuple)) else ()
+    for c in children:
+        found = _find_undefined(c)
+        if found is not None:
+            return found
+    return None
 
 
 def tag_parts(nodes: list[Node]) -> None:
@@ -685,7 +704,8 @@ def inline_graph(graph: Graph, *args: Any, **kwargs: Any) -> Any:
     env: dict[Value, Tracer] = dict(zip(graph.inputs, leaves))
     for node in graph.nodes:
         with ctx.annotate(loc=node.loc):
-            outs = ctx.emit(node.op.name, [env[v] for v in node.inputs], node.attrs, node.regions)
+            outs = ctx.emit(node.op.name, [env[v] for v in node.inputs], node.attrs,
+                            tuple(clone_region(r) for r in node.regions))
         env.update(zip(node.outputs, outs))
     return unflatten(graph.out_tree, [env[v] for v in graph.outputs])
 

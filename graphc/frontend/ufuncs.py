@@ -56,7 +56,11 @@ def _operand_dtype(x: Any):
     """What resolve_dtypes needs: a dtype for arrays and numpy scalars, the Python type for
     Python int/float (weak scalars, NEP 50)."""
     if isinstance(x, Tracer):
+        if x._weak:  # stands for a Python number
+            return np.dtype(np.bool_) if x.dtype.kind == "b" else (float if x.dtype.kind == "f" else int)
         return x.dtype
+    if type(x).__name__ == "_Undefined":
+        raise x.error() if x.name else TraceError("a variable is used before it has a value", user_location())
     if isinstance(x, (np.ndarray, np.generic)):
         return x.dtype
     if isinstance(x, bool):
@@ -114,7 +118,12 @@ def apply_ufunc(ufunc: np.ufunc, *inputs: Any) -> Tracer:
     prim, attrs = _SIMPLE[ufunc]
     out = bind(prim, *operands, **attrs)
     assert out.dtype == sig[-1], (ufunc, sig, out.dtype)
+    out._weak = all(_is_weak(x) for x in inputs) and out.dtype.kind != "b"
     return out
+
+
+def _is_weak(x: Any) -> bool:
+    return (isinstance(x, Tracer) and x._weak) or (isinstance(x, (int, float)) and not isinstance(x, (bool, Tracer)))
 
 
 _COMPARISONS = {u: attrs["direction"] for u, (prim, attrs) in _SIMPLE.items() if prim == "compare"}
