@@ -9,6 +9,7 @@ Public API (everything else is internal and may change):
     tree_map(fn, tree, *rest)                map over array leaves of pytrees
     evaluate(graph, *args, **kwargs)         run a graph with the reference interpreter
     optimize(graph, passes=None)             run the default pass pipeline (or the named passes)
+    jit(fn, static_argnames=())              trace + optimize + run on the single-device executor
     parse(text) -> Graph                     read the text IR back
     Graph, Node, Value, TensorType           the IR
     ArraySpec(shape, dtype)                  an argument that has a type but no data
@@ -23,6 +24,7 @@ from graphc.frontend import Tracer, trace
 from graphc.frontend.control import cond, fori_loop, while_loop
 from graphc.interpreter import evaluate
 from graphc.ir import Graph, Node, TensorType, Value
+from graphc.jit import jit
 from graphc.ops import REGISTRY as OPS
 from graphc.pytree import ArraySpec, tree_map
 from graphc.textir import parse, print_graph
@@ -56,6 +58,7 @@ __all__ = [
     "fori_loop",
     "while_loop",
     "grad",
+    "jit",
     "jvp",
     "optimize",
     "optim",

@@ -157,7 +157,7 @@ class KernelSpec:
         region = self.region
         outs = region.outputs
         lines = ["import math", "import numpy as np", "import numba", "",
-                 "@numba.njit(nogil=True, cache=True)",
+                 "@numba.njit(nogil=True, cache=True, error_model=\"numpy\")",
                  f"def kernel({', '.join([f'in{i}' for i in range(len(region.inputs))] + [f'out{i}' for i in range(len(outs))])}, R, n):"]
         body: list[str] = []
         # scalar constants, hoisted
@@ -177,14 +177,18 @@ class KernelSpec:
         body.append("for r in range(R):")
         inner: list[str] = []
         for v, kind in zip(region.inputs, kinds):
-            if not kind.per_element:
-                inner.append(f"{self.names[v]} = {kind.read(self.names[v])}")
+            if not kind.per_element:  # one value per row (or a scalar): read once per row
+                inner.append(f"s_{self.names[v]} = {kind.read(self.names[v])}")
+
+        def row_ref(v: Value) -> str:
+            return f"s_{self.names[v]}" if v in region.inputs else self.names[v]
+
         for p in range(self.n_phases):
             # row ops available before this phase
             for node in region.nodes:
                 out = node.outputs[0]
                 if node.op.name not in REDUCTIONS and self.level[out] == "row" and self.phase[out] == p:
-                    inner.append(f"{self.names[out]} = {self._expr(node)}")
+                    inner.append(f"{self.names[out]} = {self._expr(node, row_ref)}")
             reductions = [n for n in region.nodes if n.op.name in REDUCTIONS and self.phase[n.inputs[0]] == p]
             elems = [n for n in region.nodes if self.level[n.outputs[0]] == "elem" and self.phase[n.outputs[0]] == p
                      and n.op.name != "constant"]
@@ -204,7 +208,7 @@ class KernelSpec:
                     if kind.per_element and v not in loaded:
                         loop.append(f"e_{name} = {kind.read(name)}")
                         loaded.add(v)
-                    return f"e_{name}" if kind.per_element else name
+                    return f"e_{name}" if kind.per_element else f"s_{name}"
                 if self.level[v] == "elem" and self.phase[v] < p:
                     return f"t_{name}[j]"
                 return name
@@ -226,10 +230,10 @@ class KernelSpec:
         for node in region.nodes:  # row ops after the last reduction
             out = node.outputs[0]
             if node.op.name not in REDUCTIONS and self.level[out] == "row" and self.phase[out] >= self.n_phases:
-                inner.append(f"{self.names[out]} = {self._expr(node)}")
+                inner.append(f"{self.names[out]} = {self._expr(node, row_ref)}")
         for i, v in enumerate(outs):
             if self.level[v] in ("row", "const"):
-                inner.append(f"out{i}[r] = {self.names[v]}")
+                inner.append(f"out{i}[r] = {row_ref(v)}")
             elif self.level[v] == "elem" and v in region.inputs:
                 inner.append(f"for j in range(n):\n            out{i}[r, j] = {kinds[region.inputs.index(v)].read(self.names[v])}")
         body.extend("    " + s for s in inner)
@@ -304,7 +308,7 @@ class KernelSpec:
 class CompiledKernel:
     """A compiled fused node for one set of operand shapes."""
 
-    def __init__(self, node: Node, operand_shapes: list[tuple[int, ...]]):
+    def __init__(self, node: Node, operand_shapes: list[tuple[int, ...]], alloc=np.empty):
         (region,) = node.regions
         space = _space_of(region)
         self.space = space
@@ -316,17 +320,18 @@ class CompiledKernel:
         self.func = load_kernel(self.source)
         self.out_types = [v.type for v in region.outputs]
         self.out_levels = [self.spec.level[v] for v in region.outputs]
+        self.alloc = alloc
 
     def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
         operands = [prepare_operand(a, k, self.space) for a, k in zip(arrays, self.kinds)]
         outs = []
         views = []
         for t, level in zip(self.out_types, self.out_levels):
-            buf = np.empty(t.shape, dtype=t.dtype)
+            buf = self.alloc(t.shape, t.dtype)
             outs.append(buf)
             views.append(buf.reshape(self.rows, self.n) if level == "elem" else buf.reshape(self.rows))
         self.func(*operands, *views, self.rows, self.n)
-        return outs
+        return tuple(outs)
 
 
 def _space_of(region: Region) -> tuple[int, ...]:

@@ -1,0 +1,145 @@
+"""``graphc.jit``: trace, optimize and run a function on the single-device executor.
+
+The first call with new argument shapes, dtypes or static values traces the function, runs the
+default pass pipeline (fusion included) and builds an executable (compiling the fused kernels
+with Numba, or loading them from the disk cache); later calls with the same signature run it
+directly. Results are numpy arrays equal to the function's.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from graphc.errors import GraphcError
+from graphc.interpreter import as_numpy_result, bind_arguments
+from graphc.ir import Graph
+from graphc.pytree import TreeDef, flatten, unflatten
+
+
+class Compiled:
+    """One traced, optimized and compiled specialization of a jitted function."""
+
+    def __init__(self, traced: Graph, optimized: Graph, seconds: dict[str, float], split_static: Callable):
+        from runtime.executor import Executable
+
+        start = time.perf_counter()
+        self._split_static = split_static
+        self.traced = traced
+        self.graph = optimized
+        self.executable = Executable(optimized)
+        seconds["build_s"] = time.perf_counter() - start
+        self.seconds = seconds
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run on arguments like the function's (static arguments are dropped: they are baked in)."""
+        args, kwargs, _ = self._split_static(args, kwargs)
+        arrays = bind_arguments(self.graph, args, kwargs)
+        outs = self.executable.run_flat(arrays)
+        return unflatten(self.graph.out_tree, [as_numpy_result(o) for o in outs])
+
+    def stats(self) -> dict[str, Any]:
+        from graphc.ir import walk
+
+        kernels = [len(n.regions[0].nodes) for n in walk(self.graph.nodes) if n.op.name == "fused"]
+        return {
+            "nodes_traced": len(self.traced.nodes),
+            "nodes_optimized": len(self.graph.nodes),
+            "fused_kernels": len(kernels),
+            "ops_per_kernel": kernels,
+            **self.seconds,
+            "kernel_compile_s": self.executable.stats.get("compile_s", 0.0),
+        }
+
+
+def _hashable(v: Any, name: str) -> Any:
+    try:
+        hash(v)
+    except TypeError:
+        raise GraphcError(f"static argument {name!r} must be hashable, got {type(v).__name__}") from None
+    return v
+
+
+class Jitted:
+    def __init__(self, fn: Callable, static_argnames: tuple[str, ...] = (), passes: tuple[str, ...] | None = None):
+        self.fn = fn
+        self.static_argnames = tuple(static_argnames)
+        self.passes = passes
+        self._cache: dict[Any, Compiled] = {}
+        self._lock = threading.Lock()
+        functools.update_wrapper(self, fn)
+        try:
+            self._signature = inspect.signature(fn)
+        except (TypeError, ValueError):
+            self._signature = None
+
+    def _split_static(self, args: tuple, kwargs: dict) -> tuple[tuple, dict, dict]:
+        if not self.static_argnames:
+            return args, kwargs, {}
+        if self._signature is None:
+            raise GraphcError("static_argnames needs a function with an inspectable signature")
+        bound = self._signature.bind(*args, **kwargs)
+        static = {}
+        for name in self.static_argnames:
+            if name not in self._signature.parameters:
+                raise GraphcError(f"static_argnames: {self.fn.__name__} has no parameter {name!r}")
+            if name in bound.arguments:
+                value = bound.arguments.pop(name)
+                value = value.item() if isinstance(value, np.generic) else value
+                static[name] = _hashable(value, name)
+        return tuple(bound.args), dict(bound.kwargs), static
+
+    def _key(self, args: tuple, kwargs: dict, static: dict) -> Any:
+        leaves, treedef = flatten((args, kwargs))
+        shapes = tuple((np.shape(x), np.result_type(x).str) for x in leaves)
+        return (treedef, shapes, tuple(sorted(static.items())))
+
+    def compile(self, *args: Any, **kwargs: Any) -> Compiled:
+        """The compiled specialization for these arguments (traced and built on first use)."""
+        args, kwargs, static = self._split_static(args, kwargs)
+        key = self._key(args, kwargs, static)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                return hit
+            from graphc.frontend import trace
+            from passes import optimize
+
+            fn = functools.partial(self.fn, **static) if static else self.fn
+            if static:
+                functools.update_wrapper(fn, self.fn)
+            seconds: dict[str, float] = {}
+            start = time.perf_counter()
+            traced = trace(fn, *args, **kwargs)
+            seconds["trace_s"] = time.perf_counter() - start
+            start = time.perf_counter()
+            optimized = optimize(traced, self.passes)
+            seconds["optimize_s"] = time.perf_counter() - start
+            compiled = Compiled(traced, optimized, seconds, self._split_static)
+            self._cache[key] = compiled
+            return compiled
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.compile(*args, **kwargs)(*args, **kwargs)
+
+
+def jit(fn: Callable | None = None, *, static_argnames: tuple[str, ...] | list[str] = (),
+        passes: tuple[str, ...] | None = None) -> Any:
+    """Decorator or function: ``graphc.jit(fn)`` / ``@graphc.jit(static_argnames=("n_head",))``."""
+    if isinstance(static_argnames, str):
+        static_argnames = (static_argnames,)
+    if fn is None:
+        return lambda f: Jitted(f, tuple(static_argnames), passes)
+    return Jitted(fn, tuple(static_argnames), passes)
+
+
+__all__ = ["jit", "Jitted", "Compiled", "TreeDef"]

@@ -1,0 +1,164 @@
+"""The single-device executor: runs an optimized graph as a precompiled list of steps.
+
+Each node becomes one step: a fused node calls its Numba kernel, a control-flow node runs its
+regions as sub-programs, every other op calls its numpy/BLAS reference implementation. Values
+live in numbered slots; a slot is cleared after its last use (liveness), and kernel output
+buffers whose last reference is dropped go back to a pool keyed by shape and dtype, so a warm run
+reuses memory instead of paying page faults for fresh temporaries.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from graphc.ir import Graph, Node, Value
+
+
+class BufferPool:
+    """Reusable output buffers, handed out by (shape, dtype); thread-safe."""
+
+    def __init__(self):
+        self._free: dict[tuple, list[np.ndarray]] = {}
+        self._owned: set[int] = set()
+        self._lock = threading.Lock()
+        self.reused = 0
+        self.allocated = 0
+
+    def get(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        key = (shape, np.dtype(dtype).str)
+        with self._lock:
+            bucket = self._free.get(key)
+            if bucket:
+                self.reused += 1
+                return bucket.pop()
+            self.allocated += 1
+        buf = np.empty(shape, dtype)
+        with self._lock:
+            self._owned.add(id(buf))
+        return buf
+
+    def give_back(self, arr: Any) -> None:
+        """Return ``arr`` if the pool made it and nothing else refers to it (no views, not an output)."""
+        if not isinstance(arr, np.ndarray) or id(arr) not in self._owned:
+            return
+        if sys.getrefcount(arr) > 3:  # the caller's reference, this argument, getrefcount's own
+            return
+        with self._lock:
+            self._free.setdefault((arr.shape, arr.dtype.str), []).append(arr)
+
+    def forget(self, arr: Any) -> None:
+        """``arr`` leaves the executor (a result handed to the caller): never reuse it."""
+        if isinstance(arr, np.ndarray):
+            with self._lock:
+                self._owned.discard(id(arr))
+
+
+class Program:
+    """A compiled block (a graph body or a region)."""
+
+    def __init__(self, inputs: list[Value], nodes: list[Node], outputs: list[Value], pool: BufferPool,
+                 stats: dict[str, Any]):
+        self.pool = pool
+        slot: dict[Value, int] = {}
+        for v in inputs:
+            slot[v] = len(slot)
+        self.n_inputs = len(inputs)
+        self.constants: list[tuple[int, np.ndarray]] = []
+        steps = []
+        for node in nodes:
+            if node.op.name == "constant":
+                slot[node.outputs[0]] = len(slot)
+                self.constants.append((slot[node.outputs[0]], np.asarray(node.attrs["value"])))
+                continue
+            fn = self._make_step(node, stats)
+            for o in node.outputs:
+                slot[o] = len(slot)
+            steps.append([fn, [slot[v] for v in node.inputs], [slot[o] for o in node.outputs], []])
+        self.n_slots = len(slot)
+        self.out_slots = [slot[v] for v in outputs]
+        keep = set(self.out_slots) | {s for s, _ in self.constants}
+        last: dict[int, int] = {}
+        for k, step in enumerate(steps):
+            for s in step[1]:
+                last[s] = k
+        for s, k in last.items():
+            if s not in keep and s >= self.n_inputs:
+                steps[k][3].append(s)
+        self.steps = [tuple(s) for s in steps]
+
+    def _make_step(self, node: Node, stats: dict[str, Any]) -> Callable:
+        name = node.op.name
+        if name == "fused":
+            from runtime.codegen import CompiledKernel
+
+            start = time.perf_counter()
+            kernel = CompiledKernel(node, [v.shape for v in node.inputs], alloc=self.pool.get)
+            stats["compile_s"] = stats.get("compile_s", 0.0) + time.perf_counter() - start
+            stats.setdefault("kernels", []).append(len(node.regions[0].nodes))
+            return kernel
+        if node.regions:
+            regions = [Program(r.inputs, r.nodes, r.outputs, self.pool, stats) for r in node.regions]
+            runners = [r.run for r in regions]
+            impl = node.op.impl
+            attrs = node.attrs
+            by_region = {id(r): run for r, run in zip(node.regions, runners)}
+
+            def run_control(*xs):
+                return impl(lambda region, arrays: by_region[id(region)](list(arrays)), node.regions, *xs, **attrs)
+
+            return run_control
+        if name == "matmul":
+            return _matmul
+        evaluate = node.op.evaluate
+        attrs = node.attrs
+        if not attrs:
+            return evaluate
+        return lambda *xs: evaluate(*xs, **attrs)
+
+    def run(self, args: list[np.ndarray]) -> list[np.ndarray]:
+        env: list[Any] = [None] * self.n_slots
+        env[: self.n_inputs] = args
+        for s, value in self.constants:
+            env[s] = value
+        give_back = self.pool.give_back
+        for fn, ins, outs, frees in self.steps:
+            results = fn(*[env[i] for i in ins])
+            if type(results) is not tuple and type(results) is not list:
+                results = (results,)
+            for s, r in zip(outs, results):
+                env[s] = r
+            for s in frees:
+                arr = env[s]
+                env[s] = None
+                give_back(arr)
+                del arr
+        return [env[s] for s in self.out_slots]
+
+
+def _matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.matmul(a, b)
+
+
+class Executable:
+    """A graph compiled for the single-device executor."""
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.pool = BufferPool()
+        self.stats: dict[str, Any] = {}
+        start = time.perf_counter()
+        self.program = Program(graph.inputs, graph.nodes, graph.outputs, self.pool, self.stats)
+        self.stats["build_s"] = time.perf_counter() - start
+
+    def run_flat(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        outs = self.program.run([np.asarray(a) for a in arrays])
+        for o in outs:
+            self.pool.forget(o)
+        # a result may alias an input or another result (x returned twice): callers get arrays they own
+        return [np.asarray(o) for o in outs]
