@@ -3,7 +3,8 @@
     graphc ir FILE:FUNC [--example NAME] [--stage PASS] [--dump-ir DIR] [-o OUT]
                                                     trace FUNC on its example arguments, print the IR
     graphc ir FILE.gir                              parse and verify a dumped IR file, print it again
-    graphc bench FILE:FUNC [--example NAME]         time tracing, printing, parsing and evaluation
+    graphc bench FILE:FUNC [--example NAME]         time tracing, IR round trip, numpy eager, interpreter, compiled
+    graphc bench kernels                            fused GELU / softmax / layer-norm kernels vs memory bandwidth
 """
 
 from __future__ import annotations
@@ -84,6 +85,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     import graphc
     from graphc.loader import load_target
 
+    if args.target == "kernels":
+        from runtime.bench import bench_kernels, print_kernel_table
+
+        print("graphc bench kernels: fused float32 kernels vs np.copyto of the same bytes (read + write), one thread")
+        print_kernel_table(bench_kernels(repeat=args.repeat))
+        return 0
     fn, fargs, fkwargs = load_target(args.target, args.example)
     n_params = sum(np.size(x) for x in _array_leaves((fargs, fkwargs)))
     print(f"graphc bench {args.target} ({args.example or 'example_args'}): {n_params:,} array elements in the arguments")
@@ -98,12 +105,42 @@ def cmd_bench(args: argparse.Namespace) -> int:
     print(f"  parse IR         {_fmt(t_parse)}")
     print(f"  verify           {_fmt(t_verify)}")
     if not args.no_run:
-        t_eager, _ = _timed(lambda: fn(*fargs, **fkwargs), args.repeat)
+        from runtime.bench import timed
+
+        t_eager, want = timed(lambda: fn(*fargs, **fkwargs), args.repeat)
         t_eval, _ = _timed(lambda: graphc.evaluate(graph, *fargs, **fkwargs), args.repeat)
         ratio = statistics.median(t_eval) / statistics.median(t_eager)
         print(f"  numpy eager      {_fmt(t_eager)}")
         print(f"  reference interp {_fmt(t_eval)}   ({ratio:.2f}x numpy eager's time)")
+        jitted = graphc.jit(fn)
+        start = time.perf_counter()
+        compiled = jitted.compile(*fargs, **fkwargs)
+        first = time.perf_counter() - start
+        t_jit, got = timed(lambda: compiled(*fargs, **fkwargs), args.repeat)
+        speedup = statistics.median(t_eager) / statistics.median(t_jit)
+        print(f"  graphc compiled  {_fmt(t_jit)}   ({speedup:.2f}x faster than numpy eager)")
+        st = compiled.stats()
+        sizes = st["ops_per_kernel"]
+        print(f"  first call: trace {st['trace_s'] * 1e3:.0f} ms, optimize {st['optimize_s'] * 1e3:.0f} ms, build "
+              f"{st['build_s'] * 1e3:.0f} ms (kernel compile/load {st['kernel_compile_s'] * 1e3:.0f} ms); total {first:.2f} s")
+        print(f"  nodes: {st['nodes_traced']} traced -> {st['nodes_optimized']} optimized; {st['fused_kernels']} fused "
+              f"kernels, {min(sizes, default=0)}-{max(sizes, default=0)} ops each (mean {np.mean(sizes) if sizes else 0:.1f})")
+        print(f"  compiled result equals numpy eager: {_same(got, want)}")
     return 0
+
+
+def _same(got, want) -> str:
+    from graphc.pytree import flatten
+
+    g, w = flatten(got)[0], flatten(want)[0]
+    for a, b in zip(g, w):
+        a, b = np.asarray(a), np.asarray(b)
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return f"no ({a.dtype}{a.shape} vs {b.dtype}{b.shape})"
+        tol = 1e-4 if a.dtype == np.float32 else 1e-6
+        if a.dtype.kind == "f" and not np.allclose(a, b, rtol=tol, atol=tol):
+            return f"no (max abs diff {np.max(np.abs(a - b)):.3g})"
+    return "yes"
 
 
 def _array_leaves(tree):
@@ -126,8 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
     ir.add_argument("--dump-ir", metavar="DIR", help="write the IR after every pass to DIR (NN-<pass>.gir)")
     ir.set_defaults(func=cmd_ir)
 
-    bench = sub.add_parser("bench", help="time tracing, IR printing/parsing and evaluation of FILE:FUNC")
-    bench.add_argument("target", help="FILE:FUNC")
+    bench = sub.add_parser("bench", help="time tracing, IR round trip, numpy eager, the interpreter and compiled "
+                                         "execution of FILE:FUNC; 'graphc bench kernels' measures fused kernels")
+    bench.add_argument("target", help="FILE:FUNC, or 'kernels' for the fused GELU/softmax/layer-norm benchmark")
     bench.add_argument("--example", help="function in FILE returning (args, kwargs) (default: example_args)")
     bench.add_argument("--repeat", type=int, default=3, help="repetitions per measurement (default 3)")
     bench.add_argument("--no-run", action="store_true", help="skip numpy eager and interpreter timings")

@@ -139,3 +139,12 @@ def example_args_48l():
 def example_train_args(batch=2, seq=16, n_vocab=128, d=64, n_layer=2, n_head=4, seed=0):
     (params, tokens, targets), kw = example_loss_args(batch, seq, n_vocab, d, n_layer, n_head, seed)
     return (params, graphc.optim.adam_init(params), tokens, targets), {**kw, "lr": 1e-3}
+
+
+def example_args_bench():
+    """The issue-5 benchmark size: a transformer of d=512, 8 heads, 2 blocks, batch 8 x 256 tokens."""
+    return example_args(batch=8, seq=256, n_vocab=1024, d=512, n_layer=2, n_head=8)
+
+
+def example_train_args_bench():
+    return example_train_args(batch=8, seq=256, n_vocab=1024, d=512, n_layer=2, n_head=8)

@@ -1,0 +1,94 @@
+"""Benchmarks behind ``graphc bench``: numbers measured in one run, ratios against numpy from the
+same run. Nothing here is a test; tests never time anything."""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+
+def timed(fn: Callable[[], Any], repeat: int, warmup: int = 1) -> tuple[list[float], Any]:
+    result = None
+    for _ in range(warmup):
+        result = fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - t0)
+    return times, result
+
+
+def fmt(times: list[float]) -> str:
+    med = statistics.median(times)
+    spread = (max(times) - min(times)) / 2
+    return f"{med * 1e3:10.2f} ms  ± {spread * 1e3:7.2f}  (n={len(times)})"
+
+
+# --- the fused-kernel benchmark: GELU, softmax and layer norm against memory bandwidth ---------
+
+
+def gelu(x):
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+
+
+def softmax(x):
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def layer_norm(x, g, b):
+    mean = x.mean(axis=-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
+    return g * (x - mean) / np.sqrt(var + 1e-5) + b
+
+
+def max_rel_error(got: np.ndarray, want: np.ndarray) -> float:
+    got64, want64 = got.astype(np.float64), want.astype(np.float64)
+    scale = np.maximum(np.abs(want64), np.finfo(np.float32).tiny)
+    return float(np.max(np.abs(got64 - want64) / scale))
+
+
+def bench_kernels(sizes=(4 << 20, 16 << 20), repeat: int = 5, width: int = 1024) -> list[dict[str, Any]]:
+    import graphc
+
+    rows_out = []
+    rng = np.random.default_rng(0)
+    for size in sizes:
+        x = (rng.standard_normal((size // width, width)) * 2).astype(np.float32)
+        g = rng.standard_normal(width).astype(np.float32)
+        b = rng.standard_normal(width).astype(np.float32)
+        dst = np.empty_like(x)
+        t_copy, _ = timed(lambda dst=dst, x=x: np.copyto(dst, x), repeat)
+        copy_s = statistics.median(t_copy)
+        nbytes = 2 * x.nbytes  # read the input once, write the output once
+        cases = [("gelu", gelu, (x,)), ("softmax", softmax, (x,)), ("layer_norm", layer_norm, (x, g, b))]
+        for name, fn, args in cases:
+            jitted = graphc.jit(fn)
+            start = time.perf_counter()
+            compiled = jitted.compile(*args)
+            compile_s = time.perf_counter() - start
+            t_np, want = timed(lambda fn=fn, args=args: fn(*args), max(2, repeat // 2))
+            t_k, got = timed(lambda compiled=compiled, args=args: compiled(*args), repeat)
+            kernel_s = statistics.median(t_k)
+            rows_out.append({
+                "kernel": name, "elements": size, "kernel_ms": kernel_s * 1e3, "numpy_ms": statistics.median(t_np) * 1e3,
+                "copy_ms": copy_s * 1e3, "bandwidth_GBps": nbytes / kernel_s / 1e9, "copy_GBps": nbytes / copy_s / 1e9,
+                "fraction_of_copy": copy_s / kernel_s, "max_rel_error": max_rel_error(got, want),
+                "fused_kernels": compiled.stats()["fused_kernels"], "compile_s": compile_s,
+            })
+    return rows_out
+
+
+def print_kernel_table(rows: list[dict[str, Any]]) -> None:
+    print(f"{'kernel':<11} {'elements':>9} {'graphc ms':>10} {'numpy ms':>9} {'copy ms':>8} {'GB/s':>6} "
+          f"{'of copy':>8} {'max rel err':>12} {'kernels':>8}")
+    for r in rows:
+        print(f"{r['kernel']:<11} {r['elements'] // (1 << 20):>8}M {r['kernel_ms']:>10.2f} {r['numpy_ms']:>9.1f} "
+              f"{r['copy_ms']:>8.2f} {r['bandwidth_GBps']:>6.1f} {r['fraction_of_copy']:>7.0%} "
+              f"{r['max_rel_error']:>12.2e} {r['fused_kernels']:>8}")
