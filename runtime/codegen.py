@@ -30,6 +30,7 @@ import numpy as np
 
 from graphc import dtypes
 from graphc.ir import Node, Region, Value
+from runtime import kmath
 
 REDUCTIONS = ("reduce_sum", "reduce_max", "reduce_min")
 _FLOAT_FUNCS = {"exp": "math.exp", "log": "math.log", "log1p": "math.log1p", "expm1": "math.expm1",
@@ -156,8 +157,11 @@ class KernelSpec:
     def source(self, kinds: list[OperandKind]) -> str:
         region = self.region
         outs = region.outputs
-        lines = ["import math", "import numpy as np", "import numba", "",
-                 "@numba.njit(nogil=True, cache=True, error_model=\"numpy\")",
+        lines = [f"# graphc fused kernel ({kmath.VERSION})", "import math", "import numpy as np", "import numba",
+                 "from runtime.kmath import exp_f32, tanh_f32", "",
+                 # numpy's error model: no zero-division checks (they stop vectorization; numpy gives inf)
+                 # reassoc: sums may be vectorized (reordered); nan/inf semantics are kept
+                 "@numba.njit(nogil=True, cache=True, error_model=\"numpy\", fastmath={\"reassoc\"})",
                  f"def kernel({', '.join([f'in{i}' for i in range(len(region.inputs))] + [f'out{i}' for i in range(len(outs))])}, R, n):"]
         body: list[str] = []
         # scalar constants, hoisted
@@ -262,9 +266,9 @@ class KernelSpec:
         if node.op.name == "reduce_sum":
             return [f"{acc} += {x}"]
         cmp = ">" if node.op.name == "reduce_max" else "<"
-        if node.outputs[0].dtype.kind == "f":  # nan propagates, as in numpy
-            return [f"if {x} {cmp} {acc} or {x} != {x}:", f"    if {acc} == {acc}:", f"        {acc} = {x}"]
-        return [f"if {x} {cmp} {acc}:", f"    {acc} = {x}"]
+        if node.outputs[0].dtype.kind == "f":  # a select (vectorizes); a nan, once seen, stays (as in numpy)
+            return [f"{acc} = {x} if ({x} {cmp} {acc} or {x} != {x}) else {acc}"]
+        return [f"{acc} = {x} if {x} {cmp} {acc} else {acc}"]
 
     def _expr(self, node: Node, ref=None) -> str:
         ref = ref or (lambda v: self.names[v])
@@ -276,6 +280,8 @@ class KernelSpec:
             return f"{cast}({args[0]} {_BINARY[name]} {args[1]})"
         if name == "compare":
             return f"({args[0]} {_COMPARE[node.attrs['direction']]} {args[1]})"
+        if name in ("exp", "tanh") and out.dtype == np.float32:  # vectorizable float32 versions
+            return f"{name}_f32({args[0]})"
         if name in _FLOAT_FUNCS:
             return f"{cast}({_FLOAT_FUNCS[name]}({args[0]}))"
         if name == "neg":
