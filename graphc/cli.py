@@ -66,24 +66,14 @@ def cmd_ir(args: argparse.Namespace) -> int:
     return 0
 
 
-def _timed(fn, repeat: int) -> tuple[list[float], object]:
-    times, result = [], None
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - t0)
-    return times, result
-
-
-def _fmt(times: list[float]) -> str:
-    med = statistics.median(times)
-    spread = (max(times) - min(times)) / 2
-    return f"{med * 1e3:10.1f} ms  ± {spread * 1e3:6.1f}  (n={len(times)})"
-
-
 def cmd_bench(args: argparse.Namespace) -> int:
     import graphc
     from graphc.loader import load_target
+    from runtime.bench import fmt as _fmt
+    from runtime.bench import timed
+
+    def _timed(fn, repeat):
+        return timed(fn, repeat, warmup=0)
 
     if args.target == "kernels":
         from runtime.bench import bench_kernels, print_kernel_table
@@ -105,8 +95,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
     print(f"  parse IR         {_fmt(t_parse)}")
     print(f"  verify           {_fmt(t_verify)}")
     if not args.no_run:
-        from runtime.bench import timed
-
         t_eager, want = timed(lambda: fn(*fargs, **fkwargs), args.repeat)
         t_eval, _ = _timed(lambda: graphc.evaluate(graph, *fargs, **fkwargs), args.repeat)
         ratio = statistics.median(t_eval) / statistics.median(t_eager)

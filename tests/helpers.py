@@ -23,3 +23,26 @@ def assert_same_pytree(got, want):
             np.testing.assert_allclose(g, w, rtol=rtol, atol=rtol * max(1.0, float(np.nanmax(np.abs(w), initial=0))) * 1e-2)
         else:
             np.testing.assert_array_equal(g, w)
+
+
+def line_of(marker: str, path: str | None = None) -> int:
+    """The line number of the first line of the calling test file (or ``path``) containing
+    ``marker`` (lines that call line_of itself are skipped)."""
+    import sys
+
+    path = path or sys._getframe(1).f_globals["__file__"]
+    with open(path) as f:
+        for i, line in enumerate(f, 1):
+            if marker in line and "line_of(" not in line:
+                return i
+    raise AssertionError(f"no line with {marker!r} in {path}")
+
+
+def numeric_grad(f, x, eps=1e-6):
+    """Central finite differences of a scalar function, one coordinate at a time."""
+    g = np.zeros_like(x)
+    for i in np.ndindex(x.shape):
+        d = np.zeros_like(x)
+        d[i] = eps
+        g[i] = (f(x + d) - f(x - d)) / (2 * eps)
+    return g

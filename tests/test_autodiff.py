@@ -13,6 +13,7 @@ import graphc
 from graphc.frontend.tracer import inline_graph
 from graphc.ops import REGISTRY
 from tests.graphgen import random_graphs
+from tests.helpers import numeric_grad
 
 F64 = np.dtype(np.float64)
 
@@ -127,15 +128,6 @@ def test_vjp_and_jvp_agree_with_finite_differences(name):
 
 
 # --- exact gradients for the cases the issue names ------------------------------------------------
-
-
-def numeric_grad(f, x, eps=1e-6):
-    g = np.zeros_like(x)
-    for i in np.ndindex(x.shape):
-        d = np.zeros_like(x)
-        d[i] = eps
-        g[i] = (f(x + d) - f(x - d)) / (2 * eps)
-    return g
 
 
 GRAD_CASES = {

@@ -24,19 +24,11 @@ import pytest
 
 import graphc
 from graphc.ir import walk
-from tests.helpers import assert_same_pytree
+from tests.helpers import assert_same_pytree, line_of, numeric_grad
 
 CONTROL_OPS = {"cond", "while_loop", "fori_loop"}
 X = np.array([1.0, -2.0, 3.0])
 X32 = np.array([1.0, -2.0, 3.0], np.float32)
-
-
-def line_of(marker: str) -> int:
-    with open(__file__) as f:
-        for i, line in enumerate(f, 1):
-            if marker in line and "line_of(" not in line:
-                return i
-    raise AssertionError(marker)
 
 
 def ops_of(graph) -> set[str]:
@@ -90,15 +82,6 @@ def trace_error(fn, *args, **kwargs) -> graphc.TraceError:
     err = info.value
     assert err.filename is not None and err.filename.endswith("test_autograph_styles.py"), err
     return err
-
-
-def numeric_grad(f, x, eps=1e-6):
-    g = np.zeros_like(x)
-    for i in np.ndindex(x.shape):
-        d = np.zeros_like(x)
-        d[i] = eps
-        g[i] = (f(x + d) - f(x - d)) / (2 * eps)
-    return g
 
 
 # =================================================================================================

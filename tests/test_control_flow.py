@@ -7,15 +7,7 @@ import pytest
 import graphc
 from graphc.builder import GraphBuilder
 from graphc.ir import Region, TensorType
-from tests.helpers import assert_same_pytree
-
-
-def line_of(marker: str) -> int:
-    with open(__file__) as f:
-        for i, line in enumerate(f, 1):
-            if marker in line and "line_of(" not in line:
-                return i
-    raise AssertionError(marker)
+from tests.helpers import assert_same_pytree, line_of, numeric_grad
 
 
 def ops_of(graph):
@@ -178,15 +170,6 @@ def test_parser_rejects_a_region_using_an_outer_value():
 
 
 # --- autodiff through control flow ---------------------------------------------------------------
-
-
-def numeric_grad(f, x, eps=1e-6):
-    g = np.zeros_like(x)
-    for i in np.ndindex(x.shape):
-        d = np.zeros_like(x)
-        d[i] = eps
-        g[i] = (f(x + d) - f(x - d)) / (2 * eps)
-    return g
 
 
 def branchy_loss(x):

@@ -4,16 +4,9 @@ import numpy as np
 import pytest
 
 import graphc
+from tests.helpers import line_of
 
 THIS_FILE = "tests/test_errors.py"
-
-
-def line_of(marker: str) -> int:
-    with open(__file__) as f:
-        for i, line in enumerate(f, 1):
-            if marker in line and "line_of(" not in line:
-                return i
-    raise AssertionError(marker)
 
 
 def trace_error(fn, *args, **kwargs) -> graphc.TraceError:

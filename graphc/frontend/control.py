@@ -17,8 +17,8 @@ import numpy as np
 
 from graphc import dtypes
 from graphc.errors import TraceError
-from graphc.frontend.tracer import TraceContext, Tracer, _ctx_stack, current_context, lift, user_location
-from graphc.ir import Region, TensorType, Value, clone_region
+from graphc.frontend.tracer import TraceContext, Tracer, _ctx_stack, current_context, emit_block, lift, user_location
+from graphc.ir import Region, TensorType, Value
 from graphc.ops import get_op
 from graphc.pytree import TreeDef, flatten, unflatten
 
@@ -324,14 +324,7 @@ def fori_loop(lower: Any, upper: Any, body_fn: Callable, init: Sequence[Any], st
 
 def inline_region(region: Region, args: Sequence[Tracer]) -> list[Tracer]:
     """Emit a region's nodes again on ``args`` in the current trace."""
-    ctx = current_context()
-    env: dict[Value, Tracer] = dict(zip(region.inputs, args))
-    for node in region.nodes:
-        with ctx.annotate(loc=node.loc):
-            outs = ctx.emit(node.op.name, [env[v] for v in node.inputs], node.attrs,
-                            tuple(clone_region(r) for r in node.regions))
-        env.update(zip(node.outputs, outs))
-    return [env[v] for v in region.outputs]
+    return emit_block(current_context(), region.inputs, region.nodes, region.outputs, list(args))
 
 
 def _float(v) -> bool:

@@ -701,13 +701,20 @@ def inline_graph(graph: Graph, *args: Any, **kwargs: Any) -> Any:
 
         return evaluate(graph, *args, **kwargs)
     leaves = [lift(x) for x in _flat_arguments(graph, args, kwargs)]
-    env: dict[Value, Tracer] = dict(zip(graph.inputs, leaves))
-    for node in graph.nodes:
+    return unflatten(graph.out_tree, emit_block(ctx, graph.inputs, graph.nodes, graph.outputs, leaves))
+
+
+def emit_block(ctx: TraceContext, inputs: list[Value], nodes: list[Node], outputs: list[Value],
+               args: list[Tracer]) -> list[Tracer]:
+    """Emit a block's nodes (a graph body or a region) again on ``args`` in ``ctx``; nested
+    regions are copied, since a region may appear only once in a graph."""
+    env: dict[Value, Tracer] = dict(zip(inputs, args))
+    for node in nodes:
         with ctx.annotate(loc=node.loc):
             outs = ctx.emit(node.op.name, [env[v] for v in node.inputs], node.attrs,
                             tuple(clone_region(r) for r in node.regions))
         env.update(zip(node.outputs, outs))
-    return unflatten(graph.out_tree, [env[v] for v in graph.outputs])
+    return [env[v] for v in outputs]
 
 
 def _flat_arguments(graph: Graph, args: tuple, kwargs: dict) -> list[Any]:

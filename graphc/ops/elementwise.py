@@ -180,7 +180,8 @@ for _op in (logical_not, logical_and, logical_or, compare):
     _set_rules(_op, lambda ad, g: [None] * len(ad.inputs), lambda ad, *t: None)  # bool results
 
 
-def _sum_tangents(*terms):
+def sum_tangents(*terms):
+    """The sum of the non-None terms (None if all are None: a symbolic zero)."""
     terms = [t for t in terms if t is not None]
     if not terms:
         return None
@@ -209,7 +210,7 @@ def _binary_rules(op: OpDef, dx, dy) -> None:
     def jvp(ad, tx, ty):
         (x, y), (z,) = ad.inputs, ad.outputs
         terms = [_scale(tx, dx(x, y, z)) if tx is not None else None, _scale(ty, dy(x, y, z)) if ty is not None else None]
-        return ad.broadcast_to_output(_sum_tangents(*terms))
+        return ad.broadcast_to_output(sum_tangents(*terms))
 
     _set_rules(op, vjp, jvp)
 

@@ -10,7 +10,7 @@ import numpy as np
 from graphc.errors import ShapeError
 from graphc.ir import TensorType
 from graphc.ops import OpDef, register, same_dtype
-from graphc.ops.elementwise import broadcast_shapes
+from graphc.ops.elementwise import broadcast_shapes, sum_tangents
 
 
 def _matmul_infer(in_types):
@@ -86,8 +86,7 @@ def _matmul_vjp(ad, g):  # C = A B: dA = g B^T, dB = A^T g (summed over broadcas
 def _matmul_jvp(ad, ta, tb):
     a, b = ad.inputs
     terms = [ta @ b if ta is not None else None, a @ tb if tb is not None else None]
-    terms = [ad.broadcast_to_output(t) for t in terms if t is not None]
-    return None if not terms else terms[0] if len(terms) == 1 else terms[0] + terms[1]
+    return sum_tangents(*(ad.broadcast_to_output(t) for t in terms if t is not None))
 
 
 matmul.vjp, matmul.jvp = _matmul_vjp, _matmul_jvp
@@ -113,19 +112,14 @@ def _einsum_vjp(ad, g):
     return grads
 
 
-def _einsum_jvp(ad, *tangents):
+def _einsum_jvp(ad, *tangents):  # product rule: one einsum per operand with a tangent
     terms = []
     for i, t in enumerate(tangents):
         if t is not None:
             operands = list(ad.inputs)
             operands[i] = t
             terms.append(ad.bind("einsum", *operands, **ad.attrs))
-    if not terms:
-        return None
-    total = terms[0]
-    for t in terms[1:]:
-        total = total + t
-    return total
+    return sum_tangents(*terms)
 
 
 einsum.vjp, einsum.jvp = _einsum_vjp, _einsum_jvp
