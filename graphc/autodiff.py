@@ -212,9 +212,9 @@ class _Recorded:
                          [o._value for o in self.out_leaves], cts)
         it = iter(grads)
         leaves = []
-        for a, w in zip(self.aliases, wrt):
-            if w is None or not differentiable(w):
-                leaves.append(None if w is not None or not isinstance(a, float) else None)
+        for w in wrt:
+            if w is None or not differentiable(w):  # static or integer/bool leaf: no gradient
+                leaves.append(None)
                 if w is not None:
                     next(it)
                 continue

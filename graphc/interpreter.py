@@ -55,10 +55,15 @@ def run_flat(graph: Graph | Region, arrays: list[np.ndarray]) -> list[np.ndarray
     frees = last_uses(graph)
     for i, node in enumerate(graph.nodes):
         operands = [env[v] for v in node.inputs]
-        if node.regions:
-            results = tuple(np.asarray(r) for r in node.op.impl(run_flat, node.regions, *operands, **node.attrs))
-        else:
-            results = node.op.evaluate(*operands, **node.attrs)
+        try:
+            if node.regions:
+                results = tuple(np.asarray(r) for r in node.op.impl(run_flat, node.regions, *operands, **node.attrs))
+            else:
+                results = node.op.evaluate(*operands, **node.attrs)
+        except Exception as exc:
+            if not any("graphc: in" in n for n in getattr(exc, "__notes__", [])):
+                exc.add_note(f"graphc: in {node.op.name} at {node.loc}" if node.loc else f"graphc: in {node.op.name}")
+            raise
         for value, result in zip(node.outputs, results):
             if result.shape != value.type.shape or result.dtype != value.type.dtype:
                 raise AssertionError(
@@ -80,4 +85,5 @@ def evaluate(graph: Graph, *args: Any, **kwargs: Any) -> Any:
     """Run ``graph`` on the same arguments its function was traced with; returns the same pytree."""
     arrays = bind_arguments(graph, args, kwargs)
     outs = run_flat(graph, arrays)
+    outs = [o if o.flags.writeable else o.copy() for o in outs]  # constants are read-only: return copies
     return unflatten(graph.out_tree, [as_numpy_result(o) for o in outs])

@@ -58,6 +58,22 @@ class Compiled:
         }
 
 
+def _static_key(v: Any) -> Any:
+    """Static values are keyed by type and, for floats, by bits: 2 and 2.0 (or 0.0 and -0.0)
+    trace to different graphs even though they compare equal."""
+    if isinstance(v, float):
+        return ("float", v.hex())
+    if isinstance(v, tuple):
+        return ("tuple", tuple(_static_key(x) for x in v))
+    return (type(v).__name__, v)
+
+
+def _structure_key(t: TreeDef) -> Any:
+    if t.kind == "static":
+        return ("static", _static_key(t.value))
+    return (t.kind, tuple(_static_key(k) for k in t.keys), tuple(_structure_key(c) for c in t.children))
+
+
 def _hashable(v: Any, name: str) -> Any:
     try:
         hash(v)
@@ -98,7 +114,7 @@ class Jitted:
     def _key(self, args: tuple, kwargs: dict, static: dict) -> Any:
         leaves, treedef = flatten((args, kwargs))
         shapes = tuple((np.shape(x), np.result_type(x).str) for x in leaves)
-        return (treedef, shapes, tuple(sorted(static.items())))
+        return (_structure_key(treedef), shapes, tuple(sorted((k, _static_key(v)) for k, v in static.items())))
 
     def compile(self, *args: Any, **kwargs: Any) -> Compiled:
         """The compiled specialization for these arguments (traced and built on first use)."""
@@ -129,6 +145,10 @@ class Jitted:
             return compiled
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from graphc.frontend.tracer import current_context
+
+        if current_context() is not None:  # called inside a trace (grad of a jitted function...): inline
+            return self.fn(*args, **kwargs)
         return self.compile(*args, **kwargs)(*args, **kwargs)
 
 
@@ -142,4 +162,4 @@ def jit(fn: Callable | None = None, *, static_argnames: tuple[str, ...] | list[s
     return Jitted(fn, tuple(static_argnames), passes)
 
 
-__all__ = ["jit", "Jitted", "Compiled", "TreeDef"]
+__all__ = ["jit", "Jitted", "Compiled"]

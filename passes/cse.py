@@ -22,8 +22,8 @@ def attr_key(v: Any) -> Any:
         return ("array", v.dtype.str, v.shape, v.tobytes())
     if isinstance(v, tuple):
         return tuple(attr_key(x) for x in v)
-    if isinstance(v, float) and v != v:
-        return ("nan",)
+    if isinstance(v, float):  # by bits: 0.0 and -0.0 differ, nan equals itself
+        return ("float", v.hex())
     return (type(v).__name__, v)
 
 

@@ -46,21 +46,35 @@ def _is_row_reduction(node: Node) -> bool:
 def fusable(node: Node) -> bool:
     if node.regions:
         return False
+    values = [*node.inputs, *node.outputs]
+    if any(v.type.size == 0 or (v.dtype.kind == "f" and v.dtype.itemsize == 2) for v in values):
+        return False  # empty arrays need no kernel; Numba has no float16 arithmetic
+    if node.op.name == "pow" and node.outputs[0].dtype.kind in "iu":
+        return False  # numpy raises for negative integer exponents; a kernel would not
     if node.op.kind == "elementwise":
         return all(o.dtype.kind in "biuf" for o in node.outputs)
     return _is_row_reduction(node)
 
 
 def _level(cluster: Cluster, node: Node) -> str | None:
-    """The level the node would have in the cluster, or None if it does not fit."""
+    """The level the node would have in the cluster, or None if it does not fit.
+
+    A per-row value of shape S[:-1] + (1,) broadcasts over a row as numpy does; one of shape
+    S[:-1] (a reduction without keepdims) would line up with the trailing axes instead, so an
+    elementwise op may not use it. A row op's operands from outside must be row-shaped or scalars.
+    """
     out = node.outputs[0]
     if _is_row_reduction(node):
         x = node.inputs[0]
         return "row" if cluster.values.get(x) == "elem" or (x not in cluster.values and x.shape == cluster.space) else None
     if out.shape == cluster.space:
-        return "elem"
+        keep_row = cluster.space[:-1] + (1,)
+        ok = all(cluster.values.get(v) != "row" or v.shape == keep_row or v.type.size == 1 for v in node.inputs)
+        return "elem" if ok else None
     if out.shape in cluster.row_shapes and all(cluster.values.get(v, "row") == "row" for v in node.inputs):
-        return "row"
+        outside = [v for v in node.inputs if v not in cluster.values]
+        if all(v.shape == out.shape or v.type.size == 1 for v in outside):
+            return "row"
     return None
 
 

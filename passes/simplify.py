@@ -2,8 +2,9 @@
 
 Each rule looks at one node (with its operands already simplified) and returns the values that
 replace its results, or None. Every rule keeps the result's shape and dtype. All keep values bit
-for bit except x**3 -> x*x*x and (x*c1)*c2 -> x*(c1*c2), which can differ in the last bit
-(x**2 -> x*x is exact: numpy computes squares that way too).
+for bit except x**3 -> x*x*x, which can differ in the last bit (x**2 -> x*x is exact: numpy
+computes squares that way too). Regrouping products of constants is not done: (x*c1)*c2 and
+x*(c1*c2) can differ by overflow or underflow, not only in the last bit.
 
 Assumes: a verified graph. Guarantees: the output verifies and computes the same results.
 """
@@ -164,22 +165,6 @@ def implicit_broadcast(rw, node, ops):  # f(x, broadcast_to(y)) -> f(x, y): elem
     if all(a is b for a, b in zip(changed, ops)):
         return None
     return list(rw.emit(node.op.name, changed, dict(node.attrs), node).outputs)
-
-
-@rule("mul")
-def fold_scalar_factors(rw, node, ops):  # (x * c1) * c2 -> x * (c1 * c2) for scalar constants
-    x, y = ops
-    c2 = scalar_constant(y)
-    if c2 is None or x.producer is None or x.producer.op.name != "mul" or x.dtype.kind != "f":
-        return None
-    a, b = x.producer.inputs
-    for inner, c_val in ((a, b), (b, a)):
-        c1 = scalar_constant(c_val)
-        if c1 is not None and inner.type == node.outputs[0].type:
-            product = np.asarray(np.asarray(c1, x.dtype) * np.asarray(c2, x.dtype), x.dtype)
-            c = rw.constant(product, node)
-            return list(rw.emit("mul", [inner, c], {}, node).outputs)
-    return None
 
 
 def simplify_block(inputs: list[Value], nodes: list[Node], outputs: list[Value]) -> tuple[list[Node], list[Value]]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import math
 import os
 import sys
 import threading
@@ -28,7 +29,6 @@ from typing import Any
 
 import numpy as np
 
-from graphc import dtypes
 from graphc.ir import Node, Region, Value
 from runtime import kmath
 
@@ -160,15 +160,15 @@ class KernelSpec:
         lines = [f"# graphc fused kernel ({kmath.VERSION})", "import math", "import numpy as np", "import numba",
                  "from runtime.kmath import exp_f32, tanh_f32", "",
                  # numpy's error model: no zero-division checks (they stop vectorization; numpy gives inf)
-                 # reassoc: sums may be vectorized (reordered); nan/inf semantics are kept
-                 "@numba.njit(nogil=True, cache=True, error_model=\"numpy\", fastmath={\"reassoc\"})",
+                 "@numba.njit(nogil=True, cache=True, error_model=\"numpy\")",
                  f"def kernel({', '.join([f'in{i}' for i in range(len(region.inputs))] + [f'out{i}' for i in range(len(outs))])}, R, n):"]
         body: list[str] = []
         # scalar constants, hoisted
         for node in region.nodes:
             if node.op.name == "constant":
                 val = node.attrs["value"].reshape(()).item()
-                body.append(f"{self.names[node.outputs[0]]} = {_np_type(node.outputs[0].dtype)}({val!r})")
+                text = f"float({str(val)!r})" if isinstance(val, float) and not math.isfinite(val) else repr(val)
+                body.append(f"{self.names[node.outputs[0]]} = {_np_type(node.outputs[0].dtype)}({text})")
         # scratch rows for elementwise values used in a later phase than their own
         used_later: set[Value] = set()
         for node in region.nodes:
@@ -377,6 +377,3 @@ def load_kernel(source: str):
         _loaded[digest] = module.kernel
         return module.kernel
 
-
-def dtype_name(dt) -> str:
-    return dtypes.short_name(dt)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -25,7 +26,8 @@ class BufferPool:
 
     def __init__(self):
         self._free: dict[tuple, list[np.ndarray]] = {}
-        self._owned: set[int] = set()
+        # id -> weak reference: an id alone may be reused by a later, unrelated array
+        self._owned: dict[int, weakref.ref] = {}
         self._lock = threading.Lock()
         self.reused = 0
         self.allocated = 0
@@ -40,12 +42,15 @@ class BufferPool:
             self.allocated += 1
         buf = np.empty(shape, dtype)
         with self._lock:
-            self._owned.add(id(buf))
+            self._owned[id(buf)] = weakref.ref(buf)
         return buf
 
     def give_back(self, arr: Any) -> None:
         """Return ``arr`` if the pool made it and nothing else refers to it (no views, not an output)."""
-        if not isinstance(arr, np.ndarray) or id(arr) not in self._owned:
+        if not isinstance(arr, np.ndarray) or arr.base is not None:
+            return
+        ref = self._owned.get(id(arr))
+        if ref is None or ref() is not arr:
             return
         if sys.getrefcount(arr) > 3:  # the caller's reference, this argument, getrefcount's own
             return
@@ -56,7 +61,7 @@ class BufferPool:
         """``arr`` leaves the executor (a result handed to the caller): never reuse it."""
         if isinstance(arr, np.ndarray):
             with self._lock:
-                self._owned.discard(id(arr))
+                self._owned.pop(id(arr), None)
 
 
 class Program:
@@ -70,6 +75,7 @@ class Program:
             slot[v] = len(slot)
         self.n_inputs = len(inputs)
         self.constants: list[tuple[int, np.ndarray]] = []
+        self.nodes: list[Node] = []  # the node of each step (for error messages)
         steps = []
         for node in nodes:
             if node.op.name == "constant":
@@ -80,6 +86,7 @@ class Program:
             for o in node.outputs:
                 slot[o] = len(slot)
             steps.append([fn, [slot[v] for v in node.inputs], [slot[o] for o in node.outputs], []])
+            self.nodes.append(node)
         self.n_slots = len(slot)
         self.out_slots = [slot[v] for v in outputs]
         keep = set(self.out_slots) | {s for s, _ in self.constants}
@@ -127,8 +134,13 @@ class Program:
         for s, value in self.constants:
             env[s] = value
         give_back = self.pool.give_back
-        for fn, ins, outs, frees in self.steps:
-            results = fn(*[env[i] for i in ins])
+        for k, (fn, ins, outs, frees) in enumerate(self.steps):
+            try:
+                results = fn(*[env[i] for i in ins])
+            except Exception as exc:
+                node = self.nodes[k]
+                exc.add_note(f"graphc: in {node.op.name} at {node.loc}" if node.loc else f"graphc: in {node.op.name}")
+                raise
             if type(results) is not tuple and type(results) is not list:
                 results = (results,)
             for s, r in zip(outs, results):
@@ -166,5 +178,5 @@ class Executable:
         outs = self.program.run([np.asarray(a) for a in arrays])
         for o in outs:
             self.pool.forget(o)
-        # a result may alias an input or another result (x returned twice): callers get arrays they own
-        return [np.asarray(o) for o in outs]
+        # constants are read-only and shared between calls: callers get writeable copies
+        return [o if o.flags.writeable else o.copy() for o in map(np.asarray, outs)]

@@ -1128,8 +1128,6 @@ def python_int_counter(x32, n):
     return x32 * i  # float32 * Python int -> float32
 
 
-@pytest.mark.xfail(strict=True, reason="graphc gap: Python numbers carried by a traced loop become float64/int64 "
-                                       "arrays, so results promote to float64 where numpy keeps float32")
 @pytest.mark.parametrize("fn", [python_float_accumulator, python_int_counter])
 def test_python_numbers_carried_by_traced_loops_stay_weak(fn):
     check(fn, X32, np.int64(3))

@@ -190,3 +190,13 @@ def test_evaluate_rejects_mismatched_arguments():
         graphc.evaluate(g, {"v": np.ones((2, 3))}, np.ones(3))
     with pytest.raises(graphc.EvaluationError, match="expected a tuple of length 2"):
         graphc.evaluate(g, {"w": np.ones((2, 3))})
+
+
+def test_in_place_update_cannot_change_the_shape():
+    def f(a, b):
+        a += b  # <iadd-shape>
+        return a
+
+    err = trace_error(f, np.ones(3), np.ones((2, 3)))
+    check_location(err, "<iadd-shape>")
+    assert "non-broadcastable output operand with shape (3,)" in str(err)

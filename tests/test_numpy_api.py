@@ -808,3 +808,21 @@ def test_matrix_norm_needing_svd_is_rejected(ord, axis):
     """The spectral and nuclear norms need singular values: a TraceError, not another norm's value."""
     with pytest.raises(graphc.TraceError, match="SVD"):
         graphc.trace(lambda x: np.linalg.norm(x, ord, axis=axis), SQ64)
+
+
+def test_logaddexp_of_equal_infinities():
+    a = np.array([np.inf, -np.inf, 1.0])
+    g = graphc.trace(np.logaddexp, a, a)
+    np.testing.assert_array_equal(graphc.evaluate(g, a, a), np.logaddexp(a, a))
+
+
+def test_cse_keeps_negative_zero_apart():
+    def f(x):
+        return 1 / np.pad(x, 1, constant_values=-0.0), 1 / np.pad(x, 1, constant_values=0.0)
+
+    x = np.ones(2)
+    with np.errstate(divide="ignore"):
+        got = graphc.evaluate(graphc.optimize(graphc.trace(f, x)), x)
+        want = f(x)
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)

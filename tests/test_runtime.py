@@ -171,3 +171,75 @@ def test_second_process_loads_kernels_from_the_disk_cache(tmp_path):
     _, hits2, misses2 = map(int, second.stdout.split())
     assert hits1 == 0 and misses1 >= 1  # compiled in the first process
     assert hits2 >= 1 and misses2 == 0  # loaded from the cache in the second
+
+
+# --- regressions found in review ---------------------------------------------------------------
+
+
+def test_pool_never_reuses_a_view_of_the_callers_input():
+    def f(x):
+        y, _ = graphc.while_loop(lambda y, i: i < 3, lambda y, i: (y * 2.0 + 1.0, i + 1), (x, np.int64(0)))
+        w = x[1:] * 3.0 + 1.0
+        u = w[::-1] * 5.0 + 2.0
+        return y[1:] + u
+
+    jitted = graphc.jit(f)
+    for _ in range(6):
+        x = np.arange(8.0).reshape(4, 2)
+        jitted(x)
+        np.testing.assert_array_equal(x, np.arange(8.0).reshape(4, 2))
+
+
+def test_reduction_without_keepdims_is_not_a_per_row_value():
+    x = np.arange(9.0).reshape(3, 3)
+    np.testing.assert_array_equal(graphc.jit(lambda x: x - x.sum(-1))(x), x - x.sum(-1))
+    a, y = np.ones((2, 3, 4)), np.arange(3.0).reshape(3, 1)
+    f = lambda x, y: np.exp(x - (x.max(-1, keepdims=True) + y))  # noqa: E731
+    np.testing.assert_allclose(graphc.jit(f)(a, y), f(a, y))
+
+
+def test_static_values_are_keyed_by_type_and_bits():
+    x = np.arange(3)
+    jitted = graphc.jit(lambda x, s: x * s, static_argnames="s")
+    assert jitted(x, 2).dtype == np.int64 and jitted(x, 2.0).dtype == np.float64
+    div = graphc.jit(lambda x, s: x / s)
+    with np.errstate(divide="ignore"):
+        np.testing.assert_array_equal(div(np.ones(2), 0.0), [np.inf, np.inf])
+        np.testing.assert_array_equal(div(np.ones(2), -0.0), [-np.inf, -np.inf])
+
+
+def test_kernels_with_infinite_constants_zero_size_and_float16():
+    f = lambda x: np.where(x > 0, x, -np.inf) + 1.0  # noqa: E731
+    np.testing.assert_array_equal(graphc.jit(f)(np.array([1.0, -1.0])), [2.0, -np.inf])
+    assert graphc.jit(lambda x: x * 2.0 + 1.0)(np.zeros((0, 3))).shape == (0, 3)
+    h = graphc.jit(lambda x: x * np.float16(2) + np.float16(1))(np.ones(3, np.float16))
+    assert h.dtype == np.float16 and (h == 3).all()
+
+
+def test_products_of_constants_are_not_regrouped():
+    x = np.full(2, 1e30, np.float32)
+    np.testing.assert_allclose(graphc.jit(lambda x: x * np.float32(1e-30) * np.float32(1e-30))(x), [1e-30, 1e-30],
+                               rtol=1e-6)
+
+
+def test_negative_integer_powers_raise_like_numpy():
+    with pytest.raises(ValueError, match="negative integer powers"):
+        graphc.jit(lambda a, b: a**b)(np.array([2, 3]), np.array([-1, -2]))
+
+
+def test_runtime_errors_name_the_line():
+    with pytest.raises(IndexError) as info:
+        graphc.jit(lambda t, i: t[i])(np.ones(3), np.array([9]))
+    assert any("graphc: in gather at tests/test_runtime.py:" in note for note in info.value.__notes__)
+
+
+def test_constant_results_are_writeable_copies():
+    a, b = graphc.jit(lambda x: (x + 1, np.arange(3.0)))(np.ones(2))
+    b[0] = 5.0  # must not change the constant inside the compiled function
+    _, b2 = graphc.jit(lambda x: (x + 1, np.arange(3.0)))(np.ones(2))
+    assert b2[0] == 0.0
+
+
+def test_jitted_function_inside_a_trace_is_inlined():
+    g = graphc.jit(lambda x: np.sum(np.tanh(x)))
+    np.testing.assert_allclose(graphc.grad(g)(np.ones(3)), 1 - np.tanh(1.0) ** 2)

@@ -11,7 +11,7 @@ import numpy as np
 from graphc.errors import SourceLoc, TraceError
 from graphc.frontend import control
 from graphc.frontend.autograph import convert
-from graphc.frontend.tracer import Tracer, current_context, fresh, user_location
+from graphc.frontend.tracer import Tracer, current_context, fresh, lift, user_location
 from graphc.pytree import flatten, unflatten
 
 _UNDEFINED_MARK = "<graphc: undefined variable>"
@@ -167,8 +167,10 @@ def _loop_state(vals: Sequence[Any], names: Sequence[str], what: str) -> tuple[l
 
 
 def _numbers_to_arrays(x: Any) -> Any:
+    """Python numbers become weak arrays (they keep promoting like Python scalars, NEP 50)."""
     if isinstance(x, bool | int | float) and not isinstance(x, Tracer):
-        return np.asarray(x)
+        t = lift(np.asarray(x))
+        return Tracer(t._ctx, t._value, not isinstance(x, bool))
     if isinstance(x, dict):
         return {k: _numbers_to_arrays(v) for k, v in x.items()}
     if type(x) in (list, tuple):

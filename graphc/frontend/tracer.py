@@ -438,7 +438,7 @@ class Tracer:
 
     def swapaxes(self, a, b): return np.swapaxes(self, a, b)  # noqa: E704
     def squeeze(self, axis=None): return np.squeeze(self, axis)  # noqa: E704
-    def flatten(self, order="C"): return np.reshape(self, (-1,), order=order)  # noqa: E704
+    def flatten(self, order="C"): return fresh(np.reshape(self, (-1,), order=order))  # noqa: E704  (a copy)
     def ravel(self, order="C"): return np.reshape(self, (-1,), order=order)  # noqa: E704
     def copy(self, order="C"): return fresh(self)  # noqa: E704
     def dot(self, b): return np.dot(self, b)  # noqa: E704
@@ -499,6 +499,14 @@ def _inplace_update(target: Tracer, ufunc, other) -> Tracer:
             user_location(),
         )
     result = apply_ufunc(ufunc, target, other)
+    if target._weak:  # stands for a Python number: += makes a new object, as for a Python int
+        return result
+    if result.shape != target.shape:
+        raise TraceError(
+            f"non-broadcastable output operand with shape {target.shape} doesn't match the broadcast shape "
+            f"{result.shape} (numpy raises here too)",
+            user_location(),
+        )
     if not np.can_cast(result.dtype, target.dtype, "same_kind"):
         raise TraceError(
             f"Cannot cast ufunc '{ufunc.__name__}' output from {result.dtype} to {target.dtype} "

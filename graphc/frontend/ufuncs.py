@@ -77,6 +77,8 @@ def _operand_dtype(x: Any):
 def resolve_loop(ufunc: np.ufunc, inputs: tuple) -> tuple[np.dtype, ...]:
     """numpy's loop signature (input dtypes..., output dtypes...) for these operands."""
     in_dts = tuple(_operand_dtype(x) for x in inputs)
+    if all(isinstance(d, type) for d in in_dts):  # only Python numbers (some as weak arrays): their own dtypes
+        in_dts = tuple(x.dtype if isinstance(x, Tracer) else d for x, d in zip(inputs, in_dts))
     try:
         return tuple(np.dtype(d) for d in ufunc.resolve_dtypes(in_dts + (None,) * ufunc.nout))
     except (TypeError, np.exceptions.DTypePromotionError) as exc:
@@ -232,11 +234,13 @@ def _composite(ufunc: np.ufunc, sig: tuple, operands: list[Tracer]) -> Tracer:
             )
         q, r = _int_floor_divmod(*operands)
         return {np.floor_divide: q, np.remainder: r, np.divmod: (q, r)}[ufunc]
-    if ufunc is np.logaddexp:  # max(a, b) + log1p(exp(-|a - b|)), as numpy computes it
+    if ufunc is np.logaddexp:  # a == b: a + log(2); else max(a, b) + log1p(exp(-|a - b|)), as numpy does
         a, b = operands
         big = bind("maximum", a, b)
         diff = bind("abs", bind("sub", a, b))
-        return bind("add", big, bind("log1p", bind("exp", bind("neg", diff))))
+        general = bind("add", big, bind("log1p", bind("exp", bind("neg", diff))))
+        equal = bind("add", a, lift(np.asarray(np.log(2.0), sig[0])))
+        return bind("where", bind("compare", a, b, direction="eq"), equal, general)
     raise AssertionError(ufunc)
 
 
