@@ -6,7 +6,8 @@ single loop over the n elements that computes the elementwise ops it can and acc
 last-axis reductions fed by them; per-row values (reduction results and the row ops after them,
 such as a variance + eps) are computed between phases. Elementwise values needed in a later phase
 are kept in a row-sized scratch buffer. So softmax is two passes over a row and layer norm three,
-instead of one numpy call (and one temporary array) per op.
+instead of one numpy call (and one temporary array) per op. Reductions read their row buffer
+after the loop, with the vectorized reducers of runtime/rowops.py.
 
 Operands arrive as 2-d (R, n) views, per-row vectors (R,), rows repeated with a period (P, n)
 (a (T, T) mask broadcast over batch and heads), vectors (n,) or scalars; anything else is
@@ -30,9 +31,14 @@ from typing import Any
 import numpy as np
 
 from graphc.ir import Node, Region, Value
-from runtime import kmath
+from runtime import fastmath, rowops
+
+# part of every kernel's text: Numba's disk cache does not see changes in the functions a kernel
+# calls, so editing fastmath.py must give the kernels new cache entries
+FASTMATH_VERSION = hashlib.sha256(open(fastmath.__file__, "rb").read() + open(rowops.__file__, "rb").read()).hexdigest()[:12]
 
 REDUCTIONS = ("reduce_sum", "reduce_max", "reduce_min")
+_FASTMATH = {"exp": "exp", "tanh": "tanh", "log": "log", "log1p": "log1p_", "expm1": "expm1_"}
 _FLOAT_FUNCS = {"exp": "math.exp", "log": "math.log", "log1p": "math.log1p", "expm1": "math.expm1",
                 "tanh": "math.tanh", "sqrt": "math.sqrt", "sin": "math.sin", "cos": "math.cos"}
 _BINARY = {"add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "**"}
@@ -157,8 +163,8 @@ class KernelSpec:
     def source(self, kinds: list[OperandKind]) -> str:
         region = self.region
         outs = region.outputs
-        lines = [f"# graphc fused kernel ({kmath.VERSION})", "import math", "import numpy as np", "import numba",
-                 "from runtime.kmath import exp_f32, tanh_f32", "",
+        lines = [f"# graphc fused kernel (fastmath {FASTMATH_VERSION})", "import math", "import numpy as np",
+                 "import numba", "from runtime import fastmath as fm", "from runtime import rowops", "",
                  # numpy's error model: no zero-division checks (they stop vectorization; numpy gives inf)
                  "@numba.njit(nogil=True, cache=True, error_model=\"numpy\")",
                  f"def kernel({', '.join([f'in{i}' for i in range(len(region.inputs))] + [f'out{i}' for i in range(len(outs))])}, R, n):"]
@@ -176,6 +182,8 @@ class KernelSpec:
             for v in node.inputs:
                 if self.level.get(v) == "elem" and v not in region.inputs and self.phase[v] < p:
                     used_later.add(v)
+            if node.op.name in REDUCTIONS and node.inputs[0] not in region.inputs:
+                used_later.add(node.inputs[0])  # reduced from its row buffer after the loop
         for v in sorted(used_later, key=lambda v: self.names[v]):
             body.append(f"t_{self.names[v]} = np.empty(n, dtype={_np_type(v.dtype)})")
         body.append("for r in range(R):")
@@ -196,12 +204,12 @@ class KernelSpec:
             reductions = [n for n in region.nodes if n.op.name in REDUCTIONS and self.phase[n.inputs[0]] == p]
             elems = [n for n in region.nodes if self.level[n.outputs[0]] == "elem" and self.phase[n.outputs[0]] == p
                      and n.op.name != "constant"]
-            needs_loop = reductions or elems or any(self.level[v] == "elem" and self.phase[v] == p for v in outs)
-            if not needs_loop:
+            needs_loop = elems or any(self.level[v] == "elem" and self.phase[v] == p and v not in region.inputs
+                                      for v in outs)
+            if not needs_loop and not reductions:
                 continue
-            for node in reductions:
-                inner.append(f"acc_{self.names[node.outputs[0]]} = {self._acc_init(node)}")
-            inner.append("for j in range(n):")
+            if needs_loop:
+                inner.append("for j in range(n):")
             loop: list[str] = []
             loaded: set[Value] = set()
 
@@ -222,15 +230,14 @@ class KernelSpec:
                 loop.append(f"{self.names[out]} = {self._expr(node, elem_ref)}")
                 if out in used_later:
                     loop.append(f"t_{self.names[out]}[j] = {self.names[out]}")
-            for node in reductions:
-                loop.extend(self._accumulate(node, elem_ref(node.inputs[0])))
             for i, v in enumerate(outs):
-                if self.level[v] == "elem" and self.phase[v] == p:
+                if self.level[v] == "elem" and self.phase[v] == p and v not in region.inputs:
                     loop.append(f"out{i}[r, j] = {elem_ref(v)}")
             inner.extend("    " + s for s in loop)
-            for node in reductions:
-                out = node.outputs[0]
-                inner.append(f"{self.names[out]} = {_np_type(out.dtype)}(acc_{self.names[out]})")
+            for node in reductions:  # reduce the row (vectorized, runtime/rowops.py)
+                out, x = node.outputs[0], node.inputs[0]
+                row = self._row_of(x, kinds) if x in region.inputs else f"t_{self.names[x]}"
+                inner.append(f"{self.names[out]} = {_np_type(out.dtype)}(rowops.{self._reducer(node)}({row}))")
         for node in region.nodes:  # row ops after the last reduction
             out = node.outputs[0]
             if node.op.name not in REDUCTIONS and self.level[out] == "row" and self.phase[out] >= self.n_phases:
@@ -250,25 +257,14 @@ class KernelSpec:
             return self.phase[node.inputs[0]]
         return self.phase[out]
 
-    def _acc_init(self, node: Node) -> str:
-        dt = node.outputs[0].dtype
-        if node.op.name == "reduce_sum":
-            return "0.0" if dt.kind == "f" else "0"
-        if dt.kind == "f":
-            return "-np.inf" if node.op.name == "reduce_max" else "np.inf"
-        info = np.iinfo(dt) if dt.kind in "iu" else None
-        if info is None:
-            return "False" if node.op.name == "reduce_max" else "True"
-        return str(info.min if node.op.name == "reduce_max" else info.max)
+    def _row_of(self, v: Value, kinds: list[OperandKind]) -> str:
+        kind = kinds[self.region.inputs.index(v)]
+        name = self.names[v]
+        return {"full": f"{name}[r]", "periodic": f"{name}[r % {kind.period}]", "vec": name}[kind.kind]
 
-    def _accumulate(self, node: Node, x: str) -> list[str]:
-        acc = f"acc_{self.names[node.outputs[0]]}"
-        if node.op.name == "reduce_sum":
-            return [f"{acc} += {x}"]
-        cmp = ">" if node.op.name == "reduce_max" else "<"
-        if node.outputs[0].dtype.kind == "f":  # a select (vectorizes); a nan, once seen, stays (as in numpy)
-            return [f"{acc} = {x} if ({x} {cmp} {acc} or {x} != {x}) else {acc}"]
-        return [f"{acc} = {x} if {x} {cmp} {acc} else {acc}"]
+    def _reducer(self, node: Node) -> str:
+        kind = "f" if node.outputs[0].dtype.kind == "f" else "i"
+        return {"reduce_sum": "row_sum", "reduce_max": "row_max", "reduce_min": "row_min"}[node.op.name] + "_" + kind
 
     def _expr(self, node: Node, ref=None) -> str:
         ref = ref or (lambda v: self.names[v])
@@ -280,8 +276,8 @@ class KernelSpec:
             return f"{cast}({args[0]} {_BINARY[name]} {args[1]})"
         if name == "compare":
             return f"({args[0]} {_COMPARE[node.attrs['direction']]} {args[1]})"
-        if name in ("exp", "tanh") and out.dtype == np.float32:  # vectorizable float32 versions
-            return f"{name}_f32({args[0]})"
+        if name in _FASTMATH and out.dtype in (np.float32, np.float64):  # vectorizable versions (runtime/fastmath.py)
+            return f"fm.{_FASTMATH[name]}{'32' if out.dtype == np.float32 else '64'}({args[0]})"
         if name in _FLOAT_FUNCS:
             return f"{cast}({_FLOAT_FUNCS[name]}({args[0]}))"
         if name == "neg":
