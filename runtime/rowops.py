@@ -1,26 +1,45 @@
-"""Row reductions for the generated kernels, compiled with reassociation allowed.
+"""Row reductions for the generated kernels.
 
 A kernel loop that accumulates ``acc += v`` under strict IEEE rules is one long dependency chain
-and does not vectorize; allowing reassociation for the whole kernel would also regroup its other
+and does not vectorize, and allowing reassociation for a whole kernel would also regroup its other
 arithmetic (x * 1e-30 * 1e-30 could underflow). So a phase loop stores the values it reduces in a
-row buffer, and these functions reduce the row with ``reassoc`` on their own instructions (Numba
-links them into the kernel's LLVM module, where they are inlined with their own flags). Sums
-accumulate in float64 (int64 for integers); max/min propagate NaN as numpy does.
+row buffer and these functions reduce the row: sums through an add that alone may re-associate
+(float64 partial sums for floats), max/min through llvm.maximum/minimum, which propagate NaN as
+numpy does and vectorize without fast-math flags.
 """
 
 from __future__ import annotations
 
 import numba
 import numpy as np
+from llvmlite import ir
+from numba.core import types
+from numba.extending import intrinsic
 
-_JIT = dict(nogil=True, cache=True, error_model="numpy", fastmath={"reassoc"})
+from runtime.fastmath import _maximum, _radd
+
+_JIT = dict(nogil=True, cache=True, error_model="numpy")
+
+
+@intrinsic
+def _minimum(typingctx, a, b):
+    """min(a, b) propagating nan (llvm.minimum)."""
+    if not isinstance(a, types.Float) or b != a:
+        return None
+
+    def codegen(context, builder, sig, args):
+        fty = context.get_value_type(a)
+        fn = builder.module.declare_intrinsic("llvm.minimum", [fty], ir.FunctionType(fty, [fty, fty]))
+        return builder.call(fn, args)
+
+    return a(a, a), codegen
 
 
 @numba.njit(**_JIT)
 def row_sum_f(row):
-    acc = 0.0
+    acc = np.float64(0.0)
     for j in range(row.size):
-        acc += row[j]
+        acc = _radd(acc, np.float64(row[j]))
     return acc
 
 
@@ -34,19 +53,17 @@ def row_sum_i(row):
 
 @numba.njit(**_JIT)
 def row_max_f(row):
-    acc = -np.inf
+    acc = row[0]
     for j in range(row.size):
-        v = row[j]
-        acc = v if (v > acc or v != v) else acc
+        acc = _maximum(acc, row[j])
     return acc
 
 
 @numba.njit(**_JIT)
 def row_min_f(row):
-    acc = np.inf
+    acc = row[0]
     for j in range(row.size):
-        v = row[j]
-        acc = v if (v < acc or v != v) else acc
+        acc = _minimum(acc, row[j])
     return acc
 
 
