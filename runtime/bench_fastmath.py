@@ -6,15 +6,16 @@ memory bandwidth and against numpy, single thread.
 For each size N (float32 elements; softmax / layer norm see N/n rows of n):
 
 * ``np.copyto`` of N float32 into a warm buffer: reads 4N + writes 4N bytes, the reference bandwidth;
-* each kernel into a warm ``out``: median of ``repeat`` warm runs, effective bandwidth = (bytes read +
-  bytes written) / time, and that as a fraction of the copy's bandwidth from the same run;
+* each kernel into a warm ``out``: median of ``repeat`` warm runs, timed in rounds interleaved with
+  the copy's; effective bandwidth = (bytes read + bytes written) / time, and that as a fraction of
+  the copy's bandwidth from the same rounds;
 * numpy's time for the same expression (median of fewer runs: GELU with ``x**3`` is slow);
 * the error vs numpy's float32 result, and numpy-float32's own error vs a float64 evaluation as a
   yardstick. Error = max |a - b| / max(|b|, floor): floor 1 for GELU and layer norm (outputs of order
   1; below that the error is absolute, as GELU's 1 + tanh cancels for x < 0 in any float32
   evaluation), floor 0 (pure relative) for softmax and the function maps.
 
-Timings move by ~+-20% from run to run on a shared machine; compare rows of the same run.
+Timings move by 20-50% from run to run on a shared VM; compare rows of the same run.
 """
 
 from __future__ import annotations
@@ -85,11 +86,7 @@ def bench_size(size: int, n: int, repeat: int, np_repeat: int, seed: int = 0) ->
     dst = np.zeros_like(x)
     flat, flat_pos, flat_out = x.reshape(-1), xpos.reshape(-1), out.reshape(-1)
 
-    t_copy = median_time(lambda: np.copyto(dst, x), repeat)
-    copy_bw = 8 * size / t_copy
     x64 = x.astype(np.float64)
-    results = [dict(name="copy", size=size, t=t_copy, gbs=copy_bw / 1e9, frac=1.0)]
-
     cases = [
         # name, ours, numpy, bytes, err floor, float64 reference
         ("gelu", lambda: fm.gelu_f32(x, out), lambda: np_gelu(x), 8 * size, 1.0, lambda: np_gelu(x64)),
@@ -104,8 +101,22 @@ def bench_size(size: int, n: int, repeat: int, np_repeat: int, seed: int = 0) ->
         ("log map", lambda: fm.apply("log", flat_pos, flat_out), lambda: np.log(flat_pos), 8 * size, 0.0,
          lambda: np.log(flat_pos.astype(np.float64))),
     ]
-    for name, ours, ref, nbytes, floor, ref64 in cases:
-        t = median_time(ours, repeat)
+    # the copy and our kernels are timed in interleaved rounds (copy, gelu, softmax, ..., copy, gelu, ...)
+    # so that a slow phase of a shared machine hits all of them alike
+    fns = [lambda: np.copyto(dst, x)] + [case[1] for case in cases]
+    times = [[] for _ in fns]
+    for fn in fns:
+        fn()
+    for _ in range(repeat):
+        for fn, ts in zip(fns, times):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+    t_copy = statistics.median(times[0])
+    copy_bw = 8 * size / t_copy
+    results = [dict(name="copy", size=size, t=t_copy, gbs=copy_bw / 1e9, frac=1.0)]
+    for (name, ours, ref, nbytes, floor, ref64), ts in zip(cases, times[1:]):
+        t = statistics.median(ts)
         ours()
         mine = out.copy()
         t_np = median_time(ref, np_repeat)

@@ -155,6 +155,25 @@ def test_scalar_functions_inline_into_user_loops():
     np.testing.assert_allclose(got, np.exp(x) + np.tanh(x) + x, rtol=2e-6, atol=2e-6)
 
 
+def test_scalar_functions_keep_ieee_semantics_in_fastmath_callers():
+    # LLVM inlines them with their own instruction flags, so a fastmath=True caller (nnan, ninf)
+    # cannot fold away their nan / inf handling
+    @numba.njit(cache=False, fastmath=True)
+    def fast_caller(x):
+        out = np.empty((3, x.size), np.float32)
+        for i in range(x.size):
+            out[0, i] = fm.exp32(x[i])
+            out[1, i] = fm.tanh32(x[i])
+            out[2, i] = fm.log32(x[i])
+        return out
+
+    x = np.array([np.nan, np.inf, -np.inf, 100.0, -200.0, 0.0, -1.0], np.float32)
+    got = fast_caller(x)
+    with np.errstate(all="ignore"):
+        want = np.stack([np.exp(x), np.tanh(x), np.log(x)])
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=0)  # nan and inf positions must match exactly
+
+
 # --- kernels -------------------------------------------------------------------------------------
 
 
@@ -188,7 +207,7 @@ def numpy_softmax(x):
 
 
 @pytest.mark.parametrize("shape, scale", [((512, 1024), 1.0), ((300, 33), 10.0), ((7, 5, 64), 30.0), ((10, 1), 1.0),
-                                          ((1000, 15), 60.0)])
+                                          ((1000, 15), 60.0), ((20, 2500), 5.0)])
 def test_softmax_matches_numpy(shape, scale):
     rng = np.random.default_rng(1)
     x = (rng.standard_normal(shape) * scale).astype(np.float32)
