@@ -86,6 +86,7 @@ def find_clusters(nodes: list[Node]) -> list[Cluster]:
     index = {id(n): i for i, n in enumerate(nodes)}
     owner: dict[Value, Cluster] = {}
     clusters: list[Cluster] = []
+    recent: Cluster | None = None
     for i, node in enumerate(nodes):
         if not fusable(node):
             continue
@@ -99,6 +100,12 @@ def find_clusters(nodes: list[Node]) -> list[Cluster]:
             if level is not None and all(_producer_index(u, index) < c.first for u in outside):
                 joined = (c, level)
                 break
+        if joined is None and recent is not None and recent.part == node.part:
+            # operands all from outside any cluster (0.5 * x in GELU, evaluated before the rest):
+            # join the cluster being built if it has this space and the operands predate it
+            level = _level(recent, node)
+            if level == "elem" and all(_producer_index(u, index) < recent.first for u in node.inputs):
+                joined = (recent, level)
         if joined is None:
             space = node.inputs[0].shape if _is_row_reduction(node) else node.outputs[0].shape
             c = Cluster(space, node.part, i)
@@ -106,6 +113,7 @@ def find_clusters(nodes: list[Node]) -> list[Cluster]:
             level = _level(c, node) or "elem"
             joined = (c, level)
         c, level = joined
+        recent = c
         c.nodes.append(i)
         for o in node.outputs:
             c.values[o] = level
