@@ -40,6 +40,10 @@ class Compiled:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run on arguments like the function's (static arguments are dropped: they are baked in)."""
         args, kwargs, _ = self._split_static(args, kwargs)
+        return self.run(args, kwargs)
+
+    def run(self, args: tuple, kwargs: dict) -> Any:
+        """Run on arguments whose static ones were already removed."""
         arrays = bind_arguments(self.graph, args, kwargs)
         outs = self.executable.run_flat(arrays)
         return unflatten(self.graph.out_tree, [as_numpy_result(o) for o in outs])
@@ -118,7 +122,9 @@ class Jitted:
 
     def compile(self, *args: Any, **kwargs: Any) -> Compiled:
         """The compiled specialization for these arguments (traced and built on first use)."""
-        args, kwargs, static = self._split_static(args, kwargs)
+        return self._compile(*self._split_static(args, kwargs))
+
+    def _compile(self, args: tuple, kwargs: dict, static: dict) -> Compiled:
         key = self._key(args, kwargs, static)
         hit = self._cache.get(key)
         if hit is not None:
@@ -149,7 +155,8 @@ class Jitted:
 
         if current_context() is not None:  # called inside a trace (grad of a jitted function...): inline
             return self.fn(*args, **kwargs)
-        return self.compile(*args, **kwargs)(*args, **kwargs)
+        args, kwargs, static = self._split_static(args, kwargs)  # once per call
+        return self._compile(args, kwargs, static).run(args, kwargs)
 
 
 def jit(fn: Callable | None = None, *, static_argnames: tuple[str, ...] | list[str] = (),

@@ -39,8 +39,7 @@ FASTMATH_VERSION = hashlib.sha256(open(fastmath.__file__, "rb").read() + open(ro
 
 REDUCTIONS = ("reduce_sum", "reduce_max", "reduce_min")
 _FASTMATH = {"exp": "exp", "tanh": "tanh", "log": "log", "log1p": "log1p_", "expm1": "expm1_"}
-_FLOAT_FUNCS = {"exp": "math.exp", "log": "math.log", "log1p": "math.log1p", "expm1": "math.expm1",
-                "tanh": "math.tanh", "sqrt": "math.sqrt", "sin": "math.sin", "cos": "math.cos"}
+_FLOAT_FUNCS = {"sqrt": "math.sqrt", "sin": "math.sin", "cos": "math.cos"}  # (kernels are float32/64 only)
 _BINARY = {"add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "**"}
 _COMPARE = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 
@@ -276,7 +275,7 @@ class KernelSpec:
             return f"{cast}({args[0]} {_BINARY[name]} {args[1]})"
         if name == "compare":
             return f"({args[0]} {_COMPARE[node.attrs['direction']]} {args[1]})"
-        if name in _FASTMATH and out.dtype in (np.float32, np.float64):  # vectorizable versions (runtime/fastmath.py)
+        if name in _FASTMATH:  # vectorizable versions (runtime/fastmath.py)
             return f"fm.{_FASTMATH[name]}{'32' if out.dtype == np.float32 else '64'}({args[0]})"
         if name in _FLOAT_FUNCS:
             return f"{cast}({_FLOAT_FUNCS[name]}({args[0]}))"
@@ -338,13 +337,9 @@ class CompiledKernel:
 
 def _space_of(region: Region) -> tuple[int, ...]:
     """The iteration space: the largest elementwise shape in the region (or a reduction's input)."""
-    best: tuple[int, ...] = ()
-    for node in region.nodes:
-        for shape in [o.shape for o in node.outputs] + ([node.inputs[0].shape] if node.op.name in REDUCTIONS else []):
-            if int(np.prod(shape, dtype=np.int64)) > int(np.prod(best, dtype=np.int64)) or len(shape) > len(best):
-                if int(np.prod(shape, dtype=np.int64)) >= int(np.prod(best, dtype=np.int64)):
-                    best = tuple(shape)
-    return best
+    shapes = [()] + [o.shape for n in region.nodes for o in n.outputs]
+    shapes += [n.inputs[0].shape for n in region.nodes if n.op.name in REDUCTIONS]
+    return tuple(max(shapes, key=lambda s: (int(np.prod(s, dtype=np.int64)), len(s))))
 
 
 _loaded: dict[str, Any] = {}

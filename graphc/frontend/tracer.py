@@ -182,9 +182,7 @@ def _context_of(inputs) -> TraceContext:
         return ctx  # values of enclosing traces are captured by ctx.local
     for t in inputs:
         return t._ctx
-    if ctx is None:
-        raise RuntimeError("graphc: no active trace")
-    return ctx
+    raise RuntimeError("graphc: no active trace")
 
 
 def lift(x: Any, dtype: np.dtype | None = None) -> Tracer:
