@@ -46,3 +46,23 @@ def numeric_grad(f, x, eps=1e-6):
         d[i] = eps
         g[i] = (f(x + d) - f(x - d)) / (2 * eps)
     return g
+
+
+def quiet(fn, *args):
+    """fn(*args) with numpy's floating-point warnings silenced (random graphs divide by zero...)."""
+    import warnings
+
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        return fn(*args)
+
+
+def assert_arrays_close(got, want, rtol: float, atol: float) -> None:
+    """Same shapes and dtypes; floats close (NaN where NaN), everything else equal."""
+    for a, b in zip(got, want):
+        a, b = np.asarray(a), np.asarray(b)
+        assert a.shape == b.shape and a.dtype == b.dtype
+        if a.dtype.kind == "f":
+            np.testing.assert_allclose(a, b, rtol=rtol, atol=atol, equal_nan=True)
+        else:
+            np.testing.assert_array_equal(a, b)

@@ -2,7 +2,6 @@
 against each other (<u, J v> = <J^T u, v>), higher order, and composition with tracing."""
 
 import math
-import warnings
 
 import numpy as np
 import pytest
@@ -13,7 +12,7 @@ import graphc
 from graphc.frontend.tracer import inline_graph
 from graphc.ops import REGISTRY
 from tests.graphgen import random_graphs
-from tests.helpers import numeric_grad
+from tests.helpers import numeric_grad, quiet
 
 F64 = np.dtype(np.float64)
 
@@ -69,12 +68,6 @@ def _float_outputs(graph):
     return [i for i, v in enumerate(graph.outputs) if v.dtype.kind == "f"]
 
 
-def _quiet(fn, *args):
-    with warnings.catch_warnings(), np.errstate(all="ignore"):
-        warnings.simplefilter("ignore")
-        return fn(*args)
-
-
 DIFFERENTIABLE = sorted(n for n, op in REGISTRY.items() if n not in ("constant",))
 
 
@@ -100,23 +93,23 @@ def test_vjp_and_jvp_agree_with_finite_differences(name):
             outs = graphc.evaluate(graph, *args)
             return [np.asarray(outs[i], dtype=np.float64) for i in keep]
 
-        base = _quiet(run, *xs)
+        base = quiet(run, *xs)
         assume(all(np.isfinite(b).all() for b in base))
         single = any(graph.outputs[i].dtype != F64 for i in keep)  # float32 results (convert)
         eps, rtol, atol, exact = (1e-3, 1e-2, 1e-3, 1e-5) if single else (1e-6, 1e-4, 1e-5, 1e-9)
-        plus = _quiet(run, *[x + eps * v for x, v in zip(xs, vs)])
-        minus = _quiet(run, *[x - eps * v for x, v in zip(xs, vs)])
+        plus = quiet(run, *[x + eps * v for x, v in zip(xs, vs)])
+        minus = quiet(run, *[x - eps * v for x, v in zip(xs, vs)])
         fd = [(p - m) / (2 * eps) for p, m in zip(plus, minus)]
         assume(all(np.isfinite(f).all() for f in fd))
 
-        _, tangents = _quiet(graphc.jvp, fn, tuple(xs), tuple(vs))
+        _, tangents = quiet(graphc.jvp, fn, tuple(xs), tuple(vs))
         for t, f in zip(tangents, fd):
             np.testing.assert_allclose(np.asarray(t), f, rtol=rtol, atol=atol)
 
         us = [rng.standard_normal(np.shape(b)) for b in base]
-        _, pullback = _quiet(graphc.vjp, fn, *xs)
+        _, pullback = quiet(graphc.vjp, fn, *xs)
         try:
-            cotangents = _quiet(pullback, tuple(us))
+            cotangents = quiet(pullback, tuple(us))
         except graphc.TraceError as exc:  # reverse mode needs a trip count known when tracing
             assert name == "while_loop" and "trip count depends on data" in str(exc)
             return

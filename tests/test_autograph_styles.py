@@ -1449,18 +1449,6 @@ def test_attribute_assignment_in_traced_if():
     assert "attribute" in str(err)
 
 
-def test_reverse_mode_through_data_dependent_while_suggests_bounded_loop():
-    def loss(x):
-        y = x
-        while np.sum(y * y) < 10.0:  # <grad-while>
-            y = y * 1.5
-        return np.sum(y)
-
-    with pytest.raises(graphc.TraceError, match="trip count depends on data.*bounded loop") as info:
-        graphc.grad(loss)(np.array([0.5, 1.0]))
-    assert info.value.lineno == line_of("<grad-while>")
-
-
 def traced_trip_count_loss(x, n):
     for _ in range(n):  # <grad-traced-range>
         x = np.tanh(x * 1.1)

@@ -4,7 +4,6 @@ import importlib
 import os
 import subprocess
 import sys
-import warnings
 
 import numpy as np
 import pytest
@@ -14,7 +13,7 @@ from hypothesis import strategies as st
 import graphc
 from runtime.executor import Executable
 from tests.graphgen import random_graphs, random_inputs
-from tests.helpers import assert_same_pytree
+from tests.helpers import assert_arrays_close, assert_same_pytree, quiet
 
 MODELS = [
     ("models.mlp", "mlp", "example_args"),
@@ -92,12 +91,6 @@ def test_decorator_form():
     np.testing.assert_allclose(softmax(x), want / want.sum(-1, keepdims=True), rtol=1e-6)
 
 
-def quiet(fn, *args):
-    with warnings.catch_warnings(), np.errstate(all="ignore"):
-        warnings.simplefilter("ignore")
-        return fn(*args)
-
-
 @settings(max_examples=60, deadline=None)
 @given(random_graphs(max_nodes=10, ops=["add", "mul", "sub", "div", "exp", "tanh", "maximum", "where", "compare",
                                         "convert", "reduce_sum", "reduce_max", "sqrt", "neg", "abs", "reshape",
@@ -108,13 +101,7 @@ def test_executor_matches_interpreter_on_random_graphs(graph, seed):
     inputs = random_inputs(graph, seed)
     want = quiet(graphc.evaluate, graph, *inputs)
     got = quiet(Executable(optimized).run_flat, inputs)
-    for a, b in zip(got, want):
-        a, b = np.asarray(a), np.asarray(b)
-        assert a.shape == b.shape and a.dtype == b.dtype
-        if a.dtype.kind == "f":
-            np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-5, equal_nan=True)
-        else:
-            np.testing.assert_array_equal(a, b)
+    assert_arrays_close(got, want, 2e-5, 1e-5)
 
 
 def test_control_flow_runs_on_the_executor():
