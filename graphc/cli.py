@@ -5,6 +5,8 @@
     graphc ir FILE.gir                              parse and verify a dumped IR file, print it again
     graphc bench FILE:FUNC [--example NAME]         time tracing, IR round trip, numpy eager, interpreter, compiled
     graphc bench kernels                            fused GELU / softmax / layer-norm kernels vs memory bandwidth
+    graphc calibrate [-o PATH] [--quick]            measure this machine, store the profile the sharding cost model uses
+    graphc calibrate --show [-o PATH]               print the stored profile (or the built-in defaults) and its path
 """
 
 from __future__ import annotations
@@ -117,6 +119,32 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from graphc.mesh import calibrate, load_profile, profile_path, save_profile
+
+    path = args.output or profile_path()
+    if args.show:
+        profile = load_profile(path)
+        stored = os.path.exists(path)
+        print(f"machine profile {path}" + ("" if stored else " (no such file: the built-in defaults)"))
+        print(profile.describe())
+        return 0
+    print(f"graphc calibrate: measuring this machine{' (quick)' if args.quick else ''}, one thread per device",
+          file=sys.stderr)
+    try:
+        import threadpoolctl  # noqa: F401
+    except ImportError:
+        print("  note: threadpoolctl is not installed, so the matmul may use several BLAS threads",
+              file=sys.stderr)
+    start = time.perf_counter()
+    profile = calibrate(quick=args.quick)
+    elapsed = time.perf_counter() - start
+    print(profile.describe())
+    save_profile(profile, path)
+    print(f"wrote {path} (measured in {elapsed:.1f} s)")
+    return 0
+
+
 def _same(got, want) -> str:
     from graphc.pytree import flatten
 
@@ -158,6 +186,15 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--repeat", type=int, default=3, help="repetitions per measurement (default 3)")
     bench.add_argument("--no-run", action="store_true", help="skip numpy eager and interpreter timings")
     bench.set_defaults(func=cmd_bench)
+
+    cal = sub.add_parser("calibrate", help="measure matmul speed, memory bandwidth and thread-to-thread links of "
+                                           "this machine and store them for the sharding cost model")
+    cal.add_argument("-o", "--output", metavar="PATH",
+                     help="profile file (default $GRAPHC_PROFILE, else $GRAPHC_CACHE_DIR/profile.json, "
+                          "else ~/.cache/graphc/profile.json)")
+    cal.add_argument("--show", action="store_true", help="print the stored profile (or the defaults) without measuring")
+    cal.add_argument("--quick", action="store_true", help="smaller, fewer measurements (well under a second)")
+    cal.set_defaults(func=cmd_calibrate)
     return p
 
 
