@@ -64,3 +64,13 @@ class VerifyError(GraphcError):
 
 class EvaluationError(GraphcError):
     """Arguments given to ``evaluate`` do not match the graph's signature."""
+
+
+class PlanError(GraphcError):
+    """No sharding plan satisfies the request (memory limit, pinned specs, stale plan file).
+
+    ``min_memory_bytes`` is set when the memory limit is below what every plan needs."""
+
+    def __init__(self, message: str, min_memory_bytes: int | None = None):
+        self.min_memory_bytes = min_memory_bytes
+        super().__init__(message)

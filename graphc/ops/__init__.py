@@ -140,3 +140,4 @@ import graphc.ops.indexing  # noqa: E402,F401
 import graphc.ops.linalg  # noqa: E402,F401
 import graphc.ops.reduction  # noqa: E402,F401
 import graphc.ops.shape  # noqa: E402,F401
+import graphc.ops.sharding  # noqa: E402,F401

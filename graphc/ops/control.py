@@ -95,3 +95,17 @@ def _fori_impl(run, regions, lower, upper, *carry, step):
 
 fori_loop = register(OpDef("fori_loop", "control", _fori_infer, _fori_impl, attrs=("step",), num_inputs=None,
                            min_inputs=2, num_regions=1, doc="run the body region for i in range(lower, upper, step)"))
+
+
+# sharding: no finer rule, so the planner runs a control op replicated (one strategy for the whole
+# op, with a warning in the plan); its cost is one pass over its regions' nodes (trip counts are
+# data-dependent).
+def _control_cost(in_types, out_types, regions, **_attrs):
+    from graphc.ops.dims import region_cost
+
+    flops = sum(region_cost(r, in_types, out_types)[0] for r in regions)
+    return flops, sum(t.nbytes for t in in_types) + sum(t.nbytes for t in out_types)
+
+
+for _op in (cond, while_loop, fori_loop):
+    _op.cost = _control_cost

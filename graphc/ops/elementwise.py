@@ -8,7 +8,8 @@ import numpy as np
 from graphc import dtypes
 from graphc.errors import ShapeError
 from graphc.ir import TensorType
-from graphc.ops import OpDef, register, same_dtype
+from graphc.ops import REGISTRY, OpDef, register, same_dtype
+from graphc.ops.dims import elementwise_rule, io_bytes
 
 
 def broadcast_shapes(opname: str, *shapes: tuple[int, ...]) -> tuple[int, ...]:
@@ -265,3 +266,27 @@ def _convert_jvp(ad, t):
 
 
 _set_rules(convert, _convert_vjp, _convert_jvp)
+
+
+# --- sharding rules (see graphc/ops/dims.py) --------------------------------------------------
+# Broadcasting aligns dims from the right; a broadcast size-1 operand dim cannot carry a split.
+# Transcendental functions cost a few multiply-adds per element in the fused kernels.
+
+_TRANSCENDENTAL = {"exp": 8, "log": 8, "log1p": 8, "expm1": 8, "tanh": 10, "sin": 10, "cos": 10, "pow": 16}
+
+
+def _elementwise_dim_rule(in_types, out_types, **_attrs):
+    return elementwise_rule(in_types, out_types)
+
+
+def _elementwise_cost(weight: int):
+    def cost(in_types, out_types, **_attrs):
+        return float(weight * out_types[0].size), io_bytes(in_types, out_types)
+
+    return cost
+
+
+for _op in REGISTRY.values():
+    if _op.kind == "elementwise":
+        _op.dim_rule = _elementwise_dim_rule
+        _op.cost = _elementwise_cost(_TRANSCENDENTAL.get(_op.name, 1))

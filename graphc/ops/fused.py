@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from graphc.errors import ShapeError
 from graphc.ops import OpDef, register
+from graphc.ops.dims import region_cost, region_rule
 
 
 def _fused_infer(in_types, regions):
@@ -48,3 +49,9 @@ def _fused_jvp(ad, *tangents):
 
 
 fused.vjp, fused.jvp = _fused_vjp, _fused_jvp
+
+# sharding: the rule composed from the region's nodes (a dim splits when every inner op can run
+# on its slices), the flops of the region's nodes and the bytes of the fused node's operands and
+# results only
+fused.dim_rule = lambda in_types, out_types, regions: region_rule(regions[0])
+fused.cost = lambda in_types, out_types, regions: region_cost(regions[0], in_types, out_types)

@@ -11,6 +11,7 @@ import numpy as np
 from graphc.errors import ShapeError
 from graphc.ir import TensorType
 from graphc.ops import OpDef, register
+from graphc.ops.dims import DimRule, io_bytes
 from graphc.ops.elementwise import broadcast_shapes
 
 
@@ -91,3 +92,65 @@ def _scatter_add_jvp(ad, tx, *rest):
 
 gather.vjp, gather.jvp = _gather_vjp, _gather_jvp
 scatter_add.vjp, scatter_add.jvp = _scatter_add_vjp, _scatter_add_jvp
+
+
+# --- sharding rules (see graphc/ops/dims.py) --------------------------------------------------
+# The index arrays' dims become result dims and can be split like any batch dim. With one index
+# array, the indexed dim of the table can be split by row ranges ("v", masked): each device looks
+# up the indices that fall in its rows and contributes zeros elsewhere, so the result is a partial
+# sum (P), the vocab-parallel embedding. scatter_add, gather's transpose, adds each device's share
+# of the updates into its partial copy of the operand.
+
+
+def _index_dims(x, idx, axis, out_shape, iota):
+    """Labels of x's dims and of the index arrays' dims, aligned with the gather result, and the
+    masked labels. ``iota`` maps an index array that is ``arange`` along one broadcast dim to that
+    dim (``x[np.arange(n), labels]``): then the indexed dim of x and that result dim are one dim,
+    split by rows on both sides (the local op offsets the global row numbers)."""
+    k = len(idx)
+    nb = len(out_shape) - (x.ndim - k)
+    i_labels = [f"i{j}" for j in range(nb)]
+    x_labels = [f"x{d}" for d in range(axis)] + [None] * k + [f"x{d}" for d in range(axis + k, x.ndim)]
+    masked = set()
+    for j, d in (iota or {}).items():
+        if x.shape[axis + j] == out_shape[axis + d]:
+            x_labels[axis + j] = i_labels[d]
+            masked.add(i_labels[d])
+    if k == 1 and not masked:
+        x_labels[axis] = "v"
+        masked.add("v")
+    idx_entries = []
+    for t in idx:
+        off = nb - t.ndim
+        idx_entries.append(tuple(None if (t.shape[d] == 1 and out_shape[axis + off + d] != 1) else i_labels[off + d]
+                                 for d in range(t.ndim)))
+    res = tuple(x_labels[:axis]) + tuple(i_labels) + tuple(x_labels[axis + k:])
+    return tuple(x_labels), idx_entries, res, frozenset(i_labels), frozenset(masked)
+
+
+def _gather_dim_rule(in_types, out_types, axis, iota=None):
+    x, *idx = in_types
+    xl, il, res, _, masked = _index_dims(x, idx, axis, out_types[0].shape, iota)
+    v = frozenset({"v"}) & masked
+    return DimRule((xl, *il), (res,), sums=v, masked=masked)
+
+
+def _scatter_add_dim_rule(in_types, out_types, axis, iota=None):
+    x, *idx, updates = in_types
+    xl, il, res, index_labels, masked = _index_dims(x, idx, axis, updates.shape, iota)
+    return DimRule((xl, *il, res), (xl,), sums=index_labels - masked, masked=masked, partial_inputs=frozenset({0}))
+
+
+def _gather_cost(in_types, out_types, axis, iota=None):
+    out = out_types[0]
+    return 0.0, 2 * out.nbytes + sum(t.nbytes for t in in_types[1:])
+
+
+def _scatter_add_cost(in_types, out_types, axis, iota=None):
+    updates = in_types[-1]
+    return float(updates.size), io_bytes(in_types, out_types) + updates.nbytes
+
+
+gather.dim_rule, gather.cost = _gather_dim_rule, _gather_cost
+scatter_add.dim_rule, scatter_add.cost = _scatter_add_dim_rule, _scatter_add_cost
+gather.extra["iota_operands"] = scatter_add.extra["iota_operands"] = True

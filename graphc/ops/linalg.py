@@ -10,6 +10,7 @@ import numpy as np
 from graphc.errors import ShapeError
 from graphc.ir import TensorType
 from graphc.ops import OpDef, register, same_dtype
+from graphc.ops.dims import DimRule, io_bytes
 from graphc.ops.elementwise import broadcast_shapes, sum_tangents
 
 
@@ -123,3 +124,47 @@ def _einsum_jvp(ad, *tangents):  # product rule: one einsum per operand with a t
 
 
 einsum.vjp, einsum.jvp = _einsum_vjp, _einsum_jvp
+
+
+# --- sharding rules (see graphc/ops/dims.py) --------------------------------------------------
+# Contracted dims are summed away: splitting them leaves partial sums (P). Broadcast batch dims of
+# size 1 cannot carry a split.
+
+
+def _matmul_dim_rule(in_types, out_types):
+    a, b = in_types
+    (out,) = out_types
+    nb = out.ndim - 2
+    batch = [f"b{d}" for d in range(nb)]
+
+    def operand(t, last_two):
+        off = nb - (t.ndim - 2)
+        dims = [None if (t.shape[d] == 1 and out.shape[off + d] != 1) else batch[off + d] for d in range(t.ndim - 2)]
+        return tuple(dims) + last_two
+
+    return DimRule((operand(a, ("m", "k")), operand(b, ("k", "n"))), (tuple(batch) + ("m", "n"),),
+                   sums=frozenset({"k"}))
+
+
+def _matmul_cost(in_types, out_types):
+    (out,) = out_types
+    return 2.0 * out.size * in_types[0].shape[-1], io_bytes(in_types, out_types)
+
+
+def _einsum_dim_rule(in_types, out_types, equation):
+    ins, out = parse_equation(equation, len(in_types))
+    summed = frozenset("".join(ins)) - frozenset(out)
+    return DimRule(tuple(tuple(s) for s in ins), (tuple(out),), sums=summed)
+
+
+def _einsum_cost(in_types, out_types, equation):
+    ins, _out = parse_equation(equation, len(in_types))
+    sizes = {c: n for spec, t in zip(ins, in_types) for c, n in zip(spec, t.shape)}
+    work = 1
+    for n in sizes.values():
+        work *= n
+    return 2.0 * work * max(1, len(in_types) - 1), io_bytes(in_types, out_types)
+
+
+matmul.dim_rule, matmul.cost = _matmul_dim_rule, _matmul_cost
+einsum.dim_rule, einsum.cost = _einsum_dim_rule, _einsum_cost

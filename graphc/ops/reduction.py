@@ -9,6 +9,7 @@ import numpy as np
 from graphc.errors import ShapeError
 from graphc.ir import TensorType
 from graphc.ops import OpDef, check_axes, check_axis, register
+from graphc.ops.dims import DimRule, io_bytes
 
 
 def reduced_shape(shape: tuple[int, ...], axes: tuple[int, ...], keepdims: bool) -> tuple[int, ...]:
@@ -108,3 +109,31 @@ def _extremum_jvp(ad, t):
 reduce_max.vjp, reduce_max.jvp = _extremum_vjp, _extremum_jvp
 reduce_min.vjp, reduce_min.jvp = _extremum_vjp, _extremum_jvp
 argmax.vjp, argmax.jvp = (lambda ad, g: [None]), (lambda ad, t: None)  # integer result
+
+
+# --- sharding rules (see graphc/ops/dims.py) --------------------------------------------------
+# A split of a summed axis leaves partial sums (P); max, min and argmax have no partial form, so
+# their reduced axes cannot be split.
+
+
+def _reduce_dim_rule(summing: bool):
+    def rule(in_types, out_types, axes=None, keepdims=False, axis=None):
+        axes = axes if axes is not None else (axis,)
+        (x,) = in_types
+        ins = tuple(f"r{d}" if (d not in axes or summing) else None for d in range(x.ndim))
+        outs = tuple(None if d in axes else f"r{d}" for d in range(x.ndim) if keepdims or d not in axes)
+        sums = frozenset(f"r{d}" for d in axes) if summing else frozenset()
+        return DimRule((ins,), (outs,), sums=sums)
+
+    return rule
+
+
+def _reduce_cost(in_types, out_types, **_attrs):
+    return float(in_types[0].size), io_bytes(in_types, out_types)
+
+
+reduce_sum.dim_rule = _reduce_dim_rule(True)
+for _op in (reduce_max, reduce_min, argmax):
+    _op.dim_rule = _reduce_dim_rule(False)
+for _op in (reduce_sum, reduce_max, reduce_min, argmax):
+    _op.cost = _reduce_cost

@@ -9,6 +9,7 @@ import numpy as np
 from graphc.errors import ShapeError
 from graphc.ir import TensorType
 from graphc.ops import OpDef, check_axis, check_shape, register, same_dtype
+from graphc.ops.dims import DimRule, copy_cost, reshape_rule, view_cost
 
 
 def _reshape_infer(in_types, shape):
@@ -252,3 +253,64 @@ def _split_vjp(ad, *gs):
 
 
 split.vjp = _split_vjp
+
+
+# --- sharding rules (see graphc/ops/dims.py) --------------------------------------------------
+
+
+def _transpose_dim_rule(in_types, out_types, perm):
+    labels = tuple(f"t{d}" for d in range(len(perm)))
+    return DimRule((labels,), (tuple(labels[p] for p in perm),))
+
+
+def _broadcast_dim_rule(in_types, out_types, shape):
+    """New leading dims and broadcast size-1 dims exist only in the result: a split of them leaves
+    the operand replicated and each device broadcasts to its slice."""
+    (x,) = in_types
+    off = len(shape) - x.ndim
+    outs = tuple(f"e{d}" for d in range(len(shape)))
+    ins = tuple(None if (x.shape[d] == 1 and shape[off + d] != 1) else outs[off + d] for d in range(x.ndim))
+    return DimRule((ins,), (outs,))
+
+
+def _slice_dim_rule(in_types, out_types, starts, stops, steps):
+    (x,) = in_types
+    labels = tuple(f"e{d}" if (a, b, s) == (0, n, 1) else None
+                   for d, (a, b, s, n) in enumerate(zip(starts, stops, steps, x.shape)))
+    return DimRule((labels,), (labels,))
+
+
+def _pad_dim_rule(in_types, out_types, widths, value):
+    labels = tuple(f"e{d}" if tuple(w) == (0, 0) else None for d, w in enumerate(widths))
+    return DimRule((labels,), (labels,))
+
+
+def _concat_dim_rule(in_types, out_types, axis):
+    """Off the axis every dim is shared. Along it, k pieces of equal size make the result a k-block
+    dim: each device's share of every piece, concatenated, is its share of each block."""
+    nd = out_types[0].ndim
+    base = [f"e{d}" for d in range(nd)]
+    sizes = {t.shape[axis] for t in in_types}
+    along = "c" if len(sizes) == 1 and 0 not in sizes else None
+    ins = tuple(tuple(along if d == axis else base[d] for d in range(nd)) for _ in in_types)
+    out = tuple(((along, len(in_types)) if along else None) if d == axis else base[d] for d in range(nd))
+    return DimRule(ins, (out,))
+
+
+def _split_dim_rule(in_types, out_types, indices, axis):
+    nd = in_types[0].ndim
+    base = [f"e{d}" for d in range(nd)]
+    sizes = {t.shape[axis] for t in out_types}
+    along = "c" if len(sizes) == 1 and 0 not in sizes else None
+    inp = tuple(((along, len(out_types)) if along else None) if d == axis else base[d] for d in range(nd))
+    outs = tuple(tuple(along if d == axis else base[d] for d in range(nd)) for _ in out_types)
+    return DimRule((inp,), outs)
+
+
+reshape.dim_rule, reshape.cost = (lambda in_types, out_types, shape: reshape_rule(in_types, out_types)), view_cost
+transpose.dim_rule, transpose.cost = _transpose_dim_rule, copy_cost
+broadcast_to.dim_rule, broadcast_to.cost = _broadcast_dim_rule, view_cost
+slice_.dim_rule, slice_.cost = _slice_dim_rule, copy_cost
+pad.dim_rule, pad.cost = _pad_dim_rule, copy_cost
+concatenate.dim_rule, concatenate.cost = _concat_dim_rule, copy_cost
+split.dim_rule, split.cost = _split_dim_rule, copy_cost

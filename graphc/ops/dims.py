@@ -1,0 +1,251 @@
+"""Dimension rules: how an op's tensor dimensions relate, which is all that sharding needs to know.
+
+An op's ``dim_rule(in_types, out_types, **attrs) -> DimRule`` names every dimension of every operand
+and result with a *label* (like an einsum equation). Splitting one label over a mesh axis splits
+every dimension that carries it; an operand without the label is replicated along that axis; a
+label that is summed away (``sums``) leaves each device with a partial sum of the result, the
+placement ``P``. A dimension whose label is ``None`` cannot be split (a broadcast size-1 dim, a
+sliced dim, the reduced dim of a max).
+
+An occurrence may carry a *block factor* ``f``: written ``(label, f)``, it says that dimension is
+made of ``f`` equal pieces that correspond, piece by piece, to the other occurrences of the label
+(``split(x, 3)``: the input's axis is 3 blocks, one per output). Splitting the label with block
+count ``b`` gives that dimension the placement ``S(d, blocks=b*f)``: each device holds its share of
+every one of the ``b*f`` blocks. This is how the fused QKV projection of GPT-2 can be split by
+heads: ``x @ W_qkv`` with ``W_qkv`` placed ``S(1, blocks=3)`` yields ``q``, ``k`` and ``v`` each
+split by columns, without moving data.
+
+``masked`` labels are split by *ranges of an index space* (a row-split embedding table): the local
+op must offset and mask indices (lowering reads this); ``sums`` then says the masked result is
+partial.
+
+``partial_inputs`` names operands the op is linear in, which take the placement ``P`` when a
+``sums`` label is split: ``scatter_add(x, i, u)`` with the indices split adds each device's share
+of the updates into its partial copy of ``x``.
+
+An op's ``cost(in_types, out_types, **attrs) -> (flops, bytes)`` gives the work of the whole op on
+one device; the planner divides it by the number of pieces a strategy splits it into.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+Occurrence = "str | tuple[str, int] | None"
+
+
+@dataclass(frozen=True)
+class DimRule:
+    inputs: tuple[tuple, ...]  # per operand: one entry per dim: label, (label, factor) or None
+    outputs: tuple[tuple, ...]  # per result, the same
+    sums: frozenset = frozenset()  # labels summed away: splitting them makes the results partial (P)
+    masked: frozenset = frozenset()  # labels split as index ranges (local op masks indices)
+    partial_inputs: frozenset = frozenset()  # operands that take P when a ``sums`` label is split
+    notes: dict = field(default_factory=dict, compare=False)
+
+    def occurrences(self):
+        """Yield (side, index, dim, label, factor) for every labelled dimension."""
+        for side, tensors in (("in", self.inputs), ("out", self.outputs)):
+            for i, dims in enumerate(tensors):
+                for d, entry in enumerate(dims):
+                    if entry is None:
+                        continue
+                    label, factor = (entry, 1) if isinstance(entry, str) else entry
+                    yield side, i, d, label, factor
+
+    def labels(self) -> list[str]:
+        """The splittable labels, in first-seen order: a label must appear at most once per tensor,
+        and either in a result or in ``sums``."""
+        seen: dict[str, None] = {}
+        per_tensor: dict[tuple, int] = {}
+        for side, i, _d, label, _f in self.occurrences():
+            seen.setdefault(label)
+            per_tensor[(side, i, label)] = per_tensor.get((side, i, label), 0) + 1
+        bad = {lab for (_s, _i, lab), n in per_tensor.items() if n > 1}
+        in_out = {lab for side, _i, _d, lab, _f in self.occurrences() if side == "out"}
+        return [lab for lab in seen if lab not in bad and (lab in in_out or lab in self.sums)]
+
+
+def norm(entry):
+    """(label, factor) of a rule entry, or None."""
+    if entry is None:
+        return None
+    return (entry, 1) if isinstance(entry, str) else tuple(entry)
+
+
+def elementwise_rule(in_types, out_types) -> DimRule:
+    """numpy broadcasting: dims align from the right; a size-1 operand dim under a larger result dim
+    is broadcast (label None, the operand is replicated along any split of it)."""
+    out = out_types[0]
+    labels = tuple(f"e{d}" for d in range(out.ndim))
+    ins = []
+    for t in in_types:
+        offset = out.ndim - t.ndim
+        ins.append(tuple(None if (t.shape[d] == 1 and out.shape[offset + d] != 1) else labels[offset + d]
+                         for d in range(t.ndim)))
+    return DimRule(tuple(ins), tuple(labels for _ in out_types))
+
+
+def reshape_groups(src: tuple[int, ...], dst: tuple[int, ...]) -> list[tuple[list[int], list[int]]] | None:
+    """Split two shapes of equal size into the shortest runs of dims with equal products:
+    [(src dims, dst dims), ...]; a size-1 dim on one side only is a run of its own. None when the
+    shapes hold zero elements or do not match."""
+    if 0 in src or 0 in dst:
+        return None
+    groups: list[tuple[list[int], list[int]]] = []
+    i = j = 0
+    while i < len(src) or j < len(dst):
+        if i < len(src) and src[i] == 1 and (j >= len(dst) or dst[j] != 1):
+            groups.append(([i], []))
+            i += 1
+            continue
+        if j < len(dst) and dst[j] == 1 and (i >= len(src) or src[i] != 1):
+            groups.append(([], [j]))
+            j += 1
+            continue
+        if i >= len(src) or j >= len(dst):
+            return None
+        gi, gj, pi, pj = [i], [j], src[i], dst[j]
+        i, j = i + 1, j + 1
+        while pi != pj:
+            if pi < pj and i < len(src):
+                pi, i = pi * src[i], i + 1
+                gi.append(i - 1)
+            elif pj < pi and j < len(dst):
+                pj, j = pj * dst[j], j + 1
+                gj.append(j - 1)
+            else:
+                return None
+        groups.append((gi, gj))
+    return groups
+
+
+def reshape_rule(in_types, out_types) -> DimRule:
+    """A reshape keeps the leading dim of every run of dims it merges or splits: splitting a run's
+    leading dim over n devices cuts the flat range into n contiguous pieces, on both sides (the
+    dim sizes must divide, which strategy enumeration checks)."""
+    src, dst = in_types[0].shape, out_types[0].shape
+    ins: list = [None] * len(src)
+    outs: list = [None] * len(dst)
+    groups = reshape_groups(src, dst) or []
+    for k, (gi, gj) in enumerate(groups):
+        if gi and gj and src[gi[0]] > 1 and dst[gj[0]] > 1:
+            ins[gi[0]] = outs[gj[0]] = f"r{k}"
+    return DimRule((tuple(ins),), (tuple(outs),))
+
+
+def identity_rule(in_types, out_types, **_attrs) -> DimRule:
+    """Every dim of the (single) operand is the same dim of the result."""
+    labels = tuple(f"e{d}" for d in range(out_types[0].ndim))
+    return DimRule((labels,), (labels,))
+
+
+def io_bytes(in_types, out_types) -> int:
+    return sum(t.nbytes for t in in_types) + sum(t.nbytes for t in out_types)
+
+
+def default_cost(in_types, out_types, **_attrs) -> tuple[float, int]:
+    """One flop per result element; every operand read once and every result written once."""
+    return float(sum(t.size for t in out_types)), io_bytes(in_types, out_types)
+
+
+def view_cost(in_types, out_types, **_attrs) -> tuple[float, int]:
+    """A view (reshape, broadcast, constraint): no work of its own."""
+    return 0.0, 0
+
+
+def copy_cost(in_types, out_types, **_attrs) -> tuple[float, int]:
+    """A data movement (transpose, slice, pad, concatenate): its results are written once and the
+    elements they come from read once."""
+    out = sum(t.nbytes for t in out_types)
+    return 0.0, 2 * out
+
+
+def region_rule(region) -> DimRule | None:
+    """The rule of a region (a fused cluster) composed from the rules of its nodes.
+
+    Dimensions that some inner node relates are unified (union-find over (value, dim)). A class
+    can be split when, at every inner node it touches, it is exactly the set of dims of one
+    splittable label of that node's rule, present in all of the node's results, not summed and
+    not masked: then each device runs the whole region on its slices. Everything else is None."""
+    parent: dict = {}
+
+    def find(x):
+        while parent.setdefault(x, x) != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    def union(a, b):
+        ra, rb = find(a), find(b)
+        if ra != rb:
+            parent[max(ra, rb, key=repr)] = min(ra, rb, key=repr)
+
+    inner = []
+    for node in region.nodes:
+        fn = node.op.dim_rule
+        rule = None
+        if fn is not None and not node.regions:
+            rule = fn(tuple(v.type for v in node.inputs), tuple(o.type for o in node.outputs), **node.attrs)
+        inner.append((node, rule))
+        if rule is None:
+            continue
+        first: dict[str, tuple] = {}
+        for side, i, d, label, _f in rule.occurrences():
+            v = node.inputs[i] if side == "in" else node.outputs[i]
+            key = (id(v), d)
+            find(key)
+            if label in first:
+                union(first[label], key)
+            else:
+                first[label] = key
+    for v in list(region.inputs) + list(region.outputs):
+        for d in range(v.type.ndim):
+            find((id(v), d))
+    bad: set = set()
+    for node, rule in inner:
+        values = [(("in", i), v) for i, v in enumerate(node.inputs)] + [(("out", i), v) for i, v in enumerate(node.outputs)]
+        touched: dict = {}
+        for (side, i), v in values:
+            for d in range(v.type.ndim):
+                touched.setdefault(find((id(v), d)), set()).add((side, i, d))
+        if rule is None:
+            bad.update(touched)
+            continue
+        ok_labels = set(rule.labels()) - set(rule.sums) - set(rule.masked)
+        n_out = len(node.outputs)
+        by_label: dict[str, set] = {}
+        factors: dict[str, set] = {}
+        for side, i, d, label, f in rule.occurrences():
+            by_label.setdefault(label, set()).add((side, i, d))
+            factors.setdefault(label, set()).add(f)
+        for cls, dims in touched.items():
+            fine = False
+            for label, occ in by_label.items():
+                if occ == dims and label in ok_labels and factors[label] == {1} \
+                        and len({i for s, i, _d in occ if s == "out"}) == n_out:
+                    fine = True
+                    break
+            if not fine:
+                bad.add(cls)
+    names: dict = {}
+
+    def entry(v, d):
+        cls = find((id(v), d))
+        if cls in bad:
+            return None
+        return names.setdefault(cls, f"f{len(names)}")
+
+    ins = tuple(tuple(entry(v, d) for d in range(v.type.ndim)) for v in region.inputs)
+    outs = tuple(tuple(entry(v, d) for d in range(v.type.ndim)) for v in region.outputs)
+    return DimRule(ins, outs)
+
+
+def region_cost(region, in_types, out_types) -> tuple[float, int]:
+    """Flops of the region's nodes; bytes of the fused node's operands and results only (the
+    intermediates stay in registers / cache: the point of fusing)."""
+    flops = 0.0
+    for node in region.nodes:
+        fn = node.op.cost or default_cost
+        flops += fn(tuple(v.type for v in node.inputs), tuple(o.type for o in node.outputs), **node.attrs)[0]
+    return flops, io_bytes(in_types, out_types)

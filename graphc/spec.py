@@ -1,0 +1,169 @@
+"""Sharding specs: one placement per mesh axis.
+
+* ``S(d)``: tensor dim ``d`` is split over the axis into equal contiguous pieces, one per device;
+  ``S(d, blocks=k)``: dim ``d`` is ``k`` equal blocks and each block is split so (each device holds
+  its piece of every block: the layout of a fused QKV weight split by heads);
+* ``R``: replicated, every device along the axis holds the whole tensor;
+* ``P``: partial sums, the tensor is the sum over the axis of what the devices hold.
+
+A spec is written ``[S(0), R]`` (mesh axes in the mesh's order). A dim is split over at most one
+axis, and only evenly: a dim of size ``s`` can be ``S(d, blocks=k)`` over ``n`` devices only when
+``s % (k * n) == 0``; uneven splits are not in the strategy space (never silently wrong).
+
+``shard`` and ``unshard`` give the reference meaning of a spec on numpy arrays: tests and the
+lowering check themselves against them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from graphc.errors import GraphcError
+
+
+class SpecError(GraphcError, ValueError):
+    """A malformed or impossible sharding spec."""
+
+
+@dataclass(frozen=True, order=True)
+class Placement:
+    kind: str  # "S", "R" or "P"
+    dim: int = -1
+    blocks: int = 1
+
+    def __str__(self) -> str:
+        if self.kind != "S":
+            return self.kind
+        return f"S({self.dim})" if self.blocks == 1 else f"S({self.dim}, blocks={self.blocks})"
+
+    __repr__ = __str__
+
+    @property
+    def is_split(self) -> bool:
+        return self.kind == "S"
+
+
+R = Placement("R")
+P = Placement("P")
+
+
+def S(dim: int, blocks: int = 1) -> Placement:  # noqa: N802 (the notation of the field)
+    return Placement("S", int(dim), int(blocks))
+
+
+_PLACEMENT = re.compile(r"\s*(?:(R)|(P)|S\(\s*(-?\d+)\s*(?:,\s*(?:blocks\s*=\s*)?(\d+)\s*)?\))\s*$")
+
+
+def parse_placement(text) -> Placement:
+    if isinstance(text, Placement):
+        return text
+    m = _PLACEMENT.match(str(text))
+    if not m:
+        raise SpecError(f"bad placement {text!r}: expected R, P, S(d) or S(d, blocks=k)")
+    if m.group(1):
+        return R
+    if m.group(2):
+        return P
+    return S(int(m.group(3)), int(m.group(4) or 1))
+
+
+Spec = tuple  # tuple[Placement, ...], one per mesh axis
+
+
+def parse_spec(spec, n_axes: int | None = None) -> tuple[Placement, ...]:
+    """``"[S(0), R]"``, ``"S(0),R"``, ``["S(0)", "R"]`` or placements -> a tuple of placements."""
+    if isinstance(spec, str):
+        body = spec.strip()
+        if body.startswith("[") and body.endswith("]"):
+            body = body[1:-1]
+        parts = [p for p in re.split(r",(?![^()]*\))", body) if p.strip()] if body.strip() else []
+        out = tuple(parse_placement(p) for p in parts)
+    else:
+        out = tuple(parse_placement(p) for p in spec)
+    if n_axes is not None and len(out) != n_axes:
+        raise SpecError(f"spec {format_spec(out)} has {len(out)} placement(s), the mesh has {n_axes} axes")
+    return out
+
+
+def format_spec(spec) -> str:
+    return "[" + ", ".join(str(p) for p in spec) + "]"
+
+
+def check_spec(spec, shape: tuple[int, ...], mesh_shape: tuple[int, ...], what: str = "tensor") -> None:
+    """Raise SpecError unless ``spec`` is a valid, even placement of ``shape`` on the mesh."""
+    if len(spec) != len(mesh_shape):
+        raise SpecError(f"{what}: spec {format_spec(spec)} has {len(spec)} placement(s), the mesh has {len(mesh_shape)} axes")
+    used = set()
+    for p, n in zip(spec, mesh_shape):
+        if not p.is_split:
+            continue
+        if not 0 <= p.dim < len(shape):
+            raise SpecError(f"{what}: {p} names dim {p.dim} of a {len(shape)}-d tensor {shape}")
+        if p.dim in used:
+            raise SpecError(f"{what}: dim {p.dim} is split over two mesh axes in {format_spec(spec)}")
+        used.add(p.dim)
+        if p.blocks < 1 or shape[p.dim] % (p.blocks * n):
+            raise SpecError(f"{what}: dim {p.dim} of size {shape[p.dim]} does not split evenly into "
+                            f"{p.blocks} block(s) over {n} devices ({p})")
+
+
+def local_shape(shape: tuple[int, ...], spec, mesh_shape: tuple[int, ...]) -> tuple[int, ...]:
+    out = list(shape)
+    for p, n in zip(spec, mesh_shape):
+        if p.is_split:
+            out[p.dim] //= n
+    return tuple(out)
+
+
+def split_factor(spec, mesh_shape) -> int:
+    """How many pieces the tensor is cut into (its local size is 1/split_factor of the whole)."""
+    f = 1
+    for p, n in zip(spec, mesh_shape):
+        if p.is_split:
+            f *= n
+    return f
+
+
+def _block_index(size: int, blocks: int, n: int, r: int) -> np.ndarray:
+    """Indices along a dim of ``size`` held by device ``r`` of ``n`` under ``S(d, blocks)``."""
+    b = size // blocks
+    c = b // n
+    return (np.arange(blocks)[:, None] * b + r * c + np.arange(c)[None, :]).reshape(-1)
+
+
+def shard(x: np.ndarray, spec, mesh_shape: tuple[int, ...], coord: tuple[int, ...]) -> np.ndarray:
+    """The local piece of ``x`` held by the device at mesh coordinate ``coord`` (P: the device
+    at coordinate 0 along that axis holds the value, the others zeros)."""
+    x = np.asarray(x)
+    check_spec(spec, x.shape, mesh_shape)
+    out = x
+    zero = False
+    for p, n, r in zip(spec, mesh_shape, coord):
+        if p.is_split:
+            out = np.take(out, _block_index(x.shape[p.dim], p.blocks, n, r), axis=p.dim)
+        elif p.kind == "P" and r != 0:
+            zero = True
+    out = np.array(out, copy=True)
+    if zero:
+        out[...] = 0
+    return out
+
+
+def unshard(pieces: dict, spec, mesh_shape: tuple[int, ...], shape: tuple[int, ...]) -> np.ndarray:
+    """Rebuild the logical tensor from ``{coord: local array}`` (sums over P axes)."""
+    sample = next(iter(pieces.values()))
+    out = np.zeros(shape, dtype=np.asarray(sample).dtype)
+    for coord, piece in pieces.items():
+        index = [slice(None)] * len(shape)
+        for p, n, r in zip(spec, mesh_shape, coord):
+            if p.is_split:
+                index[p.dim] = _block_index(shape[p.dim], p.blocks, n, r)
+        sel = np.ix_(*[np.arange(s) if isinstance(i, slice) else i for s, i in zip(shape, index)]) if shape else ()
+        # a replicated axis repeats the same piece: count it once (the coord-0 copy along it)
+        if any(coord[a] != 0 for a, p in enumerate(spec) if p.kind == "R"):
+            continue
+        out[sel] += np.asarray(piece)
+    return out

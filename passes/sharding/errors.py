@@ -1,0 +1,3 @@
+from graphc.errors import PlanError
+
+__all__ = ["PlanError"]

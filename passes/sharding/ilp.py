@@ -1,0 +1,435 @@
+"""Shrink the auto-sharding problem, then solve it exactly with an integer linear program.
+
+Shrinking (``shrink=True``) puts items into *groups* that share one strategy variable; each
+member maps the group's strategy index to its own:
+
+* **tying repeated structure**: items that are indistinguishable after a few rounds of
+  Weisfeiler-Lehman refinement (op, attributes, types, source line, part, strategies, and the
+  same of their neighbours) share a variable: the 12 (or 48) blocks of a transformer, built by
+  one Python loop, become one block's worth of variables, plus the few boundary nodes whose
+  neighbourhood differs;
+* **followers**: an elementwise or shape node follows the producer of its largest operand: for
+  each of the producer group's strategies it takes its cheapest strategy that reads that operand
+  as it is (no redistribution); a node that cannot follow every choice keeps its own variable.
+
+Tying and following are the usual heuristics (Alpa merges followers too); with ``shrink=False``
+every item has its own variable and the ILP is exact for the cost model (tested against
+exhaustive search).
+
+ILP (OR-Tools, CBC through pywraplp, chosen by measurement on 2 cores; see MACHINE_FACTS):
+one-hot binaries ``x[g, s]``; for every pair of groups joined by edges, continuous
+``y[s, t] >= 0`` with ``sum_t y[s, t] = x[g, s]`` and ``sum_s y[s, t] = x[h, t]`` (the tight
+linearization of ``x[g, s] * x[h, t]``); objective = compute + redistribution time. The
+per-device memory limit is enforced lazily: solve, measure the plan's liveness peak, add the
+constraint "live bytes at that program point <= limit", solve again, until the plan fits. When
+no plan fits, a second ILP (minimize the peak, same lazy points) finds the smallest memory that
+any plan needs, and ``PlanError`` names it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from graphc.errors import PlanError
+from graphc.spec import format_spec
+from passes.sharding.problem import Problem
+
+FOLLOW_KINDS = ("elementwise", "shape", "fused")
+
+
+@dataclass
+class Group:
+    members: list[tuple[int, np.ndarray]]  # (item index, group strategy -> item strategy)
+    size: int
+
+
+@dataclass
+class Solution:
+    choice: list[int]  # strategy per item
+    objective: float
+    status: str
+    bound: float
+    gap: float
+    seconds: float
+    stats: dict = field(default_factory=dict)
+
+
+# --- shrinking ------------------------------------------------------------------------------------
+
+
+def _digest(*parts) -> str:
+    return hashlib.blake2b(repr(parts).encode(), digest_size=12).hexdigest()
+
+
+def _attr_key(v):
+    if isinstance(v, np.ndarray):
+        return ("array", v.shape, v.dtype.str, hashlib.blake2b(np.ascontiguousarray(v).tobytes(), digest_size=8).hexdigest())
+    return repr(v)
+
+
+_INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)")  # list positions in pytree paths: blocks.3.attn
+
+
+def structure_classes(p: Problem, rounds: int = 3) -> list[str]:
+    label = []
+    for it in p.items:
+        strat = _digest(tuple((s.in_specs, s.out_specs) for s in it.strategies))
+        if it.kind == "node":
+            n = it.node
+            base = ("node", n.op.name, tuple(sorted((k, _attr_key(v)) for k, v in n.attrs.items())),
+                    tuple(str(v.type) for v in n.inputs), tuple(str(o.type) for o in n.outputs),
+                    str(n.loc), n.part, strat, it.pinned)
+        else:
+            name = _INDEX.sub("#", it.value.name or "") if it.kind == "input" else ""
+            base = (it.kind, str(it.value.type), name, strat, it.pinned)
+        label.append(_digest(base))
+    ins: list[list] = [[] for _ in p.items]
+    outs: list[list] = [[] for _ in p.items]
+    for e in p.edges:
+        ins[e.dst].append((e.dst_in, e.src_out, e.src))
+        outs[e.src].append((e.src_out, e.dst_in, e.dst))
+    for _ in range(rounds):
+        label = [
+            _digest(label[i], tuple((a, b, label[s]) for a, b, s in sorted(ins[i])),
+                    tuple(sorted((a, b, label[d]) for a, b, d in outs[i])))
+            for i in range(len(p.items))
+        ]
+    return label
+
+
+def shrink_groups(p: Problem, tie: bool = True, follow: bool = True) -> tuple[list[Group], list[int]]:
+    """Groups of items sharing a strategy variable, and each item's group index."""
+    n = len(p.items)
+    groups: list[Group] = []
+    of: list[int] = [-1] * n
+    if tie:
+        classes: dict[str, list[int]] = {}
+        for i, lab in enumerate(structure_classes(p)):
+            classes.setdefault(lab, []).append(i)
+        for members in classes.values():
+            k = len(p.items[members[0]].strategies)
+            g = Group([(i, np.arange(k)) for i in members], k)
+            for i in members:
+                of[i] = len(groups)
+            groups.append(g)
+    else:
+        for i, it in enumerate(p.items):
+            of[i] = len(groups)
+            groups.append(Group([(i, np.arange(len(it.strategies)))], len(it.strategies)))
+
+    if follow:
+        in_edges: list[list] = [[] for _ in range(n)]
+        for e in p.edges:
+            in_edges[e.dst].append(e)
+        mapping = {i: m for g in groups for i, m in g.members}
+        for gi in sorted(range(len(groups)), key=lambda g: min(i for i, _ in groups[g].members)):
+            g = groups[gi]
+            if not g.members:
+                continue
+            plans = []
+            target = None
+            for i, _m in g.members:
+                it = p.items[i]
+                if it.kind != "node" or it.pinned or it.node.op.kind not in FOLLOW_KINDS or not in_edges[i]:
+                    plans = None
+                    break
+                cand = [e for e in in_edges[i] if not (p.items[e.src].kind == "node" and p.items[e.src].node.op.name == "constant")]
+                if not cand:
+                    plans = None
+                    break
+                main = max(cand, key=lambda e: (e.value.type.size, -e.dst_in))
+                tg = of[main.src]
+                if tg == gi or (target is not None and tg != target):
+                    plans = None
+                    break
+                target = tg
+                src_map = mapping[main.src]
+                src_specs = [p.items[main.src].strategies[s].out_specs[main.src_out] for s in src_map]
+                new_map = []
+                for spec in src_specs:
+                    best = None
+                    for s, st in enumerate(it.strategies):
+                        if st.in_specs[main.dst_in] == spec and (best is None or st.compute_s < it.strategies[best].compute_s):
+                            best = s
+                    if best is None:
+                        break
+                    new_map.append(best)
+                if len(new_map) != len(src_specs):
+                    plans = None
+                    break
+                plans.append((i, np.array(new_map, dtype=np.int64)))
+            if not plans:
+                continue
+            tgt = groups[target]
+            for i, m in plans:
+                tgt.members.append((i, m))
+                mapping[i] = m
+                of[i] = target
+            g.members = []
+        # renumber
+        keep = [gi for gi, g in enumerate(groups) if g.members]
+        renum = {gi: k for k, gi in enumerate(keep)}
+        groups = [groups[gi] for gi in keep]
+        of = [renum[g] for g in of]
+    return groups, of
+
+
+# --- ILP -----------------------------------------------------------------------------------------
+
+
+def objective_terms(p: Problem, groups: list[Group], of: list[int]):
+    """Per-group cost vectors and per-group-pair edge matrices."""
+    maps = {}
+    for g in groups:
+        for i, m in g.members:
+            maps[i] = m
+    vec = [np.zeros(g.size) for g in groups]
+    for gi, g in enumerate(groups):
+        for i, m in g.members:
+            vec[gi] += np.array([s.compute_s for s in p.items[i].strategies])[m]
+    pair: dict[tuple[int, int], np.ndarray] = {}
+    for e in p.edges:
+        gu, gv = of[e.src], of[e.dst]
+        full = p.edge_matrix(e)
+        mu, mv = maps[e.src], maps[e.dst]
+        if gu == gv:
+            vec[gu] += full[mu, mv]
+            continue
+        m = full[np.ix_(mu, mv)]
+        if not m.any():
+            continue
+        if gu > gv:
+            gu, gv, m = gv, gu, m.T
+        if (gu, gv) in pair:
+            pair[(gu, gv)] = pair[(gu, gv)] + m
+        else:
+            pair[(gu, gv)] = m.copy()
+    # fold edges with a single-strategy side into the other side's vector
+    for (gu, gv) in list(pair):
+        m = pair[(gu, gv)]
+        if groups[gu].size == 1:
+            vec[gv] += m[0]
+            del pair[(gu, gv)]
+        elif groups[gv].size == 1:
+            vec[gu] += m[:, 0]
+            del pair[(gu, gv)]
+    return vec, pair, maps
+
+
+def solve(p: Problem, memory_limit: int | None = None, shrink: bool = True, time_limit_s: float = 60.0,
+          solver_name: str = "CBC", progress=None) -> Solution:
+    start = time.perf_counter()
+    groups, of = shrink_groups(p, tie=shrink, follow=shrink)
+    vec, pair, maps = objective_terms(p, groups, of)
+    stats = {
+        "items": len(p.items), "edges": len(p.edges),
+        "vars_unshrunk": sum(len(it.strategies) for it in p.items)
+        + sum(len(p.items[e.src].strategies) * len(p.items[e.dst].strategies) for e in p.edges),
+        "groups": len(groups), "group_edges": len(pair),
+    }
+    if progress:
+        progress(f"ILP: {len(p.items)} items -> {len(groups)} groups, {len(pair)} group edges")
+    model = _Model(p, groups, of, vec, pair, maps, solver_name, time_limit_s)
+    stats["variables"] = model.solver.NumVariables()
+    stats["constraints"] = model.solver.NumConstraints()
+    sol = model.run()
+    points: list[int] = []
+    if memory_limit is not None:
+        for _round in range(100):
+            if sol is None:
+                break
+            peak, at = p.peak_memory(sol.choice)
+            if peak <= memory_limit:
+                break
+            if at in points:  # pragma: no cover - the constraint at a point holds once added
+                break
+            points.append(at)
+            model.add_memory_point(at, memory_limit)
+            if progress:
+                progress(f"ILP: memory {peak / 2**20:.1f} MiB > limit at point {at}; re-solving with {len(points)} point(s)")
+            sol = model.run()
+        if sol is None:
+            minimum = min_memory(p, groups, of, maps, solver_name, time_limit_s)
+            raise PlanError(
+                f"no plan fits in {_fmt_bytes(memory_limit)} per device on mesh {p.mesh}: the smallest per-device "
+                f"memory any plan needs is {_fmt_bytes(minimum)} ({minimum} bytes)", min_memory_bytes=minimum)
+    if sol is None:
+        raise PlanError(f"the sharding ILP found no plan (status {model.last_status})")
+    stats["memory_points"] = len(points)
+    stats["variables"] = model.solver.NumVariables()
+    stats["constraints"] = model.solver.NumConstraints()
+    sol.stats = stats
+    sol.seconds = time.perf_counter() - start
+    return sol
+
+
+class _Model:
+    def __init__(self, p, groups, of, vec, pair, maps, solver_name, time_limit_s):
+        from ortools.linear_solver import pywraplp
+
+        self.pywraplp = pywraplp
+        self.p, self.groups, self.of, self.maps = p, groups, of, maps
+        solver = pywraplp.Solver.CreateSolver(solver_name)
+        if solver is None:
+            raise PlanError(f"OR-Tools solver {solver_name} is not available")
+        solver.SetTimeLimit(int(time_limit_s * 1000))
+        self.solver = solver
+        self.x: list[list] = []
+        for gi, g in enumerate(groups):
+            if g.size == 1:
+                self.x.append([1.0])
+                continue
+            xs = [solver.BoolVar(f"x{gi}_{s}") for s in range(g.size)]
+            solver.Add(solver.Sum(xs) == 1)
+            self.x.append(xs)
+        obj = solver.Objective()
+        self.constant = 0.0
+        scale = 1e6  # microseconds keep the coefficients well scaled
+        for gi, v in enumerate(vec):
+            if groups[gi].size == 1:
+                self.constant += float(v[0])
+                continue
+            for s, c in enumerate(v):
+                if c:
+                    obj.SetCoefficient(self.x[gi][s], float(c) * scale)
+        for (gu, gv), m in sorted(pair.items()):
+            ku, kv = m.shape
+            y = [[solver.NumVar(0.0, 1.0, f"y{gu}_{gv}_{s}_{t}") for t in range(kv)] for s in range(ku)]
+            for s in range(ku):
+                solver.Add(solver.Sum(y[s]) == self.x[gu][s])
+            for t in range(kv):
+                solver.Add(solver.Sum([y[s][t] for s in range(ku)]) == self.x[gv][t])
+            for s in range(ku):
+                for t in range(kv):
+                    if m[s, t]:
+                        obj.SetCoefficient(y[s][t], float(m[s, t]) * scale)
+        for a, b in p.ties:  # tied input/output items: equal strategy index (= equal spec)
+            ga, gb = of[a], of[b]
+            for k in range(len(p.items[a].strategies)):
+                lhs = [self.x[ga][s] for s in range(groups[ga].size) if maps[a][s] == k]
+                rhs = [self.x[gb][s] for s in range(groups[gb].size) if maps[b][s] == k]
+                diff = sum(lhs, 0) - sum(rhs, 0)
+                if isinstance(diff, (int, float)):
+                    continue  # both sides fixed (single-strategy groups aligned by _tie)
+                solver.Add(diff == 0)
+        obj.SetMinimization()
+        self.scale = scale
+        self.last_status = None
+        self._live = None
+
+    def memory_expr(self, at: int):
+        """(constant bytes, {(group, s): bytes}) live at program point ``at``."""
+        if self._live is None:
+            self._live = self.p.live_ranges()
+        const = 0.0
+        coef: dict[tuple[int, int], float] = {}
+        for v, i, a, b in self._live:
+            if not a <= at <= b:
+                continue
+            g = self.of[i]
+            m = self.maps[i]
+            sizes = [self.p.value_bytes(v, i, int(s)) for s in m]
+            if self.groups[g].size == 1:
+                const += sizes[0]
+                continue
+            for s, nb in enumerate(sizes):
+                coef[(g, s)] = coef.get((g, s), 0.0) + nb
+        return const, coef
+
+    def add_memory_point(self, at: int, limit: float) -> None:
+        const, coef = self.memory_expr(at)
+        ct = self.solver.Constraint(-self.solver.infinity(), float(limit) - const)
+        for (g, s), nb in coef.items():
+            ct.SetCoefficient(self.x[g][s], nb)
+
+    def run(self) -> Solution | None:
+        status = self.solver.Solve()
+        pw = self.pywraplp
+        names = {pw.Solver.OPTIMAL: "optimal", pw.Solver.FEASIBLE: "feasible", pw.Solver.INFEASIBLE: "infeasible",
+                 pw.Solver.UNBOUNDED: "unbounded", pw.Solver.ABNORMAL: "abnormal", pw.Solver.NOT_SOLVED: "not solved"}
+        self.last_status = names.get(status, str(status))
+        if status not in (pw.Solver.OPTIMAL, pw.Solver.FEASIBLE):
+            return None
+        choice = [0] * len(self.p.items)
+        for gi, g in enumerate(self.groups):
+            s = 0 if g.size == 1 else max(range(g.size), key=lambda k: self.x[gi][k].solution_value())
+            for i, m in g.members:
+                choice[i] = int(m[s])
+        obj = self.solver.Objective().Value() / self.scale + self.constant
+        bound = self.solver.Objective().BestBound() / self.scale + self.constant
+        if status == pw.Solver.OPTIMAL:
+            bound = obj
+        gap = 0.0 if obj <= 0 else max(0.0, (obj - bound) / obj)
+        return Solution(choice, obj, self.last_status, bound, gap, 0.0)
+
+
+def min_memory(p: Problem, groups, of, maps, solver_name: str, time_limit_s: float) -> int:
+    """The smallest per-device peak over all plans (lazy program points, as in ``solve``)."""
+    from ortools.linear_solver import pywraplp
+
+    solver = pywraplp.Solver.CreateSolver(solver_name)
+    solver.SetTimeLimit(int(time_limit_s * 1000))
+    dummy = _Model.__new__(_Model)
+    dummy.p, dummy.groups, dummy.of, dummy.maps, dummy._live = p, groups, of, maps, None
+    x = []
+    for gi, g in enumerate(groups):
+        if g.size == 1:
+            x.append([1.0])
+            continue
+        xs = [solver.BoolVar(f"x{gi}_{s}") for s in range(g.size)]
+        solver.Add(solver.Sum(xs) == 1)
+        x.append(xs)
+    peak_var = solver.NumVar(0.0, solver.infinity(), "peak")
+    solver.Minimize(peak_var)
+    choice = [0] * len(p.items)
+    points: set[int] = set()
+    best = None
+    for _round in range(200):
+        _peak, at = p.peak_memory(choice)
+        if at in points:
+            break
+        points.add(at)
+        const, coef = dummy.memory_expr(at)
+        ct = solver.Constraint(const, solver.infinity())
+        ct.SetCoefficient(peak_var, 1.0)
+        for (g, s), nb in coef.items():
+            ct.SetCoefficient(x[g][s], -nb)
+        if solver.Solve() not in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
+            break
+        for gi, g in enumerate(groups):
+            s = 0 if g.size == 1 else max(range(g.size), key=lambda k: x[gi][k].solution_value())
+            for i, m in g.members:
+                choice[i] = int(m[s])
+        best = p.peak_memory(choice)[0]
+    return int(best if best is not None else p.peak_memory(choice)[0])
+
+
+def exhaustive(p: Problem, memory_limit: int | None = None) -> tuple[float, list[int]] | None:
+    """Best assignment by enumerating every combination (tests; small problems only)."""
+    import itertools
+
+    best = None
+    for choice in itertools.product(*(range(len(it.strategies)) for it in p.items)):
+        choice = list(choice)
+        if memory_limit is not None and p.peak_memory(choice)[0] > memory_limit:
+            continue
+        t = p.evaluate(choice)["total_s"]
+        if best is None or t < best[0] - 1e-15:
+            best = (t, choice)
+    return best
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+__all__ = ["Group", "Solution", "exhaustive", "format_spec", "min_memory", "shrink_groups", "solve", "structure_classes"]

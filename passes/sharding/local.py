@@ -1,0 +1,116 @@
+"""What one device computes under a strategy: the op on its local pieces.
+
+This is the reference semantics of a strategy, shared by the rule tests (every strategy of every
+op, run on every device of a mesh, must reassemble to the op's result) and by the lowering to
+device programs. Most ops run unchanged on their pieces; the attributes that spell out sizes
+(reshape and broadcast targets, slice bounds, split points, constant values) are rewritten to the
+local sizes, and ops with ``masked`` labels (a gather from a row-split table) translate global
+indices to local rows and keep only the rows the device owns, so the partial results sum to the
+whole.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graphc.ir import TensorType
+from graphc.spec import _block_index, local_shape, shard
+from passes.sharding.strategies import Strategy, get_rule
+
+
+def local_types(types, specs, mesh_shape) -> tuple[TensorType, ...]:
+    return tuple(TensorType(local_shape(t.shape, s, mesh_shape), t.dtype) for t, s in zip(types, specs))
+
+
+def local_attrs(node, strategy: Strategy, mesh_shape: tuple[int, ...], coord: tuple[int, ...]) -> dict:
+    """The node's attributes for its local pieces on the device at ``coord``."""
+    attrs = dict(node.attrs)
+    name = node.op.name
+    outs = local_types([o.type for o in node.outputs], strategy.out_specs, mesh_shape)
+    if name in ("reshape", "broadcast_to"):
+        attrs["shape"] = outs[0].shape
+    elif name == "slice":
+        ins = local_types([v.type for v in node.inputs], strategy.in_specs, mesh_shape)
+        attrs["stops"] = tuple(ins[0].shape[d] if (a, b, s) == (0, n, 1) else b
+                               for d, (a, b, s, n) in enumerate(zip(attrs["starts"], attrs["stops"], attrs["steps"],
+                                                                    node.inputs[0].type.shape)))
+    elif name == "split":
+        bounds = np.cumsum([o.shape[attrs["axis"]] for o in outs])[:-1]
+        attrs["indices"] = tuple(int(b) for b in bounds)
+    elif name == "constant":
+        attrs["value"] = shard(attrs["value"], strategy.out_specs[0], mesh_shape, coord)
+    return attrs
+
+
+def _owned_rows(size: int, spec, dim: int, mesh_shape, coord) -> np.ndarray | None:
+    """Global row -> local row (or -1) along ``dim`` of a tensor with ``spec``; None if not split."""
+    for p, n, r in zip(spec, mesh_shape, coord):
+        if p.is_split and p.dim == dim:
+            rows = _block_index(size, p.blocks, n, r)
+            table = np.full(size, -1, dtype=np.int64)
+            table[rows] = np.arange(len(rows))
+            return table
+    return None
+
+
+def run_local(node, strategy: Strategy, mesh_shape: tuple[int, ...], coord: tuple[int, ...],
+              arrays: list[np.ndarray]) -> list[np.ndarray]:
+    """The node's local results on the device at ``coord`` from its local operands."""
+    attrs = local_attrs(node, strategy, mesh_shape, coord)
+    name = node.op.name
+    if name in ("gather", "scatter_add"):
+        return _run_indexing_local(node, strategy, mesh_shape, coord, arrays, attrs)
+    if node.op.name == "fused":
+        return _run_region_local(node.regions[0], arrays)
+    return list(node.op.evaluate(*arrays, **attrs))
+
+
+def _run_region_local(region, arrays):
+    """A fused region on local pieces: its elementwise ops and row reductions need no rewriting
+    (the region's rule only lets dims split that every inner op keeps whole)."""
+    env = dict(zip(region.inputs, arrays))
+    for inner in region.nodes:
+        scalar = inner.op.name == "constant" and inner.outputs[0].type.size == 1
+        if inner.op.name in ("reshape", "broadcast_to", "slice", "split", "constant") and not scalar or inner.regions:
+            raise NotImplementedError(f"local execution of {inner.op.name} inside a fused region")
+        for o, a in zip(inner.outputs, inner.op.evaluate(*[env[v] for v in inner.inputs], **inner.attrs)):
+            env[o] = a
+    return [env[v] for v in region.outputs]
+
+
+def _run_indexing_local(node, strategy, mesh_shape, coord, arrays, attrs):
+    """gather / scatter_add on a table split by rows along a masked dim: global indices become
+    local rows; indices another device owns contribute zeros (a partial result) or, for an
+    ``arange`` index aligned with the split, are all owned. Out-of-range indices raise as numpy
+    does, on every device, whichever rows it owns."""
+    rule = get_rule(node)
+    axis = attrs["axis"]
+    k = len(node.inputs) - (2 if node.op.name == "scatter_add" else 1)
+    x_type = node.inputs[0].type
+    idx = list(arrays[1:1 + k])
+    owned = None
+    for j in range(k):
+        if rule.inputs[0][axis + j] not in rule.masked:
+            continue
+        size = x_type.shape[axis + j]
+        table = _owned_rows(size, strategy.in_specs[0], axis + j, mesh_shape, coord)
+        if table is None:
+            continue
+        glob = np.where(idx[j] < 0, idx[j] + size, idx[j])
+        if np.any((glob < 0) | (glob >= size)):
+            bad = idx[j][(glob < 0) | (glob >= size)].flat[0]
+            raise IndexError(f"index {bad} is out of bounds for axis {axis + j} with size {size}")
+        local = table[glob]
+        mine = local >= 0
+        idx[j] = np.where(mine, local, 0)
+        owned = mine if owned is None else owned & mine
+    if owned is None:
+        return list(node.op.evaluate(*arrays, **attrs))
+    owned = np.broadcast_to(owned, np.broadcast_shapes(*(i.shape for i in idx)))
+    nd = node.outputs[0].ndim if node.op.name == "gather" else arrays[-1].ndim
+    mask = owned.reshape((1,) * axis + owned.shape + (1,) * (nd - axis - owned.ndim))
+    if node.op.name == "gather":
+        (out,) = node.op.evaluate(arrays[0], *idx, **attrs)
+        return [np.where(mask, out, np.zeros((), out.dtype))]
+    updates = arrays[-1]
+    return list(node.op.evaluate(arrays[0], *idx, np.where(mask, updates, np.zeros((), updates.dtype)), **attrs))

@@ -1,0 +1,269 @@
+"""The auto-sharding problem of one graph on one mesh: items, strategies, edges, costs, memory.
+
+*Items* are what gets a strategy: every graph input (its spec), every node, every graph output
+(the spec it is returned in). *Edges* connect a producer item's result to a consumer item's
+operand; an edge costs the redistribution from the producer's result spec to the consumer's
+operand spec. The objective of an assignment (one strategy per item) is
+
+    sum of items' compute time + sum of edges' redistribution time
+
+(a sequential model: no overlap of compute and communication). Memory per device is the peak,
+over the program order, of the bytes of live tensors under their chosen specs: graph inputs
+(parameters, optimizer state) live throughout, every other value from its producer to its last
+use (outputs to the end). All meshes here split evenly, so every device has the same peak.
+
+``evaluate`` is the reference the ILP is tested against (exhaustive search on small graphs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from graphc.ir import Graph, Value
+from graphc.spec import format_spec, local_shape
+from passes.sharding.redistribute import redistribution_time
+from passes.sharding.strategies import Strategy, block_sets, get_rule, node_strategies, tensor_specs
+
+
+@dataclass
+class Item:
+    kind: str  # "input", "node", "output"
+    index: int  # graph input / node / output position
+    strategies: list[Strategy]
+    node: object = None
+    value: Value | None = None  # inputs and outputs
+    pinned: str | None = None  # why the strategies were restricted (a user pin)
+    warning: str | None = None
+
+
+@dataclass
+class Edge:
+    src: int  # item index
+    src_out: int
+    dst: int
+    dst_in: int
+    value: Value
+
+
+@dataclass
+class Problem:
+    graph: Graph
+    mesh: object
+    items: list[Item]
+    edges: list[Edge]
+    order: list[int] = field(default_factory=list)  # item indices in program order
+    warnings: list[str] = field(default_factory=list)
+    ties: list[tuple[int, int]] = field(default_factory=list)  # (input item, output item): same strategy index
+    _spec_cache: dict = field(default_factory=dict, repr=False)
+    _matrix_cache: dict = field(default_factory=dict, repr=False)
+
+    # --- costs -----------------------------------------------------------------------------
+    def edge_time(self, e: Edge, s_src: int, s_dst: int) -> float:
+        src = self.items[e.src].strategies[s_src].out_specs[e.src_out]
+        dst = self.items[e.dst].strategies[s_dst].in_specs[e.dst_in]
+        t = e.value.type
+        return redistribution_time(t.shape, t.dtype.itemsize, src, dst, self.mesh)
+
+    def specs_of(self, item: int, side: str, k: int):
+        """(distinct specs, index per strategy) of an item's result / operand ``k`` (cached)."""
+        key = (item, side, k)
+        hit = self._spec_cache.get(key)
+        if hit is None:
+            strategies = self.items[item].strategies
+            specs = [s.out_specs[k] if side == "out" else s.in_specs[k] for s in strategies]
+            hit = self._spec_cache[key] = _unique(specs)
+        return hit
+
+    def edge_matrix(self, e: Edge) -> np.ndarray:
+        """Redistribution time for every (producer strategy, consumer strategy) pair; computed
+        on the distinct specs only, and once per distinct (type, specs) combination."""
+        us, ui = self.specs_of(e.src, "out", e.src_out)
+        vs, vi = self.specs_of(e.dst, "in", e.dst_in)
+        t = e.value.type
+        key = (t, tuple(us), tuple(vs))
+        small = self._matrix_cache.get(key)
+        if small is None:
+            small = np.array([[redistribution_time(t.shape, t.dtype.itemsize, a, b, self.mesh) for b in vs] for a in us])
+            self._matrix_cache[key] = small
+        return small[np.ix_(ui, vi)]
+
+    def evaluate(self, choice: list[int]) -> dict:
+        compute = sum(self.items[i].strategies[s].compute_s for i, s in enumerate(choice))
+        comm = sum(self.edge_time(e, choice[e.src], choice[e.dst]) for e in self.edges)
+        return {"compute_s": compute, "comm_s": comm, "total_s": compute + comm,
+                "peak_bytes": self.peak_memory(choice)[0]}
+
+    # --- memory ----------------------------------------------------------------------------
+    def live_ranges(self) -> list[tuple[Value, int, int, int]]:
+        """(value, producer item, first position, last position) over ``order`` positions."""
+        pos = {item: p for p, item in enumerate(self.order)}
+        end = len(self.order) - 1
+        last: dict[Value, int] = {}
+        for e in self.edges:
+            last[e.value] = max(last.get(e.value, -1), pos[e.dst])
+        out = []
+        for i, item in enumerate(self.items):
+            if item.kind == "input":
+                out.append((item.value, i, 0, end))
+            elif item.kind == "node":
+                for o in item.node.outputs:
+                    out.append((o, i, pos[i], last.get(o, pos[i])))
+        outputs = {id(it.value) for it in self.items if it.kind == "output"}
+        return [(v, i, a, end if id(v) in outputs else b) for v, i, a, b in out]
+
+    def value_bytes(self, v: Value, item: int, s: int) -> int:
+        strat = self.items[item].strategies[s]
+        idx = 0 if self.items[item].kind == "input" else v.index
+        spec = strat.out_specs[idx]
+        n = v.type.dtype.itemsize
+        for d in local_shape(v.type.shape, spec, tuple(self.mesh.shape)):
+            n *= d
+        return n
+
+    def memory_profile(self, choice: list[int]) -> np.ndarray:
+        delta = np.zeros(len(self.order) + 1, dtype=np.float64)
+        for v, i, a, b in self.live_ranges():
+            nb = self.value_bytes(v, i, choice[i])
+            delta[a] += nb
+            delta[b + 1] -= nb
+        return np.cumsum(delta[:-1])
+
+    def peak_memory(self, choice: list[int]) -> tuple[int, int]:
+        prof = self.memory_profile(choice)
+        at = int(np.argmax(prof)) if len(prof) else 0
+        return (int(prof[at]) if len(prof) else 0), at
+
+
+def _unique(specs):
+    index: dict = {}
+    uniq = []
+    idx = []
+    for s in specs:
+        if s not in index:
+            index[s] = len(uniq)
+            uniq.append(s)
+        idx.append(index[s])
+    return uniq, np.array(idx, dtype=np.int64)
+
+
+def build_problem(graph: Graph, mesh, in_pins: dict[int, tuple] | None = None,
+                  out_pins: dict[int, tuple] | None = None, ties: list[tuple[int, int]] | None = None) -> Problem:
+    """Items and edges of ``graph`` on ``mesh``. ``in_pins`` / ``out_pins`` restrict the spec of
+    graph input / output positions; ``ties`` are (input position, output position) pairs whose
+    specs must be equal (a training step's state): both get the same candidate list."""
+    from graphc.ops.dims import DimRule  # noqa: F401  (rules are computed by strategies.get_rule)
+    from passes.sharding.errors import PlanError
+
+    in_pins = in_pins or {}
+    out_pins = out_pins or {}
+    ties = ties or []
+    mesh_shape = tuple(mesh.shape)
+    rules: dict = {}
+    rule_errors: dict = {}
+    for node in graph.nodes:
+        try:
+            rules[node] = get_rule(node)
+        except Exception as exc:  # a broken rule replicates its op instead of stopping the compile
+            rules[node] = None
+            rule_errors[node] = f"{type(exc).__name__}: {exc}"
+    sets = block_sets(graph, rules)
+    names = graph.value_names()
+    items: list[Item] = []
+    edges: list[Edge] = []
+    producer: dict[Value, tuple[int, int]] = {}
+    warnings: list[str] = []
+
+    tied_out = {o: i for i, o in ties}
+    tied_in = {i: o for i, o in ties}
+
+    def merged_sets(v: Value, other: Value | None):
+        base = [set(s) for s in sets.get(v, [{1} for _ in v.type.shape])]
+        if other is not None:
+            for d, s in enumerate(sets.get(other, [])):
+                base[d] |= s
+        return base
+
+    for k, v in enumerate(graph.inputs):
+        other = graph.outputs[tied_in[k]] if k in tied_in else None
+        specs = tensor_specs(v.type, mesh_shape, merged_sets(v, other))
+        item = Item("input", k, [Strategy(format_spec(s), (), (s,)) for s in specs], value=v)
+        if k in in_pins:
+            _pin(item, in_pins[k], f"input %{names[v]}", PlanError)
+        producer[v] = (len(items), 0)
+        items.append(item)
+
+    strategy_cache: dict = {}
+    for n_i, node in enumerate(graph.nodes):
+        rule = rules[node]
+        key = _node_key(node, sets)
+        strategies = strategy_cache.get(key) if key is not None else None
+        if strategies is None:
+            strategies = node_strategies(node, rule, mesh, sets)
+            if key is not None:
+                strategy_cache[key] = strategies
+        strategies = list(strategies)
+        item = Item("node", n_i, strategies, node=node)
+        if rule is None and any(d > 1 for d in mesh_shape):
+            why = f"its sharding rule failed ({rule_errors[node]})" if node in rule_errors else "has no sharding rule"
+            item.warning = f"{node.op.name} {why}: replicated"
+            warnings.append(f"{node.loc or '?'}: {item.warning}")
+        if node.op.name == "sharding":
+            _pin(item, node.attrs["spec"], f"graphc.shard at {node.loc or '?'}", PlanError, node=True)
+        idx = len(items)
+        items.append(item)
+        for j, v in enumerate(node.inputs):
+            src, out = producer[v]
+            edges.append(Edge(src, out, idx, j, v))
+        for o in node.outputs:
+            producer[o] = (idx, o.index)
+
+    for k, v in enumerate(graph.outputs):
+        other = graph.inputs[tied_out[k]] if k in tied_out else None
+        specs = tensor_specs(v.type, mesh_shape, merged_sets(v, other))
+        item = Item("output", k, [Strategy(format_spec(s), (s,), ()) for s in specs], value=v)
+        if k in out_pins:
+            _pin(item, out_pins[k], f"output {k}", PlanError)
+        idx = len(items)
+        items.append(item)
+        src, out = producer[v]
+        edges.append(Edge(src, out, idx, 0, v))
+
+    order = [i for i, it in enumerate(items) if it.kind == "input"]
+    order += [i for i, it in enumerate(items) if it.kind == "node"]
+    order += [i for i, it in enumerate(items) if it.kind == "output"]
+    return Problem(graph, mesh, items, edges, order, warnings)
+
+
+def _node_key(node, sets):
+    """Nodes with equal keys have equal strategies (repeated layers): op, attributes, types and
+    the block counts their values may carry."""
+    if node.regions:
+        return None
+    try:
+        attrs = tuple(sorted((k, v if not hasattr(v, "tobytes") else (v.shape, v.dtype.str, v.tobytes()))
+                             for k, v in node.attrs.items()))
+        hash(attrs)
+    except TypeError:
+        return None
+    blocks = tuple(tuple(frozenset(x) for x in sets.get(v, ())) for v in (*node.inputs, *node.outputs))
+    return (node.op.name, attrs, tuple(v.type for v in node.inputs), tuple(o.type for o in node.outputs), blocks)
+
+
+def _pin(item: Item, spec, what: str, error, node: bool = False) -> None:
+    from graphc.spec import parse_spec
+
+    want = parse_spec(spec)
+    if node:
+        keep = [s for s in item.strategies if s.out_specs[0] == want and s.in_specs[0] == want]
+    elif item.kind == "input":
+        keep = [s for s in item.strategies if s.out_specs[0] == want]
+    else:
+        keep = [s for s in item.strategies if s.in_specs[0] == want]
+    if not keep:
+        t = item.value.type if item.value is not None else item.node.outputs[0].type
+        raise error(f"{what}: pinned spec {format_spec(want)} is not a valid even placement of {t} on this mesh "
+                    f"(choices: {', '.join(s.name if not node else format_spec(s.out_specs[0]) for s in item.strategies[:12])})")
+    item.strategies = keep
+    item.pinned = format_spec(want)

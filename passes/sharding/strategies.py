@@ -1,0 +1,224 @@
+"""Sharding strategies of one node, derived from its op's dimension rule (graphc/ops/dims.py).
+
+A strategy picks, for every mesh axis, either nothing (replicate the work along that axis) or one
+label of the rule with a block count; operands and results then get the specs the rule implies.
+Only even splits are generated (a dim of size s splits over n devices in b blocks iff
+s % (b n) == 0), no label is used on two axes, and no dim is split over two axes. An op with no
+rule (control flow, or a rule returning None) gets the single all-replicated strategy and a
+warning that says so.
+
+``block_sets`` is a small dataflow analysis that finds which block counts each tensor dim can
+carry (1 everywhere, 3 along the fused QKV dims of a GPT, ...), so strategies with blocked
+splits are generated only where some op can use them.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+from graphc.ir import Graph, TensorType, Value, walk
+from graphc.ops.dims import DimRule, default_cost
+from graphc.spec import P, Placement, R, S, format_spec
+
+MAX_BLOCKS = 16
+
+
+@dataclass(frozen=True)
+class Strategy:
+    name: str
+    in_specs: tuple[tuple[Placement, ...], ...]
+    out_specs: tuple[tuple[Placement, ...], ...]
+    compute_s: float = 0.0
+    divided: int = 1  # number of pieces the work is divided into
+
+    def describe(self) -> str:
+        ins = ", ".join(format_spec(s) for s in self.in_specs)
+        outs = ", ".join(format_spec(s) for s in self.out_specs)
+        return f"{self.name}: ({ins}) -> ({outs})"
+
+
+def _rule_args(node) -> tuple[tuple, tuple, dict]:
+    attrs = dict(node.attrs)
+    if node.regions:
+        attrs["regions"] = node.regions
+    if node.op.extra.get("iota_operands"):
+        attrs["iota"] = _iota_operands(node)
+    return tuple(v.type for v in node.inputs), tuple(o.type for o in node.outputs), attrs
+
+
+def _iota_operands(node) -> dict[int, int]:
+    """{index array j: broadcast dim} for index operands of a gather/scatter_add that are constant
+    ``arange`` along one dim (``x[np.arange(n), labels]``)."""
+    n_idx = len(node.inputs) - (2 if node.op.name == "scatter_add" else 1)
+    idx = node.inputs[1:1 + n_idx]
+    nb = max(v.type.ndim for v in idx)
+    found = {}
+    for j, v in enumerate(idx):
+        p = v.producer
+        if p is None or p.op.name != "constant" or v.type.size < 2:
+            continue
+        value = p.attrs["value"]
+        long = [d for d, n in enumerate(value.shape) if n != 1]
+        if len(long) == 1 and np.array_equal(value.reshape(-1), np.arange(value.size)):
+            found[j] = nb - value.ndim + long[0]
+    return found
+
+
+def get_rule(node) -> DimRule | None:
+    """The node's dimension rule; None when its op has none (control flow) or declines."""
+    rule_fn = node.op.dim_rule
+    if rule_fn is None:
+        return None
+    in_types, out_types, attrs = _rule_args(node)
+    return rule_fn(in_types, out_types, **attrs)
+
+
+def compute_time(node, divided: int, profile) -> float:
+    """Roofline time of the node's share of work on one device."""
+    return _full_time(node, profile) / divided
+
+
+def _full_time(node, profile) -> float:
+    in_types, out_types, attrs = _rule_args(node)
+    flops, nbytes = (node.op.cost or default_cost)(in_types, out_types, **attrs)
+    rate = profile.flops if node.op.kind in ("contraction", "fused") else profile.flops / 8
+    return max(flops / rate, nbytes / profile.mem_bandwidth)
+
+
+def block_sets(graph: Graph, rules: dict) -> dict[Value, list[set[int]]]:
+    """For every value, per dim, the block counts a split of it may carry."""
+    sets: dict[Value, list[set[int]]] = {}
+
+    def get(v: Value) -> list[set[int]]:
+        if v not in sets:
+            sets[v] = [{1} for _ in v.type.shape]
+        return sets[v]
+
+    nodes = [n for n in walk(graph.nodes)]
+    for _ in range(6):
+        changed = False
+        for node in nodes:
+            rule = rules.get(node)
+            if rule is None:
+                continue
+            occ: dict[str, list[tuple[Value, int, int]]] = {}
+            for side, i, d, label, f in rule.occurrences():
+                v = node.inputs[i] if side == "in" else node.outputs[i]
+                occ.setdefault(label, []).append((v, d, f))
+            for _label, places in occ.items():
+                base = set()
+                for v, d, f in places:
+                    base |= {b // f for b in get(v)[d] if b % f == 0}
+                for v, d, f in places:
+                    size = v.type.shape[d]
+                    new = {b * f for b in base if b * f <= MAX_BLOCKS and size % (b * f) == 0}
+                    if not new <= get(v)[d]:
+                        get(v)[d] |= new
+                        changed = True
+        if not changed:
+            break
+    return sets
+
+
+def tensor_specs(t: TensorType, mesh_shape: tuple[int, ...], blocks: list[set[int]] | None = None) -> list[tuple]:
+    """All valid specs of a graph input/output: per axis R or an even S(d, b); no P."""
+    per_axis = []
+    for n in mesh_shape:
+        opts: list[Placement] = [R]
+        if n > 1:
+            for d, size in enumerate(t.shape):
+                for b in sorted(blocks[d] if blocks else {1}):
+                    if size % (b * n) == 0:
+                        opts.append(S(d, b))
+        per_axis.append(opts)
+    out = []
+    for combo in itertools.product(*per_axis):
+        dims = [p.dim for p in combo if p.is_split]
+        if len(dims) == len(set(dims)):
+            out.append(tuple(combo))
+    return out
+
+
+def replicated(node, mesh_shape, profile) -> Strategy:
+    rep = tuple(R for _ in mesh_shape)
+    return Strategy("replicate", tuple(rep for _ in node.inputs), tuple(rep for _ in node.outputs),
+                    compute_time(node, 1, profile), 1)
+
+
+def node_strategies(node, rule: DimRule | None, mesh, sets: dict[Value, list[set[int]]]) -> list[Strategy]:
+    mesh_shape = tuple(mesh.shape)
+    profile = mesh.profile
+    if rule is None:
+        return [replicated(node, mesh_shape, profile)]
+    n_out = len(node.outputs)
+    labels = rule.labels()
+    occ: dict[str, list[tuple[str, int, int, int]]] = {lab: [] for lab in labels}
+    for side, i, d, label, f in rule.occurrences():
+        if label in occ:
+            occ[label].append((side, i, d, f))
+
+    def value(side, i):
+        return node.inputs[i] if side == "in" else node.outputs[i]
+
+    # per label: the base block counts some occurrence can carry
+    choices: list[tuple[str, int] | None] = [None]
+    for lab in labels:
+        places = occ[lab]
+        outs_with = {i for side, i, _d, _f in places if side == "out"}
+        if lab not in rule.sums and len(outs_with) != n_out:
+            continue  # a label some result lacks cannot be split (that result would be incomplete)
+        base = set()
+        for side, i, d, f in places:
+            base |= {b // f for b in sets.get(value(side, i), [{1}] * 64)[d] if b % f == 0}
+        for b in sorted(base or {1}):
+            choices.append((lab, b))
+
+    full = _full_time(node, profile)
+    strategies = []
+    seen = set()
+    for combo in itertools.product(choices, repeat=len(mesh_shape)):
+        used = [c[0] for c in combo if c is not None]
+        if len(used) != len(set(used)):
+            continue
+        ok = True
+        in_specs = [[R] * len(mesh_shape) for _ in node.inputs]
+        out_specs = [[R] * len(mesh_shape) for _ in node.outputs]
+        divided = 1
+        for a, c in enumerate(combo):
+            if c is None:
+                continue
+            n = mesh_shape[a]
+            if n == 1:
+                ok = False
+                break
+            lab, b = c
+            for side, i, d, f in occ[lab]:
+                if value(side, i).type.shape[d] % (b * f * n):
+                    ok = False
+                    break
+                (in_specs if side == "in" else out_specs)[i][a] = S(d, b * f)
+            if not ok:
+                break
+            if lab in rule.sums:
+                for i in range(n_out):
+                    out_specs[i][a] = P
+                for i in rule.partial_inputs:
+                    in_specs[i][a] = P
+            divided *= n
+        if not ok:
+            continue
+        key = (tuple(map(tuple, in_specs)), tuple(map(tuple, out_specs)))
+        if key in seen:
+            continue
+        seen.add(key)
+        name = " ".join(f"{c[0]}{'/' + str(c[1]) if c[1] > 1 else ''}@{mesh.axis_names[a]}"
+                        for a, c in enumerate(combo) if c is not None) or "replicate"
+        strategies.append(Strategy(name, key[0], key[1], full / divided, divided))
+    return strategies or [replicated(node, mesh_shape, profile)]
+
+
+def rules_of(graph: Graph) -> dict:
+    return {node: get_rule(node) for node in graph.nodes}
