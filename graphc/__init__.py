@@ -10,22 +10,30 @@ Public API (everything else is internal and may change):
     evaluate(graph, *args, **kwargs)         run a graph with the reference interpreter
     optimize(graph, passes=None)             run the default pass pipeline (or the named passes)
     jit(fn, static_argnames=())              trace + optimize + run on the single-device executor
+    Mesh({"dp": 2, "tp": 4})                 a device mesh with named axes and a link model per axis
+    parallelize(fn, mesh=..., memory_limit=None, static_argnames=())
+                                             auto-sharding: ``.plan(*args) -> Plan`` (ILP over strategies)
+    shard(x, "S(0)", "R")                    pin a tensor's sharding spec inside a traced function
+    Plan                                     a partition plan (JSON document, summary, explain)
     parse(text) -> Graph                     read the text IR back
     Graph, Node, Value, TensorType           the IR
     ArraySpec(shape, dtype)                  an argument that has a type but no data
     OPS                                      the op registry (name -> OpDef)
-    TraceError, ParseError, VerifyError, EvaluationError, GraphcError
+    TraceError, ParseError, VerifyError, EvaluationError, PlanError, MeshError, GraphcError
 """
 
 from graphc import optim
 from graphc.autodiff import grad, jvp, value_and_grad, vjp
-from graphc.errors import EvaluationError, GraphcError, ParseError, SourceLoc, TraceError, VerifyError
+from graphc.errors import EvaluationError, GraphcError, ParseError, PlanError, SourceLoc, TraceError, VerifyError
 from graphc.frontend import Tracer, trace
 from graphc.frontend.control import cond, fori_loop, while_loop
 from graphc.interpreter import evaluate
 from graphc.ir import Graph, Node, TensorType, Value
 from graphc.jit import jit
+from graphc.mesh import Mesh, MeshError
 from graphc.ops import REGISTRY as OPS
+from graphc.parallel import parallelize, shard
+from graphc.plan import Plan
 from graphc.pytree import ArraySpec, tree_map
 from graphc.textir import parse, print_graph
 
@@ -43,6 +51,10 @@ __all__ = [
     "ArraySpec",
     "EvaluationError",
     "Graph",
+    "Mesh",
+    "MeshError",
+    "Plan",
+    "PlanError",
     "GraphcError",
     "Node",
     "OPS",
@@ -62,6 +74,8 @@ __all__ = [
     "jvp",
     "optimize",
     "optim",
+    "parallelize",
+    "shard",
     "tree_map",
     "value_and_grad",
     "vjp",

@@ -5,6 +5,8 @@
     graphc ir FILE.gir                              parse and verify a dumped IR file, print it again
     graphc bench FILE:FUNC [--example NAME]         time tracing, IR round trip, numpy eager, interpreter, compiled
     graphc bench kernels                            fused GELU / softmax / layer-norm kernels vs memory bandwidth
+    graphc compile FILE:FUNC --mesh dp=2,tp=4 [--memory 2GiB] [--link dp=1GB/s:50us] [-o plan.json]
+                                                    auto-shard FUNC, print the plan's summary, write the plan JSON
     graphc calibrate [-o PATH] [--quick]            measure this machine, store the profile the sharding cost model uses
     graphc calibrate --show [-o PATH]               print the stored profile (or the built-in defaults) and its path
 """
@@ -186,6 +188,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--repeat", type=int, default=3, help="repetitions per measurement (default 3)")
     bench.add_argument("--no-run", action="store_true", help="skip numpy eager and interpreter timings")
     bench.set_defaults(func=cmd_bench)
+
+    from graphc.cli_compile import add_parser as add_compile
+
+    add_compile(sub)
 
     cal = sub.add_parser("calibrate", help="measure matmul speed, memory bandwidth and thread-to-thread links of "
                                            "this machine and store them for the sharding cost model")

@@ -148,3 +148,23 @@ def example_args_bench():
 
 def example_train_args_bench():
     return example_train_args(batch=8, seq=256, n_vocab=1024, d=512, n_layer=2, n_head=8)
+
+
+def example_train_specs(n_layer=12, d=768, n_head=12, batch=8, seq=256, n_vocab=1024):
+    """A GPT-2-small-shaped training step described by types only (graphc.ArraySpec: no data is
+    allocated), for planning benchmarks: ``graphc compile models/gpt.py:train_step
+    --example example_train_specs --mesh dp=2,tp=4``."""
+    rng = np.random.default_rng(0)
+    params = graphc.tree_map(lambda a: graphc.ArraySpec(a.shape, a.dtype),
+                             init_params(rng, n_vocab, seq, d, n_layer, zeros=True))
+    state = {"m": params, "v": params, "t": graphc.ArraySpec((), np.float32)}
+    tokens = graphc.ArraySpec((batch, seq), np.int64)
+    return (params, state, tokens, tokens), {"n_head": n_head, "lr": 1e-3}
+
+
+def example_train_specs_24l():
+    return example_train_specs(n_layer=24)
+
+
+def example_train_specs_48l():
+    return example_train_specs(n_layer=48)

@@ -217,6 +217,13 @@ def _split(draw, b, pool):
     return list(b.op("split", x, indices=indices, axis=axis) if indices else [b.op("split", x, indices=(), axis=axis)])
 
 
+@_sampler("sharding")
+def _sharding(draw, b, pool):
+    x = pick(draw, b, pool, lambda v: True)
+    choices = ["[R]"] + [f"[S({d})]" for d in range(x.ndim)]
+    return [b.op("sharding", x, spec=draw(st.sampled_from(choices)))]
+
+
 @_sampler("gather")
 def _gather(draw, b, pool):
     x = pick(draw, b, pool, nonempty(lambda v: True), min_rank=1)

@@ -78,3 +78,42 @@ def test_bench_reports_timings():
     assert res.returncode == 0, res.stderr
     for word in ("trace", "print IR", "parse IR", "numpy eager", "reference interp"):
         assert word in res.stdout
+
+
+# --- graphc compile -------------------------------------------------------------------------------
+
+def _compile(tmp_path, *extra):
+    env = dict(os.environ, GRAPHC_CACHE_DIR=str(tmp_path / "cache"), GRAPHC_PROFILE=str(tmp_path / "none.json"))
+    return subprocess.run([sys.executable, "-m", "graphc.cli", "compile", *extra], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env=env)
+
+
+def test_compile_writes_a_plan_and_recompiling_is_cached(tmp_path):
+    out = tmp_path / "plan.json"
+    args = ("models/mlp.py:train_step", "--example", "example_train_args", "--mesh", "dp=4", "-o", str(out))
+    res = _compile(tmp_path, *args)
+    assert res.returncode == 0, res.stderr
+    assert "plan for @train_step on mesh (dp=4)" in res.stdout and "predicted step" in res.stdout
+    assert "ILP" in res.stderr  # progress
+    plan = graphc.Plan.load(str(out))
+    assert plan.doc["version"] == 1 and plan.doc["mesh"]["axes"] == {"dp": 4}
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".graphc-")]  # no temporary left behind
+    again = _compile(tmp_path, *args)
+    assert again.returncode == 0 and "(cached)" in again.stderr
+
+
+@pytest.mark.parametrize("extra,message", [
+    (("models/mlp.py:train_step", "--example", "example_train_args", "--mesh", "dp=4,tp"), "expected NAME=SIZE"),
+    (("models/mlp.py:train_step", "--example", "example_train_args", "--mesh", "dp=0"), "dp"),
+    (("models/mlp.py:no_such_fn", "--mesh", "dp=2"), "no_such_fn"),
+    (("models/mlp.py:train_step", "--example", "example_train_args", "--mesh", "dp=2", "--link", "dp=fast"), "dp=fast"),
+    (("models/mlp.py:train_step", "--example", "example_train_args", "--mesh", "dp=2", "--memory", "1KiB"),
+     "smallest per-device memory"),
+])
+def test_compile_errors_exit_2_with_a_message_and_no_plan(tmp_path, extra, message):
+    out = tmp_path / "plan.json"
+    res = _compile(tmp_path, *extra, "-o", str(out))
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    assert message in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr
+    assert not out.exists()

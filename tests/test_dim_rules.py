@@ -6,6 +6,8 @@ import itertools
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hst
 
 import graphc
 from graphc.interpreter import bind_arguments
@@ -14,6 +16,8 @@ from graphc.ops import REGISTRY
 from graphc.spec import shard, unshard
 from passes.sharding.local import run_local
 from passes.sharding.strategies import block_sets, get_rule, node_strategies
+from tests.graphgen import random_graphs, random_inputs
+from tests.helpers import quiet
 
 PROFILE = MachineProfile.default()
 MESHES = [{"x": 2}, {"x": 4}, {"a": 2, "b": 2}, {"x": 3}]
@@ -236,3 +240,22 @@ def test_uneven_splits_are_excluded():
         assert all(not p.is_split for p in st.out_specs[0]), st.describe()
     mesh3 = Mesh({"x": 3}, profile=PROFILE)
     assert {st.name for st in node_strategies(node, get_rule(node), mesh3, {})} == {"replicate", "e1@x"}
+
+
+@settings(max_examples=150, deadline=None)
+@given(random_graphs(max_nodes=6), hst.sampled_from([(2,), (3,), (2, 2)]))
+def test_random_graphs_every_strategy_reassembles(graph, mesh_shape):
+    """Hypothesis-generated graphs (random ops, shapes, broadcasting, dtypes): every strategy of
+    every node, run on its pieces, gives the node's result."""
+    axes = {f"a{i}": n for i, n in enumerate(mesh_shape)}
+    mesh = Mesh(axes, profile=PROFILE)
+    inputs = random_inputs(graph, 0)
+    try:
+        env = quiet(_node_values, graph, inputs)
+    except (FloatingPointError, IndexError):
+        return
+    rules = {n: get_rule(n) for n in graph.nodes}
+    sets = block_sets(graph, rules)
+    for node in graph.nodes:
+        for st_ in node_strategies(node, rules[node], mesh, sets):
+            quiet(_check_node, node, st_, mesh_shape, env)

@@ -62,6 +62,10 @@ def run_local(node, strategy: Strategy, mesh_shape: tuple[int, ...], coord: tupl
         return _run_indexing_local(node, strategy, mesh_shape, coord, arrays, attrs)
     if node.op.name == "fused":
         return _run_region_local(node.regions[0], arrays)
+    if node.regions:  # control flow: replicated, so the operands are whole
+        from graphc.interpreter import run_flat
+
+        return list(node.op.impl(run_flat, node.regions, *arrays, **attrs))
     return list(node.op.evaluate(*arrays, **attrs))
 
 

@@ -1,0 +1,266 @@
+"""``graphc.parallelize`` and ``graphc.shard``: the user's entry points to auto-sharding.
+
+    pf = graphc.parallelize(train_step, mesh={"dp": 2, "tp": 4}, memory_limit="2GiB",
+                            static_argnames=("n_head",))
+    plan = pf.plan(params, opt_state, tokens, targets, n_head=4)   # trace, optimize, solve; no run
+    print(plan.summary()); plan.save("plan.json")
+
+Inside a model, ``graphc.shard(x, "S(0)", "R")`` pins the spec of ``x`` (one placement per mesh
+axis); ``in_specs=`` / ``out_specs=`` pin the function's arguments and results (one entry per
+positional argument / per result element: a spec for all its leaves, a pytree of specs, or None).
+An output that has the same pytree structure, shapes and dtypes as an argument it replaces (new
+parameters, new optimizer state) is tied to that argument's spec, so a loop of steps never
+reshards its state.
+
+Solved plans are cached on disk (``$GRAPHC_CACHE_DIR``/plans or ~/.cache/graphc/plans) by the
+graph's hash, the mesh and the options: re-planning an unchanged model only re-traces it.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from graphc.errors import GraphcError, PlanError
+from graphc.jit import Jitted
+from graphc.pytree import TreeDef, flatten
+from graphc.spec import Placement, SpecError, format_spec, parse_spec
+
+PLAN_PASSES = ("fold_constants", "simplify", "cse", "dce")  # fusion runs per device, after lowering
+PLANNER_VERSION = 2  # part of the plan cache key: bump when rules or costs change what a plan says
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30,
+          "TIB": 2**40, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def parse_bytes(value) -> int | None:
+    """``2GiB``, ``512MB``, ``1e9`` or an int -> bytes (None stays None)."""
+    if value is None:
+        return None
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        if value <= 0:
+            raise GraphcError(f"memory limit must be positive, got {value}")
+        return int(value)
+    if isinstance(value, float):
+        return parse_bytes(int(value))
+    m = _SIZE.match(str(value))
+    unit = m.group(2).upper() if m else None
+    if not m or unit not in _UNITS:
+        raise GraphcError(f"bad memory size {value!r}: expected a number of bytes or e.g. 2GiB, 512MB, 64KiB")
+    return parse_bytes(int(float(m.group(1)) * _UNITS[unit]))
+
+
+def shard(x, *placements):
+    """Pin the sharding spec of ``x``: ``graphc.shard(h, "S(0)", "R")`` (one placement per mesh
+    axis, or one spec string ``"[S(0), R]"``). The identity outside a trace."""
+    from graphc.frontend.tracer import Tracer, bind
+
+    if len(placements) == 1 and isinstance(placements[0], str) and "," in placements[0]:
+        spec = parse_spec(placements[0])
+    elif len(placements) == 1 and isinstance(placements[0], (tuple, list)):
+        spec = parse_spec(placements[0])
+    else:
+        spec = parse_spec(placements)
+    if isinstance(x, Tracer):
+        return bind("sharding", x, spec=format_spec(spec))
+    return x
+
+
+def _is_spec(x) -> bool:
+    return isinstance(x, str) or (isinstance(x, tuple) and x and all(isinstance(p, Placement) for p in x))
+
+
+def _subtrees(t: TreeDef) -> list[tuple[TreeDef, int]]:
+    """Top-level elements of a tuple/list tree with their first leaf index (else the whole)."""
+    if t.kind in ("tuple", "list"):
+        out, k = [], 0
+        for c in t.children:
+            out.append((c, k))
+            k += c.num_leaves
+        return out
+    return [(t, 0)]
+
+
+def _expand_specs(specs, tree: TreeDef, first: int, what: str) -> dict[int, tuple]:
+    """Specs given for one argument/result (a spec, a pytree of specs, or None) -> {leaf: spec}."""
+    out: dict[int, tuple] = {}
+    if specs is None:
+        return out
+    if _is_spec(specs):
+        spec = parse_spec(specs)
+        for k in range(tree.num_leaves):
+            out[first + k] = spec
+        return out
+    leaves, st = flatten(specs, is_leaf=lambda v: v is None or _is_spec(v))
+    if len(leaves) != tree.num_leaves:
+        raise GraphcError(f"{what}: specs have {len(leaves)} leaves, the value has {tree.num_leaves} arrays")
+    for k, s in enumerate(leaves):
+        if s is not None:
+            out[first + k] = parse_spec(s)
+    return out
+
+
+def state_ties(graph) -> list[tuple[int, int]]:
+    """(input leaf, output leaf) pairs of outputs that replace an argument of the same structure."""
+    in_types = [v.type for v in graph.inputs]
+    out_types = [v.type for v in graph.outputs]
+    args_tree = graph.in_tree.children[0] if graph.in_tree.kind == "tuple" and graph.in_tree.children else graph.in_tree
+    args = _subtrees(args_tree)
+    kw_first = args_tree.num_leaves
+    if graph.in_tree.kind == "tuple" and len(graph.in_tree.children) > 1:
+        args += [(c, kw_first + sum(x.num_leaves for x in graph.in_tree.children[1].children[:j]))
+                 for j, c in enumerate(graph.in_tree.children[1].children)]
+    outs = _subtrees(graph.out_tree)
+    used: set[int] = set()
+    ties = []
+    for pos, (ot, ofirst) in enumerate(outs):
+        if ot.num_leaves == 0:
+            continue
+        sig = (repr(ot), [out_types[ofirst + k] for k in range(ot.num_leaves)])
+        candidates = [j for j, (it, ifirst) in enumerate(args)
+                      if j not in used and (repr(it), [in_types[ifirst + k] for k in range(it.num_leaves)]) == sig]
+        if not candidates:
+            continue
+        j = pos if pos in candidates else candidates[0]
+        used.add(j)
+        ifirst = args[j][1]
+        ties += [(ifirst + k, ofirst + k) for k in range(ot.num_leaves)]
+    return ties
+
+
+def plan_cache_dir() -> str:
+    base = os.environ.get("GRAPHC_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "graphc")
+    return os.path.join(base, "plans")
+
+
+class Parallelized(Jitted):
+    """The object ``graphc.parallelize`` returns."""
+
+    def __init__(self, fn: Callable, mesh, memory_limit=None, static_argnames=(), in_specs=None, out_specs=None,
+                 shrink: bool = True, time_limit_s: float = 60.0, cache: bool = True):
+        from graphc.mesh import as_mesh
+
+        super().__init__(fn, tuple(static_argnames), PLAN_PASSES)
+        self.mesh = as_mesh(mesh)
+        self.memory_limit = parse_bytes(memory_limit)
+        self.in_specs = in_specs
+        self.out_specs = out_specs
+        self.shrink = shrink
+        self.time_limit_s = time_limit_s
+        self.cache = cache
+        self._plans: dict[Any, Any] = {}
+
+    def trace_optimized(self, *args, **kwargs):
+        """(traced graph, optimized graph, seconds) for these arguments."""
+        from graphc.frontend import trace
+        from passes import optimize
+
+        args, kwargs, static = self._split_static(args, kwargs)
+        fn = functools.partial(self.fn, **static) if static else self.fn
+        if static:
+            functools.update_wrapper(fn, self.fn)
+        t0 = time.perf_counter()
+        traced = trace(fn, *args, **kwargs)
+        t1 = time.perf_counter()
+        optimized = optimize(traced, PLAN_PASSES)
+        t2 = time.perf_counter()
+        return traced, optimized, {"trace_s": t1 - t0, "optimize_s": t2 - t1}
+
+    def pins(self, graph) -> tuple[dict, dict]:
+        in_pins: dict[int, tuple] = {}
+        out_pins: dict[int, tuple] = {}
+        try:
+            if self.in_specs is not None:
+                args_tree = graph.in_tree.children[0]
+                specs = self.in_specs if isinstance(self.in_specs, (tuple, list)) else (self.in_specs,)
+                subs = _subtrees(args_tree)
+                if len(specs) > len(subs):
+                    raise GraphcError(f"in_specs has {len(specs)} entries, the function takes {len(subs)} array arguments")
+                for (t, first), s in zip(subs, specs):
+                    in_pins.update(_expand_specs(s, t, first, "in_specs"))
+            if self.out_specs is not None:
+                subs = _subtrees(graph.out_tree)
+                specs = self.out_specs if isinstance(self.out_specs, (tuple, list)) and len(subs) > 1 else (self.out_specs,)
+                for (t, first), s in zip(subs, specs):
+                    out_pins.update(_expand_specs(s, t, first, "out_specs"))
+        except SpecError as exc:
+            raise PlanError(f"{exc}") from None
+        return in_pins, out_pins
+
+    def plan(self, *args: Any, progress=None, node_pins: dict | None = None, **kwargs: Any):
+        """Trace, optimize and solve for these arguments (nothing runs). Returns a Plan."""
+        from graphc.plan import Plan, graph_hash
+        from passes.sharding import plan_graph
+
+        traced, graph, seconds = self.trace_optimized(*args, **kwargs)
+        in_pins, out_pins = self.pins(graph)
+        ties = state_ties(graph)
+        options = {"memory_limit": self.memory_limit, "shrink": self.shrink, "in_pins": _jsonable(in_pins),
+                   "out_pins": _jsonable(out_pins), "node_pins": _jsonable(node_pins or {}), "ties": ties,
+                   "time_limit_s": self.time_limit_s}
+        ghash = graph_hash(graph)
+        # axis order matters (specs are per axis position), so it goes into the key unsorted
+        axes = list(self.mesh.to_json()["axes"].items())
+        key = hashlib.sha256(json.dumps([PLANNER_VERSION, ghash, axes, self.mesh.to_json(), options], sort_keys=True,
+                                        default=str).encode()).hexdigest()[:32]
+        path = os.path.join(plan_cache_dir(), f"{key}.json")
+        if key in self._plans:
+            return self._plans[key]
+        if self.cache and os.path.exists(path):
+            try:
+                plan = Plan.load(path)
+                plan.doc.setdefault("timing", {}).update(seconds, cached=True)
+                plan.graph = graph
+                self._plans[key] = plan
+                return plan
+            except PlanError:
+                pass  # a corrupt cache entry: solve again
+        t0 = time.perf_counter()
+        plan = plan_graph(graph, self.mesh, self.memory_limit, in_pins, out_pins, ties, node_pins,
+                          shrink=self.shrink, time_limit_s=self.time_limit_s, progress=progress)
+        seconds["plan_s"] = time.perf_counter() - t0
+        plan.doc["timing"] = {**seconds, "cached": False}
+        plan.doc["graph"]["nodes_traced"] = len(traced.nodes)
+        plan.graph = graph
+        if self.cache:
+            try:
+                plan.save(path)
+            except OSError:
+                pass  # a read-only cache is not an error
+        self._plans[key] = plan
+        return plan
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.mesh.size == 1:
+            return super().__call__(*args, **kwargs)
+        raise GraphcError(
+            f"running on a {self.mesh.size}-device mesh needs the multi-device runtime, which is not built yet; "
+            "use .plan(*args) to get the partition plan")
+
+
+def _jsonable(pins: dict) -> dict:
+    return {str(k): format_spec(v) if isinstance(v, tuple) else v for k, v in pins.items()}
+
+
+def parallelize(fn: Callable | None = None, *, mesh, memory_limit=None, static_argnames=(), in_specs=None,
+                out_specs=None, shrink: bool = True, time_limit_s: float = 60.0, cache: bool = True):
+    """Decorator or function: ``graphc.parallelize(fn, mesh={"dp": 2, "tp": 4})``."""
+    if isinstance(static_argnames, str):
+        static_argnames = (static_argnames,)
+
+    def wrap(f):
+        return Parallelized(f, mesh, memory_limit, static_argnames, in_specs, out_specs, shrink, time_limit_s, cache)
+
+    return wrap if fn is None else wrap(fn)
+
+
+__all__ = ["PLAN_PASSES", "Parallelized", "parallelize", "parse_bytes", "shard", "state_ties"]
