@@ -122,6 +122,10 @@ def _check_node(node, strategy, mesh_shape, env):
         got = unshard({c: p[k] for c, p in pieces.items()}, spec, mesh_shape, want.shape)
         what = f"{node.op.name} {strategy.describe()} on {mesh_shape}, result {k}"
         if want.dtype.kind == "f":
+            if any(p.kind == "P" for p in spec):
+                # partial sums reassociate: where the whole sum overflows, inf and nan may trade places
+                keep = np.isfinite(want)
+                got, want = np.where(keep, got, 0), np.where(keep, want, 0)
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=what)
         else:
             np.testing.assert_array_equal(got, want, err_msg=what)
@@ -215,10 +219,11 @@ def test_masked_lookup_raises_on_out_of_range_index():
 
 
 def test_every_primitive_has_rules():
-    """Every primitive declares a cost; all but control flow declare a dimension rule."""
+    """Every primitive declares a cost; all but control flow and the ops of partitioned device
+    programs declare a dimension rule."""
     for op in REGISTRY.values():
         assert op.cost is not None, op.name
-        assert (op.dim_rule is None) == (op.kind == "control"), op.name
+        assert (op.dim_rule is None) == (op.kind in ("control", "comm")), op.name
 
 
 def test_matmul_cost_and_contracted_dim():
@@ -242,7 +247,7 @@ def test_uneven_splits_are_excluded():
     assert {st.name for st in node_strategies(node, get_rule(node), mesh3, {})} == {"replicate", "e1@x"}
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150, deadline=None, derandomize=True)  # reproducible in CI
 @given(random_graphs(max_nodes=6), hst.sampled_from([(2,), (3,), (2, 2)]))
 def test_random_graphs_every_strategy_reassembles(graph, mesh_shape):
     """Hypothesis-generated graphs (random ops, shapes, broadcasting, dtypes): every strategy of
