@@ -25,6 +25,7 @@ def fold_block(inputs: list[Value], nodes: list[Node], outputs: list[Value]) -> 
         foldable = (
             not node.regions
             and node.op.name != "constant"
+            and node.op.kind != "comm"  # a collective's value depends on the other devices' operands
             and operands
             and all(v is not None for v in values)
             and sum(o.type.nbytes for o in node.outputs) <= sum(v.nbytes for v in values) + MAX_GROWTH_BYTES

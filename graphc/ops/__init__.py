@@ -22,7 +22,7 @@ import numpy as np
 from graphc.errors import ShapeError
 from graphc.ir import TensorType
 
-KINDS = ("elementwise", "reduction", "shape", "index", "contraction", "constant", "control", "fused")
+KINDS = ("elementwise", "reduction", "shape", "index", "contraction", "constant", "control", "fused", "comm")
 
 
 @dataclass(eq=False)
@@ -132,6 +132,7 @@ def same_dtype(in_types: tuple[TensorType, ...], opname: str) -> np.dtype:
 
 
 # importing the family modules registers their ops
+import graphc.ops.comm  # noqa: E402,F401
 import graphc.ops.constant  # noqa: E402,F401
 import graphc.ops.control  # noqa: E402,F401
 import graphc.ops.elementwise  # noqa: E402,F401

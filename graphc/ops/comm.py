@@ -1,0 +1,193 @@
+"""Ops of device programs: the collectives and local resharding steps the lowering inserts.
+
+They appear only after partitioning (passes/lower.py), in the program of one device, with local
+shapes. ``group`` is the tuple of device ids taking part, in rank order; the device running the
+op is one of them and its rank is its position. The reference implementations below are the
+semantics of one device's call given every member's operand (``reference_group``); the runtime
+(runtime/comm.py) performs the exchange between devices.
+
+  all_reduce(x) {axis = "tp", group = (0, 1)}                          sum over the group
+  reduce_scatter(x) {axis, group, dim, blocks}                         sum, keep this rank's piece of dim
+  all_gather(x) {axis, group, dim, blocks}                             concatenate the ranks' pieces of dim
+  all_to_all(x) {axis, group, split_dim, split_blocks, concat_dim, concat_blocks}
+                                                                       S(concat_dim) -> S(split_dim)
+  shard_slice(x) {dim, blocks, parts, index}                           local R -> S(dim): piece ``index`` of ``parts``
+  partial_zero(x) {keep}                                               local R -> P: x, or zeros off rank 0
+
+A piece of a dim split in ``blocks`` blocks is the rank's share of every block, concatenated (the
+layout of graphc.spec); the collectives below assume even splits, which is all a plan produces.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graphc.errors import GraphcError, ShapeError
+from graphc.ir import TensorType
+from graphc.ops import OpDef, check_axis, register
+from graphc.ops.dims import io_bytes
+
+
+def _no_autodiff(name):
+    def rule(ad, *args):
+        raise GraphcError(f"{name} belongs to a partitioned device program; differentiate before partitioning")
+
+    return rule
+
+
+def _check_group(group) -> int:
+    if not (isinstance(group, tuple) and group and all(isinstance(d, int) and d >= 0 for d in group)
+            and len(set(group)) == len(group)):
+        raise ShapeError(f"group must be a non-empty tuple of distinct device ids, got {group!r}")
+    return len(group)
+
+
+def _check_blocks(size: int, blocks, parts: int, what: str) -> None:
+    if not isinstance(blocks, int) or blocks < 1:
+        raise ShapeError(f"{what}: blocks must be a positive int, got {blocks!r}")
+    if size % (blocks * parts):
+        raise ShapeError(f"{what}: a dim of size {size} does not split evenly into {parts} pieces of {blocks} block(s)")
+
+
+def _with_dim(shape, dim, size):
+    out = list(shape)
+    out[dim] = size
+    return tuple(out)
+
+
+def _all_reduce_infer(in_types, axis, group):
+    _check_group(group)
+    return (in_types[0],)
+
+
+def _reduce_scatter_infer(in_types, axis, group, dim, blocks):
+    (x,) = in_types
+    n = _check_group(group)
+    check_axis(dim, x.ndim, "dim")
+    _check_blocks(x.shape[dim], blocks, n, "reduce_scatter")
+    return (TensorType(_with_dim(x.shape, dim, x.shape[dim] // n), x.dtype),)
+
+
+def _all_gather_infer(in_types, axis, group, dim, blocks):
+    (x,) = in_types
+    n = _check_group(group)
+    check_axis(dim, x.ndim, "dim")
+    _check_blocks(x.shape[dim] * n, blocks, n, "all_gather")
+    return (TensorType(_with_dim(x.shape, dim, x.shape[dim] * n), x.dtype),)
+
+
+def _all_to_all_infer(in_types, axis, group, split_dim, split_blocks, concat_dim, concat_blocks):
+    (x,) = in_types
+    n = _check_group(group)
+    check_axis(split_dim, x.ndim, "split_dim")
+    check_axis(concat_dim, x.ndim, "concat_dim")
+    if split_dim == concat_dim:
+        raise ShapeError("all_to_all: split_dim and concat_dim must differ")
+    _check_blocks(x.shape[split_dim], split_blocks, n, "all_to_all")
+    _check_blocks(x.shape[concat_dim] * n, concat_blocks, n, "all_to_all")
+    shape = _with_dim(x.shape, split_dim, x.shape[split_dim] // n)
+    return (TensorType(_with_dim(shape, concat_dim, x.shape[concat_dim] * n), x.dtype),)
+
+
+def _shard_slice_infer(in_types, dim, blocks, parts, index):
+    (x,) = in_types
+    check_axis(dim, x.ndim, "dim")
+    if not (isinstance(parts, int) and parts >= 1 and isinstance(index, int) and 0 <= index < parts):
+        raise ShapeError(f"shard_slice: need 0 <= index < parts, got index {index!r} of {parts!r}")
+    _check_blocks(x.shape[dim], blocks, parts, "shard_slice")
+    return (TensorType(_with_dim(x.shape, dim, x.shape[dim] // parts), x.dtype),)
+
+
+def _partial_zero_infer(in_types, keep):
+    if not isinstance(keep, bool):
+        raise ShapeError(f"partial_zero: keep must be a bool, got {keep!r}")
+    return (in_types[0],)
+
+
+# --- the block layout ---------------------------------------------------------------------------
+
+
+def take_piece(x: np.ndarray, dim: int, blocks: int, parts: int, index: int) -> np.ndarray:
+    """Piece ``index`` of ``parts`` of dim ``dim`` made of ``blocks`` blocks (graphc.spec layout)."""
+    size = x.shape[dim]
+    step = size // (blocks * parts)
+    if blocks == 1:
+        return x[(slice(None),) * dim + (slice(index * step, (index + 1) * step),)]
+    shaped = x.reshape(x.shape[:dim] + (blocks, parts, step) + x.shape[dim + 1:])
+    piece = shaped[(slice(None),) * (dim + 1) + (index,)]
+    return piece.reshape(x.shape[:dim] + (blocks * step,) + x.shape[dim + 1:])
+
+
+def join_pieces(pieces: list[np.ndarray], dim: int, blocks: int) -> np.ndarray:
+    """The inverse of take_piece over all pieces, in rank order."""
+    if blocks == 1:
+        return np.concatenate(pieces, axis=dim)
+    p0 = pieces[0]
+    step = p0.shape[dim] // blocks
+    split = [p.reshape(p.shape[:dim] + (blocks, 1, step) + p.shape[dim + 1:]) for p in pieces]
+    joined = np.concatenate(split, axis=dim + 1)
+    return joined.reshape(p0.shape[:dim] + (blocks * len(pieces) * step,) + p0.shape[dim + 1:])
+
+
+def _sum_in_rank_order(xs):
+    out = np.array(xs[0], copy=True)
+    for x in xs[1:]:
+        out += x
+    return out
+
+
+def reference_group(name: str, xs: list[np.ndarray], **attrs) -> list[np.ndarray]:
+    """Every rank's result of a collective, given every rank's operand (in rank order)."""
+    n = len(xs)
+    if name == "all_reduce":
+        total = _sum_in_rank_order(xs)
+        return [total.copy() for _ in xs]
+    if name == "reduce_scatter":
+        total = _sum_in_rank_order(xs)
+        return [np.ascontiguousarray(take_piece(total, attrs["dim"], attrs["blocks"], n, r)) for r in range(n)]
+    if name == "all_gather":
+        whole = join_pieces(list(xs), attrs["dim"], attrs["blocks"])
+        return [whole.copy() for _ in xs]
+    if name == "all_to_all":
+        sd, sb, cd, cb = attrs["split_dim"], attrs["split_blocks"], attrs["concat_dim"], attrs["concat_blocks"]
+        return [join_pieces([take_piece(x, sd, sb, n, r) for x in xs], cd, cb) for r in range(n)]
+    raise ValueError(f"{name} is not a collective")
+
+
+def _collective_impl(name):
+    def impl(x, **attrs):
+        if len(attrs["group"]) == 1:
+            return reference_group(name, [x], **attrs)[0]
+        raise GraphcError(f"{name} over group {attrs['group']} needs the multi-device runtime (runtime/comm.py)")
+
+    return impl
+
+
+def _collective_cost(in_types, out_types, **_attrs):
+    return 0.0, io_bytes(in_types, out_types)
+
+
+_COLLECTIVES = {
+    "all_reduce": (_all_reduce_infer, ("axis", "group"), "sum over the devices of the group"),
+    "reduce_scatter": (_reduce_scatter_infer, ("axis", "group", "dim", "blocks"),
+                       "sum over the group; each device keeps its piece of dim"),
+    "all_gather": (_all_gather_infer, ("axis", "group", "dim", "blocks"), "concatenate the group's pieces of dim"),
+    "all_to_all": (_all_to_all_infer, ("axis", "group", "split_dim", "split_blocks", "concat_dim", "concat_blocks"),
+                   "re-split across the group: pieces of split_dim out, pieces of concat_dim in"),
+}
+
+for _name, (_infer, _attrs, _doc) in _COLLECTIVES.items():
+    _op = register(OpDef(_name, "comm", _infer, _collective_impl(_name), attrs=_attrs, doc=_doc))
+    _op.vjp = _op.jvp = _no_autodiff(_name)
+    _op.cost = _collective_cost
+
+shard_slice = register(OpDef(
+    "shard_slice", "comm", _shard_slice_infer,
+    lambda x, dim, blocks, parts, index: np.ascontiguousarray(take_piece(x, dim, blocks, parts, index)),
+    attrs=("dim", "blocks", "parts", "index"), doc="this device's piece of a replicated tensor (R -> S, local)"))
+partial_zero = register(OpDef(
+    "partial_zero", "comm", _partial_zero_infer, lambda x, keep: x if keep else np.zeros_like(x),
+    attrs=("keep",), doc="a replicated tensor as partial sums: kept on rank 0, zeros elsewhere (R -> P, local)"))
+for _op in (shard_slice, partial_zero):
+    _op.vjp = _op.jvp = _no_autodiff(_op.name)
+    _op.cost = _collective_cost
