@@ -12,7 +12,8 @@ Public API (everything else is internal and may change):
     jit(fn, static_argnames=())              trace + optimize + run on the single-device executor
     Mesh({"dp": 2, "tp": 4})                 a device mesh with named axes and a link model per axis
     parallelize(fn, mesh=..., memory_limit=None, static_argnames=())
-                                             auto-sharding: ``.plan(*args) -> Plan`` (ILP over strategies)
+                                             auto-sharding: ``.plan(*args) -> Plan`` (ILP over strategies);
+                                             calling it runs on the mesh (one thread per device)
     shard(x, "S(0)", "R")                    pin a tensor's sharding spec inside a traced function
     Plan                                     a partition plan (JSON document, summary, explain)
     parse(text) -> Graph                     read the text IR back

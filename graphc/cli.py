@@ -5,8 +5,11 @@
     graphc ir FILE.gir                              parse and verify a dumped IR file, print it again
     graphc bench FILE:FUNC [--example NAME]         time tracing, IR round trip, numpy eager, interpreter, compiled
     graphc bench kernels                            fused GELU / softmax / layer-norm kernels vs memory bandwidth
+    graphc bench FILE:FUNC --mesh dp=2              numpy eager vs graphc on 1 device vs on the mesh; collectives' busbw
     graphc compile FILE:FUNC --mesh dp=2,tp=4 [--memory 2GiB] [--link dp=1GB/s:50us] [-o plan.json]
                                                     auto-shard FUNC, print the plan's summary, write the plan JSON
+    graphc run FILE:FUNC (--mesh dp=2,tp=2 | --plan plan.json) [--trace timeline.json]
+                                                    run FUNC on a mesh of devices, check it against numpy, time it
     graphc calibrate [-o PATH] [--quick]            measure this machine, store the profile the sharding cost model uses
     graphc calibrate --show [-o PATH]               print the stored profile (or the built-in defaults) and its path
 """
@@ -85,6 +88,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print("graphc bench kernels: fused float32 kernels vs np.copyto of the same bytes (read + write), one thread")
         print_kernel_table(bench_kernels(repeat=args.repeat))
         return 0
+    if args.mesh:
+        from graphc.cli_run import bench_mesh
+
+        return bench_mesh(args)
     fn, fargs, fkwargs = load_target(args.target, args.example)
     n_params = sum(np.size(x) for x in _array_leaves((fargs, fkwargs)))
     print(f"graphc bench {args.target} ({args.example or 'example_args'}): {n_params:,} array elements in the arguments")
@@ -187,11 +194,18 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--example", help="function in FILE returning (args, kwargs) (default: example_args)")
     bench.add_argument("--repeat", type=int, default=3, help="repetitions per measurement (default 3)")
     bench.add_argument("--no-run", action="store_true", help="skip numpy eager and interpreter timings")
+    bench.add_argument("--mesh", help="also run on this device mesh (e.g. dp=2): numpy eager, graphc on 1 device and "
+                                      "on the mesh, predicted vs measured step time, all-reduce bus bandwidth")
+    bench.add_argument("--link", help="per-axis link model overrides for planning, e.g. dp=1GB/s:50us")
     bench.set_defaults(func=cmd_bench)
 
     from graphc.cli_compile import add_parser as add_compile
 
     add_compile(sub)
+
+    from graphc.cli_run import add_parser as add_run
+
+    add_run(sub)
 
     cal = sub.add_parser("calibrate", help="measure matmul speed, memory bandwidth and thread-to-thread links of "
                                            "this machine and store them for the sharding cost model")

@@ -61,11 +61,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     progress(f"tracing {args.target} on mesh {mesh}")
     plan = pf.plan(*fargs, progress=progress, node_pins=node_pins, **fkwargs)
     if args.dump_ir:
-        from passes import run_pipeline
-
-        os.makedirs(args.dump_ir, exist_ok=True)
-        traced, _g, _s = pf.trace_optimized(*fargs, **fkwargs)
-        run_pipeline(traced, dump_dir=args.dump_ir)
+        _dump_ir(args.dump_ir, pf, plan, mesh, fargs, fkwargs)
     t = plan.doc.get("timing", {})
     progress(f"done: trace {t.get('trace_s', 0):.2f}s, optimize {t.get('optimize_s', 0):.2f}s, "
              f"plan {t.get('plan_s', 0):.2f}s{' (cached)' if t.get('cached') else ''}")
@@ -85,3 +81,19 @@ def _has_arrays(v) -> bool:
     except TypeError:
         return False
     return bool(leaves)
+
+
+def _dump_ir(folder: str, pf, plan, mesh, fargs, fkwargs) -> None:
+    """The IR after every pass, then one file per device: its program after lowering and fusion."""
+    from graphc.cli import write_atomically
+    from passes import optimize, run_pipeline
+    from passes.lower import lower, verify_programs
+    from runtime.parallel import DEVICE_PASSES
+
+    os.makedirs(folder, exist_ok=True)
+    traced, _g, _s = pf.trace_optimized(*fargs, **fkwargs)
+    run_pipeline(traced, dump_dir=folder)
+    programs = lower(plan.graph, plan, mesh)
+    verify_programs(programs)
+    for p in programs:
+        write_atomically(os.path.join(folder, f"device-{p.device}.gir"), str(optimize(p.graph, DEVICE_PASSES)))

@@ -4,6 +4,12 @@
                             static_argnames=("n_head",))
     plan = pf.plan(params, opt_state, tokens, targets, n_head=4)   # trace, optimize, solve; no run
     print(plan.summary()); plan.save("plan.json")
+    new_params, new_state, loss = pf(params, opt_state, tokens, targets, n_head=4)   # runs on 8 devices
+
+Calling the object lowers the plan to one program per device (passes/lower.py) and runs them on
+one thread per device (runtime/parallel.py); results are numpy arrays equal to the function's.
+``pf.compile(*args)`` returns the compiled specialization (its ``.plan``, ``.ir(stage)`` and
+device ``.programs``).
 
 Inside a model, ``graphc.shard(x, "S(0)", "R")`` pins the spec of ``x`` (one placement per mesh
 axis); ``in_specs=`` / ``out_specs=`` pin the function's arguments and results (one entry per
@@ -146,10 +152,11 @@ class Parallelized(Jitted):
     """The object ``graphc.parallelize`` returns."""
 
     def __init__(self, fn: Callable, mesh, memory_limit=None, static_argnames=(), in_specs=None, out_specs=None,
-                 shrink: bool = True, time_limit_s: float = 60.0, cache: bool = True):
+                 shrink: bool = True, time_limit_s: float = 60.0, cache: bool = True, timeout_s: float = 60.0,
+                 sharded_state: bool = False):
         from graphc.mesh import as_mesh
 
-        super().__init__(fn, tuple(static_argnames), PLAN_PASSES)
+        super().__init__(fn, tuple(static_argnames))  # a 1-device mesh runs like graphc.jit (fusion included)
         self.mesh = as_mesh(mesh)
         self.memory_limit = parse_bytes(memory_limit)
         self.in_specs = in_specs
@@ -157,7 +164,10 @@ class Parallelized(Jitted):
         self.shrink = shrink
         self.time_limit_s = time_limit_s
         self.cache = cache
+        self.timeout_s = timeout_s
+        self.sharded_state = sharded_state
         self._plans: dict[Any, Any] = {}
+        self._compiled: dict[Any, ParallelCompiled] = {}
 
     def trace_optimized(self, *args, **kwargs):
         """(traced graph, optimized graph, seconds) for these arguments."""
@@ -239,12 +249,96 @@ class Parallelized(Jitted):
         self._plans[key] = plan
         return plan
 
+    def compile(self, *args: Any, **kwargs: Any) -> ParallelCompiled:
+        """Trace, optimize, plan, lower and build for these arguments (cached by shapes, dtypes
+        and static values, like graphc.jit). The result runs on the mesh when called."""
+        dyn_args, dyn_kwargs, static = self._split_static(args, kwargs)
+        key = self._key(dyn_args, dyn_kwargs, static)
+        hit = self._compiled.get(key)
+        if hit is not None:
+            return hit
+        with self._lock:
+            hit = self._compiled.get(key)
+            if hit is None:
+                plan = self.plan(*args, **kwargs)
+                hit = ParallelCompiled(self, plan)
+                self._compiled[key] = hit
+        return hit
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from graphc.frontend.tracer import current_context
+
+        if current_context() is not None:  # inside a trace (grad of a parallelized function): inline
+            return self.fn(*args, **kwargs)
         if self.mesh.size == 1:
             return super().__call__(*args, **kwargs)
-        raise GraphcError(
-            f"running on a {self.mesh.size}-device mesh needs the multi-device runtime, which is not built yet; "
-            "use .plan(*args) to get the partition plan")
+        return self.compile(*args, **kwargs)(*args, **kwargs)
+
+
+def _bind_keeping_shards(graph, args, kwargs) -> list:
+    """bind_arguments, except that ShardedArray leaves stay on their devices (their shape and
+    dtype are checked, their data is not gathered)."""
+    from graphc.errors import EvaluationError
+    from graphc.interpreter import bind_arguments
+    from graphc.pytree import flatten_as
+    from runtime.parallel import ShardedArray
+
+    leaves, _ = flatten((tuple(args), dict(kwargs)))
+    if not any(isinstance(x, ShardedArray) for x in leaves):
+        return bind_arguments(graph, args, kwargs)
+    try:
+        leaves = flatten_as((tuple(args), dict(kwargs)), graph.in_tree, path="arguments")
+    except ValueError as exc:
+        raise EvaluationError(f"graph @{graph.name}: {exc}") from None
+    out = []
+    for leaf, value in zip(leaves, graph.inputs):
+        x = leaf if isinstance(leaf, ShardedArray) else np.asarray(leaf)
+        if tuple(x.shape) != value.type.shape or np.dtype(x.dtype) != value.type.dtype:
+            raise EvaluationError(f"graph @{graph.name}: input %{value.name} expects {value.type}, "
+                                  f"got shape {tuple(x.shape)} and dtype {x.dtype}")
+        out.append(x)
+    return out
+
+
+class ParallelCompiled:
+    """One specialization of a parallelized function: its plan, device programs and executable."""
+
+    def __init__(self, owner: Parallelized, plan):
+        from runtime.parallel import ParallelExecutable
+
+        self._owner = owner
+        self.plan = plan
+        self.graph = plan.graph
+        start = time.perf_counter()
+        self.executable = ParallelExecutable(plan.graph, plan, owner.mesh, timeout_s=owner.timeout_s)
+        self.seconds = {**plan.doc.get("timing", {}), "build_s": time.perf_counter() - start}
+        self.state_outputs = frozenset(o for _i, o in state_ties(self.graph))
+
+    @property
+    def programs(self):
+        """The device programs (passes.lower.DeviceProgram), after fusion."""
+        return self.executable.programs
+
+    def ir(self, stage: str = "optimized") -> str:
+        """Text IR: "optimized" (the graph the plan partitions), "lowered" / "device" (every
+        device program after lowering / after fusion, concatenated)."""
+        if stage == "optimized":
+            return str(self.graph)
+        if stage == "lowered":
+            return "\n".join(str(p.graph) for p in self.executable.lowered)
+        if stage == "device":
+            return "\n".join(str(p.graph) for p in self.executable.programs)
+        raise GraphcError(f"unknown stage {stage!r}: optimized, lowered or device")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from graphc.interpreter import as_numpy_result
+        from graphc.pytree import unflatten
+
+        args, kwargs, _ = self._owner._split_static(args, kwargs)
+        arrays = _bind_keeping_shards(self.graph, args, kwargs)
+        keep = self.state_outputs if self._owner.sharded_state else frozenset()
+        outs = self.executable.run_flat(arrays, keep_sharded=keep)
+        return unflatten(self.graph.out_tree, [o if k in keep else as_numpy_result(o) for k, o in enumerate(outs)])
 
 
 def _jsonable(pins: dict) -> dict:
@@ -252,13 +346,15 @@ def _jsonable(pins: dict) -> dict:
 
 
 def parallelize(fn: Callable | None = None, *, mesh, memory_limit=None, static_argnames=(), in_specs=None,
-                out_specs=None, shrink: bool = True, time_limit_s: float = 60.0, cache: bool = True):
+                out_specs=None, shrink: bool = True, time_limit_s: float = 60.0, cache: bool = True,
+                timeout_s: float = 60.0, sharded_state: bool = False):
     """Decorator or function: ``graphc.parallelize(fn, mesh={"dp": 2, "tp": 4})``."""
     if isinstance(static_argnames, str):
         static_argnames = (static_argnames,)
 
     def wrap(f):
-        return Parallelized(f, mesh, memory_limit, static_argnames, in_specs, out_specs, shrink, time_limit_s, cache)
+        return Parallelized(f, mesh, memory_limit, static_argnames, in_specs, out_specs, shrink, time_limit_s, cache,
+                            timeout_s, sharded_state)
 
     return wrap if fn is None else wrap(fn)
 

@@ -68,8 +68,9 @@ class Program:
     """A compiled block (a graph body or a region)."""
 
     def __init__(self, inputs: list[Value], nodes: list[Node], outputs: list[Value], pool: BufferPool,
-                 stats: dict[str, Any]):
+                 stats: dict[str, Any], comm=None):
         self.pool = pool
+        self.comm = comm  # the device's communicator (runtime/comm.py) in a multi-device run
         slot: dict[Value, int] = {}
         for v in inputs:
             slot[v] = len(slot)
@@ -109,6 +110,8 @@ class Program:
             stats["compile_s"] = stats.get("compile_s", 0.0) + time.perf_counter() - start
             stats.setdefault("kernels", []).append(len(node.regions[0].nodes))
             return kernel
+        if node.op.kind == "comm" and name in COLLECTIVES:
+            return _collective_step(node, self.comm)
         if node.regions:
             regions = [Program(r.inputs, r.nodes, r.outputs, self.pool, stats) for r in node.regions]
             runners = [r.run for r in regions]
@@ -128,7 +131,9 @@ class Program:
             return evaluate
         return lambda *xs: evaluate(*xs, **attrs)
 
-    def run(self, args: list[np.ndarray]) -> list[np.ndarray]:
+    def run(self, args: list[np.ndarray], profile: dict | None = None) -> list[np.ndarray]:
+        if profile is not None:
+            return self._run_profiled(args, profile)
         env: list[Any] = [None] * self.n_slots
         env[: self.n_inputs] = args
         for s, value in self.constants:
@@ -153,6 +158,68 @@ class Program:
         return [env[s] for s in self.out_slots]
 
 
+    def _run_profiled(self, args: list[np.ndarray], profile: dict) -> list[np.ndarray]:
+        """``run`` that records every step (name, source line, start, end, bytes) in
+        ``profile["events"]`` and the peak bytes of live values in ``profile["peak_bytes"]``
+        (operands, results, constants; the numbers a memory model predicts)."""
+        env: list[Any] = [None] * self.n_slots
+        env[: self.n_inputs] = args
+        live = sum(np.asarray(a).nbytes for a in args)
+        for s, value in self.constants:
+            env[s] = value
+            live += value.nbytes
+        peak = live
+        events = profile.setdefault("events", [])
+        clock = time.perf_counter
+        give_back = self.pool.give_back
+        for k, (fn, ins, outs, frees) in enumerate(self.steps):
+            node = self.nodes[k]
+            start = clock()
+            try:
+                results = fn(*[env[i] for i in ins])
+            except Exception as exc:
+                exc.add_note(f"graphc: in {node.op.name} at {node.loc}" if node.loc else f"graphc: in {node.op.name}")
+                raise
+            end = clock()
+            if type(results) is not tuple and type(results) is not list:
+                results = (results,)
+            for s, r in zip(outs, results):
+                env[s] = r
+                live += getattr(r, "nbytes", 0)
+            peak = max(peak, live)
+            events.append((node.op.name, str(node.loc) if node.loc else "", start, end,
+                           sum(v.type.nbytes for v in node.inputs) if node.op.kind == "comm" else 0))
+            for s in frees:
+                arr = env[s]
+                env[s] = None
+                live -= getattr(arr, "nbytes", 0)
+                give_back(arr)
+                del arr
+        profile["peak_bytes"] = max(profile.get("peak_bytes", 0), peak)
+        return [env[s] for s in self.out_slots]
+
+
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
+
+
+def _collective_step(node: Node, comm) -> Callable:
+    """A collective of a device program, performed by the device's communicator."""
+    if comm is None:
+        from graphc.errors import GraphcError
+
+        raise GraphcError(f"{node.op.name} at {node.loc} needs a communicator: run device programs with runtime/parallel.py")
+    a = node.attrs
+    group = a["group"]
+    name = node.op.name
+    if name == "all_reduce":
+        return lambda x: comm.all_reduce(x, group)
+    if name == "reduce_scatter":
+        return lambda x: comm.reduce_scatter(x, group, a["dim"], a["blocks"])
+    if name == "all_gather":
+        return lambda x: comm.all_gather(x, group, a["dim"], a["blocks"])
+    return lambda x: comm.all_to_all(x, group, a["split_dim"], a["concat_dim"], a["split_blocks"], a["concat_blocks"])
+
+
 def _matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """np.matmul, with batched operands made contiguous first: numpy's batched matmul on strided
     views (attention's q @ k.swapaxes(-1, -2)) is ~3x slower than copying and calling BLAS."""
@@ -166,16 +233,16 @@ def _matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 class Executable:
     """A graph compiled for the single-device executor."""
 
-    def __init__(self, graph: Graph):
+    def __init__(self, graph: Graph, comm=None):
         self.graph = graph
         self.pool = BufferPool()
         self.stats: dict[str, Any] = {}
         start = time.perf_counter()
-        self.program = Program(graph.inputs, graph.nodes, graph.outputs, self.pool, self.stats)
+        self.program = Program(graph.inputs, graph.nodes, graph.outputs, self.pool, self.stats, comm)
         self.stats["build_s"] = time.perf_counter() - start
 
-    def run_flat(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
-        outs = self.program.run([np.asarray(a) for a in arrays])
+    def run_flat(self, arrays: list[np.ndarray], profile: dict | None = None) -> list[np.ndarray]:
+        outs = self.program.run([np.asarray(a) for a in arrays], profile)
         for o in outs:
             self.pool.forget(o)
         # constants are read-only and shared between calls: callers get writeable copies

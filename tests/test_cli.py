@@ -117,3 +117,18 @@ def test_compile_errors_exit_2_with_a_message_and_no_plan(tmp_path, extra, messa
     assert message in res.stderr, res.stderr
     assert "Traceback" not in res.stderr
     assert not out.exists()
+
+
+def test_run_on_a_mesh_checks_numpy_and_writes_a_chrome_trace(tmp_path):
+    import json
+
+    trace = tmp_path / "timeline.json"
+    env = dict(os.environ, GRAPHC_CACHE_DIR=str(tmp_path / "cache"), GRAPHC_PROFILE=str(tmp_path / "none.json"))
+    res = subprocess.run([sys.executable, "-m", "graphc.cli", "run", "models/mlp.py:train_step", "--example",
+                          "example_train_args", "--mesh", "dp=2", "--repeat", "1", "--trace", str(trace)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert res.returncode == 0, res.stderr
+    assert "result equals numpy eager: yes" in res.stdout and "peak memory" in res.stdout
+    doc = json.loads(trace.read_text())
+    tracks = {e["tid"] for e in doc["traceEvents"] if e["ph"] == "X"}
+    assert tracks == {0, 1}

@@ -1,0 +1,182 @@
+"""``graphc run FILE:FUNC (--mesh dp=2,tp=2 | --plan plan.json) [--trace timeline.json]``: plan,
+lower and run a function on a mesh of devices (threads), check the result against numpy eager,
+print timings and each device's measured peak memory next to the plan's prediction, and
+optionally write a Chrome trace (one track per device: kernels and collectives with their bytes;
+open it in Perfetto or chrome://tracing)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+from graphc.errors import GraphcError
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("run", help="run FILE:FUNC on a device mesh (one thread per device), check it against numpy")
+    p.add_argument("target", help="FILE:FUNC, e.g. models/gpt.py:train_step")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--mesh", help="named mesh axes, e.g. dp=2,tp=2")
+    where.add_argument("--plan", metavar="FILE", help="run this plan (from graphc compile; its mesh is used)")
+    p.add_argument("--link", help="per-axis link model overrides for planning, e.g. dp=1GB/s:50us")
+    p.add_argument("--memory", help="per-device memory limit for planning, e.g. 2GiB")
+    p.add_argument("--example", help="function in FILE returning (args, kwargs) (default: example_args)")
+    p.add_argument("--repeat", type=int, default=3, help="timed runs (default 3)")
+    p.add_argument("--trace", metavar="FILE", help="write a Chrome trace of one run (JSON, Perfetto)")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds a collective may wait for its peers")
+    p.set_defaults(func=cmd_run)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from graphc.cli import _same, write_atomically
+    from graphc.cli_compile import _has_arrays
+    from graphc.interpreter import bind_arguments
+    from graphc.loader import load_target
+    from graphc.mesh import Mesh, MeshError, parse_links
+    from graphc.parallel import parallelize
+    from graphc.plan import Plan, fmt_bytes, fmt_time
+
+    fn, fargs, fkwargs = load_target(args.target, args.example)
+    static = tuple(k for k, v in fkwargs.items() if not _has_arrays(v))
+    loaded = Plan.load(args.plan) if args.plan else None
+    try:
+        if loaded is not None:
+            mesh = loaded.mesh()
+        else:
+            mesh = Mesh(args.mesh, links=parse_links(args.link) if args.link else None)
+    except MeshError as exc:
+        raise GraphcError(f"--mesh/--link: {exc}") from None
+    pf = parallelize(fn, mesh=mesh, memory_limit=args.memory, static_argnames=static, timeout_s=args.timeout,
+                     cache=loaded is None)
+    start = time.perf_counter()
+    if loaded is not None:
+        _traced, graph, _s = pf.trace_optimized(*fargs, **fkwargs)
+        loaded.check(graph)
+        in_pins, out_pins, node_pins = loaded.pins()
+        pf.pins = lambda graph, i=in_pins, o=out_pins: (dict(i), dict(o))
+        plan = pf.plan(*fargs, node_pins=node_pins, **fkwargs)
+    else:
+        plan = pf.plan(*fargs, **fkwargs)
+    compiled = pf.compile(*fargs, **fkwargs)
+    print(f"graphc run {args.target} on mesh {mesh} ({mesh.size} devices): compiled in "
+          f"{time.perf_counter() - start:.2f} s (plan {fmt_time(plan.cost['total_s'])} predicted)")
+
+    def eager():
+        return fn(*fargs, **fkwargs)
+
+    want = eager()
+    got = compiled(*fargs, **fkwargs)  # first run: kernels compiled or loaded from the disk cache
+    same = _same(got, want)
+    t_eager = _times(eager, args.repeat)
+    t_mesh = _times(lambda: compiled(*fargs, **fkwargs), args.repeat)
+    dyn_args, dyn_kwargs, _ = pf._split_static(fargs, fkwargs)
+    arrays = bind_arguments(compiled.graph, dyn_args, dyn_kwargs)
+    compiled.executable.run_flat(arrays, profile=True)
+    prof = compiled.executable.last_profile
+    print(f"  numpy eager        {_fmt(t_eager)}")
+    print(f"  graphc on {mesh.size} devices {_fmt(t_mesh)}   ({statistics.median(t_eager) / statistics.median(t_mesh):.2f}x "
+          f"numpy eager; predicted step {fmt_time(plan.cost['total_s'])})")
+    print(f"  result equals numpy eager: {same}")
+    predicted = plan.memory["peak_bytes"]
+    print("  device  peak memory measured  predicted   collectives  comm time")
+    for d in sorted(prof):
+        p = prof[d]
+        comm = [e for e in p["events"] if e[4]]
+        print(f"  {d:>6}  {fmt_bytes(p.get('peak_bytes', 0)):>20}  {fmt_bytes(predicted[d]):>9}   {len(comm):>11}  "
+              f"{fmt_time(sum(e[3] - e[2] for e in comm)):>9}")
+    if args.trace:
+        write_atomically(args.trace, json.dumps(chrome_trace(prof, mesh)))
+        print(f"wrote {args.trace} (open in https://ui.perfetto.dev)", file=sys.stderr)
+    return 0 if same == "yes" else 1
+
+
+def _times(fn, repeat: int) -> list[float]:
+    out = []
+    for _ in range(max(1, repeat)):
+        start = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - start)
+    return out
+
+
+def _fmt(ts: list[float]) -> str:
+    med = statistics.median(ts)
+    return f"{med * 1e3:9.2f} ms (min {min(ts) * 1e3:.2f}, max {max(ts) * 1e3:.2f}, n={len(ts)})"
+
+
+def chrome_trace(profiles: dict[int, dict], mesh) -> dict:
+    """Chrome trace events: one thread track per device; kernels and collectives as complete
+    events with their source line and, for collectives, the bytes they move."""
+    events = []
+    t0 = min((p.get("t0", 0.0) for p in profiles.values()), default=0.0)
+    for d, p in sorted(profiles.items()):
+        coord = dict(zip(mesh.axis_names, mesh.coord(d)))
+        events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": d,
+                       "args": {"name": f"device {d} {coord}"}})
+        for name, loc, start, end, nbytes in p.get("events", []):
+            ev = {"name": name, "cat": "comm" if nbytes else "compute", "ph": "X", "pid": 0, "tid": d,
+                  "ts": (start - t0) * 1e6, "dur": (end - start) * 1e6, "args": {"loc": loc}}
+            if nbytes:
+                ev["args"]["bytes"] = int(nbytes)
+            events.append(ev)
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"mesh": str(mesh), "peak_bytes": {str(d): p.get("peak_bytes", 0) for d, p in profiles.items()}}}
+
+
+__all__ = ["add_parser", "chrome_trace"]
+
+
+def bench_mesh(args: argparse.Namespace) -> int:
+    """``graphc bench FILE:FUNC --mesh ...``: in one run, numpy eager, graphc on one device and
+    on the mesh (warm, medians), the plan's predicted step time against the measured one, and
+    the bus bandwidth of ring all-reduce on this many devices against memcpy."""
+    import graphc
+    from graphc.cli import _same
+    from graphc.cli_compile import _has_arrays
+    from graphc.loader import load_target
+    from graphc.mesh import Mesh, MeshError, parse_links
+    from graphc.plan import fmt_time
+    from runtime.bench_comm import bench_all_reduce, bench_memcpy
+
+    fn, fargs, fkwargs = load_target(args.target, args.example)
+    static = tuple(k for k, v in fkwargs.items() if not _has_arrays(v))
+    try:
+        mesh = Mesh(args.mesh, links=parse_links(args.link) if args.link else None)
+    except MeshError as exc:
+        raise GraphcError(f"--mesh/--link: {exc}") from None
+    print(f"graphc bench {args.target} ({args.example or 'example_args'}) on mesh {mesh} ({mesh.size} devices)")
+    one = graphc.jit(fn, static_argnames=static)
+    pf = graphc.parallelize(fn, mesh=mesh, static_argnames=static)
+    start = time.perf_counter()
+    compiled = pf.compile(*fargs, **fkwargs)
+    print(f"  compile on the mesh: {time.perf_counter() - start:.2f} s (trace, optimize, plan, lower, build)")
+    want = fn(*fargs, **fkwargs)
+    one(*fargs, **fkwargs)
+    got = compiled(*fargs, **fkwargs)
+    t_eager = _times(lambda: fn(*fargs, **fkwargs), args.repeat)
+    t_one = _times(lambda: one(*fargs, **fkwargs), args.repeat)
+    from runtime.parallel import _one_blas_thread
+
+    with _one_blas_thread():  # one device's share of the machine: what each device of the mesh gets
+        t_one1 = _times(lambda: one(*fargs, **fkwargs), args.repeat)
+    t_mesh = _times(lambda: compiled(*fargs, **fkwargs), args.repeat)
+    med = statistics.median
+    print(f"  numpy eager          {_fmt(t_eager)}")
+    print(f"  graphc, 1 device     {_fmt(t_one)}   ({med(t_eager) / med(t_one):.2f}x numpy eager)")
+    print(f"  graphc, 1 device, 1 BLAS thread {_fmt(t_one1)}")
+    print(f"  graphc, {mesh.size} devices    {_fmt(t_mesh)}   ({med(t_one) / med(t_mesh):.2f}x graphc on 1 device, "
+          f"{med(t_one1) / med(t_mesh):.2f}x on 1 device with 1 BLAS thread)")
+    print(f"  predicted step (plan) {fmt_time(compiled.plan.cost['total_s'])}, measured {fmt_time(med(t_mesh))} "
+          f"(includes splitting the inputs and gathering the outputs)")
+    print(f"  result on the mesh equals numpy eager: {_same(got, want)}")
+    n = mesh.size
+    if n > 1:
+        mem = bench_memcpy(n, 16 << 20, repeat=5)
+        for nbytes in (1 << 20, 16 << 20):
+            ar = bench_all_reduce(n, nbytes, repeat=5)
+            print(f"  all_reduce {nbytes >> 20:>2} MiB x {n} devices: busbw {ar['busbw'] / 1e9:5.2f} GB/s = "
+                  f"{ar['busbw'] / mem['bandwidth']:.0%} of memcpy with {n} threads ({mem['bandwidth'] / 1e9:.1f} GB/s)")
+    return 0

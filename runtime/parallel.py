@@ -1,0 +1,199 @@
+"""The multi-device runtime: one thread per device, each running its lowered program.
+
+``ParallelExecutable(graph, plan, mesh)`` lowers the graph (passes/lower.py), fuses each device
+program (CSE, DCE, fusion: the same kernels as on one device, with local shapes), verifies that
+every collective is entered by all members of its group in the same order, and builds one
+single-device executable per device whose collectives go to that device's communicator
+(runtime/comm.py; threads in shared memory now, MPI processes later). BLAS is limited to one
+thread while devices run, so devices do not fight over the cores.
+
+``run_flat(arrays)`` shards the inputs by the plan's input specs, runs all devices, and
+reassembles the outputs. An exception on one device aborts the others (their collectives raise
+promptly) and is re-raised as the same exception type with the device id and the user's source
+line; a collective that cannot complete raises a CommError naming it within the timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from graphc.errors import GraphcError
+from graphc.ir import Graph
+from graphc.pytree import ArraySpec
+
+
+class _CommProxy:
+    """Stands for a device's communicator in its compiled program; each run plugs in a fresh one."""
+
+    def __init__(self):
+        self.current = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.current, name)
+
+
+def _one_blas_thread():
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover - a declared dependency
+        return contextlib.nullcontext()
+    return threadpool_limits(limits=1, user_api="blas")
+
+
+DEVICE_PASSES = ("cse", "dce", "fuse")
+
+
+class ParallelExecutable:
+    def __init__(self, graph: Graph, plan, mesh, timeout_s: float = 60.0, fuse: bool = True):
+        from passes import optimize
+        from passes.lower import lower, verify_programs
+        from runtime.executor import Executable
+
+        self.graph = graph
+        self.plan = plan
+        self.mesh = mesh
+        self.timeout_s = timeout_s
+        self.stats: dict[str, Any] = {}
+        start = time.perf_counter()
+        self.lowered = lower(graph, plan, mesh)
+        verify_programs(self.lowered)
+        self.stats["lower_s"] = time.perf_counter() - start
+        start = time.perf_counter()
+        self.programs = []
+        for p in self.lowered:
+            g = optimize(p.graph, DEVICE_PASSES if fuse else ("cse", "dce"))
+            self.programs.append(type(p)(p.device, p.coord, g, p.in_specs, p.out_specs))
+        verify_programs(self.programs)
+        self.stats["optimize_s"] = time.perf_counter() - start
+        start = time.perf_counter()
+        self.proxies = {p.device: _CommProxy() for p in self.programs}
+        self.executables = {p.device: Executable(p.graph, self.proxies[p.device]) for p in self.programs}
+        self.stats["build_s"] = time.perf_counter() - start
+        self.last_profile: dict[int, dict] | None = None
+
+    def device_ir(self) -> dict[int, str]:
+        """The text IR of every device program (after fusion)."""
+        return {p.device: str(p.graph) for p in self.programs}
+
+    def shard(self, arrays: list) -> dict[int, list[np.ndarray]]:
+        """Every device's pieces of the inputs; a ShardedArray already in the input's spec on this
+        mesh is used as it is."""
+        from graphc.spec import shard
+
+        shape = tuple(self.mesh.shape)
+        pieces: dict[int, list[np.ndarray]] = {p.device: [] for p in self.programs}
+        for k, a in enumerate(arrays):
+            spec = self.programs[0].in_specs[k]
+            if isinstance(a, ShardedArray) and a.spec == spec and a.mesh == self.mesh:
+                for p in self.programs:
+                    pieces[p.device].append(a.pieces[p.device])
+                continue
+            whole = np.asarray(a)
+            for p in self.programs:
+                pieces[p.device].append(shard(whole, spec, shape, p.coord))
+        return pieces
+
+    def run_flat(self, arrays: list, profile: bool = False, keep_sharded: frozenset = frozenset()) -> list:
+        """Run on whole inputs (or ShardedArrays); outputs are whole arrays, except the positions in
+        ``keep_sharded``, which stay on the devices as ShardedArrays."""
+        from graphc.spec import unshard
+
+        outs = self.run_sharded(self.shard(arrays), profile)
+        shape = tuple(self.mesh.shape)
+        result = []
+        for k, (v, spec) in enumerate(zip(self.graph.outputs, self.programs[0].out_specs)):
+            by_device = {p.device: outs[p.device][k] for p in self.programs}
+            if k in keep_sharded:
+                result.append(ShardedArray(by_device, spec, self.mesh, v.type.shape, v.type.dtype))
+                continue
+            pieces = {p.coord: by_device[p.device] for p in self.programs}
+            result.append(unshard(pieces, spec, shape, v.type.shape).astype(v.type.dtype, copy=False))
+        return result
+
+    def run_sharded(self, pieces: dict[int, list[np.ndarray]], profile: bool = False) -> dict[int, list[np.ndarray]]:
+        """Run every device on its pieces; returns every device's output pieces."""
+        from runtime.comm import CommAborted, ThreadWorld
+
+        world = ThreadWorld(self.mesh.size, timeout_s=self.timeout_s)
+        for d, proxy in self.proxies.items():
+            proxy.current = world.comm(d)
+        results: dict[int, list] = {}
+        errors: dict[int, BaseException] = {}
+        profiles: dict[int, dict] = {d: {} for d in self.executables} if profile else {}
+        t0 = time.perf_counter()
+
+        def device(d: int) -> None:
+            try:
+                results[d] = self.executables[d].run_flat(pieces[d], profiles.get(d) if profile else None)
+            except BaseException as exc:  # noqa: BLE001 - every failure stops the other devices
+                errors[d] = exc
+                world.abort(d, exc)
+
+        threads = [threading.Thread(target=device, args=(d,), name=f"graphc-device-{d}", daemon=True)
+                   for d in self.executables]
+        with _one_blas_thread():
+            for t in threads:
+                t.start()
+            deadline = time.monotonic() + self.timeout_s + 5.0
+            for t in threads:
+                t.join(max(0.0, deadline - time.monotonic()))
+        stuck = [t.name for t in threads if t.is_alive()]
+        if profile:
+            for d, prof in profiles.items():
+                prof["t0"] = t0
+                prof["comm_log"] = list(getattr(self.proxies[d].current, "log", []))
+            self.last_profile = profiles
+        if errors:
+            root = {d: e for d, e in errors.items() if not isinstance(e, CommAborted)} or errors
+            d = min(root)
+            raise _on_device(root[d], d, self.mesh)
+        if stuck:
+            raise GraphcError(f"devices did not finish within {self.timeout_s + 5:.0f} s: {', '.join(stuck)}")
+        return results
+
+
+def _on_device(exc: BaseException, device: int, mesh) -> BaseException:
+    """The same kind of exception, saying which device raised it and at which line of the model."""
+    where = next((n[len("graphc: "):] for n in getattr(exc, "__notes__", []) if n.startswith("graphc: in ")), None)
+    msg = f"device {device} (mesh {dict(zip(mesh.axis_names, mesh.coord(device)))}): {exc}"
+    if where:
+        msg += f" ({where})"
+    try:
+        new = type(exc)(msg)
+    except Exception:  # an exception type that takes other arguments
+        new = GraphcError(f"{type(exc).__name__}: {msg}")
+    new.__cause__ = exc
+    return new
+
+
+class ShardedArray(ArraySpec):
+    """An array that lives on the devices of a mesh, one piece per device in ``spec``: what a
+    parallelized step returns for state it is given back next step (``sharded_state=True``), so a
+    training loop does not gather and re-split its parameters every step. Passing it back with the
+    same spec uses the pieces as they are; ``np.asarray`` gathers it into one array."""
+
+    def __init__(self, pieces: dict[int, np.ndarray], spec: tuple, mesh, shape: tuple[int, ...], dtype):
+        super().__init__(shape, dtype)
+        object.__setattr__(self, "pieces", pieces)
+        object.__setattr__(self, "spec", tuple(spec))
+        object.__setattr__(self, "mesh", mesh)
+
+    def __array__(self, dtype=None, copy=None):
+        from graphc.spec import unshard
+
+        whole = unshard({self.mesh.coord(d): p for d, p in self.pieces.items()}, self.spec, tuple(self.mesh.shape),
+                        self.shape).astype(self.dtype, copy=False)
+        return whole if dtype is None else whole.astype(dtype)
+
+    def __repr__(self) -> str:
+        from graphc.spec import format_spec
+
+        return f"ShardedArray({np.dtype(self.dtype).name}{list(self.shape)}, spec={format_spec(self.spec)}, mesh={self.mesh!r})"
+
+    __eq__ = object.__eq__
+    __hash__ = object.__hash__

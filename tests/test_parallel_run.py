@@ -1,0 +1,162 @@
+"""The multi-device runtime end to end: plan, lower, run on one thread per device with real
+collectives, and compare with numpy eager; sharded state across steps; failures that stop all
+devices and name the device and the user's line; a lost peer that times out with a name."""
+
+import numpy as np
+import pytest
+
+import graphc
+from graphc.interpreter import bind_arguments
+from graphc.mesh import MachineProfile, Mesh
+from graphc.pytree import flatten
+from runtime.comm import CommError
+from runtime.parallel import ParallelExecutable, ShardedArray
+from tests import foreign_models
+
+PROFILE = MachineProfile.default()
+MESHES = [{"dp": 2}, {"tp": 2}, {"tp": 4}, {"dp": 2, "tp": 2}, {"dp": 8}]
+
+
+def _mesh(axes):
+    return Mesh(axes, profile=PROFILE)
+
+
+def _static_names(kwargs):
+    return tuple(k for k, v in kwargs.items() if not flatten(v)[0])
+
+
+def _models():
+    from models import cnn, gpt, mlp
+
+    return {
+        "mlp_train": (mlp.train_step, *mlp.example_train_args(batch=64, sizes=(16, 32, 32, 8))),
+        "gpt_train": (gpt.train_step, *gpt.example_train_args(batch=8, seq=16)),
+        "gpt_forward": (gpt.gpt, *gpt.example_args(batch=8, seq=16)),
+        "cnn_train": (cnn.train_step, *cnn.example_train_args(batch=8)),
+    }
+
+
+MODELS = _models()
+
+
+def assert_close(got, want, rtol=0.0):
+    g, w = flatten(got)[0], flatten(want)[0]
+    assert len(g) == len(w)
+    for a, b in zip(g, w):
+        a, b = np.asarray(a), np.asarray(b)
+        assert a.shape == b.shape and a.dtype == b.dtype, (a.shape, a.dtype, b.shape, b.dtype)
+        if b.dtype.kind == "f":
+            tol = max(rtol, 1e-4 if b.dtype == np.float32 else 1e-9)
+            np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
+        else:
+            np.testing.assert_array_equal(a, b)
+
+
+def run_unfused(fn, args, kwargs, axes):
+    """Plan and run on the mesh without fused kernels (no Numba compiles: fast to test on many
+    meshes; the fused path is tested below)."""
+    pf = graphc.parallelize(fn, mesh=_mesh(axes), cache=False, static_argnames=_static_names(kwargs))
+    plan = pf.plan(*args, **kwargs)
+    exe = ParallelExecutable(plan.graph, plan, pf.mesh, timeout_s=30, fuse=False)
+    dyn_args, dyn_kwargs, _ = pf._split_static(args, kwargs)
+    outs = exe.run_flat(bind_arguments(plan.graph, dyn_args, dyn_kwargs))
+    from graphc.pytree import unflatten
+
+    return unflatten(plan.graph.out_tree, outs), plan
+
+
+@pytest.mark.parametrize("axes", MESHES, ids=lambda a: ",".join(f"{k}={v}" for k, v in a.items()))
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_models_on_meshes_equal_numpy(name, axes):
+    fn, args, kwargs = MODELS[name]
+    got, _plan = run_unfused(fn, args, kwargs, axes)
+    assert_close(got, fn(*args, **kwargs))
+
+
+@pytest.mark.parametrize("name", sorted(foreign_models.MODELS))
+def test_foreign_models_on_a_2x2_mesh(name):
+    """Plain-numpy models of other styles (picoGPT, classes, RNNs, einsum attention, batch norm,
+    im2col CNNs, mixture of experts, ...)."""
+    fn, args, kwargs, rtol = foreign_models.MODELS[name]()
+    got, _plan = run_unfused(fn, args, kwargs, {"dp": 2, "tp": 2})
+    assert_close(got, fn(*args, **kwargs), rtol)
+
+
+def test_parallelize_runs_with_fused_kernels():
+    from models import gpt
+
+    args, kwargs = gpt.example_train_args(batch=4, seq=16)
+    pf = graphc.parallelize(gpt.train_step, mesh=_mesh({"dp": 2, "tp": 2}), cache=False,
+                            static_argnames=("n_head", "lr"))
+    got = pf(*args, **kwargs)
+    assert_close(got, gpt.train_step(*args, **kwargs))
+    compiled = pf.compile(*args, **kwargs)
+    assert compiled is pf.compile(*args, **kwargs)  # cached by shapes, dtypes and static values
+    assert any(n.op.name == "fused" for n in compiled.programs[0].graph.nodes)
+    assert "all_" in compiled.ir("device") or "reduce_scatter" in compiled.ir("device")
+    assert compiled.plan is not None
+
+
+def test_training_steps_with_sharded_state_equal_eager_steps():
+    from models import mlp
+
+    (params, x, labels), kw = mlp.example_train_args(batch=64, sizes=(16, 32, 32, 8))
+    pf = graphc.parallelize(mlp.train_step, mesh=_mesh({"dp": 2, "tp": 2}), cache=False,
+                            static_argnames=("lr",), sharded_state=True)
+    p_eager, p_par = params, params
+    for _ in range(3):
+        p_eager, loss_eager = mlp.train_step(p_eager, x, labels, **kw)
+        p_par, loss_par = pf(p_par, x, labels, **kw)
+        np.testing.assert_allclose(loss_par, loss_eager, rtol=1e-5)
+    leaves = flatten(p_par)[0]
+    assert leaves and all(isinstance(a, ShardedArray) for a in leaves)  # stayed on the devices
+    assert_close(graphc.tree_map(np.asarray, p_par), p_eager)
+
+
+def test_out_of_range_index_on_a_split_table_raises_index_error_naming_device_and_line():
+    def embed(table, tokens):
+        return graphc.shard(table, "S(0)")[tokens].sum(axis=-1)
+
+    table = np.arange(32, dtype=np.float32).reshape(8, 4)
+    pf = graphc.parallelize(embed, mesh=_mesh({"tp": 2}), cache=False)
+    np.testing.assert_array_equal(pf(table, np.array([[1, 7, -1]])), embed(table, np.array([[1, 7, -1]])))
+    with pytest.raises(IndexError, match=r"device \d.*test_parallel_run.py"):
+        pf(table, np.array([[1, 8, 0]]))
+
+
+def test_an_exception_on_one_device_stops_all_quickly():
+    import time
+
+    from models import gpt
+
+    args, kwargs = gpt.example_train_args(batch=4, seq=16)
+    pf = graphc.parallelize(gpt.train_step, mesh=_mesh({"tp": 4}), cache=False, static_argnames=("n_head", "lr"))
+    plan = pf.plan(*args, **kwargs)
+    exe = ParallelExecutable(plan.graph, plan, pf.mesh, timeout_s=30, fuse=False)
+    dyn_args, dyn_kwargs, _ = pf._split_static(args, kwargs)
+    arrays = bind_arguments(plan.graph, dyn_args, dyn_kwargs)
+    broken = exe.executables[2]
+
+    def fail(*a, **k):
+        raise ValueError("simulated failure")
+
+    broken.run_flat = fail
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match="device 2"):
+        exe.run_flat(arrays)
+    assert time.perf_counter() - start < 10  # not the 30 s collective timeout
+
+
+def test_a_lost_peer_fails_with_a_named_timeout():
+    from models import gpt
+
+    args, kwargs = gpt.example_train_args(batch=4, seq=16)
+    pf = graphc.parallelize(gpt.train_step, mesh=_mesh({"tp": 2}), cache=False, static_argnames=("n_head", "lr"))
+    plan = pf.plan(*args, **kwargs)
+    exe = ParallelExecutable(plan.graph, plan, pf.mesh, timeout_s=0.5, fuse=False)
+    dyn_args, dyn_kwargs, _ = pf._split_static(args, kwargs)
+    arrays = bind_arguments(plan.graph, dyn_args, dyn_kwargs)
+    n_out = len(plan.graph.outputs)
+    exe.executables[1].run_flat = lambda *a, **k: [None] * n_out  # device 1 never enters a collective
+    with pytest.raises(CommError, match="did not arrive"):
+        exe.run_flat(arrays)
