@@ -49,17 +49,11 @@ def cmd_compile(args: argparse.Namespace) -> int:
     static = tuple(k for k, v in fkwargs.items() if not _has_arrays(v))
     pf = parallelize(fn, mesh=mesh, memory_limit=args.memory, static_argnames=static, shrink=not args.no_shrink,
                      time_limit_s=args.time_limit, cache=not args.no_cache and not args.plan)
-    node_pins = None
     if args.plan:
-        old = Plan.load(args.plan)
-        _traced, graph, _s = pf.trace_optimized(*fargs, **fkwargs)
-        old.check(graph)
-        in_pins, out_pins, node_pins = old.pins()
-        pf.in_specs = None
-        pf.pins = lambda graph, i=in_pins, o=out_pins: (dict(i), dict(o))  # the file's pins
-        progress(f"re-solving around {len(in_pins) + len(out_pins) + len(node_pins)} pin(s) from {args.plan}")
+        n = pf.follow(Plan.load(args.plan), *fargs, **fkwargs)
+        progress(f"re-solving around {n} pin(s) from {args.plan}")
     progress(f"tracing {args.target} on mesh {mesh}")
-    plan = pf.plan(*fargs, progress=progress, node_pins=node_pins, **fkwargs)
+    plan = pf.plan(*fargs, progress=progress, **fkwargs)
     if args.dump_ir:
         _dump_ir(args.dump_ir, pf, plan, mesh, fargs, fkwargs)
     t = plan.doc.get("timing", {})

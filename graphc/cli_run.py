@@ -44,7 +44,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     loaded = Plan.load(args.plan) if args.plan else None
     try:
         if loaded is not None:
-            mesh = loaded.mesh()
+            mesh = loaded.mesh
         else:
             mesh = Mesh(args.mesh, links=parse_links(args.link) if args.link else None)
     except MeshError as exc:
@@ -53,14 +53,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                      cache=loaded is None)
     start = time.perf_counter()
     if loaded is not None:
-        _traced, graph, _s = pf.trace_optimized(*fargs, **fkwargs)
-        loaded.check(graph)
-        in_pins, out_pins, node_pins = loaded.pins()
-        pf.pins = lambda graph, i=in_pins, o=out_pins: (dict(i), dict(o))
-        plan = pf.plan(*fargs, node_pins=node_pins, **fkwargs)
-    else:
-        plan = pf.plan(*fargs, **fkwargs)
+        pf.follow(loaded, *fargs, **fkwargs)
     compiled = pf.compile(*fargs, **fkwargs)
+    plan = compiled.plan
     print(f"graphc run {args.target} on mesh {mesh} ({mesh.size} devices): compiled in "
           f"{time.perf_counter() - start:.2f} s (plan {fmt_time(plan.cost['total_s'])} predicted)")
 
@@ -158,9 +153,9 @@ def bench_mesh(args: argparse.Namespace) -> int:
     got = compiled(*fargs, **fkwargs)
     t_eager = _times(lambda: fn(*fargs, **fkwargs), args.repeat)
     t_one = _times(lambda: one(*fargs, **fkwargs), args.repeat)
-    from runtime.parallel import _one_blas_thread
+    from graphc.mesh import one_blas_thread
 
-    with _one_blas_thread():  # one device's share of the machine: what each device of the mesh gets
+    with one_blas_thread():  # one device's share of the machine: what each device of the mesh gets
         t_one1 = _times(lambda: one(*fargs, **fkwargs), args.repeat)
     t_mesh = _times(lambda: compiled(*fargs, **fkwargs), args.repeat)
     med = statistics.median

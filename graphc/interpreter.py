@@ -15,8 +15,10 @@ from graphc.ir import Graph, Region, Value
 from graphc.pytree import ArraySpec, flatten_as, unflatten
 
 
-def bind_arguments(graph: Graph, args: tuple, kwargs: dict) -> list[np.ndarray]:
-    """Flatten call arguments against the graph's signature, checking structure, shapes and dtypes."""
+def bind_arguments(graph: Graph, args: tuple, kwargs: dict, keep: type | tuple[type, ...] = ()) -> list[np.ndarray]:
+    """Flatten call arguments against the graph's signature, checking structure, shapes and dtypes.
+    Leaves of the ``keep`` types (ShardedArrays that stay on their devices) are checked by their
+    shape and dtype and passed through without being converted to arrays."""
     try:
         leaves = flatten_as((tuple(args), dict(kwargs)), graph.in_tree, path="arguments")
     except ValueError as exc:
@@ -25,8 +27,8 @@ def bind_arguments(graph: Graph, args: tuple, kwargs: dict) -> list[np.ndarray]:
     for leaf, value in zip(leaves, graph.inputs):
         if isinstance(leaf, ArraySpec) and not hasattr(leaf, "__array__"):  # a ShardedArray has data
             raise EvaluationError(f"graph @{graph.name}: input %{value.name} is an ArraySpec; evaluation needs data")
-        arr = np.asarray(leaf)
-        if arr.shape != value.type.shape or arr.dtype != value.type.dtype:
+        arr = leaf if keep and isinstance(leaf, keep) else np.asarray(leaf)
+        if tuple(arr.shape) != value.type.shape or np.dtype(arr.dtype) != value.type.dtype:
             raise EvaluationError(
                 f"graph @{graph.name}: input %{value.name} expects {value.type}, "
                 f"got array of shape {arr.shape} and dtype {arr.dtype}"

@@ -213,7 +213,7 @@ def calibrate(quick: bool = False) -> MachineProfile:
     BLAS is limited to one thread when threadpoolctl is installed; otherwise numpy's default is used.
     """
     mib = 1 << 20
-    with _one_blas_thread():
+    with one_blas_thread():
         flops = _matmul_flops(512 if quick else 1024, repeats=3 if quick else 10)
     mem_bandwidth = _copy_bandwidth((16 if quick else 64) * mib, repeats=3 if quick else 10)
     link_bandwidth = _thread_copy_bandwidth(16 * mib, round_trips=4 if quick else 20)
@@ -223,7 +223,8 @@ def calibrate(quick: bool = False) -> MachineProfile:
     return MachineProfile(flops, mem_bandwidth, Link(latency, link_bandwidth), overhead, source)
 
 
-def _one_blas_thread():
+def one_blas_thread():
+    """Limit BLAS to one thread (process-wide) inside the ``with``: one device's share of the machine."""
     try:
         from threadpoolctl import threadpool_limits
     except ImportError:

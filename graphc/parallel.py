@@ -166,6 +166,7 @@ class Parallelized(Jitted):
         self.cache = cache
         self.timeout_s = timeout_s
         self.sharded_state = sharded_state
+        self.node_pins: dict | None = None  # {node index: strategy} of a plan file being followed
         self._plans: dict[Any, Any] = {}
         self._compiled: dict[Any, ParallelCompiled] = {}
 
@@ -184,6 +185,16 @@ class Parallelized(Jitted):
         optimized = optimize(traced, PLAN_PASSES)
         t2 = time.perf_counter()
         return traced, optimized, {"trace_s": t1 - t0, "optimize_s": t2 - t1}
+
+    def follow(self, plan_file, *args, **kwargs) -> int:
+        """Take the pins of a (hand-edited) plan file: its pinned inputs, outputs and nodes, for
+        every later .plan() and .compile(). Refused if the file was made for another graph.
+        Returns the number of pins."""
+        _traced, graph, _s = self.trace_optimized(*args, **kwargs)
+        plan_file.check(graph)
+        in_pins, out_pins, self.node_pins = plan_file.pins()
+        self.pins = lambda graph, i=in_pins, o=out_pins: (dict(i), dict(o))
+        return len(in_pins) + len(out_pins) + len(self.node_pins)
 
     def pins(self, graph) -> tuple[dict, dict]:
         in_pins: dict[int, tuple] = {}
@@ -213,6 +224,7 @@ class Parallelized(Jitted):
 
         traced, graph, seconds = self.trace_optimized(*args, **kwargs)
         in_pins, out_pins = self.pins(graph)
+        node_pins = self.node_pins if node_pins is None else node_pins
         ties = state_ties(graph)
         options = {"memory_limit": self.memory_limit, "shrink": self.shrink, "in_pins": _jsonable(in_pins),
                    "out_pins": _jsonable(out_pins), "node_pins": _jsonable(node_pins or {}), "ties": ties,
@@ -275,31 +287,6 @@ class Parallelized(Jitted):
         return self.compile(*args, **kwargs)(*args, **kwargs)
 
 
-def _bind_keeping_shards(graph, args, kwargs) -> list:
-    """bind_arguments, except that ShardedArray leaves stay on their devices (their shape and
-    dtype are checked, their data is not gathered)."""
-    from graphc.errors import EvaluationError
-    from graphc.interpreter import bind_arguments
-    from graphc.pytree import flatten_as
-    from runtime.parallel import ShardedArray
-
-    leaves, _ = flatten((tuple(args), dict(kwargs)))
-    if not any(isinstance(x, ShardedArray) for x in leaves):
-        return bind_arguments(graph, args, kwargs)
-    try:
-        leaves = flatten_as((tuple(args), dict(kwargs)), graph.in_tree, path="arguments")
-    except ValueError as exc:
-        raise EvaluationError(f"graph @{graph.name}: {exc}") from None
-    out = []
-    for leaf, value in zip(leaves, graph.inputs):
-        x = leaf if isinstance(leaf, ShardedArray) else np.asarray(leaf)
-        if tuple(x.shape) != value.type.shape or np.dtype(x.dtype) != value.type.dtype:
-            raise EvaluationError(f"graph @{graph.name}: input %{value.name} expects {value.type}, "
-                                  f"got shape {tuple(x.shape)} and dtype {x.dtype}")
-        out.append(x)
-    return out
-
-
 class ParallelCompiled:
     """One specialization of a parallelized function: its plan, device programs and executable."""
 
@@ -331,11 +318,12 @@ class ParallelCompiled:
         raise GraphcError(f"unknown stage {stage!r}: optimized, lowered or device")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from graphc.interpreter import as_numpy_result
+        from graphc.interpreter import as_numpy_result, bind_arguments
         from graphc.pytree import unflatten
+        from runtime.parallel import ShardedArray
 
         args, kwargs, _ = self._owner._split_static(args, kwargs)
-        arrays = _bind_keeping_shards(self.graph, args, kwargs)
+        arrays = bind_arguments(self.graph, args, kwargs, keep=ShardedArray)  # shards stay on the devices
         keep = self.state_outputs if self._owner.sharded_state else frozenset()
         outs = self.executable.run_flat(arrays, keep_sharded=keep)
         return unflatten(self.graph.out_tree, [o if k in keep else as_numpy_result(o) for k, o in enumerate(outs)])

@@ -28,8 +28,8 @@ from graphc.errors import GraphcError, VerifyError
 from graphc.ir import Graph, Node, TensorType, Value, clone_region
 from graphc.ops import get_op
 from graphc.pytree import LEAF, TreeDef
-from graphc.spec import _block_index, format_spec, local_shape, parse_spec
-from passes.sharding.local import local_attrs
+from graphc.spec import format_spec, local_shape, parse_spec
+from passes.sharding.local import _owned_rows, local_attrs
 from passes.sharding.redistribute import plan_steps
 from passes.sharding.strategies import Strategy, get_rule
 
@@ -130,15 +130,6 @@ class _Emitter:
                 raise GraphcError(f"lowering {name} at {node.loc}: local result {lo.type}, expected {want}")
             self.produced(o, lo, s)
 
-    def _owned_table(self, size: int, spec: tuple, dim: int) -> np.ndarray | None:
-        for p, n, r in zip(spec, self.mesh_shape, self.coord):
-            if p.is_split and p.dim == dim:
-                rows = _block_index(size, p.blocks, n, r)
-                table = np.full(size, -1, dtype=np.int64)
-                table[rows] = np.arange(len(rows))
-                return table
-        return None
-
     def _masked_split(self, node: Node, st: Strategy) -> bool:
         rule = get_rule(node)
         axis = node.attrs["axis"]
@@ -156,7 +147,8 @@ class _Emitter:
         for j in range(k):
             if rule.inputs[0][axis + j] not in rule.masked:
                 continue
-            table = self._owned_table(node.inputs[0].type.shape[axis + j], st.in_specs[0], axis + j)
+            table = _owned_rows(node.inputs[0].type.shape[axis + j], st.in_specs[0], axis + j, self.mesh_shape,
+                                self.coord)
             if table is None:
                 continue
             local = self.emit("gather", self.constant(table), idx[j], axis=0)  # raises on out-of-range

@@ -15,7 +15,6 @@ line; a collective that cannot complete raises a CommError naming it within the 
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from typing import Any
@@ -24,6 +23,7 @@ import numpy as np
 
 from graphc.errors import GraphcError
 from graphc.ir import Graph
+from graphc.mesh import one_blas_thread
 from graphc.pytree import ArraySpec
 
 
@@ -35,14 +35,6 @@ class _CommProxy:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.current, name)
-
-
-def _one_blas_thread():
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # pragma: no cover - a declared dependency
-        return contextlib.nullcontext()
-    return threadpool_limits(limits=1, user_api="blas")
 
 
 DEVICE_PASSES = ("cse", "dce", "fuse")
@@ -136,7 +128,7 @@ class ParallelExecutable:
 
         threads = [threading.Thread(target=device, args=(d,), name=f"graphc-device-{d}", daemon=True)
                    for d in self.executables]
-        with _one_blas_thread():
+        with one_blas_thread():
             for t in threads:
                 t.start()
             deadline = time.monotonic() + self.timeout_s + 5.0

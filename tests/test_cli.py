@@ -132,3 +132,21 @@ def test_run_on_a_mesh_checks_numpy_and_writes_a_chrome_trace(tmp_path):
     doc = json.loads(trace.read_text())
     tracks = {e["tid"] for e in doc["traceEvents"] if e["ph"] == "X"}
     assert tracks == {0, 1}
+
+
+def test_run_follows_a_hand_edited_plan_file(tmp_path):
+    import json
+
+    env = dict(os.environ, GRAPHC_CACHE_DIR=str(tmp_path / "cache"), GRAPHC_PROFILE=str(tmp_path / "none.json"))
+    target = ("models/mlp.py:train_step", "--example", "example_train_args")
+    plan_file = tmp_path / "plan.json"
+    res = _compile(tmp_path, *target, "--mesh", "dp=2", "-o", str(plan_file))
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(plan_file.read_text())
+    node = next(n for n in doc["nodes"] if n["op"] == "matmul" and n["alternatives"])
+    node["strategy"], node["pinned"] = node["alternatives"][0]["strategy"], True
+    plan_file.write_text(json.dumps(doc))
+    res = subprocess.run([sys.executable, "-m", "graphc.cli", "run", *target, "--plan", str(plan_file), "--repeat", "1"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert res.returncode == 0, res.stderr
+    assert "on mesh dp=2" in res.stdout and "result equals numpy eager: yes" in res.stdout

@@ -52,17 +52,22 @@ def assert_close(got, want, rtol=0.0):
             np.testing.assert_array_equal(a, b)
 
 
-def run_unfused(fn, args, kwargs, axes):
-    """Plan and run on the mesh without fused kernels (no Numba compiles: fast to test on many
-    meshes; the fused path is tested below)."""
+def unfused_executable(fn, args, kwargs, axes, timeout_s=30.0):
+    """Plan ``fn`` on the mesh and build its executable without fused kernels (no Numba compiles:
+    fast to test on many meshes; the fused path is tested below). Returns (executable, flat
+    arguments, plan)."""
     pf = graphc.parallelize(fn, mesh=_mesh(axes), cache=False, static_argnames=_static_names(kwargs))
     plan = pf.plan(*args, **kwargs)
-    exe = ParallelExecutable(plan.graph, plan, pf.mesh, timeout_s=30, fuse=False)
+    exe = ParallelExecutable(plan.graph, plan, pf.mesh, timeout_s=timeout_s, fuse=False)
     dyn_args, dyn_kwargs, _ = pf._split_static(args, kwargs)
-    outs = exe.run_flat(bind_arguments(plan.graph, dyn_args, dyn_kwargs))
+    return exe, bind_arguments(plan.graph, dyn_args, dyn_kwargs), plan
+
+
+def run_unfused(fn, args, kwargs, axes):
     from graphc.pytree import unflatten
 
-    return unflatten(plan.graph.out_tree, outs), plan
+    exe, arrays, plan = unfused_executable(fn, args, kwargs, axes)
+    return unflatten(plan.graph.out_tree, exe.run_flat(arrays)), plan
 
 
 @pytest.mark.parametrize("axes", MESHES, ids=lambda a: ",".join(f"{k}={v}" for k, v in a.items()))
@@ -130,11 +135,7 @@ def test_an_exception_on_one_device_stops_all_quickly():
     from models import gpt
 
     args, kwargs = gpt.example_train_args(batch=4, seq=16)
-    pf = graphc.parallelize(gpt.train_step, mesh=_mesh({"tp": 4}), cache=False, static_argnames=("n_head", "lr"))
-    plan = pf.plan(*args, **kwargs)
-    exe = ParallelExecutable(plan.graph, plan, pf.mesh, timeout_s=30, fuse=False)
-    dyn_args, dyn_kwargs, _ = pf._split_static(args, kwargs)
-    arrays = bind_arguments(plan.graph, dyn_args, dyn_kwargs)
+    exe, arrays, _plan = unfused_executable(gpt.train_step, args, kwargs, {"tp": 4})
     broken = exe.executables[2]
 
     def fail(*a, **k):
@@ -151,11 +152,7 @@ def test_a_lost_peer_fails_with_a_named_timeout():
     from models import gpt
 
     args, kwargs = gpt.example_train_args(batch=4, seq=16)
-    pf = graphc.parallelize(gpt.train_step, mesh=_mesh({"tp": 2}), cache=False, static_argnames=("n_head", "lr"))
-    plan = pf.plan(*args, **kwargs)
-    exe = ParallelExecutable(plan.graph, plan, pf.mesh, timeout_s=0.5, fuse=False)
-    dyn_args, dyn_kwargs, _ = pf._split_static(args, kwargs)
-    arrays = bind_arguments(plan.graph, dyn_args, dyn_kwargs)
+    exe, arrays, plan = unfused_executable(gpt.train_step, args, kwargs, {"tp": 2}, timeout_s=0.5)
     n_out = len(plan.graph.outputs)
     exe.executables[1].run_flat = lambda *a, **k: [None] * n_out  # device 1 never enters a collective
     with pytest.raises(CommError, match="did not arrive"):

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from graphc.errors import PlanError
+from graphc.plan import fmt_bytes
 from graphc.spec import format_spec
 from passes.sharding.problem import Problem
 
@@ -256,8 +257,8 @@ def solve(p: Problem, memory_limit: int | None = None, shrink: bool = True, time
         if sol is None:
             minimum = min_memory(p, groups, of, maps, solver_name, time_limit_s)
             raise PlanError(
-                f"no plan fits in {_fmt_bytes(memory_limit)} per device on mesh {p.mesh}: the smallest per-device "
-                f"memory any plan needs is {_fmt_bytes(minimum)} ({minimum} bytes)", min_memory_bytes=minimum)
+                f"no plan fits in {fmt_bytes(memory_limit)} per device on mesh {p.mesh}: the smallest per-device "
+                f"memory any plan needs is {fmt_bytes(minimum)} ({minimum} bytes)", min_memory_bytes=minimum)
     if sol is None:
         raise PlanError(f"the sharding ILP found no plan (status {model.last_status})")
     stats["memory_points"] = len(points)
@@ -422,14 +423,6 @@ def exhaustive(p: Problem, memory_limit: int | None = None) -> tuple[float, list
         if best is None or t < best[0] - 1e-15:
             best = (t, choice)
     return best
-
-
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return f"{n} B"  # pragma: no cover
 
 
 __all__ = ["Group", "Solution", "exhaustive", "format_spec", "min_memory", "shrink_groups", "solve", "structure_classes"]
