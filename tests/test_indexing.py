@@ -305,6 +305,12 @@ X234 = make_array((2, 3, 4), np.float64)
                      id="list_of_traced_arrays_is_one_index_array"),
         pytest.param(X34, lambda t: (t[:, None], t[None, :]), [np.array([1, 2])], id="outer_product_index"),
         pytest.param(X34, lambda t: t, [np.zeros((0,), np.int64)], id="empty_traced_index"),
+        # an ellipsis standing for no dims still separates the index arrays: they move to the front
+        pytest.param(X234, lambda t: (slice(None), t, Ellipsis, t), [np.array([1, 0])], id="empty_ellipsis_separates"),
+        pytest.param(X234, lambda t: (slice(None), 2, Ellipsis, t), [np.array([1, 0])],
+                     id="empty_ellipsis_separates_int"),
+        pytest.param(np.zeros((1, 0, 0), np.float32), lambda a, b: (slice(None), a, Ellipsis, b),
+                     [np.zeros((0,), np.int64)] * 2, id="empty_ellipsis_empty_arrays"),
     ],
 )
 def test_traced_index_examples(x, key_fn, traced):

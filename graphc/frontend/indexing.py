@@ -130,8 +130,12 @@ def getitem(x: Tracer, key: Any) -> Tracer:
     if consumed > x.ndim:
         raise TraceError(f"too many indices for array: array is {x.ndim}-dimensional, but {consumed} were indexed", user_location())
     fill = [("slice", slice(None))] * (x.ndim - consumed)
+    # numpy counts an ellipsis as separating the index arrays around it even when it stands for no dims
+    split_by_ellipsis = False
     if any(kind == "ellipsis" for kind, _ in items):
         at = next(i for i, (kind, _) in enumerate(items) if kind == "ellipsis")
+        is_array = [kind in ("array", "mask", "int", "bool") for kind, _ in items]
+        split_by_ellipsis = any(is_array[:at]) and any(is_array[at + 1:])
         items = items[:at] + fill + items[at + 1:]
     else:
         items = items + fill
@@ -172,7 +176,7 @@ def getitem(x: Tracer, key: Any) -> Tracer:
             positions.append(pos)
             indices.append(lift(v))
     adjacent = positions == list(range(positions[0], positions[0] + len(positions)))
-    if adjacent:
+    if adjacent and not split_by_ellipsis:
         return bind("gather", y, *indices, axis=positions[0])
     rest = [d for d in range(y.ndim) if d not in positions]
     return bind("gather", transpose(y, positions + rest), *indices, axis=0)
