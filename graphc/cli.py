@@ -5,7 +5,8 @@
     graphc ir FILE.gir                              parse and verify a dumped IR file, print it again
     graphc bench FILE:FUNC [--example NAME]         time tracing, IR round trip, numpy eager, interpreter, compiled
     graphc bench kernels                            fused GELU / softmax / layer-norm kernels vs memory bandwidth
-    graphc bench FILE:FUNC --mesh dp=2              numpy eager vs graphc on 1 device vs on the mesh; collectives' busbw
+    graphc bench FILE:FUNC --mesh dp=2 [--plans]    numpy eager vs graphc on 1 device vs on the mesh; collectives' busbw;
+                                                    predicted vs measured step of several plans
     graphc compile FILE:FUNC --mesh dp=2,tp=4 [--memory 2GiB] [--link dp=1GB/s:50us] [-o plan.json]
                                                     auto-shard FUNC, print the plan's summary, write the plan JSON
     graphc run FILE:FUNC (--mesh dp=2,tp=2 | --plan plan.json) [--trace timeline.json]
@@ -89,7 +90,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print_kernel_table(bench_kernels(repeat=args.repeat))
         return 0
     if args.mesh:
-        from graphc.cli_run import bench_mesh
+        from runtime.bench_mesh import bench_mesh
 
         return bench_mesh(args)
     fn, fargs, fkwargs = load_target(args.target, args.example)
@@ -197,6 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--mesh", help="also run on this device mesh (e.g. dp=2): numpy eager, graphc on 1 device and "
                                       "on the mesh, predicted vs measured step time, all-reduce bus bandwidth")
     bench.add_argument("--link", help="per-axis link model overrides for planning, e.g. dp=1GB/s:50us")
+    bench.add_argument("--plans", action="store_true",
+                       help="with --mesh: also time several plans of the function (solver's choice and pinned "
+                            "inputs) and report the rank correlation of predicted and measured step times")
     bench.set_defaults(func=cmd_bench)
 
     from graphc.cli_compile import add_parser as add_compile

@@ -407,6 +407,9 @@ class ThreadComm(Communicator):
         self.world = world
         self.device = device
         self.log: list[dict] = []
+        # where results are allocated: the executor plugs in its buffer pool, so a collective's
+        # result reuses a dead buffer instead of paying page faults for a fresh one
+        self.alloc = np.empty
         self._seq: dict[tuple[int, ...], int] = {}
         self._ranks: dict[tuple[int, ...], int] = {}
 
@@ -510,7 +513,7 @@ class ThreadComm(Communicator):
             src = out = x
         else:
             src = np.ascontiguousarray(x)
-            out = np.empty(x.shape, x.dtype)
+            out = self.alloc(x.shape, x.dtype)
         flat_src, flat_out = src.reshape(-1), out.reshape(-1)
         call = self._begin("all_reduce", group, (), x, (flat_src, flat_out))
         n, rank, shared = call.n, call.rank, call.slot.inputs
@@ -535,7 +538,7 @@ class ThreadComm(Communicator):
         call = self._begin("reduce", group, (("root", root),), x, x)
         out = None
         if call.rank == root:
-            out = np.empty(x.shape, x.dtype)
+            out = self.alloc(x.shape, x.dtype)
             _sum_in_rank_order(out, list(call.slot.inputs))
         self._end(call, x.nbytes)
         return out
@@ -546,7 +549,7 @@ class ThreadComm(Communicator):
         d = _axis(dim, x.ndim)
         _check_split(x.shape[d], n, blocks, "reduce_scatter")
         call = self._begin("reduce_scatter", group, (("dim", dim), ("blocks", blocks)), x, x)
-        out = np.empty(_with_dim(x.shape, d, _piece_len(x.shape[d], n, call.rank, blocks)), x.dtype)
+        out = self.alloc(_with_dim(x.shape, d, _piece_len(x.shape[d], n, call.rank, blocks)), x.dtype)
         parts = [_view(other, pick={d: (n, call.rank, blocks)}) for other in call.slot.inputs]
         _sum_in_rank_order(_view(out, local={d: blocks}), parts)
         self._end(call, x.nbytes)
@@ -558,7 +561,7 @@ class ThreadComm(Communicator):
         _check_split(x.shape[d] * len(group), len(group), blocks, "all_gather")
         free = d if blocks == 1 else None
         call = self._begin("all_gather", group, (("dim", dim), ("blocks", blocks)), x, x, free)
-        out = _join(list(call.slot.inputs), d, blocks)
+        out = _join(list(call.slot.inputs), d, blocks, self.alloc)
         self._end(call, out.nbytes)
         return out
 
@@ -570,7 +573,7 @@ class ThreadComm(Communicator):
         self._check_root(group, root)
         call = self._begin("gather", group, attrs, x, x, d if blocks == 1 else None)
         pieces = list(call.slot.inputs)
-        out = _join(pieces, d, blocks) if call.rank == root else None
+        out = _join(pieces, d, blocks, self.alloc) if call.rank == root else None
         self._end(call, sum(p.nbytes for p in pieces))
         return out
 
@@ -579,7 +582,8 @@ class ThreadComm(Communicator):
         x = np.asarray(x) if mine else None
         call = self._begin("broadcast", group, (("root", root),), x, x)
         whole = call.slot.inputs[root]
-        out = np.array(whole, copy=True, order="C")
+        out = self.alloc(whole.shape, whole.dtype)
+        np.copyto(out, whole)
         self._end(call, whole.nbytes)
         return out
 
@@ -591,7 +595,7 @@ class ThreadComm(Communicator):
         n = call.n
         d = _axis(dim, whole.ndim)
         _check_split(whole.shape[d], n, blocks, "scatter")  # every member raises the same error
-        out = np.empty(_with_dim(whole.shape, d, _piece_len(whole.shape[d], n, call.rank, blocks)), whole.dtype)
+        out = self.alloc(_with_dim(whole.shape, d, _piece_len(whole.shape[d], n, call.rank, blocks)), whole.dtype)
         np.copyto(_view(out, local={d: blocks}), _view(whole, pick={d: (n, call.rank, blocks)}))
         self._end(call, whole.nbytes)
         return out
@@ -608,7 +612,7 @@ class ThreadComm(Communicator):
                  ("split_blocks", split_blocks), ("concat_blocks", concat_blocks))
         call = self._begin("all_to_all", group, attrs, x, x)
         shape = _with_dim(x.shape, sd, _piece_len(x.shape[sd], n, call.rank, split_blocks))
-        out = np.empty(_with_dim(shape, cd, x.shape[cd] * n), x.dtype)
+        out = self.alloc(_with_dim(shape, cd, x.shape[cd] * n), x.dtype)
         for r, other in enumerate(call.slot.inputs):
             dst = _view(out, pick={cd: (n, r, concat_blocks)}, local={sd: split_blocks})
             np.copyto(dst, _view(other, pick={sd: (n, call.rank, split_blocks)}, local={cd: concat_blocks}))
@@ -677,13 +681,13 @@ def _chunk(size: int, n: int, r: int, itemsize: int) -> tuple[int, int]:
     return edge(r), edge(r + 1)
 
 
-def _join(pieces: list[np.ndarray], dim: int, blocks: int) -> np.ndarray:
-    """The ranks' pieces of ``dim`` (rank order) joined into a new whole."""
+def _join(pieces: list[np.ndarray], dim: int, blocks: int, alloc=np.empty) -> np.ndarray:
+    """The ranks' pieces of ``dim`` (rank order) joined into a new whole from ``alloc``."""
     n = len(pieces)
-    if blocks == 1:
-        return np.concatenate(pieces, axis=dim)
     p0 = pieces[0]
-    out = np.empty(_with_dim(p0.shape, dim, p0.shape[dim] * n), p0.dtype)
+    out = alloc(_with_dim(p0.shape, dim, sum(p.shape[dim] for p in pieces)), p0.dtype)
+    if blocks == 1:
+        return np.concatenate(pieces, axis=dim, out=out)
     for r, p in enumerate(pieces):
         np.copyto(_view(out, pick={dim: (n, r, blocks)}), _view(p, local={dim: blocks}))
     return out

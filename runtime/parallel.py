@@ -113,7 +113,8 @@ class ParallelExecutable:
 
         world = ThreadWorld(self.mesh.size, timeout_s=self.timeout_s)
         for d, proxy in self.proxies.items():
-            proxy.current = world.comm(d)
+            proxy.current = comm = world.comm(d)
+            comm.alloc = self.executables[d].pool.get  # collective results reuse the device's dead buffers
         results: dict[int, list] = {}
         errors: dict[int, BaseException] = {}
         profiles: dict[int, dict] = {d: {} for d in self.executables} if profile else {}

@@ -1,0 +1,202 @@
+"""``graphc bench FILE:FUNC --mesh dp=2 [--plans]``: what a mesh buys, measured in one run.
+
+Prints numpy eager, graphc on one device (default BLAS threads, and one BLAS thread: one
+device's share of the machine), graphc on the mesh per call (inputs split and outputs gathered
+every call) and, for a training step whose outputs replace its arguments, per step of a loop that
+keeps that state on the devices (``sharded_state=True``); the plan's predicted step against the
+measured one; ring all-reduce bus bandwidth against memcpy.
+
+``--plans`` also times several plans of the same function on the same mesh: the solver's choice
+and plans with the inputs pinned (all replicated, data parallel, every input split on its first /
+last dim), each planned by the ILP around the pins. Predicted and measured step times (devices
+running on inputs already in place: what the cost model predicts) and their Spearman rank
+correlation say whether the cost model orders plans the way the machine does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+
+from graphc.errors import GraphcError, PlanError
+from runtime.bench import fmt, timed
+
+
+def _times(fn, repeat: int) -> list[float]:
+    return timed(fn, repeat, warmup=0)[0]
+
+
+def spearman(xs: list[float], ys: list[float]) -> float:
+    """Spearman's rank correlation (average ranks for ties); nan for fewer than 2 points."""
+
+    def ranks(v: list[float]) -> np.ndarray:
+        order = sorted(range(len(v)), key=lambda i: v[i])
+        r = np.empty(len(v))
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                r[order[k]] = (i + j) / 2
+            i = j + 1
+        return r
+
+    if len(xs) < 2:
+        return float("nan")
+    a, b = ranks(xs), ranks(ys)
+    a, b = a - a.mean(), b - b.mean()
+    denom = float(np.sqrt((a * a).sum() * (b * b).sum()))
+    return float((a * b).sum() / denom) if denom else float("nan")
+
+
+def _split_spec(ndim: int, dim: int, mesh) -> tuple | None:
+    """Split ``dim`` over the mesh's first axis, replicate over the others (None for a scalar)."""
+    from graphc.spec import parse_spec
+
+    if ndim == 0:
+        return None
+    return parse_spec([f"S({dim % ndim})"] + ["R"] * (mesh.ndim - 1))
+
+
+def plan_variants(graph, mesh) -> list[tuple[str, dict[int, tuple], dict[int, str]]]:
+    """(name, input pins, node pins) of the plans ``--plans`` compares: the solver's own choice;
+    pins on every input leaf (the ILP still plans everything between inputs and outputs); the
+    matmuls of the first half of the graph (the forward pass of a training step) replicated; and
+    every node replicated (no parallelism: each device computes everything)."""
+    from graphc.spec import parse_spec
+
+    replicated = parse_spec(["R"] * mesh.ndim)
+    leaves = [v.type for v in graph.inputs]
+    first_arg = graph.in_tree.children[0].children[0].num_leaves if graph.in_tree.children[0].children else 0
+    variants: list[tuple[str, dict[int, tuple], dict[int, str]]] = [("solver's choice", {}, {})]
+    dp = {k: replicated if k < first_arg or t.ndim == 0 else _split_spec(t.ndim, 0, mesh) for k, t in enumerate(leaves)}
+    variants.append(("data parallel: 1st argument replicated, the rest split on dim 0", dp, {}))
+    variants.append(("every input split on its last dim",
+                     {k: _split_spec(t.ndim, -1, mesh) or replicated for k, t in enumerate(leaves)}, {}))
+    half = len(graph.nodes) // 2
+    variants.append(("matmuls of the first half of the graph replicated", {},
+                     {k: "replicate" for k, n in enumerate(graph.nodes[:half]) if n.op.name == "matmul"}))
+    variants.append(("every node replicated (no parallelism)", {}, {k: "replicate" for k in range(len(graph.nodes))}))
+    return variants
+
+
+def bench_plans(fn, fargs, fkwargs, static, mesh, repeat: int) -> list[dict[str, Any]]:
+    """Plan, build and time every variant of ``plan_variants``; rows with predicted/measured seconds."""
+    import graphc
+    from graphc.interpreter import bind_arguments
+    from graphc.mesh import as_mesh
+
+    mesh = as_mesh(mesh)
+    base = graphc.parallelize(fn, mesh=mesh, static_argnames=static, cache=False)
+    rows = []
+    for name, in_pins, node_pins in plan_variants(base.trace_optimized(*fargs, **fkwargs)[1], mesh):
+        pf = graphc.parallelize(fn, mesh=mesh, static_argnames=static, cache=False)
+        pf.pins = lambda graph, p=in_pins: (dict(p), {})
+        pf.node_pins = node_pins
+        try:
+            compiled = pf.compile(*fargs, **fkwargs)
+        except PlanError as exc:
+            rows.append({"name": name, "error": str(exc).splitlines()[0]})
+            continue
+        dyn_args, dyn_kwargs, _ = pf._split_static(fargs, fkwargs)
+        run = compiled.executable.run_sharded
+        pieces = compiled.executable.shard(bind_arguments(compiled.graph, dyn_args, dyn_kwargs))
+        run(pieces)  # warm: kernels loaded, buffers pooled
+        measured = statistics.median(_times(lambda r=run, p=pieces: r(p), repeat))
+        rows.append({"name": name, "predicted": compiled.plan.cost["total_s"], "measured": measured})
+    return rows
+
+
+def _state_loop(compiled, arrays: list, repeat: int) -> list[float]:
+    """Seconds per step of a loop that feeds the tied outputs (new parameters, optimizer state)
+    back as the next step's inputs, kept sharded on the devices."""
+    from graphc.parallel import state_ties
+
+    ties = state_ties(compiled.graph)
+    keep = frozenset(o for _i, o in ties)
+    ex = compiled.executable
+    state = list(arrays)
+
+    def step():
+        outs = ex.run_flat(state, keep_sharded=keep)
+        for i, o in ties:
+            state[i] = outs[o]
+
+    step()  # the first step splits the state; later ones find it in place
+    return _times(step, repeat)
+
+
+def bench_mesh(args: argparse.Namespace) -> int:
+    import graphc
+    from graphc.cli import _same
+    from graphc.cli_compile import _has_arrays
+    from graphc.interpreter import bind_arguments
+    from graphc.loader import load_target
+    from graphc.mesh import Mesh, MeshError, one_blas_thread, parse_links
+    from graphc.plan import fmt_time
+    from runtime.bench_comm import bench_all_reduce, bench_memcpy
+
+    fn, fargs, fkwargs = load_target(args.target, args.example)
+    static = tuple(k for k, v in fkwargs.items() if not _has_arrays(v))
+    try:
+        mesh = Mesh(args.mesh, links=parse_links(args.link) if args.link else None)
+    except MeshError as exc:
+        raise GraphcError(f"--mesh/--link: {exc}") from None
+    print(f"graphc bench {args.target} ({args.example or 'example_args'}) on mesh {mesh} ({mesh.size} devices)")
+    one = graphc.jit(fn, static_argnames=static)
+    pf = graphc.parallelize(fn, mesh=mesh, static_argnames=static)
+    start = time.perf_counter()
+    compiled = pf.compile(*fargs, **fkwargs)
+    print(f"  compile on the mesh: {time.perf_counter() - start:.2f} s (trace, optimize, plan, lower, build)")
+    want = fn(*fargs, **fkwargs)
+    one(*fargs, **fkwargs)
+    got = compiled(*fargs, **fkwargs)
+    med = statistics.median
+    t_eager = _times(lambda: fn(*fargs, **fkwargs), args.repeat)
+    t_one = _times(lambda: one(*fargs, **fkwargs), args.repeat)
+    with one_blas_thread():  # one device's share of the machine: what each device of the mesh gets
+        t_one1 = _times(lambda: one(*fargs, **fkwargs), args.repeat)
+    t_mesh = _times(lambda: compiled(*fargs, **fkwargs), args.repeat)
+    print(f"  numpy eager                      {fmt(t_eager)}")
+    print(f"  graphc, 1 device                 {fmt(t_one)}   ({med(t_eager) / med(t_one):.2f}x numpy eager)")
+    print(f"  graphc, 1 device, 1 BLAS thread  {fmt(t_one1)}")
+    print(f"  graphc, {mesh.size} devices, per call     {fmt(t_mesh)}   ({med(t_one1) / med(t_mesh):.2f}x 1 device "
+          f"with 1 BLAS thread, {med(t_one) / med(t_mesh):.2f}x with default BLAS; splits inputs, gathers outputs)")
+    dyn_args, dyn_kwargs, _ = pf._split_static(fargs, fkwargs)
+    arrays = bind_arguments(compiled.graph, dyn_args, dyn_kwargs)
+    measured = t_mesh
+    if compiled.state_outputs:
+        t_state = _state_loop(compiled, arrays, args.repeat)
+        measured = t_state
+        print(f"  graphc, {mesh.size} devices, state sharded {fmt(t_state)}   ({med(t_one1) / med(t_state):.2f}x 1 device "
+              f"with 1 BLAS thread, {med(t_one) / med(t_state):.2f}x with default BLAS; a training loop's step)")
+    print(f"  predicted step (plan) {fmt_time(compiled.plan.cost['total_s'])}, measured {fmt_time(med(measured))}")
+    print(f"  result on the mesh equals numpy eager: {_same(got, want)}")
+    n = mesh.size
+    if n > 1:
+        mem64 = bench_memcpy(n, 64 << 20, repeat=5)
+        for nbytes in (1 << 20, 16 << 20):
+            mem = bench_memcpy(n, nbytes, repeat=5)
+            ar = bench_all_reduce(n, nbytes, repeat=5)
+            print(f"  all_reduce {nbytes >> 20:>2} MiB x {n} devices: busbw {ar['busbw'] / 1e9:5.2f} GB/s = "
+                  f"{ar['busbw'] / mem['bandwidth']:.0%} of memcpy of the same size with {n} threads "
+                  f"({mem['bandwidth'] / 1e9:.1f} GB/s), {ar['busbw'] / mem64['bandwidth']:.0%} of memcpy of 64 MiB "
+                  f"({mem64['bandwidth'] / 1e9:.1f} GB/s, out of cache)")
+    if getattr(args, "plans", False):
+        print(f"  plans of {args.target} on mesh {mesh} (devices on inputs already in place, median of {args.repeat}):")
+        rows = bench_plans(fn, fargs, fkwargs, static, mesh, args.repeat)
+        print(f"    {'plan':<66} {'predicted':>10} {'measured':>10}")
+        for r in rows:
+            if "error" in r:
+                print(f"    {r['name']:<66} no plan: {r['error']}")
+            else:
+                print(f"    {r['name']:<66} {fmt_time(r['predicted']):>10} {fmt_time(r['measured']):>10}")
+        ok = [r for r in rows if "error" not in r]
+        rho = spearman([r["predicted"] for r in ok], [r["measured"] for r in ok])
+        print(f"    Spearman rank correlation of predicted and measured over {len(ok)} plans: {rho:.2f}")
+    return 0
