@@ -249,3 +249,46 @@ def region_cost(region, in_types, out_types) -> tuple[float, int]:
         fn = node.op.cost or default_cost
         flops += fn(tuple(v.type for v in node.inputs), tuple(o.type for o in node.outputs), **node.attrs)[0]
     return flops, io_bytes(in_types, out_types)
+
+
+# --- linearity ---------------------------------------------------------------------------------
+# The operand sets each primitive is (jointly) linear in: a partial sum (P) in those operands, with
+# the others replicated, gives a partial sum of the result (sum_k f(x_k, y) = f(sum_k x_k, y)).
+# Micro-batching (passes/microbatch.py) uses it to carry per-micro-batch gradient pieces through
+# the transposes, reshapes and sums of the backward pass to the point where they are accumulated.
+LINEAR_OPERANDS: dict[str, tuple[frozenset, ...]] = {
+    "add": (frozenset({0, 1}),),
+    "sub": (frozenset({0, 1}),),
+    "neg": (frozenset({0}),),
+    "mul": (frozenset({0}), frozenset({1})),
+    "div": (frozenset({0}),),
+    "matmul": (frozenset({0}), frozenset({1})),
+    "transpose": (frozenset({0}),),
+    "reshape": (frozenset({0}),),
+    "broadcast_to": (frozenset({0}),),
+    "reduce_sum": (frozenset({0}),),
+    "slice": (frozenset({0}),),
+    "squeeze": (frozenset({0}),),
+    "expand_dims": (frozenset({0}),),
+    "gather": (frozenset({0}),),
+}
+
+
+def linear_operands(node) -> tuple[frozenset, ...]:
+    """The operand sets ``node`` is linear in (see LINEAR_OPERANDS); einsum is linear in each
+    operand, concatenate in all of them jointly, scatter_add in its operand and updates jointly,
+    where in both branches jointly; float-to-float convert in its operand."""
+    name = node.op.name
+    n = len(node.inputs)
+    if name == "einsum":
+        return tuple(frozenset({i}) for i in range(n))
+    if name == "concatenate":
+        return (frozenset(range(n)),)
+    if name == "scatter_add":
+        return (frozenset({0, n - 1}),)
+    if name == "where":
+        return (frozenset({1, 2}),)
+    if name == "convert":
+        src, dst = node.inputs[0].type.dtype, node.outputs[0].type.dtype
+        return (frozenset({0}),) if src.kind == "f" and dst.kind == "f" else ()
+    return LINEAR_OPERANDS.get(name, ())

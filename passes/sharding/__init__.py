@@ -21,7 +21,8 @@ from passes.sharding.redistribute import plan_steps
 
 def plan_graph(graph: Graph, mesh, memory_limit: int | None = None, in_pins: dict | None = None,
                out_pins: dict | None = None, ties: list | None = None, node_pins: dict | None = None,
-               shrink: bool = True, time_limit_s: float = 60.0, solver: str = "CBC", progress=None):
+               shrink: bool = True, time_limit_s: float = 60.0, solver: str = "CBC", progress=None,
+               linear_partials: bool = False):
     """Solve the sharding problem of ``graph`` on ``mesh`` and return a ``graphc.plan.Plan``.
 
     ``in_pins`` / ``out_pins``: {position: spec} for graph inputs / outputs; ``node_pins``:
@@ -32,7 +33,7 @@ def plan_graph(graph: Graph, mesh, memory_limit: int | None = None, in_pins: dic
 
     mesh = as_mesh(mesh)
     start = time.perf_counter()
-    problem = build_problem(graph, mesh, in_pins, out_pins, ties)
+    problem = build_problem(graph, mesh, in_pins, out_pins, ties, linear_partials)
     _tie(problem, ties or [])
     if node_pins:
         _pin_nodes(problem, node_pins)

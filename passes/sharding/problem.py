@@ -149,7 +149,8 @@ def _unique(specs):
 
 
 def build_problem(graph: Graph, mesh, in_pins: dict[int, tuple] | None = None,
-                  out_pins: dict[int, tuple] | None = None, ties: list[tuple[int, int]] | None = None) -> Problem:
+                  out_pins: dict[int, tuple] | None = None, ties: list[tuple[int, int]] | None = None,
+                  linear_partials: bool = False) -> Problem:
     """Items and edges of ``graph`` on ``mesh``. ``in_pins`` / ``out_pins`` restrict the spec of
     graph input / output positions; ``ties`` are (input position, output position) pairs whose
     specs must be equal (a training step's state): both get the same candidate list."""
@@ -200,7 +201,7 @@ def build_problem(graph: Graph, mesh, in_pins: dict[int, tuple] | None = None,
         key = _node_key(node, sets)
         strategies = strategy_cache.get(key) if key is not None else None
         if strategies is None:
-            strategies = node_strategies(node, rule, mesh, sets)
+            strategies = node_strategies(node, rule, mesh, sets, linear_partials)
             if key is not None:
                 strategy_cache[key] = strategies
         strategies = list(strategies)

@@ -148,11 +148,34 @@ def replicated(node, mesh_shape, profile) -> Strategy:
                     compute_time(node, 1, profile), 1)
 
 
-def node_strategies(node, rule: DimRule | None, mesh, sets: dict[Value, list[set[int]]]) -> list[Strategy]:
+def node_strategies(node, rule: DimRule | None, mesh, sets: dict[Value, list[set[int]]],
+                    linear_partials: bool = False) -> list[Strategy]:
+    """The node's strategies on ``mesh``; ``linear_partials`` adds, on a one-axis mesh, one
+    strategy per operand set the op is linear in: those operands P, the others R, results P."""
     mesh_shape = tuple(mesh.shape)
     profile = mesh.profile
+    extra = _linear_partials(node, mesh, profile) if linear_partials else []
     if rule is None:
-        return [replicated(node, mesh_shape, profile)]
+        return [replicated(node, mesh_shape, profile)] + extra
+    return _rule_strategies(node, rule, mesh, sets) + extra
+
+
+def _linear_partials(node, mesh, profile) -> list[Strategy]:
+    from graphc.ops.dims import linear_operands
+
+    if len(mesh.shape) != 1 or node.regions:
+        return []
+    full = _full_time(node, profile)
+    out = []
+    for k, ops in enumerate(linear_operands(node)):
+        ins = tuple((P,) if i in ops else (R,) for i in range(len(node.inputs)))
+        out.append(Strategy(f"linear{k}@{mesh.axis_names[0]}", ins, tuple((P,) for _ in node.outputs), full, 1))
+    return out
+
+
+def _rule_strategies(node, rule: DimRule, mesh, sets: dict[Value, list[set[int]]]) -> list[Strategy]:
+    mesh_shape = tuple(mesh.shape)
+    profile = mesh.profile
     n_out = len(node.outputs)
     labels = rule.labels()
     occ: dict[str, list[tuple[str, int, int, int]]] = {lab: [] for lab in labels}

@@ -1,0 +1,195 @@
+"""Micro-batching: one training step run as M micro-batches with gradient accumulation.
+
+Splitting the batch into micro-batches is data parallelism in time instead of space, so it
+reuses the sharding machinery: the step's graph is partitioned along a virtual mesh axis ``mb``
+of size M, with the batch inputs split on their first dim (``S(0)``), the state (parameters,
+optimizer state: inputs an output replaces) and every output replicated. Each node takes the
+strategy that keeps its operands where they already are (sharding propagation, as GSPMD does; on
+one device there is no trade-off for an ILP to weigh), falling back to the cheapest
+redistribution. Lowering (passes/lower.py) then gives one program per micro-batch, and every
+collective over ``mb`` is a point where the micro-batches meet: an ``all_reduce`` of a partial
+sum is gradient accumulation, summed in micro-batch order.
+
+The exactness comes for free: the partial sums carry the whole batch's normalisation (a mean
+over the batch is a sum scaled by 1/B, not 1/(B/M)), so a loss that is a mean and a loss that is
+a sum both accumulate to the full-batch gradient.
+
+The nodes split into two phases: the **micro-batch phase** (everything upstream of the meeting
+points: forward and backward of one micro-batch) and the **step phase** (from the meeting points
+on, run once: the optimizer update). A step-phase node may read step-phase values, meeting-point
+results, and values that are the same for every micro-batch; reading one micro-batch's
+activations there means the step needs the whole batch at once (batch statistics, a loss over
+the batch's maximum), which micro-batching cannot split: ``PlanError`` names the line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from graphc.errors import PlanError
+from graphc.ir import Graph, Value
+from graphc.spec import P, R, S
+
+MB_AXIS = "mb"
+# ops of a lowered program whose result differs from micro-batch to micro-batch on the same data
+_COORD_DEPENDENT = ("shard_slice", "partial_zero")
+
+
+def batch_inputs(graph: Graph) -> list[int]:
+    """Positions of the inputs split into micro-batches: array inputs that no output replaces
+    (the state of a training step, tied by ``graphc.parallel.state_ties``, is not split)."""
+    from graphc.parallel import state_ties
+
+    state = {i for i, _o in state_ties(graph)}
+    return [k for k, v in enumerate(graph.inputs) if k not in state and v.type.ndim >= 1]
+
+
+def _redistribution_bytes(v: Value, src: tuple, dst: tuple, constant: bool = False) -> float:
+    """What taking ``v`` from spec ``src`` to ``dst`` costs the propagation: 0 when equal or a
+    local slice; never R -> P but for constants (it would run the step-phase work once per
+    micro-batch); a partial
+    sum is summed whole (all_reduce) rather than reduce-scattered into an update in slices."""
+    if src == dst:
+        return 0.0
+    (a,), (b,) = src, dst
+    if a == R and b.kind == "S":
+        return 0.0
+    if b == P:  # a constant (the zeros a scatter_add adds into) is its own partial copy
+        return 0.0 if constant else float("inf")
+    if a == P and b.kind == "S":  # reduce_scatter: the sharded (ZeRO) update, pointless in time
+        return 2.0 * v.type.nbytes
+    return float(v.type.nbytes)
+
+
+def propagate(problem) -> dict[int, str]:
+    """{node index: strategy name}: every node's strategy, in program order, is the one whose
+    operand specs match what its operands already are (no communication), preferring split
+    results over partial ones over replicated ones; failing that, the one with the least
+    redistribution."""
+    spec: dict[Value, tuple] = {}
+    for it in problem.items:
+        if it.kind == "input":
+            spec[it.value] = it.strategies[0].out_specs[0] if len(it.strategies) == 1 else (R,)
+    pins: dict[int, str] = {}
+    constants = {n.outputs[0] for n in problem.graph.nodes if n.op.name == "constant"}
+    rank = {"S": 0, "P": 1, "R": 2}
+    for it in problem.items:
+        if it.kind != "node":
+            continue
+        node = it.node
+
+        def cost(st, node=node):
+            moved = sum(_redistribution_bytes(v, spec[v], s, v in constants)
+                        for v, s in set(zip(node.inputs, st.in_specs)))
+            # after a meeting point the work runs once per step: an operand still split or partial
+            # there would be one micro-batch's piece (x_k * sum_k x_k is right only per micro-batch)
+            mixes = moved > 0 and any(s != (R,) for s in st.in_specs)
+            # slicing a replicated operand would split per-step values (parameters) across
+            # micro-batches: tensor parallelism in time, which only adds meeting points
+            sliced = sum(spec[v] != s for v, s in zip(node.inputs, st.in_specs))
+            split = sum(rank[s[0].kind] for s in st.out_specs)
+            return (mixes, moved, sliced, split, st.compute_s)
+
+        best = min(it.strategies, key=cost)
+        if not node.inputs or cost(best)[1] == float("inf"):  # constants stay whole: consumers slice them
+            best = next(s for s in it.strategies if all(x == (R,) for x in s.in_specs + s.out_specs))
+        pins[it.index] = best.name
+        for o, s in zip(node.outputs, best.out_specs):
+            spec[o] = s
+    return pins
+
+
+@dataclass
+class Microbatched:
+    """A step partitioned into ``m`` micro-batches: the plan on the virtual ``mb`` axis, one
+    lowered program per micro-batch, and each program node's phase."""
+
+    graph: Graph
+    m: int
+    plan: object
+    programs: list  # passes.lower.DeviceProgram, one per micro-batch
+    batch: list[int]  # positions of the inputs split into micro-batches
+    step_phase: list[bool] = field(default_factory=list)  # per program node: runs once per step
+
+    @property
+    def meeting_points(self) -> list[str]:
+        """The collectives where the micro-batches meet, as ``kind %value at file:line``."""
+        from passes.lower import COLLECTIVE_OPS
+
+        g = self.programs[0].graph
+        names = g.value_names()
+        return [f"{n.op.name} %{names[n.inputs[0]]} at {n.loc or '?'}" for n in g.nodes if n.op.name in COLLECTIVE_OPS]
+
+    def run_reference(self, arrays: list) -> list[np.ndarray]:
+        """Run on whole inputs with the reference implementations (every micro-batch in lock
+        step, meeting points summed in micro-batch order); the outputs are whole arrays."""
+        from graphc.mesh import Mesh
+        from passes.lower import gather_outputs, shard_inputs, simulate
+
+        mesh = Mesh({MB_AXIS: self.m})
+        outs = simulate(self.programs, shard_inputs(self.programs, [np.asarray(a) for a in arrays], mesh))
+        return gather_outputs(self.programs, outs, self.graph, mesh)
+
+
+def microbatch(graph: Graph, m: int, batch: list[int] | None = None) -> Microbatched:
+    """Partition ``graph`` (a training step, or any function of a batch) into ``m`` micro-batches
+    along dim 0 of the ``batch`` inputs (default: ``batch_inputs(graph)``)."""
+    from graphc.mesh import Link, Mesh
+    from graphc.parallel import state_ties
+    from passes.lower import lower, verify_programs
+    from passes.sharding import plan_graph
+    from passes.sharding.problem import build_problem
+
+    if not isinstance(m, int) or m < 1:
+        raise PlanError(f"the number of micro-batches must be a positive int, got {m!r}")
+    batch = batch_inputs(graph) if batch is None else list(batch)
+    names = graph.value_names()
+    for k in batch:
+        v = graph.inputs[k]
+        if v.type.ndim == 0 or v.type.shape[0] % m:
+            raise PlanError(f"input %{names[v]} of shape {list(v.type.shape)} does not split into {m} micro-batches "
+                            f"along dim 0")
+    # the link is free: micro-batches meet in memory; only the propagation's choices matter
+    mesh = Mesh({MB_AXIS: m}, links={MB_AXIS: Link(latency_s=1e-12, bandwidth=1e18)})
+    in_pins = {k: (S(0),) if k in batch and m > 1 else (R,) for k in range(len(graph.inputs))}
+    out_pins = {k: (R,) for k in range(len(graph.outputs))}
+    ties = state_ties(graph)
+    problem = build_problem(graph, mesh, in_pins, out_pins, ties, linear_partials=True)
+    node_pins = propagate(problem)
+    plan = plan_graph(graph, mesh, None, in_pins, out_pins, ties, node_pins, shrink=False, linear_partials=True)
+    programs = lower(graph, plan, mesh)
+    verify_programs(programs)
+    mb = Microbatched(graph, m, plan, programs, batch)
+    mb.step_phase = _phases(programs[0].graph, set(batch))
+    return mb
+
+
+def _phases(g: Graph, batch: set[int]) -> list[bool]:
+    """Each node's phase (True: step phase); raises PlanError where a step-phase node reads one
+    micro-batch's values."""
+    from passes.lower import COLLECTIVE_OPS
+
+    varies: set[Value] = {v for k, v in enumerate(g.inputs) if k in batch}  # differs per micro-batch
+    step: set[Value] = set()  # computed once per step
+    phases = []
+    for node in g.nodes:
+        meets = node.op.name in COLLECTIVE_OPS
+        is_step = not meets and any(v in step for v in node.inputs)
+        phases.append(is_step)
+        if meets or is_step:
+            step.update(node.outputs)
+        elif node.op.name in _COORD_DEPENDENT or any(v in varies for v in node.inputs):
+            varies.update(node.outputs)
+        if is_step:
+            bad = [v for v in node.inputs if v in varies]
+            if bad:
+                raise PlanError(
+                    f"{node.op.name} at {node.loc or '?'} combines the whole batch with one micro-batch's values "
+                    f"(after the micro-batches meet at a collective, it still reads per-micro-batch data): this "
+                    f"step needs the whole batch at once and cannot be split into micro-batches")
+    return phases
+
+
+__all__ = ["MB_AXIS", "Microbatched", "batch_inputs", "microbatch", "propagate"]

@@ -1,0 +1,135 @@
+"""Micro-batching (passes/microbatch.py): a training step split into M micro-batches with
+gradient accumulation gives the full-batch step's results, for mean and sum losses; a step that
+needs the whole batch at once is refused with its line."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import graphc
+from graphc.errors import PlanError
+from graphc.interpreter import bind_arguments
+from graphc.pytree import flatten
+from models import gpt, mlp
+from passes import optimize
+from passes.microbatch import batch_inputs, microbatch
+
+PLAN_PASSES = ("fold_constants", "simplify", "cse", "dce")
+
+
+def graph_of(fn, args, kw):
+    return optimize(graphc.trace(fn, *args, **kw), PLAN_PASSES)
+
+
+def check(fn, args, kw, m, rtol=1e-4, atol=1e-4):
+    g = graph_of(fn, args, kw)
+    mb = microbatch(g, m)
+    for p in mb.programs:
+        p.graph.verify()
+    got = mb.run_reference(bind_arguments(g, args, kw))
+    want = flatten(fn(*args, **kw))[0]
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=rtol, atol=atol)
+    return mb
+
+
+@pytest.mark.parametrize("m", [1, 2, 4, 8])
+def test_mlp_train_step(m):
+    args, kw = mlp.example_train_args(batch=16)
+    mb = check(mlp.train_step, args, kw, m)
+    if m > 1:
+        # the six gradients and the loss meet; the SGD update runs once, after them
+        assert len(mb.meeting_points) == 7 and all(p.startswith("all_reduce") for p in mb.meeting_points)
+        assert any(mb.step_phase) and not all(mb.step_phase)
+
+
+@pytest.mark.parametrize("m", [1, 2, 4, 8])
+def test_gpt_train_step(m):
+    args, kw = gpt.example_train_args(batch=8)
+    n_head = kw.pop("n_head")
+    step = lambda params, state, tokens, targets, lr: gpt.train_step(params, state, tokens, targets, n_head, lr)  # noqa: E731
+    check(step, args, kw, m)
+
+
+def sum_loss_step(w, x, y):
+    # a loss summed (not averaged) over the batch: the accumulated gradient is still the whole batch's
+    loss, g = graphc.value_and_grad(lambda w: np.sum((np.tanh(x @ w) - y) ** 2))(w)
+    return w - 0.01 * g, loss
+
+
+def test_sum_loss_accumulates_exactly():
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((6, 3))
+    x = rng.standard_normal((12, 6))
+    y = rng.standard_normal((12, 3))
+    g = graph_of(sum_loss_step, (w, x, y), {})
+    assert batch_inputs(g) == [1, 2]  # w is replaced by an output: state, not split
+    for m in (2, 3, 4, 6):
+        check(sum_loss_step, (w, x, y), {}, m, rtol=1e-9, atol=1e-12)
+
+
+def batch_norm_step(w, x):
+    # normalising by the batch's own statistics couples every example to the whole batch
+    def loss(w):
+        h = x @ w
+        h = (h - h.mean(axis=0)) / (h.std(axis=0) + 1e-5)
+        return np.mean(h ** 3)
+
+    l, g = graphc.value_and_grad(loss)(w)
+    return w - 0.1 * g, l
+
+
+def test_step_needing_the_whole_batch_is_refused_with_its_line():
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((4, 3)).astype(np.float32)
+    x = rng.standard_normal((8, 4)).astype(np.float32)
+    g = graph_of(batch_norm_step, (w, x), {})
+    with pytest.raises(PlanError, match=r"test_microbatch\.py:\d+.*needs the whole batch at once"):
+        microbatch(g, 2)
+    check(batch_norm_step, (w, x), {}, 1)  # one micro-batch is the whole batch
+
+
+def test_batch_that_does_not_split_is_refused():
+    args, kw = mlp.example_train_args(batch=10)
+    g = graph_of(mlp.train_step, args, kw)
+    with pytest.raises(PlanError, match=r"input %x of shape \[10, 784\] does not split into 4 micro-batches"):
+        microbatch(g, 4)
+    with pytest.raises(PlanError, match="positive int"):
+        microbatch(g, 0)
+
+
+def test_linear_operands_are_linear():
+    """Every op in the linearity table, on every node of two training steps: splitting the linear
+    operands into two random partial sums and adding the two results gives the result."""
+    from graphc.interpreter import run_flat
+    from graphc.ops.dims import linear_operands
+
+    rng = np.random.default_rng(0)
+    checked = set()
+    for fn, (args, kw) in ((mlp.train_step, mlp.example_train_args(batch=8, sizes=(6, 5, 4))),
+                           (gpt.train_step, gpt.example_train_args(batch=2, seq=4, d=8, n_head=2, n_vocab=16, n_layer=1))):
+        g = graph_of(fn, args, kw)
+        env = dict(zip(g.inputs, bind_arguments(g, args, kw)))
+        for node in g.nodes:
+            xs = [env[v] for v in node.inputs]
+            outs = node.op.impl(run_flat, node.regions, *xs, **node.attrs) if node.regions else \
+                node.op.evaluate(*xs, **node.attrs)
+            for o, y in zip(node.outputs, outs):
+                env[o] = np.asarray(y)
+            for ops in linear_operands(node):
+                if any(not np.all(np.abs(np.asarray(xs[i])) < 1e6) for i in ops):
+                    continue  # an additive -inf / -1e9 mask: float cancellation, not linearity, is tested
+                a, b = list(xs), list(xs)
+                for i in ops:
+                    x = np.asarray(xs[i])
+                    scale = np.abs(x) + np.abs(x).mean() + 1e-30  # independent pieces, no float32 cancellation
+                    noise = (rng.standard_normal(x.shape) * scale).astype(x.dtype)
+                    a[i], b[i] = xs[i] - noise, noise
+                ya, yb = node.op.evaluate(*a, **node.attrs), node.op.evaluate(*b, **node.attrs)
+                for y, p, q in zip(outs, ya, yb):
+                    np.testing.assert_allclose(np.asarray(p) + np.asarray(q), y, rtol=1e-4, atol=1e-4,
+                                               err_msg=f"{node.op.name} at {node.loc} in operands {sorted(ops)}")
+                checked.add(node.op.name)
+    assert {"add", "mul", "matmul", "transpose", "reshape", "reduce_sum", "scatter_add"} <= checked
