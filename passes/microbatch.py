@@ -67,12 +67,28 @@ def propagate(problem) -> dict[int, str]:
     """{node index: strategy name}: every node's strategy, in program order, is the one whose
     operand specs match what its operands already are (no communication), preferring split
     results over partial ones over replicated ones; failing that, the one with the least
-    redistribution."""
+    redistribution.
+
+    Then meeting points move up through linear ops: when the partial result of a linear op
+    (``(1 - b1) * g``) is only ever summed whole, and its partial operand is no larger, the op
+    runs once after the meeting instead, so the operand (``g``) is what meets, once for all its
+    consumers (Adam's ``g`` and ``g * g``)."""
+    replicate: set[int] = set()
+    while True:
+        pins, spec_in, spec_out = _propagate_once(problem, replicate)
+        hoist = _hoistable(problem, pins, spec_in, spec_out) - replicate
+        if not hoist:
+            return pins
+        replicate |= hoist
+
+
+def _propagate_once(problem, replicate: set[int]):
     spec: dict[Value, tuple] = {}
     for it in problem.items:
         if it.kind == "input":
             spec[it.value] = it.strategies[0].out_specs[0] if len(it.strategies) == 1 else (R,)
     pins: dict[int, str] = {}
+    wants: dict[int, tuple] = {}  # node index -> the chosen strategy's operand specs
     constants = {n.outputs[0] for n in problem.graph.nodes if n.op.name == "constant"}
     rank = {"S": 0, "P": 1, "R": 2}
     for it in problem.items:
@@ -93,12 +109,38 @@ def propagate(problem) -> dict[int, str]:
             return (mixes, moved, sliced, split, st.compute_s)
 
         best = min(it.strategies, key=cost)
-        if not node.inputs or cost(best)[1] == float("inf"):  # constants stay whole: consumers slice them
+        if not node.inputs or it.index in replicate or cost(best)[1] == float("inf"):
+            # constants stay whole (consumers slice them); hoisted ops run once, after the meeting
             best = next(s for s in it.strategies if all(x == (R,) for x in s.in_specs + s.out_specs))
         pins[it.index] = best.name
+        wants[it.index] = best.in_specs
         for o, s in zip(node.outputs, best.out_specs):
             spec[o] = s
-    return pins
+    return pins, wants, spec
+
+
+def _hoistable(problem, pins: dict[int, str], wants: dict[int, tuple], spec: dict[Value, tuple]) -> set[int]:
+    """Linear-partial nodes whose result every consumer takes whole (R) and whose partial
+    operands are no larger than the result."""
+    graph = problem.graph
+    index = {n: k for k, n in enumerate(graph.nodes)}
+    takes: dict[Value, list[tuple]] = {}
+    for k, node in enumerate(graph.nodes):
+        for v, s in zip(node.inputs, wants[k]):
+            takes.setdefault(v, []).append(s)
+    outputs = set(graph.outputs)
+    out = set()
+    for node in graph.nodes:
+        k = index[node]
+        if not pins[k].startswith("linear") or len(node.outputs) != 1:
+            continue
+        o = node.outputs[0]
+        if spec[o] != (P,) or o in outputs or not takes.get(o) or any(s != (R,) for s in takes[o]):
+            continue
+        partial = [v for v, s in zip(node.inputs, wants[k]) if s == (P,)]
+        if all(v.type.nbytes <= o.type.nbytes for v in partial):
+            out.add(k)
+    return out
 
 
 @dataclass
