@@ -154,6 +154,7 @@ class Microbatched:
     programs: list  # passes.lower.DeviceProgram, one per micro-batch
     batch: list[int]  # positions of the inputs split into micro-batches
     step_phase: list[bool] = field(default_factory=list)  # per program node: runs once per step
+    varies: set = field(default_factory=set)  # values of programs[0] that differ between micro-batches
 
     @property
     def meeting_points(self) -> list[str]:
@@ -204,13 +205,13 @@ def microbatch(graph: Graph, m: int, batch: list[int] | None = None) -> Microbat
     programs = lower(graph, plan, mesh)
     verify_programs(programs)
     mb = Microbatched(graph, m, plan, programs, batch)
-    mb.step_phase = _phases(programs[0].graph, set(batch))
+    mb.step_phase, mb.varies = _phases(programs[0].graph, set(batch))
     return mb
 
 
-def _phases(g: Graph, batch: set[int]) -> list[bool]:
-    """Each node's phase (True: step phase); raises PlanError where a step-phase node reads one
-    micro-batch's values."""
+def _phases(g: Graph, batch: set[int]) -> tuple[list[bool], set[Value]]:
+    """Each node's phase (True: step phase) and the values that differ between micro-batches;
+    raises PlanError where a step-phase node reads one micro-batch's values."""
     from passes.lower import COLLECTIVE_OPS
 
     varies: set[Value] = {v for k, v in enumerate(g.inputs) if k in batch}  # differs per micro-batch
@@ -231,7 +232,7 @@ def _phases(g: Graph, batch: set[int]) -> list[bool]:
                     f"{node.op.name} at {node.loc or '?'} combines the whole batch with one micro-batch's values "
                     f"(after the micro-batches meet at a collective, it still reads per-micro-batch data): this "
                     f"step needs the whole batch at once and cannot be split into micro-batches")
-    return phases
+    return phases, varies
 
 
 __all__ = ["MB_AXIS", "Microbatched", "batch_inputs", "microbatch", "propagate"]

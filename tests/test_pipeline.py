@@ -1,0 +1,161 @@
+"""Pipeline parallelism (passes/pipeline.py, runtime/pipeline.py): stages, schedules, and the
+threaded runtime against eager numpy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import graphc
+from graphc.errors import PlanError
+from graphc.interpreter import bind_arguments
+from graphc.mesh import MachineProfile
+from graphc.pytree import flatten
+from models import gpt, mlp
+from passes import optimize
+from passes.pipeline import assign_stages, schedule_tasks
+from runtime.pipeline import PipelineExecutable
+
+PLAN_PASSES = ("fold_constants", "simplify", "cse", "dce")
+PROFILE = MachineProfile.default()
+
+
+def graph_of(fn, args, kw):
+    return optimize(graphc.trace(fn, *args, **kw), PLAN_PASSES)
+
+
+def gpt_step():
+    args, kw = gpt.example_train_args(batch=8)
+    n_head = kw.pop("n_head")
+
+    def step(params, state, tokens, targets, lr):
+        return gpt.train_step(params, state, tokens, targets, n_head, lr)
+
+    return step, args, kw
+
+
+def run_pipeline(fn, args, kw, stages, m, schedule, profile=False):
+    g = graph_of(fn, args, kw)
+    pe = PipelineExecutable(g, stages, m, schedule, profile=PROFILE, timeout_s=30)
+    return pe, pe.run_flat(bind_arguments(g, args, kw), profile=profile)
+
+
+def assert_matches(got, want):
+    want = flatten(want)[0]
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("stages, m", [(2, 1), (2, 4), (2, 8), (4, 1), (4, 4), (4, 8)])
+def test_mlp_train_step(stages, m, schedule):
+    args, kw = mlp.example_train_args(batch=16)
+    _pe, got = run_pipeline(mlp.train_step, args, kw, stages, m, schedule)
+    assert_matches(got, mlp.train_step(*args, **kw))
+
+
+@pytest.mark.parametrize("stages, m, schedule", [(2, 1, "1f1b"), (2, 4, "1f1b"), (2, 8, "gpipe"), (4, 4, "gpipe"),
+                                                  (4, 8, "1f1b")])
+def test_gpt_train_step(stages, m, schedule):
+    step, args, kw = gpt_step()
+    _pe, got = run_pipeline(step, args, kw, stages, m, schedule)
+    assert_matches(got, step(*args, **kw))
+
+
+def test_k_steps_equal_eager_steps():
+    args, kw = mlp.example_train_args(batch=16)
+    g = graph_of(mlp.train_step, args, kw)
+    pe = PipelineExecutable(g, 2, 4, "1f1b", profile=PROFILE)
+    params, x, labels = args
+    eager = params
+    flat = bind_arguments(g, args, kw)
+    n_state = len(flatten(params)[0])
+    for _ in range(3):
+        outs = pe.run_flat(flat)
+        flat = outs[:n_state] + flat[n_state:]
+        eager, _loss = mlp.train_step(eager, x, labels, **kw)
+    for a, b in zip(flat[:n_state], flatten(eager)[0]):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("stages, m", [(1, 1), (2, 3), (4, 8), (4, 2)])
+def test_schedules(schedule, stages, m):
+    for s in range(stages):
+        tasks = schedule_tasks(schedule, stages, m, s)
+        assert tasks[-1] == ("U", -1)
+        body = tasks[:-1]
+        assert sorted(body) == sorted([("F", k) for k in range(m)] + [("B", k) for k in range(m)])
+        live, most = set(), 0
+        for ph, k in body:
+            if ph == "F":
+                live.add(k)
+            else:
+                assert k in live, "a backward before its forward"
+                live.remove(k)
+            most = max(most, len(live))
+        assert most == (m if schedule == "gpipe" else min(m, stages - s))
+
+
+@pytest.mark.parametrize("stages", [2, 4])
+def test_data_flows_forward_along_the_stage_line(stages):
+    """On the line F0 .. F(S-1) B(S-1) .. B0, every edge between forward/backward nodes goes
+    forward (no stage waits for a later position of a micro-batch)."""
+    from passes.microbatch import microbatch
+
+    step, args, kw = gpt_step()
+    mb = microbatch(graph_of(step, args, kw), 2)
+    g = mb.programs[0].graph
+    a = assign_stages(g, mb.step_phase, stages, PROFILE)
+    pos = {}
+    for k, n in enumerate(g.nodes):
+        if a.phase[k] in ("F", "B"):
+            p = a.stage[k] if a.phase[k] == "F" else 2 * stages - 1 - a.stage[k]
+            for o in n.outputs:
+                pos[o] = p
+            for v in n.inputs:
+                assert pos.get(v, -1) <= p, f"{n.op.name} at {n.loc}"
+    assert {a.stage[k] for k in range(len(g.nodes)) if a.phase[k] == "F"} == set(range(stages))
+    assert all(t > 0 for t in a.forward_s)
+
+
+def test_memory_limit_needs_two_stages():
+    """Each layer's weights fit a device, the whole model does not: one stage is refused with
+    the memory the step needs, two stages are found."""
+    from passes.microbatch import microbatch
+
+    args, kw = mlp.example_train_args(batch=8, sizes=(512, 512, 512, 8))
+    mb = microbatch(graph_of(mlp.train_step, args, kw), 2)
+    g = mb.programs[0].graph
+    whole = sum(v.type.nbytes for v in g.inputs)
+    limit = int(whole * 0.75)
+    with pytest.raises(PlanError, match="no cut of the step into 1 pipeline stages fits"):
+        assign_stages(g, mb.step_phase, 1, PROFILE, memory_limit=limit)
+    a = assign_stages(g, mb.step_phase, 2, PROFILE, memory_limit=limit)
+    assert all(b <= limit for b in a.state_bytes)
+
+
+def test_1f1b_holds_fewer_activations_than_gpipe():
+    """Measured by the runtime: stage 0 of 2 holds 2 micro-batches' activations under 1F1B, all 8
+    under GPipe (a batch-heavy step, so activations dominate its peak)."""
+    args, kw = mlp.example_train_args(batch=1024, sizes=(32, 128, 128, 10))
+    held, peak = {}, {}
+    for schedule in ("gpipe", "1f1b"):
+        pe, got = run_pipeline(mlp.train_step, args, kw, 2, 8, schedule, profile=True)
+        assert_matches(got, mlp.train_step(*args, **kw))
+        held[schedule] = pe.last_profile[0]["held_bytes"]
+        peak[schedule] = pe.last_profile[0]["peak_bytes"]
+    assert held["1f1b"] < 0.5 * held["gpipe"]
+    assert peak["1f1b"] < peak["gpipe"]
+
+
+def test_failing_stage_names_its_device_and_line():
+    step, args, kw = gpt_step()
+    params, state, tokens, targets = args
+    g = graph_of(step, args, kw)
+    pe = PipelineExecutable(g, 2, 2, "1f1b", profile=PROFILE, timeout_s=10)
+    bad = tokens.copy()
+    bad[5, 3] = 10_000  # out of the vocabulary
+    with pytest.raises(IndexError, match=r"device 0 \(mesh \{'pp': 0\}\).*gpt\.py:\d+"):
+        pe.run_flat(bind_arguments(g, (params, state, bad, targets), kw))
