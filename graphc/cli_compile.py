@@ -1,5 +1,10 @@
 """``graphc compile FILE:FUNC --mesh dp=2,tp=4``: trace, optimize and auto-shard a function on its
-example arguments; print the plan's summary and write the plan JSON atomically."""
+example arguments; print the plan's summary and write the plan JSON atomically.
+
+A mesh with a ``pp`` axis (``--mesh pp=2,dp=2,tp=2 --microbatches 8``) plans a pipeline: stages,
+schedule and each stage's sharding. ``--devices 8`` instead searches the factorizations of 8
+into pp x dp x tp and micro-batch counts, prints the choice and the runners-up, and writes the
+chosen plan with the search in it."""
 
 from __future__ import annotations
 
@@ -14,7 +19,12 @@ from graphc.errors import GraphcError
 def add_parser(sub) -> None:
     p = sub.add_parser("compile", help="auto-shard FILE:FUNC on a device mesh and write the partition plan (JSON)")
     p.add_argument("target", help="FILE:FUNC, e.g. models/gpt.py:train_step")
-    p.add_argument("--mesh", required=True, help="named mesh axes, e.g. dp=2,tp=4")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--mesh", help="named mesh axes, e.g. dp=2,tp=4 (a pp axis makes a pipeline)")
+    where.add_argument("--devices", type=int, metavar="N",
+                       help="search the factorizations of N devices into pp x dp x tp (and micro-batch counts)")
+    p.add_argument("--microbatches", type=int, default=1, help="micro-batches of a pipeline (--mesh with pp)")
+    p.add_argument("--schedule", choices=("1f1b", "gpipe"), default="1f1b", help="pipeline schedule (default 1f1b)")
     p.add_argument("--link", help="per-axis link model overrides, e.g. dp=1GB/s:50us,tp=10GB/s:5us")
     p.add_argument("--memory", help="per-device memory limit, e.g. 2GiB (default: none)")
     p.add_argument("--example", help="function in FILE returning (args, kwargs) (default: example_args)")
@@ -40,6 +50,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
             print(f"[{time.perf_counter() - start:6.2f}s] {msg}", file=sys.stderr, flush=True)
 
     start = time.perf_counter()
+    if args.devices is not None:
+        return _search(args, progress)
     try:
         links = parse_links(args.link) if args.link else None
         mesh = Mesh(args.mesh, links=links)
@@ -48,7 +60,21 @@ def cmd_compile(args: argparse.Namespace) -> int:
     fn, fargs, fkwargs = load_target(args.target, args.example)
     static = tuple(k for k, v in fkwargs.items() if not _has_arrays(v))
     pf = parallelize(fn, mesh=mesh, memory_limit=args.memory, static_argnames=static, shrink=not args.no_shrink,
-                     time_limit_s=args.time_limit, cache=not args.no_cache and not args.plan)
+                     time_limit_s=args.time_limit, cache=not args.no_cache and not args.plan,
+                     microbatches=args.microbatches, schedule=args.schedule)
+    if pf.pipelined:
+        if args.plan or args.explain:
+            raise GraphcError("--plan and --explain work on meshes without a pp axis")
+        progress(f"tracing {args.target} and planning a pipeline on mesh {mesh}")
+        pplan = pf.plan(*fargs, **fkwargs)
+        print(pplan.summary())
+        if pplan.sub_plan is not None:
+            print(pplan.sub_plan.summary())
+        if args.dump_ir:
+            _dump_pipeline_ir(args.dump_ir, pf, fargs, fkwargs)
+        _write_json(args.output, pplan.to_json())
+        print(f"wrote {args.output}", file=sys.stderr)
+        return 0
     if args.plan:
         n = pf.follow(Plan.load(args.plan), *fargs, **fkwargs)
         progress(f"re-solving around {n} pin(s) from {args.plan}")
@@ -91,3 +117,64 @@ def _dump_ir(folder: str, pf, plan, mesh, fargs, fkwargs) -> None:
     verify_programs(programs)
     for p in programs:
         write_atomically(os.path.join(folder, f"device-{p.device}.gir"), str(optimize(p.graph, DEVICE_PASSES)))
+
+
+def _write_json(path: str, doc: dict) -> None:
+    import json
+
+    from graphc.cli import write_atomically
+
+    write_atomically(path, json.dumps(doc, indent=1, default=str))
+
+
+def _dump_pipeline_ir(folder: str, pf, fargs, fkwargs) -> None:
+    """The IR after every pass, micro-batch 0's program, and every device's tasks of micro-batch 0."""
+    from graphc.cli import write_atomically
+    from passes import run_pipeline
+
+    os.makedirs(folder, exist_ok=True)
+    traced, _g, _s = pf.trace_optimized(*fargs, **fkwargs)
+    run_pipeline(traced, dump_dir=folder)
+    compiled = pf.compile(*fargs, **fkwargs)
+    write_atomically(os.path.join(folder, "microbatch.gir"), compiled.ir("microbatch"))
+    by_device: dict[int, list[str]] = {}
+    for (d, ph, k), t in sorted(compiled.executable.tasks.items()):
+        if k <= 0:
+            by_device.setdefault(d, []).append(f"// {ph} task{'' if k < 0 else ' of micro-batch 0'}\n{t.graph}")
+    for d, texts in by_device.items():
+        write_atomically(os.path.join(folder, f"device-{d}.gir"), "\n".join(texts))
+
+
+def _search(args: argparse.Namespace, progress) -> int:
+    """``--devices N``: plan every factorization, print the choice and why, write the chosen plan."""
+    from graphc.loader import load_target
+    from graphc.mesh import MeshError, parse_links
+    from graphc.parallel import parallelize, parse_bytes
+    from passes.search import explain, search_meshes
+
+    try:
+        links = parse_links(args.link) if args.link else None
+    except MeshError as exc:
+        raise GraphcError(f"--link: {exc}") from None
+    fn, fargs, fkwargs = load_target(args.target, args.example)
+    static = tuple(k for k, v in fkwargs.items() if not _has_arrays(v))
+    pf = parallelize(fn, mesh={"dp": 1}, static_argnames=static)
+    progress(f"tracing {args.target}")
+    _traced, graph, _s = pf.trace_optimized(*fargs, **fkwargs)
+    progress(f"searching meshes of {args.devices} devices")
+    t0 = time.perf_counter()
+    cands = search_meshes(graph, args.devices, parse_bytes(args.memory), links, schedule=args.schedule,
+                          time_limit_s=args.time_limit,
+                          progress=lambda c: progress(f"  {c.describe()} [{c.seconds:.2f}s]"))
+    seconds = time.perf_counter() - t0
+    print(f"searched {len(cands)} plans for {args.devices} devices in {seconds:.2f} s")
+    print(explain(cands))
+    best = cands[0]
+    if not best.ok:
+        return 1
+    doc = best.plan.to_json() if hasattr(best.plan, "sub") else dict(best.plan.doc)
+    doc["search"] = {"devices": args.devices, "seconds": seconds, "candidates": [c.to_json() for c in cands]}
+    print(best.plan.summary())
+    _write_json(args.output, doc)
+    print(f"wrote {args.output}", file=sys.stderr)
+    return 0

@@ -27,6 +27,8 @@ def add_parser(sub) -> None:
     p.add_argument("--repeat", type=int, default=3, help="timed runs (default 3)")
     p.add_argument("--trace", metavar="FILE", help="write a Chrome trace of one run (JSON, Perfetto)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds a collective may wait for its peers")
+    p.add_argument("--microbatches", type=int, default=1, help="micro-batches of a pipeline (a mesh with pp)")
+    p.add_argument("--schedule", choices=("1f1b", "gpipe"), default="1f1b", help="pipeline schedule (default 1f1b)")
     p.set_defaults(func=cmd_run)
 
 
@@ -50,7 +52,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     except MeshError as exc:
         raise GraphcError(f"--mesh/--link: {exc}") from None
     pf = parallelize(fn, mesh=mesh, memory_limit=args.memory, static_argnames=static, timeout_s=args.timeout,
-                     cache=loaded is None)
+                     cache=loaded is None, microbatches=args.microbatches, schedule=args.schedule)
+    if pf.pipelined:
+        return _run_pipeline(args, pf, fn, fargs, fkwargs)
     start = time.perf_counter()
     if loaded is not None:
         pf.follow(loaded, *fargs, **fkwargs)
@@ -121,5 +125,62 @@ def chrome_trace(profiles: dict[int, dict], mesh) -> dict:
             "otherData": {"mesh": str(mesh), "peak_bytes": {str(d): p.get("peak_bytes", 0) for d, p in profiles.items()}}}
 
 
-__all__ = ["add_parser", "chrome_trace"]
+def _run_pipeline(args: argparse.Namespace, pf, fn, fargs, fkwargs) -> int:
+    """``graphc run`` on a mesh with a pp axis: the pipeline's timings, measured bubble and memory
+    against the plan's, and a trace with one track per device showing stages and micro-batches."""
+    from graphc.cli import _same, write_atomically
+    from graphc.interpreter import bind_arguments
+    from graphc.plan import fmt_bytes
+
+    start = time.perf_counter()
+    compiled = pf.compile(*fargs, **fkwargs)
+    plan = compiled.plan
+    print(f"graphc run {args.target} on mesh {pf.mesh} ({pf.mesh.size} devices): compiled in "
+          f"{time.perf_counter() - start:.2f} s")
+    print(plan.summary())
+    want = fn(*fargs, **fkwargs)
+    got = compiled(*fargs, **fkwargs)
+    same = _same(got, want)
+    t_eager = _times(lambda: fn(*fargs, **fkwargs), args.repeat)
+    t_pipe = _times(lambda: compiled(*fargs, **fkwargs), args.repeat)
+    dyn_args, dyn_kwargs, _ = pf._split_static(fargs, fkwargs)
+    ex = compiled.executable
+    ex.run_flat(bind_arguments(compiled.graph, dyn_args, dyn_kwargs), profile=True)
+    prof = ex.last_profile
+    print(f"  numpy eager        {_fmt(t_eager)}")
+    print(f"  graphc pipeline    {_fmt(t_pipe)}   ({statistics.median(t_eager) / statistics.median(t_pipe):.2f}x "
+          f"numpy eager)")
+    print(f"  result equals numpy eager: {same}")
+    print(f"  bubble: measured {ex.measured_bubble():.1%}, predicted {plan.predicted['bubble']:.1%}")
+    print("  device  stage  peak memory measured  held between tasks  predicted")
+    for d in sorted(prof):
+        s = ex._stage_of(d)
+        print(f"  {d:>6}  {s:>5}  {fmt_bytes(prof[d]['peak_bytes']):>20}  {fmt_bytes(prof[d].get('held_bytes', 0)):>18}  "
+              f"{fmt_bytes(plan.memory_bytes[s]):>9}")
+    if args.trace:
+        write_atomically(args.trace, json.dumps(pipeline_trace(prof, ex)))
+        print(f"wrote {args.trace} (open in https://ui.perfetto.dev)", file=sys.stderr)
+    return 0 if same == "yes" else 1
+
+
+def pipeline_trace(profiles: dict[int, dict], ex) -> dict:
+    """Chrome trace of a pipeline run: one track per device, named by stage; every task a complete
+    event ("F3" = forward of micro-batch 3, "U" = the update) with its stage and micro-batch;
+    the gaps between them are the bubbles."""
+    events = []
+    t0 = min((p.get("t0", 0.0) for p in profiles.values()), default=0.0)
+    for d, p in sorted(profiles.items()):
+        s = ex._stage_of(d)
+        events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": d,
+                       "args": {"name": f"device {d} stage {s} {dict(zip(ex.mesh.axis_names, ex.mesh.coord(d)))}"}})
+        for phase, k, start, end in p.get("events", []):
+            events.append({"name": phase if phase == "U" else f"{phase}{k}", "cat": {"F": "forward", "B": "backward"}
+                           .get(phase, "update"), "ph": "X", "pid": 0, "tid": d, "ts": (start - t0) * 1e6,
+                           "dur": (end - start) * 1e6, "args": {"stage": s, "microbatch": k}})
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"mesh": str(ex.mesh), "schedule": ex.schedule, "microbatches": ex.m,
+                          "measured_bubble": ex.measured_bubble()}}
+
+
+__all__ = ["add_parser", "chrome_trace", "pipeline_trace"]
 

@@ -41,7 +41,7 @@ from graphc.pytree import TreeDef, flatten
 from graphc.spec import Placement, SpecError, format_spec, parse_spec
 
 PLAN_PASSES = ("fold_constants", "simplify", "cse", "dce")  # fusion runs per device, after lowering
-PLANNER_VERSION = 2  # part of the plan cache key: bump when rules or costs change what a plan says
+PLANNER_VERSION = 3  # part of the plan cache key: bump when rules or costs change what a plan says
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30,
@@ -153,7 +153,7 @@ class Parallelized(Jitted):
 
     def __init__(self, fn: Callable, mesh, memory_limit=None, static_argnames=(), in_specs=None, out_specs=None,
                  shrink: bool = True, time_limit_s: float = 60.0, cache: bool = True, timeout_s: float = 60.0,
-                 sharded_state: bool = False):
+                 sharded_state: bool = False, microbatches: int = 1, schedule: str = "1f1b"):
         from graphc.mesh import as_mesh
 
         super().__init__(fn, tuple(static_argnames))  # a 1-device mesh runs like graphc.jit (fusion included)
@@ -166,6 +166,8 @@ class Parallelized(Jitted):
         self.cache = cache
         self.timeout_s = timeout_s
         self.sharded_state = sharded_state
+        self.microbatches = microbatches  # a mesh with a "pp" axis runs a pipeline of this many micro-batches
+        self.schedule = schedule
         self.node_pins: dict | None = None  # {node index: strategy} of a plan file being followed
         self._plans: dict[Any, Any] = {}
         self._compiled: dict[Any, ParallelCompiled] = {}
@@ -223,6 +225,14 @@ class Parallelized(Jitted):
         from passes.sharding import plan_graph
 
         traced, graph, seconds = self.trace_optimized(*args, **kwargs)
+        if self.pipelined:
+            from passes.pipeline import plan_pipeline
+
+            t0 = time.perf_counter()
+            pplan = plan_pipeline(graph, self.mesh, self.microbatches, self.schedule, self.memory_limit,
+                                  time_limit_s=self.time_limit_s)
+            pplan.seconds = {**seconds, "plan_s": time.perf_counter() - t0}
+            return pplan
         in_pins, out_pins = self.pins(graph)
         node_pins = self.node_pins if node_pins is None else node_pins
         ties = state_ties(graph)
@@ -272,10 +282,19 @@ class Parallelized(Jitted):
         with self._lock:
             hit = self._compiled.get(key)
             if hit is None:
-                plan = self.plan(*args, **kwargs)
-                hit = ParallelCompiled(self, plan)
+                if self.pipelined:
+                    hit = PipelineCompiled(self, self.plan(*args, **kwargs))
+                else:
+                    hit = ParallelCompiled(self, self.plan(*args, **kwargs))
                 self._compiled[key] = hit
         return hit
+
+    @property
+    def pipelined(self) -> bool:
+        """A mesh with a ``pp`` axis: the step runs as a pipeline of micro-batches."""
+        from passes.pipeline import PP_AXIS
+
+        return PP_AXIS in self.mesh.axis_names
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         from graphc.frontend.tracer import current_context
@@ -329,20 +348,58 @@ class ParallelCompiled:
         return unflatten(self.graph.out_tree, [o if k in keep else as_numpy_result(o) for k, o in enumerate(outs)])
 
 
+class PipelineCompiled:
+    """One specialization of a function parallelized on a mesh with a ``pp`` axis: its pipeline
+    plan (passes/pipeline.py) and the pipeline runtime (runtime/pipeline.py)."""
+
+    def __init__(self, owner: Parallelized, plan):
+        from runtime.pipeline import PipelineExecutable
+
+        self._owner = owner
+        self.plan = plan
+        self.graph = plan.graph
+        start = time.perf_counter()
+        self.executable = PipelineExecutable(plan, timeout_s=owner.timeout_s)
+        self.seconds = {**getattr(plan, "seconds", {}), "build_s": time.perf_counter() - start}
+
+    def ir(self, stage: str = "optimized") -> str:
+        """Text IR: "optimized" (the step), "microbatch" (micro-batch 0's program), "tasks" (every
+        device's forward, backward and update tasks of micro-batch 0)."""
+        if stage == "optimized":
+            return str(self.graph)
+        if stage == "microbatch":
+            return str(self.plan.mb.programs[0].graph)
+        if stage == "tasks":
+            return "\n".join(str(t.graph) for (_d, _ph, k), t in sorted(self.executable.tasks.items()) if k <= 0)
+        raise GraphcError(f"unknown stage {stage!r}: optimized, microbatch or tasks")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from graphc.interpreter import as_numpy_result, bind_arguments
+        from graphc.pytree import unflatten
+
+        args, kwargs, _ = self._owner._split_static(args, kwargs)
+        outs = self.executable.run_flat(bind_arguments(self.graph, args, kwargs))
+        return unflatten(self.graph.out_tree, [as_numpy_result(o) for o in outs])
+
+
 def _jsonable(pins: dict) -> dict:
     return {str(k): format_spec(v) if isinstance(v, tuple) else v for k, v in pins.items()}
 
 
 def parallelize(fn: Callable | None = None, *, mesh, memory_limit=None, static_argnames=(), in_specs=None,
                 out_specs=None, shrink: bool = True, time_limit_s: float = 60.0, cache: bool = True,
-                timeout_s: float = 60.0, sharded_state: bool = False):
-    """Decorator or function: ``graphc.parallelize(fn, mesh={"dp": 2, "tp": 4})``."""
+                timeout_s: float = 60.0, sharded_state: bool = False, microbatches: int = 1,
+                schedule: str = "1f1b"):
+    """Decorator or function: ``graphc.parallelize(fn, mesh={"dp": 2, "tp": 4})``. A mesh with a
+    ``pp`` axis (``{"pp": 2, "dp": 2, "tp": 2}``) runs the step as a pipeline of ``microbatches``
+    micro-batches on ``pp`` stages ("gpipe" or "1f1b" ``schedule``), each stage sharded on the
+    other axes."""
     if isinstance(static_argnames, str):
         static_argnames = (static_argnames,)
 
     def wrap(f):
         return Parallelized(f, mesh, memory_limit, static_argnames, in_specs, out_specs, shrink, time_limit_s, cache,
-                            timeout_s, sharded_state)
+                            timeout_s, sharded_state, microbatches, schedule)
 
     return wrap if fn is None else wrap(fn)
 

@@ -41,6 +41,7 @@ class DeviceProgram:
     graph: Graph
     in_specs: list[tuple]  # per graph input: the spec its piece follows
     out_specs: list[tuple]  # per graph output
+    origin: list[int] | None = None  # per program node: the graph node it was emitted for (-1: an output)
 
 
 class _Emitter:
@@ -199,14 +200,17 @@ def lower(graph: Graph, plan, mesh) -> list[DeviceProgram]:
             local = Value(TensorType(local_shape(v.type.shape, s, em.mesh_shape), v.type.dtype), None, 0, names[v])
             em.inputs.append(local)
             em.produced(v, local, s)
-        for node, st in zip(graph.nodes, strategies):
+        origin: list[int] = []
+        for k, (node, st) in enumerate(zip(graph.nodes, strategies)):
             em.node(node, st)
+            origin += [k] * (len(em.nodes) - len(origin))
         em.loc = em.part = None
         outputs = [em.get(v, s) for v, s in zip(graph.outputs, out_specs)]
+        origin += [-1] * (len(em.nodes) - len(origin))
         in_tree = TreeDef("tuple", (TreeDef("tuple", (LEAF,) * len(em.inputs)), TreeDef("dict")))
         out_tree = TreeDef("tuple", (LEAF,) * len(outputs))
         g = Graph(f"{graph.name}.dev{device}", em.inputs, em.nodes, outputs, in_tree, out_tree)
-        programs.append(DeviceProgram(device, em.coord, g, list(in_specs), list(out_specs)))
+        programs.append(DeviceProgram(device, em.coord, g, list(in_specs), list(out_specs), origin))
     return programs
 
 

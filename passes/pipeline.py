@@ -155,46 +155,70 @@ def assign_stages(g: Graph, step_phase: list[bool], n_stages: int, profile, sche
     for s in range(S, 0, -1):
         bounds.append(int(arg[s, bounds[-1]]))
     bounds = bounds[::-1]  # bounds[s] .. bounds[s+1] is stage s
-    stage_of_pos = np.zeros(nf, dtype=np.int64)
-    for s in range(S):
-        stage_of_pos[bounds[s]:bounds[s + 1]] = s
 
     # --- every node's place on the line F0 .. F(S-1) B(S-1) .. B0 ------------------------------
-    p = [0] * len(nodes)
-    stage = [0] * len(nodes)
-    phase = [""] * len(nodes)
-    for k, n in enumerate(nodes):
-        if is_const[k]:
-            stage[k], phase[k], p[k] = -1, "C", -1
-            continue
-        before = max((p[producer[v]] for v in n.inputs if v in producer), default=0)
-        if k in fpos:
-            p[k] = max(before, int(stage_of_pos[fpos[k]]))
-            if p[k] >= S:
-                raise PlanError(f"{n.op.name} at {n.loc or '?'} is a forward node that depends on the backward pass")
-        elif step_phase[k] or meets[k]:
-            p[k] = before
-        else:
-            h = other_home[k]
-            p[k] = max(before, S if h is None else 2 * S - 1 - int(stage_of_pos[h]))
-        stage[k] = p[k] if p[k] < S else 2 * S - 1 - p[k]
-        if step_phase[k]:
-            h = other_home[k]
-            stage[k] = int(stage_of_pos[h]) if h is not None else stage[k]
-            phase[k] = "U"
-        elif meets[k]:
-            phase[k] = "M"
-        else:
-            phase[k] = "F" if p[k] < S else "B"
-    fs = [0.0] * S
-    bs = [0.0] * S
-    us = [0.0] * S
-    for k in range(len(nodes)):
-        if stage[k] >= 0:
-            {"F": fs, "B": bs, "U": us, "M": us}[phase[k]][stage[k]] += secs[k]
+    def place(bounds: list[int]):
+        stage_of_pos = np.zeros(nf, dtype=np.int64)
+        for s in range(S):
+            stage_of_pos[bounds[s]:bounds[s + 1]] = s
+        p = [0] * len(nodes)
+        stage = [0] * len(nodes)
+        phase = [""] * len(nodes)
+        for k, n in enumerate(nodes):
+            if is_const[k]:
+                stage[k], phase[k], p[k] = -1, "C", -1
+                continue
+            before = max((p[producer[v]] for v in n.inputs if v in producer), default=0)
+            if k in fpos:
+                p[k] = max(before, int(stage_of_pos[fpos[k]]))
+                if p[k] >= S:
+                    raise PlanError(f"{n.op.name} at {n.loc or '?'} is a forward node that depends on the backward pass")
+            elif step_phase[k] or meets[k]:
+                p[k] = before
+            else:
+                h = other_home[k]
+                p[k] = max(before, S if h is None else 2 * S - 1 - int(stage_of_pos[h]))
+            stage[k] = p[k] if p[k] < S else 2 * S - 1 - p[k]
+            if step_phase[k]:
+                h = other_home[k]
+                stage[k] = int(stage_of_pos[h]) if h is not None else stage[k]
+                phase[k] = "U"
+            elif meets[k]:
+                phase[k] = "M"
+            else:
+                phase[k] = "F" if p[k] < S else "B"
+        times = np.zeros((S, 3))
+        col = {"F": 0, "B": 1, "U": 2, "M": 2}
+        for k in range(len(nodes)):
+            if stage[k] >= 0:
+                times[stage[k], col[phase[k]]] += secs[k]
+        return stage, phase, times
+
+    def fits(bounds: list[int]) -> bool:
+        return memory_limit is None or all(seg_mem(bounds[s], bounds[s + 1], s) <= memory_limit for s in range(S))
+
+    # the DP saw each backward node at its home; the placement can move some later on the line (to an
+    # earlier stage): refine the cuts against the placement itself (coordinate descent, bounded)
+    stage, phase, times = place(bounds)
+    best_t = float(np.max(times[:, 0] + times[:, 1]))
+    for _round in range(8):
+        improved = False
+        for c in range(1, S):
+            for step in (64, 16, 4, 1, -1, -4, -16, -64):
+                trial = list(bounds)
+                trial[c] += step
+                if not trial[c - 1] < trial[c] < trial[c + 1] or not fits(trial):
+                    continue
+                st_, ph_, tm_ = place(trial)
+                t = float(np.max(tm_[:, 0] + tm_[:, 1]))
+                if t < best_t * (1 - 1e-9):
+                    bounds, stage, phase, times, best_t, improved = trial, st_, ph_, tm_, t, True
+        if not improved:
+            break
     st = [int(state_cost[bounds[s + 1]] - state_cost[bounds[s]]) for s in range(S)]
     ab = [int(act_cost[bounds[s + 1]] - act_cost[bounds[s]]) for s in range(S)]
-    return StageAssignment(S, stage, phase, bounds[1:-1], fs, bs, us, st, ab)
+    return StageAssignment(S, stage, phase, bounds[1:-1], list(times[:, 0]), list(times[:, 1]), list(times[:, 2]),
+                           st, ab)
 
 
 def schedule_tasks(schedule: str, n_stages: int, m: int, stage: int) -> list[tuple[str, int]]:
@@ -222,5 +246,145 @@ def predicted_step(a: StageAssignment, m: int) -> dict:
     return {"step_s": total, "bubble": 1.0 - busy / ((m + S - 1) * per_mb) if per_mb else 0.0}
 
 
-__all__ = ["SCHEDULES", "StageAssignment", "assign_stages", "in_flight", "node_seconds", "predicted_step",
-           "schedule_tasks"]
+
+
+# --- a whole pipeline plan: stages, their sub-mesh plan, the schedule, the predicted step ---------
+
+PP_AXIS = "pp"
+
+
+@dataclass
+class PipelinePlan:
+    """What ``plan_pipeline`` decides: the micro-batched step, its stages, the sharding plan every
+    stage follows on its sub-mesh, and the predicted step time, bubble and memory."""
+
+    graph: Graph
+    mesh: object  # graphc.mesh.Mesh with a pp axis
+    sub: object  # the other axes (a 1-device mesh when there are none)
+    m: int
+    schedule: str
+    mb: object  # passes.microbatch.Microbatched
+    assignment: StageAssignment
+    sub_plan: object | None  # graphc.plan.Plan on ``sub`` (None on one device per stage)
+    stage_s: list[tuple[float, float, float]]  # per stage: forward, backward per micro-batch; update
+    transfer_s: float  # sending one micro-batch's activations and gradients across all stage boundaries
+    predicted: dict
+    memory_bytes: list[int]  # per device of each stage
+
+    @property
+    def n_stages(self) -> int:
+        return self.assignment.n_stages
+
+    def stage_devices(self, s: int) -> list[int]:
+        pp = self.mesh.axis_index(PP_AXIS)
+        out = []
+        for c in range(self.sub.size):
+            coord = list(self.sub.coord(c)) if self.mesh.ndim > 1 else []
+            out.append(self.mesh.device_id(coord[:pp] + [s] + coord[pp:]))
+        return out
+
+    def to_json(self) -> dict:
+        a = self.assignment
+        stages = []
+        for s in range(self.n_stages):
+            f, b, u = self.stage_s[s]
+            stages.append({"stage": s, "devices": self.stage_devices(s),
+                           "nodes": sum(1 for x in a.stage if x == s),
+                           "forward_s": f, "backward_s": b, "update_s": u, "memory_bytes": self.memory_bytes[s]})
+        return {"mesh": self.mesh.to_json(), "microbatches": self.m, "schedule": self.schedule,
+                "stages": stages, "cuts": a.cuts, "transfer_s": self.transfer_s,
+                "tasks": {str(s): [f"{ph}{k}" if k >= 0 else ph
+                                   for ph, k in schedule_tasks(self.schedule, self.n_stages, self.m, s)]
+                          for s in range(self.n_stages)},
+                "predicted": self.predicted,
+                "sub_plan": self.sub_plan.doc if self.sub_plan is not None else None}
+
+    def summary(self) -> str:
+        S, m = self.n_stages, self.m
+        p = self.predicted
+        lines = [f"pipeline on mesh {self.mesh}: {S} stages x {m} micro-batches ({self.schedule}), each stage on "
+                 f"{'sub-mesh ' + str(self.sub) if self.sub_plan is not None else 'one device'}",
+                 f"predicted step {p['step_s'] * 1e3:.3f} ms, bubble {p['bubble']:.1%} (a balanced pipeline: "
+                 f"{(S - 1) / (m + S - 1):.1%}), stage transfers {self.transfer_s * 1e6:.1f} us per micro-batch"]
+        for s in range(S):
+            f, b, u = self.stage_s[s]
+            lines.append(f"  stage {s} on devices {self.stage_devices(s)}: "
+                         f"{sum(1 for x in self.assignment.stage if x == s)} nodes, forward {f * 1e3:.3f} ms + "
+                         f"backward {b * 1e3:.3f} ms per micro-batch, update {u * 1e3:.3f} ms, "
+                         f"memory {self.memory_bytes[s]:,} B per device")
+        return "\n".join(lines)
+
+
+def plan_pipeline(graph: Graph, mesh, m: int, schedule: str = "1f1b", memory_limit: int | None = None,
+                  ties: list | None = None, time_limit_s: float = 60.0) -> PipelinePlan:
+    """Micro-batch ``graph`` into ``m``, cut it into the ``pp`` axis's stages, and plan it on the
+    sub-mesh of the other axes (the same plan in every stage)."""
+    from graphc.mesh import Mesh, as_mesh
+    from passes.microbatch import microbatch
+
+    mesh = as_mesh(mesh)
+    if PP_AXIS not in mesh.axis_names:
+        raise PlanError(f"a pipeline needs a {PP_AXIS!r} axis in its mesh, got {mesh}")
+    S = mesh.shape[mesh.axis_index(PP_AXIS)]
+    rest = {n: k for n, k in zip(mesh.axis_names, mesh.shape) if n != PP_AXIS}
+    links = {n: link for n, link in mesh.links.items() if n in rest}
+    sub = Mesh(rest or {"stage": 1}, links=links or None, profile=mesh.profile)
+    mb = microbatch(graph, m)
+    g0 = mb.programs[0].graph
+    limit = None if memory_limit is None else memory_limit * sub.size  # a stage's memory, shared evenly
+    a = assign_stages(g0, mb.step_phase, S, mesh.profile, schedule, m, limit)
+    sub_plan = None
+    if sub.size > 1:
+        from graphc.parallel import state_ties
+        from passes.sharding import plan_graph
+
+        sub_plan = plan_graph(g0, sub, memory_limit, None, None, state_ties(graph) if ties is None else ties,
+                              time_limit_s=time_limit_s)
+    stage_s = _stage_times(a, sub_plan)
+    transfer = _transfer_time(g0, a, mesh.links[PP_AXIS], sub.size)
+    per_mb = max(f + b for f, b, _u in stage_s) + (transfer / (S - 1) if S > 1 else 0.0)
+    step = (m + S - 1) * per_mb + max(u for _f, _b, u in stage_s)
+    busy = sum(m * (f + b) for f, b, _u in stage_s) / S
+    predicted = {"step_s": step, "per_microbatch_s": per_mb,
+                 "bubble": 1.0 - busy / ((m + S - 1) * per_mb) if per_mb else 0.0}
+    mem = [int((a.state_bytes[s] + in_flight(schedule, S, m, s) * a.activation_bytes[s]) / sub.size) for s in range(S)]
+    return PipelinePlan(graph, mesh, sub, m, schedule, mb, a, sub_plan, stage_s, transfer, predicted, mem)
+
+
+def _stage_times(a: StageAssignment, sub_plan) -> list[tuple[float, float, float]]:
+    """Per stage (forward, backward per micro-batch, update): the sub-mesh plan's compute and
+    communication of each node when there is one, else the single-device estimate."""
+    S = a.n_stages
+    if sub_plan is None:
+        return [(a.forward_s[s], a.backward_s[s], a.update_s[s]) for s in range(S)]
+    per_node = {d["index"]: d["compute_s"] for d in sub_plan.doc["nodes"]}
+    for c in sub_plan.doc["collectives"]:
+        if c.get("node_index") is not None:
+            per_node[c["node_index"]] = per_node.get(c["node_index"], 0.0) + c["time_s"]
+    out = [[0.0, 0.0, 0.0] for _ in range(S)]
+    for k, t in per_node.items():
+        s, ph = a.stage[k], a.phase[k]
+        if s >= 0:
+            out[s][{"F": 0, "B": 1}.get(ph, 2)] += t
+    return [tuple(x) for x in out]
+
+
+def _transfer_time(g: Graph, a: StageAssignment, link, n_sub: int) -> float:
+    """Seconds to send one micro-batch's values across stage boundaries (each device its piece)."""
+    producer = {o: k for k, n in enumerate(g.nodes) for o in n.outputs}
+    total = 0.0
+    seen = set()
+    for k, n in enumerate(g.nodes):
+        if a.phase[k] not in ("F", "B"):
+            continue
+        for v in n.inputs:
+            j = producer.get(v)
+            if j is None or a.stage[j] < 0 or a.stage[j] == a.stage[k] or (v, a.stage[k]) in seen:
+                continue
+            seen.add((v, a.stage[k]))
+            total += link.latency_s + v.type.nbytes / n_sub / link.bandwidth
+    return total
+
+
+__all__ = ["PP_AXIS", "SCHEDULES", "PipelinePlan", "StageAssignment", "assign_stages", "in_flight", "node_seconds",
+           "plan_pipeline", "predicted_step", "schedule_tasks"]

@@ -1,22 +1,35 @@
-"""The pipeline runtime: a training step in M micro-batches on S stages, one thread per stage.
+"""The pipeline runtime: a training step in M micro-batches on S stages, each stage on a sub-mesh.
 
-``PipelineExecutable(graph, stages=S, microbatches=M, schedule="1f1b")`` micro-batches the step
-(passes/microbatch.py), cuts it into stages (passes/pipeline.py) and builds, for every stage, one
-task per phase and micro-batch: its forward ``F(k)`` and backward ``B(k)`` nodes of micro-batch
-k's program, and the step-phase nodes ``U`` it runs once after the micro-batches meet. Tasks are
-graphs run by the single-device executor; values crossing stages go through the communicator's
-send/recv (tagged by value and micro-batch), values staying on a stage (residuals kept from F(k)
-for B(k)) are kept until their last use. Meeting points accumulate the micro-batches' partial
-sums in micro-batch order on the stage that produces them.
+``PipelineExecutable(graph, mesh, microbatches=M, schedule="1f1b")`` runs ``graph`` on a mesh
+with a ``pp`` axis of size S (an int S means ``{"pp": S}``); the other axes (dp, tp, ...) form
+each stage's sub-mesh. Building it:
 
-Each stage runs its tasks in the schedule's order (GPipe or 1F1B). The step phase is split
-where it needs another stage's result, and everything is sent as soon as it is produced, so the
-stages follow one global order and cannot deadlock; every wait is bounded by the timeout.
+1. micro-batches the step (passes/microbatch.py): one program per micro-batch, meeting points
+   where the micro-batches' partial sums are accumulated, step-phase nodes after them;
+2. cuts micro-batch 0's program into S stages (passes/pipeline.py);
+3. plans that program once on the sub-mesh with the sharding ILP (every stage runs its part of
+   the same plan, so a value crossing stages has the same spec on both sides and goes from a
+   device to the device of the same sub-mesh coordinate) and lowers every micro-batch's program
+   with it (passes/lower.py): one program per micro-batch and sub-mesh device;
+4. gives every device of stage s, for each micro-batch k, a forward task ``F(k)`` and a
+   backward task ``B(k)`` (its nodes of that program), and the step-phase tasks ``U`` it runs
+   once after the micro-batches meet. Tasks are graphs run by the single-device executor, whose
+   collectives go to the device's communicator with sub-mesh ranks mapped to devices.
 
-``run_flat(arrays, profile=True)`` also records every task's start and end (for the Chrome trace
-and the measured bubble fraction), each stage's peak bytes (values held between tasks plus the
-running task's own live values) and ``held_bytes``, the most it holds between forward and
-backward tasks (the activations of the micro-batches in flight and the running gradient sums).
+Values crossing stages go through send/recv (tagged by value and micro-batch); values staying
+on a device (residuals kept from F(k) for B(k)) are held until their last use. Meeting points
+add the micro-batches' pieces in micro-batch order on the devices that produce them; the
+sub-mesh collectives of the step phase (the data-parallel gradient all-reduce) then run once
+per step, not once per micro-batch.
+
+Every device runs its tasks in the schedule's order (GPipe or 1F1B). The step phase is cut
+before every node that needs another stage's step-phase result, and everything is sent as soon
+as it is produced, so devices cannot wait on each other in a cycle; every wait is bounded.
+
+``run_flat(arrays, profile=True)`` also records every task's start and end (Chrome trace,
+measured bubble fraction), each device's peak bytes (values held between tasks plus the running
+task's own live values) and ``held_bytes``, the most it holds between forward and backward tasks
+(the activations of the micro-batches in flight and the running gradient sums).
 """
 
 from __future__ import annotations
@@ -33,138 +46,223 @@ from graphc.ir import Graph, Value
 from graphc.mesh import one_blas_thread
 from graphc.pytree import LEAF, TreeDef
 
+PP_AXIS = "pp"
+
 
 @dataclass
 class Task:
-    stage: int
+    device: int
     phase: str  # "F", "B" or "U"
     k: int  # micro-batch (-1 for the step phase)
     graph: Graph
     in_ids: list[int]  # value id of every task input
     out_ids: list[int]  # value id of every task output
     executable: Any = None
-    sends: dict[int, list[int]] = field(default_factory=dict)  # value id -> stages that need it
+    sends: dict[int, list[int]] = field(default_factory=dict)  # value id -> devices that need it
+
+
+class _SubMeshComm:
+    """A device's communicator for programs lowered on its stage's sub-mesh: group members are
+    sub-mesh device ids, mapped to the devices of this stage."""
+
+    def __init__(self, comm, devices: list[int]):
+        self.comm = comm
+        self.devices = devices
+        self._groups: dict[tuple, tuple] = {}
+
+    def _g(self, group):
+        hit = self._groups.get(group)
+        if hit is None:
+            hit = self._groups[group] = tuple(self.devices[d] for d in group)
+        return hit
+
+    def all_reduce(self, x, group, inplace=False):
+        return self.comm.all_reduce(x, self._g(group), inplace)
+
+    def reduce_scatter(self, x, group, dim, blocks=1):
+        return self.comm.reduce_scatter(x, self._g(group), dim, blocks)
+
+    def all_gather(self, x, group, dim, blocks=1):
+        return self.comm.all_gather(x, self._g(group), dim, blocks)
+
+    def all_to_all(self, x, group, split_dim, concat_dim, split_blocks=1, concat_blocks=1):
+        return self.comm.all_to_all(x, self._g(group), split_dim, concat_dim, split_blocks, concat_blocks)
+
+
+class _CommSlot:
+    """The communicator a task's executable calls: each run plugs in the run's communicator."""
+
+    def __init__(self):
+        self.current = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.current, name)
 
 
 class PipelineExecutable:
-    def __init__(self, graph: Graph, stages: int, microbatches: int, schedule: str = "1f1b", profile=None,
+    def __init__(self, graph, mesh=None, microbatches: int = 1, schedule: str = "1f1b", profile=None,
                  memory_limit: int | None = None, timeout_s: float = 60.0):
-        from graphc.mesh import MachineProfile, load_profile
-        from passes.microbatch import microbatch
-        from passes.pipeline import assign_stages, predicted_step
+        """``graph`` is a training step's Graph (planned here on ``mesh``: an int S for ``{"pp": S}``,
+        or a mesh with a ``pp`` axis) or a ``passes.pipeline.PipelinePlan``."""
+        from graphc.mesh import Mesh
+        from passes.pipeline import PipelinePlan, plan_pipeline
 
-        if not isinstance(stages, int) or stages < 1:
-            raise PlanError(f"the number of pipeline stages must be a positive int, got {stages!r}")
-        self.graph = graph
-        self.n_stages = stages
-        self.m = microbatches
-        self.schedule = schedule
+        if isinstance(graph, PipelinePlan):
+            plan = graph
+        else:
+            if isinstance(mesh, int) and not isinstance(mesh, bool):
+                if mesh < 1:
+                    raise PlanError(f"the number of pipeline stages must be a positive int, got {mesh!r}")
+                mesh = {PP_AXIS: mesh}
+            if profile is not None or not isinstance(mesh, Mesh):
+                mesh = Mesh(mesh, profile=profile)
+            plan = plan_pipeline(graph, mesh, microbatches, schedule, memory_limit)
+        self.plan = plan
+        self.graph = plan.graph
+        self.mesh = plan.mesh
+        self.sub = plan.sub
+        self.pp = self.mesh.axis_index(PP_AXIS)
+        self.n_stages = plan.n_stages
+        self.m = plan.m
+        self.schedule = plan.schedule
         self.timeout_s = timeout_s
-        if profile is None:
-            try:
-                profile = load_profile()
-            except Exception:
-                profile = MachineProfile.default()
-        self.mb = microbatch(graph, microbatches)
-        g0 = self.mb.programs[0].graph
-        self.assignment = assign_stages(g0, self.mb.step_phase, stages, profile, schedule, microbatches, memory_limit)
-        self.predicted = predicted_step(self.assignment, microbatches)
+        self.mb = plan.mb
+        self.assignment = plan.assignment
+        self.predicted = plan.predicted
+        self.sub_plan = plan.sub_plan
         self._build()
         self.last_profile: dict | None = None
 
+    # --- devices ------------------------------------------------------------------------------
+
+    def device(self, stage: int, c: int) -> int:
+        """The mesh device of sub-mesh device ``c`` in stage ``stage``."""
+        sub_coord = list(self.sub.coord(c)) if self.mesh.ndim > 1 else []
+        return self.mesh.device_id(sub_coord[:self.pp] + [stage] + sub_coord[self.pp:])
+
     # --- building the tasks ---------------------------------------------------------------------
+
+    def _programs(self) -> list[list]:
+        """[micro-batch][sub-mesh device] -> (graph, origin, in_specs, out_specs)."""
+        from passes.lower import lower
+
+        out = []
+        for p in self.mb.programs:
+            if self.sub_plan is None:
+                g = p.graph
+                out.append([(g, list(range(len(g.nodes))), None, None)])
+            else:
+                out.append([(d.graph, d.origin, d.in_specs, d.out_specs) for d in lower(p.graph, self.sub_plan, self.sub)])
+        return out
 
     def _build(self) -> None:
         from runtime.executor import Executable
 
         a = self.assignment
-        progs = [p.graph for p in self.mb.programs]
-        g0 = progs[0]
-        n_in = len(g0.inputs)
-        # value ids: inputs 0..n_in-1, then node outputs in program order (the same in every program)
-        vid_of: list[dict[Value, int]] = []
-        for g in progs:
-            ids = {v: i for i, v in enumerate(g.inputs)}
-            for n in g.nodes:
-                for o in n.outputs:
-                    ids[o] = len(ids)
-            vid_of.append(ids)
-        self.n_values = len(vid_of[0])
-        prod_node: dict[int, int] = {}
-        for k, n in enumerate(g0.nodes):
-            for o in n.outputs:
-                prod_node[vid_of[0][o]] = k
-        self.prod_node = prod_node
+        g0 = self.mb.programs[0].graph
+        progs = self._programs()
+        self.in_specs = progs[0][0][2]
+        self.out_specs = progs[0][0][3]
+        ref, origin = progs[0][0][0], progs[0][0][1]  # every (micro-batch, device) program has this structure
+        n_in = len(ref.inputs)
         self.n_inputs = n_in
-        ids0 = vid_of[0]
-        # meeting points: output id -> (input id, stage)
-        self.meetings: dict[int, tuple[int, int]] = {}
-        for k, n in enumerate(g0.nodes):
-            if a.phase[k] == "M":
-                if n.op.name != "all_reduce":
-                    raise PlanError(f"{n.op.name} at {n.loc or '?'}: micro-batches can only meet by summing "
-                                    f"(all_reduce) in a pipeline, got {n.op.name}")
-                src = ids0[n.inputs[0]]
-                if src not in prod_node or a.phase[prod_node[src]] not in ("F", "B"):
-                    raise PlanError(f"all_reduce at {n.loc or '?'} sums a value computed once per step")
-                self.meetings[ids0[n.outputs[0]]] = (src, a.stage[k])
-        self.meeting_inputs = {src: out for out, (src, _s) in self.meetings.items()}
-
-        def where(vid: int) -> tuple[int, str]:
-            """(stage, phase) producing ``vid``; inputs: (-1, "I")."""
-            if vid < n_in:
-                return -1, "I"
-            k = prod_node[vid]
-            return a.stage[k], a.phase[k]
-
-        self.where = where
-        # consumers of each value: (stage, phase) of every node reading it, and graph outputs
-        readers: dict[int, set[tuple[int, str]]] = {}
-        for k, n in enumerate(g0.nodes):
-            if a.phase[k] in ("C", "M"):
+        ids0 = _value_ids(ref)
+        producer: dict[int, int] = {}
+        for j, n in enumerate(ref.nodes):
+            for o in n.outputs:
+                producer[ids0[o]] = j
+        self.prod_node = producer
+        # stage and phase of every program node, from the micro-batch program node it serves
+        stage, phase = [0] * len(ref.nodes), [""] * len(ref.nodes)
+        for j, n in enumerate(ref.nodes):
+            o = origin[j]
+            if n.op.name == "constant":
+                stage[j], phase[j] = -1, "C"
                 continue
+            if o < 0:  # redistributing a result at the end: where its value is
+                src = producer.get(ids0[n.inputs[0]])
+                stage[j], phase[j] = (stage[src], phase[src]) if src is not None else (0, "U")
+                if phase[j] in ("M", "C"):
+                    phase[j] = "U"
+                continue
+            stage[j], phase[j] = a.stage[o], a.phase[o]
+            if phase[j] == "M" and not (n.op.name == "all_reduce" and n.attrs.get("axis") == "mb"):
+                # redistributing the summand before the meeting: part of the micro-batch's work
+                src = producer.get(ids0[n.inputs[0]])
+                phase[j] = phase[src] if src is not None else "U"
+        self.stage, self.phase = stage, phase
+        self.meetings: dict[int, tuple[int, int]] = {}  # meeting output id -> (summand id, stage)
+        for j, n in enumerate(ref.nodes):
+            if phase[j] == "M":
+                src = ids0[n.inputs[0]]
+                if src not in producer or phase[producer[src]] not in ("F", "B"):
+                    raise PlanError(f"all_reduce at {n.loc or '?'} sums a value computed once per step")
+                self.meetings[ids0[n.outputs[0]]] = (src, stage[j])
+        self.meeting_inputs = {src: out for out, (src, _s) in self.meetings.items()}
+        # readers: (stage, phase) of the nodes reading each value; users: their indices
+        self.readers: dict[int, set[tuple[int, str]]] = {}
+        self.users: dict[int, set[int]] = {}
+        for j, n in enumerate(ref.nodes):
             for v in n.inputs:
                 vid = ids0[v]
-                if vid in prod_node and a.phase[prod_node[vid]] == "C":
+                self.users.setdefault(vid, set()).add(j)
+                if phase[j] in ("C", "M") or (vid in producer and phase[producer[vid]] == "C"):
                     continue
-                readers.setdefault(vid, set()).add((a.stage[k], a.phase[k]))
-        self.readers = readers
-        self.users: dict[int, set[int]] = {}  # value id -> indices of the program nodes reading it
-        for k, n in enumerate(g0.nodes):
-            for v in n.inputs:
-                self.users.setdefault(ids0[v], set()).add(k)
-        self.out_ids = [ids0[v] for v in g0.outputs]
-        varies = {ids0[v] for v in self.mb.varies}
+                self.readers.setdefault(vid, set()).add((stage[j], phase[j]))
+        self.out_ids = [ids0[v] for v in ref.outputs]
+        varies = _varies(ref, origin, g0, self.mb.varies)
         for o in self.out_ids:
-            s, ph = where(o)
-            if ph in ("F", "B") and o in varies and self.m > 1:
+            if o >= n_in and phase[producer[o]] in ("F", "B") and o in varies and self.m > 1:
                 raise PlanError("a result of the step differs per micro-batch and is not combined into one")
 
-        self.tasks: dict[tuple[int, str, int], Task] = {}  # (stage, phase, micro-batch or -1 - segment)
+        n_sub = len(progs[0])
+        self.tasks: dict[tuple[int, str, int], Task] = {}  # (device, phase, micro-batch or -1 - segment)
         self.n_segments: dict[int, int] = {}
+        self.comms: dict[int, _CommSlot] = {}
         for s in range(self.n_stages):
-            for ph in ("F", "B"):
-                for k in range(self.m):
-                    idx = [j for j in range(len(g0.nodes)) if a.stage[j] == s and a.phase[j] == ph]
-                    self.tasks[(s, ph, k)] = self._task(progs[k], vid_of[k], idx, s, ph, k)
-            # the step phase, cut before every node that needs another stage's step-phase result:
-            # what is produced before the cut is sent first, so no two stages wait on each other
-            segments: list[list[int]] = [[]]
-            for j in range(len(g0.nodes)):
-                if a.stage[j] != s or a.phase[j] != "U":
-                    continue
-                remote = any(self.where(ids0[v])[1] == "U" and self.where(ids0[v])[0] != s
-                             for v in g0.nodes[j].inputs if ids0[v] in prod_node)
-                if remote and segments[-1]:
-                    segments.append([])
-                segments[-1].append(j)
-            self.n_segments[s] = len(segments)
-            for i, seg in enumerate(segments):
-                self.tasks[(s, "U", -1 - i)] = self._task(g0, ids0, seg, s, "U", -1)
-        for t in self.tasks.values():
-            t.executable = Executable(t.graph)
+            stage_devices = [self.device(s, c) for c in range(n_sub)]
+            segments = self._step_segments(ref, ids0, s)
+            for c in range(n_sub):
+                dev = stage_devices[c]
+                slot = self.comms[dev] = _CommSlot()
+                for ph in ("F", "B"):
+                    idx = [j for j in range(len(ref.nodes)) if stage[j] == s and phase[j] == ph]
+                    for k in range(self.m):
+                        g = progs[k][c][0]
+                        self.tasks[(dev, ph, k)] = self._task(g, _value_ids(g), idx, s, c, ph, k)
+                self.n_segments[dev] = len(segments)
+                g = progs[0][c][0]
+                for i, seg in enumerate(segments):
+                    self.tasks[(dev, "U", -1 - i)] = self._task(g, _value_ids(g), seg, s, c, "U", -1)
+                for key, t in self.tasks.items():
+                    if key[0] == dev:
+                        t.executable = Executable(t.graph, slot)
+        self.stage_devices = {s: [self.device(s, c) for c in range(n_sub)] for s in range(self.n_stages)}
 
-    def _task(self, g: Graph, ids: dict[Value, int], idx: list[int], s: int, ph: str, k: int) -> Task:
+    def _where(self, vid: int) -> tuple[int, str]:
+        """(stage, phase) producing ``vid``; inputs: (-1, "I")."""
+        if vid < self.n_inputs:
+            return -1, "I"
+        j = self.prod_node[vid]
+        return self.stage[j], self.phase[j]
+
+    def _step_segments(self, ref: Graph, ids0: dict[Value, int], s: int) -> list[list[int]]:
+        """Stage s's step-phase nodes, cut before every node needing another stage's step-phase
+        result: what is produced before the cut is sent first, so no two stages wait on each other."""
+        segments: list[list[int]] = [[]]
+        for j, n in enumerate(ref.nodes):
+            if self.stage[j] != s or self.phase[j] != "U":
+                continue
+            remote = False
+            for v in n.inputs:
+                st, ph = self._where(ids0[v])
+                remote |= ph in ("U", "M") and st != s
+            if remote and segments[-1]:
+                segments.append([])
+            segments[-1].append(j)
+        return segments
+
+    def _task(self, g: Graph, ids: dict[Value, int], idx: list[int], s: int, c: int, ph: str, k: int) -> Task:
         nodes = [g.nodes[j] for j in idx]
         inside = {o for n in nodes for o in n.outputs}
         consts, seen = [], set()
@@ -174,7 +272,7 @@ class PipelineExecutable:
                 if p is not None and v not in inside and p.op.name == "constant" and id(p) not in seen:
                     seen.add(id(p))
                     consts.append(p)
-        inside |= {o for c in consts for o in c.outputs}
+        inside |= {o for q in consts for o in q.outputs}
         inputs, in_ids = [], []
         for n in nodes:
             for v in n.inputs:
@@ -186,19 +284,19 @@ class PipelineExecutable:
         for n in nodes:
             for o in n.outputs:
                 vid = ids[o]
-                elsewhere = self.users.get(vid, set()) - mine
-                if elsewhere or vid in self.out_ids or vid in self.meeting_inputs:
+                if self.users.get(vid, set()) - mine or vid in self.out_ids or vid in self.meeting_inputs:
                     outs.append(o)
                     out_ids.append(vid)
         sends: dict[int, list[int]] = {}
-        for vid in out_ids:  # meeting inputs are accumulated here, on the producing stage
+        for vid in out_ids:  # meeting summands are accumulated here, on the producing device
             dst = sorted({r[0] for r in self.readers.get(vid, ()) if r[0] != s})
             if dst:
-                sends[vid] = dst
+                sends[vid] = [self.device(d, c) for d in dst]
         in_tree = TreeDef("tuple", (TreeDef("tuple", (LEAF,) * len(inputs)), TreeDef("dict")))
         out_tree = TreeDef("tuple", (LEAF,) * len(outs))
-        graph = Graph(f"{g.name}.stage{s}.{ph}{'' if k < 0 else k}", inputs, consts + nodes, outs, in_tree, out_tree)
-        return Task(s, ph, k, graph, in_ids, out_ids, None, sends)
+        name = f"{g.name}.stage{s}.{ph}{'' if k < 0 else k}"
+        return Task(self.device(s, c), ph, k, Graph(name, inputs, consts + nodes, outs, in_tree, out_tree), in_ids,
+                    out_ids, None, sends)
 
     # --- running --------------------------------------------------------------------------------
 
@@ -207,6 +305,7 @@ class PipelineExecutable:
 
     def run_flat(self, arrays: list, profile: bool = False) -> list[np.ndarray]:
         """Run one step on whole inputs; returns the step's outputs (whole arrays)."""
+        from graphc.spec import unshard
         from runtime.comm import CommAborted, ThreadWorld
 
         arrays = [np.asarray(x) for x in arrays]
@@ -214,21 +313,23 @@ class PipelineExecutable:
         if len(arrays) != len(g0.inputs):
             raise GraphcError(f"the step takes {len(g0.inputs)} arrays, got {len(arrays)}")
         pieces = self._split_inputs(arrays)
-        world = ThreadWorld(self.n_stages, timeout_s=self.timeout_s)
+        world = ThreadWorld(self.mesh.size, timeout_s=self.timeout_s)
+        for d, slot in self.comms.items():
+            slot.current = _SubMeshComm(world.comm(d), self.stage_devices[self._stage_of(d)])
         results: dict[int, dict[int, np.ndarray]] = {}
         errors: dict[int, BaseException] = {}
-        prof: dict[int, dict] = {s: {"events": [], "peak_bytes": 0} for s in range(self.n_stages)}
+        prof: dict[int, dict] = {d: {"events": [], "peak_bytes": 0} for d in self.comms}
         t0 = time.perf_counter()
 
-        def device(s: int) -> None:
+        def device(d: int) -> None:
             try:
-                results[s] = self._run_stage(s, world.comm(s), pieces, prof[s] if profile else None)
-            except BaseException as exc:  # noqa: BLE001 - stops the other stages
-                errors[s] = exc
-                world.abort(s, exc)
+                results[d] = self._run_device(d, world.comm(d), pieces[d], prof[d] if profile else None)
+            except BaseException as exc:  # noqa: BLE001 - stops the other devices
+                errors[d] = exc
+                world.abort(d, exc)
 
-        threads = [threading.Thread(target=device, args=(s,), name=f"graphc-stage-{s}", daemon=True)
-                   for s in range(self.n_stages)]
+        threads = [threading.Thread(target=device, args=(d,), name=f"graphc-device-{d}", daemon=True)
+                   for d in sorted(self.comms)]
         with one_blas_thread():
             for t in threads:
                 t.start()
@@ -240,32 +341,61 @@ class PipelineExecutable:
 
             root = {d: e for d, e in errors.items() if not isinstance(e, CommAborted)} or errors
             d = min(root)
-            raise _on_device(root[d], d, _StageMesh(self.n_stages))
+            raise _on_device(root[d], d, self.mesh)
         stuck = [t.name for t in threads if t.is_alive()]
         if stuck:
-            raise GraphcError(f"pipeline stages did not finish within {self.timeout_s + 5:.0f} s: {', '.join(stuck)}")
+            raise GraphcError(f"pipeline devices did not finish within {self.timeout_s + 5:.0f} s: {', '.join(stuck)}")
         if profile:
             for p in prof.values():
                 p["t0"] = t0
             self.last_profile = prof
-        owned = {vid: arr for r in results.values() for vid, arr in r.items()}
-        return [owned[v] if v in owned else arrays[v] for v in self.out_ids]
+        outs = []
+        for k, vid in enumerate(self.out_ids):
+            if vid < self.n_inputs:
+                outs.append(arrays[vid])
+                continue
+            owner = self._owner(vid)
+            by_c = [results[d][vid] for d in self.stage_devices[owner]]
+            if self.sub_plan is None:
+                outs.append(by_c[0])
+            else:
+                v = g0.outputs[k]
+                coords = {self.sub.coord(c): x for c, x in enumerate(by_c)}
+                outs.append(unshard(coords, self.out_specs[k], tuple(self.sub.shape), v.type.shape)
+                            .astype(v.type.dtype, copy=False))
+        return outs
 
-    def _split_inputs(self, arrays: list[np.ndarray]) -> dict[tuple[int, int], np.ndarray]:
-        """(input id, micro-batch) -> its piece; state inputs (not split) under micro-batch -1."""
-        out: dict[tuple[int, int], np.ndarray] = {}
+    def _stage_of(self, d: int) -> int:
+        return self.mesh.coord(d)[self.pp]
+
+    def _split_inputs(self, arrays: list[np.ndarray]) -> dict[int, dict[tuple[int, int], np.ndarray]]:
+        """device -> (input id, micro-batch) -> its piece; state (not split) under micro-batch -1."""
+        from graphc.spec import shard
+
         batch = set(self.mb.batch) if self.m > 1 else set()
+        whole: dict[tuple[int, int], np.ndarray] = {}
         for i, x in enumerate(arrays):
             if i in batch:
                 for k, piece in enumerate(np.split(x, self.m, axis=0)):
-                    out[(i, k)] = piece
+                    whole[(i, k)] = piece
             else:
-                out[(i, -1)] = x
+                whole[(i, -1)] = x
+        out: dict[int, dict] = {}
+        for devs in self.stage_devices.values():
+            for c, d in enumerate(devs):
+                if self.sub_plan is None:
+                    out[d] = whole
+                else:
+                    coord = self.sub.coord(c)
+                    out[d] = {key: shard(x, self.in_specs[key[0]], tuple(self.sub.shape), coord)
+                              for key, x in whole.items()}
         return out
 
-    def _run_stage(self, s: int, comm, pieces, prof: dict | None) -> dict[int, np.ndarray]:
+    def _run_device(self, d: int, comm, pieces, prof: dict | None) -> dict[int, np.ndarray]:
         from passes.pipeline import schedule_tasks
 
+        s = self._stage_of(d)
+        c = self.stage_devices[s].index(d)
         store: dict[tuple[int, int], np.ndarray] = {}
         acc: dict[int, np.ndarray] = {}  # meeting output id -> running sum
         batch = set(self.mb.batch) if self.m > 1 else set()
@@ -273,16 +403,16 @@ class PipelineExecutable:
         def fetch(vid: int, k: int) -> np.ndarray:
             if vid < self.n_inputs:
                 return pieces[(vid, k if vid in batch else -1)]
-            src, ph = self.where(vid)
+            src, ph = self._where(vid)
             # step-level values live under -1; the step phase reads a per-micro-batch value only when
             # it is the same for every micro-batch (passes/microbatch.py checks), so micro-batch 0's
             kk = -1 if ph in ("U", "M") else max(k, 0)
             hit = store.get((vid, kk))
             if hit is not None:
                 return hit
-            if ph == "M" and src == s:
-                raise GraphcError(f"internal: meeting value {vid} used before all micro-batches met")
-            x = comm.recv(src, self._tag(vid, kk))
+            if src == s:
+                raise GraphcError(f"internal: value {vid} of micro-batch {kk} used before it was computed")
+            x = comm.recv(self.device(src, c), self._tag(vid, kk))
             store[(vid, kk)] = x
             return x
 
@@ -292,8 +422,8 @@ class PipelineExecutable:
             tprof: dict | None = {} if prof is not None else None
             outs = task.executable.run_flat(args, tprof)
             end = time.perf_counter()
+            kk = k if task.phase in ("F", "B") else -1
             for vid, y in zip(task.out_ids, outs):
-                kk = k if task.phase in ("F", "B") else -1
                 if vid in self.meeting_inputs:
                     m_out = self.meeting_inputs[vid]
                     if m_out in acc:
@@ -318,79 +448,72 @@ class PipelineExecutable:
                         continue
                     store[(m_out, -1)] = acc[m_out]
                     for dst in sorted({r[0] for r in self.readers.get(m_out, ()) if r[0] != s}):
-                        comm.send(acc[m_out], dst, self._tag(m_out, -1))
+                        comm.send(acc[m_out], self.device(dst, c), self._tag(m_out, -1))
                 for key in [key for key in store if key[1] >= 0]:
                     if not self._needed_later(key[0], s):
                         del store[key]
-                for i in range(self.n_segments[s]):
-                    run(self.tasks[(s, "U", -1 - i)], -1)
+                for i in range(self.n_segments[d]):
+                    run(self.tasks[(d, "U", -1 - i)], -1)
                 continue
-            task = self.tasks[(s, ph, k)]
+            task = self.tasks[(d, ph, k)]
             if task.graph.nodes or task.out_ids:
                 run(task, k)
-            self._drop_dead(store, s, ph, k)
+            if ph == "B":  # this micro-batch's values are dead unless the step phase reads them
+                for key in [key for key in store if key[1] == k]:
+                    if not self._needed_later(key[0], s):
+                        del store[key]
         owned = {}
         for vid in self.out_ids:
             if vid >= self.n_inputs and self._owner(vid) == s:
-                owned[vid] = store[(vid, 0 if self.where(vid)[1] in ("F", "B") else -1)]
+                owned[vid] = store[(vid, 0 if self._where(vid)[1] in ("F", "B") else -1)]
         return owned
 
     def _owner(self, vid: int) -> int:
-        if vid < self.n_inputs:
-            return -2
-        st, ph = self.where(vid)
-        if ph == "M":
-            return self.meetings[vid][1]
-        return st
+        st, ph = self._where(vid)
+        return self.meetings[vid][1] if ph == "M" else st
 
     def _needed_later(self, vid: int, s: int) -> bool:
         return (s, "U") in self.readers.get(vid, ()) or vid in self.out_ids
 
-    def _drop_dead(self, store: dict, s: int, ph: str, k: int) -> None:
-        """After B(k): this micro-batch's values are dead unless the step phase reads them."""
-        if ph != "B":
-            return
-        for key in [key for key in store if key[1] == k]:
-            if not self._needed_later(key[0], s):
-                del store[key]
-
     # --- reporting ------------------------------------------------------------------------------
 
     def measured_bubble(self) -> float:
-        """1 - busy / (stages x span) of the last profiled run, F and B tasks only."""
+        """1 - busy / (devices x span) of the last profiled run, forward and backward tasks only."""
         prof = self.last_profile
         if not prof:
             raise GraphcError("run with profile=True first")
-        evs = [(s, e) for s, p in prof.items() for e in p["events"] if e[0] in ("F", "B")]
+        evs = [e for p in prof.values() for e in p["events"] if e[0] in ("F", "B")]
         if not evs:
             return 0.0
-        start = min(e[2] for _, e in evs)
-        end = max(e[3] for _, e in evs)
-        busy = sum(e[3] - e[2] for _, e in evs)
-        return 1.0 - busy / (self.n_stages * (end - start))
+        start = min(e[2] for e in evs)
+        end = max(e[3] for e in evs)
+        busy = sum(e[3] - e[2] for e in evs)
+        return 1.0 - busy / (len(prof) * (end - start))
 
     def summary(self) -> str:
-        a = self.assignment
-        lines = [f"pipeline: {self.n_stages} stages x {self.m} micro-batches, {self.schedule}; predicted step "
-                 f"{self.predicted['step_s'] * 1e3:.3f} ms, bubble {self.predicted['bubble']:.1%} "
-                 f"(balanced: {(self.n_stages - 1) / (self.m + self.n_stages - 1):.1%})"]
-        for s in range(self.n_stages):
-            n = sum(1 for x in a.stage if x == s)
-            lines.append(f"  stage {s}: {n} nodes, forward {a.forward_s[s] * 1e3:.3f} ms + backward "
-                         f"{a.backward_s[s] * 1e3:.3f} ms per micro-batch, update {a.update_s[s] * 1e3:.3f} ms, "
-                         f"state {a.state_bytes[s]:,} B, activations {a.activation_bytes[s]:,} B per micro-batch")
-        return "\n".join(lines)
+        return self.plan.summary()
 
 
-class _StageMesh:
-    """Names a stage in error messages like a mesh coordinate."""
-
-    def __init__(self, n: int):
-        self.axis_names = ("pp",)
-        self.n = n
-
-    def coord(self, d: int) -> tuple[int]:
-        return (d,)
+def _value_ids(g: Graph) -> dict[Value, int]:
+    """Inputs 0..n-1, then node outputs in program order (the same in every program of one plan)."""
+    ids = {v: i for i, v in enumerate(g.inputs)}
+    for n in g.nodes:
+        for o in n.outputs:
+            ids[o] = len(ids)
+    return ids
 
 
-__all__ = ["PipelineExecutable", "Task"]
+def _varies(ref: Graph, origin: list[int], g0: Graph, varies0: set) -> set[int]:
+    """Value ids of ``ref`` that differ between micro-batches: those of nodes serving a node of
+    micro-batch program ``g0`` whose outputs vary (``varies0``), and batch inputs' pieces."""
+    vary_nodes = {k for k, n in enumerate(g0.nodes) if any(o in varies0 for o in n.outputs)}
+    vary_inputs = {k for k, v in enumerate(g0.inputs) if v in varies0}
+    ids = _value_ids(ref)
+    out = {ids[v] for k, v in enumerate(ref.inputs) if k in vary_inputs}
+    for j, n in enumerate(ref.nodes):
+        if origin[j] in vary_nodes:
+            out.update(ids[o] for o in n.outputs)
+    return out
+
+
+__all__ = ["PP_AXIS", "PipelineExecutable", "Task"]

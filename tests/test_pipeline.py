@@ -159,3 +159,47 @@ def test_failing_stage_names_its_device_and_line():
     bad[5, 3] = 10_000  # out of the vocabulary
     with pytest.raises(IndexError, match=r"device 0 \(mesh \{'pp': 0\}\).*gpt\.py:\d+"):
         pe.run_flat(bind_arguments(g, (params, state, bad, targets), kw))
+
+
+# --- graphc.parallelize on meshes with a pp axis: k steps equal k eager steps ---------------------
+
+MESHES = [{"pp": 2}, {"pp": 4}, {"pp": 2, "dp": 2}, {"pp": 2, "tp": 2}, {"pp": 2, "dp": 2, "tp": 2}]
+
+
+def k_steps(step, params, rest, kw, k, n_state=1):
+    """``k`` steps feeding the first ``n_state`` results back as the first arguments."""
+    state = params
+    for _ in range(k):
+        out = step(*state, *rest, **kw)
+        state = out[:n_state]
+    return state
+
+
+def assert_trees_close(a, b):
+    for x, y in zip(flatten(a)[0], flatten(b)[0]):
+        np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("m", [1, 4, 8])
+@pytest.mark.parametrize("axes", MESHES, ids=lambda a: ",".join(f"{k}={v}" for k, v in a.items()))
+def test_parallelize_mlp_pipeline_steps(axes, m):
+    (params, x, labels), kw = mlp.example_train_args(batch=32, sizes=(24, 32, 32, 8))
+    pf = graphc.parallelize(mlp.train_step, mesh=graphc.Mesh(axes, profile=PROFILE), microbatches=m,
+                            static_argnames=("lr",), cache=False)
+    got = k_steps(pf, (params,), (x, labels), kw, 2)
+    want = k_steps(mlp.train_step, (params,), (x, labels), kw, 2)
+    assert_trees_close(got, want)
+
+
+@pytest.mark.parametrize("axes, m", [(MESHES[0], 8), (MESHES[1], 4), (MESHES[2], 4), (MESHES[3], 8), (MESHES[4], 4),
+                                     (MESHES[4], 1)], ids=str)
+def test_parallelize_gpt_pipeline_steps(axes, m):
+    (params, state, tokens, targets), kw = gpt.example_train_args(batch=8)
+    pf = graphc.parallelize(gpt.train_step, mesh=graphc.Mesh(axes, profile=PROFILE), microbatches=m,
+                            static_argnames=("n_head", "lr"), cache=False)
+    got = k_steps(pf, (params, state), (tokens, targets), kw, 2, n_state=2)
+    want = k_steps(gpt.train_step, (params, state), (tokens, targets), kw, 2, n_state=2)
+    assert_trees_close(got, want)
+    compiled = pf.compile(params, state, tokens, targets, **kw)
+    assert "stage 1" in compiled.plan.summary()
+    assert compiled.ir("tasks").count("graph @") >= 2 * axes["pp"]

@@ -24,8 +24,8 @@ import numpy as np
 
 from graphc.errors import GraphcError, ShapeError
 from graphc.ir import TensorType
-from graphc.ops import OpDef, check_axis, register
-from graphc.ops.dims import io_bytes
+from graphc.ops import OpDef, check_axis, get_op, register
+from graphc.ops.dims import DimRule, io_bytes
 
 
 def _no_autodiff(name):
@@ -191,3 +191,23 @@ partial_zero = register(OpDef(
 for _op in (shard_slice, partial_zero):
     _op.vjp = _op.jvp = _no_autodiff(_op.name)
     _op.cost = _collective_cost
+
+
+# --- dimension rules: a device program partitioned again (pipeline stages planned on a sub-mesh) --
+# A collective acts along its group, elementwise across the dims it does not cut, so those dims
+# can be split further; the dims it cuts or joins stay whole.
+
+
+def _keep_dims_rule(*cut_attrs):
+    def rule(in_types, out_types, **attrs):
+        x, out = in_types[0], out_types[0]
+        cut = {attrs[a] % x.ndim for a in cut_attrs}
+        labels = tuple(None if d in cut else f"e{d}" for d in range(x.ndim))
+        return DimRule((labels,), (tuple(None if d in cut else f"e{d}" for d in range(out.ndim)),))
+
+    return rule
+
+
+for _name, _cut in (("all_reduce", ()), ("reduce_scatter", ("dim",)), ("all_gather", ("dim",)),
+                    ("all_to_all", ("split_dim", "concat_dim")), ("shard_slice", ("dim",)), ("partial_zero", ())):
+    get_op(_name).dim_rule = _keep_dims_rule(*_cut)

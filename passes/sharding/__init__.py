@@ -105,6 +105,7 @@ def collectives_of(problem: Problem, choice: list[int]) -> list[dict]:
         for st in plan_steps(t.shape, t.dtype.itemsize, src, dst, problem.mesh):
             out.append({
                 "kind": st.kind, "axes": [problem.mesh.axis_names[st.axis]], "bytes": t.nbytes,
+                "node_index": consumer.index if consumer.kind == "node" else None,
                 "local_bytes": st.local_bytes, "tensor": _value_name(e.value, names), "node": node_name,
                 "op": consumer.node.op.name if consumer.kind == "node" else "output",
                 "loc": str(consumer.node.loc) if consumer.kind == "node" and consumer.node.loc else None,

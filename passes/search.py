@@ -1,0 +1,182 @@
+"""Automatic mesh choice: factor a device count into pipeline, data and tensor axes.
+
+``search_meshes(graph, 8)`` tries every factorization 8 = pp x dp x tp (axes of size 1 left out),
+with, for pipelines, micro-batch counts 1, S, 2S and 4S that divide the batch, plans each (the
+sharding ILP on {dp, tp}; stages, schedule and the ILP on each stage's sub-mesh for pp > 1) and
+ranks them by predicted step time. A candidate that cannot meet the memory limit, or cannot be
+planned, stays in the list with the reason. Links per axis (``links={"dp": Link(...)}``) model
+a slow network between data-parallel groups; ``pp`` and ``tp`` keep the machine's link unless
+given one.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from graphc.errors import GraphcError, PlanError
+from graphc.ir import Graph
+
+AXES = ("pp", "dp", "tp")
+
+
+@dataclass
+class Candidate:
+    axes: dict[str, int]
+    microbatches: int
+    predicted_s: float | None = None
+    comm_s: float | None = None
+    bubble: float | None = None
+    memory_bytes: int | None = None  # the largest device's predicted peak
+    error: str | None = None
+    seconds: float = 0.0  # planning time
+    plan: object = field(default=None, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def describe(self) -> str:
+        mesh = ",".join(f"{a}={n}" for a, n in self.axes.items()) or "1 device"
+        mb = f", {self.microbatches} micro-batches" if "pp" in self.axes else ""
+        if not self.ok:
+            return f"{mesh}{mb}: no plan ({self.error})"
+        extra = f", bubble {self.bubble:.0%}" if self.bubble is not None else ""
+        comm = f", communication {self.comm_s * 1e3:.3f} ms" if self.comm_s is not None else ""
+        return (f"{mesh}{mb}: predicted step {self.predicted_s * 1e3:.3f} ms{comm}{extra}, "
+                f"peak memory {self.memory_bytes / 2**20:.2f} MiB per device")
+
+    def to_json(self) -> dict:
+        return {"mesh": self.axes, "microbatches": self.microbatches, "predicted_s": self.predicted_s,
+                "comm_s": self.comm_s, "bubble": self.bubble, "memory_bytes": self.memory_bytes,
+                "error": self.error, "seconds": self.seconds}
+
+
+def factorizations(n: int, axes: tuple[str, ...] = AXES) -> list[dict[str, int]]:
+    """Every way to write ``n`` as a product over ``axes`` (size-1 axes left out), in a fixed order:
+    the first axis ascending, the others descending."""
+    if n < 1:
+        raise GraphcError(f"the number of devices must be at least 1, got {n}")
+
+    def rec(rest: int, i: int) -> list[list[int]]:  # later axes get the larger sizes first (dp before tp)
+        if i == len(axes) - 1:
+            return [[rest]]
+        sizes = [d for d in range(1, rest + 1) if rest % d == 0]
+        return [[d] + tail for d in (sizes if i == 0 else sizes[::-1]) for tail in rec(rest // d, i + 1)]
+
+    out = []
+    for sizes in rec(n, 0):
+        out.append({a: s for a, s in zip(axes, sizes) if s > 1})
+    return out
+
+
+def _batch(graph: Graph) -> int | None:
+    from passes.microbatch import batch_inputs
+
+    sizes = {graph.inputs[k].type.shape[0] for k in batch_inputs(graph)}
+    return min(sizes) if sizes else None
+
+
+def search_meshes(graph: Graph, n_devices: int, memory_limit: int | None = None, links: dict | None = None,
+                  profile=None, axes: tuple[str, ...] = AXES, schedule: str = "1f1b",
+                  microbatches: tuple[int, ...] | None = None, time_limit_s: float = 60.0,
+                  progress=None) -> list[Candidate]:
+    """Plan ``graph`` on every factorization of ``n_devices``; candidates best first (feasible
+    ones by predicted step time, then the infeasible ones)."""
+    from graphc.mesh import Mesh, load_profile
+    from graphc.parallel import state_ties
+    from passes.pipeline import plan_pipeline
+    from passes.sharding import plan_graph
+
+    profile = profile or load_profile()
+    links = links or {}
+    batch = _batch(graph)
+    ties = state_ties(graph)
+    out: list[Candidate] = []
+    seen: set = set()
+    for shape in factorizations(n_devices, axes):
+        mesh_links = {a: link for a, link in links.items() if a in shape}
+        # axis names are labels to the planner: {dp: 4} and {tp: 4} on the same link are one problem
+        key = (shape.get("pp", 1), tuple(sorted((n, str(links.get(a, profile.link))) for a, n in shape.items()
+                                               if a != "pp")))
+        if key in seen:
+            continue
+        seen.add(key)
+        S = shape.get("pp", 1)
+        if S > 1:
+            ms = microbatches or tuple(sorted({1, S, 2 * S, 4 * S}))
+            ms = [m for m in ms if batch is None or batch % m == 0]
+        else:
+            ms = [1]
+        for m in ms:
+            cand = Candidate(dict(shape), m)
+            start = time.perf_counter()
+            try:
+                if not shape:  # one device
+                    mesh = Mesh({"dp": 1}, profile=profile)
+                    plan = plan_graph(graph, mesh, memory_limit, ties=ties, time_limit_s=time_limit_s)
+                    cand.predicted_s, cand.comm_s = plan.cost["total_s"], plan.cost["comm_s"]
+                    cand.memory_bytes = max(plan.memory["peak_bytes"])
+                elif S == 1:
+                    mesh = Mesh(shape, links=mesh_links or None, profile=profile)
+                    plan = plan_graph(graph, mesh, memory_limit, ties=ties, time_limit_s=time_limit_s)
+                    cand.predicted_s, cand.comm_s = plan.cost["total_s"], plan.cost["comm_s"]
+                    cand.memory_bytes = max(plan.memory["peak_bytes"])
+                else:
+                    mesh = Mesh(shape, links=mesh_links or None, profile=profile)
+                    plan = plan_pipeline(graph, mesh, m, schedule, memory_limit, ties=ties, time_limit_s=time_limit_s)
+                    cand.predicted_s = plan.predicted["step_s"]
+                    cand.bubble = plan.predicted["bubble"]
+                    cand.memory_bytes = max(plan.memory_bytes)
+                    if plan.sub_plan is not None:
+                        cand.comm_s = plan.sub_plan.cost["comm_s"]
+                    if memory_limit is not None and cand.memory_bytes > memory_limit:
+                        raise PlanError(f"stage memory {cand.memory_bytes:,} B over the limit")
+                cand.plan = plan
+            except PlanError as exc:
+                cand.error = str(exc).splitlines()[0]
+            cand.seconds = time.perf_counter() - start
+            out.append(cand)
+            if progress is not None:
+                progress(cand)
+    out.sort(key=lambda c: (not c.ok, c.predicted_s if c.ok else 0.0))
+    return out
+
+
+def explain(cands: list[Candidate], shown: int = 6) -> str:
+    """The choice and the runners-up, with why the winner wins."""
+    ok = [c for c in cands if c.ok]
+    lines = []
+    if not ok:
+        lines.append("no mesh can run this step:")
+        lines += [f"  {c.describe()}" for c in cands[:shown]]
+        return "\n".join(lines)
+    best = ok[0]
+    lines.append(f"chose {best.describe()}")
+    lines.append("why: " + _why(best, ok))
+    for c in ok[1:shown]:
+        lines.append(f"  runner-up {c.describe()} ({c.predicted_s / best.predicted_s:.2f}x the chosen step)")
+    bad = [c for c in cands if not c.ok]
+    for c in bad[:shown]:
+        lines.append(f"  rejected {c.describe()}")
+    if len(bad) > shown:
+        lines.append(f"  ... and {len(bad) - shown} more rejected")
+    return "\n".join(lines)
+
+
+def _why(best: Candidate, ok: list[Candidate]) -> str:
+    piped = "pp" in best.axes
+    other = next((c for c in ok[1:] if ("pp" in c.axes) != piped), None)
+    parts = [f"the lowest predicted step of {len(ok)} feasible plans"]
+    if other is not None:
+        if piped:
+            parts.append(f"the best plan without a pipeline ({other.describe().split(':')[0]}) is "
+                         f"{other.predicted_s / best.predicted_s:.2f}x slower"
+                         + (f", {other.comm_s * 1e3:.3f} ms of it communication" if other.comm_s else ""))
+        else:
+            parts.append(f"the best pipeline ({other.describe().split(':')[0]}) is {other.predicted_s / best.predicted_s:.2f}x "
+                         f"slower, {other.bubble:.0%} of it bubble")
+    return "; ".join(parts)
+
+
+__all__ = ["AXES", "Candidate", "explain", "factorizations", "search_meshes"]
