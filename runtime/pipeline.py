@@ -132,6 +132,7 @@ class PipelineExecutable:
         self.sub_plan = plan.sub_plan
         self._build()
         self.last_profile: dict | None = None
+        self._acc_buffers: dict[int, dict[int, np.ndarray]] = {}
 
     # --- devices ------------------------------------------------------------------------------
 
@@ -398,6 +399,9 @@ class PipelineExecutable:
         c = self.stage_devices[s].index(d)
         store: dict[tuple[int, int], np.ndarray] = {}
         acc: dict[int, np.ndarray] = {}  # meeting output id -> running sum
+        # the sums live in buffers kept from step to step: a fresh one would pay its page faults
+        # in the middle of the pipeline every step (tens of ms for the gradients of large layers)
+        buffers = self._acc_buffers.setdefault(d, {})
         batch = set(self.mb.batch) if self.m > 1 else set()
 
         def fetch(vid: int, k: int) -> np.ndarray:
@@ -429,7 +433,12 @@ class PipelineExecutable:
                     if m_out in acc:
                         acc[m_out] += y
                     else:
-                        acc[m_out] = np.array(y, copy=True)
+                        y = np.asarray(y)
+                        buf = buffers.get(m_out)
+                        if buf is None or buf.shape != y.shape or buf.dtype != y.dtype:
+                            buf = buffers[m_out] = np.empty_like(y)
+                        np.copyto(buf, y)
+                        acc[m_out] = buf
                 store[(vid, kk)] = y
                 for dst in task.sends.get(vid, ()):
                     comm.send(y, dst, self._tag(vid, kk))
@@ -463,9 +472,11 @@ class PipelineExecutable:
                     if not self._needed_later(key[0], s):
                         del store[key]
         owned = {}
+        kept = {id(b) for b in buffers.values()}
         for vid in self.out_ids:
             if vid >= self.n_inputs and self._owner(vid) == s:
-                owned[vid] = store[(vid, 0 if self._where(vid)[1] in ("F", "B") else -1)]
+                x = store[(vid, 0 if self._where(vid)[1] in ("F", "B") else -1)]
+                owned[vid] = x.copy() if id(x) in kept else x  # the caller's, not next step's buffer
         return owned
 
     def _owner(self, vid: int) -> int:
