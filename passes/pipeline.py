@@ -92,8 +92,10 @@ def assign_stages(g: Graph, step_phase: list[bool], n_stages: int, profile, sche
             users.setdefault(v, []).append(fpos[k])
 
     def home(v: Value) -> int | None:
-        pos = users.get(v, [])
         k = producer.get(v)
+        if k is not None and is_const[k]:
+            return None  # a constant (the 0 of every relu) belongs to no stage: it is copied where used
+        pos = users.get(v, [])
         if k is not None and k in fpos:
             pos = pos + [fpos[k]]
         return max(pos) if pos else None

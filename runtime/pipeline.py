@@ -425,7 +425,6 @@ class PipelineExecutable:
             start = time.perf_counter()
             tprof: dict | None = {} if prof is not None else None
             outs = task.executable.run_flat(args, tprof)
-            end = time.perf_counter()
             kk = k if task.phase in ("F", "B") else -1
             for vid, y in zip(task.out_ids, outs):
                 if vid in self.meeting_inputs:
@@ -442,6 +441,7 @@ class PipelineExecutable:
                 store[(vid, kk)] = y
                 for dst in task.sends.get(vid, ()):
                     comm.send(y, dst, self._tag(vid, kk))
+            end = time.perf_counter()  # the task's work includes accumulating and sending its results
             if prof is not None:
                 live = sum(x.nbytes for x in store.values()) + sum(x.nbytes for x in acc.values())
                 if task.phase in ("F", "B"):  # what the micro-batches in flight hold between tasks
