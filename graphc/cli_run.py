@@ -152,11 +152,13 @@ def _run_pipeline(args: argparse.Namespace, pf, fn, fargs, fkwargs) -> int:
           f"numpy eager)")
     print(f"  result equals numpy eager: {same}")
     print(f"  bubble: measured {ex.measured_bubble():.1%}, predicted {plan.predicted['bubble']:.1%}")
-    print("  device  stage  peak memory measured  held between tasks  predicted")
+    print("  device  stage  peak memory measured  held between tasks  predicted held")
+    print("  (held: state, gradient sums and activations kept between tasks; the peak adds the running task's "
+          "temporaries)")
     for d in sorted(prof):
         s = ex._stage_of(d)
         print(f"  {d:>6}  {s:>5}  {fmt_bytes(prof[d]['peak_bytes']):>20}  {fmt_bytes(prof[d].get('held_bytes', 0)):>18}  "
-              f"{fmt_bytes(plan.memory_bytes[s]):>9}")
+              f"{fmt_bytes(plan.memory_bytes[s]):>14}")
     if args.trace:
         write_atomically(args.trace, json.dumps(pipeline_trace(prof, ex)))
         print(f"wrote {args.trace} (open in https://ui.perfetto.dev)", file=sys.stderr)

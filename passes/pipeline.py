@@ -349,8 +349,35 @@ def plan_pipeline(graph: Graph, mesh, m: int, schedule: str = "1f1b", memory_lim
     busy = sum(m * (f + b) for f, b, _u in stage_s) / S
     predicted = {"step_s": step, "per_microbatch_s": per_mb,
                  "bubble": 1.0 - busy / ((m + S - 1) * per_mb) if per_mb else 0.0}
-    mem = [int((a.state_bytes[s] + in_flight(schedule, S, m, s) * a.activation_bytes[s]) / sub.size) for s in range(S)]
+    mem = _stage_memory(g0, a, schedule, m, sub.size)
     return PipelinePlan(graph, mesh, sub, m, schedule, mb, a, sub_plan, stage_s, transfer, predicted, mem)
+
+
+def _stage_memory(g: Graph, a: StageAssignment, schedule: str, m: int, n_sub: int) -> list[int]:
+    """Predicted peak bytes per device of each stage: the inputs it reads (parameters, optimizer
+    state, a micro-batch), the running gradient sums, and either the activations of the
+    micro-batches in flight or, during the update, the new state it writes; a sub-mesh of n
+    devices shares them evenly (assumed)."""
+    S = a.n_stages
+    reads = [set() for _ in range(S)]
+    for k, n in enumerate(g.nodes):
+        if a.stage[k] >= 0:
+            reads[a.stage[k]].update(v for v in n.inputs if v.producer is None)
+    sums = [0] * S
+    for k, n in enumerate(g.nodes):
+        if a.phase[k] == "M":
+            sums[a.stage[k]] += n.outputs[0].type.nbytes
+    producer = {o: k for k, n in enumerate(g.nodes) for o in n.outputs}
+    writes = [0] * S
+    for v in set(g.outputs):
+        k = producer.get(v)
+        if k is not None and a.stage[k] >= 0:
+            writes[a.stage[k]] += v.type.nbytes
+    out = []
+    for s in range(S):
+        base = sum(v.type.nbytes for v in reads[s]) + sums[s]
+        out.append(int(max(base + in_flight(schedule, S, m, s) * a.activation_bytes[s], base + writes[s]) / n_sub))
+    return out
 
 
 def _stage_times(a: StageAssignment, sub_plan) -> list[tuple[float, float, float]]:
