@@ -86,7 +86,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.target == "kernels":
         from runtime.bench import bench_kernels, print_kernel_table
 
-        print("graphc bench kernels: fused float32 kernels vs np.copyto of the same bytes (read + write), one thread")
+        print("graphc bench kernels: fused float32 kernels vs np.copyto of the same bytes (read + write)")
         print_kernel_table(bench_kernels(repeat=args.repeat))
         return 0
     if args.mesh:

@@ -223,13 +223,20 @@ def calibrate(quick: bool = False) -> MachineProfile:
     return MachineProfile(flops, mem_bandwidth, Link(latency, link_bandwidth), overhead, source)
 
 
+@contextlib.contextmanager
 def one_blas_thread():
-    """Limit BLAS to one thread (process-wide) inside the ``with``: one device's share of the machine."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        return contextlib.nullcontext()
-    return threadpool_limits(limits=1, user_api="blas")
+    """Inside the ``with``, BLAS uses one thread and fused kernels run on their caller's thread
+    (process-wide): one device's share of the machine."""
+    from runtime.codegen import single_threaded
+
+    with single_threaded():
+        try:
+            from threadpoolctl import threadpool_limits
+        except ImportError:
+            yield
+            return
+        with threadpool_limits(limits=1, user_api="blas"):
+            yield
 
 
 def _best_time(fn, repeats: int) -> float:

@@ -166,7 +166,7 @@ class KernelSpec:
                  "import numba", "from runtime import fastmath as fm", "from runtime import rowops", "",
                  # numpy's error model: no zero-division checks (they stop vectorization; numpy gives inf)
                  "@numba.njit(nogil=True, cache=True, error_model=\"numpy\")",
-                 f"def kernel({', '.join([f'in{i}' for i in range(len(region.inputs))] + [f'out{i}' for i in range(len(outs))])}, R, n):"]
+                 f"def kernel({', '.join([f'in{i}' for i in range(len(region.inputs))] + [f'out{i}' for i in range(len(outs))])}, r0, r1, n):"]
         body: list[str] = []
         # scalar constants, hoisted
         for node in region.nodes:
@@ -185,7 +185,7 @@ class KernelSpec:
                 used_later.add(node.inputs[0])  # reduced from its row buffer after the loop
         for v in sorted(used_later, key=lambda v: self.names[v]):
             body.append(f"t_{self.names[v]} = np.empty(n, dtype={_np_type(v.dtype)})")
-        body.append("for r in range(R):")
+        body.append("for r in range(r0, r1):")  # a range of rows: threads split the rows
         inner: list[str] = []
         for v, kind in zip(region.inputs, kinds):
             if not kind.per_element:  # one value per row (or a scalar): read once per row
@@ -331,8 +331,66 @@ class CompiledKernel:
             buf = self.alloc(t.shape, t.dtype)
             outs.append(buf)
             views.append(buf.reshape(self.rows, self.n) if level == "elem" else buf.reshape(self.rows))
-        self.func(*operands, *views, self.rows, self.n)
+        threads = kernel_threads()
+        if threads > 1 and self.rows >= threads and self.rows * self.n >= PARALLEL_MIN_ELEMENTS:
+            # rows split evenly; the caller runs the first share, pool threads the others (nogil)
+            bounds = [self.rows * i // threads for i in range(threads + 1)]
+            pool = _pool(threads - 1)
+            futures = [pool.submit(self.func, *operands, *views, bounds[i], bounds[i + 1], self.n)
+                       for i in range(1, threads)]
+            self.func(*operands, *views, bounds[0], bounds[1], self.n)
+            for f in futures:
+                f.result()
+        else:
+            self.func(*operands, *views, 0, self.rows, self.n)
         return tuple(outs)
+
+
+# --- threads for one large kernel -----------------------------------------------------------------
+# A single-device run has the machine to itself: a kernel over >= PARALLEL_MIN_ELEMENTS elements
+# splits its rows over one thread per core. Device threads of a multi-device run (and anything
+# under graphc.mesh.one_blas_thread) keep each kernel on its own thread: the cores are theirs.
+PARALLEL_MIN_ELEMENTS = 1 << 18
+_threads_local = threading.local()
+_pool_lock = threading.Lock()
+_pool_obj = None
+
+
+def kernel_threads() -> int:
+    """Threads a kernel called from this thread may use."""
+    n = getattr(_threads_local, "threads", None)
+    if n is not None:
+        return n
+    return 1 if _single_threaded_depth else (os.cpu_count() or 1)
+
+
+_single_threaded_depth = 0
+
+
+class single_threaded:
+    """Context: kernels run on the calling thread only (process-wide while any is active)."""
+
+    def __enter__(self):
+        global _single_threaded_depth
+        with _pool_lock:
+            _single_threaded_depth += 1
+        return self
+
+    def __exit__(self, *exc):
+        global _single_threaded_depth
+        with _pool_lock:
+            _single_threaded_depth -= 1
+        return False
+
+
+def _pool(workers: int):
+    global _pool_obj
+    with _pool_lock:
+        if _pool_obj is None or _pool_obj._max_workers < workers:
+            from concurrent.futures import ThreadPoolExecutor
+
+            _pool_obj = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="graphc-kernel")
+        return _pool_obj
 
 
 def _space_of(region: Region) -> tuple[int, ...]:

@@ -35,3 +35,36 @@ def test_fused_kernels_propagate_nan_and_inf():
             np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
             finite = np.isfinite(want)
             np.testing.assert_allclose(got[finite], want[finite], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", ["gelu", "softmax", "layer_norm"])
+@pytest.mark.parametrize("rows", [512, 513])
+def test_threaded_kernels_equal_single_threaded(name, rows):
+    """A kernel over >= PARALLEL_MIN_ELEMENTS elements splits its rows over threads (also an odd
+    number of rows); the result is bitwise the one-thread result."""
+    from graphc.ir import walk
+    from runtime import codegen
+
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal((rows, 1024)) * 3).astype(np.float32)
+    assert x.size >= codegen.PARALLEL_MIN_ELEMENTS
+    g, b = rng.standard_normal(1024).astype(np.float32), rng.standard_normal(1024).astype(np.float32)
+    args = (x, g, b) if name == "layer_norm" else (x,)
+    compiled = graphc.jit(getattr(bench, name)).compile(*args)
+    (node,) = [n for n in walk(compiled.graph.nodes) if n.op.name == "fused"]
+    calls = []
+    kernel = codegen.CompiledKernel(node, [a.shape for a in args])
+    real = kernel.func
+    kernel.func = lambda *a: (calls.append(a[-3:-1]), real(*a))
+    codegen._threads_local.threads = 2
+    try:
+        threaded = kernel(*args)[0]
+    finally:
+        del codegen._threads_local.threads
+    assert sorted(calls) == [(0, rows // 2), (rows // 2, rows)]
+    calls.clear()
+    with codegen.single_threaded():
+        single = kernel(*args)[0]
+    assert calls == [(0, rows)]
+    np.testing.assert_array_equal(threaded, single)
+    np.testing.assert_allclose(threaded, getattr(bench, name)(*args), rtol=2e-6, atol=2e-6)
