@@ -109,45 +109,57 @@ class ParallelExecutable:
 
     def run_sharded(self, pieces: dict[int, list[np.ndarray]], profile: bool = False) -> dict[int, list[np.ndarray]]:
         """Run every device on its pieces; returns every device's output pieces."""
-        from runtime.comm import CommAborted, ThreadWorld
+        from runtime.comm import ThreadWorld
 
         world = ThreadWorld(self.mesh.size, timeout_s=self.timeout_s)
         for d, proxy in self.proxies.items():
             proxy.current = comm = world.comm(d)
             comm.alloc = self.executables[d].pool.get  # collective results reuse the device's dead buffers
-        results: dict[int, list] = {}
-        errors: dict[int, BaseException] = {}
         profiles: dict[int, dict] = {d: {} for d in self.executables} if profile else {}
         t0 = time.perf_counter()
+        try:
+            return run_on_devices(list(self.executables), world, self.mesh, self.timeout_s,
+                                  lambda d: self.executables[d].run_flat(pieces[d], profiles.get(d)))
+        finally:
+            if profile:
+                for d, prof in profiles.items():
+                    prof["t0"] = t0
+                    prof["comm_log"] = list(getattr(self.proxies[d].current, "log", []))
+                self.last_profile = profiles
 
-        def device(d: int) -> None:
-            try:
-                results[d] = self.executables[d].run_flat(pieces[d], profiles.get(d) if profile else None)
-            except BaseException as exc:  # noqa: BLE001 - every failure stops the other devices
-                errors[d] = exc
-                world.abort(d, exc)
 
-        threads = [threading.Thread(target=device, args=(d,), name=f"graphc-device-{d}", daemon=True)
-                   for d in self.executables]
-        with one_blas_thread():
-            for t in threads:
-                t.start()
-            deadline = time.monotonic() + self.timeout_s + 5.0
-            for t in threads:
-                t.join(max(0.0, deadline - time.monotonic()))
-        stuck = [t.name for t in threads if t.is_alive()]
-        if profile:
-            for d, prof in profiles.items():
-                prof["t0"] = t0
-                prof["comm_log"] = list(getattr(self.proxies[d].current, "log", []))
-            self.last_profile = profiles
-        if errors:
-            root = {d: e for d, e in errors.items() if not isinstance(e, CommAborted)} or errors
-            d = min(root)
-            raise _on_device(root[d], d, self.mesh)
-        if stuck:
-            raise GraphcError(f"devices did not finish within {self.timeout_s + 5:.0f} s: {', '.join(stuck)}")
-        return results
+def run_on_devices(devices: list[int], world, mesh, timeout_s: float, body) -> dict[int, Any]:
+    """``body(d)`` on one thread per device (BLAS and fused kernels one thread each); returns
+    {device: result}. An exception on any device aborts the others (their collectives raise
+    promptly) and is re-raised as the same exception type with the device id and the user's
+    source line; devices that do not finish within the timeout are named."""
+    from runtime.comm import CommAborted
+
+    results: dict[int, Any] = {}
+    errors: dict[int, BaseException] = {}
+
+    def device(d: int) -> None:
+        try:
+            results[d] = body(d)
+        except BaseException as exc:  # noqa: BLE001 - every failure stops the other devices
+            errors[d] = exc
+            world.abort(d, exc)
+
+    threads = [threading.Thread(target=device, args=(d,), name=f"graphc-device-{d}", daemon=True) for d in devices]
+    with one_blas_thread():
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + timeout_s + 5.0
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+    if errors:
+        root = {d: e for d, e in errors.items() if not isinstance(e, CommAborted)} or errors
+        d = min(root)
+        raise _on_device(root[d], d, mesh)
+    stuck = [t.name for t in threads if t.is_alive()]
+    if stuck:
+        raise GraphcError(f"devices did not finish within {timeout_s + 5:.0f} s: {', '.join(stuck)}")
+    return results
 
 
 def _on_device(exc: BaseException, device: int, mesh) -> BaseException:

@@ -34,7 +34,6 @@ task's own live values) and ``held_bytes``, the most it holds between forward an
 
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,7 +42,6 @@ import numpy as np
 
 from graphc.errors import GraphcError, PlanError
 from graphc.ir import Graph, Value
-from graphc.mesh import one_blas_thread
 from graphc.pytree import LEAF, TreeDef
 
 PP_AXIS = "pp"
@@ -307,7 +305,8 @@ class PipelineExecutable:
     def run_flat(self, arrays: list, profile: bool = False) -> list[np.ndarray]:
         """Run one step on whole inputs; returns the step's outputs (whole arrays)."""
         from graphc.spec import unshard
-        from runtime.comm import CommAborted, ThreadWorld
+        from runtime.comm import ThreadWorld
+        from runtime.parallel import run_on_devices
 
         arrays = [np.asarray(x) for x in arrays]
         g0 = self.mb.programs[0].graph
@@ -317,35 +316,10 @@ class PipelineExecutable:
         world = ThreadWorld(self.mesh.size, timeout_s=self.timeout_s)
         for d, slot in self.comms.items():
             slot.current = _SubMeshComm(world.comm(d), self.stage_devices[self._stage_of(d)])
-        results: dict[int, dict[int, np.ndarray]] = {}
-        errors: dict[int, BaseException] = {}
         prof: dict[int, dict] = {d: {"events": [], "peak_bytes": 0} for d in self.comms}
         t0 = time.perf_counter()
-
-        def device(d: int) -> None:
-            try:
-                results[d] = self._run_device(d, world.comm(d), pieces[d], prof[d] if profile else None)
-            except BaseException as exc:  # noqa: BLE001 - stops the other devices
-                errors[d] = exc
-                world.abort(d, exc)
-
-        threads = [threading.Thread(target=device, args=(d,), name=f"graphc-device-{d}", daemon=True)
-                   for d in sorted(self.comms)]
-        with one_blas_thread():
-            for t in threads:
-                t.start()
-            deadline = time.monotonic() + self.timeout_s + 5.0
-            for t in threads:
-                t.join(max(0.0, deadline - time.monotonic()))
-        if errors:
-            from runtime.parallel import _on_device
-
-            root = {d: e for d, e in errors.items() if not isinstance(e, CommAborted)} or errors
-            d = min(root)
-            raise _on_device(root[d], d, self.mesh)
-        stuck = [t.name for t in threads if t.is_alive()]
-        if stuck:
-            raise GraphcError(f"pipeline devices did not finish within {self.timeout_s + 5:.0f} s: {', '.join(stuck)}")
+        results = run_on_devices(sorted(self.comms), world, self.mesh, self.timeout_s,
+                                 lambda d: self._run_device(d, world.comm(d), pieces[d], prof[d] if profile else None))
         if profile:
             for p in prof.values():
                 p["t0"] = t0
