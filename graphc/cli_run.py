@@ -93,12 +93,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _times(fn, repeat: int) -> list[float]:
-    out = []
-    for _ in range(max(1, repeat)):
-        start = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - start)
-    return out
+    from runtime.bench import timed
+
+    return timed(fn, max(1, repeat), warmup=0)[0]
 
 
 def _fmt(ts: list[float]) -> str:

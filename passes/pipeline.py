@@ -238,18 +238,6 @@ def schedule_tasks(schedule: str, n_stages: int, m: int, stage: int) -> list[tup
     return tasks + [("U", -1)]
 
 
-def predicted_step(a: StageAssignment, m: int) -> dict:
-    """Predicted step time of a pipeline: the slowest stage's forward + backward, M + S - 1 times
-    (fill and drain), then the update; and the bubble fraction (S-1)/(M+S-1) scaled by balance."""
-    S = a.n_stages
-    per_mb = max(f + b for f, b in zip(a.forward_s, a.backward_s))
-    total = (m + S - 1) * per_mb + max(a.update_s)
-    busy = sum(m * (f + b) for f, b in zip(a.forward_s, a.backward_s)) / S
-    return {"step_s": total, "bubble": 1.0 - busy / ((m + S - 1) * per_mb) if per_mb else 0.0}
-
-
-
-
 # --- a whole pipeline plan: stages, their sub-mesh plan, the schedule, the predicted step ---------
 
 PP_AXIS = "pp"
@@ -277,13 +265,14 @@ class PipelinePlan:
     def n_stages(self) -> int:
         return self.assignment.n_stages
 
-    def stage_devices(self, s: int) -> list[int]:
+    def device(self, s: int, c: int) -> int:
+        """The mesh device of sub-mesh device ``c`` in stage ``s``."""
         pp = self.mesh.axis_index(PP_AXIS)
-        out = []
-        for c in range(self.sub.size):
-            coord = list(self.sub.coord(c)) if self.mesh.ndim > 1 else []
-            out.append(self.mesh.device_id(coord[:pp] + [s] + coord[pp:]))
-        return out
+        coord = list(self.sub.coord(c)) if self.mesh.ndim > 1 else []
+        return self.mesh.device_id(coord[:pp] + [s] + coord[pp:])
+
+    def stage_devices(self, s: int) -> list[int]:
+        return [self.device(s, c) for c in range(self.sub.size)]
 
     def to_json(self) -> dict:
         a = self.assignment
@@ -416,4 +405,4 @@ def _transfer_time(g: Graph, a: StageAssignment, link, n_sub: int) -> float:
 
 
 __all__ = ["PP_AXIS", "SCHEDULES", "PipelinePlan", "StageAssignment", "assign_stages", "in_flight", "node_seconds",
-           "plan_pipeline", "predicted_step", "schedule_tasks"]
+           "plan_pipeline", "schedule_tasks"]

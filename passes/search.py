@@ -112,13 +112,8 @@ def search_meshes(graph: Graph, n_devices: int, memory_limit: int | None = None,
             cand = Candidate(dict(shape), m)
             start = time.perf_counter()
             try:
-                if not shape:  # one device
-                    mesh = Mesh({"dp": 1}, profile=profile)
-                    plan = plan_graph(graph, mesh, memory_limit, ties=ties, time_limit_s=time_limit_s)
-                    cand.predicted_s, cand.comm_s = plan.cost["total_s"], plan.cost["comm_s"]
-                    cand.memory_bytes = max(plan.memory["peak_bytes"])
-                elif S == 1:
-                    mesh = Mesh(shape, links=mesh_links or None, profile=profile)
+                if S == 1:  # no pipeline (an empty shape: one device)
+                    mesh = Mesh(shape or {"dp": 1}, links=mesh_links or None, profile=profile)
                     plan = plan_graph(graph, mesh, memory_limit, ties=ties, time_limit_s=time_limit_s)
                     cand.predicted_s, cand.comm_s = plan.cost["total_s"], plan.cost["comm_s"]
                     cand.memory_bytes = max(plan.memory["peak_bytes"])

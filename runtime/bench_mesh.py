@@ -22,12 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from graphc.cli_run import _times
 from graphc.errors import GraphcError, PlanError
-from runtime.bench import fmt, timed
-
-
-def _times(fn, repeat: int) -> list[float]:
-    return timed(fn, repeat, warmup=0)[0]
+from runtime.bench import fmt
 
 
 def spearman(xs: list[float], ys: list[float]) -> float:

@@ -43,8 +43,8 @@ import numpy as np
 from graphc.errors import GraphcError, PlanError
 from graphc.ir import Graph, Value
 from graphc.pytree import LEAF, TreeDef
-
-PP_AXIS = "pp"
+from passes.pipeline import PP_AXIS
+from runtime.parallel import _CommProxy
 
 
 @dataclass
@@ -87,16 +87,6 @@ class _SubMeshComm:
         return self.comm.all_to_all(x, self._g(group), split_dim, concat_dim, split_blocks, concat_blocks)
 
 
-class _CommSlot:
-    """The communicator a task's executable calls: each run plugs in the run's communicator."""
-
-    def __init__(self):
-        self.current = None
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.current, name)
-
-
 class PipelineExecutable:
     def __init__(self, graph, mesh=None, microbatches: int = 1, schedule: str = "1f1b", profile=None,
                  memory_limit: int | None = None, timeout_s: float = 60.0):
@@ -136,8 +126,7 @@ class PipelineExecutable:
 
     def device(self, stage: int, c: int) -> int:
         """The mesh device of sub-mesh device ``c`` in stage ``stage``."""
-        sub_coord = list(self.sub.coord(c)) if self.mesh.ndim > 1 else []
-        return self.mesh.device_id(sub_coord[:self.pp] + [stage] + sub_coord[self.pp:])
+        return self.plan.device(stage, c)
 
     # --- building the tasks ---------------------------------------------------------------------
 
@@ -214,29 +203,23 @@ class PipelineExecutable:
             if o >= n_in and phase[producer[o]] in ("F", "B") and o in varies and self.m > 1:
                 raise PlanError("a result of the step differs per micro-batch and is not combined into one")
 
-        n_sub = len(progs[0])
+        self.stage_devices = {s: self.plan.stage_devices(s) for s in range(self.n_stages)}
+        ids = [[_value_ids(prog[0]) for prog in per_k] for per_k in progs]  # [micro-batch][sub-mesh device]
         self.tasks: dict[tuple[int, str, int], Task] = {}  # (device, phase, micro-batch or -1 - segment)
         self.n_segments: dict[int, int] = {}
-        self.comms: dict[int, _CommSlot] = {}
+        self.comms: dict[int, _CommProxy] = {}
         for s in range(self.n_stages):
-            stage_devices = [self.device(s, c) for c in range(n_sub)]
             segments = self._step_segments(ref, ids0, s)
-            for c in range(n_sub):
-                dev = stage_devices[c]
-                slot = self.comms[dev] = _CommSlot()
-                for ph in ("F", "B"):
-                    idx = [j for j in range(len(ref.nodes)) if stage[j] == s and phase[j] == ph]
-                    for k in range(self.m):
-                        g = progs[k][c][0]
-                        self.tasks[(dev, ph, k)] = self._task(g, _value_ids(g), idx, s, c, ph, k)
+            work = {ph: [j for j in range(len(ref.nodes)) if stage[j] == s and phase[j] == ph] for ph in ("F", "B")}
+            for c, dev in enumerate(self.stage_devices[s]):
+                slot = self.comms[dev] = _CommProxy()
+                keyed = [((dev, ph, k), (k, idx, ph)) for ph, idx in work.items() for k in range(self.m)]
+                keyed += [((dev, "U", -1 - i), (0, seg, "U")) for i, seg in enumerate(segments)]
+                for key, (k, idx, ph) in keyed:
+                    task = self._task(progs[k][c][0], ids[k][c], idx, s, c, ph, -1 if ph == "U" else k)
+                    task.executable = Executable(task.graph, slot)
+                    self.tasks[key] = task
                 self.n_segments[dev] = len(segments)
-                g = progs[0][c][0]
-                for i, seg in enumerate(segments):
-                    self.tasks[(dev, "U", -1 - i)] = self._task(g, _value_ids(g), seg, s, c, "U", -1)
-                for key, t in self.tasks.items():
-                    if key[0] == dev:
-                        t.executable = Executable(t.graph, slot)
-        self.stage_devices = {s: [self.device(s, c) for c in range(n_sub)] for s in range(self.n_stages)}
 
     def _where(self, vid: int) -> tuple[int, str]:
         """(stage, phase) producing ``vid``; inputs: (-1, "I")."""
