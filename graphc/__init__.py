@@ -41,7 +41,7 @@ from graphc.textir import parse, print_graph
 
 def optimize(graph: Graph, passes=None, verify=None, dump_dir=None) -> Graph:
     """Run the default optimization pipeline (or the named passes) on ``graph``; see passes/."""
-    from passes import optimize as _optimize
+    from graphc.passes import optimize as _optimize
 
     return _optimize(graph, passes, verify, dump_dir)
 

@@ -61,7 +61,7 @@ def cmd_ir(args: argparse.Namespace) -> int:
         fn, fargs, fkwargs = load_target(args.target, args.example)
         graph = graphc.trace(fn, *fargs, **fkwargs)
     if args.stage != "traced" or args.dump_ir:
-        from passes import run_pipeline
+        from graphc.passes import run_pipeline
 
         result = run_pipeline(graph, dump_dir=args.dump_ir)
         graph = result.stage(args.stage)
@@ -77,20 +77,20 @@ def cmd_ir(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     import graphc
     from graphc.loader import load_target
-    from runtime.bench import fmt as _fmt
-    from runtime.bench import timed
+    from graphc.runtime.bench import fmt as _fmt
+    from graphc.runtime.bench import timed
 
     def _timed(fn, repeat):
         return timed(fn, repeat, warmup=0)
 
     if args.target == "kernels":
-        from runtime.bench import bench_kernels, print_kernel_table
+        from graphc.runtime.bench import bench_kernels, print_kernel_table
 
         print("graphc bench kernels: fused float32 kernels vs np.copyto of the same bytes (read + write)")
         print_kernel_table(bench_kernels(repeat=args.repeat))
         return 0
     if args.mesh:
-        from runtime.bench_mesh import bench_mesh
+        from graphc.runtime.bench_mesh import bench_mesh
 
         return bench_mesh(args)
     fn, fargs, fkwargs = load_target(args.target, args.example)

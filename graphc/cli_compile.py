@@ -106,9 +106,9 @@ def _has_arrays(v) -> bool:
 def _dump_ir(folder: str, pf, plan, mesh, fargs, fkwargs) -> None:
     """The IR after every pass, then one file per device: its program after lowering and fusion."""
     from graphc.cli import write_atomically
-    from passes import optimize, run_pipeline
-    from passes.lower import lower, verify_programs
-    from runtime.parallel import DEVICE_PASSES
+    from graphc.passes import optimize, run_pipeline
+    from graphc.passes.lower import lower, verify_programs
+    from graphc.runtime.parallel import DEVICE_PASSES
 
     os.makedirs(folder, exist_ok=True)
     traced, _g, _s = pf.trace_optimized(*fargs, **fkwargs)
@@ -130,7 +130,7 @@ def _write_json(path: str, doc: dict) -> None:
 def _dump_pipeline_ir(folder: str, pf, fargs, fkwargs) -> None:
     """The IR after every pass, micro-batch 0's program, and every device's tasks of micro-batch 0."""
     from graphc.cli import write_atomically
-    from passes import run_pipeline
+    from graphc.passes import run_pipeline
 
     os.makedirs(folder, exist_ok=True)
     traced, _g, _s = pf.trace_optimized(*fargs, **fkwargs)
@@ -150,7 +150,7 @@ def _search(args: argparse.Namespace, progress) -> int:
     from graphc.loader import load_target
     from graphc.mesh import MeshError, parse_links
     from graphc.parallel import parallelize, parse_bytes
-    from passes.search import explain, search_meshes
+    from graphc.passes.search import explain, search_meshes
 
     try:
         links = parse_links(args.link) if args.link else None

@@ -93,7 +93,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _times(fn, repeat: int) -> list[float]:
-    from runtime.bench import timed
+    from graphc.runtime.bench import timed
 
     return timed(fn, max(1, repeat), warmup=0)[0]
 

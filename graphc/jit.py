@@ -27,7 +27,7 @@ class Compiled:
     """One traced, optimized and compiled specialization of a jitted function."""
 
     def __init__(self, traced: Graph, optimized: Graph, seconds: dict[str, float], split_static: Callable):
-        from runtime.executor import Executable
+        from graphc.runtime.executor import Executable
 
         start = time.perf_counter()
         self._split_static = split_static
@@ -134,7 +134,7 @@ class Jitted:
             if hit is not None:
                 return hit
             from graphc.frontend import trace
-            from passes import optimize
+            from graphc.passes import optimize
 
             fn = functools.partial(self.fn, **static) if static else self.fn
             if static:

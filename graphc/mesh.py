@@ -227,7 +227,7 @@ def calibrate(quick: bool = False) -> MachineProfile:
 def one_blas_thread():
     """Inside the ``with``, BLAS uses one thread and fused kernels run on their caller's thread
     (process-wide): one device's share of the machine."""
-    from runtime.codegen import single_threaded
+    from graphc.runtime.codegen import single_threaded
 
     with single_threaded():
         try:

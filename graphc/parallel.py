@@ -175,7 +175,7 @@ class Parallelized(Jitted):
     def trace_optimized(self, *args, **kwargs):
         """(traced graph, optimized graph, seconds) for these arguments."""
         from graphc.frontend import trace
-        from passes import optimize
+        from graphc.passes import optimize
 
         args, kwargs, static = self._split_static(args, kwargs)
         fn = functools.partial(self.fn, **static) if static else self.fn
@@ -222,11 +222,11 @@ class Parallelized(Jitted):
     def plan(self, *args: Any, progress=None, node_pins: dict | None = None, **kwargs: Any):
         """Trace, optimize and solve for these arguments (nothing runs). Returns a Plan."""
         from graphc.plan import Plan, graph_hash
-        from passes.sharding import plan_graph
+        from graphc.passes.sharding import plan_graph
 
         traced, graph, seconds = self.trace_optimized(*args, **kwargs)
         if self.pipelined:
-            from passes.pipeline import plan_pipeline
+            from graphc.passes.pipeline import plan_pipeline
 
             t0 = time.perf_counter()
             pplan = plan_pipeline(graph, self.mesh, self.microbatches, self.schedule, self.memory_limit,
@@ -292,7 +292,7 @@ class Parallelized(Jitted):
     @property
     def pipelined(self) -> bool:
         """A mesh with a ``pp`` axis: the step runs as a pipeline of micro-batches."""
-        from passes.pipeline import PP_AXIS
+        from graphc.passes.pipeline import PP_AXIS
 
         return PP_AXIS in self.mesh.axis_names
 
@@ -310,7 +310,7 @@ class ParallelCompiled:
     """One specialization of a parallelized function: its plan, device programs and executable."""
 
     def __init__(self, owner: Parallelized, plan):
-        from runtime.parallel import ParallelExecutable
+        from graphc.runtime.parallel import ParallelExecutable
 
         self._owner = owner
         self.plan = plan
@@ -339,7 +339,7 @@ class ParallelCompiled:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         from graphc.interpreter import as_numpy_result, bind_arguments
         from graphc.pytree import unflatten
-        from runtime.parallel import ShardedArray
+        from graphc.runtime.parallel import ShardedArray
 
         args, kwargs, _ = self._owner._split_static(args, kwargs)
         arrays = bind_arguments(self.graph, args, kwargs, keep=ShardedArray)  # shards stay on the devices
@@ -353,7 +353,7 @@ class PipelineCompiled:
     plan (passes/pipeline.py) and the pipeline runtime (runtime/pipeline.py)."""
 
     def __init__(self, owner: Parallelized, plan):
-        from runtime.pipeline import PipelineExecutable
+        from graphc.runtime.pipeline import PipelineExecutable
 
         self._owner = owner
         self.plan = plan

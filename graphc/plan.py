@@ -80,7 +80,7 @@ class Plan:
     # --- construction ---------------------------------------------------------------------
     @classmethod
     def from_solution(cls, problem, sol, memory_limit, ghash: str, build_s: float, options: dict) -> Plan:
-        from passes.sharding import collectives_of
+        from graphc.passes.sharding import collectives_of
 
         graph = problem.graph
         mesh = problem.mesh

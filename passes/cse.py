@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from graphc.ir import Graph, Node, Value
-from passes.rewrite import Rewriter, apply_to_graph, finish, map_regions
+from graphc.passes.rewrite import Rewriter, apply_to_graph, finish, map_regions
 
 
 def attr_key(v: Any) -> Any:

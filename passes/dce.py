@@ -7,7 +7,7 @@ outputs; every op is pure, so removing unused nodes never changes results. Runs 
 from __future__ import annotations
 
 from graphc.ir import Graph, Node, Value
-from passes.rewrite import Rewriter, apply_to_graph, finish, map_regions
+from graphc.passes.rewrite import Rewriter, apply_to_graph, finish, map_regions
 
 
 def dce_block(inputs: list[Value], nodes: list[Node], outputs: list[Value]) -> tuple[list[Node], list[Value]]:

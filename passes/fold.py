@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from graphc.ir import Graph, Node, Value
-from passes.rewrite import Rewriter, apply_to_graph, constant_value, finish, map_regions
+from graphc.passes.rewrite import Rewriter, apply_to_graph, constant_value, finish, map_regions
 
 MAX_GROWTH_BYTES = 1 << 20  # a folded constant may exceed its inputs' total size by at most this
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from graphc.ir import Graph, Node, Region, Value
-from passes.dce import dce_block
-from passes.rewrite import Rewriter, apply_to_graph, finish, map_regions
+from graphc.passes.dce import dce_block
+from graphc.passes.rewrite import Rewriter, apply_to_graph, finish, map_regions
 
 ROW_REDUCTIONS = ("reduce_sum", "reduce_max", "reduce_min")
 

@@ -29,9 +29,9 @@ from graphc.ir import Graph, Node, TensorType, Value, clone_region
 from graphc.ops import get_op
 from graphc.pytree import LEAF, TreeDef
 from graphc.spec import format_spec, local_shape, parse_spec
-from passes.sharding.local import _owned_rows, local_attrs
-from passes.sharding.redistribute import plan_steps
-from passes.sharding.strategies import Strategy, get_rule
+from graphc.passes.sharding.local import _owned_rows, local_attrs
+from graphc.passes.sharding.redistribute import plan_steps
+from graphc.passes.sharding.strategies import Strategy, get_rule
 
 
 @dataclass

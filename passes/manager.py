@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 
 from graphc.errors import GraphcError, VerifyError
 from graphc.ir import Graph
-from passes.cse import cse
-from passes.dce import dce
-from passes.fold import fold_constants
-from passes.fuse import fuse
-from passes.simplify import simplify
+from graphc.passes.cse import cse
+from graphc.passes.dce import dce
+from graphc.passes.fold import fold_constants
+from graphc.passes.fuse import fuse
+from graphc.passes.simplify import simplify
 
 PASSES: dict[str, Callable[[Graph], Graph]] = {
     "fold_constants": fold_constants,

@@ -159,7 +159,7 @@ class Microbatched:
     @property
     def meeting_points(self) -> list[str]:
         """The collectives where the micro-batches meet, as ``kind %value at file:line``."""
-        from passes.lower import COLLECTIVE_OPS
+        from graphc.passes.lower import COLLECTIVE_OPS
 
         g = self.programs[0].graph
         names = g.value_names()
@@ -169,7 +169,7 @@ class Microbatched:
         """Run on whole inputs with the reference implementations (every micro-batch in lock
         step, meeting points summed in micro-batch order); the outputs are whole arrays."""
         from graphc.mesh import Mesh
-        from passes.lower import gather_outputs, shard_inputs, simulate
+        from graphc.passes.lower import gather_outputs, shard_inputs, simulate
 
         mesh = Mesh({MB_AXIS: self.m})
         outs = simulate(self.programs, shard_inputs(self.programs, [np.asarray(a) for a in arrays], mesh))
@@ -181,9 +181,9 @@ def microbatch(graph: Graph, m: int, batch: list[int] | None = None) -> Microbat
     along dim 0 of the ``batch`` inputs (default: ``batch_inputs(graph)``)."""
     from graphc.mesh import Link, Mesh
     from graphc.parallel import state_ties
-    from passes.lower import lower, verify_programs
-    from passes.sharding import plan_graph
-    from passes.sharding.problem import build_problem
+    from graphc.passes.lower import lower, verify_programs
+    from graphc.passes.sharding import plan_graph
+    from graphc.passes.sharding.problem import build_problem
 
     if not isinstance(m, int) or m < 1:
         raise PlanError(f"the number of micro-batches must be a positive int, got {m!r}")
@@ -212,7 +212,7 @@ def microbatch(graph: Graph, m: int, batch: list[int] | None = None) -> Microbat
 def _phases(g: Graph, batch: set[int]) -> tuple[list[bool], set[Value]]:
     """Each node's phase (True: step phase) and the values that differ between micro-batches;
     raises PlanError where a step-phase node reads one micro-batch's values."""
-    from passes.lower import COLLECTIVE_OPS
+    from graphc.passes.lower import COLLECTIVE_OPS
 
     varies: set[Value] = {v for k, v in enumerate(g.inputs) if k in batch}  # differs per micro-batch
     step: set[Value] = set()  # computed once per step

@@ -48,7 +48,7 @@ class StageAssignment:
 
 def node_seconds(g: Graph, profile) -> list[float]:
     """Roofline seconds of every node on one device (the cost model of the sharding planner)."""
-    from passes.sharding.strategies import _full_time
+    from graphc.passes.sharding.strategies import _full_time
 
     out = []
     for n in g.nodes:
@@ -67,7 +67,7 @@ def in_flight(schedule: str, n_stages: int, m: int, stage: int) -> int:
 def assign_stages(g: Graph, step_phase: list[bool], n_stages: int, profile, schedule: str = "1f1b", m: int = 1,
                   memory_limit: int | None = None) -> StageAssignment:
     """Cut ``g`` (one micro-batch's program) into ``n_stages`` stages; see the module doc."""
-    from passes.lower import COLLECTIVE_OPS
+    from graphc.passes.lower import COLLECTIVE_OPS
 
     if schedule not in SCHEDULES:
         raise PlanError(f"unknown pipeline schedule {schedule!r}: expected one of {', '.join(SCHEDULES)}")
@@ -311,7 +311,7 @@ def plan_pipeline(graph: Graph, mesh, m: int, schedule: str = "1f1b", memory_lim
     """Micro-batch ``graph`` into ``m``, cut it into the ``pp`` axis's stages, and plan it on the
     sub-mesh of the other axes (the same plan in every stage)."""
     from graphc.mesh import Mesh, as_mesh
-    from passes.microbatch import microbatch
+    from graphc.passes.microbatch import microbatch
 
     mesh = as_mesh(mesh)
     if PP_AXIS not in mesh.axis_names:
@@ -327,7 +327,7 @@ def plan_pipeline(graph: Graph, mesh, m: int, schedule: str = "1f1b", memory_lim
     sub_plan = None
     if sub.size > 1:
         from graphc.parallel import state_ties
-        from passes.sharding import plan_graph
+        from graphc.passes.sharding import plan_graph
 
         sub_plan = plan_graph(g0, sub, memory_limit, None, None, state_ties(graph) if ties is None else ties,
                               time_limit_s=time_limit_s)

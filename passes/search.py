@@ -71,7 +71,7 @@ def factorizations(n: int, axes: tuple[str, ...] = AXES) -> list[dict[str, int]]
 
 
 def _batch(graph: Graph) -> int | None:
-    from passes.microbatch import batch_inputs
+    from graphc.passes.microbatch import batch_inputs
 
     sizes = {graph.inputs[k].type.shape[0] for k in batch_inputs(graph)}
     return min(sizes) if sizes else None
@@ -85,8 +85,8 @@ def search_meshes(graph: Graph, n_devices: int, memory_limit: int | None = None,
     ones by predicted step time, then the infeasible ones)."""
     from graphc.mesh import Mesh, load_profile
     from graphc.parallel import state_ties
-    from passes.pipeline import plan_pipeline
-    from passes.sharding import plan_graph
+    from graphc.passes.pipeline import plan_pipeline
+    from graphc.passes.sharding import plan_graph
 
     profile = profile or load_profile()
     links = links or {}

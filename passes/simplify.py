@@ -16,7 +16,7 @@ from collections.abc import Callable
 import numpy as np
 
 from graphc.ir import Graph, Node, Value
-from passes.rewrite import Rewriter, apply_to_graph, finish, map_regions, scalar_constant
+from graphc.passes.rewrite import Rewriter, apply_to_graph, finish, map_regions, scalar_constant
 
 Rule = Callable[[Rewriter, Node, list[Value]], list[Value] | None]
 RULES: dict[str, list[Rule]] = {}

@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from runtime.comm import ThreadWorld
+from graphc.runtime.comm import ThreadWorld
 
 MiB = 1 << 20
 

@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 
-from runtime import fastmath as fm
+from graphc.runtime import fastmath as fm
 
 GELU_C = math.sqrt(2.0 / math.pi)
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from graphc.cli_run import _times
 from graphc.errors import GraphcError, PlanError
-from runtime.bench import fmt
+from graphc.runtime.bench import fmt
 
 
 def spearman(xs: list[float], ys: list[float]) -> float:
@@ -136,7 +136,7 @@ def bench_mesh(args: argparse.Namespace) -> int:
     from graphc.loader import load_target
     from graphc.mesh import Mesh, MeshError, one_blas_thread, parse_links
     from graphc.plan import fmt_time
-    from runtime.bench_comm import bench_all_reduce, bench_memcpy
+    from graphc.runtime.bench_comm import bench_all_reduce, bench_memcpy
 
     fn, fargs, fkwargs = load_target(args.target, args.example)
     static = tuple(k for k, v in fkwargs.items() if not _has_arrays(v))

@@ -19,9 +19,9 @@ import time
 import graphc
 from graphc.interpreter import bind_arguments
 from graphc.plan import fmt_bytes
-from models import mlp
-from passes import optimize
-from runtime.pipeline import PipelineExecutable
+from graphc.models import mlp
+from graphc.passes import optimize
+from graphc.runtime.pipeline import PipelineExecutable
 
 
 def uneven_theory(prof: dict, m: int) -> float:

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from graphc.ir import Node, Region, Value
-from runtime import fastmath, rowops
+from graphc.runtime import fastmath, rowops
 
 # part of every kernel's text: Numba's disk cache does not see changes in the functions a kernel
 # calls, so editing fastmath.py must give the kernels new cache entries
@@ -163,7 +163,7 @@ class KernelSpec:
         region = self.region
         outs = region.outputs
         lines = [f"# graphc fused kernel (fastmath {FASTMATH_VERSION})", "import math", "import numpy as np",
-                 "import numba", "from runtime import fastmath as fm", "from runtime import rowops", "",
+                 "import numba", "from graphc.runtime import fastmath as fm", "from graphc.runtime import rowops", "",
                  # numpy's error model: no zero-division checks (they stop vectorization; numpy gives inf)
                  "@numba.njit(nogil=True, cache=True, error_model=\"numpy\")",
                  f"def kernel({', '.join([f'in{i}' for i in range(len(region.inputs))] + [f'out{i}' for i in range(len(outs))])}, r0, r1, n):"]

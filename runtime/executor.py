@@ -103,7 +103,7 @@ class Program:
     def _make_step(self, node: Node, stats: dict[str, Any]) -> Callable:
         name = node.op.name
         if name == "fused":
-            from runtime.codegen import CompiledKernel
+            from graphc.runtime.codegen import CompiledKernel
 
             start = time.perf_counter()
             kernel = CompiledKernel(node, [v.shape for v in node.inputs], alloc=self.pool.get)

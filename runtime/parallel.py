@@ -42,9 +42,9 @@ DEVICE_PASSES = ("cse", "dce", "fuse")
 
 class ParallelExecutable:
     def __init__(self, graph: Graph, plan, mesh, timeout_s: float = 60.0, fuse: bool = True):
-        from passes import optimize
-        from passes.lower import lower, verify_programs
-        from runtime.executor import Executable
+        from graphc.passes import optimize
+        from graphc.passes.lower import lower, verify_programs
+        from graphc.runtime.executor import Executable
 
         self.graph = graph
         self.plan = plan
@@ -109,7 +109,7 @@ class ParallelExecutable:
 
     def run_sharded(self, pieces: dict[int, list[np.ndarray]], profile: bool = False) -> dict[int, list[np.ndarray]]:
         """Run every device on its pieces; returns every device's output pieces."""
-        from runtime.comm import ThreadWorld
+        from graphc.runtime.comm import ThreadWorld
 
         world = ThreadWorld(self.mesh.size, timeout_s=self.timeout_s)
         for d, proxy in self.proxies.items():
@@ -133,7 +133,7 @@ def run_on_devices(devices: list[int], world, mesh, timeout_s: float, body) -> d
     {device: result}. An exception on any device aborts the others (their collectives raise
     promptly) and is re-raised as the same exception type with the device id and the user's
     source line; devices that do not finish within the timeout are named."""
-    from runtime.comm import CommAborted
+    from graphc.runtime.comm import CommAborted
 
     results: dict[int, Any] = {}
     errors: dict[int, BaseException] = {}

@@ -43,8 +43,8 @@ import numpy as np
 from graphc.errors import GraphcError, PlanError
 from graphc.ir import Graph, Value
 from graphc.pytree import LEAF, TreeDef
-from passes.pipeline import PP_AXIS
-from runtime.parallel import _CommProxy
+from graphc.passes.pipeline import PP_AXIS
+from graphc.runtime.parallel import _CommProxy
 
 
 @dataclass
@@ -93,7 +93,7 @@ class PipelineExecutable:
         """``graph`` is a training step's Graph (planned here on ``mesh``: an int S for ``{"pp": S}``,
         or a mesh with a ``pp`` axis) or a ``passes.pipeline.PipelinePlan``."""
         from graphc.mesh import Mesh
-        from passes.pipeline import PipelinePlan, plan_pipeline
+        from graphc.passes.pipeline import PipelinePlan, plan_pipeline
 
         if isinstance(graph, PipelinePlan):
             plan = graph
@@ -132,7 +132,7 @@ class PipelineExecutable:
 
     def _programs(self) -> list[list]:
         """[micro-batch][sub-mesh device] -> (graph, origin, in_specs, out_specs)."""
-        from passes.lower import lower
+        from graphc.passes.lower import lower
 
         out = []
         for p in self.mb.programs:
@@ -144,7 +144,7 @@ class PipelineExecutable:
         return out
 
     def _build(self) -> None:
-        from runtime.executor import Executable
+        from graphc.runtime.executor import Executable
 
         a = self.assignment
         g0 = self.mb.programs[0].graph
@@ -288,8 +288,8 @@ class PipelineExecutable:
     def run_flat(self, arrays: list, profile: bool = False) -> list[np.ndarray]:
         """Run one step on whole inputs; returns the step's outputs (whole arrays)."""
         from graphc.spec import unshard
-        from runtime.comm import ThreadWorld
-        from runtime.parallel import run_on_devices
+        from graphc.runtime.comm import ThreadWorld
+        from graphc.runtime.parallel import run_on_devices
 
         arrays = [np.asarray(x) for x in arrays]
         g0 = self.mb.programs[0].graph
@@ -350,7 +350,7 @@ class PipelineExecutable:
         return out
 
     def _run_device(self, d: int, comm, pieces, prof: dict | None) -> dict[int, np.ndarray]:
-        from passes.pipeline import schedule_tasks
+        from graphc.passes.pipeline import schedule_tasks
 
         s = self._stage_of(d)
         c = self.stage_devices[s].index(d)

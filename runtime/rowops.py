@@ -16,7 +16,7 @@ from llvmlite import ir
 from numba.core import types
 from numba.extending import intrinsic
 
-from runtime.fastmath import _maximum, _radd
+from graphc.runtime.fastmath import _maximum, _radd
 
 _JIT = dict(nogil=True, cache=True, error_model="numpy")
 

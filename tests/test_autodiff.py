@@ -223,7 +223,7 @@ def test_closure_over_the_differentiated_value_is_a_constant():
 
 
 def test_training_step_traces_to_one_tagged_graph():
-    from models import mlp
+    from graphc.models import mlp
 
     args, kwargs = mlp.example_train_args(batch=16, sizes=(12, 8, 4))
     graph = graphc.trace(mlp.train_step, *args, **kwargs)
@@ -238,7 +238,7 @@ def test_training_step_traces_to_one_tagged_graph():
 
 
 def test_traced_step_equals_eager_step_repeatedly():
-    from models import gpt
+    from graphc.models import gpt
 
     args, kwargs = gpt.example_train_args(n_layer=1, d=32, seq=8)
     graph = graphc.trace(gpt.train_step, *args, **kwargs)

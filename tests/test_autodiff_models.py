@@ -5,7 +5,7 @@ import pytest
 
 import graphc
 from graphc.pytree import flatten, unflatten
-from models import cnn, gpt, mlp
+from graphc.models import cnn, gpt, mlp
 
 
 def to_float64(tree):

@@ -10,8 +10,8 @@ import graphc
 from graphc.errors import PlanError
 from graphc.mesh import Link, MachineProfile, Mesh
 from graphc.plan import Plan
-from passes.sharding.ilp import exhaustive, solve
-from passes.sharding.problem import build_problem
+from graphc.passes.sharding.ilp import exhaustive, solve
+from graphc.passes.sharding.problem import build_problem
 
 PROFILE = MachineProfile.default()
 OPT = ("fold_constants", "simplify", "cse", "dce")
@@ -93,7 +93,7 @@ def test_ilp_equals_exhaustive_search_under_a_memory_limit():
 # --- classic plans emerge from the costs ------------------------------------------------------------
 
 def _gpt_train(batch=2, seq=32, d=256, n_layer=2, n_head=4, n_vocab=256):
-    from models import gpt
+    from graphc.models import gpt
 
     return gpt.train_step, gpt.example_train_args(batch=batch, seq=seq, n_vocab=n_vocab, d=d, n_layer=n_layer, n_head=n_head)
 
@@ -145,7 +145,7 @@ def test_gpt_on_tp4_gets_the_megatron_pattern(megatron_plan):
 
 
 def test_mlp_with_large_batch_on_dp4_is_pure_data_parallel():
-    from models import mlp
+    from graphc.models import mlp
 
     (params, x, labels), kw = mlp.example_train_args(batch=1024, sizes=(64, 64, 64, 10))
     plan = par(mlp.train_step, mesh(dp=4), static_argnames=("lr",)).plan(params, x, labels, **kw)
@@ -158,7 +158,7 @@ def test_mlp_with_large_batch_on_dp4_is_pure_data_parallel():
     x_spec = [d["spec"] for d in plan.doc["inputs"] if d["type"].startswith("f32[1024,64]")]
     assert x_spec == ["[S(0)]"]
     # the predicted communication is the closed form: one all-reduce per gradient, plus the loss
-    from passes.sharding.redistribute import step_time
+    from graphc.passes.sharding.redistribute import step_time
 
     link = PROFILE.link
     expected = sum(step_time("all_reduce", 4, c["bytes"], link.latency_s, link.bandwidth,
@@ -245,7 +245,7 @@ def test_in_and_out_specs_are_honoured():
 
 
 def test_state_outputs_are_tied_to_their_inputs():
-    from models import mlp
+    from graphc.models import mlp
 
     (params, x, labels), kw = mlp.example_train_args(batch=64, sizes=(32, 64, 10))
     plan = par(mlp.train_step, mesh(dp=2, tp=2), static_argnames=("lr",)).plan(params, x, labels, **kw)
@@ -311,7 +311,7 @@ def test_hand_edited_plan_is_resolved_around_its_pins():
 
 
 def test_slow_link_changes_the_choice():
-    from models import mlp
+    from graphc.models import mlp
 
     (params, x, labels), kw = mlp.example_train_args(batch=256, sizes=(256, 256, 10))
     fast = Mesh({"dp": 4}, profile=PROFILE, links={"dp": Link(1e-6, 1e12)})
@@ -328,7 +328,7 @@ def test_shrinking_ties_repeated_layers():
     fn, (args, kw) = _gpt_train(d=64, seq=16, n_layer=4)
     g = graphc.parallelize(fn, mesh=mesh(tp=2), static_argnames=("n_head", "lr"), cache=False).trace_optimized(*args, **kw)[1]
     p = build_problem(g, mesh(tp=2))
-    from passes.sharding.ilp import shrink_groups
+    from graphc.passes.sharding.ilp import shrink_groups
 
     groups, _of = shrink_groups(p)
     assert len(groups) < len(p.items) / 3

@@ -9,8 +9,8 @@ import sys
 
 import numpy as np
 
-from models import mlp
-from runtime.bench_mesh import bench_plans, spearman
+from graphc.models import mlp
+from graphc.runtime.bench_mesh import bench_plans, spearman
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -14,10 +14,10 @@ import time
 import numpy as np
 import pytest
 
-import runtime.comm as comm_module
+import graphc.runtime.comm as comm_module
 from graphc.errors import GraphcError
 from graphc.spec import S, shard
-from runtime.comm import CommAborted, CommError, Communicator, ThreadComm, ThreadWorld, reference
+from graphc.runtime.comm import CommAborted, CommError, Communicator, ThreadComm, ThreadWorld, reference
 
 JOIN_S = 10.0  # no test should keep a device thread this long
 

@@ -226,7 +226,7 @@ def test_reverse_mode_through_data_dependent_while_suggests_a_bounded_loop():
 
 
 def test_training_step_with_clipping_is_one_graph():
-    from models import mlp
+    from graphc.models import mlp
 
     def step(params, x, labels, lr=0.1, max_norm=0.5):
         loss, grads = graphc.value_and_grad(mlp.loss)(params, x, labels)

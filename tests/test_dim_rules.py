@@ -14,8 +14,8 @@ from graphc.interpreter import bind_arguments
 from graphc.mesh import MachineProfile, Mesh
 from graphc.ops import REGISTRY
 from graphc.spec import shard, unshard
-from passes.sharding.local import run_local
-from passes.sharding.strategies import block_sets, get_rule, node_strategies
+from graphc.passes.sharding.local import run_local
+from graphc.passes.sharding.strategies import block_sets, get_rule, node_strategies
 from tests.graphgen import random_graphs, random_inputs
 from tests.helpers import quiet
 

@@ -21,7 +21,7 @@ import numba
 import numpy as np
 import pytest
 
-from runtime import fastmath as fm
+from graphc.runtime import fastmath as fm
 
 F32_TINY = np.finfo(np.float32).tiny
 F32_SUB = np.float32(2.0**-149)

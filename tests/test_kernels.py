@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import graphc
-from runtime import bench
+from graphc.runtime import bench
 
 TINY = np.finfo(np.float32).tiny
 
@@ -43,7 +43,7 @@ def test_threaded_kernels_equal_single_threaded(name, rows):
     """A kernel over >= PARALLEL_MIN_ELEMENTS elements splits its rows over threads (also an odd
     number of rows); the result is bitwise the one-thread result."""
     from graphc.ir import walk
-    from runtime import codegen
+    from graphc.runtime import codegen
 
     rng = np.random.default_rng(1)
     x = (rng.standard_normal((rows, 1024)) * 3).astype(np.float32)

@@ -9,7 +9,7 @@ from graphc.errors import VerifyError
 from graphc.interpreter import bind_arguments, run_flat
 from graphc.mesh import MachineProfile, Mesh
 from graphc.pytree import flatten
-from passes.lower import check_collective_order, gather_outputs, lower, shard_inputs, simulate, verify_programs
+from graphc.passes.lower import check_collective_order, gather_outputs, lower, shard_inputs, simulate, verify_programs
 from tests import foreign_models
 
 PROFILE = MachineProfile.default()
@@ -47,7 +47,7 @@ MESHES = [{"dp": 2}, {"tp": 4}, {"dp": 2, "tp": 2}]
 
 
 def _models():
-    from models import cnn, gpt, mlp
+    from graphc.models import cnn, gpt, mlp
 
     return {
         "mlp_train": (mlp.train_step, *mlp.example_train_args(batch=64, sizes=(16, 32, 32, 10)), 1e-5),

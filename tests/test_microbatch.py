@@ -11,9 +11,9 @@ import graphc
 from graphc.errors import PlanError
 from graphc.interpreter import bind_arguments
 from graphc.pytree import flatten
-from models import gpt, mlp
-from passes import optimize
-from passes.microbatch import batch_inputs, microbatch
+from graphc.models import gpt, mlp
+from graphc.passes import optimize
+from graphc.passes.microbatch import batch_inputs, microbatch
 
 PLAN_PASSES = ("fold_constants", "simplify", "cse", "dce")
 

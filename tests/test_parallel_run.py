@@ -9,8 +9,8 @@ import graphc
 from graphc.interpreter import bind_arguments
 from graphc.mesh import MachineProfile, Mesh
 from graphc.pytree import flatten
-from runtime.comm import CommError
-from runtime.parallel import ParallelExecutable, ShardedArray
+from graphc.runtime.comm import CommError
+from graphc.runtime.parallel import ParallelExecutable, ShardedArray
 from tests import foreign_models
 
 PROFILE = MachineProfile.default()
@@ -26,7 +26,7 @@ def _static_names(kwargs):
 
 
 def _models():
-    from models import cnn, gpt, mlp
+    from graphc.models import cnn, gpt, mlp
 
     return {
         "mlp_train": (mlp.train_step, *mlp.example_train_args(batch=64, sizes=(16, 32, 32, 8))),
@@ -88,7 +88,7 @@ def test_foreign_models_on_a_2x2_mesh(name):
 
 
 def test_parallelize_runs_with_fused_kernels():
-    from models import gpt
+    from graphc.models import gpt
 
     args, kwargs = gpt.example_train_args(batch=4, seq=16)
     pf = graphc.parallelize(gpt.train_step, mesh=_mesh({"dp": 2, "tp": 2}), cache=False,
@@ -103,7 +103,7 @@ def test_parallelize_runs_with_fused_kernels():
 
 
 def test_training_steps_with_sharded_state_equal_eager_steps():
-    from models import mlp
+    from graphc.models import mlp
 
     (params, x, labels), kw = mlp.example_train_args(batch=64, sizes=(16, 32, 32, 8))
     pf = graphc.parallelize(mlp.train_step, mesh=_mesh({"dp": 2, "tp": 2}), cache=False,
@@ -132,7 +132,7 @@ def test_out_of_range_index_on_a_split_table_raises_index_error_naming_device_an
 def test_an_exception_on_one_device_stops_all_quickly():
     import time
 
-    from models import gpt
+    from graphc.models import gpt
 
     args, kwargs = gpt.example_train_args(batch=4, seq=16)
     exe, arrays, _plan = unfused_executable(gpt.train_step, args, kwargs, {"tp": 4})
@@ -149,7 +149,7 @@ def test_an_exception_on_one_device_stops_all_quickly():
 
 
 def test_a_lost_peer_fails_with_a_named_timeout():
-    from models import gpt
+    from graphc.models import gpt
 
     args, kwargs = gpt.example_train_args(batch=4, seq=16)
     exe, arrays, plan = unfused_executable(gpt.train_step, args, kwargs, {"tp": 2}, timeout_s=0.5)

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import graphc
-from passes import DEFAULT_PIPELINE, PASSES, run_pipeline
+from graphc.passes import DEFAULT_PIPELINE, PASSES, run_pipeline
 from tests.graphgen import random_graphs, random_inputs
 from tests.helpers import assert_arrays_close, assert_same_pytree, quiet
 
@@ -52,22 +52,22 @@ def test_default_pipeline_on_random_graphs(graph, seed):
 
 
 def gpt_grads(params, tokens, targets, n_head):
-    from models import gpt
+    from graphc.models import gpt
 
     return graphc.value_and_grad(gpt.lm_loss)(params, tokens, targets, n_head)
 
 
 MODELS = [
-    ("models.mlp", "mlp", "example_args"),
-    ("models.mlp", "train_step", "example_train_args"),
-    ("models.gpt", "gpt", "example_args"),
-    ("models.gpt", "lm_loss", "example_loss_args"),
-    ("models.cnn", "cnn", "example_args"),
-    ("models.cnn", "train_step", "example_train_args"),
+    ("graphc.models.mlp", "mlp", "example_args"),
+    ("graphc.models.mlp", "train_step", "example_train_args"),
+    ("graphc.models.gpt", "gpt", "example_args"),
+    ("graphc.models.gpt", "lm_loss", "example_loss_args"),
+    ("graphc.models.cnn", "cnn", "example_args"),
+    ("graphc.models.cnn", "train_step", "example_train_args"),
 ]
 
 
-@pytest.mark.parametrize("module, func, example", MODELS + [("models.gpt", gpt_grads, "example_loss_args")])
+@pytest.mark.parametrize("module, func, example", MODELS + [("graphc.models.gpt", gpt_grads, "example_loss_args")])
 def test_pipeline_on_models(module, func, example):
     mod = importlib.import_module(module)
     fn = getattr(mod, func) if isinstance(func, str) else func
@@ -81,7 +81,7 @@ def test_pipeline_on_models(module, func, example):
 
 
 def test_gpt_gelu_cube_becomes_multiplies():
-    from models import gpt
+    from graphc.models import gpt
 
     args, kwargs = gpt.example_args()
     graph = graphc.optimize(graphc.trace(gpt.gpt, *args, **kwargs))
@@ -121,7 +121,7 @@ def test_passes_run_inside_regions():
 
 
 def test_dump_dir_has_one_file_per_stage(tmp_path):
-    from models import mlp
+    from graphc.models import mlp
 
     args, _ = mlp.example_args(batch=4, sizes=(5, 4, 3))
     run_pipeline(graphc.trace(mlp.mlp, *args), dump_dir=str(tmp_path))
@@ -132,7 +132,7 @@ def test_dump_dir_has_one_file_per_stage(tmp_path):
 
 
 def test_unknown_pass_is_an_error():
-    from models import mlp
+    from graphc.models import mlp
 
     args, _ = mlp.example_args(batch=4, sizes=(5, 4, 3))
     with pytest.raises(graphc.GraphcError, match="unknown pass 'nope'; passes: fold_constants, simplify, cse, dce"):

@@ -11,10 +11,10 @@ from graphc.errors import PlanError
 from graphc.interpreter import bind_arguments
 from graphc.mesh import MachineProfile
 from graphc.pytree import flatten
-from models import gpt, mlp
-from passes import optimize
-from passes.pipeline import assign_stages, schedule_tasks
-from runtime.pipeline import PipelineExecutable
+from graphc.models import gpt, mlp
+from graphc.passes import optimize
+from graphc.passes.pipeline import assign_stages, schedule_tasks
+from graphc.runtime.pipeline import PipelineExecutable
 
 PLAN_PASSES = ("fold_constants", "simplify", "cse", "dce")
 PROFILE = MachineProfile.default()
@@ -102,7 +102,7 @@ def test_schedules(schedule, stages, m):
 def test_data_flows_forward_along_the_stage_line(stages):
     """On the line F0 .. F(S-1) B(S-1) .. B0, every edge between forward/backward nodes goes
     forward (no stage waits for a later position of a micro-batch)."""
-    from passes.microbatch import microbatch
+    from graphc.passes.microbatch import microbatch
 
     step, args, kw = gpt_step()
     mb = microbatch(graph_of(step, args, kw), 2)
@@ -123,7 +123,7 @@ def test_data_flows_forward_along_the_stage_line(stages):
 def test_memory_limit_needs_two_stages():
     """Each layer's weights fit a device, the whole model does not: one stage is refused with
     the memory the step needs, two stages are found."""
-    from passes.microbatch import microbatch
+    from graphc.passes.microbatch import microbatch
 
     args, kw = mlp.example_train_args(batch=8, sizes=(512, 512, 512, 8))
     mb = microbatch(graph_of(mlp.train_step, args, kw), 2)

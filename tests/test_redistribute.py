@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from graphc.spec import P, R, S, format_spec, parse_spec, shard, unshard
-from passes.sharding.redistribute import plan_steps, redistribution_time, step_time
+from graphc.passes.sharding.redistribute import plan_steps, redistribution_time, step_time
 
 
 @dataclass(frozen=True)

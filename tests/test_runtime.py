@@ -11,17 +11,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import graphc
-from runtime.executor import Executable
+from graphc.runtime.executor import Executable
 from tests.graphgen import random_graphs, random_inputs
 from tests.helpers import assert_arrays_close, assert_same_pytree, quiet
 
 MODELS = [
-    ("models.mlp", "mlp", "example_args"),
-    ("models.mlp", "train_step", "example_train_args"),
-    ("models.gpt", "gpt", "example_args"),
-    ("models.gpt", "lm_loss", "example_loss_args"),
-    ("models.cnn", "cnn", "example_args"),
-    ("models.cnn", "train_step", "example_train_args"),
+    ("graphc.models.mlp", "mlp", "example_args"),
+    ("graphc.models.mlp", "train_step", "example_train_args"),
+    ("graphc.models.gpt", "gpt", "example_args"),
+    ("graphc.models.gpt", "lm_loss", "example_loss_args"),
+    ("graphc.models.cnn", "cnn", "example_args"),
+    ("graphc.models.cnn", "train_step", "example_train_args"),
 ]
 
 
@@ -36,7 +36,7 @@ def test_jit_matches_numpy_on_models(module, func, example):
 
 
 def test_jit_gpt_train_step_matches_the_interpreter():
-    from models import gpt
+    from graphc.models import gpt
 
     args, kwargs = gpt.example_train_args()
     jitted = graphc.jit(gpt.train_step, static_argnames=("n_head",))
@@ -120,7 +120,7 @@ def test_control_flow_runs_on_the_executor():
 
 
 def test_buffers_are_reused_on_warm_runs():
-    from models import gpt
+    from graphc.models import gpt
 
     args, kwargs = gpt.example_args()
     compiled = graphc.jit(gpt.gpt, static_argnames=("n_head",)).compile(*args, **kwargs)

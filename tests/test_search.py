@@ -11,9 +11,9 @@ import pytest
 
 import graphc
 from graphc.mesh import Link, MachineProfile
-from models import mlp
-from passes import optimize
-from passes.search import factorizations, search_meshes
+from graphc.models import mlp
+from graphc.passes import optimize
+from graphc.passes.search import factorizations, search_meshes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROFILE = MachineProfile.default()

@@ -39,12 +39,12 @@ def test_golden_file_evaluates_like_numpy():
 @pytest.mark.parametrize(
     "module, func, example",
     [
-        ("models.mlp", "mlp", "example_args"),
-        ("models.mlp", "loss", "example_loss_args"),
-        ("models.gpt", "gpt", "example_args"),
-        ("models.gpt", "lm_loss", "example_loss_args"),
-        ("models.cnn", "cnn", "example_args"),
-        ("models.cnn", "loss", "example_loss_args"),
+        ("graphc.models.mlp", "mlp", "example_args"),
+        ("graphc.models.mlp", "loss", "example_loss_args"),
+        ("graphc.models.gpt", "gpt", "example_args"),
+        ("graphc.models.gpt", "lm_loss", "example_loss_args"),
+        ("graphc.models.cnn", "cnn", "example_args"),
+        ("graphc.models.cnn", "loss", "example_loss_args"),
     ],
 )
 def test_model_round_trip_is_identity_and_reruns(module, func, example):

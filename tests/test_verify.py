@@ -95,7 +95,7 @@ def test_signature_mismatch():
 
 
 def test_verify_accepts_every_traced_model():
-    from models import cnn, gpt, mlp
+    from graphc.models import cnn, gpt, mlp
 
     for f, ex in [(mlp.loss, mlp.example_loss_args), (gpt.lm_loss, gpt.example_loss_args), (cnn.loss, cnn.example_loss_args)]:
         args, kwargs = ex()
@@ -105,7 +105,7 @@ def test_verify_accepts_every_traced_model():
 def test_networkx_view_is_acyclic():
     import networkx as nx
 
-    from models import gpt
+    from graphc.models import gpt
 
     args, kwargs = gpt.example_args()
     g = graphc.trace(gpt.gpt, *args, **kwargs).to_networkx()

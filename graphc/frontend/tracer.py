@@ -27,6 +27,7 @@ from graphc.ops import get_op
 from graphc.pytree import ArraySpec, flatten, leaf_paths, unflatten
 
 _GRAPHC_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_MODELS_DIR = _GRAPHC_DIR + "models" + os.sep  # the example models are user code: their lines are reported
 _NUMPY_DIR = os.path.dirname(os.path.abspath(np.__file__)) + os.sep
 _state = threading.local()
 
@@ -44,6 +45,10 @@ def current_context() -> TraceContext | None:
 
 @functools.lru_cache(maxsize=4096)
 def _display_path(filename: str) -> str:
+    """The file as the user knows it: relative to the working directory when inside it, with links
+    resolved (graphc/models/ is a link to the repository's models/ folder)."""
+    if not filename.startswith("<"):
+        filename = os.path.realpath(filename)
     try:
         rel = os.path.relpath(filename)
     except ValueError:
@@ -52,7 +57,9 @@ def _display_path(filename: str) -> str:
 
 
 def _is_internal(filename: str) -> bool:
-    return filename.startswith(_GRAPHC_DIR) or filename.startswith(_NUMPY_DIR) or filename.startswith("<__array_function__")
+    if filename.startswith(_GRAPHC_DIR):
+        return not filename.startswith(_MODELS_DIR)
+    return filename.startswith(_NUMPY_DIR) or filename.startswith("<__array_function__")
 
 
 def _user_frame():

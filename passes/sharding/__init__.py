@@ -14,9 +14,9 @@ import time
 
 from graphc.ir import Graph
 from graphc.spec import format_spec
-from passes.sharding.ilp import solve
-from passes.sharding.problem import Problem, build_problem
-from passes.sharding.redistribute import plan_steps
+from graphc.passes.sharding.ilp import solve
+from graphc.passes.sharding.problem import Problem, build_problem
+from graphc.passes.sharding.redistribute import plan_steps
 
 
 def plan_graph(graph: Graph, mesh, memory_limit: int | None = None, in_pins: dict | None = None,

@@ -38,7 +38,7 @@ import numpy as np
 from graphc.errors import PlanError
 from graphc.plan import fmt_bytes
 from graphc.spec import format_spec
-from passes.sharding.problem import Problem
+from graphc.passes.sharding.problem import Problem
 
 FOLLOW_KINDS = ("elementwise", "shape", "fused")
 

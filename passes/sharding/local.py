@@ -15,7 +15,7 @@ import numpy as np
 
 from graphc.ir import TensorType
 from graphc.spec import _block_index, local_shape, shard
-from passes.sharding.strategies import Strategy, get_rule
+from graphc.passes.sharding.strategies import Strategy, get_rule
 
 
 def local_types(types, specs, mesh_shape) -> tuple[TensorType, ...]:

@@ -23,8 +23,8 @@ import numpy as np
 
 from graphc.ir import Graph, Value
 from graphc.spec import format_spec, local_shape
-from passes.sharding.redistribute import redistribution_time
-from passes.sharding.strategies import Strategy, block_sets, get_rule, node_strategies, tensor_specs
+from graphc.passes.sharding.redistribute import redistribution_time
+from graphc.passes.sharding.strategies import Strategy, block_sets, get_rule, node_strategies, tensor_specs
 
 
 @dataclass
@@ -155,7 +155,7 @@ def build_problem(graph: Graph, mesh, in_pins: dict[int, tuple] | None = None,
     graph input / output positions; ``ties`` are (input position, output position) pairs whose
     specs must be equal (a training step's state): both get the same candidate list."""
     from graphc.ops.dims import DimRule  # noqa: F401  (rules are computed by strategies.get_rule)
-    from passes.sharding.errors import PlanError
+    from graphc.passes.sharding.errors import PlanError
 
     in_pins = in_pins or {}
     out_pins = out_pins or {}
