@@ -26,10 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from graphc.errors import TraceError
+from graphc.core.errors import TraceError
 from graphc.frontend.tracer import TraceContext, Tracer, bind, bind_multi, current_context, lift, user_location
-from graphc.ir import Node, Value
-from graphc.pytree import flatten, flatten_as, unflatten
+from graphc.core.ir import Node, Value
+from graphc.core.pytree import flatten, flatten_as, unflatten
 
 
 class RuleContext:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from graphc.errors import SourceLoc
-from graphc.ir import Graph, Node, TensorType, Value
+from graphc.core.errors import SourceLoc
+from graphc.core.ir import Graph, Node, TensorType, Value
 from graphc.ops import get_op
-from graphc.pytree import LEAF, TreeDef
+from graphc.core.pytree import LEAF, TreeDef
 
 
 class GraphBuilder:

@@ -21,25 +21,12 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
 import time
 
 import numpy as np
 
-from graphc.errors import GraphcError
-
-
-def write_atomically(path: str, text: str) -> None:
-    """Write via a temporary file in the same folder, so an interrupted run leaves no partial file."""
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".graphc-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+from graphc.core.errors import GraphcError
+from graphc.core.files import atomic_write
 
 
 def cmd_ir(args: argparse.Namespace) -> int:
@@ -67,7 +54,7 @@ def cmd_ir(args: argparse.Namespace) -> int:
         graph = result.stage(args.stage)
     text = str(graph)
     if args.output:
-        write_atomically(args.output, text)
+        atomic_write(args.output, text)
         print(f"wrote {args.output}: {len(graph.nodes)} nodes", file=sys.stderr)
     else:
         sys.stdout.write(text)
@@ -130,7 +117,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from graphc.mesh import calibrate, load_profile, profile_path, save_profile
+    from graphc.core.mesh import load_profile, profile_path, save_profile
+    from graphc.runtime.calibrate import calibrate
 
     path = args.output or profile_path()
     if args.show:
@@ -156,7 +144,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def _same(got, want) -> str:
-    from graphc.pytree import flatten
+    from graphc.core.pytree import flatten
 
     g, w = flatten(got)[0], flatten(want)[0]
     for a, b in zip(g, w):
@@ -170,7 +158,7 @@ def _same(got, want) -> str:
 
 
 def _array_leaves(tree):
-    from graphc.pytree import flatten
+    from graphc.core.pytree import flatten
 
     return flatten(tree)[0]
 

@@ -13,7 +13,7 @@ import os
 import sys
 import time
 
-from graphc.errors import GraphcError
+from graphc.core.errors import GraphcError
 
 
 def add_parser(sub) -> None:
@@ -41,7 +41,7 @@ def add_parser(sub) -> None:
 
 def cmd_compile(args: argparse.Namespace) -> int:
     from graphc.loader import load_target
-    from graphc.mesh import Mesh, MeshError, parse_links
+    from graphc.core.mesh import Mesh, MeshError, parse_links
     from graphc.parallel import parallelize
     from graphc.plan import Plan
 
@@ -94,7 +94,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def _has_arrays(v) -> bool:
-    from graphc.pytree import flatten
+    from graphc.core.pytree import flatten
 
     try:
         leaves, _ = flatten(v)
@@ -105,7 +105,7 @@ def _has_arrays(v) -> bool:
 
 def _dump_ir(folder: str, pf, plan, mesh, fargs, fkwargs) -> None:
     """The IR after every pass, then one file per device: its program after lowering and fusion."""
-    from graphc.cli import write_atomically
+    from graphc.core.files import atomic_write
     from graphc.passes import optimize, run_pipeline
     from graphc.passes.lower import lower, verify_programs
     from graphc.runtime.parallel import DEVICE_PASSES
@@ -116,40 +116,41 @@ def _dump_ir(folder: str, pf, plan, mesh, fargs, fkwargs) -> None:
     programs = lower(plan.graph, plan, mesh)
     verify_programs(programs)
     for p in programs:
-        write_atomically(os.path.join(folder, f"device-{p.device}.gir"), str(optimize(p.graph, DEVICE_PASSES)))
+        atomic_write(os.path.join(folder, f"device-{p.device}.gir"), str(optimize(p.graph, DEVICE_PASSES)))
 
 
 def _write_json(path: str, doc: dict) -> None:
     import json
 
-    from graphc.cli import write_atomically
+    from graphc.core.files import atomic_write
 
-    write_atomically(path, json.dumps(doc, indent=1, default=str))
+    atomic_write(path, json.dumps(doc, indent=1, default=str))
 
 
 def _dump_pipeline_ir(folder: str, pf, fargs, fkwargs) -> None:
     """The IR after every pass, micro-batch 0's program, and every device's tasks of micro-batch 0."""
-    from graphc.cli import write_atomically
+    from graphc.core.files import atomic_write
     from graphc.passes import run_pipeline
 
     os.makedirs(folder, exist_ok=True)
     traced, _g, _s = pf.trace_optimized(*fargs, **fkwargs)
     run_pipeline(traced, dump_dir=folder)
     compiled = pf.compile(*fargs, **fkwargs)
-    write_atomically(os.path.join(folder, "microbatch.gir"), compiled.ir("microbatch"))
+    atomic_write(os.path.join(folder, "microbatch.gir"), compiled.ir("microbatch"))
     by_device: dict[int, list[str]] = {}
     for (d, ph, k), t in sorted(compiled.executable.tasks.items()):
         if k <= 0:
             by_device.setdefault(d, []).append(f"// {ph} task{'' if k < 0 else ' of micro-batch 0'}\n{t.graph}")
     for d, texts in by_device.items():
-        write_atomically(os.path.join(folder, f"device-{d}.gir"), "\n".join(texts))
+        atomic_write(os.path.join(folder, f"device-{d}.gir"), "\n".join(texts))
 
 
 def _search(args: argparse.Namespace, progress) -> int:
     """``--devices N``: plan every factorization, print the choice and why, write the chosen plan."""
     from graphc.loader import load_target
-    from graphc.mesh import MeshError, parse_links
-    from graphc.parallel import parallelize, parse_bytes
+    from graphc.core.mesh import MeshError, parse_links
+    from graphc.core.units import parse_bytes
+    from graphc.parallel import parallelize
     from graphc.passes.search import explain, search_meshes
 
     try:

@@ -12,7 +12,7 @@ import statistics
 import sys
 import time
 
-from graphc.errors import GraphcError
+from graphc.core.errors import GraphcError
 
 
 def add_parser(sub) -> None:
@@ -33,13 +33,15 @@ def add_parser(sub) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from graphc.cli import _same, write_atomically
+    from graphc.cli import _same
+    from graphc.core.files import atomic_write
     from graphc.cli_compile import _has_arrays
     from graphc.interpreter import bind_arguments
     from graphc.loader import load_target
-    from graphc.mesh import Mesh, MeshError, parse_links
+    from graphc.core.mesh import Mesh, MeshError, parse_links
     from graphc.parallel import parallelize
-    from graphc.plan import Plan, fmt_bytes, fmt_time
+    from graphc.core.units import fmt_bytes, fmt_time
+    from graphc.plan import Plan
 
     fn, fargs, fkwargs = load_target(args.target, args.example)
     static = tuple(k for k, v in fkwargs.items() if not _has_arrays(v))
@@ -87,7 +89,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"  {d:>6}  {fmt_bytes(p.get('peak_bytes', 0)):>20}  {fmt_bytes(predicted[d]):>9}   {len(comm):>11}  "
               f"{fmt_time(sum(e[3] - e[2] for e in comm)):>9}")
     if args.trace:
-        write_atomically(args.trace, json.dumps(chrome_trace(prof, mesh)))
+        atomic_write(args.trace, json.dumps(chrome_trace(prof, mesh)))
         print(f"wrote {args.trace} (open in https://ui.perfetto.dev)", file=sys.stderr)
     return 0 if same == "yes" else 1
 
@@ -125,9 +127,10 @@ def chrome_trace(profiles: dict[int, dict], mesh) -> dict:
 def _run_pipeline(args: argparse.Namespace, pf, fn, fargs, fkwargs) -> int:
     """``graphc run`` on a mesh with a pp axis: the pipeline's timings, measured bubble and memory
     against the plan's, and a trace with one track per device showing stages and micro-batches."""
-    from graphc.cli import _same, write_atomically
+    from graphc.cli import _same
+    from graphc.core.files import atomic_write
     from graphc.interpreter import bind_arguments
-    from graphc.plan import fmt_bytes
+    from graphc.core.units import fmt_bytes
 
     start = time.perf_counter()
     compiled = pf.compile(*fargs, **fkwargs)
@@ -157,7 +160,7 @@ def _run_pipeline(args: argparse.Namespace, pf, fn, fargs, fkwargs) -> int:
         print(f"  {d:>6}  {s:>5}  {fmt_bytes(prof[d]['peak_bytes']):>20}  {fmt_bytes(prof[d].get('held_bytes', 0)):>18}  "
               f"{fmt_bytes(plan.memory_bytes[s]):>14}")
     if args.trace:
-        write_atomically(args.trace, json.dumps(pipeline_trace(prof, ex)))
+        atomic_write(args.trace, json.dumps(pipeline_trace(prof, ex)))
         print(f"wrote {args.trace} (open in https://ui.perfetto.dev)", file=sys.stderr)
     return 0 if same == "yes" else 1
 

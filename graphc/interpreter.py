@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from graphc.errors import EvaluationError
-from graphc.ir import Graph, Region, Value
-from graphc.pytree import ArraySpec, flatten_as, unflatten
+from graphc.core.errors import EvaluationError
+from graphc.core.ir import Graph, Region, Value
+from graphc.core.pytree import ArraySpec, flatten_as, unflatten
 
 
 def bind_arguments(graph: Graph, args: tuple, kwargs: dict, keep: type | tuple[type, ...] = ()) -> list[np.ndarray]:

@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from graphc.errors import GraphcError
+from graphc.core.errors import GraphcError
 from graphc.interpreter import as_numpy_result, bind_arguments
-from graphc.ir import Graph
-from graphc.pytree import TreeDef, flatten, unflatten
+from graphc.core.ir import Graph
+from graphc.core.pytree import TreeDef, flatten, unflatten
 
 
 class Compiled:
@@ -49,7 +49,7 @@ class Compiled:
         return unflatten(self.graph.out_tree, [as_numpy_result(o) for o in outs])
 
     def stats(self) -> dict[str, Any]:
-        from graphc.ir import walk
+        from graphc.core.ir import walk
 
         kernels = [len(n.regions[0].nodes) for n in walk(self.graph.nodes) if n.op.name == "fused"]
         return {

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from graphc.errors import GraphcError
+from graphc.core.errors import GraphcError
 
 
 class UsageError(GraphcError):

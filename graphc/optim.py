@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from graphc.pytree import tree_map
+from graphc.core.pytree import tree_map
 
 
 def _fill(new: Any, old: Any) -> Any:

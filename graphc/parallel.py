@@ -28,42 +28,20 @@ import functools
 import hashlib
 import json
 import os
-import re
 import time
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 
-from graphc.errors import GraphcError, PlanError
+from graphc.core.errors import GraphcError, PlanError
 from graphc.jit import Jitted
-from graphc.pytree import TreeDef, flatten
-from graphc.spec import Placement, SpecError, format_spec, parse_spec
+from graphc.core.pytree import TreeDef, flatten
+from graphc.core.files import cache_dir
+from graphc.core.units import parse_bytes
+from graphc.core.spec import Placement, SpecError, format_spec, parse_spec
 
 PLAN_PASSES = ("fold_constants", "simplify", "cse", "dce")  # fusion runs per device, after lowering
 PLANNER_VERSION = 3  # part of the plan cache key: bump when rules or costs change what a plan says
-
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30,
-          "TIB": 2**40, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-
-
-def parse_bytes(value) -> int | None:
-    """``2GiB``, ``512MB``, ``1e9`` or an int -> bytes (None stays None)."""
-    if value is None:
-        return None
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-        if value <= 0:
-            raise GraphcError(f"memory limit must be positive, got {value}")
-        return int(value)
-    if isinstance(value, float):
-        return parse_bytes(int(value))
-    m = _SIZE.match(str(value))
-    unit = m.group(2).upper() if m else None
-    if not m or unit not in _UNITS:
-        raise GraphcError(f"bad memory size {value!r}: expected a number of bytes or e.g. 2GiB, 512MB, 64KiB")
-    return parse_bytes(int(float(m.group(1)) * _UNITS[unit]))
-
 
 def shard(x, *placements):
     """Pin the sharding spec of ``x``: ``graphc.shard(h, "S(0)", "R")`` (one placement per mesh
@@ -144,8 +122,7 @@ def state_ties(graph) -> list[tuple[int, int]]:
 
 
 def plan_cache_dir() -> str:
-    base = os.environ.get("GRAPHC_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "graphc")
-    return os.path.join(base, "plans")
+    return cache_dir("plans")
 
 
 class Parallelized(Jitted):
@@ -154,7 +131,7 @@ class Parallelized(Jitted):
     def __init__(self, fn: Callable, mesh, memory_limit=None, static_argnames=(), in_specs=None, out_specs=None,
                  shrink: bool = True, time_limit_s: float = 60.0, cache: bool = True, timeout_s: float = 60.0,
                  sharded_state: bool = False, microbatches: int = 1, schedule: str = "1f1b"):
-        from graphc.mesh import as_mesh
+        from graphc.core.mesh import as_mesh
 
         super().__init__(fn, tuple(static_argnames))  # a 1-device mesh runs like graphc.jit (fusion included)
         self.mesh = as_mesh(mesh)
@@ -265,7 +242,7 @@ class Parallelized(Jitted):
         plan.graph = graph
         if self.cache:
             try:
-                plan.save(path)
+                plan.save(path, make_dirs=True)
             except OSError:
                 pass  # a read-only cache is not an error
         self._plans[key] = plan
@@ -338,7 +315,7 @@ class ParallelCompiled:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         from graphc.interpreter import as_numpy_result, bind_arguments
-        from graphc.pytree import unflatten
+        from graphc.core.pytree import unflatten
         from graphc.runtime.parallel import ShardedArray
 
         args, kwargs, _ = self._owner._split_static(args, kwargs)
@@ -375,7 +352,7 @@ class PipelineCompiled:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         from graphc.interpreter import as_numpy_result, bind_arguments
-        from graphc.pytree import unflatten
+        from graphc.core.pytree import unflatten
 
         args, kwargs, _ = self._owner._split_static(args, kwargs)
         outs = self.executable.run_flat(bind_arguments(self.graph, args, kwargs))

@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from typing import Any
 
-from graphc.errors import PlanError
-from graphc.spec import format_spec
+from graphc.core.errors import PlanError
+from graphc.core.files import atomic_write
+from graphc.core.spec import format_spec
+from graphc.core.units import fmt_bytes, fmt_time
 
 PLAN_VERSION = 1
 
@@ -38,37 +38,6 @@ def graph_hash(graph) -> str:
     from graphc.textir import print_graph
 
     return hashlib.sha256(print_graph(graph).encode()).hexdigest()[:32]
-
-
-def fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} B" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return f"{n} B"  # pragma: no cover
-
-
-def fmt_time(t: float) -> str:
-    if t >= 1:
-        return f"{t:.3f} s"
-    if t >= 1e-3:
-        return f"{t * 1e3:.3f} ms"
-    return f"{t * 1e6:.1f} us"
-
-
-def atomic_write(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` so that no reader ever sees a partial file."""
-    directory = os.path.dirname(os.path.abspath(path)) or "."
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 class Plan:
@@ -164,7 +133,7 @@ class Plan:
 
     @property
     def mesh(self):
-        from graphc.mesh import Mesh
+        from graphc.core.mesh import Mesh
 
         return Mesh.from_json(self.doc["mesh"])
 
@@ -182,8 +151,8 @@ class Plan:
     def to_json(self, indent: int | None = 1) -> str:
         return json.dumps(self.doc, indent=indent, sort_keys=False)
 
-    def save(self, path: str) -> None:
-        atomic_write(path, self.to_json())
+    def save(self, path: str, make_dirs: bool = False) -> None:
+        atomic_write(path, self.to_json(), make_dirs=make_dirs)
 
     @classmethod
     def from_json(cls, text: str, source: str = "<plan>") -> Plan:
@@ -320,7 +289,7 @@ def _item_name(item, names) -> str:
 
 
 def _local_bytes(value, spec, problem) -> int:
-    from graphc.spec import local_shape
+    from graphc.core.spec import local_shape
 
     n = value.type.dtype.itemsize
     for d in local_shape(value.type.shape, spec, tuple(problem.mesh.shape)):

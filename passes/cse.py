@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from graphc.ir import Graph, Node, Value
+from graphc.core.ir import Graph, Node, Value
 from graphc.passes.rewrite import Rewriter, apply_to_graph, finish, map_regions
 
 

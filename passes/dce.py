@@ -6,7 +6,7 @@ outputs; every op is pure, so removing unused nodes never changes results. Runs 
 
 from __future__ import annotations
 
-from graphc.ir import Graph, Node, Value
+from graphc.core.ir import Graph, Node, Value
 from graphc.passes.rewrite import Rewriter, apply_to_graph, finish, map_regions
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from graphc.ir import Graph, Node, Value
+from graphc.core.ir import Graph, Node, Value
 from graphc.passes.rewrite import Rewriter, apply_to_graph, constant_value, finish, map_regions
 
 MAX_GROWTH_BYTES = 1 << 20  # a folded constant may exceed its inputs' total size by at most this

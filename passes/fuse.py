@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from graphc.ir import Graph, Node, Region, Value
+from graphc.core.ir import Graph, Node, Region, Value
 from graphc.passes.dce import dce_block
 from graphc.passes.rewrite import Rewriter, apply_to_graph, finish, map_regions
 

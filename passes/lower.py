@@ -24,11 +24,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from graphc.errors import GraphcError, VerifyError
-from graphc.ir import Graph, Node, TensorType, Value, clone_region
+from graphc.core.errors import GraphcError, VerifyError
+from graphc.core.ir import Graph, Node, TensorType, Value, clone_region
 from graphc.ops import get_op
-from graphc.pytree import LEAF, TreeDef
-from graphc.spec import format_spec, local_shape, parse_spec
+from graphc.core.pytree import LEAF, TreeDef
+from graphc.core.spec import format_spec, local_shape, parse_spec
 from graphc.passes.sharding.local import _owned_rows, local_attrs
 from graphc.passes.sharding.redistribute import plan_steps
 from graphc.passes.sharding.strategies import Strategy, get_rule
@@ -266,7 +266,7 @@ def describe_specs(specs) -> list[str]:
 
 def shard_inputs(programs: list[DeviceProgram], arrays: list[np.ndarray], mesh) -> dict[int, list[np.ndarray]]:
     """Every device's pieces of the graph inputs."""
-    from graphc.spec import shard
+    from graphc.core.spec import shard
 
     shape = tuple(mesh.shape)
     return {p.device: [shard(a, s, shape, p.coord) for a, s in zip(arrays, p.in_specs)] for p in programs}
@@ -274,7 +274,7 @@ def shard_inputs(programs: list[DeviceProgram], arrays: list[np.ndarray], mesh) 
 
 def gather_outputs(programs: list[DeviceProgram], outs: dict[int, list[np.ndarray]], graph: Graph, mesh) -> list:
     """The whole graph outputs from every device's pieces."""
-    from graphc.spec import unshard
+    from graphc.core.spec import unshard
 
     shape = tuple(mesh.shape)
     result = []

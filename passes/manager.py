@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from graphc.errors import GraphcError, VerifyError
-from graphc.ir import Graph
+from graphc.core.errors import GraphcError, VerifyError
+from graphc.core.ir import Graph
 from graphc.passes.cse import cse
 from graphc.passes.dce import dce
 from graphc.passes.fold import fold_constants
@@ -90,9 +90,9 @@ def run_pipeline(graph: Graph, passes: list[str] | tuple[str, ...] | None = None
 
 
 def _dump(folder: str, index: int, name: str, graph: Graph) -> None:
-    from graphc.cli import write_atomically
+    from graphc.core.files import atomic_write
 
-    write_atomically(os.path.join(folder, f"{index:02d}-{name}.gir"), str(graph))
+    atomic_write(os.path.join(folder, f"{index:02d}-{name}.gir"), str(graph))
 
 
 def optimize(graph: Graph, passes: list[str] | tuple[str, ...] | None = None, verify: bool | None = None,

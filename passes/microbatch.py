@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from graphc.errors import PlanError
-from graphc.ir import Graph, Value
-from graphc.spec import P, R, S
+from graphc.core.errors import PlanError
+from graphc.core.ir import Graph, Value
+from graphc.core.spec import P, R, S
 
 MB_AXIS = "mb"
 # ops of a lowered program whose result differs from micro-batch to micro-batch on the same data
@@ -168,7 +168,7 @@ class Microbatched:
     def run_reference(self, arrays: list) -> list[np.ndarray]:
         """Run on whole inputs with the reference implementations (every micro-batch in lock
         step, meeting points summed in micro-batch order); the outputs are whole arrays."""
-        from graphc.mesh import Mesh
+        from graphc.core.mesh import Mesh
         from graphc.passes.lower import gather_outputs, shard_inputs, simulate
 
         mesh = Mesh({MB_AXIS: self.m})
@@ -179,7 +179,7 @@ class Microbatched:
 def microbatch(graph: Graph, m: int, batch: list[int] | None = None) -> Microbatched:
     """Partition ``graph`` (a training step, or any function of a batch) into ``m`` micro-batches
     along dim 0 of the ``batch`` inputs (default: ``batch_inputs(graph)``)."""
-    from graphc.mesh import Link, Mesh
+    from graphc.core.mesh import Link, Mesh
     from graphc.parallel import state_ties
     from graphc.passes.lower import lower, verify_programs
     from graphc.passes.sharding import plan_graph

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from graphc.errors import PlanError
-from graphc.ir import Graph, Value
+from graphc.core.errors import PlanError
+from graphc.core.ir import Graph, Value
 
 SCHEDULES = ("gpipe", "1f1b")
 
@@ -249,7 +249,7 @@ class PipelinePlan:
     stage follows on its sub-mesh, and the predicted step time, bubble and memory."""
 
     graph: Graph
-    mesh: object  # graphc.mesh.Mesh with a pp axis
+    mesh: object  # graphc.core.mesh.Mesh with a pp axis
     sub: object  # the other axes (a 1-device mesh when there are none)
     m: int
     schedule: str
@@ -310,7 +310,7 @@ def plan_pipeline(graph: Graph, mesh, m: int, schedule: str = "1f1b", memory_lim
                   ties: list | None = None, time_limit_s: float = 60.0) -> PipelinePlan:
     """Micro-batch ``graph`` into ``m``, cut it into the ``pp`` axis's stages, and plan it on the
     sub-mesh of the other axes (the same plan in every stage)."""
-    from graphc.mesh import Mesh, as_mesh
+    from graphc.core.mesh import Mesh, as_mesh
     from graphc.passes.microbatch import microbatch
 
     mesh = as_mesh(mesh)

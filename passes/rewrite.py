@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from graphc.ir import Graph, Node, Region, TensorType, Value
+from graphc.core.ir import Graph, Node, Region, TensorType, Value
 from graphc.ops import get_op
 
 

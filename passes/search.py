@@ -14,8 +14,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from graphc.errors import GraphcError, PlanError
-from graphc.ir import Graph
+from graphc.core.errors import GraphcError, PlanError
+from graphc.core.ir import Graph
 
 AXES = ("pp", "dp", "tp")
 
@@ -83,7 +83,7 @@ def search_meshes(graph: Graph, n_devices: int, memory_limit: int | None = None,
                   progress=None) -> list[Candidate]:
     """Plan ``graph`` on every factorization of ``n_devices``; candidates best first (feasible
     ones by predicted step time, then the infeasible ones)."""
-    from graphc.mesh import Mesh, load_profile
+    from graphc.core.mesh import Mesh, load_profile
     from graphc.parallel import state_ties
     from graphc.passes.pipeline import plan_pipeline
     from graphc.passes.sharding import plan_graph

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from graphc.ir import Graph, Node, Value
+from graphc.core.ir import Graph, Node, Value
 from graphc.passes.rewrite import Rewriter, apply_to_graph, finish, map_regions, scalar_constant
 
 Rule = Callable[[Rewriter, Node, list[Value]], list[Value] | None]

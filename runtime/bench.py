@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from graphc.runtime.codegen import kernel_threads
+from graphc.runtime.threads import kernel_threads
 
 
 def timed(fn: Callable[[], Any], repeat: int, warmup: int = 1) -> tuple[list[float], Any]:
@@ -99,7 +99,7 @@ def bench_kernels(sizes=(4 << 20, 16 << 20), repeat: int = 5, width: int = 1024)
 def _fused_kernel(compiled, args):
     """The compiled graph's one fused kernel, writing into a buffer reused from call to call (as
     inside a compiled graph, where outputs come from the executor's pool)."""
-    from graphc.ir import walk
+    from graphc.core.ir import walk
     from graphc.runtime.codegen import CompiledKernel
 
     (node,) = [n for n in walk(compiled.graph.nodes) if n.op.name == "fused"]

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from graphc.cli_run import _times
-from graphc.errors import GraphcError, PlanError
+from graphc.core.errors import GraphcError, PlanError
 from graphc.runtime.bench import fmt
 
 
@@ -53,7 +53,7 @@ def spearman(xs: list[float], ys: list[float]) -> float:
 
 def _split_spec(ndim: int, dim: int, mesh) -> tuple | None:
     """Split ``dim`` over the mesh's first axis, replicate over the others (None for a scalar)."""
-    from graphc.spec import parse_spec
+    from graphc.core.spec import parse_spec
 
     if ndim == 0:
         return None
@@ -65,7 +65,7 @@ def plan_variants(graph, mesh) -> list[tuple[str, dict[int, tuple], dict[int, st
     pins on every input leaf (the ILP still plans everything between inputs and outputs); the
     matmuls of the first half of the graph (the forward pass of a training step) replicated; and
     every node replicated (no parallelism: each device computes everything)."""
-    from graphc.spec import parse_spec
+    from graphc.core.spec import parse_spec
 
     replicated = parse_spec(["R"] * mesh.ndim)
     leaves = [v.type for v in graph.inputs]
@@ -86,7 +86,7 @@ def bench_plans(fn, fargs, fkwargs, static, mesh, repeat: int) -> list[dict[str,
     """Plan, build and time every variant of ``plan_variants``; rows with predicted/measured seconds."""
     import graphc
     from graphc.interpreter import bind_arguments
-    from graphc.mesh import as_mesh
+    from graphc.core.mesh import as_mesh
 
     mesh = as_mesh(mesh)
     base = graphc.parallelize(fn, mesh=mesh, static_argnames=static, cache=False)
@@ -134,8 +134,9 @@ def bench_mesh(args: argparse.Namespace) -> int:
     from graphc.cli_compile import _has_arrays
     from graphc.interpreter import bind_arguments
     from graphc.loader import load_target
-    from graphc.mesh import Mesh, MeshError, one_blas_thread, parse_links
-    from graphc.plan import fmt_time
+    from graphc.core.mesh import Mesh, MeshError, parse_links
+    from graphc.runtime.threads import one_blas_thread
+    from graphc.core.units import fmt_time
     from graphc.runtime.bench_comm import bench_all_reduce, bench_memcpy
 
     fn, fargs, fkwargs = load_target(args.target, args.example)

@@ -18,7 +18,7 @@ import time
 
 import graphc
 from graphc.interpreter import bind_arguments
-from graphc.plan import fmt_bytes
+from graphc.core.units import fmt_bytes
 from graphc.models import mlp
 from graphc.passes import optimize
 from graphc.runtime.pipeline import PipelineExecutable

@@ -30,7 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from graphc.ir import Node, Region, Value
+from graphc.core.files import atomic_write, cache_dir
+from graphc.core.ir import Node, Region, Value
+from graphc.runtime.threads import kernel_pool, kernel_threads
 from graphc.runtime import fastmath, rowops
 
 # part of every kernel's text: Numba's disk cache does not see changes in the functions a kernel
@@ -44,9 +46,8 @@ _BINARY = {"add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "**"}
 _COMPARE = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 
 
-def cache_dir() -> str:
-    folder = os.environ.get("GRAPHC_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "graphc")
-    path = os.path.join(folder, "kernels")
+def kernel_cache_dir() -> str:
+    path = cache_dir("kernels")
     os.makedirs(path, exist_ok=True)
     return path
 
@@ -335,7 +336,7 @@ class CompiledKernel:
         if threads > 1 and self.rows >= threads and self.rows * self.n >= PARALLEL_MIN_ELEMENTS:
             # rows split evenly; the caller runs the first share, pool threads the others (nogil)
             bounds = [self.rows * i // threads for i in range(threads + 1)]
-            pool = _pool(threads - 1)
+            pool = kernel_pool(threads - 1)
             futures = [pool.submit(self.func, *operands, *views, bounds[i], bounds[i + 1], self.n)
                        for i in range(1, threads)]
             self.func(*operands, *views, bounds[0], bounds[1], self.n)
@@ -346,51 +347,8 @@ class CompiledKernel:
         return tuple(outs)
 
 
-# --- threads for one large kernel -----------------------------------------------------------------
-# A single-device run has the machine to itself: a kernel over >= PARALLEL_MIN_ELEMENTS elements
-# splits its rows over one thread per core. Device threads of a multi-device run (and anything
-# under graphc.mesh.one_blas_thread) keep each kernel on its own thread: the cores are theirs.
+# A kernel over at least this many elements splits its rows over the threads runtime/threads.py allows.
 PARALLEL_MIN_ELEMENTS = 1 << 18
-_threads_local = threading.local()
-_pool_lock = threading.Lock()
-_pool_obj = None
-
-
-def kernel_threads() -> int:
-    """Threads a kernel called from this thread may use."""
-    n = getattr(_threads_local, "threads", None)
-    if n is not None:
-        return n
-    return 1 if _single_threaded_depth else (os.cpu_count() or 1)
-
-
-_single_threaded_depth = 0
-
-
-class single_threaded:
-    """Context: kernels run on the calling thread only (process-wide while any is active)."""
-
-    def __enter__(self):
-        global _single_threaded_depth
-        with _pool_lock:
-            _single_threaded_depth += 1
-        return self
-
-    def __exit__(self, *exc):
-        global _single_threaded_depth
-        with _pool_lock:
-            _single_threaded_depth -= 1
-        return False
-
-
-def _pool(workers: int):
-    global _pool_obj
-    with _pool_lock:
-        if _pool_obj is None or _pool_obj._max_workers < workers:
-            from concurrent.futures import ThreadPoolExecutor
-
-            _pool_obj = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="graphc-kernel")
-        return _pool_obj
 
 
 def _space_of(region: Region) -> tuple[int, ...]:
@@ -411,13 +369,9 @@ def load_kernel(source: str):
         hit = _loaded.get(digest)
         if hit is not None:
             return hit
-        folder = cache_dir()
-        path = os.path.join(folder, f"k_{digest}.py")
+        path = os.path.join(kernel_cache_dir(), f"k_{digest}.py")
         if not os.path.exists(path):
-            tmp = f"{path}.{os.getpid()}.tmp"
-            with open(tmp, "w") as f:
-                f.write(source)
-            os.replace(tmp, path)
+            atomic_write(path, source)
         name = f"graphc_kernel_{digest}"
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)

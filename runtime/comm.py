@@ -42,8 +42,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from graphc.errors import GraphcError
-from graphc.spec import _block_index
+from graphc.core.errors import GraphcError
+from graphc.core.spec import _block_index
 
 
 class CommError(GraphcError):
@@ -56,7 +56,7 @@ class CommAborted(CommError):
 
 # --- the block layout ---------------------------------------------------------------------------
 # A dim of ``size`` split over ``n`` ranks in ``blocks`` blocks: rank r holds its 1/n share of
-# every block, concatenated (graphc.spec). With blocks=1 the split may be uneven: numpy's
+# every block, concatenated (graphc.core.spec). With blocks=1 the split may be uneven: numpy's
 # array_split layout, the first ``size % n`` pieces one longer.
 
 

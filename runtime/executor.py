@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from graphc.ir import Graph, Node, Value
+from graphc.core.ir import Graph, Node, Value
 
 
 class BufferPool:
@@ -205,7 +205,7 @@ COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
 def _collective_step(node: Node, comm) -> Callable:
     """A collective of a device program, performed by the device's communicator."""
     if comm is None:
-        from graphc.errors import GraphcError
+        from graphc.core.errors import GraphcError
 
         raise GraphcError(f"{node.op.name} at {node.loc} needs a communicator: run device programs with runtime/parallel.py")
     a = node.attrs

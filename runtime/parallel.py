@@ -21,10 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from graphc.errors import GraphcError
-from graphc.ir import Graph
-from graphc.mesh import one_blas_thread
-from graphc.pytree import ArraySpec
+from graphc.core.errors import GraphcError
+from graphc.core.ir import Graph
+from graphc.runtime.threads import one_blas_thread
+from graphc.core.pytree import ArraySpec
 
 
 class _CommProxy:
@@ -75,7 +75,7 @@ class ParallelExecutable:
     def shard(self, arrays: list) -> dict[int, list[np.ndarray]]:
         """Every device's pieces of the inputs; a ShardedArray already in the input's spec on this
         mesh is used as it is."""
-        from graphc.spec import shard
+        from graphc.core.spec import shard
 
         shape = tuple(self.mesh.shape)
         pieces: dict[int, list[np.ndarray]] = {p.device: [] for p in self.programs}
@@ -93,7 +93,7 @@ class ParallelExecutable:
     def run_flat(self, arrays: list, profile: bool = False, keep_sharded: frozenset = frozenset()) -> list:
         """Run on whole inputs (or ShardedArrays); outputs are whole arrays, except the positions in
         ``keep_sharded``, which stay on the devices as ShardedArrays."""
-        from graphc.spec import unshard
+        from graphc.core.spec import unshard
 
         outs = self.run_sharded(self.shard(arrays), profile)
         shape = tuple(self.mesh.shape)
@@ -189,14 +189,14 @@ class ShardedArray(ArraySpec):
         object.__setattr__(self, "mesh", mesh)
 
     def __array__(self, dtype=None, copy=None):
-        from graphc.spec import unshard
+        from graphc.core.spec import unshard
 
         whole = unshard({self.mesh.coord(d): p for d, p in self.pieces.items()}, self.spec, tuple(self.mesh.shape),
                         self.shape).astype(self.dtype, copy=False)
         return whole if dtype is None else whole.astype(dtype)
 
     def __repr__(self) -> str:
-        from graphc.spec import format_spec
+        from graphc.core.spec import format_spec
 
         return f"ShardedArray({np.dtype(self.dtype).name}{list(self.shape)}, spec={format_spec(self.spec)}, mesh={self.mesh!r})"
 

@@ -40,9 +40,9 @@ from typing import Any
 
 import numpy as np
 
-from graphc.errors import GraphcError, PlanError
-from graphc.ir import Graph, Value
-from graphc.pytree import LEAF, TreeDef
+from graphc.core.errors import GraphcError, PlanError
+from graphc.core.ir import Graph, Value
+from graphc.core.pytree import LEAF, TreeDef
 from graphc.passes.pipeline import PP_AXIS
 from graphc.runtime.parallel import _CommProxy
 
@@ -92,7 +92,7 @@ class PipelineExecutable:
                  memory_limit: int | None = None, timeout_s: float = 60.0):
         """``graph`` is a training step's Graph (planned here on ``mesh``: an int S for ``{"pp": S}``,
         or a mesh with a ``pp`` axis) or a ``passes.pipeline.PipelinePlan``."""
-        from graphc.mesh import Mesh
+        from graphc.core.mesh import Mesh
         from graphc.passes.pipeline import PipelinePlan, plan_pipeline
 
         if isinstance(graph, PipelinePlan):
@@ -287,7 +287,7 @@ class PipelineExecutable:
 
     def run_flat(self, arrays: list, profile: bool = False) -> list[np.ndarray]:
         """Run one step on whole inputs; returns the step's outputs (whole arrays)."""
-        from graphc.spec import unshard
+        from graphc.core.spec import unshard
         from graphc.runtime.comm import ThreadWorld
         from graphc.runtime.parallel import run_on_devices
 
@@ -328,7 +328,7 @@ class PipelineExecutable:
 
     def _split_inputs(self, arrays: list[np.ndarray]) -> dict[int, dict[tuple[int, int], np.ndarray]]:
         """device -> (input id, micro-batch) -> its piece; state (not split) under micro-batch -1."""
-        from graphc.spec import shard
+        from graphc.core.spec import shard
 
         batch = set(self.mb.batch) if self.m > 1 else set()
         whole: dict[tuple[int, int], np.ndarray] = {}

@@ -13,7 +13,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from graphc.builder import GraphBuilder
-from graphc.ir import Graph, TensorType, Value
+from graphc.core.ir import Graph, TensorType, Value
 from graphc.ops.elementwise import COMPARISONS
 from graphc.ops.shape import normalize_slice
 
@@ -315,7 +315,7 @@ def _scatter_add(draw, b, pool):
 
 def _region(in_types, body):
     """A region whose nodes ``body(builder, args)`` emits; returns its outputs."""
-    from graphc.ir import Region
+    from graphc.core.ir import Region
 
     rb = GraphBuilder("region")
     args = [rb.input(t) for t in in_types]
@@ -358,7 +358,7 @@ def _fori(draw, b, pool):
 
 
 def _emit_with_regions(b, opname, inputs, attrs, regions):
-    from graphc.ir import Node
+    from graphc.core.ir import Node
     from graphc.ops import get_op
 
     op = get_op(opname)

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from graphc.pytree import flatten
+from graphc.core.pytree import flatten
 
 
 def tolerance(dtype) -> float:

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import graphc
-from graphc.pytree import flatten, unflatten
+from graphc.core.pytree import flatten, unflatten
 from graphc.models import cnn, gpt, mlp
 
 

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import graphc
-from graphc.ir import walk
+from graphc.core.ir import walk
 from tests.helpers import assert_same_pytree, line_of, numeric_grad
 
 CONTROL_OPS = {"cond", "while_loop", "fori_loop"}

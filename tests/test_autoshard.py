@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import graphc
-from graphc.errors import PlanError
-from graphc.mesh import Link, MachineProfile, Mesh
+from graphc.core.errors import PlanError
+from graphc.core.mesh import Link, MachineProfile, Mesh
 from graphc.plan import Plan
 from graphc.passes.sharding.ilp import exhaustive, solve
 from graphc.passes.sharding.problem import build_problem

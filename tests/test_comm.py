@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 import graphc.runtime.comm as comm_module
-from graphc.errors import GraphcError
-from graphc.spec import S, shard
+from graphc.core.errors import GraphcError
+from graphc.core.spec import S, shard
 from graphc.runtime.comm import CommAborted, CommError, Communicator, ThreadComm, ThreadWorld, reference
 
 JOIN_S = 10.0  # no test should keep a device thread this long
@@ -182,7 +182,7 @@ def test_collective_matches_reference_and_numpy(kind, n):
 
 @pytest.mark.parametrize("n", [2, 4])
 def test_block_layout_is_graphc_spec(n):
-    """reduce_scatter with blocks=2 keeps exactly graphc.spec.shard's piece of S(1, blocks=2)."""
+    """reduce_scatter with blocks=2 keeps exactly graphc.core.spec.shard's piece of S(1, blocks=2)."""
     xs = [np.arange(3 * 4 * n, dtype=np.float64).reshape(3, 4 * n) * (r + 1) for r in range(n)]
     out = run_ok(n, lambda comm, d: comm.reduce_scatter(xs[d], tuple(range(n)), 1, blocks=2))
     total = sum(xs)

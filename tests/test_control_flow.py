@@ -6,12 +6,12 @@ import pytest
 
 import graphc
 from graphc.builder import GraphBuilder
-from graphc.ir import Region, TensorType
+from graphc.core.ir import Region, TensorType
 from tests.helpers import assert_same_pytree, line_of, numeric_grad
 
 
 def ops_of(graph):
-    from graphc.ir import walk
+    from graphc.core.ir import walk
 
     return [n.op.name for n in walk(graph.nodes)]
 
@@ -139,7 +139,7 @@ def _cond_graph(false_out_type=None, use_outer=False):
     if false_out_type is not None:
         out = fb.op("convert", out, dtype=false_out_type)
     false_r = Region(fb.inputs, fb.nodes, [out])
-    from graphc.ir import Node
+    from graphc.core.ir import Node
     from graphc.ops import get_op
 
     cond = get_op("cond")

@@ -11,9 +11,9 @@ from hypothesis import strategies as hst
 
 import graphc
 from graphc.interpreter import bind_arguments
-from graphc.mesh import MachineProfile, Mesh
+from graphc.core.mesh import MachineProfile, Mesh
 from graphc.ops import REGISTRY
-from graphc.spec import shard, unshard
+from graphc.core.spec import shard, unshard
 from graphc.passes.sharding.local import run_local
 from graphc.passes.sharding.strategies import block_sets, get_rule, node_strategies
 from tests.graphgen import random_graphs, random_inputs

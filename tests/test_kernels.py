@@ -42,8 +42,8 @@ def test_fused_kernels_propagate_nan_and_inf():
 def test_threaded_kernels_equal_single_threaded(name, rows):
     """A kernel over >= PARALLEL_MIN_ELEMENTS elements splits its rows over threads (also an odd
     number of rows); the result is bitwise the one-thread result."""
-    from graphc.ir import walk
-    from graphc.runtime import codegen
+    from graphc.core.ir import walk
+    from graphc.runtime import codegen, threads
 
     rng = np.random.default_rng(1)
     x = (rng.standard_normal((rows, 1024)) * 3).astype(np.float32)
@@ -56,14 +56,14 @@ def test_threaded_kernels_equal_single_threaded(name, rows):
     kernel = codegen.CompiledKernel(node, [a.shape for a in args])
     real = kernel.func
     kernel.func = lambda *a: (calls.append(a[-3:-1]), real(*a))
-    codegen._threads_local.threads = 2
+    threads._threads_local.threads = 2
     try:
         threaded = kernel(*args)[0]
     finally:
-        del codegen._threads_local.threads
+        del threads._threads_local.threads
     assert sorted(calls) == [(0, rows // 2), (rows // 2, rows)]
     calls.clear()
-    with codegen.single_threaded():
+    with threads.single_threaded():
         single = kernel(*args)[0]
     assert calls == [(0, rows)]
     np.testing.assert_array_equal(threaded, single)

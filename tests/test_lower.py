@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 
 import graphc
-from graphc.errors import VerifyError
+from graphc.core.errors import VerifyError
 from graphc.interpreter import bind_arguments, run_flat
-from graphc.mesh import MachineProfile, Mesh
-from graphc.pytree import flatten
+from graphc.core.mesh import MachineProfile, Mesh
+from graphc.core.pytree import flatten
 from graphc.passes.lower import check_collective_order, gather_outputs, lower, shard_inputs, simulate, verify_programs
 from tests import foreign_models
 

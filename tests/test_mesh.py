@@ -1,4 +1,4 @@
-"""graphc.mesh: mesh construction and device numbering, links, machine profiles, calibration, the CLI."""
+"""graphc.core.mesh: mesh construction and device numbering, links, machine profiles, calibration, the CLI."""
 
 import json
 import math
@@ -9,19 +9,19 @@ import numpy as np
 import pytest
 
 from graphc.cli import main
-from graphc.errors import GraphcError
-from graphc.mesh import (
+from graphc.core.errors import GraphcError
+from graphc.core.mesh import (
     Link,
     MachineProfile,
     Mesh,
     MeshError,
     as_mesh,
-    calibrate,
     load_profile,
     parse_links,
     profile_path,
     save_profile,
 )
+from graphc.runtime.calibrate import calibrate
 
 DEFAULT = MachineProfile.default()
 

@@ -64,8 +64,8 @@ def test_trace_with_array_specs_needs_no_data():
 
     (params, tokens), kwargs = gpt.example_args()
     specs = {k: v for k, v in params.items()}
-    spec_params = graphc.pytree.unflatten(
-        graphc.pytree.flatten(specs)[1], [graphc.ArraySpec(x.shape, x.dtype) for x in graphc.pytree.flatten(specs)[0]]
+    spec_params = graphc.core.pytree.unflatten(
+        graphc.core.pytree.flatten(specs)[1], [graphc.ArraySpec(x.shape, x.dtype) for x in graphc.core.pytree.flatten(specs)[0]]
     )
     g1 = graphc.trace(gpt.gpt, spec_params, graphc.ArraySpec(tokens.shape, tokens.dtype), **kwargs)
     g2 = graphc.trace(gpt.gpt, params, tokens, **kwargs)

@@ -7,8 +7,8 @@ import pytest
 
 import graphc
 from graphc.interpreter import bind_arguments
-from graphc.mesh import MachineProfile, Mesh
-from graphc.pytree import flatten
+from graphc.core.mesh import MachineProfile, Mesh
+from graphc.core.pytree import flatten
 from graphc.runtime.comm import CommError
 from graphc.runtime.parallel import ParallelExecutable, ShardedArray
 from tests import foreign_models
@@ -64,7 +64,7 @@ def unfused_executable(fn, args, kwargs, axes, timeout_s=30.0):
 
 
 def run_unfused(fn, args, kwargs, axes):
-    from graphc.pytree import unflatten
+    from graphc.core.pytree import unflatten
 
     exe, arrays, plan = unfused_executable(fn, args, kwargs, axes)
     return unflatten(plan.graph.out_tree, exe.run_flat(arrays)), plan

@@ -112,7 +112,7 @@ def test_passes_run_inside_regions():
     graph = graphc.trace(f, np.ones(3))
     optimized = graphc.optimize(graph, verify=True)
     cond = next(n for n in optimized.nodes if n.op.name == "cond")
-    from graphc.ir import walk
+    from graphc.core.ir import walk
 
     names = [n.op.name for n in walk(cond.regions[0].nodes)]
     assert names.count("exp") == 1 and "pow" not in names and "fused" in names

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 import graphc
-from graphc.errors import PlanError
+from graphc.core.errors import PlanError
 from graphc.interpreter import bind_arguments
-from graphc.mesh import MachineProfile
-from graphc.pytree import flatten
+from graphc.core.mesh import MachineProfile
+from graphc.core.pytree import flatten
 from graphc.models import gpt, mlp
 from graphc.passes import optimize
 from graphc.passes.pipeline import assign_stages, schedule_tasks

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from graphc.spec import P, R, S, format_spec, parse_spec, shard, unshard
+from graphc.core.spec import P, R, S, format_spec, parse_spec, shard, unshard
 from graphc.passes.sharding.redistribute import plan_steps, redistribution_time, step_time
 
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 import graphc
-from graphc.mesh import Link, MachineProfile
+from graphc.core.mesh import Link, MachineProfile
 from graphc.models import mlp
 from graphc.passes import optimize
 from graphc.passes.search import factorizations, search_meshes

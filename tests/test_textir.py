@@ -8,7 +8,7 @@ import pytest
 
 import graphc
 from graphc.builder import GraphBuilder
-from graphc.ir import TensorType
+from graphc.core.ir import TensorType
 
 GOLDEN = Path(__file__).parent / "golden"
 

@@ -5,9 +5,9 @@ import pytest
 
 import graphc
 from graphc.builder import GraphBuilder
-from graphc.errors import SourceLoc
-from graphc.ir import TensorType
-from graphc.pytree import LEAF, TreeDef
+from graphc.core.errors import SourceLoc
+from graphc.core.ir import TensorType
+from graphc.core.pytree import LEAF, TreeDef
 
 F32_23 = TensorType((2, 3), np.float32)
 

@@ -8,11 +8,11 @@ from typing import Any
 
 import numpy as np
 
-from graphc.errors import SourceLoc, TraceError
+from graphc.core.errors import SourceLoc, TraceError
 from graphc.frontend import control
 from graphc.frontend.autograph import convert
 from graphc.frontend.tracer import Tracer, current_context, fresh, lift, user_location
-from graphc.pytree import flatten, unflatten
+from graphc.core.pytree import flatten, unflatten
 
 _UNDEFINED_MARK = "<graphc: undefined variable>"
 

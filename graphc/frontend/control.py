@@ -15,12 +15,12 @@ from typing import Any
 
 import numpy as np
 
-from graphc import dtypes
-from graphc.errors import TraceError
+from graphc.core import dtypes
+from graphc.core.errors import TraceError
 from graphc.frontend.tracer import TraceContext, Tracer, _ctx_stack, current_context, emit_block, lift, user_location
-from graphc.ir import Region, TensorType, Value
+from graphc.core.ir import Region, TensorType, Value
 from graphc.ops import get_op
-from graphc.pytree import TreeDef, flatten, unflatten
+from graphc.core.pytree import TreeDef, flatten, unflatten
 
 
 def trace_region(fn: Callable, in_types: Sequence[TensorType], name: str = "region",

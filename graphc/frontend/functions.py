@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from graphc import dtypes
-from graphc.errors import TraceError
+from graphc.core import dtypes
+from graphc.core.errors import TraceError
 from graphc.frontend.tracer import Tracer, bind, convert, fresh, lift, mark_view, user_location
 from graphc.frontend.ufuncs import apply_ufunc
 from graphc.ops.reduction import reduced_shape

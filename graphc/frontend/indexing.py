@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from graphc.errors import TraceError
+from graphc.core.errors import TraceError
 from graphc.frontend.functions import reshape_to
 from graphc.frontend.shape_functions import transpose
 from graphc.frontend.tracer import Tracer, bind, lift, user_location

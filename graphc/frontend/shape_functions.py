@@ -6,8 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from graphc import dtypes
-from graphc.errors import TraceError
+from graphc.core import dtypes
+from graphc.core.errors import TraceError
 from graphc.frontend.functions import (
     _reject,
     broadcast,

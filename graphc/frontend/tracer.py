@@ -20,11 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from graphc import dtypes, pytree
-from graphc.errors import ShapeError, SourceLoc, TraceError
-from graphc.ir import Graph, Node, TensorType, Value, clone_region
+from graphc.core import dtypes, pytree
+from graphc.core.errors import ShapeError, SourceLoc, TraceError
+from graphc.core.ir import Graph, Node, TensorType, Value, clone_region
 from graphc.ops import get_op
-from graphc.pytree import ArraySpec, flatten, leaf_paths, unflatten
+from graphc.core.pytree import ArraySpec, flatten, leaf_paths, unflatten
 
 _GRAPHC_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _MODELS_DIR = _GRAPHC_DIR + "models" + os.sep  # the example models are user code: their lines are reported
@@ -731,7 +731,7 @@ def emit_block(ctx: TraceContext, inputs: list[Value], nodes: list[Node], output
 
 
 def _flat_arguments(graph: Graph, args: tuple, kwargs: dict) -> list[Any]:
-    from graphc.pytree import flatten_as
+    from graphc.core.pytree import flatten_as
 
     leaves = flatten_as((tuple(args), dict(kwargs)), graph.in_tree, path="arguments")
     for leaf, v in zip(leaves, graph.inputs):

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from graphc.errors import TraceError
+from graphc.core.errors import TraceError
 from graphc.frontend.tracer import Tracer, bind, fresh, lift, user_location
 
 # ufunc -> (primitive, attrs). The primitive sees operands already converted to the loop dtype.

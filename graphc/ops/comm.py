@@ -15,15 +15,15 @@ semantics of one device's call given every member's operand (``reference_group``
   partial_zero(x) {keep}                                               local R -> P: x, or zeros off rank 0
 
 A piece of a dim split in ``blocks`` blocks is the rank's share of every block, concatenated (the
-layout of graphc.spec); the collectives below assume even splits, which is all a plan produces.
+layout of graphc.core.spec); the collectives below assume even splits, which is all a plan produces.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from graphc.errors import GraphcError, ShapeError
-from graphc.ir import TensorType
+from graphc.core.errors import GraphcError, ShapeError
+from graphc.core.ir import TensorType
 from graphc.ops import OpDef, check_axis, get_op, register
 from graphc.ops.dims import DimRule, io_bytes
 
@@ -108,7 +108,7 @@ def _partial_zero_infer(in_types, keep):
 
 
 def take_piece(x: np.ndarray, dim: int, blocks: int, parts: int, index: int) -> np.ndarray:
-    """Piece ``index`` of ``parts`` of dim ``dim`` made of ``blocks`` blocks (graphc.spec layout)."""
+    """Piece ``index`` of ``parts`` of dim ``dim`` made of ``blocks`` blocks (graphc.core.spec layout)."""
     size = x.shape[dim]
     step = size // (blocks * parts)
     if blocks == 1:

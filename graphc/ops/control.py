@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from graphc.errors import ShapeError
-from graphc.ir import TensorType
+from graphc.core.errors import ShapeError
+from graphc.core.ir import TensorType
 from graphc.ops import OpDef, register
 
 SCALAR_BOOL = TensorType((), np.bool_)

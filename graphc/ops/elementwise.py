@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from graphc import dtypes
-from graphc.errors import ShapeError
-from graphc.ir import TensorType
+from graphc.core import dtypes
+from graphc.core.errors import ShapeError
+from graphc.core.ir import TensorType
 from graphc.ops import REGISTRY, OpDef, register, same_dtype
 from graphc.ops.dims import elementwise_rule, io_bytes
 

@@ -8,7 +8,7 @@ kernel, the interpreter simply runs the region.
 
 from __future__ import annotations
 
-from graphc.errors import ShapeError
+from graphc.core.errors import ShapeError
 from graphc.ops import OpDef, register
 from graphc.ops.dims import region_cost, region_rule
 

@@ -7,8 +7,8 @@ import re
 
 import numpy as np
 
-from graphc.errors import ShapeError
-from graphc.ir import TensorType
+from graphc.core.errors import ShapeError
+from graphc.core.ir import TensorType
 from graphc.ops import OpDef, register, same_dtype
 from graphc.ops.dims import DimRule, io_bytes
 from graphc.ops.elementwise import broadcast_shapes, sum_tangents

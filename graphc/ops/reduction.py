@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from graphc.errors import ShapeError
-from graphc.ir import TensorType
+from graphc.core.errors import ShapeError
+from graphc.core.ir import TensorType
 from graphc.ops import OpDef, check_axes, check_axis, register
 from graphc.ops.dims import DimRule, io_bytes
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from graphc.errors import ShapeError
-from graphc.ir import TensorType
+from graphc.core.errors import ShapeError
+from graphc.core.ir import TensorType
 from graphc.ops import OpDef, check_axis, check_shape, register, same_dtype
 from graphc.ops.dims import DimRule, copy_cost, reshape_rule, view_cost
 

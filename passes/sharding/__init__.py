@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import time
 
-from graphc.ir import Graph
-from graphc.spec import format_spec
+from graphc.core.ir import Graph
+from graphc.core.spec import format_spec
 from graphc.passes.sharding.ilp import solve
 from graphc.passes.sharding.problem import Problem, build_problem
 from graphc.passes.sharding.redistribute import plan_steps
@@ -28,7 +28,7 @@ def plan_graph(graph: Graph, mesh, memory_limit: int | None = None, in_pins: dic
     ``in_pins`` / ``out_pins``: {position: spec} for graph inputs / outputs; ``node_pins``:
     {node index: strategy name or output spec} (a hand-edited plan); ``ties``: (input position,
     output position) pairs that must share a spec."""
-    from graphc.mesh import as_mesh
+    from graphc.core.mesh import as_mesh
     from graphc.plan import Plan, graph_hash
 
     mesh = as_mesh(mesh)
@@ -60,8 +60,8 @@ def _tie(problem: Problem, ties) -> None:
 
 
 def _pin_nodes(problem: Problem, pins: dict) -> None:
-    from graphc.errors import PlanError
-    from graphc.spec import parse_spec
+    from graphc.core.errors import PlanError
+    from graphc.core.spec import parse_spec
 
     by_index = {it.index: it for it in problem.items if it.kind == "node"}
     for idx, want in pins.items():

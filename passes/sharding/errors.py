@@ -1,3 +1,3 @@
-from graphc.errors import PlanError
+from graphc.core.errors import PlanError
 
 __all__ = ["PlanError"]

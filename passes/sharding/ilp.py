@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from graphc.errors import PlanError
-from graphc.plan import fmt_bytes
-from graphc.spec import format_spec
+from graphc.core.errors import PlanError
+from graphc.core.units import fmt_bytes
+from graphc.core.spec import format_spec
 from graphc.passes.sharding.problem import Problem
 
 FOLLOW_KINDS = ("elementwise", "shape", "fused")

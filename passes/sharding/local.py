@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from graphc.ir import TensorType
-from graphc.spec import _block_index, local_shape, shard
+from graphc.core.ir import TensorType
+from graphc.core.spec import _block_index, local_shape, shard
 from graphc.passes.sharding.strategies import Strategy, get_rule
 
 

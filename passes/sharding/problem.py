@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from graphc.ir import Graph, Value
-from graphc.spec import format_spec, local_shape
+from graphc.core.ir import Graph, Value
+from graphc.core.spec import format_spec, local_shape
 from graphc.passes.sharding.redistribute import redistribution_time
 from graphc.passes.sharding.strategies import Strategy, block_sets, get_rule, node_strategies, tensor_specs
 
@@ -253,7 +253,7 @@ def _node_key(node, sets):
 
 
 def _pin(item: Item, spec, what: str, error, node: bool = False) -> None:
-    from graphc.spec import parse_spec
+    from graphc.core.spec import parse_spec
 
     want = parse_spec(spec)
     if node:

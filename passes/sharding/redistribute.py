@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from graphc.spec import P, Placement, R, format_spec, local_shape
+from graphc.core.spec import P, Placement, R, format_spec, local_shape
 
 KINDS = ("reduce_scatter", "all_reduce", "all_to_all", "all_gather", "slice", "zero")
 

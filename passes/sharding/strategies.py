@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from graphc.ir import Graph, TensorType, Value, walk
+from graphc.core.ir import Graph, TensorType, Value, walk
 from graphc.ops.dims import DimRule, default_cost
-from graphc.spec import P, Placement, R, S, format_spec
+from graphc.core.spec import P, Placement, R, S, format_spec
 
 MAX_BLOCKS = 16
 

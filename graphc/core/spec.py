@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from graphc.errors import GraphcError
+from graphc.core.errors import GraphcError
 
 
 class SpecError(GraphcError, ValueError):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from graphc.errors import ShapeError
+from graphc.core.errors import ShapeError
 
 SHORT_NAMES: dict[np.dtype, str] = {
     np.dtype(np.bool_): "bool",

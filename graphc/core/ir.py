@@ -15,18 +15,16 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from graphc import dtypes
-from graphc.errors import ShapeError, SourceLoc, VerifyError
-from graphc.pytree import TreeDef
-
-if TYPE_CHECKING:
-    from graphc.ops import OpDef
+from graphc.core import dtypes
+from graphc.core.errors import ShapeError, SourceLoc, VerifyError
+from graphc.core.printer import print_graph
+from graphc.core.pytree import TreeDef
 
 
 @dataclass(frozen=True)
@@ -54,6 +52,65 @@ class TensorType:
 
     def __str__(self) -> str:
         return f"{dtypes.short_name(self.dtype)}[{','.join(map(str, self.shape))}]"
+
+
+KINDS = ("elementwise", "reduction", "shape", "index", "contraction", "constant", "control", "fused", "comm")
+
+
+@dataclass(eq=False)
+class OpDef:
+    """A primitive: its shape/dtype rule (``infer``), numpy reference (``impl``), and the rules later
+    stages read, all declared once where the op is defined (graphc/ops/)."""
+
+    name: str
+    kind: str
+    infer: Callable[..., tuple[TensorType, ...]]
+    impl: Callable[..., Any]
+    attrs: tuple[str, ...] = ()
+    num_inputs: int | None = 1  # None: variadic (at least ``min_inputs``)
+    min_inputs: int = 1
+    num_regions: int = 0  # control-flow ops: infer(in_types, regions, **attrs)
+    doc: str = ""
+    # Filled in by later stages, next to the op's definition.
+    vjp: Callable | None = None
+    jvp: Callable | None = None
+    dim_rule: Callable | None = None
+    cost: Callable | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        return f"OpDef({self.name})"
+
+    def infer_types(self, in_types: tuple[TensorType, ...], attrs: dict[str, Any], regions: tuple = ()) -> tuple[TensorType, ...]:
+        if self.num_inputs is not None and len(in_types) != self.num_inputs:
+            raise ShapeError(f"{self.name} takes {self.num_inputs} operand(s), got {len(in_types)}")
+        if self.num_inputs is None and len(in_types) < self.min_inputs:
+            raise ShapeError(f"{self.name} takes at least {self.min_inputs} operand(s), got {len(in_types)}")
+        missing = [a for a in self.attrs if a not in attrs]
+        unknown = [a for a in attrs if a not in self.attrs]
+        if missing or unknown:
+            raise ShapeError(
+                f"{self.name} expects attributes ({', '.join(self.attrs) or 'none'})"
+                + (f"; missing {', '.join(missing)}" if missing else "")
+                + (f"; unknown {', '.join(unknown)}" if unknown else "")
+            )
+        if len(regions) != self.num_regions:
+            raise ShapeError(f"{self.name} needs {self.num_regions} region(s), got {len(regions)}")
+        try:
+            if self.num_regions:
+                return tuple(self.infer(in_types, regions, **attrs))
+            return tuple(self.infer(in_types, **attrs))
+        except ShapeError:
+            raise
+        except (TypeError, ValueError, IndexError) as exc:
+            raise ShapeError(f"{self.name}: invalid attributes {attrs}: {exc}") from None
+
+    def evaluate(self, *arrays: np.ndarray, **attrs: Any) -> tuple[np.ndarray, ...]:
+        out = self.impl(*arrays, **attrs)
+        if isinstance(out, tuple):
+            return tuple(np.asarray(o) for o in out)
+        return (np.asarray(out),)
+
 
 
 class Value:
@@ -210,8 +267,6 @@ class Graph:
         self.out_tree = out_tree
 
     def __str__(self) -> str:
-        from graphc.textir import print_graph
-
         return print_graph(self)
 
     def __repr__(self) -> str:

@@ -15,23 +15,17 @@ and a collective call costs at least one barrier.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
-import platform
 import re
-import statistics
-import tempfile
-import threading
-import time
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 import numpy as np
 
-from graphc.errors import GraphcError
+from graphc.core.errors import GraphcError
+from graphc.core.files import atomic_write, cache_dir
 
 MESH_EXAMPLE = "dp=2,tp=4"
 LINKS_EXAMPLE = "dp=1GB/s:50us,tp=10GB/s:5us"
@@ -155,23 +149,13 @@ def profile_path() -> str:
     explicit = os.environ.get("GRAPHC_PROFILE")
     if explicit:
         return explicit
-    base = os.environ.get("GRAPHC_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "graphc")
-    return os.path.join(base, "profile.json")
+    return cache_dir("profile.json")
 
 
 def save_profile(profile: MachineProfile, path: str | None = None) -> str:
     """Write ``profile`` as JSON to ``path`` (default ``profile_path()``) atomically; return the path."""
     path = path or profile_path()
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".graphc-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(profile.to_json(), indent=1) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    atomic_write(path, json.dumps(profile.to_json(), indent=1) + "\n", make_dirs=True)
     return path
 
 
@@ -195,176 +179,6 @@ def load_profile(path: str | None = None) -> MachineProfile:
         return MachineProfile.from_json(doc)
     except MeshError as exc:
         raise MeshError(f"{path}: {exc}; rerun 'graphc calibrate' or delete the file") from None
-
-
-# --- calibration ------------------------------------------------------------------------------
-
-
-def calibrate(quick: bool = False) -> MachineProfile:
-    """Measure this machine, one thread per device: about 1 s (``quick``: about 0.2 s) on a 2-core VM.
-
-    flops                 best of a few float32 n x n matmuls (n = 1024; 512 if quick), 2 n^3 flop each
-    mem_bandwidth         best np.copyto of 64 MiB (16 MiB if quick), read + write bytes per second
-    link.bandwidth        best round trip of two threads each copying a 16 MiB buffer from the
-                          other's into its own (np.copyto), message bytes per second
-    link.latency_s        median round trip / 2 of a tiny-message ping-pong over threading.Event
-    collective_overhead   median threading.Barrier(2).wait()
-
-    BLAS is limited to one thread when threadpoolctl is installed; otherwise numpy's default is used.
-    """
-    mib = 1 << 20
-    with one_blas_thread():
-        flops = _matmul_flops(512 if quick else 1024, repeats=3 if quick else 10)
-    mem_bandwidth = _copy_bandwidth((16 if quick else 64) * mib, repeats=3 if quick else 10)
-    link_bandwidth = _thread_copy_bandwidth(16 * mib, round_trips=4 if quick else 20)
-    latency = _thread_latency(round_trips=200 if quick else 2000)
-    overhead = _barrier_overhead(waits=200 if quick else 2000)
-    source = f"calibrated on {platform.node()} {datetime.now().astimezone().isoformat(timespec='seconds')}"
-    return MachineProfile(flops, mem_bandwidth, Link(latency, link_bandwidth), overhead, source)
-
-
-@contextlib.contextmanager
-def one_blas_thread():
-    """Inside the ``with``, BLAS uses one thread and fused kernels run on their caller's thread
-    (process-wide): one device's share of the machine."""
-    from graphc.runtime.codegen import single_threaded
-
-    with single_threaded():
-        try:
-            from threadpoolctl import threadpool_limits
-        except ImportError:
-            yield
-            return
-        with threadpool_limits(limits=1, user_api="blas"):
-            yield
-
-
-def _best_time(fn, repeats: int) -> float:
-    fn()  # warm up: page faults, BLAS buffers
-    best = math.inf
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
-def _matmul_flops(n: int, repeats: int) -> float:
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal((n, n), dtype=np.float32)
-    b = rng.standard_normal((n, n), dtype=np.float32)
-    out = np.empty((n, n), np.float32)
-    return 2 * n**3 / _best_time(lambda: np.matmul(a, b, out=out), repeats)
-
-
-def _copy_bandwidth(nbytes: int, repeats: int) -> float:
-    src = np.ones(nbytes // 4, np.float32)
-    dst = np.zeros_like(src)
-    return 2 * nbytes / _best_time(lambda: np.copyto(dst, src), repeats)
-
-
-def _run_pair(worker, main):
-    """Run ``worker()`` on a second thread while this one runs ``main()``; return main's result."""
-    errors: list[BaseException] = []
-
-    def guarded():
-        try:
-            worker()
-        except BaseException as exc:  # re-raised below, on the calling thread
-            errors.append(exc)
-
-    thread = threading.Thread(target=guarded, name="graphc-calibrate", daemon=True)
-    thread.start()
-    try:
-        result = main()
-    finally:
-        thread.join(timeout=10)
-    if errors:
-        raise errors[0]
-    return result
-
-
-def _wait(event: threading.Event) -> None:
-    if not event.wait(timeout=10):
-        raise MeshError("calibration: the other thread did not answer within 10 s")
-    event.clear()
-
-
-def _thread_copy_bandwidth(nbytes: int, round_trips: int) -> float:
-    """Two threads hand a buffer back and forth; each receiver copies it into its own buffer."""
-    mine = np.ones(nbytes // 4, np.float32)
-    theirs = np.zeros_like(mine)
-    to_worker, to_main = threading.Event(), threading.Event()
-    total = round_trips + 1  # the first one warms up
-
-    def worker():
-        for _ in range(total):
-            _wait(to_worker)
-            np.copyto(theirs, mine)  # receive main's buffer
-            to_main.set()
-
-    def main():
-        best = math.inf
-        for i in range(total):
-            start = time.perf_counter()
-            to_worker.set()
-            _wait(to_main)
-            np.copyto(mine, theirs)  # receive the worker's buffer
-            if i > 0:
-                best = min(best, time.perf_counter() - start)
-        return 2 * nbytes / best
-
-    return _run_pair(worker, main)
-
-
-def _thread_latency(round_trips: int) -> float:
-    """Median round trip / 2 of a ping-pong of an 8-byte message over threading.Event."""
-    ping, pong = np.zeros(1, np.float64), np.zeros(1, np.float64)
-    to_worker, to_main = threading.Event(), threading.Event()
-    warmup = 10
-
-    def worker():
-        for _ in range(warmup + round_trips):
-            _wait(to_worker)
-            np.copyto(pong, ping)
-            to_main.set()
-
-    def main():
-        times = []
-        for i in range(warmup + round_trips):
-            start = time.perf_counter()
-            ping[0] = i
-            to_worker.set()
-            _wait(to_main)
-            if i >= warmup:
-                times.append(time.perf_counter() - start)
-        return statistics.median(times) / 2
-
-    return _run_pair(worker, main)
-
-
-def _barrier_overhead(waits: int) -> float:
-    """Median time of one threading.Barrier wait across 2 threads."""
-    barrier = threading.Barrier(2, timeout=10)
-    warmup = 10
-
-    def worker():
-        for _ in range(warmup + waits):
-            barrier.wait()
-
-    def main():
-        times = []
-        for i in range(warmup + waits):
-            start = time.perf_counter()
-            barrier.wait()
-            if i >= warmup:
-                times.append(time.perf_counter() - start)
-        return statistics.median(times)
-
-    return _run_pair(worker, main)
-
-
-# --- the mesh ---------------------------------------------------------------------------------
 
 
 def _bad_mesh(text: Any, why: str) -> MeshError:

@@ -1,0 +1,33 @@
+"""Files graphc writes: atomically, with the user's umask, and the folder of its caches."""
+
+from __future__ import annotations
+
+import os
+import secrets
+
+
+def cache_dir(*parts: str) -> str:
+    """``$GRAPHC_CACHE_DIR`` (default ``~/.cache/graphc``), joined with ``parts``. Not created here."""
+    base = os.environ.get("GRAPHC_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "graphc")
+    return os.path.join(base, *parts)
+
+
+def atomic_write(path: str, data: str | bytes, make_dirs: bool = False) -> None:
+    """Write ``data`` to ``path`` so that no reader ever sees a partial file: write a temporary file
+    in the same folder, then rename it over ``path``. The file gets the permissions of a new file
+    under the user's umask (0644 with the usual 022). An interrupted write leaves ``path`` as it
+    was and no temporary file behind. ``make_dirs`` creates the folder first."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if make_dirs:
+        os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f".{os.path.basename(path)}.{secrets.token_hex(4)}.tmp")
+    payload = data.encode() if isinstance(data, str) else data
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
