@@ -27,14 +27,25 @@ from typing import Any
 import numpy as np
 
 from graphc.core.errors import TraceError
-from graphc.frontend.tracer import TraceContext, Tracer, bind, bind_multi, current_context, lift, user_location
-from graphc.core.ir import Node, Value
+from graphc.core.ir import Node, Region, Value
+from graphc.frontend import control
+from graphc.frontend.tracer import (
+    TraceContext,
+    Tracer,
+    bind,
+    bind_multi,
+    current_context,
+    emit_block,
+    lift,
+    user_location,
+)
 from graphc.core.pytree import flatten, flatten_as, unflatten
 
 
 class RuleContext:
-    """What a vjp/jvp rule sees of one node: its inputs and outputs as traced arrays, its
-    attributes, which inputs need a cotangent, and helpers that emit nodes."""
+    """What a vjp/jvp rule sees of one node (the interface is graphc/ops/context.py): its inputs
+    and outputs as traced arrays, its attributes, which inputs need a cotangent, and helpers that
+    emit nodes, run regions and differentiate functions in the running trace."""
 
     def __init__(self, ctx: TraceContext, node: Node, needs: Sequence[bool] = ()):
         self.ctx = ctx
@@ -70,6 +81,28 @@ class RuleContext:
     def broadcast_to_output(self, t: Tracer | None) -> Tracer | None:
         (y,) = self.outputs
         return t if t is None or t.shape == y.shape else np.broadcast_to(t, y.shape)
+
+    def constant(self, value: np.ndarray) -> Tracer:
+        return lift(value)
+
+    def inline(self, region: Region, args: Sequence[Tracer]) -> list[Tracer]:
+        # into the trace running now: a branch being traced is a child of the node's trace
+        return emit_block(current_context(), region.inputs, region.nodes, region.outputs, list(args))
+
+    def vjp(self, fn: Callable, *primals: Any) -> tuple[Any, Callable]:
+        return vjp(fn, *primals)
+
+    def jvp(self, fn: Callable, primals: Sequence[Any], tangents: Sequence[Any]) -> tuple[Any, Any]:
+        return jvp(fn, primals, tangents)
+
+    def cond(self, pred: Tracer, true_fn: Callable, false_fn: Callable, *operands: Any) -> Any:
+        return control.cond(pred, true_fn, false_fn, *operands)
+
+    def while_loop(self, cond_fn: Callable, body_fn: Callable, init: Sequence[Any]) -> list[Tracer]:
+        return control.while_loop(cond_fn, body_fn, init)
+
+    def fori_loop(self, lower: Any, upper: Any, body_fn: Callable, init: Sequence[Any], step: int = 1) -> list[Tracer]:
+        return control.fori_loop(lower, upper, body_fn, init, step=step)
 
 
 def differentiable(v: Value | Tracer) -> bool:

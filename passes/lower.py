@@ -290,7 +290,7 @@ def simulate(programs: list[DeviceProgram], inputs: dict[int, list[np.ndarray]])
     in the same order (they differ in constants and local attributes only), so step k of every
     program runs together and a collective sees every member's operand."""
     from graphc.interpreter import run_flat
-    from graphc.ops.comm import reference_group
+    from graphc.ops.comm import reference
 
     envs = {p.device: dict(zip(p.graph.inputs, inputs[p.device])) for p in programs}
     lengths = {len(p.graph.nodes) for p in programs}
@@ -308,7 +308,7 @@ def simulate(programs: list[DeviceProgram], inputs: dict[int, list[np.ndarray]])
                 group = node.attrs["group"]
                 members = [by_device[d].graph.nodes[k] for d in group]
                 xs = [envs[d][m.inputs[0]] for d, m in zip(group, members)]
-                for d, m, y in zip(group, members, reference_group(node.op.name, xs, **node.attrs)):
+                for d, m, y in zip(group, members, reference(node.op.name, xs, **node.attrs)):
                     envs[d][m.outputs[0]] = y
                     done.add(d)
                 continue

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from graphc.core.errors import GraphcError
-from graphc.core.spec import _block_index
+from graphc.core.spec import piece_bounds
 
 
 class CommError(GraphcError):
@@ -54,17 +54,11 @@ class CommAborted(CommError):
     """Another device failed; the collective this device was waiting in was abandoned."""
 
 
-# --- the block layout ---------------------------------------------------------------------------
+# --- fast views of the block layout -------------------------------------------------------------
 # A dim of ``size`` split over ``n`` ranks in ``blocks`` blocks: rank r holds its 1/n share of
-# every block, concatenated (graphc.core.spec). With blocks=1 the split may be uneven: numpy's
-# array_split layout, the first ``size % n`` pieces one longer.
-
-
-def _bounds(size: int, n: int, r: int) -> tuple[int, int]:
-    """[lo, hi) of piece r of ``size`` in array_split's layout."""
-    base, extra = divmod(size, n)
-    lo = r * base + min(r, extra)
-    return lo, lo + base + (r < extra)
+# every block, concatenated (graphc.core.spec.piece_index). With blocks=1 the split may be uneven:
+# numpy's array_split layout (piece_bounds). ``graphc.ops.comm.reference`` gives the semantics the
+# collectives below must reproduce; these helpers only make them fast (views, no index arrays).
 
 
 def _check_split(size: int, n: int, blocks: int, what: str) -> None:
@@ -75,7 +69,7 @@ def _check_split(size: int, n: int, blocks: int, what: str) -> None:
 
 
 def _piece_len(size: int, n: int, r: int, blocks: int) -> int:
-    lo, hi = _bounds(size, n, r)
+    lo, hi = piece_bounds(size, n, r)
     return hi - lo if blocks == 1 else size // n
 
 
@@ -98,7 +92,7 @@ def _view(a: np.ndarray, pick: dict | None = None, local: dict | None = None) ->
             n, r, blocks = pick[d]
             if blocks == 1:
                 shape.append(size)
-                index.append(slice(*_bounds(size, n, r)))
+                index.append(slice(*piece_bounds(size, n, r)))
             else:
                 shape += [blocks, n, size // (blocks * n)]
                 index += [slice(None), r, slice(None)]
@@ -136,75 +130,6 @@ def _sum_in_rank_order(dst: np.ndarray, parts: list[np.ndarray], own: int | None
         rest = own + 1
     for p in parts[rest:]:
         dst += p
-
-
-# --- the reference semantics ----------------------------------------------------------------------
-
-
-def _piece_index(size: int, n: int, r: int, blocks: int) -> np.ndarray:
-    if blocks == 1:
-        lo, hi = _bounds(size, n, r)
-        return np.arange(lo, hi)
-    _check_split(size, n, blocks, "reference")
-    return _block_index(size, blocks, n, r)
-
-
-def _ref_sum(xs: list) -> np.ndarray:
-    total = np.array(xs[0], copy=True)
-    for x in xs[1:]:
-        total += x
-    return total
-
-
-def _ref_take(x: np.ndarray, dim: int, n: int, r: int, blocks: int) -> np.ndarray:
-    return np.take(x, _piece_index(x.shape[dim], n, r, blocks), axis=dim)
-
-
-def _ref_join(pieces: list, dim: int, blocks: int) -> np.ndarray:
-    n = len(pieces)
-    if blocks == 1:
-        return np.concatenate(pieces, axis=dim)
-    whole = np.empty(_with_dim(pieces[0].shape, dim, pieces[0].shape[dim] * n), pieces[0].dtype)
-    for r, p in enumerate(pieces):
-        index = [slice(None)] * whole.ndim
-        index[dim] = _piece_index(whole.shape[dim], n, r, blocks)
-        whole[tuple(index)] = p
-    return whole
-
-
-def reference(kind: str, xs_by_rank: list, **attrs) -> list:
-    """Every rank's result of collective ``kind`` given every rank's input (rank order), in plain numpy.
-
-    This defines the semantics ThreadComm (and any other backend) must reproduce; None stands
-    for "no result on this rank" (reduce, gather off the root; barrier).
-    """
-    xs = [None if x is None else np.asarray(x) for x in xs_by_rank]
-    n = len(xs)
-    root = attrs.get("root", 0)
-    if kind == "all_reduce":
-        total = _ref_sum(xs)
-        return [total.copy() for _ in xs]
-    if kind == "reduce":
-        return [_ref_sum(xs) if r == root else None for r in range(n)]
-    if kind == "reduce_scatter":
-        total = _ref_sum(xs)
-        return [_ref_take(total, attrs["dim"], n, r, attrs.get("blocks", 1)) for r in range(n)]
-    if kind == "all_gather":
-        whole = _ref_join(xs, attrs["dim"], attrs.get("blocks", 1))
-        return [whole.copy() for _ in xs]
-    if kind == "gather":
-        return [_ref_join(xs, attrs["dim"], attrs.get("blocks", 1)) if r == root else None for r in range(n)]
-    if kind == "broadcast":
-        return [xs[root].copy() for _ in xs]
-    if kind == "scatter":
-        return [_ref_take(xs[root], attrs["dim"], n, r, attrs.get("blocks", 1)) for r in range(n)]
-    if kind == "all_to_all":
-        sd, cd = attrs["split_dim"], attrs["concat_dim"]
-        sb, cb = attrs.get("split_blocks", 1), attrs.get("concat_blocks", 1)
-        return [_ref_join([_ref_take(x, sd, n, r, sb) for x in xs], cd, cb) for r in range(n)]
-    if kind == "barrier":
-        return [None] * n
-    raise ValueError(f"{kind!r} is not a collective")
 
 
 # --- the interface --------------------------------------------------------------------------------

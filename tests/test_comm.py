@@ -17,7 +17,8 @@ import pytest
 import graphc.runtime.comm as comm_module
 from graphc.core.errors import GraphcError
 from graphc.core.spec import S, shard
-from graphc.runtime.comm import CommAborted, CommError, Communicator, ThreadComm, ThreadWorld, reference
+from graphc.ops.comm import reference
+from graphc.runtime.comm import CommAborted, CommError, Communicator, ThreadComm, ThreadWorld
 
 JOIN_S = 10.0  # no test should keep a device thread this long
 

@@ -127,8 +127,26 @@ def split_factor(spec, mesh_shape) -> int:
     return f
 
 
-def _block_index(size: int, blocks: int, n: int, r: int) -> np.ndarray:
-    """Indices along a dim of ``size`` held by device ``r`` of ``n`` under ``S(d, blocks)``."""
+# --- the layout of a split dim: the one definition every part of graphc uses --------------------
+
+
+def piece_bounds(size: int, n: int, r: int) -> tuple[int, int]:
+    """[lo, hi) of rank ``r``'s piece of a dim of ``size`` cut into ``n`` contiguous pieces, in
+    numpy's array_split layout (the first ``size % n`` pieces one longer; plans only make even
+    splits, the runtime's collectives accept uneven ones)."""
+    base, extra = divmod(size, n)
+    lo = r * base + min(r, extra)
+    return lo, lo + base + (r < extra)
+
+
+def piece_index(size: int, n: int, r: int, blocks: int = 1) -> np.ndarray:
+    """Indices along a dim of ``size`` that rank ``r`` of ``n`` holds under ``S(d, blocks)``: its
+    1/n share of each of ``blocks`` equal blocks, concatenated (blocks > 1 needs
+    ``size % (blocks * n) == 0``)."""
+    if blocks == 1:
+        return np.arange(*piece_bounds(size, n, r))
+    if blocks < 1 or size % (blocks * n):
+        raise SpecError(f"a dim of size {size} does not split into {n} pieces of {blocks} blocks")
     b = size // blocks
     c = b // n
     return (np.arange(blocks)[:, None] * b + r * c + np.arange(c)[None, :]).reshape(-1)
@@ -143,7 +161,7 @@ def shard(x: np.ndarray, spec, mesh_shape: tuple[int, ...], coord: tuple[int, ..
     zero = False
     for p, n, r in zip(spec, mesh_shape, coord):
         if p.is_split:
-            out = np.take(out, _block_index(x.shape[p.dim], p.blocks, n, r), axis=p.dim)
+            out = np.take(out, piece_index(x.shape[p.dim], n, r, p.blocks), axis=p.dim)
         elif p.kind == "P" and r != 0:
             zero = True
     out = np.array(out, copy=True)
@@ -160,7 +178,7 @@ def unshard(pieces: dict, spec, mesh_shape: tuple[int, ...], shape: tuple[int, .
         index = [slice(None)] * len(shape)
         for p, n, r in zip(spec, mesh_shape, coord):
             if p.is_split:
-                index[p.dim] = _block_index(shape[p.dim], p.blocks, n, r)
+                index[p.dim] = piece_index(shape[p.dim], n, r, p.blocks)
         sel = np.ix_(*[np.arange(s) if isinstance(i, slice) else i for s, i in zip(shape, index)]) if shape else ()
         # a replicated axis repeats the same piece: count it once (the coord-0 copy along it)
         if any(coord[a] != 0 for a, p in enumerate(spec) if p.kind == "R"):

@@ -5,7 +5,7 @@ closes over are captured by the child context and passed to the op as extra oper
 stay isolated. These functions are what the source transform (graphc/frontend/autograph.py)
 calls for ``if``/``while``/``for`` on traced values, and they are public (``graphc.cond`` ...)
 for code that wants graph control flow explicitly. The autodiff rules of the control-flow ops
-are here too, since they trace new regions.
+are with the ops (graphc/ops/control.py).
 """
 
 from __future__ import annotations
@@ -15,11 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from graphc.core import dtypes
 from graphc.core.errors import TraceError
-from graphc.frontend.tracer import TraceContext, Tracer, _ctx_stack, current_context, emit_block, lift, user_location
+from graphc.frontend.tracer import TraceContext, Tracer, _ctx_stack, current_context, lift, user_location
 from graphc.core.ir import Region, TensorType, Value
-from graphc.ops import get_op
 from graphc.core.pytree import TreeDef, flatten, unflatten
 
 
@@ -317,138 +315,3 @@ def fori_loop(lower: Any, upper: Any, body_fn: Callable, init: Sequence[Any], st
     for r, w in zip(result, weak):
         r._weak = w
     return result
-
-
-# --- autodiff rules of the control-flow ops ---------------------------------------------------------
-
-
-def inline_region(region: Region, args: Sequence[Tracer]) -> list[Tracer]:
-    """Emit a region's nodes again on ``args`` in the current trace."""
-    return emit_block(current_context(), region.inputs, region.nodes, region.outputs, list(args))
-
-
-def _float(v) -> bool:
-    return dtypes.is_float(v.dtype)
-
-
-def _zeros(v) -> Tracer:
-    return np.broadcast_to(lift(np.zeros((), v.dtype)), v.shape)
-
-
-def _cond_jvp(ad, tpred, *tangents):
-    from graphc.autodiff import jvp
-
-    pred, *ops = ad.inputs
-    if all(t is None for t in tangents):
-        return None
-    tans = [t if t is not None else _zeros(o) for t, o in zip(tangents, ops)]
-    float_out = [i for i, o in enumerate(ad.outputs) if _float(o)]
-
-    def branch(region):
-        def fn(*args):
-            primals, ts = args[: len(ops)], args[len(ops):]
-            _, out_t = jvp(lambda *p: inline_region(region, p), primals, ts)
-            return [out_t[i] for i in float_out]
-        return fn
-
-    result = cond(pred, branch(ad.node.regions[0]), branch(ad.node.regions[1]), *ops, *tans)
-    it = iter(result)
-    return tuple(next(it) if i in float_out else None for i in range(len(ad.outputs)))
-
-
-def _cond_vjp(ad, *gs):
-    from graphc.autodiff import vjp
-
-    pred, *ops = ad.inputs
-    wanted = [i for i, (o, need) in enumerate(zip(ops, ad.needs[1:])) if need and _float(o)]
-    if not wanted:
-        return [None] * len(ad.inputs)
-    cts = [g if g is not None else _zeros(o) for g, o in zip(gs, ad.outputs)]
-    float_out = [i for i, o in enumerate(ad.outputs) if _float(o)]
-
-    def branch(region):
-        def fn(*args):
-            primals, ct = args[: len(ops)], args[len(ops):]
-            _, pullback = vjp(lambda *p: [inline_region(region, p)[i] for i in float_out], *primals)
-            grads = pullback(list(ct))
-            return [grads[i] if grads[i] is not None else _zeros(ops[i]) for i in wanted]
-        return fn
-
-    result = cond(pred, branch(ad.node.regions[0]), branch(ad.node.regions[1]), *ops, *[cts[i] for i in float_out])
-    grads: list[Any] = [None] * len(ad.inputs)
-    for i, g in zip(wanted, result):
-        grads[1 + i] = g
-    return grads
-
-
-def _loop_jvp(ad, *tangents):
-    from graphc.autodiff import jvp
-
-    node = ad.node
-    is_fori = node.op.name == "fori_loop"
-    head = 2 if is_fori else 0
-    carry = ad.inputs[head:]
-    if all(t is None for t in tangents[head:]):
-        return None
-    tans = [t if t is not None else _zeros(c) for t, c in zip(tangents[head:], carry)]
-    n = len(carry)
-    if is_fori:
-        (body,) = node.regions
-
-        def body_fn(i, *args):
-            primals, ts = args[:n], args[n:]
-            out, out_t = jvp(lambda *p: inline_region(body, [i, *p]), primals, ts)
-            return [*out, *out_t]
-
-        result = fori_loop(ad.inputs[0], ad.inputs[1], body_fn, [*carry, *tans], step=node.attrs["step"])
-    else:
-        cond_r, body = node.regions
-        result = while_loop(lambda *a: inline_region(cond_r, a[:n])[0],
-                            lambda *a: [*(o := jvp(lambda *p: inline_region(body, p), a[:n], a[n:]))[0], *o[1]],
-                            [*carry, *tans])
-    return tuple(result[n:][: len(node.outputs)])
-
-
-def _while_vjp(ad, *gs):
-    raise TraceError(
-        "reverse-mode differentiation through a while loop whose trip count depends on data is not supported: "
-        "its iterations are not known when tracing. Use a bounded loop instead: `for i in range(N)` with a "
-        "Python int N, or graphc.fori_loop(lower, upper, body, init) with int bounds",
-        ad.node.loc,
-    )
-
-
-def _static_bound(v: Value) -> int | None:
-    node = v.producer
-    if node is not None and node.op.name == "constant":
-        return int(node.attrs["value"])
-    return None
-
-
-def _fori_vjp(ad, *gs):
-    """A counted loop with bounds known when tracing: differentiate its unrolled iterations."""
-    from graphc.autodiff import vjp
-
-    node = ad.node
-    lower, upper = (_static_bound(v) for v in node.inputs[:2])
-    if lower is None or upper is None:
-        _while_vjp(ad, *gs)
-    (body,) = node.regions
-    carry = ad.inputs[2:]
-
-    def unrolled(*c):
-        c = list(c)
-        n = len(c)
-        for i in range(lower, upper, node.attrs["step"]):
-            c = inline_region(body, [lift(np.asarray(i, np.int64)), *c])[:n]
-        return c
-
-    _, pullback = vjp(unrolled, *carry)
-    cts = [g if g is not None else _zeros(o) for g, o in zip(gs, ad.outputs)]
-    grads = pullback(cts)
-    return [None, None, *grads]
-
-
-get_op("cond").jvp, get_op("cond").vjp = _cond_jvp, _cond_vjp
-get_op("while_loop").jvp, get_op("while_loop").vjp = _loop_jvp, _while_vjp
-get_op("fori_loop").jvp, get_op("fori_loop").vjp = _loop_jvp, _fori_vjp

@@ -3,7 +3,7 @@
 They appear only after partitioning (passes/lower.py), in the program of one device, with local
 shapes. ``group`` is the tuple of device ids taking part, in rank order; the device running the
 op is one of them and its rank is its position. The reference implementations below are the
-semantics of one device's call given every member's operand (``reference_group``); the runtime
+semantics of one device's call given every member's operand (``reference``); the runtime
 (runtime/comm.py) performs the exchange between devices.
 
   all_reduce(x) {axis = "tp", group = (0, 1)}                          sum over the group
@@ -24,6 +24,7 @@ import numpy as np
 
 from graphc.core.errors import GraphcError, ShapeError
 from graphc.core.ir import TensorType
+from graphc.core.spec import piece_bounds, piece_index
 from graphc.ops import OpDef, check_axis, get_op, register
 from graphc.ops.dims import DimRule, io_bytes
 
@@ -104,60 +105,80 @@ def _partial_zero_infer(in_types, keep):
     return (in_types[0],)
 
 
-# --- the block layout ---------------------------------------------------------------------------
+# --- the reference semantics of every collective ---------------------------------------------
+# The one definition of what each rank gets, given every rank's operand (in rank order): the
+# interpreter, the lock-step simulator of device programs (graphc/programs.py) and the tests of
+# every communicator (runtime/comm.py) use it. A piece of a dim is graphc.core.spec's layout.
 
 
-def take_piece(x: np.ndarray, dim: int, blocks: int, parts: int, index: int) -> np.ndarray:
-    """Piece ``index`` of ``parts`` of dim ``dim`` made of ``blocks`` blocks (graphc.core.spec layout)."""
-    size = x.shape[dim]
-    step = size // (blocks * parts)
+def take_piece(x: np.ndarray, dim: int, n: int, r: int, blocks: int = 1) -> np.ndarray:
+    """Rank ``r``'s piece of dim ``dim`` of ``x`` cut into ``n`` pieces (``blocks`` blocks each)."""
     if blocks == 1:
-        return x[(slice(None),) * dim + (slice(index * step, (index + 1) * step),)]
-    shaped = x.reshape(x.shape[:dim] + (blocks, parts, step) + x.shape[dim + 1:])
-    piece = shaped[(slice(None),) * (dim + 1) + (index,)]
-    return piece.reshape(x.shape[:dim] + (blocks * step,) + x.shape[dim + 1:])
+        lo, hi = piece_bounds(x.shape[dim], n, r)
+        return x[(slice(None),) * dim + (slice(lo, hi),)]
+    return np.take(x, piece_index(x.shape[dim], n, r, blocks), axis=dim)
 
 
-def join_pieces(pieces: list[np.ndarray], dim: int, blocks: int) -> np.ndarray:
-    """The inverse of take_piece over all pieces, in rank order."""
+def join_pieces(pieces: list[np.ndarray], dim: int, blocks: int = 1) -> np.ndarray:
+    """The inverse of ``take_piece`` over all ranks' pieces (in rank order)."""
     if blocks == 1:
         return np.concatenate(pieces, axis=dim)
+    n = len(pieces)
     p0 = pieces[0]
-    step = p0.shape[dim] // blocks
-    split = [p.reshape(p.shape[:dim] + (blocks, 1, step) + p.shape[dim + 1:]) for p in pieces]
-    joined = np.concatenate(split, axis=dim + 1)
-    return joined.reshape(p0.shape[:dim] + (blocks * len(pieces) * step,) + p0.shape[dim + 1:])
+    shape = p0.shape[:dim] + (p0.shape[dim] * n,) + p0.shape[dim + 1:]
+    whole = np.empty(shape, p0.dtype)
+    for r, p in enumerate(pieces):
+        index = [slice(None)] * whole.ndim
+        index[dim] = piece_index(shape[dim], n, r, blocks)
+        whole[tuple(index)] = p
+    return whole
 
 
-def _sum_in_rank_order(xs):
-    out = np.array(xs[0], copy=True)
+def _sum_in_rank_order(xs: list[np.ndarray]) -> np.ndarray:
+    """((x0 + x1) + x2) + ...: the order every communicator must reproduce, bit for bit."""
+    total = np.array(xs[0], copy=True)
     for x in xs[1:]:
-        out += x
-    return out
+        total += x
+    return total
 
 
-def reference_group(name: str, xs: list[np.ndarray], **attrs) -> list[np.ndarray]:
-    """Every rank's result of a collective, given every rank's operand (in rank order)."""
+def reference(kind: str, xs_by_rank: list, **attrs) -> list:
+    """Every rank's result of collective ``kind`` given every rank's operand, in plain numpy.
+    None stands for "no result on this rank" (reduce and gather off the root, barrier)."""
+    xs = [None if x is None else np.asarray(x) for x in xs_by_rank]
     n = len(xs)
-    if name == "all_reduce":
+    root = attrs.get("root", 0)
+    blocks = attrs.get("blocks", 1)
+    if kind == "all_reduce":
         total = _sum_in_rank_order(xs)
         return [total.copy() for _ in xs]
-    if name == "reduce_scatter":
+    if kind == "reduce":
+        return [_sum_in_rank_order(xs) if r == root else None for r in range(n)]
+    if kind == "reduce_scatter":
         total = _sum_in_rank_order(xs)
-        return [np.ascontiguousarray(take_piece(total, attrs["dim"], attrs["blocks"], n, r)) for r in range(n)]
-    if name == "all_gather":
-        whole = join_pieces(list(xs), attrs["dim"], attrs["blocks"])
+        return [np.array(take_piece(total, attrs["dim"], n, r, blocks)) for r in range(n)]
+    if kind == "all_gather":
+        whole = join_pieces(xs, attrs["dim"], blocks)
         return [whole.copy() for _ in xs]
-    if name == "all_to_all":
-        sd, sb, cd, cb = attrs["split_dim"], attrs["split_blocks"], attrs["concat_dim"], attrs["concat_blocks"]
-        return [join_pieces([take_piece(x, sd, sb, n, r) for x in xs], cd, cb) for r in range(n)]
-    raise ValueError(f"{name} is not a collective")
+    if kind == "gather":
+        return [join_pieces(xs, attrs["dim"], blocks) if r == root else None for r in range(n)]
+    if kind == "broadcast":
+        return [xs[root].copy() for _ in xs]
+    if kind == "scatter":
+        return [np.array(take_piece(xs[root], attrs["dim"], n, r, blocks)) for r in range(n)]
+    if kind == "all_to_all":
+        sd, cd = attrs["split_dim"], attrs["concat_dim"]
+        sb, cb = attrs.get("split_blocks", 1), attrs.get("concat_blocks", 1)
+        return [join_pieces([take_piece(x, sd, n, r, sb) for x in xs], cd, cb) for r in range(n)]
+    if kind == "barrier":
+        return [None] * n
+    raise ValueError(f"{kind!r} is not a collective")
 
 
 def _collective_impl(name):
     def impl(x, **attrs):
         if len(attrs["group"]) == 1:
-            return reference_group(name, [x], **attrs)[0]
+            return reference(name, [x], **attrs)[0]
         raise GraphcError(f"{name} over group {attrs['group']} needs the multi-device runtime (runtime/comm.py)")
 
     return impl
@@ -183,7 +204,7 @@ for _name, (_infer, _attrs, _doc) in _COLLECTIVES.items():
 
 shard_slice = register(OpDef(
     "shard_slice", "comm", _shard_slice_infer,
-    lambda x, dim, blocks, parts, index: np.ascontiguousarray(take_piece(x, dim, blocks, parts, index)),
+    lambda x, dim, blocks, parts, index: np.ascontiguousarray(take_piece(x, dim, parts, index, blocks)),
     attrs=("dim", "blocks", "parts", "index"), doc="this device's piece of a replicated tensor (R -> S, local)"))
 partial_zero = register(OpDef(
     "partial_zero", "comm", _partial_zero_infer, lambda x, keep: x if keep else np.zeros_like(x),

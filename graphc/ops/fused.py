@@ -29,22 +29,18 @@ fused = register(OpDef("fused", "fused", _fused_infer, _fused_impl, num_inputs=N
 
 
 def _fused_vjp(ad, *gs):
-    from graphc.autodiff import vjp
-    from graphc.frontend.control import _zeros, inline_region
-
+    """Differentiate the region's nodes as if they were not fused (fusion runs after autodiff,
+    so this serves differentiating an optimized graph again)."""
     (region,) = ad.node.regions
-    _, pullback = vjp(lambda *xs: inline_region(region, xs), *ad.inputs)
-    grads = pullback([g if g is not None else _zeros(o) for g, o in zip(gs, ad.outputs)])
+    _, pullback = ad.vjp(lambda *xs: ad.inline(region, xs), *ad.inputs)
+    grads = pullback([ad.instantiate(g, o) for g, o in zip(gs, ad.outputs)])
     return list(grads)
 
 
 def _fused_jvp(ad, *tangents):
-    from graphc.autodiff import jvp
-    from graphc.frontend.control import _zeros, inline_region
-
     (region,) = ad.node.regions
-    ts = [t if t is not None else _zeros(x) for t, x in zip(tangents, ad.inputs)]
-    _, out = jvp(lambda *xs: inline_region(region, xs), ad.inputs, ts)
+    ts = [ad.instantiate(t, x) for t, x in zip(tangents, ad.inputs)]
+    _, out = ad.jvp(lambda *xs: ad.inline(region, xs), ad.inputs, ts)
     return tuple(out)
 
 

@@ -8,13 +8,12 @@ fails saying why), and autodiff puts the same constraint on the cotangent / tang
 from __future__ import annotations
 
 from graphc.core.errors import ShapeError
+from graphc.core.spec import SpecError, parse_spec
 from graphc.ops import OpDef, register
 from graphc.ops.dims import elementwise_rule
 
 
 def _sharding_infer(in_types, spec):
-    from graphc.core.spec import SpecError, parse_spec
-
     (x,) = in_types
     try:
         placements = parse_spec(spec)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from graphc.core.ir import TensorType
-from graphc.core.spec import _block_index, local_shape, shard
+from graphc.core.spec import local_shape, piece_index, shard
 from graphc.passes.sharding.strategies import Strategy, get_rule
 
 
@@ -46,7 +46,7 @@ def _owned_rows(size: int, spec, dim: int, mesh_shape, coord) -> np.ndarray | No
     """Global row -> local row (or -1) along ``dim`` of a tensor with ``spec``; None if not split."""
     for p, n, r in zip(spec, mesh_shape, coord):
         if p.is_split and p.dim == dim:
-            rows = _block_index(size, p.blocks, n, r)
+            rows = piece_index(size, n, r, p.blocks)
             table = np.full(size, -1, dtype=np.int64)
             table[rows] = np.arange(len(rows))
             return table
