@@ -26,16 +26,15 @@ Public API (everything else is internal and may change):
 from graphc import optim
 from graphc.autodiff import grad, jvp, value_and_grad, vjp
 from graphc.core.errors import EvaluationError, GraphcError, ParseError, PlanError, SourceLoc, TraceError, VerifyError
-from graphc.frontend import Tracer, trace
-from graphc.frontend.control import cond, fori_loop, while_loop
-from graphc.interpreter import evaluate
 from graphc.core.ir import Graph, Node, TensorType, Value
-from graphc.jit import jit
 from graphc.core.mesh import Mesh, MeshError
+from graphc.core.pytree import ArraySpec, tree_map
+from graphc.frontend import Tracer, cond, fori_loop, trace, while_loop
+from graphc.interpreter import evaluate
+from graphc.jit import jit
 from graphc.ops import REGISTRY as OPS
 from graphc.parallel import parallelize, shard
 from graphc.plan import Plan
-from graphc.core.pytree import ArraySpec, tree_map
 from graphc.textir import parse, print_graph
 
 

@@ -28,7 +28,10 @@ import numpy as np
 
 from graphc.core.errors import TraceError
 from graphc.core.ir import Node, Region, Value
+from graphc.core.pytree import flatten, flatten_as, unflatten
 from graphc.frontend import control
+from graphc.frontend.autograph_runtime import convert
+from graphc.frontend.entry import trace
 from graphc.frontend.tracer import (
     TraceContext,
     Tracer,
@@ -39,7 +42,7 @@ from graphc.frontend.tracer import (
     lift,
     user_location,
 )
-from graphc.core.pytree import flatten, flatten_as, unflatten
+from graphc.interpreter import evaluate
 
 
 class RuleContext:
@@ -190,9 +193,6 @@ def _alias(x: Any) -> Any:
 
 def _trace_and_run(fn: Callable, *args: Any) -> Any:
     """Eager mode: trace ``fn`` on ``args`` and evaluate it with the reference interpreter."""
-    from graphc.frontend.tracer import trace
-    from graphc.interpreter import evaluate
-
     graph = trace(fn, *args)
     return evaluate(graph, *args)
 
@@ -215,8 +215,6 @@ class _Recorded:
         leaves, self.in_tree = flatten(tuple(primals), is_leaf=lambda v: isinstance(v, Tracer))
         self.aliases = [_alias(leaf) for leaf in leaves]
         start = len(ctx.nodes)
-        from graphc.frontend.autograph import convert
-
         out = convert(fn)(*unflatten(self.in_tree, self.aliases), **(kwargs or {}))
         self.nodes = ctx.nodes[start:]
         out_leaves, self.out_tree = flatten(out, is_leaf=lambda v: isinstance(v, Tracer))
@@ -312,8 +310,6 @@ def value_and_grad(fn: Callable, argnums: int | Sequence[int] = 0) -> Callable:
             return _trace_and_run(lambda a, k: value_and_grad(fn, argnums)(*a, **k), args, kwargs)
 
         def restricted(*diff_args):
-            from graphc.frontend.autograph import convert
-
             full = list(args)
             for i, a in zip(nums, diff_args):
                 full[i] = a

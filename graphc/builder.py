@@ -6,8 +6,8 @@ from typing import Any
 
 from graphc.core.errors import SourceLoc
 from graphc.core.ir import Graph, Node, TensorType, Value
-from graphc.ops import get_op
 from graphc.core.pytree import LEAF, TreeDef
+from graphc.ops import get_op
 
 
 class GraphBuilder:

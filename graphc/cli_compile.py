@@ -40,8 +40,8 @@ def add_parser(sub) -> None:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    from graphc.loader import load_target
     from graphc.core.mesh import Mesh, MeshError, parse_links
+    from graphc.loader import load_target
     from graphc.parallel import parallelize
     from graphc.plan import Plan
 
@@ -147,9 +147,9 @@ def _dump_pipeline_ir(folder: str, pf, fargs, fkwargs) -> None:
 
 def _search(args: argparse.Namespace, progress) -> int:
     """``--devices N``: plan every factorization, print the choice and why, write the chosen plan."""
-    from graphc.loader import load_target
     from graphc.core.mesh import MeshError, parse_links
     from graphc.core.units import parse_bytes
+    from graphc.loader import load_target
     from graphc.parallel import parallelize
     from graphc.passes.search import explain, search_meshes
 

@@ -34,13 +34,13 @@ def add_parser(sub) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from graphc.cli import _same
-    from graphc.core.files import atomic_write
     from graphc.cli_compile import _has_arrays
+    from graphc.core.files import atomic_write
+    from graphc.core.mesh import Mesh, MeshError, parse_links
+    from graphc.core.units import fmt_bytes, fmt_time
     from graphc.interpreter import bind_arguments
     from graphc.loader import load_target
-    from graphc.core.mesh import Mesh, MeshError, parse_links
     from graphc.parallel import parallelize
-    from graphc.core.units import fmt_bytes, fmt_time
     from graphc.plan import Plan
 
     fn, fargs, fkwargs = load_target(args.target, args.example)
@@ -129,8 +129,8 @@ def _run_pipeline(args: argparse.Namespace, pf, fn, fargs, fkwargs) -> int:
     against the plan's, and a trace with one track per device showing stages and micro-batches."""
     from graphc.cli import _same
     from graphc.core.files import atomic_write
-    from graphc.interpreter import bind_arguments
     from graphc.core.units import fmt_bytes
+    from graphc.interpreter import bind_arguments
 
     start = time.perf_counter()
     compiled = pf.compile(*fargs, **fkwargs)

@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 
 from graphc.core.errors import GraphcError
-from graphc.interpreter import as_numpy_result, bind_arguments
 from graphc.core.ir import Graph
 from graphc.core.pytree import TreeDef, flatten, unflatten
+from graphc.interpreter import as_numpy_result, bind_arguments
 
 
 class Compiled:

@@ -32,13 +32,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-
 from graphc.core.errors import GraphcError, PlanError
-from graphc.jit import Jitted
-from graphc.core.pytree import TreeDef, flatten
 from graphc.core.files import cache_dir
-from graphc.core.units import parse_bytes
+from graphc.core.pytree import TreeDef, flatten
 from graphc.core.spec import Placement, SpecError, format_spec, parse_spec
+from graphc.core.units import parse_bytes
+from graphc.jit import Jitted
 
 PLAN_PASSES = ("fold_constants", "simplify", "cse", "dce")  # fusion runs per device, after lowering
 PLANNER_VERSION = 3  # part of the plan cache key: bump when rules or costs change what a plan says
@@ -198,8 +197,8 @@ class Parallelized(Jitted):
 
     def plan(self, *args: Any, progress=None, node_pins: dict | None = None, **kwargs: Any):
         """Trace, optimize and solve for these arguments (nothing runs). Returns a Plan."""
-        from graphc.plan import Plan, graph_hash
         from graphc.passes.sharding import plan_graph
+        from graphc.plan import Plan, graph_hash
 
         traced, graph, seconds = self.trace_optimized(*args, **kwargs)
         if self.pipelined:
@@ -314,8 +313,8 @@ class ParallelCompiled:
         raise GraphcError(f"unknown stage {stage!r}: optimized, lowered or device")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from graphc.interpreter import as_numpy_result, bind_arguments
         from graphc.core.pytree import unflatten
+        from graphc.interpreter import as_numpy_result, bind_arguments
         from graphc.runtime.parallel import ShardedArray
 
         args, kwargs, _ = self._owner._split_static(args, kwargs)
@@ -351,8 +350,8 @@ class PipelineCompiled:
         raise GraphcError(f"unknown stage {stage!r}: optimized, microbatch or tasks")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from graphc.interpreter import as_numpy_result, bind_arguments
         from graphc.core.pytree import unflatten
+        from graphc.interpreter import as_numpy_result, bind_arguments
 
         args, kwargs, _ = self._owner._split_static(args, kwargs)
         outs = self.executable.run_flat(bind_arguments(self.graph, args, kwargs))

@@ -1,4 +1,4 @@
-"""Reading the text form of the Graph IR back: a lark parser for what graphc/core/printer.py prints.
+"""Reading the text form of the Graph IR back: a lark parser for what graphc/core/ir.py prints.
 
     graph @mlp(
       {"b1": %params.b1 : f32[128], "w1": %params.w1 : f32[784,128]},
@@ -32,10 +32,10 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 
 from graphc.core import dtypes
 from graphc.core.errors import ParseError, ShapeError, SourceLoc
-from graphc.core.ir import PARTS, Graph, Node, Region, TensorType, Value
-from graphc.ops import REGISTRY
+from graphc.core.ir import PARTS, Graph, Node, Region, TensorType, Value, format_node, format_tree, print_graph  # noqa: F401  (the printer, re-exported)
+from graphc.core.literals import SMALL_ARRAY, _array_from_list, format_array, format_literal  # noqa: F401
 from graphc.core.pytree import TreeDef
-from graphc.core.printer import SMALL_ARRAY, _array_from_list, format_array, format_literal, format_node, format_tree, print_graph  # noqa: F401
+from graphc.ops import REGISTRY
 
 GRAMMAR = r"""
 start: "graph" GRAPH_NAME "(" [arg ("," arg)* [","]] ")" "{" node* "return" tree "}"

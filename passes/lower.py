@@ -26,9 +26,9 @@ import numpy as np
 
 from graphc.core.errors import GraphcError, VerifyError
 from graphc.core.ir import Graph, Node, TensorType, Value, clone_region
-from graphc.ops import get_op
 from graphc.core.pytree import LEAF, TreeDef
 from graphc.core.spec import format_spec, local_shape, parse_spec
+from graphc.ops import get_op
 from graphc.passes.sharding.local import _owned_rows, local_attrs
 from graphc.passes.sharding.redistribute import plan_steps
 from graphc.passes.sharding.strategies import Strategy, get_rule

@@ -85,8 +85,8 @@ def plan_variants(graph, mesh) -> list[tuple[str, dict[int, tuple], dict[int, st
 def bench_plans(fn, fargs, fkwargs, static, mesh, repeat: int) -> list[dict[str, Any]]:
     """Plan, build and time every variant of ``plan_variants``; rows with predicted/measured seconds."""
     import graphc
-    from graphc.interpreter import bind_arguments
     from graphc.core.mesh import as_mesh
+    from graphc.interpreter import bind_arguments
 
     mesh = as_mesh(mesh)
     base = graphc.parallelize(fn, mesh=mesh, static_argnames=static, cache=False)
@@ -132,12 +132,12 @@ def bench_mesh(args: argparse.Namespace) -> int:
     import graphc
     from graphc.cli import _same
     from graphc.cli_compile import _has_arrays
+    from graphc.core.mesh import Mesh, MeshError, parse_links
+    from graphc.core.units import fmt_time
     from graphc.interpreter import bind_arguments
     from graphc.loader import load_target
-    from graphc.core.mesh import Mesh, MeshError, parse_links
-    from graphc.runtime.threads import one_blas_thread
-    from graphc.core.units import fmt_time
     from graphc.runtime.bench_comm import bench_all_reduce, bench_memcpy
+    from graphc.runtime.threads import one_blas_thread
 
     fn, fargs, fkwargs = load_target(args.target, args.example)
     static = tuple(k for k, v in fkwargs.items() if not _has_arrays(v))

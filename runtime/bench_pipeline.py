@@ -17,8 +17,8 @@ import statistics
 import time
 
 import graphc
-from graphc.interpreter import bind_arguments
 from graphc.core.units import fmt_bytes
+from graphc.interpreter import bind_arguments
 from graphc.models import mlp
 from graphc.passes import optimize
 from graphc.runtime.pipeline import PipelineExecutable

@@ -15,6 +15,7 @@ import numpy as np
 from graphc.core.mesh import Link, MachineProfile, MeshError
 from graphc.runtime.threads import one_blas_thread
 
+
 def calibrate(quick: bool = False) -> MachineProfile:
     """Measure this machine, one thread per device: about 1 s (``quick``: about 0.2 s) on a 2-core VM.
 

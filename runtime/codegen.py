@@ -32,8 +32,8 @@ import numpy as np
 
 from graphc.core.files import atomic_write, cache_dir
 from graphc.core.ir import Node, Region, Value
-from graphc.runtime.threads import kernel_pool, kernel_threads
 from graphc.runtime import fastmath, rowops
+from graphc.runtime.threads import kernel_pool, kernel_threads
 
 # part of every kernel's text: Numba's disk cache does not see changes in the functions a kernel
 # calls, so editing fastmath.py must give the kernels new cache entries

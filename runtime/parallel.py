@@ -23,8 +23,8 @@ import numpy as np
 
 from graphc.core.errors import GraphcError
 from graphc.core.ir import Graph
-from graphc.runtime.threads import one_blas_thread
 from graphc.core.pytree import ArraySpec
+from graphc.runtime.threads import one_blas_thread
 
 
 class _CommProxy:

@@ -9,7 +9,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import graphc
-from graphc.frontend.tracer import inline_graph
+from graphc.frontend.entry import inline_graph
 from graphc.ops import REGISTRY
 from tests.graphgen import random_graphs
 from tests.helpers import numeric_grad, quiet

@@ -9,9 +9,9 @@ import pytest
 import graphc
 from graphc.core.errors import PlanError
 from graphc.core.mesh import Link, MachineProfile, Mesh
-from graphc.plan import Plan
 from graphc.passes.sharding.ilp import exhaustive, solve
 from graphc.passes.sharding.problem import build_problem
+from graphc.plan import Plan
 
 PROFILE = MachineProfile.default()
 OPT = ("fold_constants", "simplify", "cse", "dce")

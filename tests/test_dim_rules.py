@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as hst
 
 import graphc
-from graphc.interpreter import bind_arguments
 from graphc.core.mesh import MachineProfile, Mesh
-from graphc.ops import REGISTRY
 from graphc.core.spec import shard, unshard
+from graphc.interpreter import bind_arguments
+from graphc.ops import REGISTRY
 from graphc.passes.sharding.local import run_local
 from graphc.passes.sharding.strategies import block_sets, get_rule, node_strategies
 from tests.graphgen import random_graphs, random_inputs

@@ -6,9 +6,9 @@ import pytest
 
 import graphc
 from graphc.core.errors import VerifyError
-from graphc.interpreter import bind_arguments, run_flat
 from graphc.core.mesh import MachineProfile, Mesh
 from graphc.core.pytree import flatten
+from graphc.interpreter import bind_arguments, run_flat
 from graphc.passes.lower import check_collective_order, gather_outputs, lower, shard_inputs, simulate, verify_programs
 from tests import foreign_models
 

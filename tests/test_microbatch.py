@@ -9,8 +9,8 @@ import pytest
 
 import graphc
 from graphc.core.errors import PlanError
-from graphc.interpreter import bind_arguments
 from graphc.core.pytree import flatten
+from graphc.interpreter import bind_arguments
 from graphc.models import gpt, mlp
 from graphc.passes import optimize
 from graphc.passes.microbatch import batch_inputs, microbatch

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 import graphc
-from graphc.interpreter import bind_arguments
 from graphc.core.mesh import MachineProfile, Mesh
 from graphc.core.pytree import flatten
+from graphc.interpreter import bind_arguments
 from graphc.runtime.comm import CommError
 from graphc.runtime.parallel import ParallelExecutable, ShardedArray
 from tests import foreign_models

@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import graphc
-from graphc.ops import KINDS, REGISTRY
+from graphc.core.ir import KINDS
+from graphc.ops import REGISTRY
 from tests.graphgen import SAMPLERS, random_graphs, random_inputs
 from tests.helpers import quiet
 

@@ -3,8 +3,8 @@
     errors    the exceptions users see (every one a GraphcError) and SourceLoc
     dtypes    the dtypes the IR supports
     pytree    nested containers of arrays: flatten / unflatten, ArraySpec
-    ir        TensorType, OpDef, Value, Node, Region, Graph, and the verifier
-    printer   the text form of a graph (graphc.textir parses it back)
+    ir        TensorType, OpDef, Value, Node, Region, Graph, the verifier and the text form
+    literals  how attribute values and constants print (graphc.textir parses them back)
     spec      sharding specs (S / R / P per mesh axis) and their meaning on numpy arrays
     mesh      the device mesh, links and machine profiles the cost model reads
     files     atomic writes and the cache folder

@@ -13,6 +13,7 @@ Stage machine (each later pass says which stage it needs): traced -> optimized -
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Callable, Iterable
@@ -23,7 +24,7 @@ import numpy as np
 
 from graphc.core import dtypes
 from graphc.core.errors import ShapeError, SourceLoc, VerifyError
-from graphc.core.printer import print_graph
+from graphc.core.literals import format_literal
 from graphc.core.pytree import TreeDef
 
 
@@ -409,3 +410,108 @@ def _verify_block(inputs: list[Value], nodes: list[Node], outputs: list[Value], 
     for i, v in enumerate(outputs):
         if v not in defined:
             raise VerifyError(f"{where}: output {i} is not defined in this {'graph' if where.startswith('graph') else 'region'}")
+
+# --- the text form ---------------------------------------------------------------------------------
+#     graph @mlp(
+#       {"b1": %params.b1 : f32[128], "w1": %params.w1 : f32[784,128]},
+#       %x : f32[32,784],
+#       training=false,
+#     ) {
+#       %0 = matmul(%x, %params.w1) : f32[32,128] loc("models/mlp.py":12)
+#       %1 = add(%0, %params.b1) : f32[32,128] loc("models/mlp.py":12)
+#       return {"logits": %1}
+#     }
+# The header is the traced function's signature: positional arguments, then ``name=`` keyword
+# arguments, each a pytree whose array leaves declare the graph inputs (``%name : type``) and whose
+# other leaves are the static values it was traced with. ``return`` gives the result pytree.
+# Attributes follow the operands as ``name=value`` (core/literals.py). graphc/textir.py parses it
+# back: ``str(parse(str(g))) == str(g)`` for every graph.
+
+
+def format_tree(t: TreeDef, leaf, indent: str, width: int = 96) -> str:
+    """Pretty-print a pytree, ``leaf(i)`` giving the text of the i-th dynamic leaf: one line if it
+    fits in ``width``, else one child per line."""
+    leaves = [leaf(i) for i in range(t.num_leaves)]
+
+    def one_line(t: TreeDef, first: int) -> str:
+        if t.kind == "leaf":
+            return leaves[first]
+        if t.kind == "static":
+            return format_literal(t.value)
+        parts = []
+        for c in t.children:
+            parts.append(one_line(c, first))
+            first += c.num_leaves
+        if t.kind == "dict":
+            return "{" + ", ".join(f"{format_literal(k)}: {p}" for k, p in zip(t.keys, parts)) + "}"
+        if t.kind == "list":
+            return "[" + ", ".join(parts) + "]"
+        return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
+
+    def go(t: TreeDef, first: int, ind: str) -> str:
+        text = one_line(t, first)
+        if len(ind) + len(text) <= width or not t.children:
+            return text
+        inner = ind + "  "
+        keys = t.keys if t.kind == "dict" else [None] * len(t.children)
+        parts = []
+        for k, c in zip(keys, t.children):
+            label = f"{format_literal(k)}: " if t.kind == "dict" else ""
+            parts.append(f"{inner}{label}{go(c, first, inner)},\n")
+            first += c.num_leaves
+        open_, close = {"dict": "{}", "list": "[]", "tuple": "()"}[t.kind]
+        return open_ + "\n" + "".join(parts) + ind + close
+
+    return go(t, 0, indent)
+
+
+def print_graph(g: Graph) -> str:
+    names = g.value_names()
+    args_t, kwargs_t = g.in_tree.children
+    lines = [f"graph @{g.name}("]
+    offset = 0
+
+    def leaf_printer(base: int):
+        return lambda i: f"%{names[g.inputs[base + i]]} : {g.inputs[base + i].type}"
+
+    for child in args_t.children:
+        lines.append("  " + format_tree(child, leaf_printer(offset), "  ") + ",")
+        offset += child.num_leaves
+    for key, child in zip(kwargs_t.keys, kwargs_t.children):
+        lines.append(f"  {key}=" + format_tree(child, leaf_printer(offset), "  ") + ",")
+        offset += child.num_leaves
+    if len(lines) == 1:
+        lines[0] += ") {"
+    else:
+        lines.append(") {")
+    for node in g.nodes:
+        lines.extend(format_node(node, names, "  "))
+    ret = format_tree(g.out_tree, lambda i: "%" + names[g.outputs[i]], "  ")
+    lines.append(f"  return {ret}")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def format_node(node: Node, names: dict[Value, str], indent: str = "") -> list[str]:
+    """The node's line, followed by its regions (indented) if it has any."""
+    results = ", ".join("%" + names[o] for o in node.outputs)
+    operands = ["%" + names[v] for v in node.inputs]
+    operands += [f"{k}={format_literal(v)}" for k, v in node.attrs.items()]
+    types = ", ".join(str(o.type) for o in node.outputs) or "()"
+    loc = f' loc({json.dumps(node.loc.file)}:{node.loc.line})' if node.loc else ""
+    part = f" part({node.part})" if node.part else ""
+    head = f"{results} = " if node.outputs else ""
+    line = f"{indent}{head}{node.op.name}({', '.join(operands)}) : {types}{loc}{part}"
+    if not node.regions:
+        return [line]
+    lines = [line + " {"]
+    for region in node.regions:
+        args = ", ".join(f"%{names[v]} : {v.type}" for v in region.inputs)
+        lines.append(f"{indent}  ({args}) {{")
+        for inner in region.nodes:
+            lines.extend(format_node(inner, names, indent + "    "))
+        outs = ", ".join("%" + names[v] for v in region.outputs)
+        lines.append(f"{indent}    yield {outs}".rstrip())
+        lines.append(f"{indent}  }}")
+    lines.append(f"{indent}}}")
+    return lines

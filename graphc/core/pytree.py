@@ -14,7 +14,14 @@ from typing import Any
 import numpy as np
 
 STATIC_TYPES = (bool, int, float, str, type(None))
-ARRAY_TYPES: tuple[type, ...] = (np.ndarray, np.generic)  # the tracer adds its Tracer type
+ARRAY_TYPES: tuple[type, ...] = (np.ndarray, np.generic)  # and the types given to register_array_type
+
+
+def register_array_type(cls: type) -> None:
+    """Treat instances of ``cls`` as array leaves (the tracer registers its traced arrays)."""
+    global ARRAY_TYPES
+    if cls not in ARRAY_TYPES:
+        ARRAY_TYPES = ARRAY_TYPES + (cls,)
 
 
 @dataclass(frozen=True)

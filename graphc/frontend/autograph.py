@@ -1,6 +1,6 @@
 """Source transform: Python control flow on traced values becomes graph control flow.
 
-``convert(fn)`` parses ``fn``'s source with ``ast`` and rewrites
+``transform(fn, runtime)`` parses ``fn``'s source with ``ast`` and rewrites
 
     if test: ... else: ...           ->  _gc_rt.if_stmt(test, true_fn, false_fn, vars, names)
     while test: ...                  ->  _gc_rt.while_stmt(cond_fn, body_fn, vars, names)
@@ -12,7 +12,9 @@
 where the branches and bodies become nested functions that take and return the variables the
 statement assigns. At run time each helper looks at the condition: a static Python value runs
 the original Python control flow, unchanged; a traced value emits ``cond`` / ``while_loop`` /
-``fori_loop`` (graphc/frontend/control.py). The transformed code is compiled with the user's
+``fori_loop`` (graphc/frontend/control.py). ``runtime`` is the module of those helpers
+(frontend/autograph_runtime.py, whose ``convert(fn)`` is how the rest of graphc calls this); this
+module itself only rewrites syntax. The transformed code is compiled with the user's
 file name and line numbers, so errors and node locations point at the original source.
 
 Statements whose bodies ``return``, ``break``, ``continue`` or ``yield`` are left as Python, with
@@ -443,19 +445,20 @@ def _flatten_bodies(node: ast.AST) -> None:
         _flatten_bodies(handler)
 
 
-def convert(fn: Callable) -> Callable:
-    """``fn`` with its control flow made traceable, or ``fn`` itself where that is not possible or
-    not needed (numpy, graphc, the standard library, builtins, classes)."""
+def transform(fn: Callable, runtime: types.ModuleType) -> Callable:
+    """``fn`` with its control flow made traceable (its new code calls the helpers of ``runtime``),
+    or ``fn`` itself where that is not possible or not needed (numpy, graphc, the standard library,
+    builtins, classes)."""
     if isinstance(fn, types.MethodType):
-        converted = convert(fn.__func__)
+        converted = transform(fn.__func__, runtime)
         return fn if converted is fn.__func__ else types.MethodType(converted, fn.__self__)
     if isinstance(fn, functools.partial):
-        inner = convert(fn.func)
+        inner = transform(fn.func, runtime)
         return fn if inner is fn.func else functools.partial(inner, *fn.args, **fn.keywords)
     if not isinstance(fn, types.FunctionType):
         call = inspect.getattr_static(type(fn), "__call__", None)
         if isinstance(call, types.FunctionType) and not isinstance(fn, type) and _is_user_function(call):
-            converted = convert(call)
+            converted = transform(call, runtime)
             return fn if converted is call else types.MethodType(converted, fn)
         return fn
     if getattr(fn, "_graphc_converted", False) or fn.__code__ in _generated or not _is_user_function(fn):
@@ -476,9 +479,7 @@ def convert(fn: Callable) -> Callable:
     except ValueError:  # a closure variable that is not bound yet
         _unconverted_reasons[code] = "a variable it closes over is not bound yet"
         return fn
-    from graphc.frontend import autograph_runtime
-
-    new = maker(autograph_runtime, *cells)
+    new = maker(runtime, *cells)
     new.__defaults__ = fn.__defaults__
     new.__kwdefaults__ = fn.__kwdefaults__
     new.__doc__ = fn.__doc__

@@ -1,20 +1,26 @@
-"""Run-time helpers called by source-transformed code (see autograph.py). Each one keeps plain
-Python semantics for static values and emits graph control flow for traced ones."""
+"""Run-time helpers called by source-transformed code (see autograph.py), and ``convert(fn)``, the
+transform bound to them. Each helper keeps plain Python semantics for static values and emits
+graph control flow for traced ones."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from graphc.core.errors import SourceLoc, TraceError
-from graphc.frontend import control
-from graphc.frontend.autograph import convert
-from graphc.frontend.tracer import Tracer, current_context, fresh, lift, user_location
 from graphc.core.pytree import flatten, unflatten
+from graphc.frontend import autograph, control
+from graphc.frontend.tracer import Tracer, current_context, fresh, lift, user_location
 
-_UNDEFINED_MARK = "<graphc: undefined variable>"
+_UNDEFINED_MARK = control.UNDEFINED_MARK
+
+
+def convert(fn: Callable) -> Callable:
+    """``fn`` with its control flow made traceable (frontend/autograph.py), or ``fn`` itself."""
+    return autograph.transform(fn, _THIS_MODULE)
 
 
 class _Undefined:
@@ -296,3 +302,6 @@ def _last_index(start: Any, stop: Any, step: int, before: Any) -> Any:
     if isinstance(last, Tracer):
         last._weak = True
     return last
+
+
+_THIS_MODULE = sys.modules[__name__]  # what transformed code calls its helpers through

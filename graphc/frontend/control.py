@@ -3,9 +3,9 @@
 Each branch or loop body is traced into a Region by a child TraceContext. Values the function
 closes over are captured by the child context and passed to the op as extra operands, so regions
 stay isolated. These functions are what the source transform (graphc/frontend/autograph.py)
-calls for ``if``/``while``/``for`` on traced values, and they are public (``graphc.cond`` ...)
-for code that wants graph control flow explicitly. The autodiff rules of the control-flow ops
-are with the ops (graphc/ops/control.py).
+calls for ``if``/``while``/``for`` on traced values; graphc.cond, graphc.while_loop and
+graphc.fori_loop (frontend/entry.py) call them after transforming the user's functions. The
+autodiff rules of the control-flow ops are with the ops (graphc/ops/control.py).
 """
 
 from __future__ import annotations
@@ -16,22 +16,23 @@ from typing import Any
 import numpy as np
 
 from graphc.core.errors import TraceError
-from graphc.frontend.tracer import TraceContext, Tracer, _ctx_stack, current_context, lift, user_location
 from graphc.core.ir import Region, TensorType, Value
 from graphc.core.pytree import TreeDef, flatten, unflatten
+from graphc.frontend.tracer import TraceContext, Tracer, _ctx_stack, current_context, lift, user_location
+
+# how the source transform marks a variable that has no value yet in a branch (autograph_runtime.py)
+UNDEFINED_MARK = "<graphc: undefined variable>"
 
 
 def trace_region(fn: Callable, in_types: Sequence[TensorType], name: str = "region",
                  weak: Sequence[bool] = ()) -> tuple[Region, list[Tracer], Any]:
-    """Trace ``fn(*args)`` with one traced argument per type, in a child of the current trace.
+    """Trace ``fn(*args)`` with one traced argument per type, in a child of the current trace
+    (``fn`` as it is: callers transform user functions first, see frontend/entry.py).
     Returns the region, the outer values it captured (operands to append), and the raw result
     (a pytree whose leaves are the region's outputs, in order)."""
     parent = current_context()
     if parent is None:
         raise RuntimeError("trace_region needs an active trace")
-    from graphc.frontend.autograph import convert
-
-    fn = convert(fn)
     ctx = TraceContext(name, parent)
     args = [Tracer(ctx, Value(t, None, 0, None)) for t in in_types]
     for a, w in zip(args, weak):
@@ -179,12 +180,10 @@ def _weakened(t: Tracer, weak: bool) -> Tracer:
 
 def _explain_branch_mismatch(res_true: Any, res_false: Any, names: Sequence[str]) -> None:
     """Name the variable whose value differs in kind, shape or dtype between the branches."""
-    from graphc.frontend.autograph_runtime import _UNDEFINED_MARK
-
     def describe(v: Any) -> str:
         if isinstance(v, Tracer):
             return f"an array {v._value.type}"
-        if isinstance(v, str) and v == _UNDEFINED_MARK:
+        if isinstance(v, str) and v == UNDEFINED_MARK:
             return "not assigned"
         return repr(v)
 

@@ -14,41 +14,9 @@ import numpy as np
 
 from graphc.core import dtypes
 from graphc.core.errors import TraceError
-from graphc.frontend.tracer import Tracer, bind, convert, fresh, lift, mark_view, user_location
+from graphc.frontend.tracer import HANDLERS, Tracer, bind, convert, implements, lift, result_dtype, user_location
 from graphc.frontend.ufuncs import apply_ufunc
 from graphc.ops.reduction import reduced_shape
-
-HANDLERS: dict[Callable, Callable] = {}
-
-
-def implements(*funcs: Callable):
-    def register(handler: Callable) -> Callable:
-        for f in funcs:
-            HANDLERS[f] = handler
-        return handler
-
-    return register
-
-
-# numpy returns views from these; in-place updates through views are rejected (tracer.mark_view)
-VIEW_FUNCTIONS = {
-    np.reshape, np.ravel, np.transpose, np.swapaxes, np.moveaxis, np.expand_dims, np.squeeze,
-    np.broadcast_to, np.split, np.array_split, np.asarray,
-}
-
-
-def handle_function(func: Callable, args: tuple, kwargs: dict):
-    handler = HANDLERS.get(func)
-    if handler is None:
-        mod = getattr(func, "__module__", "numpy") or "numpy"
-        mod = "numpy" if mod.startswith("numpy._core") or mod == "numpy" else mod
-        raise TraceError(f"{mod}.{func.__name__} is not supported by graphc", user_location())
-    result = handler(*args, **kwargs)
-    if func in VIEW_FUNCTIONS and args and isinstance(args[0], Tracer):
-        mark_view(result, args[0])
-    elif isinstance(result, Tracer) and any(result is a for a in args):
-        result = fresh(result)  # numpy returned a new array (np.copy, a no-op np.pad, ...)
-    return result
 
 
 def _reject(fname: str, **given: Any) -> None:
@@ -76,19 +44,6 @@ def norm_axes(axis: Any, ndim: int, fname: str = "") -> tuple[int, ...]:
             raise TraceError(f"{fname}: repeated axis in {axis}", user_location())
         return tuple(sorted(axes))
     return (norm_axis(axis, ndim, fname),)
-
-
-def result_dtype(*xs: Any) -> np.dtype:
-    """numpy's result_type, with Python scalars weak (NEP 50)."""
-    parts = []
-    for x in xs:
-        if isinstance(x, Tracer):
-            parts.append((0.0 if x.dtype.kind == "f" else 0 if x.dtype.kind in "iu" else x.dtype) if x._weak else x.dtype)
-        elif isinstance(x, (list, tuple)):
-            parts.append(lift(x).dtype)
-        else:
-            parts.append(x)
-    return dtypes.canonical(np.result_type(*parts))
 
 
 def reshape_to(x: Tracer, shape: tuple[int, ...]) -> Tracer:
@@ -337,6 +292,9 @@ def matmul(a: Any, b: Any) -> Tracer:
     return reshape_to(out, shape)
 
 
+HANDLERS.gufuncs[np.matmul] = matmul
+
+
 @implements(np.dot)
 def dot(a, b, out=None):
     _reject("dot", out=out)
@@ -578,4 +536,3 @@ def norm(x, ord=None, axis=None, keepdims=False):
     raise TraceError(f"numpy.linalg.norm: improper number of dimensions to norm ({len(axes)})", user_location())
 
 
-from graphc.frontend.shape_functions import array_from_nested  # noqa: E402,F401  (registers, re-export)

@@ -17,7 +17,7 @@ import numpy as np
 from graphc.core.errors import TraceError
 from graphc.frontend.functions import reshape_to
 from graphc.frontend.shape_functions import transpose
-from graphc.frontend.tracer import Tracer, bind, lift, user_location
+from graphc.frontend.tracer import HANDLERS, Tracer, bind, lift, user_location
 from graphc.ops.shape import normalize_slice, slice_length
 
 
@@ -180,3 +180,6 @@ def getitem(x: Tracer, key: Any) -> Tracer:
         return bind("gather", y, *indices, axis=positions[0])
     rest = [d for d in range(y.ndim) if d not in positions]
     return bind("gather", transpose(y, positions + rest), *indices, axis=0)
+
+
+HANDLERS.getitem = getitem

@@ -8,17 +8,8 @@ import numpy as np
 
 from graphc.core import dtypes
 from graphc.core.errors import TraceError
-from graphc.frontend.functions import (
-    _reject,
-    broadcast,
-    full,
-    implements,
-    norm_axes,
-    norm_axis,
-    reshape_to,
-    result_dtype,
-)
-from graphc.frontend.tracer import Tracer, bind, bind_multi, lift, user_location
+from graphc.frontend.functions import _reject, broadcast, full, norm_axes, norm_axis, reshape_to
+from graphc.frontend.tracer import Tracer, bind, bind_multi, implements, lift, result_dtype, user_location
 from graphc.ops.shape import normalize_slice
 
 
@@ -388,14 +379,3 @@ def ndim_of(a):
 def size_of(a, axis=None):
     x = lift(a)
     return x.size if axis is None else x.shape[norm_axis(axis, x.ndim, "size")]
-
-
-def array_from_nested(obj: Any, dtype: Any = None) -> Tracer:
-    """``np.array([...])`` whose elements include traced values: stack them (numpy's promotion)."""
-    if not isinstance(obj, (list, tuple)):
-        return lift(obj, dtype)
-    if not obj:
-        raise TraceError("np.array of an empty list that holds traced values", user_location())
-    items = [array_from_nested(v) for v in obj]
-    dt = dtypes.canonical(dtype) if dtype is not None else result_dtype(*items)
-    return stack([lift(t, dt) for t in items])

@@ -22,9 +22,9 @@ import numpy as np
 
 from graphc.core import dtypes, pytree
 from graphc.core.errors import ShapeError, SourceLoc, TraceError
-from graphc.core.ir import Graph, Node, TensorType, Value, clone_region
+from graphc.core.ir import Node, TensorType, Value, clone_region
+from graphc.frontend.autograph import unconverted_reason
 from graphc.ops import get_op
-from graphc.core.pytree import ArraySpec, flatten, leaf_paths, unflatten
 
 _GRAPHC_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _MODELS_DIR = _GRAPHC_DIR + "models" + os.sep  # the example models are user code: their lines are reported
@@ -204,8 +204,6 @@ def lift(x: Any, dtype: np.dtype | None = None) -> Tracer:
         arr = x if dtype is None or x.dtype == dtype else x.astype(dtype)
     else:
         if isinstance(x, (list, tuple)) and _contains_tracer(x):
-            from graphc.frontend.functions import array_from_nested
-
             return array_from_nested(x, dtype)
         try:
             arr = np.asarray(x, dtype=dtype)
@@ -216,11 +214,88 @@ def lift(x: Any, dtype: np.dtype | None = None) -> Tracer:
     return ctx.constant(arr)
 
 
+def result_dtype(*xs: Any) -> np.dtype:
+    """numpy's result_type, with Python scalars weak (NEP 50)."""
+    parts = []
+    for x in xs:
+        if isinstance(x, Tracer):
+            parts.append((0.0 if x.dtype.kind == "f" else 0 if x.dtype.kind in "iu" else x.dtype) if x._weak else x.dtype)
+        elif isinstance(x, (list, tuple)):
+            parts.append(lift(x).dtype)
+        else:
+            parts.append(x)
+    return dtypes.canonical(np.result_type(*parts))
+
+
+def array_from_nested(obj: Any, dtype: Any = None) -> Tracer:
+    """``np.array([...])`` whose elements include traced values: stack them (numpy's promotion)."""
+    if not isinstance(obj, (list, tuple)):
+        return lift(obj, dtype)
+    if not obj:
+        raise TraceError("np.array of an empty list that holds traced values", user_location())
+    items = [array_from_nested(v) for v in obj]
+    dt = dtypes.canonical(dtype) if dtype is not None else result_dtype(*items)
+    return np.stack([lift(t, dt) for t in items])
+
+
 def convert(x: Tracer, dtype: Any) -> Tracer:
     dt = dtypes.canonical(dtype)
     if x.dtype == dt:
         return x
     return bind("convert", x, dtype=dt)
+
+
+# --- where numpy's protocols send traced arrays ----------------------------------------------------
+
+
+class Handlers:
+    """graphc's implementations of numpy on traced arrays, filled by the handler modules when they
+    are imported (importing graphc.frontend imports them all): ``functions`` maps a numpy function
+    to its implementation (``@implements(np.mean)``), ``ufunc`` takes every ufunc call
+    (frontend/ufuncs.py), ``gufuncs`` the ufuncs that are not elementwise (np.matmul), and
+    ``getitem`` indexing (frontend/indexing.py)."""
+
+    def __init__(self):
+        self.functions: dict[Callable, Callable] = {}
+        self.gufuncs: dict[np.ufunc, Callable] = {}
+        self.ufunc: Callable | None = None
+        self.getitem: Callable | None = None
+
+
+HANDLERS = Handlers()
+
+
+def implements(*funcs: Callable):
+    """Register the decorated function as graphc's implementation of the numpy functions ``funcs``."""
+
+    def register(handler: Callable) -> Callable:
+        for f in funcs:
+            HANDLERS.functions[f] = handler
+        return handler
+
+    return register
+
+
+# numpy returns views from these; in-place updates through views are rejected (mark_view)
+VIEW_FUNCTIONS = {
+    np.reshape, np.ravel, np.transpose, np.swapaxes, np.moveaxis, np.expand_dims, np.squeeze,
+    np.broadcast_to, np.split, np.array_split, np.asarray,
+}
+
+
+def handle_function(func: Callable, args: tuple, kwargs: dict):
+    """A numpy function called on traced arrays (``__array_function__``)."""
+    handler = HANDLERS.functions.get(func)
+    if handler is None:
+        mod = getattr(func, "__module__", "numpy") or "numpy"
+        mod = "numpy" if mod.startswith("numpy._core") or mod == "numpy" else mod
+        raise TraceError(f"{mod}.{func.__name__} is not supported by graphc", user_location())
+    result = handler(*args, **kwargs)
+    if func in VIEW_FUNCTIONS and args and isinstance(args[0], Tracer):
+        mark_view(result, args[0])
+    elif isinstance(result, Tracer) and any(result is a for a in args):
+        result = fresh(result)  # numpy returned a new array (np.copy, a no-op np.pad, ...)
+    return result
 
 
 def _contains_tracer(x: Any) -> bool:
@@ -232,8 +307,6 @@ def _contains_tracer(x: Any) -> bool:
 
 
 def _control_flow_error(what: str) -> TraceError:
-    from graphc.frontend.autograph import unconverted_reason
-
     frame = _user_frame()
     loc = SourceLoc(_display_path(frame.f_code.co_filename), frame.f_lineno) if frame is not None else None
     reason = unconverted_reason(frame.f_code) if frame is not None else None
@@ -272,13 +345,9 @@ class Tracer:
 
     # --- numpy protocols -------------------------------------------------------------------
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
-        from graphc.frontend.ufuncs import handle_ufunc
-
-        return user_errors(handle_ufunc)(ufunc, method, *inputs, **kwargs)
+        return user_errors(HANDLERS.ufunc)(ufunc, method, *inputs, **kwargs)
 
     def __array_function__(self, func, types, args, kwargs):
-        from graphc.frontend.functions import handle_function
-
         return user_errors(handle_function)(func, args, kwargs)
 
     def __array__(self, dtype=None, copy=None):
@@ -409,9 +478,7 @@ class Tracer:
         return user_errors(_inplace_update)(self, ufunc, other)
 
     def __getitem__(self, key):
-        from graphc.frontend.indexing import getitem
-
-        result = user_errors(getitem)(self, key)
+        result = user_errors(HANDLERS.getitem)(self, key)
         if result._value.producer is None or result._value.producer.op.name != "gather":
             mark_view(result, self)  # basic indexing returns a view in numpy
         return result
@@ -489,8 +556,6 @@ def mark_view(result: Any, base: Tracer) -> None:
 
 
 def _inplace_update(target: Tracer, ufunc, other) -> Tracer:
-    from graphc.frontend.ufuncs import apply_ufunc
-
     if target._base is not None:
         raise TraceError(
             "in-place update of a view (a slice, reshape or transpose of another array) would change that "
@@ -503,7 +568,7 @@ def _inplace_update(target: Tracer, ufunc, other) -> Tracer:
             "would change them too, which a graph cannot express; compute a new array instead",
             user_location(),
         )
-    result = apply_ufunc(ufunc, target, other)
+    result = ufunc(target, other)  # through __array_ufunc__: numpy's type resolution
     if target._weak:  # stands for a Python number: += makes a new object, as for a Python int
         return result
     if result.shape != target.shape:
@@ -523,198 +588,7 @@ def _inplace_update(target: Tracer, ufunc, other) -> Tracer:
     return target
 
 
-pytree.ARRAY_TYPES = pytree.ARRAY_TYPES + (Tracer,)
-
-
-# --- numpy entry points that do not dispatch on their argument: patched while tracing ----------
-
-_ARRAY_CONSTRUCTORS = ("asarray", "array", "asanyarray", "ascontiguousarray")
-_patch_lock = threading.Lock()
-_patch_depth = 0
-_originals: list[tuple[Any, str, Callable]] = []
-
-
-def _contains_tracer_anywhere(args: tuple, kwargs: dict) -> bool:
-    return any(_contains_tracer(a) for a in args) or any(_contains_tracer(v) for v in kwargs.values())
-
-
-def _constructor_patch(original: Callable) -> Callable:
-    @functools.wraps(original)
-    def patched(obj, *args, **kwargs):
-        if current_context() is not None and _contains_tracer(obj):
-            dtype = kwargs.get("dtype", args[0] if args else None)
-            result = user_errors(lift)(obj, None if dtype is None else dtypes.canonical(dtype))
-            copies = original is np.array and kwargs.get("copy", True) is not False
-            return fresh(result) if copies and result is obj else result
-        return original(obj, *args, **kwargs)
-
-    return patched
-
-
-def _handler_patch(original: Callable) -> Callable:
-    """numpy only dispatches on some arguments (not on the arrays inside a list passed to np.mean,
-    nor on np.take's indices); route any call that holds a traced value to graphc's handler."""
-
-    @functools.wraps(original)
-    def patched(*args, **kwargs):
-        if current_context() is not None and _contains_tracer_anywhere(args, kwargs):
-            from graphc.frontend.functions import handle_function
-
-            return user_errors(handle_function)(original, args, kwargs)
-        return original(*args, **kwargs)
-
-    return patched
-
-
-def _patch_targets() -> list[tuple[Any, str, Callable]]:
-    from graphc.frontend.functions import HANDLERS
-
-    targets = [(np, name, _constructor_patch(getattr(np, name))) for name in _ARRAY_CONSTRUCTORS]
-    for func in HANDLERS:
-        for module in (np, np.linalg):
-            if getattr(module, func.__name__, None) is func:
-                targets.append((module, func.__name__, _handler_patch(func)))
-    return targets
-
-
-@contextlib.contextmanager
-def numpy_patches():
-    """While any thread traces, numpy entry points that do not dispatch on every argument are
-    wrapped: ``np.asarray(tracer)``, ``np.array([tracer, ...])``, ``np.mean([t1, t2])``,
-    ``np.take(table, traced_idx)`` reach graphc. Other threads, and calls without traced values,
-    reach numpy unchanged."""
-    global _patch_depth
-    with _patch_lock:
-        if _patch_depth == 0:
-            for module, name, patched in _patch_targets():
-                _originals.append((module, name, getattr(module, name)))
-                setattr(module, name, patched)
-        _patch_depth += 1
-    try:
-        yield
-    finally:
-        with _patch_lock:
-            _patch_depth -= 1
-            if _patch_depth == 0:
-                while _originals:
-                    module, name, original = _originals.pop()
-                    setattr(module, name, original)
-
-
-# --- trace ---------------------------------------------------------------------------------------
-
-
-def _input_names(fn: Callable, args: tuple, kwargs: dict) -> list[str]:
-    """A readable name per array leaf: the parameter name followed by the dict keys / indices."""
-    try:
-        params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):
-        params = []
-    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    var_pos = next((p.name for p in params if p.kind == p.VAR_POSITIONAL), "args")
-    _, treedef = flatten((args, kwargs))
-    names = []
-    for path in leaf_paths(treedef):
-        top, first, *rest = path
-        if top == 0:
-            head = positional[first] if first < len(positional) else f"{var_pos}{first - len(positional)}"
-        else:
-            head = str(first)
-        names.append(".".join([head, *map(str, rest)]))
-    return names
-
-
-def _input_type(leaf: Any, name: str) -> TensorType:
-    if isinstance(leaf, ArraySpec):
-        shape, dt = leaf.shape, leaf.dtype
-    else:
-        arr = np.asarray(leaf)
-        shape, dt = arr.shape, arr.dtype
-    try:
-        return TensorType(shape, dtypes.canonical(dt))
-    except ShapeError as exc:
-        raise TraceError(f"argument {name}: {exc}") from None
-
-
-def trace(fn: Callable, *args: Any, **kwargs: Any) -> Graph:
-    """Trace ``fn(*args, **kwargs)`` into a Graph.
-
-    Array leaves of the argument pytrees (numpy arrays, numpy scalars, ``ArraySpec``) become graph
-    inputs; every other leaf (int, float, bool, str, None) is static and recorded in the signature.
-    """
-    try:
-        leaves, in_tree = flatten((args, kwargs))
-    except TypeError as exc:
-        raise TraceError(f"cannot trace {getattr(fn, '__name__', fn)}: {exc}") from None
-    name = getattr(fn, "__name__", "fn")
-    ctx = TraceContext(name if name.isidentifier() else "fn")
-    names = _input_names(fn, args, kwargs)
-    tracers = [ctx.new_input(_input_type(leaf, n), n) for leaf, n in zip(leaves, names)]
-    targs, tkwargs = unflatten(in_tree, tracers)
-    from graphc.frontend.autograph import convert
-
-    fn = convert(fn)
-    stack = _ctx_stack()
-    stack.append(ctx)
-    try:
-        with numpy_patches():
-            result = fn(*targs, **tkwargs)
-            if inspect.isgenerator(result):
-                raise TraceError(f"{name} is a generator function (it yields); graphc traces functions that return arrays")
-            try:
-                out_leaves, out_tree = flatten(result, is_leaf=lambda x: isinstance(x, Tracer), path="result")
-            except TypeError as exc:
-                undefined = _find_undefined(result)
-                if undefined is not None:
-                    raise undefined.error() from None
-                raise TraceError(f"{name} returned something graphc cannot represent: {exc}") from None
-            outputs = [user_errors(lift)(leaf)._value for leaf in out_leaves]
-            for leaf in out_leaves:
-                if isinstance(leaf, Tracer) and leaf._ctx is not ctx:
-                    raise TraceError(f"{name} returned a traced value from another trace")
-    finally:
-        stack.pop()
-    tag_parts(ctx.nodes)
-    return Graph(ctx.name, ctx.inputs, ctx.nodes, outputs, in_tree, out_tree)
-
-
-def _find_undefined(tree: Any) -> Any:
-    if type(tree).__name__ == "_Undefined" and getattr(tree, "name", None):
-        return tree
-    children = tree.values() if isinstance(tree, dict) else tree if isinstance(tree, (list, tuple)) else ()
-    for c in children:
-        found = _find_undefined(c)
-        if found is not None:
-            return found
-    return None
-
-
-def tag_parts(nodes: list[Node]) -> None:
-    """In a graph with backward nodes (from autodiff), tag the rest: nodes that use gradients are
-    the update, all others the forward part. Graphs without gradients stay untagged."""
-    if not any(n.part == "backward" for n in nodes):
-        return
-    uses_grads: set[Value] = set()
-    for n in nodes:
-        if n.part == "backward":
-            uses_grads.update(n.outputs)
-        elif any(v in uses_grads for v in n.inputs):
-            n.part = "update"
-            uses_grads.update(n.outputs)
-        else:
-            n.part = "forward"
-
-
-def inline_graph(graph: Graph, *args: Any, **kwargs: Any) -> Any:
-    """Call ``graph`` like the function it was traced from: inside a trace its nodes are emitted
-    again on the given (traced or numpy) arguments; outside one it is evaluated."""
-    ctx = current_context()
-    if ctx is None:
-        from graphc.interpreter import evaluate
-
-        return evaluate(graph, *args, **kwargs)
-    leaves = [lift(x) for x in _flat_arguments(graph, args, kwargs)]
-    return unflatten(graph.out_tree, emit_block(ctx, graph.inputs, graph.nodes, graph.outputs, leaves))
+pytree.register_array_type(Tracer)
 
 
 def emit_block(ctx: TraceContext, inputs: list[Value], nodes: list[Node], outputs: list[Value],
@@ -728,14 +602,3 @@ def emit_block(ctx: TraceContext, inputs: list[Value], nodes: list[Node], output
                             tuple(clone_region(r) for r in node.regions))
         env.update(zip(node.outputs, outs))
     return [env[v] for v in outputs]
-
-
-def _flat_arguments(graph: Graph, args: tuple, kwargs: dict) -> list[Any]:
-    from graphc.core.pytree import flatten_as
-
-    leaves = flatten_as((tuple(args), dict(kwargs)), graph.in_tree, path="arguments")
-    for leaf, v in zip(leaves, graph.inputs):
-        dtype = leaf.dtype if isinstance(leaf, (Tracer, np.ndarray, np.generic)) else np.asarray(leaf).dtype
-        if tuple(leaf.shape if isinstance(leaf, Tracer) else np.shape(leaf)) != v.type.shape or dtype != v.type.dtype:
-            raise TraceError(f"graph @{graph.name}: input %{v.name} expects {v.type}", user_location())
-    return leaves

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from graphc.core.errors import TraceError
-from graphc.frontend.tracer import Tracer, bind, fresh, lift, user_location
+from graphc.frontend.tracer import HANDLERS, Tracer, bind, fresh, lift, user_location
 
 # ufunc -> (primitive, attrs). The primitive sees operands already converted to the loop dtype.
 _SIMPLE: dict[np.ufunc, tuple[str, dict[str, Any]]] = {
@@ -88,10 +88,9 @@ def resolve_loop(ufunc: np.ufunc, inputs: tuple) -> tuple[np.dtype, ...]:
 
 def apply_ufunc(ufunc: np.ufunc, *inputs: Any) -> Tracer:
     """Call a supported elementwise ufunc with numpy's exact type resolution."""
-    if ufunc is np.matmul:
-        from graphc.frontend.functions import matmul
-
-        return matmul(*inputs)
+    gufunc = HANDLERS.gufuncs.get(ufunc)
+    if gufunc is not None:  # not elementwise (np.matmul): frontend/functions.py implements it
+        return gufunc(*inputs)
     sig = resolve_loop(ufunc, inputs)
     loop_in = sig[: ufunc.nin]
     if ufunc in _COMPARISONS:
@@ -271,3 +270,6 @@ def handle_ufunc(ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any):
     if dtype is not None:  # numpy then picks the loop for that dtype
         inputs = tuple(lift(x, np.dtype(dtype)) for x in inputs)
     return apply_ufunc(ufunc, *inputs)
+
+
+HANDLERS.ufunc = handle_ufunc

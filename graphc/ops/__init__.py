@@ -7,81 +7,25 @@ An OpDef carries
   * slots filled by later stages, declared here so that a test can walk the registry and find an op
     that misses one: ``vjp`` and ``jvp`` (autodiff), ``dim_rule`` (sharding), ``cost`` (flops/bytes).
 
-The families live in their own modules (elementwise, reduction, shape, indexing, linalg, constant);
-importing this package registers all of them.
+The registry itself is ops/registry.py; the families live in their own modules (elementwise,
+reduction, shape, indexing, linalg, constant, control, fused, comm, sharding), and importing this
+package registers all of them. ops/dims.py has the dimension-rule vocabulary, ops/context.py what
+an autodiff rule may call.
 """
 
-from __future__ import annotations
+from graphc.core.ir import OpDef
+from graphc.ops import (
+    comm,  # noqa: F401
+    constant,  # noqa: F401
+    control,  # noqa: F401
+    elementwise,  # noqa: F401
+    fused,  # noqa: F401
+    indexing,  # noqa: F401
+    linalg,  # noqa: F401
+    reduction,  # noqa: F401
+    shape,  # noqa: F401
+    sharding,  # noqa: F401
+)
+from graphc.ops.registry import REGISTRY, check_axes, check_axis, check_shape, get_op, register, same_dtype
 
-from typing import Any
-
-import numpy as np
-
-from graphc.core.errors import ShapeError
-from graphc.core.ir import KINDS, OpDef, TensorType
-
-REGISTRY: dict[str, OpDef] = {}
-
-
-def register(op: OpDef) -> OpDef:
-    if op.name in REGISTRY:
-        raise ValueError(f"op {op.name} registered twice")
-    if op.kind not in KINDS:
-        raise ValueError(f"op {op.name}: unknown kind {op.kind}")
-    REGISTRY[op.name] = op
-    return op
-
-
-def get_op(name: str) -> OpDef:
-    try:
-        return REGISTRY[name]
-    except KeyError:
-        raise KeyError(f"unknown op {name!r}") from None
-
-
-# --- helpers shared by the shape rules --------------------------------------------------------
-
-
-def check_axis(axis: Any, ndim: int, what: str = "axis") -> int:
-    """A non-negative, in-range axis (attributes are stored normalized)."""
-    if not isinstance(axis, int) or isinstance(axis, bool):
-        raise ShapeError(f"{what} must be an int, got {axis!r}")
-    if not 0 <= axis < ndim:
-        raise ShapeError(f"{what} {axis} is out of range for a {ndim}-d operand")
-    return axis
-
-
-def check_axes(axes: Any, ndim: int) -> tuple[int, ...]:
-    if not isinstance(axes, tuple):
-        raise ShapeError(f"axes must be a tuple of ints, got {axes!r}")
-    for a in axes:
-        check_axis(a, ndim)
-    if len(set(axes)) != len(axes) or list(axes) != sorted(axes):
-        raise ShapeError(f"axes must be sorted and unique, got {axes}")
-    return axes
-
-
-def check_shape(shape: Any, what: str = "shape") -> tuple[int, ...]:
-    if not isinstance(shape, tuple) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
-        raise ShapeError(f"{what} must be a tuple of non-negative ints, got {shape!r}")
-    return shape
-
-
-def same_dtype(in_types: tuple[TensorType, ...], opname: str) -> np.dtype:
-    dts = {t.dtype for t in in_types}
-    if len(dts) != 1:
-        raise ShapeError(f"{opname} needs operands of one dtype, got {', '.join(str(t) for t in in_types)}")
-    return in_types[0].dtype
-
-
-# importing the family modules registers their ops
-import graphc.ops.comm  # noqa: E402,F401
-import graphc.ops.constant  # noqa: E402,F401
-import graphc.ops.control  # noqa: E402,F401
-import graphc.ops.elementwise  # noqa: E402,F401
-import graphc.ops.fused  # noqa: E402,F401
-import graphc.ops.indexing  # noqa: E402,F401
-import graphc.ops.linalg  # noqa: E402,F401
-import graphc.ops.reduction  # noqa: E402,F401
-import graphc.ops.shape  # noqa: E402,F401
-import graphc.ops.sharding  # noqa: E402,F401
+__all__ = ["REGISTRY", "OpDef", "check_axes", "check_axis", "check_shape", "get_op", "register", "same_dtype"]

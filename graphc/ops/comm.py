@@ -23,10 +23,10 @@ from __future__ import annotations
 import numpy as np
 
 from graphc.core.errors import GraphcError, ShapeError
-from graphc.core.ir import TensorType
+from graphc.core.ir import OpDef, TensorType
 from graphc.core.spec import piece_bounds, piece_index
-from graphc.ops import OpDef, check_axis, get_op, register
 from graphc.ops.dims import DimRule, io_bytes
+from graphc.ops.registry import check_axis, get_op, register
 
 
 def _no_autodiff(name):

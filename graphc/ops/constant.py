@@ -7,9 +7,9 @@ import numpy as np
 
 from graphc.core import dtypes
 from graphc.core.errors import ShapeError
-from graphc.core.ir import TensorType
-from graphc.ops import OpDef, register
+from graphc.core.ir import OpDef, TensorType
 from graphc.ops.dims import DimRule
+from graphc.ops.registry import register
 
 
 def _constant_infer(in_types, value):

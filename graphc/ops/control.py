@@ -22,9 +22,9 @@ import numpy as np
 
 from graphc.core import dtypes
 from graphc.core.errors import ShapeError, TraceError
-from graphc.core.ir import TensorType
-from graphc.ops import OpDef, register
+from graphc.core.ir import OpDef, TensorType
 from graphc.ops.dims import region_cost
+from graphc.ops.registry import register
 
 SCALAR_BOOL = TensorType((), np.bool_)
 SCALAR_INDEX = TensorType((), np.int64)

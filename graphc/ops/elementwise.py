@@ -7,9 +7,9 @@ import numpy as np
 
 from graphc.core import dtypes
 from graphc.core.errors import ShapeError
-from graphc.core.ir import TensorType
-from graphc.ops import REGISTRY, OpDef, register, same_dtype
+from graphc.core.ir import OpDef, TensorType
 from graphc.ops.dims import elementwise_rule, io_bytes
+from graphc.ops.registry import REGISTRY, register, same_dtype
 
 
 def broadcast_shapes(opname: str, *shapes: tuple[int, ...]) -> tuple[int, ...]:

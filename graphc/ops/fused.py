@@ -9,8 +9,9 @@ kernel, the interpreter simply runs the region.
 from __future__ import annotations
 
 from graphc.core.errors import ShapeError
-from graphc.ops import OpDef, register
+from graphc.core.ir import OpDef
 from graphc.ops.dims import region_cost, region_rule
+from graphc.ops.registry import register
 
 
 def _fused_infer(in_types, regions):

@@ -9,10 +9,10 @@ from __future__ import annotations
 import numpy as np
 
 from graphc.core.errors import ShapeError
-from graphc.core.ir import TensorType
-from graphc.ops import OpDef, register
+from graphc.core.ir import OpDef, TensorType
 from graphc.ops.dims import DimRule, io_bytes
 from graphc.ops.elementwise import broadcast_shapes
+from graphc.ops.registry import register
 
 
 def _gather_infer(in_types, axis):

@@ -8,10 +8,10 @@ import re
 import numpy as np
 
 from graphc.core.errors import ShapeError
-from graphc.core.ir import TensorType
-from graphc.ops import OpDef, register, same_dtype
+from graphc.core.ir import OpDef, TensorType
 from graphc.ops.dims import DimRule, io_bytes
 from graphc.ops.elementwise import broadcast_shapes, sum_tangents
+from graphc.ops.registry import register, same_dtype
 
 
 def _matmul_infer(in_types):

@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 
 from graphc.core.errors import ShapeError
-from graphc.core.ir import TensorType
-from graphc.ops import OpDef, check_axes, check_axis, register
+from graphc.core.ir import OpDef, TensorType
 from graphc.ops.dims import DimRule, io_bytes
+from graphc.ops.registry import check_axes, check_axis, register
 
 
 def reduced_shape(shape: tuple[int, ...], axes: tuple[int, ...], keepdims: bool) -> tuple[int, ...]:

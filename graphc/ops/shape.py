@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 
 from graphc.core.errors import ShapeError
-from graphc.core.ir import TensorType
-from graphc.ops import OpDef, check_axis, check_shape, register, same_dtype
+from graphc.core.ir import OpDef, TensorType
 from graphc.ops.dims import DimRule, copy_cost, reshape_rule, view_cost
+from graphc.ops.registry import check_axis, check_shape, register, same_dtype
 
 
 def _reshape_infer(in_types, shape):

@@ -8,9 +8,10 @@ fails saying why), and autodiff puts the same constraint on the cotangent / tang
 from __future__ import annotations
 
 from graphc.core.errors import ShapeError
+from graphc.core.ir import OpDef
 from graphc.core.spec import SpecError, parse_spec
-from graphc.ops import OpDef, register
 from graphc.ops.dims import elementwise_rule
+from graphc.ops.registry import register
 
 
 def _sharding_infer(in_types, spec):

@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from graphc.core.errors import PlanError
-from graphc.core.units import fmt_bytes
 from graphc.core.spec import format_spec
+from graphc.core.units import fmt_bytes
 from graphc.passes.sharding.problem import Problem
 
 FOLLOW_KINDS = ("elementwise", "shape", "fused")

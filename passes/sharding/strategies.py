@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from graphc.core.ir import Graph, TensorType, Value, walk
-from graphc.ops.dims import DimRule, default_cost
 from graphc.core.spec import P, Placement, R, S, format_spec
+from graphc.ops.dims import DimRule, default_cost
 
 MAX_BLOCKS = 16
 

@@ -1,0 +1,88 @@
+"""How attribute values and constant arrays look in the text IR (graphc/core/ir.py prints graphs
+with these; graphc/textir.py reads them back).
+
+Constants are bit-exact: small finite arrays as nested lists, others as zlib-compressed base64 of
+their little-endian bytes.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import zlib
+from typing import Any
+
+import numpy as np
+
+from graphc.core import dtypes
+
+SMALL_ARRAY = 16  # constants with at most this many finite elements print as nested lists
+
+def format_float(x: float) -> str:
+    if x != x:
+        return "nan"
+    if x in (float("inf"), float("-inf")):
+        return "inf" if x > 0 else "-inf"
+    return repr(float(x))
+
+
+def format_literal(v: Any) -> str:
+    if v is None:
+        return "none"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return format_float(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, np.dtype):
+        return dtypes.short_name(v)
+    if isinstance(v, np.ndarray):
+        return format_array(v)
+    if isinstance(v, tuple):
+        inner = ", ".join(format_literal(x) for x in v)
+        return f"({inner},)" if len(v) == 1 else f"({inner})"
+    raise TypeError(f"cannot print attribute value of type {type(v).__name__}")
+
+
+def _scalar_text(x: np.generic) -> str:
+    if x.dtype.kind == "b":
+        return "true" if x else "false"
+    if x.dtype.kind in "iu":
+        return str(int(x))
+    text = str(x) if x.dtype != np.float64 else repr(float(x))
+    return text if any(c in text for c in ".en") else text + ".0"
+
+
+def _nested(a: np.ndarray) -> str:
+    if a.ndim == 0:
+        return _scalar_text(a[()])
+    return "[" + ", ".join(_nested(x) for x in a) + "]"
+
+
+def _small_form(a: np.ndarray) -> str | None:
+    if a.size > SMALL_ARRAY or (a.dtype.kind == "f" and not np.isfinite(a).all()):
+        return None
+    text = _nested(a)
+    back = _array_from_list(json.loads(text.replace("true", "1").replace("false", "0")), a.dtype, a.shape)
+    return text if back.tobytes() == a.tobytes() else None
+
+
+def format_array(a: np.ndarray) -> str:
+    head = f"array<{dtypes.short_name(dtypes.canonical(a.dtype))}[{','.join(map(str, a.shape))}]>"
+    small = _small_form(a)
+    if small is not None:
+        return head + small
+    raw = np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<")).tobytes()
+    return head + '"' + base64.b64encode(zlib.compress(raw, 6)).decode("ascii") + '"'
+
+
+def _array_from_list(data: Any, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    arr = np.array(data, dtype=dtype)
+    if arr.size == 0 and 0 in shape:  # "[]" says nothing about the other dims of an empty array
+        arr = arr.reshape(shape)
+    if arr.shape != shape:
+        raise ValueError(f"array literal has shape {arr.shape}, its type says {shape}")
+    return arr

@@ -1,0 +1,250 @@
+"""The frontend's entry points: ``trace(fn, *args) -> Graph``, and graph control flow from user
+functions (``cond``, ``while_loop``, ``fori_loop``: their functions get the source transform).
+
+Tracing runs the user's function on ``Tracer`` objects (frontend/tracer.py) after the source
+transform (frontend/autograph.py, frontend/autograph_runtime.py), with the numpy handlers of
+frontend/ufuncs.py, functions.py, shape_functions.py and indexing.py registered (importing this
+module imports them) and with the numpy entry points that do not dispatch on their arguments
+wrapped for the duration (``numpy_patches``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from graphc.core import dtypes
+from graphc.core.errors import ShapeError, TraceError
+from graphc.core.ir import Graph, Node, TensorType, Value
+from graphc.core.pytree import ArraySpec, flatten, flatten_as, leaf_paths, unflatten
+from graphc.frontend import control, functions, indexing, shape_functions, ufuncs  # noqa: F401  (register handlers)
+from graphc.frontend.autograph_runtime import convert, is_undefined
+from graphc.frontend.tracer import (
+    HANDLERS,
+    TraceContext,
+    Tracer,
+    _contains_tracer,
+    _ctx_stack,
+    current_context,
+    emit_block,
+    fresh,
+    handle_function,
+    lift,
+    user_errors,
+    user_location,
+)
+from graphc.interpreter import evaluate
+
+_ARRAY_CONSTRUCTORS = ("asarray", "array", "asanyarray", "ascontiguousarray")
+_patch_lock = threading.Lock()
+_patch_depth = 0
+_originals: list[tuple[Any, str, Callable]] = []
+
+
+def _contains_tracer_anywhere(args: tuple, kwargs: dict) -> bool:
+    return any(_contains_tracer(a) for a in args) or any(_contains_tracer(v) for v in kwargs.values())
+
+
+def _constructor_patch(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def patched(obj, *args, **kwargs):
+        if current_context() is not None and _contains_tracer(obj):
+            dtype = kwargs.get("dtype", args[0] if args else None)
+            result = user_errors(lift)(obj, None if dtype is None else dtypes.canonical(dtype))
+            copies = original is np.array and kwargs.get("copy", True) is not False
+            return fresh(result) if copies and result is obj else result
+        return original(obj, *args, **kwargs)
+
+    return patched
+
+
+def _handler_patch(original: Callable) -> Callable:
+    """numpy only dispatches on some arguments (not on the arrays inside a list passed to np.mean,
+    nor on np.take's indices); route any call that holds a traced value to graphc's handler."""
+
+    @functools.wraps(original)
+    def patched(*args, **kwargs):
+        if current_context() is not None and _contains_tracer_anywhere(args, kwargs):
+            return user_errors(handle_function)(original, args, kwargs)
+        return original(*args, **kwargs)
+
+    return patched
+
+
+def _patch_targets() -> list[tuple[Any, str, Callable]]:
+    targets = [(np, name, _constructor_patch(getattr(np, name))) for name in _ARRAY_CONSTRUCTORS]
+    for func in HANDLERS.functions:
+        for module in (np, np.linalg):
+            if getattr(module, func.__name__, None) is func:
+                targets.append((module, func.__name__, _handler_patch(func)))
+    return targets
+
+
+@contextlib.contextmanager
+def numpy_patches():
+    """While any thread traces, numpy entry points that do not dispatch on every argument are
+    wrapped: ``np.asarray(tracer)``, ``np.array([tracer, ...])``, ``np.mean([t1, t2])``,
+    ``np.take(table, traced_idx)`` reach graphc. Other threads, and calls without traced values,
+    reach numpy unchanged."""
+    global _patch_depth
+    with _patch_lock:
+        if _patch_depth == 0:
+            for module, name, patched in _patch_targets():
+                _originals.append((module, name, getattr(module, name)))
+                setattr(module, name, patched)
+        _patch_depth += 1
+    try:
+        yield
+    finally:
+        with _patch_lock:
+            _patch_depth -= 1
+            if _patch_depth == 0:
+                while _originals:
+                    module, name, original = _originals.pop()
+                    setattr(module, name, original)
+
+
+# --- trace ---------------------------------------------------------------------------------------
+
+
+def _input_names(fn: Callable, args: tuple, kwargs: dict) -> list[str]:
+    """A readable name per array leaf: the parameter name followed by the dict keys / indices."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    var_pos = next((p.name for p in params if p.kind == p.VAR_POSITIONAL), "args")
+    _, treedef = flatten((args, kwargs))
+    names = []
+    for path in leaf_paths(treedef):
+        top, first, *rest = path
+        if top == 0:
+            head = positional[first] if first < len(positional) else f"{var_pos}{first - len(positional)}"
+        else:
+            head = str(first)
+        names.append(".".join([head, *map(str, rest)]))
+    return names
+
+
+def _input_type(leaf: Any, name: str) -> TensorType:
+    if isinstance(leaf, ArraySpec):
+        shape, dt = leaf.shape, leaf.dtype
+    else:
+        arr = np.asarray(leaf)
+        shape, dt = arr.shape, arr.dtype
+    try:
+        return TensorType(shape, dtypes.canonical(dt))
+    except ShapeError as exc:
+        raise TraceError(f"argument {name}: {exc}") from None
+
+
+def trace(fn: Callable, *args: Any, **kwargs: Any) -> Graph:
+    """Trace ``fn(*args, **kwargs)`` into a Graph.
+
+    Array leaves of the argument pytrees (numpy arrays, numpy scalars, ``ArraySpec``) become graph
+    inputs; every other leaf (int, float, bool, str, None) is static and recorded in the signature.
+    """
+    try:
+        leaves, in_tree = flatten((args, kwargs))
+    except TypeError as exc:
+        raise TraceError(f"cannot trace {getattr(fn, '__name__', fn)}: {exc}") from None
+    name = getattr(fn, "__name__", "fn")
+    ctx = TraceContext(name if name.isidentifier() else "fn")
+    names = _input_names(fn, args, kwargs)
+    tracers = [ctx.new_input(_input_type(leaf, n), n) for leaf, n in zip(leaves, names)]
+    targs, tkwargs = unflatten(in_tree, tracers)
+    fn = convert(fn)
+    stack = _ctx_stack()
+    stack.append(ctx)
+    try:
+        with numpy_patches():
+            result = fn(*targs, **tkwargs)
+            if inspect.isgenerator(result):
+                raise TraceError(f"{name} is a generator function (it yields); graphc traces functions that return arrays")
+            try:
+                out_leaves, out_tree = flatten(result, is_leaf=lambda x: isinstance(x, Tracer), path="result")
+            except TypeError as exc:
+                undefined = _find_undefined(result)
+                if undefined is not None:
+                    raise undefined.error() from None
+                raise TraceError(f"{name} returned something graphc cannot represent: {exc}") from None
+            outputs = [user_errors(lift)(leaf)._value for leaf in out_leaves]
+            for leaf in out_leaves:
+                if isinstance(leaf, Tracer) and leaf._ctx is not ctx:
+                    raise TraceError(f"{name} returned a traced value from another trace")
+    finally:
+        stack.pop()
+    tag_parts(ctx.nodes)
+    return Graph(ctx.name, ctx.inputs, ctx.nodes, outputs, in_tree, out_tree)
+
+
+def _find_undefined(tree: Any) -> Any:
+    if is_undefined(tree) and tree.name:
+        return tree
+    children = tree.values() if isinstance(tree, dict) else tree if isinstance(tree, (list, tuple)) else ()
+    for c in children:
+        found = _find_undefined(c)
+        if found is not None:
+            return found
+    return None
+
+
+def tag_parts(nodes: list[Node]) -> None:
+    """In a graph with backward nodes (from autodiff), tag the rest: nodes that use gradients are
+    the update, all others the forward part. Graphs without gradients stay untagged."""
+    if not any(n.part == "backward" for n in nodes):
+        return
+    uses_grads: set[Value] = set()
+    for n in nodes:
+        if n.part == "backward":
+            uses_grads.update(n.outputs)
+        elif any(v in uses_grads for v in n.inputs):
+            n.part = "update"
+            uses_grads.update(n.outputs)
+        else:
+            n.part = "forward"
+
+
+def inline_graph(graph: Graph, *args: Any, **kwargs: Any) -> Any:
+    """Call ``graph`` like the function it was traced from: inside a trace its nodes are emitted
+    again on the given (traced or numpy) arguments; outside one it is evaluated."""
+    ctx = current_context()
+    if ctx is None:
+        return evaluate(graph, *args, **kwargs)
+    leaves = [lift(x) for x in _flat_arguments(graph, args, kwargs)]
+    return unflatten(graph.out_tree, emit_block(ctx, graph.inputs, graph.nodes, graph.outputs, leaves))
+
+
+def _flat_arguments(graph: Graph, args: tuple, kwargs: dict) -> list[Any]:
+    leaves = flatten_as((tuple(args), dict(kwargs)), graph.in_tree, path="arguments")
+    for leaf, v in zip(leaves, graph.inputs):
+        dtype = leaf.dtype if isinstance(leaf, (Tracer, np.ndarray, np.generic)) else np.asarray(leaf).dtype
+        if tuple(leaf.shape if isinstance(leaf, Tracer) else np.shape(leaf)) != v.type.shape or dtype != v.type.dtype:
+            raise TraceError(f"graph @{graph.name}: input %{v.name} expects {v.type}", user_location())
+    return leaves
+
+
+# --- graph control flow from user functions -------------------------------------------------------
+
+
+def cond(pred: Any, true_fn: Callable, false_fn: Callable, *operands: Any) -> Any:
+    """``true_fn(*operands)`` if ``pred`` else ``false_fn(*operands)``; one graph op when ``pred``
+    is traced (see frontend/control.py). Control flow inside the branches is transformed too."""
+    return control.cond(pred, convert(true_fn), convert(false_fn), *operands)
+
+
+def while_loop(cond_fn: Callable, body_fn: Callable, init: Sequence[Any]) -> list:
+    """``while cond_fn(*carry): carry = body_fn(*carry)`` as one graph op; returns the final carry."""
+    return control.while_loop(convert(cond_fn), convert(body_fn), init)
+
+
+def fori_loop(lower: Any, upper: Any, body_fn: Callable, init: Sequence[Any], step: int = 1) -> list:
+    """``for i in range(lower, upper, step): carry = body_fn(i, *carry)`` as one graph op."""
+    return control.fori_loop(lower, upper, convert(body_fn), init, step=step)
