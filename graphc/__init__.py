@@ -12,74 +12,80 @@ Public API (everything else is internal and may change):
     jit(fn, static_argnames=())              trace + optimize + run on the single-device executor
     Mesh({"dp": 2, "tp": 4})                 a device mesh with named axes and a link model per axis
     parallelize(fn, mesh=..., memory_limit=None, static_argnames=())
-                                             auto-sharding: ``.plan(*args) -> Plan`` (ILP over strategies);
-                                             calling it runs on the mesh (one thread per device)
+                                             auto-sharding: ``.plan(*args) -> ShardingPlan`` (ILP over
+                                             strategies); calling it runs on the mesh (one thread per device)
     shard(x, "S(0)", "R")                    pin a tensor's sharding spec inside a traced function
-    Plan                                     a partition plan (JSON document, summary, explain)
+    ShardingPlan (also Plan), PipelinePlan   partition plans (frozen values; JSON, summary, explain)
     parse(text) -> Graph                     read the text IR back
     Graph, Node, Value, TensorType           the IR
     ArraySpec(shape, dtype)                  an argument that has a type but no data
     OPS                                      the op registry (name -> OpDef)
     TraceError, ParseError, VerifyError, EvaluationError, PlanError, MeshError, GraphcError
+
+``import graphc`` is lazy (PEP 562): each name imports its module on first use, so importing the
+package costs little and numba (kernels) and OR-Tools (the ILP) load only when used.
 """
 
-from graphc import optim
-from graphc.autodiff import grad, jvp, value_and_grad, vjp
-from graphc.core.errors import EvaluationError, GraphcError, ParseError, PlanError, SourceLoc, TraceError, VerifyError
-from graphc.core.ir import Graph, Node, TensorType, Value
-from graphc.core.mesh import Mesh, MeshError
-from graphc.core.pytree import ArraySpec, tree_map
-from graphc.frontend import Tracer, cond, fori_loop, trace, while_loop
-from graphc.interpreter import evaluate
-from graphc.jit import jit
-from graphc.ops import REGISTRY as OPS
-from graphc.parallel import parallelize, shard
-from graphc.plan import Plan
-from graphc.textir import parse, print_graph
+from __future__ import annotations
 
-
-def optimize(graph: Graph, passes=None, verify=None, dump_dir=None) -> Graph:
-    """Run the default optimization pipeline (or the named passes) on ``graph``; see passes/."""
-    from graphc.passes import optimize as _optimize
-
-    return _optimize(graph, passes, verify, dump_dir)
-
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "ArraySpec",
-    "EvaluationError",
-    "Graph",
-    "Mesh",
-    "MeshError",
-    "Plan",
-    "PlanError",
-    "GraphcError",
-    "Node",
-    "OPS",
-    "ParseError",
-    "SourceLoc",
-    "TensorType",
-    "TraceError",
-    "Tracer",
-    "Value",
-    "VerifyError",
-    "cond",
-    "evaluate",
-    "fori_loop",
-    "while_loop",
-    "grad",
-    "jit",
-    "jvp",
-    "optimize",
-    "optim",
-    "parallelize",
-    "shard",
-    "tree_map",
-    "value_and_grad",
-    "vjp",
-    "parse",
-    "print_graph",
-    "trace",
-]
+# public name -> (module, attribute in it)
+_EXPORTS: dict[str, tuple[str, str]] = {
+    "trace": ("graphc.frontend.entry", "trace"),
+    "cond": ("graphc.frontend.entry", "cond"),
+    "while_loop": ("graphc.frontend.entry", "while_loop"),
+    "fori_loop": ("graphc.frontend.entry", "fori_loop"),
+    "Tracer": ("graphc.frontend.tracer", "Tracer"),
+    "grad": ("graphc.autodiff", "grad"),
+    "jvp": ("graphc.autodiff", "jvp"),
+    "value_and_grad": ("graphc.autodiff", "value_and_grad"),
+    "vjp": ("graphc.autodiff", "vjp"),
+    "evaluate": ("graphc.interpreter", "evaluate"),
+    "parse": ("graphc.textir", "parse"),
+    "print_graph": ("graphc.core.ir", "print_graph"),
+    "Graph": ("graphc.core.ir", "Graph"),
+    "Node": ("graphc.core.ir", "Node"),
+    "TensorType": ("graphc.core.ir", "TensorType"),
+    "Value": ("graphc.core.ir", "Value"),
+    "ArraySpec": ("graphc.core.pytree", "ArraySpec"),
+    "tree_map": ("graphc.core.pytree", "tree_map"),
+    "Mesh": ("graphc.core.mesh", "Mesh"),
+    "MeshError": ("graphc.core.mesh", "MeshError"),
+    "OPS": ("graphc.ops", "REGISTRY"),
+    "optimize": ("graphc.passes.manager", "optimize"),
+    "jit": ("graphc.api.jit", "jit"),
+    "parallelize": ("graphc.api.parallel", "parallelize"),
+    "shard": ("graphc.api.parallel", "shard"),
+    "ShardingPlan": ("graphc.passes.sharding.plan", "ShardingPlan"),
+    "Plan": ("graphc.passes.sharding.plan", "ShardingPlan"),
+    "PipelinePlan": ("graphc.passes.pipeline", "PipelinePlan"),
+    "GraphcError": ("graphc.core.errors", "GraphcError"),
+    "TraceError": ("graphc.core.errors", "TraceError"),
+    "ParseError": ("graphc.core.errors", "ParseError"),
+    "VerifyError": ("graphc.core.errors", "VerifyError"),
+    "EvaluationError": ("graphc.core.errors", "EvaluationError"),
+    "PlanError": ("graphc.core.errors", "PlanError"),
+    "SourceLoc": ("graphc.core.errors", "SourceLoc"),
+}
+_SUBMODULES = ("optim",)
+
+__all__ = sorted([*_EXPORTS, *_SUBMODULES])
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        module, attr = _EXPORTS[name]
+        value = getattr(importlib.import_module(module), attr)
+        globals()[name] = value  # later lookups skip this function
+        return value
+    if name in _SUBMODULES:
+        return importlib.import_module(f"graphc.{name}")
+    raise AttributeError(f"module 'graphc' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

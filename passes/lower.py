@@ -10,7 +10,7 @@ device names the user's line.
 
 Every device program is built by the same walk over the graph, so the collectives of a group
 appear in the same order in the programs of all its members (no deadlock by construction);
-``verify_programs`` checks it anyway, with the local shapes.
+``ParallelProgram.verify`` (graphc/programs.py) checks it anyway, with the local shapes.
 
 Masked lookups (a gather from a table split by rows, graphc/ops/dims.py) become explicit ops:
 the global index goes through a per-device table of local rows (-1 for rows another device
@@ -20,28 +20,18 @@ every device, as numpy does), rows held elsewhere contribute zeros.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
-from graphc.core.errors import GraphcError, VerifyError
+from graphc.core.errors import GraphcError
 from graphc.core.ir import Graph, Node, TensorType, Value, clone_region
 from graphc.core.pytree import LEAF, TreeDef
-from graphc.core.spec import format_spec, local_shape, parse_spec
+from graphc.core.spec import local_shape
 from graphc.ops import get_op
 from graphc.passes.sharding.local import _owned_rows, local_attrs
 from graphc.passes.sharding.redistribute import plan_steps
+from graphc.passes.sharding.plan import ShardingPlan
 from graphc.passes.sharding.strategies import Strategy, get_rule
-
-
-@dataclass
-class DeviceProgram:
-    device: int
-    coord: tuple[int, ...]
-    graph: Graph
-    in_specs: list[tuple]  # per graph input: the spec its piece follows
-    out_specs: list[tuple]  # per graph output
-    origin: list[int] | None = None  # per program node: the graph node it was emitted for (-1: an output)
+from graphc.programs import DeviceProgram, ParallelProgram
 
 
 class _Emitter:
@@ -170,27 +160,25 @@ class _Emitter:
         return self.emit("where", mask, out, self.constant(np.zeros((), out.type.dtype)))
 
 
-def _strategies(graph: Graph, plan) -> tuple[list[tuple], list[Strategy], list[tuple]]:
+def _strategies(graph: Graph, plan: ShardingPlan) -> tuple[list[tuple], list[Strategy], list[tuple]]:
     """(input specs, node strategies, output specs) of a plan, in graph order."""
-    doc = plan.doc
-    n_axes = len(doc["mesh"]["axes"])
-    ins = [None] * len(graph.inputs)
-    for d in doc["inputs"]:
-        ins[d["index"]] = parse_spec(d["spec"], n_axes)
-    outs = [None] * len(graph.outputs)
-    for d in doc["outputs"]:
-        outs[d["index"]] = parse_spec(d["spec"], n_axes)
+    ins: list = [None] * len(graph.inputs)
+    outs: list = [None] * len(graph.outputs)
     nodes: list = [None] * len(graph.nodes)
-    for d in doc["nodes"]:
-        nodes[d["index"]] = Strategy(d["strategy"], tuple(parse_spec(s, n_axes) for s in d["in_specs"]),
-                                     tuple(parse_spec(s, n_axes) for s in d["out_specs"]))
+    for x in plan.inputs:
+        ins[x.index] = x.spec
+    for x in plan.outputs:
+        outs[x.index] = x.spec
+    for n in plan.nodes:
+        nodes[n.index] = Strategy(n.strategy, n.in_specs, n.out_specs)
     if any(s is None for s in ins + outs + nodes):
         raise GraphcError("the plan does not cover every input, node and output of the graph")
     return ins, nodes, outs
 
 
-def lower(graph: Graph, plan, mesh) -> list[DeviceProgram]:
-    """One program per device of ``mesh`` for ``graph`` partitioned by ``plan``."""
+def lower_graph(graph: Graph, plan: ShardingPlan) -> ParallelProgram:
+    """One program per device of the plan's mesh for ``graph`` partitioned by ``plan``."""
+    mesh = plan.mesh
     in_specs, strategies, out_specs = _strategies(graph, plan)
     names = graph.value_names()
     programs = []
@@ -210,114 +198,6 @@ def lower(graph: Graph, plan, mesh) -> list[DeviceProgram]:
         in_tree = TreeDef("tuple", (TreeDef("tuple", (LEAF,) * len(em.inputs)), TreeDef("dict")))
         out_tree = TreeDef("tuple", (LEAF,) * len(outputs))
         g = Graph(f"{graph.name}.dev{device}", em.inputs, em.nodes, outputs, in_tree, out_tree)
-        programs.append(DeviceProgram(device, em.coord, g, list(in_specs), list(out_specs), origin))
-    return programs
-
-
-COLLECTIVE_OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
-
-
-def collective_sequence(g: Graph) -> list[tuple]:
-    """(op, group, attrs, operand type) of every collective of a device program, in order."""
-    seq = []
-    for node in g.nodes:
-        if node.op.name in COLLECTIVE_OPS:
-            attrs = tuple(sorted((k, v) for k, v in node.attrs.items()))
-            seq.append((node.op.name, node.attrs["group"], attrs, str(node.inputs[0].type), node.loc))
-    return seq
-
-
-def verify_programs(programs: list[DeviceProgram]) -> None:
-    """Each program verifies; every collective is entered by all members of its group, in the
-    same order, with the same attributes and operand types (so none can deadlock or mismatch)."""
-    for p in programs:
-        p.graph.verify()
-    check_collective_order(programs)
-
-
-def check_collective_order(programs: list[DeviceProgram]) -> None:
-    """Every collective of a group is entered by all its members in the same order with the same
-    attributes and operand types."""
-    by_device = {p.device: p for p in programs}
-    per_group: dict[tuple, dict[int, list]] = {}
-    for p in programs:
-        for entry in collective_sequence(p.graph):
-            group = entry[1]
-            if p.device not in group:
-                raise VerifyError(f"device {p.device} enters {entry[0]} of group {group}, which it is not in")
-            per_group.setdefault(group, {}).setdefault(p.device, []).append(entry)
-    for group, seqs in per_group.items():
-        for d in group:
-            if d not in by_device:
-                raise VerifyError(f"group {group} names device {d}, which has no program")
-        first = [e[:4] for e in seqs.get(group[0], [])]
-        for d in group[1:]:
-            mine = [e[:4] for e in seqs.get(d, [])]
-            if mine != first:
-                k = next((i for i, (a, b) in enumerate(zip(first, mine)) if a != b), min(len(first), len(mine)))
-                a = first[k] if k < len(first) else "nothing"
-                b = mine[k] if k < len(mine) else "nothing"
-                raise VerifyError(f"collective #{k} of group {group}: device {group[0]} enters {a}, device {d} enters {b}")
-
-
-def describe_specs(specs) -> list[str]:
-    return [format_spec(s) for s in specs]
-
-
-def shard_inputs(programs: list[DeviceProgram], arrays: list[np.ndarray], mesh) -> dict[int, list[np.ndarray]]:
-    """Every device's pieces of the graph inputs."""
-    from graphc.core.spec import shard
-
-    shape = tuple(mesh.shape)
-    return {p.device: [shard(a, s, shape, p.coord) for a, s in zip(arrays, p.in_specs)] for p in programs}
-
-
-def gather_outputs(programs: list[DeviceProgram], outs: dict[int, list[np.ndarray]], graph: Graph, mesh) -> list:
-    """The whole graph outputs from every device's pieces."""
-    from graphc.core.spec import unshard
-
-    shape = tuple(mesh.shape)
-    result = []
-    for k, (v, spec) in enumerate(zip(graph.outputs, programs[0].out_specs)):
-        pieces = {p.coord: outs[p.device][k] for p in programs}
-        result.append(unshard(pieces, spec, shape, v.type.shape).astype(v.type.dtype, copy=False))
-    return result
-
-
-def simulate(programs: list[DeviceProgram], inputs: dict[int, list[np.ndarray]]) -> dict[int, list[np.ndarray]]:
-    """Run the device programs in lock step with the reference implementations: the oracle for
-    the lowering and for the multi-threaded runtime. The programs of one plan have the same nodes
-    in the same order (they differ in constants and local attributes only), so step k of every
-    program runs together and a collective sees every member's operand."""
-    from graphc.interpreter import run_flat
-    from graphc.ops.comm import reference
-
-    envs = {p.device: dict(zip(p.graph.inputs, inputs[p.device])) for p in programs}
-    lengths = {len(p.graph.nodes) for p in programs}
-    if len(lengths) != 1:
-        raise GraphcError("device programs of one plan must have the same number of steps to run in lock step")
-    by_device = {p.device: p for p in programs}
-    for k in range(lengths.pop()):
-        done: set[int] = set()
-        for p in programs:
-            node = p.graph.nodes[k]
-            if p.device in done:
-                continue
-            env = envs[p.device]
-            if node.op.name in COLLECTIVE_OPS:
-                group = node.attrs["group"]
-                members = [by_device[d].graph.nodes[k] for d in group]
-                xs = [envs[d][m.inputs[0]] for d, m in zip(group, members)]
-                for d, m, y in zip(group, members, reference(node.op.name, xs, **node.attrs)):
-                    envs[d][m.outputs[0]] = y
-                    done.add(d)
-                continue
-            args = [env[v] for v in node.inputs]
-            if node.regions:
-                outs = node.op.impl(run_flat, node.regions, *args, **node.attrs)
-            else:
-                outs = node.op.evaluate(*args, **node.attrs)
-            for o, y in zip(node.outputs, outs):
-                env[o] = np.asarray(y)
-            done.add(p.device)
-    return {p.device: [envs[p.device][v] for v in p.graph.outputs] for p in programs}
+        programs.append(DeviceProgram(device, em.coord, g, tuple(in_specs), tuple(out_specs), tuple(origin)))
+    return ParallelProgram(mesh, tuple(programs), tuple(v.type for v in graph.inputs),
+                           tuple(v.type for v in graph.outputs))

@@ -30,7 +30,11 @@ import numpy as np
 
 from graphc.core.errors import PlanError
 from graphc.core.ir import Graph, Value
+from graphc.core.mesh import Link, Mesh
 from graphc.core.spec import P, R, S
+from graphc.passes.partition import Pins, PlanOptions, build_problem, lower, plan_sharding, state_ties
+from graphc.passes.sharding.plan import ShardingPlan
+from graphc.programs import COLLECTIVE_OPS, ParallelProgram, simulate
 
 MB_AXIS = "mb"
 # ops of a lowered program whose result differs from micro-batch to micro-batch on the same data
@@ -39,9 +43,7 @@ _COORD_DEPENDENT = ("shard_slice", "partial_zero")
 
 def batch_inputs(graph: Graph) -> list[int]:
     """Positions of the inputs split into micro-batches: array inputs that no output replaces
-    (the state of a training step, tied by ``graphc.parallel.state_ties``, is not split)."""
-    from graphc.parallel import state_ties
-
+    (the state of a training step, tied by ``passes.partition.state_ties``, is not split)."""
     state = {i for i, _o in state_ties(graph)}
     return [k for k, v in enumerate(graph.inputs) if k not in state and v.type.ndim >= 1]
 
@@ -150,8 +152,8 @@ class Microbatched:
 
     graph: Graph
     m: int
-    plan: object
-    programs: list  # passes.lower.DeviceProgram, one per micro-batch
+    plan: ShardingPlan
+    program: ParallelProgram  # one device program per micro-batch
     batch: list[int]  # positions of the inputs split into micro-batches
     step_phase: list[bool] = field(default_factory=list)  # per program node: runs once per step
     varies: set = field(default_factory=set)  # values of programs[0] that differ between micro-batches
@@ -159,32 +161,20 @@ class Microbatched:
     @property
     def meeting_points(self) -> list[str]:
         """The collectives where the micro-batches meet, as ``kind %value at file:line``."""
-        from graphc.passes.lower import COLLECTIVE_OPS
-
-        g = self.programs[0].graph
+        g = self.program.devices[0].graph
         names = g.value_names()
         return [f"{n.op.name} %{names[n.inputs[0]]} at {n.loc or '?'}" for n in g.nodes if n.op.name in COLLECTIVE_OPS]
 
     def run_reference(self, arrays: list) -> list[np.ndarray]:
         """Run on whole inputs with the reference implementations (every micro-batch in lock
         step, meeting points summed in micro-batch order); the outputs are whole arrays."""
-        from graphc.core.mesh import Mesh
-        from graphc.passes.lower import gather_outputs, shard_inputs, simulate
-
-        mesh = Mesh({MB_AXIS: self.m})
-        outs = simulate(self.programs, shard_inputs(self.programs, [np.asarray(a) for a in arrays], mesh))
-        return gather_outputs(self.programs, outs, self.graph, mesh)
+        outs = simulate(self.program, self.program.shard_inputs([np.asarray(a) for a in arrays]))
+        return self.program.gather_outputs(outs)
 
 
 def microbatch(graph: Graph, m: int, batch: list[int] | None = None) -> Microbatched:
     """Partition ``graph`` (a training step, or any function of a batch) into ``m`` micro-batches
     along dim 0 of the ``batch`` inputs (default: ``batch_inputs(graph)``)."""
-    from graphc.core.mesh import Link, Mesh
-    from graphc.parallel import state_ties
-    from graphc.passes.lower import lower, verify_programs
-    from graphc.passes.sharding import plan_graph
-    from graphc.passes.sharding.problem import build_problem
-
     if not isinstance(m, int) or m < 1:
         raise PlanError(f"the number of micro-batches must be a positive int, got {m!r}")
     batch = batch_inputs(graph) if batch is None else list(batch)
@@ -199,21 +189,19 @@ def microbatch(graph: Graph, m: int, batch: list[int] | None = None) -> Microbat
     in_pins = {k: (S(0),) if k in batch and m > 1 else (R,) for k in range(len(graph.inputs))}
     out_pins = {k: (R,) for k in range(len(graph.outputs))}
     ties = state_ties(graph)
-    problem = build_problem(graph, mesh, in_pins, out_pins, ties, linear_partials=True)
-    node_pins = propagate(problem)
-    plan = plan_graph(graph, mesh, None, in_pins, out_pins, ties, node_pins, shrink=False, linear_partials=True)
-    programs = lower(graph, plan, mesh)
-    verify_programs(programs)
-    mb = Microbatched(graph, m, plan, programs, batch)
-    mb.step_phase, mb.varies = _phases(programs[0].graph, set(batch))
+    pins = Pins(in_pins, out_pins)
+    node_pins = propagate(build_problem(graph, mesh, pins, ties, linear_partials=True))
+    plan = plan_sharding(graph, mesh, Pins(in_pins, out_pins, node_pins), ties,
+                         PlanOptions(shrink=False, linear_partials=True))
+    program = lower(graph, plan)
+    mb = Microbatched(graph, m, plan, program, batch)
+    mb.step_phase, mb.varies = _phases(program.devices[0].graph, set(batch))
     return mb
 
 
 def _phases(g: Graph, batch: set[int]) -> tuple[list[bool], set[Value]]:
     """Each node's phase (True: step phase) and the values that differ between micro-batches;
     raises PlanError where a step-phase node reads one micro-batch's values."""
-    from graphc.passes.lower import COLLECTIVE_OPS
-
     varies: set[Value] = {v for k, v in enumerate(g.inputs) if k in batch}  # differs per micro-batch
     step: set[Value] = set()  # computed once per step
     phases = []

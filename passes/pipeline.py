@@ -13,7 +13,7 @@ whose forward values it reads (the home of the residuals and parameters it uses)
 before a node it depends on, so data only flows forward along the line: forward activations to
 later stages, gradients to earlier ones. Meeting points stay with the value they accumulate;
 step-phase nodes go to the stage of the parameters they update. Values crossing stages become
-send/recv pairs in the runtime (runtime/pipeline.py).
+send/recv pairs in the tasks (passes/pipeline_lower.py) the runtime runs (runtime/pipeline.py).
 
 Schedules (``schedule_tasks``): GPipe (all forwards, then all backwards) and 1F1B (S-s-1 warm-up
 forwards on stage s, then one forward and one backward in turn), which keeps at most S - s
@@ -23,14 +23,26 @@ balanced pipeline is (S - 1) / (M + S - 1) for both.
 
 from __future__ import annotations
 
+import dataclasses
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from graphc.core.errors import PlanError
+from graphc.core.files import atomic_write
 from graphc.core.ir import Graph, Value
+from graphc.core.mesh import Mesh, as_mesh
+from graphc.passes.microbatch import Microbatched, microbatch
+from graphc.passes.partition import PlanOptions, plan_sharding, state_ties
+from graphc.passes.sharding.plan import ShardingPlan, graph_hash
+from graphc.passes.sharding.strategies import full_time
+from graphc.programs import COLLECTIVE_OPS
 
 SCHEDULES = ("gpipe", "1f1b")
+PIPELINE_PLAN_VERSION = 1
 
 
 @dataclass
@@ -48,12 +60,10 @@ class StageAssignment:
 
 def node_seconds(g: Graph, profile) -> list[float]:
     """Roofline seconds of every node on one device (the cost model of the sharding planner)."""
-    from graphc.passes.sharding.strategies import _full_time
-
     out = []
     for n in g.nodes:
         try:
-            out.append(0.0 if n.op.name == "constant" else float(_full_time(n, profile)))
+            out.append(0.0 if n.op.name == "constant" else float(full_time(n, profile)))
         except Exception:  # an op without a cost: count its bytes at memory speed
             out.append(sum(v.type.nbytes for v in n.inputs + n.outputs) / profile.mem_bandwidth)
     return out
@@ -67,8 +77,6 @@ def in_flight(schedule: str, n_stages: int, m: int, stage: int) -> int:
 def assign_stages(g: Graph, step_phase: list[bool], n_stages: int, profile, schedule: str = "1f1b", m: int = 1,
                   memory_limit: int | None = None) -> StageAssignment:
     """Cut ``g`` (one micro-batch's program) into ``n_stages`` stages; see the module doc."""
-    from graphc.passes.lower import COLLECTIVE_OPS
-
     if schedule not in SCHEDULES:
         raise PlanError(f"unknown pipeline schedule {schedule!r}: expected one of {', '.join(SCHEDULES)}")
     S = n_stages
@@ -243,52 +251,114 @@ def schedule_tasks(schedule: str, n_stages: int, m: int, stage: int) -> list[tup
 PP_AXIS = "pp"
 
 
-@dataclass
-class PipelinePlan:
-    """What ``plan_pipeline`` decides: the micro-batched step, its stages, the sharding plan every
-    stage follows on its sub-mesh, and the predicted step time, bubble and memory."""
+def sub_mesh(mesh: Mesh) -> Mesh:
+    """The mesh every stage runs on: ``mesh`` without its pp axis (a 1-device mesh if nothing is left)."""
+    rest = {n: k for n, k in zip(mesh.axis_names, mesh.shape) if n != PP_AXIS}
+    links = {n: link for n, link in mesh.links.items() if n in rest}
+    return Mesh(rest or {"stage": 1}, links=links or None, profile=mesh.profile)
 
-    graph: Graph
-    mesh: object  # graphc.core.mesh.Mesh with a pp axis
-    sub: object  # the other axes (a 1-device mesh when there are none)
+
+@dataclass(frozen=True)
+class PipelinePlan:
+    """What ``plan_pipeline`` decides, as a frozen value: the micro-batch count and schedule, every
+    micro-batch-program node's stage and phase, the sharding plan every stage follows on its
+    sub-mesh, and the predicted step time, bubble and memory. JSON is a view of it
+    (``to_json() -> str``, ``PipelinePlan.from_json``); passes/pipeline_lower.py turns it into
+    every device's tasks for the graph it was made for."""
+
+    graph_name: str
+    graph_hash: str
+    mesh: Mesh  # with a pp axis
     m: int
     schedule: str
-    mb: object  # passes.microbatch.Microbatched
     assignment: StageAssignment
-    sub_plan: object | None  # graphc.plan.Plan on ``sub`` (None on one device per stage)
-    stage_s: list[tuple[float, float, float]]  # per stage: forward, backward per micro-batch; update
+    sub_plan: ShardingPlan | None  # on sub_mesh(mesh); None on one device per stage
+    stage_s: tuple[tuple[float, float, float], ...]  # per stage: forward, backward per micro-batch; update
     transfer_s: float  # sending one micro-batch's activations and gradients across all stage boundaries
-    predicted: dict
-    memory_bytes: list[int]  # per device of each stage
+    predicted: Mapping[str, float]
+    memory_bytes: tuple[int, ...]  # per device of each stage
+    timing: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def n_stages(self) -> int:
         return self.assignment.n_stages
 
+    @property
+    def pp_axis(self) -> int:
+        return self.mesh.axis_index(PP_AXIS)
+
+    @property
+    def sub(self) -> Mesh:
+        return sub_mesh(self.mesh)
+
     def device(self, s: int, c: int) -> int:
         """The mesh device of sub-mesh device ``c`` in stage ``s``."""
-        pp = self.mesh.axis_index(PP_AXIS)
         coord = list(self.sub.coord(c)) if self.mesh.ndim > 1 else []
+        pp = self.pp_axis
         return self.mesh.device_id(coord[:pp] + [s] + coord[pp:])
 
     def stage_devices(self, s: int) -> list[int]:
         return [self.device(s, c) for c in range(self.sub.size)]
 
-    def to_json(self) -> dict:
+    def with_timing(self, **seconds: Any) -> PipelinePlan:
+        return dataclasses.replace(self, timing={**self.timing, **seconds})
+
+    def check(self, graph: Graph) -> None:
+        """Refuse a plan made for a different graph."""
+        h = graph_hash(graph)
+        if h != self.graph_hash:
+            raise PlanError(f"stale pipeline plan: made for graph @{self.graph_name} with hash {self.graph_hash}, "
+                            f"but the graph now hashes to {h}; recompile the plan")
+
+    def to_json(self, indent: int | None = 1) -> str:
         a = self.assignment
         stages = []
         for s in range(self.n_stages):
             f, b, u = self.stage_s[s]
-            stages.append({"stage": s, "devices": self.stage_devices(s),
-                           "nodes": sum(1 for x in a.stage if x == s),
+            stages.append({"stage": s, "devices": self.stage_devices(s), "nodes": sum(1 for x in a.stage if x == s),
                            "forward_s": f, "backward_s": b, "update_s": u, "memory_bytes": self.memory_bytes[s]})
-        return {"mesh": self.mesh.to_json(), "microbatches": self.m, "schedule": self.schedule,
-                "stages": stages, "cuts": a.cuts, "transfer_s": self.transfer_s,
-                "tasks": {str(s): [f"{ph}{k}" if k >= 0 else ph
-                                   for ph, k in schedule_tasks(self.schedule, self.n_stages, self.m, s)]
-                          for s in range(self.n_stages)},
-                "predicted": self.predicted,
-                "sub_plan": self.sub_plan.doc if self.sub_plan is not None else None}
+        doc = {"version": PIPELINE_PLAN_VERSION, "kind": "pipeline",
+               "graph": {"name": self.graph_name, "hash": self.graph_hash},
+               "mesh": self.mesh.to_json(), "microbatches": self.m, "schedule": self.schedule,
+               "stages": stages, "cuts": list(a.cuts), "transfer_s": self.transfer_s,
+               "tasks": {str(s): [f"{ph}{k}" if k >= 0 else ph
+                                  for ph, k in schedule_tasks(self.schedule, self.n_stages, self.m, s)]
+                         for s in range(self.n_stages)},
+               "assignment": {"stage": list(a.stage), "phase": "".join(a.phase), "forward_s": list(a.forward_s),
+                              "backward_s": list(a.backward_s), "update_s": list(a.update_s),
+                              "state_bytes": list(a.state_bytes), "activation_bytes": list(a.activation_bytes)},
+               "predicted": dict(self.predicted), "timing": dict(self.timing),
+               "sub_plan": json.loads(self.sub_plan.to_json()) if self.sub_plan is not None else None}
+        return json.dumps(doc, indent=indent)
+
+    @classmethod
+    def from_json(cls, text: str, source: str = "<pipeline plan>") -> PipelinePlan:
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise PlanError(f"{source}:{exc.lineno}:{exc.colno}: not a plan file: {exc.msg}") from None
+        if not isinstance(doc, dict) or doc.get("kind") != "pipeline":
+            raise PlanError(f"{source}: not a graphc pipeline plan")
+        if doc.get("version") != PIPELINE_PLAN_VERSION:
+            raise PlanError(f"{source}: pipeline plan version {doc.get('version')!r} is not supported "
+                            f"(expected {PIPELINE_PLAN_VERSION})")
+        try:
+            a = doc["assignment"]
+            n_stages = len(doc["stages"])
+            assignment = StageAssignment(n_stages, list(a["stage"]), list(a["phase"]), list(doc["cuts"]),
+                                         list(a["forward_s"]), list(a["backward_s"]), list(a["update_s"]),
+                                         list(a["state_bytes"]), list(a["activation_bytes"]))
+            sub = doc["sub_plan"]
+            return cls(doc["graph"]["name"], doc["graph"]["hash"], Mesh.from_json(doc["mesh"]), doc["microbatches"],
+                       doc["schedule"], assignment, ShardingPlan.from_json(json.dumps(sub), source) if sub else None,
+                       tuple((x["forward_s"], x["backward_s"], x["update_s"]) for x in doc["stages"]),
+                       doc["transfer_s"], doc["predicted"], tuple(x["memory_bytes"] for x in doc["stages"]),
+                       doc.get("timing", {}))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PlanError(f"{source}: not a complete pipeline plan ({type(exc).__name__}: {exc})") from None
+
+    def save(self, path: str, make_dirs: bool = False) -> None:
+        atomic_write(path, self.to_json(), make_dirs=make_dirs)
 
     def summary(self) -> str:
         S, m = self.n_stages, self.m
@@ -307,30 +377,25 @@ class PipelinePlan:
 
 
 def plan_pipeline(graph: Graph, mesh, m: int, schedule: str = "1f1b", memory_limit: int | None = None,
-                  ties: list | None = None, time_limit_s: float = 60.0) -> PipelinePlan:
+                  ties: list | None = None, time_limit_s: float = 60.0,
+                  mb: Microbatched | None = None) -> PipelinePlan:
     """Micro-batch ``graph`` into ``m``, cut it into the ``pp`` axis's stages, and plan it on the
-    sub-mesh of the other axes (the same plan in every stage)."""
-    from graphc.core.mesh import Mesh, as_mesh
-    from graphc.passes.microbatch import microbatch
-
+    sub-mesh of the other axes (the same plan in every stage). ``mb``: the micro-batched step,
+    if the caller has it already."""
     mesh = as_mesh(mesh)
     if PP_AXIS not in mesh.axis_names:
         raise PlanError(f"a pipeline needs a {PP_AXIS!r} axis in its mesh, got {mesh}")
     S = mesh.shape[mesh.axis_index(PP_AXIS)]
-    rest = {n: k for n, k in zip(mesh.axis_names, mesh.shape) if n != PP_AXIS}
-    links = {n: link for n, link in mesh.links.items() if n in rest}
-    sub = Mesh(rest or {"stage": 1}, links=links or None, profile=mesh.profile)
-    mb = microbatch(graph, m)
-    g0 = mb.programs[0].graph
+    sub = sub_mesh(mesh)
+    mb = mb if mb is not None else microbatch(graph, m)
+    g0 = mb.program.devices[0].graph
     limit = None if memory_limit is None else memory_limit * sub.size  # a stage's memory, shared evenly
     a = assign_stages(g0, mb.step_phase, S, mesh.profile, schedule, m, limit)
     sub_plan = None
     if sub.size > 1:
-        from graphc.parallel import state_ties
-        from graphc.passes.sharding import plan_graph
-
-        sub_plan = plan_graph(g0, sub, memory_limit, None, None, state_ties(graph) if ties is None else ties,
-                              time_limit_s=time_limit_s)
+        sub_ties = state_ties(graph) if ties is None else ties
+        sub_plan = plan_sharding(g0, sub, ties=sub_ties,
+                                 options=PlanOptions(memory_limit=memory_limit, time_limit_s=time_limit_s))
     stage_s = _stage_times(a, sub_plan)
     transfer = _transfer_time(g0, a, mesh.links[PP_AXIS], sub.size)
     per_mb = max(f + b for f, b, _u in stage_s) + (transfer / (S - 1) if S > 1 else 0.0)
@@ -339,7 +404,8 @@ def plan_pipeline(graph: Graph, mesh, m: int, schedule: str = "1f1b", memory_lim
     predicted = {"step_s": step, "per_microbatch_s": per_mb,
                  "bubble": 1.0 - busy / ((m + S - 1) * per_mb) if per_mb else 0.0}
     mem = _stage_memory(g0, a, schedule, m, sub.size)
-    return PipelinePlan(graph, mesh, sub, m, schedule, mb, a, sub_plan, stage_s, transfer, predicted, mem)
+    return PipelinePlan(graph.name, graph_hash(graph), mesh, m, schedule, a, sub_plan, tuple(stage_s), transfer,
+                        predicted, tuple(mem))
 
 
 def _stage_memory(g: Graph, a: StageAssignment, schedule: str, m: int, n_sub: int) -> list[int]:
@@ -375,10 +441,10 @@ def _stage_times(a: StageAssignment, sub_plan) -> list[tuple[float, float, float
     S = a.n_stages
     if sub_plan is None:
         return [(a.forward_s[s], a.backward_s[s], a.update_s[s]) for s in range(S)]
-    per_node = {d["index"]: d["compute_s"] for d in sub_plan.doc["nodes"]}
-    for c in sub_plan.doc["collectives"]:
-        if c.get("node_index") is not None:
-            per_node[c["node_index"]] = per_node.get(c["node_index"], 0.0) + c["time_s"]
+    per_node = {n.index: n.compute_s for n in sub_plan.nodes}
+    for c in sub_plan.collectives:
+        if c.node_index is not None:
+            per_node[c.node_index] = per_node.get(c.node_index, 0.0) + c.time_s
     out = [[0.0, 0.0, 0.0] for _ in range(S)]
     for k, t in per_node.items():
         s, ph = a.stage[k], a.phase[k]

@@ -16,6 +16,10 @@ from dataclasses import dataclass, field
 
 from graphc.core.errors import GraphcError, PlanError
 from graphc.core.ir import Graph
+from graphc.core.mesh import Mesh, load_profile
+from graphc.passes.microbatch import batch_inputs
+from graphc.passes.partition import PlanOptions, plan_sharding, state_ties
+from graphc.passes.pipeline import plan_pipeline
 
 AXES = ("pp", "dp", "tp")
 
@@ -71,8 +75,6 @@ def factorizations(n: int, axes: tuple[str, ...] = AXES) -> list[dict[str, int]]
 
 
 def _batch(graph: Graph) -> int | None:
-    from graphc.passes.microbatch import batch_inputs
-
     sizes = {graph.inputs[k].type.shape[0] for k in batch_inputs(graph)}
     return min(sizes) if sizes else None
 
@@ -83,11 +85,6 @@ def search_meshes(graph: Graph, n_devices: int, memory_limit: int | None = None,
                   progress=None) -> list[Candidate]:
     """Plan ``graph`` on every factorization of ``n_devices``; candidates best first (feasible
     ones by predicted step time, then the infeasible ones)."""
-    from graphc.core.mesh import Mesh, load_profile
-    from graphc.parallel import state_ties
-    from graphc.passes.pipeline import plan_pipeline
-    from graphc.passes.sharding import plan_graph
-
     profile = profile or load_profile()
     links = links or {}
     batch = _batch(graph)
@@ -114,9 +111,10 @@ def search_meshes(graph: Graph, n_devices: int, memory_limit: int | None = None,
             try:
                 if S == 1:  # no pipeline (an empty shape: one device)
                     mesh = Mesh(shape or {"dp": 1}, links=mesh_links or None, profile=profile)
-                    plan = plan_graph(graph, mesh, memory_limit, ties=ties, time_limit_s=time_limit_s)
-                    cand.predicted_s, cand.comm_s = plan.cost["total_s"], plan.cost["comm_s"]
-                    cand.memory_bytes = max(plan.memory["peak_bytes"])
+                    plan = plan_sharding(graph, mesh, ties=ties,
+                                         options=PlanOptions(memory_limit=memory_limit, time_limit_s=time_limit_s))
+                    cand.predicted_s, cand.comm_s = plan.cost.total_s, plan.cost.comm_s
+                    cand.memory_bytes = max(plan.memory.peak_bytes)
                 else:
                     mesh = Mesh(shape, links=mesh_links or None, profile=profile)
                     plan = plan_pipeline(graph, mesh, m, schedule, memory_limit, ties=ties, time_limit_s=time_limit_s)
@@ -124,7 +122,7 @@ def search_meshes(graph: Graph, n_devices: int, memory_limit: int | None = None,
                     cand.bubble = plan.predicted["bubble"]
                     cand.memory_bytes = max(plan.memory_bytes)
                     if plan.sub_plan is not None:
-                        cand.comm_s = plan.sub_plan.cost["comm_s"]
+                        cand.comm_s = plan.sub_plan.cost.comm_s
                     if memory_limit is not None and cand.memory_bytes > memory_limit:
                         raise PlanError(f"stage memory {cand.memory_bytes:,} B over the limit")
                 cand.plan = plan

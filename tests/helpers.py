@@ -66,3 +66,15 @@ def assert_arrays_close(got, want, rtol: float, atol: float) -> None:
             np.testing.assert_allclose(a, b, rtol=rtol, atol=atol, equal_nan=True)
         else:
             np.testing.assert_array_equal(a, b)
+
+
+def pipeline_executable(graph, stages: int, m: int, schedule: str, profile, timeout_s: float = 60.0):
+    """Plan ``graph`` as a pipeline of ``stages`` stages on one device each (passes/pipeline.py),
+    lower it to every device's tasks and build the runtime that runs them."""
+    from graphc.core.mesh import Mesh
+    from graphc.passes.pipeline import plan_pipeline
+    from graphc.passes.pipeline_lower import lower_pipeline
+    from graphc.runtime.pipeline import PipelineExecutable
+
+    plan = plan_pipeline(graph, Mesh({"pp": stages}, profile=profile), m, schedule)
+    return PipelineExecutable(lower_pipeline(graph, plan), timeout_s=timeout_s)

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 
 from graphc.models import mlp
-from graphc.runtime.bench_mesh import bench_plans, spearman
+from graphc.bench.mesh import bench_plans, spearman
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -96,7 +96,7 @@ def test_compile_writes_a_plan_and_recompiling_is_cached(tmp_path):
     assert "plan for @train_step on mesh (dp=4)" in res.stdout and "predicted step" in res.stdout
     assert "ILP" in res.stderr  # progress
     plan = graphc.Plan.load(str(out))
-    assert plan.doc["version"] == 1 and plan.doc["mesh"]["axes"] == {"dp": 4}
+    assert plan.mesh.axis_names == ("dp",) and plan.mesh.shape == (4,)
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".graphc-")]  # no temporary left behind
     again = _compile(tmp_path, *args)
     assert again.returncode == 0 and "(cached)" in again.stderr

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import graphc
-from graphc.runtime import bench
+from graphc.bench import kernels as bench
 
 TINY = np.finfo(np.float32).tiny
 

@@ -9,7 +9,8 @@ from graphc.core.errors import VerifyError
 from graphc.core.mesh import MachineProfile, Mesh
 from graphc.core.pytree import flatten
 from graphc.interpreter import bind_arguments, run_flat
-from graphc.passes.lower import check_collective_order, gather_outputs, lower, shard_inputs, simulate, verify_programs
+from graphc.passes.partition import lower
+from graphc.programs import check_collective_order, simulate
 from tests import foreign_models
 
 PROFILE = MachineProfile.default()
@@ -20,19 +21,20 @@ def _static_names(kwargs):
 
 
 def lowered(fn, args, kwargs, axes):
+    """(graph, plan, lowered program, the graph's flat arguments)."""
     mesh = Mesh(axes, profile=PROFILE)
     pf = graphc.parallelize(fn, mesh=mesh, cache=False, static_argnames=_static_names(kwargs))
-    plan = pf.plan(*args, **kwargs)
+    plan, graph = pf.plan_and_graph(*args, **kwargs)
     dyn_args, dyn_kwargs, _ = pf._split_static(args, kwargs)
-    return mesh, plan, lower(plan.graph, plan, mesh), bind_arguments(plan.graph, dyn_args, dyn_kwargs)
+    return graph, plan, lower(graph, plan), bind_arguments(graph, dyn_args, dyn_kwargs)
 
 
 def check_simulated(fn, args, kwargs, axes, rtol):
-    mesh, plan, programs, arrays = lowered(fn, args, kwargs, axes)
-    verify_programs(programs)
-    outs = simulate(programs, shard_inputs(programs, arrays, mesh))
-    got = gather_outputs(programs, outs, plan.graph, mesh)
-    want = run_flat(plan.graph, arrays)
+    graph, plan, program, arrays = lowered(fn, args, kwargs, axes)
+    program.verify()
+    outs = simulate(program, program.shard_inputs(arrays))
+    got = program.gather_outputs(outs)
+    want = run_flat(graph, arrays)
     for g, w in zip(got, want):
         w = np.asarray(w)
         assert g.shape == w.shape and g.dtype == w.dtype
@@ -40,7 +42,7 @@ def check_simulated(fn, args, kwargs, axes, rtol):
             np.testing.assert_allclose(g, w, rtol=rtol, atol=rtol)
         else:
             np.testing.assert_array_equal(g, w)
-    return plan, programs
+    return plan, program.devices
 
 
 MESHES = [{"dp": 2}, {"tp": 4}, {"dp": 2, "tp": 2}]
@@ -79,8 +81,9 @@ def test_foreign_models_lower_and_simulate(name):
 
 def test_gpt_tp4_programs_hold_the_plans_collectives():
     fn, args, kwargs, _ = MODELS["gpt_train"]
-    _mesh, plan, programs, _ = lowered(fn, args, kwargs, {"tp": 4})
-    kinds = sorted(c["kind"] for c in plan.collectives if c["kind"] not in ("slice", "zero"))
+    _graph, plan, program, _ = lowered(fn, args, kwargs, {"tp": 4})
+    programs = program.devices
+    kinds = sorted(c.kind for c in plan.collectives if c.kind not in ("slice", "zero"))
     prog_kinds = sorted(n.op.name for n in programs[0].graph.nodes
                         if n.op.name in ("all_reduce", "reduce_scatter", "all_gather", "all_to_all"))
     assert prog_kinds == kinds
@@ -93,7 +96,8 @@ def test_gpt_tp4_programs_hold_the_plans_collectives():
 
 def test_verifier_catches_collectives_in_different_orders():
     fn, args, kwargs, _ = MODELS["gpt_train"]
-    _mesh, _plan, programs, _ = lowered(fn, args, kwargs, {"tp": 2})
+    _graph, _plan, program, _ = lowered(fn, args, kwargs, {"tp": 2})
+    programs = program.devices
     check_collective_order(programs)
     nodes = programs[1].graph.nodes
     coll = [i for i, n in enumerate(nodes) if n.op.name in ("all_reduce", "all_gather", "reduce_scatter")]
@@ -113,10 +117,10 @@ def test_masked_lookup_out_of_range_raises_index_error_on_every_device():
     tokens = np.array([[1, 7, -1, 3]])
     mesh = Mesh({"tp": 2}, profile=PROFILE)
     pf = graphc.parallelize(embed, mesh=mesh, cache=False)
-    plan = pf.plan(table, tokens)
-    programs = lower(plan.graph, plan, mesh)
-    ok = gather_outputs(programs, simulate(programs, shard_inputs(programs, [table, tokens], mesh)), plan.graph, mesh)
+    plan, graph = pf.plan_and_graph(table, tokens)
+    program = lower(graph, plan)
+    ok = program.gather_outputs(simulate(program, program.shard_inputs([table, tokens])))
     np.testing.assert_array_equal(ok[0], embed(table, tokens))
     bad = np.array([[1, 8, 0, 0]])  # 8 is out of range: device 0 owns rows 0-3 and must not return zeros
     with pytest.raises(IndexError):
-        simulate(programs, shard_inputs(programs, [table, bad], mesh))
+        simulate(program, program.shard_inputs([table, bad]))

@@ -12,20 +12,19 @@ from graphc.core.errors import PlanError
 from graphc.core.pytree import flatten
 from graphc.interpreter import bind_arguments
 from graphc.models import gpt, mlp
-from graphc.passes import optimize
+from graphc.passes.partition import optimize_for_planning
 from graphc.passes.microbatch import batch_inputs, microbatch
 
-PLAN_PASSES = ("fold_constants", "simplify", "cse", "dce")
 
 
 def graph_of(fn, args, kw):
-    return optimize(graphc.trace(fn, *args, **kw), PLAN_PASSES)
+    return optimize_for_planning(graphc.trace(fn, *args, **kw))
 
 
 def check(fn, args, kw, m, rtol=1e-4, atol=1e-4):
     g = graph_of(fn, args, kw)
     mb = microbatch(g, m)
-    for p in mb.programs:
+    for p in mb.program.devices:
         p.graph.verify()
     got = mb.run_reference(bind_arguments(g, args, kw))
     want = flatten(fn(*args, **kw))[0]

@@ -10,7 +10,8 @@ from graphc.core.mesh import MachineProfile, Mesh
 from graphc.core.pytree import flatten
 from graphc.interpreter import bind_arguments
 from graphc.runtime.comm import CommError
-from graphc.runtime.parallel import ParallelExecutable, ShardedArray
+from graphc.passes.partition import compile_devices, lower
+from graphc.runtime.devices import ParallelExecutable, ShardedArray
 from tests import foreign_models
 
 PROFILE = MachineProfile.default()
@@ -55,26 +56,26 @@ def assert_close(got, want, rtol=0.0):
 def unfused_executable(fn, args, kwargs, axes, timeout_s=30.0):
     """Plan ``fn`` on the mesh and build its executable without fused kernels (no Numba compiles:
     fast to test on many meshes; the fused path is tested below). Returns (executable, flat
-    arguments, plan)."""
+    arguments, the partitioned graph)."""
     pf = graphc.parallelize(fn, mesh=_mesh(axes), cache=False, static_argnames=_static_names(kwargs))
-    plan = pf.plan(*args, **kwargs)
-    exe = ParallelExecutable(plan.graph, plan, pf.mesh, timeout_s=timeout_s, fuse=False)
+    plan, graph = pf.plan_and_graph(*args, **kwargs)
+    exe = ParallelExecutable(compile_devices(lower(graph, plan), ("cse", "dce")), timeout_s=timeout_s)
     dyn_args, dyn_kwargs, _ = pf._split_static(args, kwargs)
-    return exe, bind_arguments(plan.graph, dyn_args, dyn_kwargs), plan
+    return exe, bind_arguments(graph, dyn_args, dyn_kwargs), graph
 
 
 def run_unfused(fn, args, kwargs, axes):
     from graphc.core.pytree import unflatten
 
-    exe, arrays, plan = unfused_executable(fn, args, kwargs, axes)
-    return unflatten(plan.graph.out_tree, exe.run_flat(arrays)), plan
+    exe, arrays, graph = unfused_executable(fn, args, kwargs, axes)
+    return unflatten(graph.out_tree, exe.run_flat(arrays)), graph
 
 
 @pytest.mark.parametrize("axes", MESHES, ids=lambda a: ",".join(f"{k}={v}" for k, v in a.items()))
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_models_on_meshes_equal_numpy(name, axes):
     fn, args, kwargs = MODELS[name]
-    got, _plan = run_unfused(fn, args, kwargs, axes)
+    got, _graph = run_unfused(fn, args, kwargs, axes)
     assert_close(got, fn(*args, **kwargs))
 
 
@@ -83,7 +84,7 @@ def test_foreign_models_on_a_2x2_mesh(name):
     """Plain-numpy models of other styles (picoGPT, classes, RNNs, einsum attention, batch norm,
     im2col CNNs, mixture of experts, ...)."""
     fn, args, kwargs, rtol = foreign_models.MODELS[name]()
-    got, _plan = run_unfused(fn, args, kwargs, {"dp": 2, "tp": 2})
+    got, _graph = run_unfused(fn, args, kwargs, {"dp": 2, "tp": 2})
     assert_close(got, fn(*args, **kwargs), rtol)
 
 
@@ -97,7 +98,7 @@ def test_parallelize_runs_with_fused_kernels():
     assert_close(got, gpt.train_step(*args, **kwargs))
     compiled = pf.compile(*args, **kwargs)
     assert compiled is pf.compile(*args, **kwargs)  # cached by shapes, dtypes and static values
-    assert any(n.op.name == "fused" for n in compiled.programs[0].graph.nodes)
+    assert any(n.op.name == "fused" for n in compiled.program.devices[0].graph.nodes)
     assert "all_" in compiled.ir("device") or "reduce_scatter" in compiled.ir("device")
     assert compiled.plan is not None
 
@@ -135,7 +136,7 @@ def test_an_exception_on_one_device_stops_all_quickly():
     from graphc.models import gpt
 
     args, kwargs = gpt.example_train_args(batch=4, seq=16)
-    exe, arrays, _plan = unfused_executable(gpt.train_step, args, kwargs, {"tp": 4})
+    exe, arrays, _graph = unfused_executable(gpt.train_step, args, kwargs, {"tp": 4})
     broken = exe.executables[2]
 
     def fail(*a, **k):
@@ -152,8 +153,8 @@ def test_a_lost_peer_fails_with_a_named_timeout():
     from graphc.models import gpt
 
     args, kwargs = gpt.example_train_args(batch=4, seq=16)
-    exe, arrays, plan = unfused_executable(gpt.train_step, args, kwargs, {"tp": 2}, timeout_s=0.5)
-    n_out = len(plan.graph.outputs)
+    exe, arrays, graph = unfused_executable(gpt.train_step, args, kwargs, {"tp": 2}, timeout_s=0.5)
+    n_out = len(graph.outputs)
     exe.executables[1].run_flat = lambda *a, **k: [None] * n_out  # device 1 never enters a collective
     with pytest.raises(CommError, match="did not arrive"):
         exe.run_flat(arrays)

@@ -12,16 +12,15 @@ from graphc.core.mesh import MachineProfile
 from graphc.core.pytree import flatten
 from graphc.interpreter import bind_arguments
 from graphc.models import gpt, mlp
-from graphc.passes import optimize
+from graphc.passes.partition import optimize_for_planning
 from graphc.passes.pipeline import assign_stages, schedule_tasks
-from graphc.runtime.pipeline import PipelineExecutable
+from tests.helpers import pipeline_executable
 
-PLAN_PASSES = ("fold_constants", "simplify", "cse", "dce")
 PROFILE = MachineProfile.default()
 
 
 def graph_of(fn, args, kw):
-    return optimize(graphc.trace(fn, *args, **kw), PLAN_PASSES)
+    return optimize_for_planning(graphc.trace(fn, *args, **kw))
 
 
 def gpt_step():
@@ -36,7 +35,7 @@ def gpt_step():
 
 def run_pipeline(fn, args, kw, stages, m, schedule, profile=False):
     g = graph_of(fn, args, kw)
-    pe = PipelineExecutable(g, stages, m, schedule, profile=PROFILE, timeout_s=30)
+    pe = pipeline_executable(g, stages, m, schedule, PROFILE, timeout_s=30)
     return pe, pe.run_flat(bind_arguments(g, args, kw), profile=profile)
 
 
@@ -66,7 +65,7 @@ def test_gpt_train_step(stages, m, schedule):
 def test_k_steps_equal_eager_steps():
     args, kw = mlp.example_train_args(batch=16)
     g = graph_of(mlp.train_step, args, kw)
-    pe = PipelineExecutable(g, 2, 4, "1f1b", profile=PROFILE)
+    pe = pipeline_executable(g, 2, 4, "1f1b", PROFILE)
     params, x, labels = args
     eager = params
     flat = bind_arguments(g, args, kw)
@@ -106,7 +105,7 @@ def test_data_flows_forward_along_the_stage_line(stages):
 
     step, args, kw = gpt_step()
     mb = microbatch(graph_of(step, args, kw), 2)
-    g = mb.programs[0].graph
+    g = mb.program.devices[0].graph
     a = assign_stages(g, mb.step_phase, stages, PROFILE)
     pos = {}
     for k, n in enumerate(g.nodes):
@@ -127,7 +126,7 @@ def test_memory_limit_needs_two_stages():
 
     args, kw = mlp.example_train_args(batch=8, sizes=(512, 512, 512, 8))
     mb = microbatch(graph_of(mlp.train_step, args, kw), 2)
-    g = mb.programs[0].graph
+    g = mb.program.devices[0].graph
     whole = sum(v.type.nbytes for v in g.inputs)
     limit = int(whole * 0.75)
     with pytest.raises(PlanError, match="no cut of the step into 1 pipeline stages fits"):
@@ -154,7 +153,7 @@ def test_failing_stage_names_its_device_and_line():
     step, args, kw = gpt_step()
     params, state, tokens, targets = args
     g = graph_of(step, args, kw)
-    pe = PipelineExecutable(g, 2, 2, "1f1b", profile=PROFILE, timeout_s=10)
+    pe = pipeline_executable(g, 2, 2, "1f1b", PROFILE, timeout_s=10)
     bad = tokens.copy()
     bad[5, 3] = 10_000  # out of the vocabulary
     with pytest.raises(IndexError, match=r"device 0 \(mesh \{'pp': 0\}\).*gpt\.py:\d+"):

@@ -12,7 +12,7 @@ import pytest
 import graphc
 from graphc.core.mesh import Link, MachineProfile
 from graphc.models import mlp
-from graphc.passes import optimize
+from graphc.passes.partition import optimize_for_planning
 from graphc.passes.search import factorizations, search_meshes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -20,7 +20,7 @@ PROFILE = MachineProfile.default()
 
 
 def graph_of(fn, args, kw):
-    return optimize(graphc.trace(fn, *args, **kw), ("fold_constants", "simplify", "cse", "dce"))
+    return optimize_for_planning(graphc.trace(fn, *args, **kw))
 
 
 def test_factorizations():

@@ -28,6 +28,9 @@ from graphc.core.literals import format_literal
 from graphc.core.pytree import TreeDef
 
 
+_TYPE_TEXT = re.compile(r"^\s*(\w+)\[([0-9,\s]*)\]\s*$")
+
+
 @dataclass(frozen=True)
 class TensorType:
     shape: tuple[int, ...]
@@ -53,6 +56,15 @@ class TensorType:
 
     def __str__(self) -> str:
         return f"{dtypes.short_name(self.dtype)}[{','.join(map(str, self.shape))}]"
+
+    @classmethod
+    def parse(cls, text: str) -> TensorType:
+        """The type ``str`` printed: ``f32[4,8]``, ``i64[]``."""
+        m = _TYPE_TEXT.match(text)
+        if m is None or m.group(1) not in dtypes.BY_SHORT_NAME:
+            raise ShapeError(f"not a tensor type: {text!r} (expected e.g. f32[4,8])")
+        dims = tuple(int(d) for d in m.group(2).split(",") if d)
+        return cls(dims, dtypes.BY_SHORT_NAME[m.group(1)])
 
 
 KINDS = ("elementwise", "reduction", "shape", "index", "contraction", "constant", "control", "fused", "comm")

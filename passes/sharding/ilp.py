@@ -222,10 +222,11 @@ def objective_terms(p: Problem, groups: list[Group], of: list[int]):
     return vec, pair, maps
 
 
-def solve(p: Problem, memory_limit: int | None = None, shrink: bool = True, time_limit_s: float = 60.0,
-          solver_name: str = "CBC", progress=None) -> Solution:
+def solve(p: Problem, groups: list[Group], of: list[int], memory_limit: int | None = None,
+          time_limit_s: float = 60.0, solver_name: str = "CBC", progress=None) -> Solution:
+    """The cheapest assignment of strategies to ``groups`` (from ``shrink_groups``) under the memory
+    limit, by the ILP described in the module docstring."""
     start = time.perf_counter()
-    groups, of = shrink_groups(p, tie=shrink, follow=shrink)
     vec, pair, maps = objective_terms(p, groups, of)
     stats = {
         "items": len(p.items), "edges": len(p.edges),

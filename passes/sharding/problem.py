@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from graphc.core.ir import Graph, Value
-from graphc.core.spec import format_spec, local_shape
+from graphc.core.errors import PlanError
+from graphc.core.spec import SpecError, format_spec, local_shape, parse_spec
 from graphc.passes.sharding.redistribute import redistribution_time
 from graphc.passes.sharding.strategies import Strategy, block_sets, get_rule, node_strategies, tensor_specs
 
@@ -154,9 +155,6 @@ def build_problem(graph: Graph, mesh, in_pins: dict[int, tuple] | None = None,
     """Items and edges of ``graph`` on ``mesh``. ``in_pins`` / ``out_pins`` restrict the spec of
     graph input / output positions; ``ties`` are (input position, output position) pairs whose
     specs must be equal (a training step's state): both get the same candidate list."""
-    from graphc.ops.dims import DimRule  # noqa: F401  (rules are computed by strategies.get_rule)
-    from graphc.passes.sharding.errors import PlanError
-
     in_pins = in_pins or {}
     out_pins = out_pins or {}
     ties = ties or []
@@ -253,8 +251,6 @@ def _node_key(node, sets):
 
 
 def _pin(item: Item, spec, what: str, error, node: bool = False) -> None:
-    from graphc.core.spec import parse_spec
-
     want = parse_spec(spec)
     if node:
         keep = [s for s in item.strategies if s.out_specs[0] == want and s.in_specs[0] == want]
@@ -268,3 +264,40 @@ def _pin(item: Item, spec, what: str, error, node: bool = False) -> None:
                     f"(choices: {', '.join(s.name if not node else format_spec(s.out_specs[0]) for s in item.strategies[:12])})")
     item.strategies = keep
     item.pinned = format_spec(want)
+
+
+def apply_ties(problem: Problem, ties) -> None:
+    """Tied input/output pairs: restrict both to the specs they share, and make the output item
+    use exactly the input's candidates (a common strategy index = a common spec)."""
+    if not ties:
+        return
+    inputs = {it.index: k for k, it in enumerate(problem.items) if it.kind == "input"}
+    outputs = {it.index: k for k, it in enumerate(problem.items) if it.kind == "output"}
+    for i, o in ties:
+        a, b = problem.items[inputs[i]], problem.items[outputs[o]]
+        specs_b = {s.in_specs[0]: s for s in b.strategies}
+        keep_a = [s for s in a.strategies if s.out_specs[0] in specs_b]
+        a.strategies = keep_a
+        b.strategies = [specs_b[s.out_specs[0]] for s in keep_a]
+        problem.ties.append((inputs[i], outputs[o]))
+
+
+def pin_nodes(problem: Problem, pins: dict) -> None:
+    """Restrict pinned nodes to one strategy (given by name, or by its result spec)."""
+    by_index = {it.index: it for it in problem.items if it.kind == "node"}
+    for idx, want in pins.items():
+        it = by_index.get(idx)
+        if it is None:
+            raise PlanError(f"plan pins node {idx}, which the graph does not have")
+        keep = [s for s in it.strategies if s.name == want]
+        if not keep:
+            try:
+                spec = parse_spec(want)
+                keep = [s for s in it.strategies if s.out_specs and s.out_specs[0] == spec]
+            except SpecError:
+                keep = []
+        if not keep:
+            raise PlanError(f"plan pins node {idx} ({it.node.op.name} at {it.node.loc or '?'}) to {want!r}, which is not "
+                            f"one of its strategies: {', '.join(s.name for s in it.strategies)}")
+        it.strategies = keep[:1]
+        it.pinned = want

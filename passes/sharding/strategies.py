@@ -78,10 +78,12 @@ def get_rule(node) -> DimRule | None:
 
 def compute_time(node, divided: int, profile) -> float:
     """Roofline time of the node's share of work on one device."""
-    return _full_time(node, profile) / divided
+    return full_time(node, profile) / divided
 
 
-def _full_time(node, profile) -> float:
+def full_time(node, profile) -> float:
+    """Roofline seconds of the whole node on one device: flops at the compute rate (a contraction or
+    fused kernel at the matmul rate, other ops at 1/8 of it) or bytes at memory bandwidth."""
     in_types, out_types, attrs = _rule_args(node)
     flops, nbytes = (node.op.cost or default_cost)(in_types, out_types, **attrs)
     rate = profile.flops if node.op.kind in ("contraction", "fused") else profile.flops / 8
@@ -165,7 +167,7 @@ def _linear_partials(node, mesh, profile) -> list[Strategy]:
 
     if len(mesh.shape) != 1 or node.regions:
         return []
-    full = _full_time(node, profile)
+    full = full_time(node, profile)
     out = []
     for k, ops in enumerate(linear_operands(node)):
         ins = tuple((P,) if i in ops else (R,) for i in range(len(node.inputs)))
@@ -199,7 +201,7 @@ def _rule_strategies(node, rule: DimRule, mesh, sets: dict[Value, list[set[int]]
         for b in sorted(base or {1}):
             choices.append((lab, b))
 
-    full = _full_time(node, profile)
+    full = full_time(node, profile)
     strategies = []
     seen = set()
     for combo in itertools.product(choices, repeat=len(mesh_shape)):

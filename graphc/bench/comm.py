@@ -8,7 +8,7 @@ plus bytes written per second). The thread all_reduce reads every input once and
 output once: 2n·bytes of traffic, so ``busbw <= B (n-1)/n²`` (25% of B at 2 ranks, 19% at 4,
 11% at 8) unless the buffers stay in the 32 MiB L3, as 2 x 16 MiB partly do.
 
-    python -m runtime.bench_comm
+    graphc bench comm
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Benchmark of runtime/fastmath.py: fused float32 kernels (and the plain function maps) against
 memory bandwidth and against numpy, single thread.
 
-    python -m runtime.bench_fastmath [--sizes 4M,16M] [--n 1024] [--repeat 9]
+    graphc bench fastmath [--sizes 4M,16M] [--n 1024] [--repeat 9]
 
 For each size N (float32 elements; softmax / layer norm see N/n rows of n):
 

@@ -1,7 +1,7 @@
 """Pipeline benchmark: measured bubble fraction against (S-1)/(M+S-1), and 1F1B's activation
 memory against GPipe's, on a balanced pipeline (equal layers).
 
-    python -m runtime.bench_pipeline [--stages 2] [--repeat 5]
+    graphc bench pipeline [--stages 2] [--repeat 5]
 
 The model is a stack of equal-width layers (models/mlp.py), so the stage cut can balance the
 stages; each configuration runs warm ``repeat`` times with profiling, and the median measured
@@ -16,11 +16,14 @@ import argparse
 import statistics
 import time
 
-import graphc
 from graphc.core.units import fmt_bytes
+from graphc.frontend.entry import trace
 from graphc.interpreter import bind_arguments
 from graphc.models import mlp
-from graphc.passes import optimize
+from graphc.passes.microbatch import microbatch
+from graphc.passes.partition import optimize_for_planning
+from graphc.passes.pipeline import plan_pipeline
+from graphc.passes.pipeline_lower import lower_pipeline
 from graphc.runtime.pipeline import PipelineExecutable
 
 
@@ -38,7 +41,7 @@ def uneven_theory(prof: dict, m: int) -> float:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="graphc bench pipeline", description=__doc__.splitlines()[0])
     ap.add_argument("--stages", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--width", type=int, default=1024)
@@ -46,7 +49,7 @@ def main(argv=None) -> None:
     ap.add_argument("--batch", type=int, default=512)
     a = ap.parse_args(argv)
     args, kw = mlp.example_train_args(batch=a.batch, sizes=(a.width,) * (a.layers + 1) + (16,))
-    g = optimize(graphc.trace(mlp.train_step, *args, **kw), ("fold_constants", "simplify", "cse", "dce"))
+    g = optimize_for_planning(trace(mlp.train_step, *args, **kw))
     flat = bind_arguments(g, args, kw)
     S = a.stages
     print(f"pipeline benchmark: MLP of {a.layers} layers {a.width} wide, batch {a.batch}, {S} stages "
@@ -56,7 +59,9 @@ def main(argv=None) -> None:
           f"{'held (stage 0)':>15} {'peak (stage 0)':>15}")
     for m in (1, 2, 4, 8, 16):
         for schedule in ("gpipe", "1f1b"):
-            pe = PipelineExecutable(g, S, m, schedule)
+            mb = microbatch(g, m)
+            plan = plan_pipeline(g, {"pp": S}, m, schedule, mb=mb)
+            pe = PipelineExecutable(lower_pipeline(g, plan, mb))
             pe.run_flat(flat)
             bubbles, steps = [], []
             for _ in range(a.repeat):
@@ -67,7 +72,7 @@ def main(argv=None) -> None:
             prof = pe.last_profile
             d0 = min(prof)
             print(f"  {schedule:<8} {m:>3} {statistics.median(steps) * 1e3:8.1f} ms {statistics.median(bubbles):>15.1%} "
-                  f"{(S - 1) / (m + S - 1):>7.1%} {uneven_theory(prof, m):>8.1%} {pe.predicted['bubble']:>9.1%} "
+                  f"{(S - 1) / (m + S - 1):>7.1%} {uneven_theory(prof, m):>8.1%} {plan.predicted['bubble']:>9.1%} "
                   f"{fmt_bytes(prof[d0].get('held_bytes', 0)):>15} {fmt_bytes(prof[d0]['peak_bytes']):>15}")
 
 

@@ -1,35 +1,21 @@
-"""Benchmarks behind ``graphc bench``: numbers measured in one run, ratios against numpy from the
-same run. Nothing here is a test; tests never time anything."""
+"""``graphc bench kernels``: the fused GELU, softmax and layer-norm kernels against the memory
+bandwidth of a copy of the same bytes, measured in the same run."""
 
 from __future__ import annotations
 
 import math
 import statistics
+import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from graphc.api.jit import jit
+from graphc.bench.timing import timed
+from graphc.core.ir import walk
+from graphc.runtime.codegen import CompiledKernel
 from graphc.runtime.threads import kernel_threads
-
-
-def timed(fn: Callable[[], Any], repeat: int, warmup: int = 1) -> tuple[list[float], Any]:
-    result = None
-    for _ in range(warmup):
-        result = fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - t0)
-    return times, result
-
-
-def fmt(times: list[float]) -> str:
-    med = statistics.median(times)
-    spread = (max(times) - min(times)) / 2
-    return f"{med * 1e3:10.2f} ms  ± {spread * 1e3:7.2f}  (n={len(times)})"
 
 
 # --- the fused-kernel benchmark: GELU, softmax and layer norm against memory bandwidth ---------
@@ -59,8 +45,6 @@ def max_rel_error(got: np.ndarray, want: np.ndarray) -> float:
 
 
 def bench_kernels(sizes=(4 << 20, 16 << 20), repeat: int = 5, width: int = 1024) -> list[dict[str, Any]]:
-    import graphc
-
     rows_out = []
     rng = np.random.default_rng(0)
     for size in sizes:
@@ -74,7 +58,7 @@ def bench_kernels(sizes=(4 << 20, 16 << 20), repeat: int = 5, width: int = 1024)
         nbytes = 2 * x.nbytes  # read the input once, write the output once
         cases = [("gelu", gelu, (x,)), ("softmax", softmax, (x,)), ("layer_norm", layer_norm, (x, g, b))]
         for name, fn, args in cases:
-            jitted = graphc.jit(fn)
+            jitted = jit(fn)
             start = time.perf_counter()
             compiled = jitted.compile(*args)
             compile_s = time.perf_counter() - start
@@ -99,9 +83,6 @@ def bench_kernels(sizes=(4 << 20, 16 << 20), repeat: int = 5, width: int = 1024)
 def _fused_kernel(compiled, args):
     """The compiled graph's one fused kernel, writing into a buffer reused from call to call (as
     inside a compiled graph, where outputs come from the executor's pool)."""
-    from graphc.core.ir import walk
-    from graphc.runtime.codegen import CompiledKernel
-
     (node,) = [n for n in walk(compiled.graph.nodes) if n.op.name == "fused"]
     buffers: dict = {}
 
@@ -119,8 +100,6 @@ def _fused_kernel(compiled, args):
 
 def _copy_two_threads(x: np.ndarray, dst: np.ndarray, repeat: int) -> float:
     """np.copyto of the same bytes split over two threads (each half the rows)."""
-    import threading
-
     h = x.shape[0] // 2
 
     def half():

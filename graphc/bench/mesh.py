@@ -15,16 +15,23 @@ correlation say whether the cost model orders plans the way the machine does.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from typing import Any
 
 import numpy as np
 
-from graphc.cli_run import _times
-from graphc.core.errors import GraphcError, PlanError
-from graphc.runtime.bench import fmt
+from graphc.api.jit import jit
+from graphc.api.parallel import parallelize
+from graphc.bench.comm import bench_all_reduce, bench_memcpy
+from graphc.bench.timing import fmt, same, times_of
+from graphc.core.errors import PlanError
+from graphc.core.mesh import Mesh, as_mesh
+from graphc.core.spec import parse_spec
+from graphc.core.units import fmt_time
+from graphc.interpreter import bind_arguments
+from graphc.passes.partition import state_ties
+from graphc.runtime.threads import one_blas_thread
 
 
 def spearman(xs: list[float], ys: list[float]) -> float:
@@ -53,8 +60,6 @@ def spearman(xs: list[float], ys: list[float]) -> float:
 
 def _split_spec(ndim: int, dim: int, mesh) -> tuple | None:
     """Split ``dim`` over the mesh's first axis, replicate over the others (None for a scalar)."""
-    from graphc.core.spec import parse_spec
-
     if ndim == 0:
         return None
     return parse_spec([f"S({dim % ndim})"] + ["R"] * (mesh.ndim - 1))
@@ -65,8 +70,6 @@ def plan_variants(graph, mesh) -> list[tuple[str, dict[int, tuple], dict[int, st
     pins on every input leaf (the ILP still plans everything between inputs and outputs); the
     matmuls of the first half of the graph (the forward pass of a training step) replicated; and
     every node replicated (no parallelism: each device computes everything)."""
-    from graphc.core.spec import parse_spec
-
     replicated = parse_spec(["R"] * mesh.ndim)
     leaves = [v.type for v in graph.inputs]
     first_arg = graph.in_tree.children[0].children[0].num_leaves if graph.in_tree.children[0].children else 0
@@ -84,17 +87,12 @@ def plan_variants(graph, mesh) -> list[tuple[str, dict[int, tuple], dict[int, st
 
 def bench_plans(fn, fargs, fkwargs, static, mesh, repeat: int) -> list[dict[str, Any]]:
     """Plan, build and time every variant of ``plan_variants``; rows with predicted/measured seconds."""
-    import graphc
-    from graphc.core.mesh import as_mesh
-    from graphc.interpreter import bind_arguments
-
     mesh = as_mesh(mesh)
-    base = graphc.parallelize(fn, mesh=mesh, static_argnames=static, cache=False)
+    base = parallelize(fn, mesh=mesh, static_argnames=static, cache=False)
     rows = []
     for name, in_pins, node_pins in plan_variants(base.trace_optimized(*fargs, **fkwargs)[1], mesh):
-        pf = graphc.parallelize(fn, mesh=mesh, static_argnames=static, cache=False)
-        pf.pins = lambda graph, p=in_pins: (dict(p), {})
-        pf.node_pins = node_pins
+        pf = parallelize(fn, mesh=mesh, static_argnames=static, cache=False)
+        pf.followed = (dict(in_pins), {}, dict(node_pins))
         try:
             compiled = pf.compile(*fargs, **fkwargs)
         except PlanError as exc:
@@ -104,16 +102,14 @@ def bench_plans(fn, fargs, fkwargs, static, mesh, repeat: int) -> list[dict[str,
         run = compiled.executable.run_sharded
         pieces = compiled.executable.shard(bind_arguments(compiled.graph, dyn_args, dyn_kwargs))
         run(pieces)  # warm: kernels loaded, buffers pooled
-        measured = statistics.median(_times(lambda r=run, p=pieces: r(p), repeat))
-        rows.append({"name": name, "predicted": compiled.plan.cost["total_s"], "measured": measured})
+        measured = statistics.median(times_of(lambda r=run, p=pieces: r(p), repeat))
+        rows.append({"name": name, "predicted": compiled.plan.cost.total_s, "measured": measured})
     return rows
 
 
 def _state_loop(compiled, arrays: list, repeat: int) -> list[float]:
     """Seconds per step of a loop that feeds the tied outputs (new parameters, optimizer state)
     back as the next step's inputs, kept sharded on the devices."""
-    from graphc.parallel import state_ties
-
     ties = state_ties(compiled.graph)
     keep = frozenset(o for _i, o in ties)
     ex = compiled.executable
@@ -125,29 +121,16 @@ def _state_loop(compiled, arrays: list, repeat: int) -> list[float]:
             state[i] = outs[o]
 
     step()  # the first step splits the state; later ones find it in place
-    return _times(step, repeat)
+    return times_of(step, repeat)
 
 
-def bench_mesh(args: argparse.Namespace) -> int:
-    import graphc
-    from graphc.cli import _same
-    from graphc.cli_compile import _has_arrays
-    from graphc.core.mesh import Mesh, MeshError, parse_links
-    from graphc.core.units import fmt_time
-    from graphc.interpreter import bind_arguments
-    from graphc.loader import load_target
-    from graphc.runtime.bench_comm import bench_all_reduce, bench_memcpy
-    from graphc.runtime.threads import one_blas_thread
-
-    fn, fargs, fkwargs = load_target(args.target, args.example)
-    static = tuple(k for k, v in fkwargs.items() if not _has_arrays(v))
-    try:
-        mesh = Mesh(args.mesh, links=parse_links(args.link) if args.link else None)
-    except MeshError as exc:
-        raise GraphcError(f"--mesh/--link: {exc}") from None
-    print(f"graphc bench {args.target} ({args.example or 'example_args'}) on mesh {mesh} ({mesh.size} devices)")
-    one = graphc.jit(fn, static_argnames=static)
-    pf = graphc.parallelize(fn, mesh=mesh, static_argnames=static)
+def bench_mesh(fn, fargs, fkwargs, static: tuple[str, ...], mesh: Mesh, repeat: int, plans: bool = False,
+               label: str = "") -> str:
+    """Print the mesh benchmark of ``fn`` on its example arguments; returns whether the result on
+    the mesh equals numpy eager ("yes", or why not)."""
+    print(f"graphc bench {label} on mesh {mesh} ({mesh.size} devices)")
+    one = jit(fn, static_argnames=static)
+    pf = parallelize(fn, mesh=mesh, static_argnames=static)
     start = time.perf_counter()
     compiled = pf.compile(*fargs, **fkwargs)
     print(f"  compile on the mesh: {time.perf_counter() - start:.2f} s (trace, optimize, plan, lower, build)")
@@ -155,11 +138,11 @@ def bench_mesh(args: argparse.Namespace) -> int:
     one(*fargs, **fkwargs)
     got = compiled(*fargs, **fkwargs)
     med = statistics.median
-    t_eager = _times(lambda: fn(*fargs, **fkwargs), args.repeat)
-    t_one = _times(lambda: one(*fargs, **fkwargs), args.repeat)
+    t_eager = times_of(lambda: fn(*fargs, **fkwargs), repeat)
+    t_one = times_of(lambda: one(*fargs, **fkwargs), repeat)
     with one_blas_thread():  # one device's share of the machine: what each device of the mesh gets
-        t_one1 = _times(lambda: one(*fargs, **fkwargs), args.repeat)
-    t_mesh = _times(lambda: compiled(*fargs, **fkwargs), args.repeat)
+        t_one1 = times_of(lambda: one(*fargs, **fkwargs), repeat)
+    t_mesh = times_of(lambda: compiled(*fargs, **fkwargs), repeat)
     print(f"  numpy eager                      {fmt(t_eager)}")
     print(f"  graphc, 1 device                 {fmt(t_one)}   ({med(t_eager) / med(t_one):.2f}x numpy eager)")
     print(f"  graphc, 1 device, 1 BLAS thread  {fmt(t_one1)}")
@@ -169,12 +152,13 @@ def bench_mesh(args: argparse.Namespace) -> int:
     arrays = bind_arguments(compiled.graph, dyn_args, dyn_kwargs)
     measured = t_mesh
     if compiled.state_outputs:
-        t_state = _state_loop(compiled, arrays, args.repeat)
+        t_state = _state_loop(compiled, arrays, repeat)
         measured = t_state
         print(f"  graphc, {mesh.size} devices, state sharded {fmt(t_state)}   ({med(t_one1) / med(t_state):.2f}x 1 device "
               f"with 1 BLAS thread, {med(t_one) / med(t_state):.2f}x with default BLAS; a training loop's step)")
-    print(f"  predicted step (plan) {fmt_time(compiled.plan.cost['total_s'])}, measured {fmt_time(med(measured))}")
-    print(f"  result on the mesh equals numpy eager: {_same(got, want)}")
+    print(f"  predicted step (plan) {fmt_time(compiled.plan.cost.total_s)}, measured {fmt_time(med(measured))}")
+    verdict = same(got, want)
+    print(f"  result on the mesh equals numpy eager: {verdict}")
     n = mesh.size
     if n > 1:
         mem64 = bench_memcpy(n, 64 << 20, repeat=5)
@@ -185,9 +169,9 @@ def bench_mesh(args: argparse.Namespace) -> int:
                   f"{ar['busbw'] / mem['bandwidth']:.0%} of memcpy of the same size with {n} threads "
                   f"({mem['bandwidth'] / 1e9:.1f} GB/s), {ar['busbw'] / mem64['bandwidth']:.0%} of memcpy of 64 MiB "
                   f"({mem64['bandwidth'] / 1e9:.1f} GB/s, out of cache)")
-    if getattr(args, "plans", False):
-        print(f"  plans of {args.target} on mesh {mesh} (devices on inputs already in place, median of {args.repeat}):")
-        rows = bench_plans(fn, fargs, fkwargs, static, mesh, args.repeat)
+    if plans:
+        print(f"  plans of {label} on mesh {mesh} (devices on inputs already in place, median of {repeat}):")
+        rows = bench_plans(fn, fargs, fkwargs, static, mesh, repeat)
         print(f"    {'plan':<66} {'predicted':>10} {'measured':>10}")
         for r in rows:
             if "error" in r:
@@ -197,4 +181,4 @@ def bench_mesh(args: argparse.Namespace) -> int:
         ok = [r for r in rows if "error" not in r]
         rho = spearman([r["predicted"] for r in ok], [r["measured"] for r in ok])
         print(f"    Spearman rank correlation of predicted and measured over {len(ok)} plans: {rho:.2f}")
-    return 0
+    return verdict

@@ -10,6 +10,7 @@ from types import ModuleType
 from typing import Any
 
 from graphc.core.errors import GraphcError
+from graphc.core.pytree import flatten
 
 
 class UsageError(GraphcError):
@@ -57,3 +58,16 @@ def load_target(target: str, example: str | None = None) -> tuple[Callable, tupl
     if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], (tuple, list)) and isinstance(result[1], dict)):
         raise UsageError(f"{path}:{ex_name}() must return (args, kwargs): a tuple of positional arguments and a dict")
     return fn, tuple(result[0]), dict(result[1])
+
+
+def static_argnames(kwargs: dict) -> tuple[str, ...]:
+    """Keyword arguments of an example that hold no arrays: static to jit and parallelize."""
+    return tuple(k for k, v in kwargs.items() if not _has_arrays(v))
+
+
+def _has_arrays(v) -> bool:
+    try:
+        leaves, _ = flatten(v)
+    except TypeError:
+        return False
+    return bool(leaves)

@@ -18,17 +18,19 @@ from typing import Any
 import numpy as np
 
 from graphc.core.errors import GraphcError
-from graphc.core.ir import Graph
+from graphc.core.ir import Graph, walk
 from graphc.core.pytree import TreeDef, flatten, unflatten
+from graphc.frontend.entry import trace
+from graphc.frontend.tracer import current_context
 from graphc.interpreter import as_numpy_result, bind_arguments
+from graphc.passes.manager import optimize
+from graphc.runtime.executor import Executable
 
 
 class Compiled:
     """One traced, optimized and compiled specialization of a jitted function."""
 
     def __init__(self, traced: Graph, optimized: Graph, seconds: dict[str, float], split_static: Callable):
-        from graphc.runtime.executor import Executable
-
         start = time.perf_counter()
         self._split_static = split_static
         self.traced = traced
@@ -49,8 +51,6 @@ class Compiled:
         return unflatten(self.graph.out_tree, [as_numpy_result(o) for o in outs])
 
     def stats(self) -> dict[str, Any]:
-        from graphc.core.ir import walk
-
         kernels = [len(n.regions[0].nodes) for n in walk(self.graph.nodes) if n.op.name == "fused"]
         return {
             "nodes_traced": len(self.traced.nodes),
@@ -133,9 +133,6 @@ class Jitted:
             hit = self._cache.get(key)
             if hit is not None:
                 return hit
-            from graphc.frontend import trace
-            from graphc.passes import optimize
-
             fn = functools.partial(self.fn, **static) if static else self.fn
             if static:
                 functools.update_wrapper(fn, self.fn)
@@ -151,8 +148,6 @@ class Jitted:
             return compiled
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from graphc.frontend.tracer import current_context
-
         if current_context() is not None:  # called inside a trace (grad of a jitted function...): inline
             return self.fn(*args, **kwargs)
         args, kwargs, static = self._split_static(args, kwargs)  # once per call

@@ -1,11 +1,10 @@
-"""The multi-device runtime: one thread per device, each running its lowered program.
+"""The multi-device runtime: one thread per device, each running its program.
 
-``ParallelExecutable(graph, plan, mesh)`` lowers the graph (passes/lower.py), fuses each device
-program (CSE, DCE, fusion: the same kernels as on one device, with local shapes), verifies that
-every collective is entered by all members of its group in the same order, and builds one
-single-device executable per device whose collectives go to that device's communicator
-(runtime/comm.py; threads in shared memory now, MPI processes later). BLAS is limited to one
-thread while devices run, so devices do not fight over the cores.
+``ParallelExecutable(program)`` takes a ``graphc.programs.ParallelProgram`` (lowered and compiled
+by graphc/passes/partition.py; this module never plans or lowers) and builds one single-device
+executable per device whose collectives go to that device's communicator (runtime/comm.py;
+threads in shared memory now, MPI processes later). BLAS is limited to one thread while devices
+run, so devices do not fight over the cores.
 
 ``run_flat(arrays)`` shards the inputs by the plan's input specs, runs all devices, and
 reassembles the outputs. An exception on one device aborts the others (their collectives raise
@@ -22,8 +21,11 @@ from typing import Any
 import numpy as np
 
 from graphc.core.errors import GraphcError
-from graphc.core.ir import Graph
 from graphc.core.pytree import ArraySpec
+from graphc.core.spec import format_spec, shard, unshard
+from graphc.programs import ParallelProgram
+from graphc.runtime.comm import CommAborted, ThreadWorld
+from graphc.runtime.executor import Executable
 from graphc.runtime.threads import one_blas_thread
 
 
@@ -37,80 +39,57 @@ class _CommProxy:
         return getattr(self.current, name)
 
 
-DEVICE_PASSES = ("cse", "dce", "fuse")
-
-
 class ParallelExecutable:
-    def __init__(self, graph: Graph, plan, mesh, timeout_s: float = 60.0, fuse: bool = True):
-        from graphc.passes import optimize
-        from graphc.passes.lower import lower, verify_programs
-        from graphc.runtime.executor import Executable
-
-        self.graph = graph
-        self.plan = plan
-        self.mesh = mesh
+    def __init__(self, program: ParallelProgram, timeout_s: float = 60.0):
+        self.program = program
+        self.mesh = program.mesh
         self.timeout_s = timeout_s
         self.stats: dict[str, Any] = {}
         start = time.perf_counter()
-        self.lowered = lower(graph, plan, mesh)
-        verify_programs(self.lowered)
-        self.stats["lower_s"] = time.perf_counter() - start
-        start = time.perf_counter()
-        self.programs = []
-        for p in self.lowered:
-            g = optimize(p.graph, DEVICE_PASSES if fuse else ("cse", "dce"))
-            self.programs.append(type(p)(p.device, p.coord, g, p.in_specs, p.out_specs))
-        verify_programs(self.programs)
-        self.stats["optimize_s"] = time.perf_counter() - start
-        start = time.perf_counter()
-        self.proxies = {p.device: _CommProxy() for p in self.programs}
-        self.executables = {p.device: Executable(p.graph, self.proxies[p.device]) for p in self.programs}
+        self.proxies = {p.device: _CommProxy() for p in program.devices}
+        self.executables = {p.device: Executable(p.graph, self.proxies[p.device]) for p in program.devices}
         self.stats["build_s"] = time.perf_counter() - start
         self.last_profile: dict[int, dict] | None = None
 
     def device_ir(self) -> dict[int, str]:
-        """The text IR of every device program (after fusion)."""
-        return {p.device: str(p.graph) for p in self.programs}
+        """The text IR of every device program."""
+        return {p.device: str(p.graph) for p in self.program.devices}
 
     def shard(self, arrays: list) -> dict[int, list[np.ndarray]]:
         """Every device's pieces of the inputs; a ShardedArray already in the input's spec on this
         mesh is used as it is."""
-        from graphc.core.spec import shard
-
         shape = tuple(self.mesh.shape)
-        pieces: dict[int, list[np.ndarray]] = {p.device: [] for p in self.programs}
+        devices = self.program.devices
+        pieces: dict[int, list[np.ndarray]] = {p.device: [] for p in devices}
         for k, a in enumerate(arrays):
-            spec = self.programs[0].in_specs[k]
+            spec = self.program.in_specs[k]
             if isinstance(a, ShardedArray) and a.spec == spec and a.mesh == self.mesh:
-                for p in self.programs:
+                for p in devices:
                     pieces[p.device].append(a.pieces[p.device])
                 continue
             whole = np.asarray(a)
-            for p in self.programs:
+            for p in devices:
                 pieces[p.device].append(shard(whole, spec, shape, p.coord))
         return pieces
 
     def run_flat(self, arrays: list, profile: bool = False, keep_sharded: frozenset = frozenset()) -> list:
         """Run on whole inputs (or ShardedArrays); outputs are whole arrays, except the positions in
         ``keep_sharded``, which stay on the devices as ShardedArrays."""
-        from graphc.core.spec import unshard
-
         outs = self.run_sharded(self.shard(arrays), profile)
         shape = tuple(self.mesh.shape)
+        devices = self.program.devices
         result = []
-        for k, (v, spec) in enumerate(zip(self.graph.outputs, self.programs[0].out_specs)):
-            by_device = {p.device: outs[p.device][k] for p in self.programs}
+        for k, (t, spec) in enumerate(zip(self.program.out_types, self.program.out_specs)):
+            by_device = {p.device: outs[p.device][k] for p in devices}
             if k in keep_sharded:
-                result.append(ShardedArray(by_device, spec, self.mesh, v.type.shape, v.type.dtype))
+                result.append(ShardedArray(by_device, spec, self.mesh, t.shape, t.dtype))
                 continue
-            pieces = {p.coord: by_device[p.device] for p in self.programs}
-            result.append(unshard(pieces, spec, shape, v.type.shape).astype(v.type.dtype, copy=False))
+            pieces = {p.coord: by_device[p.device] for p in devices}
+            result.append(unshard(pieces, spec, shape, t.shape).astype(t.dtype, copy=False))
         return result
 
     def run_sharded(self, pieces: dict[int, list[np.ndarray]], profile: bool = False) -> dict[int, list[np.ndarray]]:
         """Run every device on its pieces; returns every device's output pieces."""
-        from graphc.runtime.comm import ThreadWorld
-
         world = ThreadWorld(self.mesh.size, timeout_s=self.timeout_s)
         for d, proxy in self.proxies.items():
             proxy.current = comm = world.comm(d)
@@ -133,8 +112,6 @@ def run_on_devices(devices: list[int], world, mesh, timeout_s: float, body) -> d
     {device: result}. An exception on any device aborts the others (their collectives raise
     promptly) and is re-raised as the same exception type with the device id and the user's
     source line; devices that do not finish within the timeout are named."""
-    from graphc.runtime.comm import CommAborted
-
     results: dict[int, Any] = {}
     errors: dict[int, BaseException] = {}
 
@@ -189,15 +166,11 @@ class ShardedArray(ArraySpec):
         object.__setattr__(self, "mesh", mesh)
 
     def __array__(self, dtype=None, copy=None):
-        from graphc.core.spec import unshard
-
         whole = unshard({self.mesh.coord(d): p for d, p in self.pieces.items()}, self.spec, tuple(self.mesh.shape),
                         self.shape).astype(self.dtype, copy=False)
         return whole if dtype is None else whole.astype(dtype)
 
     def __repr__(self) -> str:
-        from graphc.core.spec import format_spec
-
         return f"ShardedArray({np.dtype(self.dtype).name}{list(self.shape)}, spec={format_spec(self.spec)}, mesh={self.mesh!r})"
 
     __eq__ = object.__eq__

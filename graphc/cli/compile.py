@@ -9,11 +9,21 @@ chosen plan with the search in it."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
 
+from graphc.api.parallel import parallelize
+from graphc.cli.loader import load_target, static_argnames
 from graphc.core.errors import GraphcError
+from graphc.core.files import atomic_write
+from graphc.core.mesh import Mesh, MeshError, parse_links
+from graphc.core.units import parse_bytes
+from graphc.passes.manager import run_pipeline
+from graphc.passes.partition import compile_devices, lower
+from graphc.passes.search import explain, search_meshes
+from graphc.passes.sharding.plan import ShardingPlan
 
 
 def add_parser(sub) -> None:
@@ -40,11 +50,6 @@ def add_parser(sub) -> None:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    from graphc.core.mesh import Mesh, MeshError, parse_links
-    from graphc.loader import load_target
-    from graphc.parallel import parallelize
-    from graphc.plan import Plan
-
     def progress(msg: str) -> None:
         if not args.quiet:
             print(f"[{time.perf_counter() - start:6.2f}s] {msg}", file=sys.stderr, flush=True)
@@ -58,8 +63,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
     except MeshError as exc:
         raise GraphcError(f"--mesh/--link: {exc}") from None
     fn, fargs, fkwargs = load_target(args.target, args.example)
-    static = tuple(k for k, v in fkwargs.items() if not _has_arrays(v))
-    pf = parallelize(fn, mesh=mesh, memory_limit=args.memory, static_argnames=static, shrink=not args.no_shrink,
+    pf = parallelize(fn, mesh=mesh, memory_limit=args.memory, static_argnames=static_argnames(fkwargs),
+                     shrink=not args.no_shrink,
                      time_limit_s=args.time_limit, cache=not args.no_cache and not args.plan,
                      microbatches=args.microbatches, schedule=args.schedule)
     if pf.pipelined:
@@ -72,17 +77,17 @@ def cmd_compile(args: argparse.Namespace) -> int:
             print(pplan.sub_plan.summary())
         if args.dump_ir:
             _dump_pipeline_ir(args.dump_ir, pf, fargs, fkwargs)
-        _write_json(args.output, pplan.to_json())
+        atomic_write(args.output, pplan.to_json())
         print(f"wrote {args.output}", file=sys.stderr)
         return 0
     if args.plan:
-        n = pf.follow(Plan.load(args.plan), *fargs, **fkwargs)
+        n = pf.follow(ShardingPlan.load(args.plan), *fargs, **fkwargs)
         progress(f"re-solving around {n} pin(s) from {args.plan}")
     progress(f"tracing {args.target} on mesh {mesh}")
-    plan = pf.plan(*fargs, progress=progress, **fkwargs)
+    plan, graph = pf.plan_and_graph(*fargs, progress=progress, **fkwargs)
     if args.dump_ir:
-        _dump_ir(args.dump_ir, pf, plan, mesh, fargs, fkwargs)
-    t = plan.doc.get("timing", {})
+        _dump_ir(args.dump_ir, pf, graph, plan, fargs, fkwargs)
+    t = plan.timing
     progress(f"done: trace {t.get('trace_s', 0):.2f}s, optimize {t.get('optimize_s', 0):.2f}s, "
              f"plan {t.get('plan_s', 0):.2f}s{' (cached)' if t.get('cached') else ''}")
     print(plan.summary())
@@ -93,52 +98,24 @@ def cmd_compile(args: argparse.Namespace) -> int:
     return 0
 
 
-def _has_arrays(v) -> bool:
-    from graphc.core.pytree import flatten
-
-    try:
-        leaves, _ = flatten(v)
-    except TypeError:
-        return False
-    return bool(leaves)
-
-
-def _dump_ir(folder: str, pf, plan, mesh, fargs, fkwargs) -> None:
+def _dump_ir(folder: str, pf, graph, plan, fargs, fkwargs) -> None:
     """The IR after every pass, then one file per device: its program after lowering and fusion."""
-    from graphc.core.files import atomic_write
-    from graphc.passes import optimize, run_pipeline
-    from graphc.passes.lower import lower, verify_programs
-    from graphc.runtime.parallel import DEVICE_PASSES
-
     os.makedirs(folder, exist_ok=True)
     traced, _g, _s = pf.trace_optimized(*fargs, **fkwargs)
     run_pipeline(traced, dump_dir=folder)
-    programs = lower(plan.graph, plan, mesh)
-    verify_programs(programs)
-    for p in programs:
-        atomic_write(os.path.join(folder, f"device-{p.device}.gir"), str(optimize(p.graph, DEVICE_PASSES)))
-
-
-def _write_json(path: str, doc: dict) -> None:
-    import json
-
-    from graphc.core.files import atomic_write
-
-    atomic_write(path, json.dumps(doc, indent=1, default=str))
+    for p in compile_devices(lower(graph, plan)).devices:
+        atomic_write(os.path.join(folder, f"device-{p.device}.gir"), str(p.graph))
 
 
 def _dump_pipeline_ir(folder: str, pf, fargs, fkwargs) -> None:
     """The IR after every pass, micro-batch 0's program, and every device's tasks of micro-batch 0."""
-    from graphc.core.files import atomic_write
-    from graphc.passes import run_pipeline
-
     os.makedirs(folder, exist_ok=True)
     traced, _g, _s = pf.trace_optimized(*fargs, **fkwargs)
     run_pipeline(traced, dump_dir=folder)
     compiled = pf.compile(*fargs, **fkwargs)
     atomic_write(os.path.join(folder, "microbatch.gir"), compiled.ir("microbatch"))
     by_device: dict[int, list[str]] = {}
-    for (d, ph, k), t in sorted(compiled.executable.tasks.items()):
+    for (d, ph, k), t in sorted(compiled.program.tasks.items()):
         if k <= 0:
             by_device.setdefault(d, []).append(f"// {ph} task{'' if k < 0 else ' of micro-batch 0'}\n{t.graph}")
     for d, texts in by_device.items():
@@ -147,19 +124,12 @@ def _dump_pipeline_ir(folder: str, pf, fargs, fkwargs) -> None:
 
 def _search(args: argparse.Namespace, progress) -> int:
     """``--devices N``: plan every factorization, print the choice and why, write the chosen plan."""
-    from graphc.core.mesh import MeshError, parse_links
-    from graphc.core.units import parse_bytes
-    from graphc.loader import load_target
-    from graphc.parallel import parallelize
-    from graphc.passes.search import explain, search_meshes
-
     try:
         links = parse_links(args.link) if args.link else None
     except MeshError as exc:
         raise GraphcError(f"--link: {exc}") from None
     fn, fargs, fkwargs = load_target(args.target, args.example)
-    static = tuple(k for k, v in fkwargs.items() if not _has_arrays(v))
-    pf = parallelize(fn, mesh={"dp": 1}, static_argnames=static)
+    pf = parallelize(fn, mesh={"dp": 1}, static_argnames=static_argnames(fkwargs))
     progress(f"tracing {args.target}")
     _traced, graph, _s = pf.trace_optimized(*fargs, **fkwargs)
     progress(f"searching meshes of {args.devices} devices")
@@ -173,9 +143,9 @@ def _search(args: argparse.Namespace, progress) -> int:
     best = cands[0]
     if not best.ok:
         return 1
-    doc = best.plan.to_json() if hasattr(best.plan, "sub") else dict(best.plan.doc)
+    doc = json.loads(best.plan.to_json())
     doc["search"] = {"devices": args.devices, "seconds": seconds, "candidates": [c.to_json() for c in cands]}
     print(best.plan.summary())
-    _write_json(args.output, doc)
+    atomic_write(args.output, json.dumps(doc, indent=1))
     print(f"wrote {args.output}", file=sys.stderr)
     return 0

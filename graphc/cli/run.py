@@ -12,7 +12,15 @@ import statistics
 import sys
 import time
 
+from graphc.api.parallel import parallelize
+from graphc.bench.timing import fmt_range, same, times_of
+from graphc.cli.loader import load_target, static_argnames
 from graphc.core.errors import GraphcError
+from graphc.core.files import atomic_write
+from graphc.core.mesh import Mesh, MeshError, parse_links
+from graphc.core.units import fmt_bytes, fmt_time
+from graphc.interpreter import bind_arguments
+from graphc.passes.sharding.plan import ShardingPlan
 
 
 def add_parser(sub) -> None:
@@ -33,19 +41,9 @@ def add_parser(sub) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from graphc.cli import _same
-    from graphc.cli_compile import _has_arrays
-    from graphc.core.files import atomic_write
-    from graphc.core.mesh import Mesh, MeshError, parse_links
-    from graphc.core.units import fmt_bytes, fmt_time
-    from graphc.interpreter import bind_arguments
-    from graphc.loader import load_target
-    from graphc.parallel import parallelize
-    from graphc.plan import Plan
-
     fn, fargs, fkwargs = load_target(args.target, args.example)
-    static = tuple(k for k, v in fkwargs.items() if not _has_arrays(v))
-    loaded = Plan.load(args.plan) if args.plan else None
+    static = static_argnames(fkwargs)
+    loaded = ShardingPlan.load(args.plan) if args.plan else None
     try:
         if loaded is not None:
             mesh = loaded.mesh
@@ -63,25 +61,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     compiled = pf.compile(*fargs, **fkwargs)
     plan = compiled.plan
     print(f"graphc run {args.target} on mesh {mesh} ({mesh.size} devices): compiled in "
-          f"{time.perf_counter() - start:.2f} s (plan {fmt_time(plan.cost['total_s'])} predicted)")
+          f"{time.perf_counter() - start:.2f} s (plan {fmt_time(plan.cost.total_s)} predicted)")
 
     def eager():
         return fn(*fargs, **fkwargs)
 
     want = eager()
     got = compiled(*fargs, **fkwargs)  # first run: kernels compiled or loaded from the disk cache
-    same = _same(got, want)
-    t_eager = _times(eager, args.repeat)
-    t_mesh = _times(lambda: compiled(*fargs, **fkwargs), args.repeat)
+    verdict = same(got, want)
+    t_eager = times_of(eager, args.repeat)
+    t_mesh = times_of(lambda: compiled(*fargs, **fkwargs), args.repeat)
     dyn_args, dyn_kwargs, _ = pf._split_static(fargs, fkwargs)
     arrays = bind_arguments(compiled.graph, dyn_args, dyn_kwargs)
     compiled.executable.run_flat(arrays, profile=True)
     prof = compiled.executable.last_profile
-    print(f"  numpy eager        {_fmt(t_eager)}")
-    print(f"  graphc on {mesh.size} devices {_fmt(t_mesh)}   ({statistics.median(t_eager) / statistics.median(t_mesh):.2f}x "
-          f"numpy eager; predicted step {fmt_time(plan.cost['total_s'])})")
-    print(f"  result equals numpy eager: {same}")
-    predicted = plan.memory["peak_bytes"]
+    print(f"  numpy eager        {fmt_range(t_eager)}")
+    print(f"  graphc on {mesh.size} devices {fmt_range(t_mesh)}   ({statistics.median(t_eager) / statistics.median(t_mesh):.2f}x "
+          f"numpy eager; predicted step {fmt_time(plan.cost.total_s)})")
+    print(f"  result equals numpy eager: {verdict}")
+    predicted = plan.memory.peak_bytes
     print("  device  peak memory measured  predicted   collectives  comm time")
     for d in sorted(prof):
         p = prof[d]
@@ -91,18 +89,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.trace:
         atomic_write(args.trace, json.dumps(chrome_trace(prof, mesh)))
         print(f"wrote {args.trace} (open in https://ui.perfetto.dev)", file=sys.stderr)
-    return 0 if same == "yes" else 1
-
-
-def _times(fn, repeat: int) -> list[float]:
-    from graphc.runtime.bench import timed
-
-    return timed(fn, max(1, repeat), warmup=0)[0]
-
-
-def _fmt(ts: list[float]) -> str:
-    med = statistics.median(ts)
-    return f"{med * 1e3:9.2f} ms (min {min(ts) * 1e3:.2f}, max {max(ts) * 1e3:.2f}, n={len(ts)})"
+    return 0 if verdict == "yes" else 1
 
 
 def chrome_trace(profiles: dict[int, dict], mesh) -> dict:
@@ -127,11 +114,6 @@ def chrome_trace(profiles: dict[int, dict], mesh) -> dict:
 def _run_pipeline(args: argparse.Namespace, pf, fn, fargs, fkwargs) -> int:
     """``graphc run`` on a mesh with a pp axis: the pipeline's timings, measured bubble and memory
     against the plan's, and a trace with one track per device showing stages and micro-batches."""
-    from graphc.cli import _same
-    from graphc.core.files import atomic_write
-    from graphc.core.units import fmt_bytes
-    from graphc.interpreter import bind_arguments
-
     start = time.perf_counter()
     compiled = pf.compile(*fargs, **fkwargs)
     plan = compiled.plan
@@ -140,29 +122,29 @@ def _run_pipeline(args: argparse.Namespace, pf, fn, fargs, fkwargs) -> int:
     print(plan.summary())
     want = fn(*fargs, **fkwargs)
     got = compiled(*fargs, **fkwargs)
-    same = _same(got, want)
-    t_eager = _times(lambda: fn(*fargs, **fkwargs), args.repeat)
-    t_pipe = _times(lambda: compiled(*fargs, **fkwargs), args.repeat)
+    verdict = same(got, want)
+    t_eager = times_of(lambda: fn(*fargs, **fkwargs), args.repeat)
+    t_pipe = times_of(lambda: compiled(*fargs, **fkwargs), args.repeat)
     dyn_args, dyn_kwargs, _ = pf._split_static(fargs, fkwargs)
     ex = compiled.executable
     ex.run_flat(bind_arguments(compiled.graph, dyn_args, dyn_kwargs), profile=True)
     prof = ex.last_profile
-    print(f"  numpy eager        {_fmt(t_eager)}")
-    print(f"  graphc pipeline    {_fmt(t_pipe)}   ({statistics.median(t_eager) / statistics.median(t_pipe):.2f}x "
+    print(f"  numpy eager        {fmt_range(t_eager)}")
+    print(f"  graphc pipeline    {fmt_range(t_pipe)}   ({statistics.median(t_eager) / statistics.median(t_pipe):.2f}x "
           f"numpy eager)")
-    print(f"  result equals numpy eager: {same}")
+    print(f"  result equals numpy eager: {verdict}")
     print(f"  bubble: measured {ex.measured_bubble():.1%}, predicted {plan.predicted['bubble']:.1%}")
     print("  device  stage  peak memory measured  held between tasks  predicted held")
     print("  (held: state, gradient sums and activations kept between tasks; the peak adds the running task's "
           "temporaries)")
     for d in sorted(prof):
-        s = ex._stage_of(d)
+        s = ex.stage_of(d)
         print(f"  {d:>6}  {s:>5}  {fmt_bytes(prof[d]['peak_bytes']):>20}  {fmt_bytes(prof[d].get('held_bytes', 0)):>18}  "
               f"{fmt_bytes(plan.memory_bytes[s]):>14}")
     if args.trace:
         atomic_write(args.trace, json.dumps(pipeline_trace(prof, ex)))
         print(f"wrote {args.trace} (open in https://ui.perfetto.dev)", file=sys.stderr)
-    return 0 if same == "yes" else 1
+    return 0 if verdict == "yes" else 1
 
 
 def pipeline_trace(profiles: dict[int, dict], ex) -> dict:
@@ -172,7 +154,7 @@ def pipeline_trace(profiles: dict[int, dict], ex) -> dict:
     events = []
     t0 = min((p.get("t0", 0.0) for p in profiles.values()), default=0.0)
     for d, p in sorted(profiles.items()):
-        s = ex._stage_of(d)
+        s = ex.stage_of(d)
         events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": d,
                        "args": {"name": f"device {d} stage {s} {dict(zip(ex.mesh.axis_names, ex.mesh.coord(d)))}"}})
         for phase, k, start, end in p.get("events", []):

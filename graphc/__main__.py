@@ -1,0 +1,7 @@
+"""``python -m graphc ...`` is the ``graphc`` command."""
+
+import sys
+
+from graphc.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,336 @@
+"""``graphc.parallelize`` and ``graphc.shard``: the user's entry points to auto-sharding.
+
+    pf = graphc.parallelize(train_step, mesh={"dp": 2, "tp": 4}, memory_limit="2GiB",
+                            static_argnames=("n_head",))
+    plan = pf.plan(params, opt_state, tokens, targets, n_head=4)   # trace, optimize, solve; no run
+    print(plan.summary()); plan.save("plan.json")
+    new_params, new_state, loss = pf(params, opt_state, tokens, targets, n_head=4)   # runs on 8 devices
+
+Calling the object runs the partition pipeline (graphc/passes/partition.py: plan, lower, compile
+every device program) and the device programs on one thread per device (graphc/runtime/
+devices.py); results are numpy arrays equal to the function's. ``pf.compile(*args)`` returns the
+compiled specialization (its ``.plan``, ``.ir(stage)`` and device ``.program``).
+
+Inside a model, ``graphc.shard(x, "S(0)", "R")`` pins the spec of ``x`` (one placement per mesh
+axis); ``in_specs=`` / ``out_specs=`` pin the function's arguments and results (one entry per
+positional argument / per result element: a spec for all its leaves, a pytree of specs, or None).
+An output that has the same pytree structure, shapes and dtypes as an argument it replaces (new
+parameters, new optimizer state) is tied to that argument's spec, so a loop of steps never
+reshards its state.
+
+Solved plans are cached on disk (``$GRAPHC_CACHE_DIR``/plans or ~/.cache/graphc/plans) by the
+graph's hash, the mesh and the options: re-planning an unchanged model only re-traces it.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from typing import Any
+
+from graphc.api.jit import Jitted
+from graphc.core.errors import GraphcError, PlanError
+from graphc.core.files import cache_dir
+from graphc.core.ir import Graph
+from graphc.core.mesh import as_mesh
+from graphc.core.pytree import TreeDef, flatten, unflatten
+from graphc.core.spec import Placement, Spec, SpecError, format_spec, parse_spec
+from graphc.core.units import parse_bytes
+from graphc.frontend.entry import trace
+from graphc.frontend.tracer import Tracer, bind, current_context
+from graphc.interpreter import as_numpy_result, bind_arguments
+from graphc.passes.microbatch import microbatch
+from graphc.passes.partition import (
+    Partitioned,
+    PlanCache,
+    PlanOptions,
+    Pins,
+    compile_devices,
+    lower,
+    optimize_for_planning,
+    plan_sharding,
+    state_ties,
+)
+from graphc.passes.pipeline import PP_AXIS, PipelinePlan, plan_pipeline
+from graphc.passes.pipeline_lower import lower_pipeline
+from graphc.passes.sharding.plan import ShardingPlan, graph_hash
+from graphc.runtime.devices import ParallelExecutable, ShardedArray
+from graphc.runtime.pipeline import PipelineExecutable
+
+
+def shard(x, *placements):
+    """Pin the sharding spec of ``x``: ``graphc.shard(h, "S(0)", "R")`` (one placement per mesh
+    axis, or one spec string ``"[S(0), R]"``). The identity outside a trace."""
+    if len(placements) == 1 and isinstance(placements[0], str) and "," in placements[0]:
+        spec = parse_spec(placements[0])
+    elif len(placements) == 1 and isinstance(placements[0], (tuple, list)):
+        spec = parse_spec(placements[0])
+    else:
+        spec = parse_spec(placements)
+    if isinstance(x, Tracer):
+        return bind("sharding", x, spec=format_spec(spec))
+    return x
+
+
+def _is_spec(x) -> bool:
+    return isinstance(x, str) or (isinstance(x, tuple) and bool(x) and all(isinstance(p, Placement) for p in x))
+
+
+def _subtrees(t: TreeDef) -> list[tuple[TreeDef, int]]:
+    """Top-level elements of a tuple/list tree with their first leaf index (else the whole)."""
+    if t.kind in ("tuple", "list"):
+        out, k = [], 0
+        for c in t.children:
+            out.append((c, k))
+            k += c.num_leaves
+        return out
+    return [(t, 0)]
+
+
+def _expand_specs(specs, tree: TreeDef, first: int, what: str) -> dict[int, Spec]:
+    """Specs given for one argument/result (a spec, a pytree of specs, or None) -> {leaf: spec}."""
+    out: dict[int, Spec] = {}
+    if specs is None:
+        return out
+    if _is_spec(specs):
+        spec = parse_spec(specs)
+        for k in range(tree.num_leaves):
+            out[first + k] = spec
+        return out
+    leaves, _st = flatten(specs, is_leaf=lambda v: v is None or _is_spec(v))
+    if len(leaves) != tree.num_leaves:
+        raise GraphcError(f"{what}: specs have {len(leaves)} leaves, the value has {tree.num_leaves} arrays")
+    for k, s in enumerate(leaves):
+        if s is not None:
+            out[first + k] = parse_spec(s)
+    return out
+
+
+class Parallelized(Jitted):
+    """The object ``graphc.parallelize`` returns."""
+
+    def __init__(self, fn: Callable, mesh, memory_limit=None, static_argnames=(), in_specs=None, out_specs=None,
+                 shrink: bool = True, time_limit_s: float = 60.0, cache: bool = True, timeout_s: float = 60.0,
+                 sharded_state: bool = False, microbatches: int = 1, schedule: str = "1f1b"):
+        super().__init__(fn, tuple(static_argnames))  # a 1-device mesh runs like graphc.jit (fusion included)
+        self.mesh = as_mesh(mesh)
+        self.memory_limit = parse_bytes(memory_limit)
+        self.in_specs = in_specs
+        self.out_specs = out_specs
+        self.options = PlanOptions(memory_limit=self.memory_limit, time_limit_s=time_limit_s, shrink=shrink)
+        self.cache = PlanCache(cache_dir("plans")) if cache else None
+        self.timeout_s = timeout_s
+        self.sharded_state = sharded_state
+        self.microbatches = microbatches  # a mesh with a "pp" axis runs a pipeline of this many micro-batches
+        self.schedule = schedule
+        self.followed: tuple[dict, dict, dict] | None = None  # the pins of a plan file being followed
+        self._plans: dict[Any, ShardingPlan | PipelinePlan] = {}
+        self._compiled: dict[Any, ParallelCompiled | PipelineCompiled] = {}
+
+    @property
+    def pipelined(self) -> bool:
+        """A mesh with a ``pp`` axis: the step runs as a pipeline of micro-batches."""
+        return PP_AXIS in self.mesh.axis_names
+
+    # --- the steps ---------------------------------------------------------------------------
+    def trace_optimized(self, *args, **kwargs) -> tuple[Graph, Graph, dict[str, float]]:
+        """(traced graph, the graph the planner partitions, seconds) for these arguments."""
+        args, kwargs, static = self._split_static(args, kwargs)
+        fn = functools.partial(self.fn, **static) if static else self.fn
+        if static:
+            functools.update_wrapper(fn, self.fn)
+        t0 = time.perf_counter()
+        traced = trace(fn, *args, **kwargs)
+        t1 = time.perf_counter()
+        optimized = optimize_for_planning(traced)
+        t2 = time.perf_counter()
+        return traced, optimized, {"trace_s": t1 - t0, "optimize_s": t2 - t1}
+
+    def follow(self, plan_file: ShardingPlan, *args, **kwargs) -> int:
+        """Take the pins of a (hand-edited) plan file: its pinned inputs, outputs and nodes, for
+        every later .plan() and .compile(). Refused if the file was made for another graph.
+        Returns the number of pins."""
+        _traced, graph, _s = self.trace_optimized(*args, **kwargs)
+        plan_file.check(graph)
+        self.followed = plan_file.pins()
+        return sum(len(p) for p in self.followed)
+
+    def pins(self, graph: Graph) -> Pins:
+        """The user's pins on ``graph``: in_specs / out_specs, or those of a followed plan file."""
+        if self.followed is not None:
+            ins, outs, nodes = self.followed
+            return Pins(ins, outs, nodes)
+        try:
+            return Pins(self._in_pins(graph), self._out_pins(graph))
+        except SpecError as exc:
+            raise PlanError(f"{exc}") from None
+
+    def _in_pins(self, graph: Graph) -> dict[int, Spec]:
+        pins: dict[int, Spec] = {}
+        if self.in_specs is None:
+            return pins
+        specs = self.in_specs if isinstance(self.in_specs, (tuple, list)) else (self.in_specs,)
+        subs = _subtrees(graph.in_tree.children[0])
+        if len(specs) > len(subs):
+            raise GraphcError(f"in_specs has {len(specs)} entries, the function takes {len(subs)} array arguments")
+        for (t, first), s in zip(subs, specs):
+            pins.update(_expand_specs(s, t, first, "in_specs"))
+        return pins
+
+    def _out_pins(self, graph: Graph) -> dict[int, Spec]:
+        pins: dict[int, Spec] = {}
+        if self.out_specs is None:
+            return pins
+        subs = _subtrees(graph.out_tree)
+        specs = self.out_specs if isinstance(self.out_specs, (tuple, list)) and len(subs) > 1 else (self.out_specs,)
+        for (t, first), s in zip(subs, specs):
+            pins.update(_expand_specs(s, t, first, "out_specs"))
+        return pins
+
+    def plan(self, *args: Any, progress=None, **kwargs: Any) -> ShardingPlan | PipelinePlan:
+        """Trace, optimize and solve for these arguments (nothing runs)."""
+        return self.plan_and_graph(*args, progress=progress, **kwargs)[0]
+
+    def plan_and_graph(self, *args: Any, progress=None, **kwargs: Any) -> tuple[ShardingPlan | PipelinePlan, Graph]:
+        """The plan for these arguments and the (optimized) graph it partitions."""
+        traced, graph, seconds = self.trace_optimized(*args, **kwargs)
+        t0 = time.perf_counter()
+        if self.pipelined:
+            plan = plan_pipeline(graph, self.mesh, self.microbatches, self.schedule, self.memory_limit,
+                                 time_limit_s=self.options.time_limit_s)
+            return plan.with_timing(**seconds, plan_s=time.perf_counter() - t0), graph
+        pins, ties = self.pins(graph), state_ties(graph)
+        key = self.cache.key(graph_hash(graph), self.mesh, pins, ties, self.options) if self.cache else None
+        plan = self._plans.get(key) if key else None
+        if plan is not None:
+            return plan, graph
+        cached = self.cache.get(key) if self.cache and key else None
+        if cached is not None:
+            plan = cached.with_timing(**seconds, cached=True)
+        else:
+            plan = plan_sharding(graph, self.mesh, pins, ties, self.options, progress)
+            plan = plan.with_timing(**seconds, plan_s=time.perf_counter() - t0, cached=False,
+                                    nodes_traced=len(traced.nodes))
+            if self.cache and key:
+                self.cache.put(key, plan)
+        if key:
+            self._plans[key] = plan
+        return plan, graph
+
+    def compile(self, *args: Any, **kwargs: Any) -> ParallelCompiled | PipelineCompiled:
+        """Trace, optimize, plan, lower and build for these arguments (cached by shapes, dtypes
+        and static values, like graphc.jit). The result runs on the mesh when called."""
+        dyn_args, dyn_kwargs, static = self._split_static(args, kwargs)
+        key = self._key(dyn_args, dyn_kwargs, static)
+        hit = self._compiled.get(key)
+        if hit is not None:
+            return hit
+        with self._lock:
+            hit = self._compiled.get(key)
+            if hit is None:
+                plan, graph = self.plan_and_graph(*args, **kwargs)
+                if isinstance(plan, PipelinePlan):
+                    hit = PipelineCompiled(self, graph, plan)
+                else:
+                    hit = ParallelCompiled(self, graph, plan)
+                self._compiled[key] = hit
+        return hit
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if current_context() is not None:  # inside a trace (grad of a parallelized function): inline
+            return self.fn(*args, **kwargs)
+        if self.mesh.size == 1:
+            return super().__call__(*args, **kwargs)
+        return self.compile(*args, **kwargs)(*args, **kwargs)
+
+
+class ParallelCompiled:
+    """One specialization of a parallelized function: its plan, device programs and executable."""
+
+    def __init__(self, owner: Parallelized, graph: Graph, plan: ShardingPlan):
+        self._owner = owner
+        self.plan = plan
+        self.graph = graph
+        start = time.perf_counter()
+        lowered = lower(graph, plan)
+        self.partitioned = Partitioned(graph, plan, lowered, compile_devices(lowered))
+        self.executable = ParallelExecutable(self.partitioned.program, timeout_s=owner.timeout_s)
+        self.seconds = {**plan.timing, "build_s": time.perf_counter() - start}
+        self.state_outputs = frozenset(o for _i, o in state_ties(graph))
+
+    @property
+    def program(self):
+        """The device programs the runtime runs (graphc.programs.ParallelProgram, after fusion)."""
+        return self.partitioned.program
+
+    def ir(self, stage: str = "optimized") -> str:
+        """Text IR: "optimized" (the graph the plan partitions), "lowered" / "device" (every
+        device program after lowering / after fusion, concatenated)."""
+        if stage == "optimized":
+            return str(self.graph)
+        if stage == "lowered":
+            return "\n".join(str(p.graph) for p in self.partitioned.lowered.devices)
+        if stage == "device":
+            return "\n".join(str(p.graph) for p in self.partitioned.program.devices)
+        raise GraphcError(f"unknown stage {stage!r}: optimized, lowered or device")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        args, kwargs, _ = self._owner._split_static(args, kwargs)
+        arrays = bind_arguments(self.graph, args, kwargs, keep=ShardedArray)  # shards stay on the devices
+        keep = self.state_outputs if self._owner.sharded_state else frozenset()
+        outs = self.executable.run_flat(arrays, keep_sharded=keep)
+        return unflatten(self.graph.out_tree, [o if k in keep else as_numpy_result(o) for k, o in enumerate(outs)])
+
+
+class PipelineCompiled:
+    """One specialization of a function parallelized on a mesh with a ``pp`` axis: its pipeline
+    plan (passes/pipeline.py), every device's tasks (passes/pipeline_lower.py) and the pipeline
+    runtime (runtime/pipeline.py)."""
+
+    def __init__(self, owner: Parallelized, graph: Graph, plan: PipelinePlan):
+        self._owner = owner
+        self.plan = plan
+        self.graph = graph
+        start = time.perf_counter()
+        self.mb = microbatch(graph, plan.m)
+        self.program = lower_pipeline(graph, plan, self.mb)
+        self.executable = PipelineExecutable(self.program, timeout_s=owner.timeout_s)
+        self.seconds = {**plan.timing, "build_s": time.perf_counter() - start}
+
+    def ir(self, stage: str = "optimized") -> str:
+        """Text IR: "optimized" (the step), "microbatch" (micro-batch 0's program), "tasks" (every
+        device's forward, backward and update tasks of micro-batch 0)."""
+        if stage == "optimized":
+            return str(self.graph)
+        if stage == "microbatch":
+            return str(self.mb.program.devices[0].graph)
+        if stage == "tasks":
+            return "\n".join(str(t.graph) for (_d, _ph, k), t in sorted(self.program.tasks.items()) if k <= 0)
+        raise GraphcError(f"unknown stage {stage!r}: optimized, microbatch or tasks")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        args, kwargs, _ = self._owner._split_static(args, kwargs)
+        outs = self.executable.run_flat(bind_arguments(self.graph, args, kwargs))
+        return unflatten(self.graph.out_tree, [as_numpy_result(o) for o in outs])
+
+
+def parallelize(fn: Callable | None = None, *, mesh, memory_limit=None, static_argnames=(), in_specs=None,
+                out_specs=None, shrink: bool = True, time_limit_s: float = 60.0, cache: bool = True,
+                timeout_s: float = 60.0, sharded_state: bool = False, microbatches: int = 1,
+                schedule: str = "1f1b"):
+    """Decorator or function: ``graphc.parallelize(fn, mesh={"dp": 2, "tp": 4})``. A mesh with a
+    ``pp`` axis (``{"pp": 2, "dp": 2, "tp": 2}``) runs the step as a pipeline of ``microbatches``
+    micro-batches on ``pp`` stages ("gpipe" or "1f1b" ``schedule``), each stage sharded on the
+    other axes."""
+    if isinstance(static_argnames, str):
+        static_argnames = (static_argnames,)
+
+    def wrap(f):
+        return Parallelized(f, mesh, memory_limit, static_argnames, in_specs, out_specs, shrink, time_limit_s, cache,
+                            timeout_s, sharded_state, microbatches, schedule)
+
+    return wrap if fn is None else wrap(fn)
+
+
+__all__ = ["ParallelCompiled", "Parallelized", "PipelineCompiled", "parallelize", "shard"]

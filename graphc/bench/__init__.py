@@ -1,0 +1,11 @@
+"""The benchmarks behind ``graphc bench``: every figure is measured in one run next to a peer or a
+ceiling measured in the same run (numpy eager, a memory copy, one device).
+
+    model.py      FILE:FUNC: trace, IR round trip, numpy eager, interpreter, compiled
+    kernels.py    fused GELU / softmax / layer norm against a copy of the same bytes
+    mesh.py       FILE:FUNC --mesh: 1 device against the mesh, collectives, plans predicted vs measured
+    pipeline.py   measured bubble against (S-1)/(M+S-1), 1F1B's memory against GPipe's
+    comm.py       the thread communicator's all-reduce bus bandwidth against memcpy
+    fastmath.py   hand-written kernels over runtime/fastmath.py against numpy
+    timing.py     the timing and comparison helpers
+"""

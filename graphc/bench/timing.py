@@ -1,0 +1,57 @@
+"""Timing helpers of the benchmarks: numbers measured in one run and compared with a peer from the
+same run. Nothing here is a test; tests never time anything."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from graphc.core.pytree import flatten
+
+
+def timed(fn: Callable[[], Any], repeat: int, warmup: int = 1) -> tuple[list[float], Any]:
+    """Seconds of each of ``repeat`` calls after ``warmup`` untimed ones, and the last result."""
+    result = None
+    for _ in range(warmup):
+        result = fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - t0)
+    return times, result
+
+
+def times_of(fn: Callable[[], Any], repeat: int) -> list[float]:
+    """Seconds of ``repeat`` (at least one) calls, no warm-up."""
+    return timed(fn, max(1, repeat), warmup=0)[0]
+
+
+def fmt(times: list[float]) -> str:
+    """The median and half the spread, in ms."""
+    med = statistics.median(times)
+    spread = (max(times) - min(times)) / 2
+    return f"{med * 1e3:10.2f} ms  ± {spread * 1e3:7.2f}  (n={len(times)})"
+
+
+def fmt_range(times: list[float]) -> str:
+    """The median, min and max, in ms."""
+    med = statistics.median(times)
+    return f"{med * 1e3:9.2f} ms (min {min(times) * 1e3:.2f}, max {max(times) * 1e3:.2f}, n={len(times)})"
+
+
+def same(got: Any, want: Any) -> str:
+    """"yes" when two results (pytrees of arrays) agree to float32/float64 tolerance, else why not."""
+    g, w = flatten(got)[0], flatten(want)[0]
+    for a, b in zip(g, w):
+        a, b = np.asarray(a), np.asarray(b)
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return f"no ({a.dtype}{a.shape} vs {b.dtype}{b.shape})"
+        tol = 1e-4 if a.dtype == np.float32 else 1e-6
+        if a.dtype.kind == "f" and not np.allclose(a, b, rtol=tol, atol=tol):
+            return f"no (max abs diff {np.max(np.abs(a - b)):.3g})"
+    return "yes"

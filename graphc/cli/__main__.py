@@ -1,0 +1,5 @@
+import sys
+
+from graphc.cli.main import main
+
+sys.exit(main())

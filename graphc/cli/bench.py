@@ -1,0 +1,57 @@
+"""``graphc bench``: FILE:FUNC [--mesh ...], or one of the named benchmarks (kernels, pipeline,
+comm, fastmath). Each prints its figures next to a peer measured in the same run."""
+
+from __future__ import annotations
+
+import argparse
+
+from graphc.bench import comm, fastmath, kernels, mesh, model, pipeline
+from graphc.cli.loader import load_target, static_argnames
+from graphc.core.errors import GraphcError
+from graphc.core.mesh import Mesh, MeshError, parse_links
+
+NAMED = ("kernels", "pipeline", "comm", "fastmath")
+
+
+def add_parser(sub) -> None:
+    bench = sub.add_parser("bench", help="time tracing, IR round trip, numpy eager, the interpreter and compiled "
+                                         "execution of FILE:FUNC; or a named benchmark: " + ", ".join(NAMED))
+    bench.add_argument("target", help="FILE:FUNC, or one of: kernels (fused kernels against memory bandwidth), "
+                                      "pipeline (bubble and memory), comm (collective bandwidth), fastmath")
+    bench.add_argument("--example", help="function in FILE returning (args, kwargs) (default: example_args)")
+    bench.add_argument("--repeat", type=int, default=3, help="repetitions per measurement (default 3)")
+    bench.add_argument("--no-run", action="store_true", help="skip numpy eager and interpreter timings")
+    bench.add_argument("--mesh", help="also run on this device mesh (e.g. dp=2): numpy eager, graphc on 1 device and "
+                                      "on the mesh, predicted vs measured step time, all-reduce bus bandwidth")
+    bench.add_argument("--link", help="per-axis link model overrides for planning, e.g. dp=1GB/s:50us")
+    bench.add_argument("--plans", action="store_true",
+                       help="with --mesh: also time several plans of the function (solver's choice and pinned "
+                            "inputs) and report the rank correlation of predicted and measured step times")
+    bench.set_defaults(func=cmd_bench)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    if args.target == "kernels":
+        print("graphc bench kernels: fused float32 kernels vs np.copyto of the same bytes (read + write)")
+        kernels.print_kernel_table(kernels.bench_kernels(repeat=args.repeat))
+        return 0
+    if args.target == "pipeline":
+        pipeline.main(["--repeat", str(args.repeat)])
+        return 0
+    if args.target == "comm":
+        comm.main()
+        return 0
+    if args.target == "fastmath":
+        fastmath.main(["--repeat", str(args.repeat)])
+        return 0
+    fn, fargs, fkwargs = load_target(args.target, args.example)
+    label = f"{args.target} ({args.example or 'example_args'})"
+    if args.mesh:
+        try:
+            on = Mesh(args.mesh, links=parse_links(args.link) if args.link else None)
+        except MeshError as exc:
+            raise GraphcError(f"--mesh/--link: {exc}") from None
+        verdict = mesh.bench_mesh(fn, fargs, fkwargs, static_argnames(fkwargs), on, args.repeat, args.plans, label)
+        return 0 if verdict == "yes" else 1
+    model.bench_model(fn, fargs, fkwargs, args.repeat, run=not args.no_run, label=label)
+    return 0

@@ -1,0 +1,232 @@
+"""The partition pipeline: a traced graph on a device mesh -> a ShardingPlan -> device programs.
+
+    graph
+      -> optimize_for_planning   fold, simplify, CSE, DCE (fusion waits: it runs per device)
+      -> build_problem           items, strategies, edges and costs on the mesh, pins and ties applied
+      -> shrink                  repeated layers tied, elementwise followers merged
+      -> solve                   the ILP, memory limit included (shrink + solve: solve_problem)
+      -> make_plan               the frozen ShardingPlan
+      -> lower                   one program per device, collectives in place (passes/lower.py)
+      -> compile_devices         CSE, DCE and fusion of every device program
+
+Each step is a plain function of named inputs. ``plan_sharding`` runs the planning steps and
+``partition`` all of them; ``graphc.parallelize``, ``graphc compile``, micro-batching and the
+pipeline planner call these functions and nothing else of the sharding machinery.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from graphc.core.errors import PlanError
+from graphc.core.ir import Graph
+from graphc.core.mesh import Mesh
+from graphc.core.pytree import TreeDef
+from graphc.core.spec import Spec, format_spec
+from graphc.passes.lower import lower_graph
+from graphc.passes.manager import optimize
+from graphc.passes.sharding.ilp import Group, Solution, shrink_groups, solve
+from graphc.passes.sharding.plan import ShardingPlan, plan_from_solution
+from graphc.passes.sharding.problem import Problem, apply_ties, pin_nodes
+from graphc.passes.sharding.problem import build_problem as _items_and_edges
+from graphc.programs import ParallelProgram
+
+PLAN_PASSES = ("fold_constants", "simplify", "cse", "dce")  # fusion runs per device, after lowering
+DEVICE_PASSES = ("cse", "dce", "fuse")
+PLANNER_VERSION = 4  # part of the plan cache key: bump when rules or costs change what a plan says
+
+
+@dataclass(frozen=True)
+class Pins:
+    """Choices fixed by the user: specs of graph inputs / outputs (by position) and strategies of
+    nodes (by index: a strategy name or a result spec, from a hand-edited plan)."""
+
+    inputs: Mapping[int, Spec] = field(default_factory=dict)
+    outputs: Mapping[int, Spec] = field(default_factory=dict)
+    nodes: Mapping[int, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {"inputs": {str(k): format_spec(v) for k, v in sorted(self.inputs.items())},
+                "outputs": {str(k): format_spec(v) for k, v in sorted(self.outputs.items())},
+                "nodes": {str(k): v for k, v in sorted(self.nodes.items())}}
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """How to plan: per-device memory limit (bytes), ILP time limit, solver, and shrinking."""
+
+    memory_limit: int | None = None
+    time_limit_s: float = 60.0
+    solver: str = "CBC"
+    shrink: bool = True
+    linear_partials: bool = False  # micro-batching: operands an op is linear in may stay partial
+
+    def to_json(self) -> dict:
+        return {"memory_limit": self.memory_limit, "time_limit_s": self.time_limit_s, "solver": self.solver,
+                "shrink": self.shrink, "linear_partials": self.linear_partials}
+
+
+# --- the steps ----------------------------------------------------------------------------------------
+
+
+def optimize_for_planning(graph: Graph) -> Graph:
+    return optimize(graph, PLAN_PASSES)
+
+
+def build_problem(graph: Graph, mesh: Mesh, pins: Pins = Pins(), ties: list[tuple[int, int]] | None = None,
+                  linear_partials: bool = False) -> Problem:
+    """The sharding problem of ``graph`` on ``mesh`` with the pins and state ties applied."""
+    ties = list(ties or [])
+    problem = _items_and_edges(graph, mesh, dict(pins.inputs), dict(pins.outputs), ties, linear_partials)
+    apply_ties(problem, ties)
+    if pins.nodes:
+        pin_nodes(problem, dict(pins.nodes))
+    return problem
+
+
+def shrink(problem: Problem, enabled: bool = True) -> tuple[list[Group], list[int]]:
+    """Groups of items that share a strategy variable, and each item's group."""
+    return shrink_groups(problem, tie=enabled, follow=enabled)
+
+
+def solve_problem(problem: Problem, options: PlanOptions = PlanOptions(),
+                  progress: Callable[[str], None] | None = None) -> Solution:
+    """shrink -> solve."""
+    groups, of = shrink(problem, options.shrink)
+    return solve(problem, groups, of, options.memory_limit, options.time_limit_s, options.solver, progress)
+
+
+def make_plan(problem: Problem, solution: Solution, options: PlanOptions, build_s: float) -> ShardingPlan:
+    return plan_from_solution(problem, solution, options.memory_limit, build_s, options.to_json())
+
+
+def plan_sharding(graph: Graph, mesh: Mesh, pins: Pins = Pins(), ties: list[tuple[int, int]] | None = None,
+                  options: PlanOptions = PlanOptions(), progress: Callable[[str], None] | None = None) -> ShardingPlan:
+    """build_problem -> shrink -> solve -> make_plan."""
+    start = time.perf_counter()
+    problem = build_problem(graph, mesh, pins, ties, options.linear_partials)
+    build_s = time.perf_counter() - start
+    solution = solve_problem(problem, options, progress)
+    return make_plan(problem, solution, options, build_s)
+
+
+def lower(graph: Graph, plan: ShardingPlan) -> ParallelProgram:
+    """One program per device of the plan's mesh, verified (passes/lower.py)."""
+    return lower_graph(graph, plan).verify()
+
+
+def compile_devices(program: ParallelProgram, passes: tuple[str, ...] = DEVICE_PASSES) -> ParallelProgram:
+    """The device passes (CSE, DCE, fusion: the same kernels as on one device, local shapes) on
+    every device program, verified again."""
+    devices = tuple(p.with_graph(optimize(p.graph, passes)) for p in program.devices)
+    return ParallelProgram(program.mesh, devices, program.in_types, program.out_types).verify()
+
+
+@dataclass(frozen=True)
+class Partitioned:
+    """Everything ``partition`` made: the graph it planned, the plan, the lowered device programs
+    and the compiled ones the runtime runs."""
+
+    graph: Graph
+    plan: ShardingPlan
+    lowered: ParallelProgram
+    program: ParallelProgram
+
+
+def partition(graph: Graph, mesh: Mesh, pins: Pins = Pins(), ties: list[tuple[int, int]] | None = None,
+              options: PlanOptions = PlanOptions(), plan: ShardingPlan | None = None,
+              progress: Callable[[str], None] | None = None) -> Partitioned:
+    """The whole pipeline on a traced ``graph`` (or, with ``plan``, everything after planning:
+    the plan is checked against the optimized graph and followed exactly)."""
+    optimized = optimize_for_planning(graph)
+    if plan is None:
+        plan = plan_sharding(optimized, mesh, pins, ties, options, progress)
+    else:
+        plan.check(optimized)
+    lowered = lower(optimized, plan)
+    return Partitioned(optimized, plan, lowered, compile_devices(lowered))
+
+
+# --- what a training step's signature says ---------------------------------------------------------
+
+
+def _subtrees(t: TreeDef) -> list[tuple[TreeDef, int]]:
+    """Top-level elements of a tuple/list tree with their first leaf index (else the whole)."""
+    if t.kind in ("tuple", "list"):
+        out, k = [], 0
+        for c in t.children:
+            out.append((c, k))
+            k += c.num_leaves
+        return out
+    return [(t, 0)]
+
+
+def state_ties(graph: Graph) -> list[tuple[int, int]]:
+    """(input leaf, output leaf) pairs of outputs that replace an argument of the same structure,
+    shapes and dtypes (new parameters for old, new optimizer state): tied to one spec, so a loop
+    of steps never reshards its state."""
+    in_types = [v.type for v in graph.inputs]
+    out_types = [v.type for v in graph.outputs]
+    args_tree = graph.in_tree.children[0] if graph.in_tree.kind == "tuple" and graph.in_tree.children else graph.in_tree
+    args = _subtrees(args_tree)
+    kw_first = args_tree.num_leaves
+    if graph.in_tree.kind == "tuple" and len(graph.in_tree.children) > 1:
+        args += [(c, kw_first + sum(x.num_leaves for x in graph.in_tree.children[1].children[:j]))
+                 for j, c in enumerate(graph.in_tree.children[1].children)]
+    used: set[int] = set()
+    ties = []
+    for pos, (ot, ofirst) in enumerate(_subtrees(graph.out_tree)):
+        if ot.num_leaves == 0:
+            continue
+        sig = (repr(ot), [out_types[ofirst + k] for k in range(ot.num_leaves)])
+        candidates = [j for j, (it, ifirst) in enumerate(args)
+                      if j not in used and (repr(it), [in_types[ifirst + k] for k in range(it.num_leaves)]) == sig]
+        if not candidates:
+            continue
+        j = pos if pos in candidates else candidates[0]
+        used.add(j)
+        ifirst = args[j][1]
+        ties += [(ifirst + k, ofirst + k) for k in range(ot.num_leaves)]
+    return ties
+
+
+# --- the plan cache ----------------------------------------------------------------------------------
+
+
+class PlanCache:
+    """Solved plans on disk, keyed by the graph's hash, the mesh and the planning inputs: re-planning
+    an unchanged model only re-traces it. A corrupt entry is solved again."""
+
+    def __init__(self, folder: str):
+        self.folder = folder
+
+    def key(self, graph_hash: str, mesh: Mesh, pins: Pins, ties, options: PlanOptions) -> str:
+        # axis order matters (specs are per axis position): the mesh's JSON keeps it
+        parts = [PLANNER_VERSION, graph_hash, mesh.to_json(), pins.to_json(), [list(t) for t in ties or []],
+                 options.to_json()]
+        return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+    def get(self, key: str) -> ShardingPlan | None:
+        path = os.path.join(self.folder, f"{key}.json")
+        if not os.path.exists(path):
+            return None
+        try:
+            return ShardingPlan.load(path)
+        except PlanError:
+            return None
+
+    def put(self, key: str, plan: ShardingPlan) -> None:
+        try:
+            plan.save(os.path.join(self.folder, f"{key}.json"), make_dirs=True)
+        except OSError:
+            pass  # a read-only cache is not an error
+
+
+__all__ = ["DEVICE_PASSES", "PLAN_PASSES", "Partitioned", "PlanCache", "PlanOptions", "Pins", "build_problem",
+           "compile_devices", "lower", "make_plan", "optimize_for_planning", "partition", "plan_sharding", "shrink",
+           "solve_problem", "state_ties"]

@@ -1,3 +1,0 @@
-from graphc.core.errors import PlanError
-
-__all__ = ["PlanError"]
