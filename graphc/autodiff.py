@@ -115,8 +115,9 @@ def differentiable(v: Value | Tracer) -> bool:
 # --- the two walks ---------------------------------------------------------------------------------
 
 
-def backward(ctx: TraceContext, nodes: list[Node], wrt: list[Value], outputs: list[Value],
-             cotangents: list[Tracer | None]) -> list[Tracer | None]:
+def backward(
+    ctx: TraceContext, nodes: list[Node], wrt: list[Value], outputs: list[Value], cotangents: list[Tracer | None]
+) -> list[Tracer | None]:
     """Reverse-mode sweep over ``nodes`` (a stretch of ``ctx``'s trace): the cotangents of ``wrt``
     given those of ``outputs``. Emits the backward nodes into ``ctx``."""
     active = set(v for v in wrt if differentiable(v))
@@ -147,8 +148,9 @@ def backward(ctx: TraceContext, nodes: list[Node], wrt: list[Value], outputs: li
     return [cts.get(v) for v in wrt]
 
 
-def forward(ctx: TraceContext, nodes: list[Node], wrt: list[Value], tangents: list[Tracer | None],
-            outputs: list[Value]) -> list[Tracer | None]:
+def forward(
+    ctx: TraceContext, nodes: list[Node], wrt: list[Value], tangents: list[Tracer | None], outputs: list[Value]
+) -> list[Tracer | None]:
     """Forward-mode sweep over ``nodes``: the tangents of ``outputs`` given those of ``wrt``."""
     tans: dict[Value, Tracer] = {v: t for v, t in zip(wrt, tangents) if t is not None and differentiable(v)}
     for node in nodes:
@@ -231,16 +233,21 @@ class _Recorded:
         try:
             ct_leaves = flatten_as(cotangent, self.out_tree, path="cotangent")
         except ValueError as exc:
-            raise TraceError(f"vjp: the cotangent does not match the function's output: {exc}", user_location()) from None
+            raise TraceError(
+                f"vjp: the cotangent does not match the function's output: {exc}", user_location()
+            ) from None
         cts = []
         for out, ct in zip(self.out_leaves, ct_leaves):
             ct = lift(ct)
             if ct.shape != out.shape:
-                raise TraceError(f"vjp: cotangent of shape {ct.shape} for an output of shape {out.shape}", user_location())
+                raise TraceError(
+                    f"vjp: cotangent of shape {ct.shape} for an output of shape {out.shape}", user_location()
+                )
             cts.append(ct.astype(out.dtype) if ct.dtype != out.dtype else ct)
         wrt = self.wrt_values()
-        grads = backward(self.ctx, self.nodes, [w for w in wrt if w is not None],
-                         [o._value for o in self.out_leaves], cts)
+        grads = backward(
+            self.ctx, self.nodes, [w for w in wrt if w is not None], [o._value for o in self.out_leaves], cts
+        )
         it = iter(grads)
         leaves = []
         for w in wrt:
@@ -292,7 +299,9 @@ def jvp(fn: Callable, primals: Sequence[Any], tangents: Sequence[Any]) -> tuple[
             tans.append(lift(t).astype(w.dtype))
     outs = forward(rec.ctx, rec.nodes, wrt, tans, [o._value if isinstance(o, Tracer) else None for o in rec.out_leaves])
     out_tans = [
-        t if t is not None else (np.broadcast_to(lift(np.zeros((), o.dtype)), o.shape) if isinstance(o, Tracer) else None)
+        t
+        if t is not None
+        else (np.broadcast_to(lift(np.zeros((), o.dtype)), o.shape) if isinstance(o, Tracer) else None)
         for t, o in zip(outs, rec.out_leaves)
     ]
     return rec.out, unflatten(rec.out_tree, out_tans)
@@ -317,8 +326,13 @@ def value_and_grad(fn: Callable, argnums: int | Sequence[int] = 0) -> Callable:
 
         rec = _Recorded(restricted, tuple(args[i] for i in nums))
         out = rec.out
-        if not (isinstance(out, (Tracer, np.ndarray, np.generic)) and np.shape(out) == () and np.asarray(out).dtype.kind == "f"
-                if not isinstance(out, Tracer) else out.shape == () and out.dtype.kind == "f"):
+        if not (
+            isinstance(out, (Tracer, np.ndarray, np.generic))
+            and np.shape(out) == ()
+            and np.asarray(out).dtype.kind == "f"
+            if not isinstance(out, Tracer)
+            else out.shape == () and out.dtype.kind == "f"
+        ):
             raise TraceError(
                 f"grad needs a function returning a float scalar; {getattr(fn, '__name__', 'fn')} returned "
                 f"{_describe(out)}",

@@ -40,8 +40,15 @@ def adam_init(params: Any) -> dict[str, Any]:
     return {"m": tree_map(np.zeros_like, params), "v": tree_map(np.zeros_like, params), "t": np.zeros((), np.float32)}
 
 
-def adam(params: Any, grads: Any, state: dict[str, Any], lr: float = 1e-3, b1: float = 0.9, b2: float = 0.999,
-         eps: float = 1e-8) -> tuple[Any, dict[str, Any]]:
+def adam(
+    params: Any,
+    grads: Any,
+    state: dict[str, Any],
+    lr: float = 1e-3,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+) -> tuple[Any, dict[str, Any]]:
     """One Adam step (Kingma & Ba, with bias correction). Returns (params, state)."""
     t = state["t"] + 1
     m = _fill(tree_map(lambda m, g: b1 * m + (1 - b1) * g, state["m"], grads), state["m"])

@@ -107,9 +107,16 @@ class ParallelProgram:
             "mesh": self.mesh.to_json(),
             "inputs": [str(t) for t in self.in_types],
             "outputs": [str(t) for t in self.out_types],
-            "devices": [{"device": p.device, "coord": list(p.coord), "in_specs": [format_spec(s) for s in p.in_specs],
-                         "out_specs": [format_spec(s) for s in p.out_specs], "graph": str(p.graph)}
-                        for p in self.devices],
+            "devices": [
+                {
+                    "device": p.device,
+                    "coord": list(p.coord),
+                    "in_specs": [format_spec(s) for s in p.in_specs],
+                    "out_specs": [format_spec(s) for s in p.out_specs],
+                    "graph": str(p.graph),
+                }
+                for p in self.devices
+            ],
         }
         return json.dumps(doc, indent=1)
 
@@ -120,11 +127,21 @@ class ParallelProgram:
             mesh = Mesh.from_json(doc["mesh"])
             n = len(mesh.shape)
             devices = tuple(
-                DeviceProgram(d["device"], tuple(d["coord"]), parse(d["graph"]),
-                              tuple(parse_spec(s, n) for s in d["in_specs"]), tuple(parse_spec(s, n) for s in d["out_specs"]))
-                for d in doc["devices"])
-            return cls(mesh, devices, tuple(TensorType.parse(t) for t in doc["inputs"]),
-                       tuple(TensorType.parse(t) for t in doc["outputs"]))
+                DeviceProgram(
+                    d["device"],
+                    tuple(d["coord"]),
+                    parse(d["graph"]),
+                    tuple(parse_spec(s, n) for s in d["in_specs"]),
+                    tuple(parse_spec(s, n) for s in d["out_specs"]),
+                )
+                for d in doc["devices"]
+            )
+            return cls(
+                mesh,
+                devices,
+                tuple(TensorType.parse(t) for t in doc["inputs"]),
+                tuple(TensorType.parse(t) for t in doc["outputs"]),
+            )
         except (KeyError, TypeError, ShapeError) as exc:
             raise GraphcError(f"{source}: not a complete parallel program ({type(exc).__name__}: {exc})") from None
 
@@ -137,7 +154,9 @@ def _load_doc(text: str, source: str, kind: str) -> dict:
     if not isinstance(doc, dict) or doc.get("kind") != kind:
         raise GraphcError(f"{source}: not a graphc {kind.replace('_', ' ')}")
     if doc.get("version") != PROGRAM_VERSION:
-        raise GraphcError(f"{source}: program version {doc.get('version')!r} is not supported (expected {PROGRAM_VERSION})")
+        raise GraphcError(
+            f"{source}: program version {doc.get('version')!r} is not supported (expected {PROGRAM_VERSION})"
+        )
     return doc
 
 
@@ -176,7 +195,9 @@ def check_collective_order(programs) -> None:
                 k = next((i for i, (a, b) in enumerate(zip(first, mine)) if a != b), min(len(first), len(mine)))
                 a = first[k] if k < len(first) else "nothing"
                 b = mine[k] if k < len(mine) else "nothing"
-                raise VerifyError(f"collective #{k} of group {group}: device {group[0]} enters {a}, device {d} enters {b}")
+                raise VerifyError(
+                    f"collective #{k} of group {group}: device {group[0]} enters {a}, device {d} enters {b}"
+                )
 
 
 # --- the oracle -----------------------------------------------------------------------------------
@@ -208,8 +229,11 @@ def simulate(program: ParallelProgram, inputs: Mapping[int, list[np.ndarray]]) -
                 continue
             env = envs[p.device]
             args = [env[v] for v in node.inputs]
-            outs = node.op.impl(run_flat, node.regions, *args, **node.attrs) if node.regions else \
-                node.op.evaluate(*args, **node.attrs)
+            outs = (
+                node.op.impl(run_flat, node.regions, *args, **node.attrs)
+                if node.regions
+                else node.op.evaluate(*args, **node.attrs)
+            )
             for o, y in zip(node.outputs, outs):
                 env[o] = np.asarray(y)
             done.add(p.device)
@@ -289,5 +313,13 @@ class PipelineProgram:
         return (stage, "U") in self.readers.get(vid, ()) or vid in self.out_ids
 
 
-__all__ = ["COLLECTIVE_OPS", "DeviceProgram", "ParallelProgram", "PipelineProgram", "PipelineTask",
-           "check_collective_order", "collective_sequence", "simulate"]
+__all__ = [
+    "COLLECTIVE_OPS",
+    "DeviceProgram",
+    "ParallelProgram",
+    "PipelineProgram",
+    "PipelineTask",
+    "check_collective_order",
+    "collective_sequence",
+    "simulate",
+]

@@ -148,8 +148,11 @@ class _Builder:
             return TreeDef("leaf")
         if kind == "ref":
             if role != "ref":
-                raise _error_at(t, "a value reference is not allowed here" + (
-                    " (graph inputs need a type: %name : f32[...])" if role == "input" else ""))
+                raise _error_at(
+                    t,
+                    "a value reference is not allowed here"
+                    + (" (graph inputs need a type: %name : f32[...])" if role == "input" else ""),
+                )
             leaves.append(self.value(t.children[0]))
             return TreeDef("leaf")
         if kind == "array":
@@ -238,8 +241,10 @@ class _Builder:
         name = str(tok)[1:]
         if name not in self.env:
             if any(name in scope for scope in self.outer):
-                raise _error_at(tok, f"value %{name} is defined outside this region "
-                                     "(regions take every value they use as an operand)")
+                raise _error_at(
+                    tok,
+                    f"value %{name} is defined outside this region (regions take every value they use as an operand)",
+                )
             raise _error_at(tok, f"value %{name} is used before it is defined")
         return self.env[name]
 
@@ -291,8 +296,11 @@ class _Builder:
         except ShapeError as exc:
             raise _error_at(opname, str(exc)) from None
         if tuple(types) != expected:
-            raise _error_at(opname, f"{op.name} gives {', '.join(map(str, expected))}, "
-                                    f"but the result types say {', '.join(map(str, types))}")
+            raise _error_at(
+                opname,
+                f"{op.name} gives {', '.join(map(str, expected))}, "
+                f"but the result types say {', '.join(map(str, types))}",
+            )
         loc = None
         if loc_tree is not None:
             file_tok, line_tok = loc_tree.children
@@ -328,8 +336,9 @@ def parse(text: str) -> Graph:
         raise ParseError(f"unexpected character {text[exc.pos_in_stream]!r}", exc.line, exc.column) from None
     except UnexpectedEOF as exc:
         line, column = _end_position(text)
-        raise ParseError(f"unexpected end of input; expected {_describe_expected(parser, set(exc.expected))}",
-                         line, column) from None
+        raise ParseError(
+            f"unexpected end of input; expected {_describe_expected(parser, set(exc.expected))}", line, column
+        ) from None
     except UnexpectedInput as exc:  # pragma: no cover - other lark errors
         raise ParseError(str(exc), exc.line, exc.column) from None
 

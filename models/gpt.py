@@ -155,8 +155,9 @@ def example_train_specs(n_layer=12, d=768, n_head=12, batch=8, seq=256, n_vocab=
     allocated), for planning benchmarks: ``graphc compile models/gpt.py:train_step
     --example example_train_specs --mesh dp=2,tp=4``."""
     rng = np.random.default_rng(0)
-    params = graphc.tree_map(lambda a: graphc.ArraySpec(a.shape, a.dtype),
-                             init_params(rng, n_vocab, seq, d, n_layer, zeros=True))
+    params = graphc.tree_map(
+        lambda a: graphc.ArraySpec(a.shape, a.dtype), init_params(rng, n_vocab, seq, d, n_layer, zeros=True)
+    )
     state = {"m": params, "v": params, "t": graphc.ArraySpec((), np.float32)}
     tokens = graphc.ArraySpec((batch, seq), np.int64)
     return (params, state, tokens, tokens), {"n_head": n_head, "lr": 1e-3}

@@ -66,7 +66,9 @@ def _level(cluster: Cluster, node: Node) -> str | None:
     out = node.outputs[0]
     if _is_row_reduction(node):
         x = node.inputs[0]
-        return "row" if cluster.values.get(x) == "elem" or (x not in cluster.values and x.shape == cluster.space) else None
+        return (
+            "row" if cluster.values.get(x) == "elem" or (x not in cluster.values and x.shape == cluster.space) else None
+        )
     if out.shape == cluster.space:
         keep_row = cluster.space[:-1] + (1,)
         ok = all(cluster.values.get(v) != "row" or v.shape == keep_row or v.type.size == 1 for v in node.inputs)

@@ -28,8 +28,8 @@ from graphc.core.pytree import LEAF, TreeDef
 from graphc.core.spec import local_shape
 from graphc.ops import get_op
 from graphc.passes.sharding.local import _owned_rows, local_attrs
-from graphc.passes.sharding.redistribute import plan_steps
 from graphc.passes.sharding.plan import ShardingPlan
+from graphc.passes.sharding.redistribute import plan_steps
 from graphc.passes.sharding.strategies import Strategy, get_rule
 from graphc.programs import DeviceProgram, ParallelProgram
 
@@ -87,11 +87,20 @@ class _Emitter:
         if step.kind == "all_gather":
             return self.emit("all_gather", x, axis=name, group=group, dim=old.dim, blocks=old.blocks)
         if step.kind == "all_to_all":
-            return self.emit("all_to_all", x, axis=name, group=group, split_dim=new.dim, split_blocks=new.blocks,
-                             concat_dim=old.dim, concat_blocks=old.blocks)
+            return self.emit(
+                "all_to_all",
+                x,
+                axis=name,
+                group=group,
+                split_dim=new.dim,
+                split_blocks=new.blocks,
+                concat_dim=old.dim,
+                concat_blocks=old.blocks,
+            )
         if step.kind == "slice":
-            return self.emit("shard_slice", x, dim=new.dim, blocks=new.blocks, parts=self.mesh_shape[a],
-                             index=self.coord[a])
+            return self.emit(
+                "shard_slice", x, dim=new.dim, blocks=new.blocks, parts=self.mesh_shape[a], index=self.coord[a]
+            )
         if step.kind == "zero":
             return self.emit("partial_zero", x, keep=self.coord[a] == 0)
         raise AssertionError(step.kind)  # pragma: no cover
@@ -125,21 +134,24 @@ class _Emitter:
         rule = get_rule(node)
         axis = node.attrs["axis"]
         k = len(node.inputs) - (2 if node.op.name == "scatter_add" else 1)
-        return any(rule.inputs[0][axis + j] in rule.masked and any(
-            p.is_split and p.dim == axis + j for p in st.in_specs[0]) for j in range(k))
+        return any(
+            rule.inputs[0][axis + j] in rule.masked and any(p.is_split and p.dim == axis + j for p in st.in_specs[0])
+            for j in range(k)
+        )
 
     def _masked(self, node: Node, st: Strategy, ins: list[Value]) -> Value:
         rule = get_rule(node)
         axis = node.attrs["axis"]
         scatter = node.op.name == "scatter_add"
         k = len(node.inputs) - (2 if scatter else 1)
-        idx = list(ins[1:1 + k])
+        idx = list(ins[1 : 1 + k])
         owned = None
         for j in range(k):
             if rule.inputs[0][axis + j] not in rule.masked:
                 continue
-            table = _owned_rows(node.inputs[0].type.shape[axis + j], st.in_specs[0], axis + j, self.mesh_shape,
-                                self.coord)
+            table = _owned_rows(
+                node.inputs[0].type.shape[axis + j], st.in_specs[0], axis + j, self.mesh_shape, self.coord
+            )
             if table is None:
                 continue
             local = self.emit("gather", self.constant(table), idx[j], axis=0)  # raises on out-of-range
@@ -199,5 +211,6 @@ def lower_graph(graph: Graph, plan: ShardingPlan) -> ParallelProgram:
         out_tree = TreeDef("tuple", (LEAF,) * len(outputs))
         g = Graph(f"{graph.name}.dev{device}", em.inputs, em.nodes, outputs, in_tree, out_tree)
         programs.append(DeviceProgram(device, em.coord, g, tuple(in_specs), tuple(out_specs), tuple(origin)))
-    return ParallelProgram(mesh, tuple(programs), tuple(v.type for v in graph.inputs),
-                           tuple(v.type for v in graph.outputs))
+    return ParallelProgram(
+        mesh, tuple(programs), tuple(v.type for v in graph.inputs), tuple(v.type for v in graph.outputs)
+    )

@@ -63,8 +63,12 @@ def _debug() -> bool:
     return os.environ.get("GRAPHC_DEBUG", "") not in ("", "0")
 
 
-def run_pipeline(graph: Graph, passes: list[str] | tuple[str, ...] | None = None, verify: bool | None = None,
-                 dump_dir: str | None = None) -> PipelineResult:
+def run_pipeline(
+    graph: Graph,
+    passes: list[str] | tuple[str, ...] | None = None,
+    verify: bool | None = None,
+    dump_dir: str | None = None,
+) -> PipelineResult:
     names = list(DEFAULT_PIPELINE if passes is None else passes)
     unknown = [n for n in names if n not in PASSES]
     if unknown:
@@ -95,7 +99,11 @@ def _dump(folder: str, index: int, name: str, graph: Graph) -> None:
     atomic_write(os.path.join(folder, f"{index:02d}-{name}.gir"), str(graph))
 
 
-def optimize(graph: Graph, passes: list[str] | tuple[str, ...] | None = None, verify: bool | None = None,
-             dump_dir: str | None = None) -> Graph:
+def optimize(
+    graph: Graph,
+    passes: list[str] | tuple[str, ...] | None = None,
+    verify: bool | None = None,
+    dump_dir: str | None = None,
+) -> Graph:
     """Run the default pipeline (or the named passes) and return the optimized graph."""
     return run_pipeline(graph, passes, verify, dump_dir).graph

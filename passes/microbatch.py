@@ -99,8 +99,9 @@ def _propagate_once(problem, replicate: set[int]):
         node = it.node
 
         def cost(st, node=node):
-            moved = sum(_redistribution_bytes(v, spec[v], s, v in constants)
-                        for v, s in set(zip(node.inputs, st.in_specs)))
+            moved = sum(
+                _redistribution_bytes(v, spec[v], s, v in constants) for v, s in set(zip(node.inputs, st.in_specs))
+            )
             # after a meeting point the work runs once per step: an operand still split or partial
             # there would be one micro-batch's piece (x_k * sum_k x_k is right only per micro-batch)
             mixes = moved > 0 and any(s != (R,) for s in st.in_specs)
@@ -182,8 +183,9 @@ def microbatch(graph: Graph, m: int, batch: list[int] | None = None) -> Microbat
     for k in batch:
         v = graph.inputs[k]
         if v.type.ndim == 0 or v.type.shape[0] % m:
-            raise PlanError(f"input %{names[v]} of shape {list(v.type.shape)} does not split into {m} micro-batches "
-                            f"along dim 0")
+            raise PlanError(
+                f"input %{names[v]} of shape {list(v.type.shape)} does not split into {m} micro-batches along dim 0"
+            )
     # the link is free: micro-batches meet in memory; only the propagation's choices matter
     mesh = Mesh({MB_AXIS: m}, links={MB_AXIS: Link(latency_s=1e-12, bandwidth=1e18)})
     in_pins = {k: (S(0),) if k in batch and m > 1 else (R,) for k in range(len(graph.inputs))}
@@ -191,8 +193,9 @@ def microbatch(graph: Graph, m: int, batch: list[int] | None = None) -> Microbat
     ties = state_ties(graph)
     pins = Pins(in_pins, out_pins)
     node_pins = propagate(build_problem(graph, mesh, pins, ties, linear_partials=True))
-    plan = plan_sharding(graph, mesh, Pins(in_pins, out_pins, node_pins), ties,
-                         PlanOptions(shrink=False, linear_partials=True))
+    plan = plan_sharding(
+        graph, mesh, Pins(in_pins, out_pins, node_pins), ties, PlanOptions(shrink=False, linear_partials=True)
+    )
     program = lower(graph, plan)
     mb = Microbatched(graph, m, plan, program, batch)
     mb.step_phase, mb.varies = _phases(program.devices[0].graph, set(batch))
@@ -219,7 +222,8 @@ def _phases(g: Graph, batch: set[int]) -> tuple[list[bool], set[Value]]:
                 raise PlanError(
                     f"{node.op.name} at {node.loc or '?'} combines the whole batch with one micro-batch's values "
                     f"(after the micro-batches meet at a collective, it still reads per-micro-batch data): this "
-                    f"step needs the whole batch at once and cannot be split into micro-batches")
+                    f"step needs the whole batch at once and cannot be split into micro-batches"
+                )
     return phases, varies
 
 

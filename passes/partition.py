@@ -51,9 +51,11 @@ class Pins:
     nodes: Mapping[int, str] = field(default_factory=dict)
 
     def to_json(self) -> dict:
-        return {"inputs": {str(k): format_spec(v) for k, v in sorted(self.inputs.items())},
-                "outputs": {str(k): format_spec(v) for k, v in sorted(self.outputs.items())},
-                "nodes": {str(k): v for k, v in sorted(self.nodes.items())}}
+        return {
+            "inputs": {str(k): format_spec(v) for k, v in sorted(self.inputs.items())},
+            "outputs": {str(k): format_spec(v) for k, v in sorted(self.outputs.items())},
+            "nodes": {str(k): v for k, v in sorted(self.nodes.items())},
+        }
 
 
 @dataclass(frozen=True)
@@ -67,8 +69,13 @@ class PlanOptions:
     linear_partials: bool = False  # micro-batching: operands an op is linear in may stay partial
 
     def to_json(self) -> dict:
-        return {"memory_limit": self.memory_limit, "time_limit_s": self.time_limit_s, "solver": self.solver,
-                "shrink": self.shrink, "linear_partials": self.linear_partials}
+        return {
+            "memory_limit": self.memory_limit,
+            "time_limit_s": self.time_limit_s,
+            "solver": self.solver,
+            "shrink": self.shrink,
+            "linear_partials": self.linear_partials,
+        }
 
 
 # --- the steps ----------------------------------------------------------------------------------------
@@ -78,8 +85,13 @@ def optimize_for_planning(graph: Graph) -> Graph:
     return optimize(graph, PLAN_PASSES)
 
 
-def build_problem(graph: Graph, mesh: Mesh, pins: Pins = Pins(), ties: list[tuple[int, int]] | None = None,
-                  linear_partials: bool = False) -> Problem:
+def build_problem(
+    graph: Graph,
+    mesh: Mesh,
+    pins: Pins = Pins(),
+    ties: list[tuple[int, int]] | None = None,
+    linear_partials: bool = False,
+) -> Problem:
     """The sharding problem of ``graph`` on ``mesh`` with the pins and state ties applied."""
     ties = list(ties or [])
     problem = _items_and_edges(graph, mesh, dict(pins.inputs), dict(pins.outputs), ties, linear_partials)
@@ -94,8 +106,9 @@ def shrink(problem: Problem, enabled: bool = True) -> tuple[list[Group], list[in
     return shrink_groups(problem, tie=enabled, follow=enabled)
 
 
-def solve_problem(problem: Problem, options: PlanOptions = PlanOptions(),
-                  progress: Callable[[str], None] | None = None) -> Solution:
+def solve_problem(
+    problem: Problem, options: PlanOptions = PlanOptions(), progress: Callable[[str], None] | None = None
+) -> Solution:
     """shrink -> solve."""
     groups, of = shrink(problem, options.shrink)
     return solve(problem, groups, of, options.memory_limit, options.time_limit_s, options.solver, progress)
@@ -105,8 +118,14 @@ def make_plan(problem: Problem, solution: Solution, options: PlanOptions, build_
     return plan_from_solution(problem, solution, options.memory_limit, build_s, options.to_json())
 
 
-def plan_sharding(graph: Graph, mesh: Mesh, pins: Pins = Pins(), ties: list[tuple[int, int]] | None = None,
-                  options: PlanOptions = PlanOptions(), progress: Callable[[str], None] | None = None) -> ShardingPlan:
+def plan_sharding(
+    graph: Graph,
+    mesh: Mesh,
+    pins: Pins = Pins(),
+    ties: list[tuple[int, int]] | None = None,
+    options: PlanOptions = PlanOptions(),
+    progress: Callable[[str], None] | None = None,
+) -> ShardingPlan:
     """build_problem -> shrink -> solve -> make_plan."""
     start = time.perf_counter()
     problem = build_problem(graph, mesh, pins, ties, options.linear_partials)
@@ -138,9 +157,15 @@ class Partitioned:
     program: ParallelProgram
 
 
-def partition(graph: Graph, mesh: Mesh, pins: Pins = Pins(), ties: list[tuple[int, int]] | None = None,
-              options: PlanOptions = PlanOptions(), plan: ShardingPlan | None = None,
-              progress: Callable[[str], None] | None = None) -> Partitioned:
+def partition(
+    graph: Graph,
+    mesh: Mesh,
+    pins: Pins = Pins(),
+    ties: list[tuple[int, int]] | None = None,
+    options: PlanOptions = PlanOptions(),
+    plan: ShardingPlan | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> Partitioned:
     """The whole pipeline on a traced ``graph`` (or, with ``plan``, everything after planning:
     the plan is checked against the optimized graph and followed exactly)."""
     optimized = optimize_for_planning(graph)
@@ -176,16 +201,21 @@ def state_ties(graph: Graph) -> list[tuple[int, int]]:
     args = _subtrees(args_tree)
     kw_first = args_tree.num_leaves
     if graph.in_tree.kind == "tuple" and len(graph.in_tree.children) > 1:
-        args += [(c, kw_first + sum(x.num_leaves for x in graph.in_tree.children[1].children[:j]))
-                 for j, c in enumerate(graph.in_tree.children[1].children)]
+        args += [
+            (c, kw_first + sum(x.num_leaves for x in graph.in_tree.children[1].children[:j]))
+            for j, c in enumerate(graph.in_tree.children[1].children)
+        ]
     used: set[int] = set()
     ties = []
     for pos, (ot, ofirst) in enumerate(_subtrees(graph.out_tree)):
         if ot.num_leaves == 0:
             continue
         sig = (repr(ot), [out_types[ofirst + k] for k in range(ot.num_leaves)])
-        candidates = [j for j, (it, ifirst) in enumerate(args)
-                      if j not in used and (repr(it), [in_types[ifirst + k] for k in range(it.num_leaves)]) == sig]
+        candidates = [
+            j
+            for j, (it, ifirst) in enumerate(args)
+            if j not in used and (repr(it), [in_types[ifirst + k] for k in range(it.num_leaves)]) == sig
+        ]
         if not candidates:
             continue
         j = pos if pos in candidates else candidates[0]
@@ -207,8 +237,14 @@ class PlanCache:
 
     def key(self, graph_hash: str, mesh: Mesh, pins: Pins, ties, options: PlanOptions) -> str:
         # axis order matters (specs are per axis position): the mesh's JSON keeps it
-        parts = [PLANNER_VERSION, graph_hash, mesh.to_json(), pins.to_json(), [list(t) for t in ties or []],
-                 options.to_json()]
+        parts = [
+            PLANNER_VERSION,
+            graph_hash,
+            mesh.to_json(),
+            pins.to_json(),
+            [list(t) for t in ties or []],
+            options.to_json(),
+        ]
         return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
     def get(self, key: str) -> ShardingPlan | None:
@@ -227,6 +263,21 @@ class PlanCache:
             pass  # a read-only cache is not an error
 
 
-__all__ = ["DEVICE_PASSES", "PLAN_PASSES", "Partitioned", "PlanCache", "PlanOptions", "Pins", "build_problem",
-           "compile_devices", "lower", "make_plan", "optimize_for_planning", "partition", "plan_sharding", "shrink",
-           "solve_problem", "state_ties"]
+__all__ = [
+    "DEVICE_PASSES",
+    "PLAN_PASSES",
+    "Partitioned",
+    "PlanCache",
+    "PlanOptions",
+    "Pins",
+    "build_problem",
+    "compile_devices",
+    "lower",
+    "make_plan",
+    "optimize_for_planning",
+    "partition",
+    "plan_sharding",
+    "shrink",
+    "solve_problem",
+    "state_ties",
+]

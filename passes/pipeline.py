@@ -74,8 +74,15 @@ def in_flight(schedule: str, n_stages: int, m: int, stage: int) -> int:
     return m if schedule == "gpipe" else min(m, n_stages - stage)
 
 
-def assign_stages(g: Graph, step_phase: list[bool], n_stages: int, profile, schedule: str = "1f1b", m: int = 1,
-                  memory_limit: int | None = None) -> StageAssignment:
+def assign_stages(
+    g: Graph,
+    step_phase: list[bool],
+    n_stages: int,
+    profile,
+    schedule: str = "1f1b",
+    m: int = 1,
+    memory_limit: int | None = None,
+) -> StageAssignment:
     """Cut ``g`` (one micro-batch's program) into ``n_stages`` stages; see the module doc."""
     if schedule not in SCHEDULES:
         raise PlanError(f"unknown pipeline schedule {schedule!r}: expected one of {', '.join(SCHEDULES)}")
@@ -85,8 +92,9 @@ def assign_stages(g: Graph, step_phase: list[bool], n_stages: int, profile, sche
     producer: dict[Value, int] = {o: k for k, n in enumerate(nodes) for o in n.outputs}
     is_const = [n.op.name == "constant" for n in nodes]
     meets = [n.op.name in COLLECTIVE_OPS for n in nodes]
-    fwd = [k for k, n in enumerate(nodes) if n.part == "forward" and not step_phase[k] and not meets[k]
-           and not is_const[k]]
+    fwd = [
+        k for k, n in enumerate(nodes) if n.part == "forward" and not step_phase[k] and not meets[k] and not is_const[k]
+    ]
     if not fwd:
         raise PlanError("the step has no forward nodes to cut into pipeline stages")
     if len(fwd) < S:
@@ -159,8 +167,10 @@ def assign_stages(g: Graph, step_phase: list[bool], n_stages: int, profile, sche
             best[s, j], arg[s, j] = t[a], i[a]
     if not np.isfinite(best[S, nf]):
         need = min(max(seg_mem(0, nf, 0), 0.0), INF)
-        raise PlanError(f"no cut of the step into {S} pipeline stages fits the memory limit of {memory_limit:,} bytes "
-                        f"per device (the whole step needs {int(need):,} bytes on one device)")
+        raise PlanError(
+            f"no cut of the step into {S} pipeline stages fits the memory limit of {memory_limit:,} bytes "
+            f"per device (the whole step needs {int(need):,} bytes on one device)"
+        )
     bounds = [nf]
     for s in range(S, 0, -1):
         bounds.append(int(arg[s, bounds[-1]]))
@@ -170,7 +180,7 @@ def assign_stages(g: Graph, step_phase: list[bool], n_stages: int, profile, sche
     def place(bounds: list[int]):
         stage_of_pos = np.zeros(nf, dtype=np.int64)
         for s in range(S):
-            stage_of_pos[bounds[s]:bounds[s + 1]] = s
+            stage_of_pos[bounds[s] : bounds[s + 1]] = s
         p = [0] * len(nodes)
         stage = [0] * len(nodes)
         phase = [""] * len(nodes)
@@ -182,7 +192,9 @@ def assign_stages(g: Graph, step_phase: list[bool], n_stages: int, profile, sche
             if k in fpos:
                 p[k] = max(before, int(stage_of_pos[fpos[k]]))
                 if p[k] >= S:
-                    raise PlanError(f"{n.op.name} at {n.loc or '?'} is a forward node that depends on the backward pass")
+                    raise PlanError(
+                        f"{n.op.name} at {n.loc or '?'} is a forward node that depends on the backward pass"
+                    )
             elif step_phase[k] or meets[k]:
                 p[k] = before
             else:
@@ -227,8 +239,9 @@ def assign_stages(g: Graph, step_phase: list[bool], n_stages: int, profile, sche
             break
     st = [int(state_cost[bounds[s + 1]] - state_cost[bounds[s]]) for s in range(S)]
     ab = [int(act_cost[bounds[s + 1]] - act_cost[bounds[s]]) for s in range(S)]
-    return StageAssignment(S, stage, phase, bounds[1:-1], list(times[:, 0]), list(times[:, 1]), list(times[:, 2]),
-                           st, ab)
+    return StageAssignment(
+        S, stage, phase, bounds[1:-1], list(times[:, 0]), list(times[:, 1]), list(times[:, 2]), st, ab
+    )
 
 
 def schedule_tasks(schedule: str, n_stages: int, m: int, stage: int) -> list[tuple[str, int]]:
@@ -307,28 +320,56 @@ class PipelinePlan:
         """Refuse a plan made for a different graph."""
         h = graph_hash(graph)
         if h != self.graph_hash:
-            raise PlanError(f"stale pipeline plan: made for graph @{self.graph_name} with hash {self.graph_hash}, "
-                            f"but the graph now hashes to {h}; recompile the plan")
+            raise PlanError(
+                f"stale pipeline plan: made for graph @{self.graph_name} with hash {self.graph_hash}, "
+                f"but the graph now hashes to {h}; recompile the plan"
+            )
 
     def to_json(self, indent: int | None = 1) -> str:
         a = self.assignment
         stages = []
         for s in range(self.n_stages):
             f, b, u = self.stage_s[s]
-            stages.append({"stage": s, "devices": self.stage_devices(s), "nodes": sum(1 for x in a.stage if x == s),
-                           "forward_s": f, "backward_s": b, "update_s": u, "memory_bytes": self.memory_bytes[s]})
-        doc = {"version": PIPELINE_PLAN_VERSION, "kind": "pipeline",
-               "graph": {"name": self.graph_name, "hash": self.graph_hash},
-               "mesh": self.mesh.to_json(), "microbatches": self.m, "schedule": self.schedule,
-               "stages": stages, "cuts": list(a.cuts), "transfer_s": self.transfer_s,
-               "tasks": {str(s): [f"{ph}{k}" if k >= 0 else ph
-                                  for ph, k in schedule_tasks(self.schedule, self.n_stages, self.m, s)]
-                         for s in range(self.n_stages)},
-               "assignment": {"stage": list(a.stage), "phase": "".join(a.phase), "forward_s": list(a.forward_s),
-                              "backward_s": list(a.backward_s), "update_s": list(a.update_s),
-                              "state_bytes": list(a.state_bytes), "activation_bytes": list(a.activation_bytes)},
-               "predicted": dict(self.predicted), "timing": dict(self.timing),
-               "sub_plan": json.loads(self.sub_plan.to_json()) if self.sub_plan is not None else None}
+            stages.append(
+                {
+                    "stage": s,
+                    "devices": self.stage_devices(s),
+                    "nodes": sum(1 for x in a.stage if x == s),
+                    "forward_s": f,
+                    "backward_s": b,
+                    "update_s": u,
+                    "memory_bytes": self.memory_bytes[s],
+                }
+            )
+        doc = {
+            "version": PIPELINE_PLAN_VERSION,
+            "kind": "pipeline",
+            "graph": {"name": self.graph_name, "hash": self.graph_hash},
+            "mesh": self.mesh.to_json(),
+            "microbatches": self.m,
+            "schedule": self.schedule,
+            "stages": stages,
+            "cuts": list(a.cuts),
+            "transfer_s": self.transfer_s,
+            "tasks": {
+                str(s): [
+                    f"{ph}{k}" if k >= 0 else ph for ph, k in schedule_tasks(self.schedule, self.n_stages, self.m, s)
+                ]
+                for s in range(self.n_stages)
+            },
+            "assignment": {
+                "stage": list(a.stage),
+                "phase": "".join(a.phase),
+                "forward_s": list(a.forward_s),
+                "backward_s": list(a.backward_s),
+                "update_s": list(a.update_s),
+                "state_bytes": list(a.state_bytes),
+                "activation_bytes": list(a.activation_bytes),
+            },
+            "predicted": dict(self.predicted),
+            "timing": dict(self.timing),
+            "sub_plan": json.loads(self.sub_plan.to_json()) if self.sub_plan is not None else None,
+        }
         return json.dumps(doc, indent=indent)
 
     @classmethod
@@ -340,20 +381,39 @@ class PipelinePlan:
         if not isinstance(doc, dict) or doc.get("kind") != "pipeline":
             raise PlanError(f"{source}: not a graphc pipeline plan")
         if doc.get("version") != PIPELINE_PLAN_VERSION:
-            raise PlanError(f"{source}: pipeline plan version {doc.get('version')!r} is not supported "
-                            f"(expected {PIPELINE_PLAN_VERSION})")
+            raise PlanError(
+                f"{source}: pipeline plan version {doc.get('version')!r} is not supported "
+                f"(expected {PIPELINE_PLAN_VERSION})"
+            )
         try:
             a = doc["assignment"]
             n_stages = len(doc["stages"])
-            assignment = StageAssignment(n_stages, list(a["stage"]), list(a["phase"]), list(doc["cuts"]),
-                                         list(a["forward_s"]), list(a["backward_s"]), list(a["update_s"]),
-                                         list(a["state_bytes"]), list(a["activation_bytes"]))
+            assignment = StageAssignment(
+                n_stages,
+                list(a["stage"]),
+                list(a["phase"]),
+                list(doc["cuts"]),
+                list(a["forward_s"]),
+                list(a["backward_s"]),
+                list(a["update_s"]),
+                list(a["state_bytes"]),
+                list(a["activation_bytes"]),
+            )
             sub = doc["sub_plan"]
-            return cls(doc["graph"]["name"], doc["graph"]["hash"], Mesh.from_json(doc["mesh"]), doc["microbatches"],
-                       doc["schedule"], assignment, ShardingPlan.from_json(json.dumps(sub), source) if sub else None,
-                       tuple((x["forward_s"], x["backward_s"], x["update_s"]) for x in doc["stages"]),
-                       doc["transfer_s"], doc["predicted"], tuple(x["memory_bytes"] for x in doc["stages"]),
-                       doc.get("timing", {}))
+            return cls(
+                doc["graph"]["name"],
+                doc["graph"]["hash"],
+                Mesh.from_json(doc["mesh"]),
+                doc["microbatches"],
+                doc["schedule"],
+                assignment,
+                ShardingPlan.from_json(json.dumps(sub), source) if sub else None,
+                tuple((x["forward_s"], x["backward_s"], x["update_s"]) for x in doc["stages"]),
+                doc["transfer_s"],
+                doc["predicted"],
+                tuple(x["memory_bytes"] for x in doc["stages"]),
+                doc.get("timing", {}),
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise PlanError(f"{source}: not a complete pipeline plan ({type(exc).__name__}: {exc})") from None
 
@@ -363,22 +423,33 @@ class PipelinePlan:
     def summary(self) -> str:
         S, m = self.n_stages, self.m
         p = self.predicted
-        lines = [f"pipeline on mesh {self.mesh}: {S} stages x {m} micro-batches ({self.schedule}), each stage on "
-                 f"{'sub-mesh ' + str(self.sub) if self.sub_plan is not None else 'one device'}",
-                 f"predicted step {p['step_s'] * 1e3:.3f} ms, bubble {p['bubble']:.1%} (a balanced pipeline: "
-                 f"{(S - 1) / (m + S - 1):.1%}), stage transfers {self.transfer_s * 1e6:.1f} us per micro-batch"]
+        lines = [
+            f"pipeline on mesh {self.mesh}: {S} stages x {m} micro-batches ({self.schedule}), each stage on "
+            f"{'sub-mesh ' + str(self.sub) if self.sub_plan is not None else 'one device'}",
+            f"predicted step {p['step_s'] * 1e3:.3f} ms, bubble {p['bubble']:.1%} (a balanced pipeline: "
+            f"{(S - 1) / (m + S - 1):.1%}), stage transfers {self.transfer_s * 1e6:.1f} us per micro-batch",
+        ]
         for s in range(S):
             f, b, u = self.stage_s[s]
-            lines.append(f"  stage {s} on devices {self.stage_devices(s)}: "
-                         f"{sum(1 for x in self.assignment.stage if x == s)} nodes, forward {f * 1e3:.3f} ms + "
-                         f"backward {b * 1e3:.3f} ms per micro-batch, update {u * 1e3:.3f} ms, "
-                         f"memory {self.memory_bytes[s]:,} B per device")
+            lines.append(
+                f"  stage {s} on devices {self.stage_devices(s)}: "
+                f"{sum(1 for x in self.assignment.stage if x == s)} nodes, forward {f * 1e3:.3f} ms + "
+                f"backward {b * 1e3:.3f} ms per micro-batch, update {u * 1e3:.3f} ms, "
+                f"memory {self.memory_bytes[s]:,} B per device"
+            )
         return "\n".join(lines)
 
 
-def plan_pipeline(graph: Graph, mesh, m: int, schedule: str = "1f1b", memory_limit: int | None = None,
-                  ties: list | None = None, time_limit_s: float = 60.0,
-                  mb: Microbatched | None = None) -> PipelinePlan:
+def plan_pipeline(
+    graph: Graph,
+    mesh,
+    m: int,
+    schedule: str = "1f1b",
+    memory_limit: int | None = None,
+    ties: list | None = None,
+    time_limit_s: float = 60.0,
+    mb: Microbatched | None = None,
+) -> PipelinePlan:
     """Micro-batch ``graph`` into ``m``, cut it into the ``pp`` axis's stages, and plan it on the
     sub-mesh of the other axes (the same plan in every stage). ``mb``: the micro-batched step,
     if the caller has it already."""
@@ -394,18 +465,23 @@ def plan_pipeline(graph: Graph, mesh, m: int, schedule: str = "1f1b", memory_lim
     sub_plan = None
     if sub.size > 1:
         sub_ties = state_ties(graph) if ties is None else ties
-        sub_plan = plan_sharding(g0, sub, ties=sub_ties,
-                                 options=PlanOptions(memory_limit=memory_limit, time_limit_s=time_limit_s))
+        sub_plan = plan_sharding(
+            g0, sub, ties=sub_ties, options=PlanOptions(memory_limit=memory_limit, time_limit_s=time_limit_s)
+        )
     stage_s = _stage_times(a, sub_plan)
     transfer = _transfer_time(g0, a, mesh.links[PP_AXIS], sub.size)
     per_mb = max(f + b for f, b, _u in stage_s) + (transfer / (S - 1) if S > 1 else 0.0)
     step = (m + S - 1) * per_mb + max(u for _f, _b, u in stage_s)
     busy = sum(m * (f + b) for f, b, _u in stage_s) / S
-    predicted = {"step_s": step, "per_microbatch_s": per_mb,
-                 "bubble": 1.0 - busy / ((m + S - 1) * per_mb) if per_mb else 0.0}
+    predicted = {
+        "step_s": step,
+        "per_microbatch_s": per_mb,
+        "bubble": 1.0 - busy / ((m + S - 1) * per_mb) if per_mb else 0.0,
+    }
     mem = _stage_memory(g0, a, schedule, m, sub.size)
-    return PipelinePlan(graph.name, graph_hash(graph), mesh, m, schedule, a, sub_plan, tuple(stage_s), transfer,
-                        predicted, tuple(mem))
+    return PipelinePlan(
+        graph.name, graph_hash(graph), mesh, m, schedule, a, sub_plan, tuple(stage_s), transfer, predicted, tuple(mem)
+    )
 
 
 def _stage_memory(g: Graph, a: StageAssignment, schedule: str, m: int, n_sub: int) -> list[int]:
@@ -470,5 +546,14 @@ def _transfer_time(g: Graph, a: StageAssignment, link, n_sub: int) -> float:
     return total
 
 
-__all__ = ["PP_AXIS", "SCHEDULES", "PipelinePlan", "StageAssignment", "assign_stages", "in_flight", "node_seconds",
-           "plan_pipeline", "schedule_tasks"]
+__all__ = [
+    "PP_AXIS",
+    "SCHEDULES",
+    "PipelinePlan",
+    "StageAssignment",
+    "assign_stages",
+    "in_flight",
+    "node_seconds",
+    "plan_pipeline",
+    "schedule_tasks",
+]

@@ -71,8 +71,9 @@ def lower_pipeline(graph: Graph, plan: PipelinePlan, mb: Microbatched | None = N
     n_segments: dict[int, int] = {}
     for s in range(plan.n_stages):
         segments = _update_segments(step, s)
-        work = {ph: [j for j in range(len(ref.nodes)) if step.stage[j] == s and step.phase[j] == ph]
-                for ph in ("F", "B")}
+        work = {
+            ph: [j for j in range(len(ref.nodes)) if step.stage[j] == s and step.phase[j] == ph] for ph in ("F", "B")
+        }
         for c, dev in enumerate(stage_devices[s]):
             keyed = [((dev, ph, k), (k, idx)) for ph, idx in work.items() for k in range(plan.m)]
             keyed += [((dev, "U", -1 - i), (0, seg)) for i, seg in enumerate(segments)]  # micro-batch 0's program
@@ -83,15 +84,27 @@ def lower_pipeline(graph: Graph, plan: PipelinePlan, mb: Microbatched | None = N
     g0 = mb.program.devices[0].graph
     in_specs, out_specs = progs[0][0][2], progs[0][0][3]
     return PipelineProgram(
-        mesh=plan.mesh, pp_axis=plan.pp_axis, n_stages=plan.n_stages, m=plan.m, schedule=plan.schedule,
-        stage_devices=stage_devices, sub_shape=tuple(plan.sub.shape),
+        mesh=plan.mesh,
+        pp_axis=plan.pp_axis,
+        n_stages=plan.n_stages,
+        m=plan.m,
+        schedule=plan.schedule,
+        stage_devices=stage_devices,
+        sub_shape=tuple(plan.sub.shape),
         order=tuple(tuple(schedule_tasks(plan.schedule, plan.n_stages, plan.m, s)) for s in range(plan.n_stages)),
-        tasks=tasks, n_segments=n_segments, n_inputs=len(ref.inputs),
+        tasks=tasks,
+        n_segments=n_segments,
+        n_inputs=len(ref.inputs),
         batch=frozenset(mb.batch) if plan.m > 1 else frozenset(),
         where={vid: (step.stage[j], step.phase[j]) for vid, j in step.producer.items()},
-        readers={vid: frozenset(r) for vid, r in step.readers.items()}, meetings=dict(step.meetings),
-        out_ids=tuple(step.out_ids), in_types=tuple(v.type for v in g0.inputs),
-        out_types=tuple(v.type for v in g0.outputs), in_specs=in_specs, out_specs=out_specs)
+        readers={vid: frozenset(r) for vid, r in step.readers.items()},
+        meetings=dict(step.meetings),
+        out_ids=tuple(step.out_ids),
+        in_types=tuple(v.type for v in g0.inputs),
+        out_types=tuple(v.type for v in g0.outputs),
+        in_specs=in_specs,
+        out_specs=out_specs,
+    )
 
 
 def _device_programs(mb: Microbatched, plan: PipelinePlan) -> list[list[tuple]]:
@@ -134,8 +147,9 @@ def _analyse(ref: Graph, origin, plan: PipelinePlan) -> _Step:
     return _Step(ref, ids, producer, stage, phase, meetings, readers, users, [ids[v] for v in ref.outputs])
 
 
-def _place(ref: Graph, origin, ids: dict[Value, int], producer: dict[int, int],
-           plan: PipelinePlan) -> tuple[list[int], list[str]]:
+def _place(
+    ref: Graph, origin, ids: dict[Value, int], producer: dict[int, int], plan: PipelinePlan
+) -> tuple[list[int], list[str]]:
     """Stage and phase of every node, from the micro-batch program node it serves."""
     a = plan.assignment
     stage, phase = [0] * len(ref.nodes), [""] * len(ref.nodes)
@@ -193,8 +207,17 @@ def _update_segments(step: _Step, s: int) -> list[list[int]]:
     return segments
 
 
-def _task(g: Graph, ids: dict[Value, int], idx: list[int], s: int, c: int, ph: str, k: int, step: _Step,
-          stage_devices: tuple[tuple[int, ...], ...]) -> PipelineTask:
+def _task(
+    g: Graph,
+    ids: dict[Value, int],
+    idx: list[int],
+    s: int,
+    c: int,
+    ph: str,
+    k: int,
+    step: _Step,
+    stage_devices: tuple[tuple[int, ...], ...],
+) -> PipelineTask:
     """The task of nodes ``idx`` of program ``g`` (stage s, sub-mesh device c): its constants
     copied in, its inputs and outputs named by value id."""
     nodes = [g.nodes[j] for j in idx]

@@ -47,8 +47,9 @@ class Rewriter:
                 raise AssertionError(f"rewrite of {node.op.name} changes {old.type} to {v.type}")
             self.subst[old] = v
 
-    def emit(self, opname: str, inputs: list[Value], attrs: dict[str, Any], like: Node,
-             regions: tuple[Region, ...] = ()) -> Node:
+    def emit(
+        self, opname: str, inputs: list[Value], attrs: dict[str, Any], like: Node, regions: tuple[Region, ...] = ()
+    ) -> Node:
         """A new node (checked by its op's rule), with ``like``'s source location and part."""
         op = get_op(opname)
         types = op.infer_types(tuple(v.type for v in inputs), attrs, regions)
@@ -90,8 +91,11 @@ def apply_to_graph(graph: Graph, block_pass: BlockPass) -> Graph:
 def finish(rw: Rewriter, nodes: list[Node], outputs: list[Value]) -> tuple[list[Node], list[Value]]:
     """The rewritten block, or the original lists if the rewrite reproduced them exactly."""
     new_outputs = [rw.get(v) for v in outputs]
-    if len(rw.nodes) == len(nodes) and all(a is b for a, b in zip(rw.nodes, nodes)) and \
-            all(a is b for a, b in zip(new_outputs, outputs)):
+    if (
+        len(rw.nodes) == len(nodes)
+        and all(a is b for a, b in zip(rw.nodes, nodes))
+        and all(a is b for a, b in zip(new_outputs, outputs))
+    ):
         return nodes, outputs
     return rw.nodes, new_outputs
 

@@ -47,13 +47,22 @@ class Candidate:
             return f"{mesh}{mb}: no plan ({self.error})"
         extra = f", bubble {self.bubble:.0%}" if self.bubble is not None else ""
         comm = f", communication {self.comm_s * 1e3:.3f} ms" if self.comm_s is not None else ""
-        return (f"{mesh}{mb}: predicted step {self.predicted_s * 1e3:.3f} ms{comm}{extra}, "
-                f"peak memory {self.memory_bytes / 2**20:.2f} MiB per device")
+        return (
+            f"{mesh}{mb}: predicted step {self.predicted_s * 1e3:.3f} ms{comm}{extra}, "
+            f"peak memory {self.memory_bytes / 2**20:.2f} MiB per device"
+        )
 
     def to_json(self) -> dict:
-        return {"mesh": self.axes, "microbatches": self.microbatches, "predicted_s": self.predicted_s,
-                "comm_s": self.comm_s, "bubble": self.bubble, "memory_bytes": self.memory_bytes,
-                "error": self.error, "seconds": self.seconds}
+        return {
+            "mesh": self.axes,
+            "microbatches": self.microbatches,
+            "predicted_s": self.predicted_s,
+            "comm_s": self.comm_s,
+            "bubble": self.bubble,
+            "memory_bytes": self.memory_bytes,
+            "error": self.error,
+            "seconds": self.seconds,
+        }
 
 
 def factorizations(n: int, axes: tuple[str, ...] = AXES) -> list[dict[str, int]]:
@@ -79,10 +88,18 @@ def _batch(graph: Graph) -> int | None:
     return min(sizes) if sizes else None
 
 
-def search_meshes(graph: Graph, n_devices: int, memory_limit: int | None = None, links: dict | None = None,
-                  profile=None, axes: tuple[str, ...] = AXES, schedule: str = "1f1b",
-                  microbatches: tuple[int, ...] | None = None, time_limit_s: float = 60.0,
-                  progress=None) -> list[Candidate]:
+def search_meshes(
+    graph: Graph,
+    n_devices: int,
+    memory_limit: int | None = None,
+    links: dict | None = None,
+    profile=None,
+    axes: tuple[str, ...] = AXES,
+    schedule: str = "1f1b",
+    microbatches: tuple[int, ...] | None = None,
+    time_limit_s: float = 60.0,
+    progress=None,
+) -> list[Candidate]:
     """Plan ``graph`` on every factorization of ``n_devices``; candidates best first (feasible
     ones by predicted step time, then the infeasible ones)."""
     profile = profile or load_profile()
@@ -94,8 +111,10 @@ def search_meshes(graph: Graph, n_devices: int, memory_limit: int | None = None,
     for shape in factorizations(n_devices, axes):
         mesh_links = {a: link for a, link in links.items() if a in shape}
         # axis names are labels to the planner: {dp: 4} and {tp: 4} on the same link are one problem
-        key = (shape.get("pp", 1), tuple(sorted((n, str(links.get(a, profile.link))) for a, n in shape.items()
-                                               if a != "pp")))
+        key = (
+            shape.get("pp", 1),
+            tuple(sorted((n, str(links.get(a, profile.link))) for a, n in shape.items() if a != "pp")),
+        )
         if key in seen:
             continue
         seen.add(key)
@@ -111,8 +130,12 @@ def search_meshes(graph: Graph, n_devices: int, memory_limit: int | None = None,
             try:
                 if S == 1:  # no pipeline (an empty shape: one device)
                     mesh = Mesh(shape or {"dp": 1}, links=mesh_links or None, profile=profile)
-                    plan = plan_sharding(graph, mesh, ties=ties,
-                                         options=PlanOptions(memory_limit=memory_limit, time_limit_s=time_limit_s))
+                    plan = plan_sharding(
+                        graph,
+                        mesh,
+                        ties=ties,
+                        options=PlanOptions(memory_limit=memory_limit, time_limit_s=time_limit_s),
+                    )
                     cand.predicted_s, cand.comm_s = plan.cost.total_s, plan.cost.comm_s
                     cand.memory_bytes = max(plan.memory.peak_bytes)
                 else:
@@ -163,12 +186,16 @@ def _why(best: Candidate, ok: list[Candidate]) -> str:
     parts = [f"the lowest predicted step of {len(ok)} feasible plans"]
     if other is not None:
         if piped:
-            parts.append(f"the best plan without a pipeline ({other.describe().split(':')[0]}) is "
-                         f"{other.predicted_s / best.predicted_s:.2f}x slower"
-                         + (f", {other.comm_s * 1e3:.3f} ms of it communication" if other.comm_s else ""))
+            parts.append(
+                f"the best plan without a pipeline ({other.describe().split(':')[0]}) is "
+                f"{other.predicted_s / best.predicted_s:.2f}x slower"
+                + (f", {other.comm_s * 1e3:.3f} ms of it communication" if other.comm_s else "")
+            )
         else:
-            parts.append(f"the best pipeline ({other.describe().split(':')[0]}) is {other.predicted_s / best.predicted_s:.2f}x "
-                         f"slower, {other.bubble:.0%} of it bubble")
+            parts.append(
+                f"the best pipeline ({other.describe().split(':')[0]}) is {other.predicted_s / best.predicted_s:.2f}x "
+                f"slower, {other.bubble:.0%} of it bubble"
+            )
     return "; ".join(parts)
 
 

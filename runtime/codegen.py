@@ -37,7 +37,9 @@ from graphc.runtime.threads import kernel_pool, kernel_threads
 
 # part of every kernel's text: Numba's disk cache does not see changes in the functions a kernel
 # calls, so editing fastmath.py must give the kernels new cache entries
-FASTMATH_VERSION = hashlib.sha256(open(fastmath.__file__, "rb").read() + open(rowops.__file__, "rb").read()).hexdigest()[:12]
+FASTMATH_VERSION = hashlib.sha256(
+    open(fastmath.__file__, "rb").read() + open(rowops.__file__, "rb").read()
+).hexdigest()[:12]
 
 REDUCTIONS = ("reduce_sum", "reduce_max", "reduce_min")
 _FASTMATH = {"exp": "exp", "tanh": "tanh", "log": "log", "log1p": "log1p_", "expm1": "expm1_"}
@@ -132,8 +134,11 @@ class KernelSpec:
         region = self.region
         row_inputs = set()
         for node in region.nodes:  # an input used by a row op or a reduction-free row computation is row-level
-            if node.op.name not in REDUCTIONS and node.outputs[0].shape in self.row_shapes and \
-                    node.outputs[0].shape != self.space:
+            if (
+                node.op.name not in REDUCTIONS
+                and node.outputs[0].shape in self.row_shapes
+                and node.outputs[0].shape != self.space
+            ):
                 row_inputs.update(v for v in node.inputs if v in region.inputs)
         for i, v in enumerate(region.inputs):
             self.names[v] = f"in{i}"
@@ -153,8 +158,14 @@ class KernelSpec:
             else:
                 self.level[out] = "row"
                 self.phase[out] = max((self.phase[v] for v in node.inputs), default=0)
-        self.n_phases = max([self.phase[v] for v in self.phase if self.level[v] == "elem"] +
-                            [self.phase[n.inputs[0]] for n in region.nodes if n.op.name in REDUCTIONS] + [0]) + 1
+        self.n_phases = (
+            max(
+                [self.phase[v] for v in self.phase if self.level[v] == "elem"]
+                + [self.phase[n.inputs[0]] for n in region.nodes if n.op.name in REDUCTIONS]
+                + [0]
+            )
+            + 1
+        )
 
     def operand_kinds(self) -> list[OperandKind]:
         return [operand_kind(v.shape, self.space, self.level[v] == "row") for v in self.region.inputs]
@@ -163,11 +174,18 @@ class KernelSpec:
     def source(self, kinds: list[OperandKind]) -> str:
         region = self.region
         outs = region.outputs
-        lines = [f"# graphc fused kernel (fastmath {FASTMATH_VERSION})", "import math", "import numpy as np",
-                 "import numba", "from graphc.runtime import fastmath as fm", "from graphc.runtime import rowops", "",
-                 # numpy's error model: no zero-division checks (they stop vectorization; numpy gives inf)
-                 "@numba.njit(nogil=True, cache=True, error_model=\"numpy\")",
-                 f"def kernel({', '.join([f'in{i}' for i in range(len(region.inputs))] + [f'out{i}' for i in range(len(outs))])}, r0, r1, n):"]
+        lines = [
+            f"# graphc fused kernel (fastmath {FASTMATH_VERSION})",
+            "import math",
+            "import numpy as np",
+            "import numba",
+            "from graphc.runtime import fastmath as fm",
+            "from graphc.runtime import rowops",
+            "",
+            # numpy's error model: no zero-division checks (they stop vectorization; numpy gives inf)
+            '@numba.njit(nogil=True, cache=True, error_model="numpy")',
+            f"def kernel({', '.join([f'in{i}' for i in range(len(region.inputs))] + [f'out{i}' for i in range(len(outs))])}, r0, r1, n):",
+        ]
         body: list[str] = []
         # scalar constants, hoisted
         for node in region.nodes:
@@ -202,10 +220,14 @@ class KernelSpec:
                 if node.op.name not in REDUCTIONS and self.level[out] == "row" and self.phase[out] == p:
                     inner.append(f"{self.names[out]} = {self._expr(node, row_ref)}")
             reductions = [n for n in region.nodes if n.op.name in REDUCTIONS and self.phase[n.inputs[0]] == p]
-            elems = [n for n in region.nodes if self.level[n.outputs[0]] == "elem" and self.phase[n.outputs[0]] == p
-                     and n.op.name != "constant"]
-            needs_loop = elems or any(self.level[v] == "elem" and self.phase[v] == p and v not in region.inputs
-                                      for v in outs)
+            elems = [
+                n
+                for n in region.nodes
+                if self.level[n.outputs[0]] == "elem" and self.phase[n.outputs[0]] == p and n.op.name != "constant"
+            ]
+            needs_loop = elems or any(
+                self.level[v] == "elem" and self.phase[v] == p and v not in region.inputs for v in outs
+            )
             if not needs_loop and not reductions:
                 continue
             if needs_loop:
@@ -246,7 +268,9 @@ class KernelSpec:
             if self.level[v] in ("row", "const"):
                 inner.append(f"out{i}[r] = {row_ref(v)}")
             elif self.level[v] == "elem" and v in region.inputs:
-                inner.append(f"for j in range(n):\n            out{i}[r, j] = {kinds[region.inputs.index(v)].read(self.names[v])}")
+                inner.append(
+                    f"for j in range(n):\n            out{i}[r, j] = {kinds[region.inputs.index(v)].read(self.names[v])}"
+                )
         body.extend("    " + s for s in inner)
         lines.extend("    " + s for s in body)
         return "\n".join(lines) + "\n"
@@ -337,8 +361,9 @@ class CompiledKernel:
             # rows split evenly; the caller runs the first share, pool threads the others (nogil)
             bounds = [self.rows * i // threads for i in range(threads + 1)]
             pool = kernel_pool(threads - 1)
-            futures = [pool.submit(self.func, *operands, *views, bounds[i], bounds[i + 1], self.n)
-                       for i in range(1, threads)]
+            futures = [
+                pool.submit(self.func, *operands, *views, bounds[i], bounds[i + 1], self.n) for i in range(1, threads)
+            ]
             self.func(*operands, *views, bounds[0], bounds[1], self.n)
             for f in futures:
                 f.result()
@@ -379,4 +404,3 @@ def load_kernel(source: str):
         spec.loader.exec_module(module)
         _loaded[digest] = module.kernel
         return module.kernel
-

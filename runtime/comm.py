@@ -106,7 +106,7 @@ def _view(a: np.ndarray, pick: dict | None = None, local: dict | None = None) ->
 
 
 def _with_dim(shape: tuple[int, ...], dim: int, size: int) -> tuple[int, ...]:
-    return shape[:dim] + (size,) + shape[dim + 1:]
+    return shape[:dim] + (size,) + shape[dim + 1 :]
 
 
 def _sum_in_rank_order(dst: np.ndarray, parts: list[np.ndarray], own: int | None = None) -> None:
@@ -167,8 +167,15 @@ class Communicator(abc.ABC):
         """The ranks' pieces of ``dim`` joined into the whole dim."""
 
     @abc.abstractmethod
-    def all_to_all(self, x: np.ndarray, group: tuple[int, ...], split_dim: int, concat_dim: int,
-                   split_blocks: int = 1, concat_blocks: int = 1) -> np.ndarray:
+    def all_to_all(
+        self,
+        x: np.ndarray,
+        group: tuple[int, ...],
+        split_dim: int,
+        concat_dim: int,
+        split_blocks: int = 1,
+        concat_blocks: int = 1,
+    ) -> np.ndarray:
         """Piece j of ``split_dim`` goes to rank j; received pieces are joined along ``concat_dim``."""
 
     @abc.abstractmethod
@@ -320,8 +327,9 @@ def _disagreement(slot: _Slot, group: tuple[int, ...], seq: int) -> str | None:
     by_call: dict[str, list[int]] = {}
     for device, c in zip(group, calls):
         by_call.setdefault(_describe(c[0], c[1], c[3]), []).append(device)
-    what = "; ".join(f"device{'s' if len(ds) > 1 else ''} {', '.join(map(str, ds))} called {desc}"
-                     for desc, ds in by_call.items())
+    what = "; ".join(
+        f"device{'s' if len(ds) > 1 else ''} {', '.join(map(str, ds))} called {desc}" for desc, ds in by_call.items()
+    )
     return f"collective #{seq} on group {group}: members called different collectives: {what}"
 
 
@@ -344,10 +352,15 @@ class ThreadComm(Communicator):
         rank = self._ranks.get(group) if isinstance(group, tuple) else None
         if rank is not None:
             return rank
-        if not (isinstance(group, tuple) and group and len(set(group)) == len(group)
-                and all(isinstance(d, int) and 0 <= d < self.world.n_devices for d in group)):
-            raise ValueError(f"group must be a non-empty tuple of distinct device ids below "
-                             f"{self.world.n_devices}, got {group!r}")
+        if not (
+            isinstance(group, tuple)
+            and group
+            and len(set(group)) == len(group)
+            and all(isinstance(d, int) and 0 <= d < self.world.n_devices for d in group)
+        ):
+            raise ValueError(
+                f"group must be a non-empty tuple of distinct device ids below {self.world.n_devices}, got {group!r}"
+            )
         if self.device not in group:
             raise ValueError(f"device {self.device} called a collective on group {group} it is not a member of")
         self._ranks[group] = rank = group.index(self.device)
@@ -362,11 +375,13 @@ class ThreadComm(Communicator):
 
     def _aborted(self, what: str) -> CommAborted:
         device, exc = self.world.failed
-        return CommAborted(f"device {device} failed ({type(exc).__name__}: {exc}); "
-                           f"device {self.device} abandoned {what}")
+        return CommAborted(
+            f"device {device} failed ({type(exc).__name__}: {exc}); device {self.device} abandoned {what}"
+        )
 
-    def _begin(self, kind: str, group: tuple[int, ...], attrs: tuple, x: np.ndarray | None, shared,
-               free_dim: int | None = None) -> _Call:
+    def _begin(
+        self, kind: str, group: tuple[int, ...], attrs: tuple, x: np.ndarray | None, shared, free_dim: int | None = None
+    ) -> _Call:
         """Enter the next collective on ``group``: share ``shared``, wait for every member, check the calls.
 
         Members must agree on kind, attrs, and the dtype and shape of ``x`` (None: not compared),
@@ -410,8 +425,10 @@ class ThreadComm(Communicator):
                     if remaining <= 0:
                         missing = tuple(d for r, d in enumerate(call.group) if r not in here)
                         verb = "arrive" if phase == "arrive" else f"reach phase {phase!r}"
-                        slot.broken = (f"{call}: devices {missing} did not {verb} within "
-                                       f"{self.world.timeout_s:g} s (device {self.device} waiting)")
+                        slot.broken = (
+                            f"{call}: devices {missing} did not {verb} within "
+                            f"{self.world.timeout_s:g} s (device {self.device} waiting)"
+                        )
                         slot.cond.notify_all()
                         raise CommError(slot.broken)
                     slot.cond.wait(min(remaining, _POLL_S))
@@ -425,8 +442,16 @@ class ThreadComm(Communicator):
         """Wait until every member is done with the others' buffers; record the call."""
         if call.kind != "barrier":
             self._meet(call, "done", final=True)
-        self.log.append({"kind": call.kind, "group": call.group, "seq": call.seq, "bytes": int(nbytes),
-                         "start": call.start, "seconds": time.perf_counter() - call.start})
+        self.log.append(
+            {
+                "kind": call.kind,
+                "group": call.group,
+                "seq": call.seq,
+                "bytes": int(nbytes),
+                "start": call.start,
+                "seconds": time.perf_counter() - call.start,
+            }
+        )
 
     # --- collectives ---
 
@@ -533,8 +558,12 @@ class ThreadComm(Communicator):
             raise ValueError(f"all_to_all: split_dim and concat_dim must differ, both are {sd}")
         _check_split(x.shape[sd], n, split_blocks, "all_to_all split")
         _check_split(x.shape[cd] * n, n, concat_blocks, "all_to_all concat")
-        attrs = (("split_dim", split_dim), ("concat_dim", concat_dim),
-                 ("split_blocks", split_blocks), ("concat_blocks", concat_blocks))
+        attrs = (
+            ("split_dim", split_dim),
+            ("concat_dim", concat_dim),
+            ("split_blocks", split_blocks),
+            ("concat_blocks", concat_blocks),
+        )
         call = self._begin("all_to_all", group, attrs, x, x)
         shape = _with_dim(x.shape, sd, _piece_len(x.shape[sd], n, call.rank, split_blocks))
         out = self.alloc(_with_dim(shape, cd, x.shape[cd] * n), x.dtype)
@@ -562,8 +591,16 @@ class ThreadComm(Communicator):
         with box.cond:
             box.queue.append(message)
             box.cond.notify_all()
-        self.log.append({"kind": "send", "group": (self.device, dst), "tag": tag, "bytes": message.nbytes,
-                         "start": start, "seconds": time.perf_counter() - start})
+        self.log.append(
+            {
+                "kind": "send",
+                "group": (self.device, dst),
+                "tag": tag,
+                "bytes": message.nbytes,
+                "start": start,
+                "seconds": time.perf_counter() - start,
+            }
+        )
 
     def recv(self, src, tag=0):
         if not 0 <= src < self.world.n_devices:
@@ -581,8 +618,16 @@ class ThreadComm(Communicator):
                     raise CommError(f"{what}: nothing arrived within {self.world.timeout_s:g} s")
                 box.cond.wait(min(remaining, _POLL_S))
             message = box.queue.popleft()
-        self.log.append({"kind": "recv", "group": (src, self.device), "tag": tag, "bytes": message.nbytes,
-                         "start": start, "seconds": time.perf_counter() - start})
+        self.log.append(
+            {
+                "kind": "recv",
+                "group": (src, self.device),
+                "tag": tag,
+                "bytes": message.nbytes,
+                "start": start,
+                "seconds": time.perf_counter() - start,
+            }
+        )
         return message
 
 

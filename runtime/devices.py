@@ -97,8 +97,13 @@ class ParallelExecutable:
         profiles: dict[int, dict] = {d: {} for d in self.executables} if profile else {}
         t0 = time.perf_counter()
         try:
-            return run_on_devices(list(self.executables), world, self.mesh, self.timeout_s,
-                                  lambda d: self.executables[d].run_flat(pieces[d], profiles.get(d)))
+            return run_on_devices(
+                list(self.executables),
+                world,
+                self.mesh,
+                self.timeout_s,
+                lambda d: self.executables[d].run_flat(pieces[d], profiles.get(d)),
+            )
         finally:
             if profile:
                 for d, prof in profiles.items():
@@ -141,7 +146,7 @@ def run_on_devices(devices: list[int], world, mesh, timeout_s: float, body) -> d
 
 def _on_device(exc: BaseException, device: int, mesh) -> BaseException:
     """The same kind of exception, saying which device raised it and at which line of the model."""
-    where = next((n[len("graphc: "):] for n in getattr(exc, "__notes__", []) if n.startswith("graphc: in ")), None)
+    where = next((n[len("graphc: ") :] for n in getattr(exc, "__notes__", []) if n.startswith("graphc: in ")), None)
     msg = f"device {device} (mesh {dict(zip(mesh.axis_names, mesh.coord(device)))}): {exc}"
     if where:
         msg += f" ({where})"
@@ -166,8 +171,9 @@ class ShardedArray(ArraySpec):
         object.__setattr__(self, "mesh", mesh)
 
     def __array__(self, dtype=None, copy=None):
-        whole = unshard({self.mesh.coord(d): p for d, p in self.pieces.items()}, self.spec, tuple(self.mesh.shape),
-                        self.shape).astype(self.dtype, copy=False)
+        whole = unshard(
+            {self.mesh.coord(d): p for d, p in self.pieces.items()}, self.spec, tuple(self.mesh.shape), self.shape
+        ).astype(self.dtype, copy=False)
         return whole if dtype is None else whole.astype(dtype)
 
     def __repr__(self) -> str:

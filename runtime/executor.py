@@ -67,8 +67,15 @@ class BufferPool:
 class Program:
     """A compiled block (a graph body or a region)."""
 
-    def __init__(self, inputs: list[Value], nodes: list[Node], outputs: list[Value], pool: BufferPool,
-                 stats: dict[str, Any], comm=None):
+    def __init__(
+        self,
+        inputs: list[Value],
+        nodes: list[Node],
+        outputs: list[Value],
+        pool: BufferPool,
+        stats: dict[str, Any],
+        comm=None,
+    ):
         self.pool = pool
         self.comm = comm  # the device's communicator (runtime/comm.py) in a multi-device run
         slot: dict[Value, int] = {}
@@ -157,7 +164,6 @@ class Program:
                 del arr
         return [env[s] for s in self.out_slots]
 
-
     def _run_profiled(self, args: list[np.ndarray], profile: dict) -> list[np.ndarray]:
         """``run`` that records every step (name, source line, start, end, bytes) in
         ``profile["events"]`` and the peak bytes of live values in ``profile["peak_bytes"]``
@@ -187,8 +193,15 @@ class Program:
                 env[s] = r
                 live += getattr(r, "nbytes", 0)
             peak = max(peak, live)
-            events.append((node.op.name, str(node.loc) if node.loc else "", start, end,
-                           sum(v.type.nbytes for v in node.inputs) if node.op.kind == "comm" else 0))
+            events.append(
+                (
+                    node.op.name,
+                    str(node.loc) if node.loc else "",
+                    start,
+                    end,
+                    sum(v.type.nbytes for v in node.inputs) if node.op.kind == "comm" else 0,
+                )
+            )
             for s in frees:
                 arr = env[s]
                 env[s] = None
@@ -207,7 +220,9 @@ def _collective_step(node: Node, comm) -> Callable:
     if comm is None:
         from graphc.core.errors import GraphcError
 
-        raise GraphcError(f"{node.op.name} at {node.loc} needs a communicator: run device programs with runtime/parallel.py")
+        raise GraphcError(
+            f"{node.op.name} at {node.loc} needs a communicator: run device programs with runtime/parallel.py"
+        )
     a = node.attrs
     group = a["group"]
     name = node.op.name

@@ -59,10 +59,22 @@ from numba import types
 from numba.extending import intrinsic
 
 __all__ = [
-    "exp32", "expm1_32", "tanh32", "log32", "log1p_32",
-    "exp64", "expm1_64", "tanh64", "log64", "log1p_64",
-    "gelu_f32", "softmax_lastaxis_f32", "layernorm_lastaxis_f32",
-    "apply", "FUNCTIONS", "derive_coefficients",
+    "exp32",
+    "expm1_32",
+    "tanh32",
+    "log32",
+    "log1p_32",
+    "exp64",
+    "expm1_64",
+    "tanh64",
+    "log64",
+    "log1p_64",
+    "gelu_f32",
+    "softmax_lastaxis_f32",
+    "layernorm_lastaxis_f32",
+    "apply",
+    "FUNCTIONS",
+    "derive_coefficients",
 ]
 
 # ------------------------------------------------------------------------------------------------
@@ -180,14 +192,29 @@ def _ln2_split(dtype, clear_bits):
 
 
 # coefficients from derive_coefficients() (low order first)
-_EXPQ32 = (0.4999999701976776, 0.1666654348373413, 0.04166720062494278, 0.008366547524929047,
-           0.0013882516650483012)
-_EXPQ64 = (0.500000000000001, 0.16666666666666674, 0.04166666666652154, 0.008333333333322191,
-           0.001388888894796083, 0.00019841269886659897, 2.4801487167439468e-05, 2.7557242248749464e-06,
-           2.763271553233333e-07, 2.5110084875912448e-08)
+_EXPQ32 = (0.4999999701976776, 0.1666654348373413, 0.04166720062494278, 0.008366547524929047, 0.0013882516650483012)
+_EXPQ64 = (
+    0.500000000000001,
+    0.16666666666666674,
+    0.04166666666652154,
+    0.008333333333322191,
+    0.001388888894796083,
+    0.00019841269886659897,
+    2.4801487167439468e-05,
+    2.7557242248749464e-06,
+    2.763271553233333e-07,
+    2.5110084875912448e-08,
+)
 _LOGP32 = (0.6666677594184875, 0.399774968624115, 0.298730731010437)
-_LOGP64 = (0.666666666666671, 0.39999999999518354, 0.28571428729740106, 0.22222199033925152,
-           0.18183574925494767, 0.1531306899645044, 0.14811546839768322)
+_LOGP64 = (
+    0.666666666666671,
+    0.39999999999518354,
+    0.28571428729740106,
+    0.22222199033925152,
+    0.18183574925494767,
+    0.1531306899645044,
+    0.14811546839768322,
+)
 
 F = np.float32
 D = np.float64
@@ -195,7 +222,7 @@ QF0, QF1, QF2, QF3, QF4 = (F(c) for c in _EXPQ32)
 QD0, QD1, QD2, QD3, QD4, QD5, QD6, QD7, QD8, QD9 = (D(c) for c in _EXPQ64)
 PF0, PF1, PF2 = (F(c) for c in _LOGP32)
 PD0, PD1, PD2, PD3, PD4, PD5, PD6 = (D(c) for c in _LOGP64)
-LN2HI_F, LN2LO_F = _ln2_split(np.float32, 8)   # 16-bit hi: k*hi exact for |k| < 256
+LN2HI_F, LN2LO_F = _ln2_split(np.float32, 8)  # 16-bit hi: k*hi exact for |k| < 256
 LN2HI_D, LN2LO_D = _ln2_split(np.float64, 12)  # 41-bit hi: k*hi exact for |k| < 4096
 LOG2E_F, LOG2E_D = F(1.4426950408889634), D(1.4426950408889634)
 ZERO_F, HALF_F, ONE_F, TWO_F = F(0), F(0.5), F(1), F(2)
@@ -205,8 +232,8 @@ INF_F, NAN_F, INF_D, NAN_D = F(np.inf), F(np.nan), D(np.inf), D(np.nan)
 # tanh(TANH_CLAMP/2) rounds to 1.
 EXP_LO_F, EXP_HI_F, EXPM1_LO_F, TANH_CLAMP_F = F(-104.0), F(89.0), F(-20.0), F(20.0)
 EXP_LO_D, EXP_HI_D, EXPM1_LO_D, TANH_CLAMP_D = D(-746.0), D(710.0), D(-40.0), D(40.0)
-KMAX_F, KMAX_D = F(64.0), D(512.0)          # 2**-k is only needed where it is not negligible vs 1
-TINY_F, TINY_D = F(2.0**-25), D(2.0**-54)   # |x| below this: expm1(x) == x, log1p(x) == x
+KMAX_F, KMAX_D = F(64.0), D(512.0)  # 2**-k is only needed where it is not negligible vs 1
+TINY_F, TINY_D = F(2.0**-25), D(2.0**-54)  # |x| below this: expm1(x) == x, log1p(x) == x
 MIN_NORMAL_F, MIN_NORMAL_D = F(np.finfo(np.float32).tiny), D(np.finfo(np.float64).tiny)
 SUB_SCALE_F, SUB_SCALE_D = F(2.0**23), D(2.0**52)
 SUB_SHIFT_F, SUB_SHIFT_D = F(23.0), D(52.0)
@@ -302,8 +329,7 @@ def log1p_32(x):
 
 @numba.njit("float64(float64)", **_JIT)
 def _expq64(r):
-    return (((((((((QD9 * r + QD8) * r + QD7) * r + QD6) * r + QD5) * r + QD4) * r + QD3) * r + QD2) * r
-             + QD1) * r + QD0)
+    return ((((((((QD9 * r + QD8) * r + QD7) * r + QD6) * r + QD5) * r + QD4) * r + QD3) * r + QD2) * r + QD1) * r + QD0
 
 
 @numba.njit("float64(float64)", **_JIT)
@@ -652,12 +678,12 @@ def _solve_ld(a, y):
         if p != k:
             a[[k, p]] = a[[p, k]]
             y[[k, p]] = y[[p, k]]
-        f = a[k + 1:, k] / a[k, k]
-        a[k + 1:, k:] -= f[:, None] * a[k, k:]
-        y[k + 1:] -= f * y[k]
+        f = a[k + 1 :, k] / a[k, k]
+        a[k + 1 :, k:] -= f[:, None] * a[k, k:]
+        y[k + 1 :] -= f * y[k]
     x = np.zeros(n, dtype=a.dtype)
     for k in range(n - 1, -1, -1):
-        x[k] = (y[k] - a[k, k + 1:] @ x[k + 1:]) / a[k, k]
+        x[k] = (y[k] - a[k, k + 1 :] @ x[k + 1 :]) / a[k, k]
     return x
 
 

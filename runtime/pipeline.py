@@ -98,9 +98,13 @@ class PipelineExecutable:
             slot.current = _SubMeshComm(world.comm(d), p.stage_devices[p.stage_of(d)])
         prof: dict[int, dict] = {d: {"events": [], "peak_bytes": 0} for d in self.comms}
         t0 = time.perf_counter()
-        results = run_on_devices(sorted(self.comms), world, self.mesh, self.timeout_s,
-                                 lambda d: _DeviceRun(self, d, world.comm(d), pieces[d],
-                                                      prof[d] if profile else None).run())
+        results = run_on_devices(
+            sorted(self.comms),
+            world,
+            self.mesh,
+            self.timeout_s,
+            lambda d: _DeviceRun(self, d, world.comm(d), pieces[d], prof[d] if profile else None).run(),
+        )
         if profile:
             for x in prof.values():
                 x["t0"] = t0

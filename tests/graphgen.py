@@ -57,7 +57,7 @@ def pick(draw, b: GraphBuilder, pool: list[Value], ok, make_dtype=None, min_rank
 def broadcast_partner(draw, shape) -> tuple[int, ...]:
     """A shape that broadcasts with ``shape`` to ``shape``: a suffix with some dims set to 1."""
     k = draw(st.integers(0, len(shape)))
-    suffix = list(shape[len(shape) - k:])
+    suffix = list(shape[len(shape) - k :])
     return tuple(1 if draw(st.booleans()) else d for d in suffix)
 
 
@@ -182,8 +182,11 @@ def _slice(draw, b, pool):
     x = pick(draw, b, pool, lambda v: True)
     bounds = []
     for n in x.shape:
-        s = slice(draw(st.integers(-n - 1, n + 1) | st.none()), draw(st.integers(-n - 1, n + 1) | st.none()),
-                  draw(st.sampled_from([1, 1, 2, -1, -2, 3])))
+        s = slice(
+            draw(st.integers(-n - 1, n + 1) | st.none()),
+            draw(st.integers(-n - 1, n + 1) | st.none()),
+            draw(st.sampled_from([1, 1, 2, -1, -2, 3])),
+        )
         bounds.append(normalize_slice(s, n))
     starts, stops, steps = (tuple(t) for t in zip(*bounds)) if bounds else ((), (), ())
     return [b.op("slice", x, starts=starts, stops=stops, steps=steps)]
@@ -254,7 +257,7 @@ def _einsum(draw, b, pool):
     letters = "abcdefgh"
     xs = letters[: x.ndim]
     shared = "".join(c for c in xs if draw(st.booleans()))
-    new = letters[x.ndim: x.ndim + draw(st.integers(0, 2))]
+    new = letters[x.ndim : x.ndim + draw(st.integers(0, 2))]
     ys = "".join(draw(st.permutations(shared + new)))
     sizes = dict(zip(xs, x.shape)) | {c: draw(st.integers(1, 3)) for c in new}
     y = constant(draw, b, tuple(sizes[c] for c in ys), x.dtype)
@@ -268,8 +271,9 @@ def _constant(draw, b, pool):
 
 
 @st.composite
-def random_graphs(draw, max_nodes: int = 10, ops: list[str] | None = None, input_dtypes=None,
-                  specials: bool = True) -> Graph:
+def random_graphs(
+    draw, max_nodes: int = 10, ops: list[str] | None = None, input_dtypes=None, specials: bool = True
+) -> Graph:
     token = SPECIALS.set(specials)
     try:
         b = GraphBuilder("random")
@@ -309,7 +313,7 @@ def _scatter_add(draw, b, pool):
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     n = x.shape[axis]
     idx = b.op("constant", value=np.asarray(rng.integers(-n, n, size=idx_shape), dtype=np.int64))
-    updates = constant(draw, b, x.shape[:axis] + idx_shape + x.shape[axis + 1:], x.dtype)
+    updates = constant(draw, b, x.shape[:axis] + idx_shape + x.shape[axis + 1 :], x.dtype)
     return [b.op("scatter_add", x, idx, updates, axis=axis)]
 
 
@@ -344,8 +348,9 @@ def _while(draw, b, pool):
     i0 = _scalar(b, 0, np.int64)
     ts = [i0.type, x.type]
     cond_r = _region(ts, lambda rb, a: [rb.op("compare", a[0], _scalar(rb, limit, np.int64), direction="lt")])
-    body_r = _region(ts, lambda rb, a: [rb.op("add", a[0], _scalar(rb, 1, np.int64)),
-                                       rb.op("mul", a[1], _scalar(rb, 0.5, x.dtype))])
+    body_r = _region(
+        ts, lambda rb, a: [rb.op("add", a[0], _scalar(rb, 1, np.int64)), rb.op("mul", a[1], _scalar(rb, 0.5, x.dtype))]
+    )
     return _emit_with_regions(b, "while_loop", [i0, x], {}, (cond_r, body_r))
 
 

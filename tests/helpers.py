@@ -6,7 +6,9 @@ from graphc.core.pytree import flatten
 
 
 def tolerance(dtype) -> float:
-    return {np.dtype(np.float64): 1e-6, np.dtype(np.float32): 1e-4, np.dtype(np.float16): 1e-2}.get(np.dtype(dtype), 0.0)
+    return {np.dtype(np.float64): 1e-6, np.dtype(np.float32): 1e-4, np.dtype(np.float16): 1e-2}.get(
+        np.dtype(dtype), 0.0
+    )
 
 
 def assert_same_pytree(got, want):
@@ -20,7 +22,9 @@ def assert_same_pytree(got, want):
         assert g.dtype == w.dtype, (g.dtype, w.dtype)
         rtol = tolerance(w.dtype)
         if rtol:
-            np.testing.assert_allclose(g, w, rtol=rtol, atol=rtol * max(1.0, float(np.nanmax(np.abs(w), initial=0))) * 1e-2)
+            np.testing.assert_allclose(
+                g, w, rtol=rtol, atol=rtol * max(1.0, float(np.nanmax(np.abs(w), initial=0))) * 1e-2
+            )
         else:
             np.testing.assert_array_equal(g, w)
 

@@ -50,15 +50,16 @@ def logistic_l4(x):
 
 def logistic_l4_derivative(x):
     a, b, c = 1 - x, 1 - 2 * x, 1 - 8 * x + 8 * x * x
-    return (128 * x * a * (-8 + 16 * x) * b**2 * c + 64 * a * b**2 * c**2
-            - 64 * x * b**2 * c**2 - 256 * x * a * b * c**2)
+    return 128 * x * a * (-8 + 16 * x) * b**2 * c + 64 * a * b**2 * c**2 - 64 * x * b**2 * c**2 - 256 * x * a * b * c**2
 
 
 @pytest.mark.parametrize("x", [0.05, 0.2, 0.37, 0.5, 0.81])
 def test_logistic_map_matches_closed_form(x):
     assert float(logistic_l4(x)) == pytest.approx(64 * x * (1 - x) * (1 - 2 * x) ** 2 * (1 - 8 * x + 8 * x * x) ** 2)
     assert float(graphc.grad(logistic_l4)(x)) == pytest.approx(logistic_l4_derivative(x), rel=1e-9, abs=1e-9)
-    assert float(graphc.jvp(logistic_l4, (x,), (1.0,))[1]) == pytest.approx(logistic_l4_derivative(x), rel=1e-9, abs=1e-9)
+    assert float(graphc.jvp(logistic_l4, (x,), (1.0,))[1]) == pytest.approx(
+        logistic_l4_derivative(x), rel=1e-9, abs=1e-9
+    )
 
 
 # --- every primitive: finite differences and transposition ------------------------------------------
@@ -153,8 +154,12 @@ def test_integer_and_bool_inputs_get_no_gradient():
     def loss(params, tokens):
         return np.sum(params["emb"][tokens] * params["scale"]) + np.sum(params["mask"] * 1.0)
 
-    params = {"emb": np.ones((4, 2)), "scale": np.float64(3.0), "mask": np.array([True, False]),
-              "ids": np.array([1, 2])}
+    params = {
+        "emb": np.ones((4, 2)),
+        "scale": np.float64(3.0),
+        "mask": np.array([True, False]),
+        "ids": np.array([1, 2]),
+    }
     g = graphc.grad(loss)(params, np.array([0, 0, 3]))
     assert g["mask"] is None and g["ids"] is None
     np.testing.assert_array_equal(g["emb"], [[6.0, 6.0], [0, 0], [0, 0], [3.0, 3.0]])

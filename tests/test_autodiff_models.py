@@ -24,7 +24,9 @@ def model_cases():
     yield "cnn", cnn.loss, to_float64(p), (to_float64(im), lab), {}
 
 
-@pytest.mark.parametrize("name, loss, params, data, kwargs", list(model_cases()), ids=lambda v: v if isinstance(v, str) else "")
+@pytest.mark.parametrize(
+    "name, loss, params, data, kwargs", list(model_cases()), ids=lambda v: v if isinstance(v, str) else ""
+)
 def test_model_gradient_matches_finite_differences(name, loss, params, data, kwargs):
     grads = graphc.grad(loss)(params, *data, **kwargs)
     leaves, treedef = flatten(params)

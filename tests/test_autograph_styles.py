@@ -176,8 +176,11 @@ def late_binding_over_range_loop(x):
     return [f(x) for f in fns]  # Python: every closure sees the final i == 2
 
 
-@pytest.mark.xfail(strict=True, reason="graphc gap: a closure defined in a transformed range-loop body captures "
-                                       "that iteration's index (body-function parameter), not the shared loop variable")
+@pytest.mark.xfail(
+    strict=True,
+    reason="graphc gap: a closure defined in a transformed range-loop body captures "
+    "that iteration's index (body-function parameter), not the shared loop variable",
+)
 def test_late_binding_closure_over_range_loop_index():
     check_static(late_binding_over_range_loop, X)
 
@@ -193,8 +196,11 @@ def late_binding_over_static_if(x, flag):
     return x * get_a()  # Python: the lambda reads the current a == 5.0
 
 
-@pytest.mark.xfail(strict=True, reason="graphc gap: a closure created in a static if branch keeps the branch "
-                                       "function's copy of the variable; later assignments are not seen")
+@pytest.mark.xfail(
+    strict=True,
+    reason="graphc gap: a closure created in a static if branch keeps the branch "
+    "function's copy of the variable; later assignments are not seen",
+)
 def test_late_binding_closure_over_static_if():
     check_static(late_binding_over_static_if, X, True)
 
@@ -342,8 +348,11 @@ class Residual(Dense):
 
 
 def class_styles(x):
-    layers = [Dense(np.linspace(-1, 1, 9).reshape(3, 3), np.ones(3)), Dense.identity(3),
-              Residual.identity(3, act="tanh")]
+    layers = [
+        Dense(np.linspace(-1, 1, 9).reshape(3, 3), np.ones(3)),
+        Dense.identity(3),
+        Residual.identity(3, act="tanh"),
+    ]
     outs = {}
     for layer in layers:
         x = layer(x)
@@ -589,8 +598,11 @@ def walrus_in_comprehension(x, flag):
     return x * last
 
 
-@pytest.mark.xfail(strict=True, reason="graphc gap: a walrus inside a comprehension in an if body binds the "
-                                       "function's variable, but the transform does not count it as assigned")
+@pytest.mark.xfail(
+    strict=True,
+    reason="graphc gap: a walrus inside a comprehension in an if body binds the "
+    "function's variable, but the transform does not count it as assigned",
+)
 def test_walrus_in_comprehension_inside_branch():
     check_static(walrus_in_comprehension, X, True)
 
@@ -601,8 +613,10 @@ def walrus_in_boolop(x, n):
     return x
 
 
-@pytest.mark.xfail(strict=True, reason="graphc gap: and/or operands become lambdas, so a walrus in them binds "
-                                       "inside the lambda (NameError)")
+@pytest.mark.xfail(
+    strict=True,
+    reason="graphc gap: and/or operands become lambdas, so a walrus in them binds inside the lambda (NameError)",
+)
 def test_walrus_in_and_operand():
     check_static(walrus_in_boolop, X, 2)
 
@@ -612,8 +626,10 @@ def walrus_in_ifexp(x, n):
     return x * k + y
 
 
-@pytest.mark.xfail(strict=True, reason="graphc gap: if-expression arms become lambdas, so a walrus there binds "
-                                       "inside the lambda (NameError)")
+@pytest.mark.xfail(
+    strict=True,
+    reason="graphc gap: if-expression arms become lambdas, so a walrus there binds inside the lambda (NameError)",
+)
 def test_walrus_in_if_expression():
     check_static(walrus_in_ifexp, X, 2)
 
@@ -625,8 +641,11 @@ def walrus_in_while(x, items):
     return x
 
 
-@pytest.mark.xfail(strict=True, reason="graphc gap: the while test becomes its own function, so a walrus in it is "
-                                       "not visible in the body (NameError)")
+@pytest.mark.xfail(
+    strict=True,
+    reason="graphc gap: the while test becomes its own function, so a walrus in it is "
+    "not visible in the body (NameError)",
+)
 def test_walrus_in_while_test():
     check_static(walrus_in_while, X, [1.0, 2.0])
 
@@ -730,8 +749,12 @@ def nested_ifs(x):
 
 
 def test_nested_ifs():
-    inputs = [(np.array([1.0, 2.0, 0.0]),), (np.array([-1.0, 2.0, 0.0]),), (np.array([-5.0, 0.0, 3.0]),),
-              (np.array([-1.0, -1.0, 0.5]),)]
+    inputs = [
+        (np.array([1.0, 2.0, 0.0]),),
+        (np.array([-1.0, 2.0, 0.0]),),
+        (np.array([-5.0, 0.0, 3.0]),),
+        (np.array([-1.0, -1.0, 0.5]),),
+    ]
     check_all_branches(nested_ifs, inputs, n_branches=4)
 
 
@@ -785,8 +808,12 @@ def ranges(x, n, a, b):
 
 
 def test_for_range_with_traced_bounds_and_steps():
-    inputs = [(X, np.int64(4), np.int64(1), np.int64(5)), (X, np.int64(0), np.int64(5), np.int64(1)),
-              (X, np.int64(-2), np.int64(-3), np.int64(2)), (X, np.int64(1), np.int64(2), np.int64(2))]
+    inputs = [
+        (X, np.int64(4), np.int64(1), np.int64(5)),
+        (X, np.int64(0), np.int64(5), np.int64(1)),
+        (X, np.int64(-2), np.int64(-3), np.int64(2)),
+        (X, np.int64(1), np.int64(2), np.int64(2)),
+    ]
     check_all_branches(ranges, inputs, op="fori_loop", n_branches=2)
 
 
@@ -820,9 +847,13 @@ def bool_ops(x):
 
 
 def test_and_or_not_with_traced_operands():
-    inputs = [(X * 0.5,), (np.array([-3.0, 1.0, 0.0]),), (np.array([20.0, -30.0, 11.0]),),
-              (np.array([-0.25, -0.5, 0.0]),),
-              (np.array([0.2, -0.1, -0.1]),)]
+    inputs = [
+        (X * 0.5,),
+        (np.array([-3.0, 1.0, 0.0]),),
+        (np.array([20.0, -30.0, 11.0]),),
+        (np.array([-0.25, -0.5, 0.0]),),
+        (np.array([0.2, -0.1, -0.1]),),
+    ]
     check_all_branches(bool_ops, inputs, n_branches=4)
 
 
@@ -970,8 +1001,9 @@ def uses_methods(x):
 
 
 def test_methods_with_traced_ifs():
-    check_all_branches(uses_methods, [(X,), (-X,), (np.array([-1.0, -2.0, 0.5]),), (np.array([-3.0, -2.0, -0.5]),)],
-                       n_branches=2)
+    check_all_branches(
+        uses_methods, [(X,), (-X,), (np.array([-1.0, -2.0, 0.5]),), (np.array([-3.0, -2.0, -0.5]),)], n_branches=2
+    )
 
 
 @plain_decorator(0.5)
@@ -1019,8 +1051,12 @@ def traced_flags(x, training, k):
 
 
 def test_traced_bool_and_int_conditions():
-    inputs = [(X, np.bool_(True), np.int64(4)), (X, np.bool_(False), np.int64(3)), (X, np.bool_(True), np.int64(1)),
-              (X, np.bool_(False), np.int64(-2))]
+    inputs = [
+        (X, np.bool_(True), np.int64(4)),
+        (X, np.bool_(False), np.int64(3)),
+        (X, np.bool_(True), np.int64(1)),
+        (X, np.bool_(False), np.int64(-2)),
+    ]
     check_all_branches(traced_flags, inputs, n_branches=4)
 
 
@@ -1057,8 +1093,9 @@ def index_in_traced_loop(x, n):
 
 
 def test_if_on_loop_index_inside_traced_range():
-    check_all_branches(index_in_traced_loop, [(X, np.int64(3)), (X, np.int64(1)), (X, np.int64(0))], op="fori_loop",
-                       n_branches=2)
+    check_all_branches(
+        index_in_traced_loop, [(X, np.int64(3)), (X, np.int64(1)), (X, np.int64(0))], op="fori_loop", n_branches=2
+    )
 
 
 def static_then_traced_while(x):
@@ -1161,8 +1198,11 @@ def nested_python_float(x32):
     return x32 * d["scale"]
 
 
-@pytest.mark.xfail(strict=True, reason="graphc gap: a Python float vs float32 array inside a dict assigned in a "
-                                       "traced branch is not promoted (only top-level variables are)")
+@pytest.mark.xfail(
+    strict=True,
+    reason="graphc gap: a Python float vs float32 array inside a dict assigned in a "
+    "traced branch is not promoted (only top-level variables are)",
+)
 def test_python_float_promotion_inside_containers():
     check(nested_python_float, X32)
 
@@ -1214,8 +1254,11 @@ def append_in_branches(x):
     return outs
 
 
-@pytest.mark.xfail(strict=True, reason="graphc gap: list.append inside a traced if mutates the list in both traced "
-                                       "branches; the result is an unlocated 'traced value from another trace' error")
+@pytest.mark.xfail(
+    strict=True,
+    reason="graphc gap: list.append inside a traced if mutates the list in both traced "
+    "branches; the result is an unlocated 'traced value from another trace' error",
+)
 def test_list_append_inside_traced_if_matches_or_is_located():
     try:
         check(append_in_branches, X)
@@ -1227,14 +1270,19 @@ def map_with_traced_helper(x):
     return list(map(clip, [x, -x], [1.0, 2.0]))
 
 
-@pytest.mark.xfail(strict=True, reason="graphc gap: functions passed to map() (and other builtins) are not "
-                                       "converted, so their traced ifs fail")
+@pytest.mark.xfail(
+    strict=True,
+    reason="graphc gap: functions passed to map() (and other builtins) are not converted, so their traced ifs fail",
+)
 def test_map_over_helper_with_traced_if():
     check(map_with_traced_helper, X)
 
 
-@pytest.mark.xfail(strict=True, reason="graphc gap: a lambda passed to trace is not converted, and neither are "
-                                       "the user functions it calls, so their traced ifs fail")
+@pytest.mark.xfail(
+    strict=True,
+    reason="graphc gap: a lambda passed to trace is not converted, and neither are "
+    "the user functions it calls, so their traced ifs fail",
+)
 def test_lambda_wrapper_around_function_with_traced_if():
     check(lambda x: clip(x, 1.0), X)
 
@@ -1244,8 +1292,11 @@ def ifexp_in_lambda(x):
     return pos(x)
 
 
-@pytest.mark.xfail(strict=True, reason="graphc gap (documented): lambdas are not converted, even inside converted "
-                                       "functions, so a traced if-expression in a lambda fails")
+@pytest.mark.xfail(
+    strict=True,
+    reason="graphc gap (documented): lambdas are not converted, even inside converted "
+    "functions, so a traced if-expression in a lambda fails",
+)
 def test_traced_if_expression_inside_lambda():
     check(ifexp_in_lambda, -X)
 
@@ -1267,8 +1318,11 @@ def property_with_traced_if(x):
     return Normalized(x).positive
 
 
-@pytest.mark.xfail(strict=True, reason="graphc gap: property getters are not converted (attribute access is not a "
-                                       "call), so a traced if in one fails")
+@pytest.mark.xfail(
+    strict=True,
+    reason="graphc gap: property getters are not converted (attribute access is not a "
+    "call), so a traced if in one fails",
+)
 def test_property_with_traced_if():
     check(property_with_traced_if, -X)
 
@@ -1334,15 +1388,18 @@ def return_in_traced_while(x):
     return x
 
 
-@pytest.mark.parametrize("fn, args, marker, kind", [
-    (return_in_traced_if, (X,), "<return-in-if>", "return"),
-    (return_in_traced_helper, (X,), "<return-in-helper>", "return"),
-    (break_in_traced_while, (X,), "<break-in-while>", "break"),
-    (continue_in_traced_while, (X,), "<continue-in-while>", "continue"),
-    (return_in_traced_while, (X,), "<return-in-while>", "return"),
-    (break_in_traced_range, (X, np.int64(5)), "<break-in-range>", "break"),
-    (continue_in_traced_range, (X, np.int64(5)), "<continue-in-range>", "continue"),
-])
+@pytest.mark.parametrize(
+    "fn, args, marker, kind",
+    [
+        (return_in_traced_if, (X,), "<return-in-if>", "return"),
+        (return_in_traced_helper, (X,), "<return-in-helper>", "return"),
+        (break_in_traced_while, (X,), "<break-in-while>", "break"),
+        (continue_in_traced_while, (X,), "<continue-in-while>", "continue"),
+        (return_in_traced_while, (X,), "<return-in-while>", "return"),
+        (break_in_traced_range, (X, np.int64(5)), "<break-in-range>", "break"),
+        (continue_in_traced_range, (X, np.int64(5)), "<continue-in-range>", "continue"),
+    ],
+)
 def test_return_break_continue_in_traced_control_flow(fn, args, marker, kind):
     err = trace_error(fn, *args)
     assert err.lineno == line_of(marker)
@@ -1467,11 +1524,14 @@ def _exec_function(source: str):
     return namespace["f"]
 
 
-@pytest.mark.parametrize("source, line", [
-    ("def f(x):\n    y = x * 2\n    if y.sum() > 0:\n        y = -y\n    return y\n", 3),
-    ("def f(x):\n    while x.sum() < 10:\n        x = x + 1\n    return x\n", 2),
-    ("def f(x):\n    return x if x.sum() > 0 else -x\n", 2),
-])
+@pytest.mark.parametrize(
+    "source, line",
+    [
+        ("def f(x):\n    y = x * 2\n    if y.sum() > 0:\n        y = -y\n    return y\n", 3),
+        ("def f(x):\n    while x.sum() < 10:\n        x = x + 1\n    return x\n", 2),
+        ("def f(x):\n    return x if x.sum() > 0 else -x\n", 2),
+    ],
+)
 def test_function_without_source_says_source_could_not_be_read(source, line):
     with pytest.raises(graphc.TraceError) as info:
         graphc.trace(_exec_function(source), X)
@@ -1502,7 +1562,7 @@ class BranchyNet:
         elif s > -0.5:
             out = np.sin(h) + x
         else:
-            out = h ** 3
+            out = h**3
         return out
 
 
@@ -1530,12 +1590,19 @@ def unrolled_loss(x, n=4):
     return np.sum(x * x)
 
 
-GRAD_POINTS = [np.array([2.0, 1.0, 0.5]), np.array([0.3, -0.8, 0.5]), np.array([-2.0, -1.0, -0.5]),
-               np.array([-0.3, 0.8, -0.5])]
+GRAD_POINTS = [
+    np.array([2.0, 1.0, 0.5]),
+    np.array([0.3, -0.8, 0.5]),
+    np.array([-2.0, -1.0, -0.5]),
+    np.array([-0.3, 0.8, -0.5]),
+]
 
 
-@pytest.mark.parametrize("loss, x", [(loss, x) for loss in (branchy_loss, counted_loss) for x in GRAD_POINTS]
-                         + [(unrolled_loss, np.array([0.3, -0.2, 0.5])), (unrolled_loss, np.array([-0.3, 0.2, -0.5]))])
+@pytest.mark.parametrize(
+    "loss, x",
+    [(loss, x) for loss in (branchy_loss, counted_loss) for x in GRAD_POINTS]
+    + [(unrolled_loss, np.array([0.3, -0.2, 0.5])), (unrolled_loss, np.array([-0.3, 0.2, -0.5]))],
+)
 def test_grad_matches_finite_differences(loss, x):
     np.testing.assert_allclose(graphc.grad(loss)(x), numeric_grad(loss, x), rtol=1e-5, atol=1e-8)
     v = np.array([1.0, -0.5, 0.25])

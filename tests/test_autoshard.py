@@ -9,11 +9,11 @@ import pytest
 import graphc
 from graphc.core.errors import PlanError
 from graphc.core.mesh import Link, MachineProfile, Mesh
-from graphc.passes.sharding.ilp import exhaustive
-from graphc.passes.sharding.problem import build_problem
 from graphc.core.spec import format_spec
 from graphc.passes.partition import PlanOptions, solve_problem
+from graphc.passes.sharding.ilp import exhaustive
 from graphc.passes.sharding.plan import ShardingPlan
+from graphc.passes.sharding.problem import build_problem
 
 PROFILE = MachineProfile.default()
 OPT = ("fold_constants", "simplify", "cse", "dce")
@@ -32,6 +32,7 @@ def par(fn, m, **kw):
 
 
 # --- the ILP is exact: equal to exhaustive search on small graphs ---------------------------------
+
 
 def _small_cases():
     rng = np.random.default_rng(0)
@@ -94,10 +95,13 @@ def test_ilp_equals_exhaustive_search_under_a_memory_limit():
 
 # --- classic plans emerge from the costs ------------------------------------------------------------
 
+
 def _gpt_train(batch=2, seq=32, d=256, n_layer=2, n_head=4, n_vocab=256):
     from graphc.models import gpt
 
-    return gpt.train_step, gpt.example_train_args(batch=batch, seq=seq, n_vocab=n_vocab, d=d, n_layer=n_layer, n_head=n_head)
+    return gpt.train_step, gpt.example_train_args(
+        batch=batch, seq=seq, n_vocab=n_vocab, d=d, n_layer=n_layer, n_head=n_head
+    )
 
 
 @pytest.fixture(scope="module")
@@ -163,8 +167,18 @@ def test_mlp_with_large_batch_on_dp4_is_pure_data_parallel():
     from graphc.passes.sharding.redistribute import step_time
 
     link = PROFILE.link
-    expected = sum(step_time("all_reduce", 4, c.bytes, link.latency_s, link.bandwidth,
-                             PROFILE.collective_overhead_s, PROFILE.mem_bandwidth) for c in coll)
+    expected = sum(
+        step_time(
+            "all_reduce",
+            4,
+            c.bytes,
+            link.latency_s,
+            link.bandwidth,
+            PROFILE.collective_overhead_s,
+            PROFILE.mem_bandwidth,
+        )
+        for c in coll
+    )
     assert plan.cost.comm_s == pytest.approx(expected, rel=1e-12)
     assert [c.bytes for c in coll if c.bytes <= 4] == [4]  # the mean loss, reduced once
 
@@ -213,6 +227,7 @@ def test_large_weight_is_split_to_fit_and_too_small_a_limit_names_the_minimum():
 
 
 # --- pins, ties, the plan document -------------------------------------------------------------------
+
 
 def test_shard_pins_a_spec_and_an_impossible_pin_fails_saying_why():
     def f(w, x):
@@ -323,12 +338,15 @@ def test_slow_link_changes_the_choice():
     assert len(t_fast.collectives) > 0
     assert t_slow.cost.comm_s <= t_fast.cost.comm_s * 1e6  # sanity
     assert len([c for c in t_slow.collectives if c.kind != "slice"]) <= len(
-        [c for c in t_fast.collectives if c.kind != "slice"])
+        [c for c in t_fast.collectives if c.kind != "slice"]
+    )
 
 
 def test_shrinking_ties_repeated_layers():
     fn, (args, kw) = _gpt_train(d=64, seq=16, n_layer=4)
-    g = graphc.parallelize(fn, mesh=mesh(tp=2), static_argnames=("n_head", "lr"), cache=False).trace_optimized(*args, **kw)[1]
+    g = graphc.parallelize(fn, mesh=mesh(tp=2), static_argnames=("n_head", "lr"), cache=False).trace_optimized(
+        *args, **kw
+    )[1]
     p = build_problem(g, mesh(tp=2))
     from graphc.passes.sharding.ilp import shrink_groups
 

@@ -9,8 +9,8 @@ import sys
 
 import numpy as np
 
-from graphc.models import mlp
 from graphc.bench.mesh import bench_plans, spearman
+from graphc.models import mlp
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -37,9 +37,26 @@ def test_plan_variants_run_and_the_solver_choice_is_cheapest():
 
 
 def test_cli_bench_mesh_with_plans():
-    res = subprocess.run([sys.executable, "-m", "graphc.cli", "bench", "models/mlp.py:train_step", "--example",
-                          "example_train_args", "--mesh", "dp=2", "--repeat", "1", "--plans"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "graphc.cli",
+            "bench",
+            "models/mlp.py:train_step",
+            "--example",
+            "example_train_args",
+            "--mesh",
+            "dp=2",
+            "--repeat",
+            "1",
+            "--plans",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr
     out = res.stdout
     assert "state sharded" in out and "equals numpy eager: yes" in out

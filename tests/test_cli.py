@@ -12,7 +12,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run(*args, cwd=ROOT):
-    return subprocess.run([sys.executable, "-m", "graphc.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "graphc.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_ir_prints_parseable_ir():
@@ -62,11 +64,7 @@ def test_malformed_gir_file_reports_file_line_and_column(tmp_path):
 def test_trace_error_in_user_file_is_reported(tmp_path):
     user = tmp_path / "user_model.py"
     user.write_text(
-        "import numpy as np\n"
-        "def f(x):\n"
-        "    return np.sort(x)\n"
-        "def example_args():\n"
-        "    return (np.ones(3),), {}\n"
+        "import numpy as np\ndef f(x):\n    return np.sort(x)\ndef example_args():\n    return (np.ones(3),), {}\n"
     )
     res = run("ir", f"{user}:f")
     assert res.returncode == 2
@@ -82,10 +80,17 @@ def test_bench_reports_timings():
 
 # --- graphc compile -------------------------------------------------------------------------------
 
+
 def _compile(tmp_path, *extra):
     env = dict(os.environ, GRAPHC_CACHE_DIR=str(tmp_path / "cache"), GRAPHC_PROFILE=str(tmp_path / "none.json"))
-    return subprocess.run([sys.executable, "-m", "graphc.cli", "compile", *extra], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "graphc.cli", "compile", *extra],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
 
 
 def test_compile_writes_a_plan_and_recompiling_is_cached(tmp_path):
@@ -102,14 +107,22 @@ def test_compile_writes_a_plan_and_recompiling_is_cached(tmp_path):
     assert again.returncode == 0 and "(cached)" in again.stderr
 
 
-@pytest.mark.parametrize("extra,message", [
-    (("models/mlp.py:train_step", "--example", "example_train_args", "--mesh", "dp=4,tp"), "expected NAME=SIZE"),
-    (("models/mlp.py:train_step", "--example", "example_train_args", "--mesh", "dp=0"), "dp"),
-    (("models/mlp.py:no_such_fn", "--mesh", "dp=2"), "no_such_fn"),
-    (("models/mlp.py:train_step", "--example", "example_train_args", "--mesh", "dp=2", "--link", "dp=fast"), "dp=fast"),
-    (("models/mlp.py:train_step", "--example", "example_train_args", "--mesh", "dp=2", "--memory", "1KiB"),
-     "smallest per-device memory"),
-])
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (("models/mlp.py:train_step", "--example", "example_train_args", "--mesh", "dp=4,tp"), "expected NAME=SIZE"),
+        (("models/mlp.py:train_step", "--example", "example_train_args", "--mesh", "dp=0"), "dp"),
+        (("models/mlp.py:no_such_fn", "--mesh", "dp=2"), "no_such_fn"),
+        (
+            ("models/mlp.py:train_step", "--example", "example_train_args", "--mesh", "dp=2", "--link", "dp=fast"),
+            "dp=fast",
+        ),
+        (
+            ("models/mlp.py:train_step", "--example", "example_train_args", "--mesh", "dp=2", "--memory", "1KiB"),
+            "smallest per-device memory",
+        ),
+    ],
+)
 def test_compile_errors_exit_2_with_a_message_and_no_plan(tmp_path, extra, message):
     out = tmp_path / "plan.json"
     res = _compile(tmp_path, *extra, "-o", str(out))
@@ -124,9 +137,28 @@ def test_run_on_a_mesh_checks_numpy_and_writes_a_chrome_trace(tmp_path):
 
     trace = tmp_path / "timeline.json"
     env = dict(os.environ, GRAPHC_CACHE_DIR=str(tmp_path / "cache"), GRAPHC_PROFILE=str(tmp_path / "none.json"))
-    res = subprocess.run([sys.executable, "-m", "graphc.cli", "run", "models/mlp.py:train_step", "--example",
-                          "example_train_args", "--mesh", "dp=2", "--repeat", "1", "--trace", str(trace)],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "graphc.cli",
+            "run",
+            "models/mlp.py:train_step",
+            "--example",
+            "example_train_args",
+            "--mesh",
+            "dp=2",
+            "--repeat",
+            "1",
+            "--trace",
+            str(trace),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert res.returncode == 0, res.stderr
     assert "result equals numpy eager: yes" in res.stdout and "peak memory" in res.stdout
     doc = json.loads(trace.read_text())
@@ -146,7 +178,13 @@ def test_run_follows_a_hand_edited_plan_file(tmp_path):
     node = next(n for n in doc["nodes"] if n["op"] == "matmul" and n["alternatives"])
     node["strategy"], node["pinned"] = node["alternatives"][0]["strategy"], True
     plan_file.write_text(json.dumps(doc))
-    res = subprocess.run([sys.executable, "-m", "graphc.cli", "run", *target, "--plan", str(plan_file), "--repeat", "1"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    res = subprocess.run(
+        [sys.executable, "-m", "graphc.cli", "run", *target, "--plan", str(plan_file), "--repeat", "1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert res.returncode == 0, res.stderr
     assert "on mesh dp=2" in res.stdout and "result equals numpy eager: yes" in res.stdout

@@ -72,8 +72,9 @@ def join(pieces: list[np.ndarray], dim: int, blocks: int) -> np.ndarray:
     return np.concatenate([h[b] for b in range(blocks) for h in halves], axis=dim)
 
 
-def independent(kind: str, xs: list, root=0, dim=0, blocks=1, split_dim=0, concat_dim=1,
-                split_blocks=1, concat_blocks=1) -> list:
+def independent(
+    kind: str, xs: list, root=0, dim=0, blocks=1, split_dim=0, concat_dim=1, split_blocks=1, concat_blocks=1
+) -> list:
     n = len(xs)
     if kind in ("all_reduce", "reduce", "reduce_scatter"):
         total = np.sum(np.stack(xs), axis=0, dtype=xs[0].dtype)
@@ -91,8 +92,9 @@ def independent(kind: str, xs: list, root=0, dim=0, blocks=1, split_dim=0, conca
     if kind == "scatter":
         return split(xs[root], dim, n, blocks)
     if kind == "all_to_all":
-        return [join([split(x, split_dim, n, split_blocks)[r] for x in xs], concat_dim, concat_blocks)
-                for r in range(n)]
+        return [
+            join([split(x, split_dim, n, split_blocks)[r] for x in xs], concat_dim, concat_blocks) for r in range(n)
+        ]
     raise ValueError(kind)
 
 
@@ -139,8 +141,12 @@ def cases(kind: str, n: int, rng) -> list[tuple[dict, list]]:
                     elif kind == "all_to_all":
                         shape[dim] = size
                         shape[1 - dim] = 2 * blocks
-                        attrs = {"split_dim": dim, "concat_dim": 1 - dim, "split_blocks": blocks,
-                                 "concat_blocks": blocks}
+                        attrs = {
+                            "split_dim": dim,
+                            "concat_dim": 1 - dim,
+                            "split_blocks": blocks,
+                            "concat_blocks": blocks,
+                        }
                     elif dim == 1 or blocks == 2:
                         continue  # all_reduce, reduce, broadcast: no dim
                     if kind in ("reduce", "gather", "broadcast", "scatter"):

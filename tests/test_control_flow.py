@@ -128,8 +128,12 @@ def test_nested_regions_round_trip():
 def _cond_graph(false_out_type=None, use_outer=False):
     b = GraphBuilder("g")
     x = b.input(TensorType((3,), np.float64), "x")
-    p = b.op("compare", b.op("reduce_sum", x, axes=(0,), keepdims=False),
-             b.op("constant", value=np.zeros((), np.float64)), direction="gt")
+    p = b.op(
+        "compare",
+        b.op("reduce_sum", x, axes=(0,), keepdims=False),
+        b.op("constant", value=np.zeros((), np.float64)),
+        direction="gt",
+    )
     tb = GraphBuilder("t")
     ta = tb.input(TensorType((3,), np.float64))
     true_r = Region(tb.inputs, tb.nodes, [tb.op("neg", ta)])
@@ -153,12 +157,17 @@ def test_verifier_accepts_a_well_formed_cond():
 
 
 def test_verifier_rejects_region_type_mismatch_naming_the_node():
-    with pytest.raises(graphc.VerifyError, match=r"node %\d+ = cond\(\.\.\.\): cond: the false region returns \(f32\[3\]\), expected \(f64\[3\]\)"):
+    with pytest.raises(
+        graphc.VerifyError,
+        match=r"node %\d+ = cond\(\.\.\.\): cond: the false region returns \(f32\[3\]\), expected \(f64\[3\]\)",
+    ):
         _cond_graph(false_out_type=np.float32).verify()
 
 
 def test_verifier_rejects_a_region_using_an_outer_value():
-    with pytest.raises(graphc.VerifyError, match=r"node %\d+ = exp\(\.\.\.\): operand 0 \(%x\) is defined outside this region"):
+    with pytest.raises(
+        graphc.VerifyError, match=r"node %\d+ = exp\(\.\.\.\): operand 0 \(%x\) is defined outside this region"
+    ):
         _cond_graph(use_outer=True).verify()
 
 

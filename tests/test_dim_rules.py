@@ -103,9 +103,16 @@ def _node_values(graph, args):
     """Every value of the graph, evaluated by the reference interpreter."""
     env = dict(zip(graph.inputs, bind_arguments(graph, args, {})))
     for node in graph.nodes:
-        outs = node.op.evaluate(*[env[v] for v in node.inputs], **node.attrs) if not node.regions else \
-            node.op.impl(__import__("graphc.interpreter", fromlist=["run_flat"]).run_flat, node.regions,
-                         *[env[v] for v in node.inputs], **node.attrs)
+        outs = (
+            node.op.evaluate(*[env[v] for v in node.inputs], **node.attrs)
+            if not node.regions
+            else node.op.impl(
+                __import__("graphc.interpreter", fromlist=["run_flat"]).run_flat,
+                node.regions,
+                *[env[v] for v in node.inputs],
+                **node.attrs,
+            )
+        )
         for o, a in zip(node.outputs, outs):
             env[o] = np.asarray(a)
     return env
@@ -132,7 +139,7 @@ def _check_node(node, strategy, mesh_shape, env):
         for a, p in enumerate(spec):  # replicas agree
             if p.kind == "R":
                 for c in coords:
-                    peer = c[:a] + (0,) + c[a + 1:]
+                    peer = c[:a] + (0,) + c[a + 1 :]
                     np.testing.assert_array_equal(pieces[c][k], pieces[peer][k], err_msg=what + " (replicas differ)")
 
 

@@ -186,7 +186,9 @@ def test_evaluate_rejects_mismatched_arguments():
     g = graphc.trace(lambda p, x: p["w"] @ x, {"w": np.ones((2, 3))}, np.ones(3))
     with pytest.raises(graphc.EvaluationError, match=r"input %p.w expects f64\[2,3\], got array of shape \(3, 3\)"):
         graphc.evaluate(g, {"w": np.ones((3, 3))}, np.ones(3))
-    with pytest.raises(graphc.EvaluationError, match=r"arguments\[0\]\[0\]: expected a dict with keys \['w'\], got \['v'\]"):
+    with pytest.raises(
+        graphc.EvaluationError, match=r"arguments\[0\]\[0\]: expected a dict with keys \['w'\], got \['v'\]"
+    ):
         graphc.evaluate(g, {"v": np.ones((2, 3))}, np.ones(3))
     with pytest.raises(graphc.EvaluationError, match="expected a tuple of length 2"):
         graphc.evaluate(g, {"w": np.ones((2, 3))})

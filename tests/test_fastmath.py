@@ -29,19 +29,126 @@ F64_TINY = np.finfo(np.float64).tiny
 F64_SUB = np.float64(5e-324)
 
 EDGES32 = np.array(
-    [0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 1.0, -1.0, 2.0**-149, -(2.0**-149), 2.0**-140, 1e-40,
-     -1e-40, F32_TINY, -F32_TINY, 1.5e-38, 1e-30, -1e-30, 1e-10, 2.0**-25, 2.0**-24, 1e-7, -1e-7,
-     0.34657359, -0.34657359, 0.5, 0.55, 0.6931472, 0.70710677, 0.7071068, 1.4142135, 1.4142137,
-     9.0, 9.01, 10.0, 20.0, 50.0, 87.0, 88.0, 88.72, 88.7228, 88.72284, 88.723, 89.0, 100.0, 1000.0,
-     -17.0, -20.0, -80.0, -87.33, -87.34, -90.0, -100.0, -103.0, -103.97, -103.98, -104.0, -200.0,
-     -1000.0, 1e20, -1e20, 3.4028235e38, -3.4028235e38, 0.999, 1.001, -0.999999, -0.5, 1e6, 2.0**24],
-    dtype=np.float32)
+    [
+        0.0,
+        -0.0,
+        np.inf,
+        -np.inf,
+        np.nan,
+        -np.nan,
+        1.0,
+        -1.0,
+        2.0**-149,
+        -(2.0**-149),
+        2.0**-140,
+        1e-40,
+        -1e-40,
+        F32_TINY,
+        -F32_TINY,
+        1.5e-38,
+        1e-30,
+        -1e-30,
+        1e-10,
+        2.0**-25,
+        2.0**-24,
+        1e-7,
+        -1e-7,
+        0.34657359,
+        -0.34657359,
+        0.5,
+        0.55,
+        0.6931472,
+        0.70710677,
+        0.7071068,
+        1.4142135,
+        1.4142137,
+        9.0,
+        9.01,
+        10.0,
+        20.0,
+        50.0,
+        87.0,
+        88.0,
+        88.72,
+        88.7228,
+        88.72284,
+        88.723,
+        89.0,
+        100.0,
+        1000.0,
+        -17.0,
+        -20.0,
+        -80.0,
+        -87.33,
+        -87.34,
+        -90.0,
+        -100.0,
+        -103.0,
+        -103.97,
+        -103.98,
+        -104.0,
+        -200.0,
+        -1000.0,
+        1e20,
+        -1e20,
+        3.4028235e38,
+        -3.4028235e38,
+        0.999,
+        1.001,
+        -0.999999,
+        -0.5,
+        1e6,
+        2.0**24,
+    ],
+    dtype=np.float32,
+)
 EDGES64 = np.array(
-    [0.0, -0.0, np.inf, -np.inf, np.nan, 1.0, -1.0, 5e-324, -5e-324, 1e-310, F64_TINY, 1e-300, 1e-20,
-     2.0**-54, 1e-8, 0.34657359027997264, 0.5, 0.55, 0.7071067811865476, 1.4142135623730951, 19.0, 20.0,
-     100.0, 700.0, 709.78, 709.79, 709.8, 710.0, -708.0, -709.0, -740.0, -745.0, -745.1, -745.2, -746.0,
-     -1000.0, 1e300, -1e300, 1.7976931348623157e308, -0.999999999, 1e15, 2.0**53],
-    dtype=np.float64)
+    [
+        0.0,
+        -0.0,
+        np.inf,
+        -np.inf,
+        np.nan,
+        1.0,
+        -1.0,
+        5e-324,
+        -5e-324,
+        1e-310,
+        F64_TINY,
+        1e-300,
+        1e-20,
+        2.0**-54,
+        1e-8,
+        0.34657359027997264,
+        0.5,
+        0.55,
+        0.7071067811865476,
+        1.4142135623730951,
+        19.0,
+        20.0,
+        100.0,
+        700.0,
+        709.78,
+        709.79,
+        709.8,
+        710.0,
+        -708.0,
+        -709.0,
+        -740.0,
+        -745.0,
+        -745.1,
+        -745.2,
+        -746.0,
+        -1000.0,
+        1e300,
+        -1e300,
+        1.7976931348623157e308,
+        -0.999999999,
+        1e15,
+        2.0**53,
+    ],
+    dtype=np.float64,
+)
 
 NAMES = ["exp", "expm1", "tanh", "log", "log1p"]
 
@@ -53,10 +160,15 @@ def sample32():
 
 def sample64():
     rng = np.random.default_rng(64)
-    parts = [rng.integers(0, 2**64, 400_000, dtype=np.uint64).view(np.float64),
-             rng.uniform(-750, 750, 200_000), rng.uniform(-25, 25, 200_000), rng.uniform(0, 4, 200_000),
-             rng.uniform(-1, 1, 200_000) * 10.0 ** rng.uniform(-320, 0, 200_000),
-             1 + rng.uniform(-1e-6, 1e-6, 100_000), EDGES64]
+    parts = [
+        rng.integers(0, 2**64, 400_000, dtype=np.uint64).view(np.float64),
+        rng.uniform(-750, 750, 200_000),
+        rng.uniform(-25, 25, 200_000),
+        rng.uniform(0, 4, 200_000),
+        rng.uniform(-1, 1, 200_000) * 10.0 ** rng.uniform(-320, 0, 200_000),
+        1 + rng.uniform(-1e-6, 1e-6, 100_000),
+        EDGES64,
+    ]
     return np.concatenate(parts)
 
 
@@ -110,11 +222,26 @@ def test_float64_matches_numpy(name, x64):
 def test_special_values(dtype):
     inf, nan = np.inf, np.nan
     cases = {
-        "exp": [(100.0 if dtype == np.float32 else 1000.0, inf), (-200.0 if dtype == np.float32 else -800.0, 0.0),
-                (inf, inf), (-inf, 0.0), (nan, nan), (0.0, 1.0), (-0.0, 1.0)],
+        "exp": [
+            (100.0 if dtype == np.float32 else 1000.0, inf),
+            (-200.0 if dtype == np.float32 else -800.0, 0.0),
+            (inf, inf),
+            (-inf, 0.0),
+            (nan, nan),
+            (0.0, 1.0),
+            (-0.0, 1.0),
+        ],
         "expm1": [(inf, inf), (-inf, -1.0), (-200.0, -1.0), (nan, nan), (0.0, 0.0), (-0.0, -0.0)],
-        "tanh": [(inf, 1.0), (-inf, -1.0), (1e30, 1.0), (-1e30, -1.0), (30.0, 1.0), (nan, nan), (0.0, 0.0),
-                 (-0.0, -0.0)],
+        "tanh": [
+            (inf, 1.0),
+            (-inf, -1.0),
+            (1e30, 1.0),
+            (-1e30, -1.0),
+            (30.0, 1.0),
+            (nan, nan),
+            (0.0, 0.0),
+            (-0.0, -0.0),
+        ],
         "log": [(0.0, -inf), (-0.0, -inf), (-1.0, nan), (-inf, nan), (inf, inf), (nan, nan), (1.0, 0.0)],
         "log1p": [(-1.0, -inf), (-2.0, nan), (-inf, nan), (inf, inf), (nan, nan), (0.0, 0.0), (-0.0, -0.0)],
     }
@@ -126,7 +253,12 @@ def test_special_values(dtype):
         for xi, gi, wi in zip(x, got, want):
             si = scalar(xi)  # the scalar function called from Python agrees with the array map
             for v in (gi, si):
-                assert (np.isnan(v) and np.isnan(wi)) or (v == wi and np.signbit(v) == np.signbit(wi)), (name, xi, v, wi)
+                assert (np.isnan(v) and np.isnan(wi)) or (v == wi and np.signbit(v) == np.signbit(wi)), (
+                    name,
+                    xi,
+                    v,
+                    wi,
+                )
 
 
 def test_subnormal_exp_and_log():
@@ -183,8 +315,9 @@ def numpy_gelu(x):
 
 def test_gelu_matches_numpy():
     rng = np.random.default_rng(0)
-    x = np.concatenate([rng.standard_normal(300_000) * 3, np.linspace(-30, 30, 100_001),
-                        EDGES32.astype(np.float64)]).astype(np.float32)
+    x = np.concatenate(
+        [rng.standard_normal(300_000) * 3, np.linspace(-30, 30, 100_001), EDGES32.astype(np.float64)]
+    ).astype(np.float32)
     out = np.empty_like(x)
     fm.gelu_f32(x, out)
     with np.errstate(all="ignore"):
@@ -206,8 +339,10 @@ def numpy_softmax(x):
     return e / e.sum(-1, keepdims=True)
 
 
-@pytest.mark.parametrize("shape, scale", [((512, 1024), 1.0), ((300, 33), 10.0), ((7, 5, 64), 30.0), ((10, 1), 1.0),
-                                          ((1000, 15), 60.0), ((20, 2500), 5.0)])
+@pytest.mark.parametrize(
+    "shape, scale",
+    [((512, 1024), 1.0), ((300, 33), 10.0), ((7, 5, 64), 30.0), ((10, 1), 1.0), ((1000, 15), 60.0), ((20, 2500), 5.0)],
+)
 def test_softmax_matches_numpy(shape, scale):
     rng = np.random.default_rng(1)
     x = (rng.standard_normal(shape) * scale).astype(np.float32)
@@ -219,8 +354,16 @@ def test_softmax_matches_numpy(shape, scale):
 
 
 def test_softmax_special_rows():
-    x = np.array([[0.0, 1.0, np.nan, 2.0], [-np.inf, 0.0, 1.0, -np.inf], [np.inf, 0.0, 1.0, 2.0],
-                  [-np.inf] * 4, [-1e30, 1e30, 3e38, -3e38]], np.float32)
+    x = np.array(
+        [
+            [0.0, 1.0, np.nan, 2.0],
+            [-np.inf, 0.0, 1.0, -np.inf],
+            [np.inf, 0.0, 1.0, 2.0],
+            [-np.inf] * 4,
+            [-1e30, 1e30, 3e38, -3e38],
+        ],
+        np.float32,
+    )
     out = np.empty_like(x)
     fm.softmax_lastaxis_f32(x, out)
     with np.errstate(invalid="ignore"):
@@ -235,8 +378,7 @@ def float64_layernorm(x, g, b, eps):
     return (x - mu) / np.sqrt(var + eps) * g.astype(np.float64) + b.astype(np.float64)
 
 
-@pytest.mark.parametrize("shape, offset", [((512, 1024), 0.0), ((300, 33), 30.0), ((7, 5, 64), -5.0),
-                                           ((4, 3), 1000.0)])
+@pytest.mark.parametrize("shape, offset", [((512, 1024), 0.0), ((300, 33), 30.0), ((7, 5, 64), -5.0), ((4, 3), 1000.0)])
 def test_layernorm_matches_numpy(shape, offset):
     rng = np.random.default_rng(2)
     n = shape[-1]

@@ -109,7 +109,7 @@ def index_shape(draw, bshape):
     if draw(st.integers(0, 14)) == 0:
         return tuple(draw(st.lists(st.integers(0, 3), max_size=2)))
     k = draw(st.integers(0, len(bshape)))
-    return tuple(1 if draw(st.integers(0, 3)) == 0 else d for d in bshape[len(bshape) - k:])
+    return tuple(1 if draw(st.integers(0, 3)) == 0 else d for d in bshape[len(bshape) - k :])
 
 
 @st.composite
@@ -193,13 +193,17 @@ def key_template(draw, kinds, require=None, max_extra=2, min_rank=0):
                 start = draw(st.integers(-n, n - length) if step == 1 else st.integers(length - 1 - n, n - 1))
                 comps.append(range(start, start + step * length, step))
             else:
-                comps.append(range(draw(st.integers(-n, n)), draw(st.integers(-n, n + 1)), draw(st.sampled_from([1, 2, -1, 3]))))
+                comps.append(
+                    range(draw(st.integers(-n, n)), draw(st.integers(-n, n + 1)), draw(st.sampled_from([1, 2, -1, 3])))
+                )
         elif k == "mask":
             covered = tuple(size_at(dim + j) for j in range(mask_nd[i]))
             if draw(st.integers(0, 9)) == 0:  # wrong mask shape: numpy raises IndexError
                 covered = tuple(draw(st.integers(0, 5)) for _ in covered)
-            m = np.array(draw(st.lists(st.booleans(), min_size=int(np.prod(covered)), max_size=int(np.prod(covered)))),
-                         dtype=bool).reshape(covered)
+            m = np.array(
+                draw(st.lists(st.booleans(), min_size=int(np.prod(covered)), max_size=int(np.prod(covered)))),
+                dtype=bool,
+            ).reshape(covered)
             comps.append(m.tolist() if m.ndim == 1 and m.size and draw(st.booleans()) else m)
         elif k == "traced":
             dt = draw(st.sampled_from([np.int64, np.int32, np.uint8]))
@@ -291,26 +295,40 @@ X234 = make_array((2, 3, 4), np.float64)
         pytest.param(X34, lambda lab: (np.arange(3), lab), [np.array([3, 0, 2])], id="arange_labels"),
         pytest.param(X34, lambda r, lab: (r, lab), [np.array([0, 1, 2]), np.array([3, 0, -1])], id="both_traced"),
         pytest.param(X34, lambda lab: (range(3), lab), [np.array([1, 1, 2])], id="range_labels"),
-        pytest.param(X234, lambda lab: (np.arange(2)[:, None], np.arange(3), lab), [np.array([[0, 1, 2], [3, 3, 0]])],
-                     id="batched_labels"),
+        pytest.param(
+            X234,
+            lambda lab: (np.arange(2)[:, None], np.arange(3), lab),
+            [np.array([[0, 1, 2], [3, 3, 0]])],
+            id="batched_labels",
+        ),
         pytest.param(X234, lambda t: (t, slice(None), t), [np.array([1, 0])], id="same_traced_twice_non_adjacent"),
         pytest.param(X234, lambda t: (Ellipsis, t), [np.array([[3, 2], [1, 0]])], id="ellipsis_traced_last_dim"),
         pytest.param(X234, lambda t: (None, 1, t, None), [np.array([2, 0])], id="none_int_traced"),
         pytest.param(X234, lambda t: (t, 0, slice(1, None)), [np.array([1, 0, 1])], id="traced_int_adjacent"),
         pytest.param(X234, lambda t: (t, slice(None), 0), [np.array([1, 0, 1])], id="traced_int_non_adjacent"),
-        pytest.param(X234, lambda t: (slice(None), np.array([True, False, True]), t), [np.array([3, 0])],
-                     id="mask_and_traced"),
+        pytest.param(
+            X234, lambda t: (slice(None), np.array([True, False, True]), t), [np.array([3, 0])], id="mask_and_traced"
+        ),
         pytest.param(X34, lambda t: np.asarray(t), [np.array([0, 2])], id="asarray_of_traced_index"),
-        pytest.param(X34, lambda a, b: [a, b], [np.array([0, 2]), np.array([1, 1])],
-                     id="list_of_traced_arrays_is_one_index_array"),
+        pytest.param(
+            X34,
+            lambda a, b: [a, b],
+            [np.array([0, 2]), np.array([1, 1])],
+            id="list_of_traced_arrays_is_one_index_array",
+        ),
         pytest.param(X34, lambda t: (t[:, None], t[None, :]), [np.array([1, 2])], id="outer_product_index"),
         pytest.param(X34, lambda t: t, [np.zeros((0,), np.int64)], id="empty_traced_index"),
         # an ellipsis standing for no dims still separates the index arrays: they move to the front
         pytest.param(X234, lambda t: (slice(None), t, Ellipsis, t), [np.array([1, 0])], id="empty_ellipsis_separates"),
-        pytest.param(X234, lambda t: (slice(None), 2, Ellipsis, t), [np.array([1, 0])],
-                     id="empty_ellipsis_separates_int"),
-        pytest.param(np.zeros((1, 0, 0), np.float32), lambda a, b: (slice(None), a, Ellipsis, b),
-                     [np.zeros((0,), np.int64)] * 2, id="empty_ellipsis_empty_arrays"),
+        pytest.param(
+            X234, lambda t: (slice(None), 2, Ellipsis, t), [np.array([1, 0])], id="empty_ellipsis_separates_int"
+        ),
+        pytest.param(
+            np.zeros((1, 0, 0), np.float32),
+            lambda a, b: (slice(None), a, Ellipsis, b),
+            [np.zeros((0,), np.int64)] * 2,
+            id="empty_ellipsis_empty_arrays",
+        ),
     ],
 )
 def test_traced_index_examples(x, key_fn, traced):
@@ -341,7 +359,9 @@ def test_scalar_bool_index(x, key):
         pytest.param(X34, np.zeros((0,), bool), id="empty_mask_wrong_length"),
         pytest.param(X34, np.zeros((0, 4), bool), id="empty_2d_mask_wrong_length"),
         pytest.param(X34, np.zeros((3, 0), bool), id="empty_2d_mask_wrong_width"),
-        pytest.param(np.zeros((0, 0), np.float32), (np.array([0]), np.zeros((0,), bool)), id="empty_mask_and_oob_array"),
+        pytest.param(
+            np.zeros((0, 0), np.float32), (np.array([0]), np.zeros((0,), bool)), id="empty_mask_and_oob_array"
+        ),
         pytest.param(X34, (np.array([5]), np.array([], np.int64)), id="oob_array_broadcast_to_empty"),
         pytest.param(X34, ([7, 8], np.zeros((0, 1), np.int64)), id="oob_list_broadcast_to_empty"),
         pytest.param(X34, (np.array([1]), np.array([], np.int64)), id="in_bounds_broadcast_to_empty"),

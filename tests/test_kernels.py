@@ -16,8 +16,11 @@ def test_fused_kernels_match_numpy(name):
     rng = np.random.default_rng(0)
     x = (rng.standard_normal((64, 257)) * 3).astype(np.float32)
     x[0, :5] = [0.0, -0.0, 12.0, -12.0, 50.0]
-    args = (x,) if name != "layer_norm" else (x, rng.standard_normal(257).astype(np.float32),
-                                              rng.standard_normal(257).astype(np.float32))
+    args = (
+        (x,)
+        if name != "layer_norm"
+        else (x, rng.standard_normal(257).astype(np.float32), rng.standard_normal(257).astype(np.float32))
+    )
     compiled = graphc.jit(fn).compile(*args)
     assert compiled.stats()["fused_kernels"] == 1  # the whole function is one kernel
     got = compiled(*args)

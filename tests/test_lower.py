@@ -84,8 +84,11 @@ def test_gpt_tp4_programs_hold_the_plans_collectives():
     _graph, plan, program, _ = lowered(fn, args, kwargs, {"tp": 4})
     programs = program.devices
     kinds = sorted(c.kind for c in plan.collectives if c.kind not in ("slice", "zero"))
-    prog_kinds = sorted(n.op.name for n in programs[0].graph.nodes
-                        if n.op.name in ("all_reduce", "reduce_scatter", "all_gather", "all_to_all"))
+    prog_kinds = sorted(
+        n.op.name
+        for n in programs[0].graph.nodes
+        if n.op.name in ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
+    )
     assert prog_kinds == kinds
     for p in programs:
         for n in p.graph.nodes:
@@ -102,8 +105,11 @@ def test_verifier_catches_collectives_in_different_orders():
     nodes = programs[1].graph.nodes
     coll = [i for i, n in enumerate(nodes) if n.op.name in ("all_reduce", "all_gather", "reduce_scatter")]
     i = coll[0]
-    j = next(k for k in coll[1:] if (nodes[k].op.name, str(nodes[k].inputs[0].type))
-             != (nodes[i].op.name, str(nodes[i].inputs[0].type)))
+    j = next(
+        k
+        for k in coll[1:]
+        if (nodes[k].op.name, str(nodes[k].inputs[0].type)) != (nodes[i].op.name, str(nodes[i].inputs[0].type))
+    )
     nodes[i], nodes[j] = nodes[j], nodes[i]  # device 1 would enter them in another order: a deadlock
     with pytest.raises(VerifyError, match="collective #"):
         check_collective_order(programs)

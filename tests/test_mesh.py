@@ -64,34 +64,43 @@ def test_as_mesh():
         Mesh([("dp", 2)])
 
 
-@pytest.mark.parametrize("text, message", [
-    ("dp=2,tp", r"bad mesh 'dp=2,tp': 'tp' is not NAME=SIZE; expected NAME=SIZE\[,NAME=SIZE...\] such as dp=2,tp=4"),
-    ("dp=", r"'dp=' is not NAME=SIZE"),
-    ("=2", r"'=2' is not NAME=SIZE"),
-    ("dp=0", r"axis 'dp' has size 0; expected an integer >= 1"),
-    ("dp=-1", r"axis 'dp' has size '-1'; expected an integer >= 1"),
-    ("dp=2.5", r"axis 'dp' has size '2.5'"),
-    ("dp=2,dp=4", r"axis 'dp' appears twice"),
-    ("2d=2", r"axis name '2d' is not a Python identifier"),
-    ("d-p=2", r"axis name 'd-p' is not a Python identifier"),
-    ("", r"bad mesh '': expected NAME=SIZE"),
-    ("  ", r"expected NAME=SIZE"),
-    ("dp=2,,tp=4", r"'' is not NAME=SIZE"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (
+            "dp=2,tp",
+            r"bad mesh 'dp=2,tp': 'tp' is not NAME=SIZE; expected NAME=SIZE\[,NAME=SIZE...\] such as dp=2,tp=4",
+        ),
+        ("dp=", r"'dp=' is not NAME=SIZE"),
+        ("=2", r"'=2' is not NAME=SIZE"),
+        ("dp=0", r"axis 'dp' has size 0; expected an integer >= 1"),
+        ("dp=-1", r"axis 'dp' has size '-1'; expected an integer >= 1"),
+        ("dp=2.5", r"axis 'dp' has size '2.5'"),
+        ("dp=2,dp=4", r"axis 'dp' appears twice"),
+        ("2d=2", r"axis name '2d' is not a Python identifier"),
+        ("d-p=2", r"axis name 'd-p' is not a Python identifier"),
+        ("", r"bad mesh '': expected NAME=SIZE"),
+        ("  ", r"expected NAME=SIZE"),
+        ("dp=2,,tp=4", r"'' is not NAME=SIZE"),
+    ],
+)
 def test_bad_mesh_strings(text, message):
     with pytest.raises(MeshError, match=message) as info:
         Mesh(text)
     assert isinstance(info.value, GraphcError) and isinstance(info.value, ValueError)
 
 
-@pytest.mark.parametrize("axes, message", [
-    ({}, "at least one axis"),
-    ({"dp": 0}, "axis 'dp' has size 0"),
-    ({"dp": True}, r"axis 'dp' has size True \(bool\)"),
-    ({"dp": 2.0}, r"axis 'dp' has size 2.0 \(float\)"),
-    ({"dp": "2"}, r"axis 'dp' has size '2' \(str\)"),
-    ({1: 2}, "axis name 1 is not a Python identifier"),
-])
+@pytest.mark.parametrize(
+    "axes, message",
+    [
+        ({}, "at least one axis"),
+        ({"dp": 0}, "axis 'dp' has size 0"),
+        ({"dp": True}, r"axis 'dp' has size True \(bool\)"),
+        ({"dp": 2.0}, r"axis 'dp' has size 2.0 \(float\)"),
+        ({"dp": "2"}, r"axis 'dp' has size '2' \(str\)"),
+        ({1: 2}, "axis name 1 is not a Python identifier"),
+    ],
+)
 def test_bad_mesh_dicts(axes, message):
     with pytest.raises(MeshError, match=message):
         Mesh(axes)
@@ -169,14 +178,17 @@ def test_unknown_or_bad_link_is_rejected():
         Mesh("dp=2", links={"dp": (1e-6, 1e9)})
 
 
-@pytest.mark.parametrize("args, message", [
-    ((0, 1e9), "Link.latency_s must be a finite number of seconds > 0"),
-    ((1e-6, -1), "Link.bandwidth must be a finite number of bytes/s > 0"),
-    ((1e-6, math.inf), "Link.bandwidth"),
-    ((math.nan, 1e9), "Link.latency_s"),
-    ((True, 1e9), "Link.latency_s must be a number of seconds, got True"),
-    (("1us", 1e9), "Link.latency_s must be a number"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ((0, 1e9), "Link.latency_s must be a finite number of seconds > 0"),
+        ((1e-6, -1), "Link.bandwidth must be a finite number of bytes/s > 0"),
+        ((1e-6, math.inf), "Link.bandwidth"),
+        ((math.nan, 1e9), "Link.latency_s"),
+        ((True, 1e9), "Link.latency_s must be a number of seconds, got True"),
+        (("1us", 1e9), "Link.latency_s must be a number"),
+    ],
+)
 def test_bad_link_values(args, message):
     with pytest.raises(MeshError, match=message):
         Link(*args)
@@ -196,21 +208,30 @@ def test_parse_links_and_units():
     assert m.links["tp"] == Link(5e-6, 10e9)
 
 
-@pytest.mark.parametrize("text, message", [
-    ("", r"bad links '': expected NAME=BANDWIDTH:LATENCY\[,...\] such as dp=1GB/s:50us,tp=10GB/s:5us"),
-    ("dp=1GB/s", r"bad link 'dp=1GB/s' in 'dp=1GB/s': expected NAME=BANDWIDTH:LATENCY"),
-    ("dp:1GB/s:5us", r"bad link 'dp:1GB/s:5us'"),
-    ("=1GB/s:5us", r"bad link '=1GB/s:5us'"),
-    ("dp=1GB:5us", r"bad bandwidth '1GB' in 'dp=1GB:5us': expected a number with a unit \(B/s, .*\) such as 10GB/s"),
-    ("dp=1Gb/s:5us", r"bad bandwidth '1Gb/s'"),
-    ("dp=1e9:5us", r"bad bandwidth '1e9'"),
-    ("dp=GB/s:5us", r"bad bandwidth 'GB/s'"),
-    ("dp=1GB/s:5", r"bad latency '5' in 'dp=1GB/s:5': expected a number with a unit \(s, ms, us, .*\) such as 50us"),
-    ("dp=1GB/s:5 minutes", r"bad latency '5 minutes'"),
-    ("dp=1GB/s:0us", r"bad latency '0us' in 'dp=1GB/s:0us': it must be > 0"),
-    ("dp=1GB/s:5us,dp=2GB/s:5us", r"axis 'dp' appears twice"),
-    ("2d=1GB/s:5us", r"axis name '2d' is not a Python identifier"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("", r"bad links '': expected NAME=BANDWIDTH:LATENCY\[,...\] such as dp=1GB/s:50us,tp=10GB/s:5us"),
+        ("dp=1GB/s", r"bad link 'dp=1GB/s' in 'dp=1GB/s': expected NAME=BANDWIDTH:LATENCY"),
+        ("dp:1GB/s:5us", r"bad link 'dp:1GB/s:5us'"),
+        ("=1GB/s:5us", r"bad link '=1GB/s:5us'"),
+        (
+            "dp=1GB:5us",
+            r"bad bandwidth '1GB' in 'dp=1GB:5us': expected a number with a unit \(B/s, .*\) such as 10GB/s",
+        ),
+        ("dp=1Gb/s:5us", r"bad bandwidth '1Gb/s'"),
+        ("dp=1e9:5us", r"bad bandwidth '1e9'"),
+        ("dp=GB/s:5us", r"bad bandwidth 'GB/s'"),
+        (
+            "dp=1GB/s:5",
+            r"bad latency '5' in 'dp=1GB/s:5': expected a number with a unit \(s, ms, us, .*\) such as 50us",
+        ),
+        ("dp=1GB/s:5 minutes", r"bad latency '5 minutes'"),
+        ("dp=1GB/s:0us", r"bad latency '0us' in 'dp=1GB/s:0us': it must be > 0"),
+        ("dp=1GB/s:5us,dp=2GB/s:5us", r"axis 'dp' appears twice"),
+        ("2d=1GB/s:5us", r"axis name '2d' is not a Python identifier"),
+    ],
+)
 def test_bad_link_strings(text, message):
     with pytest.raises(MeshError, match=message):
         parse_links(text)
@@ -236,16 +257,23 @@ def test_mesh_json_round_trip_equality_and_hash():
     assert Mesh(again, profile=other).links["dp"] == other.link
 
 
-@pytest.mark.parametrize("doc, message", [
-    ({"links": {}, "profile": {}}, "mesh has no 'axes' key"),
-    ({"axes": {"dp": 2}, "links": {}}, "mesh has no 'profile' key"),
-    ({"axes": [["dp", 2]], "links": {}, "profile": {}}, "mesh 'axes' must be an object"),
-    ({"axes": {"dp": 0}, "links": {}, "profile": DEFAULT.to_json()}, "axis 'dp' has size 0"),
-    ({"axes": {"dp": 2}, "links": {"dp": {"bandwidth": 1e9}}, "profile": DEFAULT.to_json()},
-     "mesh link 'dp' has no 'latency_s' key"),
-    ({"axes": {"dp": 2}, "links": {"tp": Link(1e-6, 1e9).to_json()}, "profile": DEFAULT.to_json()},
-     "link given for axis 'tp'"),
-])
+@pytest.mark.parametrize(
+    "doc, message",
+    [
+        ({"links": {}, "profile": {}}, "mesh has no 'axes' key"),
+        ({"axes": {"dp": 2}, "links": {}}, "mesh has no 'profile' key"),
+        ({"axes": [["dp", 2]], "links": {}, "profile": {}}, "mesh 'axes' must be an object"),
+        ({"axes": {"dp": 0}, "links": {}, "profile": DEFAULT.to_json()}, "axis 'dp' has size 0"),
+        (
+            {"axes": {"dp": 2}, "links": {"dp": {"bandwidth": 1e9}}, "profile": DEFAULT.to_json()},
+            "mesh link 'dp' has no 'latency_s' key",
+        ),
+        (
+            {"axes": {"dp": 2}, "links": {"tp": Link(1e-6, 1e9).to_json()}, "profile": DEFAULT.to_json()},
+            "link given for axis 'tp'",
+        ),
+    ],
+)
 def test_bad_mesh_json(doc, message):
     with pytest.raises(MeshError, match=message):
         Mesh.from_json(doc)

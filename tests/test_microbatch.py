@@ -12,9 +12,8 @@ from graphc.core.errors import PlanError
 from graphc.core.pytree import flatten
 from graphc.interpreter import bind_arguments
 from graphc.models import gpt, mlp
-from graphc.passes.partition import optimize_for_planning
 from graphc.passes.microbatch import batch_inputs, microbatch
-
+from graphc.passes.partition import optimize_for_planning
 
 
 def graph_of(fn, args, kw):
@@ -78,7 +77,7 @@ def batch_norm_step(w, x):
     def loss(w):
         h = x @ w
         h = (h - h.mean(axis=0)) / (h.std(axis=0) + 1e-5)
-        return np.mean(h ** 3)
+        return np.mean(h**3)
 
     l, g = graphc.value_and_grad(loss)(w)
     return w - 0.1 * g, l
@@ -111,14 +110,19 @@ def test_linear_operands_are_linear():
 
     rng = np.random.default_rng(0)
     checked = set()
-    for fn, (args, kw) in ((mlp.train_step, mlp.example_train_args(batch=8, sizes=(6, 5, 4))),
-                           (gpt.train_step, gpt.example_train_args(batch=2, seq=4, d=8, n_head=2, n_vocab=16, n_layer=1))):
+    for fn, (args, kw) in (
+        (mlp.train_step, mlp.example_train_args(batch=8, sizes=(6, 5, 4))),
+        (gpt.train_step, gpt.example_train_args(batch=2, seq=4, d=8, n_head=2, n_vocab=16, n_layer=1)),
+    ):
         g = graph_of(fn, args, kw)
         env = dict(zip(g.inputs, bind_arguments(g, args, kw)))
         for node in g.nodes:
             xs = [env[v] for v in node.inputs]
-            outs = node.op.impl(run_flat, node.regions, *xs, **node.attrs) if node.regions else \
-                node.op.evaluate(*xs, **node.attrs)
+            outs = (
+                node.op.impl(run_flat, node.regions, *xs, **node.attrs)
+                if node.regions
+                else node.op.evaluate(*xs, **node.attrs)
+            )
             for o, y in zip(node.outputs, outs):
                 env[o] = np.asarray(y)
             for ops in linear_operands(node):
@@ -132,7 +136,12 @@ def test_linear_operands_are_linear():
                     a[i], b[i] = xs[i] - noise, noise
                 ya, yb = node.op.evaluate(*a, **node.attrs), node.op.evaluate(*b, **node.attrs)
                 for y, p, q in zip(outs, ya, yb):
-                    np.testing.assert_allclose(np.asarray(p) + np.asarray(q), y, rtol=1e-4, atol=1e-4,
-                                               err_msg=f"{node.op.name} at {node.loc} in operands {sorted(ops)}")
+                    np.testing.assert_allclose(
+                        np.asarray(p) + np.asarray(q),
+                        y,
+                        rtol=1e-4,
+                        atol=1e-4,
+                        err_msg=f"{node.op.name} at {node.loc} in operands {sorted(ops)}",
+                    )
                 checked.add(node.op.name)
     assert {"add", "mul", "matmul", "transpose", "reshape", "reduce_sum", "scatter_add"} <= checked

@@ -56,7 +56,9 @@ def test_one_graph_serves_new_data_of_the_same_shapes():
     (params, images), _ = cnn.example_args(seed=0)
     graph = graphc.trace(cnn.cnn, params, images)
     (params2, images2), _ = cnn.example_args(seed=5)
-    np.testing.assert_allclose(graphc.evaluate(graph, params2, images2), cnn.cnn(params2, images2), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+        graphc.evaluate(graph, params2, images2), cnn.cnn(params2, images2), rtol=1e-4, atol=1e-5
+    )
 
 
 def test_trace_with_array_specs_needs_no_data():
@@ -65,7 +67,8 @@ def test_trace_with_array_specs_needs_no_data():
     (params, tokens), kwargs = gpt.example_args()
     specs = {k: v for k, v in params.items()}
     spec_params = graphc.core.pytree.unflatten(
-        graphc.core.pytree.flatten(specs)[1], [graphc.ArraySpec(x.shape, x.dtype) for x in graphc.core.pytree.flatten(specs)[0]]
+        graphc.core.pytree.flatten(specs)[1],
+        [graphc.ArraySpec(x.shape, x.dtype) for x in graphc.core.pytree.flatten(specs)[0]],
     )
     g1 = graphc.trace(gpt.gpt, spec_params, graphc.ArraySpec(tokens.shape, tokens.dtype), **kwargs)
     g2 = graphc.trace(gpt.gpt, params, tokens, **kwargs)

@@ -33,9 +33,7 @@ def assert_same(got, expected, path="result"):
         assert g.shape == e.shape, f"{path}: shape {g.shape} != expected {e.shape}"
         assert g.dtype == e.dtype, f"{path}: dtype {g.dtype} != expected {e.dtype}"
         if e.dtype.kind == "f":
-            np.testing.assert_allclose(
-                g, e, rtol=_RTOL[e.dtype], atol=_ATOL[e.dtype], equal_nan=True, err_msg=path
-            )
+            np.testing.assert_allclose(g, e, rtol=_RTOL[e.dtype], atol=_ATOL[e.dtype], equal_nan=True, err_msg=path)
         else:
             np.testing.assert_array_equal(g, e, err_msg=path, strict=True)
     elif isinstance(expected, dict):
@@ -151,20 +149,43 @@ case("matmul_op", lambda a, b: a @ b, A23, A34)
 case("neg", lambda a: -a, A23)
 case("neg_int", lambda a: -a, K23)
 case("neg_uint8", lambda a: -a, U23)
-case("neg_uint", lambda a, b: (-a, -b, np.negative(a)), np.array([0, 1, 2**64 - 1], np.uint64), np.array([0, 7, 65535], np.uint16))
+case(
+    "neg_uint",
+    lambda a, b: (-a, -b, np.negative(a)),
+    np.array([0, 1, 2**64 - 1], np.uint64),
+    np.array([0, 7, 65535], np.uint16),
+)
 case("pos", lambda a: +a, A23)
-case("floordiv", lambda a, b: a // b, A23, P23,
-     marks=gap("np.floor_divide of floats is unsupported: no exact decomposition of numpy's fmod-based float floor division"))
+case(
+    "floordiv",
+    lambda a, b: a // b,
+    A23,
+    P23,
+    marks=gap(
+        "np.floor_divide of floats is unsupported: no exact decomposition of numpy's fmod-based float floor division"
+    ),
+)
 case("mod", lambda a: a % 3, I23)
 case("floordiv_int", lambda a, b: a // b, I23, np.array([[3, -2, 1], [-4, 5, 7]]))
 case("floordiv_int_by_zero", lambda a, b: (a // b, a % b), I23, np.array([[0, -2, 0], [1, 0, -1]]))
-case("floordiv_mod_extremes", lambda a, b: (a // b, a % b, divmod(a, b)),
-     np.array([np.iinfo(np.int64).min, np.iinfo(np.int64).max, -7, 7, 2**62 + 1, -(2**53) - 1], np.int64),
-     np.array([-1, 2**62 + 3, 2, -2, 3, -(2**40) + 1], np.int64))
-case("floordiv_mod_uint64", lambda a, b: (a // b, a % b),
-     np.array([2**64 - 1, 2**63 + 5, 10, 0, 2**64 - 2], np.uint64), np.array([3, 2**63 - 1, 0, 7, 2**64 - 1], np.uint64))
-case("floordiv_mod_int8_extremes", lambda a, b: (a // b, a % b), np.array([-128, -128, 127, -7, 5], np.int8),
-     np.array([-1, 3, -128, 2, -3], np.int8))
+case(
+    "floordiv_mod_extremes",
+    lambda a, b: (a // b, a % b, divmod(a, b)),
+    np.array([np.iinfo(np.int64).min, np.iinfo(np.int64).max, -7, 7, 2**62 + 1, -(2**53) - 1], np.int64),
+    np.array([-1, 2**62 + 3, 2, -2, 3, -(2**40) + 1], np.int64),
+)
+case(
+    "floordiv_mod_uint64",
+    lambda a, b: (a // b, a % b),
+    np.array([2**64 - 1, 2**63 + 5, 10, 0, 2**64 - 2], np.uint64),
+    np.array([3, 2**63 - 1, 0, 7, 2**64 - 1], np.uint64),
+)
+case(
+    "floordiv_mod_int8_extremes",
+    lambda a, b: (a // b, a % b),
+    np.array([-128, -128, 127, -7, 5], np.int8),
+    np.array([-1, 3, -128, 2, -3], np.int8),
+)
 case("floordiv_mod_pyint", lambda a: (a // 4, 17 // a, a % -3, -17 % a, np.floor_divide(a, 2), np.mod(a, 5)), K23)
 case("floordiv_mod_uint8_int8", lambda u, k: (u // k, u % k, np.divmod(u, k)), U23, K23)
 case("floordiv_bool", lambda a, b: (a // b, a % b), M23, N23)
@@ -200,7 +221,11 @@ case("square", np.square, A23)
 case("sign", np.sign, D23)
 case("reciprocal", np.reciprocal, P23)
 case("relu", lambda x: np.maximum(x, 0.0), A234)
-case("softmax", lambda x: np.exp(x - x.max(-1, keepdims=True)) / np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True), A234)
+case(
+    "softmax",
+    lambda x: np.exp(x - x.max(-1, keepdims=True)) / np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True),
+    A234,
+)
 case("gelu_tanh", lambda x: 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3))), A23)
 case("gelu_tanh_f64_const", lambda x: 0.5 * x * (1 + np.tanh(0.7978845608 * (x + 0.044715 * x**3))), A23)
 
@@ -236,12 +261,23 @@ case("where_broadcast", lambda m, a: np.where(m, a, 0.0), mask(2, 1), A23)
 
 # --- reductions --------------------------------------------------------------------------------
 
-for _name, _f in [("sum", np.sum), ("mean", np.mean), ("var", np.var), ("std", np.std), ("max", np.max), ("min", np.min)]:
+for _name, _f in [
+    ("sum", np.sum),
+    ("mean", np.mean),
+    ("var", np.var),
+    ("std", np.std),
+    ("max", np.max),
+    ("min", np.min),
+]:
     for _axis in [None, 0, 1, -1, -2, (0, 2), (0, 1, 2), (-1, 0), ()]:
         for _kd in [False, True]:
             if _axis == () and _name in ("max", "min", "var", "std", "mean"):
                 continue
-            case(f"{_name}_axis{_axis}_kd{_kd}".replace(" ", ""), lambda x, f=_f, ax=_axis, kd=_kd: f(x, axis=ax, keepdims=kd), A234)
+            case(
+                f"{_name}_axis{_axis}_kd{_kd}".replace(" ", ""),
+                lambda x, f=_f, ax=_axis, kd=_kd: f(x, axis=ax, keepdims=kd),
+                A234,
+            )
     case(f"{_name}_f64_2d", lambda x, f=_f: f(x), D23)
     case(f"{_name}_1d", lambda x, f=_f: f(x, axis=0), V4)
 
@@ -262,7 +298,9 @@ case("argmin_int8_axis_kd", lambda x: np.argmin(x, axis=0, keepdims=True), ints(
 case("argmin_bool_axis", lambda m: np.argmin(m, axis=1), M23)
 case("argmin_none_kd", lambda x: np.argmin(x, keepdims=True), I23)
 case("argmin_uint64", lambda x: np.argmin(x, axis=-1), np.array([[3, 0, 2**64 - 1], [5, 5, 1]], np.uint64))
-case("argmin_nan_first", lambda x: np.argmin(x, axis=1), np.array([[1.0, np.nan, -2.0, np.nan], [2.0, -3.0, -3.0, 1.0]]))
+case(
+    "argmin_nan_first", lambda x: np.argmin(x, axis=1), np.array([[1.0, np.nan, -2.0, np.nan], [2.0, -3.0, -3.0, 1.0]])
+)
 case("argmin_argmax_empty_other_axis", lambda x: (np.argmin(x, axis=1), np.argmax(x, axis=1)), ints(0, 3))
 
 case("sum_dtype_f64", lambda x: np.sum(x, dtype=np.float64), A23)
@@ -286,7 +324,11 @@ case("max_bool", lambda x: np.max(x, axis=1), M23)
 case("sum_0d", lambda x: np.sum(x), np.array(2.5, np.float32))
 case("sum_empty", lambda x: (x.sum(0), x.sum(1), x.sum()), f32(0, 3))
 case("mean_var_nan", lambda x: (np.mean(x, 1), np.var(x, 0)), np.array([[1.0, np.nan], [2.0, 3.0]]))
-case("max_nan", lambda x: (np.max(x, 1), np.min(x), np.maximum(x, 0), np.minimum(x, 0)), np.array([[1.0, np.nan], [2.0, 3.0]]))
+case(
+    "max_nan",
+    lambda x: (np.max(x, 1), np.min(x), np.maximum(x, 0), np.minimum(x, 0)),
+    np.array([[1.0, np.nan], [2.0, 3.0]]),
+)
 case("argmax_nan", lambda x: (np.argmax(x, 1), np.argmin(x, 1)), np.array([[1.0, np.nan, 2.0], [2.0, 3.0, -1.0]]))
 
 # methods
@@ -452,7 +494,12 @@ case("einsum_two_diags", lambda a, b: np.einsum("ii,jj->ij", a, b), SQ, f32(2, 2
 case("einsum_diag_across_ellipsis", lambda a: np.einsum("i...i", a), f32(3, 2, 3))
 case("einsum_bcast_size1_label", lambda a, b: np.einsum("ij,jk", a, b), f32(2, 1), f32(3, 4))
 case("einsum_ellipsis_bcast_both", lambda a, b: np.einsum("...i,...i->...", a, b), f32(3, 1, 4), f32(1, 5, 4))
-case("einsum_bool", lambda a, b: (np.einsum("ij,jk", a, b), np.einsum("ij->", a), np.einsum("ii", b[:2, :2])), M23, mask(3, 2))
+case(
+    "einsum_bool",
+    lambda a, b: (np.einsum("ij,jk", a, b), np.einsum("ij->", a), np.einsum("ii", b[:2, :2])),
+    M23,
+    mask(3, 2),
+)
 
 # --- shape functions ----------------------------------------------------------------------------
 
@@ -604,13 +651,23 @@ case("norm_axis_tuple", lambda x: np.linalg.norm(x, axis=(0, 1)), A234)
 case("norm_ord2_vector", lambda x: np.linalg.norm(x, ord=2), V4)
 case("norm_fro", lambda x: np.linalg.norm(x, "fro"), A23)
 case("norm_int", np.linalg.norm, I23)
-case("norm_ord2_axis_pair", lambda x: np.linalg.norm(x, 2, axis=(0, 1)), SQ64,
-     marks=gap("norm(x, 2, axis=(0, 1)) is the spectral norm, which needs an SVD: graphc raises TraceError "
-                "(see test_matrix_norm_needing_svd_is_rejected)"))
+case(
+    "norm_ord2_axis_pair",
+    lambda x: np.linalg.norm(x, 2, axis=(0, 1)),
+    SQ64,
+    marks=gap(
+        "norm(x, 2, axis=(0, 1)) is the spectral norm, which needs an SVD: graphc raises TraceError "
+        "(see test_matrix_norm_needing_svd_is_rejected)"
+    ),
+)
 case("norm_ord1_vector", lambda x: np.linalg.norm(x, 1), V4)
 case("norm_ord_inf_vector", lambda x: np.linalg.norm(x, np.inf, axis=-1), A23)
 case("norm_ord_neg_inf_vector", lambda x: np.linalg.norm(x, -np.inf, axis=1), A23)
-case("norm_ord0_vector", lambda x: np.linalg.norm(x, 0, axis=0), np.array([[0.0, 1.0], [0.0, 0.0], [2.0, 0.0]], np.float32))
+case(
+    "norm_ord0_vector",
+    lambda x: np.linalg.norm(x, 0, axis=0),
+    np.array([[0.0, 1.0], [0.0, 0.0], [2.0, 0.0]], np.float32),
+)
 case("norm_ord3_vector_kd", lambda x: np.linalg.norm(x, 3, axis=-1, keepdims=True), A234)
 case("norm_ord_half_vector", lambda x: np.linalg.norm(x, 0.5), V4)
 case("norm_ord1_int", lambda x: np.linalg.norm(x, 1), ints(5))
@@ -630,7 +687,11 @@ case("np_clip_none_lo", lambda x: np.clip(x, None, 0.0), A23)
 case("np_clip_int_float_bounds", lambda x: np.clip(x, -1.5, 2.5), I23)
 case("np_clip_int", lambda x: np.clip(x, -1, 2), J23)
 case("np_clip_uint8_out_of_range_bounds", lambda u: np.clip(u, -1, 300), U23)
-case("np_clip_int8_out_of_range_bounds", lambda a: (np.clip(a, -1000, 100), np.clip(a, -1000, 1000), np.clip(a, None, 300)), K23)
+case(
+    "np_clip_int8_out_of_range_bounds",
+    lambda a: (np.clip(a, -1000, 100), np.clip(a, -1000, 1000), np.clip(a, None, 300)),
+    K23,
+)
 case("m_clip_uint8_negative_min", lambda a: a.clip(-5), U23)
 case("np_clip_kw", lambda x: np.clip(x, min=-0.1, max=0.1), D23)
 case("isclose", np.isclose, A23, A23 + np.float32(1e-7))
@@ -639,7 +700,12 @@ case("isclose_int", np.isclose, I23, ints(2, 3))
 case("isclose_int_overflow", np.isclose, np.array([2**62, 5]), np.array([-(2**62), 5]))
 case("isclose_scalar", lambda a: np.isclose(a, 0.0, atol=0.3), A23)
 case("isclose_inf", np.isclose, np.array([np.inf, 1.0, -np.inf, np.inf]), np.array([np.inf, np.inf, -np.inf, -np.inf]))
-case("isclose_equal_nan", lambda a, b: np.isclose(a, b, equal_nan=True), np.array([np.nan, 1.0, np.nan]), np.array([np.nan, np.nan, 2.0]))
+case(
+    "isclose_equal_nan",
+    lambda a, b: np.isclose(a, b, equal_nan=True),
+    np.array([np.nan, 1.0, np.nan]),
+    np.array([np.nan, np.nan, 2.0]),
+)
 case("isclose_pyint_b", lambda a: np.isclose(a, 3), I23)
 case("isclose_pyfloat_a", lambda b: np.isclose(0.5, b, atol=1.0), A23)
 case("isclose_int8", np.isclose, K23, ints(2, 3, dtype=np.int8))
@@ -648,7 +714,11 @@ case("isclose_f16", lambda a: np.isclose(a, a + np.float16(0.001)), H23)
 case("isclose_np_float64_tol", lambda a, b: np.isclose(a, b, atol=np.float64(0.5)), A23, A23 + 0.25)
 case("isclose_np_float64_b", lambda a: np.isclose(a, np.float64(0.1)), A23)
 case("allclose_equal_nan", lambda a: np.asarray(np.allclose(a, a, equal_nan=True)), np.array([np.nan, 1.0]))
-case("isfinite_isinf_isnan", lambda x: (np.isfinite(x), np.isinf(x), np.isnan(x)), np.array([np.inf, -np.inf, np.nan, 0.0, -2.5], np.float32))
+case(
+    "isfinite_isinf_isnan",
+    lambda x: (np.isfinite(x), np.isinf(x), np.isnan(x)),
+    np.array([np.inf, -np.inf, np.nan, 0.0, -2.5], np.float32),
+)
 case("isfinite_isinf_int", lambda x: (np.isfinite(x), np.isinf(x)), I23)
 # np.allclose returns a Python bool, which a graph output cannot be (graphc gives np.bool_): compare as 0-d arrays
 case("allclose", lambda a, b: np.asarray(np.allclose(a, b)), A23, A23 + np.float32(1e-7))
@@ -665,15 +735,25 @@ case("np_any_int", lambda x: np.any(x, axis=0), I23)
 case("np_all_compare", lambda x: np.all(x > -10), A23)
 case("np_all_any_empty", lambda m: (np.all(m), np.any(m)), mask(0, 3))
 case("np_all_any_empty_axis", lambda m: (np.all(m, axis=0), np.any(m, axis=0)), mask(0, 3))
-case("np_all_any_empty_kd", lambda m: (np.all(m, axis=0, keepdims=True), np.any(m, keepdims=True), np.any(m, axis=1)), mask(0, 3))
+case(
+    "np_all_any_empty_kd",
+    lambda m: (np.all(m, axis=0, keepdims=True), np.any(m, keepdims=True), np.any(m, axis=1)),
+    mask(0, 3),
+)
 case("np_all_any_empty_float", lambda x: (np.all(x, axis=1), np.any(x, axis=(0, 1)), x.all(axis=0)), f32(2, 0))
 case("asarray", lambda x: np.asarray(x) + 1, A23)
 case("asarray_dtype", lambda x: np.asarray(x, dtype=np.float64), A23)
 case("asarray_dtype_kw_int", lambda x: np.asarray(x, np.int32), D23)
 case("asarray_returned", lambda x: np.asarray(x), A23)
-case("asarray_prebound", lambda x: _np_asarray(x) * 2, A23,
-     marks=gap("np.asarray/np.array are patched as module attributes while tracing; a reference taken before "
-                "tracing (`from numpy import asarray`) is not intercepted and raises TraceError"))
+case(
+    "asarray_prebound",
+    lambda x: _np_asarray(x) * 2,
+    A23,
+    marks=gap(
+        "np.asarray/np.array are patched as module attributes while tracing; a reference taken before "
+        "tracing (`from numpy import asarray`) is not intercepted and raises TraceError"
+    ),
+)
 case("np_array_traced", lambda x: np.array(x), A23)
 case("np_array_list", lambda a, b: np.array([a, b]), A23, B23)
 case("np_array_list_0d", lambda a, b: np.array([a, b]), np.float32(1.5), np.float32(2.5))

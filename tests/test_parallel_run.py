@@ -9,8 +9,8 @@ import graphc
 from graphc.core.mesh import MachineProfile, Mesh
 from graphc.core.pytree import flatten
 from graphc.interpreter import bind_arguments
-from graphc.runtime.comm import CommError
 from graphc.passes.partition import compile_devices, lower
+from graphc.runtime.comm import CommError
 from graphc.runtime.devices import ParallelExecutable, ShardedArray
 from tests import foreign_models
 
@@ -92,8 +92,9 @@ def test_parallelize_runs_with_fused_kernels():
     from graphc.models import gpt
 
     args, kwargs = gpt.example_train_args(batch=4, seq=16)
-    pf = graphc.parallelize(gpt.train_step, mesh=_mesh({"dp": 2, "tp": 2}), cache=False,
-                            static_argnames=("n_head", "lr"))
+    pf = graphc.parallelize(
+        gpt.train_step, mesh=_mesh({"dp": 2, "tp": 2}), cache=False, static_argnames=("n_head", "lr")
+    )
     got = pf(*args, **kwargs)
     assert_close(got, gpt.train_step(*args, **kwargs))
     compiled = pf.compile(*args, **kwargs)
@@ -107,8 +108,9 @@ def test_training_steps_with_sharded_state_equal_eager_steps():
     from graphc.models import mlp
 
     (params, x, labels), kw = mlp.example_train_args(batch=64, sizes=(16, 32, 32, 8))
-    pf = graphc.parallelize(mlp.train_step, mesh=_mesh({"dp": 2, "tp": 2}), cache=False,
-                            static_argnames=("lr",), sharded_state=True)
+    pf = graphc.parallelize(
+        mlp.train_step, mesh=_mesh({"dp": 2, "tp": 2}), cache=False, static_argnames=("lr",), sharded_state=True
+    )
     p_eager, p_par = params, params
     for _ in range(3):
         p_eager, loss_eager = mlp.train_step(p_eager, x, labels, **kw)

@@ -47,7 +47,9 @@ def test_default_pipeline_on_random_graphs(graph, seed):
     result = run_pipeline(graph, verify=True)
     assert str(graph) == before, "a pass mutated its input"
     inputs = random_inputs(graph, seed)
-    assert_arrays_close(quiet(graphc.evaluate, result.graph, *inputs), quiet(graphc.evaluate, graph, *inputs), 1e-5, 1e-6)
+    assert_arrays_close(
+        quiet(graphc.evaluate, result.graph, *inputs), quiet(graphc.evaluate, graph, *inputs), 1e-5, 1e-6
+    )
     assert len(result.graph.nodes) <= len(graph.nodes) + 2  # x**3 -> x*x*x may add one node
 
 
@@ -143,10 +145,18 @@ def test_cli_stage():
     import subprocess
     import sys
 
-    res = subprocess.run([sys.executable, "-m", "graphc.cli", "ir", "models/gpt.py:gpt", "--stage", "dce"],
-                         capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, "-m", "graphc.cli", "ir", "models/gpt.py:gpt", "--stage", "dce"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr
     assert "pow(" not in res.stdout and res.stdout.startswith("graph @gpt(")
-    fused = subprocess.run([sys.executable, "-m", "graphc.cli", "ir", "models/gpt.py:gpt", "--stage", "fuse"],
-                           capture_output=True, text=True, timeout=300)
+    fused = subprocess.run(
+        [sys.executable, "-m", "graphc.cli", "ir", "models/gpt.py:gpt", "--stage", "fuse"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert fused.returncode == 0 and "fused(" in fused.stdout

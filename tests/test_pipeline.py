@@ -54,8 +54,9 @@ def test_mlp_train_step(stages, m, schedule):
     assert_matches(got, mlp.train_step(*args, **kw))
 
 
-@pytest.mark.parametrize("stages, m, schedule", [(2, 1, "1f1b"), (2, 4, "1f1b"), (2, 8, "gpipe"), (4, 4, "gpipe"),
-                                                  (4, 8, "1f1b")])
+@pytest.mark.parametrize(
+    "stages, m, schedule", [(2, 1, "1f1b"), (2, 4, "1f1b"), (2, 8, "gpipe"), (4, 4, "gpipe"), (4, 8, "1f1b")]
+)
 def test_gpt_train_step(stages, m, schedule):
     step, args, kw = gpt_step()
     _pe, got = run_pipeline(step, args, kw, stages, m, schedule)
@@ -183,8 +184,9 @@ def assert_trees_close(a, b):
 @pytest.mark.parametrize("axes", MESHES, ids=lambda a: ",".join(f"{k}={v}" for k, v in a.items()))
 def test_parallelize_mlp_pipeline_steps(axes, m):
     (params, x, labels), kw = mlp.example_train_args(batch=32, sizes=(24, 32, 32, 8))
-    pf = graphc.parallelize(mlp.train_step, mesh=graphc.Mesh(axes, profile=PROFILE), microbatches=m,
-                            static_argnames=("lr",), cache=False)
+    pf = graphc.parallelize(
+        mlp.train_step, mesh=graphc.Mesh(axes, profile=PROFILE), microbatches=m, static_argnames=("lr",), cache=False
+    )
     got = k_steps(pf, (params,), (x, labels), kw, 2)
     want = k_steps(mlp.train_step, (params,), (x, labels), kw, 2)
     assert_trees_close(got, want)
@@ -194,8 +196,13 @@ def test_parallelize_mlp_pipeline_steps(axes, m):
 @pytest.mark.parametrize("axes", MESHES, ids=lambda a: ",".join(f"{k}={v}" for k, v in a.items()))
 def test_parallelize_gpt_pipeline_steps(axes, m):
     (params, state, tokens, targets), kw = gpt.example_train_args(batch=8)
-    pf = graphc.parallelize(gpt.train_step, mesh=graphc.Mesh(axes, profile=PROFILE), microbatches=m,
-                            static_argnames=("n_head", "lr"), cache=False)
+    pf = graphc.parallelize(
+        gpt.train_step,
+        mesh=graphc.Mesh(axes, profile=PROFILE),
+        microbatches=m,
+        static_argnames=("n_head", "lr"),
+        cache=False,
+    )
     got = k_steps(pf, (params, state), (tokens, targets), kw, 2, n_state=2)
     want = k_steps(gpt.train_step, (params, state), (tokens, targets), kw, 2, n_state=2)
     assert_trees_close(got, want)

@@ -57,7 +57,7 @@ def _block_join(parts, dim, blocks):
 
 
 def _group(coord, axis, mesh_shape):
-    return [coord[:axis] + (r,) + coord[axis + 1:] for r in range(mesh_shape[axis])]
+    return [coord[:axis] + (r,) + coord[axis + 1 :] for r in range(mesh_shape[axis])]
 
 
 def simulate(pieces, steps, mesh_shape):
@@ -164,7 +164,9 @@ def test_cheapest_collective_per_transition():
 def test_collective_cost_formulas():
     # large messages: ring all-reduce of B bytes over n: 2(n-1) alpha + 2 (n-1)/n B / bw + overhead
     n, nbytes, lat, bw, ovh = 4, 1 << 20, 1e-5, 1e9, 2e-5
-    assert step_time("all_reduce", n, nbytes, lat, bw, ovh, 1e10) == pytest.approx(2 * 3 * lat + 2 * 0.75 * nbytes / bw + ovh)
+    assert step_time("all_reduce", n, nbytes, lat, bw, ovh, 1e10) == pytest.approx(
+        2 * 3 * lat + 2 * 0.75 * nbytes / bw + ovh
+    )
     # all-gather: the latency term of recursive doubling (log2 n rounds), the bandwidth term of the ring
     assert step_time("all_gather", n, nbytes, lat, bw, ovh, 1e10) == pytest.approx(2 * lat + 0.75 * nbytes / bw + ovh)
     assert step_time("all_gather", 3, nbytes, lat, bw, ovh, 1e10) == pytest.approx(2 * lat + nbytes * 2 / 3 / bw + ovh)

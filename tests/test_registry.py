@@ -1,7 +1,6 @@
 """The op registry: every primitive is complete, and random graphs built from it verify, print,
 parse back identically and evaluate bit-identically after the round trip."""
 
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -19,7 +18,13 @@ def test_primitive_set_is_small():
     assert 30 <= len(model_ops) <= 45, sorted(model_ops)
     # the ops of partitioned device programs: four collectives and two local resharding steps
     assert sorted(n for n, op in REGISTRY.items() if op.kind == "comm") == [
-        "all_gather", "all_reduce", "all_to_all", "partial_zero", "reduce_scatter", "shard_slice"]
+        "all_gather",
+        "all_reduce",
+        "all_to_all",
+        "partial_zero",
+        "reduce_scatter",
+        "shard_slice",
+    ]
 
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))

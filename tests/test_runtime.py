@@ -45,8 +45,9 @@ def test_jit_gpt_train_step_matches_the_interpreter():
     want = graphc.evaluate(compiled.traced, *args, **kw)
     got = jitted(*args, **kwargs)
     assert float(got[-1]) == pytest.approx(float(want[-1]), rel=1e-5)
-    np.testing.assert_allclose(got[0]["blocks"][0]["mlp"]["c_fc"]["w"], want[0]["blocks"][0]["mlp"]["c_fc"]["w"],
-                               rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(
+        got[0]["blocks"][0]["mlp"]["c_fc"]["w"], want[0]["blocks"][0]["mlp"]["c_fc"]["w"], rtol=1e-4, atol=1e-6
+    )
 
 
 def test_jit_caches_by_shape_dtype_and_static_values():
@@ -92,10 +93,33 @@ def test_decorator_form():
 
 
 @settings(max_examples=60, deadline=None)
-@given(random_graphs(max_nodes=10, ops=["add", "mul", "sub", "div", "exp", "tanh", "maximum", "where", "compare",
-                                        "convert", "reduce_sum", "reduce_max", "sqrt", "neg", "abs", "reshape",
-                                        "matmul", "constant"], input_dtypes=[np.dtype(np.float32), np.dtype(np.float64)]),
-       st.integers(0, 100))
+@given(
+    random_graphs(
+        max_nodes=10,
+        ops=[
+            "add",
+            "mul",
+            "sub",
+            "div",
+            "exp",
+            "tanh",
+            "maximum",
+            "where",
+            "compare",
+            "convert",
+            "reduce_sum",
+            "reduce_max",
+            "sqrt",
+            "neg",
+            "abs",
+            "reshape",
+            "matmul",
+            "constant",
+        ],
+        input_dtypes=[np.dtype(np.float32), np.dtype(np.float64)],
+    ),
+    st.integers(0, 100),
+)
 def test_executor_matches_interpreter_on_random_graphs(graph, seed):
     optimized = graphc.optimize(graph, verify=True)
     inputs = random_inputs(graph, seed)
@@ -205,8 +229,9 @@ def test_kernels_with_infinite_constants_zero_size_and_float16():
 
 def test_products_of_constants_are_not_regrouped():
     x = np.full(2, 1e30, np.float32)
-    np.testing.assert_allclose(graphc.jit(lambda x: x * np.float32(1e-30) * np.float32(1e-30))(x), [1e-30, 1e-30],
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        graphc.jit(lambda x: x * np.float32(1e-30) * np.float32(1e-30))(x), [1e-30, 1e-30], rtol=1e-6
+    )
 
 
 def test_negative_integer_powers_raise_like_numpy():

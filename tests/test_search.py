@@ -26,8 +26,7 @@ def graph_of(fn, args, kw):
 def test_factorizations():
     assert factorizations(1) == [{}]
     f8 = factorizations(8)
-    assert len(f8) == 10 and all(
-        (s.get("pp", 1) * s.get("dp", 1) * s.get("tp", 1)) == 8 for s in f8)
+    assert len(f8) == 10 and all((s.get("pp", 1) * s.get("dp", 1) * s.get("tp", 1)) == 8 for s in f8)
     assert {"pp": 2, "dp": 2, "tp": 2} in f8 and {"dp": 8} in f8
     with pytest.raises(graphc.GraphcError):
         factorizations(0)
@@ -60,13 +59,24 @@ def test_memory_limit_only_a_pipeline_meets():
 
 
 def run_cli(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "graphc.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "graphc.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_cli_devices_search_writes_the_chosen_plan(tmp_path):
-    res = run_cli("compile", os.path.join(ROOT, "models/mlp.py") + ":train_step", "--example", "example_train_args",
-                  "--devices", "4", "--quiet", "-o", str(tmp_path / "plan.json"), cwd=tmp_path)
+    res = run_cli(
+        "compile",
+        os.path.join(ROOT, "models/mlp.py") + ":train_step",
+        "--example",
+        "example_train_args",
+        "--devices",
+        "4",
+        "--quiet",
+        "-o",
+        str(tmp_path / "plan.json"),
+        cwd=tmp_path,
+    )
     assert res.returncode == 0, res.stderr
     assert "searched" in res.stdout and "chose " in res.stdout and "why: " in res.stdout and "runner-up" in res.stdout
     doc = json.loads((tmp_path / "plan.json").read_text())
@@ -74,23 +84,55 @@ def test_cli_devices_search_writes_the_chosen_plan(tmp_path):
 
 
 def test_cli_compile_pipeline_plan(tmp_path):
-    res = run_cli("compile", os.path.join(ROOT, "models/gpt.py") + ":train_step", "--example", "example_train_args",
-                  "--mesh", "pp=2,dp=2", "--microbatches", "2", "--quiet", "--dump-ir", str(tmp_path / "ir"),
-                  "-o", str(tmp_path / "plan.json"), cwd=tmp_path)
+    res = run_cli(
+        "compile",
+        os.path.join(ROOT, "models/gpt.py") + ":train_step",
+        "--example",
+        "example_train_args",
+        "--mesh",
+        "pp=2,dp=2",
+        "--microbatches",
+        "2",
+        "--quiet",
+        "--dump-ir",
+        str(tmp_path / "ir"),
+        "-o",
+        str(tmp_path / "plan.json"),
+        cwd=tmp_path,
+    )
     assert res.returncode == 0, res.stderr
     assert "2 stages x 2 micro-batches" in res.stdout and "bubble" in res.stdout
     doc = json.loads((tmp_path / "plan.json").read_text())
     assert [s["devices"] for s in doc["stages"]] == [[0, 1], [2, 3]]
     assert doc["tasks"]["0"] == ["F0", "F1", "B0", "B1", "U"]
     assert doc["sub_plan"]["mesh"]["axes"] == {"dp": 2}
-    assert sorted(os.listdir(tmp_path / "ir"))[-5:] == ["device-0.gir", "device-1.gir", "device-2.gir", "device-3.gir",
-                                                        "microbatch.gir"]
+    assert sorted(os.listdir(tmp_path / "ir"))[-5:] == [
+        "device-0.gir",
+        "device-1.gir",
+        "device-2.gir",
+        "device-3.gir",
+        "microbatch.gir",
+    ]
 
 
 def test_cli_run_pipeline_with_trace(tmp_path):
-    res = run_cli("run", os.path.join(ROOT, "models/mlp.py") + ":train_step", "--example", "example_train_args",
-                  "--mesh", "pp=2,dp=2", "--microbatches", "4", "--schedule", "gpipe", "--repeat", "1",
-                  "--trace", str(tmp_path / "t.json"), cwd=tmp_path)
+    res = run_cli(
+        "run",
+        os.path.join(ROOT, "models/mlp.py") + ":train_step",
+        "--example",
+        "example_train_args",
+        "--mesh",
+        "pp=2,dp=2",
+        "--microbatches",
+        "4",
+        "--schedule",
+        "gpipe",
+        "--repeat",
+        "1",
+        "--trace",
+        str(tmp_path / "t.json"),
+        cwd=tmp_path,
+    )
     assert res.returncode == 0, res.stderr
     assert "result equals numpy eager: yes" in res.stdout and "bubble: measured" in res.stdout
     trace = json.loads((tmp_path / "t.json").read_text())

@@ -29,7 +29,9 @@ def test_valid_graph_verifies():
 def test_use_before_definition_names_the_node():
     g = small_graph()
     g.nodes[0], g.nodes[1] = g.nodes[1], g.nodes[0]
-    with pytest.raises(graphc.VerifyError, match=r"node %0 = add\(\.\.\.\) at model.py:8: operand 1 \(%1\) is defined later"):
+    with pytest.raises(
+        graphc.VerifyError, match=r"node %0 = add\(\.\.\.\) at model.py:8: operand 1 \(%1\) is defined later"
+    ):
         g.verify()
 
 
@@ -44,7 +46,10 @@ def test_operand_from_another_graph():
 def test_declared_type_disagrees_with_rule():
     g = small_graph()
     g.nodes[2].outputs[0].type = TensorType((3,), np.float32)
-    with pytest.raises(graphc.VerifyError, match=r"%2 = reduce_sum\(\.\.\.\) at model.py:9: declared result types f32\[3\] but the op's rule gives f32\[2\]"):
+    with pytest.raises(
+        graphc.VerifyError,
+        match=r"%2 = reduce_sum\(\.\.\.\) at model.py:9: declared result types f32\[3\] but the op's rule gives f32\[2\]",
+    ):
         g.verify()
 
 
@@ -58,7 +63,10 @@ def test_invalid_attribute():
 def test_missing_and_unknown_attributes():
     g = small_graph()
     g.nodes[2].attrs = {"axis": 1}
-    with pytest.raises(graphc.VerifyError, match=r"reduce_sum expects attributes \(axes, keepdims\); missing axes, keepdims; unknown axis"):
+    with pytest.raises(
+        graphc.VerifyError,
+        match=r"reduce_sum expects attributes \(axes, keepdims\); missing axes, keepdims; unknown axis",
+    ):
         g.verify()
 
 
@@ -97,7 +105,11 @@ def test_signature_mismatch():
 def test_verify_accepts_every_traced_model():
     from graphc.models import cnn, gpt, mlp
 
-    for f, ex in [(mlp.loss, mlp.example_loss_args), (gpt.lm_loss, gpt.example_loss_args), (cnn.loss, cnn.example_loss_args)]:
+    for f, ex in [
+        (mlp.loss, mlp.example_loss_args),
+        (gpt.lm_loss, gpt.example_loss_args),
+        (cnn.loss, cnn.example_loss_args),
+    ]:
         args, kwargs = ex()
         graphc.trace(f, *args, **kwargs).verify()
 

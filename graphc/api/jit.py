@@ -154,8 +154,12 @@ class Jitted:
         return self._compile(args, kwargs, static).run(args, kwargs)
 
 
-def jit(fn: Callable | None = None, *, static_argnames: tuple[str, ...] | list[str] = (),
-        passes: tuple[str, ...] | None = None) -> Any:
+def jit(
+    fn: Callable | None = None,
+    *,
+    static_argnames: tuple[str, ...] | list[str] = (),
+    passes: tuple[str, ...] | None = None,
+) -> Any:
     """Decorator or function: ``graphc.jit(fn)`` / ``@graphc.jit(static_argnames=("n_head",))``."""
     if isinstance(static_argnames, str):
         static_argnames = (static_argnames,)

@@ -43,9 +43,9 @@ from graphc.interpreter import as_numpy_result, bind_arguments
 from graphc.passes.microbatch import microbatch
 from graphc.passes.partition import (
     Partitioned,
+    Pins,
     PlanCache,
     PlanOptions,
-    Pins,
     compile_devices,
     lower,
     optimize_for_planning,
@@ -110,9 +110,22 @@ def _expand_specs(specs, tree: TreeDef, first: int, what: str) -> dict[int, Spec
 class Parallelized(Jitted):
     """The object ``graphc.parallelize`` returns."""
 
-    def __init__(self, fn: Callable, mesh, memory_limit=None, static_argnames=(), in_specs=None, out_specs=None,
-                 shrink: bool = True, time_limit_s: float = 60.0, cache: bool = True, timeout_s: float = 60.0,
-                 sharded_state: bool = False, microbatches: int = 1, schedule: str = "1f1b"):
+    def __init__(
+        self,
+        fn: Callable,
+        mesh,
+        memory_limit=None,
+        static_argnames=(),
+        in_specs=None,
+        out_specs=None,
+        shrink: bool = True,
+        time_limit_s: float = 60.0,
+        cache: bool = True,
+        timeout_s: float = 60.0,
+        sharded_state: bool = False,
+        microbatches: int = 1,
+        schedule: str = "1f1b",
+    ):
         super().__init__(fn, tuple(static_argnames))  # a 1-device mesh runs like graphc.jit (fusion included)
         self.mesh = as_mesh(mesh)
         self.memory_limit = parse_bytes(memory_limit)
@@ -197,8 +210,14 @@ class Parallelized(Jitted):
         traced, graph, seconds = self.trace_optimized(*args, **kwargs)
         t0 = time.perf_counter()
         if self.pipelined:
-            plan = plan_pipeline(graph, self.mesh, self.microbatches, self.schedule, self.memory_limit,
-                                 time_limit_s=self.options.time_limit_s)
+            plan = plan_pipeline(
+                graph,
+                self.mesh,
+                self.microbatches,
+                self.schedule,
+                self.memory_limit,
+                time_limit_s=self.options.time_limit_s,
+            )
             return plan.with_timing(**seconds, plan_s=time.perf_counter() - t0), graph
         pins, ties = self.pins(graph), state_ties(graph)
         key = self.cache.key(graph_hash(graph), self.mesh, pins, ties, self.options) if self.cache else None
@@ -210,8 +229,9 @@ class Parallelized(Jitted):
             plan = cached.with_timing(**seconds, cached=True)
         else:
             plan = plan_sharding(graph, self.mesh, pins, ties, self.options, progress)
-            plan = plan.with_timing(**seconds, plan_s=time.perf_counter() - t0, cached=False,
-                                    nodes_traced=len(traced.nodes))
+            plan = plan.with_timing(
+                **seconds, plan_s=time.perf_counter() - t0, cached=False, nodes_traced=len(traced.nodes)
+            )
             if self.cache and key:
                 self.cache.put(key, plan)
         if key:
@@ -315,10 +335,22 @@ class PipelineCompiled:
         return unflatten(self.graph.out_tree, [as_numpy_result(o) for o in outs])
 
 
-def parallelize(fn: Callable | None = None, *, mesh, memory_limit=None, static_argnames=(), in_specs=None,
-                out_specs=None, shrink: bool = True, time_limit_s: float = 60.0, cache: bool = True,
-                timeout_s: float = 60.0, sharded_state: bool = False, microbatches: int = 1,
-                schedule: str = "1f1b"):
+def parallelize(
+    fn: Callable | None = None,
+    *,
+    mesh,
+    memory_limit=None,
+    static_argnames=(),
+    in_specs=None,
+    out_specs=None,
+    shrink: bool = True,
+    time_limit_s: float = 60.0,
+    cache: bool = True,
+    timeout_s: float = 60.0,
+    sharded_state: bool = False,
+    microbatches: int = 1,
+    schedule: str = "1f1b",
+):
     """Decorator or function: ``graphc.parallelize(fn, mesh={"dp": 2, "tp": 4})``. A mesh with a
     ``pp`` axis (``{"pp": 2, "dp": 2, "tp": 2}``) runs the step as a pipeline of ``microbatches``
     micro-batches on ``pp`` stages ("gpipe" or "1f1b" ``schedule``), each stage sharded on the
@@ -327,8 +359,21 @@ def parallelize(fn: Callable | None = None, *, mesh, memory_limit=None, static_a
         static_argnames = (static_argnames,)
 
     def wrap(f):
-        return Parallelized(f, mesh, memory_limit, static_argnames, in_specs, out_specs, shrink, time_limit_s, cache,
-                            timeout_s, sharded_state, microbatches, schedule)
+        return Parallelized(
+            f,
+            mesh,
+            memory_limit,
+            static_argnames,
+            in_specs,
+            out_specs,
+            shrink,
+            time_limit_s,
+            cache,
+            timeout_s,
+            sharded_state,
+            microbatches,
+            schedule,
+        )
 
     return wrap if fn is None else wrap(fn)
 

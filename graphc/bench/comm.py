@@ -68,8 +68,13 @@ def bench_all_reduce(n_devices: int, nbytes: int, repeat: int = 10, warmup: int 
     per_device = _run_threads(n_devices, device)
     seconds = statistics.median(max(ts) for ts in zip(*per_device))
     algbw = nbytes / seconds
-    return {"n_devices": n_devices, "nbytes": nbytes, "seconds": seconds, "algbw": algbw,
-            "busbw": algbw * 2 * (n_devices - 1) / n_devices}
+    return {
+        "n_devices": n_devices,
+        "nbytes": nbytes,
+        "seconds": seconds,
+        "algbw": algbw,
+        "busbw": algbw * 2 * (n_devices - 1) / n_devices,
+    }
 
 
 def bench_memcpy(n_threads: int, nbytes: int, repeat: int = 10, warmup: int = 2) -> dict:
@@ -91,8 +96,12 @@ def bench_memcpy(n_threads: int, nbytes: int, repeat: int = 10, warmup: int = 2)
         return statistics.median(times)
 
     seconds = _run_threads(n_threads, thread)
-    return {"n_threads": n_threads, "nbytes": nbytes, "seconds": statistics.median(seconds),
-            "bandwidth": sum(2 * nbytes / s for s in seconds)}
+    return {
+        "n_threads": n_threads,
+        "nbytes": nbytes,
+        "seconds": statistics.median(seconds),
+        "bandwidth": sum(2 * nbytes / s for s in seconds),
+    }
 
 
 def main() -> None:
@@ -104,17 +113,23 @@ def main() -> None:
             m = bench_memcpy(n_threads, nbytes, repeat=20)
             if n_threads == 2:
                 memcpy2[nbytes] = m["bandwidth"]
-            print(f"  {n_threads} thread{'s' if n_threads > 1 else ' '}  {nbytes // MiB:3d} MiB  "
-                  f"{m['bandwidth'] / 1e9:7.1f} GB/s")
+            print(
+                f"  {n_threads} thread{'s' if n_threads > 1 else ' '}  {nbytes // MiB:3d} MiB  "
+                f"{m['bandwidth'] / 1e9:7.1f} GB/s"
+            )
     print()
     print("all_reduce float32 in place (ThreadWorld, one thread per device)")
-    print(f"  {'devices':>7}  {'size':>7}  {'time':>9}  {'algbw':>10}  {'busbw':>10}  "
-          f"busbw / 2-thread memcpy (traffic bound)")
+    print(
+        f"  {'devices':>7}  {'size':>7}  {'time':>9}  {'algbw':>10}  {'busbw':>10}  "
+        f"busbw / 2-thread memcpy (traffic bound)"
+    )
     for n in (2, 4, 8):
         for nbytes in sizes:
             r = bench_all_reduce(n, nbytes, repeat=10 if nbytes >= 16 * MiB else 30)
-            print(f"  {n:7d}  {nbytes // MiB:3d} MiB  {r['seconds'] * 1e3:6.2f} ms  {r['algbw'] / 1e9:5.2f} GB/s  "
-                  f"{r['busbw'] / 1e9:5.2f} GB/s  {r['busbw'] / memcpy2[nbytes]:6.1%} ({(n - 1) / n**2:.0%})")
+            print(
+                f"  {n:7d}  {nbytes // MiB:3d} MiB  {r['seconds'] * 1e3:6.2f} ms  {r['algbw'] / 1e9:5.2f} GB/s  "
+                f"{r['busbw'] / 1e9:5.2f} GB/s  {r['busbw'] / memcpy2[nbytes]:6.1%} ({(n - 1) / n**2:.0%})"
+            )
 
 
 if __name__ == "__main__":

@@ -90,16 +90,46 @@ def bench_size(size: int, n: int, repeat: int, np_repeat: int, seed: int = 0) ->
     cases = [
         # name, ours, numpy, bytes, err floor, float64 reference
         ("gelu", lambda: fm.gelu_f32(x, out), lambda: np_gelu(x), 8 * size, 1.0, lambda: np_gelu(x64)),
-        ("softmax", lambda: fm.softmax_lastaxis_f32(x, out), lambda: np_softmax(x), 8 * size, 0.0,
-         lambda: np_softmax(x64)),
-        ("layernorm", lambda: fm.layernorm_lastaxis_f32(x, g, b, out, eps), lambda: np_layernorm(x, g, b, eps),
-         8 * size + 8 * n, 1.0, lambda: np_layernorm(x64, g.astype(np.float64), b.astype(np.float64), eps)),
-        ("exp map", lambda: fm.apply("exp", flat, flat_out), lambda: np.exp(flat), 8 * size, 0.0,
-         lambda: np.exp(x64.reshape(-1))),
-        ("tanh map", lambda: fm.apply("tanh", flat, flat_out), lambda: np.tanh(flat), 8 * size, 0.0,
-         lambda: np.tanh(x64.reshape(-1))),
-        ("log map", lambda: fm.apply("log", flat_pos, flat_out), lambda: np.log(flat_pos), 8 * size, 0.0,
-         lambda: np.log(flat_pos.astype(np.float64))),
+        (
+            "softmax",
+            lambda: fm.softmax_lastaxis_f32(x, out),
+            lambda: np_softmax(x),
+            8 * size,
+            0.0,
+            lambda: np_softmax(x64),
+        ),
+        (
+            "layernorm",
+            lambda: fm.layernorm_lastaxis_f32(x, g, b, out, eps),
+            lambda: np_layernorm(x, g, b, eps),
+            8 * size + 8 * n,
+            1.0,
+            lambda: np_layernorm(x64, g.astype(np.float64), b.astype(np.float64), eps),
+        ),
+        (
+            "exp map",
+            lambda: fm.apply("exp", flat, flat_out),
+            lambda: np.exp(flat),
+            8 * size,
+            0.0,
+            lambda: np.exp(x64.reshape(-1)),
+        ),
+        (
+            "tanh map",
+            lambda: fm.apply("tanh", flat, flat_out),
+            lambda: np.tanh(flat),
+            8 * size,
+            0.0,
+            lambda: np.tanh(x64.reshape(-1)),
+        ),
+        (
+            "log map",
+            lambda: fm.apply("log", flat_pos, flat_out),
+            lambda: np.log(flat_pos),
+            8 * size,
+            0.0,
+            lambda: np.log(flat_pos.astype(np.float64)),
+        ),
     ]
     # the copy and our kernels are timed in interleaved rounds (copy, gelu, softmax, ..., copy, gelu, ...)
     # so that a slow phase of a shared machine hits all of them alike
@@ -122,9 +152,18 @@ def bench_size(size: int, n: int, repeat: int, np_repeat: int, seed: int = 0) ->
         t_np = median_time(ref, np_repeat)
         want = ref()
         exact = ref64()
-        results.append(dict(name=name, size=size, t=t, gbs=nbytes / t / 1e9, frac=(nbytes / t) / copy_bw,
-                            t_numpy=t_np, err=max_err(mine.reshape(want.shape), want, floor),
-                            numpy_err=max_err(want, exact, floor)))
+        results.append(
+            dict(
+                name=name,
+                size=size,
+                t=t,
+                gbs=nbytes / t / 1e9,
+                frac=(nbytes / t) / copy_bw,
+                t_numpy=t_np,
+                err=max_err(mine.reshape(want.shape), want, floor),
+                numpy_err=max_err(want, exact, floor),
+            )
+        )
         if name == "gelu":
             results[-1]["t_numpy_xxx"] = median_time(lambda: np_gelu(x, cube=False), np_repeat)
     return results
@@ -133,18 +172,26 @@ def bench_size(size: int, n: int, repeat: int, np_repeat: int, seed: int = 0) ->
 def report(results: list[dict], n: int, repeat: int) -> str:
     lines = []
     size = results[0]["size"]
-    lines.append(f"N = {size:,} float32 ({size * 4 / 2**20:.0f} MiB per array); softmax/layernorm rows of n={n}; "
-                 f"median of {repeat} warm runs, 1 thread")
+    lines.append(
+        f"N = {size:,} float32 ({size * 4 / 2**20:.0f} MiB per array); softmax/layernorm rows of n={n}; "
+        f"median of {repeat} warm runs, 1 thread"
+    )
     c = results[0]
     lines.append(f"  np.copyto: {c['t'] * 1e3:8.2f} ms  {c['gbs']:6.2f} GB/s")
-    lines.append(f"  {'kernel':10s} {'ours ms':>9s} {'GB/s':>7s} {'of copy':>8s} {'numpy ms':>9s} {'speedup':>8s}"
-                 f" {'err vs np32':>12s} {'np32 vs f64':>12s}")
+    lines.append(
+        f"  {'kernel':10s} {'ours ms':>9s} {'GB/s':>7s} {'of copy':>8s} {'numpy ms':>9s} {'speedup':>8s}"
+        f" {'err vs np32':>12s} {'np32 vs f64':>12s}"
+    )
     for r in results[1:]:
-        lines.append(f"  {r['name']:10s} {r['t'] * 1e3:9.2f} {r['gbs']:7.2f} {r['frac']:8.2f} {r['t_numpy'] * 1e3:9.2f}"
-                     f" {r['t_numpy'] / r['t']:7.1f}x {r['err']:12.2e} {r['numpy_err']:12.2e}")
+        lines.append(
+            f"  {r['name']:10s} {r['t'] * 1e3:9.2f} {r['gbs']:7.2f} {r['frac']:8.2f} {r['t_numpy'] * 1e3:9.2f}"
+            f" {r['t_numpy'] / r['t']:7.1f}x {r['err']:12.2e} {r['numpy_err']:12.2e}"
+        )
         if "t_numpy_xxx" in r:
-            lines.append(f"  {'':10s} {'':9s} {'':7s} {'':8s} {r['t_numpy_xxx'] * 1e3:9.2f}"
-                         f" {r['t_numpy_xxx'] / r['t']:7.1f}x   (numpy GELU with x*x*x instead of x**3)")
+            lines.append(
+                f"  {'':10s} {'':9s} {'':7s} {'':8s} {r['t_numpy_xxx'] * 1e3:9.2f}"
+                f" {r['t_numpy_xxx'] / r['t']:7.1f}x   (numpy GELU with x*x*x instead of x**3)"
+            )
     return "\n".join(lines)
 
 
@@ -163,8 +210,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for name in ("exp", "tanh", "log"):
         fm.apply(name, warm.reshape(-1))
     print(f"fastmath kernels ready in {time.perf_counter() - t0:.2f} s (numba compile or cache load)")
-    print("err = max |a-b| / max(|b|, floor), floor 1 for gelu/layernorm, 0 for softmax and maps; "
-          "'np32 vs f64' is numpy float32's own error by the same measure")
+    print(
+        "err = max |a-b| / max(|b|, floor), floor 1 for gelu/layernorm, 0 for softmax and maps; "
+        "'np32 vs f64' is numpy float32's own error by the same measure"
+    )
     everything = []
     for text in args.sizes.split(","):
         results = bench_size(parse_size(text), args.n, args.repeat, args.numpy_repeat)

@@ -17,7 +17,6 @@ from graphc.core.ir import walk
 from graphc.runtime.codegen import CompiledKernel
 from graphc.runtime.threads import kernel_threads
 
-
 # --- the fused-kernel benchmark: GELU, softmax and layer norm against memory bandwidth ---------
 
 
@@ -67,16 +66,25 @@ def bench_kernels(sizes=(4 << 20, 16 << 20), repeat: int = 5, width: int = 1024)
             kernel = _fused_kernel(compiled, args)
             t_k, got_k = timed(lambda kernel=kernel, args=args: kernel(*args), repeat)
             kernel_s = statistics.median(t_k)
-            rows_out.append({
-                "kernel": name, "elements": size, "kernel_ms": kernel_s * 1e3,
-                "call_ms": statistics.median(t_call) * 1e3, "numpy_ms": statistics.median(t_np) * 1e3,
-                "copy_ms": copy_s * 1e3, "copy2_ms": copy2_s * 1e3, "bandwidth_GBps": nbytes / kernel_s / 1e9,
-                "copy_GBps": nbytes / copy_s / 1e9, "fraction_of_copy": copy_s / kernel_s,
-                "fraction_of_copy2": copy2_s / kernel_s,
-                "max_rel_error": max(max_rel_error(got, want), max_rel_error(got_k[0], want)),
-                "fused_kernels": compiled.stats()["fused_kernels"], "compile_s": compile_s,
-                "threads": kernel_threads(),
-            })
+            rows_out.append(
+                {
+                    "kernel": name,
+                    "elements": size,
+                    "kernel_ms": kernel_s * 1e3,
+                    "call_ms": statistics.median(t_call) * 1e3,
+                    "numpy_ms": statistics.median(t_np) * 1e3,
+                    "copy_ms": copy_s * 1e3,
+                    "copy2_ms": copy2_s * 1e3,
+                    "bandwidth_GBps": nbytes / kernel_s / 1e9,
+                    "copy_GBps": nbytes / copy_s / 1e9,
+                    "fraction_of_copy": copy_s / kernel_s,
+                    "fraction_of_copy2": copy2_s / kernel_s,
+                    "max_rel_error": max(max_rel_error(got, want), max_rel_error(got_k[0], want)),
+                    "fused_kernels": compiled.stats()["fused_kernels"],
+                    "compile_s": compile_s,
+                    "threads": kernel_threads(),
+                }
+            )
     return rows_out
 
 
@@ -122,9 +130,13 @@ def print_kernel_table(rows: list[dict[str, Any]]) -> None:
     is relative to numpy where |numpy| >= 1 and absolute below."""
     threads = rows[0]["threads"] if rows else 1
     print(f"(kernels on {threads} thread{'s' if threads > 1 else ''})")
-    print(f"{'kernel':<11} {'elements':>9} {'kernel ms':>10} {'call ms':>8} {'numpy ms':>9} {'copy ms':>8} "
-          f"{'GB/s':>6} {'of copy':>8} {'of 2-thread copy':>17} {'max err':>10}")
+    print(
+        f"{'kernel':<11} {'elements':>9} {'kernel ms':>10} {'call ms':>8} {'numpy ms':>9} {'copy ms':>8} "
+        f"{'GB/s':>6} {'of copy':>8} {'of 2-thread copy':>17} {'max err':>10}"
+    )
     for r in rows:
-        print(f"{r['kernel']:<11} {r['elements'] // (1 << 20):>8}M {r['kernel_ms']:>10.2f} {r['call_ms']:>8.2f} "
-              f"{r['numpy_ms']:>9.1f} {r['copy_ms']:>8.2f} {r['bandwidth_GBps']:>6.1f} {r['fraction_of_copy']:>7.0%} "
-              f"{r['fraction_of_copy2']:>17.0%} {r['max_rel_error']:>10.2e}")
+        print(
+            f"{r['kernel']:<11} {r['elements'] // (1 << 20):>8}M {r['kernel_ms']:>10.2f} {r['call_ms']:>8.2f} "
+            f"{r['numpy_ms']:>9.1f} {r['copy_ms']:>8.2f} {r['bandwidth_GBps']:>6.1f} {r['fraction_of_copy']:>7.0%} "
+            f"{r['fraction_of_copy2']:>17.0%} {r['max_rel_error']:>10.2e}"
+        )

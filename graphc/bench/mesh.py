@@ -76,11 +76,21 @@ def plan_variants(graph, mesh) -> list[tuple[str, dict[int, tuple], dict[int, st
     variants: list[tuple[str, dict[int, tuple], dict[int, str]]] = [("solver's choice", {}, {})]
     dp = {k: replicated if k < first_arg or t.ndim == 0 else _split_spec(t.ndim, 0, mesh) for k, t in enumerate(leaves)}
     variants.append(("data parallel: 1st argument replicated, the rest split on dim 0", dp, {}))
-    variants.append(("every input split on its last dim",
-                     {k: _split_spec(t.ndim, -1, mesh) or replicated for k, t in enumerate(leaves)}, {}))
+    variants.append(
+        (
+            "every input split on its last dim",
+            {k: _split_spec(t.ndim, -1, mesh) or replicated for k, t in enumerate(leaves)},
+            {},
+        )
+    )
     half = len(graph.nodes) // 2
-    variants.append(("matmuls of the first half of the graph replicated", {},
-                     {k: "replicate" for k, n in enumerate(graph.nodes[:half]) if n.op.name == "matmul"}))
+    variants.append(
+        (
+            "matmuls of the first half of the graph replicated",
+            {},
+            {k: "replicate" for k, n in enumerate(graph.nodes[:half]) if n.op.name == "matmul"},
+        )
+    )
     variants.append(("every node replicated (no parallelism)", {}, {k: "replicate" for k in range(len(graph.nodes))}))
     return variants
 
@@ -124,8 +134,9 @@ def _state_loop(compiled, arrays: list, repeat: int) -> list[float]:
     return times_of(step, repeat)
 
 
-def bench_mesh(fn, fargs, fkwargs, static: tuple[str, ...], mesh: Mesh, repeat: int, plans: bool = False,
-               label: str = "") -> str:
+def bench_mesh(
+    fn, fargs, fkwargs, static: tuple[str, ...], mesh: Mesh, repeat: int, plans: bool = False, label: str = ""
+) -> str:
     """Print the mesh benchmark of ``fn`` on its example arguments; returns whether the result on
     the mesh equals numpy eager ("yes", or why not)."""
     print(f"graphc bench {label} on mesh {mesh} ({mesh.size} devices)")
@@ -146,16 +157,20 @@ def bench_mesh(fn, fargs, fkwargs, static: tuple[str, ...], mesh: Mesh, repeat: 
     print(f"  numpy eager                      {fmt(t_eager)}")
     print(f"  graphc, 1 device                 {fmt(t_one)}   ({med(t_eager) / med(t_one):.2f}x numpy eager)")
     print(f"  graphc, 1 device, 1 BLAS thread  {fmt(t_one1)}")
-    print(f"  graphc, {mesh.size} devices, per call     {fmt(t_mesh)}   ({med(t_one1) / med(t_mesh):.2f}x 1 device "
-          f"with 1 BLAS thread, {med(t_one) / med(t_mesh):.2f}x with default BLAS; splits inputs, gathers outputs)")
+    print(
+        f"  graphc, {mesh.size} devices, per call     {fmt(t_mesh)}   ({med(t_one1) / med(t_mesh):.2f}x 1 device "
+        f"with 1 BLAS thread, {med(t_one) / med(t_mesh):.2f}x with default BLAS; splits inputs, gathers outputs)"
+    )
     dyn_args, dyn_kwargs, _ = pf._split_static(fargs, fkwargs)
     arrays = bind_arguments(compiled.graph, dyn_args, dyn_kwargs)
     measured = t_mesh
     if compiled.state_outputs:
         t_state = _state_loop(compiled, arrays, repeat)
         measured = t_state
-        print(f"  graphc, {mesh.size} devices, state sharded {fmt(t_state)}   ({med(t_one1) / med(t_state):.2f}x 1 device "
-              f"with 1 BLAS thread, {med(t_one) / med(t_state):.2f}x with default BLAS; a training loop's step)")
+        print(
+            f"  graphc, {mesh.size} devices, state sharded {fmt(t_state)}   ({med(t_one1) / med(t_state):.2f}x 1 device "
+            f"with 1 BLAS thread, {med(t_one) / med(t_state):.2f}x with default BLAS; a training loop's step)"
+        )
     print(f"  predicted step (plan) {fmt_time(compiled.plan.cost.total_s)}, measured {fmt_time(med(measured))}")
     verdict = same(got, want)
     print(f"  result on the mesh equals numpy eager: {verdict}")
@@ -165,10 +180,12 @@ def bench_mesh(fn, fargs, fkwargs, static: tuple[str, ...], mesh: Mesh, repeat: 
         for nbytes in (1 << 20, 16 << 20):
             mem = bench_memcpy(n, nbytes, repeat=5)
             ar = bench_all_reduce(n, nbytes, repeat=5)
-            print(f"  all_reduce {nbytes >> 20:>2} MiB x {n} devices: busbw {ar['busbw'] / 1e9:5.2f} GB/s = "
-                  f"{ar['busbw'] / mem['bandwidth']:.0%} of memcpy of the same size with {n} threads "
-                  f"({mem['bandwidth'] / 1e9:.1f} GB/s), {ar['busbw'] / mem64['bandwidth']:.0%} of memcpy of 64 MiB "
-                  f"({mem64['bandwidth'] / 1e9:.1f} GB/s, out of cache)")
+            print(
+                f"  all_reduce {nbytes >> 20:>2} MiB x {n} devices: busbw {ar['busbw'] / 1e9:5.2f} GB/s = "
+                f"{ar['busbw'] / mem['bandwidth']:.0%} of memcpy of the same size with {n} threads "
+                f"({mem['bandwidth'] / 1e9:.1f} GB/s), {ar['busbw'] / mem64['bandwidth']:.0%} of memcpy of 64 MiB "
+                f"({mem64['bandwidth'] / 1e9:.1f} GB/s, out of cache)"
+            )
     if plans:
         print(f"  plans of {label} on mesh {mesh} (devices on inputs already in place, median of {repeat}):")
         rows = bench_plans(fn, fargs, fkwargs, static, mesh, repeat)

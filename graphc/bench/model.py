@@ -27,8 +27,10 @@ def bench_model(fn, fargs: tuple, fkwargs: dict, repeat: int, run: bool = True, 
     t_parse, parsed = no_warmup(lambda: parse(text), repeat)
     t_verify, _ = no_warmup(graph.verify, repeat)
     assert str(parsed) == text, "text round trip changed the graph"
-    print(f"  graph: {len(graph.nodes)} nodes, {len(graph.inputs)} inputs; IR text {len(text.splitlines())} lines, "
-          f"{len(text) / 1e3:.0f} kB")
+    print(
+        f"  graph: {len(graph.nodes)} nodes, {len(graph.inputs)} inputs; IR text {len(text.splitlines())} lines, "
+        f"{len(text) / 1e3:.0f} kB"
+    )
     print(f"  trace            {fmt(t_trace)}")
     print(f"  print IR         {fmt(t_print)}")
     print(f"  parse IR         {fmt(t_parse)}")
@@ -49,8 +51,12 @@ def bench_model(fn, fargs: tuple, fkwargs: dict, repeat: int, run: bool = True, 
     print(f"  graphc compiled  {fmt(t_jit)}   ({speedup:.2f}x faster than numpy eager)")
     st = compiled.stats()
     sizes = st["ops_per_kernel"]
-    print(f"  first call: trace {st['trace_s'] * 1e3:.0f} ms, optimize {st['optimize_s'] * 1e3:.0f} ms, build "
-          f"{st['build_s'] * 1e3:.0f} ms (kernel compile/load {st['kernel_compile_s'] * 1e3:.0f} ms); total {first:.2f} s")
-    print(f"  nodes: {st['nodes_traced']} traced -> {st['nodes_optimized']} optimized; {st['fused_kernels']} fused "
-          f"kernels, {min(sizes, default=0)}-{max(sizes, default=0)} ops each (mean {np.mean(sizes) if sizes else 0:.1f})")
+    print(
+        f"  first call: trace {st['trace_s'] * 1e3:.0f} ms, optimize {st['optimize_s'] * 1e3:.0f} ms, build "
+        f"{st['build_s'] * 1e3:.0f} ms (kernel compile/load {st['kernel_compile_s'] * 1e3:.0f} ms); total {first:.2f} s"
+    )
+    print(
+        f"  nodes: {st['nodes_traced']} traced -> {st['nodes_optimized']} optimized; {st['fused_kernels']} fused "
+        f"kernels, {min(sizes, default=0)}-{max(sizes, default=0)} ops each (mean {np.mean(sizes) if sizes else 0:.1f})"
+    )
     print(f"  compiled result equals numpy eager: {same(got, want)}")

@@ -52,11 +52,15 @@ def main(argv=None) -> None:
     g = optimize_for_planning(trace(mlp.train_step, *args, **kw))
     flat = bind_arguments(g, args, kw)
     S = a.stages
-    print(f"pipeline benchmark: MLP of {a.layers} layers {a.width} wide, batch {a.batch}, {S} stages "
-          f"(one thread each, one BLAS thread each)")
+    print(
+        f"pipeline benchmark: MLP of {a.layers} layers {a.width} wide, batch {a.batch}, {S} stages "
+        f"(one thread each, one BLAS thread each)"
+    )
     print("  theory: (S-1)/(M+S-1) for equal stages; uneven: the same schedule with the stage times measured here")
-    print(f"  {'schedule':<8} {'M':>3} {'step':>10} {'bubble measured':>16} {'theory':>7} {'uneven':>8} {'predicted':>9} "
-          f"{'held (stage 0)':>15} {'peak (stage 0)':>15}")
+    print(
+        f"  {'schedule':<8} {'M':>3} {'step':>10} {'bubble measured':>16} {'theory':>7} {'uneven':>8} {'predicted':>9} "
+        f"{'held (stage 0)':>15} {'peak (stage 0)':>15}"
+    )
     for m in (1, 2, 4, 8, 16):
         for schedule in ("gpipe", "1f1b"):
             mb = microbatch(g, m)
@@ -71,9 +75,11 @@ def main(argv=None) -> None:
                 bubbles.append(pe.measured_bubble())
             prof = pe.last_profile
             d0 = min(prof)
-            print(f"  {schedule:<8} {m:>3} {statistics.median(steps) * 1e3:8.1f} ms {statistics.median(bubbles):>15.1%} "
-                  f"{(S - 1) / (m + S - 1):>7.1%} {uneven_theory(prof, m):>8.1%} {plan.predicted['bubble']:>9.1%} "
-                  f"{fmt_bytes(prof[d0].get('held_bytes', 0)):>15} {fmt_bytes(prof[d0]['peak_bytes']):>15}")
+            print(
+                f"  {schedule:<8} {m:>3} {statistics.median(steps) * 1e3:8.1f} ms {statistics.median(bubbles):>15.1%} "
+                f"{(S - 1) / (m + S - 1):>7.1%} {uneven_theory(prof, m):>8.1%} {plan.predicted['bubble']:>9.1%} "
+                f"{fmt_bytes(prof[d0].get('held_bytes', 0)):>15} {fmt_bytes(prof[d0]['peak_bytes']):>15}"
+            )
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ def fmt_range(times: list[float]) -> str:
 
 
 def same(got: Any, want: Any) -> str:
-    """"yes" when two results (pytrees of arrays) agree to float32/float64 tolerance, else why not."""
+    """ "yes" when two results (pytrees of arrays) agree to float32/float64 tolerance, else why not."""
     g, w = flatten(got)[0], flatten(want)[0]
     for a, b in zip(g, w):
         a, b = np.asarray(a), np.asarray(b)

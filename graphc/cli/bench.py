@@ -14,19 +14,31 @@ NAMED = ("kernels", "pipeline", "comm", "fastmath")
 
 
 def add_parser(sub) -> None:
-    bench = sub.add_parser("bench", help="time tracing, IR round trip, numpy eager, the interpreter and compiled "
-                                         "execution of FILE:FUNC; or a named benchmark: " + ", ".join(NAMED))
-    bench.add_argument("target", help="FILE:FUNC, or one of: kernels (fused kernels against memory bandwidth), "
-                                      "pipeline (bubble and memory), comm (collective bandwidth), fastmath")
+    bench = sub.add_parser(
+        "bench",
+        help="time tracing, IR round trip, numpy eager, the interpreter and compiled "
+        "execution of FILE:FUNC; or a named benchmark: " + ", ".join(NAMED),
+    )
+    bench.add_argument(
+        "target",
+        help="FILE:FUNC, or one of: kernels (fused kernels against memory bandwidth), "
+        "pipeline (bubble and memory), comm (collective bandwidth), fastmath",
+    )
     bench.add_argument("--example", help="function in FILE returning (args, kwargs) (default: example_args)")
     bench.add_argument("--repeat", type=int, default=3, help="repetitions per measurement (default 3)")
     bench.add_argument("--no-run", action="store_true", help="skip numpy eager and interpreter timings")
-    bench.add_argument("--mesh", help="also run on this device mesh (e.g. dp=2): numpy eager, graphc on 1 device and "
-                                      "on the mesh, predicted vs measured step time, all-reduce bus bandwidth")
+    bench.add_argument(
+        "--mesh",
+        help="also run on this device mesh (e.g. dp=2): numpy eager, graphc on 1 device and "
+        "on the mesh, predicted vs measured step time, all-reduce bus bandwidth",
+    )
     bench.add_argument("--link", help="per-axis link model overrides for planning, e.g. dp=1GB/s:50us")
-    bench.add_argument("--plans", action="store_true",
-                       help="with --mesh: also time several plans of the function (solver's choice and pinned "
-                            "inputs) and report the rank correlation of predicted and measured step times")
+    bench.add_argument(
+        "--plans",
+        action="store_true",
+        help="with --mesh: also time several plans of the function (solver's choice and pinned "
+        "inputs) and report the rank correlation of predicted and measured step times",
+    )
     bench.set_defaults(func=cmd_bench)
 
 

@@ -31,8 +31,12 @@ def add_parser(sub) -> None:
     p.add_argument("target", help="FILE:FUNC, e.g. models/gpt.py:train_step")
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--mesh", help="named mesh axes, e.g. dp=2,tp=4 (a pp axis makes a pipeline)")
-    where.add_argument("--devices", type=int, metavar="N",
-                       help="search the factorizations of N devices into pp x dp x tp (and micro-batch counts)")
+    where.add_argument(
+        "--devices",
+        type=int,
+        metavar="N",
+        help="search the factorizations of N devices into pp x dp x tp (and micro-batch counts)",
+    )
     p.add_argument("--microbatches", type=int, default=1, help="micro-batches of a pipeline (--mesh with pp)")
     p.add_argument("--schedule", choices=("1f1b", "gpipe"), default="1f1b", help="pipeline schedule (default 1f1b)")
     p.add_argument("--link", help="per-axis link model overrides, e.g. dp=1GB/s:50us,tp=10GB/s:5us")
@@ -44,7 +48,9 @@ def add_parser(sub) -> None:
     p.add_argument("--time-limit", type=float, default=60.0, help="ILP time limit in seconds (default 60)")
     p.add_argument("--no-shrink", action="store_true", help="one ILP variable per node (no tying / follower merging)")
     p.add_argument("--no-cache", action="store_true", help="do not read or write the plan cache")
-    p.add_argument("--explain", action="append", default=[], metavar="NAME", help="explain the spec of a tensor (repeatable)")
+    p.add_argument(
+        "--explain", action="append", default=[], metavar="NAME", help="explain the spec of a tensor (repeatable)"
+    )
     p.add_argument("--quiet", action="store_true", help="no progress messages")
     p.set_defaults(func=cmd_compile)
 
@@ -63,10 +69,17 @@ def cmd_compile(args: argparse.Namespace) -> int:
     except MeshError as exc:
         raise GraphcError(f"--mesh/--link: {exc}") from None
     fn, fargs, fkwargs = load_target(args.target, args.example)
-    pf = parallelize(fn, mesh=mesh, memory_limit=args.memory, static_argnames=static_argnames(fkwargs),
-                     shrink=not args.no_shrink,
-                     time_limit_s=args.time_limit, cache=not args.no_cache and not args.plan,
-                     microbatches=args.microbatches, schedule=args.schedule)
+    pf = parallelize(
+        fn,
+        mesh=mesh,
+        memory_limit=args.memory,
+        static_argnames=static_argnames(fkwargs),
+        shrink=not args.no_shrink,
+        time_limit_s=args.time_limit,
+        cache=not args.no_cache and not args.plan,
+        microbatches=args.microbatches,
+        schedule=args.schedule,
+    )
     if pf.pipelined:
         if args.plan or args.explain:
             raise GraphcError("--plan and --explain work on meshes without a pp axis")
@@ -88,8 +101,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if args.dump_ir:
         _dump_ir(args.dump_ir, pf, graph, plan, fargs, fkwargs)
     t = plan.timing
-    progress(f"done: trace {t.get('trace_s', 0):.2f}s, optimize {t.get('optimize_s', 0):.2f}s, "
-             f"plan {t.get('plan_s', 0):.2f}s{' (cached)' if t.get('cached') else ''}")
+    progress(
+        f"done: trace {t.get('trace_s', 0):.2f}s, optimize {t.get('optimize_s', 0):.2f}s, "
+        f"plan {t.get('plan_s', 0):.2f}s{' (cached)' if t.get('cached') else ''}"
+    )
     print(plan.summary())
     for name in args.explain:
         print(plan.explain(name))
@@ -134,9 +149,15 @@ def _search(args: argparse.Namespace, progress) -> int:
     _traced, graph, _s = pf.trace_optimized(*fargs, **fkwargs)
     progress(f"searching meshes of {args.devices} devices")
     t0 = time.perf_counter()
-    cands = search_meshes(graph, args.devices, parse_bytes(args.memory), links, schedule=args.schedule,
-                          time_limit_s=args.time_limit,
-                          progress=lambda c: progress(f"  {c.describe()} [{c.seconds:.2f}s]"))
+    cands = search_meshes(
+        graph,
+        args.devices,
+        parse_bytes(args.memory),
+        links,
+        schedule=args.schedule,
+        time_limit_s=args.time_limit,
+        progress=lambda c: progress(f"  {c.describe()} [{c.seconds:.2f}s]"),
+    )
     seconds = time.perf_counter() - t0
     print(f"searched {len(cands)} plans for {args.devices} devices in {seconds:.2f} s")
     print(explain(cands))

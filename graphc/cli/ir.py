@@ -19,9 +19,12 @@ def add_parser(sub) -> None:
     ir.add_argument("target", help="FILE:FUNC (e.g. models/gpt.py:gpt) or a .gir file to parse and verify")
     ir.add_argument("--example", help="function in FILE returning (args, kwargs) (default: example_args)")
     ir.add_argument("-o", "--output", help="write the IR to this file instead of stdout")
-    ir.add_argument("--stage", default="traced",
-                    help="print the IR after this pass of the default pipeline (traced, fold_constants, simplify, "
-                         "cse, dce, optimized; default traced)")
+    ir.add_argument(
+        "--stage",
+        default="traced",
+        help="print the IR after this pass of the default pipeline (traced, fold_constants, simplify, "
+        "cse, dce, optimized; default traced)",
+    )
     ir.add_argument("--dump-ir", metavar="DIR", help="write the IR after every pass to DIR (NN-<pass>.gir)")
     ir.set_defaults(func=cmd_ir)
 

@@ -47,15 +47,24 @@ def load_target(target: str, example: str | None = None) -> tuple[Callable, tupl
     module = load_module(path)
     fn = getattr(module, func_name, None)
     if not callable(fn):
-        funcs = sorted(k for k, v in vars(module).items() if callable(v) and getattr(v, "__module__", None) == module.__name__)
+        funcs = sorted(
+            k for k, v in vars(module).items() if callable(v) and getattr(v, "__module__", None) == module.__name__
+        )
         raise UsageError(f"{path}: no function {func_name!r} (functions: {', '.join(funcs) or 'none'})")
     ex_name = example or "example_args"
     ex = getattr(module, ex_name, None)
     if not callable(ex):
-        raise UsageError(f"{path}: no function {ex_name!r} giving example arguments; write one returning (args, kwargs) "
-                         "or name one with --example")
+        raise UsageError(
+            f"{path}: no function {ex_name!r} giving example arguments; write one returning (args, kwargs) "
+            "or name one with --example"
+        )
     result: Any = ex()
-    if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], (tuple, list)) and isinstance(result[1], dict)):
+    if not (
+        isinstance(result, tuple)
+        and len(result) == 2
+        and isinstance(result[0], (tuple, list))
+        and isinstance(result[1], dict)
+    ):
         raise UsageError(f"{path}:{ex_name}() must return (args, kwargs): a tuple of positional arguments and a dict")
     return fn, tuple(result[0]), dict(result[1])
 

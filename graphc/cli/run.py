@@ -51,8 +51,16 @@ def cmd_run(args: argparse.Namespace) -> int:
             mesh = Mesh(args.mesh, links=parse_links(args.link) if args.link else None)
     except MeshError as exc:
         raise GraphcError(f"--mesh/--link: {exc}") from None
-    pf = parallelize(fn, mesh=mesh, memory_limit=args.memory, static_argnames=static, timeout_s=args.timeout,
-                     cache=loaded is None, microbatches=args.microbatches, schedule=args.schedule)
+    pf = parallelize(
+        fn,
+        mesh=mesh,
+        memory_limit=args.memory,
+        static_argnames=static,
+        timeout_s=args.timeout,
+        cache=loaded is None,
+        microbatches=args.microbatches,
+        schedule=args.schedule,
+    )
     if pf.pipelined:
         return _run_pipeline(args, pf, fn, fargs, fkwargs)
     start = time.perf_counter()
@@ -60,8 +68,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         pf.follow(loaded, *fargs, **fkwargs)
     compiled = pf.compile(*fargs, **fkwargs)
     plan = compiled.plan
-    print(f"graphc run {args.target} on mesh {mesh} ({mesh.size} devices): compiled in "
-          f"{time.perf_counter() - start:.2f} s (plan {fmt_time(plan.cost.total_s)} predicted)")
+    print(
+        f"graphc run {args.target} on mesh {mesh} ({mesh.size} devices): compiled in "
+        f"{time.perf_counter() - start:.2f} s (plan {fmt_time(plan.cost.total_s)} predicted)"
+    )
 
     def eager():
         return fn(*fargs, **fkwargs)
@@ -76,16 +86,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     compiled.executable.run_flat(arrays, profile=True)
     prof = compiled.executable.last_profile
     print(f"  numpy eager        {fmt_range(t_eager)}")
-    print(f"  graphc on {mesh.size} devices {fmt_range(t_mesh)}   ({statistics.median(t_eager) / statistics.median(t_mesh):.2f}x "
-          f"numpy eager; predicted step {fmt_time(plan.cost.total_s)})")
+    print(
+        f"  graphc on {mesh.size} devices {fmt_range(t_mesh)}   ({statistics.median(t_eager) / statistics.median(t_mesh):.2f}x "
+        f"numpy eager; predicted step {fmt_time(plan.cost.total_s)})"
+    )
     print(f"  result equals numpy eager: {verdict}")
     predicted = plan.memory.peak_bytes
     print("  device  peak memory measured  predicted   collectives  comm time")
     for d in sorted(prof):
         p = prof[d]
         comm = [e for e in p["events"] if e[4]]
-        print(f"  {d:>6}  {fmt_bytes(p.get('peak_bytes', 0)):>20}  {fmt_bytes(predicted[d]):>9}   {len(comm):>11}  "
-              f"{fmt_time(sum(e[3] - e[2] for e in comm)):>9}")
+        print(
+            f"  {d:>6}  {fmt_bytes(p.get('peak_bytes', 0)):>20}  {fmt_bytes(predicted[d]):>9}   {len(comm):>11}  "
+            f"{fmt_time(sum(e[3] - e[2] for e in comm)):>9}"
+        )
     if args.trace:
         atomic_write(args.trace, json.dumps(chrome_trace(prof, mesh)))
         print(f"wrote {args.trace} (open in https://ui.perfetto.dev)", file=sys.stderr)
@@ -99,16 +113,26 @@ def chrome_trace(profiles: dict[int, dict], mesh) -> dict:
     t0 = min((p.get("t0", 0.0) for p in profiles.values()), default=0.0)
     for d, p in sorted(profiles.items()):
         coord = dict(zip(mesh.axis_names, mesh.coord(d)))
-        events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": d,
-                       "args": {"name": f"device {d} {coord}"}})
+        events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": d, "args": {"name": f"device {d} {coord}"}})
         for name, loc, start, end, nbytes in p.get("events", []):
-            ev = {"name": name, "cat": "comm" if nbytes else "compute", "ph": "X", "pid": 0, "tid": d,
-                  "ts": (start - t0) * 1e6, "dur": (end - start) * 1e6, "args": {"loc": loc}}
+            ev = {
+                "name": name,
+                "cat": "comm" if nbytes else "compute",
+                "ph": "X",
+                "pid": 0,
+                "tid": d,
+                "ts": (start - t0) * 1e6,
+                "dur": (end - start) * 1e6,
+                "args": {"loc": loc},
+            }
             if nbytes:
                 ev["args"]["bytes"] = int(nbytes)
             events.append(ev)
-    return {"traceEvents": events, "displayTimeUnit": "ms",
-            "otherData": {"mesh": str(mesh), "peak_bytes": {str(d): p.get("peak_bytes", 0) for d, p in profiles.items()}}}
+    return {
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": {"mesh": str(mesh), "peak_bytes": {str(d): p.get("peak_bytes", 0) for d, p in profiles.items()}},
+    }
 
 
 def _run_pipeline(args: argparse.Namespace, pf, fn, fargs, fkwargs) -> int:
@@ -117,8 +141,10 @@ def _run_pipeline(args: argparse.Namespace, pf, fn, fargs, fkwargs) -> int:
     start = time.perf_counter()
     compiled = pf.compile(*fargs, **fkwargs)
     plan = compiled.plan
-    print(f"graphc run {args.target} on mesh {pf.mesh} ({pf.mesh.size} devices): compiled in "
-          f"{time.perf_counter() - start:.2f} s")
+    print(
+        f"graphc run {args.target} on mesh {pf.mesh} ({pf.mesh.size} devices): compiled in "
+        f"{time.perf_counter() - start:.2f} s"
+    )
     print(plan.summary())
     want = fn(*fargs, **fkwargs)
     got = compiled(*fargs, **fkwargs)
@@ -130,17 +156,23 @@ def _run_pipeline(args: argparse.Namespace, pf, fn, fargs, fkwargs) -> int:
     ex.run_flat(bind_arguments(compiled.graph, dyn_args, dyn_kwargs), profile=True)
     prof = ex.last_profile
     print(f"  numpy eager        {fmt_range(t_eager)}")
-    print(f"  graphc pipeline    {fmt_range(t_pipe)}   ({statistics.median(t_eager) / statistics.median(t_pipe):.2f}x "
-          f"numpy eager)")
+    print(
+        f"  graphc pipeline    {fmt_range(t_pipe)}   ({statistics.median(t_eager) / statistics.median(t_pipe):.2f}x "
+        f"numpy eager)"
+    )
     print(f"  result equals numpy eager: {verdict}")
     print(f"  bubble: measured {ex.measured_bubble():.1%}, predicted {plan.predicted['bubble']:.1%}")
     print("  device  stage  peak memory measured  held between tasks  predicted held")
-    print("  (held: state, gradient sums and activations kept between tasks; the peak adds the running task's "
-          "temporaries)")
+    print(
+        "  (held: state, gradient sums and activations kept between tasks; the peak adds the running task's "
+        "temporaries)"
+    )
     for d in sorted(prof):
         s = ex.stage_of(d)
-        print(f"  {d:>6}  {s:>5}  {fmt_bytes(prof[d]['peak_bytes']):>20}  {fmt_bytes(prof[d].get('held_bytes', 0)):>18}  "
-              f"{fmt_bytes(plan.memory_bytes[s]):>14}")
+        print(
+            f"  {d:>6}  {s:>5}  {fmt_bytes(prof[d]['peak_bytes']):>20}  {fmt_bytes(prof[d].get('held_bytes', 0)):>18}  "
+            f"{fmt_bytes(plan.memory_bytes[s]):>14}"
+        )
     if args.trace:
         atomic_write(args.trace, json.dumps(pipeline_trace(prof, ex)))
         print(f"wrote {args.trace} (open in https://ui.perfetto.dev)", file=sys.stderr)
@@ -155,16 +187,38 @@ def pipeline_trace(profiles: dict[int, dict], ex) -> dict:
     t0 = min((p.get("t0", 0.0) for p in profiles.values()), default=0.0)
     for d, p in sorted(profiles.items()):
         s = ex.stage_of(d)
-        events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": d,
-                       "args": {"name": f"device {d} stage {s} {dict(zip(ex.mesh.axis_names, ex.mesh.coord(d)))}"}})
+        events.append(
+            {
+                "name": "thread_name",
+                "ph": "M",
+                "pid": 0,
+                "tid": d,
+                "args": {"name": f"device {d} stage {s} {dict(zip(ex.mesh.axis_names, ex.mesh.coord(d)))}"},
+            }
+        )
         for phase, k, start, end in p.get("events", []):
-            events.append({"name": phase if phase == "U" else f"{phase}{k}", "cat": {"F": "forward", "B": "backward"}
-                           .get(phase, "update"), "ph": "X", "pid": 0, "tid": d, "ts": (start - t0) * 1e6,
-                           "dur": (end - start) * 1e6, "args": {"stage": s, "microbatch": k}})
-    return {"traceEvents": events, "displayTimeUnit": "ms",
-            "otherData": {"mesh": str(ex.mesh), "schedule": ex.schedule, "microbatches": ex.m,
-                          "measured_bubble": ex.measured_bubble()}}
+            events.append(
+                {
+                    "name": phase if phase == "U" else f"{phase}{k}",
+                    "cat": {"F": "forward", "B": "backward"}.get(phase, "update"),
+                    "ph": "X",
+                    "pid": 0,
+                    "tid": d,
+                    "ts": (start - t0) * 1e6,
+                    "dur": (end - start) * 1e6,
+                    "args": {"stage": s, "microbatch": k},
+                }
+            )
+    return {
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": {
+            "mesh": str(ex.mesh),
+            "schedule": ex.schedule,
+            "microbatches": ex.m,
+            "measured_bubble": ex.measured_bubble(),
+        },
+    }
 
 
 __all__ = ["add_parser", "chrome_trace", "pipeline_trace"]
-

@@ -27,7 +27,6 @@ from graphc.core.errors import ShapeError, SourceLoc, VerifyError
 from graphc.core.literals import format_literal
 from graphc.core.pytree import TreeDef
 
-
 _TYPE_TEXT = re.compile(r"^\s*(\w+)\[([0-9,\s]*)\]\s*$")
 
 
@@ -94,7 +93,9 @@ class OpDef:
     def __repr__(self) -> str:
         return f"OpDef({self.name})"
 
-    def infer_types(self, in_types: tuple[TensorType, ...], attrs: dict[str, Any], regions: tuple = ()) -> tuple[TensorType, ...]:
+    def infer_types(
+        self, in_types: tuple[TensorType, ...], attrs: dict[str, Any], regions: tuple = ()
+    ) -> tuple[TensorType, ...]:
         if self.num_inputs is not None and len(in_types) != self.num_inputs:
             raise ShapeError(f"{self.name} takes {self.num_inputs} operand(s), got {len(in_types)}")
         if self.num_inputs is None and len(in_types) < self.min_inputs:
@@ -123,7 +124,6 @@ class OpDef:
         if isinstance(out, tuple):
             return tuple(np.asarray(o) for o in out)
         return (np.asarray(out),)
-
 
 
 class Value:
@@ -244,8 +244,15 @@ def clone_region(region: Region) -> Region:
         inputs.append(env[v])
     nodes = []
     for node in region.nodes:
-        copy = Node(node.op, [env[v] for v in node.inputs], node.attrs, [o.type for o in node.outputs], node.loc,
-                    node.part, tuple(clone_region(r) for r in node.regions))
+        copy = Node(
+            node.op,
+            [env[v] for v in node.inputs],
+            node.attrs,
+            [o.type for o in node.outputs],
+            node.loc,
+            node.part,
+            tuple(clone_region(r) for r in node.regions),
+        )
         env.update(zip(node.outputs, copy.outputs))
         nodes.append(copy)
     return Region(inputs, nodes, [env[v] for v in region.outputs])
@@ -372,8 +379,15 @@ def describe_node(node: Node, names: dict[Value, str]) -> str:
     return f"node {res} = {node.op.name}(...){where}"
 
 
-def _verify_block(inputs: list[Value], nodes: list[Node], outputs: list[Value], names: dict[Value, str],
-                  where: str, seen_nodes: set[int], everywhere: set[Value]) -> None:
+def _verify_block(
+    inputs: list[Value],
+    nodes: list[Node],
+    outputs: list[Value],
+    names: dict[Value, str],
+    where: str,
+    seen_nodes: set[int],
+    everywhere: set[Value],
+) -> None:
     """Verify one block (the graph body or a region) in its own scope."""
     defined: set[Value] = set()
     for v in inputs:
@@ -403,10 +417,13 @@ def _verify_block(inputs: list[Value], nodes: list[Node], outputs: list[Value], 
             if out in everywhere:
                 raise VerifyError(f"{describe}: output {i} is defined twice")
         if len(node.regions) != node.op.num_regions:
-            raise VerifyError(f"{describe}: {node.op.name} needs {node.op.num_regions} region(s), has {len(node.regions)}")
+            raise VerifyError(
+                f"{describe}: {node.op.name} needs {node.op.num_regions} region(s), has {len(node.regions)}"
+            )
         for k, region in enumerate(node.regions):
-            _verify_block(region.inputs, region.nodes, region.outputs, names,
-                          f"{describe}, region {k}", seen_nodes, everywhere)
+            _verify_block(
+                region.inputs, region.nodes, region.outputs, names, f"{describe}, region {k}", seen_nodes, everywhere
+            )
         try:
             expected = node.op.infer_types(tuple(v.type for v in node.inputs), node.attrs, node.regions)
         except ShapeError as exc:
@@ -421,7 +438,10 @@ def _verify_block(inputs: list[Value], nodes: list[Node], outputs: list[Value], 
         everywhere.update(node.outputs)
     for i, v in enumerate(outputs):
         if v not in defined:
-            raise VerifyError(f"{where}: output {i} is not defined in this {'graph' if where.startswith('graph') else 'region'}")
+            raise VerifyError(
+                f"{where}: output {i} is not defined in this {'graph' if where.startswith('graph') else 'region'}"
+            )
+
 
 # --- the text form ---------------------------------------------------------------------------------
 #     graph @mlp(
@@ -510,7 +530,7 @@ def format_node(node: Node, names: dict[Value, str], indent: str = "") -> list[s
     operands = ["%" + names[v] for v in node.inputs]
     operands += [f"{k}={format_literal(v)}" for k, v in node.attrs.items()]
     types = ", ".join(str(o.type) for o in node.outputs) or "()"
-    loc = f' loc({json.dumps(node.loc.file)}:{node.loc.line})' if node.loc else ""
+    loc = f" loc({json.dumps(node.loc.file)}:{node.loc.line})" if node.loc else ""
     part = f" part({node.part})" if node.part else ""
     head = f"{results} = " if node.outputs else ""
     line = f"{indent}{head}{node.op.name}({', '.join(operands)}) : {types}{loc}{part}"

@@ -18,6 +18,7 @@ from graphc.core import dtypes
 
 SMALL_ARRAY = 16  # constants with at most this many finite elements print as nested lists
 
+
 def format_float(x: float) -> str:
     if x != x:
         return "nan"

@@ -92,10 +92,14 @@ class MachineProfile:
 
     def __post_init__(self):
         object.__setattr__(self, "flops", _positive(self.flops, "MachineProfile.flops", "flop/s"))
-        object.__setattr__(self, "mem_bandwidth",
-                           _positive(self.mem_bandwidth, "MachineProfile.mem_bandwidth", "bytes/s"))
-        object.__setattr__(self, "collective_overhead_s", _positive(
-            self.collective_overhead_s, "MachineProfile.collective_overhead_s", "seconds", allow_zero=True))
+        object.__setattr__(
+            self, "mem_bandwidth", _positive(self.mem_bandwidth, "MachineProfile.mem_bandwidth", "bytes/s")
+        )
+        object.__setattr__(
+            self,
+            "collective_overhead_s",
+            _positive(self.collective_overhead_s, "MachineProfile.collective_overhead_s", "seconds", allow_zero=True),
+        )
         if not isinstance(self.link, Link):
             raise MeshError(f"MachineProfile.link must be a Link, got {self.link!r}")
         if not isinstance(self.source, str):
@@ -112,20 +116,29 @@ class MachineProfile:
                                     message (read + write, so about half of one core's memory bandwidth)
           collective_overhead 20us  a threading.Barrier wait across the threads taking part
         """
-        return cls(flops=100e9, mem_bandwidth=8e9, link=Link(20e-6, 6e9), collective_overhead_s=20e-6,
-                   source="default")
+        return cls(flops=100e9, mem_bandwidth=8e9, link=Link(20e-6, 6e9), collective_overhead_s=20e-6, source="default")
 
     def to_json(self) -> dict:
-        return {"flops": self.flops, "mem_bandwidth": self.mem_bandwidth, "link": self.link.to_json(),
-                "collective_overhead_s": self.collective_overhead_s, "source": self.source}
+        return {
+            "flops": self.flops,
+            "mem_bandwidth": self.mem_bandwidth,
+            "link": self.link.to_json(),
+            "collective_overhead_s": self.collective_overhead_s,
+            "source": self.source,
+        }
 
     @classmethod
     def from_json(cls, d: Any) -> MachineProfile:
         what = "machine profile"
         link = Link.from_json(_require(d, "link", what), "machine profile 'link'")
         source = d.get("source", "unknown")
-        return cls(_require(d, "flops", what), _require(d, "mem_bandwidth", what), link,
-                   _require(d, "collective_overhead_s", what), source)
+        return cls(
+            _require(d, "flops", what),
+            _require(d, "mem_bandwidth", what),
+            link,
+            _require(d, "collective_overhead_s", what),
+            source,
+        )
 
     def describe(self) -> str:
         """A small table of the numbers, in GF/s, GB/s and us."""
@@ -173,8 +186,10 @@ def load_profile(path: str | None = None) -> MachineProfile:
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise MeshError(f"{path}:{exc.lineno}:{exc.colno}: not a machine profile (bad JSON: {exc.msg}); "
-                        f"rerun 'graphc calibrate' or delete the file") from None
+        raise MeshError(
+            f"{path}:{exc.lineno}:{exc.colno}: not a machine profile (bad JSON: {exc.msg}); "
+            f"rerun 'graphc calibrate' or delete the file"
+        ) from None
     try:
         return MachineProfile.from_json(doc)
     except MeshError as exc:
@@ -187,8 +202,9 @@ def _bad_mesh(text: Any, why: str) -> MeshError:
 
 def _check_name(name: Any, text: Any) -> str:
     if not isinstance(name, str) or not name.isidentifier():
-        raise _bad_mesh(text, f"axis name {name!r} is not a Python identifier (letters, digits and _, "
-                              f"not starting with a digit)")
+        raise _bad_mesh(
+            text, f"axis name {name!r} is not a Python identifier (letters, digits and _, not starting with a digit)"
+        )
     return name
 
 
@@ -233,8 +249,12 @@ class Mesh:
     ``Mesh(other_mesh, links=..., profile=...)`` copies ``other_mesh`` with those replaced.
     """
 
-    def __init__(self, axes: Mesh | dict[str, int] | str, links: dict[str, Link] | None = None,
-                 profile: MachineProfile | None = None):
+    def __init__(
+        self,
+        axes: Mesh | dict[str, int] | str,
+        links: dict[str, Link] | None = None,
+        profile: MachineProfile | None = None,
+    ):
         overrides: dict[str, Link] = {}
         if isinstance(axes, Mesh):
             overrides = dict(axes._overrides)
@@ -245,8 +265,10 @@ class Mesh:
         elif isinstance(axes, dict):
             axes = _check_axes(axes)
         else:
-            raise MeshError(f"a mesh is a dict like {{'dp': 2, 'tp': 4}}, a string like {MESH_EXAMPLE!r} "
-                            f"or a Mesh, got {type(axes).__name__}")
+            raise MeshError(
+                f"a mesh is a dict like {{'dp': 2, 'tp': 4}}, a string like {MESH_EXAMPLE!r} "
+                f"or a Mesh, got {type(axes).__name__}"
+            )
         if profile is None:
             profile = load_profile()
         if not isinstance(profile, MachineProfile):
@@ -317,8 +339,7 @@ class Mesh:
     def device_id(self, coord) -> int:
         coord = tuple(coord)
         if len(coord) != self.ndim or not all(0 <= c < n for c, n in zip(coord, self.shape)):
-            raise MeshError(f"mesh {self} has coordinates in {tuple(n - 1 for n in self.shape)} "
-                            f"(from 0), got {coord}")
+            raise MeshError(f"mesh {self} has coordinates in {tuple(n - 1 for n in self.shape)} (from 0), got {coord}")
         device = 0
         for c, n in zip(coord, self.shape):
             device = device * n + int(c)
@@ -329,7 +350,7 @@ class Mesh:
         ordered by that coordinate (the ring a collective along ``axis`` runs over)."""
         a = self.axis_index(axis)
         c = self.coord(device)
-        return [self.device_id(c[:a] + (r,) + c[a + 1:]) for r in range(self.shape[a])]
+        return [self.device_id(c[:a] + (r,) + c[a + 1 :]) for r in range(self.shape[a])]
 
     def groups(self, axis: str | int) -> list[list[int]]:
         """Every group along ``axis``, ordered by their first device."""
@@ -338,9 +359,11 @@ class Mesh:
 
     # --- files and comparison ---------------------------------------------------------------
     def to_json(self) -> dict:
-        return {"axes": dict(self._axes),
-                "links": {name: link.to_json() for name, link in self.links.items()},
-                "profile": self._profile.to_json()}
+        return {
+            "axes": dict(self._axes),
+            "links": {name: link.to_json() for name, link in self.links.items()},
+            "profile": self._profile.to_json(),
+        }
 
     @classmethod
     def from_json(cls, d: Any) -> Mesh:
@@ -379,16 +402,26 @@ def as_mesh(x: Any) -> Mesh:
         return x
     if isinstance(x, (dict, str)):
         return Mesh(x)
-    raise MeshError(f"a mesh is a dict like {{'dp': 2, 'tp': 4}}, a string like {MESH_EXAMPLE!r} "
-                    f"or a Mesh, got {type(x).__name__} {x!r}")
+    raise MeshError(
+        f"a mesh is a dict like {{'dp': 2, 'tp': 4}}, a string like {MESH_EXAMPLE!r} "
+        f"or a Mesh, got {type(x).__name__} {x!r}"
+    )
 
 
 # --- link strings -----------------------------------------------------------------------------
 
 # unit -> (power of 10, power of 2): "50us" is parsed as the decimal 50e-6, exactly like the literal
 BANDWIDTH_UNITS = {
-    "B/s": (0, 0), "KB/s": (3, 0), "kB/s": (3, 0), "MB/s": (6, 0), "GB/s": (9, 0), "TB/s": (12, 0),
-    "KiB/s": (0, 10), "MiB/s": (0, 20), "GiB/s": (0, 30), "TiB/s": (0, 40),
+    "B/s": (0, 0),
+    "KB/s": (3, 0),
+    "kB/s": (3, 0),
+    "MB/s": (6, 0),
+    "GB/s": (9, 0),
+    "TB/s": (12, 0),
+    "KiB/s": (0, 10),
+    "MiB/s": (0, 20),
+    "GiB/s": (0, 30),
+    "TiB/s": (0, 40),
 }
 LATENCY_UNITS = {"s": (0, 0), "ms": (-3, 0), "us": (-6, 0), "µs": (-6, 0), "ns": (-9, 0)}
 _QUANTITY = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)(?:[eE]([-+]?\d+))?\s*(\S+?)\s*$")
@@ -397,8 +430,10 @@ _QUANTITY = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)(?:[eE]([-+]?\d+))?\s*(\S+?)\s
 def _quantity(text: str, units: dict[str, tuple[int, int]], what: str, piece: str, example: str) -> float:
     m = _QUANTITY.match(text)
     if not m or m.group(3) not in units:
-        raise MeshError(f"bad {what} {text.strip()!r} in {piece.strip()!r}: expected a number with a unit "
-                        f"({', '.join(units)}) such as {example}")
+        raise MeshError(
+            f"bad {what} {text.strip()!r} in {piece.strip()!r}: expected a number with a unit "
+            f"({', '.join(units)}) such as {example}"
+        )
     power10, power2 = units[m.group(3)]
     value = float(f"{m.group(1)}e{int(m.group(2) or 0) + power10}") * 2.0**power2
     if value <= 0:
@@ -426,6 +461,8 @@ def parse_links(text: str) -> dict[str, Link]:
             raise MeshError(f"bad link {piece.strip()!r}: axis name {name!r} is not a Python identifier")
         if name in links:
             raise MeshError(f"bad links {text!r}: axis {name!r} appears twice")
-        links[name] = Link(_quantity(latency, LATENCY_UNITS, "latency", piece, "50us"),
-                           _quantity(bandwidth, BANDWIDTH_UNITS, "bandwidth", piece, "10GB/s"))
+        links[name] = Link(
+            _quantity(latency, LATENCY_UNITS, "latency", piece, "50us"),
+            _quantity(bandwidth, BANDWIDTH_UNITS, "bandwidth", piece, "10GB/s"),
+        )
     return links

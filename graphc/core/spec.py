@@ -95,7 +95,9 @@ def format_spec(spec) -> str:
 def check_spec(spec, shape: tuple[int, ...], mesh_shape: tuple[int, ...], what: str = "tensor") -> None:
     """Raise SpecError unless ``spec`` is a valid, even placement of ``shape`` on the mesh."""
     if len(spec) != len(mesh_shape):
-        raise SpecError(f"{what}: spec {format_spec(spec)} has {len(spec)} placement(s), the mesh has {len(mesh_shape)} axes")
+        raise SpecError(
+            f"{what}: spec {format_spec(spec)} has {len(spec)} placement(s), the mesh has {len(mesh_shape)} axes"
+        )
     used = set()
     for p, n in zip(spec, mesh_shape):
         if not p.is_split:
@@ -106,8 +108,10 @@ def check_spec(spec, shape: tuple[int, ...], mesh_shape: tuple[int, ...], what: 
             raise SpecError(f"{what}: dim {p.dim} is split over two mesh axes in {format_spec(spec)}")
         used.add(p.dim)
         if p.blocks < 1 or shape[p.dim] % (p.blocks * n):
-            raise SpecError(f"{what}: dim {p.dim} of size {shape[p.dim]} does not split evenly into "
-                            f"{p.blocks} block(s) over {n} devices ({p})")
+            raise SpecError(
+                f"{what}: dim {p.dim} of size {shape[p.dim]} does not split evenly into "
+                f"{p.blocks} block(s) over {n} devices ({p})"
+            )
 
 
 def local_shape(shape: tuple[int, ...], spec, mesh_shape: tuple[int, ...]) -> tuple[int, ...]:

@@ -35,11 +35,55 @@ from collections.abc import Callable
 from typing import Any
 
 RUNTIME = "_gc_rt"
-_FRAME_SENSITIVE = {"super", "locals", "globals", "vars", "eval", "exec", "range", "len", "isinstance", "print",
-                    "getattr", "setattr", "hasattr", "type", "zip", "enumerate", "iter", "next", "list", "dict",
-                    "tuple", "int", "float", "str", "bool", "min", "max", "abs", "sum", "sorted", "reversed", "map"}
-_MUTATORS = {"append", "extend", "insert", "pop", "remove", "clear", "update", "setdefault", "popitem", "sort",
-             "reverse", "add", "discard"}
+_FRAME_SENSITIVE = {
+    "super",
+    "locals",
+    "globals",
+    "vars",
+    "eval",
+    "exec",
+    "range",
+    "len",
+    "isinstance",
+    "print",
+    "getattr",
+    "setattr",
+    "hasattr",
+    "type",
+    "zip",
+    "enumerate",
+    "iter",
+    "next",
+    "list",
+    "dict",
+    "tuple",
+    "int",
+    "float",
+    "str",
+    "bool",
+    "min",
+    "max",
+    "abs",
+    "sum",
+    "sorted",
+    "reversed",
+    "map",
+}
+_MUTATORS = {
+    "append",
+    "extend",
+    "insert",
+    "pop",
+    "remove",
+    "clear",
+    "update",
+    "setdefault",
+    "popitem",
+    "sort",
+    "reverse",
+    "add",
+    "discard",
+}
 _SKIP_PACKAGES = ("numpy", "graphc", "scipy", "networkx", "lark", "hypothesis", "_pytest", "pytest", "numba")
 
 
@@ -187,11 +231,25 @@ def _escapes(stmts: list[ast.stmt]) -> ast.AST | None:
 
 
 def _kind(node: ast.AST) -> str:
-    return {ast.Return: "return", ast.Break: "break", ast.Continue: "continue", ast.Yield: "yield",
-            ast.YieldFrom: "yield", ast.Await: "await"}.get(type(node), type(node).__name__)
+    return {
+        ast.Return: "return",
+        ast.Break: "break",
+        ast.Continue: "continue",
+        ast.Yield: "yield",
+        ast.YieldFrom: "yield",
+        ast.Await: "await",
+    }.get(type(node), type(node).__name__)
 
 
 # --- the transformer ------------------------------------------------------------------------------------
+
+
+def _thunk(e: ast.expr) -> ast.Lambda:
+    """``lambda: e``: an operand whose evaluation the runtime helper decides on (short-circuit)."""
+    no_args = ast.arguments(
+        posonlyargs=[], args=[], vararg=None, kwonlyargs=[], kw_defaults=[], kwarg=None, defaults=[]
+    )
+    return ast.Lambda(args=no_args, body=e)
 
 
 def _rt(attr: str) -> ast.expr:
@@ -204,8 +262,11 @@ def _names_tuple(names: list[str]) -> ast.expr:
 
 def _current_values(names: list[str]) -> ast.expr:
     """``(x if 'x' in locals() else _gc_rt.UNDEF, ...)``: values of possibly unbound names."""
-    return ast.Call(func=_rt("values"), args=[ast.Call(func=ast.Name("locals", ast.Load()), args=[], keywords=[]),
-                                              _names_tuple(names)], keywords=[])
+    return ast.Call(
+        func=_rt("values"),
+        args=[ast.Call(func=ast.Name("locals", ast.Load()), args=[], keywords=[]), _names_tuple(names)],
+        keywords=[],
+    )
 
 
 def _def(name: str, params: list[str], body: list[ast.stmt], returns: list[str] | None) -> ast.FunctionDef:
@@ -216,9 +277,19 @@ def _def(name: str, params: list[str], body: list[ast.stmt], returns: list[str] 
         body = [ast.Pass()]
     return ast.FunctionDef(
         name=name,
-        args=ast.arguments(posonlyargs=[], args=[ast.arg(arg=p) for p in params], vararg=None, kwonlyargs=[],
-                           kw_defaults=[], kwarg=None, defaults=[]),
-        body=body, decorator_list=[], returns=None, type_params=[],
+        args=ast.arguments(
+            posonlyargs=[],
+            args=[ast.arg(arg=p) for p in params],
+            vararg=None,
+            kwonlyargs=[],
+            kw_defaults=[],
+            kwarg=None,
+            defaults=[],
+        ),
+        body=body,
+        decorator_list=[],
+        returns=None,
+        type_params=[],
     )
 
 
@@ -258,8 +329,11 @@ class _Transformer(ast.NodeTransformer):
         return node
 
     def _static_check(self, node: ast.If | ast.While, escape: ast.AST) -> ast.AST:
-        node.test = ast.Call(func=_rt("static_test"), args=[node.test, ast.Constant(_kind(escape)),
-                                                             ast.Constant(escape.lineno)], keywords=[])
+        node.test = ast.Call(
+            func=_rt("static_test"),
+            args=[node.test, ast.Constant(_kind(escape)), ast.Constant(escape.lineno)],
+            keywords=[],
+        )
         return _locate(node, node)
 
     def visit_If(self, node: ast.If):
@@ -270,11 +344,26 @@ class _Transformer(ast.NodeTransformer):
         found = assigned_names(node.body + node.orelse)
         names = found.names
         true_name, false_name = self.fresh("if_true"), self.fresh("if_false")
-        call = ast.Call(func=_rt("if_stmt"), args=[
-            node.test, ast.Name(true_name, ast.Load()), ast.Name(false_name, ast.Load()), _current_values(names),
-            _names_tuple(names), ast.Constant(bool(found.attribute_targets))], keywords=[])
-        return _locate([_def(true_name, names, node.body, names), _def(false_name, names, node.orelse, names),
-                        _assign(names, call)], node)
+        call = ast.Call(
+            func=_rt("if_stmt"),
+            args=[
+                node.test,
+                ast.Name(true_name, ast.Load()),
+                ast.Name(false_name, ast.Load()),
+                _current_values(names),
+                _names_tuple(names),
+                ast.Constant(bool(found.attribute_targets)),
+            ],
+            keywords=[],
+        )
+        return _locate(
+            [
+                _def(true_name, names, node.body, names),
+                _def(false_name, names, node.orelse, names),
+                _assign(names, call),
+            ],
+            node,
+        )
 
     def visit_While(self, node: ast.While):
         self.generic_visit(node)
@@ -284,42 +373,68 @@ class _Transformer(ast.NodeTransformer):
         names = assigned_names(node.body).names
         cond_name, body_name = self.fresh("while_cond"), self.fresh("while_body")
         cond_fn = _def(cond_name, names, [ast.Return(value=node.test)], None)
-        call = ast.Call(func=_rt("while_stmt"), args=[ast.Name(cond_name, ast.Load()), ast.Name(body_name, ast.Load()),
-                                                      _current_values(names), _names_tuple(names)], keywords=[])
+        call = ast.Call(
+            func=_rt("while_stmt"),
+            args=[
+                ast.Name(cond_name, ast.Load()),
+                ast.Name(body_name, ast.Load()),
+                _current_values(names),
+                _names_tuple(names),
+            ],
+            keywords=[],
+        )
         return _locate([cond_fn, _def(body_name, names, node.body, names), _assign(names, call)], node)
 
     def visit_For(self, node: ast.For):
         self.generic_visit(node)
         it = node.iter
-        is_range = (isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id == "range"
-                    and not it.keywords and 1 <= len(it.args) <= 3 and isinstance(node.target, ast.Name))
+        is_range = (
+            isinstance(it, ast.Call)
+            and isinstance(it.func, ast.Name)
+            and it.func.id == "range"
+            and not it.keywords
+            and 1 <= len(it.args) <= 3
+            and isinstance(node.target, ast.Name)
+        )
         if not is_range:
             return node
         escape = _escapes(node.body)
         if escape is not None or node.orelse:
-            node.iter = ast.Call(func=_rt("static_range"), args=[ast.Tuple(elts=it.args, ctx=ast.Load()),
-                                 ast.Constant(_kind(escape) if escape else "else"), ast.Constant(node.lineno)], keywords=[])
+            node.iter = ast.Call(
+                func=_rt("static_range"),
+                args=[
+                    ast.Tuple(elts=it.args, ctx=ast.Load()),
+                    ast.Constant(_kind(escape) if escape else "else"),
+                    ast.Constant(node.lineno),
+                ],
+                keywords=[],
+            )
             return _locate(node, node)
         index = node.target.id
         names = [n for n in assigned_names(node.body).names if n != index]
         body_name = self.fresh("for_body")
-        call = ast.Call(func=_rt("for_range"), args=[ast.Tuple(elts=it.args, ctx=ast.Load()), ast.Name(body_name, ast.Load()),
-                                                     _current_values([index] + names), _names_tuple([index] + names)],
-                        keywords=[])
+        call = ast.Call(
+            func=_rt("for_range"),
+            args=[
+                ast.Tuple(elts=it.args, ctx=ast.Load()),
+                ast.Name(body_name, ast.Load()),
+                _current_values([index] + names),
+                _names_tuple([index] + names),
+            ],
+            keywords=[],
+        )
         return _locate([_def(body_name, [index] + names, node.body, names), _assign([index] + names, call)], node)
 
     def visit_IfExp(self, node: ast.IfExp):
         self.generic_visit(node)
-        lam = lambda e: ast.Lambda(args=ast.arguments(posonlyargs=[], args=[], vararg=None, kwonlyargs=[],  # noqa: E731
-                                                      kw_defaults=[], kwarg=None, defaults=[]), body=e)
-        return _locate(ast.Call(func=_rt("if_exp"), args=[node.test, lam(node.body), lam(node.orelse)], keywords=[]), node)
+        return _locate(
+            ast.Call(func=_rt("if_exp"), args=[node.test, _thunk(node.body), _thunk(node.orelse)], keywords=[]), node
+        )
 
     def visit_BoolOp(self, node: ast.BoolOp):
         self.generic_visit(node)
         fn = "and_" if isinstance(node.op, ast.And) else "or_"
-        lam = lambda e: ast.Lambda(args=ast.arguments(posonlyargs=[], args=[], vararg=None, kwonlyargs=[],  # noqa: E731
-                                                      kw_defaults=[], kwarg=None, defaults=[]), body=e)
-        return _locate(ast.Call(func=_rt(fn), args=[lam(v) for v in node.values], keywords=[]), node)
+        return _locate(ast.Call(func=_rt(fn), args=[_thunk(v) for v in node.values], keywords=[]), node)
 
     def visit_UnaryOp(self, node: ast.UnaryOp):
         self.generic_visit(node)
@@ -333,10 +448,10 @@ class _Transformer(ast.NodeTransformer):
             return node
         # a < b < c  ->  and_(lambda: a < b, lambda: b < c): each link may be traced
         operands = [node.left, *node.comparators]
-        links = [ast.Compare(left=operands[i], ops=[op], comparators=[operands[i + 1]]) for i, op in enumerate(node.ops)]
-        lam = lambda e: ast.Lambda(args=ast.arguments(posonlyargs=[], args=[], vararg=None, kwonlyargs=[],  # noqa: E731
-                                                      kw_defaults=[], kwarg=None, defaults=[]), body=e)
-        return _locate(ast.Call(func=_rt("and_"), args=[lam(link) for link in links], keywords=[]), node)
+        links = [
+            ast.Compare(left=operands[i], ops=[op], comparators=[operands[i + 1]]) for i, op in enumerate(node.ops)
+        ]
+        return _locate(ast.Call(func=_rt("and_"), args=[_thunk(link) for link in links], keywords=[]), node)
 
     def visit_Call(self, node: ast.Call):
         self.generic_visit(node)
@@ -346,7 +461,11 @@ class _Transformer(ast.NodeTransformer):
             return _locate(node, node)
         if isinstance(node.func, ast.Name) and (node.func.id in _FRAME_SENSITIVE or node.func.id.startswith("_gc_")):
             return node
-        if isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name) and node.func.value.id == RUNTIME:
+        if (
+            isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == RUNTIME
+        ):
             return node
         return _locate(ast.Call(func=_rt("call"), args=[node.func, *node.args], keywords=node.keywords), node)
 
@@ -401,7 +520,9 @@ def _build_maker(fn: types.FunctionType) -> Any:
     ast.increment_lineno(tree, first - 1)
     fdef.decorator_list = []
     uses_super = "__class__" in code.co_freevars
-    first_arg = fdef.args.posonlyargs[0].arg if fdef.args.posonlyargs else (fdef.args.args[0].arg if fdef.args.args else None)
+    first_arg = (
+        fdef.args.posonlyargs[0].arg if fdef.args.posonlyargs else (fdef.args.args[0].arg if fdef.args.args else None)
+    )
     transformer = _Transformer(_class_of(fn), first_arg if uses_super else None)
     fdef.body = [transformer.visit(s) for s in fdef.body]
     fdef.body = [s for item in fdef.body for s in (item if isinstance(item, list) else [item])]
@@ -409,9 +530,19 @@ def _build_maker(fn: types.FunctionType) -> Any:
     freevars = list(code.co_freevars)
     maker = ast.FunctionDef(
         name="_gc_maker",
-        args=ast.arguments(posonlyargs=[], args=[ast.arg(arg=RUNTIME)] + [ast.arg(arg=v) for v in freevars],
-                           vararg=None, kwonlyargs=[], kw_defaults=[], kwarg=None, defaults=[]),
-        body=[fdef, ast.Return(value=ast.Name(code.co_name, ast.Load()))], decorator_list=[], returns=None, type_params=[],
+        args=ast.arguments(
+            posonlyargs=[],
+            args=[ast.arg(arg=RUNTIME)] + [ast.arg(arg=v) for v in freevars],
+            vararg=None,
+            kwonlyargs=[],
+            kw_defaults=[],
+            kwarg=None,
+            defaults=[],
+        ),
+        body=[fdef, ast.Return(value=ast.Name(code.co_name, ast.Load()))],
+        decorator_list=[],
+        returns=None,
+        type_params=[],
     )
     module = ast.Module(body=[maker], type_ignores=[])
     ast.copy_location(maker, fdef)

@@ -110,8 +110,11 @@ def if_stmt(test: Any, true_fn: Callable, false_fn: Callable, vals: tuple, names
     if not isinstance(test, Tracer):
         return true_fn(*vals) if test else false_fn(*vals)
     if assigns_attributes:
-        raise TraceError("assigning to an attribute inside an if on a traced value is not supported; "
-                         "assign to a local variable and set the attribute after the if", user_location())
+        raise TraceError(
+            "assigning to an attribute inside an if on a traced value is not supported; "
+            "assign to a local variable and set the attribute after the if",
+            user_location(),
+        )
 
     def branch(fn: Callable) -> Callable:
         return lambda: _mark_undefined(fn(*_copy_containers(vals)))
@@ -192,10 +195,15 @@ def _flat_body(body_fn: Callable, treedef: Any, names: Sequence[str], what: str,
         out_leaves, out_tree = flatten([_numbers_to_arrays(v) for v in out], is_leaf=lambda x: isinstance(x, Tracer))
         if out_tree != treedef:
             for name, before, after in zip(names, state, out):
-                if flatten(_numbers_to_arrays(before), is_leaf=lambda x: isinstance(x, Tracer))[1] != \
-                        flatten(_numbers_to_arrays(after), is_leaf=lambda x: isinstance(x, Tracer))[1]:
-                    raise TraceError(f"{what} loop on a traced value: variable {name!r} changes its structure or static "
-                                     f"value in the body ({before!r} -> {after!r})", user_location())
+                if (
+                    flatten(_numbers_to_arrays(before), is_leaf=lambda x: isinstance(x, Tracer))[1]
+                    != flatten(_numbers_to_arrays(after), is_leaf=lambda x: isinstance(x, Tracer))[1]
+                ):
+                    raise TraceError(
+                        f"{what} loop on a traced value: variable {name!r} changes its structure or static "
+                        f"value in the body ({before!r} -> {after!r})",
+                        user_location(),
+                    )
             raise TraceError(f"{what} loop on a traced value: the loop variables change structure", user_location())
         return out_leaves
 
@@ -280,8 +288,14 @@ def for_range(range_args: tuple, body_fn: Callable, vals: tuple, names: tuple) -
     sub_names = tuple(names[1:][k] for k in carried)
     body_c = _carried_only(body_fn, state, carried, with_index=True)
     leaves, treedef = _loop_state(sub_vals, sub_names, "for")
-    out = control.fori_loop(start, stop, _flat_body(body_c, treedef, sub_names, "for", with_index=True), leaves,
-                            step=int(step), names=_leaf_names(sub_vals, sub_names))
+    out = control.fori_loop(
+        start,
+        stop,
+        _flat_body(body_c, treedef, sub_names, "for", with_index=True),
+        leaves,
+        step=int(step),
+        names=_leaf_names(sub_vals, sub_names),
+    )
     result = list(state)
     for k, v in zip(carried, unflatten(treedef, list(out))):
         result[k] = v

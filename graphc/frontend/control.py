@@ -24,8 +24,9 @@ from graphc.frontend.tracer import TraceContext, Tracer, _ctx_stack, current_con
 UNDEFINED_MARK = "<graphc: undefined variable>"
 
 
-def trace_region(fn: Callable, in_types: Sequence[TensorType], name: str = "region",
-                 weak: Sequence[bool] = ()) -> tuple[Region, list[Tracer], Any]:
+def trace_region(
+    fn: Callable, in_types: Sequence[TensorType], name: str = "region", weak: Sequence[bool] = ()
+) -> tuple[Region, list[Tracer], Any]:
     """Trace ``fn(*args)`` with one traced argument per type, in a child of the current trace
     (``fn`` as it is: callers transform user functions first, see frontend/entry.py).
     Returns the region, the outer values it captured (operands to append), and the raw result
@@ -56,7 +57,9 @@ def _with_inputs(region: Region, extra: list[Value]) -> Region:
     return Region(region.inputs + extra, region.nodes, region.outputs)
 
 
-def _unify_captures(regions: list[Region], captures: list[list[Tracer]], n_explicit: int) -> tuple[list[Region], list[Tracer]]:
+def _unify_captures(
+    regions: list[Region], captures: list[list[Tracer]], n_explicit: int
+) -> tuple[list[Region], list[Tracer]]:
     """Give every region an input for every value any of them captured (same order)."""
     union: list[Tracer] = []
     seen: dict[Value, int] = {}
@@ -145,7 +148,9 @@ def _weak_targets(res_true: Any, res_false: Any) -> dict[int, tuple[TensorType, 
     """Top-level result positions where the branches give a Python number and an array, or two
     different Python numbers: the numbers become arrays (of the array's type, or weak arrays of
     the numbers' common type), as numpy would let either value flow on."""
-    if not (isinstance(res_true, (list, tuple)) and isinstance(res_false, (list, tuple))) or len(res_true) != len(res_false):
+    if not (isinstance(res_true, (list, tuple)) and isinstance(res_false, (list, tuple))) or len(res_true) != len(
+        res_false
+    ):
         return {}
     targets = {}
     for i, (a, b) in enumerate(zip(res_true, res_false)):
@@ -154,8 +159,13 @@ def _weak_targets(res_true: Any, res_false: Any) -> dict[int, tuple[TensorType, 
                 if isinstance(y, bool) and x.dtype.kind != "b":
                     continue
                 targets[i] = (x._value.type, x._weak)
-        if isinstance(a, (bool, int, float)) and isinstance(b, (bool, int, float)) and not isinstance(a, Tracer) \
-                and not isinstance(b, Tracer) and (a != b or type(a) is not type(b)):
+        if (
+            isinstance(a, (bool, int, float))
+            and isinstance(b, (bool, int, float))
+            and not isinstance(a, Tracer)
+            and not isinstance(b, Tracer)
+            and (a != b or type(a) is not type(b))
+        ):
             dt = np.result_type(np.asarray(a), np.asarray(b))
             targets[i] = (TensorType((), dt), not (isinstance(a, bool) and isinstance(b, bool)))
     return targets
@@ -180,6 +190,7 @@ def _weakened(t: Tracer, weak: bool) -> Tracer:
 
 def _explain_branch_mismatch(res_true: Any, res_false: Any, names: Sequence[str]) -> None:
     """Name the variable whose value differs in kind, shape or dtype between the branches."""
+
     def describe(v: Any) -> str:
         if isinstance(v, Tracer):
             return f"an array {v._value.type}"
@@ -218,7 +229,9 @@ def _carry_arrays(init: Sequence[Any], what: str) -> list[Tracer]:
         if isinstance(x, (bool, int, float)) and not isinstance(x, Tracer):
             x = np.asarray(x)
         if not isinstance(x, (Tracer, np.ndarray, np.generic)):
-            raise TraceError(f"{what}: loop variables must be arrays or numbers, got {type(x).__name__}", user_location())
+            raise TraceError(
+                f"{what}: loop variables must be arrays or numbers, got {type(x).__name__}", user_location()
+            )
         t = lift(x)
         out.append(Tracer(t._ctx, t._value, weak or (isinstance(t, Tracer) and t._weak)))
     return out
@@ -253,10 +266,14 @@ def _check_carry(body_types, in_types, names: Sequence[str] | None, what: str) -
                 "value needs each variable to keep its shape and dtype",
                 user_location(),
             )
-    raise TraceError(f"{what}: the body returns {len(body_types)} values for {len(in_types)} loop variables", user_location())
+    raise TraceError(
+        f"{what}: the body returns {len(body_types)} values for {len(in_types)} loop variables", user_location()
+    )
 
 
-def while_loop(cond_fn: Callable, body_fn: Callable, init: Sequence[Any], names: Sequence[str] | None = None) -> list[Tracer]:
+def while_loop(
+    cond_fn: Callable, body_fn: Callable, init: Sequence[Any], names: Sequence[str] | None = None
+) -> list[Tracer]:
     """``while cond_fn(*carry): carry = body_fn(*carry)`` as one graph op. Returns the final carry."""
     if current_context() is None:  # eager: plain Python
         carry = list(init)
@@ -274,7 +291,7 @@ def while_loop(cond_fn: Callable, body_fn: Callable, init: Sequence[Any], names:
     (r_cond, r_body), captured = _unify_captures([r_cond, r_body], [c_cond, c_body], len(carry))
     # captured values are loop invariants: the body passes them through unchanged
     n_cap = len(captured)
-    r_body = Region(r_body.inputs, r_body.nodes, r_body.outputs + r_body.inputs[len(carry):])
+    r_body = Region(r_body.inputs, r_body.nodes, r_body.outputs + r_body.inputs[len(carry) :])
     outs = bind_multi_regions("while_loop", [*carry, *captured], {}, (r_cond, r_body))
     result = list(outs[: len(outs) - n_cap])
     for r, w in zip(result, weak):
@@ -282,12 +299,15 @@ def while_loop(cond_fn: Callable, body_fn: Callable, init: Sequence[Any], names:
     return result
 
 
-def fori_loop(lower: Any, upper: Any, body_fn: Callable, init: Sequence[Any], step: int = 1,
-              names: Sequence[str] | None = None) -> list[Tracer]:
+def fori_loop(
+    lower: Any, upper: Any, body_fn: Callable, init: Sequence[Any], step: int = 1, names: Sequence[str] | None = None
+) -> list[Tracer]:
     """``for i in range(lower, upper, step): carry = body_fn(i, *carry)`` as one graph op (the
     bounds may be traced; ``step`` is a Python int). Returns the final carry."""
     if not isinstance(step, int) or step == 0:
-        raise TraceError(f"range() step must be a non-zero Python int in a loop on a traced range, got {step!r}", user_location())
+        raise TraceError(
+            f"range() step must be a non-zero Python int in a loop on a traced range, got {step!r}", user_location()
+        )
     if current_context() is None:  # eager: plain Python
         carry = list(init)
         for i in range(int(lower), int(upper), step):
@@ -308,7 +328,7 @@ def fori_loop(lower: Any, upper: Any, body_fn: Callable, init: Sequence[Any], st
     r_body, c_body, _ = trace_region(body, [index_t, *in_types], "body", [True, *weak])  # the index is a Python int
     _check_carry(r_body.out_types, in_types, names, "for")
     n = len(carry)
-    r_body = Region(r_body.inputs, r_body.nodes, r_body.outputs + r_body.inputs[1 + n:])
+    r_body = Region(r_body.inputs, r_body.nodes, r_body.outputs + r_body.inputs[1 + n :])
     outs = bind_multi_regions("fori_loop", [lo, hi, *carry, *c_body], {"step": step}, (r_body,))
     result = list(outs[:n])
     for r, w in zip(result, weak):

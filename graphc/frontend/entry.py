@@ -167,7 +167,9 @@ def trace(fn: Callable, *args: Any, **kwargs: Any) -> Graph:
         with numpy_patches():
             result = fn(*targs, **tkwargs)
             if inspect.isgenerator(result):
-                raise TraceError(f"{name} is a generator function (it yields); graphc traces functions that return arrays")
+                raise TraceError(
+                    f"{name} is a generator function (it yields); graphc traces functions that return arrays"
+                )
             try:
                 out_leaves, out_tree = flatten(result, is_leaf=lambda x: isinstance(x, Tracer), path="result")
             except TypeError as exc:

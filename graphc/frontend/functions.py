@@ -96,8 +96,16 @@ def mean(a, axis=None, dtype=None, out=None, keepdims=False, *, where=np._NoValu
     _reject("mean", out=out, where=where)
     x = lift(a)
     axes = norm_axes(axis, x.ndim, "mean")
-    acc = dtypes.canonical(dtype) if dtype is not None else (
-        np.dtype(np.float64) if x.dtype.kind in "biu" else np.dtype(np.float32) if x.dtype == np.float16 else x.dtype
+    acc = (
+        dtypes.canonical(dtype)
+        if dtype is not None
+        else (
+            np.dtype(np.float64)
+            if x.dtype.kind in "biu"
+            else np.dtype(np.float32)
+            if x.dtype == np.float16
+            else x.dtype
+        )
     )
     total = sum_(x, axes, dtype=acc, keepdims=keepdims)
     res = apply_ufunc(np.true_divide, total, np.asarray(_count(x, axes), dtype=acc))
@@ -106,7 +114,18 @@ def mean(a, axis=None, dtype=None, out=None, keepdims=False, *, where=np._NoValu
 
 
 @implements(np.var)
-def var(a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, *, where=np._NoValue, mean=np._NoValue, correction=np._NoValue):
+def var(
+    a,
+    axis=None,
+    dtype=None,
+    out=None,
+    ddof=0,
+    keepdims=False,
+    *,
+    where=np._NoValue,
+    mean=np._NoValue,
+    correction=np._NoValue,
+):
     _reject("var", out=out, where=where, mean=mean, correction=correction)
     x = lift(a)
     axes = norm_axes(axis, x.ndim, "var")
@@ -119,7 +138,18 @@ def var(a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, *, where=np.
 
 
 @implements(np.std)
-def std(a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, *, where=np._NoValue, mean=np._NoValue, correction=np._NoValue):
+def std(
+    a,
+    axis=None,
+    dtype=None,
+    out=None,
+    ddof=0,
+    keepdims=False,
+    *,
+    where=np._NoValue,
+    mean=np._NoValue,
+    correction=np._NoValue,
+):
     _reject("std", out=out, where=where, mean=mean, correction=correction)
     return apply_ufunc(np.sqrt, var(a, axis, dtype, ddof=ddof, keepdims=keepdims))
 
@@ -280,7 +310,9 @@ def matmul(a: Any, b: Any) -> Tracer:
         return _bool_contraction(matmul, a, b)
     x, y = lift(a, dt), lift(b, dt)
     if x.ndim == 0 or y.ndim == 0:
-        raise TraceError("matmul: input operand does not have enough dimensions (scalars are not allowed)", user_location())
+        raise TraceError(
+            "matmul: input operand does not have enough dimensions (scalars are not allowed)", user_location()
+        )
     x2 = reshape_to(x, (1, x.shape[0])) if x.ndim == 1 else x
     y2 = reshape_to(y, (y.shape[0], 1)) if y.ndim == 1 else y
     out = bind("matmul", x2, y2)
@@ -356,7 +388,9 @@ def _expand_einsum(subscripts: str, operands: list[Tracer]) -> tuple[list[str], 
     lhs, arrow, rhs = eq.partition("->")
     ins = lhs.split(",")
     if len(ins) != len(operands):
-        raise TraceError(f"einsum: {subscripts!r} names {len(ins)} operands but {len(operands)} were given", user_location())
+        raise TraceError(
+            f"einsum: {subscripts!r} names {len(ins)} operands but {len(operands)} were given", user_location()
+        )
     for i, (s, x) in enumerate(zip(ins, operands)):
         named = len(s.replace("...", ""))
         if named != x.ndim and ("..." not in s or named > x.ndim):
@@ -373,7 +407,7 @@ def _expand_einsum(subscripts: str, operands: list[Tracer]) -> tuple[list[str], 
     for s, x in zip(ins, operands):
         if "..." in s:
             k = x.ndim - len(s.replace("...", ""))
-            s = s.replace("...", ell[ell_rank - k:] if k else "")
+            s = s.replace("...", ell[ell_rank - k :] if k else "")
         new_ins.append(s)
     if arrow:
         out = rhs.replace("...", ell)
@@ -502,8 +536,11 @@ def _matrix_norm(x: Tracer, ord: Any, axes: tuple[int, int], keepdims: bool) -> 
         other -= other > summed
         ret = _abs_max(sums, other) if ord in (1, np.inf) else min_(sums, other)
     elif ord in (2, -2, "nuc"):
-        raise TraceError(f"numpy.linalg.norm: the matrix norm ord={ord!r} needs singular values (SVD), "
-                         "which graphc does not support", user_location())
+        raise TraceError(
+            f"numpy.linalg.norm: the matrix norm ord={ord!r} needs singular values (SVD), "
+            "which graphc does not support",
+            user_location(),
+        )
     else:
         raise TraceError(f"numpy.linalg.norm: invalid norm order {ord!r} for matrices", user_location())
     if keepdims:
@@ -534,5 +571,3 @@ def norm(x, ord=None, axis=None, keepdims=False):
             raise TraceError("numpy.linalg.norm: duplicate axes given", user_location())
         return _matrix_norm(t, ord, axes, bool(keepdims))
     raise TraceError(f"numpy.linalg.norm: improper number of dimensions to norm ({len(axes)})", user_location())
-
-

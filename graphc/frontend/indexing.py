@@ -64,7 +64,7 @@ def _expand_masks(x: Tracer, items: list[tuple[str, Any]]) -> list[tuple[str, An
     dim = 0
     for kind, v in items:
         if kind == "mask":
-            covered = x.shape[dim: dim + v.ndim]
+            covered = x.shape[dim : dim + v.ndim]
             if any(m and m != n for m, n in zip(v.shape, covered)):
                 raise TraceError(
                     f"boolean index did not match indexed array along axes {dim}..{dim + v.ndim - 1}: "
@@ -128,15 +128,17 @@ def getitem(x: Tracer, key: Any) -> Tracer:
         raise TraceError("an index can only have a single ellipsis ('...')", user_location())
     consumed = sum(v.ndim if kind == "mask" else kind in ("slice", "int", "array") for kind, v in items)
     if consumed > x.ndim:
-        raise TraceError(f"too many indices for array: array is {x.ndim}-dimensional, but {consumed} were indexed", user_location())
+        raise TraceError(
+            f"too many indices for array: array is {x.ndim}-dimensional, but {consumed} were indexed", user_location()
+        )
     fill = [("slice", slice(None))] * (x.ndim - consumed)
     # numpy counts an ellipsis as separating the index arrays around it even when it stands for no dims
     split_by_ellipsis = False
     if any(kind == "ellipsis" for kind, _ in items):
         at = next(i for i, (kind, _) in enumerate(items) if kind == "ellipsis")
         is_array = [kind in ("array", "mask", "int", "bool") for kind, _ in items]
-        split_by_ellipsis = any(is_array[:at]) and any(is_array[at + 1:])
-        items = items[:at] + fill + items[at + 1:]
+        split_by_ellipsis = any(is_array[:at]) and any(is_array[at + 1 :])
+        items = items[:at] + fill + items[at + 1 :]
     else:
         items = items + fill
     items = _expand_masks(x, items)

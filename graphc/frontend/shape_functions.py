@@ -94,7 +94,10 @@ def squeeze(a, axis=None):
         axes = norm_axes(axis, x.ndim, "squeeze")
         bad = [i for i in axes if x.shape[i] != 1]
         if bad:
-            raise TraceError(f"squeeze: cannot select an axis to squeeze out which has size not equal to one (axis {bad[0]})", user_location())
+            raise TraceError(
+                f"squeeze: cannot select an axis to squeeze out which has size not equal to one (axis {bad[0]})",
+                user_location(),
+            )
     return reshape_to(x, tuple(d for i, d in enumerate(x.shape) if i not in axes))
 
 
@@ -186,7 +189,9 @@ def split(ary, indices_or_sections, axis=0):
     if isinstance(indices_or_sections, (int, np.integer)):
         k = int(indices_or_sections)
         if k <= 0 or x.shape[axis] % k:
-            raise TraceError(f"array split does not result in an equal division: {x.shape[axis]} into {k}", user_location())
+            raise TraceError(
+                f"array split does not result in an equal division: {x.shape[axis]} into {k}", user_location()
+            )
         step = x.shape[axis] // k
         return _split_at(x, [step * i for i in range(1, k)], axis)
     return _split_at(x, [int(i) for i in indices_or_sections], axis)
@@ -219,7 +224,7 @@ def repeat(a, repeats, axis=None):
         r = int(reps)
         shape = list(x.shape)
         expanded = expand_dims(x, axis + 1)
-        b = broadcast(expanded, tuple(shape[: axis + 1] + [r] + shape[axis + 1:]))
+        b = broadcast(expanded, tuple(shape[: axis + 1] + [r] + shape[axis + 1 :]))
         shape[axis] *= r
         return reshape_to(b, tuple(shape))
     index = np.repeat(np.arange(x.shape[axis]), reps)
@@ -287,7 +292,9 @@ def _pad_widths(pad_width, ndim: int) -> tuple[tuple[int, int], ...]:
     try:
         w = np.broadcast_to(w, (ndim, 2))
     except ValueError:
-        raise TraceError(f"numpy.pad: pad_width {pad_width!r} does not fit {ndim} dimensions", user_location()) from None
+        raise TraceError(
+            f"numpy.pad: pad_width {pad_width!r} does not fit {ndim} dimensions", user_location()
+        ) from None
     if (w < 0).any():
         raise TraceError("numpy.pad: negative pad widths", user_location())
     return tuple((int(a), int(b)) for a, b in w)

@@ -219,7 +219,9 @@ def result_dtype(*xs: Any) -> np.dtype:
     parts = []
     for x in xs:
         if isinstance(x, Tracer):
-            parts.append((0.0 if x.dtype.kind == "f" else 0 if x.dtype.kind in "iu" else x.dtype) if x._weak else x.dtype)
+            parts.append(
+                (0.0 if x.dtype.kind == "f" else 0 if x.dtype.kind in "iu" else x.dtype) if x._weak else x.dtype
+            )
         elif isinstance(x, (list, tuple)):
             parts.append(lift(x).dtype)
         else:
@@ -278,8 +280,17 @@ def implements(*funcs: Callable):
 
 # numpy returns views from these; in-place updates through views are rejected (mark_view)
 VIEW_FUNCTIONS = {
-    np.reshape, np.ravel, np.transpose, np.swapaxes, np.moveaxis, np.expand_dims, np.squeeze,
-    np.broadcast_to, np.split, np.array_split, np.asarray,
+    np.reshape,
+    np.ravel,
+    np.transpose,
+    np.swapaxes,
+    np.moveaxis,
+    np.expand_dims,
+    np.squeeze,
+    np.broadcast_to,
+    np.split,
+    np.array_split,
+    np.asarray,
 }
 
 
@@ -427,52 +438,133 @@ class Tracer:
         return id(self)
 
     # --- operators ---------------------------------------------------------------------------
-    def __add__(self, o): return np.add(self, o)  # noqa: E704
-    def __radd__(self, o): return np.add(o, self)  # noqa: E704
-    def __sub__(self, o): return np.subtract(self, o)  # noqa: E704
-    def __rsub__(self, o): return np.subtract(o, self)  # noqa: E704
-    def __mul__(self, o): return np.multiply(self, o)  # noqa: E704
-    def __rmul__(self, o): return np.multiply(o, self)  # noqa: E704
-    def __truediv__(self, o): return np.true_divide(self, o)  # noqa: E704
-    def __rtruediv__(self, o): return np.true_divide(o, self)  # noqa: E704
-    def __pow__(self, o): return np.power(self, o)  # noqa: E704
-    def __rpow__(self, o): return np.power(o, self)  # noqa: E704
-    def __matmul__(self, o): return np.matmul(self, o)  # noqa: E704
-    def __rmatmul__(self, o): return np.matmul(o, self)  # noqa: E704
-    def __neg__(self): return np.negative(self)  # noqa: E704
-    def __pos__(self): return fresh(self)  # noqa: E704
-    def __abs__(self): return np.absolute(self)  # noqa: E704
-    def __invert__(self): return np.invert(self)  # noqa: E704
-    def __and__(self, o): return np.bitwise_and(self, o)  # noqa: E704
-    def __rand__(self, o): return np.bitwise_and(o, self)  # noqa: E704
-    def __or__(self, o): return np.bitwise_or(self, o)  # noqa: E704
-    def __ror__(self, o): return np.bitwise_or(o, self)  # noqa: E704
-    def __lt__(self, o): return np.less(self, o)  # noqa: E704
-    def __le__(self, o): return np.less_equal(self, o)  # noqa: E704
-    def __gt__(self, o): return np.greater(self, o)  # noqa: E704
-    def __ge__(self, o): return np.greater_equal(self, o)  # noqa: E704
-    def __eq__(self, o): return np.equal(self, o)  # noqa: E704
-    def __ne__(self, o): return np.not_equal(self, o)  # noqa: E704
+    def __add__(self, o):
+        return np.add(self, o)  # noqa: E704
 
-    def __floordiv__(self, o): return np.floor_divide(self, o)  # noqa: E704
-    def __rfloordiv__(self, o): return np.floor_divide(o, self)  # noqa: E704
-    def __mod__(self, o): return np.remainder(self, o)  # noqa: E704
-    def __rmod__(self, o): return np.remainder(o, self)  # noqa: E704
-    def __divmod__(self, o): return np.divmod(self, o)  # noqa: E704
-    def __rdivmod__(self, o): return np.divmod(o, self)  # noqa: E704
+    def __radd__(self, o):
+        return np.add(o, self)  # noqa: E704
+
+    def __sub__(self, o):
+        return np.subtract(self, o)  # noqa: E704
+
+    def __rsub__(self, o):
+        return np.subtract(o, self)  # noqa: E704
+
+    def __mul__(self, o):
+        return np.multiply(self, o)  # noqa: E704
+
+    def __rmul__(self, o):
+        return np.multiply(o, self)  # noqa: E704
+
+    def __truediv__(self, o):
+        return np.true_divide(self, o)  # noqa: E704
+
+    def __rtruediv__(self, o):
+        return np.true_divide(o, self)  # noqa: E704
+
+    def __pow__(self, o):
+        return np.power(self, o)  # noqa: E704
+
+    def __rpow__(self, o):
+        return np.power(o, self)  # noqa: E704
+
+    def __matmul__(self, o):
+        return np.matmul(self, o)  # noqa: E704
+
+    def __rmatmul__(self, o):
+        return np.matmul(o, self)  # noqa: E704
+
+    def __neg__(self):
+        return np.negative(self)  # noqa: E704
+
+    def __pos__(self):
+        return fresh(self)  # noqa: E704
+
+    def __abs__(self):
+        return np.absolute(self)  # noqa: E704
+
+    def __invert__(self):
+        return np.invert(self)  # noqa: E704
+
+    def __and__(self, o):
+        return np.bitwise_and(self, o)  # noqa: E704
+
+    def __rand__(self, o):
+        return np.bitwise_and(o, self)  # noqa: E704
+
+    def __or__(self, o):
+        return np.bitwise_or(self, o)  # noqa: E704
+
+    def __ror__(self, o):
+        return np.bitwise_or(o, self)  # noqa: E704
+
+    def __lt__(self, o):
+        return np.less(self, o)  # noqa: E704
+
+    def __le__(self, o):
+        return np.less_equal(self, o)  # noqa: E704
+
+    def __gt__(self, o):
+        return np.greater(self, o)  # noqa: E704
+
+    def __ge__(self, o):
+        return np.greater_equal(self, o)  # noqa: E704
+
+    def __eq__(self, o):
+        return np.equal(self, o)  # noqa: E704
+
+    def __ne__(self, o):
+        return np.not_equal(self, o)  # noqa: E704
+
+    def __floordiv__(self, o):
+        return np.floor_divide(self, o)  # noqa: E704
+
+    def __rfloordiv__(self, o):
+        return np.floor_divide(o, self)  # noqa: E704
+
+    def __mod__(self, o):
+        return np.remainder(self, o)  # noqa: E704
+
+    def __rmod__(self, o):
+        return np.remainder(o, self)  # noqa: E704
+
+    def __divmod__(self, o):
+        return np.divmod(self, o)  # noqa: E704
+
+    def __rdivmod__(self, o):
+        return np.divmod(o, self)  # noqa: E704
 
     # in-place operators: numpy keeps the left operand's dtype (casting="same_kind") and every
     # reference to this array sees the update; views cannot be updated in place in a graph
-    def __iadd__(self, o): return self._inplace(np.add, o)  # noqa: E704
-    def __isub__(self, o): return self._inplace(np.subtract, o)  # noqa: E704
-    def __imul__(self, o): return self._inplace(np.multiply, o)  # noqa: E704
-    def __itruediv__(self, o): return self._inplace(np.true_divide, o)  # noqa: E704
-    def __ipow__(self, o): return self._inplace(np.power, o)  # noqa: E704
-    def __imatmul__(self, o): return self._inplace(np.matmul, o)  # noqa: E704
-    def __iand__(self, o): return self._inplace(np.bitwise_and, o)  # noqa: E704
-    def __ior__(self, o): return self._inplace(np.bitwise_or, o)  # noqa: E704
-    def __ifloordiv__(self, o): return self._inplace(np.floor_divide, o)  # noqa: E704
-    def __imod__(self, o): return self._inplace(np.remainder, o)  # noqa: E704
+    def __iadd__(self, o):
+        return self._inplace(np.add, o)  # noqa: E704
+
+    def __isub__(self, o):
+        return self._inplace(np.subtract, o)  # noqa: E704
+
+    def __imul__(self, o):
+        return self._inplace(np.multiply, o)  # noqa: E704
+
+    def __itruediv__(self, o):
+        return self._inplace(np.true_divide, o)  # noqa: E704
+
+    def __ipow__(self, o):
+        return self._inplace(np.power, o)  # noqa: E704
+
+    def __imatmul__(self, o):
+        return self._inplace(np.matmul, o)  # noqa: E704
+
+    def __iand__(self, o):
+        return self._inplace(np.bitwise_and, o)  # noqa: E704
+
+    def __ior__(self, o):
+        return self._inplace(np.bitwise_or, o)  # noqa: E704
+
+    def __ifloordiv__(self, o):
+        return self._inplace(np.floor_divide, o)  # noqa: E704
+
+    def __imod__(self, o):
+        return self._inplace(np.remainder, o)  # noqa: E704
 
     def _inplace(self, ufunc, other):
         return user_errors(_inplace_update)(self, ufunc, other)
@@ -508,24 +600,56 @@ class Tracer:
             axes = tuple(axes[0])
         return np.transpose(self, axes or None)
 
-    def swapaxes(self, a, b): return np.swapaxes(self, a, b)  # noqa: E704
-    def squeeze(self, axis=None): return np.squeeze(self, axis)  # noqa: E704
-    def flatten(self, order="C"): return fresh(np.reshape(self, (-1,), order=order))  # noqa: E704  (a copy)
-    def ravel(self, order="C"): return np.reshape(self, (-1,), order=order)  # noqa: E704
-    def copy(self, order="C"): return fresh(self)  # noqa: E704
-    def dot(self, b): return np.dot(self, b)  # noqa: E704
-    def clip(self, min=None, max=None): return np.clip(self, min, max)  # noqa: E704
-    def repeat(self, repeats, axis=None): return np.repeat(self, repeats, axis)  # noqa: E704
-    def take(self, indices, axis=None): return np.take(self, indices, axis)  # noqa: E704
+    def swapaxes(self, a, b):
+        return np.swapaxes(self, a, b)  # noqa: E704
 
-    def sum(self, axis=None, dtype=None, keepdims=False): return np.sum(self, axis, dtype, keepdims=keepdims)  # noqa: E704
-    def mean(self, axis=None, dtype=None, keepdims=False): return np.mean(self, axis, dtype, keepdims=keepdims)  # noqa: E704
-    def max(self, axis=None, keepdims=False): return np.max(self, axis, keepdims=keepdims)  # noqa: E704
-    def min(self, axis=None, keepdims=False): return np.min(self, axis, keepdims=keepdims)  # noqa: E704
-    def argmax(self, axis=None, keepdims=False): return np.argmax(self, axis, keepdims=keepdims)  # noqa: E704
-    def argmin(self, axis=None, keepdims=False): return np.argmin(self, axis, keepdims=keepdims)  # noqa: E704
-    def all(self, axis=None, keepdims=False): return np.all(self, axis, keepdims=keepdims)  # noqa: E704
-    def any(self, axis=None, keepdims=False): return np.any(self, axis, keepdims=keepdims)  # noqa: E704
+    def squeeze(self, axis=None):
+        return np.squeeze(self, axis)  # noqa: E704
+
+    def flatten(self, order="C"):
+        return fresh(np.reshape(self, (-1,), order=order))  # noqa: E704  (a copy)
+
+    def ravel(self, order="C"):
+        return np.reshape(self, (-1,), order=order)  # noqa: E704
+
+    def copy(self, order="C"):
+        return fresh(self)  # noqa: E704
+
+    def dot(self, b):
+        return np.dot(self, b)  # noqa: E704
+
+    def clip(self, min=None, max=None):
+        return np.clip(self, min, max)  # noqa: E704
+
+    def repeat(self, repeats, axis=None):
+        return np.repeat(self, repeats, axis)  # noqa: E704
+
+    def take(self, indices, axis=None):
+        return np.take(self, indices, axis)  # noqa: E704
+
+    def sum(self, axis=None, dtype=None, keepdims=False):
+        return np.sum(self, axis, dtype, keepdims=keepdims)  # noqa: E704
+
+    def mean(self, axis=None, dtype=None, keepdims=False):
+        return np.mean(self, axis, dtype, keepdims=keepdims)  # noqa: E704
+
+    def max(self, axis=None, keepdims=False):
+        return np.max(self, axis, keepdims=keepdims)  # noqa: E704
+
+    def min(self, axis=None, keepdims=False):
+        return np.min(self, axis, keepdims=keepdims)  # noqa: E704
+
+    def argmax(self, axis=None, keepdims=False):
+        return np.argmax(self, axis, keepdims=keepdims)  # noqa: E704
+
+    def argmin(self, axis=None, keepdims=False):
+        return np.argmin(self, axis, keepdims=keepdims)  # noqa: E704
+
+    def all(self, axis=None, keepdims=False):
+        return np.all(self, axis, keepdims=keepdims)  # noqa: E704
+
+    def any(self, axis=None, keepdims=False):
+        return np.any(self, axis, keepdims=keepdims)  # noqa: E704
 
     def var(self, axis=None, dtype=None, ddof=0, keepdims=False):
         return np.var(self, axis, dtype, ddof=ddof, keepdims=keepdims)
@@ -591,14 +715,16 @@ def _inplace_update(target: Tracer, ufunc, other) -> Tracer:
 pytree.register_array_type(Tracer)
 
 
-def emit_block(ctx: TraceContext, inputs: list[Value], nodes: list[Node], outputs: list[Value],
-               args: list[Tracer]) -> list[Tracer]:
+def emit_block(
+    ctx: TraceContext, inputs: list[Value], nodes: list[Node], outputs: list[Value], args: list[Tracer]
+) -> list[Tracer]:
     """Emit a block's nodes (a graph body or a region) again on ``args`` in ``ctx``; nested
     regions are copied, since a region may appear only once in a graph."""
     env: dict[Value, Tracer] = dict(zip(inputs, args))
     for node in nodes:
         with ctx.annotate(loc=node.loc):
-            outs = ctx.emit(node.op.name, [env[v] for v in node.inputs], node.attrs,
-                            tuple(clone_region(r) for r in node.regions))
+            outs = ctx.emit(
+                node.op.name, [env[v] for v in node.inputs], node.attrs, tuple(clone_region(r) for r in node.regions)
+            )
         env.update(zip(node.outputs, outs))
     return [env[v] for v in outputs]

@@ -83,7 +83,9 @@ def resolve_loop(ufunc: np.ufunc, inputs: tuple) -> tuple[np.dtype, ...]:
         return tuple(np.dtype(d) for d in ufunc.resolve_dtypes(in_dts + (None,) * ufunc.nout))
     except (TypeError, np.exceptions.DTypePromotionError) as exc:
         shown = ", ".join(str(getattr(d, "__name__", d)) for d in in_dts)
-        raise TraceError(f"numpy.{ufunc.__name__} has no loop for operand dtypes ({shown}): {exc}", user_location()) from None
+        raise TraceError(
+            f"numpy.{ufunc.__name__} has no loop for operand dtypes ({shown}): {exc}", user_location()
+        ) from None
 
 
 def apply_ufunc(ufunc: np.ufunc, *inputs: Any) -> Tracer:
@@ -250,7 +252,9 @@ SUPPORTED = set(_SIMPLE) | set(_BOOL_ONLY) | COMPOSITE | {np.positive, np.square
 
 def handle_ufunc(ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any):
     if kwargs.get("out") is not None:
-        raise TraceError(f"numpy.{ufunc.__name__}(..., out=...) writes in place; not supported while tracing", user_location())
+        raise TraceError(
+            f"numpy.{ufunc.__name__}(..., out=...) writes in place; not supported while tracing", user_location()
+        )
     kwargs.pop("out", None)
     if method == "reduce":
         if ufunc not in _REDUCE:

@@ -37,8 +37,12 @@ def _no_autodiff(name):
 
 
 def _check_group(group) -> int:
-    if not (isinstance(group, tuple) and group and all(isinstance(d, int) and d >= 0 for d in group)
-            and len(set(group)) == len(group)):
+    if not (
+        isinstance(group, tuple)
+        and group
+        and all(isinstance(d, int) and d >= 0 for d in group)
+        and len(set(group)) == len(group)
+    ):
         raise ShapeError(f"group must be a non-empty tuple of distinct device ids, got {group!r}")
     return len(group)
 
@@ -125,7 +129,7 @@ def join_pieces(pieces: list[np.ndarray], dim: int, blocks: int = 1) -> np.ndarr
         return np.concatenate(pieces, axis=dim)
     n = len(pieces)
     p0 = pieces[0]
-    shape = p0.shape[:dim] + (p0.shape[dim] * n,) + p0.shape[dim + 1:]
+    shape = p0.shape[:dim] + (p0.shape[dim] * n,) + p0.shape[dim + 1 :]
     whole = np.empty(shape, p0.dtype)
     for r, p in enumerate(pieces):
         index = [slice(None)] * whole.ndim
@@ -190,11 +194,17 @@ def _collective_cost(in_types, out_types, **_attrs):
 
 _COLLECTIVES = {
     "all_reduce": (_all_reduce_infer, ("axis", "group"), "sum over the devices of the group"),
-    "reduce_scatter": (_reduce_scatter_infer, ("axis", "group", "dim", "blocks"),
-                       "sum over the group; each device keeps its piece of dim"),
+    "reduce_scatter": (
+        _reduce_scatter_infer,
+        ("axis", "group", "dim", "blocks"),
+        "sum over the group; each device keeps its piece of dim",
+    ),
     "all_gather": (_all_gather_infer, ("axis", "group", "dim", "blocks"), "concatenate the group's pieces of dim"),
-    "all_to_all": (_all_to_all_infer, ("axis", "group", "split_dim", "split_blocks", "concat_dim", "concat_blocks"),
-                   "re-split across the group: pieces of split_dim out, pieces of concat_dim in"),
+    "all_to_all": (
+        _all_to_all_infer,
+        ("axis", "group", "split_dim", "split_blocks", "concat_dim", "concat_blocks"),
+        "re-split across the group: pieces of split_dim out, pieces of concat_dim in",
+    ),
 }
 
 for _name, (_infer, _attrs, _doc) in _COLLECTIVES.items():
@@ -202,13 +212,26 @@ for _name, (_infer, _attrs, _doc) in _COLLECTIVES.items():
     _op.vjp = _op.jvp = _no_autodiff(_name)
     _op.cost = _collective_cost
 
-shard_slice = register(OpDef(
-    "shard_slice", "comm", _shard_slice_infer,
-    lambda x, dim, blocks, parts, index: np.ascontiguousarray(take_piece(x, dim, parts, index, blocks)),
-    attrs=("dim", "blocks", "parts", "index"), doc="this device's piece of a replicated tensor (R -> S, local)"))
-partial_zero = register(OpDef(
-    "partial_zero", "comm", _partial_zero_infer, lambda x, keep: x if keep else np.zeros_like(x),
-    attrs=("keep",), doc="a replicated tensor as partial sums: kept on rank 0, zeros elsewhere (R -> P, local)"))
+shard_slice = register(
+    OpDef(
+        "shard_slice",
+        "comm",
+        _shard_slice_infer,
+        lambda x, dim, blocks, parts, index: np.ascontiguousarray(take_piece(x, dim, parts, index, blocks)),
+        attrs=("dim", "blocks", "parts", "index"),
+        doc="this device's piece of a replicated tensor (R -> S, local)",
+    )
+)
+partial_zero = register(
+    OpDef(
+        "partial_zero",
+        "comm",
+        _partial_zero_infer,
+        lambda x, keep: x if keep else np.zeros_like(x),
+        attrs=("keep",),
+        doc="a replicated tensor as partial sums: kept on rank 0, zeros elsewhere (R -> P, local)",
+    )
+)
 for _op in (shard_slice, partial_zero):
     _op.vjp = _op.jvp = _no_autodiff(_op.name)
     _op.cost = _collective_cost
@@ -229,6 +252,12 @@ def _keep_dims_rule(*cut_attrs):
     return rule
 
 
-for _name, _cut in (("all_reduce", ()), ("reduce_scatter", ("dim",)), ("all_gather", ("dim",)),
-                    ("all_to_all", ("split_dim", "concat_dim")), ("shard_slice", ("dim",)), ("partial_zero", ())):
+for _name, _cut in (
+    ("all_reduce", ()),
+    ("reduce_scatter", ("dim",)),
+    ("all_gather", ("dim",)),
+    ("all_to_all", ("split_dim", "concat_dim")),
+    ("shard_slice", ("dim",)),
+    ("partial_zero", ()),
+):
     get_op(_name).dim_rule = _keep_dims_rule(*_cut)

@@ -19,8 +19,15 @@ def _constant_infer(in_types, value):
 
 
 constant = register(
-    OpDef("constant", "constant", _constant_infer, lambda value: value, attrs=("value",), num_inputs=0,
-          doc="a literal array")
+    OpDef(
+        "constant",
+        "constant",
+        _constant_infer,
+        lambda value: value,
+        attrs=("value",),
+        num_inputs=0,
+        doc="a literal array",
+    )
 )
 
 constant.vjp = lambda ad: []  # no inputs

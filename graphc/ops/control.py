@@ -55,8 +55,18 @@ def _cond_impl(run, regions, pred, *xs):
     return tuple(run(regions[0] if bool(pred) else regions[1], list(xs)))
 
 
-cond = register(OpDef("cond", "control", _cond_infer, _cond_impl, num_inputs=None, min_inputs=1, num_regions=2,
-                      doc="run the true or the false region on the operands"))
+cond = register(
+    OpDef(
+        "cond",
+        "control",
+        _cond_infer,
+        _cond_impl,
+        num_inputs=None,
+        min_inputs=1,
+        num_regions=2,
+        doc="run the true or the false region on the operands",
+    )
+)
 
 
 def _while_infer(in_types, regions):
@@ -74,8 +84,18 @@ def _while_impl(run, regions, *carry):
     return tuple(carry)
 
 
-while_loop = register(OpDef("while_loop", "control", _while_infer, _while_impl, num_inputs=None, min_inputs=0,
-                            num_regions=2, doc="repeat the body region while the cond region returns true"))
+while_loop = register(
+    OpDef(
+        "while_loop",
+        "control",
+        _while_infer,
+        _while_impl,
+        num_inputs=None,
+        min_inputs=0,
+        num_regions=2,
+        doc="repeat the body region while the cond region returns true",
+    )
+)
 
 
 def _fori_infer(in_types, regions, step):
@@ -98,8 +118,19 @@ def _fori_impl(run, regions, lower, upper, *carry, step):
     return tuple(carry)
 
 
-fori_loop = register(OpDef("fori_loop", "control", _fori_infer, _fori_impl, attrs=("step",), num_inputs=None,
-                           min_inputs=2, num_regions=1, doc="run the body region for i in range(lower, upper, step)"))
+fori_loop = register(
+    OpDef(
+        "fori_loop",
+        "control",
+        _fori_infer,
+        _fori_impl,
+        attrs=("step",),
+        num_inputs=None,
+        min_inputs=2,
+        num_regions=1,
+        doc="run the body region for i in range(lower, upper, step)",
+    )
+)
 
 
 # sharding: no finer rule, so the planner runs a control op replicated (one strategy for the whole
@@ -131,9 +162,10 @@ def _cond_jvp(ad, tpred, *tangents):
 
     def branch(region):
         def fn(*args):
-            primals, ts = args[: len(ops)], args[len(ops):]
+            primals, ts = args[: len(ops)], args[len(ops) :]
             _, out_t = ad.jvp(lambda *p: ad.inline(region, p), primals, ts)
             return [out_t[i] for i in float_out]
+
         return fn
 
     result = ad.cond(pred, branch(ad.node.regions[0]), branch(ad.node.regions[1]), *ops, *tans)
@@ -152,10 +184,11 @@ def _cond_vjp(ad, *gs):
 
     def branch(region):
         def fn(*args):
-            primals, ct = args[: len(ops)], args[len(ops):]
+            primals, ct = args[: len(ops)], args[len(ops) :]
             _, pullback = ad.vjp(lambda *p: [ad.inline(region, p)[i] for i in float_out], *primals)
             grads = pullback(list(ct))
             return [ad.instantiate(grads[i], ops[i]) for i in wanted]
+
         return fn
 
     result = ad.cond(pred, branch(ad.node.regions[0]), branch(ad.node.regions[1]), *ops, *[cts[i] for i in float_out])

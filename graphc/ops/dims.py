@@ -81,8 +81,11 @@ def elementwise_rule(in_types, out_types) -> DimRule:
     ins = []
     for t in in_types:
         offset = out.ndim - t.ndim
-        ins.append(tuple(None if (t.shape[d] == 1 and out.shape[offset + d] != 1) else labels[offset + d]
-                         for d in range(t.ndim)))
+        ins.append(
+            tuple(
+                None if (t.shape[d] == 1 and out.shape[offset + d] != 1) else labels[offset + d] for d in range(t.ndim)
+            )
+        )
     return DimRule(tuple(ins), tuple(labels for _ in out_types))
 
 
@@ -204,7 +207,9 @@ def region_rule(region) -> DimRule | None:
             find((id(v), d))
     bad: set = set()
     for node, rule in inner:
-        values = [(("in", i), v) for i, v in enumerate(node.inputs)] + [(("out", i), v) for i, v in enumerate(node.outputs)]
+        values = [(("in", i), v) for i, v in enumerate(node.inputs)] + [
+            (("out", i), v) for i, v in enumerate(node.outputs)
+        ]
         touched: dict = {}
         for (side, i), v in values:
             for d in range(v.type.ndim):
@@ -222,8 +227,12 @@ def region_rule(region) -> DimRule | None:
         for cls, dims in touched.items():
             fine = False
             for label, occ in by_label.items():
-                if occ == dims and label in ok_labels and factors[label] == {1} \
-                        and len({i for s, i, _d in occ if s == "out"}) == n_out:
+                if (
+                    occ == dims
+                    and label in ok_labels
+                    and factors[label] == {1}
+                    and len({i for s, i, _d in occ if s == "out"}) == n_out
+                ):
                     fine = True
                     break
             if not fine:

@@ -210,7 +210,10 @@ def _binary_rules(op: OpDef, dx, dy) -> None:
 
     def jvp(ad, tx, ty):
         (x, y), (z,) = ad.inputs, ad.outputs
-        terms = [_scale(tx, dx(x, y, z)) if tx is not None else None, _scale(ty, dy(x, y, z)) if ty is not None else None]
+        terms = [
+            _scale(tx, dx(x, y, z)) if tx is not None else None,
+            _scale(ty, dy(x, y, z)) if ty is not None else None,
+        ]
         return ad.broadcast_to_output(sum_tangents(*terms))
 
     _set_rules(op, vjp, jvp)

@@ -25,8 +25,18 @@ def _fused_impl(run, regions, *xs):
     return tuple(run(regions[0], list(xs)))
 
 
-fused = register(OpDef("fused", "fused", _fused_infer, _fused_impl, num_inputs=None, min_inputs=0, num_regions=1,
-                       doc="a fused elementwise / row-reduction cluster, compiled to one kernel"))
+fused = register(
+    OpDef(
+        "fused",
+        "fused",
+        _fused_infer,
+        _fused_impl,
+        num_inputs=None,
+        min_inputs=0,
+        num_regions=1,
+        doc="a fused elementwise / row-reduction cluster, compiled to one kernel",
+    )
+)
 
 
 def _fused_vjp(ad, *gs):

@@ -26,7 +26,7 @@ def _gather_infer(in_types, axis):
     for d, t in enumerate(idx):
         if x.shape[axis + d] == 0 and t.size > 0:
             raise ShapeError(f"gather: cannot index into dimension {axis + d} of size 0")
-    return (TensorType(x.shape[:axis] + b + x.shape[axis + len(idx):], x.dtype),)
+    return (TensorType(x.shape[:axis] + b + x.shape[axis + len(idx) :], x.dtype),)
 
 
 def _gather_impl(x, *idx, axis):
@@ -34,8 +34,16 @@ def _gather_impl(x, *idx, axis):
 
 
 gather = register(
-    OpDef("gather", "index", _gather_infer, _gather_impl, attrs=("axis",), num_inputs=None, min_inputs=2,
-          doc="x[..., i1, ..., ik, ...] with the k index arrays at dims axis..axis+k-1")
+    OpDef(
+        "gather",
+        "index",
+        _gather_infer,
+        _gather_impl,
+        attrs=("axis",),
+        num_inputs=None,
+        min_inputs=2,
+        doc="x[..., i1, ..., ik, ...] with the k index arrays at dims axis..axis+k-1",
+    )
 )
 
 
@@ -59,8 +67,16 @@ def _scatter_add_impl(x, *rest, axis):
 
 
 scatter_add = register(
-    OpDef("scatter_add", "index", _scatter_add_infer, _scatter_add_impl, attrs=("axis",), num_inputs=None,
-          min_inputs=3, doc="x with updates added at x[..., i1, ..., ik, ...] (repeated indices accumulate); gather's transpose")
+    OpDef(
+        "scatter_add",
+        "index",
+        _scatter_add_infer,
+        _scatter_add_impl,
+        attrs=("axis",),
+        num_inputs=None,
+        min_inputs=3,
+        doc="x with updates added at x[..., i1, ..., ik, ...] (repeated indices accumulate); gather's transpose",
+    )
 )
 
 
@@ -122,9 +138,13 @@ def _index_dims(x, idx, axis, out_shape, iota):
     idx_entries = []
     for t in idx:
         off = nb - t.ndim
-        idx_entries.append(tuple(None if (t.shape[d] == 1 and out_shape[axis + off + d] != 1) else i_labels[off + d]
-                                 for d in range(t.ndim)))
-    res = tuple(x_labels[:axis]) + tuple(i_labels) + tuple(x_labels[axis + k:])
+        idx_entries.append(
+            tuple(
+                None if (t.shape[d] == 1 and out_shape[axis + off + d] != 1) else i_labels[off + d]
+                for d in range(t.ndim)
+            )
+        )
+    res = tuple(x_labels[:axis]) + tuple(i_labels) + tuple(x_labels[axis + k :])
     return tuple(x_labels), idx_entries, res, frozenset(i_labels), frozenset(masked)
 
 

@@ -30,8 +30,16 @@ def _matmul_infer(in_types):
     return (TensorType(batch + (a.shape[-2], b.shape[-1]), dt),)
 
 
-matmul = register(OpDef("matmul", "contraction", _matmul_infer, np.matmul, num_inputs=2,
-                        doc="batched matrix product, batch dims broadcast"))
+matmul = register(
+    OpDef(
+        "matmul",
+        "contraction",
+        _matmul_infer,
+        np.matmul,
+        num_inputs=2,
+        doc="batched matrix product, batch dims broadcast",
+    )
+)
 
 _EQUATION = re.compile(r"^([a-zA-Z]*(,[a-zA-Z]*)*)->([a-zA-Z]*)$")
 
@@ -68,9 +76,15 @@ def _einsum_infer(in_types, equation):
 
 
 einsum = register(
-    OpDef("einsum", "contraction", _einsum_infer,
-          lambda *xs, equation: np.einsum(equation, *xs, optimize=len(xs) > 1),
-          attrs=("equation",), num_inputs=None, doc="Einstein summation, explicit form")
+    OpDef(
+        "einsum",
+        "contraction",
+        _einsum_infer,
+        lambda *xs, equation: np.einsum(equation, *xs, optimize=len(xs) > 1),
+        attrs=("equation",),
+        num_inputs=None,
+        doc="Einstein summation, explicit form",
+    )
 )
 
 
@@ -142,8 +156,9 @@ def _matmul_dim_rule(in_types, out_types):
         dims = [None if (t.shape[d] == 1 and out.shape[off + d] != 1) else batch[off + d] for d in range(t.ndim - 2)]
         return tuple(dims) + last_two
 
-    return DimRule((operand(a, ("m", "k")), operand(b, ("k", "n"))), (tuple(batch) + ("m", "n"),),
-                   sums=frozenset({"k"}))
+    return DimRule(
+        (operand(a, ("m", "k")), operand(b, ("k", "n"))), (tuple(batch) + ("m", "n"),), sums=frozenset({"k"})
+    )
 
 
 def _matmul_cost(in_types, out_types):

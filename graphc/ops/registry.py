@@ -51,7 +51,9 @@ def check_axes(axes: Any, ndim: int) -> tuple[int, ...]:
 
 
 def check_shape(shape: Any, what: str = "shape") -> tuple[int, ...]:
-    if not isinstance(shape, tuple) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+    if not isinstance(shape, tuple) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    ):
         raise ShapeError(f"{what} must be a tuple of non-negative ints, got {shape!r}")
     return shape
 

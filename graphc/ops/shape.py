@@ -21,8 +21,14 @@ def _reshape_infer(in_types, shape):
 
 
 reshape = register(
-    OpDef("reshape", "shape", _reshape_infer, lambda x, shape: np.reshape(x, shape), attrs=("shape",),
-          doc="row-major reshape to a fully specified shape")
+    OpDef(
+        "reshape",
+        "shape",
+        _reshape_infer,
+        lambda x, shape: np.reshape(x, shape),
+        attrs=("shape",),
+        doc="row-major reshape to a fully specified shape",
+    )
 )
 
 
@@ -34,25 +40,35 @@ def _transpose_infer(in_types, perm):
 
 
 transpose = register(
-    OpDef("transpose", "shape", _transpose_infer, lambda x, perm: np.transpose(x, perm), attrs=("perm",),
-          doc="output axis i is input axis perm[i]")
+    OpDef(
+        "transpose",
+        "shape",
+        _transpose_infer,
+        lambda x, perm: np.transpose(x, perm),
+        attrs=("perm",),
+        doc="output axis i is input axis perm[i]",
+    )
 )
 
 
 def _broadcast_infer(in_types, shape):
     (x,) = in_types
     check_shape(shape)
-    ok = len(shape) >= x.ndim and all(
-        d == s or d == 1 for d, s in zip(reversed(x.shape), reversed(shape))
-    )
+    ok = len(shape) >= x.ndim and all(d == s or d == 1 for d, s in zip(reversed(x.shape), reversed(shape)))
     if not ok:
         raise ShapeError(f"cannot broadcast shape {x.shape} to {shape}")
     return (TensorType(shape, x.dtype),)
 
 
 broadcast_to = register(
-    OpDef("broadcast_to", "shape", _broadcast_infer, lambda x, shape: np.broadcast_to(x, shape),
-          attrs=("shape",), doc="numpy broadcasting (leading dims added, size-1 dims stretched)")
+    OpDef(
+        "broadcast_to",
+        "shape",
+        _broadcast_infer,
+        lambda x, shape: np.broadcast_to(x, shape),
+        attrs=("shape",),
+        doc="numpy broadcasting (leading dims added, size-1 dims stretched)",
+    )
 )
 
 
@@ -99,8 +115,14 @@ def _slice_impl(x, starts, stops, steps):
 
 
 slice_ = register(
-    OpDef("slice", "shape", _slice_infer, _slice_impl, attrs=("starts", "stops", "steps"),
-          doc="x[start:stop:step] per dim, bounds normalized like range(); stop -1 with step < 0 means through 0")
+    OpDef(
+        "slice",
+        "shape",
+        _slice_infer,
+        _slice_impl,
+        attrs=("starts", "stops", "steps"),
+        doc="x[start:stop:step] per dim, bounds normalized like range(); stop -1 with step < 0 means through 0",
+    )
 )
 
 
@@ -123,8 +145,14 @@ def _pad_impl(x, widths, value):
 
 
 pad = register(
-    OpDef("pad", "shape", _pad_infer, _pad_impl,
-          attrs=("widths", "value"), doc="constant padding, (before, after) per dim")
+    OpDef(
+        "pad",
+        "shape",
+        _pad_infer,
+        _pad_impl,
+        attrs=("widths", "value"),
+        doc="constant padding, (before, after) per dim",
+    )
 )
 
 
@@ -143,8 +171,15 @@ def _concat_infer(in_types, axis):
 
 
 concatenate = register(
-    OpDef("concatenate", "shape", _concat_infer, lambda *xs, axis: np.concatenate(xs, axis=axis),
-          attrs=("axis",), num_inputs=None, doc="join along axis")
+    OpDef(
+        "concatenate",
+        "shape",
+        _concat_infer,
+        lambda *xs, axis: np.concatenate(xs, axis=axis),
+        attrs=("axis",),
+        num_inputs=None,
+        doc="join along axis",
+    )
 )
 
 
@@ -164,9 +199,14 @@ def _split_infer(in_types, indices, axis):
 
 
 split = register(
-    OpDef("split", "shape", _split_infer,
-          lambda x, indices, axis: tuple(np.split(x, indices, axis=axis)),
-          attrs=("indices", "axis"), doc="split at sorted indices along axis; len(indices)+1 results")
+    OpDef(
+        "split",
+        "shape",
+        _split_infer,
+        lambda x, indices, axis: tuple(np.split(x, indices, axis=axis)),
+        attrs=("indices", "axis"),
+        doc="split at sorted indices along axis; len(indices)+1 results",
+    )
 )
 
 
@@ -198,8 +238,15 @@ def _pad_jvp(ad, t):
 def _pad_vjp(ad, g):  # the cotangent of the interior; the padding value is a constant
     (x,) = ad.inputs
     widths = ad.attrs["widths"]
-    return [ad.bind("slice", g, starts=tuple(lo for lo, _ in widths),
-                    stops=tuple(lo + n for (lo, _), n in zip(widths, x.shape)), steps=(1,) * x.ndim)]
+    return [
+        ad.bind(
+            "slice",
+            g,
+            starts=tuple(lo for lo, _ in widths),
+            stops=tuple(lo + n for (lo, _), n in zip(widths, x.shape)),
+            steps=(1,) * x.ndim,
+        )
+    ]
 
 
 pad.vjp, pad.jvp = _pad_vjp, _pad_jvp
@@ -218,19 +265,33 @@ def _slice_vjp(ad, g):
         lo, step = min(picked[0], picked[-1]), abs(s)
         shape = list(g.shape)
         if s < 0:
-            g = ad.bind("slice", g, starts=tuple(count - 1 if i == d else 0 for i in range(g.ndim)),
-                        stops=tuple(-1 if i == d else k for i, k in enumerate(shape)),
-                        steps=tuple(-1 if i == d else 1 for i in range(g.ndim)))
+            g = ad.bind(
+                "slice",
+                g,
+                starts=tuple(count - 1 if i == d else 0 for i in range(g.ndim)),
+                stops=tuple(-1 if i == d else k for i, k in enumerate(shape)),
+                steps=tuple(-1 if i == d else 1 for i in range(g.ndim)),
+            )
         if step > 1 and count > 1:
-            spread = g.reshape(tuple(shape[: d + 1]) + (1,) + tuple(shape[d + 1:]))
-            spread = ad.bind("pad", spread, widths=tuple((0, step - 1) if i == d + 1 else (0, 0) for i in range(g.ndim + 1)),
-                             value=0.0)
+            spread = g.reshape(tuple(shape[: d + 1]) + (1,) + tuple(shape[d + 1 :]))
+            spread = ad.bind(
+                "pad",
+                spread,
+                widths=tuple((0, step - 1) if i == d + 1 else (0, 0) for i in range(g.ndim + 1)),
+                value=0.0,
+            )
             shape[d] = count * step
-            g = ad.bind("slice", spread.reshape(tuple(shape)), starts=(0,) * g.ndim,
-                        stops=tuple((count - 1) * step + 1 if i == d else k for i, k in enumerate(shape)),
-                        steps=(1,) * g.ndim)
+            g = ad.bind(
+                "slice",
+                spread.reshape(tuple(shape)),
+                starts=(0,) * g.ndim,
+                stops=tuple((count - 1) * step + 1 if i == d else k for i, k in enumerate(shape)),
+                steps=(1,) * g.ndim,
+            )
         covered = g.shape[d]
-        g = ad.bind("pad", g, widths=tuple((lo, n - lo - covered) if i == d else (0, 0) for i in range(g.ndim)), value=0.0)
+        g = ad.bind(
+            "pad", g, widths=tuple((lo, n - lo - covered) if i == d else (0, 0) for i in range(g.ndim)), value=0.0
+        )
     return [g]
 
 
@@ -275,8 +336,9 @@ def _broadcast_dim_rule(in_types, out_types, shape):
 
 def _slice_dim_rule(in_types, out_types, starts, stops, steps):
     (x,) = in_types
-    labels = tuple(f"e{d}" if (a, b, s) == (0, n, 1) else None
-                   for d, (a, b, s, n) in enumerate(zip(starts, stops, steps, x.shape)))
+    labels = tuple(
+        f"e{d}" if (a, b, s) == (0, n, 1) else None for d, (a, b, s, n) in enumerate(zip(starts, stops, steps, x.shape))
+    )
     return DimRule((labels,), (labels,))
 
 

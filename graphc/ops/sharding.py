@@ -26,8 +26,16 @@ def _sharding_infer(in_types, spec):
     return (x,)
 
 
-sharding = register(OpDef("sharding", "shape", _sharding_infer, lambda x, spec: x, attrs=("spec",),
-                          doc="identity that pins its operand's sharding spec"))
+sharding = register(
+    OpDef(
+        "sharding",
+        "shape",
+        _sharding_infer,
+        lambda x, spec: x,
+        attrs=("spec",),
+        doc="identity that pins its operand's sharding spec",
+    )
+)
 sharding.vjp = lambda ad, g: [ad.bind("sharding", g, spec=ad.attrs["spec"])]
 sharding.jvp = lambda ad, t: None if t is None else ad.bind("sharding", t, spec=ad.attrs["spec"])
 sharding.dim_rule = lambda in_types, out_types, spec: elementwise_rule(in_types, out_types)

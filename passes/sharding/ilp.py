@@ -69,7 +69,12 @@ def _digest(*parts) -> str:
 
 def _attr_key(v):
     if isinstance(v, np.ndarray):
-        return ("array", v.shape, v.dtype.str, hashlib.blake2b(np.ascontiguousarray(v).tobytes(), digest_size=8).hexdigest())
+        return (
+            "array",
+            v.shape,
+            v.dtype.str,
+            hashlib.blake2b(np.ascontiguousarray(v).tobytes(), digest_size=8).hexdigest(),
+        )
     return repr(v)
 
 
@@ -82,9 +87,17 @@ def structure_classes(p: Problem, rounds: int = 3) -> list[str]:
         strat = _digest(tuple((s.in_specs, s.out_specs) for s in it.strategies))
         if it.kind == "node":
             n = it.node
-            base = ("node", n.op.name, tuple(sorted((k, _attr_key(v)) for k, v in n.attrs.items())),
-                    tuple(str(v.type) for v in n.inputs), tuple(str(o.type) for o in n.outputs),
-                    str(n.loc), n.part, strat, it.pinned)
+            base = (
+                "node",
+                n.op.name,
+                tuple(sorted((k, _attr_key(v)) for k, v in n.attrs.items())),
+                tuple(str(v.type) for v in n.inputs),
+                tuple(str(o.type) for o in n.outputs),
+                str(n.loc),
+                n.part,
+                strat,
+                it.pinned,
+            )
         else:
             name = _INDEX.sub("#", it.value.name or "") if it.kind == "input" else ""
             base = (it.kind, str(it.value.type), name, strat, it.pinned)
@@ -96,8 +109,11 @@ def structure_classes(p: Problem, rounds: int = 3) -> list[str]:
         outs[e.src].append((e.src_out, e.dst_in, e.dst))
     for _ in range(rounds):
         label = [
-            _digest(label[i], tuple((a, b, label[s]) for a, b, s in sorted(ins[i])),
-                    tuple(sorted((a, b, label[d]) for a, b, d in outs[i])))
+            _digest(
+                label[i],
+                tuple((a, b, label[s]) for a, b, s in sorted(ins[i])),
+                tuple(sorted((a, b, label[d]) for a, b, d in outs[i])),
+            )
             for i in range(len(p.items))
         ]
     return label
@@ -139,7 +155,11 @@ def shrink_groups(p: Problem, tie: bool = True, follow: bool = True) -> tuple[li
                 if it.kind != "node" or it.pinned or it.node.op.kind not in FOLLOW_KINDS or not in_edges[i]:
                     plans = None
                     break
-                cand = [e for e in in_edges[i] if not (p.items[e.src].kind == "node" and p.items[e.src].node.op.name == "constant")]
+                cand = [
+                    e
+                    for e in in_edges[i]
+                    if not (p.items[e.src].kind == "node" and p.items[e.src].node.op.name == "constant")
+                ]
                 if not cand:
                     plans = None
                     break
@@ -155,7 +175,9 @@ def shrink_groups(p: Problem, tie: bool = True, follow: bool = True) -> tuple[li
                 for spec in src_specs:
                     best = None
                     for s, st in enumerate(it.strategies):
-                        if st.in_specs[main.dst_in] == spec and (best is None or st.compute_s < it.strategies[best].compute_s):
+                        if st.in_specs[main.dst_in] == spec and (
+                            best is None or st.compute_s < it.strategies[best].compute_s
+                        ):
                             best = s
                     if best is None:
                         break
@@ -211,7 +233,7 @@ def objective_terms(p: Problem, groups: list[Group], of: list[int]):
         else:
             pair[(gu, gv)] = m.copy()
     # fold edges with a single-strategy side into the other side's vector
-    for (gu, gv) in list(pair):
+    for gu, gv in list(pair):
         m = pair[(gu, gv)]
         if groups[gu].size == 1:
             vec[gv] += m[0]
@@ -222,17 +244,26 @@ def objective_terms(p: Problem, groups: list[Group], of: list[int]):
     return vec, pair, maps
 
 
-def solve(p: Problem, groups: list[Group], of: list[int], memory_limit: int | None = None,
-          time_limit_s: float = 60.0, solver_name: str = "CBC", progress=None) -> Solution:
+def solve(
+    p: Problem,
+    groups: list[Group],
+    of: list[int],
+    memory_limit: int | None = None,
+    time_limit_s: float = 60.0,
+    solver_name: str = "CBC",
+    progress=None,
+) -> Solution:
     """The cheapest assignment of strategies to ``groups`` (from ``shrink_groups``) under the memory
     limit, by the ILP described in the module docstring."""
     start = time.perf_counter()
     vec, pair, maps = objective_terms(p, groups, of)
     stats = {
-        "items": len(p.items), "edges": len(p.edges),
+        "items": len(p.items),
+        "edges": len(p.edges),
         "vars_unshrunk": sum(len(it.strategies) for it in p.items)
         + sum(len(p.items[e.src].strategies) * len(p.items[e.dst].strategies) for e in p.edges),
-        "groups": len(groups), "group_edges": len(pair),
+        "groups": len(groups),
+        "group_edges": len(pair),
     }
     if progress:
         progress(f"ILP: {len(p.items)} items -> {len(groups)} groups, {len(pair)} group edges")
@@ -253,13 +284,17 @@ def solve(p: Problem, groups: list[Group], of: list[int], memory_limit: int | No
             points.append(at)
             model.add_memory_point(at, memory_limit)
             if progress:
-                progress(f"ILP: memory {peak / 2**20:.1f} MiB > limit at point {at}; re-solving with {len(points)} point(s)")
+                progress(
+                    f"ILP: memory {peak / 2**20:.1f} MiB > limit at point {at}; re-solving with {len(points)} point(s)"
+                )
             sol = model.run()
         if sol is None:
             minimum = min_memory(p, groups, of, maps, solver_name, time_limit_s)
             raise PlanError(
                 f"no plan fits in {fmt_bytes(memory_limit)} per device on mesh {p.mesh}: the smallest per-device "
-                f"memory any plan needs is {fmt_bytes(minimum)} ({minimum} bytes)", min_memory_bytes=minimum)
+                f"memory any plan needs is {fmt_bytes(minimum)} ({minimum} bytes)",
+                min_memory_bytes=minimum,
+            )
     if sol is None:
         raise PlanError(f"the sharding ILP found no plan (status {model.last_status})")
     stats["memory_points"] = len(points)
@@ -352,8 +387,14 @@ class _Model:
     def run(self) -> Solution | None:
         status = self.solver.Solve()
         pw = self.pywraplp
-        names = {pw.Solver.OPTIMAL: "optimal", pw.Solver.FEASIBLE: "feasible", pw.Solver.INFEASIBLE: "infeasible",
-                 pw.Solver.UNBOUNDED: "unbounded", pw.Solver.ABNORMAL: "abnormal", pw.Solver.NOT_SOLVED: "not solved"}
+        names = {
+            pw.Solver.OPTIMAL: "optimal",
+            pw.Solver.FEASIBLE: "feasible",
+            pw.Solver.INFEASIBLE: "infeasible",
+            pw.Solver.UNBOUNDED: "unbounded",
+            pw.Solver.ABNORMAL: "abnormal",
+            pw.Solver.NOT_SOLVED: "not solved",
+        }
         self.last_status = names.get(status, str(status))
         if status not in (pw.Solver.OPTIMAL, pw.Solver.FEASIBLE):
             return None
@@ -426,4 +467,13 @@ def exhaustive(p: Problem, memory_limit: int | None = None) -> tuple[float, list
     return best
 
 
-__all__ = ["Group", "Solution", "exhaustive", "format_spec", "min_memory", "shrink_groups", "solve", "structure_classes"]
+__all__ = [
+    "Group",
+    "Solution",
+    "exhaustive",
+    "format_spec",
+    "min_memory",
+    "shrink_groups",
+    "solve",
+    "structure_classes",
+]

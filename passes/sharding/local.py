@@ -31,9 +31,12 @@ def local_attrs(node, strategy: Strategy, mesh_shape: tuple[int, ...], coord: tu
         attrs["shape"] = outs[0].shape
     elif name == "slice":
         ins = local_types([v.type for v in node.inputs], strategy.in_specs, mesh_shape)
-        attrs["stops"] = tuple(ins[0].shape[d] if (a, b, s) == (0, n, 1) else b
-                               for d, (a, b, s, n) in enumerate(zip(attrs["starts"], attrs["stops"], attrs["steps"],
-                                                                    node.inputs[0].type.shape)))
+        attrs["stops"] = tuple(
+            ins[0].shape[d] if (a, b, s) == (0, n, 1) else b
+            for d, (a, b, s, n) in enumerate(
+                zip(attrs["starts"], attrs["stops"], attrs["steps"], node.inputs[0].type.shape)
+            )
+        )
     elif name == "split":
         bounds = np.cumsum([o.shape[attrs["axis"]] for o in outs])[:-1]
         attrs["indices"] = tuple(int(b) for b in bounds)
@@ -53,8 +56,9 @@ def _owned_rows(size: int, spec, dim: int, mesh_shape, coord) -> np.ndarray | No
     return None
 
 
-def run_local(node, strategy: Strategy, mesh_shape: tuple[int, ...], coord: tuple[int, ...],
-              arrays: list[np.ndarray]) -> list[np.ndarray]:
+def run_local(
+    node, strategy: Strategy, mesh_shape: tuple[int, ...], coord: tuple[int, ...], arrays: list[np.ndarray]
+) -> list[np.ndarray]:
     """The node's local results on the device at ``coord`` from its local operands."""
     attrs = local_attrs(node, strategy, mesh_shape, coord)
     name = node.op.name
@@ -91,7 +95,7 @@ def _run_indexing_local(node, strategy, mesh_shape, coord, arrays, attrs):
     axis = attrs["axis"]
     k = len(node.inputs) - (2 if node.op.name == "scatter_add" else 1)
     x_type = node.inputs[0].type
-    idx = list(arrays[1:1 + k])
+    idx = list(arrays[1 : 1 + k])
     owned = None
     for j in range(k):
         if rule.inputs[0][axis + j] not in rule.masked:

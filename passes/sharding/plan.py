@@ -180,7 +180,8 @@ class ShardingPlan:
         if h != self.graph_hash:
             raise PlanError(
                 f"stale plan: it was made for graph @{self.graph_name} with hash {self.graph_hash}, "
-                f"but the graph now hashes to {h} (the model or its arguments changed); recompile the plan")
+                f"but the graph now hashes to {h} (the model or its arguments changed); recompile the plan"
+            )
 
     def pins(self) -> tuple[dict[int, Spec], dict[int, Spec], dict[int, str]]:
         """(input pins, output pins, node pins) marked ``"pinned": true`` in the plan."""
@@ -250,44 +251,108 @@ def _alt_doc(a: Alternative) -> dict:
 
 
 def _alt_from(d: dict, n_axes: int) -> Alternative:
-    return Alternative(tuple(parse_spec(s, n_axes) for s in d["out_specs"]), d["delta_s"], d.get("strategy"),
-                       d.get("compute_s", 0.0), d.get("comm_s", 0.0), d.get("memory_delta_bytes"))
+    return Alternative(
+        tuple(parse_spec(s, n_axes) for s in d["out_specs"]),
+        d["delta_s"],
+        d.get("strategy"),
+        d.get("compute_s", 0.0),
+        d.get("comm_s", 0.0),
+        d.get("memory_delta_bytes"),
+    )
 
 
 def _tensor_doc(x: TensorChoice) -> dict:
-    return {"index": x.index, "name": x.name, "type": x.type, "spec": format_spec(x.spec), "pinned": x.pinned,
-            "alternatives": [_alt_doc(a) for a in x.alternatives]}
+    return {
+        "index": x.index,
+        "name": x.name,
+        "type": x.type,
+        "spec": format_spec(x.spec),
+        "pinned": x.pinned,
+        "alternatives": [_alt_doc(a) for a in x.alternatives],
+    }
 
 
 def _tensor_from(d: dict, n_axes: int) -> TensorChoice:
-    return TensorChoice(d["index"], d["name"], d["type"], parse_spec(d["spec"], n_axes), bool(d.get("pinned")),
-                        tuple(_alt_from(a, n_axes) for a in d.get("alternatives", ())))
+    return TensorChoice(
+        d["index"],
+        d["name"],
+        d["type"],
+        parse_spec(d["spec"], n_axes),
+        bool(d.get("pinned")),
+        tuple(_alt_from(a, n_axes) for a in d.get("alternatives", ())),
+    )
 
 
 def _node_doc(n: NodeChoice) -> dict:
-    return {"index": n.index, "name": n.name, "op": n.op, "loc": n.loc, "part": n.part, "types": list(n.types),
-            "strategy": n.strategy, "in_specs": _specs(n.in_specs), "out_specs": _specs(n.out_specs),
-            "compute_s": n.compute_s, "pinned": n.pinned, "warning": n.warning,
-            "alternatives": [_alt_doc(a) for a in n.alternatives]}
+    return {
+        "index": n.index,
+        "name": n.name,
+        "op": n.op,
+        "loc": n.loc,
+        "part": n.part,
+        "types": list(n.types),
+        "strategy": n.strategy,
+        "in_specs": _specs(n.in_specs),
+        "out_specs": _specs(n.out_specs),
+        "compute_s": n.compute_s,
+        "pinned": n.pinned,
+        "warning": n.warning,
+        "alternatives": [_alt_doc(a) for a in n.alternatives],
+    }
 
 
 def _node_from(d: dict, n_axes: int) -> NodeChoice:
-    return NodeChoice(d["index"], d["name"], d["op"], d.get("loc"), d.get("part"), tuple(d.get("types", ())),
-                      d["strategy"], tuple(parse_spec(s, n_axes) for s in d["in_specs"]),
-                      tuple(parse_spec(s, n_axes) for s in d["out_specs"]), d["compute_s"], bool(d.get("pinned")),
-                      d.get("warning"), tuple(_alt_from(a, n_axes) for a in d.get("alternatives", ())))
+    return NodeChoice(
+        d["index"],
+        d["name"],
+        d["op"],
+        d.get("loc"),
+        d.get("part"),
+        tuple(d.get("types", ())),
+        d["strategy"],
+        tuple(parse_spec(s, n_axes) for s in d["in_specs"]),
+        tuple(parse_spec(s, n_axes) for s in d["out_specs"]),
+        d["compute_s"],
+        bool(d.get("pinned")),
+        d.get("warning"),
+        tuple(_alt_from(a, n_axes) for a in d.get("alternatives", ())),
+    )
 
 
 def _collective_doc(c: Collective) -> dict:
-    return {"kind": c.kind, "axes": list(c.axes), "bytes": c.bytes, "local_bytes": c.local_bytes, "tensor": c.tensor,
-            "node": c.node, "node_index": c.node_index, "op": c.op, "loc": c.loc, "part": c.part,
-            "from": format_spec(c.src), "to": format_spec(c.dst), "time_s": c.time_s}
+    return {
+        "kind": c.kind,
+        "axes": list(c.axes),
+        "bytes": c.bytes,
+        "local_bytes": c.local_bytes,
+        "tensor": c.tensor,
+        "node": c.node,
+        "node_index": c.node_index,
+        "op": c.op,
+        "loc": c.loc,
+        "part": c.part,
+        "from": format_spec(c.src),
+        "to": format_spec(c.dst),
+        "time_s": c.time_s,
+    }
 
 
 def _collective_from(d: dict, n_axes: int) -> Collective:
-    return Collective(d["kind"], tuple(d["axes"]), d["bytes"], d["local_bytes"], d["tensor"], d["node"],
-                      d.get("node_index"), d["op"], d.get("loc"), d.get("part"), parse_spec(d["from"], n_axes),
-                      parse_spec(d["to"], n_axes), d["time_s"])
+    return Collective(
+        d["kind"],
+        tuple(d["axes"]),
+        d["bytes"],
+        d["local_bytes"],
+        d["tensor"],
+        d["node"],
+        d.get("node_index"),
+        d["op"],
+        d.get("loc"),
+        d.get("part"),
+        parse_spec(d["from"], n_axes),
+        parse_spec(d["to"], n_axes),
+        d["time_s"],
+    )
 
 
 def _plan_doc(p: ShardingPlan) -> dict:
@@ -302,10 +367,21 @@ def _plan_doc(p: ShardingPlan) -> dict:
         "nodes": [_node_doc(n) for n in p.nodes],
         "collectives": [_collective_doc(c) for c in p.collectives],
         "cost": dataclasses.asdict(p.cost),
-        "memory": {"limit_bytes": p.memory.limit_bytes, "peak_bytes": list(p.memory.peak_bytes),
-                   "peak_at": p.memory.peak_at},
-        "solver": {"name": s.name, "status": s.status, "objective_s": s.objective_s, "bound_s": s.bound_s,
-                   "gap": s.gap, "seconds": s.seconds, "build_s": s.build_s, **dict(s.sizes)},
+        "memory": {
+            "limit_bytes": p.memory.limit_bytes,
+            "peak_bytes": list(p.memory.peak_bytes),
+            "peak_at": p.memory.peak_at,
+        },
+        "solver": {
+            "name": s.name,
+            "status": s.status,
+            "objective_s": s.objective_s,
+            "bound_s": s.bound_s,
+            "gap": s.gap,
+            "seconds": s.seconds,
+            "build_s": s.build_s,
+            **dict(s.sizes),
+        },
         "ties": [list(t) for t in p.ties],
         "warnings": list(p.warnings),
         "timing": dict(p.timing),
@@ -321,17 +397,30 @@ def _plan_from_doc(doc: dict) -> ShardingPlan:
     s = doc["solver"]
     m = doc["memory"]
     return ShardingPlan(
-        graph_name=doc["graph"]["name"], graph_hash=doc["graph"]["hash"], n_nodes=doc["graph"]["nodes"], mesh=mesh,
+        graph_name=doc["graph"]["name"],
+        graph_hash=doc["graph"]["hash"],
+        n_nodes=doc["graph"]["nodes"],
+        mesh=mesh,
         inputs=tuple(_tensor_from(d, n) for d in doc["inputs"]),
         outputs=tuple(_tensor_from(d, n) for d in doc["outputs"]),
         nodes=tuple(_node_from(d, n) for d in doc["nodes"]),
         collectives=tuple(_collective_from(d, n) for d in doc["collectives"]),
         cost=Cost(**doc["cost"]),
         memory=Memory(m["limit_bytes"], tuple(m["peak_bytes"]), m.get("peak_at")),
-        solver=SolverStats(s["name"], s["status"], s["objective_s"], s["bound_s"], s["gap"], s["seconds"],
-                           s.get("build_s", 0.0), {k: v for k, v in s.items() if k not in _SOLVER_FIELDS}),
-        options=doc.get("options", {}), ties=tuple(tuple(t) for t in doc.get("ties", ())),
-        warnings=tuple(doc.get("warnings", ())), timing=doc.get("timing", {}),
+        solver=SolverStats(
+            s["name"],
+            s["status"],
+            s["objective_s"],
+            s["bound_s"],
+            s["gap"],
+            s["seconds"],
+            s.get("build_s", 0.0),
+            {k: v for k, v in s.items() if k not in _SOLVER_FIELDS},
+        ),
+        options=doc.get("options", {}),
+        ties=tuple(tuple(t) for t in doc.get("ties", ())),
+        warnings=tuple(doc.get("warnings", ())),
+        timing=doc.get("timing", {}),
     )
 
 
@@ -356,8 +445,10 @@ def _summary(p: ShardingPlan, top: int) -> str:
     costly = sorted(p.nodes, key=lambda n: -n.compute_s)[:top]
     lines.append(f"  {'node':<8}{'op':<12}{'compute':>10}  {'strategy':<22} out spec        where")
     for n in costly:
-        lines.append(f"  {n.name:<8}{n.op:<12}{fmt_time(n.compute_s):>10}  {n.strategy:<22} "
-                     f"{', '.join(_specs(n.out_specs)):<15} {n.loc or ''} {n.part or ''}")
+        lines.append(
+            f"  {n.name:<8}{n.op:<12}{fmt_time(n.compute_s):>10}  {n.strategy:<22} "
+            f"{', '.join(_specs(n.out_specs)):<15} {n.loc or ''} {n.part or ''}"
+        )
     specs = [f"{x.name}: {format_spec(x.spec)}" for x in p.inputs]
     if specs:
         lines.append("inputs: " + "; ".join(specs[:top]) + (" ..." if len(specs) > top else ""))
@@ -373,13 +464,17 @@ def _collective_lines(collectives: tuple[Collective, ...], top: int) -> list[str
     by_kind: dict[str, list[Collective]] = {}
     for x in coll:
         by_kind.setdefault(x.kind, []).append(x)
-    lines = ["collectives: " + ", ".join(f"{k} x{len(v)} ({fmt_time(sum(x.time_s for x in v))})"
-                                          for k, v in sorted(by_kind.items()))]
+    lines = [
+        "collectives: "
+        + ", ".join(f"{k} x{len(v)} ({fmt_time(sum(x.time_s for x in v))})" for k, v in sorted(by_kind.items()))
+    ]
     lines.append(f"  {'kind':<15}{'axes':<8}{'tensor':>12}  {'bytes':>11}  {'time':>10}  {'part':<9} where")
     for x in coll[:top]:
-        lines.append(f"  {x.kind:<15}{','.join(x.axes):<8}{x.tensor:>12}  {fmt_bytes(x.bytes):>11}  "
-                     f"{fmt_time(x.time_s):>10}  {x.part or '-':<9} {x.op} {x.loc or ''} "
-                     f"{format_spec(x.src)} -> {format_spec(x.dst)}")
+        lines.append(
+            f"  {x.kind:<15}{','.join(x.axes):<8}{x.tensor:>12}  {fmt_bytes(x.bytes):>11}  "
+            f"{fmt_time(x.time_s):>10}  {x.part or '-':<9} {x.op} {x.loc or ''} "
+            f"{format_spec(x.src)} -> {format_spec(x.dst)}"
+        )
     return lines
 
 
@@ -396,31 +491,41 @@ def _explain(p: ShardingPlan, name: str) -> str:
 
 def _explain_input(p: ShardingPlan, x: TensorChoice) -> str:
     tied = any(t[0] == x.index for t in p.ties)
-    lines = [f"input {x.name} {x.type}: spec {format_spec(x.spec)}" + (" (pinned)" if x.pinned else "")
-             + "; against the best other specs, every other choice held fixed"
-             + (" (a tied state input: its output keeps this spec too)" if tied else "") + ":"]
+    lines = [
+        f"input {x.name} {x.type}: spec {format_spec(x.spec)}"
+        + (" (pinned)" if x.pinned else "")
+        + "; against the best other specs, every other choice held fixed"
+        + (" (a tied state input: its output keeps this spec too)" if tied else "")
+        + ":"
+    ]
     for a in x.alternatives:
         mem = a.memory_delta_bytes or 0
-        lines.append(f"  instead {', '.join(_specs(a.out_specs)):<22} redistribution to its consumers would cost "
-                     f"{'+' if a.delta_s >= 0 else ''}{fmt_time(a.delta_s)}, memory per device "
-                     f"{'+' if mem >= 0 else '-'}{fmt_bytes(abs(mem))}")
+        lines.append(
+            f"  instead {', '.join(_specs(a.out_specs)):<22} redistribution to its consumers would cost "
+            f"{'+' if a.delta_s >= 0 else ''}{fmt_time(a.delta_s)}, memory per device "
+            f"{'+' if mem >= 0 else '-'}{fmt_bytes(abs(mem))}"
+        )
     if len(lines) == 1:
         lines.append("  no alternative spec on this mesh")
     return "\n".join(lines)
 
 
 def _explain_node(n: NodeChoice) -> str:
-    lines = [f"{n.name} = {n.op} at {n.loc or '?'} ({n.part or 'untagged'}): strategy {n.strategy}, "
-             f"out {', '.join(_specs(n.out_specs))}, in {', '.join(_specs(n.in_specs))}, compute {fmt_time(n.compute_s)}"
-             + (" (pinned)" if n.pinned else "")]
+    lines = [
+        f"{n.name} = {n.op} at {n.loc or '?'} ({n.part or 'untagged'}): strategy {n.strategy}, "
+        f"out {', '.join(_specs(n.out_specs))}, in {', '.join(_specs(n.in_specs))}, compute {fmt_time(n.compute_s)}"
+        + (" (pinned)" if n.pinned else "")
+    ]
     if n.warning:
         lines.append(f"  warning: {n.warning}")
     if not n.alternatives:
         lines.append("  no alternative strategy (only one is valid on this mesh)")
     for a in n.alternatives:
-        lines.append(f"  instead {a.strategy:<22} out {', '.join(_specs(a.out_specs)):<18} would cost "
-                     f"{'+' if a.delta_s >= 0 else ''}{fmt_time(a.delta_s)} "
-                     f"(compute {fmt_time(a.compute_s)}, redistribution {fmt_time(a.comm_s)})")
+        lines.append(
+            f"  instead {a.strategy:<22} out {', '.join(_specs(a.out_specs)):<18} would cost "
+            f"{'+' if a.delta_s >= 0 else ''}{fmt_time(a.delta_s)} "
+            f"(compute {fmt_time(a.compute_s)}, redistribution {fmt_time(a.comm_s)})"
+        )
     return "\n".join(lines)
 
 
@@ -438,30 +543,62 @@ def plan_from_solution(problem, sol, memory_limit: int | None, build_s: float, o
         st = it.strategies[choice[i]]
         alts = tuple(alternatives.get(i, ()))
         if it.kind == "input":
-            inputs.append(TensorChoice(it.index, f"%{names[it.value]}", str(it.value.type), st.out_specs[0],
-                                       bool(it.pinned), alts))
+            inputs.append(
+                TensorChoice(
+                    it.index, f"%{names[it.value]}", str(it.value.type), st.out_specs[0], bool(it.pinned), alts
+                )
+            )
         elif it.kind == "output":
-            outputs.append(TensorChoice(it.index, f"%{names[it.value]}", str(it.value.type), st.in_specs[0],
-                                        bool(it.pinned), alts))
+            outputs.append(
+                TensorChoice(it.index, f"%{names[it.value]}", str(it.value.type), st.in_specs[0], bool(it.pinned), alts)
+            )
         else:
             n = it.node
-            nodes.append(NodeChoice(
-                it.index, f"%{names[n.outputs[0]]}" if n.outputs else f"node{it.index}", n.op.name,
-                str(n.loc) if n.loc else None, n.part, tuple(str(o.type) for o in n.outputs), st.name,
-                tuple(st.in_specs), tuple(st.out_specs), st.compute_s, bool(it.pinned), it.warning, alts))
+            nodes.append(
+                NodeChoice(
+                    it.index,
+                    f"%{names[n.outputs[0]]}" if n.outputs else f"node{it.index}",
+                    n.op.name,
+                    str(n.loc) if n.loc else None,
+                    n.part,
+                    tuple(str(o.type) for o in n.outputs),
+                    st.name,
+                    tuple(st.in_specs),
+                    tuple(st.out_specs),
+                    st.compute_s,
+                    bool(it.pinned),
+                    it.warning,
+                    alts,
+                )
+            )
     ev = problem.evaluate(choice)
     collectives = collectives_of(problem, choice)
     comm = sum(c.time_s for c in collectives)
     peak, at = problem.peak_memory(choice)
     at_item = problem.items[problem.order[at]] if problem.order else None
-    solver = SolverStats(options.get("solver", "CBC"), sol.status, sol.objective, sol.bound, sol.gap, sol.seconds,
-                         build_s, dict(sol.stats))
+    solver = SolverStats(
+        options.get("solver", "CBC"),
+        sol.status,
+        sol.objective,
+        sol.bound,
+        sol.gap,
+        sol.seconds,
+        build_s,
+        dict(sol.stats),
+    )
     return ShardingPlan(
-        graph_name=graph.name, graph_hash=graph_hash(graph), n_nodes=len(graph.nodes), mesh=problem.mesh,
-        inputs=tuple(inputs), outputs=tuple(outputs), nodes=tuple(nodes), collectives=tuple(collectives),
+        graph_name=graph.name,
+        graph_hash=graph_hash(graph),
+        n_nodes=len(graph.nodes),
+        mesh=problem.mesh,
+        inputs=tuple(inputs),
+        outputs=tuple(outputs),
+        nodes=tuple(nodes),
+        collectives=tuple(collectives),
         cost=Cost(ev["compute_s"], comm, ev["compute_s"] + comm),
         memory=Memory(memory_limit, (peak,) * problem.mesh.size, _item_name(at_item, names) if at_item else None),
-        solver=solver, options=dict(options),
+        solver=solver,
+        options=dict(options),
         ties=tuple((problem.items[a].index, problem.items[b].index) for a, b in problem.ties),
         warnings=tuple(_dedupe(problem.warnings)),
     )
@@ -483,15 +620,30 @@ def collectives_of(problem, choice: list[int]) -> list[Collective]:
         t = e.value.type
         consumer = problem.items[e.dst]
         is_node = consumer.kind == "node"
-        node_name = f"%{names[consumer.node.outputs[0]]}" if is_node and consumer.node.outputs else f"output {consumer.index}"
+        node_name = (
+            f"%{names[consumer.node.outputs[0]]}" if is_node and consumer.node.outputs else f"output {consumer.index}"
+        )
         part = consumer.node.part if is_node else None
         if part is None and problem.items[e.src].kind == "node":
             part = problem.items[e.src].node.part
         for st in plan_steps(t.shape, t.dtype.itemsize, src, dst, problem.mesh):
-            out.append(Collective(
-                st.kind, (problem.mesh.axis_names[st.axis],), t.nbytes, st.local_bytes, f"%{names[e.value]}", node_name,
-                consumer.index if is_node else None, consumer.node.op.name if is_node else "output",
-                str(consumer.node.loc) if is_node and consumer.node.loc else None, part, st.src, st.dst, st.time_s))
+            out.append(
+                Collective(
+                    st.kind,
+                    (problem.mesh.axis_names[st.axis],),
+                    t.nbytes,
+                    st.local_bytes,
+                    f"%{names[e.value]}",
+                    node_name,
+                    consumer.index if is_node else None,
+                    consumer.node.op.name if is_node else "output",
+                    str(consumer.node.loc) if is_node and consumer.node.loc else None,
+                    part,
+                    st.src,
+                    st.dst,
+                    st.time_s,
+                )
+            )
     return out
 
 
@@ -545,13 +697,26 @@ def _alternatives(problem, choice, top: int = 3) -> dict[int, list[Alternative]]
             c, m = local(s)
             mem = None
             if it.kind == "input":
-                mem = _local_bytes(it.value, st.out_specs[0], problem.mesh) - \
-                    _local_bytes(it.value, chosen.out_specs[0], problem.mesh)
+                mem = _local_bytes(it.value, st.out_specs[0], problem.mesh) - _local_bytes(
+                    it.value, chosen.out_specs[0], problem.mesh
+                )
             alts.append(Alternative(tuple(st.out_specs), (c + m) - (c0 + m0), st.name, c, m, mem))
         alts.sort(key=lambda a: a.delta_s)
         out[i] = alts[:top]
     return out
 
 
-__all__ = ["PLAN_VERSION", "Alternative", "Collective", "Cost", "Memory", "NodeChoice", "ShardingPlan", "SolverStats",
-           "TensorChoice", "collectives_of", "graph_hash", "plan_from_solution"]
+__all__ = [
+    "PLAN_VERSION",
+    "Alternative",
+    "Collective",
+    "Cost",
+    "Memory",
+    "NodeChoice",
+    "ShardingPlan",
+    "SolverStats",
+    "TensorChoice",
+    "collectives_of",
+    "graph_hash",
+    "plan_from_solution",
+]

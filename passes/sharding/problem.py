@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from graphc.core.ir import Graph, Value
 from graphc.core.errors import PlanError
+from graphc.core.ir import Graph, Value
 from graphc.core.spec import SpecError, format_spec, local_shape, parse_spec
 from graphc.passes.sharding.redistribute import redistribution_time
 from graphc.passes.sharding.strategies import Strategy, block_sets, get_rule, node_strategies, tensor_specs
@@ -86,15 +86,21 @@ class Problem:
         key = (t, tuple(us), tuple(vs))
         small = self._matrix_cache.get(key)
         if small is None:
-            small = np.array([[redistribution_time(t.shape, t.dtype.itemsize, a, b, self.mesh) for b in vs] for a in us])
+            small = np.array(
+                [[redistribution_time(t.shape, t.dtype.itemsize, a, b, self.mesh) for b in vs] for a in us]
+            )
             self._matrix_cache[key] = small
         return small[np.ix_(ui, vi)]
 
     def evaluate(self, choice: list[int]) -> dict:
         compute = sum(self.items[i].strategies[s].compute_s for i, s in enumerate(choice))
         comm = sum(self.edge_time(e, choice[e.src], choice[e.dst]) for e in self.edges)
-        return {"compute_s": compute, "comm_s": comm, "total_s": compute + comm,
-                "peak_bytes": self.peak_memory(choice)[0]}
+        return {
+            "compute_s": compute,
+            "comm_s": comm,
+            "total_s": compute + comm,
+            "peak_bytes": self.peak_memory(choice)[0],
+        }
 
     # --- memory ----------------------------------------------------------------------------
     def live_ranges(self) -> list[tuple[Value, int, int, int]]:
@@ -149,9 +155,14 @@ def _unique(specs):
     return uniq, np.array(idx, dtype=np.int64)
 
 
-def build_problem(graph: Graph, mesh, in_pins: dict[int, tuple] | None = None,
-                  out_pins: dict[int, tuple] | None = None, ties: list[tuple[int, int]] | None = None,
-                  linear_partials: bool = False) -> Problem:
+def build_problem(
+    graph: Graph,
+    mesh,
+    in_pins: dict[int, tuple] | None = None,
+    out_pins: dict[int, tuple] | None = None,
+    ties: list[tuple[int, int]] | None = None,
+    linear_partials: bool = False,
+) -> Problem:
     """Items and edges of ``graph`` on ``mesh``. ``in_pins`` / ``out_pins`` restrict the spec of
     graph input / output positions; ``ties`` are (input position, output position) pairs whose
     specs must be equal (a training step's state): both get the same candidate list."""
@@ -241,8 +252,12 @@ def _node_key(node, sets):
     if node.regions:
         return None
     try:
-        attrs = tuple(sorted((k, v if not hasattr(v, "tobytes") else (v.shape, v.dtype.str, v.tobytes()))
-                             for k, v in node.attrs.items()))
+        attrs = tuple(
+            sorted(
+                (k, v if not hasattr(v, "tobytes") else (v.shape, v.dtype.str, v.tobytes()))
+                for k, v in node.attrs.items()
+            )
+        )
         hash(attrs)
     except TypeError:
         return None
@@ -260,8 +275,10 @@ def _pin(item: Item, spec, what: str, error, node: bool = False) -> None:
         keep = [s for s in item.strategies if s.in_specs[0] == want]
     if not keep:
         t = item.value.type if item.value is not None else item.node.outputs[0].type
-        raise error(f"{what}: pinned spec {format_spec(want)} is not a valid even placement of {t} on this mesh "
-                    f"(choices: {', '.join(s.name if not node else format_spec(s.out_specs[0]) for s in item.strategies[:12])})")
+        raise error(
+            f"{what}: pinned spec {format_spec(want)} is not a valid even placement of {t} on this mesh "
+            f"(choices: {', '.join(s.name if not node else format_spec(s.out_specs[0]) for s in item.strategies[:12])})"
+        )
     item.strategies = keep
     item.pinned = format_spec(want)
 
@@ -297,7 +314,9 @@ def pin_nodes(problem: Problem, pins: dict) -> None:
             except SpecError:
                 keep = []
         if not keep:
-            raise PlanError(f"plan pins node {idx} ({it.node.op.name} at {it.node.loc or '?'}) to {want!r}, which is not "
-                            f"one of its strategies: {', '.join(s.name for s in it.strategies)}")
+            raise PlanError(
+                f"plan pins node {idx} ({it.node.op.name} at {it.node.loc or '?'}) to {want!r}, which is not "
+                f"one of its strategies: {', '.join(s.name for s in it.strategies)}"
+            )
         it.strategies = keep[:1]
         it.pinned = want

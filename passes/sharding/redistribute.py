@@ -53,8 +53,9 @@ class Step:
         return f"{self.kind}(axis {self.axis}) {format_spec(self.src)} -> {format_spec(self.dst)}"
 
 
-def step_time(kind: str, n: int, nbytes: int, latency: float, bandwidth: float, overhead: float,
-              mem_bandwidth: float) -> float:
+def step_time(
+    kind: str, n: int, nbytes: int, latency: float, bandwidth: float, overhead: float, mem_bandwidth: float
+) -> float:
     if n <= 1:
         return 0.0
     frac = (n - 1) / n
@@ -124,8 +125,9 @@ def _plan_steps(shape, itemsize, src, dst, mesh_key) -> tuple[Step, ...]:
         after = tuple(cur)
         b = nbytes(after) if kind in ("all_gather", "slice") else nbytes(before)
         lat, bw = links[axis]
-        steps.append(Step(kind, axis, before, after, b,
-                          step_time(kind, mesh_shape[axis], b, lat, bw, overhead, mem_bw)))
+        steps.append(
+            Step(kind, axis, before, after, b, step_time(kind, mesh_shape[axis], b, lat, bw, overhead, mem_bw))
+        )
 
     axes = range(len(mesh_shape))
     for a in axes:  # 1. partial sums

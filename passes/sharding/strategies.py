@@ -53,7 +53,7 @@ def _iota_operands(node) -> dict[int, int]:
     """{index array j: broadcast dim} for index operands of a gather/scatter_add that are constant
     ``arange`` along one dim (``x[np.arange(n), labels]``)."""
     n_idx = len(node.inputs) - (2 if node.op.name == "scatter_add" else 1)
-    idx = node.inputs[1:1 + n_idx]
+    idx = node.inputs[1 : 1 + n_idx]
     nb = max(v.type.ndim for v in idx)
     found = {}
     for j, v in enumerate(idx):
@@ -146,12 +146,18 @@ def tensor_specs(t: TensorType, mesh_shape: tuple[int, ...], blocks: list[set[in
 
 def replicated(node, mesh_shape, profile) -> Strategy:
     rep = tuple(R for _ in mesh_shape)
-    return Strategy("replicate", tuple(rep for _ in node.inputs), tuple(rep for _ in node.outputs),
-                    compute_time(node, 1, profile), 1)
+    return Strategy(
+        "replicate",
+        tuple(rep for _ in node.inputs),
+        tuple(rep for _ in node.outputs),
+        compute_time(node, 1, profile),
+        1,
+    )
 
 
-def node_strategies(node, rule: DimRule | None, mesh, sets: dict[Value, list[set[int]]],
-                    linear_partials: bool = False) -> list[Strategy]:
+def node_strategies(
+    node, rule: DimRule | None, mesh, sets: dict[Value, list[set[int]]], linear_partials: bool = False
+) -> list[Strategy]:
     """The node's strategies on ``mesh``; ``linear_partials`` adds, on a one-axis mesh, one
     strategy per operand set the op is linear in: those operands P, the others R, results P."""
     mesh_shape = tuple(mesh.shape)
@@ -239,8 +245,14 @@ def _rule_strategies(node, rule: DimRule, mesh, sets: dict[Value, list[set[int]]
         if key in seen:
             continue
         seen.add(key)
-        name = " ".join(f"{c[0]}{'/' + str(c[1]) if c[1] > 1 else ''}@{mesh.axis_names[a]}"
-                        for a, c in enumerate(combo) if c is not None) or "replicate"
+        name = (
+            " ".join(
+                f"{c[0]}{'/' + str(c[1]) if c[1] > 1 else ''}@{mesh.axis_names[a]}"
+                for a, c in enumerate(combo)
+                if c is not None
+            )
+            or "replicate"
+        )
         strategies.append(Strategy(name, key[0], key[1], full / divided, divided))
     return strategies or [replicated(node, mesh_shape, profile)]
 
