@@ -25,6 +25,7 @@ import math
 import os
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,7 +133,7 @@ class KernelSpec:
     # -- analysis ------------------------------------------------------------------------------
     def _analyse(self) -> None:
         region = self.region
-        row_inputs = set()
+        row_inputs: set[Value] = set()
         for node in region.nodes:  # an input used by a row op or a reduction-free row computation is row-level
             if (
                 node.op.name not in REDUCTIONS
@@ -172,9 +173,21 @@ class KernelSpec:
 
     # -- code generation -------------------------------------------------------------------------
     def source(self, kinds: list[OperandKind]) -> str:
-        region = self.region
-        outs = region.outputs
-        lines = [
+        """The kernel's Python source for operands of these kinds: the imports and signature, then
+        the hoisted constants, the scratch rows, and the loop over a range of rows."""
+        used_later = self._values_used_later()
+        body = self._constant_lines() + self._scratch_lines(used_later)
+        body.append("for r in range(r0, r1):")  # a range of rows: threads split the rows
+        body.extend("    " + s for s in self._row_lines(kinds, used_later))
+        lines = self._header_lines()
+        lines.extend("    " + s for s in body)
+        return "\n".join(lines) + "\n"
+
+    def _header_lines(self) -> list[str]:
+        """The imports, the decorator and the signature: ``kernel(in0, ..., out0, ..., r0, r1, n)``."""
+        operands = [f"in{i}" for i in range(len(self.region.inputs))]
+        results = [f"out{i}" for i in range(len(self.region.outputs))]
+        return [
             f"# graphc fused kernel (fastmath {FASTMATH_VERSION})",
             "import math",
             "import numpy as np",
@@ -184,16 +197,23 @@ class KernelSpec:
             "",
             # numpy's error model: no zero-division checks (they stop vectorization; numpy gives inf)
             '@numba.njit(nogil=True, cache=True, error_model="numpy")',
-            f"def kernel({', '.join([f'in{i}' for i in range(len(region.inputs))] + [f'out{i}' for i in range(len(outs))])}, r0, r1, n):",
+            f"def kernel({', '.join(operands + results)}, r0, r1, n):",
         ]
-        body: list[str] = []
-        # scalar constants, hoisted
-        for node in region.nodes:
-            if node.op.name == "constant":
-                val = node.attrs["value"].reshape(()).item()
-                text = f"float({str(val)!r})" if isinstance(val, float) and not math.isfinite(val) else repr(val)
-                body.append(f"{self.names[node.outputs[0]]} = {_np_type(node.outputs[0].dtype)}({text})")
-        # scratch rows for elementwise values used in a later phase than their own
+
+    def _constant_lines(self) -> list[str]:
+        """The region's scalar constants, hoisted out of the loops."""
+        lines = []
+        for node in self.region.nodes:
+            if node.op.name != "constant":
+                continue
+            out = node.outputs[0]
+            lines.append(f"{self.names[out]} = {_np_type(out.dtype)}({_constant_text(node.attrs['value'])})")
+        return lines
+
+    def _values_used_later(self) -> set[Value]:
+        """Elementwise values needed after the loop that computes them: read by a node of a later
+        phase, or reduced (from their row buffer, after the loop)."""
+        region = self.region
         used_later: set[Value] = set()
         for node in region.nodes:
             p = self._node_phase(node)
@@ -202,78 +222,107 @@ class KernelSpec:
                     used_later.add(v)
             if node.op.name in REDUCTIONS and node.inputs[0] not in region.inputs:
                 used_later.add(node.inputs[0])  # reduced from its row buffer after the loop
-        for v in sorted(used_later, key=lambda v: self.names[v]):
-            body.append(f"t_{self.names[v]} = np.empty(n, dtype={_np_type(v.dtype)})")
-        body.append("for r in range(r0, r1):")  # a range of rows: threads split the rows
-        inner: list[str] = []
-        for v, kind in zip(region.inputs, kinds):
-            if not kind.per_element:  # one value per row (or a scalar): read once per row
-                inner.append(f"s_{self.names[v]} = {kind.read(self.names[v])}")
+        return used_later
 
-        def row_ref(v: Value) -> str:
-            return f"s_{self.names[v]}" if v in region.inputs else self.names[v]
+    def _scratch_lines(self, used_later: set[Value]) -> list[str]:
+        """A row-sized scratch buffer ``t_<name>`` for each value used in a later phase than its own."""
+        return [
+            f"t_{self.names[v]} = np.empty(n, dtype={_np_type(v.dtype)})"
+            for v in sorted(used_later, key=lambda v: self.names[v])
+        ]
 
+    def _row_lines(self, kinds: list[OperandKind], used_later: set[Value]) -> list[str]:
+        """The body of the loop over rows: read the per-row operands, run the phases, compute the row
+        ops after the last reduction, and write the per-row results."""
+        lines = self._row_operand_reads(kinds)
         for p in range(self.n_phases):
-            # row ops available before this phase
-            for node in region.nodes:
-                out = node.outputs[0]
-                if node.op.name not in REDUCTIONS and self.level[out] == "row" and self.phase[out] == p:
-                    inner.append(f"{self.names[out]} = {self._expr(node, row_ref)}")
-            reductions = [n for n in region.nodes if n.op.name in REDUCTIONS and self.phase[n.inputs[0]] == p]
-            elems = [
-                n
-                for n in region.nodes
-                if self.level[n.outputs[0]] == "elem" and self.phase[n.outputs[0]] == p and n.op.name != "constant"
-            ]
-            needs_loop = elems or any(
-                self.level[v] == "elem" and self.phase[v] == p and v not in region.inputs for v in outs
-            )
-            if not needs_loop and not reductions:
-                continue
-            if needs_loop:
-                inner.append("for j in range(n):")
-            loop: list[str] = []
-            loaded: set[Value] = set()
+            lines.extend(self._phase_lines(p, kinds, used_later))
+        lines.extend(self._row_op_lines(lambda phase: phase >= self.n_phases))  # after the last reduction
+        lines.extend(self._row_output_lines(kinds))
+        return lines
 
-            def elem_ref(v: Value, p=p, loop=loop, loaded=loaded) -> str:
-                name = self.names[v]
-                if v in region.inputs:
-                    kind = kinds[region.inputs.index(v)]
-                    if kind.per_element and v not in loaded:
-                        loop.append(f"e_{name} = {kind.read(name)}")
-                        loaded.add(v)
-                    return f"e_{name}" if kind.per_element else f"s_{name}"
-                if self.level[v] == "elem" and self.phase[v] < p:
-                    return f"t_{name}[j]"
-                return name
+    def _row_operand_reads(self, kinds: list[OperandKind]) -> list[str]:
+        """``s_<name> = ...`` for operands with one value per row (or a scalar): read once per row."""
+        return [
+            f"s_{self.names[v]} = {kind.read(self.names[v])}"
+            for v, kind in zip(self.region.inputs, kinds)
+            if not kind.per_element
+        ]
 
-            for node in elems:
-                out = node.outputs[0]
-                loop.append(f"{self.names[out]} = {self._expr(node, elem_ref)}")
-                if out in used_later:
-                    loop.append(f"t_{self.names[out]}[j] = {self.names[out]}")
-            for i, v in enumerate(outs):
-                if self.level[v] == "elem" and self.phase[v] == p and v not in region.inputs:
-                    loop.append(f"out{i}[r, j] = {elem_ref(v)}")
-            inner.extend("    " + s for s in loop)
-            for node in reductions:  # reduce the row (vectorized, runtime/rowops.py)
-                out, x = node.outputs[0], node.inputs[0]
-                row = self._row_of(x, kinds) if x in region.inputs else f"t_{self.names[x]}"
-                inner.append(f"{self.names[out]} = {_np_type(out.dtype)}(rowops.{self._reducer(node)}({row}))")
-        for node in region.nodes:  # row ops after the last reduction
+    def _row_ref(self, v: Value) -> str:
+        """How row-level code refers to a value: its per-row read for an operand, else its name."""
+        return f"s_{self.names[v]}" if v in self.region.inputs else self.names[v]
+
+    def _row_op_lines(self, available: Callable[[int], bool]) -> list[str]:
+        """``name = expr`` for the row ops (non-reductions with a per-row result) whose phase (when
+        their inputs are available) passes ``available``, in node order."""
+        lines = []
+        for node in self.region.nodes:
             out = node.outputs[0]
-            if node.op.name not in REDUCTIONS and self.level[out] == "row" and self.phase[out] >= self.n_phases:
-                inner.append(f"{self.names[out]} = {self._expr(node, row_ref)}")
-        for i, v in enumerate(outs):
+            if node.op.name not in REDUCTIONS and self.level[out] == "row" and available(self.phase[out]):
+                lines.append(f"{self.names[out]} = {self._expr(node, self._row_ref)}")
+        return lines
+
+    def _phase_lines(self, p: int, kinds: list[OperandKind], used_later: set[Value]) -> list[str]:
+        """Phase ``p`` of a row: the row ops available before it, then one loop over the row's
+        elements (when the phase computes or writes elementwise values), then the reductions of the
+        row buffers that loop filled."""
+        region = self.region
+        lines = self._row_op_lines(lambda phase: phase == p)
+        reductions = [n for n in region.nodes if n.op.name in REDUCTIONS and self.phase[n.inputs[0]] == p]
+        elems = [
+            n
+            for n in region.nodes
+            if self.level[n.outputs[0]] == "elem" and self.phase[n.outputs[0]] == p and n.op.name != "constant"
+        ]
+        needs_loop = elems or any(self._written_in_loop(v, p) for v in region.outputs)
+        if not needs_loop and not reductions:
+            return lines
+        if needs_loop:
+            lines.append("for j in range(n):")
+        lines.extend("    " + s for s in self._loop_body(p, kinds, elems, used_later))
+        lines.extend(self._reduction_lines(reductions, kinds))
+        return lines
+
+    def _written_in_loop(self, v: Value, p: int) -> bool:
+        """Whether result ``v`` is written element by element in the loop of phase ``p``."""
+        return self.level[v] == "elem" and self.phase[v] == p and v not in self.region.inputs
+
+    def _loop_body(self, p: int, kinds: list[OperandKind], elems: list[Node], used_later: set[Value]) -> list[str]:
+        """The loop over element ``j`` of phase ``p``: compute the phase's elementwise values (saving
+        those used later to their scratch rows) and write the results it produces."""
+        loop = _ElementLoop(self, kinds, p)
+        for node in elems:
+            out = node.outputs[0]
+            loop.lines.append(f"{self.names[out]} = {self._expr(node, loop.ref)}")
+            if out in used_later:
+                loop.lines.append(f"t_{self.names[out]}[j] = {self.names[out]}")
+        for i, v in enumerate(self.region.outputs):
+            if self._written_in_loop(v, p):
+                loop.lines.append(f"out{i}[r, j] = {loop.ref(v)}")
+        return loop.lines
+
+    def _reduction_lines(self, reductions: list[Node], kinds: list[OperandKind]) -> list[str]:
+        """Reduce each row buffer (vectorized, runtime/rowops.py): an operand's row, or a scratch row."""
+        lines = []
+        for node in reductions:
+            out, x = node.outputs[0], node.inputs[0]
+            row = self._row_of(x, kinds) if x in self.region.inputs else f"t_{self.names[x]}"
+            lines.append(f"{self.names[out]} = {_np_type(out.dtype)}(rowops.{self._reducer(node)}({row}))")
+        return lines
+
+    def _row_output_lines(self, kinds: list[OperandKind]) -> list[str]:
+        """Write the per-row and constant results, and copy the results that are elementwise operands."""
+        region = self.region
+        lines = []
+        for i, v in enumerate(region.outputs):
             if self.level[v] in ("row", "const"):
-                inner.append(f"out{i}[r] = {row_ref(v)}")
+                lines.append(f"out{i}[r] = {self._row_ref(v)}")
             elif self.level[v] == "elem" and v in region.inputs:
-                inner.append(
+                lines.append(
                     f"for j in range(n):\n            out{i}[r, j] = {kinds[region.inputs.index(v)].read(self.names[v])}"
                 )
-        body.extend("    " + s for s in inner)
-        lines.extend("    " + s for s in body)
-        return "\n".join(lines) + "\n"
+        return lines
 
     def _node_phase(self, node: Node) -> int:
         out = node.outputs[0]
@@ -290,45 +339,108 @@ class KernelSpec:
         kind = "f" if node.outputs[0].dtype.kind == "f" else "i"
         return {"reduce_sum": "row_sum", "reduce_max": "row_max", "reduce_min": "row_min"}[node.op.name] + "_" + kind
 
-    def _expr(self, node: Node, ref=None) -> str:
+    def _expr(self, node: Node, ref: Callable[[Value], str] | None = None) -> str:
+        """The expression computing the node's (scalar) result, ``ref(v)`` giving the text that reads
+        operand ``v`` (default: its name)."""
         ref = ref or (lambda v: self.names[v])
         name = node.op.name
-        args = [ref(v) for v in node.inputs]
-        out = node.outputs[0]
-        cast = _np_type(out.dtype)
-        if name in _BINARY:
-            return f"{cast}({args[0]} {_BINARY[name]} {args[1]})"
-        if name == "compare":
-            return f"({args[0]} {_COMPARE[node.attrs['direction']]} {args[1]})"
-        if name in _FASTMATH:  # vectorizable versions (runtime/fastmath.py)
-            return f"fm.{_FASTMATH[name]}{'32' if out.dtype == np.float32 else '64'}({args[0]})"
-        if name in _FLOAT_FUNCS:
-            return f"{cast}({_FLOAT_FUNCS[name]}({args[0]}))"
-        if name == "neg":
-            return f"{cast}(-{args[0]})"
-        if name == "abs":
-            return f"{cast}(abs({args[0]}))"
-        if name == "sign":
-            return f"{cast}(np.sign({args[0]}))"
-        if name == "maximum":
-            a, b = args
-            return f"({a} if ({a} != {a} or {a} > {b}) else {b})" if out.dtype.kind == "f" else f"max({a}, {b})"
-        if name == "minimum":
-            a, b = args
-            return f"({a} if ({a} != {a} or {a} < {b}) else {b})" if out.dtype.kind == "f" else f"min({a}, {b})"
-        if name == "where":
-            return f"({args[1]} if {args[0]} else {args[2]})"
-        if name == "logical_and":
-            return f"({args[0]} and {args[1]})"
-        if name == "logical_or":
-            return f"({args[0]} or {args[1]})"
-        if name == "logical_not":
-            return f"(not {args[0]})"
-        if name == "convert":
-            if out.dtype.kind == "b":
-                return f"({args[0]} != 0)"
-            return f"{cast}({args[0]})"
-        raise NotImplementedError(f"no kernel code for {name}")
+        args = [ref(v) for v in node.inputs]  # read first: an element loop emits an operand's load on its first read
+        dtype = node.outputs[0].dtype
+        text = _arithmetic_expr(name, args, dtype)
+        if text is None:
+            text = _select_expr(name, args, dtype)
+        if text is None:
+            text = _logical_expr(name, args, dtype, node.attrs)
+        if text is None:
+            raise NotImplementedError(f"no kernel code for {name}")
+        return text
+
+
+class _ElementLoop:
+    """The lines of one phase's loop over the elements of a row, and how that loop reads values:
+    a per-element operand is loaded (``e_<name>``) the first time the loop reads it."""
+
+    def __init__(self, spec: KernelSpec, kinds: list[OperandKind], phase: int):
+        self.spec = spec
+        self.kinds = kinds
+        self.phase = phase
+        self.lines: list[str] = []
+        self.loaded: set[Value] = set()
+
+    def ref(self, v: Value) -> str:
+        """The text reading ``v`` at element ``j``: an operand's element or row value, the scratch row
+        of a value computed in an earlier phase, or the name of a value computed in this one."""
+        spec = self.spec
+        name = spec.names[v]
+        if v in spec.region.inputs:
+            return self._operand_ref(v, name)
+        if spec.level[v] == "elem" and spec.phase[v] < self.phase:
+            return f"t_{name}[j]"
+        return name
+
+    def _operand_ref(self, v: Value, name: str) -> str:
+        """An operand: its per-row read ``s_<name>``, or its element ``e_<name>`` (loaded once)."""
+        kind = self.kinds[self.spec.region.inputs.index(v)]
+        if not kind.per_element:
+            return f"s_{name}"
+        if v not in self.loaded:
+            self.lines.append(f"e_{name} = {kind.read(name)}")
+            self.loaded.add(v)
+        return f"e_{name}"
+
+
+def _constant_text(value: np.ndarray) -> str:
+    """A scalar constant as Python source (``float('inf')`` and ``float('nan')`` for non-finite floats)."""
+    val = value.reshape(()).item()
+    return f"float({str(val)!r})" if isinstance(val, float) and not math.isfinite(val) else repr(val)
+
+
+def _arithmetic_expr(name: str, args: list[str], dtype: np.dtype) -> str | None:
+    """Arithmetic and math functions, cast to the result dtype; None for other ops."""
+    cast = _np_type(dtype)
+    if name in _BINARY:
+        return f"{cast}({args[0]} {_BINARY[name]} {args[1]})"
+    if name in _FASTMATH:  # vectorizable versions (runtime/fastmath.py)
+        return f"fm.{_FASTMATH[name]}{'32' if dtype == np.float32 else '64'}({args[0]})"
+    if name in _FLOAT_FUNCS:
+        return f"{cast}({_FLOAT_FUNCS[name]}({args[0]}))"
+    if name == "neg":
+        return f"{cast}(-{args[0]})"
+    if name == "abs":
+        return f"{cast}(abs({args[0]}))"
+    if name == "sign":
+        return f"{cast}(np.sign({args[0]}))"
+    return None
+
+
+def _select_expr(name: str, args: list[str], dtype: np.dtype) -> str | None:
+    """maximum and minimum (NaN-propagating for floats, like numpy) and where; None for other ops."""
+    if name == "maximum":
+        a, b = args
+        return f"({a} if ({a} != {a} or {a} > {b}) else {b})" if dtype.kind == "f" else f"max({a}, {b})"
+    if name == "minimum":
+        a, b = args
+        return f"({a} if ({a} != {a} or {a} < {b}) else {b})" if dtype.kind == "f" else f"min({a}, {b})"
+    if name == "where":
+        return f"({args[1]} if {args[0]} else {args[2]})"
+    return None
+
+
+def _logical_expr(name: str, args: list[str], dtype: np.dtype, attrs: dict[str, Any]) -> str | None:
+    """Comparisons, logical ops and dtype conversion; None for other ops."""
+    if name == "compare":
+        return f"({args[0]} {_COMPARE[attrs['direction']]} {args[1]})"
+    if name == "logical_and":
+        return f"({args[0]} and {args[1]})"
+    if name == "logical_or":
+        return f"({args[0]} or {args[1]})"
+    if name == "logical_not":
+        return f"(not {args[0]})"
+    if name == "convert":
+        if dtype.kind == "b":
+            return f"({args[0]} != 0)"
+        return f"{_np_type(dtype)}({args[0]})"
+    return None
 
 
 class CompiledKernel:
@@ -348,7 +460,7 @@ class CompiledKernel:
         self.out_levels = [self.spec.level[v] for v in region.outputs]
         self.alloc = alloc
 
-    def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
+    def __call__(self, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
         operands = [prepare_operand(a, k, self.space) for a, k in zip(arrays, self.kinds)]
         outs = []
         views = []
@@ -378,9 +490,9 @@ PARALLEL_MIN_ELEMENTS = 1 << 18
 
 def _space_of(region: Region) -> tuple[int, ...]:
     """The iteration space: the largest elementwise shape in the region (or a reduction's input)."""
-    shapes = [()] + [o.shape for n in region.nodes for o in n.outputs]
+    shapes: list[tuple[int, ...]] = [()] + [o.shape for n in region.nodes for o in n.outputs]
     shapes += [n.inputs[0].shape for n in region.nodes if n.op.name in REDUCTIONS]
-    return tuple(max(shapes, key=lambda s: (int(np.prod(s, dtype=np.int64)), len(s))))
+    return max(shapes, key=lambda s: (int(np.prod(s, dtype=np.int64)), len(s)))
 
 
 _loaded: dict[str, Any] = {}
@@ -399,6 +511,7 @@ def load_kernel(source: str):
             atomic_write(path, source)
         name = f"graphc_kernel_{digest}"
         spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None  # a .py file always gets a source loader
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)

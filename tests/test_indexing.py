@@ -133,12 +133,50 @@ def int_array(draw, n, shape, in_bounds, dtype=np.int64):
 def key_template(draw, kinds, require=None, max_extra=2, min_rank=0):
     """(x, key template, traced index arrays). A key template is a tuple of components or, sometimes, one
     bare component (numpy's non-tuple key)."""
+    x, shape = draw_indexed_array(draw, min_rank)
+    ndim = len(shape)
+    comp_kinds = draw_component_kinds(draw, kinds, ndim, require, max_extra)
+    mask_nd = {i: draw(st.sampled_from([1, 1, 2])) for i, k in enumerate(comp_kinds) if k == "mask"}
+    dims = component_dims(comp_kinds, mask_nd, ndim)
+
+    def size_at(dim):
+        """The size of x's dim ``dim``; a random size past x's dims (a key with too many indices)."""
+        return shape[dim] if 0 <= dim < ndim else draw(st.integers(0, 5))
+
+    bshape = tuple(draw(st.lists(st.integers(0, 3), max_size=2)))  # the shape index arrays mostly broadcast to
+    traced = []
+    comps = []
+    for i, (k, dim) in enumerate(zip(comp_kinds, dims)):
+        n = size_at(dim)
+        if k == "mask":
+            comps.append(draw_mask(draw, tuple(size_at(dim + j) for j in range(mask_nd[i]))))
+        elif k == "traced":
+            dt = draw(st.sampled_from([np.int64, np.int32, np.uint8]))
+            traced.append(draw(int_array(n, draw(index_shape(bshape)), in_bounds=True, dtype=dt)))
+            comps.append(Traced(len(traced) - 1))
+        else:
+            comps.append(draw_static_component(draw, k, n, bshape))
+    if len(comps) == 1 and draw(st.booleans()):
+        template = comps[0]  # bare key, not a 1-tuple
+    else:
+        template = tuple(comps)
+    return x, template, traced
+
+
+def draw_indexed_array(draw, min_rank):
+    """(x, shape): the array to index, of a random shape of rank >= min_rank and a random dtype; a rank-0
+    array is sometimes a numpy scalar."""
     shape = draw(shapes.filter(lambda s: len(s) >= min_rank))
     dtype = draw(st.sampled_from(DTYPES))
     x = make_array(shape, dtype)
     if not shape and draw(st.booleans()):
         x = x[()]  # a numpy scalar (also a graph input)
-    ndim = len(shape)
+    return x, shape
+
+
+def draw_component_kinds(draw, kinds, ndim, require, max_extra):
+    """The kind of each key component: mostly at most ndim components, sometimes up to max_extra more
+    (too many indices); ``require`` is always one of them; two ellipses only rarely."""
     ncomp = draw(st.integers(0, ndim)) if draw(st.integers(0, 4)) else ndim + draw(st.integers(1, max_extra))
     comp_kinds = [draw(st.sampled_from(kinds)) for _ in range(ncomp)]
     if require and require not in comp_kinds:
@@ -149,12 +187,16 @@ def key_template(draw, kinds, require=None, max_extra=2, min_rank=0):
     if comp_kinds.count("ellipsis") > 1 and draw(st.integers(0, 4)):  # two ellipses: rarely (an IndexError)
         first = comp_kinds.index("ellipsis")
         comp_kinds = [k for i, k in enumerate(comp_kinds) if k != "ellipsis" or i == first]
-    mask_nd = {i: draw(st.sampled_from([1, 1, 2])) for i, k in enumerate(comp_kinds) if k == "mask"}
+    return comp_kinds
+
+
+def component_dims(comp_kinds, mask_nd, ndim):
+    """Which dim each component indexes (after '...' the dims count from the end); a mask covers
+    ``mask_nd[i]`` dims, None and '...' none, every other component one."""
 
     def consumes(i, k):
         return mask_nd[i] if k == "mask" else 0 if k in ("none", "ellipsis") else 1
 
-    # which dim each component indexes (after '...' the dims count from the end)
     dims, d = [], 0
     if "ellipsis" in comp_kinds:
         e = comp_kinds.index("ellipsis")
@@ -164,58 +206,51 @@ def key_template(draw, kinds, require=None, max_extra=2, min_rank=0):
             d = ndim - after
         dims.append(d)
         d += consumes(i, k)
+    return dims
 
-    def size_at(dim):
-        return shape[dim] if 0 <= dim < ndim else draw(st.integers(0, 5))
 
-    bshape = tuple(draw(st.lists(st.integers(0, 3), max_size=2)))
-    traced = []
-    comps = []
-    for i, (k, dim) in enumerate(zip(comp_kinds, dims)):
-        n = size_at(dim)
-        if k == "int":
-            comps.append(draw(int_index(n)))
-        elif k == "slice":
-            comps.append(draw(slice_index(n)))
-        elif k == "none":
-            comps.append(None)
-        elif k == "ellipsis":
-            comps.append(Ellipsis)
-        elif k == "array":
-            dt = draw(st.sampled_from([np.int64, np.int32, np.intp, np.uint8, np.int8]))
-            comps.append(draw(int_array(n, draw(index_shape(bshape)), in_bounds=False, dtype=dt)))
-        elif k == "list":
-            arr = draw(int_array(n, draw(index_shape(bshape)), in_bounds=False))
-            comps.append(arr.tolist() if arr.ndim else [int(arr)])
-        elif k == "range":
-            if len(bshape) == 1 and 0 < bshape[0] <= n and draw(st.booleans()):  # in bounds, broadcasts
-                length, step = bshape[0], draw(st.sampled_from([1, -1]))
-                start = draw(st.integers(-n, n - length) if step == 1 else st.integers(length - 1 - n, n - 1))
-                comps.append(range(start, start + step * length, step))
-            else:
-                comps.append(
-                    range(draw(st.integers(-n, n)), draw(st.integers(-n, n + 1)), draw(st.sampled_from([1, 2, -1, 3])))
-                )
-        elif k == "mask":
-            covered = tuple(size_at(dim + j) for j in range(mask_nd[i]))
-            if draw(st.integers(0, 9)) == 0:  # wrong mask shape: numpy raises IndexError
-                covered = tuple(draw(st.integers(0, 5)) for _ in covered)
-            m = np.array(
-                draw(st.lists(st.booleans(), min_size=int(np.prod(covered)), max_size=int(np.prod(covered)))),
-                dtype=bool,
-            ).reshape(covered)
-            comps.append(m.tolist() if m.ndim == 1 and m.size and draw(st.booleans()) else m)
-        elif k == "traced":
-            dt = draw(st.sampled_from([np.int64, np.int32, np.uint8]))
-            traced.append(draw(int_array(n, draw(index_shape(bshape)), in_bounds=True, dtype=dt)))
-            comps.append(Traced(len(traced) - 1))
-        else:
-            raise AssertionError(k)
-    if len(comps) == 1 and draw(st.booleans()):
-        template = comps[0]  # bare key, not a 1-tuple
-    else:
-        template = tuple(comps)
-    return x, template, traced
+def draw_static_component(draw, k, n, bshape):
+    """A static component of kind k (neither a mask nor a traced array) for a dim of size n: an int, a
+    slice, None, '...', an int array, a list or a range (index arrays mostly broadcast to bshape)."""
+    if k == "int":
+        return draw(int_index(n))
+    if k == "slice":
+        return draw(slice_index(n))
+    if k == "none":
+        return None
+    if k == "ellipsis":
+        return Ellipsis
+    if k == "array":
+        dt = draw(st.sampled_from([np.int64, np.int32, np.intp, np.uint8, np.int8]))
+        return draw(int_array(n, draw(index_shape(bshape)), in_bounds=False, dtype=dt))
+    if k == "list":
+        arr = draw(int_array(n, draw(index_shape(bshape)), in_bounds=False))
+        return arr.tolist() if arr.ndim else [int(arr)]
+    if k == "range":
+        return draw_range(draw, n, bshape)
+    raise AssertionError(k)
+
+
+def draw_range(draw, n, bshape):
+    """A range index for a dim of size n: sometimes in bounds and of bshape's length (it broadcasts),
+    else with random bounds and step."""
+    if len(bshape) == 1 and 0 < bshape[0] <= n and draw(st.booleans()):  # in bounds, broadcasts
+        length, step = bshape[0], draw(st.sampled_from([1, -1]))
+        start = draw(st.integers(-n, n - length) if step == 1 else st.integers(length - 1 - n, n - 1))
+        return range(start, start + step * length, step)
+    return range(draw(st.integers(-n, n)), draw(st.integers(-n, n + 1)), draw(st.sampled_from([1, 2, -1, 3])))
+
+
+def draw_mask(draw, covered):
+    """A static bool mask over dims of sizes ``covered`` (sometimes of a wrong shape: numpy raises
+    IndexError); a non-empty 1-d mask is sometimes a list."""
+    if draw(st.integers(0, 9)) == 0:  # wrong mask shape: numpy raises IndexError
+        covered = tuple(draw(st.integers(0, 5)) for _ in covered)
+    m = np.array(
+        draw(st.lists(st.booleans(), min_size=int(np.prod(covered)), max_size=int(np.prod(covered)))),
+        dtype=bool,
+    ).reshape(covered)
+    return m.tolist() if m.ndim == 1 and m.size and draw(st.booleans()) else m
 
 
 def run(x, template, traced):

@@ -390,52 +390,96 @@ def _verify_block(
 ) -> None:
     """Verify one block (the graph body or a region) in its own scope."""
     defined: set[Value] = set()
+    _define_block_inputs(inputs, names, where, defined, everywhere)
+    for node in nodes:
+        _verify_node(node, names, seen_nodes, defined, everywhere)
+    _verify_block_outputs(outputs, where, defined)
+
+
+def _define_block_inputs(
+    inputs: list[Value], names: dict[Value, str], where: str, defined: set[Value], everywhere: set[Value]
+) -> None:
+    """Step 1 of a block: its inputs come into scope (each defined once in the whole graph)."""
     for v in inputs:
         if v in everywhere:
             raise VerifyError(f"{where}: input %{names.get(v, '?')} is defined twice")
         defined.add(v)
         everywhere.add(v)
-    for node in nodes:
-        describe = describe_node(node, names)
-        if id(node) in seen_nodes:
-            raise VerifyError(f"{describe} appears twice in the node list")
-        seen_nodes.add(id(node))
-        for i, v in enumerate(node.inputs):
-            if not isinstance(v, Value):
-                raise VerifyError(f"{describe}: operand {i} is {type(v).__name__}, not a Value")
-            if v not in defined:
-                if v in everywhere:
-                    why = "is defined outside this region (regions take every value they use as an operand)"
-                elif v in names:
-                    why = "is defined later (cycle or misordered nodes)"
-                else:
-                    why = "is not defined in this graph"
-                raise VerifyError(f"{describe}: operand {i} (%{names.get(v, '?')}) {why}")
-        for i, out in enumerate(node.outputs):
-            if out.producer is not node or out.index != i:
-                raise VerifyError(f"{describe}: output {i} does not point back to its node")
-            if out in everywhere:
-                raise VerifyError(f"{describe}: output {i} is defined twice")
-        if len(node.regions) != node.op.num_regions:
-            raise VerifyError(
-                f"{describe}: {node.op.name} needs {node.op.num_regions} region(s), has {len(node.regions)}"
-            )
-        for k, region in enumerate(node.regions):
-            _verify_block(
-                region.inputs, region.nodes, region.outputs, names, f"{describe}, region {k}", seen_nodes, everywhere
-            )
-        try:
-            expected = node.op.infer_types(tuple(v.type for v in node.inputs), node.attrs, node.regions)
-        except ShapeError as exc:
-            raise VerifyError(f"{describe}: {exc}") from None
-        got = tuple(o.type for o in node.outputs)
-        if expected != got:
-            raise VerifyError(
-                f"{describe}: declared result types {', '.join(map(str, got))} "
-                f"but the op's rule gives {', '.join(map(str, expected))}"
-            )
-        defined.update(node.outputs)
-        everywhere.update(node.outputs)
+
+
+def _verify_node(
+    node: Node, names: dict[Value, str], seen_nodes: set[int], defined: set[Value], everywhere: set[Value]
+) -> None:
+    """Step 2, for each node in order: it is listed once, its operands are in scope, its outputs are
+    new and point back to it, its regions verify, its result types follow the op's rule; then its
+    outputs come into scope."""
+    describe = describe_node(node, names)
+    if id(node) in seen_nodes:
+        raise VerifyError(f"{describe} appears twice in the node list")
+    seen_nodes.add(id(node))
+    _verify_operands(node, describe, names, defined, everywhere)
+    _verify_node_outputs(node, describe, everywhere)
+    _verify_regions(node, describe, names, seen_nodes, everywhere)
+    _verify_result_types(node, describe)
+    defined.update(node.outputs)
+    everywhere.update(node.outputs)
+
+
+def _verify_operands(
+    node: Node, describe: str, names: dict[Value, str], defined: set[Value], everywhere: set[Value]
+) -> None:
+    """Every operand is a Value defined earlier in this block; the error says why one is not."""
+    for i, v in enumerate(node.inputs):
+        if not isinstance(v, Value):
+            raise VerifyError(f"{describe}: operand {i} is {type(v).__name__}, not a Value")
+        if v in defined:
+            continue
+        if v in everywhere:
+            why = "is defined outside this region (regions take every value they use as an operand)"
+        elif v in names:
+            why = "is defined later (cycle or misordered nodes)"
+        else:
+            why = "is not defined in this graph"
+        raise VerifyError(f"{describe}: operand {i} (%{names.get(v, '?')}) {why}")
+
+
+def _verify_node_outputs(node: Node, describe: str, everywhere: set[Value]) -> None:
+    """Every output points back to its node and position, and is not defined anywhere else."""
+    for i, out in enumerate(node.outputs):
+        if out.producer is not node or out.index != i:
+            raise VerifyError(f"{describe}: output {i} does not point back to its node")
+        if out in everywhere:
+            raise VerifyError(f"{describe}: output {i} is defined twice")
+
+
+def _verify_regions(
+    node: Node, describe: str, names: dict[Value, str], seen_nodes: set[int], everywhere: set[Value]
+) -> None:
+    """The node has as many regions as its op needs, and each verifies as a block of its own."""
+    if len(node.regions) != node.op.num_regions:
+        raise VerifyError(f"{describe}: {node.op.name} needs {node.op.num_regions} region(s), has {len(node.regions)}")
+    for k, region in enumerate(node.regions):
+        _verify_block(
+            region.inputs, region.nodes, region.outputs, names, f"{describe}, region {k}", seen_nodes, everywhere
+        )
+
+
+def _verify_result_types(node: Node, describe: str) -> None:
+    """The node's attributes are valid and its declared result types are the ones its op's rule gives."""
+    try:
+        expected = node.op.infer_types(tuple(v.type for v in node.inputs), node.attrs, node.regions)
+    except ShapeError as exc:
+        raise VerifyError(f"{describe}: {exc}") from None
+    got = tuple(o.type for o in node.outputs)
+    if expected != got:
+        raise VerifyError(
+            f"{describe}: declared result types {', '.join(map(str, got))} "
+            f"but the op's rule gives {', '.join(map(str, expected))}"
+        )
+
+
+def _verify_block_outputs(outputs: list[Value], where: str, defined: set[Value]) -> None:
+    """Step 3 of a block: everything it returns is defined in it."""
     for i, v in enumerate(outputs):
         if v not in defined:
             raise VerifyError(
@@ -491,7 +535,7 @@ def format_tree(t: TreeDef, leaf, indent: str, width: int = 96) -> str:
             label = f"{format_literal(k)}: " if t.kind == "dict" else ""
             parts.append(f"{inner}{label}{go(c, first, inner)},\n")
             first += c.num_leaves
-        open_, close = {"dict": "{}", "list": "[]", "tuple": "()"}[t.kind]
+        open_, close = {"dict": ("{", "}"), "list": ("[", "]"), "tuple": ("(", ")")}[t.kind]
         return open_ + "\n" + "".join(parts) + ind + close
 
     return go(t, 0, indent)

@@ -164,6 +164,31 @@ def copy_cost(in_types, out_types, **_attrs) -> tuple[float, int]:
     return 0.0, 2 * out
 
 
+DimKey = tuple[int, int]  # (id(value), dim): one dimension of one value inside a region
+
+
+class _DimClasses:
+    """Union-find over the dimensions of a region's values: dims some inner node relates end up in
+    one class, named by its root key."""
+
+    def __init__(self) -> None:
+        self.parent: dict[DimKey, DimKey] = {}
+
+    def find(self, x: DimKey) -> DimKey:
+        """The root of ``x``'s class (``x`` joins as a class of its own when new)."""
+        parent = self.parent
+        while parent.setdefault(x, x) != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    def union(self, a: DimKey, b: DimKey) -> None:
+        """Merge the classes of ``a`` and ``b`` (the root with the smaller repr stays the root)."""
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.parent[max(ra, rb, key=repr)] = min(ra, rb, key=repr)
+
+
 def region_rule(region) -> DimRule | None:
     """The rule of a region (a fused cluster) composed from the rules of its nodes.
 
@@ -171,76 +196,85 @@ def region_rule(region) -> DimRule | None:
     can be split when, at every inner node it touches, it is exactly the set of dims of one
     splittable label of that node's rule, present in all of the node's results, not summed and
     not masked: then each device runs the whole region on its slices. Everything else is None."""
-    parent: dict = {}
-
-    def find(x):
-        while parent.setdefault(x, x) != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
-    def union(a, b):
-        ra, rb = find(a), find(b)
-        if ra != rb:
-            parent[max(ra, rb, key=repr)] = min(ra, rb, key=repr)
-
-    inner = []
-    for node in region.nodes:
-        fn = node.op.dim_rule
-        rule = None
-        if fn is not None and not node.regions:
-            rule = fn(tuple(v.type for v in node.inputs), tuple(o.type for o in node.outputs), **node.attrs)
-        inner.append((node, rule))
-        if rule is None:
-            continue
-        first: dict[str, tuple] = {}
-        for side, i, d, label, _f in rule.occurrences():
-            v = node.inputs[i] if side == "in" else node.outputs[i]
-            key = (id(v), d)
-            find(key)
-            if label in first:
-                union(first[label], key)
-            else:
-                first[label] = key
+    classes = _DimClasses()
+    inner = [(node, _inner_rule(node)) for node in region.nodes]
+    for node, rule in inner:
+        if rule is not None:
+            _unify_labelled_dims(classes, node, rule)
     for v in list(region.inputs) + list(region.outputs):
         for d in range(v.type.ndim):
-            find((id(v), d))
-    bad: set = set()
+            classes.find((id(v), d))
+    bad: set[DimKey] = set()
     for node, rule in inner:
-        values = [(("in", i), v) for i, v in enumerate(node.inputs)] + [
-            (("out", i), v) for i, v in enumerate(node.outputs)
-        ]
-        touched: dict = {}
-        for (side, i), v in values:
-            for d in range(v.type.ndim):
-                touched.setdefault(find((id(v), d)), set()).add((side, i, d))
-        if rule is None:
-            bad.update(touched)
-            continue
-        ok_labels = set(rule.labels()) - set(rule.sums) - set(rule.masked)
-        n_out = len(node.outputs)
-        by_label: dict[str, set] = {}
-        factors: dict[str, set] = {}
-        for side, i, d, label, f in rule.occurrences():
-            by_label.setdefault(label, set()).add((side, i, d))
-            factors.setdefault(label, set()).add(f)
-        for cls, dims in touched.items():
-            fine = False
-            for label, occ in by_label.items():
-                if (
-                    occ == dims
-                    and label in ok_labels
-                    and factors[label] == {1}
-                    and len({i for s, i, _d in occ if s == "out"}) == n_out
-                ):
-                    fine = True
-                    break
-            if not fine:
-                bad.add(cls)
-    names: dict = {}
+        bad.update(_unsplittable_classes(classes, node, rule))
+    return _label_region_dims(classes, bad, region)
 
-    def entry(v, d):
-        cls = find((id(v), d))
+
+def _inner_rule(node) -> DimRule | None:
+    """The dim rule of an inner node, or None when its op has none (or the node has regions)."""
+    fn = node.op.dim_rule
+    if fn is None or node.regions:
+        return None
+    return fn(tuple(v.type for v in node.inputs), tuple(o.type for o in node.outputs), **node.attrs)
+
+
+def _unify_labelled_dims(classes: _DimClasses, node, rule: DimRule) -> None:
+    """Put every dim of the node's operands and results that carries the same label in one class."""
+    first: dict[str, DimKey] = {}
+    for side, i, d, label, _f in rule.occurrences():
+        v = node.inputs[i] if side == "in" else node.outputs[i]
+        key = (id(v), d)
+        classes.find(key)
+        if label in first:
+            classes.union(first[label], key)
+        else:
+            first[label] = key
+
+
+def _touched_dims(classes: _DimClasses, node) -> dict[DimKey, set[tuple[str, int, int]]]:
+    """For each class the node touches, the (side, index, dim) of the node's dims in it."""
+    values = [(("in", i), v) for i, v in enumerate(node.inputs)] + [(("out", i), v) for i, v in enumerate(node.outputs)]
+    touched: dict[DimKey, set[tuple[str, int, int]]] = {}
+    for (side, i), v in values:
+        for d in range(v.type.ndim):
+            touched.setdefault(classes.find((id(v), d)), set()).add((side, i, d))
+    return touched
+
+
+def _splittable_label_dims(node, rule: DimRule) -> list[set[tuple[str, int, int]]]:
+    """The (side, index, dim) sets of the labels the node can be split along: splittable by its
+    rule, not summed, not masked, without block factors, and present in every result."""
+    ok_labels = set(rule.labels()) - set(rule.sums) - set(rule.masked)
+    n_out = len(node.outputs)
+    by_label: dict[str, set[tuple[str, int, int]]] = {}
+    factors: dict[str, set[int]] = {}
+    for side, i, d, label, f in rule.occurrences():
+        by_label.setdefault(label, set()).add((side, i, d))
+        factors.setdefault(label, set()).add(f)
+    return [
+        occ
+        for label, occ in by_label.items()
+        if label in ok_labels and factors[label] == {1} and len({i for s, i, _d in occ if s == "out"}) == n_out
+    ]
+
+
+def _unsplittable_classes(classes: _DimClasses, node, rule: DimRule | None) -> set[DimKey]:
+    """The classes touched by the node that cannot be split at it: all of them when the node has no
+    rule, else those that are not exactly the dims of one of its splittable labels."""
+    touched = _touched_dims(classes, node)
+    if rule is None:
+        return set(touched)
+    splittable = _splittable_label_dims(node, rule)
+    return {cls for cls, dims in touched.items() if dims not in splittable}
+
+
+def _label_region_dims(classes: _DimClasses, bad: set[DimKey], region) -> DimRule:
+    """The region's rule: each splittable class gets a label f0, f1, ... (in order of first use by
+    the region's inputs, then outputs); dims of unsplittable classes get None."""
+    names: dict[DimKey, str] = {}
+
+    def entry(v, d) -> str | None:
+        cls = classes.find((id(v), d))
         if cls in bad:
             return None
         return names.setdefault(cls, f"f{len(names)}")

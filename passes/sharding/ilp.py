@@ -32,13 +32,15 @@ import hashlib
 import re
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from graphc.core.errors import PlanError
+from graphc.core.ir import Value
 from graphc.core.spec import format_spec
 from graphc.core.units import fmt_bytes
-from graphc.passes.sharding.problem import Problem
+from graphc.passes.sharding.problem import Edge, Item, Problem
 
 FOLLOW_KINDS = ("elementwise", "shape", "fused")
 
@@ -81,13 +83,16 @@ def _attr_key(v):
 _INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)")  # list positions in pytree paths: blocks.3.attn
 
 
-def structure_classes(p: Problem, rounds: int = 3) -> list[str]:
-    label = []
-    for it in p.items:
-        strat = _digest(tuple((s.in_specs, s.out_specs) for s in it.strategies))
-        if it.kind == "node":
-            n = it.node
-            base = (
+def _item_label(it: Item) -> str:
+    """The digest of what tells an item apart on its own: a node's op, attributes, types, source
+    line and part, an input's or output's type (and an input's name without list positions),
+    and the strategies and pin of either."""
+    strat = _digest(tuple((s.in_specs, s.out_specs) for s in it.strategies))
+    if it.kind == "node":
+        n = it.node
+        assert n is not None  # a node item holds its node
+        return _digest(
+            (
                 "node",
                 n.op.name,
                 tuple(sorted((k, _attr_key(v)) for k, v in n.attrs.items())),
@@ -98,10 +103,17 @@ def structure_classes(p: Problem, rounds: int = 3) -> list[str]:
                 strat,
                 it.pinned,
             )
-        else:
-            name = _INDEX.sub("#", it.value.name or "") if it.kind == "input" else ""
-            base = (it.kind, str(it.value.type), name, strat, it.pinned)
-        label.append(_digest(base))
+        )
+    v = it.value
+    assert v is not None  # an input or output item holds its value
+    name = _INDEX.sub("#", v.name or "") if it.kind == "input" else ""
+    return _digest((it.kind, str(v.type), name, strat, it.pinned))
+
+
+def structure_classes(p: Problem, rounds: int = 3) -> list[str]:
+    """Every item's class after ``rounds`` of Weisfeiler-Lehman refinement: items with equal
+    labels are indistinguishable (the same layer of a repeated block)."""
+    label = [_item_label(it) for it in p.items]
     ins: list[list] = [[] for _ in p.items]
     outs: list[list] = [[] for _ in p.items]
     for e in p.edges:
@@ -121,85 +133,135 @@ def structure_classes(p: Problem, rounds: int = 3) -> list[str]:
 
 def shrink_groups(p: Problem, tie: bool = True, follow: bool = True) -> tuple[list[Group], list[int]]:
     """Groups of items sharing a strategy variable, and each item's group index."""
-    n = len(p.items)
-    groups: list[Group] = []
-    of: list[int] = [-1] * n
-    if tie:
-        classes: dict[str, list[int]] = {}
-        for i, lab in enumerate(structure_classes(p)):
-            classes.setdefault(lab, []).append(i)
-        for members in classes.values():
-            k = len(p.items[members[0]].strategies)
-            g = Group([(i, np.arange(k)) for i in members], k)
-            for i in members:
-                of[i] = len(groups)
-            groups.append(g)
-    else:
-        for i, it in enumerate(p.items):
-            of[i] = len(groups)
-            groups.append(Group([(i, np.arange(len(it.strategies)))], len(it.strategies)))
-
+    groups, of = _tied_groups(p) if tie else _single_groups(p)
     if follow:
-        in_edges: list[list] = [[] for _ in range(n)]
-        for e in p.edges:
-            in_edges[e.dst].append(e)
-        mapping = {i: m for g in groups for i, m in g.members}
-        for gi in sorted(range(len(groups)), key=lambda g: min(i for i, _ in groups[g].members)):
-            g = groups[gi]
-            if not g.members:
-                continue
-            plans = []
-            target = None
-            for i, _m in g.members:
-                it = p.items[i]
-                if it.kind != "node" or it.pinned or it.node.op.kind not in FOLLOW_KINDS or not in_edges[i]:
-                    plans = None
-                    break
-                cand = [
-                    e
-                    for e in in_edges[i]
-                    if not (p.items[e.src].kind == "node" and p.items[e.src].node.op.name == "constant")
-                ]
-                if not cand:
-                    plans = None
-                    break
-                main = max(cand, key=lambda e: (e.value.type.size, -e.dst_in))
-                tg = of[main.src]
-                if tg == gi or (target is not None and tg != target):
-                    plans = None
-                    break
-                target = tg
-                src_map = mapping[main.src]
-                src_specs = [p.items[main.src].strategies[s].out_specs[main.src_out] for s in src_map]
-                new_map = []
-                for spec in src_specs:
-                    best = None
-                    for s, st in enumerate(it.strategies):
-                        if st.in_specs[main.dst_in] == spec and (
-                            best is None or st.compute_s < it.strategies[best].compute_s
-                        ):
-                            best = s
-                    if best is None:
-                        break
-                    new_map.append(best)
-                if len(new_map) != len(src_specs):
-                    plans = None
-                    break
-                plans.append((i, np.array(new_map, dtype=np.int64)))
-            if not plans:
-                continue
-            tgt = groups[target]
-            for i, m in plans:
-                tgt.members.append((i, m))
-                mapping[i] = m
-                of[i] = target
-            g.members = []
-        # renumber
-        keep = [gi for gi, g in enumerate(groups) if g.members]
-        renum = {gi: k for k, gi in enumerate(keep)}
-        groups = [groups[gi] for gi in keep]
-        of = [renum[g] for g in of]
+        groups, of = _merge_followers(p, groups, of)
     return groups, of
+
+
+def _single_groups(p: Problem) -> tuple[list[Group], list[int]]:
+    """One group per item (no tying)."""
+    groups = [Group([(i, np.arange(len(it.strategies)))], len(it.strategies)) for i, it in enumerate(p.items)]
+    return groups, list(range(len(p.items)))
+
+
+def _tied_groups(p: Problem) -> tuple[list[Group], list[int]]:
+    """One group per structure class (``structure_classes``), its members in item order and
+    mapping the group's strategies to their own one to one."""
+    classes: dict[str, list[int]] = {}
+    for i, lab in enumerate(structure_classes(p)):
+        classes.setdefault(lab, []).append(i)
+    groups: list[Group] = []
+    of: list[int] = [-1] * len(p.items)
+    for members in classes.values():
+        k = len(p.items[members[0]].strategies)
+        for i in members:
+            of[i] = len(groups)
+        groups.append(Group([(i, np.arange(k)) for i in members], k))
+    return groups, of
+
+
+def _merge_followers(p: Problem, groups: list[Group], of: list[int]) -> tuple[list[Group], list[int]]:
+    """Move every group that can follow (``_follow``) into the group it follows, in the order of
+    the groups' first items, then drop the emptied groups."""
+    in_edges: list[list[Edge]] = [[] for _ in p.items]
+    for e in p.edges:
+        in_edges[e.dst].append(e)
+    mapping = {i: m for g in groups for i, m in g.members}  # item -> (its group's strategy -> its own)
+    for gi in sorted(range(len(groups)), key=lambda g: min(i for i, _ in groups[g].members)):
+        g = groups[gi]
+        if not g.members:
+            continue
+        follow = _follow(p, g, gi, of, mapping, in_edges)
+        if follow is None:
+            continue
+        target, maps = follow
+        for i, m in maps:
+            groups[target].members.append((i, m))
+            mapping[i] = m
+            of[i] = target
+        g.members = []
+    return _renumber(groups, of)
+
+
+def _follow(
+    p: Problem,
+    g: Group,
+    gi: int,
+    of: list[int],
+    mapping: dict[int, np.ndarray],
+    in_edges: list[list[Edge]],
+) -> tuple[int, list[tuple[int, np.ndarray]]] | None:
+    """The group that group ``gi`` follows and each member's map from that group's strategies to
+    its own, or None: every member must follow (``_followed_operand``) a value produced by one
+    and the same other group, and read it as produced under each of that group's strategies."""
+    target: int | None = None
+    maps: list[tuple[int, np.ndarray]] = []
+    for i, _m in g.members:
+        main = _followed_operand(p, i, in_edges[i])
+        if main is None:
+            return None
+        tg = of[main.src]
+        if tg == gi or (target is not None and tg != target):
+            return None
+        target = tg
+        m = _follow_map(p, main, mapping[main.src])
+        if m is None:
+            return None
+        maps.append((i, m))
+    if target is None:
+        return None
+    return target, maps
+
+
+def _followed_operand(p: Problem, i: int, in_edges: list[Edge]) -> Edge | None:
+    """The edge item ``i`` would follow: the largest non-constant operand (the first of equal
+    size) of an unpinned elementwise / shape / fused node; None for any other item."""
+    it = p.items[i]
+    if it.kind != "node" or it.node is None or it.pinned or it.node.op.kind not in FOLLOW_KINDS or not in_edges:
+        return None
+    cand = [e for e in in_edges if not _is_constant(p.items[e.src])]
+    if not cand:
+        return None
+    return max(cand, key=lambda e: (e.value.type.size, -e.dst_in))
+
+
+def _is_constant(it: Item) -> bool:
+    """A constant node (never followed: the 0 of a relu says nothing about the placement)."""
+    return it.kind == "node" and it.node is not None and it.node.op.name == "constant"
+
+
+def _follow_map(p: Problem, main: Edge, src_map: np.ndarray) -> np.ndarray | None:
+    """For each strategy of the producer's group: the consumer's cheapest strategy (the first of
+    equal cost) that reads ``main`` in the spec the producer leaves it in; None if some producer
+    strategy has no such consumer strategy."""
+    producer = p.items[main.src]
+    consumer = p.items[main.dst]
+    new_map = []
+    for s in src_map:
+        spec = producer.strategies[s].out_specs[main.src_out]
+        best = _cheapest_reading(consumer, main.dst_in, spec)
+        if best is None:
+            return None
+        new_map.append(best)
+    return np.array(new_map, dtype=np.int64)
+
+
+def _cheapest_reading(it: Item, k: int, spec: tuple) -> int | None:
+    """The index of the item's cheapest strategy (the first of equal cost) whose operand ``k`` has
+    spec ``spec``, or None."""
+    best: int | None = None
+    for s, st in enumerate(it.strategies):
+        if st.in_specs[k] == spec and (best is None or st.compute_s < it.strategies[best].compute_s):
+            best = s
+    return best
+
+
+def _renumber(groups: list[Group], of: list[int]) -> tuple[list[Group], list[int]]:
+    """Drop the empty groups; renumber the others (and every item's group index) in order."""
+    keep = [gi for gi, g in enumerate(groups) if g.members]
+    renum = {gi: k for k, gi in enumerate(keep)}
+    return [groups[gi] for gi in keep], [renum[g] for g in of]
 
 
 # --- ILP -----------------------------------------------------------------------------------------
@@ -306,7 +368,20 @@ def solve(
 
 
 class _Model:
-    def __init__(self, p, groups, of, vec, pair, maps, solver_name, time_limit_s):
+    """The ILP of the module doc on an OR-Tools solver; ``run`` solves it as it stands,
+    ``add_memory_point`` adds a lazy memory constraint."""
+
+    def __init__(
+        self,
+        p: Problem,
+        groups: list[Group],
+        of: list[int],
+        vec: list[np.ndarray],
+        pair: dict[tuple[int, int], np.ndarray],
+        maps: dict[int, np.ndarray],
+        solver_name: str,
+        time_limit_s: float,
+    ) -> None:
         from ortools.linear_solver import pywraplp
 
         self.pywraplp = pywraplp
@@ -316,24 +391,33 @@ class _Model:
             raise PlanError(f"OR-Tools solver {solver_name} is not available")
         solver.SetTimeLimit(int(time_limit_s * 1000))
         self.solver = solver
-        self.x: list[list] = []
-        for gi, g in enumerate(groups):
-            if g.size == 1:
-                self.x.append([1.0])
-                continue
-            xs = [solver.BoolVar(f"x{gi}_{s}") for s in range(g.size)]
-            solver.Add(solver.Sum(xs) == 1)
-            self.x.append(xs)
+        self.x = _choice_vars(solver, groups)
+        self.scale = 1e6  # microseconds keep the coefficients well scaled
         obj = solver.Objective()
-        self.constant = 0.0
-        scale = 1e6  # microseconds keep the coefficients well scaled
+        self.constant = self._add_group_costs(obj, vec)
+        self._add_pair_costs(obj, pair)
+        self._add_ties()
+        obj.SetMinimization()
+        self.last_status: str | None = None
+        self._live: list[tuple[Value, int, int, int]] | None = None
+
+    def _add_group_costs(self, obj, vec: list[np.ndarray]) -> float:
+        """Each group's cost vector on its ``x``; returns the cost of the single-strategy groups
+        (a constant of the objective)."""
+        constant = 0.0
         for gi, v in enumerate(vec):
-            if groups[gi].size == 1:
-                self.constant += float(v[0])
+            if self.groups[gi].size == 1:
+                constant += float(v[0])
                 continue
             for s, c in enumerate(v):
                 if c:
-                    obj.SetCoefficient(self.x[gi][s], float(c) * scale)
+                    obj.SetCoefficient(self.x[gi][s], float(c) * self.scale)
+        return constant
+
+    def _add_pair_costs(self, obj, pair: dict[tuple[int, int], np.ndarray]) -> None:
+        """Per pair of groups joined by edges: ``y[s, t]``, the linearization of
+        ``x[gu, s] * x[gv, t]``, and the pair's edge costs on it."""
+        solver = self.solver
         for (gu, gv), m in sorted(pair.items()):
             ku, kv = m.shape
             y = [[solver.NumVar(0.0, 1.0, f"y{gu}_{gv}_{s}_{t}") for t in range(kv)] for s in range(ku)]
@@ -344,8 +428,12 @@ class _Model:
             for s in range(ku):
                 for t in range(kv):
                     if m[s, t]:
-                        obj.SetCoefficient(y[s][t], float(m[s, t]) * scale)
-        for a, b in p.ties:  # tied input/output items: equal strategy index (= equal spec)
+                        obj.SetCoefficient(y[s][t], float(m[s, t]) * self.scale)
+
+    def _add_ties(self) -> None:
+        """Tied input/output items: equal strategy index (= equal spec)."""
+        p, groups, of, maps = self.p, self.groups, self.of, self.maps
+        for a, b in p.ties:
             ga, gb = of[a], of[b]
             for k in range(len(p.items[a].strategies)):
                 lhs = [self.x[ga][s] for s in range(groups[ga].size) if maps[a][s] == k]
@@ -353,11 +441,7 @@ class _Model:
                 diff = sum(lhs, 0) - sum(rhs, 0)
                 if isinstance(diff, (int, float)):
                     continue  # both sides fixed (single-strategy groups aligned by _tie)
-                solver.Add(diff == 0)
-        obj.SetMinimization()
-        self.scale = scale
-        self.last_status = None
-        self._live = None
+                self.solver.Add(diff == 0)
 
     def memory_expr(self, at: int):
         """(constant bytes, {(group, s): bytes}) live at program point ``at``."""
@@ -411,6 +495,20 @@ class _Model:
         return Solution(choice, obj, self.last_status, bound, gap, 0.0)
 
 
+def _choice_vars(solver, groups: list[Group]) -> list[list[Any]]:
+    """Per group, the one-hot binaries ``x[g, s]`` (with "sum over s = 1"); a single-strategy
+    group's one choice is the constant 1.0."""
+    x: list[list[Any]] = []
+    for gi, g in enumerate(groups):
+        if g.size == 1:
+            x.append([1.0])
+            continue
+        xs = [solver.BoolVar(f"x{gi}_{s}") for s in range(g.size)]
+        solver.Add(solver.Sum(xs) == 1)
+        x.append(xs)
+    return x
+
+
 def min_memory(p: Problem, groups, of, maps, solver_name: str, time_limit_s: float) -> int:
     """The smallest per-device peak over all plans (lazy program points, as in ``solve``)."""
     from ortools.linear_solver import pywraplp
@@ -419,14 +517,7 @@ def min_memory(p: Problem, groups, of, maps, solver_name: str, time_limit_s: flo
     solver.SetTimeLimit(int(time_limit_s * 1000))
     dummy = _Model.__new__(_Model)
     dummy.p, dummy.groups, dummy.of, dummy.maps, dummy._live = p, groups, of, maps, None
-    x = []
-    for gi, g in enumerate(groups):
-        if g.size == 1:
-            x.append([1.0])
-            continue
-        xs = [solver.BoolVar(f"x{gi}_{s}") for s in range(g.size)]
-        solver.Add(solver.Sum(xs) == 1)
-        x.append(xs)
+    x = _choice_vars(solver, groups)
     peak_var = solver.NumVar(0.0, solver.infinity(), "peak")
     solver.Minimize(peak_var)
     choice = [0] * len(p.items)
@@ -456,9 +547,9 @@ def exhaustive(p: Problem, memory_limit: int | None = None) -> tuple[float, list
     """Best assignment by enumerating every combination (tests; small problems only)."""
     import itertools
 
-    best = None
-    for choice in itertools.product(*(range(len(it.strategies)) for it in p.items)):
-        choice = list(choice)
+    best: tuple[float, list[int]] | None = None
+    for combo in itertools.product(*(range(len(it.strategies)) for it in p.items)):
+        choice = list(combo)
         if memory_limit is not None and p.peak_memory(choice)[0] > memory_limit:
             continue
         t = p.evaluate(choice)["total_s"]

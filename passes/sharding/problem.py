@@ -22,8 +22,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from graphc.core.errors import PlanError
-from graphc.core.ir import Graph, Value
+from graphc.core.ir import Graph, Node, TensorType, Value
+from graphc.core.mesh import Mesh
 from graphc.core.spec import SpecError, format_spec, local_shape, parse_spec
+from graphc.ops.dims import DimRule
 from graphc.passes.sharding.redistribute import redistribution_time
 from graphc.passes.sharding.strategies import Strategy, block_sets, get_rule, node_strategies, tensor_specs
 
@@ -33,7 +35,7 @@ class Item:
     kind: str  # "input", "node", "output"
     index: int  # graph input / node / output position
     strategies: list[Strategy]
-    node: object = None
+    node: Node | None = None  # nodes
     value: Value | None = None  # inputs and outputs
     pinned: str | None = None  # why the strategies were restricted (a user pin)
     warning: str | None = None
@@ -51,7 +53,7 @@ class Edge:
 @dataclass
 class Problem:
     graph: Graph
-    mesh: object
+    mesh: Mesh
     items: list[Item]
     edges: list[Edge]
     order: list[int] = field(default_factory=list)  # item indices in program order
@@ -113,8 +115,10 @@ class Problem:
         out = []
         for i, item in enumerate(self.items):
             if item.kind == "input":
+                assert item.value is not None  # an input item holds its graph input
                 out.append((item.value, i, 0, end))
             elif item.kind == "node":
+                assert item.node is not None  # a node item holds its node
                 for o in item.node.outputs:
                     out.append((o, i, pos[i], last.get(o, pos[i])))
         outputs = {id(it.value) for it in self.items if it.kind == "output"}
@@ -143,10 +147,11 @@ class Problem:
         return (int(prof[at]) if len(prof) else 0), at
 
 
-def _unique(specs):
-    index: dict = {}
-    uniq = []
-    idx = []
+def _unique(specs: list[tuple]) -> tuple[list[tuple], np.ndarray]:
+    """The distinct specs in first-seen order, and the position of every spec among them."""
+    index: dict[tuple, int] = {}
+    uniq: list[tuple] = []
+    idx: list[int] = []
     for s in specs:
         if s not in index:
             index[s] = len(uniq)
@@ -169,81 +174,113 @@ def build_problem(
     in_pins = in_pins or {}
     out_pins = out_pins or {}
     ties = ties or []
-    mesh_shape = tuple(mesh.shape)
-    rules: dict = {}
-    rule_errors: dict = {}
+    rules, rule_errors = _node_rules(graph)
+    b = _ProblemBuilder(graph, mesh, block_sets(graph, rules))
+    b.add_inputs(in_pins, {i: o for i, o in ties})
+    b.add_nodes(rules, rule_errors, linear_partials)
+    b.add_outputs(out_pins, {o: i for i, o in ties})
+    return Problem(graph, mesh, b.items, b.edges, _program_order(b.items), b.warnings)
+
+
+def _node_rules(graph: Graph) -> tuple[dict[Node, DimRule | None], dict[Node, str]]:
+    """Every node's dimension rule, and why for the nodes whose rule failed: a broken rule
+    replicates its op (rule None) instead of stopping the compile."""
+    rules: dict[Node, DimRule | None] = {}
+    rule_errors: dict[Node, str] = {}
     for node in graph.nodes:
         try:
             rules[node] = get_rule(node)
-        except Exception as exc:  # a broken rule replicates its op instead of stopping the compile
+        except Exception as exc:
             rules[node] = None
             rule_errors[node] = f"{type(exc).__name__}: {exc}"
-    sets = block_sets(graph, rules)
-    names = graph.value_names()
-    items: list[Item] = []
-    edges: list[Edge] = []
-    producer: dict[Value, tuple[int, int]] = {}
-    warnings: list[str] = []
+    return rules, rule_errors
 
-    tied_out = {o: i for i, o in ties}
-    tied_in = {i: o for i, o in ties}
 
-    def merged_sets(v: Value, other: Value | None):
-        base = [set(s) for s in sets.get(v, [{1} for _ in v.type.shape])]
-        if other is not None:
-            for d, s in enumerate(sets.get(other, [])):
-                base[d] |= s
-        return base
-
-    for k, v in enumerate(graph.inputs):
-        other = graph.outputs[tied_in[k]] if k in tied_in else None
-        specs = tensor_specs(v.type, mesh_shape, merged_sets(v, other))
-        item = Item("input", k, [Strategy(format_spec(s), (), (s,)) for s in specs], value=v)
-        if k in in_pins:
-            _pin(item, in_pins[k], f"input %{names[v]}", PlanError)
-        producer[v] = (len(items), 0)
-        items.append(item)
-
-    strategy_cache: dict = {}
-    for n_i, node in enumerate(graph.nodes):
-        rule = rules[node]
-        key = _node_key(node, sets)
-        strategies = strategy_cache.get(key) if key is not None else None
-        if strategies is None:
-            strategies = node_strategies(node, rule, mesh, sets, linear_partials)
-            if key is not None:
-                strategy_cache[key] = strategies
-        strategies = list(strategies)
-        item = Item("node", n_i, strategies, node=node)
-        if rule is None and any(d > 1 for d in mesh_shape):
-            why = f"its sharding rule failed ({rule_errors[node]})" if node in rule_errors else "has no sharding rule"
-            item.warning = f"{node.op.name} {why}: replicated"
-            warnings.append(f"{node.loc or '?'}: {item.warning}")
-        if node.op.name == "sharding":
-            _pin(item, node.attrs["spec"], f"graphc.shard at {node.loc or '?'}", PlanError, node=True)
-        idx = len(items)
-        items.append(item)
-        for j, v in enumerate(node.inputs):
-            src, out = producer[v]
-            edges.append(Edge(src, out, idx, j, v))
-        for o in node.outputs:
-            producer[o] = (idx, o.index)
-
-    for k, v in enumerate(graph.outputs):
-        other = graph.inputs[tied_out[k]] if k in tied_out else None
-        specs = tensor_specs(v.type, mesh_shape, merged_sets(v, other))
-        item = Item("output", k, [Strategy(format_spec(s), (s,), ()) for s in specs], value=v)
-        if k in out_pins:
-            _pin(item, out_pins[k], f"output {k}", PlanError)
-        idx = len(items)
-        items.append(item)
-        src, out = producer[v]
-        edges.append(Edge(src, out, idx, 0, v))
-
+def _program_order(items: list[Item]) -> list[int]:
+    """Item indices in program order: the graph inputs, the nodes, then the graph outputs."""
     order = [i for i, it in enumerate(items) if it.kind == "input"]
     order += [i for i, it in enumerate(items) if it.kind == "node"]
     order += [i for i, it in enumerate(items) if it.kind == "output"]
-    return Problem(graph, mesh, items, edges, order, warnings)
+    return order
+
+
+@dataclass
+class _ProblemBuilder:
+    """The items, edges and warnings of a problem as ``build_problem`` adds them, and the item
+    (and result index) that produces every value added so far."""
+
+    graph: Graph
+    mesh: Mesh
+    sets: dict[Value, list[set[int]]]  # block counts per value dim (strategies.block_sets)
+    items: list[Item] = field(default_factory=list)
+    edges: list[Edge] = field(default_factory=list)
+    producer: dict[Value, tuple[int, int]] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    def tensor_specs(self, v: Value, other: Value | None) -> list[tuple]:
+        """The specs of a graph input / output; a tied pair's block counts are merged, so both
+        get the same candidates."""
+        blocks = [set(s) for s in self.sets.get(v, [{1} for _ in v.type.shape])]
+        if other is not None:
+            for d, s in enumerate(self.sets.get(other, [])):
+                blocks[d] |= s
+        return tensor_specs(v.type, tuple(self.mesh.shape), blocks)
+
+    def add_inputs(self, in_pins: dict[int, tuple], tied_in: dict[int, int]) -> None:
+        """One item per graph input: a strategy per spec it may arrive in."""
+        names = self.graph.value_names()
+        for k, v in enumerate(self.graph.inputs):
+            other = self.graph.outputs[tied_in[k]] if k in tied_in else None
+            specs = self.tensor_specs(v, other)
+            item = Item("input", k, [Strategy(format_spec(s), (), (s,)) for s in specs], value=v)
+            if k in in_pins:
+                _pin(item, in_pins[k], f"input %{names[v]}", PlanError)
+            self.producer[v] = (len(self.items), 0)
+            self.items.append(item)
+
+    def add_nodes(self, rules: dict[Node, DimRule | None], rule_errors: dict[Node, str], linear_partials: bool) -> None:
+        """One item per node, with an edge from the producer of each of its operands. Nodes with
+        equal keys (repeated layers) share the strategies computed for the first of them."""
+        mesh_shape = tuple(self.mesh.shape)
+        strategy_cache: dict = {}
+        for n_i, node in enumerate(self.graph.nodes):
+            rule = rules[node]
+            key = _node_key(node, self.sets)
+            strategies = strategy_cache.get(key) if key is not None else None
+            if strategies is None:
+                strategies = node_strategies(node, rule, self.mesh, self.sets, linear_partials)
+                if key is not None:
+                    strategy_cache[key] = strategies
+            item = Item("node", n_i, list(strategies), node=node)
+            if rule is None and any(d > 1 for d in mesh_shape):
+                why = (
+                    f"its sharding rule failed ({rule_errors[node]})" if node in rule_errors else "has no sharding rule"
+                )
+                item.warning = f"{node.op.name} {why}: replicated"
+                self.warnings.append(f"{node.loc or '?'}: {item.warning}")
+            if node.op.name == "sharding":
+                _pin(item, node.attrs["spec"], f"graphc.shard at {node.loc or '?'}", PlanError, node=True)
+            idx = len(self.items)
+            self.items.append(item)
+            for j, v in enumerate(node.inputs):
+                src, out = self.producer[v]
+                self.edges.append(Edge(src, out, idx, j, v))
+            for o in node.outputs:
+                self.producer[o] = (idx, o.index)
+
+    def add_outputs(self, out_pins: dict[int, tuple], tied_out: dict[int, int]) -> None:
+        """One item per graph output (a strategy per spec it may be returned in), with an edge
+        from its producer."""
+        for k, v in enumerate(self.graph.outputs):
+            other = self.graph.inputs[tied_out[k]] if k in tied_out else None
+            specs = self.tensor_specs(v, other)
+            item = Item("output", k, [Strategy(format_spec(s), (s,), ()) for s in specs], value=v)
+            if k in out_pins:
+                _pin(item, out_pins[k], f"output {k}", PlanError)
+            idx = len(self.items)
+            self.items.append(item)
+            src, out = self.producer[v]
+            self.edges.append(Edge(src, out, idx, 0, v))
 
 
 def _node_key(node, sets):
@@ -274,13 +311,20 @@ def _pin(item: Item, spec, what: str, error, node: bool = False) -> None:
     else:
         keep = [s for s in item.strategies if s.in_specs[0] == want]
     if not keep:
-        t = item.value.type if item.value is not None else item.node.outputs[0].type
         raise error(
-            f"{what}: pinned spec {format_spec(want)} is not a valid even placement of {t} on this mesh "
+            f"{what}: pinned spec {format_spec(want)} is not a valid even placement of {_item_type(item)} on this mesh "
             f"(choices: {', '.join(s.name if not node else format_spec(s.out_specs[0]) for s in item.strategies[:12])})"
         )
     item.strategies = keep
     item.pinned = format_spec(want)
+
+
+def _item_type(item: Item) -> TensorType:
+    """The type of an input or output item's value, or of a node item's first result."""
+    if item.value is not None:
+        return item.value.type
+    assert item.node is not None  # an item without a value is a node
+    return item.node.outputs[0].type
 
 
 def apply_ties(problem: Problem, ties) -> None:
@@ -314,8 +358,10 @@ def pin_nodes(problem: Problem, pins: dict) -> None:
             except SpecError:
                 keep = []
         if not keep:
+            node = it.node
+            assert node is not None  # a node item holds its node
             raise PlanError(
-                f"plan pins node {idx} ({it.node.op.name} at {it.node.loc or '?'}) to {want!r}, which is not "
+                f"plan pins node {idx} ({node.op.name} at {node.loc or '?'}) to {want!r}, which is not "
                 f"one of its strategies: {', '.join(s.name for s in it.strategies)}"
             )
         it.strategies = keep[:1]

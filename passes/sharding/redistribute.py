@@ -109,50 +109,82 @@ def _mesh_key(mesh):
 
 @lru_cache(maxsize=1 << 16)
 def _plan_steps(shape, itemsize, src, dst, mesh_key) -> tuple[Step, ...]:
-    mesh_shape, links, overhead, mem_bw = mesh_key
-    cur = list(src)
-    steps: list[Step] = []
+    """The steps from ``src`` to ``dst``, in the order of the module doc: partial sums, re-splits,
+    gathers, then local slices and zeroing."""
+    steps = _Steps(shape, itemsize, mesh_key, src)
+    steps.reduce_partials(dst)
+    steps.resplit(dst)
+    steps.gather(dst)
+    steps.slice_and_zero(src, dst)
+    assert tuple(steps.cur) == dst, (src, dst, steps.cur)
+    return tuple(steps.steps)
 
-    def nbytes(spec) -> int:
-        n = itemsize
-        for d in local_shape(shape, spec, mesh_shape):
+
+class _Steps:
+    """The steps planned so far and the spec they leave the tensor in (``cur``)."""
+
+    def __init__(self, shape, itemsize: int, mesh_key, src) -> None:
+        self.shape = shape
+        self.itemsize = itemsize
+        self.mesh_shape, self.links, self.overhead, self.mem_bw = mesh_key
+        self.axes = range(len(self.mesh_shape))
+        self.cur: list[Placement] = list(src)
+        self.steps: list[Step] = []
+
+    def nbytes(self, spec) -> int:
+        """Bytes each device holds of the tensor placed by ``spec``."""
+        n = self.itemsize
+        for d in local_shape(self.shape, spec, self.mesh_shape):
             n *= d
         return n
 
-    def emit(kind: str, axis: int, new: Placement) -> None:
-        before = tuple(cur)
-        cur[axis] = new
-        after = tuple(cur)
-        b = nbytes(after) if kind in ("all_gather", "slice") else nbytes(before)
-        lat, bw = links[axis]
-        steps.append(
-            Step(kind, axis, before, after, b, step_time(kind, mesh_shape[axis], b, lat, bw, overhead, mem_bw))
-        )
+    def emit(self, kind: str, axis: int, new: Placement) -> None:
+        """Append the step that places the tensor by ``new`` along ``axis``, with its cost."""
+        before = tuple(self.cur)
+        self.cur[axis] = new
+        after = tuple(self.cur)
+        b = self.nbytes(after) if kind in ("all_gather", "slice") else self.nbytes(before)
+        lat, bw = self.links[axis]
+        t = step_time(kind, self.mesh_shape[axis], b, lat, bw, self.overhead, self.mem_bw)
+        self.steps.append(Step(kind, axis, before, after, b, t))
 
-    axes = range(len(mesh_shape))
-    for a in axes:  # 1. partial sums
-        if cur[a].kind == "P" and dst[a].kind != "P":
+    def reduce_partials(self, dst) -> None:
+        """1. Partial sums: reduce_scatter straight into the target split when no other axis splits
+        that dim, else all_reduce."""
+        for a in self.axes:
+            if self.cur[a].kind != "P" or dst[a].kind == "P":
+                continue
             t = dst[a]
-            if t.is_split and not _split_elsewhere(cur, t.dim, a):
-                emit("reduce_scatter", a, t)
+            if t.is_split and not _split_elsewhere(self.cur, t.dim, a):
+                self.emit("reduce_scatter", a, t)
             else:
-                emit("all_reduce", a, R)
-    for a in axes:  # 2. re-splits
-        if cur[a].is_split and dst[a].is_split and cur[a] != dst[a]:
-            if not _split_elsewhere(cur, dst[a].dim, a):
-                emit("all_to_all", a, dst[a])
+                self.emit("all_reduce", a, R)
+
+    def resplit(self, dst) -> None:
+        """2. Re-splits: all_to_all from one split to another, or all_gather (slice later) when the
+        new dim is split over another axis."""
+        for a in self.axes:
+            if not (self.cur[a].is_split and dst[a].is_split and self.cur[a] != dst[a]):
+                continue
+            if not _split_elsewhere(self.cur, dst[a].dim, a):
+                self.emit("all_to_all", a, dst[a])
             else:
-                emit("all_gather", a, R)
-    for a in axes:  # 3. gathers
-        if cur[a].is_split and not dst[a].is_split:
-            emit("all_gather", a, R)
-    for a in axes:  # 4. local slices / zeroing
-        if cur[a] != dst[a]:
+                self.emit("all_gather", a, R)
+
+    def gather(self, dst) -> None:
+        """3. Gathers: an axis split now but not in the target."""
+        for a in self.axes:
+            if self.cur[a].is_split and not dst[a].is_split:
+                self.emit("all_gather", a, R)
+
+    def slice_and_zero(self, src, dst) -> None:
+        """4. Local steps on what is left (replicated axes): slice to a split, zero to a partial."""
+        for a in self.axes:
+            if self.cur[a] == dst[a]:
+                continue
             if dst[a].is_split:
-                emit("slice", a, dst[a])
+                self.emit("slice", a, dst[a])
             elif dst[a].kind == "P":
-                emit("zero", a, P)
+                self.emit("zero", a, P)
             else:  # pragma: no cover - every transition to R was handled above
-                raise AssertionError(f"redistribution {format_spec(src)} -> {format_spec(dst)} stuck at {cur}")
-    assert tuple(cur) == dst, (src, dst, cur)
-    return tuple(steps)
+                raise AssertionError(f"redistribution {format_spec(src)} -> {format_spec(dst)} stuck at {self.cur}")

@@ -21,7 +21,7 @@ import numpy as np
 
 from graphc.core.ir import Graph, TensorType, Value, walk
 from graphc.core.spec import P, Placement, R, S, format_spec
-from graphc.ops.dims import DimRule, default_cost
+from graphc.ops.dims import DimRule, default_cost, linear_operands
 
 MAX_BLOCKS = 16
 
@@ -169,8 +169,6 @@ def node_strategies(
 
 
 def _linear_partials(node, mesh, profile) -> list[Strategy]:
-    from graphc.ops.dims import linear_operands
-
     if len(mesh.shape) != 1 or node.regions:
         return []
     full = full_time(node, profile)
@@ -181,80 +179,105 @@ def _linear_partials(node, mesh, profile) -> list[Strategy]:
     return out
 
 
+_Occurrences = dict[str, list[tuple[str, int, int, int]]]  # label -> (side, operand / result, dim, factor)
+_Choice = tuple[str, int] | None  # per mesh axis: nothing, or (label, base block count)
+
+
 def _rule_strategies(node, rule: DimRule, mesh, sets: dict[Value, list[set[int]]]) -> list[Strategy]:
+    """One strategy per distinct placement the rule allows: every combination of a choice per
+    mesh axis (nothing, or a label with a block count) that splits evenly and uses no label twice."""
     mesh_shape = tuple(mesh.shape)
     profile = mesh.profile
-    n_out = len(node.outputs)
-    labels = rule.labels()
-    occ: dict[str, list[tuple[str, int, int, int]]] = {lab: [] for lab in labels}
-    for side, i, d, label, f in rule.occurrences():
-        if label in occ:
-            occ[label].append((side, i, d, f))
-
-    def value(side, i):
-        return node.inputs[i] if side == "in" else node.outputs[i]
-
-    # per label: the base block counts some occurrence can carry
-    choices: list[tuple[str, int] | None] = [None]
-    for lab in labels:
-        places = occ[lab]
-        outs_with = {i for side, i, _d, _f in places if side == "out"}
-        if lab not in rule.sums and len(outs_with) != n_out:
-            continue  # a label some result lacks cannot be split (that result would be incomplete)
-        base = set()
-        for side, i, d, f in places:
-            base |= {b // f for b in sets.get(value(side, i), [{1}] * 64)[d] if b % f == 0}
-        for b in sorted(base or {1}):
-            choices.append((lab, b))
-
+    occ = _label_occurrences(rule)
+    choices = _label_choices(node, rule, occ, sets)
     full = full_time(node, profile)
-    strategies = []
-    seen = set()
+    strategies: list[Strategy] = []
+    seen: set[tuple[tuple, tuple]] = set()
     for combo in itertools.product(choices, repeat=len(mesh_shape)):
         used = [c[0] for c in combo if c is not None]
         if len(used) != len(set(used)):
             continue
-        ok = True
-        in_specs = [[R] * len(mesh_shape) for _ in node.inputs]
-        out_specs = [[R] * len(mesh_shape) for _ in node.outputs]
-        divided = 1
-        for a, c in enumerate(combo):
-            if c is None:
-                continue
-            n = mesh_shape[a]
-            if n == 1:
-                ok = False
-                break
-            lab, b = c
-            for side, i, d, f in occ[lab]:
-                if value(side, i).type.shape[d] % (b * f * n):
-                    ok = False
-                    break
-                (in_specs if side == "in" else out_specs)[i][a] = S(d, b * f)
-            if not ok:
-                break
-            if lab in rule.sums:
-                for i in range(n_out):
-                    out_specs[i][a] = P
-                for i in rule.partial_inputs:
-                    in_specs[i][a] = P
-            divided *= n
-        if not ok:
+        placed = _combo_specs(node, rule, occ, combo, mesh_shape)
+        if placed is None:
             continue
-        key = (tuple(map(tuple, in_specs)), tuple(map(tuple, out_specs)))
+        key, divided = placed
         if key in seen:
             continue
         seen.add(key)
-        name = (
-            " ".join(
-                f"{c[0]}{'/' + str(c[1]) if c[1] > 1 else ''}@{mesh.axis_names[a]}"
-                for a, c in enumerate(combo)
-                if c is not None
-            )
-            or "replicate"
-        )
+        name = _strategy_name(combo, mesh.axis_names)
         strategies.append(Strategy(name, key[0], key[1], full / divided, divided))
     return strategies or [replicated(node, mesh_shape, profile)]
+
+
+def _label_occurrences(rule: DimRule) -> _Occurrences:
+    """Where each label of the rule occurs: (side, operand or result index, dim, block factor)."""
+    occ: _Occurrences = {lab: [] for lab in rule.labels()}
+    for side, i, d, label, f in rule.occurrences():
+        if label in occ:
+            occ[label].append((side, i, d, f))
+    return occ
+
+
+def _operand(node, side: str, i: int) -> Value:
+    """Operand ``i`` (side "in") or result ``i`` (side "out") of ``node``."""
+    return node.inputs[i] if side == "in" else node.outputs[i]
+
+
+def _label_choices(node, rule: DimRule, occ: _Occurrences, sets: dict[Value, list[set[int]]]) -> list[_Choice]:
+    """What one mesh axis may do: nothing (None), or split a label in one of the base block counts
+    some occurrence of it can carry. A label some result lacks cannot be split (that result would
+    be incomplete) unless the rule sums over it."""
+    n_out = len(node.outputs)
+    choices: list[_Choice] = [None]
+    for lab, places in occ.items():
+        outs_with = {i for side, i, _d, _f in places if side == "out"}
+        if lab not in rule.sums and len(outs_with) != n_out:
+            continue
+        base = set()
+        for side, i, d, f in places:
+            base |= {b // f for b in sets.get(_operand(node, side, i), [{1}] * 64)[d] if b % f == 0}
+        for b in sorted(base or {1}):
+            choices.append((lab, b))
+    return choices
+
+
+def _combo_specs(
+    node, rule: DimRule, occ: _Occurrences, combo: tuple[_Choice, ...], mesh_shape: tuple[int, ...]
+) -> tuple[tuple[tuple, tuple], int] | None:
+    """((operand specs, result specs), pieces the work is divided into) of one choice per mesh
+    axis, or None when an axis of size 1 is used or some split is uneven. A summed label leaves
+    the results (and the rule's partial inputs) partial along its axis."""
+    in_specs = [[R] * len(mesh_shape) for _ in node.inputs]
+    out_specs = [[R] * len(mesh_shape) for _ in node.outputs]
+    divided = 1
+    for a, c in enumerate(combo):
+        if c is None:
+            continue
+        n = mesh_shape[a]
+        if n == 1:
+            return None
+        lab, b = c
+        for side, i, d, f in occ[lab]:
+            if _operand(node, side, i).type.shape[d] % (b * f * n):
+                return None
+            (in_specs if side == "in" else out_specs)[i][a] = S(d, b * f)
+        if lab in rule.sums:
+            for i in range(len(node.outputs)):
+                out_specs[i][a] = P
+            for i in rule.partial_inputs:
+                in_specs[i][a] = P
+        divided *= n
+    return (tuple(map(tuple, in_specs)), tuple(map(tuple, out_specs))), divided
+
+
+def _strategy_name(combo: tuple[_Choice, ...], axis_names) -> str:
+    """``label[/blocks]@axis`` per used axis, or "replicate"."""
+    return (
+        " ".join(
+            f"{c[0]}{'/' + str(c[1]) if c[1] > 1 else ''}@{axis_names[a]}" for a, c in enumerate(combo) if c is not None
+        )
+        or "replicate"
+    )
 
 
 def rules_of(graph: Graph) -> dict:
