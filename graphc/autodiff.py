@@ -22,7 +22,7 @@ Only floating-point values are differentiable; integer and bool inputs get no gr
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -66,7 +66,7 @@ class RuleContext:
         return outs[0] if len(outs) == 1 else outs
 
     def zeros(self, like: Tracer | Value) -> Tracer:
-        return np.broadcast_to(lift(np.zeros((), like.dtype)), like.shape)
+        return cast(Tracer, np.broadcast_to(lift(np.zeros((), like.dtype)), like.shape))
 
     def instantiate(self, t: Tracer | None, like: Tracer) -> Tracer:
         """Materialize a symbolic zero (None) as zeros shaped like ``like``."""
@@ -83,14 +83,16 @@ class RuleContext:
 
     def broadcast_to_output(self, t: Tracer | None) -> Tracer | None:
         (y,) = self.outputs
-        return t if t is None or t.shape == y.shape else np.broadcast_to(t, y.shape)
+        return t if t is None or t.shape == y.shape else cast(Tracer, np.broadcast_to(t, y.shape))
 
     def constant(self, value: np.ndarray) -> Tracer:
         return lift(value)
 
     def inline(self, region: Region, args: Sequence[Tracer]) -> list[Tracer]:
         # into the trace running now: a branch being traced is a child of the node's trace
-        return emit_block(current_context(), region.inputs, region.nodes, region.outputs, list(args))
+        ctx = current_context()
+        assert ctx is not None  # rules run inside a trace
+        return emit_block(ctx, region.inputs, region.nodes, region.outputs, list(args))
 
     def vjp(self, fn: Callable, *primals: Any) -> tuple[Any, Callable]:
         return vjp(fn, *primals)
@@ -149,9 +151,14 @@ def backward(
 
 
 def forward(
-    ctx: TraceContext, nodes: list[Node], wrt: list[Value], tangents: list[Tracer | None], outputs: list[Value]
+    ctx: TraceContext,
+    nodes: list[Node],
+    wrt: list[Value],
+    tangents: list[Tracer | None],
+    outputs: list[Value | None],
 ) -> list[Tracer | None]:
-    """Forward-mode sweep over ``nodes``: the tangents of ``outputs`` given those of ``wrt``."""
+    """Forward-mode sweep over ``nodes``: the tangents of ``outputs`` given those of ``wrt`` (None
+    for an output that is not a traced value: it has no tangent)."""
     tans: dict[Value, Tracer] = {v: t for v, t in zip(wrt, tangents) if t is not None and differentiable(v)}
     for node in nodes:
         ts = [tans.get(v) for v in node.inputs]
@@ -167,7 +174,7 @@ def forward(
                 if t.shape != v.shape or t.dtype != v.dtype:
                     raise AssertionError(f"jvp of {node.op.name} gave {t.dtype}{t.shape} for {v.type}")
                 tans[v] = t
-    return [tans.get(v) for v in outputs]
+    return [None if v is None else tans.get(v) for v in outputs]
 
 
 # --- helpers for the public API ---------------------------------------------------------------------
@@ -249,7 +256,7 @@ class _Recorded:
             self.ctx, self.nodes, [w for w in wrt if w is not None], [o._value for o in self.out_leaves], cts
         )
         it = iter(grads)
-        leaves = []
+        leaves: list[Any] = []
         for w in wrt:
             if w is None or not differentiable(w):  # static or integer/bool leaf: no gradient
                 leaves.append(None)

@@ -10,12 +10,12 @@ from typing import Any
 
 import numpy as np
 
-from graphc.core.errors import EvaluationError
+from graphc.core.errors import EvaluationError, note_where
 from graphc.core.ir import Graph, Region, Value
 from graphc.core.pytree import ArraySpec, flatten_as, unflatten
 
 
-def bind_arguments(graph: Graph, args: tuple, kwargs: dict, keep: type | tuple[type, ...] = ()) -> list[np.ndarray]:
+def bind_arguments(graph: Graph, args: tuple, kwargs: dict, keep: type | tuple[type, ...] = ()) -> list[Any]:
     """Flatten call arguments against the graph's signature, checking structure, shapes and dtypes.
     Leaves of the ``keep`` types (ShardedArrays that stay on their devices) are checked by their
     shape and dtype and passed through without being converted to arrays."""
@@ -23,11 +23,11 @@ def bind_arguments(graph: Graph, args: tuple, kwargs: dict, keep: type | tuple[t
         leaves = flatten_as((tuple(args), dict(kwargs)), graph.in_tree, path="arguments")
     except ValueError as exc:
         raise EvaluationError(f"graph @{graph.name}: {exc}") from None
-    arrays = []
+    arrays: list[Any] = []
     for leaf, value in zip(leaves, graph.inputs):
         if isinstance(leaf, ArraySpec) and not hasattr(leaf, "__array__"):  # a ShardedArray has data
             raise EvaluationError(f"graph @{graph.name}: input %{value.name} is an ArraySpec; evaluation needs data")
-        arr = leaf if keep and isinstance(leaf, keep) else np.asarray(leaf)
+        arr: Any = leaf if keep and isinstance(leaf, keep) else np.asarray(leaf)
         if tuple(arr.shape) != value.type.shape or np.dtype(arr.dtype) != value.type.dtype:
             raise EvaluationError(
                 f"graph @{graph.name}: input %{value.name} expects {value.type}, "
@@ -63,8 +63,7 @@ def run_flat(graph: Graph | Region, arrays: list[np.ndarray]) -> list[np.ndarray
             else:
                 results = node.op.evaluate(*operands, **node.attrs)
         except Exception as exc:
-            if not any("graphc: in" in n for n in getattr(exc, "__notes__", [])):
-                exc.add_note(f"graphc: in {node.op.name} at {node.loc}" if node.loc else f"graphc: in {node.op.name}")
+            note_where(exc, node.op.name, node.loc)
             raise
         for value, result in zip(node.outputs, results):
             if result.shape != value.type.shape or result.dtype != value.type.dtype:

@@ -196,7 +196,7 @@ class _Builder:
         raise _error_at(t, f"{t.data} is not allowed as an attribute value")
 
     def array(self, t: Tree) -> np.ndarray:
-        ty, body = t.children
+        ty, body = _children(t)
         tt = self.type(ty)
         if body.data == "literal" and body.children[0].type == "STRING":
             body = body.children[0]
@@ -225,7 +225,7 @@ class _Builder:
         raise _error_at(t, "array literal elements must be numbers or nested lists")
 
     def type(self, t: Tree) -> TensorType:
-        name, *dims = t.children
+        name, *dims = _children(t)
         if str(name) not in dtypes.BY_SHORT_NAME:
             raise _error_at(name, f"unknown dtype {str(name)!r} (expected one of {', '.join(dtypes.BY_SHORT_NAME)})")
         return TensorType(tuple(int(d) for d in dims if d is not None), dtypes.BY_SHORT_NAME[str(name)])
@@ -255,7 +255,7 @@ class _Builder:
             args = [c for c in t.children if isinstance(c, Tree) and c.data == "region_arg"]
             inputs = []
             for a in args:
-                tok, ty = a.children
+                tok, ty = _children(a)
                 v = Value(self.type(ty), None, 0, None)
                 self.define(tok, v)
                 inputs.append(v)
@@ -278,9 +278,10 @@ class _Builder:
         op = REGISTRY.get(str(opname))
         if op is None:
             raise _error_at(opname, f"unknown op {str(opname)!r}")
-        inputs, attrs = [], {}
+        inputs: list[Value] = []
+        attrs: dict[str, Any] = {}
         for operand in operands:
-            first = operand.children[0]
+            first = _children(operand)[0]
             if first.type == "VALUE":
                 if attrs:
                     raise _error_at(first, "operands must come before attributes")
@@ -303,7 +304,7 @@ class _Builder:
             )
         loc = None
         if loc_tree is not None:
-            file_tok, line_tok = loc_tree.children
+            file_tok, line_tok = _children(loc_tree)
             loc = SourceLoc(json.loads(str(file_tok)), int(line_tok))
         part = None
         if part_tree is not None:
@@ -314,6 +315,11 @@ class _Builder:
         for tok, out in zip(results, node.outputs):
             self.define(tok, out)
         return node
+
+
+def _children(t: Tree) -> list[Any]:
+    """A parse tree node's children: sub-trees and tokens, as the grammar says which is where."""
+    return list(t.children)
 
 
 def _end_position(text: str) -> tuple[int, int]:
@@ -333,7 +339,8 @@ def parse(text: str) -> Graph:
             raise ParseError(f"unexpected end of input; expected {expected}", line, column) from None
         raise ParseError(f"unexpected {str(exc.token)!r}; expected {expected}", exc.line, exc.column) from None
     except UnexpectedCharacters as exc:
-        raise ParseError(f"unexpected character {text[exc.pos_in_stream]!r}", exc.line, exc.column) from None
+        where = exc.pos_in_stream if exc.pos_in_stream is not None else len(text) - 1
+        raise ParseError(f"unexpected character {text[where]!r}", exc.line, exc.column) from None
     except UnexpectedEOF as exc:
         line, column = _end_position(text)
         raise ParseError(

@@ -173,6 +173,7 @@ def _emit_fused(rw: Rewriter, c: Cluster, nodes: list[Node], users: dict[Value, 
             return local[v]
         if _is_scalar_constant(v):  # scalar constants become literals of the kernel
             const = v.producer
+            assert const is not None
             copy = Node(const.op, [], const.attrs, [v.type], const.loc, const.part)
             body.append(copy)
             local[v] = copy.outputs[0]

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from graphc.core.errors import GraphcError
+from graphc.core.errors import GraphcError, SourceLoc
 from graphc.core.ir import Graph, Node, TensorType, Value, clone_region
 from graphc.core.pytree import LEAF, TreeDef
 from graphc.core.spec import local_shape
@@ -46,15 +46,19 @@ class _Emitter:
         self.inputs: list[Value] = []
         self.local: dict[tuple[Value, tuple], Value] = {}  # (global value, spec) -> local value
         self.spec: dict[Value, tuple] = {}  # global value -> spec of its produced piece
-        self.loc = None
-        self.part = None
+        self.loc: SourceLoc | None = None  # of the node being lowered: every op emitted for it keeps it
+        self.part: str | None = None
 
-    def emit(self, opname: str, *inputs: Value, **attrs) -> Value | tuple[Value, ...]:
+    def emit_multi(self, opname: str, *inputs: Value, **attrs) -> tuple[Value, ...]:
         op = get_op(opname)
         types = op.infer_types(tuple(v.type for v in inputs), attrs)
         node = Node(op, inputs, attrs, types, self.loc, self.part)
         self.nodes.append(node)
-        return node.outputs[0] if len(node.outputs) == 1 else node.outputs
+        return node.outputs
+
+    def emit(self, opname: str, *inputs: Value, **attrs) -> Value:
+        (out,) = self.emit_multi(opname, *inputs, **attrs)
+        return out
 
     def constant(self, value: np.ndarray) -> Value:
         return self.emit("constant", value=np.asarray(value))
@@ -121,9 +125,7 @@ class _Emitter:
         elif name in ("gather", "scatter_add") and self._masked_split(node, st):
             outs = (self._masked(node, st, ins),)
         else:
-            attrs = local_attrs(node, st, self.mesh_shape, self.coord)
-            out = self.emit(name, *ins, **attrs)
-            outs = out if isinstance(out, tuple) else (out,)
+            outs = self.emit_multi(name, *ins, **local_attrs(node, st, self.mesh_shape, self.coord))
         for o, lo, s in zip(node.outputs, outs, st.out_specs):
             want = TensorType(local_shape(o.type.shape, s, self.mesh_shape), o.type.dtype)
             if lo.type != want:  # pragma: no cover - a rule/lowering mismatch
@@ -132,6 +134,7 @@ class _Emitter:
 
     def _masked_split(self, node: Node, st: Strategy) -> bool:
         rule = get_rule(node)
+        assert rule is not None  # gather and scatter_add have rules
         axis = node.attrs["axis"]
         k = len(node.inputs) - (2 if node.op.name == "scatter_add" else 1)
         return any(
@@ -141,11 +144,12 @@ class _Emitter:
 
     def _masked(self, node: Node, st: Strategy, ins: list[Value]) -> Value:
         rule = get_rule(node)
+        assert rule is not None
         axis = node.attrs["axis"]
         scatter = node.op.name == "scatter_add"
         k = len(node.inputs) - (2 if scatter else 1)
         idx = list(ins[1 : 1 + k])
-        owned = None
+        owned: Value | None = None
         for j in range(k):
             if rule.inputs[0][axis + j] not in rule.masked:
                 continue
@@ -158,6 +162,7 @@ class _Emitter:
             mine = self.emit("compare", local, self.constant(np.int64(0)), direction="ge")
             idx[j] = self.emit("where", mine, local, self.constant(np.int64(0)))
             owned = mine if owned is None else self.emit("logical_and", owned, mine)
+        assert owned is not None  # _masked_split found a masked index
         bshape = np.broadcast_shapes(*(v.type.shape for v in idx))
         if owned.type.shape != bshape:
             owned = self.emit("broadcast_to", owned, shape=bshape)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from graphc.core.errors import GraphcError, VerifyError
+from graphc.core.files import atomic_write
 from graphc.core.ir import Graph
 from graphc.passes.cse import cse
 from graphc.passes.dce import dce
@@ -94,8 +95,6 @@ def run_pipeline(
 
 
 def _dump(folder: str, index: int, name: str, graph: Graph) -> None:
-    from graphc.core.files import atomic_write
-
     atomic_write(os.path.join(folder, f"{index:02d}-{name}.gir"), str(graph))
 
 

@@ -18,6 +18,7 @@ the step, or summed at a meeting point; ``sends`` says which devices need them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from graphc.core.errors import PlanError
 from graphc.core.ir import Graph, Node, Value
@@ -107,9 +108,10 @@ def lower_pipeline(graph: Graph, plan: PipelinePlan, mb: Microbatched | None = N
     )
 
 
-def _device_programs(mb: Microbatched, plan: PipelinePlan) -> list[list[tuple]]:
-    """[micro-batch][sub-mesh device] -> (graph, origin, in_specs, out_specs)."""
-    out = []
+def _device_programs(mb: Microbatched, plan: PipelinePlan) -> list[list[tuple[Graph, Any, Any, Any]]]:
+    """[micro-batch][sub-mesh device] -> (graph, origin, in_specs, out_specs); the specs are None
+    when every stage is one device."""
+    out: list[list[tuple[Graph, Any, Any, Any]]] = []
     for p in mb.program.devices:
         if plan.sub_plan is None:
             g = p.graph

@@ -19,7 +19,8 @@ from graphc.core.ir import Graph
 from graphc.core.mesh import Mesh, load_profile
 from graphc.passes.microbatch import batch_inputs
 from graphc.passes.partition import PlanOptions, plan_sharding, state_ties
-from graphc.passes.pipeline import plan_pipeline
+from graphc.passes.pipeline import PipelinePlan, plan_pipeline
+from graphc.passes.sharding.plan import ShardingPlan
 
 AXES = ("pp", "dp", "tp")
 
@@ -34,11 +35,17 @@ class Candidate:
     memory_bytes: int | None = None  # the largest device's predicted peak
     error: str | None = None
     seconds: float = 0.0  # planning time
-    plan: object = field(default=None, repr=False)
+    plan: ShardingPlan | PipelinePlan | None = field(default=None, repr=False)
 
     @property
     def ok(self) -> bool:
         return self.error is None
+
+    @property
+    def step_s(self) -> float:
+        """The predicted step of a feasible candidate."""
+        assert self.predicted_s is not None, "no plan"
+        return self.predicted_s
 
     def describe(self) -> str:
         mesh = ",".join(f"{a}={n}" for a, n in self.axes.items()) or "1 device"
@@ -48,8 +55,8 @@ class Candidate:
         extra = f", bubble {self.bubble:.0%}" if self.bubble is not None else ""
         comm = f", communication {self.comm_s * 1e3:.3f} ms" if self.comm_s is not None else ""
         return (
-            f"{mesh}{mb}: predicted step {self.predicted_s * 1e3:.3f} ms{comm}{extra}, "
-            f"peak memory {self.memory_bytes / 2**20:.2f} MiB per device"
+            f"{mesh}{mb}: predicted step {self.step_s * 1e3:.3f} ms{comm}{extra}, "
+            f"peak memory {(self.memory_bytes or 0) / 2**20:.2f} MiB per device"
         )
 
     def to_json(self) -> dict:
@@ -119,44 +126,56 @@ def search_meshes(
             continue
         seen.add(key)
         S = shape.get("pp", 1)
+        ms: list[int] = [1]
         if S > 1:
-            ms = microbatches or tuple(sorted({1, S, 2 * S, 4 * S}))
-            ms = [m for m in ms if batch is None or batch % m == 0]
-        else:
-            ms = [1]
+            ms = [m for m in microbatches or sorted({1, S, 2 * S, 4 * S}) if batch is None or batch % m == 0]
         for m in ms:
             cand = Candidate(dict(shape), m)
             start = time.perf_counter()
             try:
+                mesh = Mesh(shape or {"dp": 1}, links=mesh_links or None, profile=profile)
                 if S == 1:  # no pipeline (an empty shape: one device)
-                    mesh = Mesh(shape or {"dp": 1}, links=mesh_links or None, profile=profile)
-                    plan = plan_sharding(
-                        graph,
-                        mesh,
-                        ties=ties,
-                        options=PlanOptions(memory_limit=memory_limit, time_limit_s=time_limit_s),
+                    _plan_flat(
+                        cand, graph, mesh, ties, PlanOptions(memory_limit=memory_limit, time_limit_s=time_limit_s)
                     )
-                    cand.predicted_s, cand.comm_s = plan.cost.total_s, plan.cost.comm_s
-                    cand.memory_bytes = max(plan.memory.peak_bytes)
                 else:
-                    mesh = Mesh(shape, links=mesh_links or None, profile=profile)
-                    plan = plan_pipeline(graph, mesh, m, schedule, memory_limit, ties=ties, time_limit_s=time_limit_s)
-                    cand.predicted_s = plan.predicted["step_s"]
-                    cand.bubble = plan.predicted["bubble"]
-                    cand.memory_bytes = max(plan.memory_bytes)
-                    if plan.sub_plan is not None:
-                        cand.comm_s = plan.sub_plan.cost.comm_s
-                    if memory_limit is not None and cand.memory_bytes > memory_limit:
-                        raise PlanError(f"stage memory {cand.memory_bytes:,} B over the limit")
-                cand.plan = plan
+                    _plan_pipelined(cand, graph, mesh, m, schedule, memory_limit, ties, time_limit_s)
             except PlanError as exc:
                 cand.error = str(exc).splitlines()[0]
             cand.seconds = time.perf_counter() - start
             out.append(cand)
             if progress is not None:
                 progress(cand)
-    out.sort(key=lambda c: (not c.ok, c.predicted_s if c.ok else 0.0))
+    out.sort(key=lambda c: (not c.ok, c.step_s if c.ok else 0.0))
     return out
+
+
+def _plan_flat(cand: Candidate, graph: Graph, mesh: Mesh, ties, options: PlanOptions) -> None:
+    plan = plan_sharding(graph, mesh, ties=ties, options=options)
+    cand.predicted_s, cand.comm_s = plan.cost.total_s, plan.cost.comm_s
+    cand.memory_bytes = max(plan.memory.peak_bytes)
+    cand.plan = plan
+
+
+def _plan_pipelined(
+    cand: Candidate,
+    graph: Graph,
+    mesh: Mesh,
+    m: int,
+    schedule: str,
+    memory_limit: int | None,
+    ties,
+    time_limit_s: float,
+) -> None:
+    plan = plan_pipeline(graph, mesh, m, schedule, memory_limit, ties=ties, time_limit_s=time_limit_s)
+    cand.predicted_s = plan.predicted["step_s"]
+    cand.bubble = plan.predicted["bubble"]
+    cand.memory_bytes = max(plan.memory_bytes)
+    if plan.sub_plan is not None:
+        cand.comm_s = plan.sub_plan.cost.comm_s
+    if memory_limit is not None and cand.memory_bytes > memory_limit:
+        raise PlanError(f"stage memory {cand.memory_bytes:,} B over the limit")
+    cand.plan = plan
 
 
 def explain(cands: list[Candidate], shown: int = 6) -> str:
@@ -171,7 +190,7 @@ def explain(cands: list[Candidate], shown: int = 6) -> str:
     lines.append(f"chose {best.describe()}")
     lines.append("why: " + _why(best, ok))
     for c in ok[1:shown]:
-        lines.append(f"  runner-up {c.describe()} ({c.predicted_s / best.predicted_s:.2f}x the chosen step)")
+        lines.append(f"  runner-up {c.describe()} ({c.step_s / best.step_s:.2f}x the chosen step)")
     bad = [c for c in cands if not c.ok]
     for c in bad[:shown]:
         lines.append(f"  rejected {c.describe()}")
@@ -188,13 +207,13 @@ def _why(best: Candidate, ok: list[Candidate]) -> str:
         if piped:
             parts.append(
                 f"the best plan without a pipeline ({other.describe().split(':')[0]}) is "
-                f"{other.predicted_s / best.predicted_s:.2f}x slower"
+                f"{other.step_s / best.step_s:.2f}x slower"
                 + (f", {other.comm_s * 1e3:.3f} ms of it communication" if other.comm_s else "")
             )
         else:
             parts.append(
-                f"the best pipeline ({other.describe().split(':')[0]}) is {other.predicted_s / best.predicted_s:.2f}x "
-                f"slower, {other.bubble:.0%} of it bubble"
+                f"the best pipeline ({other.describe().split(':')[0]}) is {other.step_s / best.step_s:.2f}x "
+                f"slower, {other.bubble or 0.0:.0%} of it bubble"
             )
     return "; ".join(parts)
 

@@ -38,6 +38,7 @@ import abc
 import collections
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -342,7 +343,7 @@ class ThreadComm(Communicator):
         self.log: list[dict] = []
         # where results are allocated: the executor plugs in its buffer pool, so a collective's
         # result reuses a dead buffer instead of paying page faults for a fresh one
-        self.alloc = np.empty
+        self.alloc: Callable[[tuple[int, ...], np.dtype], np.ndarray] = np.empty
         self._seq: dict[tuple[int, ...], int] = {}
         self._ranks: dict[tuple[int, ...], int] = {}
 
@@ -374,7 +375,9 @@ class ThreadComm(Communicator):
         return rank == root
 
     def _aborted(self, what: str) -> CommAborted:
-        device, exc = self.world.failed
+        failed = self.world.failed
+        assert failed is not None  # called once the world has failed
+        device, exc = failed
         return CommAborted(
             f"device {device} failed ({type(exc).__name__}: {exc}); device {self.device} abandoned {what}"
         )

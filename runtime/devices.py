@@ -21,8 +21,9 @@ from typing import Any
 import numpy as np
 
 from graphc.core.errors import GraphcError
+from graphc.core.mesh import Mesh
 from graphc.core.pytree import ArraySpec
-from graphc.core.spec import format_spec, shard, unshard
+from graphc.core.spec import Spec, format_spec, shard, unshard
 from graphc.programs import ParallelProgram
 from graphc.runtime.comm import CommAborted, ThreadWorld
 from graphc.runtime.executor import Executable
@@ -78,7 +79,7 @@ class ParallelExecutable:
         outs = self.run_sharded(self.shard(arrays), profile)
         shape = tuple(self.mesh.shape)
         devices = self.program.devices
-        result = []
+        result: list[np.ndarray | ShardedArray] = []
         for k, (t, spec) in enumerate(zip(self.program.out_types, self.program.out_specs)):
             by_device = {p.device: outs[p.device][k] for p in devices}
             if k in keep_sharded:
@@ -164,7 +165,11 @@ class ShardedArray(ArraySpec):
     training loop does not gather and re-split its parameters every step. Passing it back with the
     same spec uses the pieces as they are; ``np.asarray`` gathers it into one array."""
 
-    def __init__(self, pieces: dict[int, np.ndarray], spec: tuple, mesh, shape: tuple[int, ...], dtype):
+    pieces: dict[int, np.ndarray]  # device -> its piece
+    spec: Spec
+    mesh: Mesh
+
+    def __init__(self, pieces: dict[int, np.ndarray], spec: Spec, mesh: Mesh, shape: tuple[int, ...], dtype):
         super().__init__(shape, dtype)
         object.__setattr__(self, "pieces", pieces)
         object.__setattr__(self, "spec", tuple(spec))

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from graphc.core.errors import GraphcError, note_where
 from graphc.core.ir import Graph, Node, Value
 
 
@@ -50,7 +51,7 @@ class BufferPool:
         if not isinstance(arr, np.ndarray) or arr.base is not None:
             return
         ref = self._owned.get(id(arr))
-        if ref is None or ref() is not arr:
+        if ref is None or id(ref()) != id(arr):  # not ours (an id alone may belong to a newer array)
             return
         if sys.getrefcount(arr) > 3:  # the caller's reference, this argument, getrefcount's own
             return
@@ -84,7 +85,8 @@ class Program:
         self.n_inputs = len(inputs)
         self.constants: list[tuple[int, np.ndarray]] = []
         self.nodes: list[Node] = []  # the node of each step (for error messages)
-        steps = []
+        # one step per node: (function, operand slots, result slots, slots freed after it)
+        steps: list[tuple[Callable, list[int], list[int], list[int]]] = []
         for node in nodes:
             if node.op.name == "constant":
                 slot[node.outputs[0]] = len(slot)
@@ -93,7 +95,7 @@ class Program:
             fn = self._make_step(node, stats)
             for o in node.outputs:
                 slot[o] = len(slot)
-            steps.append([fn, [slot[v] for v in node.inputs], [slot[o] for o in node.outputs], []])
+            steps.append((fn, [slot[v] for v in node.inputs], [slot[o] for o in node.outputs], []))
             self.nodes.append(node)
         self.n_slots = len(slot)
         self.out_slots = [slot[v] for v in outputs]
@@ -105,11 +107,13 @@ class Program:
         for s, k in last.items():
             if s not in keep and s >= self.n_inputs:
                 steps[k][3].append(s)
-        self.steps = [tuple(s) for s in steps]
+        self.steps = steps
 
     def _make_step(self, node: Node, stats: dict[str, Any]) -> Callable:
         name = node.op.name
         if name == "fused":
+            # numba loads here, when a graph first has a fused kernel: plain graphs and the reference
+            # paths never pay its import (about 0.35 s)
             from graphc.runtime.codegen import CompiledKernel
 
             start = time.perf_counter()
@@ -151,7 +155,7 @@ class Program:
                 results = fn(*[env[i] for i in ins])
             except Exception as exc:
                 node = self.nodes[k]
-                exc.add_note(f"graphc: in {node.op.name} at {node.loc}" if node.loc else f"graphc: in {node.op.name}")
+                note_where(exc, node.op.name, node.loc)
                 raise
             if type(results) is not tuple and type(results) is not list:
                 results = (results,)
@@ -184,7 +188,7 @@ class Program:
             try:
                 results = fn(*[env[i] for i in ins])
             except Exception as exc:
-                exc.add_note(f"graphc: in {node.op.name} at {node.loc}" if node.loc else f"graphc: in {node.op.name}")
+                note_where(exc, node.op.name, node.loc)
                 raise
             end = clock()
             if type(results) is not tuple and type(results) is not list:
@@ -218,10 +222,8 @@ COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
 def _collective_step(node: Node, comm) -> Callable:
     """A collective of a device program, performed by the device's communicator."""
     if comm is None:
-        from graphc.core.errors import GraphcError
-
         raise GraphcError(
-            f"{node.op.name} at {node.loc} needs a communicator: run device programs with runtime/parallel.py"
+            f"{node.op.name} at {node.loc} needs a communicator: run device programs with runtime/devices.py"
         )
     a = node.attrs
     group = a["group"]

@@ -25,7 +25,7 @@ def lowered(fn, args, kwargs, axes):
     mesh = Mesh(axes, profile=PROFILE)
     pf = graphc.parallelize(fn, mesh=mesh, cache=False, static_argnames=_static_names(kwargs))
     plan, graph = pf.plan_and_graph(*args, **kwargs)
-    dyn_args, dyn_kwargs, _ = pf._split_static(args, kwargs)
+    dyn_args, dyn_kwargs, _ = pf.split_static(args, kwargs)
     return graph, plan, lower(graph, plan), bind_arguments(graph, dyn_args, dyn_kwargs)
 
 

@@ -60,7 +60,7 @@ def unfused_executable(fn, args, kwargs, axes, timeout_s=30.0):
     pf = graphc.parallelize(fn, mesh=_mesh(axes), cache=False, static_argnames=_static_names(kwargs))
     plan, graph = pf.plan_and_graph(*args, **kwargs)
     exe = ParallelExecutable(compile_devices(lower(graph, plan), ("cse", "dce")), timeout_s=timeout_s)
-    dyn_args, dyn_kwargs, _ = pf._split_static(args, kwargs)
+    dyn_args, dyn_kwargs, _ = pf.split_static(args, kwargs)
     return exe, bind_arguments(graph, dyn_args, dyn_kwargs), graph
 
 

@@ -86,28 +86,30 @@ def _hashable(v: Any, name: str) -> Any:
     return v
 
 
-class Jitted:
-    def __init__(self, fn: Callable, static_argnames: tuple[str, ...] = (), passes: tuple[str, ...] | None = None):
-        self.fn = fn
-        self.static_argnames = tuple(static_argnames)
-        self.passes = passes
-        self._cache: dict[Any, Compiled] = {}
-        self._lock = threading.Lock()
-        functools.update_wrapper(self, fn)
-        try:
-            self._signature = inspect.signature(fn)
-        except (TypeError, ValueError):
-            self._signature = None
+class StaticArgs:
+    """How calls of ``fn`` split into dynamic arguments (traced: arrays and their containers) and
+    the static ones named in ``static_argnames`` (baked into the graph), and the cache key of a
+    call: its pytree structure, shapes, dtypes and static values."""
 
-    def _split_static(self, args: tuple, kwargs: dict) -> tuple[tuple, dict, dict]:
-        if not self.static_argnames:
+    def __init__(self, fn: Callable, static_argnames: tuple[str, ...] = ()):
+        self.fn = fn
+        self.names = tuple(static_argnames)
+        self.signature: inspect.Signature | None
+        try:
+            self.signature = inspect.signature(fn)
+        except (TypeError, ValueError):
+            self.signature = None
+
+    def split(self, args: tuple, kwargs: dict) -> tuple[tuple, dict, dict]:
+        """(dynamic args, dynamic kwargs, {static name: value})."""
+        if not self.names:
             return args, kwargs, {}
-        if self._signature is None:
+        if self.signature is None:
             raise GraphcError("static_argnames needs a function with an inspectable signature")
-        bound = self._signature.bind(*args, **kwargs)
+        bound = self.signature.bind(*args, **kwargs)
         static = {}
-        for name in self.static_argnames:
-            if name not in self._signature.parameters:
+        for name in self.names:
+            if name not in self.signature.parameters:
                 raise GraphcError(f"static_argnames: {self.fn.__name__} has no parameter {name!r}")
             if name in bound.arguments:
                 value = bound.arguments.pop(name)
@@ -115,17 +117,40 @@ class Jitted:
                 static[name] = _hashable(value, name)
         return tuple(bound.args), dict(bound.kwargs), static
 
-    def _key(self, args: tuple, kwargs: dict, static: dict) -> Any:
+    def key(self, args: tuple, kwargs: dict, static: dict) -> Any:
         leaves, treedef = flatten((args, kwargs))
         shapes = tuple((np.shape(x), np.result_type(x).str) for x in leaves)
         return (_structure_key(treedef), shapes, tuple(sorted((k, _static_key(v)) for k, v in static.items())))
 
+    def bind(self, static: dict) -> Callable:
+        """``fn`` with the static values bound (it keeps ``fn``'s name and source for tracing)."""
+        if not static:
+            return self.fn
+        fn = functools.partial(self.fn, **static)
+        functools.update_wrapper(fn, self.fn)
+        return fn
+
+
+class Jitted:
+    def __init__(self, fn: Callable, static_argnames: tuple[str, ...] = (), passes: tuple[str, ...] | None = None):
+        self.fn = fn
+        self.static = StaticArgs(fn, static_argnames)
+        self.static_argnames = self.static.names
+        self.passes = passes
+        self._cache: dict[Any, Compiled] = {}
+        self._lock = threading.Lock()
+        functools.update_wrapper(self, fn)
+
+    def split_static(self, args: tuple, kwargs: dict) -> tuple[tuple, dict, dict]:
+        """(dynamic args, dynamic kwargs, static values) of a call."""
+        return self.static.split(args, kwargs)
+
     def compile(self, *args: Any, **kwargs: Any) -> Compiled:
         """The compiled specialization for these arguments (traced and built on first use)."""
-        return self._compile(*self._split_static(args, kwargs))
+        return self._compile(*self.split_static(args, kwargs))
 
     def _compile(self, args: tuple, kwargs: dict, static: dict) -> Compiled:
-        key = self._key(args, kwargs, static)
+        key = self.static.key(args, kwargs, static)
         hit = self._cache.get(key)
         if hit is not None:
             return hit
@@ -133,9 +158,7 @@ class Jitted:
             hit = self._cache.get(key)
             if hit is not None:
                 return hit
-            fn = functools.partial(self.fn, **static) if static else self.fn
-            if static:
-                functools.update_wrapper(fn, self.fn)
+            fn = self.static.bind(static)
             seconds: dict[str, float] = {}
             start = time.perf_counter()
             traced = trace(fn, *args, **kwargs)
@@ -143,14 +166,14 @@ class Jitted:
             start = time.perf_counter()
             optimized = optimize(traced, self.passes)
             seconds["optimize_s"] = time.perf_counter() - start
-            compiled = Compiled(traced, optimized, seconds, self._split_static)
+            compiled = Compiled(traced, optimized, seconds, self.split_static)
             self._cache[key] = compiled
             return compiled
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if current_context() is not None:  # called inside a trace (grad of a jitted function...): inline
             return self.fn(*args, **kwargs)
-        args, kwargs, static = self._split_static(args, kwargs)  # once per call
+        args, kwargs, static = self.split_static(args, kwargs)  # once per call
         return self._compile(args, kwargs, static).run(args, kwargs)
 
 

@@ -25,11 +25,12 @@ graph's hash, the mesh and the options: re-planning an unchanged model only re-t
 from __future__ import annotations
 
 import functools
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from graphc.api.jit import Jitted
+from graphc.api.jit import Jitted, StaticArgs
 from graphc.core.errors import GraphcError, PlanError
 from graphc.core.files import cache_dir
 from graphc.core.ir import Graph
@@ -107,7 +108,7 @@ def _expand_specs(specs, tree: TreeDef, first: int, what: str) -> dict[int, Spec
     return out
 
 
-class Parallelized(Jitted):
+class Parallelized:
     """The object ``graphc.parallelize`` returns."""
 
     def __init__(
@@ -126,7 +127,11 @@ class Parallelized(Jitted):
         microbatches: int = 1,
         schedule: str = "1f1b",
     ):
-        super().__init__(fn, tuple(static_argnames))  # a 1-device mesh runs like graphc.jit (fusion included)
+        self.fn = fn
+        self.static = StaticArgs(fn, tuple(static_argnames))
+        self._one_device = Jitted(fn, tuple(static_argnames))  # a 1-device mesh runs like graphc.jit
+        self._lock = threading.Lock()
+        functools.update_wrapper(self, fn)
         self.mesh = as_mesh(mesh)
         self.memory_limit = parse_bytes(memory_limit)
         self.in_specs = in_specs
@@ -138,8 +143,12 @@ class Parallelized(Jitted):
         self.microbatches = microbatches  # a mesh with a "pp" axis runs a pipeline of this many micro-batches
         self.schedule = schedule
         self.followed: tuple[dict, dict, dict] | None = None  # the pins of a plan file being followed
-        self._plans: dict[Any, ShardingPlan | PipelinePlan] = {}
+        self._plans: dict[Any, ShardingPlan] = {}
         self._compiled: dict[Any, ParallelCompiled | PipelineCompiled] = {}
+
+    def split_static(self, args: tuple, kwargs: dict) -> tuple[tuple, dict, dict]:
+        """(dynamic args, dynamic kwargs, static values) of a call."""
+        return self.static.split(args, kwargs)
 
     @property
     def pipelined(self) -> bool:
@@ -149,10 +158,8 @@ class Parallelized(Jitted):
     # --- the steps ---------------------------------------------------------------------------
     def trace_optimized(self, *args, **kwargs) -> tuple[Graph, Graph, dict[str, float]]:
         """(traced graph, the graph the planner partitions, seconds) for these arguments."""
-        args, kwargs, static = self._split_static(args, kwargs)
-        fn = functools.partial(self.fn, **static) if static else self.fn
-        if static:
-            functools.update_wrapper(fn, self.fn)
+        args, kwargs, static = self.split_static(args, kwargs)
+        fn = self.static.bind(static)
         t0 = time.perf_counter()
         traced = trace(fn, *args, **kwargs)
         t1 = time.perf_counter()
@@ -210,7 +217,7 @@ class Parallelized(Jitted):
         traced, graph, seconds = self.trace_optimized(*args, **kwargs)
         t0 = time.perf_counter()
         if self.pipelined:
-            plan = plan_pipeline(
+            pplan = plan_pipeline(
                 graph,
                 self.mesh,
                 self.microbatches,
@@ -218,7 +225,7 @@ class Parallelized(Jitted):
                 self.memory_limit,
                 time_limit_s=self.options.time_limit_s,
             )
-            return plan.with_timing(**seconds, plan_s=time.perf_counter() - t0), graph
+            return pplan.with_timing(**seconds, plan_s=time.perf_counter() - t0), graph
         pins, ties = self.pins(graph), state_ties(graph)
         key = self.cache.key(graph_hash(graph), self.mesh, pins, ties, self.options) if self.cache else None
         plan = self._plans.get(key) if key else None
@@ -241,8 +248,8 @@ class Parallelized(Jitted):
     def compile(self, *args: Any, **kwargs: Any) -> ParallelCompiled | PipelineCompiled:
         """Trace, optimize, plan, lower and build for these arguments (cached by shapes, dtypes
         and static values, like graphc.jit). The result runs on the mesh when called."""
-        dyn_args, dyn_kwargs, static = self._split_static(args, kwargs)
-        key = self._key(dyn_args, dyn_kwargs, static)
+        dyn_args, dyn_kwargs, static = self.split_static(args, kwargs)
+        key = self.static.key(dyn_args, dyn_kwargs, static)
         hit = self._compiled.get(key)
         if hit is not None:
             return hit
@@ -261,7 +268,7 @@ class Parallelized(Jitted):
         if current_context() is not None:  # inside a trace (grad of a parallelized function): inline
             return self.fn(*args, **kwargs)
         if self.mesh.size == 1:
-            return super().__call__(*args, **kwargs)
+            return self._one_device(*args, **kwargs)
         return self.compile(*args, **kwargs)(*args, **kwargs)
 
 
@@ -296,7 +303,7 @@ class ParallelCompiled:
         raise GraphcError(f"unknown stage {stage!r}: optimized, lowered or device")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        args, kwargs, _ = self._owner._split_static(args, kwargs)
+        args, kwargs, _ = self._owner.split_static(args, kwargs)
         arrays = bind_arguments(self.graph, args, kwargs, keep=ShardedArray)  # shards stay on the devices
         keep = self.state_outputs if self._owner.sharded_state else frozenset()
         outs = self.executable.run_flat(arrays, keep_sharded=keep)
@@ -330,7 +337,7 @@ class PipelineCompiled:
         raise GraphcError(f"unknown stage {stage!r}: optimized, microbatch or tasks")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        args, kwargs, _ = self._owner._split_static(args, kwargs)
+        args, kwargs, _ = self._owner.split_static(args, kwargs)
         outs = self.executable.run_flat(bind_arguments(self.graph, args, kwargs))
         return unflatten(self.graph.out_tree, [as_numpy_result(o) for o in outs])
 

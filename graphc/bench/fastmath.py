@@ -134,7 +134,7 @@ def bench_size(size: int, n: int, repeat: int, np_repeat: int, seed: int = 0) ->
     # the copy and our kernels are timed in interleaved rounds (copy, gelu, softmax, ..., copy, gelu, ...)
     # so that a slow phase of a shared machine hits all of them alike
     fns = [lambda: np.copyto(dst, x)] + [case[1] for case in cases]
-    times = [[] for _ in fns]
+    times: list[list[float]] = [[] for _ in fns]
     for fn in fns:
         fn()
     for _ in range(repeat):

@@ -3,10 +3,12 @@ bandwidth of a copy of the same bytes, measured in the same run."""
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -51,20 +53,24 @@ def bench_kernels(sizes=(4 << 20, 16 << 20), repeat: int = 5, width: int = 1024)
         g = rng.standard_normal(width).astype(np.float32)
         b = rng.standard_normal(width).astype(np.float32)
         dst = np.empty_like(x)
-        t_copy, _ = timed(lambda dst=dst, x=x: np.copyto(dst, x), repeat)
+        t_copy, _ = timed(functools.partial(np.copyto, dst, x), repeat)
         copy_s = statistics.median(t_copy)
         copy2_s = _copy_two_threads(x, dst, repeat)
         nbytes = 2 * x.nbytes  # read the input once, write the output once
-        cases = [("gelu", gelu, (x,)), ("softmax", softmax, (x,)), ("layer_norm", layer_norm, (x, g, b))]
+        cases: list[tuple[str, Callable, tuple]] = [
+            ("gelu", gelu, (x,)),
+            ("softmax", softmax, (x,)),
+            ("layer_norm", layer_norm, (x, g, b)),
+        ]
         for name, fn, args in cases:
             jitted = jit(fn)
             start = time.perf_counter()
             compiled = jitted.compile(*args)
             compile_s = time.perf_counter() - start
-            t_np, want = timed(lambda fn=fn, args=args: fn(*args), max(2, repeat // 2))
-            t_call, got = timed(lambda compiled=compiled, args=args: compiled(*args), repeat)
+            t_np, want = timed(functools.partial(fn, *args), max(2, repeat // 2))
+            t_call, got = timed(functools.partial(compiled, *args), repeat)
             kernel = _fused_kernel(compiled, args)
-            t_k, got_k = timed(lambda kernel=kernel, args=args: kernel(*args), repeat)
+            t_k, got_k = timed(functools.partial(kernel, *args), repeat)
             kernel_s = statistics.median(t_k)
             rows_out.append(
                 {

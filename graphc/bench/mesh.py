@@ -15,6 +15,7 @@ correlation say whether the cost model orders plans the way the machine does.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from typing import Any
@@ -22,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from graphc.api.jit import jit
-from graphc.api.parallel import parallelize
+from graphc.api.parallel import ParallelCompiled, parallelize
 from graphc.bench.comm import bench_all_reduce, bench_memcpy
 from graphc.bench.timing import fmt, same, times_of
 from graphc.core.errors import PlanError
@@ -74,7 +75,7 @@ def plan_variants(graph, mesh) -> list[tuple[str, dict[int, tuple], dict[int, st
     leaves = [v.type for v in graph.inputs]
     first_arg = graph.in_tree.children[0].children[0].num_leaves if graph.in_tree.children[0].children else 0
     variants: list[tuple[str, dict[int, tuple], dict[int, str]]] = [("solver's choice", {}, {})]
-    dp = {k: replicated if k < first_arg or t.ndim == 0 else _split_spec(t.ndim, 0, mesh) for k, t in enumerate(leaves)}
+    dp = {k: replicated if k < first_arg else _split_spec(t.ndim, 0, mesh) or replicated for k, t in enumerate(leaves)}
     variants.append(("data parallel: 1st argument replicated, the rest split on dim 0", dp, {}))
     variants.append(
         (
@@ -99,7 +100,7 @@ def bench_plans(fn, fargs, fkwargs, static, mesh, repeat: int) -> list[dict[str,
     """Plan, build and time every variant of ``plan_variants``; rows with predicted/measured seconds."""
     mesh = as_mesh(mesh)
     base = parallelize(fn, mesh=mesh, static_argnames=static, cache=False)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name, in_pins, node_pins in plan_variants(base.trace_optimized(*fargs, **fkwargs)[1], mesh):
         pf = parallelize(fn, mesh=mesh, static_argnames=static, cache=False)
         pf.followed = (dict(in_pins), {}, dict(node_pins))
@@ -108,11 +109,12 @@ def bench_plans(fn, fargs, fkwargs, static, mesh, repeat: int) -> list[dict[str,
         except PlanError as exc:
             rows.append({"name": name, "error": str(exc).splitlines()[0]})
             continue
-        dyn_args, dyn_kwargs, _ = pf._split_static(fargs, fkwargs)
+        assert isinstance(compiled, ParallelCompiled)  # (no pp axis: not a pipeline)
+        dyn_args, dyn_kwargs, _ = pf.split_static(fargs, fkwargs)
         run = compiled.executable.run_sharded
         pieces = compiled.executable.shard(bind_arguments(compiled.graph, dyn_args, dyn_kwargs))
         run(pieces)  # warm: kernels loaded, buffers pooled
-        measured = statistics.median(times_of(lambda r=run, p=pieces: r(p), repeat))
+        measured = statistics.median(times_of(functools.partial(run, pieces), repeat))
         rows.append({"name": name, "predicted": compiled.plan.cost.total_s, "measured": measured})
     return rows
 
@@ -161,7 +163,7 @@ def bench_mesh(
         f"  graphc, {mesh.size} devices, per call     {fmt(t_mesh)}   ({med(t_one1) / med(t_mesh):.2f}x 1 device "
         f"with 1 BLAS thread, {med(t_one) / med(t_mesh):.2f}x with default BLAS; splits inputs, gathers outputs)"
     )
-    dyn_args, dyn_kwargs, _ = pf._split_static(fargs, fkwargs)
+    dyn_args, dyn_kwargs, _ = pf.split_static(fargs, fkwargs)
     arrays = bind_arguments(compiled.graph, dyn_args, dyn_kwargs)
     measured = t_mesh
     if compiled.state_outputs:

@@ -74,6 +74,7 @@ def main(argv=None) -> None:
                 steps.append(time.perf_counter() - t)
                 bubbles.append(pe.measured_bubble())
             prof = pe.last_profile
+            assert prof is not None  # the runs above were profiled
             d0 = min(prof)
             print(
                 f"  {schedule:<8} {m:>3} {statistics.median(steps) * 1e3:8.1f} ms {statistics.median(bubbles):>15.1%} "

@@ -162,8 +162,8 @@ def _search(args: argparse.Namespace, progress) -> int:
     print(f"searched {len(cands)} plans for {args.devices} devices in {seconds:.2f} s")
     print(explain(cands))
     best = cands[0]
-    if not best.ok:
-        return 1
+    if best.plan is None:
+        raise GraphcError(f"no mesh of {args.devices} devices can run {args.target} (the reasons are above)")
     doc = json.loads(best.plan.to_json())
     doc["search"] = {"devices": args.devices, "seconds": seconds, "candidates": [c.to_json() for c in cands]}
     print(best.plan.summary())

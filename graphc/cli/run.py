@@ -81,7 +81,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     verdict = same(got, want)
     t_eager = times_of(eager, args.repeat)
     t_mesh = times_of(lambda: compiled(*fargs, **fkwargs), args.repeat)
-    dyn_args, dyn_kwargs, _ = pf._split_static(fargs, fkwargs)
+    dyn_args, dyn_kwargs, _ = pf.split_static(fargs, fkwargs)
     arrays = bind_arguments(compiled.graph, dyn_args, dyn_kwargs)
     compiled.executable.run_flat(arrays, profile=True)
     prof = compiled.executable.last_profile
@@ -151,7 +151,7 @@ def _run_pipeline(args: argparse.Namespace, pf, fn, fargs, fkwargs) -> int:
     verdict = same(got, want)
     t_eager = times_of(lambda: fn(*fargs, **fkwargs), args.repeat)
     t_pipe = times_of(lambda: compiled(*fargs, **fkwargs), args.repeat)
-    dyn_args, dyn_kwargs, _ = pf._split_static(fargs, fkwargs)
+    dyn_args, dyn_kwargs, _ = pf.split_static(fargs, fkwargs)
     ex = compiled.executable
     ex.run_flat(bind_arguments(compiled.graph, dyn_args, dyn_kwargs), profile=True)
     prof = ex.last_profile

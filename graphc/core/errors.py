@@ -74,3 +74,16 @@ class PlanError(GraphcError):
     def __init__(self, message: str, min_memory_bytes: int | None = None):
         self.min_memory_bytes = min_memory_bytes
         super().__init__(message)
+
+
+def note_where(exc: BaseException, opname: str, loc: SourceLoc | None) -> None:
+    """Attach ``graphc: in <op> at <file:line>`` to an exception raised while running a node (once:
+    an exception passing through nested regions keeps its innermost node). The note prints with
+    the traceback; graphc reads it back to name the user's line (``__notes__``, Python 3.11's
+    add_note, kept by hand on 3.10)."""
+    notes = getattr(exc, "__notes__", None)
+    if notes is None:
+        notes = []
+        exc.__notes__ = notes  # type: ignore[attr-defined]  # what BaseException.add_note does
+    if not any(n.startswith("graphc: in ") for n in notes):
+        notes.append(f"graphc: in {opname} at {loc}" if loc else f"graphc: in {opname}")

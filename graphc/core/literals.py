@@ -59,7 +59,7 @@ def _scalar_text(x: np.generic) -> str:
 
 def _nested(a: np.ndarray) -> str:
     if a.ndim == 0:
-        return _scalar_text(a[()])
+        return _scalar_text(a.reshape(1)[0])
     return "[" + ", ".join(_nested(x) for x in a) + "]"
 
 

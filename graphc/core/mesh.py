@@ -283,7 +283,7 @@ class Mesh:
                     raise MeshError(f"link of axis {name!r} must be a Link, got {link!r}")
             overrides.update(links)
         self._axes: dict[str, int] = dict(axes)
-        self._overrides = overrides
+        self._overrides: dict[str, Link] = overrides
         self._profile = profile
 
     # --- shape ------------------------------------------------------------------------------

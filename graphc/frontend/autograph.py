@@ -35,6 +35,10 @@ from collections.abc import Callable
 from typing import Any
 
 RUNTIME = "_gc_rt"
+Located = ast.stmt | ast.expr  # nodes with a source position (ast.AST itself has none)
+_TYPE_PARAMS: dict[str, Any] = (
+    {"type_params": []} if sys.version_info >= (3, 12) else {}
+)  # a field of 3.12's FunctionDef
 _FRAME_SENSITIVE = {
     "super",
     "locals",
@@ -204,12 +208,12 @@ def assigned_names(stmts: list[ast.stmt]) -> _Assigned:
     return v
 
 
-def _escapes(stmts: list[ast.stmt]) -> ast.AST | None:
+def _escapes(stmts: list[ast.stmt]) -> Located | None:
     """The first statement in ``stmts`` that leaves the block early: return / yield / await
     anywhere (outside nested scopes), or break / continue that is not inside a loop nested in
     the block. Such blocks cannot become the functions of graph control flow."""
 
-    def walk(node: ast.AST, in_loop: bool) -> ast.AST | None:
+    def walk(node: ast.AST, in_loop: bool) -> Located | None:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
             return None
         if isinstance(node, (ast.Return, ast.Yield, ast.YieldFrom, ast.Await)):
@@ -289,7 +293,7 @@ def _def(name: str, params: list[str], body: list[ast.stmt], returns: list[str] 
         body=body,
         decorator_list=[],
         returns=None,
-        type_params=[],
+        **_TYPE_PARAMS,
     )
 
 
@@ -300,14 +304,19 @@ def _assign(names: list[str], value: ast.expr) -> ast.stmt:
     return ast.Assign(targets=[target], value=value)
 
 
-def _locate(new: Any, original: ast.AST) -> Any:
+def _locate(new: Any, original: Located) -> Any:
     """Give generated nodes the source position of the statement they replace (nodes copied from
     the user's code keep their own)."""
     for stmt in new if isinstance(new, list) else [new]:
         for n in ast.walk(stmt):
             if "lineno" in n._attributes and getattr(n, "lineno", None) is None:
-                n.lineno, n.col_offset = original.lineno, original.col_offset
-                n.end_lineno, n.end_col_offset = original.lineno, original.col_offset
+                for attr, value in (
+                    ("lineno", original.lineno),
+                    ("col_offset", original.col_offset),
+                    ("end_lineno", original.lineno),
+                    ("end_col_offset", original.col_offset),
+                ):
+                    setattr(n, attr, value)
     return new
 
 
@@ -328,7 +337,7 @@ class _Transformer(ast.NodeTransformer):
             node.attr = f"_{self.class_name.lstrip('_')}{node.attr}"
         return node
 
-    def _static_check(self, node: ast.If | ast.While, escape: ast.AST) -> ast.AST:
+    def _static_check(self, node: ast.If | ast.While, escape: Located) -> ast.AST:
         node.test = ast.Call(
             func=_rt("static_test"),
             args=[node.test, ast.Constant(_kind(escape)), ast.Constant(escape.lineno)],
@@ -398,6 +407,7 @@ class _Transformer(ast.NodeTransformer):
         )
         if not is_range:
             return node
+        assert isinstance(it, ast.Call) and isinstance(node.target, ast.Name)  # (what is_range checked)
         escape = _escapes(node.body)
         if escape is not None or node.orelse:
             node.iter = ast.Call(
@@ -542,7 +552,7 @@ def _build_maker(fn: types.FunctionType) -> Any:
         body=[fdef, ast.Return(value=ast.Name(code.co_name, ast.Load()))],
         decorator_list=[],
         returns=None,
-        type_params=[],
+        **_TYPE_PARAMS,
     )
     module = ast.Module(body=[maker], type_ignores=[])
     ast.copy_location(maker, fdef)

@@ -11,7 +11,7 @@ autodiff rules of the control-flow ops are with the ops (graphc/ops/control.py).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -176,7 +176,7 @@ def _promoting(fn: Callable, targets: dict[int, tuple[TensorType, bool]]) -> Cal
         out = list(fn(*args))
         for i, (t, weak) in targets.items():
             if isinstance(out[i], (bool, int, float)) and not isinstance(out[i], Tracer):
-                arr = np.broadcast_to(lift(np.asarray(out[i], t.dtype)), t.shape)
+                arr = cast(Tracer, np.broadcast_to(lift(np.asarray(out[i], t.dtype)), t.shape))
                 out[i] = arr if arr.shape else _weakened(arr, weak)
         return out
 
@@ -217,6 +217,7 @@ def _explain_branch_mismatch(res_true: Any, res_false: Any, names: Sequence[str]
 
 def bind_multi_regions(opname: str, inputs: list[Tracer], attrs: dict, regions: tuple) -> tuple[Tracer, ...]:
     ctx = current_context()
+    assert ctx is not None  # control flow on traced values only happens inside a trace
     return ctx.emit(opname, inputs, attrs, regions)
 
 
@@ -320,7 +321,7 @@ def fori_loop(
             raise TraceError(f"range() bounds must be integer scalars, got {b._value.type}", user_location())
     lo, hi = lo.astype(np.int64), hi.astype(np.int64)
     carry = _carry_arrays(init, "for")
-    index_t = TensorType((), np.int64)
+    index_t = TensorType((), np.dtype(np.int64))
     body = lambda i, *a: list(_carry_arrays(body_fn(i, *a), "for"))  # noqa: E731
     carry = _settle_carry(carry, body, [index_t])
     in_types = [c._value.type for c in carry]

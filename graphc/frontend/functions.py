@@ -272,11 +272,12 @@ def isclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=False):
     ``(abs(a - b) <= atol + rtol * abs(b)) & isfinite(b) | (a == b)``, and with equal_nan
     ``| isnan(a) & isnan(b)``. Python scalars stay weak, as in numpy."""
     x = a if isinstance(a, (int, float)) else lift(a)
+    y: float | Tracer
     if isinstance(b, (int, float)) and not isinstance(b, np.generic):
         y = float(b)
     else:
-        y = lift(b)
-        y = convert(y, result_dtype(y, 1.0))
+        lifted = lift(b)
+        y = convert(lifted, result_dtype(lifted, 1.0))
     atol, rtol = (t if isinstance(t, (int, float)) else lift(t) for t in (atol, rtol))
     diff = apply_ufunc(np.absolute, apply_ufunc(np.subtract, x, y))
     tol = apply_ufunc(np.add, atol, apply_ufunc(np.multiply, rtol, apply_ufunc(np.absolute, y)))

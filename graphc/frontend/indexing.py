@@ -156,13 +156,16 @@ def getitem(x: Tracer, key: Any) -> Tracer:
         n = x.shape[dim]
         if kind == "slice":
             a, b, s = normalize_slice(v, n)
-            starts.append(a), stops.append(b), steps.append(s), shape.append(slice_length(a, b, s))
+            shape.append(slice_length(a, b, s))
         elif kind == "int":
             _check_int(v, n, dim)
-            v %= n
-            starts.append(v), stops.append(v + 1), steps.append(1)
+            a, b, s = v % n, v % n + 1, 1
         else:  # array: keep the whole dim for the gather below
-            starts.append(0), stops.append(n), steps.append(1), shape.append(n)
+            a, b, s = 0, n, 1
+            shape.append(n)
+        starts.append(a)
+        stops.append(b)
+        steps.append(s)
         dim += 1
     y = x
     if (tuple(starts), tuple(stops), tuple(steps)) != ((0,) * x.ndim, x.shape, (1,) * x.ndim):

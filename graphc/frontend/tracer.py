@@ -16,7 +16,8 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Any
+from types import FrameType
+from typing import Any, cast
 
 import numpy as np
 
@@ -62,8 +63,8 @@ def _is_internal(filename: str) -> bool:
     return filename.startswith(_NUMPY_DIR) or filename.startswith("<__array_function__")
 
 
-def _user_frame():
-    frame = sys._getframe(2)
+def _user_frame() -> FrameType | None:
+    frame: FrameType | None = sys._getframe(2)
     while frame is not None:
         filename = frame.f_code.co_filename
         if not _is_internal(os.path.abspath(filename) if not filename.startswith("<") else filename):
@@ -141,6 +142,7 @@ class TraceContext:
                 "do not keep traced values in globals or closures between traces",
                 user_location(),
             )
+        assert self.parent is not None  # the ancestor search above found t's trace among them
         outer = self.parent.local(t)  # the parent may itself be a region that must capture it
         inner = Tracer(self, Value(t._value.type, None, 0, None))
         self.inputs.append(inner._value)
@@ -237,7 +239,7 @@ def array_from_nested(obj: Any, dtype: Any = None) -> Tracer:
         raise TraceError("np.array of an empty list that holds traced values", user_location())
     items = [array_from_nested(v) for v in obj]
     dt = dtypes.canonical(dtype) if dtype is not None else result_dtype(*items)
-    return np.stack([lift(t, dt) for t in items])
+    return cast(Tracer, np.stack([lift(t, dt) for t in items]))  # (numpy dispatches the stack to graphc)
 
 
 def convert(x: Tracer, dtype: Any) -> Tracer:
@@ -265,6 +267,12 @@ class Handlers:
 
 
 HANDLERS = Handlers()
+
+
+def _handler(fn: Callable | None, what: str) -> Callable:
+    if fn is None:  # pragma: no cover - importing graphc.frontend registers every handler
+        raise RuntimeError(f"graphc: no handler for {what} is registered; import graphc.frontend")
+    return fn
 
 
 def implements(*funcs: Callable):
@@ -320,10 +328,12 @@ def _contains_tracer(x: Any) -> bool:
 def _control_flow_error(what: str) -> TraceError:
     frame = _user_frame()
     loc = SourceLoc(_display_path(frame.f_code.co_filename), frame.f_lineno) if frame is not None else None
-    reason = unconverted_reason(frame.f_code) if frame is not None else None
-    if reason is None and frame is not None and frame.f_code.co_flags & inspect.CO_GENERATOR:
-        reason = "it is a generator, which graphc does not transform"
-    if reason is not None:
+    reason = None
+    if frame is not None:
+        reason = unconverted_reason(frame.f_code)
+        if reason is None and frame.f_code.co_flags & inspect.CO_GENERATOR:
+            reason = "it is a generator, which graphc does not transform"
+    if frame is not None and reason is not None:
         return TraceError(
             f"{what} of a traced array in {frame.f_code.co_name}: graphc turns `if`/`while` on traced values into "
             f"graph control flow by transforming a function's source, but {reason}. Define the function in a "
@@ -356,7 +366,7 @@ class Tracer:
 
     # --- numpy protocols -------------------------------------------------------------------
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
-        return user_errors(HANDLERS.ufunc)(ufunc, method, *inputs, **kwargs)
+        return user_errors(_handler(HANDLERS.ufunc, "ufunc"))(ufunc, method, *inputs, **kwargs)
 
     def __array_function__(self, func, types, args, kwargs):
         return user_errors(handle_function)(func, args, kwargs)
@@ -397,7 +407,7 @@ class Tracer:
 
     @property
     def T(self) -> Tracer:
-        return np.transpose(self)
+        return cast(Tracer, np.transpose(self))
 
     def __len__(self) -> int:
         if not self.shape:
@@ -439,138 +449,138 @@ class Tracer:
 
     # --- operators ---------------------------------------------------------------------------
     def __add__(self, o):
-        return np.add(self, o)  # noqa: E704
+        return np.add(self, o)
 
     def __radd__(self, o):
-        return np.add(o, self)  # noqa: E704
+        return np.add(o, self)
 
     def __sub__(self, o):
-        return np.subtract(self, o)  # noqa: E704
+        return np.subtract(self, o)
 
     def __rsub__(self, o):
-        return np.subtract(o, self)  # noqa: E704
+        return np.subtract(o, self)
 
     def __mul__(self, o):
-        return np.multiply(self, o)  # noqa: E704
+        return np.multiply(self, o)
 
     def __rmul__(self, o):
-        return np.multiply(o, self)  # noqa: E704
+        return np.multiply(o, self)
 
     def __truediv__(self, o):
-        return np.true_divide(self, o)  # noqa: E704
+        return np.true_divide(self, o)
 
     def __rtruediv__(self, o):
-        return np.true_divide(o, self)  # noqa: E704
+        return np.true_divide(o, self)
 
     def __pow__(self, o):
-        return np.power(self, o)  # noqa: E704
+        return np.power(self, o)
 
     def __rpow__(self, o):
-        return np.power(o, self)  # noqa: E704
+        return np.power(o, self)
 
     def __matmul__(self, o):
-        return np.matmul(self, o)  # noqa: E704
+        return np.matmul(self, o)
 
     def __rmatmul__(self, o):
-        return np.matmul(o, self)  # noqa: E704
+        return np.matmul(o, self)
 
     def __neg__(self):
-        return np.negative(self)  # noqa: E704
+        return np.negative(self)
 
     def __pos__(self):
-        return fresh(self)  # noqa: E704
+        return fresh(self)
 
     def __abs__(self):
-        return np.absolute(self)  # noqa: E704
+        return np.absolute(self)
 
     def __invert__(self):
-        return np.invert(self)  # noqa: E704
+        return np.invert(self)
 
     def __and__(self, o):
-        return np.bitwise_and(self, o)  # noqa: E704
+        return np.bitwise_and(self, o)
 
     def __rand__(self, o):
-        return np.bitwise_and(o, self)  # noqa: E704
+        return np.bitwise_and(o, self)
 
     def __or__(self, o):
-        return np.bitwise_or(self, o)  # noqa: E704
+        return np.bitwise_or(self, o)
 
     def __ror__(self, o):
-        return np.bitwise_or(o, self)  # noqa: E704
+        return np.bitwise_or(o, self)
 
     def __lt__(self, o):
-        return np.less(self, o)  # noqa: E704
+        return np.less(self, o)
 
     def __le__(self, o):
-        return np.less_equal(self, o)  # noqa: E704
+        return np.less_equal(self, o)
 
     def __gt__(self, o):
-        return np.greater(self, o)  # noqa: E704
+        return np.greater(self, o)
 
     def __ge__(self, o):
-        return np.greater_equal(self, o)  # noqa: E704
+        return np.greater_equal(self, o)
 
     def __eq__(self, o):
-        return np.equal(self, o)  # noqa: E704
+        return np.equal(self, o)
 
     def __ne__(self, o):
-        return np.not_equal(self, o)  # noqa: E704
+        return np.not_equal(self, o)
 
     def __floordiv__(self, o):
-        return np.floor_divide(self, o)  # noqa: E704
+        return np.floor_divide(self, o)
 
     def __rfloordiv__(self, o):
-        return np.floor_divide(o, self)  # noqa: E704
+        return np.floor_divide(o, self)
 
     def __mod__(self, o):
-        return np.remainder(self, o)  # noqa: E704
+        return np.remainder(self, o)
 
     def __rmod__(self, o):
-        return np.remainder(o, self)  # noqa: E704
+        return np.remainder(o, self)
 
     def __divmod__(self, o):
-        return np.divmod(self, o)  # noqa: E704
+        return np.divmod(self, o)
 
     def __rdivmod__(self, o):
-        return np.divmod(o, self)  # noqa: E704
+        return np.divmod(o, self)
 
     # in-place operators: numpy keeps the left operand's dtype (casting="same_kind") and every
     # reference to this array sees the update; views cannot be updated in place in a graph
     def __iadd__(self, o):
-        return self._inplace(np.add, o)  # noqa: E704
+        return self._inplace(np.add, o)
 
     def __isub__(self, o):
-        return self._inplace(np.subtract, o)  # noqa: E704
+        return self._inplace(np.subtract, o)
 
     def __imul__(self, o):
-        return self._inplace(np.multiply, o)  # noqa: E704
+        return self._inplace(np.multiply, o)
 
     def __itruediv__(self, o):
-        return self._inplace(np.true_divide, o)  # noqa: E704
+        return self._inplace(np.true_divide, o)
 
     def __ipow__(self, o):
-        return self._inplace(np.power, o)  # noqa: E704
+        return self._inplace(np.power, o)
 
     def __imatmul__(self, o):
-        return self._inplace(np.matmul, o)  # noqa: E704
+        return self._inplace(np.matmul, o)
 
     def __iand__(self, o):
-        return self._inplace(np.bitwise_and, o)  # noqa: E704
+        return self._inplace(np.bitwise_and, o)
 
     def __ior__(self, o):
-        return self._inplace(np.bitwise_or, o)  # noqa: E704
+        return self._inplace(np.bitwise_or, o)
 
     def __ifloordiv__(self, o):
-        return self._inplace(np.floor_divide, o)  # noqa: E704
+        return self._inplace(np.floor_divide, o)
 
     def __imod__(self, o):
-        return self._inplace(np.remainder, o)  # noqa: E704
+        return self._inplace(np.remainder, o)
 
     def _inplace(self, ufunc, other):
         return user_errors(_inplace_update)(self, ufunc, other)
 
     def __getitem__(self, key):
-        result = user_errors(HANDLERS.getitem)(self, key)
+        result = user_errors(_handler(HANDLERS.getitem, "indexing"))(self, key)
         if result._value.producer is None or result._value.producer.op.name != "gather":
             mark_view(result, self)  # basic indexing returns a view in numpy
         return result
@@ -601,55 +611,55 @@ class Tracer:
         return np.transpose(self, axes or None)
 
     def swapaxes(self, a, b):
-        return np.swapaxes(self, a, b)  # noqa: E704
+        return np.swapaxes(self, a, b)
 
     def squeeze(self, axis=None):
-        return np.squeeze(self, axis)  # noqa: E704
+        return np.squeeze(self, axis)
 
     def flatten(self, order="C"):
-        return fresh(np.reshape(self, (-1,), order=order))  # noqa: E704  (a copy)
+        return fresh(cast(Tracer, np.reshape(self, (-1,), order=order)))  # (a copy)
 
     def ravel(self, order="C"):
-        return np.reshape(self, (-1,), order=order)  # noqa: E704
+        return np.reshape(self, (-1,), order=order)
 
     def copy(self, order="C"):
-        return fresh(self)  # noqa: E704
+        return fresh(self)
 
     def dot(self, b):
-        return np.dot(self, b)  # noqa: E704
+        return np.dot(self, b)
 
     def clip(self, min=None, max=None):
-        return np.clip(self, min, max)  # noqa: E704
+        return np.clip(self, min, max)
 
     def repeat(self, repeats, axis=None):
-        return np.repeat(self, repeats, axis)  # noqa: E704
+        return np.repeat(self, repeats, axis)
 
     def take(self, indices, axis=None):
-        return np.take(self, indices, axis)  # noqa: E704
+        return np.take(self, indices, axis)
 
     def sum(self, axis=None, dtype=None, keepdims=False):
-        return np.sum(self, axis, dtype, keepdims=keepdims)  # noqa: E704
+        return np.sum(self, axis, dtype, keepdims=keepdims)
 
     def mean(self, axis=None, dtype=None, keepdims=False):
-        return np.mean(self, axis, dtype, keepdims=keepdims)  # noqa: E704
+        return np.mean(self, axis, dtype, keepdims=keepdims)
 
     def max(self, axis=None, keepdims=False):
-        return np.max(self, axis, keepdims=keepdims)  # noqa: E704
+        return np.max(self, axis, keepdims=keepdims)
 
     def min(self, axis=None, keepdims=False):
-        return np.min(self, axis, keepdims=keepdims)  # noqa: E704
+        return np.min(self, axis, keepdims=keepdims)
 
     def argmax(self, axis=None, keepdims=False):
-        return np.argmax(self, axis, keepdims=keepdims)  # noqa: E704
+        return np.argmax(self, axis, keepdims=keepdims)
 
     def argmin(self, axis=None, keepdims=False):
-        return np.argmin(self, axis, keepdims=keepdims)  # noqa: E704
+        return np.argmin(self, axis, keepdims=keepdims)
 
     def all(self, axis=None, keepdims=False):
-        return np.all(self, axis, keepdims=keepdims)  # noqa: E704
+        return np.all(self, axis, keepdims=keepdims)
 
     def any(self, axis=None, keepdims=False):
-        return np.any(self, axis, keepdims=keepdims)  # noqa: E704
+        return np.any(self, axis, keepdims=keepdims)
 
     def var(self, axis=None, dtype=None, ddof=0, keepdims=False):
         return np.var(self, axis, dtype, ddof=ddof, keepdims=keepdims)

@@ -7,6 +7,7 @@ loop's input dtypes, then one primitive is emitted.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -49,7 +50,7 @@ _SIMPLE: dict[np.ufunc, tuple[str, dict[str, Any]]] = {
 # bitwise ops on bool arrays are the logical ops (masks combined with & | ~)
 _BOOL_ONLY = {np.bitwise_and: "logical_and", np.bitwise_or: "logical_or", np.invert: "logical_not"}
 
-_REDUCE = {np.add: np.sum, np.maximum: np.max, np.minimum: np.min}
+_REDUCE: dict[np.ufunc, Callable[..., Any]] = {np.add: np.sum, np.maximum: np.max, np.minimum: np.min}
 
 
 def _operand_dtype(x: Any):
@@ -176,6 +177,7 @@ def _udivmod(n: Tracer, d: Tracer, steps: int) -> tuple[Tracer, Tracer]:
         t = bind("convert", est, dtype=_U64)
         q = t if q is None else bind("add", q, t)
         r = bind("sub", r, bind("mul", t, d))
+    assert q is not None, "at least one step"
     over = bind("compare", r, d, direction="ge")
     return bind("add", q, bind("convert", over, dtype=_U64)), bind("where", over, bind("sub", r, d), r)
 
@@ -234,7 +236,8 @@ def _composite(ufunc: np.ufunc, sig: tuple, operands: list[Tracer]) -> Tracer:
                 user_location(),
             )
         q, r = _int_floor_divmod(*operands)
-        return {np.floor_divide: q, np.remainder: r, np.divmod: (q, r)}[ufunc]
+        results: dict[np.ufunc, Any] = {np.floor_divide: q, np.remainder: r, np.divmod: (q, r)}
+        return results[ufunc]
     if ufunc is np.logaddexp:  # a == b: a + log(2); else max(a, b) + log1p(exp(-|a - b|)), as numpy does
         a, b = operands
         big = bind("maximum", a, b)

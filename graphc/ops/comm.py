@@ -20,6 +20,9 @@ layout of graphc.core.spec); the collectives below assume even splits, which is 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 
 from graphc.core.errors import GraphcError, ShapeError
@@ -132,7 +135,7 @@ def join_pieces(pieces: list[np.ndarray], dim: int, blocks: int = 1) -> np.ndarr
     shape = p0.shape[:dim] + (p0.shape[dim] * n,) + p0.shape[dim + 1 :]
     whole = np.empty(shape, p0.dtype)
     for r, p in enumerate(pieces):
-        index = [slice(None)] * whole.ndim
+        index: list[Any] = [slice(None)] * whole.ndim
         index[dim] = piece_index(shape[dim], n, r, blocks)
         whole[tuple(index)] = p
     return whole
@@ -149,7 +152,7 @@ def _sum_in_rank_order(xs: list[np.ndarray]) -> np.ndarray:
 def reference(kind: str, xs_by_rank: list, **attrs) -> list:
     """Every rank's result of collective ``kind`` given every rank's operand, in plain numpy.
     None stands for "no result on this rank" (reduce and gather off the root, barrier)."""
-    xs = [None if x is None else np.asarray(x) for x in xs_by_rank]
+    xs: list[Any] = [None if x is None else np.asarray(x) for x in xs_by_rank]
     n = len(xs)
     root = attrs.get("root", 0)
     blocks = attrs.get("blocks", 1)
@@ -192,7 +195,7 @@ def _collective_cost(in_types, out_types, **_attrs):
     return 0.0, io_bytes(in_types, out_types)
 
 
-_COLLECTIVES = {
+_COLLECTIVES: dict[str, tuple[Callable[..., tuple[TensorType, ...]], tuple[str, ...], str]] = {
     "all_reduce": (_all_reduce_infer, ("axis", "group"), "sum over the devices of the group"),
     "reduce_scatter": (
         _reduce_scatter_infer,

@@ -26,8 +26,8 @@ from graphc.core.ir import OpDef, TensorType
 from graphc.ops.dims import region_cost
 from graphc.ops.registry import register
 
-SCALAR_BOOL = TensorType((), np.bool_)
-SCALAR_INDEX = TensorType((), np.int64)
+SCALAR_BOOL = TensorType((), np.dtype(np.bool_))
+SCALAR_INDEX = TensorType((), np.dtype(np.int64))
 
 
 def _types(ts) -> str:
@@ -76,9 +76,9 @@ def _while_infer(in_types, regions):
     return tuple(in_types)
 
 
-def _while_impl(run, regions, *carry):
+def _while_impl(run, regions, *init):
     cond_r, body_r = regions
-    carry = list(carry)
+    carry = list(init)
     while bool(run(cond_r, carry)[0]):
         carry = run(body_r, carry)
     return tuple(carry)
@@ -111,8 +111,8 @@ def _fori_infer(in_types, regions, step):
     return tuple(carry)
 
 
-def _fori_impl(run, regions, lower, upper, *carry, step):
-    carry = list(carry)
+def _fori_impl(run, regions, lower, upper, *init, step):
+    carry = list(init)
     for i in range(int(lower), int(upper), step):
         carry = run(regions[0], [np.asarray(i, np.int64), *carry])
     return tuple(carry)
@@ -249,15 +249,16 @@ def _fori_vjp(ad, *gs):
     node = ad.node
     lower, upper = (_static_bound(v) for v in node.inputs[:2])
     if lower is None or upper is None:
-        _while_vjp(ad, *gs)
+        _while_vjp(ad, *gs)  # raises: the trip count is not known when tracing
+        return None
     (body,) = node.regions
     carry = ad.inputs[2:]
+    trips = range(lower, upper, node.attrs["step"])
 
-    def unrolled(*c):
-        c = list(c)
-        n = len(c)
-        for i in range(lower, upper, node.attrs["step"]):
-            c = ad.inline(body, [ad.constant(np.asarray(i, np.int64)), *c])[:n]
+    def unrolled(*init):
+        c = list(init)
+        for i in trips:
+            c = ad.inline(body, [ad.constant(np.asarray(i, np.int64)), *c])[: len(init)]
         return c
 
     _, pullback = ad.vjp(unrolled, *carry)

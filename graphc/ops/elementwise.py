@@ -183,11 +183,11 @@ for _op in (logical_not, logical_and, logical_or, compare):
 
 def sum_tangents(*terms):
     """The sum of the non-None terms (None if all are None: a symbolic zero)."""
-    terms = [t for t in terms if t is not None]
-    if not terms:
+    present = [t for t in terms if t is not None]
+    if not present:
         return None
-    total = terms[0]
-    for t in terms[1:]:
+    total = present[0]
+    for t in present[1:]:
         total = total + t
     return total
 

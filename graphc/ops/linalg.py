@@ -111,7 +111,7 @@ def _einsum_vjp(ad, g):
     """The cotangent of operand i is an einsum of g with the other operands onto operand i's
     subscripts; indices that only operand i has (summed away) are broadcast back."""
     ins, out = parse_equation(ad.attrs["equation"], len(ad.inputs))
-    grads = []
+    grads: list = []
     for i, (spec, x) in enumerate(zip(ins, ad.inputs)):
         if not ad.needs[i]:
             grads.append(None)

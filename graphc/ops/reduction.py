@@ -55,7 +55,7 @@ def _argmax_infer(in_types, axis, keepdims):
     _check_keepdims(keepdims)
     if x.shape[axis] == 0:
         raise ShapeError(f"argmax of an empty axis {axis} of shape {x.shape}")
-    return (TensorType(reduced_shape(x.shape, (axis,), keepdims), np.int64),)
+    return (TensorType(reduced_shape(x.shape, (axis,), keepdims), np.dtype(np.int64)),)
 
 
 argmax = register(

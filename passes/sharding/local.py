@@ -15,6 +15,7 @@ import numpy as np
 
 from graphc.core.ir import TensorType
 from graphc.core.spec import local_shape, piece_index, shard
+from graphc.interpreter import run_flat
 from graphc.passes.sharding.strategies import Strategy, get_rule
 
 
@@ -67,8 +68,6 @@ def run_local(
     if node.op.name == "fused":
         return _run_region_local(node.regions[0], arrays)
     if node.regions:  # control flow: replicated, so the operands are whole
-        from graphc.interpreter import run_flat
-
         return list(node.op.impl(run_flat, node.regions, *arrays, **attrs))
     return list(node.op.evaluate(*arrays, **attrs))
 
@@ -93,6 +92,7 @@ def _run_indexing_local(node, strategy, mesh_shape, coord, arrays, attrs):
     does, on every device, whichever rows it owns."""
     rule = get_rule(node)
     axis = attrs["axis"]
+    assert rule is not None  # a masked split comes from the op's rule
     k = len(node.inputs) - (2 if node.op.name == "scatter_add" else 1)
     x_type = node.inputs[0].type
     idx = list(arrays[1 : 1 + k])
