@@ -55,12 +55,12 @@ def render() -> str:
         *[f"  {a} --> {b}" for a in LAYERS for b in LAYERS if b in uses[a]],
         "```",
         "",
-        "| layer | modules | imports from (number of module-to-module imports) |",
+        "| layer | modules | imports from |",
         "|---|---|---|",
     ]
     for layer in LAYERS:
         names = ", ".join(m.removeprefix(f"graphc.{layer}").lstrip(".") or layer for m in modules[layer])
-        deps = ", ".join(f"{b} ({uses[layer][b]})" for b in LAYERS if b in uses[layer]) or "-"
+        deps = ", ".join(b for b in LAYERS if b in uses[layer]) or "-"
         lines.append(f"| `{layer}` | {names} | {deps} |")
     return "\n".join(lines) + "\n"
 

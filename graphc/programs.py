@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from graphc.core.errors import GraphcError, ShapeError, VerifyError
+from graphc.core.files import read_document
 from graphc.core.ir import Graph, TensorType
 from graphc.core.mesh import Mesh
 from graphc.core.spec import Spec, format_spec, parse_spec, shard, unshard
@@ -122,7 +123,7 @@ class ParallelProgram:
 
     @classmethod
     def from_json(cls, text: str, source: str = "<program>") -> ParallelProgram:
-        doc = _load_doc(text, source, "parallel_program")
+        doc = read_document(text, source, "parallel program", PROGRAM_VERSION, "parallel_program")
         try:
             mesh = Mesh.from_json(doc["mesh"])
             n = len(mesh.shape)
@@ -144,20 +145,6 @@ class ParallelProgram:
             )
         except (KeyError, TypeError, ShapeError) as exc:
             raise GraphcError(f"{source}: not a complete parallel program ({type(exc).__name__}: {exc})") from None
-
-
-def _load_doc(text: str, source: str, kind: str) -> dict:
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise GraphcError(f"{source}:{exc.lineno}:{exc.colno}: not a graphc program: {exc.msg}") from None
-    if not isinstance(doc, dict) or doc.get("kind") != kind:
-        raise GraphcError(f"{source}: not a graphc {kind.replace('_', ' ')}")
-    if doc.get("version") != PROGRAM_VERSION:
-        raise GraphcError(
-            f"{source}: program version {doc.get('version')!r} is not supported (expected {PROGRAM_VERSION})"
-        )
-    return doc
 
 
 # --- collective order -----------------------------------------------------------------------------

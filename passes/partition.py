@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from graphc.core.errors import PlanError
 from graphc.core.ir import Graph
 from graphc.core.mesh import Mesh
-from graphc.core.pytree import TreeDef
+from graphc.core.pytree import top_level
 from graphc.core.spec import Spec, format_spec
 from graphc.passes.lower import lower_graph
 from graphc.passes.manager import optimize
@@ -180,17 +180,6 @@ def partition(
 # --- what a training step's signature says ---------------------------------------------------------
 
 
-def _subtrees(t: TreeDef) -> list[tuple[TreeDef, int]]:
-    """Top-level elements of a tuple/list tree with their first leaf index (else the whole)."""
-    if t.kind in ("tuple", "list"):
-        out, k = [], 0
-        for c in t.children:
-            out.append((c, k))
-            k += c.num_leaves
-        return out
-    return [(t, 0)]
-
-
 def state_ties(graph: Graph) -> list[tuple[int, int]]:
     """(input leaf, output leaf) pairs of outputs that replace an argument of the same structure,
     shapes and dtypes (new parameters for old, new optimizer state): tied to one spec, so a loop
@@ -198,7 +187,7 @@ def state_ties(graph: Graph) -> list[tuple[int, int]]:
     in_types = [v.type for v in graph.inputs]
     out_types = [v.type for v in graph.outputs]
     args_tree = graph.in_tree.children[0] if graph.in_tree.kind == "tuple" and graph.in_tree.children else graph.in_tree
-    args = _subtrees(args_tree)
+    args = top_level(args_tree)
     kw_first = args_tree.num_leaves
     if graph.in_tree.kind == "tuple" and len(graph.in_tree.children) > 1:
         args += [
@@ -207,7 +196,7 @@ def state_ties(graph: Graph) -> list[tuple[int, int]]:
         ]
     used: set[int] = set()
     ties = []
-    for pos, (ot, ofirst) in enumerate(_subtrees(graph.out_tree)):
+    for pos, (ot, ofirst) in enumerate(top_level(graph.out_tree)):
         if ot.num_leaves == 0:
             continue
         sig = (repr(ot), [out_types[ofirst + k] for k in range(ot.num_leaves)])

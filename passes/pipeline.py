@@ -32,12 +32,12 @@ from typing import Any
 import numpy as np
 
 from graphc.core.errors import PlanError
-from graphc.core.files import atomic_write
+from graphc.core.files import atomic_write, read_document
 from graphc.core.ir import Graph, Node, Value
 from graphc.core.mesh import Mesh, as_mesh
 from graphc.passes.microbatch import Microbatched, microbatch
 from graphc.passes.partition import PlanOptions, plan_sharding, state_ties
-from graphc.passes.sharding.plan import ShardingPlan, graph_hash
+from graphc.passes.sharding.plan import ShardingPlan, check_made_for, graph_hash
 from graphc.passes.sharding.strategies import full_time
 from graphc.programs import COLLECTIVE_OPS
 
@@ -432,12 +432,7 @@ class PipelinePlan:
 
     def check(self, graph: Graph) -> None:
         """Refuse a plan made for a different graph."""
-        h = graph_hash(graph)
-        if h != self.graph_hash:
-            raise PlanError(
-                f"stale pipeline plan: made for graph @{self.graph_name} with hash {self.graph_hash}, "
-                f"but the graph now hashes to {h}; recompile the plan"
-            )
+        check_made_for(graph, self.graph_name, self.graph_hash, "pipeline plan")
 
     def to_json(self, indent: int | None = 1) -> str:
         a = self.assignment
@@ -488,17 +483,7 @@ class PipelinePlan:
 
     @classmethod
     def from_json(cls, text: str, source: str = "<pipeline plan>") -> PipelinePlan:
-        try:
-            doc = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise PlanError(f"{source}:{exc.lineno}:{exc.colno}: not a plan file: {exc.msg}") from None
-        if not isinstance(doc, dict) or doc.get("kind") != "pipeline":
-            raise PlanError(f"{source}: not a graphc pipeline plan")
-        if doc.get("version") != PIPELINE_PLAN_VERSION:
-            raise PlanError(
-                f"{source}: pipeline plan version {doc.get('version')!r} is not supported "
-                f"(expected {PIPELINE_PLAN_VERSION})"
-            )
+        doc = read_document(text, source, "pipeline plan", PIPELINE_PLAN_VERSION, "pipeline", PlanError)
         try:
             a = doc["assignment"]
             n_stages = len(doc["stages"])

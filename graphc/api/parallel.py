@@ -35,7 +35,7 @@ from graphc.core.errors import GraphcError, PlanError
 from graphc.core.files import cache_dir
 from graphc.core.ir import Graph
 from graphc.core.mesh import as_mesh
-from graphc.core.pytree import TreeDef, flatten, unflatten
+from graphc.core.pytree import TreeDef, flatten, top_level, unflatten
 from graphc.core.spec import Placement, Spec, SpecError, format_spec, parse_spec
 from graphc.core.units import parse_bytes
 from graphc.frontend.entry import trace
@@ -76,17 +76,6 @@ def shard(x, *placements):
 
 def _is_spec(x) -> bool:
     return isinstance(x, str) or (isinstance(x, tuple) and bool(x) and all(isinstance(p, Placement) for p in x))
-
-
-def _subtrees(t: TreeDef) -> list[tuple[TreeDef, int]]:
-    """Top-level elements of a tuple/list tree with their first leaf index (else the whole)."""
-    if t.kind in ("tuple", "list"):
-        out, k = [], 0
-        for c in t.children:
-            out.append((c, k))
-            k += c.num_leaves
-        return out
-    return [(t, 0)]
 
 
 def _expand_specs(specs, tree: TreeDef, first: int, what: str) -> dict[int, Spec]:
@@ -191,7 +180,7 @@ class Parallelized:
         if self.in_specs is None:
             return pins
         specs = self.in_specs if isinstance(self.in_specs, (tuple, list)) else (self.in_specs,)
-        subs = _subtrees(graph.in_tree.children[0])
+        subs = top_level(graph.in_tree.children[0])
         if len(specs) > len(subs):
             raise GraphcError(f"in_specs has {len(specs)} entries, the function takes {len(subs)} array arguments")
         for (t, first), s in zip(subs, specs):
@@ -202,7 +191,7 @@ class Parallelized:
         pins: dict[int, Spec] = {}
         if self.out_specs is None:
             return pins
-        subs = _subtrees(graph.out_tree)
+        subs = top_level(graph.out_tree)
         specs = self.out_specs if isinstance(self.out_specs, (tuple, list)) and len(subs) > 1 else (self.out_specs,)
         for (t, first), s in zip(subs, specs):
             pins.update(_expand_specs(s, t, first, "out_specs"))

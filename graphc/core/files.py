@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
+from typing import Any
+
+from graphc.core.errors import GraphcError
 
 
 def cache_dir(*parts: str) -> str:
@@ -31,3 +35,25 @@ def atomic_write(path: str, data: str | bytes, make_dirs: bool = False) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def read_document(
+    text: str,
+    source: str,
+    what: str,
+    version: int,
+    kind: str | None = None,
+    error: type[GraphcError] = GraphcError,
+) -> dict[str, Any]:
+    """The JSON object in ``text`` (a graphc document: a plan, a program), checked for its
+    ``version`` and, where one is given, its ``kind``; ``error`` names ``source`` and, for bad
+    JSON, the line and column."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise error(f"{source}:{exc.lineno}:{exc.colno}: not a graphc {what} (bad JSON: {exc.msg})") from None
+    if not isinstance(doc, dict) or "version" not in doc or (kind is not None and doc.get("kind") != kind):
+        raise error(f"{source}: not a graphc {what}")
+    if doc["version"] != version:
+        raise error(f"{source}: {what} version {doc['version']!r} is not supported (expected {version})")
+    return doc

@@ -211,3 +211,15 @@ def _shape_of(t: TreeDef) -> Any:
     if t.kind in ("leaf", "static"):
         return "*"
     return (t.kind, tuple(t.keys), tuple(_shape_of(c) for c in t.children))
+
+
+def top_level(t: TreeDef) -> list[tuple[TreeDef, int]]:
+    """The elements of a tuple or list tree, each with the index of its first leaf (a tree of
+    another kind is one element): a function's positional arguments, a step's results."""
+    if t.kind not in ("tuple", "list"):
+        return [(t, 0)]
+    out, first = [], 0
+    for c in t.children:
+        out.append((c, first))
+        first += c.num_leaves
+    return out

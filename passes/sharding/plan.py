@@ -31,7 +31,7 @@ from types import MappingProxyType
 from typing import Any
 
 from graphc.core.errors import PlanError
-from graphc.core.files import atomic_write
+from graphc.core.files import atomic_write, read_document
 from graphc.core.ir import Graph, print_graph
 from graphc.core.mesh import Mesh, MeshError
 from graphc.core.spec import Spec, SpecError, format_spec, local_shape, parse_spec
@@ -44,6 +44,16 @@ PLAN_VERSION = 2
 def graph_hash(graph: Graph) -> str:
     """The hash a plan is made for: of the graph's text IR."""
     return hashlib.sha256(print_graph(graph).encode()).hexdigest()[:32]
+
+
+def check_made_for(graph: Graph, name: str, made_for: str, what: str) -> None:
+    """PlanError unless ``graph`` hashes to ``made_for``: a plan is followed only on its graph."""
+    h = graph_hash(graph)
+    if h != made_for:
+        raise PlanError(
+            f"stale {what}: it was made for graph @{name} with hash {made_for}, but the graph now hashes to {h} "
+            "(the model or its arguments changed); recompile the plan"
+        )
 
 
 def _frozen(d: Mapping | None) -> Mapping:
@@ -176,12 +186,7 @@ class ShardingPlan:
 
     def check(self, graph: Graph) -> None:
         """Refuse a plan made for a different graph."""
-        h = graph_hash(graph)
-        if h != self.graph_hash:
-            raise PlanError(
-                f"stale plan: it was made for graph @{self.graph_name} with hash {self.graph_hash}, "
-                f"but the graph now hashes to {h} (the model or its arguments changed); recompile the plan"
-            )
+        check_made_for(graph, self.graph_name, self.graph_hash, "plan")
 
     def pins(self) -> tuple[dict[int, Spec], dict[int, Spec], dict[int, str]]:
         """(input pins, output pins, node pins) marked ``"pinned": true`` in the plan."""
@@ -196,14 +201,7 @@ class ShardingPlan:
 
     @classmethod
     def from_json(cls, text: str, source: str = "<plan>") -> ShardingPlan:
-        try:
-            doc = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise PlanError(f"{source}:{exc.lineno}:{exc.colno}: not a plan file: {exc.msg}") from None
-        if not isinstance(doc, dict) or "version" not in doc:
-            raise PlanError(f"{source}: not a graphc plan (no 'version' key)")
-        if doc["version"] != PLAN_VERSION:
-            raise PlanError(f"{source}: plan version {doc['version']} is not supported (expected {PLAN_VERSION})")
+        doc = read_document(text, source, "plan", PLAN_VERSION, error=PlanError)
         try:
             return _plan_from_doc(doc)
         except (KeyError, TypeError, ValueError, SpecError, MeshError) as exc:
