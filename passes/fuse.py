@@ -91,6 +91,7 @@ def find_clusters(nodes: list[Node]) -> list[Cluster]:
     recent: Cluster | None = None
     for i, node in enumerate(nodes):
         if not fusable(node):
+            recent = None  # a cluster is only extended by the run of fusable ops that builds it
             continue
         joined = None
         for v in node.inputs:

@@ -16,6 +16,8 @@ CASES = [
     ("graphc.models.gpt", "lm_loss", "example_loss_args"),
     ("graphc.models.cnn", "cnn", "example_args"),
     ("graphc.models.cnn", "loss", "example_loss_args"),
+    ("graphc.models.llama", "llama", "example_args"),
+    ("graphc.models.llama", "loss", "example_loss_args"),
 ]
 
 

@@ -66,6 +66,7 @@ MODELS = [
     ("graphc.models.gpt", "lm_loss", "example_loss_args"),
     ("graphc.models.cnn", "cnn", "example_args"),
     ("graphc.models.cnn", "train_step", "example_train_args"),
+    ("graphc.models.llama", "train_step", "example_train_args"),
 ]
 
 

@@ -57,7 +57,11 @@ def _display_path(filename: str) -> str:
     return filename if rel.startswith("..") else rel
 
 
+@functools.lru_cache(maxsize=4096)
 def _is_internal(filename: str) -> bool:
+    """Whether frames of ``filename`` (a code object's co_filename) are graphc's or numpy's."""
+    if not filename.startswith("<"):
+        filename = os.path.abspath(filename)
     if filename.startswith(_GRAPHC_DIR):
         return not filename.startswith(_MODELS_DIR)
     return filename.startswith(_NUMPY_DIR) or filename.startswith("<__array_function__")
@@ -67,7 +71,7 @@ def _user_frame() -> FrameType | None:
     frame: FrameType | None = sys._getframe(2)
     while frame is not None:
         filename = frame.f_code.co_filename
-        if not _is_internal(os.path.abspath(filename) if not filename.startswith("<") else filename):
+        if not _is_internal(filename):
             return frame
         frame = frame.f_back
     return None
