@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from graphc.core.errors import PlanError
 from graphc.core.ir import Graph
 from graphc.core.mesh import Mesh
-from graphc.core.pytree import top_level
+from graphc.core.pytree import call_arguments, top_level
 from graphc.core.spec import Spec, format_spec
 from graphc.passes.lower import lower_graph
 from graphc.passes.manager import optimize
@@ -38,7 +38,7 @@ from graphc.programs import ParallelProgram
 
 PLAN_PASSES = ("fold_constants", "simplify", "cse", "dce")  # fusion runs per device, after lowering
 DEVICE_PASSES = ("cse", "dce", "fuse")
-PLANNER_VERSION = 4  # part of the plan cache key: bump when rules or costs change what a plan says
+PLANNER_VERSION = 5  # part of the plan cache key: bump when rules or costs change what a plan says
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,7 @@ class PlanOptions:
     solver: str = "CBC"
     shrink: bool = True
     linear_partials: bool = False  # micro-batching: operands an op is linear in may stay partial
+    free_axes: bool = False  # ignore the axis roles (passes/sharding/roles.py): every axis may split anything
 
     def to_json(self) -> dict:
         return {
@@ -75,6 +76,7 @@ class PlanOptions:
             "solver": self.solver,
             "shrink": self.shrink,
             "linear_partials": self.linear_partials,
+            "free_axes": self.free_axes,
         }
 
 
@@ -91,10 +93,11 @@ def build_problem(
     pins: Pins = Pins(),
     ties: list[tuple[int, int]] | None = None,
     linear_partials: bool = False,
+    free_axes: bool = False,
 ) -> Problem:
     """The sharding problem of ``graph`` on ``mesh`` with the pins and state ties applied."""
     ties = list(ties or [])
-    problem = _items_and_edges(graph, mesh, dict(pins.inputs), dict(pins.outputs), ties, linear_partials)
+    problem = _items_and_edges(graph, mesh, dict(pins.inputs), dict(pins.outputs), ties, linear_partials, free_axes)
     apply_ties(problem, ties)
     if pins.nodes:
         pin_nodes(problem, dict(pins.nodes))
@@ -128,7 +131,7 @@ def plan_sharding(
 ) -> ShardingPlan:
     """build_problem -> shrink -> solve -> make_plan."""
     start = time.perf_counter()
-    problem = build_problem(graph, mesh, pins, ties, options.linear_partials)
+    problem = build_problem(graph, mesh, pins, ties, options.linear_partials, options.free_axes)
     build_s = time.perf_counter() - start
     solution = solve_problem(problem, options, progress)
     return make_plan(problem, solution, options, build_s)
@@ -186,14 +189,7 @@ def state_ties(graph: Graph) -> list[tuple[int, int]]:
     of steps never reshards its state."""
     in_types = [v.type for v in graph.inputs]
     out_types = [v.type for v in graph.outputs]
-    args_tree = graph.in_tree.children[0] if graph.in_tree.kind == "tuple" and graph.in_tree.children else graph.in_tree
-    args = top_level(args_tree)
-    kw_first = args_tree.num_leaves
-    if graph.in_tree.kind == "tuple" and len(graph.in_tree.children) > 1:
-        args += [
-            (c, kw_first + sum(x.num_leaves for x in graph.in_tree.children[1].children[:j]))
-            for j, c in enumerate(graph.in_tree.children[1].children)
-        ]
+    args = call_arguments(graph.in_tree)
     used: set[int] = set()
     ties = []
     for pos, (ot, ofirst) in enumerate(top_level(graph.out_tree)):

@@ -375,12 +375,15 @@ def schedule_tasks(schedule: str, n_stages: int, m: int, stage: int) -> list[tup
 
 # --- a whole pipeline plan: stages, their sub-mesh plan, the schedule, the predicted step ---------
 
-PP_AXIS = "pp"
+
+def pipe_axis(mesh: Mesh) -> str | None:
+    """The mesh's pipeline axis: the first with the role "pipe" (named pp or pipe), or None."""
+    return mesh.axis_with_role("pipe")
 
 
 def sub_mesh(mesh: Mesh) -> Mesh:
     """The mesh every stage runs on: ``mesh`` without its pp axis (a 1-device mesh if nothing is left)."""
-    rest = {n: k for n, k in zip(mesh.axis_names, mesh.shape) if n != PP_AXIS}
+    rest = {n: k for n, k in zip(mesh.axis_names, mesh.shape) if n != pipe_axis(mesh)}
     links = {n: link for n, link in mesh.links.items() if n in rest}
     return Mesh(rest or {"stage": 1}, links=links or None, profile=mesh.profile)
 
@@ -412,7 +415,9 @@ class PipelinePlan:
 
     @property
     def pp_axis(self) -> int:
-        return self.mesh.axis_index(PP_AXIS)
+        name = pipe_axis(self.mesh)
+        assert name is not None  # a pipeline plan's mesh has a pipe axis
+        return self.mesh.axis_index(name)
 
     @property
     def sub(self) -> Mesh:
@@ -553,9 +558,10 @@ def plan_pipeline(
     sub-mesh of the other axes (the same plan in every stage). ``mb``: the micro-batched step,
     if the caller has it already."""
     mesh = as_mesh(mesh)
-    if PP_AXIS not in mesh.axis_names:
-        raise PlanError(f"a pipeline needs a {PP_AXIS!r} axis in its mesh, got {mesh}")
-    S = mesh.shape[mesh.axis_index(PP_AXIS)]
+    pp = pipe_axis(mesh)
+    if pp is None:
+        raise PlanError(f"a pipeline needs a 'pp' (or 'pipe') axis in its mesh, got {mesh}")
+    S = mesh.shape[mesh.axis_index(pp)]
     sub = sub_mesh(mesh)
     mb = mb if mb is not None else microbatch(graph, m)
     g0 = mb.program.devices[0].graph
@@ -568,7 +574,7 @@ def plan_pipeline(
             g0, sub, ties=sub_ties, options=PlanOptions(memory_limit=memory_limit, time_limit_s=time_limit_s)
         )
     stage_s = _stage_times(a, sub_plan)
-    transfer = _transfer_time(g0, a, mesh.links[PP_AXIS], sub.size)
+    transfer = _transfer_time(g0, a, mesh.links[pp], sub.size)
     per_mb = max(f + b for f, b, _u in stage_s) + (transfer / (S - 1) if S > 1 else 0.0)
     step = (m + S - 1) * per_mb + max(u for _f, _b, u in stage_s)
     busy = sum(m * (f + b) for f, b, _u in stage_s) / S
@@ -646,7 +652,7 @@ def _transfer_time(g: Graph, a: StageAssignment, link, n_sub: int) -> float:
 
 
 __all__ = [
-    "PP_AXIS",
+    "pipe_axis",
     "SCHEDULES",
     "PipelinePlan",
     "StageAssignment",

@@ -53,7 +53,7 @@ from graphc.passes.partition import (
     plan_sharding,
     state_ties,
 )
-from graphc.passes.pipeline import PP_AXIS, PipelinePlan, plan_pipeline
+from graphc.passes.pipeline import PipelinePlan, pipe_axis, plan_pipeline
 from graphc.passes.pipeline_lower import lower_pipeline
 from graphc.passes.sharding.plan import ShardingPlan, graph_hash
 from graphc.runtime.devices import ParallelExecutable, ShardedArray
@@ -115,6 +115,7 @@ class Parallelized:
         sharded_state: bool = False,
         microbatches: int = 1,
         schedule: str = "1f1b",
+        free_axes: bool = False,
     ):
         self.fn = fn
         self.static = StaticArgs(fn, tuple(static_argnames))
@@ -125,7 +126,9 @@ class Parallelized:
         self.memory_limit = parse_bytes(memory_limit)
         self.in_specs = in_specs
         self.out_specs = out_specs
-        self.options = PlanOptions(memory_limit=self.memory_limit, time_limit_s=time_limit_s, shrink=shrink)
+        self.options = PlanOptions(
+            memory_limit=self.memory_limit, time_limit_s=time_limit_s, shrink=shrink, free_axes=free_axes
+        )
         self.cache = PlanCache(cache_dir("plans")) if cache else None
         self.timeout_s = timeout_s
         self.sharded_state = sharded_state
@@ -142,7 +145,7 @@ class Parallelized:
     @property
     def pipelined(self) -> bool:
         """A mesh with a ``pp`` axis: the step runs as a pipeline of micro-batches."""
-        return PP_AXIS in self.mesh.axis_names
+        return pipe_axis(self.mesh) is not None
 
     # --- the steps ---------------------------------------------------------------------------
     def trace_optimized(self, *args, **kwargs) -> tuple[Graph, Graph, dict[str, float]]:
@@ -346,11 +349,16 @@ def parallelize(
     sharded_state: bool = False,
     microbatches: int = 1,
     schedule: str = "1f1b",
+    free_axes: bool = False,
 ):
     """Decorator or function: ``graphc.parallelize(fn, mesh={"dp": 2, "tp": 4})``. A mesh with a
     ``pp`` axis (``{"pp": 2, "dp": 2, "tp": 2}``) runs the step as a pipeline of ``microbatches``
     micro-batches on ``pp`` stages ("gpipe" or "1f1b" ``schedule``), each stage sharded on the
-    other axes."""
+    other axes.
+
+    Axis names give roles (README, "Mesh axes"): ``dp``/``data``/``batch`` split only batch dims,
+    ``sp``/``seq`` only sequence dims, ``tp``/``model``/``mp`` and other names anything;
+    ``free_axes=True`` lets every axis split anything."""
     if isinstance(static_argnames, str):
         static_argnames = (static_argnames,)
 
@@ -369,6 +377,7 @@ def parallelize(
             sharded_state,
             microbatches,
             schedule,
+            free_axes,
         )
 
     return wrap if fn is None else wrap(fn)

@@ -99,10 +99,10 @@ def plan_variants(graph, mesh) -> list[tuple[str, dict[int, tuple], dict[int, st
 def bench_plans(fn, fargs, fkwargs, static, mesh, repeat: int) -> list[dict[str, Any]]:
     """Plan, build and time every variant of ``plan_variants``; rows with predicted/measured seconds."""
     mesh = as_mesh(mesh)
-    base = parallelize(fn, mesh=mesh, static_argnames=static, cache=False)
+    base = parallelize(fn, mesh=mesh, static_argnames=static, cache=False, free_axes=True)
     rows: list[dict[str, Any]] = []
     for name, in_pins, node_pins in plan_variants(base.trace_optimized(*fargs, **fkwargs)[1], mesh):
-        pf = parallelize(fn, mesh=mesh, static_argnames=static, cache=False)
+        pf = parallelize(fn, mesh=mesh, static_argnames=static, cache=False, free_axes=True)
         pf.followed = (dict(in_pins), {}, dict(node_pins))
         try:
             compiled = pf.compile(*fargs, **fkwargs)

@@ -46,6 +46,11 @@ def add_parser(sub) -> None:
     p.add_argument("--plan", metavar="FILE", help="re-solve around the pins of an (edited) plan file")
     p.add_argument("--dump-ir", metavar="DIR", help="write the IR after every pass to DIR")
     p.add_argument("--time-limit", type=float, default=60.0, help="ILP time limit in seconds (default 60)")
+    p.add_argument(
+        "--free-axes",
+        action="store_true",
+        help="ignore the axis roles (dp splits only batch dims, sp only sequence dims): any axis may split anything",
+    )
     p.add_argument("--no-shrink", action="store_true", help="one ILP variable per node (no tying / follower merging)")
     p.add_argument("--no-cache", action="store_true", help="do not read or write the plan cache")
     p.add_argument(
@@ -79,6 +84,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         cache=not args.no_cache and not args.plan,
         microbatches=args.microbatches,
         schedule=args.schedule,
+        free_axes=args.free_axes,
     )
     if pf.pipelined:
         if args.plan or args.explain:

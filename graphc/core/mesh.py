@@ -1,6 +1,7 @@
 """The device mesh, and the machine profile the sharding cost model reads.
 
     Mesh("dp=2,tp=4")       named axes; devices 0..size-1 numbered row-major (the last axis varies fastest)
+      .roles[axis]          what the axis is for, by its name: data (dp), model (tp), seq (sp), pipe (pp), free
       .links[axis]          Link(latency_s, bandwidth) of one ring link along that axis
       .profile              MachineProfile: flop rate, memory bandwidth, default link, collective overhead
 
@@ -28,6 +29,24 @@ from graphc.core.errors import GraphcError
 from graphc.core.files import atomic_write, cache_dir
 
 MESH_EXAMPLE = "dp=2,tp=4"
+
+# What an axis is for, by its name (any other name: "free"). The planner reads it
+# (passes/sharding/roles.py): a data axis splits only batch dims, a seq axis only sequence dims,
+# a pipe axis holds pipeline stages; model and free axes may split anything.
+ROLE_NAMES = {
+    "data": ("dp", "data", "batch"),
+    "model": ("tp", "model", "mp"),
+    "pipe": ("pp", "pipe"),
+    "seq": ("sp", "seq"),
+}
+_ROLE_OF = {name: role for role, names in ROLE_NAMES.items() for name in names}
+
+
+def axis_role(name: str) -> str:
+    """The role of a mesh axis called ``name``: "data", "model", "pipe", "seq" or "free"."""
+    return _ROLE_OF.get(name.lower(), "free")
+
+
 LINKS_EXAMPLE = "dp=1GB/s:50us,tp=10GB/s:5us"
 
 
@@ -306,6 +325,15 @@ class Mesh:
     @property
     def profile(self) -> MachineProfile:
         return self._profile
+
+    @property
+    def roles(self) -> dict[str, str]:
+        """Every axis's role by its name (``axis_role``): {"dp": "data", "tp": "model", ...}."""
+        return {name: axis_role(name) for name in self._axes}
+
+    def axis_with_role(self, role: str) -> str | None:
+        """The first axis whose role is ``role``, or None."""
+        return next((name for name in self._axes if axis_role(name) == role), None)
 
     @property
     def links(self) -> dict[str, Link]:

@@ -213,6 +213,21 @@ def _shape_of(t: TreeDef) -> Any:
     return (t.kind, tuple(t.keys), tuple(_shape_of(c) for c in t.children))
 
 
+def call_arguments(in_tree: TreeDef) -> list[tuple[TreeDef, int]]:
+    """A traced call's arguments, each with the index of its first leaf: the positional ones, then
+    the keyword ones (``in_tree`` is the tree of ``(args, kwargs)``)."""
+    if in_tree.kind != "tuple" or not in_tree.children:
+        return [(in_tree, 0)]
+    args_tree = in_tree.children[0]
+    args = top_level(args_tree)
+    if len(in_tree.children) > 1:
+        first = args_tree.num_leaves
+        for c in in_tree.children[1].children:
+            args.append((c, first))
+            first += c.num_leaves
+    return args
+
+
 def top_level(t: TreeDef) -> list[tuple[TreeDef, int]]:
     """The elements of a tuple or list tree, each with the index of its first leaf (a tree of
     another kind is one element): a function's positional arguments, a step's results."""

@@ -27,6 +27,7 @@ from graphc.core.mesh import Mesh
 from graphc.core.spec import SpecError, format_spec, local_shape, parse_spec
 from graphc.ops.dims import DimRule
 from graphc.passes.sharding.redistribute import redistribution_time
+from graphc.passes.sharding.roles import AxisRoles, axis_roles
 from graphc.passes.sharding.strategies import Strategy, block_sets, get_rule, node_strategies, tensor_specs
 
 
@@ -59,6 +60,7 @@ class Problem:
     order: list[int] = field(default_factory=list)  # item indices in program order
     warnings: list[str] = field(default_factory=list)
     ties: list[tuple[int, int]] = field(default_factory=list)  # (input item, output item): same strategy index
+    roles: AxisRoles | None = None
     _spec_cache: dict = field(default_factory=dict, repr=False)
     _matrix_cache: dict = field(default_factory=dict, repr=False)
 
@@ -167,19 +169,23 @@ def build_problem(
     out_pins: dict[int, tuple] | None = None,
     ties: list[tuple[int, int]] | None = None,
     linear_partials: bool = False,
+    free_axes: bool = False,
 ) -> Problem:
     """Items and edges of ``graph`` on ``mesh``. ``in_pins`` / ``out_pins`` restrict the spec of
     graph input / output positions; ``ties`` are (input position, output position) pairs whose
-    specs must be equal (a training step's state): both get the same candidate list."""
+    specs must be equal (a training step's state): both get the same candidate list. The mesh's
+    axis roles (passes/sharding/roles.py) restrict what data and seq axes split, unless
+    ``free_axes``."""
     in_pins = in_pins or {}
     out_pins = out_pins or {}
     ties = ties or []
     rules, rule_errors = _node_rules(graph)
-    b = _ProblemBuilder(graph, mesh, block_sets(graph, rules))
+    roles = axis_roles(graph, mesh, rules, ties, free_axes)
+    b = _ProblemBuilder(graph, mesh, block_sets(graph, rules), roles, warnings=list(roles.warnings))
     b.add_inputs(in_pins, {i: o for i, o in ties})
     b.add_nodes(rules, rule_errors, linear_partials)
     b.add_outputs(out_pins, {o: i for i, o in ties})
-    return Problem(graph, mesh, b.items, b.edges, _program_order(b.items), b.warnings)
+    return Problem(graph, mesh, b.items, b.edges, _program_order(b.items), b.warnings, roles=roles)
 
 
 def _node_rules(graph: Graph) -> tuple[dict[Node, DimRule | None], dict[Node, str]]:
@@ -212,6 +218,7 @@ class _ProblemBuilder:
     graph: Graph
     mesh: Mesh
     sets: dict[Value, list[set[int]]]  # block counts per value dim (strategies.block_sets)
+    roles: AxisRoles
     items: list[Item] = field(default_factory=list)
     edges: list[Edge] = field(default_factory=list)
     producer: dict[Value, tuple[int, int]] = field(default_factory=dict)
@@ -224,7 +231,8 @@ class _ProblemBuilder:
         if other is not None:
             for d, s in enumerate(self.sets.get(other, [])):
                 blocks[d] |= s
-        return tensor_specs(v.type, tuple(self.mesh.shape), blocks)
+        roles = self.roles
+        return tensor_specs(v.type, tuple(self.mesh.shape), blocks, lambda a, d: roles.allows(a, v, d))
 
     def add_inputs(self, in_pins: dict[int, tuple], tied_in: dict[int, int]) -> None:
         """One item per graph input: a strategy per spec it may arrive in."""
@@ -245,10 +253,10 @@ class _ProblemBuilder:
         strategy_cache: dict = {}
         for n_i, node in enumerate(self.graph.nodes):
             rule = rules[node]
-            key = _node_key(node, self.sets)
+            key = _node_key(node, self.sets, self.roles)
             strategies = strategy_cache.get(key) if key is not None else None
             if strategies is None:
-                strategies = node_strategies(node, rule, self.mesh, self.sets, linear_partials)
+                strategies = node_strategies(node, rule, self.mesh, self.sets, linear_partials, self.roles)
                 if key is not None:
                     strategy_cache[key] = strategies
             item = Item("node", n_i, list(strategies), node=node)
@@ -283,9 +291,9 @@ class _ProblemBuilder:
             self.edges.append(Edge(src, out, idx, 0, v))
 
 
-def _node_key(node, sets):
-    """Nodes with equal keys have equal strategies (repeated layers): op, attributes, types and
-    the block counts their values may carry."""
+def _node_key(node, sets, roles: AxisRoles):
+    """Nodes with equal keys have equal strategies (repeated layers): op, attributes, types, the
+    block counts their values may carry, and the kinds of their dims (batch, sequence)."""
     if node.regions:
         return None
     try:
@@ -298,8 +306,10 @@ def _node_key(node, sets):
         hash(attrs)
     except TypeError:
         return None
-    blocks = tuple(tuple(frozenset(x) for x in sets.get(v, ())) for v in (*node.inputs, *node.outputs))
-    return (node.op.name, attrs, tuple(v.type for v in node.inputs), tuple(o.type for o in node.outputs), blocks)
+    values = (*node.inputs, *node.outputs)
+    blocks = tuple(tuple(frozenset(x) for x in sets.get(v, ())) for v in values)
+    types = (tuple(v.type for v in node.inputs), tuple(o.type for o in node.outputs))
+    return (node.op.name, attrs, types, blocks, roles.key(values))
 
 
 def _pin(item: Item, spec, what: str, error, node: bool = False) -> None:

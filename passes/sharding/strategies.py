@@ -22,6 +22,7 @@ import numpy as np
 from graphc.core.ir import Graph, TensorType, Value, walk
 from graphc.core.spec import P, Placement, R, S, format_spec
 from graphc.ops.dims import DimRule, default_cost, linear_operands
+from graphc.passes.sharding.roles import RESTRICTED, AxisRoles
 
 MAX_BLOCKS = 16
 
@@ -125,13 +126,18 @@ def block_sets(graph: Graph, rules: dict) -> dict[Value, list[set[int]]]:
     return sets
 
 
-def tensor_specs(t: TensorType, mesh_shape: tuple[int, ...], blocks: list[set[int]] | None = None) -> list[tuple]:
-    """All valid specs of a graph input/output: per axis R or an even S(d, b); no P."""
+def tensor_specs(
+    t: TensorType, mesh_shape: tuple[int, ...], blocks: list[set[int]] | None = None, allows=None
+) -> list[tuple]:
+    """All valid specs of a graph input/output: per axis R or an even S(d, b); no P.
+    ``allows(axis, dim)``: whether the axis's role lets it split that dim (default: always)."""
     per_axis = []
-    for n in mesh_shape:
+    for a, n in enumerate(mesh_shape):
         opts: list[Placement] = [R]
         if n > 1:
             for d, size in enumerate(t.shape):
+                if allows is not None and not allows(a, d):
+                    continue
                 for b in sorted(blocks[d] if blocks else {1}):
                     if size % (b * n) == 0:
                         opts.append(S(d, b))
@@ -156,16 +162,22 @@ def replicated(node, mesh_shape, profile) -> Strategy:
 
 
 def node_strategies(
-    node, rule: DimRule | None, mesh, sets: dict[Value, list[set[int]]], linear_partials: bool = False
+    node,
+    rule: DimRule | None,
+    mesh,
+    sets: dict[Value, list[set[int]]],
+    linear_partials: bool = False,
+    roles: AxisRoles | None = None,
 ) -> list[Strategy]:
     """The node's strategies on ``mesh``; ``linear_partials`` adds, on a one-axis mesh, one
-    strategy per operand set the op is linear in: those operands P, the others R, results P."""
+    strategy per operand set the op is linear in: those operands P, the others R, results P.
+    ``roles`` (passes/sharding/roles.py) keeps data and seq axes to batch and sequence dims."""
     mesh_shape = tuple(mesh.shape)
     profile = mesh.profile
     extra = _linear_partials(node, mesh, profile) if linear_partials else []
     if rule is None:
         return [replicated(node, mesh_shape, profile)] + extra
-    return _rule_strategies(node, rule, mesh, sets) + extra
+    return _rule_strategies(node, rule, mesh, sets, roles) + extra
 
 
 def _linear_partials(node, mesh, profile) -> list[Strategy]:
@@ -183,17 +195,21 @@ _Occurrences = dict[str, list[tuple[str, int, int, int]]]  # label -> (side, ope
 _Choice = tuple[str, int] | None  # per mesh axis: nothing, or (label, base block count)
 
 
-def _rule_strategies(node, rule: DimRule, mesh, sets: dict[Value, list[set[int]]]) -> list[Strategy]:
+def _rule_strategies(
+    node, rule: DimRule, mesh, sets: dict[Value, list[set[int]]], roles: AxisRoles | None = None
+) -> list[Strategy]:
     """One strategy per distinct placement the rule allows: every combination of a choice per
-    mesh axis (nothing, or a label with a block count) that splits evenly and uses no label twice."""
+    mesh axis (nothing, or a label with a block count the axis's role allows) that splits evenly
+    and uses no label twice."""
     mesh_shape = tuple(mesh.shape)
     profile = mesh.profile
     occ = _label_occurrences(rule)
     choices = _label_choices(node, rule, occ, sets)
+    per_axis = [_allowed_choices(node, occ, choices, roles, a) for a in range(len(mesh_shape))]
     full = full_time(node, profile)
     strategies: list[Strategy] = []
     seen: set[tuple[tuple, tuple]] = set()
-    for combo in itertools.product(choices, repeat=len(mesh_shape)):
+    for combo in itertools.product(*per_axis):
         used = [c[0] for c in combo if c is not None]
         if len(used) != len(set(used)):
             continue
@@ -207,6 +223,17 @@ def _rule_strategies(node, rule: DimRule, mesh, sets: dict[Value, list[set[int]]
         name = _strategy_name(combo, mesh.axis_names)
         strategies.append(Strategy(name, key[0], key[1], full / divided, divided))
     return strategies or [replicated(node, mesh_shape, profile)]
+
+
+def _allowed_choices(node, occ: _Occurrences, choices: list[_Choice], roles: AxisRoles | None, a: int) -> list[_Choice]:
+    """The choices mesh axis ``a`` may make: labels whose every dim its role allows."""
+    if roles is None or roles.roles[a] not in RESTRICTED:
+        return choices
+    return [
+        c
+        for c in choices
+        if c is None or all(roles.allows(a, _operand(node, side, i), d) for side, i, d, _f in occ[c[0]])
+    ]
 
 
 def _label_occurrences(rule: DimRule) -> _Occurrences:

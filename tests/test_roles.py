@@ -1,0 +1,162 @@
+"""Mesh axis roles (passes/sharding/roles.py): dp splits only batch dims, sp only sequence dims,
+tp anything; free_axes lifts the roles. Plans are checked on what they split and run against numpy."""
+
+import numpy as np
+import pytest
+
+import graphc
+from graphc.core.mesh import Mesh, axis_role
+from graphc.core.spec import R, S
+from graphc.models import gpt, llama
+from graphc.passes.partition import build_problem, optimize_for_planning, state_ties
+from graphc.passes.sharding.roles import BATCH, SEQ, axis_roles
+from graphc.passes.sharding.strategies import rules_of
+from tests.helpers import assert_same_pytree
+
+
+def test_roles_by_axis_name():
+    assert [axis_role(n) for n in ("dp", "data", "batch", "DP")] == ["data"] * 4
+    assert [axis_role(n) for n in ("tp", "model", "mp")] == ["model"] * 3
+    assert [axis_role(n) for n in ("sp", "seq", "pp", "pipe", "x", "rows")] == [
+        "seq",
+        "seq",
+        "pipe",
+        "pipe",
+        "free",
+        "free",
+    ]
+    assert Mesh("dp=2,sp=2,tp=2").roles == {"dp": "data", "sp": "seq", "tp": "model"}
+
+
+def _mse_loss(params, x, y):
+    h = np.maximum(x @ params["w1"] + params["b1"], 0.0)
+    return np.mean((h @ params["w2"] + params["b2"] - y) ** 2)
+
+
+def _sgd_step(params, x, y):
+    loss, grads = graphc.value_and_grad(_mse_loss)(params, x, y)
+    return {k: params[k] - 0.05 * grads[k] for k in params}, loss
+
+
+def _mlp_args(batch, d_in, hidden, d_out, seed=0):
+    rng = np.random.default_rng(seed)
+    params = {
+        "w1": (rng.standard_normal((d_in, hidden)) * 0.1).astype(np.float32),
+        "b1": np.zeros(hidden, np.float32),
+        "w2": (rng.standard_normal((hidden, d_out)) * 0.1).astype(np.float32),
+        "b2": np.zeros(d_out, np.float32),
+    }
+    x = rng.standard_normal((batch, d_in)).astype(np.float32)
+    y = rng.standard_normal((batch, d_out)).astype(np.float32)
+    return params, x, y
+
+
+def test_large_batch_mlp_on_dp_is_data_parallel():
+    """An expert splits the batch and all-reduces the (small) gradients; weights stay replicated."""
+    params, x, y = _mlp_args(1536, 24, 48, 6)
+    pf = graphc.parallelize(_sgd_step, mesh="dp=4", cache=False)
+    plan = pf.plan(params, x, y)
+    specs = {t.name: t.spec for t in plan.inputs}
+    assert specs["%x"] == (S(0),) and specs["%y"] == (S(0),)
+    assert all(specs[f"%params.{k}"] == (R,) for k in params)
+    assert {c.kind for c in plan.collectives} == {"all_reduce"}
+    grad_bytes = sum(v.nbytes for v in params.values())
+    assert sum(c.bytes for c in plan.collectives) <= grad_bytes + 4  # the gradients (and the loss)
+    assert_same_pytree(pf(params, x, y), _sgd_step(params, x, y))
+
+
+def test_free_axes_lets_a_data_axis_split_weights():
+    params, x, y = _mlp_args(32, 64, 512, 64)
+    graph = optimize_for_planning(graphc.trace(_sgd_step, params, x, y))
+    ties = state_ties(graph)
+    restricted = build_problem(graph, Mesh("dp=2"), ties=ties)
+    free = build_problem(graph, Mesh("dp=2"), ties=ties, free_axes=True)
+    w1 = next(it for it in restricted.items if it.kind == "input" and it.value.name == "params.w1")
+    w1_free = next(it for it in free.items if it.kind == "input" and it.value.name == "params.w1")
+    assert [s.out_specs[0] for s in w1.strategies] == [(R,)]
+    assert len(w1_free.strategies) == 3  # R, S(0), S(1)
+    assert sum(len(it.strategies) for it in restricted.items) < sum(len(it.strategies) for it in free.items)
+
+
+def test_gpt_on_dp_tp_splits_the_batch_on_dp_and_weights_on_tp_only():
+    args, kw = gpt.example_train_args(batch=32, seq=16, d=32, n_head=4, n_layer=1, n_vocab=64)
+    pf = graphc.parallelize(gpt.train_step, mesh="dp=2,tp=2", cache=False, static_argnames=("n_head",))
+    plan = pf.plan(*args, **kw)
+    for t in plan.inputs:
+        if t.name.startswith(("%params", "%opt_state")):
+            assert t.spec[0] == R, (t.name, t.spec)  # dp never splits model state
+    assert any(t.spec[1] != R for t in plan.inputs if t.name.startswith("%params"))  # tp splits weights
+    tokens = next(t for t in plan.inputs if t.name == "%tokens")
+    assert tokens.spec[0] == S(0)
+    for n in plan.nodes:  # dp splits batch dims only: every split it makes is of a batch class
+        for spec in (*n.in_specs, *n.out_specs):
+            assert spec[0].kind in ("R", "P") or spec[0].is_split
+    assert_same_pytree(pf(*args, **kw), gpt.train_step(*args, **kw))
+
+
+def test_batch_and_sequence_dims_follow_the_dataflow():
+    (params, tokens, targets), kw = llama.example_loss_args(batch=2, seq=8, d=32, n_layer=1, n_head=4, n_kv_head=2)
+    graph = optimize_for_planning(graphc.trace(llama.loss, params, tokens, targets, **kw))
+    roles = axis_roles(graph, Mesh("dp=2,sp=2"), rules_of(graph), ties=[])
+    names = {v.name: v for v in graph.inputs}
+    assert roles.kinds(names["tokens"]) == (BATCH, SEQ)
+    assert roles.kinds(names["targets"])[0] == BATCH
+    assert names["params.embed"] in roles.state
+    hidden = [n.outputs[0] for n in graph.nodes if n.outputs and n.outputs[0].type.shape == (2, 8, 32)]
+    assert hidden and all(roles.kinds(v) == (BATCH, SEQ, 0) for v in hidden)
+
+
+def test_time_major_batch_is_found_behind_the_time_dim():
+    def rnn_loss(w, xs):
+        h = np.zeros((xs.shape[1], w.shape[1]), np.float32)
+        for t in range(xs.shape[0]):
+            h = np.tanh(xs[t] @ w + h)
+        return h.sum()
+
+    w = np.ones((5, 6), np.float32) * 0.1
+    xs = np.ones((3, 8, 5), np.float32)
+    graph = optimize_for_planning(graphc.trace(rnn_loss, w, xs))
+    roles = axis_roles(graph, Mesh("dp=2"), rules_of(graph), ties=[])
+    assert roles.kinds(graph.inputs[1])[1] == BATCH and roles.kinds(graph.inputs[1])[0] == 0
+
+
+def test_sequence_parallel_axis_splits_the_sequence_and_matches_numpy():
+    args, kw = llama.example_loss_args(batch=2, seq=64, d=64, n_layer=1, n_head=4, n_kv_head=2, n_vocab=48, ffn=256)
+    pf = graphc.parallelize(llama.loss, mesh="sp=2", cache=False, static_argnames=("n_head", "n_kv_head"))
+    plan = pf.plan(*args, **kw)
+    for t in plan.inputs:
+        if t.name.startswith("%params"):
+            assert t.spec == (R,)
+    split = [n for n in plan.nodes if any(s[0].is_split for s in n.out_specs)]
+    assert split, "sp split nothing"
+    np.testing.assert_allclose(pf(*args, **kw), llama.loss(*args, **kw), rtol=1e-5)
+
+
+def test_a_data_axis_that_divides_no_batch_warns_and_replicates():
+    params, x, y = _mlp_args(6, 8, 16, 4)  # batch 6 on dp=4
+    pf = graphc.parallelize(_sgd_step, mesh="dp=4", cache=False)
+    plan = pf.plan(params, x, y)
+    assert any("dp=4" in w and "batch dims of size 6" in w for w in plan.warnings), plan.warnings
+    assert all(t.spec == (R,) for t in plan.inputs)
+    assert_same_pytree(pf(params, x, y), _sgd_step(params, x, y))
+
+
+@pytest.mark.parametrize("first_arg_container", [True, False])
+def test_state_without_ties_is_the_leading_container(first_arg_container):
+    w = {"w": np.ones((6, 4), np.float32)}
+
+    def f(params, x):
+        return x @ params["w"]
+
+    def g(x, w):
+        return x @ w
+
+    x = np.ones((8, 6), np.float32)
+    if first_arg_container:
+        graph = optimize_for_planning(graphc.trace(f, w, x))
+        roles = axis_roles(graph, Mesh("dp=2"), rules_of(graph), ties=[])
+        assert graph.inputs[0] in roles.state and roles.kinds(graph.inputs[1]) == (BATCH, 0)
+    else:  # bare arrays: nothing is known to be state; both leading dims may be batch
+        graph = optimize_for_planning(graphc.trace(g, x, w["w"]))
+        roles = axis_roles(graph, Mesh("dp=2"), rules_of(graph), ties=[])
+        assert not roles.state and roles.kinds(graph.inputs[0])[0] & BATCH
