@@ -109,7 +109,7 @@ class Parallelized:
         in_specs=None,
         out_specs=None,
         shrink: bool = True,
-        time_limit_s: float = 60.0,
+        time_limit: float = 60.0,
         cache: bool = True,
         timeout_s: float = 60.0,
         sharded_state: bool = False,
@@ -127,7 +127,7 @@ class Parallelized:
         self.in_specs = in_specs
         self.out_specs = out_specs
         self.options = PlanOptions(
-            memory_limit=self.memory_limit, time_limit_s=time_limit_s, shrink=shrink, free_axes=free_axes
+            memory_limit=self.memory_limit, time_limit_s=time_limit, shrink=shrink, free_axes=free_axes
         )
         self.cache = PlanCache(cache_dir("plans")) if cache else None
         self.timeout_s = timeout_s
@@ -204,8 +204,12 @@ class Parallelized:
         """Trace, optimize and solve for these arguments (nothing runs)."""
         return self.plan_and_graph(*args, progress=progress, **kwargs)[0]
 
-    def plan_and_graph(self, *args: Any, progress=None, **kwargs: Any) -> tuple[ShardingPlan | PipelinePlan, Graph]:
-        """The plan for these arguments and the (optimized) graph it partitions."""
+    def plan_and_graph(
+        self, *args: Any, progress=None, start: float | None = None, **kwargs: Any
+    ) -> tuple[ShardingPlan | PipelinePlan, Graph]:
+        """The plan for these arguments and the (optimized) graph it partitions, within the time
+        limit counted from ``start`` (``time.perf_counter()``; default now)."""
+        deadline = (time.perf_counter() if start is None else start) + self.options.time_limit_s
         traced, graph, seconds = self.trace_optimized(*args, **kwargs)
         t0 = time.perf_counter()
         if self.pipelined:
@@ -227,11 +231,11 @@ class Parallelized:
         if cached is not None:
             plan = cached.with_timing(**seconds, cached=True)
         else:
-            plan = plan_sharding(graph, self.mesh, pins, ties, self.options, progress)
+            plan = plan_sharding(graph, self.mesh, pins, ties, self.options, progress, deadline)
             plan = plan.with_timing(
                 **seconds, plan_s=time.perf_counter() - t0, cached=False, nodes_traced=len(traced.nodes)
             )
-            if self.cache and key:
+            if self.cache and key and plan.solver.status == "optimal":  # a plan cut short is not kept
                 self.cache.put(key, plan)
         if key:
             self._plans[key] = plan
@@ -343,7 +347,7 @@ def parallelize(
     in_specs=None,
     out_specs=None,
     shrink: bool = True,
-    time_limit_s: float = 60.0,
+    time_limit: float = 60.0,
     cache: bool = True,
     timeout_s: float = 60.0,
     sharded_state: bool = False,
@@ -358,7 +362,11 @@ def parallelize(
 
     Axis names give roles (README, "Mesh axes"): ``dp``/``data``/``batch`` split only batch dims,
     ``sp``/``seq`` only sequence dims, ``tp``/``model``/``mp`` and other names anything;
-    ``free_axes=True`` lets every axis split anything."""
+    ``free_axes=True`` lets every axis split anything.
+
+    ``time_limit`` (seconds) bounds the wall time of planning, tracing included: when it runs out
+    the best plan found so far is used (its gap is in ``plan.solver``); ``PlanError`` only if
+    there is none."""
     if isinstance(static_argnames, str):
         static_argnames = (static_argnames,)
 
@@ -371,7 +379,7 @@ def parallelize(
             in_specs,
             out_specs,
             shrink,
-            time_limit_s,
+            time_limit,
             cache,
             timeout_s,
             sharded_state,

@@ -45,7 +45,13 @@ def add_parser(sub) -> None:
     p.add_argument("-o", "--output", help="write the plan JSON here (default: plan.json)", default="plan.json")
     p.add_argument("--plan", metavar="FILE", help="re-solve around the pins of an (edited) plan file")
     p.add_argument("--dump-ir", metavar="DIR", help="write the IR after every pass to DIR")
-    p.add_argument("--time-limit", type=float, default=60.0, help="ILP time limit in seconds (default 60)")
+    p.add_argument(
+        "--time-limit",
+        type=float,
+        default=60.0,
+        help="wall-time limit of the compile (trace, optimize, plan) in seconds (default 60): "
+        "on expiry the best plan so far is written, with its gap",
+    )
     p.add_argument(
         "--free-axes",
         action="store_true",
@@ -66,6 +72,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
             print(f"[{time.perf_counter() - start:6.2f}s] {msg}", file=sys.stderr, flush=True)
 
     start = time.perf_counter()
+    if not args.time_limit > 0:
+        raise GraphcError(f"--time-limit must be a positive number of seconds, got {args.time_limit}")
     if args.devices is not None:
         return _search(args, progress)
     try:
@@ -80,7 +88,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         memory_limit=args.memory,
         static_argnames=static_argnames(fkwargs),
         shrink=not args.no_shrink,
-        time_limit_s=args.time_limit,
+        time_limit=args.time_limit,
         cache=not args.no_cache and not args.plan,
         microbatches=args.microbatches,
         schedule=args.schedule,
@@ -103,7 +111,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         n = pf.follow(ShardingPlan.load(args.plan), *fargs, **fkwargs)
         progress(f"re-solving around {n} pin(s) from {args.plan}")
     progress(f"tracing {args.target} on mesh {mesh}")
-    plan, graph = pf.plan_and_graph(*fargs, progress=progress, **fkwargs)
+    plan, graph = pf.plan_and_graph(*fargs, progress=progress, start=start, **fkwargs)
     if args.dump_ir:
         _dump_ir(args.dump_ir, pf, graph, plan, fargs, fkwargs)
     t = plan.timing

@@ -16,6 +16,7 @@ lowering check themselves against them.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -76,16 +77,22 @@ Spec = tuple  # tuple[Placement, ...], one per mesh axis
 def parse_spec(spec, n_axes: int | None = None) -> tuple[Placement, ...]:
     """``"[S(0), R]"``, ``"S(0),R"``, ``["S(0)", "R"]`` or placements -> a tuple of placements."""
     if isinstance(spec, str):
-        body = spec.strip()
-        if body.startswith("[") and body.endswith("]"):
-            body = body[1:-1]
-        parts = [p for p in re.split(r",(?![^()]*\))", body) if p.strip()] if body.strip() else []
-        out = tuple(parse_placement(p) for p in parts)
+        out = _parse_spec_text(spec)
     else:
         out = tuple(parse_placement(p) for p in spec)
     if n_axes is not None and len(out) != n_axes:
         raise SpecError(f"spec {format_spec(out)} has {len(out)} placement(s), the mesh has {n_axes} axes")
     return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_spec_text(spec: str) -> tuple[Placement, ...]:
+    """A spec's text: a plan file repeats a few dozen of them tens of thousands of times."""
+    body = spec.strip()
+    if body.startswith("[") and body.endswith("]"):
+        body = body[1:-1]
+    parts = [p for p in re.split(r",(?![^()]*\))", body) if p.strip()] if body.strip() else []
+    return tuple(parse_placement(p) for p in parts)
 
 
 def format_spec(spec) -> str:

@@ -16,10 +16,12 @@ Tying and following are the usual heuristics (Alpa merges followers too); with `
 every item has its own variable and the ILP is exact for the cost model (tested against
 exhaustive search).
 
-ILP (OR-Tools, CBC through pywraplp, chosen by measurement on 2 cores; see MACHINE_FACTS):
-one-hot binaries ``x[g, s]``; for every pair of groups joined by edges, continuous
-``y[s, t] >= 0`` with ``sum_t y[s, t] = x[g, s]`` and ``sum_s y[s, t] = x[h, t]`` (the tight
-linearization of ``x[g, s] * x[h, t]``); objective = compute + redistribution time. The
+ILP (HiGHS by default, see milp.py and docs/solver.md for the measurements): one-hot binaries
+``x[g, s]``; for every pair of groups joined by edges, continuous ``y[s, t] >= 0`` with
+``sum_t y[s, t] = x[g, s]`` and ``sum_s y[s, t] = x[h, t]`` (the tight linearization of
+``x[g, s] * x[h, t]``, over classes of strategies the edges cannot tell apart); objective =
+compute + redistribution time. A local search seeds the incumbent, so a time limit that
+runs out still leaves a plan, with its proven gap. The
 per-device memory limit is enforced lazily: solve, measure the plan's liveness peak, add the
 constraint "live bytes at that program point <= limit", solve again, until the plan fits. When
 no plan fits, a second ILP (minimize the peak, same lazy points) finds the smallest memory that
@@ -32,7 +34,6 @@ import hashlib
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -40,6 +41,7 @@ from graphc.core.errors import PlanError
 from graphc.core.ir import Value
 from graphc.core.spec import format_spec
 from graphc.core.units import fmt_bytes
+from graphc.passes.sharding.milp import Milp, solve_milp
 from graphc.passes.sharding.problem import Edge, Item, Problem
 
 FOLLOW_KINDS = ("elementwise", "shape", "fused")
@@ -312,12 +314,17 @@ def solve(
     of: list[int],
     memory_limit: int | None = None,
     time_limit_s: float = 60.0,
-    solver_name: str = "CBC",
+    solver_name: str = "highs",
     progress=None,
 ) -> Solution:
     """The cheapest assignment of strategies to ``groups`` (from ``shrink_groups``) under the memory
-    limit, by the ILP described in the module docstring."""
+    limit, by the ILP described in the module docstring, within ``time_limit_s`` seconds in all.
+
+    When time runs out the best plan found so far is returned (status "time limit", with its
+    proven gap); a local search seeds the solver, so there is always one unless memory rules
+    every plan out."""
     start = time.perf_counter()
+    deadline = start + time_limit_s
     vec, pair, maps = objective_terms(p, groups, of)
     stats = {
         "items": len(p.items),
@@ -329,10 +336,11 @@ def solve(
     }
     if progress:
         progress(f"ILP: {len(p.items)} items -> {len(groups)} groups, {len(pair)} group edges")
-    model = _Model(p, groups, of, vec, pair, maps, solver_name, time_limit_s)
-    stats["variables"] = model.solver.NumVariables()
-    stats["constraints"] = model.solver.NumConstraints()
-    sol = model.run()
+    model = _Model(p, groups, of, vec, pair, maps, solver_name)
+    guess = model.local_search()
+    stats["variables"] = model.milp.n
+    stats["constraints"] = model.milp.num_rows
+    sol = model.run(deadline - time.perf_counter(), guess)
     points: list[int] = []
     if memory_limit is not None:
         for _round in range(100):
@@ -341,107 +349,164 @@ def solve(
             peak, at = p.peak_memory(sol.choice)
             if peak <= memory_limit:
                 break
-            if at in points:  # pragma: no cover - the constraint at a point holds once added
-                break
+            if sol.status != "optimal" or at in points:
+                raise PlanError(
+                    f"the {time_limit_s:g} s time limit ran out before a plan within {fmt_bytes(memory_limit)} "
+                    f"per device was found (the best so far needs {fmt_bytes(peak)}): raise the time limit"
+                )
             points.append(at)
             model.add_memory_point(at, memory_limit)
             if progress:
                 progress(
                     f"ILP: memory {peak / 2**20:.1f} MiB > limit at point {at}; re-solving with {len(points)} point(s)"
                 )
-            sol = model.run()
-        if sol is None:
-            minimum = min_memory(p, groups, of, maps, solver_name, time_limit_s)
+            sol = model.run(deadline - time.perf_counter(), sol.choice)
+        if sol is None and model.last_status == "infeasible":
+            minimum = min_memory(p, groups, of, maps, solver_name, max(1.0, deadline - time.perf_counter()))
             raise PlanError(
                 f"no plan fits in {fmt_bytes(memory_limit)} per device on mesh {p.mesh}: the smallest per-device "
                 f"memory any plan needs is {fmt_bytes(minimum)} ({minimum} bytes)",
                 min_memory_bytes=minimum,
             )
     if sol is None:
-        raise PlanError(f"the sharding ILP found no plan (status {model.last_status})")
+        raise PlanError(
+            f"the sharding ILP found no plan in {time_limit_s:g} s (status {model.last_status}): raise the time limit"
+        )
     stats["memory_points"] = len(points)
-    stats["variables"] = model.solver.NumVariables()
-    stats["constraints"] = model.solver.NumConstraints()
+    stats["variables"] = model.milp.n
+    stats["constraints"] = model.milp.num_rows
     sol.stats = stats
     sol.seconds = time.perf_counter() - start
     return sol
 
 
+def _classes(m: np.ndarray) -> tuple[np.ndarray, int]:
+    """Equal rows of ``m`` share a class: (class per row, number of classes)."""
+    _, inv = np.unique(m, axis=0, return_inverse=True)
+    inv = inv.reshape(-1)
+    return inv, int(inv.max()) + 1
+
+
 class _Model:
-    """The ILP of the module doc on an OR-Tools solver; ``run`` solves it as it stands,
-    ``add_memory_point`` adds a lazy memory constraint."""
+    """The ILP of the module doc as a ``Milp``; ``run`` solves it as it stands,
+    ``add_memory_point`` adds a lazy memory constraint.
 
-    def __init__(
-        self,
-        p: Problem,
-        groups: list[Group],
-        of: list[int],
-        vec: list[np.ndarray],
-        pair: dict[tuple[int, int], np.ndarray],
-        maps: dict[int, np.ndarray],
-        solver_name: str,
-        time_limit_s: float,
-    ) -> None:
-        from ortools.linear_solver import pywraplp
+    Columns: ``x[g]`` one-hot per group of more than one strategy; per pair of groups joined by
+    edges, ``y[a, b]`` over the *classes* of the pair matrix: strategies of one group whose row
+    (or column) of edge costs is the same are one class, as the edge cannot tell them apart, and
+    ``sum_b y[a, b] = sum of x[gu, s] over the s in class a`` is still the tight linearization.
+    Costs are in microseconds, memory in MiB, for well-scaled coefficients."""
 
-        self.pywraplp = pywraplp
+    SCALE = 1e6
+    MIB = float(2**20)
+
+    def __init__(self, p, groups, of, vec, pair, maps, backend: str) -> None:
         self.p, self.groups, self.of, self.maps = p, groups, of, maps
-        solver = pywraplp.Solver.CreateSolver(solver_name)
-        if solver is None:
-            raise PlanError(f"OR-Tools solver {solver_name} is not available")
-        solver.SetTimeLimit(int(time_limit_s * 1000))
-        self.solver = solver
-        self.x = _choice_vars(solver, groups)
-        self.scale = 1e6  # microseconds keep the coefficients well scaled
-        obj = solver.Objective()
-        self.constant = self._add_group_costs(obj, vec)
-        self._add_pair_costs(obj, pair)
-        self._add_ties()
-        obj.SetMinimization()
+        self.vec, self.pair, self.backend = vec, pair, backend
         self.last_status: str | None = None
         self._live: list[tuple[Value, int, int, int]] | None = None
-
-    def _add_group_costs(self, obj, vec: list[np.ndarray]) -> float:
-        """Each group's cost vector on its ``x``; returns the cost of the single-strategy groups
-        (a constant of the objective)."""
-        constant = 0.0
-        for gi, v in enumerate(vec):
-            if self.groups[gi].size == 1:
-                constant += float(v[0])
+        m = self.milp = Milp()
+        self.x: list[np.ndarray | None] = []
+        for v, g in zip(vec, groups):
+            if g.size == 1:
+                m.offset += float(v[0]) * self.SCALE
+                self.x.append(None)
                 continue
-            for s, c in enumerate(v):
-                if c:
-                    obj.SetCoefficient(self.x[gi][s], float(c) * self.scale)
-        return constant
+            xs = m.add_vars(v * self.SCALE, integer=True)
+            m.add_row(xs, np.ones(len(xs)), 1.0, 1.0)
+            self.x.append(xs)
+        self.y: list[tuple[int, int, np.ndarray, np.ndarray, np.ndarray]] = []
+        for (gu, gv), mat in sorted(pair.items()):
+            self._add_pair(gu, gv, mat)
+        self._add_ties()
 
-    def _add_pair_costs(self, obj, pair: dict[tuple[int, int], np.ndarray]) -> None:
-        """Per pair of groups joined by edges: ``y[s, t]``, the linearization of
-        ``x[gu, s] * x[gv, t]``, and the pair's edge costs on it."""
-        solver = self.solver
-        for (gu, gv), m in sorted(pair.items()):
-            ku, kv = m.shape
-            y = [[solver.NumVar(0.0, 1.0, f"y{gu}_{gv}_{s}_{t}") for t in range(kv)] for s in range(ku)]
-            for s in range(ku):
-                solver.Add(solver.Sum(y[s]) == self.x[gu][s])
-            for t in range(kv):
-                solver.Add(solver.Sum([y[s][t] for s in range(ku)]) == self.x[gv][t])
-            for s in range(ku):
-                for t in range(kv):
-                    if m[s, t]:
-                        obj.SetCoefficient(y[s][t], float(m[s, t]) * self.scale)
+    def _add_pair(self, gu: int, gv: int, mat: np.ndarray) -> None:
+        m = self.milp
+        rc, nr = _classes(mat)
+        cc, nc = _classes(mat.T)
+        rep_r = np.array([np.flatnonzero(rc == a)[0] for a in range(nr)])
+        rep_c = np.array([np.flatnonzero(cc == b)[0] for b in range(nc)])
+        ids = m.add_vars(mat[np.ix_(rep_r, rep_c)].reshape(-1) * self.SCALE, integer=False).reshape(nr, nc)
+        xu, xv = self.x[gu], self.x[gv]
+        assert xu is not None and xv is not None  # single-strategy sides were folded into vectors
+        for a in range(nr):
+            xs = xu[rc == a]
+            m.add_row(np.concatenate([ids[a], xs]), np.concatenate([np.ones(nc), -np.ones(len(xs))]), 0.0, 0.0)
+        for b in range(nc):
+            xs = xv[cc == b]
+            m.add_row(np.concatenate([ids[:, b], xs]), np.concatenate([np.ones(nr), -np.ones(len(xs))]), 0.0, 0.0)
+        self.y.append((gu, gv, rc, cc, ids))
 
     def _add_ties(self) -> None:
         """Tied input/output items: equal strategy index (= equal spec)."""
-        p, groups, of, maps = self.p, self.groups, self.of, self.maps
+        p, maps = self.p, self.maps
         for a, b in p.ties:
-            ga, gb = of[a], of[b]
+            ga, gb = self.of[a], self.of[b]
             for k in range(len(p.items[a].strategies)):
-                lhs = [self.x[ga][s] for s in range(groups[ga].size) if maps[a][s] == k]
-                rhs = [self.x[gb][s] for s in range(groups[gb].size) if maps[b][s] == k]
-                diff = sum(lhs, 0) - sum(rhs, 0)
-                if isinstance(diff, (int, float)):
+                coef: dict[int, float] = {}
+                const = 0.0
+                for g, i, sign in ((ga, a, 1.0), (gb, b, -1.0)):
+                    xs = self.x[g]
+                    for s in np.flatnonzero(maps[i] == k):
+                        if xs is None:
+                            const += sign
+                        else:
+                            coef[int(xs[s])] = coef.get(int(xs[s]), 0.0) + sign
+                coef = {j: c for j, c in coef.items() if c}
+                if not coef:
                     continue  # both sides fixed (single-strategy groups aligned by _tie)
-                self.solver.Add(diff == 0)
+                m = self.milp
+                m.add_row(list(coef), list(coef.values()), -const, -const)
+
+    def point(self, choice: list[int]) -> np.ndarray:
+        """The column values of a per-group choice."""
+        z = np.zeros(self.milp.n)
+        for g, xs in enumerate(self.x):
+            if xs is not None:
+                z[xs[choice[g]]] = 1.0
+        for gu, gv, rc, cc, ids in self.y:
+            z[ids[rc[choice[gu]], cc[choice[gv]]]] = 1.0
+        return z
+
+    def local_search(self, rounds: int = 30) -> list[int]:
+        """A good per-group choice, fast: a greedy sweep in group order (each group takes its
+        cheapest strategy given the groups before it), then single-group moves until none
+        improves. Ties weigh as a large cost, so the result usually honours them."""
+        n = len(self.groups)
+        nbr: list[list[tuple[int, np.ndarray]]] = [[] for _ in range(n)]
+        for (gu, gv), mat in self.pair.items():
+            nbr[gu].append((gv, mat))
+            nbr[gv].append((gu, mat.T))
+        big = 1e3 * (
+            1.0 + sum(float(v.max()) for v in self.vec if v.size) + sum(float(m.max()) for m in self.pair.values())
+        )
+        for a, b in self.p.ties:
+            ga, gb = self.of[a], self.of[b]
+            if ga != gb:
+                mat = big * (self.maps[a][:, None] != self.maps[b][None, :])
+                nbr[ga].append((gb, mat))
+                nbr[gb].append((ga, mat.T))
+        choice = [-1] * n
+        for g in range(n):
+            c = self.vec[g].copy()
+            for h, mat in nbr[g]:
+                if choice[h] >= 0:
+                    c += mat[:, choice[h]]
+            choice[g] = int(np.argmin(c))
+        for _round in range(rounds):
+            changed = False
+            for g in range(n):
+                if self.groups[g].size == 1:
+                    continue
+                c = self.vec[g].copy()
+                for h, mat in nbr[g]:
+                    c += mat[:, choice[h]]
+                s = int(np.argmin(c))
+                if c[s] < c[choice[g]] * (1 - 1e-12) - 1e-15:
+                    choice[g], changed = s, True
+            if not changed:
+                break
+        return choice
 
     def memory_expr(self, at: int):
         """(constant bytes, {(group, s): bytes}) live at program point ``at``."""
@@ -464,63 +529,40 @@ class _Model:
 
     def add_memory_point(self, at: int, limit: float) -> None:
         const, coef = self.memory_expr(at)
-        ct = self.solver.Constraint(-self.solver.infinity(), float(limit) - const)
-        for (g, s), nb in coef.items():
-            ct.SetCoefficient(self.x[g][s], nb)
+        idx = [int(self.x[g][s]) for g, s in coef]
+        self.milp.add_row(idx, np.array(list(coef.values())) / self.MIB, -np.inf, (float(limit) - const) / self.MIB)
 
-    def run(self) -> Solution | None:
-        status = self.solver.Solve()
-        pw = self.pywraplp
-        names = {
-            pw.Solver.OPTIMAL: "optimal",
-            pw.Solver.FEASIBLE: "feasible",
-            pw.Solver.INFEASIBLE: "infeasible",
-            pw.Solver.UNBOUNDED: "unbounded",
-            pw.Solver.ABNORMAL: "abnormal",
-            pw.Solver.NOT_SOLVED: "not solved",
-        }
-        self.last_status = names.get(status, str(status))
-        if status not in (pw.Solver.OPTIMAL, pw.Solver.FEASIBLE):
-            return None
+    def run(self, time_limit_s: float, start: list[int] | None = None) -> Solution | None:
+        z = self.point(start) if start is not None else None
+        if z is not None and self.milp.violation(z) > 1e-6:
+            z = None
+        res = solve_milp(self.milp, self.backend, time_limit_s, start=z)
+        self.last_status = res.status
+        if res.x is None:
+            if z is None:
+                return None
+            res.x, res.objective = z, float(self.milp.cost @ z) + self.milp.offset
+        res.bound = min(res.objective, max(res.bound, self.trivial_bound()))
+        gchoice = [0 if xs is None else int(np.argmax(res.x[xs])) for xs in self.x]
         choice = [0] * len(self.p.items)
         for gi, g in enumerate(self.groups):
-            s = 0 if g.size == 1 else max(range(g.size), key=lambda k: self.x[gi][k].solution_value())
             for i, m in g.members:
-                choice[i] = int(m[s])
-        obj = self.solver.Objective().Value() / self.scale + self.constant
-        bound = self.solver.Objective().BestBound() / self.scale + self.constant
-        if status == pw.Solver.OPTIMAL:
-            bound = obj
+                choice[i] = int(m[gchoice[gi]])
+        obj, bound = res.objective / self.SCALE, res.bound / self.SCALE
         gap = 0.0 if obj <= 0 else max(0.0, (obj - bound) / obj)
-        return Solution(choice, obj, self.last_status, bound, gap, 0.0)
+        return Solution(choice, obj, res.status, bound, gap, res.seconds)
 
-
-def _choice_vars(solver, groups: list[Group]) -> list[list[Any]]:
-    """Per group, the one-hot binaries ``x[g, s]`` (with "sum over s = 1"); a single-strategy
-    group's one choice is the constant 1.0."""
-    x: list[list[Any]] = []
-    for gi, g in enumerate(groups):
-        if g.size == 1:
-            x.append([1.0])
-            continue
-        xs = [solver.BoolVar(f"x{gi}_{s}") for s in range(g.size)]
-        solver.Add(solver.Sum(xs) == 1)
-        x.append(xs)
-    return x
+    def trivial_bound(self) -> float:
+        """Every group at its cheapest strategy, no edge costs: a lower bound (scaled)."""
+        return self.milp.offset + sum(float(v.min()) * self.SCALE for v, xs in zip(self.vec, self.x) if xs is not None)
 
 
 def min_memory(p: Problem, groups, of, maps, solver_name: str, time_limit_s: float) -> int:
     """The smallest per-device peak over all plans (lazy program points, as in ``solve``)."""
-    from ortools.linear_solver import pywraplp
-
-    solver = pywraplp.Solver.CreateSolver(solver_name)
-    solver.SetTimeLimit(int(time_limit_s * 1000))
-    dummy = _Model.__new__(_Model)
-    dummy.p, dummy.groups, dummy.of, dummy.maps, dummy._live = p, groups, of, maps, None
-    x = _choice_vars(solver, groups)
-    peak_var = solver.NumVar(0.0, solver.infinity(), "peak")
-    solver.Minimize(peak_var)
+    model = _Model(p, groups, of, [np.zeros(g.size) for g in groups], {}, maps, solver_name)
     choice = [0] * len(p.items)
+    peak = model.milp.add_vars([1.0], integer=False, upper=2.0**60 / model.MIB)[0]
+    deadline = time.perf_counter() + time_limit_s
     points: set[int] = set()
     best = None
     for _round in range(200):
@@ -528,15 +570,16 @@ def min_memory(p: Problem, groups, of, maps, solver_name: str, time_limit_s: flo
         if at in points:
             break
         points.add(at)
-        const, coef = dummy.memory_expr(at)
-        ct = solver.Constraint(const, solver.infinity())
-        ct.SetCoefficient(peak_var, 1.0)
-        for (g, s), nb in coef.items():
-            ct.SetCoefficient(x[g][s], -nb)
-        if solver.Solve() not in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
+        const, coef = model.memory_expr(at)
+        idx = [peak] + [int(model.x[g][s]) for g, s in coef]
+        val = np.concatenate([[1.0], -np.array(list(coef.values())) / model.MIB])
+        model.milp.add_row(idx, val, const / model.MIB, np.inf)
+        res = solve_milp(model.milp, solver_name, deadline - time.perf_counter())
+        if res.x is None:
             break
         for gi, g in enumerate(groups):
-            s = 0 if g.size == 1 else max(range(g.size), key=lambda k: x[gi][k].solution_value())
+            xs = model.x[gi]
+            s = 0 if xs is None else int(np.argmax(res.x[xs]))
             for i, m in g.members:
                 choice[i] = int(m[s])
         best = p.peak_memory(choice)[0]

@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
 from graphc.core.errors import PlanError
-from graphc.core.files import atomic_write, read_document
+from graphc.core.files import atomic_write, dump_document, read_document
 from graphc.core.ir import Graph, print_graph
 from graphc.core.mesh import Mesh, MeshError
 from graphc.core.spec import Spec, SpecError, format_spec, local_shape, parse_spec
@@ -196,8 +195,8 @@ class ShardingPlan:
         return ins, outs, nodes
 
     # --- files -----------------------------------------------------------------------------
-    def to_json(self, indent: int | None = 1) -> str:
-        return json.dumps(_plan_doc(self), indent=indent)
+    def to_json(self) -> str:
+        return dump_document(_plan_doc(self))
 
     @classmethod
     def from_json(cls, text: str, source: str = "<plan>") -> ShardingPlan:
@@ -575,7 +574,7 @@ def plan_from_solution(problem, sol, memory_limit: int | None, build_s: float, o
     peak, at = problem.peak_memory(choice)
     at_item = problem.items[problem.order[at]] if problem.order else None
     solver = SolverStats(
-        options.get("solver", "CBC"),
+        options.get("solver", "highs"),
         sol.status,
         sol.objective,
         sol.bound,

@@ -162,11 +162,11 @@ class _Steps:
 
     def resplit(self, dst) -> None:
         """2. Re-splits: all_to_all from one split to another, or all_gather (slice later) when the
-        new dim is split over another axis."""
+        new dim is split over another axis or is the same dim in other blocks."""
         for a in self.axes:
             if not (self.cur[a].is_split and dst[a].is_split and self.cur[a] != dst[a]):
                 continue
-            if not _split_elsewhere(self.cur, dst[a].dim, a):
+            if self.cur[a].dim != dst[a].dim and not _split_elsewhere(self.cur, dst[a].dim, a):
                 self.emit("all_to_all", a, dst[a])
             else:
                 self.emit("all_gather", a, R)

@@ -1,0 +1,227 @@
+"""A 0-1 linear program in matrix form, and the solvers that run it.
+
+``Milp`` holds ``min cost . x + offset`` subject to ``lower <= A x <= upper`` and ``0 <= x <= 1``,
+with some columns integer: the shape every planning ILP here has (one-hot strategy choices,
+the linearized pair products, memory rows). ``solve_milp`` hands it to a backend:
+
+* ``highs`` (default): HiGHS through ``highspy``. The matrix goes in as CSR arrays in one call
+  (building the 8B model through OR-Tools' row-by-row API took seconds), and the solve runs in
+  HiGHS's own thread while this one waits in 0.1 s steps: Ctrl-C cancels it (HiGHS stops at its
+  next callback and keeps its incumbent), and the thread is joined before ``KeyboardInterrupt``
+  propagates. A starting solution seeds the incumbent, so a time limit always leaves a plan.
+* ``CBC`` and ``SCIP``: OR-Tools' pywraplp, for comparison (they honour the time limit but
+  not Ctrl-C while inside the solver).
+
+OR-Tools' own HiGHS build cannot be interrupted (``InterruptSolve`` returns False; MathOpt's
+interrupter is ignored): measured, see docs/solver.md.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from graphc.core.errors import PlanError
+
+BACKENDS = ("highs", "CBC", "SCIP")
+
+
+class Milp:
+    """Columns and rows of a mixed 0-1 program, added in blocks."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.offset = 0.0
+        self._cost: list[np.ndarray] = []
+        self._integer: list[np.ndarray] = []
+        self._upper: list[np.ndarray] = []
+        self._rows: list[tuple[np.ndarray, np.ndarray, float, float]] = []
+
+    def add_vars(self, cost, integer: bool, upper: float = 1.0) -> np.ndarray:
+        """New columns in ``[0, upper]`` with these costs; returns their indices."""
+        cost = np.asarray(cost, dtype=np.float64).reshape(-1)
+        idx = np.arange(self.n, self.n + cost.size)
+        self.n += cost.size
+        self._cost.append(cost)
+        self._integer.append(np.full(cost.size, integer))
+        self._upper.append(np.full(cost.size, float(upper)))
+        return idx
+
+    def add_row(self, idx, val, lower: float, upper: float) -> None:
+        """``lower <= sum(val * x[idx]) <= upper`` (either bound may be +-inf)."""
+        self._rows.append((np.asarray(idx, dtype=np.int32), np.asarray(val, dtype=np.float64), lower, upper))
+
+    @property
+    def num_rows(self) -> int:
+        return len(self._rows)
+
+    @property
+    def cost(self) -> np.ndarray:
+        return np.concatenate(self._cost) if self._cost else np.zeros(0)
+
+    @property
+    def upper(self) -> np.ndarray:
+        return np.concatenate(self._upper) if self._upper else np.zeros(0)
+
+    @property
+    def integer(self) -> np.ndarray:
+        return np.concatenate(self._integer) if self._integer else np.zeros(0, dtype=bool)
+
+    def csr(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(start, index, value, lower, upper) of the rows."""
+        lens = np.array([len(r[0]) for r in self._rows], dtype=np.int64)
+        start = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+        index = np.concatenate([r[0] for r in self._rows]) if self._rows else np.zeros(0, np.int32)
+        value = np.concatenate([r[1] for r in self._rows]) if self._rows else np.zeros(0)
+        lower = np.array([r[2] for r in self._rows], dtype=np.float64)
+        upper = np.array([r[3] for r in self._rows], dtype=np.float64)
+        return start, index, value, lower, upper
+
+    def violation(self, x: np.ndarray) -> float:
+        """The largest amount by which ``x`` breaks a row."""
+        worst = 0.0
+        for idx, val, lo, hi in self._rows:
+            a = float(val @ x[idx])
+            worst = max(worst, lo - a, a - hi)
+        return worst
+
+
+@dataclass
+class MilpResult:
+    status: str  # "optimal", "time limit", "infeasible", or the backend's word
+    x: np.ndarray | None  # None: no feasible point known
+    objective: float
+    bound: float  # best proven lower bound (== objective when optimal)
+    seconds: float
+
+
+def solve_milp(
+    m: Milp, backend: str = "highs", time_limit_s: float = 60.0, rel_gap: float = 1e-4, start: np.ndarray | None = None
+) -> MilpResult:
+    """Minimize ``m`` within ``time_limit_s`` seconds; stop at relative gap ``rel_gap``. ``start``
+    (a feasible point, if given) seeds the incumbent."""
+    t0 = time.perf_counter()
+    if m.n == 0:
+        return MilpResult("optimal", np.zeros(0), m.offset, m.offset, 0.0)
+    time_limit_s = max(0.0, float(time_limit_s))
+    if backend == "highs":
+        res = _highs(m, time_limit_s, rel_gap, start)
+    elif backend in ("CBC", "SCIP"):
+        res = _ortools(m, backend, time_limit_s, rel_gap)
+    else:
+        raise PlanError(f"unknown ILP solver {backend!r}: expected one of {', '.join(BACKENDS)}")
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+def _quiet_highs():
+    """A ``highspy.Highs`` that prints nothing: ``Highs()`` writes its banner to stdout before
+    any option can be set, so the output flag goes in between the C++ constructor and the
+    Python wrapper's callbacks."""
+    import highspy
+    from highspy.highs import HighsCallback, cb
+
+    class _Quiet(highspy.Highs):
+        def __init__(self) -> None:  # highspy.Highs.__init__, with the flag set first
+            highspy._core._Highs.__init__(self)
+            self.setOptionValue("output_flag", False)
+            kinds = int(cb.HighsCallbackType.kCallbackMax) + 1
+            self.callbacks = [HighsCallback(cb.HighsCallbackType(k), self) for k in range(kinds)]
+            self.enableCallbacks()
+
+    return _Quiet()
+
+
+def _highs(m: Milp, time_limit_s: float, rel_gap: float, start: np.ndarray | None) -> MilpResult:
+    import highspy
+
+    h = _quiet_highs()
+    h.setOptionValue("time_limit", max(time_limit_s, 1e-3))
+    h.setOptionValue("mip_rel_gap", rel_gap)
+    lp = highspy.HighsLp()
+    lp.num_col_ = m.n
+    lp.num_row_ = m.num_rows
+    lp.col_cost_ = m.cost
+    lp.col_lower_ = np.zeros(m.n)
+    lp.col_upper_ = m.upper
+    start_, index, value, lower, upper = m.csr()
+    inf = highspy.kHighsInf
+    lp.row_lower_ = np.where(np.isinf(lower), -inf, lower)
+    lp.row_upper_ = np.where(np.isinf(upper), inf, upper)
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
+    lp.a_matrix_.start_ = start_
+    lp.a_matrix_.index_ = index
+    lp.a_matrix_.value_ = value
+    kinds = {True: highspy.HighsVarType.kInteger, False: highspy.HighsVarType.kContinuous}
+    lp.integrality_ = [kinds[bool(b)] for b in m.integer]
+    h.passModel(lp)
+    if start is not None:
+        sol = highspy.HighsSolution()
+        sol.col_value = list(map(float, start))
+        sol.value_valid = True
+        h.setSolution(sol)
+    h.HandleUserInterrupt = True
+    h.startSolve()
+    try:
+        while not h.wait(0.1)[0]:
+            pass
+    except KeyboardInterrupt:
+        h.cancelSolve()
+        h.wait()
+        raise
+    status = h.getModelStatus()
+    info = h.getInfo()
+    words = {
+        highspy.HighsModelStatus.kOptimal: "optimal",
+        highspy.HighsModelStatus.kTimeLimit: "time limit",
+        highspy.HighsModelStatus.kInfeasible: "infeasible",
+        highspy.HighsModelStatus.kInterrupt: "interrupted",
+    }
+    word = words.get(status, h.modelStatusToString(status))
+    x = None
+    if info.primal_solution_status == 2:  # kSolutionStatusFeasible
+        x = np.asarray(h.getSolution().col_value, dtype=np.float64)
+    objective = float(m.cost @ x) + m.offset if x is not None else math.inf
+    bound = float(info.mip_dual_bound) + m.offset
+    if not math.isfinite(bound):
+        bound = objective if word == "optimal" else -math.inf
+    return MilpResult(word, x, objective, min(bound, objective), 0.0)
+
+
+def _ortools(m: Milp, name: str, time_limit_s: float, rel_gap: float) -> MilpResult:
+    from ortools.linear_solver import pywraplp
+
+    solver = pywraplp.Solver.CreateSolver(name)
+    if solver is None:
+        raise PlanError(f"OR-Tools solver {name} is not available")
+    solver.SetTimeLimit(max(1, int(time_limit_s * 1000)))
+    cost, integer = m.cost, m.integer
+    upper = m.upper
+    xs = [solver.IntVar(0, 1, "") if integer[j] else solver.NumVar(0.0, float(upper[j]), "") for j in range(m.n)]
+    obj = solver.Objective()
+    for j in np.flatnonzero(cost):
+        obj.SetCoefficient(xs[j], float(cost[j]))
+    obj.SetMinimization()
+    inf = solver.infinity()
+    start, index, value, lower, upper = m.csr()
+    for r in range(m.num_rows):
+        ct = solver.Constraint(-inf if np.isinf(lower[r]) else lower[r], inf if np.isinf(upper[r]) else upper[r])
+        for k in range(start[r], start[r + 1]):
+            ct.SetCoefficient(xs[index[k]], float(value[k]))
+    params = pywraplp.MPSolverParameters()
+    params.SetDoubleParam(pywraplp.MPSolverParameters.RELATIVE_MIP_GAP, rel_gap)
+    status = solver.Solve(params)
+    pw = pywraplp.Solver
+    if status not in (pw.OPTIMAL, pw.FEASIBLE):
+        word = {pw.INFEASIBLE: "infeasible", pw.NOT_SOLVED: "time limit"}.get(status, f"status {status}")
+        return MilpResult(word, None, math.inf, -math.inf, 0.0)
+    x = np.array([v.solution_value() for v in xs])
+    objective = float(cost @ x) + m.offset
+    bound = obj.BestBound() + m.offset
+    return MilpResult("optimal" if status == pw.OPTIMAL else "time limit", x, objective, min(bound, objective), 0.0)
+
+
+__all__ = ["BACKENDS", "Milp", "MilpResult", "solve_milp"]
