@@ -94,7 +94,7 @@ def _specs(shape, mesh_shape):
     for n in mesh_shape:
         opts = [R, P]
         for d, size in enumerate(shape):
-            for b in (1, 2):
+            for b in (1, 2, 3):  # 3: the fused QKV layout S(d, blocks=3)
                 if size % (b * n) == 0:
                     opts.append(S(d, b))
         per_axis.append(opts)
@@ -125,7 +125,10 @@ def _start_pieces(x, spec, mesh_shape, rng):
     return pieces
 
 
-@pytest.mark.parametrize("mesh_shape,shape", [((2,), (4, 6)), ((2, 2), (4, 4)), ((2, 3), (6, 4)), ((4,), (8, 4))])
+@pytest.mark.parametrize(
+    "mesh_shape,shape",
+    [((2,), (4, 6)), ((2, 2), (4, 4)), ((2, 3), (6, 4)), ((4,), (8, 4)), ((3,), (9, 6)), ((2, 2), (6, 12))],
+)
 def test_every_redistribution_executes_to_its_target(mesh_shape, shape):
     rng = np.random.default_rng(0)
     mesh = _Mesh(mesh_shape)

@@ -15,6 +15,16 @@ every one of the ``b*f`` blocks. This is how the fused QKV projection of GPT-2 c
 heads: ``x @ W_qkv`` with ``W_qkv`` placed ``S(1, blocks=3)`` yields ``q``, ``k`` and ``v`` each
 split by columns, without moving data.
 
+A dimension may carry *alternative* labels, written as a tuple of ``(label, factor)`` entries
+(``(("r0", 1), ("r0.0.1", 3))``): splitting any one of them splits that dimension, and a strategy
+uses at most one of them per dimension. A reshape that splits a dim of size ``3*H*E`` into
+``[3, H, E]`` gives that dim three alternatives: split the ``3`` (factor 1), split ``H`` inside
+each of the 3 blocks (factor 3), or split ``E`` inside each of the ``3*H`` blocks (factor 3H).
+The first alternative is the dimension's *primary* label: the one it is identified with when
+dims are grouped into classes (fused regions, axis roles); the others only say how it can be cut.
+A tuple that starts with None has no primary label (the ``H`` and ``E`` dims above: splitting
+them cuts the source dim, but they are not the same dim as it).
+
 ``masked`` labels are split by *ranges of an index space* (a row-split embedding table): the local
 op must offset and mask indices (lowering reads this); ``sums`` then says the masked result is
 partial.
@@ -29,29 +39,33 @@ one device; the planner divides it by the number of pieces a strategy splits it 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
-Occurrence = "str | tuple[str, int] | None"
+Occurrence = "str | tuple[str, int] | tuple[str | tuple[str, int], ...] | None"
+
+MAX_BLOCKS = 16  # the largest block count a split carries (strategies enumerate no more)
 
 
 @dataclass(frozen=True)
 class DimRule:
-    inputs: tuple[tuple, ...]  # per operand: one entry per dim: label, (label, factor) or None
+    inputs: tuple[tuple, ...]  # per operand, one entry per dim: label, (label, factor), alternatives or None
     outputs: tuple[tuple, ...]  # per result, the same
     sums: frozenset = frozenset()  # labels summed away: splitting them makes the results partial (P)
     masked: frozenset = frozenset()  # labels split as index ranges (local op masks indices)
     partial_inputs: frozenset = frozenset()  # operands that take P when a ``sums`` label is split
     notes: dict = field(default_factory=dict, compare=False)
 
-    def occurrences(self):
-        """Yield (side, index, dim, label, factor) for every labelled dimension."""
+    def occurrences(self, primary_only: bool = False):
+        """Yield (side, index, dim, label, factor) for every label of every dimension, alternatives
+        included (only each dimension's primary label with ``primary_only``)."""
         for side, tensors in (("in", self.inputs), ("out", self.outputs)):
             for i, dims in enumerate(tensors):
                 for d, entry in enumerate(dims):
-                    if entry is None:
-                        continue
-                    label, factor = (entry, 1) if isinstance(entry, str) else entry
-                    yield side, i, d, label, factor
+                    first = norm(entry)
+                    found = ((first,) if first else ()) if primary_only else alternatives(entry)
+                    for label, factor in found:
+                        yield side, i, d, label, factor
 
     def labels(self) -> list[str]:
         """The splittable labels, in first-seen order: a label must appear at most once per tensor,
@@ -66,11 +80,25 @@ class DimRule:
         return [lab for lab in seen if lab not in bad and (lab in in_out or lab in self.sums)]
 
 
+def alternatives(entry) -> tuple[tuple[str, int], ...]:
+    """The (label, factor) alternatives of a rule entry, the primary one (if any) first; () for
+    None. A tuple of alternatives may start with None: the dimension has no primary label."""
+    if entry is None:
+        return ()
+    if isinstance(entry, str):
+        return ((entry, 1),)
+    if isinstance(entry[0], str):
+        return ((entry[0], int(entry[1])),)
+    return tuple(alt for e in entry for alt in alternatives(e))
+
+
 def norm(entry):
-    """(label, factor) of a rule entry, or None."""
+    """(label, factor) of a rule entry's primary label, or None."""
     if entry is None:
         return None
-    return (entry, 1) if isinstance(entry, str) else tuple(entry)
+    if isinstance(entry, str) or isinstance(entry[0], str):
+        return alternatives(entry)[0]
+    return norm(entry[0])  # a tuple of alternatives: its first, None when it has no primary
 
 
 def elementwise_rule(in_types, out_types) -> DimRule:
@@ -124,17 +152,64 @@ def reshape_groups(src: tuple[int, ...], dst: tuple[int, ...]) -> list[tuple[lis
 
 
 def reshape_rule(in_types, out_types) -> DimRule:
-    """A reshape keeps the leading dim of every run of dims it merges or splits: splitting a run's
-    leading dim over n devices cuts the flat range into n contiguous pieces, on both sides (the
-    dim sizes must divide, which strategy enumeration checks)."""
+    """A reshape relates the dims of each run it merges or splits (``reshape_groups``) through the
+    flat range the run covers. Splitting dim i of a run in ``f`` blocks over n devices gives each
+    device its n-th of each of ``B_i * f`` equal flat blocks, where ``B_i`` is the product of the
+    run's dims before i; a dim on the other side with ``B'_j * g == B_i * f`` holds exactly the
+    same elements. So every pair (i, j) of dims across a run is a label, with the smallest block
+    factors that make the counts meet: ``K = lcm(B_i, B'_j)``, source factor ``K / B_i``, result
+    factor ``K / B'_j`` (``[3*H*E] -> [3, H, E]``: splitting H is ``S(0, blocks=3)`` of the
+    source; the leading pair has K = 1, no blocks). The leading dims are each other's primary
+    label (the same dim, as before alternatives existed); the other dims have no primary label.
+    A device's piece holds the same flat elements in the same (row-major) order on both sides, so
+    the local op is a reshape to the local shape."""
     src, dst = in_types[0].shape, out_types[0].shape
     ins: list = [None] * len(src)
     outs: list = [None] * len(dst)
     groups = reshape_groups(src, dst) or []
     for k, (gi, gj) in enumerate(groups):
-        if gi and gj and src[gi[0]] > 1 and dst[gj[0]] > 1:
-            ins[gi[0]] = outs[gj[0]] = f"r{k}"
+        if not (gi and gj and src[gi[0]] > 1 and dst[gj[0]] > 1):
+            continue
+        src_alts: dict[int, list] = {i: [] for i in gi}
+        dst_alts: dict[int, list] = {j: [] for j in gj}
+        for a, i in enumerate(gi):
+            for b, j in enumerate(gj):
+                pair = _run_pair(src, gi[:a], i, dst, gj[:b], j)
+                if pair is None:
+                    continue
+                label = f"r{k}" if a == b == 0 else f"r{k}.{a}.{b}"
+                src_alts[i].append((label, pair[0]))
+                dst_alts[j].append((label, pair[1]))
+        for i in gi:
+            ins[i] = _alternatives_entry(src_alts[i], leading=i == gi[0])
+        for j in gj:
+            outs[j] = _alternatives_entry(dst_alts[j], leading=j == gj[0])
     return DimRule((tuple(ins),), (tuple(outs),))
+
+
+def _run_pair(src, src_before, i, dst, dst_before, j) -> tuple[int, int] | None:
+    """(source factor, result factor) that make a split of ``src[i]`` and one of ``dst[j]`` hold
+    the same flat elements of their run (the dims before them: ``*_before``), or None when either
+    dim is 1, cannot hold its blocks, or would need more than MAX_BLOCKS of them."""
+    if src[i] == 1 or dst[j] == 1:
+        return None
+    before_src = math.prod(src[d] for d in src_before)
+    before_dst = math.prod(dst[d] for d in dst_before)
+    k = math.lcm(before_src, before_dst)
+    f_src, f_dst = k // before_src, k // before_dst
+    if max(f_src, f_dst) > MAX_BLOCKS or src[i] % f_src or dst[j] % f_dst:
+        return None
+    return f_src, f_dst
+
+
+def _alternatives_entry(alts: list, leading: bool):
+    """A rule entry from a dim's (label, factor) alternatives: the first is primary for a leading
+    dim of a run; a plain label when it is the only one and factor 1."""
+    if not alts:
+        return None
+    if leading and len(alts) == 1 and alts[0][1] == 1:
+        return alts[0][0]
+    return tuple(alts) if leading else (None, *alts)
 
 
 def identity_rule(in_types, out_types, **_attrs) -> DimRule:
@@ -219,9 +294,10 @@ def _inner_rule(node) -> DimRule | None:
 
 
 def _unify_labelled_dims(classes: _DimClasses, node, rule: DimRule) -> None:
-    """Put every dim of the node's operands and results that carries the same label in one class."""
+    """Put every dim of the node's operands and results that carries the same label as its primary
+    label in one class (an alternative relates dims without making them one dim)."""
     first: dict[str, DimKey] = {}
-    for side, i, d, label, _f in rule.occurrences():
+    for side, i, d, label, _f in rule.occurrences(primary_only=True):
         v = node.inputs[i] if side == "in" else node.outputs[i]
         key = (id(v), d)
         classes.find(key)

@@ -12,8 +12,11 @@ the data axis partial, which is data parallelism's gradient all-reduce.
 
 **Dim classes.** Two dims are in one class when some op's dimension rule gives them one label
 (graphc/ops/dims.py), so that splitting one splits the other: a union-find over (value, dim)
-across the whole graph. The batch dim of x flows to the batch dim of every activation, of the
-gradient of every activation, and into the summed label of every weight gradient.
+across the whole graph. Only primary labels unite: an alternative label (a reshape splitting H
+inside the 3 blocks of a fused QKV dim, or s inside the b blocks of a ``[b*s]`` dim) relates two
+dims without making them one, and a strategy that uses it must be allowed on both. The batch
+dim of x flows to the batch dim of every activation, of the gradient of every activation, and
+into the summed label of every weight gradient.
 
 **Batch and sequence dims.** The *data inputs* are the graph inputs that are not model state
 (``state_inputs``). The batch dim of a data input is its first dim that some rule labels (dim 0
@@ -152,14 +155,19 @@ def axis_roles(
 
 
 def _unite(classes: _UnionFind, labelled: set, node: Node, rule: DimRule) -> None:
-    """Put the dims that carry one label of ``rule`` in one class."""
+    """Put the dims that carry one label of ``rule`` as their primary label in one class; every
+    dim with a splittable label, alternatives included, is ``labelled``. An alternative label
+    relates dims without making them one (a reshape's ``[b*s] -> [b, s]`` can cut the merged dim
+    by s with b blocks, but s is not the batch dim), so it unites nothing."""
     ok = set(rule.labels())
-    first: dict[str, tuple[Value, int]] = {}
     for side, i, d, label, _f in rule.occurrences():
+        if label in ok:
+            labelled.add((node.inputs[i] if side == "in" else node.outputs[i], d))
+    first: dict[str, tuple[Value, int]] = {}
+    for side, i, d, label, _f in rule.occurrences(primary_only=True):
         if label not in ok:
             continue
         key = (node.inputs[i] if side == "in" else node.outputs[i], d)
-        labelled.add(key)
         if label in first:
             classes.union(first[label], key)
         else:
