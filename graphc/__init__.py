@@ -11,6 +11,7 @@ Public API (everything else is internal and may change):
     optimize(graph, passes=None)             run the default pass pipeline (or the named passes)
     jit(fn, static_argnames=())              trace + optimize + run on the single-device executor
     Mesh({"dp": 2, "tp": 4})                 a device mesh with named axes and a link model per axis
+    MachineProfile, get_profile("h100-sxm")  what the planner assumes of the devices (presets, files)
     parallelize(fn, mesh=..., memory_limit=None, static_argnames=())
                                              auto-sharding: ``.plan(*args) -> ShardingPlan`` (ILP over
                                              strategies); calling it runs on the mesh (one thread per device)
@@ -19,6 +20,7 @@ Public API (everything else is internal and may change):
     parse(text) -> Graph                     read the text IR back
     Graph, Node, Value, TensorType           the IR
     ArraySpec(shape, dtype)                  an argument that has a type but no data
+    bfloat16                                 numpy's bfloat16 dtype (ml_dtypes): traced and planned, not run
     OPS                                      the op registry (name -> OpDef)
     TraceError, ParseError, VerifyError, EvaluationError, PlanError, MeshError, GraphcError
 
@@ -55,6 +57,9 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "tree_map": ("graphc.core.pytree", "tree_map"),
     "Mesh": ("graphc.core.mesh", "Mesh"),
     "MeshError": ("graphc.core.mesh", "MeshError"),
+    "MachineProfile": ("graphc.core.mesh", "MachineProfile"),
+    "get_profile": ("graphc.core.profiles", "get_profile"),
+    "bfloat16": ("graphc.core.dtypes", "BFLOAT16"),
     "OPS": ("graphc.ops", "REGISTRY"),
     "optimize": ("graphc.passes.manager", "optimize"),
     "jit": ("graphc.api.jit", "jit"),

@@ -26,6 +26,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from graphc.core import dtypes
 from graphc.core.errors import TraceError
 from graphc.core.ir import Node, Region, Value
 from graphc.core.pytree import flatten, flatten_as, unflatten
@@ -111,7 +112,7 @@ class RuleContext:
 
 
 def differentiable(v: Value | Tracer) -> bool:
-    return v.dtype.kind == "f"
+    return dtypes.is_float(v.dtype)
 
 
 # --- the two walks ---------------------------------------------------------------------------------
@@ -336,9 +337,9 @@ def value_and_grad(fn: Callable, argnums: int | Sequence[int] = 0) -> Callable:
         if not (
             isinstance(out, (Tracer, np.ndarray, np.generic))
             and np.shape(out) == ()
-            and np.asarray(out).dtype.kind == "f"
+            and dtypes.is_float(np.asarray(out).dtype)
             if not isinstance(out, Tracer)
-            else out.shape == () and out.dtype.kind == "f"
+            else out.shape == () and dtypes.is_float(out.dtype)
         ):
             raise TraceError(
                 f"grad needs a function returning a float scalar; {getattr(fn, '__name__', 'fn')} returned "

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from graphc.core.errors import EvaluationError, note_where
-from graphc.core.ir import Graph, Region, Value
+from graphc.core.ir import Graph, Region, Value, check_runnable
 from graphc.core.pytree import ArraySpec, flatten_as, unflatten
 
 
@@ -84,6 +84,7 @@ def as_numpy_result(x: np.ndarray) -> Any:
 
 def evaluate(graph: Graph, *args: Any, **kwargs: Any) -> Any:
     """Run ``graph`` on the same arguments its function was traced with; returns the same pytree."""
+    check_runnable(graph, "evaluate")
     arrays = bind_arguments(graph, args, kwargs)
     outs = run_flat(graph, arrays)
     outs = [o if o.flags.writeable else o.copy() for o in outs]  # constants are read-only: return copies

@@ -72,7 +72,7 @@ def llama(params, tokens, n_head, n_kv_head):
     T = tokens.shape[1]
     x = params["embed"][tokens]  # [B, T, d]
     cos, sin = rope_tables(T, x.shape[-1] // n_head, dtype=x.dtype)
-    mask = (1 - np.tri(T, dtype=x.dtype)) * -1e9  # [T, T]: causal
+    mask = ((1 - np.tri(T, dtype=x.dtype)) * -1e9).astype(x.dtype)  # [T, T]: causal (numpy: bfloat16 * -1e9 is float32)
     for layer in params["layers"]:
         x = x + attention(rms_norm(x, layer["attn_norm"]), layer, cos, sin, mask, n_head, n_kv_head)
         x = x + mlp(rms_norm(x, layer["mlp_norm"]), layer)
@@ -164,3 +164,9 @@ def example_train_specs(
 
 def example_train_specs_8b():
     return example_train_specs()
+
+
+def example_train_specs_8b_bf16():
+    """LLaMA-3-8B's step in bfloat16 on 64 sequences of 2048 tokens (131K tokens, 8 sequences per
+    replica on dp=8): ``graphc compile ... --mesh dp=8,tp=8 --profile h100-sxm`` predicts its MFU."""
+    return example_train_specs(batch=64, dtype=graphc.bfloat16)

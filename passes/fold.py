@@ -39,7 +39,9 @@ def fold_block(inputs: list[Value], nodes: list[Node], outputs: list[Value]) -> 
             except (ValueError, IndexError, ArithmeticError):  # the error belongs to run time (e.g. a bad index)
                 rw.keep(node)
                 continue
-        rw.replace(node, [rw.constant(np.array(r, order="C"), node) for r in results])
+        # in the result's declared dtype: numpy's bfloat16 matmul returns float32
+        outs = [np.array(r, dtype=o.type.dtype, order="C") for r, o in zip(results, node.outputs)]
+        rw.replace(node, [rw.constant(r, node) for r in outs])
     return finish(rw, nodes, outputs)
 
 

@@ -47,8 +47,8 @@ def fusable(node: Node) -> bool:
     if node.regions:
         return False
     values = [*node.inputs, *node.outputs]
-    if any(v.type.size == 0 or (v.dtype.kind == "f" and v.dtype.itemsize == 2) for v in values):
-        return False  # empty arrays need no kernel; Numba has no float16 arithmetic
+    if any(v.type.size == 0 or (v.dtype.kind in "fV" and v.dtype.itemsize == 2) for v in values):
+        return False  # empty arrays need no kernel; Numba has no float16 or bfloat16 arithmetic
     if node.op.name == "pow" and node.outputs[0].dtype.kind in "iu":
         return False  # numpy raises for negative integer exponents; a kernel would not
     if node.op.kind == "elementwise":

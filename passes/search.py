@@ -120,7 +120,7 @@ def search_meshes(
         # axis names are labels to the planner: {dp: 4} and {tp: 4} on the same link are one problem
         key = (
             shape.get("pp", 1),
-            tuple(sorted((n, str(links.get(a, profile.link))) for a, n in shape.items() if a != "pp")),
+            tuple(sorted((n, str(links.get(a, profile.link_for(a)))) for a, n in shape.items() if a != "pp")),
         )
         if key in seen:
             continue

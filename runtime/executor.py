@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from graphc.core.errors import GraphcError, note_where
-from graphc.core.ir import Graph, Node, Value
+from graphc.core.ir import Graph, Node, Value, check_runnable
 
 
 class BufferPool:
@@ -251,6 +251,7 @@ class Executable:
     """A graph compiled for the single-device executor."""
 
     def __init__(self, graph: Graph, comm=None):
+        check_runnable(graph)
         self.graph = graph
         self.pool = BufferPool()
         self.stats: dict[str, Any] = {}

@@ -1,10 +1,17 @@
-"""The dtypes graphc supports and their short names in the text IR (``f32[4,8]``)."""
+"""The dtypes graphc supports and their short names in the text IR (``f32[4,8]``).
+
+bfloat16 is ml_dtypes' numpy dtype (the one JAX uses). It is a float to graphc although numpy
+files it under kind "V": ask ``is_float``, never ``dtype.kind == "f"``.
+"""
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 from graphc.core.errors import ShapeError
+
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 
 SHORT_NAMES: dict[np.dtype, str] = {
     np.dtype(np.bool_): "bool",
@@ -17,6 +24,7 @@ SHORT_NAMES: dict[np.dtype, str] = {
     np.dtype(np.uint32): "u32",
     np.dtype(np.uint64): "u64",
     np.dtype(np.float16): "f16",
+    BFLOAT16: "bf16",
     np.dtype(np.float32): "f32",
     np.dtype(np.float64): "f64",
 }
@@ -42,7 +50,9 @@ def short_name(dtype: np.dtype) -> str:
 
 
 def is_float(dtype: np.dtype) -> bool:
-    return np.dtype(dtype).kind == "f"
+    """float16/32/64 and bfloat16."""
+    dt = np.dtype(dtype)
+    return dt.kind == "f" or dt == BFLOAT16
 
 
 def is_int(dtype: np.dtype) -> bool:

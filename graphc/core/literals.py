@@ -64,7 +64,7 @@ def _nested(a: np.ndarray) -> str:
 
 
 def _small_form(a: np.ndarray) -> str | None:
-    if a.size > SMALL_ARRAY or (a.dtype.kind == "f" and not np.isfinite(a).all()):
+    if a.size > SMALL_ARRAY or (dtypes.is_float(a.dtype) and not np.isfinite(a).all()):
         return None
     text = _nested(a)
     back = _array_from_list(json.loads(text.replace("true", "1").replace("false", "0")), a.dtype, a.shape)

@@ -3,15 +3,21 @@
     Mesh("dp=2,tp=4")       named axes; devices 0..size-1 numbered row-major (the last axis varies fastest)
       .roles[axis]          what the axis is for, by its name: data (dp), model (tp), seq (sp), pipe (pp), free
       .links[axis]          Link(latency_s, bandwidth) of one ring link along that axis
-      .profile              MachineProfile: flop rate, memory bandwidth, default link, collective overhead
+      .profile              MachineProfile: matmul rate per dtype, memory bandwidth, the links inside
+                            and between nodes, collective overhead
+
+An axis's link is, first found: the mesh's own override (``links=``, ``--link``), the profile's
+link for that axis name, the profile's inter-node link for data and pipe axes, its link inside a
+node (``MachineProfile.link_for``).
 
 The cost model (passes/sharding/strategies.py, passes/sharding/redistribute.py) reads only these
 numbers. ``MachineProfile.default()`` holds fixed constants, so plans do not depend on the machine
 they were made on; ``graphc calibrate`` measures this machine and stores a profile that every
 ``Mesh`` built without an explicit profile then uses (``load_profile``). Planning never measures.
+graphc/core/profiles.py holds profiles of hardware graphc does not run on (``--profile h100-sxm``).
 
-A "device" is one thread of one process, so a link is two threads handing buffers to each other
-and a collective call costs at least one barrier.
+When it runs here, a "device" is one thread of one process, so a link is two threads handing
+buffers to each other and a collective call costs at least one barrier.
 """
 
 from __future__ import annotations
@@ -20,7 +26,9 @@ import json
 import math
 import os
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -99,15 +107,42 @@ class Link:
         return cls(_require(d, "latency_s", what), _require(d, "bandwidth", what))
 
 
+# Dtypes a profile gives a matmul rate for (numpy's names); a dtype it does not list runs at the
+# float32 rate, ``MachineProfile.flops``.
+MATMUL_DTYPES = ("float64", "float32", "bfloat16", "float16")
+
+# Roles whose axes cross nodes, and so take a profile's ``inter_link``: data-parallel replicas and
+# pipeline stages exchange a step's gradients or one activation per micro-batch, while model and
+# sequence axes exchange activations inside every layer and need the fast link of one node.
+INTER_NODE_ROLES = ("data", "pipe")
+
+
 @dataclass(frozen=True)
 class MachineProfile:
-    """What one device of this machine can do; the cost model's only machine-dependent input."""
+    """What one device can do and how devices are linked; the cost model's only machine-dependent
+    input.
 
-    flops: float  # float32 matmul flop/s of one device (one thread)
+    ``link`` joins the devices of one node; ``inter_link`` joins nodes (None: there is one node, or
+    no difference). ``link_for(axis)`` picks a mesh axis's link: its own in ``axis_links``, else by
+    its role: data and pipe axes cross nodes, model, seq and free axes stay inside one.
+    ``matmul_flops`` holds the peak matmul rate per dtype (``MATMUL_DTYPES``); its float32 entry is
+    always ``flops``, and a dtype it does not list runs at ``flops``.
+    """
+
+    flops: float  # float32 matmul flop/s of one device (here: one thread)
     mem_bandwidth: float  # bytes/s of one device, bytes read + bytes written
-    link: Link  # the link of every mesh axis not given its own (thread to thread)
+    link: Link  # the link inside a node (thread to thread here)
     collective_overhead_s: float  # fixed cost of one collective call (barrier / synchronisation)
-    source: str = "default"  # "default", or where and when it was measured
+    source: str = "default"  # "default", where and when it was measured, or where its numbers come from
+    name: str = "cpu-here"  # a preset's name (graphc/core/profiles.py), or the name a profile file gives
+    matmul_flops: Mapping[str, float] = field(default_factory=dict, hash=False)  # dtype name -> flop/s
+    inter_link: Link | None = None  # the link between nodes (data and pipe axes); None: ``link``
+    axis_links: Mapping[str, Link] = field(default_factory=dict, hash=False)  # axis name -> its own link
+    # The device's compiler fuses chains of elementwise ops and last-axis reductions, so their
+    # intermediates never reach memory (passes/sharding/fusion.py). False prices every op's round
+    # trip, as plans for this machine always have (graphc's runtime fuses float32/float64 chains
+    # here too, but the measured predictions in the README were made without it).
+    fuses_elementwise: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "flops", _positive(self.flops, "MachineProfile.flops", "flop/s"))
@@ -121,8 +156,45 @@ class MachineProfile:
         )
         if not isinstance(self.link, Link):
             raise MeshError(f"MachineProfile.link must be a Link, got {self.link!r}")
+        if self.inter_link is not None and not isinstance(self.inter_link, Link):
+            raise MeshError(f"MachineProfile.inter_link must be a Link or None, got {self.inter_link!r}")
         if not isinstance(self.source, str):
             raise MeshError(f"MachineProfile.source must be a string, got {self.source!r}")
+        if not isinstance(self.fuses_elementwise, bool):
+            raise MeshError(f"MachineProfile.fuses_elementwise must be true or false, got {self.fuses_elementwise!r}")
+        if not isinstance(self.name, str) or not self.name:
+            raise MeshError(f"MachineProfile.name must be a non-empty string, got {self.name!r}")
+        object.__setattr__(self, "matmul_flops", MappingProxyType(self._checked_rates()))
+        object.__setattr__(self, "axis_links", MappingProxyType(self._checked_axis_links()))
+
+    def _checked_rates(self) -> dict[str, float]:
+        """``matmul_flops`` checked, with float32 = ``flops``, in ``MATMUL_DTYPES`` order."""
+        if not isinstance(self.matmul_flops, Mapping):
+            raise MeshError(f"MachineProfile.matmul_flops must map dtype names to flop/s, got {self.matmul_flops!r}")
+        rates = {}
+        for dtype, rate in self.matmul_flops.items():
+            if dtype not in MATMUL_DTYPES:
+                raise MeshError(
+                    f"MachineProfile.matmul_flops has an unknown dtype {dtype!r} (expected {', '.join(MATMUL_DTYPES)})"
+                )
+            rates[dtype] = _positive(rate, f"MachineProfile.matmul_flops[{dtype!r}]", "flop/s")
+        if rates.get("float32", self.flops) != self.flops:
+            raise MeshError(
+                f"MachineProfile.matmul_flops['float32'] is {rates['float32']:g} but flops, the float32 rate, "
+                f"is {self.flops:g}"
+            )
+        rates["float32"] = self.flops
+        return {dtype: rates[dtype] for dtype in MATMUL_DTYPES if dtype in rates}
+
+    def _checked_axis_links(self) -> dict[str, Link]:
+        if not isinstance(self.axis_links, Mapping):
+            raise MeshError(f"MachineProfile.axis_links must map axis names to Links, got {self.axis_links!r}")
+        for axis, link in self.axis_links.items():
+            if not isinstance(axis, str) or not axis.isidentifier():
+                raise MeshError(f"MachineProfile.axis_links: axis name {axis!r} is not a Python identifier")
+            if not isinstance(link, Link):
+                raise MeshError(f"MachineProfile.axis_links[{axis!r}] must be a Link, got {link!r}")
+        return dict(self.axis_links)
 
     @classmethod
     def default(cls) -> MachineProfile:
@@ -134,43 +206,96 @@ class MachineProfile:
           link 20 us, 6e9 B/s       a thread-to-thread handoff: an Event round trip, then a copy of the
                                     message (read + write, so about half of one core's memory bandwidth)
           collective_overhead 20us  a threading.Barrier wait across the threads taking part
+        Every device is a thread of one process, so there is no inter-node link.
         """
         return cls(flops=100e9, mem_bandwidth=8e9, link=Link(20e-6, 6e9), collective_overhead_s=20e-6, source="default")
 
+    # --- what the cost model asks ----------------------------------------------------------------
+    def matmul_rate(self, dtype: Any) -> float:
+        """Peak matmul flop/s of one device on ``dtype`` operands (``flops`` for unlisted dtypes)."""
+        return self.matmul_flops.get(np.dtype(dtype).name, self.flops)
+
+    def link_for(self, axis: str) -> Link:
+        """The link of the mesh axis called ``axis``: its own in ``axis_links``; else ``inter_link``
+        for data and pipe axes (``INTER_NODE_ROLES``) when there is one; else ``link``."""
+        own = self.axis_links.get(axis)
+        if own is not None:
+            return own
+        if self.inter_link is not None and axis_role(axis) in INTER_NODE_ROLES:
+            return self.inter_link
+        return self.link
+
+    # --- files -----------------------------------------------------------------------------------
     def to_json(self) -> dict:
         return {
+            "name": self.name,
             "flops": self.flops,
+            "matmul_flops": dict(self.matmul_flops),
             "mem_bandwidth": self.mem_bandwidth,
             "link": self.link.to_json(),
+            "inter_link": None if self.inter_link is None else self.inter_link.to_json(),
+            "axis_links": {axis: link.to_json() for axis, link in self.axis_links.items()},
             "collective_overhead_s": self.collective_overhead_s,
+            "fuses_elementwise": self.fuses_elementwise,
             "source": self.source,
         }
 
     @classmethod
-    def from_json(cls, d: Any) -> MachineProfile:
+    def from_json(cls, d: Any, strict: bool = False) -> MachineProfile:
+        """The profile ``to_json`` wrote. ``strict`` (a profile file the user hands in) also requires
+        ``name``, ``matmul_flops``, ``inter_link`` (null for one node) and ``fuses_elementwise``;
+        without it they default, so that profiles stored by ``graphc calibrate`` and plans written
+        before they existed load. ``axis_links`` and ``source`` are optional."""
         what = "machine profile"
         link = Link.from_json(_require(d, "link", what), "machine profile 'link'")
-        source = d.get("source", "unknown")
+        flops, mem_bandwidth, overhead = (
+            _require(d, key, what) for key in ("flops", "mem_bandwidth", "collective_overhead_s")
+        )
+        if strict:
+            for key in ("name", "matmul_flops", "inter_link", "fuses_elementwise"):
+                _require(d, key, what)
+        inter = d.get("inter_link")
+        axis_links = d.get("axis_links", {})
+        if not isinstance(axis_links, dict):
+            raise MeshError(f"machine profile 'axis_links' must be an object {{axis name: link}}, got {axis_links!r}")
         return cls(
-            _require(d, "flops", what),
-            _require(d, "mem_bandwidth", what),
+            flops,
+            mem_bandwidth,
             link,
-            _require(d, "collective_overhead_s", what),
-            source,
+            overhead,
+            d.get("source", "unknown"),
+            d.get("name", "cpu-here"),
+            d.get("matmul_flops", {}),
+            None if inter is None else Link.from_json(inter, "machine profile 'inter_link'"),
+            {axis: Link.from_json(x, f"machine profile 'axis_links' {axis!r}") for axis, x in axis_links.items()},
+            d.get("fuses_elementwise", False),
         )
 
     def describe(self) -> str:
-        """A small table of the numbers, in GF/s, GB/s and us."""
-        rows = [
-            ("float32 matmul, one device", f"{self.flops / 1e9:8.1f} GF/s"),
+        """A small table of the numbers, in GF/s (TF/s), GB/s and us."""
+        rows = [("float32 matmul, one device", _rate(self.flops))]
+        rows += [(f"{dtype} matmul", _rate(r)) for dtype, r in self.matmul_flops.items() if dtype != "float32"]
+        rows += [
             ("memory bandwidth (read + write)", f"{self.mem_bandwidth / 1e9:8.2f} GB/s"),
             ("link bandwidth (per direction)", f"{self.link.bandwidth / 1e9:8.2f} GB/s"),
             ("link latency", f"{self.link.latency_s * 1e6:8.1f} us"),
-            ("collective overhead (per call)", f"{self.collective_overhead_s * 1e6:8.1f} us"),
         ]
+        if self.inter_link is not None:
+            rows += [
+                ("inter-node link (data, pipe axes)", f"{self.inter_link.bandwidth / 1e9:8.2f} GB/s"),
+                ("inter-node link latency", f"{self.inter_link.latency_s * 1e6:8.1f} us"),
+            ]
+        rows += [(f"link of axis {axis}", str(link)) for axis, link in self.axis_links.items()]
+        rows.append(("collective overhead (per call)", f"{self.collective_overhead_s * 1e6:8.1f} us"))
+        rows.append(("elementwise chains", "fused" if self.fuses_elementwise else "one kernel per op"))
         lines = [f"  {name:<33}{value}" for name, value in rows]
-        lines.append(f"  source: {self.source}")
+        lines.append(f"  profile {self.name}; source: {self.source}")
         return "\n".join(lines)
+
+
+def _rate(flops: float) -> str:
+    """flop/s in GF/s, or TF/s from 1e12 on."""
+    return f"{flops / 1e12:8.1f} TF/s" if flops >= 1e12 else f"{flops / 1e9:8.1f} GF/s"
 
 
 # --- the stored profile -----------------------------------------------------------------------
@@ -264,7 +389,7 @@ class Mesh:
     """Named axes of devices: ``Mesh({"dp": 2, "tp": 4})`` or ``Mesh("dp=2,tp=4")``.
 
     ``links`` overrides the link of some axes (``{"tp": Link(5e-6, 10e9)}``); the others use
-    ``profile.link``. ``profile`` defaults to ``load_profile()`` (the stored one, else the defaults).
+    ``profile.link_for(axis)`` (by the axis's name and role). ``profile`` defaults to ``load_profile()`` (the stored one, else the defaults).
     ``Mesh(other_mesh, links=..., profile=...)`` copies ``other_mesh`` with those replaced.
     """
 
@@ -338,7 +463,7 @@ class Mesh:
     @property
     def links(self) -> dict[str, Link]:
         """The link of every axis (a fresh dict)."""
-        return {name: self._overrides.get(name, self._profile.link) for name in self._axes}
+        return {name: self._overrides.get(name, self._profile.link_for(name)) for name in self._axes}
 
     def axis_index(self, axis: str | int) -> int:
         """The position of ``axis`` (a name, or an index that is checked)."""
@@ -404,7 +529,7 @@ class Mesh:
             raise MeshError(f"mesh 'links' must be an object {{axis name: link}}, got {links_json!r}")
         links = {name: Link.from_json(link, f"mesh link {name!r}") for name, link in links_json.items()}
         # Only links that differ from the profile's are overrides, as when the mesh was built.
-        return cls(axes, {name: link for name, link in links.items() if link != profile.link}, profile)
+        return cls(axes, {name: link for name, link in links.items() if link != profile.link_for(name)}, profile)
 
     def _key(self) -> tuple:
         return (tuple(self._axes.items()), tuple(self.links.items()), self._profile)

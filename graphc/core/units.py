@@ -58,3 +58,8 @@ def fmt_time(t: float) -> str:
     if t >= 1e-3:
         return f"{t * 1e3:.3f} ms"
     return f"{t * 1e6:.1f} us"
+
+
+def fmt_rate(flops: float) -> str:
+    """flop/s in GF/s, or TF/s from 1e12 on."""
+    return f"{flops / 1e12:.4g} TF/s" if flops >= 1e12 else f"{flops / 1e9:.4g} GF/s"

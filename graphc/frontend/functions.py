@@ -210,7 +210,7 @@ def _first_min(x: Tracer, axis: int, keepdims: bool) -> Tracer:
     """Floats: argmax(-x) (negation is exact and keeps nan, and numpy's argmin is the first nan if
     there is one). Ints and bools: the first index where x == min(x) (-x would overflow for the
     most negative int and does not exist for unsigned ints and bools)."""
-    if x.dtype.kind == "f":
+    if dtypes.is_float(x.dtype):
         return _first_max(bind("neg", x), axis, keepdims)
     low = bind("reduce_min", x, axes=(axis,), keepdims=True)
     return _first_max(bind("compare", x, low, direction="eq"), axis, keepdims)
@@ -554,7 +554,7 @@ def norm(x, ord=None, axis=None, keepdims=False):
     """numpy's norm: ints become float64; a vector norm over one axis (ord None/2, 1, inf, -inf,
     0 or any p), a matrix norm over two (None/'fro', 1, -1, inf, -inf; 2, -2 and 'nuc' need an SVD)."""
     t = lift(x)
-    if t.dtype.kind != "f":
+    if not dtypes.is_float(t.dtype):
         t = convert(t, np.float64)
     if axis is None and (ord is None or (ord in ("f", "fro") and t.ndim == 2) or (ord == 2 and t.ndim == 1)):
         ret = apply_ufunc(np.sqrt, sum_(apply_ufunc(np.multiply, t, t)))

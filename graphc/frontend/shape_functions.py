@@ -314,7 +314,7 @@ def pad(array, pad_width, mode="constant", **kwargs):
     widths = _pad_widths(pad_width, x.ndim)
     if all(w == (0, 0) for w in widths):
         return x
-    return bind("pad", x, widths=widths, value=float(value) if x.dtype.kind == "f" else int(value))
+    return bind("pad", x, widths=widths, value=float(value) if dtypes.is_float(x.dtype) else int(value))
 
 
 def _triangle(m, k: int, upper: bool) -> Tracer:

@@ -221,8 +221,9 @@ def lift(x: Any, dtype: np.dtype | None = None) -> Tracer:
 
 
 def result_dtype(*xs: Any) -> np.dtype:
-    """numpy's result_type, with Python scalars weak (NEP 50)."""
-    parts = []
+    """numpy's result_type, with Python scalars weak (NEP 50), also next to bfloat16 (where
+    numpy with ml_dtypes makes them float64; frontend/ufuncs.py)."""
+    parts: list[Any] = []
     for x in xs:
         if isinstance(x, Tracer):
             parts.append(
@@ -232,7 +233,15 @@ def result_dtype(*xs: Any) -> np.dtype:
             parts.append(lift(x).dtype)
         else:
             parts.append(x)
+    if any(_is_bfloat16(p) for p in parts):
+        parts = [p for p in parts if not (isinstance(p, (int, float)) and not isinstance(p, bool))] or parts
     return dtypes.canonical(np.result_type(*parts))
+
+
+def _is_bfloat16(x: Any) -> bool:
+    """``x`` is the bfloat16 dtype, or a numpy array or scalar of it."""
+    dt = x if isinstance(x, np.dtype) else getattr(x, "dtype", None)
+    return isinstance(dt, np.dtype) and dt == dtypes.BFLOAT16
 
 
 def array_from_nested(obj: Any, dtype: Any = None) -> Tracer:

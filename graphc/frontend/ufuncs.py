@@ -3,6 +3,10 @@
 Type resolution is numpy's own: ``ufunc.resolve_dtypes`` picks the inner loop from the operand
 dtypes, with Python scalars weak and numpy scalars strong (NEP 50). Operands are converted to the
 loop's input dtypes, then one primitive is emitted.
+
+One exception: next to a bfloat16 operand a Python float stays weak (``x_bf16 * 0.5`` is
+bfloat16, as in JAX). numpy with ml_dtypes picks a float32 loop there, which would silently turn
+a bfloat16 model into a float32 one at its first scalar.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from graphc.core import dtypes
 from graphc.core.errors import TraceError
 from graphc.frontend.tracer import HANDLERS, Tracer, bind, fresh, lift, user_location
 
@@ -78,6 +83,8 @@ def _operand_dtype(x: Any):
 def resolve_loop(ufunc: np.ufunc, inputs: tuple) -> tuple[np.dtype, ...]:
     """numpy's loop signature (input dtypes..., output dtypes...) for these operands."""
     in_dts = tuple(_operand_dtype(x) for x in inputs)
+    if dtypes.BFLOAT16 in in_dts:  # Python floats stay weak next to bfloat16 (the module doc)
+        in_dts = tuple(dtypes.BFLOAT16 if d is float else d for d in in_dts)
     if all(isinstance(d, type) for d in in_dts):  # only Python numbers (some as weak arrays): their own dtypes
         in_dts = tuple(x.dtype if isinstance(x, Tracer) else d for x, d in zip(inputs, in_dts))
     try:
@@ -108,7 +115,7 @@ def apply_ufunc(ufunc: np.ufunc, *inputs: Any) -> Tracer:
     if ufunc is np.square:
         return bind("mul", operands[0], operands[0])
     if ufunc is np.reciprocal:
-        if sig[0].kind != "f":
+        if not dtypes.is_float(sig[0]):
             raise TraceError("np.reciprocal of integers is not supported (it truncates)", user_location())
         return bind("div", lift(np.ones((), sig[0])), operands[0])
     if ufunc in COMPOSITE:
@@ -224,7 +231,7 @@ def _composite(ufunc: np.ufunc, sig: tuple, operands: list[Tracer]) -> Tracer:
         return bind("compare", operands[0], operands[0], direction="ne")
     if ufunc in (np.isfinite, np.isinf):  # |x| < inf, |x| == inf (nan is neither); ints and bools are finite
         x = operands[0]
-        if sig[0].kind != "f":
+        if not dtypes.is_float(sig[0]):
             return bind("broadcast_to", lift(np.asarray(ufunc is np.isfinite)), shape=x.shape)
         inf = lift(np.asarray(np.inf, sig[0]))
         return bind("compare", bind("abs", x), inf, direction="lt" if ufunc is np.isfinite else "eq")

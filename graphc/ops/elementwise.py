@@ -32,9 +32,9 @@ _BOOL = "bool"
 def _check_dtype(opname: str, dt: np.dtype, allowed: str) -> None:
     ok = {
         _ANY: True,
-        _NUMERIC: dt.kind in "iuf",
-        _SIGNED: dt.kind in "if",
-        _FLOAT: dt.kind == "f",
+        _NUMERIC: dt.kind in "iu" or dtypes.is_float(dt),
+        _SIGNED: dt.kind == "i" or dtypes.is_float(dt),
+        _FLOAT: dtypes.is_float(dt),
         _BOOL: dt.kind == "b",
     }[allowed]
     if not ok:
@@ -260,12 +260,12 @@ _set_rules(where, _where_vjp, _where_jvp)
 
 def _convert_vjp(ad, g):
     (x,) = ad.inputs
-    return [g.astype(x.dtype) if x.dtype.kind == "f" and g.dtype.kind == "f" else None]
+    return [g.astype(x.dtype) if dtypes.is_float(x.dtype) and dtypes.is_float(g.dtype) else None]
 
 
 def _convert_jvp(ad, t):
     (y,) = ad.outputs
-    return t.astype(y.dtype) if t is not None and y.dtype.kind == "f" else None
+    return t.astype(y.dtype) if t is not None and dtypes.is_float(y.dtype) else None
 
 
 _set_rules(convert, _convert_vjp, _convert_jvp)

@@ -1,0 +1,128 @@
+"""Machine profiles to plan for: presets of published hardware, this machine, or a JSON file.
+
+    get_profile("h100-sxm")       a preset (``PRESETS``)
+    get_profile("cluster.json")   a profile file: the JSON ``MachineProfile.to_json()`` writes, every
+                                  key checked (``read_profile``)
+    get_profile(profile)          a MachineProfile as it is
+
+The presets hold spec-sheet peaks, each number with its source below: the planner then predicts
+the step a perfect implementation would take (every matmul at the tensor cores' peak, every link
+at its line rate), so a predicted MFU is an upper bound of what a real run reaches. A per-GPU
+link is what one GPU can send one way: NVLink's total is counted in both directions, and a DGX
+node has one InfiniBand port per GPU.
+
+The GPU presets fuse elementwise chains (``fuses_elementwise``), as the compilers and fused
+kernels of GPU training stacks do (XLA, torch.compile, Megatron-LM's fused softmax and bias-GELU):
+without that, a step's softmaxes and norms would each be priced as memory round trips.
+
+Link latencies and the per-collective overhead are those of NCCL's own cost model (NCCL 2.x,
+``src/graph/tuning.cc``: ``hwLat`` per ring step of the Simple protocol, 3.4 us over NVLink and
+9.6 us over the network; ``baseLat`` per ring collective, 8.4 us).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+
+from graphc.core.mesh import Link, MachineProfile, MeshError, load_profile
+
+NVLINK_STEP_S = 3.4e-6  # NCCL tuning.cc hwLat[NVLINK][Ring][Simple]
+NETWORK_STEP_S = 9.6e-6  # NCCL tuning.cc hwLat[NET][Ring][Simple]
+NCCL_CALL_S = 8.4e-6  # NCCL tuning.cc baseLat[Ring][Simple]
+
+
+def h100_sxm() -> MachineProfile:
+    """One H100 SXM5 80GB of a DGX/HGX H100 node (8 GPUs on NVSwitch), nodes on InfiniBand NDR.
+
+    Rates from the NVIDIA H100 Tensor Core GPU datasheet (SXM5 column; dense, i.e. half the
+    "with sparsity" figures): BF16 and FP16 tensor core 989.4 TFLOP/s, FP64 tensor core 66.9,
+    FP32 66.9 (without tensor cores: numpy's float32 matmul is full fp32; TF32 would be 494.7),
+    HBM3 3.35 TB/s. NVLink 4: 900 GB/s per GPU in both directions = 450 GB/s each way.
+    InfiniBand NDR: 400 Gb/s per GPU (a DGX H100 has eight ConnectX-7 ports for its 8 GPUs) = 50 GB/s.
+    """
+    return MachineProfile(
+        flops=66.9e12,  # FP32, datasheet
+        mem_bandwidth=3.35e12,  # HBM3, datasheet
+        link=Link(NVLINK_STEP_S, 450e9),  # NVLink 4, 900 GB/s bidirectional
+        collective_overhead_s=NCCL_CALL_S,
+        source="NVIDIA H100 SXM5 datasheet (dense peaks), NVLink 4, InfiniBand NDR 400 Gb/s per GPU; NCCL latencies",
+        name="h100-sxm",
+        matmul_flops={
+            "float64": 66.9e12,  # FP64 tensor core, datasheet
+            "float32": 66.9e12,
+            "bfloat16": 989.4e12,  # BF16 tensor core, datasheet 1,979 with sparsity
+            "float16": 989.4e12,  # FP16 tensor core, datasheet 1,979 with sparsity
+        },
+        inter_link=Link(NETWORK_STEP_S, 50e9),  # InfiniBand NDR, 400 Gb/s = 50 GB/s
+        fuses_elementwise=True,
+    )
+
+
+def a100_sxm() -> MachineProfile:
+    """One A100 SXM4 80GB of a DGX/HGX A100 node (8 GPUs on NVSwitch), nodes on InfiniBand HDR.
+
+    Rates from the NVIDIA A100 Tensor Core GPU datasheet (dense): BF16 and FP16 tensor core
+    312 TFLOP/s, FP64 tensor core 19.5, FP32 19.5 (TF32 would be 156), HBM2e 2,039 GB/s (80GB
+    SXM). NVLink 3: 600 GB/s per GPU in both directions = 300 GB/s each way. InfiniBand HDR:
+    200 Gb/s per GPU (a DGX A100 has eight ConnectX-6 ports for its 8 GPUs) = 25 GB/s.
+    """
+    return MachineProfile(
+        flops=19.5e12,  # FP32, datasheet
+        mem_bandwidth=2.039e12,  # HBM2e, datasheet (80GB SXM)
+        link=Link(NVLINK_STEP_S, 300e9),  # NVLink 3, 600 GB/s bidirectional
+        collective_overhead_s=NCCL_CALL_S,
+        source="NVIDIA A100 SXM4 80GB datasheet (dense peaks), NVLink 3, InfiniBand HDR 200 Gb/s per GPU; NCCL latencies",
+        name="a100-sxm",
+        matmul_flops={
+            "float64": 19.5e12,  # FP64 tensor core, datasheet
+            "float32": 19.5e12,
+            "bfloat16": 312e12,  # BF16 tensor core, datasheet 624 with sparsity
+            "float16": 312e12,  # FP16 tensor core, datasheet 624 with sparsity
+        },
+        inter_link=Link(NETWORK_STEP_S, 25e9),  # InfiniBand HDR, 200 Gb/s = 25 GB/s
+        fuses_elementwise=True,
+    )
+
+
+def cpu_here() -> MachineProfile:
+    """This machine: the profile ``graphc calibrate`` stored, else ``MachineProfile.default()``
+    (what a Mesh uses when given no profile). Every device is a thread, so one link for all axes."""
+    return load_profile()
+
+
+PRESETS: dict[str, Callable[[], MachineProfile]] = {"h100-sxm": h100_sxm, "a100-sxm": a100_sxm, "cpu-here": cpu_here}
+
+
+def read_profile(path: str) -> MachineProfile:
+    """The profile in the JSON file ``path``; MeshError naming the file and the bad or missing key."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError as exc:
+        raise MeshError(f"cannot read profile file {path}: {exc.strerror}") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise MeshError(f"{path}:{exc.lineno}:{exc.colno}: not a machine profile (bad JSON: {exc.msg})") from None
+    try:
+        return MachineProfile.from_json(doc, strict=True)
+    except MeshError as exc:
+        raise MeshError(f"profile file {path}: {exc}") from None
+
+
+def get_profile(profile: str | os.PathLike | MachineProfile) -> MachineProfile:
+    """A preset by name, a profile file by path (a name ending in .json or naming a file), or a
+    MachineProfile as it is."""
+    if isinstance(profile, MachineProfile):
+        return profile
+    if isinstance(profile, os.PathLike):
+        return read_profile(os.fspath(profile))
+    if not isinstance(profile, str):
+        raise MeshError(f"a profile is a preset name, a JSON file or a MachineProfile, got {type(profile).__name__}")
+    if profile in PRESETS:
+        return PRESETS[profile]()
+    if profile.endswith(".json") or os.sep in profile or os.path.exists(profile):
+        return read_profile(profile)
+    raise MeshError(f"unknown profile {profile!r}: expected one of {', '.join(PRESETS)}, or a JSON profile file")

@@ -1,0 +1,54 @@
+"""What fusion keeps out of memory, for the cost model.
+
+graphc fuses every device program after partitioning (passes/fuse.py): a chain of elementwise
+ops and last-axis reductions becomes one kernel whose intermediate values stay in registers or
+cache. The planner partitions the unfused graph, so without this it would price every
+intermediate as a round trip through memory (on a GPU the softmax of attention alone then costs
+as much as its matmuls). A value is *fused away* when the node producing it and every node
+using it can join one kernel, and it is not a result of the graph: its bytes are neither
+written nor read back, and ``full_time`` is given the bytes a node's roofline then saves.
+
+Only profiles that say so (``MachineProfile.fuses_elementwise``: the GPU presets) are priced
+this way. The test is by op kind only (elementwise, or a reduction of the last axis), not by
+dtype or by the fusion pass's finer rules (shapes of one kernel, levels of row reductions), and
+a redistribution the plan puts between two such nodes is priced as a collective without
+charging the value's bytes to the nodes again: an estimate of what a GPU compiler fuses.
+"""
+
+from __future__ import annotations
+
+from graphc.core.ir import Graph, Node, Value
+
+ROW_REDUCTIONS = ("reduce_sum", "reduce_max", "reduce_min")
+
+
+def joins_kernel(node: Node) -> bool:
+    """Elementwise ops and reductions of the last axis: what passes/fuse.py puts in one kernel."""
+    if node.regions:
+        return False
+    if node.op.kind == "elementwise":
+        return True
+    x = node.inputs[0] if node.inputs else None
+    return node.op.name in ROW_REDUCTIONS and x is not None and x.ndim >= 1 and node.attrs["axes"] == (x.ndim - 1,)
+
+
+def fused_values(graph: Graph) -> frozenset[Value]:
+    """The values of ``graph`` that fusion keeps out of memory (the module doc)."""
+    users: dict[Value, list[Node]] = {}
+    for node in graph.nodes:
+        for v in node.inputs:
+            users.setdefault(v, []).append(node)
+    outputs = set(graph.outputs)
+    fused = set()
+    for node in graph.nodes:
+        if not joins_kernel(node):
+            continue
+        for v in node.outputs:
+            if v not in outputs and v in users and all(joins_kernel(u) for u in users[v]):
+                fused.add(v)
+    return frozenset(fused)
+
+
+def saved_bytes(node: Node, fused: frozenset[Value]) -> int:
+    """The bytes of ``node``'s operands (each use) and results that fusion keeps out of memory."""
+    return sum(v.type.nbytes for v in (*node.inputs, *node.outputs) if v in fused)
