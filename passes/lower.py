@@ -209,8 +209,10 @@ def lower_graph(graph: Graph, plan: ShardingPlan) -> ParallelProgram:
         for k, (node, st) in enumerate(zip(graph.nodes, strategies)):
             em.node(node, st)
             origin += [k] * (len(em.nodes) - len(origin))
-        em.loc = em.part = None
-        outputs = [em.get(v, s) for v, s in zip(graph.outputs, out_specs)]
+        outputs = []
+        for v, s in zip(graph.outputs, out_specs):
+            em.loc, em.part = (v.producer.loc if v.producer is not None else None), None  # the line that made it
+            outputs.append(em.get(v, s))
         origin += [-1] * (len(em.nodes) - len(origin))
         in_tree = TreeDef("tuple", (TreeDef("tuple", (LEAF,) * len(em.inputs)), TreeDef("dict")))
         out_tree = TreeDef("tuple", (LEAF,) * len(outputs))

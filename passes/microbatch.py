@@ -192,9 +192,13 @@ def microbatch(graph: Graph, m: int, batch: list[int] | None = None) -> Microbat
     out_pins = {k: (R,) for k in range(len(graph.outputs))}
     ties = state_ties(graph)
     pins = Pins(in_pins, out_pins)
-    node_pins = propagate(build_problem(graph, mesh, pins, ties, linear_partials=True))
+    node_pins = propagate(build_problem(graph, mesh, pins, ties, linear_partials=True, bucket_bytes=0))
     plan = plan_sharding(
-        graph, mesh, Pins(in_pins, out_pins, node_pins), ties, PlanOptions(shrink=False, linear_partials=True)
+        graph,
+        mesh,
+        Pins(in_pins, out_pins, node_pins),
+        ties,
+        PlanOptions(shrink=False, linear_partials=True, bucket_bytes=0),
     )
     program = lower(graph, plan)
     mb = Microbatched(graph, m, plan, program, batch)

@@ -28,6 +28,7 @@ from graphc.core.ir import Graph
 from graphc.core.mesh import Mesh
 from graphc.core.pytree import call_arguments, top_level
 from graphc.core.spec import Spec, format_spec
+from graphc.passes.bucket import DEFAULT_BUCKET_BYTES, bucket_all_reduces
 from graphc.passes.lower import lower_graph
 from graphc.passes.manager import optimize
 from graphc.passes.sharding.ilp import Group, Solution, shrink_groups, solve
@@ -38,7 +39,7 @@ from graphc.programs import ParallelProgram
 
 PLAN_PASSES = ("fold_constants", "simplify", "cse", "dce")  # fusion runs per device, after lowering
 DEVICE_PASSES = ("cse", "dce", "fuse")
-PLANNER_VERSION = 5  # part of the plan cache key: bump when rules or costs change what a plan says
+PLANNER_VERSION = 7  # part of the plan cache key: bump when rules or costs change what a plan says
 
 
 @dataclass(frozen=True)
@@ -67,8 +68,9 @@ class PlanOptions:
     time_limit_s: float = 60.0
     solver: str = "highs"
     shrink: bool = True
-    linear_partials: bool = False  # micro-batching: operands an op is linear in may stay partial
+    linear_partials: bool = True  # partial sums (P) carried through the ops linear in them
     free_axes: bool = False  # ignore the axis roles (passes/sharding/roles.py): every axis may split anything
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES  # gradient buckets (passes/bucket.py); 0: none
 
     def to_json(self) -> dict:
         return {
@@ -78,6 +80,7 @@ class PlanOptions:
             "shrink": self.shrink,
             "linear_partials": self.linear_partials,
             "free_axes": self.free_axes,
+            "bucket_bytes": self.bucket_bytes,
         }
 
 
@@ -93,12 +96,15 @@ def build_problem(
     mesh: Mesh,
     pins: Pins = Pins(),
     ties: list[tuple[int, int]] | None = None,
-    linear_partials: bool = False,
+    linear_partials: bool = True,
     free_axes: bool = False,
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
 ) -> Problem:
     """The sharding problem of ``graph`` on ``mesh`` with the pins and state ties applied."""
     ties = list(ties or [])
-    problem = _items_and_edges(graph, mesh, dict(pins.inputs), dict(pins.outputs), ties, linear_partials, free_axes)
+    problem = _items_and_edges(
+        graph, mesh, dict(pins.inputs), dict(pins.outputs), ties, linear_partials, free_axes, bucket_bytes
+    )
     apply_ties(problem, ties)
     if pins.nodes:
         pin_nodes(problem, dict(pins.nodes))
@@ -107,7 +113,7 @@ def build_problem(
 
 def shrink(problem: Problem, enabled: bool = True) -> tuple[list[Group], list[int]]:
     """Groups of items that share a strategy variable, and each item's group."""
-    return shrink_groups(problem, tie=enabled, follow=enabled)
+    return shrink_groups(problem, tie=enabled, follow=None if enabled else False)
 
 
 def solve_problem(
@@ -138,19 +144,26 @@ def plan_sharding(
     start = time.perf_counter()
     if deadline is None:
         deadline = start + options.time_limit_s
-    problem = build_problem(graph, mesh, pins, ties, options.linear_partials, options.free_axes)
+    problem = build_problem(graph, mesh, pins, ties, options.linear_partials, options.free_axes, options.bucket_bytes)
     build_s = time.perf_counter() - start
     groups, of = shrink(problem, options.shrink)
     budget = deadline - time.perf_counter() - 1.5 * build_s
     solution = solve(problem, groups, of, options.memory_limit, budget, options.solver, progress)
+    problem.rebucket(solution.choice)  # the plan reports the buckets it really fills
     if progress and solution.status != "optimal":
         progress(f"ILP: stopped at the time limit ({solution.status}) with gap {solution.gap:.2%}")
     return make_plan(problem, solution, options, build_s)
 
 
 def lower(graph: Graph, plan: ShardingPlan) -> ParallelProgram:
-    """One program per device of the plan's mesh, verified (passes/lower.py)."""
-    return lower_graph(graph, plan).verify()
+    """One program per device of the plan's mesh (passes/lower.py), its deferred all-reduces
+    in gradient buckets of the plan's size (passes/bucket.py), verified."""
+    program = lower_graph(graph, plan)
+    bucket_bytes = int(plan.options.get("bucket_bytes", 0))
+    if bucket_bytes:
+        devices = tuple(p.with_graph(bucket_all_reduces(p.graph, bucket_bytes)) for p in program.devices)
+        program = ParallelProgram(program.mesh, devices, program.in_types, program.out_types)
+    return program.verify()
 
 
 def compile_devices(program: ParallelProgram, passes: tuple[str, ...] = DEVICE_PASSES) -> ParallelProgram:

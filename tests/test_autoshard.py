@@ -10,7 +10,7 @@ import graphc
 from graphc.core.errors import PlanError
 from graphc.core.mesh import Link, MachineProfile, Mesh
 from graphc.core.spec import format_spec
-from graphc.passes.partition import PlanOptions, solve_problem
+from graphc.passes.partition import PlanOptions, solve_problem, state_ties
 from graphc.passes.sharding.ilp import exhaustive
 from graphc.passes.sharding.plan import ShardingPlan
 from graphc.passes.sharding.problem import build_problem
@@ -163,23 +163,18 @@ def test_mlp_with_large_batch_on_dp4_is_pure_data_parallel():
     assert sizes == sorted(v.nbytes for layer in params["layers"] for v in layer.values())
     x_spec = [format_spec(d.spec) for d in plan.inputs if d.type.startswith("f32[1024,64]")]
     assert x_spec == ["[S(0)]"]
-    # the predicted communication is the closed form: one all-reduce per gradient, plus the loss
+    # the predicted communication is the closed form: one all-reduce per gradient, plus the loss,
+    # all in one bucket (passes/bucket.py): the fixed cost of a collective is paid once in all
     from graphc.passes.sharding.redistribute import step_time
 
     link = PROFILE.link
-    expected = sum(
-        step_time(
-            "all_reduce",
-            4,
-            c.bytes,
-            link.latency_s,
-            link.bandwidth,
-            PROFILE.collective_overhead_s,
-            PROFILE.mem_bandwidth,
-        )
-        for c in coll
-    )
-    assert plan.cost.comm_s == pytest.approx(expected, rel=1e-12)
+
+    def t(nbytes):
+        args = (link.latency_s, link.bandwidth, PROFILE.collective_overhead_s, PROFILE.mem_bandwidth)
+        return step_time("all_reduce", 4, nbytes, *args)
+
+    expected = sum(t(c.bytes) - t(0) for c in coll) + t(0)
+    assert plan.cost.comm_s == pytest.approx(expected, rel=1e-9)
     assert [c.bytes for c in coll if c.bytes <= 4] == [4]  # the mean loss, reduced once
 
 
@@ -191,7 +186,7 @@ def test_gpt_on_dp2_tp4_mixes_both():
     axes = {a for c in plan.collectives for a in c.axes}
     assert axes == {"dp", "tp"}
     specs = {n: s for n, s in _weight_specs(plan).items() if not n.startswith("%opt_state")}
-    assert specs["%tokens"] == "[S(0), R]"
+    assert specs["%tokens"].startswith("[S(0), ")  # batch over dp (tp may add sequence parallelism)
     for name, spec in specs.items():
         if "c_attn.w" in name:
             assert spec == "[R, S(1, blocks=3)]", (name, spec)
@@ -351,11 +346,11 @@ def test_shrinking_ties_repeated_layers():
     from graphc.passes.sharding.ilp import shrink_groups
 
     groups, _of = shrink_groups(p)
-    assert len(groups) < len(p.items) / 3
+    assert len(groups) < len(p.items) / 2.5  # four blocks tied into one
     unshrunk = solve_problem(p, PlanOptions(shrink=False))
     shrunk = solve_problem(p, PlanOptions(shrink=True))
     assert shrunk.objective >= unshrunk.objective - 1e-12
-    assert shrunk.objective <= unshrunk.objective * 1.10  # the heuristics lose little here
+    assert shrunk.objective <= unshrunk.objective * 1.01  # tying loses little here
 
 
 def test_no_rule_is_replicated_with_a_warning():
@@ -366,3 +361,46 @@ def test_no_rule_is_replicated_with_a_warning():
     assert any("no sharding rule" in w for w in plan.warnings)
     loop = next(n for n in plan.nodes if n.op == "while_loop")
     assert loop.strategy == "replicate" and loop.warning
+
+
+def _promoting_blocks(n_layer, seed=0):
+    """A residual stack fed float64 input (numpy's default) with float32 weights: NEP 50 makes
+    the first block's matmuls mixed and every later block's float64 throughout."""
+
+    def block(x, p):
+        h = x * p["g"] / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6)
+        return x + np.maximum(h @ p["w1"], 0.0) @ p["w2"]
+
+    def loss(params, x):
+        for p in params:
+            x = block(x, p)
+        return (x * x).mean()
+
+    def step(params, x):
+        value, grads = graphc.value_and_grad(loss)(params, x)
+        return [{k: p[k] - 0.1 * gp[k] for k in p} for p, gp in zip(params, grads)], value
+
+    rng = np.random.default_rng(seed)
+    params = [
+        {
+            "w1": rng.standard_normal((24, 40)).astype(np.float32),
+            "w2": rng.standard_normal((40, 24)).astype(np.float32),
+            "g": np.ones(24, np.float32),
+        }
+        for _ in range(n_layer)
+    ]
+    return step, (params, rng.standard_normal((6, 5, 24)))
+
+
+@pytest.mark.parametrize("axes", [{"dp": 2, "tp": 2}, {"tp": 4}])
+def test_tied_groups_do_not_grow_with_depth_when_promotion_changes_the_first_block(axes):
+    from graphc.passes.sharding.ilp import shrink_groups
+
+    counts = []
+    for n_layer in (10, 20):
+        step, args = _promoting_blocks(n_layer)
+        graph = graphc.parallelize(step, mesh=axes, cache=False).trace_optimized(*args)[1]
+        dtypes = {str(n.outputs[0].type.dtype) for n in graph.nodes if n.op.name == "matmul"}
+        assert dtypes == {"float64"}  # float64 @ float32 promotes (NEP 50)
+        counts.append(len(shrink_groups(build_problem(graph, mesh(**axes), ties=state_ties(graph)))[0]))
+    assert counts[1] == counts[0], counts

@@ -202,3 +202,9 @@ def test_in_place_update_cannot_change_the_shape():
     err = trace_error(f, np.ones(3), np.ones((2, 3)))
     check_location(err, "<iadd-shape>")
     assert "non-broadcastable output operand with shape (3,)" in str(err)
+
+
+def test_pins_that_split_tied_state_two_ways_are_a_plan_error():
+    f = graphc.parallelize(lambda a: a * 2, mesh="tp=2", in_specs="[S(1)]", out_specs="[S(0)]", cache=False)
+    with pytest.raises(graphc.PlanError, match=r"need one spec, but the pins allow \[S\(1\)\] for the input"):
+        f.plan(np.ones((4, 4), np.float32))

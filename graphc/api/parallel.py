@@ -34,7 +34,8 @@ from graphc.api.jit import Jitted, StaticArgs
 from graphc.core.errors import GraphcError, PlanError
 from graphc.core.files import cache_dir
 from graphc.core.ir import Graph
-from graphc.core.mesh import as_mesh
+from graphc.core.mesh import Mesh, as_mesh
+from graphc.core.profiles import get_profile
 from graphc.core.pytree import TreeDef, flatten, top_level, unflatten
 from graphc.core.spec import Placement, Spec, SpecError, format_spec, parse_spec
 from graphc.core.units import parse_bytes
@@ -116,13 +117,14 @@ class Parallelized:
         microbatches: int = 1,
         schedule: str = "1f1b",
         free_axes: bool = False,
+        profile=None,
     ):
         self.fn = fn
         self.static = StaticArgs(fn, tuple(static_argnames))
         self._one_device = Jitted(fn, tuple(static_argnames))  # a 1-device mesh runs like graphc.jit
         self._lock = threading.Lock()
         functools.update_wrapper(self, fn)
-        self.mesh = as_mesh(mesh)
+        self.mesh = as_mesh(mesh) if profile is None else Mesh(as_mesh(mesh), profile=get_profile(profile))
         self.memory_limit = parse_bytes(memory_limit)
         self.in_specs = in_specs
         self.out_specs = out_specs
@@ -354,6 +356,7 @@ def parallelize(
     microbatches: int = 1,
     schedule: str = "1f1b",
     free_axes: bool = False,
+    profile=None,
 ):
     """Decorator or function: ``graphc.parallelize(fn, mesh={"dp": 2, "tp": 4})``. A mesh with a
     ``pp`` axis (``{"pp": 2, "dp": 2, "tp": 2}``) runs the step as a pipeline of ``microbatches``
@@ -363,6 +366,11 @@ def parallelize(
     Axis names give roles (README, "Mesh axes"): ``dp``/``data``/``batch`` split only batch dims,
     ``sp``/``seq`` only sequence dims, ``tp``/``model``/``mp`` and other names anything;
     ``free_axes=True`` lets every axis split anything.
+
+    ``profile`` is the hardware to plan for: a preset name (``"h100-sxm"``, ``"a100-sxm"``,
+    ``"cpu-here"``; graphc/core/profiles.py), a JSON profile file, or a ``MachineProfile``. It
+    replaces the mesh's profile; links the mesh was given for some axes stay. Default: the mesh's
+    (this machine's stored calibration for a mesh given as a dict or string).
 
     ``time_limit`` (seconds) bounds the wall time of planning, tracing included: when it runs out
     the best plan found so far is used (its gap is in ``plan.solver``); ``PlanError`` only if
@@ -386,6 +394,7 @@ def parallelize(
             microbatches,
             schedule,
             free_axes,
+            profile,
         )
 
     return wrap if fn is None else wrap(fn)

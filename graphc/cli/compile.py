@@ -19,6 +19,7 @@ from graphc.cli.loader import load_target, static_argnames
 from graphc.core.errors import GraphcError
 from graphc.core.files import atomic_write
 from graphc.core.mesh import Mesh, MeshError, parse_links
+from graphc.core.profiles import PRESETS, get_profile
 from graphc.core.units import parse_bytes
 from graphc.passes.manager import run_pipeline
 from graphc.passes.partition import compile_devices, lower
@@ -39,6 +40,12 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--microbatches", type=int, default=1, help="micro-batches of a pipeline (--mesh with pp)")
     p.add_argument("--schedule", choices=("1f1b", "gpipe"), default="1f1b", help="pipeline schedule (default 1f1b)")
+    p.add_argument(
+        "--profile",
+        metavar="NAME|FILE",
+        help=f"the hardware to plan for: {', '.join(PRESETS)} (spec-sheet numbers; graphc/core/profiles.py) "
+        "or a JSON profile file (default: cpu-here, this machine's 'graphc calibrate' profile)",
+    )
     p.add_argument("--link", help="per-axis link model overrides, e.g. dp=1GB/s:50us,tp=10GB/s:5us")
     p.add_argument("--memory", help="per-device memory limit, e.g. 2GiB (default: none)")
     p.add_argument("--example", help="function in FILE returning (args, kwargs) (default: example_args)")
@@ -78,9 +85,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
         return _search(args, progress)
     try:
         links = parse_links(args.link) if args.link else None
-        mesh = Mesh(args.mesh, links=links)
+        profile = get_profile(args.profile) if args.profile else None
+        mesh = Mesh(args.mesh, links=links, profile=profile)
     except MeshError as exc:
-        raise GraphcError(f"--mesh/--link: {exc}") from None
+        raise GraphcError(f"--mesh/--link/--profile: {exc}") from None
     fn, fargs, fkwargs = load_target(args.target, args.example)
     pf = parallelize(
         fn,
@@ -155,8 +163,9 @@ def _search(args: argparse.Namespace, progress) -> int:
     """``--devices N``: plan every factorization, print the choice and why, write the chosen plan."""
     try:
         links = parse_links(args.link) if args.link else None
+        profile = get_profile(args.profile) if args.profile else None
     except MeshError as exc:
-        raise GraphcError(f"--link: {exc}") from None
+        raise GraphcError(f"--link/--profile: {exc}") from None
     fn, fargs, fkwargs = load_target(args.target, args.example)
     pf = parallelize(fn, mesh={"dp": 1}, static_argnames=static_argnames(fkwargs))
     progress(f"tracing {args.target}")
@@ -168,6 +177,7 @@ def _search(args: argparse.Namespace, progress) -> int:
         args.devices,
         parse_bytes(args.memory),
         links,
+        profile,
         schedule=args.schedule,
         time_limit_s=args.time_limit,
         progress=lambda c: progress(f"  {c.describe()} [{c.seconds:.2f}s]"),

@@ -9,7 +9,7 @@ Fields, each a small frozen dataclass or tuple of them:
     nodes              per node: strategy, operand and result specs, compute time, pins, warning,
                        best alternatives
     collectives        every redistribution in program order: kind, mesh axes, bytes, time, where
-    cost               compute_s, comm_s, total_s
+    cost               compute_s, comm_s, total_s; model flops and MFU (``Cost``)
     memory             limit_bytes, peak_bytes (one per device), peak_at
     solver             name, status, objective, bound, gap, seconds, problem sizes
     ties, warnings, timing
@@ -29,13 +29,16 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+import numpy as np
+
 from graphc.core.errors import PlanError
 from graphc.core.files import atomic_write, dump_document, read_document
 from graphc.core.ir import Graph, print_graph
 from graphc.core.mesh import Mesh, MeshError
 from graphc.core.spec import Spec, SpecError, format_spec, local_shape, parse_spec
-from graphc.core.units import fmt_bytes, fmt_time
-from graphc.passes.sharding.redistribute import plan_steps
+from graphc.core.units import fmt_bytes, fmt_rate, fmt_time
+from graphc.ops.dims import default_cost
+from graphc.passes.sharding.redistribute import bucketed_step_time, plan_steps
 
 PLAN_VERSION = 2
 
@@ -123,9 +126,21 @@ class Collective:
 
 @dataclass(frozen=True)
 class Cost:
+    """The predicted step, and how much of the devices' peak it uses.
+
+    ``mfu`` (model flops utilization) = ``model_flops / (total_s x devices x peak_flops)``:
+    ``model_flops`` is the work of one step, every node of the graph counted once as on one device
+    (the unsharded work: neither the work replicated devices repeat nor recomputation counts);
+    ``peak_flops`` is the profile's matmul rate of one device for ``peak_dtype``, the dtype that
+    carries most of the step's contraction flops. None in plans written before it existed."""
+
     compute_s: float
     comm_s: float
     total_s: float
+    model_flops: float | None = None
+    peak_dtype: str | None = None
+    peak_flops: float | None = None
+    mfu: float | None = None
 
 
 @dataclass(frozen=True)
@@ -431,6 +446,7 @@ def _summary(p: ShardingPlan, top: int) -> str:
     lines = [
         f"plan for @{p.graph_name} on mesh ({axes}): {p.n_nodes} nodes, {len(p.collectives)} collectives",
         f"predicted step {fmt_time(c.total_s)} = compute {fmt_time(c.compute_s)} + communication {fmt_time(c.comm_s)}",
+        *_mfu_lines(p),
         f"memory per device: peak {fmt_bytes(m.peak_bytes[0])}"
         + (f" of {fmt_bytes(m.limit_bytes)}" if m.limit_bytes else " (no limit)")
         + (f", at {m.peak_at}" if m.peak_at else ""),
@@ -452,6 +468,16 @@ def _summary(p: ShardingPlan, top: int) -> str:
     for w in p.warnings[:top]:
         lines.append(f"warning: {w}")
     return "\n".join(lines)
+
+
+def _mfu_lines(p: ShardingPlan) -> list[str]:
+    c = p.cost
+    if c.mfu is None or c.model_flops is None or c.peak_flops is None:
+        return []
+    return [
+        f"MFU {c.mfu:.1%}: model flops {c.model_flops:.4g} per step over {p.mesh.size} devices x "
+        f"{fmt_rate(c.peak_flops)} ({c.peak_dtype} matmul peak of profile {p.mesh.profile.name})"
+    ]
 
 
 def _collective_lines(collectives: tuple[Collective, ...], top: int) -> list[str]:
@@ -592,13 +618,45 @@ def plan_from_solution(problem, sol, memory_limit: int | None, build_s: float, o
         outputs=tuple(outputs),
         nodes=tuple(nodes),
         collectives=tuple(collectives),
-        cost=Cost(ev["compute_s"], comm, ev["compute_s"] + comm),
+        cost=_cost(graph, problem.mesh, ev["compute_s"], comm),
         memory=Memory(memory_limit, (peak,) * problem.mesh.size, _item_name(at_item, names) if at_item else None),
         solver=solver,
         options=dict(options),
         ties=tuple((problem.items[a].index, problem.items[b].index) for a, b in problem.ties),
         warnings=tuple(_dedupe(problem.warnings)),
     )
+
+
+def _cost(graph: Graph, mesh: Mesh, compute_s: float, comm_s: float) -> Cost:
+    """The Cost of a step, with its MFU (the definition is ``Cost``'s)."""
+    total_s = compute_s + comm_s
+    flops, contraction = step_flops(graph)
+    by_dtype = contraction or flops
+    if not by_dtype or total_s <= 0:
+        return Cost(compute_s, comm_s, total_s)
+    dtype = max(by_dtype, key=lambda k: by_dtype[k])
+    model_flops = sum(flops.values())
+    peak = mesh.profile.matmul_rate(dtype)
+    return Cost(compute_s, comm_s, total_s, model_flops, dtype, peak, model_flops / (total_s * mesh.size * peak))
+
+
+def step_flops(graph: Graph) -> tuple[dict[str, float], dict[str, float]]:
+    """(flops of all nodes, flops of the contractions) of one step of ``graph``, by the dtype of
+    each node's first operand (result when it has none), every node counted once."""
+    flops: dict[str, float] = {}
+    contraction: dict[str, float] = {}
+    for node in graph.nodes:
+        in_types = tuple(v.type for v in node.inputs)
+        out_types = tuple(o.type for o in node.outputs)
+        attrs = {**node.attrs, "regions": node.regions} if node.regions else dict(node.attrs)
+        f = (node.op.cost or default_cost)(in_types, out_types, **attrs)[0]
+        if not (in_types or out_types) or not f:
+            continue
+        dtype = (in_types or out_types)[0].dtype.name
+        flops[dtype] = flops.get(dtype, 0.0) + f
+        if node.op.kind == "contraction":
+            contraction[dtype] = contraction.get(dtype, 0.0) + f
+    return flops, contraction
 
 
 def collectives_of(problem, choice: list[int]) -> list[Collective]:
@@ -638,7 +696,7 @@ def collectives_of(problem, choice: list[int]) -> list[Collective]:
                     part,
                     st.src,
                     st.dst,
-                    st.time_s,
+                    bucketed_step_time(st, problem.mesh, problem.bucket_share_bytes) if e.deferred else st.time_s,
                 )
             )
     return out
@@ -676,22 +734,19 @@ def _alternatives(problem, choice, top: int = 3) -> dict[int, list[Alternative]]
     for i, it in enumerate(problem.items):
         if len(it.strategies) < 2:
             continue
-
-        def local(s, i=i, it=it):
-            comm = 0.0
-            for e in incident.get(i, []):
-                a = s if e.src == i else choice[e.src]
-                b = s if e.dst == i else choice[e.dst]
-                comm += problem.edge_time(e, a, b)
-            return it.strategies[s].compute_s, comm
-
-        c0, m0 = local(choice[i])
+        comm = np.zeros(len(it.strategies))  # every strategy of item i, the others as chosen
+        for e in incident.get(i, []):
+            m = problem.edge_matrix(e)
+            if e.src == i and e.dst == i:  # pragma: no cover - no item feeds itself
+                continue
+            comm += m[:, choice[e.dst]] if e.src == i else m[choice[e.src], :]
+        c0, m0 = it.strategies[choice[i]].compute_s, float(comm[choice[i]])
         chosen = it.strategies[choice[i]]
         alts = []
         for s, st in enumerate(it.strategies):
             if s == choice[i]:
                 continue
-            c, m = local(s)
+            c, m = st.compute_s, float(comm[s])
             mem = None
             if it.kind == "input":
                 mem = _local_bytes(it.value, st.out_specs[0], problem.mesh) - _local_bytes(
@@ -716,4 +771,5 @@ __all__ = [
     "collectives_of",
     "graph_hash",
     "plan_from_solution",
+    "step_flops",
 ]

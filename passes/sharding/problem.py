@@ -17,6 +17,7 @@ use (outputs to the end). All meshes here split evenly, so every device has the 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,11 +25,20 @@ import numpy as np
 from graphc.core.errors import PlanError
 from graphc.core.ir import Graph, Node, TensorType, Value
 from graphc.core.mesh import Mesh
-from graphc.core.spec import SpecError, format_spec, local_shape, parse_spec
+from graphc.core.spec import P, SpecError, format_spec, local_shape, parse_spec
 from graphc.ops.dims import DimRule
-from graphc.passes.sharding.redistribute import redistribution_time
+from graphc.passes.bucket import DEFAULT_BUCKET_BYTES
+from graphc.passes.sharding.fusion import fused_values, saved_bytes
+from graphc.passes.sharding.redistribute import bucketed_time, plan_steps, redistribution_time
 from graphc.passes.sharding.roles import AxisRoles, axis_roles
-from graphc.passes.sharding.strategies import Strategy, block_sets, get_rule, node_strategies, tensor_specs
+from graphc.passes.sharding.strategies import (
+    Strategy,
+    block_sets,
+    full_time,
+    get_rule,
+    node_strategies,
+    tensor_specs,
+)
 
 
 @dataclass
@@ -49,6 +59,7 @@ class Edge:
     dst: int
     dst_in: int
     value: Value
+    deferred: bool = False  # an all-reduce here can wait for the update: it joins a gradient bucket
 
 
 @dataclass
@@ -61,6 +72,11 @@ class Problem:
     warnings: list[str] = field(default_factory=list)
     ties: list[tuple[int, int]] = field(default_factory=list)  # (input item, output item): same strategy index
     roles: AxisRoles | None = None
+    # deferred edges (gradients into the update, the loss into the outputs) share buckets of
+    # this many bytes (passes/bucket.py); each all-reduce pays the fixed cost of a collective
+    # in proportion to its bytes. 0: no bucketing.
+    bucket_share_bytes: int = 0
+    bucket_limit: int = 0  # the bucket size
     _spec_cache: dict = field(default_factory=dict, repr=False)
     _matrix_cache: dict = field(default_factory=dict, repr=False)
 
@@ -68,18 +84,43 @@ class Problem:
     def edge_time(self, e: Edge, s_src: int, s_dst: int) -> float:
         src = self.items[e.src].strategies[s_src].out_specs[e.src_out]
         dst = self.items[e.dst].strategies[s_dst].in_specs[e.dst_in]
+        return self._time(e, src, dst)
+
+    def _time(self, e: Edge, src, dst) -> float:
         t = e.value.type
+        if e.deferred and self.bucket_share_bytes:
+            return bucketed_time(t.shape, t.dtype.itemsize, src, dst, self.mesh, self.bucket_share_bytes)
         return redistribution_time(t.shape, t.dtype.itemsize, src, dst, self.mesh)
+
+    def rebucket(self, choice: list[int]) -> None:
+        """Share the fixed cost over the bytes the deferred all-reduces of ``choice`` really move
+        (the estimate ``build_problem`` starts from counts every tensor that might)."""
+        if not self.bucket_share_bytes:
+            return
+        moved: dict[tuple, int] = {}
+        for e in self.edges:
+            if not e.deferred:
+                continue
+            src = self.items[e.src].strategies[choice[e.src]].out_specs[e.src_out]
+            dst = self.items[e.dst].strategies[choice[e.dst]].in_specs[e.dst_in]
+            t = e.value.type
+            for st in plan_steps(t.shape, t.dtype.itemsize, src, dst, self.mesh) if src != dst else ():
+                if st.kind == "all_reduce":
+                    moved[(e.value, dst, st.axis)] = st.local_bytes
+        total = sum(moved.values())
+        if total:
+            self.bucket_share_bytes = max(1, min(self.bucket_limit, total))
+            self._matrix_cache.clear()
 
     def specs_of(self, item: int, side: str, k: int):
         """(distinct specs, index per strategy) of an item's result / operand ``k`` (cached)."""
-        key = (item, side, k)
+        strategies = self.items[item].strategies
+        key = (id(strategies), side, k)  # repeated layers share one strategy list
         hit = self._spec_cache.get(key)
-        if hit is None:
-            strategies = self.items[item].strategies
+        if hit is None or hit[0] is not strategies:
             specs = [s.out_specs[k] if side == "out" else s.in_specs[k] for s in strategies]
-            hit = self._spec_cache[key] = _unique(specs)
-        return hit
+            hit = self._spec_cache[key] = (strategies, *_unique(specs))
+        return hit[1], hit[2]
 
     def edge_matrix(self, e: Edge) -> np.ndarray:
         """Redistribution time for every (producer strategy, consumer strategy) pair; computed
@@ -87,12 +128,10 @@ class Problem:
         us, ui = self.specs_of(e.src, "out", e.src_out)
         vs, vi = self.specs_of(e.dst, "in", e.dst_in)
         t = e.value.type
-        key = (t, tuple(us), tuple(vs))
+        key = (t, tuple(us), tuple(vs), e.deferred)
         small = self._matrix_cache.get(key)
         if small is None:
-            small = np.array(
-                [[redistribution_time(t.shape, t.dtype.itemsize, a, b, self.mesh) for b in vs] for a in us]
-            )
+            small = np.array([[self._time(e, a, b) for b in vs] for a in us])
             self._matrix_cache[key] = small
         return small[np.ix_(ui, vi)]
 
@@ -168,10 +207,12 @@ def build_problem(
     in_pins: dict[int, tuple] | None = None,
     out_pins: dict[int, tuple] | None = None,
     ties: list[tuple[int, int]] | None = None,
-    linear_partials: bool = False,
+    linear_partials: bool = True,
     free_axes: bool = False,
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
 ) -> Problem:
-    """Items and edges of ``graph`` on ``mesh``. ``in_pins`` / ``out_pins`` restrict the spec of
+    """Items and edges of ``graph`` on ``mesh``. Deferred all-reduces share buckets of
+    ``bucket_bytes`` (0: none). ``in_pins`` / ``out_pins`` restrict the spec of
     graph input / output positions; ``ties`` are (input position, output position) pairs whose
     specs must be equal (a training step's state): both get the same candidate list. The mesh's
     axis roles (passes/sharding/roles.py) restrict what data and seq axes split, unless
@@ -181,11 +222,25 @@ def build_problem(
     ties = ties or []
     rules, rule_errors = _node_rules(graph)
     roles = axis_roles(graph, mesh, rules, ties, free_axes)
-    b = _ProblemBuilder(graph, mesh, block_sets(graph, rules), roles, warnings=list(roles.warnings))
+    fused = fused_values(graph) if mesh.profile.fuses_elementwise else frozenset()
+    b = _ProblemBuilder(graph, mesh, block_sets(graph, rules), roles, fused, warnings=list(roles.warnings))
     b.add_inputs(in_pins, {i: o for i, o in ties})
     b.add_nodes(rules, rule_errors, linear_partials)
     b.add_outputs(out_pins, {o: i for i, o in ties})
-    return Problem(graph, mesh, b.items, b.edges, _program_order(b.items), b.warnings, roles=roles)
+    problem = Problem(graph, mesh, b.items, b.edges, _program_order(b.items), b.warnings, roles=roles)
+    if bucket_bytes > 0:
+        # the bytes the deferred all-reduces move at most (whole tensors that may arrive as
+        # partial sums); a bucket holds at most bucket_bytes of them, so the fixed cost of a
+        # collective is shared by this many bytes
+        def gradient(e: Edge) -> bool:  # not the update's own values
+            src = b.items[e.src]
+            made_in_update = src.node is not None and src.node.part == "update"
+            return not made_in_update and any(P in st.out_specs[e.src_out] for st in src.strategies)
+
+        deferred = sum({e.value: e.value.type.nbytes for e in b.edges if e.deferred and gradient(e)}.values())
+        problem.bucket_share_bytes = max(1, min(bucket_bytes, deferred))
+        problem.bucket_limit = bucket_bytes
+    return problem
 
 
 def _node_rules(graph: Graph) -> tuple[dict[Node, DimRule | None], dict[Node, str]]:
@@ -219,6 +274,7 @@ class _ProblemBuilder:
     mesh: Mesh
     sets: dict[Value, list[set[int]]]  # block counts per value dim (strategies.block_sets)
     roles: AxisRoles
+    fused: frozenset[Value]  # values fusion keeps out of memory (sharding/fusion.py)
     items: list[Item] = field(default_factory=list)
     edges: list[Edge] = field(default_factory=list)
     producer: dict[Value, tuple[int, int]] = field(default_factory=dict)
@@ -259,7 +315,11 @@ class _ProblemBuilder:
                 strategies = node_strategies(node, rule, self.mesh, self.sets, linear_partials, self.roles)
                 if key is not None:
                     strategy_cache[key] = strategies
-            item = Item("node", n_i, list(strategies), node=node)
+            saved = saved_bytes(node, self.fused)
+            if saved:  # the device's compiler keeps some operands or results out of memory (sharding/fusion.py)
+                fused_s = full_time(node, self.mesh.profile, saved)
+                strategies = [dataclasses.replace(s, compute_s=fused_s / s.divided) for s in strategies]
+            item = Item("node", n_i, strategies, node=node)  # shared, never mutated (pins replace it)
             if rule is None and any(d > 1 for d in mesh_shape):
                 why = (
                     f"its sharding rule failed ({rule_errors[node]})" if node in rule_errors else "has no sharding rule"
@@ -272,13 +332,14 @@ class _ProblemBuilder:
             self.items.append(item)
             for j, v in enumerate(node.inputs):
                 src, out = self.producer[v]
-                self.edges.append(Edge(src, out, idx, j, v))
+                self.edges.append(Edge(src, out, idx, j, v, deferred=node.part == "update"))
             for o in node.outputs:
                 self.producer[o] = (idx, o.index)
 
     def add_outputs(self, out_pins: dict[int, tuple], tied_out: dict[int, int]) -> None:
         """One item per graph output (a strategy per spec it may be returned in), with an edge
-        from its producer."""
+        from its producer: deferred when no node consumes the value (the loss)."""
+        consumed = {v for node in self.graph.nodes for v in node.inputs}
         for k, v in enumerate(self.graph.outputs):
             other = self.graph.inputs[tied_out[k]] if k in tied_out else None
             specs = self.tensor_specs(v, other)
@@ -288,7 +349,7 @@ class _ProblemBuilder:
             idx = len(self.items)
             self.items.append(item)
             src, out = self.producer[v]
-            self.edges.append(Edge(src, out, idx, 0, v))
+            self.edges.append(Edge(src, out, idx, 0, v, deferred=v not in consumed))
 
 
 def _node_key(node, sets, roles: AxisRoles):
@@ -348,6 +409,14 @@ def apply_ties(problem: Problem, ties) -> None:
         a, b = problem.items[inputs[i]], problem.items[outputs[o]]
         specs_b = {s.in_specs[0]: s for s in b.strategies}
         keep_a = [s for s in a.strategies if s.out_specs[0] in specs_b]
+        if not keep_a:
+            names = problem.graph.value_names()
+            raise PlanError(
+                f"input %{names[problem.graph.inputs[i]]} and output {o} are the same state (a training step "
+                f"returns it updated), so they need one spec, but the pins allow "
+                f"{', '.join(s.name for s in a.strategies)} for the input and "
+                f"{', '.join(s.name for s in b.strategies)} for the output"
+            )
         a.strategies = keep_a
         b.strategies = [specs_b[s.out_specs[0]] for s in keep_a]
         problem.ties.append((inputs[i], outputs[o]))

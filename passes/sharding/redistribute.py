@@ -88,6 +88,34 @@ def redistribution_time(shape, itemsize, src, dst, mesh) -> float:
     return _time(tuple(shape), int(itemsize), tuple(src), tuple(dst), _mesh_key(mesh))
 
 
+def bucketed_time(shape, itemsize, src, dst, mesh, share_bytes: int) -> float:
+    """``redistribution_time`` of an all-reduce that rides in a gradient bucket of
+    ``share_bytes`` (passes/bucket.py): its fixed cost (latency rounds and call overhead, the
+    time of an empty message) is paid in proportion to its share of the bucket."""
+    if src == dst:
+        return 0.0
+    return _bucketed(tuple(shape), int(itemsize), tuple(src), tuple(dst), _mesh_key(mesh), int(share_bytes))
+
+
+@lru_cache(maxsize=1 << 16)
+def _bucketed(shape, itemsize, src, dst, mesh_key, share: int) -> float:
+    return sum(_bucketed_step(s, mesh_key, share) for s in _plan_steps(shape, itemsize, src, dst, mesh_key))
+
+
+def bucketed_step_time(step: Step, mesh, share_bytes: int) -> float:
+    """One step's time when it rides in a bucket of ``share_bytes`` (all-reduces only)."""
+    return _bucketed_step(step, _mesh_key(mesh), int(share_bytes))
+
+
+def _bucketed_step(s: Step, mesh_key, share: int) -> float:
+    if s.kind != "all_reduce" or share <= 0:
+        return s.time_s
+    mesh_shape, links, overhead, mem_bw = mesh_key[:4]
+    lat, bw = links[s.axis]
+    fixed = step_time("all_reduce", mesh_shape[s.axis], 0, lat, bw, overhead, mem_bw)
+    return s.time_s - fixed * (1.0 - min(1.0, s.local_bytes / share))
+
+
 @lru_cache(maxsize=1 << 18)
 def _time(shape, itemsize, src, dst, mesh_key) -> float:
     return sum(s.time_s for s in _plan_steps(shape, itemsize, src, dst, mesh_key))

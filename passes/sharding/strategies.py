@@ -21,10 +21,8 @@ import numpy as np
 
 from graphc.core.ir import Graph, TensorType, Value, walk
 from graphc.core.spec import P, Placement, R, S, format_spec
-from graphc.ops.dims import DimRule, default_cost, linear_operands
+from graphc.ops.dims import MAX_BLOCKS, DimRule, default_cost, linear_operands
 from graphc.passes.sharding.roles import RESTRICTED, AxisRoles
-
-MAX_BLOCKS = 16
 
 
 @dataclass(frozen=True)
@@ -82,13 +80,15 @@ def compute_time(node, divided: int, profile) -> float:
     return full_time(node, profile) / divided
 
 
-def full_time(node, profile) -> float:
+def full_time(node, profile, saved_bytes: int = 0) -> float:
     """Roofline seconds of the whole node on one device: flops at the compute rate (a contraction or
-    fused kernel at the matmul rate, other ops at 1/8 of it) or bytes at memory bandwidth."""
+    fused kernel at the profile's matmul rate for its operands' dtype, other ops at 1/8 of it) or
+    bytes at memory bandwidth, less the ``saved_bytes`` fusion keeps out of memory (sharding/fusion.py)."""
     in_types, out_types, attrs = _rule_args(node)
     flops, nbytes = (node.op.cost or default_cost)(in_types, out_types, **attrs)
-    rate = profile.flops if node.op.kind in ("contraction", "fused") else profile.flops / 8
-    return max(flops / rate, nbytes / profile.mem_bandwidth)
+    peak = profile.matmul_rate((in_types or out_types)[0].dtype) if in_types or out_types else profile.flops
+    rate = peak if node.op.kind in ("contraction", "fused") else peak / 8
+    return max(flops / rate, max(nbytes - saved_bytes, 0) / profile.mem_bandwidth)
 
 
 def block_sets(graph: Graph, rules: dict) -> dict[Value, list[set[int]]]:
@@ -169,25 +169,58 @@ def node_strategies(
     linear_partials: bool = False,
     roles: AxisRoles | None = None,
 ) -> list[Strategy]:
-    """The node's strategies on ``mesh``; ``linear_partials`` adds, on a one-axis mesh, one
-    strategy per operand set the op is linear in: those operands P, the others R, results P.
-    ``roles`` (passes/sharding/roles.py) keeps data and seq axes to batch and sequence dims."""
+    """The node's strategies on ``mesh``. ``linear_partials`` carries partial sums through the
+    ops linear in them (``_linear_partials``). ``roles`` (passes/sharding/roles.py) keeps data
+    and seq axes to batch and sequence dims."""
     mesh_shape = tuple(mesh.shape)
     profile = mesh.profile
-    extra = _linear_partials(node, mesh, profile) if linear_partials else []
     if rule is None:
-        return [replicated(node, mesh_shape, profile)] + extra
-    return _rule_strategies(node, rule, mesh, sets, roles) + extra
+        base = [replicated(node, mesh_shape, profile)]
+    else:
+        base = _rule_strategies(node, rule, mesh, sets, roles)
+    return base + _linear_partials(node, base, mesh) if linear_partials else base
 
 
-def _linear_partials(node, mesh, profile) -> list[Strategy]:
-    if len(mesh.shape) != 1 or node.regions:
+# The ops that carry partial sums on a mesh of several axes (on one axis, every linear op does):
+# each P variant multiplies the node's strategies, and these are where a partial value meets
+# another or is rescaled (contractions, gathers and slices of a partial are rarely worth it).
+CARRIES_PARTIALS = frozenset(
+    {"add", "sub", "neg", "mul", "div", "reduce_sum", "transpose", "reshape", "squeeze", "expand_dims", "convert"}
+)
+
+
+def _linear_partials(node, base: list[Strategy], mesh) -> list[Strategy]:
+    """Partial sums carried: for each strategy leaving mesh axes unused (R everywhere on them)
+    and each operand set the op is linear in (dims.linear_operands), the same strategy with
+    those operands and the results P on one unused axis, or on all of them. ``P + P`` stays
+    ``P``, and so do ``-P``, ``P * R``, ``sum(P)``, ``P.T`` and ``reshape(P)``: the devices
+    apply the op to their pieces, and the sum of the results is the op of the sum. The work is
+    the base strategy's. Named ``<base> linear{k}@<axis>`` (``linear{k}@<axis>`` on a replicated
+    base: micro-batching looks for the prefix)."""
+    linear = linear_operands(node)
+    if not linear or node.regions or (mesh.ndim > 1 and node.op.name not in CARRIES_PARTIALS):
         return []
-    full = full_time(node, profile)
+    names = mesh.axis_names
+    seen = {(st.in_specs, st.out_specs) for st in base}
     out = []
-    for k, ops in enumerate(linear_operands(node)):
-        ins = tuple((P,) if i in ops else (R,) for i in range(len(node.inputs)))
-        out.append(Strategy(f"linear{k}@{mesh.axis_names[0]}", ins, tuple((P,) for _ in node.outputs), full, 1))
+    for st in base:
+        unused = [
+            a for a, n in enumerate(mesh.shape) if n > 1 and all(spec[a] == R for spec in st.in_specs + st.out_specs)
+        ]
+        subsets = [(a,) for a in unused] + ([tuple(unused)] if len(unused) > 1 else [])
+        for axes in subsets:
+            for k, ops in enumerate(linear):
+                ins = tuple(
+                    tuple(P if a in axes and i in ops else p for a, p in enumerate(spec))
+                    for i, spec in enumerate(st.in_specs)
+                )
+                outs = tuple(tuple(P if a in axes else p for a, p in enumerate(spec)) for spec in st.out_specs)
+                if (ins, outs) in seen:
+                    continue
+                seen.add((ins, outs))
+                tag = " ".join(f"linear{k}@{names[a]}" for a in axes)
+                name = tag if st.name == "replicate" else f"{st.name} {tag}"
+                out.append(Strategy(name, ins, outs, st.compute_s, st.divided))
     return out
 
 
@@ -272,10 +305,12 @@ def _combo_specs(
     node, rule: DimRule, occ: _Occurrences, combo: tuple[_Choice, ...], mesh_shape: tuple[int, ...]
 ) -> tuple[tuple[tuple, tuple], int] | None:
     """((operand specs, result specs), pieces the work is divided into) of one choice per mesh
-    axis, or None when an axis of size 1 is used or some split is uneven. A summed label leaves
-    the results (and the rule's partial inputs) partial along its axis."""
+    axis, or None when an axis of size 1 is used, some split is uneven, or two axes would split
+    one dim (through two of its alternative labels). A summed label leaves the results (and the
+    rule's partial inputs) partial along its axis."""
     in_specs = [[R] * len(mesh_shape) for _ in node.inputs]
     out_specs = [[R] * len(mesh_shape) for _ in node.outputs]
+    split_dims: set[tuple[str, int, int]] = set()
     divided = 1
     for a, c in enumerate(combo):
         if c is None:
@@ -285,8 +320,9 @@ def _combo_specs(
             return None
         lab, b = c
         for side, i, d, f in occ[lab]:
-            if _operand(node, side, i).type.shape[d] % (b * f * n):
+            if _operand(node, side, i).type.shape[d] % (b * f * n) or (side, i, d) in split_dims:
                 return None
+            split_dims.add((side, i, d))
             (in_specs if side == "in" else out_specs)[i][a] = S(d, b * f)
         if lab in rule.sums:
             for i in range(len(node.outputs)):
