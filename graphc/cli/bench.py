@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from graphc.bench import comm, fastmath, kernels, mesh, model, pipeline
+from graphc.bench import comm, mesh, model, pipeline
 from graphc.cli.loader import load_target, static_argnames
 from graphc.core.errors import GraphcError
 from graphc.core.mesh import Mesh, MeshError, parse_links
@@ -44,6 +44,8 @@ def add_parser(sub) -> None:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.target == "kernels":
+        from graphc.bench import kernels
+
         print("graphc bench kernels: fused float32 kernels vs np.copyto of the same bytes (read + write)")
         kernels.print_kernel_table(kernels.bench_kernels(repeat=args.repeat))
         return 0
@@ -54,6 +56,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         comm.main()
         return 0
     if args.target == "fastmath":
+        from graphc.bench import fastmath
+
         fastmath.main(["--repeat", str(args.repeat)])
         return 0
     fn, fargs, fkwargs = load_target(args.target, args.example)

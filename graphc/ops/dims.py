@@ -56,9 +56,18 @@ class DimRule:
     partial_inputs: frozenset = frozenset()  # operands that take P when a ``sums`` label is split
     notes: dict = field(default_factory=dict, compare=False)
 
-    def occurrences(self, primary_only: bool = False):
-        """Yield (side, index, dim, label, factor) for every label of every dimension, alternatives
-        included (only each dimension's primary label with ``primary_only``)."""
+    def occurrences(self, primary_only: bool = False) -> tuple[tuple[str, int, int, str, int], ...]:
+        """(side, index, dim, label, factor) for every label of every dimension, alternatives
+        included (only each dimension's primary label with ``primary_only``). Computed once per
+        rule: the planner asks for them many times over on every node."""
+        key = "_primary" if primary_only else "_all"
+        hit = self.__dict__.get(key)
+        if hit is None:
+            hit = tuple(self._occurrences(primary_only))
+            object.__setattr__(self, key, hit)  # a cache on a frozen value
+        return hit
+
+    def _occurrences(self, primary_only: bool):
         for side, tensors in (("in", self.inputs), ("out", self.outputs)):
             for i, dims in enumerate(tensors):
                 for d, entry in enumerate(dims):

@@ -361,8 +361,8 @@ def solve(
                 break
             if sol.status != "optimal" or at in points:
                 raise PlanError(
-                    f"the {time_limit_s:g} s time limit ran out before a plan within {fmt_bytes(memory_limit)} "
-                    f"per device was found (the best so far needs {fmt_bytes(peak)}): raise the time limit"
+                    f"the time limit ran out before a plan within {fmt_bytes(memory_limit)} per device was found "
+                    f"(the best so far needs {fmt_bytes(peak)}; the solver had {time_limit_s:.1f} s): raise the time limit"
                 )
             points.append(at)
             model.add_memory_point(at, memory_limit)
@@ -380,7 +380,8 @@ def solve(
             )
     if sol is None:
         raise PlanError(
-            f"the sharding ILP found no plan in {time_limit_s:g} s (status {model.last_status}): raise the time limit"
+            f"the time limit ran out before the sharding ILP found a plan (the solver had {time_limit_s:.1f} s, "
+            f"status {model.last_status}): raise the time limit"
         )
     stats["memory_points"] = len(points)
     stats["variables"] = model.milp.n

@@ -736,10 +736,7 @@ def _alternatives(problem, choice, top: int = 3) -> dict[int, list[Alternative]]
             continue
         comm = np.zeros(len(it.strategies))  # every strategy of item i, the others as chosen
         for e in incident.get(i, []):
-            m = problem.edge_matrix(e)
-            if e.src == i and e.dst == i:  # pragma: no cover - no item feeds itself
-                continue
-            comm += m[:, choice[e.dst]] if e.src == i else m[choice[e.src], :]
+            comm += problem.edge_times_at(e, i, choice)
         c0, m0 = it.strategies[choice[i]].compute_s, float(comm[choice[i]])
         chosen = it.strategies[choice[i]]
         alts = []

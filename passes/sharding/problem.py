@@ -79,6 +79,7 @@ class Problem:
     bucket_limit: int = 0  # the bucket size
     _spec_cache: dict = field(default_factory=dict, repr=False)
     _matrix_cache: dict = field(default_factory=dict, repr=False)
+    _edge_cache: dict = field(default_factory=dict, repr=False)
 
     # --- costs -----------------------------------------------------------------------------
     def edge_time(self, e: Edge, s_src: int, s_dst: int) -> float:
@@ -111,6 +112,7 @@ class Problem:
         if total:
             self.bucket_share_bytes = max(1, min(self.bucket_limit, total))
             self._matrix_cache.clear()
+            self._edge_cache.clear()
 
     def specs_of(self, item: int, side: str, k: int):
         """(distinct specs, index per strategy) of an item's result / operand ``k`` (cached)."""
@@ -125,15 +127,30 @@ class Problem:
     def edge_matrix(self, e: Edge) -> np.ndarray:
         """Redistribution time for every (producer strategy, consumer strategy) pair; computed
         on the distinct specs only, and once per distinct (type, specs) combination."""
+        small, ui, vi = self._small_matrix(e)
+        return small[np.ix_(ui, vi)]
+
+    def edge_times_at(self, e: Edge, item: int, choice: list[int]) -> np.ndarray:
+        """The edge's time for every strategy of ``item`` (one of its ends), the other end as
+        ``choice`` has it: a row or column of ``edge_matrix`` without building the matrix."""
+        small, ui, vi = self._small_matrix(e)
+        return small[ui, vi[choice[e.dst]]] if item == e.src else small[ui[choice[e.src]], vi]
+
+    def _small_matrix(self, e: Edge) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(times between the distinct specs, producer index per strategy, consumer index per
+        strategy), once per edge and once per distinct (type, specs) combination."""
+        hit = self._edge_cache.get(id(e))
+        if hit is not None and hit[0] is e:
+            return hit[1]
         us, ui = self.specs_of(e.src, "out", e.src_out)
         vs, vi = self.specs_of(e.dst, "in", e.dst_in)
-        t = e.value.type
-        key = (t, tuple(us), tuple(vs), e.deferred)
+        key = (e.value.type, tuple(us), tuple(vs), e.deferred)
         small = self._matrix_cache.get(key)
         if small is None:
             small = np.array([[self._time(e, a, b) for b in vs] for a in us])
             self._matrix_cache[key] = small
-        return small[np.ix_(ui, vi)]
+        self._edge_cache[id(e)] = (e, (small, ui, vi))
+        return small, ui, vi
 
     def evaluate(self, choice: list[int]) -> dict:
         compute = sum(self.items[i].strategies[s].compute_s for i, s in enumerate(choice))
@@ -307,14 +324,22 @@ class _ProblemBuilder:
         equal keys (repeated layers) share the strategies computed for the first of them."""
         mesh_shape = tuple(self.mesh.shape)
         strategy_cache: dict = {}
+        partial: dict[Value, frozenset] = {}  # value -> the sets of axes its producer may leave P
         for n_i, node in enumerate(self.graph.nodes):
             rule = rules[node]
+            arriving = tuple(partial.get(v, frozenset()) for v in node.inputs)
             key = _node_key(node, self.sets, self.roles)
+            key = None if key is None else (key, arriving)
             strategies = strategy_cache.get(key) if key is not None else None
             if strategies is None:
-                strategies = node_strategies(node, rule, self.mesh, self.sets, linear_partials, self.roles)
+                strategies = node_strategies(
+                    node, rule, self.mesh, self.sets, linear_partials, self.roles, arriving if linear_partials else None
+                )
                 if key is not None:
                     strategy_cache[key] = strategies
+            for k, o in enumerate(node.outputs):
+                axes = {frozenset(a for a, q in enumerate(st.out_specs[k]) if q == P) for st in strategies}
+                partial[o] = frozenset(axes - {frozenset()})
             saved = saved_bytes(node, self.fused)
             if saved:  # the device's compiler keeps some operands or results out of memory (sharding/fusion.py)
                 fused_s = full_time(node, self.mesh.profile, saved)
