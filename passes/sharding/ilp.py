@@ -481,9 +481,11 @@ class _Model:
         return z
 
     def local_search(self, rounds: int = 30) -> list[int]:
-        """A good per-group choice, fast: a greedy sweep in group order (each group takes its
-        cheapest strategy given the groups before it), then single-group moves until none
-        improves. Ties weigh as a large cost, so the result usually honours them."""
+        """A good per-group choice, fast: single-group moves (each group to its cheapest strategy
+        given its neighbours) until none improves, from two starts, the better one kept: a greedy
+        sweep in group order, and everything replicated (no communication at all, so no chain
+        of redistributions a single move cannot undo). Ties weigh as a large cost, so the result
+        usually honours them."""
         n = len(self.groups)
         nbr: list[list[tuple[int, np.ndarray]]] = [[] for _ in range(n)]
         for (gu, gv), mat in self.pair.items():
@@ -498,16 +500,42 @@ class _Model:
                 mat = big * (self.maps[a][:, None] != self.maps[b][None, :])
                 nbr[ga].append((gb, mat))
                 nbr[gb].append((ga, mat.T))
-        choice = [-1] * n
+        greedy = [-1] * n
         for g in range(n):
             c = self.vec[g].copy()
             for h, mat in nbr[g]:
-                if choice[h] >= 0:
-                    c += mat[:, choice[h]]
-            choice[g] = int(np.argmin(c))
+                if greedy[h] >= 0:
+                    c += mat[:, greedy[h]]
+            greedy[g] = int(np.argmin(c))
+        starts = [greedy, self._replicated()]
+        best, best_cost = greedy, np.inf
+        for choice in starts:
+            choice = self._improve(list(choice), nbr, rounds)
+            cost = sum(float(self.vec[g][choice[g]]) for g in range(n)) + sum(
+                float(mat[choice[g], choice[h]]) for g in range(n) for h, mat in nbr[g] if g < h
+            )
+            if cost < best_cost:
+                best, best_cost = choice, cost
+        return best
+
+    def _replicated(self) -> list[int]:
+        """Per group, the strategy that replicates every member (the first one if none does)."""
+        out = []
+        for g in self.groups:
+            i, m = g.members[0]
+            sts = self.p.items[i].strategies
+            whole = [
+                s
+                for s in range(g.size)
+                if all(q.kind == "R" for spec in sts[m[s]].in_specs + sts[m[s]].out_specs for q in spec)
+            ]
+            out.append(whole[0] if whole else 0)
+        return out
+
+    def _improve(self, choice: list[int], nbr, rounds: int) -> list[int]:
         for _round in range(rounds):
             changed = False
-            for g in range(n):
+            for g in range(len(choice)):
                 if self.groups[g].size == 1:
                     continue
                 c = self.vec[g].copy()
