@@ -25,11 +25,11 @@ import numpy as np
 from graphc.core.errors import GraphcError, SourceLoc
 from graphc.core.ir import Graph, Node, TensorType, Value, clone_region
 from graphc.core.pytree import LEAF, TreeDef
-from graphc.core.spec import local_shape
+from graphc.core.spec import format_spec, local_shape
 from graphc.ops import get_op
 from graphc.passes.sharding.local import _owned_rows, local_attrs
 from graphc.passes.sharding.plan import ShardingPlan
-from graphc.passes.sharding.redistribute import plan_steps
+from graphc.passes.sharding.redistribute import plan_steps, redistribution_time
 from graphc.passes.sharding.strategies import Strategy, get_rule
 from graphc.programs import DeviceProgram, ParallelProgram
 
@@ -48,6 +48,8 @@ class _Emitter:
         self.spec: dict[Value, tuple] = {}  # global value -> spec of its produced piece
         self.loc: SourceLoc | None = None  # of the node being lowered: every op emitted for it keeps it
         self.part: str | None = None
+        self.targets: dict[Value, set[tuple]] = {}  # global value -> the specs its readers want
+        self.hubs: dict[Value, tuple] = {}
 
     def emit_multi(self, opname: str, *inputs: Value, **attrs) -> tuple[Value, ...]:
         op = get_op(opname)
@@ -68,16 +70,41 @@ class _Emitter:
         self.spec[v] = spec
 
     def get(self, v: Value, spec: tuple) -> Value:
-        """The device's piece of ``v`` in ``spec``, redistributing if needed (each target once)."""
+        """The device's piece of ``v`` in ``spec``, redistributing if needed (each target once),
+        through the value's hub spec when its readers want it in several (``hub``)."""
         hit = self.local.get((v, spec))
         if hit is not None:
             return hit
         src = self.spec[v]
-        x = self.local[(v, src)]
+        via = self.hub(v, src)
+        if via not in (src, spec):
+            x, src = self.get(v, via), via
+        else:
+            x = self.local[(v, src)]
         for step in plan_steps(v.type.shape, v.type.dtype.itemsize, src, spec, self.mesh):
             x = self._step(x, step)
         self.local[(v, spec)] = x
         return x
+
+    def hub(self, v: Value, src: tuple) -> tuple:
+        """The spec a value read in several specs is redistributed to once, the readers then
+        redistributing from there: the cheapest such spec, as the planner's fan-out item
+        (passes/sharding/problem.py) prices it. ``src`` when there is one reader spec."""
+        hit = self.hubs.get(v)
+        if hit is not None:
+            return hit
+        wants = sorted(self.targets.get(v, set()) - {src}, key=format_spec)
+        best = src
+        if len(wants) > 1:
+            shape, size = v.type.shape, v.type.dtype.itemsize
+
+            def cost(h):
+                first = redistribution_time(shape, size, src, h, self.mesh)
+                return first + sum(redistribution_time(shape, size, h, t, self.mesh) for t in wants if t != h)
+
+            best = min([src, *wants], key=cost)
+        self.hubs[v] = best
+        return best
 
     def _step(self, x: Value, step) -> Value:
         a = step.axis
@@ -198,9 +225,16 @@ def lower_graph(graph: Graph, plan: ShardingPlan) -> ParallelProgram:
     mesh = plan.mesh
     in_specs, strategies, out_specs = _strategies(graph, plan)
     names = graph.value_names()
+    targets: dict[Value, set[tuple]] = {}  # the specs every value is read in
+    for node, st in zip(graph.nodes, strategies):
+        for v, sp in zip(node.inputs, st.in_specs):
+            targets.setdefault(v, set()).add(sp)
+    for v, sp in zip(graph.outputs, out_specs):
+        targets.setdefault(v, set()).add(sp)
     programs = []
     for device in mesh.devices():
         em = _Emitter(graph, mesh, device)
+        em.targets = targets
         for v, s in zip(graph.inputs, in_specs):
             local = Value(TensorType(local_shape(v.type.shape, s, em.mesh_shape), v.type.dtype), None, 0, names[v])
             em.inputs.append(local)

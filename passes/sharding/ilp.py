@@ -109,7 +109,7 @@ def _item_label(it: Item) -> str:
             )
         )
     v = it.value
-    assert v is not None  # an input or output item holds its value
+    assert v is not None  # an input, output or fan-out item holds its value
     name = _INDEX.sub("#", v.name or "") if it.kind == "input" else ""
     return _digest((it.kind, str(v.type), name, strat, it.pinned))
 
