@@ -39,7 +39,7 @@ from graphc.programs import ParallelProgram
 
 PLAN_PASSES = ("fold_constants", "simplify", "cse", "dce")  # fusion runs per device, after lowering
 DEVICE_PASSES = ("cse", "dce", "fuse")
-PLANNER_VERSION = 7  # part of the plan cache key: bump when rules or costs change what a plan says
+PLANNER_VERSION = 8  # part of the plan cache key: bump when rules or costs change what a plan says
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,12 @@ regions as sub-programs, every other op calls its numpy/BLAS reference implement
 live in numbered slots; a slot is cleared after its last use (liveness), and kernel output
 buffers whose last reference is dropped go back to a pool keyed by shape and dtype, so a warm run
 reuses memory instead of paying page faults for fresh temporaries.
+
+The pool never makes a program hold more than its values need at their peak: a run counts the
+bytes of the live arrays its steps made (views of other arrays count nothing), and whenever
+those plus the pool's free buffers exceed the highest live count seen so far, the pool drops
+free buffers (``BufferPool.trim``). So a device's memory at any moment is at most its liveness
+peak, the number the planner's memory model predicts (passes/sharding/problem.py).
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ class BufferPool:
         self._lock = threading.Lock()
         self.reused = 0
         self.allocated = 0
+        self.dropped = 0
+        self.free_bytes = 0  # bytes of the free buffers held
 
     def get(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         key = (shape, np.dtype(dtype).str)
@@ -39,7 +47,9 @@ class BufferPool:
             bucket = self._free.get(key)
             if bucket:
                 self.reused += 1
-                return bucket.pop()
+                buf = bucket.pop()
+                self.free_bytes -= buf.nbytes
+                return buf
             self.allocated += 1
         buf = np.empty(shape, dtype)
         with self._lock:
@@ -57,6 +67,18 @@ class BufferPool:
             return
         with self._lock:
             self._free.setdefault((arr.shape, arr.dtype.str), []).append(arr)
+            self.free_bytes += arr.nbytes
+
+    def trim(self, limit: int) -> None:
+        """Drop free buffers, largest first, until the pool holds at most ``limit`` bytes."""
+        with self._lock:
+            for key in sorted(self._free, key=lambda k: -self._free[k][0].nbytes if self._free[k] else 0):
+                bucket = self._free[key]
+                while bucket and self.free_bytes > limit:
+                    self.free_bytes -= bucket.pop().nbytes
+                    self.dropped += 1
+                if self.free_bytes <= limit:
+                    break
 
     def forget(self, arr: Any) -> None:
         """``arr`` leaves the executor (a result handed to the caller): never reuse it."""
@@ -79,6 +101,7 @@ class Program:
     ):
         self.pool = pool
         self.comm = comm  # the device's communicator (runtime/comm.py) in a multi-device run
+        self.high_water = 0  # the most bytes of live arrays made by the steps of one run so far
         slot: dict[Value, int] = {}
         for v in inputs:
             slot[v] = len(slot)
@@ -149,7 +172,11 @@ class Program:
         env[: self.n_inputs] = args
         for s, value in self.constants:
             env[s] = value
-        give_back = self.pool.give_back
+        pool = self.pool
+        give_back = pool.give_back
+        live, high = 0, self.high_water
+        buffers = _Buffers(args, self.constants)
+        hold, release = buffers.hold, buffers.release
         for k, (fn, ins, outs, frees) in enumerate(self.steps):
             try:
                 results = fn(*[env[i] for i in ins])
@@ -161,27 +188,38 @@ class Program:
                 results = (results,)
             for s, r in zip(outs, results):
                 env[s] = r
+                live += hold(r)
             for s in frees:
                 arr = env[s]
                 env[s] = None
+                live -= release(arr)
                 give_back(arr)
                 del arr
+            if live > high:
+                high = live
+            if live + pool.free_bytes > high:
+                pool.trim(high - live)
+        self.high_water = high
         return [env[s] for s in self.out_slots]
 
     def _run_profiled(self, args: list[np.ndarray], profile: dict) -> list[np.ndarray]:
         """``run`` that records every step (name, source line, start, end, bytes) in
-        ``profile["events"]`` and the peak bytes of live values in ``profile["peak_bytes"]``
-        (operands, results, constants; the numbers a memory model predicts)."""
+        ``profile["events"]`` and the peak bytes the device holds in ``profile["peak_bytes"]``:
+        its inputs and constants, the arrays its steps made (views count nothing) and the free
+        buffers of its pool (the numbers a memory model predicts)."""
         env: list[Any] = [None] * self.n_slots
         env[: self.n_inputs] = args
-        live = sum(np.asarray(a).nbytes for a in args)
+        held = sum(np.asarray(a).nbytes for a in args)
         for s, value in self.constants:
             env[s] = value
-            live += value.nbytes
-        peak = live
+            held += value.nbytes
+        pool = self.pool
+        live, high = 0, self.high_water
+        buffers = _Buffers(args, self.constants)
+        peak = held + live + pool.free_bytes
         events = profile.setdefault("events", [])
         clock = time.perf_counter
-        give_back = self.pool.give_back
+        give_back = pool.give_back
         for k, (fn, ins, outs, frees) in enumerate(self.steps):
             node = self.nodes[k]
             start = clock()
@@ -195,8 +233,9 @@ class Program:
                 results = (results,)
             for s, r in zip(outs, results):
                 env[s] = r
-                live += getattr(r, "nbytes", 0)
-            peak = max(peak, live)
+                live += buffers.hold(r)
+            high = max(high, live)
+            peak = max(peak, held + live + pool.free_bytes)
             events.append(
                 (
                     node.op.name,
@@ -209,11 +248,60 @@ class Program:
             for s in frees:
                 arr = env[s]
                 env[s] = None
-                live -= getattr(arr, "nbytes", 0)
+                live -= buffers.release(arr)
                 give_back(arr)
                 del arr
+            if live + pool.free_bytes > high:
+                pool.trim(high - live)
+        self.high_water = high
         profile["peak_bytes"] = max(profile.get("peak_bytes", 0), peak)
         return [env[s] for s in self.out_slots]
+
+
+class _Buffers:
+    """The buffers a run's live values look into, each counted once: a view of an array counts
+    its root buffer (a transpose of a fresh temporary holds the temporary), inputs and constants
+    count nothing (they are not the run's to free)."""
+
+    def __init__(self, args: list, constants: list[tuple[int, np.ndarray]]):
+        self.users: dict[int, list] = {}  # id of a root buffer -> [values looking into it, bytes]
+        for a in [*args, *(c for _, c in constants)]:
+            root = _root(a)
+            if root is not None:
+                self.users[id(root)] = [1 << 60, 0]  # never released, never counted
+
+    def hold(self, x: Any) -> int:
+        """Count value ``x``; the bytes its buffer adds to the live ones."""
+        root = _root(x)
+        if root is None:
+            return 0
+        entry = self.users.get(id(root))
+        if entry is not None:
+            entry[0] += 1
+            return 0
+        self.users[id(root)] = [1, root.nbytes]
+        return root.nbytes
+
+    def release(self, x: Any) -> int:
+        """Value ``x`` is dead; the bytes this frees from the live ones."""
+        root = _root(x)
+        entry = self.users.get(id(root)) if root is not None else None
+        if entry is None:
+            return 0
+        entry[0] -= 1
+        if entry[0] > 0:
+            return 0
+        del self.users[id(root)]
+        return entry[1]
+
+
+def _root(x: Any) -> np.ndarray | None:
+    """The array whose buffer ``x`` looks into (``x`` itself when it owns its data)."""
+    if type(x) is not np.ndarray:
+        return None
+    while isinstance(x.base, np.ndarray):
+        x = x.base
+    return x
 
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")

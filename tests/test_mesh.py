@@ -11,6 +11,7 @@ import pytest
 from graphc.cli import main
 from graphc.core.errors import GraphcError
 from graphc.core.mesh import (
+    DEFAULT_MATMUL_EFFICIENCY,
     Link,
     MachineProfile,
     Mesh,
@@ -296,8 +297,22 @@ def test_profile_json_round_trip_and_bad_keys():
 
 
 def test_default_profile_is_the_documented_constants():
-    assert DEFAULT == MachineProfile(100e9, 8e9, Link(20e-6, 6e9), 20e-6, "default")
+    table = {
+        dtype: {key: peak * eff for key, eff in DEFAULT_MATMUL_EFFICIENCY.items()}
+        for dtype, peak in (("float64", 50e9), ("float32", 100e9))
+    }
+    assert DEFAULT == MachineProfile(
+        100e9,
+        8e9,
+        Link(20e-6, 6e9),
+        20e-6,
+        "default",
+        matmul_flops={"float64": 50e9, "float32": 100e9},
+        matmul_table=table,
+    )
     assert "100.0 GF/s" in DEFAULT.describe()
+    # every device its own core, no dispatch overhead: plans do not depend on the machine
+    assert (DEFAULT.cores, DEFAULT.dispatch_s, DEFAULT.device_share(8), DEFAULT.op_overhead(8)) == (None, 0.0, 1.0, 0.0)
 
 
 # --- the stored profile -----------------------------------------------------------------------

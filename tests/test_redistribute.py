@@ -24,6 +24,12 @@ class _Profile:
     mem_bandwidth: float = 8e9
     collective_overhead_s: float = 1e-5
 
+    def device_share(self, devices: int) -> float:  # every device a core of its own
+        return 1.0
+
+    def concurrent_bandwidth(self, devices: int) -> float:
+        return self.mem_bandwidth
+
 
 class _Mesh:
     def __init__(self, shape):

@@ -5,6 +5,7 @@ ceiling measured in the same run (numpy eager, a memory copy, one device).
     kernels.py    fused GELU / softmax / layer norm against a copy of the same bytes
     mesh.py       FILE:FUNC --mesh: 1 device against the mesh, collectives, plans predicted vs measured
     pipeline.py   measured bubble against (S-1)/(M+S-1), 1F1B's memory against GPipe's
+    plans.py      plans of several models on several meshes: predicted against measured step and memory
     comm.py       the thread communicator's all-reduce bus bandwidth against memcpy
     fastmath.py   hand-written kernels over runtime/fastmath.py against numpy
     timing.py     the timing and comparison helpers

@@ -1,16 +1,16 @@
 """``graphc bench``: FILE:FUNC [--mesh ...], or one of the named benchmarks (kernels, pipeline,
-comm, fastmath). Each prints its figures next to a peer measured in the same run."""
+comm, fastmath, plans). Each prints its figures next to a peer measured in the same run."""
 
 from __future__ import annotations
 
 import argparse
 
-from graphc.bench import comm, mesh, model, pipeline
+from graphc.bench import comm, mesh, model, pipeline, plans
 from graphc.cli.loader import load_target, static_argnames
 from graphc.core.errors import GraphcError
 from graphc.core.mesh import Mesh, MeshError, parse_links
 
-NAMED = ("kernels", "pipeline", "comm", "fastmath")
+NAMED = ("kernels", "pipeline", "comm", "fastmath", "plans")
 
 
 def add_parser(sub) -> None:
@@ -22,10 +22,13 @@ def add_parser(sub) -> None:
     bench.add_argument(
         "target",
         help="FILE:FUNC, or one of: kernels (fused kernels against memory bandwidth), "
-        "pipeline (bubble and memory), comm (collective bandwidth), fastmath",
+        "pipeline (bubble and memory), comm (collective bandwidth), fastmath, plans (the cost "
+        "model's predicted step times and memory of many plans against the threaded runtime)",
     )
     bench.add_argument("--example", help="function in FILE returning (args, kwargs) (default: example_args)")
-    bench.add_argument("--repeat", type=int, default=3, help="repetitions per measurement (default 3)")
+    bench.add_argument(
+        "--repeat", type=int, help="repetitions per measurement (default 3; plans: 7 interleaved rounds)"
+    )
     bench.add_argument("--no-run", action="store_true", help="skip numpy eager and interpreter timings")
     bench.add_argument(
         "--mesh",
@@ -43,6 +46,11 @@ def add_parser(sub) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.repeat is None:
+        args.repeat = 7 if args.target == "plans" else 3
+    if args.target == "plans":
+        plans.main(repeat=args.repeat)
+        return 0
     if args.target == "kernels":
         from graphc.bench import kernels
 

@@ -91,7 +91,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"numpy eager; predicted step {fmt_time(plan.cost.total_s)})"
     )
     print(f"  result equals numpy eager: {verdict}")
-    predicted = plan.memory.peak_bytes
+    predicted = plan.memory.held  # values + redistribution buffers: what the runtime holds
     print("  device  peak memory measured  predicted   collectives  comm time")
     for d in sorted(prof):
         p = prof[d]

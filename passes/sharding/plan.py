@@ -145,9 +145,19 @@ class Cost:
 
 @dataclass(frozen=True)
 class Memory:
+    """Per-device memory of a plan. ``peak_bytes`` is the liveness peak of the values under their
+    specs (what ``limit_bytes`` bounds: the ILP's memory model); ``held_bytes`` adds the buffers
+    the plan's redistributions make (a collective's result, a local slice's copy, a gradient
+    bucket), live from the first reader that needs them to the last: what the runtime holds."""
+
     limit_bytes: int | None
     peak_bytes: tuple[int, ...]  # one per device
     peak_at: str | None
+    held_bytes: tuple[int, ...] = ()  # one per device; () in plans written before it: peak_bytes
+
+    @property
+    def held(self) -> tuple[int, ...]:
+        return self.held_bytes or self.peak_bytes
 
 
 @dataclass(frozen=True)
@@ -383,6 +393,7 @@ def _plan_doc(p: ShardingPlan) -> dict:
             "limit_bytes": p.memory.limit_bytes,
             "peak_bytes": list(p.memory.peak_bytes),
             "peak_at": p.memory.peak_at,
+            "held_bytes": list(p.memory.held),
         },
         "solver": {
             "name": s.name,
@@ -418,7 +429,7 @@ def _plan_from_doc(doc: dict) -> ShardingPlan:
         nodes=tuple(_node_from(d, n) for d in doc["nodes"]),
         collectives=tuple(_collective_from(d, n) for d in doc["collectives"]),
         cost=Cost(**doc["cost"]),
-        memory=Memory(m["limit_bytes"], tuple(m["peak_bytes"]), m.get("peak_at")),
+        memory=Memory(m["limit_bytes"], tuple(m["peak_bytes"]), m.get("peak_at"), tuple(m.get("held_bytes", ()))),
         solver=SolverStats(
             s["name"],
             s["status"],
@@ -449,7 +460,8 @@ def _summary(p: ShardingPlan, top: int) -> str:
         *_mfu_lines(p),
         f"memory per device: peak {fmt_bytes(m.peak_bytes[0])}"
         + (f" of {fmt_bytes(m.limit_bytes)}" if m.limit_bytes else " (no limit)")
-        + (f", at {m.peak_at}" if m.peak_at else ""),
+        + (f", at {m.peak_at}" if m.peak_at else "")
+        + f"; with redistribution buffers {fmt_bytes(m.held[0])}",
         f"solver {s.name}: {s.status}, objective {fmt_time(s.objective_s)}, gap {s.gap:.2%}, "
         f"{s.seconds:.2f} s, {sizes.get('variables', '?')} variables / {sizes.get('constraints', '?')} constraints "
         f"(unshrunk {sizes.get('vars_unshrunk', '?')}; {sizes.get('items', '?')} items -> {sizes.get('groups', '?')} groups)",
@@ -575,7 +587,7 @@ def plan_from_solution(problem, sol, memory_limit: int | None, build_s: float, o
             outputs.append(
                 TensorChoice(it.index, f"%{names[it.value]}", str(it.value.type), st.in_specs[0], bool(it.pinned), alts)
             )
-        else:
+        elif it.kind == "node":
             n = it.node
             nodes.append(
                 NodeChoice(
@@ -619,7 +631,12 @@ def plan_from_solution(problem, sol, memory_limit: int | None, build_s: float, o
         nodes=tuple(nodes),
         collectives=tuple(collectives),
         cost=_cost(graph, problem.mesh, ev["compute_s"], comm),
-        memory=Memory(memory_limit, (peak,) * problem.mesh.size, _item_name(at_item, names) if at_item else None),
+        memory=Memory(
+            memory_limit,
+            (peak,) * problem.mesh.size,
+            _item_name(at_item, names) if at_item else None,
+            (problem.held_peak(choice),) * problem.mesh.size,
+        ),
         solver=solver,
         options=dict(options),
         ties=tuple((problem.items[a].index, problem.items[b].index) for a, b in problem.ties),
@@ -666,6 +683,10 @@ def collectives_of(problem, choice: list[int]) -> list[Collective]:
     names = problem.graph.value_names()
     out = []
     done: set = set()
+    reader: dict[int, int] = {}
+    for e in problem.edges:
+        if problem.items[e.src].kind == "fanout":
+            reader.setdefault(e.src, e.dst)
     for e in problem.edges:
         src = problem.items[e.src].strategies[choice[e.src]].out_specs[e.src_out]
         dst = problem.items[e.dst].strategies[choice[e.dst]].in_specs[e.dst_in]
@@ -673,14 +694,17 @@ def collectives_of(problem, choice: list[int]) -> list[Collective]:
             continue
         done.add((id(e.value), dst))
         t = e.value.type
-        consumer = problem.items[e.dst]
+        consumer = problem.items[reader.get(e.dst, e.dst)]  # a fan-out reports its first reader
         is_node = consumer.kind == "node"
         node_name = (
             f"%{names[consumer.node.outputs[0]]}" if is_node and consumer.node.outputs else f"output {consumer.index}"
         )
         part = consumer.node.part if is_node else None
-        if part is None and problem.items[e.src].kind == "node":
-            part = problem.items[e.src].node.part
+        producer = problem.items[e.src]
+        if producer.kind == "fanout":
+            producer = problem.items[producer.index]
+        if part is None and producer.kind == "node":
+            part = producer.node.part
         for st in plan_steps(t.shape, t.dtype.itemsize, src, dst, problem.mesh):
             out.append(
                 Collective(

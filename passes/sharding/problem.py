@@ -43,7 +43,7 @@ from graphc.passes.sharding.strategies import (
 
 @dataclass
 class Item:
-    kind: str  # "input", "node", "output"
+    kind: str  # "input", "node", "output", "fanout" (a value read by several consumers)
     index: int  # graph input / node / output position
     strategies: list[Strategy]
     node: Node | None = None  # nodes
@@ -164,12 +164,19 @@ class Problem:
 
     # --- memory ----------------------------------------------------------------------------
     def live_ranges(self) -> list[tuple[Value, int, int, int]]:
-        """(value, producer item, first position, last position) over ``order`` positions."""
+        """(value, producer item, first position, last position) over ``order`` positions. A
+        value the runtime makes as a view of another (``view_roots``) has no bytes of its own:
+        it is left out, and the value it looks into lives until the view's last use."""
         pos = {item: p for p, item in enumerate(self.order)}
         end = len(self.order) - 1
         last: dict[Value, int] = {}
         for e in self.edges:
             last[e.value] = max(last.get(e.value, -1), pos[e.dst])
+        outputs = {id(it.value) for it in self.items if it.kind == "output"}
+        roots = view_roots(self.graph)
+        for view, root in roots.items():
+            at = end if id(view) in outputs else last.get(view, -1)
+            last[root] = max(last.get(root, -1), at)
         out = []
         for i, item in enumerate(self.items):
             if item.kind == "input":
@@ -178,8 +185,8 @@ class Problem:
             elif item.kind == "node":
                 assert item.node is not None  # a node item holds its node
                 for o in item.node.outputs:
-                    out.append((o, i, pos[i], last.get(o, pos[i])))
-        outputs = {id(it.value) for it in self.items if it.kind == "output"}
+                    if o not in roots:
+                        out.append((o, i, pos[i], max(pos[i], last.get(o, pos[i]))))
         return [(v, i, a, end if id(v) in outputs else b) for v, i, a, b in out]
 
     def value_bytes(self, v: Value, item: int, s: int) -> int:
@@ -199,10 +206,92 @@ class Problem:
             delta[b + 1] -= nb
         return np.cumsum(delta[:-1])
 
+    def redistribution_buffers(self, choice: list[int]) -> list[tuple[int, int, int]]:
+        """(bytes, first position, last position) of the buffers ``choice``'s redistributions
+        make on each device: one per value and spec it is read in other than its own (the
+        lowering redistributes once, at the first reader, passes/lower.py), from that reader to
+        the last one (a collective's result, a local slice's copy; a deferred all-reduce's
+        result, which the gradient bucket holds as well, passes/bucket.py)."""
+        pos = {item: p for p, item in enumerate(self.order)}
+        spans: dict[tuple, list[int]] = {}
+        mesh_shape = tuple(self.mesh.shape)
+        hub_reads: list[tuple[Value, tuple, int]] = []  # a fan-out's spec is read by each of its consumers
+        for e in self.edges:
+            src = self.items[e.src].strategies[choice[e.src]].out_specs[e.src_out]
+            dst = self.items[e.dst].strategies[choice[e.dst]].in_specs[e.dst_in]
+            if self.items[e.src].kind == "fanout":
+                hub_reads.append((e.value, src, pos[e.dst]))
+            if src == dst:
+                continue
+            at = pos[e.dst]
+            span = spans.get((e.value, dst))
+            if span is None:
+                t = e.value.type
+                nbytes = t.dtype.itemsize * int(np.prod(local_shape(t.shape, dst, mesh_shape)))
+                spans[(e.value, dst)] = [nbytes, at, at]
+            else:
+                span[1], span[2] = min(span[1], at), max(span[2], at)
+        for v, hub, at in hub_reads:  # the redistributed hub lives until its last reader
+            span = spans.get((v, hub))
+            if span is not None:
+                span[2] = max(span[2], at)
+        return [(nb, a, b) for nb, a, b in spans.values()]
+
+    def held_peak(self, choice: list[int]) -> int:
+        """The peak of ``memory_profile`` with the redistribution buffers added: what the runtime
+        holds (``peak_memory`` is what a memory limit bounds)."""
+        prof = self.memory_profile(choice)
+        if not len(prof):
+            return 0
+        delta = np.zeros(len(prof) + 1, dtype=np.float64)
+        for nb, a, b in self.redistribution_buffers(choice):
+            delta[a] += nb
+            delta[b + 1] -= nb
+        return int((prof + np.cumsum(delta[:-1])).max())
+
     def peak_memory(self, choice: list[int]) -> tuple[int, int]:
         prof = self.memory_profile(choice)
         at = int(np.argmax(prof)) if len(prof) else 0
         return (int(prof[at]) if len(prof) else 0), at
+
+
+# Ops whose numpy implementation returns a view of its operand (runtime/executor.py runs them
+# as numpy calls): no new memory. A reshape of a strided view (a transpose, a broadcast, a slice
+# of an inner dim) copies, as numpy does.
+VIEW_OPS = ("reshape", "transpose", "broadcast_to", "slice")
+
+
+def view_roots(graph: Graph) -> dict[Value, Value]:
+    """{value: the value whose buffer it looks into} for the results of ``graph``'s top-level
+    nodes that numpy makes as views (``VIEW_OPS``)."""
+    roots: dict[Value, Value] = {}
+    strided: set[Value] = set()  # views that are not C-contiguous
+    for node in graph.nodes:
+        name = node.op.name
+        if name not in VIEW_OPS or node.regions or len(node.outputs) != 1 or not node.inputs:
+            continue
+        x, out = node.inputs[0], node.outputs[0]
+        if name == "reshape" and x in strided:
+            continue  # numpy copies
+        roots[out] = roots.get(x, x)
+        if _strided(node) or x in strided:
+            strided.add(out)
+    return roots
+
+
+def _strided(node: Node) -> bool:
+    """Whether the view ``node`` makes is not C-contiguous (a reshape always is)."""
+    name, a = node.op.name, node.attrs
+    if name == "transpose":
+        return tuple(a["perm"]) != tuple(sorted(a["perm"]))
+    if name == "broadcast_to":
+        return node.inputs[0].type.size != node.outputs[0].type.size
+    if name == "slice":  # contiguous only when it cuts the first dim it changes, with step 1
+        shape_in, shape_out = node.inputs[0].type.shape, node.outputs[0].type.shape
+        cut = [d for d, (m, n) in enumerate(zip(shape_in, shape_out)) if m != n]
+        outer = all(n == 1 for n in shape_out[: cut[0]]) if cut else True
+        return not cut or len(cut) > 1 or not outer or any(st != 1 for st in a["steps"])
+    return False
 
 
 def _unique(specs: list[tuple]) -> tuple[list[tuple], np.ndarray]:
@@ -239,11 +328,22 @@ def build_problem(
     ties = ties or []
     rules, rule_errors = _node_rules(graph)
     roles = axis_roles(graph, mesh, rules, ties, free_axes)
-    fused = fused_values(graph) if mesh.profile.fuses_elementwise else frozenset()
-    b = _ProblemBuilder(graph, mesh, block_sets(graph, rules), roles, fused, warnings=list(roles.warnings))
+    overhead = mesh.profile.op_overhead(mesh.size)
+    fused = fused_values(graph) if mesh.profile.fuses_elementwise or overhead else frozenset()
+    b = _ProblemBuilder(
+        graph,
+        mesh,
+        block_sets(graph, rules),
+        roles,
+        fused if mesh.profile.fuses_elementwise else frozenset(),
+        warnings=list(roles.warnings),
+        overhead_s=overhead,
+        in_kernels=fused,
+    )
     b.add_inputs(in_pins, {i: o for i, o in ties})
     b.add_nodes(rules, rule_errors, linear_partials)
     b.add_outputs(out_pins, {o: i for i, o in ties})
+    b.add_fanouts()
     problem = Problem(graph, mesh, b.items, b.edges, _program_order(b.items), b.warnings, roles=roles)
     if bucket_bytes > 0:
         # the bytes the deferred all-reduces move at most (whole tensors that may arrive as
@@ -275,10 +375,18 @@ def _node_rules(graph: Graph) -> tuple[dict[Node, DimRule | None], dict[Node, st
 
 
 def _program_order(items: list[Item]) -> list[int]:
-    """Item indices in program order: the graph inputs, the nodes, then the graph outputs."""
-    order = [i for i, it in enumerate(items) if it.kind == "input"]
-    order += [i for i, it in enumerate(items) if it.kind == "node"]
-    order += [i for i, it in enumerate(items) if it.kind == "output"]
+    """Item indices in program order: the graph inputs, the nodes, then the graph outputs; a
+    fan-out right after the item whose value it spreads (``Item.index`` of a fan-out)."""
+    after: dict[int, list[int]] = {}
+    for i, it in enumerate(items):
+        if it.kind == "fanout":
+            after.setdefault(it.index, []).append(i)
+    order: list[int] = []
+    for kind in ("input", "node", "output"):
+        for i, it in enumerate(items):
+            if it.kind == kind:
+                order.append(i)
+                order += after.get(i, [])
     return order
 
 
@@ -291,11 +399,23 @@ class _ProblemBuilder:
     mesh: Mesh
     sets: dict[Value, list[set[int]]]  # block counts per value dim (strategies.block_sets)
     roles: AxisRoles
-    fused: frozenset[Value]  # values fusion keeps out of memory (sharding/fusion.py)
+    fused: frozenset[Value]  # values fusion keeps out of memory (sharding/fusion.py), when the profile prices it
     items: list[Item] = field(default_factory=list)
     edges: list[Edge] = field(default_factory=list)
     producer: dict[Value, tuple[int, int]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    overhead_s: float = 0.0  # the runtime's cost of one op of a device program (MachineProfile.op_overhead)
+    in_kernels: frozenset[Value] = frozenset()  # values the device programs' fusion keeps inside kernels
+
+    def op_overhead(self, node: Node) -> float:
+        """``overhead_s`` for a node the device program runs as an op of its own: not a constant,
+        and not an elementwise node whose results all stay inside one fused kernel (it is a part
+        of its consumer's op)."""
+        if not self.overhead_s or node.op.name == "constant":
+            return 0.0
+        if node.outputs and all(o in self.in_kernels for o in node.outputs):
+            return 0.0
+        return self.overhead_s
 
     def tensor_specs(self, v: Value, other: Value | None) -> list[tuple]:
         """The specs of a graph input / output; a tied pair's block counts are merged, so both
@@ -328,12 +448,20 @@ class _ProblemBuilder:
         for n_i, node in enumerate(self.graph.nodes):
             rule = rules[node]
             arriving = tuple(partial.get(v, frozenset()) for v in node.inputs)
+            overhead = self.op_overhead(node)
             key = _node_key(node, self.sets, self.roles)
-            key = None if key is None else (key, arriving)
+            key = None if key is None else (key, arriving, overhead)
             strategies = strategy_cache.get(key) if key is not None else None
             if strategies is None:
                 strategies = node_strategies(
-                    node, rule, self.mesh, self.sets, linear_partials, self.roles, arriving if linear_partials else None
+                    node,
+                    rule,
+                    self.mesh,
+                    self.sets,
+                    linear_partials,
+                    self.roles,
+                    arriving if linear_partials else None,
+                    overhead,
                 )
                 if key is not None:
                     strategy_cache[key] = strategies
@@ -342,8 +470,8 @@ class _ProblemBuilder:
                 partial[o] = frozenset(axes - {frozenset()})
             saved = saved_bytes(node, self.fused)
             if saved:  # the device's compiler keeps some operands or results out of memory (sharding/fusion.py)
-                fused_s = full_time(node, self.mesh.profile, saved)
-                strategies = [dataclasses.replace(s, compute_s=fused_s / s.divided) for s in strategies]
+                fused_s = full_time(node, self.mesh.profile, saved, devices=self.mesh.size)
+                strategies = [dataclasses.replace(s, compute_s=fused_s / s.divided + overhead) for s in strategies]
             item = Item("node", n_i, strategies, node=node)  # shared, never mutated (pins replace it)
             if rule is None and any(d > 1 for d in mesh_shape):
                 why = (
@@ -360,6 +488,46 @@ class _ProblemBuilder:
                 self.edges.append(Edge(src, out, idx, j, v, deferred=node.part == "update"))
             for o in node.outputs:
                 self.producer[o] = (idx, o.index)
+
+    def add_fanouts(self) -> None:
+        """A value read by several consumers gets a fan-out item between them, whose strategy is
+        the one spec the value is redistributed to once (any spec a consumer reads it in, or the
+        producer's): the consumers then redistribute from there. Without it every consumer
+        edge pays the whole redistribution, and a gradient read by three update ops is priced
+        as three all-reduces, though the lowering reduces it once (and the ILP then prefers to
+        carry partial sums into each of them, which really costs three)."""
+        reads: dict[tuple[int, int], list[Edge]] = {}
+        for e in self.edges:
+            reads.setdefault((e.src, e.src_out), []).append(e)
+        edges: list[Edge] = []
+        seen: dict[tuple, tuple] = {}  # (id of a strategy list, side, k) -> its distinct specs
+        made: dict[tuple, list[Strategy]] = {}  # one strategy list per distinct spec set (shared)
+
+        def distinct(strategies: list[Strategy], side: str, k: int) -> tuple:
+            key = (id(strategies), side, k)
+            hit = seen.get(key)
+            if hit is None or hit[0] is not strategies:
+                got = (st.out_specs[k] if side == "out" else st.in_specs[k] for st in strategies)
+                hit = seen[key] = (strategies, tuple(dict.fromkeys(got)))
+            return hit[1]
+
+        for (src, out), group in reads.items():
+            if len(group) < 2:
+                edges += group
+                continue
+            v = group[0].value
+            specs: dict[tuple, None] = dict.fromkeys(distinct(self.items[src].strategies, "out", out))
+            for e in group:
+                specs.update(dict.fromkeys(distinct(self.items[e.dst].strategies, "in", e.dst_in)))
+            key = tuple(specs)
+            strategies = made.get(key)
+            if strategies is None:
+                strategies = made[key] = [Strategy(format_spec(sp), (sp,), (sp,)) for sp in key]
+            f = len(self.items)
+            self.items.append(Item("fanout", src, strategies, value=v))
+            edges.append(Edge(src, out, f, 0, v, deferred=all(e.deferred for e in group)))
+            edges += [Edge(f, 0, e.dst, e.dst_in, v, deferred=e.deferred) for e in group]
+        self.edges = edges
 
     def add_outputs(self, out_pins: dict[int, tuple], tied_out: dict[int, int]) -> None:
         """One item per graph output (a strategy per spec it may be returned in), with an edge

@@ -13,6 +13,10 @@ intermediate spec valid: a dim is never split over two axes at once. A transitio
 split a dim already split over another axis takes the long way (all_reduce / all_gather now,
 slice at the end). The same steps tell the lowering which collectives to insert.
 
+When a mesh has more devices than the profile's cores (threads of one machine), the links'
+bandwidth, the latencies and the call overhead are scaled by the devices' share of the cores
+(``MachineProfile.device_share``), and a local slice copies at ``concurrent_bandwidth``.
+
 Costs over ``n`` devices, link latency ``a`` and bandwidth ``bw``, ``B`` = bytes each device
 holds before the step (after, for all_gather), plus a fixed per-call overhead ``c``. Each
 collective takes the cheaper of the ring algorithm (bandwidth-optimal) and, for the latency-bound
@@ -28,6 +32,7 @@ choose between them (the runtime makes the same choice from the same formulas):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -125,9 +130,13 @@ def _mesh_key(mesh):
     key = getattr(mesh, "_redistribution_key", None)
     if key is not None:
         return key
-    links = tuple((mesh.links[name].latency_s, mesh.links[name].bandwidth) for name in mesh.axis_names)
     prof = mesh.profile
-    key = (tuple(mesh.shape), links, prof.collective_overhead_s, prof.mem_bandwidth)
+    # more device threads than cores: a collective's copies and sums, and its waits, get the
+    # devices' share of the cores (MachineProfile.device_share)
+    devices = math.prod(mesh.shape)
+    share = prof.device_share(devices)
+    links = tuple((mesh.links[name].latency_s / share, mesh.links[name].bandwidth * share) for name in mesh.axis_names)
+    key = (tuple(mesh.shape), links, prof.collective_overhead_s / share, prof.concurrent_bandwidth(devices))
     try:
         object.__setattr__(mesh, "_redistribution_key", key)
     except (AttributeError, TypeError):  # pragma: no cover - a mesh that takes no attributes

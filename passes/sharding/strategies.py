@@ -15,13 +15,15 @@ splits are generated only where some op can use them.
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from graphc.core.ir import Graph, TensorType, Value, walk
-from graphc.core.spec import P, Placement, R, S, format_spec
+from graphc.core.spec import P, Placement, R, S, format_spec, local_shape
 from graphc.ops.dims import MAX_BLOCKS, DimRule, default_cost, linear_operands
+from graphc.ops.linalg import parse_equation
 from graphc.passes.sharding.roles import RESTRICTED, AxisRoles
 
 
@@ -75,20 +77,49 @@ def get_rule(node) -> DimRule | None:
     return rule_fn(in_types, out_types, **attrs)
 
 
-def compute_time(node, divided: int, profile) -> float:
-    """Roofline time of the node's share of work on one device."""
-    return full_time(node, profile) / divided
+def compute_time(node, divided: int, profile, devices: int = 1, overhead_s: float = 0.0) -> float:
+    """Roofline time of the node's share of work on one device of a mesh of ``devices``, plus the
+    runtime's ``overhead_s`` for running it (``MachineProfile.op_overhead``)."""
+    return full_time(node, profile, devices=devices) / divided + overhead_s
 
 
-def full_time(node, profile, saved_bytes: int = 0) -> float:
-    """Roofline seconds of the whole node on one device: flops at the compute rate (a contraction or
-    fused kernel at the profile's matmul rate for its operands' dtype, other ops at 1/8 of it) or
-    bytes at memory bandwidth, less the ``saved_bytes`` fusion keeps out of memory (sharding/fusion.py)."""
+def full_time(node, profile, saved_bytes: int = 0, devices: int = 1, local: tuple | None = None) -> float:
+    """Roofline seconds of the whole node on one device: flops at the compute rate or bytes at
+    memory bandwidth, less the ``saved_bytes`` fusion keeps out of memory (sharding/fusion.py).
+
+    A contraction runs at the profile's matmul rate for its operands' dtype and the size class of
+    one of its matrix products (``matrix_products``; ``local``: the (operand, result) types one
+    device holds, whose products set the class), a fused kernel at the dtype's peak, other ops at
+    1/8 of the peak. On a mesh of ``devices`` threads sharing a machine's cores, each device gets
+    its share of the rates (``MachineProfile.device_share``, ``concurrent_bandwidth``)."""
     in_types, out_types, attrs = _rule_args(node)
     flops, nbytes = (node.op.cost or default_cost)(in_types, out_types, **attrs)
-    peak = profile.matmul_rate((in_types or out_types)[0].dtype) if in_types or out_types else profile.flops
-    rate = peak if node.op.kind in ("contraction", "fused") else peak / 8
-    return max(flops / rate, max(nbytes - saved_bytes, 0) / profile.mem_bandwidth)
+    dtype = (in_types or out_types)[0].dtype if in_types or out_types else np.float32
+    if node.op.kind == "contraction":
+        matrices, work = matrix_products(node, *(local or (in_types, out_types)))
+        rate = profile.matmul_rate(dtype, work, matrices > 1)
+    else:
+        peak = profile.matmul_rate(dtype)
+        rate = peak if node.op.kind == "fused" else peak / 8
+    rate *= profile.device_share(devices)
+    return max(flops / rate, max(nbytes - saved_bytes, 0) / profile.concurrent_bandwidth(devices))
+
+
+def matrix_products(node, in_types, out_types) -> tuple[int, float]:
+    """(number of matrix products, m n k of each) of a contraction on these operand types: a
+    batched matmul is one product per leading index of its result (numpy calls BLAS once per
+    matrix, broadcasting a 2-D weight); an einsum's products are indexed by the labels its
+    operands and result share."""
+    out = out_types[0]
+    if node.op.name == "einsum":
+        ins, out_labels = parse_equation(node.attrs["equation"], len(in_types))
+        sizes = {c: n for spec, t in zip(ins, in_types) for c, n in zip(spec, t.shape)}
+        batch = [c for c in out_labels if all(c in spec for spec in ins)]
+        matrices = math.prod(sizes[c] for c in batch)
+        return matrices, math.prod(sizes.values()) / max(matrices, 1)
+    k = in_types[0].shape[-1] if in_types and in_types[0].ndim else 1
+    matrices = math.prod(out.shape[:-2]) if out.ndim > 2 else 1
+    return matrices, out.size / max(matrices, 1) * k
 
 
 def block_sets(graph: Graph, rules: dict) -> dict[Value, list[set[int]]]:
@@ -165,13 +196,13 @@ def tensor_specs(
     return out
 
 
-def replicated(node, mesh_shape, profile) -> Strategy:
+def replicated(node, mesh_shape, profile, overhead_s: float = 0.0) -> Strategy:
     rep = tuple(R for _ in mesh_shape)
     return Strategy(
         "replicate",
         tuple(rep for _ in node.inputs),
         tuple(rep for _ in node.outputs),
-        compute_time(node, 1, profile),
+        compute_time(node, 1, profile, math.prod(mesh_shape), overhead_s),
         1,
     )
 
@@ -184,16 +215,18 @@ def node_strategies(
     linear_partials: bool = False,
     roles: AxisRoles | None = None,
     arriving: tuple[frozenset, ...] | None = None,
+    overhead_s: float = 0.0,
 ) -> list[Strategy]:
     """The node's strategies on ``mesh``. ``linear_partials`` carries partial sums through the
     ops linear in them (``_linear_partials``). ``roles`` (passes/sharding/roles.py) keeps data
-    and seq axes to batch and sequence dims."""
+    and seq axes to batch and sequence dims. ``overhead_s``: the runtime's cost of running the
+    node as one op of a device program, added to every strategy."""
     mesh_shape = tuple(mesh.shape)
     profile = mesh.profile
     if rule is None:
-        base = [replicated(node, mesh_shape, profile)]
+        base = [replicated(node, mesh_shape, profile, overhead_s)]
     else:
-        base = _rule_strategies(node, rule, mesh, sets, roles)
+        base = _rule_strategies(node, rule, mesh, sets, roles, overhead_s)
     return base + _linear_partials(node, base, mesh, arriving) if linear_partials else base
 
 
@@ -251,7 +284,12 @@ _Choice = tuple[str, int] | None  # per mesh axis: nothing, or (label, base bloc
 
 
 def _rule_strategies(
-    node, rule: DimRule, mesh, sets: dict[Value, list[set[int]]], roles: AxisRoles | None = None
+    node,
+    rule: DimRule,
+    mesh,
+    sets: dict[Value, list[set[int]]],
+    roles: AxisRoles | None = None,
+    overhead_s: float = 0.0,
 ) -> list[Strategy]:
     """One strategy per distinct placement the rule allows: every combination of a choice per
     mesh axis (nothing, or a label with a block count the axis's role allows) that splits evenly
@@ -261,7 +299,9 @@ def _rule_strategies(
     occ = _label_occurrences(rule)
     choices = _label_choices(node, rule, occ, sets)
     per_axis = [_allowed_choices(node, occ, choices, roles, a) for a in range(len(mesh_shape))]
-    full = full_time(node, profile)
+    full = full_time(node, profile, devices=mesh.size)
+    # a contraction's rate depends on the size of the products one device runs (its local shapes)
+    sized = node.op.kind == "contraction" and bool(profile.matmul_table)
     strategies: list[Strategy] = []
     seen: set[tuple[tuple, tuple]] = set()
     for combo in itertools.product(*per_axis):
@@ -276,8 +316,20 @@ def _rule_strategies(
             continue
         seen.add(key)
         name = _strategy_name(combo, mesh.axis_names)
-        strategies.append(Strategy(name, key[0], key[1], full / divided, divided))
-    return strategies or [replicated(node, mesh_shape, profile)]
+        t = full_time(node, profile, devices=mesh.size, local=_local_types(node, key, mesh_shape)) if sized else full
+        strategies.append(Strategy(name, key[0], key[1], t / divided + overhead_s, divided))
+    return strategies or [replicated(node, mesh_shape, profile, overhead_s)]
+
+
+def _local_types(node, key: tuple[tuple, tuple], mesh_shape: tuple[int, ...]) -> tuple[tuple, tuple]:
+    """(operand types, result types) one device holds under the specs ``key`` = (ins, outs)."""
+
+    def local(vs, specs) -> tuple:
+        return tuple(
+            TensorType(local_shape(v.type.shape, spec, mesh_shape), v.type.dtype) for v, spec in zip(vs, specs)
+        )
+
+    return local(node.inputs, key[0]), local(node.outputs, key[1])
 
 
 def _allowed_choices(node, occ: _Occurrences, choices: list[_Choice], roles: AxisRoles | None, a: int) -> list[_Choice]:
