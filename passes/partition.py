@@ -117,11 +117,16 @@ def shrink(problem: Problem, enabled: bool = True) -> tuple[list[Group], list[in
 
 
 def solve_problem(
-    problem: Problem, options: PlanOptions = PlanOptions(), progress: Callable[[str], None] | None = None
+    problem: Problem,
+    options: PlanOptions = PlanOptions(),
+    progress: Callable[[str], None] | None = None,
+    time_limit_s: float | None = None,
 ) -> Solution:
-    """shrink -> solve."""
+    """shrink -> solve, both within ``time_limit_s`` (default ``options.time_limit_s``)."""
+    start = time.perf_counter()
     groups, of = shrink(problem, options.shrink)
-    return solve(problem, groups, of, options.memory_limit, options.time_limit_s, options.solver, progress)
+    limit = (options.time_limit_s if time_limit_s is None else time_limit_s) - (time.perf_counter() - start)
+    return solve(problem, groups, of, options.memory_limit, limit, options.solver, progress)
 
 
 def make_plan(problem: Problem, solution: Solution, options: PlanOptions, build_s: float) -> ShardingPlan:
@@ -147,9 +152,8 @@ def plan_sharding(
         deadline = start + options.time_limit_s
     problem = build_problem(graph, mesh, pins, ties, options.linear_partials, options.free_axes, options.bucket_bytes)
     build_s = time.perf_counter() - start
-    groups, of = shrink(problem, options.shrink)
     budget = deadline - time.perf_counter() - 1.5 * build_s - 0.2
-    solution = solve(problem, groups, of, options.memory_limit, budget, options.solver, progress)
+    solution = solve_problem(problem, options, progress, budget)
     problem.rebucket(solution.choice)  # the plan reports the buckets it really fills
     if progress and solution.status != "optimal":
         progress(f"ILP: stopped at the time limit ({solution.status}) with gap {solution.gap:.2%}")

@@ -116,13 +116,7 @@ class Problem:
 
     def specs_of(self, item: int, side: str, k: int):
         """(distinct specs, index per strategy) of an item's result / operand ``k`` (cached)."""
-        strategies = self.items[item].strategies
-        key = (id(strategies), side, k)  # repeated layers share one strategy list
-        hit = self._spec_cache.get(key)
-        if hit is None or hit[0] is not strategies:
-            specs = [s.out_specs[k] if side == "out" else s.in_specs[k] for s in strategies]
-            hit = self._spec_cache[key] = (strategies, *_unique(specs))
-        return hit[1], hit[2]
+        return distinct_specs(self._spec_cache, self.items[item].strategies, side, k)
 
     def edge_matrix(self, e: Edge) -> np.ndarray:
         """Redistribution time for every (producer strategy, consumer strategy) pair; computed
@@ -292,6 +286,17 @@ def _strided(node: Node) -> bool:
         outer = all(n == 1 for n in shape_out[: cut[0]]) if cut else True
         return not cut or len(cut) > 1 or not outer or any(st != 1 for st in a["steps"])
     return False
+
+
+def distinct_specs(cache: dict, strategies: list[Strategy], side: str, k: int) -> tuple[list[tuple], np.ndarray]:
+    """(distinct specs, index per strategy) of result (side "out") or operand ``k`` over a
+    strategy list, cached in ``cache`` by the list's identity: repeated layers share one list."""
+    key = (id(strategies), side, k)
+    hit = cache.get(key)
+    if hit is None or hit[0] is not strategies:
+        specs = [s.out_specs[k] if side == "out" else s.in_specs[k] for s in strategies]
+        hit = cache[key] = (strategies, *_unique(specs))
+    return hit[1], hit[2]
 
 
 def _unique(specs: list[tuple]) -> tuple[list[tuple], np.ndarray]:
@@ -500,16 +505,11 @@ class _ProblemBuilder:
         for e in self.edges:
             reads.setdefault((e.src, e.src_out), []).append(e)
         edges: list[Edge] = []
-        seen: dict[tuple, tuple] = {}  # (id of a strategy list, side, k) -> its distinct specs
+        seen: dict = {}
         made: dict[tuple, list[Strategy]] = {}  # one strategy list per distinct spec set (shared)
 
-        def distinct(strategies: list[Strategy], side: str, k: int) -> tuple:
-            key = (id(strategies), side, k)
-            hit = seen.get(key)
-            if hit is None or hit[0] is not strategies:
-                got = (st.out_specs[k] if side == "out" else st.in_specs[k] for st in strategies)
-                hit = seen[key] = (strategies, tuple(dict.fromkeys(got)))
-            return hit[1]
+        def distinct(strategies: list[Strategy], side: str, k: int) -> list[tuple]:
+            return distinct_specs(seen, strategies, side, k)[0]
 
         for (src, out), group in reads.items():
             if len(group) < 2:
