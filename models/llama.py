@@ -166,6 +166,15 @@ def example_train_specs_8b():
     return example_train_specs()
 
 
+def example_train_specs_8b_12l():
+    """LLaMA-3-8B's layer shapes at 12 layers: with ``_48l``, how compile time grows with depth."""
+    return example_train_specs(n_layer=12)
+
+
+def example_train_specs_8b_48l():
+    return example_train_specs(n_layer=48)
+
+
 def example_train_specs_8b_bf16():
     """LLaMA-3-8B's step in bfloat16 on 64 sequences of 2048 tokens (131K tokens, 8 sequences per
     replica on dp=8): ``graphc compile ... --mesh dp=8,tp=8 --profile h100-sxm`` predicts its MFU."""

@@ -41,6 +41,17 @@ class TensorType:
         if any(d < 0 for d in self.shape):
             raise ShapeError(f"negative dimension in shape {self.shape}")
 
+    def __hash__(self) -> int:
+        # computed once: the planner keys its caches by types, tens of thousands of times a compile
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.shape, self.dtype))
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    def __getstate__(self) -> dict:
+        return {"shape": self.shape, "dtype": self.dtype}  # a hash is recomputed in each process
+
     @property
     def ndim(self) -> int:
         return len(self.shape)

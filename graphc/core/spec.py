@@ -96,6 +96,15 @@ def _parse_spec_text(spec: str) -> tuple[Placement, ...]:
 
 
 def format_spec(spec) -> str:
+    """``[S(0), R]``: remembered per spec, as a plan repeats a few dozen specs tens of thousands of times."""
+    try:
+        return _format_spec(tuple(spec))
+    except TypeError:  # a placement that does not hash (a list inside): format it as it is
+        return "[" + ", ".join(str(p) for p in spec) + "]"
+
+
+@functools.lru_cache(maxsize=4096)
+def _format_spec(spec: tuple) -> str:
     return "[" + ", ".join(str(p) for p in spec) + "]"
 
 

@@ -78,7 +78,14 @@ class DimRule:
 
     def labels(self) -> list[str]:
         """The splittable labels, in first-seen order: a label must appear at most once per tensor,
-        and either in a result or in ``sums``."""
+        and either in a result or in ``sums``. Computed once per rule, like ``occurrences``."""
+        hit = self.__dict__.get("_labels")
+        if hit is None:
+            hit = self._labels()
+            object.__setattr__(self, "_labels", hit)  # a cache on a frozen value
+        return list(hit)
+
+    def _labels(self) -> tuple[str, ...]:
         seen: dict[str, None] = {}
         per_tensor: dict[tuple, int] = {}
         for side, i, _d, label, _f in self.occurrences():
@@ -86,7 +93,7 @@ class DimRule:
             per_tensor[(side, i, label)] = per_tensor.get((side, i, label), 0) + 1
         bad = {lab for (_s, _i, lab), n in per_tensor.items() if n > 1}
         in_out = {lab for side, _i, _d, lab, _f in self.occurrences() if side == "out"}
-        return [lab for lab in seen if lab not in bad and (lab in in_out or lab in self.sums)]
+        return tuple(lab for lab in seen if lab not in bad and (lab in in_out or lab in self.sums))
 
 
 def alternatives(entry) -> tuple[tuple[str, int], ...]:

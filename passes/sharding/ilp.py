@@ -69,10 +69,6 @@ class Solution:
 # --- shrinking ------------------------------------------------------------------------------------
 
 
-def _digest(*parts) -> str:
-    return hashlib.blake2b(repr(parts).encode(), digest_size=12).hexdigest()
-
-
 def _attr_key(v):
     if isinstance(v, np.ndarray):
         return (
@@ -87,21 +83,37 @@ def _attr_key(v):
 _INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)")  # list positions in pytree paths: blocks.3.attn
 
 
-def _item_label(it: Item) -> str:
-    """The digest of what tells an item apart on its own: a node's op, attributes, types, source
+class _Interner(dict):
+    """Equal keys get equal small ints (in first-seen order): a class label that hashes fast."""
+
+    def __call__(self, key) -> int:
+        got = self.get(key)
+        if got is None:
+            got = self[key] = len(self)
+        return got
+
+
+def _item_label(it: Item, intern: _Interner, strategy_labels: dict) -> int:
+    """The label of what tells an item apart on its own: a node's op, attributes, types, source
     line and part, an input's or output's type (and an input's name without list positions),
     and the strategies and pin of either."""
-    strat = _digest(tuple((s.in_specs, s.out_specs) for s in it.strategies))
+    hit = strategy_labels.get(id(it.strategies))
+    if hit is None or hit[0] is not it.strategies:
+        hit = strategy_labels[id(it.strategies)] = (
+            it.strategies,
+            intern(tuple((s.in_specs, s.out_specs) for s in it.strategies)),
+        )
+    strat = hit[1]
     if it.kind == "node":
         n = it.node
         assert n is not None  # a node item holds its node
-        return _digest(
+        return intern(
             (
                 "node",
                 n.op.name,
                 tuple(sorted((k, _attr_key(v)) for k, v in n.attrs.items())),
-                tuple(str(v.type) for v in n.inputs),
-                tuple(str(o.type) for o in n.outputs),
+                tuple(v.type for v in n.inputs),
+                tuple(o.type for o in n.outputs),
                 str(n.loc),
                 n.part,
                 strat,
@@ -111,24 +123,30 @@ def _item_label(it: Item) -> str:
     v = it.value
     assert v is not None  # an input, output or fan-out item holds its value
     name = _INDEX.sub("#", v.name or "") if it.kind == "input" else ""
-    return _digest((it.kind, str(v.type), name, strat, it.pinned))
+    return intern((it.kind, v.type, name, strat, it.pinned))
 
 
-def structure_classes(p: Problem, rounds: int = 3) -> list[str]:
+def structure_classes(p: Problem, rounds: int = 3) -> list[int]:
     """Every item's class after ``rounds`` of Weisfeiler-Lehman refinement: items with equal
     labels are indistinguishable (the same layer of a repeated block)."""
-    label = [_item_label(it) for it in p.items]
+    intern = _Interner()
+    strategy_labels: dict = {}
+    label = [_item_label(it, intern, strategy_labels) for it in p.items]
     ins: list[list] = [[] for _ in p.items]
     outs: list[list] = [[] for _ in p.items]
     for e in p.edges:
         ins[e.dst].append((e.dst_in, e.src_out, e.src))
         outs[e.src].append((e.src_out, e.dst_in, e.dst))
+    for x in ins:
+        x.sort()
     for _ in range(rounds):
         label = [
-            _digest(
-                label[i],
-                tuple((a, b, label[s]) for a, b, s in sorted(ins[i])),
-                tuple(sorted((a, b, label[d]) for a, b, d in outs[i])),
+            intern(
+                (
+                    label[i],
+                    tuple((a, b, label[s]) for a, b, s in ins[i]),
+                    tuple(sorted((a, b, label[d]) for a, b, d in outs[i])),
+                )
             )
             for i in range(len(p.items))
         ]
@@ -158,7 +176,7 @@ def _single_groups(p: Problem) -> tuple[list[Group], list[int]]:
 def _tied_groups(p: Problem) -> tuple[list[Group], list[int]]:
     """One group per structure class (``structure_classes``), its members in item order and
     mapping the group's strategies to their own one to one."""
-    classes: dict[str, list[int]] = {}
+    classes: dict[int, list[int]] = {}
     for i, lab in enumerate(structure_classes(p)):
         classes.setdefault(lab, []).append(i)
     groups: list[Group] = []
@@ -167,7 +185,8 @@ def _tied_groups(p: Problem) -> tuple[list[Group], list[int]]:
         k = len(p.items[members[0]].strategies)
         for i in members:
             of[i] = len(groups)
-        groups.append(Group([(i, np.arange(k)) for i in members], k))
+        same = np.arange(k)  # one map object for all members: objective_terms counts repeats by it
+        groups.append(Group([(i, same) for i in members], k))
     return groups, of
 
 
@@ -280,32 +299,28 @@ def _renumber(groups: list[Group], of: list[int]) -> tuple[list[Group], list[int
 
 
 def objective_terms(p: Problem, groups: list[Group], of: list[int]):
-    """Per-group cost vectors and per-group-pair edge matrices."""
+    """Per-group cost vectors and per-group-pair edge matrices.
+
+    Repeated layers make most terms repeats: the items of a tied group share one strategy map,
+    and their edges share cached cost tables (``Problem.edge_table``), so equal terms are
+    counted first and each distinct one is indexed and added once, times its count."""
     maps = {}
     for g in groups:
         for i, m in g.members:
             maps[i] = m
-    vec = [np.zeros(g.size) for g in groups]
-    for gi, g in enumerate(groups):
-        for i, m in g.members:
-            vec[gi] += np.array([s.compute_s for s in p.items[i].strategies])[m]
+    vec = _compute_vectors(p, groups, of, maps)
     pair: dict[tuple[int, int], np.ndarray] = {}
-    for e in p.edges:
-        gu, gv = of[e.src], of[e.dst]
-        full = p.edge_matrix(e)
-        mu, mv = maps[e.src], maps[e.dst]
+    for (gu, gv), small, rows, cols, n in _edge_terms(p, of, maps):
         if gu == gv:
-            vec[gu] += full[mu, mv]
+            vec[gu] += n * small[rows, cols]
             continue
-        m = full[np.ix_(mu, mv)]
+        m = small[np.ix_(rows, cols)]
         if not m.any():
             continue
+        m = m * n
         if gu > gv:
             gu, gv, m = gv, gu, m.T
-        if (gu, gv) in pair:
-            pair[(gu, gv)] = pair[(gu, gv)] + m
-        else:
-            pair[(gu, gv)] = m.copy()
+        pair[(gu, gv)] = pair[(gu, gv)] + m if (gu, gv) in pair else m
     # fold edges with a single-strategy side into the other side's vector
     for gu, gv in list(pair):
         m = pair[(gu, gv)]
@@ -316,6 +331,35 @@ def objective_terms(p: Problem, groups: list[Group], of: list[int]):
             vec[gu] += m[:, 0]
             del pair[(gu, gv)]
     return vec, pair, maps
+
+
+def _compute_vectors(p: Problem, groups: list[Group], of: list[int], maps: dict) -> list[np.ndarray]:
+    """Per group: the compute time of its members under each of its strategies, summed."""
+    seen: dict[tuple, list] = {}
+    for i, m in maps.items():
+        times = p.compute_times(i)
+        hit = seen.setdefault((of[i], id(times), id(m)), [times, m, 0])
+        hit[2] += 1
+    vec = [np.zeros(g.size) for g in groups]
+    for (gi, _t, _m), (times, m, n) in seen.items():
+        vec[gi] += n * times[m]
+    return vec
+
+
+def _edge_terms(p: Problem, of: list[int], maps: dict):
+    """(group pair, cost table, its rows and columns for the groups' strategies, edge count) per
+    distinct edge term."""
+    seen: dict[tuple, list] = {}
+    for e in p.edges:
+        small, ui, vi = p.edge_table(e)
+        mu, mv = maps[e.src], maps[e.dst]
+        key = (of[e.src], of[e.dst], id(small), id(ui), id(vi), id(mu), id(mv))
+        hit = seen.get(key)
+        if hit is None:
+            seen[key] = [(of[e.src], of[e.dst]), small, ui[mu], vi[mv], 1]
+        else:
+            hit[4] += 1
+    return seen.values()
 
 
 def solve(

@@ -761,21 +761,21 @@ def _alternatives(problem, choice, top: int = 3) -> dict[int, list[Alternative]]
         comm = np.zeros(len(it.strategies))  # every strategy of item i, the others as chosen
         for e in incident.get(i, []):
             comm += problem.edge_times_at(e, i, choice)
-        c0, m0 = it.strategies[choice[i]].compute_s, float(comm[choice[i]])
+        compute = problem.compute_times(i)
+        delta = (compute + comm) - (compute[choice[i]] + comm[choice[i]])
+        delta[choice[i]] = np.inf
+        best = np.argsort(delta, kind="stable")[: min(top, len(delta) - 1)]
         chosen = it.strategies[choice[i]]
         alts = []
-        for s, st in enumerate(it.strategies):
-            if s == choice[i]:
-                continue
-            c, m = st.compute_s, float(comm[s])
+        for s in best:
+            st = it.strategies[s]
             mem = None
             if it.kind == "input":
                 mem = _local_bytes(it.value, st.out_specs[0], problem.mesh) - _local_bytes(
                     it.value, chosen.out_specs[0], problem.mesh
                 )
-            alts.append(Alternative(tuple(st.out_specs), (c + m) - (c0 + m0), st.name, c, m, mem))
-        alts.sort(key=lambda a: a.delta_s)
-        out[i] = alts[:top]
+            alts.append(Alternative(tuple(st.out_specs), float(delta[s]), st.name, st.compute_s, float(comm[s]), mem))
+        out[i] = alts
     return out
 
 

@@ -18,6 +18,7 @@ use (outputs to the end). All meshes here split evenly, so every device has the 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -80,6 +81,7 @@ class Problem:
     _spec_cache: dict = field(default_factory=dict, repr=False)
     _matrix_cache: dict = field(default_factory=dict, repr=False)
     _edge_cache: dict = field(default_factory=dict, repr=False)
+    _live: list | None = field(default=None, repr=False)
 
     # --- costs -----------------------------------------------------------------------------
     def edge_time(self, e: Edge, s_src: int, s_dst: int) -> float:
@@ -111,8 +113,19 @@ class Problem:
         total = sum(moved.values())
         if total:
             self.bucket_share_bytes = max(1, min(self.bucket_limit, total))
-            self._matrix_cache.clear()
-            self._edge_cache.clear()
+            self._matrix_cache.clear()  # the times change; which specs an edge joins does not
+
+    def compute_times(self, item: int) -> np.ndarray:
+        """The compute time of every strategy of ``item`` (cached per strategy list: repeated
+        layers share one)."""
+        strategies = self.items[item].strategies
+        hit = self._spec_cache.get((id(strategies), "compute"))
+        if hit is None or hit[0] is not strategies:
+            hit = self._spec_cache[(id(strategies), "compute")] = (
+                strategies,
+                np.array([s.compute_s for s in strategies]),
+            )
+        return hit[1]
 
     def specs_of(self, item: int, side: str, k: int):
         """(distinct specs, index per strategy) of an item's result / operand ``k`` (cached)."""
@@ -121,29 +134,34 @@ class Problem:
     def edge_matrix(self, e: Edge) -> np.ndarray:
         """Redistribution time for every (producer strategy, consumer strategy) pair; computed
         on the distinct specs only, and once per distinct (type, specs) combination."""
-        small, ui, vi = self._small_matrix(e)
+        small, ui, vi = self.edge_table(e)
         return small[np.ix_(ui, vi)]
 
     def edge_times_at(self, e: Edge, item: int, choice: list[int]) -> np.ndarray:
         """The edge's time for every strategy of ``item`` (one of its ends), the other end as
         ``choice`` has it: a row or column of ``edge_matrix`` without building the matrix."""
-        small, ui, vi = self._small_matrix(e)
+        small, ui, vi = self.edge_table(e)
         return small[ui, vi[choice[e.dst]]] if item == e.src else small[ui[choice[e.src]], vi]
 
-    def _small_matrix(self, e: Edge) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def edge_table(self, e: Edge) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(times between the distinct specs, producer index per strategy, consumer index per
         strategy), once per edge and once per distinct (type, specs) combination."""
         hit = self._edge_cache.get(id(e))
-        if hit is not None and hit[0] is e:
-            return hit[1]
-        us, ui = self.specs_of(e.src, "out", e.src_out)
-        vs, vi = self.specs_of(e.dst, "in", e.dst_in)
-        key = (e.value.type, tuple(us), tuple(vs), e.deferred)
-        small = self._matrix_cache.get(key)
+        if hit is None or hit[0] is not e:
+            us, ui = self.specs_of(e.src, "out", e.src_out)
+            vs, vi = self.specs_of(e.dst, "in", e.dst_in)
+            # the spec lists are the cached ones (``_spec_cache`` holds them for the problem's
+            # life), so their identities stand for their contents: repeated layers hash ints
+            hit = self._edge_cache[id(e)] = (e, (e.value.type, id(us), id(vs), e.deferred), us, ui, vs, vi)
+        _e, fast, us, ui, vs, vi = hit
+        small = self._matrix_cache.get(fast)
         if small is None:
-            small = np.array([[self._time(e, a, b) for b in vs] for a in us])
-            self._matrix_cache[key] = small
-        self._edge_cache[id(e)] = (e, (small, ui, vi))
+            key = (e.value.type, tuple(us), tuple(vs), e.deferred)
+            small = self._matrix_cache.get(key)
+            if small is None:
+                small = np.array([[self._time(e, a, b) for b in vs] for a in us])
+                self._matrix_cache[key] = small
+            self._matrix_cache[fast] = small
         return small, ui, vi
 
     def evaluate(self, choice: list[int]) -> dict:
@@ -160,7 +178,13 @@ class Problem:
     def live_ranges(self) -> list[tuple[Value, int, int, int]]:
         """(value, producer item, first position, last position) over ``order`` positions. A
         value the runtime makes as a view of another (``view_roots``) has no bytes of its own:
-        it is left out, and the value it looks into lives until the view's last use."""
+        it is left out, and the value it looks into lives until the view's last use. Computed
+        once: the items and edges of a problem do not change."""
+        if self._live is None:
+            self._live = self._live_ranges()
+        return self._live
+
+    def _live_ranges(self) -> list[tuple[Value, int, int, int]]:
         pos = {item: p for p, item in enumerate(self.order)}
         end = len(self.order) - 1
         last: dict[Value, int] = {}
@@ -194,8 +218,16 @@ class Problem:
 
     def memory_profile(self, choice: list[int]) -> np.ndarray:
         delta = np.zeros(len(self.order) + 1, dtype=np.float64)
+        mesh_shape = tuple(self.mesh.shape)
+        local: dict[tuple, int] = {}  # (type, spec) -> bytes on a device
         for v, i, a, b in self.live_ranges():
-            nb = self.value_bytes(v, i, choice[i])
+            it = self.items[i]
+            spec = it.strategies[choice[i]].out_specs[0 if it.kind == "input" else v.index]
+            nb = local.get((v.type, spec))
+            if nb is None:
+                nb = local[(v.type, spec)] = v.type.dtype.itemsize * math.prod(
+                    local_shape(v.type.shape, spec, mesh_shape)
+                )
             delta[a] += nb
             delta[b + 1] -= nb
         return np.cumsum(delta[:-1])
@@ -370,13 +402,39 @@ def _node_rules(graph: Graph) -> tuple[dict[Node, DimRule | None], dict[Node, st
     replicates its op (rule None) instead of stopping the compile."""
     rules: dict[Node, DimRule | None] = {}
     rule_errors: dict[Node, str] = {}
+    shared: dict = {}  # equal ops on equal types (repeated layers) share one rule and its caches
     for node in graph.nodes:
+        key = _rule_key(node)
+        if key is not None and key in shared:
+            rules[node] = shared[key]
+            continue
         try:
             rules[node] = get_rule(node)
         except Exception as exc:
             rules[node] = None
             rule_errors[node] = f"{type(exc).__name__}: {exc}"
+            continue
+        if key is not None:
+            shared[key] = rules[node]
     return rules, rule_errors
+
+
+def _rule_key(node: Node):
+    """What a node's dimension rule depends on (op, operand and result types, attributes), or
+    None when that is more (regions, constant operands) or is not hashable."""
+    if node.regions or node.op.extra.get("iota_operands"):
+        return None
+    try:
+        key = (
+            node.op.name,
+            tuple(v.type for v in node.inputs),
+            tuple(o.type for o in node.outputs),
+            tuple(sorted((k, type(v).__name__, v) for k, v in node.attrs.items())),
+        )
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 def _program_order(items: list[Item]) -> list[int]:
