@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from graphc.core.errors import GraphcError, note_where
+from graphc.core.errors import NUMPY_ERRORS, GraphcError, NumpyError, note_where, numpy_error
 from graphc.core.ir import Graph, Node, Value, check_runnable
 
 
@@ -110,6 +110,7 @@ class Program:
         self.nodes: list[Node] = []  # the node of each step (for error messages)
         # one step per node: (function, operand slots, result slots, slots freed after it)
         steps: list[tuple[Callable, list[int], list[int], list[int]]] = []
+        small: set[int] = set()  # slots of small fresh arrays: not pooled, not counted
         for node in nodes:
             if node.op.name == "constant":
                 slot[node.outputs[0]] = len(slot)
@@ -118,6 +119,8 @@ class Program:
             fn = self._make_step(node, stats)
             for o in node.outputs:
                 slot[o] = len(slot)
+                if _small_fresh(node, o):
+                    small.add(slot[o])
             steps.append((fn, [slot[v] for v in node.inputs], [slot[o] for o in node.outputs], []))
             self.nodes.append(node)
         self.n_slots = len(slot)
@@ -130,7 +133,19 @@ class Program:
         for s, k in last.items():
             if s not in keep and s >= self.n_inputs:
                 steps[k][3].append(s)
-        self.steps = steps
+        # per step: (function, operand slots, result slots, whether its results are counted,
+        # dead slots to count out and offer the pool, dead small slots only to clear)
+        self.steps = [
+            (
+                fn,
+                ins,
+                outs,
+                not all(s in small for s in outs),
+                [s for s in frees if s not in small],
+                [s for s in frees if s in small],
+            )
+            for fn, ins, outs, frees in steps
+        ]
 
     def _make_step(self, node: Node, stats: dict[str, Any]) -> Callable:
         name = node.op.name
@@ -140,7 +155,8 @@ class Program:
             from graphc.runtime.codegen import CompiledKernel
 
             start = time.perf_counter()
-            kernel = CompiledKernel(node, [v.shape for v in node.inputs], alloc=self.pool.get)
+            small = all(_small_fresh(node, o) for o in node.outputs)
+            kernel = CompiledKernel(node, [v.shape for v in node.inputs], alloc=np.empty if small else self.pool.get)
             stats["compile_s"] = stats.get("compile_s", 0.0) + time.perf_counter() - start
             stats.setdefault("kernels", []).append(len(node.regions[0].nodes))
             return kernel
@@ -177,18 +193,28 @@ class Program:
         live, high = 0, self.high_water
         buffers = _Buffers(args, self.constants)
         hold, release = buffers.hold, buffers.release
-        for k, (fn, ins, outs, frees) in enumerate(self.steps):
+        for k, (fn, ins, outs, counted, frees, small_frees) in enumerate(self.steps):
             try:
                 results = fn(*[env[i] for i in ins])
             except Exception as exc:
                 node = self.nodes[k]
                 note_where(exc, node.op.name, node.loc)
+                if _is_numpy_error(exc):
+                    raise numpy_error(exc, NumpyError).with_traceback(exc.__traceback__) from None
                 raise
             if type(results) is not tuple and type(results) is not list:
                 results = (results,)
-            for s, r in zip(outs, results):
-                env[s] = r
-                live += hold(r)
+            if counted:
+                for s, r in zip(outs, results):
+                    env[s] = r
+                    live += hold(r)
+            else:
+                for s, r in zip(outs, results):
+                    env[s] = r
+            for s in small_frees:
+                env[s] = None
+            if not (counted or frees):
+                continue
             for s in frees:
                 arr = env[s]
                 env[s] = None
@@ -220,13 +246,16 @@ class Program:
         events = profile.setdefault("events", [])
         clock = time.perf_counter
         give_back = pool.give_back
-        for k, (fn, ins, outs, frees) in enumerate(self.steps):
+        for k, (fn, ins, outs, _counted, big_frees, small_frees) in enumerate(self.steps):
+            frees = big_frees + small_frees  # measured exactly: every value counts
             node = self.nodes[k]
             start = clock()
             try:
                 results = fn(*[env[i] for i in ins])
             except Exception as exc:
                 note_where(exc, node.op.name, node.loc)
+                if _is_numpy_error(exc):
+                    raise numpy_error(exc, NumpyError).with_traceback(exc.__traceback__) from None
                 raise
             end = clock()
             if type(results) is not tuple and type(results) is not list:
@@ -256,6 +285,23 @@ class Program:
         self.high_water = high
         profile["peak_bytes"] = max(profile.get("peak_bytes", 0), peak)
         return [env[s] for s in self.out_slots]
+
+
+def _is_numpy_error(exc: Exception) -> bool:
+    """An error numpy raised on a step's values (an integer to a negative power, an index out of
+    bounds): re-raised as a NumpyError that is also of numpy's class (core/errors.py numpy_error)."""
+    return isinstance(exc, NUMPY_ERRORS) and not isinstance(exc, GraphcError)
+
+
+# Fresh arrays below this size are neither pooled nor counted by a run (the profiled run counts
+# them): the allocator recycles them without page faults, and the bookkeeping (~1 us an array)
+# would cost more than the small ops that make them.
+SMALL_BYTES = 1 << 16
+_FRESH_KINDS = ("elementwise", "reduction", "contraction", "fused")  # never a view of an operand
+
+
+def _small_fresh(node: Node, v: Value) -> bool:
+    return node.op.kind in _FRESH_KINDS and v.type.nbytes < SMALL_BYTES
 
 
 class _Buffers:

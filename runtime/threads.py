@@ -12,11 +12,23 @@ import contextlib
 import os
 import threading
 
-from threadpoolctl import threadpool_limits
+import numpy  # noqa: F401 - numpy's BLAS is loaded before the controller looks for it
+from threadpoolctl import ThreadpoolController
 
 _threads_local = threading.local()
 _pool_lock = threading.Lock()
 _pool_obj = None
+
+
+def _cores() -> int:
+    """The cores this process may run on (its CPU affinity, not the machine's count)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # no affinity API (macOS, Windows)
+        return os.cpu_count() or 1
+
+
+CORES = _cores()  # read once: os.cpu_count() costs ~10 us here, more than a small kernel
 
 
 def kernel_threads() -> int:
@@ -24,7 +36,7 @@ def kernel_threads() -> int:
     n = getattr(_threads_local, "threads", None)
     if n is not None:
         return n
-    return 1 if _single_threaded_depth else (os.cpu_count() or 1)
+    return 1 if _single_threaded_depth else CORES
 
 
 _single_threaded_depth = 0
@@ -56,10 +68,23 @@ def kernel_pool(workers: int):
         return _pool_obj
 
 
+_controller = None
+
+
+def _blas_controller():
+    """threadpoolctl's view of the loaded BLAS libraries, found once: ``threadpool_limits()``
+    searches the process's libraries on every call (~0.3 ms, more than a small step)."""
+    global _controller
+    with _pool_lock:
+        if _controller is None:
+            _controller = ThreadpoolController()
+        return _controller
+
+
 @contextlib.contextmanager
 def one_blas_thread():
     """Inside the ``with``, BLAS uses one thread and fused kernels run on their caller's thread
     (process-wide): one device's share of the machine."""
     with single_threaded():
-        with threadpool_limits(limits=1, user_api="blas"):
+        with _blas_controller().limit(limits=1, user_api="blas"):
             yield

@@ -62,10 +62,12 @@ def test_jit_caches_by_shape_dtype_and_static_values():
     jitted(x, 2.0)
     jitted(x + 1, 2.0)
     assert len(calls) == 1
-    jitted(x, 3.0)  # a new static value
+    np.testing.assert_array_equal(jitted(x, 3.0), x * 3)  # a Python float is traced: no recompile
+    assert len(calls) == 1
+    jitted(x, 3)  # a Python int is static: a new value
     jitted(np.ones(4, np.float32), 2.0)  # a new shape
     jitted(np.ones(3), 2.0)  # a new dtype
-    np.testing.assert_array_equal(jitted(x, 2.0, mode="b"), x - 2.0)
+    np.testing.assert_array_equal(jitted(x, 2.0, mode="b"), x - 2.0)  # a new static string
     assert len(calls) == 5
 
 
@@ -146,7 +148,7 @@ def test_control_flow_runs_on_the_executor():
 def test_buffers_are_reused_on_warm_runs():
     from graphc.models import gpt
 
-    args, kwargs = gpt.example_args()
+    args, kwargs = gpt.example_args(batch=4, seq=64, d=128)  # activations of 128 KiB: pooled
     compiled = graphc.jit(gpt.gpt, static_argnames=("n_head",)).compile(*args, **kwargs)
     compiled(*args, **kwargs)
     pool = compiled.executable.pool
@@ -154,6 +156,19 @@ def test_buffers_are_reused_on_warm_runs():
     compiled(*args, **kwargs)
     assert pool.reused > 0
     assert pool.allocated - allocated < allocated  # the warm run allocates less than the first
+
+
+def test_small_arrays_skip_the_pool():
+    # below executor.SMALL_BYTES the allocator recycles memory itself: no pooling, no counting
+    from graphc.runtime.executor import SMALL_BYTES
+
+    jitted = graphc.jit(lambda x, w: np.tanh(x @ w) * 2.0 + x)
+    x = np.ones((8, 8), np.float32)
+    assert x.nbytes < SMALL_BYTES
+    compiled = jitted.compile(x, x)
+    for _ in range(3):
+        np.testing.assert_allclose(compiled(x, x), np.tanh(x @ x) * 2.0 + x, rtol=1e-6)
+    assert compiled.executable.pool.allocated == 0 and compiled.executable.program.high_water == 0
 
 
 def test_results_are_not_recycled_between_calls():
