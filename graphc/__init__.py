@@ -16,6 +16,10 @@ Public API (everything else is internal and may change):
                                              auto-sharding: ``.plan(*args) -> ShardingPlan`` (ILP over
                                              strategies); calling it runs on the mesh (one thread per device)
     shard(x, "S(0)", "R")                    pin a tensor's sharding spec inside a traced function
+    parallelize(..., backend="mpi")          one process per device under mpiexec; results are ShardedArrays
+    sharded_input(shape, dtype, fn)          an input each device builds its own piece of (fn(index))
+    ShardedArray, ShardedInput               values split over the devices (.gather(root=0), .local)
+    save_checkpoint / load_checkpoint        sharded checkpoints: atomic, checksummed, resharded on load
     ShardingPlan (also Plan), PipelinePlan   partition plans (frozen values; JSON, summary, explain)
     parse(text) -> Graph                     read the text IR back
     Graph, Node, Value, TensorType           the IR
@@ -23,6 +27,8 @@ Public API (everything else is internal and may change):
     bfloat16                                 numpy's bfloat16 dtype (ml_dtypes): traced and planned, not run
     OPS                                      the op registry (name -> OpDef)
     TraceError, ParseError, VerifyError, EvaluationError, PlanError, MeshError, GraphcError
+    GraphcWarning, CacheWarning              warnings (a cache not used, an entry discarded and rebuilt)
+    RecompileWarning                         a jitted/parallelized function compiled again and again (names why)
 
 ``import graphc`` is lazy (PEP 562): each name imports its module on first use, so importing the
 package costs little and numba (kernels) and OR-Tools (the ILP) load only when used.
@@ -65,10 +71,19 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "jit": ("graphc.api.jit", "jit"),
     "parallelize": ("graphc.api.parallel", "parallelize"),
     "shard": ("graphc.api.parallel", "shard"),
+    "sharded_input": ("graphc.runtime.devices", "sharded_input"),
+    "ShardedInput": ("graphc.runtime.devices", "ShardedInput"),
+    "ShardedArray": ("graphc.runtime.devices", "ShardedArray"),
+    "save_checkpoint": ("graphc.api.checkpoint", "save_checkpoint"),
+    "load_checkpoint": ("graphc.api.checkpoint", "load_checkpoint"),
+    "CheckpointError": ("graphc.core.checkpoint_format", "CheckpointError"),
     "ShardingPlan": ("graphc.passes.sharding.plan", "ShardingPlan"),
     "Plan": ("graphc.passes.sharding.plan", "ShardingPlan"),
     "PipelinePlan": ("graphc.passes.pipeline", "PipelinePlan"),
     "GraphcError": ("graphc.core.errors", "GraphcError"),
+    "GraphcWarning": ("graphc.core.errors", "GraphcWarning"),
+    "CacheWarning": ("graphc.core.errors", "CacheWarning"),
+    "RecompileWarning": ("graphc.core.errors", "RecompileWarning"),
     "TraceError": ("graphc.core.errors", "TraceError"),
     "ParseError": ("graphc.core.errors", "ParseError"),
     "VerifyError": ("graphc.core.errors", "VerifyError"),

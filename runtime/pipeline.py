@@ -26,10 +26,10 @@ import time
 import numpy as np
 
 from graphc.core.errors import GraphcError
-from graphc.core.spec import shard, unshard
+from graphc.core.spec import unshard
 from graphc.programs import PipelineProgram, PipelineTask
 from graphc.runtime.comm import ThreadWorld
-from graphc.runtime.devices import _CommProxy, run_on_devices
+from graphc.runtime.devices import ShardedInput, _CommProxy, local_piece, run_on_devices
 from graphc.runtime.executor import Executable
 
 _TAG_STRIDE = 4096  # message tag = value id * stride + micro-batch + 1 (-1: a value of the whole step)
@@ -64,15 +64,28 @@ class _SubMeshComm:
 
 
 class PipelineExecutable:
-    def __init__(self, program: PipelineProgram, timeout_s: float = 60.0):
+    """Runs a PipelineProgram: every device on a thread (``run_flat``), or, under MPI, the one
+    device of this process (``devices=(rank,)``, runtime/ranks.py), whose tasks alone are built."""
+
+    def __init__(self, program: PipelineProgram, timeout_s: float = 60.0, devices=None):
         self.program = program
         self.mesh = program.mesh
         self.m = program.m
         self.schedule = program.schedule
         self.timeout_s = timeout_s
-        self.comms = {d: _CommProxy() for devs in program.stage_devices for d in devs}
-        self.executables = {key: Executable(task.graph, self.comms[task.device]) for key, task in program.tasks.items()}
+        built = None if devices is None else set(devices)
+        self.comms = {d: _CommProxy() for devs in program.stage_devices for d in devs if built is None or d in built}
+        self.executables = {
+            key: Executable(task.graph, self.comms[task.device])
+            for key, task in program.tasks.items()
+            if built is None or task.device in built
+        }
         self.last_profile: dict | None = None
+        self._inputs_read: dict[int, set[int]] = {
+            d: set() for devs in program.stage_devices for d in devs
+        }  # the pieces each builds
+        for (d, _ph, _k), task in program.tasks.items():
+            self._inputs_read[d].update(v for v in task.in_ids if v < program.n_inputs)
         # meeting sums live in buffers kept from step to step: a fresh one would pay its page faults
         # in the middle of the pipeline every step (tens of ms for the gradients of large layers)
         self._acc_buffers: dict[int, dict[int, np.ndarray]] = {}
@@ -89,7 +102,7 @@ class PipelineExecutable:
     def run_flat(self, arrays: list, profile: bool = False) -> list[np.ndarray]:
         """Run one step on whole inputs; returns the step's outputs (whole arrays)."""
         p = self.program
-        arrays = [np.asarray(x) for x in arrays]
+        arrays = [x if isinstance(x, ShardedInput) else np.asarray(x) for x in arrays]
         if len(arrays) != p.n_inputs:
             raise GraphcError(f"the step takes {p.n_inputs} arrays, got {len(arrays)}")
         pieces = self._split_inputs(arrays)
@@ -111,6 +124,14 @@ class PipelineExecutable:
             self.last_profile = prof
         return [self._gather_output(k, vid, arrays, results) for k, vid in enumerate(p.out_ids)]
 
+    def run_device(self, device: int, comm, pieces: dict, prof: dict | None = None) -> dict[int, np.ndarray]:
+        """One device's part of one step (its tasks in the schedule's order), talking through
+        ``comm`` (sends, receives, and its stage's collectives); returns the step's outputs this
+        device holds. What ``run_flat`` runs on each device thread, and an MPI rank on its own."""
+        p = self.program
+        self.comms[device].current = _SubMeshComm(comm, p.stage_devices[p.stage_of(device)])
+        return _DeviceRun(self, device, comm, pieces, prof).run()
+
     def _gather_output(self, k: int, vid: int, arrays: list[np.ndarray], results: dict) -> np.ndarray:
         p = self.program
         if vid < p.n_inputs:
@@ -122,24 +143,29 @@ class PipelineExecutable:
         coords = {_sub_coord(p.sub_shape, c): x for c, x in enumerate(by_c)}
         return unshard(coords, p.out_specs[k], p.sub_shape, t.shape).astype(t.dtype, copy=False)
 
-    def _split_inputs(self, arrays: list[np.ndarray]) -> dict[int, dict[tuple[int, int], np.ndarray]]:
-        """device -> (input id, micro-batch) -> its piece; state (not split) under micro-batch -1."""
+    def _split_inputs(self, arrays: list, only: int | None = None) -> dict[int, dict[tuple[int, int], np.ndarray]]:
+        """device -> (input id, micro-batch) -> its piece; state (not split) under micro-batch -1.
+        ``only``: that device's pieces alone (under MPI), built or read from a ShardedInput or a
+        memory-mapped array without the rest."""
         p = self.program
-        whole: dict[tuple[int, int], np.ndarray] = {}
-        for i, x in enumerate(arrays):
-            if i in p.batch:
-                for k, piece in enumerate(np.split(x, self.m, axis=0)):
-                    whole[(i, k)] = piece
-            else:
-                whole[(i, -1)] = x
         out: dict[int, dict] = {}
         for devs in p.stage_devices:
             for c, d in enumerate(devs):
-                if p.in_specs is None:
-                    out[d] = whole
-                else:
-                    coord = _sub_coord(p.sub_shape, c)
-                    out[d] = {key: shard(x, p.in_specs[key[0]], p.sub_shape, coord) for key, x in whole.items()}
+                if only is not None and d != only:
+                    continue
+                # without sub-mesh specs every device of a stage holds whole micro-batches
+                coord = _sub_coord(p.sub_shape, c) if p.in_specs is not None else ()
+                mesh_shape = p.sub_shape if p.in_specs is not None else ()
+                mine: dict[tuple[int, int], np.ndarray] = {}
+                for i, x in enumerate(arrays):
+                    if i not in self._inputs_read[d]:
+                        continue
+                    spec = p.in_specs[i] if p.in_specs is not None else ()
+                    batches = range(self.m) if i in p.batch else (-1,)
+                    for k in batches:
+                        first = ((0, self.m, k),) if k >= 0 else ()
+                        mine[(i, k)] = local_piece(x, spec, mesh_shape, coord, first)
+                out[d] = mine
         return out
 
     # --- reporting ------------------------------------------------------------------------------

@@ -20,6 +20,11 @@ reshards its state.
 
 Solved plans are cached on disk (``$GRAPHC_CACHE_DIR``/plans or ~/.cache/graphc/plans) by the
 graph's hash, the mesh and the options: re-planning an unchanged model only re-traces it.
+
+``backend="mpi"`` (launched as ``mpiexec -n <devices> python train.py``) runs one device per
+process instead (graphc/runtime/ranks.py): every rank compiles the same plan and runs its own
+device program; results are ``ShardedArray``s of each rank's pieces. Under MPI an exception on a
+rank, in compiling or running, is reported to the other ranks, which stop (runtime/mpi_world.py).
 """
 
 from __future__ import annotations
@@ -30,8 +35,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from graphc.api.jit import Jitted, StaticArgs
-from graphc.core.errors import GraphcError, PlanError
+from graphc.api.jit import Jitted, Specializations, StaticArgs, trace_hint
+from graphc.core.errors import GraphcError, PlanError, TraceError
 from graphc.core.files import cache_dir
 from graphc.core.ir import Graph
 from graphc.core.mesh import Mesh, as_mesh
@@ -57,8 +62,13 @@ from graphc.passes.partition import (
 from graphc.passes.pipeline import PipelinePlan, pipe_axis, plan_pipeline
 from graphc.passes.pipeline_lower import lower_pipeline
 from graphc.passes.sharding.plan import ShardingPlan, graph_hash
-from graphc.runtime.devices import ParallelExecutable, ShardedArray
+from graphc.runtime.devices import ParallelExecutable, ShardedArray, ShardedInput
+from graphc.runtime.mpi_world import DEFAULT_TIMEOUT_S, join_world
 from graphc.runtime.pipeline import PipelineExecutable
+from graphc.runtime.ranks import RankExecutable, RankPipelineExecutable
+
+BACKENDS = ("threads", "mpi")
+THREADS_TIMEOUT_S = 60.0
 
 
 def shard(x, *placements):
@@ -98,13 +108,37 @@ def _expand_specs(specs, tree: TreeDef, first: int, what: str) -> dict[int, Spec
     return out
 
 
+def check_plan_mesh(plan: ShardingPlan | PipelinePlan, mesh: Mesh) -> None:
+    """PlanError unless ``plan`` was made for a mesh of ``mesh``'s axes (names, sizes, order): a
+    plan is run only on the mesh it was made for. Links and profiles may differ: they price a plan,
+    they do not change what it runs."""
+    if (plan.mesh.axis_names, plan.mesh.shape) != (mesh.axis_names, mesh.shape):
+        raise PlanError(
+            f"the plan was made for mesh {plan.mesh} (graph @{plan.graph_name}), but the mesh is {mesh}: "
+            "run it on its mesh, or compile a plan for this one"
+        )
+    if isinstance(plan, ShardingPlan) and pipe_axis(mesh) is not None:
+        raise PlanError(f"mesh {mesh} has a pipeline axis: it runs a pipeline plan, and this is a sharding plan")
+
+
+def _pipeline_options(plan: ShardingPlan | PipelinePlan, microbatches: int | None, schedule: str | None):
+    """The micro-batch count and schedule a given plan runs with: its own (a pipeline plan), and
+    any that were asked for must agree with them."""
+    if not isinstance(plan, PipelinePlan):
+        return microbatches, schedule
+    for what, asked, planned in (("microbatches", microbatches, plan.m), ("schedule", schedule, plan.schedule)):
+        if asked is not None and asked != planned:
+            raise PlanError(f"the pipeline plan runs {what}={planned!r}, but {what}={asked!r} was asked for")
+    return plan.m, plan.schedule
+
+
 class Parallelized:
     """The object ``graphc.parallelize`` returns."""
 
     def __init__(
         self,
         fn: Callable,
-        mesh,
+        mesh=None,
         memory_limit=None,
         static_argnames=(),
         in_specs=None,
@@ -112,19 +146,35 @@ class Parallelized:
         shrink: bool = True,
         time_limit: float = 60.0,
         cache: bool = True,
-        timeout_s: float = 60.0,
+        timeout_s: float | None = None,
         sharded_state: bool = False,
-        microbatches: int = 1,
-        schedule: str = "1f1b",
+        microbatches: int | None = None,
+        schedule: str | None = None,
         free_axes: bool = False,
         profile=None,
+        backend: str = "threads",
+        plan: ShardingPlan | PipelinePlan | None = None,
     ):
+        if backend not in BACKENDS:
+            raise GraphcError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
+        if plan is not None and not isinstance(plan, (ShardingPlan, PipelinePlan)):
+            raise GraphcError(f"plan must be a ShardingPlan or PipelinePlan (graphc.Plan.load(path)), got {plan!r}")
+        if mesh is None:
+            if plan is None:
+                raise GraphcError("parallelize needs a mesh (mesh={'dp': 2}) or a plan, whose mesh is used")
+            mesh = plan.mesh
         self.fn = fn
         self.static = StaticArgs(fn, tuple(static_argnames))
         self._one_device = Jitted(fn, tuple(static_argnames))  # a 1-device mesh runs like graphc.jit
         self._lock = threading.Lock()
         functools.update_wrapper(self, fn)
         self.mesh = as_mesh(mesh) if profile is None else Mesh(as_mesh(mesh), profile=get_profile(profile))
+        # a plan given is run exactly as written: made for this mesh (and, checked on the first
+        # call, for the traced graph); nothing is solved
+        self.given_plan = plan
+        if plan is not None:
+            check_plan_mesh(plan, self.mesh)
+            microbatches, schedule = _pipeline_options(plan, microbatches, schedule)
         self.memory_limit = parse_bytes(memory_limit)
         self.in_specs = in_specs
         self.out_specs = out_specs
@@ -132,13 +182,20 @@ class Parallelized:
             memory_limit=self.memory_limit, time_limit_s=time_limit, shrink=shrink, free_axes=free_axes
         )
         self.cache = PlanCache(cache_dir("plans")) if cache else None
-        self.timeout_s = timeout_s
+        self.backend = backend
+        default_timeout = DEFAULT_TIMEOUT_S if backend == "mpi" else THREADS_TIMEOUT_S
+        self.timeout_s = default_timeout if timeout_s is None else float(timeout_s)
+        # under MPI each process is one device: the job must have one rank per device (checked
+        # here, before anything is traced, so every rank stops at once with the same message)
+        self.world = join_world(self.mesh.size) if backend == "mpi" and self.mesh.size > 1 else None
         self.sharded_state = sharded_state
-        self.microbatches = microbatches  # a mesh with a "pp" axis runs a pipeline of this many micro-batches
-        self.schedule = schedule
+        # a mesh with a "pp" axis runs a pipeline of this many micro-batches
+        self.microbatches = 1 if microbatches is None else microbatches
+        self.schedule = "1f1b" if schedule is None else schedule
         self.followed: tuple[dict, dict, dict] | None = None  # the pins of a plan file being followed
-        self._plans: dict[Any, ShardingPlan] = {}
-        self._compiled: dict[Any, ParallelCompiled | PipelineCompiled] = {}
+        name = getattr(fn, "__name__", "the function")
+        self._plans = Specializations(name, warn_after=1 << 62)  # by plan-cache key (the compiles warn)
+        self._compiled = Specializations(name)
 
     def split_static(self, args: tuple, kwargs: dict) -> tuple[tuple, dict, dict]:
         """(dynamic args, dynamic kwargs, static values) of a call."""
@@ -152,10 +209,14 @@ class Parallelized:
     # --- the steps ---------------------------------------------------------------------------
     def trace_optimized(self, *args, **kwargs) -> tuple[Graph, Graph, dict[str, float]]:
         """(traced graph, the graph the planner partitions, seconds) for these arguments."""
-        args, kwargs, static = self.split_static(args, kwargs)
+        args, kwargs, static = self.static.split(args, kwargs)
         fn = self.static.bind(static)
         t0 = time.perf_counter()
-        traced = trace(fn, *args, **kwargs)
+        targs, tkwargs = self.static.for_trace(args, kwargs)
+        try:
+            traced = trace(fn, *targs, **tkwargs)
+        except TraceError as exc:
+            raise trace_hint(exc, self.static.number_arguments(args, kwargs)) from None
         t1 = time.perf_counter()
         optimized = optimize_for_planning(traced)
         t2 = time.perf_counter()
@@ -214,6 +275,9 @@ class Parallelized:
         deadline = (time.perf_counter() if start is None else start) + self.options.time_limit_s
         traced, graph, seconds = self.trace_optimized(*args, **kwargs)
         t0 = time.perf_counter()
+        if self.given_plan is not None:  # run as written: only checked against the graph
+            self.given_plan.check(graph)
+            return self.given_plan.with_timing(**seconds, given=True), graph
         if self.pipelined:
             pplan = plan_pipeline(
                 graph,
@@ -226,9 +290,9 @@ class Parallelized:
             return pplan.with_timing(**seconds, plan_s=time.perf_counter() - t0), graph
         pins, ties = self.pins(graph), state_ties(graph)
         key = self.cache.key(graph_hash(graph), self.mesh, pins, ties, self.options) if self.cache else None
-        plan = self._plans.get(key) if key else None
-        if plan is not None:
-            return plan, graph
+        memo = self._plans.get(key) if key else None
+        if memo is not None:
+            return memo, graph
         cached = self.cache.get(key) if self.cache and key else None
         if cached is not None:
             plan = cached.with_timing(**seconds, cached=True)
@@ -240,14 +304,24 @@ class Parallelized:
             if self.cache and key and plan.solver.status == "optimal":  # a plan cut short is not kept
                 self.cache.put(key, plan)
         if key:
-            self._plans[key] = plan
+            self._plans.put(key, plan, {})
         return plan, graph
 
     def compile(self, *args: Any, **kwargs: Any) -> ParallelCompiled | PipelineCompiled:
         """Trace, optimize, plan, lower and build for these arguments (cached by shapes, dtypes
         and static values, like graphc.jit). The result runs on the mesh when called."""
-        dyn_args, dyn_kwargs, static = self.split_static(args, kwargs)
-        key = self.static.key(dyn_args, dyn_kwargs, static)
+        if self.world is None:
+            return self._compile(*args, **kwargs)
+        try:
+            return self._compile(*args, **kwargs)
+        except BaseException as exc:  # the other ranks wait for this one: tell them
+            self.world.fail(exc)
+            raise
+
+    def _compile(self, *args: Any, **kwargs: Any) -> ParallelCompiled | PipelineCompiled:
+        dyn_args, dyn_kwargs, static = self.static.split(args, kwargs)
+        targs, tkwargs = self.static.for_trace(dyn_args, dyn_kwargs)
+        key = self.static.key(targs, tkwargs, static)
         hit = self._compiled.get(key)
         if hit is not None:
             return hit
@@ -259,7 +333,7 @@ class Parallelized:
                     hit = PipelineCompiled(self, graph, plan)
                 else:
                     hit = ParallelCompiled(self, graph, plan)
-                self._compiled[key] = hit
+                self._compiled.put(key, hit, self.static.describe(targs, tkwargs, static))
         return hit
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -280,7 +354,13 @@ class ParallelCompiled:
         start = time.perf_counter()
         lowered = lower(graph, plan)
         self.partitioned = Partitioned(graph, plan, lowered, compile_devices(lowered))
-        self.executable = ParallelExecutable(self.partitioned.program, timeout_s=owner.timeout_s)
+        # threads: every device in this process; MPI: this rank's device only
+        self._threads: ParallelExecutable | None = None
+        self.rank_executable: RankExecutable | None = None
+        if owner.world is not None:
+            self.rank_executable = RankExecutable(self.partitioned.program, owner.world, owner.timeout_s)
+        else:
+            self._threads = ParallelExecutable(self.partitioned.program, timeout_s=owner.timeout_s)
         self.seconds = {**plan.timing, "build_s": time.perf_counter() - start}
         self.state_outputs = frozenset(o for _i, o in state_ties(graph))
 
@@ -288,6 +368,13 @@ class ParallelCompiled:
     def program(self):
         """The device programs the runtime runs (graphc.programs.ParallelProgram, after fusion)."""
         return self.partitioned.program
+
+    @property
+    def executable(self) -> ParallelExecutable:
+        """The threaded runtime of every device (``rank_executable`` under MPI)."""
+        if self._threads is None:
+            raise GraphcError("this specialization runs one device per MPI rank: use .rank_executable")
+        return self._threads
 
     def ir(self, stage: str = "optimized") -> str:
         """Text IR: "optimized" (the graph the plan partitions), "lowered" / "device" (every
@@ -302,7 +389,10 @@ class ParallelCompiled:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         args, kwargs, _ = self._owner.split_static(args, kwargs)
-        arrays = bind_arguments(self.graph, args, kwargs, keep=ShardedArray)  # shards stay on the devices
+        # shards stay on the devices; sharded inputs are built there
+        arrays = bind_arguments(self.graph, args, kwargs, keep=(ShardedArray, ShardedInput))
+        if self.rank_executable is not None:  # MPI: every result is this rank's piece
+            return unflatten(self.graph.out_tree, self.rank_executable.run_flat(arrays))
         keep = self.state_outputs if self._owner.sharded_state else frozenset()
         outs = self.executable.run_flat(arrays, keep_sharded=keep)
         return unflatten(self.graph.out_tree, [o if k in keep else as_numpy_result(o) for k, o in enumerate(outs)])
@@ -320,8 +410,21 @@ class PipelineCompiled:
         start = time.perf_counter()
         self.mb = microbatch(graph, plan.m)
         self.program = lower_pipeline(graph, plan, self.mb)
-        self.executable = PipelineExecutable(self.program, timeout_s=owner.timeout_s)
+        # threads: every device in this process; MPI: this rank's device only
+        self._threads: PipelineExecutable | None = None
+        self.rank_executable: RankPipelineExecutable | None = None
+        if owner.world is not None:
+            self.rank_executable = RankPipelineExecutable(self.program, owner.world, owner.timeout_s)
+        else:
+            self._threads = PipelineExecutable(self.program, timeout_s=owner.timeout_s)
         self.seconds = {**plan.timing, "build_s": time.perf_counter() - start}
+
+    @property
+    def executable(self) -> PipelineExecutable:
+        """The threaded pipeline runtime of every device (``rank_executable`` under MPI)."""
+        if self._threads is None:
+            raise GraphcError("this specialization runs one device per MPI rank: use .rank_executable")
+        return self._threads
 
     def ir(self, stage: str = "optimized") -> str:
         """Text IR: "optimized" (the step), "microbatch" (micro-batch 0's program), "tasks" (every
@@ -336,14 +439,17 @@ class PipelineCompiled:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         args, kwargs, _ = self._owner.split_static(args, kwargs)
-        outs = self.executable.run_flat(bind_arguments(self.graph, args, kwargs))
+        arrays = bind_arguments(self.graph, args, kwargs, keep=ShardedInput)
+        if self.rank_executable is not None:  # MPI: the pieces of the stage holding each result
+            return unflatten(self.graph.out_tree, self.rank_executable.run_flat(arrays))
+        outs = self.executable.run_flat(arrays)
         return unflatten(self.graph.out_tree, [as_numpy_result(o) for o in outs])
 
 
 def parallelize(
     fn: Callable | None = None,
     *,
-    mesh,
+    mesh=None,
     memory_limit=None,
     static_argnames=(),
     in_specs=None,
@@ -351,12 +457,14 @@ def parallelize(
     shrink: bool = True,
     time_limit: float = 60.0,
     cache: bool = True,
-    timeout_s: float = 60.0,
+    timeout_s: float | None = None,
     sharded_state: bool = False,
-    microbatches: int = 1,
-    schedule: str = "1f1b",
+    microbatches: int | None = None,
+    schedule: str | None = None,
     free_axes: bool = False,
     profile=None,
+    backend: str = "threads",
+    plan: ShardingPlan | PipelinePlan | None = None,
 ):
     """Decorator or function: ``graphc.parallelize(fn, mesh={"dp": 2, "tp": 4})``. A mesh with a
     ``pp`` axis (``{"pp": 2, "dp": 2, "tp": 2}``) runs the step as a pipeline of ``microbatches``
@@ -374,7 +482,23 @@ def parallelize(
 
     ``time_limit`` (seconds) bounds the wall time of planning, tracing included: when it runs out
     the best plan found so far is used (its gap is in ``plan.solver``); ``PlanError`` only if
-    there is none."""
+    there is none.
+
+    ``backend``: ``"threads"`` (one thread per device in this process; results are numpy arrays)
+    or ``"mpi"`` (one process per device, launched with ``mpiexec -n <devices> python
+    train.py``: each rank compiles the same plan, checks with the others that it did, runs its
+    own device, and gets every result as a ``ShardedArray`` of its piece; ``.gather(root=0)``
+    for the whole value). ``timeout_s``: how long a collective may wait for its peers (default
+    60 s on threads, 30 s under MPI, where a failed or stuck rank ends the whole job).
+
+    ``plan``: a plan to run exactly as written (``graphc.Plan.load(path)``, a ShardingPlan or a
+    PipelinePlan): nothing is solved. It must have been made for this mesh's axes (``mesh`` may be
+    left out: the plan's is used) and, checked on the first call, for the traced graph; either
+    mismatch is a ``PlanError`` naming both. A pipeline plan brings its micro-batch count and
+    schedule. (Re-solving around a hand-edited plan's pins is ``graphc compile --resolve-pins``.)
+
+    Python ``float`` arguments not in ``static_argnames`` are traced as weakly typed values, as in
+    ``graphc.jit``: a new learning rate runs the same compiled step and plan."""
     if isinstance(static_argnames, str):
         static_argnames = (static_argnames,)
 
@@ -395,9 +519,11 @@ def parallelize(
             schedule,
             free_axes,
             profile,
+            backend,
+            plan,
         )
 
     return wrap if fn is None else wrap(fn)
 
 
-__all__ = ["ParallelCompiled", "Parallelized", "PipelineCompiled", "parallelize", "shard"]
+__all__ = ["ParallelCompiled", "Parallelized", "PipelineCompiled", "check_plan_mesh", "parallelize", "shard"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from graphc.bench import comm, mesh, model, pipeline, plans
+from graphc.cli.common import positive_int
 from graphc.cli.loader import load_target, static_argnames
 from graphc.core.errors import GraphcError
 from graphc.core.mesh import Mesh, MeshError, parse_links
@@ -27,7 +28,7 @@ def add_parser(sub) -> None:
     )
     bench.add_argument("--example", help="function in FILE returning (args, kwargs) (default: example_args)")
     bench.add_argument(
-        "--repeat", type=int, help="repetitions per measurement (default 3; plans: 7 interleaved rounds)"
+        "--repeat", type=positive_int, help="repetitions per measurement (default 3; plans: 7 interleaved rounds)"
     )
     bench.add_argument("--no-run", action="store_true", help="skip numpy eager and interpreter timings")
     bench.add_argument(
@@ -41,6 +42,12 @@ def add_parser(sub) -> None:
         action="store_true",
         help="with --mesh: also time several plans of the function (solver's choice and pinned "
         "inputs) and report the rank correlation of predicted and measured step times",
+    )
+    bench.add_argument(
+        "--backend",
+        choices=("threads", "mpi"),
+        default="threads",
+        help="comm: the threaded communicator alone, or MPI processes next to it (launches mpiexec itself)",
     )
     bench.set_defaults(func=cmd_bench)
 
@@ -61,7 +68,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         pipeline.main(["--repeat", str(args.repeat)])
         return 0
     if args.target == "comm":
-        comm.main()
+        comm.main(["--backend", args.backend, "--repeat", str(args.repeat)])
         return 0
     if args.target == "fastmath":
         from graphc.bench import fastmath

@@ -9,10 +9,18 @@ graphc bench FILE:FUNC --mesh dp=2 [--plans]    numpy eager vs graphc on 1 devic
                                                 predicted vs measured step of several plans
 graphc compile FILE:FUNC --mesh dp=2,tp=4 [--memory 2GiB] [--link dp=1GB/s:50us] [-o plan.json]
                                                 auto-shard FUNC, print the plan's summary, write the plan JSON
-graphc run FILE:FUNC (--mesh dp=2,tp=2 | --plan plan.json) [--trace timeline.json]
-                                                run FUNC on a mesh of devices, check it against numpy, time it
+graphc compile FILE:FUNC --mesh dp=2 --resolve-pins edited.json
+                                                solve again, keeping the choices pinned in an (edited) plan
+graphc run FILE:FUNC (--mesh dp=2,tp=2 | --plan plan.json) [--trace timeline.json] [--backend mpi]
+                                                run FUNC on a mesh of devices, check it against numpy, time it;
+                                                a --plan runs exactly as written (checked against the model and --mesh)
+                                                (--backend mpi: under mpiexec -n <devices>, one process per device)
 graphc calibrate [-o PATH] [--quick]            measure this machine, store the profile the sharding cost model uses
 graphc calibrate --show [-o PATH]               print the stored profile (or the built-in defaults) and its path
+
+Every error is one or two lines on stderr naming the input and what to do, exit status 2 (1 for a
+bug in graphc); ``--debug`` or GRAPHC_DEBUG=1 adds the traceback. Ctrl-C ends any command within a
+second with status 130, SIGTERM with 143 (graphc/cli/signals.py).
 """
 
 from __future__ import annotations
@@ -26,13 +34,27 @@ from graphc.cli import bench as cli_bench
 from graphc.cli import compile as cli_compile
 from graphc.cli import ir as cli_ir
 from graphc.cli import run as cli_run
+from graphc.cli import signals
+from graphc.cli.common import (
+    Parser,
+    add_debug,
+    check_output_file,
+    debug_enabled,
+    describe_exception,
+    print_error,
+    print_traceback,
+    process_age,
+)
 from graphc.core.errors import GraphcError
 from graphc.core.mesh import load_profile, profile_path, save_profile
 from graphc.runtime.calibrate import calibrate
+from graphc.runtime.mpi_world import note_exit_code
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     path = args.output or profile_path()
+    if args.output and not args.show:
+        check_output_file(args.output, "-o", "profile", force=args.force, mkdir=args.mkdir)
     if args.show:
         profile = load_profile(path)
         stored = os.path.exists(path)
@@ -53,7 +75,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="graphc", description="numpy model code -> graph IR -> parallel execution")
+    p = Parser(prog="graphc", description="numpy model code -> graph IR -> parallel execution")
+    p.add_argument("--debug", action="store_true", help="on an error, also print the traceback (or GRAPHC_DEBUG=1)")
     sub = p.add_subparsers(dest="command", required=True)
 
     for command in (cli_ir, cli_bench, cli_compile, cli_run):
@@ -73,21 +96,42 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cal.add_argument("--show", action="store_true", help="print the stored profile (or the defaults) without measuring")
     cal.add_argument("--quick", action="store_true", help="smaller, fewer measurements (well under a second)")
+    cal.add_argument("--force", action="store_true", help="overwrite -o PATH even if it is not a machine profile")
+    cal.add_argument("--mkdir", action="store_true", help="create the folder of -o PATH if it does not exist")
     cal.set_defaults(func=cmd_calibrate)
+    for subparser in sub.choices.values():
+        add_debug(subparser)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        return args.func(args)
-    except GraphcError as exc:
-        print(f"graphc: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("graphc: interrupted", file=sys.stderr)
-        return 130
+    """Run one command; returns its exit status. ``argv`` None: the command line of this process
+    (graphc is the program: after Ctrl-C or SIGTERM the watchdog also bounds its shutdown)."""
+    # when the command started: the process's start for the program (a time limit counts its
+    # imports), this call for an in-process caller
+    started = time.perf_counter() - (process_age() if argv is None else 0.0)
+    with signals.stopped_by_signals(program=argv is None):
+        args = None
+        try:
+            args = build_parser().parse_args(argv)
+            args.started = started
+            return args.func(args)
+        except KeyboardInterrupt as exc:  # Ctrl-C (130) or SIGTERM (143): one line
+            if debug_enabled(args):
+                print_traceback(exc)
+            code = signals.report(exc)
+        except GraphcError as exc:
+            if debug_enabled(args):
+                print_traceback(exc)
+            print_error(str(exc))
+            code = 2
+        except Exception as exc:  # noqa: BLE001 - never a traceback unless asked: one or two lines
+            if debug_enabled(args):
+                print_traceback(exc)
+            text, code = describe_exception(exc)
+            print_error(text)
+        note_exit_code(code)  # under MPI, a job that ends through this failure ends with this status
+        return code
 
 
 if __name__ == "__main__":

@@ -2,7 +2,19 @@
 lower and run a function on a mesh of devices (threads), check the result against numpy eager,
 print timings and each device's measured peak memory next to the plan's prediction, and
 optionally write a Chrome trace (one track per device: kernels and collectives with their bytes;
-open it in Perfetto or chrome://tracing)."""
+open it in Perfetto or chrome://tracing).
+
+``--plan plan.json`` runs that plan exactly as written (graphc compile wrote it, maybe under a
+memory limit this command knows nothing of): nothing is solved. Its mesh is used, and checked
+against ``--mesh`` when both are given; its graph hash is checked against the traced model.
+Either mismatch is an error naming both (exit status 2). ``--trace`` is checked before the work.
+
+``--backend mpi``, launched as ``mpiexec -n N python -m graphc run FILE:FUNC ...``: every rank
+compiles (or loads from its cache) the same plan, checks with the others that it did, and runs its
+own device. Rank 0 runs numpy eager, gathers the results and prints the same report; every rank
+exits with the same status. A repetition's step time is the slowest rank's, the ranks starting
+together after a barrier; the trace puts every rank's events on one clock (perf_counter, the
+machine's monotonic clock: one machine only)."""
 
 from __future__ import annotations
 
@@ -11,66 +23,127 @@ import json
 import statistics
 import sys
 import time
+from typing import Any
 
-from graphc.api.parallel import parallelize
+from graphc.api.parallel import check_plan_mesh, parallelize
 from graphc.bench.timing import fmt_range, same, times_of
-from graphc.cli.loader import load_target, static_argnames
-from graphc.core.errors import GraphcError
+from graphc.cli.common import Output, check_output_file, load_plan, positive_int, positive_seconds
+from graphc.cli.loader import UsageError, load_target, static_argnames
+from graphc.core.errors import GraphcError, PlanError
 from graphc.core.files import atomic_write
 from graphc.core.mesh import Mesh, MeshError, parse_links
+from graphc.core.pytree import flatten
 from graphc.core.units import fmt_bytes, fmt_time
 from graphc.interpreter import bind_arguments
+from graphc.passes.pipeline import PipelinePlan
 from graphc.passes.sharding.plan import ShardingPlan
+from graphc.runtime.devices import ShardedArray
+from graphc.runtime.mpi_world import MpiWorld, join_world
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("run", help="run FILE:FUNC on a device mesh (one thread per device), check it against numpy")
+    p = sub.add_parser(
+        "run",
+        help="run FILE:FUNC on a device mesh (one thread per device, or one MPI process per device), check it "
+        "against numpy",
+    )
     p.add_argument("target", help="FILE:FUNC, e.g. models/gpt.py:train_step")
-    where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--mesh", help="named mesh axes, e.g. dp=2,tp=2")
-    where.add_argument("--plan", metavar="FILE", help="run this plan (from graphc compile; its mesh is used)")
+    p.add_argument("--mesh", help="named mesh axes, e.g. dp=2,tp=2 (with --plan: checked against the plan's)")
+    p.add_argument(
+        "--plan",
+        metavar="FILE",
+        help="run this plan exactly as written (from graphc compile; its mesh is used, nothing is solved)",
+    )
     p.add_argument("--link", help="per-axis link model overrides for planning, e.g. dp=1GB/s:50us")
     p.add_argument("--memory", help="per-device memory limit for planning, e.g. 2GiB")
     p.add_argument("--example", help="function in FILE returning (args, kwargs) (default: example_args)")
-    p.add_argument("--repeat", type=int, default=3, help="timed runs (default 3)")
+    p.add_argument("--repeat", type=positive_int, default=3, help="timed runs (default 3)")
     p.add_argument("--trace", metavar="FILE", help="write a Chrome trace of one run (JSON, Perfetto)")
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds a collective may wait for its peers")
-    p.add_argument("--microbatches", type=int, default=1, help="micro-batches of a pipeline (a mesh with pp)")
-    p.add_argument("--schedule", choices=("1f1b", "gpipe"), default="1f1b", help="pipeline schedule (default 1f1b)")
+    p.add_argument("--force", action="store_true", help="overwrite --trace FILE even if it is not a Chrome trace")
+    p.add_argument("--mkdir", action="store_true", help="create the folder of --trace FILE outside this folder")
+    p.add_argument(
+        "--timeout",
+        type=positive_seconds,
+        help="seconds a collective may wait for its peers (default 60 on threads, 30 under MPI, where a failed "
+        "or stuck rank ends the whole job within it)",
+    )
+    p.add_argument(
+        "--backend",
+        choices=("threads", "mpi"),
+        default="threads",
+        help="threads: one thread per device in this process; mpi: one process per device, launched as "
+        "mpiexec -n <devices> python -m graphc run ... (needs pip install 'graphc[mpi]')",
+    )
+    p.add_argument("--microbatches", type=positive_int, help="micro-batches of a pipeline (a mesh with pp; default 1)")
+    p.add_argument("--schedule", choices=("1f1b", "gpipe"), help="pipeline schedule (default 1f1b)")
     p.set_defaults(func=cmd_run)
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    fn, fargs, fkwargs = load_target(args.target, args.example)
-    static = static_argnames(fkwargs)
-    loaded = ShardingPlan.load(args.plan) if args.plan else None
+def _mesh_and_plan(args: argparse.Namespace) -> tuple[Mesh, ShardingPlan | PipelinePlan | None]:
+    """The mesh to run on and the plan file given, checked against each other before any work."""
+    if args.mesh is None and args.plan is None:
+        raise UsageError("run needs --mesh (to plan), --plan (a plan to run as written), or both")
+    if args.plan and (args.memory or args.link):
+        raise UsageError(
+            f"--plan {args.plan} runs that plan as written: --memory and --link only plan a new one "
+            "(graphc compile ... --memory ... -o plan.json, then run it)"
+        )
+    loaded = load_plan(args.plan) if args.plan else None
     try:
-        if loaded is not None:
-            mesh = loaded.mesh
-        else:
-            mesh = Mesh(args.mesh, links=parse_links(args.link) if args.link else None)
+        mesh = Mesh(args.mesh, links=parse_links(args.link) if args.link else None) if args.mesh else None
     except MeshError as exc:
         raise GraphcError(f"--mesh/--link: {exc}") from None
+    if loaded is None:
+        assert mesh is not None
+        return mesh, None
+    if mesh is not None:
+        try:
+            check_plan_mesh(loaded, mesh)
+        except PlanError as exc:
+            raise PlanError(f"--plan {args.plan}: {exc} (--mesh {args.mesh})") from None
+    return loaded.mesh, loaded
+
+
+def _check_trace(args: argparse.Namespace) -> Output | None:
+    return check_output_file(args.trace, "--trace", "trace", args.force, args.mkdir) if args.trace else None
+
+
+def _compile_given(pf, args: argparse.Namespace, fargs: tuple, fkwargs: dict):
+    """``pf.compile``; a plan file made for another graph is an error naming the file."""
+    try:
+        return pf.compile(*fargs, **fkwargs)
+    except PlanError as exc:
+        if pf.given_plan is None:
+            raise
+        raise PlanError(f"--plan {args.plan}: {exc}") from None
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    mesh, loaded = _mesh_and_plan(args)
+    trace_out = _check_trace(args)
+    if args.backend == "mpi":
+        return cmd_run_mpi(args, mesh, loaded, trace_out)
+    fn, fargs, fkwargs = load_target(args.target, args.example)
+    static = static_argnames(fkwargs)
     pf = parallelize(
         fn,
         mesh=mesh,
         memory_limit=args.memory,
         static_argnames=static,
         timeout_s=args.timeout,
-        cache=loaded is None,
         microbatches=args.microbatches,
         schedule=args.schedule,
+        plan=loaded,
     )
     if pf.pipelined:
-        return _run_pipeline(args, pf, fn, fargs, fkwargs)
+        return _run_pipeline(args, pf, fn, fargs, fkwargs, trace_out)
     start = time.perf_counter()
-    if loaded is not None:
-        pf.follow(loaded, *fargs, **fkwargs)
-    compiled = pf.compile(*fargs, **fkwargs)
+    compiled = _compile_given(pf, args, fargs, fkwargs)
     plan = compiled.plan
     print(
         f"graphc run {args.target} on mesh {mesh} ({mesh.size} devices): compiled in "
-        f"{time.perf_counter() - start:.2f} s (plan {fmt_time(plan.cost.total_s)} predicted)"
+        f"{time.perf_counter() - start:.2f} s (plan {fmt_time(plan.cost.total_s)} predicted"
+        + (f"; {args.plan} run as written)" if loaded is not None else ")")
     )
 
     def eager():
@@ -100,9 +173,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             f"  {d:>6}  {fmt_bytes(p.get('peak_bytes', 0)):>20}  {fmt_bytes(predicted[d]):>9}   {len(comm):>11}  "
             f"{fmt_time(sum(e[3] - e[2] for e in comm)):>9}"
         )
-    if args.trace:
-        atomic_write(args.trace, json.dumps(chrome_trace(prof, mesh)))
-        print(f"wrote {args.trace} (open in https://ui.perfetto.dev)", file=sys.stderr)
+    if trace_out is not None:
+        atomic_write(trace_out.path, json.dumps(chrome_trace(prof, mesh)), make_dirs=trace_out.make_dirs)
+        print(f"wrote {trace_out.path} (open in https://ui.perfetto.dev)", file=sys.stderr)
     return 0 if verdict == "yes" else 1
 
 
@@ -135,11 +208,11 @@ def chrome_trace(profiles: dict[int, dict], mesh) -> dict:
     }
 
 
-def _run_pipeline(args: argparse.Namespace, pf, fn, fargs, fkwargs) -> int:
+def _run_pipeline(args: argparse.Namespace, pf, fn, fargs, fkwargs, trace_out: Output | None) -> int:
     """``graphc run`` on a mesh with a pp axis: the pipeline's timings, measured bubble and memory
     against the plan's, and a trace with one track per device showing stages and micro-batches."""
     start = time.perf_counter()
-    compiled = pf.compile(*fargs, **fkwargs)
+    compiled = _compile_given(pf, args, fargs, fkwargs)
     plan = compiled.plan
     print(
         f"graphc run {args.target} on mesh {pf.mesh} ({pf.mesh.size} devices): compiled in "
@@ -173,9 +246,9 @@ def _run_pipeline(args: argparse.Namespace, pf, fn, fargs, fkwargs) -> int:
             f"  {d:>6}  {s:>5}  {fmt_bytes(prof[d]['peak_bytes']):>20}  {fmt_bytes(prof[d].get('held_bytes', 0)):>18}  "
             f"{fmt_bytes(plan.memory_bytes[s]):>14}"
         )
-    if args.trace:
-        atomic_write(args.trace, json.dumps(pipeline_trace(prof, ex)))
-        print(f"wrote {args.trace} (open in https://ui.perfetto.dev)", file=sys.stderr)
+    if trace_out is not None:
+        atomic_write(trace_out.path, json.dumps(pipeline_trace(prof, ex)), make_dirs=trace_out.make_dirs)
+        print(f"wrote {trace_out.path} (open in https://ui.perfetto.dev)", file=sys.stderr)
     return 0 if verdict == "yes" else 1
 
 
@@ -221,4 +294,119 @@ def pipeline_trace(profiles: dict[int, dict], ex) -> dict:
     }
 
 
-__all__ = ["add_parser", "chrome_trace", "pipeline_trace"]
+# --- the MPI backend ------------------------------------------------------------------------------
+
+
+def cmd_run_mpi(args: argparse.Namespace, mesh, loaded, trace_out: Output | None = None) -> int:
+    launch = f"python -m graphc run {args.target} ..."
+    world = join_world(mesh.size, launch)  # before anything slow: a wrong -n stops every rank at once
+    root = world.rank == 0
+    fn, fargs, fkwargs = load_target(args.target, args.example)
+    pf = parallelize(
+        fn,
+        mesh=mesh,
+        memory_limit=args.memory,
+        static_argnames=static_argnames(fkwargs),
+        timeout_s=args.timeout,
+        microbatches=args.microbatches,
+        schedule=args.schedule,
+        backend="mpi",
+        plan=loaded,
+    )
+    start = time.perf_counter()
+    compiled = _compile_given(pf, args, fargs, fkwargs)
+    rank_ex = compiled.rank_executable
+    assert rank_ex is not None
+    if root:
+        print(
+            f"graphc run {args.target} on mesh {mesh} ({mesh.size} MPI ranks, one device each): compiled in "
+            f"{time.perf_counter() - start:.2f} s on rank 0, plan hash {rank_ex.fingerprint} on every rank"
+        )
+        if pf.pipelined:
+            print(compiled.plan.summary())
+    want = fn(*fargs, **fkwargs) if root else None
+    got = compiled(*fargs, **fkwargs)  # first run: kernels compiled or loaded, every call checked
+    whole = [x.gather(0) if isinstance(x, ShardedArray) else x for x in flatten(got)[0]]
+    verdict = same(whole, flatten(want)[0]) if root else ""
+    ok = world.broadcast_int(int(verdict == "yes"))
+    t_eager = [0.0]
+    if root:
+        t_eager = _times(lambda: fn(*fargs, **fkwargs), args.repeat)
+    t_step = _step_times(world, lambda: compiled(*fargs, **fkwargs), args.repeat)
+    dyn_args, dyn_kwargs, _ = pf.split_static(fargs, fkwargs)
+    arrays = bind_arguments(compiled.graph, dyn_args, dyn_kwargs)
+    rank_ex.run_flat(arrays, profile=True)
+    local = rank_ex.last_profile or {}
+    gathered = world.gather_bytes(json.dumps({str(d): p for d, p in local.items()}).encode())
+    if not root:
+        return 0 if ok else 1
+    assert gathered is not None and t_step is not None
+    profiles = {int(d): p for blob in gathered for d, p in json.loads(blob).items()}
+    step = list(t_step.max(axis=0))  # each repetition: the slowest rank
+    print(f"  numpy eager (rank 0)   {fmt_range(t_eager)}")
+    print(
+        f"  graphc on {mesh.size} ranks      {fmt_range(step)}   ({statistics.median(t_eager) / statistics.median(step):.2f}x "
+        "numpy eager; the slowest rank of each step)"
+    )
+    print(f"  result equals numpy eager: {verdict}")
+    if pf.pipelined:
+        _report_pipeline(trace_out, compiled, profiles)
+    else:
+        _report(trace_out, compiled, profiles, mesh)
+    return 0 if ok else 1
+
+
+def _times(fn, repeat: int) -> list[float]:
+    out = []
+    for _ in range(max(1, repeat)):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def _step_times(world: MpiWorld, step, repeat: int) -> Any:
+    """Every rank's seconds for ``repeat`` steps started together, as [ranks, repeat] on rank 0."""
+    mine = []
+    for _ in range(max(1, repeat)):
+        world.barrier(idle=True)
+        t0 = time.perf_counter()
+        step()
+        mine.append(time.perf_counter() - t0)
+    return world.gather_floats(mine)
+
+
+def _report(trace_out: Output | None, compiled, profiles: dict[int, dict], mesh) -> None:
+    predicted = compiled.plan.memory.held
+    print("  device  peak memory measured  predicted   collectives  comm time")
+    for d in sorted(profiles):
+        p = profiles[d]
+        comm = [e for e in p.get("events", []) if e[4]]
+        print(
+            f"  {d:>6}  {fmt_bytes(p.get('peak_bytes', 0)):>20}  {fmt_bytes(predicted[d]):>9}   {len(comm):>11}  "
+            f"{fmt_time(sum(e[3] - e[2] for e in comm)):>9}"
+        )
+    if trace_out is not None:
+        atomic_write(trace_out.path, json.dumps(chrome_trace(profiles, mesh)), make_dirs=trace_out.make_dirs)
+        print(f"wrote {trace_out.path} (open in https://ui.perfetto.dev)", file=sys.stderr)
+
+
+def _report_pipeline(trace_out: Output | None, compiled, profiles: dict[int, dict]) -> None:
+    plan = compiled.plan
+    ex = compiled.rank_executable.pipe  # this rank's PipelineExecutable, given every rank's profile
+    ex.last_profile = {d: {**p, "events": [tuple(e) for e in p["events"]]} for d, p in profiles.items()}
+    print(f"  bubble: measured {ex.measured_bubble():.1%}, predicted {plan.predicted['bubble']:.1%}")
+    print("  device  stage  peak memory measured  held between tasks  predicted held")
+    for d in sorted(profiles):
+        s = ex.stage_of(d)
+        p = profiles[d]
+        print(
+            f"  {d:>6}  {s:>5}  {fmt_bytes(p['peak_bytes']):>20}  {fmt_bytes(p.get('held_bytes', 0)):>18}  "
+            f"{fmt_bytes(plan.memory_bytes[s]):>14}"
+        )
+    if trace_out is not None:
+        atomic_write(trace_out.path, json.dumps(pipeline_trace(ex.last_profile, ex)), make_dirs=trace_out.make_dirs)
+        print(f"wrote {trace_out.path} (open in https://ui.perfetto.dev)", file=sys.stderr)
+
+
+__all__ = ["add_parser", "chrome_trace", "cmd_run_mpi", "pipeline_trace"]
