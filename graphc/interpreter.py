@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from graphc.core.errors import EvaluationError, note_where
+from graphc.core.errors import NUMPY_ERRORS, EvaluationError, GraphcError, NumpyError, note_where, numpy_error
 from graphc.core.ir import Graph, Region, Value, check_runnable
 from graphc.core.pytree import ArraySpec, flatten_as, unflatten
 
@@ -64,6 +64,8 @@ def run_flat(graph: Graph | Region, arrays: list[np.ndarray]) -> list[np.ndarray
                 results = node.op.evaluate(*operands, **node.attrs)
         except Exception as exc:
             note_where(exc, node.op.name, node.loc)
+            if isinstance(exc, NUMPY_ERRORS) and not isinstance(exc, GraphcError):  # numpy raised on these values
+                raise numpy_error(exc, NumpyError).with_traceback(exc.__traceback__) from None
             raise
         for value, result in zip(node.outputs, results):
             if result.shape != value.type.shape or result.dtype != value.type.dtype:

@@ -16,6 +16,10 @@ other leaves are the static values it was traced with. ``return`` gives the resu
 Attributes follow the operands as ``name=value``. Constants are bit-exact: small finite arrays as
 nested lists, others as zlib-compressed base64 of their little-endian bytes.
 ``str(parse(str(g))) == str(g)`` for every graph.
+
+A ``.gir`` file is data: it is parsed and verified, never run. Bad input of any kind is a
+``ParseError`` with its line and column (and the file, from ``load``); a string ends on the line it
+starts, and a constant is decompressed only up to the bytes its type declares.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import base64
 import functools
 import json
+import sys
 import zlib
 from typing import Any
 
@@ -31,7 +36,7 @@ from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
 from graphc.core import dtypes
-from graphc.core.errors import ParseError, ShapeError, SourceLoc
+from graphc.core.errors import ParseError, ShapeError, SourceLoc, VerifyError
 from graphc.core.ir import PARTS, Graph, Node, Region, TensorType, Value, format_node, format_tree, print_graph  # noqa: F401  (the printer, re-exported)
 from graphc.core.literals import SMALL_ARRAY, _array_from_list, format_array, format_literal  # noqa: F401
 from graphc.core.pytree import TreeDef
@@ -67,7 +72,7 @@ VALUE: /%[A-Za-z0-9_.]+/
 IDENT: /[A-Za-z_][A-Za-z0-9_]*/
 FLOAT.2: /-?(\d+\.\d*([eE][+-]?\d+)?|\d+[eE][+-]?\d+)/ | /-(inf|nan)\b/
 INT: /-?\d+/
-STRING: /"(\\.|[^"\\])*"/
+STRING: /"[^"\\\n]*(?:\\.[^"\\\n]*)*"/
 COMMENT: /#[^\n]*/
 
 %import common.WS
@@ -200,18 +205,13 @@ class _Builder:
         tt = self.type(ty)
         if body.data == "literal" and body.children[0].type == "STRING":
             body = body.children[0]
-            try:
-                raw = zlib.decompress(base64.b64decode(json.loads(str(body)), validate=True))
-            except (ValueError, zlib.error) as exc:
-                raise _error_at(body, f"bad array data: {exc}") from None
-            if len(raw) != tt.nbytes:
-                raise _error_at(body, f"array data has {len(raw)} bytes, {tt} needs {tt.nbytes}")
+            raw = _decompress_exactly(body, self.literal(body), tt)
             arr = np.frombuffer(raw, dtype=tt.dtype.newbyteorder("<")).astype(tt.dtype).reshape(tt.shape)
         else:
             data = self._nested_literal(body)
             try:
                 arr = _array_from_list(data, tt.dtype, tt.shape)
-            except (ValueError, OverflowError) as exc:
+            except (ValueError, OverflowError, TypeError) as exc:
                 raise _error_at(body, f"array literal does not match {tt}: {exc}") from None
         arr = arr.copy()
         arr.setflags(write=False)
@@ -228,6 +228,9 @@ class _Builder:
         name, *dims = _children(t)
         if str(name) not in dtypes.BY_SHORT_NAME:
             raise _error_at(name, f"unknown dtype {str(name)!r} (expected one of {', '.join(dtypes.BY_SHORT_NAME)})")
+        for d in dims:
+            if d is not None and int(d) < 0:
+                raise _error_at(d, f"dimension {d} is negative (expected a size >= 0)")
         return TensorType(tuple(int(d) for d in dims if d is not None), dtypes.BY_SHORT_NAME[str(name)])
 
     def define(self, tok: Token, value: Value) -> None:
@@ -296,6 +299,8 @@ class _Builder:
             expected = op.infer_types(tuple(v.type for v in inputs), attrs, tuple(regions))
         except ShapeError as exc:
             raise _error_at(opname, str(exc)) from None
+        except (KeyError, AttributeError, ArithmeticError) as exc:  # an op's rule meets attributes no trace makes
+            raise _error_at(opname, f"{op.name}: invalid attributes ({type(exc).__name__}: {exc})") from None
         if tuple(types) != expected:
             raise _error_at(
                 opname,
@@ -305,7 +310,7 @@ class _Builder:
         loc = None
         if loc_tree is not None:
             file_tok, line_tok = _children(loc_tree)
-            loc = SourceLoc(json.loads(str(file_tok)), int(line_tok))
+            loc = SourceLoc(self.literal(file_tok), int(line_tok))
         part = None
         if part_tree is not None:
             part = str(part_tree.children[0])
@@ -315,6 +320,31 @@ class _Builder:
         for tok, out in zip(results, node.outputs):
             self.define(tok, out)
         return node
+
+
+def _decompress_exactly(tok: Token, text: str, tt: TensorType) -> bytes:
+    """The bytes of a constant of type ``tt`` from its zlib-compressed base64 ``text``. At most
+    ``tt.nbytes`` (plus one, to see that there is more) are decompressed, so a small declared type
+    cannot make a large allocation (a decompression bomb); data of any other size is an error."""
+    try:
+        packed = base64.b64decode(text, validate=True)
+    except ValueError as exc:
+        raise _error_at(tok, f"bad array data: not base64 ({exc})") from None
+    stream = zlib.decompressobj()
+    try:
+        # one byte more than declared shows there is more; a max_length of 0 would mean no limit
+        raw = stream.decompress(packed, min(tt.nbytes + 1, sys.maxsize))
+    except zlib.error as exc:
+        raise _error_at(tok, f"bad array data: {exc}") from None
+    if len(raw) > tt.nbytes:
+        raise _error_at(tok, f"bad array data: it holds more than the {tt.nbytes} bytes {tt} needs")
+    if not stream.eof:
+        raise _error_at(tok, f"bad array data: the compressed data is truncated ({len(raw)} of {tt.nbytes} bytes)")
+    if stream.unused_data:
+        raise _error_at(tok, f"bad array data: {len(stream.unused_data)} bytes follow the compressed data")
+    if len(raw) != tt.nbytes:
+        raise _error_at(tok, f"bad array data: it holds {len(raw)} bytes, {tt} needs {tt.nbytes}")
+    return raw
 
 
 def _children(t: Tree) -> list[Any]:
@@ -327,8 +357,47 @@ def _end_position(text: str) -> tuple[int, int]:
     return len(lines), len(lines[-1]) + 1
 
 
-def parse(text: str) -> Graph:
-    """Parse the text IR. Raises ParseError with line and column on malformed input."""
+def parse(text: str, source: str | None = None) -> Graph:
+    """Parse the text IR and verify the graph. Malformed input of any kind raises ParseError with
+    the line and column (after ``source``, the file the text came from, when given); a graph that
+    parses but breaks an IR invariant raises VerifyError."""
+    try:
+        return _parse(text)
+    except ParseError as exc:
+        if source is None:
+            raise
+        raise ParseError(exc.message, exc.line, exc.column, source) from None
+    except VerifyError as exc:
+        if source is None:
+            raise
+        raise VerifyError(f"{source}: {exc}") from None
+    except RecursionError:
+        raise ParseError("brackets are nested too deeply", None, None, source) from None
+
+
+def load(path: str) -> Graph:
+    """The graph in the ``.gir`` file at ``path``: read as UTF-8, parsed and verified (never run).
+    Errors name the file, and the line and column."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise ParseError(f"cannot read the IR file ({exc.strerror})", None, None, path) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line, column = _position(data, exc.start)
+        raise ParseError(f"not UTF-8 text (byte 0x{data[exc.start]:02x})", line, column, path) from None
+    return parse(text, path)
+
+
+def _position(data: bytes, offset: int) -> tuple[int, int]:
+    """Line and column (1-based, columns counted in bytes) of byte ``offset`` of ``data``."""
+    line = data.count(b"\n", 0, offset) + 1
+    return line, offset - (data.rfind(b"\n", 0, offset) + 1) + 1
+
+
+def _parse(text: str) -> Graph:
     parser = _parser()
     try:
         tree = parser.parse(text)
@@ -340,6 +409,12 @@ def parse(text: str) -> Graph:
         raise ParseError(f"unexpected {str(exc.token)!r}; expected {expected}", exc.line, exc.column) from None
     except UnexpectedCharacters as exc:
         where = exc.pos_in_stream if exc.pos_in_stream is not None else len(text) - 1
+        if text[where] == '"':
+            raise ParseError(
+                "unterminated string: a string ends on the line it starts (write a newline in it as \\n)",
+                exc.line,
+                exc.column,
+            ) from None
         raise ParseError(f"unexpected character {text[where]!r}", exc.line, exc.column) from None
     except UnexpectedEOF as exc:
         line, column = _end_position(text)

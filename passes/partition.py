@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from graphc.core.cache import private_dir, read_entry, warn_cache, write_entry
 from graphc.core.errors import PlanError
 from graphc.core.ir import Graph
 from graphc.core.mesh import Mesh
@@ -244,7 +245,9 @@ def state_ties(graph: Graph) -> list[tuple[int, int]]:
 
 class PlanCache:
     """Solved plans on disk, keyed by the graph's hash, the mesh and the planning inputs: re-planning
-    an unchanged model only re-traces it. A corrupt entry is solved again."""
+    an unchanged model only re-traces it. Entries are sealed with their key and their own hash
+    (graphc/core/cache.py): a tampered, corrupt or stale entry is discarded with a warning and the
+    plan solved again; a folder that is not the user's alone is not used."""
 
     def __init__(self, folder: str):
         self.folder = folder
@@ -261,20 +264,26 @@ class PlanCache:
         ]
         return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
+    def _path(self, key: str) -> str | None:
+        folder = private_dir(self.folder)
+        return None if folder is None else os.path.join(folder, f"{key}.plan")
+
     def get(self, key: str) -> ShardingPlan | None:
-        path = os.path.join(self.folder, f"{key}.json")
-        if not os.path.exists(path):
+        path = self._path(key)
+        payload = read_entry(path, key) if path else None
+        if path is None or payload is None:
             return None
         try:
-            return ShardingPlan.load(path)
-        except PlanError:
+            return ShardingPlan.from_json(payload.decode(), path)
+        except (PlanError, UnicodeDecodeError) as exc:  # sealed, yet not a plan this graphc reads
+            warn_cache(path, f"cached plan is not readable ({exc})", "discarded; the plan is solved again")
+            os.unlink(path)
             return None
 
     def put(self, key: str, plan: ShardingPlan) -> None:
-        try:
-            plan.save(os.path.join(self.folder, f"{key}.json"), make_dirs=True)
-        except OSError:
-            pass  # a read-only cache is not an error
+        path = self._path(key)
+        if path is not None:
+            write_entry(path, key, plan.to_json().encode())
 
 
 __all__ = [

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from graphc.core.errors import PlanError
-from graphc.core.files import atomic_write, read_document
+from graphc.core.files import atomic_write, check_record, read_document
 from graphc.core.ir import Graph, Node, Value
 from graphc.core.mesh import Mesh, as_mesh
 from graphc.passes.microbatch import Microbatched, microbatch
@@ -504,7 +504,7 @@ class PipelinePlan:
                 list(a["activation_bytes"]),
             )
             sub = doc["sub_plan"]
-            return cls(
+            plan = cls(
                 doc["graph"]["name"],
                 doc["graph"]["hash"],
                 Mesh.from_json(doc["mesh"]),
@@ -518,8 +518,11 @@ class PipelinePlan:
                 tuple(x["memory_bytes"] for x in doc["stages"]),
                 doc.get("timing", {}),
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise PlanError(f"{source}: not a complete pipeline plan ({type(exc).__name__}: {exc})") from None
+        check_record(plan, source, PlanError)  # a hand-edited value of the wrong type is named here
+        _check_pipeline_plan(plan, source)
+        return plan
 
     def save(self, path: str, make_dirs: bool = False) -> None:
         atomic_write(path, self.to_json(), make_dirs=make_dirs)
@@ -542,6 +545,33 @@ class PipelinePlan:
                 f"memory {self.memory_bytes[s]:,} B per device"
             )
         return "\n".join(lines)
+
+
+def _check_pipeline_plan(p: PipelinePlan, source: str) -> None:
+    """PlanError unless the parts of a pipeline plan read from a file fit together: a pipe axis of
+    as many stages as the plan has, a known schedule, per-node and per-stage lists of one length."""
+    pp = pipe_axis(p.mesh)
+    a = p.assignment
+    problems = []
+    if pp is None:
+        problems.append(f"its mesh {p.mesh} has no pipeline axis (pp)")
+    elif p.mesh.shape[p.mesh.axis_index(pp)] != a.n_stages:
+        problems.append(f"its mesh has {p.mesh.shape[p.mesh.axis_index(pp)]} stages on {pp}, the plan {a.n_stages}")
+    if p.schedule not in SCHEDULES:
+        problems.append(f"unknown schedule {p.schedule!r} (expected one of {', '.join(SCHEDULES)})")
+    if p.m < 1:
+        problems.append(f"microbatches is {p.m} (expected at least 1)")
+    if not (len(p.stage_s) == len(p.memory_bytes) == a.n_stages):
+        problems.append(f"'stages' needs one entry per stage ({a.n_stages})")
+    if len(a.stage) != len(a.phase) or any(not -1 <= s < a.n_stages for s in a.stage):
+        problems.append("assignment.stage and .phase need one entry per node, stages in -1 .. S-1")
+    if set(a.phase) - {"F", "B", "M", "U", "C"}:  # C: a constant (stage -1)
+        problems.append("assignment.phase entries must be F, B, M, U or C")
+    missing = {"step_s", "per_microbatch_s", "bubble"} - set(p.predicted)
+    if missing:
+        problems.append(f"'predicted' lacks {', '.join(sorted(missing))}")
+    if problems:
+        raise PlanError(f"{source}: not a consistent pipeline plan: {'; '.join(problems)}")
 
 
 def plan_pipeline(

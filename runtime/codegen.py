@@ -12,34 +12,41 @@ after the loop, with the vectorized reducers of runtime/rowops.py.
 Operands arrive as 2-d (R, n) views, per-row vectors (R,), rows repeated with a period (P, n)
 (a (T, T) mask broadcast over batch and heads), vectors (n,) or scalars; anything else is
 materialized. Sums accumulate in float64 (int64 for integers). Kernels are compiled with
-``nogil=True`` and cached on disk: the generated source is written to the kernel cache folder
-(``GRAPHC_CACHE_DIR``, default ~/.cache/graphc) under a name derived from its text, so another
-process that needs the same kernel loads the machine code Numba cached there.
+``nogil=True`` and cached on disk in the kernel cache folder (``<cache>/kernels``, see
+graphc/core/files.py ``cache_dir``): another process that needs the same kernel loads its machine
+code from a sealed entry (runtime/kernel_cache.py) instead of compiling it. Only the source
+generated here is run; a copy of it is written next to the entries for people to read, and a file
+found there is never imported.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
+import linecache
 import math
 import os
+import pathlib
+import stat
 import sys
 import threading
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from graphc.core.cache import private_dir, unsafe_reason, warn_cache
 from graphc.core.files import atomic_write, cache_dir
 from graphc.core.ir import Node, Region, Value
 from graphc.runtime import fastmath, rowops
+from graphc.runtime.kernel_cache import attach_disk_cache
 from graphc.runtime.threads import kernel_pool, kernel_threads
 
 # part of every kernel's text: Numba's disk cache does not see changes in the functions a kernel
 # calls, so editing fastmath.py must give the kernels new cache entries
 FASTMATH_VERSION = hashlib.sha256(
-    open(fastmath.__file__, "rb").read() + open(rowops.__file__, "rb").read()
+    pathlib.Path(fastmath.__file__).read_bytes() + pathlib.Path(rowops.__file__).read_bytes()
 ).hexdigest()[:12]
 
 REDUCTIONS = ("reduce_sum", "reduce_max", "reduce_min")
@@ -49,10 +56,9 @@ _BINARY = {"add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "**"}
 _COMPARE = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 
 
-def kernel_cache_dir() -> str:
-    path = cache_dir("kernels")
-    os.makedirs(path, exist_ok=True)
-    return path
+def kernel_cache_dir() -> str | None:
+    """The kernel cache folder, created 0700; None (after a CacheWarning) when it is not the user's alone."""
+    return private_dir(cache_dir("kernels"))
 
 
 def _np_type(dt: np.dtype) -> str:
@@ -117,6 +123,20 @@ def prepare_operand(x: np.ndarray, kind: OperandKind, space: tuple[int, ...]) ->
     return np.ascontiguousarray(x).reshape(rows, n)
 
 
+def _operand_shape(kind: OperandKind, space: tuple[int, ...], rows: int, n: int):
+    """(the shape ``prepare_operand`` gives an operand of this kind, the shape a "full" operand is
+    broadcast to first, or None)."""
+    if kind.kind == "scalar":
+        return (1,), None
+    if kind.kind == "row":
+        return (rows,), None
+    if kind.kind == "vec":
+        return (n,), None
+    if kind.kind == "periodic":
+        return (kind.period, n), None
+    return (rows, n), tuple(space)
+
+
 class KernelSpec:
     """Analysis of one fused region for given operand shapes: levels, phases, operand kinds, and
     the generated source."""
@@ -169,7 +189,15 @@ class KernelSpec:
         )
 
     def operand_kinds(self) -> list[OperandKind]:
-        return [operand_kind(v.shape, self.space, self.level[v] == "row") for v in self.region.inputs]
+        """How each operand is passed. An operand a reduction reads is a row of n elements, so it
+        needs a per-element kind even when all its dims are 1 (a batch of one: space (1,) or
+        (1, 1), where operand_kind would call it a scalar); the caller materializes it."""
+        reduced = {n.inputs[0] for n in self.region.nodes if n.op.name in REDUCTIONS}
+        kinds = []
+        for v in self.region.inputs:
+            kind = operand_kind(v.shape, self.space, self.level[v] == "row")
+            kinds.append(OperandKind("full") if v in reduced and not kind.per_element else kind)
+        return kinds
 
     # -- code generation -------------------------------------------------------------------------
     def source(self, kinds: list[OperandKind]) -> str:
@@ -195,8 +223,9 @@ class KernelSpec:
             "from graphc.runtime import fastmath as fm",
             "from graphc.runtime import rowops",
             "",
-            # numpy's error model: no zero-division checks (they stop vectorization; numpy gives inf)
-            '@numba.njit(nogil=True, cache=True, error_model="numpy")',
+            # numpy's error model: no zero-division checks (they stop vectorization; numpy gives inf).
+            # No cache=True: load_kernel gives the kernel graphc's sealed disk cache instead of Numba's.
+            '@numba.njit(nogil=True, error_model="numpy")',
             f"def kernel({', '.join(operands + results)}, r0, r1, n):",
         ]
 
@@ -346,7 +375,9 @@ class KernelSpec:
         name = node.op.name
         args = [ref(v) for v in node.inputs]  # read first: an element loop emits an operand's load on its first read
         dtype = node.outputs[0].dtype
-        text = _arithmetic_expr(name, args, dtype)
+        text = _power_expr(node, args) if name == "pow" and _scalar_exponent(node) else None
+        if text is None:
+            text = _arithmetic_expr(name, args, dtype)
         if text is None:
             text = _select_expr(name, args, dtype)
         if text is None:
@@ -413,6 +444,32 @@ def _arithmetic_expr(name: str, args: list[str], dtype: np.dtype) -> str | None:
     return None
 
 
+def _scalar_exponent(node: Node) -> bool:
+    """Whether numpy's float power loop sees this pow's exponent with stride 0, as one scalar for
+    the whole loop: a 0-d exponent, or one of size 1 that is broadcast (the operand shapes differ
+    from the result's, so numpy iterates them with stride 0); size-1 operands of the result's own
+    shape are walked with their strides. It then takes the fast path below."""
+    base, exponent = node.inputs
+    out = node.outputs[0]
+    if out.dtype.kind != "f" or exponent.type.size != 1:
+        return False
+    if exponent.ndim == 0:
+        return True
+    return not (exponent.shape == out.shape and (base.ndim == 0 or base.shape == out.shape))
+
+
+def _power_expr(node: Node, args: list[str]) -> str:
+    """numpy's float32/float64 power loop with a scalar exponent (see ``_scalar_exponent``): -1, 0,
+    0.5, 1 and 2 are 1/x, 1, sqrt(x), x and x*x (sqrt(-0.0) is -0.0 and sqrt(-inf) nan, where pow
+    gives 0.0 and inf), any other exponent pow."""
+    x, e = args
+    cast = _np_type(node.outputs[0].dtype)
+    return (
+        f"{cast}(1.0 / {x} if {e} == -1.0 else 1.0 if {e} == 0.0 else math.sqrt({x}) if {e} == 0.5 "
+        f"else {x} if {e} == 1.0 else {x} * {x} if {e} == 2.0 else {x} ** {e})"
+    )
+
+
 def _select_expr(name: str, args: list[str], dtype: np.dtype) -> str | None:
     """maximum and minimum (NaN-propagating for floats, like numpy) and where; None for other ops."""
     if name == "maximum":
@@ -459,17 +516,31 @@ class CompiledKernel:
         self.out_types = [v.type for v in region.outputs]
         self.out_levels = [self.spec.level[v] for v in region.outputs]
         self.alloc = alloc
+        # the call's per-operand and per-result work, decided once: a call of a small kernel
+        # costs its numba dispatch (~0.5 us) plus a reshape per array
+        self._operand_shapes = [_operand_shape(k, space, self.rows, self.n) for k in self.kinds]
+        self._out_shapes = [
+            (t.shape, t.dtype, (self.rows, self.n) if level == "elem" else (self.rows,))
+            for t, level in zip(self.out_types, self.out_levels)
+        ]
+        self._may_split = self.rows >= 2 and self.rows * self.n >= PARALLEL_MIN_ELEMENTS
 
     def __call__(self, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
-        operands = [prepare_operand(a, k, self.space) for a, k in zip(arrays, self.kinds)]
+        operands = []
+        for a, (shape, full) in zip(arrays, self._operand_shapes):
+            if full is not None and a.shape != full:
+                a = np.broadcast_to(a, full)  # materialized by ascontiguousarray below
+            if not a.flags.c_contiguous:
+                a = np.ascontiguousarray(a)
+            operands.append(a.reshape(shape))
         outs = []
         views = []
-        for t, level in zip(self.out_types, self.out_levels):
-            buf = self.alloc(t.shape, t.dtype)
+        for shape, dtype, view in self._out_shapes:
+            buf = self.alloc(shape, dtype)
             outs.append(buf)
-            views.append(buf.reshape(self.rows, self.n) if level == "elem" else buf.reshape(self.rows))
-        threads = kernel_threads()
-        if threads > 1 and self.rows >= threads and self.rows * self.n >= PARALLEL_MIN_ELEMENTS:
+            views.append(buf.reshape(view))
+        threads = kernel_threads() if self._may_split else 1
+        if threads > 1 and self.rows >= threads:
             # rows split evenly; the caller runs the first share, pool threads the others (nogil)
             bounds = [self.rows * i // threads for i in range(threads + 1)]
             pool = kernel_pool(threads - 1)
@@ -500,20 +571,65 @@ _lock = threading.Lock()
 
 
 def load_kernel(source: str):
-    """Compile (or load from the disk cache) the kernel in ``source``."""
-    digest = hashlib.sha256(source.encode()).hexdigest()[:20]
+    """Compile the kernel in ``source``, its machine code loaded from the disk cache when a sealed
+    entry for it is there. Only ``source`` itself is run: the copy written to the cache folder is
+    for people (and tracebacks) and is never imported."""
+    source_hash = hashlib.sha256(source.encode()).hexdigest()
+    digest = source_hash[:20]
     with _lock:
         hit = _loaded.get(digest)
         if hit is not None:
             return hit
-        path = os.path.join(kernel_cache_dir(), f"k_{digest}.py")
-        if not os.path.exists(path):
-            atomic_write(path, source)
+        folder = kernel_cache_dir()
+        stem = f"k_{digest}"
+        filename = os.path.join(folder, f"{stem}.py") if folder else f"<graphc kernel {stem}>"
+        if folder:
+            _write_readable_copy(filename, source)
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)  # tracebacks
         name = f"graphc_kernel_{digest}"
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None  # a .py file always gets a source loader
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
+        module = types.ModuleType(name)
+        module.__file__ = filename
+        sys.modules[name] = module  # Numba finds a cached kernel's globals by its module's name
+        exec(compile(source, filename, "exec"), module.__dict__)
+        if folder:
+            attach_disk_cache(module.kernel, folder, stem, source_hash)
         _loaded[digest] = module.kernel
         return module.kernel
+
+
+def _write_readable_copy(path: str, source: str) -> None:
+    """Keep ``path`` holding ``source``: written when missing; replaced, with a warning, when it holds
+    anything else (it is never run, so a planted file is only replaced)."""
+    why = _copy_problem(path, source.encode())
+    if why is None:
+        return
+    if why != "missing":
+        warn_cache(path, f"kernel source copy {why}", "it was not run; rewritten")
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    try:
+        atomic_write(path, source, mode=0o600)
+    except OSError:
+        pass  # the copy is for people; writing the compiled entry reports a folder that cannot be written
+
+
+def _copy_problem(path: str, expected: bytes) -> str | None:
+    """Why the file at ``path`` is not an intact copy of ``expected`` ("missing" when there is none)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except FileNotFoundError:
+        return "missing"
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror})"
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            return "is not a regular file"
+        unsafe = unsafe_reason(st)
+        if unsafe is not None:
+            return unsafe
+        if f.read() != expected:
+            return "does not hold the kernel source it is named for"
+    return None

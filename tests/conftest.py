@@ -1,6 +1,26 @@
-"""Session-wide checks."""
+"""Session-wide checks, the ``fuzz`` marker and the hypothesis profiles."""
 
 import sys
+
+from hypothesis import HealthCheck, settings
+
+# ``pytest -m fuzz --hypothesis-profile long``: every fuzz target (tests.helpers.fuzz_settings) runs
+# at least 10,000 random examples; docs/fuzzing.md records how long that takes and what it found.
+settings.register_profile(
+    "long",
+    max_examples=10_000,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+)
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "fuzz: property tests that feed bad or random input to a parser, loader or compiler and accept only "
+        "a correct result or a GraphcError (fast in the default profile; --hypothesis-profile long for 10,000 "
+        "examples per target)",
+    )
 
 
 def pytest_sessionfinish(session, exitstatus):

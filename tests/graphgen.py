@@ -20,11 +20,14 @@ from graphc.ops.shape import normalize_slice
 DTYPES = [np.dtype(d) for d in ("float32", "float64", "int64", "int32", "bool")]
 # non-finite and extreme constants (on by default; off for finite-difference tests)
 SPECIALS = contextvars.ContextVar("SPECIALS", default=True)
+# the smallest dim of drawn shapes: 0 brings in empty arrays (random_graphs(min_dim=0))
+MIN_DIM = contextvars.ContextVar("MIN_DIM", default=1)
 FLOATS = [d for d in DTYPES if d.kind == "f"]
 
 
-def shapes(min_rank=0, max_rank=3, min_dim=1, max_dim=4):
-    return st.lists(st.integers(min_dim, max_dim), min_size=min_rank, max_size=max_rank).map(tuple)
+def shapes(min_rank=0, max_rank=3, min_dim=None, max_dim=4):
+    low = MIN_DIM.get() if min_dim is None else min_dim
+    return st.lists(st.integers(low, max_dim), min_size=min_rank, max_size=max_rank).map(tuple)
 
 
 def random_array(draw, shape, dtype) -> np.ndarray:
@@ -51,7 +54,8 @@ def pick(draw, b: GraphBuilder, pool: list[Value], ok, make_dtype=None, min_rank
     if candidates and draw(st.booleans()):
         return draw(st.sampled_from(candidates))
     dt = make_dtype or draw(st.sampled_from(DTYPES))
-    return constant(draw, b, draw(shapes(min_rank=min_rank)), dt)
+    min_dim = 1 if getattr(ok, "needs_elements", False) else None
+    return constant(draw, b, draw(shapes(min_rank=min_rank, min_dim=min_dim)), dt)
 
 
 def broadcast_partner(draw, shape) -> tuple[int, ...]:
@@ -67,7 +71,12 @@ def kind_is(*kinds):
 
 def nonempty(ok):
     """Ops that need elements (max/min/argmax reductions, gathers): no zero-size dims."""
-    return lambda v: ok(v) and all(d > 0 for d in v.shape)
+
+    def accepts(v):
+        return ok(v) and all(d > 0 for d in v.shape)
+
+    accepts.needs_elements = True  # type: ignore[attr-defined]  # pick() makes new constants nonempty too
+    return accepts
 
 
 def _unary(kinds, make):
@@ -272,9 +281,10 @@ def _constant(draw, b, pool):
 
 @st.composite
 def random_graphs(
-    draw, max_nodes: int = 10, ops: list[str] | None = None, input_dtypes=None, specials: bool = True
+    draw, max_nodes: int = 10, ops: list[str] | None = None, input_dtypes=None, specials: bool = True, min_dim: int = 1
 ) -> Graph:
     token = SPECIALS.set(specials)
+    dims_token = MIN_DIM.set(min_dim)
     try:
         b = GraphBuilder("random")
         pool: list[Value] = []
@@ -288,6 +298,7 @@ def random_graphs(
         outputs = draw(st.lists(st.sampled_from(pool), min_size=1, max_size=3))
         return b.build(outputs)
     finally:
+        MIN_DIM.reset(dims_token)
         SPECIALS.reset(token)
 
 

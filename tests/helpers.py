@@ -82,3 +82,20 @@ def pipeline_executable(graph, stages: int, m: int, schedule: str, profile, time
 
     plan = plan_pipeline(graph, Mesh({"pp": stages}, profile=profile), m, schedule)
     return PipelineExecutable(lower_pipeline(graph, plan), timeout_s=timeout_s)
+
+
+def fuzz_settings(examples: int):
+    """Hypothesis settings of a fuzz target (``@pytest.mark.fuzz``): ``examples`` examples in the
+    default profile, derandomized so that CI is reproducible (keep every target's share of the
+    about 60 s CI budget: tests/test_fuzz_inputs.py); under ``--hypothesis-profile long``
+    (tests/conftest.py) that profile's settings, at least 10,000 examples with random seeds."""
+    from hypothesis import HealthCheck, settings
+
+    if settings.get_current_profile_name() == "long":
+        return settings(settings.get_profile("long"))
+    return settings(
+        max_examples=examples,
+        deadline=None,
+        derandomize=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )

@@ -166,20 +166,26 @@ def test_run_on_a_mesh_checks_numpy_and_writes_a_chrome_trace(tmp_path):
     assert tracks == {0, 1}
 
 
-def test_run_follows_a_hand_edited_plan_file(tmp_path):
+def test_compile_resolves_around_the_pins_of_a_hand_edited_plan_and_run_runs_it(tmp_path):
     import json
 
     env = dict(os.environ, GRAPHC_CACHE_DIR=str(tmp_path / "cache"), GRAPHC_PROFILE=str(tmp_path / "none.json"))
     target = ("models/mlp.py:train_step", "--example", "example_train_args")
-    plan_file = tmp_path / "plan.json"
+    plan_file, resolved = tmp_path / "plan.json", tmp_path / "resolved.json"
     res = _compile(tmp_path, *target, "--mesh", "dp=2", "-o", str(plan_file))
     assert res.returncode == 0, res.stderr
     doc = json.loads(plan_file.read_text())
     node = next(n for n in doc["nodes"] if n["op"] == "matmul" and n["alternatives"])
     node["strategy"], node["pinned"] = node["alternatives"][0]["strategy"], True
     plan_file.write_text(json.dumps(doc))
+    res = _compile(tmp_path, *target, "--mesh", "dp=2", "--resolve-pins", str(plan_file), "-o", str(resolved))
+    assert res.returncode == 0, res.stderr
+    assert "re-solving around 1 pin(s)" in res.stderr
+    again = graphc.Plan.load(str(resolved))
+    pinned = next(n for n in again.nodes if n.index == node["index"])
+    assert pinned.pinned and pinned.strategy == node["strategy"]
     res = subprocess.run(
-        [sys.executable, "-m", "graphc.cli", "run", *target, "--plan", str(plan_file), "--repeat", "1"],
+        [sys.executable, "-m", "graphc.cli", "run", *target, "--plan", str(resolved), "--repeat", "1"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -187,4 +193,5 @@ def test_run_follows_a_hand_edited_plan_file(tmp_path):
         env=env,
     )
     assert res.returncode == 0, res.stderr
-    assert "on mesh dp=2" in res.stdout and "result equals numpy eager: yes" in res.stdout
+    assert "on mesh dp=2" in res.stdout and "run as written" in res.stdout
+    assert "result equals numpy eager: yes" in res.stdout

@@ -364,3 +364,101 @@ def test_no_source_with_traced_if_says_why():
     err = trace_error(namespace["f"], X)
     assert err.lineno == 2
     assert "source could not be read" in str(err)
+
+
+# --- the source-transform cache -------------------------------------------------------------------
+
+_SAME_TEXT = """import numpy as np
+
+SCALE = {scale}
+
+
+def f(x):
+    if np.sum(x) > 0:
+        y = x * SCALE
+    else:
+        y = x - SCALE
+    return y
+
+
+def g(x):
+    return x * SCALE
+"""
+
+
+def _module_from(path, name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_same_function_text_in_two_files_keeps_each_files_globals(tmp_path):
+    """Code objects compare equal across files (the file name is not part of code equality): two
+    modules with the same function text at the same line must each run with their own globals."""
+    a_path, b_path = tmp_path / "gc_same_a.py", tmp_path / "gc_same_b.py"
+    a_path.write_text(_SAME_TEXT.format(scale=2))
+    b_path.write_text(_SAME_TEXT.format(scale=3))
+    a, b = _module_from(a_path, "gc_same_a"), _module_from(b_path, "gc_same_b")
+    assert a.f.__code__ == b.f.__code__ and a.g.__code__ == b.g.__code__  # the premise
+    x = np.arange(1.0, 4.0)
+    for fn_a, fn_b in ((a.f, b.f), (a.g, b.g)):
+        np.testing.assert_array_equal(graphc.jit(fn_a)(x), x * 2)
+        np.testing.assert_array_equal(graphc.jit(fn_b)(x), x * 3)
+        for fn in (fn_b, fn_a):  # traced the other way round too
+            np.testing.assert_array_equal(graphc.evaluate(graphc.trace(fn, -x), -x), fn(-x))
+    np.testing.assert_array_equal(b.f(-x), -x - 3)
+    # a module re-executed into fresh globals (importlib.reload) gets the new values
+    b_path.write_text(_SAME_TEXT.format(scale=5))
+    b2 = _module_from(b_path, "gc_same_b")
+    np.testing.assert_array_equal(graphc.jit(b2.f)(x), x * 5)
+
+
+# --- static values that Python calls equal -------------------------------------------------------
+
+
+def _signed_zero_by_branch(x):
+    if np.sum(x) > 0:
+        s = 0.0
+    else:
+        s = -0.0
+    return x * s
+
+
+def _int_or_bool_by_branch(x):
+    if np.sum(x) > 0:
+        s = 1
+    else:
+        s = True
+    return x + s
+
+
+def _nested_signed_zero_by_branch(x):
+    if np.sum(x) > 0:
+        d = {"s": 0.0}
+    else:
+        d = {"s": -0.0}
+    return x * d["s"]
+
+
+def test_branches_giving_equal_comparing_static_numbers_are_not_merged():
+    """0.0 == -0.0 and 1 == True in Python, but a branch that gives -0.0 (or True) does not give
+    the other value: a top-level variable becomes a traced value, a nested one is an error; never
+    the true branch's value for both."""
+    for x in (np.array([-1.0, 2.0]), np.array([-3.0, 1.0])):
+        for fn in (_signed_zero_by_branch, _int_or_bool_by_branch):
+            got, want = graphc.jit(fn)(x), fn(x)
+            assert got.dtype == want.dtype
+            np.testing.assert_array_equal(got, want)
+            np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+    with pytest.raises(graphc.TraceError, match="different structures"):
+        graphc.trace(_nested_signed_zero_by_branch, np.ones(2))
+
+
+def test_a_graph_traced_with_a_static_float_is_not_run_with_another_that_compares_equal():
+    graph = graphc.trace(lambda x, s: x * s, np.ones(2), -0.0)
+    np.testing.assert_array_equal(np.signbit(graphc.evaluate(graph, -np.ones(2), -0.0)), [False, False])
+    with pytest.raises(graphc.EvaluationError, match="static value -0.0, got 0.0"):
+        graphc.evaluate(graph, np.ones(2), 0.0)

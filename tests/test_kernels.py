@@ -71,3 +71,48 @@ def test_threaded_kernels_equal_single_threaded(name, rows):
     assert calls == [(0, rows)]
     np.testing.assert_array_equal(threaded, single)
     np.testing.assert_allclose(threaded, getattr(bench, name)(*args), rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("shape", [(1,), (1, 1), (3, 1), (1, 4), (2, 1, 1), (1, 1, 5)])
+def test_row_reductions_of_size_one_rows_and_batches(shape):
+    """A kernel whose iteration space has size-1 dims (a batch of one): the operand a reduction
+    reads is a row even when all its dims are 1 (it was passed as a scalar: KeyError 'scalar')."""
+    fns = [
+        lambda x: np.sum(x, axis=-1) + 1.0,
+        lambda x: np.max(x, axis=-1, keepdims=True) - x,
+        lambda x: np.exp(x - x.max(-1, keepdims=True)) / np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True),
+        lambda x: (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5),
+        lambda x: np.sum(x * x, axis=-1) * 2.0,
+    ]
+    x = (np.arange(np.prod(shape)).reshape(shape) % 5 - 2.5).astype(np.float32)
+    for fn in fns:
+        got, want = graphc.jit(fn)(x), fn(x)
+        assert np.asarray(got).dtype == np.asarray(want).dtype and np.shape(got) == np.shape(want)
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    i = np.arange(np.prod(shape), dtype=np.int64).reshape(shape)
+    np.testing.assert_array_equal(graphc.jit(lambda i: np.max(i, axis=-1) * 2)(i), np.max(i, axis=-1) * 2)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_power_by_a_scalar_exponent_takes_numpys_fast_paths(dtype):
+    """numpy's float power loop with a scalar (stride-0) exponent computes -1, 0, 0.5, 1 and 2 as
+    1/x, 1, sqrt(x), x and x*x: sqrt(-0.0) is -0.0 and sqrt(-inf) nan where pow gives 0.0 and inf.
+    A fused kernel does the same; with an exponent array of the result's shape it is pow."""
+    x = np.array([-0.0, 0.0, -np.inf, np.inf, np.nan, -1.0, 4.0, 1e-30], dtype)
+    with np.errstate(all="ignore"):
+        for e in (0.5, -1.0, 2.0, 1.0, 0.0, 3.0, -0.5):
+            c = np.asarray(e, dtype)
+            fns = [
+                lambda v, e=e: np.exp(v * 0.0) * v**e,  # a Python float: 0-d, stride 0
+                lambda v, c=c: (v + 0.0) ** c + 0.0,  # a 0-d array
+                lambda v, c=c: np.power(v * 1.0, c.reshape(1, 1)) * 1.0,  # size 1, broadcast: stride 0
+                lambda v, c=c: np.power(v * 1.0, np.full(v.shape, c)) * 1.0,  # the result's shape: pow
+                lambda v, c=c: np.power(v[:1] * 1.0, c.reshape(1)) * 1.0,  # (1,) with (1,): walked, pow
+            ]
+            for fn in fns:
+                got, want = graphc.jit(fn)(x), fn(x)
+                assert got.dtype == want.dtype
+                np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=f"** {e}")
+                real = ~np.isnan(want)  # (the sign of a nan is not numpy's to promise)
+                np.testing.assert_array_equal(np.signbit(got[real]), np.signbit(want[real]), err_msg=f"** {e}")
+                np.testing.assert_allclose(got, want, rtol=4e-7 if dtype == np.float32 else 1e-15, err_msg=f"** {e}")

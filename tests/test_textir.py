@@ -148,6 +148,14 @@ PARSE_ERRORS = [
         ["bad array data"],
     ),
     ("graph @g(%x : f32[2]) {\n  %0 = reshape(%x) : f32[2]\n  return %0\n}", 2, 8, ["missing shape"]),
+    # a string ends on its line: the error is at its opening quote, not on a later line
+    ('graph @g(%x : f32[2]) {\n  return {"a\n: %x}\n}', 2, 11, ["unterminated string", "ends on the line"]),
+    (
+        'graph @g() {\n  %0 = constant(value=array<f32[4]>"eJxjYEADAAARAAE=") : f32[4]\n  return %0\n}',
+        2,
+        36,
+        ["bad array data", "more than the 16 bytes f32[4] needs"],
+    ),
 ]
 
 

@@ -10,17 +10,22 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
+import sys
 import threading
 import time
+import warnings
+from collections import OrderedDict
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 import numpy as np
 
-from graphc.core.errors import GraphcError
+from graphc.core.errors import GraphcError, RecompileWarning, TraceError
 from graphc.core.ir import Graph, walk
-from graphc.core.pytree import TreeDef, flatten, unflatten
-from graphc.frontend.entry import trace
+from graphc.core.pytree import TreeDef, WeakScalar, flatten, unflatten
+from graphc.frontend.entry import argument_error, trace
 from graphc.frontend.tracer import current_context
 from graphc.interpreter import as_numpy_result, bind_arguments
 from graphc.passes.manager import optimize
@@ -46,7 +51,7 @@ class Compiled:
 
     def run(self, args: tuple, kwargs: dict) -> Any:
         """Run on arguments whose static ones were already removed."""
-        arrays = bind_arguments(self.graph, args, kwargs)
+        arrays = bind_arguments(self.graph, args, kwargs)  # Python floats bind as 0-d float64 arrays
         outs = self.executable.run_flat(arrays)
         return unflatten(self.graph.out_tree, [as_numpy_result(o) for o in outs])
 
@@ -78,6 +83,12 @@ def _structure_key(t: TreeDef) -> Any:
     return (t.kind, tuple(_static_key(k) for k in t.keys), tuple(_structure_key(c) for c in t.children))
 
 
+def _leaf_key(x: Any) -> tuple:
+    if isinstance(x, WeakScalar):
+        return ((), x.dtype.str, "weak")
+    return (np.shape(x), np.result_type(x).str)
+
+
 def _hashable(v: Any, name: str) -> Any:
     try:
         hash(v)
@@ -86,10 +97,50 @@ def _hashable(v: Any, name: str) -> Any:
     return v
 
 
+def _is_traced_number(x: Any) -> bool:
+    """A Python float (not a numpy scalar: np.float64 is a float too, and is a strong input).
+    Python ints stay static: in model code they are sizes, head counts, axes and loop counts,
+    which the function needs as Python values (tracing them, as JAX does, broke gpt's ``n_head``
+    and the foreign models' class counts and token lists in tests/foreign_models.py)."""
+    return type(x) is float
+
+
+def _map_numbers(tree: Any, fn: Callable[[Any], Any]) -> Any:
+    """``tree`` with every traced Python number replaced by ``fn(leaf)``."""
+    if _is_traced_number(tree):
+        return fn(tree)
+    if isinstance(tree, dict):
+        return {k: _map_numbers(v, fn) for k, v in tree.items()}
+    if type(tree) is list:
+        return [_map_numbers(v, fn) for v in tree]
+    if type(tree) is tuple:
+        return tuple(_map_numbers(v, fn) for v in tree)
+    return tree
+
+
+def _has_number(tree: Any) -> bool:
+    if _is_traced_number(tree):
+        return True
+    if isinstance(tree, dict):
+        return any(_has_number(v) for v in tree.values())
+    if type(tree) in (list, tuple):
+        return any(_has_number(v) for v in tree)
+    return False
+
+
 class StaticArgs:
-    """How calls of ``fn`` split into dynamic arguments (traced: arrays and their containers) and
-    the static ones named in ``static_argnames`` (baked into the graph), and the cache key of a
-    call: its pytree structure, shapes, dtypes and static values."""
+    """How calls of ``fn`` split into dynamic arguments (traced: arrays, their containers, and
+    Python floats as weakly typed values) and the static ones named in ``static_argnames``
+    (baked into the graph), and the cache key of a call: its pytree structure, shapes, dtypes and
+    static values.
+
+    A Python ``float`` that is not named static is traced as a 0-d value of a weak type, as JAX
+    does (``WeakScalar``): a learning rate that changes every call does not recompile, and it
+    promotes like the Python number it is (NEP 50: ``x_f32 * lr`` stays float32). A float the
+    function needs as a Python value (a shape, a loop count, ``int(frac * n)``) belongs in
+    ``static_argnames``; the TraceError says so. Python ints, bools, strings and None stay static
+    (``_is_traced_number`` says why ints do); a changing one recompiles, and the
+    RecompileWarning names it."""
 
     def __init__(self, fn: Callable, static_argnames: tuple[str, ...] = ()):
         self.fn = fn
@@ -99,28 +150,73 @@ class StaticArgs:
             self.signature = inspect.signature(fn)
         except (TypeError, ValueError):
             self.signature = None
+        if self.signature is not None:
+            unknown = [n for n in self.names if n not in self.signature.parameters]
+            if unknown and not any(p.kind == p.VAR_KEYWORD for p in self.signature.parameters.values()):
+                raise GraphcError(
+                    f"static_argnames: {getattr(fn, '__name__', 'the function')} has no parameter "
+                    f"{', '.join(map(repr, unknown))} (parameters: {', '.join(self.signature.parameters)})"
+                )
 
     def split(self, args: tuple, kwargs: dict) -> tuple[tuple, dict, dict]:
-        """(dynamic args, dynamic kwargs, {static name: value})."""
+        """(dynamic args, dynamic kwargs, {static name: value}). Python floats stay as they are
+        (a compiled graph binds them as 0-d float64 arrays)."""
         if not self.names:
             return args, kwargs, {}
         if self.signature is None:
             raise GraphcError("static_argnames needs a function with an inspectable signature")
-        bound = self.signature.bind(*args, **kwargs)
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise argument_error(self.fn, exc) from None
         static = {}
         for name in self.names:
-            if name not in self.signature.parameters:
-                raise GraphcError(f"static_argnames: {self.fn.__name__} has no parameter {name!r}")
             if name in bound.arguments:
                 value = bound.arguments.pop(name)
                 value = value.item() if isinstance(value, np.generic) else value
                 static[name] = _hashable(value, name)
+            elif name in bound.kwargs:  # taken by **kwargs
+                value = bound.kwargs.pop(name)
+                static[name] = _hashable(value.item() if isinstance(value, np.generic) else value, name)
         return tuple(bound.args), dict(bound.kwargs), static
 
+    def for_trace(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """Dynamic arguments as trace() takes them: Python floats become ``WeakScalar`` inputs."""
+        return _map_numbers(args, WeakScalar.of), _map_numbers(kwargs, WeakScalar.of)
+
     def key(self, args: tuple, kwargs: dict, static: dict) -> Any:
-        leaves, treedef = flatten((args, kwargs))
-        shapes = tuple((np.shape(x), np.result_type(x).str) for x in leaves)
+        """The cache key of dynamic arguments as ``for_trace`` makes them, and the static values."""
+        try:
+            leaves, treedef = flatten((args, kwargs))
+        except TypeError as exc:
+            raise argument_error(self.fn, exc) from None
+        shapes = tuple(_leaf_key(x) for x in leaves)
         return (_structure_key(treedef), shapes, tuple(sorted((k, _static_key(v)) for k, v in static.items())))
+
+    def describe(self, args: tuple, kwargs: dict, static: dict) -> dict[str, tuple[Any, str]]:
+        """Every top-level argument of a call by name: (its part of the cache key, what it was:
+        shapes and dtypes, or a static value), for the recompile warning."""
+        out: dict[str, tuple[Any, str]] = {}
+        for name, v in self._named(args, kwargs):
+            try:
+                leaves, treedef = flatten(v)
+            except TypeError:
+                continue
+            key = (_structure_key(treedef), tuple(_leaf_key(x) for x in leaves))
+            out[name] = (key, _describe_value(v, leaves))
+        for name, v in static.items():
+            out[name] = (("static", _static_key(v)), f"{v!r} (static)")
+        return out
+
+    def number_arguments(self, args: tuple, kwargs: dict) -> list[str]:
+        """The names of the dynamic arguments that hold Python floats (traced as values)."""
+        return [name for name, v in self._named(args, kwargs) if _has_number(v)]
+
+    def _named(self, args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
+        params = list(self.signature.parameters.values()) if self.signature is not None else []
+        positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        named = [(positional[i] if i < len(positional) else f"args[{i}]", v) for i, v in enumerate(args)]
+        return [*named, *kwargs.items()]
 
     def bind(self, static: dict) -> Callable:
         """``fn`` with the static values bound (it keeps ``fn``'s name and source for tracing)."""
@@ -131,13 +227,120 @@ class StaticArgs:
         return fn
 
 
+def _describe_value(v: Any, leaves: list) -> str:
+    if isinstance(v, WeakScalar):
+        return f"a Python {'float' if v.dtype.kind == 'f' else 'int'}"
+    if len(leaves) == 1 and leaves[0] is v:
+        shape, dtype = _leaf_key(v)[:2]
+        return f"{np.dtype(dtype).name}{list(shape)}"
+    if not leaves:  # a value held in the graph's signature (an int, a string, a bool, None)
+        text = repr(v)
+        return (text if len(text) <= 40 else text[:37] + "...") + " (static)"
+    return f"{len(leaves)} arrays"
+
+
+def trace_hint(exc: TraceError, number_arguments: list[str]) -> TraceError:
+    """``exc`` with a hint when the trace failed on a traced value that had to be a Python value
+    and some arguments are Python numbers traced as values (a shape, an axis or a loop count must
+    be static)."""
+    if not number_arguments or "traced" not in exc.message:
+        return exc
+    names = ", ".join(map(repr, number_arguments))
+    hint = (
+        f" (graphc traces Python floats as values, as JAX does: if {names} must be a Python number here,"
+        " name it in static_argnames)"
+    )
+    new = type(exc)(exc.message + hint, exc.loc)
+    new.__cause__ = exc.__cause__
+    return new
+
+
+MAX_SPECIALIZATIONS = 64  # compiled specializations kept per function (least recently used dropped first)
+RECOMPILE_WARNING_AFTER = 8  # recompiles of one function before a RecompileWarning names the arguments
+
+
+class Specializations:
+    """The compiled specializations of one function by cache key, at most ``limit`` (least
+    recently used dropped first), and how often the function was compiled: after its
+    ``warn_after``-th recompile a ``RecompileWarning`` (once per function) names the arguments
+    that changed between compiles and what they were."""
+
+    def __init__(self, fn_name: str, limit: int = MAX_SPECIALIZATIONS, warn_after: int = RECOMPILE_WARNING_AFTER):
+        self.fn_name = fn_name
+        self.limit = limit
+        self.warn_after = warn_after
+        self.compiles = 0
+        self._entries: OrderedDict[Any, Any] = OrderedDict()
+        self._lock = threading.Lock()
+        self._last: dict[str, tuple[Any, str]] | None = None
+        self._changed: dict[str, list[str]] = {}  # argument -> what it was in each compile it changed in
+        self._warned = False
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: Any) -> Any:
+        with self._lock:
+            hit = self._entries.get(key)
+            if hit is not None:
+                self._entries.move_to_end(key)
+            return hit
+
+    def put(self, key: Any, value: Any, described: dict[str, tuple[Any, str]]) -> None:
+        """Keep a newly compiled specialization; ``described``: its arguments (StaticArgs.describe)."""
+        with self._lock:
+            self._entries[key] = value
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.limit:
+                self._entries.popitem(last=False)
+            self.compiles += 1
+            if self._last is not None:
+                for name, (k, what) in described.items():
+                    old = self._last.get(name)
+                    if old is None or old[0] != k:
+                        seen = self._changed.setdefault(name, [old[1] if old else "absent"])
+                        seen.append(what)
+            self._last = described
+            message = None
+            if self.compiles - 1 >= self.warn_after and not self._warned:
+                self._warned = True
+                message = self._message()
+        if message is not None:
+            warnings.warn(message, RecompileWarning, stacklevel=_user_stacklevel())
+
+    def _message(self) -> str:
+        ranked = sorted(self._changed.items(), key=lambda kv: -len(kv[1]))
+        parts = []
+        for name, seen in ranked[:3]:
+            shown = ", ".join(seen[:3]) + (", ..." if len(seen) > 3 else "")
+            parts.append(f"{name!r} changed in {len(seen) - 1} of them ({shown})")
+        why = "; ".join(parts) or "no argument changed (the function's static values are unhashable?)"
+        return (
+            f"{self.fn_name} was compiled {self.compiles} times ({self.compiles - 1} recompiles: each new shape, "
+            f"dtype or static value compiles it again; the last {self.limit} are kept): {why}. A value that "
+            "changes every call is traced if it is an array or a numpy scalar (np.int64(step)), or a Python "
+            "float not in static_argnames; shapes that vary can be padded to a few sizes"
+        )
+
+
+def _user_stacklevel() -> int:
+    """The stacklevel of the innermost caller outside graphc (the user's call), for warnings."""
+    graphc_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    frame: FrameType | None = sys._getframe(1)
+    level = 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(graphc_dir):
+        frame = frame.f_back
+        level += 1
+    return level
+
+
 class Jitted:
     def __init__(self, fn: Callable, static_argnames: tuple[str, ...] = (), passes: tuple[str, ...] | None = None):
         self.fn = fn
         self.static = StaticArgs(fn, static_argnames)
         self.static_argnames = self.static.names
         self.passes = passes
-        self._cache: dict[Any, Compiled] = {}
+        self._cache = Specializations(getattr(fn, "__name__", "the function"))
         self._lock = threading.Lock()
         functools.update_wrapper(self, fn)
 
@@ -147,10 +350,11 @@ class Jitted:
 
     def compile(self, *args: Any, **kwargs: Any) -> Compiled:
         """The compiled specialization for these arguments (traced and built on first use)."""
-        return self._compile(*self.split_static(args, kwargs))
+        return self._compile(*self.static.split(args, kwargs))
 
     def _compile(self, args: tuple, kwargs: dict, static: dict) -> Compiled:
-        key = self.static.key(args, kwargs, static)
+        targs, tkwargs = self.static.for_trace(args, kwargs)
+        key = self.static.key(targs, tkwargs, static)
         hit = self._cache.get(key)
         if hit is not None:
             return hit
@@ -161,19 +365,22 @@ class Jitted:
             fn = self.static.bind(static)
             seconds: dict[str, float] = {}
             start = time.perf_counter()
-            traced = trace(fn, *args, **kwargs)
+            try:
+                traced = trace(fn, *targs, **tkwargs)
+            except TraceError as exc:
+                raise trace_hint(exc, self.static.number_arguments(args, kwargs)) from None
             seconds["trace_s"] = time.perf_counter() - start
             start = time.perf_counter()
             optimized = optimize(traced, self.passes)
             seconds["optimize_s"] = time.perf_counter() - start
             compiled = Compiled(traced, optimized, seconds, self.split_static)
-            self._cache[key] = compiled
+            self._cache.put(key, compiled, self.static.describe(targs, tkwargs, static))
             return compiled
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if current_context() is not None:  # called inside a trace (grad of a jitted function...): inline
             return self.fn(*args, **kwargs)
-        args, kwargs, static = self.split_static(args, kwargs)  # once per call
+        args, kwargs, static = self.static.split(args, kwargs)  # once per call
         return self._compile(args, kwargs, static).run(args, kwargs)
 
 
@@ -191,4 +398,4 @@ def jit(
     return Jitted(fn, tuple(static_argnames), passes)
 
 
-__all__ = ["jit", "Jitted", "Compiled"]
+__all__ = ["Compiled", "Jitted", "Specializations", "StaticArgs", "jit", "trace_hint"]

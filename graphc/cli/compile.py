@@ -4,19 +4,35 @@ example arguments; print the plan's summary and write the plan JSON atomically.
 A mesh with a ``pp`` axis (``--mesh pp=2,dp=2,tp=2 --microbatches 8``) plans a pipeline: stages,
 schedule and each stage's sharding. ``--devices 8`` instead searches the factorizations of 8
 into pp x dp x tp and micro-batch counts, prints the choice and the runners-up, and writes the
-chosen plan with the search in it."""
+chosen plan with the search in it.
+
+``--resolve-pins EDITED.json`` solves again, keeping the choices a hand-edited plan marks
+``"pinned": true`` (``graphc run --plan`` runs a plan as written; this makes a new one). The
+outputs (``-o``, default ``plan.json``; ``--dump-ir``) are checked before anything is traced
+(graphc/cli/common.py): an existing file that is not a graphc plan is not overwritten without
+``--force``; where the plan was written is printed."""
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
+import math
 import os
 import sys
 import time
 
 from graphc.api.parallel import parallelize
-from graphc.cli.loader import load_target, static_argnames
-from graphc.core.errors import GraphcError
+from graphc.cli.common import (
+    Output,
+    check_output_dir,
+    check_output_file,
+    load_plan,
+    positive_int,
+    process_age,
+)
+from graphc.cli.loader import UsageError, load_target, static_argnames
+from graphc.core.errors import GraphcError, PlanError
 from graphc.core.files import atomic_write
 from graphc.core.mesh import Mesh, MeshError, parse_links
 from graphc.core.profiles import PRESETS, get_profile
@@ -34,11 +50,11 @@ def add_parser(sub) -> None:
     where.add_argument("--mesh", help="named mesh axes, e.g. dp=2,tp=4 (a pp axis makes a pipeline)")
     where.add_argument(
         "--devices",
-        type=int,
+        type=positive_int,
         metavar="N",
         help="search the factorizations of N devices into pp x dp x tp (and micro-batch counts)",
     )
-    p.add_argument("--microbatches", type=int, default=1, help="micro-batches of a pipeline (--mesh with pp)")
+    p.add_argument("--microbatches", type=positive_int, default=1, help="micro-batches of a pipeline (--mesh with pp)")
     p.add_argument("--schedule", choices=("1f1b", "gpipe"), default="1f1b", help="pipeline schedule (default 1f1b)")
     p.add_argument(
         "--profile",
@@ -49,8 +65,15 @@ def add_parser(sub) -> None:
     p.add_argument("--link", help="per-axis link model overrides, e.g. dp=1GB/s:50us,tp=10GB/s:5us")
     p.add_argument("--memory", help="per-device memory limit, e.g. 2GiB (default: none)")
     p.add_argument("--example", help="function in FILE returning (args, kwargs) (default: example_args)")
-    p.add_argument("-o", "--output", help="write the plan JSON here (default: plan.json)", default="plan.json")
-    p.add_argument("--plan", metavar="FILE", help="re-solve around the pins of an (edited) plan file")
+    p.add_argument("-o", "--output", help="write the plan JSON here (default: plan.json, printed)")
+    p.add_argument("--force", action="store_true", help="overwrite -o FILE even if it is not a graphc plan")
+    p.add_argument("--mkdir", action="store_true", help="create the folders of -o / --dump-ir outside this folder")
+    p.add_argument(
+        "--resolve-pins",
+        metavar="PLAN",
+        help='solve again around the choices marked "pinned": true in a (hand-edited) plan file',
+    )
+    p.add_argument("--plan", metavar="FILE", help=argparse.SUPPRESS)  # renamed: says so
     p.add_argument("--dump-ir", metavar="DIR", help="write the IR after every pass to DIR")
     p.add_argument(
         "--time-limit",
@@ -67,7 +90,11 @@ def add_parser(sub) -> None:
     p.add_argument("--no-shrink", action="store_true", help="one ILP variable per node (no tying / follower merging)")
     p.add_argument("--no-cache", action="store_true", help="do not read or write the plan cache")
     p.add_argument(
-        "--explain", action="append", default=[], metavar="NAME", help="explain the spec of a tensor (repeatable)"
+        "--explain",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="explain the spec of an input (%%x, %%params.w) or a node (%%12) (repeatable)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress messages")
     p.set_defaults(func=cmd_compile)
@@ -78,33 +105,42 @@ def cmd_compile(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(f"[{time.perf_counter() - start:6.2f}s] {msg}", file=sys.stderr, flush=True)
 
-    start = time.perf_counter() - _process_age()  # the limit counts from launch, imports included
-    if not args.time_limit > 0:
-        raise GraphcError(f"--time-limit must be a positive number of seconds, got {args.time_limit}")
+    # the limit counts from launch, imports included (from main's call when graphc runs in-process)
+    start = args.started if getattr(args, "started", None) is not None else time.perf_counter() - process_age()
+    if args.plan:
+        raise UsageError(
+            f"compile --plan {args.plan}: renamed; --resolve-pins {args.plan} solves again around the plan's "
+            "pins, and 'graphc run --plan' runs a plan as written"
+        )
+    if not (args.time_limit > 0 and math.isfinite(args.time_limit)):
+        raise UsageError(f"--time-limit must be a positive number of seconds, got {args.time_limit}")
+    memory = parse_bytes(args.memory)  # a bad size is an error before any work
+    output = _check_outputs(args)
     if args.devices is not None:
-        return _search(args, progress)
+        return _search(args, progress, output)
     try:
         links = parse_links(args.link) if args.link else None
         profile = get_profile(args.profile) if args.profile else None
         mesh = Mesh(args.mesh, links=links, profile=profile)
     except MeshError as exc:
         raise GraphcError(f"--mesh/--link/--profile: {exc}") from None
+    pinned = _load_pinned(args.resolve_pins)
     fn, fargs, fkwargs = load_target(args.target, args.example)
     pf = parallelize(
         fn,
         mesh=mesh,
-        memory_limit=args.memory,
+        memory_limit=memory,
         static_argnames=static_argnames(fkwargs),
         shrink=not args.no_shrink,
         time_limit=args.time_limit,
-        cache=not args.no_cache and not args.plan,
+        cache=not args.no_cache and not pinned,
         microbatches=args.microbatches,
         schedule=args.schedule,
         free_axes=args.free_axes,
     )
     if pf.pipelined:
-        if args.plan or args.explain:
-            raise GraphcError("--plan and --explain work on meshes without a pp axis")
+        if pinned or args.explain:
+            raise UsageError("--resolve-pins and --explain work on meshes without a pp axis")
         progress(f"tracing {args.target} and planning a pipeline on mesh {mesh}")
         pplan = pf.plan(*fargs, **fkwargs)
         print(pplan.summary())
@@ -112,12 +148,11 @@ def cmd_compile(args: argparse.Namespace) -> int:
             print(pplan.sub_plan.summary())
         if args.dump_ir:
             _dump_pipeline_ir(args.dump_ir, pf, fargs, fkwargs)
-        atomic_write(args.output, pplan.to_json())
-        print(f"wrote {args.output}", file=sys.stderr)
+        _write(output, pplan.to_json(), args)
         return 0
-    if args.plan:
-        n = pf.follow(ShardingPlan.load(args.plan), *fargs, **fkwargs)
-        progress(f"re-solving around {n} pin(s) from {args.plan}")
+    if pinned:
+        n = pf.follow(pinned, *fargs, **fkwargs)
+        progress(f"re-solving around {n} pin(s) from {args.resolve_pins}")
     progress(f"tracing {args.target} on mesh {mesh}")
     plan, graph = pf.plan_and_graph(*fargs, progress=progress, start=start, **fkwargs)
     if args.dump_ir:
@@ -128,22 +163,56 @@ def cmd_compile(args: argparse.Namespace) -> int:
         f"plan {t.get('plan_s', 0):.2f}s{' (cached)' if t.get('cached') else ''}"
     )
     print(plan.summary())
-    for name in args.explain:
-        print(plan.explain(name))
-    plan.save(args.output)
-    print(f"wrote {args.output}", file=sys.stderr)
+    _write(output, plan.to_json(), args)
+    _explain(plan, args.explain)
     return 0
 
 
-def _process_age() -> float:
-    """Seconds since this process started (Linux: /proc), else 0."""
+def _check_outputs(args: argparse.Namespace) -> Output:
+    """The plan file and the IR folder, checked before anything is traced (graphc/cli/common.py)."""
+    output = check_output_file(args.output or "plan.json", "-o", "plan", force=args.force, mkdir=args.mkdir)
+    if args.dump_ir:
+        check_output_dir(args.dump_ir, "--dump-ir", mkdir=args.mkdir)
+    return output
+
+
+def _load_pinned(path: str | None) -> ShardingPlan | None:
+    if not path:
+        return None
     try:
-        with open("/proc/self/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, counted after the command name
-        return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - started)
-    except (OSError, ValueError, IndexError, AttributeError):
-        return 0.0
+        plan = load_plan(path)
+    except PlanError as exc:
+        raise PlanError(f"--resolve-pins: {exc}") from None
+    if not isinstance(plan, ShardingPlan):
+        raise UsageError(f"--resolve-pins {path}: a pipeline plan has no pins to solve around")
+    return plan
+
+
+def _write(output: Output, text: str, args: argparse.Namespace) -> None:
+    """Write the plan atomically; say where (in full when -o was not given: the default)."""
+    atomic_write(output.path, text, make_dirs=output.make_dirs)
+    if args.output:
+        print(f"wrote {output.path}", file=sys.stderr)
+    else:
+        print(f"wrote {os.path.abspath(output.path)} (the default; -o FILE writes elsewhere)", file=sys.stderr)
+
+
+def _explain(plan: ShardingPlan, names: list[str]) -> None:
+    """Print why each named tensor got its spec; report the names the plan does not have, after
+    the plan was written (a typo loses nothing)."""
+    known = [x.name for x in plan.inputs] + [n.name for n in plan.nodes]
+    for name in names:
+        try:
+            print(plan.explain(name))
+        except PlanError:
+            key = name if name.startswith("%") else f"%{name}"
+            close = difflib.get_close_matches(key, known, n=3)
+            print(
+                f"graphc: warning: --explain {name}: the plan has no input or node named {key}; names are inputs "
+                f"(%x, %params.w: {len(plan.inputs)} in this plan) and nodes (%12: {len(plan.nodes)})"
+                + (f"; close: {', '.join(close)}" if close else ""),
+                file=sys.stderr,
+            )
 
 
 def _dump_ir(folder: str, pf, graph, plan, fargs, fkwargs) -> None:
@@ -170,7 +239,7 @@ def _dump_pipeline_ir(folder: str, pf, fargs, fkwargs) -> None:
         atomic_write(os.path.join(folder, f"device-{d}.gir"), "\n".join(texts))
 
 
-def _search(args: argparse.Namespace, progress) -> int:
+def _search(args: argparse.Namespace, progress, output: Output) -> int:
     """``--devices N``: plan every factorization, print the choice and why, write the chosen plan."""
     try:
         links = parse_links(args.link) if args.link else None
@@ -202,6 +271,5 @@ def _search(args: argparse.Namespace, progress) -> int:
     doc = json.loads(best.plan.to_json())
     doc["search"] = {"devices": args.devices, "seconds": seconds, "candidates": [c.to_json() for c in cands]}
     print(best.plan.summary())
-    atomic_write(args.output, json.dumps(doc, indent=1))
-    print(f"wrote {args.output}", file=sys.stderr)
+    _write(output, json.dumps(doc, indent=1), args)
     return 0

@@ -4,14 +4,15 @@ FILE.gir`` (parse and verify a dumped or hand-edited IR file, print it again).""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
-from graphc.cli.loader import load_target
-from graphc.core.errors import GraphcError, ParseError
+from graphc.cli.common import check_output_dir, check_output_file
+from graphc.cli.loader import UsageError, load_target
 from graphc.core.files import atomic_write
 from graphc.frontend.entry import trace
 from graphc.passes.manager import run_pipeline
-from graphc.textir import parse
+from graphc.textir import load as load_ir
 
 
 def add_parser(sub) -> None:
@@ -26,20 +27,21 @@ def add_parser(sub) -> None:
         "cse, dce, optimized; default traced)",
     )
     ir.add_argument("--dump-ir", metavar="DIR", help="write the IR after every pass to DIR (NN-<pass>.gir)")
+    ir.add_argument("--force", action="store_true", help="overwrite -o FILE even if it is not a graphc IR file")
+    ir.add_argument("--mkdir", action="store_true", help="create the folders of -o / --dump-ir outside this folder")
     ir.set_defaults(func=cmd_ir)
 
 
 def cmd_ir(args: argparse.Namespace) -> int:
+    output = check_output_file(args.output, "-o", "ir", args.force, args.mkdir) if args.output else None
+    if args.dump_ir:
+        check_output_dir(args.dump_ir, "--dump-ir", mkdir=args.mkdir)
+    if ":" not in args.target and os.path.isdir(args.target):
+        raise UsageError(f"{args.target}: is a folder; expected FILE:FUNC or a .gir file")
+    if ":" not in args.target and os.path.isfile(args.target) and not args.target.endswith((".gir", ".py")):
+        raise UsageError(f"{args.target}: expected a text IR file (.gir, as graphc ir -o writes) or FILE:FUNC")
     if args.target.endswith(".gir") and ":" not in args.target:
-        try:
-            with open(args.target) as f:
-                text = f.read()
-        except OSError as exc:
-            raise GraphcError(f"{args.target}: {exc.strerror}") from None
-        try:
-            graph = parse(text)
-        except ParseError as exc:
-            raise GraphcError(f"{args.target}: {exc}") from None
+        graph = load_ir(args.target)  # errors name the file, line and column
     else:
         fn, fargs, fkwargs = load_target(args.target, args.example)
         graph = trace(fn, *fargs, **fkwargs)
@@ -47,9 +49,9 @@ def cmd_ir(args: argparse.Namespace) -> int:
         result = run_pipeline(graph, dump_dir=args.dump_ir)
         graph = result.stage(args.stage)
     text = str(graph)
-    if args.output:
-        atomic_write(args.output, text)
-        print(f"wrote {args.output}: {len(graph.nodes)} nodes", file=sys.stderr)
+    if output is not None:
+        atomic_write(output.path, text, make_dirs=output.make_dirs)
+        print(f"wrote {output.path}: {len(graph.nodes)} nodes", file=sys.stderr)
     else:
         sys.stdout.write(text)
     return 0

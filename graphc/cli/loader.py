@@ -18,10 +18,14 @@ class UsageError(GraphcError):
 
 
 def load_module(path: str) -> ModuleType:
+    if os.path.isdir(path):
+        raise UsageError(f"{path}: is a folder; expected a Python file (.py)")
     if not os.path.isfile(path):
         raise UsageError(f"{path}: no such file")
     if not path.endswith(".py"):
         raise UsageError(f"{path}: expected a Python file (.py)")
+    if not os.access(path, os.R_OK):
+        raise UsageError(f"{path}: cannot read the file (permission denied)")
     abspath = os.path.abspath(path)
     name = "graphc_user_" + os.path.splitext(os.path.basename(path))[0]
     spec = importlib.util.spec_from_file_location(name, abspath)
@@ -31,8 +35,11 @@ def load_module(path: str) -> ModuleType:
     sys.path.insert(0, os.path.dirname(abspath))
     try:
         spec.loader.exec_module(module)
-    except SyntaxError as exc:
-        raise UsageError(f"{exc.filename}:{exc.lineno}: syntax error: {exc.msg}") from None
+    except SyntaxError as exc:  # (null bytes or bad UTF-8 have no line)
+        where = f"{exc.filename or path}:{exc.lineno}" if exc.lineno else path
+        raise UsageError(f"{where}: syntax error: {exc.msg}") from None
+    except OSError as exc:  # the file went away, or could not be read, between the checks and the import
+        raise UsageError(f"{path}: cannot read the file ({exc.strerror or exc})") from None
     finally:
         sys.path.pop(0)
     return module
@@ -43,7 +50,8 @@ def load_target(target: str, example: str | None = None) -> tuple[Callable, tupl
     same file returning ``(args, kwargs)``; default ``example_args``)."""
     path, sep, func_name = target.rpartition(":")
     if not sep or not path or not func_name:
-        raise UsageError(f"{target!r}: expected FILE:FUNC, e.g. models/gpt.py:gpt")
+        example = f"{target}:{_first_function(target)}" if target.endswith(".py") else "models/gpt.py:gpt"
+        raise UsageError(f"{target!r}: expected FILE:FUNC, e.g. {example}")
     module = load_module(path)
     fn = getattr(module, func_name, None)
     if not callable(fn):
@@ -67,6 +75,18 @@ def load_target(target: str, example: str | None = None) -> tuple[Callable, tupl
     ):
         raise UsageError(f"{path}:{ex_name}() must return (args, kwargs): a tuple of positional arguments and a dict")
     return fn, tuple(result[0]), dict(result[1])
+
+
+def _first_function(path: str) -> str:
+    """The first top-level ``def`` in the Python file ``path`` (for an example in a message)."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith("def "):
+                    return line[4:].split("(")[0].strip()
+    except (OSError, UnicodeDecodeError):
+        pass
+    return "FUNC"
 
 
 def static_argnames(kwargs: dict) -> tuple[str, ...]:

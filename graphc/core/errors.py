@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 
 @dataclass(frozen=True)
@@ -48,14 +49,16 @@ class ShapeError(GraphcError, ValueError):
 
 
 class ParseError(GraphcError):
-    """Malformed IR text. ``str(err)`` starts with ``line L, column C``."""
+    """Malformed IR text. ``str(err)`` starts with ``line L, column C``, after ``FILE: `` when the
+    text came from a file (``source``)."""
 
-    def __init__(self, message: str, line: int | None = None, column: int | None = None):
+    def __init__(self, message: str, line: int | None = None, column: int | None = None, source: str | None = None):
         self.message = message
         self.line = line
         self.column = column
+        self.source = source
         where = f"line {line}, column {column}: " if line is not None else ""
-        super().__init__(where + message)
+        super().__init__((f"{source}: " if source else "") + where + message)
 
 
 class VerifyError(GraphcError):
@@ -76,6 +79,20 @@ class PlanError(GraphcError):
         super().__init__(message)
 
 
+class GraphcWarning(UserWarning):
+    """Base class of the warnings graphc gives: something was skipped or replaced, and work went on."""
+
+
+class RecompileWarning(GraphcWarning):
+    """A jitted or parallelized function keeps being compiled again (a new shape, dtype or static
+    value each call). The message names the arguments that changed."""
+
+
+class CacheWarning(GraphcWarning):
+    """An on-disk cache (its folder or one entry) was not used: not the user's alone, corrupt, or
+    made from something else. The message names the path and why; graphc rebuilt what it needed."""
+
+
 def note_where(exc: BaseException, opname: str, loc: SourceLoc | None) -> None:
     """Attach ``graphc: in <op> at <file:line>`` to an exception raised while running a node (once:
     an exception passing through nested regions keeps its innermost node). The note prints with
@@ -87,3 +104,50 @@ def note_where(exc: BaseException, opname: str, loc: SourceLoc | None) -> None:
         exc.__notes__ = notes  # type: ignore[attr-defined]  # what BaseException.add_note does
     if not any(n.startswith("graphc: in ") for n in notes):
         notes.append(f"graphc: in {opname} at {loc}" if loc else f"graphc: in {opname}")
+
+
+class NumpyError(GraphcError):
+    """numpy itself raised while graphc ran an op on the user's values, where numpy raises on the
+    same values too (an integer to a negative power, an index out of bounds). The exception is
+    also an instance of numpy's own class: see ``numpy_error``."""
+
+
+# (graphc class, numpy's class) -> the class deriving from both
+_NUMPY_ERROR_CLASSES: dict[tuple[type, type], Any] = {}
+NUMPY_ERRORS = (ArithmeticError, IndexError, TypeError, ValueError)  # what numpy raises on bad values or arguments
+
+
+def _combined_init(self, message: str, loc: SourceLoc | None = None) -> None:
+    """The __init__ of the classes numpy_error makes (not numpy's: its arguments differ)."""
+    self.message = message
+    self.loc = loc
+    BaseException.__init__(self, f"{loc}: {message}" if loc else message)
+
+
+E = TypeVar("E", bound=GraphcError)
+
+
+def numpy_error(exc: BaseException, kind: type[E], loc: SourceLoc | None = None, message: str | None = None) -> E:
+    """``exc``, an exception numpy raised, as a GraphcError of class ``kind`` (TraceError while
+    tracing, NumpyError while running) that is also an instance of ``type(exc)``: ``except
+    ValueError`` (or ``np.exceptions.AxisError``) and ``except GraphcError`` both catch it. The
+    message is numpy's (or ``message``), after the user's ``file:line`` when ``loc`` is given;
+    numpy's attributes and the notes are kept."""
+    if isinstance(exc, kind):
+        return exc
+    base = type(exc)
+    cls: type[E] | None = _NUMPY_ERROR_CLASSES.get((kind, base))
+    if cls is None:
+        namespace = {"__module__": kind.__module__, "__init__": _combined_init, "__str__": BaseException.__str__}
+        try:
+            cls = type(f"{kind.__name__}[{base.__name__}]", (kind, base), namespace)
+        except TypeError:  # a class that cannot be combined with an Exception subclass
+            cls = kind
+        _NUMPY_ERROR_CLASSES[(kind, base)] = cls
+    new = cls.__new__(cls)
+    new.__dict__.update(vars(exc))  # numpy's attributes and the notes
+    for slot in {s for c in base.__mro__ for s in getattr(c, "__slots__", ())}:  # an AxisError's axis and ndim
+        if hasattr(exc, slot):
+            setattr(new, slot, getattr(exc, slot))
+    _combined_init(new, str(exc) if message is None else message, loc)
+    return new

@@ -26,6 +26,7 @@ import json
 import math
 import os
 import re
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -33,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from graphc.core.cache import private_dir, unsafe_reason, warn_cache
 from graphc.core.errors import GraphcError
 from graphc.core.files import atomic_write, cache_dir
 
@@ -483,31 +485,60 @@ def _rate(flops: float) -> str:
 
 
 def profile_path() -> str:
-    """``$GRAPHC_PROFILE``, else ``$GRAPHC_CACHE_DIR/profile.json`` (cache dir default ~/.cache/graphc)."""
+    """``$GRAPHC_PROFILE``, else ``profile.json`` in the cache folder (graphc/core/files.py ``cache_dir``)."""
     explicit = os.environ.get("GRAPHC_PROFILE")
     if explicit:
         return explicit
     return cache_dir("profile.json")
 
 
+def _in_cache_folder(path: str) -> bool:
+    return os.path.abspath(path) == os.path.abspath(cache_dir("profile.json"))
+
+
 def save_profile(profile: MachineProfile, path: str | None = None) -> str:
-    """Write ``profile`` as JSON to ``path`` (default ``profile_path()``) atomically; return the path."""
+    """Write ``profile`` as JSON to ``path`` (default ``profile_path()``) atomically; return the path.
+    In the cache folder, that folder is created 0700 and must be the user's alone."""
     path = path or profile_path()
-    atomic_write(path, json.dumps(profile.to_json(), indent=1) + "\n", make_dirs=True)
+    private = _in_cache_folder(path)
+    if private and private_dir(os.path.dirname(path)) is None:
+        raise MeshError(
+            f"{path}: the cache folder is not yours alone (see the warning); store the profile with -o FILE"
+        )
+    atomic_write(path, json.dumps(profile.to_json(), indent=1) + "\n", make_dirs=True, mode=0o600 if private else 0o666)
     return path
+
+
+def _profile_is_trusted(path: str) -> bool:
+    """The profile in the cache folder is read only when it and its folder are the user's alone
+    (graphc/core/cache.py); a warning says why not otherwise."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return True  # no file: the default profile, below
+    if private_dir(os.path.dirname(path)) is None:
+        return False
+    why = "is a symbolic link" if stat.S_ISLNK(st.st_mode) else unsafe_reason(st)
+    if why is not None:
+        warn_cache(path, f"machine profile {why}", "not read; planning with the default profile")
+        return False
+    return True
 
 
 def load_profile(path: str | None = None) -> MachineProfile:
     """The profile stored at ``path`` (default ``profile_path()``), or ``MachineProfile.default()``
-    when there is no such file. Never measures: planning stays deterministic and fast."""
+    when there is no such file, or when the file in the cache folder is not the user's alone. Never
+    measures: planning stays deterministic and fast."""
     path = path or profile_path()
+    if _in_cache_folder(path) and not _profile_is_trusted(path):
+        return MachineProfile.default()
     try:
         with open(path) as f:
             text = f.read()
     except FileNotFoundError:
         return MachineProfile.default()
-    except OSError as exc:
-        raise MeshError(f"cannot read machine profile {path}: {exc.strerror}") from None
+    except (OSError, UnicodeDecodeError) as exc:  # a folder, not UTF-8 text
+        raise MeshError(f"cannot read machine profile {path}: {getattr(exc, 'strerror', None) or exc}") from None
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:

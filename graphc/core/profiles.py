@@ -100,8 +100,8 @@ def read_profile(path: str) -> MachineProfile:
     try:
         with open(path) as f:
             text = f.read()
-    except OSError as exc:
-        raise MeshError(f"cannot read profile file {path}: {exc.strerror}") from None
+    except (OSError, UnicodeDecodeError) as exc:  # missing, a folder, not UTF-8 text
+        raise MeshError(f"cannot read profile file {path}: {getattr(exc, 'strerror', None) or exc}") from None
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:

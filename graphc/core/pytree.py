@@ -41,6 +41,18 @@ class ArraySpec:
 
 
 @dataclass(frozen=True)
+class WeakScalar(ArraySpec):
+    """A Python ``int`` or ``float`` argument traced as a 0-d value of a *weak* type, as JAX traces
+    Python scalars: in numpy's promotion (NEP 50) it counts like the Python number it stands for,
+    so ``x_f32 * lr`` stays float32. The graph input is int64 / float64; ``graphc.jit`` and
+    ``graphc.parallelize`` pass the number itself in every call (``WeakScalar.of(3.5)``)."""
+
+    @staticmethod
+    def of(value: int | float) -> WeakScalar:
+        return WeakScalar((), np.float64 if type(value) is float else np.int64)
+
+
+@dataclass(frozen=True)
 class TreeDef:
     """kind is one of "dict", "list", "tuple" (with children), "leaf" (dynamic) or "static" (value)."""
 
@@ -119,7 +131,9 @@ def _unflatten(t: TreeDef, it: Iterator[Any]) -> Any:
 def flatten_as(tree: Any, treedef: TreeDef, path: str = "argument") -> list[Any]:
     """Flatten ``tree`` following ``treedef``; raise ValueError naming the first place they differ.
 
-    Dict keys are matched by name, so key order does not matter. Static leaves must be equal.
+    Dict keys are matched by name, so key order does not matter. Static leaves must be equal. A
+    Python int or float where the treedef has an array is taken as it is (a ``WeakScalar`` input:
+    the graph binds it as a 0-d array).
     """
     leaves: list[Any] = []
     _flatten_as(tree, treedef, leaves, path)
@@ -128,12 +142,18 @@ def flatten_as(tree: Any, treedef: TreeDef, path: str = "argument") -> list[Any]
 
 def _flatten_as(x: Any, t: TreeDef, leaves: list, path: str) -> None:
     if t.kind == "leaf":
-        if not is_dynamic_leaf(x):
+        if not (is_dynamic_leaf(x) or type(x) in (int, float)):  # a Python number: a weakly typed input
             raise ValueError(f"{path}: expected an array, got {type(x).__name__}")
         leaves.append(x)
         return
     if t.kind == "static":
-        if is_dynamic_leaf(x) or type(x) is not type(t.value) or x != t.value:
+        # floats by bits: a graph traced with 0.0 is not the one for -0.0 (which Python calls equal)
+        if (
+            is_dynamic_leaf(x)
+            or type(x) is not type(t.value)
+            or x != t.value
+            or (type(x) is float and x.hex() != t.value.hex())
+        ):
             if not (isinstance(x, float) and isinstance(t.value, float) and x != x and t.value != t.value):
                 raise ValueError(f"{path}: the graph was traced with the static value {t.value!r}, got {x!r}")
         return

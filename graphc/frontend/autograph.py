@@ -98,9 +98,13 @@ class _Unreadable:
         self.reason = reason
 
 
-_cache: dict[types.CodeType, Any] = {}  # code -> compiled maker, or _Unreadable
-_generated: set[types.CodeType] = set()  # code objects compiled from transformed source (already converted)
-_unconverted_reasons: dict[types.CodeType, str] = {}
+# Keyed by identity, never by equality: code objects compare equal across files (co_filename is
+# not part of code equality), so two modules holding the same function text at the same line
+# would share an entry, and a maker runs in the globals of the module it was built for. Each entry
+# holds the objects its key names, so an id is not reused while its entry exists.
+_cache: dict[tuple[int, int], tuple[types.CodeType, dict, Any]] = {}  # (code, globals) -> maker or _Unreadable
+_generated: dict[int, types.CodeType] = {}  # code objects compiled from transformed source (already converted)
+_unconverted_reasons: dict[int, tuple[types.CodeType, str]] = {}
 
 
 # --- analysis helpers -------------------------------------------------------------------------------
@@ -559,7 +563,7 @@ def _build_maker(fn: types.FunctionType) -> Any:
     ast.fix_missing_locations(module)
     namespace: dict[str, Any] = {}
     compiled = compile(module, code.co_filename, "exec")
-    _generated.update(_all_code(compiled))
+    _generated.update((id(c), c) for c in _all_code(compiled))
     exec(compiled, fn.__globals__, namespace)  # noqa: S102
     return namespace["_gc_maker"]
 
@@ -602,23 +606,17 @@ def transform(fn: Callable, runtime: types.ModuleType) -> Callable:
             converted = transform(call, runtime)
             return fn if converted is call else types.MethodType(converted, fn)
         return fn
-    if getattr(fn, "_graphc_converted", False) or fn.__code__ in _generated or not _is_user_function(fn):
-        return fn  # (functions nested in converted code were transformed with it)
     code = fn.__code__
-    maker = _cache.get(code)
-    if maker is None:
-        try:
-            maker = _build_maker(fn)
-        except (SyntaxError, ValueError, TypeError) as exc:  # an unusual construct: trace it unconverted
-            maker = _Unreadable(f"it could not be transformed ({exc})")
-        _cache[code] = maker
+    if getattr(fn, "_graphc_converted", False) or _generated.get(id(code)) is code or not _is_user_function(fn):
+        return fn  # (functions nested in converted code were transformed with it)
+    maker = _maker(fn)
     if isinstance(maker, _Unreadable):
-        _unconverted_reasons[code] = maker.reason
+        _unconverted_reasons[id(code)] = (code, maker.reason)
         return fn
     try:
         cells = [c.cell_contents for c in (fn.__closure__ or ())]
     except ValueError:  # a closure variable that is not bound yet
-        _unconverted_reasons[code] = "a variable it closes over is not bound yet"
+        _unconverted_reasons[id(code)] = (code, "a variable it closes over is not bound yet")
         return fn
     new = maker(runtime, *cells)
     new.__defaults__ = fn.__defaults__
@@ -632,6 +630,22 @@ def transform(fn: Callable, runtime: types.ModuleType) -> Callable:
     return new
 
 
+def _maker(fn: types.FunctionType) -> Any:
+    """The cached maker of ``fn``'s converted function (built on first use): one per code object
+    and globals, compared by identity (see ``_cache``)."""
+    code, namespace = fn.__code__, fn.__globals__
+    hit = _cache.get((id(code), id(namespace)))
+    if hit is not None and hit[0] is code and hit[1] is namespace:
+        return hit[2]
+    try:
+        maker = _build_maker(fn)
+    except (SyntaxError, ValueError, TypeError) as exc:  # an unusual construct: trace it unconverted
+        maker = _Unreadable(f"it could not be transformed ({exc})")
+    _cache[(id(code), id(namespace))] = (code, namespace, maker)
+    return maker
+
+
 def unconverted_reason(code: types.CodeType) -> str | None:
     """Why the function with this code was traced without the source transform, if it was."""
-    return _unconverted_reasons.get(code)
+    hit = _unconverted_reasons.get(id(code))
+    return hit[1] if hit is not None and hit[0] is code else None

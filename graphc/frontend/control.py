@@ -118,9 +118,9 @@ def cond(pred: Any, true_fn: Callable, false_fn: Callable, *operands: Any, names
         r_false, c_false, res_false = trace_region(_promoting(false_fn, targets), in_types, "false")
     t_tree, t_leaves = _static_structure(res_true)
     f_tree, f_leaves = _static_structure(res_false)
-    if names is not None and t_tree != f_tree:
+    if names is not None and not same_tree(t_tree, f_tree):
         _explain_branch_mismatch(res_true, res_false, names)
-    if t_tree != f_tree:
+    if not same_tree(t_tree, f_tree):
         raise TraceError(
             f"the branches of an if on a traced value give different structures: {t_tree} and {f_tree} "
             "(both branches must produce the same variables, with equal static values)",
@@ -164,11 +164,40 @@ def _weak_targets(res_true: Any, res_false: Any) -> dict[int, tuple[TensorType, 
             and isinstance(b, (bool, int, float))
             and not isinstance(a, Tracer)
             and not isinstance(b, Tracer)
-            and (a != b or type(a) is not type(b))
+            and not same_number(a, b)
         ):
             dt = np.result_type(np.asarray(a), np.asarray(b))
             targets[i] = (TensorType((), dt), not (isinstance(a, bool) and isinstance(b, bool)))
     return targets
+
+
+def same_number(a: Any, b: Any) -> bool:
+    """Whether two Python numbers are the same value: of one type and, for floats, of the same bits.
+    Python calls 0.0 and -0.0 (or 1, 1.0 and True) equal, but a branch that gives -0.0 is not one
+    that gives 0.0; a nan is the same as a nan."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, float):
+        return a.hex() == b.hex()
+    return bool(a == b)
+
+
+def same_tree(a: TreeDef, b: TreeDef) -> bool:
+    """TreeDef equality with the static leaves and dict keys compared by ``same_number`` (the
+    dataclass equality takes 0.0 for -0.0 and 1 for True, and a nan for something else than a nan)."""
+    if (a.kind, len(a.children), len(a.keys)) != (b.kind, len(b.children), len(b.keys)):
+        return False
+    if a.kind == "static":
+        return _same_static(a.value, b.value)
+    return all(_same_static(x, y) for x, y in zip(a.keys, b.keys)) and all(
+        same_tree(x, y) for x, y in zip(a.children, b.children)
+    )
+
+
+def _same_static(a: Any, b: Any) -> bool:
+    if isinstance(a, (bool, int, float)) or isinstance(b, (bool, int, float)):
+        return same_number(a, b)
+    return type(a) is type(b) and bool(a == b)
 
 
 def _promoting(fn: Callable, targets: dict[int, tuple[TensorType, bool]]) -> Callable:

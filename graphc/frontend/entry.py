@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 
 from graphc.core import dtypes
-from graphc.core.errors import ShapeError, TraceError
+from graphc.core.errors import ShapeError, SourceLoc, TraceError, numpy_error
 from graphc.core.ir import Graph, Node, TensorType, Value
-from graphc.core.pytree import ArraySpec, flatten, flatten_as, leaf_paths, unflatten
+from graphc.core.pytree import ArraySpec, WeakScalar, flatten, flatten_as, leaf_paths, unflatten
 from graphc.frontend import control, functions, indexing, shape_functions, ufuncs  # noqa: F401  (register handlers)
 from graphc.frontend.autograph_runtime import convert, is_undefined
 from graphc.frontend.tracer import (
@@ -31,6 +31,7 @@ from graphc.frontend.tracer import (
     Tracer,
     _contains_tracer,
     _ctx_stack,
+    _display_path,
     current_context,
     emit_block,
     fresh,
@@ -58,7 +59,9 @@ def _constructor_patch(original: Callable) -> Callable:
             dtype = kwargs.get("dtype", args[0] if args else None)
             result = user_errors(lift)(obj, None if dtype is None else dtypes.canonical(dtype))
             copies = original is np.array and kwargs.get("copy", True) is not False
-            return fresh(result) if copies and result is obj else result
+            if result is obj and (copies or result._scalar):  # (np.asarray of a numpy scalar is a 0-d array)
+                return fresh(result)
+            return result
         return original(obj, *args, **kwargs)
 
     return patched
@@ -150,15 +153,24 @@ def trace(fn: Callable, *args: Any, **kwargs: Any) -> Graph:
 
     Array leaves of the argument pytrees (numpy arrays, numpy scalars, ``ArraySpec``) become graph
     inputs; every other leaf (int, float, bool, str, None) is static and recorded in the signature.
+    A ``WeakScalar`` leaf is an input with a weak type (a Python number: graphc.jit passes them).
+    Errors in the arguments or the result are TraceErrors at ``fn``'s definition.
     """
+    name = getattr(fn, "__name__", "fn")
+    where = definition_location(fn)
     try:
         leaves, in_tree = flatten((args, kwargs))
+        check_call(fn, args, kwargs)
     except TypeError as exc:
-        raise TraceError(f"cannot trace {getattr(fn, '__name__', fn)}: {exc}") from None
-    name = getattr(fn, "__name__", "fn")
+        raise argument_error(fn, exc) from None
     ctx = TraceContext(name if name.isidentifier() else "fn")
     names = _input_names(fn, args, kwargs)
-    tracers = [ctx.new_input(_input_type(leaf, n), n) for leaf, n in zip(leaves, names)]
+    try:
+        tracers = [ctx.new_input(_input_type(leaf, n), n) for leaf, n in zip(leaves, names)]
+    except TraceError as exc:
+        raise TraceError(exc.message, where) from None
+    for leaf, t in zip(leaves, tracers):
+        t._weak = isinstance(leaf, WeakScalar)
     targs, tkwargs = unflatten(in_tree, tracers)
     fn = convert(fn)
     stack = _ctx_stack()
@@ -168,7 +180,7 @@ def trace(fn: Callable, *args: Any, **kwargs: Any) -> Graph:
             result = fn(*targs, **tkwargs)
             if inspect.isgenerator(result):
                 raise TraceError(
-                    f"{name} is a generator function (it yields); graphc traces functions that return arrays"
+                    f"{name} is a generator function (it yields); graphc traces functions that return arrays", where
                 )
             try:
                 out_leaves, out_tree = flatten(result, is_leaf=lambda x: isinstance(x, Tracer), path="result")
@@ -176,15 +188,42 @@ def trace(fn: Callable, *args: Any, **kwargs: Any) -> Graph:
                 undefined = _find_undefined(result)
                 if undefined is not None:
                     raise undefined.error() from None
-                raise TraceError(f"{name} returned something graphc cannot represent: {exc}") from None
+                raise TraceError(f"{name} returned something graphc cannot represent: {exc}", where) from None
             outputs = [user_errors(lift)(leaf)._value for leaf in out_leaves]
             for leaf in out_leaves:
                 if isinstance(leaf, Tracer) and leaf._ctx is not ctx:
-                    raise TraceError(f"{name} returned a traced value from another trace")
+                    raise TraceError(f"{name} returned a traced value from another trace", where)
     finally:
         stack.pop()
     tag_parts(ctx.nodes)
     return Graph(ctx.name, ctx.inputs, ctx.nodes, outputs, in_tree, out_tree)
+
+
+def definition_location(fn: Callable) -> SourceLoc | None:
+    """Where ``fn`` (or the function a partial or a wrapper holds) is defined."""
+    fn = inspect.unwrap(fn)
+    while isinstance(fn, functools.partial):
+        fn = inspect.unwrap(fn.func)
+    code = getattr(fn, "__code__", None)
+    return SourceLoc(_display_path(code.co_filename), code.co_firstlineno) if code is not None else None
+
+
+def check_call(fn: Callable, args: tuple, kwargs: dict) -> None:
+    """TypeError, as Python would raise it, if ``fn`` cannot be called with these arguments (a
+    wrapper is taken as it is: a partial binding static arguments, a decorator's ``*args``)."""
+    try:
+        signature = inspect.signature(fn, follow_wrapped=False)
+    except (TypeError, ValueError):  # a builtin without a signature: the call itself will tell
+        return
+    signature.bind(*args, **kwargs)
+
+
+def argument_error(fn: Callable, exc: TypeError) -> TraceError:
+    """The TraceError for arguments ``fn`` cannot be traced with (an unknown leaf type, a wrong
+    count): also a TypeError, as Python's own; at ``fn``'s definition. graphc.jit and
+    graphc.parallelize raise the same."""
+    name = getattr(fn, "__name__", "fn")
+    return numpy_error(TypeError(f"cannot trace {name}: {exc}"), TraceError, definition_location(fn))
 
 
 def _find_undefined(tree: Any) -> Any:

@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 
 from graphc.core import dtypes
-from graphc.core.errors import TraceError
+from graphc.core.errors import TraceError, numpy_error
 from graphc.frontend.tracer import HANDLERS, Tracer, bind, convert, implements, lift, result_dtype, user_location
-from graphc.frontend.ufuncs import apply_ufunc
+from graphc.frontend.ufuncs import apply_ufunc, resolve_loop
 from graphc.ops.reduction import reduced_shape
 
 
@@ -26,12 +26,16 @@ def _reject(fname: str, **given: Any) -> None:
 
 
 def norm_axis(axis: Any, ndim: int, fname: str = "") -> int:
+    """``axis`` in [0, ndim); numpy's errors otherwise (a TraceError that is also numpy's AxisError
+    or TypeError, core/errors.py numpy_error)."""
     try:
         axis = int(axis.__index__())
     except (AttributeError, TypeError):
-        raise TraceError(f"{fname}: axis must be an integer, got {axis!r}", user_location()) from None
+        raise numpy_error(
+            TypeError(f"{fname}: axis must be an integer, got {axis!r}"), TraceError, user_location()
+        ) from None
     if not -ndim <= axis < ndim:
-        raise TraceError(f"{fname}: axis {axis} is out of bounds for array of dimension {ndim}", user_location())
+        raise numpy_error(np.exceptions.AxisError(axis, ndim, fname or None), TraceError, user_location())
     return axis % ndim
 
 
@@ -71,11 +75,24 @@ def _sum_dtype(dt: np.dtype) -> np.dtype:
     return dt
 
 
+def ufunc_reduce_axes(axis: Any, ndim: int, fname: str) -> tuple[int, ...]:
+    """The axes of a ufunc reduction (np.sum, max, min, all, any): ``norm_axes``, except that numpy
+    accepts a single integer axis 0 or -1 on a 0-d array (and reduces nothing); a tuple is checked."""
+    if ndim == 0 and not isinstance(axis, (tuple, list)) and axis is not None and not isinstance(axis, bool):
+        try:
+            if int(axis.__index__()) in (0, -1):
+                return ()
+        except (AttributeError, TypeError):
+            pass
+    return norm_axes(axis, ndim, fname)
+
+
 def _reduce(prim: str, a: Any, axis: Any, keepdims: bool, fname: str) -> Tracer:
     x = lift(a)
-    axes = norm_axes(axis, x.ndim, fname)
-    if not axes:
+    axes = ufunc_reduce_axes(axis, x.ndim, fname)
+    if not axes and prim != "reduce_sum":
         return x
+    # (numpy's sums start from +0.0, also over no axes: the sum of -0.0, or of a 0-d -0.0, is 0.0)
     return bind(prim, x, axes=axes, keepdims=bool(keepdims))
 
 
@@ -172,7 +189,7 @@ def _logical_reduce(prim: str, a: Any, axis: Any, keepdims: bool, fname: str, em
     x = lift(a)
     if x.dtype.kind != "b":
         x = apply_ufunc(np.not_equal, x, 0)
-    axes = norm_axes(axis, x.ndim, fname)
+    axes = ufunc_reduce_axes(axis, x.ndim, fname)
     if any(x.shape[i] == 0 for i in axes):
         return full(reduced_shape(x.shape, axes, bool(keepdims)), empty, np.bool_)
     return _reduce(prim, x, axes, keepdims, fname)
@@ -192,6 +209,9 @@ def any_(a, axis=None, out=None, keepdims=False, *, where=np._NoValue):
 
 def _arg_reduce(x: Tracer, axis: Any, keepdims: bool, fname: str, first_index: Callable) -> Tracer:
     """``first_index(x, axis)`` over one axis, or over the flattened array when axis is None."""
+    if x.ndim == 0 and axis is not None:  # numpy ravels a 0-d array first: axis 0 or -1, result 0
+        norm_axis(axis, 1, fname)
+        return lift(np.zeros((), np.int64))
     flat, ndim = axis is None, x.ndim
     if flat:
         x, axis = reshape_to(x, (x.size,)), 0
@@ -243,13 +263,24 @@ def where(condition, x=None, y=None):
     if c.dtype.kind != "b":
         c = apply_ufunc(np.not_equal, c, 0)
     dt = result_dtype(x, y)
-    return bind("where", c, lift(x, dt), lift(y, dt))
+    return bind("where", c, _where_operand(x, dt), _where_operand(y, dt))
+
+
+def _where_operand(v: Any, dt: np.dtype) -> Tracer:
+    """np.where casts a Python number that does not fit the result dtype as astype does (int8 with
+    -129 is 127, float16 with 1e300 is inf), where ufuncs raise OverflowError."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        with np.errstate(over="ignore", invalid="ignore"):
+            return lift(np.asarray(v).astype(dt))
+    return lift(v, dt)
 
 
 @implements(np.clip)
 def clip(a, a_min=np._NoValue, a_max=np._NoValue, out=None, *, min=np._NoValue, max=np._NoValue, **kwargs):
-    """maximum then minimum. As numpy does for integer arrays, a Python int bound beyond the
-    dtype's range is dropped (it clips nothing) instead of overflowing."""
+    """numpy's np.clip (numpy/_core/_methods.py ``_clip``): for an integer array a Python int bound
+    beyond the dtype's range is dropped (it clips nothing) instead of overflowing; no bound is
+    np.positive, one bound np.maximum or np.minimum, two the clip ufunc, typed over all three
+    operands (``_clip_both``)."""
     _reject("clip", out=out)
     lo = a_min if a_min is not np._NoValue else (None if min is np._NoValue else min)
     hi = a_max if a_max is not np._NoValue else (None if max is np._NoValue else max)
@@ -258,11 +289,39 @@ def clip(a, a_min=np._NoValue, a_max=np._NoValue, out=None, *, min=np._NoValue, 
         info = np.iinfo(res.dtype)
         lo = None if type(lo) is int and lo <= info.min else lo
         hi = None if type(hi) is int and hi >= info.max else hi
-    if lo is not None:
-        res = apply_ufunc(np.maximum, res, lo)
-    if hi is not None:
-        res = apply_ufunc(np.minimum, res, hi)
-    return res
+    if lo is None and hi is None:
+        return apply_ufunc(np.positive, res)
+    if lo is None:
+        return apply_ufunc(np.minimum, res, hi)
+    if hi is None:
+        return apply_ufunc(np.maximum, res, lo)
+    return _clip_both(res, lo, hi)
+
+
+_CLIP: np.ufunc = np.__dict__["_core"].umath.clip  # the ufunc np.clip calls (numpy/_core/_methods.py)
+
+
+def _clip_both(a: Tracer, lo: Any, hi: Any) -> Tracer:
+    """The clip ufunc: min(max(x, lo), hi), nan-propagating; except that its float loop, when both
+    bounds reach it as scalars (stride 0: 0-d, or of size 1 and broadcast), keeps x on ties (-0.0
+    clipped to [0.0, 1.0] stays -0.0), as ``m = lo if lo > x or lo is nan else x``, then
+    ``hi if hi < m or hi is nan else m``."""
+    sig = resolve_loop(_CLIP, (a, lo, hi))
+    x, low, high = (lift(v, dt) for v, dt in zip((a, lo, hi), sig[:3]))
+    shape = tuple(np.broadcast_shapes(x.shape, low.shape, high.shape))
+    trivial = all(v.ndim == 0 or v.shape == shape for v in (x, low, high))  # numpy's loop without an iterator
+
+    def scalar(v: Tracer) -> bool:
+        return v.ndim == 0 or (v.size == 1 and not trivial)
+
+    if not (sig[0].kind == "f" and scalar(low) and scalar(high)):
+        return bind("minimum", bind("maximum", x, low), high)
+    raise_low = bind("logical_or", bind("compare", low, x, direction="gt"), bind("compare", low, low, direction="ne"))
+    m = bind("where", raise_low, low, x)
+    lower_high = bind(
+        "logical_or", bind("compare", high, m, direction="lt"), bind("compare", high, high, direction="ne")
+    )
+    return bind("where", lower_high, high, m)
 
 
 @implements(np.isclose)
@@ -463,7 +522,10 @@ def _einsum_broadcast(specs: list[str], xs: list[Tracer]) -> list[Tracer]:
 @implements(np.einsum)
 def einsum(subscripts, *operands, out=None, optimize=False, dtype=None, **kwargs):
     """The subscripts-string form: '...' expanded, repeated letters within an operand taken as
-    diagonals, size-1 dims broadcast, then one einsum primitive with distinct letters per operand."""
+    diagonals, size-1 dims broadcast, then one einsum primitive with distinct letters per operand.
+    The primitive computes numpy's default (optimize=False) sums; ``optimize`` is accepted, but the
+    order numpy's optimizer would pick (which can turn a nan into an inf, see ops/linalg.py) is not
+    reproduced."""
     _reject("einsum", out=out, dtype=dtype)
     if not isinstance(subscripts, str):
         raise TraceError("numpy.einsum: only the subscripts-string form is supported", user_location())

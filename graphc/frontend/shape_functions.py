@@ -7,9 +7,19 @@ from typing import Any
 import numpy as np
 
 from graphc.core import dtypes
-from graphc.core.errors import TraceError
-from graphc.frontend.functions import _reject, broadcast, full, norm_axes, norm_axis, reshape_to
-from graphc.frontend.tracer import Tracer, bind, bind_multi, implements, lift, result_dtype, user_location
+from graphc.core.errors import TraceError, numpy_error
+from graphc.frontend.functions import _reject, broadcast, full, norm_axes, norm_axis, reshape_to, ufunc_reduce_axes
+from graphc.frontend.tracer import (
+    Tracer,
+    _contains_tracer,
+    bind,
+    bind_multi,
+    convert,
+    implements,
+    lift,
+    result_dtype,
+    user_location,
+)
 from graphc.ops.shape import normalize_slice
 
 
@@ -91,7 +101,7 @@ def squeeze(a, axis=None):
     if axis is None:
         axes = tuple(i for i, d in enumerate(x.shape) if d == 1)
     else:
-        axes = norm_axes(axis, x.ndim, "squeeze")
+        axes = ufunc_reduce_axes(axis, x.ndim, "squeeze")  # (numpy takes axis 0 or -1 of a 0-d array too)
         bad = [i for i in axes if x.shape[i] != 1]
         if bad:
             raise TraceError(
@@ -216,18 +226,20 @@ def repeat(a, repeats, axis=None):
     x = lift(a)
     if axis is None:
         x, axis = reshape_to(x, (x.size,)), 0
+    elif x.ndim == 0:  # numpy repeats a 0-d array as a 1-d one
+        x = reshape_to(x, (1,))
     axis = norm_axis(axis, x.ndim, "repeat")
     if isinstance(repeats, Tracer):
         raise TraceError("numpy.repeat with traced repeat counts has a data-dependent shape", user_location())
-    reps = np.asarray(repeats)
-    if reps.ndim == 0:
-        r = int(reps)
+    # numpy checks and converts the counts (an empty list, negative or float counts, a wrong length)
+    index = np.repeat(np.arange(x.shape[axis]), repeats)
+    if np.ndim(repeats) == 0:
+        r = int(np.asarray(repeats))
         shape = list(x.shape)
         expanded = expand_dims(x, axis + 1)
         b = broadcast(expanded, tuple(shape[: axis + 1] + [r] + shape[axis + 1 :]))
         shape[axis] *= r
         return reshape_to(b, tuple(shape))
-    index = np.repeat(np.arange(x.shape[axis]), reps)
     return bind("gather", x, lift(index), axis=axis)
 
 
@@ -251,10 +263,24 @@ def take(a, indices, axis=None, out=None, mode="raise"):
     x = lift(a)
     if axis is None:
         x, axis = reshape_to(x, (x.size,)), 0
-    idx = lift(indices)
-    if idx.dtype.kind not in "iu":
-        raise TraceError(f"numpy.take: indices must be integers, got {idx.dtype}", user_location())
-    return bind("gather", x, idx, axis=norm_axis(axis, x.ndim, "take"))
+    return bind("gather", x, _take_indices(indices), axis=norm_axis(axis, x.ndim, "take"))
+
+
+def _take_indices(indices: Any) -> Tracer:
+    """np.take's indices as numpy converts them: arrays cast to intp with same_kind casting (bools
+    are 0 and 1, floats are a TypeError), other objects converted to intp directly (a list of
+    floats truncates, [] is an empty index)."""
+    if isinstance(indices, Tracer) or (isinstance(indices, (list, tuple)) and _contains_tracer(indices)):
+        idx = lift(indices)
+        if idx.dtype.kind == "b":
+            return convert(idx, np.intp)
+        if idx.dtype.kind not in "iu":
+            message = f"numpy.take: Cannot cast array data from {idx.dtype} to int64 according to the rule 'same_kind'"
+            raise numpy_error(TypeError(message), TraceError, user_location())
+        return idx
+    if isinstance(indices, (np.ndarray, np.generic)):
+        return lift(np.asarray(indices).astype(np.intp, casting="same_kind"))
+    return lift(np.asarray(indices, dtype=np.intp))
 
 
 @implements(np.take_along_axis)

@@ -22,7 +22,7 @@ from typing import Any, cast
 import numpy as np
 
 from graphc.core import dtypes, pytree
-from graphc.core.errors import ShapeError, SourceLoc, TraceError
+from graphc.core.errors import NUMPY_ERRORS, GraphcError, ShapeError, SourceLoc, TraceError, numpy_error
 from graphc.core.ir import Node, TensorType, Value, clone_region
 from graphc.frontend.autograph import unconverted_reason
 from graphc.ops import get_op
@@ -84,7 +84,9 @@ def user_location() -> SourceLoc | None:
 
 
 def user_errors(fn: Callable) -> Callable:
-    """Entry points from user code: turn op-rule failures into TraceError at the user's line."""
+    """Entry points from user code: turn op-rule failures into TraceError at the user's line, and
+    numpy's own errors (an axis out of range, a Python int out of the dtype's range) into a
+    TraceError that is also an instance of numpy's exception class (core/errors.py numpy_error)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -96,6 +98,10 @@ def user_errors(fn: Callable) -> Callable:
             raise
         except ShapeError as exc:
             raise TraceError(str(exc), user_location()) from None
+        except GraphcError:
+            raise
+        except NUMPY_ERRORS as exc:  # numpy's own error on these arguments (numpy raises it too)
+            raise numpy_error(exc, TraceError, user_location()).with_traceback(exc.__traceback__) from None
 
     return wrapper
 
@@ -277,6 +283,7 @@ class Handlers:
         self.gufuncs: dict[np.ufunc, Callable] = {}
         self.ufunc: Callable | None = None
         self.getitem: Callable | None = None
+        self.scalar_power: Callable | None = None  # ``**`` of a numpy scalar (frontend/ufuncs.py)
 
 
 HANDLERS = Handlers()
@@ -315,6 +322,28 @@ VIEW_FUNCTIONS = {
 }
 
 
+# numpy functions that return a 0-d array (not a numpy scalar) for a 0-d result (with VIEW_FUNCTIONS)
+ARRAY_FUNCTIONS = {
+    np.copy,
+    np.where,
+    np.tensordot,
+    np.tile,
+    np.pad,
+    np.full_like,
+    np.zeros_like,
+    np.ones_like,
+    np.empty_like,
+    np.broadcast_arrays,
+    np.take_along_axis,
+    np.array,
+}
+
+
+# numpy functions that call the method of their first argument, which a numpy scalar implements
+# returning a numpy scalar
+_SCALAR_METHODS = {np.reshape, np.transpose, np.squeeze}
+
+
 def handle_function(func: Callable, args: tuple, kwargs: dict):
     """A numpy function called on traced arrays (``__array_function__``)."""
     handler = HANDLERS.functions.get(func)
@@ -327,7 +356,18 @@ def handle_function(func: Callable, args: tuple, kwargs: dict):
         mark_view(result, args[0])
     elif isinstance(result, Tracer) and any(result is a for a in args):
         result = fresh(result)  # numpy returned a new array (np.copy, a no-op np.pad, ...)
+    if func not in VIEW_FUNCTIONS and func not in ARRAY_FUNCTIONS:
+        mark_scalars(result)
+    elif func in _SCALAR_METHODS and args and isinstance(args[0], Tracer) and args[0]._scalar:
+        mark_scalars(result)  # np.reshape(s, ()) of a numpy scalar calls its method: a numpy scalar
     return result
+
+
+def mark_scalars(result: Any) -> None:
+    """numpy returns the 0-d results of ufuncs and of most functions as numpy scalars."""
+    for r in result if isinstance(result, (list, tuple)) else (result,):
+        if isinstance(r, Tracer) and not r.shape:
+            r._scalar = True
 
 
 def _contains_tracer(x: Any) -> bool:
@@ -366,7 +406,7 @@ class Tracer:
     operators, attributes and methods; each operation is recorded in the trace."""
 
     __array_priority__ = 1000
-    __slots__ = ("_ctx", "_value", "_base", "_views", "_weak", "__weakref__")
+    __slots__ = ("_ctx", "_value", "_base", "_views", "_weak", "_scalar", "__weakref__")
 
     def __init__(self, ctx: TraceContext, value: Value, weak: bool = False):
         self._ctx = ctx
@@ -374,6 +414,9 @@ class Tracer:
         # a weak array stands for a Python number (a loop counter, a range index): in numpy's
         # promotion it counts like a Python scalar, so i * x32 stays float32 (NEP 50)
         self._weak = weak
+        # a 0-d value that numpy would hold as a numpy scalar (the 0-d result of a ufunc, a reduction
+        # or an integer index), not a 0-d array: its ** has no fast path and += makes a new object
+        self._scalar = False
         self._base: Tracer | None = None  # set when numpy would return a view of another array
         self._views: list[weakref.ref] | None = None  # views of this array (weak: dead views do not count)
 
@@ -486,7 +529,7 @@ class Tracer:
         return np.true_divide(o, self)
 
     def __pow__(self, o):
-        return np.power(self, o)
+        return _power_op(self, o)(self, o)
 
     def __rpow__(self, o):
         return np.power(o, self)
@@ -501,7 +544,7 @@ class Tracer:
         return np.negative(self)
 
     def __pos__(self):
-        return fresh(self)
+        return np.positive(self)  # (a copy; numpy has no positive for bool)
 
     def __abs__(self):
         return np.absolute(self)
@@ -520,6 +563,24 @@ class Tracer:
 
     def __ror__(self, o):
         return np.bitwise_or(o, self)
+
+    def __xor__(self, o):
+        return np.bitwise_xor(self, o)
+
+    def __rxor__(self, o):
+        return np.bitwise_xor(o, self)
+
+    def __lshift__(self, o):
+        return np.left_shift(self, o)
+
+    def __rlshift__(self, o):
+        return np.left_shift(o, self)
+
+    def __rshift__(self, o):
+        return np.right_shift(self, o)
+
+    def __rrshift__(self, o):
+        return np.right_shift(o, self)
 
     def __lt__(self, o):
         return np.less(self, o)
@@ -572,7 +633,7 @@ class Tracer:
         return self._inplace(np.true_divide, o)
 
     def __ipow__(self, o):
-        return self._inplace(np.power, o)
+        return self._inplace(_power_op(self, o), o)
 
     def __imatmul__(self, o):
         return self._inplace(np.matmul, o)
@@ -582,6 +643,9 @@ class Tracer:
 
     def __ior__(self, o):
         return self._inplace(np.bitwise_or, o)
+
+    def __ixor__(self, o):
+        return self._inplace(np.bitwise_xor, o)
 
     def __ifloordiv__(self, o):
         return self._inplace(np.floor_divide, o)
@@ -596,6 +660,9 @@ class Tracer:
         result = user_errors(_handler(HANDLERS.getitem, "indexing"))(self, key)
         if result._value.producer is None or result._value.producer.op.name != "gather":
             mark_view(result, self)  # basic indexing returns a view in numpy
+        if not result.shape and not any(k is Ellipsis for k in (key if isinstance(key, tuple) else (key,))):
+            result = fresh(result) if result is self else result
+            result._scalar = True  # x[0] of a vector, x[()]: a numpy scalar (x[0, ...] is a 0-d view)
         return result
 
     def __getattr__(self, name):
@@ -636,7 +703,7 @@ class Tracer:
         return np.reshape(self, (-1,), order=order)
 
     def copy(self, order="C"):
-        return fresh(self)
+        return _like_scalar(fresh(self), self)
 
     def dot(self, b):
         return np.dot(self, b)
@@ -682,7 +749,41 @@ class Tracer:
 
     def astype(self, dtype, copy=True):
         result = user_errors(convert)(self, dtype)
-        return fresh(result) if result is self else result
+        return _like_scalar(fresh(result) if result is self else result, self)
+
+
+def _power_op(base: Tracer, exponent: Any) -> Callable[[Any, Any], Any]:
+    """What ``ndarray ** exponent`` calls: numpy's ``**`` takes a faster ufunc for some Python-number
+    exponents, which differs from np.power in dtype or value (its fast_scalar_power): ``** 2`` is
+    np.square for every dtype (``bool_array ** 2`` is int8, not int64), and on floats ``** -1`` is
+    np.reciprocal and ``** 0.5`` np.sqrt (``float16 ** 0.5`` of -0.0 is -0.0). Exactly int and
+    float only: ``** True`` and ``** np.int64(2)`` are np.power. Called as ``op(base, exponent)``."""
+    if base._scalar:  # a numpy scalar's ** is np.power (for floats its pow, without fast paths)
+        scalar_power = user_errors(_handler(HANDLERS.scalar_power, "scalar power"))
+        return lambda x, e: scalar_power(x, e)
+    fast: np.ufunc | None = None
+    if type(exponent) is int and exponent == 2:
+        fast = np.square
+    elif base.dtype.kind == "f" and not base._weak:  # (numpy files bfloat16 under "V": no fast path)
+        if type(exponent) is int and exponent == -1:
+            fast = np.reciprocal
+        elif type(exponent) is float and exponent == 0.5:
+            fast = np.sqrt
+    if fast is None:
+        return np.power
+    unary = fast
+
+    def op(x: Any, _exponent: Any) -> Any:
+        return unary(x)
+
+    op.__name__ = unary.__name__  # (named in in-place casting errors, as numpy names it)
+    return op
+
+
+def _like_scalar(result: Tracer, source: Tracer) -> Tracer:
+    """A numpy scalar's copy() and astype() are numpy scalars."""
+    result._scalar = source._scalar
+    return result
 
 
 def fresh(t: Tracer) -> Tracer:
@@ -703,6 +804,8 @@ def mark_view(result: Any, base: Tracer) -> None:
 
 
 def _inplace_update(target: Tracer, ufunc, other) -> Tracer:
+    if target._weak or target._scalar:  # a Python number or numpy scalar: += makes a new object
+        return ufunc(target, other)
     if target._base is not None:
         raise TraceError(
             "in-place update of a view (a slice, reshape or transpose of another array) would change that "
@@ -716,8 +819,6 @@ def _inplace_update(target: Tracer, ufunc, other) -> Tracer:
             user_location(),
         )
     result = ufunc(target, other)  # through __array_ufunc__: numpy's type resolution
-    if target._weak:  # stands for a Python number: += makes a new object, as for a Python int
-        return result
     if result.shape != target.shape:
         raise TraceError(
             f"non-broadcastable output operand with shape {target.shape} doesn't match the broadcast shape "

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from graphc.core import dtypes
-from graphc.core.errors import TraceError
-from graphc.frontend.tracer import HANDLERS, Tracer, bind, fresh, lift, user_location
+from graphc.core.errors import TraceError, numpy_error
+from graphc.frontend.tracer import HANDLERS, Tracer, bind, fresh, lift, mark_scalars, user_location
 
 # ufunc -> (primitive, attrs). The primitive sees operands already converted to the loop dtype.
 _SIMPLE: dict[np.ufunc, tuple[str, dict[str, Any]]] = {
@@ -52,8 +52,20 @@ _SIMPLE: dict[np.ufunc, tuple[str, dict[str, Any]]] = {
     np.greater_equal: ("compare", {"direction": "ge"}),
 }
 
-# bitwise ops on bool arrays are the logical ops (masks combined with & | ~)
-_BOOL_ONLY = {np.bitwise_and: "logical_and", np.bitwise_or: "logical_or", np.invert: "logical_not"}
+# bitwise ops on bool arrays are the logical ops (masks combined with & | ^ ~)
+_BOOL_ONLY = {
+    np.bitwise_and: "logical_and",
+    np.bitwise_or: "logical_or",
+    np.bitwise_xor: "logical_xor",
+    np.invert: "logical_not",
+}
+# numpy's logical ufuncs take numbers too (loops like 'dd->?'): an operand is true where it is
+# nonzero (nan included), as ``astype(bool)`` makes it
+_LOGICAL: dict[np.ufunc, str] = {
+    np.logical_and: "logical_and",
+    np.logical_or: "logical_or",
+    np.logical_xor: "logical_xor",
+}
 
 _REDUCE: dict[np.ufunc, Callable[..., Any]] = {np.add: np.sum, np.maximum: np.max, np.minimum: np.min}
 
@@ -89,11 +101,10 @@ def resolve_loop(ufunc: np.ufunc, inputs: tuple) -> tuple[np.dtype, ...]:
         in_dts = tuple(x.dtype if isinstance(x, Tracer) else d for x, d in zip(inputs, in_dts))
     try:
         return tuple(np.dtype(d) for d in ufunc.resolve_dtypes(in_dts + (None,) * ufunc.nout))
-    except (TypeError, np.exceptions.DTypePromotionError) as exc:
+    except (TypeError, np.exceptions.DTypePromotionError) as exc:  # (numpy raises it: a TypeError)
         shown = ", ".join(str(getattr(d, "__name__", d)) for d in in_dts)
-        raise TraceError(
-            f"numpy.{ufunc.__name__} has no loop for operand dtypes ({shown}): {exc}", user_location()
-        ) from None
+        message = f"numpy.{ufunc.__name__} has no loop for operand dtypes ({shown}): {exc}"
+        raise numpy_error(exc, TraceError, user_location(), message) from None
 
 
 def apply_ufunc(ufunc: np.ufunc, *inputs: Any) -> Tracer:
@@ -108,7 +119,7 @@ def apply_ufunc(ufunc: np.ufunc, *inputs: Any) -> Tracer:
         if known is not None:
             return known
     operands = [lift(x, dt) for x, dt in zip(inputs, loop_in)]
-    if ufunc is np.positive:
+    if ufunc is np.positive or (ufunc is np.absolute and sig[0].kind in "bu"):  # |x| of bool, uint: x
         return fresh(operands[0])
     if ufunc is np.negative and sig[0].kind == "u":  # numpy wraps modulo 2**n: 0 - x
         return bind("sub", lift(np.zeros((), sig[0])), operands[0])
@@ -123,14 +134,38 @@ def apply_ufunc(ufunc: np.ufunc, *inputs: Any) -> Tracer:
     if ufunc in _BOOL_ONLY:
         if any(dt.kind != "b" for dt in loop_in):
             raise TraceError(
-                f"numpy.{ufunc.__name__} is supported on bool arrays only (as logical and/or/not)", user_location()
+                f"numpy.{ufunc.__name__} is supported on bool arrays only (as logical and/or/xor/not)", user_location()
             )
-        return bind(_BOOL_ONLY[ufunc], *operands)
+        return _logical(_BOOL_ONLY[ufunc], operands)
+    if ufunc in _LOGICAL or ufunc is np.logical_not:
+        truth = [x if x.dtype.kind == "b" else bind("convert", x, dtype=np.dtype(np.bool_)) for x in operands]
+        return _logical(_LOGICAL.get(ufunc, "logical_not"), truth)
+    if ufunc in _COMPARISONS and loop_in[0] != loop_in[1]:
+        return _mixed_sign_compare(_COMPARISONS[ufunc], *operands)
     prim, attrs = _SIMPLE[ufunc]
     out = bind(prim, *operands, **attrs)
     assert out.dtype == sig[-1], (ufunc, sig, out.dtype)
     out._weak = all(_is_weak(x) for x in inputs) and out.dtype.kind != "b"
     return out
+
+
+def _logical(prim: str, operands: list[Tracer]) -> Tracer:
+    """and / or / not of bool operands; xor is ``a != b``."""
+    if prim == "logical_xor":
+        return bind("compare", *operands, direction="ne")
+    return bind(prim, *operands)
+
+
+def _mixed_sign_compare(direction: str, a: Tracer, b: Tracer) -> Tracer:
+    """numpy 2 compares int64 with uint64 exactly (loops 'qQ->?' and 'Qq->?', no common dtype):
+    a negative signed value is below every unsigned one, and otherwise the two compare as uint64."""
+    if a.dtype.kind == "u":
+        a, b, direction = b, a, _SWAPPED[direction]  # now a (signed) <direction> b (unsigned)
+    negative = bind("compare", a, lift(np.zeros((), a.dtype)), direction="lt")
+    as_unsigned = bind("compare", bind("convert", a, dtype=b.dtype), b, direction=direction)
+    if direction in ("lt", "le", "ne"):  # true for every negative a
+        return bind("logical_or", negative, as_unsigned)
+    return bind("logical_and", bind("logical_not", negative), as_unsigned)  # eq, gt, ge: false for them
 
 
 def _is_weak(x: Any) -> bool:
@@ -257,7 +292,24 @@ def _composite(ufunc: np.ufunc, sig: tuple, operands: list[Tracer]) -> Tracer:
 
 _DIVISION = (np.floor_divide, np.remainder, np.divmod)
 COMPOSITE = set(_LOG_BASE) | set(_DIVISION) | {np.exp2, np.isnan, np.isfinite, np.isinf, np.logaddexp}
-SUPPORTED = set(_SIMPLE) | set(_BOOL_ONLY) | COMPOSITE | {np.positive, np.square, np.reciprocal, np.matmul}
+SUPPORTED = (
+    set(_SIMPLE) | set(_BOOL_ONLY) | set(_LOGICAL) | COMPOSITE | {np.positive, np.square, np.reciprocal, np.matmul}
+)
+
+
+def scalar_power(base: Tracer, exponent: Any) -> Tracer:
+    """``base ** exponent`` for a base numpy would hold as a numpy scalar (Tracer._scalar): np.power's
+    dtype, computed as pow. numpy's scalar arithmetic has none of the fast paths of its float power
+    loop, which sees a 0-d exponent with stride 0 and takes sqrt for 0.5 (-0.0 ** 0.5 is -0.0, not
+    0.0): the pow runs on (1,)-shaped operands, which that loop walks with their strides."""
+    sig = resolve_loop(np.power, (base, exponent))
+    x, e = (lift(v, dt) for v, dt in zip((base, exponent), sig[:2]))
+    if sig[0].kind != "f" or x.shape or e.shape:  # an array exponent: numpy's ufunc call
+        return apply_ufunc(np.power, base, exponent)
+    one = (1,)
+    out = bind("reshape", bind("pow", bind("reshape", x, shape=one), bind("reshape", e, shape=one)), shape=())
+    out._scalar = True
+    return out
 
 
 def handle_ufunc(ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any):
@@ -283,7 +335,10 @@ def handle_ufunc(ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any):
         raise TraceError(f"numpy.{ufunc.__name__}: unsupported arguments {sorted(kwargs)}", user_location())
     if dtype is not None:  # numpy then picks the loop for that dtype
         inputs = tuple(lift(x, np.dtype(dtype)) for x in inputs)
-    return apply_ufunc(ufunc, *inputs)
+    result = apply_ufunc(ufunc, *inputs)
+    mark_scalars(result)  # (numpy returns a ufunc's 0-d results as numpy scalars)
+    return result
 
 
 HANDLERS.ufunc = handle_ufunc
+HANDLERS.scalar_power = scalar_power

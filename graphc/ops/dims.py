@@ -382,7 +382,9 @@ def region_cost(region, in_types, out_types) -> tuple[float, int]:
     flops = 0.0
     for node in region.nodes:
         fn = node.op.cost or default_cost
-        flops += fn(tuple(v.type for v in node.inputs), tuple(o.type for o in node.outputs), **node.attrs)[0]
+        # a nested control-flow or fused node's cost reads its regions, as at the top level
+        attrs = {**node.attrs, "regions": node.regions} if node.regions else node.attrs
+        flops += fn(tuple(v.type for v in node.inputs), tuple(o.type for o in node.outputs), **attrs)[0]
     return flops, io_bytes(in_types, out_types)
 
 

@@ -75,12 +75,16 @@ def _einsum_infer(in_types, equation):
     return (TensorType(tuple(sizes[c] for c in out), dt),)
 
 
+# numpy's einsum as a user calls it (optimize=False): each output element is the sum over the
+# summed indices of the operands' products. An optimized order (optimize=True) contracts some
+# operands first and so differs: 'i,qi->i' with a = inf and b[:, i] = [1, -1] is nan in numpy
+# (inf - inf) but inf when b is summed over q first, and a sum of -0.0 products is -0.0 there.
 einsum = register(
     OpDef(
         "einsum",
         "contraction",
         _einsum_infer,
-        lambda *xs, equation: np.einsum(equation, *xs, optimize=len(xs) > 1),
+        lambda *xs, equation: np.einsum(equation, *xs),
         attrs=("equation",),
         num_inputs=None,
         doc="Einstein summation, explicit form",

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from graphc.core.errors import PlanError
-from graphc.core.files import atomic_write, dump_document, read_document
+from graphc.core.files import atomic_write, check_record, dump_document, read_document
 from graphc.core.ir import Graph, print_graph
 from graphc.core.mesh import Mesh, MeshError
 from graphc.core.spec import Spec, SpecError, format_spec, local_shape, parse_spec
@@ -227,9 +227,14 @@ class ShardingPlan:
     def from_json(cls, text: str, source: str = "<plan>") -> ShardingPlan:
         doc = read_document(text, source, "plan", PLAN_VERSION, error=PlanError)
         try:
-            return _plan_from_doc(doc)
-        except (KeyError, TypeError, ValueError, SpecError, MeshError) as exc:
+            plan = _plan_from_doc(doc)
+        except (KeyError, TypeError, ValueError, AttributeError, SpecError, MeshError) as exc:
             raise PlanError(f"{source}: not a complete graphc plan ({type(exc).__name__}: {exc})") from None
+        check_record(plan, source, PlanError)  # a hand-edited value of the wrong type is named here
+        devices = plan.mesh.size
+        if len(plan.memory.peak_bytes) != devices or len(plan.memory.held_bytes) not in (0, devices):
+            raise PlanError(f"{source}: memory.peak_bytes and held_bytes need one entry per device ({devices})")
+        return plan
 
     def save(self, path: str, make_dirs: bool = False) -> None:
         atomic_write(path, self.to_json(), make_dirs=make_dirs)
@@ -239,8 +244,8 @@ class ShardingPlan:
         try:
             with open(path) as f:
                 text = f.read()
-        except OSError as exc:
-            raise PlanError(f"cannot read plan {path}: {exc.strerror}") from None
+        except (OSError, UnicodeDecodeError) as exc:  # missing, a folder, not UTF-8 text
+            raise PlanError(f"cannot read plan {path}: {getattr(exc, 'strerror', None) or exc}") from None
         return cls.from_json(text, path)
 
     # --- for people ------------------------------------------------------------------------

@@ -1,0 +1,303 @@
+"""What every ``graphc`` command shares: its parser (errors in one line), argument types that name
+what they expected, the checks of output paths made before any work starts, and the one- or
+two-line report of an error.
+
+Output files (``-o``, ``--trace``, the files of ``--dump-ir``) are checked before the work:
+
+* the folder must exist, or be creatable: a missing folder inside the working directory is
+  created; one outside it only with ``--mkdir`` (a typo in an absolute path must not scatter
+  folders over the disk);
+* the folder must be writable, and the path must not be a folder;
+* an existing file is replaced only if it is what the command writes (a graphc plan for
+  ``compile -o``, text IR for ``ir -o``, a Chrome trace for ``--trace``, a machine profile for
+  ``calibrate -o``) or empty, unless ``--force``.
+
+Files are then written atomically (graphc/core/files.py ``atomic_write``: a temporary file
+renamed over the target) with the permissions of a new file under the user's umask (0644 with
+the usual 022).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from graphc.cli.loader import UsageError
+from graphc.core.errors import PlanError
+from graphc.passes.pipeline import PipelinePlan
+from graphc.passes.sharding.plan import ShardingPlan
+
+_GRAPHC_DIR = os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_INTERNAL_DIRS = tuple(
+    os.path.realpath(os.path.join(_GRAPHC_DIR, d)) + os.sep for d in ("", "passes", "runtime")
+)  # graphc's own code (passes/ and runtime/ are links); models/ is the user's
+_MODELS_DIR = os.path.realpath(os.path.join(_GRAPHC_DIR, "models")) + os.sep
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line: what was wrong, and where the usage is."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+# --- argument types ----------------------------------------------------------------------------
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def add_debug(parser: argparse.ArgumentParser) -> None:
+    """``--debug``: show the traceback of an error (also GRAPHC_DEBUG=1). On a subcommand it only
+    sets the flag when given, so ``graphc --debug run ...`` and ``graphc run ... --debug`` both work."""
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="on an error, also print the traceback (or set GRAPHC_DEBUG=1)",
+    )
+
+
+def debug_enabled(args: argparse.Namespace | None) -> bool:
+    return bool(getattr(args, "debug", False)) or os.environ.get("GRAPHC_DEBUG", "") not in ("", "0")
+
+
+def process_age() -> float:
+    """Seconds since this process started (Linux: /proc), else 0."""
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, counted after the command name
+        return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - started)
+    except (OSError, ValueError, IndexError, AttributeError):
+        return 0.0
+
+
+# --- output paths ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Output:
+    """An output file, checked: write it with ``make_dirs`` (its folder may be created)."""
+
+    path: str
+    make_dirs: bool
+
+
+def check_output_file(path: str, flag: str, kind: str | None, force: bool = False, mkdir: bool = False) -> Output:
+    """UsageError unless ``path`` can be written by the command (the module doc): before any work."""
+    where = f"{flag} {path}"
+    if path == "" or path.endswith(os.sep):
+        raise UsageError(f"{where}: expected a file name")
+    if os.path.isdir(path):
+        raise UsageError(f"{where}: is a folder; give a file name in it")
+    make_dirs = _check_folder(os.path.dirname(os.path.abspath(path)), where, mkdir)
+    if os.path.lexists(path):
+        if not os.path.isfile(path):
+            raise UsageError(f"{where}: exists and is not a regular file; give another name")
+        if kind is not None and not force and not _is_kind(path, kind):
+            raise UsageError(
+                f"{where}: exists and is not a {KINDS[kind]}; refusing to overwrite it (pass --force, "
+                "or give another name)"
+            )
+    return Output(path, make_dirs)
+
+
+def check_output_dir(path: str, flag: str, mkdir: bool = False) -> str:
+    """UsageError unless ``path`` is a folder the command can write into, or one it may create
+    (its parent exists and is writable, or is creatable by the --mkdir rule). Creates it."""
+    where = f"{flag} {path}"
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise UsageError(f"{where}: exists and is not a folder")
+    if os.path.isdir(path):
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise UsageError(f"{where}: the folder is not writable")
+        return path
+    make_parents = _check_folder(os.path.dirname(os.path.abspath(path)), where, mkdir)
+    try:
+        os.makedirs(path, exist_ok=True) if make_parents else os.mkdir(path)
+    except OSError as exc:
+        raise UsageError(f"{where}: cannot create the folder ({exc.strerror})") from None
+    return path
+
+
+def _check_folder(folder: str, where: str, mkdir: bool) -> bool:
+    """Whether ``folder`` must be created (True) or exists and is writable (False)."""
+    if os.path.isdir(folder):
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise UsageError(f"{where}: the folder {folder} is not writable")
+        return False
+    existing = folder
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise UsageError(f"{where}: {existing} is not a folder")
+    if not (mkdir or _inside_working_dir(folder)):
+        raise UsageError(f"{where}: the folder {folder} does not exist; create it, or pass --mkdir")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"{where}: cannot create {folder}: {existing} is not writable")
+    return True
+
+
+def _inside_working_dir(path: str) -> bool:
+    cwd = os.path.realpath(os.getcwd())
+    return os.path.commonpath([cwd, os.path.abspath(path)]) == cwd
+
+
+KINDS = {
+    "plan": "graphc plan",
+    "ir": "graphc IR file",
+    "trace": "Chrome trace",
+    "profile": "graphc machine profile",
+}
+
+
+def _is_kind(path: str, kind: str) -> bool:
+    """Whether the existing file at ``path`` is what a command writing ``kind`` makes (or empty)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1 << 16)
+            if not head.strip():
+                return True
+            if kind == "ir":
+                return _looks_like_ir(head)
+            text = head + f.read()
+        doc = json.loads(text)
+    except (OSError, ValueError):  # unreadable, not UTF-8, not JSON
+        return False
+    if not isinstance(doc, dict):
+        return False
+    if kind == "plan":
+        return "version" in doc and isinstance(doc.get("graph"), dict) and "hash" in doc["graph"] and "mesh" in doc
+    if kind == "trace":
+        return "traceEvents" in doc
+    return "flops" in doc and "link" in doc  # profile
+
+
+def _looks_like_ir(head: bytes) -> bool:
+    for line in head.decode(errors="replace").splitlines():
+        line = line.strip()
+        if line and not line.startswith("//"):
+            return line.startswith("graph @")
+    return True
+
+
+def load_plan(path: str) -> ShardingPlan | PipelinePlan:
+    """The sharding or pipeline plan (by its ``kind``) in the file ``path``."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PlanError(f"cannot read plan {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        kind = json.loads(text).get("kind")
+    except (ValueError, AttributeError):
+        kind = None  # not JSON, or not an object: the plan reader says so, with the line
+    if kind == "pipeline":
+        return PipelinePlan.from_json(text, path)
+    return ShardingPlan.from_json(text, path)
+
+
+# --- errors ------------------------------------------------------------------------------------
+
+
+def user_frame(exc: BaseException) -> traceback.FrameSummary | None:
+    """The innermost frame of ``exc``'s traceback in the user's code (not graphc's, numpy's or the
+    standard library's): where a user's function or example raised, or None."""
+    found = None
+    for frame in traceback.extract_tb(exc.__traceback__):
+        if _is_user_file(frame.filename):
+            found = frame
+    return found
+
+
+def _is_graphc_file(filename: str) -> bool:
+    real = os.path.realpath(filename)
+    return real.startswith(_INTERNAL_DIRS) and not real.startswith(_MODELS_DIR)
+
+
+def _is_user_file(filename: str) -> bool:
+    if filename.startswith("<"):
+        return False
+    real = os.path.realpath(filename)
+    if real.startswith(_MODELS_DIR):
+        return True
+    if _is_graphc_file(filename):
+        return False
+    library = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    return not any(real.startswith(lib + os.sep) for lib in library) and "site-packages" not in real
+
+
+def describe_exception(exc: BaseException) -> tuple[str, int]:
+    """(one or two lines, exit status) for an exception that is not a GraphcError. Raised while the
+    user's code ran (their function being traced, their example function) -> their innermost line
+    and the exception, status 2 (bad input); else a bug in graphc -> status 1, with how to see and
+    report it."""
+    first = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    frame = user_frame(exc)
+    if frame is not None:
+        where = _display(frame.filename)
+        return (
+            f"{where}:{frame.lineno}: {first}\n  (in {frame.name}, while graphc ran it; --debug shows the traceback)",
+            2,
+        )
+    return f"internal error: {first}\n  (a bug in graphc: rerun with --debug for the traceback and report it)", 1
+
+
+def _display(filename: str) -> str:
+    rel = os.path.relpath(os.path.realpath(filename))
+    return filename if rel.startswith("..") else rel
+
+
+def print_error(text: str) -> None:
+    lines = text.splitlines() or [""]
+    print(f"graphc: error: {lines[0]}", file=sys.stderr)
+    for line in lines[1:]:
+        print(line, file=sys.stderr)
+
+
+def print_traceback(exc: BaseException) -> None:
+    traceback.print_exception(exc, file=sys.stderr)
+
+
+__all__: list[Any] = [
+    "KINDS",
+    "Output",
+    "Parser",
+    "add_debug",
+    "check_output_dir",
+    "check_output_file",
+    "debug_enabled",
+    "describe_exception",
+    "positive_int",
+    "positive_seconds",
+    "process_age",
+    "print_error",
+    "load_plan",
+    "print_traceback",
+    "user_frame",
+]
