@@ -99,3 +99,14 @@ def fuzz_settings(examples: int):
         derandomize=True,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )
+
+
+def mpiexec_path() -> str | None:
+    """The mpiexec of the ``mpich`` wheel beside this Python (a venv's bin, on PATH or not), or
+    one on PATH; None without MPI."""
+    import os
+    import shutil
+    import sys
+
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return here if os.path.exists(here) else shutil.which("mpiexec")

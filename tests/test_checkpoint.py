@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import importlib.util
-import inspect
 import json
 import os
 import subprocess
@@ -38,6 +37,7 @@ from graphc.core.pytree import flatten
 from graphc.core.spec import R, S, parse_spec
 from graphc.models import mlp
 from graphc.runtime.devices import ShardedArray
+from tests.helpers import mpiexec_path
 
 PROFILE = MachineProfile.default()
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -775,8 +775,8 @@ graphc.save_checkpoint(sys.argv[1], {"params": p, "velocity": v}, compiled, step
 
 
 @pytest.mark.skipif(
-    importlib.util.find_spec("mpi4py") is None or "backend" not in inspect.signature(graphc.parallelize).parameters,
-    reason="needs mpi4py and the MPI backend (parallelize(backend='mpi'), issue 17), not in this tree yet",
+    importlib.util.find_spec("mpi4py") is None or mpiexec_path() is None,
+    reason="needs the [mpi] extra: mpi4py and mpiexec (pip install -e '.[mpi]')",
 )
 def test_train_on_dp2_under_mpi_resume_on_tp2_under_threads(tmp_path):
     """Issue 17's version: 10 steps on dp=2 under ``mpiexec -n 2``, one on tp=2 under MPI (each
@@ -787,7 +787,7 @@ def test_train_on_dp2_under_mpi_resume_on_tp2_under_threads(tmp_path):
     for x, y in zip(xs, labels):
         p, v, loss = one(p, v, x, y)
         want.append(float(loss))
-    cmd = ["mpiexec", "-n", "2", sys.executable, "-c", MPI_TRAINING, str(tmp_path)]
+    cmd = [str(mpiexec_path()), "-n", "2", sys.executable, "-c", MPI_TRAINING, str(tmp_path)]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert res.returncode == 0, res.stderr
     got = [float(line) for line in res.stdout.split()]

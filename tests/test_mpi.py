@@ -19,7 +19,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -30,18 +29,14 @@ import pytest
 import graphc
 from graphc.core.pytree import flatten
 from graphc.models import gpt
+from tests.helpers import mpiexec_path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOBS = os.path.join(ROOT, "tests", "mpi_jobs.py")
 STATIC = ("n_head", "lr")
 
 
-def _mpiexec() -> str | None:
-    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    return here if os.path.exists(here) else shutil.which("mpiexec")
-
-
-MPIEXEC = _mpiexec()
+MPIEXEC = mpiexec_path()
 needs_mpi = pytest.mark.skipif(
     importlib.util.find_spec("mpi4py") is None or MPIEXEC is None,
     reason="the MPI backend needs mpi4py and mpiexec: pip install -e '.[mpi]'",
