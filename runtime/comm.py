@@ -153,6 +153,29 @@ class Communicator(abc.ABC):
 
     device: int
     log: list[dict]
+    alloc: Callable[[tuple[int, ...], np.dtype], np.ndarray]
+
+    def _record(self, kind: str, group: tuple[int, ...], nbytes: int, start: float, **key) -> None:
+        """One entry of ``log`` (``key``: the call's seq, or a send/recv's tag)."""
+        self.log.append(
+            {
+                "kind": kind,
+                "group": group,
+                **key,
+                "bytes": int(nbytes),
+                "start": start,
+                "seconds": time.perf_counter() - start,
+            }
+        )
+
+    def _reduce_buffers(self, x, inplace: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(x as an array, the contiguous source, the output) of an all_reduce."""
+        x = np.asarray(x)
+        if inplace:
+            if not (x.flags.c_contiguous and x.flags.writeable):
+                raise ValueError("all_reduce(inplace=True) needs a writeable C-contiguous array")
+            return x, x, x
+        return x, np.ascontiguousarray(x), self.alloc(x.shape, x.dtype)
 
     @abc.abstractmethod
     def all_reduce(self, x: np.ndarray, group: tuple[int, ...], inplace: bool = False) -> np.ndarray:
@@ -445,28 +468,12 @@ class ThreadComm(Communicator):
         """Wait until every member is done with the others' buffers; record the call."""
         if call.kind != "barrier":
             self._meet(call, "done", final=True)
-        self.log.append(
-            {
-                "kind": call.kind,
-                "group": call.group,
-                "seq": call.seq,
-                "bytes": int(nbytes),
-                "start": call.start,
-                "seconds": time.perf_counter() - call.start,
-            }
-        )
+        self._record(call.kind, call.group, nbytes, call.start, seq=call.seq)
 
     # --- collectives ---
 
     def all_reduce(self, x, group, inplace=False):
-        x = np.asarray(x)
-        if inplace:
-            if not (x.flags.c_contiguous and x.flags.writeable):
-                raise ValueError("all_reduce(inplace=True) needs a writeable C-contiguous array")
-            src = out = x
-        else:
-            src = np.ascontiguousarray(x)
-            out = self.alloc(x.shape, x.dtype)
+        x, src, out = self._reduce_buffers(x, inplace)
         flat_src, flat_out = src.reshape(-1), out.reshape(-1)
         call = self._begin("all_reduce", group, (), x, (flat_src, flat_out))
         n, rank, shared = call.n, call.rank, call.slot.inputs
@@ -594,16 +601,7 @@ class ThreadComm(Communicator):
         with box.cond:
             box.queue.append(message)
             box.cond.notify_all()
-        self.log.append(
-            {
-                "kind": "send",
-                "group": (self.device, dst),
-                "tag": tag,
-                "bytes": message.nbytes,
-                "start": start,
-                "seconds": time.perf_counter() - start,
-            }
-        )
+        self._record("send", (self.device, dst), message.nbytes, start, tag=tag)
 
     def recv(self, src, tag=0):
         if not 0 <= src < self.world.n_devices:
@@ -621,16 +619,7 @@ class ThreadComm(Communicator):
                     raise CommError(f"{what}: nothing arrived within {self.world.timeout_s:g} s")
                 box.cond.wait(min(remaining, _POLL_S))
             message = box.queue.popleft()
-        self.log.append(
-            {
-                "kind": "recv",
-                "group": (src, self.device),
-                "tag": tag,
-                "bytes": message.nbytes,
-                "start": start,
-                "seconds": time.perf_counter() - start,
-            }
-        )
+        self._record("recv", (src, self.device), message.nbytes, start, tag=tag)
         return message
 
 

@@ -198,28 +198,12 @@ class MpiComm(Communicator):
         return buf[:nbytes]
 
     def _end(self, call: _Call, nbytes: int) -> None:
-        self.log.append(
-            {
-                "kind": call.kind,
-                "group": call.group,
-                "seq": call.seq,
-                "bytes": int(nbytes),
-                "start": call.start,
-                "seconds": time.perf_counter() - call.start,
-            }
-        )
+        self._record(call.kind, call.group, nbytes, call.start, seq=call.seq)
 
     # --- collectives -----------------------------------------------------------------------------
 
     def all_reduce(self, x, group, inplace=False):
-        x = np.asarray(x)
-        if inplace:
-            if not (x.flags.c_contiguous and x.flags.writeable):
-                raise ValueError("all_reduce(inplace=True) needs a writeable C-contiguous array")
-            src = out = x
-        else:
-            src = np.ascontiguousarray(x)
-            out = self.alloc(x.shape, x.dtype)
+        x, src, out = self._reduce_buffers(x, inplace)
         call = self._begin("all_reduce", group, (), x)
         n, rank = call.n, call.rank
         flat_src, flat_out = src.reshape(-1), out.reshape(-1)
@@ -553,16 +537,7 @@ class MpiComm(Communicator):
         np.copyto(message[_HEADER_BYTES:].view(x.dtype).reshape(x.shape), x)
         self._sends = [(r, m) for r, m in self._sends if not r.Test()]
         self._sends.append((self.world.p2p(self.timeout_s).Isend([message, self.MPI.BYTE], dest=dst, tag=tag), message))
-        self.log.append(
-            {
-                "kind": "send",
-                "group": (self.device, dst),
-                "tag": tag,
-                "bytes": x.nbytes,
-                "start": start,
-                "seconds": time.perf_counter() - start,
-            }
-        )
+        self._record("send", (self.device, dst), x.nbytes, start, tag=tag)
 
     def flush_sends(self) -> None:
         """Wait until every message sent so far has been received (bounded by the timeout)."""
@@ -583,16 +558,7 @@ class MpiComm(Communicator):
         self._wait(msg.Irecv([buf, self.MPI.BYTE]), what)
         dtype, shape = _read_header(buf[:_HEADER_BYTES])
         x = buf[_HEADER_BYTES:].view(dtype).reshape(shape)
-        self.log.append(
-            {
-                "kind": "recv",
-                "group": (src, self.device),
-                "tag": tag,
-                "bytes": x.nbytes,
-                "start": start,
-                "seconds": time.perf_counter() - start,
-            }
-        )
+        self._record("recv", (src, self.device), x.nbytes, start, tag=tag)
         return x
 
 

@@ -72,6 +72,22 @@ def _check_size(mesh: Mesh, world: MpiWorld) -> None:
         )
 
 
+class _RankDevice:
+    """What both rank executables start with: this rank is device ``world.rank`` of the program's
+    mesh; the job has as many ranks as the mesh has devices, and every rank compiled the same
+    program (one hash compared before any collective)."""
+
+    def __init__(self, program, world: MpiWorld, timeout_s: float, what: str):
+        self.program = program
+        self.mesh: Mesh = program.mesh
+        self.world = world
+        self.device: int = world.rank
+        self.timeout_s = timeout_s
+        _check_size(self.mesh, world)
+        self.fingerprint = program_fingerprint(program)
+        world.check_same(self.fingerprint.encode(), f"plan hash ({what})", SETUP_TIMEOUT_S)
+
+
 def _checked(world: MpiWorld, device: int, mesh: Mesh, exc: BaseException) -> BaseException:
     """The exception to raise for a failure on this rank (after telling the others)."""
     err = exc if isinstance(exc, (CommAborted, KeyboardInterrupt)) else _on_device(exc, device, mesh)
@@ -79,19 +95,13 @@ def _checked(world: MpiWorld, device: int, mesh: Mesh, exc: BaseException) -> Ba
     return err
 
 
-class RankExecutable:
+class RankExecutable(_RankDevice):
     """This rank's device of a ParallelProgram (module doc)."""
 
     def __init__(self, program: ParallelProgram, world: MpiWorld, timeout_s: float):
         start = time.perf_counter()
-        self.program = program
-        self.mesh = program.mesh
-        self.world = world
-        self.device = world.rank
-        self.timeout_s = timeout_s
-        _check_size(self.mesh, world)
-        self.fingerprint = program_fingerprint(program)
-        world.check_same(self.fingerprint.encode(), "plan hash (the device programs they compiled)", SETUP_TIMEOUT_S)
+        super().__init__(program, world, timeout_s, "the device programs they compiled")
+        self.program: ParallelProgram = program
         world.setup({e[1] for p in program.devices for e in collective_sequence(p.graph)}, timeout_s)
         self.mine = program.devices[self.device]
         self.comm = MpiComm(world, self.device, timeout_s)
@@ -161,20 +171,14 @@ def _stage_mesh(program: PipelineProgram) -> Mesh:
     return Mesh(rest or {"stage": 1}, profile=mesh.profile)
 
 
-class RankPipelineExecutable:
+class RankPipelineExecutable(_RankDevice):
     """This rank's device of a PipelineProgram: its tasks in the schedule's order, values to and
     from other stages by Isend/Irecv (module doc)."""
 
     def __init__(self, program: PipelineProgram, world: MpiWorld, timeout_s: float):
         start = time.perf_counter()
-        self.program = program
-        self.mesh = program.mesh
-        self.world = world
-        self.device = world.rank
-        self.timeout_s = timeout_s
-        _check_size(self.mesh, world)
-        self.fingerprint = program_fingerprint(program)
-        world.check_same(self.fingerprint.encode(), "plan hash (the pipeline they compiled)", SETUP_TIMEOUT_S)
+        super().__init__(program, world, timeout_s, "the pipeline they compiled")
+        self.program: PipelineProgram = program
         groups = set()
         for task in program.tasks.values():
             stage = program.stage_devices[program.stage_of(task.device)]
