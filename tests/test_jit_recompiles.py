@@ -152,3 +152,19 @@ def test_parallelize_recompiles_are_bounded_and_named_too():
         for k in range(RECOMPILE_WARNING_AFTER + 1):
             pf(np.ones(4, np.float32), k)
     assert len(pf._compiled) == RECOMPILE_WARNING_AFTER + 1
+
+
+def test_warm_calls_with_positional_arrays_take_the_fast_path_and_stay_exact():
+    """Jitted.__call__ keys calls of positional numpy arrays by (shape, dtype) alone: alternating
+    shapes and dtypes, strided views and subclasses must still get their own specialization."""
+    f = graphc.jit(lambda x, y: np.tanh(x * y) + x.sum(axis=0))
+    a32 = np.arange(12, dtype=np.float32).reshape(3, 4) / 7
+    a64 = a32.astype(np.float64)
+    b = np.arange(20, dtype=np.float32).reshape(5, 4) / 9
+    for _ in range(3):
+        for x in (a32, a64, b, b[::2], np.asfortranarray(b), np.ma.masked_array(a32)):
+            got = f(x, x)
+            want = np.tanh(x * x) + x.sum(axis=0)
+            assert got.dtype == np.asarray(want).dtype and got.shape == want.shape
+            np.testing.assert_allclose(got, np.asarray(want), rtol=1e-6)
+    assert len(f._cache) == 3  # f32[3,4] (a32, b[::2], the masked array), f64[3,4], f32[5,4]

@@ -55,6 +55,11 @@ class Compiled:
         outs = self.executable.run_flat(arrays)
         return unflatten(self.graph.out_tree, [as_numpy_result(o) for o in outs])
 
+    def run_flat_args(self, arrays: list[np.ndarray]) -> Any:
+        """Run on arrays that are exactly the graph's inputs (checked by the caller's cache key)."""
+        outs = self.executable.run_flat(arrays)
+        return unflatten(self.graph.out_tree, [as_numpy_result(o) for o in outs])
+
     def stats(self) -> dict[str, Any]:
         kernels = [len(n.regions[0].nodes) for n in walk(self.graph.nodes) if n.op.name == "fused"]
         return {
@@ -341,6 +346,9 @@ class Jitted:
         self.static_argnames = self.static.names
         self.passes = passes
         self._cache = Specializations(getattr(fn, "__name__", "the function"))
+        # calls with only positional numpy arrays (the common case): (shape, dtype) of each ->
+        # the full cache key, so a warm call skips flattening and the key's pytree walk (~10 us)
+        self._fast: dict[tuple, Any] = {}
         self._lock = threading.Lock()
         functools.update_wrapper(self, fn)
 
@@ -353,11 +361,17 @@ class Jitted:
         return self._compile(*self.static.split(args, kwargs))
 
     def _compile(self, args: tuple, kwargs: dict, static: dict) -> Compiled:
+        return self._compile_keyed(args, kwargs, static)[0]
+
+    def _compile_keyed(self, args: tuple, kwargs: dict, static: dict) -> tuple[Compiled, Any]:
         targs, tkwargs = self.static.for_trace(args, kwargs)
         key = self.static.key(targs, tkwargs, static)
         hit = self._cache.get(key)
         if hit is not None:
-            return hit
+            return hit, key
+        return self._build(key, targs, tkwargs, args, kwargs, static), key
+
+    def _build(self, key, targs: tuple, tkwargs: dict, args: tuple, kwargs: dict, static: dict) -> Compiled:
         with self._lock:
             hit = self._cache.get(key)
             if hit is not None:
@@ -380,8 +394,20 @@ class Jitted:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if current_context() is not None:  # called inside a trace (grad of a jitted function...): inline
             return self.fn(*args, **kwargs)
+        fast = None
+        if not kwargs and not self.static.names and all(type(a) is np.ndarray for a in args):
+            fast = tuple((a.shape, a.dtype) for a in args)
+            key = self._fast.get(fast)
+            hit = self._cache.get(key) if key is not None else None
+            if hit is not None:  # the arguments are the graph's inputs, of its shapes and dtypes
+                return hit.run_flat_args(list(args))
         args, kwargs, static = self.static.split(args, kwargs)  # once per call
-        return self._compile(args, kwargs, static).run(args, kwargs)
+        compiled, key = self._compile_keyed(args, kwargs, static)
+        if fast is not None:
+            if len(self._fast) >= 4 * MAX_SPECIALIZATIONS:
+                self._fast.clear()
+            self._fast[fast] = key
+        return compiled.run(args, kwargs)
 
 
 def jit(
