@@ -106,26 +106,9 @@ def operand_kind(shape: tuple[int, ...], space: tuple[int, ...], row_level: bool
     return OperandKind("full")  # materialized by the caller
 
 
-def prepare_operand(x: np.ndarray, kind: OperandKind, space: tuple[int, ...]) -> np.ndarray:
-    """The array the kernel reads for an operand of this kind (a view when possible)."""
-    n = space[-1] if space else 1
-    rows = int(np.prod(space[:-1], dtype=np.int64)) if space else 1
-    if kind.kind == "scalar":
-        return np.ascontiguousarray(x).reshape(1)
-    if kind.kind == "row":
-        return np.ascontiguousarray(x).reshape(rows)
-    if kind.kind == "vec":
-        return np.ascontiguousarray(x).reshape(n)
-    if kind.kind == "periodic":
-        return np.ascontiguousarray(x).reshape(kind.period, n)
-    if x.shape != tuple(space):
-        x = np.broadcast_to(x, space)
-    return np.ascontiguousarray(x).reshape(rows, n)
-
-
 def _operand_shape(kind: OperandKind, space: tuple[int, ...], rows: int, n: int):
-    """(the shape ``prepare_operand`` gives an operand of this kind, the shape a "full" operand is
-    broadcast to first, or None)."""
+    """(the shape the kernel reads an operand of this kind in, a view when the operand is
+    C-contiguous; the shape a "full" operand is broadcast to first, or None)."""
     if kind.kind == "scalar":
         return (1,), None
     if kind.kind == "row":

@@ -136,6 +136,25 @@ def _sum_in_rank_order(dst: np.ndarray, parts: list[np.ndarray], own: int | None
 # --- the interface --------------------------------------------------------------------------------
 
 
+def all_to_all_args(x, group, split_dim, concat_dim, split_blocks: int, concat_blocks: int):
+    """An all_to_all's checked arguments, as every backend takes them: (x as an array, group
+    size, split dim, concat dim, the attributes members compare)."""
+    x = np.asarray(x)
+    n = len(group)
+    sd, cd = _axis(split_dim, x.ndim), _axis(concat_dim, x.ndim)
+    if sd == cd:
+        raise ValueError(f"all_to_all: split_dim and concat_dim must differ, both are {sd}")
+    _check_split(x.shape[sd], n, split_blocks, "all_to_all split")
+    _check_split(x.shape[cd] * n, n, concat_blocks, "all_to_all concat")
+    attrs = (
+        ("split_dim", split_dim),
+        ("concat_dim", concat_dim),
+        ("split_blocks", split_blocks),
+        ("concat_blocks", concat_blocks),
+    )
+    return x, n, sd, cd, attrs
+
+
 class Communicator(abc.ABC):
     """What one device uses to talk to the others (backend-neutral).
 
@@ -561,19 +580,7 @@ class ThreadComm(Communicator):
         return out
 
     def all_to_all(self, x, group, split_dim, concat_dim, split_blocks=1, concat_blocks=1):
-        x = np.asarray(x)
-        n = len(group)
-        sd, cd = _axis(split_dim, x.ndim), _axis(concat_dim, x.ndim)
-        if sd == cd:
-            raise ValueError(f"all_to_all: split_dim and concat_dim must differ, both are {sd}")
-        _check_split(x.shape[sd], n, split_blocks, "all_to_all split")
-        _check_split(x.shape[cd] * n, n, concat_blocks, "all_to_all concat")
-        attrs = (
-            ("split_dim", split_dim),
-            ("concat_dim", concat_dim),
-            ("split_blocks", split_blocks),
-            ("concat_blocks", concat_blocks),
-        )
+        x, n, sd, cd, attrs = all_to_all_args(x, group, split_dim, concat_dim, split_blocks, concat_blocks)
         call = self._begin("all_to_all", group, attrs, x, x)
         shape = _with_dim(x.shape, sd, _piece_len(x.shape[sd], n, call.rank, split_blocks))
         out = self.alloc(_with_dim(shape, cd, x.shape[cd] * n), x.dtype)

@@ -39,6 +39,7 @@ from graphc.runtime.comm import (
     _sum_in_rank_order,
     _view,
     _with_dim,
+    all_to_all_args,
 )
 from graphc.runtime.mpi_world import DEFAULT_TIMEOUT_S, MpiWorld
 
@@ -465,19 +466,7 @@ class MpiComm(Communicator):
         return out
 
     def all_to_all(self, x, group, split_dim, concat_dim, split_blocks=1, concat_blocks=1):
-        x = np.asarray(x)
-        n = len(group)
-        sd, cd = _axis(split_dim, x.ndim), _axis(concat_dim, x.ndim)
-        if sd == cd:
-            raise ValueError(f"all_to_all: split_dim and concat_dim must differ, both are {sd}")
-        _check_split(x.shape[sd], n, split_blocks, "all_to_all split")
-        _check_split(x.shape[cd] * n, n, concat_blocks, "all_to_all concat")
-        attrs = (
-            ("split_dim", split_dim),
-            ("concat_dim", concat_dim),
-            ("split_blocks", split_blocks),
-            ("concat_blocks", concat_blocks),
-        )
+        x, n, sd, cd, attrs = all_to_all_args(x, group, split_dim, concat_dim, split_blocks, concat_blocks)
         call = self._begin("all_to_all", group, attrs, x)
         rank = call.rank
         shape = _with_dim(x.shape, sd, _piece_len(x.shape[sd], n, rank, split_blocks))

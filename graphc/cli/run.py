@@ -164,18 +164,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"numpy eager; predicted step {fmt_time(plan.cost.total_s)})"
     )
     print(f"  result equals numpy eager: {verdict}")
-    predicted = plan.memory.held  # values + redistribution buffers: what the runtime holds
-    print("  device  peak memory measured  predicted   collectives  comm time")
-    for d in sorted(prof):
-        p = prof[d]
-        comm = [e for e in p["events"] if e[4]]
-        print(
-            f"  {d:>6}  {fmt_bytes(p.get('peak_bytes', 0)):>20}  {fmt_bytes(predicted[d]):>9}   {len(comm):>11}  "
-            f"{fmt_time(sum(e[3] - e[2] for e in comm)):>9}"
-        )
-    if trace_out is not None:
-        atomic_write(trace_out.path, json.dumps(chrome_trace(prof, mesh)), make_dirs=trace_out.make_dirs)
-        print(f"wrote {trace_out.path} (open in https://ui.perfetto.dev)", file=sys.stderr)
+    _report(trace_out, compiled, prof, mesh)
     return 0 if verdict == "yes" else 1
 
 
@@ -377,6 +366,8 @@ def _step_times(world: MpiWorld, step, repeat: int) -> Any:
 
 
 def _report(trace_out: Output | None, compiled, profiles: dict[int, dict], mesh) -> None:
+    """Per device: measured peak memory against the plan's (values + redistribution buffers: what
+    the runtime holds), collectives and their time; the trace file, if asked for."""
     predicted = compiled.plan.memory.held
     print("  device  peak memory measured  predicted   collectives  comm time")
     for d in sorted(profiles):

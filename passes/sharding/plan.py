@@ -35,9 +35,10 @@ from graphc.core.errors import PlanError
 from graphc.core.files import atomic_write, check_record, dump_document, read_document
 from graphc.core.ir import Graph, print_graph
 from graphc.core.mesh import Mesh, MeshError
-from graphc.core.spec import Spec, SpecError, format_spec, local_shape, parse_spec
+from graphc.core.spec import Spec, SpecError, format_spec, parse_spec
 from graphc.core.units import fmt_bytes, fmt_rate, fmt_time
 from graphc.ops.dims import default_cost
+from graphc.passes.sharding.problem import local_nbytes
 from graphc.passes.sharding.redistribute import bucketed_step_time, plan_steps
 
 PLAN_VERSION = 2
@@ -745,13 +746,6 @@ def _item_name(item, names) -> str:
     return f"{item.kind} %{names[item.value]}"
 
 
-def _local_bytes(value, spec, mesh) -> int:
-    n = value.type.dtype.itemsize
-    for d in local_shape(value.type.shape, spec, tuple(mesh.shape)):
-        n *= d
-    return n
-
-
 def _alternatives(problem, choice, top: int = 3) -> dict[int, list[Alternative]]:
     """For every item (input, node, output): its best alternatives with everything else fixed:
     its compute, the redistributions on its edges and, for inputs, the bytes each device holds."""
@@ -776,8 +770,9 @@ def _alternatives(problem, choice, top: int = 3) -> dict[int, list[Alternative]]
             st = it.strategies[s]
             mem = None
             if it.kind == "input":
-                mem = _local_bytes(it.value, st.out_specs[0], problem.mesh) - _local_bytes(
-                    it.value, chosen.out_specs[0], problem.mesh
+                mesh_shape = tuple(problem.mesh.shape)
+                mem = local_nbytes(it.value.type, st.out_specs[0], mesh_shape) - local_nbytes(
+                    it.value.type, chosen.out_specs[0], mesh_shape
                 )
             alts.append(Alternative(tuple(st.out_specs), float(delta[s]), st.name, st.compute_s, float(comm[s]), mem))
         out[i] = alts

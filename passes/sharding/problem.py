@@ -18,6 +18,7 @@ use (outputs to the end). All meshes here split evenly, so every device has the 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -131,15 +132,9 @@ class Problem:
         """(distinct specs, index per strategy) of an item's result / operand ``k`` (cached)."""
         return distinct_specs(self._spec_cache, self.items[item].strategies, side, k)
 
-    def edge_matrix(self, e: Edge) -> np.ndarray:
-        """Redistribution time for every (producer strategy, consumer strategy) pair; computed
-        on the distinct specs only, and once per distinct (type, specs) combination."""
-        small, ui, vi = self.edge_table(e)
-        return small[np.ix_(ui, vi)]
-
     def edge_times_at(self, e: Edge, item: int, choice: list[int]) -> np.ndarray:
         """The edge's time for every strategy of ``item`` (one of its ends), the other end as
-        ``choice`` has it: a row or column of ``edge_matrix`` without building the matrix."""
+        ``choice`` has it: a row or column of the edge's cost table (``edge_table``)."""
         small, ui, vi = self.edge_table(e)
         return small[ui, vi[choice[e.dst]]] if item == e.src else small[ui[choice[e.src]], vi]
 
@@ -208,26 +203,14 @@ class Problem:
         return [(v, i, a, end if id(v) in outputs else b) for v, i, a, b in out]
 
     def value_bytes(self, v: Value, item: int, s: int) -> int:
-        strat = self.items[item].strategies[s]
-        idx = 0 if self.items[item].kind == "input" else v.index
-        spec = strat.out_specs[idx]
-        n = v.type.dtype.itemsize
-        for d in local_shape(v.type.shape, spec, tuple(self.mesh.shape)):
-            n *= d
-        return n
+        it = self.items[item]
+        spec = it.strategies[s].out_specs[0 if it.kind == "input" else v.index]
+        return local_nbytes(v.type, spec, tuple(self.mesh.shape))
 
     def memory_profile(self, choice: list[int]) -> np.ndarray:
         delta = np.zeros(len(self.order) + 1, dtype=np.float64)
-        mesh_shape = tuple(self.mesh.shape)
-        local: dict[tuple, int] = {}  # (type, spec) -> bytes on a device
         for v, i, a, b in self.live_ranges():
-            it = self.items[i]
-            spec = it.strategies[choice[i]].out_specs[0 if it.kind == "input" else v.index]
-            nb = local.get((v.type, spec))
-            if nb is None:
-                nb = local[(v.type, spec)] = v.type.dtype.itemsize * math.prod(
-                    local_shape(v.type.shape, spec, mesh_shape)
-                )
+            nb = self.value_bytes(v, i, choice[i])
             delta[a] += nb
             delta[b + 1] -= nb
         return np.cumsum(delta[:-1])
@@ -252,9 +235,7 @@ class Problem:
             at = pos[e.dst]
             span = spans.get((e.value, dst))
             if span is None:
-                t = e.value.type
-                nbytes = t.dtype.itemsize * int(np.prod(local_shape(t.shape, dst, mesh_shape)))
-                spans[(e.value, dst)] = [nbytes, at, at]
+                spans[(e.value, dst)] = [local_nbytes(e.value.type, dst, mesh_shape), at, at]
             else:
                 span[1], span[2] = min(span[1], at), max(span[2], at)
         for v, hub, at in hub_reads:  # the redistributed hub lives until its last reader
@@ -279,6 +260,13 @@ class Problem:
         prof = self.memory_profile(choice)
         at = int(np.argmax(prof)) if len(prof) else 0
         return (int(prof[at]) if len(prof) else 0), at
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def local_nbytes(t: TensorType, spec, mesh_shape: tuple[int, ...]) -> int:
+    """Bytes one device holds of a tensor of type ``t`` placed by ``spec`` (remembered: a memory
+    profile asks for the same few thousand (type, spec) pairs for every value of every layer)."""
+    return t.dtype.itemsize * math.prod(local_shape(t.shape, spec, mesh_shape))
 
 
 # Ops whose numpy implementation returns a view of its operand (runtime/executor.py runs them
