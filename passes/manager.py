@@ -1,6 +1,6 @@
 """The pass manager: named passes, the default pipeline, IR dumps after every pass.
 
-    traced --fold_constants--> --simplify--> --cse--> --dce--> --fuse--> optimized
+    traced --fold_constants--> --simplify--> --cse--> --batch_projections--> --batch_products--> --cse--> --dce--> --fuse--> optimized
 
 Each pass is a function Graph -> Graph that does not mutate its input and returns it unchanged
 when it did nothing. ``optimize`` runs a pipeline, verifying the graph after every pass when
@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from graphc.core.errors import GraphcError, VerifyError
 from graphc.core.files import atomic_write
 from graphc.core.ir import Graph
+from graphc.passes.batching import batch_products, batch_projections
 from graphc.passes.cse import cse
 from graphc.passes.dce import dce
 from graphc.passes.fold import fold_constants
@@ -28,11 +29,13 @@ PASSES: dict[str, Callable[[Graph], Graph]] = {
     "fold_constants": fold_constants,
     "simplify": simplify,
     "cse": cse,
+    "batch_projections": batch_projections,
+    "batch_products": batch_products,
     "dce": dce,
     "fuse": fuse,
 }
 
-DEFAULT_PIPELINE = ("fold_constants", "simplify", "cse", "dce", "fuse")
+DEFAULT_PIPELINE = ("fold_constants", "simplify", "cse", "batch_projections", "batch_products", "cse", "dce", "fuse")
 
 
 @dataclass

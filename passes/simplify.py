@@ -6,6 +6,10 @@ for bit except x**3 -> x*x*x, which can differ in the last bit (x**2 -> x*x is e
 computes squares that way too). Regrouping products of constants is not done: (x*c1)*c2 and
 x*(c1*c2) can differ by overflow or underflow, not only in the last bit.
 
+``add_of_pads`` turns a sum of zero-padded slices into one concatenate, which keeps values but
+not the sign of a zero. (Rules that reassociate sums, for speed on one device, are in
+passes/batching.py: the planner does not see them.)
+
 Assumes: a verified graph. Guarantees: the output verifies and computes the same results.
 """
 
@@ -22,10 +26,10 @@ Rule = Callable[[Rewriter, Node, list[Value]], list[Value] | None]
 RULES: dict[str, list[Rule]] = {}
 
 
-def rule(*opnames: str):
+def rule(*opnames: str, table: dict[str, list[Rule]] = RULES):
     def register(fn: Rule) -> Rule:
         for name in opnames:
-            RULES.setdefault(name, []).append(fn)
+            table.setdefault(name, []).append(fn)
         return fn
 
     return register
@@ -167,31 +171,112 @@ def implicit_broadcast(rw, node, ops):  # f(x, broadcast_to(y)) -> f(x, y): elem
     return list(rw.emit(node.op.name, changed, dict(node.attrs), node).outputs)
 
 
-def simplify_block(inputs: list[Value], nodes: list[Node], outputs: list[Value]) -> tuple[list[Node], list[Value]]:
-    rw = Rewriter()
-    for node in nodes:
-        _simplify_node(rw, node)
-    return finish(rw, nodes, outputs)
+# --- sums of zero-padded pieces: the backward of slices ------------------------------------
+# The gradient of x[..., a:b] is its cotangent zero-padded back to x's shape, and the gradients of
+# several slices of one value (the gates of an LSTM, q/k/v of a fused projection) add up to a sum
+# of pads. Where the pieces lie along one dim without overlapping, the sum is one concatenate of
+# the pieces (with zeros in any gap) padded once: no full-size temporaries, no additions. Only
+# the sign of a zero can differ (x + 0.0 makes -0.0 into +0.0; the concatenate keeps it).
 
 
-def _simplify_node(rw: Rewriter, node: Node) -> None:
-    ops = rw.operands(node)
-    for rule_fn in RULES.get(node.op.name, ()):
-        start = len(rw.nodes)
-        replacement = rule_fn(rw, node, ops)
-        if replacement is None:
-            del rw.nodes[start:]  # a rule that declined leaves no nodes behind
-            continue
-        # the nodes the rule emitted may simplify further: run the driver on them (fixpoint)
-        emitted = rw.nodes[start:]
-        del rw.nodes[start:]
-        for new in emitted:
-            _simplify_node(rw, new)
-        rw.replace(node, [rw.get(v) for v in replacement])
-        return
-    rw.keep(node, map_regions(node, simplify_block))
+def _segments(v: Value) -> tuple[int, list[tuple[int, int, Value | None]], tuple] | None:
+    """(dim, [(start, stop, piece or None for zeros)], widths of the other dims) of a zero pad that
+    is non-trivial along exactly one dim, or None. A pad of a concatenate counts its parts."""
+    node = v.producer
+    if node is None or node.op.name != "pad" or node.attrs["value"] != 0:
+        return None
+    widths = node.attrs["widths"]
+    dims = [d for d, w in enumerate(widths) if w != (0, 0)]
+    if len(dims) != 1:
+        return None
+    d = dims[0]
+    x = node.inputs[0]
+    start = widths[d][0]
+    parts = [x]
+    if x.producer is not None and x.producer.op.name == "concatenate" and x.producer.attrs["axis"] == d:
+        parts = list(x.producer.inputs)
+    segs: list[tuple[int, int, Value | None]] = []
+    for p in parts:
+        n = p.shape[d]
+        segs.append((start, start + n, None if _is_zeros(p) else p))
+        start += n
+    return d, segs, tuple(w for k, w in enumerate(widths) if k != d)
+
+
+def _is_zeros(v: Value) -> bool:
+    node = v.producer
+    return node is not None and node.op.name == "broadcast_to" and _is(node.inputs[0], 0)
+
+
+@rule("add")
+def add_of_pads(rw, node, ops):  # pad(a) + pad(b), pieces side by side -> pad(concatenate([a, b]))
+    x, y = ops
+    out = node.outputs[0].type
+    if x.type != out or y.type != out:
+        return None
+    sx, sy = _segments(x), _segments(y)
+    if sx is None or sy is None or sx[0] != sy[0] or sx[2] != sy[2]:
+        return None
+    d = sx[0]
+    pieces = sorted((s for s in sx[1] + sy[1] if s[2] is not None), key=lambda s: s[0])
+    if any(a[1] > b[0] for a, b in zip(pieces, pieces[1:])):
+        return None  # overlapping pieces really add
+    lo, hi = pieces[0][0], pieces[-1][1]
+    parts: list[Value] = []
+    at = lo
+    for start, stop, piece in pieces:
+        if start > at:  # a gap between pieces: zeros
+            shape = list(out.shape)
+            shape[d] = start - at
+            zero = rw.constant(np.zeros((), out.dtype), node)
+            parts.append(rw.emit("broadcast_to", [zero], {"shape": tuple(shape)}, node).outputs[0])
+        assert piece is not None
+        parts.append(piece)
+        at = stop
+    joined = parts[0] if len(parts) == 1 else rw.emit("concatenate", parts, {"axis": d}, node).outputs[0]
+    widths = list(x.producer.attrs["widths"])
+    widths[d] = (lo, out.shape[d] - hi)
+    return list(rw.emit("pad", [joined], {"widths": tuple(widths), "value": 0}, node).outputs)
+
+
+@rule("pad")
+def pad_noop(rw, node, ops):  # pad by nothing -> x
+    return [ops[0]] if all(w == (0, 0) for w in node.attrs["widths"]) and _same_type(node, ops[0]) else None
+
+
+def rewrite_with(table: dict[str, list[Rule]]) -> Callable[[Graph], Graph]:
+    """The pass that applies the rules of ``table`` until none applies (this module's ``simplify``
+    is ``rewrite_with(RULES)``; passes/batching.py has another table)."""
+
+    def block(inputs: list[Value], nodes: list[Node], outputs: list[Value]) -> tuple[list[Node], list[Value]]:
+        rw = Rewriter()
+        for node in nodes:
+            one(rw, node)
+        return finish(rw, nodes, outputs)
+
+    def one(rw: Rewriter, node: Node) -> None:
+        ops = rw.operands(node)
+        for rule_fn in table.get(node.op.name, ()):
+            start = len(rw.nodes)
+            replacement = rule_fn(rw, node, ops)
+            if replacement is None:
+                del rw.nodes[start:]  # a rule that declined leaves no nodes behind
+                continue
+            # the nodes the rule emitted may simplify further: run the driver on them (fixpoint)
+            emitted = rw.nodes[start:]
+            del rw.nodes[start:]
+            for new in emitted:
+                one(rw, new)
+            rw.replace(node, [rw.get(v) for v in replacement])
+            return
+        rw.keep(node, map_regions(node, block))
+
+    return lambda graph: apply_to_graph(graph, block)
+
+
+_simplify = rewrite_with(RULES)
 
 
 def simplify(graph: Graph) -> Graph:
     """Apply the algebraic rewrite rules until none applies."""
-    return apply_to_graph(graph, simplify_block)
+    return _simplify(graph)

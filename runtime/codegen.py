@@ -511,17 +511,21 @@ class CompiledKernel:
     def __call__(self, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
         operands = []
         for a, (shape, full) in zip(arrays, self._operand_shapes):
-            if full is not None and a.shape != full:
-                a = np.broadcast_to(a, full)  # materialized by ascontiguousarray below
-            if not a.flags.c_contiguous:
+            if a.shape != shape:  # (an operand already in the kernel's shape needs no view)
+                if full is not None and a.shape != full:
+                    a = np.broadcast_to(a, full)  # materialized by ascontiguousarray below
+                if not a.flags.c_contiguous:
+                    a = np.ascontiguousarray(a)
+                a = a.reshape(shape)
+            elif not a.flags.c_contiguous:
                 a = np.ascontiguousarray(a)
-            operands.append(a.reshape(shape))
+            operands.append(a)
         outs = []
         views = []
         for shape, dtype, view in self._out_shapes:
             buf = self.alloc(shape, dtype)
             outs.append(buf)
-            views.append(buf.reshape(view))
+            views.append(buf if shape == view else buf.reshape(view))
         threads = kernel_threads() if self._may_split else 1
         if threads > 1 and self.rows >= threads:
             # rows split evenly; the caller runs the first share, pool threads the others (nogil)

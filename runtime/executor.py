@@ -15,17 +15,19 @@ peak, the number the planner's memory model predicts (passes/sharding/problem.py
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from graphc.core.errors import NUMPY_ERRORS, GraphcError, NumpyError, note_where, numpy_error
 from graphc.core.ir import Graph, Node, Value, check_runnable
+from graphc.ops.shape import slice_index
 
 
 class BufferPool:
@@ -110,21 +112,28 @@ class Program:
         self.nodes: list[Node] = []  # the node of each step (for error messages)
         # one step per node: (function, operand slots, result slots, slots freed after it)
         steps: list[tuple[Callable, list[int], list[int], list[int]]] = []
-        small: set[int] = set()  # slots of small fresh arrays: not pooled, not counted
+        # slots of small arrays that cannot look into a counted buffer (small fresh arrays, and
+        # small views of those, of inputs or of constants): not pooled, not counted
+        small: set[int] = set()
+        uncounted_roots = set(range(len(inputs)))  # inputs: never the run's to free
         for node in nodes:
             if node.op.name == "constant":
                 slot[node.outputs[0]] = len(slot)
                 self.constants.append((slot[node.outputs[0]], np.asarray(node.attrs["value"])))
+                uncounted_roots.add(slot[node.outputs[0]])
                 continue
             fn = self._make_step(node, stats)
+            safe_operands = all(slot[v] in small or slot[v] in uncounted_roots for v in node.inputs)
             for o in node.outputs:
                 slot[o] = len(slot)
-                if _small_fresh(node, o):
+                if _small_fresh(node, o) or (safe_operands and o.type.nbytes < SMALL_BYTES and not node.regions):
                     small.add(slot[o])
             steps.append((fn, [slot[v] for v in node.inputs], [slot[o] for o in node.outputs], []))
             self.nodes.append(node)
         self.n_slots = len(slot)
         self.out_slots = [slot[v] for v in outputs]
+        # outputs that may be the pool's buffers (Executable.run_flat takes them out of it)
+        self.pooled_outputs = [k for k, s in enumerate(self.out_slots) if s not in small]
         keep = set(self.out_slots) | {s for s, _ in self.constants}
         last: dict[int, int] = {}
         for k, step in enumerate(steps):
@@ -146,6 +155,62 @@ class Program:
             )
             for fn, ins, outs, frees in steps
         ]
+
+        # a program whose every value is small keeps no accounting: it runs as one generated
+        # straight-line Python function (a call per step, locals for slots), as torch.fx does
+        self._straight = self._straight_line() if not any(st[3] or st[4] for st in self.steps) else None
+
+    def _straight_line(self) -> Callable[[Sequence[np.ndarray]], list]:
+        """``run`` of this program as generated Python: ``v7 = f3(v0, v5)`` per step, ``del`` after
+        each slot's last use, constants and step functions as globals. ``self.lines[i]`` is the
+        line of step i, for errors."""
+        names = {s: f"v{s}" for s in range(self.n_slots)}
+        env: dict[str, Any] = {}
+        lines = [f"def run({', '.join(names[s] for s in range(self.n_inputs))}):"]
+        for s, value in self.constants:
+            env[names[s]] = value
+        step_line: dict[int, int] = {}
+        uses: dict[int, int] = {}
+        for st in self.steps:
+            for i in st[1]:
+                uses[i] = uses.get(i, 0) + 1
+        for s in self.out_slots:
+            uses[s] = uses.get(s, 0) + 1
+        # views used once: their expression and the slots it reads, in the line of their user
+        inline: dict[int, tuple[str, set[int]]] = {}
+        body: list[tuple[str, set[int], int]] = []  # (line, slots it reads, step)
+        for k, (fn, ins, outs, _counted, _frees, _small_frees) in enumerate(self.steps):
+            node = self.nodes[k]
+            args, reads = [], set()
+            for i in ins:
+                expr, more = inline.pop(i, (names[i], {i}))
+                args.append(expr)
+                reads |= more
+            view = _view_expression(node, args[0], k) if node.op.name in _VIEW_STEPS else None
+            if view is not None:
+                env[f"a{k}"] = view[1]
+                if uses.get(outs[0], 0) == 1 and outs[0] not in self.out_slots:
+                    inline[outs[0]] = (view[0], reads)
+                    continue
+                body.append((f"    {names[outs[0]]} = {view[0]}", reads, k))
+                continue
+            env[f"f{k}"] = fn
+            body.append((_call_line(node, [names[o] for o in outs], f"f{k}({', '.join(args)})"), reads, k))
+        # each local made by a step is deleted after the last line that reads it (not the results)
+        keep = set(self.out_slots) | {s for s, _ in self.constants} | set(range(self.n_inputs))
+        dies = _last_reads(body, keep, names)
+        for n, (line, _reads, k) in enumerate(body):
+            lines.append(line)
+            step_line[len(lines)] = k
+            if n in dies:
+                lines.append(f"    del {', '.join(dies[n])}")
+        lines.append(f"    return [{', '.join(names[s] for s in self.out_slots)}]")
+        source = "\n".join(lines) + "\n"
+        code = compile(source, "<graphc program>", "exec")
+        exec(code, env)
+        self._step_of_line = step_line
+        fn = env["run"]
+        return lambda args: fn(*args)
 
     def _make_step(self, node: Node, stats: dict[str, Any]) -> Callable:
         name = node.op.name
@@ -174,16 +239,35 @@ class Program:
 
             return run_control
         if name == "matmul":
-            return _matmul
-        evaluate = node.op.evaluate
+            return _matmul if max(v.type.ndim for v in node.inputs) > 2 else np.matmul
         attrs = node.attrs
+        if name == "slice":
+            index = slice_index(attrs["starts"], attrs["stops"], attrs["steps"])
+            return lambda x: x[index]
+        if name == "reshape":
+            shape = attrs["shape"]
+            return lambda x: x.reshape(shape)
+        if name == "transpose":
+            perm = attrs["perm"]
+            return lambda x: x.transpose(perm)
+        if len(node.outputs) == 1 and node.outputs[0].type.ndim:
+            # one array result: the impl's own (numpy returns arrays, not scalars, for ndim >= 1),
+            # without OpDef.evaluate's tuple and asarray (~1 us a step, more than a small op)
+            return functools.partial(node.op.impl, **attrs) if attrs else node.op.impl
+        evaluate = node.op.evaluate
         if not attrs:
             return evaluate
         return lambda *xs: evaluate(*xs, **attrs)
 
-    def run(self, args: list[np.ndarray], profile: dict | None = None) -> list[np.ndarray]:
+    def run(self, args: Sequence[np.ndarray], profile: dict | None = None) -> list[np.ndarray]:
         if profile is not None:
             return self._run_profiled(args, profile)
+        if self._straight is not None:
+            return self._run_straight(args)
+        return self._run_counted(args)
+
+    def _run_counted(self, args: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """The steps one by one, counting the live bytes and trimming the pool (see the module doc)."""
         env: list[Any] = [None] * self.n_slots
         env[: self.n_inputs] = args
         for s, value in self.constants:
@@ -228,7 +312,23 @@ class Program:
         self.high_water = high
         return [env[s] for s in self.out_slots]
 
-    def _run_profiled(self, args: list[np.ndarray], profile: dict) -> list[np.ndarray]:
+    def _run_straight(self, args: Sequence[np.ndarray]) -> list[np.ndarray]:
+        assert self._straight is not None
+        try:
+            return self._straight(args)
+        except Exception as exc:
+            tb = exc.__traceback__
+            while tb is not None and tb.tb_frame.f_code.co_filename != "<graphc program>":
+                tb = tb.tb_next
+            if tb is None:
+                raise
+            node = self.nodes[self._step_of_line[tb.tb_lineno]]
+            note_where(exc, node.op.name, node.loc)
+            if _is_numpy_error(exc):
+                raise numpy_error(exc, NumpyError).with_traceback(exc.__traceback__) from None
+            raise
+
+    def _run_profiled(self, args: Sequence[np.ndarray], profile: dict) -> list[np.ndarray]:
         """``run`` that records every step (name, source line, start, end, bytes) in
         ``profile["events"]`` and the peak bytes the device holds in ``profile["peak_bytes"]``:
         its inputs and constants, the arrays its steps made (views count nothing) and the free
@@ -300,6 +400,45 @@ SMALL_BYTES = 1 << 16
 _FRESH_KINDS = ("elementwise", "reduction", "contraction", "fused")  # never a view of an operand
 
 
+_ARRAY_STEPS = ("matmul", "slice", "reshape", "transpose")  # steps that return their one result itself
+
+
+def _call_line(node: Node, outs: list[str], call: str) -> str:
+    if len(outs) > 1:
+        return f"    {', '.join(outs)}, = {call}"
+    (v,) = outs
+    if node.op.name in _ARRAY_STEPS:
+        return f"    {v} = {call}"
+    # a tuple or list of one result, or the result itself (see Program.run)
+    return f"    {v} = {call}; {v} = {v}[0] if type({v}) is tuple or type({v}) is list else {v}"
+
+
+def _last_reads(body: list[tuple[str, set[int], int]], keep: set[int], names: dict[int, str]) -> dict[int, list[str]]:
+    """Line number -> the locals last read by that line (other than ``keep``)."""
+    last: dict[int, int] = {}
+    for n, (_line, reads, _k) in enumerate(body):
+        for r in reads:
+            last[r] = n
+    dies: dict[int, list[str]] = {}
+    for r, n in last.items():
+        if r not in keep:
+            dies.setdefault(n, []).append(names[r])
+    return {n: sorted(d) for n, d in dies.items()}
+
+
+_VIEW_STEPS = ("slice", "reshape", "transpose")
+
+
+def _view_expression(node: Node, operand: str, k: int) -> tuple[str, Any] | None:
+    """Python source of a view step on ``operand`` (its attribute bound as the global ``a{k}``)."""
+    a = node.attrs
+    if node.op.name == "slice":
+        return f"{operand}[a{k}]", slice_index(a["starts"], a["stops"], a["steps"])
+    if node.op.name == "reshape":
+        return f"{operand}.reshape(a{k})", a["shape"]
+    return f"{operand}.transpose(a{k})", a["perm"]
+
+
 def _small_fresh(node: Node, v: Value) -> bool:
     return node.op.kind in _FRESH_KINDS and v.type.nbytes < SMALL_BYTES
 
@@ -309,7 +448,7 @@ class _Buffers:
     its root buffer (a transpose of a fresh temporary holds the temporary), inputs and constants
     count nothing (they are not the run's to free)."""
 
-    def __init__(self, args: list, constants: list[tuple[int, np.ndarray]]):
+    def __init__(self, args: Sequence[np.ndarray], constants: list[tuple[int, np.ndarray]]):
         self.users: dict[int, list] = {}  # id of a root buffer -> [values looking into it, bytes]
         for a in [*args, *(c for _, c in constants)]:
             root = _root(a)
@@ -394,8 +533,23 @@ class Executable:
         self.stats["build_s"] = time.perf_counter() - start
 
     def run_flat(self, arrays: list[np.ndarray], profile: dict | None = None) -> list[np.ndarray]:
-        outs = self.program.run([np.asarray(a) for a in arrays], profile)
-        for o in outs:
-            self.pool.forget(o)
+        if profile is not None:
+            return self._handed_out(self.program.run([np.asarray(a) for a in arrays], profile))
+        return self.run_arrays([np.asarray(a) for a in arrays])
+
+    def run_arrays(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """``run_flat`` of arguments that are all ndarrays already."""
+        return self._handed_out(self.program.run(arrays))
+
+    def _handed_out(self, outs: list) -> list[np.ndarray]:
+        pooled = self.program.pooled_outputs
+        if pooled:
+            for k in pooled:
+                self.pool.forget(outs[k])
         # constants are read-only and shared between calls: callers get writeable copies
-        return [o if o.flags.writeable else o.copy() for o in map(np.asarray, outs)]
+        for k, o in enumerate(outs):
+            if type(o) is not np.ndarray:
+                o = outs[k] = np.asarray(o)
+            if not o.flags.writeable:
+                outs[k] = o.copy()
+        return outs

@@ -1,0 +1,136 @@
+"""The runtime's low-overhead paths (issue 19) keep their meaning: the straight-line code of
+small programs (views inlined, dead values deleted), the rewrites of training-step backward
+passes (sums of padded slices, batched weight gradients), and the RNN models whose hand-written
+backward is the benchmark's peer."""
+
+import numpy as np
+import pytest
+
+import graphc
+from graphc.core.ir import walk
+from graphc.models import rnn
+from graphc.runtime.executor import Executable
+from tests.helpers import assert_arrays_close
+
+
+def close(got, want, rtol, atol):
+    assert_arrays_close([got], [want], rtol, atol)
+
+
+@pytest.mark.parametrize(
+    "example, loss, hand",
+    [
+        (rnn.example_args, rnn.elman_loss, rnn.elman_loss_and_grads_numpy),
+        (rnn.example_lstm_args, rnn.lstm_loss, rnn.lstm_loss_and_grads_numpy),
+    ],
+)
+@pytest.mark.parametrize("steps, batch", [(20, 8), (1, 1), (3, 2)])
+def test_rnn_hand_written_gradients_equal_graphc(example, loss, hand, steps, batch):
+    (params, xs, ys), _ = example(steps=steps, batch=batch)
+    want_loss, want = hand(params, xs, ys)
+    got_loss, got = graphc.jit(graphc.value_and_grad(loss))(params, xs, ys)
+    assert got_loss.dtype == want_loss.dtype == np.float32
+    close(got_loss, want_loss, 1e-5, 1e-6)
+    for k in params:
+        assert got[k].dtype == np.float32
+        close(got[k], want[k], 1e-4, 1e-6)
+    close(graphc.jit(loss)(params, xs, ys), loss(params, xs, ys), 1e-5, 1e-6)
+
+
+def _ops(fn, *args):
+    return [n.op.name for n in walk(graphc.jit(fn).compile(*args).graph.nodes)]
+
+
+@pytest.mark.parametrize("bounds", [(0, 3, 5, 8), (0, 2, 6, 8), (1, 3, 5, 7), (0, 8)])
+def test_gradients_of_slices_are_one_concatenate(bounds):
+    """d/dx of f(x[:, a:b], x[:, c:d], ...): the sum of the slices' padded cotangents becomes a
+    concatenate (zeros in the gaps); values equal the reference interpreter."""
+    pieces = list(zip(bounds[::2], bounds[1::2]))
+
+    def loss(x, w):
+        return sum(np.sum(np.tanh(x[:, a:b]) * w[: b - a] * (k + 1)) for k, (a, b) in enumerate(pieces))
+
+    x = np.random.default_rng(0).standard_normal((4, 8))
+    w = np.linspace(0.5, 1.5, 8)
+    g = graphc.grad(loss)
+    ops = _ops(g, x, w)
+    assert "pad" not in ops or ops.count("pad") == 1
+    want = graphc.evaluate(graphc.trace(g, x, w), x, w)
+    close(graphc.jit(g)(x, w), want, 1e-12, 1e-12)
+    covered = np.zeros(8, bool)
+    for a, b in pieces:
+        covered[a:b] = True
+    assert np.all(graphc.jit(g)(x, w)[:, ~covered] == 0)
+
+
+def test_overlapping_slices_still_add():
+    def loss(x):
+        return np.sum(x[:, 0:5] ** 2) + np.sum(np.sin(x[:, 3:8]))
+
+    x = np.random.default_rng(1).standard_normal((3, 8))
+    got = graphc.jit(graphc.grad(loss))(x)
+    want = 2 * x * (np.arange(8) < 5) + np.cos(x) * (np.arange(8) >= 3)
+    close(got, want, 1e-12, 1e-12)
+
+
+@pytest.mark.parametrize("shape", [(8, 16, 32), (2, 3, 5, 7), (1, 1, 4), (3, 0, 4)])
+def test_batched_weight_gradient_is_one_matmul(shape):
+    """sum_b x_b^T g_b over the batch dims is one matmul on the flattened rows."""
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal(shape).astype(np.float32)
+    w = rng.standard_normal((shape[-1], 6)).astype(np.float32)
+
+    def loss(w, x):
+        return np.sum(np.tanh(x @ w))
+
+    g = graphc.grad(loss)
+    graph = graphc.jit(g).compile(w, x).graph
+    sums_of_products = [
+        n
+        for n in graph.nodes
+        if n.op.name == "reduce_sum" and n.inputs[0].producer is not None and n.inputs[0].producer.op.name == "matmul"
+    ]
+    assert not sums_of_products
+    x64 = x.astype(np.float64).reshape(-1, shape[-1])
+    want = x64.T @ (1 - np.tanh(x64 @ w) ** 2)
+    got = graphc.jit(g)(w, x)
+    assert got.shape == w.shape and got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_straight_line_program_views_and_dead_values():
+    """A small program runs as generated code: views used once are inlined into their user, views
+    used twice or returned stay values, and the results equal the interpreter's."""
+
+    def f(x, w):
+        a = x[1:3].reshape(1, 4)  # slice -> reshape -> matmul: one line
+        b = x.T[::2]  # a transposed view used twice
+        c = a @ w + 1
+        return c, b * 2, b.sum(), x.reshape(-1)  # a returned view
+
+    x = np.arange(12.0).reshape(4, 3)[:, :2].copy()
+    w = np.ones((4, 5))
+    compiled = graphc.jit(f).compile(x, w)
+    program = compiled.executable.program
+    assert program._straight is not None
+    want = graphc.evaluate(compiled.traced, x, w)
+    got = compiled(x, w)
+    assert_arrays_close(got, want, 0, 0)
+    assert np.shares_memory(got[3], x)  # as numpy: x.reshape(-1) is a view of x
+
+
+def test_straight_line_errors_name_the_step():
+    def f(t, i):
+        y = t * 2
+        return y[i] + 1
+
+    with pytest.raises(IndexError) as info:
+        graphc.jit(f)(np.ones(3), np.array([9]))
+    assert any("graphc: in gather at tests/test_runtime_overhead.py:" in n for n in info.value.__notes__)
+
+
+def test_large_programs_keep_the_accounted_loop():
+    x = np.ones((256, 256), np.float32)
+    ex = Executable(graphc.trace(lambda a: np.tanh(a * 2) + 1, x))
+    assert ex.program._straight is None
+    close(ex.run_flat([x])[0], np.tanh(x * 2) + 1, 1e-6, 1e-6)
