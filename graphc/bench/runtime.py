@@ -1,0 +1,367 @@
+"""``graphc bench runtime``: the runtime's figures, each against its ceiling or peer, in one table.
+
+Every row times graphc and its peer in the same run, interleaved round by round (so a busy
+moment of the machine hits both), and prints the medians, the spread and the ratio against the
+target. The rows:
+
+- **data parallel** (MLP and GPT training steps on ``dp=2``): the ceiling is the single-device
+  jit on half the batch in two threads at once (one BLAS thread each), what two devices could do
+  with no runtime at all; also 1 device on 1 core and 1 device on both cores;
+- **tensor parallel**: the GPT training step on ``tp=2`` against 1 device on 1 core;
+- **per-call overhead**: 10 small ops on 8x8 arrays against the same numpy calls; a jitted
+  function that is one fused kernel against a direct call of that Numba kernel;
+- **small-op code**: an Elman RNN and an LSTM (models/rnn.py: hidden 32, 20 steps, batch 8),
+  forward and with ``value_and_grad``, against numpy (the backward written out by hand);
+- **kernels**: the fused GELU, softmax and layer norm against a copy of the same bytes split over
+  two threads (``graphc bench kernels`` has the full table);
+- **training step**: the GPT loss with gradients (batch 8, seq 128, d=512, 2 layers) against a
+  hand-written numpy forward plus backward (graphc/bench/handgrad.py), and the peak memory of
+  both (tracemalloc, which sees numpy's and therefore the kernels' buffers);
+- **JAX** (when installed, ``pip install 'graphc[bench]'``): the GPT forward and Adam step
+  against ``jax.jit`` of the same source (graphc/bench/jaxpeer.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import threading
+import time
+import tracemalloc
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from graphc.api.jit import jit
+from graphc.api.parallel import parallelize
+from graphc.autodiff import value_and_grad
+from graphc.bench import jaxpeer
+from graphc.bench.handgrad import gpt_loss_and_grads_numpy
+from graphc.bench.kernels import bench_kernels
+from graphc.core.ir import walk
+from graphc.models import gpt, mlp, rnn
+from graphc.runtime.codegen import CompiledKernel
+from graphc.runtime.threads import one_blas_thread
+
+
+@dataclass
+class Row:
+    figure: str
+    graphc_s: list[float]
+    peer: str
+    peer_s: list[float]
+    target: float  # peer time / graphc time must be at least this (a speed ratio)
+    note: str = ""
+
+    @property
+    def ratio(self) -> float:
+        return statistics.median(self.peer_s) / statistics.median(self.graphc_s)
+
+
+def interleaved(contenders: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[float]]:
+    """Seconds of each contender per round; each round calls every contender once, the order
+    rotating from round to round. One untimed warm-up call each."""
+    for fn in contenders.values():
+        fn()
+    names = list(contenders)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        for n in names[r % len(names) :] + names[: r % len(names)]:
+            start = time.perf_counter()
+            contenders[n]()
+            times[n].append(time.perf_counter() - start)
+    return times
+
+
+def per_call(fn: Callable[[], Any], calls: int) -> Callable[[], Any]:
+    """``fn`` called ``calls`` times: timing it gives ``calls`` times the per-call cost."""
+
+    def many():
+        for _ in range(calls):
+            fn()
+
+    return many
+
+
+def _halves(args: tuple, batch_args: tuple[int, ...]) -> tuple[tuple, tuple]:
+    """The arguments with the batch (dim 0 of the arguments at ``batch_args``) cut in two."""
+    a, b = list(args), list(args)
+    for i in batch_args:
+        h = args[i].shape[0] // 2
+        a[i], b[i] = args[i][:h], args[i][h:]
+    return tuple(a), tuple(b)
+
+
+def data_parallel_rows(label: str, fn, args: tuple, kwargs: dict, static, batch_args, rounds: int) -> list[Row]:
+    one = jit(fn, static_argnames=static)
+    dp2 = parallelize(fn, mesh="dp=2", static_argnames=static).compile(*args, **kwargs)
+    first, second = _halves(args, batch_args)
+    pool = ThreadPoolExecutor(2, thread_name_prefix="graphc-bench")
+
+    def ceiling():
+        with one_blas_thread():
+            futures = [pool.submit(one, *first, **kwargs), pool.submit(one, *second, **kwargs)]
+            for f in futures:
+                f.result()
+
+    def one_core():
+        with one_blas_thread():
+            one(*args, **kwargs)
+
+    try:
+        t = interleaved(
+            {
+                "dp2": lambda: dp2(*args, **kwargs),
+                "ceiling": ceiling,
+                "one_core": one_core,
+                "two_cores": lambda: one(*args, **kwargs),
+            },
+            rounds,
+        )
+    finally:
+        pool.shutdown()
+    return [
+        Row(f"{label}, dp=2", t["dp2"], "two-thread ceiling", t["ceiling"], 0.9),
+        Row(f"{label}, dp=2", t["dp2"], "1 device, 1 core", t["one_core"], 1.6),
+        Row(f"{label}, dp=2", t["dp2"], "1 device, 2 cores", t["two_cores"], 1.0),
+    ]
+
+
+def tensor_parallel_row(fn, args, kwargs, static, rounds: int) -> Row:
+    one = jit(fn, static_argnames=static)
+    tp2 = parallelize(fn, mesh="tp=2", static_argnames=static).compile(*args, **kwargs)
+
+    def one_core():
+        with one_blas_thread():
+            one(*args, **kwargs)
+
+    t = interleaved({"tp2": lambda: tp2(*args, **kwargs), "one_core": one_core}, rounds)
+    return Row("GPT train step, tp=2", t["tp2"], "1 device, 1 core", t["one_core"], 1.2)
+
+
+def ten_small_ops(x, y):
+    a = x * y
+    b = a + x
+    c = np.tanh(b)
+    d = c @ y
+    e = d - x
+    g = np.exp(e * 0.1)
+    h = g / (1.0 + g)
+    i = h.T @ x
+    return i.sum(axis=0)
+
+
+def one_kernel(x, y):
+    return np.tanh(x * y + x)
+
+
+def overhead_rows(rounds: int) -> list[Row]:
+    rng = np.random.default_rng(0)
+    x, y = (rng.standard_normal((8, 8)).astype(np.float32) for _ in range(2))
+    calls = 2000
+    small = jit(ten_small_ops)
+    t = interleaved(
+        {"jit": per_call(lambda: small(x, y), calls), "numpy": per_call(lambda: ten_small_ops(x, y), calls)}, rounds
+    )
+    rows = [Row("10 small ops, 8x8", _each(t["jit"], calls), "numpy", _each(t["numpy"], calls), 1 / 3)]
+    kernel_fn = jit(one_kernel)
+    compiled = kernel_fn.compile(x, y)
+    (node,) = [n for n in walk(compiled.graph.nodes) if n.op.name == "fused"]
+    kernel = CompiledKernel(node, [x.shape, y.shape])
+    out = np.empty(kernel.rows * kernel.n, np.float32).reshape(kernel.rows, kernel.n)
+    ops = [a.reshape(kernel.rows, kernel.n) for a in (x, y)]
+    direct = functools.partial(kernel.func, *ops, out, 0, kernel.rows, kernel.n)
+    t = interleaved(
+        {"jit": per_call(lambda: kernel_fn(x, y), calls), "direct": per_call(direct, calls)},
+        rounds,
+    )
+    jit_s, direct_s = statistics.median(t["jit"]) / calls, statistics.median(t["direct"]) / calls
+    rows.append(
+        Row(
+            "one fused kernel, 8x8",
+            _each(t["jit"], calls),
+            "its Numba function",
+            _each(t["direct"], calls),
+            0.0,
+            note=f"jit call costs {(jit_s - direct_s) * 1e6:.1f} us over the kernel (target < 3 us)",
+        )
+    )
+    return rows
+
+
+def _each(times: list[float], calls: int) -> list[float]:
+    return [t / calls for t in times]
+
+
+def rnn_rows(rounds: int) -> list[Row]:
+    rows = []
+    calls = 20
+    for label, loss, hand, example in (
+        ("Elman RNN", rnn.elman_loss, rnn.elman_loss_and_grads_numpy, rnn.example_args),
+        ("LSTM", rnn.lstm_loss, rnn.lstm_loss_and_grads_numpy, rnn.example_lstm_args),
+    ):
+        (params, xs, ys), _ = example()
+        fwd, grad = jit(loss), jit(value_and_grad(loss))
+        contenders = {"fwd": fwd, "np_fwd": loss, "grad": grad, "np_grad": hand}
+        t = interleaved(
+            {k: per_call(functools.partial(f, params, xs, ys), calls) for k, f in contenders.items()}, rounds
+        )
+        rows.append(Row(f"{label} forward", _each(t["fwd"], calls), "numpy", _each(t["np_fwd"], calls), 1.0))
+        rows.append(
+            Row(
+                f"{label} value_and_grad",
+                _each(t["grad"], calls),
+                "numpy, backward by hand",
+                _each(t["np_grad"], calls),
+                1.0,
+            )
+        )
+    return rows
+
+
+def kernel_rows(rounds: int) -> list[Row]:
+    rows = []
+    for r in bench_kernels(sizes=(16 << 20,), repeat=rounds):
+        rows.append(
+            Row(
+                f"fused {r['kernel']}, 16M float32",
+                [r["kernel_ms"] / 1e3],
+                "np.copyto on 2 threads",
+                [r["copy2_ms"] / 1e3],
+                0.8,
+                note=f"{r['bandwidth_GBps']:.1f} GB/s",
+            )
+        )
+    return rows
+
+
+def train_step_rows(rounds: int) -> list[Row]:
+    (params, tokens, targets), kw = gpt.example_loss_args(batch=8, seq=128, n_vocab=1024, d=512, n_layer=2, n_head=8)
+    n_head = kw["n_head"]
+    step = jit(value_and_grad(gpt.lm_loss), static_argnames=("n_head",))
+    t = interleaved(
+        {
+            "jit": lambda: step(params, tokens, targets, n_head=n_head),
+            "numpy": lambda: gpt_loss_and_grads_numpy(params, tokens, targets, n_head),
+        },
+        rounds,
+    )
+    rows = [Row("GPT loss + grads (B8, T128, d512, 2L)", t["jit"], "numpy, backward by hand", t["numpy"], 1.0)]
+    jit_peak = _peak_bytes(lambda: step(params, tokens, targets, n_head=n_head))
+    np_peak = _peak_bytes(lambda: gpt_loss_and_grads_numpy(params, tokens, targets, n_head))
+    rows.append(
+        Row(
+            "  its peak memory (tracemalloc)",
+            [float(jit_peak)],
+            "numpy, backward by hand",
+            [float(np_peak)],
+            1.0,
+            note=f"{jit_peak / 2**20:.0f} MiB vs {np_peak / 2**20:.0f} MiB",
+        )
+    )
+    return rows
+
+
+def _peak_bytes(fn: Callable[[], Any]) -> int:
+    """The most bytes allocated at once during a warm call of ``fn`` (beyond what was held before;
+    numpy reports its data buffers to tracemalloc, the executor's pool included)."""
+    fn()
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        base = tracemalloc.get_traced_memory()[0]
+        result = fn()
+        peak = tracemalloc.get_traced_memory()[1] - base
+        del result
+    finally:
+        tracemalloc.stop()
+    return peak
+
+
+def jax_rows(rounds: int) -> list[Row]:
+    if not jaxpeer.jax_available():
+        return []
+    (params, tokens), kw = gpt.example_args_bench()
+    n_head = kw["n_head"]
+    fwd = jit(gpt.gpt, static_argnames=("n_head",))
+    jfwd = jaxpeer.jax_gpt_forward(n_head)
+    jparams, jtokens = jaxpeer.to_jax(params), jaxpeer.to_jax(tokens)
+    t = interleaved(
+        {
+            "graphc": lambda: fwd(params, tokens, n_head=n_head),
+            "jax": lambda: jaxpeer.block(jfwd(jparams, jtokens)),
+        },
+        rounds,
+    )
+    rows = [Row("GPT forward (B8, T256, d512)", t["graphc"], "jax.jit", t["jax"], 1.0)]
+    (params, state, tokens, targets), kw = gpt.example_train_args_bench()
+    step = jit(gpt.train_step, static_argnames=("n_head", "lr"))
+    jstep = jaxpeer.jax_train_step(kw["n_head"], kw["lr"])
+    jargs = jaxpeer.to_jax((params, state, tokens, targets))
+    t = interleaved(
+        {
+            "graphc": lambda: step(params, state, tokens, targets, **kw),
+            "jax": lambda: jaxpeer.block(jstep(*jargs)),
+        },
+        rounds,
+    )
+    rows.append(Row("GPT Adam train step (B8, T256, d512)", t["graphc"], "jax.jit", t["jax"], 1.0))
+    return rows
+
+
+def _ms(times: list[float]) -> str:
+    med = statistics.median(times)
+    spread = (max(times) - min(times)) / 2
+    if med < 1e-3:
+        return f"{med * 1e6:8.1f} us ±{spread * 1e6:5.1f}"
+    return f"{med * 1e3:8.2f} ms ±{spread * 1e3:5.2f}"
+
+
+def print_table(rows: list[Row]) -> None:
+    print(f"{'figure':<40} {'graphc':>18}  {'peer':<26} {'peer time':>18} {'speed':>7} {'target':>7}  met")
+    for r in rows:
+        memory = r.figure.strip().startswith("its peak memory")
+        g = f"{r.graphc_s[0] / 2**20:15.0f} MiB" if memory else _ms(r.graphc_s)
+        p = f"{r.peer_s[0] / 2**20:15.0f} MiB" if memory else _ms(r.peer_s)
+        met = "yes" if r.ratio >= r.target else "NO"
+        target = f">= {r.target:.2f}" if r.target else ""
+        if r.target == 0.0:
+            met = ""
+        print(f"{r.figure:<40} {g:>18}  {r.peer:<26} {p:>18} {r.ratio:6.2f}x {target:>7}  {met}")
+        if r.note:
+            print(f"{'':<40} {r.note}")
+
+
+SECTIONS = ("dp", "tp", "overhead", "rnn", "kernels", "train", "jax")
+
+
+def main(rounds: int = 7, sections: tuple[str, ...] = SECTIONS) -> list[Row]:
+    print(
+        f"graphc bench runtime: medians of {rounds} interleaved rounds, ± half the spread; "
+        "speed = peer time / graphc time (for memory: peer bytes / graphc bytes)"
+    )
+    rows: list[Row] = []
+    if "dp" in sections:
+        (args, kw) = mlp.example_train_args_bench()
+        rows += data_parallel_rows("MLP train step", mlp.train_step, args, kw, ("lr",), (1, 2), rounds)
+        (args, kw) = gpt.example_train_args_bench()
+        rows += data_parallel_rows("GPT train step", gpt.train_step, args, kw, ("n_head", "lr"), (2, 3), rounds)
+    if "tp" in sections:
+        (args, kw) = gpt.example_train_args_bench()
+        rows.append(tensor_parallel_row(gpt.train_step, args, kw, ("n_head", "lr"), rounds))
+    if "overhead" in sections:
+        rows += overhead_rows(rounds)
+    if "rnn" in sections:
+        rows += rnn_rows(rounds)
+    if "kernels" in sections:
+        rows += kernel_rows(rounds)
+    if "train" in sections:
+        rows += train_step_rows(rounds)
+    if "jax" in sections:
+        rows += jax_rows(rounds)
+    print_table(rows)
+    print(f"({threading.active_count()} threads alive at the end)")
+    return rows
