@@ -11,6 +11,7 @@ from graphc.cli.common import check_output_dir, check_output_file
 from graphc.cli.loader import UsageError, load_target
 from graphc.core.files import atomic_write
 from graphc.frontend.entry import trace
+from graphc.frontend.promotion import promotions
 from graphc.passes.manager import run_pipeline
 from graphc.textir import load as load_ir
 
@@ -29,6 +30,11 @@ def add_parser(sub) -> None:
     ir.add_argument("--dump-ir", metavar="DIR", help="write the IR after every pass to DIR (NN-<pass>.gir)")
     ir.add_argument("--force", action="store_true", help="overwrite -o FILE even if it is not a graphc IR file")
     ir.add_argument("--mkdir", action="store_true", help="create the folders of -o / --dump-ir outside this folder")
+    ir.add_argument(
+        "--explain-dtypes",
+        action="store_true",
+        help="list the lines where numpy's promotion made float32 values float64 (instead of the IR)",
+    )
     ir.set_defaults(func=cmd_ir)
 
 
@@ -45,6 +51,12 @@ def cmd_ir(args: argparse.Namespace) -> int:
     else:
         fn, fargs, fkwargs = load_target(args.target, args.example)
         graph = trace(fn, *fargs, **fkwargs)
+    if args.explain_dtypes:
+        sites = promotions(graph)
+        for site in sites:
+            print(site)
+        print(f"{len(sites)} line(s) promote float values to float64 (numpy's rules, kept by graphc)", file=sys.stderr)
+        return 0
     if args.stage != "traced" or args.dump_ir:
         result = run_pipeline(graph, dump_dir=args.dump_ir)
         graph = result.stage(args.stage)
