@@ -395,3 +395,70 @@ def _fused(draw, b, pool):
 
     region = _region([t, y.type], body)
     return _emit_with_regions(b, "fused", [x, y], {}, (region,))
+
+
+@_sampler("philox")
+def _philox(draw, b, pool):
+    """Random words (or numpy's doubles) of a key and a word position near a block boundary or
+    a 64-bit carry, optionally one device's piece (``runs``) of the array."""
+    key = np.array([draw(st.integers(0, 2**64 - 1)), draw(st.integers(0, 2**64 - 1))], dtype=np.uint64)
+    low = draw(st.sampled_from([0, 3, 2**64 - 2]))
+    counter = np.array([low, draw(st.sampled_from([0, 1])), 0, 0], dtype=np.uint64)
+    shape = tuple(draw(shapes(max_rank=3)))
+    runs = None
+    if shape and draw(st.booleans()):  # a piece: a prefix and a suffix run per dim
+        runs = tuple(((0, n // 2), (n - n // 3, n)) if n > 1 else ((0, n),) for n in shape)
+    attrs = dict(
+        shape=shape, offset=draw(st.integers(0, 5)), dist=draw(st.sampled_from(["bits", "uniform"])), runs=runs
+    )
+    return [b.op("philox", b.op("constant", value=key), b.op("constant", value=counter), **attrs)]
+
+
+def _operand(draw, b, pool, shape, dtype) -> Value:
+    """A pool value of exactly this shape and dtype, or a new constant."""
+    candidates = [v for v in pool if v.type.shape == tuple(shape) and v.type.dtype == dtype]
+    if candidates and draw(st.booleans()):
+        return draw(st.sampled_from(candidates))
+    return constant(draw, b, tuple(shape), dtype)
+
+
+def _block(draw, b, x):
+    """Dims, sizes and start operands of a block of ``x`` (starts may be out of range: clamped)."""
+    dims = sorted(draw(st.sets(st.integers(0, x.ndim - 1), min_size=1)))
+    sizes = tuple(draw(st.integers(0, x.shape[d])) for d in dims)
+    dtype = draw(st.sampled_from([np.int64, np.int32]))
+    starts = [b.op("constant", value=np.asarray(draw(st.integers(-2, x.shape[d] + 1)), dtype=dtype)) for d in dims]
+    return tuple(dims), sizes, starts
+
+
+@_sampler("dynamic_slice")
+def _dynamic_slice(draw, b, pool):
+    x = pick(draw, b, pool, lambda v: True, min_rank=1)
+    dims, sizes, starts = _block(draw, b, x)
+    return [b.op("dynamic_slice", x, *starts, dims=dims, sizes=sizes)]
+
+
+@_sampler("dynamic_update_slice")
+def _dynamic_update_slice(draw, b, pool):
+    x = pick(draw, b, pool, lambda v: True, min_rank=1)
+    dims, sizes, starts = _block(draw, b, x)
+    shape = list(x.shape)
+    for d, size in zip(dims, sizes):
+        shape[d] = size
+    update = _operand(draw, b, pool, shape, x.dtype)
+    return [b.op("dynamic_update_slice", x, update, *starts, dims=dims)]
+
+
+@_sampler("scatter")
+def _scatter(draw, b, pool):
+    x = pick(draw, b, pool, nonempty(lambda v: True), min_rank=1)
+    k = draw(st.integers(1, x.ndim))
+    axis = draw(st.integers(0, x.ndim - k))
+    idx_shape = draw(shapes(max_rank=2))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    indices = []
+    for d in range(k):
+        n = x.shape[axis + d]
+        indices.append(b.op("constant", value=np.asarray(rng.integers(-n, n, size=idx_shape), dtype=np.int64)))
+    updates = _operand(draw, b, pool, x.shape[:axis] + idx_shape + x.shape[axis + k :], x.dtype)
+    return [b.op("scatter", x, *indices, updates, axis=axis)]

@@ -1278,11 +1278,6 @@ def test_map_over_helper_with_traced_if():
     check(map_with_traced_helper, X)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="graphc gap: a lambda passed to trace is not converted, and neither are "
-    "the user functions it calls, so their traced ifs fail",
-)
 def test_lambda_wrapper_around_function_with_traced_if():
     check(lambda x: clip(x, 1.0), X)
 
@@ -1292,13 +1287,28 @@ def ifexp_in_lambda(x):
     return pos(x)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="graphc gap (documented): lambdas are not converted, even inside converted "
-    "functions, so a traced if-expression in a lambda fails",
-)
 def test_traced_if_expression_inside_lambda():
     check(ifexp_in_lambda, -X)
+
+
+def test_two_lambdas_on_one_line_are_told_apart():
+    neg, pos = (lambda x: clip(-x, 1.0)), (lambda x: clip(x, 2.0))
+    check(neg, X)
+    check(pos, X)
+
+
+TABLE = np.arange(12.0).reshape(3, 4)
+
+
+def numpy_receiver_methods(w):
+    # numpy's own methods do not dispatch on their arguments: TABLE.dot(traced) is traced here
+    return TABLE.dot(w), TABLE.clip(w[0, 0], 5.0), TABLE.T.dot(w[:, :3].T)
+
+
+def test_numpy_array_methods_with_traced_arguments():
+    check(numpy_receiver_methods, np.ones((4, 3)))
+    grads = graphc.grad(lambda w: np.sum(TABLE.dot(w) ** 2))(np.ones((4, 3)))  # the lambda is converted
+    np.testing.assert_allclose(grads, 2 * TABLE.T @ (TABLE @ np.ones((4, 3))))
 
 
 class Normalized:

@@ -15,7 +15,7 @@ from tests.helpers import quiet
 
 def test_primitive_set_is_small():
     model_ops = [n for n, op in REGISTRY.items() if op.kind != "comm"]
-    assert 30 <= len(model_ops) <= 45, sorted(model_ops)
+    assert 30 <= len(model_ops) <= 50, sorted(model_ops)  # (49: the RNG ops and the 3 update ops of issue 20)
     # the ops of partitioned device programs: four collectives and two local resharding steps
     assert sorted(n for n, op in REGISTRY.items() if op.kind == "comm") == [
         "all_gather",

@@ -8,9 +8,16 @@
     a if test else b                 ->  _gc_rt.if_exp(test, lambda: a, lambda: b)
     a and b, a or b, not a           ->  _gc_rt.and_ / or_ / not_ (short-circuit kept for static values)
     f(args)                          ->  _gc_rt.call(f, args)   (user functions are converted too)
+    a[k]                             ->  _gc_rt.getitem(a, k)   (a numpy array indexed by a traced value)
+    f(..., out=buf)                  ->  buf = _gc_rt.written(buf, f(..., out=buf))
+    x[k] = v, x[k] += v              ->  x = _gc_rt.assign(x, ((False, k),), v, op, True)
+    obj.a[k] = v                     ->  _gc_rt.assign(obj, ((True, "a"), (False, k)), v, None, False)
 
 where the branches and bodies become nested functions that take and return the variables the
-statement assigns. At run time each helper looks at the condition: a static Python value runs
+statement assigns. Assignments into arrays are rewritten because numpy runs its own ``__setitem__``
+on a numpy array: a write of traced values into one (a buffer from ``np.zeros``) must rebind the
+name to the new traced array, or store it back into the attribute it came from; a local name is
+rebound, so the if/loop transforms see it as assigned (a buffer filled in a traced loop is carried). At run time each helper looks at the condition: a static Python value runs
 the original Python control flow, unchanged; a traced value emits ``cond`` / ``while_loop`` /
 ``fori_loop`` (graphc/frontend/control.py). ``runtime`` is the module of those helpers
 (frontend/autograph_runtime.py, whose ``convert(fn)`` is how the rest of graphc calls this); this
@@ -19,7 +26,9 @@ file name and line numbers, so errors and node locations point at the original s
 
 Statements whose bodies ``return``, ``break``, ``continue`` or ``yield`` are left as Python, with
 a check that raises TraceError (naming the line) if their condition turns out to be traced.
-Functions whose source cannot be read (REPL, exec, C extensions, lambdas) are traced as they are.
+Functions whose source cannot be read (REPL, exec, C extensions) are traced as they are. A lambda
+is converted as ``def _gc_lambda(args): return body`` (its node found in its file by the source
+positions of its code), so ``graphc.grad(lambda p: loss(p, X, y))`` converts ``loss`` too.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ from __future__ import annotations
 import ast
 import functools
 import inspect
+import linecache
 import sys
 import sysconfig
 import textwrap
@@ -112,11 +122,14 @@ _unconverted_reasons: dict[int, tuple[types.CodeType, str]] = {}
 
 class _Assigned(ast.NodeVisitor):
     """Names a block assigns (in its own scope), in first-assignment order; bases of subscript
-    targets count as assigned (``d["k"] = v`` changes ``d``)."""
+    targets count as assigned (``d["k"] = v`` changes ``d``) unless ``subscript_bases`` is False.
+    ``attribute_targets`` are the assignments to attributes, also through a subscript
+    (``self.cache[i] = v``, which the transform turns into a ``_gc_rt.assign`` call)."""
 
-    def __init__(self):
+    def __init__(self, subscript_bases: bool = True):
         self.names: list[str] = []
         self.attribute_targets: list[ast.AST] = []
+        self.subscript_bases = subscript_bases
 
     def add(self, name: str) -> None:
         if name not in self.names and not name.startswith("_gc_"):
@@ -134,10 +147,10 @@ class _Assigned(ast.NodeVisitor):
             base = t.value
             while isinstance(base, ast.Subscript):
                 base = base.value
-            if isinstance(base, ast.Name):
-                self.add(base.id)
-            else:
+            if not isinstance(base, ast.Name):
                 self.attribute_targets.append(t)
+            elif self.subscript_bases:
+                self.add(base.id)
         elif isinstance(t, ast.Attribute):
             self.attribute_targets.append(t)
 
@@ -176,6 +189,8 @@ class _Assigned(ast.NodeVisitor):
 
     def visit_Call(self, node):
         func = node.func
+        if _is_runtime(func, "assign") and isinstance(node.args[-1], ast.Constant) and node.args[-1].value is False:
+            self.attribute_targets.append(node)  # obj.attr[key] = v, transformed (_Transformer._assign)
         if isinstance(func, ast.Attribute) and func.attr in _MUTATORS:
             base = func.value
             while isinstance(base, ast.Subscript):
@@ -203,6 +218,26 @@ class _Assigned(ast.NodeVisitor):
         pass
 
     visit_SetComp = visit_DictComp = visit_GeneratorExp = visit_ListComp
+
+
+def _is_runtime(func: ast.expr, name: str) -> bool:
+    return (
+        isinstance(func, ast.Attribute)
+        and func.attr == name
+        and isinstance(func.value, ast.Name)
+        and func.value.id == RUNTIME
+    )
+
+
+def local_names(fdef: ast.FunctionDef) -> set[str]:
+    """The names local to a function: its parameters and the names its body binds."""
+    args = fdef.args
+    params = [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs]
+    params += [a.arg for a in (args.vararg, args.kwarg) if a is not None]
+    bound = _Assigned(subscript_bases=False)
+    for stmt in fdef.body:
+        bound.visit(stmt)
+    return set(params) | set(bound.names)
 
 
 def assigned_names(stmts: list[ast.stmt]) -> _Assigned:
@@ -324,11 +359,47 @@ def _locate(new: Any, original: Located) -> Any:
     return new
 
 
+_AUGMENTED = {
+    ast.Add: "iadd",
+    ast.Sub: "isub",
+    ast.Mult: "imul",
+    ast.Div: "itruediv",
+    ast.FloorDiv: "ifloordiv",
+    ast.Mod: "imod",
+    ast.Pow: "ipow",
+    ast.MatMult: "imatmul",
+    ast.BitAnd: "iand",
+    ast.BitOr: "ior",
+    ast.BitXor: "ixor",
+    ast.LShift: "ilshift",
+    ast.RShift: "irshift",
+}
+
+
+def _key(e: ast.expr) -> ast.expr:
+    """A subscript's key as an expression: ``a:b`` becomes ``_gc_rt.SLICE(a, b, None)``."""
+    if isinstance(e, ast.Slice):
+        bounds = [b if b is not None else ast.Constant(None) for b in (e.lower, e.upper, e.step)]
+        return ast.Call(func=_rt("SLICE"), args=bounds, keywords=[])
+    if isinstance(e, ast.Tuple):
+        return ast.Tuple(elts=[_key(x) for x in e.elts], ctx=ast.Load())
+    return e
+
+
+def _has_subscript(target: ast.expr) -> bool:
+    if isinstance(target, ast.Subscript):
+        return True
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return any(_has_subscript(e) for e in target.elts)
+    return isinstance(target, ast.Starred) and _has_subscript(target.value)
+
+
 class _Transformer(ast.NodeTransformer):
-    def __init__(self, class_name: str | None, self_name: str | None = None):
+    def __init__(self, class_name: str | None, self_name: str | None = None, local: set[str] | None = None):
         self.counter = 0
         self.class_name = class_name
         self.self_name = self_name  # the method's first parameter, for zero-argument super()
+        self.scopes = [local or set()]  # the local names of the function being transformed, innermost last
 
     def fresh(self, kind: str) -> str:
         self.counter += 1
@@ -337,9 +408,117 @@ class _Transformer(ast.NodeTransformer):
     # private names of methods are mangled as the class body would have mangled them
     def visit_Attribute(self, node):
         self.generic_visit(node)
-        if self.class_name and node.attr.startswith("__") and not node.attr.endswith("__"):
-            node.attr = f"_{self.class_name.lstrip('_')}{node.attr}"
+        node.attr = self._mangle(node.attr)
         return node
+
+    def _mangle(self, attr: str) -> str:
+        if self.class_name and attr.startswith("__") and not attr.endswith("__"):
+            return f"_{self.class_name.lstrip('_')}{attr}"
+        return attr
+
+    def visit_FunctionDef(self, node: ast.FunctionDef):
+        self.scopes.append(local_names(node))
+        self.generic_visit(node)
+        self.scopes.pop()
+        return node
+
+    # subscripts: a[k] -> _gc_rt.getitem(a, k); a[k] = v -> a = _gc_rt.assign(a, ((False, k),), v)
+    def visit_Subscript(self, node: ast.Subscript):
+        self.generic_visit(node)
+        if not isinstance(node.ctx, ast.Load):
+            return node
+        return _locate(ast.Call(func=_rt("getitem"), args=[node.value, _key(node.slice)], keywords=[]), node)
+
+    def _assign(self, target: ast.Subscript, value: ast.expr, op: str | None) -> ast.stmt:
+        """``root.a[k1][k2] (op)= value`` as a call of ``_gc_rt.assign``, rebinding ``root`` when it
+        is a local variable written through subscripts only (a numpy array may become a Tracer)."""
+        steps: list[ast.expr] = []
+        e: ast.expr = target
+        while isinstance(e, (ast.Subscript, ast.Attribute)):
+            if isinstance(e, ast.Subscript):
+                step = [ast.Constant(False), _key(self.visit(e.slice))]
+            else:
+                step = [ast.Constant(True), ast.Constant(self._mangle(e.attr))]
+            steps.append(ast.Tuple(elts=step, ctx=ast.Load()))
+            e = e.value
+        steps.reverse()
+        only_items = all(isinstance(s.elts[0], ast.Constant) and s.elts[0].value is False for s in steps)  # type: ignore[attr-defined]
+        rebind = isinstance(e, ast.Name) and e.id in self.scopes[-1] and only_items
+        root = self.visit(e)
+        call = ast.Call(
+            func=_rt("assign"),
+            args=[root, ast.Tuple(elts=steps, ctx=ast.Load()), value, ast.Constant(op), ast.Constant(rebind)],
+            keywords=[],
+        )
+        if rebind:
+            assert isinstance(e, ast.Name)  # (rebind says so)
+            return ast.Assign(targets=[ast.Name(e.id, ast.Store())], value=call)
+        return ast.Expr(value=call)
+
+    def _unpack(self, target: ast.expr, value: ast.expr) -> list[ast.stmt]:
+        """``target = value`` for a target that has subscripts in it (``a[i], b = ...``)."""
+        if isinstance(target, ast.Subscript):
+            return [self._assign(target, value, None)]
+        if not _has_subscript(target):
+            return [ast.Assign(targets=[self.visit(target)], value=value)]
+        assert isinstance(target, (ast.Tuple, ast.List, ast.Starred))
+        if isinstance(target, ast.Starred):
+            return self._unpack(target.value, value)
+        temps = [self.fresh("item") for _ in target.elts]
+        elts: list[ast.expr] = [
+            ast.Starred(ast.Name(t, ast.Store()), ast.Store())
+            if isinstance(e, ast.Starred)
+            else ast.Name(t, ast.Store())
+            for t, e in zip(temps, target.elts)
+        ]
+        stmts: list[ast.stmt] = [ast.Assign(targets=[ast.Tuple(elts=elts, ctx=ast.Store())], value=value)]
+        for t, e in zip(temps, target.elts):
+            stmts.extend(self._unpack(e, ast.Name(t, ast.Load())))
+        return stmts
+
+    def _out_name(self, value: ast.expr) -> str | None:
+        """The local name passed as ``out=`` to the call ``value``, if any."""
+        if isinstance(value, ast.Call):
+            for kw in value.keywords:
+                if kw.arg == "out" and isinstance(kw.value, ast.Name) and kw.value.id in self.scopes[-1]:
+                    return kw.value.id
+        return None
+
+    def _rebind_out(self, name: str, value: ast.expr) -> ast.stmt:
+        """``name = _gc_rt.written(name, value)``: a numpy ``out=`` array written with traced values."""
+        call = ast.Call(func=_rt("written"), args=[ast.Name(name, ast.Load()), value], keywords=[])
+        return ast.Assign(targets=[ast.Name(name, ast.Store())], value=call)
+
+    def visit_Expr(self, node: ast.Expr):
+        self.generic_visit(node)
+        name = self._out_name(node.value)
+        return node if name is None else _locate(self._rebind_out(name, node.value), node)
+
+    def visit_Assign(self, node: ast.Assign):
+        if not any(_has_subscript(t) for t in node.targets):
+            self.generic_visit(node)
+            name = self._out_name(node.value)
+            if name is None:
+                return node
+            temp = self.fresh("out")
+            first = ast.Assign(targets=[ast.Name(temp, ast.Store())], value=node.value)
+            node.value = ast.Name(temp, ast.Load())
+            return _locate([first, self._rebind_out(name, ast.Name(temp, ast.Load())), node], node)
+        value = self.visit(node.value)
+        if len(node.targets) == 1:
+            return _locate(self._unpack(node.targets[0], value), node)
+        temp = self.fresh("value")
+        stmts: list[ast.stmt] = [ast.Assign(targets=[ast.Name(temp, ast.Store())], value=value)]
+        for t in node.targets:
+            stmts.extend(self._unpack(t, ast.Name(temp, ast.Load())))
+        return _locate(stmts, node)
+
+    def visit_AugAssign(self, node: ast.AugAssign):
+        if not isinstance(node.target, ast.Subscript):
+            self.generic_visit(node)
+            return node
+        value = self.visit(node.value)
+        return _locate(self._assign(node.target, value, _AUGMENTED[type(node.op)]), node)
 
     def _static_check(self, node: ast.If | ast.While, escape: Located) -> ast.AST:
         node.test = ast.Call(
@@ -383,7 +562,8 @@ class _Transformer(ast.NodeTransformer):
         escape = _escapes(node.body) or (_escapes(node.orelse) if node.orelse else None)
         if escape is not None or node.orelse:
             return self._static_check(node, escape or node)
-        names = assigned_names(node.body).names
+        found = assigned_names(node.body)
+        names = found.names
         cond_name, body_name = self.fresh("while_cond"), self.fresh("while_body")
         cond_fn = _def(cond_name, names, [ast.Return(value=node.test)], None)
         call = ast.Call(
@@ -393,6 +573,7 @@ class _Transformer(ast.NodeTransformer):
                 ast.Name(body_name, ast.Load()),
                 _current_values(names),
                 _names_tuple(names),
+                ast.Constant(bool(found.attribute_targets)),
             ],
             keywords=[],
         )
@@ -425,7 +606,8 @@ class _Transformer(ast.NodeTransformer):
             )
             return _locate(node, node)
         index = node.target.id
-        names = [n for n in assigned_names(node.body).names if n != index]
+        found = assigned_names(node.body)
+        names = [n for n in found.names if n != index]
         body_name = self.fresh("for_body")
         call = ast.Call(
             func=_rt("for_range"),
@@ -434,6 +616,7 @@ class _Transformer(ast.NodeTransformer):
                 ast.Name(body_name, ast.Load()),
                 _current_values([index] + names),
                 _names_tuple([index] + names),
+                ast.Constant(bool(found.attribute_targets)),
             ],
             keywords=[],
         )
@@ -483,9 +666,14 @@ class _Transformer(ast.NodeTransformer):
             return node
         return _locate(ast.Call(func=_rt("call"), args=[node.func, *node.args], keywords=node.keywords), node)
 
-    # nested functions are converted with the rest of the body (their own scope is fine)
+    # nested functions are converted with the rest of the body (their own scope is fine); a lambda's
+    # body is one expression: its calls, subscripts and if-expressions are converted like any other
     def visit_Lambda(self, node):
-        return node  # no statements inside; calls in lambdas are not converted
+        args = node.args
+        self.scopes.append({a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]})
+        self.generic_visit(node)
+        self.scopes.pop()
+        return node
 
 
 # --- conversion ----------------------------------------------------------------------------------------
@@ -514,30 +702,38 @@ def _class_of(fn: types.FunctionType) -> str | None:
 
 def _build_maker(fn: types.FunctionType) -> Any:
     code = fn.__code__
-    if fn.__name__ == "<lambda>":
-        return _Unreadable("it is a lambda")
     if code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR):
         return _Unreadable("it is a generator or coroutine")
-    try:  # the code object's own source: inspect would follow a decorator's __wrapped__ otherwise
-        lines, first = inspect.getsourcelines(code)
-    except (OSError, TypeError) as exc:
-        return _Unreadable(f"its source could not be read ({exc})")
-    try:
-        tree = ast.parse(textwrap.dedent("".join(lines)))
-    except SyntaxError as exc:
-        return _Unreadable(f"its source could not be parsed ({exc.msg})")
-    fdef = tree.body[0] if tree.body else None
-    if not isinstance(fdef, ast.FunctionDef) or fdef.name != code.co_name:
-        return _Unreadable("its source is not a plain def")
+    if fn.__name__ == "<lambda>":
+        found = _lambda_def(code)
+        if isinstance(found, _Unreadable):
+            return found
+        fdef = found
+    else:
+        try:  # the code object's own source: inspect would follow a decorator's __wrapped__ otherwise
+            lines, first = inspect.getsourcelines(code)
+        except (OSError, TypeError) as exc:
+            return _Unreadable(f"its source could not be read ({exc})")
+        try:
+            tree = ast.parse(textwrap.dedent("".join(lines)))
+        except SyntaxError as exc:
+            return _Unreadable(f"its source could not be parsed ({exc.msg})")
+        fdef = tree.body[0] if tree.body else None  # type: ignore[assignment]
+        if not isinstance(fdef, ast.FunctionDef) or fdef.name != code.co_name:
+            return _Unreadable("its source is not a plain def")
+        ast.increment_lineno(tree, first - 1)
     if any(isinstance(n, (ast.Nonlocal, ast.Global)) for n in ast.walk(fdef)):
         return _Unreadable("it declares nonlocal/global names")
-    ast.increment_lineno(tree, first - 1)
     fdef.decorator_list = []
+    # default values are evaluated where the function was defined (they may name that scope's
+    # locals): placeholders here, the function's own __defaults__ are set on the new one
+    fdef.args.defaults = [ast.Constant(None) for _ in fdef.args.defaults]
+    fdef.args.kw_defaults = [None if d is None else ast.Constant(None) for d in fdef.args.kw_defaults]
     uses_super = "__class__" in code.co_freevars
     first_arg = (
         fdef.args.posonlyargs[0].arg if fdef.args.posonlyargs else (fdef.args.args[0].arg if fdef.args.args else None)
     )
-    transformer = _Transformer(_class_of(fn), first_arg if uses_super else None)
+    transformer = _Transformer(_class_of(fn), first_arg if uses_super else None, local_names(fdef))
     fdef.body = [transformer.visit(s) for s in fdef.body]
     fdef.body = [s for item in fdef.body for s in (item if isinstance(item, list) else [item])]
     _flatten_bodies(fdef)
@@ -553,7 +749,7 @@ def _build_maker(fn: types.FunctionType) -> Any:
             kwarg=None,
             defaults=[],
         ),
-        body=[fdef, ast.Return(value=ast.Name(code.co_name, ast.Load()))],
+        body=[fdef, ast.Return(value=ast.Name(fdef.name, ast.Load()))],
         decorator_list=[],
         returns=None,
         **_TYPE_PARAMS,
@@ -566,6 +762,45 @@ def _build_maker(fn: types.FunctionType) -> Any:
     _generated.update((id(c), c) for c in _all_code(compiled))
     exec(compiled, fn.__globals__, namespace)  # noqa: S102
     return namespace["_gc_maker"]
+
+
+def _lambda_def(code: types.CodeType) -> ast.FunctionDef | _Unreadable:
+    """A lambda's source as ``def _gc_lambda(args): return body``, with the file's line numbers. The
+    lambda is the node of its file, on its first line, whose span holds every source position its
+    instructions record (the innermost such node: a lambda written inside another one)."""
+    lines = linecache.getlines(code.co_filename)
+    try:
+        tree = ast.parse("".join(lines)) if lines else None
+    except SyntaxError as exc:
+        return _Unreadable(f"it is a lambda whose file could not be parsed ({exc.msg})")
+    if tree is None:
+        return _Unreadable("it is a lambda whose source could not be read")
+    co_positions = getattr(code, "co_positions", None)  # (Python 3.11 and later)
+    positions = [  # (RESUME, the first instruction, records an empty span at column 0)
+        (line, col)
+        for line, end_line, col, end_col in (co_positions() if co_positions is not None else ())
+        if line is not None and col is not None and (line, col) != (end_line, end_col)
+    ]
+    params = list(code.co_varnames[: code.co_argcount + code.co_kwonlyargcount])
+
+    def holds(node: ast.Lambda) -> bool:
+        start, end = (node.lineno, node.col_offset), (node.end_lineno or node.lineno, node.end_col_offset or 0)
+        names = [a.arg for a in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]]
+        return names == params and all(start <= p < end for p in positions)
+
+    found = [n for n in ast.walk(tree) if isinstance(n, ast.Lambda) and n.lineno == code.co_firstlineno and holds(n)]
+    if not found:
+        return _Unreadable("it is a lambda whose source could not be found")
+    if not positions and len(found) > 1:
+        return _Unreadable("it is a lambda on a line with other lambdas (Python 3.10 cannot tell them apart)")
+    node = min(found, key=lambda n: ((n.end_lineno or 0) - n.lineno, (n.end_col_offset or 0) - n.col_offset))
+    if any(isinstance(n, ast.NamedExpr) for n in ast.walk(node)):
+        return _Unreadable("it is a lambda with a walrus (:=), which binds in the scope around it")
+    body: list[ast.stmt] = [ast.copy_location(ast.Return(value=node.body), node.body)]
+    fdef = ast.FunctionDef(
+        name="_gc_lambda", args=node.args, body=body, decorator_list=[], returns=None, **_TYPE_PARAMS
+    )
+    return ast.copy_location(fdef, node)
 
 
 def _all_code(code: types.CodeType):
@@ -622,6 +857,7 @@ def transform(fn: Callable, runtime: types.ModuleType) -> Callable:
     new.__defaults__ = fn.__defaults__
     new.__kwdefaults__ = fn.__kwdefaults__
     new.__doc__ = fn.__doc__
+    new.__name__ = fn.__name__
     new.__qualname__ = fn.__qualname__
     new.__module__ = fn.__module__
     new.__dict__.update(fn.__dict__)

@@ -4,6 +4,7 @@ graph control flow for traced ones."""
 
 from __future__ import annotations
 
+import operator
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -13,7 +14,16 @@ import numpy as np
 from graphc.core.errors import SourceLoc, TraceError
 from graphc.core.pytree import flatten, unflatten
 from graphc.frontend import autograph, control
-from graphc.frontend.tracer import Tracer, current_context, fresh, lift, user_location
+from graphc.frontend.tracer import (
+    HANDLERS,
+    Tracer,
+    current_context,
+    fresh,
+    library_failure,
+    lift,
+    user_errors,
+    user_location,
+)
 
 _UNDEFINED_MARK = control.UNDEFINED_MARK
 
@@ -25,7 +35,11 @@ def convert(fn: Callable) -> Callable:
 
 class _Undefined:
     """The value of a variable that is not bound yet (a branch or loop body may bind it), or that
-    was only assigned inside a loop on a traced value (``name`` and ``loc`` say which loop)."""
+    was only assigned inside a loop on a traced value (``name`` and ``loc`` say which loop).
+    (Slots, no ``__dict__``: it is not a pytree object, core/pytree.py, and a result holding it
+    gets its error.)"""
+
+    __slots__ = ("name", "loc")
 
     def __init__(self, name: str | None = None, loc: SourceLoc | None = None):
         self.name = name
@@ -97,6 +111,8 @@ def _copy_containers(x: Any) -> Any:
     if) seeing it."""
     if isinstance(x, Tracer):
         return fresh(x)
+    if isinstance(x, np.ndarray):  # a static write into a numpy buffer in one branch only
+        return x.copy()
     if isinstance(x, dict):
         return {k: _copy_containers(v) for k, v in x.items()}
     if type(x) is list:
@@ -111,8 +127,9 @@ def if_stmt(test: Any, true_fn: Callable, false_fn: Callable, vals: tuple, names
         return true_fn(*vals) if test else false_fn(*vals)
     if assigns_attributes:
         raise TraceError(
-            "assigning to an attribute inside an if on a traced value is not supported; "
-            "assign to a local variable and set the attribute after the if",
+            "assigning to an attribute inside an if on a traced value is not supported (nor writing into an "
+            "attribute's or a global variable's items: obj.a[i] = v); assign to a local variable and set the "
+            "attribute after the if",
             user_location(),
         )
 
@@ -158,7 +175,21 @@ def not_(x: Any) -> Any:
 def call(_gc_fn: Callable, /, *args: Any, **kwargs: Any) -> Any:
     if current_context() is None:
         return _gc_fn(*args, **kwargs)
-    return convert(_gc_fn)(*args, **kwargs)
+    receiver = getattr(_gc_fn, "__self__", None)
+    if isinstance(receiver, np.ndarray) and _traced(*args, *kwargs.values()):
+        # a numpy array's method given a traced argument (X.dot(W) with X a numpy array): numpy's
+        # methods do not dispatch to the argument, so the array becomes a constant of the graph
+        return getattr(lift(receiver), _gc_fn.__name__)(*args, **kwargs)
+    replacement = HANDLERS.library(_gc_fn, args, kwargs) if HANDLERS.library is not None else None
+    if replacement is not None:  # a scipy function graphc implements (frontend/scipy_table.py)
+        return replacement(*args, **kwargs)
+    try:
+        return convert(_gc_fn)(*args, **kwargs)
+    except Exception as exc:  # a library function failing on traced arguments: a TraceError at this line
+        error = library_failure(exc, args, kwargs)
+        if error is None:
+            raise
+        raise error from exc
 
 
 def _loop_state(vals: Sequence[Any], names: Sequence[str], what: str) -> tuple[list[Any], Any]:
@@ -218,11 +249,22 @@ def _leaf_names(vals: Sequence[Any], names: Sequence[str]) -> list[str]:
     return out
 
 
-def while_stmt(cond_fn: Callable, body_fn: Callable, vals: tuple, names: tuple) -> tuple:
+def _no_attribute_writes(assigns_attributes: bool, what: str) -> None:
+    if assigns_attributes:
+        raise TraceError(
+            f"assigning to an attribute (obj.a = v, obj.a[i] = v) inside a {what} loop on a traced value is not "
+            "supported; copy it to a local variable before the loop (buf = obj.a), write into that, and set "
+            "the attribute after the loop",
+            user_location(),
+        )
+
+
+def while_stmt(cond_fn: Callable, body_fn: Callable, vals: tuple, names: tuple, assigns_attributes=False) -> tuple:
     vals = tuple(vals)
     while True:
         test = cond_fn(*vals)
         if isinstance(test, Tracer):
+            _no_attribute_writes(assigns_attributes, "while")
             return _graph_while(cond_fn, body_fn, vals, names)
         if not test:
             return vals
@@ -270,13 +312,14 @@ def _graph_while(cond_fn: Callable, body_fn: Callable, vals: tuple, names: tuple
     return tuple(result)
 
 
-def for_range(range_args: tuple, body_fn: Callable, vals: tuple, names: tuple) -> tuple:
+def for_range(range_args: tuple, body_fn: Callable, vals: tuple, names: tuple, assigns_attributes=False) -> tuple:
     index, state = vals[0], tuple(vals[1:])
     if not any(isinstance(a, Tracer) for a in range_args):
         for i in range(*range_args):
             state = tuple(body_fn(i, *state))
             index = i
         return (index, *state)
+    _no_attribute_writes(assigns_attributes, "for")
     if len(range_args) == 1:
         start, stop, step = 0, range_args[0], 1
     else:
@@ -316,6 +359,133 @@ def _last_index(start: Any, stop: Any, step: int, before: Any) -> Any:
     if isinstance(last, Tracer):
         last._weak = True
     return last
+
+
+# --- subscripts: numpy arrays indexed by traced values, and assignments into arrays ------------------
+
+SLICE = slice  # what transformed code builds ``a:b`` with (a user's name ``slice`` cannot shadow it)
+_AUGMENTED = {
+    name: getattr(operator, name)
+    for name in ("iadd", "isub", "imul", "itruediv", "ifloordiv", "imod", "ipow", "imatmul", "iand", "ior", "ixor")
+    + ("ilshift", "irshift")
+}
+
+
+def _has_tracer(key: Any) -> bool:
+    if isinstance(key, Tracer):
+        return True
+    if type(key) is tuple or type(key) is list:
+        return any(_has_tracer(k) for k in key)
+    if type(key) is slice:
+        return isinstance(key.start, Tracer) or isinstance(key.stop, Tracer) or isinstance(key.step, Tracer)
+    return False
+
+
+def getitem(x: Any, key: Any) -> Any:
+    """``x[key]``: numpy indexes a numpy array itself, so a traced index into one (``self.W[tokens]``,
+    a module-level table) is traced here, the array becoming a constant of the graph."""
+    if isinstance(x, np.ndarray) and _has_tracer(key):
+        return lift(x)[key]
+    return x[key]
+
+
+def written(out: Any, result: Any) -> Any:
+    """What ``out`` holds after ``f(..., out=out)``: a numpy array written with traced values
+    cannot hold them, so the name takes the traced result (frontend/indexing.py ufunc_inplace)."""
+    if isinstance(out, np.ndarray) and isinstance(result, Tracer):
+        return result
+    return out
+
+
+def _is_array(x: Any) -> bool:
+    return isinstance(x, (np.ndarray, Tracer))
+
+
+def _traced(*xs: Any) -> bool:
+    return any(_has_tracer(x) for x in xs)
+
+
+def _updated(x: Tracer, key: Any, value: Any) -> Tracer:
+    """The value of ``x`` after ``x[key] = value``, as a new Tracer."""
+    setitem = HANDLERS.setitem
+    assert setitem is not None  # (frontend/indexing.py registers it)
+    return user_errors(setitem)(x, key, value)
+
+
+def _store(obj: Any, key: Any, value: Any, functional: bool) -> Any:
+    """``obj[key] = value``; returns the object that now holds the result: ``obj`` itself, or a new
+    Tracer for a numpy array written with traced values (and for a Tracer when ``functional``: an
+    element of another array, whose write the caller carries to that array)."""
+    if isinstance(obj, Tracer):
+        if functional:
+            return _updated(obj, key, value)
+        obj[key] = value  # (rebinds the Tracer object itself: tracer.py rebind)
+        return obj
+    if isinstance(obj, np.ndarray) and _traced(key, value):
+        new = _updated(lift(obj), key, value)
+        new._ctx.supersede(obj)
+        return new
+    obj[key] = value
+    return obj
+
+
+def _is_view_key(key: Any) -> bool:
+    """numpy's ``x[key]`` is a view (basic indexing: ints, slices, None, Ellipsis; a traced 0-d
+    integer stands for an int)."""
+    parts = key if type(key) is tuple else (key,)
+    return all(
+        k is None
+        or k is Ellipsis
+        or isinstance(k, (int, np.integer, slice))
+        or (isinstance(k, Tracer) and not k.shape and k.dtype.kind in "iu")
+        for k in parts
+    )
+
+
+def assign(root: Any, steps: tuple, value: Any, op: str | None = None, rebind: bool = True) -> Any:
+    """``root.a[k1][k2] = value`` (``op``: ``+=`` and the other augmented assignments), where
+    ``steps`` is ``((is_attribute, name or key), ...)``; returns what ``root`` holds afterwards.
+    Without traced values this is exactly the Python statement. With them, arrays are updated
+    functionally: a numpy array becomes a Tracer, which is stored back into the attribute, dict or
+    list it came from (``setattr``), or returned for the caller to rebind its name (the
+    transformed code does ``x = assign(x, ...)``; ``rebind`` is False where it cannot)."""
+    holders = [root]
+    for is_attr, key in steps[:-1]:
+        holders.append(getattr(holders[-1], key) if is_attr else getitem(holders[-1], key))
+    _, key = steps[-1]
+    parent = holders[-1]
+    if not (_traced(key, value) or any(isinstance(h, Tracer) for h in holders)):
+        if op is None:
+            parent[key] = value
+        else:
+            parent[key] = _AUGMENTED[op](parent[key], value)
+        return root
+    if op is not None:
+        current = getitem(parent, key)
+        if isinstance(current, (np.ndarray, Tracer)):  # a new array, so that += does not write into a view
+            current = fresh(lift(current))
+        value = _AUGMENTED[op](current, value)
+    functional = len(holders) > 1 and not steps[-2][0] and _is_array(holders[-2])
+    new = _store(parent, key, value, functional)
+    for i in range(len(holders) - 2, -1, -1):
+        if new is holders[i + 1]:
+            return root
+        is_attr, key = steps[i]
+        holder = holders[i]
+        if is_attr:
+            setattr(holder, key, new)
+            return root
+        if _is_array(holder) and not _is_view_key(key):
+            return root  # x[idx][k] = v writes into a copy of x[idx] (numpy does nothing to x)
+        functional = i > 0 and not steps[i - 1][0] and _is_array(holders[i - 1])
+        new = _store(holder, key, new, functional)
+    if new is not root and not rebind:
+        raise TraceError(
+            "writing traced values into a numpy array that is not a local variable (a global or a closure "
+            "variable) cannot update it; assign it to a local name first (buf = BUF) and write into that",
+            user_location(),
+        )
+    return new
 
 
 _THIS_MODULE = sys.modules[__name__]  # what transformed code calls its helpers through

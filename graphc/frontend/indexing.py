@@ -10,15 +10,44 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from graphc.core.errors import TraceError
-from graphc.frontend.functions import reshape_to
+from graphc.frontend.functions import broadcast, reshape_to, write_out
 from graphc.frontend.shape_functions import transpose
-from graphc.frontend.tracer import HANDLERS, Tracer, bind, lift, user_location
+from graphc.frontend.tracer import (
+    HANDLERS,
+    Tracer,
+    _handler,
+    bind,
+    convert,
+    fresh,
+    implements,
+    lift,
+    rebind,
+    user_location,
+)
 from graphc.ops.shape import normalize_slice, slice_length
+
+
+class _DynamicInt:
+    """A traced 0-d integer in an assignment key: a dynamic start, not an index array."""
+
+    def __init__(self, value: Tracer):
+        self.value = value
+
+
+def _traced_index(k: Tracer) -> Tracer:
+    if k.dtype.kind == "b":
+        raise TraceError(
+            "boolean-mask indexing with a traced mask has a data-dependent shape; use np.where(mask, x, 0) instead",
+            user_location(),
+        )
+    if k.dtype.kind not in "iu":
+        raise TraceError(f"arrays used as indices must be of integer type, got {k.dtype}", user_location())
+    return k
 
 
 def _classify(k: Any) -> list[tuple[str, Any]]:
@@ -27,16 +56,13 @@ def _classify(k: Any) -> list[tuple[str, Any]]:
     if k is Ellipsis:
         return [("ellipsis", None)]
     if isinstance(k, slice):
+        if any(isinstance(b, Tracer) for b in (k.start, k.stop, k.step)):
+            return [("dslice", k)]
         return [("slice", k)]
+    if isinstance(k, _DynamicInt):
+        return [("dint", k.value)]
     if isinstance(k, Tracer):
-        if k.dtype.kind == "b":
-            raise TraceError(
-                "boolean-mask indexing with a traced mask has a data-dependent shape; use np.where(mask, x, 0) instead",
-                user_location(),
-            )
-        if k.dtype.kind not in "iu":
-            raise TraceError(f"arrays used as indices must be of integer type, got {k.dtype}", user_location())
-        return [("array", k)]
+        return [("array", _traced_index(k))]
     if isinstance(k, (bool, np.bool_)):
         return [("bool", bool(k))]
     if isinstance(k, (int, np.integer)):
@@ -92,6 +118,8 @@ def _advanced_items(x: Tracer, items: list[tuple[str, Any]]) -> list[tuple[str, 
     out: list[tuple[str, Any]] = []
     dim = 0
     for kind, v in items:
+        if kind == "dint":
+            kind = "array"
         if kind == "int":
             _check_int(v, x.shape[dim], dim)
             kind, v = "array", np.asarray(v, dtype=np.int64)
@@ -119,14 +147,19 @@ def _advanced_items(x: Tracer, items: list[tuple[str, Any]]) -> list[tuple[str, 
     return out
 
 
-def getitem(x: Tracer, key: Any) -> Tracer:
+def _parse(x: Tracer, key: Any) -> tuple[list[tuple[str, Any]], bool, bool]:
+    """The key as one (kind, value) item per dim of the result's basic part (ellipsis filled in,
+    masks expanded), whether numpy separates its index arrays by an ellipsis, and whether it has
+    index arrays (advanced indexing)."""
     items: list[tuple[str, Any]] = []
     for k in key if isinstance(key, tuple) else (key,):
         items.extend(_classify(k))
 
     if sum(kind == "ellipsis" for kind, _ in items) > 1:
         raise TraceError("an index can only have a single ellipsis ('...')", user_location())
-    consumed = sum(v.ndim if kind == "mask" else kind in ("slice", "int", "array") for kind, v in items)
+    consumed = sum(
+        v.ndim if kind == "mask" else kind in ("slice", "dslice", "int", "dint", "array") for kind, v in items
+    )
     if consumed > x.ndim:
         raise TraceError(
             f"too many indices for array: array is {x.ndim}-dimensional, but {consumed} were indexed", user_location()
@@ -136,7 +169,7 @@ def getitem(x: Tracer, key: Any) -> Tracer:
     split_by_ellipsis = False
     if any(kind == "ellipsis" for kind, _ in items):
         at = next(i for i, (kind, _) in enumerate(items) if kind == "ellipsis")
-        is_array = [kind in ("array", "mask", "int", "bool") for kind, _ in items]
+        is_array = [kind in ("array", "mask", "int", "dint", "bool") for kind, _ in items]
         split_by_ellipsis = any(is_array[:at]) and any(is_array[at + 1 :])
         items = items[:at] + fill + items[at + 1 :]
     else:
@@ -144,7 +177,15 @@ def getitem(x: Tracer, key: Any) -> Tracer:
     items = _expand_masks(x, items)
     advanced = any(kind in ("array", "bool") for kind, _ in items)
     if advanced:
+        if any(kind == "dslice" for kind, _ in items):
+            raise TraceError("a slice with traced bounds cannot be combined with index arrays", user_location())
         items = _advanced_items(x, items)
+    return items, split_by_ellipsis, advanced
+
+
+def getitem(x: Tracer, key: Any) -> Tracer:
+    items, split_by_ellipsis, advanced = _parse(x, key)
+    x, items = _dynamic_slices(x, items)
 
     # 1. basic part; a scalar bool adds a size-1 dim (like None) that the gather below indexes
     starts, stops, steps, shape = [], [], [], []
@@ -187,4 +228,334 @@ def getitem(x: Tracer, key: Any) -> Tracer:
     return bind("gather", transpose(y, positions + rest), *indices, axis=0)
 
 
+# --- slices with traced bounds: x[:, pos:pos + n] ----------------------------------------------
+
+
+def _static_length(start: Any, stop: Any) -> int | None:
+    """``stop - start`` when it is known while tracing: both static, or ``stop`` computed as
+    ``start + n`` from the same traced start and a constant (the ``pos:pos + n`` of a KV cache)."""
+    if not isinstance(start, Tracer) and not isinstance(stop, Tracer):
+        return int(stop) - int(start or 0)
+    if not (isinstance(start, Tracer) and isinstance(stop, Tracer)):
+        return None
+    node = stop._value.producer
+    if node is None or node.op.name != "add":
+        return None
+    for mine, other in (node.inputs, node.inputs[::-1]):
+        producer = other.producer
+        if mine is start._value and producer is not None and producer.op.name == "constant" and not other.type.shape:
+            return int(producer.attrs["value"])
+    return None
+
+
+def _wrap_start(start: Any, n: int) -> Tracer:
+    """A slice start or integer index as a 0-d operand; negative values count from the end."""
+    if not isinstance(start, Tracer):
+        return lift(np.int64(start + n if start < 0 else start))
+    if start.shape or start.dtype.kind not in "iu":
+        raise TraceError(f"a traced index or slice bound must be a 0-d integer, got {start.dtype}{start.shape}")
+    if start.dtype.kind == "u":
+        return start
+    return cast(Tracer, np.where(start < 0, start + n, start))
+
+
+def _dynamic_bounds(s: slice, n: int, dim: int, known_length: int | None) -> tuple[Tracer, int]:
+    """(start operand, length) of a slice with traced bounds along a dim of size n."""
+    if s.step is not None and (isinstance(s.step, Tracer) or s.step != 1):
+        raise TraceError("a slice with traced bounds must have step 1", user_location())
+    start = 0 if s.start is None else s.start
+    length = None if s.stop is None else _static_length(start, s.stop)
+    if length is None and s.stop is None and not isinstance(start, Tracer):
+        length = n - (start + n if start < 0 else start)
+    if length is None:
+        length = known_length
+    if length is None:
+        raise TraceError(
+            f"the length of the slice with traced bounds along dim {dim} must be known while tracing: write "
+            "x[pos:pos + n] with a Python int n (a slice to a traced end has a data-dependent shape)",
+            user_location(),
+        )
+    if not 0 <= length <= n:
+        raise TraceError(f"a slice of length {length} does not fit dim {dim} of size {n}", user_location())
+    return _wrap_start(start, n), length
+
+
+def _dynamic_slices(x: Tracer, items: list[tuple[str, Any]]) -> tuple[Tracer, list[tuple[str, Any]]]:
+    """Cut the dims sliced by traced bounds with one dynamic_slice; they become whole slices."""
+    if not any(kind == "dslice" for kind, _ in items):
+        return x, items
+    dims, starts, sizes, out = [], [], [], []
+    dim = 0
+    for kind, v in items:
+        if kind == "dslice":
+            start, size = _dynamic_bounds(v, x.shape[dim], dim, None)
+            dims.append(dim)
+            starts.append(start)
+            sizes.append(size)
+            kind, v = "slice", slice(None)
+        out.append((kind, v))
+        dim += kind not in ("none", "bool")
+    return bind("dynamic_slice", x, *starts, dims=tuple(dims), sizes=tuple(sizes)), out
+
+
+# --- x[key] = v: a new array (the tracer rebinds itself to it, tracer.py) -------------------------
+
+
+def _broadcast_value(x: Tracer, value: Any, shape: tuple[int, ...]) -> Tracer:
+    """``value`` as numpy assigns it into ``x[key]`` of ``shape``: cast to x's dtype (numpy casts
+    unsafely here), leading size-1 dims dropped, broadcast to the indexed shape."""
+    v = convert(value, x.dtype) if isinstance(value, Tracer) else lift(value, x.dtype)
+    shape = tuple(shape)
+    ok = True
+    while v.ndim > len(shape) and ok:
+        ok = v.shape[0] == 1
+        if ok:
+            v = reshape_to(v, v.shape[1:])
+    try:
+        ok = ok and np.broadcast_shapes(v.shape, shape) == shape
+    except ValueError:
+        ok = False
+    if not ok:
+        raise TraceError(f"could not broadcast input array from shape {v.shape} into shape {shape}", user_location())
+    return broadcast(v, shape)
+
+
+def _is_static(key: Any) -> bool:
+    parts = key if isinstance(key, tuple) else (key,)
+    for k in parts:
+        if isinstance(k, (Tracer, _DynamicInt)):
+            return False
+        if isinstance(k, slice) and any(isinstance(b, Tracer) for b in (k.start, k.stop, k.step)):
+            return False
+        if isinstance(k, (list, tuple)) and not _is_static(tuple(k)):
+            return False
+    return True
+
+
+def _flat_positions(x: Tracer, key: Any) -> np.ndarray:
+    """numpy's own answer to which elements ``x[key]`` picks (static keys): their flat positions."""
+    try:
+        return np.asarray(np.arange(x.size, dtype=np.int64).reshape(x.shape)[key])
+    except IndexError as exc:
+        raise TraceError(str(exc), user_location()) from None
+
+
+def _flat_update(x: Tracer, key: Any, value: Tracer, opname: str) -> Tracer:
+    """Any static key: scatter into the flattened array at numpy's positions (strided slices,
+    index arrays mixed with partial slices or None)."""
+    pos = _flat_positions(x, key)
+    upd = _broadcast_value(x, value, pos.shape)
+    if pos.size == 0:
+        return x
+    out = bind(opname, reshape_to(x, (x.size,)), lift(pos), upd, axis=0)
+    return reshape_to(out, x.shape)
+
+
+def _with_dynamic_ints(key: Any) -> Any:
+    """Mark traced 0-d integers in the key as dynamic starts (x[t] = v is a dynamic_update_slice)."""
+    parts = key if isinstance(key, tuple) else (key,)
+    marked = tuple(
+        _DynamicInt(k) if isinstance(k, Tracer) and not k.shape and k.dtype.kind in "iu" else k for k in parts
+    )
+    return marked if isinstance(key, tuple) else marked[0]
+
+
+def _basic_update(x: Tracer, items: list[tuple[str, Any]], value: Tracer) -> Tracer | None:
+    """x[key] = v for a key of integers, unit-step slices, None and Ellipsis, whose integers and
+    slice bounds may be traced: one dynamic_update_slice (None for strided slices)."""
+    blocks: list[Any] = []  # per dim of x: (start, size) or the dynamic slice
+    indexed: list[Any] = []  # numpy's shape of x[key]; None for a dynamic slice's length
+    dim = 0
+    for kind, v in items:
+        if kind == "none":
+            indexed.append(1)
+            continue
+        n = x.shape[dim]
+        if kind == "int":
+            _check_int(v, n, dim)
+            blocks.append((v % n, 1))
+        elif kind == "dint":
+            blocks.append((_wrap_start(v, n), 1))
+        elif kind == "slice":
+            a, b, s = normalize_slice(v, n)
+            length = slice_length(a, b, s)
+            if s != 1 and length > 1:
+                return None
+            blocks.append((a, length))
+            indexed.append(length)
+        else:  # dslice
+            blocks.append(v)
+            indexed.append(None)
+        dim += 1
+    vshape = value.shape
+    dims_of_value = dict(zip(range(len(indexed) - len(vshape), len(indexed)), vshape))
+    j = 0
+    for d, block in enumerate(blocks):
+        if isinstance(block, slice):
+            while indexed[j] is not None:
+                j += 1
+            known = dims_of_value.get(j)
+            blocks[d] = _dynamic_bounds(block, x.shape[d], d, known if known != 1 else None)
+            indexed[j] = blocks[d][1]
+    upd = _broadcast_value(x, value, tuple(indexed))
+    sizes = tuple(size for _, size in blocks)
+    if 0 in sizes:
+        return x
+    upd = reshape_to(upd, sizes)
+    dims = [d for d, (a, size) in enumerate(blocks) if isinstance(a, Tracer) or (a, size) != (0, x.shape[d])]
+    if not dims:
+        return fresh(upd) if upd is value else upd
+    starts = [blocks[d][0] if isinstance(blocks[d][0], Tracer) else lift(np.int64(blocks[d][0])) for d in dims]
+    return bind("dynamic_update_slice", x, upd, *starts, dims=tuple(dims))
+
+
+def _scatter_form(x: Tracer, items: list[tuple[str, Any]], split_by_ellipsis: bool):
+    """For index arrays with every other dim taken whole: (x with the indexed dims moved to the
+    front if numpy moves them, the index arrays, the axis they start at, the permutation or None);
+    None for other keys."""
+    positions = [i for i, (kind, _) in enumerate(items) if kind in ("array", "bool")]
+    dim = 0
+    for kind, v in items:
+        if kind in ("none", "bool"):
+            return None
+        if kind == "slice" and normalize_slice(v, x.shape[dim]) != (0, x.shape[dim], 1):
+            return None
+        dim += 1
+    indices = [lift(items[p][1]) for p in positions]
+    if positions == list(range(positions[0], positions[0] + len(positions))) and not split_by_ellipsis:
+        return x, indices, positions[0], None
+    perm = positions + [d for d in range(x.ndim) if d not in positions]
+    return transpose(x, perm), indices, 0, perm
+
+
+def _indexed_update(x: Tracer, key: Any, value: Any, opname: str) -> Tracer:
+    """x[key] = v (opname "scatter") or np.add.at(x, key, v) ("scatter_add")."""
+    if not isinstance(value, Tracer):
+        value = lift(value)  # (numbers, numpy arrays, lists that may hold traced values)
+    items, split_by_ellipsis, advanced = _parse(x, _with_dynamic_ints(key))
+    if not advanced and opname == "scatter":
+        new = _basic_update(x, items, value)
+        if new is not None:
+            return new
+    elif not advanced:  # add.at with basic indexing: no repeated positions, so x[key] + v
+        if _is_static(key):
+            return _flat_update(x, key, value, opname)
+        current = getitem(x, key)
+        return _indexed_update(x, key, np.add(current, _broadcast_value(x, value, current.shape)), "scatter")
+    form = _scatter_form(x, items, split_by_ellipsis) if advanced else None
+    if form is None:
+        if not _is_static(key):
+            raise TraceError(
+                "assignment with traced index arrays needs every other dim taken whole (x[idx] = v, x[:, idx] = v); "
+                "this key mixes them with partial slices or None",
+                user_location(),
+            )
+        return _flat_update(x, key, value, opname)
+    xt, indices, axis, perm = form
+    k = len(indices)
+    bshape = np.broadcast_shapes(*(t.shape for t in indices))
+    upd = _broadcast_value(x, value, xt.shape[:axis] + bshape + xt.shape[axis + k :])
+    if upd.size == 0:
+        return x
+    out = bind(opname, xt, *indices, upd, axis=axis)
+    return out if perm is None else transpose(out, list(np.argsort(perm)))
+
+
+def setitem(x: Tracer, key: Any, value: Any) -> Tracer:
+    """The value of ``x`` after numpy's ``x[key] = value`` (a new array; ``x`` is unchanged)."""
+    return _indexed_update(x, key, value, "scatter")
+
+
+def add_at(x: Tracer, key: Any, value: Any) -> Tracer:
+    """The value of ``x`` after ``np.add.at(x, key, value)`` (repeated indices accumulate)."""
+    return _indexed_update(x, key, value, "scatter_add")
+
+
+# --- numpy's other in-place writers -------------------------------------------------------------
+
+
+def _writable(target: Any, what: str) -> Tracer:
+    if not isinstance(target, Tracer):
+        raise TraceError(
+            f"{what} would write traced values into a numpy array in place, which cannot hold them; "
+            "write into a traced array instead (for example one made with np.zeros_like of a traced value)",
+            user_location(),
+        )
+    return target
+
+
+def ufunc_inplace(ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any) -> Any:
+    """``np.add.at(x, key, v)`` and ufunc calls with ``out=``: computed as a new value that the out
+    array (a Tracer) is rebound to, as numpy's in-place write changes it for every name holding it.
+    An out array that is a numpy array is not changed; the new Tracer is returned, which is what
+    ``buf += traced`` assigns to ``buf``."""
+    name = f"numpy.{ufunc.__name__}"
+    if method == "at":
+        if ufunc not in (np.add, np.subtract) or len(inputs) != 3:
+            raise TraceError(f"{name}.at is not supported (np.add.at and np.subtract.at are)", user_location())
+        x, key, value = inputs
+        x = _writable(x, f"{name}.at")
+        rebind(x, add_at(x, key, np.negative(value) if ufunc is np.subtract else value))
+        return None
+    outs = kwargs.pop("out")
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    if len(outs) != 1:
+        raise TraceError(f"{name}(..., out=...) with several outputs is not supported", user_location())
+    out = outs[0]
+    where = kwargs.pop("where", True)
+    casting = kwargs.pop("casting", "same_kind")
+    result = _handler(HANDLERS.ufunc, "ufunc")(ufunc, method, *inputs, **kwargs)
+    return write_out(f"ufunc '{ufunc.__name__}'", result, out, casting, where)
+
+
+@implements(np.put)
+def put(a: Any, ind: Any, v: Any, mode: str = "raise") -> None:
+    a = _writable(a, "np.put")
+    n = a.size
+    if isinstance(ind, Tracer):
+        flat_ind = reshape_to(ind, (ind.size,))
+        if mode == "wrap":
+            flat_ind = cast(Tracer, np.mod(flat_ind, n))
+        elif mode == "clip":
+            flat_ind = cast(Tracer, np.clip(flat_ind, 0, n - 1))
+    else:
+        arr = np.asarray(ind, dtype=np.int64).reshape(-1)
+        if mode == "wrap" and n:
+            arr = arr % n
+        elif mode == "clip":
+            arr = np.clip(arr, 0, n - 1)
+        elif arr.size and not (arr.min() >= -n and arr.max() < n):
+            bad = int(arr.max() if arr.max() >= n else arr.min())
+            raise TraceError(f"index {bad} is out of bounds for axis 0 with size {n}", user_location())
+        flat_ind = lift(arr)
+    k = flat_ind.size
+    if k == 0:
+        return None
+    values = convert(v, a.dtype) if isinstance(v, Tracer) else lift(v, a.dtype)
+    values = reshape_to(values, (values.size,))
+    if values.size == 0:
+        return None
+    if values.size != k:  # numpy repeats v as often as needed
+        values = bind("gather", values, lift(np.arange(k, dtype=np.int64) % values.size), axis=0)
+    rebind(a, reshape_to(bind("scatter", reshape_to(a, (n,)), flat_ind, values, axis=0), a.shape))
+    return None
+
+
+@implements(np.copyto)
+def copyto(dst: Any, src: Any, casting: Any = "same_kind", where: Any = True) -> None:
+    dst = _writable(dst, "np.copyto")
+    if isinstance(src, Tracer) and not src._weak and not np.can_cast(src.dtype, dst.dtype, casting):
+        raise TraceError(
+            f"Cannot cast array data from {src.dtype} to {dst.dtype} according to the rule '{casting}'",
+            user_location(),
+        )
+    new = _broadcast_value(dst, src, dst.shape)
+    if where is not True:
+        new = cast(Tracer, np.where(where, new, dst))
+    rebind(dst, new)
+    return None
+
+
 HANDLERS.getitem = getitem
+HANDLERS.setitem = setitem
+HANDLERS.ufunc_inplace = ufunc_inplace

@@ -13,6 +13,7 @@ import functools
 import inspect
 import os
 import sys
+import sysconfig
 import threading
 import weakref
 from collections.abc import Callable
@@ -67,20 +68,129 @@ def _is_internal(filename: str) -> bool:
     return filename.startswith(_NUMPY_DIR) or filename.startswith("<__array_function__")
 
 
-def _user_frame() -> FrameType | None:
-    frame: FrameType | None = sys._getframe(2)
-    while frame is not None:
-        filename = frame.f_code.co_filename
-        if not _is_internal(filename):
-            return frame
-        frame = frame.f_back
+def _library_roots() -> tuple[str, ...]:
+    """Where installed packages and the standard library live (each path also with links resolved)."""
+    paths = sysconfig.get_paths()
+    roots = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
+    roots |= {os.path.realpath(r) for r in roots}
+    return tuple(sorted((r.rstrip(os.sep) + os.sep for r in roots), key=len, reverse=True))
+
+
+_LIBRARY_ROOTS = _library_roots()
+
+
+@functools.lru_cache(maxsize=4096)
+def _library_path(filename: str) -> str | None:
+    """For a frame of a library (an installed package or the standard library; not graphc or
+    numpy), its path inside the library root (scipy/special/_logsumexp.py); None for user code."""
+    if filename.startswith("<"):
+        return filename if filename.startswith("<frozen") else None
+    path = os.path.abspath(filename)
+    if path.startswith(_MODELS_DIR):  # graphc's example models are user code, also when graphc is installed
+        return None
+    for root in _LIBRARY_ROOTS:
+        if path.startswith(root):
+            return path[len(root) :]
     return None
 
 
+def _user_frame() -> FrameType | None:
+    """The innermost frame of the user's code (outside graphc, numpy and the libraries); the
+    innermost library frame when no user frame is on the stack."""
+    frame: FrameType | None = sys._getframe(2)
+    outside: FrameType | None = None
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not _is_internal(filename):
+            if _library_path(filename) is None:
+                return frame
+            outside = outside or frame
+        frame = frame.f_back
+    return outside
+
+
+def _frame_text(frame: FrameType) -> str:
+    library = _library_path(frame.f_code.co_filename)
+    where = library if library is not None else _display_path(frame.f_code.co_filename)
+    return f"{where}:{frame.f_lineno} in {frame.f_code.co_name}" + (" (library)" if library is not None else "")
+
+
+def _call_chain(start: FrameType) -> tuple[str, ...]:
+    """The frames outside graphc and numpy from the outermost in, ending at ``start``'s innermost
+    such frame: the user's frames, then the library frames that made the failing call."""
+    frames = []
+    frame: FrameType | None = start
+    while frame is not None:
+        if not _is_internal(frame.f_code.co_filename):
+            frames.append(frame)
+        frame = frame.f_back
+    first_user = next((i for i, f in enumerate(frames) if _library_path(f.f_code.co_filename) is None), len(frames))
+    users = [f for f in frames[first_user:] if _library_path(f.f_code.co_filename) is None]
+    return tuple(_frame_text(f) for f in reversed(users)) + tuple(_frame_text(f) for f in reversed(frames[:first_user]))
+
+
 def user_location() -> SourceLoc | None:
-    """The innermost frame outside graphc and numpy: the user's line that is being traced."""
-    frame = _user_frame()
-    return SourceLoc(_display_path(frame.f_code.co_filename), frame.f_lineno) if frame is not None else None
+    """The user's line that is being traced: the innermost frame outside graphc, numpy and the
+    libraries. When the call being traced was made inside a library function that line called, the
+    location also holds the call chain (``SourceLoc.via``)."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None and _is_internal(frame.f_code.co_filename):
+        frame = frame.f_back
+    if frame is None:
+        return None
+    if _library_path(frame.f_code.co_filename) is None:  # the usual case: the user's own line
+        return SourceLoc(_display_path(frame.f_code.co_filename), frame.f_lineno)
+    user = frame.f_back
+    while user is not None and (_is_internal(user.f_code.co_filename) or _library_path(user.f_code.co_filename)):
+        user = user.f_back
+    target = user if user is not None else frame
+    file = _display_path(target.f_code.co_filename)
+    return SourceLoc(file, target.f_lineno, _call_chain(frame))
+
+
+def library_failure(exc: BaseException, args: tuple, kwargs: dict) -> TraceError | None:
+    """A TraceError for ``exc`` when it was raised inside a library (an installed package, not
+    graphc or numpy) that the user's code called with traced arguments: at the user's line that
+    called the library, with the library's first and raising lines ending the call chain. It is also
+    an instance of ``exc``'s class (an ``except ValueError`` around the call still catches it).
+    None for any other exception (the user's own, graphc's)."""
+    if isinstance(exc, GraphcError):
+        return None
+    if not (any(_contains_tracer(a) for a in args) or any(_contains_tracer(v) for v in kwargs.values())):
+        return None
+    entries = []  # (frame, line) of the traceback outside graphc and numpy, outermost first
+    tb = exc.__traceback__
+    while tb is not None:
+        if not _is_internal(tb.tb_frame.f_code.co_filename):
+            entries.append((tb.tb_frame, tb.tb_lineno))
+        tb = tb.tb_next
+    if not entries or _library_path(entries[-1][0].f_code.co_filename) is None:
+        return None  # raised by the user's own code
+    last_user = max((i for i, (f, _) in enumerate(entries) if _library_path(f.f_code.co_filename) is None), default=-1)
+    first_library = last_user + 1  # the library function the user's line called
+
+    def text(frame: FrameType, line: int, note: str = "") -> str:
+        library = _library_path(frame.f_code.co_filename)
+        where = library if library is not None else _display_path(frame.f_code.co_filename)
+        return f"{where}:{line} in {frame.f_code.co_name}" + (f" ({note})" if note else "")
+
+    outer = _call_chain(sys._getframe(1))  # the user's frames on the stack, up to the call that failed
+    users = tuple(text(f, line) for f, line in entries[:first_library] if _library_path(f.f_code.co_filename) is None)
+    entered, raised = entries[first_library], entries[-1]
+    library = (text(*entered, "library"),) + ((text(*raised, "library, raised here"),) if raised is not entered else ())
+    if last_user >= 0:
+        file, line = _display_path(entries[last_user][0].f_code.co_filename), entries[last_user][1]
+    else:
+        here = user_location()
+        file, line = (here.file, here.line) if here is not None else ("<unknown>", 0)
+    loc = SourceLoc(file, line, outer + users + library)
+    name = f"{entered[0].f_globals.get('__name__', '?')}.{entered[0].f_code.co_name}"
+    message = (
+        f"{name}, a library function, failed on a traced array: {type(exc).__name__}: {exc}. graphc traces the "
+        "numpy calls a library makes, but not library code that needs concrete values or writes into arrays"
+        + HANDLERS.hints.get(f"library:{name}", "")
+    )
+    return numpy_error(exc, TraceError, loc, message)
 
 
 def user_errors(fn: Callable) -> Callable:
@@ -119,6 +229,33 @@ class TraceContext:
         self._constants: dict[int, tuple[Any, Tracer]] = {}
         self.part: str | None = None  # tag for new nodes (autodiff sets "backward")
         self.loc_override: SourceLoc | None = None  # autodiff: backward nodes keep their forward node's line
+        self._superseded: dict[int, tuple[np.ndarray, SourceLoc | None]] = {}  # see supersede
+
+    def _root(self) -> TraceContext:
+        ctx = self
+        while ctx.parent is not None:
+            ctx = ctx.parent
+        return ctx
+
+    def supersede(self, array: np.ndarray) -> None:
+        """``array``, a numpy array, was written with traced values at the current line, and the name
+        it was written through now holds a Tracer; reading it later through another name or a view
+        would miss the write (TraceError in ``constant``)."""
+        self._root()._superseded[id(array)] = (array, user_location())
+
+    def _check_superseded(self, array: np.ndarray) -> None:
+        superseded = self._root()._superseded
+        base: Any = array
+        while superseded and isinstance(base, np.ndarray):
+            hit = superseded.get(id(base))
+            if hit is not None and hit[0] is base:
+                raise TraceError(
+                    f"this numpy array (or a view of it) was written with traced values at {hit[1]}, through another "
+                    "name; numpy would show the write here, which graphc cannot: read it through the name it was "
+                    "written through",
+                    user_location(),
+                )
+            base = base.base
 
     @contextlib.contextmanager
     def annotate(self, part: str | None = None, loc: SourceLoc | None = None):
@@ -163,6 +300,14 @@ class TraceContext:
 
     def emit(self, opname: str, inputs: list[Tracer], attrs: dict[str, Any], regions: tuple = ()) -> tuple[Tracer, ...]:
         op = get_op(opname)
+        for t in inputs:
+            if t._stale is not None:
+                raise TraceError(
+                    f"this array is a view (a slice, reshape or transpose) of an array that was written in place at "
+                    f"{t._stale} after the view was taken; numpy would show the write through the view, which a "
+                    "graph cannot express. Take the view after the write, or copy it before (y = x[i].copy())",
+                    user_location(),
+                )
         inputs = [self.local(t) for t in inputs]
         out_types = op.infer_types(tuple(t._value.type for t in inputs), attrs, regions)
         loc = self.loc_override or user_location()
@@ -172,6 +317,7 @@ class TraceContext:
 
     def constant(self, array: np.ndarray) -> Tracer:
         """A constant node for ``array``; the same numpy object traced twice gives one node."""
+        self._check_superseded(array)
         key = id(array)
         hit = self._constants.get(key)
         if hit is not None and hit[0] is array:
@@ -276,14 +422,20 @@ class Handlers:
     are imported (importing graphc.frontend imports them all): ``functions`` maps a numpy function
     to its implementation (``@implements(np.mean)``), ``ufunc`` takes every ufunc call
     (frontend/ufuncs.py), ``gufuncs`` the ufuncs that are not elementwise (np.matmul), and
-    ``getitem`` indexing (frontend/indexing.py)."""
+    ``getitem`` / ``setitem`` indexing (frontend/indexing.py)."""
 
     def __init__(self):
         self.functions: dict[Callable, Callable] = {}
         self.gufuncs: dict[np.ufunc, Callable] = {}
         self.ufunc: Callable | None = None
         self.getitem: Callable | None = None
+        self.setitem: Callable | None = None  # the new value of x after x[key] = v (frontend/indexing.py)
+        self.ufunc_inplace: Callable | None = None  # np.add.at and ufuncs with out= (frontend/indexing.py)
         self.scalar_power: Callable | None = None  # ``**`` of a numpy scalar (frontend/ufuncs.py)
+        self.methods: dict[str, Callable] = {}  # ndarray methods Tracer does not define: name -> fn(self, ...)
+        self.hints: dict[str, str] = {}  # "numpy.nonzero", "ndarray.nonzero" -> the supported rewrite
+        self.library: Callable | None = None  # fn, args, kwargs -> graphc's replacement of a library function
+        self.library_ufunc: Callable | None = None  # a library's ufunc (scipy.special.erf) -> impl(ufunc, *inputs)
 
 
 HANDLERS = Handlers()
@@ -350,7 +502,8 @@ def handle_function(func: Callable, args: tuple, kwargs: dict):
     if handler is None:
         mod = getattr(func, "__module__", "numpy") or "numpy"
         mod = "numpy" if mod.startswith("numpy._core") or mod == "numpy" else mod
-        raise TraceError(f"{mod}.{func.__name__} is not supported by graphc", user_location())
+        name = f"{mod}.{func.__name__}"
+        raise TraceError(f"{name} is not supported by graphc{HANDLERS.hints.get(name, '')}", user_location())
     result = handler(*args, **kwargs)
     if func in VIEW_FUNCTIONS and args and isinstance(args[0], Tracer):
         mark_view(result, args[0])
@@ -380,7 +533,7 @@ def _contains_tracer(x: Any) -> bool:
 
 def _control_flow_error(what: str) -> TraceError:
     frame = _user_frame()
-    loc = SourceLoc(_display_path(frame.f_code.co_filename), frame.f_lineno) if frame is not None else None
+    loc = user_location()
     reason = None
     if frame is not None:
         reason = unconverted_reason(frame.f_code)
@@ -406,7 +559,7 @@ class Tracer:
     operators, attributes and methods; each operation is recorded in the trace."""
 
     __array_priority__ = 1000
-    __slots__ = ("_ctx", "_value", "_base", "_views", "_weak", "_scalar", "__weakref__")
+    __slots__ = ("_ctx", "_value", "_base", "_views", "_weak", "_scalar", "_stale", "__weakref__")
 
     def __init__(self, ctx: TraceContext, value: Value, weak: bool = False):
         self._ctx = ctx
@@ -419,6 +572,7 @@ class Tracer:
         self._scalar = False
         self._base: Tracer | None = None  # set when numpy would return a view of another array
         self._views: list[weakref.ref] | None = None  # views of this array (weak: dead views do not count)
+        self._stale: SourceLoc | None = None  # a view whose base was written in place there (see rebind)
 
     # --- numpy protocols -------------------------------------------------------------------
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
@@ -463,7 +617,11 @@ class Tracer:
 
     @property
     def T(self) -> Tracer:
-        return cast(Tracer, np.transpose(self))
+        return cast(Tracer, np.transpose(self))  # (a 1-d or 0-d array is its own transpose, as in numpy)
+
+    @property
+    def flat(self) -> FlatReader:
+        return FlatReader(self)
 
     def __len__(self) -> int:
         if not self.shape:
@@ -495,10 +653,20 @@ class Tracer:
         raise _control_flow_error("complex()")
 
     def item(self, *args):
-        raise _control_flow_error(".item()")
+        raise TraceError(
+            ".item() of a traced array: it would turn the array into a Python number, whose value is not known "
+            "while tracing. Keep the 0-d array instead (drop .item(), or use x[()] / x.reshape(())), or call "
+            ".item() on the result outside the traced function",
+            user_location(),
+        )
 
     def tolist(self):
-        raise _control_flow_error(".tolist()")
+        raise TraceError(
+            ".tolist() of a traced array: it would turn the array into Python numbers, whose values are not known "
+            "while tracing. Keep the array (index it, or iterate over it: for row in x), or call .tolist() on the "
+            "result outside the traced function",
+            user_location(),
+        )
 
     def __hash__(self):
         return id(self)
@@ -668,16 +836,16 @@ class Tracer:
     def __getattr__(self, name):
         if name.startswith("__"):  # protocol probes (numpy asks for __array_struct__ etc.)
             raise AttributeError(name)
+        method = HANDLERS.methods.get(name)
+        if method is not None:
+            return functools.partial(method, self)
         if hasattr(np.ndarray, name):
-            raise TraceError(f"ndarray.{name} is not supported by graphc", user_location())
+            hint = HANDLERS.hints.get(f"ndarray.{name}", "")
+            raise TraceError(f"ndarray.{name} is not supported by graphc{hint}", user_location())
         raise AttributeError(f"'Tracer' object has no attribute {name!r}")
 
     def __setitem__(self, key, value):
-        raise TraceError(
-            "in-place assignment into an array (x[...] = v) is not supported while tracing; "
-            "build the result with np.where, np.concatenate or np.stack instead",
-            user_location(),
-        )
+        user_errors(_setitem)(self, key, value)
 
     # --- methods (all routed through numpy so each rule lives in one place) -------------------
     def reshape(self, *shape, order="C"):
@@ -749,7 +917,42 @@ class Tracer:
 
     def astype(self, dtype, copy=True):
         result = user_errors(convert)(self, dtype)
+        if result is self and not copy:  # numpy returns the array itself when no conversion is needed
+            return self
         return _like_scalar(fresh(result) if result is self else result, self)
+
+
+class FlatReader:
+    """``x.flat``: numpy's 1-d iterator over the array in C order, for reading (``x.flat[i]``,
+    ``x.flat[2:5]``, ``for v in x.flat``); writing through it is a TraceError."""
+
+    __slots__ = ("base",)
+
+    def __init__(self, base: Tracer):
+        self.base = base
+
+    def _flat(self) -> Tracer:
+        return cast(Tracer, np.reshape(self.base, (-1,)))
+
+    def __getitem__(self, key):
+        return self._flat()[key]
+
+    def __setitem__(self, key, value):
+        raise TraceError(
+            "writing through x.flat is not supported while tracing; compute the new array instead, as in "
+            "x = np.where(np.arange(x.size) == i, v, x.reshape(-1)).reshape(x.shape)",
+            user_location(),
+        )
+
+    def __len__(self) -> int:
+        return self.base.size
+
+    def __iter__(self):
+        flat = self._flat()
+        return (flat[i] for i in range(flat.shape[0]))
+
+    def __array__(self, dtype=None, copy=None):
+        return self.base.__array__(dtype, copy)
 
 
 def _power_op(base: Tracer, exponent: Any) -> Callable[[Any, Any], Any]:
@@ -803,21 +1006,45 @@ def mark_view(result: Any, base: Tracer) -> None:
             root._views.append(weakref.ref(r))
 
 
-def _inplace_update(target: Tracer, ufunc, other) -> Tracer:
-    if target._weak or target._scalar:  # a Python number or numpy scalar: += makes a new object
-        return ufunc(target, other)
+def rebind(target: Tracer, new: Tracer) -> Tracer:
+    """numpy's in-place write into ``target``: the Tracer object itself takes the new value, so every
+    name holding it sees the update (``x[i] = v``, ``x += v``, ``out=``). A write into a view would
+    have to change its base too, which a graph cannot express: TraceError. Views of ``target``
+    taken before the write would show it in numpy; they become stale, and using one later raises
+    a TraceError there (TraceContext.emit)."""
+    _check_not_a_view(target)
+    if target._views:
+        loc = user_location()
+        for ref in target._views:
+            view = ref()
+            if view is not None:
+                view._stale = loc
+        target._views = None
+    target._ctx, target._value = new._ctx, new._value  # (a branch's copy of an outer array becomes local)
+    return target
+
+
+def _check_not_a_view(target: Tracer) -> None:
     if target._base is not None:
         raise TraceError(
             "in-place update of a view (a slice, reshape or transpose of another array) would change that "
-            "array too, which a graph cannot express; compute a new array instead (y = x - 1)",
+            "array too, which a graph cannot express; write into the array itself (x[i, j] = v rather than "
+            "row = x[i]; row[j] = v) or compute a new array (y = x - 1)",
             user_location(),
         )
-    if target._views and any(ref() is not None for ref in target._views):
-        raise TraceError(
-            "in-place update of an array that has live views (slices, reshapes or transposes of it) "
-            "would change them too, which a graph cannot express; compute a new array instead",
-            user_location(),
-        )
+
+
+def _setitem(target: Tracer, key: Any, value: Any) -> None:
+    if target._weak or target._scalar:
+        raise TraceError("a numpy scalar does not support item assignment (numpy raises here too)", user_location())
+    _check_not_a_view(target)
+    rebind(target, _handler(HANDLERS.setitem, "indexing")(target, key, value))
+
+
+def _inplace_update(target: Tracer, ufunc, other) -> Tracer:
+    if target._weak or target._scalar:  # a Python number or numpy scalar: += makes a new object
+        return ufunc(target, other)
+    _check_not_a_view(target)
     result = ufunc(target, other)  # through __array_ufunc__: numpy's type resolution
     if result.shape != target.shape:
         raise TraceError(
@@ -831,9 +1058,7 @@ def _inplace_update(target: Tracer, ufunc, other) -> Tracer:
             "with casting rule 'same_kind' (numpy raises here too)",
             user_location(),
         )
-    result = convert(result, target.dtype)
-    target._ctx, target._value = result._ctx, result._value  # (a branch's copy of an outer array becomes local)
-    return target
+    return rebind(target, convert(result, target.dtype))
 
 
 pytree.register_array_type(Tracer)

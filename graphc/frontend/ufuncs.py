@@ -18,7 +18,7 @@ import numpy as np
 
 from graphc.core import dtypes
 from graphc.core.errors import TraceError, numpy_error
-from graphc.frontend.tracer import HANDLERS, Tracer, bind, fresh, lift, mark_scalars, user_location
+from graphc.frontend.tracer import HANDLERS, Tracer, _handler, bind, fresh, lift, mark_scalars, user_location
 
 # ufunc -> (primitive, attrs). The primitive sees operands already converted to the loop dtype.
 _SIMPLE: dict[np.ufunc, tuple[str, dict[str, Any]]] = {
@@ -280,6 +280,8 @@ def _composite(ufunc: np.ufunc, sig: tuple, operands: list[Tracer]) -> Tracer:
         q, r = _int_floor_divmod(*operands)
         results: dict[np.ufunc, Any] = {np.floor_divide: q, np.remainder: r, np.divmod: (q, r)}
         return results[ufunc]
+    if ufunc in _ROUNDING:
+        return _round_to_integer(ufunc, operands[0])
     if ufunc is np.logaddexp:  # a == b: a + log(2); else max(a, b) + log1p(exp(-|a - b|)), as numpy does
         a, b = operands
         big = bind("maximum", a, b)
@@ -291,7 +293,32 @@ def _composite(ufunc: np.ufunc, sig: tuple, operands: list[Tracer]) -> Tracer:
 
 
 _DIVISION = (np.floor_divide, np.remainder, np.divmod)
-COMPOSITE = set(_LOG_BASE) | set(_DIVISION) | {np.exp2, np.isnan, np.isfinite, np.isinf, np.logaddexp}
+_ROUNDING = (np.floor, np.ceil, np.trunc)
+
+
+def _round_to_integer(ufunc: np.ufunc, x: Tracer) -> Tracer:
+    """floor / ceil / trunc of floats: t = x converted to int64 and back (truncation), one step
+    down (floor) or up (ceil) where t is on the wrong side of x. Values of magnitude 2**(mantissa
+    bits) and more are integers already, and nan and inf stay; a zero result takes x's sign
+    (floor(-0.0) and ceil(-0.5) are -0.0). numpy's integer and bool loops return the values."""
+    if not dtypes.is_float(x.dtype):
+        return fresh(x)
+    dt = x.dtype
+    exact = lift(np.asarray(2.0 ** (np.finfo(dt).nmant if dt.kind == "f" else 7), dt))
+    small = bind("compare", bind("abs", x), exact, direction="lt")  # (false for nan and inf)
+    safe = bind("where", small, x, lift(np.zeros((), dt)))
+    t = bind("convert", bind("convert", safe, dtype=np.dtype(np.int64)), dtype=dt)
+    one = lift(np.ones((), dt))
+    if ufunc is np.floor:
+        t = bind("sub", t, bind("convert", bind("compare", t, safe, direction="gt"), dtype=dt))
+    elif ufunc is np.ceil:
+        t = bind("add", t, bind("convert", bind("compare", t, safe, direction="lt"), dtype=dt))
+    signed_zero = bind("mul", safe, lift(np.zeros((), dt)))  # (safe, not x: inf * 0 would warn)
+    t = bind("where", bind("compare", t, bind("sub", one, one), direction="eq"), signed_zero, t)
+    return bind("where", small, t, x)
+
+
+COMPOSITE = set(_LOG_BASE) | set(_DIVISION) | set(_ROUNDING) | {np.exp2, np.isnan, np.isfinite, np.isinf, np.logaddexp}
 SUPPORTED = (
     set(_SIMPLE) | set(_BOOL_ONLY) | set(_LOGICAL) | COMPOSITE | {np.positive, np.square, np.reciprocal, np.matmul}
 )
@@ -312,11 +339,28 @@ def scalar_power(base: Tracer, exponent: Any) -> Tracer:
     return out
 
 
+def _ufunc_hint(ufunc: np.ufunc) -> str:
+    """The supported rewrite of an unsupported ufunc, if there is one (HANDLERS.hints)."""
+    return HANDLERS.hints.get(f"numpy.{ufunc.__name__}", "")
+
+
+HANDLERS.hints.update(
+    {
+        "numpy.fmax": "; np.maximum(x, y) is supported (it propagates nan where fmax ignores it)",
+        "numpy.fmin": "; np.minimum(x, y) is supported (it propagates nan where fmin ignores it)",
+        "numpy.heaviside": "; use np.where(x > 0, 1.0, np.where(x == 0, h0, 0.0))",
+        "numpy.sinh": "; use (np.exp(x) - np.exp(-x)) / 2",
+        "numpy.cosh": "; use (np.exp(x) + np.exp(-x)) / 2",
+        "numpy.tan": "; use np.sin(x) / np.cos(x)",
+        "numpy.cbrt": "; use np.sign(x) * np.abs(x) ** (1 / 3)",
+        "numpy.arctanh": "; use 0.5 * np.log1p(2 * x / (1 - x))",
+    }
+)
+
+
 def handle_ufunc(ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any):
-    if kwargs.get("out") is not None:
-        raise TraceError(
-            f"numpy.{ufunc.__name__}(..., out=...) writes in place; not supported while tracing", user_location()
-        )
+    if method == "at" or kwargs.get("out") is not None:  # in-place writes: frontend/indexing.py
+        return _handler(HANDLERS.ufunc_inplace, "in-place ufunc")(ufunc, method, *inputs, **kwargs)
     kwargs.pop("out", None)
     if method == "reduce":
         if ufunc not in _REDUCE:
@@ -325,8 +369,15 @@ def handle_ufunc(ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any):
         return _REDUCE[ufunc](inputs[0], axis=axis, **kwargs)
     if method != "__call__":
         raise TraceError(f"numpy.{ufunc.__name__}.{method} is not supported", user_location())
+    library = HANDLERS.library_ufunc(ufunc) if HANDLERS.library_ufunc is not None else None
+    if library is not None:  # a scipy.special ufunc (frontend/scipy_table.py)
+        if kwargs:
+            raise TraceError(f"scipy.special.{ufunc.__name__}: unsupported arguments {sorted(kwargs)}", user_location())
+        result = library(ufunc, *inputs)
+        mark_scalars(result)
+        return result
     if ufunc not in SUPPORTED:
-        raise TraceError(f"numpy.{ufunc.__name__} is not supported by graphc", user_location())
+        raise TraceError(f"numpy.{ufunc.__name__} is not supported by graphc{_ufunc_hint(ufunc)}", user_location())
     dtype = kwargs.pop("dtype", None)
     if kwargs.pop("where", True) is not True:
         raise TraceError(f"numpy.{ufunc.__name__}(..., where=...) is not supported", user_location())

@@ -408,12 +408,14 @@ LINEAR_OPERANDS: dict[str, tuple[frozenset, ...]] = {
     "squeeze": (frozenset({0}),),
     "expand_dims": (frozenset({0}),),
     "gather": (frozenset({0}),),
+    "dynamic_slice": (frozenset({0}),),
+    "dynamic_update_slice": (frozenset({0, 1}),),
 }
 
 
 def linear_operands(node) -> tuple[frozenset, ...]:
     """The operand sets ``node`` is linear in (see LINEAR_OPERANDS); einsum is linear in each
-    operand, concatenate in all of them jointly, scatter_add in its operand and updates jointly,
+    operand, concatenate in all of them jointly, scatter_add and scatter in the operand and updates jointly,
     where in both branches jointly; float-to-float convert in its operand."""
     name = node.op.name
     n = len(node.inputs)
@@ -421,7 +423,7 @@ def linear_operands(node) -> tuple[frozenset, ...]:
         return tuple(frozenset({i}) for i in range(n))
     if name == "concatenate":
         return (frozenset(range(n)),)
-    if name == "scatter_add":
+    if name in ("scatter_add", "scatter"):
         return (frozenset({0, n - 1}),)
     if name == "where":
         return (frozenset({1, 2}),)
