@@ -5,8 +5,15 @@ Public API (everything else is internal and may change):
     trace(fn, *args, **kwargs) -> Graph      record a numpy function as a graph
     grad, value_and_grad, vjp, jvp           autodiff (eager on numpy arrays, or inside a trace)
     optim.sgd / momentum / adam              optimizers as plain pytree functions
+    ps.train(grad_fn, params, batches, workers=4, servers=2, mode="sync"|"async"|"ssp")
+                                             SGD on a parameter server of threads (api/ps.py)
     cond, while_loop, fori_loop              explicit graph control flow (the source transform emits them too)
+    rng_seed(seed) / rng_seed(rng=gen)       the stream np.random.rand/randn/... draw from in traced code (docs/random.md)
     tree_map(fn, tree, *rest)                map over array leaves of pytrees
+    register_pytree(cls, flatten, unflatten) a class as a pytree node, as JAX's register_pytree_node
+                                             (dataclasses, NamedTuples, plain objects need none)
+    StateUpdate                              a traced function's result and what it wrote into its
+                                             argument objects (.apply(*args) stores it; jit does)
     evaluate(graph, *args, **kwargs)         run a graph with the reference interpreter
     optimize(graph, passes=None)             run the default pass pipeline (or the named passes)
     jit(fn, static_argnames=())              trace + optimize + run on the single-device executor
@@ -29,6 +36,8 @@ Public API (everything else is internal and may change):
     TraceError, ParseError, VerifyError, EvaluationError, PlanError, MeshError, GraphcError
     GraphcWarning, CacheWarning              warnings (a cache not used, an entry discarded and rebuilt)
     RecompileWarning                         a jitted/parallelized function compiled again and again (names why)
+    PromotionWarning                         numpy's promotion made a jitted function's float32 values float64 (names the line)
+    RandomWarning                            an np.random call graphc could not trace (numpy's numbers, frozen; names the line)
 
 ``import graphc`` is lazy (PEP 562): each name imports its module on first use, so importing the
 package costs little and numba (kernels) and OR-Tools (the ILP) load only when used.
@@ -47,6 +56,8 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "cond": ("graphc.frontend.entry", "cond"),
     "while_loop": ("graphc.frontend.entry", "while_loop"),
     "fori_loop": ("graphc.frontend.entry", "fori_loop"),
+    "rng_seed": ("graphc.frontend.random", "rng_seed"),
+    "RandomWarning": ("graphc.frontend.random", "RandomWarning"),
     "Tracer": ("graphc.frontend.tracer", "Tracer"),
     "grad": ("graphc.autodiff", "grad"),
     "jvp": ("graphc.autodiff", "jvp"),
@@ -61,6 +72,8 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "Value": ("graphc.core.ir", "Value"),
     "ArraySpec": ("graphc.core.pytree", "ArraySpec"),
     "tree_map": ("graphc.core.pytree", "tree_map"),
+    "register_pytree": ("graphc.core.pytree", "register_pytree"),
+    "StateUpdate": ("graphc.core.pytree", "StateUpdate"),
     "Mesh": ("graphc.core.mesh", "Mesh"),
     "MeshError": ("graphc.core.mesh", "MeshError"),
     "MachineProfile": ("graphc.core.mesh", "MachineProfile"),
@@ -84,6 +97,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "GraphcWarning": ("graphc.core.errors", "GraphcWarning"),
     "CacheWarning": ("graphc.core.errors", "CacheWarning"),
     "RecompileWarning": ("graphc.core.errors", "RecompileWarning"),
+    "PromotionWarning": ("graphc.core.errors", "PromotionWarning"),
     "TraceError": ("graphc.core.errors", "TraceError"),
     "ParseError": ("graphc.core.errors", "ParseError"),
     "VerifyError": ("graphc.core.errors", "VerifyError"),
@@ -91,7 +105,8 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "PlanError": ("graphc.core.errors", "PlanError"),
     "SourceLoc": ("graphc.core.errors", "SourceLoc"),
 }
-_SUBMODULES = ("optim",)
+# public submodule -> the module it is
+_SUBMODULES = {"optim": "graphc.optim", "ps": "graphc.api.ps"}
 
 __all__ = sorted([*_EXPORTS, *_SUBMODULES])
 
@@ -103,7 +118,7 @@ def __getattr__(name: str) -> Any:
         globals()[name] = value  # later lookups skip this function
         return value
     if name in _SUBMODULES:
-        return importlib.import_module(f"graphc.{name}")
+        return importlib.import_module(_SUBMODULES[name])
     raise AttributeError(f"module 'graphc' has no attribute {name!r}")
 
 

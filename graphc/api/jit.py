@@ -14,18 +14,21 @@ import os
 import sys
 import threading
 import time
+import types
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Any
 
 import numpy as np
 
-from graphc.core.errors import GraphcError, RecompileWarning, TraceError
+from graphc.core.errors import GraphcError, PromotionWarning, RecompileWarning, TraceError
 from graphc.core.ir import Graph, walk
-from graphc.core.pytree import TreeDef, WeakScalar, flatten, unflatten
-from graphc.frontend.entry import argument_error, trace
+from graphc.core.pytree import StateUpdate, TreeDef, WeakScalar, flatten, unflatten
+from graphc.frontend import random as traced_random
+from graphc.frontend.entry import argument_error, on_a_copy, trace
+from graphc.frontend.promotion import promotion_message, promotions
 from graphc.frontend.tracer import current_context
 from graphc.interpreter import as_numpy_result, bind_arguments
 from graphc.passes.manager import optimize
@@ -41,6 +44,7 @@ class Compiled:
         self.traced = traced
         self.graph = optimized
         self.executable = Executable(optimized)
+        self._one_result = optimized.out_tree.kind == "leaf"
         seconds["build_s"] = time.perf_counter() - start
         self.seconds = seconds
 
@@ -53,11 +57,16 @@ class Compiled:
         """Run on arguments whose static ones were already removed."""
         arrays = bind_arguments(self.graph, args, kwargs)  # Python floats bind as 0-d float64 arrays
         outs = self.executable.run_flat(arrays)
-        return unflatten(self.graph.out_tree, [as_numpy_result(o) for o in outs])
+        out = unflatten(self.graph.out_tree, [as_numpy_result(o) for o in outs])
+        if type(out) is StateUpdate:  # the function wrote into its argument objects: store it there
+            return out.apply_to(args, kwargs)
+        return out
 
-    def run_flat_args(self, arrays: list[np.ndarray]) -> Any:
-        """Run on arrays that are exactly the graph's inputs (checked by the caller's cache key)."""
-        outs = self.executable.run_flat(arrays)
+    def run_flat_args(self, arrays: Sequence[np.ndarray]) -> Any:
+        """Run on ndarrays that are exactly the graph's inputs (checked by the caller's cache key)."""
+        outs = self.executable.run_arrays(arrays)
+        if self._one_result:
+            return as_numpy_result(outs[0])
         return unflatten(self.graph.out_tree, [as_numpy_result(o) for o in outs])
 
     def stats(self) -> dict[str, Any]:
@@ -85,7 +94,8 @@ def _static_key(v: Any) -> Any:
 def _structure_key(t: TreeDef) -> Any:
     if t.kind == "static":
         return ("static", _static_key(t.value))
-    return (t.kind, tuple(_static_key(k) for k in t.keys), tuple(_structure_key(c) for c in t.children))
+    key = (t.kind, tuple(_static_key(k) for k in t.keys), tuple(_structure_key(c) for c in t.children))
+    return key if t.node is None else (*key, t.node)  # an object: its class (and a registered class's aux)
 
 
 def _leaf_key(x: Any) -> tuple:
@@ -133,11 +143,35 @@ def _has_number(tree: Any) -> bool:
     return False
 
 
+def _receiver(fn: Callable) -> tuple[Callable, Any]:
+    """(the function to trace, the object it is called on, or None). A bound method's object
+    (``model.forward``) and a callable object (``model``, whose class defines ``__call__``) are an
+    implicit first argument: their arrays are inputs of every call, their other attributes static."""
+    if inspect.ismethod(fn):
+        obj = fn.__self__
+        if isinstance(obj, (type, types.ModuleType)):  # a classmethod, a module's function
+            return fn, None
+        return fn.__func__, obj
+    call = inspect.getattr_static(type(fn), "__call__", None)
+    if (
+        inspect.isfunction(call)
+        and isinstance(getattr(fn, "__dict__", None), dict)
+        and not type(fn).__module__.startswith("graphc.")  # jit of a Jitted, a Parallelized...
+        and not isinstance(fn, functools.partial)
+    ):
+        return call, fn
+    return fn, None
+
+
 class StaticArgs:
     """How calls of ``fn`` split into dynamic arguments (traced: arrays, their containers, and
     Python floats as weakly typed values) and the static ones named in ``static_argnames``
     (baked into the graph), and the cache key of a call: its pytree structure, shapes, dtypes and
     static values.
+
+    A bound method's object, or a callable object itself, is the first dynamic argument of every
+    call (``receiver``; see ``_receiver``): its arrays are read anew in each call, and a changed
+    static attribute compiles again.
 
     A Python ``float`` that is not named static is traced as a 0-d value of a weak type, as JAX
     does (``WeakScalar``): a learning rate that changes every call does not recompile, and it
@@ -148,11 +182,11 @@ class StaticArgs:
     RecompileWarning names it."""
 
     def __init__(self, fn: Callable, static_argnames: tuple[str, ...] = ()):
-        self.fn = fn
+        self.fn, self.receiver = _receiver(fn)
         self.names = tuple(static_argnames)
         self.signature: inspect.Signature | None
         try:
-            self.signature = inspect.signature(fn)
+            self.signature = inspect.signature(self.fn)
         except (TypeError, ValueError):
             self.signature = None
         if self.signature is not None:
@@ -165,13 +199,16 @@ class StaticArgs:
 
     def split(self, args: tuple, kwargs: dict) -> tuple[tuple, dict, dict]:
         """(dynamic args, dynamic kwargs, {static name: value}). Python floats stay as they are
-        (a compiled graph binds them as 0-d float64 arrays)."""
+        (a compiled graph binds them as 0-d float64 arrays). A receiver comes first."""
+        if self.receiver is not None:
+            args = (self.receiver, *args)
         if not self.names:
             return args, kwargs, {}
         if self.signature is None:
             raise GraphcError("static_argnames needs a function with an inspectable signature")
+        hidden = {k: v for k, v in kwargs.items() if k == traced_random.AMBIENT_KWARG}  # not the function's
         try:
-            bound = self.signature.bind(*args, **kwargs)
+            bound = self.signature.bind(*args, **{k: v for k, v in kwargs.items() if k not in hidden})
         except TypeError as exc:
             raise argument_error(self.fn, exc) from None
         static = {}
@@ -183,7 +220,7 @@ class StaticArgs:
             elif name in bound.kwargs:  # taken by **kwargs
                 value = bound.kwargs.pop(name)
                 static[name] = _hashable(value.item() if isinstance(value, np.generic) else value, name)
-        return tuple(bound.args), dict(bound.kwargs), static
+        return tuple(bound.args), {**bound.kwargs, **hidden}, static
 
     def for_trace(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """Dynamic arguments as trace() takes them: Python floats become ``WeakScalar`` inputs."""
@@ -349,6 +386,9 @@ class Jitted:
         # calls with only positional numpy arrays (the common case): (shape, dtype) of each ->
         # the full cache key, so a warm call skips flattening and the key's pytree walk (~10 us)
         self._fast: dict[tuple, Any] = {}
+        self._last_fast: tuple[tuple, Callable] | None = None
+        self._promotions_named = False  # a PromotionWarning was given for this function
+        self._plain = not self.static.names and self.static.receiver is None  # calls may take the fast path
         self._lock = threading.Lock()
         functools.update_wrapper(self, fn)
 
@@ -358,7 +398,9 @@ class Jitted:
 
     def compile(self, *args: Any, **kwargs: Any) -> Compiled:
         """The compiled specialization for these arguments (traced and built on first use)."""
-        return self._compile(*self.static.split(args, kwargs))
+        args, kwargs, static = self.static.split(args, kwargs)
+        args, kwargs, _ = traced_random.bind_generators(args, kwargs)  # a Generator stands for its state
+        return self._compile(args, kwargs, static)
 
     def _compile(self, args: tuple, kwargs: dict, static: dict) -> Compiled:
         return self._compile_keyed(args, kwargs, static)[0]
@@ -384,6 +426,12 @@ class Jitted:
             except TraceError as exc:
                 raise trace_hint(exc, self.static.number_arguments(args, kwargs)) from None
             seconds["trace_s"] = time.perf_counter() - start
+            if not self._promotions_named:
+                sites = promotions(traced)
+                if sites:
+                    self._promotions_named = True
+                    message = promotion_message(getattr(self.fn, "__qualname__", "the function"), sites)
+                    warnings.warn(message, PromotionWarning, stacklevel=_user_stacklevel())
             start = time.perf_counter()
             optimized = optimize(traced, self.passes)
             seconds["optimize_s"] = time.perf_counter() - start
@@ -393,21 +441,32 @@ class Jitted:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if current_context() is not None:  # called inside a trace (grad of a jitted function...): inline
-            return self.fn(*args, **kwargs)
+            return on_a_copy(self.fn)(*args, **kwargs)  # (a method's writes to self stay off the object)
         fast = None
-        if not kwargs and not self.static.names and all(type(a) is np.ndarray for a in args):
-            fast = tuple((a.shape, a.dtype) for a in args)
-            key = self._fast.get(fast)
-            hit = self._cache.get(key) if key is not None else None
-            if hit is not None:  # the arguments are the graph's inputs, of its shapes and dtypes
-                return hit.run_flat_args(list(args))
+        if not kwargs and self._plain and not traced_random.ambient_active():
+            fast = tuple([(a.shape, a.dtype) for a in args if type(a) is np.ndarray])
+            if len(fast) == len(args):
+                last = self._last_fast  # the signature of the last fast call, and its specialization
+                if last is not None and last[0] == fast:
+                    return last[1](args)
+                key = self._fast.get(fast)
+                hit = self._cache.get(key) if key is not None else None
+                if hit is not None:  # the arguments are the graph's inputs, of its shapes and dtypes
+                    self._last_fast = (fast, hit.run_flat_args)
+                    return hit.run_flat_args(args)
+            else:
+                fast = None
         args, kwargs, static = self.static.split(args, kwargs)  # once per call
+        args, kwargs, generators = traced_random.bind_generators(args, kwargs)  # Generator -> its state
         compiled, key = self._compile_keyed(args, kwargs, static)
         if fast is not None:
             if len(self._fast) >= 4 * MAX_SPECIALIZATIONS:
                 self._fast.clear()
             self._fast[fast] = key
-        return compiled.run(args, kwargs)
+        result = compiled.run(args, kwargs)
+        if generators:  # each Generator moves past the words the call drew, as numpy's would
+            traced_random.advance_generators(compiled.traced, *self.static.for_trace(args, kwargs), generators)
+        return result
 
 
 def jit(

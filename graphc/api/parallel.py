@@ -41,10 +41,11 @@ from graphc.core.files import cache_dir
 from graphc.core.ir import Graph
 from graphc.core.mesh import Mesh, as_mesh
 from graphc.core.profiles import get_profile
-from graphc.core.pytree import TreeDef, flatten, top_level, unflatten
+from graphc.core.pytree import StateUpdate, TreeDef, flatten, top_level, unflatten
 from graphc.core.spec import Placement, Spec, SpecError, format_spec, parse_spec
 from graphc.core.units import parse_bytes
-from graphc.frontend.entry import trace
+from graphc.frontend import random as traced_random
+from graphc.frontend.entry import on_a_copy, trace
 from graphc.frontend.tracer import Tracer, bind, current_context
 from graphc.interpreter import as_numpy_result, bind_arguments
 from graphc.passes.microbatch import microbatch
@@ -58,10 +59,12 @@ from graphc.passes.partition import (
     optimize_for_planning,
     plan_sharding,
     state_ties,
+    zero3_inputs,
 )
 from graphc.passes.pipeline import PipelinePlan, pipe_axis, plan_pipeline
 from graphc.passes.pipeline_lower import lower_pipeline
 from graphc.passes.sharding.plan import ShardingPlan, graph_hash
+from graphc.passes.sharding.zero import check_stage
 from graphc.runtime.devices import ParallelExecutable, ShardedArray, ShardedInput
 from graphc.runtime.mpi_world import DEFAULT_TIMEOUT_S, join_world
 from graphc.runtime.pipeline import PipelineExecutable
@@ -154,6 +157,7 @@ class Parallelized:
         profile=None,
         backend: str = "threads",
         plan: ShardingPlan | PipelinePlan | None = None,
+        zero: int | None = None,
     ):
         if backend not in BACKENDS:
             raise GraphcError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
@@ -179,7 +183,11 @@ class Parallelized:
         self.in_specs = in_specs
         self.out_specs = out_specs
         self.options = PlanOptions(
-            memory_limit=self.memory_limit, time_limit_s=time_limit, shrink=shrink, free_axes=free_axes
+            memory_limit=self.memory_limit,
+            time_limit_s=time_limit,
+            shrink=shrink,
+            free_axes=free_axes,
+            zero=check_stage(zero),
         )
         self.cache = PlanCache(cache_dir("plans")) if cache else None
         self.backend = backend
@@ -247,6 +255,8 @@ class Parallelized:
             return pins
         specs = self.in_specs if isinstance(self.in_specs, (tuple, list)) else (self.in_specs,)
         subs = top_level(graph.in_tree.children[0])
+        if self.static.receiver is not None:  # in_specs are for the arguments after the method's object
+            subs = subs[1:]
         if len(specs) > len(subs):
             raise GraphcError(f"in_specs has {len(specs)} entries, the function takes {len(subs)} array arguments")
         for (t, first), s in zip(subs, specs):
@@ -257,7 +267,10 @@ class Parallelized:
         pins: dict[int, Spec] = {}
         if self.out_specs is None:
             return pins
-        subs = top_level(graph.out_tree)
+        result = graph.out_tree
+        if result.node is not None and result.node.cls is StateUpdate:  # out_specs are for the result only
+            result = result.children[0]
+        subs = top_level(result)
         specs = self.out_specs if isinstance(self.out_specs, (tuple, list)) and len(subs) > 1 else (self.out_specs,)
         for (t, first), s in zip(subs, specs):
             pins.update(_expand_specs(s, t, first, "out_specs"))
@@ -265,6 +278,7 @@ class Parallelized:
 
     def plan(self, *args: Any, progress=None, **kwargs: Any) -> ShardingPlan | PipelinePlan:
         """Trace, optimize and solve for these arguments (nothing runs)."""
+        args, kwargs, _ = traced_random.bind_generators(args, kwargs)  # a Generator stands for its state
         return self.plan_and_graph(*args, progress=progress, **kwargs)[0]
 
     def plan_and_graph(
@@ -288,7 +302,7 @@ class Parallelized:
                 time_limit_s=self.options.time_limit_s,
             )
             return pplan.with_timing(**seconds, plan_s=time.perf_counter() - t0), graph
-        pins, ties = self.pins(graph), state_ties(graph)
+        pins, ties = self.pins(graph), write_ties(graph)
         key = self.cache.key(graph_hash(graph), self.mesh, pins, ties, self.options) if self.cache else None
         memo = self._plans.get(key) if key else None
         if memo is not None:
@@ -310,6 +324,7 @@ class Parallelized:
     def compile(self, *args: Any, **kwargs: Any) -> ParallelCompiled | PipelineCompiled:
         """Trace, optimize, plan, lower and build for these arguments (cached by shapes, dtypes
         and static values, like graphc.jit). The result runs on the mesh when called."""
+        args, kwargs, _ = traced_random.bind_generators(args, kwargs)  # a Generator stands for its state
         if self.world is None:
             return self._compile(*args, **kwargs)
         try:
@@ -338,10 +353,16 @@ class Parallelized:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if current_context() is not None:  # inside a trace (grad of a parallelized function): inline
-            return self.fn(*args, **kwargs)
+            return on_a_copy(self.fn)(*args, **kwargs)  # (a method's writes to self stay off the object)
         if self.mesh.size == 1:
             return self._one_device(*args, **kwargs)
-        return self.compile(*args, **kwargs)(*args, **kwargs)
+        args, kwargs, generators = traced_random.bind_generators(args, kwargs)  # Generator -> its state
+        compiled = self.compile(*args, **kwargs)
+        result = compiled(*args, **kwargs)
+        if generators:  # each Generator moves past the words the call drew, as numpy's would
+            dyn_args, dyn_kwargs, _ = self.static.split(args, kwargs)
+            traced_random.advance_generators(compiled.graph, *self.static.for_trace(dyn_args, dyn_kwargs), generators)
+        return result
 
 
 class ParallelCompiled:
@@ -353,7 +374,9 @@ class ParallelCompiled:
         self.graph = graph
         start = time.perf_counter()
         lowered = lower(graph, plan)
-        self.partitioned = Partitioned(graph, plan, lowered, compile_devices(lowered))
+        self.partitioned = Partitioned(
+            graph, plan, lowered, compile_devices(lowered, regather_inputs=zero3_inputs(plan))
+        )
         # threads: every device in this process; MPI: this rank's device only
         self._threads: ParallelExecutable | None = None
         self.rank_executable: RankExecutable | None = None
@@ -362,7 +385,7 @@ class ParallelCompiled:
         else:
             self._threads = ParallelExecutable(self.partitioned.program, timeout_s=owner.timeout_s)
         self.seconds = {**plan.timing, "build_s": time.perf_counter() - start}
-        self.state_outputs = frozenset(o for _i, o in state_ties(graph))
+        self.state_outputs = frozenset(o for _i, o in write_ties(graph))
 
     @property
     def program(self):
@@ -392,10 +415,11 @@ class ParallelCompiled:
         # shards stay on the devices; sharded inputs are built there
         arrays = bind_arguments(self.graph, args, kwargs, keep=(ShardedArray, ShardedInput))
         if self.rank_executable is not None:  # MPI: every result is this rank's piece
-            return unflatten(self.graph.out_tree, self.rank_executable.run_flat(arrays))
+            return _stored(unflatten(self.graph.out_tree, self.rank_executable.run_flat(arrays)), args, kwargs)
         keep = self.state_outputs if self._owner.sharded_state else frozenset()
         outs = self.executable.run_flat(arrays, keep_sharded=keep)
-        return unflatten(self.graph.out_tree, [o if k in keep else as_numpy_result(o) for k, o in enumerate(outs)])
+        out = unflatten(self.graph.out_tree, [o if k in keep else as_numpy_result(o) for k, o in enumerate(outs)])
+        return _stored(out, args, kwargs)
 
 
 class PipelineCompiled:
@@ -441,9 +465,30 @@ class PipelineCompiled:
         args, kwargs, _ = self._owner.split_static(args, kwargs)
         arrays = bind_arguments(self.graph, args, kwargs, keep=ShardedInput)
         if self.rank_executable is not None:  # MPI: the pieces of the stage holding each result
-            return unflatten(self.graph.out_tree, self.rank_executable.run_flat(arrays))
+            return _stored(unflatten(self.graph.out_tree, self.rank_executable.run_flat(arrays)), args, kwargs)
         outs = self.executable.run_flat(arrays)
-        return unflatten(self.graph.out_tree, [as_numpy_result(o) for o in outs])
+        return _stored(unflatten(self.graph.out_tree, [as_numpy_result(o) for o in outs]), args, kwargs)
+
+
+def _stored(out: Any, args: tuple, kwargs: dict) -> Any:
+    """The call's result, after storing what the function wrote into its argument objects."""
+    return out.apply_to(args, kwargs) if type(out) is StateUpdate else out
+
+
+def write_ties(graph: Graph) -> list[tuple[int, int]]:
+    """``state_ties``, with every array a function wrote into an argument object (a KV cache on
+    ``self``) tied to the input it replaces instead: the state keeps its spec from call to call."""
+    node = graph.out_tree.node
+    if node is None or node.cls is not StateUpdate:
+        return state_ties(graph)
+    ties, first = [], graph.out_tree.children[0].num_leaves
+    for place, tree in zip(node.aux, graph.out_tree.children[1:]):
+        if place.input_leaf is not None and tree.kind == "leaf":
+            if graph.inputs[place.input_leaf].type == graph.outputs[first].type:
+                ties.append((place.input_leaf, first))
+        first += tree.num_leaves
+    tied_in, tied_out = {i for i, _o in ties}, {o for _i, o in ties}
+    return ties + [(i, o) for i, o in state_ties(graph) if i not in tied_in and o not in tied_out]
 
 
 def parallelize(
@@ -465,6 +510,7 @@ def parallelize(
     profile=None,
     backend: str = "threads",
     plan: ShardingPlan | PipelinePlan | None = None,
+    zero: int | None = None,
 ):
     """Decorator or function: ``graphc.parallelize(fn, mesh={"dp": 2, "tp": 4})``. A mesh with a
     ``pp`` axis (``{"pp": 2, "dp": 2, "tp": 2}``) runs the step as a pipeline of ``microbatches``
@@ -490,6 +536,11 @@ def parallelize(
     own device, and gets every result as a ``ShardedArray`` of its piece; ``.gather(root=0)``
     for the whole value). ``timeout_s``: how long a collective may wait for its peers (default
     60 s on threads, 30 s under MPI, where a failed or stuck rank ends the whole job).
+
+    ``zero``: ZeRO along the data axes (passes/sharding/zero.py): None (default) lets the solver
+    pick each parameter's stage, 1 shards the optimizer state, 2 the gradients too, 3 the
+    parameters too (gathered before each use); 0 keeps the state replicated. A forced stage that
+    does not fit the memory limit is a ``PlanError`` naming the smallest memory it needs.
 
     ``plan``: a plan to run exactly as written (``graphc.Plan.load(path)``, a ShardingPlan or a
     PipelinePlan): nothing is solved. It must have been made for this mesh's axes (``mesh`` may be
@@ -521,6 +572,7 @@ def parallelize(
             profile,
             backend,
             plan,
+            zero=zero,
         )
 
     return wrap if fn is None else wrap(fn)

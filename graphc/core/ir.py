@@ -529,6 +529,21 @@ def _verify_block_outputs(outputs: list[Value], where: str, defined: set[Value])
 # back: ``str(parse(str(g))) == str(g)`` for every graph.
 
 
+def static_text(v: Any) -> str:
+    """A static leaf of a signature: its literal, or for a value that has none (a function, a class,
+    a generator held by an argument object) a string naming it, the same in every run."""
+    try:
+        return format_literal(v)
+    except TypeError:
+        pass
+    name = getattr(v, "__qualname__", None)
+    if isinstance(name, str):
+        text = f"{getattr(v, '__module__', None) or ''}.{name}".lstrip(".")
+    else:
+        text = repr(v) if " at 0x" not in repr(v) else ""
+    return json.dumps(f"<{type(v).__name__} {text}>" if text else f"<{type(v).__name__}>")
+
+
 def format_tree(t: TreeDef, leaf, indent: str, width: int = 96) -> str:
     """Pretty-print a pytree, ``leaf(i)`` giving the text of the i-th dynamic leaf: one line if it
     fits in ``width``, else one child per line."""
@@ -538,7 +553,7 @@ def format_tree(t: TreeDef, leaf, indent: str, width: int = 96) -> str:
         if t.kind == "leaf":
             return leaves[first]
         if t.kind == "static":
-            return format_literal(t.value)
+            return static_text(t.value)
         parts = []
         for c in t.children:
             parts.append(one_line(c, first))

@@ -11,19 +11,44 @@ wrapped for the duration (``numpy_patches``).
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import inspect
 import threading
+import types
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from graphc.core import dtypes
-from graphc.core.errors import ShapeError, SourceLoc, TraceError, numpy_error
+from graphc.core.errors import GraphcWarning, ShapeError, SourceLoc, TraceError, numpy_error
 from graphc.core.ir import Graph, Node, TensorType, Value
-from graphc.core.pytree import ArraySpec, WeakScalar, flatten, flatten_as, leaf_paths, unflatten
-from graphc.frontend import control, functions, indexing, shape_functions, ufuncs  # noqa: F401  (register handlers)
+from graphc.core.pytree import (
+    ArraySpec,
+    NodeType,
+    StatePlace,
+    StateUpdate,
+    TreeDef,
+    WeakScalar,
+    flatten,
+    flatten_as,
+    is_dynamic_leaf,
+    leaf_paths,
+    unflatten,
+)
+from graphc.frontend import (  # noqa: F401  (register handlers)
+    control,
+    functions,
+    indexing,
+    linalg,
+    scan_sort,
+    scipy_table,
+    shape_functions,
+    ufuncs,
+)
+from graphc.frontend import random as traced_random
 from graphc.frontend.autograph_runtime import convert, is_undefined
 from graphc.frontend.tracer import (
     HANDLERS,
@@ -86,7 +111,7 @@ def _patch_targets() -> list[tuple[Any, str, Callable]]:
         for module in (np, np.linalg):
             if getattr(module, func.__name__, None) is func:
                 targets.append((module, func.__name__, _handler_patch(func)))
-    return targets
+    return targets + traced_random.patch_targets()  # np.random.* draw from traced generators
 
 
 @contextlib.contextmanager
@@ -155,12 +180,24 @@ def trace(fn: Callable, *args: Any, **kwargs: Any) -> Graph:
     inputs; every other leaf (int, float, bool, str, None) is static and recorded in the signature.
     A ``WeakScalar`` leaf is an input with a weak type (a Python number: graphc.jit passes them).
     Errors in the arguments or the result are TraceErrors at ``fn``'s definition.
+
+    Objects among the arguments (dataclasses, NamedTuples, registered classes, plain objects: see
+    core/pytree.py) reach ``fn`` as copies whose arrays are traced values, so nothing traced is
+    left on the caller's objects. When ``fn`` sets an attribute of one (``self.cache = ...``, an
+    in-place write into an array attribute, a list item held by an object) to a new array or
+    static value, the graph returns a ``StateUpdate``: ``fn``'s result and the new values, which
+    ``StateUpdate.apply(*args, **kwargs)`` stores (graphc.jit and graphc.parallelize do it after
+    every call). A bound method's object (``trace(model.forward, x)``) is not an argument: its
+    arrays are constants of the graph and what the method sets on it is dropped (pass the object
+    as an argument, or use graphc.jit, to trace and keep it).
     """
     name = getattr(fn, "__name__", "fn")
     where = definition_location(fn)
+    fn = on_a_copy(fn)
+    args, kwargs, _ = traced_random.bind_generators(args, kwargs, ambient=False)  # a Generator: its state
     try:
         leaves, in_tree = flatten((args, kwargs))
-        check_call(fn, args, kwargs)
+        check_call(fn, args, {k: v for k, v in kwargs.items() if k != traced_random.AMBIENT_KWARG})
     except TypeError as exc:
         raise argument_error(fn, exc) from None
     ctx = TraceContext(name if name.isidentifier() else "fn")
@@ -171,32 +208,223 @@ def trace(fn: Callable, *args: Any, **kwargs: Any) -> Graph:
         raise TraceError(exc.message, where) from None
     for leaf, t in zip(leaves, tracers):
         t._weak = isinstance(leaf, WeakScalar)
-    targs, tkwargs = unflatten(in_tree, tracers)
+    placed = traced_random.wrap_inputs(leaves, tracers)  # Generators: TracedGenerator
+    targs, tkwargs = unflatten(in_tree, placed)
     fn = convert(fn)
     stack = _ctx_stack()
     stack.append(ctx)
     try:
-        with numpy_patches():
+        with numpy_patches(), traced_random.ambient_for_trace(tkwargs) as tkwargs:
             result = fn(*targs, **tkwargs)
             if inspect.isgenerator(result):
                 raise TraceError(
                     f"{name} is a generator function (it yields); graphc traces functions that return arrays", where
                 )
+            undefined = _find_undefined(result)  # (an object itself, it would flatten as one)
+            if undefined is not None:
+                raise undefined.error()
             try:
                 out_leaves, out_tree = flatten(result, is_leaf=lambda x: isinstance(x, Tracer), path="result")
             except TypeError as exc:
-                undefined = _find_undefined(result)
-                if undefined is not None:
-                    raise undefined.error() from None
                 raise TraceError(f"{name} returned something graphc cannot represent: {exc}", where) from None
             outputs = [user_errors(lift)(leaf)._value for leaf in out_leaves]
             for leaf in out_leaves:
                 if isinstance(leaf, Tracer) and leaf._ctx is not ctx:
                     raise TraceError(f"{name} returned a traced value from another trace", where)
+            writes = written_places(in_tree, (targs, tkwargs), placed, list(ctx.inputs))
+            _warn_unsaved_writes(name, names, placed, list(ctx.inputs), writes, outputs, where)
+            if writes:
+                out_tree = _with_state(fn, ctx, writes, out_tree, outputs, where)
     finally:
         stack.pop()
     tag_parts(ctx.nodes)
     return Graph(ctx.name, ctx.inputs, ctx.nodes, outputs, in_tree, out_tree)
+
+
+def on_a_copy(fn: Callable) -> Callable:
+    """A bound method (or a callable object) runs on a copy of its object that shares its arrays,
+    so that what it sets on ``self`` while traced stays off the user's object (functions are
+    returned as they are)."""
+    obj = fn.__self__ if inspect.ismethod(fn) else fn
+    if isinstance(obj, (type, types.ModuleType, functools.partial)) or inspect.isroutine(obj) or is_dynamic_leaf(obj):
+        return fn
+    if obj is fn and not isinstance(getattr(obj, "__dict__", None), dict):
+        return fn
+    try:
+        leaves, tree = flatten(obj)
+        twin = unflatten(tree, leaves)
+    except TypeError:
+        try:
+            twin = copy.copy(obj)
+        except Exception:  # an object that cannot be copied runs as it is
+            return fn
+    method: Any = fn
+    return types.MethodType(method.__func__, twin) if obj is not fn else twin
+
+
+# --- state written into argument objects ------------------------------------------------------------
+
+_MISSING = object()
+
+
+def written_places(in_tree: TreeDef, root: Any, start: list[Any], inputs: list[Value]) -> list[tuple[StatePlace, Any]]:
+    """The places of the argument objects ``root`` (the traced call's ``(args, kwargs)``, built by
+    ``unflatten(in_tree, start)``; ``inputs``: the graph inputs ``start`` stand for) that now hold
+    something else than they started with, each with its new value: attributes of objects, and
+    items of the lists and dicts objects hold. An array written in place (``self.cache[i] = k``:
+    the same Tracer, a new value) is copied into the caller's array, as numpy writes it; an
+    attribute set to a new value (``self.state = ...``) is set. Items of containers passed
+    directly (not held by an object) are not followed: a function returns those."""
+    out: list[tuple[StatePlace, Any]] = []
+    _diff(in_tree, root, (start, inputs), 0, (), False, False, out)
+    return out
+
+
+def _diff(t: TreeDef, value: Any, start: tuple, first: int, path: tuple, writable: bool, inside: bool, out: list):
+    """Compare the place ``path`` (started as ``t``, whose first leaf is input ``first``) with the
+    ``value`` it holds now; ``writable``: a changed value is written back; ``inside``: held by an object."""
+    placed, inputs = start
+    if t.kind == "leaf":
+        same = value is placed[first]
+        if (
+            writable
+            and getattr(value, "_value", None) is not inputs[first]
+            and not (same and not isinstance(value, Tracer))
+        ):
+            out.append((StatePlace(path, first, in_place=same), value))  # (the same Tracer: written in place)
+        return
+    if t.kind == "static":
+        if writable and (is_dynamic_leaf(value) or not _same_static(value, t.value)):
+            out.append((StatePlace(path), value))
+        return
+    node = t.node
+    if node is not None and node.how == "registered":  # opaque: compared as a whole
+        if writable and not _same_registered(t, value, start, first):
+            out.append((StatePlace(path), value))
+        return
+    if not _same_container(t, value):
+        if writable:
+            out.append((StatePlace(path), value))
+        return
+    now = _children_now(t, value)
+    keys = t.keys if t.kind == "dict" else range(len(t.children))
+    held = inside or (node is not None and node.how in ("fields", "slots"))
+    settable = node.attributes if node is not None else (held and t.kind in ("dict", "list"))
+    for k, c in zip(keys, t.children):
+        current = now.pop(k, _MISSING)
+        if current is not _MISSING:  # (an attribute deleted is not written back)
+            _diff(c, current, start, first, (*path, k), settable, held, out)
+        first += c.num_leaves
+    if settable and t.kind == "dict":  # new attributes / dict entries
+        for k, current in now.items():
+            out.append((StatePlace((*path, k)), current))
+
+
+def _warn_unsaved_writes(
+    name: str, names: list[str], placed: list[Any], inputs: list[Value], writes: list, outputs: list, where
+) -> None:
+    """One warning, at the last such write, naming the argument arrays written in place (``x[i] =
+    v``, ``x += v``, ``out=x``) that are neither held by an object (written back) nor returned:
+    numpy would have changed the caller's arrays, the compiled function does not."""
+    kept = {place.input_leaf for place, _ in writes if place.in_place}
+    returned = {id(v) for v in outputs}
+    lost = [
+        i
+        for i, (leaf, start) in enumerate(zip(placed, inputs))
+        if isinstance(leaf, Tracer) and leaf._value is not start and i not in kept and id(leaf._value) not in returned
+    ]
+    if not lost:
+        return
+    producer = placed[lost[-1]]._value.producer
+    loc = (producer.loc if producer is not None else None) or where
+    warnings.warn_explicit(
+        f"{name} writes into its argument arrays {', '.join(names[i] for i in lost)} in place and does not "
+        "return them: numpy would change the caller's arrays, graphc does not write into arrays passed as "
+        "arguments. Return the new values (and assign them), or hold the arrays on an object (self.w -= ...), "
+        "whose arrays graphc writes back after each call",
+        GraphcWarning,
+        loc.file if loc is not None else "<unknown>",
+        loc.line if loc is not None else 0,
+    )
+
+
+def _same_static(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    if type(a) is not type(b):
+        return False
+    if type(a) is float:
+        return a.hex() == b.hex() or (a != a and b != b)
+    try:
+        return bool(a == b)
+    except Exception:  # an == that does not give a truth value: a new value
+        return False
+
+
+def _same_registered(t: TreeDef, value: Any, start: tuple, first: int) -> bool:
+    try:
+        leaves, now = flatten(value, is_leaf=lambda x: isinstance(x, Tracer))
+    except TypeError:
+        return False
+    inputs = start[1][first : first + t.num_leaves]
+    return now == t and all(getattr(a, "_value", None) is v for a, v in zip(leaves, inputs))
+
+
+def _same_container(t: TreeDef, value: Any) -> bool:
+    if t.node is not None:
+        return type(value) is t.node.cls
+    if t.kind == "dict":
+        return isinstance(value, dict)
+    return type(value) is (list if t.kind == "list" else tuple) and len(value) == len(t.children)
+
+
+def _children_now(t: TreeDef, value: Any) -> dict[Any, Any]:
+    node = t.node
+    if node is not None and node.how == "fields":
+        return dict(vars(value))
+    if node is not None and node.how == "slots":
+        return {k: getattr(value, k, _MISSING) for k in t.keys}
+    if node is not None:  # a NamedTuple
+        return dict(zip(t.keys, value))
+    if t.kind == "dict":
+        return dict(value)
+    return dict(enumerate(value))
+
+
+def _with_state(
+    fn: Callable, ctx: TraceContext, writes: list[tuple[StatePlace, Any]], out_tree: TreeDef, outputs: list, where
+) -> TreeDef:
+    """The result tree of a function that wrote ``writes``: a StateUpdate of its result and the new
+    values (whose leaves are appended to ``outputs``)."""
+    names = _parameter_names(fn)
+    trees = []
+    for place, value in writes:
+        what = place.text(names)
+        try:
+            leaves, tree = flatten(value, is_leaf=lambda x: isinstance(x, Tracer), path=what)
+        except TypeError as exc:
+            raise TraceError(
+                f"{what} was set to a value graphc cannot write back after the call: {exc}", where
+            ) from None
+        for leaf in leaves:
+            if isinstance(leaf, Tracer) and leaf._ctx is not ctx:
+                raise TraceError(
+                    f"{what} was set to a value traced inside a loop or branch body; set it outside, "
+                    "from the loop's or branch's result",
+                    where,
+                )
+        outputs.extend(user_errors(lift)(leaf)._value for leaf in leaves)
+        trees.append(tree)
+    node = NodeType(StateUpdate, "registered", tuple(place for place, _ in writes))
+    return TreeDef("tuple", (out_tree, *trees), node=node)
+
+
+def _parameter_names(fn: Callable) -> list[str]:
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
 
 def definition_location(fn: Callable) -> SourceLoc | None:
