@@ -31,6 +31,7 @@ from graphc.core.errors import TraceError
 from graphc.core.ir import Node, Region, Value
 from graphc.core.pytree import flatten, flatten_as, unflatten
 from graphc.frontend import control
+from graphc.frontend import random as traced_random
 from graphc.frontend.autograph_runtime import convert
 from graphc.frontend.entry import trace
 from graphc.frontend.tracer import (
@@ -202,9 +203,13 @@ def _alias(x: Any) -> Any:
 
 
 def _trace_and_run(fn: Callable, *args: Any) -> Any:
-    """Eager mode: trace ``fn`` on ``args`` and evaluate it with the reference interpreter."""
+    """Eager mode: trace ``fn`` on ``args`` and evaluate it with the reference interpreter (a
+    Generator argument runs on its state and advances, as in graphc.jit)."""
+    args, _, generators = traced_random.bind_generators(args, {}, ambient=False)
     graph = trace(fn, *args)
-    return evaluate(graph, *args)
+    out = evaluate(graph, *args)
+    traced_random.advance_generators(graph, args, {}, generators)
+    return out
 
 
 def _argnums_tuple(argnums: int | Sequence[int], nargs: int) -> tuple[int, ...]:

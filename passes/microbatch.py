@@ -32,6 +32,7 @@ from graphc.core.errors import PlanError
 from graphc.core.ir import Graph, Value
 from graphc.core.mesh import Link, Mesh
 from graphc.core.spec import P, R, S
+from graphc.ops.random import state_inputs
 from graphc.passes.partition import Pins, PlanOptions, build_problem, lower, plan_sharding, state_ties
 from graphc.passes.sharding.plan import ShardingPlan
 from graphc.programs import COLLECTIVE_OPS, ParallelProgram, simulate
@@ -43,8 +44,9 @@ _COORD_DEPENDENT = ("shard_slice", "partial_zero")
 
 def batch_inputs(graph: Graph) -> list[int]:
     """Positions of the inputs split into micro-batches: array inputs that no output replaces
-    (the state of a training step, tied by ``passes.partition.state_ties``, is not split)."""
-    state = {i for i, _o in state_ties(graph)}
+    (the state of a training step, tied by ``passes.partition.state_ties``, is not split; nor is
+    a random generator's state, which every micro-batch reads whole: ops/random.py)."""
+    state = {i for i, _o in state_ties(graph)} | set(state_inputs(graph))
     return [k for k, v in enumerate(graph.inputs) if k not in state and v.type.ndim >= 1]
 
 

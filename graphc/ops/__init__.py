@@ -8,7 +8,7 @@ An OpDef carries
     that misses one: ``vjp`` and ``jvp`` (autodiff), ``dim_rule`` (sharding), ``cost`` (flops/bytes).
 
 The registry itself is ops/registry.py; the families live in their own modules (elementwise,
-reduction, shape, indexing, linalg, constant, control, fused, comm, sharding), and importing this
+reduction, shape, indexing, update, linalg, constant, random, control, fused, comm, sharding), and importing this
 package registers all of them. ops/dims.py has the dimension-rule vocabulary, ops/context.py what
 an autodiff rule may call.
 """
@@ -22,9 +22,11 @@ from graphc.ops import (
     fused,  # noqa: F401
     indexing,  # noqa: F401
     linalg,  # noqa: F401
+    random,  # noqa: F401
     reduction,  # noqa: F401
     shape,  # noqa: F401
     sharding,  # noqa: F401
+    update,  # noqa: F401
 )
 from graphc.ops.registry import REGISTRY, check_axes, check_axis, check_shape, get_op, register, same_dtype
 

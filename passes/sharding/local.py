@@ -43,6 +43,8 @@ def local_attrs(node, strategy: Strategy, mesh_shape: tuple[int, ...], coord: tu
         attrs["indices"] = tuple(int(b) for b in bounds)
     elif name == "constant":
         attrs["value"] = shard(attrs["value"], strategy.out_specs[0], mesh_shape, coord)
+    elif "local_attrs" in node.op.extra:  # an op that computes its piece from where it lies (philox)
+        attrs = node.op.extra["local_attrs"](attrs, strategy.out_specs[0], mesh_shape, coord)
     return attrs
 
 
