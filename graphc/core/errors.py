@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 
 @dataclass(frozen=True)
 class SourceLoc:
-    """Where in the user's source a node was created."""
+    """Where in the user's source a node was created.
+
+    When the user's line called a library function (scipy, an installed helper package) that made
+    the call graphc records, ``file:line`` is still the user's line and ``via`` holds how it got
+    there: the user's frames from the outermost in, then the library's frames, each as
+    ``file:line in function`` (library frames marked ``(library)``). ``via`` does not take part in
+    comparisons."""
 
     file: str
     line: int
+    via: tuple[str, ...] = field(default=(), compare=False, repr=False)
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line}"
@@ -21,16 +28,32 @@ class GraphcError(Exception):
     """Base class of every error graphc raises on purpose."""
 
 
+def _located(message: str, loc: SourceLoc | None) -> str:
+    """``file:line: message``, and the call chain when the failing call was made inside a library."""
+    if loc is None:
+        return message
+    text = f"{loc}: {message}"
+    if loc.via:
+        text += "\n  call chain (outermost first): " + "\n    -> ".join(loc.via)
+    return text
+
+
 class TraceError(GraphcError):
     """The traced function did something graphc cannot capture, or has a shape error.
 
-    ``str(err)`` starts with the user's ``file:line``; ``err.loc`` holds it.
+    ``str(err)`` starts with the user's ``file:line``; ``err.loc`` holds it. When the failing call
+    was made inside a library function the user's line called, the message ends with the call
+    chain: the user's frames, then the library's (``err.chain``).
     """
 
     def __init__(self, message: str, loc: SourceLoc | None = None):
         self.message = message
         self.loc = loc
-        super().__init__(f"{loc}: {message}" if loc else message)
+        super().__init__(_located(message, loc))
+
+    @property
+    def chain(self) -> tuple[str, ...]:
+        return self.loc.via if self.loc else ()
 
     @property
     def filename(self) -> str | None:
@@ -88,6 +111,11 @@ class RecompileWarning(GraphcWarning):
     value each call). The message names the arguments that changed."""
 
 
+class PromotionWarning(GraphcWarning):
+    """numpy's promotion made a jitted function's float32 values float64 (graphc keeps numpy's
+    dtypes); the message names the line. See graphc/frontend/promotion.py."""
+
+
 class CacheWarning(GraphcWarning):
     """An on-disk cache (its folder or one entry) was not used: not the user's alone, corrupt, or
     made from something else. The message names the path and why; graphc rebuilt what it needed."""
@@ -121,7 +149,7 @@ def _combined_init(self, message: str, loc: SourceLoc | None = None) -> None:
     """The __init__ of the classes numpy_error makes (not numpy's: its arguments differ)."""
     self.message = message
     self.loc = loc
-    BaseException.__init__(self, f"{loc}: {message}" if loc else message)
+    BaseException.__init__(self, _located(message, loc))
 
 
 E = TypeVar("E", bound=GraphcError)

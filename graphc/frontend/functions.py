@@ -8,13 +8,23 @@ from __future__ import annotations
 
 import string
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal, cast
 
 import numpy as np
 
 from graphc.core import dtypes
 from graphc.core.errors import TraceError, numpy_error
-from graphc.frontend.tracer import HANDLERS, Tracer, bind, convert, implements, lift, result_dtype, user_location
+from graphc.frontend.tracer import (
+    HANDLERS,
+    Tracer,
+    bind,
+    convert,
+    implements,
+    lift,
+    rebind,
+    result_dtype,
+    user_location,
+)
 from graphc.frontend.ufuncs import apply_ufunc, resolve_loop
 from graphc.ops.reduction import reduced_shape
 
@@ -255,8 +265,9 @@ def argmin(a, axis=None, out=None, *, keepdims=False):
 def where(condition, x=None, y=None):
     if x is None or y is None:
         raise TraceError(
-            "numpy.where(condition) with one argument has a data-dependent shape; use the "
-            "three-argument form np.where(condition, x, y)",
+            "numpy.where(condition) with one argument returns the indices where condition holds, a "
+            "data-dependent shape a graph cannot have; keep the shape static with the three-argument form, "
+            "np.where(condition, x, 0), or count with np.sum(condition)",
             user_location(),
         )
     c = lift(condition)
@@ -275,13 +286,47 @@ def _where_operand(v: Any, dt: np.dtype) -> Tracer:
     return lift(v, dt)
 
 
+def write_out(
+    what: str,
+    result: Tracer,
+    out: Any,
+    casting: Literal["no", "equiv", "safe", "same_kind", "unsafe"] = "same_kind",
+    where: Any = True,
+) -> Tracer:
+    """``result`` written into ``out`` (a function's ``out=``): a new value that the out array, a
+    Tracer, is rebound to, as numpy's in-place write changes it for every name holding it. An out
+    array that is a numpy array is not changed; the new Tracer is returned, which the source
+    transform assigns to the name passed as ``out=`` (``autograph_runtime.written``)."""
+    if np.broadcast_shapes(result.shape, out.shape) != out.shape:
+        raise TraceError(
+            f"non-broadcastable output operand with shape {out.shape} doesn't match the broadcast shape {result.shape}",
+            user_location(),
+        )
+    if not np.can_cast(result.dtype, out.dtype, casting):
+        raise TraceError(
+            f"Cannot cast {what} output from {result.dtype} to {out.dtype} with casting rule "
+            f"'{casting}' (numpy raises here too)",
+            user_location(),
+        )
+    new = broadcast(convert(result, out.dtype), out.shape)
+    if where is not True:
+        new = cast(Tracer, np.where(where, new, out))
+    if isinstance(out, Tracer):
+        return rebind(out, new)
+    # a numpy array cannot hold traced values: ``buf += traced`` rebinds ``buf`` to what this returns;
+    # reading the numpy array later through another name would miss the write (TraceContext.supersede)
+    new._ctx.supersede(out)
+    return new
+
+
 @implements(np.clip)
 def clip(a, a_min=np._NoValue, a_max=np._NoValue, out=None, *, min=np._NoValue, max=np._NoValue, **kwargs):
     """numpy's np.clip (numpy/_core/_methods.py ``_clip``): for an integer array a Python int bound
     beyond the dtype's range is dropped (it clips nothing) instead of overflowing; no bound is
     np.positive, one bound np.maximum or np.minimum, two the clip ufunc, typed over all three
-    operands (``_clip_both``)."""
-    _reject("clip", out=out)
+    operands (``_clip_both``). ``out=`` is written as a ufunc's is (``write_out``)."""
+    if out is not None:
+        return write_out("clip", clip(a, a_min, a_max, min=min, max=max, **kwargs), out)
     lo = a_min if a_min is not np._NoValue else (None if min is np._NoValue else min)
     hi = a_max if a_max is not np._NoValue else (None if max is np._NoValue else max)
     res = lift(a)
@@ -352,6 +397,73 @@ def isclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=False):
 def allclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=False):
     """numpy returns a Python bool; a traced one is a 0-d bool array."""
     return all_(isclose(a, b, rtol, atol, equal_nan))
+
+
+@implements(np.count_nonzero)
+def count_nonzero(a, axis=None, *, keepdims=False):
+    x = lift(a)
+    return sum_(apply_ufunc(np.not_equal, x, 0), axis, keepdims=keepdims)
+
+
+@implements(np.result_type)
+def result_type(*arrays_and_dtypes):
+    """numpy's result_type, a traced array counting by its dtype (a weak one as a Python number)."""
+    return result_dtype(*arrays_and_dtypes)
+
+
+# numpy functions whose result has one entry per element that passes a test: its shape depends
+# on the data, which a graph's static shapes cannot hold
+_DATA_DEPENDENT: dict[Callable, str] = {
+    np.nonzero: "np.where(x != 0, x, 0) keeps the shape; np.count_nonzero(x) counts",
+    np.argwhere: "np.where(condition, x, 0) keeps the shape; np.sum(condition) counts",
+    np.flatnonzero: "np.where(x.ravel() != 0, x.ravel(), 0) keeps the shape; np.count_nonzero(x) counts",
+    np.unique: "for values known to lie in range(k), np.sum(x.reshape(-1, 1) == np.arange(k), axis=0) counts each",
+    np.extract: "np.where(condition, x, 0) keeps the shape",
+    np.compress: "np.where(condition, x, 0) keeps the shape (or x[static_indices] with indices known in advance)",
+    np.trim_zeros: "slice with static bounds instead",
+}
+
+
+def _data_dependent(func: Callable) -> Callable:
+    def reject(*args, **kwargs):
+        raise TraceError(
+            f"numpy.{func.__name__} on a traced array has a data-dependent shape (it depends on the values), "
+            f"which a graph cannot have; {_DATA_DEPENDENT[func]}",
+            user_location(),
+        )
+
+    return reject
+
+
+for _func in _DATA_DEPENDENT:
+    implements(_func)(_data_dependent(_func))
+HANDLERS.methods["nonzero"] = lambda self: np.nonzero(self)
+
+# the supported rewrite of common numpy calls graphc does not implement (named in the TraceError)
+HANDLERS.hints.update(
+    {
+        "numpy.argpartition": "; use np.argsort(x, axis), which puts the k smallest first (sorted)",
+        "numpy.partition": "; use np.sort(x, axis), which puts the k smallest first",
+        "numpy.median": "; use np.sort(x, axis) and a static index (the middle one, or the mean of the two)",
+        "numpy.percentile": "; use np.sort(x, axis) and static indices",
+        "numpy.quantile": "; use np.sort(x, axis) and static indices",
+        "numpy.diff": "; use x[..., 1:] - x[..., :-1]",
+        "numpy.roll": "; use np.concatenate([x[..., -k:], x[..., :-k]], axis=-1)",
+        "numpy.diag": "; use x * np.eye(n) for a vector x, np.einsum('ii->i', x) for a matrix",
+        "numpy.diagonal": "; use np.einsum('ii->i', x)",
+        "numpy.trace": "; use np.einsum('ii', x)",
+        "numpy.average": "; use np.sum(x * w, axis) / np.sum(w, axis)",
+        "numpy.searchsorted": "; use np.sum(sorted_values <= x[..., None], axis=-1) (side='right')",
+        "numpy.nan_to_num": "; use np.where(np.isnan(x), 0.0, x) (and np.clip for infinities)",
+        "numpy.column_stack": "; use np.stack(arrays, axis=1)",
+        "numpy.dstack": "; use np.stack(arrays, axis=2) (or np.concatenate for 3-d arrays)",
+        "numpy.linalg.det": "; write the 2x2 or 3x3 formula (np.linalg.inv and np.linalg.solve are supported)",
+        "ndarray.diagonal": "; use np.einsum('ii->i', x)",
+        "ndarray.fill": "; x.fill(v) writes in place: use x = np.full_like(x, v)",
+        "ndarray.resize": "; use x.reshape(shape) (or np.pad to grow)",
+    }
+)
+HANDLERS.methods["compress"] = lambda self, condition, axis=None: np.compress(condition, self, axis)
 
 
 # --- contractions ----------------------------------------------------------------------------

@@ -124,9 +124,31 @@ def broadcast_arrays(*args, subok=False):
     return tuple(broadcast(x, shape) for x in xs)
 
 
-@implements(np.atleast_1d, np.atleast_2d)
-def atleast_nd(*arys):
-    raise TraceError("numpy.atleast_1d/atleast_2d are not supported; use reshape", user_location())
+def _atleast(arys: tuple, grow) -> Any:
+    """numpy's atleast_Nd: one array for one argument, else a tuple."""
+    out = tuple(grow(lift(a)) for a in arys)
+    return out[0] if len(out) == 1 else out
+
+
+@implements(np.atleast_1d)
+def atleast_1d(*arys):
+    return _atleast(arys, lambda x: reshape_to(x, (1,)) if x.ndim == 0 else x)
+
+
+@implements(np.atleast_2d)
+def atleast_2d(*arys):
+    return _atleast(arys, lambda x: reshape_to(x, (1,) * (2 - x.ndim) + x.shape) if x.ndim < 2 else x)
+
+
+def _grow_3d(x: Tracer) -> Tracer:
+    """0-d -> (1, 1, 1), (n,) -> (1, n, 1), (m, n) -> (m, n, 1)."""
+    shape = {0: (1, 1, 1), 1: (1,) + x.shape + (1,), 2: x.shape + (1,)}.get(x.ndim, x.shape)
+    return reshape_to(x, shape)
+
+
+@implements(np.atleast_3d)
+def atleast_3d(*arys):
+    return _atleast(arys, _grow_3d)
 
 
 @implements(np.concatenate)
@@ -144,6 +166,15 @@ def concatenate(arrays, axis=0, out=None, *, dtype=None, casting="same_kind"):
         raise TraceError("zero-dimensional arrays cannot be concatenated", user_location())
     axis = norm_axis(axis, xs[0].ndim, "concatenate")
     return xs[0] if len(xs) == 1 else bind("concatenate", *xs, axis=axis)
+
+
+@implements(np.append)
+def append(arr, values, axis=None):
+    """numpy's append: both raveled and joined when axis is None, else a concatenate."""
+    x, v = lift(arr), lift(values)
+    if axis is None:
+        return concatenate([reshape_to(x, (x.size,)), reshape_to(v, (v.size,))], axis=0)
+    return concatenate([x, v], axis=axis)
 
 
 @implements(np.stack)
