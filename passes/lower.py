@@ -12,6 +12,11 @@ Every device program is built by the same walk over the graph, so the collective
 appear in the same order in the programs of all its members (no deadlock by construction);
 ``ParallelProgram.verify`` (graphc/programs.py) checks it anyway, with the local shapes.
 
+ZeRO (passes/sharding/zero.py): a gradient that its readers in the update want as a shard is
+reduce-scattered right after the node that makes it, so the full partial sum is freed there
+(ZeRO-2's gradient memory); ``regather`` then makes a ZeRO-3 parameter's all_gather again for
+every node that reads it, so each gathered copy is freed after its one use.
+
 Masked lookups (a gather from a table split by rows, graphc/ops/dims.py) become explicit ops:
 the global index goes through a per-device table of local rows (-1 for rows another device
 holds; the table has one entry per global row, so an out-of-range index raises IndexError on
@@ -27,10 +32,13 @@ from graphc.core.ir import Graph, Node, TensorType, Value, clone_region
 from graphc.core.pytree import LEAF, TreeDef
 from graphc.core.spec import format_spec, local_shape
 from graphc.ops import get_op
+from graphc.passes.rewrite import Rewriter
 from graphc.passes.sharding.local import _owned_rows, local_attrs
 from graphc.passes.sharding.plan import ShardingPlan
 from graphc.passes.sharding.redistribute import plan_steps, redistribution_time
+from graphc.passes.sharding.roles import update_nodes
 from graphc.passes.sharding.strategies import Strategy, get_rule
+from graphc.passes.sharding.zero import gradients
 from graphc.programs import DeviceProgram, ParallelProgram
 
 
@@ -105,6 +113,24 @@ class _Emitter:
             best = min([src, *wants], key=cost)
         self.hubs[v] = best
         return best
+
+    def scatter_early(self, v: Value) -> None:
+        """Redistribute gradient ``v`` now, right after it is made, when its readers want it in
+        one spec (or its hub) that a reduce-scatter along a data axis makes: the full partial
+        sum is then freed here instead of living until the update (ZeRO-2). The collectives
+        serve the update (its part)."""
+        src = self.spec[v]
+        wants = self.targets.get(v, set()) - {src}
+        if not wants:
+            return
+        target = next(iter(wants)) if len(wants) == 1 else self.hub(v, src)
+        steps = plan_steps(v.type.shape, v.type.dtype.itemsize, src, target, self.mesh)
+        data = {a for a, name in enumerate(self.mesh.axis_names) if self.mesh.roles[name] == "data"}
+        if target == src or not any(st.kind == "reduce_scatter" and st.axis in data for st in steps):
+            return
+        part, self.part = self.part, "update"
+        self.get(v, target)
+        self.part = part
 
     def _step(self, x: Value, step) -> Value:
         a = step.axis
@@ -231,6 +257,7 @@ def lower_graph(graph: Graph, plan: ShardingPlan) -> ParallelProgram:
             targets.setdefault(v, set()).add(sp)
     for v, sp in zip(graph.outputs, out_specs):
         targets.setdefault(v, set()).add(sp)
+    grads = gradients(graph, update_nodes(graph)) if any(r == "data" for r in mesh.roles.values()) else set()
     programs = []
     for device in mesh.devices():
         em = _Emitter(graph, mesh, device)
@@ -242,6 +269,9 @@ def lower_graph(graph: Graph, plan: ShardingPlan) -> ParallelProgram:
         origin: list[int] = []
         for k, (node, st) in enumerate(zip(graph.nodes, strategies)):
             em.node(node, st)
+            for o in node.outputs:
+                if o in grads:
+                    em.scatter_early(o)
             origin += [k] * (len(em.nodes) - len(origin))
         outputs = []
         for v, s in zip(graph.outputs, out_specs):
@@ -255,3 +285,39 @@ def lower_graph(graph: Graph, plan: ShardingPlan) -> ParallelProgram:
     return ParallelProgram(
         mesh, tuple(programs), tuple(v.type for v in graph.inputs), tuple(v.type for v in graph.outputs)
     )
+
+
+def regather(graph: Graph, sources: frozenset[int]) -> Graph:
+    """ZeRO-3 on one device program: every ``all_gather`` of the program inputs at positions
+    ``sources`` (the parameters kept split along a data axis) is made again right before each
+    node that reads its result, so no gathered copy outlives the node that uses it (the runtime
+    frees a value after its last reader). Run after CSE, which would merge the copies back."""
+    srcs = {graph.inputs[k] for k in sources}
+    gathers = {n for n in graph.nodes if n.op.name == "all_gather" and n.inputs[0] in srcs and not n.regions}
+    if not gathers:
+        return graph
+    rw = Rewriter()
+
+    def fresh(v: Value, like: Node) -> Value:
+        g = v.producer
+        assert g is not None
+        node = Node(g.op, [rw.get(x) for x in g.inputs], g.attrs, [o.type for o in g.outputs], g.loc, like.part)
+        rw.nodes.append(node)
+        return node.outputs[0]
+
+    for node in graph.nodes:
+        if node in gathers:
+            continue
+        copies = {v: fresh(v, node) for v in dict.fromkeys(node.inputs) if v.producer in gathers}
+        rw.subst.update(copies)
+        rw.keep(node)
+        for v in copies:
+            del rw.subst[v]
+    outputs = []
+    for v in graph.outputs:
+        if v.producer in gathers:
+            last = rw.nodes[-1] if rw.nodes else v.producer
+            outputs.append(fresh(v, last))
+        else:
+            outputs.append(rw.get(v))
+    return Graph(graph.name, graph.inputs, rw.nodes, outputs, graph.in_tree, graph.out_tree)

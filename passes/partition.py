@@ -7,7 +7,7 @@
       -> solve                   the ILP, memory limit included (shrink + solve: solve_problem)
       -> make_plan               the frozen ShardingPlan
       -> lower                   one program per device, collectives in place (passes/lower.py)
-      -> compile_devices         CSE, DCE and fusion of every device program
+      -> compile_devices         CSE, DCE and fusion of every device program; ZeRO-3's gathers per use
 
 Each step is a plain function of named inputs. ``plan_sharding`` runs the planning steps and
 ``partition`` all of them; ``graphc.parallelize``, ``graphc compile``, micro-batching and the
@@ -30,17 +30,18 @@ from graphc.core.mesh import Mesh
 from graphc.core.pytree import call_arguments, top_level
 from graphc.core.spec import Spec, format_spec
 from graphc.passes.bucket import DEFAULT_BUCKET_BYTES, bucket_all_reduces
-from graphc.passes.lower import lower_graph
+from graphc.passes.lower import lower_graph, regather
 from graphc.passes.manager import optimize
 from graphc.passes.sharding.ilp import Group, Solution, shrink_groups, solve
 from graphc.passes.sharding.plan import ShardingPlan, plan_from_solution
 from graphc.passes.sharding.problem import Problem, apply_ties, pin_nodes
 from graphc.passes.sharding.problem import build_problem as _items_and_edges
+from graphc.passes.sharding.zero import restrict_zero
 from graphc.programs import ParallelProgram
 
 PLAN_PASSES = ("fold_constants", "simplify", "cse", "dce")  # fusion runs per device, after lowering
-DEVICE_PASSES = ("cse", "dce", "fuse")
-PLANNER_VERSION = 8  # part of the plan cache key: bump when rules or costs change what a plan says
+DEVICE_PASSES = ("cse", "batch_projections", "batch_products", "cse", "dce", "fuse")
+PLANNER_VERSION = 9  # part of the plan cache key: bump when rules or costs change what a plan says
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,9 @@ class PlanOptions:
     linear_partials: bool = True  # partial sums (P) carried through the ops linear in them
     free_axes: bool = False  # ignore the axis roles (passes/sharding/roles.py): every axis may split anything
     bucket_bytes: int = DEFAULT_BUCKET_BYTES  # gradient buckets (passes/bucket.py); 0: none
+    # ZeRO along data axes (passes/sharding/zero.py): 0 off, None the solver picks each
+    # parameter's stage, 1-3 that stage forced. graphc.parallelize and graphc compile default to None
+    zero: int | None = 0
 
     def to_json(self) -> dict:
         return {
@@ -82,6 +86,7 @@ class PlanOptions:
             "linear_partials": self.linear_partials,
             "free_axes": self.free_axes,
             "bucket_bytes": self.bucket_bytes,
+            "zero": self.zero,
         }
 
 
@@ -100,12 +105,15 @@ def build_problem(
     linear_partials: bool = True,
     free_axes: bool = False,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    zero: int | None = 0,
 ) -> Problem:
-    """The sharding problem of ``graph`` on ``mesh`` with the pins and state ties applied."""
+    """The sharding problem of ``graph`` on ``mesh`` with the pins, a forced ZeRO stage and the
+    state ties applied."""
     ties = list(ties or [])
     problem = _items_and_edges(
-        graph, mesh, dict(pins.inputs), dict(pins.outputs), ties, linear_partials, free_axes, bucket_bytes
+        graph, mesh, dict(pins.inputs), dict(pins.outputs), ties, linear_partials, free_axes, bucket_bytes, zero
     )
+    restrict_zero(problem)
     apply_ties(problem, ties)
     if pins.nodes:
         pin_nodes(problem, dict(pins.nodes))
@@ -151,7 +159,9 @@ def plan_sharding(
     start = time.perf_counter()
     if deadline is None:
         deadline = start + options.time_limit_s
-    problem = build_problem(graph, mesh, pins, ties, options.linear_partials, options.free_axes, options.bucket_bytes)
+    problem = build_problem(
+        graph, mesh, pins, ties, options.linear_partials, options.free_axes, options.bucket_bytes, options.zero
+    )
     build_s = time.perf_counter() - start
     budget = deadline - time.perf_counter() - 1.5 * build_s - 0.2
     solution = solve_problem(problem, options, progress, budget)
@@ -172,10 +182,13 @@ def lower(graph: Graph, plan: ShardingPlan) -> ParallelProgram:
     return program.verify()
 
 
-def compile_devices(program: ParallelProgram, passes: tuple[str, ...] = DEVICE_PASSES) -> ParallelProgram:
+def compile_devices(
+    program: ParallelProgram, passes: tuple[str, ...] = DEVICE_PASSES, regather_inputs: frozenset[int] = frozenset()
+) -> ParallelProgram:
     """The device passes (CSE, DCE, fusion: the same kernels as on one device, local shapes) on
-    every device program, verified again."""
-    devices = tuple(p.with_graph(optimize(p.graph, passes)) for p in program.devices)
+    every device program, then ``regather`` of the ZeRO-3 parameters at ``regather_inputs``
+    (``zero3_inputs(plan)``), verified again."""
+    devices = tuple(p.with_graph(regather(optimize(p.graph, passes), regather_inputs)) for p in program.devices)
     return ParallelProgram(program.mesh, devices, program.in_types, program.out_types).verify()
 
 
@@ -207,7 +220,13 @@ def partition(
     else:
         plan.check(optimized)
     lowered = lower(optimized, plan)
-    return Partitioned(optimized, plan, lowered, compile_devices(lowered))
+    return Partitioned(optimized, plan, lowered, compile_devices(lowered, regather_inputs=zero3_inputs(plan)))
+
+
+def zero3_inputs(plan: ShardingPlan) -> frozenset[int]:
+    """Positions of the inputs a plan keeps at ZeRO stage 3 (passes/sharding/zero.py): their
+    gathers are made again for every reader (``compile_devices``)."""
+    return frozenset(x.index for x in plan.inputs if x.zero == 3)
 
 
 # --- what a training step's signature says ---------------------------------------------------------
@@ -303,4 +322,5 @@ __all__ = [
     "shrink",
     "solve_problem",
     "state_ties",
+    "zero3_inputs",
 ]

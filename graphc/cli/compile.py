@@ -38,7 +38,7 @@ from graphc.core.mesh import Mesh, MeshError, parse_links
 from graphc.core.profiles import PRESETS, get_profile
 from graphc.core.units import parse_bytes
 from graphc.passes.manager import run_pipeline
-from graphc.passes.partition import compile_devices, lower
+from graphc.passes.partition import compile_devices, lower, zero3_inputs
 from graphc.passes.search import explain, search_meshes
 from graphc.passes.sharding.plan import ShardingPlan
 
@@ -86,6 +86,13 @@ def add_parser(sub) -> None:
         "--free-axes",
         action="store_true",
         help="ignore the axis roles (dp splits only batch dims, sp only sequence dims): any axis may split anything",
+    )
+    p.add_argument(
+        "--zero",
+        choices=("auto", "0", "1", "2", "3"),
+        default="auto",
+        help="ZeRO stage of the training state along the data axes: 1 shards the optimizer state, 2 the "
+        "gradients too, 3 the parameters too; 0 none; auto (default): the solver picks per parameter",
     )
     p.add_argument("--no-shrink", action="store_true", help="one ILP variable per node (no tying / follower merging)")
     p.add_argument("--no-cache", action="store_true", help="do not read or write the plan cache")
@@ -137,6 +144,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         microbatches=args.microbatches,
         schedule=args.schedule,
         free_axes=args.free_axes,
+        zero=None if args.zero == "auto" else int(args.zero),
     )
     if pf.pipelined:
         if pinned or args.explain:
@@ -220,7 +228,7 @@ def _dump_ir(folder: str, pf, graph, plan, fargs, fkwargs) -> None:
     os.makedirs(folder, exist_ok=True)
     traced, _g, _s = pf.trace_optimized(*fargs, **fkwargs)
     run_pipeline(traced, dump_dir=folder)
-    for p in compile_devices(lower(graph, plan)).devices:
+    for p in compile_devices(lower(graph, plan), regather_inputs=zero3_inputs(plan)).devices:
         atomic_write(os.path.join(folder, f"device-{p.device}.gir"), str(p.graph))
 
 

@@ -609,6 +609,15 @@ class _Model:
                 continue
             for s, nb in enumerate(sizes):
                 coef[(g, s)] = coef.get((g, s), 0.0) + nb
+        for i, pos, per_strategy in self.p.transient_terms():  # ZeRO-3's gathered copies
+            if pos != at:
+                continue
+            g, m = self.of[i], self.maps[i]
+            if self.groups[g].size == 1:
+                const += float(per_strategy[m[0]])
+                continue
+            for s, item_s in enumerate(m):
+                coef[(g, s)] = coef.get((g, s), 0.0) + float(per_strategy[item_s])
         return const, coef
 
     def add_memory_point(self, at: int, limit: float) -> None:

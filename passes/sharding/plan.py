@@ -40,6 +40,7 @@ from graphc.core.units import fmt_bytes, fmt_rate, fmt_time
 from graphc.ops.dims import default_cost
 from graphc.passes.sharding.problem import local_nbytes
 from graphc.passes.sharding.redistribute import bucketed_step_time, plan_steps
+from graphc.passes.sharding.zero import zero_report
 
 PLAN_VERSION = 2
 
@@ -85,6 +86,10 @@ class TensorChoice:
     spec: Spec
     pinned: bool = False
     alternatives: tuple[Alternative, ...] = ()
+    # inputs: the ZeRO stage of its parameter's group (passes/sharding/zero.py), and the bytes per
+    # device its split along the ZeRO axes saves (a parameter's: its gradients' too)
+    zero: int = 0
+    zero_saved_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -297,6 +302,8 @@ def _tensor_doc(x: TensorChoice) -> dict:
         "spec": format_spec(x.spec),
         "pinned": x.pinned,
         "alternatives": [_alt_doc(a) for a in x.alternatives],
+        "zero": x.zero,
+        "zero_saved_bytes": x.zero_saved_bytes,
     }
 
 
@@ -308,6 +315,8 @@ def _tensor_from(d: dict, n_axes: int) -> TensorChoice:
         parse_spec(d["spec"], n_axes),
         bool(d.get("pinned")),
         tuple(_alt_from(a, n_axes) for a in d.get("alternatives", ())),
+        int(d.get("zero", 0)),
+        int(d.get("zero_saved_bytes", 0)),
     )
 
 
@@ -480,12 +489,33 @@ def _summary(p: ShardingPlan, top: int) -> str:
             f"  {n.name:<8}{n.op:<12}{fmt_time(n.compute_s):>10}  {n.strategy:<22} "
             f"{', '.join(_specs(n.out_specs)):<15} {n.loc or ''} {n.part or ''}"
         )
+    lines += _zero_lines(p, top)
     specs = [f"{x.name}: {format_spec(x.spec)}" for x in p.inputs]
     if specs:
         lines.append("inputs: " + "; ".join(specs[:top]) + (" ..." if len(specs) > top else ""))
     for w in p.warnings[:top]:
         lines.append(f"warning: {w}")
     return "\n".join(lines)
+
+
+def _zero_lines(p: ShardingPlan, top: int) -> list[str]:
+    """The ZeRO stages of the state inputs and the memory they save (the ``top`` largest
+    savings), when any is sharded."""
+    staged = [x for x in p.inputs if x.zero]
+    if not staged:
+        return []
+    counts: dict[int, int] = {}
+    for x in staged:
+        counts[x.zero] = counts.get(x.zero, 0) + 1
+    saved = sum(x.zero_saved_bytes for x in staged)
+    lines = [
+        "ZeRO: "
+        + ", ".join(f"stage {k}: {n} state input(s)" for k, n in sorted(counts.items()))
+        + f"; saves {fmt_bytes(saved)} per device (state, and gradients read as shards)"
+    ]
+    for x in sorted(staged, key=lambda x: -x.zero_saved_bytes)[:top]:
+        lines.append(f"  {x.name:<28} stage {x.zero}  {format_spec(x.spec):<12} saves {fmt_bytes(x.zero_saved_bytes)}")
+    return lines
 
 
 def _mfu_lines(p: ShardingPlan) -> list[str]:
@@ -535,6 +565,7 @@ def _explain_input(p: ShardingPlan, x: TensorChoice) -> str:
     lines = [
         f"input {x.name} {x.type}: spec {format_spec(x.spec)}"
         + (" (pinned)" if x.pinned else "")
+        + (f", ZeRO stage {x.zero} (saves {fmt_bytes(x.zero_saved_bytes)} per device)" if x.zero else "")
         + "; against the best other specs, every other choice held fixed"
         + (" (a tied state input: its output keeps this spec too)" if tied else "")
         + ":"
@@ -579,6 +610,7 @@ def plan_from_solution(problem, sol, memory_limit: int | None, build_s: float, o
     names = graph.value_names()
     choice = sol.choice
     alternatives = _alternatives(problem, choice)
+    zero = zero_report(problem, choice)
     inputs, outputs, nodes = [], [], []
     for i, it in enumerate(problem.items):
         st = it.strategies[choice[i]]
@@ -586,7 +618,13 @@ def plan_from_solution(problem, sol, memory_limit: int | None, build_s: float, o
         if it.kind == "input":
             inputs.append(
                 TensorChoice(
-                    it.index, f"%{names[it.value]}", str(it.value.type), st.out_specs[0], bool(it.pinned), alts
+                    it.index,
+                    f"%{names[it.value]}",
+                    str(it.value.type),
+                    st.out_specs[0],
+                    bool(it.pinned),
+                    alts,
+                    *zero.get(it.index, (0, 0)),
                 )
             )
         elif it.kind == "output":
@@ -693,10 +731,12 @@ def collectives_of(problem, choice: list[int]) -> list[Collective]:
     for e in problem.edges:
         if problem.items[e.src].kind == "fanout":
             reader.setdefault(e.src, e.dst)
+    regathered = set(problem.gathers)  # a ZeRO-3 parameter is gathered for each reader (zero.py)
     for e in problem.edges:
         src = problem.items[e.src].strategies[choice[e.src]].out_specs[e.src_out]
         dst = problem.items[e.dst].strategies[choice[e.dst]].in_specs[e.dst_in]
-        if src == dst or (id(e.value), dst) in done:
+        again = (e.src, e.dst) in regathered and any(src[a].is_split for a in problem.zero_axes)
+        if src == dst or ((id(e.value), dst) in done and not again):
             continue
         done.add((id(e.value), dst))
         t = e.value.type

@@ -10,7 +10,16 @@ operand spec. The objective of an assignment (one strategy per item) is
 (a sequential model: no overlap of compute and communication). Memory per device is the peak,
 over the program order, of the bytes of live tensors under their chosen specs: graph inputs
 (parameters, optimizer state) live throughout, every other value from its producer to its last
-use (outputs to the end). All meshes here split evenly, so every device has the same peak.
+use, and every graph output from its output item to the end in the spec it is returned in (a
+state gathered for its return is held whole). All meshes here split evenly, so every device
+has the same peak.
+
+With ZeRO allowed (``zero``, passes/sharding/zero.py) two things are counted as the lowering
+runs them: a gradient (a value the backward makes for the update alone) goes through a fan-out
+item placed right after its producer, and lives in its producer's spec until there, then in the
+fan-out's (a reduce-scatter into a shard frees the full partial sum at once); a state input
+split along a data axis (ZeRO-3) is gathered afresh for every forward or backward node that
+reads it, and the gathered copy lives at that node only (``transient_terms``).
 
 ``evaluate`` is the reference the ILP is tested against (exhaustive search on small graphs).
 """
@@ -27,7 +36,7 @@ import numpy as np
 from graphc.core.errors import PlanError
 from graphc.core.ir import Graph, Node, TensorType, Value
 from graphc.core.mesh import Mesh
-from graphc.core.spec import P, SpecError, format_spec, local_shape, parse_spec
+from graphc.core.spec import P, R, SpecError, format_spec, local_shape, parse_spec
 from graphc.ops.dims import DimRule
 from graphc.passes.bucket import DEFAULT_BUCKET_BYTES
 from graphc.passes.sharding.fusion import fused_values, saved_bytes
@@ -45,13 +54,14 @@ from graphc.passes.sharding.strategies import (
 
 @dataclass
 class Item:
-    kind: str  # "input", "node", "output", "fanout" (a value read by several consumers)
+    kind: str  # "input", "node", "output", "fanout" (a value read by several consumers, or a gradient)
     index: int  # graph input / node / output position
     strategies: list[Strategy]
     node: Node | None = None  # nodes
     value: Value | None = None  # inputs and outputs
     pinned: str | None = None  # why the strategies were restricted (a user pin)
     warning: str | None = None
+    gradient: bool = False  # a fan-out of a gradient: its value lives in the fan-out's spec after it
 
 
 @dataclass
@@ -79,10 +89,14 @@ class Problem:
     # in proportion to its bytes. 0: no bucketing.
     bucket_share_bytes: int = 0
     bucket_limit: int = 0  # the bucket size
+    zero: int | None = 0  # ZeRO: 0 off, None the solver's choice, 1-3 a forced stage (passes/sharding/zero.py)
+    zero_axes: tuple[int, ...] = ()  # the data axes ZeRO may shard state along
+    gathers: list[tuple[int, int]] = field(default_factory=list)  # (state input item, reader item) not in the update
     _spec_cache: dict = field(default_factory=dict, repr=False)
     _matrix_cache: dict = field(default_factory=dict, repr=False)
     _edge_cache: dict = field(default_factory=dict, repr=False)
     _live: list | None = field(default=None, repr=False)
+    _transients: list | None = field(default=None, repr=False)
 
     # --- costs -----------------------------------------------------------------------------
     def edge_time(self, e: Edge, s_src: int, s_dst: int) -> float:
@@ -183,13 +197,22 @@ class Problem:
         pos = {item: p for p, item in enumerate(self.order)}
         end = len(self.order) - 1
         last: dict[Value, int] = {}
+        returned: dict[Value, int] = {}  # graph output -> the position of its first output item
         for e in self.edges:
-            last[e.value] = max(last.get(e.value, -1), pos[e.dst])
-        outputs = {id(it.value) for it in self.items if it.kind == "output"}
+            if self.items[e.dst].kind == "output":
+                returned[e.value] = min(returned.get(e.value, end), pos[e.dst])
+            else:
+                last[e.value] = max(last.get(e.value, -1), pos[e.dst])
+        for v, at in returned.items():  # until the outputs, where each is held in its output spec
+            last[v] = max(last.get(v, -1), at - 1)
+        hubs: dict[Value, int] = {}  # gradient -> its fan-out item
+        for i, it in enumerate(self.items):
+            if it.gradient:
+                assert it.value is not None
+                hubs[it.value] = i
         roots = view_roots(self.graph)
         for view, root in roots.items():
-            at = end if id(view) in outputs else last.get(view, -1)
-            last[root] = max(last.get(root, -1), at)
+            last[root] = max(last.get(root, -1), last.get(view, -1))
         out = []
         for i, item in enumerate(self.items):
             if item.kind == "input":
@@ -198,14 +221,48 @@ class Problem:
             elif item.kind == "node":
                 assert item.node is not None  # a node item holds its node
                 for o in item.node.outputs:
-                    if o not in roots:
+                    if o in roots:
+                        continue
+                    hub = hubs.get(o)
+                    if hub is not None and o not in roots.values():  # in the fan-out's spec after it
+                        out.append((o, i, pos[i], pos[hub]))
+                        out.append((o, hub, pos[hub], max(pos[hub], last.get(o, pos[hub]))))
+                    else:
                         out.append((o, i, pos[i], max(pos[i], last.get(o, pos[i]))))
-        return [(v, i, a, end if id(v) in outputs else b) for v, i, a, b in out]
+            elif item.kind == "output" and item.value is not None and item.value.producer is not None:
+                out.append((item.value, i, pos[i], end))  # held as returned (a gathered state, say)
+        return out
 
     def value_bytes(self, v: Value, item: int, s: int) -> int:
         it = self.items[item]
-        spec = it.strategies[s].out_specs[0 if it.kind == "input" else v.index]
+        st = it.strategies[s]
+        spec = st.in_specs[0] if it.kind == "output" else st.out_specs[v.index if it.kind == "node" else 0]
         return local_nbytes(v.type, spec, tuple(self.mesh.shape))
+
+    def transient_terms(self) -> list[tuple[int, int, np.ndarray]]:
+        """(state input item, program position, bytes per strategy of the input) of every gathered
+        copy of a ZeRO-3 parameter: a state input split along a ZeRO data axis is gathered along it
+        for each forward or backward node that reads it, and the copy lives at that node only (the
+        lowering's ``regather``). Its size is the input's spec with the data axes unsplit."""
+        if self._transients is None:
+            pos = {item: p for p, item in enumerate(self.order)}
+            mesh_shape = tuple(self.mesh.shape)
+            sizes: dict[int, np.ndarray] = {}
+            out = []
+            for i, reader in self.gathers:
+                if i not in sizes:
+                    v = self.items[i].value
+                    assert v is not None  # an input item holds its value
+                    specs = [st.out_specs[0] for st in self.items[i].strategies]
+                    whole = [gathered(sp, self.zero_axes) for sp in specs]
+                    sizes[i] = np.array(
+                        [local_nbytes(v.type, w, mesh_shape) if w != sp else 0 for sp, w in zip(specs, whole)],
+                        dtype=np.float64,
+                    )
+                if sizes[i].any():
+                    out.append((i, pos[reader], sizes[i]))
+            self._transients = out
+        return self._transients
 
     def memory_profile(self, choice: list[int]) -> np.ndarray:
         delta = np.zeros(len(self.order) + 1, dtype=np.float64)
@@ -213,6 +270,9 @@ class Problem:
             nb = self.value_bytes(v, i, choice[i])
             delta[a] += nb
             delta[b + 1] -= nb
+        for i, at, sizes in self.transient_terms():
+            delta[at] += sizes[choice[i]]
+            delta[at + 1] -= sizes[choice[i]]
         return np.cumsum(delta[:-1])
 
     def redistribution_buffers(self, choice: list[int]) -> list[tuple[int, int, int]]:
@@ -220,7 +280,8 @@ class Problem:
         make on each device: one per value and spec it is read in other than its own (the
         lowering redistributes once, at the first reader, passes/lower.py), from that reader to
         the last one (a collective's result, a local slice's copy; a deferred all-reduce's
-        result, which the gradient bucket holds as well, passes/bucket.py)."""
+        result, which the gradient bucket holds as well, passes/bucket.py). A graph output's
+        redistribution is not one: the profile holds each output in its output spec."""
         pos = {item: p for p, item in enumerate(self.order)}
         spans: dict[tuple, list[int]] = {}
         mesh_shape = tuple(self.mesh.shape)
@@ -230,7 +291,7 @@ class Problem:
             dst = self.items[e.dst].strategies[choice[e.dst]].in_specs[e.dst_in]
             if self.items[e.src].kind == "fanout":
                 hub_reads.append((e.value, src, pos[e.dst]))
-            if src == dst:
+            if src == dst or self.items[e.dst].kind == "output":  # an output's spec is in the profile
                 continue
             at = pos[e.dst]
             span = spans.get((e.value, dst))
@@ -260,6 +321,28 @@ class Problem:
         prof = self.memory_profile(choice)
         at = int(np.argmax(prof)) if len(prof) else 0
         return (int(prof[at]) if len(prof) else 0), at
+
+
+def lowest_zero_dims(placements: list[tuple], axes: frozenset[int]) -> list[tuple]:
+    """Of placements (tuples of specs) equal but for which dims the ZeRO ``axes`` split, the one
+    splitting the lowest dims: the shard of a state tensor along a data axis changes its memory
+    and collectives, not which dim it is (any even one will do), and the update's strategies and
+    the state's specs then agree on it. Order kept."""
+    if not axes:
+        return placements
+    best: dict[tuple, tuple] = {}
+    for pl in placements:
+        key = tuple(tuple("Z" if a in axes and p.is_split else p for a, p in enumerate(sp)) for sp in pl)
+        dims = tuple(p.dim if a in axes and p.is_split else -1 for sp in pl for a, p in enumerate(sp))
+        if key not in best or dims < best[key][0]:
+            best[key] = (dims, pl)
+    chosen = {id(pl) for _d, pl in best.values()}
+    return [pl for pl in placements if id(pl) in chosen]
+
+
+def gathered(spec: tuple, axes: tuple[int, ...]) -> tuple:
+    """``spec`` with its splits along ``axes`` undone (R there)."""
+    return tuple(R if a in axes and p.is_split else p for a, p in enumerate(spec))
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -341,18 +424,20 @@ def build_problem(
     linear_partials: bool = True,
     free_axes: bool = False,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    zero: int | None = 0,
 ) -> Problem:
     """Items and edges of ``graph`` on ``mesh``. Deferred all-reduces share buckets of
-    ``bucket_bytes`` (0: none). ``in_pins`` / ``out_pins`` restrict the spec of
-    graph input / output positions; ``ties`` are (input position, output position) pairs whose
-    specs must be equal (a training step's state): both get the same candidate list. The mesh's
-    axis roles (passes/sharding/roles.py) restrict what data and seq axes split, unless
-    ``free_axes``."""
+    ``bucket_bytes`` (0: none). ``in_pins`` / ``out_pins`` restrict the spec of graph input /
+    output positions; ``ties`` are (input position, output position) pairs whose specs must be
+    equal (a training step's state): both get the same candidate list. The mesh's axis roles
+    (passes/sharding/roles.py) restrict what data and seq axes split, unless ``free_axes``.
+    ``zero``: ZeRO off (0), left to the solver (None) or a forced stage 1-3 (whose choices
+    passes/sharding/zero.py ``restrict_zero`` then keeps)."""
     in_pins = in_pins or {}
     out_pins = out_pins or {}
     ties = ties or []
     rules, rule_errors = _node_rules(graph)
-    roles = axis_roles(graph, mesh, rules, ties, free_axes)
+    roles = axis_roles(graph, mesh, rules, ties, free_axes, zero=zero != 0)
     overhead = mesh.profile.op_overhead(mesh.size)
     fused = fused_values(graph) if mesh.profile.fuses_elementwise or overhead else frozenset()
     b = _ProblemBuilder(
@@ -369,7 +454,10 @@ def build_problem(
     b.add_nodes(rules, rule_errors, linear_partials)
     b.add_outputs(out_pins, {o: i for i, o in ties})
     b.add_fanouts()
-    problem = Problem(graph, mesh, b.items, b.edges, _program_order(b.items), b.warnings, roles=roles)
+    problem = Problem(graph, mesh, b.items, b.edges, _program_order(b.items), b.warnings, roles=roles, zero=zero)
+    if roles.zero:
+        problem.zero_axes = tuple(a for a, (r, n) in enumerate(zip(roles.roles, mesh.shape)) if r == "data" and n > 1)
+        problem.gathers = b.gathers
     if bucket_bytes > 0:
         # the bytes the deferred all-reduces move at most (whole tensors that may arrive as
         # partial sums); a bucket holds at most bucket_bytes of them, so the fixed cost of a
@@ -379,7 +467,11 @@ def build_problem(
             made_in_update = src.node is not None and src.node.part == "update"
             return not made_in_update and any(P in st.out_specs[e.src_out] for st in src.strategies)
 
-        deferred = sum({e.value: e.value.type.nbytes for e in b.edges if e.deferred and gradient(e)}.values())
+        counted = {e.value: e.value.type.nbytes for e in b.edges if e.deferred and gradient(e)}
+        # as their fan-outs counted them before ZeRO (an update op linear in a parameter may read it
+        # as a partial sum): the estimate, and so the plans without ZeRO, stay as they were
+        counted.update(b.fanless_state)
+        deferred = sum(counted.values())
         problem.bucket_share_bytes = max(1, min(bucket_bytes, deferred))
         problem.bucket_limit = bucket_bytes
     return problem
@@ -457,6 +549,8 @@ class _ProblemBuilder:
     warnings: list[str] = field(default_factory=list)
     overhead_s: float = 0.0  # the runtime's cost of one op of a device program (MachineProfile.op_overhead)
     in_kernels: frozenset[Value] = frozenset()  # values the device programs' fusion keeps inside kernels
+    gathers: list[tuple[int, int]] = field(default_factory=list)  # (state input item, forward/backward reader)
+    fanless_state: dict[Value, int] = field(default_factory=dict)  # state inputs ZeRO gave no fan-out: bytes
 
     def op_overhead(self, node: Node) -> float:
         """``overhead_s`` for a node the device program runs as an op of its own: not a constant,
@@ -476,7 +570,16 @@ class _ProblemBuilder:
             for d, s in enumerate(self.sets.get(other, [])):
                 blocks[d] |= s
         roles = self.roles
-        return tensor_specs(v.type, tuple(self.mesh.shape), blocks, lambda a, d: roles.allows(a, v, d))
+        specs = tensor_specs(v.type, tuple(self.mesh.shape), blocks, lambda a, d: roles.allows(a, v, d))
+        if v not in roles.zero:
+            return specs
+        return [sp for (sp,) in lowest_zero_dims([(sp,) for sp in specs], self.zero_axes())]
+
+    def zero_axes(self) -> frozenset[int]:
+        """The data axes along which ZeRO may split state (none unless it is on)."""
+        if not self.roles.zero:
+            return frozenset()
+        return frozenset(a for a, (r, n) in enumerate(zip(self.roles.roles, self.mesh.shape)) if r == "data" and n > 1)
 
     def add_inputs(self, in_pins: dict[int, tuple], tied_in: dict[int, int]) -> None:
         """One item per graph input: a strategy per spec it may arrive in."""
@@ -496,9 +599,12 @@ class _ProblemBuilder:
         mesh_shape = tuple(self.mesh.shape)
         strategy_cache: dict = {}
         partial: dict[Value, frozenset] = {}  # value -> the sets of axes its producer may leave P
+        zero_axes = self.zero_axes()
         for n_i, node in enumerate(self.graph.nodes):
             rule = rules[node]
             arriving = tuple(partial.get(v, frozenset()) for v in node.inputs)
+            if zero_axes and node in self.roles.update:  # ZeRO reduces a gradient before the update
+                arriving = tuple(frozenset(s for s in sets if not s & zero_axes) for sets in arriving)
             overhead = self.op_overhead(node)
             key = _node_key(node, self.sets, self.roles)
             key = None if key is None else (key, arriving, overhead)
@@ -514,6 +620,9 @@ class _ProblemBuilder:
                     arriving if linear_partials else None,
                     overhead,
                 )
+                if zero_axes and node in self.roles.update:
+                    keep = set(lowest_zero_dims([s.in_specs + s.out_specs for s in strategies], zero_axes))
+                    strategies = [s for s in strategies if s.in_specs + s.out_specs in keep]
                 if key is not None:
                     strategy_cache[key] = strategies
             for k, o in enumerate(node.outputs):
@@ -550,6 +659,7 @@ class _ProblemBuilder:
         reads: dict[tuple[int, int], list[Edge]] = {}
         for e in self.edges:
             reads.setdefault((e.src, e.src_out), []).append(e)
+        zero = self.roles.zero  # ZeRO: gradients get a fan-out, state inputs none (module doc)
         edges: list[Edge] = []
         seen: dict = {}
         made: dict[tuple, list[Strategy]] = {}  # one strategy list per distinct spec set (shared)
@@ -558,10 +668,17 @@ class _ProblemBuilder:
             return distinct_specs(seen, strategies, side, k)[0]
 
         for (src, out), group in reads.items():
-            if len(group) < 2:
+            v = group[0].value
+            state_input = bool(zero) and self.items[src].kind == "input" and v in zero
+            if state_input:
+                readers = [e.dst for e in group if self.items[e.dst].kind == "node" and not self._in_update(e)]
+                self.gathers += [(src, r) for r in dict.fromkeys(readers)]  # one copy per reader
+                if len(group) > 1 and any(e.deferred for e in group):  # a parameter the update reads
+                    self.fanless_state[v] = v.type.nbytes
+            grad = bool(zero) and self._gradient(src, group)
+            if (len(group) < 2 and not grad) or state_input:
                 edges += group
                 continue
-            v = group[0].value
             specs: dict[tuple, None] = dict.fromkeys(distinct(self.items[src].strategies, "out", out))
             for e in group:
                 specs.update(dict.fromkeys(distinct(self.items[e.dst].strategies, "in", e.dst_in)))
@@ -570,10 +687,23 @@ class _ProblemBuilder:
             if strategies is None:
                 strategies = made[key] = [Strategy(format_spec(sp), (sp,), (sp,)) for sp in key]
             f = len(self.items)
-            self.items.append(Item("fanout", src, strategies, value=v))
+            self.items.append(Item("fanout", src, strategies, value=v, gradient=grad))
             edges.append(Edge(src, out, f, 0, v, deferred=all(e.deferred for e in group)))
             edges += [Edge(f, 0, e.dst, e.dst_in, v, deferred=e.deferred) for e in group]
         self.edges = edges
+
+    def _in_update(self, e: Edge) -> bool:
+        """Whether the edge's reader is a node of the update (roles.update_nodes)."""
+        node = self.items[e.dst].node
+        return node is not None and node in self.roles.update
+
+    def _gradient(self, src: int, group: list[Edge]) -> bool:
+        """Whether a value made by item ``src`` and read by ``group`` is a gradient: a node of
+        the backward makes it, and only update nodes read it."""
+        node = self.items[src].node
+        if node is None or node.part != "backward" or node in self.roles.update:
+            return False
+        return all(self._in_update(e) for e in group)
 
     def add_outputs(self, out_pins: dict[int, tuple], tied_out: dict[int, int]) -> None:
         """One item per graph output (a strategy per spec it may be returned in), with an edge
@@ -609,7 +739,7 @@ def _node_key(node, sets, roles: AxisRoles):
     values = (*node.inputs, *node.outputs)
     blocks = tuple(tuple(frozenset(x) for x in sets.get(v, ())) for v in values)
     types = (tuple(v.type for v in node.inputs), tuple(o.type for o in node.outputs))
-    return (node.op.name, attrs, types, blocks, roles.key(values))
+    return (node.op.name, attrs, types, blocks, roles.key(values, node in roles.update))
 
 
 def _pin(item: Item, spec, what: str, error, node: bool = False) -> None:

@@ -26,6 +26,13 @@ when the input holds token ids (integers, ``[batch, seq]``) or has 3 or more dim
 (``[batch, seq, features]``).
 
 ``free_axes=True`` (``graphc compile --free-axes``) gives every axis the role "free".
+
+**ZeRO** (``zero=True``, passes/sharding/zero.py): a data axis may also split any dim of the
+training state (the state inputs and the outputs tied to them) and of every operand and result
+of the update part: the optimizer state, the gradients as the update reads them and the update
+itself can then be sharded along the data axis (ZeRO-1/2), and so can the parameters (ZeRO-3).
+The forward and backward still see the data axis split only batch dims: a sharded parameter is
+gathered before its use.
 """
 
 from __future__ import annotations
@@ -84,6 +91,8 @@ class AxisRoles:
     batch: set[tuple[Value, int]]  # class roots
     seq: set[tuple[Value, int]]
     state: frozenset[Value]  # state inputs and the outputs tied to them
+    zero: frozenset[Value] = frozenset()  # values a data axis may split anywhere (ZeRO, module doc)
+    update: frozenset[Node] = frozenset()  # the update's nodes (``update_nodes``), with ZeRO
     warnings: list[str] = field(default_factory=list)
     _kinds: dict[Value, tuple[int, ...]] = field(default_factory=dict, repr=False)
 
@@ -102,16 +111,23 @@ class AxisRoles:
             hit = self._kinds[v] = tuple(out)
         return hit
 
-    def allows(self, axis: int, v: Value, d: int) -> bool:
+    def allows(self, axis: int, v: Value, d: int, zero: bool = True) -> bool:
+        """``zero``: the ZeRO values may be split anywhere along a data axis (an input's or an
+        output's spec, an update node's strategy; not the forward's or the backward's)."""
         need = RESTRICTED.get(self.roles[axis])
         if need is None:
             return True
+        if need == BATCH and zero and v in self.zero:
+            return True
         return v not in self.state and bool(self.kinds(v)[d] & need)
 
-    def key(self, values) -> tuple:
-        """What the strategies of a node with these operands and results depend on."""
+    def key(self, values, zero: bool = False) -> tuple:
+        """What the strategies of a node with these operands and results depend on (``zero``: an
+        update node, ZeRO on)."""
         if not self.restricted:
             return ()
+        if zero:
+            return tuple((self.kinds(v), v in self.zero) for v in values)
         return tuple(self.kinds(v) for v in values)
 
 
@@ -125,9 +141,11 @@ def axis_roles(
     rules: dict[Node, DimRule | None],
     ties: list[tuple[int, int]],
     free_axes: bool = False,
+    zero: bool = False,
 ) -> AxisRoles:
     """The roles of ``mesh``'s axes (all "free" with ``free_axes``) and the batch / sequence dims
-    of ``graph`` (see the module doc)."""
+    of ``graph`` (see the module doc); ``zero``: data axes may split the training state and the
+    update."""
     roles = free_roles(mesh) if free_axes else tuple(mesh.roles[name] for name in mesh.axis_names)
     classes = _UnionFind()
     labelled: set[tuple[Value, int]] = set()
@@ -149,9 +167,33 @@ def axis_roles(
         batch.add(classes.find((v, b)))
         if b + 1 < v.type.ndim and (v, b + 1) in labelled and (v.type.dtype.kind in "iu" or v.type.ndim >= 3):
             seq.add(classes.find((v, b + 1)))
-    out = AxisRoles(roles, classes, labelled, batch, seq, frozenset(state))
+    zero_values: frozenset[Value] = frozenset()
+    update = update_nodes(graph) if zero and "data" in roles else frozenset()
+    if update:  # a training step: ZeRO shards its state and update
+        zero_values = frozenset(state) | {v for node in update for v in (*node.inputs, *node.outputs)}
+    out = AxisRoles(roles, classes, labelled, batch, seq, frozenset(state), zero_values, update)
     out.warnings += _unusable_axes(graph, mesh, out)
     return out
+
+
+def update_nodes(graph: Graph) -> frozenset[Node]:
+    """The nodes of a training step's update: those autodiff tags "update" (they read the
+    gradients), and the untagged or forward nodes only the update reads (``b1 * m`` of Adam, which
+    reads no gradient and is traced before them)."""
+    update = {node for node in graph.nodes if node.part == "update"}
+    if not update:
+        return frozenset()
+    readers: dict[Value, list[Node]] = {}
+    for node in graph.nodes:
+        for v in node.inputs:
+            readers.setdefault(v, []).append(node)
+    outputs = set(graph.outputs)
+    for node in reversed(graph.nodes):
+        if node in update or node.part == "backward" or not node.outputs or node.regions:
+            continue
+        if all(o not in outputs and readers.get(o) and all(r in update for r in readers[o]) for o in node.outputs):
+            update.add(node)
+    return frozenset(update)
 
 
 def _unite(classes: _UnionFind, labelled: set, node: Node, rule: DimRule) -> None:

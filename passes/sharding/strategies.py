@@ -336,10 +336,11 @@ def _allowed_choices(node, occ: _Occurrences, choices: list[_Choice], roles: Axi
     """The choices mesh axis ``a`` may make: labels whose every dim its role allows."""
     if roles is None or roles.roles[a] not in RESTRICTED:
         return choices
+    zero = node in roles.update  # ZeRO: the update may split the state along a data axis
     return [
         c
         for c in choices
-        if c is None or all(roles.allows(a, _operand(node, side, i), d) for side, i, d, _f in occ[c[0]])
+        if c is None or all(roles.allows(a, _operand(node, side, i), d, zero) for side, i, d, _f in occ[c[0]])
     ]
 
 
