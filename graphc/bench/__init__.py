@@ -8,5 +8,6 @@ ceiling measured in the same run (numpy eager, a memory copy, one device).
     plans.py      plans of several models on several meshes: predicted against measured step and memory
     comm.py       the thread communicator's all-reduce bus bandwidth against memcpy
     fastmath.py   hand-written kernels over runtime/fastmath.py against numpy
+    ps.py         the parameter server: sync, SSP and async with a straggler, against sync
     timing.py     the timing and comparison helpers
 """

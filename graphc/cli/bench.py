@@ -1,5 +1,5 @@
 """``graphc bench``: FILE:FUNC [--mesh ...], or one of the named benchmarks (kernels, pipeline,
-comm, fastmath, plans). Each prints its figures next to a peer measured in the same run."""
+comm, fastmath, plans, ps, runtime). Each prints its figures next to a peer measured in the same run."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from graphc.cli.loader import load_target, static_argnames
 from graphc.core.errors import GraphcError
 from graphc.core.mesh import Mesh, MeshError, parse_links
 
-NAMED = ("kernels", "pipeline", "comm", "fastmath", "plans")
+NAMED = ("runtime", "kernels", "pipeline", "comm", "fastmath", "plans", "ps")
 
 
 def add_parser(sub) -> None:
@@ -22,9 +22,11 @@ def add_parser(sub) -> None:
     )
     bench.add_argument(
         "target",
-        help="FILE:FUNC, or one of: kernels (fused kernels against memory bandwidth), "
+        help="FILE:FUNC, or one of: runtime (every runtime figure against its ceiling or peer, in one "
+        "table), kernels (fused kernels against memory bandwidth), "
         "pipeline (bubble and memory), comm (collective bandwidth), fastmath, plans (the cost "
-        "model's predicted step times and memory of many plans against the threaded runtime)",
+        "model's predicted step times and memory of many plans against the threaded runtime), ps (parameter "
+        "server: sync vs SSP vs async with a straggler)",
     )
     bench.add_argument("--example", help="function in FILE returning (args, kwargs) (default: example_args)")
     bench.add_argument(
@@ -49,14 +51,27 @@ def add_parser(sub) -> None:
         default="threads",
         help="comm: the threaded communicator alone, or MPI processes next to it (launches mpiexec itself)",
     )
+    bench.add_argument(
+        "--only",
+        help="runtime: a comma-separated subset of its sections: dp, tp, overhead, rnn, kernels, train, jax",
+    )
     bench.set_defaults(func=cmd_bench)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    if args.repeat is None:
+    if args.repeat is None and args.target != "runtime":
         args.repeat = 7 if args.target == "plans" else 3
     if args.target == "plans":
         plans.main(repeat=args.repeat)
+        return 0
+    if args.target == "runtime":
+        from graphc.bench import runtime  # (loads numba, and jax when it is installed, only for this benchmark)
+
+        sections = tuple(args.only.split(",")) if args.only else runtime.SECTIONS
+        unknown = [s for s in sections if s not in runtime.SECTIONS]
+        if unknown:
+            raise GraphcError(f"--only: unknown section {unknown[0]!r}; sections: {', '.join(runtime.SECTIONS)}")
+        runtime.main(rounds=max(args.repeat, 5) if args.repeat is not None else 7, sections=sections)
         return 0
     if args.target == "kernels":
         from graphc.bench import kernels
@@ -74,6 +89,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from graphc.bench import fastmath
 
         fastmath.main(["--repeat", str(args.repeat)])
+        return 0
+    if args.target == "ps":
+        from graphc.bench import ps
+
+        ps.main(["--repeat", str(args.repeat)])
         return 0
     fn, fargs, fkwargs = load_target(args.target, args.example)
     label = f"{args.target} ({args.example or 'example_args'})"
