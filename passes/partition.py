@@ -36,11 +36,12 @@ from graphc.passes.sharding.ilp import Group, Solution, shrink_groups, solve
 from graphc.passes.sharding.plan import ShardingPlan, plan_from_solution
 from graphc.passes.sharding.problem import Problem, apply_ties, pin_nodes
 from graphc.passes.sharding.problem import build_problem as _items_and_edges
+from graphc.passes.sharding.remat import add_recompute, recompute_mode
 from graphc.programs import ParallelProgram
 
 PLAN_PASSES = ("fold_constants", "simplify", "cse", "dce")  # fusion runs per device, after lowering
 DEVICE_PASSES = ("cse", "dce", "fuse")
-PLANNER_VERSION = 8  # part of the plan cache key: bump when rules or costs change what a plan says
+PLANNER_VERSION = 9  # part of the plan cache key: bump when rules or costs change what a plan says
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,9 @@ class PlanOptions:
     linear_partials: bool = True  # partial sums (P) carried through the ops linear in them
     free_axes: bool = False  # ignore the axis roles (passes/sharding/roles.py): every axis may split anything
     bucket_bytes: int = DEFAULT_BUCKET_BYTES  # gradient buckets (passes/bucket.py); 0: none
+    # activation recomputation (passes/sharding/remat.py): "auto" (the solver chooses, under a
+    # memory limit: without one, recomputing only costs time), "on" (every candidate), "off"
+    recompute: str = "auto"
 
     def to_json(self) -> dict:
         return {
@@ -82,7 +86,13 @@ class PlanOptions:
             "linear_partials": self.linear_partials,
             "free_axes": self.free_axes,
             "bucket_bytes": self.bucket_bytes,
+            "recompute": self.recompute,
         }
+
+    def recompute_mode(self) -> str:
+        """What the problem gets: "auto" only under a memory limit ("off" without one)."""
+        mode = recompute_mode(self.recompute)
+        return "off" if mode == "auto" and self.memory_limit is None else mode
 
 
 # --- the steps ----------------------------------------------------------------------------------------
@@ -100,8 +110,10 @@ def build_problem(
     linear_partials: bool = True,
     free_axes: bool = False,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    recompute: str = "off",
 ) -> Problem:
-    """The sharding problem of ``graph`` on ``mesh`` with the pins and state ties applied."""
+    """The sharding problem of ``graph`` on ``mesh`` with the pins and state ties applied, and
+    recompute strategies for its candidates (``recompute``: "auto", "on" or "off")."""
     ties = list(ties or [])
     problem = _items_and_edges(
         graph, mesh, dict(pins.inputs), dict(pins.outputs), ties, linear_partials, free_axes, bucket_bytes
@@ -109,6 +121,7 @@ def build_problem(
     apply_ties(problem, ties)
     if pins.nodes:
         pin_nodes(problem, dict(pins.nodes))
+    add_recompute(problem, recompute)
     return problem
 
 
@@ -151,7 +164,16 @@ def plan_sharding(
     start = time.perf_counter()
     if deadline is None:
         deadline = start + options.time_limit_s
-    problem = build_problem(graph, mesh, pins, ties, options.linear_partials, options.free_axes, options.bucket_bytes)
+    problem = build_problem(
+        graph,
+        mesh,
+        pins,
+        ties,
+        options.linear_partials,
+        options.free_axes,
+        options.bucket_bytes,
+        options.recompute_mode(),
+    )
     build_s = time.perf_counter() - start
     budget = deadline - time.perf_counter() - 1.5 * build_s - 0.2
     solution = solve_problem(problem, options, progress, budget)
