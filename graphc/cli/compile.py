@@ -87,6 +87,15 @@ def add_parser(sub) -> None:
         action="store_true",
         help="ignore the axis roles (dp splits only batch dims, sp only sequence dims): any axis may split anything",
     )
+    p.add_argument(
+        "--recompute",
+        nargs="?",
+        const="on",
+        default="auto",
+        choices=("auto", "on", "off"),
+        help="activation recomputation: auto (default: the solver recomputes where a --memory limit needs it), "
+        "on (--recompute alone: every value that can be), off",
+    )
     p.add_argument("--no-shrink", action="store_true", help="one ILP variable per node (no tying / follower merging)")
     p.add_argument("--no-cache", action="store_true", help="do not read or write the plan cache")
     p.add_argument(
@@ -137,6 +146,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         microbatches=args.microbatches,
         schedule=args.schedule,
         free_axes=args.free_axes,
+        recompute=args.recompute,
     )
     if pf.pipelined:
         if pinned or args.explain:

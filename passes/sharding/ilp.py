@@ -715,6 +715,8 @@ def exhaustive(p: Problem, memory_limit: int | None = None) -> tuple[float, list
         choice = list(combo)
         if memory_limit is not None and p.peak_memory(choice)[0] > memory_limit:
             continue
+        if not p.recompute_allowed(choice):
+            continue
         t = p.evaluate(choice)["total_s"]
         if best is None or t < best[0] - 1e-15:
             best = (t, choice)

@@ -483,7 +483,7 @@ def _summary(p: ShardingPlan, top: int) -> str:
         + (f" of {fmt_bytes(m.limit_bytes)}" if m.limit_bytes else " (no limit)")
         + (f", at {m.peak_at}" if m.peak_at else "")
         + f"; with redistribution buffers {fmt_bytes(m.held[0])}",
-        *_recompute_lines(p),
+        *_recompute_lines(p, top),
         f"solver {s.name}: {s.status}, objective {fmt_time(s.objective_s)}, gap {s.gap:.2%}, "
         f"{s.seconds:.2f} s, {sizes.get('variables', '?')} variables / {sizes.get('constraints', '?')} constraints "
         f"(unshrunk {sizes.get('vars_unshrunk', '?')}; {sizes.get('items', '?')} items -> {sizes.get('groups', '?')} groups)",
@@ -504,15 +504,22 @@ def _summary(p: ShardingPlan, top: int) -> str:
     return "\n".join(lines)
 
 
-def _recompute_lines(p: ShardingPlan) -> list[str]:
-    again = [n for n in p.nodes if n.recompute]
+def _recompute_lines(p: ShardingPlan, top: int) -> list[str]:
+    again = sorted((n for n in p.nodes if n.recompute), key=lambda n: -n.recompute_saved_bytes)
     if not again:
         return []
-    return [
-        f"recomputed before the backward pass: {len(again)} nodes "
-        f"({', '.join(sorted({n.op for n in again}))}), saving {fmt_bytes(p.memory.recompute_saved_bytes)} "
-        "at the peak per device"
+    lines = [
+        f"recomputed before the backward pass: {len(again)} nodes, saving {fmt_bytes(p.memory.recompute_saved_bytes)} "
+        f"at the peak per device, for {fmt_time(sum(n.compute_s for n in again) / 2)} of compute"
     ]
+    for n in again[:top]:
+        lines.append(
+            f"  recompute {n.name:<8}{n.op:<12}{', '.join(n.types):<22} frees {fmt_bytes(n.recompute_saved_bytes):>11} "
+            f"from forward to backward, costs {fmt_time(n.compute_s / 2)}  {n.loc or ''}"
+        )
+    if len(again) > top:
+        lines.append(f'  ... and {len(again) - top} more ("recompute": true in the plan JSON)')
+    return lines
 
 
 def _mfu_lines(p: ShardingPlan) -> list[str]:

@@ -231,6 +231,12 @@ class Problem:
         """The items ``choice`` recomputes."""
         return [i for i in self.remat if self.items[i].strategies[choice[i]].recompute]
 
+    def recompute_allowed(self, choice: list[int]) -> bool:
+        """Whether every item ``choice`` recomputes can be: what it needs recomputed is, what it
+        needs kept is (the ILP's rows, passes/sharding/ilp.py ``_add_recompute_needs``)."""
+        again = set(self.recomputed(choice))
+        return all(set(self.remat[i].needs) <= again and not again & set(self.remat[i].conflicts) for i in again)
+
     def redistribution_buffers(self, choice: list[int]) -> list[tuple[int, int, int]]:
         """(bytes, first position, last position) of the buffers ``choice``'s redistributions
         make on each device: one per value and spec it is read in other than its own (the

@@ -134,7 +134,7 @@ class _Uses:
     def candidate(self, k: int, point: dict[int, int], found: dict[int, Candidate]) -> Candidate | None:
         """Node ``k`` as a candidate (``found``: the candidates before it), or None."""
         n = self.nodes[k]
-        views = [w for o in n.outputs for w in self.views_of.get(o, ())]
+        views = [w for o in n.outputs for w in self.views_of.get(o, ()) if self.forward(self.index[id(w.producer)])]
         if any(w in self.outputs or self.late(w) for w in views):
             return None  # a forward view of it is read later: the original stays alive
         needs: list[int] = []
