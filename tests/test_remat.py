@@ -3,6 +3,9 @@ only under a memory limit that needs it, cheap values first; the lowered program
 before the backward pass and free the originals; results equal the plan without recomputation."""
 
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -17,6 +20,7 @@ from graphc.passes.partition import PlanOptions, build_problem, optimize_for_pla
 from graphc.passes.sharding.ilp import exhaustive
 from graphc.passes.sharding.plan import ShardingPlan
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROFILE = MachineProfile.default()
 MESH = Mesh({"dp": 2}, profile=PROFILE)
 
@@ -224,3 +228,27 @@ def test_a_plan_with_recomputation_round_trips_through_json_and_runs_as_written(
     want = par(gpt.train_step, recompute=False, **GPT)(*GPT_ARGS, **GPT_KW)
     for a, b in zip(leaves(got), leaves(want)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_graphc_compile_recompute_flag_writes_the_marks_and_prints_them(tmp_path):
+    def compile_(*extra):
+        out = tmp_path / "plan.json"
+        env = dict(os.environ, GRAPHC_CACHE_DIR=str(tmp_path / "cache"))
+        target = ("models/gpt.py:train_step", "--example", "example_train_args", "--mesh", "dp=2", "-o", str(out))
+        res = subprocess.run(
+            [sys.executable, "-m", "graphc.cli", "compile", *target, "--quiet", *extra],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+        )
+        assert res.returncode == 0, res.stderr
+        return res.stdout, json.loads(out.read_text())
+
+    text, doc = compile_("--recompute")
+    assert doc["options"]["recompute"] == "on"
+    marked = [n for n in doc["nodes"] if n.get("recompute")]
+    assert marked and f"recomputed before the backward pass: {len(marked)} nodes" in text
+    text, doc = compile_("--recompute", "off")
+    assert not any(n.get("recompute") for n in doc["nodes"]) and "recomputed" not in text

@@ -806,8 +806,10 @@ def _alternatives(problem, choice, top: int = 3) -> dict[int, list[Alternative]]
         compute = problem.compute_times(i)
         delta = (compute + comm) - (compute[choice[i]] + comm[choice[i]])
         delta[choice[i]] = np.inf
-        best = np.argsort(delta, kind="stable")[: min(top, len(delta) - 1)]
         chosen = it.strategies[choice[i]]
+        if i in problem.remat:  # the other specs; keeping or recomputing is reported apart
+            delta[[st.recompute != chosen.recompute for st in it.strategies]] = np.inf
+        best = [s for s in np.argsort(delta, kind="stable")[:top] if np.isfinite(delta[s])]
         alts = []
         for s in best:
             st = it.strategies[s]
