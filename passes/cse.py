@@ -1,6 +1,9 @@
 """Common-subexpression elimination: a node equal to an earlier one (same op, same operands,
 equal attributes) is replaced by it; equal constants become one constant.
 
+A node tagged ``part="recompute"`` (passes/lower.py) is never replaced by an earlier equal one:
+it is there so that the earlier one can be freed.
+
 Assumes: a verified graph. Guarantees: same results (ops are pure and deterministic); the output
 verifies. Control-flow nodes are not merged with each other (their regions are compared by
 identity), but CSE runs inside their regions.
@@ -41,7 +44,7 @@ def cse_block(inputs: list[Value], nodes: list[Node], outputs: list[Value]) -> t
             continue
         key = node_key(node.op.name, rw.operands(node), node.attrs)
         earlier = seen.get(key)
-        if earlier is not None:
+        if earlier is not None and node.part != "recompute":  # a recomputed copy is meant to be one
             rw.replace(node, list(earlier.outputs))
             continue
         seen[key] = rw.keep(node)

@@ -35,7 +35,9 @@ from graphc.ops import get_op
 from graphc.passes.rewrite import Rewriter
 from graphc.passes.sharding.local import _owned_rows, local_attrs
 from graphc.passes.sharding.plan import ShardingPlan
+from graphc.passes.sharding.problem import view_roots
 from graphc.passes.sharding.redistribute import plan_steps, redistribution_time
+from graphc.passes.sharding.remat import candidates
 from graphc.passes.sharding.roles import update_nodes
 from graphc.passes.sharding.strategies import Strategy, get_rule
 from graphc.passes.sharding.zero import gradients
@@ -58,6 +60,7 @@ class _Emitter:
         self.part: str | None = None
         self.targets: dict[Value, set[tuple]] = {}  # global value -> the specs its readers want
         self.hubs: dict[Value, tuple] = {}
+        self.pieces: dict[Value, list[tuple]] = {}  # global value -> the specs it has in ``local``
 
     def emit_multi(self, opname: str, *inputs: Value, **attrs) -> tuple[Value, ...]:
         op = get_op(opname)
@@ -76,6 +79,17 @@ class _Emitter:
     def produced(self, v: Value, local: Value, spec: tuple) -> None:
         self.local[(v, spec)] = local
         self.spec[v] = spec
+        self.pieces.setdefault(v, []).append(spec)
+
+    def recompute(self, node: Node, st: Strategy) -> None:
+        """Emit ``node`` again (part "recompute"), and make every later reader of its results read
+        the new copy (redistributed again if they want another spec): the original is then dead
+        after its last forward reader."""
+        for o in node.outputs:
+            for spec in self.pieces.pop(o, ()):
+                self.local.pop((o, spec), None)
+            self.hubs.pop(o, None)
+        self.node(node, st, part="recompute")
 
     def get(self, v: Value, spec: tuple) -> Value:
         """The device's piece of ``v`` in ``spec``, redistributing if needed (each target once),
@@ -92,6 +106,7 @@ class _Emitter:
         for step in plan_steps(v.type.shape, v.type.dtype.itemsize, src, spec, self.mesh):
             x = self._step(x, step)
         self.local[(v, spec)] = x
+        self.pieces.setdefault(v, []).append(spec)
         return x
 
     def hub(self, v: Value, src: tuple) -> tuple:
@@ -163,8 +178,8 @@ class _Emitter:
         raise AssertionError(step.kind)  # pragma: no cover
 
     # --- one node of the graph ----------------------------------------------------------------
-    def node(self, node: Node, st: Strategy) -> None:
-        self.loc, self.part = node.loc, node.part
+    def node(self, node: Node, st: Strategy, part: str | None = None) -> None:
+        self.loc, self.part = node.loc, part or node.part
         ins = [self.get(v, s) for v, s in zip(node.inputs, st.in_specs)]
         name = node.op.name
         if name == "sharding":  # the constraint is honoured by the specs; the op itself is the identity
@@ -172,7 +187,7 @@ class _Emitter:
             return
         if node.regions:  # control flow runs replicated (no finer rule): whole operands, global regions
             types = [o.type for o in node.outputs]
-            new = Node(node.op, ins, node.attrs, types, node.loc, node.part, [clone_region(r) for r in node.regions])
+            new = Node(node.op, ins, node.attrs, types, node.loc, self.part, [clone_region(r) for r in node.regions])
             self.nodes.append(new)
             outs = new.outputs
         elif name in ("gather", "scatter_add") and self._masked_split(node, st):
@@ -246,6 +261,20 @@ def _strategies(graph: Graph, plan: ShardingPlan) -> tuple[list[tuple], list[Str
     return ins, nodes, outs
 
 
+def _recompute_points(graph: Graph, plan: ShardingPlan) -> dict[int, list[int]]:
+    """{node index: the recomputed nodes to emit again right before it, in graph order}."""
+    again = sorted(n.index for n in plan.nodes if n.recompute)
+    if not again:
+        return {}
+    found = candidates(graph, view_roots(graph))
+    at: dict[int, list[int]] = {}
+    for k in again:
+        if k not in found:
+            raise GraphcError(f"the plan recomputes node {k} ({graph.nodes[k].op.name}), which cannot be recomputed")
+        at.setdefault(found[k].point, []).append(k)
+    return at
+
+
 def lower_graph(graph: Graph, plan: ShardingPlan) -> ParallelProgram:
     """One program per device of the plan's mesh for ``graph`` partitioned by ``plan``."""
     mesh = plan.mesh
@@ -258,6 +287,7 @@ def lower_graph(graph: Graph, plan: ShardingPlan) -> ParallelProgram:
     for v, sp in zip(graph.outputs, out_specs):
         targets.setdefault(v, set()).add(sp)
     grads = gradients(graph, update_nodes(graph)) if any(r == "data" for r in mesh.roles.values()) else set()
+    again = _recompute_points(graph, plan)
     programs = []
     for device in mesh.devices():
         em = _Emitter(graph, mesh, device)
@@ -268,6 +298,9 @@ def lower_graph(graph: Graph, plan: ShardingPlan) -> ParallelProgram:
             em.produced(v, local, s)
         origin: list[int] = []
         for k, (node, st) in enumerate(zip(graph.nodes, strategies)):
+            for j in again.get(k, ()):  # recomputed right before their first backward reader
+                em.recompute(graph.nodes[j], strategies[j])
+                origin += [j] * (len(em.nodes) - len(origin))
             em.node(node, st)
             for o in node.outputs:
                 if o in grads:

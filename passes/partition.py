@@ -36,6 +36,7 @@ from graphc.passes.sharding.ilp import Group, Solution, shrink_groups, solve
 from graphc.passes.sharding.plan import ShardingPlan, plan_from_solution
 from graphc.passes.sharding.problem import Problem, apply_ties, pin_nodes
 from graphc.passes.sharding.problem import build_problem as _items_and_edges
+from graphc.passes.sharding.remat import add_recompute, recompute_mode
 from graphc.passes.sharding.zero import restrict_zero
 from graphc.programs import ParallelProgram
 
@@ -76,6 +77,9 @@ class PlanOptions:
     # ZeRO along data axes (passes/sharding/zero.py): 0 off, None the solver picks each
     # parameter's stage, 1-3 that stage forced. graphc.parallelize and graphc compile default to None
     zero: int | None = 0
+    # activation recomputation (passes/sharding/remat.py): "auto" (the solver chooses, under a
+    # memory limit: without one, recomputing only costs time), "on" (every candidate), "off"
+    recompute: str = "auto"
 
     def to_json(self) -> dict:
         return {
@@ -87,7 +91,13 @@ class PlanOptions:
             "free_axes": self.free_axes,
             "bucket_bytes": self.bucket_bytes,
             "zero": self.zero,
+            "recompute": self.recompute,
         }
+
+    def recompute_mode(self) -> str:
+        """What the problem gets: "auto" only under a memory limit ("off" without one)."""
+        mode = recompute_mode(self.recompute)
+        return "off" if mode == "auto" and self.memory_limit is None else mode
 
 
 # --- the steps ----------------------------------------------------------------------------------------
@@ -106,9 +116,11 @@ def build_problem(
     free_axes: bool = False,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     zero: int | None = 0,
+    recompute: str = "off",
 ) -> Problem:
     """The sharding problem of ``graph`` on ``mesh`` with the pins, a forced ZeRO stage and the
-    state ties applied."""
+    state ties applied, and recompute strategies for its candidates (``recompute``: "auto", "on"
+    or "off")."""
     ties = list(ties or [])
     problem = _items_and_edges(
         graph, mesh, dict(pins.inputs), dict(pins.outputs), ties, linear_partials, free_axes, bucket_bytes, zero
@@ -117,6 +129,7 @@ def build_problem(
     apply_ties(problem, ties)
     if pins.nodes:
         pin_nodes(problem, dict(pins.nodes))
+    add_recompute(problem, recompute)
     return problem
 
 
@@ -160,7 +173,15 @@ def plan_sharding(
     if deadline is None:
         deadline = start + options.time_limit_s
     problem = build_problem(
-        graph, mesh, pins, ties, options.linear_partials, options.free_axes, options.bucket_bytes, options.zero
+        graph,
+        mesh,
+        pins,
+        ties,
+        options.linear_partials,
+        options.free_axes,
+        options.bucket_bytes,
+        options.zero,
+        options.recompute_mode(),
     )
     build_s = time.perf_counter() - start
     budget = deadline - time.perf_counter() - 1.5 * build_s - 0.2

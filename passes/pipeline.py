@@ -601,7 +601,11 @@ def plan_pipeline(
     if sub.size > 1:
         sub_ties = state_ties(graph) if ties is None else ties
         sub_plan = plan_sharding(
-            g0, sub, ties=sub_ties, options=PlanOptions(memory_limit=memory_limit, time_limit_s=time_limit_s)
+            g0,
+            sub,
+            ties=sub_ties,
+            # a stage's tasks are cut from its lowered program by part: no recomputed copies there
+            options=PlanOptions(memory_limit=memory_limit, time_limit_s=time_limit_s, recompute="off"),
         )
     stage_s = _stage_times(a, sub_plan)
     transfer = _transfer_time(g0, a, mesh.links[pp], sub.size)

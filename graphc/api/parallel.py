@@ -64,6 +64,7 @@ from graphc.passes.partition import (
 from graphc.passes.pipeline import PipelinePlan, pipe_axis, plan_pipeline
 from graphc.passes.pipeline_lower import lower_pipeline
 from graphc.passes.sharding.plan import ShardingPlan, graph_hash
+from graphc.passes.sharding.remat import recompute_mode
 from graphc.passes.sharding.zero import check_stage
 from graphc.runtime.devices import ParallelExecutable, ShardedArray, ShardedInput
 from graphc.runtime.mpi_world import DEFAULT_TIMEOUT_S, join_world
@@ -158,6 +159,7 @@ class Parallelized:
         backend: str = "threads",
         plan: ShardingPlan | PipelinePlan | None = None,
         zero: int | None = None,
+        recompute: bool | str = "auto",
     ):
         if backend not in BACKENDS:
             raise GraphcError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
@@ -172,6 +174,10 @@ class Parallelized:
         self._one_device = Jitted(fn, tuple(static_argnames))  # a 1-device mesh runs like graphc.jit
         self._lock = threading.Lock()
         functools.update_wrapper(self, fn)
+        try:
+            mode = recompute_mode(recompute)
+        except ValueError as exc:
+            raise GraphcError(str(exc)) from None
         self.mesh = as_mesh(mesh) if profile is None else Mesh(as_mesh(mesh), profile=get_profile(profile))
         # a plan given is run exactly as written: made for this mesh (and, checked on the first
         # call, for the traced graph); nothing is solved
@@ -179,6 +185,8 @@ class Parallelized:
         if plan is not None:
             check_plan_mesh(plan, self.mesh)
             microbatches, schedule = _pipeline_options(plan, microbatches, schedule)
+        if mode == "on" and pipe_axis(self.mesh) is not None:
+            raise GraphcError(f"recompute=True: pipelines do not recompute (mesh {self.mesh} has a pp axis)")
         self.memory_limit = parse_bytes(memory_limit)
         self.in_specs = in_specs
         self.out_specs = out_specs
@@ -188,6 +196,7 @@ class Parallelized:
             shrink=shrink,
             free_axes=free_axes,
             zero=check_stage(zero),
+            recompute=mode,
         )
         self.cache = PlanCache(cache_dir("plans")) if cache else None
         self.backend = backend
@@ -511,6 +520,7 @@ def parallelize(
     backend: str = "threads",
     plan: ShardingPlan | PipelinePlan | None = None,
     zero: int | None = None,
+    recompute: bool | str = "auto",
 ):
     """Decorator or function: ``graphc.parallelize(fn, mesh={"dp": 2, "tp": 4})``. A mesh with a
     ``pp`` axis (``{"pp": 2, "dp": 2, "tp": 2}``) runs the step as a pipeline of ``microbatches``
@@ -548,6 +558,12 @@ def parallelize(
     mismatch is a ``PlanError`` naming both. A pipeline plan brings its micro-batch count and
     schedule. (Re-solving around a hand-edited plan's pins is ``graphc compile --resolve-pins``.)
 
+    ``recompute``: activation recomputation (passes/sharding/remat.py). ``"auto"``: under a
+    ``memory_limit`` the solver recomputes forward values in the backward pass where that is the
+    cheapest way to fit (without a limit it only costs time, so nothing is); ``True``: every
+    value that can be recomputed is (``remat.forced``); ``False``: none. The plan marks each
+    recomputed node (``"recompute": true``). Pipelines (a ``pp`` axis) do not recompute.
+
     Python ``float`` arguments not in ``static_argnames`` are traced as weakly typed values, as in
     ``graphc.jit``: a new learning rate runs the same compiled step and plan."""
     if isinstance(static_argnames, str):
@@ -573,6 +589,7 @@ def parallelize(
             backend,
             plan,
             zero=zero,
+            recompute=recompute,
         )
 
     return wrap if fn is None else wrap(fn)

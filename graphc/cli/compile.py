@@ -94,6 +94,15 @@ def add_parser(sub) -> None:
         help="ZeRO stage of the training state along the data axes: 1 shards the optimizer state, 2 the "
         "gradients too, 3 the parameters too; 0 none; auto (default): the solver picks per parameter",
     )
+    p.add_argument(
+        "--recompute",
+        nargs="?",
+        const="on",
+        default="auto",
+        choices=("auto", "on", "off"),
+        help="activation recomputation: auto (default: the solver recomputes where a --memory limit needs it), "
+        "on (--recompute alone: every value that can be), off",
+    )
     p.add_argument("--no-shrink", action="store_true", help="one ILP variable per node (no tying / follower merging)")
     p.add_argument("--no-cache", action="store_true", help="do not read or write the plan cache")
     p.add_argument(
@@ -145,6 +154,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         schedule=args.schedule,
         free_axes=args.free_axes,
         zero=None if args.zero == "auto" else int(args.zero),
+        recompute=args.recompute,
     )
     if pf.pipelined:
         if pinned or args.explain:

@@ -184,7 +184,7 @@ def freeze_attr(v: Any) -> Any:
     return v
 
 
-PARTS = ("forward", "backward", "update")
+PARTS = ("forward", "backward", "update", "recompute")  # recompute: a forward node run again (passes/lower.py)
 
 
 class Node:

@@ -101,7 +101,7 @@ def _item_label(it: Item, intern: _Interner, strategy_labels: dict) -> int:
     if hit is None or hit[0] is not it.strategies:
         hit = strategy_labels[id(it.strategies)] = (
             it.strategies,
-            intern(tuple((s.in_specs, s.out_specs) for s in it.strategies)),
+            intern(tuple((s.in_specs, s.out_specs, s.recompute) for s in it.strategies)),
         )
     strat = hit[1]
     if it.kind == "node":
@@ -475,6 +475,7 @@ class _Model:
         for (gu, gv), mat in sorted(pair.items()):
             self._add_pair(gu, gv, mat)
         self._add_ties()
+        self._add_recompute_needs()
 
     def _add_pair(self, gu: int, gv: int, mat: np.ndarray) -> None:
         m = self.milp
@@ -513,6 +514,34 @@ class _Model:
                     continue  # both sides fixed (single-strategy groups aligned by _tie)
                 m = self.milp
                 m.add_row(list(coef), list(coef.values()), -const, -const)
+
+    def _add_recompute_needs(self) -> None:
+        """A recomputed item whose operand is dead by its recompute point needs that operand's
+        producer recomputed too (passes/sharding/remat.py): ``r[item] - r[need] <= 0``; one whose
+        operand is recomputed only after its point needs it kept: ``r[item] + r[other] <= 1``.
+        One row per distinct pair of groups (tied layers give the same row)."""
+        p, done = self.p, set()
+        pairs = [(i, j, -1.0, 0.0) for i, rr in p.remat.items() for j in rr.needs]
+        pairs += [(i, j, 1.0, 1.0) for i, rr in p.remat.items() for j in rr.conflicts]
+        for i, j, other, bound in pairs:
+            coef: dict[int, float] = {}
+            const = 0.0
+            for item, sign in ((i, 1.0), (j, other)):
+                g, m, sts = self.of[item], self.maps[item], p.items[item].strategies
+                xs = self.x[g]
+                for s in range(self.groups[g].size):
+                    if not sts[int(m[s])].recompute:
+                        continue
+                    if xs is None:
+                        const += sign
+                    else:
+                        coef[int(xs[s])] = coef.get(int(xs[s]), 0.0) + sign
+            coef = {c: v for c, v in coef.items() if v}
+            key = (tuple(sorted(coef.items())), bound - const)
+            if key in done or (not coef and const <= bound):
+                continue
+            done.add(key)
+            self.milp.add_row(list(coef), list(coef.values()), -np.inf, bound - const)
 
     def point(self, choice: list[int]) -> np.ndarray:
         """The column values of a per-group choice."""
@@ -598,12 +627,18 @@ class _Model:
             self._live = self.p.live_ranges()
         const = 0.0
         coef: dict[tuple[int, int], float] = {}
+        remat = self.p.remat
         for v, i, a, b in self._live:
-            if not a <= at <= b:
+            if i not in remat and not a <= at <= b:
                 continue
             g = self.of[i]
             m = self.maps[i]
             sizes = [self.p.value_bytes(v, i, int(s)) for s in m]
+            if i in remat:  # kept or recomputed, by strategy: live over different ranges
+                ranges = [self.p.ranges_under(v, i, int(s), a, b) for s in m]
+                sizes = [nb if any(x <= at <= y for x, y in r) else 0 for nb, r in zip(sizes, ranges)]
+                if not any(sizes):
+                    continue
             if self.groups[g].size == 1:
                 const += sizes[0]
                 continue
@@ -688,6 +723,8 @@ def exhaustive(p: Problem, memory_limit: int | None = None) -> tuple[float, list
     for combo in itertools.product(*(range(len(it.strategies)) for it in p.items)):
         choice = list(combo)
         if memory_limit is not None and p.peak_memory(choice)[0] > memory_limit:
+            continue
+        if not p.recompute_allowed(choice):
             continue
         t = p.evaluate(choice)["total_s"]
         if best is None or t < best[0] - 1e-15:

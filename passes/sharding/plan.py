@@ -109,6 +109,10 @@ class NodeChoice:
     pinned: bool = False
     warning: str | None = None
     alternatives: tuple[Alternative, ...] = ()
+    # recomputed before the backward pass instead of kept (passes/sharding/remat.py); the bytes
+    # of its results each device no longer holds from the forward to the backward pass
+    recompute: bool = False
+    recompute_saved_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -160,6 +164,7 @@ class Memory:
     peak_bytes: tuple[int, ...]  # one per device
     peak_at: str | None
     held_bytes: tuple[int, ...] = ()  # one per device; () in plans written before it: peak_bytes
+    recompute_saved_bytes: int = 0  # the peak with every recomputed value kept, minus peak_bytes
 
     @property
     def held(self) -> tuple[int, ...]:
@@ -335,6 +340,7 @@ def _node_doc(n: NodeChoice) -> dict:
         "pinned": n.pinned,
         "warning": n.warning,
         "alternatives": [_alt_doc(a) for a in n.alternatives],
+        **({"recompute": True, "recompute_saved_bytes": n.recompute_saved_bytes} if n.recompute else {}),
     }
 
 
@@ -353,6 +359,8 @@ def _node_from(d: dict, n_axes: int) -> NodeChoice:
         bool(d.get("pinned")),
         d.get("warning"),
         tuple(_alt_from(a, n_axes) for a in d.get("alternatives", ())),
+        bool(d.get("recompute", False)),
+        d.get("recompute_saved_bytes", 0),
     )
 
 
@@ -409,6 +417,7 @@ def _plan_doc(p: ShardingPlan) -> dict:
             "peak_bytes": list(p.memory.peak_bytes),
             "peak_at": p.memory.peak_at,
             "held_bytes": list(p.memory.held),
+            "recompute_saved_bytes": p.memory.recompute_saved_bytes,
         },
         "solver": {
             "name": s.name,
@@ -444,7 +453,13 @@ def _plan_from_doc(doc: dict) -> ShardingPlan:
         nodes=tuple(_node_from(d, n) for d in doc["nodes"]),
         collectives=tuple(_collective_from(d, n) for d in doc["collectives"]),
         cost=Cost(**doc["cost"]),
-        memory=Memory(m["limit_bytes"], tuple(m["peak_bytes"]), m.get("peak_at"), tuple(m.get("held_bytes", ()))),
+        memory=Memory(
+            m["limit_bytes"],
+            tuple(m["peak_bytes"]),
+            m.get("peak_at"),
+            tuple(m.get("held_bytes", ())),
+            m.get("recompute_saved_bytes", 0),
+        ),
         solver=SolverStats(
             s["name"],
             s["status"],
@@ -477,6 +492,7 @@ def _summary(p: ShardingPlan, top: int) -> str:
         + (f" of {fmt_bytes(m.limit_bytes)}" if m.limit_bytes else " (no limit)")
         + (f", at {m.peak_at}" if m.peak_at else "")
         + f"; with redistribution buffers {fmt_bytes(m.held[0])}",
+        *_recompute_lines(p, top),
         f"solver {s.name}: {s.status}, objective {fmt_time(s.objective_s)}, gap {s.gap:.2%}, "
         f"{s.seconds:.2f} s, {sizes.get('variables', '?')} variables / {sizes.get('constraints', '?')} constraints "
         f"(unshrunk {sizes.get('vars_unshrunk', '?')}; {sizes.get('items', '?')} items -> {sizes.get('groups', '?')} groups)",
@@ -515,6 +531,24 @@ def _zero_lines(p: ShardingPlan, top: int) -> list[str]:
     ]
     for x in sorted(staged, key=lambda x: -x.zero_saved_bytes)[:top]:
         lines.append(f"  {x.name:<28} stage {x.zero}  {format_spec(x.spec):<12} saves {fmt_bytes(x.zero_saved_bytes)}")
+    return lines
+
+
+def _recompute_lines(p: ShardingPlan, top: int) -> list[str]:
+    again = sorted((n for n in p.nodes if n.recompute), key=lambda n: -n.recompute_saved_bytes)
+    if not again:
+        return []
+    lines = [
+        f"recomputed before the backward pass: {len(again)} nodes, saving {fmt_bytes(p.memory.recompute_saved_bytes)} "
+        f"at the peak per device, for {fmt_time(sum(n.compute_s for n in again) / 2)} of compute"
+    ]
+    for n in again[:top]:
+        lines.append(
+            f"  recompute {n.name:<8}{n.op:<12}{', '.join(n.types):<22} frees {fmt_bytes(n.recompute_saved_bytes):>11} "
+            f"from forward to backward, costs {fmt_time(n.compute_s / 2)}  {n.loc or ''}"
+        )
+    if len(again) > top:
+        lines.append(f'  ... and {len(again) - top} more ("recompute": true in the plan JSON)')
     return lines
 
 
@@ -588,6 +622,11 @@ def _explain_node(n: NodeChoice) -> str:
         f"out {', '.join(_specs(n.out_specs))}, in {', '.join(_specs(n.in_specs))}, compute {fmt_time(n.compute_s)}"
         + (" (pinned)" if n.pinned else "")
     ]
+    if n.recompute:
+        lines.append(
+            f"  recomputed before the backward pass (compute counted twice): each device frees "
+            f"{fmt_bytes(n.recompute_saved_bytes)} of its results from the forward to the backward pass"
+        )
     if n.warning:
         lines.append(f"  warning: {n.warning}")
     if not n.alternatives:
@@ -611,6 +650,7 @@ def plan_from_solution(problem, sol, memory_limit: int | None, build_s: float, o
     choice = sol.choice
     alternatives = _alternatives(problem, choice)
     zero = zero_report(problem, choice)
+    recomputed = set(problem.recomputed(choice))
     inputs, outputs, nodes = [], [], []
     for i, it in enumerate(problem.items):
         st = it.strategies[choice[i]]
@@ -648,6 +688,8 @@ def plan_from_solution(problem, sol, memory_limit: int | None, build_s: float, o
                     bool(it.pinned),
                     it.warning,
                     alts,
+                    i in recomputed,
+                    sum(problem.value_bytes(o, i, choice[i]) for o in n.outputs) if i in recomputed else 0,
                 )
             )
     ev = problem.evaluate(choice)
@@ -680,6 +722,7 @@ def plan_from_solution(problem, sol, memory_limit: int | None, build_s: float, o
             (peak,) * problem.mesh.size,
             _item_name(at_item, names) if at_item else None,
             (problem.held_peak(choice),) * problem.mesh.size,
+            int(problem.memory_profile(choice, recompute=False).max()) - peak if recomputed else 0,
         ),
         solver=solver,
         options=dict(options),
@@ -803,8 +846,10 @@ def _alternatives(problem, choice, top: int = 3) -> dict[int, list[Alternative]]
         compute = problem.compute_times(i)
         delta = (compute + comm) - (compute[choice[i]] + comm[choice[i]])
         delta[choice[i]] = np.inf
-        best = np.argsort(delta, kind="stable")[: min(top, len(delta) - 1)]
         chosen = it.strategies[choice[i]]
+        if i in problem.remat:  # the other specs; keeping or recomputing is reported apart
+            delta[[st.recompute != chosen.recompute for st in it.strategies]] = np.inf
+        best = [s for s in np.argsort(delta, kind="stable")[:top] if np.isfinite(delta[s])]
         alts = []
         for s in best:
             st = it.strategies[s]

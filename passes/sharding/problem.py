@@ -97,6 +97,8 @@ class Problem:
     _edge_cache: dict = field(default_factory=dict, repr=False)
     _live: list | None = field(default=None, repr=False)
     _transients: list | None = field(default=None, repr=False)
+    # items that may be recomputed (passes/sharding/remat.py): item -> its ranges when recomputed
+    remat: dict = field(default_factory=dict)
 
     # --- costs -----------------------------------------------------------------------------
     def edge_time(self, e: Edge, s_src: int, s_dst: int) -> float:
@@ -264,16 +266,36 @@ class Problem:
             self._transients = out
         return self._transients
 
-    def memory_profile(self, choice: list[int]) -> np.ndarray:
+    def memory_profile(self, choice: list[int], recompute: bool = True) -> np.ndarray:
+        """Bytes live on each device at every program point; ``recompute=False``: as if every
+        recomputed value were kept instead."""
         delta = np.zeros(len(self.order) + 1, dtype=np.float64)
         for v, i, a, b in self.live_ranges():
             nb = self.value_bytes(v, i, choice[i])
-            delta[a] += nb
-            delta[b + 1] -= nb
+            for first, last in self.ranges_under(v, i, choice[i], a, b) if recompute else ((a, b),):
+                delta[first] += nb
+                delta[last + 1] -= nb
         for i, at, sizes in self.transient_terms():
             delta[at] += sizes[choice[i]]
             delta[at + 1] -= sizes[choice[i]]
         return np.cumsum(delta[:-1])
+
+    def ranges_under(self, v: Value, item: int, s: int, a: int, b: int) -> tuple[tuple[int, int], ...]:
+        """The live ranges of ``v`` (kept: ``(a, b)``) when ``item`` has strategy ``s``: two when
+        the strategy recomputes it (passes/sharding/remat.py)."""
+        if item in self.remat and self.items[item].strategies[s].recompute:
+            return self.remat[item].ranges[v]
+        return ((a, b),)
+
+    def recomputed(self, choice: list[int]) -> list[int]:
+        """The items ``choice`` recomputes."""
+        return [i for i in self.remat if self.items[i].strategies[choice[i]].recompute]
+
+    def recompute_allowed(self, choice: list[int]) -> bool:
+        """Whether every item ``choice`` recomputes can be: what it needs recomputed is, what it
+        needs kept is (the ILP's rows, passes/sharding/ilp.py ``_add_recompute_needs``)."""
+        again = set(self.recomputed(choice))
+        return all(set(self.remat[i].needs) <= again and not again & set(self.remat[i].conflicts) for i in again)
 
     def redistribution_buffers(self, choice: list[int]) -> list[tuple[int, int, int]]:
         """(bytes, first position, last position) of the buffers ``choice``'s redistributions
