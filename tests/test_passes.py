@@ -138,7 +138,10 @@ def test_unknown_pass_is_an_error():
     from graphc.models import mlp
 
     args, _ = mlp.example_args(batch=4, sizes=(5, 4, 3))
-    with pytest.raises(graphc.GraphcError, match="unknown pass 'nope'; passes: fold_constants, simplify, cse, batch_projections, batch_products, dce"):
+    with pytest.raises(
+        graphc.GraphcError,
+        match="unknown pass 'nope'; passes: fold_constants, simplify, cse, batch_projections, batch_products, dce",
+    ):
         graphc.optimize(graphc.trace(mlp.mlp, *args), passes=["nope"])
 
 
