@@ -29,7 +29,7 @@ from graphc.core.spec import format_spec, local_shape
 from graphc.ops import get_op
 from graphc.passes.sharding.local import _owned_rows, local_attrs
 from graphc.passes.sharding.plan import ShardingPlan
-from graphc.passes.sharding.redistribute import plan_steps, redistribution_time
+from graphc.passes.sharding.redistribute import plan_steps, read_phase, redistribution_time
 from graphc.passes.sharding.strategies import Strategy, get_rule
 from graphc.programs import DeviceProgram, ParallelProgram
 
@@ -44,12 +44,12 @@ class _Emitter:
         self.mesh_shape = tuple(mesh.shape)
         self.nodes: list[Node] = []
         self.inputs: list[Value] = []
-        self.local: dict[tuple[Value, tuple], Value] = {}  # (global value, spec) -> local value
+        self.local: dict[tuple, Value] = {}  # (global value, spec[, read phase]) -> local value
         self.spec: dict[Value, tuple] = {}  # global value -> spec of its produced piece
         self.loc: SourceLoc | None = None  # of the node being lowered: every op emitted for it keeps it
         self.part: str | None = None
-        self.targets: dict[Value, set[tuple]] = {}  # global value -> the specs its readers want
-        self.hubs: dict[Value, tuple] = {}
+        self.targets: dict[tuple[Value, str], set[tuple]] = {}  # (global value, read phase) -> reader specs
+        self.hubs: dict[tuple[Value, str], tuple] = {}
 
     def emit_multi(self, opname: str, *inputs: Value, **attrs) -> tuple[Value, ...]:
         op = get_op(opname)
@@ -70,30 +70,35 @@ class _Emitter:
         self.spec[v] = spec
 
     def get(self, v: Value, spec: tuple) -> Value:
-        """The device's piece of ``v`` in ``spec``, redistributing if needed (each target once),
+        """The device's piece of ``v`` in ``spec``, redistributing if needed (each target once per
+        read phase: a forward value's backward readers redistribute it again, ``read_phase``),
         through the value's hub spec when its readers want it in several (``hub``)."""
-        hit = self.local.get((v, spec))
+        src = self.spec[v]
+        if spec == src:
+            return self.local[(v, src)]
+        phase = read_phase(v.producer.part if v.producer is not None else None, self.part)
+        hit = self.local.get((v, spec, phase))
         if hit is not None:
             return hit
-        src = self.spec[v]
-        via = self.hub(v, src)
+        via = self.hub(v, src, phase)
         if via not in (src, spec):
             x, src = self.get(v, via), via
         else:
             x = self.local[(v, src)]
         for step in plan_steps(v.type.shape, v.type.dtype.itemsize, src, spec, self.mesh):
             x = self._step(x, step)
-        self.local[(v, spec)] = x
+        self.local[(v, spec, phase)] = x
         return x
 
-    def hub(self, v: Value, src: tuple) -> tuple:
-        """The spec a value read in several specs is redistributed to once, the readers then
-        redistributing from there: the cheapest such spec, as the planner's fan-out item
-        (passes/sharding/problem.py) prices it. ``src`` when there is one reader spec."""
-        hit = self.hubs.get(v)
+    def hub(self, v: Value, src: tuple, phase: str) -> tuple:
+        """The spec a value read in several specs (in one read phase) is redistributed to once,
+        the readers then redistributing from there: the cheapest such spec, as the planner's
+        fan-out item (passes/sharding/problem.py) prices it. ``src`` when there is one reader
+        spec."""
+        hit = self.hubs.get((v, phase))
         if hit is not None:
             return hit
-        wants = sorted(self.targets.get(v, set()) - {src}, key=format_spec)
+        wants = sorted(self.targets.get((v, phase), set()) - {src}, key=format_spec)
         best = src
         if len(wants) > 1:
             shape, size = v.type.shape, v.type.dtype.itemsize
@@ -103,7 +108,7 @@ class _Emitter:
                 return first + sum(redistribution_time(shape, size, h, t, self.mesh) for t in wants if t != h)
 
             best = min([src, *wants], key=cost)
-        self.hubs[v] = best
+        self.hubs[(v, phase)] = best
         return best
 
     def _step(self, x: Value, step) -> Value:
@@ -225,12 +230,13 @@ def lower_graph(graph: Graph, plan: ShardingPlan) -> ParallelProgram:
     mesh = plan.mesh
     in_specs, strategies, out_specs = _strategies(graph, plan)
     names = graph.value_names()
-    targets: dict[Value, set[tuple]] = {}  # the specs every value is read in
+    targets: dict[tuple[Value, str], set[tuple]] = {}  # the specs every value is read in, per read phase
     for node, st in zip(graph.nodes, strategies):
         for v, sp in zip(node.inputs, st.in_specs):
-            targets.setdefault(v, set()).add(sp)
+            phase = read_phase(v.producer.part if v.producer is not None else None, node.part)
+            targets.setdefault((v, phase), set()).add(sp)
     for v, sp in zip(graph.outputs, out_specs):
-        targets.setdefault(v, set()).add(sp)
+        targets.setdefault((v, ""), set()).add(sp)
     programs = []
     for device in mesh.devices():
         em = _Emitter(graph, mesh, device)

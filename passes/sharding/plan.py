@@ -684,8 +684,9 @@ def step_flops(graph: Graph) -> tuple[dict[str, float], dict[str, float]]:
 
 def collectives_of(problem, choice: list[int]) -> list[Collective]:
     """The redistributions the plan needs, in program order. A tensor that several consumers need
-    in the same spec is redistributed once (the ILP's objective counts every edge, so it is an
-    upper bound of the plan's communication time)."""
+    in the same spec is redistributed once, and once more for the later parts' readers of a
+    forward value (``read_phase``; the ILP's objective counts every edge, so it is an upper bound
+    of the plan's communication time)."""
     names = problem.graph.value_names()
     out = []
     done: set = set()
@@ -696,9 +697,9 @@ def collectives_of(problem, choice: list[int]) -> list[Collective]:
     for e in problem.edges:
         src = problem.items[e.src].strategies[choice[e.src]].out_specs[e.src_out]
         dst = problem.items[e.dst].strategies[choice[e.dst]].in_specs[e.dst_in]
-        if src == dst or (id(e.value), dst) in done:
+        if src == dst or (id(e.value), dst, e.phase) in done:
             continue
-        done.add((id(e.value), dst))
+        done.add((id(e.value), dst, e.phase))
         t = e.value.type
         consumer = problem.items[reader.get(e.dst, e.dst)]  # a fan-out reports its first reader
         is_node = consumer.kind == "node"

@@ -31,7 +31,7 @@ from graphc.core.spec import P, SpecError, format_spec, local_shape, parse_spec
 from graphc.ops.dims import DimRule
 from graphc.passes.bucket import DEFAULT_BUCKET_BYTES
 from graphc.passes.sharding.fusion import fused_values, saved_bytes
-from graphc.passes.sharding.redistribute import bucketed_time, plan_steps, redistribution_time
+from graphc.passes.sharding.redistribute import bucketed_time, plan_steps, read_phase, redistribution_time
 from graphc.passes.sharding.roles import AxisRoles, axis_roles
 from graphc.passes.sharding.strategies import (
     Strategy,
@@ -62,6 +62,7 @@ class Edge:
     dst_in: int
     value: Value
     deferred: bool = False  # an all-reduce here can wait for the update: it joins a gradient bucket
+    phase: str = ""  # which redistributed copy the reader shares (redistribute.read_phase)
 
 
 @dataclass
@@ -217,31 +218,33 @@ class Problem:
 
     def redistribution_buffers(self, choice: list[int]) -> list[tuple[int, int, int]]:
         """(bytes, first position, last position) of the buffers ``choice``'s redistributions
-        make on each device: one per value and spec it is read in other than its own (the
-        lowering redistributes once, at the first reader, passes/lower.py), from that reader to
-        the last one (a collective's result, a local slice's copy; a deferred all-reduce's
-        result, which the gradient bucket holds as well, passes/bucket.py)."""
+        make on each device: one per value, spec it is read in other than its own, and read
+        phase (a forward value's later readers redistribute it again, ``read_phase``), from the
+        first reader that needs it to the last (the lowering redistributes at the first reader,
+        passes/lower.py; a fan-out's at its first consumer): a collective's result, a local
+        slice's copy, a deferred all-reduce's result, which the gradient bucket holds as well
+        (passes/bucket.py)."""
         pos = {item: p for p, item in enumerate(self.order)}
         spans: dict[tuple, list[int]] = {}
         mesh_shape = tuple(self.mesh.shape)
-        hub_reads: list[tuple[Value, tuple, int]] = []  # a fan-out's spec is read by each of its consumers
+        hub_reads: list[tuple[tuple, int]] = []  # a fan-out's spec is read by each of its consumers
         for e in self.edges:
             src = self.items[e.src].strategies[choice[e.src]].out_specs[e.src_out]
             dst = self.items[e.dst].strategies[choice[e.dst]].in_specs[e.dst_in]
             if self.items[e.src].kind == "fanout":
-                hub_reads.append((e.value, src, pos[e.dst]))
+                hub_reads.append(((e.value, src, e.phase), pos[e.dst]))
             if src == dst:
                 continue
-            at = pos[e.dst]
-            span = spans.get((e.value, dst))
+            key = (e.value, dst, e.phase)
+            span = spans.get(key)
             if span is None:
-                spans[(e.value, dst)] = [local_nbytes(e.value.type, dst, mesh_shape), at, at]
-            else:
-                span[1], span[2] = min(span[1], at), max(span[2], at)
-        for v, hub, at in hub_reads:  # the redistributed hub lives until its last reader
-            span = spans.get((v, hub))
+                span = spans[key] = [local_nbytes(e.value.type, dst, mesh_shape), len(self.order), -1]
+            if self.items[e.dst].kind != "fanout":  # a fan-out's spec is made at its first consumer (below)
+                span[1], span[2] = min(span[1], pos[e.dst]), max(span[2], pos[e.dst])
+        for key, at in hub_reads:  # the redistributed hub lives from its first reader to its last
+            span = spans.get(key)
             if span is not None:
-                span[2] = max(span[2], at)
+                span[1], span[2] = min(span[1], at), max(span[2], at)
         return [(nb, a, b) for nb, a, b in spans.values()]
 
     def held_peak(self, choice: list[int]) -> int:
@@ -536,7 +539,8 @@ class _ProblemBuilder:
             self.items.append(item)
             for j, v in enumerate(node.inputs):
                 src, out = self.producer[v]
-                self.edges.append(Edge(src, out, idx, j, v, deferred=node.part == "update"))
+                phase = read_phase(v.producer.part if v.producer is not None else None, node.part)
+                self.edges.append(Edge(src, out, idx, j, v, deferred=node.part == "update", phase=phase))
             for o in node.outputs:
                 self.producer[o] = (idx, o.index)
 
@@ -546,10 +550,12 @@ class _ProblemBuilder:
         producer's): the consumers then redistribute from there. Without it every consumer
         edge pays the whole redistribution, and a gradient read by three update ops is priced
         as three all-reduces, though the lowering reduces it once (and the ILP then prefers to
-        carry partial sums into each of them, which really costs three)."""
-        reads: dict[tuple[int, int], list[Edge]] = {}
+        carry partial sums into each of them, which really costs three). The forward pass's
+        readers and the later parts' readers of a forward value share no fan-out: the later
+        parts redistribute it again (``read_phase``)."""
+        reads: dict[tuple[int, int, str], list[Edge]] = {}
         for e in self.edges:
-            reads.setdefault((e.src, e.src_out), []).append(e)
+            reads.setdefault((e.src, e.src_out, e.phase), []).append(e)
         edges: list[Edge] = []
         seen: dict = {}
         made: dict[tuple, list[Strategy]] = {}  # one strategy list per distinct spec set (shared)
@@ -557,7 +563,7 @@ class _ProblemBuilder:
         def distinct(strategies: list[Strategy], side: str, k: int) -> list[tuple]:
             return distinct_specs(seen, strategies, side, k)[0]
 
-        for (src, out), group in reads.items():
+        for (src, out, phase), group in reads.items():
             if len(group) < 2:
                 edges += group
                 continue
@@ -571,8 +577,8 @@ class _ProblemBuilder:
                 strategies = made[key] = [Strategy(format_spec(sp), (sp,), (sp,)) for sp in key]
             f = len(self.items)
             self.items.append(Item("fanout", src, strategies, value=v))
-            edges.append(Edge(src, out, f, 0, v, deferred=all(e.deferred for e in group)))
-            edges += [Edge(f, 0, e.dst, e.dst_in, v, deferred=e.deferred) for e in group]
+            edges.append(Edge(src, out, f, 0, v, deferred=all(e.deferred for e in group), phase=phase))
+            edges += [Edge(f, 0, e.dst, e.dst_in, v, deferred=e.deferred, phase=phase) for e in group]
         self.edges = edges
 
     def add_outputs(self, out_pins: dict[int, tuple], tied_out: dict[int, int]) -> None:

@@ -41,6 +41,18 @@ from graphc.core.spec import P, Placement, R, format_spec, local_shape
 KINDS = ("reduce_scatter", "all_reduce", "all_to_all", "all_gather", "slice", "zero")
 
 
+def read_phase(value_part: str | None, reader_part: str | None) -> str:
+    """Which copy of a redistributed value a reader shares: "" (the copy made for the value's
+    first reader), or "later" when the forward pass made the value and a later part (backward,
+    update) reads it. The later reads redistribute again instead of keeping the forward pass's
+    copy alive until then: a sequence-split activation all-gathered for a column-parallel matmul
+    is gathered again for its weight gradient, so only the split activation is saved for the
+    backward pass (Megatron sequence parallelism, Korthikanti et al. 2022, section 4.2.2). The
+    planner prices the two redistributions apart (problem.py: ``add_fanouts``), counts their
+    buffers apart (``redistribution_buffers``), and the lowering makes both (passes/lower.py)."""
+    return "later" if value_part == "forward" and reader_part not in (None, "forward") else ""
+
+
 @dataclass(frozen=True)
 class Step:
     kind: str
