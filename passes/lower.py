@@ -37,7 +37,7 @@ from graphc.programs import DeviceProgram, ParallelProgram
 class _Emitter:
     """Builds one device's program."""
 
-    def __init__(self, graph: Graph, mesh, device: int):
+    def __init__(self, graph: Graph, mesh, device: int, redo_later: bool = False):
         self.mesh = mesh
         self.device = device
         self.coord = mesh.coord(device)
@@ -50,6 +50,7 @@ class _Emitter:
         self.part: str | None = None
         self.targets: dict[tuple[Value, str], set[tuple]] = {}  # (global value, read phase) -> reader specs
         self.hubs: dict[tuple[Value, str], tuple] = {}
+        self.redo_later = redo_later  # the plan has a memory limit (redistribute.read_phase)
 
     def emit_multi(self, opname: str, *inputs: Value, **attrs) -> tuple[Value, ...]:
         op = get_op(opname)
@@ -71,12 +72,13 @@ class _Emitter:
 
     def get(self, v: Value, spec: tuple) -> Value:
         """The device's piece of ``v`` in ``spec``, redistributing if needed (each target once per
-        read phase: a forward value's backward readers redistribute it again, ``read_phase``),
-        through the value's hub spec when its readers want it in several (``hub``)."""
+        read phase: under a memory limit a forward value's backward readers redistribute it
+        again, ``read_phase``), through the value's hub spec when its readers want it in several
+        (``hub``)."""
         src = self.spec[v]
         if spec == src:
             return self.local[(v, src)]
-        phase = read_phase(v.producer.part if v.producer is not None else None, self.part)
+        phase = read_phase(v.producer.part if v.producer is not None else None, self.part, self.redo_later)
         hit = self.local.get((v, spec, phase))
         if hit is not None:
             return hit
@@ -230,16 +232,17 @@ def lower_graph(graph: Graph, plan: ShardingPlan) -> ParallelProgram:
     mesh = plan.mesh
     in_specs, strategies, out_specs = _strategies(graph, plan)
     names = graph.value_names()
+    redo_later = plan.memory.limit_bytes is not None
     targets: dict[tuple[Value, str], set[tuple]] = {}  # the specs every value is read in, per read phase
     for node, st in zip(graph.nodes, strategies):
         for v, sp in zip(node.inputs, st.in_specs):
-            phase = read_phase(v.producer.part if v.producer is not None else None, node.part)
+            phase = read_phase(v.producer.part if v.producer is not None else None, node.part, redo_later)
             targets.setdefault((v, phase), set()).add(sp)
     for v, sp in zip(graph.outputs, out_specs):
         targets.setdefault((v, ""), set()).add(sp)
     programs = []
     for device in mesh.devices():
-        em = _Emitter(graph, mesh, device)
+        em = _Emitter(graph, mesh, device, redo_later)
         em.targets = targets
         for v, s in zip(graph.inputs, in_specs):
             local = Value(TensorType(local_shape(v.type.shape, s, em.mesh_shape), v.type.dtype), None, 0, names[v])

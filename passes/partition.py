@@ -100,11 +100,13 @@ def build_problem(
     linear_partials: bool = True,
     free_axes: bool = False,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    redo_later: bool = False,
 ) -> Problem:
-    """The sharding problem of ``graph`` on ``mesh`` with the pins and state ties applied."""
+    """The sharding problem of ``graph`` on ``mesh`` with the pins and state ties applied;
+    ``redo_later`` under a memory limit (passes/sharding/redistribute.py: ``read_phase``)."""
     ties = list(ties or [])
     problem = _items_and_edges(
-        graph, mesh, dict(pins.inputs), dict(pins.outputs), ties, linear_partials, free_axes, bucket_bytes
+        graph, mesh, dict(pins.inputs), dict(pins.outputs), ties, linear_partials, free_axes, bucket_bytes, redo_later
     )
     apply_ties(problem, ties)
     if pins.nodes:
@@ -151,7 +153,16 @@ def plan_sharding(
     start = time.perf_counter()
     if deadline is None:
         deadline = start + options.time_limit_s
-    problem = build_problem(graph, mesh, pins, ties, options.linear_partials, options.free_axes, options.bucket_bytes)
+    problem = build_problem(
+        graph,
+        mesh,
+        pins,
+        ties,
+        options.linear_partials,
+        options.free_axes,
+        options.bucket_bytes,
+        redo_later=options.memory_limit is not None,
+    )
     build_s = time.perf_counter() - start
     budget = deadline - time.perf_counter() - 1.5 * build_s - 0.2
     solution = solve_problem(problem, options, progress, budget)

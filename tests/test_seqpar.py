@@ -151,3 +151,35 @@ def test_the_sequence_parallel_plan_runs_equal_to_one_device(seqpar):
     program = pf.compile(*args, **kw).program
     kinds = Counter(n.op.name for n in program.devices[0].graph.nodes)
     assert kinds["reduce_scatter"] >= 4 and kinds["all_gather"] >= 4, kinds
+
+
+def _gather_step(w, x):
+    def loss(w, x):
+        h = graphc.shard(np.tanh(x), "S(0)")  # a forward value split on rows: [64, 256]
+        return np.sum(np.tanh(h @ w))  # w split by columns: h is all-gathered for the matmul
+
+    value, grad = graphc.value_and_grad(loss)(w, x)
+    return w - 0.1 * grad, value
+
+
+@pytest.mark.parametrize("limit", [None, "1GB"])
+def test_under_a_limit_the_backward_pass_gathers_again(limit):
+    """The weight gradient reads h whole again. Without a limit the forward pass's gathered copy
+    is kept for it (one all-gather); under a limit, which bounds the values' liveness and would
+    not see a copy held across the passes, the backward pass gathers again (redistribute.
+    read_phase), priced by the plan and made by the lowering."""
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((256, 8192)) * 0.05).astype(np.float32)  # gathering w would cost more
+    x = rng.standard_normal((64, 256)).astype(np.float32)
+    pf = graphc.parallelize(
+        _gather_step, mesh={"tp": 2}, in_specs=("S(1)", None), memory_limit=limit, cache=False, profile="h100-sxm"
+    )
+    compiled = pf.compile(w, x)
+    gathers = [c for c in compiled.plan.collectives if c.kind == "all_gather"]
+    assert [(c.part, c.bytes) for c in gathers] == [("forward", 64 * 256 * 4)] + (
+        [("backward", 64 * 256 * 4)] if limit else []
+    )
+    program = compiled.program.devices[0].graph
+    assert sum(n.op.name == "all_gather" for n in program.nodes) == len(gathers)
+    for got, want in zip(pf(w, x), _gather_step(w, x)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -344,9 +344,11 @@ def build_problem(
     linear_partials: bool = True,
     free_axes: bool = False,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    redo_later: bool = False,
 ) -> Problem:
     """Items and edges of ``graph`` on ``mesh``. Deferred all-reduces share buckets of
-    ``bucket_bytes`` (0: none). ``in_pins`` / ``out_pins`` restrict the spec of
+    ``bucket_bytes`` (0: none). ``redo_later`` (a memory limit): a forward value's backward
+    readers redistribute it again (``read_phase``). ``in_pins`` / ``out_pins`` restrict the spec of
     graph input / output positions; ``ties`` are (input position, output position) pairs whose
     specs must be equal (a training step's state): both get the same candidate list. The mesh's
     axis roles (passes/sharding/roles.py) restrict what data and seq axes split, unless
@@ -367,6 +369,7 @@ def build_problem(
         warnings=list(roles.warnings),
         overhead_s=overhead,
         in_kernels=fused,
+        redo_later=redo_later,
     )
     b.add_inputs(in_pins, {i: o for i, o in ties})
     b.add_nodes(rules, rule_errors, linear_partials)
@@ -460,6 +463,7 @@ class _ProblemBuilder:
     warnings: list[str] = field(default_factory=list)
     overhead_s: float = 0.0  # the runtime's cost of one op of a device program (MachineProfile.op_overhead)
     in_kernels: frozenset[Value] = frozenset()  # values the device programs' fusion keeps inside kernels
+    redo_later: bool = False  # a forward value's later readers redistribute it again (read_phase)
 
     def op_overhead(self, node: Node) -> float:
         """``overhead_s`` for a node the device program runs as an op of its own: not a constant,
@@ -539,7 +543,7 @@ class _ProblemBuilder:
             self.items.append(item)
             for j, v in enumerate(node.inputs):
                 src, out = self.producer[v]
-                phase = read_phase(v.producer.part if v.producer is not None else None, node.part)
+                phase = read_phase(v.producer.part if v.producer is not None else None, node.part, self.redo_later)
                 self.edges.append(Edge(src, out, idx, j, v, deferred=node.part == "update", phase=phase))
             for o in node.outputs:
                 self.producer[o] = (idx, o.index)
