@@ -17,6 +17,12 @@ reduce-scattered right after the node that makes it, so the full partial sum is 
 (ZeRO-2's gradient memory); ``regather`` then makes a ZeRO-3 parameter's all_gather again for
 every node that reads it, so each gathered copy is freed after its one use.
 
+Read phases (``read_phase``, passes/sharding/redistribute.py): under a memory limit a forward
+value's backward and update readers redistribute it again rather than share the forward pass's
+copy, so targets, hubs and redistributed pieces are kept per (value, phase). A recomputed node's
+copy (passes/sharding/remat.py) runs in part "recompute", a later part: its operands are
+redistributed again there too, and the hub of its results is chosen afresh.
+
 Masked lookups (a gather from a table split by rows, graphc/ops/dims.py) become explicit ops:
 the global index goes through a per-device table of local rows (-1 for rows another device
 holds; the table has one entry per global row, so an out-of-range index raises IndexError on
@@ -36,7 +42,7 @@ from graphc.passes.rewrite import Rewriter
 from graphc.passes.sharding.local import _owned_rows, local_attrs
 from graphc.passes.sharding.plan import ShardingPlan
 from graphc.passes.sharding.problem import view_roots
-from graphc.passes.sharding.redistribute import plan_steps, redistribution_time
+from graphc.passes.sharding.redistribute import plan_steps, read_phase, redistribution_time
 from graphc.passes.sharding.remat import candidates
 from graphc.passes.sharding.roles import update_nodes
 from graphc.passes.sharding.strategies import Strategy, get_rule
@@ -47,20 +53,21 @@ from graphc.programs import DeviceProgram, ParallelProgram
 class _Emitter:
     """Builds one device's program."""
 
-    def __init__(self, graph: Graph, mesh, device: int):
+    def __init__(self, graph: Graph, mesh, device: int, redo_later: bool = False):
         self.mesh = mesh
         self.device = device
         self.coord = mesh.coord(device)
         self.mesh_shape = tuple(mesh.shape)
         self.nodes: list[Node] = []
         self.inputs: list[Value] = []
-        self.local: dict[tuple[Value, tuple], Value] = {}  # (global value, spec) -> local value
+        self.local: dict[tuple, Value] = {}  # (global value, spec[, read phase]) -> local value
         self.spec: dict[Value, tuple] = {}  # global value -> spec of its produced piece
         self.loc: SourceLoc | None = None  # of the node being lowered: every op emitted for it keeps it
         self.part: str | None = None
-        self.targets: dict[Value, set[tuple]] = {}  # global value -> the specs its readers want
-        self.hubs: dict[Value, tuple] = {}
-        self.pieces: dict[Value, list[tuple]] = {}  # global value -> the specs it has in ``local``
+        self.targets: dict[tuple[Value, str], set[tuple]] = {}  # (global value, read phase) -> reader specs
+        self.hubs: dict[tuple[Value, str], tuple] = {}
+        self.pieces: dict[Value, list[tuple]] = {}  # global value -> its keys in ``local``
+        self.redo_later = redo_later  # the plan has a memory limit (redistribute.read_phase)
 
     def emit_multi(self, opname: str, *inputs: Value, **attrs) -> tuple[Value, ...]:
         op = get_op(opname)
@@ -79,44 +86,51 @@ class _Emitter:
     def produced(self, v: Value, local: Value, spec: tuple) -> None:
         self.local[(v, spec)] = local
         self.spec[v] = spec
-        self.pieces.setdefault(v, []).append(spec)
+        self.pieces.setdefault(v, []).append((v, spec))
 
     def recompute(self, node: Node, st: Strategy) -> None:
         """Emit ``node`` again (part "recompute"), and make every later reader of its results read
         the new copy (redistributed again if they want another spec): the original is then dead
         after its last forward reader."""
         for o in node.outputs:
-            for spec in self.pieces.pop(o, ()):
-                self.local.pop((o, spec), None)
-            self.hubs.pop(o, None)
+            for key in self.pieces.pop(o, ()):
+                self.local.pop(key, None)
+            for phase in ("", "later"):  # read_phase's copies
+                self.hubs.pop((o, phase), None)
         self.node(node, st, part="recompute")
 
     def get(self, v: Value, spec: tuple) -> Value:
-        """The device's piece of ``v`` in ``spec``, redistributing if needed (each target once),
-        through the value's hub spec when its readers want it in several (``hub``)."""
-        hit = self.local.get((v, spec))
+        """The device's piece of ``v`` in ``spec``, redistributing if needed (each target once per
+        read phase: under a memory limit a forward value's backward readers redistribute it
+        again, ``read_phase``), through the value's hub spec when its readers want it in several
+        (``hub``)."""
+        src = self.spec[v]
+        if spec == src:
+            return self.local[(v, src)]
+        phase = read_phase(v.producer.part if v.producer is not None else None, self.part, self.redo_later)
+        hit = self.local.get((v, spec, phase))
         if hit is not None:
             return hit
-        src = self.spec[v]
-        via = self.hub(v, src)
+        via = self.hub(v, src, phase)
         if via not in (src, spec):
             x, src = self.get(v, via), via
         else:
             x = self.local[(v, src)]
         for step in plan_steps(v.type.shape, v.type.dtype.itemsize, src, spec, self.mesh):
             x = self._step(x, step)
-        self.local[(v, spec)] = x
-        self.pieces.setdefault(v, []).append(spec)
+        self.local[(v, spec, phase)] = x
+        self.pieces.setdefault(v, []).append((v, spec, phase))
         return x
 
-    def hub(self, v: Value, src: tuple) -> tuple:
-        """The spec a value read in several specs is redistributed to once, the readers then
-        redistributing from there: the cheapest such spec, as the planner's fan-out item
-        (passes/sharding/problem.py) prices it. ``src`` when there is one reader spec."""
-        hit = self.hubs.get(v)
+    def hub(self, v: Value, src: tuple, phase: str) -> tuple:
+        """The spec a value read in several specs (in one read phase) is redistributed to once,
+        the readers then redistributing from there: the cheapest such spec, as the planner's
+        fan-out item (passes/sharding/problem.py) prices it. ``src`` when there is one reader
+        spec."""
+        hit = self.hubs.get((v, phase))
         if hit is not None:
             return hit
-        wants = sorted(self.targets.get(v, set()) - {src}, key=format_spec)
+        wants = sorted(self.targets.get((v, phase), set()) - {src}, key=format_spec)
         best = src
         if len(wants) > 1:
             shape, size = v.type.shape, v.type.dtype.itemsize
@@ -126,7 +140,7 @@ class _Emitter:
                 return first + sum(redistribution_time(shape, size, h, t, self.mesh) for t in wants if t != h)
 
             best = min([src, *wants], key=cost)
-        self.hubs[v] = best
+        self.hubs[(v, phase)] = best
         return best
 
     def scatter_early(self, v: Value) -> None:
@@ -135,10 +149,11 @@ class _Emitter:
         sum is then freed here instead of living until the update (ZeRO-2). The collectives
         serve the update (its part)."""
         src = self.spec[v]
-        wants = self.targets.get(v, set()) - {src}
+        phase = read_phase(v.producer.part if v.producer is not None else None, "update", self.redo_later)
+        wants = self.targets.get((v, phase), set()) - {src}
         if not wants:
             return
-        target = next(iter(wants)) if len(wants) == 1 else self.hub(v, src)
+        target = next(iter(wants)) if len(wants) == 1 else self.hub(v, src, phase)
         steps = plan_steps(v.type.shape, v.type.dtype.itemsize, src, target, self.mesh)
         data = {a for a, name in enumerate(self.mesh.axis_names) if self.mesh.roles[name] == "data"}
         if target == src or not any(st.kind == "reduce_scatter" and st.axis in data for st in steps):
@@ -280,17 +295,21 @@ def lower_graph(graph: Graph, plan: ShardingPlan) -> ParallelProgram:
     mesh = plan.mesh
     in_specs, strategies, out_specs = _strategies(graph, plan)
     names = graph.value_names()
-    targets: dict[Value, set[tuple]] = {}  # the specs every value is read in
-    for node, st in zip(graph.nodes, strategies):
-        for v, sp in zip(node.inputs, st.in_specs):
-            targets.setdefault(v, set()).add(sp)
-    for v, sp in zip(graph.outputs, out_specs):
-        targets.setdefault(v, set()).add(sp)
-    grads = gradients(graph, update_nodes(graph)) if any(r == "data" for r in mesh.roles.values()) else set()
+    redo_later = plan.memory.limit_bytes is not None
     again = _recompute_points(graph, plan)
+    copies = {j for js in again.values() for j in js}  # read again by their copies, part "recompute"
+    targets: dict[tuple[Value, str], set[tuple]] = {}  # the specs every value is read in, per read phase
+    for k, (node, st) in enumerate(zip(graph.nodes, strategies)):
+        for part in (node.part, "recompute") if k in copies else (node.part,):
+            for v, sp in zip(node.inputs, st.in_specs):
+                phase = read_phase(v.producer.part if v.producer is not None else None, part, redo_later)
+                targets.setdefault((v, phase), set()).add(sp)
+    for v, sp in zip(graph.outputs, out_specs):
+        targets.setdefault((v, ""), set()).add(sp)
+    grads = gradients(graph, update_nodes(graph)) if any(r == "data" for r in mesh.roles.values()) else set()
     programs = []
     for device in mesh.devices():
-        em = _Emitter(graph, mesh, device)
+        em = _Emitter(graph, mesh, device, redo_later)
         em.targets = targets
         for v, s in zip(graph.inputs, in_specs):
             local = Value(TensorType(local_shape(v.type.shape, s, em.mesh_shape), v.type.dtype), None, 0, names[v])

@@ -117,13 +117,24 @@ def build_problem(
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     zero: int | None = 0,
     recompute: str = "off",
+    redo_later: bool = False,
 ) -> Problem:
     """The sharding problem of ``graph`` on ``mesh`` with the pins, a forced ZeRO stage and the
     state ties applied, and recompute strategies for its candidates (``recompute``: "auto", "on"
-    or "off")."""
+    or "off"); ``redo_later`` under a memory limit (passes/sharding/redistribute.py:
+    ``read_phase``)."""
     ties = list(ties or [])
     problem = _items_and_edges(
-        graph, mesh, dict(pins.inputs), dict(pins.outputs), ties, linear_partials, free_axes, bucket_bytes, zero
+        graph,
+        mesh,
+        dict(pins.inputs),
+        dict(pins.outputs),
+        ties,
+        linear_partials,
+        free_axes,
+        bucket_bytes,
+        zero,
+        redo_later,
     )
     restrict_zero(problem)
     apply_ties(problem, ties)
@@ -182,6 +193,7 @@ def plan_sharding(
         options.bucket_bytes,
         options.zero,
         options.recompute_mode(),
+        redo_later=options.memory_limit is not None,
     )
     build_s = time.perf_counter() - start
     budget = deadline - time.perf_counter() - 1.5 * build_s - 0.2

@@ -765,8 +765,10 @@ def step_flops(graph: Graph) -> tuple[dict[str, float], dict[str, float]]:
 
 def collectives_of(problem, choice: list[int]) -> list[Collective]:
     """The redistributions the plan needs, in program order. A tensor that several consumers need
-    in the same spec is redistributed once (the ILP's objective counts every edge, so it is an
-    upper bound of the plan's communication time)."""
+    in the same spec is redistributed once, and once more for the later parts' readers of a
+    forward value (``read_phase``), and a ZeRO-3 parameter once per reader (``regathered``; the
+    ILP's objective counts every edge, so it is an upper bound of the plan's communication
+    time)."""
     names = problem.graph.value_names()
     out = []
     done: set = set()
@@ -779,9 +781,9 @@ def collectives_of(problem, choice: list[int]) -> list[Collective]:
         src = problem.items[e.src].strategies[choice[e.src]].out_specs[e.src_out]
         dst = problem.items[e.dst].strategies[choice[e.dst]].in_specs[e.dst_in]
         again = (e.src, e.dst) in regathered and any(src[a].is_split for a in problem.zero_axes)
-        if src == dst or ((id(e.value), dst) in done and not again):
+        if src == dst or ((id(e.value), dst, e.phase) in done and not again):
             continue
-        done.add((id(e.value), dst))
+        done.add((id(e.value), dst, e.phase))
         t = e.value.type
         consumer = problem.items[reader.get(e.dst, e.dst)]  # a fan-out reports its first reader
         is_node = consumer.kind == "node"

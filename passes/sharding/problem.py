@@ -21,6 +21,11 @@ fan-out's (a reduce-scatter into a shard frees the full partial sum at once); a 
 split along a data axis (ZeRO-3) is gathered afresh for every forward or backward node that
 reads it, and the gathered copy lives at that node only (``transient_terms``).
 
+Under a memory limit (``redo_later``) a forward value's backward and update readers
+redistribute it again instead of sharing the forward pass's copy (``read_phase`` in
+passes/sharding/redistribute.py): every edge carries its read phase, fan-outs are per value and
+phase, and the redistribution buffers are counted per phase.
+
 ``evaluate`` is the reference the ILP is tested against (exhaustive search on small graphs).
 """
 
@@ -40,7 +45,7 @@ from graphc.core.spec import P, R, SpecError, format_spec, local_shape, parse_sp
 from graphc.ops.dims import DimRule
 from graphc.passes.bucket import DEFAULT_BUCKET_BYTES
 from graphc.passes.sharding.fusion import fused_values, saved_bytes
-from graphc.passes.sharding.redistribute import bucketed_time, plan_steps, redistribution_time
+from graphc.passes.sharding.redistribute import bucketed_time, plan_steps, read_phase, redistribution_time
 from graphc.passes.sharding.roles import AxisRoles, axis_roles
 from graphc.passes.sharding.strategies import (
     Strategy,
@@ -72,6 +77,7 @@ class Edge:
     dst_in: int
     value: Value
     deferred: bool = False  # an all-reduce here can wait for the update: it joins a gradient bucket
+    phase: str = ""  # which redistributed copy the reader shares (redistribute.read_phase)
 
 
 @dataclass
@@ -299,32 +305,36 @@ class Problem:
 
     def redistribution_buffers(self, choice: list[int]) -> list[tuple[int, int, int]]:
         """(bytes, first position, last position) of the buffers ``choice``'s redistributions
-        make on each device: one per value and spec it is read in other than its own (the
-        lowering redistributes once, at the first reader, passes/lower.py), from that reader to
-        the last one (a collective's result, a local slice's copy; a deferred all-reduce's
-        result, which the gradient bucket holds as well, passes/bucket.py). A graph output's
-        redistribution is not one: the profile holds each output in its output spec."""
+        make on each device: one per value, spec it is read in other than its own, and read
+        phase (a forward value's later readers redistribute it again, ``read_phase``), from the
+        first reader that needs it to the last (the lowering redistributes at the first reader,
+        passes/lower.py; a fan-out's at its first consumer, a gradient's at its fan-out, right
+        after its producer: ZeRO's ``scatter_early``): a collective's result, a local slice's
+        copy, a deferred all-reduce's result, which the gradient bucket holds as well
+        (passes/bucket.py). A graph output's redistribution is not one: the profile holds each
+        output in its output spec."""
         pos = {item: p for p, item in enumerate(self.order)}
         spans: dict[tuple, list[int]] = {}
         mesh_shape = tuple(self.mesh.shape)
-        hub_reads: list[tuple[Value, tuple, int]] = []  # a fan-out's spec is read by each of its consumers
+        hub_reads: list[tuple[tuple, int]] = []  # a fan-out's spec is read by each of its consumers
         for e in self.edges:
             src = self.items[e.src].strategies[choice[e.src]].out_specs[e.src_out]
             dst = self.items[e.dst].strategies[choice[e.dst]].in_specs[e.dst_in]
             if self.items[e.src].kind == "fanout":
-                hub_reads.append((e.value, src, pos[e.dst]))
+                hub_reads.append(((e.value, src, e.phase), pos[e.dst]))
             if src == dst or self.items[e.dst].kind == "output":  # an output's spec is in the profile
                 continue
-            at = pos[e.dst]
-            span = spans.get((e.value, dst))
+            key = (e.value, dst, e.phase)
+            span = spans.get(key)
             if span is None:
-                spans[(e.value, dst)] = [local_nbytes(e.value.type, dst, mesh_shape), at, at]
-            else:
-                span[1], span[2] = min(span[1], at), max(span[2], at)
-        for v, hub, at in hub_reads:  # the redistributed hub lives until its last reader
-            span = spans.get((v, hub))
+                span = spans[key] = [local_nbytes(e.value.type, dst, mesh_shape), len(self.order), -1]
+            to = self.items[e.dst]
+            if to.kind != "fanout" or to.gradient:  # a fan-out's spec is made at its first consumer (below)
+                span[1], span[2] = min(span[1], pos[e.dst]), max(span[2], pos[e.dst])
+        for key, at in hub_reads:  # the redistributed hub lives from its first reader to its last
+            span = spans.get(key)
             if span is not None:
-                span[2] = max(span[2], at)
+                span[1], span[2] = min(span[1], at), max(span[2], at)
         return [(nb, a, b) for nb, a, b in spans.values()]
 
     def held_peak(self, choice: list[int]) -> int:
@@ -447,6 +457,7 @@ def build_problem(
     free_axes: bool = False,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     zero: int | None = 0,
+    redo_later: bool = False,
 ) -> Problem:
     """Items and edges of ``graph`` on ``mesh``. Deferred all-reduces share buckets of
     ``bucket_bytes`` (0: none). ``in_pins`` / ``out_pins`` restrict the spec of graph input /
@@ -454,7 +465,8 @@ def build_problem(
     equal (a training step's state): both get the same candidate list. The mesh's axis roles
     (passes/sharding/roles.py) restrict what data and seq axes split, unless ``free_axes``.
     ``zero``: ZeRO off (0), left to the solver (None) or a forced stage 1-3 (whose choices
-    passes/sharding/zero.py ``restrict_zero`` then keeps)."""
+    passes/sharding/zero.py ``restrict_zero`` then keeps). ``redo_later`` (a memory limit): a
+    forward value's backward readers redistribute it again (``read_phase``)."""
     in_pins = in_pins or {}
     out_pins = out_pins or {}
     ties = ties or []
@@ -471,6 +483,7 @@ def build_problem(
         warnings=list(roles.warnings),
         overhead_s=overhead,
         in_kernels=fused,
+        redo_later=redo_later,
     )
     b.add_inputs(in_pins, {i: o for i, o in ties})
     b.add_nodes(rules, rule_errors, linear_partials)
@@ -573,6 +586,7 @@ class _ProblemBuilder:
     in_kernels: frozenset[Value] = frozenset()  # values the device programs' fusion keeps inside kernels
     gathers: list[tuple[int, int]] = field(default_factory=list)  # (state input item, forward/backward reader)
     fanless_state: dict[Value, int] = field(default_factory=dict)  # state inputs ZeRO gave no fan-out: bytes
+    redo_later: bool = False  # a forward value's later readers redistribute it again (read_phase)
 
     def op_overhead(self, node: Node) -> float:
         """``overhead_s`` for a node the device program runs as an op of its own: not a constant,
@@ -667,7 +681,8 @@ class _ProblemBuilder:
             self.items.append(item)
             for j, v in enumerate(node.inputs):
                 src, out = self.producer[v]
-                self.edges.append(Edge(src, out, idx, j, v, deferred=node.part == "update"))
+                phase = read_phase(v.producer.part if v.producer is not None else None, node.part, self.redo_later)
+                self.edges.append(Edge(src, out, idx, j, v, deferred=node.part == "update", phase=phase))
             for o in node.outputs:
                 self.producer[o] = (idx, o.index)
 
@@ -677,10 +692,15 @@ class _ProblemBuilder:
         producer's): the consumers then redistribute from there. Without it every consumer
         edge pays the whole redistribution, and a gradient read by three update ops is priced
         as three all-reduces, though the lowering reduces it once (and the ILP then prefers to
-        carry partial sums into each of them, which really costs three)."""
-        reads: dict[tuple[int, int], list[Edge]] = {}
+        carry partial sums into each of them, which really costs three). The forward pass's
+        readers and the later parts' readers of a forward value share no fan-out: the later
+        parts redistribute it again (``read_phase``). With ZeRO a gradient gets a fan-out even
+        with one reader (the ILP chooses all-reduce or reduce-scatter there), and a state input
+        along a ZeRO axis gets none: each of its forward and backward readers gathers it afresh
+        (``gathers``)."""
+        reads: dict[tuple[int, int, str], list[Edge]] = {}
         for e in self.edges:
-            reads.setdefault((e.src, e.src_out), []).append(e)
+            reads.setdefault((e.src, e.src_out, e.phase), []).append(e)
         zero = self.roles.zero  # ZeRO: gradients get a fan-out, state inputs none (module doc)
         edges: list[Edge] = []
         seen: dict = {}
@@ -689,7 +709,7 @@ class _ProblemBuilder:
         def distinct(strategies: list[Strategy], side: str, k: int) -> list[tuple]:
             return distinct_specs(seen, strategies, side, k)[0]
 
-        for (src, out), group in reads.items():
+        for (src, out, phase), group in reads.items():
             v = group[0].value
             state_input = bool(zero) and self.items[src].kind == "input" and v in zero
             if state_input:
@@ -710,8 +730,8 @@ class _ProblemBuilder:
                 strategies = made[key] = [Strategy(format_spec(sp), (sp,), (sp,)) for sp in key]
             f = len(self.items)
             self.items.append(Item("fanout", src, strategies, value=v, gradient=grad))
-            edges.append(Edge(src, out, f, 0, v, deferred=all(e.deferred for e in group)))
-            edges += [Edge(f, 0, e.dst, e.dst_in, v, deferred=e.deferred) for e in group]
+            edges.append(Edge(src, out, f, 0, v, deferred=all(e.deferred for e in group), phase=phase))
+            edges += [Edge(f, 0, e.dst, e.dst_in, v, deferred=e.deferred, phase=phase) for e in group]
         self.edges = edges
 
     def _in_update(self, e: Edge) -> bool:

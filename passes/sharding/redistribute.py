@@ -41,6 +41,22 @@ from graphc.core.spec import P, Placement, R, format_spec, local_shape
 KINDS = ("reduce_scatter", "all_reduce", "all_to_all", "all_gather", "slice", "zero")
 
 
+def read_phase(value_part: str | None, reader_part: str | None, redo_later: bool) -> str:
+    """Which copy of a redistributed value a reader shares: "" (the copy made for the value's
+    first reader), or, when ``redo_later`` (plans under a memory limit), "later" when the
+    forward pass made the value and a later part (backward, update) reads it.
+
+    The later reads then redistribute again instead of keeping the forward pass's copy alive
+    until then: a sequence-split activation all-gathered for a column-parallel matmul is
+    gathered again for its weight gradient, so only the split activation is saved for the
+    backward pass (Megatron sequence parallelism, Korthikanti et al. 2022, section 4.2.2). The
+    memory limit bounds the values' liveness, which a copy held across the passes would escape;
+    without a limit one copy is cheaper. The planner prices the redistributions apart
+    (problem.py: ``add_fanouts``), counts their buffers apart (``redistribution_buffers``), and
+    the lowering makes both (passes/lower.py, from the plan's ``memory.limit_bytes``)."""
+    return "later" if redo_later and value_part == "forward" and reader_part not in (None, "forward") else ""
+
+
 @dataclass(frozen=True)
 class Step:
     kind: str
