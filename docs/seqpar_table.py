@@ -53,6 +53,7 @@ def run(name, mesh, limit=None, in_specs=None):
         static_argnames=("n_head", "lr"),
         cache=False,
         profile=PROFILE,
+        recompute=False,  # the SP plans: under a limit recomputation may fit it more cheaply (docs/seqpar.md)
     )
     t0 = time.perf_counter()
     compiled = pf.compile(*args, **kw)

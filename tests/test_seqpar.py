@@ -14,6 +14,11 @@ depend on this machine's calibration), on ``tp=2``:
   (``S(1)`` of ``[1, T, d]``) and the all-reduces become reduce-scatter + all-gather pairs.
   Every activation the forward pass saves for the backward pass in those regions is held
   half per device: the peak drops by the bytes those saved values shrink by.
+
+These plans are made with ``recompute=False``. With activation recomputation allowed (the
+default under a limit, passes/sharding/remat.py) the solver fits the same limit more cheaply by
+recomputing layer-norm and softmax values before the backward pass, and keeps Megatron TP
+(``test_recomputation_fits_the_limit_more_cheaply``).
 """
 
 import math
@@ -37,7 +42,7 @@ def _args():
     return gpt.example_train_args(batch=1, seq=T, d=D, n_layer=1, n_head=4)
 
 
-def _plan(memory_limit):
+def _plan(memory_limit, recompute=False):
     args, kw = _args()
     pf = graphc.parallelize(
         gpt.train_step,
@@ -46,6 +51,7 @@ def _plan(memory_limit):
         static_argnames=("n_head", "lr"),
         cache=False,
         profile="h100-sxm",
+        recompute=recompute,
     )
     return pf.plan_and_graph(*args, **kw)
 
@@ -140,6 +146,16 @@ def test_the_peak_drops_by_the_saved_activations_it_splits(megatron, seqpar):
     assert 0.75 * shrunk <= drop <= shrunk, (drop, shrunk)
 
 
+def test_recomputation_fits_the_limit_more_cheaply(megatron, seqpar):
+    """On this profile recomputing a few forward values costs less time than SP's extra
+    collective calls: with recomputation allowed, the limit is met without SP, for less."""
+    plan, _graph = _plan(LIMIT, recompute="auto")
+    assert plan.memory.peak_bytes[0] <= LIMIT
+    assert any(n.recompute for n in plan.nodes)
+    assert set(_ln_specs(plan)) == {(R,)}
+    assert megatron[0].cost.total_s < plan.cost.total_s < seqpar[0].cost.total_s
+
+
 def test_the_sequence_parallel_plan_runs_equal_to_one_device(seqpar):
     plan, _graph = seqpar
     args, kw = _args()
@@ -181,5 +197,32 @@ def test_under_a_limit_the_backward_pass_gathers_again(limit):
     )
     program = compiled.program.devices[0].graph
     assert sum(n.op.name == "all_gather" for n in program.nodes) == len(gathers)
+    for got, want in zip(pf(w, x), _gather_step(w, x)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("limit", [None, "1GB"])
+def test_a_recomputed_reader_gathers_again_under_a_limit(limit):
+    """Recomputed (``recompute=True``), the matmul ``h @ w`` runs again before the backward
+    pass. Without a limit its copy reads the forward pass's gathered ``h``; under a limit the
+    copy, a later part's reader, gathers ``h`` again (``read_phase``: part "recompute"), so no
+    gathered copy is held across the passes."""
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((256, 8192)) * 0.05).astype(np.float32)
+    x = rng.standard_normal((64, 256)).astype(np.float32)
+    pf = graphc.parallelize(
+        _gather_step,
+        mesh={"tp": 2},
+        in_specs=("S(1)", None),
+        memory_limit=limit,
+        recompute=True,
+        cache=False,
+        profile="h100-sxm",
+    )
+    compiled = pf.compile(w, x)
+    assert any(n.recompute and n.op == "matmul" for n in compiled.plan.nodes)
+    program = compiled.program.devices[0].graph
+    gathers = Counter(n.part for n in program.nodes if n.op.name == "all_gather")
+    assert (gathers["forward"], gathers["recompute"]) == (1, 1 if limit else 0), gathers
     for got, want in zip(pf(w, x), _gather_step(w, x)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
