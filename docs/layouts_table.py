@@ -1,12 +1,15 @@
-"""The layout table of docs/seqpar.md: one GPT train step on 4 devices, per layout its predicted
-and measured memory per device and traffic per step.
+"""The training-layout table of the README (issue 21) and of docs/seqpar.md: one GPT train step on
+4 devices, per layout its predicted and measured memory per device and traffic per step.
 
-    PYTHONPATH=. python docs/seqpar_table.py [profile] [memory limit]
+    PYTHONPATH=. python docs/layouts_table.py [profile] [memory limit] [--all]
 
 Layouts, each the solver's plan (priced with the profile given, default h100-sxm):
-  dp=4               {"dp": 4}, tokens and targets given split on the batch
+  dp=4               {"dp": 4}, tokens and targets given split on the batch (ZeRO off)
   dp=2, tp=2         {"dp": 2, "tp": 2}, no limit
   dp=2, tp=2, limit  the same under the memory limit given as the second argument
+and with --all also: dp=4 with ZeRO-1, -2 and -3 forced, dp=4 with every activation that can be
+recomputed recomputed, and the parameter server (graphc.ps.train, 4 workers, 2 servers, sync:
+its traffic is each worker's pull and push of the parameters, its memory a worker's copy).
 
 Predicted memory: the plan's liveness peak (``plan.memory.peak_bytes``, what a limit bounds)
 and with redistribution buffers (``held``). Measured: the executor's profiled peak of the
@@ -29,9 +32,10 @@ from graphc.interpreter import bind_arguments
 from graphc.models import gpt
 
 BATCH, SEQ, D, N_LAYER, N_HEAD = 4, 512, 512, 1, 4
-PROFILE = sys.argv[1] if len(sys.argv) > 1 else "h100-sxm"  # prices the plans (runs are on threads here)
 MESH = {"dp": 2, "tp": 2}
-LIMIT = sys.argv[2] if len(sys.argv) > 2 else None  # a memory limit for one more row: the solver's plan under it
+ARGS = [a for a in sys.argv[1:] if a != "--all"]
+PROFILE = ARGS[0] if ARGS else "h100-sxm"  # prices the plans (runs are on threads here)
+LIMIT = ARGS[1] if len(ARGS) > 1 else None  # a memory limit for one more row: the solver's plan under it
 
 
 def wire_bytes(kind: str, n: int, nbytes: int) -> float:
@@ -43,7 +47,7 @@ def wire_bytes(kind: str, n: int, nbytes: int) -> float:
     return (2 if kind == "all_reduce" else 1) * (n - 1) / n * nbytes
 
 
-def run(name, mesh, limit=None, in_specs=None):
+def run(name, mesh, limit=None, in_specs=None, zero=0, recompute=False):
     args, kw = gpt.example_train_args(batch=BATCH, seq=SEQ, d=D, n_layer=N_LAYER, n_head=N_HEAD)
     pf = graphc.parallelize(
         gpt.train_step,
@@ -53,7 +57,8 @@ def run(name, mesh, limit=None, in_specs=None):
         static_argnames=("n_head", "lr"),
         cache=False,
         profile=PROFILE,
-        recompute=False,  # the SP plans: under a limit recomputation may fit it more cheaply (docs/seqpar.md)
+        recompute=recompute,  # off unless asked: under a limit recomputation may fit it more cheaply (docs/seqpar.md)
+        zero=zero,
     )
     t0 = time.perf_counter()
     compiled = pf.compile(*args, **kw)
@@ -95,6 +100,33 @@ def main():
     run("dp=2, tp=2", MESH)
     if LIMIT:
         run(f"dp=2, tp=2, limit {LIMIT}", MESH, limit=LIMIT)
+    if "--all" in sys.argv:
+        for stage in (1, 2, 3):
+            run(f"dp=4, ZeRO-{stage}", {"dp": 4}, in_specs=(None, None, "S(0)", "S(0)"), zero=stage)
+        run("dp=4, recompute all", {"dp": 4}, in_specs=(None, None, "S(0)", "S(0)"), recompute=True)
+        parameter_server()
+
+
+def parameter_server(workers: int = 4, servers: int = 2, steps: int = 2) -> None:
+    """graphc.ps.train in sync mode on the same model's gradients: each worker holds a full copy
+    of the parameters and its gradients, and pulls and pushes the parameters every step."""
+    args, kw = gpt.example_train_args(batch=BATCH, seq=SEQ, d=D, n_layer=N_LAYER, n_head=N_HEAD)
+    params, _, tokens, targets = args
+    step = BATCH // workers
+    batches = [(tokens[i * step : (i + 1) * step], targets[i * step : (i + 1) * step]) for i in range(workers * steps)]
+
+    def grad_fn(p, batch):
+        return graphc.grad(gpt.lm_loss)(p, batch[0], batch[1], N_HEAD)
+
+    nbytes = sum(a.nbytes for a in flatten(params)[0])
+    start = time.perf_counter()
+    _, stats = graphc.ps.train(grad_fn, params, batches, workers=workers, servers=servers, mode="sync", lr=1e-3)
+    print(
+        f"| parameter server, {workers} workers, {servers} servers, sync | {fmt_bytes(2 * nbytes)} + activations "
+        f"| (not profiled) | {fmt_bytes(2 * nbytes)} (pull + push) | not counted | {stats['seconds'] * 1e3 / steps:.0f} ms "
+        f"a round here | | | {time.perf_counter() - start:.1f} s |",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":
