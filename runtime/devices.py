@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from graphc.core.errors import GraphcError
+from graphc.core.errors import GraphcError, relabel
 from graphc.core.mesh import Mesh
 from graphc.core.pytree import ArraySpec
 from graphc.core.spec import Spec, check_spec, format_spec, local_shape, piece_bounds, piece_index, unshard
@@ -253,12 +253,7 @@ def _on_device(exc: BaseException, device: int, mesh) -> BaseException:
     msg = f"device {device} (mesh {dict(zip(mesh.axis_names, mesh.coord(device)))}): {exc}"
     if where:
         msg += f" ({where})"
-    try:
-        new = type(exc)(msg)
-    except Exception:  # an exception type that takes other arguments
-        new = GraphcError(f"{type(exc).__name__}: {msg}")
-    new.__cause__ = exc
-    return new
+    return relabel(exc, msg)
 
 
 class ShardedArray(ArraySpec):

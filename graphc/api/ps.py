@@ -68,7 +68,7 @@ import numpy as np
 
 from graphc.api.jit import Jitted
 from graphc.api.jit import jit as jit_function
-from graphc.core.errors import GraphcError
+from graphc.core.errors import relabel
 from graphc.core.pytree import TreeDef, flatten, flatten_as, unflatten
 from graphc.runtime.threads import one_blas_thread
 
@@ -332,13 +332,7 @@ def _in_thread(exc: BaseException, where: str) -> BaseException:
     """The same kind of exception, saying which thread raised it (a worker and its batch, a server)."""
     if not isinstance(exc, Exception):  # SystemExit and the like: as they are
         return exc
-    msg = f"{where}: {exc}"
-    try:
-        new = type(exc)(msg)
-    except Exception:  # an exception type that takes other arguments
-        new = GraphcError(f"{type(exc).__name__}: {msg}")
-    new.__cause__ = exc
-    return new
+    return relabel(exc, f"{where}: {exc}")
 
 
 class _Server:

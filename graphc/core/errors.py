@@ -179,3 +179,14 @@ def numpy_error(exc: BaseException, kind: type[E], loc: SourceLoc | None = None,
             setattr(new, slot, getattr(exc, slot))
     _combined_init(new, str(exc) if message is None else message, loc)
     return new
+
+
+def relabel(exc: BaseException, message: str) -> BaseException:
+    """An exception of ``exc``'s type saying ``message`` (a GraphcError naming the type when that
+    type takes other arguments), caused by ``exc``: how a thread's failure reaches the caller."""
+    try:
+        new = type(exc)(message)
+    except Exception:  # an exception type that takes other arguments
+        new = GraphcError(f"{type(exc).__name__}: {message}")
+    new.__cause__ = exc
+    return new
