@@ -783,7 +783,7 @@ def make_stateful_net(method="__call__"):
 
 
 # ------------------------------------------------------------------------------------------------
-# Idioms that hit graphc gaps (kept here as the models people write; tests mark them xfail)
+# Idioms that once hit graphc gaps (kept as the models people write; now regular models below)
 # ------------------------------------------------------------------------------------------------
 
 
@@ -900,9 +900,6 @@ MODELS = {
     "stateful_net_forward": lambda: make_stateful_net("forward"),
     "stateful_net_predict": lambda: make_stateful_net("predict"),
 }
-
-# models that use numpy features graphc does not support yet: name -> (factory, reason)
-GAP_MODELS: dict = {}
 
 # gaps found by these tests and since fixed in graphc: kept as regular models
 MODELS.update(

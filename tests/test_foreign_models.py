@@ -160,23 +160,6 @@ def test_static_flags_select_different_graphs():
 
 
 # ------------------------------------------------------------------------------------------------
-# models that use numpy features graphc does not support yet (graphc gaps; see report)
-# ------------------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=f"graphc gap: {reason}"))
-        for name, (_, reason) in sorted(foreign_models.GAP_MODELS.items())
-    ],
-)
-def test_foreign_model_gap(name):
-    fn, args, kwargs, rtol = foreign_models.GAP_MODELS[name][0]()
-    check_model(fn, args, kwargs, rtol)
-
-
-# ------------------------------------------------------------------------------------------------
 # known unsupported patterns: TraceError at the offending line
 # ------------------------------------------------------------------------------------------------
 
