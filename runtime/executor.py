@@ -162,11 +162,13 @@ class Program:
 
     def _straight_line(self) -> Callable[[Sequence[np.ndarray]], list]:
         """``run`` of this program as generated Python: ``v7 = f3(v0, v5)`` per step, ``del`` after
-        each slot's last use, constants and step functions as globals. ``self.lines[i]`` is the
-        line of step i, for errors."""
+        each slot's last use, constants and step functions as globals. ``self._step_of_line``
+        maps a source line to its step, for errors."""
         names = {s: f"v{s}" for s in range(self.n_slots)}
         env: dict[str, Any] = {}
-        lines = [f"def run({', '.join(names[s] for s in range(self.n_inputs))}):"]
+        lines = ["def run(args):"]
+        if self.n_inputs:
+            lines.append(f"    {', '.join(names[s] for s in range(self.n_inputs))}, = args")
         for s, value in self.constants:
             env[names[s]] = value
         step_line: dict[int, int] = {}
@@ -209,8 +211,7 @@ class Program:
         code = compile(source, "<graphc program>", "exec")
         exec(code, env)
         self._step_of_line = step_line
-        fn = env["run"]
-        return lambda args: fn(*args)
+        return env["run"]
 
     def _make_step(self, node: Node, stats: dict[str, Any]) -> Callable:
         name = node.op.name
@@ -400,14 +401,12 @@ SMALL_BYTES = 1 << 16
 _FRESH_KINDS = ("elementwise", "reduction", "contraction", "fused")  # never a view of an operand
 
 
-_ARRAY_STEPS = ("matmul", "slice", "reshape", "transpose")  # steps that return their one result itself
-
-
 def _call_line(node: Node, outs: list[str], call: str) -> str:
+    """The generated line of a step that is not a view (those are inlined expressions)."""
     if len(outs) > 1:
         return f"    {', '.join(outs)}, = {call}"
     (v,) = outs
-    if node.op.name in _ARRAY_STEPS:
+    if node.op.name == "matmul":  # np.matmul / _matmul: the array itself
         return f"    {v} = {call}"
     # a tuple or list of one result, or the result itself (see Program.run)
     return f"    {v} = {call}; {v} = {v}[0] if type({v}) is tuple or type({v}) is list else {v}"
@@ -429,7 +428,7 @@ def _last_reads(body: list[tuple[str, set[int], int]], keep: set[int], names: di
 _VIEW_STEPS = ("slice", "reshape", "transpose")
 
 
-def _view_expression(node: Node, operand: str, k: int) -> tuple[str, Any] | None:
+def _view_expression(node: Node, operand: str, k: int) -> tuple[str, Any]:
     """Python source of a view step on ``operand`` (its attribute bound as the global ``a{k}``)."""
     a = node.attrs
     if node.op.name == "slice":
@@ -542,10 +541,8 @@ class Executable:
         return self._handed_out(self.program.run(arrays))
 
     def _handed_out(self, outs: list) -> list[np.ndarray]:
-        pooled = self.program.pooled_outputs
-        if pooled:
-            for k in pooled:
-                self.pool.forget(outs[k])
+        for k in self.program.pooled_outputs:
+            self.pool.forget(outs[k])
         # constants are read-only and shared between calls: callers get writeable copies
         for k, o in enumerate(outs):
             if type(o) is not np.ndarray:

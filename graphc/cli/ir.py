@@ -12,7 +12,7 @@ from graphc.cli.loader import UsageError, load_target
 from graphc.core.files import atomic_write
 from graphc.frontend.entry import trace
 from graphc.frontend.promotion import promotions
-from graphc.passes.manager import run_pipeline
+from graphc.passes.manager import DEFAULT_PIPELINE, run_pipeline
 from graphc.textir import load as load_ir
 
 
@@ -24,8 +24,9 @@ def add_parser(sub) -> None:
     ir.add_argument(
         "--stage",
         default="traced",
-        help="print the IR after this pass of the default pipeline (traced, fold_constants, simplify, "
-        "cse, dce, optimized; default traced)",
+        help="print the IR after this pass of the default pipeline (traced, "
+        + ", ".join(dict.fromkeys(DEFAULT_PIPELINE))
+        + ", optimized; a pass that runs twice: after its first run; default traced)",
     )
     ir.add_argument("--dump-ir", metavar="DIR", help="write the IR after every pass to DIR (NN-<pass>.gir)")
     ir.add_argument("--force", action="store_true", help="overwrite -o FILE even if it is not a graphc IR file")
