@@ -27,6 +27,7 @@ import time
 
 import numpy as np
 
+from graphc.bench.timing import interleaved
 from graphc.runtime import fastmath as fm
 
 GELU_C = math.sqrt(2.0 / math.pi)
@@ -134,14 +135,8 @@ def bench_size(size: int, n: int, repeat: int, np_repeat: int, seed: int = 0) ->
     # the copy and our kernels are timed in interleaved rounds (copy, gelu, softmax, ..., copy, gelu, ...)
     # so that a slow phase of a shared machine hits all of them alike
     fns = [lambda: np.copyto(dst, x)] + [case[1] for case in cases]
-    times: list[list[float]] = [[] for _ in fns]
-    for fn in fns:
-        fn()
-    for _ in range(repeat):
-        for fn, ts in zip(fns, times):
-            t0 = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t0)
+    by_index = interleaved(dict(enumerate(fns)), repeat, rotate=False)
+    times = [by_index[k] for k in range(len(fns))]
     t_copy = statistics.median(times[0])
     copy_bw = 8 * size / t_copy
     results = [dict(name="copy", size=size, t=t_copy, gbs=copy_bw / 1e9, frac=1.0)]

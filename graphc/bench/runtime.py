@@ -26,7 +26,6 @@ from __future__ import annotations
 import functools
 import statistics
 import threading
-import time
 import tracemalloc
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -41,6 +40,7 @@ from graphc.autodiff import value_and_grad
 from graphc.bench import jaxpeer
 from graphc.bench.handgrad import gpt_loss_and_grads_numpy
 from graphc.bench.kernels import bench_kernels
+from graphc.bench.timing import interleaved, per_call
 from graphc.core.ir import walk
 from graphc.models import gpt, mlp, rnn
 from graphc.runtime.codegen import CompiledKernel
@@ -59,31 +59,6 @@ class Row:
     @property
     def ratio(self) -> float:
         return statistics.median(self.peer_s) / statistics.median(self.graphc_s)
-
-
-def interleaved(contenders: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[float]]:
-    """Seconds of each contender per round; each round calls every contender once, the order
-    rotating from round to round. One untimed warm-up call each."""
-    for fn in contenders.values():
-        fn()
-    names = list(contenders)
-    times: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(rounds):
-        for n in names[r % len(names) :] + names[: r % len(names)]:
-            start = time.perf_counter()
-            contenders[n]()
-            times[n].append(time.perf_counter() - start)
-    return times
-
-
-def per_call(fn: Callable[[], Any], calls: int) -> Callable[[], Any]:
-    """``fn`` called ``calls`` times: timing it gives ``calls`` times the per-call cost."""
-
-    def many():
-        for _ in range(calls):
-            fn()
-
-    return many
 
 
 def _halves(args: tuple, batch_args: tuple[int, ...]) -> tuple[tuple, tuple]:

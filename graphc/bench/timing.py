@@ -55,3 +55,30 @@ def same(got: Any, want: Any) -> str:
         if a.dtype.kind == "f" and not np.allclose(a, b, rtol=tol, atol=tol):
             return f"no (max abs diff {np.max(np.abs(a - b)):.3g})"
     return "yes"
+
+
+def interleaved(contenders: dict[Any, Callable[[], Any]], rounds: int, rotate: bool = True) -> dict[Any, list[float]]:
+    """Seconds of each contender per round; each round calls every contender once (so a busy
+    moment of the machine hits them alike), the order rotating from round to round unless
+    ``rotate`` is False. One untimed warm-up call each."""
+    for fn in contenders.values():
+        fn()
+    names = list(contenders)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        turn = r % len(names) if rotate else 0
+        for n in names[turn:] + names[:turn]:
+            start = time.perf_counter()
+            contenders[n]()
+            times[n].append(time.perf_counter() - start)
+    return times
+
+
+def per_call(fn: Callable[[], Any], calls: int) -> Callable[[], Any]:
+    """``fn`` called ``calls`` times: timing it gives ``calls`` times the per-call cost."""
+
+    def many():
+        for _ in range(calls):
+            fn()
+
+    return many
