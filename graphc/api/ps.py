@@ -412,12 +412,17 @@ def _join(threads: list[threading.Thread], state: _State, limit: float | None) -
     (a thread still inside grad_fn: it is a daemon and ends when its call returns)."""
     deadline = None if limit is None else time.monotonic() + limit
     for t in threads:
-        while t.is_alive():
+        # a thread whose start() a Ctrl-C cut short is not alive yet but is listed (in threading's
+        # limbo): it is waited for too, or it would outlive the run
+        while t.is_alive() or t in threading.enumerate():
             if state.failure is not None and deadline is None:
                 return
             if deadline is not None and time.monotonic() > deadline:
                 return
-            t.join(POLL_S)
+            if t.is_alive():
+                t.join(POLL_S)
+            else:
+                time.sleep(0.001)  # starting: join() would refuse a thread not yet started
 
 
 __all__ = ["MODES", "leaf_paths", "shard_slices", "train"]
