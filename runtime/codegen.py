@@ -507,6 +507,38 @@ class CompiledKernel:
             for t, level in zip(self.out_types, self.out_levels)
         ]
         self._may_split = self.rows >= 2 and self.rows * self.n >= PARALLEL_MIN_ELEMENTS
+        # a kernel run in one call on the caller's thread is called through Python specialized to
+        # its shapes (the executor calls ``call``); larger ones through ``__call__``, which splits rows
+        self.call: Callable[..., tuple[np.ndarray, ...]] = (
+            self if self._may_split else self._straight_call([v.type.shape for v in region.inputs])
+        )
+
+    def _straight_call(self, shapes: list[tuple[int, ...]]) -> Callable[..., tuple[np.ndarray, ...]]:
+        """``__call__`` for operands of these (the region's) shapes as generated Python: the views
+        and copies each operand needs are decided here, so a small kernel's call is its dispatch
+        plus an allocation (about 0.5 us over the Numba call, against 1.2 for the general path)."""
+        env: dict[str, Any] = {"asc": np.ascontiguousarray, "bcast": np.broadcast_to, "func": self.func}
+        ins = [f"a{k}" for k in range(len(shapes))]
+        lines = [f"def call({', '.join(ins)}):"]
+        for k, (given, (shape, full)) in enumerate(zip(shapes, self._operand_shapes)):
+            a = ins[k]
+            if given != shape and full is not None and given != full:
+                lines.append(f"    {a} = asc(bcast({a}, {full!r})).reshape({shape!r})")
+                continue
+            lines.append(f"    if not {a}.flags.c_contiguous: {a} = asc({a})")
+            if given != shape:
+                lines.append(f"    {a} = {a}.reshape({shape!r})")
+        outs, views = [], []
+        for k, (shape, dtype, view) in enumerate(self._out_shapes):
+            env[f"d{k}"] = dtype
+            lines.append(f"    o{k} = alloc({shape!r}, d{k})")
+            outs.append(f"o{k}")
+            views.append(f"o{k}" if shape == view else f"o{k}.reshape({view!r})")
+        lines.append(f"    func({', '.join(ins + views)}, 0, {self.rows}, {self.n})")
+        lines.append(f"    return ({', '.join(outs)},)")
+        env["alloc"] = self.alloc
+        exec(compile("\n".join(lines) + "\n", "<graphc kernel call>", "exec"), env)
+        return env["call"]
 
     def __call__(self, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
         operands = []

@@ -109,6 +109,7 @@ class Program:
             slot[v] = len(slot)
         self.n_inputs = len(inputs)
         self.constants: list[tuple[int, np.ndarray]] = []
+        self.kernels: list[Any] = []  # the CompiledKernel of each fused step, in order
         self.nodes: list[Node] = []  # the node of each step (for error messages)
         # one step per node: (function, operand slots, result slots, slots freed after it)
         steps: list[tuple[Callable, list[int], list[int], list[int]]] = []
@@ -160,13 +161,14 @@ class Program:
         # straight-line Python function (a call per step, locals for slots), as torch.fx does
         self._straight = self._straight_line() if not any(st[3] or st[4] for st in self.steps) else None
 
-    def _straight_line(self) -> Callable[[Sequence[np.ndarray]], list]:
+    def _straight_line(self, handed: bool = False) -> Callable[[Sequence[np.ndarray]], list]:
         """``run`` of this program as generated Python: ``v7 = f3(v0, v5)`` per step, ``del`` after
-        each slot's last use, constants and step functions as globals. ``self._step_of_line``
-        maps a source line to its step, for errors."""
+        each slot's last use, constants and step functions as globals, an error re-raised by
+        ``_straight_error`` (which names the step). ``self._step_of_line`` maps a source line to
+        its step. ``handed``: the results as ``Executable`` hands them to a caller (``_handed_out``)."""
         names = {s: f"v{s}" for s in range(self.n_slots)}
-        env: dict[str, Any] = {}
-        lines = ["def run(args):"]
+        env: dict[str, Any] = {"fail": self._straight_error, "result": _handed_result}
+        lines = ["def run(args):", "  try:"]
         if self.n_inputs:
             lines.append(f"    {', '.join(names[s] for s in range(self.n_inputs))}, = args")
         for s, value in self.constants:
@@ -181,6 +183,7 @@ class Program:
         # views used once: their expression and the slots it reads, in the line of their user
         inline: dict[int, tuple[str, set[int]]] = {}
         body: list[tuple[str, set[int], int]] = []  # (line, slots it reads, step)
+        fresh: set[int] = set()  # slots that surely hold a new writeable array of 1 or more dims
         for k, (fn, ins, outs, _counted, _frees, _small_frees) in enumerate(self.steps):
             node = self.nodes[k]
             args, reads = [], set()
@@ -198,6 +201,8 @@ class Program:
                 continue
             env[f"f{k}"] = fn
             body.append((_call_line(node, [names[o] for o in outs], f"f{k}({', '.join(args)})"), reads, k))
+            if node.op.name in ("fused", "matmul"):
+                fresh.update(o for o, v in zip(outs, node.outputs) if v.type.ndim)
         # each local made by a step is deleted after the last line that reads it (not the results)
         keep = set(self.out_slots) | {s for s, _ in self.constants} | set(range(self.n_inputs))
         dies = _last_reads(body, keep, names)
@@ -206,7 +211,12 @@ class Program:
             step_line[len(lines)] = k
             if n in dies:
                 lines.append(f"    del {', '.join(dies[n])}")
-        lines.append(f"    return [{', '.join(names[s] for s in self.out_slots)}]")
+        if handed:  # constants and views of them are read-only, numpy scalars become arrays
+            results = [names[s] if s in fresh else f"result({names[s]})" for s in self.out_slots]
+        else:
+            results = [names[s] for s in self.out_slots]
+        lines.append(f"    return [{', '.join(results)}]")
+        lines += ["  except Exception as exc:", "    fail(exc)", "    raise"]
         source = "\n".join(lines) + "\n"
         code = compile(source, "<graphc program>", "exec")
         exec(code, env)
@@ -225,7 +235,8 @@ class Program:
             kernel = CompiledKernel(node, [v.shape for v in node.inputs], alloc=np.empty if small else self.pool.get)
             stats["compile_s"] = stats.get("compile_s", 0.0) + time.perf_counter() - start
             stats.setdefault("kernels", []).append(len(node.regions[0].nodes))
-            return kernel
+            self.kernels.append(kernel)
+            return kernel.call
         if node.op.kind == "comm" and name in COLLECTIVES:
             return _collective_step(node, self.comm)
         if node.regions:
@@ -264,7 +275,7 @@ class Program:
         if profile is not None:
             return self._run_profiled(args, profile)
         if self._straight is not None:
-            return self._run_straight(args)
+            return self._straight(args)
         return self._run_counted(args)
 
     def _run_counted(self, args: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -313,21 +324,18 @@ class Program:
         self.high_water = high
         return [env[s] for s in self.out_slots]
 
-    def _run_straight(self, args: Sequence[np.ndarray]) -> list[np.ndarray]:
-        assert self._straight is not None
-        try:
-            return self._straight(args)
-        except Exception as exc:
-            tb = exc.__traceback__
-            while tb is not None and tb.tb_frame.f_code.co_filename != "<graphc program>":
-                tb = tb.tb_next
-            if tb is None:
-                raise
-            node = self.nodes[self._step_of_line[tb.tb_lineno]]
-            note_where(exc, node.op.name, node.loc)
-            if _is_numpy_error(exc):
-                raise numpy_error(exc, NumpyError).with_traceback(exc.__traceback__) from None
-            raise
+    def _straight_error(self, exc: Exception) -> None:
+        """An exception from the generated code: name the step it came from (a numpy error is
+        raised again as a NumpyError; others go on as they are, with the note)."""
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename != "<graphc program>":
+            tb = tb.tb_next
+        if tb is None:
+            return
+        node = self.nodes[self._step_of_line[tb.tb_lineno]]
+        note_where(exc, node.op.name, node.loc)
+        if _is_numpy_error(exc):
+            raise numpy_error(exc, NumpyError).with_traceback(exc.__traceback__) from None
 
     def _run_profiled(self, args: Sequence[np.ndarray], profile: dict) -> list[np.ndarray]:
         """``run`` that records every step (name, source line, start, end, bytes) in
@@ -388,6 +396,13 @@ class Program:
         return [env[s] for s in self.out_slots]
 
 
+def _handed_result(o: Any) -> np.ndarray:
+    """A result as a caller gets it: an array (not a numpy scalar) that is its own to write."""
+    if type(o) is not np.ndarray:
+        o = np.asarray(o)
+    return o if o.flags.writeable else o.copy()
+
+
 def _is_numpy_error(exc: Exception) -> bool:
     """An error numpy raised on a step's values (an integer to a negative power, an index out of
     bounds): re-raised as a NumpyError that is also of numpy's class (core/errors.py numpy_error)."""
@@ -408,6 +423,8 @@ def _call_line(node: Node, outs: list[str], call: str) -> str:
     (v,) = outs
     if node.op.name == "matmul":  # np.matmul / _matmul: the array itself
         return f"    {v} = {call}"
+    if node.op.name == "fused":  # CompiledKernel.call: a tuple
+        return f"    {v}, = {call}"
     # a tuple or list of one result, or the result itself (see Program.run)
     return f"    {v} = {call}; {v} = {v}[0] if type({v}) is tuple or type({v}) is list else {v}"
 
@@ -529,6 +546,8 @@ class Executable:
         self.stats: dict[str, Any] = {}
         start = time.perf_counter()
         self.program = Program(graph.inputs, graph.nodes, graph.outputs, self.pool, self.stats, comm)
+        if self.program._straight is not None:  # nothing pooled: one generated function does it all
+            self.run_arrays = self.program._straight_line(handed=True)  # type: ignore[method-assign,assignment]
         self.stats["build_s"] = time.perf_counter() - start
 
     def run_flat(self, arrays: list[np.ndarray], profile: dict | None = None) -> list[np.ndarray]:
@@ -544,9 +563,4 @@ class Executable:
         for k in self.program.pooled_outputs:
             self.pool.forget(outs[k])
         # constants are read-only and shared between calls: callers get writeable copies
-        for k, o in enumerate(outs):
-            if type(o) is not np.ndarray:
-                o = outs[k] = np.asarray(o)
-            if not o.flags.writeable:
-                outs[k] = o.copy()
-        return outs
+        return [_handed_result(o) for o in outs]

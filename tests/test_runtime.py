@@ -191,7 +191,7 @@ def test_second_process_loads_kernels_from_the_disk_cache(tmp_path):
         "f = graphc.jit(lambda x: np.tanh(x * 3.0 + 1.0) * x)\n"
         "c = f.compile(np.ones((4, 8), np.float32))\n"
         "c(np.ones((4, 8), np.float32))\n"
-        "k = c.executable.program.steps[0][0].func\n"
+        "k = c.executable.program.kernels[0].func\n"
         "print(k.stats.cache_hits.__len__() if hasattr(k.stats.cache_hits, '__len__') else 0, sum(k.stats.cache_hits.values()), sum(k.stats.cache_misses.values()))\n"
     )
     env = dict(os.environ, GRAPHC_CACHE_DIR=str(tmp_path))

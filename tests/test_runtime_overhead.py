@@ -134,3 +134,50 @@ def test_large_programs_keep_the_accounted_loop():
     ex = Executable(graphc.trace(lambda a: np.tanh(a * 2) + 1, x))
     assert ex.program._straight is None
     close(ex.run_flat([x])[0], np.tanh(x * 2) + 1, 1e-6, 1e-6)
+
+
+def _kernel_fn(x, y):
+    return np.tanh(x * y + x) - y
+
+
+@pytest.mark.filterwarnings("ignore:.*became float64")
+@pytest.mark.parametrize("shape", [(8, 8), (1, 5), (0, 3), (3, 1)])
+def test_fast_entry_checks_every_call(shape):
+    """After a warm call, the generated entry takes arguments of the same shapes and dtypes; any
+    other arguments (a transposed view, another dtype or shape, another count) still give numpy's
+    answer, through the kernel's copy or the full path."""
+    rng = np.random.default_rng(0)
+    x, y = (rng.standard_normal(shape).astype(np.float32) for _ in range(2))
+    f = graphc.jit(_kernel_fn)
+    for _ in range(3):  # the first call compiles, the second sets the entry, the third takes it
+        close(f(x, y), _kernel_fn(x, y), 1e-6, 1e-6)
+    wide = rng.standard_normal((shape[1], shape[0])).astype(np.float32)
+    close(f(wide.T, y), _kernel_fn(wide.T, y), 1e-6, 1e-6)  # same shape and dtype, not contiguous
+    strided = rng.standard_normal((2 * shape[0], 2 * shape[1])).astype(np.float32)[::2, ::2]
+    close(f(strided, y), _kernel_fn(strided, y), 1e-6, 1e-6)
+    close(f(x.astype(np.float64), y), _kernel_fn(x.astype(np.float64), y), 1e-12, 1e-12)
+    close(f(x, y[:, :1]), _kernel_fn(x, y[:, :1]), 1e-6, 1e-6)  # a broadcast operand
+    close(f(x, y), _kernel_fn(x, y), 1e-6, 1e-6)  # back to the first specialization
+    with pytest.raises(TypeError):
+        f(x)
+
+
+def test_fast_entry_results_are_numpy_s():
+    """0-d results come back as numpy scalars, constant results as the caller's own copies."""
+
+    def f(x):
+        return (x * 2).sum(), np.arange(3.0), x * 3
+
+    x = np.ones((4, 4), np.float32)
+    g = graphc.jit(f)
+    for _ in range(3):
+        total, ramp, triple = g(x)
+        assert type(total) is np.float32 and total == 32
+        assert ramp.flags.writeable and triple.flags.writeable
+        ramp[0] = 99.0  # the next call's constant is untouched
+        assert triple.dtype == np.float32
+    single = graphc.jit(lambda x: (x * 2).sum())
+    for _ in range(3):
+        got = single(x)
+        assert type(got) is np.float32 and got == 32
+    assert g(x)[1][0] == 0.0

@@ -119,12 +119,16 @@ def call_state(gen: np.random.Generator) -> GeneratorState:
 
 # --- the ambient stream: graphc.rng_seed -------------------------------------------------------------
 
-_ambient = threading.local()
+
+class _Ambient(threading.local):
+    def __init__(self) -> None:  # (runs once in each thread that uses it)
+        self.stack: list[np.random.Generator] = []
+
+
+_ambient = _Ambient()
 
 
 def _ambient_stack() -> list[np.random.Generator]:
-    if not hasattr(_ambient, "stack"):
-        _ambient.stack = []
     return _ambient.stack
 
 

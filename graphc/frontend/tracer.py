@@ -31,12 +31,17 @@ from graphc.ops import get_op
 _GRAPHC_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _MODELS_DIR = _GRAPHC_DIR + "models" + os.sep  # the example models are user code: their lines are reported
 _NUMPY_DIR = os.path.dirname(os.path.abspath(np.__file__)) + os.sep
-_state = threading.local()
+
+
+class _State(threading.local):
+    def __init__(self) -> None:  # (runs once in each thread that uses it)
+        self.stack: list[TraceContext] = []
+
+
+_state = _State()
 
 
 def _ctx_stack() -> list[TraceContext]:
-    if not hasattr(_state, "stack"):
-        _state.stack = []
     return _state.stack
 
 
