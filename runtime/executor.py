@@ -11,6 +11,11 @@ bytes of the live arrays its steps made (views of other arrays count nothing), a
 those plus the pool's free buffers exceed the highest live count seen so far, the pool drops
 free buffers (``BufferPool.trim``). So a device's memory at any moment is at most its liveness
 peak, the number the planner's memory model predicts (passes/sharding/problem.py).
+
+A program whose values are all small (under ``STRAIGHT_BYTES``, an RNN step or a decode step)
+needs none of that: it runs as one generated straight-line Python function, its arrays
+allocated fresh and dropped at their last use (``Program._straight_line``), which costs a call
+per step and nothing else.
 """
 
 from __future__ import annotations
@@ -117,6 +122,12 @@ class Program:
         # small views of those, of inputs or of constants): not pooled, not counted
         small: set[int] = set()
         uncounted_roots = set(range(len(inputs)))  # inputs: never the run's to free
+        # a program of only modest values (an RNN's steps next to its batched input projection)
+        # runs as straight-line code even if some are above SMALL_BYTES: those are allocated
+        # fresh (the allocator's heap, no page faults) and freed at their last use, not pooled
+        self._modest = not any(n.regions and n.op.name != "fused" for n in nodes) and all(
+            o.type.nbytes < STRAIGHT_BYTES for n in nodes for o in n.outputs
+        )
         for node in nodes:
             if node.op.name == "constant":
                 slot[node.outputs[0]] = len(slot)
@@ -159,7 +170,9 @@ class Program:
 
         # a program whose every value is small keeps no accounting: it runs as one generated
         # straight-line Python function (a call per step, locals for slots), as torch.fx does
-        self._straight = self._straight_line() if not any(st[3] or st[4] for st in self.steps) else None
+        self._straight = self._straight_line() if self._modest or not any(st[3] or st[4] for st in self.steps) else None
+        if self._straight is not None:
+            self.pooled_outputs = []
 
     def _straight_line(self, handed: bool = False) -> Callable[[Sequence[np.ndarray]], list]:
         """``run`` of this program as generated Python: ``v7 = f3(v0, v5)`` per step, ``del`` after
@@ -231,7 +244,7 @@ class Program:
             from graphc.runtime.codegen import CompiledKernel
 
             start = time.perf_counter()
-            small = all(_small_fresh(node, o) for o in node.outputs)
+            small = self._modest or all(_small_fresh(node, o) for o in node.outputs)
             kernel = CompiledKernel(node, [v.shape for v in node.inputs], alloc=np.empty if small else self.pool.get)
             stats["compile_s"] = stats.get("compile_s", 0.0) + time.perf_counter() - start
             stats.setdefault("kernels", []).append(len(node.regions[0].nodes))
@@ -413,6 +426,8 @@ def _is_numpy_error(exc: Exception) -> bool:
 # them): the allocator recycles them without page faults, and the bookkeeping (~1 us an array)
 # would cost more than the small ops that make them.
 SMALL_BYTES = 1 << 16
+# A program none of whose values reaches this size runs as straight-line code (Program._modest).
+STRAIGHT_BYTES = 1 << 20
 _FRESH_KINDS = ("elementwise", "reduction", "contraction", "fused")  # never a view of an operand
 
 
@@ -528,9 +543,13 @@ def _collective_step(node: Node, comm) -> Callable:
 
 def _matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """np.matmul, with batched operands made contiguous first: numpy's batched matmul on strided
-    views (attention's q @ k.swapaxes(-1, -2)) is ~3x slower than copying and calling BLAS."""
+    views (attention's q @ k.swapaxes(-1, -2)) is ~3x slower than copying and calling BLAS. A
+    batch times a matrix is one GEMM on the flattened batch (numpy calls one per batch entry:
+    5-15% slower, more for small ones)."""
     if a.ndim > 2 and not a.flags.c_contiguous:
         a = np.ascontiguousarray(a)
+    if b.ndim == 2:
+        return np.matmul(a.reshape(-1, a.shape[-1]), b).reshape(a.shape[:-1] + b.shape[1:])
     if b.ndim > 2 and not b.flags.c_contiguous:
         b = np.ascontiguousarray(b)
     return np.matmul(a, b)

@@ -39,7 +39,7 @@ def run_kernel(x):
     the compiled kernel's Numba dispatcher)."""
     codegen._loaded.clear()
     compiled = graphc.jit(lambda x: kernel_func(x)).compile(x)
-    (kernel,) = [s[0] for s in compiled.executable.program.steps if isinstance(s[0], codegen.CompiledKernel)]
+    (kernel,) = compiled.executable.program.kernels
     return compiled(x), kernel.func
 
 

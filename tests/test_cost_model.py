@@ -236,13 +236,13 @@ def test_redistribution_buffers_are_counted_in_what_the_runtime_holds():
 def test_the_buffer_pool_never_holds_more_than_the_liveness_peak():
     import graphc
 
-    def f(x, w):  # fused kernels between matmuls: their results come from the pool
+    def f(x, w):  # fused kernels between matmuls, 1 MiB values: their results come from the pool
         h = np.tanh(x @ w) * 2.0
         g = np.exp(h @ w * 0.1) + 1.0
         return (g @ w) * 0.5 + 1.0
 
-    x = np.random.default_rng(0).standard_normal((256, 256)).astype(np.float32) * 0.01
-    w = np.random.default_rng(1).standard_normal((256, 256)).astype(np.float32) * 0.01
+    x = np.random.default_rng(0).standard_normal((512, 512)).astype(np.float32) * 0.01
+    w = np.random.default_rng(1).standard_normal((512, 512)).astype(np.float32) * 0.01
     compiled = graphc.jit(f).compile(x, w)
     ex = compiled.executable
     for _ in range(3):

@@ -154,7 +154,7 @@ def test_control_flow_runs_on_the_executor():
 def test_buffers_are_reused_on_warm_runs():
     from graphc.models import gpt
 
-    args, kwargs = gpt.example_args(batch=4, seq=64, d=128)  # activations of 128 KiB: pooled
+    args, kwargs = gpt.example_args(batch=4, seq=64, d=512)  # MLP activations of 2 MiB: pooled
     compiled = graphc.jit(gpt.gpt, static_argnames=("n_head",)).compile(*args, **kwargs)
     compiled(*args, **kwargs)
     pool = compiled.executable.pool

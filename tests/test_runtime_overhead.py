@@ -9,7 +9,6 @@ import pytest
 import graphc
 from graphc.core.ir import walk
 from graphc.models import rnn
-from graphc.runtime.executor import Executable
 from tests.helpers import assert_arrays_close
 
 
@@ -129,11 +128,16 @@ def test_straight_line_errors_name_the_step():
     assert any("graphc: in gather at tests/test_runtime_overhead.py:" in n for n in info.value.__notes__)
 
 
-def test_large_programs_keep_the_accounted_loop():
-    x = np.ones((256, 256), np.float32)
-    ex = Executable(graphc.trace(lambda a: np.tanh(a * 2) + 1, x))
-    assert ex.program._straight is None
-    close(ex.run_flat([x])[0], np.tanh(x * 2) + 1, 1e-6, 1e-6)
+@pytest.mark.parametrize("n, straight", [(256, True), (1024, False)])
+def test_large_programs_keep_the_accounted_loop(n, straight):
+    """Values under STRAIGHT_BYTES (1 MiB) run straight-line, fresh and unpooled; a larger one
+    makes the program count its bytes and pool its buffers."""
+    x = np.ones((n, n), np.float32)
+    ex = graphc.jit(lambda a: np.tanh(a * 2) + 1).compile(x).executable  # one fused kernel
+    assert (ex.program._straight is not None) == straight
+    for _ in range(2):
+        close(ex.run_flat([x])[0], np.tanh(x * 2) + 1, 1e-6, 1e-6)
+    assert (ex.pool.allocated > 0) != straight
 
 
 def _kernel_fn(x, y):
@@ -181,3 +185,37 @@ def test_fast_entry_results_are_numpy_s():
         got = single(x)
         assert type(got) is np.float32 and got == 32
     assert g(x)[1][0] == 0.0
+
+
+def _tree_fn(params, xs):
+    first = list(params.values())[0]  # depends on the dict's order, as Python code may
+    return np.tanh(xs[0] @ params["w"] + params["b"]) * np.sum(first), [xs[1] * 2]
+
+
+def test_tree_entry_checks_structure_and_leaves():
+    """A warm call with a dict and a tuple of arrays takes the generated entry; any change of
+    structure (dict order or keys, tuple length, a leaf that is a number or another shape) is a
+    miss that the full path answers as numpy does."""
+    rng = np.random.default_rng(1)
+    w, b = rng.standard_normal((3, 4)), rng.standard_normal(4)
+    xs = (rng.standard_normal((2, 3)), rng.standard_normal(5))
+    f = graphc.jit(_tree_fn)
+
+    def check(params, xs):
+        got, want = f(params, xs), _tree_fn(params, xs)
+        close(got[0], want[0], 1e-12, 1e-12)
+        close(got[1][0], want[1][0], 1e-12, 1e-12)
+        assert type(got[1]) is list
+
+    for _ in range(3):
+        check({"w": w, "b": b}, xs)
+    check({"b": b, "w": w}, xs)  # the other order: a different first value
+    check({"w": w, "b": b, "c": w}, xs)
+    check({"w": w, "b": b}, (xs[0], rng.standard_normal(7)))
+    check({"w": w, "b": b}, [xs[0], xs[1]])
+    check({"w": w, "b": 2.0}, xs)
+    check({"w": w, "b": b[:1]}, xs)
+    check({"w": w.astype(np.float32), "b": b}, xs)
+    check({"w": w, "b": b}, xs)
+    with pytest.raises(TypeError):
+        f({"w": w, "b": b})
