@@ -57,6 +57,25 @@ class ParallelExecutable:
         self.executables = {p.device: Executable(p.graph, self.proxies[p.device]) for p in program.devices}
         self.stats["build_s"] = time.perf_counter() - start
         self.last_profile: dict[int, dict] | None = None
+        # outputs split in contiguous pieces (ZeRO's sharded optimizer state): every device thread
+        # writes its piece into the whole array itself, so the copies (and the new array's page
+        # faults) happen on all devices at once instead of after the run on one thread
+        self._placed: dict[int, dict[int, tuple | None]] = {}  # output -> device -> its slices
+        shape = tuple(self.mesh.shape)
+        for k, (t, spec) in enumerate(zip(program.out_types, program.out_specs)):
+            if any(p.kind == "P" for p in spec) or not any(p.is_split for p in spec):
+                continue
+            if any(p.is_split and p.blocks != 1 for p in spec):
+                continue
+            where: dict[int, tuple | None] = {}
+            for p in program.devices:
+                index: list[slice] = [slice(None)] * len(t.shape)
+                for q, n, r in zip(spec, shape, p.coord):
+                    if q.is_split:
+                        index[q.dim] = slice(*piece_bounds(t.shape[q.dim], n, r))
+                duplicate = any(p.coord[a] for a, q in enumerate(spec) if q.kind == "R")
+                where[p.device] = None if duplicate else tuple(index)
+            self._placed[k] = where
 
     def device_ir(self) -> dict[int, str]:
         """The text IR of every device program."""
@@ -82,11 +101,16 @@ class ParallelExecutable:
     def run_flat(self, arrays: list, profile: bool = False, keep_sharded: frozenset = frozenset()) -> list:
         """Run on whole inputs (or ShardedArrays); outputs are whole arrays, except the positions in
         ``keep_sharded``, which stay on the devices as ShardedArrays."""
-        outs = self.run_sharded(self.shard(arrays), profile)
+        types = self.program.out_types
+        wholes = {k: np.empty(types[k].shape, types[k].dtype) for k in self._placed if k not in keep_sharded}
+        outs = self.run_sharded(self.shard(arrays), profile, wholes)
         shape = tuple(self.mesh.shape)
         devices = self.program.devices
         result: list[np.ndarray | ShardedArray] = []
-        for k, (t, spec) in enumerate(zip(self.program.out_types, self.program.out_specs)):
+        for k, (t, spec) in enumerate(zip(types, self.program.out_specs)):
+            if k in wholes:  # the devices wrote their pieces into it
+                result.append(wholes[k])
+                continue
             by_device = {p.device: outs[p.device][k] for p in devices}
             if k in keep_sharded:
                 result.append(ShardedArray(by_device, spec, self.mesh, t.shape, t.dtype))
@@ -95,8 +119,21 @@ class ParallelExecutable:
             result.append(unshard(pieces, spec, shape, t.shape).astype(t.dtype, copy=False))
         return result
 
-    def run_sharded(self, pieces: dict[int, list[np.ndarray]], profile: bool = False) -> dict[int, list[np.ndarray]]:
-        """Run every device on its pieces; returns every device's output pieces."""
+    def run_sharded(
+        self, pieces: dict[int, list[np.ndarray]], profile: bool = False, wholes: dict[int, np.ndarray] | None = None
+    ) -> dict[int, list[np.ndarray]]:
+        """Run every device on its pieces; returns every device's output pieces. ``wholes``: whole
+        arrays of outputs in ``_placed``, each device thread copies its pieces into them."""
+        wholes = wholes or {}
+
+        def device(d: int) -> list[np.ndarray]:
+            outs = self.executables[d].run_flat(pieces[d], profiles.get(d))
+            for k, whole in wholes.items():
+                where = self._placed[k][d]
+                if where is not None:
+                    whole[where] = outs[k]
+            return outs
+
         world = ThreadWorld(self.mesh.size, timeout_s=self.timeout_s)
         for d, proxy in self.proxies.items():
             proxy.current = comm = world.comm(d)
@@ -109,7 +146,7 @@ class ParallelExecutable:
                 world,
                 self.mesh,
                 self.timeout_s,
-                lambda d: self.executables[d].run_flat(pieces[d], profiles.get(d)),
+                device,
             )
         finally:
             if profile:

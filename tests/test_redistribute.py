@@ -194,3 +194,23 @@ def test_collective_cost_formulas():
     lat = mesh.links["a0"].latency_s
     assert rs + ag == pytest.approx(ar + mesh.profile.collective_overhead_s - 2 * lat)
     assert redistribution_time((1024, 256), 4, (R,), (R,), mesh) == 0
+
+
+@pytest.mark.parametrize(
+    "mesh_shape,shape", [((2,), (4, 6)), ((2, 2), (4, 4)), ((2, 3), (6, 4)), ((3,), (7, 5)), ((2, 2), (0, 4))]
+)
+def test_unshard_inverts_shard_for_every_spec(mesh_shape, shape):
+    """unshard(shard(x)) is x for every spec (P axes summed, R copies counted once, uneven and
+    blocked splits); a replicated value is its coordinate-0 piece itself, not a copy."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(shape)
+    for spec in _specs(shape, mesh_shape):
+        pieces = _start_pieces(x, spec, mesh_shape, rng)
+        got = unshard(pieces, spec, mesh_shape, shape)
+        np.testing.assert_allclose(got, x, atol=1e-12, err_msg=format_spec(spec))
+        if all(p.kind == "R" for p in spec):
+            assert got is pieces[(0,) * len(mesh_shape)]
+    blocked = (S(0, 2),) + (R,) * (len(mesh_shape) - 1)
+    if shape[0] % (2 * mesh_shape[0]) == 0:
+        pieces = {c: shard(x, blocked, mesh_shape, c) for c in _coords(mesh_shape)}
+        np.testing.assert_array_equal(unshard(pieces, blocked, mesh_shape, shape), x)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -191,17 +192,29 @@ def shard(x: np.ndarray, spec, mesh_shape: tuple[int, ...], coord: tuple[int, ..
 
 
 def unshard(pieces: dict, spec, mesh_shape: tuple[int, ...], shape: tuple[int, ...]) -> np.ndarray:
-    """Rebuild the logical tensor from ``{coord: local array}`` (sums over P axes)."""
-    sample = next(iter(pieces.values()))
-    out = np.zeros(shape, dtype=np.asarray(sample).dtype)
-    for coord, piece in pieces.items():
-        index = [slice(None)] * len(shape)
+    """Rebuild the logical tensor from ``{coord: local array}`` (sums over P axes). A replicated
+    value is its coordinate-0 piece itself, not a copy; contiguous splits are written by slices."""
+    replicated = [a for a, p in enumerate(spec) if p.kind == "R"]
+    # a replicated axis repeats the same piece: count it once (the coord-0 copy along it)
+    held = [(coord, np.asarray(piece)) for coord, piece in pieces.items() if not any(coord[a] for a in replicated)]
+    partial = any(p.kind == "P" for p in spec)
+    if len(held) == 1 and not partial and held[0][1].shape == tuple(shape):
+        return held[0][1]
+    out = (np.zeros if partial else np.empty)(shape, dtype=held[0][1].dtype)
+    for coord, piece in held:
+        index: list[Any] = [slice(None)] * len(shape)
         for p, n, r in zip(spec, mesh_shape, coord):
             if p.is_split:
-                index[p.dim] = piece_index(shape[p.dim], n, r, p.blocks)
-        sel = np.ix_(*[np.arange(s) if isinstance(i, slice) else i for s, i in zip(shape, index)]) if shape else ()
-        # a replicated axis repeats the same piece: count it once (the coord-0 copy along it)
-        if any(coord[a] != 0 for a, p in enumerate(spec) if p.kind == "R"):
-            continue
-        out[sel] += np.asarray(piece)
+                index[p.dim] = slice(*piece_bounds(shape[p.dim], n, r)) if p.blocks == 1 else None
+        if any(i is None for i in index):  # blocked splits: their indices, by np.ix_
+            for p, n, r in zip(spec, mesh_shape, coord):
+                if p.is_split:
+                    index[p.dim] = piece_index(shape[p.dim], n, r, p.blocks)
+            sel: Any = np.ix_(*[np.arange(s) if isinstance(i, slice) else i for s, i in zip(shape, index)])
+        else:
+            sel = tuple(index)
+        if partial:
+            out[sel] += piece
+        else:
+            out[sel] = piece
     return out
