@@ -103,9 +103,14 @@ class ParallelExecutable:
         ``keep_sharded``, which stay on the devices as ShardedArrays."""
         types = self.program.out_types
         wholes = {k: np.empty(types[k].shape, types[k].dtype) for k in self._placed if k not in keep_sharded}
-        outs = self.run_sharded(self.shard(arrays), profile, wholes)
+        pieces_in = self.shard(arrays)
+        outs = self.run_sharded(pieces_in, profile, wholes)
         shape = tuple(self.mesh.shape)
         devices = self.program.devices
+        # a replicated result is device 0's piece itself (unshard) unless that piece also lives on
+        # elsewhere: as an input's piece, or in a result kept on the devices
+        elsewhere = {id(a) for piece_list in pieces_in.values() for a in piece_list}
+        elsewhere |= {id(outs[p.device][k]) for k in keep_sharded for p in devices}
         result: list[np.ndarray | ShardedArray] = []
         for k, (t, spec) in enumerate(zip(types, self.program.out_specs)):
             if k in wholes:  # the devices wrote their pieces into it
@@ -116,7 +121,10 @@ class ParallelExecutable:
                 result.append(ShardedArray(by_device, spec, self.mesh, t.shape, t.dtype))
                 continue
             pieces = {p.coord: by_device[p.device] for p in devices}
-            result.append(unshard(pieces, spec, shape, t.shape).astype(t.dtype, copy=False))
+            whole = unshard(pieces, spec, shape, t.shape)
+            if id(whole) in elsewhere:
+                whole = whole.copy()
+            result.append(whole.astype(t.dtype, copy=False))
         return result
 
     def run_sharded(
@@ -137,7 +145,9 @@ class ParallelExecutable:
         world = ThreadWorld(self.mesh.size, timeout_s=self.timeout_s)
         for d, proxy in self.proxies.items():
             proxy.current = comm = world.comm(d)
-            comm.alloc = self.executables[d].pool.get  # collective results reuse the device's dead buffers
+            # collective results reuse the device's dead buffers (a straight-line program pools nothing)
+            ex = self.executables[d]
+            comm.alloc = ex.pool.get if ex.program._straight is None else np.empty
         profiles: dict[int, dict] = {d: {} for d in self.executables} if profile else {}
         t0 = time.perf_counter()
         try:
@@ -344,13 +354,17 @@ class ShardedArray(ArraySpec):
         return self.ranks if self.ranks is not None else tuple(range(self.mesh.size))
 
     def _whole_here(self) -> np.ndarray | None:
-        """The whole value when the pieces held here make it up, else None."""
+        """The whole value when the pieces held here make it up, else None: an array of its own,
+        never a piece (writing into it must not change the value on the devices)."""
         if self.world is None:
-            return unshard(
+            whole = unshard(
                 {self.mesh.coord(d): p for d, p in self.pieces.items()}, self.spec, tuple(self.mesh.shape), self.shape
-            ).astype(self.dtype, copy=False)
+            )
+            if any(whole is p for p in self.pieces.values()):  # a replicated value: its piece
+                whole = whole.copy()
+            return whole.astype(self.dtype, copy=False)
         if self.pieces and all(p.kind == "R" for p in self.spec):
-            return np.asarray(self.local).astype(self.dtype, copy=False)
+            return np.array(self.local, dtype=self.dtype)
         return None
 
     def gather(self, root: int = 0) -> np.ndarray | None:

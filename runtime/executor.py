@@ -21,6 +21,7 @@ per step and nothing else.
 from __future__ import annotations
 
 import functools
+import math
 import sys
 import threading
 import time
@@ -345,7 +346,10 @@ class Program:
             tb = tb.tb_next
         if tb is None:
             return
-        node = self.nodes[self._step_of_line[tb.tb_lineno]]
+        k = self._step_of_line.get(tb.tb_lineno)
+        if k is None:  # the arguments' unpacking or the results' line: no step to name
+            return
+        node = self.nodes[k]
         note_where(exc, node.op.name, node.loc)
         if _is_numpy_error(exc):
             raise numpy_error(exc, NumpyError).with_traceback(exc.__traceback__) from None
@@ -549,7 +553,8 @@ def _matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     if a.ndim > 2 and not a.flags.c_contiguous:
         a = np.ascontiguousarray(a)
     if b.ndim == 2:
-        return np.matmul(a.reshape(-1, a.shape[-1]), b).reshape(a.shape[:-1] + b.shape[1:])
+        rows = math.prod(a.shape[:-1])
+        return np.matmul(a.reshape(rows, a.shape[-1]), b).reshape(a.shape[:-1] + b.shape[1:])
     if b.ndim > 2 and not b.flags.c_contiguous:
         b = np.ascontiguousarray(b)
     return np.matmul(a, b)

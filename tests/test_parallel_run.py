@@ -119,6 +119,31 @@ def test_training_steps_with_sharded_state_equal_eager_steps():
     leaves = flatten(p_par)[0]
     assert leaves and all(isinstance(a, ShardedArray) for a in leaves)  # stayed on the devices
     assert_close(graphc.tree_map(np.asarray, p_par), p_eager)
+    for a in leaves:  # the whole value is the caller's own: writing into it leaves the devices alone
+        whole = np.asarray(a)
+        kept = whole.copy()
+        whole[...] = 7
+        np.testing.assert_array_equal(np.asarray(a), kept)
+
+
+def test_results_of_later_calls_do_not_overwrite_earlier_ones():
+    """Replicated results are the devices' own buffers, handed out: a later call must not reuse
+    them (nor the split results' whole arrays)."""
+
+    def step(w, x):
+        h = np.tanh(x @ w) * 2.0 + 1.0
+        return w - 0.1 * (x.T @ h), h.sum()
+
+    rng = np.random.default_rng(0)
+    w, x = rng.standard_normal((64, 64)).astype(np.float32), rng.standard_normal((128, 64)).astype(np.float32)
+    pf = graphc.parallelize(step, mesh=_mesh({"dp": 2}), cache=False)
+    first = pf(w, x)
+    kept = [np.array(r) for r in first]
+    for _ in range(3):
+        later = pf(w * 2, x)
+        assert not np.shares_memory(later[0], first[0])
+    for got, want in zip(first, kept):
+        np.testing.assert_array_equal(got, want)
 
 
 def test_out_of_range_index_on_a_split_table_raises_index_error_naming_device_and_line():
@@ -209,3 +234,24 @@ def test_split_of_a_split_input_under_parallelize(shape):
     for fn in (lambda x: np.split(x, 2)[1], lambda x: np.split(x, 2)[0] * 2.0 + np.split(x, 2)[1]):
         pf = graphc.parallelize(fn, mesh=_mesh({"dp": 2}), in_specs=("S(0)",), cache=False)
         assert_close(pf(x), fn(x))
+
+
+def test_a_replicated_result_is_not_a_piece_kept_on_the_devices():
+    """A result returned whole and the same value kept sharded are separate arrays: writing into
+    the first leaves every device's piece of the second alone."""
+
+    def step(w, x):
+        w2 = w - 0.1 * (x.T @ np.tanh(x @ w))
+        return w2, w2
+
+    rng = np.random.default_rng(0)
+    w, x = rng.standard_normal((16, 16)).astype(np.float32), rng.standard_normal((32, 16)).astype(np.float32)
+    pf = graphc.parallelize(step, mesh=_mesh({"dp": 2}), cache=False, sharded_state=True)
+    state, out = pf(w, x)
+    want = np.asarray(state).copy()
+    out[...] = 0
+    for piece in state.pieces.values():
+        np.testing.assert_array_equal(piece, want)
+    peek = graphc.parallelize(lambda w, x: (w, (x @ w).sum()), mesh=_mesh({"dp": 2}), cache=False)
+    seen, _ = peek(state, x)
+    assert not any(np.shares_memory(seen, p) for p in state.pieces.values())

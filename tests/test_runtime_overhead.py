@@ -219,3 +219,46 @@ def test_tree_entry_checks_structure_and_leaves():
     check({"w": w, "b": b}, xs)
     with pytest.raises(TypeError):
         f({"w": w, "b": b})
+
+
+def test_dict_keys_equal_across_types_are_different_arguments():
+    """1 == 1.0 == True, but a dict keyed by each traces differently (as the cache key says)."""
+
+    def f(d):
+        return {str(k): v * k for k, v in d.items()}
+
+    x = np.arange(3)
+    g = graphc.jit(f)
+    for d in ({1: x}, {1: x}, {1.0: x}, {True: x}, {1: x}):
+        got, want = g(d), f(d)
+        assert list(got) == list(want)
+        for k in want:
+            assert got[k].dtype == want[k].dtype
+            np.testing.assert_array_equal(got[k], want[k])
+
+
+def test_alternating_specializations_keep_their_entries():
+    """Calls that alternate between two specializations (a last partial batch) switch between
+    two generated entries, made once each, for dicts of arrays and for plain arrays."""
+    p = {"w": np.ones((3, 2))}
+    cases = [
+        (graphc.jit(lambda p, x: np.tanh(x @ p["w"])), lambda g, x: g(p, x), lambda x: np.tanh(x @ p["w"])),
+        (graphc.jit(lambda x: np.tanh(x) * 2), lambda g, x: g(x), lambda x: np.tanh(x) * 2),
+    ]
+    for g, call, want in cases:
+        for _ in range(3):
+            for x in (np.ones((4, 3)), np.ones((5, 3))):
+                call(g, x)
+        entries = [c._entry for c in g._cache._entries.values()]
+        assert len(entries) == 2 and None not in entries
+        for x in (np.ones((4, 3)), np.ones((5, 3))) * 2:
+            np.testing.assert_allclose(call(g, x), want(x))
+            assert any(g._last_fast is e for e in entries)
+
+
+@pytest.mark.parametrize("a_shape, b_shape", [((2, 3, 0), (0, 4)), ((0, 3, 5), (5, 2)), ((2, 1, 4), (4, 0))])
+def test_batched_matmul_with_empty_dims(a_shape, b_shape):
+    a, b = np.ones(a_shape, np.float32), np.ones(b_shape, np.float32)
+    got = graphc.jit(lambda a, b: a @ b)(a, b)
+    assert got.shape == (a @ b).shape
+    np.testing.assert_array_equal(got, a @ b)

@@ -38,6 +38,8 @@ from graphc.runtime.executor import Executable
 class Compiled:
     """One traced, optimized and compiled specialization of a jitted function."""
 
+    _entry: Any  # Jitted's generated entry for calls of this specialization (_entry_of), once made
+
     def __init__(self, traced: Graph, optimized: Graph, seconds: dict[str, float], split_static: Callable):
         start = time.perf_counter()
         self._split_static = split_static
@@ -454,7 +456,7 @@ class Jitted:
                 key = self._fast.get(fast)
                 hit = self._cache.get(key) if key is not None else None
                 if hit is not None:  # the arguments are the graph's inputs, of its shapes and dtypes
-                    self._last_fast = _fast_entry(fast, hit)
+                    self._last_fast = _entry_of(hit, functools.partial(_fast_entry, fast, hit))
                     return hit.run_flat_args(args)
             else:
                 fast = None
@@ -466,7 +468,8 @@ class Jitted:
                 self._fast.clear()
             self._fast[fast] = key
         elif not kwargs and not generators and self._plain and not traced_random.ambient_active():
-            self._last_fast = _tree_entry(args, compiled) or self._last_fast  # dicts and lists of arrays
+            entry = _entry_of(compiled, lambda: _tree_entry(args, compiled))  # dicts and lists of arrays
+            self._last_fast = entry or self._last_fast
         result = compiled.run(args, kwargs)
         if generators:  # each Generator moves past the words the call drew, as numpy's would
             traced_random.advance_generators(compiled.traced, *self.static.for_trace(args, kwargs), generators)
@@ -474,6 +477,15 @@ class Jitted:
 
 
 _MISS = object()
+
+
+def _entry_of(compiled: Compiled, make: Callable[[], Callable | None]) -> Callable[[tuple], Any] | None:
+    """The specialization's generated entry (None: its calls cannot take one), made once: calls
+    that alternate between specializations switch entries without generating code again."""
+    entry = compiled.__dict__.get("_entry", _MISS)
+    if entry is _MISS:
+        entry = compiled._entry = make()
+    return entry
 
 
 def _fast_entry(signature: tuple, compiled: Compiled) -> Callable[[tuple], Any]:
@@ -493,6 +505,8 @@ def _tree_entry(args: tuple, compiled: Compiled) -> Callable[[tuple], Any] | Non
 def _containers_only(tree: TreeDef) -> bool:
     if tree.kind == "leaf":
         return True
+    if tree.kind == "dict" and not all(type(k) is str for k in tree.keys):  # (1 == 1.0 == True)
+        return False
     return tree.kind in ("dict", "list", "tuple") and tree.node is None and all(map(_containers_only, tree.children))
 
 

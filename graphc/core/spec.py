@@ -199,7 +199,8 @@ def unshard(pieces: dict, spec, mesh_shape: tuple[int, ...], shape: tuple[int, .
     held = [(coord, np.asarray(piece)) for coord, piece in pieces.items() if not any(coord[a] for a in replicated)]
     partial = any(p.kind == "P" for p in spec)
     if len(held) == 1 and not partial and held[0][1].shape == tuple(shape):
-        return held[0][1]
+        piece = held[0][1]
+        return piece if piece.flags.writeable else piece.copy()  # (a constant is read-only)
     out = (np.zeros if partial else np.empty)(shape, dtype=held[0][1].dtype)
     for coord, piece in held:
         index: list[Any] = [slice(None)] * len(shape)
