@@ -130,6 +130,9 @@ def _is_scalar_constant(v: Value) -> bool:
 
 
 def fuse_block(inputs: list[Value], nodes: list[Node], outputs: list[Value]) -> tuple[list[Node], list[Value]]:
+    # dead nodes first: clusters are runs of fusable ops, and a dead op between two live ones would
+    # split a cluster that a second run (after the first one's DCE) would form (not idempotent)
+    nodes, outputs = dce_block(inputs, nodes, outputs)
     original = nodes
     # constants have no operands: hoisting them first keeps the order valid and lets clusters use
     # constants that the trace happened to create late (the eps of a layer norm, a mask)
