@@ -73,6 +73,9 @@ __all__ = [
     "softmax_lastaxis_f32",
     "layernorm_lastaxis_f32",
     "apply",
+    "maximum",
+    "minimum",
+    "radd",
     "FUNCTIONS",
     "derive_coefficients",
 ]
@@ -161,7 +164,7 @@ def _split(typingctx, x):
 
 
 @intrinsic
-def _maximum(typingctx, a, b):
+def maximum(typingctx, a, b):
     """max(a, b) propagating nan (llvm.maximum: numpy's semantics, -0 < +0); a reduction over it
     vectorizes without fast-math flags."""
     if a not in _LAYOUT or b != a:
@@ -171,6 +174,33 @@ def _maximum(typingctx, a, b):
         fty = _LAYOUT[a][0]
         fn = builder.module.declare_intrinsic("llvm.maximum", [fty], ir.FunctionType(fty, [fty, fty]))
         return builder.call(fn, args)
+
+    return a(a, a), codegen
+
+
+@intrinsic
+def minimum(typingctx, a, b):
+    """min(a, b) propagating nan (llvm.minimum), as ``maximum``."""
+    if a not in _LAYOUT or b != a:
+        return None
+
+    def codegen(context, builder, sig, args):
+        fty = _LAYOUT[a][0]
+        fn = builder.module.declare_intrinsic("llvm.minimum", [fty], ir.FunctionType(fty, [fty, fty]))
+        return builder.call(fn, args)
+
+    return a(a, a), codegen
+
+
+@intrinsic
+def radd(typingctx, a, b):
+    """a + b with only the ``reassoc`` flag: a sum accumulated through it vectorizes (LLVM splits it
+    into vector partial sums), while every other operation of the loop keeps strict IEEE order."""
+    if a not in _LAYOUT or b != a:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.fadd(args[0], args[1], flags=("reassoc",))
 
     return a(a, a), codegen
 
@@ -470,7 +500,7 @@ def _map_log1p_64(x, out):
 
 # ------------------------------------------------------------------------------------------------
 # Fused kernels (float32, single thread, nogil). Reductions vectorize under strict IEEE flags: the
-# row max through llvm.maximum, sums through _radd (an fadd that alone may re-associate, so LLVM
+# row max through llvm.maximum, sums through radd (an fadd that alone may re-associate, so LLVM
 # splits it into vector partial sums). Rows are software-pipelined: the pass that finishes row i
 # also reads row i+1 (its max, or its mean/variance sums), so those DRAM loads overlap arithmetic
 # instead of stalling a pass of their own. A row stays in L1/L2 between the passes over it: memory
@@ -484,24 +514,12 @@ SUM_BLOCK = 1024  # softmax sums in float32 within blocks of this many elements,
 _KJIT = dict(cache=True, nogil=True, error_model="numpy", fastmath={"contract"})
 
 
-@intrinsic
-def _radd(typingctx, a, b):
-    """a + b with only the ``reassoc`` flag: a sum accumulated through it vectorizes."""
-    if a not in _LAYOUT or b != a:
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.fadd(args[0], args[1], flags=("reassoc",))
-
-    return a(a, a), codegen
-
-
 @numba.njit(**_KJIT)
 def _row_max(row):
     """max of a float32 row, nan if any element is nan (as numpy)."""
     m = NEG_INF_F
     for j in range(row.size):
-        m = _maximum(m, row[j])
+        m = maximum(m, row[j])
     return m
 
 
@@ -525,8 +543,8 @@ def _exp_sum_max_block(r, shift, o, nx):
     for j in range(r.size):
         e = _exp_shifted32(r[j] - shift)
         o[j] = e
-        s = _radd(s, e)
-        m = _maximum(m, nx[j])
+        s = radd(s, e)
+        m = maximum(m, nx[j])
     return s, m
 
 
@@ -543,7 +561,7 @@ def _row_exp_sum_max(row, shift, orow, nxt):
         j1 = min(j0 + SUM_BLOCK, n)
         s, bm = _exp_sum_max_block(row[j0:j1], shift, orow[j0:j1], nxt[j0:j1])
         total += np.float64(s)
-        m = _maximum(m, bm)
+        m = maximum(m, bm)
     return total, m
 
 
@@ -564,8 +582,8 @@ def _row_stats(row):
     s2 = 0.0
     for j in range(row.size):
         d = np.float64(row[j]) - c
-        s1 = _radd(s1, d)
-        s2 = _radd(s2, d * d)
+        s1 = radd(s1, d)
+        s2 = radd(s2, d * d)
     return _moments(row.size, c, s1, s2)
 
 
@@ -579,8 +597,8 @@ def _norm_row_stats_next(row, mean, rstd, g, b, orow, nxt):
     for j in range(row.size):
         orow[j] = np.float32((np.float64(row[j]) - mean) * (rstd * np.float64(g[j])) + np.float64(b[j]))
         d = np.float64(nxt[j]) - c
-        s1 = _radd(s1, d)
-        s2 = _radd(s2, d * d)
+        s1 = radd(s1, d)
+        s2 = radd(s2, d * d)
     return _moments(nxt.size, c, s1, s2)
 
 

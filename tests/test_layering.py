@@ -89,7 +89,7 @@ def test_graphc_modules_do_not_import_the_facade(graph):
 def test_type_checker_exclusions_only_shrink():
     overrides = _pyproject()["tool"]["mypy"]["overrides"]
     skipped = {m for o in overrides if o.get("ignore_errors") for m in o["module"]}
-    assert skipped <= {"graphc.runtime.fastmath", "graphc.runtime.rowops"}
+    assert skipped <= {"graphc.runtime.fastmath"}
 
 
 # --- the runtime runs what it is handed -------------------------------------------------------------

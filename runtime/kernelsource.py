@@ -1,0 +1,645 @@
+"""The Python (Numba) source of a fused kernel, generated from its region.
+
+A fused region works on an iteration space S = (..., n), seen as R = prod(S[:-1]) rows of n
+elements. Every value of the region is at one of three levels: *elem* (one per element of S),
+*row* (one per row: a reduction's result, a mean, a variance + eps) or *const* (a scalar constant,
+hoisted out of all loops). The kernel loops over a range of rows; within a row it runs one or more
+*phases*, each a single loop over the n elements that computes the elementwise values it can and
+accumulates the last-axis reductions they feed; the row values a phase needs are computed between
+loops. So softmax is three loops over a row (max; exp and its sum; the division) and layer norm
+three (sum; deviations and their squares' sum; the result).
+
+Three things keep a kernel near the speed of a copy of its bytes (graphc bench kernels):
+
+* **Reductions accumulate inside the loop** that computes their input, not in a pass of their own:
+  max and min through ``fm.maximum`` / ``fm.minimum`` (llvm.maximum: numpy's NaN propagation,
+  vectorized), sums through ``fm.radd``, an add that alone may be re-associated, so LLVM splits the
+  sum into vector partial sums while the rest of the loop keeps strict IEEE order. A float32 sum
+  adds in float32 within blocks of ``SUM_BLOCK`` elements (a few elements per vector lane) and in
+  float64 across blocks; float64 and integer sums accumulate in their own type.
+* **Values a later phase reads live in an output row** when one of the same dtype is written no
+  earlier than their last reader (softmax's exponentials wait in the output row that their
+  quotients overwrite), else in a scratch row: the output row's first touch happens in a loop
+  with arithmetic to hide it, and no extra row is cycled through the cache.
+* **The first phase of the next row runs inside the last loop of this row** (software
+  pipelining): the phase that reads a row from memory first (softmax's max, layer norm's sum) is
+  otherwise light arithmetic stalled on DRAM; merged into the last loop of the row before, its
+  loads overlap that loop's work. It applies when the first phase reads only per-element
+  operands, scalars and constants, and keeps what later phases need in output rows.
+
+Operands arrive as 2-d (R, n) views ("full"), per-row vectors (R,) ("row"), rows repeated with a
+period (P, n) ("periodic": a (T, T) mask broadcast over batch and heads), vectors (n,) ("vec") or
+scalars; anything else is materialized by the caller (runtime/codegen.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import pathlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from graphc.core.ir import Node, Region, Value
+from graphc.runtime import fastmath
+
+# part of every kernel's text: a cached kernel's machine code includes the fastmath functions it
+# calls, so editing fastmath.py must give the kernels new cache entries
+FASTMATH_VERSION = hashlib.sha256(pathlib.Path(fastmath.__file__).read_bytes()).hexdigest()[:12]
+
+REDUCTIONS = ("reduce_sum", "reduce_max", "reduce_min")
+# a float32 sum adds this many elements in float32 (vector partial sums of a few elements each),
+# then adds the block's sum in float64: as accurate as numpy's pairwise float32 sum, vectorized
+SUM_BLOCK = 256
+_FASTMATH = {"exp": "exp", "tanh": "tanh", "log": "log", "log1p": "log1p_", "expm1": "expm1_"}
+_FLOAT_FUNCS = {"sqrt": "math.sqrt", "sin": "math.sin", "cos": "math.cos"}  # (kernels are float32/64 only)
+_BINARY = {"add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "**"}
+_COMPARE = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+
+
+def _np_type(dt: np.dtype) -> str:
+    return "np.bool_" if dt.kind == "b" else f"np.{np.dtype(dt).name}"
+
+
+@dataclass
+class OperandKind:
+    """How a kernel operand is passed and read: kind in full, row, periodic, vec, scalar."""
+
+    kind: str
+    period: int = 1
+
+    def read(self, name: str, row: str = "r") -> str:
+        """The text reading this operand at element ``j`` of row ``row``."""
+        return {
+            "full": f"{name}[{row}, j]",
+            "row": f"{name}[{row}]",
+            "periodic": f"{name}[{row} % {self.period}, j]",
+            "vec": f"{name}[j]",
+            "scalar": f"{name}[0]",
+        }[self.kind]
+
+    @property
+    def per_element(self) -> bool:
+        return self.kind in ("full", "periodic", "vec")
+
+
+def operand_kind(shape: tuple[int, ...], space: tuple[int, ...], row_level: bool) -> OperandKind:
+    n = space[-1] if space else 1
+    padded = (1,) * (len(space) - len(shape)) + tuple(shape)
+    if all(d == 1 for d in padded):
+        return OperandKind("scalar")
+    if padded == tuple(space) and not row_level:
+        return OperandKind("full")
+    if padded[-1] == 1 and padded[:-1] == tuple(space[:-1]):
+        return OperandKind("row")
+    if tuple(shape) == tuple(space[:-1]) and row_level:
+        return OperandKind("row")
+    if padded[-1] == n and not row_level:
+        if all(d == 1 for d in padded[:-1]):
+            return OperandKind("vec")
+        for k in range(len(space) - 1):
+            if all(d == 1 for d in padded[:k]) and padded[k:-1] == tuple(space[k:-1]):
+                return OperandKind("periodic", int(np.prod(space[k:-1], dtype=np.int64)))
+    return OperandKind("full")  # materialized by the caller
+
+
+@dataclass
+class _Pass:
+    """One phase's share of an element loop over one row: lines before the loop, in each block of
+    ``SUM_BLOCK`` elements (float32 partial sums), in the loop body, and after the loop."""
+
+    init: list[str] = field(default_factory=list)
+    block_init: list[str] = field(default_factory=list)
+    body: list[str] = field(default_factory=list)
+    block_end: list[str] = field(default_factory=list)
+    final: list[str] = field(default_factory=list)
+
+
+class KernelSpec:
+    """Analysis of one fused region for given operand shapes: levels, phases, operand kinds, and
+    the generated source."""
+
+    def __init__(self, region: Region, space: tuple[int, ...]):
+        self.region = region
+        self.space = tuple(space)
+        self.row_shapes = (self.space[:-1] + (1,), self.space[:-1]) if self.space else ((),)
+        self.level: dict[Value, str] = {}
+        self.phase: dict[Value, int] = {}  # elem values: the loop that computes them; row values: availability
+        self.names: dict[Value, str] = {}
+        self._analyse()
+
+    # -- analysis ------------------------------------------------------------------------------
+    def _analyse(self) -> None:
+        region = self.region
+        row_inputs: set[Value] = set()
+        for node in region.nodes:  # an input used by a row op or a reduction-free row computation is row-level
+            if (
+                node.op.name not in REDUCTIONS
+                and node.outputs[0].shape in self.row_shapes
+                and node.outputs[0].shape != self.space
+            ):
+                row_inputs.update(v for v in node.inputs if v in region.inputs)
+        for i, v in enumerate(region.inputs):
+            self.names[v] = f"in{i}"
+            self.level[v] = "row" if v in row_inputs else "elem"
+            self.phase[v] = 0
+        for k, node in enumerate(region.nodes):
+            out = node.outputs[0]
+            self.names[out] = f"v{k}"
+            if node.op.name == "constant":
+                self.level[out], self.phase[out] = "const", 0
+            elif node.op.name in REDUCTIONS:
+                self.level[out] = "row"
+                self.phase[out] = self.phase[node.inputs[0]] + 1
+            elif out.shape == self.space:
+                self.level[out] = "elem"
+                self.phase[out] = max((self.phase[v] for v in node.inputs), default=0)
+            else:
+                self.level[out] = "row"
+                self.phase[out] = max((self.phase[v] for v in node.inputs), default=0)
+        self.n_phases = max([self._loop_phase(n) for n in region.nodes if self._in_loop(n)] + [0]) + 1
+
+    def _in_loop(self, node: Node) -> bool:
+        """Whether the node runs inside an element loop (an elementwise op or a reduction)."""
+        return node.op.name in REDUCTIONS or self.level[node.outputs[0]] == "elem"
+
+    def _loop_phase(self, node: Node) -> int:
+        """The phase whose loop runs the node: a reduction accumulates in the loop of its input."""
+        return self.phase[node.inputs[0]] if node.op.name in REDUCTIONS else self.phase[node.outputs[0]]
+
+    def operand_kinds(self) -> list[OperandKind]:
+        """How each operand is passed. An operand a reduction reads is a row of n elements, so it
+        needs a per-element kind even when all its dims are 1 (a batch of one: space (1,) or
+        (1, 1), where operand_kind would call it a scalar); the caller materializes it."""
+        reduced = {n.inputs[0] for n in self.region.nodes if n.op.name in REDUCTIONS}
+        kinds = []
+        for v in self.region.inputs:
+            kind = operand_kind(v.shape, self.space, self.level[v] == "row")
+            kinds.append(OperandKind("full") if v in reduced and not kind.per_element else kind)
+        return kinds
+
+    def _last_reads(self) -> dict[Value, int]:
+        """Elementwise values (not operands) read by a later phase than their own: the last phase
+        that reads each."""
+        last: dict[Value, int] = {}
+        for node in self.region.nodes:
+            p = self._loop_phase(node) if self._in_loop(node) else self.phase[node.outputs[0]]
+            for v in node.inputs:
+                if self.level.get(v) == "elem" and v not in self.region.inputs and self.phase[v] < p:
+                    last[v] = max(last.get(v, p), p)
+        return last
+
+    def _homes(self, last_read: dict[Value, int]) -> dict[Value, int | None]:
+        """Where each value read by a later phase waits: the index of an output row, or None (a
+        scratch row). An elementwise result waits in its own output row. Another value may wait in
+        the row of an output of its dtype that is written (at the end of its phase's loop body) no
+        earlier than the value's last reader, if no other value waiting there is still needed."""
+        region = self.region
+        written: dict[int, int] = {}  # output index -> the phase whose loop writes it
+        for i, v in enumerate(region.outputs):
+            if self.level[v] == "elem" and v not in region.inputs and region.outputs.index(v) == i:
+                written[i] = self.phase[v]
+        homes: dict[Value, int | None] = {}
+        busy_until: dict[int, int] = {}  # output index -> last phase a value waiting there is read
+        reserved = {region.outputs.index(v) for v in last_read if v in region.outputs}
+        for v in sorted(last_read, key=lambda u: (self.phase[u], self.names[u])):
+            if v in region.outputs:
+                homes[v] = region.outputs.index(v)
+                continue
+            homes[v] = None
+            for i, phase in written.items():
+                out = region.outputs[i]
+                if i in reserved or out.dtype != v.dtype or phase < last_read[v]:
+                    continue
+                if busy_until.get(i, -1) >= self.phase[v]:
+                    continue
+                homes[v] = i
+                busy_until[i] = last_read[v]
+                break
+        return homes
+
+    def _can_pipeline(self, kinds: list[OperandKind], homes: dict[Value, int | None]) -> bool:
+        """Whether the first phase of row r+1 may run inside the last loop of row r: there is more
+        than one phase, the first phase's loop reads only per-element operands, scalars, constants
+        and its own values (no value of this row), and what later phases read from it waits in
+        output rows (a scratch row holds one row at a time)."""
+        if self.n_phases < 2:
+            return False
+        region = self.region
+        for node in region.nodes:
+            if not self._in_loop(node) or self._loop_phase(node) != 0:
+                continue
+            for v in node.inputs:
+                if v in region.inputs and not kinds[region.inputs.index(v)].per_element:
+                    if kinds[region.inputs.index(v)].kind != "scalar":
+                        return False
+                elif v not in region.inputs and self.level[v] not in ("elem", "const"):
+                    return False
+        return all(home is not None for v, home in homes.items() if self.phase[v] == 0)
+
+    # -- code generation -------------------------------------------------------------------------
+    def source(self, kinds: list[OperandKind]) -> str:
+        """The kernel's Python source for operands of these kinds: the imports and signature, then
+        the hoisted constants, the scratch rows, and the loop over a range of rows."""
+        homes = self._homes(self._last_reads())
+        gen = _Generator(self, kinds, homes)
+        body = self._constant_lines() + gen.scratch_lines()
+        body += gen.pipelined_row_loop() if self._can_pipeline(kinds, homes) else gen.row_loop()
+        lines = self._header_lines()
+        lines.extend("    " + s for s in body)
+        return "\n".join(lines) + "\n"
+
+    def _header_lines(self) -> list[str]:
+        """The imports, the decorator and the signature: ``kernel(in0, ..., out0, ..., r0, r1, n)``."""
+        operands = [f"in{i}" for i in range(len(self.region.inputs))]
+        results = [f"out{i}" for i in range(len(self.region.outputs))]
+        return [
+            f"# graphc fused kernel (fastmath {FASTMATH_VERSION})",
+            "import math",
+            "import numpy as np",
+            "import numba",
+            "from graphc.runtime import fastmath as fm",
+            "",
+            # numpy's error model: no zero-division checks (they stop vectorization; numpy gives inf).
+            # No cache=True: load_kernel gives the kernel graphc's sealed disk cache instead of Numba's.
+            '@numba.njit(nogil=True, error_model="numpy")',
+            f"def kernel({', '.join(operands + results)}, r0, r1, n):",
+        ]
+
+    def _constant_lines(self) -> list[str]:
+        """The region's scalar constants, hoisted out of the loops."""
+        lines = []
+        for node in self.region.nodes:
+            if node.op.name != "constant":
+                continue
+            out = node.outputs[0]
+            lines.append(f"{self.names[out]} = {_np_type(out.dtype)}({_constant_text(node.attrs['value'])})")
+        return lines
+
+    def row_ref(self, v: Value) -> str:
+        """How row-level code refers to a value: its per-row read for an operand, else its name."""
+        return f"s_{self.names[v]}" if v in self.region.inputs else self.names[v]
+
+    def expr(self, node: Node, ref: Callable[[Value], str] | None = None) -> str:
+        """The expression computing the node's (scalar) result, ``ref(v)`` giving the text that reads
+        operand ``v`` (default: its name)."""
+        ref = ref or (lambda v: self.names[v])
+        name = node.op.name
+        args = [ref(v) for v in node.inputs]  # read first: an element loop emits an operand's load on its first read
+        dtype = node.outputs[0].dtype
+        text = _power_expr(node, args) if name == "pow" and _scalar_exponent(node) else None
+        if text is None:
+            text = _arithmetic_expr(name, args, dtype)
+        if text is None:
+            text = _select_expr(name, args, dtype)
+        if text is None:
+            text = _logical_expr(name, args, dtype, node.attrs)
+        if text is None:
+            raise NotImplementedError(f"no kernel code for {name}")
+        return text
+
+
+class _Rows:
+    """Where a pass reads and writes: operands at row ``read``; element ``j`` of output ``k``'s row
+    as ``{out}{k}[{at}, j]`` (``out``, or a name bound to it or to a dummy row). Records the
+    outputs it refers to."""
+
+    def __init__(self, read: str = "r", out: str = "out", at: str = "r"):
+        self.read, self.out, self.at = read, out, at
+        self.used: set[int] = set()
+
+    def out_ref(self, k: int) -> str:
+        self.used.add(k)
+        return f"{self.out}{k}[{self.at}, j]"
+
+
+class _Generator:
+    """The lines of one kernel: the scratch rows, each row's phases, the element loops."""
+
+    def __init__(self, spec: KernelSpec, kinds: list[OperandKind], homes: dict[Value, int | None]):
+        self.spec = spec
+        self.kinds = kinds
+        self.homes = homes
+
+    def scratch_lines(self) -> list[str]:
+        """A row-sized scratch buffer ``t_<name>`` for each value that waits for a later phase and
+        has no output row to wait in."""
+        spec = self.spec
+        waiting = sorted((v for v, home in self.homes.items() if home is None), key=lambda v: spec.names[v])
+        return [f"t_{spec.names[v]} = np.empty(n, dtype={_np_type(v.dtype)})" for v in waiting]
+
+    def home_ref(self, v: Value, rows: _Rows) -> str:
+        """Element ``j`` of the row where ``v`` waits for its later readers."""
+        home = self.homes[v]
+        return f"t_{self.spec.names[v]}[j]" if home is None else rows.out_ref(home)
+
+    def row_loop(self) -> list[str]:
+        """The loop over rows: read the per-row operands, run the phases, compute the row ops after
+        the last reduction, and write the per-row results."""
+        spec = self.spec
+        lines = self._row_operand_lines("r")
+        for p in range(spec.n_phases):
+            lines.extend(self._row_op_lines(p))
+            lines.extend(self.loop([self.pass_of(p, _Rows(), "")]))
+        lines.extend(self._row_op_lines(spec.n_phases))  # after the last reduction
+        lines.extend(self._row_output_lines())
+        return ["for r in range(r0, r1):"] + ["    " + s for s in lines]
+
+    def pipelined_row_loop(self) -> list[str]:
+        """The loop over rows of a pipelined kernel. It starts one row early: row r's last loop also
+        runs row r+1's first phase, so the row before r0 runs only that (its own part writes into
+        dummy rows) and the last row's next-row part reads the last row again and writes into
+        dummy rows. Every row's phases thus run in the same loops (the same machine code, the same
+        rounding of sums) whichever rows a thread is given."""
+        spec = self.spec
+        last = spec.n_phases - 1
+        this, following = _Rows("lr", "O", "lo"), _Rows("rn", "P", "no")
+        merged = self.loop([self.pass_of(last, this, ""), self.pass_of(0, following, "n_")])
+        current = self._row_op_lines(0) + self._carried_lines()
+        for p in range(1, last):
+            current.extend(self._row_op_lines(p))
+            current.extend(self.loop([self.pass_of(p, _Rows(), "")]))
+        current.extend(self._row_op_lines(last))
+        after = self._row_op_lines(spec.n_phases) + self._row_output_lines()
+        body = ["cur = r >= r0", "lr = r if cur else r0"]  # lr: a row that exists, for reads
+        body += self._row_operand_lines("lr")
+        body += _guarded("cur", current)
+        body.append("lo = r if cur else 0")
+        body += [f"O{k} = out{k} if cur else d_out{k}" for k in sorted(this.used)]
+        body += ["nxt = r + 1 < r1", "rn = r + 1 if nxt else lr", "no = rn if nxt else 0"]
+        body += [f"P{k} = out{k} if nxt else d_out{k}" for k in sorted(following.used)]
+        body += merged
+        body += _guarded("cur", after)
+        outputs = spec.region.outputs
+        lines = ["if r0 >= r1:", "    return"]
+        lines += [
+            f"d_out{k} = np.empty((1, n), dtype={_np_type(outputs[k].dtype)})"
+            for k in sorted(this.used | following.used)
+        ]
+        # the row values the row before r0 reads, and the first phase's carried results
+        for node in spec.region.nodes:
+            v = node.outputs[0]
+            if spec.level[v] == "row":
+                lines.append(f"{spec.names[v]} = {_np_type(v.dtype)}(0)")
+                if node.op.name in REDUCTIONS and spec._loop_phase(node) == 0:
+                    lines.append(f"n_{spec.names[v]} = {_np_type(v.dtype)}(0)")
+        lines.append("for r in range(r0 - 1, r1):")
+        lines.extend("    " + s for s in body)
+        return lines
+
+    def _row_operand_lines(self, row: str) -> list[str]:
+        """``s_<name> = ...`` for the operands with one value per row (or a scalar), read at ``row``."""
+        spec = self.spec
+        return [
+            f"s_{spec.names[v]} = {kind.read(spec.names[v], row)}"
+            for v, kind in zip(spec.region.inputs, self.kinds)
+            if not kind.per_element
+        ]
+
+    def _carried_lines(self) -> list[str]:
+        """The first phase's reductions of this row, computed in the loop of the row before."""
+        spec = self.spec
+        return [
+            f"{spec.names[n.outputs[0]]} = n_{spec.names[n.outputs[0]]}"
+            for n in spec.region.nodes
+            if n.op.name in REDUCTIONS and spec._loop_phase(n) == 0
+        ]
+
+    def _row_op_lines(self, p: int) -> list[str]:
+        """``name = expr`` for the row ops (non-reductions with a per-row result) of phase ``p`` (when
+        their inputs are available; ``n_phases``: all those after the last reduction), in node order."""
+        spec = self.spec
+        lines = []
+        for node in spec.region.nodes:
+            out = node.outputs[0]
+            at = spec.phase[out] == p or (p == spec.n_phases and spec.phase[out] > p)
+            if node.op.name not in REDUCTIONS and spec.level[out] == "row" and at:
+                lines.append(f"{spec.names[out]} = {spec.expr(node, spec.row_ref)}")
+        return lines
+
+    def _row_output_lines(self) -> list[str]:
+        """Write the per-row and constant results, and copy the results that are elementwise operands."""
+        spec = self.spec
+        region = spec.region
+        lines = []
+        for i, v in enumerate(region.outputs):
+            if spec.level[v] in ("row", "const"):
+                lines.append(f"out{i}[r] = {spec.row_ref(v)}")
+            elif spec.level[v] == "elem" and v in region.inputs:
+                read = self.kinds[region.inputs.index(v)].read(spec.names[v])
+                lines += ["for j in range(n):", f"    out{i}[r, j] = {read}"]
+        return lines
+
+    def pass_of(self, p: int, rows: _Rows, prefix: str) -> _Pass:
+        """Phase ``p`` of a row (its operands and output rows as ``rows`` says, its values named
+        with ``prefix``): compute the phase's elementwise values, keep those read later where they
+        wait, accumulate its reductions, and write the results it produces (after every value of
+        the body, so that an output row a value waits in is overwritten only once it was read)."""
+        spec = self.spec
+        region = spec.region
+        loop = _ElementLoop(self, p, rows, prefix)
+        out = _Pass(body=loop.lines)  # computations and accumulations in node order
+        for node in region.nodes:
+            if not spec._in_loop(node) or spec._loop_phase(node) != p:
+                continue
+            v = node.outputs[0]
+            if node.op.name in REDUCTIONS:
+                _accumulate(out, node, prefix + spec.names[v], loop.ref(node.inputs[0]))
+                continue
+            loop.lines.append(f"{prefix}{spec.names[v]} = {spec.expr(node, loop.ref)}")
+            if v in self.homes:
+                loop.lines.append(f"{self.home_ref(v, rows)} = {prefix}{spec.names[v]}")
+        for i, v in enumerate(region.outputs):
+            written_here = spec.level[v] == "elem" and v not in region.inputs and spec.phase[v] == p
+            if written_here and self.homes.get(v) != i:
+                loop.lines.append(f"{rows.out_ref(i)} = {loop.ref(v)}")
+        return out
+
+    @staticmethod
+    def loop(passes: list[_Pass]) -> list[str]:
+        """One loop over the elements of a row running ``passes`` together: blocks of ``SUM_BLOCK``
+        elements when a pass sums float32 values, else one flat loop."""
+        lines = [s for p in passes for s in p.init]
+        body = [s for p in passes for s in p.body]
+        if not body:  # a phase of row ops only
+            return lines
+        if any(p.block_init for p in passes):
+            # full blocks with a constant trip count, then the rest: LLVM vectorizes an inner loop
+            # of range(jb, min(jb + B, n)) poorly (2x slower measured), one of range(B) fully
+            block_init = [s for p in passes for s in p.block_init]
+            block_end = [s for p in passes for s in p.block_end]
+            lines.append(f"for jb in range(n // {SUM_BLOCK}):")
+            lines.extend("    " + s for s in block_init)
+            lines.append(f"    for k in range({SUM_BLOCK}):")
+            lines.append(f"        j = jb * {SUM_BLOCK} + k")
+            lines.extend("        " + s for s in body)
+            lines.extend("    " + s for s in block_end)
+            lines.append(f"if n % {SUM_BLOCK}:")
+            lines.extend("    " + s for s in block_init)
+            lines.append(f"    for j in range(n - n % {SUM_BLOCK}, n):")
+            lines.extend("        " + s for s in body)
+            lines.extend("    " + s for s in block_end)
+        else:
+            lines.append("for j in range(n):")
+            lines.extend("    " + s for s in body)
+        lines.extend(s for p in passes for s in p.final)
+        return lines
+
+
+def _guarded(condition: str, lines: list[str]) -> list[str]:
+    """``lines`` under ``if condition:`` (nothing when there are none)."""
+    return [f"if {condition}:"] + ["    " + s for s in lines] if lines else []
+
+
+def _accumulate(into: _Pass, node: Node, name: str, x: str) -> None:
+    """The lines that reduce ``x`` (read at element ``j``) into the row value ``name``."""
+    dtype = node.outputs[0].dtype
+    cast = _np_type(dtype)
+    acc = f"a_{name}"
+    if node.op.name == "reduce_sum":
+        if dtype == np.float32:  # float32 within a block, float64 across blocks
+            into.init.append(f"{acc} = np.float64(0.0)")
+            into.block_init.append(f"b_{name} = np.float32(0.0)")
+            into.body.append(f"b_{name} = fm.radd(b_{name}, np.float32({x}))")
+            into.block_end.append(f"{acc} += np.float64(b_{name})")
+        elif dtype.kind == "f":
+            into.init.append(f"{acc} = {cast}(0.0)")
+            into.body.append(f"{acc} = fm.radd({acc}, {cast}({x}))")
+        else:
+            into.init.append(f"{acc} = {cast}(0)")
+            into.body.append(f"{acc} += {cast}({x})")
+        into.final.append(f"{name} = {cast}({acc})")
+        return
+    largest = node.op.name == "reduce_max"
+    if dtype.kind == "f":
+        into.init.append(f"{acc} = {cast}(float('{'-' if largest else ''}inf'))")
+        into.body.append(f"{acc} = fm.{'maximum' if largest else 'minimum'}({acc}, {cast}({x}))")
+    else:
+        if dtype.kind == "b":
+            start = "False" if largest else "True"
+        else:
+            info = np.iinfo(dtype)
+            start = f"{cast}({info.min if largest else info.max})"
+        into.init.append(f"{acc} = {start}")
+        into.body.append(f"{acc} = {'max' if largest else 'min'}({acc}, {cast}({x}))")
+    into.final.append(f"{name} = {cast}({acc})")
+
+
+class _ElementLoop:
+    """The lines of one phase's loop body over the elements of a row, and how that body reads
+    values: a per-element operand is loaded (``e_<name>``) the first time the body reads it."""
+
+    def __init__(self, gen: _Generator, phase: int, rows: _Rows, prefix: str):
+        self.gen = gen
+        self.spec = gen.spec
+        self.phase = phase
+        self.rows = rows
+        self.prefix = prefix
+        self.lines: list[str] = []
+        self.loaded: set[Value] = set()
+
+    def ref(self, v: Value) -> str:
+        """The text reading ``v`` at element ``j``: an operand's element or row value, the row where
+        a value of an earlier phase waits, a value computed in this body, or a row value."""
+        spec = self.spec
+        name = spec.names[v]
+        if v in spec.region.inputs:
+            return self._operand_ref(v, name)
+        if spec.level[v] == "elem" and spec.phase[v] < self.phase:
+            return self.gen.home_ref(v, self.rows)
+        if spec.level[v] == "elem":
+            return self.prefix + name
+        return name
+
+    def _operand_ref(self, v: Value, name: str) -> str:
+        """An operand: its per-row read ``s_<name>``, or its element ``e_<name>`` (loaded once)."""
+        kind = self.gen.kinds[self.spec.region.inputs.index(v)]
+        if not kind.per_element:
+            return f"s_{name}"
+        if v not in self.loaded:
+            self.lines.append(f"e_{self.prefix}{name} = {kind.read(name, self.rows.read)}")
+            self.loaded.add(v)
+        return f"e_{self.prefix}{name}"
+
+
+def _constant_text(value: np.ndarray) -> str:
+    """A scalar constant as Python source (``float('inf')`` and ``float('nan')`` for non-finite floats)."""
+    val = value.reshape(()).item()
+    return f"float({str(val)!r})" if isinstance(val, float) and not math.isfinite(val) else repr(val)
+
+
+def _arithmetic_expr(name: str, args: list[str], dtype: np.dtype) -> str | None:
+    """Arithmetic and math functions, cast to the result dtype; None for other ops."""
+    cast = _np_type(dtype)
+    if name in _BINARY:
+        return f"{cast}({args[0]} {_BINARY[name]} {args[1]})"
+    if name in _FASTMATH:  # vectorizable versions (runtime/fastmath.py)
+        return f"fm.{_FASTMATH[name]}{'32' if dtype == np.float32 else '64'}({args[0]})"
+    if name in _FLOAT_FUNCS:
+        return f"{cast}({_FLOAT_FUNCS[name]}({args[0]}))"
+    if name == "neg":
+        return f"{cast}(-{args[0]})"
+    if name == "abs":
+        return f"{cast}(abs({args[0]}))"
+    if name == "sign":
+        return f"{cast}(np.sign({args[0]}))"
+    return None
+
+
+def _scalar_exponent(node: Node) -> bool:
+    """Whether numpy's float power loop sees this pow's exponent with stride 0, as one scalar for
+    the whole loop: a 0-d exponent, or one of size 1 that is broadcast (the operand shapes differ
+    from the result's, so numpy iterates them with stride 0); size-1 operands of the result's own
+    shape are walked with their strides. It then takes the fast path below."""
+    base, exponent = node.inputs
+    out = node.outputs[0]
+    if out.dtype.kind != "f" or exponent.type.size != 1:
+        return False
+    if exponent.ndim == 0:
+        return True
+    return not (exponent.shape == out.shape and (base.ndim == 0 or base.shape == out.shape))
+
+
+def _power_expr(node: Node, args: list[str]) -> str:
+    """numpy's float32/float64 power loop with a scalar exponent (see ``_scalar_exponent``): -1, 0,
+    0.5, 1 and 2 are 1/x, 1, sqrt(x), x and x*x (sqrt(-0.0) is -0.0 and sqrt(-inf) nan, where pow
+    gives 0.0 and inf), any other exponent pow."""
+    x, e = args
+    cast = _np_type(node.outputs[0].dtype)
+    return (
+        f"{cast}(1.0 / {x} if {e} == -1.0 else 1.0 if {e} == 0.0 else math.sqrt({x}) if {e} == 0.5 "
+        f"else {x} if {e} == 1.0 else {x} * {x} if {e} == 2.0 else {x} ** {e})"
+    )
+
+
+def _select_expr(name: str, args: list[str], dtype: np.dtype) -> str | None:
+    """maximum and minimum (NaN-propagating for floats, like numpy) and where; None for other ops."""
+    if name == "maximum":
+        a, b = args
+        return f"({a} if ({a} != {a} or {a} > {b}) else {b})" if dtype.kind == "f" else f"max({a}, {b})"
+    if name == "minimum":
+        a, b = args
+        return f"({a} if ({a} != {a} or {a} < {b}) else {b})" if dtype.kind == "f" else f"min({a}, {b})"
+    if name == "where":
+        return f"({args[1]} if {args[0]} else {args[2]})"
+    return None
+
+
+def _logical_expr(name: str, args: list[str], dtype: np.dtype, attrs: dict[str, Any]) -> str | None:
+    """Comparisons, logical ops and dtype conversion; None for other ops."""
+    if name == "compare":
+        return f"({args[0]} {_COMPARE[attrs['direction']]} {args[1]})"
+    if name == "logical_and":
+        return f"({args[0]} and {args[1]})"
+    if name == "logical_or":
+        return f"({args[0]} or {args[1]})"
+    if name == "logical_not":
+        return f"(not {args[0]})"
+    if name == "convert":
+        if dtype.kind == "b":
+            return f"({args[0]} != 0)"
+        return f"{_np_type(dtype)}({args[0]})"
+    return None
