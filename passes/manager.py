@@ -1,6 +1,7 @@
 """The pass manager: named passes, the default pipeline, IR dumps after every pass.
 
-    traced --fold_constants--> --simplify--> --cse--> --batch_projections--> --batch_products--> --cse--> --dce--> --fuse--> optimized
+    traced --fold_constants--> --simplify--> --cse--> --batch_projections--> --batch_products--> --cse--> --dce-->
+           --recompute_cheap--> --fuse--> optimized
 
 Each pass is a function Graph -> Graph that does not mutate its input and returns it unchanged
 when it did nothing. ``optimize`` runs a pipeline, verifying the graph after every pass when
@@ -23,6 +24,7 @@ from graphc.passes.cse import cse
 from graphc.passes.dce import dce
 from graphc.passes.fold import fold_constants
 from graphc.passes.fuse import fuse
+from graphc.passes.recompute import recompute_cheap
 from graphc.passes.simplify import simplify
 
 PASSES: dict[str, Callable[[Graph], Graph]] = {
@@ -32,10 +34,21 @@ PASSES: dict[str, Callable[[Graph], Graph]] = {
     "batch_projections": batch_projections,
     "batch_products": batch_products,
     "dce": dce,
+    "recompute_cheap": recompute_cheap,
     "fuse": fuse,
 }
 
-DEFAULT_PIPELINE = ("fold_constants", "simplify", "cse", "batch_projections", "batch_products", "cse", "dce", "fuse")
+DEFAULT_PIPELINE = (
+    "fold_constants",
+    "simplify",
+    "cse",
+    "batch_projections",
+    "batch_products",
+    "cse",
+    "dce",
+    "recompute_cheap",
+    "fuse",
+)
 
 
 @dataclass

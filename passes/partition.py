@@ -40,9 +40,9 @@ from graphc.passes.sharding.remat import add_recompute, recompute_mode
 from graphc.passes.sharding.zero import restrict_zero
 from graphc.programs import ParallelProgram
 
-PLAN_PASSES = ("fold_constants", "simplify", "cse", "dce")  # fusion runs per device, after lowering
-DEVICE_PASSES = ("cse", "batch_projections", "batch_products", "cse", "dce", "fuse")
-PLANNER_VERSION = 10  # part of the plan cache key: bump when rules or costs change what a plan says
+PLAN_PASSES = ("fold_constants", "simplify", "cse", "dce", "recompute_cheap")  # fusion runs per device, after lowering
+DEVICE_PASSES = ("cse", "batch_projections", "batch_products", "cse", "dce", "recompute_cheap", "fuse")
+PLANNER_VERSION = 11  # part of the plan cache key: bump when rules or costs change what a plan says
 
 
 @dataclass(frozen=True)

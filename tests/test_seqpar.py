@@ -34,7 +34,7 @@ from graphc.models import gpt
 from graphc.passes.sharding.redistribute import redistribution_time
 
 T, D = 512, 512
-LIMIT = 50_000_000  # bytes per device: below the Megatron plan's peak (53.6 MB), above the SP plan's (49.4 MB)
+LIMIT = 48_000_000  # bytes per device: below the Megatron plan's peak (51.5 MB), above the SP plan's (47.9 MB)
 LN_LINES = ("gpt.py:30", "gpt.py:31")  # layer_norm's body in models/gpt.py
 
 
@@ -127,9 +127,10 @@ def test_the_unlimited_choice_is_the_cheaper_one(megatron, seqpar):
 def test_the_peak_drops_by_the_saved_activations_it_splits(megatron, seqpar):
     """Memory model: at the peak (the forward pass done, the backward pass starting) every value
     the forward pass made and the backward pass reads is live. SP holds the ones of the
-    layer-norm regions (x - mean, the normalized x, 1/sqrt(var), the residual sums; and the LM
-    head's) split on the sequence: each shrinks by half. The peak drops by that sum, less the
-    values the device program's fusion keeps out of memory (sharding/fusion.py)."""
+    layer-norm regions (x - mean, 1/sqrt(var), the residual sums; and the LM head's; the
+    normalized x is recomputed in the backward from the first two, passes/recompute.py) split on
+    the sequence: each shrinks by half. The peak drops by that sum, less the values the device
+    program's fusion keeps out of memory (sharding/fusion.py)."""
     (mp, graph), (sp, _g) = megatron, seqpar
     later = {v for node in graph.nodes if node.part != "forward" for v in node.inputs}
     shrunk = 0
@@ -142,7 +143,7 @@ def test_the_peak_drops_by_the_saved_activations_it_splits(megatron, seqpar):
                     - math.prod(local_shape(o.type.shape, after, (2,)))
                 )
     drop = mp.memory.peak_bytes[0] - sp.memory.peak_bytes[0]
-    assert shrunk > 8 * T * D * 4 // 2  # at least eight [1, T, d] values halved
+    assert shrunk > 6 * T * D * 4 // 2  # at least six [1, T, d] values halved (seven measured)
     assert 0.75 * shrunk <= drop <= shrunk, (drop, shrunk)
 
 

@@ -1,0 +1,197 @@
+"""Recompute cheap elementwise values in the backward pass instead of keeping them from the forward.
+
+A training step's forward kernels write out every intermediate the backward reads. For the tanh
+GELU of a transformer's MLP that is four arrays the size of the hidden layer:
+
+    saved for the backward: 0.5*u, u*u, tanh(z), 1 + tanh(z)     (u = x @ w + b)
+
+Three of them are one multiply or add away from a value that is worth keeping. The backward can
+recompute those inside its own fused kernel, as XLA duplicates cheap producers into consumer
+fusions:
+
+    saved for the backward: u, tanh(z)
+
+which halves the bytes kept from the forward to the backward and the memory traffic of writing
+and reading them (tests/test_recompute.py; graphc bench runtime, the GPT step's peak memory).
+
+A value ``v`` made by a forward node is recomputed for its backward users when
+
+* its op is cheap elementwise arithmetic (``CHEAP``: no exp, tanh, log, sqrt, pow: those cost
+  more than the bytes they save), and
+* every backward user is itself fusable, so the recomputation lands inside a fused kernel
+  rather than becoming a pass over memory of its own, and
+* it saves bytes: its operands are kept anyway (graph inputs, constants, values the backward
+  already reads), or one operand ``u`` would be newly kept and the values recomputed from it
+  outweigh it (0.5*u and u*u, 16 MiB, for u, 8 MiB).
+
+The decisions run to a fixed point (recomputing 1 + tanh(z) needs only tanh(z), kept anyway).
+Forward users keep the original value; the backward users read a clone placed before the first
+of them (and after the values it reads). Assumes: a verified graph whose nodes carry parts
+(``graphc.value_and_grad`` of a traced function); other graphs are returned unchanged.
+Guarantees: the output verifies and computes the same values bit for bit (the same ops on the
+same operands).
+"""
+
+from __future__ import annotations
+
+from graphc.core.ir import Graph, Node, Value
+from graphc.passes.fuse import fusable
+from graphc.passes.rewrite import Rewriter, apply_to_graph, finish
+
+# elementwise ops about as cheap as the load and store of their result
+CHEAP = frozenset(
+    (
+        "add",
+        "sub",
+        "mul",
+        "div",
+        "neg",
+        "abs",
+        "sign",
+        "maximum",
+        "minimum",
+        "where",
+        "compare",
+        "convert",
+        "logical_and",
+        "logical_or",
+        "logical_not",
+    )
+)
+
+
+# how many cheap ops deep a recomputation may reach for values that are not kept (g * d / std from
+# d and std: 2)
+RECOMPUTE_DEPTH = 3
+
+
+def _uses(nodes: list[Node]) -> dict[Value, list[Node]]:
+    uses: dict[Value, list[Node]] = {}
+    for node in nodes:
+        for v in node.inputs:
+            uses.setdefault(v, []).append(node)
+    return uses
+
+
+class _Choice:
+    """Which forward values the backward recomputes, decided on one block."""
+
+    def __init__(self, inputs: list[Value], nodes: list[Node], outputs: list[Value]):
+        self.uses = _uses(nodes)
+        self.returned = set(outputs)
+        self.inputs = set(inputs)
+        # forward values the backward reads: what the step keeps from its forward to its backward
+        self.kept = {
+            v
+            for node in nodes
+            if node.part != "backward"
+            for v in node.outputs
+            if any(u.part == "backward" for u in self.uses.get(v, ()))
+        }
+        self.recomputed: set[Value] = set()
+
+    def free(self, v: Value) -> bool:
+        """Whether reading ``v`` in the backward costs no extra bytes."""
+        p = v.producer
+        return v in self.inputs or v in self.kept or v in self.returned or (p is not None and p.op.name == "constant")
+
+    @staticmethod
+    def cheap(v: Value) -> bool:
+        p = v.producer
+        return (
+            p is not None
+            and p.op.name in CHEAP
+            and p.op.kind == "elementwise"
+            and len(p.outputs) == 1
+            and fusable(p)
+            and p.part != "backward"
+        )
+
+    def candidate(self, v: Value) -> bool:
+        if not self.cheap(v) or v in self.returned:
+            return False
+        return all(fusable(u) for u in self.uses[v] if u.part == "backward")
+
+    def chain(self, v: Value, depth: int = RECOMPUTE_DEPTH) -> tuple[set[Value], set[Value]]:
+        """(the values to recompute to get ``v`` in the backward: ``v`` and the cheap operands that
+        are not free, up to ``depth`` ops deep; the operands this leaves to keep)."""
+        if self.free(v) and depth < RECOMPUTE_DEPTH:
+            return set(), set()
+        if depth == 0 or not self.cheap(v):
+            return set(), {v}
+        ops, keep = {v}, set()
+        for u in v.producer.inputs:  # type: ignore[union-attr]
+            more, needs = self.chain(u, depth - 1)
+            ops |= more
+            keep |= needs
+        return ops, keep
+
+    def recompute(self, values: set[Value]) -> None:
+        for v in values:
+            ops, keep = self.chain(v)
+            self.kept -= ops
+            self.recomputed |= ops
+            self.kept |= keep
+
+    def run(self, order: dict[Value, int]) -> set[Value]:
+        while True:
+            candidates = sorted((v for v in self.kept if self.candidate(v)), key=order.__getitem__)
+            pure = {v for v in candidates if not self.chain(v)[1]}
+            if pure:  # from values kept anyway: recomputing only frees bytes
+                self.recompute(pure)
+                continue
+            by_operand: dict[Value, list[Value]] = {}
+            for v in candidates:
+                needs = self.chain(v)[1]
+                if len(needs) == 1:
+                    by_operand.setdefault(next(iter(needs)), []).append(v)
+            best = max(
+                by_operand.items(),
+                key=lambda item: (sum(v.type.nbytes for v in item[1]) - item[0].type.nbytes, -order[item[0]]),
+                default=None,
+            )
+            if best is None or sum(v.type.nbytes for v in best[1]) <= best[0].type.nbytes:
+                return self.recomputed
+            self.recompute(set(best[1]))
+
+
+def _recompute_block(inputs: list[Value], nodes: list[Node], outputs: list[Value]) -> tuple[list[Node], list[Value]]:
+    if not any(n.part == "backward" for n in nodes):
+        return nodes, outputs
+    order = {v: i for i, n in enumerate(nodes) for v in n.outputs}
+    order.update({v: -1 for v in inputs})
+    chosen = _Choice(inputs, nodes, outputs).run(order)
+    if not chosen:
+        return nodes, outputs
+    rw = Rewriter()
+    clones: dict[Value, Value] = {}
+
+    def clone(v: Value, before: Node) -> Value:
+        """The backward's copy of ``v`` (and of the recomputed values it reads), emitted now."""
+        if v not in chosen:
+            return rw.get(v)
+        if v not in clones:
+            p = v.producer
+            assert p is not None
+            operands = [clone(u, before) for u in p.inputs]
+            copy = Node(p.op, operands, p.attrs, [v.type], p.loc, "backward")
+            rw.nodes.append(copy)
+            clones[v] = copy.outputs[0]
+        return clones[v]
+
+    for node in nodes:
+        if node.part != "backward" or not any(v in chosen for v in node.inputs):
+            rw.keep(node)
+            continue
+        operands = [clone(v, node) if v in chosen else rw.get(v) for v in node.inputs]
+        new = Node(node.op, operands, node.attrs, [o.type for o in node.outputs], node.loc, node.part, node.regions)
+        for old, out in zip(node.outputs, new.outputs):
+            rw.subst[old] = out
+        rw.nodes.append(new)
+    return finish(rw, nodes, outputs)
+
+
+def recompute_cheap(graph: Graph) -> Graph:
+    """Recompute cheap elementwise forward values in the backward where that keeps fewer bytes
+    from the forward to the backward (see the module docstring)."""
+    return apply_to_graph(graph, _recompute_block)
