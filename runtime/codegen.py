@@ -21,7 +21,7 @@ import stat
 import sys
 import threading
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -65,6 +65,8 @@ class CompiledKernel:
         self.spec = KernelSpec(region, space)
         self.kinds = self.spec.operand_kinds()
         self.source = self.spec.source(self.kinds)
+        # (operand, result) pairs whose buffer the result may take over (KernelSpec._in_place_pairs)
+        self.in_place: list[tuple[int, int]] = self.spec.in_place
         self.func = load_kernel(self.source)
         self.out_types = [v.type for v in region.outputs]
         self.out_levels = [self.spec.level[v] for v in region.outputs]
@@ -111,6 +113,11 @@ class CompiledKernel:
         return env["call"]
 
     def __call__(self, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
+        return self.call_into(arrays, {})
+
+    def call_into(self, arrays: Sequence[np.ndarray], given: dict[int, np.ndarray]) -> tuple[np.ndarray, ...]:
+        """``__call__`` with result ``k`` written into ``given[k]`` (a C-contiguous array of its
+        shape and dtype; for the pairs in ``in_place``, the very operand it may overwrite)."""
         operands = []
         for a, (shape, full) in zip(arrays, self._operand_shapes):
             if a.shape != shape:  # (an operand already in the kernel's shape needs no view)
@@ -124,8 +131,8 @@ class CompiledKernel:
             operands.append(a)
         outs = []
         views = []
-        for shape, dtype, view in self._out_shapes:
-            buf = self.alloc(shape, dtype)
+        for k, (shape, dtype, view) in enumerate(self._out_shapes):
+            buf = given[k] if k in given else self.alloc(shape, dtype)
             outs.append(buf)
             views.append(buf if shape == view else buf.reshape(view))
         threads = kernel_threads() if self._may_split else 1

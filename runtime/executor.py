@@ -119,6 +119,7 @@ class Program:
         self.nodes: list[Node] = []  # the node of each step (for error messages)
         # one step per node: (function, operand slots, result slots, slots freed after it)
         steps: list[tuple[Callable, list[int], list[int], list[int]]] = []
+        kernel_of_step: dict[int, Any] = {}
         # slots of small arrays that cannot look into a counted buffer (small fresh arrays, and
         # small views of those, of inputs or of constants): not pooled, not counted
         small: set[int] = set()
@@ -136,6 +137,7 @@ class Program:
                 uncounted_roots.add(slot[node.outputs[0]])
                 continue
             fn = self._make_step(node, stats)
+            kernel_of_step[len(steps)] = self.kernels[-1] if node.op.name == "fused" else None
             safe_operands = all(slot[v] in small or slot[v] in uncounted_roots for v in node.inputs)
             for o in node.outputs:
                 slot[o] = len(slot)
@@ -145,6 +147,8 @@ class Program:
             self.nodes.append(node)
         self.n_slots = len(slot)
         self.out_slots = [slot[v] for v in outputs]
+        # values in buffers this program's steps allocated (not inputs, constants or views)
+        fresh_slots = {slot[o] for n in nodes if n.op.kind in _FRESH_KINDS and not n.regions for o in n.outputs}
         # outputs that may be the pool's buffers (Executable.run_flat takes them out of it)
         self.pooled_outputs = [k for k, s in enumerate(self.out_slots) if s not in small]
         keep = set(self.out_slots) | {s for s, _ in self.constants}
@@ -156,7 +160,10 @@ class Program:
             if s not in keep and s >= self.n_inputs:
                 steps[k][3].append(s)
         # per step: (function, operand slots, result slots, whether its results are counted,
-        # dead slots to count out and offer the pool, dead small slots only to clear)
+        # dead slots to count out and offer the pool, dead small slots only to clear, for a
+        # kernel that may write a result over an operand dying there (kernel, [(operand position,
+        # result index, operand slot)]) else None, and the bytes of counted results the step
+        # allocates itself rather than taking from the pool)
         self.steps = [
             (
                 fn,
@@ -165,8 +172,14 @@ class Program:
                 not all(s in small for s in outs),
                 [s for s in frees if s not in small],
                 [s for s in frees if s in small],
+                _in_place(kernel_of_step.get(k), self.nodes[k], ins, frees, small, fresh_slots),
+                0
+                if self.nodes[k].op.name == "fused"
+                else sum(
+                    v.type.nbytes for v, s in zip(self.nodes[k].outputs, outs) if s in fresh_slots and s not in small
+                ),
             )
-            for fn, ins, outs, frees in steps
+            for k, (fn, ins, outs, frees) in enumerate(steps)
         ]
 
         # a program whose every value is small keeps no accounting: it runs as one generated
@@ -198,7 +211,7 @@ class Program:
         inline: dict[int, tuple[str, set[int]]] = {}
         body: list[tuple[str, set[int], int]] = []  # (line, slots it reads, step)
         fresh: set[int] = set()  # slots that surely hold a new writeable array of 1 or more dims
-        for k, (fn, ins, outs, _counted, _frees, _small_frees) in enumerate(self.steps):
+        for k, (fn, ins, outs, _counted, _frees, _small_frees, _in_place, _outside) in enumerate(self.steps):
             node = self.nodes[k]
             args, reads = [], set()
             for i in ins:
@@ -303,14 +316,16 @@ class Program:
         live, high = 0, self.high_water
         buffers = _Buffers(args, self.constants)
         hold, release = buffers.hold, buffers.release
-        for k, (fn, ins, outs, counted, frees, small_frees) in enumerate(self.steps):
+        for k, (fn, ins, outs, counted, frees, small_frees, in_place, outside) in enumerate(self.steps):
+            if outside and live + outside + pool.free_bytes > high:
+                pool.trim(max(0, high - live - outside))  # room for what the step allocates itself
             try:
-                results = fn(*[env[i] for i in ins])
+                if in_place is None:
+                    results = fn(*[env[i] for i in ins])
+                else:
+                    results = _call_in_place(fn, in_place, ins, env, buffers)
             except Exception as exc:
-                node = self.nodes[k]
-                note_where(exc, node.op.name, node.loc)
-                if _is_numpy_error(exc):
-                    raise numpy_error(exc, NumpyError).with_traceback(exc.__traceback__) from None
+                self._step_failed(k, exc)
                 raise
             if type(results) is not tuple and type(results) is not list:
                 results = (results,)
@@ -338,6 +353,14 @@ class Program:
         self.high_water = high
         return [env[s] for s in self.out_slots]
 
+    def _step_failed(self, k: int, exc: Exception) -> None:
+        """Step ``k`` raised ``exc``: note the node and its source line on it; a numpy error is
+        raised again as a NumpyError (the caller re-raises anything else as it is)."""
+        node = self.nodes[k]
+        note_where(exc, node.op.name, node.loc)
+        if _is_numpy_error(exc):
+            raise numpy_error(exc, NumpyError).with_traceback(exc.__traceback__) from None
+
     def _straight_error(self, exc: Exception) -> None:
         """An exception from the generated code: name the step it came from (a numpy error is
         raised again as a NumpyError; others go on as they are, with the note)."""
@@ -349,10 +372,7 @@ class Program:
         k = self._step_of_line.get(tb.tb_lineno)
         if k is None:  # the arguments' unpacking or the results' line: no step to name
             return
-        node = self.nodes[k]
-        note_where(exc, node.op.name, node.loc)
-        if _is_numpy_error(exc):
-            raise numpy_error(exc, NumpyError).with_traceback(exc.__traceback__) from None
+        self._step_failed(k, exc)
 
     def _run_profiled(self, args: Sequence[np.ndarray], profile: dict) -> list[np.ndarray]:
         """``run`` that records every step (name, source line, start, end, bytes) in
@@ -372,16 +392,19 @@ class Program:
         events = profile.setdefault("events", [])
         clock = time.perf_counter
         give_back = pool.give_back
-        for k, (fn, ins, outs, _counted, big_frees, small_frees) in enumerate(self.steps):
+        for k, (fn, ins, outs, _counted, big_frees, small_frees, in_place, outside) in enumerate(self.steps):
             frees = big_frees + small_frees  # measured exactly: every value counts
             node = self.nodes[k]
+            if outside and live + outside + pool.free_bytes > high:
+                pool.trim(max(0, high - live - outside))
             start = clock()
             try:
-                results = fn(*[env[i] for i in ins])
+                if in_place is None:
+                    results = fn(*[env[i] for i in ins])
+                else:
+                    results = _call_in_place(fn, in_place, ins, env, buffers)
             except Exception as exc:
-                note_where(exc, node.op.name, node.loc)
-                if _is_numpy_error(exc):
-                    raise numpy_error(exc, NumpyError).with_traceback(exc.__traceback__) from None
+                self._step_failed(k, exc)
                 raise
             end = clock()
             if type(results) is not tuple and type(results) is not list:
@@ -478,6 +501,32 @@ def _small_fresh(node: Node, v: Value) -> bool:
     return node.op.kind in _FRESH_KINDS and v.type.nbytes < SMALL_BYTES
 
 
+def _in_place(kernel: Any, node: Node, ins: list[int], frees: list[int], small: set[int], fresh: set[int]):
+    """For a kernel step: (kernel, [(operand position, result index, operand slot)]) for each pair
+    the kernel allows (CompiledKernel.in_place) whose operand dies at this step, is read once by
+    it and lives in a counted buffer this program made; None when there is none."""
+    if kernel is None or not kernel.in_place:
+        return None
+    pairs = []
+    for i, k in kernel.in_place:
+        s = ins[i]
+        if s in frees and s not in small and s in fresh and ins.count(s) == 1:
+            if node.inputs[i].type == node.outputs[k].type:
+                pairs.append((i, k, s))
+    return (kernel, pairs) if pairs else None
+
+
+def _call_in_place(fn: Callable, in_place: tuple[Any, list[tuple[int, int, int]]], ins: list[int], env: list, buffers):
+    """Run a kernel step, writing each result of ``in_place`` over its dying operand when nothing
+    else holds that operand's buffer (no other live value, no view of it: ``buffers.sole``)."""
+    kernel, pairs = in_place
+    args = [env[i] for i in ins]
+    given = {k: args[i] for i, k, _s in pairs if buffers.sole(args[i])}
+    if not given:
+        return fn(*args)
+    return kernel.call_into(args, given)
+
+
 class _Buffers:
     """The buffers a run's live values look into, each counted once: a view of an array counts
     its root buffer (a transpose of a fresh temporary holds the temporary), inputs and constants
@@ -501,6 +550,15 @@ class _Buffers:
             return 0
         self.users[id(root)] = [1, root.nbytes]
         return root.nbytes
+
+    def sole(self, x: Any) -> bool:
+        """Whether ``x`` is a C-contiguous, writeable array over the whole of a buffer that no other
+        live value looks into (a result may then be written over it)."""
+        root = _root(x)
+        if root is None or not x.flags.c_contiguous or not x.flags.writeable or x.size != root.size:
+            return False
+        entry = self.users.get(id(root))
+        return entry is not None and entry[0] == 1
 
     def release(self, x: Any) -> int:
         """Value ``x`` is dead; the bytes this frees from the live ones."""

@@ -129,6 +129,7 @@ class KernelSpec:
         self.level: dict[Value, str] = {}
         self.phase: dict[Value, int] = {}  # elem values: the loop that computes them; row values: availability
         self.names: dict[Value, str] = {}
+        self.in_place: list[tuple[int, int]] = []  # set by source(): see _in_place_pairs
         self._analyse()
 
     # -- analysis ------------------------------------------------------------------------------
@@ -240,12 +241,48 @@ class KernelSpec:
                     return False
         return all(home is not None for v, home in homes.items() if self.phase[v] == 0)
 
+    def _in_place_pairs(self, kinds: list[OperandKind], homes: dict[Value, int | None]) -> list[tuple[int, int]]:
+        """(operand, result) pairs that may share a buffer: the result may be written into the
+        operand's rows (the executor does so when nothing else holds the operand). Safe when the
+        operand is a full array of the result's type whose every read of row r happens no later
+        than the first write into the result's row r: in an earlier phase, or in the same loop,
+        where the generated body loads the operand first (``preload``). With pipelining the first
+        phase of row r+1 reads row r+1 only, which the last loop of row r does not write."""
+        region = self.region
+        read_in: dict[int, int] = {}  # operand index -> the last phase whose loop reads it
+        for node in region.nodes:
+            if self._in_loop(node):
+                for v in node.inputs:
+                    if v in region.inputs:
+                        i = region.inputs.index(v)
+                        read_in[i] = max(read_in.get(i, 0), self._loop_phase(node))
+        first_write: dict[int, int] = {}  # result index -> the first phase that writes its rows
+        for k, out in enumerate(region.outputs):
+            if self.level[out] == "elem" and out not in region.inputs and region.outputs.index(out) == k:
+                first_write[k] = self.phase[out]
+        for v, home in homes.items():
+            if home is not None and home in first_write:
+                first_write[home] = min(first_write[home], self.phase[v])
+        pairs: list[tuple[int, int]] = []
+        taken: set[int] = set()
+        for i, v in enumerate(region.inputs):
+            if kinds[i].kind != "full" or v.shape != self.space or v in region.outputs:
+                continue
+            for k, phase in first_write.items():
+                out = region.outputs[k]
+                if k not in taken and out.dtype == v.dtype and out.shape == v.shape and phase >= read_in.get(i, 0):
+                    pairs.append((i, k))
+                    taken.add(k)
+                    break
+        return pairs
+
     # -- code generation -------------------------------------------------------------------------
     def source(self, kinds: list[OperandKind]) -> str:
         """The kernel's Python source for operands of these kinds: the imports and signature, then
         the hoisted constants, the scratch rows, and the loop over a range of rows."""
         homes = self._homes(self._last_reads())
-        gen = _Generator(self, kinds, homes)
+        self.in_place = self._in_place_pairs(kinds, homes)
+        gen = _Generator(self, kinds, homes, preload={self.region.inputs[i] for i, _ in self.in_place})
         body = self._constant_lines() + gen.scratch_lines()
         body += gen.pipelined_row_loop() if self._can_pipeline(kinds, homes) else gen.row_loop()
         lines = self._header_lines()
@@ -319,10 +356,11 @@ class _Rows:
 class _Generator:
     """The lines of one kernel: the scratch rows, each row's phases, the element loops."""
 
-    def __init__(self, spec: KernelSpec, kinds: list[OperandKind], homes: dict[Value, int | None]):
+    def __init__(self, spec: KernelSpec, kinds: list[OperandKind], homes: dict[Value, int | None], preload: set[Value]):
         self.spec = spec
         self.kinds = kinds
         self.homes = homes
+        self.preload = preload  # operands a result may overwrite: loaded first in every loop that reads them
 
     def scratch_lines(self) -> list[str]:
         """A row-sized scratch buffer ``t_<name>`` for each value that waits for a later phase and
@@ -442,6 +480,10 @@ class _Generator:
         region = spec.region
         loop = _ElementLoop(self, p, rows, prefix)
         out = _Pass(body=loop.lines)  # computations and accumulations in node order
+        read_here = {v for n in region.nodes if spec._in_loop(n) and spec._loop_phase(n) == p for v in n.inputs}
+        for v in region.inputs:
+            if v in self.preload and v in read_here:
+                loop.ref(v)  # before any write of this element (the result may share its buffer)
         for node in region.nodes:
             if not spec._in_loop(node) or spec._loop_phase(node) != p:
                 continue

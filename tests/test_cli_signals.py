@@ -119,3 +119,27 @@ def test_debug_shows_where_the_interrupt_landed(tmp_path):
     )
     assert code == 130 and elapsed < 1.0
     assert "Traceback" in err and "KeyboardInterrupt" in err and err.rstrip().endswith(LINE[signal.SIGINT])
+
+
+def test_an_interrupt_a_library_wrapped_is_still_an_interrupt(monkeypatch, capsys):
+    """Ctrl-C landing while a C extension initializes (HiGHS, numba: imported lazily) comes back as
+    ``ImportError: initialization failed`` caused by the KeyboardInterrupt: exit 130 with the one
+    line, not an internal error."""
+    import argparse
+    import importlib
+
+    cli = importlib.import_module("graphc.cli.main")
+
+    def interrupted_import(args):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as exc:
+            raise ImportError("initialization failed") from exc
+
+    parser = cli.build_parser()
+    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    monkeypatch.setattr(parser, "parse_args", lambda argv: argparse.Namespace(func=interrupted_import))
+    monkeypatch.setattr(cli.signals._state.reported, "is_set", lambda: False)
+    assert cli.main(["ir", "model.py:f"]) == 130
+    err = capsys.readouterr().err
+    assert err.strip() == LINE[signal.SIGINT], err

@@ -236,9 +236,9 @@ def test_redistribution_buffers_are_counted_in_what_the_runtime_holds():
 def test_the_buffer_pool_never_holds_more_than_the_liveness_peak():
     import graphc
 
-    def f(x, w):  # fused kernels between matmuls, 1 MiB values: their results come from the pool
-        h = np.tanh(x @ w) * 2.0
-        g = np.exp(h @ w * 0.1) + 1.0
+    def f(x, w):  # fused kernels between matmuls, 1 MiB values
+        h = np.tanh(x) * 2.0  # its operand is an input: its result comes from the pool
+        g = np.exp(h @ w * 0.1) + 1.0  # written over the product, which dies here
         return (g @ w) * 0.5 + 1.0
 
     x = np.random.default_rng(0).standard_normal((512, 512)).astype(np.float32) * 0.01

@@ -104,6 +104,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _wrapped_interrupt(exc: BaseException) -> KeyboardInterrupt | None:
+    """The Ctrl-C or SIGTERM behind an exception a library raised because of it: a signal landing
+    while a C extension initializes (numba, HiGHS, imported lazily) comes back as
+    ``ImportError: initialization failed`` caused by the KeyboardInterrupt."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, KeyboardInterrupt):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command; returns its exit status. ``argv`` None: the command line of this process
     (graphc is the program: after Ctrl-C or SIGTERM the watchdog also bounds its shutdown)."""
@@ -128,8 +141,12 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:  # noqa: BLE001 - never a traceback unless asked: one or two lines
             if debug_enabled(args):
                 print_traceback(exc)
-            text, code = describe_exception(exc)
-            print_error(text)
+            interrupt = _wrapped_interrupt(exc)
+            if interrupt is not None:
+                code = signals.report(interrupt)
+            else:
+                text, code = describe_exception(exc)
+                print_error(text)
         note_exit_code(code)  # under MPI, a job that ends through this failure ends with this status
         return code
 
