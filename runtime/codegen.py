@@ -68,6 +68,7 @@ class CompiledKernel:
         # (operand, result) pairs whose buffer the result may take over (KernelSpec._in_place_pairs)
         self.in_place: list[tuple[int, int]] = self.spec.in_place
         self.func = load_kernel(self.source)
+        self._aliased: dict[frozenset[tuple[int, int]], Callable] = {}  # variants for in-place calls
         self.out_types = [v.type for v in region.outputs]
         self.out_levels = [self.spec.level[v] for v in region.outputs]
         self.alloc = alloc
@@ -84,6 +85,13 @@ class CompiledKernel:
         self.call: Callable[..., tuple[np.ndarray, ...]] = (
             self if self._may_split else self._straight_call([v.type.shape for v in region.inputs])
         )
+
+    def _aliased_func(self, pairs: frozenset[tuple[int, int]]) -> Callable:
+        """The kernel compiled for results written over their operands (KernelSpec.source's ``aliased``)."""
+        func = self._aliased.get(pairs)
+        if func is None:
+            func = self._aliased[pairs] = load_kernel(self.spec.source(self.kinds, pairs))
+        return func
 
     def _straight_call(self, shapes: list[tuple[int, ...]]) -> Callable[..., tuple[np.ndarray, ...]]:
         """``__call__`` for operands of these (the region's) shapes as generated Python: the views
@@ -118,6 +126,11 @@ class CompiledKernel:
     def call_into(self, arrays: Sequence[np.ndarray], given: dict[int, np.ndarray]) -> tuple[np.ndarray, ...]:
         """``__call__`` with result ``k`` written into ``given[k]`` (a C-contiguous array of its
         shape and dtype; for the pairs in ``in_place``, the very operand it may overwrite)."""
+        func = self.func
+        if given:
+            aliased = frozenset((i, k) for i, k in self.in_place if given.get(k) is arrays[i])
+            if aliased:
+                func = self._aliased_func(aliased)
         operands = []
         for a, (shape, full) in zip(arrays, self._operand_shapes):
             if a.shape != shape:  # (an operand already in the kernel's shape needs no view)
@@ -141,13 +154,13 @@ class CompiledKernel:
             bounds = [self.rows * i // threads for i in range(threads + 1)]
             pool = kernel_pool(threads - 1)
             futures = [
-                pool.submit(self.func, *operands, *views, bounds[i], bounds[i + 1], self.n) for i in range(1, threads)
+                pool.submit(func, *operands, *views, bounds[i], bounds[i + 1], self.n) for i in range(1, threads)
             ]
-            self.func(*operands, *views, bounds[0], bounds[1], self.n)
+            func(*operands, *views, bounds[0], bounds[1], self.n)
             for f in futures:
                 f.result()
         else:
-            self.func(*operands, *views, 0, self.rows, self.n)
+            func(*operands, *views, 0, self.rows, self.n)
         return tuple(outs)
 
 

@@ -11,12 +11,15 @@ three (sum; deviations and their squares' sum; the result).
 
 Three things keep a kernel near the speed of a copy of its bytes (graphc bench kernels):
 
-* **Reductions accumulate inside the loop** that computes their input, not in a pass of their own:
-  max and min through ``fm.maximum`` / ``fm.minimum`` (llvm.maximum: numpy's NaN propagation,
-  vectorized), sums through ``fm.radd``, an add that alone may be re-associated, so LLVM splits the
-  sum into vector partial sums while the rest of the loop keeps strict IEEE order. A float32 sum
-  adds in float32 within blocks of ``SUM_BLOCK`` elements (a few elements per vector lane) and in
-  float64 across blocks; float64 and integer sums accumulate in their own type.
+* **No pass of its own for a reduction**: max and min (``fm.maximum`` / ``fm.minimum``:
+  llvm.maximum, numpy's NaN propagation, vectorized) and integer sums accumulate in the loop
+  that computes their input; their result does not depend on the order. A float sum does, and a
+  loop that stores may run vectorized or scalar (LLVM checks at run time that its arrays do not
+  overlap, and small arrays allocated side by side fail the check): so a float sum is taken after
+  the loop, by a loop that stores nothing, from the row its input is in by then (softmax's
+  exponentials), or recomputing a cheap input from the operands (layer norm's (x - mean)**2),
+  else from a row the loop stages it in. float32 sums add in float32 within blocks of
+  ``fm.ROW_SUM_BLOCK`` elements and in float64 across blocks.
 * **Values a later phase reads live in an output row** when one of the same dtype is written no
   earlier than their last reader (softmax's exponentials wait in the output row that their
   quotients overwrite), else in a scratch row: the output row's first touch happens in a loop
@@ -27,6 +30,12 @@ Three things keep a kernel near the speed of a copy of its bytes (graphc bench k
   loads overlap that loop's work. It applies when the first phase reads only per-element
   operands, scalars and constants, and keeps what later phases need in output rows.
 
+A result may be written over an operand of its type (``KernelSpec.in_place``; the executor does so
+when the operand dies at the kernel and nothing else holds it): every read of a row happens no
+later than the first write into it, and such a call runs a variant that reads the operand
+through the result's array (``source(aliased=)``): LLVM vectorizes one array read and written in
+place, but not two arguments it cannot prove distinct.
+
 Operands arrive as 2-d (R, n) views ("full"), per-row vectors (R,) ("row"), rows repeated with a
 period (P, n) ("periodic": a (T, T) mask broadcast over batch and heads), vectors (n,) ("vec") or
 scalars; anything else is materialized by the caller (runtime/codegen.py).
@@ -35,33 +44,33 @@ scalars; anything else is materialized by the caller (runtime/codegen.py).
 from __future__ import annotations
 
 import hashlib
-import math
 import pathlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
 from graphc.core.ir import Node, Region, Value
 from graphc.runtime import fastmath
+from graphc.runtime.kernelexpr import (
+    arithmetic_expr,
+    constant_text,
+    logical_expr,
+    np_type,
+    power_expr,
+    scalar_exponent,
+    select_expr,
+)
 
 # part of every kernel's text: a cached kernel's machine code includes the fastmath functions it
 # calls, so editing fastmath.py must give the kernels new cache entries
 FASTMATH_VERSION = hashlib.sha256(pathlib.Path(fastmath.__file__).read_bytes()).hexdigest()[:12]
 
 REDUCTIONS = ("reduce_sum", "reduce_max", "reduce_min")
-# a float32 sum adds this many elements in float32 (vector partial sums of a few elements each),
-# then adds the block's sum in float64: as accurate as numpy's pairwise float32 sum, vectorized
-SUM_BLOCK = 256
-_FASTMATH = {"exp": "exp", "tanh": "tanh", "log": "log", "log1p": "log1p_", "expm1": "expm1_"}
-_FLOAT_FUNCS = {"sqrt": "math.sqrt", "sin": "math.sin", "cos": "math.cos"}  # (kernels are float32/64 only)
-_BINARY = {"add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "**"}
-_COMPARE = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
-
-
-def _np_type(dt: np.dtype) -> str:
-    return "np.bool_" if dt.kind == "b" else f"np.{np.dtype(dt).name}"
+# ops a float sum's input may be recomputed through, in a loop of its own, rather than staged in a
+# row (_Generator._row_sum): as cheap as the load and store they save
+CHEAP_OPS = ("add", "sub", "mul", "neg", "abs", "maximum", "minimum", "where", "compare", "convert")
+RECOMPUTE_DEPTH = 4
 
 
 @dataclass
@@ -108,13 +117,11 @@ def operand_kind(shape: tuple[int, ...], space: tuple[int, ...], row_level: bool
 
 @dataclass
 class _Pass:
-    """One phase's share of an element loop over one row: lines before the loop, in each block of
-    ``SUM_BLOCK`` elements (float32 partial sums), in the loop body, and after the loop."""
+    """One phase's share of an element loop over one row: lines before the loop, in the loop body,
+    and after the loop."""
 
     init: list[str] = field(default_factory=list)
-    block_init: list[str] = field(default_factory=list)
     body: list[str] = field(default_factory=list)
-    block_end: list[str] = field(default_factory=list)
     final: list[str] = field(default_factory=list)
 
 
@@ -277,14 +284,19 @@ class KernelSpec:
         return pairs
 
     # -- code generation -------------------------------------------------------------------------
-    def source(self, kinds: list[OperandKind]) -> str:
+    def source(self, kinds: list[OperandKind], aliased: frozenset[tuple[int, int]] = frozenset()) -> str:
         """The kernel's Python source for operands of these kinds: the imports and signature, then
-        the hoisted constants, the scratch rows, and the loop over a range of rows."""
+        the hoisted constants, the scratch rows, and the loop over a range of rows. ``aliased``:
+        the (operand, result) pairs of ``in_place`` that this variant is called with in one buffer;
+        it reads those operands through the result's array. (Passed as two arguments, LLVM cannot
+        tell the arrays are one, checks for overlap at run time and falls back to the scalar loop:
+        measured 7-10x slower.)"""
         homes = self._homes(self._last_reads())
         self.in_place = self._in_place_pairs(kinds, homes)
-        gen = _Generator(self, kinds, homes, preload={self.region.inputs[i] for i, _ in self.in_place})
-        body = self._constant_lines() + gen.scratch_lines()
-        body += gen.pipelined_row_loop() if self._can_pipeline(kinds, homes) else gen.row_loop()
+        preload = {self.region.inputs[i] for i, _ in self.in_place}
+        gen = _Generator(self, kinds, homes, preload, dict(aliased))
+        loop = gen.pipelined_row_loop() if self._can_pipeline(kinds, homes) else gen.row_loop()
+        body = self._constant_lines() + gen.scratch_lines() + loop
         lines = self._header_lines()
         lines.extend("    " + s for s in body)
         return "\n".join(lines) + "\n"
@@ -313,7 +325,7 @@ class KernelSpec:
             if node.op.name != "constant":
                 continue
             out = node.outputs[0]
-            lines.append(f"{self.names[out]} = {_np_type(out.dtype)}({_constant_text(node.attrs['value'])})")
+            lines.append(f"{self.names[out]} = {np_type(out.dtype)}({constant_text(node.attrs['value'])})")
         return lines
 
     def row_ref(self, v: Value) -> str:
@@ -327,13 +339,13 @@ class KernelSpec:
         name = node.op.name
         args = [ref(v) for v in node.inputs]  # read first: an element loop emits an operand's load on its first read
         dtype = node.outputs[0].dtype
-        text = _power_expr(node, args) if name == "pow" and _scalar_exponent(node) else None
+        text = power_expr(node, args) if name == "pow" and scalar_exponent(node) else None
         if text is None:
-            text = _arithmetic_expr(name, args, dtype)
+            text = arithmetic_expr(name, args, dtype)
         if text is None:
-            text = _select_expr(name, args, dtype)
+            text = select_expr(name, args, dtype)
         if text is None:
-            text = _logical_expr(name, args, dtype, node.attrs)
+            text = logical_expr(name, args, dtype, node.attrs)
         if text is None:
             raise NotImplementedError(f"no kernel code for {name}")
         return text
@@ -352,22 +364,37 @@ class _Rows:
         self.used.add(k)
         return f"{self.out}{k}[{self.at}, j]"
 
+    def row_ref(self, k: int) -> str:
+        """Output ``k``'s whole row."""
+        self.used.add(k)
+        return f"{self.out}{k}[{self.at}]"
+
 
 class _Generator:
     """The lines of one kernel: the scratch rows, each row's phases, the element loops."""
 
-    def __init__(self, spec: KernelSpec, kinds: list[OperandKind], homes: dict[Value, int | None], preload: set[Value]):
+    def __init__(
+        self,
+        spec: KernelSpec,
+        kinds: list[OperandKind],
+        homes: dict[Value, int | None],
+        preload: set[Value],
+        aliased: dict[int, int],
+    ):
         self.spec = spec
         self.kinds = kinds
         self.homes = homes
         self.preload = preload  # operands a result may overwrite: loaded first in every loop that reads them
+        self.aliased = aliased  # operand index -> the result whose array it is read through
+        self.staged_rows: list[tuple[str, np.dtype]] = []  # rows float sums are staged in (_row_sum)
 
     def scratch_lines(self) -> list[str]:
         """A row-sized scratch buffer ``t_<name>`` for each value that waits for a later phase and
         has no output row to wait in."""
         spec = self.spec
         waiting = sorted((v for v, home in self.homes.items() if home is None), key=lambda v: spec.names[v])
-        return [f"t_{spec.names[v]} = np.empty(n, dtype={_np_type(v.dtype)})" for v in waiting]
+        lines = [f"t_{spec.names[v]} = np.empty(n, dtype={np_type(v.dtype)})" for v in waiting]
+        return lines + [f"{row} = np.empty(n, dtype={np_type(dt)})" for row, dt in dict(self.staged_rows).items()]
 
     def home_ref(self, v: Value, rows: _Rows) -> str:
         """Element ``j`` of the row where ``v`` waits for its later readers."""
@@ -414,16 +441,16 @@ class _Generator:
         outputs = spec.region.outputs
         lines = ["if r0 >= r1:", "    return"]
         lines += [
-            f"d_out{k} = np.empty((1, n), dtype={_np_type(outputs[k].dtype)})"
+            f"d_out{k} = np.empty((1, n), dtype={np_type(outputs[k].dtype)})"
             for k in sorted(this.used | following.used)
         ]
         # the row values the row before r0 reads, and the first phase's carried results
         for node in spec.region.nodes:
             v = node.outputs[0]
             if spec.level[v] == "row":
-                lines.append(f"{spec.names[v]} = {_np_type(v.dtype)}(0)")
+                lines.append(f"{spec.names[v]} = {np_type(v.dtype)}(0)")
                 if node.op.name in REDUCTIONS and spec._loop_phase(node) == 0:
-                    lines.append(f"n_{spec.names[v]} = {_np_type(v.dtype)}(0)")
+                    lines.append(f"n_{spec.names[v]} = {np_type(v.dtype)}(0)")
         lines.append("for r in range(r0 - 1, r1):")
         lines.extend("    " + s for s in body)
         return lines
@@ -480,6 +507,7 @@ class _Generator:
         region = spec.region
         loop = _ElementLoop(self, p, rows, prefix)
         out = _Pass(body=loop.lines)  # computations and accumulations in node order
+        staged: list[Node] = []  # float sums: summed from a row after the loop (_row_sum)
         read_here = {v for n in region.nodes if spec._in_loop(n) and spec._loop_phase(n) == p for v in n.inputs}
         for v in region.inputs:
             if v in self.preload and v in read_here:
@@ -488,47 +516,136 @@ class _Generator:
             if not spec._in_loop(node) or spec._loop_phase(node) != p:
                 continue
             v = node.outputs[0]
+            if node.op.name == "reduce_sum" and v.dtype.kind == "f":
+                staged.append(node)
+                continue
             if node.op.name in REDUCTIONS:
                 _accumulate(out, node, prefix + spec.names[v], loop.ref(node.inputs[0]))
                 continue
             loop.lines.append(f"{prefix}{spec.names[v]} = {spec.expr(node, loop.ref)}")
             if v in self.homes:
                 loop.lines.append(f"{self.home_ref(v, rows)} = {prefix}{spec.names[v]}")
+        written: dict[Value, str] = {}  # value -> the row it is in once the loop is done
         for i, v in enumerate(region.outputs):
             written_here = spec.level[v] == "elem" and v not in region.inputs and spec.phase[v] == p
             if written_here and self.homes.get(v) != i:
                 loop.lines.append(f"{rows.out_ref(i)} = {loop.ref(v)}")
+            if written_here:
+                written.setdefault(v, rows.row_ref(i))
+        for node in staged:
+            self._row_sum(node, p, rows, prefix, loop, out, written)
         return out
+
+    def _row_sum(
+        self, node: Node, p: int, rows: _Rows, prefix: str, loop: _ElementLoop, into: _Pass, written: dict[Value, str]
+    ) -> None:
+        """A float sum of phase ``p``: summed after the loop by fm.row_sum32/64 from the row its
+        input is in by then (its output row, or the row it waits in), else from a row the loop
+        stages it in. Accumulated in the loop, a sum's order would be the vectorizer's: LLVM guards
+        a vectorized loop that stores with a run-time check that the arrays do not overlap, which
+        two small arrays allocated side by side can fail, and the scalar loop then adds in another
+        order (one jitted function gave two different results depending on where its arrays were
+        allocated). A loop with no stores needs no check: the reducer always runs the same code."""
+        spec = self.spec
+        x, v = node.inputs[0], node.outputs[0]
+        name = prefix + spec.names[v]
+        home = self.homes.get(x, -1)
+        if x in written:
+            row = written[x]
+        elif x in self.homes and home is None:
+            row = f"t_{spec.names[x]}"
+        elif home is not None and home != -1 and self._holds(home, p, x):
+            row = rows.row_ref(home)
+        else:
+            expr = self._recomputed(x, p, rows, prefix, RECOMPUTE_DEPTH)
+            if expr is not None:  # cheap: recomputed by a loop of its own, which stores nothing
+                into.final.extend(_store_free_sum(name, expr, x.dtype, v.dtype))
+                return
+            row = f"t_s{name}"
+            self.staged_rows.append((row, x.dtype))
+            loop.lines.append(f"{row}[j] = {np_type(x.dtype)}({loop.ref(x)})")
+        reducer = "row_sum32" if x.dtype == np.float32 else "row_sum64"
+        into.final.append(f"{name} = {np_type(v.dtype)}(fm.{reducer}({row}))")
+
+    def _recomputed(self, v: Value, p: int, rows: _Rows, prefix: str, depth: int) -> str | None:
+        """An expression for ``v`` at element ``j`` once phase ``p``'s loop has run, reading only
+        operands, rows values wait in, row values and constants, through cheap ops (``CHEAP_OPS``,
+        at most ``depth`` deep); None when ``v`` needs more."""
+        spec = self.spec
+        region = spec.region
+        if v in region.inputs:
+            i = region.inputs.index(v)
+            kind = self.kinds[i]
+            if not kind.per_element:
+                return f"s_{spec.names[v]}"
+            if i not in self.aliased:
+                return kind.read(spec.names[v], rows.read)
+            return rows.out_ref(self.aliased[i]) if self._holds(self.aliased[i], p, None) else None
+        if spec.level[v] != "elem":
+            return spec.names[v]  # a constant or a row value
+        home = self.homes.get(v, -1)
+        if home is None or (home != -1 and self._holds(home, p, v)):
+            return self.home_ref(v, rows)
+        node = v.producer
+        if depth == 0 or node is None or node.op.name not in CHEAP_OPS:
+            return None
+        refs: dict[Value, str] = {}
+        for u in node.inputs:
+            text = self._recomputed(u, p, rows, prefix, depth - 1)
+            if text is None:
+                return None
+            refs[u] = text
+        return spec.expr(node, refs.__getitem__)
+
+    def _holds(self, k: int, p: int, v: Value | None) -> bool:
+        """Whether output ``k``'s row, once phase ``p``'s loop has run, still holds what it held
+        before that loop, or ``v`` written in it: the loop writes no other value into the row."""
+        spec = self.spec
+        writes = [u for u, home in self.homes.items() if home == k and spec.phase[u] == p]
+        out = spec.region.outputs[k]
+        if spec.level[out] == "elem" and out not in spec.region.inputs and spec.phase[out] == p:
+            writes.append(out)
+        return all(u is v for u in writes)
 
     @staticmethod
     def loop(passes: list[_Pass]) -> list[str]:
-        """One loop over the elements of a row running ``passes`` together: blocks of ``SUM_BLOCK``
-        elements when a pass sums float32 values, else one flat loop."""
+        """One loop over the elements of a row running ``passes`` together."""
         lines = [s for p in passes for s in p.init]
         body = [s for p in passes for s in p.body]
-        if not body:  # a phase of row ops only
-            return lines
-        if any(p.block_init for p in passes):
-            # full blocks with a constant trip count, then the rest: LLVM vectorizes an inner loop
-            # of range(jb, min(jb + B, n)) poorly (2x slower measured), one of range(B) fully
-            block_init = [s for p in passes for s in p.block_init]
-            block_end = [s for p in passes for s in p.block_end]
-            lines.append(f"for jb in range(n // {SUM_BLOCK}):")
-            lines.extend("    " + s for s in block_init)
-            lines.append(f"    for k in range({SUM_BLOCK}):")
-            lines.append(f"        j = jb * {SUM_BLOCK} + k")
-            lines.extend("        " + s for s in body)
-            lines.extend("    " + s for s in block_end)
-            lines.append(f"if n % {SUM_BLOCK}:")
-            lines.extend("    " + s for s in block_init)
-            lines.append(f"    for j in range(n - n % {SUM_BLOCK}, n):")
-            lines.extend("        " + s for s in body)
-            lines.extend("    " + s for s in block_end)
-        else:
+        if body:  # (a phase of row ops only has none)
             lines.append("for j in range(n):")
             lines.extend("    " + s for s in body)
         lines.extend(s for p in passes for s in p.final)
         return lines
+
+
+def _store_free_sum(name: str, expr: str, dtype: np.dtype, result: np.dtype) -> list[str]:
+    """A loop of its own summing ``expr`` (at element ``j``) into ``name``: it stores nothing, so
+    LLVM vectorizes it without a run-time overlap check, the same way for every row. float32: in
+    float32 within blocks of ROW_SUM_BLOCK elements (a constant trip count vectorizes fully), in
+    float64 across blocks, as fm.row_sum32."""
+    b, a, cast = f"b_{name}", f"a_{name}", np_type(result)
+    if dtype != np.float32:
+        return [
+            f"{a} = np.float64(0.0)",
+            "for j in range(n):",
+            f"    {a} = fm.radd({a}, np.float64({expr}))",
+            f"{name} = {cast}({a})",
+        ]
+    block = fastmath.ROW_SUM_BLOCK
+    return [
+        f"{a} = np.float64(0.0)",
+        f"for jb in range(n // {block}):",
+        f"    {b} = np.float32(0.0)",
+        f"    for k in range({block}):",
+        f"        j = jb * {block} + k",
+        f"        {b} = fm.radd({b}, np.float32({expr}))",
+        f"    {a} += np.float64({b})",
+        f"{b} = np.float32(0.0)",
+        f"for j in range(n - n % {block}, n):",
+        f"    {b} = fm.radd({b}, np.float32({expr}))",
+        f"{name} = {cast}({a} + np.float64({b}))",
+    ]
 
 
 def _guarded(condition: str, lines: list[str]) -> list[str]:
@@ -537,22 +654,14 @@ def _guarded(condition: str, lines: list[str]) -> list[str]:
 
 
 def _accumulate(into: _Pass, node: Node, name: str, x: str) -> None:
-    """The lines that reduce ``x`` (read at element ``j``) into the row value ``name``."""
+    """The lines that reduce ``x`` (read at element ``j``) into the row value ``name``, in the loop:
+    max and min (of any type) and integer sums, whose result does not depend on the order."""
     dtype = node.outputs[0].dtype
-    cast = _np_type(dtype)
+    cast = np_type(dtype)
     acc = f"a_{name}"
-    if node.op.name == "reduce_sum":
-        if dtype == np.float32:  # float32 within a block, float64 across blocks
-            into.init.append(f"{acc} = np.float64(0.0)")
-            into.block_init.append(f"b_{name} = np.float32(0.0)")
-            into.body.append(f"b_{name} = fm.radd(b_{name}, np.float32({x}))")
-            into.block_end.append(f"{acc} += np.float64(b_{name})")
-        elif dtype.kind == "f":
-            into.init.append(f"{acc} = {cast}(0.0)")
-            into.body.append(f"{acc} = fm.radd({acc}, {cast}({x}))")
-        else:
-            into.init.append(f"{acc} = {cast}(0)")
-            into.body.append(f"{acc} += {cast}({x})")
+    if node.op.name == "reduce_sum":  # integers: exact in any order (float sums: _Generator.row_sum)
+        into.init.append(f"{acc} = {cast}(0)")
+        into.body.append(f"{acc} += {cast}({x})")
         into.final.append(f"{name} = {cast}({acc})")
         return
     largest = node.op.name == "reduce_max"
@@ -602,86 +711,8 @@ class _ElementLoop:
         if not kind.per_element:
             return f"s_{name}"
         if v not in self.loaded:
-            self.lines.append(f"e_{self.prefix}{name} = {kind.read(name, self.rows.read)}")
+            i = self.spec.region.inputs.index(v)
+            read = self.rows.out_ref(self.gen.aliased[i]) if i in self.gen.aliased else kind.read(name, self.rows.read)
+            self.lines.append(f"e_{self.prefix}{name} = {read}")
             self.loaded.add(v)
         return f"e_{self.prefix}{name}"
-
-
-def _constant_text(value: np.ndarray) -> str:
-    """A scalar constant as Python source (``float('inf')`` and ``float('nan')`` for non-finite floats)."""
-    val = value.reshape(()).item()
-    return f"float({str(val)!r})" if isinstance(val, float) and not math.isfinite(val) else repr(val)
-
-
-def _arithmetic_expr(name: str, args: list[str], dtype: np.dtype) -> str | None:
-    """Arithmetic and math functions, cast to the result dtype; None for other ops."""
-    cast = _np_type(dtype)
-    if name in _BINARY:
-        return f"{cast}({args[0]} {_BINARY[name]} {args[1]})"
-    if name in _FASTMATH:  # vectorizable versions (runtime/fastmath.py)
-        return f"fm.{_FASTMATH[name]}{'32' if dtype == np.float32 else '64'}({args[0]})"
-    if name in _FLOAT_FUNCS:
-        return f"{cast}({_FLOAT_FUNCS[name]}({args[0]}))"
-    if name == "neg":
-        return f"{cast}(-{args[0]})"
-    if name == "abs":
-        return f"{cast}(abs({args[0]}))"
-    if name == "sign":
-        return f"{cast}(np.sign({args[0]}))"
-    return None
-
-
-def _scalar_exponent(node: Node) -> bool:
-    """Whether numpy's float power loop sees this pow's exponent with stride 0, as one scalar for
-    the whole loop: a 0-d exponent, or one of size 1 that is broadcast (the operand shapes differ
-    from the result's, so numpy iterates them with stride 0); size-1 operands of the result's own
-    shape are walked with their strides. It then takes the fast path below."""
-    base, exponent = node.inputs
-    out = node.outputs[0]
-    if out.dtype.kind != "f" or exponent.type.size != 1:
-        return False
-    if exponent.ndim == 0:
-        return True
-    return not (exponent.shape == out.shape and (base.ndim == 0 or base.shape == out.shape))
-
-
-def _power_expr(node: Node, args: list[str]) -> str:
-    """numpy's float32/float64 power loop with a scalar exponent (see ``_scalar_exponent``): -1, 0,
-    0.5, 1 and 2 are 1/x, 1, sqrt(x), x and x*x (sqrt(-0.0) is -0.0 and sqrt(-inf) nan, where pow
-    gives 0.0 and inf), any other exponent pow."""
-    x, e = args
-    cast = _np_type(node.outputs[0].dtype)
-    return (
-        f"{cast}(1.0 / {x} if {e} == -1.0 else 1.0 if {e} == 0.0 else math.sqrt({x}) if {e} == 0.5 "
-        f"else {x} if {e} == 1.0 else {x} * {x} if {e} == 2.0 else {x} ** {e})"
-    )
-
-
-def _select_expr(name: str, args: list[str], dtype: np.dtype) -> str | None:
-    """maximum and minimum (NaN-propagating for floats, like numpy) and where; None for other ops."""
-    if name == "maximum":
-        a, b = args
-        return f"({a} if ({a} != {a} or {a} > {b}) else {b})" if dtype.kind == "f" else f"max({a}, {b})"
-    if name == "minimum":
-        a, b = args
-        return f"({a} if ({a} != {a} or {a} < {b}) else {b})" if dtype.kind == "f" else f"min({a}, {b})"
-    if name == "where":
-        return f"({args[1]} if {args[0]} else {args[2]})"
-    return None
-
-
-def _logical_expr(name: str, args: list[str], dtype: np.dtype, attrs: dict[str, Any]) -> str | None:
-    """Comparisons, logical ops and dtype conversion; None for other ops."""
-    if name == "compare":
-        return f"({args[0]} {_COMPARE[attrs['direction']]} {args[1]})"
-    if name == "logical_and":
-        return f"({args[0]} and {args[1]})"
-    if name == "logical_or":
-        return f"({args[0]} or {args[1]})"
-    if name == "logical_not":
-        return f"(not {args[0]})"
-    if name == "convert":
-        if dtype.kind == "b":
-            return f"({args[0]} != 0)"
-        return f"{_np_type(dtype)}({args[0]})"
-    return None

@@ -183,17 +183,105 @@ def test_loop_structure():
     x = np.ones((8, 300), np.float32)
     g = np.ones(300, np.float32)
     (sm,) = _source(softmax, x)
-    # softmax: the max of the next row in the division's loop, the exponentials in the output row,
-    # their float32 sum in blocks, no scratch row, no separate reduction pass
+    # softmax: the max of the next row in the division's loop, the exponentials in the output row
+    # and summed from it (no scratch row), three loops a row
     assert "for r in range(r0 - 1, r1):" in sm
     assert "np.empty(n" not in sm
-    assert "fm.maximum(a_n_v" in sm and "fm.radd(b_v" in sm
-    assert "for k in range(256):" in sm and "for j in range(n - n % 256, n):" in sm
+    assert "fm.maximum(a_n_v" in sm and "fm.row_sum32(out0[r])" in sm
+    assert sm.count("for j in range(n):") == 2  # the exponentials; the division with the next max
     (ln,) = _source(layer_norm, x, g, g)
-    assert "for r in range(r0 - 1, r1):" in ln and "np.empty(n" not in ln
+    assert "for r in range(r0 - 1, r1):" in ln
+    # a float sum is accumulated only in a loop that stores nothing (its order would otherwise
+    # depend on where the arrays are: the vectorized loop's overlap check)
+    for src in (sm, ln):
+        for body in _loop_bodies(src):
+            if any("fm.radd" in line for line in body):
+                assert not any("] = " in line for line in body), body
+
     # one phase (GELU): no pipelining, one loop
     (ge,) = _source(lambda v: np.tanh(v) * 0.5, x)
     assert "for r in range(r0, r1):" in ge and ge.count("for j in range") == 1
     # a first phase that reads a per-row operand cannot run in the row before: not pipelined
     (rowop,) = _source(lambda v, s: (v * s).max(-1, keepdims=True) - v * s, x, np.ones((8, 1), np.float32))
     assert "for r in range(r0, r1):" in rowop
+
+
+@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize(("rows", "n"), [(1, 1), (3, 7), (5, 257), (6, 600)])
+def test_results_written_over_their_operands_are_the_same_bits(name, rows, n):
+    """The pairs a kernel allows in place (KernelSpec._in_place_pairs) give the bits of a run into
+    fresh buffers, in one call and with the rows split, through the variant that reads the operand
+    through the result's array."""
+    fn = globals()[name]
+    args = _args(name, rows, n, np.float32, np.random.default_rng(7))
+    _, env, kernels = _kernels(fn, args)
+    checked = 0
+    for node, kernel in kernels:
+        if not all(v in env for v in node.inputs):
+            continue
+        operands = [np.ascontiguousarray(env[v]) for v in node.inputs]
+        want = kernel.call_into([a.copy() for a in operands], {})
+        for i, k in kernel.in_place:
+            if node.inputs[i].type != node.outputs[k].type:
+                continue  # the executor only offers a buffer of the result's type
+            ops = [a.copy() for a in operands]
+            got = kernel.call_into(ops, {k: ops[i]})
+            assert got[k] is ops[i]
+            for a, b in zip(got, want):
+                np.testing.assert_array_equal(a, b)
+            func = kernel._aliased_func(frozenset([(i, k)]))
+            ops = [a.copy() for a in operands]
+            outs = [
+                ops[i] if j == k else np.empty(shape, dtype) for j, (shape, dtype, _) in enumerate(kernel._out_shapes)
+            ]
+            views = [o.reshape(view) for o, (_, _, view) in zip(outs, kernel._out_shapes)]
+            flat = [a.reshape(shape) for a, (shape, _full) in zip(ops, kernel._operand_shapes)]
+            for lo, hi in [(0, 1), (1, kernel.rows)] if kernel.rows > 1 else [(0, 1)]:
+                func(*flat, *views, lo, hi, kernel.n)
+            for a, b in zip(outs, want):
+                np.testing.assert_array_equal(a, b)
+            checked += 1
+    if name in ("softmax", "layer_norm", "gelu_sum", "log_softmax") and n > 1:
+        assert checked, "an elementwise-in, elementwise-out kernel runs in place"
+
+
+def test_a_sum_does_not_depend_on_where_the_arrays_are():
+    """LLVM guards a vectorized loop that stores with a run-time check that its arrays do not
+    overlap; small arrays side by side fail it and the scalar loop runs instead. A sum accumulated
+    in such a loop rounded differently with the arrays' addresses (one jitted function gave two
+    results, tests/test_ps.py); sums come from a store-free reducer now."""
+
+    def f(x, y):
+        p = x * y + 0.5
+        return p, p.sum(-1)
+
+    rng = np.random.default_rng(0)
+    x, y = (rng.standard_normal((1, 50)).astype(np.float32) for _ in range(2))
+    _, _, [(node, kernel)] = _kernels(f, (x, y))
+    results = set()
+    for gap in range(0, 96, 4):  # place the result right after the operands, then further away
+        buf = np.zeros(3 * 50 + 2 * gap + 64, np.float32)
+        a, b = buf[:50], buf[50 + gap : 100 + gap]
+        out = buf[100 + 2 * gap : 150 + 2 * gap]
+        a[:], b[:] = x[0], y[0]
+        total = np.empty(1, np.float32)
+        kernel.func(a.reshape(1, 50), b.reshape(1, 50), out.reshape(1, 50), total, 0, 1, 50)
+        results.add((out.tobytes(), total.tobytes()))
+    assert len(results) == 1
+
+
+def _loop_bodies(source: str) -> list[list[str]]:
+    """The lines of each innermost ``for j``/``for k`` loop of a kernel's source."""
+    lines = source.splitlines()
+    bodies = []
+    for i, line in enumerate(lines):
+        stripped = line.lstrip()
+        if stripped.startswith(("for j in", "for k in")):
+            depth = len(line) - len(stripped)
+            body = []
+            for nxt in lines[i + 1 :]:
+                if len(nxt) - len(nxt.lstrip()) <= depth:
+                    break
+                body.append(nxt)
+            bodies.append(body)
+    return bodies
