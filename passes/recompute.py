@@ -34,6 +34,8 @@ same operands).
 
 from __future__ import annotations
 
+import functools
+
 from graphc.core.ir import Graph, Node, Value
 from graphc.passes.fuse import fusable
 from graphc.passes.rewrite import Rewriter, apply_to_graph, finish
@@ -65,19 +67,11 @@ CHEAP = frozenset(
 RECOMPUTE_DEPTH = 3
 
 
-def _uses(nodes: list[Node]) -> dict[Value, list[Node]]:
-    uses: dict[Value, list[Node]] = {}
-    for node in nodes:
-        for v in node.inputs:
-            uses.setdefault(v, []).append(node)
-    return uses
-
-
 class _Choice:
     """Which forward values the backward recomputes, decided on one block."""
 
-    def __init__(self, inputs: list[Value], nodes: list[Node], outputs: list[Value]):
-        self.uses = _uses(nodes)
+    def __init__(self, inputs: list[Value], nodes: list[Node], outputs: list[Value], users: dict[Value, list[Node]]):
+        self.uses = users
         self.returned = set(outputs)
         self.inputs = set(inputs)
         # forward values the backward reads: what the step keeps from its forward to its backward
@@ -126,7 +120,8 @@ class _Choice:
             keep |= needs
         return ops, keep
 
-    def recompute(self, values: set[Value]) -> None:
+    def recompute(self, values: list[Value]) -> None:
+        """Recompute ``values`` (in graph order: a chain reads what the ones before it left kept)."""
         for v in values:
             ops, keep = self.chain(v)
             self.kept -= ops
@@ -136,7 +131,7 @@ class _Choice:
     def run(self, order: dict[Value, int]) -> set[Value]:
         while True:
             candidates = sorted((v for v in self.kept if self.candidate(v)), key=order.__getitem__)
-            pure = {v for v in candidates if not self.chain(v)[1]}
+            pure = [v for v in candidates if not self.chain(v)[1]]
             if pure:  # from values kept anyway: recomputing only frees bytes
                 self.recompute(pure)
                 continue
@@ -152,28 +147,29 @@ class _Choice:
             )
             if best is None or sum(v.type.nbytes for v in best[1]) <= best[0].type.nbytes:
                 return self.recomputed
-            self.recompute(set(best[1]))
+            self.recompute(best[1])
 
 
-def _recompute_block(inputs: list[Value], nodes: list[Node], outputs: list[Value]) -> tuple[list[Node], list[Value]]:
-    if not any(n.part == "backward" for n in nodes):
-        return nodes, outputs
+def _recompute_block(
+    inputs: list[Value], nodes: list[Node], outputs: list[Value], users: dict[Value, list[Node]]
+) -> tuple[list[Node], list[Value]]:
     order = {v: i for i, n in enumerate(nodes) for v in n.outputs}
     order.update({v: -1 for v in inputs})
-    chosen = _Choice(inputs, nodes, outputs).run(order)
+    chosen = _Choice(inputs, nodes, outputs, users).run(order)
     if not chosen:
         return nodes, outputs
     rw = Rewriter()
     clones: dict[Value, Value] = {}
 
-    def clone(v: Value, before: Node) -> Value:
-        """The backward's copy of ``v`` (and of the recomputed values it reads), emitted now."""
+    def clone(v: Value) -> Value:
+        """The backward's copy of ``v`` (and of the recomputed values it reads), emitted now; a value
+        not recomputed as it is."""
         if v not in chosen:
             return rw.get(v)
         if v not in clones:
             p = v.producer
             assert p is not None
-            operands = [clone(u, before) for u in p.inputs]
+            operands = [clone(u) for u in p.inputs]
             copy = Node(p.op, operands, p.attrs, [v.type], p.loc, "backward")
             rw.nodes.append(copy)
             clones[v] = copy.outputs[0]
@@ -183,7 +179,7 @@ def _recompute_block(inputs: list[Value], nodes: list[Node], outputs: list[Value
         if node.part != "backward" or not any(v in chosen for v in node.inputs):
             rw.keep(node)
             continue
-        operands = [clone(v, node) if v in chosen else rw.get(v) for v in node.inputs]
+        operands = [clone(v) for v in node.inputs]
         new = Node(node.op, operands, node.attrs, [o.type for o in node.outputs], node.loc, node.part, node.regions)
         for old, out in zip(node.outputs, new.outputs):
             rw.subst[old] = out
@@ -194,4 +190,6 @@ def _recompute_block(inputs: list[Value], nodes: list[Node], outputs: list[Value
 def recompute_cheap(graph: Graph) -> Graph:
     """Recompute cheap elementwise forward values in the backward where that keeps fewer bytes
     from the forward to the backward (see the module docstring)."""
-    return apply_to_graph(graph, _recompute_block)
+    if not any(n.part == "backward" for n in graph.nodes):
+        return graph
+    return apply_to_graph(graph, functools.partial(_recompute_block, users=graph.users()))

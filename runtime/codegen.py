@@ -65,8 +65,8 @@ class CompiledKernel:
         self.spec = KernelSpec(region, space)
         self.kinds = self.spec.operand_kinds()
         self.source = self.spec.source(self.kinds)
-        # (operand, result) pairs whose buffer the result may take over (KernelSpec._in_place_pairs)
-        self.in_place: list[tuple[int, int]] = self.spec.in_place
+        # (operand, result) pairs whose buffer the result may take over
+        self.in_place: list[tuple[int, int]] = self.spec.in_place_pairs(self.kinds)
         self.func = load_kernel(self.source)
         self._aliased: dict[frozenset[tuple[int, int]], Callable] = {}  # variants for in-place calls
         self.out_types = [v.type for v in region.outputs]

@@ -162,7 +162,7 @@ class Program:
         # per step: (function, operand slots, result slots, whether its results are counted,
         # dead slots to count out and offer the pool, dead small slots only to clear, for a
         # kernel that may write a result over an operand dying there (kernel, [(operand position,
-        # result index, operand slot)]) else None, and the bytes of counted results the step
+        # result index)]) else None, and the bytes of counted results the step
         # allocates itself rather than taking from the pool)
         self.steps = [
             (
@@ -502,9 +502,9 @@ def _small_fresh(node: Node, v: Value) -> bool:
 
 
 def _in_place(kernel: Any, node: Node, ins: list[int], frees: list[int], small: set[int], fresh: set[int]):
-    """For a kernel step: (kernel, [(operand position, result index, operand slot)]) for each pair
-    the kernel allows (CompiledKernel.in_place) whose operand dies at this step, is read once by
-    it and lives in a counted buffer this program made; None when there is none."""
+    """For a kernel step: (kernel, [(operand position, result index)]) for each pair the kernel
+    allows (CompiledKernel.in_place) whose operand dies at this step, is read once by it and lives
+    in a counted buffer this program made; None when there is none."""
     if kernel is None or not kernel.in_place:
         return None
     pairs = []
@@ -512,16 +512,16 @@ def _in_place(kernel: Any, node: Node, ins: list[int], frees: list[int], small: 
         s = ins[i]
         if s in frees and s not in small and s in fresh and ins.count(s) == 1:
             if node.inputs[i].type == node.outputs[k].type:
-                pairs.append((i, k, s))
+                pairs.append((i, k))
     return (kernel, pairs) if pairs else None
 
 
-def _call_in_place(fn: Callable, in_place: tuple[Any, list[tuple[int, int, int]]], ins: list[int], env: list, buffers):
+def _call_in_place(fn: Callable, in_place: tuple[Any, list[tuple[int, int]]], ins: list[int], env: list, buffers):
     """Run a kernel step, writing each result of ``in_place`` over its dying operand when nothing
     else holds that operand's buffer (no other live value, no view of it: ``buffers.sole``)."""
     kernel, pairs = in_place
     args = [env[i] for i in ins]
-    given = {k: args[i] for i, k, _s in pairs if buffers.sole(args[i])}
+    given = {k: args[i] for i, k in pairs if buffers.sole(args[i])}
     if not given:
         return fn(*args)
     return kernel.call_into(args, given)

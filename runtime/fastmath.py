@@ -165,33 +165,27 @@ def _split(typingctx, x):
     return sig, codegen
 
 
-@intrinsic
-def maximum(typingctx, a, b):
-    """max(a, b) propagating nan (llvm.maximum: numpy's semantics, -0 < +0); a reduction over it
-    vectorizes without fast-math flags."""
-    if a not in _LAYOUT or b != a:
-        return None
+def _nan_propagating(name: str):
+    """An intrinsic ``name(a, b)`` for LLVM's ``llvm.<name>`` (maximum or minimum): numpy's
+    semantics (nan propagates, -0 < +0); a reduction over it vectorizes without fast-math flags."""
 
-    def codegen(context, builder, sig, args):
-        fty = _LAYOUT[a][0]
-        fn = builder.module.declare_intrinsic("llvm.maximum", [fty], ir.FunctionType(fty, [fty, fty]))
-        return builder.call(fn, args)
+    def extreme(typingctx, a, b):
+        if a not in _LAYOUT or b != a:
+            return None
 
-    return a(a, a), codegen
+        def codegen(context, builder, sig, args):
+            fty = _LAYOUT[a][0]
+            fn = builder.module.declare_intrinsic(f"llvm.{name}", [fty], ir.FunctionType(fty, [fty, fty]))
+            return builder.call(fn, args)
+
+        return a(a, a), codegen
+
+    extreme.__name__ = extreme.__qualname__ = name  # each its own name in Numba's registries and caches
+    return intrinsic(extreme)
 
 
-@intrinsic
-def minimum(typingctx, a, b):
-    """min(a, b) propagating nan (llvm.minimum), as ``maximum``."""
-    if a not in _LAYOUT or b != a:
-        return None
-
-    def codegen(context, builder, sig, args):
-        fty = _LAYOUT[a][0]
-        fn = builder.module.declare_intrinsic("llvm.minimum", [fty], ir.FunctionType(fty, [fty, fty]))
-        return builder.call(fn, args)
-
-    return a(a, a), codegen
+maximum = _nan_propagating("maximum")  # max(a, b) propagating nan
+minimum = _nan_propagating("minimum")  # min(a, b) propagating nan
 
 
 @intrinsic

@@ -30,7 +30,7 @@ Three things keep a kernel near the speed of a copy of its bytes (graphc bench k
   loads overlap that loop's work. It applies when the first phase reads only per-element
   operands, scalars and constants, and keeps what later phases need in output rows.
 
-A result may be written over an operand of its type (``KernelSpec.in_place``; the executor does so
+A result may be written over an operand of its type (``KernelSpec.in_place_pairs``; the executor does so
 when the operand dies at the kernel and nothing else holds it): every read of a row happens no
 later than the first write into it, and such a call runs a variant that reads the operand
 through the result's array (``source(aliased=)``): LLVM vectorizes one array read and written in
@@ -136,7 +136,6 @@ class KernelSpec:
         self.level: dict[Value, str] = {}
         self.phase: dict[Value, int] = {}  # elem values: the loop that computes them; row values: availability
         self.names: dict[Value, str] = {}
-        self.in_place: list[tuple[int, int]] = []  # set by source(): see _in_place_pairs
         self._analyse()
 
     # -- analysis ------------------------------------------------------------------------------
@@ -169,6 +168,13 @@ class KernelSpec:
                 self.level[out] = "row"
                 self.phase[out] = max((self.phase[v] for v in node.inputs), default=0)
         self.n_phases = max([self._loop_phase(n) for n in region.nodes if self._in_loop(n)] + [0]) + 1
+        # output index -> the phase whose loop writes it, for the elementwise results a loop writes
+        # (not operands passed through; a value yielded twice: its first index)
+        self.written_in: dict[int, int] = {
+            i: self.phase[v]
+            for i, v in enumerate(region.outputs)
+            if self.level[v] == "elem" and v not in region.inputs and region.outputs.index(v) == i
+        }
 
     def _in_loop(self, node: Node) -> bool:
         """Whether the node runs inside an element loop (an elementwise op or a reduction)."""
@@ -206,10 +212,6 @@ class KernelSpec:
         the row of an output of its dtype that is written (at the end of its phase's loop body) no
         earlier than the value's last reader, if no other value waiting there is still needed."""
         region = self.region
-        written: dict[int, int] = {}  # output index -> the phase whose loop writes it
-        for i, v in enumerate(region.outputs):
-            if self.level[v] == "elem" and v not in region.inputs and region.outputs.index(v) == i:
-                written[i] = self.phase[v]
         homes: dict[Value, int | None] = {}
         busy_until: dict[int, int] = {}  # output index -> last phase a value waiting there is read
         reserved = {region.outputs.index(v) for v in last_read if v in region.outputs}
@@ -218,7 +220,7 @@ class KernelSpec:
                 homes[v] = region.outputs.index(v)
                 continue
             homes[v] = None
-            for i, phase in written.items():
+            for i, phase in self.written_in.items():
                 out = region.outputs[i]
                 if i in reserved or out.dtype != v.dtype or phase < last_read[v]:
                     continue
@@ -241,14 +243,14 @@ class KernelSpec:
             if not self._in_loop(node) or self._loop_phase(node) != 0:
                 continue
             for v in node.inputs:
-                if v in region.inputs and not kinds[region.inputs.index(v)].per_element:
-                    if kinds[region.inputs.index(v)].kind != "scalar":
+                if v in region.inputs:
+                    if kinds[region.inputs.index(v)].kind == "row":
                         return False
-                elif v not in region.inputs and self.level[v] not in ("elem", "const"):
+                elif self.level[v] not in ("elem", "const"):
                     return False
         return all(home is not None for v, home in homes.items() if self.phase[v] == 0)
 
-    def _in_place_pairs(self, kinds: list[OperandKind], homes: dict[Value, int | None]) -> list[tuple[int, int]]:
+    def in_place_pairs(self, kinds: list[OperandKind]) -> list[tuple[int, int]]:
         """(operand, result) pairs that may share a buffer: the result may be written into the
         operand's rows (the executor does so when nothing else holds the operand). Safe when the
         operand is a full array of the result's type whose every read of row r happens no later
@@ -256,6 +258,7 @@ class KernelSpec:
         where the generated body loads the operand first (``preload``). With pipelining the first
         phase of row r+1 reads row r+1 only, which the last loop of row r does not write."""
         region = self.region
+        homes = self._homes(self._last_reads())
         read_in: dict[int, int] = {}  # operand index -> the last phase whose loop reads it
         for node in region.nodes:
             if self._in_loop(node):
@@ -263,10 +266,7 @@ class KernelSpec:
                     if v in region.inputs:
                         i = region.inputs.index(v)
                         read_in[i] = max(read_in.get(i, 0), self._loop_phase(node))
-        first_write: dict[int, int] = {}  # result index -> the first phase that writes its rows
-        for k, out in enumerate(region.outputs):
-            if self.level[out] == "elem" and out not in region.inputs and region.outputs.index(out) == k:
-                first_write[k] = self.phase[out]
+        first_write = dict(self.written_in)  # result index -> the first phase that writes its rows
         for v, home in homes.items():
             if home is not None and home in first_write:
                 first_write[home] = min(first_write[home], self.phase[v])
@@ -287,13 +287,12 @@ class KernelSpec:
     def source(self, kinds: list[OperandKind], aliased: frozenset[tuple[int, int]] = frozenset()) -> str:
         """The kernel's Python source for operands of these kinds: the imports and signature, then
         the hoisted constants, the scratch rows, and the loop over a range of rows. ``aliased``:
-        the (operand, result) pairs of ``in_place`` that this variant is called with in one buffer;
+        the (operand, result) pairs of ``in_place_pairs`` that this variant is called with in one buffer;
         it reads those operands through the result's array. (Passed as two arguments, LLVM cannot
         tell the arrays are one, checks for overlap at run time and falls back to the scalar loop:
         measured 7-10x slower.)"""
         homes = self._homes(self._last_reads())
-        self.in_place = self._in_place_pairs(kinds, homes)
-        preload = {self.region.inputs[i] for i, _ in self.in_place}
+        preload = {self.region.inputs[i] for i, _ in self.in_place_pairs(kinds)}
         gen = _Generator(self, kinds, homes, preload, dict(aliased))
         loop = gen.pipelined_row_loop() if self._can_pipeline(kinds, homes) else gen.row_loop()
         body = self._constant_lines() + gen.scratch_lines() + loop
@@ -386,7 +385,7 @@ class _Generator:
         self.homes = homes
         self.preload = preload  # operands a result may overwrite: loaded first in every loop that reads them
         self.aliased = aliased  # operand index -> the result whose array it is read through
-        self.staged_rows: list[tuple[str, np.dtype]] = []  # rows float sums are staged in (_row_sum)
+        self.staged_rows: dict[str, np.dtype] = {}  # rows float sums are staged in (_row_sum)
 
     def scratch_lines(self) -> list[str]:
         """A row-sized scratch buffer ``t_<name>`` for each value that waits for a later phase and
@@ -394,7 +393,7 @@ class _Generator:
         spec = self.spec
         waiting = sorted((v for v, home in self.homes.items() if home is None), key=lambda v: spec.names[v])
         lines = [f"t_{spec.names[v]} = np.empty(n, dtype={np_type(v.dtype)})" for v in waiting]
-        return lines + [f"{row} = np.empty(n, dtype={np_type(dt)})" for row, dt in dict(self.staged_rows).items()]
+        return lines + [f"{row} = np.empty(n, dtype={np_type(dt)})" for row, dt in self.staged_rows.items()]
 
     def home_ref(self, v: Value, rows: _Rows) -> str:
         """Element ``j`` of the row where ``v`` waits for its later readers."""
@@ -549,25 +548,23 @@ class _Generator:
         spec = self.spec
         x, v = node.inputs[0], node.outputs[0]
         name = prefix + spec.names[v]
-        home = self.homes.get(x, -1)
         if x in written:
             row = written[x]
-        elif x in self.homes and home is None:
-            row = f"t_{spec.names[x]}"
-        elif home is not None and home != -1 and self._holds(home, p, x):
-            row = rows.row_ref(home)
+        elif self._waits(x, p):
+            home = self.homes[x]
+            row = f"t_{spec.names[x]}" if home is None else rows.row_ref(home)
         else:
-            expr = self._recomputed(x, p, rows, prefix, RECOMPUTE_DEPTH)
+            expr = self._recomputed(x, p, rows, RECOMPUTE_DEPTH)
             if expr is not None:  # cheap: recomputed by a loop of its own, which stores nothing
                 into.final.extend(_store_free_sum(name, expr, x.dtype, v.dtype))
                 return
             row = f"t_s{name}"
-            self.staged_rows.append((row, x.dtype))
+            self.staged_rows[row] = x.dtype
             loop.lines.append(f"{row}[j] = {np_type(x.dtype)}({loop.ref(x)})")
         reducer = "row_sum32" if x.dtype == np.float32 else "row_sum64"
         into.final.append(f"{name} = {np_type(v.dtype)}(fm.{reducer}({row}))")
 
-    def _recomputed(self, v: Value, p: int, rows: _Rows, prefix: str, depth: int) -> str | None:
+    def _recomputed(self, v: Value, p: int, rows: _Rows, depth: int) -> str | None:
         """An expression for ``v`` at element ``j`` once phase ``p``'s loop has run, reading only
         operands, rows values wait in, row values and constants, through cheap ops (``CHEAP_OPS``,
         at most ``depth`` deep); None when ``v`` needs more."""
@@ -583,28 +580,33 @@ class _Generator:
             return rows.out_ref(self.aliased[i]) if self._holds(self.aliased[i], p, None) else None
         if spec.level[v] != "elem":
             return spec.names[v]  # a constant or a row value
-        home = self.homes.get(v, -1)
-        if home is None or (home != -1 and self._holds(home, p, v)):
+        if self._waits(v, p):
             return self.home_ref(v, rows)
         node = v.producer
         if depth == 0 or node is None or node.op.name not in CHEAP_OPS:
             return None
         refs: dict[Value, str] = {}
         for u in node.inputs:
-            text = self._recomputed(u, p, rows, prefix, depth - 1)
+            text = self._recomputed(u, p, rows, depth - 1)
             if text is None:
                 return None
             refs[u] = text
         return spec.expr(node, refs.__getitem__)
+
+    def _waits(self, v: Value, p: int) -> bool:
+        """Whether ``v`` is in the row it waits in once phase ``p``'s loop has run."""
+        if v not in self.homes:
+            return False
+        home = self.homes[v]
+        return home is None or self._holds(home, p, v)
 
     def _holds(self, k: int, p: int, v: Value | None) -> bool:
         """Whether output ``k``'s row, once phase ``p``'s loop has run, still holds what it held
         before that loop, or ``v`` written in it: the loop writes no other value into the row."""
         spec = self.spec
         writes = [u for u, home in self.homes.items() if home == k and spec.phase[u] == p]
-        out = spec.region.outputs[k]
-        if spec.level[out] == "elem" and out not in spec.region.inputs and spec.phase[out] == p:
-            writes.append(out)
+        if spec.written_in.get(k) == p:
+            writes.append(spec.region.outputs[k])
         return all(u is v for u in writes)
 
     @staticmethod
