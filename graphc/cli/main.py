@@ -48,7 +48,7 @@ from graphc.cli.common import (
 from graphc.core.errors import GraphcError
 from graphc.core.mesh import load_profile, profile_path, save_profile
 from graphc.runtime.calibrate import calibrate
-from graphc.runtime.mpi_world import note_exit_code
+from graphc.runtime.mpi_world import current_world, note_exit_code
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
@@ -131,6 +131,10 @@ def main(argv: list[str] | None = None) -> int:
     if signals.received() is not None:  # it arrived as the work ended: recorded, not raised
         code = signals.report(signals.received())
     note_exit_code(code)  # under MPI, a job that ends through this failure ends with this status
+    if argv is None and signals.received() is not None and current_world() is None:
+        # the program was stopped: end it now, without the interpreter's teardown (seconds on a
+        # busy machine); an MPI rank still runs its job's shutdown (MpiWorld's atexit)
+        signals.end_now(code)
     return code
 
 
