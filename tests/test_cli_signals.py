@@ -90,7 +90,9 @@ def check(code, elapsed, err, sig):
     assert err.rstrip().splitlines()[-1] == LINE[sig], err
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize(
+    "sig", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)], ids=["SIGINT", "SIGTERM"]
+)
 def test_a_signal_during_a_long_compile_stops_it_and_writes_no_plan(tmp_path, sig):
     out = tmp_path / "plan.json"
     argv = ["compile", "models/gpt.py:train_step", "--example", "example_train_specs", "--mesh", "dp=2,tp=4"]
@@ -100,7 +102,9 @@ def test_a_signal_during_a_long_compile_stops_it_and_writes_no_plan(tmp_path, si
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize(
+    "sig", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)], ids=["SIGINT", "SIGTERM"]
+)
 def test_a_signal_during_a_run_stops_the_devices(tmp_path, sig):
     argv = ["run", "models/mlp.py:train_step", "--example", "example_train_args", "--mesh", "dp=2"]
     code, elapsed, _out, err = interrupt(tmp_path, [*argv, "--repeat", "100000"], "compiled in", sig)
@@ -114,6 +118,7 @@ def test_code_that_swallows_ctrl_c_is_still_stopped_within_a_second(tmp_path):
     check(code, elapsed, err, signal.SIGINT)
 
 
+@pytest.mark.slow
 def test_debug_shows_where_the_interrupt_landed(tmp_path):
     argv = ["run", "models/mlp.py:train_step", "--example", "example_train_args", "--mesh", "dp=2"]
     code, elapsed, _out, err = interrupt(
@@ -168,6 +173,7 @@ MOMENTS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "argv, ready, delay", MOMENTS, ids=[f"{a[0]}-{r.rstrip(':').replace(' ', '_')}+{d}" for a, r, d in MOMENTS]
 )

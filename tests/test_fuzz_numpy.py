@@ -779,12 +779,14 @@ def check_program(steps: tuple, outputs: tuple, inputs: tuple, jit: bool) -> Non
         assert_matches(quietly(runner, *inputs), want, where + "\n(second call)", exactness(steps, outputs, inputs))
 
 
+@pytest.mark.slow
 @given(programs())
 @fuzz_settings(400)
 def test_jit_equals_numpy(program):
     check_program(*program, jit=True)
 
 
+@pytest.mark.slow
 @given(programs())
 @fuzz_settings(800)
 def test_optimized_graph_equals_interpreter(program):

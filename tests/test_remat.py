@@ -201,6 +201,7 @@ def test_recompute_forced_on_and_off():
         par(gpt.train_step, recompute="sometimes")
 
 
+@pytest.mark.slow
 def test_a_limit_too_small_even_with_recomputation_names_the_smallest_memory(gpt_unlimited):
     with pytest.raises(PlanError, match="the smallest per-device memory any plan needs") as info:
         par(gpt.train_step, memory_limit=1_000_000, **GPT).plan(*GPT_ARGS, **GPT_KW)
@@ -212,6 +213,7 @@ def test_a_limit_too_small_even_with_recomputation_names_the_smallest_memory(gpt
     assert fits.memory.peak_bytes[0] <= smallest and _recomputed(fits)
 
 
+@pytest.mark.slow
 def test_a_plan_with_recomputation_round_trips_through_json_and_runs_as_written(gpt_unlimited, tmp_path):
     limit = gpt_unlimited.memory.peak_bytes[0] - 400_000
     plan = par(gpt.train_step, memory_limit=limit, **GPT).plan(*GPT_ARGS, **GPT_KW)
@@ -232,6 +234,7 @@ def test_a_plan_with_recomputation_round_trips_through_json_and_runs_as_written(
     assert_same_step(got, want)
 
 
+@pytest.mark.slow
 def test_graphc_compile_recompute_flag_writes_the_marks_and_prints_them(tmp_path):
     def compile_(*extra):
         out = tmp_path / "plan.json"

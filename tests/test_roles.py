@@ -78,6 +78,7 @@ def test_free_axes_lets_a_data_axis_split_weights():
     assert sum(len(it.strategies) for it in restricted.items) < sum(len(it.strategies) for it in free.items)
 
 
+@pytest.mark.slow
 def test_gpt_on_dp_tp_splits_the_batch_on_dp_and_weights_on_tp_only():
     args, kw = gpt.example_train_args(batch=32, seq=16, d=32, n_head=4, n_layer=1, n_vocab=64)
     pf = graphc.parallelize(gpt.train_step, mesh="dp=2,tp=2", cache=False, static_argnames=("n_head",))

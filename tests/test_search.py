@@ -64,6 +64,7 @@ def run_cli(*args, cwd):
     )
 
 
+@pytest.mark.slow
 def test_cli_devices_search_writes_the_chosen_plan(tmp_path):
     res = run_cli(
         "compile",
@@ -83,6 +84,7 @@ def test_cli_devices_search_writes_the_chosen_plan(tmp_path):
     assert doc["search"]["devices"] == 4 and len(doc["search"]["candidates"]) >= 5
 
 
+@pytest.mark.slow
 def test_cli_compile_pipeline_plan(tmp_path):
     res = run_cli(
         "compile",

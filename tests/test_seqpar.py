@@ -147,6 +147,7 @@ def test_the_peak_drops_by_the_saved_activations_it_splits(megatron, seqpar):
     assert 0.75 * shrunk <= drop <= shrunk, (drop, shrunk)
 
 
+@pytest.mark.slow
 def test_recomputation_fits_the_limit_more_cheaply(megatron, seqpar):
     """On this profile recomputing a few forward values costs less time than SP's extra
     collective calls: with recomputation allowed, the limit is met without SP, for less."""

@@ -132,6 +132,7 @@ def test_highs_prints_nothing(capfd):
     assert out == "" and err == ""
 
 
+@pytest.mark.slow
 def test_a_time_limit_that_runs_out_before_the_solver_still_gives_a_correct_plan():
     (params, opt_state, tokens, targets), kw = gpt.example_train_args(batch=4, seq=8, d=32, n_layer=2)
     step = graphc.parallelize(
@@ -157,6 +158,7 @@ def _compile(tmp_path, *args):
     )
 
 
+@pytest.mark.slow
 def test_cli_time_limit_writes_the_best_plan_with_its_gap(tmp_path):
     out = tmp_path / "plan.json"
     args = ("models/gpt.py:train_step", "--example", "example_train_args", "--mesh", "dp=2,tp=2")
