@@ -3,9 +3,9 @@
 graphc ir FILE:FUNC [--example NAME] [--stage PASS] [--dump-ir DIR] [-o OUT]
                                                 trace FUNC on its example arguments, print the IR
 graphc ir FILE.gir                              parse and verify a dumped IR file, print it again
-graphc bench FILE:FUNC [--example NAME]         time tracing, IR round trip, numpy eager, interpreter, compiled
+graphc bench FILE:FUNC [--example NAME]         tracing, IR round trip, the direct call, interpreter, compiled
 graphc bench kernels|pipeline|comm|fastmath|plans  named benchmarks (fused kernels, pipeline bubble, collectives, cost model vs runtime, ...)
-graphc bench FILE:FUNC --mesh dp=2 [--plans]    numpy eager vs graphc on 1 device vs on the mesh; collectives' busbw;
+graphc bench FILE:FUNC --mesh dp=2 [--plans]    the direct call vs graphc on 1 device vs on the mesh; collectives' busbw;
                                                 predicted vs measured step of several plans
 graphc compile FILE:FUNC --mesh dp=2,tp=4 [--memory 2GiB] [--link dp=1GB/s:50us] [-o plan.json]
                                                 auto-shard FUNC, print the plan's summary, write the plan JSON
