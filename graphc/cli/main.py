@@ -12,7 +12,7 @@ graphc compile FILE:FUNC --mesh dp=2,tp=4 [--memory 2GiB] [--link dp=1GB/s:50us]
 graphc compile FILE:FUNC --mesh dp=2 --resolve-pins edited.json
                                                 solve again, keeping the choices pinned in an (edited) plan
 graphc run FILE:FUNC (--mesh dp=2,tp=2 | --plan plan.json) [--trace timeline.json] [--backend mpi]
-                                                run FUNC on a mesh of devices, check it against numpy, time it;
+                                                run FUNC on a mesh of devices, check it against FUNC called directly, time it;
                                                 a --plan runs exactly as written (checked against the model and --mesh)
                                                 (--backend mpi: under mpiexec -n <devices>, one process per device)
 graphc calibrate [-o PATH] [--quick]            measure this machine, store the profile the sharding cost model uses
@@ -101,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     cal.set_defaults(func=cmd_calibrate)
     for subparser in sub.choices.values():
         add_debug(subparser)
+    p.commands = dict(sub.choices)  # name -> its parser (graphc/cli/reference.py walks them)
     return p
 
 
