@@ -62,3 +62,10 @@ def test_the_cli_reference_is_generated_from_the_parser():
     assert (ROOT / "docs" / "cli_reference.md").read_text() == markdown(), (
         "docs/cli_reference.md is out of date: .venv/bin/python -m graphc.cli.reference > docs/cli_reference.md"
     )
+
+
+def test_ci_runs_the_readmes_full_test_command():
+    readme = (ROOT / "README.md").read_text()
+    tests = [c.strip() for b in _blocks(readme, "sh") for c in b.splitlines() if c.startswith(SETUP) and "pytest" in c]
+    assert tests, "the README has no test command"
+    assert tests[0] in (ROOT / ".ci" / "run").read_text(), ".ci/run must run the README's test command verbatim"
