@@ -15,6 +15,7 @@ from typing import Any, cast
 import numpy as np
 
 from graphc.core.errors import TraceError
+from graphc.core.traits import Constant
 from graphc.frontend.functions import broadcast, reshape_to, write_out
 from graphc.frontend.shape_functions import transpose
 from graphc.frontend.tracer import (
@@ -29,6 +30,7 @@ from graphc.frontend.tracer import (
     rebind,
     user_location,
 )
+from graphc.ops import OPS
 from graphc.ops.shape import normalize_slice, slice_length
 
 
@@ -239,11 +241,11 @@ def _static_length(start: Any, stop: Any) -> int | None:
     if not (isinstance(start, Tracer) and isinstance(stop, Tracer)):
         return None
     node = stop._value.producer
-    if node is None or node.op.name != "add":
+    if node is None or node.op is not OPS.add:
         return None
     for mine, other in (node.inputs, node.inputs[::-1]):
         producer = other.producer
-        if mine is start._value and producer is not None and producer.op.name == "constant" and not other.type.shape:
+        if mine is start._value and producer is not None and producer.op.has(Constant) and not other.type.shape:
             return int(producer.attrs["value"])
     return None
 

@@ -26,7 +26,7 @@ from graphc.core import dtypes, pytree
 from graphc.core.errors import NUMPY_ERRORS, GraphcError, ShapeError, SourceLoc, TraceError, numpy_error
 from graphc.core.ir import Node, TensorType, Value, clone_region
 from graphc.frontend.autograph import unconverted_reason
-from graphc.ops import get_op
+from graphc.ops import OPS, get_op
 
 _GRAPHC_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _MODELS_DIR = _GRAPHC_DIR + "models" + os.sep  # the example models are user code: their lines are reported
@@ -831,7 +831,7 @@ class Tracer:
 
     def __getitem__(self, key):
         result = user_errors(_handler(HANDLERS.getitem, "indexing"))(self, key)
-        if result._value.producer is None or result._value.producer.op.name != "gather":
+        if result._value.producer is None or result._value.producer.op is not OPS.gather:
             mark_view(result, self)  # basic indexing returns a view in numpy
         if not result.shape and not any(k is Ellipsis for k in (key if isinstance(key, tuple) else (key,))):
             result = fresh(result) if result is self else result

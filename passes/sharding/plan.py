@@ -36,6 +36,7 @@ from graphc.core.files import atomic_write, check_record, dump_document, read_do
 from graphc.core.ir import Graph, print_graph
 from graphc.core.mesh import Mesh, MeshError
 from graphc.core.spec import Spec, SpecError, format_spec, parse_spec
+from graphc.core.traits import Contraction
 from graphc.core.units import fmt_bytes, fmt_rate, fmt_time
 from graphc.ops.dims import default_cost
 from graphc.passes.sharding.problem import local_nbytes
@@ -758,7 +759,7 @@ def step_flops(graph: Graph) -> tuple[dict[str, float], dict[str, float]]:
             continue
         dtype = (in_types or out_types)[0].dtype.name
         flops[dtype] = flops.get(dtype, 0.0) + f
-        if node.op.kind == "contraction":
+        if node.op.has(Contraction):
             contraction[dtype] = contraction.get(dtype, 0.0) + f
     return flops, contraction
 
