@@ -18,6 +18,7 @@ from graphc.core.traits import (
     FreshResult,
     LinearIn,
     Reduction,
+    ShardingConstraint,
     ViewOf,
 )
 from graphc.ops import OPS, REGISTRY
@@ -27,8 +28,9 @@ from tests.graphgen import random_graphs, random_inputs
 from tests.helpers import quiet
 
 # what a result may be, one of these per op: a new buffer, a view of an operand, or an op whose
-# results the runtime makes otherwise (a literal, a collective, a device-local step, regions)
-ALIASING = (FreshResult, ViewOf, Constant, Collective, DeviceLocal, ControlFlow)
+# results the runtime makes otherwise (a literal, a collective, a device-local step, regions, a
+# sharding pin: its operand itself on one device, a redistributed piece on a mesh)
+ALIASING = (FreshResult, ViewOf, Constant, Collective, DeviceLocal, ControlFlow, ShardingConstraint)
 RUN_ALONE = sorted(n for n, op in REGISTRY.items() if not (op.has(Collective) or op.has(DeviceLocal)))
 VIEW_OPS = sorted(n for n, op in REGISTRY.items() if op.has(ViewOf))
 
