@@ -114,12 +114,8 @@ def _viewed(shadow: Tracer, array: np.ndarray, buffer: np.ndarray) -> Tracer:
     """``array``, a numpy view of ``buffer`` (or ``buffer`` itself), as a view of its shadow."""
     if array is buffer:
         return shadow
-    positions = _positions(array, buffer)
-    step = Positions(positions)
-    stand_in = np.lib.stride_tricks.as_strided(
-        np.zeros(1, np.uint8), array.shape, tuple(s // array.itemsize for s in array.strides)
-    )
-    return view_of(shadow, [step], step.read(shadow), stand_in)
+    step = Positions(_positions(array, buffer), tuple(s // array.itemsize for s in array.strides))
+    return view_of(shadow, [step], step.read(shadow))
 
 
 def _positions(array: np.ndarray, buffer: np.ndarray) -> np.ndarray:

@@ -592,10 +592,11 @@ class Tracer:
         # view), the steps that compute the view from it, and a stand-in for numpy's strides
         self._root: Tracer | None = None
         self._steps: tuple = ()
-        self._layout: np.ndarray | None = None  # None: C-contiguous
+        self._layout: np.ndarray | None = None  # (computed when first asked for: views.layout)
         # an array: bumped by every in-place write; a view: the root's version its value was computed at
         self._version = 0
-        self._born = current_context() or ctx  # the trace this array object was made in (see rebind)
+        stack = _state.stack
+        self._born = stack[-1] if stack else ctx  # the trace this array object was made in (see rebind)
 
     @property
     def _value(self) -> Value:

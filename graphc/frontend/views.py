@@ -18,9 +18,9 @@ The root keeps a version, bumped by every in-place write (``tracer.rebind``); a 
 older version is computed again when it is next read (``Tracer._value``). A write into a view goes
 back through the steps into the root (``tracer._write_through``), so the root and every other view
 of it see it. For reshape and ravel, which numpy makes views only when the memory layout allows,
-each view carries a stand-in for numpy's strides (``_layout``: a numpy array of the view's shape and
-strides over a one-element buffer, only ever sliced, transposed and reshaped with ``copy=False``,
-which read no memory) and numpy decides. Arrays made inside the traced function (and traced
+numpy decides on a stand-in for the view's strides (``layout``: a numpy array of the view's shape
+and strides over a one-element buffer, only ever sliced, transposed and reshaped with
+``copy=False``, which read no memory). Arrays made inside the traced function (and traced
 arguments) count as C-contiguous, as numpy makes them.
 """
 
@@ -60,13 +60,24 @@ class Step:
     def check_writable(self) -> None:
         """Raise numpy's error for a write into a read-only view."""
 
+    def lay(self, stand_in: np.ndarray) -> np.ndarray:
+        """The layout stand-in of the view from its base's (see ``layout``)."""
+        raise NotImplementedError
+
 
 @dataclass(frozen=True, eq=False)
 class Index(Step):
-    """``x[key]`` for a basic key; traced integers and slice bounds in it are fixed when the view
-    is taken (later writes into them do not move the view, as in numpy)."""
+    """``x[key]`` for a basic key (``shape``: the view's); traced integers and slice bounds in it
+    are fixed when the view is taken (later writes into them do not move the view, as in numpy)."""
 
     key: Any
+    shape: tuple[int, ...]
+
+    def lay(self, stand_in: np.ndarray) -> np.ndarray:
+        out = stand_in[_layout_key(self.key)]
+        if out.shape != self.shape:  # (a slice with traced bounds: its length; a step-1 slice keeps the strides)
+            out = np.lib.stride_tricks.as_strided(out, self.shape, out.strides)
+        return out
 
     def read(self, base: Tracer) -> Tracer:
         getitem = HANDLERS.getitem
@@ -117,6 +128,9 @@ class Reshape(Step):
     shape: tuple[int, ...]
     base_shape: tuple[int, ...]
 
+    def lay(self, stand_in: np.ndarray) -> np.ndarray:
+        return stand_in.reshape(self.shape, copy=False)  # (a view: the layout allowed it)
+
     def read(self, base: Tracer) -> Tracer:
         return _reshape(base, self.shape)
 
@@ -127,6 +141,9 @@ class Reshape(Step):
 @dataclass(frozen=True, eq=False)
 class Transpose(Step):
     perm: tuple[int, ...]
+
+    def lay(self, stand_in: np.ndarray) -> np.ndarray:
+        return stand_in.transpose(self.perm)
 
     def read(self, base: Tracer) -> Tracer:
         return _transpose(base, self.perm)
@@ -142,6 +159,9 @@ class Broadcast(Step):
     into every place that repeats it), so both are read-only here."""
 
     shape: tuple[int, ...]
+
+    def lay(self, stand_in: np.ndarray) -> np.ndarray:
+        return np.broadcast_to(stand_in, self.shape)
 
     def read(self, base: Tracer) -> Tracer:
         return base if base.shape == self.shape else bind("broadcast_to", base, shape=self.shape)
@@ -161,9 +181,14 @@ class Broadcast(Step):
 @dataclass(frozen=True, eq=False)
 class Positions(Step):
     """A view given by the flat positions of its elements in the base (``positions`` has the
-    view's shape): a numpy view of a numpy buffer whose Tracer stands for the buffer now."""
+    view's shape): a numpy view of a numpy buffer whose Tracer stands for the buffer now, whose
+    layout stand-in is ``strides``'."""
 
     positions: np.ndarray
+    strides: tuple[int, ...]
+
+    def lay(self, stand_in: np.ndarray) -> np.ndarray:
+        return np.lib.stride_tricks.as_strided(stand_in, self.positions.shape, self.strides)
 
     def read(self, base: Tracer) -> Tracer:
         flat = _reshape(base, (base.size,))
@@ -190,19 +215,25 @@ def _standin(shape: tuple[int, ...]) -> np.ndarray:
 
 
 def layout(x: Tracer) -> np.ndarray:
-    """A stand-in with the shape and strides numpy would give ``x`` (frontend/views.py doc)."""
-    return x._layout if x._layout is not None else _standin(x.shape)
+    """A stand-in with the shape and strides numpy would give ``x`` (the module doc): C-contiguous
+    for an array, its steps applied to its root's for a view (computed when first asked for)."""
+    if x._layout is None:
+        root = x._root
+        stand_in = _standin((root if root is not None else x).shape)
+        for step in x._steps:
+            stand_in = step.lay(stand_in)
+        x._layout = stand_in
+    return x._layout
 
 
-def view_of(base: Tracer, steps: list[Step], value: Tracer, stand_in: np.ndarray) -> Tracer:
+def view_of(base: Tracer, steps: list[Step], value: Tracer) -> Tracer:
     """A new view object: ``base`` (an array or a view) followed by ``steps``, whose current value
-    is ``value`` and whose strides are those of ``stand_in``."""
+    is ``value``."""
     root = base._root if base._root is not None else base
     current = value._value  # (first: brought up to date if ``value`` is itself a view)
     view = Tracer(value._c, current, value._weak)
     view._root = root
     view._steps = base._steps + tuple(steps)
-    view._layout = stand_in
     view._version = root._version
     return view
 
@@ -252,10 +283,7 @@ def index_view(base: Tracer, key: Any, result: Tracer) -> Tracer:
     """``base[key]`` as numpy returns it: a view for a basic key, else the (new) result."""
     if not is_basic_key(key):
         return fresh(result) if result is base else result
-    stand_in = layout(base)[_layout_key(key)]
-    if stand_in.shape != result.shape:  # (a slice with traced bounds: the length is the result's)
-        stand_in = np.lib.stride_tricks.as_strided(stand_in, result.shape, stand_in.strides)
-    return view_of(base, [Index(_fixed(key))], result, stand_in)
+    return view_of(base, [Index(_fixed(key), result.shape)], result)
 
 
 # functions that return their argument itself when there is nothing to do (numpy does too). (Sets of
@@ -289,10 +317,8 @@ def _chain(base: Tracer, result: Tracer) -> list[tuple[str, dict[str, Any]]] | N
     return ops[::-1]
 
 
-def _steps_of(ops: list[tuple[str, dict[str, Any]]], base: Tracer, reshape_copies: bool) -> tuple | None:
-    """The steps and the layout stand-in of a view computed by ``ops`` from ``base``; None when
-    numpy would copy instead (a reshape the layout does not allow)."""
-    stand_in = layout(base)
+def _steps_of(ops: list[tuple[str, dict[str, Any]]], base: Tracer) -> list[Step]:
+    """The steps of a view computed by ``ops`` from ``base``."""
     shape = base.shape
     steps: list[Step] = []
     for name, attrs in ops:
@@ -300,24 +326,29 @@ def _steps_of(ops: list[tuple[str, dict[str, Any]]], base: Tracer, reshape_copie
             key = tuple(
                 slice(a, None if b < 0 else b, s) for a, b, s in zip(attrs["starts"], attrs["stops"], attrs["steps"])
             )
-            steps.append(Index(key))
-            stand_in = stand_in[key]
+            shape = tuple(len(range(a, b, s)) for a, b, s in zip(attrs["starts"], attrs["stops"], attrs["steps"]))
+            steps.append(Index(key, shape))
         elif name == "reshape":
             steps.append(Reshape(tuple(attrs["shape"]), shape))
-            try:
-                stand_in = stand_in.reshape(attrs["shape"], copy=False)
-            except ValueError:  # numpy would copy
-                if reshape_copies:
-                    return None
-                raise
+            shape = tuple(attrs["shape"])
         elif name == "transpose":
             steps.append(Transpose(tuple(attrs["perm"])))
-            stand_in = stand_in.transpose(attrs["perm"])
+            shape = tuple(shape[p] for p in attrs["perm"])
         else:
             steps.append(Broadcast(tuple(attrs["shape"])))
-            stand_in = np.broadcast_to(stand_in, attrs["shape"])
-        shape = stand_in.shape
-    return tuple(steps), stand_in
+            shape = tuple(attrs["shape"])
+    return steps
+
+
+def _allows_view(steps: list[Step], base: Tracer) -> bool:
+    """Whether numpy's layout of ``base`` lets the reshapes among ``steps`` be views."""
+    stand_in = layout(base)
+    try:
+        for step in steps:
+            stand_in = step.lay(stand_in)
+    except ValueError:  # (ndarray.reshape with copy=False: numpy would copy)
+        return False
+    return True
 
 
 def function_views(func: Callable, result: Any, args: tuple) -> Any:
@@ -337,17 +368,17 @@ def _as_view(func: Callable, r: Any, bases: list[Tracer]) -> Any:
         if r is base:
             if func in _SAME_OBJECT:
                 return r
-            return view_of(base, [], fresh(r), layout(base))  # a new array object, the same memory
+            return view_of(base, [], fresh(r))  # a new array object, the same memory
         ops = _chain(base, r)
         if ops is None:
             continue
-        if func is _RAVEL and not layout(base).flags.c_contiguous:
-            return fresh(r)  # numpy's ravel copies what is not C-contiguous
-        found = _steps_of(ops, base, reshape_copies=func in _LAYOUT_DEPENDENT)
-        if found is None:
-            return fresh(r)
-        steps, stand_in = found
-        return view_of(base, list(steps), r, stand_in)
+        steps = _steps_of(ops, base)
+        if func in _LAYOUT_DEPENDENT:
+            if func is _RAVEL and not layout(base).flags.c_contiguous:
+                return fresh(r)  # numpy's ravel copies what is not C-contiguous
+            if not _allows_view(steps, base):
+                return fresh(r)
+        return view_of(base, steps, r)
     return r
 
 
