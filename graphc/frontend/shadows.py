@@ -55,11 +55,14 @@ def find(array: Any) -> Tracer | None:
     shadows = ctx.root().shadows
     if not shadows:
         return None
+    hit = shadows.get(id(array))
+    if hit is not None and hit[0] is array:
+        return hit[1]
     buffer = buffer_of(array)
     hit = shadows.get(id(buffer))
-    if hit is None or hit[0] is not buffer:
+    if buffer is array or hit is None or hit[0] is not buffer:
         return None
-    return _viewed(hit[1], array, buffer)
+    return _viewed(hit[1], array, buffer, shadows)
 
 
 def redirect(x: Any) -> Any:
@@ -107,15 +110,17 @@ def shadow_of(array: np.ndarray) -> Tracer:
     with emitting_in(home):
         shadow = fresh(home.constant(buffer))  # (a new array object: the constant itself is shared)
     root.shadows[id(buffer)] = (buffer, shadow)
-    return _viewed(shadow, array, buffer)
+    return shadow if array is buffer else _viewed(shadow, array, buffer, root.shadows)
 
 
-def _viewed(shadow: Tracer, array: np.ndarray, buffer: np.ndarray) -> Tracer:
-    """``array``, a numpy view of ``buffer`` (or ``buffer`` itself), as a view of its shadow."""
-    if array is buffer:
-        return shadow
+def _viewed(shadow: Tracer, array: np.ndarray, buffer: np.ndarray, shadows: dict) -> Tracer:
+    """``array``, a numpy view of ``buffer``, as a view of its shadow: one view object per numpy
+    view object (it is the same array each time graphc meets it, also through a traced region)."""
     step = Positions(_positions(array, buffer), tuple(s // array.itemsize for s in array.strides))
-    return view_of(shadow, [step], step.read(shadow))
+    with emitting_in(shadow._ctx):
+        view = view_of(shadow, [step], step.read(shadow))
+    shadows[id(array)] = (array, view)
+    return view
 
 
 def _positions(array: np.ndarray, buffer: np.ndarray) -> np.ndarray:
