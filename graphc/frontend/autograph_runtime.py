@@ -14,7 +14,7 @@ import numpy as np
 from graphc.core.errors import SourceLoc, TraceError
 from graphc.core.ir import TensorType
 from graphc.core.pytree import flatten, unflatten
-from graphc.frontend import autograph, control, shadows
+from graphc.frontend import autograph, control, masked, shadows
 from graphc.frontend.shadows import redirect
 from graphc.frontend.tracer import (
     HANDLERS,
@@ -564,7 +564,9 @@ def assign(root: Any, steps: tuple, value: Any, op: str | None = None, rebind: b
         else:
             parent[key] = _AUGMENTED[op](parent[key], value)
         return root
-    if op is not None:
+    if op is not None and _is_array(parent) and masked.traced_mask(key):
+        value, key = masked.masked_augmented(lift(redirect(parent)), key, value, _AUGMENTED[op]), Ellipsis
+    elif op is not None:
         value = _augmented(parent, key, value, op)
     new = _store(parent, key, value)
     for i in range(len(holders) - 2, -1, -1):

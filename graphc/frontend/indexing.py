@@ -16,6 +16,7 @@ import numpy as np
 
 from graphc.core.errors import TraceError, numpy_error
 from graphc.frontend.functions import broadcast, reshape_to, write_out
+from graphc.frontend.masked import masked_setitem, traced_mask
 from graphc.frontend.shadows import shadow_of
 from graphc.frontend.shape_functions import transpose
 from graphc.frontend.tracer import (
@@ -469,6 +470,8 @@ def _indexed_update(x: Tracer, key: Any, value: Any, opname: str) -> Tracer:
 
 def setitem(x: Tracer, key: Any, value: Any) -> Tracer:
     """The value of ``x`` after numpy's ``x[key] = value`` (a new array; ``x`` is unchanged)."""
+    if traced_mask(key):
+        return masked_setitem(x, key, value)
     return _indexed_update(x, key, value, "scatter")
 
 
