@@ -388,6 +388,18 @@ def buffer_and_alias_in_loop(x, n):
     return alias * 2.0
 
 
+def numpy_view_and_alias_in_loop_and_if(x, n):
+    buf = np.zeros((3, 4))
+    alias = buf
+    col = buf[:, 1]  # a numpy view of the buffer
+    for i in range(n):
+        if x[i, 0] > 0:  # a traced if inside the traced loop
+            col[i] = x[i, 1]
+        else:
+            buf[i] += x[i]
+    return alias, col
+
+
 @pytest.mark.parametrize(
     "fn",
     [
@@ -396,6 +408,7 @@ def buffer_and_alias_in_loop(x, n):
         view_in_while_loop,
         helper_writes_in_loop,
         buffer_and_alias_in_loop,
+        numpy_view_and_alias_in_loop_and_if,
     ],
 )
 def test_views_and_aliases_through_a_traced_loop(fn):
@@ -674,3 +687,72 @@ def test_full_like_fills_as_numpy_casts():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # (numpy warns about the cast of inf)
         check(fn, np.arange(3), np.arange(3, dtype=np.uint8))
+
+
+# --- issue 32 item 2: assignment through a traced boolean mask ------------------------------------------
+
+
+def masked_writes(x, v):
+    y = x * 1.0
+    y[x <= 2.0] = 0.0  # a scalar
+    y[x > 9.0] *= 0.5  # augmented
+    y[x[:, 0] > 4.0] = v  # a row for each selected row
+    y[:, x[0] > 1.0] -= np.array([1.0, 2.0, 3.0])[:, None]  # a mask after a whole slice
+    y[..., x[1] < 6.0] += np.array([10.0])  # one value
+    i = np.array(x, dtype=np.int64)
+    i[x > 5.0] = 2.7  # cast as numpy casts an assigned value (unsafely)
+    return y, i
+
+
+@pytest.mark.parametrize("shape", [(3, 4), (0, 4), (1, 1)])
+def test_assignment_through_traced_masks(shape):
+    x = np.arange(float(np.prod(shape))).reshape(shape)
+    if shape == (3, 4):
+        check(masked_writes, x, np.array([-1.0, -2.0, -3.0, -4.0]))
+    check(lambda a: masked_writes_small(a), x)
+
+
+def masked_writes_small(x):
+    y = x * 1.0
+    y[x > 1.0] = -1.0
+    y[y < 0.0] *= 3.0
+    return y
+
+
+def test_masked_write_errors_like_numpy_and_at_the_line():
+    def per_element(x):
+        y = x * 1.0
+        y[x > 0] = np.arange(12.0)  # <per-element>
+        return y
+
+    with pytest.raises(graphc.TraceError, match="number of True elements") as err:
+        graphc.trace(per_element, Y)
+    assert f"test_views.py:{line_of('<per-element>')}" in str(err.value)
+
+    def int_times_float(x):
+        i = np.array(x, dtype=np.int64)
+        i[x > 3] *= 0.1  # numpy raises: the in-place multiply into an int array
+        return i
+
+    with pytest.raises(TypeError):
+        int_times_float(Y)
+    with pytest.raises(graphc.TraceError, match="Cannot cast ufunc 'multiply'"):
+        graphc.trace(int_times_float, Y)
+
+    def read(x):
+        return x[x > 0]  # still a data-dependent shape
+
+    with pytest.raises(graphc.TraceError, match="data-dependent"):
+        graphc.trace(read, Y)
+
+
+def test_gradient_through_masked_writes():
+    def loss(x):
+        y = x * 1.0
+        y[x < 0] *= 0.1
+        y[x > 1.0] = 1.0
+        return np.sum(y * y)
+
+    x = RNG.standard_normal((4, 5)) * 2.0
+    want = np.where(x < 0, 2 * 0.01 * x, np.where(x > 1.0, 0.0, 2 * x))  # (no element sits at a kink)
+    np.testing.assert_allclose(graphc.grad(loss)(x), want, rtol=1e-15)
