@@ -52,13 +52,13 @@ from graphc.frontend import (  # noqa: F401  (register handlers)
 )
 from graphc.frontend import random as traced_random
 from graphc.frontend.autograph_runtime import convert, is_undefined
+from graphc.frontend.locations import display_path
 from graphc.frontend.tracer import (
     HANDLERS,
     TraceContext,
     Tracer,
     _contains_tracer,
     _ctx_stack,
-    _display_path,
     current_context,
     emit_block,
     fresh,
@@ -443,7 +443,7 @@ def definition_location(fn: Callable) -> SourceLoc | None:
     while isinstance(fn, functools.partial):
         fn = inspect.unwrap(fn.func)
     code = getattr(fn, "__code__", None)
-    return SourceLoc(_display_path(code.co_filename), code.co_firstlineno) if code is not None else None
+    return SourceLoc(display_path(code.co_filename), code.co_firstlineno) if code is not None else None
 
 
 def check_call(fn: Callable, args: tuple, kwargs: dict) -> None:

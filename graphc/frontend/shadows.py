@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from graphc.core.errors import TraceError
+from graphc.frontend.locations import user_globals
 from graphc.frontend.tracer import (
     HANDLERS,
     TraceContext,
@@ -33,7 +34,6 @@ from graphc.frontend.tracer import (
     current_context,
     emitting_in,
     fresh,
-    user_globals,
     user_location,
 )
 from graphc.frontend.views import Positions, view_of

@@ -12,9 +12,7 @@ import contextlib
 import functools
 import inspect
 import itertools
-import os
 import sys
-import sysconfig
 import threading
 from collections.abc import Callable
 from types import FrameType
@@ -23,14 +21,19 @@ from typing import Any, cast
 import numpy as np
 
 from graphc.core import dtypes, pytree
-from graphc.core.errors import NUMPY_ERRORS, GraphcError, ShapeError, SourceLoc, TraceError, numpy_error
+from graphc.core.errors import GraphcError, ShapeError, SourceLoc, TraceError, numpy_error
 from graphc.core.ir import Node, TensorType, Value, clone_region
 from graphc.frontend.autograph import unconverted_reason
+from graphc.frontend.locations import (
+    call_chain,
+    display_path,
+    is_internal,
+    library_path,
+    user_errors,
+    user_frame,
+    user_location,
+)
 from graphc.ops import get_op
-
-_GRAPHC_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-_MODELS_DIR = _GRAPHC_DIR + "models" + os.sep  # the example models are user code: their lines are reported
-_NUMPY_DIR = os.path.dirname(os.path.abspath(np.__file__)) + os.sep
 
 
 class _State(threading.local):
@@ -50,121 +53,6 @@ def current_context() -> TraceContext | None:
     return stack[-1] if stack else None
 
 
-@functools.lru_cache(maxsize=4096)
-def _display_path(filename: str) -> str:
-    """The file as the user knows it: relative to the working directory when inside it, with links
-    resolved (graphc/models/ is a link to the repository's models/ folder)."""
-    if not filename.startswith("<"):
-        filename = os.path.realpath(filename)
-    try:
-        rel = os.path.relpath(filename)
-    except ValueError:
-        return filename
-    return filename if rel.startswith("..") else rel
-
-
-@functools.lru_cache(maxsize=4096)
-def _is_internal(filename: str) -> bool:
-    """Whether frames of ``filename`` (a code object's co_filename) are graphc's or numpy's."""
-    if not filename.startswith("<"):
-        filename = os.path.abspath(filename)
-    if filename.startswith(_GRAPHC_DIR):
-        return not filename.startswith(_MODELS_DIR)
-    return filename.startswith(_NUMPY_DIR) or filename.startswith("<__array_function__")
-
-
-def _library_roots() -> tuple[str, ...]:
-    """Where installed packages and the standard library live (each path also with links resolved)."""
-    paths = sysconfig.get_paths()
-    roots = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
-    roots |= {os.path.realpath(r) for r in roots}
-    return tuple(sorted((r.rstrip(os.sep) + os.sep for r in roots), key=len, reverse=True))
-
-
-_LIBRARY_ROOTS = _library_roots()
-
-
-@functools.lru_cache(maxsize=4096)
-def _library_path(filename: str) -> str | None:
-    """For a frame of a library (an installed package or the standard library; not graphc or
-    numpy), its path inside the library root (scipy/special/_logsumexp.py); None for user code."""
-    if filename.startswith("<"):
-        return filename if filename.startswith("<frozen") else None
-    path = os.path.abspath(filename)
-    if path.startswith(_MODELS_DIR):  # graphc's example models are user code, also when graphc is installed
-        return None
-    for root in _LIBRARY_ROOTS:
-        if path.startswith(root):
-            return path[len(root) :]
-    return None
-
-
-def _user_frame() -> FrameType | None:
-    """The innermost frame of the user's code (outside graphc, numpy and the libraries); the
-    innermost library frame when no user frame is on the stack."""
-    frame: FrameType | None = sys._getframe(2)
-    outside: FrameType | None = None
-    while frame is not None:
-        filename = frame.f_code.co_filename
-        if not _is_internal(filename):
-            if _library_path(filename) is None:
-                return frame
-            outside = outside or frame
-        frame = frame.f_back
-    return outside
-
-
-def _frame_text(frame: FrameType) -> str:
-    library = _library_path(frame.f_code.co_filename)
-    where = library if library is not None else _display_path(frame.f_code.co_filename)
-    return f"{where}:{frame.f_lineno} in {frame.f_code.co_name}" + (" (library)" if library is not None else "")
-
-
-def _call_chain(start: FrameType) -> tuple[str, ...]:
-    """The frames outside graphc and numpy from the outermost in, ending at ``start``'s innermost
-    such frame: the user's frames, then the library frames that made the failing call."""
-    frames = []
-    frame: FrameType | None = start
-    while frame is not None:
-        if not _is_internal(frame.f_code.co_filename):
-            frames.append(frame)
-        frame = frame.f_back
-    first_user = next((i for i, f in enumerate(frames) if _library_path(f.f_code.co_filename) is None), len(frames))
-    users = [f for f in frames[first_user:] if _library_path(f.f_code.co_filename) is None]
-    return tuple(_frame_text(f) for f in reversed(users)) + tuple(_frame_text(f) for f in reversed(frames[:first_user]))
-
-
-def user_location() -> SourceLoc | None:
-    """The user's line that is being traced: the innermost frame outside graphc, numpy and the
-    libraries. When the call being traced was made inside a library function that line called, the
-    location also holds the call chain (``SourceLoc.via``)."""
-    frame: FrameType | None = sys._getframe(1)
-    while frame is not None and _is_internal(frame.f_code.co_filename):
-        frame = frame.f_back
-    if frame is None:
-        return None
-    if _library_path(frame.f_code.co_filename) is None:  # the usual case: the user's own line
-        return SourceLoc(_display_path(frame.f_code.co_filename), frame.f_lineno)
-    user = frame.f_back
-    while user is not None and (_is_internal(user.f_code.co_filename) or _library_path(user.f_code.co_filename)):
-        user = user.f_back
-    target = user if user is not None else frame
-    file = _display_path(target.f_code.co_filename)
-    return SourceLoc(file, target.f_lineno, _call_chain(frame))
-
-
-def user_globals() -> dict[str, Any]:
-    """The module globals of the user's code being traced (the innermost frame outside graphc,
-    numpy and the libraries); empty when there is none."""
-    frame: FrameType | None = sys._getframe(1)
-    while frame is not None:
-        filename = frame.f_code.co_filename
-        if not _is_internal(filename) and _library_path(filename) is None:
-            return frame.f_globals
-        frame = frame.f_back
-    return {}
-
-
 def library_failure(exc: BaseException, args: tuple, kwargs: dict) -> TraceError | None:
     """A TraceError for ``exc`` when it was raised inside a library (an installed package, not
     graphc or numpy) that the user's code called with traced arguments: at the user's line that
@@ -178,25 +66,25 @@ def library_failure(exc: BaseException, args: tuple, kwargs: dict) -> TraceError
     entries = []  # (frame, line) of the traceback outside graphc and numpy, outermost first
     tb = exc.__traceback__
     while tb is not None:
-        if not _is_internal(tb.tb_frame.f_code.co_filename):
+        if not is_internal(tb.tb_frame.f_code.co_filename):
             entries.append((tb.tb_frame, tb.tb_lineno))
         tb = tb.tb_next
-    if not entries or _library_path(entries[-1][0].f_code.co_filename) is None:
+    if not entries or library_path(entries[-1][0].f_code.co_filename) is None:
         return None  # raised by the user's own code
-    last_user = max((i for i, (f, _) in enumerate(entries) if _library_path(f.f_code.co_filename) is None), default=-1)
+    last_user = max((i for i, (f, _) in enumerate(entries) if library_path(f.f_code.co_filename) is None), default=-1)
     first_library = last_user + 1  # the library function the user's line called
 
     def text(frame: FrameType, line: int, note: str = "") -> str:
-        library = _library_path(frame.f_code.co_filename)
-        where = library if library is not None else _display_path(frame.f_code.co_filename)
+        library = library_path(frame.f_code.co_filename)
+        where = library if library is not None else display_path(frame.f_code.co_filename)
         return f"{where}:{line} in {frame.f_code.co_name}" + (f" ({note})" if note else "")
 
-    outer = _call_chain(sys._getframe(1))  # the user's frames on the stack, up to the call that failed
-    users = tuple(text(f, line) for f, line in entries[:first_library] if _library_path(f.f_code.co_filename) is None)
+    outer = call_chain(sys._getframe(1))  # the user's frames on the stack, up to the call that failed
+    users = tuple(text(f, line) for f, line in entries[:first_library] if library_path(f.f_code.co_filename) is None)
     entered, raised = entries[first_library], entries[-1]
     library = (text(*entered, "library"),) + ((text(*raised, "library, raised here"),) if raised is not entered else ())
     if last_user >= 0:
-        file, line = _display_path(entries[last_user][0].f_code.co_filename), entries[last_user][1]
+        file, line = display_path(entries[last_user][0].f_code.co_filename), entries[last_user][1]
     else:
         here = user_location()
         file, line = (here.file, here.line) if here is not None else ("<unknown>", 0)
@@ -208,29 +96,6 @@ def library_failure(exc: BaseException, args: tuple, kwargs: dict) -> TraceError
         + HANDLERS.hints.get(f"library:{name}", "")
     )
     return numpy_error(exc, TraceError, loc, message)
-
-
-def user_errors(fn: Callable) -> Callable:
-    """Entry points from user code: turn op-rule failures into TraceError at the user's line, and
-    numpy's own errors (an axis out of range, a Python int out of the dtype's range) into a
-    TraceError that is also an instance of numpy's exception class (core/errors.py numpy_error)."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except TraceError as exc:
-            if exc.loc is None:
-                raise TraceError(exc.message, user_location()) from None
-            raise
-        except ShapeError as exc:
-            raise TraceError(str(exc), user_location()) from None
-        except GraphcError:
-            raise
-        except NUMPY_ERRORS as exc:  # numpy's own error on these arguments (numpy raises it too)
-            raise numpy_error(exc, TraceError, user_location()).with_traceback(exc.__traceback__) from None
-
-    return wrapper
 
 
 class TraceContext:
@@ -371,8 +236,9 @@ def lift(x: Any, dtype: np.dtype | None = None) -> Tracer:
             return array_from_nested(x, dtype)
         try:
             arr = np.asarray(x, dtype=dtype)
-        except (TypeError, ValueError) as exc:
-            raise TraceError(f"cannot use {type(x).__name__} {x!r} as an array: {exc}", user_location()) from None
+        except (TypeError, ValueError, OverflowError) as exc:  # (also an instance of numpy's error class)
+            message = f"cannot use {type(x).__name__} {x!r} as an array: {exc}"
+            raise numpy_error(exc, TraceError, user_location(), message) from None
         if arr.dtype == object:
             raise TraceError(f"cannot use {type(x).__name__} as an array", user_location())
     return ctx.constant(arr)
@@ -550,7 +416,7 @@ def _contains_tracer(x: Any) -> bool:
 
 
 def _control_flow_error(what: str) -> TraceError:
-    frame = _user_frame()
+    frame = user_frame()
     loc = user_location()
     reason = None
     if frame is not None:
