@@ -756,3 +756,18 @@ def test_gradient_through_masked_writes():
     x = RNG.standard_normal((4, 5)) * 2.0
     want = np.where(x < 0, 2 * 0.01 * x, np.where(x > 1.0, 0.0, 2 * x))  # (no element sits at a kink)
     np.testing.assert_allclose(graphc.grad(loss)(x), want, rtol=1e-15)
+
+
+def test_python_numbers_are_assigned_as_numpy_converts_them():
+    def fn(x, value):
+        y = np.array(x)
+        y[()] = value  # <assign-number>
+        return y
+
+    for x, value in ((np.array(-128, np.int8), 300), (np.array(2, np.uint8), -1), (np.array(3), float("nan"))):
+        with pytest.raises((OverflowError, ValueError)):
+            fn(x.copy(), value)
+        with pytest.raises((OverflowError, ValueError)) as err:
+            graphc.trace(lambda a, v=value: fn(a, v), x)
+        assert isinstance(err.value, graphc.TraceError)
+    check(lambda a: fn(a, 2.7), np.array(1, np.int8))  # a float is truncated

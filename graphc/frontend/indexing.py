@@ -437,8 +437,12 @@ def _scatter_form(x: Tracer, items: list[tuple[str, Any]], split_by_ellipsis: bo
 
 def _indexed_update(x: Tracer, key: Any, value: Any, opname: str) -> Tracer:
     """x[key] = v (opname "scatter") or np.add.at(x, key, v) ("scatter_add")."""
-    if not isinstance(value, Tracer):
-        value = lift(value)  # (numbers, numpy arrays, lists that may hold traced values)
+    if opname == "scatter" and isinstance(value, (int, float, list, tuple)) and not _contains_traced(value):
+        # numpy converts Python numbers as np.asarray(value, x.dtype) does: 300 into int8 raises
+        # OverflowError, nan into an int array ValueError (a numpy array is cast as astype casts)
+        value = lift(value, x.dtype)
+    elif not isinstance(value, Tracer):
+        value = lift(value)  # (numpy arrays and scalars, lists that may hold traced values)
     items, split_by_ellipsis, advanced = _parse(x, _with_dynamic_ints(key))
     if not advanced and opname == "scatter":
         new = _basic_update(x, items, value)

@@ -291,6 +291,7 @@ def index_view(base: Tracer, key: Any, result: Tracer) -> Tracer:
 # are wrappers, entry.py numpy_patches.)
 _SAME_OBJECT = {np.asarray, np.atleast_1d, np.atleast_2d, np.atleast_3d, np.squeeze}
 _RAVEL = np.ravel
+_FLIP = np.flip  # (np.flip of a 0-d array is m[()]: a numpy scalar, a copy)
 _LAYOUT_DEPENDENT = {np.reshape, np.ravel}  # views only where the memory layout allows
 
 
@@ -364,6 +365,10 @@ def function_views(func: Callable, result: Any, args: tuple) -> Any:
 def _as_view(func: Callable, r: Any, bases: list[Tracer]) -> Any:
     if not isinstance(r, Tracer):
         return r
+    if func is _FLIP and r.ndim == 0:
+        scalar = fresh(r)
+        scalar._scalar = True
+        return scalar
     for base in bases:
         if r is base:
             if func in _SAME_OBJECT:
