@@ -771,3 +771,18 @@ def test_python_numbers_are_assigned_as_numpy_converts_them():
             graphc.trace(lambda a, v=value: fn(a, v), x)
         assert isinstance(err.value, graphc.TraceError)
     check(lambda a: fn(a, 2.7), np.array(1, np.int8))  # a float is truncated
+
+
+def test_gradient_of_a_function_that_writes_into_its_argument():
+    def loss(x):
+        w = x.T
+        w[0] *= 3.0  # the first column of the argument itself
+        return np.sum(x * x)
+
+    x = np.array([[1.0, 2.0], [3.0, 4.0]])
+    want = np.array([[18.0, 4.0], [54.0, 8.0]])  # d/dx of (3 x[:, 0])^2 + x[:, 1]^2
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", graphc.GraphcWarning)
+        np.testing.assert_array_equal(graphc.grad(loss)(x), want)
+        value, tangent = graphc.jvp(loss, (x,), (np.array([[1.0, 0.0], [0.0, 0.0]]),))
+    assert (value, tangent) == (loss(x.copy()), 18.0)
