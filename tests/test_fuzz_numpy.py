@@ -1,6 +1,8 @@
 """Differential fuzzing against numpy: random small programs of numpy operations (ufuncs and
 operators with Python and numpy scalars, reductions, einsum, indexing, reshapes and transposes,
-where, concatenate and stack, dtype conversions, in-place updates, if/elif on traced values) over bool, int8-int64, uint8,
+where, concatenate and stack, dtype conversions, in-place updates, if/elif on traced values,
+writes into views and into their bases after the view was taken, np.array copies, repeated-index
+writes (=, +=, np.add.at), out= as an array or a tuple, boolean-mask writes) over bool, int8-int64, uint8,
 float32 and float64 arrays whose shapes have size-1 and size-0 dims, and 0-d arrays.
 
 The properties, for each program:
@@ -250,7 +252,64 @@ def op_branch(x: Any, y: Any) -> Any:
     return r
 
 
+# numpy's views (issue 27): a write into the base or into the view shows in the other
+VIEW_FORMS = {
+    "slice": lambda y: y[1:],
+    "T": lambda y: y.T,
+    "flip": lambda y: np.flip(y),
+    "reshape": lambda y: y.reshape(-1),
+    "ravel": lambda y: np.ravel(y),
+    "none": lambda y: y[None],
+    "strided": lambda y: y[..., ::-2],
+    "swapaxes": lambda y: np.swapaxes(y, 0, -1),
+    "atleast_2d": lambda y: np.atleast_2d(y),
+}
+
+
+def op_view_write(form: str, target: str, x: Any, v: Any) -> Any:
+    """A copy of x (np.array copies) and a view of it; the first element of one written with v; the
+    other returned."""
+    y = np.array(x)
+    w = VIEW_FORMS[form](y)
+    dst = y if target == "base" else w
+    if dst.size:
+        dst[(0,) * dst.ndim] = v
+    return w if target == "base" else y
+
+
+def op_dup_write(mode: str, key: list, x: Any) -> Any:
+    """Repeated indices along the first dim: y[key] = v keeps the last write, y[key] += v adds once
+    (buffered), np.add.at(y, key, v) adds each."""
+    y = np.array(x)
+    values = np.arange(1, len(key) + 1).reshape((len(key),) + (1,) * (np.ndim(y) - 1))
+    if mode == "set":
+        y[key] = values
+    elif mode == "iadd":
+        y[key] += values
+    else:
+        np.add.at(y, key, values)
+    return y
+
+
+def op_out(name: str, form: str, x: Any) -> Any:
+    """A ufunc written into a buffer given as out=buffer or out=(buffer,)."""
+    out = np.empty_like(x)
+    UNARY_UFUNCS[name](x, out=out if form == "array" else (out,))
+    return out
+
+
+def op_mask_write(x: Any, v: Any) -> Any:
+    """Assignment through a boolean mask computed from the values (np.where in a graph)."""
+    y = np.array(x)
+    y[x > 0] = v
+    return y
+
+
 OPS: dict[str, Callable] = {
+    "view_write": op_view_write,
+    "dup_write": op_dup_write,
+    "out": op_out,
+    "mask_write": op_mask_write,
     "branch": op_branch,
     "asarray": op_asarray,
     "ufunc": op_ufunc,
@@ -379,6 +438,8 @@ STEP_KINDS = (
     + ["inplace", "unary_operator", "method_reduce", "ravel", "expand_dims", "repeat", "clip", "stack"]
     + ["reshape", "transpose", "swapaxes", "squeeze", "where", "concatenate", "astype", "matmul", "branch"]
     + ["asarray"]
+    + ["view_write"] * 2
+    + ["dup_write", "out", "mask_write"]
 )
 
 
@@ -525,6 +586,29 @@ DRAW_STEP: dict[str, Callable] = {
     "repeat": _draw_repeat,
     "branch": lambda draw, pool, i: ("branch", (), (i, _operand(draw, pool, pool[i])), ()),
     "asarray": lambda draw, pool, i: ("asarray", (), (i,), ()),
+    "view_write": lambda draw, pool, i: (
+        "view_write",
+        (draw(st.sampled_from(sorted(VIEW_FORMS))), draw(st.sampled_from(["base", "view"]))),
+        (i, _scalar(draw)),
+        (),
+    ),
+    "dup_write": lambda draw, pool, i: (
+        "dup_write",
+        (
+            draw(st.sampled_from(["set", "iadd", "add.at"])),
+            draw(st.lists(st.integers(-2, 1), min_size=1, max_size=4)),
+        ),
+        (i,),
+        (),
+    ),
+    "out": lambda draw, pool, i: (
+        "out",
+        (draw(st.sampled_from(["negative", "absolute", "positive", "sqrt", "tanh", "sign"])),)
+        + (draw(st.sampled_from(["array", "tuple"])),),
+        (i,),
+        (),
+    ),
+    "mask_write": lambda draw, pool, i: ("mask_write", (), (i, _scalar(draw)), ()),
 }
 
 
@@ -680,7 +764,7 @@ def _magnitude(v: Any) -> tuple[float, int]:
 
 def _rounds(step: tuple) -> bool:
     kind, before, _refs, _after = step
-    if kind == "ufunc":
+    if kind in ("ufunc", "out"):
         return before[0] in ROUNDING_UFUNCS
     if kind in ("operator", "inplace"):
         return before[0] in ("**", "**=")
@@ -701,7 +785,9 @@ def exactness(steps: tuple, outputs: tuple, inputs: tuple) -> list[Exactness]:
         used = [info[i] if isinstance(i, int) else Exactness(scale=max(1.0, _magnitude(i.value)[0])) for i in refs]
         is_float = np.result_type(value).kind == "f"
         inexact = is_float and (_rounds(step) or any(u.inexact for u in used))
-        discrete = not is_float or kind == "branch" or (kind == "reduce" and before[0] in ("argmax", "argmin"))
+        discrete = (
+            not is_float or kind in ("branch", "mask_write") or (kind == "reduce" and before[0] in ("argmax", "argmin"))
+        )
         unverifiable = any(u.unverifiable for u in used) or (discrete and any(u.inexact for u in used))
         scale, size = _magnitude(value)
         pool.append(value)
