@@ -23,13 +23,13 @@ from graphc.frontend.shape_functions import transpose
 from graphc.frontend.tracer import (
     HANDLERS,
     Tracer,
-    _handler,
     bind,
     convert,
     fresh,
     implements,
     lift,
     rebind,
+    registered_handler,
     user_location,
 )
 from graphc.frontend.ufuncs import apply_ufunc
@@ -516,7 +516,7 @@ def ufunc_inplace(ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any) -> 
     outs = outs if isinstance(outs, tuple) else (outs,)
     where = kwargs.pop("where", True)
     casting = kwargs.pop("casting", "same_kind")
-    result = _handler(HANDLERS.ufunc, "ufunc")(ufunc, method, *inputs, **kwargs)
+    result = registered_handler(HANDLERS.ufunc, "ufunc")(ufunc, method, *inputs, **kwargs)
     results = result if isinstance(result, tuple) else (result,)
     if len(outs) != len(results):
         raise TraceError(f"{name}: out= needs {len(results)} arrays, got {len(outs)}", user_location())
