@@ -30,7 +30,7 @@ from graphc.core.errors import GraphcError
 from graphc.core.spec import unshard
 from graphc.programs import PipelineProgram, PipelineTask
 from graphc.runtime.comm import ThreadWorld
-from graphc.runtime.devices import ShardedInput, CommProxy, local_piece, run_on_devices
+from graphc.runtime.devices import CommProxy, ShardedInput, local_piece, run_on_devices
 from graphc.runtime.executor import Executable
 
 _TAG_STRIDE = 4096  # message tag = value id * stride + micro-batch + 1 (-1: a value of the whole step)

@@ -31,7 +31,7 @@ from graphc.core.mesh import Mesh
 from graphc.core.spec import R
 from graphc.programs import ParallelProgram, PipelineProgram, collective_sequence
 from graphc.runtime.comm import CommAborted
-from graphc.runtime.devices import ShardedArray, on_device_error, local_piece
+from graphc.runtime.devices import ShardedArray, local_piece, on_device_error
 from graphc.runtime.executor import Executable
 from graphc.runtime.mpi import MpiComm
 from graphc.runtime.mpi_world import MpiSetupError, MpiWorld
