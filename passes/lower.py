@@ -221,7 +221,9 @@ class _Emitter:
         rule = get_rule(node)
         assert rule is not None  # gather and scatter_add have rules
         axis = node.attrs["axis"]
-        k = node.op.trait(IndexedLookup).index_count(len(node.inputs))
+        lookup = node.op.trait(IndexedLookup)
+        assert lookup is not None  # (only lookups are masked)
+        k = lookup.index_count(len(node.inputs))
         return any(
             rule.inputs[0][axis + j] in rule.masked and any(p.is_split and p.dim == axis + j for p in st.in_specs[0])
             for j in range(k)
@@ -232,6 +234,7 @@ class _Emitter:
         assert rule is not None
         axis = node.attrs["axis"]
         lookup = node.op.trait(IndexedLookup)
+        assert lookup is not None  # (only lookups are masked)
         scatter = lookup.trailing == 1
         k = lookup.index_count(len(node.inputs))
         idx = list(ins[1 : 1 + k])
