@@ -121,8 +121,16 @@ class Problem:
     def rebucket(self, choice: list[int]) -> None:
         """Share the fixed cost over the bytes the deferred all-reduces of ``choice`` really move
         (the estimate ``build_problem`` starts from counts every tensor that might)."""
+        filled = self.filled_bucket_bytes(choice)
+        if filled:
+            self.bucket_share_bytes = filled
+            self._matrix_cache.clear()  # the times change; which specs an edge joins does not
+
+    def filled_bucket_bytes(self, choice: list[int]) -> int:
+        """The bucket share of the deferred all-reduces ``choice`` makes: the bytes they move, at
+        most the bucket size (0 without buckets, or when ``choice`` all-reduces nothing)."""
         if not self.bucket_share_bytes:
-            return
+            return 0
         moved: dict[tuple, int] = {}
         for e in self.edges:
             if not e.deferred:
@@ -134,9 +142,7 @@ class Problem:
                 if st.kind == "all_reduce":
                     moved[(e.value, dst, st.axis)] = st.local_bytes
         total = sum(moved.values())
-        if total:
-            self.bucket_share_bytes = max(1, min(self.bucket_limit, total))
-            self._matrix_cache.clear()  # the times change; which specs an edge joins does not
+        return max(1, min(self.bucket_limit, total)) if total else 0
 
     def compute_times(self, item: int) -> np.ndarray:
         """The compute time of every strategy of ``item`` (cached per strategy list: repeated
