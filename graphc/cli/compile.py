@@ -113,6 +113,11 @@ def add_parser(sub) -> None:
         help="explain the spec of an input (%%x, %%params.w) or a node (%%12) (repeatable)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress messages")
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="--devices: list every mesh shape and micro-batch count the search considered, and why any was skipped",
+    )
     p.set_defaults(func=cmd_compile)
 
 
@@ -281,8 +286,9 @@ def _search(args: argparse.Namespace, progress, output: Output) -> int:
         progress=lambda c: progress(f"  {c.describe()} [{c.seconds:.2f}s]"),
     )
     seconds = time.perf_counter() - t0
-    print(f"searched {len(cands)} plans for {args.devices} devices in {seconds:.2f} s")
-    print(explain(cands))
+    planned = sum(c.skipped is None for c in cands)
+    print(f"searched {planned} plans for {args.devices} devices in {seconds:.2f} s")
+    print(explain(cands, verbose=args.verbose))
     best = cands[0]
     if best.plan is None:
         raise GraphcError(f"no mesh of {args.devices} devices can run {args.target} (the reasons are above)")
