@@ -138,7 +138,8 @@ def test_explain_names_the_specs_that_were_never_candidates():
 
     params = {"w": np.ones((8, 16), np.float32)}
     x = np.ones((6, 8), np.float32)
-    plan = graphc.parallelize(f, mesh=Mesh("dp=4", profile=DEFAULT), cache=False).plan(params, x)
+    with pytest.warns(graphc.PlanWarning, match="batch dims of size 6: it replicates the work"):
+        plan = graphc.parallelize(f, mesh=Mesh("dp=4", profile=DEFAULT), cache=False).plan(params, x)
     why = {(t.name, str(r.spec)): r.reason for t in plan.inputs for r in t.ruled_out}
     assert why[("%x", "(S(0),)")] == "not divisible: dim 0 has size 6, which dp=4 does not split evenly"
     assert why[("%x", "(S(1),)")].startswith("axis role: dp is a data axis, which splits only batch dims")

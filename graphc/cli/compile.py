@@ -21,6 +21,7 @@ import math
 import os
 import sys
 import time
+import warnings
 
 from graphc.api.parallel import parallelize
 from graphc.cli.common import (
@@ -32,7 +33,7 @@ from graphc.cli.common import (
     process_age,
 )
 from graphc.cli.loader import UsageError, load_target, static_argnames
-from graphc.core.errors import GraphcError, PlanError
+from graphc.core.errors import GraphcError, PlanError, PlanWarning
 from graphc.core.files import atomic_write
 from graphc.core.mesh import Mesh, MeshError, parse_links
 from graphc.core.profiles import PRESETS, get_profile
@@ -122,6 +123,12 @@ def add_parser(sub) -> None:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PlanWarning)  # the summary prints the plan's warnings
+        return _compile(args)
+
+
+def _compile(args: argparse.Namespace) -> int:
     def progress(msg: str) -> None:
         if not args.quiet:
             print(f"[{time.perf_counter() - start:6.2f}s] {msg}", file=sys.stderr, flush=True)
