@@ -40,7 +40,7 @@ from graphc.core.units import fmt_bytes
 from graphc.passes.sharding.collectives import redistribution_steps
 from graphc.passes.sharding.milp import REL_GAP
 from graphc.passes.sharding.plan import Alternative, RuledOut
-from graphc.passes.sharding.problem import Edge, Problem
+from graphc.passes.sharding.problem import Edge, Problem, local_nbytes
 from graphc.passes.sharding.roles import BATCH, RESTRICTED
 
 TOP = 3  # alternatives kept per item
@@ -60,12 +60,13 @@ class Solved:
 def find_alternatives(
     problem: Problem, choice: list[int], solved: Solved, plan_share_bytes: int, top: int = TOP
 ) -> dict[int, tuple[Alternative, ...]]:
-    """{item: its ``top`` cheapest alternatives by the objective} for every item with more than one
-    strategy. ``plan_share_bytes``: the gradient bucket share of the plan's collectives."""
+    """{item: its ``top`` cheapest alternatives by the objective} for every input, node and output
+    with more than one strategy (a fan-out is not a choice the plan reports).
+    ``plan_share_bytes``: the gradient bucket share of the plan's collectives."""
     pricer = _Pricer(problem, choice, plan_share_bytes)
     out: dict[int, tuple[Alternative, ...]] = {}
     for i, it in enumerate(problem.items):
-        if len(it.strategies) < 2:
+        if len(it.strategies) < 2 or it.kind == "fanout":
             continue
         compute, comm = pricer.objective_deltas(i)
         delta = compute + comm
@@ -87,7 +88,7 @@ def find_alternatives(
                     st.name if it.kind == "node" else None,
                     float(compute[s]),
                     float(comm[s]),
-                    pricer.step_delta(moved, float(compute[s])),
+                    pricer.step_delta(moved, float(compute[s]), float(delta[s])),
                     peak - pricer.peak,
                     _ruled_out(float(delta[s]), peak, solved, [i, *pricer.partner_of(i)]),
                 )
@@ -126,11 +127,9 @@ class _Pricer:
         self.work = list(choice)  # choice with some items moved, restored after each use
         self.plan_share = plan_share_bytes
         self.incident: dict[int, list[Edge]] = {}
-        self.edges_of: dict[Value, list[Edge]] = {}  # in program order
         for e in problem.edges:
             self.incident.setdefault(e.src, []).append(e)
             self.incident.setdefault(e.dst, []).append(e)
-            self.edges_of.setdefault(e.value, []).append(e)
         self.partner: dict[int, int] = {}
         for a, b in problem.ties:
             self.partner[a], self.partner[b] = b, a
@@ -146,6 +145,42 @@ class _Pricer:
         self.transients: dict[int, list[tuple[int, np.ndarray]]] = {}
         for i, at, sizes in problem.transient_terms():
             self.transients.setdefault(i, []).append((at, sizes))
+        # The plan redistributes a value once per (spec read in, read phase): the first edge in
+        # program order of each such key that moves anything (src != dst) pays, and a ZeRO-3
+        # regather pays every time (collectives.redistribution_steps). Moving an item changes
+        # only its own edges, so the keys they leave or join are all a step delta needs.
+        self.regathered = set(problem.gathers)
+        self.position = {id(e): k for k, e in enumerate(problem.edges)}
+        self._spec_ids: dict[int, int] = {}  # id(spec tuple) -> a small int per distinct spec
+        self._spec_values: dict[Spec, int] = {}
+        self._partial: list[bool] = []  # per spec id: has a P (an all-reduce may start from it)
+        self._zero_split: list[bool] = []  # per spec id: split along a ZeRO axis (a regather gathers it)
+        self.mesh_shape = tuple(problem.mesh.shape)
+        self._nbytes: dict[tuple[int, int], int] = {}  # (id(value), spec id) -> bytes per device
+        self._at: tuple | None = None  # _edges_at's last answer
+        self.active: dict[tuple, list[Edge]] = {}  # key -> its edges that move data, in program order
+        for e in problem.edges:
+            key, moves, _src = self._read(e)
+            if moves:
+                self.active.setdefault(key, []).append(e)
+
+    def _spec_id(self, spec: Spec) -> int:
+        got = self._spec_ids.get(id(spec))  # strategies hold their specs for the problem's life
+        if got is None:
+            got = self._spec_values.get(spec)
+            if got is None:
+                got = self._spec_values[spec] = len(self._spec_values)
+                self._partial.append(any(q.kind == "P" for q in spec))
+                self._zero_split.append(any(spec[a].is_split for a in self.p.zero_axes))
+            self._spec_ids[id(spec)] = got
+        return got
+
+    def _read(self, e: Edge) -> tuple[tuple, bool, int]:
+        """(the key of the redistribution ``e`` shares: value, spec read in, phase; whether it moves
+        data; the id of its source spec) under ``work``: the chosen plan, or an alternative."""
+        src = self._spec_id(self.p.items[e.src].strategies[self.work[e.src]].out_specs[e.src_out])
+        dst = self._spec_id(self.p.items[e.dst].strategies[self.work[e.dst]].in_specs[e.dst_in])
+        return (id(e.value), dst, e.phase), src != dst, src
 
     def partner_of(self, i: int) -> list[int]:
         return [self.partner[i]] if i in self.partner else []
@@ -182,7 +217,9 @@ class _Pricer:
         for item, s in moved.items():
             c = choice[item]
             for v, a, b in self.ranges.get(item, []):
-                old, new = p.value_bytes(v, item, c), p.value_bytes(v, item, s)
+                old, new = self._bytes(v, item, c), self._bytes(v, item, s)
+                if old == new and p.ranges_under(v, item, c, a, b) == p.ranges_under(v, item, s, a, b):
+                    continue
                 changes += [(x, y, -old) for x, y in p.ranges_under(v, item, c, a, b)]
                 changes += [(x, y, new) for x, y in p.ranges_under(v, item, s, a, b)]
             for at, sizes in self.transients.get(item, []):
@@ -192,6 +229,12 @@ class _Pricer:
             return self.peak
         lo = min(x for x, _y, _n in changes)
         hi = max(y for _x, y, _n in changes)
+        outside = max(self.before[lo], self.after[hi + 1])  # the peak away from the changes
+        growth = sum(nb for _x, _y, nb in changes if nb > 0)
+        if growth == 0 and outside >= self.peak:
+            return self.peak  # nothing grows, and the peak lies away from the changes
+        if float(self.prof[lo : hi + 1].max()) + growth <= outside:
+            return int(outside)  # even all growth at the highest point stays below it
         delta = np.zeros(hi - lo + 2)
         for x, y, nb in changes:
             delta[x - lo] += nb
@@ -199,23 +242,73 @@ class _Pricer:
         inside = float((self.prof[lo : hi + 1] + np.cumsum(delta)[: hi - lo + 1]).max())
         return int(max(inside, self.before[lo], self.after[hi + 1]))
 
-    def step_delta(self, moved: dict[int, int], compute_delta: float) -> float:
-        """The predicted step's change: compute, and the plan's redistributions of every value at
-        the moved items (all of a value's edges: its redistributions are counted once each)."""
-        values = {e.value: None for i in moved for e in self.incident.get(i, [])}
-        edges = [e for v in values for e in self.edges_of[v]]
-        now = self._seconds(edges)
+    def _bytes(self, v: Value, item: int, s: int) -> int:
+        """``Problem.value_bytes``, remembered by value and spec."""
+        spec = self.p.value_spec(v, item, s)
+        key = (id(v), self._spec_id(spec))
+        got = self._nbytes.get(key)
+        if got is None:
+            got = self._nbytes[key] = local_nbytes(v.type, spec, self.mesh_shape)
+        return got
+
+    def step_delta(self, moved: dict[int, int], compute_delta: float, delta: float) -> float:
+        """The predicted step's change (``delta``: the objective's). The two differ only where the
+        plan counts a redistribution otherwise than the objective's one per edge: an edge whose
+        redistribution another edge shares (same value, spec read in and phase: only the first
+        pays), a ZeRO-3 regather, a deferred all-reduce (priced in the buckets the plan fills).
+        For those the plan's redistributions of the moved items' edges, and of the edges that
+        share one with them, are counted before and after the move."""
+        mine, before = self._edges_at(tuple(moved))
         for i, s in moved.items():
             self.work[i] = s
         try:
-            then = self._seconds(edges)
+            after = [self._read(e) for e in mine]
+            if self._counted_per_edge(mine, before, after):
+                return delta
+            edges = {id(e): e for e in mine}
+            for key, _moves, _src in before + after:
+                edges.update((id(e), e) for e in self.active.get(key, ()))
+            ordered = sorted(edges.values(), key=lambda e: self.position[id(e)])
+            then = self._seconds(ordered)
         finally:
             for i in moved:
                 self.work[i] = self.choice[i]
-        return compute_delta + then - now
+        return compute_delta + then - self._seconds(ordered)
+
+    def _edges_at(self, items: tuple[int, ...]) -> tuple[list[Edge], list]:
+        """(the edges at ``items``, how the chosen plan reads each: ``_read``), remembered for the
+        last items asked about (an item's alternatives are priced one after another)."""
+        if self._at is None or self._at[0] != items:
+            mine = list({id(e): e for i in items for e in self.incident.get(i, [])}.values())
+            self._at = (items, mine, [self._read(e) for e in mine])
+        return self._at[1], self._at[2]
+
+    def _counted_per_edge(self, mine: list[Edge], before: list, after: list) -> bool:
+        """Whether the plan counts the redistributions of ``mine`` (the moved items' edges) as the
+        objective does, before and after the move: no deferred all-reduce (a deferred edge from a
+        partial sum), no ZeRO-3 regather (from a spec split along a ZeRO axis), and none sharing
+        its key with another edge that moves data."""
+        for e, (_k, _m, src_before), (_k2, _m2, src_after) in zip(mine, before, after):
+            if e.deferred and (self._partial[src_before] or self._partial[src_after]):
+                return False
+            if (e.src, e.dst) in self.regathered and (self._zero_split[src_before] or self._zero_split[src_after]):
+                return False
+        moving_before: dict[tuple, int] = {}
+        for key, moves, _src in before:
+            moving_before[key] = moving_before.get(key, 0) + moves
+        for state in (before, after):
+            count: dict[tuple, int] = {}
+            for key, moves, _src in state:
+                count[key] = count.get(key, 0) + moves
+            for key, n in count.items():
+                others = len(self.active.get(key, ())) - moving_before.get(key, 0)  # not moved
+                if n and n + others > 1:
+                    return False
+        return True
 
     def _seconds(self, edges: list[Edge]) -> float:
-        return sum(t for _e, _st, t in redistribution_steps(self.p, self.work, edges, self.plan_share))
+        steps = redistribution_steps(self.p, self.work, edges, self.plan_share, self.regathered)
+        return sum(t for _e, _st, t in steps)
 
 
 def ruled_out_specs(problem: Problem, i: int, spec: Spec) -> tuple[RuledOut, ...]:

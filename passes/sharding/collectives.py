@@ -20,13 +20,21 @@ from graphc.passes.sharding.redistribute import Step, bucketed_step_time, plan_s
 
 
 def redistribution_steps(
-    problem: Problem, choice: list[int], edges: Iterable[Edge], share_bytes: int
+    problem: Problem,
+    choice: list[int],
+    edges: Iterable[Edge],
+    share_bytes: int,
+    regathered: set[tuple[int, int]] | None = None,
 ) -> Iterator[tuple[Edge, Step, float]]:
     """(edge, step, seconds) of every redistribution step the plan of ``choice`` makes for
-    ``edges`` (in program order; all the edges of a value, for its count to be the plan's): a
-    deferred all-reduce rides in a gradient bucket of ``share_bytes`` (0: none)."""
+    ``edges``, in program order: of edges of one value read in one spec and phase only the first
+    that moves data pays (so ``edges`` must hold every such edge to count as the plan does), and
+    a ZeRO-3 regather pays each time. A deferred all-reduce rides in a gradient bucket of
+    ``share_bytes`` (0: none). ``regathered``: ``set(problem.gathers)``, for callers that ask
+    many times."""
     done: set = set()
-    regathered = set(problem.gathers)  # a ZeRO-3 parameter is gathered for each reader (zero.py)
+    if regathered is None:
+        regathered = set(problem.gathers)  # a ZeRO-3 parameter is gathered for each reader (zero.py)
     for e in edges:
         src = problem.items[e.src].strategies[choice[e.src]].out_specs[e.src_out]
         dst = problem.items[e.dst].strategies[choice[e.dst]].in_specs[e.dst_in]

@@ -248,10 +248,14 @@ class Problem:
         return out
 
     def value_bytes(self, v: Value, item: int, s: int) -> int:
+        return local_nbytes(v.type, self.value_spec(v, item, s), tuple(self.mesh.shape))
+
+    def value_spec(self, v: Value, item: int, s: int) -> tuple:
+        """The spec ``v`` is held in when ``item`` (its producer, fan-out or output item) has
+        strategy ``s``."""
         it = self.items[item]
         st = it.strategies[s]
-        spec = st.in_specs[0] if it.kind == "output" else st.out_specs[v.index if it.kind == "node" else 0]
-        return local_nbytes(v.type, spec, tuple(self.mesh.shape))
+        return st.in_specs[0] if it.kind == "output" else st.out_specs[v.index if it.kind == "node" else 0]
 
     def transient_terms(self) -> list[tuple[int, int, np.ndarray]]:
         """(state input item, program position, bytes per strategy of the input) of every gathered
