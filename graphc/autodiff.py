@@ -202,9 +202,22 @@ def _alias(x: Any) -> Any:
     return x
 
 
+_interpreted = 0  # calls of the transforms outside a trace (eager mode), for interpreted_calls()
+
+
+def interpreted_calls() -> int:
+    """How many times grad / value_and_grad / vjp / jvp were called on numpy arrays (outside a
+    trace) in this process: each traced its function and ran it on graphc's reference interpreter.
+    A benchmark that calls a model directly reads it to name its baseline honestly: a training
+    step that calls graphc.value_and_grad is graphc's interpreter, not numpy."""
+    return _interpreted
+
+
 def _trace_and_run(fn: Callable, *args: Any) -> Any:
     """Eager mode: trace ``fn`` on ``args`` and evaluate it with the reference interpreter (a
     Generator argument runs on its state and advances, as in graphc.jit)."""
+    global _interpreted
+    _interpreted += 1
     args, _, generators = traced_random.bind_generators(args, {}, ambient=False)
     graph = trace(fn, *args)
     out = evaluate(graph, *args)

@@ -251,13 +251,20 @@ class _Emitter:
             owned = self.emit("broadcast_to", owned, shape=bshape)
         target = node.outputs[0].type.ndim if not scatter else ins[-1].type.ndim
         mask = self.emit("reshape", owned, shape=(1,) * axis + bshape + (1,) * (target - axis - len(bshape)))
+        # rows another device owns give the additive identity: -0.0 for floats (x + -0.0 is x for
+        # every x, where x + 0.0 turns -0.0 into 0.0), so the partial sums add up to numpy's bits
         if scatter:
             updates = ins[-1]
-            zero = self.constant(np.zeros((), updates.type.dtype))
-            kept = self.emit("where", mask, updates, zero)
+            kept = self.emit("where", mask, updates, self.constant(_additive_identity(updates.type.dtype)))
             return self.emit("scatter_add", ins[0], *idx, kept, axis=axis)
         out = self.emit("gather", ins[0], *idx, axis=axis)
-        return self.emit("where", mask, out, self.constant(np.zeros((), out.type.dtype)))
+        return self.emit("where", mask, out, self.constant(_additive_identity(out.type.dtype)))
+
+
+def _additive_identity(dtype: np.dtype) -> np.ndarray:
+    """0 of ``dtype`` that leaves every value unchanged when added: -0.0 for floats."""
+    zero = np.zeros((), dtype)
+    return np.negative(zero) if dtype.kind == "f" else zero
 
 
 def _strategies(graph: Graph, plan: ShardingPlan) -> tuple[list[tuple], list[Strategy], list[tuple]]:

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from graphc.core.buffers import root_buffer, unaliased
 from graphc.core.errors import NUMPY_ERRORS, GraphcError, NumpyError, note_where, numpy_error
 from graphc.core.ir import Graph, Node, Value, check_runnable
 from graphc.ops.shape import slice_index
@@ -147,6 +148,8 @@ class Program:
             self.nodes.append(node)
         self.n_slots = len(slot)
         self.out_slots = [slot[v] for v in outputs]
+        made_by = {slot[o]: n for n in nodes for o in n.outputs}
+        self.aliasing = ResultAliasing(self.out_slots, self.n_inputs, made_by)
         # values in buffers this program's steps allocated (not inputs, constants or views)
         fresh_slots = {slot[o] for n in nodes if n.op.kind in _FRESH_KINDS and not n.regions for o in n.outputs}
         # outputs that may be the pool's buffers (Executable.run_flat takes them out of it)
@@ -242,7 +245,11 @@ class Program:
             results = [names[s] if s in fresh else f"result({names[s]})" for s in self.out_slots]
         else:
             results = [names[s] for s in self.out_slots]
-        lines.append(f"    return [{', '.join(results)}]")
+        if handed and self.aliasing.needed:  # results that may share memory with the arguments or each other
+            env["unalias"] = self.aliasing.apply
+            lines.append(f"    return unalias([{', '.join(results)}], args)")
+        else:
+            lines.append(f"    return [{', '.join(results)}]")
         lines += ["  except Exception as exc:", "    fail(exc)", "    raise"]
         source = "\n".join(lines) + "\n"
         code = compile(source, "<graphc program>", "exec")
@@ -436,6 +443,39 @@ class Program:
         return [env[s] for s in self.out_slots]
 
 
+class ResultAliasing:
+    """Which results of a program may share memory with its arguments or with each other, and the
+    copies that prevent it: a caller who writes into a result must never change an argument or
+    another result (numpy's ``np.copy(x)``, ``x * 1`` and ``(x * 2, x * 2)`` give new arrays; graphc's
+    simplification may leave an output that is an input, or one value returned twice).
+
+    ``always``: results that are an argument itself, or a value an earlier result already is: always
+    copied. ``check``: whether some result is made by an op whose result may be a view of its
+    operand (a shape op, a control-flow op, a collective): then every result's buffer is compared
+    with the arguments' and the earlier results' at each call, and copied if it is one of them.
+    Results of elementwise, reduction, contraction and fused ops are new buffers and cost nothing.
+    Unlike numpy, graphc hands out a new array even where numpy's result would be a view of an
+    argument (``lambda x: x.T``), as ``jax.jit`` does."""
+
+    def __init__(self, out_slots: list[int], n_inputs: int, made_by: dict[int, Node]):
+        self.always: list[int] = []
+        seen: set[int] = set()
+        self.check = False
+        for k, s in enumerate(out_slots):
+            node = made_by.get(s)
+            if s < n_inputs or s in seen:
+                self.always.append(k)
+            elif node is not None and (node.op.kind not in _FRESH_KINDS or node.regions) and node.op.kind != "constant":
+                self.check = True
+            seen.add(s)
+        self.needed = bool(self.always) or self.check
+
+    def apply(self, outs: list, args: Sequence[Any]) -> list:
+        for k in self.always:
+            outs[k] = np.array(outs[k], copy=True)
+        return unaliased(outs, args) if self.check else outs
+
+
 def _handed_result(o: Any) -> np.ndarray:
     """A result as a caller gets it: an array (not a numpy scalar) that is its own to write."""
     if type(o) is not np.ndarray:
@@ -535,13 +575,13 @@ class _Buffers:
     def __init__(self, args: Sequence[np.ndarray], constants: list[tuple[int, np.ndarray]]):
         self.users: dict[int, list] = {}  # id of a root buffer -> [values looking into it, bytes]
         for a in [*args, *(c for _, c in constants)]:
-            root = _root(a)
+            root = root_buffer(a)
             if root is not None:
                 self.users[id(root)] = [1 << 60, 0]  # never released, never counted
 
     def hold(self, x: Any) -> int:
         """Count value ``x``; the bytes its buffer adds to the live ones."""
-        root = _root(x)
+        root = root_buffer(x)
         if root is None:
             return 0
         entry = self.users.get(id(root))
@@ -554,7 +594,7 @@ class _Buffers:
     def sole(self, x: Any) -> bool:
         """Whether ``x`` is a C-contiguous, writeable array over the whole of a buffer that no other
         live value looks into (a result may then be written over it)."""
-        root = _root(x)
+        root = root_buffer(x)
         if root is None or not x.flags.c_contiguous or not x.flags.writeable or x.size != root.size:
             return False
         entry = self.users.get(id(root))
@@ -562,7 +602,7 @@ class _Buffers:
 
     def release(self, x: Any) -> int:
         """Value ``x`` is dead; the bytes this frees from the live ones."""
-        root = _root(x)
+        root = root_buffer(x)
         entry = self.users.get(id(root)) if root is not None else None
         if entry is None:
             return 0
@@ -571,15 +611,6 @@ class _Buffers:
             return 0
         del self.users[id(root)]
         return entry[1]
-
-
-def _root(x: Any) -> np.ndarray | None:
-    """The array whose buffer ``x`` looks into (``x`` itself when it owns its data)."""
-    if type(x) is not np.ndarray:
-        return None
-    while isinstance(x.base, np.ndarray):
-        x = x.base
-    return x
 
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
@@ -634,15 +665,18 @@ class Executable:
 
     def run_flat(self, arrays: list[np.ndarray], profile: dict | None = None) -> list[np.ndarray]:
         if profile is not None:
-            return self._handed_out(self.program.run([np.asarray(a) for a in arrays], profile))
+            args = [np.asarray(a) for a in arrays]
+            return self._handed_out(self.program.run(args, profile), args)
         return self.run_arrays([np.asarray(a) for a in arrays])
 
     def run_arrays(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         """``run_flat`` of arguments that are all ndarrays already."""
-        return self._handed_out(self.program.run(arrays))
+        return self._handed_out(self.program.run(arrays), arrays)
 
-    def _handed_out(self, outs: list) -> list[np.ndarray]:
+    def _handed_out(self, outs: list, args: Sequence[np.ndarray]) -> list[np.ndarray]:
         for k in self.program.pooled_outputs:
             self.pool.forget(outs[k])
         # constants are read-only and shared between calls: callers get writeable copies
-        return [_handed_result(o) for o in outs]
+        handed = [_handed_result(o) for o in outs]
+        aliasing = self.program.aliasing
+        return aliasing.apply(handed, args) if aliasing.needed else handed

@@ -25,6 +25,7 @@ import time
 
 import numpy as np
 
+from graphc.core.buffers import unaliased
 from graphc.core.errors import GraphcError
 from graphc.core.spec import unshard
 from graphc.programs import PipelineProgram, PipelineTask
@@ -122,7 +123,8 @@ class PipelineExecutable:
             for x in prof.values():
                 x["t0"] = t0
             self.last_profile = prof
-        return [self._gather_output(k, vid, arrays, results) for k, vid in enumerate(p.out_ids)]
+        outs = [self._gather_output(k, vid, arrays, results) for k, vid in enumerate(p.out_ids)]
+        return unaliased(outs, arrays)  # an input passed through, or a result returned twice, is copied
 
     def run_device(self, device: int, comm, pieces: dict, prof: dict | None = None) -> dict[int, np.ndarray]:
         """One device's part of one step (its tasks in the schedule's order), talking through

@@ -223,8 +223,9 @@ class RankPipelineExecutable(_RankDevice):
         owned = self.run_local(arrays, profile)
         results: list = []
         for k, vid in enumerate(p.out_ids):
-            if vid < p.n_inputs:
-                results.append(arrays[vid])
+            if vid < p.n_inputs:  # an input passed through: the caller's array is not handed back
+                a = arrays[vid]
+                results.append(np.array(a, copy=True) if isinstance(a, np.ndarray) else a)
                 continue
             t = p.out_types[k]
             stage = p.stage_devices[p.owner(vid)]

@@ -415,6 +415,41 @@ def test_sums_start_from_positive_zero():
         np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_running_sums_keep_negative_zero(dtype):
+    """np.cumsum([-0.0, 1.0]) starts with -0.0: a running sum's first element is the element
+    itself (the scan pads with -0.0, the float sum's identity, not 0.0)."""
+    v = np.array([[-0.0, 1.0, -0.0], [-0.0, -0.0, -0.0]], dtype)
+    fns = [
+        lambda v: np.cumsum(v),
+        lambda v: np.cumsum(v, axis=0),
+        lambda v: np.cumsum(v, axis=1),
+        lambda v: np.cumprod(v, axis=1),
+        lambda v: np.cumsum(v[:, :1], axis=1),
+    ]
+    check_batch("cumsum of -0.0", fns, (v,))
+    for fn in fns:
+        got, want = graphc.jit(fn)(v), fn(v)
+        np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_sign_of_negative_zero_in_a_fused_kernel(dtype):
+    """numpy's sign(-0.0) is +0.0 and sign(nan) nan; inside a fused kernel too (Numba's np.sign
+    keeps -0.0)."""
+    v = np.array([-0.0, 0.0, np.nan, -2.5, 3.0, np.inf, -np.inf], dtype)
+
+    def fn(v):
+        return np.sign(v * 2) + v * 0  # one kernel: sign between two elementwise ops
+
+    jitted = graphc.jit(fn)
+    got, want = quiet(jitted, v), quiet(fn, v)
+    assert jitted.compile(v).stats()["fused_kernels"] == 1
+    assert_identical(got, want, "sign in a kernel")
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+
+
 def test_squeeze_axis_of_a_0d_array():
     z = np.array(1.0)
     check_batch(

@@ -168,7 +168,7 @@ def test_cli_run_pipeline_with_trace(tmp_path):
         cwd=tmp_path,
     )
     assert res.returncode == 0, res.stderr
-    assert "result equals numpy eager: yes" in res.stdout and "bubble: measured" in res.stdout
+    assert "equals graphc's interpreter: yes" in res.stdout and "bubble: measured" in res.stdout
     trace = json.loads((tmp_path / "t.json").read_text())
     names = {e["name"] for e in trace["traceEvents"] if e["ph"] == "X"}
     assert {"F0", "F3", "B0", "B3", "U"} <= names

@@ -545,7 +545,7 @@ def parallelize(
     micro-batches on ``pp`` stages ("gpipe" or "1f1b" ``schedule``), each stage sharded on the
     other axes.
 
-    Axis names give roles (README, "Mesh axes"): ``dp``/``data``/``batch`` split only batch dims,
+    Axis names give roles (docs/guide/sharding.md, "Mesh axes"): ``dp``/``data``/``batch`` split only batch dims,
     ``sp``/``seq`` only sequence dims, ``tp``/``model``/``mp`` and other names anything;
     ``free_axes=True`` lets every axis split anything.
 

@@ -45,7 +45,10 @@ _MODELS_DIR = os.path.realpath(os.path.join(_GRAPHC_DIR, "models")) + os.sep
 
 
 class Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line: what was wrong, and where the usage is."""
+    """An ArgumentParser whose errors are one line: what was wrong, and where the usage is.
+    ``commands``: the parser of each subcommand, by name (set by graphc/cli/main.py)."""
+
+    commands: dict[str, argparse.ArgumentParser]
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")

@@ -3,16 +3,16 @@
 graphc ir FILE:FUNC [--example NAME] [--stage PASS] [--dump-ir DIR] [-o OUT]
                                                 trace FUNC on its example arguments, print the IR
 graphc ir FILE.gir                              parse and verify a dumped IR file, print it again
-graphc bench FILE:FUNC [--example NAME]         time tracing, IR round trip, numpy eager, interpreter, compiled
+graphc bench FILE:FUNC [--example NAME]         tracing, IR round trip, the direct call, interpreter, compiled
 graphc bench kernels|pipeline|comm|fastmath|plans  named benchmarks (fused kernels, pipeline bubble, collectives, cost model vs runtime, ...)
-graphc bench FILE:FUNC --mesh dp=2 [--plans]    numpy eager vs graphc on 1 device vs on the mesh; collectives' busbw;
+graphc bench FILE:FUNC --mesh dp=2 [--plans]    the direct call vs graphc on 1 device vs on the mesh; collectives' busbw;
                                                 predicted vs measured step of several plans
 graphc compile FILE:FUNC --mesh dp=2,tp=4 [--memory 2GiB] [--link dp=1GB/s:50us] [-o plan.json]
                                                 auto-shard FUNC, print the plan's summary, write the plan JSON
 graphc compile FILE:FUNC --mesh dp=2 --resolve-pins edited.json
                                                 solve again, keeping the choices pinned in an (edited) plan
 graphc run FILE:FUNC (--mesh dp=2,tp=2 | --plan plan.json) [--trace timeline.json] [--backend mpi]
-                                                run FUNC on a mesh of devices, check it against numpy, time it;
+                                                run FUNC on a mesh of devices, check it against FUNC called directly, time it;
                                                 a --plan runs exactly as written (checked against the model and --mesh)
                                                 (--backend mpi: under mpiexec -n <devices>, one process per device)
 graphc calibrate [-o PATH] [--quick]            measure this machine, store the profile the sharding cost model uses
@@ -102,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     cal.set_defaults(func=cmd_calibrate)
     for subparser in sub.choices.values():
         add_debug(subparser)
+    p.commands = dict(sub.choices)  # name -> its parser (graphc/cli/reference.py walks them)
     return p
 
 

@@ -202,7 +202,7 @@ class MachineProfile:
     # The device's compiler fuses chains of elementwise ops and last-axis reductions, so their
     # intermediates never reach memory (passes/sharding/fusion.py). False prices every op's round
     # trip, as plans for this machine always have (graphc's runtime fuses float32/float64 chains
-    # here too, but the measured predictions in the README were made without it).
+    # here too, but the measured predictions in docs/ were made without it).
     fuses_elementwise: bool = False
     # Effective matmul flop/s per dtype and size class: {dtype: {"small": r, "small batched": r,
     # "medium": r, ...}} (keys ``matmul_key``). A dtype or class it lacks runs at the dtype's peak

@@ -31,7 +31,11 @@ _MAX_SORT = 4096  # sort / argsort build n x n comparisons; beyond this the grap
 
 
 def _identity(value: int, dt: np.dtype) -> int | float:
-    return float(value) if dtypes.is_float(dt) else int(value)
+    """The identity of add (0) or mul (1) in ``dt``: the float sum's is -0.0 (x + -0.0 is x for
+    every x, -0.0 included, where x + 0.0 turns -0.0 into 0.0)."""
+    if not dtypes.is_float(dt):
+        return int(value)
+    return -0.0 if value == 0 else float(value)
 
 
 def _shift(x: Tracer, k: int, axis: int, fill: int | float) -> Tracer:
