@@ -154,7 +154,14 @@ def test_explain_names_the_specs_that_were_never_candidates():
     why = {(t.name, str(r.spec)): r.reason for t in plan.inputs for r in t.ruled_out}
     assert why[("%x", "(S(0),)")] == "not divisible: dim 0 has size 6, which dp=4 does not split evenly"
     assert why[("%x", "(S(1),)")].startswith("axis role: dp is a data axis, which splits only batch dims")
-    assert why[("%params.w", "(S(0),)")].startswith("axis role: dp is a data axis, which splits no model state")
+    assert why[("%params.w", "(S(0),)")] == (
+        "axis role: dp is a data axis, which splits no model state (ZeRO shards state only where a training "
+        "step updates it, and this graph has no update)"
+    )
+    with pytest.warns(graphc.PlanWarning):
+        off = graphc.parallelize(f, mesh=Mesh("dp=4", profile=DEFAULT), cache=False, zero=0).plan(params, x)
+    w = next(t for t in off.inputs if t.name == "%params.w")
+    assert "zero=None or 1-3 (--zero auto|1|2|3) lets ZeRO shard" in w.ruled_out[0].reason
     text = plan.explain("%x")
     assert "never candidates" in text and "[S(0)]: not divisible: dim 0 has size 6" in text
     pinned = graphc.parallelize(f, mesh=Mesh("tp=2", profile=DEFAULT), cache=False, in_specs=(None, "R")).plan(

@@ -348,10 +348,12 @@ def _why_not(problem: Problem, i: int, a: int, q, cand: Spec) -> str:
         if roles is not None and not roles.allows(a, v, q.dim):
             role = roles.roles[a]
             if v in roles.state:
-                return (
-                    f"axis role: {name} is a {role} axis, which splits no model state "
-                    "(ZeRO lets it: zero=None or 1-3, --zero auto|1|2|3)"
+                hint = (
+                    "zero=None or 1-3 (--zero auto|1|2|3) lets ZeRO shard a training step's state along it"
+                    if problem.zero == 0
+                    else "ZeRO shards state only where a training step updates it, and this graph has no update"
                 )
+                return f"axis role: {name} is a {role} axis, which splits no model state ({hint})"
             kind = "batch" if RESTRICTED[role] == BATCH else "sequence"
             return f"axis role: {name} is a {role} axis, which splits only {kind} dims (--free-axes lifts the roles)"
         if a in problem.zero_axes and any(st.out_specs[0][a].is_split for st in it.strategies):
