@@ -75,7 +75,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> Parser:
     p = Parser(prog="graphc", description="numpy model code -> graph IR -> parallel execution")
     p.add_argument("--debug", action="store_true", help="on an error, also print the traceback (or GRAPHC_DEBUG=1)")
     sub = p.add_subparsers(dest="command", required=True)
