@@ -44,6 +44,7 @@ from graphc.cli.common import (
     print_error,
     print_traceback,
     process_age,
+    warnings_on_stderr,
 )
 from graphc.core.errors import GraphcError
 from graphc.core.mesh import load_profile, profile_path, save_profile
@@ -124,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     # when the command started: the process's start for the program (a time limit counts its
     # imports), this call for an in-process caller
     started = time.perf_counter() - (process_age() if argv is None else 0.0)
-    with signals.stopped_by_signals(program=argv is None):
+    with signals.stopped_by_signals(program=argv is None), warnings_on_stderr():
         args = None
         try:
             args = build_parser().parse_args(argv)
