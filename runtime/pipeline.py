@@ -30,7 +30,7 @@ from graphc.core.errors import GraphcError
 from graphc.core.spec import unshard
 from graphc.programs import PipelineProgram, PipelineTask
 from graphc.runtime.comm import ThreadWorld
-from graphc.runtime.devices import ShardedInput, _CommProxy, local_piece, run_on_devices
+from graphc.runtime.devices import CommProxy, ShardedInput, local_piece, run_on_devices
 from graphc.runtime.executor import Executable
 
 _TAG_STRIDE = 4096  # message tag = value id * stride + micro-batch + 1 (-1: a value of the whole step)
@@ -75,7 +75,7 @@ class PipelineExecutable:
         self.schedule = program.schedule
         self.timeout_s = timeout_s
         built = None if devices is None else set(devices)
-        self.comms = {d: _CommProxy() for devs in program.stage_devices for d in devs if built is None or d in built}
+        self.comms = {d: CommProxy() for devs in program.stage_devices for d in devs if built is None or d in built}
         self.executables = {
             key: Executable(task.graph, self.comms[task.device])
             for key, task in program.tasks.items()

@@ -23,6 +23,7 @@ import numpy as np
 from graphc.core.errors import GraphcError, PromotionWarning, RecompileWarning, TraceError, user_stacklevel
 from graphc.core.ir import Graph, walk
 from graphc.core.pytree import LEAF, StateUpdate, TreeDef, WeakScalar, flatten, unflatten
+from graphc.core.traits import Fused
 from graphc.frontend import random as traced_random
 from graphc.frontend.entry import argument_error, on_a_copy, trace
 from graphc.frontend.promotion import promotion_message, promotions
@@ -69,7 +70,7 @@ class Compiled:
         return unflatten(self.graph.out_tree, [as_numpy_result(o) for o in outs])
 
     def stats(self) -> dict[str, Any]:
-        kernels = [len(n.regions[0].nodes) for n in walk(self.graph.nodes) if n.op.name == "fused"]
+        kernels = [len(n.regions[0].nodes) for n in walk(self.graph.nodes) if n.op.has(Fused)]
         return {
             "nodes_traced": len(self.traced.nodes),
             "nodes_optimized": len(self.graph.nodes),

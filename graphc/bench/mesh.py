@@ -31,6 +31,7 @@ from graphc.core.mesh import Mesh, as_mesh
 from graphc.core.spec import parse_spec
 from graphc.core.units import fmt_time
 from graphc.interpreter import bind_arguments
+from graphc.ops import OPS
 from graphc.passes.partition import state_ties
 from graphc.runtime.threads import one_blas_thread
 
@@ -89,7 +90,7 @@ def plan_variants(graph, mesh) -> list[tuple[str, dict[int, tuple], dict[int, st
         (
             "matmuls of the first half of the graph replicated",
             {},
-            {k: "replicate" for k, n in enumerate(graph.nodes[:half]) if n.op.name == "matmul"},
+            {k: "replicate" for k, n in enumerate(graph.nodes[:half]) if n.op is OPS.matmul},
         )
     )
     variants.append(("every node replicated (no parallelism)", {}, {k: "replicate" for k in range(len(graph.nodes))}))

@@ -38,7 +38,7 @@ from graphc.core.files import atomic_write
 from graphc.core.mesh import Mesh, MeshError, parse_links
 from graphc.core.profiles import PRESETS, get_profile
 from graphc.core.units import parse_bytes
-from graphc.passes.manager import run_pipeline
+from graphc.passes.manager import run_passes
 from graphc.passes.partition import compile_devices, lower, zero3_inputs
 from graphc.passes.search import explain, search_meshes
 from graphc.passes.sharding.plan import ShardingPlan
@@ -249,7 +249,7 @@ def _dump_ir(folder: str, pf, graph, plan, fargs, fkwargs) -> None:
     """The IR after every pass, then one file per device: its program after lowering and fusion."""
     os.makedirs(folder, exist_ok=True)
     traced, _g, _s = pf.trace_optimized(*fargs, **fkwargs)
-    run_pipeline(traced, dump_dir=folder)
+    run_passes(traced, dump_dir=folder)
     for p in compile_devices(lower(graph, plan), regather_inputs=zero3_inputs(plan)).devices:
         atomic_write(os.path.join(folder, f"device-{p.device}.gir"), str(p.graph))
 
@@ -258,7 +258,7 @@ def _dump_pipeline_ir(folder: str, pf, fargs, fkwargs) -> None:
     """The IR after every pass, micro-batch 0's program, and every device's tasks of micro-batch 0."""
     os.makedirs(folder, exist_ok=True)
     traced, _g, _s = pf.trace_optimized(*fargs, **fkwargs)
-    run_pipeline(traced, dump_dir=folder)
+    run_passes(traced, dump_dir=folder)
     compiled = pf.compile(*fargs, **fkwargs)
     atomic_write(os.path.join(folder, "microbatch.gir"), compiled.ir("microbatch"))
     by_device: dict[int, list[str]] = {}

@@ -1,6 +1,6 @@
 """The ``graphc`` command line.
 
-graphc ir FILE:FUNC [--example NAME] [--stage PASS] [--dump-ir DIR] [-o OUT]
+graphc ir FILE:FUNC [--example NAME] [--after PASS] [--dump-ir DIR] [-o OUT]
                                                 trace FUNC on its example arguments, print the IR
 graphc ir FILE.gir                              parse and verify a dumped IR file, print it again
 graphc bench FILE:FUNC [--example NAME]         tracing, IR round trip, the direct call, interpreter, compiled

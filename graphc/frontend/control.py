@@ -22,7 +22,7 @@ from graphc.core.pytree import TreeDef, flatten, unflatten
 from graphc.frontend.tracer import (
     TraceContext,
     Tracer,
-    _ctx_stack,
+    context_stack,
     current_context,
     lift,
     rebind,
@@ -86,7 +86,7 @@ def trace(
         a._born = ctx
     ctx.inputs.extend(a._value for a in args)
     ctx.inputs.extend(slots)
-    stack = _ctx_stack()
+    stack = context_stack()
     stack.append(ctx)
     try:
         for array, slot in zip(carried, slots):

@@ -57,8 +57,8 @@ from graphc.frontend.tracer import (
     HANDLERS,
     TraceContext,
     Tracer,
-    _contains_tracer,
-    _ctx_stack,
+    contains_tracer,
+    context_stack,
     current_context,
     emit_block,
     fresh,
@@ -76,7 +76,7 @@ _originals: list[tuple[Any, str, Callable]] = []
 
 
 def _contains_tracer_anywhere(args: tuple, kwargs: dict) -> bool:
-    return any(_contains_tracer(a) for a in args) or any(_contains_tracer(v) for v in kwargs.values())
+    return any(contains_tracer(a) for a in args) or any(contains_tracer(v) for v in kwargs.values())
 
 
 def _constructor_patch(original: Callable) -> Callable:
@@ -88,7 +88,7 @@ def _constructor_patch(original: Callable) -> Callable:
 
     @functools.wraps(original)
     def patched(obj, *args, **kwargs):
-        if current_context() is not None and _contains_tracer(obj):
+        if current_context() is not None and contains_tracer(obj):
             dtype = kwargs.get("dtype", args[0] if args else None)
             copy = kwargs.get("copy", copies_by_default)
             result = user_errors(lift)(obj, None if dtype is None else dtypes.canonical(dtype))
@@ -221,7 +221,7 @@ def trace(fn: Callable, *args: Any, **kwargs: Any) -> Graph:
     placed = traced_random.wrap_inputs(leaves, tracers)  # Generators: TracedGenerator
     targs, tkwargs = unflatten(in_tree, placed)
     fn = convert(fn)
-    stack = _ctx_stack()
+    stack = context_stack()
     stack.append(ctx)
     try:
         with numpy_patches(), traced_random.ambient_for_trace(tkwargs) as tkwargs:

@@ -15,6 +15,7 @@ from typing import Any, cast
 import numpy as np
 
 from graphc.core.errors import TraceError, numpy_error
+from graphc.core.traits import Constant
 from graphc.frontend.functions import broadcast, reshape_to, write_out
 from graphc.frontend.masked import masked_setitem, traced_mask
 from graphc.frontend.shadows import shadow_of
@@ -22,16 +23,17 @@ from graphc.frontend.shape_functions import transpose
 from graphc.frontend.tracer import (
     HANDLERS,
     Tracer,
-    _handler,
     bind,
     convert,
     fresh,
     implements,
     lift,
     rebind,
+    registered_handler,
     user_location,
 )
 from graphc.frontend.ufuncs import apply_ufunc
+from graphc.ops import OPS
 from graphc.ops.shape import normalize_slice, slice_length
 
 
@@ -242,11 +244,11 @@ def _static_length(start: Any, stop: Any) -> int | None:
     if not (isinstance(start, Tracer) and isinstance(stop, Tracer)):
         return None
     node = stop._value.producer
-    if node is None or node.op.name != "add":
+    if node is None or node.op is not OPS.add:
         return None
     for mine, other in (node.inputs, node.inputs[::-1]):
         producer = other.producer
-        if mine is start._value and producer is not None and producer.op.name == "constant" and not other.type.shape:
+        if mine is start._value and producer is not None and producer.op.has(Constant) and not other.type.shape:
             return int(producer.attrs["value"])
     return None
 
@@ -514,7 +516,7 @@ def ufunc_inplace(ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any) -> 
     outs = outs if isinstance(outs, tuple) else (outs,)
     where = kwargs.pop("where", True)
     casting = kwargs.pop("casting", "same_kind")
-    result = _handler(HANDLERS.ufunc, "ufunc")(ufunc, method, *inputs, **kwargs)
+    result = registered_handler(HANDLERS.ufunc, "ufunc")(ufunc, method, *inputs, **kwargs)
     results = result if isinstance(result, tuple) else (result,)
     if len(outs) != len(results):
         raise TraceError(f"{name}: out= needs {len(results)} arrays, got {len(outs)}", user_location())

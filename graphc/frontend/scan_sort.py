@@ -21,7 +21,7 @@ import numpy as np
 
 from graphc.core import dtypes
 from graphc.core.errors import TraceError
-from graphc.frontend.functions import _reject, _sum_dtype, norm_axes, norm_axis, reshape_to
+from graphc.frontend.functions import norm_axes, norm_axis, reject_unsupported, reshape_to, sum_dtype
 from graphc.frontend.shape_functions import moveaxis, take_along_axis
 from graphc.frontend.tracer import HANDLERS, Tracer, bind, convert, implements, lift, user_location
 from graphc.frontend.ufuncs import apply_ufunc
@@ -58,7 +58,7 @@ def _scan(x: Tracer, axis: int, prim: str, identity: int) -> Tracer:
 
 def _accumulate_dtype(x: Tracer, dtype: Any) -> np.dtype:
     """numpy's cumsum / cumprod / prod dtype: small ints and bools accumulate in int64 (uint64)."""
-    return dtypes.canonical(dtype) if dtype is not None else _sum_dtype(x.dtype)
+    return dtypes.canonical(dtype) if dtype is not None else sum_dtype(x.dtype)
 
 
 def _cumulative(a: Any, axis: Any, dtype: Any, prim: str, identity: int, fname: str) -> Tracer:
@@ -74,13 +74,13 @@ def _cumulative(a: Any, axis: Any, dtype: Any, prim: str, identity: int, fname: 
 
 @implements(np.cumsum)
 def cumsum(a, axis=None, dtype=None, out=None):
-    _reject("cumsum", out=out)
+    reject_unsupported("cumsum", out=out)
     return _cumulative(a, axis, dtype, "add", 0, "cumsum")
 
 
 @implements(np.cumprod)
 def cumprod(a, axis=None, dtype=None, out=None):
-    _reject("cumprod", out=out)
+    reject_unsupported("cumprod", out=out)
     return _cumulative(a, axis, dtype, "mul", 1, "cumprod")
 
 
@@ -106,7 +106,7 @@ def _pairwise_product(x: Tracer) -> Tracer:
 
 @implements(np.prod)
 def prod(a, axis=None, dtype=None, out=None, keepdims=False, initial=np._NoValue, where=np._NoValue):
-    _reject("prod", out=out, initial=initial, where=where)
+    reject_unsupported("prod", out=out, initial=initial, where=where)
     x = lift(a)
     x = convert(x, _accumulate_dtype(x, dtype))
     axes = norm_axes(axis, x.ndim, "prod")

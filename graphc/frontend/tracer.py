@@ -44,12 +44,13 @@ class _State(threading.local):
 _state = _State()
 
 
-def _ctx_stack() -> list[TraceContext]:
+def context_stack() -> list[TraceContext]:
+    """This thread's open traces, innermost last (regions traced inside a trace push theirs)."""
     return _state.stack
 
 
 def current_context() -> TraceContext | None:
-    stack = _ctx_stack()
+    stack = context_stack()
     return stack[-1] if stack else None
 
 
@@ -61,7 +62,7 @@ def library_failure(exc: BaseException, args: tuple, kwargs: dict) -> TraceError
     None for any other exception (the user's own, graphc's)."""
     if isinstance(exc, GraphcError):
         return None
-    if not (any(_contains_tracer(a) for a in args) or any(_contains_tracer(v) for v in kwargs.values())):
+    if not (any(contains_tracer(a) for a in args) or any(contains_tracer(v) for v in kwargs.values())):
         return None
     entries = []  # (frame, line) of the traceback outside graphc and numpy, outermost first
     tb = exc.__traceback__
@@ -232,7 +233,7 @@ def lift(x: Any, dtype: np.dtype | None = None) -> Tracer:
     if isinstance(x, np.ndarray):
         arr = x if dtype is None or x.dtype == dtype else x.astype(dtype)
     else:
-        if isinstance(x, (list, tuple)) and _contains_tracer(x):
+        if isinstance(x, (list, tuple)) and contains_tracer(x):
             return array_from_nested(x, dtype)
         try:
             arr = np.asarray(x, dtype=dtype)
@@ -319,7 +320,8 @@ class Handlers:
 HANDLERS = Handlers()
 
 
-def _handler(fn: Callable | None, what: str) -> Callable:
+def registered_handler(fn: Callable | None, what: str) -> Callable:
+    """``fn``, a handler slot of HANDLERS, checked to be filled (``what`` names it if not)."""
     if fn is None:  # pragma: no cover - importing graphc.frontend registers every handler
         raise RuntimeError(f"graphc: no handler for {what} is registered; import graphc.frontend")
     return fn
@@ -390,7 +392,7 @@ def handle_function(func: Callable, args: tuple, kwargs: dict):
         raise TraceError(f"{name} is not supported by graphc{HANDLERS.hints.get(name, '')}", user_location())
     result = handler(*args, **kwargs)
     if func in VIEW_FUNCTIONS:
-        result = _handler(HANDLERS.function_views, "views")(func, result, args)
+        result = registered_handler(HANDLERS.function_views, "views")(func, result, args)
     elif isinstance(result, Tracer) and any(result is a for a in args):
         result = fresh(result)  # numpy returned a new array (np.copy, a no-op np.pad, ...)
     if func not in VIEW_FUNCTIONS and func not in ARRAY_FUNCTIONS:
@@ -407,11 +409,12 @@ def mark_scalars(result: Any) -> None:
             r._scalar = True
 
 
-def _contains_tracer(x: Any) -> bool:
+def contains_tracer(x: Any) -> bool:
+    """Whether ``x`` is a traced array or a (nested) list or tuple holding one."""
     if isinstance(x, Tracer):
         return True
     if isinstance(x, (list, tuple)):
-        return any(_contains_tracer(v) for v in x)
+        return any(contains_tracer(v) for v in x)
     return False
 
 
@@ -481,7 +484,7 @@ class Tracer:
 
     # --- numpy protocols -------------------------------------------------------------------
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
-        return user_errors(_handler(HANDLERS.ufunc, "ufunc"))(ufunc, method, *inputs, **kwargs)
+        return user_errors(registered_handler(HANDLERS.ufunc, "ufunc"))(ufunc, method, *inputs, **kwargs)
 
     def __array_function__(self, func, types, args, kwargs):
         return user_errors(handle_function)(func, args, kwargs)
@@ -730,12 +733,12 @@ class Tracer:
         return user_errors(_inplace_update)(self, ufunc, other)
 
     def __getitem__(self, key):
-        result = user_errors(_handler(HANDLERS.getitem, "indexing"))(self, key)
+        result = user_errors(registered_handler(HANDLERS.getitem, "indexing"))(self, key)
         if not result.shape and not any(k is Ellipsis for k in (key if isinstance(key, tuple) else (key,))):
             result = fresh(result) if result is self else result
             result._scalar = True  # x[0] of a vector, x[()]: a numpy scalar (x[0, ...] is a 0-d view)
             return result
-        return _handler(HANDLERS.index_view, "views")(self, key, result)  # basic indexing gives a view
+        return registered_handler(HANDLERS.index_view, "views")(self, key, result)  # basic indexing gives a view
 
     def __getattr__(self, name):
         if name.startswith("__"):  # protocol probes (numpy asks for __array_struct__ etc.)
@@ -866,7 +869,7 @@ def _power_op(base: Tracer, exponent: Any) -> Callable[[Any, Any], Any]:
     np.reciprocal and ``** 0.5`` np.sqrt (``float16 ** 0.5`` of -0.0 is -0.0). Exactly int and
     float only: ``** True`` and ``** np.int64(2)`` are np.power. Called as ``op(base, exponent)``."""
     if base._scalar:  # a numpy scalar's ** is np.power (for floats its pow, without fast paths)
-        scalar_power = user_errors(_handler(HANDLERS.scalar_power, "scalar power"))
+        scalar_power = user_errors(registered_handler(HANDLERS.scalar_power, "scalar power"))
         return lambda x, e: scalar_power(x, e)
     fast: np.ufunc | None = None
     if type(exponent) is int and exponent == 2:
@@ -921,7 +924,7 @@ def _sync_view(view: Tracer) -> None:
 def emitting_in(ctx: TraceContext):
     """New nodes go into ``ctx``, an active trace (the current one or one it is nested in): a
     value computed there stays usable after the branch or loop body being traced now."""
-    stack = _ctx_stack()
+    stack = context_stack()
     if ctx not in stack:
         raise TraceError(
             "a traced array from another trace (or from a trace that has finished) was used here; "
@@ -983,7 +986,7 @@ def _write_through(view: Tracer, new: Tracer) -> None:
 def _setitem(target: Tracer, key: Any, value: Any) -> None:
     if target._weak or target._scalar:
         raise TraceError("a numpy scalar does not support item assignment (numpy raises here too)", user_location())
-    rebind(target, _handler(HANDLERS.setitem, "indexing")(target, key, value))
+    rebind(target, registered_handler(HANDLERS.setitem, "indexing")(target, key, value))
 
 
 def _inplace_update(target: Tracer, ufunc, other) -> Tracer:

@@ -34,7 +34,9 @@ import numpy as np
 
 from graphc.core.errors import TraceError
 from graphc.core.ir import Value
+from graphc.core.traits import ViewOf
 from graphc.frontend.tracer import HANDLERS, VIEW_FUNCTIONS, Tracer, bind, fresh, lift, user_location
+from graphc.ops import OPS
 
 # --- the steps ----------------------------------------------------------------------------------
 
@@ -303,9 +305,9 @@ def _chain(base: Tracer, result: Tracer) -> list[tuple[str, dict[str, Any]]] | N
     ops = []
     while value is not target:
         node = value.producer
-        if node is None or node.op.name not in ("slice", "reshape", "transpose", "broadcast_to", "split"):
+        if node is None or not node.op.has(ViewOf):
             return None
-        if node.op.name == "split":  # piece k of split(x, indices, axis): a slice along the axis
+        if node.op is OPS.split:  # piece k of split(x, indices, axis): a slice along the axis
             x = node.inputs[0].type
             axis, bounds = node.attrs["axis"], (0, *node.attrs["indices"], x.shape[node.attrs["axis"]])
             lo, hi = bounds[value.index], bounds[value.index + 1]

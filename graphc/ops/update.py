@@ -18,8 +18,9 @@ import numpy as np
 
 from graphc.core.errors import ShapeError
 from graphc.core.ir import OpDef, TensorType
+from graphc.core.traits import FreshResult, LinearIn
 from graphc.ops.dims import DimRule, io_bytes
-from graphc.ops.indexing import _gather_infer
+from graphc.ops.indexing import gather_infer
 from graphc.ops.registry import register
 
 
@@ -109,7 +110,7 @@ def _scatter_infer(in_types, axis):
     x, *idx, updates = in_types
     if not idx:
         raise ShapeError("scatter needs at least one index array")
-    (expected,) = _gather_infer((x, *idx), axis)
+    (expected,) = gather_infer((x, *idx), axis)
     if updates.dtype != x.dtype:
         raise ShapeError(f"scatter: updates {updates} must have the dtype of the operand {x}")
     if updates.shape != expected.shape:
@@ -262,3 +263,14 @@ def _scatter_cost(in_types, out_types, axis):
 dynamic_slice.dim_rule, dynamic_slice.cost = _dynamic_slice_dim_rule, _dynamic_slice_cost
 dynamic_update_slice.dim_rule, dynamic_update_slice.cost = _dus_dim_rule, _dus_cost
 scatter.dim_rule, scatter.cost = _scatter_dim_rule, _scatter_cost
+
+
+# --- traits (graphc/core/traits.py) ------------------------------------------------------------
+def _operand_and_updates(node) -> tuple[frozenset[int], ...]:
+    """Linear in the operand and the updates jointly (the last operand)."""
+    return (frozenset({0, len(node.inputs) - 1}),)
+
+
+dynamic_slice.traits = (FreshResult(), LinearIn((frozenset({0}),)))
+dynamic_update_slice.traits = (FreshResult(), LinearIn((frozenset({0, 1}),)))
+scatter.traits = (FreshResult(), LinearIn(of_node=_operand_and_updates))

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 
 from graphc.core.ir import Graph
 from graphc.core.mesh import Mesh
+from graphc.core.traits import Contraction
 from graphc.ops.dims import default_cost
 from graphc.passes.sharding.alternatives import Solved, find_alternatives, ruled_out_specs
 from graphc.passes.sharding.collectives import collectives_of
@@ -158,7 +159,7 @@ def step_flops(graph: Graph) -> tuple[dict[str, float], dict[str, float]]:
             continue
         dtype = (in_types or out_types)[0].dtype.name
         flops[dtype] = flops.get(dtype, 0.0) + f
-        if node.op.kind == "contraction":
+        if node.op.has(Contraction):
             contraction[dtype] = contraction.get(dtype, 0.0) + f
     return flops, contraction
 
