@@ -1,4 +1,4 @@
-"""numpy's exact semantics in the corners differential fuzzing found (tests/test_fuzz_numpy.py):
+"""numpy's exact semantics in the corners differential fuzzing found (tests/fuzz/test_numpy_jit.py):
 result dtypes of every ufunc and operator on bool and small-int arrays next to Python and numpy
 scalars (NEP 50), the fast paths of ``**``, numpy scalars against 0-d arrays, einsum's order of
 summation, np.clip and np.where with scalar bounds, valid numpy graphc used to reject, and numpy's
