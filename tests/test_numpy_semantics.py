@@ -457,6 +457,20 @@ def test_squeeze_axis_of_a_0d_array():
     )
 
 
+def test_scans_and_argsort_of_a_0d_array_along_axis_0():
+    """numpy's cumsum, cumprod and argsort (functions and methods) take axis 0 or -1 of a 0-d array
+    and ravel it (a result of shape (1,)); np.sort raises numpy's AxisError there, and all of them
+    for axis 1 or -2 (found by tests/fuzz)."""
+    z = np.array(-2.5)
+    fns = [
+        lambda z, fn=fn, ax=ax: fn(z, axis=ax)
+        for fn in (np.cumsum, np.cumprod, np.argsort, np.sort)
+        for ax in (0, -1, 1, -2)
+    ]
+    fns += [lambda z: z.cumsum(axis=0), lambda z: z.cumprod(axis=-1), lambda z: z.argsort(axis=0)]
+    check_batch("0-d scans and sorts", fns, (z,))
+
+
 # --- numpy's errors are GraphcErrors ------------------------------------------------------------------
 
 
