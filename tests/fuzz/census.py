@@ -38,9 +38,12 @@ def _targets() -> dict[str, Callable]:
 
 
 def classify(exc: BaseException) -> str:
-    """A failure's class: the assertion's first line, the cause's type and first line, with the
-    numbers, quoted values and file:line locations blanked."""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    """A failure's class: the assertion's first line (and which call, when the second line says),
+    the cause's type and first line, with the numbers and file:line locations blanked."""
+    lines = str(exc).strip().splitlines() or [type(exc).__name__]
+    text = lines[0]
+    if len(lines) > 1 and lines[1].startswith("("):  # which call: "(second call)", "(optimized graph ...)"
+        text += " " + lines[1].split(")")[0] + ")"
     cause = exc.__cause__
     if cause is not None:
         first = (str(cause).strip().splitlines() or [""])[0]

@@ -245,9 +245,9 @@ def numpy_outcome(steps: tuple, outputs: tuple, inputs: tuple) -> tuple[Any, Exc
         return None, exc, np_inputs
 
 
-def check_runner(runner: Callable, program: tuple, label: str) -> None:
+def check_runner(runner: Callable, program: tuple, label: str) -> bool:
     """``runner(*inputs)`` (graphc.jit of the program, or graphc.parallelize ...) against numpy: the
-    properties of this module's docstring."""
+    properties of this module's docstring. Returns whether both computed a result."""
     steps, outputs, inputs = program
     where = f"{label}:\n{describe(steps, outputs, inputs)}"
     want, numpy_error, np_inputs = numpy_outcome(steps, outputs, inputs)
@@ -257,10 +257,10 @@ def check_runner(runner: Callable, program: tuple, label: str) -> None:
     except GraphcError as exc:
         if numpy_error is None and documented_rejection(exc) is None:
             raise AssertionError(f"graphc raised where numpy did not\n{where}") from exc
-        return
+        return False
     except Exception as exc:
         if numpy_error is not None and type(exc) is type(numpy_error):
-            return  # (numpy's own error: numpy code on numpy arrays inside the function, run as it is)
+            return False  # (numpy's own error: numpy code on numpy arrays inside the function, run as it is)
         raise AssertionError(f"graphc raised {type(exc).__name__}, not a GraphcError\n{where}") from exc
     if numpy_error is not None:
         raise AssertionError(f"numpy raised {type(numpy_error).__name__} where graphc did not: {numpy_error}\n{where}")
@@ -282,3 +282,4 @@ def check_runner(runner: Callable, program: tuple, label: str) -> None:
     assert_matches(quietly(runner, *args), want, "(third call, after writing into results) " + where, exact)
     for j, (x, a) in enumerate(zip(inputs, args)):
         assert _bits(a) == _bits(x), f"input {j} was changed\n{where}"
+    return True
