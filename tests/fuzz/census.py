@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import pickle
 import re
 import sys
 import time
@@ -35,6 +36,9 @@ def _targets() -> dict[str, Callable]:
         "jvp_vjp": test_numpy_grad.test_jvp_and_vjp_agree,
         "dup_grad": test_numpy_grad.test_duplicate_index_write_gradients,
     }
+
+
+KEEP = 5  # the shortest failing programs kept per class
 
 
 def classify(exc: BaseException) -> str:
@@ -60,11 +64,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", help="write the census here (JSON)")
     parser.add_argument("--last", help="write each program here before running it")
+    parser.add_argument("--dump", help="pickle every failing program here, with its class")
     args = parser.parse_args(argv)
     test = _targets()[args.target]
     inner = test.hypothesis.inner_test
     classes: dict[str, dict] = {}
-    counts = {"programs": 0, "failed": 0}
+    dumped: list = []
+    counts: dict[str, float] = {"programs": 0, "failed": 0, "passed_seconds": 0.0}
     start = time.time()
 
     from tests.fuzz.programs import GRAD, describe, programs
@@ -89,8 +95,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.last:  # (a crash of the process leaves the program that crashed it here)
             with open(args.last, "w") as f:
                 f.write(describe(*example) if args.target != "dup_grad" else repr(example))
+        began = time.perf_counter()
         try:
             inner(example)
+            counts["passed_seconds"] += time.perf_counter() - began
         except UnsatisfiedAssumption:
             counts["programs"] -= 1  # (not a program this target checks)
             return
@@ -98,16 +106,23 @@ def main(argv: list[str] | None = None) -> int:
             counts["failed"] += 1
             key = classify(exc)
             text = describe(*example) if args.target != "dup_grad" else repr(example)
-            entry = classes.setdefault(key, {"count": 0, "example": text, "detail": ""})
+            entry = classes.setdefault(key, {"count": 0, "example": text, "detail": "", "shortest": []})
             entry["count"] += 1
             if len(text) <= len(entry["example"]):
                 entry["example"] = text
                 entry["detail"] = "".join(traceback.format_exception_only(type(exc), exc))[-2000:]
+            entry["shortest"] = sorted({*entry["shortest"], text}, key=len)[:KEEP]
+            if args.dump:
+                dumped.append((key, example))
         if counts["programs"] % 200 == 0:
             print(f"{counts['programs']} programs, {counts['failed']} failed, {time.time() - start:.0f} s", flush=True)
 
     run()
+    if args.dump:
+        with open(args.dump, "wb") as f:
+            pickle.dump(dumped, f)
     counts["seconds"] = round(time.time() - start)
+    counts["passed_seconds"] = round(counts["passed_seconds"], 1)
     report = {"target": args.target, **counts, "classes": classes}
     text = json.dumps(report, indent=1, default=str)
     if args.out:
@@ -115,7 +130,11 @@ def main(argv: list[str] | None = None) -> int:
             f.write(text)
     for key, entry in sorted(classes.items(), key=lambda kv: -kv[1]["count"]):
         print(f"\n== {entry['count']}x {key}\n{entry['example']}")
-    print(f"\n{args.target}: {counts['programs']} programs, {counts['failed']} failed, {counts['seconds']} s")
+    passed = counts["programs"] - counts["failed"]
+    print(
+        f"\n{args.target}: {counts['programs']} programs, {counts['failed']} failed, {counts['seconds']} s "
+        f"({passed} passed in {counts['passed_seconds']} s)"
+    )
     return 0
 
 
