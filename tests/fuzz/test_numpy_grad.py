@@ -146,7 +146,7 @@ def _random_like(rng: np.random.Generator, x: Any) -> np.ndarray:
 
 
 @given(programs(GRAD))
-@fuzz_settings(150)
+@fuzz_settings(120)
 def test_jvp_and_vjp_agree(program):
     """<vjp(u), v> == <u, jvp(v)>: both are u^T J v. Each side sums at most n = (elements of the
     inputs and outputs) products per op, the program has at most 6 ops, and every term of u^T J v

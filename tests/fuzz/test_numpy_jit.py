@@ -35,14 +35,14 @@ pytestmark = pytest.mark.fuzz
 
 
 @given(programs())
-@fuzz_settings(300)
+@fuzz_settings(200)
 def test_jit_equals_numpy(program):
     steps, outputs, _inputs = program
     check_runner(graphc.jit(functools.partial(run_program, steps, outputs)), program, "jit")
 
 
 @given(programs())
-@fuzz_settings(500)
+@fuzz_settings(300)
 def test_optimized_graph_equals_interpreter(program):
     """numpy vs the interpreter on the traced graph, and the optimized graph (fused) vs the interpreter."""
     steps, outputs, inputs = program

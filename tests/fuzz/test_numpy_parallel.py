@@ -49,13 +49,13 @@ def _pin(program: tuple) -> bool:
 
 
 @given(programs())
-@fuzz_settings(100)
+@fuzz_settings(60)
 def test_tp2_equals_numpy(program):
     check_parallel(program, {"tp": 2}, pin=_pin(program))
 
 
 @given(programs())
-@fuzz_settings(100)
+@fuzz_settings(60)
 def test_dp2_equals_numpy(program):
     """(A data axis splits batch dims only, which these programs seldom have: mostly replicated.)"""
     check_parallel(program, {"dp": 2}, pin=False)
