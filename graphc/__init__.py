@@ -38,6 +38,8 @@ Public API (everything else is internal and may change):
     RecompileWarning                         a jitted/parallelized function compiled again and again (names why)
     PromotionWarning                         numpy's promotion made a jitted function's float32 values float64 (names the line)
     RandomWarning                            an np.random call graphc could not trace (numpy's numbers, frozen; names the line)
+    MeshWarning                              a mesh axis named like a role but not one (dq=2): a free axis
+    PlanWarning                              a plan replicates work it was asked to split (the plan's warnings)
 
 ``import graphc`` is lazy (PEP 562): each name imports its module on first use, so importing the
 package costs little and numba (kernels) and OR-Tools (the ILP) load only when used.
@@ -98,6 +100,8 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "CacheWarning": ("graphc.core.errors", "CacheWarning"),
     "RecompileWarning": ("graphc.core.errors", "RecompileWarning"),
     "PromotionWarning": ("graphc.core.errors", "PromotionWarning"),
+    "MeshWarning": ("graphc.core.errors", "MeshWarning"),
+    "PlanWarning": ("graphc.core.errors", "PlanWarning"),
     "TraceError": ("graphc.core.errors", "TraceError"),
     "ParseError": ("graphc.core.errors", "ParseError"),
     "VerifyError": ("graphc.core.errors", "VerifyError"),

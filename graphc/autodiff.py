@@ -242,6 +242,9 @@ class _Recorded:
         self.ctx = ctx
         leaves, self.in_tree = flatten(tuple(primals), is_leaf=lambda v: isinstance(v, Tracer))
         self.aliases = [_alias(leaf) for leaf in leaves]
+        # the values differentiated with respect to: the aliases as they are now, before ``fn`` runs
+        # (fn may write into its arguments in place, which rebinds the alias objects)
+        self._wrt = [a._value if isinstance(a, Tracer) else None for a in self.aliases]
         start = len(ctx.nodes)
         out = convert(fn)(*unflatten(self.in_tree, self.aliases), **(kwargs or {}))
         self.nodes = ctx.nodes[start:]
@@ -250,7 +253,7 @@ class _Recorded:
         self.out = unflatten(self.out_tree, self.out_leaves)
 
     def wrt_values(self) -> list[Value | None]:
-        return [a._value if isinstance(a, Tracer) else None for a in self.aliases]
+        return list(self._wrt)
 
     def pullback(self, cotangent: Any) -> tuple:
         cotangent = _as_primal(cotangent)

@@ -206,3 +206,66 @@ def test_compile_resolves_around_the_pins_of_a_hand_edited_plan_and_run_runs_it(
     assert res.returncode == 0, res.stderr
     assert "on mesh dp=2" in res.stdout and "run as written" in res.stdout
     assert "equals graphc's interpreter: yes" in res.stdout
+
+
+REPLICATING_MODEL = """
+from tests.test_roles import _mlp_args, _sgd_step
+
+
+def step(params, x, y):
+    return _sgd_step(params, x, y)
+
+
+def example_args():
+    return _mlp_args(6, 8, 16, 4), {}  # a batch of 6: dp=4 splits no batch dim
+"""
+
+
+def test_warnings_reach_stderr_of_compile_and_run(tmp_path):
+    """A typo'd axis name (dq for dp) and a data axis that only replicates the work are graphc
+    warnings on stderr, one line each; compile lists the plan's warnings in its summary instead."""
+    res = _compile(
+        tmp_path,
+        "models/mlp.py:train_step",
+        "--example",
+        "example_train_args",
+        "--mesh",
+        "dq=2",
+        "-o",
+        str(tmp_path / "p.json"),
+    )
+    assert res.returncode == 0, res.stderr
+    assert "graphc: warning: mesh axis 'dq' has no role, so it may split any dim" in res.stderr
+    assert "close to dp (data role)" in res.stderr and "MeshWarning" not in res.stderr
+    model = tmp_path / "replicating.py"
+    model.write_text(REPLICATING_MODEL)
+    env = dict(
+        os.environ,
+        PYTHONPATH=ROOT,
+        GRAPHC_CACHE_DIR=str(tmp_path / "cache"),
+        GRAPHC_PROFILE=str(tmp_path / "none.json"),
+    )
+    cmd = [sys.executable, "-m", "graphc.cli"]
+    ran = subprocess.run(
+        [*cmd, "run", f"{model}:step", "--mesh", "dp=4", "--repeat", "1"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert "equals graphc's interpreter: yes" in ran.stdout  # a training step: it interprets itself
+    warned = [line for line in ran.stderr.splitlines() if line.startswith("graphc: warning:")]
+    assert len(warned) == 1 and "dp=4 (data role) splits only batch dims" in warned[0], ran.stderr
+    assert "batch dims of size 6: it replicates the work" in warned[0]
+    compiled = subprocess.run(
+        [*cmd, "compile", f"{model}:step", "--mesh", "dp=4", "--quiet", "-o", str(tmp_path / "r.json")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert compiled.returncode == 0, compiled.stderr
+    assert compiled.stdout.count("replicates the work") == 1 and "replicates the work" not in compiled.stderr

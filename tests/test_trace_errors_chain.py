@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import graphc
-from graphc.frontend import tracer
+from graphc.frontend import locations
 from tests.helpers import line_of
 
 X = np.ones((4, 4))
@@ -51,13 +51,13 @@ def library(tmp_path, monkeypatch):
             """
         )
     )
-    monkeypatch.setattr(tracer, "_LIBRARY_ROOTS", (str(root) + "/", *tracer._LIBRARY_ROOTS))
-    tracer._library_path.cache_clear()
+    monkeypatch.setattr(locations, "_LIBRARY_ROOTS", (str(root) + "/", *locations._LIBRARY_ROOTS))
+    locations.library_path.cache_clear()
     monkeypatch.syspath_prepend(str(root))
     import helperlib
 
     yield helperlib
-    tracer._library_path.cache_clear()
+    locations.library_path.cache_clear()
     sys.modules.pop("helperlib", None)
 
 

@@ -20,17 +20,20 @@ the usual 022).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import sys
 import time
 import traceback
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from graphc.cli.loader import UsageError
-from graphc.core.errors import PlanError
+from graphc.core.errors import GraphcWarning, PlanError
 from graphc.passes.pipeline import PipelinePlan
 from graphc.passes.sharding.plan import ShardingPlan
 
@@ -42,7 +45,10 @@ _MODELS_DIR = os.path.realpath(os.path.join(_GRAPHC_DIR, "models")) + os.sep
 
 
 class Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line: what was wrong, and where the usage is."""
+    """An ArgumentParser whose errors are one line: what was wrong, and where the usage is.
+    ``commands``: the parser of each subcommand, by name (set by graphc/cli/main.py)."""
+
+    commands: dict[str, argparse.ArgumentParser]
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
@@ -280,6 +286,26 @@ def print_error(text: str) -> None:
         print(line, file=sys.stderr)
 
 
+@contextlib.contextmanager
+def warnings_on_stderr() -> Iterator[None]:
+    """graphc's warnings (``GraphcWarning``: a typo'd mesh axis, a plan that replicates work) as
+    ``graphc: warning: ...`` lines on stderr while a command runs; other warnings as Python
+    shows them."""
+    python_shows = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        if issubclass(category, GraphcWarning):
+            print(f"graphc: warning: {message}", file=sys.stderr, flush=True)
+        else:
+            python_shows(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = python_shows
+
+
 def print_traceback(exc: BaseException) -> None:
     traceback.print_exception(exc, file=sys.stderr)
 
@@ -300,4 +326,5 @@ __all__: list[Any] = [
     "load_plan",
     "print_traceback",
     "user_frame",
+    "warnings_on_stderr",
 ]

@@ -21,6 +21,7 @@ import math
 import os
 import sys
 import time
+import warnings
 
 from graphc.api.parallel import parallelize
 from graphc.cli.common import (
@@ -32,7 +33,7 @@ from graphc.cli.common import (
     process_age,
 )
 from graphc.cli.loader import UsageError, load_target, static_argnames
-from graphc.core.errors import GraphcError, PlanError
+from graphc.core.errors import GraphcError, PlanError, PlanWarning
 from graphc.core.files import atomic_write
 from graphc.core.mesh import Mesh, MeshError, parse_links
 from graphc.core.profiles import PRESETS, get_profile
@@ -113,10 +114,21 @@ def add_parser(sub) -> None:
         help="explain the spec of an input (%%x, %%params.w) or a node (%%12) (repeatable)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress messages")
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="--devices: list every mesh shape and micro-batch count the search considered, and why any was skipped",
+    )
     p.set_defaults(func=cmd_compile)
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PlanWarning)  # the summary prints the plan's warnings
+        return _compile(args)
+
+
+def _compile(args: argparse.Namespace) -> int:
     def progress(msg: str) -> None:
         if not args.quiet:
             print(f"[{time.perf_counter() - start:6.2f}s] {msg}", file=sys.stderr, flush=True)
@@ -281,8 +293,9 @@ def _search(args: argparse.Namespace, progress, output: Output) -> int:
         progress=lambda c: progress(f"  {c.describe()} [{c.seconds:.2f}s]"),
     )
     seconds = time.perf_counter() - t0
-    print(f"searched {len(cands)} plans for {args.devices} devices in {seconds:.2f} s")
-    print(explain(cands))
+    planned = sum(c.skipped is None for c in cands)
+    print(f"searched {planned} plans for {args.devices} devices in {seconds:.2f} s")
+    print(explain(cands, verbose=args.verbose))
     best = cands[0]
     if best.plan is None:
         raise GraphcError(f"no mesh of {args.devices} devices can run {args.target} (the reasons are above)")

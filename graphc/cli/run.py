@@ -45,7 +45,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser(
         "run",
         help="run FILE:FUNC on a device mesh (one thread per device, or one MPI process per device), check it "
-        "against numpy",
+        "against FUNC called directly (numpy, or graphc's interpreter where FUNC calls graphc.grad)",
     )
     p.add_argument("target", help="FILE:FUNC, e.g. models/gpt.py:train_step")
     p.add_argument("--mesh", help="named mesh axes, e.g. dp=2,tp=2 (with --plan: checked against the plan's)")

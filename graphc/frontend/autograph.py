@@ -122,7 +122,8 @@ _unconverted_reasons: dict[int, tuple[types.CodeType, str]] = {}
 
 class _Assigned(ast.NodeVisitor):
     """Names a block assigns (in its own scope), in first-assignment order; bases of subscript
-    targets count as assigned (``d["k"] = v`` changes ``d``) unless ``subscript_bases`` is False.
+    targets and of mutating calls count as assigned (``d["k"] = v``, ``outs.append(y)`` change ``d``
+    and ``outs``) unless ``subscript_bases`` is False (then: the names Python binds, its locals).
     ``attribute_targets`` are the assignments to attributes, also through a subscript
     (``self.cache[i] = v``, which the transform turns into a ``_gc_rt.assign`` call)."""
 
@@ -191,12 +192,17 @@ class _Assigned(ast.NodeVisitor):
         func = node.func
         if _is_runtime(func, "assign") and isinstance(node.args[-1], ast.Constant) and node.args[-1].value is False:
             self.attribute_targets.append(node)  # obj.attr[key] = v, transformed (_Transformer._assign)
-        if isinstance(func, ast.Attribute) and func.attr in _MUTATORS:
+        if isinstance(func, ast.Attribute) and func.attr in _MUTATORS and self.subscript_bases:
             base = func.value
             while isinstance(base, ast.Subscript):
                 base = base.value
             if isinstance(base, ast.Name):
                 self.add(base.id)  # outs.append(y) changes outs
+        self.generic_visit(node)
+
+    def visit_ExceptHandler(self, node):
+        if node.name:
+            self.add(node.name)
         self.generic_visit(node)
 
     def visit_Delete(self, node):
@@ -260,8 +266,10 @@ def _escapes(stmts: list[ast.stmt]) -> Located | None:
         if isinstance(node, (ast.Break, ast.Continue)) and not in_loop:
             return node
         nested_loop = in_loop or isinstance(node, (ast.For, ast.While, ast.AsyncFor))
+        orelse = getattr(node, "orelse", [])
+        orelse = orelse if isinstance(orelse, list) else []  # (an IfExp's orelse is an expression)
         for child in ast.iter_child_nodes(node):
-            found = walk(child, nested_loop if child not in getattr(node, "orelse", []) else in_loop)
+            found = walk(child, nested_loop if child not in orelse else in_loop)
             if found is not None:
                 return found
         return None
@@ -400,6 +408,9 @@ class _Transformer(ast.NodeTransformer):
         self.class_name = class_name
         self.self_name = self_name  # the method's first parameter, for zero-argument super()
         self.scopes = [local or set()]  # the local names of the function being transformed, innermost last
+        # the names a statement at this level may rebind (aliases): the function's locals, or in a
+        # traced if/loop body (a function of its own) the variables it assigns, which it takes and returns
+        self.blocks: list[list[str]] = [sorted(n for n in self.scopes[0] if not n.startswith("_gc_"))]
 
     def fresh(self, kind: str) -> str:
         self.counter += 1
@@ -418,9 +429,40 @@ class _Transformer(ast.NodeTransformer):
 
     def visit_FunctionDef(self, node: ast.FunctionDef):
         self.scopes.append(local_names(node))
+        self.blocks.append(sorted(n for n in self.scopes[-1] if not n.startswith("_gc_")))
         self.generic_visit(node)
+        self.blocks.pop()
         self.scopes.pop()
         return node
+
+    def _visit_block(self, node: ast.AST, names: list[str] | None) -> None:
+        """Transform the statements inside ``node``; ``names``: the variables of the function its
+        body becomes (None: it stays in the enclosing function)."""
+        if names is not None:
+            self.blocks.append([n for n in names if not n.startswith("_gc_")])
+        self.generic_visit(node)
+        if names is not None:
+            self.blocks.pop()
+
+    def _with_aliases(self, stmts: Any, node: Located) -> list[ast.stmt]:
+        """``stmts`` (a statement that may write into a numpy array) followed by the rebinding of this
+        level's names that hold a numpy array written with traced values (autograph_runtime.aliases)."""
+        stmts = list(stmts) if isinstance(stmts, list) else [stmts]
+        names = self.blocks[-1]
+        if not names:
+            return stmts
+        temp = self.fresh("alias")
+        call = ast.Call(
+            func=_rt("aliases"),
+            args=[ast.Call(func=ast.Name("locals", ast.Load()), args=[], keywords=[]), _names_tuple(names)],
+            keywords=[],
+        )
+        check = ast.If(
+            test=ast.Compare(left=ast.Name(temp, ast.Load()), ops=[ast.IsNot()], comparators=[ast.Constant(None)]),
+            body=[_assign(names, ast.Name(temp, ast.Load()))],
+            orelse=[],
+        )
+        return _locate(stmts + [ast.Assign(targets=[ast.Name(temp, ast.Store())], value=call), check], node)
 
     # subscripts: a[k] -> _gc_rt.getitem(a, k); a[k] = v -> a = _gc_rt.assign(a, ((False, k),), v)
     def visit_Subscript(self, node: ast.Subscript):
@@ -477,11 +519,14 @@ class _Transformer(ast.NodeTransformer):
         return stmts
 
     def _out_name(self, value: ast.expr) -> str | None:
-        """The local name passed as ``out=`` to the call ``value``, if any."""
+        """The local name passed as ``out=`` (or ``out=(name,)``) to the call ``value``, if any."""
         if isinstance(value, ast.Call):
             for kw in value.keywords:
-                if kw.arg == "out" and isinstance(kw.value, ast.Name) and kw.value.id in self.scopes[-1]:
-                    return kw.value.id
+                out = kw.value
+                if kw.arg == "out" and isinstance(out, ast.Tuple) and len(out.elts) == 1:
+                    out = out.elts[0]
+                if kw.arg == "out" and isinstance(out, ast.Name) and out.id in self.scopes[-1]:
+                    return out.id
         return None
 
     def _rebind_out(self, name: str, value: ast.expr) -> ast.stmt:
@@ -492,7 +537,8 @@ class _Transformer(ast.NodeTransformer):
     def visit_Expr(self, node: ast.Expr):
         self.generic_visit(node)
         name = self._out_name(node.value)
-        return node if name is None else _locate(self._rebind_out(name, node.value), node)
+        stmt = node if name is None else _locate(self._rebind_out(name, node.value), node)
+        return self._with_aliases(stmt, node) if isinstance(node.value, ast.Call) else stmt
 
     def visit_Assign(self, node: ast.Assign):
         if not any(_has_subscript(t) for t in node.targets):
@@ -503,22 +549,22 @@ class _Transformer(ast.NodeTransformer):
             temp = self.fresh("out")
             first = ast.Assign(targets=[ast.Name(temp, ast.Store())], value=node.value)
             node.value = ast.Name(temp, ast.Load())
-            return _locate([first, self._rebind_out(name, ast.Name(temp, ast.Load())), node], node)
+            return self._with_aliases([first, self._rebind_out(name, ast.Name(temp, ast.Load())), node], node)
         value = self.visit(node.value)
         if len(node.targets) == 1:
-            return _locate(self._unpack(node.targets[0], value), node)
+            return self._with_aliases(self._unpack(node.targets[0], value), node)
         temp = self.fresh("value")
         stmts: list[ast.stmt] = [ast.Assign(targets=[ast.Name(temp, ast.Store())], value=value)]
         for t in node.targets:
             stmts.extend(self._unpack(t, ast.Name(temp, ast.Load())))
-        return _locate(stmts, node)
+        return self._with_aliases(stmts, node)
 
     def visit_AugAssign(self, node: ast.AugAssign):
         if not isinstance(node.target, ast.Subscript):
             self.generic_visit(node)
-            return node
+            return self._with_aliases(node, node)  # (buf += traced on a numpy buffer)
         value = self.visit(node.value)
-        return _locate(self._assign(node.target, value, _AUGMENTED[type(node.op)]), node)
+        return self._with_aliases(self._assign(node.target, value, _AUGMENTED[type(node.op)]), node)
 
     def _static_check(self, node: ast.If | ast.While, escape: Located) -> ast.AST:
         node.test = ast.Call(
@@ -529,10 +575,10 @@ class _Transformer(ast.NodeTransformer):
         return _locate(node, node)
 
     def visit_If(self, node: ast.If):
-        self.generic_visit(node)
         escape = _escapes(node.body + node.orelse)
+        self._visit_block(node, None if escape is not None else assigned_names(node.body + node.orelse).names)
         if escape is not None:
-            return self._static_check(node, escape)
+            return self._with_aliases(self._static_check(node, escape), node)
         found = assigned_names(node.body + node.orelse)
         names = found.names
         true_name, false_name = self.fresh("if_true"), self.fresh("if_false")
@@ -548,7 +594,7 @@ class _Transformer(ast.NodeTransformer):
             ],
             keywords=[],
         )
-        return _locate(
+        return self._with_aliases(
             [
                 _def(true_name, names, node.body, names),
                 _def(false_name, names, node.orelse, names),
@@ -558,10 +604,11 @@ class _Transformer(ast.NodeTransformer):
         )
 
     def visit_While(self, node: ast.While):
-        self.generic_visit(node)
         escape = _escapes(node.body) or (_escapes(node.orelse) if node.orelse else None)
-        if escape is not None or node.orelse:
-            return self._static_check(node, escape or node)
+        static = escape is not None or bool(node.orelse)
+        self._visit_block(node, None if static else assigned_names(node.body).names)
+        if static:
+            return self._with_aliases(self._static_check(node, escape or node), node)
         found = assigned_names(node.body)
         names = found.names
         cond_name, body_name = self.fresh("while_cond"), self.fresh("while_body")
@@ -577,10 +624,9 @@ class _Transformer(ast.NodeTransformer):
             ],
             keywords=[],
         )
-        return _locate([cond_fn, _def(body_name, names, node.body, names), _assign(names, call)], node)
+        return self._with_aliases([cond_fn, _def(body_name, names, node.body, names), _assign(names, call)], node)
 
     def visit_For(self, node: ast.For):
-        self.generic_visit(node)
         it = node.iter
         is_range = (
             isinstance(it, ast.Call)
@@ -590,8 +636,12 @@ class _Transformer(ast.NodeTransformer):
             and 1 <= len(it.args) <= 3
             and isinstance(node.target, ast.Name)
         )
+        converted = is_range and _escapes(node.body) is None and not node.orelse
+        assert not converted or isinstance(node.target, ast.Name)  # (is_range says so)
+        block = [node.target.id, *assigned_names(node.body).names] if converted else None  # type: ignore[attr-defined]
+        self._visit_block(node, block)
         if not is_range:
-            return node
+            return self._with_aliases(node, node)
         assert isinstance(it, ast.Call) and isinstance(node.target, ast.Name)  # (what is_range checked)
         escape = _escapes(node.body)
         if escape is not None or node.orelse:
@@ -604,7 +654,7 @@ class _Transformer(ast.NodeTransformer):
                 ],
                 keywords=[],
             )
-            return _locate(node, node)
+            return self._with_aliases(_locate(node, node), node)
         index = node.target.id
         found = assigned_names(node.body)
         names = [n for n in found.names if n != index]
@@ -620,7 +670,9 @@ class _Transformer(ast.NodeTransformer):
             ],
             keywords=[],
         )
-        return _locate([_def(body_name, [index] + names, node.body, names), _assign([index] + names, call)], node)
+        return self._with_aliases(
+            [_def(body_name, [index] + names, node.body, names), _assign([index] + names, call)], node
+        )
 
     def visit_IfExp(self, node: ast.IfExp):
         self.generic_visit(node)

@@ -14,6 +14,7 @@ import numpy as np
 
 from graphc.core import dtypes
 from graphc.core.errors import TraceError, numpy_error
+from graphc.frontend.shadows import shadow_of
 from graphc.frontend.tracer import (
     HANDLERS,
     Tracer,
@@ -293,10 +294,15 @@ def write_out(
     casting: Literal["no", "equiv", "safe", "same_kind", "unsafe"] = "same_kind",
     where: Any = True,
 ) -> Tracer:
-    """``result`` written into ``out`` (a function's ``out=``): a new value that the out array, a
-    Tracer, is rebound to, as numpy's in-place write changes it for every name holding it. An out
-    array that is a numpy array is not changed; the new Tracer is returned, which the source
-    transform assigns to the name passed as ``out=`` (``autograph_runtime.written``)."""
+    """``result`` written into ``out`` (a function's ``out=``, an array or a 1-tuple of one): the
+    out array, a Tracer, takes the new value, as numpy's in-place write changes it for every name
+    holding it; a numpy out array is replaced by the Tracer that stands for it (shadows.py), which
+    the source transform assigns to the name passed as ``out=`` (``autograph_runtime.written``).
+    Returns the out array (that Tracer), as numpy does."""
+    if isinstance(out, tuple):
+        if len(out) != 1:
+            raise TraceError(f"{what}: out= must be an array or a tuple of one array here", user_location())
+        out = out[0]
     if np.broadcast_shapes(result.shape, out.shape) != out.shape:
         raise TraceError(
             f"non-broadcastable output operand with shape {out.shape} doesn't match the broadcast shape {result.shape}",
@@ -308,15 +314,11 @@ def write_out(
             f"'{casting}' (numpy raises here too)",
             user_location(),
         )
+    target = out if isinstance(out, Tracer) else shadow_of(out)
     new = broadcast(convert(result, out.dtype), out.shape)
     if where is not True:
-        new = cast(Tracer, np.where(where, new, out))
-    if isinstance(out, Tracer):
-        return rebind(out, new)
-    # a numpy array cannot hold traced values: ``buf += traced`` rebinds ``buf`` to what this returns;
-    # reading the numpy array later through another name would miss the write (TraceContext.supersede)
-    new._ctx.supersede(out)
-    return new
+        new = cast(Tracer, np.where(where, new, target))
+    return rebind(target, new)
 
 
 @implements(np.clip)

@@ -396,12 +396,23 @@ def tril(m, k=0):
 
 
 def _like(a, value, dtype, shape):
+    """numpy's full_like: an empty array filled with ``np.copyto(res, value, casting="unsafe")``,
+    so a fill value outside the dtype is cast as numpy casts it on this machine (``np.inf`` into
+    an int array, -1.5 into a uint array), not an OverflowError."""
     x = lift(a)
     dt = dtypes.canonical(dtype) if dtype is not None else x.dtype
     sh = x.shape if shape is None else ((shape,) if isinstance(shape, int) else tuple(shape))
     if isinstance(value, Tracer):
         return broadcast(lift(value, dt), sh)
-    return full(sh, value, dt)
+    if _contains_tracer(value):
+        return broadcast(lift(value, dt), sh)
+    filled = np.empty(np.shape(value), dt)
+    np.copyto(filled, value, casting="unsafe")
+    if np.broadcast_shapes(filled.shape, sh) != sh:
+        raise TraceError(
+            f"could not broadcast the fill value from shape {filled.shape} into shape {sh}", user_location()
+        )
+    return broadcast(lift(filled), sh)
 
 
 @implements(np.zeros_like)

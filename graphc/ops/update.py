@@ -8,8 +8,8 @@
 ``dims`` are taken whole, so sharding them changes no attribute. As in XLA, a start is clamped to
 ``[0, n - size]`` so the block always fits: numpy would raise for a block that does not fit, which
 a graph cannot do for a traced start. ``scatter`` with repeated indices keeps the last update (the
-numpy order); its gradient then goes to every update at that position, as JAX's does (JAX leaves
-the choice unspecified).
+numpy order), so only that update reaches the result: its gradient goes to that update alone, the
+earlier ones at the same position get zero (``y[[0, 0]] = v`` has d sum(y) / dv = [0, 1]).
 """
 
 from __future__ import annotations
@@ -172,7 +172,34 @@ def _scatter_vjp(ad, g):
     x, *idx, updates = ad.inputs
     axis = ad.attrs["axis"]
     gx = ad.bind("scatter", g, *idx, ad.zeros(updates), axis=axis)
-    return [gx] + [None] * len(idx) + [ad.bind("gather", g, *idx, axis=axis)]
+    gu = ad.bind("gather", g, *idx, axis=axis)
+    last = _last_writes(ad, x, idx, axis)
+    if last is not None:  # repeated indices: only the update written last reaches the result
+        shape = (1,) * axis + last.shape + (1,) * (updates.ndim - axis - last.ndim)
+        mask = ad.bind("broadcast_to", ad.bind("reshape", last, shape=shape), shape=updates.shape)
+        gu = ad.bind("where", mask, gu, ad.zeros(updates))
+    return [gx] + [None] * len(idx) + [gu]
+
+
+def _last_writes(ad, x, idx, axis):
+    """Which updates of ``scatter(x, *idx, updates, axis=axis)`` are the last written at their
+    position (a bool array of the index arrays' broadcast shape), found by scattering each update's
+    ordinal and reading back which one stayed; None when every one is (no repeated index, known
+    from constant indices)."""
+    k = len(idx)
+    bshape = np.broadcast_shapes(*(t.shape for t in idx))
+    ordinals = np.arange(int(np.prod(bshape, dtype=np.int64)), dtype=np.int64).reshape(bshape)
+    region = x.shape[axis : axis + k]
+    producers = [t._value.producer for t in idx]
+    if all(p is not None and p.op.name == "constant" for p in producers):
+        written = np.zeros(region, np.int64)
+        arrays = [np.asarray(p.attrs["value"]) for p in producers]
+        written[tuple(arrays)] = ordinals
+        last = written[tuple(arrays)] == ordinals
+        return None if last.all() else ad.constant(last)
+    written = ad.bind("scatter", ad.zeros(TensorType(region, np.dtype(np.int64))), *idx, ad.constant(ordinals), axis=0)
+    kept = ad.bind("gather", written, *idx, axis=0)
+    return ad.bind("compare", kept, ad.constant(ordinals), direction="eq")
 
 
 def _scatter_jvp(ad, tx, *rest):

@@ -64,6 +64,7 @@ class Solution:
     gap: float
     seconds: float
     stats: dict = field(default_factory=dict)
+    shared: list[int] = field(default_factory=list)  # per item: the items sharing its ILP variable, itself included
 
 
 # --- shrinking ------------------------------------------------------------------------------------
@@ -431,6 +432,7 @@ def solve(
     stats["variables"] = model.milp.n
     stats["constraints"] = model.milp.num_rows
     sol.stats = stats
+    sol.shared = [len(groups[g].members) for g in of]
     sol.seconds = time.perf_counter() - start
     return sol
 

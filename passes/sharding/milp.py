@@ -98,8 +98,17 @@ class MilpResult:
     seconds: float
 
 
+# The relative gap at which the solver stops: a plan within 0.01% of the optimum is optimal enough
+# (the cost model is not that exact), and proving the last fraction can take most of the time.
+REL_GAP = 1e-4
+
+
 def solve_milp(
-    m: Milp, backend: str = "highs", time_limit_s: float = 60.0, rel_gap: float = 1e-4, start: np.ndarray | None = None
+    m: Milp,
+    backend: str = "highs",
+    time_limit_s: float = 60.0,
+    rel_gap: float = REL_GAP,
+    start: np.ndarray | None = None,
 ) -> MilpResult:
     """Minimize ``m`` within ``time_limit_s`` seconds; stop at relative gap ``rel_gap``. ``start``
     (a feasible point, if given) seeds the incumbent."""
@@ -232,4 +241,4 @@ def _ortools(m: Milp, name: str, time_limit_s: float, rel_gap: float) -> MilpRes
     return MilpResult("optimal" if status == pw.OPTIMAL else "time limit", x, objective, min(bound, objective), 0.0)
 
 
-__all__ = ["BACKENDS", "Milp", "MilpResult", "solve_milp"]
+__all__ = ["BACKENDS", "REL_GAP", "Milp", "MilpResult", "solve_milp"]

@@ -121,8 +121,16 @@ class Problem:
     def rebucket(self, choice: list[int]) -> None:
         """Share the fixed cost over the bytes the deferred all-reduces of ``choice`` really move
         (the estimate ``build_problem`` starts from counts every tensor that might)."""
+        filled = self.filled_bucket_bytes(choice)
+        if filled:
+            self.bucket_share_bytes = filled
+            self._matrix_cache.clear()  # the times change; which specs an edge joins does not
+
+    def filled_bucket_bytes(self, choice: list[int]) -> int:
+        """The bucket share of the deferred all-reduces ``choice`` makes: the bytes they move, at
+        most the bucket size (0 without buckets, or when ``choice`` all-reduces nothing)."""
         if not self.bucket_share_bytes:
-            return
+            return 0
         moved: dict[tuple, int] = {}
         for e in self.edges:
             if not e.deferred:
@@ -134,9 +142,7 @@ class Problem:
                 if st.kind == "all_reduce":
                     moved[(e.value, dst, st.axis)] = st.local_bytes
         total = sum(moved.values())
-        if total:
-            self.bucket_share_bytes = max(1, min(self.bucket_limit, total))
-            self._matrix_cache.clear()  # the times change; which specs an edge joins does not
+        return max(1, min(self.bucket_limit, total)) if total else 0
 
     def compute_times(self, item: int) -> np.ndarray:
         """The compute time of every strategy of ``item`` (cached per strategy list: repeated
@@ -242,10 +248,14 @@ class Problem:
         return out
 
     def value_bytes(self, v: Value, item: int, s: int) -> int:
+        return local_nbytes(v.type, self.value_spec(v, item, s), tuple(self.mesh.shape))
+
+    def value_spec(self, v: Value, item: int, s: int) -> tuple:
+        """The spec ``v`` is held in when ``item`` (its producer, fan-out or output item) has
+        strategy ``s``."""
         it = self.items[item]
         st = it.strategies[s]
-        spec = st.in_specs[0] if it.kind == "output" else st.out_specs[v.index if it.kind == "node" else 0]
-        return local_nbytes(v.type, spec, tuple(self.mesh.shape))
+        return st.in_specs[0] if it.kind == "output" else st.out_specs[v.index if it.kind == "node" else 0]
 
     def transient_terms(self) -> list[tuple[int, int, np.ndarray]]:
         """(state input item, program position, bytes per strategy of the input) of every gathered
