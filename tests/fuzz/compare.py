@@ -18,6 +18,7 @@ errors, and what the results may share with the inputs and with each other.
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -38,10 +39,12 @@ ROUNDING_REDUCTIONS = {"sum", "mean", "var", "std"}
 ROUNDING_WRITES = {"add.at", "subtract.at", "multiply.at"}
 
 # Valid numpy that graphc rejects on purpose, with a TraceError naming the line and the rewrite,
-# and documents (docs/numpy_coverage.md): a clear rejection is not a wrong answer, so the targets
-# accept these where numpy succeeds (message fragment: what it is).
+# and documents: a clear rejection is not a wrong answer, so the targets accept these where numpy
+# succeeds (message fragment: what it is).
 DOCUMENTED_REJECTIONS = {
     "ndarray.sort is not supported by graphc": "x.sort() in place (use x = np.sort(x))",
+    # data-dependent shapes (README, "What does not work yet"; graphc/frontend/masked.py)
+    "one value per selected element needs the number of True elements": "x[traced_mask] = one value per element",
 }
 
 
@@ -55,7 +58,8 @@ class Exactness:
     """What a value's comparison with numpy can rely on: ``inexact`` when a rounding step (above)
     made it or a value it depends on (floats then match up to ``rtol`` times ``scale``, the largest
     magnitude in its history); ``unverifiable`` when a discrete result (an int, a bool, an argmax, a
-    branch taken) depends on an inexact value: one ulp may flip it, so only its dtype and shape are
+    branch taken) depends on an inexact value (one ulp may flip it), or an integer was converted
+    from a nan, an infinity or an out-of-range float (undefined in C): only its dtype and shape are
     compared."""
 
     def __init__(self, inexact: bool = False, unverifiable: bool = False, scale: float = 1.0, itemsize: int = 8):
@@ -91,7 +95,20 @@ def _rounds(step: tuple) -> bool:
 def _discrete(step: tuple) -> bool:
     """Whether a step's float result is chosen by comparisons (a branch, an index)."""
     kind, before, _refs, _after = step
-    return kind == "branch" or (kind == "reduce" and before[0] in ("argmax", "argmin")) or before[:1] == ("argsort",)
+    if kind in ("branch", "mask_write"):  # (a mask's elements are comparisons)
+        return True
+    return (kind == "reduce" and before[0] in ("argmax", "argmin")) or before[:1] == ("argsort",)
+
+
+def _run_step(step: tuple, pool: list) -> tuple[Any, bool]:
+    """(numpy's value of one step, whether it converted a nan, an infinity or an out-of-range float
+    to an integer: numpy warns "invalid value encountered" and the result is whatever the machine's
+    conversion gives, which C leaves undefined)."""
+    with warnings.catch_warnings(record=True) as caught, np.errstate(all="ignore", invalid="warn"):
+        warnings.simplefilter("always")
+        value = run_program((step,), (len(pool),), *pool)[0]
+    invalid = any("invalid value encountered" in str(w.message) for w in caught)
+    return value, invalid and np.result_type(value).kind in "iub"
 
 
 def exactness(steps: tuple, outputs: tuple, inputs: tuple) -> list[Exactness]:
@@ -102,12 +119,12 @@ def exactness(steps: tuple, outputs: tuple, inputs: tuple) -> list[Exactness]:
         info.append(Exactness(scale=max(1.0, scale), itemsize=size))
     for step in steps:
         kind, before, refs, after = step
-        value = quietly(run_program, (step,), (len(pool),), *pool)[0]
+        value, undefined = _run_step(step, pool)
         used = [info[i] if isinstance(i, int) else Exactness(scale=max(1.0, _magnitude(i.value)[0])) for i in refs]
         is_float = np.result_type(value).kind == "f"
         inexact = is_float and (_rounds(step) or any(u.inexact for u in used))
         discrete = not is_float or _discrete(step)
-        unverifiable = any(u.unverifiable for u in used) or (discrete and any(u.inexact for u in used))
+        unverifiable = any(u.unverifiable for u in used) or (discrete and any(u.inexact for u in used)) or undefined
         scale, size = _magnitude(value)
         pool.append(value)
         info.append(

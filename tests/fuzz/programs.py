@@ -85,7 +85,7 @@ NUMPY = Flavor(
         + ["sort"] * 2
         + ["inplace", "unary_operator", "method_reduce", "ravel", "expand_dims", "repeat", "clip", "stack"]
         + ["reshape", "transpose", "swapaxes", "squeeze", "where", "concatenate", "astype", "matmul", "branch"]
-        + ["asarray", "two_names"]
+        + ["asarray", "two_names", "mask_write", "mask_write"]
     ),
     unary=tuple(sorted(UNARY_UFUNCS)),
     binary=tuple(sorted(BINARY_UFUNCS)),
@@ -111,7 +111,8 @@ GRAD = Flavor(
         + ["out"] * 2
         + ["scan"] * 2
         + ["sort"]
-        + ["two_names", "inplace", "unary_operator", "ravel", "expand_dims", "repeat", "clip", "stack"]
+        + ["two_names", "mask_write", "inplace", "unary_operator", "ravel", "expand_dims", "repeat", "clip"]
+        + ["stack"]
         + ["reshape", "transpose", "swapaxes", "squeeze", "where", "concatenate", "matmul", "branch"]
     ),
     unary=("negative", "absolute", "positive", "exp", "log1p", "expm1", "tanh", "sin", "cos", "square", "sqrt"),
@@ -385,6 +386,41 @@ def _draw_write(draw, pool: list, i: int, flavor: Flavor) -> tuple:
     return "write", (form, chain, into, how, result, key), (i, value), ()
 
 
+def _draw_mask_write(draw, pool: list, i: int, flavor: Flavor) -> tuple:
+    """A write through a traced boolean mask: a bool pool value that covers some of the buffer's
+    dims (where the key puts it), or ``b > 0`` computed in the step; a value for all the selected
+    elements (a scalar, a 0-d or 1-element array, a row) and now and then one per element (numpy
+    takes it when the count fits; graphc cannot know the count while tracing)."""
+    filled = [j for j, v in enumerate(pool) if np.size(v)]
+    if filled and draw(st.integers(0, 4)):
+        i = draw(st.sampled_from(filled))
+    shape = np.shape(pool[i])
+    place = draw(st.sampled_from(["alone", "alone", "after slice", "after ellipsis", "before ellipsis"]))
+
+    def covers(m: tuple) -> bool:
+        if place == "alone" or place == "before ellipsis":
+            return 0 < len(m) <= len(shape) and shape[: len(m)] == m
+        if place == "after slice":
+            return 0 < len(m) <= len(shape) - 1 and shape[1 : 1 + len(m)] == m
+        return 0 < len(m) <= len(shape) and shape[len(shape) - len(m) :] == m
+
+    masks = [j for j, v in enumerate(pool) if np.result_type(v).kind == "b" and covers(np.shape(v))]
+    mask: Any = draw(st.sampled_from(masks)) if masks and draw(st.integers(0, 2)) else Const(None)
+    if isinstance(mask, Const) and place != "alone":
+        place = "alone"  # (b > 0 covers every dim)
+    small = [j for j, v in enumerate(pool) if np.size(v) == 1 or np.ndim(v) == 0]
+    choice = draw(st.integers(0, 5))
+    if choice == 0 and small:
+        value: Any = draw(st.sampled_from(small))
+    elif choice == 1:
+        value = draw(st.integers(0, len(pool) - 1))  # (per element, a row, or numpy rejects it)
+    else:
+        value = Const(draw(st.sampled_from(flavor.scalars)))
+    form = draw(st.sampled_from(BUFFERS))
+    how = draw(st.sampled_from(["=", "=", "+=", "-=", "*="]))
+    return "mask_write", (form, how, place), (i, mask, value), ()
+
+
 def _draw_two_names(draw, pool: list, i: int, flavor: Flavor) -> tuple:
     v = pool[i]
     shape = draw(shapes(2)) if draw(st.integers(0, 2)) == 0 else (2, *np.shape(v))
@@ -475,6 +511,7 @@ DRAW_STEP: dict[str, Callable] = {
     "view": _draw_view,
     "write": _draw_write,
     "two_names": _draw_two_names,
+    "mask_write": _draw_mask_write,
     "out": _draw_out,
 }
 

@@ -374,6 +374,31 @@ def write_in_helper(how: str, target: Any, key: Any, v: Any) -> None:
         getattr(np, how[: -len(".at")]).at(target, key, v)
 
 
+def op_mask_write(form: str, how: str, place: str, x: Any, m: Any, v: Any) -> Any:
+    """``b = BUFFER(x); b[MASK] = v`` (or ``+= -= *=``) through a traced boolean mask: ``m`` itself,
+    or ``b > 0`` when ``m`` is None; the key is the mask alone, ``(:, mask)``, ``(..., mask)`` or
+    ``(mask, ...)`` (``place``)."""
+    b = buffer(form, x)
+    mask = b > 0 if m is None else m
+    if place == "alone":
+        key = mask
+    elif place == "after slice":
+        key = (slice(None), mask)
+    elif place == "after ellipsis":
+        key = (Ellipsis, mask)
+    else:
+        key = (mask, Ellipsis)
+    if how == "=":
+        b[key] = v
+    elif how == "+=":
+        b[key] += v
+    elif how == "-=":
+        b[key] -= v
+    else:
+        b[key] *= v
+    return b
+
+
 def op_two_names(shape: tuple, dtype: np.dtype, key: Any, other_key: Any, const: Any, result: str, v: Any) -> Any:
     """One numpy buffer under two names: ``c = b; c[key] = v; b[other_key] = const``; the result,
     read through either name, holds both writes."""
@@ -429,6 +454,7 @@ OPS: dict[str, Callable] = {
     "view": op_view,
     "write": op_write,
     "two_names": op_two_names,
+    "mask_write": op_mask_write,
     "out": op_out,
 }
 
