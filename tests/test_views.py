@@ -746,6 +746,43 @@ def test_masked_write_errors_like_numpy_and_at_the_line():
         graphc.trace(read, Y)
 
 
+def test_masked_augmented_assignment_keeps_python_numbers_weak():
+    """``y[mask] += 2`` on a uint8 array stays uint8 and ``y[mask] += 300`` on int8 raises numpy's
+    OverflowError, as without a mask: a Python number takes the array's dtype (NEP 50), a numpy
+    scalar keeps its own (found by tests/fuzz)."""
+
+    def small_ints(x):
+        y = x.copy()
+        y[y > 0] += 2
+        y[y > 4] *= 0
+        y[y < 3] -= True
+        return y
+
+    check(small_ints, np.array([3, 0, 7], np.uint8))
+    check(small_ints, np.array([[3, -1], [0, 9]], np.int8))
+
+    def out_of_range(x):
+        y = x.copy()
+        y[y > 1] += 300
+        return y
+
+    with pytest.raises(OverflowError):
+        out_of_range(np.array([1, 2], np.int8))
+    with pytest.raises(OverflowError) as err:
+        graphc.trace(out_of_range, np.array([1, 2], np.int8))
+    assert isinstance(err.value, graphc.TraceError)
+
+    def numpy_scalar(x):
+        y = x.copy()
+        y[y > 0] += np.int64(2)  # a numpy scalar is not weak: numpy's in-place add raises
+        return y
+
+    with pytest.raises(TypeError):
+        numpy_scalar(np.array([3, 0], np.uint8))
+    with pytest.raises(graphc.TraceError, match="Cannot cast ufunc 'add'"):
+        graphc.trace(numpy_scalar, np.array([3, 0], np.uint8))
+
+
 def test_gradient_through_masked_writes():
     def loss(x):
         y = x * 1.0

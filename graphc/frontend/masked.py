@@ -101,6 +101,10 @@ def masked_augmented(x: Tracer, key: Any, value: Any, op: Any) -> Tracer:
     boolean mask in ``key``: numpy's in-place op on the selected elements (its casting rule and
     error included), written back where the mask is True."""
     mask, d = _mask_and_dim(x, key)
-    m, v = _spread(x, mask, d, value, None)
-    updated = op(fresh(x), v)  # (an in-place op on a copy of every element: numpy's dtype rules)
+    if type(value) in (bool, int, float):  # a Python number stays weak (NEP 50): uint8 += 2 is uint8
+        m, _ = _spread(x, mask, d, False, None)
+        updated = op(fresh(x), value)
+    else:
+        m, v = _spread(x, mask, d, value, None)
+        updated = op(fresh(x), v)  # (an in-place op on a copy of every element: numpy's dtype rules)
     return cast(Tracer, np.where(m, updated, x))
