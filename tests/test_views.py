@@ -783,6 +783,23 @@ def test_masked_augmented_assignment_keeps_python_numbers_weak():
         graphc.trace(numpy_scalar, np.array([3, 0], np.uint8))
 
 
+def test_a_0d_out_buffer_stays_an_array():
+    """``np.clip(x, lo, hi, out=b)`` into a 0-d ``b`` leaves ``b`` a 0-d array, which a later
+    write may write into (numpy returns the out array; graphc held a numpy scalar: found by
+    tests/fuzz)."""
+
+    def fn(x):
+        b = np.zeros(())
+        np.clip(x, 0.0, 3.0, out=b)
+        c = b.copy()
+        c[()] *= x
+        r = np.clip(x, 0.0, 1.0, out=np.zeros(()))
+        r[()] += 1.0
+        return c, r
+
+    check(fn, np.array(1.9))
+
+
 def test_gradient_through_masked_writes():
     def loss(x):
         y = x * 1.0
