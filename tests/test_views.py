@@ -783,6 +783,25 @@ def test_masked_augmented_assignment_keeps_python_numbers_weak():
         graphc.trace(numpy_scalar, np.array([3, 0], np.uint8))
 
 
+def test_a_numpy_scalar_has_no_views():
+    """numpy's reshape, ravel, atleast_1d, expand_dims or ``[...]`` of a numpy scalar (the sum of
+    an array, ``x + x`` of 0-d arrays, a copy of one) is a new array: a write into it leaves the
+    scalar as it was (graphc wrote through to the scalar: found by tests/fuzz)."""
+
+    def fn(x):
+        s = np.sum(x)
+        t = (x[0] + x[0]).copy()
+        a, b, c, d, e = s.reshape(1), np.ravel(s), np.atleast_1d(t), np.expand_dims(t, 0), s[...]
+        a[0] = 7.0
+        b[0] = 8.0
+        c[0] = 9.0
+        d[0] = 10.0
+        e[...] = 11.0
+        return s, t, a, b, c, d, e
+
+    check(fn, np.array([1.5, 2.0]))
+
+
 def test_a_0d_out_buffer_stays_an_array():
     """``np.clip(x, lo, hi, out=b)`` into a 0-d ``b`` leaves ``b`` a 0-d array, which a later
     write may write into (numpy returns the out array; graphc held a numpy scalar: found by
