@@ -8,7 +8,8 @@ is kept now and then as the program's last (graphc must reject it too).
 
 A ``Flavor`` says what may be drawn: ``NUMPY`` everything (every dtype, nan, +-inf, -0.0 and the
 integers' extremes among the inputs); ``GRAD`` float64 inputs of moderate finite values and the
-steps gradients are defined for, for the gradient targets.
+steps gradients are defined for (and keeps a step only when its values are finite), for the
+gradient targets.
 """
 
 from __future__ import annotations
@@ -674,6 +675,8 @@ def programs(draw, flavor: Flavor = NUMPY) -> tuple[tuple, tuple, tuple]:
                 raised = True
                 break
             continue
+        if flavor is GRAD and not _finite(value):
+            continue  # (a nan or inf value: its derivative is nan, even times a zero cotangent)
         steps.append(step)
         if step[0] == "branch" and isinstance(value, np.generic):
             branch_scalars.add(len(pool))
@@ -685,6 +688,11 @@ def programs(draw, flavor: Flavor = NUMPY) -> tuple[tuple, tuple, tuple]:
     extra = draw(st.lists(st.integers(0, len(pool) - 1), max_size=2))
     outputs = (last, *[j for j in extra if j != last])
     return tuple(steps), outputs, tuple(inputs)
+
+
+def _finite(value: Any) -> bool:
+    arr = np.asarray(value)
+    return arr.dtype.kind != "f" or bool(np.all(np.isfinite(arr)))
 
 
 def describe(steps: tuple, outputs: tuple, inputs: tuple) -> str:
