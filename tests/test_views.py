@@ -746,10 +746,11 @@ def test_masked_write_errors_like_numpy_and_at_the_line():
         graphc.trace(read, Y)
 
 
-def test_masked_augmented_assignment_keeps_python_numbers_weak():
+def test_masked_augmented_assignment_follows_numpys_in_place_rules():
     """``y[mask] += 2`` on a uint8 array stays uint8 and ``y[mask] += 300`` on int8 raises numpy's
     OverflowError, as without a mask: a Python number takes the array's dtype (NEP 50), a numpy
-    scalar keeps its own (found by tests/fuzz)."""
+    scalar keeps its own; a value with more dims than the selection raises numpy's ValueError (an
+    in-place op cannot grow its target) where ``y[mask] = v`` would drop them (found by tests/fuzz)."""
 
     def small_ints(x):
         y = x.copy()
@@ -781,6 +782,18 @@ def test_masked_augmented_assignment_keeps_python_numbers_weak():
         numpy_scalar(np.array([3, 0], np.uint8))
     with pytest.raises(graphc.TraceError, match="Cannot cast ufunc 'add'"):
         graphc.trace(numpy_scalar, np.array([3, 0], np.uint8))
+
+    def more_dims(x, v):
+        y = x.copy()
+        y[y < 0] *= v  # numpy: the in-place multiply of the selected (count,) by v (1, 1, 1) raises
+        return y
+
+    x, v = np.array([-4, 0], np.int16), np.array([[[-2]]], np.int8)
+    with pytest.raises(ValueError, match="non-broadcastable output operand"):
+        more_dims(x.copy(), v)
+    with pytest.raises(ValueError, match="non-broadcastable output operand") as err:
+        graphc.trace(more_dims, x, v)
+    assert isinstance(err.value, graphc.TraceError)
 
 
 def test_a_numpy_scalar_has_no_views():
