@@ -303,6 +303,8 @@ def write_out(
         if len(out) != 1:
             raise TraceError(f"{what}: out= must be an array or a tuple of one array here", user_location())
         out = out[0]
+    if isinstance(out, np.generic) or (isinstance(out, Tracer) and (out._scalar or out._weak)):
+        raise numpy_error(TypeError("return arrays must be of ArrayType"), TraceError, user_location())
     if np.broadcast_shapes(result.shape, out.shape) != out.shape:
         raise TraceError(
             f"non-broadcastable output operand with shape {out.shape} doesn't match the broadcast shape {result.shape}",
