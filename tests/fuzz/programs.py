@@ -669,8 +669,8 @@ def programs(draw, flavor: Flavor = NUMPY) -> tuple[tuple, tuple, tuple]:
             continue  # (a documented deviation: a value that leaves a traced if is a 0-d array to graphc)
         try:
             value = quietly(run_program, (step,), (len(pool),), *pool)[0]
-        except Exception:  # numpy rejects it: now and then that is the program's (last) step
-            if flavor is NUMPY and draw(st.integers(0, 4)) == 0:
+        except Exception as exc:  # numpy rejects it: now and then that is the program's (last) step
+            if flavor is NUMPY and not _value_dependent(step, exc) and draw(st.integers(0, 4)) == 0:
                 steps.append(step)
                 raised = True
                 break
@@ -688,6 +688,15 @@ def programs(draw, flavor: Flavor = NUMPY) -> tuple[tuple, tuple, tuple]:
     extra = draw(st.lists(st.integers(0, len(pool) - 1), max_size=2))
     outputs = (last, *[j for j in extra if j != last])
     return tuple(steps), outputs, tuple(inputs)
+
+
+def _value_dependent(step: tuple, exc: Exception) -> bool:
+    """numpy's error depends on the traced values, which graphc does not check (a documented
+    deviation, docs/fuzzing_numpy.md): ``y[i] += v`` with an integer index takes numpy's scalar
+    path, which stores ``y[i] + v`` into the element and raises OverflowError when a wider
+    integer result is out of its range; graphc wraps it."""
+    kind, before, refs, _after = step
+    return kind == "write" and before[3] in ("+=", "-=", "*=") and isinstance(exc, OverflowError)
 
 
 def _finite(value: Any) -> bool:
