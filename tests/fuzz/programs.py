@@ -331,13 +331,13 @@ def _draw_sort(draw, pool: list, i: int, flavor: Flavor) -> tuple:
 
 
 VIEW_FORMS = ["slice", "slice", "transpose", ".T", "reshape", "ravel", "swapaxes", "moveaxis", "expand_dims"]
-VIEW_FORMS += ["squeeze", "flip", "atleast_1d", "atleast_2d", "atleast_3d", "asarray"]
+VIEW_FORMS += ["squeeze", "flip", "atleast_1d", "atleast_2d", "atleast_3d", "asarray", "einsum"]
 
 
 def draw_view_chain(draw, shape: tuple, length: int) -> tuple:
     """``length`` numpy view functions applied one after another, each drawn for the shape the ones
-    before it made (a basic index, reshape, transpose, ...; now and then an integer-array index,
-    which numpy answers with a copy, or arguments numpy rejects)."""
+    before it made (a basic index, reshape, transpose, an einsum that sums nothing, ...; now and
+    then an integer-array index, which numpy answers with a copy, or arguments numpy rejects)."""
     chain = []
     dummy = np.zeros(shape)
     for _ in range(length):
@@ -357,6 +357,8 @@ def draw_view_chain(draw, shape: tuple, length: int) -> tuple:
             args = (_squeeze_axis(draw, dummy.shape),)
         elif form == "flip":
             args = (_axis_choice(draw, nd),)
+        elif form == "einsum":
+            args = (_view_equation(draw, dummy.shape),)
         else:
             args = ()
         chain.append((form, args))
@@ -365,6 +367,17 @@ def draw_view_chain(draw, shape: tuple, length: int) -> tuple:
         except Exception:
             break  # (numpy rejects the chain: the step will fail to draw, or be the last)
     return tuple(chain)
+
+
+def _view_equation(draw, shape: tuple) -> str:
+    """einsum subscripts of one operand that sum nothing: a permutation (explicit, or implicit
+    'ba'), or a diagonal of two equal dims ('ii->i'); numpy returns a view of the operand."""
+    letters = string.ascii_lowercase[: len(shape)]
+    if len(shape) >= 2 and shape[0] == shape[1] and draw(st.integers(0, 2)) == 0:
+        spec = "a" + letters[1:].replace("b", "a", 1)  # (dims 0 and 1: one letter, the diagonal)
+        return f"{spec}->{''.join(draw(st.permutations(sorted(set(spec)))))}"
+    perm = "".join(draw(st.permutations(letters)))
+    return perm if draw(st.integers(0, 3)) == 0 else f"{letters}->{perm}"
 
 
 def _draw_view(draw, pool: list, i: int, flavor: Flavor) -> tuple:

@@ -231,37 +231,28 @@ def op_sort(name: str, axis: Any, x: Any) -> Any:
 # --- views ------------------------------------------------------------------------------------------
 
 
+VIEWS: dict[str, Callable] = {
+    "slice": lambda x, args: x[args[0]],
+    "transpose": lambda x, args: np.transpose(x, args[0]),
+    ".T": lambda x, args: x.T,
+    "reshape": lambda x, args: np.reshape(x, args[0]),
+    "ravel": lambda x, args: np.ravel(x),
+    "swapaxes": lambda x, args: np.swapaxes(x, args[0], args[1]),
+    "moveaxis": lambda x, args: np.moveaxis(x, args[0], args[1]),
+    "expand_dims": lambda x, args: np.expand_dims(x, args[0]),
+    "squeeze": lambda x, args: np.squeeze(x, axis=args[0]),
+    "flip": lambda x, args: np.flip(x, axis=args[0]),
+    "atleast_1d": lambda x, args: np.atleast_1d(x),
+    "atleast_2d": lambda x, args: np.atleast_2d(x),
+    "atleast_3d": lambda x, args: np.atleast_3d(x),
+    "asarray": lambda x, args: np.asarray(x),
+    "einsum": lambda x, args: np.einsum(args[0], x),  # (one operand, nothing summed: numpy returns a view)
+}
+
+
 def view(form: str, args: tuple, x: Any) -> Any:
     """One numpy function that returns a view of ``x`` (of the same memory)."""
-    if form == "slice":
-        return x[args[0]]
-    if form == "transpose":
-        return np.transpose(x, args[0])
-    if form == ".T":
-        return x.T
-    if form == "reshape":
-        return np.reshape(x, args[0])
-    if form == "ravel":
-        return np.ravel(x)
-    if form == "swapaxes":
-        return np.swapaxes(x, args[0], args[1])
-    if form == "moveaxis":
-        return np.moveaxis(x, args[0], args[1])
-    if form == "expand_dims":
-        return np.expand_dims(x, args[0])
-    if form == "squeeze":
-        return np.squeeze(x, axis=args[0])
-    if form == "flip":
-        return np.flip(x, axis=args[0])
-    if form == "atleast_1d":
-        return np.atleast_1d(x)
-    if form == "atleast_2d":
-        return np.atleast_2d(x)
-    if form == "atleast_3d":
-        return np.atleast_3d(x)
-    if form == "asarray":
-        return np.asarray(x)
-    raise AssertionError(form)
+    return VIEWS[form](x, args)
 
 
 def views(chain: tuple, x: Any) -> Any:
