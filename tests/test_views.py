@@ -796,6 +796,23 @@ def test_masked_augmented_assignment_follows_numpys_in_place_rules():
     assert isinstance(err.value, graphc.TraceError)
 
 
+def test_an_einsum_that_only_permutes_is_a_view():
+    """numpy's einsum of one operand that sums nothing returns a view: a write into it reaches the
+    operand, and a later write into the operand shows in it (graphc computed a copy: found by
+    tests/fuzz); of a 0-d operand it is a numpy scalar."""
+
+    def fn(x):
+        y = x.copy()
+        t = np.einsum("ab->ba", y)
+        r = np.einsum("a", y[0])
+        s = np.einsum("->", y[0, 0])
+        t[0, 1] = 99.0  # y[1, 0]
+        y[0, 2] = -1.0
+        return y, t, r, s
+
+    check(fn, np.arange(6.0).reshape(2, 3))
+
+
 def test_a_numpy_scalar_has_no_views():
     """numpy's reshape, ravel, atleast_1d, expand_dims or ``[...]`` of a numpy scalar (the sum of
     an array, ``x + x`` of 0-d arrays, a copy of one) is a new array: a write into it leaves the
