@@ -345,8 +345,8 @@ def handle_function(func: Callable, args: tuple, kwargs: dict):
         result = registered_handler(HANDLERS.function_views, "views")(func, result, args)
     elif isinstance(result, Tracer) and any(result is a for a in args):
         result = fresh(result)  # numpy returned a new array (np.copy, a no-op np.pad, ...)
-    if func not in VIEW_FUNCTIONS and func not in ARRAY_FUNCTIONS:
-        mark_scalars(result)
+    if func not in VIEW_FUNCTIONS and func not in ARRAY_FUNCTIONS and kwargs.get("out") is None:
+        mark_scalars(result)  # (with out=, numpy returns the out array, 0-d or not)
     elif func in _SCALAR_METHODS and args and isinstance(args[0], Tracer) and args[0]._scalar:
         mark_scalars(result)  # np.reshape(s, ()) of a numpy scalar calls its method: a numpy scalar
     return result
