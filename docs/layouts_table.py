@@ -1,4 +1,4 @@
-"""The training-layout table of the README (issue 21) and of docs/seqpar.md: one GPT train step on
+"""The training-layout table of docs/guide/memory.md (issue 21) and of docs/seqpar.md: one GPT train step on
 4 devices, per layout its predicted and measured memory per device and traffic per step.
 
     PYTHONPATH=. python docs/layouts_table.py [profile] [memory limit] [--all]

@@ -202,9 +202,22 @@ def _alias(x: Any) -> Any:
     return x
 
 
+_interpreted = 0  # calls of the transforms outside a trace (eager mode), for interpreted_calls()
+
+
+def interpreted_calls() -> int:
+    """How many times grad / value_and_grad / vjp / jvp were called on numpy arrays (outside a
+    trace) in this process: each traced its function and ran it on graphc's reference interpreter.
+    A benchmark that calls a model directly reads it to name its baseline honestly: a training
+    step that calls graphc.value_and_grad is graphc's interpreter, not numpy."""
+    return _interpreted
+
+
 def _trace_and_run(fn: Callable, *args: Any) -> Any:
     """Eager mode: trace ``fn`` on ``args`` and evaluate it with the reference interpreter (a
     Generator argument runs on its state and advances, as in graphc.jit)."""
+    global _interpreted
+    _interpreted += 1
     args, _, generators = traced_random.bind_generators(args, {}, ambient=False)
     graph = trace(fn, *args)
     out = evaluate(graph, *args)
@@ -229,6 +242,9 @@ class _Recorded:
         self.ctx = ctx
         leaves, self.in_tree = flatten(tuple(primals), is_leaf=lambda v: isinstance(v, Tracer))
         self.aliases = [_alias(leaf) for leaf in leaves]
+        # the values differentiated with respect to: the aliases as they are now, before ``fn`` runs
+        # (fn may write into its arguments in place, which rebinds the alias objects)
+        self._wrt = [a._value if isinstance(a, Tracer) else None for a in self.aliases]
         start = len(ctx.nodes)
         out = convert(fn)(*unflatten(self.in_tree, self.aliases), **(kwargs or {}))
         self.nodes = ctx.nodes[start:]
@@ -237,7 +253,7 @@ class _Recorded:
         self.out = unflatten(self.out_tree, self.out_leaves)
 
     def wrt_values(self) -> list[Value | None]:
-        return [a._value if isinstance(a, Tracer) else None for a in self.aliases]
+        return list(self._wrt)
 
     def pullback(self, cotangent: Any) -> tuple:
         cotangent = _as_primal(cotangent)

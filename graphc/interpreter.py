@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from graphc.core.buffers import unaliased
 from graphc.core.errors import NUMPY_ERRORS, EvaluationError, GraphcError, NumpyError, note_where, numpy_error
 from graphc.core.ir import Graph, Region, Value, check_runnable
 from graphc.core.pytree import ArraySpec, flatten_as, unflatten
@@ -90,4 +91,5 @@ def evaluate(graph: Graph, *args: Any, **kwargs: Any) -> Any:
     arrays = bind_arguments(graph, args, kwargs)
     outs = run_flat(graph, arrays)
     outs = [o if o.flags.writeable else o.copy() for o in outs]  # constants are read-only: return copies
+    outs = unaliased(outs, arrays)  # an input returned, or one value returned twice: a copy
     return unflatten(graph.out_tree, [as_numpy_result(o) for o in outs])

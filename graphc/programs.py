@@ -28,11 +28,11 @@ from graphc.core.files import read_document
 from graphc.core.ir import Graph, TensorType
 from graphc.core.mesh import Mesh
 from graphc.core.spec import Spec, format_spec, parse_spec, shard, unshard
+from graphc.core.traits import Collective
 from graphc.interpreter import run_flat
 from graphc.ops.comm import reference
 from graphc.textir import parse
 
-COLLECTIVE_OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
 PROGRAM_VERSION = 1
 
 
@@ -154,7 +154,7 @@ def collective_sequence(g: Graph) -> list[tuple]:
     """(op, group, attrs, operand type, loc) of every collective of a device program, in order."""
     seq = []
     for node in g.nodes:
-        if node.op.name in COLLECTIVE_OPS:
+        if node.op.has(Collective):
             attrs = tuple(sorted((k, v) for k, v in node.attrs.items()))
             seq.append((node.op.name, node.attrs["group"], attrs, str(node.inputs[0].type), node.loc))
     return seq
@@ -206,7 +206,7 @@ def simulate(program: ParallelProgram, inputs: Mapping[int, list[np.ndarray]]) -
             if p.device in done:
                 continue
             node = p.graph.nodes[k]
-            if node.op.name in COLLECTIVE_OPS:
+            if node.op.has(Collective):
                 group = node.attrs["group"]
                 members = [by_device[d].graph.nodes[k] for d in group]
                 xs = [envs[d][m.inputs[0]] for d, m in zip(group, members)]
@@ -301,7 +301,6 @@ class PipelineProgram:
 
 
 __all__ = [
-    "COLLECTIVE_OPS",
     "DeviceProgram",
     "ParallelProgram",
     "PipelineProgram",

@@ -38,7 +38,7 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 from graphc.core import dtypes
 from graphc.core.errors import ParseError, ShapeError, SourceLoc, VerifyError
 from graphc.core.ir import PARTS, Graph, Node, Region, TensorType, Value, format_node, format_tree, print_graph  # noqa: F401  (the printer, re-exported)
-from graphc.core.literals import SMALL_ARRAY, _array_from_list, format_array, format_literal  # noqa: F401
+from graphc.core.literals import SMALL_ARRAY, array_from_list, format_array, format_literal  # noqa: F401
 from graphc.core.pytree import TreeDef
 from graphc.ops import REGISTRY
 
@@ -210,7 +210,7 @@ class _Builder:
         else:
             data = self._nested_literal(body)
             try:
-                arr = _array_from_list(data, tt.dtype, tt.shape)
+                arr = array_from_list(data, tt.dtype, tt.shape)
             except (ValueError, OverflowError, TypeError) as exc:
                 raise _error_at(body, f"array literal does not match {tt}: {exc}") from None
         arr = arr.copy()

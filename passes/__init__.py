@@ -4,6 +4,6 @@
 fold_constants, simplify, cse and dce.
 """
 
-from graphc.passes.manager import DEFAULT_PIPELINE, PASSES, optimize, run_pipeline
+from graphc.passes.manager import DEFAULT_PASSES, PASSES, optimize, run_passes
 
-__all__ = ["DEFAULT_PIPELINE", "PASSES", "optimize", "run_pipeline"]
+__all__ = ["DEFAULT_PASSES", "PASSES", "optimize", "run_passes"]

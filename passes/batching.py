@@ -29,6 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from graphc.core.ir import Graph, Node, Value
+from graphc.ops import OPS
 from graphc.passes.rewrite import Rewriter, apply_to_graph, finish, map_regions
 from graphc.passes.simplify import RULES as SIMPLIFY_RULES
 from graphc.passes.simplify import Rule, rewrite_with, rule
@@ -39,10 +40,10 @@ RULES: dict[str, list[Rule]] = {}
 def _step_of(v: Value) -> tuple[Value, int] | None:
     """(X, t) when ``v`` is ``X[t]`` of a 3-d X: ``reshape(slice(X, t:t+1 on dim 0), X.shape[1:])``."""
     r = v.producer
-    if r is None or r.op.name != "reshape":
+    if r is None or r.op is not OPS.reshape:
         return None
     s = r.inputs[0].producer
-    if s is None or s.op.name != "slice":
+    if s is None or s.op is not OPS.slice:
         return None
     x = s.inputs[0]
     if x.ndim != 3 or v.shape != x.shape[1:]:
@@ -57,7 +58,7 @@ def _step_of(v: Value) -> tuple[Value, int] | None:
 def _batch_block(inputs: list[Value], nodes: list[Node], outputs: list[Value]) -> tuple[list[Node], list[Value]]:
     groups: dict[tuple[Value, Value], list[tuple[int, Node, int]]] = {}
     for i, n in enumerate(nodes):
-        if n.op.name == "matmul" and n.inputs[1].ndim == 2:
+        if n.op is OPS.matmul and n.inputs[1].ndim == 2:
             step = _step_of(n.inputs[0])
             if step is not None:
                 groups.setdefault((step[0], n.inputs[1]), []).append((i, n, step[1]))
@@ -107,11 +108,17 @@ def flat_weight_gradient(rw, node, ops):  # sum_b L_b^T @ R_b -> L^T @ R on the 
     (p,) = ops
     m = p.producer
     nb = p.ndim - 2
-    if m is None or m.op.name != "matmul" or node.attrs["keepdims"] or nb < 1 or node.attrs["axes"] != tuple(range(nb)):
+    if (
+        m is None
+        or m.op is not OPS.matmul
+        or node.attrs["keepdims"]
+        or nb < 1
+        or node.attrs["axes"] != tuple(range(nb))
+    ):
         return None
     a, b = m.inputs
     t = a.producer
-    if a.ndim != p.ndim or b.ndim != p.ndim or t is None or t.op.name != "transpose":
+    if a.ndim != p.ndim or b.ndim != p.ndim or t is None or t.op is not OPS.transpose:
         return None
     if t.attrs["perm"] != tuple(range(nb)) + (nb + 1, nb):
         return None
@@ -133,7 +140,7 @@ STACK_BYTES = 1 << 20
 def _rows_of(v: Value) -> list[Value]:
     """The parts of a row-wise (axis 0) concatenate, or [v]."""
     node = v.producer
-    if node is not None and node.op.name == "concatenate" and node.attrs["axis"] == 0:
+    if node is not None and node.op is OPS.concatenate and node.attrs["axis"] == 0:
         return list(node.inputs)
     return [v]
 
@@ -147,10 +154,10 @@ def _stack(rw, parts: list[Value], like: Node) -> Value | None:
 def _product_of_transposed(v: Value) -> tuple[Value, Value] | None:
     """(A, B) when ``v`` is ``A.T @ B`` of 2-d A and B."""
     m = v.producer
-    if m is None or m.op.name != "matmul" or v.ndim != 2:
+    if m is None or m.op is not OPS.matmul or v.ndim != 2:
         return None
     t = m.inputs[0].producer
-    if t is None or t.op.name != "transpose" or t.attrs["perm"] != (1, 0):
+    if t is None or t.op is not OPS.transpose or t.attrs["perm"] != (1, 0):
         return None
     return t.inputs[0], m.inputs[1]
 
@@ -179,7 +186,7 @@ def add_of_products(rw, node, ops):  # A.T @ B + C.T @ D -> [A; C].T @ [B; D]
 def add_of_row_sums(rw, node, ops):  # A.sum(0) + B.sum(0) -> [A; B].sum(0)
     x, y = ops
     nx, ny = x.producer, y.producer
-    if nx is None or ny is None or nx.op.name != "reduce_sum" or ny.op.name != "reduce_sum":
+    if nx is None or ny is None or nx.op is not OPS.reduce_sum or ny.op is not OPS.reduce_sum:
         return None
     if nx.attrs != {"axes": (0,), "keepdims": False} or ny.attrs != nx.attrs:
         return None

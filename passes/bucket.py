@@ -24,6 +24,7 @@ import heapq
 from dataclasses import dataclass, field
 
 from graphc.core.ir import Graph, Node, Value
+from graphc.ops import OPS
 from graphc.passes.rewrite import Rewriter
 
 DEFAULT_BUCKET_BYTES = 25 * 2**20  # PyTorch DDP's default bucket_cap_mb
@@ -76,7 +77,7 @@ def _buckets(graph: Graph, bucket_bytes: int) -> list[_Bucket]:
     cands: list[Node] = []
     for node in nodes:
         hit = any(v in tainted for v in node.inputs)
-        if node.op.name == "all_reduce" and deferred(node, used.get(node.outputs[0], []), end):
+        if node.op is OPS.all_reduce and deferred(node, used.get(node.outputs[0], []), end):
             if not hit:
                 cands.append(node)
             hit = True

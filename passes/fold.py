@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from graphc.core.ir import Graph, Node, Value
+from graphc.core.traits import Collective, Constant, DeviceLocal
 from graphc.passes.rewrite import Rewriter, apply_to_graph, constant_value, finish, map_regions
 
 MAX_GROWTH_BYTES = 1 << 20  # a folded constant may exceed its inputs' total size by at most this
@@ -24,8 +25,9 @@ def fold_block(inputs: list[Value], nodes: list[Node], outputs: list[Value]) -> 
         values = [constant_value(v) for v in operands]
         foldable = (
             not node.regions
-            and node.op.name != "constant"
-            and node.op.kind != "comm"  # a collective's value depends on the other devices' operands
+            and not node.op.has(Constant)
+            and not node.op.has(Collective)  # a collective's value depends on the other devices' operands
+            and not node.op.has(DeviceLocal)  # and a device-local op's on the device
             and operands
             and all(v is not None for v in values)
             and sum(o.type.nbytes for o in node.outputs) <= sum(v.nbytes for v in values) + MAX_GROWTH_BYTES

@@ -19,10 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from graphc.core.ir import Graph, Node, Region, Value
+from graphc.core.traits import Constant, Elementwise, Fused, Reduction
+from graphc.ops import elementwise
 from graphc.passes.dce import dce_block
 from graphc.passes.rewrite import Rewriter, apply_to_graph, finish, map_regions
-
-ROW_REDUCTIONS = ("reduce_sum", "reduce_max", "reduce_min")
 
 
 @dataclass(eq=False)
@@ -38,9 +38,17 @@ class Cluster:
         return (self.space[:-1] + (1,), self.space[:-1]) if self.space else ()
 
 
-def _is_row_reduction(node: Node) -> bool:
+def is_row_reduction(node: Node) -> bool:
+    """A sum, max or min over the last axis only: a kernel computes it along its rows."""
+    reduction = node.op.trait(Reduction)
     x = node.inputs[0] if node.inputs else None
-    return node.op.name in ROW_REDUCTIONS and x is not None and x.ndim >= 1 and node.attrs["axes"] == (x.ndim - 1,)
+    return (
+        reduction is not None
+        and reduction.row_reducible
+        and x is not None
+        and x.ndim >= 1
+        and node.attrs["axes"] == (x.ndim - 1,)
+    )
 
 
 def fusable(node: Node) -> bool:
@@ -49,11 +57,11 @@ def fusable(node: Node) -> bool:
     values = [*node.inputs, *node.outputs]
     if any(v.type.size == 0 or (v.dtype.kind in "fV" and v.dtype.itemsize == 2) for v in values):
         return False  # empty arrays need no kernel; Numba has no float16 or bfloat16 arithmetic
-    if node.op.name == "pow" and node.outputs[0].dtype.kind in "iu":
+    if node.op is elementwise.pow_ and node.outputs[0].dtype.kind in "iu":
         return False  # numpy raises for negative integer exponents; a kernel would not
-    if node.op.kind == "elementwise":
+    if node.op.has(Elementwise):
         return all(o.dtype.kind in "biuf" for o in node.outputs)
-    return _is_row_reduction(node)
+    return is_row_reduction(node)
 
 
 def _level(cluster: Cluster, node: Node) -> str | None:
@@ -64,7 +72,7 @@ def _level(cluster: Cluster, node: Node) -> str | None:
     elementwise op may not use it. A row op's operands from outside must be row-shaped or scalars.
     """
     out = node.outputs[0]
-    if _is_row_reduction(node):
+    if is_row_reduction(node):
         x = node.inputs[0]
         return (
             "row" if cluster.values.get(x) == "elem" or (x not in cluster.values and x.shape == cluster.space) else None
@@ -110,7 +118,7 @@ def find_clusters(nodes: list[Node]) -> list[Cluster]:
             if level == "elem" and all(_producer_index(u, index) < recent.first for u in node.inputs):
                 joined = (recent, level)
         if joined is None:
-            space = node.inputs[0].shape if _is_row_reduction(node) else node.outputs[0].shape
+            space = node.inputs[0].shape if is_row_reduction(node) else node.outputs[0].shape
             c = Cluster(space, node.part, i)
             clusters.append(c)
             level = _level(c, node) or "elem"
@@ -126,7 +134,7 @@ def find_clusters(nodes: list[Node]) -> list[Cluster]:
 
 def _is_scalar_constant(v: Value) -> bool:
     p = v.producer
-    return p is not None and p.op.name == "constant" and p.attrs["value"].size == 1
+    return p is not None and p.op.has(Constant) and p.attrs["value"].size == 1
 
 
 def fuse_block(inputs: list[Value], nodes: list[Node], outputs: list[Value]) -> tuple[list[Node], list[Value]]:
@@ -136,7 +144,7 @@ def fuse_block(inputs: list[Value], nodes: list[Node], outputs: list[Value]) -> 
     original = nodes
     # constants have no operands: hoisting them first keeps the order valid and lets clusters use
     # constants that the trace happened to create late (the eps of a layer norm, a mask)
-    nodes = [n for n in nodes if n.op.name == "constant"] + [n for n in nodes if n.op.name != "constant"]
+    nodes = [n for n in nodes if n.op.has(Constant)] + [n for n in nodes if not n.op.has(Constant)]
     clusters = find_clusters(nodes)
     if not clusters:
         rw = Rewriter()
@@ -163,7 +171,7 @@ def fuse_block(inputs: list[Value], nodes: list[Node], outputs: list[Value]) -> 
 
 def _fuse_inside(node: Node):
     """Fuse inside control-flow regions; a fused node's region is already one kernel."""
-    return node.regions if node.op.name == "fused" else map_regions(node, fuse_block)
+    return node.regions if node.op.has(Fused) else map_regions(node, fuse_block)
 
 
 def _emit_fused(rw: Rewriter, c: Cluster, nodes: list[Node], users: dict[Value, int], live_out: set[Value]) -> None:

@@ -33,13 +33,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from graphc.core.dtypes import additive_identity
 from graphc.core.errors import GraphcError, SourceLoc
 from graphc.core.ir import Graph, Node, TensorType, Value, clone_region
 from graphc.core.pytree import LEAF, TreeDef
 from graphc.core.spec import format_spec, local_shape
+from graphc.core.traits import IndexedLookup, ShardingConstraint
 from graphc.ops import get_op
 from graphc.passes.rewrite import Rewriter
-from graphc.passes.sharding.local import _owned_rows, local_attrs
+from graphc.passes.sharding.local import local_attrs, owned_rows
 from graphc.passes.sharding.plan import ShardingPlan
 from graphc.passes.sharding.problem import view_roots
 from graphc.passes.sharding.redistribute import plan_steps, read_phase, redistribution_time
@@ -197,7 +199,7 @@ class _Emitter:
         self.loc, self.part = node.loc, part or node.part
         ins = [self.get(v, s) for v, s in zip(node.inputs, st.in_specs)]
         name = node.op.name
-        if name == "sharding":  # the constraint is honoured by the specs; the op itself is the identity
+        if node.op.has(ShardingConstraint):  # honoured by the specs; the op itself is the identity
             self.produced(node.outputs[0], ins[0], st.out_specs[0])
             return
         if node.regions:  # control flow runs replicated (no finer rule): whole operands, global regions
@@ -205,7 +207,7 @@ class _Emitter:
             new = Node(node.op, ins, node.attrs, types, node.loc, self.part, [clone_region(r) for r in node.regions])
             self.nodes.append(new)
             outs = new.outputs
-        elif name in ("gather", "scatter_add") and self._masked_split(node, st):
+        elif node.op.has(IndexedLookup) and self._masked_split(node, st):
             outs = (self._masked(node, st, ins),)
         else:
             outs = self.emit_multi(name, *ins, **local_attrs(node, st, self.mesh_shape, self.coord))
@@ -219,7 +221,9 @@ class _Emitter:
         rule = get_rule(node)
         assert rule is not None  # gather and scatter_add have rules
         axis = node.attrs["axis"]
-        k = len(node.inputs) - (2 if node.op.name == "scatter_add" else 1)
+        lookup = node.op.trait(IndexedLookup)
+        assert lookup is not None  # (only lookups are masked)
+        k = lookup.index_count(len(node.inputs))
         return any(
             rule.inputs[0][axis + j] in rule.masked and any(p.is_split and p.dim == axis + j for p in st.in_specs[0])
             for j in range(k)
@@ -229,14 +233,16 @@ class _Emitter:
         rule = get_rule(node)
         assert rule is not None
         axis = node.attrs["axis"]
-        scatter = node.op.name == "scatter_add"
-        k = len(node.inputs) - (2 if scatter else 1)
+        lookup = node.op.trait(IndexedLookup)
+        assert lookup is not None  # (only lookups are masked)
+        scatter = lookup.trailing == 1
+        k = lookup.index_count(len(node.inputs))
         idx = list(ins[1 : 1 + k])
         owned: Value | None = None
         for j in range(k):
             if rule.inputs[0][axis + j] not in rule.masked:
                 continue
-            table = _owned_rows(
+            table = owned_rows(
                 node.inputs[0].type.shape[axis + j], st.in_specs[0], axis + j, self.mesh_shape, self.coord
             )
             if table is None:
@@ -251,13 +257,14 @@ class _Emitter:
             owned = self.emit("broadcast_to", owned, shape=bshape)
         target = node.outputs[0].type.ndim if not scatter else ins[-1].type.ndim
         mask = self.emit("reshape", owned, shape=(1,) * axis + bshape + (1,) * (target - axis - len(bshape)))
+        # rows another device owns give the additive identity: -0.0 for floats (x + -0.0 is x for
+        # every x, where x + 0.0 turns -0.0 into 0.0), so the partial sums add up to numpy's bits
         if scatter:
             updates = ins[-1]
-            zero = self.constant(np.zeros((), updates.type.dtype))
-            kept = self.emit("where", mask, updates, zero)
+            kept = self.emit("where", mask, updates, self.constant(additive_identity(updates.type.dtype)))
             return self.emit("scatter_add", ins[0], *idx, kept, axis=axis)
         out = self.emit("gather", ins[0], *idx, axis=axis)
-        return self.emit("where", mask, out, self.constant(np.zeros((), out.type.dtype)))
+        return self.emit("where", mask, out, self.constant(additive_identity(out.type.dtype)))
 
 
 def _strategies(graph: Graph, plan: ShardingPlan) -> tuple[list[tuple], list[Strategy], list[tuple]]:
@@ -345,7 +352,8 @@ def regather(graph: Graph, sources: frozenset[int]) -> Graph:
     node that reads its result, so no gathered copy outlives the node that uses it (the runtime
     frees a value after its last reader). Run after CSE, which would merge the copies back."""
     srcs = {graph.inputs[k] for k in sources}
-    gathers = {n for n in graph.nodes if n.op.name == "all_gather" and n.inputs[0] in srcs and not n.regions}
+    all_gather = get_op("all_gather")
+    gathers = {n for n in graph.nodes if n.op is all_gather and n.inputs[0] in srcs and not n.regions}
     if not gathers:
         return graph
     rw = Rewriter()

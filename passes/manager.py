@@ -1,10 +1,13 @@
-"""The pass manager: named passes, the default pipeline, IR dumps after every pass.
+"""The pass manager: named passes, the default pass list, IR dumps after every pass.
+
+(A "pass list" is the sequence of passes that optimizes a graph; pipelines are pipeline
+parallelism, passes/pipeline.py; a stage is a pipeline stage.)
 
     traced --fold_constants--> --simplify--> --cse--> --batch_projections--> --batch_products--> --cse--> --dce-->
            --recompute_cheap--> --fuse--> optimized
 
 Each pass is a function Graph -> Graph that does not mutate its input and returns it unchanged
-when it did nothing. ``optimize`` runs a pipeline, verifying the graph after every pass when
+when it did nothing. ``optimize`` runs a pass list, verifying the graph after every pass when
 ``verify`` is on (tests, or GRAPHC_DEBUG=1) and writing ``NN-<pass>.gir`` files to ``dump_dir``
 (the MLIR --print-ir-after-all habit).
 """
@@ -38,7 +41,7 @@ PASSES: dict[str, Callable[[Graph], Graph]] = {
     "fuse": fuse,
 }
 
-DEFAULT_PIPELINE = (
+DEFAULT_PASSES = (
     "fold_constants",
     "simplify",
     "cse",
@@ -52,46 +55,52 @@ DEFAULT_PIPELINE = (
 
 
 @dataclass
-class Stage:
+class Snapshot:
+    """The graph after one pass (``name`` "traced": the input), and the pass's seconds."""
+
     name: str
     graph: Graph
     seconds: float = 0.0
 
 
 @dataclass
-class PipelineResult:
-    stages: list[Stage] = field(default_factory=list)
+class PassTrace:
+    """The snapshots of a run of a pass list, the input first."""
+
+    snapshots: list[Snapshot] = field(default_factory=list)
 
     @property
     def graph(self) -> Graph:
-        return self.stages[-1].graph
+        return self.snapshots[-1].graph
 
-    def stage(self, name: str) -> Graph:
-        """The graph after the named pass ("traced" is the input, "optimized" the output)."""
+    def after(self, name: str) -> Graph:
+        """The graph after the named pass ("traced" is the input, "optimized" the output; a pass
+        that runs twice: after its first run)."""
         if name == "optimized":
             return self.graph
-        for s in self.stages:
+        for s in self.snapshots:
             if s.name == name:
                 return s.graph
-        raise GraphcError(f"no stage {name!r}; stages: {', '.join(s.name for s in self.stages)}, optimized")
+        names = ", ".join(dict.fromkeys(s.name for s in self.snapshots))
+        raise GraphcError(f"no pass {name!r} in the pass list; the IR can be shown after: {names}, optimized")
 
 
 def _debug() -> bool:
     return os.environ.get("GRAPHC_DEBUG", "") not in ("", "0")
 
 
-def run_pipeline(
+def run_passes(
     graph: Graph,
     passes: list[str] | tuple[str, ...] | None = None,
     verify: bool | None = None,
     dump_dir: str | None = None,
-) -> PipelineResult:
-    names = list(DEFAULT_PIPELINE if passes is None else passes)
+) -> PassTrace:
+    names = list(DEFAULT_PASSES if passes is None else passes)
     unknown = [n for n in names if n not in PASSES]
     if unknown:
         raise GraphcError(f"unknown pass {unknown[0]!r}; passes: {', '.join(PASSES)}")
     verify = _debug() if verify is None else verify
-    result = PipelineResult([Stage("traced", graph)])
+    result = PassTrace([Snapshot("traced", graph)])
     if dump_dir:
         os.makedirs(dump_dir, exist_ok=True)
         _dump(dump_dir, 0, "traced", graph)
@@ -104,7 +113,7 @@ def run_pipeline(
                 graph.verify()
             except VerifyError as exc:
                 raise VerifyError(f"after pass {name}: {exc}") from None
-        result.stages.append(Stage(name, graph, elapsed))
+        result.snapshots.append(Snapshot(name, graph, elapsed))
         if dump_dir:
             _dump(dump_dir, i, name, graph)
     return result
@@ -120,5 +129,5 @@ def optimize(
     verify: bool | None = None,
     dump_dir: str | None = None,
 ) -> Graph:
-    """Run the default pipeline (or the named passes) and return the optimized graph."""
-    return run_pipeline(graph, passes, verify, dump_dir).graph
+    """Run the default pass list (or the named passes) and return the optimized graph."""
+    return run_passes(graph, passes, verify, dump_dir).graph

@@ -32,14 +32,14 @@ from graphc.core.errors import PlanError
 from graphc.core.ir import Graph, Value
 from graphc.core.mesh import Link, Mesh
 from graphc.core.spec import P, R, S
+from graphc.core.traits import Collective, Constant, DeviceLocal
 from graphc.ops.random import state_inputs
 from graphc.passes.partition import Pins, PlanOptions, build_problem, lower, plan_sharding, state_ties
 from graphc.passes.sharding.plan import ShardingPlan
-from graphc.programs import COLLECTIVE_OPS, ParallelProgram, simulate
+from graphc.programs import ParallelProgram, simulate
 
 MB_AXIS = "mb"
 # ops of a lowered program whose result differs from micro-batch to micro-batch on the same data
-_COORD_DEPENDENT = ("shard_slice", "partial_zero")
 
 
 def batch_inputs(graph: Graph) -> list[int]:
@@ -93,7 +93,7 @@ def _propagate_once(problem, replicate: set[int]):
             spec[it.value] = it.strategies[0].out_specs[0] if len(it.strategies) == 1 else (R,)
     pins: dict[int, str] = {}
     wants: dict[int, tuple] = {}  # node index -> the chosen strategy's operand specs
-    constants = {n.outputs[0] for n in problem.graph.nodes if n.op.name == "constant"}
+    constants = {n.outputs[0] for n in problem.graph.nodes if n.op.has(Constant)}
     rank = {"S": 0, "P": 1, "R": 2}
     for it in problem.items:
         if it.kind != "node":
@@ -166,7 +166,7 @@ class Microbatched:
         """The collectives where the micro-batches meet, as ``kind %value at file:line``."""
         g = self.program.devices[0].graph
         names = g.value_names()
-        return [f"{n.op.name} %{names[n.inputs[0]]} at {n.loc or '?'}" for n in g.nodes if n.op.name in COLLECTIVE_OPS]
+        return [f"{n.op.name} %{names[n.inputs[0]]} at {n.loc or '?'}" for n in g.nodes if n.op.has(Collective)]
 
     def run_reference(self, arrays: list) -> list[np.ndarray]:
         """Run on whole inputs with the reference implementations (every micro-batch in lock
@@ -215,12 +215,12 @@ def _phases(g: Graph, batch: set[int]) -> tuple[list[bool], set[Value]]:
     step: set[Value] = set()  # computed once per step
     phases = []
     for node in g.nodes:
-        meets = node.op.name in COLLECTIVE_OPS
+        meets = node.op.has(Collective)
         is_step = not meets and any(v in step for v in node.inputs)
         phases.append(is_step)
         if meets or is_step:
             step.update(node.outputs)
-        elif node.op.name in _COORD_DEPENDENT or any(v in varies for v in node.inputs):
+        elif node.op.has(DeviceLocal) or any(v in varies for v in node.inputs):
             varies.update(node.outputs)
         if is_step:
             bad = [v for v in node.inputs if v in varies]

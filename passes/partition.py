@@ -32,8 +32,9 @@ from graphc.core.spec import Spec, format_spec
 from graphc.passes.bucket import DEFAULT_BUCKET_BYTES, bucket_all_reduces
 from graphc.passes.lower import lower_graph, regather
 from graphc.passes.manager import optimize
+from graphc.passes.sharding.build import plan_from_solution
 from graphc.passes.sharding.ilp import Group, Solution, shrink_groups, solve
-from graphc.passes.sharding.plan import ShardingPlan, plan_from_solution
+from graphc.passes.sharding.plan import ShardingPlan
 from graphc.passes.sharding.problem import Problem, apply_ties, pin_nodes
 from graphc.passes.sharding.problem import build_problem as _items_and_edges
 from graphc.passes.sharding.remat import add_recompute, recompute_mode
@@ -42,7 +43,7 @@ from graphc.programs import ParallelProgram
 
 PLAN_PASSES = ("fold_constants", "simplify", "cse", "dce", "recompute_cheap")  # fusion runs per device, after lowering
 DEVICE_PASSES = ("cse", "batch_projections", "batch_products", "cse", "dce", "recompute_cheap", "fuse")
-PLANNER_VERSION = 11  # part of the plan cache key: bump when rules or costs change what a plan says
+PLANNER_VERSION = 12  # part of the plan cache key: bump when rules or costs change what a plan says
 
 
 @dataclass(frozen=True)
@@ -163,6 +164,7 @@ def solve_problem(
 
 
 def make_plan(problem: Problem, solution: Solution, options: PlanOptions, build_s: float) -> ShardingPlan:
+    """The plan of ``solution``; leaves ``problem`` re-bucketed to the buckets the plan fills."""
     return plan_from_solution(problem, solution, options.memory_limit, build_s, options.to_json())
 
 
@@ -198,7 +200,6 @@ def plan_sharding(
     build_s = time.perf_counter() - start
     budget = deadline - time.perf_counter() - 1.5 * build_s - 0.2
     solution = solve_problem(problem, options, progress, budget)
-    problem.rebucket(solution.choice)  # the plan reports the buckets it really fills
     if progress and solution.status != "optimal":
         progress(f"ILP: stopped at the time limit ({solution.status}) with gap {solution.gap:.2%}")
     return make_plan(problem, solution, options, build_s)

@@ -35,11 +35,11 @@ from graphc.core.errors import PlanError
 from graphc.core.files import atomic_write, check_record, read_document
 from graphc.core.ir import Graph, Node, Value
 from graphc.core.mesh import Mesh, as_mesh
+from graphc.core.traits import Collective, Constant
 from graphc.passes.microbatch import Microbatched, microbatch
 from graphc.passes.partition import PlanOptions, plan_sharding, state_ties
 from graphc.passes.sharding.plan import ShardingPlan, check_made_for, graph_hash
 from graphc.passes.sharding.strategies import full_time
-from graphc.programs import COLLECTIVE_OPS
 
 SCHEDULES = ("gpipe", "1f1b")
 PIPELINE_PLAN_VERSION = 1
@@ -63,7 +63,7 @@ def node_seconds(g: Graph, profile) -> list[float]:
     out = []
     for n in g.nodes:
         try:
-            out.append(0.0 if n.op.name == "constant" else float(full_time(n, profile)))
+            out.append(0.0 if n.op.has(Constant) else float(full_time(n, profile)))
         except Exception:  # an op without a cost: count its bytes at memory speed
             out.append(sum(v.type.nbytes for v in n.inputs + n.outputs) / profile.mem_bandwidth)
     return out
@@ -138,8 +138,8 @@ def _forward_order(g: Graph, step_phase: list[bool], S: int, profile) -> _StepNo
     nodes = g.nodes
     secs = node_seconds(g, profile)
     producer: dict[Value, int] = {o: k for k, n in enumerate(nodes) for o in n.outputs}
-    is_const = [n.op.name == "constant" for n in nodes]
-    meets = [n.op.name in COLLECTIVE_OPS for n in nodes]
+    is_const = [n.op.has(Constant) for n in nodes]
+    meets = [n.op.has(Collective) for n in nodes]
     fwd = [
         k for k, n in enumerate(nodes) if n.part == "forward" and not step_phase[k] and not meets[k] and not is_const[k]
     ]

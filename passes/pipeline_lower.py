@@ -23,6 +23,8 @@ from typing import Any
 from graphc.core.errors import PlanError
 from graphc.core.ir import Graph, Node, Value
 from graphc.core.pytree import LEAF, TreeDef
+from graphc.core.traits import Constant
+from graphc.ops import OPS
 from graphc.passes.lower import lower_graph
 from graphc.passes.microbatch import MB_AXIS, Microbatched, microbatch
 from graphc.passes.pipeline import PipelinePlan, schedule_tasks
@@ -157,7 +159,7 @@ def _place(
     stage, phase = [0] * len(ref.nodes), [""] * len(ref.nodes)
     for j, n in enumerate(ref.nodes):
         o = origin[j]
-        if n.op.name == "constant":
+        if n.op.has(Constant):
             stage[j], phase[j] = -1, "C"
         elif o < 0:  # redistributing a result at the end: where its value is
             src = producer.get(ids[n.inputs[0]])
@@ -174,7 +176,7 @@ def _place(
 
 
 def _meets(n: Node) -> bool:
-    return n.op.name == "all_reduce" and n.attrs.get("axis") == MB_AXIS
+    return n.op is OPS.all_reduce and n.attrs.get("axis") == MB_AXIS
 
 
 def _check_outputs_combined(step: _Step, origin, mb: Microbatched, m: int) -> None:
@@ -228,7 +230,7 @@ def _task(
     for n in nodes:
         for v in n.inputs:
             p = v.producer
-            if p is not None and v not in inside and p.op.name == "constant" and id(p) not in seen:
+            if p is not None and v not in inside and p.op.has(Constant) and id(p) not in seen:
                 seen.add(id(p))
                 consts.append(p)
     inside |= {o for q in consts for o in q.outputs}

@@ -16,7 +16,7 @@ and reading them (tests/test_recompute.py; graphc bench runtime, the GPT step's 
 
 A value ``v`` made by a forward node is recomputed for its backward users when
 
-* its op is cheap elementwise arithmetic (``CHEAP``: no exp, tanh, log, sqrt, pow: those cost
+* its op is cheap elementwise arithmetic (``Elementwise.cost`` at most CHEAP: no exp, tanh, log, sqrt, pow: those cost
   more than the bytes they save), and
 * every backward user is itself fusable, so the recomputation lands inside a fused kernel
   rather than becoming a pass over memory of its own, and
@@ -37,29 +37,15 @@ from __future__ import annotations
 import functools
 
 from graphc.core.ir import Graph, Node, Value
+from graphc.core.traits import CHEAP, Constant, Elementwise
 from graphc.passes.fuse import fusable
 from graphc.passes.rewrite import Rewriter, apply_to_graph, finish
 
-# elementwise ops about as cheap as the load and store of their result
-CHEAP = frozenset(
-    (
-        "add",
-        "sub",
-        "mul",
-        "div",
-        "neg",
-        "abs",
-        "sign",
-        "maximum",
-        "minimum",
-        "where",
-        "compare",
-        "convert",
-        "logical_and",
-        "logical_or",
-        "logical_not",
-    )
-)
+
+def _cheap(op) -> bool:
+    """Elementwise arithmetic about as cheap as the load and store of its result."""
+    ew = op.trait(Elementwise)
+    return ew is not None and ew.cost <= CHEAP
 
 
 # how many cheap ops deep a recomputation may reach for values that are not kept (g * d / std from
@@ -87,19 +73,12 @@ class _Choice:
     def free(self, v: Value) -> bool:
         """Whether reading ``v`` in the backward costs no extra bytes."""
         p = v.producer
-        return v in self.inputs or v in self.kept or v in self.returned or (p is not None and p.op.name == "constant")
+        return v in self.inputs or v in self.kept or v in self.returned or (p is not None and p.op.has(Constant))
 
     @staticmethod
     def cheap(v: Value) -> bool:
         p = v.producer
-        return (
-            p is not None
-            and p.op.name in CHEAP
-            and p.op.kind == "elementwise"
-            and len(p.outputs) == 1
-            and fusable(p)
-            and p.part != "backward"
-        )
+        return p is not None and _cheap(p.op) and len(p.outputs) == 1 and fusable(p) and p.part != "backward"
 
     def candidate(self, v: Value) -> bool:
         if not self.cheap(v) or v in self.returned:

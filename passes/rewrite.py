@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from graphc.core.ir import Graph, Node, Region, TensorType, Value
+from graphc.core.traits import Constant
 from graphc.ops import get_op
 
 
@@ -103,14 +104,14 @@ def finish(rw: Rewriter, nodes: list[Node], outputs: list[Value]) -> tuple[list[
 def scalar_constant(v: Value) -> Any:
     """The Python value of a constant with one element, else None."""
     node = v.producer
-    if node is None or node.op.name != "constant" or node.attrs["value"].size != 1:
+    if node is None or not node.op.has(Constant) or node.attrs["value"].size != 1:
         return None
     return node.attrs["value"].reshape(()).item()
 
 
 def constant_value(v: Value):
     node = v.producer
-    return node.attrs["value"] if node is not None and node.op.name == "constant" else None
+    return node.attrs["value"] if node is not None and node.op.has(Constant) else None
 
 
 __all__ = ["Rewriter", "map_regions", "apply_to_graph", "finish", "scalar_constant", "constant_value", "TensorType"]

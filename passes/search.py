@@ -4,9 +4,12 @@
 with, for pipelines, micro-batch counts 1, S, 2S and 4S that divide the batch, plans each (the
 sharding ILP on {dp, tp}; stages, schedule and the ILP on each stage's sub-mesh for pp > 1) and
 ranks them by predicted step time. A candidate that cannot meet the memory limit, or cannot be
-planned, stays in the list with the reason. Links per axis (``links={"dp": Link(...)}``) model
-a slow network between data-parallel groups; ``pp`` and ``tp`` keep the machine's link unless
-given one.
+planned, stays in the list with the reason; so does one that is skipped without planning, with
+why (a micro-batch count the batch does not divide; a mesh that is the same planning problem as
+one already planned: axes of equal roles, sizes and links). Axis names carry roles (dp splits
+only batch dims, tp anything: graphc/core/mesh.py), so dp=8 and tp=8 are different problems.
+Links per axis (``links={"dp": Link(...)}``) model a slow network between data-parallel groups;
+``pp`` and ``tp`` keep the machine's link unless given one.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from dataclasses import dataclass, field
 
 from graphc.core.errors import GraphcError, PlanError
 from graphc.core.ir import Graph
-from graphc.core.mesh import Mesh, load_profile
+from graphc.core.mesh import Mesh, axis_role, load_profile
 from graphc.passes.microbatch import batch_inputs
 from graphc.passes.partition import PlanOptions, plan_sharding, state_ties
 from graphc.passes.pipeline import PipelinePlan, plan_pipeline
@@ -36,10 +39,15 @@ class Candidate:
     error: str | None = None
     seconds: float = 0.0  # planning time
     plan: ShardingPlan | PipelinePlan | None = field(default=None, repr=False)
+    skipped: str | None = None  # why it was not planned at all
 
     @property
     def ok(self) -> bool:
-        return self.error is None
+        return self.error is None and self.skipped is None
+
+    @property
+    def mesh_text(self) -> str:
+        return _mesh_text(self.axes)
 
     @property
     def step_s(self) -> float:
@@ -48,8 +56,10 @@ class Candidate:
         return self.predicted_s
 
     def describe(self) -> str:
-        mesh = ",".join(f"{a}={n}" for a, n in self.axes.items()) or "1 device"
+        mesh = self.mesh_text
         mb = f", {self.microbatches} micro-batches" if "pp" in self.axes else ""
+        if self.skipped is not None:
+            return f"{mesh}{mb}: skipped ({self.skipped})"
         if not self.ok:
             return f"{mesh}{mb}: no plan ({self.error})"
         extra = f", bubble {self.bubble:.0%}" if self.bubble is not None else ""
@@ -68,8 +78,13 @@ class Candidate:
             "bubble": self.bubble,
             "memory_bytes": self.memory_bytes,
             "error": self.error,
+            "skipped": self.skipped,
             "seconds": self.seconds,
         }
+
+
+def _mesh_text(axes: dict[str, int]) -> str:
+    return ",".join(f"{a}={n}" for a, n in axes.items()) or "1 device"
 
 
 def factorizations(n: int, axes: tuple[str, ...] = AXES) -> list[dict[str, int]]:
@@ -114,22 +129,30 @@ def search_meshes(
     batch = _batch(graph)
     ties = state_ties(graph)
     out: list[Candidate] = []
-    seen: set = set()
+    seen: dict[tuple, str] = {}  # planning problem -> the mesh that stands for it
     for shape in factorizations(n_devices, axes):
         mesh_links = {a: link for a, link in links.items() if a in shape}
-        # axis names are labels to the planner: {dp: 4} and {tp: 4} on the same link are one problem
+        # axes of one role, size and link are one problem whatever their names ({model: 4} and
+        # {tp: 4}); the roles differ between dp and tp, so {dp: 4} and {tp: 4} are two
         key = (
             shape.get("pp", 1),
-            tuple(sorted((n, str(links.get(a, profile.link_for(a)))) for a, n in shape.items() if a != "pp")),
+            tuple(
+                sorted((axis_role(a), n, str(links.get(a, profile.link_for(a)))) for a, n in shape.items() if a != "pp")
+            ),
         )
         if key in seen:
+            out.append(Candidate(dict(shape), 1, skipped=f"the same planning problem as {seen[key]}"))
             continue
-        seen.add(key)
+        seen[key] = _mesh_text(shape)
         S = shape.get("pp", 1)
         ms: list[int] = [1]
         if S > 1:
-            ms = [m for m in microbatches or sorted({1, S, 2 * S, 4 * S}) if batch is None or batch % m == 0]
+            ms = list(microbatches or sorted({1, S, 2 * S, 4 * S}))
         for m in ms:
+            if batch is not None and batch % m:
+                why = f"indivisible: the batch of {batch} does not split into {m} micro-batches"
+                out.append(Candidate(dict(shape), m, skipped=why))
+                continue
             cand = Candidate(dict(shape), m)
             start = time.perf_counter()
             try:
@@ -146,7 +169,8 @@ def search_meshes(
             out.append(cand)
             if progress is not None:
                 progress(cand)
-    out.sort(key=lambda c: (not c.ok, c.step_s if c.ok else 0.0))
+    # feasible by predicted step, then the infeasible, then the skipped
+    out.sort(key=lambda c: (c.skipped is not None, not c.ok, c.step_s if c.ok else 0.0))
     return out
 
 
@@ -178,25 +202,52 @@ def _plan_pipelined(
     cand.plan = plan
 
 
-def explain(cands: list[Candidate], shown: int = 6) -> str:
-    """The choice and the runners-up, with why the winner wins."""
-    ok = [c for c in cands if c.ok]
-    lines = []
+def explain(cands: list[Candidate], shown: int = 6, verbose: bool = False) -> str:
+    """The choice and the runners-up, with why the winner wins; a line on what was considered
+    and skipped, and with ``verbose`` every candidate."""
+    planned = [c for c in cands if c.skipped is None]
+    ok = [c for c in planned if c.ok]
+    lines = [_considered(cands) + ("" if verbose else " (--verbose lists each)")]
+    if verbose:
+        lines += [f"  {c.describe()}" for c in cands]
     if not ok:
         lines.append("no mesh can run this step:")
-        lines += [f"  {c.describe()}" for c in cands[:shown]]
+        lines += [f"  {c.describe()}" for c in planned[:shown]]
         return "\n".join(lines)
     best = ok[0]
     lines.append(f"chose {best.describe()}")
     lines.append("why: " + _why(best, ok))
+    if verbose:
+        return "\n".join(lines)
     for c in ok[1:shown]:
         lines.append(f"  runner-up {c.describe()} ({c.step_s / best.step_s:.2f}x the chosen step)")
-    bad = [c for c in cands if not c.ok]
+    bad = [c for c in planned if not c.ok]
     for c in bad[:shown]:
         lines.append(f"  rejected {c.describe()}")
     if len(bad) > shown:
         lines.append(f"  ... and {len(bad) - shown} more rejected")
     return "\n".join(lines)
+
+
+def _considered(cands: list[Candidate]) -> str:
+    """One line: the mesh shapes considered, how many candidates were planned, feasible,
+    infeasible and skipped (and why)."""
+    shapes = sorted({c.mesh_text for c in cands})
+    planned = [c for c in cands if c.skipped is None]
+    skipped = [c for c in cands if c.skipped is not None]
+    reasons: dict[str, int] = {}
+    for c in cands:
+        if c.skipped is None:
+            continue
+        why = "indivisible micro-batch counts" if c.skipped.startswith("indivisible") else c.skipped
+        reasons[why] = reasons.get(why, 0) + 1
+    text = (
+        f"considered {len(shapes)} mesh shapes ({'; '.join(shapes)}): planned {len(planned)} candidates "
+        f"({sum(c.ok for c in planned)} feasible)"
+    )
+    if skipped:
+        text += f", skipped {len(skipped)} (" + "; ".join(f"{n} {why}" for why, n in reasons.items()) + ")"
+    return text
 
 
 def _why(best: Candidate, ok: list[Candidate]) -> str:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 import numpy as np
 
 from graphc.core.ir import Graph, Node, Value
+from graphc.ops import OPS
 from graphc.passes.rewrite import Rewriter, apply_to_graph, finish, map_regions, scalar_constant
 
 Rule = Callable[[Rewriter, Node, list[Value]], list[Value] | None]
@@ -96,7 +97,7 @@ def small_integer_power(rw, node, ops):  # x**1 -> x, x**2 -> x*x, x**3 -> x*x*x
 @rule("neg")
 def double_negation(rw, node, ops):  # -(-x) -> x
     (x,) = ops
-    return [x.producer.inputs[0]] if x.producer is not None and x.producer.op.name == "neg" else None
+    return [x.producer.inputs[0]] if x.producer is not None and x.producer.op is OPS.neg else None
 
 
 @rule("transpose")
@@ -105,7 +106,7 @@ def transpose_chain(rw, node, ops):  # transpose(transpose(x, p), q) -> transpos
     perm = node.attrs["perm"]
     if list(perm) == list(range(len(perm))):
         return [x]
-    if x.producer is not None and x.producer.op.name == "transpose":
+    if x.producer is not None and x.producer.op is OPS.transpose:
         inner = x.producer.attrs["perm"]
         combined = tuple(inner[p] for p in perm)
         src = x.producer.inputs[0]
@@ -120,7 +121,7 @@ def reshape_chain(rw, node, ops):  # reshape(reshape(x)) -> reshape(x); reshape 
     (x,) = ops
     if x.shape == node.attrs["shape"]:
         return [x]
-    if x.producer is not None and x.producer.op.name == "reshape":
+    if x.producer is not None and x.producer.op is OPS.reshape:
         src = x.producer.inputs[0]
         if src.shape == node.attrs["shape"]:
             return [src]
@@ -161,7 +162,7 @@ ELEMENTWISE_BINARY = ("add", "sub", "mul", "div", "pow", "maximum", "minimum", "
 def implicit_broadcast(rw, node, ops):  # f(x, broadcast_to(y)) -> f(x, y): elementwise ops broadcast by themselves
     changed = list(ops)
     for i, v in enumerate(ops):
-        if v.producer is not None and v.producer.op.name == "broadcast_to":
+        if v.producer is not None and v.producer.op is OPS.broadcast_to:
             src = v.producer.inputs[0]
             others = [o.shape for j, o in enumerate(changed) if j != i]
             if tuple(np.broadcast_shapes(src.shape, *others)) == node.outputs[0].shape:
@@ -183,7 +184,7 @@ def _segments(v: Value) -> tuple[int, list[tuple[int, int, Value | None]], tuple
     """(dim, [(start, stop, piece or None for zeros)], widths of the other dims) of a zero pad that
     is non-trivial along exactly one dim, or None. A pad of a concatenate counts its parts."""
     node = v.producer
-    if node is None or node.op.name != "pad" or node.attrs["value"] != 0:
+    if node is None or node.op is not OPS.pad or node.attrs["value"] != 0:
         return None
     widths = node.attrs["widths"]
     dims = [d for d, w in enumerate(widths) if w != (0, 0)]
@@ -193,7 +194,7 @@ def _segments(v: Value) -> tuple[int, list[tuple[int, int, Value | None]], tuple
     x = node.inputs[0]
     start = widths[d][0]
     parts = [x]
-    if x.producer is not None and x.producer.op.name == "concatenate" and x.producer.attrs["axis"] == d:
+    if x.producer is not None and x.producer.op is OPS.concatenate and x.producer.attrs["axis"] == d:
         parts = list(x.producer.inputs)
     segs: list[tuple[int, int, Value | None]] = []
     for p in parts:
@@ -205,7 +206,7 @@ def _segments(v: Value) -> tuple[int, list[tuple[int, int, Value | None]], tuple
 
 def _is_zeros(v: Value) -> bool:
     node = v.producer
-    return node is not None and node.op.name == "broadcast_to" and _is(node.inputs[0], 0)
+    return node is not None and node.op is OPS.broadcast_to and _is(node.inputs[0], 0)
 
 
 @rule("add")

@@ -29,8 +29,9 @@ import numpy as np
 from graphc.core.cache import private_dir, unsafe_reason, warn_cache
 from graphc.core.files import atomic_write, cache_dir
 from graphc.core.ir import Node, Region
+from graphc.core.traits import Reduction
 from graphc.runtime.kernel_cache import attach_disk_cache
-from graphc.runtime.kernelsource import REDUCTIONS, KernelSpec, OperandKind
+from graphc.runtime.kernelsource import KernelSpec, OperandKind
 from graphc.runtime.threads import kernel_pool, kernel_threads
 
 
@@ -171,7 +172,7 @@ PARALLEL_MIN_ELEMENTS = 1 << 18
 def _space_of(region: Region) -> tuple[int, ...]:
     """The iteration space: the largest elementwise shape in the region (or a reduction's input)."""
     shapes: list[tuple[int, ...]] = [()] + [o.shape for n in region.nodes for o in n.outputs]
-    shapes += [n.inputs[0].shape for n in region.nodes if n.op.name in REDUCTIONS]
+    shapes += [n.inputs[0].shape for n in region.nodes if n.op.has(Reduction)]
     return max(shapes, key=lambda s: (int(np.prod(s, dtype=np.int64)), len(s)))
 
 

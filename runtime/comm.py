@@ -44,7 +44,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from graphc.core.errors import GraphcError
-from graphc.core.spec import piece_bounds
+from graphc.runtime.pieces import (
+    check_split,
+    chunk_bounds,
+    join_pieces,
+    normalize_dim,
+    piece_len,
+    piece_view,
+    sum_in_rank_order,
+    with_dim,
+)
 
 
 class CommError(GraphcError):
@@ -55,84 +64,6 @@ class CommAborted(CommError):
     """Another device failed; the collective this device was waiting in was abandoned."""
 
 
-# --- fast views of the block layout -------------------------------------------------------------
-# A dim of ``size`` split over ``n`` ranks in ``blocks`` blocks: rank r holds its 1/n share of
-# every block, concatenated (graphc.core.spec.piece_index). With blocks=1 the split may be uneven:
-# numpy's array_split layout (piece_bounds). ``graphc.ops.comm.reference`` gives the semantics the
-# collectives below must reproduce; these helpers only make them fast (views, no index arrays).
-
-
-def _check_split(size: int, n: int, blocks: int, what: str) -> None:
-    if not isinstance(blocks, int) or blocks < 1:
-        raise ValueError(f"{what}: blocks must be a positive int, got {blocks!r}")
-    if blocks > 1 and size % (blocks * n):
-        raise ValueError(f"{what}: a dim of size {size} does not split into {n} pieces of {blocks} blocks")
-
-
-def _piece_len(size: int, n: int, r: int, blocks: int) -> int:
-    lo, hi = piece_bounds(size, n, r)
-    return hi - lo if blocks == 1 else size // n
-
-
-def _view(a: np.ndarray, pick: dict | None = None, local: dict | None = None) -> np.ndarray:
-    """``a`` with some dims cut into pieces: a view when ``a`` is C-contiguous (every array written
-    through it is one we allocated), possibly a copy otherwise (fine for reading).
-
-    ``pick = {dim: (n, r, blocks)}``: ``a`` holds the whole dim; take rank r's piece of it.
-    ``local = {dim: blocks}``: ``a`` holds one rank's piece of the dim.
-    Both give the piece as ``[..., blocks, step, ...]`` when blocks > 1 (``[..., length, ...]``
-    when blocks == 1), so a picked piece of a whole and a local piece have the same shape and
-    copy into each other with one numpy call.
-    """
-    pick = pick or {}
-    local = local or {}
-    shape: list[int] = []
-    index: list = []
-    for d, size in enumerate(a.shape):
-        if d in pick:
-            n, r, blocks = pick[d]
-            if blocks == 1:
-                shape.append(size)
-                index.append(slice(*piece_bounds(size, n, r)))
-            else:
-                shape += [blocks, n, size // (blocks * n)]
-                index += [slice(None), r, slice(None)]
-        elif local.get(d, 1) > 1:
-            shape += [local[d], size // local[d]]
-            index += [slice(None), slice(None)]
-        else:
-            shape.append(size)
-            index.append(slice(None))
-    return a.reshape(shape)[tuple(index)]
-
-
-def _with_dim(shape: tuple[int, ...], dim: int, size: int) -> tuple[int, ...]:
-    return shape[:dim] + (size,) + shape[dim + 1 :]
-
-
-def _sum_in_rank_order(dst: np.ndarray, parts: list[np.ndarray], own: int | None = None) -> None:
-    """``dst = ((parts[0] + parts[1]) + parts[2]) + ...``, operands in this order (fixed bits).
-
-    ``own``: the index of the part ``dst`` is (in place), or None when ``dst`` is separate.
-    """
-    n = len(parts)
-    if n == 1:
-        if own is None:
-            np.copyto(dst, parts[0])
-        return
-    if own is None or own <= 1:
-        np.add(parts[0], parts[1], out=dst)  # dst may be parts[0] or parts[1]: elementwise, read before write
-        rest = 2
-    else:
-        partial = parts[0] + parts[1]  # dst is parts[own]: it must not be overwritten before it is added
-        for p in parts[2:own]:
-            partial += p
-        np.add(partial, parts[own], out=dst)
-        rest = own + 1
-    for p in parts[rest:]:
-        dst += p
-
-
 # --- the interface --------------------------------------------------------------------------------
 
 
@@ -141,11 +72,11 @@ def all_to_all_args(x, group, split_dim, concat_dim, split_blocks: int, concat_b
     size, split dim, concat dim, the attributes members compare)."""
     x = np.asarray(x)
     n = len(group)
-    sd, cd = _axis(split_dim, x.ndim), _axis(concat_dim, x.ndim)
+    sd, cd = normalize_dim(split_dim, x.ndim), normalize_dim(concat_dim, x.ndim)
     if sd == cd:
         raise ValueError(f"all_to_all: split_dim and concat_dim must differ, both are {sd}")
-    _check_split(x.shape[sd], n, split_blocks, "all_to_all split")
-    _check_split(x.shape[cd] * n, n, concat_blocks, "all_to_all concat")
+    check_split(x.shape[sd], n, split_blocks, "all_to_all split")
+    check_split(x.shape[cd] * n, n, concat_blocks, "all_to_all concat")
     attrs = (
         ("split_dim", split_dim),
         ("concat_dim", concat_dim),
@@ -437,7 +368,7 @@ class ThreadComm(Communicator):
         call = _Call(kind, group, seq, rank, len(group), self.world._slot(group, seq), time.perf_counter())
         data = None
         if x is not None:
-            data = (x.dtype.str, x.shape if free_dim is None else _with_dim(x.shape, free_dim, -1))
+            data = (x.dtype.str, x.shape if free_dim is None else with_dim(x.shape, free_dim, -1))
         call.slot.calls[rank] = (kind, attrs, data, None if x is None else (x.dtype, x.shape))
         call.slot.inputs[rank] = shared
         self._meet(call, "arrive", final=kind == "barrier")
@@ -499,12 +430,12 @@ class ThreadComm(Communicator):
         # rank r alone reads chunk r of the inputs and writes chunk r of the outputs, so it can sum
         # it (reduce-scatter) and push the sum into every output (all-gather) without another meeting
         # piece by piece, so the sum is still in cache when it is copied out
-        lo, hi = _chunk(flat_src.size, n, rank, x.itemsize)
+        lo, hi = chunk_bounds(flat_src.size, n, rank, x.itemsize)
         step = max(1, _PIECE_BYTES // x.itemsize)
         for a in range(lo, hi, step):
             b = min(a + step, hi)
             mine = flat_out[a:b]
-            _sum_in_rank_order(mine, [s[a:b] for s, _ in shared], rank if inplace else None)
+            sum_in_rank_order(mine, [s[a:b] for s, _ in shared], rank if inplace else None)
             for r, (_, other_out) in enumerate(shared):
                 if r != rank:
                     np.copyto(other_out[a:b], mine)
@@ -518,41 +449,41 @@ class ThreadComm(Communicator):
         out = None
         if call.rank == root:
             out = self.alloc(x.shape, x.dtype)
-            _sum_in_rank_order(out, list(call.slot.inputs))
+            sum_in_rank_order(out, list(call.slot.inputs))
         self._end(call, x.nbytes)
         return out
 
     def reduce_scatter(self, x, group, dim, blocks=1):
         x = np.asarray(x)
         n = len(group)
-        d = _axis(dim, x.ndim)
-        _check_split(x.shape[d], n, blocks, "reduce_scatter")
+        d = normalize_dim(dim, x.ndim)
+        check_split(x.shape[d], n, blocks, "reduce_scatter")
         call = self._begin("reduce_scatter", group, (("dim", dim), ("blocks", blocks)), x, x)
-        out = self.alloc(_with_dim(x.shape, d, _piece_len(x.shape[d], n, call.rank, blocks)), x.dtype)
-        parts = [_view(other, pick={d: (n, call.rank, blocks)}) for other in call.slot.inputs]
-        _sum_in_rank_order(_view(out, local={d: blocks}), parts)
+        out = self.alloc(with_dim(x.shape, d, piece_len(x.shape[d], n, call.rank, blocks)), x.dtype)
+        parts = [piece_view(other, pick={d: (n, call.rank, blocks)}) for other in call.slot.inputs]
+        sum_in_rank_order(piece_view(out, local={d: blocks}), parts)
         self._end(call, x.nbytes)
         return out
 
     def all_gather(self, x, group, dim, blocks=1):
         x = np.asarray(x)
-        d = _axis(dim, x.ndim)
-        _check_split(x.shape[d] * len(group), len(group), blocks, "all_gather")
+        d = normalize_dim(dim, x.ndim)
+        check_split(x.shape[d] * len(group), len(group), blocks, "all_gather")
         free = d if blocks == 1 else None
         call = self._begin("all_gather", group, (("dim", dim), ("blocks", blocks)), x, x, free)
-        out = _join(list(call.slot.inputs), d, blocks, self.alloc)
+        out = join_pieces(list(call.slot.inputs), d, blocks, self.alloc)
         self._end(call, out.nbytes)
         return out
 
     def gather(self, x, group, root, dim, blocks=1):
         x = np.asarray(x)
-        d = _axis(dim, x.ndim)
-        _check_split(x.shape[d] * len(group), len(group), blocks, "gather")
+        d = normalize_dim(dim, x.ndim)
+        check_split(x.shape[d] * len(group), len(group), blocks, "gather")
         attrs = (("root", root), ("dim", dim), ("blocks", blocks))
         self._check_root(group, root)
         call = self._begin("gather", group, attrs, x, x, d if blocks == 1 else None)
         pieces = list(call.slot.inputs)
-        out = _join(pieces, d, blocks, self.alloc) if call.rank == root else None
+        out = join_pieces(pieces, d, blocks, self.alloc) if call.rank == root else None
         self._end(call, sum(p.nbytes for p in pieces))
         return out
 
@@ -572,21 +503,21 @@ class ThreadComm(Communicator):
         call = self._begin("scatter", group, (("root", root), ("dim", dim), ("blocks", blocks)), x, x)
         whole = call.slot.inputs[root]
         n = call.n
-        d = _axis(dim, whole.ndim)
-        _check_split(whole.shape[d], n, blocks, "scatter")  # every member raises the same error
-        out = self.alloc(_with_dim(whole.shape, d, _piece_len(whole.shape[d], n, call.rank, blocks)), whole.dtype)
-        np.copyto(_view(out, local={d: blocks}), _view(whole, pick={d: (n, call.rank, blocks)}))
+        d = normalize_dim(dim, whole.ndim)
+        check_split(whole.shape[d], n, blocks, "scatter")  # every member raises the same error
+        out = self.alloc(with_dim(whole.shape, d, piece_len(whole.shape[d], n, call.rank, blocks)), whole.dtype)
+        np.copyto(piece_view(out, local={d: blocks}), piece_view(whole, pick={d: (n, call.rank, blocks)}))
         self._end(call, whole.nbytes)
         return out
 
     def all_to_all(self, x, group, split_dim, concat_dim, split_blocks=1, concat_blocks=1):
         x, n, sd, cd, attrs = all_to_all_args(x, group, split_dim, concat_dim, split_blocks, concat_blocks)
         call = self._begin("all_to_all", group, attrs, x, x)
-        shape = _with_dim(x.shape, sd, _piece_len(x.shape[sd], n, call.rank, split_blocks))
-        out = self.alloc(_with_dim(shape, cd, x.shape[cd] * n), x.dtype)
+        shape = with_dim(x.shape, sd, piece_len(x.shape[sd], n, call.rank, split_blocks))
+        out = self.alloc(with_dim(shape, cd, x.shape[cd] * n), x.dtype)
         for r, other in enumerate(call.slot.inputs):
-            dst = _view(out, pick={cd: (n, r, concat_blocks)}, local={sd: split_blocks})
-            np.copyto(dst, _view(other, pick={sd: (n, call.rank, split_blocks)}, local={cd: concat_blocks}))
+            dst = piece_view(out, pick={cd: (n, r, concat_blocks)}, local={sd: split_blocks})
+            np.copyto(dst, piece_view(other, pick={sd: (n, call.rank, split_blocks)}, local={cd: concat_blocks}))
         self._end(call, x.nbytes)
         return out
 
@@ -631,32 +562,3 @@ class ThreadComm(Communicator):
 
 
 # --- helpers of the collectives -------------------------------------------------------------------
-
-
-def _axis(dim: int, ndim: int) -> int:
-    if not -ndim <= dim < ndim:
-        raise ValueError(f"dim {dim} is out of range for a {ndim}-d array")
-    return dim % ndim
-
-
-def _chunk(size: int, n: int, r: int, itemsize: int) -> tuple[int, int]:
-    """[lo, hi) of chunk r of a flat buffer: n near-equal chunks whose inner boundaries are
-    multiples of 64 bytes (on an aligned buffer, two ranks never write the same cache line)."""
-    align = max(1, 64 // itemsize)
-
-    def edge(k: int) -> int:
-        return min(size, -(-(size * k // n) // align) * align)
-
-    return edge(r), edge(r + 1)
-
-
-def _join(pieces: list[np.ndarray], dim: int, blocks: int, alloc=np.empty) -> np.ndarray:
-    """The ranks' pieces of ``dim`` (rank order) joined into a new whole from ``alloc``."""
-    n = len(pieces)
-    p0 = pieces[0]
-    out = alloc(_with_dim(p0.shape, dim, sum(p.shape[dim] for p in pieces)), p0.dtype)
-    if blocks == 1:
-        return np.concatenate(pieces, axis=dim, out=out)
-    for r, p in enumerate(pieces):
-        np.copyto(_view(out, pick={dim: (n, r, blocks)}), _view(p, local={dim: blocks}))
-    return out

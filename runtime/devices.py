@@ -36,7 +36,7 @@ from graphc.runtime.executor import Executable
 from graphc.runtime.threads import one_blas_thread
 
 
-class _CommProxy:
+class CommProxy:
     """Stands for a device's communicator in its compiled program; each run plugs in a fresh one."""
 
     def __init__(self):
@@ -53,7 +53,7 @@ class ParallelExecutable:
         self.timeout_s = timeout_s
         self.stats: dict[str, Any] = {}
         start = time.perf_counter()
-        self.proxies = {p.device: _CommProxy() for p in program.devices}
+        self.proxies = {p.device: CommProxy() for p in program.devices}
         self.executables = {p.device: Executable(p.graph, self.proxies[p.device]) for p in program.devices}
         self.stats["build_s"] = time.perf_counter() - start
         self.last_profile: dict[int, dict] | None = None
@@ -195,7 +195,7 @@ def run_on_devices(devices: list[int], world, mesh, timeout_s: float, body) -> d
     if errors:
         root = {d: e for d, e in errors.items() if not isinstance(e, CommAborted)} or errors
         d = min(root)
-        raise _on_device(root[d], d, mesh)
+        raise on_device_error(root[d], d, mesh)
     if not finished:
         stuck = [f"graphc-device-{d}" for d in devices if d not in results]
         raise GraphcError(f"devices did not finish within {timeout_s + 5:.0f} s: {', '.join(stuck)}")
@@ -294,7 +294,7 @@ def _stop_crews() -> None:
         c.stop()
 
 
-def _on_device(exc: BaseException, device: int, mesh) -> BaseException:
+def on_device_error(exc: BaseException, device: int, mesh) -> BaseException:
     """The same kind of exception, saying which device raised it and at which line of the model."""
     where = next((n[len("graphc: ") :] for n in getattr(exc, "__notes__", []) if n.startswith("graphc: in ")), None)
     msg = f"device {device} (mesh {dict(zip(mesh.axis_names, mesh.coord(device)))}): {exc}"

@@ -27,12 +27,16 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from graphc.core.buffers import root_buffer, unaliased
 from graphc.core.errors import NUMPY_ERRORS, GraphcError, NumpyError, note_where, numpy_error
 from graphc.core.ir import Graph, Node, Value, check_runnable
+from graphc.core.traits import Collective, Constant, DeviceLocal, FreshResult, Fused, ViewOf
+from graphc.ops import OPS
 from graphc.ops.shape import slice_index
 
 
@@ -95,6 +99,20 @@ class BufferPool:
                 self._owned.pop(id(arr), None)
 
 
+@dataclass(slots=True)
+class Step:
+    """One node of a program as the run loop executes it."""
+
+    fn: Callable  # called on the operand arrays; returns a result or a tuple / list of them
+    ins: list[int]  # operand slots
+    outs: list[int]  # result slots
+    counted: bool  # whether its results are counted in the live bytes (not all small)
+    frees: list[int]  # dead slots after it to count out and offer the pool
+    small_frees: list[int]  # dead small slots only to clear
+    in_place: tuple | None  # a kernel that may write a result over an operand dying here: (kernel, [(operand, result)])
+    outside: int  # bytes of counted results the step allocates itself rather than taking from the pool
+
+
 class Program:
     """A compiled block (a graph body or a region)."""
 
@@ -127,17 +145,17 @@ class Program:
         # a program of only modest values (an RNN's steps next to its batched input projection)
         # runs as straight-line code even if some are above SMALL_BYTES: those are allocated
         # fresh (the allocator's heap, no page faults) and freed at their last use, not pooled
-        self._modest = not any(n.regions and n.op.name != "fused" for n in nodes) and all(
+        self._modest = not any(n.regions and not n.op.has(Fused) for n in nodes) and all(
             o.type.nbytes < STRAIGHT_BYTES for n in nodes for o in n.outputs
         )
         for node in nodes:
-            if node.op.name == "constant":
+            if node.op.has(Constant):
                 slot[node.outputs[0]] = len(slot)
                 self.constants.append((slot[node.outputs[0]], np.asarray(node.attrs["value"])))
                 uncounted_roots.add(slot[node.outputs[0]])
                 continue
             fn = self._make_step(node, stats)
-            kernel_of_step[len(steps)] = self.kernels[-1] if node.op.name == "fused" else None
+            kernel_of_step[len(steps)] = self.kernels[-1] if node.op.has(Fused) else None
             safe_operands = all(slot[v] in small or slot[v] in uncounted_roots for v in node.inputs)
             for o in node.outputs:
                 slot[o] = len(slot)
@@ -147,8 +165,10 @@ class Program:
             self.nodes.append(node)
         self.n_slots = len(slot)
         self.out_slots = [slot[v] for v in outputs]
+        made_by = {slot[o]: n for n in nodes for o in n.outputs}
+        self.aliasing = ResultAliasing(self.out_slots, self.n_inputs, made_by)
         # values in buffers this program's steps allocated (not inputs, constants or views)
-        fresh_slots = {slot[o] for n in nodes if n.op.kind in _FRESH_KINDS and not n.regions for o in n.outputs}
+        fresh_slots = {slot[o] for n in nodes if n.op.has(FreshResult) and not n.regions for o in n.outputs}
         # outputs that may be the pool's buffers (Executable.run_flat takes them out of it)
         self.pooled_outputs = [k for k, s in enumerate(self.out_slots) if s not in small]
         keep = set(self.out_slots) | {s for s, _ in self.constants}
@@ -159,22 +179,17 @@ class Program:
         for s, k in last.items():
             if s not in keep and s >= self.n_inputs:
                 steps[k][3].append(s)
-        # per step: (function, operand slots, result slots, whether its results are counted,
-        # dead slots to count out and offer the pool, dead small slots only to clear, for a
-        # kernel that may write a result over an operand dying there (kernel, [(operand position,
-        # result index)]) else None, and the bytes of counted results the step
-        # allocates itself rather than taking from the pool)
         self.steps = [
-            (
+            Step(
                 fn,
                 ins,
                 outs,
-                not all(s in small for s in outs),
-                [s for s in frees if s not in small],
-                [s for s in frees if s in small],
-                _in_place(kernel_of_step.get(k), self.nodes[k], ins, frees, small, fresh_slots),
-                0
-                if self.nodes[k].op.name == "fused"
+                counted=not all(s in small for s in outs),
+                frees=[s for s in frees if s not in small],
+                small_frees=[s for s in frees if s in small],
+                in_place=_in_place(kernel_of_step.get(k), self.nodes[k], ins, frees, small, fresh_slots),
+                outside=0
+                if self.nodes[k].op.has(Fused)
                 else sum(
                     v.type.nbytes for v, s in zip(self.nodes[k].outputs, outs) if s in fresh_slots and s not in small
                 ),
@@ -184,7 +199,9 @@ class Program:
 
         # a program whose every value is small keeps no accounting: it runs as one generated
         # straight-line Python function (a call per step, locals for slots), as torch.fx does
-        self._straight = self._straight_line() if self._modest or not any(st[3] or st[4] for st in self.steps) else None
+        self._straight = (
+            self._straight_line() if self._modest or not any(st.counted or st.frees for st in self.steps) else None
+        )
         if self._straight is not None:
             self.pooled_outputs = []
 
@@ -203,7 +220,7 @@ class Program:
         step_line: dict[int, int] = {}
         uses: dict[int, int] = {}
         for st in self.steps:
-            for i in st[1]:
+            for i in st.ins:
                 uses[i] = uses.get(i, 0) + 1
         for s in self.out_slots:
             uses[s] = uses.get(s, 0) + 1
@@ -211,14 +228,15 @@ class Program:
         inline: dict[int, tuple[str, set[int]]] = {}
         body: list[tuple[str, set[int], int]] = []  # (line, slots it reads, step)
         fresh: set[int] = set()  # slots that surely hold a new writeable array of 1 or more dims
-        for k, (fn, ins, outs, _counted, _frees, _small_frees, _in_place, _outside) in enumerate(self.steps):
+        for k, st in enumerate(self.steps):
+            fn, ins, outs = st.fn, st.ins, st.outs
             node = self.nodes[k]
             args, reads = [], set()
             for i in ins:
                 expr, more = inline.pop(i, (names[i], {i}))
                 args.append(expr)
                 reads |= more
-            view = _view_expression(node, args[0], k) if node.op.name in _VIEW_STEPS else None
+            view = _view_expression(node, args[0], k) if node.op.has(ViewOf) else None
             if view is not None:
                 env[f"a{k}"] = view[1]
                 if uses.get(outs[0], 0) == 1 and outs[0] not in self.out_slots:
@@ -228,7 +246,7 @@ class Program:
                 continue
             env[f"f{k}"] = fn
             body.append((_call_line(node, [names[o] for o in outs], f"f{k}({', '.join(args)})"), reads, k))
-            if node.op.name in ("fused", "matmul"):
+            if node.op.has(Fused) or node.op is OPS.matmul:
                 fresh.update(o for o, v in zip(outs, node.outputs) if v.type.ndim)
         # each local made by a step is deleted after the last line that reads it (not the results)
         keep = set(self.out_slots) | {s for s, _ in self.constants} | set(range(self.n_inputs))
@@ -242,7 +260,11 @@ class Program:
             results = [names[s] if s in fresh else f"result({names[s]})" for s in self.out_slots]
         else:
             results = [names[s] for s in self.out_slots]
-        lines.append(f"    return [{', '.join(results)}]")
+        if handed and self.aliasing.needed:  # results that may share memory with the arguments or each other
+            env["unalias"] = self.aliasing.apply
+            lines.append(f"    return unalias([{', '.join(results)}], args)")
+        else:
+            lines.append(f"    return [{', '.join(results)}]")
         lines += ["  except Exception as exc:", "    fail(exc)", "    raise"]
         source = "\n".join(lines) + "\n"
         code = compile(source, "<graphc program>", "exec")
@@ -251,8 +273,7 @@ class Program:
         return env["run"]
 
     def _make_step(self, node: Node, stats: dict[str, Any]) -> Callable:
-        name = node.op.name
-        if name == "fused":
+        if node.op.has(Fused):
             # numba loads here, when a graph first has a fused kernel: plain graphs and the reference
             # paths never pay its import (about 0.35 s)
             from graphc.runtime.codegen import CompiledKernel
@@ -264,7 +285,7 @@ class Program:
             stats.setdefault("kernels", []).append(len(node.regions[0].nodes))
             self.kernels.append(kernel)
             return kernel.call
-        if node.op.kind == "comm" and name in COLLECTIVES:
+        if node.op.has(Collective):
             return _collective_step(node, self.comm)
         if node.regions:
             regions = [Program(r.inputs, r.nodes, r.outputs, self.pool, stats) for r in node.regions]
@@ -277,16 +298,16 @@ class Program:
                 return impl(lambda region, arrays: by_region[id(region)](list(arrays)), node.regions, *xs, **attrs)
 
             return run_control
-        if name == "matmul":
+        if node.op is OPS.matmul:
             return _matmul if max(v.type.ndim for v in node.inputs) > 2 else np.matmul
         attrs = node.attrs
-        if name == "slice":
+        if node.op is OPS.slice:
             index = slice_index(attrs["starts"], attrs["stops"], attrs["steps"])
             return lambda x: x[index]
-        if name == "reshape":
+        if node.op is OPS.reshape:
             shape = attrs["shape"]
             return lambda x: x.reshape(shape)
-        if name == "transpose":
+        if node.op is OPS.transpose:
             perm = attrs["perm"]
             return lambda x: x.transpose(perm)
         if len(node.outputs) == 1 and node.outputs[0].type.ndim:
@@ -299,58 +320,60 @@ class Program:
         return lambda *xs: evaluate(*xs, **attrs)
 
     def run(self, args: Sequence[np.ndarray], profile: dict | None = None) -> list[np.ndarray]:
-        if profile is not None:
-            return self._run_profiled(args, profile)
-        if self._straight is not None:
+        """The program's results on ``args``. ``profile``: a dict that receives every step's event
+        (name, source line, start, end, bytes a collective moves) in ``profile["events"]`` and the
+        peak bytes the device holds in ``profile["peak_bytes"]``: its inputs and constants, the
+        arrays its steps made (views count nothing) and the free buffers of its pool (the numbers a
+        memory model predicts)."""
+        if profile is None and self._straight is not None:
             return self._straight(args)
-        return self._run_counted(args)
+        recorder = None if profile is None else _Profile(profile, args, self.constants, self.pool.free_bytes)
+        return self._run_steps(args, recorder)
 
-    def _run_counted(self, args: Sequence[np.ndarray]) -> list[np.ndarray]:
-        """The steps one by one, counting the live bytes and trimming the pool (see the module doc)."""
+    def _run_steps(self, args: Sequence[np.ndarray], profile: _Profile | None) -> list[np.ndarray]:
+        """The steps one by one, counting the live bytes and trimming the pool (see the module doc);
+        with ``profile``, every value is counted and every step timed."""
         env: list[Any] = [None] * self.n_slots
         env[: self.n_inputs] = args
         for s, value in self.constants:
             env[s] = value
         pool = self.pool
-        give_back = pool.give_back
         live, high = 0, self.high_water
         buffers = _Buffers(args, self.constants)
-        hold, release = buffers.hold, buffers.release
-        for k, (fn, ins, outs, counted, frees, small_frees, in_place, outside) in enumerate(self.steps):
-            if outside and live + outside + pool.free_bytes > high:
-                pool.trim(max(0, high - live - outside))  # room for what the step allocates itself
+        clock = time.perf_counter
+        for k, st in enumerate(self.steps):
+            if st.outside and live + st.outside + pool.free_bytes > high:
+                pool.trim(max(0, high - live - st.outside))  # room for what the step allocates itself
+            start = clock() if profile is not None else 0.0
             try:
-                if in_place is None:
-                    results = fn(*[env[i] for i in ins])
+                if st.in_place is None:
+                    results = st.fn(*[env[i] for i in st.ins])
                 else:
-                    results = _call_in_place(fn, in_place, ins, env, buffers)
+                    results = _call_in_place(st.fn, st.in_place, st.ins, env, buffers)
             except Exception as exc:
                 self._step_failed(k, exc)
                 raise
             if type(results) is not tuple and type(results) is not list:
                 results = (results,)
-            if counted:
-                for s, r in zip(outs, results):
-                    env[s] = r
-                    live += hold(r)
+            counting = st.counted or profile is not None  # a profile measures exactly: every value counts
+            live += _store(env, st.outs, results, buffers if counting else None)
+            if profile is not None:
+                high = max(high, live)
+                profile.step(self.nodes[k], start, clock(), live + pool.free_bytes)
+                live -= _free(env, st.frees + st.small_frees, buffers, pool)
             else:
-                for s, r in zip(outs, results):
-                    env[s] = r
-            for s in small_frees:
-                env[s] = None
-            if not (counted or frees):
-                continue
-            for s in frees:
-                arr = env[s]
-                env[s] = None
-                live -= release(arr)
-                give_back(arr)
-                del arr
+                for s in st.small_frees:
+                    env[s] = None
+                if not (st.counted or st.frees):
+                    continue
+                live -= _free(env, st.frees, buffers, pool)
             if live > high:
                 high = live
             if live + pool.free_bytes > high:
                 pool.trim(high - live)
         self.high_water = high
+        if profile is not None:
+            profile.finish()
         return [env[s] for s in self.out_slots]
 
     def _step_failed(self, k: int, exc: Exception) -> None:
@@ -374,66 +397,82 @@ class Program:
             return
         self._step_failed(k, exc)
 
-    def _run_profiled(self, args: Sequence[np.ndarray], profile: dict) -> list[np.ndarray]:
-        """``run`` that records every step (name, source line, start, end, bytes) in
-        ``profile["events"]`` and the peak bytes the device holds in ``profile["peak_bytes"]``:
-        its inputs and constants, the arrays its steps made (views count nothing) and the free
-        buffers of its pool (the numbers a memory model predicts)."""
-        env: list[Any] = [None] * self.n_slots
-        env[: self.n_inputs] = args
-        held = sum(np.asarray(a).nbytes for a in args)
-        for s, value in self.constants:
-            env[s] = value
-            held += value.nbytes
-        pool = self.pool
-        live, high = 0, self.high_water
-        buffers = _Buffers(args, self.constants)
-        peak = held + live + pool.free_bytes
-        events = profile.setdefault("events", [])
-        clock = time.perf_counter
-        give_back = pool.give_back
-        for k, (fn, ins, outs, _counted, big_frees, small_frees, in_place, outside) in enumerate(self.steps):
-            frees = big_frees + small_frees  # measured exactly: every value counts
-            node = self.nodes[k]
-            if outside and live + outside + pool.free_bytes > high:
-                pool.trim(max(0, high - live - outside))
-            start = clock()
-            try:
-                if in_place is None:
-                    results = fn(*[env[i] for i in ins])
-                else:
-                    results = _call_in_place(fn, in_place, ins, env, buffers)
-            except Exception as exc:
-                self._step_failed(k, exc)
-                raise
-            end = clock()
-            if type(results) is not tuple and type(results) is not list:
-                results = (results,)
-            for s, r in zip(outs, results):
-                env[s] = r
-                live += buffers.hold(r)
-            high = max(high, live)
-            peak = max(peak, held + live + pool.free_bytes)
-            events.append(
-                (
-                    node.op.name,
-                    str(node.loc) if node.loc else "",
-                    start,
-                    end,
-                    sum(v.type.nbytes for v in node.inputs) if node.op.kind == "comm" else 0,
-                )
-            )
-            for s in frees:
-                arr = env[s]
-                env[s] = None
-                live -= buffers.release(arr)
-                give_back(arr)
-                del arr
-            if live + pool.free_bytes > high:
-                pool.trim(high - live)
-        self.high_water = high
-        profile["peak_bytes"] = max(profile.get("peak_bytes", 0), peak)
-        return [env[s] for s in self.out_slots]
+
+def _store(env: list, outs: list[int], results: Sequence[Any], buffers: _Buffers | None) -> int:
+    """Put a step's results in their slots; the bytes they add to the live ones (``buffers``:
+    counted; None: not counted)."""
+    added = 0
+    for s, r in zip(outs, results):
+        env[s] = r
+        if buffers is not None:
+            added += buffers.hold(r)
+    return added
+
+
+def _free(env: list, slots: list[int], buffers: _Buffers, pool: BufferPool) -> int:
+    """Clear dead slots, offering their buffers to the pool; the live bytes this frees."""
+    freed = 0
+    for s in slots:
+        arr = env[s]
+        env[s] = None
+        freed += buffers.release(arr)
+        pool.give_back(arr)
+        del arr
+    return freed
+
+
+class _Profile:
+    """What a profiled run records (Program.run): each step's event, and the peak bytes held."""
+
+    def __init__(self, out: dict, args: Sequence[np.ndarray], constants: list[tuple[int, np.ndarray]], pool_bytes: int):
+        self.out = out
+        self.events = out.setdefault("events", [])
+        self.held = sum(np.asarray(a).nbytes for a in args) + sum(c.nbytes for _, c in constants)
+        self.peak = self.held + pool_bytes
+
+    def step(self, node: Node, start: float, end: float, made_bytes: int) -> None:
+        """A step ran from ``start`` to ``end``; its results and the pool's free buffers, with the
+        values live before it, are ``made_bytes``."""
+        moves = node.op.has(Collective) or node.op.has(DeviceLocal)
+        nbytes = sum(v.type.nbytes for v in node.inputs) if moves else 0
+        self.events.append((node.op.name, str(node.loc) if node.loc else "", start, end, nbytes))
+        self.peak = max(self.peak, self.held + made_bytes)
+
+    def finish(self) -> None:
+        self.out["peak_bytes"] = max(self.out.get("peak_bytes", 0), self.peak)
+
+
+class ResultAliasing:
+    """Which results of a program may share memory with its arguments or with each other, and the
+    copies that prevent it: a caller who writes into a result must never change an argument or
+    another result (numpy's ``np.copy(x)``, ``x * 1`` and ``(x * 2, x * 2)`` give new arrays; graphc's
+    simplification may leave an output that is an input, or one value returned twice).
+
+    ``always``: results that are an argument itself, or a value an earlier result already is: always
+    copied. ``check``: whether some result is made by an op whose result may be a view of its
+    operand (a shape op, a control-flow op, a collective): then every result's buffer is compared
+    with the arguments' and the earlier results' at each call, and copied if it is one of them.
+    Results of elementwise, reduction, contraction and fused ops are new buffers and cost nothing.
+    Unlike numpy, graphc hands out a new array even where numpy's result would be a view of an
+    argument (``lambda x: x.T``), as ``jax.jit`` does."""
+
+    def __init__(self, out_slots: list[int], n_inputs: int, made_by: dict[int, Node]):
+        self.always: list[int] = []
+        seen: set[int] = set()
+        self.check = False
+        for k, s in enumerate(out_slots):
+            node = made_by.get(s)
+            if s < n_inputs or s in seen:
+                self.always.append(k)
+            elif node is not None and (not node.op.has(FreshResult) or node.regions) and not node.op.has(Constant):
+                self.check = True
+            seen.add(s)
+        self.needed = bool(self.always) or self.check
+
+    def apply(self, outs: list, args: Sequence[Any]) -> list:
+        for k in self.always:
+            outs[k] = np.array(outs[k], copy=True)
+        return unaliased(outs, args) if self.check else outs
 
 
 def _handed_result(o: Any) -> np.ndarray:
@@ -455,7 +494,6 @@ def _is_numpy_error(exc: Exception) -> bool:
 SMALL_BYTES = 1 << 16
 # A program none of whose values reaches this size runs as straight-line code (Program._modest).
 STRAIGHT_BYTES = 1 << 20
-_FRESH_KINDS = ("elementwise", "reduction", "contraction", "fused")  # never a view of an operand
 
 
 def _call_line(node: Node, outs: list[str], call: str) -> str:
@@ -463,9 +501,9 @@ def _call_line(node: Node, outs: list[str], call: str) -> str:
     if len(outs) > 1:
         return f"    {', '.join(outs)}, = {call}"
     (v,) = outs
-    if node.op.name == "matmul":  # np.matmul / _matmul: the array itself
+    if node.op is OPS.matmul:  # np.matmul / _matmul: the array itself
         return f"    {v} = {call}"
-    if node.op.name == "fused":  # CompiledKernel.call: a tuple
+    if node.op.has(Fused):  # CompiledKernel.call: a tuple
         return f"    {v}, = {call}"
     # a tuple or list of one result, or the result itself (see Program.run)
     return f"    {v} = {call}; {v} = {v}[0] if type({v}) is tuple or type({v}) is list else {v}"
@@ -484,21 +522,21 @@ def _last_reads(body: list[tuple[str, set[int], int]], keep: set[int], names: di
     return {n: sorted(d) for n, d in dies.items()}
 
 
-_VIEW_STEPS = ("slice", "reshape", "transpose")
-
-
-def _view_expression(node: Node, operand: str, k: int) -> tuple[str, Any]:
-    """Python source of a view step on ``operand`` (its attribute bound as the global ``a{k}``)."""
+def _view_expression(node: Node, operand: str, k: int) -> tuple[str, Any] | None:
+    """Python source of a view step on ``operand`` (its attribute bound as the global ``a{k}``);
+    None for a view op that runs as a call (broadcast_to, split)."""
     a = node.attrs
-    if node.op.name == "slice":
+    if node.op is OPS.slice:
         return f"{operand}[a{k}]", slice_index(a["starts"], a["stops"], a["steps"])
-    if node.op.name == "reshape":
+    if node.op is OPS.reshape:
         return f"{operand}.reshape(a{k})", a["shape"]
-    return f"{operand}.transpose(a{k})", a["perm"]
+    if node.op is OPS.transpose:
+        return f"{operand}.transpose(a{k})", a["perm"]
+    return None
 
 
 def _small_fresh(node: Node, v: Value) -> bool:
-    return node.op.kind in _FRESH_KINDS and v.type.nbytes < SMALL_BYTES
+    return node.op.has(FreshResult) and v.type.nbytes < SMALL_BYTES
 
 
 def _in_place(kernel: Any, node: Node, ins: list[int], frees: list[int], small: set[int], fresh: set[int]):
@@ -535,13 +573,13 @@ class _Buffers:
     def __init__(self, args: Sequence[np.ndarray], constants: list[tuple[int, np.ndarray]]):
         self.users: dict[int, list] = {}  # id of a root buffer -> [values looking into it, bytes]
         for a in [*args, *(c for _, c in constants)]:
-            root = _root(a)
+            root = root_buffer(a)
             if root is not None:
                 self.users[id(root)] = [1 << 60, 0]  # never released, never counted
 
     def hold(self, x: Any) -> int:
         """Count value ``x``; the bytes its buffer adds to the live ones."""
-        root = _root(x)
+        root = root_buffer(x)
         if root is None:
             return 0
         entry = self.users.get(id(root))
@@ -554,7 +592,7 @@ class _Buffers:
     def sole(self, x: Any) -> bool:
         """Whether ``x`` is a C-contiguous, writeable array over the whole of a buffer that no other
         live value looks into (a result may then be written over it)."""
-        root = _root(x)
+        root = root_buffer(x)
         if root is None or not x.flags.c_contiguous or not x.flags.writeable or x.size != root.size:
             return False
         entry = self.users.get(id(root))
@@ -562,7 +600,7 @@ class _Buffers:
 
     def release(self, x: Any) -> int:
         """Value ``x`` is dead; the bytes this frees from the live ones."""
-        root = _root(x)
+        root = root_buffer(x)
         entry = self.users.get(id(root)) if root is not None else None
         if entry is None:
             return 0
@@ -573,16 +611,13 @@ class _Buffers:
         return entry[1]
 
 
-def _root(x: Any) -> np.ndarray | None:
-    """The array whose buffer ``x`` looks into (``x`` itself when it owns its data)."""
-    if type(x) is not np.ndarray:
-        return None
-    while isinstance(x.base, np.ndarray):
-        x = x.base
-    return x
-
-
-COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
+# the attributes each collective's communicator method (of the op's name) takes after the group
+_COLLECTIVE_ARGS = {
+    "all_reduce": (),
+    "reduce_scatter": ("dim", "blocks"),
+    "all_gather": ("dim", "blocks"),
+    "all_to_all": ("split_dim", "concat_dim", "split_blocks", "concat_blocks"),
+}
 
 
 def _collective_step(node: Node, comm) -> Callable:
@@ -591,16 +626,10 @@ def _collective_step(node: Node, comm) -> Callable:
         raise GraphcError(
             f"{node.op.name} at {node.loc} needs a communicator: run device programs with runtime/devices.py"
         )
-    a = node.attrs
-    group = a["group"]
-    name = node.op.name
-    if name == "all_reduce":
-        return lambda x: comm.all_reduce(x, group)
-    if name == "reduce_scatter":
-        return lambda x: comm.reduce_scatter(x, group, a["dim"], a["blocks"])
-    if name == "all_gather":
-        return lambda x: comm.all_gather(x, group, a["dim"], a["blocks"])
-    return lambda x: comm.all_to_all(x, group, a["split_dim"], a["concat_dim"], a["split_blocks"], a["concat_blocks"])
+    group = node.attrs["group"]
+    args = tuple(node.attrs[a] for a in _COLLECTIVE_ARGS[node.op.name])
+    name = node.op.name  # (looked up at each call: a device's communicator changes between runs)
+    return lambda x: getattr(comm, name)(x, group, *args)
 
 
 def _matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -634,15 +663,18 @@ class Executable:
 
     def run_flat(self, arrays: list[np.ndarray], profile: dict | None = None) -> list[np.ndarray]:
         if profile is not None:
-            return self._handed_out(self.program.run([np.asarray(a) for a in arrays], profile))
+            args = [np.asarray(a) for a in arrays]
+            return self._handed_out(self.program.run(args, profile), args)
         return self.run_arrays([np.asarray(a) for a in arrays])
 
     def run_arrays(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         """``run_flat`` of arguments that are all ndarrays already."""
-        return self._handed_out(self.program.run(arrays))
+        return self._handed_out(self.program.run(arrays), arrays)
 
-    def _handed_out(self, outs: list) -> list[np.ndarray]:
+    def _handed_out(self, outs: list, args: Sequence[np.ndarray]) -> list[np.ndarray]:
         for k in self.program.pooled_outputs:
             self.pool.forget(outs[k])
         # constants are read-only and shared between calls: callers get writeable copies
-        return [_handed_result(o) for o in outs]
+        handed = [_handed_result(o) for o in outs]
+        aliasing = self.program.aliasing
+        return aliasing.apply(handed, args) if aliasing.needed else handed

@@ -45,8 +45,9 @@ def arithmetic_expr(name: str, args: list[str], dtype: np.dtype) -> str | None:
         return f"{cast}(-{args[0]})"
     if name == "abs":
         return f"{cast}(abs({args[0]}))"
-    if name == "sign":
-        return f"{cast}(np.sign({args[0]}))"
+    if name == "sign":  # numpy's: sign(-0.0) is +0.0 and sign(nan) nan (Numba's np.sign keeps -0.0)
+        a = args[0]
+        return f"{cast}(1 if {a} > 0 else -1 if {a} < 0 else ({a} if {a} != {a} else 0))"
     return None
 
 

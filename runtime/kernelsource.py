@@ -51,6 +51,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from graphc.core.ir import Node, Region, Value
+from graphc.core.traits import LOAD_STORE, Constant, Elementwise, Reduction
+from graphc.ops import OPS
 from graphc.runtime import fastmath
 from graphc.runtime.kernelexpr import (
     arithmetic_expr,
@@ -66,10 +68,19 @@ from graphc.runtime.kernelexpr import (
 # calls, so editing fastmath.py must give the kernels new cache entries
 FASTMATH_VERSION = hashlib.sha256(pathlib.Path(fastmath.__file__).read_bytes()).hexdigest()[:12]
 
-REDUCTIONS = ("reduce_sum", "reduce_max", "reduce_min")
-# ops a float sum's input may be recomputed through, in a loop of its own, rather than staged in a
-# row (_Generator._row_sum): as cheap as the load and store they save
-CHEAP_OPS = ("add", "sub", "mul", "neg", "abs", "maximum", "minimum", "where", "compare", "convert")
+
+def is_reduction(node: Node) -> bool:
+    """A row reduction of a kernel (passes/fuse.py puts only last-axis sums, maxes and mins in one)."""
+    return node.op.has(Reduction)
+
+
+def is_load_store_cheap(node: Node) -> bool:
+    """An op a float sum's input may be recomputed through, in a loop of its own, rather than
+    staged in a row (_Generator._row_sum): as cheap as the load and store it saves."""
+    ew = node.op.trait(Elementwise)
+    return ew is not None and ew.cost <= LOAD_STORE
+
+
 RECOMPUTE_DEPTH = 4
 
 
@@ -144,7 +155,7 @@ class KernelSpec:
         row_inputs: set[Value] = set()
         for node in region.nodes:  # an input used by a row op or a reduction-free row computation is row-level
             if (
-                node.op.name not in REDUCTIONS
+                not is_reduction(node)
                 and node.outputs[0].shape in self.row_shapes
                 and node.outputs[0].shape != self.space
             ):
@@ -156,9 +167,9 @@ class KernelSpec:
         for k, node in enumerate(region.nodes):
             out = node.outputs[0]
             self.names[out] = f"v{k}"
-            if node.op.name == "constant":
+            if node.op.has(Constant):
                 self.level[out], self.phase[out] = "const", 0
-            elif node.op.name in REDUCTIONS:
+            elif is_reduction(node):
                 self.level[out] = "row"
                 self.phase[out] = self.phase[node.inputs[0]] + 1
             elif out.shape == self.space:
@@ -178,17 +189,17 @@ class KernelSpec:
 
     def _in_loop(self, node: Node) -> bool:
         """Whether the node runs inside an element loop (an elementwise op or a reduction)."""
-        return node.op.name in REDUCTIONS or self.level[node.outputs[0]] == "elem"
+        return is_reduction(node) or self.level[node.outputs[0]] == "elem"
 
     def _loop_phase(self, node: Node) -> int:
         """The phase whose loop runs the node: a reduction accumulates in the loop of its input."""
-        return self.phase[node.inputs[0]] if node.op.name in REDUCTIONS else self.phase[node.outputs[0]]
+        return self.phase[node.inputs[0]] if is_reduction(node) else self.phase[node.outputs[0]]
 
     def operand_kinds(self) -> list[OperandKind]:
         """How each operand is passed. An operand a reduction reads is a row of n elements, so it
         needs a per-element kind even when all its dims are 1 (a batch of one: space (1,) or
         (1, 1), where operand_kind would call it a scalar); the caller materializes it."""
-        reduced = {n.inputs[0] for n in self.region.nodes if n.op.name in REDUCTIONS}
+        reduced = {n.inputs[0] for n in self.region.nodes if is_reduction(n)}
         kinds = []
         for v in self.region.inputs:
             kind = operand_kind(v.shape, self.space, self.level[v] == "row")
@@ -321,7 +332,7 @@ class KernelSpec:
         """The region's scalar constants, hoisted out of the loops."""
         lines = []
         for node in self.region.nodes:
-            if node.op.name != "constant":
+            if not node.op.has(Constant):
                 continue
             out = node.outputs[0]
             lines.append(f"{self.names[out]} = {np_type(out.dtype)}({constant_text(node.attrs['value'])})")
@@ -448,7 +459,7 @@ class _Generator:
             v = node.outputs[0]
             if spec.level[v] == "row":
                 lines.append(f"{spec.names[v]} = {np_type(v.dtype)}(0)")
-                if node.op.name in REDUCTIONS and spec._loop_phase(node) == 0:
+                if is_reduction(node) and spec._loop_phase(node) == 0:
                     lines.append(f"n_{spec.names[v]} = {np_type(v.dtype)}(0)")
         lines.append("for r in range(r0 - 1, r1):")
         lines.extend("    " + s for s in body)
@@ -469,7 +480,7 @@ class _Generator:
         return [
             f"{spec.names[n.outputs[0]]} = n_{spec.names[n.outputs[0]]}"
             for n in spec.region.nodes
-            if n.op.name in REDUCTIONS and spec._loop_phase(n) == 0
+            if is_reduction(n) and spec._loop_phase(n) == 0
         ]
 
     def _row_op_lines(self, p: int) -> list[str]:
@@ -480,7 +491,7 @@ class _Generator:
         for node in spec.region.nodes:
             out = node.outputs[0]
             at = spec.phase[out] == p or (p == spec.n_phases and spec.phase[out] > p)
-            if node.op.name not in REDUCTIONS and spec.level[out] == "row" and at:
+            if not is_reduction(node) and spec.level[out] == "row" and at:
                 lines.append(f"{spec.names[out]} = {spec.expr(node, spec.row_ref)}")
         return lines
 
@@ -515,10 +526,10 @@ class _Generator:
             if not spec._in_loop(node) or spec._loop_phase(node) != p:
                 continue
             v = node.outputs[0]
-            if node.op.name == "reduce_sum" and v.dtype.kind == "f":
+            if node.op is OPS.reduce_sum and v.dtype.kind == "f":
                 staged.append(node)
                 continue
-            if node.op.name in REDUCTIONS:
+            if is_reduction(node):
                 _accumulate(out, node, prefix + spec.names[v], loop.ref(node.inputs[0]))
                 continue
             loop.lines.append(f"{prefix}{spec.names[v]} = {spec.expr(node, loop.ref)}")
@@ -583,7 +594,7 @@ class _Generator:
         if self._waits(v, p):
             return self.home_ref(v, rows)
         node = v.producer
-        if depth == 0 or node is None or node.op.name not in CHEAP_OPS:
+        if depth == 0 or node is None or not is_load_store_cheap(node):
             return None
         refs: dict[Value, str] = {}
         for u in node.inputs:
@@ -661,12 +672,12 @@ def _accumulate(into: _Pass, node: Node, name: str, x: str) -> None:
     dtype = node.outputs[0].dtype
     cast = np_type(dtype)
     acc = f"a_{name}"
-    if node.op.name == "reduce_sum":  # integers: exact in any order (float sums: _Generator.row_sum)
+    if node.op is OPS.reduce_sum:  # integers: exact in any order (float sums: _Generator.row_sum)
         into.init.append(f"{acc} = {cast}(0)")
         into.body.append(f"{acc} += {cast}({x})")
         into.final.append(f"{name} = {cast}({acc})")
         return
-    largest = node.op.name == "reduce_max"
+    largest = node.op is OPS.reduce_max
     if dtype.kind == "f":
         into.init.append(f"{acc} = {cast}(float('{'-' if largest else ''}inf'))")
         into.body.append(f"{acc} = fm.{'maximum' if largest else 'minimum'}({acc}, {cast}({x}))")

@@ -29,19 +29,17 @@ from typing import Any
 import numpy as np
 
 from graphc.core.dtypes import BY_SHORT_NAME, SHORT_NAMES
-from graphc.runtime.comm import (
-    CommError,
-    Communicator,
-    _axis,
-    _check_split,
-    _chunk,
-    _piece_len,
-    _sum_in_rank_order,
-    _view,
-    _with_dim,
-    all_to_all_args,
-)
+from graphc.runtime.comm import CommError, Communicator, all_to_all_args
 from graphc.runtime.mpi_world import DEFAULT_TIMEOUT_S, MpiWorld
+from graphc.runtime.pieces import (
+    check_split,
+    chunk_bounds,
+    normalize_dim,
+    piece_len,
+    piece_view,
+    sum_in_rank_order,
+    with_dim,
+)
 
 # all_reduce while (n-1) x its bytes stay under this: one all-gather of the inputs and a local sum
 # (one latency, (n-1) x the bytes per rank); above, all-to-all + all-gather of chunks (two latencies,
@@ -217,7 +215,7 @@ class MpiComm(Communicator):
             self._wait(call.comm.Iallgather([_bytes(src), self.MPI.BYTE], [every, self.MPI.BYTE]), str(call))
             parts = [every[r * x.nbytes : (r + 1) * x.nbytes].view(x.dtype) for r in range(n)]
             parts[rank] = flat_src
-            _sum_in_rank_order(flat_out, parts, own)
+            sum_in_rank_order(flat_out, parts, own)
         else:
             self._all_reduce_chunks(call, flat_src, flat_out, own)
         self._end(call, x.nbytes)
@@ -226,7 +224,7 @@ class MpiComm(Communicator):
     def _all_reduce_chunks(self, call: _Call, flat_src: np.ndarray, flat_out: np.ndarray, own: int | None) -> None:
         """Rank r sums chunk r of every input in rank order, then every rank gets every sum."""
         n, rank, itemsize = call.n, call.rank, flat_src.itemsize
-        bounds = [_chunk(flat_src.size, n, r, itemsize) for r in range(n)]
+        bounds = [chunk_bounds(flat_src.size, n, r, itemsize) for r in range(n)]
         lo, hi = bounds[rank]
         mine = (hi - lo) * itemsize
         counts = [(b - a) * itemsize for a, b in bounds]
@@ -241,21 +239,21 @@ class MpiComm(Communicator):
         self._wait(req, str(call))
         parts = [recv[r * mine : (r + 1) * mine].view(flat_src.dtype) for r in range(n)]
         parts[rank] = flat_src[lo:hi]
-        _sum_in_rank_order(flat_out[lo:hi], parts, own)
+        sum_in_rank_order(flat_out[lo:hi], parts, own)
         req = call.comm.Iallgatherv(self.MPI.IN_PLACE, [_bytes(flat_out), (counts, displs), self.MPI.BYTE])
         self._wait(req, str(call))
 
     def reduce_scatter(self, x, group, dim, blocks=1):
         x = np.asarray(x)
         n = len(group)
-        d = _axis(dim, x.ndim)
-        _check_split(x.shape[d], n, blocks, "reduce_scatter")
+        d = normalize_dim(dim, x.ndim)
+        check_split(x.shape[d], n, blocks, "reduce_scatter")
         call = self._begin("reduce_scatter", group, (("dim", dim), ("blocks", blocks)), x)
         rank = call.rank
-        out = self.alloc(_with_dim(x.shape, d, _piece_len(x.shape[d], n, rank, blocks)), x.dtype)
-        own = _view(x, pick={d: (n, rank, blocks)})
+        out = self.alloc(with_dim(x.shape, d, piece_len(x.shape[d], n, rank, blocks)), x.dtype)
+        own = piece_view(x, pick={d: (n, rank, blocks)})
         if n == 1:
-            np.copyto(_view(out, local={d: blocks}), own)
+            np.copyto(piece_view(out, local={d: blocks}), own)
         else:
             packed, counts, displs = self._pack(x, d, blocks, n, rank)
             mine = out.nbytes
@@ -269,10 +267,10 @@ class MpiComm(Communicator):
             parts = [
                 own
                 if r == rank
-                else _view(recv[r * mine : (r + 1) * mine].view(x.dtype).reshape(out.shape), local={d: blocks})
+                else piece_view(recv[r * mine : (r + 1) * mine].view(x.dtype).reshape(out.shape), local={d: blocks})
                 for r in range(n)
             ]
-            _sum_in_rank_order(_view(out, local={d: blocks}), parts)
+            sum_in_rank_order(piece_view(out, local={d: blocks}), parts)
         self._end(call, x.nbytes)
         return out
 
@@ -281,7 +279,7 @@ class MpiComm(Communicator):
         counts, byte displacements). ``x`` itself when its pieces are contiguous runs of it, else
         the pieces copied back to back into a scratch buffer."""
         row = x.itemsize * (x.size // x.shape[d] if x.shape[d] else 0)
-        whole = [_piece_len(x.shape[d], n, j, blocks) * row for j in range(n)]
+        whole = [piece_len(x.shape[d], n, j, blocks) * row for j in range(n)]
         counts = [0 if j == skip else c for j, c in enumerate(whole)]
         if blocks == 1 and _leading(x.shape, d) and x.flags.c_contiguous:
             return _bytes(x), counts, _offsets(whole)
@@ -290,20 +288,20 @@ class MpiComm(Communicator):
         for j in range(n):
             if j == skip:
                 continue
-            shape = _with_dim(x.shape, d, _piece_len(x.shape[d], n, j, blocks))
+            shape = with_dim(x.shape, d, piece_len(x.shape[d], n, j, blocks))
             dst = packed[at : at + counts[j]].view(x.dtype).reshape(shape)
-            np.copyto(_view(dst, local={d: blocks}), _view(x, pick={d: (n, j, blocks)}))
+            np.copyto(piece_view(dst, local={d: blocks}), piece_view(x, pick={d: (n, j, blocks)}))
             at += counts[j]
         return packed, counts, _offsets(counts)
 
     def all_gather(self, x, group, dim, blocks=1):
         x = np.asarray(x)
         n = len(group)
-        d = _axis(dim, x.ndim)
-        _check_split(x.shape[d] * n, n, blocks, "all_gather")
+        d = normalize_dim(dim, x.ndim)
+        check_split(x.shape[d] * n, n, blocks, "all_gather")
         call = self._begin("all_gather", group, (("dim", dim), ("blocks", blocks)), x, d if blocks == 1 else None)
         lengths = self._piece_lengths(call, x, d) if blocks == 1 else [x.shape[d]] * n
-        out = self.alloc(_with_dim(x.shape, d, sum(lengths)), x.dtype)
+        out = self.alloc(with_dim(x.shape, d, sum(lengths)), x.dtype)
         if n == 1:
             np.copyto(out, x)
         else:
@@ -362,25 +360,25 @@ class MpiComm(Communicator):
         staged = recv[0]
         at = 0
         for r in range(n):
-            piece = staged[displs[r] : displs[r] + counts[r]].view(x.dtype).reshape(_with_dim(x.shape, d, lengths[r]))
+            piece = staged[displs[r] : displs[r] + counts[r]].view(x.dtype).reshape(with_dim(x.shape, d, lengths[r]))
             if blocks == 1:
                 index = [slice(None)] * x.ndim
                 index[d] = slice(at, at + lengths[r])
                 np.copyto(out[tuple(index)], piece)
                 at += lengths[r]
             else:
-                np.copyto(_view(out, pick={d: (n, r, blocks)}), _view(piece, local={d: blocks}))
+                np.copyto(piece_view(out, pick={d: (n, r, blocks)}), piece_view(piece, local={d: blocks}))
 
     def gather(self, x, group, root, dim, blocks=1):
         x = np.asarray(x)
         n = len(group)
-        d = _axis(dim, x.ndim)
-        _check_split(x.shape[d] * n, n, blocks, "gather")
+        d = normalize_dim(dim, x.ndim)
+        check_split(x.shape[d] * n, n, blocks, "gather")
         self._check_root(group, root)
         attrs = (("root", root), ("dim", dim), ("blocks", blocks))
         call = self._begin("gather", group, attrs, x, d if blocks == 1 else None)
         lengths = self._piece_lengths(call, x, d) if blocks == 1 else [x.shape[d]] * n
-        whole = _with_dim(x.shape, d, sum(lengths))
+        whole = with_dim(x.shape, d, sum(lengths))
         out = self.alloc(whole, x.dtype) if call.rank == root else None
         if n == 1:
             assert out is not None
@@ -406,7 +404,7 @@ class MpiComm(Communicator):
                 out = self.alloc(x.shape, x.dtype)
                 parts = [every[r * x.nbytes : (r + 1) * x.nbytes].view(x.dtype).reshape(x.shape) for r in range(call.n)]
                 parts[root] = x
-                _sum_in_rank_order(out, parts)
+                sum_in_rank_order(out, parts)
         self._end(call, x.nbytes)
         return out
 
@@ -448,12 +446,12 @@ class MpiComm(Communicator):
         else:
             assert x is not None
             dtype, shape = x.dtype, x.shape
-        d = _axis(dim, len(shape))
-        _check_split(shape[d], n, blocks, "scatter")
-        out = self.alloc(_with_dim(shape, d, _piece_len(shape[d], n, call.rank, blocks)), dtype)
+        d = normalize_dim(dim, len(shape))
+        check_split(shape[d], n, blocks, "scatter")
+        out = self.alloc(with_dim(shape, d, piece_len(shape[d], n, call.rank, blocks)), dtype)
         if n == 1:
             assert x is not None
-            np.copyto(_view(out, local={d: blocks}), _view(x, pick={d: (n, 0, blocks)}))
+            np.copyto(piece_view(out, local={d: blocks}), piece_view(x, pick={d: (n, 0, blocks)}))
         else:
             send = None
             if x is not None:
@@ -469,14 +467,14 @@ class MpiComm(Communicator):
         x, n, sd, cd, attrs = all_to_all_args(x, group, split_dim, concat_dim, split_blocks, concat_blocks)
         call = self._begin("all_to_all", group, attrs, x)
         rank = call.rank
-        shape = _with_dim(x.shape, sd, _piece_len(x.shape[sd], n, rank, split_blocks))
-        out = self.alloc(_with_dim(shape, cd, x.shape[cd] * n), x.dtype)
+        shape = with_dim(x.shape, sd, piece_len(x.shape[sd], n, rank, split_blocks))
+        out = self.alloc(with_dim(shape, cd, x.shape[cd] * n), x.dtype)
 
         def piece_of(j: int) -> np.ndarray:  # what this rank sends to rank j
-            return _view(x, pick={sd: (n, j, split_blocks)}, local={cd: concat_blocks})
+            return piece_view(x, pick={sd: (n, j, split_blocks)}, local={cd: concat_blocks})
 
         def place_of(r: int) -> np.ndarray:  # where rank r's piece goes
-            return _view(out, pick={cd: (n, r, concat_blocks)}, local={sd: split_blocks})
+            return piece_view(out, pick={cd: (n, r, concat_blocks)}, local={sd: split_blocks})
 
         np.copyto(place_of(rank), piece_of(rank))
         if n > 1:

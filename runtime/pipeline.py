@@ -25,11 +25,12 @@ import time
 
 import numpy as np
 
+from graphc.core.buffers import unaliased
 from graphc.core.errors import GraphcError
 from graphc.core.spec import unshard
 from graphc.programs import PipelineProgram, PipelineTask
 from graphc.runtime.comm import ThreadWorld
-from graphc.runtime.devices import ShardedInput, _CommProxy, local_piece, run_on_devices
+from graphc.runtime.devices import CommProxy, ShardedInput, local_piece, run_on_devices
 from graphc.runtime.executor import Executable
 
 _TAG_STRIDE = 4096  # message tag = value id * stride + micro-batch + 1 (-1: a value of the whole step)
@@ -74,7 +75,7 @@ class PipelineExecutable:
         self.schedule = program.schedule
         self.timeout_s = timeout_s
         built = None if devices is None else set(devices)
-        self.comms = {d: _CommProxy() for devs in program.stage_devices for d in devs if built is None or d in built}
+        self.comms = {d: CommProxy() for devs in program.stage_devices for d in devs if built is None or d in built}
         self.executables = {
             key: Executable(task.graph, self.comms[task.device])
             for key, task in program.tasks.items()
@@ -122,7 +123,8 @@ class PipelineExecutable:
             for x in prof.values():
                 x["t0"] = t0
             self.last_profile = prof
-        return [self._gather_output(k, vid, arrays, results) for k, vid in enumerate(p.out_ids)]
+        outs = [self._gather_output(k, vid, arrays, results) for k, vid in enumerate(p.out_ids)]
+        return unaliased(outs, arrays)  # an input passed through, or a result returned twice, is copied
 
     def run_device(self, device: int, comm, pieces: dict, prof: dict | None = None) -> dict[int, np.ndarray]:
         """One device's part of one step (its tasks in the schedule's order), talking through

@@ -31,7 +31,7 @@ from graphc.core.mesh import Mesh
 from graphc.core.spec import R
 from graphc.programs import ParallelProgram, PipelineProgram, collective_sequence
 from graphc.runtime.comm import CommAborted
-from graphc.runtime.devices import ShardedArray, _on_device, local_piece
+from graphc.runtime.devices import ShardedArray, local_piece, on_device_error
 from graphc.runtime.executor import Executable
 from graphc.runtime.mpi import MpiComm
 from graphc.runtime.mpi_world import MpiSetupError, MpiWorld
@@ -90,7 +90,7 @@ class _RankDevice:
 
 def _checked(world: MpiWorld, device: int, mesh: Mesh, exc: BaseException) -> BaseException:
     """The exception to raise for a failure on this rank (after telling the others)."""
-    err = exc if isinstance(exc, (CommAborted, KeyboardInterrupt)) else _on_device(exc, device, mesh)
+    err = exc if isinstance(exc, (CommAborted, KeyboardInterrupt)) else on_device_error(exc, device, mesh)
     world.fail(err)
     return err
 
@@ -223,8 +223,9 @@ class RankPipelineExecutable(_RankDevice):
         owned = self.run_local(arrays, profile)
         results: list = []
         for k, vid in enumerate(p.out_ids):
-            if vid < p.n_inputs:
-                results.append(arrays[vid])
+            if vid < p.n_inputs:  # an input passed through: the caller's array is not handed back
+                a = arrays[vid]
+                results.append(np.array(a, copy=True) if isinstance(a, np.ndarray) else a)
                 continue
             t = p.out_types[k]
             stage = p.stage_devices[p.owner(vid)]

@@ -92,6 +92,20 @@ def assert_adam_step_close(got, want, lr: float, terms: int, b1: float = 0.9, b2
         assert np.all(excess <= 0), f"params leaf {i}: {np.sum(excess > 0)} weights not the step their moments give"
 
 
+def assert_product_close(got, want, a, b, extra_rel: float = 0.0):
+    """``got`` and ``want`` are two computations of ``a @ b`` (in float32 or float64, sums in any
+    order): they may differ by the bound of rounding a dot product of length k in either, k * eps *
+    (|a| @ |b|) elementwise, plus ``extra_rel`` times that scale for error already in the operands
+    (an approximate exp or tanh). A bound from the computation, not from one machine's rounding."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    eps = np.finfo(np.result_type(np.asarray(a).dtype, np.asarray(b).dtype)).eps
+    k = np.asarray(a).shape[-1]
+    scale = np.abs(np.asarray(a, np.float64)) @ np.abs(np.asarray(b, np.float64))
+    bound = (2 * k * eps + extra_rel) * scale
+    excess = np.abs(got - want) - bound
+    assert np.all(excess <= 0), f"{np.sum(excess > 0)} elements beyond k*eps*(|a|@|b|); worst by {excess.max():.3g}"
+
+
 def line_of(marker: str, path: str | None = None) -> int:
     """The line number of the first line of the calling test file (or ``path``) containing
     ``marker`` (lines that call line_of itself are skipped)."""

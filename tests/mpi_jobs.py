@@ -9,6 +9,7 @@ what the test compares (rank 0, ``.npz``).
                                  ShardedInput and a memory-mapped .npy give the same bits, and
                                  each rank builds or reads only its piece
     raise                        rank 1 raises in the user's loop while rank 0 waits in a collective
+    alias MESH                   results share no memory with the arguments on any rank
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import graphc
 from graphc.core.pytree import flatten
 from graphc.models import gpt
 from graphc.runtime.comm import ThreadWorld
+from graphc.runtime.devices import ShardedArray
 from graphc.runtime.mpi import MpiComm
 from graphc.runtime.mpi_world import MpiWorld
 
@@ -163,6 +165,38 @@ def raise_on_rank_1() -> None:
     print("rank 0 finished a step without rank 1", flush=True)
 
 
+def alias(mesh: str) -> None:
+    """Every rank's pieces of the results share no memory with its arguments (issue 27): a pure
+    reshape, a copy, an argument passed through, and a pipeline that returns its arguments."""
+    from graphc.models import mlp
+
+    x = np.arange(48.0).reshape(8, 6)
+    if mesh.startswith("pp"):
+        (args, kwargs) = mlp.example_train_args()
+
+        def passing(params, x, labels, lr=0.1):
+            new, loss = mlp.train_step(params, x, labels, lr)
+            return new, loss, params, x
+
+        pf = graphc.parallelize(passing, mesh=mesh, microbatches=2, backend="mpi")
+        cases = [(pf, args, kwargs)]
+    else:
+        cases = [
+            (graphc.parallelize(f, mesh=mesh, backend="mpi"), (x,), {})
+            for f in (lambda x: x.reshape(-1), lambda x: np.copy(x), lambda x: (x, x * 1))
+        ]
+    for pf, args, kwargs in cases:
+        ins, _ = flatten(args)
+        outs, _ = flatten(pf(*args, **kwargs))
+        for o in outs:
+            local = (
+                (o.local if o.pieces else None) if isinstance(o, ShardedArray) else o
+            )  # (a rank outside its stage holds none)
+            if isinstance(local, np.ndarray):
+                assert not any(np.shares_memory(local, a) for a in ins), "a result shares memory with an argument"
+    print(f"ok {pf.world.rank}", flush=True)
+
+
 if __name__ == "__main__":
     job, *rest = sys.argv[1:]
     if job == "collectives":
@@ -171,5 +205,7 @@ if __name__ == "__main__":
         step(rest[0], rest[1], *(int(rest[2]), rest[3]) if len(rest) > 2 else ())
     elif job == "raise":
         raise_on_rank_1()
+    elif job == "alias":
+        alias(rest[0])
     else:
         raise SystemExit(f"unknown job {job!r}")

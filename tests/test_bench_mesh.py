@@ -62,5 +62,5 @@ def test_cli_bench_mesh_with_plans():
     )
     assert res.returncode == 0, res.stderr
     out = res.stdout
-    assert "state sharded" in out and "equals numpy eager: yes" in out
+    assert "state sharded" in out and "equals graphc's interpreter: yes" in out
     assert "busbw" in out and "Spearman rank correlation" in out and "no plan" not in out

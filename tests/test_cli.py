@@ -75,8 +75,19 @@ def test_trace_error_in_user_file_is_reported(tmp_path):
 def test_bench_reports_timings():
     res = run("bench", "models/mlp.py:mlp", "--repeat", "2")
     assert res.returncode == 0, res.stderr
-    for word in ("trace", "print IR", "parse IR", "numpy eager", "reference interp"):
+    for word in ("trace", "print IR", "parse IR", "numpy", "reference interp", "faster than numpy"):
         assert word in res.stdout
+
+
+def test_a_baseline_is_named_for_what_it_ran():
+    """A function called directly is "numpy" only when it ran as numpy: a training step calling
+    graphc.value_and_grad traces and interprets itself on every call (issue 27)."""
+    from graphc.bench.timing import direct_call
+    from graphc.models import mlp
+
+    (args, kwargs) = mlp.example_train_args()
+    assert direct_call(mlp.mlp, (args[0], args[1]), {})[0] == "numpy"
+    assert direct_call(mlp.train_step, args, kwargs)[0] == "graphc's interpreter"
 
 
 # --- graphc compile -------------------------------------------------------------------------------
@@ -162,7 +173,7 @@ def test_run_on_a_mesh_checks_numpy_and_writes_a_chrome_trace(tmp_path):
         env=env,
     )
     assert res.returncode == 0, res.stderr
-    assert "result equals numpy eager: yes" in res.stdout and "peak memory" in res.stdout
+    assert "equals graphc's interpreter: yes" in res.stdout and "peak memory" in res.stdout
     doc = json.loads(trace.read_text())
     tracks = {e["tid"] for e in doc["traceEvents"] if e["ph"] == "X"}
     assert tracks == {0, 1}
@@ -197,4 +208,67 @@ def test_compile_resolves_around_the_pins_of_a_hand_edited_plan_and_run_runs_it(
     )
     assert res.returncode == 0, res.stderr
     assert "on mesh dp=2" in res.stdout and "run as written" in res.stdout
-    assert "result equals numpy eager: yes" in res.stdout
+    assert "equals graphc's interpreter: yes" in res.stdout
+
+
+REPLICATING_MODEL = """
+from tests.test_roles import _mlp_args, _sgd_step
+
+
+def step(params, x, y):
+    return _sgd_step(params, x, y)
+
+
+def example_args():
+    return _mlp_args(6, 8, 16, 4), {}  # a batch of 6: dp=4 splits no batch dim
+"""
+
+
+def test_warnings_reach_stderr_of_compile_and_run(tmp_path):
+    """A typo'd axis name (dq for dp) and a data axis that only replicates the work are graphc
+    warnings on stderr, one line each; compile lists the plan's warnings in its summary instead."""
+    res = _compile(
+        tmp_path,
+        "models/mlp.py:train_step",
+        "--example",
+        "example_train_args",
+        "--mesh",
+        "dq=2",
+        "-o",
+        str(tmp_path / "p.json"),
+    )
+    assert res.returncode == 0, res.stderr
+    assert "graphc: warning: mesh axis 'dq' has no role, so it may split any dim" in res.stderr
+    assert "close to dp (data role)" in res.stderr and "MeshWarning" not in res.stderr
+    model = tmp_path / "replicating.py"
+    model.write_text(REPLICATING_MODEL)
+    env = dict(
+        os.environ,
+        PYTHONPATH=ROOT,
+        GRAPHC_CACHE_DIR=str(tmp_path / "cache"),
+        GRAPHC_PROFILE=str(tmp_path / "none.json"),
+    )
+    cmd = [sys.executable, "-m", "graphc.cli"]
+    ran = subprocess.run(
+        [*cmd, "run", f"{model}:step", "--mesh", "dp=4", "--repeat", "1"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert "equals graphc's interpreter: yes" in ran.stdout  # a training step: it interprets itself
+    warned = [line for line in ran.stderr.splitlines() if line.startswith("graphc: warning:")]
+    assert len(warned) == 1 and "dp=4 (data role) splits only batch dims" in warned[0], ran.stderr
+    assert "batch dims of size 6: it replicates the work" in warned[0]
+    compiled = subprocess.run(
+        [*cmd, "compile", f"{model}:step", "--mesh", "dp=4", "--quiet", "-o", str(tmp_path / "r.json")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert compiled.returncode == 0, compiled.stderr
+    assert compiled.stdout.count("replicates the work") == 1 and "replicates the work" not in compiled.stderr

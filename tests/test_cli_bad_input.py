@@ -135,7 +135,7 @@ CASES = [
     ("IR file of the wrong kind", ["ir", "{d}/plan.gir"], "plan.gir: line 1, column 1"),
     ("pipeline plan as IR", ["ir", "{d}/pipeline_plan.gir"], "pipeline_plan.gir: line 1"),
     ("missing IR file", ["ir", "{d}/missing.gir"], "missing.gir"),
-    ("unknown stage", ["ir", "{d}/model.py:f", "--stage", "nosuch"], "'nosuch'"),
+    ("unknown pass", ["ir", "{d}/model.py:f", "--after", "nosuch"], "'nosuch'"),
     ("-o in a missing folder", ["ir", "{d}/model.py:f", "-o", "/nonexistent-graphc/x.gir"], "/nonexistent-graphc"),
     ("-o is a folder", ["ir", "{d}/model.py:f", "-o", "{d}/adir"], "-o {d}/adir: is a folder"),
     ("-o over another file", ["ir", "{d}/model.py:f", "-o", "{d}/not_a_plan.txt"], "not_a_plan.txt: exists"),

@@ -545,37 +545,35 @@ def test_writes_into_argument_arrays_that_are_not_returned_warn_at_the_line():
         graphc.jit(lambda p, g: (adagrad(p, g, [np.zeros_like(X)]), p)[1])(params, grads)
 
 
-def test_in_place_writers_into_numpy_arrays_with_traced_values_are_errors():
+def test_in_place_writers_into_numpy_arrays_with_traced_values():
     def fn(x):
         buf = np.zeros(4)
-        np.copyto(buf, x)  # <copyto-numpy>
+        np.copyto(buf, x)  # the name buf takes the Tracer that stands for the buffer now
         return buf
 
-    with pytest.raises(graphc.TraceError, match="numpy array in place") as err:
-        graphc.trace(fn, np.ones(4))
-    assert f"test_inplace.py:{line_of('<copyto-numpy>')}" in str(err.value)
+    assert_same(traced(fn, np.arange(4.0)), fn(np.arange(4.0)))
 
 
-# --- aliasing a graph cannot express ---------------------------------------------------------------
+# --- aliasing: views and other names see every write, as in numpy (more in test_views.py) --------------
 
 
 def view_read_after_write(x):
     row = x[0]
-    x[0] = 5.0  # <write>
-    return row * 2  # <read>
+    x[0] = 5.0
+    return row * 2
 
 
 def write_into_view(x):
     row = x[0]
-    row[1] = 5.0  # <view-write>
+    row[1] = 5.0
     return x
 
 
 def alias_of_numpy_buffer(x):
     buf = np.zeros(5)
     alias = buf
-    buf[0] = x[0, 0]  # <buffer-write>
-    return alias + x[0]  # <alias-read>
+    buf[0] = x[0, 0]
+    return alias + x[0]
 
 
 def write_into_global(x):
@@ -583,34 +581,25 @@ def write_into_global(x):
     return x
 
 
-def _error(fn, marker):
-    with pytest.raises(graphc.TraceError) as err:
-        graphc.trace(fn, X)
-    assert f"test_inplace.py:{line_of(marker)}" in str(err.value), str(err.value)
-    return str(err.value)
-
-
-def test_view_read_after_a_write_names_both_lines():
-    msg = _error(view_read_after_write, "<read>")
-    assert f"test_inplace.py:{line_of('<write>')}" in msg and "view" in msg
-
-
-def test_aliasing_errors():
-    assert "view" in _error(write_into_view, "<view-write>")
-    msg = _error(alias_of_numpy_buffer, "<alias-read>")
-    assert f"test_inplace.py:{line_of('<buffer-write>')}" in msg
-    assert "local name" in _error(write_into_global, "<global-write>")
-
-
 def reshaped_view_read_after_write(x):
     flat = x.reshape(-1)
-    x[1:3] += 1.0  # <reshape-write>
-    return flat.sum()  # <reshape-read>
+    x[1:3] += 1.0
+    return flat.sum()
 
 
-def test_a_reshape_is_a_view_too():
-    msg = _error(reshaped_view_read_after_write, "<reshape-read>")
-    assert f"test_inplace.py:{line_of('<reshape-write>')}" in msg
+@pytest.mark.parametrize(
+    "fn", [view_read_after_write, write_into_view, alias_of_numpy_buffer, reshaped_view_read_after_write]
+)
+def test_aliases_see_the_write(fn):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", graphc.GraphcWarning)  # (writes into the argument x)
+        assert_same(traced(fn, X), fn(X.copy()))
+
+
+def test_writing_traced_values_into_a_global_numpy_array_is_an_error():
+    with pytest.raises(graphc.TraceError, match="global variable 'TABLE'") as err:
+        graphc.trace(write_into_global, X)
+    assert f"test_inplace.py:{line_of('<global-write>')}" in str(err.value)
 
 
 def test_view_taken_after_the_write_is_fine():

@@ -143,6 +143,14 @@ def test_rank_count_not_the_mesh_size_stops_every_rank_with_status_2(env):
 
 
 @needs_mpi
+@pytest.mark.parametrize("n, mesh", [(2, "dp=2"), (2, "tp=2"), (2, "pp=2")])
+def test_results_share_no_memory_with_the_arguments_on_any_rank(env, n, mesh):
+    res = mpirun(n, sys.executable, JOBS, "alias", mesh, env=env, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert _ranks_ok(res.stdout) == list(range(n)), res.stdout
+
+
+@needs_mpi
 def test_a_rank_that_raises_ends_the_job_naming_it(env):
     start = time.monotonic()
     res = mpirun(2, sys.executable, JOBS, "raise", env=env, timeout=60)
@@ -165,7 +173,7 @@ def test_ranks_with_their_own_cache_directories_share_nothing_but_mpi(env, tmp_p
     cmd += [":", "-n", "1", "-env", "GRAPHC_CACHE_DIR", str(tmp_path / "rank1"), *run]
     res = subprocess.run(cmd, cwd=ROOT, env=base, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
-    assert "result equals numpy eager: yes" in res.stdout and "plan hash" in res.stdout
+    assert "equals graphc's interpreter: yes" in res.stdout and "plan hash" in res.stdout
     for r in (0, 1):  # each rank planned and compiled into its own directory
         assert list((tmp_path / f"rank{r}" / "plans").iterdir())
 

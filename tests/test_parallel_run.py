@@ -258,3 +258,30 @@ def test_a_replicated_result_is_not_a_piece_kept_on_the_devices():
     peek = graphc.parallelize(lambda w, x: (w, (x @ w).sum()), mesh=_mesh({"dp": 2}), cache=False)
     seen, _ = peek(state, x)
     assert not any(np.shares_memory(seen, p) for p in state.pieces.values())
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_lookups_in_a_split_table_keep_negative_zeros(n):
+    """A gather from (and a scatter-add into) a table split by rows masks the rows another device
+    owns and sums the pieces: the masked rows give -0.0, the float sum's identity, so -0.0 in
+    the table stays -0.0 (it used to come back as 0.0)."""
+    table = np.array([[1.0, -0.0], [-0.0, -0.0], [-0.0, 5.0], [-0.0, -0.0]])
+    updates = np.full((2, 2), -0.0)
+
+    def lookup(t):
+        return np.take(graphc.shard(t, "S(0)"), [1, 3], axis=0)
+
+    def scatter(t, u):
+        t = graphc.shard(t * 1.0, "S(0)")
+        np.add.at(t, [1, 3], u)
+        return t
+
+    want_scatter = table.copy()
+    np.add.at(want_scatter, [1, 3], updates)
+    for fn, args, want in (
+        (lookup, (table,), np.take(table, [1, 3], axis=0)),
+        (scatter, (table, updates), want_scatter),
+    ):
+        got = graphc.parallelize(fn, mesh={"tp": n})(*args)
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(np.signbit(got), np.signbit(want))

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import graphc
-from graphc.passes import DEFAULT_PIPELINE, PASSES, run_pipeline
+from graphc.passes import DEFAULT_PASSES, PASSES, run_passes
 from tests.graphgen import random_graphs, random_inputs
 from tests.helpers import assert_adam_step_close, assert_arrays_close, assert_same_pytree, quiet
 
@@ -44,7 +44,7 @@ def test_pass_preserves_semantics_on_random_graphs(name):
 @given(random_graphs(max_nodes=14), st.integers(0, 1000))
 def test_default_pipeline_on_random_graphs(graph, seed):
     before = str(graph)
-    result = run_pipeline(graph, verify=True)
+    result = run_passes(graph, verify=True)
     assert str(graph) == before, "a pass mutated its input"
     inputs = random_inputs(graph, seed)
     assert_arrays_close(
@@ -76,14 +76,14 @@ def test_pipeline_on_models(module, func, example):
     fn = getattr(mod, func) if isinstance(func, str) else func
     args, kwargs = getattr(mod, example)()
     graph = graphc.trace(fn, *args, **kwargs)
-    result = run_pipeline(graph, verify=True)
+    result = run_passes(graph, verify=True)
     assert len(result.graph.nodes) < len(graph.nodes)
     got, want = graphc.evaluate(result.graph, *args, **kwargs), graphc.evaluate(graph, *args, **kwargs)
     if (module, func) == ("graphc.models.llama", "train_step"):  # an Adam step
         assert_adam_step_close(got, want, lr=kwargs["lr"], terms=160)  # the longest sum: the FFN's 160 products
     else:
         assert_same_pytree(got, want)
-    again = run_pipeline(result.graph)
+    again = run_passes(result.graph)
     assert str(again.graph) == str(result.graph), "the pipeline is not idempotent"
 
 
@@ -131,9 +131,9 @@ def test_dump_dir_has_one_file_per_stage(tmp_path):
     from graphc.models import mlp
 
     args, _ = mlp.example_args(batch=4, sizes=(5, 4, 3))
-    run_pipeline(graphc.trace(mlp.mlp, *args), dump_dir=str(tmp_path))
+    run_passes(graphc.trace(mlp.mlp, *args), dump_dir=str(tmp_path))
     names = sorted(p.name for p in tmp_path.iterdir())
-    assert names == [f"{i:02d}-{n}.gir" for i, n in enumerate(("traced", *DEFAULT_PIPELINE))]
+    assert names == [f"{i:02d}-{n}.gir" for i, n in enumerate(("traced", *DEFAULT_PASSES))]
     for p in tmp_path.iterdir():
         graphc.parse(p.read_text())
 
@@ -154,7 +154,7 @@ def test_cli_stage():
     import sys
 
     res = subprocess.run(
-        [sys.executable, "-m", "graphc.cli", "ir", "models/gpt.py:gpt", "--stage", "dce"],
+        [sys.executable, "-m", "graphc.cli", "ir", "models/gpt.py:gpt", "--after", "dce"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -162,7 +162,7 @@ def test_cli_stage():
     assert res.returncode == 0, res.stderr
     assert "pow(" not in res.stdout and res.stdout.startswith("graph @gpt(")
     fused = subprocess.run(
-        [sys.executable, "-m", "graphc.cli", "ir", "models/gpt.py:gpt", "--stage", "fuse"],
+        [sys.executable, "-m", "graphc.cli", "ir", "models/gpt.py:gpt", "--after", "fuse"],
         capture_output=True,
         text=True,
         timeout=300,

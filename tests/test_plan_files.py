@@ -81,7 +81,7 @@ def test_run_plan_runs_the_file_exactly_not_a_new_solve(env, monkeypatch):
     monkeypatch.setattr(graphc.cli.run, "parallelize", spy)
     code, out, err = call("run", *TARGET, "--plan", str(plan_file), "--repeat", "1")
     assert code == 0, err
-    assert f"{plan_file} run as written" in out and "result equals numpy eager: yes" in out
+    assert f"{plan_file} run as written" in out and "equals graphc's interpreter: yes" in out
     compiled = made[0].compile(*args, **kwargs)
     assert compiled.plan.timing.get("given") is True  # nothing was solved
     assert _what_runs(compiled.plan) == _what_runs(written)
@@ -130,7 +130,7 @@ def test_run_a_pipeline_plan_as_written(env):
     assert code == 0, err
     code, out, err = call("run", *TARGET, "--plan", str(plan_file), "--repeat", "1")  # its 2 micro-batches
     assert code == 0, err
-    assert "2 stages x 2 micro-batches" in out and "result equals numpy eager: yes" in out
+    assert "2 stages x 2 micro-batches" in out and "equals graphc's interpreter: yes" in out
     code, _out, err = call("run", *TARGET, "--plan", str(plan_file), "--microbatches", "4")
     assert code == 2 and "the pipeline plan runs microbatches=2, but microbatches=4 was asked for" in err
 

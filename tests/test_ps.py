@@ -276,6 +276,7 @@ def test_bad_params_batches_and_grad_fn():
         (lambda g: {"w": g["w"][:5], "b": g["b"]}, r"params\['w'\] is float32\[5\]"),
         (lambda g: {"w": g["w"].astype(np.float64), "b": g["b"]}, r"params\['w'\] is float64"),
         (lambda g: [g["w"], g["b"]], "grad_fn's result"),
+        (lambda g: (np.float32(0.5), g), r"must return only the gradients.*not graphc.value_and_grad"),
     ],
 )
 def test_a_gradient_of_the_wrong_structure_is_a_value_error(bad, match):

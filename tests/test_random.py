@@ -20,7 +20,7 @@ from graphc.core.pytree import LEAF, TreeDef
 from graphc.core.spec import R, S, shard
 from graphc.frontend.random import RandomWarning, philox_state, set_philox_state
 from graphc.ops import get_op
-from graphc.ops.random import int_to_words, mulhilo64, philox4x64, words_to_int
+from graphc.ops.random import int_to_words, local_attrs, mulhilo64, philox4x64, words_to_int
 from graphc.passes.sharding.strategies import block_sets, get_rule, node_strategies
 from tests.graphgen import random_graphs, random_inputs
 from tests.test_dim_rules import _check_node, _node_values
@@ -125,7 +125,7 @@ def test_every_piece_equals_the_slice_of_the_whole(spec, mesh_shape):
     attrs = dict(shape=shape, offset=2, dist="bits", runs=None)
     whole = draw(77, 13, **attrs)
     for coord in np.ndindex(*mesh_shape):
-        local = PHILOX.extra["local_attrs"](attrs, spec, mesh_shape, coord)
+        local = local_attrs(attrs, spec, mesh_shape, coord)  # what the op's LocalAttrs trait calls
         piece = draw(77, 13, **local)
         assert np.array_equal(piece, shard(whole, spec, mesh_shape, coord)), (spec, coord)
 

@@ -21,7 +21,18 @@ from graphc.core.mesh import Mesh
 from graphc.core.profiles import MachineProfile
 from graphc.core.pytree import flatten, tree_map, unflatten
 from graphc.frontend.random import philox_state
-from tests.real_models import dropout_mlp, functional_net, kv_cache, layer_classes, llama_args, rnn_buffer
+from tests.real_models import (
+    conv_col2im,
+    dropout_mlp,
+    functional_net,
+    gnn_scatter,
+    kv_cache,
+    layer_classes,
+    llama_args,
+    relu_backward,
+    rnn_buffer,
+    softmax_backward,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore::graphc.PromotionWarning")  # numpy's own float64 promotions
 
@@ -333,3 +344,71 @@ def test_functional_net_of_weight_tuples():
     want_step = [(W - 0.1 * dW, b - 0.1 * db) for (W, b), (dW, db) in zip(params, grads)]
     close(graphc.jit(sgd_step)(params, inputs, targets), want_step)
     close(graphc.parallelize(sgd_step, mesh=mesh(), cache=False)(params, inputs, targets), want_step)
+
+
+# --- writes through views, boolean masks and np.add.at into buffers (issue 32 items 1-3) -----------
+
+
+def check_hand_written_backward(module, params, *data):
+    """``module.loss`` traced, jitted, differentiated and sharded equals numpy; graphc's gradient
+    equals ``module.loss_and_grads`` (the hand-written backward), which itself compiles."""
+    want, want_grads = module.loss_and_grads(params, *data)[:2]
+    want_grads = in_order(want_grads, params)
+    np.testing.assert_allclose(module.loss(params, *data), want, rtol=1e-13)
+    close(graphc.evaluate(graphc.trace(module.loss, params, *data), params, *data), want)
+    close(graphc.jit(module.loss)(params, *data), want)
+    close(graphc.value_and_grad(module.loss)(params, *data), (want, want_grads))
+    value, grads = graphc.jit(module.loss_and_grads)(params, *data)[:2]
+    close((value, in_order(grads, params)), (want, want_grads))
+    got_mesh = graphc.parallelize(graphc.value_and_grad(module.loss), mesh=mesh(), cache=False)(params, *data)
+    close(got_mesh, (want, want_grads))
+
+
+def test_softmax_cross_entropy_backward_through_a_transpose():
+    r = np.random.default_rng(11)
+    params = softmax_backward.init_params(r, 5, 8, 4)
+    X, y = r.standard_normal((5, 6)), r.integers(0, 4, 6)
+    check_hand_written_backward(softmax_backward, params, X, y)
+    # the write through grad_y = probs.T lands in probs, as in numpy
+    probs = softmax_backward.softmax(r.standard_normal((4, 6)))
+    close(
+        graphc.jit(softmax_backward.softmax_cross_entropy_backward)(probs, y),
+        softmax_backward.softmax_cross_entropy_backward(probs.copy(), y),
+    )
+
+
+def test_relu_backward_through_boolean_masks():
+    r = np.random.default_rng(12)
+    params = relu_backward.init_params(r, [5, 8, 6, 3])
+    X, y = r.standard_normal((7, 5)), r.integers(0, 3, 7)
+    check_hand_written_backward(relu_backward, params, X, y)
+
+
+def test_col2im_with_add_at_into_a_zeros_buffer():
+    r = np.random.default_rng(13)
+    params = {"w": 0.3 * r.standard_normal((3, 2, 3, 3)), "b": 0.1 * r.standard_normal(3)}
+    x, target = r.standard_normal((2, 2, 5, 5)), 0.5 * r.standard_normal((2, 3, 5, 5))
+    check_hand_written_backward(conv_col2im, params, x, target)
+    _, _, want_dx = conv_col2im.loss_and_grads(params, x, target)
+    close(graphc.grad(conv_col2im.loss, argnums=1)(params, x, target), want_dx)
+    # col2im is im2col's adjoint: its gradient is im2col of the cotangent
+    cols, weights = r.standard_normal((18, 50)), r.standard_normal(x.shape)
+    spread = lambda c: np.sum(conv_col2im.col2im_indices(c, x.shape) * weights)  # noqa: E731
+    close(graphc.jit(spread)(cols), spread(cols))
+    close(graphc.grad(spread)(cols), conv_col2im.im2col_indices(weights, 3, 3))
+
+
+def test_gnn_scatter_add_into_a_zeros_buffer():
+    r = np.random.default_rng(14)
+    params = gnn_scatter.init_params(r, [4, 5, 3])
+    h, edges, target = r.standard_normal((6, 4)), r.integers(0, 6, (2, 15)), r.standard_normal((6, 3))
+    want = gnn_scatter.loss(params, h, edges, target)
+    close(graphc.evaluate(graphc.trace(gnn_scatter.loss, params, h, edges, target), params, h, edges, target), want)
+    close(graphc.jit(gnn_scatter.loss)(params, h, edges, target), want)
+    value, grads = graphc.value_and_grad(gnn_scatter.loss)(params, h, edges, target)
+    close(value, want)
+    directional_check(lambda p: gnn_scatter.loss(p, h, edges, target), params, grads, eps=1e-6, rtol=1e-6)
+    got_mesh = graphc.parallelize(graphc.value_and_grad(gnn_scatter.loss), mesh=mesh(), cache=False)(
+        params, h, edges, target
+    )
+    close(got_mesh, (value, grads))

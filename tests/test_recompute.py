@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import graphc
 from graphc.core.pytree import flatten
 from graphc.models import gpt
-from graphc.passes import PASSES, run_pipeline
+from graphc.passes import PASSES, run_passes
 from graphc.passes.recompute import recompute_cheap
 
 BEFORE_RECOMPUTE = ("fold_constants", "simplify", "cse", "dce")
@@ -44,7 +44,7 @@ def _bitwise_equal(got, want) -> None:
 
 
 def _traced(fn, *args):
-    return run_pipeline(
+    return run_passes(
         graphc.trace(graphc.value_and_grad(fn, argnums=tuple(range(len(args)))), *args), BEFORE_RECOMPUTE
     ).graph
 
@@ -92,7 +92,7 @@ def test_idempotent_and_unchanged_without_a_backward():
     graph = _traced(gelu_mlp_loss, *args)
     once = recompute_cheap(graph)
     assert str(recompute_cheap(once)) == str(once)
-    forward_only = run_pipeline(graphc.trace(gelu_mlp_loss, *args), BEFORE_RECOMPUTE).graph
+    forward_only = run_passes(graphc.trace(gelu_mlp_loss, *args), BEFORE_RECOMPUTE).graph
     assert recompute_cheap(forward_only) is forward_only
     assert "recompute_cheap" in PASSES
 
@@ -115,7 +115,7 @@ def test_gpt_step_keeps_less_and_equals_numpy(n_layer):
     (params, tokens, targets), kw = gpt.example_loss_args(batch=2, seq=8, d=32, n_layer=n_layer, n_head=4)
     fn = graphc.value_and_grad(gpt.lm_loss)
     traced = graphc.trace(fn, params, tokens, targets, **kw)
-    before = run_pipeline(traced, BEFORE_RECOMPUTE).graph
+    before = run_passes(traced, BEFORE_RECOMPUTE).graph
     after = recompute_cheap(before)
     assert kept_bytes(after) < 0.8 * kept_bytes(before)
     loss, grads = graphc.jit(fn, static_argnames=("n_head",))(params, tokens, targets, **kw)

@@ -1,6 +1,8 @@
 """Mesh axis roles (passes/sharding/roles.py): dp splits only batch dims, sp only sequence dims,
 tp anything; free_axes lifts the roles. Plans are checked on what they split and run against numpy."""
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -137,10 +139,36 @@ def test_sequence_parallel_axis_splits_the_sequence_and_matches_numpy():
 def test_a_data_axis_that_divides_no_batch_warns_and_replicates():
     params, x, y = _mlp_args(6, 8, 16, 4)  # batch 6 on dp=4
     pf = graphc.parallelize(_sgd_step, mesh="dp=4", cache=False)
-    plan = pf.plan(params, x, y)
+    with pytest.warns(graphc.PlanWarning, match="dp=4 .*batch dims of size 6: it replicates the work") as caught:
+        plan = pf.plan(params, x, y)
+    assert caught[0].filename == __file__  # the user's line
     assert any("dp=4" in w and "batch dims of size 6" in w for w in plan.warnings), plan.warnings
     assert all(t.spec == (R,) for t in plan.inputs)
-    assert_same_pytree(pf(params, x, y), _sgd_step(params, x, y))
+    with pytest.warns(graphc.PlanWarning, match="replicates the work"):  # compiling plans (and warns) again
+        assert_same_pytree(pf(params, x, y), _sgd_step(params, x, y))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", graphc.PlanWarning)  # once per compile: a second call compiles nothing
+        assert_same_pytree(pf(params, x, y), _sgd_step(params, x, y))
+
+
+@pytest.mark.parametrize(
+    "axes, meant",
+    [("dq=2", ["dp (data role)"]), ("dp=2,tpp=2", ["tp (model role)", "pp (pipe role)"]), ({"modle": 2}, ["model"])],
+)
+def test_an_axis_named_close_to_a_role_warns_which_role_it_would_have_had(axes, meant):
+    with pytest.warns(graphc.MeshWarning, match="has no role, so it may split any dim") as caught:
+        pf = graphc.parallelize(lambda x: x * 2, mesh=axes)
+    (w,) = caught
+    assert all(m in str(w.message) for m in meant), str(w.message)
+    assert w.filename == __file__
+    assert "free" in pf.mesh.roles.values()
+
+
+@pytest.mark.parametrize("axes", ["dp=2,tp=2", "data=2,model=2", "sp=2,pp=2", "x=2,y=2", "rows=2,cols=2", "DP=2"])
+def test_role_names_and_distant_names_do_not_warn(axes):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", graphc.MeshWarning)
+        graphc.parallelize(lambda x: x * 2, mesh=Mesh(axes))
 
 
 @pytest.mark.parametrize("first_arg_container", [True, False])

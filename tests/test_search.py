@@ -13,7 +13,7 @@ import graphc
 from graphc.core.mesh import Link, MachineProfile
 from graphc.models import mlp
 from graphc.passes.partition import optimize_for_planning
-from graphc.passes.search import factorizations, search_meshes
+from graphc.passes.search import explain, factorizations, search_meshes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROFILE = MachineProfile.default()
@@ -58,6 +58,38 @@ def test_memory_limit_only_a_pipeline_meets():
     assert dp and not dp[0].ok
 
 
+def test_meshes_whose_axes_have_other_roles_are_all_planned():
+    """dp splits only batch dims and tp anything, so dp=8 and tp=8, or dp=2,tp=4 and dp=4,tp=2,
+    are different problems: the search plans every one (it used to plan one of each pair)."""
+    args, kw = mlp.example_train_args()
+    g = graph_of(mlp.train_step, args, kw)
+    cands = search_meshes(g, 8, profile=PROFILE, axes=("dp", "tp"))
+    planned = sorted(tuple(sorted(c.axes.items())) for c in cands if c.plan is not None)
+    assert planned == [(("dp", 2), ("tp", 4)), (("dp", 4), ("tp", 2)), (("dp", 8),), (("tp", 8),)]
+    assert all(c.ok for c in cands)
+    steps = {tuple(sorted(c.axes.items())): c.step_s for c in cands}
+    assert steps[(("tp", 8),)] != steps[(("dp", 8),)]  # not one problem under two names
+
+
+def test_the_search_says_what_it_considered_and_why_it_skipped_some():
+    args, kw = mlp.example_train_args(batch=12, sizes=(32, 32, 8))
+    g = graph_of(mlp.train_step, args, kw)
+    cands = search_meshes(g, 4, profile=PROFILE, axes=("pp", "dp", "data"))  # dp and data: one role
+    skipped = {(tuple(sorted(c.axes.items())), c.microbatches): c.skipped for c in cands if c.skipped}
+    assert skipped[((("data", 4),), 1)] == "the same planning problem as dp=4"
+    assert skipped[((("dp", 2), ("pp", 2)), 8)] == "indivisible: the batch of 12 does not split into 8 micro-batches"
+    assert skipped[((("pp", 4),), 16)] == "indivisible: the batch of 12 does not split into 16 micro-batches"
+    assert skipped[((("data", 2), ("pp", 2)), 1)] == "the same planning problem as pp=2,dp=2"
+    assert all(c.skipped is None for c in cands if "data" not in c.axes and c.microbatches in (1, 2, 4))
+    text = explain(cands)
+    first = text.splitlines()[0]
+    assert first.startswith("considered 6 mesh shapes (") and "data=4" in first and "pp=4" in first
+    assert f"skipped {len(skipped)} (" in first and "indivisible micro-batch counts" in first
+    verbose = explain(cands, verbose=True)
+    for why in skipped.values():
+        assert any(line.endswith(f"skipped ({why})") for line in verbose.splitlines()), why
+
+
 def run_cli(*args, cwd):
     return subprocess.run(
         [sys.executable, "-m", "graphc.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=300
@@ -80,8 +112,10 @@ def test_cli_devices_search_writes_the_chosen_plan(tmp_path):
     )
     assert res.returncode == 0, res.stderr
     assert "searched" in res.stdout and "chose " in res.stdout and "why: " in res.stdout and "runner-up" in res.stdout
+    assert "considered 6 mesh shapes (dp=2,tp=2; dp=4; pp=2,dp=2; pp=2,tp=2; pp=4; tp=4)" in res.stdout
     doc = json.loads((tmp_path / "plan.json").read_text())
     assert doc["search"]["devices"] == 4 and len(doc["search"]["candidates"]) >= 5
+    assert {"tp": 4} in [c["mesh"] for c in doc["search"]["candidates"]]
 
 
 @pytest.mark.slow
@@ -136,7 +170,7 @@ def test_cli_run_pipeline_with_trace(tmp_path):
         cwd=tmp_path,
     )
     assert res.returncode == 0, res.stderr
-    assert "result equals numpy eager: yes" in res.stdout and "bubble: measured" in res.stdout
+    assert "equals graphc's interpreter: yes" in res.stdout and "bubble: measured" in res.stdout
     trace = json.loads((tmp_path / "t.json").read_text())
     names = {e["name"] for e in trace["traceEvents"] if e["ph"] == "X"}
     assert {"F0", "F3", "B0", "B3", "U"} <= names

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import graphc
-from graphc.frontend import tracer
+from graphc.frontend import locations
 from tests.helpers import line_of
 
 X = np.ones((4, 4))
@@ -51,13 +51,13 @@ def library(tmp_path, monkeypatch):
             """
         )
     )
-    monkeypatch.setattr(tracer, "_LIBRARY_ROOTS", (str(root) + "/", *tracer._LIBRARY_ROOTS))
-    tracer._library_path.cache_clear()
+    monkeypatch.setattr(locations, "_LIBRARY_ROOTS", (str(root) + "/", *locations._LIBRARY_ROOTS))
+    locations.library_path.cache_clear()
     monkeypatch.syspath_prepend(str(root))
     import helperlib
 
     yield helperlib
-    tracer._library_path.cache_clear()
+    locations.library_path.cache_clear()
     sys.modules.pop("helperlib", None)
 
 
@@ -192,3 +192,15 @@ def test_data_dependent_shape_error_is_the_same_everywhere(api):
     with pytest.raises(graphc.TraceError, match="data-dependent") as info:
         api(f, X)
     assert info.value.lineno == line_of("<nonzero>") and info.value.chain == ()
+
+
+def test_the_example_models_are_user_code(tmp_path):
+    """graphc.models registers itself as user code (graphc.add_user_code): an error in a model
+    names the model's line, though the file lives inside the graphc package; so does a folder a
+    user registers."""
+    from graphc.models import mlp
+
+    (args, _kwargs) = mlp.example_train_args()
+    with pytest.raises(graphc.TraceError) as info:
+        graphc.trace(mlp.mlp, args[0], np.ones((3, 5), np.float32))  # 5 features for a 784-wide layer
+    assert info.value.filename.endswith("mlp.py")

@@ -10,22 +10,20 @@ from __future__ import annotations
 
 import functools
 import inspect
-import os
-import sys
 import threading
 import time
 import types
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from types import FrameType
 from typing import Any
 
 import numpy as np
 
-from graphc.core.errors import GraphcError, PromotionWarning, RecompileWarning, TraceError
+from graphc.core.errors import GraphcError, PromotionWarning, RecompileWarning, TraceError, user_stacklevel
 from graphc.core.ir import Graph, walk
 from graphc.core.pytree import LEAF, StateUpdate, TreeDef, WeakScalar, flatten, unflatten
+from graphc.core.traits import Fused
 from graphc.frontend import random as traced_random
 from graphc.frontend.entry import argument_error, on_a_copy, trace
 from graphc.frontend.promotion import promotion_message, promotions
@@ -72,7 +70,7 @@ class Compiled:
         return unflatten(self.graph.out_tree, [as_numpy_result(o) for o in outs])
 
     def stats(self) -> dict[str, Any]:
-        kernels = [len(n.regions[0].nodes) for n in walk(self.graph.nodes) if n.op.name == "fused"]
+        kernels = [len(n.regions[0].nodes) for n in walk(self.graph.nodes) if n.op.has(Fused)]
         return {
             "nodes_traced": len(self.traced.nodes),
             "nodes_optimized": len(self.graph.nodes),
@@ -350,7 +348,7 @@ class Specializations:
                 self._warned = True
                 message = self._message()
         if message is not None:
-            warnings.warn(message, RecompileWarning, stacklevel=_user_stacklevel())
+            warnings.warn(message, RecompileWarning, stacklevel=user_stacklevel())
 
     def _message(self) -> str:
         ranked = sorted(self._changed.items(), key=lambda kv: -len(kv[1]))
@@ -365,17 +363,6 @@ class Specializations:
             "changes every call is traced if it is an array or a numpy scalar (np.int64(step)), or a Python "
             "float not in static_argnames; shapes that vary can be padded to a few sizes"
         )
-
-
-def _user_stacklevel() -> int:
-    """The stacklevel of the innermost caller outside graphc (the user's call), for warnings."""
-    graphc_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-    frame: FrameType | None = sys._getframe(1)
-    level = 1
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(graphc_dir):
-        frame = frame.f_back
-        level += 1
-    return level
 
 
 class Jitted:
@@ -433,7 +420,7 @@ class Jitted:
                 if sites:
                     self._promotions_named = True
                     message = promotion_message(getattr(self.fn, "__qualname__", "the function"), sites)
-                    warnings.warn(message, PromotionWarning, stacklevel=_user_stacklevel())
+                    warnings.warn(message, PromotionWarning, stacklevel=user_stacklevel())
             start = time.perf_counter()
             optimized = optimize(traced, self.passes)
             seconds["optimize_s"] = time.perf_counter() - start

@@ -32,14 +32,15 @@ from __future__ import annotations
 import functools
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 from graphc.api.jit import Jitted, Specializations, StaticArgs, trace_hint
-from graphc.core.errors import GraphcError, PlanError, TraceError
+from graphc.core.errors import GraphcError, PlanError, PlanWarning, TraceError, user_stacklevel
 from graphc.core.files import cache_dir
 from graphc.core.ir import Graph
-from graphc.core.mesh import Mesh, as_mesh
+from graphc.core.mesh import Mesh, as_mesh, warn_near_role_names
 from graphc.core.profiles import get_profile
 from graphc.core.pytree import StateUpdate, TreeDef, flatten, top_level, unflatten
 from graphc.core.spec import Placement, Spec, SpecError, format_spec, parse_spec
@@ -179,6 +180,7 @@ class Parallelized:
         except ValueError as exc:
             raise GraphcError(str(exc)) from None
         self.mesh = as_mesh(mesh) if profile is None else Mesh(as_mesh(mesh), profile=get_profile(profile))
+        warn_near_role_names(self.mesh.axis_names)  # dq=2 is a free axis, not a data axis
         # a plan given is run exactly as written: made for this mesh (and, checked on the first
         # call, for the traced graph); nothing is solved
         self.given_plan = plan
@@ -300,6 +302,7 @@ class Parallelized:
         t0 = time.perf_counter()
         if self.given_plan is not None:  # run as written: only checked against the graph
             self.given_plan.check(graph)
+            self._warn(self.given_plan)
             return self.given_plan.with_timing(**seconds, given=True), graph
         if self.pipelined:
             pplan = plan_pipeline(
@@ -310,6 +313,7 @@ class Parallelized:
                 self.memory_limit,
                 time_limit_s=self.options.time_limit_s,
             )
+            self._warn(pplan)
             return pplan.with_timing(**seconds, plan_s=time.perf_counter() - t0), graph
         pins, ties = self.pins(graph), write_ties(graph)
         key = self.cache.key(graph_hash(graph), self.mesh, pins, ties, self.options) if self.cache else None
@@ -328,7 +332,21 @@ class Parallelized:
                 self.cache.put(key, plan)
         if key:
             self._plans.put(key, plan, {})
+        self._warn(plan)
         return plan, graph
+
+    def _warn(self, plan: ShardingPlan | PipelinePlan) -> None:
+        """A PlanWarning with the plan's warnings (replicated work, ops without a sharding rule):
+        once per plan made, where the user called."""
+        if isinstance(plan, PipelinePlan):
+            found = plan.sub_plan.warnings if plan.sub_plan is not None else ()
+        else:
+            found = plan.warnings
+        if not found:
+            return
+        shown = "; ".join(found[:5]) + (f"; and {len(found) - 5} more (plan.warnings)" if len(found) > 5 else "")
+        name = getattr(self.fn, "__name__", "the function")
+        warnings.warn(PlanWarning(f"the plan of {name} on mesh {self.mesh}: {shown}"), stacklevel=user_stacklevel())
 
     def compile(self, *args: Any, **kwargs: Any) -> ParallelCompiled | PipelineCompiled:
         """Trace, optimize, plan, lower and build for these arguments (cached by shapes, dtypes
@@ -527,7 +545,7 @@ def parallelize(
     micro-batches on ``pp`` stages ("gpipe" or "1f1b" ``schedule``), each stage sharded on the
     other axes.
 
-    Axis names give roles (README, "Mesh axes"): ``dp``/``data``/``batch`` split only batch dims,
+    Axis names give roles (docs/guide/sharding.md, "Mesh axes"): ``dp``/``data``/``batch`` split only batch dims,
     ``sp``/``seq`` only sequence dims, ``tp``/``model``/``mp`` and other names anything;
     ``free_axes=True`` lets every axis split anything.
 

@@ -93,7 +93,9 @@ def train(
     threads fed by ``workers`` threads; returns (the trained params, stats). The given params are
     not changed.
 
-    ``grad_fn(params, batch)`` returns the gradients, of the structure, shapes and dtypes of params.
+    ``grad_fn(params, batch)`` returns only the gradients, of the structure, shapes and dtypes of
+    params: ``graphc.grad(loss)`` for a ``loss(params, batch)``, not ``value_and_grad`` (whose
+    result also holds the loss: a ValueError says so).
     ``batches[i]`` is read by worker ``i % workers`` on its thread. ``mode``: "sync", "async" or
     "ssp" (``staleness``: how many steps the fastest worker may be ahead of the slowest; only for
     "ssp"). ``jit=False`` calls ``grad_fn`` as it is (already compiled, or eager on purpose: a
@@ -316,7 +318,13 @@ def _worker(w: int, shared: _Shared, state: _State) -> None:
 
 def _gradient_leaves(grads: Any, shared: _Shared) -> list[np.ndarray]:
     """The gradient's leaves, flattened, after checking they match the parameters."""
-    leaves = flatten_as(grads, shared.treedef, path="grad_fn's result")
+    try:
+        leaves = flatten_as(grads, shared.treedef, path="grad_fn's result")
+    except ValueError as exc:
+        raise ValueError(
+            f"{exc}. grad_fn(params, batch) must return only the gradients, a pytree shaped like params "
+            "(graphc.grad(loss), not graphc.value_and_grad(loss), which returns (loss, gradients))"
+        ) from None
     out = []
     for path, g, p, shape in zip(shared.paths, leaves, shared.flat, shared.shapes):
         g = np.asarray(g)

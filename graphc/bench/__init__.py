@@ -1,7 +1,7 @@
 """The benchmarks behind ``graphc bench``: every figure is measured in one run next to a peer or a
-ceiling measured in the same run (numpy eager, a memory copy, one device).
+ceiling measured in the same run (numpy, a memory copy, one device).
 
-    model.py      FILE:FUNC: trace, IR round trip, numpy eager, interpreter, compiled
+    model.py      FILE:FUNC: trace, IR round trip, the direct call, interpreter, compiled
     kernels.py    fused GELU / softmax / layer norm against a copy of the same bytes
     mesh.py       FILE:FUNC --mesh: 1 device against the mesh, collectives, plans predicted vs measured
     pipeline.py   measured bubble against (S-1)/(M+S-1), 1F1B's memory against GPipe's

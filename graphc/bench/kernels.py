@@ -15,6 +15,7 @@ import numpy as np
 from graphc.api.jit import jit
 from graphc.bench.timing import interleaved, timed
 from graphc.core.ir import walk
+from graphc.core.traits import Fused
 from graphc.runtime.codegen import CompiledKernel
 from graphc.runtime.threads import kernel_pool, kernel_threads
 
@@ -106,7 +107,7 @@ def bench_kernels(sizes=(4 << 20, 16 << 20), repeat: int = 5, width: int = 1024)
 def _fused_kernel(compiled, args):
     """The compiled graph's one fused kernel, writing into a buffer reused from call to call (as
     inside a compiled graph, where outputs come from the executor's pool)."""
-    (node,) = [n for n in walk(compiled.graph.nodes) if n.op.name == "fused"]
+    (node,) = [n for n in walk(compiled.graph.nodes) if n.op.has(Fused)]
     buffers: dict = {}
 
     def reuse(shape, dtype):

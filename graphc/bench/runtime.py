@@ -42,6 +42,7 @@ from graphc.bench.handgrad import gpt_loss_and_grads_numpy
 from graphc.bench.kernels import bench_kernels
 from graphc.bench.timing import interleaved, per_call
 from graphc.core.ir import walk
+from graphc.core.traits import Fused
 from graphc.models import gpt, mlp, rnn
 from graphc.runtime.codegen import CompiledKernel
 from graphc.runtime.threads import one_blas_thread
@@ -144,7 +145,7 @@ def overhead_rows(rounds: int) -> list[Row]:
     rows = [Row("10 small ops, 8x8", _each(t["jit"], calls), "numpy", _each(t["numpy"], calls), 1 / 3)]
     kernel_fn = jit(one_kernel)
     compiled = kernel_fn.compile(x, y)
-    (node,) = [n for n in walk(compiled.graph.nodes) if n.op.name == "fused"]
+    (node,) = [n for n in walk(compiled.graph.nodes) if n.op.has(Fused)]
     kernel = CompiledKernel(node, [x.shape, y.shape])
     out = np.empty(kernel.rows * kernel.n, np.float32).reshape(kernel.rows, kernel.n)
     ops = [a.reshape(kernel.rows, kernel.n) for a in (x, y)]

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from graphc.autodiff import interpreted_calls
 from graphc.core.pytree import flatten
 
 
@@ -24,6 +25,16 @@ def timed(fn: Callable[[], Any], repeat: int, warmup: int = 1) -> tuple[list[flo
         result = fn()
         times.append(time.perf_counter() - t0)
     return times, result
+
+
+def direct_call(fn: Callable, args: tuple, kwargs: dict) -> tuple[str, Any]:
+    """Call ``fn(*args, **kwargs)`` as it is, once: (the name of that baseline, its result). The
+    name is "numpy" when the call ran as plain numpy, and "graphc's interpreter" when graphc's
+    transforms inside it (a training step calling graphc.value_and_grad) traced and interpreted
+    it: timing that against graphc is a speed-up over graphc itself, not over numpy."""
+    before = interpreted_calls()
+    result = fn(*args, **kwargs)
+    return ("numpy" if interpreted_calls() == before else "graphc's interpreter"), result
 
 
 def times_of(fn: Callable[[], Any], repeat: int) -> list[float]:

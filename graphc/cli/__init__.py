@@ -3,7 +3,7 @@
 graphc ir FILE:FUNC | FILE.gir       print (and check) the IR
 graphc bench ...                     benchmarks (graphc/bench/)
 graphc compile FILE:FUNC --mesh ...  plan a partition, write the plan
-graphc run FILE:FUNC --mesh ...      run on a mesh of devices, check against numpy
+graphc run FILE:FUNC --mesh ...      run on a mesh of devices, check against the direct call
 graphc calibrate                     measure this machine for the cost model
 """
 

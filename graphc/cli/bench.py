@@ -17,7 +17,7 @@ NAMED = ("runtime", "kernels", "pipeline", "comm", "fastmath", "plans", "ps")
 def add_parser(sub) -> None:
     bench = sub.add_parser(
         "bench",
-        help="time tracing, IR round trip, numpy eager, the interpreter and compiled "
+        help="time tracing, IR round trip, the function called directly (numpy, or graphc's interpreter where it calls graphc.grad), the interpreter and compiled "
         "execution of FILE:FUNC; or a named benchmark: " + ", ".join(NAMED),
     )
     bench.add_argument(
@@ -32,10 +32,10 @@ def add_parser(sub) -> None:
     bench.add_argument(
         "--repeat", type=positive_int, help="repetitions per measurement (default 3; plans: 7 interleaved rounds)"
     )
-    bench.add_argument("--no-run", action="store_true", help="skip numpy eager and interpreter timings")
+    bench.add_argument("--no-run", action="store_true", help="skip the direct call's and the interpreter's timings")
     bench.add_argument(
         "--mesh",
-        help="also run on this device mesh (e.g. dp=2): numpy eager, graphc on 1 device and "
+        help="also run on this device mesh (e.g. dp=2): the function called directly, graphc on 1 device and "
         "on the mesh, predicted vs measured step time, all-reduce bus bandwidth",
     )
     bench.add_argument("--link", help="per-axis link model overrides for planning, e.g. dp=1GB/s:50us")

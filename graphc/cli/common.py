@@ -20,29 +20,36 @@ the usual 022).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import sys
 import time
 import traceback
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+import graphc.models  # noqa: F401  (registers the example models as user code: errors name their lines)
 from graphc.cli.loader import UsageError
-from graphc.core.errors import PlanError
+from graphc.core.errors import GraphcWarning, PlanError
+from graphc.frontend.locations import is_user_code
 from graphc.passes.pipeline import PipelinePlan
 from graphc.passes.sharding.plan import ShardingPlan
 
 _GRAPHC_DIR = os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _INTERNAL_DIRS = tuple(
     os.path.realpath(os.path.join(_GRAPHC_DIR, d)) + os.sep for d in ("", "passes", "runtime")
-)  # graphc's own code (passes/ and runtime/ are links); models/ is the user's
-_MODELS_DIR = os.path.realpath(os.path.join(_GRAPHC_DIR, "models")) + os.sep
+)  # graphc's own code (passes/ and runtime/ are links); graphc.models registers itself as user code
 
 
 class Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line: what was wrong, and where the usage is."""
+    """An ArgumentParser whose errors are one line: what was wrong, and where the usage is.
+    ``commands``: the parser of each subcommand, by name (set by graphc/cli/main.py)."""
+
+    commands: dict[str, argparse.ArgumentParser]
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
@@ -237,14 +244,14 @@ def user_frame(exc: BaseException) -> traceback.FrameSummary | None:
 
 def _is_graphc_file(filename: str) -> bool:
     real = os.path.realpath(filename)
-    return real.startswith(_INTERNAL_DIRS) and not real.startswith(_MODELS_DIR)
+    return real.startswith(_INTERNAL_DIRS) and not is_user_code(real)
 
 
 def _is_user_file(filename: str) -> bool:
     if filename.startswith("<"):
         return False
     real = os.path.realpath(filename)
-    if real.startswith(_MODELS_DIR):
+    if is_user_code(real):
         return True
     if _is_graphc_file(filename):
         return False
@@ -280,6 +287,26 @@ def print_error(text: str) -> None:
         print(line, file=sys.stderr)
 
 
+@contextlib.contextmanager
+def warnings_on_stderr() -> Iterator[None]:
+    """graphc's warnings (``GraphcWarning``: a typo'd mesh axis, a plan that replicates work) as
+    ``graphc: warning: ...`` lines on stderr while a command runs; other warnings as Python
+    shows them."""
+    python_shows = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        if issubclass(category, GraphcWarning):
+            print(f"graphc: warning: {message}", file=sys.stderr, flush=True)
+        else:
+            python_shows(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = python_shows
+
+
 def print_traceback(exc: BaseException) -> None:
     traceback.print_exception(exc, file=sys.stderr)
 
@@ -300,4 +327,5 @@ __all__: list[Any] = [
     "load_plan",
     "print_traceback",
     "user_frame",
+    "warnings_on_stderr",
 ]

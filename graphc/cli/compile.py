@@ -21,6 +21,7 @@ import math
 import os
 import sys
 import time
+import warnings
 
 from graphc.api.parallel import parallelize
 from graphc.cli.common import (
@@ -32,12 +33,12 @@ from graphc.cli.common import (
     process_age,
 )
 from graphc.cli.loader import UsageError, load_target, static_argnames
-from graphc.core.errors import GraphcError, PlanError
+from graphc.core.errors import GraphcError, PlanError, PlanWarning
 from graphc.core.files import atomic_write
 from graphc.core.mesh import Mesh, MeshError, parse_links
 from graphc.core.profiles import PRESETS, get_profile
 from graphc.core.units import parse_bytes
-from graphc.passes.manager import run_pipeline
+from graphc.passes.manager import run_passes
 from graphc.passes.partition import compile_devices, lower, zero3_inputs
 from graphc.passes.search import explain, search_meshes
 from graphc.passes.sharding.plan import ShardingPlan
@@ -113,10 +114,21 @@ def add_parser(sub) -> None:
         help="explain the spec of an input (%%x, %%params.w) or a node (%%12) (repeatable)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress messages")
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="--devices: list every mesh shape and micro-batch count the search considered, and why any was skipped",
+    )
     p.set_defaults(func=cmd_compile)
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PlanWarning)  # the summary prints the plan's warnings
+        return _compile(args)
+
+
+def _compile(args: argparse.Namespace) -> int:
     def progress(msg: str) -> None:
         if not args.quiet:
             print(f"[{time.perf_counter() - start:6.2f}s] {msg}", file=sys.stderr, flush=True)
@@ -237,7 +249,7 @@ def _dump_ir(folder: str, pf, graph, plan, fargs, fkwargs) -> None:
     """The IR after every pass, then one file per device: its program after lowering and fusion."""
     os.makedirs(folder, exist_ok=True)
     traced, _g, _s = pf.trace_optimized(*fargs, **fkwargs)
-    run_pipeline(traced, dump_dir=folder)
+    run_passes(traced, dump_dir=folder)
     for p in compile_devices(lower(graph, plan), regather_inputs=zero3_inputs(plan)).devices:
         atomic_write(os.path.join(folder, f"device-{p.device}.gir"), str(p.graph))
 
@@ -246,7 +258,7 @@ def _dump_pipeline_ir(folder: str, pf, fargs, fkwargs) -> None:
     """The IR after every pass, micro-batch 0's program, and every device's tasks of micro-batch 0."""
     os.makedirs(folder, exist_ok=True)
     traced, _g, _s = pf.trace_optimized(*fargs, **fkwargs)
-    run_pipeline(traced, dump_dir=folder)
+    run_passes(traced, dump_dir=folder)
     compiled = pf.compile(*fargs, **fkwargs)
     atomic_write(os.path.join(folder, "microbatch.gir"), compiled.ir("microbatch"))
     by_device: dict[int, list[str]] = {}
@@ -281,8 +293,9 @@ def _search(args: argparse.Namespace, progress, output: Output) -> int:
         progress=lambda c: progress(f"  {c.describe()} [{c.seconds:.2f}s]"),
     )
     seconds = time.perf_counter() - t0
-    print(f"searched {len(cands)} plans for {args.devices} devices in {seconds:.2f} s")
-    print(explain(cands))
+    planned = sum(c.skipped is None for c in cands)
+    print(f"searched {planned} plans for {args.devices} devices in {seconds:.2f} s")
+    print(explain(cands, verbose=args.verbose))
     best = cands[0]
     if best.plan is None:
         raise GraphcError(f"no mesh of {args.devices} devices can run {args.target} (the reasons are above)")

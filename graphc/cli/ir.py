@@ -12,7 +12,7 @@ from graphc.cli.loader import UsageError, load_target
 from graphc.core.files import atomic_write
 from graphc.frontend.entry import trace
 from graphc.frontend.promotion import promotions
-from graphc.passes.manager import DEFAULT_PIPELINE, run_pipeline
+from graphc.passes.manager import DEFAULT_PASSES, run_passes
 from graphc.textir import load as load_ir
 
 
@@ -22,12 +22,14 @@ def add_parser(sub) -> None:
     ir.add_argument("--example", help="function in FILE returning (args, kwargs) (default: example_args)")
     ir.add_argument("-o", "--output", help="write the IR to this file instead of stdout")
     ir.add_argument(
-        "--stage",
+        "--after",
+        metavar="PASS",
         default="traced",
-        help="print the IR after this pass of the default pipeline (traced, "
-        + ", ".join(dict.fromkeys(DEFAULT_PIPELINE))
+        help="print the IR after this pass of the default pass list (traced, "
+        + ", ".join(dict.fromkeys(DEFAULT_PASSES))
         + ", optimized; a pass that runs twice: after its first run; default traced)",
     )
+    ir.add_argument("--stage", dest="after_old", metavar="PASS", help=argparse.SUPPRESS)  # the old name of --after
     ir.add_argument("--dump-ir", metavar="DIR", help="write the IR after every pass to DIR (NN-<pass>.gir)")
     ir.add_argument("--force", action="store_true", help="overwrite -o FILE even if it is not a graphc IR file")
     ir.add_argument("--mkdir", action="store_true", help="create the folders of -o / --dump-ir outside this folder")
@@ -58,9 +60,13 @@ def cmd_ir(args: argparse.Namespace) -> int:
             print(site)
         print(f"{len(sites)} line(s) promote float values to float64 (numpy's rules, kept by graphc)", file=sys.stderr)
         return 0
-    if args.stage != "traced" or args.dump_ir:
-        result = run_pipeline(graph, dump_dir=args.dump_ir)
-        graph = result.stage(args.stage)
+    after = args.after
+    if args.after_old is not None:
+        print("graphc: warning: --stage is now --after (a stage is a pipeline stage)", file=sys.stderr)
+        after = args.after_old
+    if after != "traced" or args.dump_ir:
+        result = run_passes(graph, dump_dir=args.dump_ir)
+        graph = result.after(after)
     text = str(graph)
     if output is not None:
         atomic_write(output.path, text, make_dirs=output.make_dirs)

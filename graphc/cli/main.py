@@ -1,18 +1,18 @@
 """The ``graphc`` command line.
 
-graphc ir FILE:FUNC [--example NAME] [--stage PASS] [--dump-ir DIR] [-o OUT]
+graphc ir FILE:FUNC [--example NAME] [--after PASS] [--dump-ir DIR] [-o OUT]
                                                 trace FUNC on its example arguments, print the IR
 graphc ir FILE.gir                              parse and verify a dumped IR file, print it again
-graphc bench FILE:FUNC [--example NAME]         time tracing, IR round trip, numpy eager, interpreter, compiled
+graphc bench FILE:FUNC [--example NAME]         tracing, IR round trip, the direct call, interpreter, compiled
 graphc bench kernels|pipeline|comm|fastmath|plans  named benchmarks (fused kernels, pipeline bubble, collectives, cost model vs runtime, ...)
-graphc bench FILE:FUNC --mesh dp=2 [--plans]    numpy eager vs graphc on 1 device vs on the mesh; collectives' busbw;
+graphc bench FILE:FUNC --mesh dp=2 [--plans]    the direct call vs graphc on 1 device vs on the mesh; collectives' busbw;
                                                 predicted vs measured step of several plans
 graphc compile FILE:FUNC --mesh dp=2,tp=4 [--memory 2GiB] [--link dp=1GB/s:50us] [-o plan.json]
                                                 auto-shard FUNC, print the plan's summary, write the plan JSON
 graphc compile FILE:FUNC --mesh dp=2 --resolve-pins edited.json
                                                 solve again, keeping the choices pinned in an (edited) plan
 graphc run FILE:FUNC (--mesh dp=2,tp=2 | --plan plan.json) [--trace timeline.json] [--backend mpi]
-                                                run FUNC on a mesh of devices, check it against numpy, time it;
+                                                run FUNC on a mesh of devices, check it against FUNC called directly, time it;
                                                 a --plan runs exactly as written (checked against the model and --mesh)
                                                 (--backend mpi: under mpiexec -n <devices>, one process per device)
 graphc calibrate [-o PATH] [--quick]            measure this machine, store the profile the sharding cost model uses
@@ -44,6 +44,7 @@ from graphc.cli.common import (
     print_error,
     print_traceback,
     process_age,
+    warnings_on_stderr,
 )
 from graphc.core.errors import GraphcError
 from graphc.core.mesh import load_profile, profile_path, save_profile
@@ -74,7 +75,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> Parser:
     p = Parser(prog="graphc", description="numpy model code -> graph IR -> parallel execution")
     p.add_argument("--debug", action="store_true", help="on an error, also print the traceback (or GRAPHC_DEBUG=1)")
     sub = p.add_subparsers(dest="command", required=True)
@@ -101,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     cal.set_defaults(func=cmd_calibrate)
     for subparser in sub.choices.values():
         add_debug(subparser)
+    p.commands = dict(sub.choices)  # name -> its parser (graphc/cli/reference.py walks them)
     return p
 
 
@@ -124,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     # imports), this call for an in-process caller
     started = time.perf_counter() - (process_age() if argv is None else 0.0)
     try:
-        with signals.stopped_by_signals(program=argv is None):
+        with signals.stopped_by_signals(program=argv is None), warnings_on_stderr():
             code = _command(argv, started)
     except KeyboardInterrupt as exc:  # a signal landing while an error was reported, or at the body's end
         code = signals.report(exc)

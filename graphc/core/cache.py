@@ -1,7 +1,7 @@
 """graphc's on-disk caches: which folders graphc trusts, and sealed entries.
 
 The caches (compiled kernels in ``kernels/``, solved plans in ``plans/``) live in the folder
-``graphc.core.files.cache_dir`` names. What is trusted and what is checked (the README's threat
+``graphc.core.files.cache_dir`` names. What is trusted and what is checked (docs/guide/jit.md's threat
 model):
 
 * A cache folder is used only when it is the user's alone: owned by the user and writable by no

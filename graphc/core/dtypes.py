@@ -61,3 +61,10 @@ def is_int(dtype: np.dtype) -> bool:
 
 def is_bool(dtype: np.dtype) -> bool:
     return np.dtype(dtype).kind == "b"
+
+
+def additive_identity(dtype: np.dtype) -> np.ndarray:
+    """The 0-d zero of ``dtype`` that leaves every value unchanged when added: -0.0 for floats
+    (x + -0.0 is x for every x, where x + 0.0 turns -0.0 into 0.0)."""
+    zero = np.zeros((), dtype)
+    return np.negative(zero) if dtype.kind == "f" else zero

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any, TypeVar
 
 
@@ -119,6 +122,32 @@ class PromotionWarning(GraphcWarning):
 class CacheWarning(GraphcWarning):
     """An on-disk cache (its folder or one entry) was not used: not the user's alone, corrupt, or
     made from something else. The message names the path and why; graphc rebuilt what it needed."""
+
+
+class MeshWarning(GraphcWarning):
+    """A mesh axis name is close to a role name without being one (``dq`` for ``dp``): the axis has
+    no role, so it may split anything. The message names the role(s) it would have had."""
+
+
+class PlanWarning(GraphcWarning):
+    """A plan does not do all that was asked of it: an axis that replicates the work it was meant to
+    split (a data axis that divides no batch dim), an op without a sharding rule run whole on every
+    device, a ZeRO stage a parameter cannot take. Given once per compile, with the plan's
+    warnings (``plan.warnings``)."""
+
+
+_GRAPHC_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def user_stacklevel() -> int:
+    """The ``warnings.warn`` stacklevel of the innermost caller outside graphc (the user's call):
+    the warning then names the user's file and line."""
+    frame: FrameType | None = sys._getframe(1)
+    level = 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_GRAPHC_DIR):
+        frame = frame.f_back
+        level += 1
+    return level
 
 
 def note_where(exc: BaseException, opname: str, loc: SourceLoc | None) -> None:

@@ -17,8 +17,8 @@ import json
 import math
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -26,6 +26,9 @@ from graphc.core import dtypes
 from graphc.core.errors import GraphcError, ShapeError, SourceLoc, VerifyError
 from graphc.core.literals import format_literal
 from graphc.core.pytree import TreeDef
+from graphc.core.traits import Trait
+
+T = TypeVar("T", bound=Trait)
 
 _TYPE_TEXT = re.compile(r"^\s*(\w+)\[([0-9,\s]*)\]\s*$")
 
@@ -94,15 +97,27 @@ class OpDef:
     min_inputs: int = 1
     num_regions: int = 0  # control-flow ops: infer(in_types, regions, **attrs)
     doc: str = ""
+    # What the op is (graphc/core/traits.py): every layer asks these, never the op's name.
+    traits: tuple[Trait, ...] = ()
     # Filled in by later stages, next to the op's definition.
     vjp: Callable | None = None
     jvp: Callable | None = None
     dim_rule: Callable | None = None
     cost: Callable | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def __repr__(self) -> str:
         return f"OpDef({self.name})"
+
+    def has(self, kind: type[Trait]) -> bool:
+        """Whether the op declares a trait of class ``kind``."""
+        return any(isinstance(t, kind) for t in self.traits)
+
+    def trait(self, kind: type[T]) -> T | None:
+        """The op's trait of class ``kind``, or None."""
+        for t in self.traits:
+            if isinstance(t, kind):
+                return t
+        return None
 
     def infer_types(
         self, in_types: tuple[TensorType, ...], attrs: dict[str, Any], regions: tuple = ()
@@ -286,7 +301,7 @@ def check_runnable(graph: Graph, what: str = "run") -> None:
             where = f" at {v.producer.loc}" if v.producer is not None and v.producer.loc else ""
             raise GraphcError(
                 f"cannot {what} @{graph.name}: it computes in bfloat16 ({v.type}{where}); graphc traces and "
-                "plans bfloat16 (graphc compile --profile h100-sxm) but runs only float16/32/64: convert the "
+                "plans bfloat16 (for a GPU profile) but runs only float16/32/64: convert the "
                 "inputs to float32 to run it"
             )
 

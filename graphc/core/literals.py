@@ -67,7 +67,7 @@ def _small_form(a: np.ndarray) -> str | None:
     if a.size > SMALL_ARRAY or (dtypes.is_float(a.dtype) and not np.isfinite(a).all()):
         return None
     text = _nested(a)
-    back = _array_from_list(json.loads(text.replace("true", "1").replace("false", "0")), a.dtype, a.shape)
+    back = array_from_list(json.loads(text.replace("true", "1").replace("false", "0")), a.dtype, a.shape)
     return text if back.tobytes() == a.tobytes() else None
 
 
@@ -80,7 +80,9 @@ def format_array(a: np.ndarray) -> str:
     return head + '"' + base64.b64encode(zlib.compress(raw, 6)).decode("ascii") + '"'
 
 
-def _array_from_list(data: Any, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+def array_from_list(data: Any, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """The array a literal's nested list ``data`` spells, of ``dtype`` and ``shape`` (an empty
+    list stands for any empty shape)."""
     arr = np.array(data, dtype=dtype)
     if arr.size == 0 and 0 in shape:  # "[]" says nothing about the other dims of an empty array
         arr = arr.reshape(shape)

@@ -22,11 +22,13 @@ buffers to each other and a collective call costs at least one barrier.
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import os
 import re
 import stat
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -35,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from graphc.core.cache import private_dir, unsafe_reason, warn_cache
-from graphc.core.errors import GraphcError
+from graphc.core.errors import GraphcError, MeshWarning, user_stacklevel
 from graphc.core.files import atomic_write, cache_dir
 
 MESH_EXAMPLE = "dp=2,tp=4"
@@ -55,6 +57,33 @@ _ROLE_OF = {name: role for role, names in ROLE_NAMES.items() for name in names}
 def axis_role(name: str) -> str:
     """The role of a mesh axis called ``name``: "data", "model", "pipe", "seq" or "free"."""
     return _ROLE_OF.get(name.lower(), "free")
+
+
+def near_role_names(name: str) -> list[str]:
+    """The role names (``ROLE_NAMES``) that ``name`` is close to without being one, closest
+    first: what a typo (``dq`` for ``dp``) likely meant. [] for a role name or a distant name."""
+    if name.lower() in _ROLE_OF:
+        return []
+    return difflib.get_close_matches(name.lower(), list(_ROLE_OF), n=3, cutoff=0.5)
+
+
+def warn_near_role_names(names) -> None:
+    """A MeshWarning for every axis name close to a role name without being one (its axis is
+    free: it may split anything), naming the role it would have had. ``graphc.parallelize``
+    checks the user's mesh with it (graphc's own meshes have names such as "stage" and "mb")."""
+    for name in names:
+        near = near_role_names(name)
+        if not near:
+            continue
+        meant = ", ".join(f"{n} ({_ROLE_OF[n]} role)" for n in near)
+        warnings.warn(
+            MeshWarning(
+                f"mesh axis {name!r} has no role, so it may split any dim (a free axis), but its name is close "
+                f"to {meant}: if that was meant, rename the axis (roles: dp/data/batch split only batch dims, "
+                "sp/seq only sequence dims, pp/pipe hold pipeline stages, tp/model/mp split anything)"
+            ),
+            stacklevel=user_stacklevel(),
+        )
 
 
 LINKS_EXAMPLE = "dp=1GB/s:50us,tp=10GB/s:5us"
@@ -173,7 +202,7 @@ class MachineProfile:
     # The device's compiler fuses chains of elementwise ops and last-axis reductions, so their
     # intermediates never reach memory (passes/sharding/fusion.py). False prices every op's round
     # trip, as plans for this machine always have (graphc's runtime fuses float32/float64 chains
-    # here too, but the measured predictions in the README were made without it).
+    # here too, but the measured predictions in docs/ were made without it).
     fuses_elementwise: bool = False
     # Effective matmul flop/s per dtype and size class: {dtype: {"small": r, "small batched": r,
     # "medium": r, ...}} (keys ``matmul_key``). A dtype or class it lacks runs at the dtype's peak

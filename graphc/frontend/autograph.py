@@ -44,8 +44,15 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-RUNTIME = "_gc_rt"
-Located = ast.stmt | ast.expr  # nodes with a source position (ast.AST itself has none)
+from graphc.frontend.autograph_names import (
+    RUNTIME,
+    Located,
+    assigned_names,
+    first_escape,
+    local_names,
+    statement_kind,
+)
+
 _TYPE_PARAMS: dict[str, Any] = (
     {"type_params": []} if sys.version_info >= (3, 12) else {}
 )  # a field of 3.12's FunctionDef
@@ -83,21 +90,6 @@ _FRAME_SENSITIVE = {
     "reversed",
     "map",
 }
-_MUTATORS = {
-    "append",
-    "extend",
-    "insert",
-    "pop",
-    "remove",
-    "clear",
-    "update",
-    "setdefault",
-    "popitem",
-    "sort",
-    "reverse",
-    "add",
-    "discard",
-}
 _SKIP_PACKAGES = ("numpy", "graphc", "scipy", "networkx", "lark", "hypothesis", "_pytest", "pytest", "numba")
 
 
@@ -115,173 +107,6 @@ class _Unreadable:
 _cache: dict[tuple[int, int], tuple[types.CodeType, dict, Any]] = {}  # (code, globals) -> maker or _Unreadable
 _generated: dict[int, types.CodeType] = {}  # code objects compiled from transformed source (already converted)
 _unconverted_reasons: dict[int, tuple[types.CodeType, str]] = {}
-
-
-# --- analysis helpers -------------------------------------------------------------------------------
-
-
-class _Assigned(ast.NodeVisitor):
-    """Names a block assigns (in its own scope), in first-assignment order; bases of subscript
-    targets count as assigned (``d["k"] = v`` changes ``d``) unless ``subscript_bases`` is False.
-    ``attribute_targets`` are the assignments to attributes, also through a subscript
-    (``self.cache[i] = v``, which the transform turns into a ``_gc_rt.assign`` call)."""
-
-    def __init__(self, subscript_bases: bool = True):
-        self.names: list[str] = []
-        self.attribute_targets: list[ast.AST] = []
-        self.subscript_bases = subscript_bases
-
-    def add(self, name: str) -> None:
-        if name not in self.names and not name.startswith("_gc_"):
-            self.names.append(name)
-
-    def target(self, t: ast.AST) -> None:
-        if isinstance(t, ast.Name):
-            self.add(t.id)
-        elif isinstance(t, (ast.Tuple, ast.List)):
-            for e in t.elts:
-                self.target(e)
-        elif isinstance(t, ast.Starred):
-            self.target(t.value)
-        elif isinstance(t, ast.Subscript):
-            base = t.value
-            while isinstance(base, ast.Subscript):
-                base = base.value
-            if not isinstance(base, ast.Name):
-                self.attribute_targets.append(t)
-            elif self.subscript_bases:
-                self.add(base.id)
-        elif isinstance(t, ast.Attribute):
-            self.attribute_targets.append(t)
-
-    def visit_Assign(self, node):
-        for t in node.targets:
-            self.target(t)
-        self.generic_visit(node)
-
-    def visit_AugAssign(self, node):
-        self.target(node.target)
-        self.generic_visit(node)
-
-    def visit_AnnAssign(self, node):
-        self.target(node.target)
-        self.generic_visit(node)
-
-    def visit_NamedExpr(self, node):
-        self.target(node.target)
-        self.generic_visit(node)
-
-    def visit_For(self, node):
-        self.target(node.target)
-        self.generic_visit(node)
-
-    def visit_With(self, node):
-        for item in node.items:
-            if item.optional_vars is not None:
-                self.target(item.optional_vars)
-        self.generic_visit(node)
-
-    def visit_Import(self, node):
-        for alias in node.names:
-            self.add((alias.asname or alias.name).split(".")[0])
-
-    visit_ImportFrom = visit_Import
-
-    def visit_Call(self, node):
-        func = node.func
-        if _is_runtime(func, "assign") and isinstance(node.args[-1], ast.Constant) and node.args[-1].value is False:
-            self.attribute_targets.append(node)  # obj.attr[key] = v, transformed (_Transformer._assign)
-        if isinstance(func, ast.Attribute) and func.attr in _MUTATORS:
-            base = func.value
-            while isinstance(base, ast.Subscript):
-                base = base.value
-            if isinstance(base, ast.Name):
-                self.add(base.id)  # outs.append(y) changes outs
-        self.generic_visit(node)
-
-    def visit_Delete(self, node):
-        for t in node.targets:
-            self.target(t)
-
-    def visit_FunctionDef(self, node):
-        self.add(node.name)  # the body is another scope
-
-    visit_AsyncFunctionDef = visit_FunctionDef
-
-    def visit_ClassDef(self, node):
-        self.add(node.name)
-
-    def visit_Lambda(self, node):
-        pass
-
-    def visit_ListComp(self, node):
-        pass
-
-    visit_SetComp = visit_DictComp = visit_GeneratorExp = visit_ListComp
-
-
-def _is_runtime(func: ast.expr, name: str) -> bool:
-    return (
-        isinstance(func, ast.Attribute)
-        and func.attr == name
-        and isinstance(func.value, ast.Name)
-        and func.value.id == RUNTIME
-    )
-
-
-def local_names(fdef: ast.FunctionDef) -> set[str]:
-    """The names local to a function: its parameters and the names its body binds."""
-    args = fdef.args
-    params = [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs]
-    params += [a.arg for a in (args.vararg, args.kwarg) if a is not None]
-    bound = _Assigned(subscript_bases=False)
-    for stmt in fdef.body:
-        bound.visit(stmt)
-    return set(params) | set(bound.names)
-
-
-def assigned_names(stmts: list[ast.stmt]) -> _Assigned:
-    v = _Assigned()
-    for s in stmts:
-        v.visit(s)
-    return v
-
-
-def _escapes(stmts: list[ast.stmt]) -> Located | None:
-    """The first statement in ``stmts`` that leaves the block early: return / yield / await
-    anywhere (outside nested scopes), or break / continue that is not inside a loop nested in
-    the block. Such blocks cannot become the functions of graph control flow."""
-
-    def walk(node: ast.AST, in_loop: bool) -> Located | None:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-            return None
-        if isinstance(node, (ast.Return, ast.Yield, ast.YieldFrom, ast.Await)):
-            return node
-        if isinstance(node, (ast.Break, ast.Continue)) and not in_loop:
-            return node
-        nested_loop = in_loop or isinstance(node, (ast.For, ast.While, ast.AsyncFor))
-        for child in ast.iter_child_nodes(node):
-            found = walk(child, nested_loop if child not in getattr(node, "orelse", []) else in_loop)
-            if found is not None:
-                return found
-        return None
-
-    for s in stmts:
-        found = walk(s, False)
-        if found is not None:
-            return found
-    return None
-
-
-def _kind(node: ast.AST) -> str:
-    return {
-        ast.Return: "return",
-        ast.Break: "break",
-        ast.Continue: "continue",
-        ast.Yield: "yield",
-        ast.YieldFrom: "yield",
-        ast.Await: "await",
-    }.get(type(node), type(node).__name__)
 
 
 # --- the transformer ------------------------------------------------------------------------------------
@@ -400,6 +225,9 @@ class _Transformer(ast.NodeTransformer):
         self.class_name = class_name
         self.self_name = self_name  # the method's first parameter, for zero-argument super()
         self.scopes = [local or set()]  # the local names of the function being transformed, innermost last
+        # the names a statement at this level may rebind (aliases): the function's locals, or in a
+        # traced if/loop body (a function of its own) the variables it assigns, which it takes and returns
+        self.blocks: list[list[str]] = [sorted(n for n in self.scopes[0] if not n.startswith("_gc_"))]
 
     def fresh(self, kind: str) -> str:
         self.counter += 1
@@ -418,9 +246,40 @@ class _Transformer(ast.NodeTransformer):
 
     def visit_FunctionDef(self, node: ast.FunctionDef):
         self.scopes.append(local_names(node))
+        self.blocks.append(sorted(n for n in self.scopes[-1] if not n.startswith("_gc_")))
         self.generic_visit(node)
+        self.blocks.pop()
         self.scopes.pop()
         return node
+
+    def _visit_block(self, node: ast.AST, names: list[str] | None) -> None:
+        """Transform the statements inside ``node``; ``names``: the variables of the function its
+        body becomes (None: it stays in the enclosing function)."""
+        if names is not None:
+            self.blocks.append([n for n in names if not n.startswith("_gc_")])
+        self.generic_visit(node)
+        if names is not None:
+            self.blocks.pop()
+
+    def _with_aliases(self, stmts: Any, node: Located) -> list[ast.stmt]:
+        """``stmts`` (a statement that may write into a numpy array) followed by the rebinding of this
+        level's names that hold a numpy array written with traced values (autograph_runtime.aliases)."""
+        stmts = list(stmts) if isinstance(stmts, list) else [stmts]
+        names = self.blocks[-1]
+        if not names:
+            return stmts
+        temp = self.fresh("alias")
+        call = ast.Call(
+            func=_rt("aliases"),
+            args=[ast.Call(func=ast.Name("locals", ast.Load()), args=[], keywords=[]), _names_tuple(names)],
+            keywords=[],
+        )
+        check = ast.If(
+            test=ast.Compare(left=ast.Name(temp, ast.Load()), ops=[ast.IsNot()], comparators=[ast.Constant(None)]),
+            body=[_assign(names, ast.Name(temp, ast.Load()))],
+            orelse=[],
+        )
+        return _locate(stmts + [ast.Assign(targets=[ast.Name(temp, ast.Store())], value=call), check], node)
 
     # subscripts: a[k] -> _gc_rt.getitem(a, k); a[k] = v -> a = _gc_rt.assign(a, ((False, k),), v)
     def visit_Subscript(self, node: ast.Subscript):
@@ -477,11 +336,14 @@ class _Transformer(ast.NodeTransformer):
         return stmts
 
     def _out_name(self, value: ast.expr) -> str | None:
-        """The local name passed as ``out=`` to the call ``value``, if any."""
+        """The local name passed as ``out=`` (or ``out=(name,)``) to the call ``value``, if any."""
         if isinstance(value, ast.Call):
             for kw in value.keywords:
-                if kw.arg == "out" and isinstance(kw.value, ast.Name) and kw.value.id in self.scopes[-1]:
-                    return kw.value.id
+                out = kw.value
+                if kw.arg == "out" and isinstance(out, ast.Tuple) and len(out.elts) == 1:
+                    out = out.elts[0]
+                if kw.arg == "out" and isinstance(out, ast.Name) and out.id in self.scopes[-1]:
+                    return out.id
         return None
 
     def _rebind_out(self, name: str, value: ast.expr) -> ast.stmt:
@@ -492,7 +354,8 @@ class _Transformer(ast.NodeTransformer):
     def visit_Expr(self, node: ast.Expr):
         self.generic_visit(node)
         name = self._out_name(node.value)
-        return node if name is None else _locate(self._rebind_out(name, node.value), node)
+        stmt = node if name is None else _locate(self._rebind_out(name, node.value), node)
+        return self._with_aliases(stmt, node) if isinstance(node.value, ast.Call) else stmt
 
     def visit_Assign(self, node: ast.Assign):
         if not any(_has_subscript(t) for t in node.targets):
@@ -503,36 +366,36 @@ class _Transformer(ast.NodeTransformer):
             temp = self.fresh("out")
             first = ast.Assign(targets=[ast.Name(temp, ast.Store())], value=node.value)
             node.value = ast.Name(temp, ast.Load())
-            return _locate([first, self._rebind_out(name, ast.Name(temp, ast.Load())), node], node)
+            return self._with_aliases([first, self._rebind_out(name, ast.Name(temp, ast.Load())), node], node)
         value = self.visit(node.value)
         if len(node.targets) == 1:
-            return _locate(self._unpack(node.targets[0], value), node)
+            return self._with_aliases(self._unpack(node.targets[0], value), node)
         temp = self.fresh("value")
         stmts: list[ast.stmt] = [ast.Assign(targets=[ast.Name(temp, ast.Store())], value=value)]
         for t in node.targets:
             stmts.extend(self._unpack(t, ast.Name(temp, ast.Load())))
-        return _locate(stmts, node)
+        return self._with_aliases(stmts, node)
 
     def visit_AugAssign(self, node: ast.AugAssign):
         if not isinstance(node.target, ast.Subscript):
             self.generic_visit(node)
-            return node
+            return self._with_aliases(node, node)  # (buf += traced on a numpy buffer)
         value = self.visit(node.value)
-        return _locate(self._assign(node.target, value, _AUGMENTED[type(node.op)]), node)
+        return self._with_aliases(self._assign(node.target, value, _AUGMENTED[type(node.op)]), node)
 
     def _static_check(self, node: ast.If | ast.While, escape: Located) -> ast.AST:
         node.test = ast.Call(
             func=_rt("static_test"),
-            args=[node.test, ast.Constant(_kind(escape)), ast.Constant(escape.lineno)],
+            args=[node.test, ast.Constant(statement_kind(escape)), ast.Constant(escape.lineno)],
             keywords=[],
         )
         return _locate(node, node)
 
     def visit_If(self, node: ast.If):
-        self.generic_visit(node)
-        escape = _escapes(node.body + node.orelse)
+        escape = first_escape(node.body + node.orelse)
+        self._visit_block(node, None if escape is not None else assigned_names(node.body + node.orelse).names)
         if escape is not None:
-            return self._static_check(node, escape)
+            return self._with_aliases(self._static_check(node, escape), node)
         found = assigned_names(node.body + node.orelse)
         names = found.names
         true_name, false_name = self.fresh("if_true"), self.fresh("if_false")
@@ -548,7 +411,7 @@ class _Transformer(ast.NodeTransformer):
             ],
             keywords=[],
         )
-        return _locate(
+        return self._with_aliases(
             [
                 _def(true_name, names, node.body, names),
                 _def(false_name, names, node.orelse, names),
@@ -558,10 +421,11 @@ class _Transformer(ast.NodeTransformer):
         )
 
     def visit_While(self, node: ast.While):
-        self.generic_visit(node)
-        escape = _escapes(node.body) or (_escapes(node.orelse) if node.orelse else None)
-        if escape is not None or node.orelse:
-            return self._static_check(node, escape or node)
+        escape = first_escape(node.body) or (first_escape(node.orelse) if node.orelse else None)
+        static = escape is not None or bool(node.orelse)
+        self._visit_block(node, None if static else assigned_names(node.body).names)
+        if static:
+            return self._with_aliases(self._static_check(node, escape or node), node)
         found = assigned_names(node.body)
         names = found.names
         cond_name, body_name = self.fresh("while_cond"), self.fresh("while_body")
@@ -577,10 +441,9 @@ class _Transformer(ast.NodeTransformer):
             ],
             keywords=[],
         )
-        return _locate([cond_fn, _def(body_name, names, node.body, names), _assign(names, call)], node)
+        return self._with_aliases([cond_fn, _def(body_name, names, node.body, names), _assign(names, call)], node)
 
     def visit_For(self, node: ast.For):
-        self.generic_visit(node)
         it = node.iter
         is_range = (
             isinstance(it, ast.Call)
@@ -590,21 +453,25 @@ class _Transformer(ast.NodeTransformer):
             and 1 <= len(it.args) <= 3
             and isinstance(node.target, ast.Name)
         )
+        converted = is_range and first_escape(node.body) is None and not node.orelse
+        assert not converted or isinstance(node.target, ast.Name)  # (is_range says so)
+        block = [node.target.id, *assigned_names(node.body).names] if converted else None  # type: ignore[attr-defined]
+        self._visit_block(node, block)
         if not is_range:
-            return node
+            return self._with_aliases(node, node)
         assert isinstance(it, ast.Call) and isinstance(node.target, ast.Name)  # (what is_range checked)
-        escape = _escapes(node.body)
+        escape = first_escape(node.body)
         if escape is not None or node.orelse:
             node.iter = ast.Call(
                 func=_rt("static_range"),
                 args=[
                     ast.Tuple(elts=it.args, ctx=ast.Load()),
-                    ast.Constant(_kind(escape) if escape else "else"),
+                    ast.Constant(statement_kind(escape) if escape else "else"),
                     ast.Constant(node.lineno),
                 ],
                 keywords=[],
             )
-            return _locate(node, node)
+            return self._with_aliases(_locate(node, node), node)
         index = node.target.id
         found = assigned_names(node.body)
         names = [n for n in found.names if n != index]
@@ -620,7 +487,9 @@ class _Transformer(ast.NodeTransformer):
             ],
             keywords=[],
         )
-        return _locate([_def(body_name, [index] + names, node.body, names), _assign([index] + names, call)], node)
+        return self._with_aliases(
+            [_def(body_name, [index] + names, node.body, names), _assign([index] + names, call)], node
+        )
 
     def visit_IfExp(self, node: ast.IfExp):
         self.generic_visit(node)

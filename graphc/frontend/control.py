@@ -11,6 +11,7 @@ autodiff rules of the control-flow ops are with the ops (graphc/ops/control.py).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import numpy as np
@@ -18,19 +19,61 @@ import numpy as np
 from graphc.core.errors import TraceError
 from graphc.core.ir import Region, TensorType, Value
 from graphc.core.pytree import TreeDef, flatten, unflatten
-from graphc.frontend.tracer import TraceContext, Tracer, _ctx_stack, current_context, lift, user_location
+from graphc.frontend.tracer import (
+    TraceContext,
+    Tracer,
+    context_stack,
+    current_context,
+    lift,
+    rebind,
+    restore,
+    user_location,
+)
 
 # how the source transform marks a variable that has no value yet in a branch (autograph_runtime.py)
 UNDEFINED_MARK = "<graphc: undefined variable>"
 
 
-def trace_region(
-    fn: Callable, in_types: Sequence[TensorType], name: str = "region", weak: Sequence[bool] = ()
-) -> tuple[Region, list[Tracer], Any]:
+@dataclass
+class Traced:
+    """A traced region before it becomes a Region (outputs may still be added): its context, its
+    output values in order, the raw result (a pytree whose array leaves are the first outputs),
+    and the arrays from outside it that it wrote in place (not carried), each with its final
+    value in the region (see TraceContext.log_write)."""
+
+    ctx: TraceContext
+    outputs: list[Tracer]
+    result: Any
+    written: dict[int, tuple[Tracer, Tracer]] = field(default_factory=dict)
+
+    def region(self) -> Region:
+        return Region(list(self.ctx.inputs), list(self.ctx.nodes), [o._value for o in self.outputs])
+
+    def captured(self) -> list[Tracer]:
+        return list(self.ctx.captured_outer)
+
+    def add_output_for(self, array: Tracer) -> None:
+        """Output ``array``'s value at the region's end: its final value if the region wrote it, else
+        the value it has outside (captured)."""
+        hit = self.written.get(id(array))
+        self.outputs.append(hit[1] if hit is not None else self.ctx.local(array))
+
+
+def trace(
+    fn: Callable,
+    in_types: Sequence[TensorType],
+    name: str = "region",
+    weak: Sequence[bool] = (),
+    carried: Sequence[Tracer] = (),
+    output_carried: bool = True,
+) -> Traced:
     """Trace ``fn(*args)`` with one traced argument per type, in a child of the current trace
     (``fn`` as it is: callers transform user functions first, see frontend/entry.py).
-    Returns the region, the outer values it captured (operands to append), and the raw result
-    (a pytree whose leaves are the region's outputs, in order)."""
+
+    ``carried`` are arrays from outside (not views) that a loop carries: while tracing, each holds a
+    region input of its own (after the arguments), and its final value is output after ``fn``'s
+    (if ``output_carried``). Every other array from outside that ``fn`` writes in place is in
+    ``written``. Afterwards all of them hold their values from before again."""
     parent = current_context()
     if parent is None:
         raise RuntimeError("trace_region needs an active trace")
@@ -38,19 +81,58 @@ def trace_region(
     args = [Tracer(ctx, Value(t, None, 0, None)) for t in in_types]
     for a, w in zip(args, weak):
         a._weak = w
+    slots = [Value(c._val.type, None, 0, None) for c in carried]
+    for a in args:
+        a._born = ctx
     ctx.inputs.extend(a._value for a in args)
-    stack = _ctx_stack()
+    ctx.inputs.extend(slots)
+    stack = context_stack()
     stack.append(ctx)
     try:
+        for array, slot in zip(carried, slots):
+            ctx.written[id(array)] = (array, array._c, array._val)  # (given back at the end)
+            restore(array, ctx, slot)
         result = fn(*args)
         leaves, treedef = flatten(result, is_leaf=lambda x: isinstance(x, Tracer))
         outs = [lift(x) if isinstance(x, (Tracer, np.ndarray, np.generic)) else x for x in leaves]
-        outs = [ctx.local(o) if isinstance(o, Tracer) else o for o in outs]
+        outs = [_snapshot(ctx.local(o)) if isinstance(o, Tracer) else o for o in outs]  # (before the restore)
+        outputs = [o for o in outs if isinstance(o, Tracer)]
+        if output_carried:
+            outputs += [_snapshot(ctx.local(array)) for array in carried]
+        carried_ids = {id(a) for a in carried}
+        written = {
+            key: (array, _snapshot(ctx.local(array)))
+            for key, (array, _, _) in ctx.written.items()
+            if key not in carried_ids
+        }
     finally:
         stack.pop()
-    arrays = [o for o in outs if isinstance(o, Tracer)]
-    region = Region(list(ctx.inputs), list(ctx.nodes), [o._value for o in arrays])
-    return region, list(ctx.captured_outer), unflatten(treedef, outs)
+        for array, home, value in ctx.written.values():
+            restore(array, home, value)
+    return Traced(ctx, outputs, unflatten(treedef, outs), written)
+
+
+def _snapshot(t: Tracer) -> Tracer:
+    return Tracer(t._ctx, t._value, t._weak)
+
+
+def trace_region(
+    fn: Callable, in_types: Sequence[TensorType], name: str = "region", weak: Sequence[bool] = ()
+) -> tuple[Region, list[Tracer], Any]:
+    """``trace`` for a region that must not write into arrays from outside it in place: the region,
+    the outer values it captured (operands to append), and the raw result."""
+    traced = trace(fn, in_types, name, weak)
+    _no_writes(traced, name)
+    return traced.region(), traced.captured(), traced.result
+
+
+def _no_writes(traced: Traced, what: str) -> None:
+    if traced.written:
+        raise TraceError(
+            f"the {what} function of a traced loop or branch writes in place into an array from outside it; "
+            "graphc supports that in if/else branches and loop bodies, not here",
+            user_location(),
+        )
 
 
 def _with_inputs(region: Region, extra: list[Value]) -> Region:
@@ -110,12 +192,18 @@ def cond(pred: Any, true_fn: Callable, false_fn: Callable, *operands: Any, names
     p = as_predicate(pred, "if")
     ops = [lift(x) for x in operands]
     in_types = [o._value.type for o in ops]
-    r_true, c_true, res_true = trace_region(true_fn, in_types, "true")
-    r_false, c_false, res_false = trace_region(false_fn, in_types, "false")
-    targets = _weak_targets(res_true, res_false)
+    t_true, t_false = trace(true_fn, in_types, "true"), trace(false_fn, in_types, "false")
+    targets = _weak_targets(t_true.result, t_false.result)
     if targets:  # a Python number in one branch, an array in the other: retrace with the number as that array
-        r_true, c_true, res_true = trace_region(_promoting(true_fn, targets), in_types, "true")
-        r_false, c_false, res_false = trace_region(_promoting(false_fn, targets), in_types, "false")
+        t_true = trace(_promoting(true_fn, targets), in_types, "true")
+        t_false = trace(_promoting(false_fn, targets), in_types, "false")
+    # arrays from outside written in place in either branch: one more output each, then rebound
+    written = list({**t_true.written, **t_false.written}.values())
+    for traced in (t_true, t_false):
+        for array, _ in written:
+            traced.add_output_for(array)
+    r_true, c_true, res_true = t_true.region(), t_true.captured(), t_true.result
+    r_false, c_false, res_false = t_false.region(), t_false.captured(), t_false.result
     t_tree, t_leaves = _static_structure(res_true)
     f_tree, f_leaves = _static_structure(res_false)
     if names is not None and not same_tree(t_tree, f_tree):
@@ -136,6 +224,9 @@ def cond(pred: Any, true_fn: Callable, false_fn: Callable, *operands: Any, names
         )
     (r_true, r_false), captured = _unify_captures([r_true, r_false], [c_true, c_false], len(ops))
     outs = list(bind_multi_regions("cond", [p, *ops, *captured], {}, (r_true, r_false)))
+    for (array, _), new in zip(written, outs[len(outs) - len(written) :]):
+        rebind(array, new)
+    outs = outs[: len(outs) - len(written)]
     t_arrays = [x for x in t_leaves if isinstance(x, Tracer)]
     f_arrays = [x for x in f_leaves if isinstance(x, Tracer)]
     for k, (a, b) in enumerate(zip(t_arrays, f_arrays)):
@@ -267,22 +358,35 @@ def _carry_arrays(init: Sequence[Any], what: str) -> list[Tracer]:
     return out
 
 
-def _settle_carry(carry: list[Tracer], body: Callable, extra_types: Sequence[TensorType] = ()) -> list[Tracer]:
-    """A weak carried number takes the dtype its first iteration gives it (acc = 0.0 then
-    acc = acc + x32.sum() is a float32 accumulator, as numpy makes it after one step)."""
-    for _ in range(3):
+def _settle_carry(
+    carry: list[Tracer], body: Callable, extra_types: Sequence[TensorType] = ()
+) -> tuple[list[Tracer], list[Tracer]]:
+    """Trace the body until the loop's carry is known: a weak carried number takes the dtype its
+    first iteration gives it (acc = 0.0 then acc = acc + x32.sum() is a float32 accumulator, as
+    numpy makes it after one step), and the arrays from outside that the body writes in place
+    (``buf[i] = x`` of a buffer made before the loop, a view's root) are carried too. Returns the
+    carry and those arrays."""
+    implicit: list[Tracer] = []
+    for _ in range(6):
         in_types = [*extra_types, *(c._value.type for c in carry)]
         weak = [True] * len(extra_types) + [c._weak for c in carry]
-        _, _, res = trace_region(body, in_types, "probe", weak)
+        probe = trace(body, in_types, "probe", weak, carried=implicit, output_carried=False)
         changed = False
-        for k, (c, r) in enumerate(zip(carry, res)):
+        for k, (c, r) in enumerate(zip(carry, probe.result)):
             if c._weak and isinstance(r, Tracer) and r.shape == c.shape and r.dtype != c.dtype:
                 converted = c.astype(r.dtype)
                 carry[k] = Tracer(converted._ctx, converted._value, r._weak)
                 changed = True
+        for array, _ in probe.written.values():
+            implicit.append(array)
+            changed = True
         if not changed:
-            break
-    return carry
+            return carry, implicit
+    raise TraceError(
+        "a loop on a traced value: its carried variables did not settle (their dtypes, or the arrays its body "
+        "writes in place, change from one trace of the body to the next)",
+        user_location(),
+    )
 
 
 def _check_carry(body_types, in_types, names: Sequence[str] | None, what: str) -> None:
@@ -304,7 +408,9 @@ def _check_carry(body_types, in_types, names: Sequence[str] | None, what: str) -
 def while_loop(
     cond_fn: Callable, body_fn: Callable, init: Sequence[Any], names: Sequence[str] | None = None
 ) -> list[Tracer]:
-    """``while cond_fn(*carry): carry = body_fn(*carry)`` as one graph op. Returns the final carry."""
+    """``while cond_fn(*carry): carry = body_fn(*carry)`` as one graph op. Returns the final carry.
+    Arrays from outside that the body writes in place are carried as well, and hold their final
+    values afterwards."""
     if current_context() is None:  # eager: plain Python
         carry = list(init)
         while cond_fn(*carry):
@@ -312,18 +418,33 @@ def while_loop(
         return carry
     carry = _carry_arrays(init, "while")
     body = lambda *a: list(_carry_arrays(body_fn(*a), "while"))  # noqa: E731
-    carry = _settle_carry(carry, body)
+    carry, implicit = _settle_carry(carry, body)
     in_types = [c._value.type for c in carry]
     weak = [c._weak for c in carry]
-    r_cond, c_cond, res_cond = trace_region(lambda *a: as_predicate(cond_fn(*a), "while"), in_types, "cond", weak)
-    r_body, c_body, res_body = trace_region(body, in_types, "body", weak)
-    _check_carry(r_body.out_types, in_types, names, "while")
-    (r_cond, r_body), captured = _unify_captures([r_cond, r_body], [c_cond, c_body], len(carry))
+    t_cond = trace(
+        lambda *a: as_predicate(cond_fn(*a), "while"), in_types, "cond", weak, carried=implicit, output_carried=False
+    )
+    _no_writes(t_cond, "condition")
+    t_body = trace(body, in_types, "body", weak, carried=implicit)
+    _no_writes(t_body, "body")  # (all found by _settle_carry)
+    r_cond, r_body = t_cond.region(), t_body.region()
+    state_types = in_types + [a._val.type for a in implicit]
+    _check_carry(r_body.out_types, state_types, names, "while")
+    n = len(state_types)
+    (r_cond, r_body), captured = _unify_captures([r_cond, r_body], [t_cond.captured(), t_body.captured()], n)
     # captured values are loop invariants: the body passes them through unchanged
-    n_cap = len(captured)
-    r_body = Region(r_body.inputs, r_body.nodes, r_body.outputs + r_body.inputs[len(carry) :])
-    outs = bind_multi_regions("while_loop", [*carry, *captured], {}, (r_cond, r_body))
-    result = list(outs[: len(outs) - n_cap])
+    r_body = Region(r_body.inputs, r_body.nodes, r_body.outputs + r_body.inputs[n:])
+    operands = [*carry, *(_snapshot(a) for a in implicit), *captured]
+    outs = bind_multi_regions("while_loop", operands, {}, (r_cond, r_body))
+    return _loop_results(list(outs[:n]), weak, implicit)
+
+
+def _loop_results(outs: list[Tracer], weak: list[bool], implicit: list[Tracer]) -> list[Tracer]:
+    """The loop's carried results; the arrays it carried implicitly take their final values."""
+    n = len(outs) - len(implicit)
+    for array, new in zip(implicit, outs[n:]):
+        rebind(array, new)
+    result = outs[:n]
     for r, w in zip(result, weak):
         r._weak = w
     return result
@@ -333,7 +454,8 @@ def fori_loop(
     lower: Any, upper: Any, body_fn: Callable, init: Sequence[Any], step: int = 1, names: Sequence[str] | None = None
 ) -> list[Tracer]:
     """``for i in range(lower, upper, step): carry = body_fn(i, *carry)`` as one graph op (the
-    bounds may be traced; ``step`` is a Python int). Returns the final carry."""
+    bounds may be traced; ``step`` is a Python int). Returns the final carry. Arrays from outside
+    that the body writes in place are carried as well, as in ``while_loop``."""
     if not isinstance(step, int) or step == 0:
         raise TraceError(
             f"range() step must be a non-zero Python int in a loop on a traced range, got {step!r}", user_location()
@@ -352,15 +474,17 @@ def fori_loop(
     carry = _carry_arrays(init, "for")
     index_t = TensorType((), np.dtype(np.int64))
     body = lambda i, *a: list(_carry_arrays(body_fn(i, *a), "for"))  # noqa: E731
-    carry = _settle_carry(carry, body, [index_t])
+    carry, implicit = _settle_carry(carry, body, [index_t])
     in_types = [c._value.type for c in carry]
     weak = [c._weak for c in carry]
-    r_body, c_body, _ = trace_region(body, [index_t, *in_types], "body", [True, *weak])  # the index is a Python int
-    _check_carry(r_body.out_types, in_types, names, "for")
-    n = len(carry)
+    # (the index is a Python int)
+    t_body = trace(body, [index_t, *in_types], "body", [True, *weak], carried=implicit)
+    _no_writes(t_body, "body")  # (all found by _settle_carry)
+    r_body = t_body.region()
+    state_types = in_types + [a._val.type for a in implicit]
+    _check_carry(r_body.out_types, state_types, names, "for")
+    n = len(state_types)
     r_body = Region(r_body.inputs, r_body.nodes, r_body.outputs + r_body.inputs[1 + n :])
-    outs = bind_multi_regions("fori_loop", [lo, hi, *carry, *c_body], {"step": step}, (r_body,))
-    result = list(outs[:n])
-    for r, w in zip(result, weak):
-        r._weak = w
-    return result
+    operands = [lo, hi, *carry, *(_snapshot(a) for a in implicit), *t_body.captured()]
+    outs = bind_multi_regions("fori_loop", operands, {"step": step}, (r_body,))
+    return _loop_results(list(outs[:n]), weak, implicit)

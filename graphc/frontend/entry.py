@@ -45,18 +45,20 @@ from graphc.frontend import (  # noqa: F401  (register handlers)
     linalg,
     scan_sort,
     scipy_table,
+    shadows,
     shape_functions,
     ufuncs,
+    views,
 )
 from graphc.frontend import random as traced_random
 from graphc.frontend.autograph_runtime import convert, is_undefined
+from graphc.frontend.locations import display_path
 from graphc.frontend.tracer import (
     HANDLERS,
     TraceContext,
     Tracer,
-    _contains_tracer,
-    _ctx_stack,
-    _display_path,
+    contains_tracer,
+    context_stack,
     current_context,
     emit_block,
     fresh,
@@ -74,16 +76,24 @@ _originals: list[tuple[Any, str, Callable]] = []
 
 
 def _contains_tracer_anywhere(args: tuple, kwargs: dict) -> bool:
-    return any(_contains_tracer(a) for a in args) or any(_contains_tracer(v) for v in kwargs.values())
+    return any(contains_tracer(a) for a in args) or any(contains_tracer(v) for v in kwargs.values())
 
 
 def _constructor_patch(original: Callable) -> Callable:
+    """``np.array`` and the other array constructors on traced values. np.array copies unless
+    ``copy=False`` (or ``copy=None``, numpy's "only if needed"); np.asarray and the others return the
+    array itself when no conversion is needed, as numpy does. (Which constructor this is is decided
+    here: at call time ``np.array`` is this patched function.)"""
+    copies_by_default = original.__name__ == "array"
+
     @functools.wraps(original)
     def patched(obj, *args, **kwargs):
-        if current_context() is not None and _contains_tracer(obj):
+        if current_context() is not None and contains_tracer(obj):
             dtype = kwargs.get("dtype", args[0] if args else None)
+            copy = kwargs.get("copy", copies_by_default)
             result = user_errors(lift)(obj, None if dtype is None else dtypes.canonical(dtype))
-            copies = original is np.array and kwargs.get("copy", True) is not False
+            # True copies; False, None ("only if needed") and numpy's _CopyMode.IF_NEEDED / NEVER do not
+            copies = copy is True or getattr(copy, "name", None) == "ALWAYS"
             if result is obj and (copies or result._scalar):  # (np.asarray of a numpy scalar is a 0-d array)
                 return fresh(result)
             return result
@@ -211,7 +221,7 @@ def trace(fn: Callable, *args: Any, **kwargs: Any) -> Graph:
     placed = traced_random.wrap_inputs(leaves, tracers)  # Generators: TracedGenerator
     targs, tkwargs = unflatten(in_tree, placed)
     fn = convert(fn)
-    stack = _ctx_stack()
+    stack = context_stack()
     stack.append(ctx)
     try:
         with numpy_patches(), traced_random.ambient_for_trace(tkwargs) as tkwargs:
@@ -433,7 +443,7 @@ def definition_location(fn: Callable) -> SourceLoc | None:
     while isinstance(fn, functools.partial):
         fn = inspect.unwrap(fn.func)
     code = getattr(fn, "__code__", None)
-    return SourceLoc(_display_path(code.co_filename), code.co_firstlineno) if code is not None else None
+    return SourceLoc(display_path(code.co_filename), code.co_firstlineno) if code is not None else None
 
 
 def check_call(fn: Callable, args: tuple, kwargs: dict) -> None:

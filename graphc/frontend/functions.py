@@ -14,6 +14,7 @@ import numpy as np
 
 from graphc.core import dtypes
 from graphc.core.errors import TraceError, numpy_error
+from graphc.frontend.shadows import shadow_of
 from graphc.frontend.tracer import (
     HANDLERS,
     Tracer,
@@ -29,7 +30,9 @@ from graphc.frontend.ufuncs import apply_ufunc, resolve_loop
 from graphc.ops.reduction import reduced_shape
 
 
-def _reject(fname: str, **given: Any) -> None:
+def reject_unsupported(fname: str, **given: Any) -> None:
+    """TraceError naming the first keyword argument of ``numpy.fname`` that was given (not None
+    and not numpy's no-value marker): graphc does not trace it."""
     for name, value in given.items():
         if value is not None and value is not np._NoValue:
             raise TraceError(f"numpy.{fname}: argument {name}= is not supported while tracing", user_location())
@@ -77,7 +80,8 @@ def full(shape: tuple[int, ...], value: Any, dtype: Any) -> Tracer:
 # --- reductions ------------------------------------------------------------------------------
 
 
-def _sum_dtype(dt: np.dtype) -> np.dtype:
+def sum_dtype(dt: np.dtype) -> np.dtype:
+    """numpy's accumulation dtype of a sum: bools and small ints add up in int64 (uint64)."""
     if dt.kind == "b" or (dt.kind == "i" and dt.itemsize < 8):
         return np.dtype(np.int64)
     if dt.kind == "u" and dt.itemsize < 8:
@@ -108,9 +112,9 @@ def _reduce(prim: str, a: Any, axis: Any, keepdims: bool, fname: str) -> Tracer:
 
 @implements(np.sum)
 def sum_(a, axis=None, dtype=None, out=None, keepdims=False, initial=np._NoValue, where=np._NoValue):
-    _reject("sum", out=out, initial=initial, where=where)
+    reject_unsupported("sum", out=out, initial=initial, where=where)
     x = lift(a)
-    x = convert(x, dtype if dtype is not None else _sum_dtype(x.dtype))
+    x = convert(x, dtype if dtype is not None else sum_dtype(x.dtype))
     return _reduce("reduce_sum", x, axis, keepdims, "sum")
 
 
@@ -120,7 +124,7 @@ def _count(x: Tracer, axes: tuple[int, ...]) -> int:
 
 @implements(np.mean)
 def mean(a, axis=None, dtype=None, out=None, keepdims=False, *, where=np._NoValue):
-    _reject("mean", out=out, where=where)
+    reject_unsupported("mean", out=out, where=where)
     x = lift(a)
     axes = norm_axes(axis, x.ndim, "mean")
     acc = (
@@ -153,7 +157,7 @@ def var(
     mean=np._NoValue,
     correction=np._NoValue,
 ):
-    _reject("var", out=out, where=where, mean=mean, correction=correction)
+    reject_unsupported("var", out=out, where=where, mean=mean, correction=correction)
     x = lift(a)
     axes = norm_axes(axis, x.ndim, "var")
     acc = dtypes.canonical(dtype) if dtype is not None else (np.dtype(np.float64) if x.dtype.kind in "biu" else x.dtype)
@@ -177,19 +181,19 @@ def std(
     mean=np._NoValue,
     correction=np._NoValue,
 ):
-    _reject("std", out=out, where=where, mean=mean, correction=correction)
+    reject_unsupported("std", out=out, where=where, mean=mean, correction=correction)
     return apply_ufunc(np.sqrt, var(a, axis, dtype, ddof=ddof, keepdims=keepdims))
 
 
 @implements(np.max, np.amax)
 def max_(a, axis=None, out=None, keepdims=False, initial=np._NoValue, where=np._NoValue):
-    _reject("max", out=out, initial=initial, where=where)
+    reject_unsupported("max", out=out, initial=initial, where=where)
     return _reduce("reduce_max", a, axis, keepdims, "max")
 
 
 @implements(np.min, np.amin)
 def min_(a, axis=None, out=None, keepdims=False, initial=np._NoValue, where=np._NoValue):
-    _reject("min", out=out, initial=initial, where=where)
+    reject_unsupported("min", out=out, initial=initial, where=where)
     return _reduce("reduce_min", a, axis, keepdims, "min")
 
 
@@ -207,13 +211,13 @@ def _logical_reduce(prim: str, a: Any, axis: Any, keepdims: bool, fname: str, em
 
 @implements(np.all)
 def all_(a, axis=None, out=None, keepdims=False, *, where=np._NoValue):
-    _reject("all", out=out, where=where)
+    reject_unsupported("all", out=out, where=where)
     return _logical_reduce("reduce_min", a, axis, keepdims, "all", True)
 
 
 @implements(np.any)
 def any_(a, axis=None, out=None, keepdims=False, *, where=np._NoValue):
-    _reject("any", out=out, where=where)
+    reject_unsupported("any", out=out, where=where)
     return _logical_reduce("reduce_max", a, axis, keepdims, "any", False)
 
 
@@ -248,13 +252,13 @@ def _first_min(x: Tracer, axis: int, keepdims: bool) -> Tracer:
 
 @implements(np.argmax)
 def argmax(a, axis=None, out=None, *, keepdims=False):
-    _reject("argmax", out=out)
+    reject_unsupported("argmax", out=out)
     return _arg_reduce(lift(a), axis, keepdims, "argmax", _first_max)
 
 
 @implements(np.argmin)
 def argmin(a, axis=None, out=None, *, keepdims=False):
-    _reject("argmin", out=out)
+    reject_unsupported("argmin", out=out)
     return _arg_reduce(lift(a), axis, keepdims, "argmin", _first_min)
 
 
@@ -293,10 +297,17 @@ def write_out(
     casting: Literal["no", "equiv", "safe", "same_kind", "unsafe"] = "same_kind",
     where: Any = True,
 ) -> Tracer:
-    """``result`` written into ``out`` (a function's ``out=``): a new value that the out array, a
-    Tracer, is rebound to, as numpy's in-place write changes it for every name holding it. An out
-    array that is a numpy array is not changed; the new Tracer is returned, which the source
-    transform assigns to the name passed as ``out=`` (``autograph_runtime.written``)."""
+    """``result`` written into ``out`` (a function's ``out=``, an array or a 1-tuple of one): the
+    out array, a Tracer, takes the new value, as numpy's in-place write changes it for every name
+    holding it; a numpy out array is replaced by the Tracer that stands for it (shadows.py), which
+    the source transform assigns to the name passed as ``out=`` (``autograph_runtime.written``).
+    Returns the out array (that Tracer), as numpy does."""
+    if isinstance(out, tuple):
+        if len(out) != 1:
+            raise TraceError(f"{what}: out= must be an array or a tuple of one array here", user_location())
+        out = out[0]
+    if isinstance(out, np.generic) or (isinstance(out, Tracer) and (out._scalar or out._weak)):
+        raise numpy_error(TypeError("return arrays must be of ArrayType"), TraceError, user_location())
     if np.broadcast_shapes(result.shape, out.shape) != out.shape:
         raise TraceError(
             f"non-broadcastable output operand with shape {out.shape} doesn't match the broadcast shape {result.shape}",
@@ -308,15 +319,11 @@ def write_out(
             f"'{casting}' (numpy raises here too)",
             user_location(),
         )
+    target = out if isinstance(out, Tracer) else shadow_of(out)
     new = broadcast(convert(result, out.dtype), out.shape)
     if where is not True:
-        new = cast(Tracer, np.where(where, new, out))
-    if isinstance(out, Tracer):
-        return rebind(out, new)
-    # a numpy array cannot hold traced values: ``buf += traced`` rebinds ``buf`` to what this returns;
-    # reading the numpy array later through another name would miss the write (TraceContext.supersede)
-    new._ctx.supersede(out)
-    return new
+        new = cast(Tracer, np.where(where, new, target))
+    return rebind(target, new)
 
 
 @implements(np.clip)
@@ -501,7 +508,7 @@ HANDLERS.gufuncs[np.matmul] = matmul
 
 @implements(np.dot)
 def dot(a, b, out=None):
-    _reject("dot", out=out)
+    reject_unsupported("dot", out=out)
     x, y = lift(a), lift(b)
     if x.ndim == 0 or y.ndim == 0:
         return apply_ufunc(np.multiply, x, y)
@@ -548,7 +555,7 @@ def vdot(a, b):
 
 @implements(np.outer)
 def outer(a, b, out=None):
-    _reject("outer", out=out)
+    reject_unsupported("outer", out=out)
     x, y = lift(a), lift(b)
     return apply_ufunc(np.multiply, reshape_to(x, (x.size, 1)), reshape_to(y, (1, y.size)))
 
@@ -638,14 +645,18 @@ def einsum(subscripts, *operands, out=None, optimize=False, dtype=None, **kwargs
     The primitive computes numpy's default (optimize=False) sums; ``optimize`` is accepted, but the
     order numpy's optimizer would pick (which can turn a nan into an inf, see ops/linalg.py) is not
     reproduced."""
-    _reject("einsum", out=out, dtype=dtype)
+    reject_unsupported("einsum", out=out, dtype=dtype)
     if not isinstance(subscripts, str):
         raise TraceError("numpy.einsum: only the subscripts-string form is supported", user_location())
     dt = result_dtype(*operands)
-    if dt.kind == "b":
-        return _bool_contraction(lambda *xs: einsum(subscripts, *xs), *operands)
     xs = [lift(x, dt) for x in operands]
     specs, out_spec = _expand_einsum(subscripts, xs)
+    if len(xs) == 1 and out_spec and len(set(specs[0])) == len(specs[0]) and sorted(specs[0]) == sorted(out_spec):
+        # one operand, nothing summed, no diagonal: numpy returns a view, a permutation of the dims
+        # (of a 0-d operand, a numpy scalar); a diagonal ('ii->i') is a view in numpy too, a copy here
+        return np.transpose(xs[0], tuple(specs[0].index(c) for c in out_spec))
+    if dt.kind == "b":
+        return _bool_contraction(lambda *xs: einsum(subscripts, *xs), *operands)
     specs, xs = map(list, zip(*(_einsum_diagonal(s, x, i) for i, (s, x) in enumerate(zip(specs, xs)))))
     xs = _einsum_broadcast(specs, xs)
     return bind("einsum", *xs, equation=",".join(specs) + "->" + out_spec)

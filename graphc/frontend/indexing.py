@@ -14,21 +14,26 @@ from typing import Any, cast
 
 import numpy as np
 
-from graphc.core.errors import TraceError
+from graphc.core.errors import TraceError, numpy_error
+from graphc.core.traits import Constant
 from graphc.frontend.functions import broadcast, reshape_to, write_out
+from graphc.frontend.masked import masked_setitem, traced_mask
+from graphc.frontend.shadows import shadow_of
 from graphc.frontend.shape_functions import transpose
 from graphc.frontend.tracer import (
     HANDLERS,
     Tracer,
-    _handler,
     bind,
     convert,
     fresh,
     implements,
     lift,
     rebind,
+    registered_handler,
     user_location,
 )
+from graphc.frontend.ufuncs import apply_ufunc
+from graphc.ops import OPS
 from graphc.ops.shape import normalize_slice, slice_length
 
 
@@ -239,11 +244,11 @@ def _static_length(start: Any, stop: Any) -> int | None:
     if not (isinstance(start, Tracer) and isinstance(stop, Tracer)):
         return None
     node = stop._value.producer
-    if node is None or node.op.name != "add":
+    if node is None or node.op is not OPS.add:
         return None
     for mine, other in (node.inputs, node.inputs[::-1]):
         producer = other.producer
-        if mine is start._value and producer is not None and producer.op.name == "constant" and not other.type.shape:
+        if mine is start._value and producer is not None and producer.op.has(Constant) and not other.type.shape:
             return int(producer.attrs["value"])
     return None
 
@@ -301,10 +306,14 @@ def _dynamic_slices(x: Tracer, items: list[tuple[str, Any]]) -> tuple[Tracer, li
 # --- x[key] = v: a new array (the tracer rebinds itself to it, tracer.py) -------------------------
 
 
-def _broadcast_value(x: Tracer, value: Any, shape: tuple[int, ...]) -> Tracer:
+def _broadcast_value(x: Tracer, value: Any, shape: tuple[int, ...], to_dtype: bool = True) -> Tracer:
     """``value`` as numpy assigns it into ``x[key]`` of ``shape``: cast to x's dtype (numpy casts
-    unsafely here), leading size-1 dims dropped, broadcast to the indexed shape."""
-    v = convert(value, x.dtype) if isinstance(value, Tracer) else lift(value, x.dtype)
+    unsafely here; not if ``to_dtype`` is False), leading size-1 dims dropped, broadcast to the
+    indexed shape."""
+    if not to_dtype:
+        v = value if isinstance(value, Tracer) else lift(value)
+    else:
+        v = convert(value, x.dtype) if isinstance(value, Tracer) else lift(value, x.dtype)
     shape = tuple(shape)
     ok = True
     while v.ndim > len(shape) and ok:
@@ -430,8 +439,12 @@ def _scatter_form(x: Tracer, items: list[tuple[str, Any]], split_by_ellipsis: bo
 
 def _indexed_update(x: Tracer, key: Any, value: Any, opname: str) -> Tracer:
     """x[key] = v (opname "scatter") or np.add.at(x, key, v) ("scatter_add")."""
-    if not isinstance(value, Tracer):
-        value = lift(value)  # (numbers, numpy arrays, lists that may hold traced values)
+    if opname == "scatter" and isinstance(value, (int, float, list, tuple)) and not _contains_traced(value):
+        # numpy converts Python numbers as np.asarray(value, x.dtype) does: 300 into int8 raises
+        # OverflowError, nan into an int array ValueError (a numpy array is cast as astype casts)
+        value = lift(value, x.dtype)
+    elif not isinstance(value, Tracer):
+        value = lift(value)  # (numpy arrays and scalars, lists that may hold traced values)
     items, split_by_ellipsis, advanced = _parse(x, _with_dynamic_ints(key))
     if not advanced and opname == "scatter":
         new = _basic_update(x, items, value)
@@ -463,7 +476,41 @@ def _indexed_update(x: Tracer, key: Any, value: Any, opname: str) -> Tracer:
 
 def setitem(x: Tracer, key: Any, value: Any) -> Tracer:
     """The value of ``x`` after numpy's ``x[key] = value`` (a new array; ``x`` is unchanged)."""
+    _check_value_dims(x, key, value)
+    if traced_mask(key):
+        return masked_setitem(x, key, value)
     return _indexed_update(x, key, value, "scatter")
+
+
+def _check_value_dims(x: Tracer, key: Any, value: Any) -> None:
+    """numpy's two rules on the value's dims that broadcasting alone does not give: one element
+    (an integer for every dim, or ``()`` of a 0-d array) takes no array of 1 or more dims, and a
+    boolean mask over all the dims (the whole key) none of 2 or more."""
+    parts = key if type(key) is tuple else (key,)
+    ndim = np.ndim(value)
+    ints = all(_is_int(k) for k in parts)
+    if ints and len(parts) == x.ndim and ndim >= 1:
+        raise numpy_error(ValueError("setting an array element with a sequence."), TraceError, user_location())
+    whole_mask = len(parts) == 1 and np.ndim(parts[0]) == x.ndim >= 1 and _is_bool_array(parts[0])
+    if whole_mask and ndim >= 2:
+        raise numpy_error(
+            TypeError(
+                f"NumPy boolean array indexing assignment requires a 0 or 1-dimensional input, input has {ndim} dimensions"
+            ),
+            TraceError,
+            user_location(),
+        )
+
+
+def _is_int(k: Any) -> bool:
+    """An integer index: a Python or numpy integer, or a traced 0-d integer (a numpy integer)."""
+    if isinstance(k, Tracer):
+        return k.ndim == 0 and k.dtype.kind in "iu"
+    return isinstance(k, (int, np.integer)) and not isinstance(k, (bool, np.bool_))
+
+
+def _is_bool_array(k: Any) -> bool:
+    return isinstance(k, (np.ndarray, Tracer)) and k.dtype.kind == "b"
 
 
 def add_at(x: Tracer, key: Any, value: Any) -> Tracer:
@@ -475,37 +522,127 @@ def add_at(x: Tracer, key: Any, value: Any) -> Tracer:
 
 
 def _writable(target: Any, what: str) -> Tracer:
-    if not isinstance(target, Tracer):
-        raise TraceError(
-            f"{what} would write traced values into a numpy array in place, which cannot hold them; "
-            "write into a traced array instead (for example one made with np.zeros_like of a traced value)",
-            user_location(),
-        )
-    return target
+    """The Tracer a write into ``target`` goes into: ``target`` itself, or for a numpy array the
+    Tracer that stands for it from now on (shadows.py)."""
+    if isinstance(target, Tracer):
+        return target
+    if isinstance(target, np.ndarray):
+        return shadow_of(target)
+    raise TraceError(f"{what}: the array to write into must be an array, got {type(target).__name__}", user_location())
 
 
 def ufunc_inplace(ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any) -> Any:
-    """``np.add.at(x, key, v)`` and ufunc calls with ``out=``: computed as a new value that the out
-    array (a Tracer) is rebound to, as numpy's in-place write changes it for every name holding it.
-    An out array that is a numpy array is not changed; the new Tracer is returned, which is what
-    ``buf += traced`` assigns to ``buf``."""
+    """``np.add.at(x, key, v)`` (any ufunc's ``.at``) and ufunc calls with ``out=``: the out array
+    (a Tracer, or the Tracer that stands for a numpy array from now on: shadows.py) takes the new
+    value in place, as numpy's write changes it for every name holding it. Returns what numpy
+    returns: None for ``.at``, the out array(s) for ``out=``."""
     name = f"numpy.{ufunc.__name__}"
     if method == "at":
-        if ufunc not in (np.add, np.subtract) or len(inputs) != 3:
-            raise TraceError(f"{name}.at is not supported (np.add.at and np.subtract.at are)", user_location())
-        x, key, value = inputs
+        if len(inputs) != ufunc.nin + 1 or ufunc.nout != 1:
+            raise TraceError(f"{name}.at takes the array, the indices and {ufunc.nin - 1} operand(s)", user_location())
+        x, key, *values = inputs
+        if isinstance(x, np.generic) or (isinstance(x, Tracer) and (x._scalar or x._weak)):
+            raise numpy_error(TypeError("first operand must be array"), TraceError, user_location())
         x = _writable(x, f"{name}.at")
-        rebind(x, add_at(x, key, np.negative(value) if ufunc is np.subtract else value))
+        rebind(x, _ufunc_at(ufunc, x, key, values[0] if values else None))
         return None
     outs = kwargs.pop("out")
     outs = outs if isinstance(outs, tuple) else (outs,)
-    if len(outs) != 1:
-        raise TraceError(f"{name}(..., out=...) with several outputs is not supported", user_location())
-    out = outs[0]
     where = kwargs.pop("where", True)
     casting = kwargs.pop("casting", "same_kind")
-    result = _handler(HANDLERS.ufunc, "ufunc")(ufunc, method, *inputs, **kwargs)
-    return write_out(f"ufunc '{ufunc.__name__}'", result, out, casting, where)
+    result = registered_handler(HANDLERS.ufunc, "ufunc")(ufunc, method, *inputs, **kwargs)
+    results = result if isinstance(result, tuple) else (result,)
+    if len(outs) != len(results):
+        raise TraceError(f"{name}: out= needs {len(results)} arrays, got {len(outs)}", user_location())
+    written = tuple(
+        r if out is None else write_out(f"ufunc '{ufunc.__name__}'", r, out, casting, where)
+        for r, out in zip(results, outs)
+    )
+    return written if isinstance(result, tuple) else written[0]
+
+
+_MAX_ROUNDS = 64  # ufunc.at with repeated indices and a cast after each step: one gather/scatter per round
+
+
+def _ufunc_at(ufunc: np.ufunc, x: Tracer, key: Any, value: Any) -> Tracer:
+    """The value of ``x`` after ``ufunc.at(x, key, value)``. numpy applies the ufunc once per index,
+    in order, unbuffered (repeated indices apply again to the updated element), with the loop of
+    x's dtype and the value's (the value taken as np.asarray takes it: a Python float is float64),
+    and casts each result back into x's dtype unsafely: ``np.add.at(int_y, [0], -0.6)`` on
+    ``int_y = [1]`` gives 0. One scatter_add does that for add and subtract when no cast is needed
+    (or an integer one, which is modular); otherwise each round of distinct positions is a
+    gather, the ufunc and a scatter (static keys)."""
+    if value is None:
+        v = None
+    elif isinstance(value, Tracer):
+        v = Tracer(value._ctx, value._value) if value._weak else value  # (numpy sees an array: not weak)
+    elif _contains_traced(value):
+        v = lift(value)
+    else:
+        v = lift(np.asarray(value))
+    in_dts = (x.dtype,) if v is None else (x.dtype, v.dtype)
+    try:
+        sig = ufunc.resolve_dtypes(in_dts + (None,))
+    except (TypeError, np.exceptions.DTypePromotionError) as exc:
+        raise numpy_error(exc, TraceError, user_location()) from None
+    loop, out_dt = sig[0], sig[-1]
+    single = (
+        ufunc in (np.add, np.subtract)
+        and x.dtype.kind != "b"
+        and (out_dt == x.dtype or (out_dt.kind in "iu" and x.dtype.kind in "iu"))
+    )
+    if single:
+        assert v is not None  # (add and subtract take a value)
+        v = convert(v, loop)
+        return add_at(x, key, apply_ufunc(np.negative, v) if ufunc is np.subtract else v)
+
+    def step(current: Tracer, operand: Tracer | None) -> Tracer:
+        args = [convert(current, loop)] + ([] if operand is None else [convert(operand, sig[1])])
+        return convert(ufunc(*args), x.dtype)
+
+    items, _, advanced = _parse(x, _with_dynamic_ints(key))
+    if not advanced:  # basic indexing: every element once
+        current = getitem(x, key)
+        operand = None if v is None else _broadcast_value(current, v, current.shape, to_dtype=False)
+        return setitem(x, key, step(current, operand))
+    if not _is_static(key):
+        raise TraceError(
+            f"numpy.{ufunc.__name__}.at with traced indices is supported for add and subtract whose result needs no "
+            f"cast into the array's dtype {x.dtype}; convert the values first (v.astype(x.dtype))",
+            user_location(),
+        )
+    positions = _flat_positions(x, key)
+    operands = (
+        None if v is None else reshape_to(_broadcast_value(x, v, positions.shape, to_dtype=False), (positions.size,))
+    )
+    flat = reshape_to(x, (x.size,))
+    order = positions.reshape(-1)
+    rank = np.zeros(order.shape, np.int64)  # how many earlier entries hit the same position
+    seen: dict[int, int] = {}
+    for i, p in enumerate(order.tolist()):
+        rank[i] = seen.get(p, 0)
+        seen[p] = rank[i] + 1
+    rounds = int(rank.max()) + 1 if rank.size else 0
+    if rounds > _MAX_ROUNDS:
+        raise TraceError(
+            f"numpy.{ufunc.__name__}.at here repeats an index {rounds} times and casts each result into {x.dtype}; "
+            f"graphc computes that one repeat at a time (at most {_MAX_ROUNDS}); convert the values first "
+            "(v.astype(x.dtype))",
+            user_location(),
+        )
+    for r in range(rounds):
+        entries = np.nonzero(rank == r)[0]
+        where_ = lift(order[entries])
+        current = bind("gather", flat, where_, axis=0)
+        operand = None if operands is None else bind("gather", operands, lift(entries), axis=0)
+        flat = bind("scatter", flat, where_, step(current, operand), axis=0)
+    return reshape_to(flat, x.shape)
+
+
+def _contains_traced(x: Any) -> bool:
+    if isinstance(x, Tracer):
+        return True
+    return isinstance(x, (list, tuple)) and any(_contains_traced(v) for v in x)
 
 
 @implements(np.put)

@@ -17,6 +17,8 @@ import numpy as np
 
 from graphc.core.errors import SourceLoc
 from graphc.core.ir import Graph, Value, walk
+from graphc.core.traits import Constant
+from graphc.ops import OPS
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,7 @@ def promotions(graph: Graph) -> list[Promotion]:
     carries: dict[Value, frozenset[int]] = {}  # value -> the sites whose float64 values flow into it
     for node in walk(graph.nodes):
         flowing = frozenset().union(*(carries.get(v, frozenset()) for v in node.inputs))
-        if node.op.name == "convert":
+        if node.op is OPS.convert:
             (x,) = node.inputs
             out = node.outputs[0]
             if out.dtype != np.float64:
@@ -60,7 +62,7 @@ def promotions(graph: Graph) -> list[Promotion]:
 
 
 def _not_constant(x: Value) -> bool:
-    return x.producer is None or x.producer.op.name != "constant"
+    return x.producer is None or not x.producer.op.has(Constant)
 
 
 def promotion_message(fn_name: str, sites: list[Promotion]) -> str:

@@ -279,7 +279,7 @@ def _static_int(value: Any, what: str) -> int:
     return int(value)
 
 
-def _reject(method: str, **given: Any) -> None:
+def reject_unsupported(method: str, **given: Any) -> None:
     for name, value in given.items():
         if value is not None:
             raise TraceError(f"Generator.{method}: argument {name}= is not supported while tracing", user_location())
@@ -318,7 +318,7 @@ class TracedGenerator:
     def random(self, size: Any = None, dtype: Any = np.float64, out: Any = None) -> Tracer:
         """Floats in [0, 1): numpy's stream exactly for float64; float32 keeps the top 24 of the
         53 bits (numpy's float32 path draws 32-bit halves: not its stream)."""
-        _reject("random", out=out)
+        reject_unsupported("random", out=out)
         u = self._draw(_size(size), "uniform")
         dt = np.dtype(dtype)
         if dt == np.float64:
@@ -335,7 +335,7 @@ class TracedGenerator:
     def standard_normal(self, size: Any = None, dtype: Any = np.float64, out: Any = None) -> Tracer:
         """Box-Muller on two counter-indexed uniforms (numpy's ziggurat takes a data-dependent
         number of words: not its stream, but the same bits on any sharding)."""
-        _reject("standard_normal", out=out)
+        reject_unsupported("standard_normal", out=out)
         shape = _size(size)
         u1, u2 = self._draw(shape, "uniform"), self._draw(shape, "uniform")
         z = np.sqrt(-2.0 * np.log1p(-u1)) * np.cos((2.0 * np.pi) * u2)
@@ -393,7 +393,7 @@ class TracedGenerator:
     ):
         """Samples of ``range(a)`` or of a 1-D ``a``: with replacement, ``integers``; without, the
         first ``size`` of a permutation."""
-        _reject("choice", p=p)
+        reject_unsupported("choice", p=p)
         if axis != 0:
             raise TraceError("Generator.choice: only axis=0 is supported while tracing", user_location())
         population = None

@@ -21,7 +21,7 @@ import numpy as np
 
 from graphc.core import dtypes
 from graphc.core.errors import TraceError
-from graphc.frontend.functions import _reject, _sum_dtype, norm_axes, norm_axis, reshape_to
+from graphc.frontend.functions import norm_axes, norm_axis, reject_unsupported, reshape_to, sum_dtype
 from graphc.frontend.shape_functions import moveaxis, take_along_axis
 from graphc.frontend.tracer import HANDLERS, Tracer, bind, convert, implements, lift, user_location
 from graphc.frontend.ufuncs import apply_ufunc
@@ -31,7 +31,11 @@ _MAX_SORT = 4096  # sort / argsort build n x n comparisons; beyond this the grap
 
 
 def _identity(value: int, dt: np.dtype) -> int | float:
-    return float(value) if dtypes.is_float(dt) else int(value)
+    """The identity of add (0) or mul (1) in ``dt``: the float sum's is -0.0 (x + -0.0 is x for
+    every x, -0.0 included, where x + 0.0 turns -0.0 into 0.0)."""
+    if not dtypes.is_float(dt):
+        return int(value)
+    return -0.0 if value == 0 else float(value)
 
 
 def _shift(x: Tracer, k: int, axis: int, fill: int | float) -> Tracer:
@@ -54,11 +58,19 @@ def _scan(x: Tracer, axis: int, prim: str, identity: int) -> Tracer:
 
 def _accumulate_dtype(x: Tracer, dtype: Any) -> np.dtype:
     """numpy's cumsum / cumprod / prod dtype: small ints and bools accumulate in int64 (uint64)."""
-    return dtypes.canonical(dtype) if dtype is not None else _sum_dtype(x.dtype)
+    return dtypes.canonical(dtype) if dtype is not None else sum_dtype(x.dtype)
+
+
+def _ravel_0d(x: Tracer, axis: Any, fname: str) -> tuple[Tracer, Any]:
+    """numpy's cumsum, cumprod and argsort of a 0-d array take axis 0 or -1 (an axis of a 1-d
+    array) and ravel it; other axes raise numpy's AxisError."""
+    if x.ndim == 0 and axis is not None:
+        return reshape_to(x, (1,)), norm_axis(axis, 1, fname)
+    return x, axis
 
 
 def _cumulative(a: Any, axis: Any, dtype: Any, prim: str, identity: int, fname: str) -> Tracer:
-    x = lift(a)
+    x, axis = _ravel_0d(lift(a), axis, fname)
     if axis is None:
         x, axis = reshape_to(x, (x.size,)), 0
     axis = norm_axis(axis, x.ndim, fname)
@@ -70,13 +82,13 @@ def _cumulative(a: Any, axis: Any, dtype: Any, prim: str, identity: int, fname: 
 
 @implements(np.cumsum)
 def cumsum(a, axis=None, dtype=None, out=None):
-    _reject("cumsum", out=out)
+    reject_unsupported("cumsum", out=out)
     return _cumulative(a, axis, dtype, "add", 0, "cumsum")
 
 
 @implements(np.cumprod)
 def cumprod(a, axis=None, dtype=None, out=None):
-    _reject("cumprod", out=out)
+    reject_unsupported("cumprod", out=out)
     return _cumulative(a, axis, dtype, "mul", 1, "cumprod")
 
 
@@ -102,7 +114,7 @@ def _pairwise_product(x: Tracer) -> Tracer:
 
 @implements(np.prod)
 def prod(a, axis=None, dtype=None, out=None, keepdims=False, initial=np._NoValue, where=np._NoValue):
-    _reject("prod", out=out, initial=initial, where=where)
+    reject_unsupported("prod", out=out, initial=initial, where=where)
     x = lift(a)
     x = convert(x, _accumulate_dtype(x, dtype))
     axes = norm_axes(axis, x.ndim, "prod")
@@ -122,6 +134,8 @@ def _sort_axis(a: Any, axis: Any, kind: Any, order: Any, fname: str) -> tuple[Tr
     if order is not None:
         raise TraceError(f"numpy.{fname}: order= (structured arrays) is not supported", user_location())
     x = lift(a)
+    if fname == "argsort":
+        x, axis = _ravel_0d(x, axis, fname)
     if axis is None:
         x, axis = reshape_to(x, (x.size,)), 0
     if x.ndim == 0:

@@ -32,7 +32,7 @@ import numpy as np
 from graphc.core import dtypes
 from graphc.frontend.functions import max_, norm_axes, sum_
 from graphc.frontend.shape_functions import squeeze
-from graphc.frontend.tracer import HANDLERS, Tracer, _contains_tracer, bind, convert, lift
+from graphc.frontend.tracer import HANDLERS, Tracer, bind, contains_tracer, convert, lift
 from graphc.frontend.ufuncs import apply_ufunc, resolve_loop
 
 _SQRT_PI = math.sqrt(math.pi)
@@ -318,7 +318,7 @@ def library_function(fn: Any, args: tuple, kwargs: dict) -> Callable[..., Any] |
     replacement = _scipy_replacement(fn)
     if replacement is None:
         return None
-    if not (any(_contains_tracer(a) for a in args) or any(_contains_tracer(v) for v in kwargs.values())):
+    if not (any(contains_tracer(a) for a in args) or any(contains_tracer(v) for v in kwargs.values())):
         return None
     return replacement
 

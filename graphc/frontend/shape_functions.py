@@ -8,12 +8,20 @@ import numpy as np
 
 from graphc.core import dtypes
 from graphc.core.errors import TraceError, numpy_error
-from graphc.frontend.functions import _reject, broadcast, full, norm_axes, norm_axis, reshape_to, ufunc_reduce_axes
+from graphc.frontend.functions import (
+    broadcast,
+    full,
+    norm_axes,
+    norm_axis,
+    reject_unsupported,
+    reshape_to,
+    ufunc_reduce_axes,
+)
 from graphc.frontend.tracer import (
     Tracer,
-    _contains_tracer,
     bind,
     bind_multi,
+    contains_tracer,
     convert,
     implements,
     lift,
@@ -153,7 +161,7 @@ def atleast_3d(*arys):
 
 @implements(np.concatenate)
 def concatenate(arrays, axis=0, out=None, *, dtype=None, casting="same_kind"):
-    _reject("concatenate", out=out)
+    reject_unsupported("concatenate", out=out)
     arrays = list(arrays)
     if not arrays:
         raise TraceError("need at least one array to concatenate", user_location())
@@ -179,7 +187,7 @@ def append(arr, values, axis=None):
 
 @implements(np.stack)
 def stack(arrays, axis=0, out=None, *, dtype=None, casting="same_kind"):
-    _reject("stack", out=out)
+    reject_unsupported("stack", out=out)
     arrays = list(arrays)
     if not arrays:
         raise TraceError("need at least one array to stack", user_location())
@@ -288,7 +296,7 @@ def tile(A, reps):
 
 @implements(np.take)
 def take(a, indices, axis=None, out=None, mode="raise"):
-    _reject("take", out=out)
+    reject_unsupported("take", out=out)
     if mode != "raise":
         raise TraceError(f"numpy.take: mode={mode!r} is not supported", user_location())
     x = lift(a)
@@ -301,7 +309,7 @@ def _take_indices(indices: Any) -> Tracer:
     """np.take's indices as numpy converts them: arrays cast to intp with same_kind casting (bools
     are 0 and 1, floats are a TypeError), other objects converted to intp directly (a list of
     floats truncates, [] is an empty index)."""
-    if isinstance(indices, Tracer) or (isinstance(indices, (list, tuple)) and _contains_tracer(indices)):
+    if isinstance(indices, Tracer) or (isinstance(indices, (list, tuple)) and contains_tracer(indices)):
         idx = lift(indices)
         if idx.dtype.kind == "b":
             return convert(idx, np.intp)
@@ -396,12 +404,23 @@ def tril(m, k=0):
 
 
 def _like(a, value, dtype, shape):
+    """numpy's full_like: an empty array filled with ``np.copyto(res, value, casting="unsafe")``,
+    so a fill value outside the dtype is cast as numpy casts it on this machine (``np.inf`` into
+    an int array, -1.5 into a uint array), not an OverflowError."""
     x = lift(a)
     dt = dtypes.canonical(dtype) if dtype is not None else x.dtype
     sh = x.shape if shape is None else ((shape,) if isinstance(shape, int) else tuple(shape))
     if isinstance(value, Tracer):
         return broadcast(lift(value, dt), sh)
-    return full(sh, value, dt)
+    if contains_tracer(value):
+        return broadcast(lift(value, dt), sh)
+    filled = np.empty(np.shape(value), dt)
+    np.copyto(filled, value, casting="unsafe")
+    if np.broadcast_shapes(filled.shape, sh) != sh:
+        raise TraceError(
+            f"could not broadcast the fill value from shape {filled.shape} into shape {sh}", user_location()
+        )
+    return broadcast(lift(filled), sh)
 
 
 @implements(np.zeros_like)

@@ -11,26 +11,24 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import os
-import sys
-import sysconfig
+import itertools
 import threading
-import weakref
 from collections.abc import Callable
-from types import FrameType
 from typing import Any, cast
 
 import numpy as np
 
 from graphc.core import dtypes, pytree
-from graphc.core.errors import NUMPY_ERRORS, GraphcError, ShapeError, SourceLoc, TraceError, numpy_error
+from graphc.core.errors import ShapeError, SourceLoc, TraceError, numpy_error
 from graphc.core.ir import Node, TensorType, Value, clone_region
 from graphc.frontend.autograph import unconverted_reason
+from graphc.frontend.locations import (
+    user_errors,
+    user_frame,
+    user_location,
+)
+from graphc.frontend.ndarray_methods import NdarrayMethods
 from graphc.ops import get_op
-
-_GRAPHC_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-_MODELS_DIR = _GRAPHC_DIR + "models" + os.sep  # the example models are user code: their lines are reported
-_NUMPY_DIR = os.path.dirname(os.path.abspath(np.__file__)) + os.sep
 
 
 class _State(threading.local):
@@ -41,184 +39,14 @@ class _State(threading.local):
 _state = _State()
 
 
-def _ctx_stack() -> list[TraceContext]:
+def context_stack() -> list[TraceContext]:
+    """This thread's open traces, innermost last (regions traced inside a trace push theirs)."""
     return _state.stack
 
 
 def current_context() -> TraceContext | None:
-    stack = _ctx_stack()
+    stack = context_stack()
     return stack[-1] if stack else None
-
-
-@functools.lru_cache(maxsize=4096)
-def _display_path(filename: str) -> str:
-    """The file as the user knows it: relative to the working directory when inside it, with links
-    resolved (graphc/models/ is a link to the repository's models/ folder)."""
-    if not filename.startswith("<"):
-        filename = os.path.realpath(filename)
-    try:
-        rel = os.path.relpath(filename)
-    except ValueError:
-        return filename
-    return filename if rel.startswith("..") else rel
-
-
-@functools.lru_cache(maxsize=4096)
-def _is_internal(filename: str) -> bool:
-    """Whether frames of ``filename`` (a code object's co_filename) are graphc's or numpy's."""
-    if not filename.startswith("<"):
-        filename = os.path.abspath(filename)
-    if filename.startswith(_GRAPHC_DIR):
-        return not filename.startswith(_MODELS_DIR)
-    return filename.startswith(_NUMPY_DIR) or filename.startswith("<__array_function__")
-
-
-def _library_roots() -> tuple[str, ...]:
-    """Where installed packages and the standard library live (each path also with links resolved)."""
-    paths = sysconfig.get_paths()
-    roots = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
-    roots |= {os.path.realpath(r) for r in roots}
-    return tuple(sorted((r.rstrip(os.sep) + os.sep for r in roots), key=len, reverse=True))
-
-
-_LIBRARY_ROOTS = _library_roots()
-
-
-@functools.lru_cache(maxsize=4096)
-def _library_path(filename: str) -> str | None:
-    """For a frame of a library (an installed package or the standard library; not graphc or
-    numpy), its path inside the library root (scipy/special/_logsumexp.py); None for user code."""
-    if filename.startswith("<"):
-        return filename if filename.startswith("<frozen") else None
-    path = os.path.abspath(filename)
-    if path.startswith(_MODELS_DIR):  # graphc's example models are user code, also when graphc is installed
-        return None
-    for root in _LIBRARY_ROOTS:
-        if path.startswith(root):
-            return path[len(root) :]
-    return None
-
-
-def _user_frame() -> FrameType | None:
-    """The innermost frame of the user's code (outside graphc, numpy and the libraries); the
-    innermost library frame when no user frame is on the stack."""
-    frame: FrameType | None = sys._getframe(2)
-    outside: FrameType | None = None
-    while frame is not None:
-        filename = frame.f_code.co_filename
-        if not _is_internal(filename):
-            if _library_path(filename) is None:
-                return frame
-            outside = outside or frame
-        frame = frame.f_back
-    return outside
-
-
-def _frame_text(frame: FrameType) -> str:
-    library = _library_path(frame.f_code.co_filename)
-    where = library if library is not None else _display_path(frame.f_code.co_filename)
-    return f"{where}:{frame.f_lineno} in {frame.f_code.co_name}" + (" (library)" if library is not None else "")
-
-
-def _call_chain(start: FrameType) -> tuple[str, ...]:
-    """The frames outside graphc and numpy from the outermost in, ending at ``start``'s innermost
-    such frame: the user's frames, then the library frames that made the failing call."""
-    frames = []
-    frame: FrameType | None = start
-    while frame is not None:
-        if not _is_internal(frame.f_code.co_filename):
-            frames.append(frame)
-        frame = frame.f_back
-    first_user = next((i for i, f in enumerate(frames) if _library_path(f.f_code.co_filename) is None), len(frames))
-    users = [f for f in frames[first_user:] if _library_path(f.f_code.co_filename) is None]
-    return tuple(_frame_text(f) for f in reversed(users)) + tuple(_frame_text(f) for f in reversed(frames[:first_user]))
-
-
-def user_location() -> SourceLoc | None:
-    """The user's line that is being traced: the innermost frame outside graphc, numpy and the
-    libraries. When the call being traced was made inside a library function that line called, the
-    location also holds the call chain (``SourceLoc.via``)."""
-    frame: FrameType | None = sys._getframe(1)
-    while frame is not None and _is_internal(frame.f_code.co_filename):
-        frame = frame.f_back
-    if frame is None:
-        return None
-    if _library_path(frame.f_code.co_filename) is None:  # the usual case: the user's own line
-        return SourceLoc(_display_path(frame.f_code.co_filename), frame.f_lineno)
-    user = frame.f_back
-    while user is not None and (_is_internal(user.f_code.co_filename) or _library_path(user.f_code.co_filename)):
-        user = user.f_back
-    target = user if user is not None else frame
-    file = _display_path(target.f_code.co_filename)
-    return SourceLoc(file, target.f_lineno, _call_chain(frame))
-
-
-def library_failure(exc: BaseException, args: tuple, kwargs: dict) -> TraceError | None:
-    """A TraceError for ``exc`` when it was raised inside a library (an installed package, not
-    graphc or numpy) that the user's code called with traced arguments: at the user's line that
-    called the library, with the library's first and raising lines ending the call chain. It is also
-    an instance of ``exc``'s class (an ``except ValueError`` around the call still catches it).
-    None for any other exception (the user's own, graphc's)."""
-    if isinstance(exc, GraphcError):
-        return None
-    if not (any(_contains_tracer(a) for a in args) or any(_contains_tracer(v) for v in kwargs.values())):
-        return None
-    entries = []  # (frame, line) of the traceback outside graphc and numpy, outermost first
-    tb = exc.__traceback__
-    while tb is not None:
-        if not _is_internal(tb.tb_frame.f_code.co_filename):
-            entries.append((tb.tb_frame, tb.tb_lineno))
-        tb = tb.tb_next
-    if not entries or _library_path(entries[-1][0].f_code.co_filename) is None:
-        return None  # raised by the user's own code
-    last_user = max((i for i, (f, _) in enumerate(entries) if _library_path(f.f_code.co_filename) is None), default=-1)
-    first_library = last_user + 1  # the library function the user's line called
-
-    def text(frame: FrameType, line: int, note: str = "") -> str:
-        library = _library_path(frame.f_code.co_filename)
-        where = library if library is not None else _display_path(frame.f_code.co_filename)
-        return f"{where}:{line} in {frame.f_code.co_name}" + (f" ({note})" if note else "")
-
-    outer = _call_chain(sys._getframe(1))  # the user's frames on the stack, up to the call that failed
-    users = tuple(text(f, line) for f, line in entries[:first_library] if _library_path(f.f_code.co_filename) is None)
-    entered, raised = entries[first_library], entries[-1]
-    library = (text(*entered, "library"),) + ((text(*raised, "library, raised here"),) if raised is not entered else ())
-    if last_user >= 0:
-        file, line = _display_path(entries[last_user][0].f_code.co_filename), entries[last_user][1]
-    else:
-        here = user_location()
-        file, line = (here.file, here.line) if here is not None else ("<unknown>", 0)
-    loc = SourceLoc(file, line, outer + users + library)
-    name = f"{entered[0].f_globals.get('__name__', '?')}.{entered[0].f_code.co_name}"
-    message = (
-        f"{name}, a library function, failed on a traced array: {type(exc).__name__}: {exc}. graphc traces the "
-        "numpy calls a library makes, but not library code that needs concrete values or writes into arrays"
-        + HANDLERS.hints.get(f"library:{name}", "")
-    )
-    return numpy_error(exc, TraceError, loc, message)
-
-
-def user_errors(fn: Callable) -> Callable:
-    """Entry points from user code: turn op-rule failures into TraceError at the user's line, and
-    numpy's own errors (an axis out of range, a Python int out of the dtype's range) into a
-    TraceError that is also an instance of numpy's exception class (core/errors.py numpy_error)."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except TraceError as exc:
-            if exc.loc is None:
-                raise TraceError(exc.message, user_location()) from None
-            raise
-        except ShapeError as exc:
-            raise TraceError(str(exc), user_location()) from None
-        except GraphcError:
-            raise
-        except NUMPY_ERRORS as exc:  # numpy's own error on these arguments (numpy raises it too)
-            raise numpy_error(exc, TraceError, user_location()).with_traceback(exc.__traceback__) from None
-
-    return wrapper
 
 
 class TraceContext:
@@ -234,33 +62,27 @@ class TraceContext:
         self._constants: dict[int, tuple[Any, Tracer]] = {}
         self.part: str | None = None  # tag for new nodes (autodiff sets "backward")
         self.loc_override: SourceLoc | None = None  # autodiff: backward nodes keep their forward node's line
-        self._superseded: dict[int, tuple[np.ndarray, SourceLoc | None]] = {}  # see supersede
+        # numpy arrays written with traced values: id -> (array, the Tracer that stands for it), see shadows.py
+        self.shadows: dict[int, tuple[np.ndarray, Tracer]] = {}
+        # numpy arrays carried into a traced if/loop: id -> (array, the context their shadow is made in)
+        self.shadow_homes: dict[int, tuple[np.ndarray, TraceContext]] = {}
+        # a region's write log: arrays from outside it written in place, id -> (array, its context and value
+        # before the first write); control.py makes their new values outputs of the region and restores them
+        self.written: dict[int, tuple[Tracer, TraceContext, Value]] = {}
 
-    def _root(self) -> TraceContext:
+    def root(self) -> TraceContext:
+        """The outermost trace (the function's, not a branch's or a loop body's)."""
         ctx = self
         while ctx.parent is not None:
             ctx = ctx.parent
         return ctx
 
-    def supersede(self, array: np.ndarray) -> None:
-        """``array``, a numpy array, was written with traced values at the current line, and the name
-        it was written through now holds a Tracer; reading it later through another name or a view
-        would miss the write (TraceError in ``constant``)."""
-        self._root()._superseded[id(array)] = (array, user_location())
-
-    def _check_superseded(self, array: np.ndarray) -> None:
-        superseded = self._root()._superseded
-        base: Any = array
-        while superseded and isinstance(base, np.ndarray):
-            hit = superseded.get(id(base))
-            if hit is not None and hit[0] is base:
-                raise TraceError(
-                    f"this numpy array (or a view of it) was written with traced values at {hit[1]}, through another "
-                    "name; numpy would show the write here, which graphc cannot: read it through the name it was "
-                    "written through",
-                    user_location(),
-                )
-            base = base.base
+    def log_write(self, target: Tracer) -> None:
+        """``target`` is about to be written in place while this region is traced: remember its value
+        before the first such write if it comes from outside the region."""
+        if self.parent is None or target._born is self or id(target) in self.written:
+            return
+        self.written[id(target)] = (target, target._c, target._val)
 
     @contextlib.contextmanager
     def annotate(self, part: str | None = None, loc: SourceLoc | None = None):
@@ -305,14 +127,6 @@ class TraceContext:
 
     def emit(self, opname: str, inputs: list[Tracer], attrs: dict[str, Any], regions: tuple = ()) -> tuple[Tracer, ...]:
         op = get_op(opname)
-        for t in inputs:
-            if t._stale is not None:
-                raise TraceError(
-                    f"this array is a view (a slice, reshape or transpose) of an array that was written in place at "
-                    f"{t._stale} after the view was taken; numpy would show the write through the view, which a "
-                    "graph cannot express. Take the view after the write, or copy it before (y = x[i].copy())",
-                    user_location(),
-                )
         inputs = [self.local(t) for t in inputs]
         out_types = op.infer_types(tuple(t._value.type for t in inputs), attrs, regions)
         loc = self.loc_override or user_location()
@@ -321,8 +135,11 @@ class TraceContext:
         return tuple(Tracer(self, v) for v in node.outputs)
 
     def constant(self, array: np.ndarray) -> Tracer:
-        """A constant node for ``array``; the same numpy object traced twice gives one node."""
-        self._check_superseded(array)
+        """A constant node for ``array``; the same numpy object traced twice gives one node. A numpy
+        array written with traced values (or a view of one) is the Tracer that stands for it now."""
+        shadow = HANDLERS.shadow(array) if HANDLERS.shadow is not None else None
+        if shadow is not None:
+            return shadow
         key = id(array)
         hit = self._constants.get(key)
         if hit is not None and hit[0] is array:
@@ -366,12 +183,13 @@ def lift(x: Any, dtype: np.dtype | None = None) -> Tracer:
     if isinstance(x, np.ndarray):
         arr = x if dtype is None or x.dtype == dtype else x.astype(dtype)
     else:
-        if isinstance(x, (list, tuple)) and _contains_tracer(x):
+        if isinstance(x, (list, tuple)) and contains_tracer(x):
             return array_from_nested(x, dtype)
         try:
             arr = np.asarray(x, dtype=dtype)
-        except (TypeError, ValueError) as exc:
-            raise TraceError(f"cannot use {type(x).__name__} {x!r} as an array: {exc}", user_location()) from None
+        except (TypeError, ValueError, OverflowError) as exc:  # (also an instance of numpy's error class)
+            message = f"cannot use {type(x).__name__} {x!r} as an array: {exc}"
+            raise numpy_error(exc, TraceError, user_location(), message) from None
         if arr.dtype == object:
             raise TraceError(f"cannot use {type(x).__name__} as an array", user_location())
     return ctx.constant(arr)
@@ -441,12 +259,19 @@ class Handlers:
         self.hints: dict[str, str] = {}  # "numpy.nonzero", "ndarray.nonzero" -> the supported rewrite
         self.library: Callable | None = None  # fn, args, kwargs -> graphc's replacement of a library function
         self.library_ufunc: Callable | None = None  # a library's ufunc (scipy.special.erf) -> impl(ufunc, *inputs)
+        # views (frontend/views.py): x[key] of a traced array as numpy returns it (a view or a copy), and
+        # the results of the functions in VIEW_FUNCTIONS as views of their arguments
+        self.index_view: Callable | None = None  # (x, key, result) -> result
+        self.function_views: Callable | None = None  # (func, result, args) -> result
+        # the Tracer that stands for a numpy array written with traced values, or None (frontend/shadows.py)
+        self.shadow: Callable | None = None
 
 
 HANDLERS = Handlers()
 
 
-def _handler(fn: Callable | None, what: str) -> Callable:
+def registered_handler(fn: Callable | None, what: str) -> Callable:
+    """``fn``, a handler slot of HANDLERS, checked to be filled (``what`` names it if not)."""
     if fn is None:  # pragma: no cover - importing graphc.frontend registers every handler
         raise RuntimeError(f"graphc: no handler for {what} is registered; import graphc.frontend")
     return fn
@@ -463,7 +288,8 @@ def implements(*funcs: Callable):
     return register
 
 
-# numpy returns views from these; in-place updates through views are rejected (mark_view)
+# numpy returns views of the first argument (of each argument: broadcast_arrays, atleast_Nd) from
+# these (np.reshape and np.ravel: when the layout allows it); see frontend/views.py
 VIEW_FUNCTIONS = {
     np.reshape,
     np.ravel,
@@ -473,8 +299,13 @@ VIEW_FUNCTIONS = {
     np.expand_dims,
     np.squeeze,
     np.broadcast_to,
+    np.broadcast_arrays,
     np.split,
     np.array_split,
+    np.flip,
+    np.atleast_1d,
+    np.atleast_2d,
+    np.atleast_3d,
     np.asarray,
 }
 
@@ -510,12 +341,12 @@ def handle_function(func: Callable, args: tuple, kwargs: dict):
         name = f"{mod}.{func.__name__}"
         raise TraceError(f"{name} is not supported by graphc{HANDLERS.hints.get(name, '')}", user_location())
     result = handler(*args, **kwargs)
-    if func in VIEW_FUNCTIONS and args and isinstance(args[0], Tracer):
-        mark_view(result, args[0])
+    if func in VIEW_FUNCTIONS:
+        result = registered_handler(HANDLERS.function_views, "views")(func, result, args)
     elif isinstance(result, Tracer) and any(result is a for a in args):
         result = fresh(result)  # numpy returned a new array (np.copy, a no-op np.pad, ...)
-    if func not in VIEW_FUNCTIONS and func not in ARRAY_FUNCTIONS:
-        mark_scalars(result)
+    if func not in VIEW_FUNCTIONS and func not in ARRAY_FUNCTIONS and kwargs.get("out") is None:
+        mark_scalars(result)  # (with out=, numpy returns the out array, 0-d or not)
     elif func in _SCALAR_METHODS and args and isinstance(args[0], Tracer) and args[0]._scalar:
         mark_scalars(result)  # np.reshape(s, ()) of a numpy scalar calls its method: a numpy scalar
     return result
@@ -528,16 +359,17 @@ def mark_scalars(result: Any) -> None:
             r._scalar = True
 
 
-def _contains_tracer(x: Any) -> bool:
+def contains_tracer(x: Any) -> bool:
+    """Whether ``x`` is a traced array or a (nested) list or tuple holding one."""
     if isinstance(x, Tracer):
         return True
     if isinstance(x, (list, tuple)):
-        return any(_contains_tracer(v) for v in x)
+        return any(contains_tracer(v) for v in x)
     return False
 
 
 def _control_flow_error(what: str) -> TraceError:
-    frame = _user_frame()
+    frame = user_frame()
     loc = user_location()
     reason = None
     if frame is not None:
@@ -559,29 +391,50 @@ def _control_flow_error(what: str) -> TraceError:
     )
 
 
-class Tracer:
+class Tracer(NdarrayMethods):
     """Stands in for a numpy array while tracing. Supports numpy's protocols and ndarray's common
     operators, attributes and methods; each operation is recorded in the trace."""
 
     __array_priority__ = 1000
-    __slots__ = ("_ctx", "_value", "_base", "_views", "_weak", "_scalar", "_stale", "__weakref__")
+    __slots__ = ("_c", "_val", "_root", "_steps", "_layout", "_version", "_born", "_weak", "_scalar", "__weakref__")
 
     def __init__(self, ctx: TraceContext, value: Value, weak: bool = False):
-        self._ctx = ctx
-        self._value = value
+        self._c = ctx  # the trace that holds the value (read through _ctx)
+        self._val = value  # the current value (read through _value)
         # a weak array stands for a Python number (a loop counter, a range index): in numpy's
         # promotion it counts like a Python scalar, so i * x32 stays float32 (NEP 50)
         self._weak = weak
         # a 0-d value that numpy would hold as a numpy scalar (the 0-d result of a ufunc, a reduction
         # or an integer index), not a 0-d array: its ** has no fast path and += makes a new object
         self._scalar = False
-        self._base: Tracer | None = None  # set when numpy would return a view of another array
-        self._views: list[weakref.ref] | None = None  # views of this array (weak: dead views do not count)
-        self._stale: SourceLoc | None = None  # a view whose base was written in place there (see rebind)
+        # a view (frontend/views.py): the array whose memory numpy's view would show (not itself a
+        # view), the steps that compute the view from it, and a stand-in for numpy's strides
+        self._root: Tracer | None = None
+        self._steps: tuple = ()
+        self._layout: np.ndarray | None = None  # (computed when first asked for: views.layout)
+        # an array: bumped by every in-place write; a view: the root's version its value was computed at
+        self._version = 0
+        stack = _state.stack
+        self._born = stack[-1] if stack else ctx  # the trace this array object was made in (see rebind)
+
+    @property
+    def _value(self) -> Value:
+        """The current value; a view whose root was written since is computed again from the root."""
+        root = self._root
+        if root is not None and self._version != root._version:
+            _sync_view(self)
+        return self._val
+
+    @property
+    def _ctx(self) -> TraceContext:
+        root = self._root
+        if root is not None and self._version != root._version:
+            _sync_view(self)
+        return self._c
 
     # --- numpy protocols -------------------------------------------------------------------
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
-        return user_errors(_handler(HANDLERS.ufunc, "ufunc"))(ufunc, method, *inputs, **kwargs)
+        return user_errors(registered_handler(HANDLERS.ufunc, "ufunc"))(ufunc, method, *inputs, **kwargs)
 
     def __array_function__(self, func, types, args, kwargs):
         return user_errors(handle_function)(func, args, kwargs)
@@ -598,11 +451,11 @@ class Tracer:
     # --- static attributes -----------------------------------------------------------------
     @property
     def shape(self) -> tuple[int, ...]:
-        return self._value.type.shape
+        return self._val.type.shape  # (a view's shape and dtype never change: no need to bring it up to date)
 
     @property
     def dtype(self) -> np.dtype:
-        return self._value.type.dtype
+        return self._val.type.dtype
 
     @property
     def ndim(self) -> int:
@@ -610,7 +463,7 @@ class Tracer:
 
     @property
     def size(self) -> int:
-        return self._value.type.size
+        return self._val.type.size
 
     @property
     def itemsize(self) -> int:
@@ -618,7 +471,7 @@ class Tracer:
 
     @property
     def nbytes(self) -> int:
-        return self._value.type.nbytes
+        return self._val.type.nbytes
 
     @property
     def T(self) -> Tracer:
@@ -639,7 +492,7 @@ class Tracer:
         return (self[i] for i in range(self.shape[0]))
 
     def __repr__(self) -> str:
-        return f"Tracer<{self._value.type}>"
+        return f"Tracer<{self._val.type}>"
 
     # --- concrete values are not available ---------------------------------------------------
     def __bool__(self):
@@ -676,167 +529,23 @@ class Tracer:
     def __hash__(self):
         return id(self)
 
-    # --- operators ---------------------------------------------------------------------------
-    def __add__(self, o):
-        return np.add(self, o)
-
-    def __radd__(self, o):
-        return np.add(o, self)
-
-    def __sub__(self, o):
-        return np.subtract(self, o)
-
-    def __rsub__(self, o):
-        return np.subtract(o, self)
-
-    def __mul__(self, o):
-        return np.multiply(self, o)
-
-    def __rmul__(self, o):
-        return np.multiply(o, self)
-
-    def __truediv__(self, o):
-        return np.true_divide(self, o)
-
-    def __rtruediv__(self, o):
-        return np.true_divide(o, self)
-
+    # --- operators that need more than numpy's function (the rest: frontend/ndarray_methods.py) ---
     def __pow__(self, o):
         return _power_op(self, o)(self, o)
 
-    def __rpow__(self, o):
-        return np.power(o, self)
-
-    def __matmul__(self, o):
-        return np.matmul(self, o)
-
-    def __rmatmul__(self, o):
-        return np.matmul(o, self)
-
-    def __neg__(self):
-        return np.negative(self)
-
-    def __pos__(self):
-        return np.positive(self)  # (a copy; numpy has no positive for bool)
-
-    def __abs__(self):
-        return np.absolute(self)
-
-    def __invert__(self):
-        return np.invert(self)
-
-    def __and__(self, o):
-        return np.bitwise_and(self, o)
-
-    def __rand__(self, o):
-        return np.bitwise_and(o, self)
-
-    def __or__(self, o):
-        return np.bitwise_or(self, o)
-
-    def __ror__(self, o):
-        return np.bitwise_or(o, self)
-
-    def __xor__(self, o):
-        return np.bitwise_xor(self, o)
-
-    def __rxor__(self, o):
-        return np.bitwise_xor(o, self)
-
-    def __lshift__(self, o):
-        return np.left_shift(self, o)
-
-    def __rlshift__(self, o):
-        return np.left_shift(o, self)
-
-    def __rshift__(self, o):
-        return np.right_shift(self, o)
-
-    def __rrshift__(self, o):
-        return np.right_shift(o, self)
-
-    def __lt__(self, o):
-        return np.less(self, o)
-
-    def __le__(self, o):
-        return np.less_equal(self, o)
-
-    def __gt__(self, o):
-        return np.greater(self, o)
-
-    def __ge__(self, o):
-        return np.greater_equal(self, o)
-
-    def __eq__(self, o):
-        return np.equal(self, o)
-
-    def __ne__(self, o):
-        return np.not_equal(self, o)
-
-    def __floordiv__(self, o):
-        return np.floor_divide(self, o)
-
-    def __rfloordiv__(self, o):
-        return np.floor_divide(o, self)
-
-    def __mod__(self, o):
-        return np.remainder(self, o)
-
-    def __rmod__(self, o):
-        return np.remainder(o, self)
-
-    def __divmod__(self, o):
-        return np.divmod(self, o)
-
-    def __rdivmod__(self, o):
-        return np.divmod(o, self)
-
-    # in-place operators: numpy keeps the left operand's dtype (casting="same_kind") and every
-    # reference to this array sees the update; views cannot be updated in place in a graph
-    def __iadd__(self, o):
-        return self._inplace(np.add, o)
-
-    def __isub__(self, o):
-        return self._inplace(np.subtract, o)
-
-    def __imul__(self, o):
-        return self._inplace(np.multiply, o)
-
-    def __itruediv__(self, o):
-        return self._inplace(np.true_divide, o)
-
     def __ipow__(self, o):
         return self._inplace(_power_op(self, o), o)
-
-    def __imatmul__(self, o):
-        return self._inplace(np.matmul, o)
-
-    def __iand__(self, o):
-        return self._inplace(np.bitwise_and, o)
-
-    def __ior__(self, o):
-        return self._inplace(np.bitwise_or, o)
-
-    def __ixor__(self, o):
-        return self._inplace(np.bitwise_xor, o)
-
-    def __ifloordiv__(self, o):
-        return self._inplace(np.floor_divide, o)
-
-    def __imod__(self, o):
-        return self._inplace(np.remainder, o)
 
     def _inplace(self, ufunc, other):
         return user_errors(_inplace_update)(self, ufunc, other)
 
     def __getitem__(self, key):
-        result = user_errors(_handler(HANDLERS.getitem, "indexing"))(self, key)
-        if result._value.producer is None or result._value.producer.op.name != "gather":
-            mark_view(result, self)  # basic indexing returns a view in numpy
+        result = user_errors(registered_handler(HANDLERS.getitem, "indexing"))(self, key)
         if not result.shape and not any(k is Ellipsis for k in (key if isinstance(key, tuple) else (key,))):
             result = fresh(result) if result is self else result
             result._scalar = True  # x[0] of a vector, x[()]: a numpy scalar (x[0, ...] is a 0-d view)
-        return result
+            return result
+        return registered_handler(HANDLERS.index_view, "views")(self, key, result)  # basic indexing gives a view
 
     def __getattr__(self, name):
         if name.startswith("__"):  # protocol probes (numpy asks for __array_struct__ etc.)
@@ -852,73 +561,15 @@ class Tracer:
     def __setitem__(self, key, value):
         user_errors(_setitem)(self, key, value)
 
-    # --- methods (all routed through numpy so each rule lives in one place) -------------------
-    def reshape(self, *shape, order="C"):
-        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-            shape = tuple(shape[0])
-        return np.reshape(self, shape, order=order)
-
-    def transpose(self, *axes):
-        if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
-            axes = tuple(axes[0])
-        return np.transpose(self, axes or None)
-
-    def swapaxes(self, a, b):
-        return np.swapaxes(self, a, b)
-
-    def squeeze(self, axis=None):
-        return np.squeeze(self, axis)
-
+    # --- methods that make copies (the rest: frontend/ndarray_methods.py) ---------------------
     def flatten(self, order="C"):
         return fresh(cast(Tracer, np.reshape(self, (-1,), order=order)))  # (a copy)
 
     def ravel(self, order="C"):
-        return np.reshape(self, (-1,), order=order)
+        return np.ravel(self, order=order)
 
     def copy(self, order="C"):
         return _like_scalar(fresh(self), self)
-
-    def dot(self, b):
-        return np.dot(self, b)
-
-    def clip(self, min=None, max=None):
-        return np.clip(self, min, max)
-
-    def repeat(self, repeats, axis=None):
-        return np.repeat(self, repeats, axis)
-
-    def take(self, indices, axis=None):
-        return np.take(self, indices, axis)
-
-    def sum(self, axis=None, dtype=None, keepdims=False):
-        return np.sum(self, axis, dtype, keepdims=keepdims)
-
-    def mean(self, axis=None, dtype=None, keepdims=False):
-        return np.mean(self, axis, dtype, keepdims=keepdims)
-
-    def max(self, axis=None, keepdims=False):
-        return np.max(self, axis, keepdims=keepdims)
-
-    def min(self, axis=None, keepdims=False):
-        return np.min(self, axis, keepdims=keepdims)
-
-    def argmax(self, axis=None, keepdims=False):
-        return np.argmax(self, axis, keepdims=keepdims)
-
-    def argmin(self, axis=None, keepdims=False):
-        return np.argmin(self, axis, keepdims=keepdims)
-
-    def all(self, axis=None, keepdims=False):
-        return np.all(self, axis, keepdims=keepdims)
-
-    def any(self, axis=None, keepdims=False):
-        return np.any(self, axis, keepdims=keepdims)
-
-    def var(self, axis=None, dtype=None, ddof=0, keepdims=False):
-        return np.var(self, axis, dtype, ddof=ddof, keepdims=keepdims)
-
-    def std(self, axis=None, dtype=None, ddof=0, keepdims=False):
-        return np.std(self, axis, dtype, ddof=ddof, keepdims=keepdims)
 
     def astype(self, dtype, copy=True):
         result = user_errors(convert)(self, dtype)
@@ -967,7 +618,7 @@ def _power_op(base: Tracer, exponent: Any) -> Callable[[Any, Any], Any]:
     np.reciprocal and ``** 0.5`` np.sqrt (``float16 ** 0.5`` of -0.0 is -0.0). Exactly int and
     float only: ``** True`` and ``** np.int64(2)`` are np.power. Called as ``op(base, exponent)``."""
     if base._scalar:  # a numpy scalar's ** is np.power (for floats its pow, without fast paths)
-        scalar_power = user_errors(_handler(HANDLERS.scalar_power, "scalar power"))
+        scalar_power = user_errors(registered_handler(HANDLERS.scalar_power, "scalar power"))
         return lambda x, e: scalar_power(x, e)
     fast: np.ufunc | None = None
     if type(exponent) is int and exponent == 2:
@@ -997,59 +648,99 @@ def _like_scalar(result: Tracer, source: Tracer) -> Tracer:
 def fresh(t: Tracer) -> Tracer:
     """A new array object with the same value (numpy's copies: in-place updates of it must not
     reach the original object)."""
-    return Tracer(t._ctx, t._value, t._weak)
+    value = t._value  # (first: a view is brought up to date)
+    return Tracer(t._c, value, t._weak)
 
 
-def mark_view(result: Any, base: Tracer) -> None:
-    """Record that numpy would return ``result`` as a view of ``base`` (for in-place checks)."""
-    root = base._base if base._base is not None else base
-    for r in result if isinstance(result, (list, tuple)) else (result,):
-        if isinstance(r, Tracer) and r is not root:
-            r._base = root
-            if root._views is None:
-                root._views = []
-            root._views.append(weakref.ref(r))
+_VERSIONS = itertools.count(1)
+
+
+def _sync_view(view: Tracer) -> None:
+    """Compute ``view`` again from its root, which was written in place since. The nodes go into
+    the trace that holds the root's value (an enclosing one, when the view is read inside a branch
+    or loop body), so that the view's value stays usable there after the region."""
+    root = view._root
+    assert root is not None
+    home = root._c
+    with emitting_in(home):
+        t = Tracer(home, root._val)
+        for step in view._steps:
+            t = step.read(t)
+    view._c, view._val, view._version = t._c, t._val, root._version
+
+
+@contextlib.contextmanager
+def emitting_in(ctx: TraceContext):
+    """New nodes go into ``ctx``, an active trace (the current one or one it is nested in): a
+    value computed there stays usable after the branch or loop body being traced now."""
+    stack = context_stack()
+    if ctx not in stack:
+        raise TraceError(
+            "a traced array from another trace (or from a trace that has finished) was used here; "
+            "do not keep traced values in globals or closures between traces",
+            user_location(),
+        )
+    pushed = stack[-1] is not ctx
+    if pushed:
+        stack.append(ctx)
+    try:
+        yield
+    finally:
+        if pushed:
+            stack.pop()
 
 
 def rebind(target: Tracer, new: Tracer) -> Tracer:
     """numpy's in-place write into ``target``: the Tracer object itself takes the new value, so every
-    name holding it sees the update (``x[i] = v``, ``x += v``, ``out=``). A write into a view would
-    have to change its base too, which a graph cannot express: TraceError. Views of ``target``
-    taken before the write would show it in numpy; they become stale, and using one later raises
-    a TraceError there (TraceContext.emit)."""
-    _check_not_a_view(target)
-    if target._views:
-        loc = user_location()
-        for ref in target._views:
-            view = ref()
-            if view is not None:
-                view._stale = loc
-        target._views = None
-    target._ctx, target._value = new._ctx, new._value  # (a branch's copy of an outer array becomes local)
+    name holding it sees the update (``x[i] = v``, ``x += v``, ``out=``). Writing into a view writes
+    into its root through the view's steps backwards (a transpose transposed back, a slice's region
+    updated, ...), and every view of that root is computed again when it is next read. Inside a
+    traced branch or loop body, arrays from outside it are logged (TraceContext.log_write), so that
+    control.py makes their new values outputs of the region."""
+    value = new._value
+    if target._root is not None:
+        _write_through(target, new)
+        return target
+    ctx = current_context()
+    if ctx is not None:
+        ctx.log_write(target)
+    target._c, target._val = new._c, value  # (a branch's write into an outer array is logged above)
+    target._version = next(_VERSIONS)
     return target
 
 
-def _check_not_a_view(target: Tracer) -> None:
-    if target._base is not None:
-        raise TraceError(
-            "in-place update of a view (a slice, reshape or transpose of another array) would change that "
-            "array too, which a graph cannot express; write into the array itself (x[i, j] = v rather than "
-            "row = x[i]; row[j] = v) or compute a new array (y = x - 1)",
-            user_location(),
-        )
+def restore(target: Tracer, ctx: TraceContext, value: Value) -> None:
+    """Give an array (not a view) back a value it had (control.py, at the end of a region)."""
+    target._c, target._val = ctx, value
+    target._version = next(_VERSIONS)
+
+
+def _write_through(view: Tracer, new: Tracer) -> None:
+    """``view`` takes the value ``new``: compute its root's new value through the steps backwards."""
+    root = view._root
+    assert root is not None
+    for step in view._steps:
+        step.check_writable()
+    bases = [Tracer(root._c, root._val)]
+    for step in view._steps[:-1]:
+        bases.append(step.read(bases[-1]))
+    written = new
+    for step, base in zip(reversed(view._steps), reversed(bases)):
+        written = step.write(base, written)
+    rebind(root, written)
+    value = new._value
+    view._c, view._val, view._version = new._c, value, root._version
 
 
 def _setitem(target: Tracer, key: Any, value: Any) -> None:
     if target._weak or target._scalar:
         raise TraceError("a numpy scalar does not support item assignment (numpy raises here too)", user_location())
-    _check_not_a_view(target)
-    rebind(target, _handler(HANDLERS.setitem, "indexing")(target, key, value))
+    rebind(target, registered_handler(HANDLERS.setitem, "indexing")(target, key, value))
 
 
 def _inplace_update(target: Tracer, ufunc, other) -> Tracer:
     if target._weak or target._scalar:  # a Python number or numpy scalar: += makes a new object
         return ufunc(target, other)
-    _check_not_a_view(target)
     result = ufunc(target, other)  # through __array_ufunc__: numpy's type resolution
     if result.shape != target.shape:
         raise TraceError(

@@ -18,7 +18,7 @@ import numpy as np
 
 from graphc.core import dtypes
 from graphc.core.errors import TraceError, numpy_error
-from graphc.frontend.tracer import HANDLERS, Tracer, _handler, bind, fresh, lift, mark_scalars, user_location
+from graphc.frontend.tracer import HANDLERS, Tracer, bind, fresh, lift, mark_scalars, registered_handler, user_location
 
 # ufunc -> (primitive, attrs). The primitive sees operands already converted to the loop dtype.
 _SIMPLE: dict[np.ufunc, tuple[str, dict[str, Any]]] = {
@@ -360,7 +360,7 @@ HANDLERS.hints.update(
 
 def handle_ufunc(ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any):
     if method == "at" or kwargs.get("out") is not None:  # in-place writes: frontend/indexing.py
-        return _handler(HANDLERS.ufunc_inplace, "in-place ufunc")(ufunc, method, *inputs, **kwargs)
+        return registered_handler(HANDLERS.ufunc_inplace, "in-place ufunc")(ufunc, method, *inputs, **kwargs)
     kwargs.pop("out", None)
     if method == "reduce":
         if ufunc not in _REDUCE:

@@ -30,4 +30,20 @@ from graphc.ops import (
 )
 from graphc.ops.registry import REGISTRY, check_axes, check_axis, check_shape, get_op, register, same_dtype
 
-__all__ = ["REGISTRY", "OpDef", "check_axes", "check_axis", "check_shape", "get_op", "register", "same_dtype"]
+
+class _Ops:
+    """Every registered op as an attribute, for identity checks in passes' patterns:
+    ``p.op is OPS.transpose`` (an unknown name raises AttributeError, so a typo fails where it
+    is written). What kind of op something is (a view, a reduction, a collective) is asked of
+    its traits instead (graphc/core/traits.py)."""
+
+    def __getattr__(self, name: str) -> OpDef:
+        try:
+            return REGISTRY[name.rstrip("_")]
+        except KeyError:
+            raise AttributeError(f"no op named {name!r}") from None
+
+
+OPS = _Ops()
+
+__all__ = ["OPS", "REGISTRY", "OpDef", "check_axes", "check_axis", "check_shape", "get_op", "register", "same_dtype"]

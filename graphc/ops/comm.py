@@ -28,6 +28,7 @@ import numpy as np
 from graphc.core.errors import GraphcError, ShapeError
 from graphc.core.ir import OpDef, TensorType
 from graphc.core.spec import piece_bounds, piece_index
+from graphc.core.traits import Collective, DeviceLocal
 from graphc.ops.dims import DimRule, io_bytes
 from graphc.ops.registry import check_axis, get_op, register
 
@@ -264,3 +265,10 @@ for _name, _cut in (
     ("partial_zero", ()),
 ):
     get_op(_name).dim_rule = _keep_dims_rule(*_cut)
+
+
+# --- traits (graphc/core/traits.py) ------------------------------------------------------------
+for _name in _COLLECTIVES:
+    get_op(_name).traits = (Collective(),)
+for _op in (shard_slice, partial_zero):
+    _op.traits = (DeviceLocal(),)

@@ -23,6 +23,7 @@ import numpy as np
 from graphc.core import dtypes
 from graphc.core.errors import ShapeError, TraceError
 from graphc.core.ir import OpDef, TensorType
+from graphc.core.traits import ControlFlow
 from graphc.ops.dims import region_cost
 from graphc.ops.registry import register
 
@@ -269,3 +270,8 @@ def _fori_vjp(ad, *gs):
 cond.jvp, cond.vjp = _cond_jvp, _cond_vjp
 while_loop.jvp, while_loop.vjp = _loop_jvp, _while_vjp
 fori_loop.jvp, fori_loop.vjp = _loop_jvp, _fori_vjp
+
+
+# --- traits (graphc/core/traits.py) ------------------------------------------------------------
+for _op in (cond, while_loop, fori_loop):
+    _op.traits = (ControlFlow(),)

@@ -42,6 +42,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from graphc.core.traits import LinearIn
+
 Occurrence = "str | tuple[str, int] | tuple[str | tuple[str, int], ...] | None"
 
 MAX_BLOCKS = 16  # the largest block count a split carries (strategies enumerate no more)
@@ -389,45 +391,10 @@ def region_cost(region, in_types, out_types) -> tuple[float, int]:
 
 
 # --- linearity ---------------------------------------------------------------------------------
-# The operand sets each primitive is (jointly) linear in: a partial sum (P) in those operands, with
-# the others replicated, gives a partial sum of the result (sum_k f(x_k, y) = f(sum_k x_k, y)).
-# Micro-batching (passes/microbatch.py) uses it to carry per-micro-batch gradient pieces through
-# the transposes, reshapes and sums of the backward pass to the point where they are accumulated.
-LINEAR_OPERANDS: dict[str, tuple[frozenset, ...]] = {
-    "add": (frozenset({0, 1}),),
-    "sub": (frozenset({0, 1}),),
-    "neg": (frozenset({0}),),
-    "mul": (frozenset({0}), frozenset({1})),
-    "div": (frozenset({0}),),
-    "matmul": (frozenset({0}), frozenset({1})),
-    "transpose": (frozenset({0}),),
-    "reshape": (frozenset({0}),),
-    "broadcast_to": (frozenset({0}),),
-    "reduce_sum": (frozenset({0}),),
-    "slice": (frozenset({0}),),
-    "squeeze": (frozenset({0}),),
-    "expand_dims": (frozenset({0}),),
-    "gather": (frozenset({0}),),
-    "dynamic_slice": (frozenset({0}),),
-    "dynamic_update_slice": (frozenset({0, 1}),),
-}
 
 
 def linear_operands(node) -> tuple[frozenset, ...]:
-    """The operand sets ``node`` is linear in (see LINEAR_OPERANDS); einsum is linear in each
-    operand, concatenate in all of them jointly, scatter_add and scatter in the operand and updates jointly,
-    where in both branches jointly; float-to-float convert in its operand."""
-    name = node.op.name
-    n = len(node.inputs)
-    if name == "einsum":
-        return tuple(frozenset({i}) for i in range(n))
-    if name == "concatenate":
-        return (frozenset(range(n)),)
-    if name in ("scatter_add", "scatter"):
-        return (frozenset({0, n - 1}),)
-    if name == "where":
-        return (frozenset({1, 2}),)
-    if name == "convert":
-        src, dst = node.inputs[0].type.dtype, node.outputs[0].type.dtype
-        return (frozenset({0}),) if src.kind == "f" and dst.kind == "f" else ()
-    return LINEAR_OPERANDS.get(name, ())
+    """The operand sets ``node`` is (jointly) linear in: its op's LinearIn trait (graphc/core/traits.py),
+    () for an op that is linear in none."""
+    linear = node.op.trait(LinearIn)
+    return linear.operand_sets(node) if linear is not None else ()

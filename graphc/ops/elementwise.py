@@ -8,6 +8,7 @@ import numpy as np
 from graphc.core import dtypes
 from graphc.core.errors import ShapeError
 from graphc.core.ir import OpDef, TensorType
+from graphc.core.traits import CHEAP, LOAD_STORE, MATH, Elementwise, FollowsProducer, FreshResult, LinearIn
 from graphc.ops.dims import elementwise_rule, io_bytes
 from graphc.ops.registry import REGISTRY, register, same_dtype
 
@@ -140,6 +141,12 @@ convert = register(
         doc="x.astype(dtype) with numpy's casting (unsafe casts allowed, like astype)",
     )
 )
+
+
+def _float_to_float(node) -> tuple[frozenset[int], ...]:
+    """A convert is linear in its operand between float dtypes (an int's rounding is not)."""
+    src, dst = node.inputs[0].type.dtype, node.outputs[0].type.dtype
+    return (frozenset({0}),) if dtypes.is_float(src) and dtypes.is_float(dst) else ()
 
 
 # --- autodiff rules ---------------------------------------------------------------------------
@@ -293,3 +300,23 @@ for _op in REGISTRY.values():
     if _op.kind == "elementwise":
         _op.dim_rule = _elementwise_dim_rule
         _op.cost = _elementwise_cost(_TRANSCENDENTAL.get(_op.name, 1))
+
+
+# --- traits (graphc/core/traits.py) ------------------------------------------------------------
+_COSTS = {
+    **dict.fromkeys((add, sub, mul, neg, abs_, maximum, minimum, where, compare, convert), LOAD_STORE),
+    **dict.fromkeys((div, sign, logical_and, logical_or, logical_not), CHEAP),
+}
+_LINEAR = {
+    add: LinearIn((frozenset({0, 1}),), on_meshes=True),
+    sub: LinearIn((frozenset({0, 1}),), on_meshes=True),
+    neg: LinearIn((frozenset({0}),), on_meshes=True),
+    mul: LinearIn((frozenset({0}), frozenset({1})), on_meshes=True),
+    div: LinearIn((frozenset({0}),), on_meshes=True),
+    where: LinearIn((frozenset({1, 2}),)),  # both branches jointly
+    convert: LinearIn(of_node=_float_to_float, on_meshes=True),
+}
+for _op in REGISTRY.values():
+    if _op.kind == "elementwise":
+        linear = (_LINEAR[_op],) if _op in _LINEAR else ()
+        _op.traits = (Elementwise(_COSTS.get(_op, MATH)), FreshResult(), FollowsProducer(), *linear)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from graphc.core.errors import ShapeError
 from graphc.core.ir import OpDef
+from graphc.core.traits import FollowsProducer, FreshResult, Fused
 from graphc.ops.dims import region_cost, region_rule
 from graphc.ops.registry import register
 
@@ -62,3 +63,7 @@ fused.vjp, fused.jvp = _fused_vjp, _fused_jvp
 # results only
 fused.dim_rule = lambda in_types, out_types, regions: region_rule(regions[0])
 fused.cost = lambda in_types, out_types, regions: region_cost(regions[0], in_types, out_types)
+
+
+# --- traits (graphc/core/traits.py) ------------------------------------------------------------
+fused.traits = (Fused(), FreshResult(), FollowsProducer())

@@ -10,12 +10,14 @@ import numpy as np
 
 from graphc.core.errors import ShapeError
 from graphc.core.ir import OpDef, TensorType
+from graphc.core.traits import FreshResult, IndexedLookup, LinearIn
 from graphc.ops.dims import DimRule, io_bytes
 from graphc.ops.elementwise import broadcast_shapes
 from graphc.ops.registry import register
 
 
-def _gather_infer(in_types, axis):
+def gather_infer(in_types, axis):
+    """The shape rule of ``gather`` (scatter ops check their updates against it)."""
     x, *idx = in_types
     if not isinstance(axis, int) or not 0 <= axis <= x.ndim - len(idx):
         raise ShapeError(f"gather: axis {axis!r} with {len(idx)} index arrays does not fit a {x.ndim}-d operand")
@@ -30,14 +32,16 @@ def _gather_infer(in_types, axis):
 
 
 def _gather_impl(x, *idx, axis):
-    return x[(slice(None),) * axis + tuple(idx)]
+    out = x[(slice(None),) * axis + tuple(idx)]
+    # numpy treats 0-d index arrays as ints, which give a view: a gather's result is its own
+    return out.copy() if all(np.ndim(i) == 0 for i in idx) else out
 
 
 gather = register(
     OpDef(
         "gather",
         "index",
-        _gather_infer,
+        gather_infer,
         _gather_impl,
         attrs=("axis",),
         num_inputs=None,
@@ -51,7 +55,7 @@ def _scatter_add_infer(in_types, axis):
     x, *idx, updates = in_types
     if not idx:
         raise ShapeError("scatter_add needs at least one index array")
-    (expected,) = _gather_infer((x, *idx), axis)
+    (expected,) = gather_infer((x, *idx), axis)
     if updates.dtype != x.dtype:
         raise ShapeError(f"scatter_add: updates {updates} must have the dtype of the operand {x}")
     if updates.shape != expected.shape:
@@ -173,4 +177,13 @@ def _scatter_add_cost(in_types, out_types, axis, iota=None):
 
 gather.dim_rule, gather.cost = _gather_dim_rule, _gather_cost
 scatter_add.dim_rule, scatter_add.cost = _scatter_add_dim_rule, _scatter_add_cost
-gather.extra["iota_operands"] = scatter_add.extra["iota_operands"] = True
+
+
+# --- traits (graphc/core/traits.py) ------------------------------------------------------------
+def _table_and_updates(node) -> tuple[frozenset[int], ...]:
+    """Linear in the table and the updates jointly (the last operand)."""
+    return (frozenset({0, len(node.inputs) - 1}),)
+
+
+gather.traits = (FreshResult(), IndexedLookup(trailing=0), LinearIn((frozenset({0}),)))
+scatter_add.traits = (FreshResult(), IndexedLookup(trailing=1), LinearIn(of_node=_table_and_updates))

@@ -9,6 +9,7 @@ import numpy as np
 
 from graphc.core.errors import ShapeError
 from graphc.core.ir import OpDef, TensorType
+from graphc.core.traits import Contraction, FreshResult, LinearIn
 from graphc.ops.dims import DimRule, io_bytes
 from graphc.ops.elementwise import broadcast_shapes, sum_tangents
 from graphc.ops.registry import register, same_dtype
@@ -187,3 +188,13 @@ def _einsum_cost(in_types, out_types, equation):
 
 matmul.dim_rule, matmul.cost = _matmul_dim_rule, _matmul_cost
 einsum.dim_rule, einsum.cost = _einsum_dim_rule, _einsum_cost
+
+
+# --- traits (graphc/core/traits.py) ------------------------------------------------------------
+def _each_operand(node) -> tuple[frozenset[int], ...]:
+    """An einsum is linear in each of its operands."""
+    return tuple(frozenset({i}) for i in range(len(node.inputs)))
+
+
+matmul.traits = (Contraction(), FreshResult(), LinearIn((frozenset({0}), frozenset({1}))))
+einsum.traits = (Contraction(), FreshResult(), LinearIn(of_node=_each_operand))

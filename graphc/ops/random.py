@@ -21,7 +21,7 @@ that starts ``offset`` words after the stream position ``counter``:
   ``(word >> 11) * 2**-53``, a float64 in [0, 1). Other distributions are graphs built on these
   (frontend/random.py).
 * ``runs`` (None: the whole array) makes the op compute one device's piece of the array: per dim,
-  the ``(start, stop)`` runs of global indices it holds, as lowering cuts them (``local_attrs``
+  the ``(start, stop)`` runs of global indices it holds, as lowering cuts them (``local_attrs``, the op's LocalAttrs trait
   below). The piece's elements keep their global positions, so a sharded draw holds exactly the
   bits of the unsharded one.
 
@@ -39,6 +39,7 @@ import numpy as np
 from graphc.core.errors import ShapeError
 from graphc.core.ir import Graph, OpDef, TensorType
 from graphc.core.spec import piece_index
+from graphc.core.traits import FreshResult, LocalAttrs, Random
 from graphc.ops.dims import DimRule
 from graphc.ops.registry import check_shape, register
 
@@ -248,4 +249,8 @@ def state_inputs(graph: Graph) -> dict[int, int]:
 
 philox.dim_rule = _philox_dim_rule
 philox.cost = _philox_cost
-philox.extra["local_attrs"] = local_attrs
+philox.traits = (
+    Random(),
+    FreshResult(),
+    LocalAttrs(lambda node, ins, outs, specs, mesh_shape, coord: local_attrs(node.attrs, specs[0], mesh_shape, coord)),
+)

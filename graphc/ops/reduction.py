@@ -8,6 +8,7 @@ import numpy as np
 
 from graphc.core.errors import ShapeError
 from graphc.core.ir import OpDef, TensorType
+from graphc.core.traits import FreshResult, LinearIn, Reduction
 from graphc.ops.dims import DimRule, io_bytes
 from graphc.ops.registry import check_axes, check_axis, register
 
@@ -137,3 +138,10 @@ for _op in (reduce_max, reduce_min, argmax):
     _op.dim_rule = _reduce_dim_rule(False)
 for _op in (reduce_sum, reduce_max, reduce_min, argmax):
     _op.cost = _reduce_cost
+
+
+# --- traits (graphc/core/traits.py) ------------------------------------------------------------
+reduce_sum.traits = (Reduction("add"), FreshResult(), LinearIn((frozenset({0}),), on_meshes=True))
+reduce_max.traits = (Reduction("max"), FreshResult())
+reduce_min.traits = (Reduction("min"), FreshResult())
+argmax.traits = (Reduction("argmax"), FreshResult())

@@ -8,6 +8,7 @@ import numpy as np
 
 from graphc.core.errors import ShapeError
 from graphc.core.ir import OpDef, TensorType
+from graphc.core.traits import FollowsProducer, FreshResult, LinearIn, LocalAttrs, ViewOf
 from graphc.ops.dims import DimRule, copy_cost, reshape_rule, view_cost
 from graphc.ops.registry import check_axis, check_shape, register, same_dtype
 
@@ -110,9 +111,10 @@ def _py_slice(a: int, b: int, s: int) -> slice:
     return slice(a, None if (s < 0 and b < 0) else b, s)
 
 
-def slice_index(starts, stops, steps) -> tuple[slice, ...]:
-    """The Python index of a slice node's attributes (``x[slice_index(...)]`` is the op)."""
-    return tuple(_py_slice(a, b, s) for a, b, s in zip(starts, stops, steps))
+def slice_index(starts, stops, steps) -> tuple:
+    """The Python index of a slice node's attributes (``x[slice_index(...)]`` is the op); of a 0-d
+    operand ``...``, whose result is a 0-d view as every slice's is (``x[()]`` is a numpy scalar)."""
+    return tuple(_py_slice(a, b, s) for a, b, s in zip(starts, stops, steps)) or (Ellipsis,)
 
 
 def _slice_impl(x, starts, stops, steps):
@@ -382,3 +384,79 @@ slice_.dim_rule, slice_.cost = _slice_dim_rule, copy_cost
 pad.dim_rule, pad.cost = _pad_dim_rule, copy_cost
 concatenate.dim_rule, concatenate.cost = _concat_dim_rule, copy_cost
 split.dim_rule, split.cost = _split_dim_rule, copy_cost
+
+
+# --- traits (graphc/core/traits.py) ------------------------------------------------------------
+# numpy returns views from reshape, transpose, broadcast_to, slicing and split; whether such a
+# view is C-contiguous decides whether a reshape of it copies (numpy's rule), which the planner's
+# memory model and the executor both read from ViewOf.
+
+
+def _transpose_strided(node) -> bool:
+    perm = tuple(node.attrs["perm"])
+    return perm != tuple(sorted(perm))
+
+
+def _broadcast_strided(node) -> bool:
+    return node.inputs[0].type.size != node.outputs[0].type.size
+
+
+def _slice_strided(node) -> bool:
+    """Contiguous only when it cuts the first dim it changes, with step 1."""
+    shape_in, shape_out = node.inputs[0].type.shape, node.outputs[0].type.shape
+    cut = [d for d, (m, n) in enumerate(zip(shape_in, shape_out)) if m != n]
+    outer = all(n == 1 for n in shape_out[: cut[0]]) if cut else True
+    return not cut or len(cut) > 1 or not outer or any(st != 1 for st in node.attrs["steps"])
+
+
+def _split_strided(node) -> bool:
+    """Pieces along the first dim that is not 1 are contiguous."""
+    shape = node.inputs[0].type.shape
+    return any(n != 1 for n in shape[: node.attrs["axis"]])
+
+
+def _local_shape(node, ins, outs, specs, mesh_shape, coord) -> dict:
+    """reshape / broadcast_to on a device: to its piece's shape."""
+    return {**node.attrs, "shape": outs[0].shape}
+
+
+def _local_stops(node, ins, outs, specs, mesh_shape, coord) -> dict:
+    """A slice on a device: the dims it does not cut end where the local operand does."""
+    a = node.attrs
+    full = node.inputs[0].type.shape
+    stops = tuple(
+        ins[0].shape[d] if (start, stop, step) == (0, n, 1) else stop
+        for d, (start, stop, step, n) in enumerate(zip(a["starts"], a["stops"], a["steps"], full))
+    )
+    return {**a, "stops": stops}
+
+
+def _local_split(node, ins, outs, specs, mesh_shape, coord) -> dict:
+    """A split on a device: at the local pieces' boundaries."""
+    axis = node.attrs["axis"]
+    bounds = np.cumsum([o.shape[axis] for o in outs])[:-1]
+    return {**node.attrs, "indices": tuple(int(b) for b in bounds)}
+
+
+_ONE = (frozenset({0}),)
+reshape.traits = (
+    ViewOf(copies_strided=True),
+    FollowsProducer(),
+    LinearIn(_ONE, on_meshes=True),
+    LocalAttrs(_local_shape),
+)
+transpose.traits = (ViewOf(strided=_transpose_strided), FollowsProducer(), LinearIn(_ONE, on_meshes=True))
+broadcast_to.traits = (
+    ViewOf(strided=_broadcast_strided, writeable=False),
+    FollowsProducer(),
+    LinearIn(_ONE),
+    LocalAttrs(_local_shape),
+)
+slice_.traits = (ViewOf(strided=_slice_strided), FollowsProducer(), LinearIn(_ONE), LocalAttrs(_local_stops))
+split.traits = (ViewOf(strided=_split_strided), FollowsProducer(), LocalAttrs(_local_split))
+pad.traits = (FreshResult(), FollowsProducer())
+concatenate.traits = (
+    FreshResult(),
+    FollowsProducer(),
+    LinearIn(of_node=lambda node: (frozenset(range(len(node.inputs))),)),
+)

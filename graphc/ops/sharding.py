@@ -10,6 +10,7 @@ from __future__ import annotations
 from graphc.core.errors import ShapeError
 from graphc.core.ir import OpDef
 from graphc.core.spec import SpecError, parse_spec
+from graphc.core.traits import FollowsProducer, ShardingConstraint
 from graphc.ops.dims import elementwise_rule
 from graphc.ops.registry import register
 
@@ -40,3 +41,9 @@ sharding.vjp = lambda ad, g: [ad.bind("sharding", g, spec=ad.attrs["spec"])]
 sharding.jvp = lambda ad, t: None if t is None else ad.bind("sharding", t, spec=ad.attrs["spec"])
 sharding.dim_rule = lambda in_types, out_types, spec: elementwise_rule(in_types, out_types)
 sharding.cost = lambda in_types, out_types, spec: (0.0, 0)
+
+
+# --- traits (graphc/core/traits.py) ------------------------------------------------------------
+# the identity on one device; on a mesh its result is its operand redistributed to the pinned spec
+# (a new piece, not a view): neither FreshResult nor ViewOf
+sharding.traits = (ShardingConstraint(), FollowsProducer())

@@ -8,8 +8,8 @@
 ``dims`` are taken whole, so sharding them changes no attribute. As in XLA, a start is clamped to
 ``[0, n - size]`` so the block always fits: numpy would raise for a block that does not fit, which
 a graph cannot do for a traced start. ``scatter`` with repeated indices keeps the last update (the
-numpy order); its gradient then goes to every update at that position, as JAX's does (JAX leaves
-the choice unspecified).
+numpy order), so only that update reaches the result: its gradient goes to that update alone, the
+earlier ones at the same position get zero (``y[[0, 0]] = v`` has d sum(y) / dv = [0, 1]).
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ import numpy as np
 
 from graphc.core.errors import ShapeError
 from graphc.core.ir import OpDef, TensorType
+from graphc.core.traits import FreshResult, LinearIn
 from graphc.ops.dims import DimRule, io_bytes
-from graphc.ops.indexing import _gather_infer
+from graphc.ops.indexing import gather_infer
 from graphc.ops.registry import register
 
 
@@ -109,7 +110,7 @@ def _scatter_infer(in_types, axis):
     x, *idx, updates = in_types
     if not idx:
         raise ShapeError("scatter needs at least one index array")
-    (expected,) = _gather_infer((x, *idx), axis)
+    (expected,) = gather_infer((x, *idx), axis)
     if updates.dtype != x.dtype:
         raise ShapeError(f"scatter: updates {updates} must have the dtype of the operand {x}")
     if updates.shape != expected.shape:
@@ -172,7 +173,34 @@ def _scatter_vjp(ad, g):
     x, *idx, updates = ad.inputs
     axis = ad.attrs["axis"]
     gx = ad.bind("scatter", g, *idx, ad.zeros(updates), axis=axis)
-    return [gx] + [None] * len(idx) + [ad.bind("gather", g, *idx, axis=axis)]
+    gu = ad.bind("gather", g, *idx, axis=axis)
+    last = _last_writes(ad, x, idx, axis)
+    if last is not None:  # repeated indices: only the update written last reaches the result
+        shape = (1,) * axis + last.shape + (1,) * (updates.ndim - axis - last.ndim)
+        mask = ad.bind("broadcast_to", ad.bind("reshape", last, shape=shape), shape=updates.shape)
+        gu = ad.bind("where", mask, gu, ad.zeros(updates))
+    return [gx] + [None] * len(idx) + [gu]
+
+
+def _last_writes(ad, x, idx, axis):
+    """Which updates of ``scatter(x, *idx, updates, axis=axis)`` are the last written at their
+    position (a bool array of the index arrays' broadcast shape), found by scattering each update's
+    ordinal and reading back which one stayed; None when every one is (no repeated index, known
+    from constant indices)."""
+    k = len(idx)
+    bshape = np.broadcast_shapes(*(t.shape for t in idx))
+    ordinals = np.arange(int(np.prod(bshape, dtype=np.int64)), dtype=np.int64).reshape(bshape)
+    region = x.shape[axis : axis + k]
+    producers = [t._value.producer for t in idx]
+    if all(p is not None and p.op.name == "constant" for p in producers):
+        written = np.zeros(region, np.int64)
+        arrays = [np.asarray(p.attrs["value"]) for p in producers]
+        written[tuple(arrays)] = ordinals
+        last = written[tuple(arrays)] == ordinals
+        return None if last.all() else ad.constant(last)
+    written = ad.bind("scatter", ad.zeros(TensorType(region, np.dtype(np.int64))), *idx, ad.constant(ordinals), axis=0)
+    kept = ad.bind("gather", written, *idx, axis=0)
+    return ad.bind("compare", kept, ad.constant(ordinals), direction="eq")
 
 
 def _scatter_jvp(ad, tx, *rest):
@@ -235,3 +263,14 @@ def _scatter_cost(in_types, out_types, axis):
 dynamic_slice.dim_rule, dynamic_slice.cost = _dynamic_slice_dim_rule, _dynamic_slice_cost
 dynamic_update_slice.dim_rule, dynamic_update_slice.cost = _dus_dim_rule, _dus_cost
 scatter.dim_rule, scatter.cost = _scatter_dim_rule, _scatter_cost
+
+
+# --- traits (graphc/core/traits.py) ------------------------------------------------------------
+def _operand_and_updates(node) -> tuple[frozenset[int], ...]:
+    """Linear in the operand and the updates jointly (the last operand)."""
+    return (frozenset({0, len(node.inputs) - 1}),)
+
+
+dynamic_slice.traits = (FreshResult(), LinearIn((frozenset({0}),)))
+dynamic_update_slice.traits = (FreshResult(), LinearIn((frozenset({0, 1}),)))
+scatter.traits = (FreshResult(), LinearIn(of_node=_operand_and_updates))

@@ -18,18 +18,15 @@ charging the value's bytes to the nodes again: an estimate of what a GPU compile
 from __future__ import annotations
 
 from graphc.core.ir import Graph, Node, Value
-
-ROW_REDUCTIONS = ("reduce_sum", "reduce_max", "reduce_min")
+from graphc.core.traits import Elementwise
+from graphc.passes.fuse import is_row_reduction
 
 
 def joins_kernel(node: Node) -> bool:
     """Elementwise ops and reductions of the last axis: what passes/fuse.py puts in one kernel."""
     if node.regions:
         return False
-    if node.op.kind == "elementwise":
-        return True
-    x = node.inputs[0] if node.inputs else None
-    return node.op.name in ROW_REDUCTIONS and x is not None and x.ndim >= 1 and node.attrs["axes"] == (x.ndim - 1,)
+    return node.op.has(Elementwise) or is_row_reduction(node)
 
 
 def fused_values(graph: Graph) -> frozenset[Value]:

@@ -42,11 +42,10 @@ import numpy as np
 from graphc.core.errors import PlanError
 from graphc.core.ir import Value
 from graphc.core.spec import format_spec
+from graphc.core.traits import Constant, FollowsProducer
 from graphc.core.units import fmt_bytes
 from graphc.passes.sharding.milp import Milp, solve_milp
 from graphc.passes.sharding.problem import Edge, Item, Problem
-
-FOLLOW_KINDS = ("elementwise", "shape", "fused")
 
 
 @dataclass
@@ -64,6 +63,7 @@ class Solution:
     gap: float
     seconds: float
     stats: dict = field(default_factory=dict)
+    shared: list[int] = field(default_factory=list)  # per item: the items sharing its ILP variable, itself included
 
 
 # --- shrinking ------------------------------------------------------------------------------------
@@ -247,7 +247,7 @@ def _followed_operand(p: Problem, i: int, in_edges: list[Edge]) -> Edge | None:
     """The edge item ``i`` would follow: the largest non-constant operand (the first of equal
     size) of an unpinned elementwise / shape / fused node; None for any other item."""
     it = p.items[i]
-    if it.kind != "node" or it.node is None or it.pinned or it.node.op.kind not in FOLLOW_KINDS or not in_edges:
+    if it.kind != "node" or it.node is None or it.pinned or not it.node.op.has(FollowsProducer) or not in_edges:
         return None
     cand = [e for e in in_edges if not _is_constant(p.items[e.src])]
     if not cand:
@@ -257,7 +257,7 @@ def _followed_operand(p: Problem, i: int, in_edges: list[Edge]) -> Edge | None:
 
 def _is_constant(it: Item) -> bool:
     """A constant node (never followed: the 0 of a relu says nothing about the placement)."""
-    return it.kind == "node" and it.node is not None and it.node.op.name == "constant"
+    return it.kind == "node" and it.node is not None and it.node.op.has(Constant)
 
 
 def _follow_map(p: Problem, main: Edge, src_map: np.ndarray) -> np.ndarray | None:
@@ -431,6 +431,7 @@ def solve(
     stats["variables"] = model.milp.n
     stats["constraints"] = model.milp.num_rows
     sol.stats = stats
+    sol.shared = [len(groups[g].members) for g in of]
     sol.seconds = time.perf_counter() - start
     return sol
 

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from graphc.core.dtypes import additive_identity
 from graphc.core.ir import TensorType
-from graphc.core.spec import local_shape, piece_index, shard
+from graphc.core.spec import local_shape, piece_index
+from graphc.core.traits import Constant, Fused, IndexedLookup, LocalAttrs
 from graphc.interpreter import run_flat
 from graphc.passes.sharding.strategies import Strategy, get_rule
 
@@ -24,32 +26,20 @@ def local_types(types, specs, mesh_shape) -> tuple[TensorType, ...]:
 
 
 def local_attrs(node, strategy: Strategy, mesh_shape: tuple[int, ...], coord: tuple[int, ...]) -> dict:
-    """The node's attributes for its local pieces on the device at ``coord``."""
-    attrs = dict(node.attrs)
-    name = node.op.name
+    """The node's attributes for its local pieces on the device at ``coord`` (its op's LocalAttrs
+    trait; the attributes as they are for an op without one)."""
+    local = node.op.trait(LocalAttrs)
+    if local is None:
+        return dict(node.attrs)
+    ins = local_types([v.type for v in node.inputs], strategy.in_specs, mesh_shape)
     outs = local_types([o.type for o in node.outputs], strategy.out_specs, mesh_shape)
-    if name in ("reshape", "broadcast_to"):
-        attrs["shape"] = outs[0].shape
-    elif name == "slice":
-        ins = local_types([v.type for v in node.inputs], strategy.in_specs, mesh_shape)
-        attrs["stops"] = tuple(
-            ins[0].shape[d] if (a, b, s) == (0, n, 1) else b
-            for d, (a, b, s, n) in enumerate(
-                zip(attrs["starts"], attrs["stops"], attrs["steps"], node.inputs[0].type.shape)
-            )
-        )
-    elif name == "split":
-        bounds = np.cumsum([o.shape[attrs["axis"]] for o in outs])[:-1]
-        attrs["indices"] = tuple(int(b) for b in bounds)
-    elif name == "constant":
-        attrs["value"] = shard(attrs["value"], strategy.out_specs[0], mesh_shape, coord)
-    elif "local_attrs" in node.op.extra:  # an op that computes its piece from where it lies (philox)
-        attrs = node.op.extra["local_attrs"](attrs, strategy.out_specs[0], mesh_shape, coord)
-    return attrs
+    return local.fn(node, ins, outs, strategy.out_specs, mesh_shape, coord)
 
 
-def _owned_rows(size: int, spec, dim: int, mesh_shape, coord) -> np.ndarray | None:
-    """Global row -> local row (or -1) along ``dim`` of a tensor with ``spec``; None if not split."""
+def owned_rows(size: int, spec, dim: int, mesh_shape, coord) -> np.ndarray | None:
+    """Global row -> local row (or -1) along ``dim`` of a tensor with ``spec`` on the device at
+    ``coord``: the table a masked lookup maps its indices through (passes/lower.py); None if
+    ``dim`` is not split."""
     for p, n, r in zip(spec, mesh_shape, coord):
         if p.is_split and p.dim == dim:
             rows = piece_index(size, n, r, p.blocks)
@@ -64,10 +54,9 @@ def run_local(
 ) -> list[np.ndarray]:
     """The node's local results on the device at ``coord`` from its local operands."""
     attrs = local_attrs(node, strategy, mesh_shape, coord)
-    name = node.op.name
-    if name in ("gather", "scatter_add"):
+    if node.op.has(IndexedLookup):
         return _run_indexing_local(node, strategy, mesh_shape, coord, arrays, attrs)
-    if node.op.name == "fused":
+    if node.op.has(Fused):
         return _run_region_local(node.regions[0], arrays)
     if node.regions:  # control flow: replicated, so the operands are whole
         return list(node.op.impl(run_flat, node.regions, *arrays, **attrs))
@@ -79,8 +68,8 @@ def _run_region_local(region, arrays):
     (the region's rule only lets dims split that every inner op keeps whole)."""
     env = dict(zip(region.inputs, arrays))
     for inner in region.nodes:
-        scalar = inner.op.name == "constant" and inner.outputs[0].type.size == 1
-        if inner.op.name in ("reshape", "broadcast_to", "slice", "split", "constant") and not scalar or inner.regions:
+        scalar = inner.op.has(Constant) and inner.outputs[0].type.size == 1
+        if inner.op.has(LocalAttrs) and not scalar or inner.regions:
             raise NotImplementedError(f"local execution of {inner.op.name} inside a fused region")
         for o, a in zip(inner.outputs, inner.op.evaluate(*[env[v] for v in inner.inputs], **inner.attrs)):
             env[o] = a
@@ -95,7 +84,8 @@ def _run_indexing_local(node, strategy, mesh_shape, coord, arrays, attrs):
     rule = get_rule(node)
     axis = attrs["axis"]
     assert rule is not None  # a masked split comes from the op's rule
-    k = len(node.inputs) - (2 if node.op.name == "scatter_add" else 1)
+    lookup = node.op.trait(IndexedLookup)
+    k = lookup.index_count(len(node.inputs))
     x_type = node.inputs[0].type
     idx = list(arrays[1 : 1 + k])
     owned = None
@@ -103,7 +93,7 @@ def _run_indexing_local(node, strategy, mesh_shape, coord, arrays, attrs):
         if rule.inputs[0][axis + j] not in rule.masked:
             continue
         size = x_type.shape[axis + j]
-        table = _owned_rows(size, strategy.in_specs[0], axis + j, mesh_shape, coord)
+        table = owned_rows(size, strategy.in_specs[0], axis + j, mesh_shape, coord)
         if table is None:
             continue
         glob = np.where(idx[j] < 0, idx[j] + size, idx[j])
@@ -117,10 +107,11 @@ def _run_indexing_local(node, strategy, mesh_shape, coord, arrays, attrs):
     if owned is None:
         return list(node.op.evaluate(*arrays, **attrs))
     owned = np.broadcast_to(owned, np.broadcast_shapes(*(i.shape for i in idx)))
-    nd = node.outputs[0].ndim if node.op.name == "gather" else arrays[-1].ndim
+    gather = lookup.trailing == 0
+    nd = node.outputs[0].ndim if gather else arrays[-1].ndim
     mask = owned.reshape((1,) * axis + owned.shape + (1,) * (nd - axis - owned.ndim))
-    if node.op.name == "gather":
+    if gather:
         (out,) = node.op.evaluate(arrays[0], *idx, **attrs)
-        return [np.where(mask, out, np.zeros((), out.dtype))]
+        return [np.where(mask, out, additive_identity(out.dtype))]
     updates = arrays[-1]
-    return list(node.op.evaluate(arrays[0], *idx, np.where(mask, updates, np.zeros((), updates.dtype)), **attrs))
+    return list(node.op.evaluate(arrays[0], *idx, np.where(mask, updates, additive_identity(updates.dtype)), **attrs))

@@ -18,7 +18,11 @@ interrupter is ignored): measured, see docs/solver.md.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -98,8 +102,17 @@ class MilpResult:
     seconds: float
 
 
+# The relative gap at which the solver stops: a plan within 0.01% of the optimum is optimal enough
+# (the cost model is not that exact), and proving the last fraction can take most of the time.
+REL_GAP = 1e-4
+
+
 def solve_milp(
-    m: Milp, backend: str = "highs", time_limit_s: float = 60.0, rel_gap: float = 1e-4, start: np.ndarray | None = None
+    m: Milp,
+    backend: str = "highs",
+    time_limit_s: float = 60.0,
+    rel_gap: float = REL_GAP,
+    start: np.ndarray | None = None,
 ) -> MilpResult:
     """Minimize ``m`` within ``time_limit_s`` seconds; stop at relative gap ``rel_gap``. ``start``
     (a feasible point, if given) seeds the incumbent."""
@@ -117,22 +130,41 @@ def solve_milp(
     return res
 
 
+_BANNER_LOCK = threading.Lock()
+_banner_printed = False  # HiGHS prints its banner at the first construction in a process
+
+
 def _quiet_highs():
-    """A ``highspy.Highs`` that prints nothing: ``Highs()`` writes its banner to stdout before
-    any option can be set, so the output flag goes in between the C++ constructor and the
-    Python wrapper's callbacks."""
+    """A ``highspy.Highs`` that prints nothing. The first ``Highs()`` of a process writes HiGHS's
+    banner to the C library's stdout before any option can be set, so that construction runs
+    with file descriptor 1 pointed at /dev/null (for its few microseconds; Python's own stdout
+    is flushed first); later ones print nothing, and the output flag silences the solves."""
     import highspy
-    from highspy.highs import HighsCallback, cb
 
-    class _Quiet(highspy.Highs):
-        def __init__(self) -> None:  # highspy.Highs.__init__, with the flag set first
-            highspy._core._Highs.__init__(self)
-            self.setOptionValue("output_flag", False)
-            kinds = int(cb.HighsCallbackType.kCallbackMax) + 1
-            self.callbacks = [HighsCallback(cb.HighsCallbackType(k), self) for k in range(kinds)]
-            self.enableCallbacks()
+    global _banner_printed
+    with _BANNER_LOCK:
+        if _banner_printed:
+            h = highspy.Highs()
+        else:
+            with _stdout_fd_silenced():
+                h = highspy.Highs()
+            _banner_printed = True
+    h.setOptionValue("output_flag", False)
+    return h
 
-    return _Quiet()
+
+@contextlib.contextmanager
+def _stdout_fd_silenced():
+    sys.stdout.flush()
+    saved = os.dup(1)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(devnull)
 
 
 def _highs(m: Milp, time_limit_s: float, rel_gap: float, start: np.ndarray | None) -> MilpResult:
@@ -232,4 +264,4 @@ def _ortools(m: Milp, name: str, time_limit_s: float, rel_gap: float) -> MilpRes
     return MilpResult("optimal" if status == pw.OPTIMAL else "time limit", x, objective, min(bound, objective), 0.0)
 
 
-__all__ = ["BACKENDS", "Milp", "MilpResult", "solve_milp"]
+__all__ = ["BACKENDS", "REL_GAP", "Milp", "MilpResult", "solve_milp"]

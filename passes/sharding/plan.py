@@ -29,18 +29,12 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-import numpy as np
-
 from graphc.core.errors import PlanError
 from graphc.core.files import atomic_write, check_record, dump_document, read_document
 from graphc.core.ir import Graph, print_graph
 from graphc.core.mesh import Mesh, MeshError
 from graphc.core.spec import Spec, SpecError, format_spec, parse_spec
 from graphc.core.units import fmt_bytes, fmt_rate, fmt_time
-from graphc.ops.dims import default_cost
-from graphc.passes.sharding.problem import local_nbytes
-from graphc.passes.sharding.redistribute import bucketed_step_time, plan_steps
-from graphc.passes.sharding.zero import zero_report
 
 PLAN_VERSION = 2
 
@@ -66,14 +60,28 @@ def _frozen(d: Mapping | None) -> Mapping:
 
 @dataclass(frozen=True)
 class Alternative:
-    """Another choice for one input, output or node, every other choice held fixed."""
+    """Another choice for one input, output or node, every other choice held fixed (the output a
+    state input is tied to moves with it), priced in the solver's own model
+    (passes/sharding/alternatives.py): what it changes, alternative minus chosen, and why the
+    solver did not take it."""
 
     out_specs: tuple[Spec, ...]
-    delta_s: float  # its compute + redistribution time minus the chosen one's
+    delta_s: float  # the ILP objective: compute + every redistribution (ZeRO gathers, gradient buckets)
     strategy: str | None = None  # nodes
-    compute_s: float = 0.0
-    comm_s: float = 0.0
-    memory_delta_bytes: int | None = None  # inputs: bytes each device holds, minus the chosen spec's
+    compute_delta_s: float = 0.0  # the compute part of delta_s
+    comm_delta_s: float = 0.0  # the redistribution part of delta_s
+    step_delta_s: float | None = None  # the predicted step (the plan's collectives, once each)
+    peak_delta_bytes: int | None = None  # the per-device liveness peak (what a memory limit bounds)
+    ruled_out: str | None = None  # the constraint that rules it out; None: allowed, and not cheaper
+
+
+@dataclass(frozen=True)
+class RuledOut:
+    """A spec of an input that was never a candidate (one mesh axis's placement changed from the
+    chosen spec), and why the planner did not generate it."""
+
+    spec: Spec
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -90,6 +98,7 @@ class TensorChoice:
     # device its split along the ZeRO axes saves (a parameter's: its gradients' too)
     zero: int = 0
     zero_saved_bytes: int = 0
+    ruled_out: tuple[RuledOut, ...] = ()  # inputs: specs never considered, and why
 
 
 @dataclass(frozen=True)
@@ -121,7 +130,7 @@ class Collective:
 
     kind: str
     axes: tuple[str, ...]
-    bytes: int  # of the whole logical tensor
+    bytes: int  # of the whole logical tensor (not what moves: see sent_bytes)
     local_bytes: int  # each device's bytes before the step (after, for all_gather)
     tensor: str
     node: str  # the consumer it serves
@@ -132,6 +141,9 @@ class Collective:
     src: Spec
     dst: Spec
     time_s: float
+    # bytes each device sends, by the algorithm the cost model prices (redistribute.collective_cost);
+    # None in plans written before it
+    sent_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -142,7 +154,13 @@ class Cost:
     ``model_flops`` is the work of one step, every node of the graph counted once as on one device
     (the unsharded work: neither the work replicated devices repeat nor recomputation counts);
     ``peak_flops`` is the profile's matmul rate of one device for ``peak_dtype``, the dtype that
-    carries most of the step's contraction flops. None in plans written before it existed."""
+    carries most of the step's contraction flops. None in plans written before it existed.
+
+    ``comm_s`` is the time of the plan's collectives: each redistribution once, the gradient
+    all-reduces sharing buckets of ``bucket_bytes`` (what they fill). The solver's objective
+    (``SolverStats.objective_s``) prices the same choices differently: ``edge_comm_s`` is its
+    way of counting (every edge of the problem on its own) with the buckets the plan fills, and
+    ``SolverStats.bucket_bytes`` the bucket share it estimated before solving."""
 
     compute_s: float
     comm_s: float
@@ -151,6 +169,8 @@ class Cost:
     peak_dtype: str | None = None
     peak_flops: float | None = None
     mfu: float | None = None
+    bucket_bytes: int = 0
+    edge_comm_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -173,6 +193,11 @@ class Memory:
 
 @dataclass(frozen=True)
 class SolverStats:
+    """How the ILP was solved. ``objective_s`` is the cost it minimized: the compute of every item
+    plus the redistribution of every edge, the deferred gradient all-reduces priced as sharing
+    buckets of ``bucket_bytes`` (an estimate made before solving, from every gradient that might
+    be all-reduced; 0: no buckets)."""
+
     name: str
     status: str
     objective_s: float
@@ -181,6 +206,7 @@ class SolverStats:
     seconds: float
     build_s: float = 0.0
     sizes: Mapping[str, int] = field(default_factory=dict)  # items, groups, variables, constraints, ...
+    bucket_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -264,8 +290,10 @@ class ShardingPlan:
         return _summary(self, top)
 
     def explain(self, name: str) -> str:
-        """Why a tensor (or node) got its spec: its cost against the best alternatives, holding
-        every other choice fixed (compute of its node + the redistributions it causes)."""
+        """Why an input (``%params.w``) or a node (``%12``) got its spec: its best alternatives,
+        every other choice held fixed, each with its difference in the solver's objective, the
+        predicted step and the per-device peak, and the constraint that rules it out (or by how
+        much it is slower); for an input also the specs that were never candidates, and why."""
         return _explain(self, name)
 
     def __repr__(self) -> str:
@@ -279,24 +307,18 @@ def _specs(xs) -> list[str]:
     return [format_spec(s) for s in xs]
 
 
+_ALT_FIELDS = ("strategy", "compute_delta_s", "comm_delta_s", "step_delta_s", "peak_delta_bytes", "ruled_out")
+
+
 def _alt_doc(a: Alternative) -> dict:
-    d: dict[str, Any] = {"out_specs": _specs(a.out_specs), "delta_s": a.delta_s}
-    if a.strategy is not None:
-        d.update(strategy=a.strategy, compute_s=a.compute_s, comm_s=a.comm_s)
-    if a.memory_delta_bytes is not None:
-        d["memory_delta_bytes"] = a.memory_delta_bytes
-    return d
+    return {"out_specs": _specs(a.out_specs), "delta_s": a.delta_s, **{k: getattr(a, k) for k in _ALT_FIELDS}}
 
 
 def _alt_from(d: dict, n_axes: int) -> Alternative:
-    return Alternative(
-        tuple(parse_spec(s, n_axes) for s in d["out_specs"]),
-        d["delta_s"],
-        d.get("strategy"),
-        d.get("compute_s", 0.0),
-        d.get("comm_s", 0.0),
-        d.get("memory_delta_bytes"),
-    )
+    """An alternative from its document; a plan written before the totals (with ``compute_s``,
+    ``comm_s`` and an input's ``memory_delta_bytes``) keeps only its ``delta_s``."""
+    specs = tuple(parse_spec(s, n_axes) for s in d["out_specs"])
+    return Alternative(specs, d["delta_s"], **{k: d[k] for k in _ALT_FIELDS if k in d})
 
 
 def _tensor_doc(x: TensorChoice) -> dict:
@@ -309,6 +331,7 @@ def _tensor_doc(x: TensorChoice) -> dict:
         "alternatives": [_alt_doc(a) for a in x.alternatives],
         "zero": x.zero,
         "zero_saved_bytes": x.zero_saved_bytes,
+        "ruled_out": [{"spec": format_spec(r.spec), "reason": r.reason} for r in x.ruled_out],
     }
 
 
@@ -322,6 +345,7 @@ def _tensor_from(d: dict, n_axes: int) -> TensorChoice:
         tuple(_alt_from(a, n_axes) for a in d.get("alternatives", ())),
         int(d.get("zero", 0)),
         int(d.get("zero_saved_bytes", 0)),
+        tuple(RuledOut(parse_spec(r["spec"], n_axes), r["reason"]) for r in d.get("ruled_out", ())),
     )
 
 
@@ -379,6 +403,7 @@ def _collective_doc(c: Collective) -> dict:
         "from": format_spec(c.src),
         "to": format_spec(c.dst),
         "time_s": c.time_s,
+        "sent_bytes": c.sent_bytes,
     }
 
 
@@ -397,6 +422,7 @@ def _collective_from(d: dict, n_axes: int) -> Collective:
         parse_spec(d["from"], n_axes),
         parse_spec(d["to"], n_axes),
         d["time_s"],
+        d.get("sent_bytes"),
     )
 
 
@@ -427,6 +453,7 @@ def _plan_doc(p: ShardingPlan) -> dict:
             "gap": s.gap,
             "seconds": s.seconds,
             "build_s": s.build_s,
+            "bucket_bytes": s.bucket_bytes,
             **dict(s.sizes),
         },
         "ties": [list(t) for t in p.ties],
@@ -435,7 +462,7 @@ def _plan_doc(p: ShardingPlan) -> dict:
     }
 
 
-_SOLVER_FIELDS = ("name", "status", "objective_s", "bound_s", "gap", "seconds", "build_s")
+_SOLVER_FIELDS = ("name", "status", "objective_s", "bound_s", "gap", "seconds", "build_s", "bucket_bytes")
 
 
 def _plan_from_doc(doc: dict) -> ShardingPlan:
@@ -469,6 +496,7 @@ def _plan_from_doc(doc: dict) -> ShardingPlan:
             s["seconds"],
             s.get("build_s", 0.0),
             {k: v for k, v in s.items() if k not in _SOLVER_FIELDS},
+            s.get("bucket_bytes", 0),
         ),
         options=doc.get("options", {}),
         ties=tuple(tuple(t) for t in doc.get("ties", ())),
@@ -479,6 +507,20 @@ def _plan_from_doc(doc: dict) -> ShardingPlan:
 
 # --- reports ----------------------------------------------------------------------------------------
 
+INPUTS_SHOWN = 40  # the summary lists this many inputs, and says how many more there are
+
+# Printed once at the end of every summary; docs/plans.md ("Reading a plan") says more.
+LEGEND = """\
+legend: a spec has one placement per mesh axis: R replicated, S(d) split along dim d (blocks=b: in b
+  blocks), P partial sums (each device holds a summand; a reduction makes the whole). A strategy names
+  the op's dimension label each axis splits: "m@dp n@tp" splits label m over dp and n over tp (matmul
+  [m,k] @ [k,n] -> [m,n]: splitting k leaves P); e<d>, t<d>, r<d>, b<d>: dim d of an elementwise op, a
+  transpose, a reduction, a batched matmul; "/3": in 3 blocks; "linear0@tp": operand 0 arrives as a
+  partial sum along tp and the op, linear in it, carries it on; replicate: every device does all of it.
+  A fan-out is where a value read by several consumers (or a gradient) is redistributed once.
+  More in docs/plans.md, "Reading a plan".\
+"""
+
 
 def _summary(p: ShardingPlan, top: int) -> str:
     axes = ", ".join(f"{name}={size}" for name, size in zip(p.mesh.axis_names, p.mesh.shape))
@@ -486,7 +528,9 @@ def _summary(p: ShardingPlan, top: int) -> str:
     sizes = s.sizes
     lines = [
         f"plan for @{p.graph_name} on mesh ({axes}): {p.n_nodes} nodes, {len(p.collectives)} collectives",
-        f"predicted step {fmt_time(c.total_s)} = compute {fmt_time(c.compute_s)} + communication {fmt_time(c.comm_s)}",
+        f"predicted step {fmt_time(c.total_s)} = compute {fmt_time(c.compute_s)} + communication {fmt_time(c.comm_s)} "
+        "(the plan's collectives, each redistribution once"
+        + (f"; gradient all-reduces in the buckets they fill, {fmt_bytes(c.bucket_bytes)})" if c.bucket_bytes else ")"),
         *_mfu_lines(p),
         f"memory per device: peak {fmt_bytes(m.peak_bytes[0])}"
         + (f" of {fmt_bytes(m.limit_bytes)}" if m.limit_bytes else " (no limit)")
@@ -496,6 +540,7 @@ def _summary(p: ShardingPlan, top: int) -> str:
         f"solver {s.name}: {s.status}, objective {fmt_time(s.objective_s)}, gap {s.gap:.2%}, "
         f"{s.seconds:.2f} s, {sizes.get('variables', '?')} variables / {sizes.get('constraints', '?')} constraints "
         f"(unshrunk {sizes.get('vars_unshrunk', '?')}; {sizes.get('items', '?')} items -> {sizes.get('groups', '?')} groups)",
+        *_objective_lines(c, s),
     ]
     lines += _collective_lines(p.collectives, top)
     costly = sorted(p.nodes, key=lambda n: -n.compute_s)[:top]
@@ -506,12 +551,65 @@ def _summary(p: ShardingPlan, top: int) -> str:
             f"{', '.join(_specs(n.out_specs)):<15} {n.loc or ''} {n.part or ''}"
         )
     lines += _zero_lines(p, top)
-    specs = [f"{x.name}: {format_spec(x.spec)}" for x in p.inputs]
-    if specs:
-        lines.append("inputs: " + "; ".join(specs[:top]) + (" ..." if len(specs) > top else ""))
+    lines += _input_lines(p.inputs)
     for w in p.warnings[:top]:
         lines.append(f"warning: {w}")
+    if len(p.warnings) > top:
+        lines.append(f'... and {len(p.warnings) - top} more warnings (the plan JSON\'s "warnings")')
+    lines.append(LEGEND)
     return "\n".join(lines)
+
+
+def _objective_lines(c: Cost, s: SolverStats) -> list[str]:
+    """What the solver's objective contains, and why the predicted step differs from it."""
+    obj_comm = s.objective_s - c.compute_s
+    counted = (
+        f"  the objective is what the ILP minimized: compute {fmt_time(c.compute_s)} + redistribution "
+        f"{fmt_time(obj_comm)}, every edge of the problem priced on its own"
+        + (
+            f", gradient all-reduces in buckets of {fmt_bytes(s.bucket_bytes)} (its estimate before solving)"
+            if s.bucket_bytes
+            else ""
+        )
+    )
+    diff = c.total_s - s.objective_s
+    tiny = 1e-12 + 1e-9 * abs(c.total_s)
+    if abs(diff) <= tiny:
+        return [counted + "; the predicted step equals it"]
+    if c.edge_comm_s is None:  # a plan written before the split was recorded
+        return [counted + f"; the predicted step prices the plan's collectives: {_signed_time(diff)}"]
+    why = []
+    buckets = c.edge_comm_s - obj_comm
+    if abs(buckets) > tiny:
+        why.append(
+            f"{_signed_time(buckets)} from pricing the gradient all-reduces in the buckets the plan fills "
+            f"({fmt_bytes(c.bucket_bytes)})"
+        )
+    once = c.comm_s - c.edge_comm_s
+    if abs(once) > tiny:
+        why.append(f"{_signed_time(once)} from counting each redistribution once (edges that share one)")
+    return [counted, f"  the predicted step is {_signed_time(diff)} off it: " + "; ".join(why)]
+
+
+def _input_lines(inputs: tuple[TensorChoice, ...]) -> list[str]:
+    """One line per input (the first ``INPUTS_SHOWN``): name, type, spec, ZeRO stage, pin."""
+    if not inputs:
+        return []
+    shown = inputs[:INPUTS_SHOWN]
+    width = max(len(x.name) for x in shown)
+    lines = [f"inputs ({len(inputs)}), the spec each device is given:"]
+    for x in shown:
+        lines.append(
+            f"  {x.name:<{width}}  {x.type:<20} {format_spec(x.spec):<14}"
+            + (f" ZeRO stage {x.zero}" if x.zero else "")
+            + (" pinned" if x.pinned else "")
+        )
+    if len(inputs) > len(shown):
+        lines.append(
+            f'  ... the first {len(shown)} of {len(inputs)} inputs (all in the plan JSON\'s "inputs"; '
+            "--explain NAME / plan.explain(name) for one)"
+        )
+    return lines
 
 
 def _zero_lines(p: ShardingPlan, top: int) -> list[str]:
@@ -571,12 +669,20 @@ def _collective_lines(collectives: tuple[Collective, ...], top: int) -> list[str
         by_kind.setdefault(x.kind, []).append(x)
     lines = [
         "collectives: "
-        + ", ".join(f"{k} x{len(v)} ({fmt_time(sum(x.time_s for x in v))})" for k, v in sorted(by_kind.items()))
+        + ", ".join(f"{k} x{len(v)} ({fmt_time(sum(x.time_s for x in v))})" for k, v in sorted(by_kind.items())),
+        "  (tensor size: the whole logical tensor; sent/device: the bytes each device sends, by the algorithm "
+        "the cost model prices)",
     ]
-    lines.append(f"  {'kind':<15}{'axes':<8}{'tensor':>12}  {'bytes':>11}  {'time':>10}  {'part':<9} where")
-    for x in coll[:top]:
+    shown = coll[:top]
+    width = max(12, *(len(x.tensor) for x in shown))
+    lines.append(
+        f"  {'kind':<15}{'axes':<8}{'tensor':<{width}}  {'tensor size':>11}  {'sent/device':>11}  {'time':>10}  "
+        f"{'part':<9} where"
+    )
+    for x in shown:
+        sent = "?" if x.sent_bytes is None else fmt_bytes(x.sent_bytes)
         lines.append(
-            f"  {x.kind:<15}{','.join(x.axes):<8}{x.tensor:>12}  {fmt_bytes(x.bytes):>11}  "
+            f"  {x.kind:<15}{','.join(x.axes):<8}{x.tensor:<{width}}  {fmt_bytes(x.bytes):>11}  {sent:>11}  "
             f"{fmt_time(x.time_s):>10}  {x.part or '-':<9} {x.op} {x.loc or ''} "
             f"{format_spec(x.src)} -> {format_spec(x.dst)}"
         )
@@ -590,8 +696,18 @@ def _explain(p: ShardingPlan, name: str) -> str:
             return _explain_input(p, x)
     for n in p.nodes:
         if n.name == key:
-            return _explain_node(n)
+            return _explain_node(p, n)
     raise PlanError(f"plan has no tensor or node named {key}")
+
+
+def _chosen_line(p: ShardingPlan) -> str:
+    m = p.memory
+    return (
+        f"  chosen: objective {fmt_time(p.solver.objective_s)}, predicted step {fmt_time(p.cost.total_s)}, "
+        f"peak {fmt_bytes(m.peak_bytes[0])} per device"
+        + (f" (limit {fmt_bytes(m.limit_bytes)})" if m.limit_bytes else " (no limit)")
+        + "\n  each alternative changes this one choice, every other held fixed (differences: alternative minus chosen)"
+    )
 
 
 def _explain_input(p: ShardingPlan, x: TensorChoice) -> str:
@@ -600,27 +716,32 @@ def _explain_input(p: ShardingPlan, x: TensorChoice) -> str:
         f"input {x.name} {x.type}: spec {format_spec(x.spec)}"
         + (" (pinned)" if x.pinned else "")
         + (f", ZeRO stage {x.zero} (saves {fmt_bytes(x.zero_saved_bytes)} per device)" if x.zero else "")
-        + "; against the best other specs, every other choice held fixed"
-        + (" (a tied state input: its output keeps this spec too)" if tied else "")
-        + ":"
+        + (
+            "; tied to its output (the state returned updated: both take one spec, and change together below)"
+            if tied
+            else ""
+        ),
+        _chosen_line(p),
     ]
     for a in x.alternatives:
-        mem = a.memory_delta_bytes or 0
-        lines.append(
-            f"  instead {', '.join(_specs(a.out_specs)):<22} redistribution to its consumers would cost "
-            f"{'+' if a.delta_s >= 0 else ''}{fmt_time(a.delta_s)}, memory per device "
-            f"{'+' if mem >= 0 else '-'}{fmt_bytes(abs(mem))}"
-        )
-    if len(lines) == 1:
-        lines.append("  no alternative spec on this mesh")
+        lines.append(f"  instead {', '.join(_specs(a.out_specs)):<22} {_describe(a)}")
+    if not x.alternatives:
+        lines.append("  no alternative spec on this mesh" + (" (pinned)" if x.pinned else ""))
+    by_reason: dict[str, list[str]] = {}
+    for r in x.ruled_out:
+        by_reason.setdefault(r.reason, []).append(format_spec(r.spec))
+    if by_reason:
+        lines.append("  never candidates (the chosen spec with one mesh axis changed):")
+        lines += [f"    {', '.join(specs)}: {reason}" for reason, specs in by_reason.items()]
     return "\n".join(lines)
 
 
-def _explain_node(n: NodeChoice) -> str:
+def _explain_node(p: ShardingPlan, n: NodeChoice) -> str:
     lines = [
         f"{n.name} = {n.op} at {n.loc or '?'} ({n.part or 'untagged'}): strategy {n.strategy}, "
         f"out {', '.join(_specs(n.out_specs))}, in {', '.join(_specs(n.in_specs))}, compute {fmt_time(n.compute_s)}"
-        + (" (pinned)" if n.pinned else "")
+        + (" (pinned)" if n.pinned else ""),
+        _chosen_line(p),
     ]
     if n.recompute:
         lines.append(
@@ -630,240 +751,36 @@ def _explain_node(n: NodeChoice) -> str:
     if n.warning:
         lines.append(f"  warning: {n.warning}")
     if not n.alternatives:
-        lines.append("  no alternative strategy (only one is valid on this mesh)")
-    for a in n.alternatives:
         lines.append(
-            f"  instead {a.strategy:<22} out {', '.join(_specs(a.out_specs)):<18} would cost "
-            f"{'+' if a.delta_s >= 0 else ''}{fmt_time(a.delta_s)} "
-            f"(compute {fmt_time(a.compute_s)}, redistribution {fmt_time(a.comm_s)})"
+            "  no alternative strategy: "
+            + ("it is pinned" if n.pinned else "only one is valid on this mesh (the legend of the summary says why)")
         )
+    for a in n.alternatives:
+        lines.append(f"  instead {a.strategy or '?':<22} out {', '.join(_specs(a.out_specs)):<18} {_describe(a)}")
     return "\n".join(lines)
 
 
-# --- building a plan from a solved problem ----------------------------------------------------------
+def _describe(a: Alternative) -> str:
+    """An alternative's differences and verdict, on one line."""
+    parts = [
+        f"objective {_signed_time(a.delta_s)} (compute {_signed_time(a.compute_delta_s)}, "
+        f"redistribution {_signed_time(a.comm_delta_s)})"
+    ]
+    if a.step_delta_s is not None and abs(a.step_delta_s - a.delta_s) > 1e-12 + 1e-9 * abs(a.delta_s):
+        parts.append(f"predicted step {_signed_time(a.step_delta_s)}")
+    if a.peak_delta_bytes is not None:
+        parts.append(f"peak per device {'+' if a.peak_delta_bytes >= 0 else '-'}{fmt_bytes(abs(a.peak_delta_bytes))}")
+    if a.ruled_out is not None:
+        verdict = a.ruled_out
+    elif a.delta_s > 0:
+        verdict = f"allowed, slower by {fmt_time(a.delta_s)}"
+    else:
+        verdict = "allowed, and as fast: the solver took either"
+    return ", ".join(parts) + ": " + verdict
 
 
-def plan_from_solution(problem, sol, memory_limit: int | None, build_s: float, options: Mapping) -> ShardingPlan:
-    """The ShardingPlan of ``sol`` (a strategy per item of ``problem``, passes/sharding/problem.py)."""
-    graph = problem.graph
-    names = graph.value_names()
-    choice = sol.choice
-    alternatives = _alternatives(problem, choice)
-    zero = zero_report(problem, choice)
-    recomputed = set(problem.recomputed(choice))
-    inputs, outputs, nodes = [], [], []
-    for i, it in enumerate(problem.items):
-        st = it.strategies[choice[i]]
-        alts = tuple(alternatives.get(i, ()))
-        if it.kind == "input":
-            inputs.append(
-                TensorChoice(
-                    it.index,
-                    f"%{names[it.value]}",
-                    str(it.value.type),
-                    st.out_specs[0],
-                    bool(it.pinned),
-                    alts,
-                    *zero.get(it.index, (0, 0)),
-                )
-            )
-        elif it.kind == "output":
-            outputs.append(
-                TensorChoice(it.index, f"%{names[it.value]}", str(it.value.type), st.in_specs[0], bool(it.pinned), alts)
-            )
-        elif it.kind == "node":
-            n = it.node
-            nodes.append(
-                NodeChoice(
-                    it.index,
-                    f"%{names[n.outputs[0]]}" if n.outputs else f"node{it.index}",
-                    n.op.name,
-                    str(n.loc) if n.loc else None,
-                    n.part,
-                    tuple(str(o.type) for o in n.outputs),
-                    st.name,
-                    tuple(st.in_specs),
-                    tuple(st.out_specs),
-                    st.compute_s,
-                    bool(it.pinned),
-                    it.warning,
-                    alts,
-                    i in recomputed,
-                    sum(problem.value_bytes(o, i, choice[i]) for o in n.outputs) if i in recomputed else 0,
-                )
-            )
-    ev = problem.evaluate(choice)
-    collectives = collectives_of(problem, choice)
-    comm = sum(c.time_s for c in collectives)
-    peak, at = problem.peak_memory(choice)
-    at_item = problem.items[problem.order[at]] if problem.order else None
-    solver = SolverStats(
-        options.get("solver", "highs"),
-        sol.status,
-        sol.objective,
-        sol.bound,
-        sol.gap,
-        sol.seconds,
-        build_s,
-        dict(sol.stats),
-    )
-    return ShardingPlan(
-        graph_name=graph.name,
-        graph_hash=graph_hash(graph),
-        n_nodes=len(graph.nodes),
-        mesh=problem.mesh,
-        inputs=tuple(inputs),
-        outputs=tuple(outputs),
-        nodes=tuple(nodes),
-        collectives=tuple(collectives),
-        cost=_cost(graph, problem.mesh, ev["compute_s"], comm),
-        memory=Memory(
-            memory_limit,
-            (peak,) * problem.mesh.size,
-            _item_name(at_item, names) if at_item else None,
-            (problem.held_peak(choice),) * problem.mesh.size,
-            int(problem.memory_profile(choice, recompute=False).max()) - peak if recomputed else 0,
-        ),
-        solver=solver,
-        options=dict(options),
-        ties=tuple((problem.items[a].index, problem.items[b].index) for a, b in problem.ties),
-        warnings=tuple(_dedupe(problem.warnings)),
-    )
-
-
-def _cost(graph: Graph, mesh: Mesh, compute_s: float, comm_s: float) -> Cost:
-    """The Cost of a step, with its MFU (the definition is ``Cost``'s)."""
-    total_s = compute_s + comm_s
-    flops, contraction = step_flops(graph)
-    by_dtype = contraction or flops
-    if not by_dtype or total_s <= 0:
-        return Cost(compute_s, comm_s, total_s)
-    dtype = max(by_dtype, key=lambda k: by_dtype[k])
-    model_flops = sum(flops.values())
-    peak = mesh.profile.matmul_rate(dtype)
-    return Cost(compute_s, comm_s, total_s, model_flops, dtype, peak, model_flops / (total_s * mesh.size * peak))
-
-
-def step_flops(graph: Graph) -> tuple[dict[str, float], dict[str, float]]:
-    """(flops of all nodes, flops of the contractions) of one step of ``graph``, by the dtype of
-    each node's first operand (result when it has none), every node counted once."""
-    flops: dict[str, float] = {}
-    contraction: dict[str, float] = {}
-    for node in graph.nodes:
-        in_types = tuple(v.type for v in node.inputs)
-        out_types = tuple(o.type for o in node.outputs)
-        attrs = {**node.attrs, "regions": node.regions} if node.regions else dict(node.attrs)
-        f = (node.op.cost or default_cost)(in_types, out_types, **attrs)[0]
-        if not (in_types or out_types) or not f:
-            continue
-        dtype = (in_types or out_types)[0].dtype.name
-        flops[dtype] = flops.get(dtype, 0.0) + f
-        if node.op.kind == "contraction":
-            contraction[dtype] = contraction.get(dtype, 0.0) + f
-    return flops, contraction
-
-
-def collectives_of(problem, choice: list[int]) -> list[Collective]:
-    """The redistributions the plan needs, in program order. A tensor that several consumers need
-    in the same spec is redistributed once, and once more for the later parts' readers of a
-    forward value (``read_phase``), and a ZeRO-3 parameter once per reader (``regathered``; the
-    ILP's objective counts every edge, so it is an upper bound of the plan's communication
-    time)."""
-    names = problem.graph.value_names()
-    out = []
-    done: set = set()
-    reader: dict[int, int] = {}
-    for e in problem.edges:
-        if problem.items[e.src].kind == "fanout":
-            reader.setdefault(e.src, e.dst)
-    regathered = set(problem.gathers)  # a ZeRO-3 parameter is gathered for each reader (zero.py)
-    for e in problem.edges:
-        src = problem.items[e.src].strategies[choice[e.src]].out_specs[e.src_out]
-        dst = problem.items[e.dst].strategies[choice[e.dst]].in_specs[e.dst_in]
-        again = (e.src, e.dst) in regathered and any(src[a].is_split for a in problem.zero_axes)
-        if src == dst or ((id(e.value), dst, e.phase) in done and not again):
-            continue
-        done.add((id(e.value), dst, e.phase))
-        t = e.value.type
-        consumer = problem.items[reader.get(e.dst, e.dst)]  # a fan-out reports its first reader
-        is_node = consumer.kind == "node"
-        node_name = (
-            f"%{names[consumer.node.outputs[0]]}" if is_node and consumer.node.outputs else f"output {consumer.index}"
-        )
-        part = consumer.node.part if is_node else None
-        producer = problem.items[e.src]
-        if producer.kind == "fanout":
-            producer = problem.items[producer.index]
-        if part is None and producer.kind == "node":
-            part = producer.node.part
-        for st in plan_steps(t.shape, t.dtype.itemsize, src, dst, problem.mesh):
-            out.append(
-                Collective(
-                    st.kind,
-                    (problem.mesh.axis_names[st.axis],),
-                    t.nbytes,
-                    st.local_bytes,
-                    f"%{names[e.value]}",
-                    node_name,
-                    consumer.index if is_node else None,
-                    consumer.node.op.name if is_node else "output",
-                    str(consumer.node.loc) if is_node and consumer.node.loc else None,
-                    part,
-                    st.src,
-                    st.dst,
-                    bucketed_step_time(st, problem.mesh, problem.bucket_share_bytes) if e.deferred else st.time_s,
-                )
-            )
-    return out
-
-
-def _dedupe(warnings: list[str]) -> list[str]:
-    counts: dict[str, int] = {}
-    for w in warnings:
-        counts[w] = counts.get(w, 0) + 1
-    return [w if n == 1 else f"{w} (x{n})" for w, n in counts.items()]
-
-
-def _item_name(item, names) -> str:
-    if item.kind == "node":
-        node = item.node
-        return f"%{names[node.outputs[0]]} ({node.op.name} at {node.loc or '?'})" if node.outputs else node.op.name
-    return f"{item.kind} %{names[item.value]}"
-
-
-def _alternatives(problem, choice, top: int = 3) -> dict[int, list[Alternative]]:
-    """For every item (input, node, output): its best alternatives with everything else fixed:
-    its compute, the redistributions on its edges and, for inputs, the bytes each device holds."""
-    incident: dict[int, list] = {}
-    for e in problem.edges:
-        incident.setdefault(e.src, []).append(e)
-        incident.setdefault(e.dst, []).append(e)
-    out = {}
-    for i, it in enumerate(problem.items):
-        if len(it.strategies) < 2:
-            continue
-        comm = np.zeros(len(it.strategies))  # every strategy of item i, the others as chosen
-        for e in incident.get(i, []):
-            comm += problem.edge_times_at(e, i, choice)
-        compute = problem.compute_times(i)
-        delta = (compute + comm) - (compute[choice[i]] + comm[choice[i]])
-        delta[choice[i]] = np.inf
-        chosen = it.strategies[choice[i]]
-        if i in problem.remat:  # the other specs; keeping or recomputing is reported apart
-            delta[[st.recompute != chosen.recompute for st in it.strategies]] = np.inf
-        best = [s for s in np.argsort(delta, kind="stable")[:top] if np.isfinite(delta[s])]
-        alts = []
-        for s in best:
-            st = it.strategies[s]
-            mem = None
-            if it.kind == "input":
-                mesh_shape = tuple(problem.mesh.shape)
-                mem = local_nbytes(it.value.type, st.out_specs[0], mesh_shape) - local_nbytes(
-                    it.value.type, chosen.out_specs[0], mesh_shape
-                )
-            alts.append(Alternative(tuple(st.out_specs), float(delta[s]), st.name, st.compute_s, float(comm[s]), mem))
-        out[i] = alts
-    return out
+def _signed_time(seconds: float) -> str:
+    return ("+" if seconds >= 0 else "-") + fmt_time(abs(seconds))
 
 
 __all__ = [
@@ -874,10 +791,9 @@ __all__ = [
     "Memory",
     "NodeChoice",
     "ShardingPlan",
+    "RuledOut",
     "SolverStats",
     "TensorChoice",
-    "collectives_of",
+    "check_made_for",
     "graph_hash",
-    "plan_from_solution",
-    "step_flops",
 ]

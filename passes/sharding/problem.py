@@ -42,6 +42,7 @@ from graphc.core.errors import PlanError
 from graphc.core.ir import Graph, Node, TensorType, Value
 from graphc.core.mesh import Mesh
 from graphc.core.spec import P, R, SpecError, format_spec, local_shape, parse_spec
+from graphc.core.traits import Constant, IndexedLookup, ShardingConstraint, ViewOf
 from graphc.ops.dims import DimRule
 from graphc.passes.bucket import DEFAULT_BUCKET_BYTES
 from graphc.passes.sharding.fusion import fused_values, saved_bytes
@@ -121,8 +122,16 @@ class Problem:
     def rebucket(self, choice: list[int]) -> None:
         """Share the fixed cost over the bytes the deferred all-reduces of ``choice`` really move
         (the estimate ``build_problem`` starts from counts every tensor that might)."""
+        filled = self.filled_bucket_bytes(choice)
+        if filled:
+            self.bucket_share_bytes = filled
+            self._matrix_cache.clear()  # the times change; which specs an edge joins does not
+
+    def filled_bucket_bytes(self, choice: list[int]) -> int:
+        """The bucket share of the deferred all-reduces ``choice`` makes: the bytes they move, at
+        most the bucket size (0 without buckets, or when ``choice`` all-reduces nothing)."""
         if not self.bucket_share_bytes:
-            return
+            return 0
         moved: dict[tuple, int] = {}
         for e in self.edges:
             if not e.deferred:
@@ -134,9 +143,7 @@ class Problem:
                 if st.kind == "all_reduce":
                     moved[(e.value, dst, st.axis)] = st.local_bytes
         total = sum(moved.values())
-        if total:
-            self.bucket_share_bytes = max(1, min(self.bucket_limit, total))
-            self._matrix_cache.clear()  # the times change; which specs an edge joins does not
+        return max(1, min(self.bucket_limit, total)) if total else 0
 
     def compute_times(self, item: int) -> np.ndarray:
         """The compute time of every strategy of ``item`` (cached per strategy list: repeated
@@ -242,10 +249,14 @@ class Problem:
         return out
 
     def value_bytes(self, v: Value, item: int, s: int) -> int:
+        return local_nbytes(v.type, self.value_spec(v, item, s), tuple(self.mesh.shape))
+
+    def value_spec(self, v: Value, item: int, s: int) -> tuple:
+        """The spec ``v`` is held in when ``item`` (its producer, fan-out or output item) has
+        strategy ``s``."""
         it = self.items[item]
         st = it.strategies[s]
-        spec = st.in_specs[0] if it.kind == "output" else st.out_specs[v.index if it.kind == "node" else 0]
-        return local_nbytes(v.type, spec, tuple(self.mesh.shape))
+        return st.in_specs[0] if it.kind == "output" else st.out_specs[v.index if it.kind == "node" else 0]
 
     def transient_terms(self) -> list[tuple[int, int, np.ndarray]]:
         """(state input item, program position, bytes per strategy of the input) of every gathered
@@ -384,43 +395,24 @@ def local_nbytes(t: TensorType, spec, mesh_shape: tuple[int, ...]) -> int:
     return t.dtype.itemsize * math.prod(local_shape(t.shape, spec, mesh_shape))
 
 
-# Ops whose numpy implementation returns a view of its operand (runtime/executor.py runs them
-# as numpy calls): no new memory. A reshape of a strided view (a transpose, a broadcast, a slice
-# of an inner dim) copies, as numpy does.
-VIEW_OPS = ("reshape", "transpose", "broadcast_to", "slice")
-
-
 def view_roots(graph: Graph) -> dict[Value, Value]:
     """{value: the value whose buffer it looks into} for the results of ``graph``'s top-level
-    nodes that numpy makes as views (``VIEW_OPS``)."""
+    nodes whose op returns a view of an operand (the ViewOf trait, which the executor reads too):
+    no new memory. A reshape of a strided view copies, as numpy's does."""
     roots: dict[Value, Value] = {}
     strided: set[Value] = set()  # views that are not C-contiguous
     for node in graph.nodes:
-        name = node.op.name
-        if name not in VIEW_OPS or node.regions or len(node.outputs) != 1 or not node.inputs:
+        view = node.op.trait(ViewOf)
+        if view is None or node.regions or not node.inputs:
             continue
-        x, out = node.inputs[0], node.outputs[0]
-        if name == "reshape" and x in strided:
+        x = node.inputs[view.operand]
+        if view.copies_strided and x in strided:
             continue  # numpy copies
-        roots[out] = roots.get(x, x)
-        if _strided(node) or x in strided:
-            strided.add(out)
+        for out in node.outputs:
+            roots[out] = roots.get(x, x)
+            if x in strided or (view.strided is not None and view.strided(node)):
+                strided.add(out)
     return roots
-
-
-def _strided(node: Node) -> bool:
-    """Whether the view ``node`` makes is not C-contiguous (a reshape always is)."""
-    name, a = node.op.name, node.attrs
-    if name == "transpose":
-        return tuple(a["perm"]) != tuple(sorted(a["perm"]))
-    if name == "broadcast_to":
-        return node.inputs[0].type.size != node.outputs[0].type.size
-    if name == "slice":  # contiguous only when it cuts the first dim it changes, with step 1
-        shape_in, shape_out = node.inputs[0].type.shape, node.outputs[0].type.shape
-        cut = [d for d, (m, n) in enumerate(zip(shape_in, shape_out)) if m != n]
-        outer = all(n == 1 for n in shape_out[: cut[0]]) if cut else True
-        return not cut or len(cut) > 1 or not outer or any(st != 1 for st in a["steps"])
-    return False
 
 
 def distinct_specs(cache: dict, strategies: list[Strategy], side: str, k: int) -> tuple[list[tuple], np.ndarray]:
@@ -537,7 +529,7 @@ def _node_rules(graph: Graph) -> tuple[dict[Node, DimRule | None], dict[Node, st
 def _rule_key(node: Node):
     """What a node's dimension rule depends on (op, operand and result types, attributes), or
     None when that is more (regions, constant operands) or is not hashable."""
-    if node.regions or node.op.extra.get("iota_operands"):
+    if node.regions or node.op.has(IndexedLookup):
         return None
     try:
         key = (
@@ -592,7 +584,7 @@ class _ProblemBuilder:
         """``overhead_s`` for a node the device program runs as an op of its own: not a constant,
         and not an elementwise node whose results all stay inside one fused kernel (it is a part
         of its consumer's op)."""
-        if not self.overhead_s or node.op.name == "constant":
+        if not self.overhead_s or node.op.has(Constant):
             return 0.0
         if node.outputs and all(o in self.in_kernels for o in node.outputs):
             return 0.0
@@ -675,7 +667,7 @@ class _ProblemBuilder:
                 )
                 item.warning = f"{node.op.name} {why}: replicated"
                 self.warnings.append(f"{node.loc or '?'}: {item.warning}")
-            if node.op.name == "sharding":
+            if node.op.has(ShardingConstraint):
                 _pin(item, node.attrs["spec"], f"graphc.shard at {node.loc or '?'}", PlanError, node=True)
             idx = len(self.items)
             self.items.append(item)

@@ -65,6 +65,7 @@ class Step:
     dst: tuple[Placement, ...]  # whole spec after it
     local_bytes: int  # bytes each device holds before the step (after, for all_gather)
     time_s: float
+    sent_bytes: int = 0  # bytes each device sends (collective_cost)
 
     @property
     def is_collective(self) -> bool:
@@ -74,24 +75,39 @@ class Step:
         return f"{self.kind}(axis {self.axis}) {format_spec(self.src)} -> {format_spec(self.dst)}"
 
 
-def step_time(
+def collective_cost(
     kind: str, n: int, nbytes: int, latency: float, bandwidth: float, overhead: float, mem_bandwidth: float
-) -> float:
+) -> tuple[float, int]:
+    """(seconds, bytes each device sends) of one step of ``kind`` over ``n`` devices, ``nbytes``
+    the bytes each device holds before it (after, for all_gather), by the formulas of the module
+    doc: the sent bytes are the bandwidth term of the algorithm the time takes (the ring's
+    ``2 (n-1)/n B`` for an all-reduce, or ``L B`` when recursive doubling is cheaper; ``(n-1)/n B``
+    for reduce_scatter, all_gather and all_to_all; nothing for the local slice and zeroing). The
+    one place both numbers come from: the planner's costs and the plan's per-device traffic."""
     if n <= 1:
-        return 0.0
+        return 0.0, 0
     frac = (n - 1) / n
     rounds = (n - 1).bit_length()  # ceil(log2 n)
     if kind == "all_reduce":
         ring = 2 * (n - 1) * latency + 2 * frac * nbytes / bandwidth
         doubling = rounds * (latency + nbytes / bandwidth)
-        return min(ring, doubling) + overhead
+        if ring <= doubling:
+            return ring + overhead, round(2 * frac * nbytes)
+        return doubling + overhead, rounds * nbytes
     if kind in ("reduce_scatter", "all_gather"):
-        return min(n - 1, rounds) * latency + frac * nbytes / bandwidth + overhead
+        return min(n - 1, rounds) * latency + frac * nbytes / bandwidth + overhead, round(frac * nbytes)
     if kind == "all_to_all":
-        return (n - 1) * latency + frac * nbytes / bandwidth + overhead
+        return (n - 1) * latency + frac * nbytes / bandwidth + overhead, round(frac * nbytes)
     if kind == "slice":
-        return nbytes / mem_bandwidth
-    return 0.0
+        return nbytes / mem_bandwidth, 0
+    return 0.0, 0
+
+
+def step_time(
+    kind: str, n: int, nbytes: int, latency: float, bandwidth: float, overhead: float, mem_bandwidth: float
+) -> float:
+    """The seconds of ``collective_cost``."""
+    return collective_cost(kind, n, nbytes, latency, bandwidth, overhead, mem_bandwidth)[0]
 
 
 def _split_elsewhere(spec, dim: int, axis: int) -> bool:
@@ -198,8 +214,8 @@ class _Steps:
         after = tuple(self.cur)
         b = self.nbytes(after) if kind in ("all_gather", "slice") else self.nbytes(before)
         lat, bw = self.links[axis]
-        t = step_time(kind, self.mesh_shape[axis], b, lat, bw, self.overhead, self.mem_bw)
-        self.steps.append(Step(kind, axis, before, after, b, t))
+        t, sent = collective_cost(kind, self.mesh_shape[axis], b, lat, bw, self.overhead, self.mem_bw)
+        self.steps.append(Step(kind, axis, before, after, b, t, sent))
 
     def reduce_partials(self, dst) -> None:
         """1. Partial sums: reduce_scatter straight into the target split when no other axis splits

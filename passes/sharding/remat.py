@@ -36,10 +36,16 @@ import dataclasses
 from dataclasses import dataclass
 
 from graphc.core.ir import Graph, Value
+from graphc.core.traits import Collective, Constant, DeviceLocal, ShardingConstraint
 from graphc.passes.sharding.problem import Problem, view_roots
 
-# not recomputed: no new memory (views), not pure, or pinned by the user
-_NEVER = ("constant", "sharding")
+
+def _never_recomputed(op) -> bool:
+    """Constants (always in memory), sharding pins (the identity, pinned by the user) and ops
+    that meet other devices or depend on the device's place (not pure to run again)."""
+    return op.has(Constant) or op.has(ShardingConstraint) or op.has(Collective) or op.has(DeviceLocal)
+
+
 MODES = ("auto", "on", "off")
 
 
@@ -116,7 +122,7 @@ class _Uses:
         point: dict[int, int] = {}
         for k in range(len(self.nodes) - 1, -1, -1):
             n = self.nodes[k]
-            if not self.forward(k) or n.regions or n.op.name in _NEVER or n.op.kind == "comm":
+            if not self.forward(k) or n.regions or _never_recomputed(n.op):
                 continue
             if any(o in self.roots or o in self.outputs for o in n.outputs):
                 continue  # a view costs no memory; an output is kept to the end anyway
@@ -141,7 +147,7 @@ class _Uses:
         conflicts: list[int] = []
         for u in n.inputs:
             p = u.producer
-            if p is None or p.op.name == "constant":
+            if p is None or p.op.has(Constant):
                 continue  # a graph input or a constant: always in memory
             if u in self.roots:
                 if self.roots[u].producer is None:

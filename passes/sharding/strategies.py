@@ -22,8 +22,9 @@ import numpy as np
 
 from graphc.core.ir import Graph, TensorType, Value, walk
 from graphc.core.spec import P, Placement, R, S, format_spec, local_shape
+from graphc.core.traits import Constant, Contraction, Fused, IndexedLookup, LinearIn
 from graphc.ops.dims import MAX_BLOCKS, DimRule, default_cost, linear_operands
-from graphc.ops.linalg import parse_equation
+from graphc.ops.linalg import einsum, parse_equation
 from graphc.passes.sharding.roles import RESTRICTED, AxisRoles
 
 
@@ -46,7 +47,7 @@ def _rule_args(node) -> tuple[tuple, tuple, dict]:
     attrs = dict(node.attrs)
     if node.regions:
         attrs["regions"] = node.regions
-    if node.op.extra.get("iota_operands"):
+    if node.op.has(IndexedLookup):
         attrs["iota"] = _iota_operands(node)
     return tuple(v.type for v in node.inputs), tuple(o.type for o in node.outputs), attrs
 
@@ -54,13 +55,13 @@ def _rule_args(node) -> tuple[tuple, tuple, dict]:
 def _iota_operands(node) -> dict[int, int]:
     """{index array j: broadcast dim} for index operands of a gather/scatter_add that are constant
     ``arange`` along one dim (``x[np.arange(n), labels]``)."""
-    n_idx = len(node.inputs) - (2 if node.op.name == "scatter_add" else 1)
-    idx = node.inputs[1 : 1 + n_idx]
+    lookup = node.op.trait(IndexedLookup)
+    idx = node.inputs[1 : 1 + lookup.index_count(len(node.inputs))]
     nb = max(v.type.ndim for v in idx)
     found = {}
     for j, v in enumerate(idx):
         p = v.producer
-        if p is None or p.op.name != "constant" or v.type.size < 2:
+        if p is None or not p.op.has(Constant) or v.type.size < 2:
             continue
         value = p.attrs["value"]
         long = [d for d, n in enumerate(value.shape) if n != 1]
@@ -96,12 +97,12 @@ def full_time(node, profile, saved_bytes: int = 0, devices: int = 1, local: tupl
     in_types, out_types, attrs = _rule_args(node)
     flops, nbytes = (node.op.cost or default_cost)(in_types, out_types, **attrs)
     dtype = (in_types or out_types)[0].dtype if in_types or out_types else np.float32
-    if node.op.kind == "contraction":
+    if node.op.has(Contraction):
         matrices, work = matrix_products(node, *(local or (in_types, out_types)))
         rate = profile.matmul_rate(dtype, work, matrices > 1)
     else:
         peak = profile.matmul_rate(dtype)
-        rate = peak if node.op.kind == "fused" else peak / 8
+        rate = peak if node.op.has(Fused) else peak / 8
     rate *= profile.device_share(devices)
     return max(flops / rate, max(nbytes - saved_bytes, 0) / profile.concurrent_bandwidth(devices))
 
@@ -112,7 +113,7 @@ def matrix_products(node, in_types, out_types) -> tuple[int, float]:
     matrix, broadcasting a 2-D weight); an einsum's products are indexed by the labels its
     operands and result share."""
     out = out_types[0]
-    if node.op.name == "einsum":
+    if node.op is einsum:
         ins, out_labels = parse_equation(node.attrs["equation"], len(in_types))
         sizes = {c: n for spec, t in zip(ins, in_types) for c, n in zip(spec, t.shape)}
         batch = [c for c in out_labels if all(c in spec for spec in ins)]
@@ -231,14 +232,6 @@ def node_strategies(
     return base + _linear_partials(node, base, mesh, arriving) if linear_partials else base
 
 
-# The ops that carry partial sums on a mesh of several axes (on one axis, every linear op does):
-# each P variant multiplies the node's strategies, and these are where a partial value meets
-# another or is rescaled (contractions, gathers and slices of a partial are rarely worth it).
-CARRIES_PARTIALS = frozenset(
-    {"add", "sub", "neg", "mul", "div", "reduce_sum", "transpose", "reshape", "squeeze", "expand_dims", "convert"}
-)
-
-
 def _linear_partials(node, base: list[Strategy], mesh, arriving: tuple[frozenset, ...] | None = None) -> list[Strategy]:
     """Partial sums carried: for each strategy leaving mesh axes unused (R everywhere on them)
     and each operand set the op is linear in (dims.linear_operands), the same strategy with
@@ -250,7 +243,9 @@ def _linear_partials(node, base: list[Strategy], mesh, arriving: tuple[frozenset
     producer may leave it partial on; a variant is made only when one of its P operands can
     arrive so (turning every operand partial by zeroing gains nothing over reducing after)."""
     linear = linear_operands(node)
-    if not linear or node.regions or (mesh.ndim > 1 and node.op.name not in CARRIES_PARTIALS):
+    # on a mesh of several axes each P variant multiplies the node's strategies: only the ops
+    # where a partial value meets another or is rescaled carry them (LinearIn.on_meshes)
+    if not linear or node.regions or (mesh.ndim > 1 and not node.op.trait(LinearIn).on_meshes):
         return []
     names = mesh.axis_names
     seen = {(st.in_specs, st.out_specs) for st in base}
@@ -302,7 +297,7 @@ def _rule_strategies(
     per_axis = [_allowed_choices(node, occ, choices, roles, a) for a in range(len(mesh_shape))]
     full = full_time(node, profile, devices=mesh.size)
     # a contraction's rate depends on the size of the products one device runs (its local shapes)
-    sized = node.op.kind == "contraction" and bool(profile.matmul_table)
+    sized = node.op.has(Contraction) and bool(profile.matmul_table)
     strategies: list[Strategy] = []
     seen: set[tuple[tuple, tuple]] = set()
     for combo in itertools.product(*per_axis):

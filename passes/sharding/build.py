@@ -1,0 +1,184 @@
+"""A solved problem -> its ``ShardingPlan`` (passes/sharding/plan.py): every item's choice and best
+alternatives, the collectives, the predicted cost and memory, the solver's statistics.
+
+The order matters in one place: the alternatives are priced with the gradient-bucket share the
+solver used (passes/sharding/alternatives.py), then the problem is re-bucketed to the bytes the
+plan's all-reduces fill, which prices the plan's collectives and predicted step
+(``Problem.rebucket``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from graphc.core.ir import Graph
+from graphc.core.mesh import Mesh
+from graphc.core.traits import Contraction
+from graphc.ops.dims import default_cost
+from graphc.passes.sharding.alternatives import Solved, find_alternatives, ruled_out_specs
+from graphc.passes.sharding.collectives import collectives_of
+from graphc.passes.sharding.ilp import Solution
+from graphc.passes.sharding.plan import (
+    Cost,
+    Memory,
+    NodeChoice,
+    ShardingPlan,
+    SolverStats,
+    TensorChoice,
+    graph_hash,
+)
+from graphc.passes.sharding.problem import Item, Problem
+from graphc.passes.sharding.zero import zero_report
+
+
+def plan_from_solution(
+    problem: Problem, sol: Solution, memory_limit: int | None, build_s: float, options: Mapping
+) -> ShardingPlan:
+    """The ShardingPlan of ``sol`` (a strategy per item of ``problem``, passes/sharding/problem.py).
+    Leaves ``problem`` re-bucketed to the plan's gradient all-reduces (``Problem.rebucket``)."""
+    graph = problem.graph
+    names = graph.value_names()
+    choice = sol.choice
+    solved_bucket = problem.bucket_share_bytes  # the solver's estimate (0: no buckets)
+    filled = problem.filled_bucket_bytes(choice)
+    solved = Solved(sol.objective, sol.status, sol.gap, memory_limit, sol.shared)
+    alternatives = find_alternatives(problem, choice, solved, filled or problem.bucket_share_bytes)
+    problem.rebucket(choice)  # the plan reports the buckets it really fills
+    zero = zero_report(problem, choice)
+    recomputed = set(problem.recomputed(choice))
+    inputs, outputs, nodes = [], [], []
+    for i, it in enumerate(problem.items):
+        st = it.strategies[choice[i]]
+        alts = alternatives.get(i, ())
+        if it.kind == "input":
+            assert it.value is not None  # an input item holds its value
+            inputs.append(
+                TensorChoice(
+                    it.index,
+                    f"%{names[it.value]}",
+                    str(it.value.type),
+                    st.out_specs[0],
+                    bool(it.pinned),
+                    alts,
+                    *zero.get(it.index, (0, 0)),
+                    ruled_out_specs(problem, i, st.out_specs[0]),
+                )
+            )
+        elif it.kind == "output":
+            assert it.value is not None  # an output item holds its value
+            outputs.append(
+                TensorChoice(it.index, f"%{names[it.value]}", str(it.value.type), st.in_specs[0], bool(it.pinned), alts)
+            )
+        elif it.kind == "node":
+            n = it.node
+            assert n is not None  # a node item holds its node
+            nodes.append(
+                NodeChoice(
+                    it.index,
+                    f"%{names[n.outputs[0]]}" if n.outputs else f"node{it.index}",
+                    n.op.name,
+                    str(n.loc) if n.loc else None,
+                    n.part,
+                    tuple(str(o.type) for o in n.outputs),
+                    st.name,
+                    tuple(st.in_specs),
+                    tuple(st.out_specs),
+                    st.compute_s,
+                    bool(it.pinned),
+                    it.warning,
+                    alts,
+                    i in recomputed,
+                    sum(problem.value_bytes(o, i, choice[i]) for o in n.outputs) if i in recomputed else 0,
+                )
+            )
+    ev = problem.evaluate(choice)  # with the buckets the plan fills
+    collectives = collectives_of(problem, choice)
+    comm = sum(c.time_s for c in collectives)
+    peak, at = problem.peak_memory(choice)
+    at_item = problem.items[problem.order[at]] if problem.order else None
+    solver = SolverStats(
+        options.get("solver", "highs"),
+        sol.status,
+        sol.objective,
+        sol.bound,
+        sol.gap,
+        sol.seconds,
+        build_s,
+        dict(sol.stats),
+        solved_bucket,
+    )
+    return ShardingPlan(
+        graph_name=graph.name,
+        graph_hash=graph_hash(graph),
+        n_nodes=len(graph.nodes),
+        mesh=problem.mesh,
+        inputs=tuple(inputs),
+        outputs=tuple(outputs),
+        nodes=tuple(nodes),
+        collectives=tuple(collectives),
+        cost=_cost(graph, problem.mesh, ev["compute_s"], comm, filled, ev["comm_s"]),
+        memory=Memory(
+            memory_limit,
+            (peak,) * problem.mesh.size,
+            _item_name(at_item, names) if at_item else None,
+            (problem.held_peak(choice),) * problem.mesh.size,
+            int(problem.memory_profile(choice, recompute=False).max()) - peak if recomputed else 0,
+        ),
+        solver=solver,
+        options=dict(options),
+        ties=tuple((problem.items[a].index, problem.items[b].index) for a, b in problem.ties),
+        warnings=tuple(_dedupe(problem.warnings)),
+    )
+
+
+def _cost(graph: Graph, mesh: Mesh, compute_s: float, comm_s: float, bucket_bytes: int, edge_comm_s: float) -> Cost:
+    """The Cost of a step, with its MFU (the definition is ``Cost``'s)."""
+    total_s = compute_s + comm_s
+    flops, contraction = step_flops(graph)
+    by_dtype = contraction or flops
+    if not by_dtype or total_s <= 0:
+        return Cost(compute_s, comm_s, total_s, bucket_bytes=bucket_bytes, edge_comm_s=edge_comm_s)
+    dtype = max(by_dtype, key=lambda k: by_dtype[k])
+    model_flops = sum(flops.values())
+    peak = mesh.profile.matmul_rate(dtype)
+    mfu = model_flops / (total_s * mesh.size * peak)
+    return Cost(compute_s, comm_s, total_s, model_flops, dtype, peak, mfu, bucket_bytes, edge_comm_s)
+
+
+def step_flops(graph: Graph) -> tuple[dict[str, float], dict[str, float]]:
+    """(flops of all nodes, flops of the contractions) of one step of ``graph``, by the dtype of
+    each node's first operand (result when it has none), every node counted once."""
+    flops: dict[str, float] = {}
+    contraction: dict[str, float] = {}
+    for node in graph.nodes:
+        in_types = tuple(v.type for v in node.inputs)
+        out_types = tuple(o.type for o in node.outputs)
+        attrs = {**node.attrs, "regions": node.regions} if node.regions else dict(node.attrs)
+        f = (node.op.cost or default_cost)(in_types, out_types, **attrs)[0]
+        if not (in_types or out_types) or not f:
+            continue
+        dtype = (in_types or out_types)[0].dtype.name
+        flops[dtype] = flops.get(dtype, 0.0) + f
+        if node.op.has(Contraction):
+            contraction[dtype] = contraction.get(dtype, 0.0) + f
+    return flops, contraction
+
+
+def _dedupe(warnings: list[str]) -> list[str]:
+    counts: dict[str, int] = {}
+    for w in warnings:
+        counts[w] = counts.get(w, 0) + 1
+    return [w if n == 1 else f"{w} (x{n})" for w, n in counts.items()]
+
+
+def _item_name(item: Item, names) -> str:
+    if item.kind == "node":
+        node = item.node
+        assert node is not None  # a node item holds its node
+        return f"%{names[node.outputs[0]]} ({node.op.name} at {node.loc or '?'})" if node.outputs else node.op.name
+    if item.kind == "fanout":  # where a value read by several consumers (or a gradient) is redistributed
+        return f"the fan-out of %{names[item.value]} (right after its producer)"
+    return f"{item.kind} %{names[item.value]}"
+
+
+__all__ = ["plan_from_solution", "step_flops"]
