@@ -4,7 +4,7 @@
     python docs/import_graph.py --update   write it into docs/architecture.md
 
 Built with grimp from the source, so the documentation says what the code does;
-tests/test_layering.py fails when docs/architecture.md is out of date.
+tests/project/test_layering.py fails when docs/architecture.md is out of date.
 """
 
 from __future__ import annotations

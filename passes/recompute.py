@@ -12,7 +12,7 @@ fusions:
     saved for the backward: u, tanh(z)
 
 which halves the bytes kept from the forward to the backward and the memory traffic of writing
-and reading them (tests/test_recompute.py; graphc bench runtime, the GPT step's peak memory).
+and reading them (tests/passes/test_recompute.py; graphc bench runtime, the GPT step's peak memory).
 
 A value ``v`` made by a forward node is recomputed for its backward users when
 

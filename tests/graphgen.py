@@ -1,6 +1,6 @@
 """Hypothesis strategies for random graphs built from the op registry.
 
-Every op in the registry has a sampler here (tests/test_registry.py fails otherwise): given the
+Every op in the registry has a sampler here (tests/ops/test_registry.py fails otherwise): given the
 values built so far it draws operands and attributes that the op's rule accepts, creating constant
 operands when the pool has nothing suitable.
 """

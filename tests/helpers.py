@@ -164,7 +164,7 @@ def pipeline_executable(graph, stages: int, m: int, schedule: str, profile, time
 def fuzz_settings(examples: int):
     """Hypothesis settings of a fuzz target (``@pytest.mark.fuzz``): ``examples`` examples in the
     default profile, derandomized so that CI is reproducible (keep every target's share of the
-    about 60 s CI budget: tests/test_fuzz_inputs.py); under ``--hypothesis-profile long``
+    about 60 s CI budget: tests/fuzz/test_fuzz_inputs.py); under ``--hypothesis-profile long``
     (tests/conftest.py) that profile's settings, at least 10,000 examples with random seeds."""
     from hypothesis import HealthCheck, settings
 

@@ -116,7 +116,7 @@ def _is_traced_number(x: Any) -> bool:
     """A Python float (not a numpy scalar: np.float64 is a float too, and is a strong input).
     Python ints stay static: in model code they are sizes, head counts, axes and loop counts,
     which the function needs as Python values (tracing them, as JAX does, broke gpt's ``n_head``
-    and the foreign models' class counts and token lists in tests/foreign_models.py)."""
+    and the foreign models' class counts and token lists in tests/models/foreign_models.py)."""
     return type(x) is float
 
 

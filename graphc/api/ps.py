@@ -26,7 +26,7 @@ The pieces::
   pushes to be applied (it reads its own writes): a server that falls behind holds back the
   workers instead of letting them all compute on the same old parameters. Without this wait the
   server threads, short of the GIL, fell up to ~80 pushes behind, and 4 of 40 async runs of
-  tests/test_ps.py ended at 1.7-3.3x sync's loss; with it, 40 of 40 are within 3% of it.
+  tests/api/test_ps.py ended at 1.7-3.3x sync's loss; with it, 40 of 40 are within 3% of it.
 * **Modes.** ``"ssp"``: the wait above with ``staleness=s``, and each push applied on arrival.
   ``"async"``: the same with ``s`` infinite (no wait). ``"sync"``: ``s = 0``, and the servers apply
   one update per round: the pushes of round ``r`` (batches ``r*N .. r*N + N - 1``) summed in worker
@@ -38,7 +38,7 @@ function) and that one compiled function is shared by all workers. That is safe:
 is thread-local, compiling is done under the function's lock, a run keeps its values in a list of
 its own, and the executor's buffer pool is locked (runtime/executor.py); the workers run inside
 ``one_blas_thread`` (runtime/threads.py) as device threads do, so BLAS and fused kernels stay on
-the worker's thread. tests/test_ps.py checks that concurrent calls give the bits of serial ones.
+the worker's thread. tests/api/test_ps.py checks that concurrent calls give the bits of serial ones.
 
 The threads share one interpreter: numpy (BLAS, the fused kernels) and sleeps release the GIL,
 Python code does not. So the modes differ in what waits for what (a straggler, a slow server),

@@ -4,7 +4,7 @@ A pass, the planner's memory model, the lowering and the runtime never recognise
 name: they ask ``op.has(ViewOf)`` or ``op.trait(Reduction).combine``, as xDSL's passes query op
 traits and tinygrad's query its ``GroupOp`` sets. So the planner's memory model and the executor
 cannot disagree about which results alias their operands: both read ``ViewOf``
-(tests/test_traits.py checks every registered op's traits against what its numpy implementation
+(tests/core/test_traits.py checks every registered op's traits against what its numpy implementation
 really does).
 
 Each trait is a small frozen dataclass; an op holds a tuple of them (``OpDef.traits``). The

@@ -43,7 +43,7 @@ _SQRT_PI = math.sqrt(math.pi)
 
 # Chebyshev coefficients (numpy.polynomial.chebyshev.Chebyshev.interpolate, first kind): erf(x) / x
 # as a function of t = x**2 on [0, 4] (degree 20), and erfc(x) exp(x**2) x sqrt(pi) as a function of
-# u = 2 / x on [0, 2] (degree 28). tests/test_numpy_coverage.py recomputes both from math.erf and
+# u = 2 / x on [0, 2] (degree 28). tests/frontend/test_numpy_coverage.py recomputes both from math.erf and
 # math.erfc.
 SMALL_DOMAIN, LARGE_DOMAIN = (0.0, 4.0), (0.0, 2.0)
 SMALL = (

@@ -1,0 +1,183 @@
+"""Plan files: ``graphc run --plan`` and ``parallelize(plan=...)`` run a plan exactly as written
+(checked against the model and the mesh, never solved again); ``compile`` writes its plan where it
+says, never over a file that is not a plan, and keeps it when an ``--explain`` name is a typo."""
+
+import contextlib
+import io
+import json
+import os
+
+import numpy as np
+import pytest
+
+import graphc
+import graphc.cli.run
+from graphc.cli.main import main
+from graphc.models import mlp
+from tests.helpers import assert_same_pytree
+
+TARGET = ["models/mlp.py:train_step", "--example", "example_train_args"]
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("GRAPHC_PROFILE", str(tmp_path / "no_profile.json"))
+    monkeypatch.chdir(ROOT)
+    return tmp_path
+
+
+def call(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(argv))
+        except SystemExit as exc:
+            code = exc.code
+    return code, out.getvalue(), err.getvalue()
+
+
+def _what_runs(plan) -> tuple:
+    """Everything of a plan the lowering follows: every spec and strategy, every collective."""
+    return (
+        [str(x.spec) for x in plan.inputs],
+        [str(x.spec) for x in plan.outputs],
+        [(n.index, n.strategy, tuple(map(str, n.in_specs)), tuple(map(str, n.out_specs))) for n in plan.nodes],
+        [(c.kind, c.axes, c.tensor, c.node) for c in plan.collectives],
+    )
+
+
+def _tight_memory(args, kwargs) -> tuple[int, graphc.ShardingPlan]:
+    """A per-device memory limit under which the planner chooses another plan on tp=2, and the plan
+    it chooses without one."""
+    static = tuple(kwargs)
+    free = graphc.parallelize(mlp.train_step, mesh="tp=2", static_argnames=static, cache=False).plan(*args, **kwargs)
+    with pytest.raises(graphc.PlanError) as info:
+        graphc.parallelize(mlp.train_step, mesh="tp=2", memory_limit=1024, static_argnames=static, cache=False).plan(
+            *args, **kwargs
+        )
+    smallest = info.value.min_memory_bytes
+    assert smallest is not None and smallest < max(free.memory.peak_bytes)
+    return (smallest + max(free.memory.peak_bytes)) // 2, free
+
+
+def test_run_plan_runs_the_file_exactly_not_a_new_solve(env, monkeypatch):
+    args, kwargs = mlp.example_train_args()
+    limit, free = _tight_memory(args, kwargs)
+    plan_file = env / "tight.json"
+    code, _out, err = call("compile", *TARGET, "--mesh", "tp=2", "--memory", str(limit), "-o", str(plan_file))
+    assert code == 0, err
+    written = graphc.Plan.load(str(plan_file))
+    assert max(written.memory.peak_bytes) <= limit
+    assert _what_runs(written) != _what_runs(free)  # else this test could not tell a re-solve apart
+
+    made = []  # the parallelized function the CLI builds, to ask what it compiled
+
+    def spy(*a, **k):
+        made.append(graphc.parallelize(*a, **k))
+        return made[-1]
+
+    monkeypatch.setattr(graphc.cli.run, "parallelize", spy)
+    code, out, err = call("run", *TARGET, "--plan", str(plan_file), "--repeat", "1")
+    assert code == 0, err
+    assert f"{plan_file} run as written" in out and "equals graphc's interpreter: yes" in out
+    compiled = made[0].compile(*args, **kwargs)
+    assert compiled.plan.timing.get("given") is True  # nothing was solved
+    assert _what_runs(compiled.plan) == _what_runs(written)
+    # the device programs hold the file's collectives, not those of a plan without the limit
+    kinds = sorted(n.op.name for p in compiled.partitioned.lowered.devices[:1] for n in p.graph.nodes)
+    lowered_free = graphc.parallelize(mlp.train_step, mesh="tp=2", static_argnames=tuple(kwargs), cache=False)
+    free_kinds = sorted(
+        n.op.name for p in lowered_free.compile(*args, **kwargs).partitioned.lowered.devices[:1] for n in p.graph.nodes
+    )
+    assert kinds != free_kinds
+    # the memory column is the file's prediction
+    held = written.memory.held
+    assert f"{graphc.core.units.fmt_bytes(held[0]):>9}" in out
+
+
+def test_parallelize_with_a_plan_runs_it_and_checks_mesh_and_graph(env):
+    args, kwargs = mlp.example_train_args()
+    limit, free = _tight_memory(args, kwargs)
+    static = tuple(kwargs)
+    tight = graphc.parallelize(mlp.train_step, mesh="tp=2", memory_limit=limit, static_argnames=static, cache=False)
+    path = str(env / "plan.json")
+    tight.plan(*args, **kwargs).save(path)
+    loaded = graphc.Plan.load(path)
+
+    pf = graphc.parallelize(mlp.train_step, mesh={"tp": 2}, plan=loaded, static_argnames=static)
+    assert _what_runs(pf.plan(*args, **kwargs)) == _what_runs(loaded) != _what_runs(free)
+    assert_same_pytree(pf(*args, **kwargs), mlp.train_step(*args, **kwargs))
+    no_mesh = graphc.parallelize(mlp.train_step, plan=loaded, static_argnames=static)  # the plan's mesh
+    assert no_mesh.mesh.shape == (2,) and _what_runs(no_mesh.plan(*args, **kwargs)) == _what_runs(loaded)
+
+    with pytest.raises(graphc.PlanError, match=r"made for mesh tp=2 \(graph @train_step\), but the mesh is dp=2"):
+        graphc.parallelize(mlp.train_step, mesh="dp=2", plan=loaded)
+    with pytest.raises(graphc.PlanError, match=r"made for mesh tp=2 .* but the mesh is tp=4"):
+        graphc.parallelize(mlp.train_step, mesh="tp=4", plan=loaded)
+    other = graphc.parallelize(mlp.train_step, mesh="tp=2", plan=loaded, static_argnames=static)
+    smaller = (args[0], args[1][:8], args[2][:8])
+    with pytest.raises(graphc.PlanError, match=rf"made for graph @train_step with hash {loaded.graph_hash}, but"):
+        other.compile(*smaller, **kwargs)
+    with pytest.raises(graphc.GraphcError, match="plan must be a ShardingPlan or PipelinePlan"):
+        graphc.parallelize(mlp.train_step, mesh="tp=2", plan=path)
+
+
+def test_run_a_pipeline_plan_as_written(env):
+    plan_file = env / "pipe.json"
+    code, _out, err = call("compile", *TARGET, "--mesh", "pp=2", "--microbatches", "2", "-o", str(plan_file))
+    assert code == 0, err
+    code, out, err = call("run", *TARGET, "--plan", str(plan_file), "--repeat", "1")  # its 2 micro-batches
+    assert code == 0, err
+    assert "2 stages x 2 micro-batches" in out and "equals graphc's interpreter: yes" in out
+    code, _out, err = call("run", *TARGET, "--plan", str(plan_file), "--microbatches", "4")
+    assert code == 2 and "the pipeline plan runs microbatches=2, but microbatches=4 was asked for" in err
+
+
+def test_compile_says_where_the_default_plan_went_and_never_overwrites_other_files(env, monkeypatch):
+    monkeypatch.chdir(env)
+    model = os.path.join(ROOT, "models", "mlp.py")
+    target = [f"{model}:train_step", "--example", "example_train_args", "--mesh", "dp=2", "--quiet"]
+    code, _out, err = call("compile", *target)
+    assert code == 0, err
+    assert f"wrote {env / 'plan.json'} (the default; -o FILE writes elsewhere)" in err
+    assert graphc.Plan.load(str(env / "plan.json")).mesh.shape == (2,)
+    code, _out, err = call("compile", *target)  # a plan may be replaced by a plan
+    assert code == 0, err
+
+    (env / "plan.json").write_text("my notes, not a plan\n")
+    code, _out, err = call("compile", *target)
+    assert code == 2 and "-o plan.json: exists and is not a graphc plan; refusing to overwrite it" in err
+    assert (env / "plan.json").read_text() == "my notes, not a plan\n"
+    code, _out, err = call("compile", *target, "--force")
+    assert code == 0, err
+    assert json.loads((env / "plan.json").read_text())["graph"]["name"] == "train_step"
+    (env / "empty.json").write_text("")  # an empty file (mktemp) holds nothing to lose
+    code, _out, err = call("compile", *target, "-o", "empty.json")
+    assert code == 0, err
+
+
+def test_an_unknown_explain_name_is_reported_and_the_plan_still_written(env):
+    out_file = env / "plan.json"
+    code, out, err = call(
+        "compile", *TARGET, "--mesh", "dp=2", "--explain", "%x", "--explain", "%paramz.layers.0.w", "-o", str(out_file)
+    )
+    assert code == 0, err
+    assert graphc.Plan.load(str(out_file)).graph_name == "train_step"
+    assert "input %x f32[" in out  # the known name is explained
+    warning = next(line for line in err.splitlines() if "%paramz" in line)
+    assert warning.startswith("graphc: warning: --explain %paramz.layers.0.w: the plan has no input or node")
+    assert "names are inputs" in warning and "close: %params.layers.0.w" in warning
+
+
+def test_a_float_that_changes_every_step_plans_once(env):
+    """A learning rate traced as a value: one plan, one plan-cache entry, one compile."""
+    (params, x, labels), _kw = mlp.example_train_args()
+    pf = graphc.parallelize(mlp.train_step, mesh="dp=2")
+    for lr in (0.1, 0.05, 0.025):
+        got = pf(params, x, labels, lr=lr)
+        assert_same_pytree(got, mlp.train_step(params, x, labels, lr=lr))
+    assert len(pf._compiled) == 1
+    assert len(os.listdir(env / "cache" / "plans")) == 1
+    assert np.asarray(got[-1]).dtype == np.float32  # lr stayed weak: the loss is float32 as in numpy

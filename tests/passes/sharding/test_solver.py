@@ -1,0 +1,196 @@
+"""The ILP backends (passes/sharding/milp.py) and bounded planning time: answers equal exhaustive
+search, a time limit returns the best plan so far with its gap, Ctrl-C stops a solve at once and
+leaves no thread behind, and nothing is printed."""
+
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import graphc
+from graphc.models import gpt
+from graphc.passes.sharding.milp import Milp, solve_milp
+from tests.helpers import assert_adam_step_close
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+
+
+def pairwise(n: int, k: int, deg: int, seed: int) -> tuple[Milp, list[np.ndarray], list, list, np.ndarray]:
+    """The shape of a sharding ILP: one-hot choices per group, linearized pair costs; and a
+    feasible point of it (every group's first choice)."""
+    rng = np.random.default_rng(seed)
+    m = Milp()
+    unary = [rng.random(k) for _ in range(n)]
+    xs = []
+    for g in range(n):
+        x = m.add_vars(unary[g], integer=True)
+        m.add_row(x, np.ones(k), 1.0, 1.0)
+        xs.append(x)
+    pairs = []
+    first = [(x[0], 1.0) for x in xs]  # the point's nonzero columns
+    for g in range(n):
+        for h in rng.choice(n, min(n, deg), replace=False):
+            if h <= g:
+                continue
+            c = rng.random((k, k)) * 3
+            y = m.add_vars(c.reshape(-1), integer=False).reshape(k, k)
+            for s in range(k):
+                m.add_row(np.concatenate([y[s], [xs[g][s]]]), np.concatenate([np.ones(k), [-1.0]]), 0.0, 0.0)
+            for t in range(k):
+                m.add_row(np.concatenate([y[:, t], [xs[h][t]]]), np.concatenate([np.ones(k), [-1.0]]), 0.0, 0.0)
+            pairs.append((g, h, c))
+            first.append((y[0, 0], 1.0))
+    start = np.zeros(m.n)
+    for column, value in first:
+        start[column] = value
+    return m, xs, unary, pairs, start
+
+
+def brute_force(n, k, unary, pairs) -> float:
+    best = np.inf
+    for combo in itertools.product(range(k), repeat=n):
+        cost = sum(unary[g][combo[g]] for g in range(n)) + sum(c[combo[g], combo[h]] for g, h, c in pairs)
+        best = min(best, cost)
+    return best
+
+
+@pytest.mark.parametrize("backend", ["highs", "CBC"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_backends_find_the_exhaustive_optimum(backend, seed):
+    m, xs, unary, pairs, _ = pairwise(6, 3, 3, seed)
+    res = solve_milp(m, backend, 30.0, rel_gap=0.0)
+    assert res.status == "optimal" and res.x is not None
+    assert res.objective == pytest.approx(brute_force(6, 3, unary, pairs), rel=1e-7)
+    assert res.bound <= res.objective + 1e-9
+    assert m.violation(res.x) < 1e-6
+
+
+def test_an_empty_program_and_an_unknown_backend():
+    assert solve_milp(Milp(), "highs").status == "optimal"
+    m, *_ = pairwise(2, 2, 1, 0)
+    with pytest.raises(graphc.PlanError, match="unknown ILP solver 'gurobi'"):
+        solve_milp(m, "gurobi")
+
+
+def test_a_time_limit_returns_the_incumbent_and_a_proven_bound():
+    m, _xs, _unary, _pairs, start = pairwise(40, 6, 6, 0)  # HiGHS needs minutes to close this gap
+    assert m.violation(start) < 1e-9
+    t0 = time.perf_counter()
+    res = solve_milp(m, "highs", 0.5, start=start)  # an incumbent from the start, however slow the machine
+    # HiGHS sees its limit (and the cancel at limit + 0.05 s) between simplex passes: about 0.5 s
+    # late here, 2-3 s with both cores busy; not the minutes the solve needs
+    assert time.perf_counter() - t0 < 0.5 + 5.0
+    assert res.status == "time limit"
+    assert res.x is not None and m.violation(res.x) < 1e-6
+    assert res.objective <= float(m.cost @ start) + m.offset + 1e-9  # the incumbent, at least the start
+    assert res.bound < res.objective
+
+
+def test_ctrl_c_cancels_the_solve_and_joins_its_thread(monkeypatch):
+    import highspy
+
+    m, *_ = pairwise(40, 6, 6, 1)  # HiGHS needs minutes for it
+    solving = threading.Event()  # the solver's thread runs and this one waits for it
+    wait = highspy.Highs.wait
+
+    def waiting(self, timeout=-1.0):
+        solving.set()
+        return wait(self, timeout)
+
+    monkeypatch.setattr(highspy.Highs, "wait", waiting)
+    sent = []
+
+    def interrupt_when_solving():
+        if solving.wait(120):
+            sent.append(time.perf_counter())
+            os.kill(os.getpid(), signal.SIGINT)
+
+    before = threading.active_count()
+    interrupter = threading.Thread(target=interrupt_when_solving)
+    interrupter.start()
+    with pytest.raises(KeyboardInterrupt):
+        solve_milp(m, "highs", 60.0)
+    stopped = time.perf_counter()
+    interrupter.join()
+    assert sent, "the solve never started"
+    # HiGHS sees the cancel at its next interrupt callback, between simplex passes: about 0.5 s
+    # here, 2-3 s with both cores busy; without it the solve would run to its 60 s limit
+    assert stopped - sent[0] < 10.0
+    assert threading.active_count() == before
+
+
+def test_highs_prints_nothing(capfd):
+    m, *_ = pairwise(5, 3, 2, 0)
+    solve_milp(m, "highs", 10.0)
+    out, err = capfd.readouterr()
+    assert out == "" and err == ""
+
+
+@pytest.mark.slow
+def test_a_time_limit_that_runs_out_before_the_solver_still_gives_a_correct_plan():
+    (params, opt_state, tokens, targets), kw = gpt.example_train_args(batch=4, seq=8, d=32, n_layer=2)
+    step = graphc.parallelize(
+        gpt.train_step, mesh="dp=2,tp=2", static_argnames=("n_head",), time_limit=1e-3, cache=False
+    )
+    plan = step.plan(params, opt_state, tokens, targets, **kw)
+    assert plan.solver.status == "time limit"  # tracing alone took longer: the local search's plan
+    assert 0.0 < plan.solver.gap <= 1.0 and plan.solver.bound_s <= plan.solver.objective_s
+    got = step(params, opt_state, tokens, targets, **kw)
+    want = gpt.train_step(params, opt_state, tokens, targets, **kw)
+    assert_adam_step_close(got, want, lr=kw["lr"], terms=4 * 32)  # the longest sum: the MLP's 4d products
+
+
+def _compile(tmp_path, *args):
+    env = dict(os.environ, GRAPHC_CACHE_DIR=str(tmp_path / "cache"))
+    return subprocess.Popen(
+        [sys.executable, "-m", "graphc.cli", "compile", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@pytest.mark.slow
+def test_cli_time_limit_writes_the_best_plan_with_its_gap(tmp_path):
+    out = tmp_path / "plan.json"
+    args = ("models/gpt.py:train_step", "--example", "example_train_args", "--mesh", "dp=2,tp=2")
+    proc = _compile(tmp_path, *args, "--time-limit", "0.001", "-o", str(out))
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr
+    assert "stopped at the time limit" in stderr and "gap" in stdout
+    assert graphc.Plan.load(str(out)).solver.status == "time limit"
+    bad = _compile(tmp_path, *args, "--time-limit", "0", "-o", str(out))
+    _out, err = bad.communicate(timeout=120)
+    assert bad.returncode == 2 and "--time-limit must be a positive number" in err and "Traceback" not in err
+
+
+def test_cli_ctrl_c_exits_130_with_one_line_and_no_plan(tmp_path):
+    out = tmp_path / "plan.json"
+    proc = _compile(
+        tmp_path,
+        "models/llama.py:train_step",
+        "--example",
+        "example_train_specs_8b",
+        "--mesh",
+        "dp=8,tp=8",
+        "-o",
+        str(out),
+    )
+    assert proc.stderr is not None
+    line = proc.stderr.readline()  # the first progress line: compiling has begun
+    assert "tracing" in line, line
+    proc.send_signal(signal.SIGINT)
+    t0 = time.perf_counter()
+    _stdout, stderr = proc.communicate(timeout=30)
+    assert time.perf_counter() - t0 < 1.0
+    assert proc.returncode == 130
+    assert stderr.strip() == "graphc: interrupted"
+    assert not out.exists()

@@ -1,0 +1,178 @@
+"""Automatic mesh choice (passes/search.py) and the CLI's --devices / pipeline compile."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import graphc
+from graphc.core.mesh import Link, MachineProfile
+from graphc.models import mlp
+from graphc.passes.partition import optimize_for_planning
+from graphc.passes.search import explain, factorizations, search_meshes
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+PROFILE = MachineProfile.default()
+
+
+def graph_of(fn, args, kw):
+    return optimize_for_planning(graphc.trace(fn, *args, **kw))
+
+
+def test_factorizations():
+    assert factorizations(1) == [{}]
+    f8 = factorizations(8)
+    assert len(f8) == 10 and all((s.get("pp", 1) * s.get("dp", 1) * s.get("tp", 1)) == 8 for s in f8)
+    assert {"pp": 2, "dp": 2, "tp": 2} in f8 and {"dp": 8} in f8
+    with pytest.raises(graphc.GraphcError):
+        factorizations(0)
+
+
+def test_slow_dp_link_flips_the_choice_to_a_pipeline():
+    """Six equal layers on 2 devices: on a fast link data parallelism wins; as the dp link slows,
+    its gradient all-reduce costs more than the pipeline's bubble and the choice flips."""
+    args, kw = mlp.example_train_args(batch=256, sizes=(256,) * 6 + (16,))
+    g = graph_of(mlp.train_step, args, kw)
+    chosen = {}
+    for bw in (6e9, 1e8):
+        cands = search_meshes(g, 2, profile=PROFILE, axes=("pp", "dp"), links={"dp": Link(20e-6, bw)})
+        chosen[bw] = cands[0].axes
+        assert all(c.ok for c in cands)
+    assert chosen[6e9] == {"dp": 2}
+    assert chosen[1e8] == {"pp": 2}
+
+
+def test_memory_limit_only_a_pipeline_meets():
+    """Replicated weights do not fit one device; split into two stages they do."""
+    args, kw = mlp.example_train_args(batch=16, sizes=(512, 512, 512, 8))
+    g = graph_of(mlp.train_step, args, kw)
+    weights = sum(v.type.nbytes for v in g.inputs[:6])
+    cands = search_meshes(g, 2, memory_limit=int(weights * 1.2), profile=PROFILE, axes=("pp", "dp"))
+    best = cands[0]
+    assert best.ok and "pp" in best.axes, [c.describe() for c in cands]
+    dp = [c for c in cands if c.axes == {"dp": 2}]
+    assert dp and not dp[0].ok
+
+
+def test_meshes_whose_axes_have_other_roles_are_all_planned():
+    """dp splits only batch dims and tp anything, so dp=8 and tp=8, or dp=2,tp=4 and dp=4,tp=2,
+    are different problems: the search plans every one (it used to plan one of each pair)."""
+    args, kw = mlp.example_train_args()
+    g = graph_of(mlp.train_step, args, kw)
+    cands = search_meshes(g, 8, profile=PROFILE, axes=("dp", "tp"))
+    planned = sorted(tuple(sorted(c.axes.items())) for c in cands if c.plan is not None)
+    assert planned == [(("dp", 2), ("tp", 4)), (("dp", 4), ("tp", 2)), (("dp", 8),), (("tp", 8),)]
+    assert all(c.ok for c in cands)
+    steps = {tuple(sorted(c.axes.items())): c.step_s for c in cands}
+    assert steps[(("tp", 8),)] != steps[(("dp", 8),)]  # not one problem under two names
+
+
+def test_the_search_says_what_it_considered_and_why_it_skipped_some():
+    args, kw = mlp.example_train_args(batch=12, sizes=(32, 32, 8))
+    g = graph_of(mlp.train_step, args, kw)
+    cands = search_meshes(g, 4, profile=PROFILE, axes=("pp", "dp", "data"))  # dp and data: one role
+    skipped = {(tuple(sorted(c.axes.items())), c.microbatches): c.skipped for c in cands if c.skipped}
+    assert skipped[((("data", 4),), 1)] == "the same planning problem as dp=4"
+    assert skipped[((("dp", 2), ("pp", 2)), 8)] == "indivisible: the batch of 12 does not split into 8 micro-batches"
+    assert skipped[((("pp", 4),), 16)] == "indivisible: the batch of 12 does not split into 16 micro-batches"
+    assert skipped[((("data", 2), ("pp", 2)), 1)] == "the same planning problem as pp=2,dp=2"
+    assert all(c.skipped is None for c in cands if "data" not in c.axes and c.microbatches in (1, 2, 4))
+    text = explain(cands)
+    first = text.splitlines()[0]
+    assert first.startswith("considered 6 mesh shapes (") and "data=4" in first and "pp=4" in first
+    assert f"skipped {len(skipped)} (" in first and "indivisible micro-batch counts" in first
+    verbose = explain(cands, verbose=True)
+    for why in skipped.values():
+        assert any(line.endswith(f"skipped ({why})") for line in verbose.splitlines()), why
+
+
+def run_cli(*args, cwd):
+    return subprocess.run(
+        [sys.executable, "-m", "graphc.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
+
+
+@pytest.mark.slow
+def test_cli_devices_search_writes_the_chosen_plan(tmp_path):
+    res = run_cli(
+        "compile",
+        os.path.join(ROOT, "models/mlp.py") + ":train_step",
+        "--example",
+        "example_train_args",
+        "--devices",
+        "4",
+        "--quiet",
+        "-o",
+        str(tmp_path / "plan.json"),
+        cwd=tmp_path,
+    )
+    assert res.returncode == 0, res.stderr
+    assert "searched" in res.stdout and "chose " in res.stdout and "why: " in res.stdout and "runner-up" in res.stdout
+    assert "considered 6 mesh shapes (dp=2,tp=2; dp=4; pp=2,dp=2; pp=2,tp=2; pp=4; tp=4)" in res.stdout
+    doc = json.loads((tmp_path / "plan.json").read_text())
+    assert doc["search"]["devices"] == 4 and len(doc["search"]["candidates"]) >= 5
+    assert {"tp": 4} in [c["mesh"] for c in doc["search"]["candidates"]]
+
+
+@pytest.mark.slow
+def test_cli_compile_pipeline_plan(tmp_path):
+    res = run_cli(
+        "compile",
+        os.path.join(ROOT, "models/gpt.py") + ":train_step",
+        "--example",
+        "example_train_args",
+        "--mesh",
+        "pp=2,dp=2",
+        "--microbatches",
+        "2",
+        "--quiet",
+        "--dump-ir",
+        str(tmp_path / "ir"),
+        "-o",
+        str(tmp_path / "plan.json"),
+        cwd=tmp_path,
+    )
+    assert res.returncode == 0, res.stderr
+    assert "2 stages x 2 micro-batches" in res.stdout and "bubble" in res.stdout
+    doc = json.loads((tmp_path / "plan.json").read_text())
+    assert [s["devices"] for s in doc["stages"]] == [[0, 1], [2, 3]]
+    assert doc["tasks"]["0"] == ["F0", "F1", "B0", "B1", "U"]
+    assert doc["sub_plan"]["mesh"]["axes"] == {"dp": 2}
+    assert sorted(os.listdir(tmp_path / "ir"))[-5:] == [
+        "device-0.gir",
+        "device-1.gir",
+        "device-2.gir",
+        "device-3.gir",
+        "microbatch.gir",
+    ]
+
+
+def test_cli_run_pipeline_with_trace(tmp_path):
+    res = run_cli(
+        "run",
+        os.path.join(ROOT, "models/mlp.py") + ":train_step",
+        "--example",
+        "example_train_args",
+        "--mesh",
+        "pp=2,dp=2",
+        "--microbatches",
+        "4",
+        "--schedule",
+        "gpipe",
+        "--repeat",
+        "1",
+        "--trace",
+        str(tmp_path / "t.json"),
+        cwd=tmp_path,
+    )
+    assert res.returncode == 0, res.stderr
+    assert "equals graphc's interpreter: yes" in res.stdout and "bubble: measured" in res.stdout
+    trace = json.loads((tmp_path / "t.json").read_text())
+    names = {e["name"] for e in trace["traceEvents"] if e["ph"] == "X"}
+    assert {"F0", "F3", "B0", "B3", "U"} <= names
+    tracks = [e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M"]
+    assert len(tracks) == 4 and any("stage 1" in t for t in tracks)
