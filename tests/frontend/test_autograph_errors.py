@@ -15,8 +15,8 @@ from tests.frontend.autograph_checks import (
     ops_of,
     trace_error,
 )
-from tests.helpers import assert_same_pytree, line_of, numeric_grad
 from tests.frontend.test_autograph_traced import Gate
+from tests.helpers import assert_same_pytree, line_of, numeric_grad
 
 # =================================================================================================
 # Errors: TraceError at the user's line
