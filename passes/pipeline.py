@@ -518,7 +518,7 @@ class PipelinePlan:
                 tuple(x["memory_bytes"] for x in doc["stages"]),
                 doc.get("timing", {}),
             )
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as exc:
             raise PlanError(f"{source}: not a complete pipeline plan ({type(exc).__name__}: {exc})") from None
         check_record(plan, source, PlanError)  # a hand-edited value of the wrong type is named here
         _check_pipeline_plan(plan, source)

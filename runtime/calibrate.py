@@ -22,7 +22,8 @@ from graphc.runtime.threads import one_blas_thread
 
 
 def calibrate(quick: bool = False) -> MachineProfile:
-    """Measure this machine, one thread per device: about 2.5 s (``quick``: about 0.4 s) on a 2-core VM.
+    """Measure this machine, one thread per device: a few seconds, ``quick`` about one
+    (docs/measurements.md#calibrate).
 
     flops                 best of a few float32 n x n matmuls (n = 1024; 512 if quick), 2 n^3 flop each
     matmul_flops          the same in float64

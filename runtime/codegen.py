@@ -74,7 +74,7 @@ class CompiledKernel:
         self.out_levels = [self.spec.level[v] for v in region.outputs]
         self.alloc = alloc
         # the call's per-operand and per-result work, decided once: a call of a small kernel
-        # costs its numba dispatch (~0.5 us) plus a reshape per array
+        # costs its numba dispatch plus a reshape per array (docs/measurements.md#kernel-call)
         self._operand_shapes = [_operand_shape(k, space, self.rows, self.n) for k in self.kinds]
         self._out_shapes = [
             (t.shape, t.dtype, (self.rows, self.n) if level == "elem" else (self.rows,))
@@ -97,7 +97,8 @@ class CompiledKernel:
     def _straight_call(self, shapes: list[tuple[int, ...]]) -> Callable[..., tuple[np.ndarray, ...]]:
         """``__call__`` for operands of these (the region's) shapes as generated Python: the views
         and copies each operand needs are decided here, so a small kernel's call is its dispatch
-        plus an allocation (about 0.5 us over the Numba call, against 1.2 for the general path)."""
+        plus an allocation, a fraction of the general path's overhead over the Numba call
+        (docs/measurements.md#kernel-call)."""
         env: dict[str, Any] = {"asc": np.ascontiguousarray, "bcast": np.broadcast_to, "func": self.func}
         ins = [f"a{k}" for k in range(len(shapes))]
         lines = [f"def call({', '.join(ins)}):"]

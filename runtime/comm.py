@@ -185,8 +185,7 @@ class Communicator(abc.ABC):
 
 _POLL_S = 0.1  # longest single wait: abort also notifies, this only bounds a missed wakeup
 # all_reduce sums and copies out its chunk in pieces of this size, which stay in the 2 MiB L2:
-# in place, 16 MiB per rank, busbw (GB/s, median of 6 runs) 9.8 vs 9.8 whole-chunk at 2 ranks
-# (a tighter spread: 9.4-10.5 vs 8.4-10.7), 5.3 vs 4.1 at 4 ranks, 2.2 vs 2.2 at 8.
+# at 4 ranks faster than whole chunks, at 2 and 8 as fast (docs/measurements.md#all-reduce-pieces)
 _PIECE_BYTES = 1 << 20
 
 

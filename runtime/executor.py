@@ -275,7 +275,7 @@ class Program:
     def _make_step(self, node: Node, stats: dict[str, Any]) -> Callable:
         if node.op.has(Fused):
             # numba loads here, when a graph first has a fused kernel: plain graphs and the reference
-            # paths never pay its import (about 0.35 s)
+            # paths never pay its import (docs/measurements.md#numba-import)
             from graphc.runtime.codegen import CompiledKernel
 
             start = time.perf_counter()
@@ -312,7 +312,8 @@ class Program:
             return lambda x: x.transpose(perm)
         if len(node.outputs) == 1 and node.outputs[0].type.ndim:
             # one array result: the impl's own (numpy returns arrays, not scalars, for ndim >= 1),
-            # without OpDef.evaluate's tuple and asarray (~1 us a step, more than a small op)
+            # without OpDef.evaluate's tuple and asarray (a cost on every step of a small op:
+            # docs/measurements.md#op-evaluate)
             return functools.partial(node.op.impl, **attrs) if attrs else node.op.impl
         evaluate = node.op.evaluate
         if not attrs:
@@ -489,8 +490,8 @@ def _is_numpy_error(exc: Exception) -> bool:
 
 
 # Fresh arrays below this size are neither pooled nor counted by a run (the profiled run counts
-# them): the allocator recycles them without page faults, and the bookkeeping (~1 us an array)
-# would cost more than the small ops that make them.
+# them): the allocator recycles them without page faults, and the bookkeeping would cost more
+# than the small ops that make them (docs/measurements.md#buffer-pool).
 SMALL_BYTES = 1 << 16
 # A program none of whose values reaches this size runs as straight-line code (Program._modest).
 STRAIGHT_BYTES = 1 << 20
@@ -634,9 +635,10 @@ def _collective_step(node: Node, comm) -> Callable:
 
 def _matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """np.matmul, with batched operands made contiguous first: numpy's batched matmul on strided
-    views (attention's q @ k.swapaxes(-1, -2)) is ~3x slower than copying and calling BLAS. A
-    batch times a matrix is one GEMM on the flattened batch (numpy calls one per batch entry:
-    5-15% slower, more for small ones)."""
+    views (attention's q @ k.swapaxes(-1, -2)) was measured slower than copying and calling BLAS
+    (docs/measurements.md#batched-matmul, whose re-measurement with numpy 2.4 no longer shows it).
+    A batch times a matrix is one GEMM on the flattened batch (numpy calls one per batch entry,
+    which is slower: docs/measurements.md#batched-matmul)."""
     if a.ndim > 2 and not a.flags.c_contiguous:
         a = np.ascontiguousarray(a)
     if b.ndim == 2:

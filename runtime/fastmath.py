@@ -1,9 +1,9 @@
 """Vectorizable exp / tanh / log (and expm1 / log1p) for Numba loops, and fused kernels built on them.
 
 Numba's wheels have no SVML, so ``math.exp`` / ``math.tanh`` inside a loop stay scalar libm calls and
-a fused GELU takes 30-50x the time of a memory copy. The functions here are branch-free (selects,
-not jumps), call no library function, and build 2**k from integer bits, so LLVM inlines them into
-the calling loop and vectorizes it.
+a fused GELU takes tens of times a memory copy's time (docs/measurements.md#libm-gelu). The
+functions here are branch-free (selects, not jumps), call no library function, and build 2**k from
+integer bits, so LLVM inlines them into the calling loop and vectorizes it.
 
 Approximations (coefficients derived by :func:`derive_coefficients`: Remez exchange in long double
 on a dense grid, weighted for *relative* error; the float32 sets are then rounded to float32):
@@ -37,8 +37,8 @@ overflow / underflow / signed zeros identical. The float64 functions are within 
 Why no ``inline="always"``: Numba's own inlining re-lowers the callee with the *caller's* fastmath
 flags: called from a ``fastmath=True`` loop, exp32's ``x == x`` nan select is folded away (checked
 in the LLVM IR). Plain ``njit`` functions are linked into the caller's LLVM module and inlined
-there by LLVM with their own instruction flags, and vectorize just as well (measured: the maps and
-GELU take the same time either way, within noise). The explicit signatures make a float64
+there by LLVM with their own instruction flags, and vectorize just as well (the maps take the same
+time either way: docs/measurements.md#fastmath-inline). The explicit signatures make a float64
 argument to a float32 function a conversion, not a silently retyped float64 specialization.
 
 Kernels (``gelu_f32``, ``softmax_lastaxis_f32``, ``layernorm_lastaxis_f32``) are single-thread
@@ -280,7 +280,7 @@ def _expq32(r):
 def exp32(x):
     """exp for float32: <= ~2.5e-7 relative error; exp(<-103.98) = 0, exp(>88.73) = inf. Below
     EXP_LO_F the 0 is selected, not computed: computing it goes through subnormal products, which
-    x86 runs slowly (a map over a causal mask's -1e10 scores: 0.46 ms per 1M against 0.34)."""
+    x86 runs slowly (a map over a causal mask's -1e10 scores: docs/measurements.md#exp-underflow)."""
     ok = x > EXP_LO_F  # false for nan too (replaced at the end): no integer conversion sees it
     xc = x if ok else ZERO_F
     xc = xc if xc < EXP_HI_F else EXP_HI_F
@@ -796,7 +796,8 @@ def _atanh_tail(z):
 
 
 def derive_coefficients(verbose: bool = False) -> dict[str, tuple[float, ...]]:
-    """Re-derive the polynomial coefficients stored above (numpy + long double; ~1 s). Returns
+    """Re-derive the polynomial coefficients stored above (numpy + long double; about a second:
+    docs/measurements.md#derive-coefficients). Returns
     {"EXPQ32": (...), ...}; ``verbose`` prints them with the minimax weighted error."""
     ln2 = float(decimal.Context(prec=60).ln(decimal.Decimal(2)))
     r_max = ln2 / 2 * 1.0005  # |r| after rounding k = rint(x/ln2), with slack for the rounding of x/ln2

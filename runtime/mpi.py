@@ -43,8 +43,8 @@ from graphc.runtime.pieces import (
 
 # all_reduce while (n-1) x its bytes stay under this: one all-gather of the inputs and a local sum
 # (one latency, (n-1) x the bytes per rank); above, all-to-all + all-gather of chunks (two latencies,
-# 2(n-1)/n x the bytes: a ring's traffic). At 2 ranks on this machine the all-gather form took
-# 34 / 76 / 237 / 1507 us at 16 / 64 / 256 / 1024 KiB, the chunks 61 / 102 / 280 / 923 us.
+# 2(n-1)/n x the bytes: a ring's traffic). At 2 ranks the all-gather form was the faster up to
+# 256 KiB and the slower at 1 MiB (docs/measurements.md#mpi-small-all-reduce).
 SMALL_ALL_REDUCE_BYTES = 256 << 10
 _HEADER_BYTES = 128  # send/recv: "dtype|d0,d1,..." in front of the data
 _CHECK_BYTES = 512  # a call's description, exchanged when calls are checked

@@ -14,8 +14,8 @@ Waiting. Every operation is started non-blocking and completed by ``MpiWorld.wai
 tests the request, so that waits are bounded (``timeout_s`` raises ``CommError`` naming the
 operation), the failure of another rank stops it (``CommAborted``), and Ctrl-C works (a blocking
 MPI call cannot be interrupted). With more ranks than cores on the node the loop yields the core
-between tests: a rank spinning on a core another rank needs made 4 ranks on 2 cores up to 100x
-slower for small messages (9 ms instead of 74 us for a 1 KiB all_reduce).
+between tests: a rank spinning on a core another rank needs made 4 ranks on 2 cores far slower
+for small messages (docs/measurements.md#mpi-spin).
 
 Faults. When a rank fails (an exception escaping graphc's calls, or any uncaught exception: the
 world wraps ``sys.excepthook``) it sends a short notice to every other rank. Each rank's watchdog

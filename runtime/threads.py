@@ -28,7 +28,9 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
-CORES = _cores()  # read once: os.cpu_count() costs ~10 us here, more than a small kernel
+# read once: kernel_threads() is asked before every kernel, and asking the OS each time would add
+# to small kernels (docs/measurements.md#cpu-count)
+CORES = _cores()
 
 
 def kernel_threads() -> int:
@@ -73,7 +75,8 @@ _controller = None
 
 def _blas_controller():
     """threadpoolctl's view of the loaded BLAS libraries, found once: ``threadpool_limits()``
-    searches the process's libraries on every call (~0.3 ms, more than a small step)."""
+    searches the process's libraries on every call, which costs more than a small step
+    (docs/measurements.md#blas-limits)."""
     global _controller
     with _pool_lock:
         if _controller is None:

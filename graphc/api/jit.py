@@ -373,7 +373,8 @@ class Jitted:
         self.passes = passes
         self._cache = Specializations(getattr(fn, "__name__", "the function"))
         # calls with only positional numpy arrays (the common case): (shape, dtype) of each ->
-        # the full cache key, so a warm call skips flattening and the key's pytree walk (~10 us)
+        # the full cache key, so a warm call skips flattening and the key's pytree walk
+        # (docs/measurements.md#jit-entry)
         self._fast: dict[tuple, Any] = {}
         self._last_fast: Callable[[tuple], Any] | None = None  # see _fast_entry
         self._promotions_named = False  # a PromotionWarning was given for this function
@@ -501,8 +502,8 @@ def _entry(trees: list[TreeDef], compiled: Compiled) -> Callable[[tuple], Any]:
     """A call of ``compiled`` as generated Python: it checks that the positional arguments have
     the trees' structure (dict keys in order) with ndarray leaves of the graph's input shapes and
     dtypes, returning ``_MISS`` if not, and runs. It replaces the cache key and
-    ``bind_arguments`` (about 10 us for a few arrays, 30 us for a dict of parameters) by about
-    0.1 us an array."""
+    ``bind_arguments``, which walk the argument tree in Python, by one check of each array
+    (docs/measurements.md#jit-entry)."""
     env: dict[str, Any] = {"ndarray": np.ndarray, "MISS": _MISS, "run": compiled.executable.run_arrays}
     lines = ["def entry(args):", f"    if len(args) != {len(trees)}:", "        return MISS"]
     leaves: list[str] = []

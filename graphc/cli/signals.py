@@ -23,8 +23,9 @@ signal. A signal that arrives while the handlers are being restored (the command
 recorded, not raised, and reported the same way.
 
 After a signal the program ends with ``end_now`` once ``main`` has reported it: the interpreter's
-own teardown (freeing every module: numpy, numba, HiGHS) ran for 1.5-3 s after the line with the
-machine busy, and the watchdog cannot bound it (Python threads stop running once teardown begins).
+own teardown (freeing every module: numpy, numba, HiGHS) can run for seconds after the line on a
+busy machine (docs/measurements.md#teardown), and the watchdog cannot bound it (Python threads stop
+running once teardown begins).
 """
 
 from __future__ import annotations

@@ -9,9 +9,9 @@ A leaf records its pytree path, global shape, dtype, spec on the saved mesh and 
 shard its file, device and mesh coordinates, its index runs per dim (``[lo, hi)`` ranges of
 global indices: one for ``S(d)``, k for ``S(d, blocks=k)``), its size and its SHA-256.
 
-Why SHA-256: hashlib's is in the standard library and runs on the CPU's SHA extensions (1.8 GB/s
-here, faster than a one-thread memory copy; CRC-32 is 2.9 GB/s but cannot stand for the file's
-content against anyone who edits it, BLAKE2b 0.7 GB/s). A manifest's digests commit it to the
+Why SHA-256: hashlib's is in the standard library and runs on the CPU's SHA extensions, faster
+here than BLAKE2b; CRC-32 is faster still but cannot stand for the file's content against anyone
+who edits it (docs/measurements.md#checkpoint-hash). A manifest's digests commit it to the
 bytes of every shard: with a manifest you trust, no shard can be changed unnoticed.
 
 Nothing read is trusted: paths must be relative and stay inside the checkpoint, numbers in range,

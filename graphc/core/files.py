@@ -149,7 +149,8 @@ def _short(value: Any) -> str:
 def dump_document(doc: dict) -> str:
     """``doc`` as JSON text a person can read and edit: one top-level key per line, and a list of
     records (the nodes of a plan) one record per line. Written by the C encoder (``indent``
-    makes ``json`` fall back to pure Python, 5-10x slower on a 10 MB plan)."""
+    makes ``json`` fall back to its pure-Python encoder, several times slower on a large plan:
+    docs/measurements.md#json-indent)."""
     lines = []
     for k, v in doc.items():
         key = json.dumps(k)

@@ -36,7 +36,8 @@ def _reduce(name: str, fn, needs_elements: bool, doc: str) -> OpDef:
         return (TensorType(reduced_shape(x.shape, axes, keepdims), x.dtype),)
 
     def impl(x, axes, keepdims):
-        # the ufunc's reduce, as np.sum/np.max call it but without their Python wrapper (~1 us);
+        # the ufunc's reduce, as np.sum/np.max call it but without their Python wrapper
+        # (docs/measurements.md#reduce);
         # all axes as None, as numpy's own np.sum(x) (one pass over a contiguous array)
         axis = None if len(axes) == np.ndim(x) else axes
         return fn.reduce(x, axis=axis, keepdims=keepdims, dtype=x.dtype)

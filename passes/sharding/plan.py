@@ -265,7 +265,7 @@ class ShardingPlan:
         doc = read_document(text, source, "plan", PLAN_VERSION, error=PlanError)
         try:
             plan = _plan_from_doc(doc)
-        except (KeyError, TypeError, ValueError, AttributeError, SpecError, MeshError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError, AttributeError, SpecError, MeshError) as exc:
             raise PlanError(f"{source}: not a complete graphc plan ({type(exc).__name__}: {exc})") from None
         check_record(plan, source, PlanError)  # a hand-edited value of the wrong type is named here
         devices = plan.mesh.size

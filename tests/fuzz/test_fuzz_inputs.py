@@ -253,6 +253,32 @@ def test_plan_loaders_on_mutated_json(which, data):
     check_plan_reads_or_fails_cleanly(cls, text)
 
 
+@pytest.mark.parametrize("which", [0, 1], ids=["sharding", "pipeline"])
+@pytest.mark.parametrize("number", ["1e4000", "-1e4000", "NaN", "1e308"])
+def test_plan_loaders_on_numbers_out_of_range_in_every_int_field(which, number):
+    """Every integer of a plan replaced by a number no int holds (1e4000 reads as inf, whose int()
+    is an OverflowError, found by the fuzzer above): the plan reads or fails with a PlanError."""
+    cls = (ShardingPlan, PipelinePlan)[which]
+    seed = seed_plans()[which]
+    doc = json.loads(seed)
+    paths = [p for p in _paths(doc) if p and _at(doc, p).__class__ is int]
+    assert paths
+    for path in paths:
+        changed = json.loads(seed)
+        _set(changed, path, "@NUMBER@")
+        check_plan_reads_or_fails_cleanly(cls, json.dumps(changed).replace('"@NUMBER@"', number))
+
+
+def _at(doc, path):
+    for k in path:
+        doc = doc[k]
+    return doc
+
+
+def _set(doc, path, value):
+    _at(doc, path[:-1])[path[-1]] = value
+
+
 # --- graph -> text -> graph ---------------------------------------------------------------------------
 
 

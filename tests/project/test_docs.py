@@ -69,3 +69,34 @@ def test_ci_runs_the_readmes_full_test_command():
     tests = [c.strip() for b in _blocks(readme, "sh") for c in b.splitlines() if c.startswith(SETUP) and "pytest" in c]
     assert tests, "the README has no test command"
     assert tests[0] in (ROOT / ".ci" / "run").read_text(), ".ci/run must run the README's test command verbatim"
+
+
+def _measurements() -> dict[str, str]:
+    """docs/measurements.md's sections by heading (one claim each; the heading is the anchor)."""
+    text = (ROOT / "docs" / "measurements.md").read_text()
+    return {s.split("\n", 1)[0].strip(): s for s in re.split(r"^## ", text, flags=re.M)[1:]}
+
+
+def test_every_measurement_gives_the_command_that_measures_it():
+    """Each claim in docs/measurements.md has at least one command, and each runs as copied from
+    the repository's root after the set-up: the venv's programs by their path."""
+    sections = _measurements()
+    assert sections, "docs/measurements.md has no sections"
+    for name, section in sections.items():
+        commands = [line for b in _blocks(section, "sh") for line in b.splitlines() if line.strip()]
+        assert commands, f"docs/measurements.md#{name} gives no command that reproduces its figure"
+        for command in commands:
+            assert command.startswith(".venv/bin/"), (
+                f"docs/measurements.md#{name}: {command[:60]!r} does not run as copied: write it as .venv/bin/..."
+            )
+
+
+def test_the_code_cites_measurements_that_exist():
+    sections = _measurements()
+    sources = {p.resolve() for d in ("graphc", "passes", "runtime") for p in (ROOT / d).rglob("*.py")}
+    assert sources
+    for path in sorted(sources):
+        for anchor in re.findall(r"docs/measurements\.md#([\w-]+)", path.read_text()):
+            assert anchor in sections, (
+                f"{path.relative_to(ROOT)} cites docs/measurements.md#{anchor}, which is not there"
+            )
