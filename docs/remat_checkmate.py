@@ -26,7 +26,8 @@ import numpy as np
 import graphc
 from graphc.core.errors import PlanError
 from graphc.core.mesh import MachineProfile, Mesh
-from graphc.passes.partition import PlanOptions, build_problem, optimize_for_planning, solve_problem, state_ties
+from graphc.passes.options import PlanOptions
+from graphc.passes.partition import build_problem, optimize_for_planning, solve_problem, state_ties
 from graphc.passes.sharding.milp import Milp, solve_milp
 from graphc.passes.sharding.problem import view_roots
 
@@ -131,14 +132,22 @@ def main() -> None:
     p, x = example()
     graph = optimize_for_planning(graphc.trace(step, p, x))
     mesh = Mesh({"dp": 1}, profile=MachineProfile.default())
-    problem = build_problem(graph, mesh, ties=state_ties(graph), recompute="auto")
+    ties = state_ties(graph)
+
+    def limited(limit: int, shrink: bool = True):
+        """The problem and options under a memory limit (where "auto" gives it recompute strategies)."""
+        options = PlanOptions(memory_limit=limit, shrink=shrink)
+        return build_problem(graph, mesh, options, ties=ties), options
+
+    problem = build_problem(graph, mesh, PlanOptions(), ties=ties)
     base = solve_problem(problem, PlanOptions())
     ours_peak0 = problem.peak_memory(base.choice)[0]
     cost, size, edges, resident, outputs = checkmate_graph(graph, problem)
     ops = [n.op.name for n in graph.nodes if n.op.name != "constant"]
     cm_base, n_vars, n_rows, _s, _again = checkmate(cost, size, edges, resident, outputs, 1 << 40)
     print(
-        f"{len(cost)} nodes; Checkmate MILP {n_vars} columns / {n_rows} rows; graphc: {len(problem.remat)} candidates"
+        f"{len(cost)} nodes; Checkmate MILP {n_vars} columns / {n_rows} rows; graphc: "
+        f"{len(limited(ours_peak0)[0].remat)} candidates"
     )
     # Checkmate's own peak without recomputation: the smallest budget its schedule with no
     # recomputation meets (a bisection on the budget, R fixed to the diagonal by the objective)
@@ -163,8 +172,9 @@ def main() -> None:
         for shrink in (True, False):
             t0 = time.perf_counter()
             try:
-                sol = solve_problem(problem, PlanOptions(memory_limit=ours_peak0 - cut, shrink=shrink))
-                again = [problem.items[i].node.op.name for i in problem.recomputed(sol.choice)]
+                under, options = limited(ours_peak0 - cut, shrink)
+                sol = solve_problem(under, options)
+                again = [under.items[i].node.op.name for i in under.recomputed(sol.choice)]
                 row.append(
                     f"+{(sol.objective - base.objective) * 1e6:.1f} us ({', '.join(again)}), "
                     f"{time.perf_counter() - t0:.2f} s"

@@ -10,10 +10,10 @@ import graphc
 from graphc.core.errors import PlanError
 from graphc.core.mesh import Link, MachineProfile, Mesh
 from graphc.core.spec import format_spec
-from graphc.passes.partition import PlanOptions, solve_problem, state_ties
+from graphc.passes.options import PlanOptions
+from graphc.passes.partition import build_problem, solve_problem, state_ties
 from graphc.passes.sharding.ilp import exhaustive
 from graphc.passes.sharding.plan import ShardingPlan
-from graphc.passes.sharding.problem import build_problem
 
 PROFILE = MachineProfile.default()
 OPT = ("fold_constants", "simplify", "cse", "dce")
@@ -404,5 +404,6 @@ def test_tied_groups_do_not_grow_with_depth_when_promotion_changes_the_first_blo
         graph = graphc.parallelize(step, mesh=axes, cache=False).trace_optimized(*args)[1]
         dtypes = {str(n.outputs[0].type.dtype) for n in graph.nodes if n.op.name == "matmul"}
         assert dtypes == {"float64"}  # float64 @ float32 promotes (NEP 50)
-        counts.append(len(shrink_groups(build_problem(graph, mesh(**axes), ties=state_ties(graph)))[0]))
+        problem = build_problem(graph, mesh(**axes), PlanOptions(zero=0), ties=state_ties(graph))
+        counts.append(len(shrink_groups(problem)[0]))
     assert counts[1] == counts[0], counts

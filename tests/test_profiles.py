@@ -14,7 +14,8 @@ from graphc.core.errors import GraphcError
 from graphc.core.mesh import Link, MachineProfile, Mesh, MeshError, save_profile
 from graphc.core.profiles import PRESETS, get_profile, read_profile
 from graphc.models import llama, mlp
-from graphc.passes.partition import Pins, PlanCache, PlanOptions
+from graphc.passes.options import PlanOptions
+from graphc.passes.partition import Pins, PlanCache
 from graphc.passes.sharding.plan import ShardingPlan
 from graphc.passes.sharding.strategies import full_time
 

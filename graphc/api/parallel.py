@@ -34,6 +34,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from graphc.api.jit import Jitted, Specializations, StaticArgs, trace_hint
@@ -50,11 +51,11 @@ from graphc.frontend.entry import on_a_copy, trace
 from graphc.frontend.tracer import Tracer, bind, current_context
 from graphc.interpreter import as_numpy_result, bind_arguments
 from graphc.passes.microbatch import microbatch
+from graphc.passes.options import PlanOptions, Recompute, Zero
 from graphc.passes.partition import (
     Partitioned,
     Pins,
     PlanCache,
-    PlanOptions,
     compile_devices,
     lower,
     optimize_for_planning,
@@ -62,11 +63,9 @@ from graphc.passes.partition import (
     state_ties,
     zero3_inputs,
 )
-from graphc.passes.pipeline import PipelinePlan, pipe_axis, plan_pipeline
+from graphc.passes.pipeline import PipelinePlan, check_pipeline_options, pipe_axis, plan_pipeline
 from graphc.passes.pipeline_lower import lower_pipeline
 from graphc.passes.sharding.plan import ShardingPlan, graph_hash
-from graphc.passes.sharding.remat import recompute_mode
-from graphc.passes.sharding.zero import check_stage
 from graphc.runtime.devices import ParallelExecutable, ShardedArray, ShardedInput
 from graphc.runtime.mpi_world import DEFAULT_TIMEOUT_S, join_world
 from graphc.runtime.pipeline import PipelineExecutable
@@ -126,15 +125,43 @@ def check_plan_mesh(plan: ShardingPlan | PipelinePlan, mesh: Mesh) -> None:
         raise PlanError(f"mesh {mesh} has a pipeline axis: it runs a pipeline plan, and this is a sharding plan")
 
 
-def _pipeline_options(plan: ShardingPlan | PipelinePlan, microbatches: int | None, schedule: str | None):
-    """The micro-batch count and schedule a given plan runs with: its own (a pipeline plan), and
-    any that were asked for must agree with them."""
+def planned_pipeline(plan: ShardingPlan | PipelinePlan | None, microbatches: int | None, schedule: str | None):
+    """(micro-batches, schedule) to plan or run with: those asked for (None: 1 and "1f1b"), or a
+    given pipeline plan's own, which any that were asked for must equal (PlanError otherwise)."""
     if not isinstance(plan, PipelinePlan):
-        return microbatches, schedule
+        return (1 if microbatches is None else microbatches), ("1f1b" if schedule is None else schedule)
     for what, asked, planned in (("microbatches", microbatches, plan.m), ("schedule", schedule, plan.schedule)):
         if asked is not None and asked != planned:
             raise PlanError(f"the pipeline plan runs {what}={planned!r}, but {what}={asked!r} was asked for")
     return plan.m, plan.schedule
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How to run what was planned: ``cache`` solved plans on disk (PlanCache), ``timeout_s`` a
+    collective may wait for its peers (None: THREADS_TIMEOUT_S on threads, mpi_world's
+    DEFAULT_TIMEOUT_S under MPI), keep a training step's state ``sharded_state`` on the devices
+    between calls (threads), and the ``backend`` (BACKENDS: "threads" or "mpi")."""
+
+    cache: bool = True
+    timeout_s: float | None = None
+    sharded_state: bool = False
+    backend: str = "threads"
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise GraphcError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {self.backend!r}")
+        if self.timeout_s is not None and not (
+            isinstance(self.timeout_s, (int, float)) and not isinstance(self.timeout_s, bool) and self.timeout_s > 0
+        ):
+            raise GraphcError(f"timeout_s must be a positive number of seconds or None, got {self.timeout_s!r}")
+
+    @property
+    def collective_timeout_s(self) -> float:
+        """``timeout_s``, or the backend's default."""
+        if self.timeout_s is not None:
+            return float(self.timeout_s)
+        return DEFAULT_TIMEOUT_S if self.backend == "mpi" else THREADS_TIMEOUT_S
 
 
 class Parallelized:
@@ -144,26 +171,14 @@ class Parallelized:
         self,
         fn: Callable,
         mesh=None,
-        memory_limit=None,
+        options: PlanOptions = PlanOptions(),
+        run: RunOptions = RunOptions(),
         static_argnames=(),
         in_specs=None,
         out_specs=None,
-        shrink: bool = True,
-        time_limit: float = 60.0,
-        cache: bool = True,
-        timeout_s: float | None = None,
-        sharded_state: bool = False,
-        microbatches: int | None = None,
-        schedule: str | None = None,
-        free_axes: bool = False,
         profile=None,
-        backend: str = "threads",
         plan: ShardingPlan | PipelinePlan | None = None,
-        zero: int | None = None,
-        recompute: bool | str = "auto",
     ):
-        if backend not in BACKENDS:
-            raise GraphcError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
         if plan is not None and not isinstance(plan, (ShardingPlan, PipelinePlan)):
             raise GraphcError(f"plan must be a ShardingPlan or PipelinePlan (graphc.Plan.load(path)), got {plan!r}")
         if mesh is None:
@@ -175,10 +190,6 @@ class Parallelized:
         self._one_device = Jitted(fn, tuple(static_argnames))  # a 1-device mesh runs like graphc.jit
         self._lock = threading.Lock()
         functools.update_wrapper(self, fn)
-        try:
-            mode = recompute_mode(recompute)
-        except ValueError as exc:
-            raise GraphcError(str(exc)) from None
         self.mesh = as_mesh(mesh) if profile is None else Mesh(as_mesh(mesh), profile=get_profile(profile))
         warn_near_role_names(self.mesh.axis_names)  # dq=2 is a free axis, not a data axis
         # a plan given is run exactly as written: made for this mesh (and, checked on the first
@@ -186,31 +197,24 @@ class Parallelized:
         self.given_plan = plan
         if plan is not None:
             check_plan_mesh(plan, self.mesh)
-            microbatches, schedule = _pipeline_options(plan, microbatches, schedule)
-        if mode == "on" and pipe_axis(self.mesh) is not None:
-            raise GraphcError(f"recompute=True: pipelines do not recompute (mesh {self.mesh} has a pp axis)")
-        self.memory_limit = parse_bytes(memory_limit)
+            if isinstance(plan, PipelinePlan) and (options.microbatches, options.schedule) != (plan.m, plan.schedule):
+                raise PlanError(
+                    f"the pipeline plan runs microbatches={plan.m}, schedule={plan.schedule!r}, but the options say "
+                    f"microbatches={options.microbatches}, schedule={options.schedule!r}"
+                )
+        if pipe_axis(self.mesh) is not None:
+            check_pipeline_options(options, self.mesh)
         self.in_specs = in_specs
         self.out_specs = out_specs
-        self.options = PlanOptions(
-            memory_limit=self.memory_limit,
-            time_limit_s=time_limit,
-            shrink=shrink,
-            free_axes=free_axes,
-            zero=check_stage(zero),
-            recompute=mode,
-        )
-        self.cache = PlanCache(cache_dir("plans")) if cache else None
-        self.backend = backend
-        default_timeout = DEFAULT_TIMEOUT_S if backend == "mpi" else THREADS_TIMEOUT_S
-        self.timeout_s = default_timeout if timeout_s is None else float(timeout_s)
+        self.options = options
+        self.run_options = run
+        self.cache = PlanCache(cache_dir("plans")) if run.cache else None
+        self.backend = run.backend
+        self.timeout_s = run.collective_timeout_s
         # under MPI each process is one device: the job must have one rank per device (checked
         # here, before anything is traced, so every rank stops at once with the same message)
-        self.world = join_world(self.mesh.size) if backend == "mpi" and self.mesh.size > 1 else None
-        self.sharded_state = sharded_state
-        # a mesh with a "pp" axis runs a pipeline of this many micro-batches
-        self.microbatches = 1 if microbatches is None else microbatches
-        self.schedule = "1f1b" if schedule is None else schedule
+        self.world = join_world(self.mesh.size) if run.backend == "mpi" and self.mesh.size > 1 else None
+        self.sharded_state = run.sharded_state
         self.followed: tuple[dict, dict, dict] | None = None  # the pins of a plan file being followed
         name = getattr(fn, "__name__", "the function")
         self._plans = Specializations(name, warn_after=1 << 62)  # by plan-cache key (the compiles warn)
@@ -297,7 +301,7 @@ class Parallelized:
     ) -> tuple[ShardingPlan | PipelinePlan, Graph]:
         """The plan for these arguments and the (optimized) graph it partitions, within the time
         limit counted from ``start`` (``time.perf_counter()``; default now)."""
-        deadline = (time.perf_counter() if start is None else start) + self.options.time_limit_s
+        deadline = (time.perf_counter() if start is None else start) + self.options.time_limit
         traced, graph, seconds = self.trace_optimized(*args, **kwargs)
         t0 = time.perf_counter()
         if self.given_plan is not None:  # run as written: only checked against the graph
@@ -305,14 +309,7 @@ class Parallelized:
             self._warn(self.given_plan)
             return self.given_plan.with_timing(**seconds, given=True), graph
         if self.pipelined:
-            pplan = plan_pipeline(
-                graph,
-                self.mesh,
-                self.microbatches,
-                self.schedule,
-                self.memory_limit,
-                time_limit_s=self.options.time_limit_s,
-            )
+            pplan = plan_pipeline(graph, self.mesh, self.options)
             self._warn(pplan)
             return pplan.with_timing(**seconds, plan_s=time.perf_counter() - t0), graph
         pins, ties = self.pins(graph), write_ties(graph)
@@ -537,8 +534,8 @@ def parallelize(
     profile=None,
     backend: str = "threads",
     plan: ShardingPlan | PipelinePlan | None = None,
-    zero: int | None = None,
-    recompute: bool | str = "auto",
+    zero: Zero = "auto",
+    recompute: Recompute = "auto",
 ):
     """Decorator or function: ``graphc.parallelize(fn, mesh={"dp": 2, "tp": 4})``. A mesh with a
     ``pp`` axis (``{"pp": 2, "dp": 2, "tp": 2}``) runs the step as a pipeline of ``microbatches``
@@ -565,10 +562,11 @@ def parallelize(
     for the whole value). ``timeout_s``: how long a collective may wait for its peers (default
     60 s on threads, 30 s under MPI, where a failed or stuck rank ends the whole job).
 
-    ``zero``: ZeRO along the data axes (passes/sharding/zero.py): None (default) lets the solver
-    pick each parameter's stage, 1 shards the optimizer state, 2 the gradients too, 3 the
+    ``zero``: ZeRO along the data axes (passes/sharding/zero.py): ``"auto"`` (default) lets the
+    solver pick each parameter's stage, 1 shards the optimizer state, 2 the gradients too, 3 the
     parameters too (gathered before each use); 0 keeps the state replicated. A forced stage that
     does not fit the memory limit is a ``PlanError`` naming the smallest memory it needs.
+    (``zero=None`` is the deprecated spelling of ``"auto"``.)
 
     ``plan``: a plan to run exactly as written (``graphc.Plan.load(path)``, a ShardingPlan or a
     PipelinePlan): nothing is solved. It must have been made for this mesh's axes (``mesh`` may be
@@ -578,39 +576,48 @@ def parallelize(
 
     ``recompute``: activation recomputation (passes/sharding/remat.py). ``"auto"``: under a
     ``memory_limit`` the solver recomputes forward values in the backward pass where that is the
-    cheapest way to fit (without a limit it only costs time, so nothing is); ``True``: every
-    value that can be recomputed is (``remat.forced``); ``False``: none. The plan marks each
+    cheapest way to fit (without a limit it only costs time, so nothing is); ``"on"``: every
+    value that can be recomputed is (``remat.forced``); ``"off"``: none. The plan marks each
     recomputed node (``"recompute": true``). Pipelines (a ``pp`` axis) do not recompute.
+    (``True`` / ``False`` are the deprecated spellings of ``"on"`` / ``"off"``.)
+
+    The planning options (``memory_limit`` as bytes or a string such as ``"2GiB"``,
+    ``time_limit``, ``zero``, ``recompute``, ``microbatches``, ``schedule``, ``shrink``,
+    ``free_axes``) become one ``PlanOptions`` (passes/options.py: every option's type and values),
+    the running ones (``cache``, ``timeout_s``, ``sharded_state``, ``backend``) one
+    ``RunOptions``; the returned object keeps them as ``.options`` and ``.run_options``.
 
     Python ``float`` arguments not in ``static_argnames`` are traced as weakly typed values, as in
     ``graphc.jit``: a new learning rate runs the same compiled step and plan."""
     if isinstance(static_argnames, str):
         static_argnames = (static_argnames,)
+    microbatches, schedule = planned_pipeline(plan, microbatches, schedule)
+    options = PlanOptions.of(
+        memory_limit=parse_bytes(memory_limit),
+        time_limit=time_limit,
+        zero=zero,
+        recompute=recompute,
+        microbatches=microbatches,
+        schedule=schedule,
+        shrink=shrink,
+        free_axes=free_axes,
+    )
+    run = RunOptions(cache=cache, timeout_s=timeout_s, sharded_state=sharded_state, backend=backend)
 
     def wrap(f):
-        return Parallelized(
-            f,
-            mesh,
-            memory_limit,
-            static_argnames,
-            in_specs,
-            out_specs,
-            shrink,
-            time_limit,
-            cache,
-            timeout_s,
-            sharded_state,
-            microbatches,
-            schedule,
-            free_axes,
-            profile,
-            backend,
-            plan,
-            zero=zero,
-            recompute=recompute,
-        )
+        return Parallelized(f, mesh, options, run, static_argnames, in_specs, out_specs, profile, plan)
 
     return wrap if fn is None else wrap(fn)
 
 
-__all__ = ["ParallelCompiled", "Parallelized", "PipelineCompiled", "check_plan_mesh", "parallelize", "shard"]
+__all__ = [
+    "BACKENDS",
+    "ParallelCompiled",
+    "Parallelized",
+    "PipelineCompiled",
+    "RunOptions",
+    "check_plan_mesh",
+    "parallelize",
+    "planned_pipeline",
+    "shard",
+]

@@ -349,7 +349,7 @@ def _why_not(problem: Problem, i: int, a: int, q, cand: Spec) -> str:
             role = roles.roles[a]
             if v in roles.state:
                 hint = (
-                    "zero=None or 1-3 (--zero auto|1|2|3) lets ZeRO shard a training step's state along it"
+                    "zero='auto' or 1-3 (--zero auto|1|2|3) lets ZeRO shard a training step's state along it"
                     if problem.zero == 0
                     else "ZeRO shards state only where a training step updates it, and this graph has no update"
                 )
@@ -359,7 +359,7 @@ def _why_not(problem: Problem, i: int, a: int, q, cand: Spec) -> str:
         if a in problem.zero_axes and any(st.out_specs[0][a].is_split for st in it.strategies):
             kept = next(format_spec(st.out_specs[0]) for st in it.strategies if st.out_specs[0][a].is_split)
             return f"ZeRO shards state along its lowest dim that splits evenly ({kept}): any dim saves the same"
-    if problem.zero and a in problem.zero_axes:
+    if problem.zero in (1, 2, 3) and a in problem.zero_axes:
         return f"zero={problem.zero} keeps only the specs of ZeRO stage {problem.zero}"
     if any(i in tie for tie in problem.ties):
         return "its tied output (the state returned updated) cannot be returned in it"

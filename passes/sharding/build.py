@@ -9,12 +9,11 @@ plan's all-reduces fill, which prices the plan's collectives and predicted step
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from graphc.core.ir import Graph
 from graphc.core.mesh import Mesh
 from graphc.core.traits import Contraction
 from graphc.ops.dims import default_cost
+from graphc.passes.options import PlanOptions
 from graphc.passes.sharding.alternatives import Solved, find_alternatives, ruled_out_specs
 from graphc.passes.sharding.collectives import collectives_of
 from graphc.passes.sharding.ilp import Solution
@@ -31,11 +30,11 @@ from graphc.passes.sharding.problem import Item, Problem
 from graphc.passes.sharding.zero import zero_report
 
 
-def plan_from_solution(
-    problem: Problem, sol: Solution, memory_limit: int | None, build_s: float, options: Mapping
-) -> ShardingPlan:
-    """The ShardingPlan of ``sol`` (a strategy per item of ``problem``, passes/sharding/problem.py).
-    Leaves ``problem`` re-bucketed to the plan's gradient all-reduces (``Problem.rebucket``)."""
+def plan_from_solution(problem: Problem, sol: Solution, options: PlanOptions, build_s: float) -> ShardingPlan:
+    """The ShardingPlan of ``sol`` (a strategy per item of ``problem``, passes/sharding/problem.py),
+    solved with ``options``. Leaves ``problem`` re-bucketed to the plan's gradient all-reduces
+    (``Problem.rebucket``)."""
+    memory_limit = options.memory_limit
     graph = problem.graph
     names = graph.value_names()
     choice = sol.choice
@@ -97,7 +96,7 @@ def plan_from_solution(
     peak, at = problem.peak_memory(choice)
     at_item = problem.items[problem.order[at]] if problem.order else None
     solver = SolverStats(
-        options.get("solver", "highs"),
+        options.solver,
         sol.status,
         sol.objective,
         sol.bound,
@@ -125,7 +124,7 @@ def plan_from_solution(
             int(problem.memory_profile(choice, recompute=False).max()) - peak if recomputed else 0,
         ),
         solver=solver,
-        options=dict(options),
+        options=options,
         ties=tuple((problem.items[a].index, problem.items[b].index) for a, b in problem.ties),
         warnings=tuple(_dedupe(problem.warnings)),
     )

@@ -4,7 +4,7 @@ Fields, each a small frozen dataclass or tuple of them:
 
     graph              name, hash (of the text IR it was made for), node count
     mesh               the Mesh (axes, links, machine profile)
-    options            how it was planned (memory limit, pins, time limit, solver, ...)
+    options            how it was planned: the PlanOptions (memory limit, time limit, ZeRO, ...)
     inputs / outputs   per graph input / output: name, type, spec, pinned, best alternatives
     nodes              per node: strategy, operand and result specs, compute time, pins, warning,
                        best alternatives
@@ -35,6 +35,7 @@ from graphc.core.ir import Graph, print_graph
 from graphc.core.mesh import Mesh, MeshError
 from graphc.core.spec import Spec, SpecError, format_spec, parse_spec
 from graphc.core.units import fmt_bytes, fmt_rate, fmt_time
+from graphc.passes.options import PlanOptions
 
 PLAN_VERSION = 2
 
@@ -222,13 +223,12 @@ class ShardingPlan:
     cost: Cost
     memory: Memory
     solver: SolverStats
-    options: Mapping[str, Any] = field(default_factory=dict)
+    options: PlanOptions = PlanOptions()
     ties: tuple[tuple[int, int], ...] = ()
     warnings: tuple[str, ...] = ()
     timing: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
-        object.__setattr__(self, "options", _frozen(self.options))
         object.__setattr__(self, "timing", _frozen(self.timing))
 
     def with_timing(self, **seconds: Any) -> ShardingPlan:
@@ -264,7 +264,7 @@ class ShardingPlan:
     def from_json(cls, text: str, source: str = "<plan>") -> ShardingPlan:
         doc = read_document(text, source, "plan", PLAN_VERSION, error=PlanError)
         try:
-            plan = _plan_from_doc(doc)
+            plan = _plan_from_doc(doc, source)
         except (KeyError, TypeError, ValueError, AttributeError, SpecError, MeshError) as exc:
             raise PlanError(f"{source}: not a complete graphc plan ({type(exc).__name__}: {exc})") from None
         check_record(plan, source, PlanError)  # a hand-edited value of the wrong type is named here
@@ -432,7 +432,7 @@ def _plan_doc(p: ShardingPlan) -> dict:
         "version": PLAN_VERSION,
         "graph": {"name": p.graph_name, "hash": p.graph_hash, "nodes": p.n_nodes},
         "mesh": p.mesh.to_json(),
-        "options": dict(p.options),
+        "options": p.options.to_json(),
         "inputs": [_tensor_doc(x) for x in p.inputs],
         "outputs": [_tensor_doc(x) for x in p.outputs],
         "nodes": [_node_doc(n) for n in p.nodes],
@@ -465,7 +465,7 @@ def _plan_doc(p: ShardingPlan) -> dict:
 _SOLVER_FIELDS = ("name", "status", "objective_s", "bound_s", "gap", "seconds", "build_s", "bucket_bytes")
 
 
-def _plan_from_doc(doc: dict) -> ShardingPlan:
+def _plan_from_doc(doc: dict, source: str) -> ShardingPlan:
     mesh = Mesh.from_json(doc["mesh"])
     n = len(mesh.shape)
     s = doc["solver"]
@@ -498,7 +498,7 @@ def _plan_from_doc(doc: dict) -> ShardingPlan:
             {k: v for k, v in s.items() if k not in _SOLVER_FIELDS},
             s.get("bucket_bytes", 0),
         ),
-        options=doc.get("options", {}),
+        options=PlanOptions.from_json(doc.get("options", {}), source),
         ties=tuple(tuple(t) for t in doc.get("ties", ())),
         warnings=tuple(doc.get("warnings", ())),
         timing=doc.get("timing", {}),

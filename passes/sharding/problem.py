@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -41,10 +42,10 @@ import numpy as np
 from graphc.core.errors import PlanError
 from graphc.core.ir import Graph, Node, TensorType, Value
 from graphc.core.mesh import Mesh
-from graphc.core.spec import P, R, SpecError, format_spec, local_shape, parse_spec
+from graphc.core.spec import P, R, Spec, SpecError, format_spec, local_shape, parse_spec
 from graphc.core.traits import Constant, IndexedLookup, ShardingConstraint, ViewOf
 from graphc.ops.dims import DimRule
-from graphc.passes.bucket import DEFAULT_BUCKET_BYTES
+from graphc.passes.options import PlanOptions, Zero
 from graphc.passes.sharding.fusion import fused_values, saved_bytes
 from graphc.passes.sharding.redistribute import bucketed_time, plan_steps, read_phase, redistribution_time
 from graphc.passes.sharding.roles import AxisRoles, axis_roles
@@ -96,7 +97,7 @@ class Problem:
     # in proportion to its bytes. 0: no bucketing.
     bucket_share_bytes: int = 0
     bucket_limit: int = 0  # the bucket size
-    zero: int | None = 0  # ZeRO: 0 off, None the solver's choice, 1-3 a forced stage (passes/sharding/zero.py)
+    zero: Zero = 0  # ZeRO: 0 off, "auto" the solver's choice, 1-3 a forced stage (passes/sharding/zero.py)
     zero_axes: tuple[int, ...] = ()  # the data axes ZeRO may shard state along
     gathers: list[tuple[int, int]] = field(default_factory=list)  # (state input item, reader item) not in the update
     _spec_cache: dict = field(default_factory=dict, repr=False)
@@ -439,31 +440,46 @@ def _unique(specs: list[tuple]) -> tuple[list[tuple], np.ndarray]:
     return uniq, np.array(idx, dtype=np.int64)
 
 
-def build_problem(
+@dataclass(frozen=True)
+class Pins:
+    """Choices fixed by the user: specs of graph inputs / outputs (by position) and strategies of
+    nodes (by index: a strategy name or a result spec, from a hand-edited plan)."""
+
+    inputs: Mapping[int, Spec] = field(default_factory=dict)
+    outputs: Mapping[int, Spec] = field(default_factory=dict)
+    nodes: Mapping[int, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {
+            "inputs": {str(k): format_spec(v) for k, v in sorted(self.inputs.items())},
+            "outputs": {str(k): format_spec(v) for k, v in sorted(self.outputs.items())},
+            "nodes": {str(k): v for k, v in sorted(self.nodes.items())},
+        }
+
+
+def items_and_edges(
     graph: Graph,
-    mesh,
-    in_pins: dict[int, tuple] | None = None,
-    out_pins: dict[int, tuple] | None = None,
+    mesh: Mesh,
+    options: PlanOptions,
+    pins: Pins = Pins(),
     ties: list[tuple[int, int]] | None = None,
-    linear_partials: bool = True,
-    free_axes: bool = False,
-    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-    zero: int | None = 0,
-    redo_later: bool = False,
 ) -> Problem:
-    """Items and edges of ``graph`` on ``mesh``. Deferred all-reduces share buckets of
-    ``bucket_bytes`` (0: none). ``in_pins`` / ``out_pins`` restrict the spec of graph input /
-    output positions; ``ties`` are (input position, output position) pairs whose specs must be
-    equal (a training step's state): both get the same candidate list. The mesh's axis roles
-    (passes/sharding/roles.py) restrict what data and seq axes split, unless ``free_axes``.
-    ``zero``: ZeRO off (0), left to the solver (None) or a forced stage 1-3 (whose choices
-    passes/sharding/zero.py ``restrict_zero`` then keeps). ``redo_later`` (a memory limit): a
-    forward value's backward readers redistribute it again (``read_phase``)."""
-    in_pins = in_pins or {}
-    out_pins = out_pins or {}
-    ties = ties or []
+    """Items and edges of ``graph`` on ``mesh``, the input and output ``pins`` applied (the node
+    pins, the ties and a forced ZeRO stage are applied by passes/partition.py ``build_problem``).
+    ``ties`` are (input position, output position) pairs whose specs must be equal (a training
+    step's state): both get the same candidate list. What the options change here: the mesh's
+    axis roles (passes/sharding/roles.py) restrict what data and seq axes split, unless
+    ``free_axes``; ``zero`` other than 0 lets data axes split the training state; deferred
+    all-reduces share buckets of ``bucket_bytes`` (0: none); partial sums are carried through
+    linear ops (``linear_partials``); under a ``memory_limit`` a forward value's backward readers
+    redistribute it again (``read_phase``)."""
+    in_pins = dict(pins.inputs)
+    out_pins = dict(pins.outputs)
+    ties = list(ties or [])
+    zero = options.zero
+    bucket_bytes = options.bucket_bytes
     rules, rule_errors = _node_rules(graph)
-    roles = axis_roles(graph, mesh, rules, ties, free_axes, zero=zero != 0)
+    roles = axis_roles(graph, mesh, rules, ties, options.free_axes, zero=zero != 0)
     overhead = mesh.profile.op_overhead(mesh.size)
     fused = fused_values(graph) if mesh.profile.fuses_elementwise or overhead else frozenset()
     b = _ProblemBuilder(
@@ -475,10 +491,10 @@ def build_problem(
         warnings=list(roles.warnings),
         overhead_s=overhead,
         in_kernels=fused,
-        redo_later=redo_later,
+        redo_later=options.memory_limit is not None,
     )
     b.add_inputs(in_pins, {i: o for i, o in ties})
-    b.add_nodes(rules, rule_errors, linear_partials)
+    b.add_nodes(rules, rule_errors, options.linear_partials)
     b.add_outputs(out_pins, {o: i for i, o in ties})
     b.add_fanouts()
     problem = Problem(graph, mesh, b.items, b.edges, _program_order(b.items), b.warnings, roles=roles, zero=zero)

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 from graphc.core.ir import Graph, Value
 from graphc.core.traits import Collective, Constant, DeviceLocal, ShardingConstraint
+from graphc.passes.options import PlanOptions, Recompute
 from graphc.passes.sharding.problem import Problem, view_roots
 
 
@@ -44,9 +45,6 @@ def _never_recomputed(op) -> bool:
     """Constants (always in memory), sharding pins (the identity, pinned by the user) and ops
     that meet other devices or depend on the device's place (not pure to run again)."""
     return op.has(Constant) or op.has(ShardingConstraint) or op.has(Collective) or op.has(DeviceLocal)
-
-
-MODES = ("auto", "on", "off")
 
 
 @dataclass(frozen=True)
@@ -61,15 +59,12 @@ class Candidate:
     last_use: dict[Value, int]  # per result: its last reader when recomputed (backward, or a consumer's point)
 
 
-def recompute_mode(value) -> str:
-    """``True`` / ``False`` / ``"auto"`` (or "on" / "off") -> one of MODES."""
-    if value is True or value == "on":
-        return "on"
-    if value is False or value == "off":
+def recompute_mode(options: PlanOptions) -> Recompute:
+    """What the problem gets of ``options.recompute``: "auto" only under a memory limit (without
+    one, recomputing only costs time: "off"), else the option as it is."""
+    if options.recompute == "auto" and options.memory_limit is None:
         return "off"
-    if value == "auto" or value is None:
-        return "auto"
-    raise ValueError(f"recompute must be True, False or 'auto', got {value!r}")
+    return options.recompute
 
 
 def candidates(graph: Graph, roots: dict[Value, Value]) -> dict[int, Candidate]:
@@ -227,4 +222,4 @@ class RematRanges:
     conflicts: tuple[int, ...]  # items that must be kept when this one is recomputed
 
 
-__all__ = ["MODES", "Candidate", "RematRanges", "add_recompute", "candidates", "recompute_mode"]
+__all__ = ["Candidate", "RematRanges", "add_recompute", "candidates", "recompute_mode"]
