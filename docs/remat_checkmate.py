@@ -28,8 +28,8 @@ from graphc.core.errors import PlanError
 from graphc.core.mesh import MachineProfile, Mesh
 from graphc.passes.options import PlanOptions
 from graphc.passes.partition import build_problem, optimize_for_planning, solve_problem, state_ties
+from graphc.passes.sharding.memory import view_roots
 from graphc.passes.sharding.milp import Milp, solve_milp
-from graphc.passes.sharding.problem import view_roots
 
 
 def layer(h, w):
@@ -141,7 +141,7 @@ def main() -> None:
 
     problem = build_problem(graph, mesh, PlanOptions(), ties=ties)
     base = solve_problem(problem, PlanOptions())
-    ours_peak0 = problem.peak_memory(base.choice)[0]
+    ours_peak0 = problem.memory.peak(base.choice)[0]
     cost, size, edges, resident, outputs = checkmate_graph(graph, problem)
     ops = [n.op.name for n in graph.nodes if n.op.name != "constant"]
     cm_base, n_vars, n_rows, _s, _again = checkmate(cost, size, edges, resident, outputs, 1 << 40)

@@ -42,8 +42,8 @@ from graphc.core.traits import IndexedLookup, ShardingConstraint
 from graphc.ops import get_op
 from graphc.passes.rewrite import Rewriter
 from graphc.passes.sharding.local import local_attrs, owned_rows
+from graphc.passes.sharding.memory import view_roots
 from graphc.passes.sharding.plan import ShardingPlan
-from graphc.passes.sharding.problem import view_roots
 from graphc.passes.sharding.redistribute import plan_steps, read_phase, redistribution_time
 from graphc.passes.sharding.remat import candidates
 from graphc.passes.sharding.roles import update_nodes

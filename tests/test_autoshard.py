@@ -85,11 +85,11 @@ def test_ilp_equals_exhaustive_search_under_a_memory_limit():
     w1, w2, x = (rng.standard_normal(s).astype(np.float32) for s in [(64, 64), (64, 64), (8, 64)])
     g = optimized(lambda w1, w2, x: np.tanh(x @ w1) @ w2, w1, w2, x)
     p = build_problem(g, mesh(x=2))
-    unlimited = p.peak_memory(solve_problem(p, PlanOptions(shrink=False)).choice)[0]
+    unlimited = p.memory.peak(solve_problem(p, PlanOptions(shrink=False)).choice)[0]
     limit = int(unlimited * 0.7)
     sol = solve_problem(p, PlanOptions(memory_limit=limit, shrink=False))
     best, _ = exhaustive(p, memory_limit=limit)
-    assert p.peak_memory(sol.choice)[0] <= limit
+    assert p.memory.peak(sol.choice)[0] <= limit
     assert sol.objective == pytest.approx(best, rel=1e-9)
 
 

@@ -139,6 +139,6 @@ def test_the_planner_amortizes_only_deferred_all_reduces():
 
     partial = [e for e in deferred if gradient(e)]
     total = sum({e.value: e.value.type.nbytes for e in partial}.values())
-    assert problem.bucket_share_bytes == total
+    assert problem.costs.bucket_share_bytes == total
     unbucketed = PlanOptions(zero=0, bucket_bytes=0)
-    assert build_problem(graph, mesh, unbucketed, ties=state_ties(graph)).bucket_share_bytes == 0
+    assert build_problem(graph, mesh, unbucketed, ties=state_ties(graph)).costs.bucket_share_bytes == 0

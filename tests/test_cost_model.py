@@ -18,7 +18,7 @@ from graphc.core.profiles import get_profile
 from graphc.models import mlp
 from graphc.passes.options import PlanOptions
 from graphc.passes.partition import build_problem
-from graphc.passes.sharding.problem import view_roots
+from graphc.passes.sharding.memory import view_roots
 from graphc.passes.sharding.strategies import full_time
 from graphc.runtime.calibrate import calibrate
 from graphc.runtime.executor import BufferPool
@@ -216,7 +216,7 @@ def test_views_hold_no_memory_of_their_own():
     roots = view_roots(graph)
     assert roots == {t: y, s: y}
     problem = build_problem(graph, Mesh("dp=1", profile=DEFAULT))
-    ranges = {v: (a, z) for v, _i, a, z in problem.live_ranges()}
+    ranges = {v: (a, z) for v, _i, a, z in problem.memory.live_ranges()}
     assert t not in ranges and s not in ranges and r in ranges
     pos = {item: p for p, item in enumerate(problem.order)}
     s_reader = next(i for i, it in enumerate(problem.items) if it.kind == "node" and s in it.node.inputs)

@@ -163,7 +163,7 @@ def test_the_cheap_elementwise_value_is_recomputed_before_the_matmul_result_of_t
     other[matmul] += len(problem.items[matmul].strategies) // 2
     assert not problem.items[mul].strategies[other[mul]].recompute
     assert problem.items[matmul].strategies[other[matmul]].recompute
-    assert problem.peak_memory(other)[0] <= limit
+    assert problem.memory.peak(other)[0] <= limit
     assert problem.evaluate(other)["total_s"] > sol.objective
     # the two layers' results equal the plan without recomputation
     got = par(_two_layer_step, memory_limit=limit)(p, x)
@@ -178,14 +178,14 @@ def test_the_ilp_with_recomputation_equals_exhaustive_search():
     mesh = Mesh({"dp": 1}, profile=PROFILE)
     options = PlanOptions(shrink=False)
     free = build_problem(graph, mesh, options, ties=state_ties(graph))
-    unlimited = free.peak_memory(solve_problem(free, options).choice)[0]
+    unlimited = free.memory.peak(solve_problem(free, options).choice)[0]
     for limit in (unlimited - 4096, unlimited - 8192):
         limited = dataclasses.replace(options, memory_limit=limit)  # "auto" recomputes under a limit
         problem = build_problem(graph, mesh, limited, ties=state_ties(graph))
         assert len(problem.remat) == 6
         sol = solve_problem(problem, limited)
         best, choice = exhaustive(problem, memory_limit=limit)
-        assert problem.recomputed(sol.choice) and problem.peak_memory(sol.choice)[0] <= limit
+        assert problem.recomputed(sol.choice) and problem.memory.peak(sol.choice)[0] <= limit
         assert sol.objective == pytest.approx(best, rel=1e-9)
 
 

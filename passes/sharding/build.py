@@ -4,7 +4,7 @@ alternatives, the collectives, the predicted cost and memory, the solver's stati
 The order matters in one place: the alternatives are priced with the gradient-bucket share the
 solver used (passes/sharding/alternatives.py), then the problem is re-bucketed to the bytes the
 plan's all-reduces fill, which prices the plan's collectives and predicted step
-(``Problem.rebucket``).
+(``CostModel.rebucket``).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from graphc.passes.options import PlanOptions
 from graphc.passes.sharding.alternatives import Solved, find_alternatives, ruled_out_specs
 from graphc.passes.sharding.collectives import collectives_of
 from graphc.passes.sharding.ilp import Solution
+from graphc.passes.sharding.items import Item
 from graphc.passes.sharding.plan import (
     Cost,
     Memory,
@@ -26,23 +27,24 @@ from graphc.passes.sharding.plan import (
     TensorChoice,
     graph_hash,
 )
-from graphc.passes.sharding.problem import Item, Problem
+from graphc.passes.sharding.problem import Problem
 from graphc.passes.sharding.zero import zero_report
 
 
 def plan_from_solution(problem: Problem, sol: Solution, options: PlanOptions, build_s: float) -> ShardingPlan:
     """The ShardingPlan of ``sol`` (a strategy per item of ``problem``, passes/sharding/problem.py),
     solved with ``options``. Leaves ``problem`` re-bucketed to the plan's gradient all-reduces
-    (``Problem.rebucket``)."""
+    (``CostModel.rebucket``)."""
     memory_limit = options.memory_limit
     graph = problem.graph
     names = graph.value_names()
     choice = sol.choice
-    solved_bucket = problem.bucket_share_bytes  # the solver's estimate (0: no buckets)
-    filled = problem.filled_bucket_bytes(choice)
+    costs, memory = problem.costs, problem.memory
+    solved_bucket = costs.bucket_share_bytes  # the solver's estimate (0: no buckets)
+    filled = costs.filled_bucket_bytes(choice)
     solved = Solved(sol.objective, sol.status, sol.gap, memory_limit, sol.shared)
-    alternatives = find_alternatives(problem, choice, solved, filled or problem.bucket_share_bytes)
-    problem.rebucket(choice)  # the plan reports the buckets it really fills
+    alternatives = find_alternatives(problem, choice, solved, filled or costs.bucket_share_bytes)
+    costs.rebucket(choice)  # the plan reports the buckets it really fills
     zero = zero_report(problem, choice)
     recomputed = set(problem.recomputed(choice))
     inputs, outputs, nodes = [], [], []
@@ -87,13 +89,13 @@ def plan_from_solution(problem: Problem, sol: Solution, options: PlanOptions, bu
                     it.warning,
                     alts,
                     i in recomputed,
-                    sum(problem.value_bytes(o, i, choice[i]) for o in n.outputs) if i in recomputed else 0,
+                    sum(memory.value_bytes(o, i, choice[i]) for o in n.outputs) if i in recomputed else 0,
                 )
             )
     ev = problem.evaluate(choice)  # with the buckets the plan fills
     collectives = collectives_of(problem, choice)
     comm = sum(c.time_s for c in collectives)
-    peak, at = problem.peak_memory(choice)
+    peak, at = memory.peak(choice)
     at_item = problem.items[problem.order[at]] if problem.order else None
     solver = SolverStats(
         options.solver,
@@ -120,8 +122,8 @@ def plan_from_solution(problem: Problem, sol: Solution, options: PlanOptions, bu
             memory_limit,
             (peak,) * problem.mesh.size,
             _item_name(at_item, names) if at_item else None,
-            (problem.held_peak(choice),) * problem.mesh.size,
-            int(problem.memory_profile(choice, recompute=False).max()) - peak if recomputed else 0,
+            (memory.held_peak(choice),) * problem.mesh.size,
+            int(memory.profile(choice, recompute=False).max()) - peak if recomputed else 0,
         ),
         solver=solver,
         options=options,

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
+from graphc.passes.sharding.items import Edge
 from graphc.passes.sharding.plan import Collective
-from graphc.passes.sharding.problem import Edge, Problem
+from graphc.passes.sharding.problem import Problem
 from graphc.passes.sharding.redistribute import Step, bucketed_step_time, plan_steps
 
 
@@ -56,7 +57,7 @@ def collectives_of(problem: Problem, choice: list[int]) -> list[Collective]:
         if problem.items[e.src].kind == "fanout":
             reader.setdefault(e.src, e.dst)
     out = []
-    for e, st, seconds in redistribution_steps(problem, choice, problem.edges, problem.bucket_share_bytes):
+    for e, st, seconds in redistribution_steps(problem, choice, problem.edges, problem.costs.bucket_share_bytes):
         consumer = problem.items[reader.get(e.dst, e.dst)]  # a fan-out reports its first reader
         node = consumer.node if consumer.kind == "node" else None
         part = node.part if node is not None else None

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import overload
 
 import numpy as np
 
 from graphc.core.ir import Graph, TensorType, Value, walk
-from graphc.core.spec import P, Placement, R, S, format_spec, local_shape
+from graphc.core.spec import P, Placement, R, S, Spec, format_spec, local_shape
 from graphc.core.traits import Constant, Contraction, Fused, IndexedLookup, LinearIn
 from graphc.ops.dims import MAX_BLOCKS, DimRule, default_cost, linear_operands
 from graphc.ops.linalg import einsum, parse_equation
@@ -41,6 +43,70 @@ class Strategy:
         ins = ", ".join(format_spec(s) for s in self.in_specs)
         outs = ", ".join(format_spec(s) for s in self.out_specs)
         return f"{self.name}: ({ins}) -> ({outs})"
+
+
+class DistinctSpecs:
+    """The distinct specs of one operand or result over a list of strategies, in first-seen order,
+    and the position of each strategy's spec among them (``index``): an edge's cost table is
+    made between distinct specs. Compared by identity: the strategies it was made from keep it."""
+
+    __slots__ = ("index", "specs")
+
+    def __init__(self, specs: list[Spec]) -> None:
+        position: dict[Spec, int] = {}
+        for spec in specs:
+            position.setdefault(spec, len(position))
+        self.specs: tuple[Spec, ...] = tuple(position)
+        self.index: np.ndarray = np.array([position[spec] for spec in specs], dtype=np.int64)
+
+
+class Strategies:
+    """The strategies of one item of the sharding problem, in order, and what the cost model reads
+    of them, each made once: the compute time of every strategy and the distinct specs of every
+    operand and result (``specs``). Items with equal strategies (the nodes of repeated layers) share
+    one object, so its tables are made once for all of them. Immutable: a pin, a tie or a ZeRO
+    stage gives an item a new object with the strategies it keeps."""
+
+    __slots__ = ("_all", "_compute", "_specs")
+
+    def __init__(self, strategies: Iterable[Strategy]) -> None:
+        self._all: tuple[Strategy, ...] = tuple(strategies)
+        self._compute: np.ndarray | None = None
+        self._specs: dict[tuple[str, int], DistinctSpecs] = {}
+
+    def __len__(self) -> int:
+        return len(self._all)
+
+    @overload
+    def __getitem__(self, i: int) -> Strategy: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> tuple[Strategy, ...]: ...
+
+    def __getitem__(self, i: int | slice) -> Strategy | tuple[Strategy, ...]:
+        return self._all[i]
+
+    def __iter__(self) -> Iterator[Strategy]:
+        return iter(self._all)
+
+    def __repr__(self) -> str:
+        return f"Strategies({', '.join(s.name for s in self._all)})"
+
+    @property
+    def compute_times(self) -> np.ndarray:
+        """The compute time of every strategy (seconds)."""
+        if self._compute is None:
+            self._compute = np.array([s.compute_s for s in self._all])
+        return self._compute
+
+    def specs(self, side: str, k: int) -> DistinctSpecs:
+        """The distinct specs of result ``k`` (side "out") or operand ``k`` (side "in")."""
+        got = self._specs.get((side, k))
+        if got is None:
+            got = self._specs[(side, k)] = DistinctSpecs(
+                [s.out_specs[k] if side == "out" else s.in_specs[k] for s in self._all]
+            )
+        return got
 
 
 def _rule_args(node) -> tuple[tuple, tuple, dict]:

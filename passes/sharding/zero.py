@@ -36,8 +36,10 @@ from dataclasses import dataclass
 from graphc.core.errors import PlanError
 from graphc.core.ir import Graph, Node, Value
 from graphc.core.spec import Spec
-from graphc.passes.sharding.problem import Problem, gathered, local_nbytes
+from graphc.passes.sharding.memory import gathered, local_nbytes
+from graphc.passes.sharding.problem import Problem
 from graphc.passes.sharding.roles import update_nodes
+from graphc.passes.sharding.strategies import Strategies
 
 
 @dataclass(frozen=True)
@@ -188,7 +190,7 @@ def _keep(problem: Problem, i: int, ok) -> bool:
     keep = [st for st in it.strategies if ok(st.out_specs[0])]
     if not keep:  # no even split (or a user pin rules the stage out): left as it is
         return False
-    it.strategies = keep
+    it.strategies = Strategies(keep)
     return True
 
 
