@@ -277,7 +277,7 @@ def _strategies(graph: Graph, plan: ShardingPlan) -> tuple[list[tuple], list[Str
     for x in plan.outputs:
         outs[x.index] = x.spec
     for n in plan.nodes:
-        nodes[n.index] = Strategy(n.strategy, n.in_specs, n.out_specs)
+        nodes[n.index] = Strategy(name=n.strategy, in_specs=n.in_specs, out_specs=n.out_specs)
     if any(s is None for s in ins + outs + nodes):
         raise GraphcError("the plan does not cover every input, node and output of the graph")
     return ins, nodes, outs

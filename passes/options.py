@@ -66,7 +66,7 @@ BEFORE_OPTION: dict[str, Any] = {
 RENAMED = {"time_limit_s": "time_limit"}  # old plan files' keys
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PlanOptions:
     """How to plan (the module doc lists every option, its type and its values). Frozen; a bad
     value is a ``PlanError`` naming the option, raised where the object is made."""

@@ -45,7 +45,7 @@ from graphc.passes.sharding.strategies import full_time
 PIPELINE_PLAN_VERSION = 1
 
 
-@dataclass
+@dataclass(slots=True, kw_only=True)
 class StageAssignment:
     n_stages: int
     stage: list[int]  # per program node: its stage (-1: a constant, copied to every stage using it)
@@ -99,7 +99,15 @@ def assign_stages(
     ab = [int(costs.activation_bytes[bounds[s + 1]] - costs.activation_bytes[bounds[s]]) for s in range(S)]
     times = placed.times
     return StageAssignment(
-        S, placed.stage, placed.phase, bounds[1:-1], list(times[:, 0]), list(times[:, 1]), list(times[:, 2]), st, ab
+        n_stages=S,
+        stage=placed.stage,
+        phase=placed.phase,
+        cuts=bounds[1:-1],
+        forward_s=list(times[:, 0]),
+        backward_s=list(times[:, 1]),
+        update_s=list(times[:, 2]),
+        state_bytes=st,
+        activation_bytes=ab,
     )
 
 
@@ -388,7 +396,7 @@ def sub_mesh(mesh: Mesh) -> Mesh:
     return Mesh(rest or {"stage": 1}, links=links or None, profile=mesh.profile)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PipelinePlan:
     """What ``plan_pipeline`` decides, as a frozen value: the micro-batch count and schedule, every
     micro-batch-program node's stage and phase, the sharding plan every stage follows on its

@@ -30,7 +30,7 @@ from graphc.passes.sharding.plan import ShardingPlan
 AXES = ("pp", "dp", "tp")
 
 
-@dataclass
+@dataclass(slots=True, kw_only=True)
 class Candidate:
     axes: dict[str, int]
     microbatches: int
@@ -143,7 +143,7 @@ def search_meshes(
             ),
         )
         if key in seen:
-            out.append(Candidate(dict(shape), 1, skipped=f"the same planning problem as {seen[key]}"))
+            out.append(Candidate(axes=dict(shape), microbatches=1, skipped=f"the same planning problem as {seen[key]}"))
             continue
         seen[key] = _mesh_text(shape)
         S = shape.get("pp", 1)
@@ -153,9 +153,9 @@ def search_meshes(
         for m in ms:
             if batch is not None and batch % m:
                 why = f"indivisible: the batch of {batch} does not split into {m} micro-batches"
-                out.append(Candidate(dict(shape), m, skipped=why))
+                out.append(Candidate(axes=dict(shape), microbatches=m, skipped=why))
                 continue
-            cand = Candidate(dict(shape), m)
+            cand = Candidate(axes=dict(shape), microbatches=m)
             start = time.perf_counter()
             try:
                 mesh = Mesh(shape or {"dp": 1}, links=mesh_links or None, profile=profile)

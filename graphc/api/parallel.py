@@ -136,7 +136,7 @@ def planned_pipeline(plan: ShardingPlan | PipelinePlan | None, microbatches: int
     return plan.m, plan.schedule
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RunOptions:
     """How to run what was planned: ``cache`` solved plans on disk (PlanCache), ``timeout_s`` a
     collective may wait for its peers (None: THREADS_TIMEOUT_S on threads, mpi_world's

@@ -41,8 +41,8 @@ from graphc.passes.sharding.collectives import redistribution_steps
 from graphc.passes.sharding.items import Edge
 from graphc.passes.sharding.memory import local_nbytes
 from graphc.passes.sharding.milp import REL_GAP
-from graphc.passes.sharding.plan import Alternative, RuledOut
 from graphc.passes.sharding.problem import Problem
+from graphc.passes.sharding.records import Alternative, RuledOut
 from graphc.passes.sharding.roles import BATCH, RESTRICTED
 
 TOP = 3  # alternatives kept per item
@@ -85,14 +85,14 @@ def find_alternatives(
             peak = pricer.peak_with(moved)
             alts.append(
                 Alternative(
-                    tuple(st.out_specs) if it.kind != "output" else tuple(st.in_specs),
-                    float(delta[s]),
-                    st.name if it.kind == "node" else None,
-                    float(compute[s]),
-                    float(comm[s]),
-                    pricer.step_delta(moved, float(compute[s]), float(delta[s])),
-                    peak - pricer.peak,
-                    _ruled_out(float(delta[s]), peak, solved, [i, *pricer.partner_of(i)]),
+                    out_specs=tuple(st.out_specs) if it.kind != "output" else tuple(st.in_specs),
+                    delta_s=float(delta[s]),
+                    strategy=st.name if it.kind == "node" else None,
+                    compute_delta_s=float(compute[s]),
+                    comm_delta_s=float(comm[s]),
+                    step_delta_s=pricer.step_delta(moved, float(compute[s]), float(delta[s])),
+                    peak_delta_bytes=peak - pricer.peak,
+                    ruled_out=_ruled_out(float(delta[s]), peak, solved, [i, *pricer.partner_of(i)]),
                 )
             )
         out[i] = tuple(alts)
@@ -333,7 +333,7 @@ def ruled_out_specs(problem: Problem, i: int, spec: Spec) -> tuple[RuledOut, ...
                 continue
             if q.is_split and any(x.is_split and x.dim == q.dim for b, x in enumerate(spec) if b != a):
                 continue  # not a spec: a dim splits over one axis
-            out.append(RuledOut(cand, _why_not(problem, i, a, q, cand)))
+            out.append(RuledOut(spec=cand, reason=_why_not(problem, i, a, q, cand)))
     return tuple(out)
 
 

@@ -17,7 +17,7 @@ from graphc.core.ir import Node, Value
 from graphc.passes.sharding.strategies import Strategies
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class Item:
     kind: str  # "input", "node", "output" or "fanout" (module doc)
     index: int  # graph input / node / output position; a fan-out's: the item whose value it spreads
@@ -29,7 +29,7 @@ class Item:
     gradient: bool = False  # a fan-out of a gradient: its value lives in the fan-out's spec after it
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Edge:
     src: int  # item index
     src_out: int

@@ -117,7 +117,7 @@ def lowest_zero_dims(placements: list[tuple], axes: frozenset[int]) -> list[tupl
     return [pl for pl in placements if id(pl) in chosen]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Pins:
     """Choices fixed by the user: specs of graph inputs / outputs (by position) and strategies of
     nodes (by index: a strategy name or a result spec, from a hand-edited plan)."""
@@ -321,7 +321,8 @@ class _ProblemBuilder:
         for k, v in enumerate(self.graph.inputs):
             other = self.graph.outputs[tied_in[k]] if k in tied_in else None
             specs = self.tensor_specs(v, other)
-            item = Item("input", k, Strategies(Strategy(format_spec(s), (), (s,)) for s in specs), value=v)
+            strategies = Strategies(Strategy(name=format_spec(s), in_specs=(), out_specs=(s,)) for s in specs)
+            item = Item(kind="input", index=k, strategies=strategies, value=v)
             if k in in_pins:
                 _pin(item, in_pins[k], f"input %{names[v]}", PlanError)
             self.producer[v] = (len(self.items), 0)
@@ -369,7 +370,7 @@ class _ProblemBuilder:
                 strategies = Strategies(
                     dataclasses.replace(s, compute_s=fused_s / s.divided + overhead) for s in strategies
                 )
-            item = Item("node", n_i, strategies, node=node)  # shared with equal nodes (pins replace it)
+            item = Item(kind="node", index=n_i, strategies=strategies, node=node)  # strategies shared with equal nodes
             if rule is None and any(d > 1 for d in mesh_shape):
                 why = (
                     f"its sharding rule failed ({rule_errors[node]})" if node in rule_errors else "has no sharding rule"
@@ -383,7 +384,10 @@ class _ProblemBuilder:
             for j, v in enumerate(node.inputs):
                 src, out = self.producer[v]
                 phase = read_phase(v.producer.part if v.producer is not None else None, node.part, self.redo_later)
-                self.edges.append(Edge(src, out, idx, j, v, deferred=node.part == "update", phase=phase))
+                deferred = node.part == "update"
+                self.edges.append(
+                    Edge(src=src, src_out=out, dst=idx, dst_in=j, value=v, deferred=deferred, phase=phase)
+                )
             for o in node.outputs:
                 self.producer[o] = (idx, o.index)
 
@@ -424,11 +428,17 @@ class _ProblemBuilder:
             key = tuple(specs)
             strategies = made.get(key)
             if strategies is None:
-                strategies = made[key] = Strategies(Strategy(format_spec(sp), (sp,), (sp,)) for sp in key)
+                strategies = made[key] = Strategies(
+                    Strategy(name=format_spec(sp), in_specs=(sp,), out_specs=(sp,)) for sp in key
+                )
             f = len(self.items)
-            self.items.append(Item("fanout", src, strategies, value=v, gradient=grad))
-            edges.append(Edge(src, out, f, 0, v, deferred=all(e.deferred for e in group), phase=phase))
-            edges += [Edge(f, 0, e.dst, e.dst_in, v, deferred=e.deferred, phase=phase) for e in group]
+            self.items.append(Item(kind="fanout", index=src, strategies=strategies, value=v, gradient=grad))
+            deferred = all(e.deferred for e in group)
+            edges.append(Edge(src=src, src_out=out, dst=f, dst_in=0, value=v, deferred=deferred, phase=phase))
+            edges += [
+                Edge(src=f, src_out=0, dst=e.dst, dst_in=e.dst_in, value=v, deferred=e.deferred, phase=phase)
+                for e in group
+            ]
         self.edges = edges
 
     def _in_update(self, e: Edge) -> bool:
@@ -451,13 +461,14 @@ class _ProblemBuilder:
         for k, v in enumerate(self.graph.outputs):
             other = self.graph.inputs[tied_out[k]] if k in tied_out else None
             specs = self.tensor_specs(v, other)
-            item = Item("output", k, Strategies(Strategy(format_spec(s), (s,), ()) for s in specs), value=v)
+            strategies = Strategies(Strategy(name=format_spec(s), in_specs=(s,), out_specs=()) for s in specs)
+            item = Item(kind="output", index=k, strategies=strategies, value=v)
             if k in out_pins:
                 _pin(item, out_pins[k], f"output {k}", PlanError)
             idx = len(self.items)
             self.items.append(item)
             src, out = self.producer[v]
-            self.edges.append(Edge(src, out, idx, 0, v, deferred=v not in consumed))
+            self.edges.append(Edge(src=src, src_out=out, dst=idx, dst_in=0, value=v, deferred=v not in consumed))
 
 
 def _node_key(node, sets, roles: AxisRoles):

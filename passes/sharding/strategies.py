@@ -30,7 +30,7 @@ from graphc.ops.linalg import einsum, parse_equation
 from graphc.passes.sharding.roles import RESTRICTED, AxisRoles
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Strategy:
     name: str
     in_specs: tuple[tuple[Placement, ...], ...]
@@ -267,11 +267,11 @@ def tensor_specs(
 def replicated(node, mesh_shape, profile, overhead_s: float = 0.0) -> Strategy:
     rep = tuple(R for _ in mesh_shape)
     return Strategy(
-        "replicate",
-        tuple(rep for _ in node.inputs),
-        tuple(rep for _ in node.outputs),
-        compute_time(node, 1, profile, math.prod(mesh_shape), overhead_s),
-        1,
+        name="replicate",
+        in_specs=tuple(rep for _ in node.inputs),
+        out_specs=tuple(rep for _ in node.outputs),
+        compute_s=compute_time(node, 1, profile, math.prod(mesh_shape), overhead_s),
+        divided=1,
     )
 
 
@@ -337,7 +337,9 @@ def _linear_partials(node, base: list[Strategy], mesh, arriving: tuple[frozenset
                 seen.add((ins, outs))
                 tag = " ".join(f"linear{k}@{names[a]}" for a in axes)
                 name = tag if st.name == "replicate" else f"{st.name} {tag}"
-                out.append(Strategy(name, ins, outs, st.compute_s, st.divided))
+                out.append(
+                    Strategy(name=name, in_specs=ins, out_specs=outs, compute_s=st.compute_s, divided=st.divided)
+                )
     return out
 
 
@@ -379,7 +381,9 @@ def _rule_strategies(
         seen.add(key)
         name = _strategy_name(combo, mesh.axis_names)
         t = full_time(node, profile, devices=mesh.size, local=_local_types(node, key, mesh_shape)) if sized else full
-        strategies.append(Strategy(name, key[0], key[1], t / divided + overhead_s, divided))
+        strategies.append(
+            Strategy(name=name, in_specs=key[0], out_specs=key[1], compute_s=t / divided + overhead_s, divided=divided)
+        )
     return strategies or [replicated(node, mesh_shape, profile, overhead_s)]
 
 
