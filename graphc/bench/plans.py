@@ -28,7 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from graphc.api.parallel import ParallelCompiled, parallelize
+from graphc.api.compiled import ParallelCompiled
+from graphc.api.parallel import parallelize
 from graphc.bench.mesh import plan_variants, spearman
 from graphc.core.errors import PlanError
 from graphc.core.mesh import MachineProfile, Mesh, load_profile
