@@ -10,7 +10,7 @@ memory (R[t, j] <= R[t, i] + S[t, i] for every edge i -> j); a value is kept int
 it was in memory in the one before (S[t, i] <= R[t-1, i] + S[t-1, i]); the memory after each node
 of each stage, U[t, k], is at most the budget. Minimize the compute time sum R[t, i] * C[i].
 
-graphc (passes/sharding/remat.py) has one binary per forward node (keep, or recompute once
+graphc (passes/recompute/choices.py) has one binary per forward node (keep, or recompute once
 before its first backward reader), folded into the sharding ILP as a second strategy per node.
 Both are given the same graph (the planning graph of a two-layer tanh(z) * z step, 1024 x 128,
 float32), the same per-node compute times (graphc's cost model, one device) and the same bytes;

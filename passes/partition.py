@@ -32,11 +32,11 @@ from graphc.passes.bucket import bucket_all_reduces
 from graphc.passes.lower import lower_graph, regather
 from graphc.passes.manager import optimize
 from graphc.passes.options import PlanOptions
+from graphc.passes.recompute.choices import add_recompute, recompute_mode
 from graphc.passes.sharding.build import plan_from_solution
 from graphc.passes.sharding.ilp import Group, Solution, shrink_groups, solve
 from graphc.passes.sharding.plan import ShardingPlan
 from graphc.passes.sharding.problem import Pins, Problem, apply_ties, items_and_edges, pin_nodes
-from graphc.passes.sharding.remat import add_recompute, recompute_mode
 from graphc.passes.sharding.zero import restrict_zero
 from graphc.programs import ParallelProgram
 

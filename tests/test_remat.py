@@ -1,4 +1,4 @@
-"""Activation recomputation chosen by the planner (passes/sharding/remat.py): the solver recomputes
+"""Activation recomputation chosen by the planner (passes/recompute/choices.py): the solver recomputes
 only under a memory limit that needs it, cheap values first; the lowered programs recompute
 before the backward pass and free the originals; results equal the plan without recomputation."""
 

@@ -16,7 +16,7 @@ depend on this machine's calibration), on ``tp=2``:
   half per device: the peak drops by the bytes those saved values shrink by.
 
 These plans are made with ``recompute="off"``. With activation recomputation allowed (the
-default under a limit, passes/sharding/remat.py) the solver fits the same limit more cheaply by
+default under a limit, passes/recompute/choices.py) the solver fits the same limit more cheaply by
 recomputing layer-norm and softmax values before the backward pass, and keeps Megatron TP
 (``test_recomputation_fits_the_limit_more_cheaply``).
 """
@@ -128,7 +128,7 @@ def test_the_peak_drops_by_the_saved_activations_it_splits(megatron, seqpar):
     """Memory model: at the peak (the forward pass done, the backward pass starting) every value
     the forward pass made and the backward pass reads is live. SP holds the ones of the
     layer-norm regions (x - mean, 1/sqrt(var), the residual sums; and the LM head's; the
-    normalized x is recomputed in the backward from the first two, passes/recompute.py) split on
+    normalized x is recomputed in the backward from the first two, passes/recompute/cheap.py) split on
     the sequence: each shrinks by half. The peak drops by that sum, less the values the device
     program's fusion keeps out of memory (sharding/fusion.py)."""
     (mp, graph), (sp, _g) = megatron, seqpar

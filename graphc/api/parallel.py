@@ -440,7 +440,7 @@ def parallelize(
     mismatch is a ``PlanError`` naming both. A pipeline plan brings its micro-batch count and
     schedule. (Re-solving around a hand-edited plan's pins is ``graphc compile --resolve-pins``.)
 
-    ``recompute``: activation recomputation (passes/sharding/remat.py). ``"auto"``: under a
+    ``recompute``: activation recomputation (passes/recompute/choices.py). ``"auto"``: under a
     ``memory_limit`` the solver recomputes forward values in the backward pass where that is the
     cheapest way to fit (without a limit it only costs time, so nothing is); ``"on"``: every
     value that can be recomputed is (``remat.forced``); ``"off"``: none. The plan marks each

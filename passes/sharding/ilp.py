@@ -517,7 +517,7 @@ class _Model:
 
     def _add_recompute_needs(self) -> None:
         """A recomputed item whose operand is dead by its recompute point needs that operand's
-        producer recomputed too (passes/sharding/remat.py): ``r[item] - r[need] <= 0``; one whose
+        producer recomputed too (passes/recompute/choices.py): ``r[item] - r[need] <= 0``; one whose
         operand is recomputed only after its point needs it kept: ``r[item] + r[other] <= 1``.
         One row per distinct pair of groups (tied layers give the same row)."""
         p, done = self.p, set()

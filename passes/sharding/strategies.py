@@ -37,7 +37,7 @@ class Strategy:
     out_specs: tuple[tuple[Placement, ...], ...]
     compute_s: float = 0.0
     divided: int = 1  # number of pieces the work is divided into
-    recompute: bool = False  # run again before the backward pass reads it (passes/sharding/remat.py)
+    recompute: bool = False  # run again before the backward pass reads it (passes/recompute/choices.py)
 
     def describe(self) -> str:
         ins = ", ".join(format_spec(s) for s in self.in_specs)
