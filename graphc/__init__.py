@@ -10,6 +10,7 @@ Public API (everything else is internal and may change):
     cond, while_loop, fori_loop              explicit graph control flow (the source transform emits them too)
     rng_seed(seed) / rng_seed(rng=gen)       the stream np.random.rand/randn/... draw from in traced code (docs/random.md)
     tree_map(fn, tree, *rest)                map over array leaves of pytrees
+    add_user_code(folder)                    report that folder's lines as the user's (code inside an installed package)
     register_pytree(cls, flatten, unflatten) a class as a pytree node, as JAX's register_pytree_node
                                              (dataclasses, NamedTuples, plain objects need none)
     StateUpdate                              a traced function's result and what it wrote into its
@@ -42,7 +43,7 @@ Public API (everything else is internal and may change):
     PlanWarning                              a plan replicates work it was asked to split (the plan's warnings)
 
 ``import graphc`` is lazy (PEP 562): each name imports its module on first use, so importing the
-package costs little and numba (kernels) and OR-Tools (the ILP) load only when used.
+package costs little and numba (kernels) and HiGHS (the ILP) load only when used.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ __version__ = "0.1.0"
 # public name -> (module, attribute in it)
 _EXPORTS: dict[str, tuple[str, str]] = {
     "trace": ("graphc.frontend.entry", "trace"),
+    "add_user_code": ("graphc.frontend.locations", "add_user_code"),
     "cond": ("graphc.frontend.entry", "cond"),
     "while_loop": ("graphc.frontend.entry", "while_loop"),
     "fori_loop": ("graphc.frontend.entry", "fori_loop"),

@@ -1,4 +1,4 @@
-"""numpy's exact semantics in the corners differential fuzzing found (tests/test_fuzz_numpy.py):
+"""numpy's exact semantics in the corners differential fuzzing found (tests/fuzz/test_numpy_jit.py):
 result dtypes of every ufunc and operator on bool and small-int arrays next to Python and numpy
 scalars (NEP 50), the fast paths of ``**``, numpy scalars against 0-d arrays, einsum's order of
 summation, np.clip and np.where with scalar bounds, valid numpy graphc used to reject, and numpy's
@@ -455,6 +455,88 @@ def test_squeeze_axis_of_a_0d_array():
     check_batch(
         "squeeze", [lambda z: np.squeeze(z, 0), lambda z: np.squeeze(z, -1), lambda z: np.squeeze(z, (0,))], (z,)
     )
+
+
+def test_scans_and_argsort_of_a_0d_array_along_axis_0():
+    """numpy's cumsum, cumprod and argsort (functions and methods) take axis 0 or -1 of a 0-d array
+    and ravel it (a result of shape (1,)); np.sort raises numpy's AxisError there, and all of them
+    for axis 1 or -2 (found by tests/fuzz)."""
+    z = np.array(-2.5)
+    fns = [
+        lambda z, fn=fn, ax=ax: fn(z, axis=ax)
+        for fn in (np.cumsum, np.cumprod, np.argsort, np.sort)
+        for ax in (0, -1, 1, -2)
+    ]
+    fns += [lambda z: z.cumsum(axis=0), lambda z: z.cumprod(axis=-1), lambda z: z.argsort(axis=0)]
+    check_batch("0-d scans and sorts", fns, (z,))
+
+
+def test_writes_numpy_refuses():
+    """numpy refuses a write into a numpy scalar (``np.add.at``, ``out=``), an array of 1 or more
+    dims into one element (``y[0] = v[:1]``, also through a traced index or ``+=``), and a 2-d
+    value through a boolean mask over every dim; graphc raised nothing and wrote (found by
+    tests/fuzz). A 0-d view (``y[0, ...]``) and a mask over fewer dims take such values."""
+    x = np.array([1.0, 2.0, 3.0])
+    mask = np.array([True, False, True])
+
+    def scalar_at(x):
+        s = np.sum(x)
+        np.add.at(s, (), 1.0)
+        return s
+
+    def scalar_out(x):
+        s = x[0].copy()
+        np.negative(x[1], out=s)
+        return s
+
+    def element(x):
+        y = x.copy()
+        y[0] = x[1:2]
+        return y
+
+    def element_add(x):
+        y = x.copy()
+        y[-1] += x[1:2]
+        return y
+
+    def traced_element(x, i):
+        y = x.copy()
+        y[i] = x[1:2]
+        return y
+
+    def masked_2d(x):
+        y = x.copy()
+        y[mask] = x[None, :2]
+        return y
+
+    def masked_traced_2d(x):
+        y = x.copy()
+        y[x > 1.5] = x[None, :2]
+        return y
+
+    for fn, args in (
+        (scalar_at, (x,)),
+        (scalar_out, (x,)),
+        (element, (x,)),
+        (element_add, (x,)),
+        (traced_element, (x, np.array(0))),
+        (masked_2d, (x,)),
+        (masked_traced_2d, (x,)),
+    ):
+        with pytest.raises((TypeError, ValueError)) as want:
+            fn(*args)
+        with pytest.raises(type(want.value)) as got:
+            graphc.jit(fn)(*args)
+        assert isinstance(got.value, TraceError), fn.__name__
+
+    def allowed(x):
+        y = x.reshape(1, 3).copy()
+        y[0, ...] = x[None, :]  # a row of shape (3,) takes (1, 3): numpy drops the leading dim
+        z = x.copy()
+        z[0, ...] = x[1:2]  # a 0-d view takes (1,)
+        return y, z
+
+    check_batch("allowed writes", [allowed], (x,))
 
 
 # --- numpy's errors are GraphcErrors ------------------------------------------------------------------

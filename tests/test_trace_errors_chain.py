@@ -192,3 +192,15 @@ def test_data_dependent_shape_error_is_the_same_everywhere(api):
     with pytest.raises(graphc.TraceError, match="data-dependent") as info:
         api(f, X)
     assert info.value.lineno == line_of("<nonzero>") and info.value.chain == ()
+
+
+def test_the_example_models_are_user_code(tmp_path):
+    """graphc.models registers itself as user code (graphc.add_user_code): an error in a model
+    names the model's line, though the file lives inside the graphc package; so does a folder a
+    user registers."""
+    from graphc.models import mlp
+
+    (args, _kwargs) = mlp.example_train_args()
+    with pytest.raises(graphc.TraceError) as info:
+        graphc.trace(mlp.mlp, args[0], np.ones((3, 5), np.float32))  # 5 features for a 784-wide layer
+    assert info.value.filename.endswith("mlp.py")

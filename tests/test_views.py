@@ -746,6 +746,109 @@ def test_masked_write_errors_like_numpy_and_at_the_line():
         graphc.trace(read, Y)
 
 
+def test_masked_augmented_assignment_follows_numpys_in_place_rules():
+    """``y[mask] += 2`` on a uint8 array stays uint8 and ``y[mask] += 300`` on int8 raises numpy's
+    OverflowError, as without a mask: a Python number takes the array's dtype (NEP 50), a numpy
+    scalar keeps its own; a value with more dims than the selection raises numpy's ValueError (an
+    in-place op cannot grow its target) where ``y[mask] = v`` would drop them (found by tests/fuzz)."""
+
+    def small_ints(x):
+        y = x.copy()
+        y[y > 0] += 2
+        y[y > 4] *= 0
+        y[y < 3] -= True
+        return y
+
+    check(small_ints, np.array([3, 0, 7], np.uint8))
+    check(small_ints, np.array([[3, -1], [0, 9]], np.int8))
+
+    def out_of_range(x):
+        y = x.copy()
+        y[y > 1] += 300
+        return y
+
+    with pytest.raises(OverflowError):
+        out_of_range(np.array([1, 2], np.int8))
+    with pytest.raises(OverflowError) as err:
+        graphc.trace(out_of_range, np.array([1, 2], np.int8))
+    assert isinstance(err.value, graphc.TraceError)
+
+    def numpy_scalar(x):
+        y = x.copy()
+        y[y > 0] += np.int64(2)  # a numpy scalar is not weak: numpy's in-place add raises
+        return y
+
+    with pytest.raises(TypeError):
+        numpy_scalar(np.array([3, 0], np.uint8))
+    with pytest.raises(graphc.TraceError, match="Cannot cast ufunc 'add'"):
+        graphc.trace(numpy_scalar, np.array([3, 0], np.uint8))
+
+    def more_dims(x, v):
+        y = x.copy()
+        y[y < 0] *= v  # numpy: the in-place multiply of the selected (count,) by v (1, 1, 1) raises
+        return y
+
+    x, v = np.array([-4, 0], np.int16), np.array([[[-2]]], np.int8)
+    with pytest.raises(ValueError, match="non-broadcastable output operand"):
+        more_dims(x.copy(), v)
+    with pytest.raises(ValueError, match="non-broadcastable output operand") as err:
+        graphc.trace(more_dims, x, v)
+    assert isinstance(err.value, graphc.TraceError)
+
+
+def test_an_einsum_that_only_permutes_is_a_view():
+    """numpy's einsum of one operand that sums nothing returns a view: a write into it reaches the
+    operand, and a later write into the operand shows in it (graphc computed a copy: found by
+    tests/fuzz); of a 0-d operand it is a numpy scalar."""
+
+    def fn(x):
+        y = x.copy()
+        t = np.einsum("ab->ba", y)
+        r = np.einsum("a", y[0])
+        s = np.einsum("->", y[0, 0])
+        t[0, 1] = 99.0  # y[1, 0]
+        y[0, 2] = -1.0
+        return y, t, r, s
+
+    check(fn, np.arange(6.0).reshape(2, 3))
+
+
+def test_a_numpy_scalar_has_no_views():
+    """numpy's reshape, ravel, atleast_1d, expand_dims or ``[...]`` of a numpy scalar (the sum of
+    an array, ``x + x`` of 0-d arrays, a copy of one) is a new array: a write into it leaves the
+    scalar as it was (graphc wrote through to the scalar: found by tests/fuzz)."""
+
+    def fn(x):
+        s = np.sum(x)
+        t = (x[0] + x[0]).copy()
+        a, b, c, d, e = s.reshape(1), np.ravel(s), np.atleast_1d(t), np.expand_dims(t, 0), s[...]
+        a[0] = 7.0
+        b[0] = 8.0
+        c[0] = 9.0
+        d[0] = 10.0
+        e[...] = 11.0
+        return s, t, a, b, c, d, e
+
+    check(fn, np.array([1.5, 2.0]))
+
+
+def test_a_0d_out_buffer_stays_an_array():
+    """``np.clip(x, lo, hi, out=b)`` into a 0-d ``b`` leaves ``b`` a 0-d array, which a later
+    write may write into (numpy returns the out array; graphc held a numpy scalar: found by
+    tests/fuzz)."""
+
+    def fn(x):
+        b = np.zeros(())
+        np.clip(x, 0.0, 3.0, out=b)
+        c = b.copy()
+        c[()] *= x
+        r = np.clip(x, 0.0, 1.0, out=np.zeros(()))
+        r[()] += 1.0
+        return c, r
+
+    check(fn, np.array(1.9))
+
+
 def test_gradient_through_masked_writes():
     def loss(x):
         y = x * 1.0

@@ -33,10 +33,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+import graphc.models  # noqa: F401  (registers the example models as user code: errors name their lines)
 from graphc.api.parallel import RunOptions, planned_pipeline
 from graphc.cli.loader import UsageError
 from graphc.core.errors import GraphcError, GraphcWarning, PlanError
 from graphc.core.units import parse_bytes
+from graphc.frontend.locations import is_user_code
 from graphc.passes.options import PlanOptions
 from graphc.passes.pipeline import PipelinePlan
 from graphc.passes.sharding.plan import ShardingPlan
@@ -44,8 +46,7 @@ from graphc.passes.sharding.plan import ShardingPlan
 _GRAPHC_DIR = os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _INTERNAL_DIRS = tuple(
     os.path.realpath(os.path.join(_GRAPHC_DIR, d)) + os.sep for d in ("", "passes", "runtime")
-)  # graphc's own code (passes/ and runtime/ are links); models/ is the user's
-_MODELS_DIR = os.path.realpath(os.path.join(_GRAPHC_DIR, "models")) + os.sep
+)  # graphc's own code (passes/ and runtime/ are links); graphc.models registers itself as user code
 
 
 class Parser(argparse.ArgumentParser):
@@ -279,14 +280,14 @@ def user_frame(exc: BaseException) -> traceback.FrameSummary | None:
 
 def _is_graphc_file(filename: str) -> bool:
     real = os.path.realpath(filename)
-    return real.startswith(_INTERNAL_DIRS) and not real.startswith(_MODELS_DIR)
+    return real.startswith(_INTERNAL_DIRS) and not is_user_code(real)
 
 
 def _is_user_file(filename: str) -> bool:
     if filename.startswith("<"):
         return False
     real = os.path.realpath(filename)
-    if real.startswith(_MODELS_DIR):
+    if is_user_code(real):
         return True
     if _is_graphc_file(filename):
         return False

@@ -301,7 +301,7 @@ def check_runnable(graph: Graph, what: str = "run") -> None:
             where = f" at {v.producer.loc}" if v.producer is not None and v.producer.loc else ""
             raise GraphcError(
                 f"cannot {what} @{graph.name}: it computes in bfloat16 ({v.type}{where}); graphc traces and "
-                "plans bfloat16 (graphc compile --profile h100-sxm) but runs only float16/32/64: convert the "
+                "plans bfloat16 (for a GPU profile) but runs only float16/32/64: convert the "
                 "inputs to float32 to run it"
             )
 

@@ -44,8 +44,15 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-RUNTIME = "_gc_rt"
-Located = ast.stmt | ast.expr  # nodes with a source position (ast.AST itself has none)
+from graphc.frontend.autograph_names import (
+    RUNTIME,
+    Located,
+    assigned_names,
+    first_escape,
+    local_names,
+    statement_kind,
+)
+
 _TYPE_PARAMS: dict[str, Any] = (
     {"type_params": []} if sys.version_info >= (3, 12) else {}
 )  # a field of 3.12's FunctionDef
@@ -83,21 +90,6 @@ _FRAME_SENSITIVE = {
     "reversed",
     "map",
 }
-_MUTATORS = {
-    "append",
-    "extend",
-    "insert",
-    "pop",
-    "remove",
-    "clear",
-    "update",
-    "setdefault",
-    "popitem",
-    "sort",
-    "reverse",
-    "add",
-    "discard",
-}
 _SKIP_PACKAGES = ("numpy", "graphc", "scipy", "networkx", "lark", "hypothesis", "_pytest", "pytest", "numba")
 
 
@@ -115,181 +107,6 @@ class _Unreadable:
 _cache: dict[tuple[int, int], tuple[types.CodeType, dict, Any]] = {}  # (code, globals) -> maker or _Unreadable
 _generated: dict[int, types.CodeType] = {}  # code objects compiled from transformed source (already converted)
 _unconverted_reasons: dict[int, tuple[types.CodeType, str]] = {}
-
-
-# --- analysis helpers -------------------------------------------------------------------------------
-
-
-class _Assigned(ast.NodeVisitor):
-    """Names a block assigns (in its own scope), in first-assignment order; bases of subscript
-    targets and of mutating calls count as assigned (``d["k"] = v``, ``outs.append(y)`` change ``d``
-    and ``outs``) unless ``subscript_bases`` is False (then: the names Python binds, its locals).
-    ``attribute_targets`` are the assignments to attributes, also through a subscript
-    (``self.cache[i] = v``, which the transform turns into a ``_gc_rt.assign`` call)."""
-
-    def __init__(self, subscript_bases: bool = True):
-        self.names: list[str] = []
-        self.attribute_targets: list[ast.AST] = []
-        self.subscript_bases = subscript_bases
-
-    def add(self, name: str) -> None:
-        if name not in self.names and not name.startswith("_gc_"):
-            self.names.append(name)
-
-    def target(self, t: ast.AST) -> None:
-        if isinstance(t, ast.Name):
-            self.add(t.id)
-        elif isinstance(t, (ast.Tuple, ast.List)):
-            for e in t.elts:
-                self.target(e)
-        elif isinstance(t, ast.Starred):
-            self.target(t.value)
-        elif isinstance(t, ast.Subscript):
-            base = t.value
-            while isinstance(base, ast.Subscript):
-                base = base.value
-            if not isinstance(base, ast.Name):
-                self.attribute_targets.append(t)
-            elif self.subscript_bases:
-                self.add(base.id)
-        elif isinstance(t, ast.Attribute):
-            self.attribute_targets.append(t)
-
-    def visit_Assign(self, node):
-        for t in node.targets:
-            self.target(t)
-        self.generic_visit(node)
-
-    def visit_AugAssign(self, node):
-        self.target(node.target)
-        self.generic_visit(node)
-
-    def visit_AnnAssign(self, node):
-        self.target(node.target)
-        self.generic_visit(node)
-
-    def visit_NamedExpr(self, node):
-        self.target(node.target)
-        self.generic_visit(node)
-
-    def visit_For(self, node):
-        self.target(node.target)
-        self.generic_visit(node)
-
-    def visit_With(self, node):
-        for item in node.items:
-            if item.optional_vars is not None:
-                self.target(item.optional_vars)
-        self.generic_visit(node)
-
-    def visit_Import(self, node):
-        for alias in node.names:
-            self.add((alias.asname or alias.name).split(".")[0])
-
-    visit_ImportFrom = visit_Import
-
-    def visit_Call(self, node):
-        func = node.func
-        if _is_runtime(func, "assign") and isinstance(node.args[-1], ast.Constant) and node.args[-1].value is False:
-            self.attribute_targets.append(node)  # obj.attr[key] = v, transformed (_Transformer._assign)
-        if isinstance(func, ast.Attribute) and func.attr in _MUTATORS and self.subscript_bases:
-            base = func.value
-            while isinstance(base, ast.Subscript):
-                base = base.value
-            if isinstance(base, ast.Name):
-                self.add(base.id)  # outs.append(y) changes outs
-        self.generic_visit(node)
-
-    def visit_ExceptHandler(self, node):
-        if node.name:
-            self.add(node.name)
-        self.generic_visit(node)
-
-    def visit_Delete(self, node):
-        for t in node.targets:
-            self.target(t)
-
-    def visit_FunctionDef(self, node):
-        self.add(node.name)  # the body is another scope
-
-    visit_AsyncFunctionDef = visit_FunctionDef
-
-    def visit_ClassDef(self, node):
-        self.add(node.name)
-
-    def visit_Lambda(self, node):
-        pass
-
-    def visit_ListComp(self, node):
-        pass
-
-    visit_SetComp = visit_DictComp = visit_GeneratorExp = visit_ListComp
-
-
-def _is_runtime(func: ast.expr, name: str) -> bool:
-    return (
-        isinstance(func, ast.Attribute)
-        and func.attr == name
-        and isinstance(func.value, ast.Name)
-        and func.value.id == RUNTIME
-    )
-
-
-def local_names(fdef: ast.FunctionDef) -> set[str]:
-    """The names local to a function: its parameters and the names its body binds."""
-    args = fdef.args
-    params = [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs]
-    params += [a.arg for a in (args.vararg, args.kwarg) if a is not None]
-    bound = _Assigned(subscript_bases=False)
-    for stmt in fdef.body:
-        bound.visit(stmt)
-    return set(params) | set(bound.names)
-
-
-def assigned_names(stmts: list[ast.stmt]) -> _Assigned:
-    v = _Assigned()
-    for s in stmts:
-        v.visit(s)
-    return v
-
-
-def _escapes(stmts: list[ast.stmt]) -> Located | None:
-    """The first statement in ``stmts`` that leaves the block early: return / yield / await
-    anywhere (outside nested scopes), or break / continue that is not inside a loop nested in
-    the block. Such blocks cannot become the functions of graph control flow."""
-
-    def walk(node: ast.AST, in_loop: bool) -> Located | None:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-            return None
-        if isinstance(node, (ast.Return, ast.Yield, ast.YieldFrom, ast.Await)):
-            return node
-        if isinstance(node, (ast.Break, ast.Continue)) and not in_loop:
-            return node
-        nested_loop = in_loop or isinstance(node, (ast.For, ast.While, ast.AsyncFor))
-        orelse = getattr(node, "orelse", [])
-        orelse = orelse if isinstance(orelse, list) else []  # (an IfExp's orelse is an expression)
-        for child in ast.iter_child_nodes(node):
-            found = walk(child, nested_loop if child not in orelse else in_loop)
-            if found is not None:
-                return found
-        return None
-
-    for s in stmts:
-        found = walk(s, False)
-        if found is not None:
-            return found
-    return None
-
-
-def _kind(node: ast.AST) -> str:
-    return {
-        ast.Return: "return",
-        ast.Break: "break",
-        ast.Continue: "continue",
-        ast.Yield: "yield",
-        ast.YieldFrom: "yield",
-        ast.Await: "await",
-    }.get(type(node), type(node).__name__)
 
 
 # --- the transformer ------------------------------------------------------------------------------------
@@ -569,13 +386,13 @@ class _Transformer(ast.NodeTransformer):
     def _static_check(self, node: ast.If | ast.While, escape: Located) -> ast.AST:
         node.test = ast.Call(
             func=_rt("static_test"),
-            args=[node.test, ast.Constant(_kind(escape)), ast.Constant(escape.lineno)],
+            args=[node.test, ast.Constant(statement_kind(escape)), ast.Constant(escape.lineno)],
             keywords=[],
         )
         return _locate(node, node)
 
     def visit_If(self, node: ast.If):
-        escape = _escapes(node.body + node.orelse)
+        escape = first_escape(node.body + node.orelse)
         self._visit_block(node, None if escape is not None else assigned_names(node.body + node.orelse).names)
         if escape is not None:
             return self._with_aliases(self._static_check(node, escape), node)
@@ -604,7 +421,7 @@ class _Transformer(ast.NodeTransformer):
         )
 
     def visit_While(self, node: ast.While):
-        escape = _escapes(node.body) or (_escapes(node.orelse) if node.orelse else None)
+        escape = first_escape(node.body) or (first_escape(node.orelse) if node.orelse else None)
         static = escape is not None or bool(node.orelse)
         self._visit_block(node, None if static else assigned_names(node.body).names)
         if static:
@@ -636,20 +453,20 @@ class _Transformer(ast.NodeTransformer):
             and 1 <= len(it.args) <= 3
             and isinstance(node.target, ast.Name)
         )
-        converted = is_range and _escapes(node.body) is None and not node.orelse
+        converted = is_range and first_escape(node.body) is None and not node.orelse
         assert not converted or isinstance(node.target, ast.Name)  # (is_range says so)
         block = [node.target.id, *assigned_names(node.body).names] if converted else None  # type: ignore[attr-defined]
         self._visit_block(node, block)
         if not is_range:
             return self._with_aliases(node, node)
         assert isinstance(it, ast.Call) and isinstance(node.target, ast.Name)  # (what is_range checked)
-        escape = _escapes(node.body)
+        escape = first_escape(node.body)
         if escape is not None or node.orelse:
             node.iter = ast.Call(
                 func=_rt("static_range"),
                 args=[
                     ast.Tuple(elts=it.args, ctx=ast.Load()),
-                    ast.Constant(_kind(escape) if escape else "else"),
+                    ast.Constant(statement_kind(escape) if escape else "else"),
                     ast.Constant(node.lineno),
                 ],
                 keywords=[],

@@ -15,13 +15,13 @@ from graphc.core.errors import SourceLoc, TraceError
 from graphc.core.ir import TensorType
 from graphc.core.pytree import flatten, unflatten
 from graphc.frontend import autograph, control, masked, shadows
+from graphc.frontend.library_calls import library_failure
 from graphc.frontend.shadows import redirect
 from graphc.frontend.tracer import (
     HANDLERS,
     Tracer,
     current_context,
     fresh,
-    library_failure,
     lift,
     user_errors,
     user_location,

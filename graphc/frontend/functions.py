@@ -306,6 +306,8 @@ def write_out(
         if len(out) != 1:
             raise TraceError(f"{what}: out= must be an array or a tuple of one array here", user_location())
         out = out[0]
+    if isinstance(out, np.generic) or (isinstance(out, Tracer) and (out._scalar or out._weak)):
+        raise numpy_error(TypeError("return arrays must be of ArrayType"), TraceError, user_location())
     if np.broadcast_shapes(result.shape, out.shape) != out.shape:
         raise TraceError(
             f"non-broadcastable output operand with shape {out.shape} doesn't match the broadcast shape {result.shape}",
@@ -647,10 +649,14 @@ def einsum(subscripts, *operands, out=None, optimize=False, dtype=None, **kwargs
     if not isinstance(subscripts, str):
         raise TraceError("numpy.einsum: only the subscripts-string form is supported", user_location())
     dt = result_dtype(*operands)
-    if dt.kind == "b":
-        return _bool_contraction(lambda *xs: einsum(subscripts, *xs), *operands)
     xs = [lift(x, dt) for x in operands]
     specs, out_spec = _expand_einsum(subscripts, xs)
+    if len(xs) == 1 and out_spec and len(set(specs[0])) == len(specs[0]) and sorted(specs[0]) == sorted(out_spec):
+        # one operand, nothing summed, no diagonal: numpy returns a view, a permutation of the dims
+        # (of a 0-d operand, a numpy scalar); a diagonal ('ii->i') is a view in numpy too, a copy here
+        return np.transpose(xs[0], tuple(specs[0].index(c) for c in out_spec))
+    if dt.kind == "b":
+        return _bool_contraction(lambda *xs: einsum(subscripts, *xs), *operands)
     specs, xs = map(list, zip(*(_einsum_diagonal(s, x, i) for i, (s, x) in enumerate(zip(specs, xs)))))
     xs = _einsum_broadcast(specs, xs)
     return bind("einsum", *xs, equation=",".join(specs) + "->" + out_spec)

@@ -476,9 +476,41 @@ def _indexed_update(x: Tracer, key: Any, value: Any, opname: str) -> Tracer:
 
 def setitem(x: Tracer, key: Any, value: Any) -> Tracer:
     """The value of ``x`` after numpy's ``x[key] = value`` (a new array; ``x`` is unchanged)."""
+    _check_value_dims(x, key, value)
     if traced_mask(key):
         return masked_setitem(x, key, value)
     return _indexed_update(x, key, value, "scatter")
+
+
+def _check_value_dims(x: Tracer, key: Any, value: Any) -> None:
+    """numpy's two rules on the value's dims that broadcasting alone does not give: one element
+    (an integer for every dim, or ``()`` of a 0-d array) takes no array of 1 or more dims, and a
+    boolean mask over all the dims (the whole key) none of 2 or more."""
+    parts = key if type(key) is tuple else (key,)
+    ndim = np.ndim(value)
+    ints = all(_is_int(k) for k in parts)
+    if ints and len(parts) == x.ndim and ndim >= 1:
+        raise numpy_error(ValueError("setting an array element with a sequence."), TraceError, user_location())
+    whole_mask = len(parts) == 1 and np.ndim(parts[0]) == x.ndim >= 1 and _is_bool_array(parts[0])
+    if whole_mask and ndim >= 2:
+        raise numpy_error(
+            TypeError(
+                f"NumPy boolean array indexing assignment requires a 0 or 1-dimensional input, input has {ndim} dimensions"
+            ),
+            TraceError,
+            user_location(),
+        )
+
+
+def _is_int(k: Any) -> bool:
+    """An integer index: a Python or numpy integer, or a traced 0-d integer (a numpy integer)."""
+    if isinstance(k, Tracer):
+        return k.ndim == 0 and k.dtype.kind in "iu"
+    return isinstance(k, (int, np.integer)) and not isinstance(k, (bool, np.bool_))
+
+
+def _is_bool_array(k: Any) -> bool:
+    return isinstance(k, (np.ndarray, Tracer)) and k.dtype.kind == "b"
 
 
 def add_at(x: Tracer, key: Any, value: Any) -> Tracer:
@@ -509,6 +541,8 @@ def ufunc_inplace(ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any) -> 
         if len(inputs) != ufunc.nin + 1 or ufunc.nout != 1:
             raise TraceError(f"{name}.at takes the array, the indices and {ufunc.nin - 1} operand(s)", user_location())
         x, key, *values = inputs
+        if isinstance(x, np.generic) or (isinstance(x, Tracer) and (x._scalar or x._weak)):
+            raise numpy_error(TypeError("first operand must be array"), TraceError, user_location())
         x = _writable(x, f"{name}.at")
         rebind(x, _ufunc_at(ufunc, x, key, values[0] if values else None))
         return None

@@ -21,7 +21,28 @@ import numpy as np
 from graphc.core.errors import NUMPY_ERRORS, GraphcError, ShapeError, SourceLoc, TraceError, numpy_error
 
 _GRAPHC_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-_MODELS_DIR = _GRAPHC_DIR + "models" + os.sep  # the example models are user code: their lines are reported
+# folders whose code is the user's even inside graphc or an installed package (add_user_code)
+_user_dirs: tuple[str, ...] = ()
+
+
+def add_user_code(folder: str) -> None:
+    """Report the lines of code in ``folder`` as the user's in errors and node locations, even
+    where it lives inside graphc or an installed package (graphc.models registers itself: its
+    example models are user code, also when graphc is installed)."""
+    global _user_dirs
+    path = os.path.abspath(folder).rstrip(os.sep) + os.sep
+    real = os.path.realpath(folder).rstrip(os.sep) + os.sep
+    _user_dirs = tuple(dict.fromkeys((*_user_dirs, path, real)))
+    for cached in (is_internal, library_path, display_path):
+        cached.cache_clear()
+
+
+def is_user_code(filename: str) -> bool:
+    """Whether ``filename`` lies in a folder ``add_user_code`` registered."""
+    path = os.path.abspath(filename)
+    return path.startswith(_user_dirs) or os.path.realpath(path).startswith(_user_dirs)
+
+
 _NUMPY_DIR = os.path.dirname(os.path.abspath(np.__file__)) + os.sep
 
 
@@ -44,7 +65,7 @@ def is_internal(filename: str) -> bool:
     if not filename.startswith("<"):
         filename = os.path.abspath(filename)
     if filename.startswith(_GRAPHC_DIR):
-        return not filename.startswith(_MODELS_DIR)
+        return not is_user_code(filename)
     return filename.startswith(_NUMPY_DIR) or filename.startswith("<__array_function__")
 
 
@@ -66,7 +87,7 @@ def library_path(filename: str) -> str | None:
     if filename.startswith("<"):
         return filename if filename.startswith("<frozen") else None
     path = os.path.abspath(filename)
-    if path.startswith(_MODELS_DIR):  # graphc's example models are user code, also when graphc is installed
+    if is_user_code(path):  # graphc's example models are user code, also when graphc is installed
         return None
     for root in _LIBRARY_ROOTS:
         if path.startswith(root):

@@ -16,7 +16,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from graphc.core.errors import TraceError
+from graphc.core.errors import TraceError, numpy_error
 from graphc.frontend.functions import broadcast, reshape_to
 from graphc.frontend.tracer import Tracer, convert, fresh, lift, user_location
 
@@ -101,6 +101,15 @@ def masked_augmented(x: Tracer, key: Any, value: Any, op: Any) -> Tracer:
     boolean mask in ``key``: numpy's in-place op on the selected elements (its casting rule and
     error included), written back where the mask is True."""
     mask, d = _mask_and_dim(x, key)
-    m, v = _spread(x, mask, d, value, None)
-    updated = op(fresh(x), v)  # (an in-place op on a copy of every element: numpy's dtype rules)
+    selected = x.ndim - mask.ndim + 1
+    if np.ndim(value) > selected:  # (x[key] op= v is x[key] = x[key].__iop__(v): v may not add dims)
+        shape = x.shape[:d] + ("count",) + x.shape[d + mask.ndim :]
+        error = ValueError(f"non-broadcastable output operand with shape {shape} doesn't match the broadcast shape")
+        raise numpy_error(error, TraceError, user_location())
+    if type(value) in (bool, int, float):  # a Python number stays weak (NEP 50): uint8 += 2 is uint8
+        m, _ = _spread(x, mask, d, False, None)
+        updated = op(fresh(x), value)
+    else:
+        m, v = _spread(x, mask, d, value, None)
+        updated = op(fresh(x), v)  # (an in-place op on a copy of every element: numpy's dtype rules)
     return cast(Tracer, np.where(m, updated, x))

@@ -61,8 +61,16 @@ def _accumulate_dtype(x: Tracer, dtype: Any) -> np.dtype:
     return dtypes.canonical(dtype) if dtype is not None else sum_dtype(x.dtype)
 
 
+def _ravel_0d(x: Tracer, axis: Any, fname: str) -> tuple[Tracer, Any]:
+    """numpy's cumsum, cumprod and argsort of a 0-d array take axis 0 or -1 (an axis of a 1-d
+    array) and ravel it; other axes raise numpy's AxisError."""
+    if x.ndim == 0 and axis is not None:
+        return reshape_to(x, (1,)), norm_axis(axis, 1, fname)
+    return x, axis
+
+
 def _cumulative(a: Any, axis: Any, dtype: Any, prim: str, identity: int, fname: str) -> Tracer:
-    x = lift(a)
+    x, axis = _ravel_0d(lift(a), axis, fname)
     if axis is None:
         x, axis = reshape_to(x, (x.size,)), 0
     axis = norm_axis(axis, x.ndim, fname)
@@ -126,6 +134,8 @@ def _sort_axis(a: Any, axis: Any, kind: Any, order: Any, fname: str) -> tuple[Tr
     if order is not None:
         raise TraceError(f"numpy.{fname}: order= (structured arrays) is not supported", user_location())
     x = lift(a)
+    if fname == "argsort":
+        x, axis = _ravel_0d(x, axis, fname)
     if axis is None:
         x, axis = reshape_to(x, (x.size,)), 0
     if x.ndim == 0:

@@ -12,27 +12,22 @@ import contextlib
 import functools
 import inspect
 import itertools
-import sys
 import threading
 from collections.abc import Callable
-from types import FrameType
 from typing import Any, cast
 
 import numpy as np
 
 from graphc.core import dtypes, pytree
-from graphc.core.errors import GraphcError, ShapeError, SourceLoc, TraceError, numpy_error
+from graphc.core.errors import ShapeError, SourceLoc, TraceError, numpy_error
 from graphc.core.ir import Node, TensorType, Value, clone_region
 from graphc.frontend.autograph import unconverted_reason
 from graphc.frontend.locations import (
-    call_chain,
-    display_path,
-    is_internal,
-    library_path,
     user_errors,
     user_frame,
     user_location,
 )
+from graphc.frontend.ndarray_methods import NdarrayMethods
 from graphc.ops import get_op
 
 
@@ -52,51 +47,6 @@ def context_stack() -> list[TraceContext]:
 def current_context() -> TraceContext | None:
     stack = context_stack()
     return stack[-1] if stack else None
-
-
-def library_failure(exc: BaseException, args: tuple, kwargs: dict) -> TraceError | None:
-    """A TraceError for ``exc`` when it was raised inside a library (an installed package, not
-    graphc or numpy) that the user's code called with traced arguments: at the user's line that
-    called the library, with the library's first and raising lines ending the call chain. It is also
-    an instance of ``exc``'s class (an ``except ValueError`` around the call still catches it).
-    None for any other exception (the user's own, graphc's)."""
-    if isinstance(exc, GraphcError):
-        return None
-    if not (any(contains_tracer(a) for a in args) or any(contains_tracer(v) for v in kwargs.values())):
-        return None
-    entries = []  # (frame, line) of the traceback outside graphc and numpy, outermost first
-    tb = exc.__traceback__
-    while tb is not None:
-        if not is_internal(tb.tb_frame.f_code.co_filename):
-            entries.append((tb.tb_frame, tb.tb_lineno))
-        tb = tb.tb_next
-    if not entries or library_path(entries[-1][0].f_code.co_filename) is None:
-        return None  # raised by the user's own code
-    last_user = max((i for i, (f, _) in enumerate(entries) if library_path(f.f_code.co_filename) is None), default=-1)
-    first_library = last_user + 1  # the library function the user's line called
-
-    def text(frame: FrameType, line: int, note: str = "") -> str:
-        library = library_path(frame.f_code.co_filename)
-        where = library if library is not None else display_path(frame.f_code.co_filename)
-        return f"{where}:{line} in {frame.f_code.co_name}" + (f" ({note})" if note else "")
-
-    outer = call_chain(sys._getframe(1))  # the user's frames on the stack, up to the call that failed
-    users = tuple(text(f, line) for f, line in entries[:first_library] if library_path(f.f_code.co_filename) is None)
-    entered, raised = entries[first_library], entries[-1]
-    library = (text(*entered, "library"),) + ((text(*raised, "library, raised here"),) if raised is not entered else ())
-    if last_user >= 0:
-        file, line = display_path(entries[last_user][0].f_code.co_filename), entries[last_user][1]
-    else:
-        here = user_location()
-        file, line = (here.file, here.line) if here is not None else ("<unknown>", 0)
-    loc = SourceLoc(file, line, outer + users + library)
-    name = f"{entered[0].f_globals.get('__name__', '?')}.{entered[0].f_code.co_name}"
-    message = (
-        f"{name}, a library function, failed on a traced array: {type(exc).__name__}: {exc}. graphc traces the "
-        "numpy calls a library makes, but not library code that needs concrete values or writes into arrays"
-        + HANDLERS.hints.get(f"library:{name}", "")
-    )
-    return numpy_error(exc, TraceError, loc, message)
 
 
 class TraceContext:
@@ -395,8 +345,8 @@ def handle_function(func: Callable, args: tuple, kwargs: dict):
         result = registered_handler(HANDLERS.function_views, "views")(func, result, args)
     elif isinstance(result, Tracer) and any(result is a for a in args):
         result = fresh(result)  # numpy returned a new array (np.copy, a no-op np.pad, ...)
-    if func not in VIEW_FUNCTIONS and func not in ARRAY_FUNCTIONS:
-        mark_scalars(result)
+    if func not in VIEW_FUNCTIONS and func not in ARRAY_FUNCTIONS and kwargs.get("out") is None:
+        mark_scalars(result)  # (with out=, numpy returns the out array, 0-d or not)
     elif func in _SCALAR_METHODS and args and isinstance(args[0], Tracer) and args[0]._scalar:
         mark_scalars(result)  # np.reshape(s, ()) of a numpy scalar calls its method: a numpy scalar
     return result
@@ -441,7 +391,7 @@ def _control_flow_error(what: str) -> TraceError:
     )
 
 
-class Tracer:
+class Tracer(NdarrayMethods):
     """Stands in for a numpy array while tracing. Supports numpy's protocols and ndarray's common
     operators, attributes and methods; each operation is recorded in the trace."""
 
@@ -579,155 +529,12 @@ class Tracer:
     def __hash__(self):
         return id(self)
 
-    # --- operators ---------------------------------------------------------------------------
-    def __add__(self, o):
-        return np.add(self, o)
-
-    def __radd__(self, o):
-        return np.add(o, self)
-
-    def __sub__(self, o):
-        return np.subtract(self, o)
-
-    def __rsub__(self, o):
-        return np.subtract(o, self)
-
-    def __mul__(self, o):
-        return np.multiply(self, o)
-
-    def __rmul__(self, o):
-        return np.multiply(o, self)
-
-    def __truediv__(self, o):
-        return np.true_divide(self, o)
-
-    def __rtruediv__(self, o):
-        return np.true_divide(o, self)
-
+    # --- operators that need more than numpy's function (the rest: frontend/ndarray_methods.py) ---
     def __pow__(self, o):
         return _power_op(self, o)(self, o)
 
-    def __rpow__(self, o):
-        return np.power(o, self)
-
-    def __matmul__(self, o):
-        return np.matmul(self, o)
-
-    def __rmatmul__(self, o):
-        return np.matmul(o, self)
-
-    def __neg__(self):
-        return np.negative(self)
-
-    def __pos__(self):
-        return np.positive(self)  # (a copy; numpy has no positive for bool)
-
-    def __abs__(self):
-        return np.absolute(self)
-
-    def __invert__(self):
-        return np.invert(self)
-
-    def __and__(self, o):
-        return np.bitwise_and(self, o)
-
-    def __rand__(self, o):
-        return np.bitwise_and(o, self)
-
-    def __or__(self, o):
-        return np.bitwise_or(self, o)
-
-    def __ror__(self, o):
-        return np.bitwise_or(o, self)
-
-    def __xor__(self, o):
-        return np.bitwise_xor(self, o)
-
-    def __rxor__(self, o):
-        return np.bitwise_xor(o, self)
-
-    def __lshift__(self, o):
-        return np.left_shift(self, o)
-
-    def __rlshift__(self, o):
-        return np.left_shift(o, self)
-
-    def __rshift__(self, o):
-        return np.right_shift(self, o)
-
-    def __rrshift__(self, o):
-        return np.right_shift(o, self)
-
-    def __lt__(self, o):
-        return np.less(self, o)
-
-    def __le__(self, o):
-        return np.less_equal(self, o)
-
-    def __gt__(self, o):
-        return np.greater(self, o)
-
-    def __ge__(self, o):
-        return np.greater_equal(self, o)
-
-    def __eq__(self, o):
-        return np.equal(self, o)
-
-    def __ne__(self, o):
-        return np.not_equal(self, o)
-
-    def __floordiv__(self, o):
-        return np.floor_divide(self, o)
-
-    def __rfloordiv__(self, o):
-        return np.floor_divide(o, self)
-
-    def __mod__(self, o):
-        return np.remainder(self, o)
-
-    def __rmod__(self, o):
-        return np.remainder(o, self)
-
-    def __divmod__(self, o):
-        return np.divmod(self, o)
-
-    def __rdivmod__(self, o):
-        return np.divmod(o, self)
-
-    # in-place operators: numpy keeps the left operand's dtype (casting="same_kind") and every
-    # reference to this array sees the update; views cannot be updated in place in a graph
-    def __iadd__(self, o):
-        return self._inplace(np.add, o)
-
-    def __isub__(self, o):
-        return self._inplace(np.subtract, o)
-
-    def __imul__(self, o):
-        return self._inplace(np.multiply, o)
-
-    def __itruediv__(self, o):
-        return self._inplace(np.true_divide, o)
-
     def __ipow__(self, o):
         return self._inplace(_power_op(self, o), o)
-
-    def __imatmul__(self, o):
-        return self._inplace(np.matmul, o)
-
-    def __iand__(self, o):
-        return self._inplace(np.bitwise_and, o)
-
-    def __ior__(self, o):
-        return self._inplace(np.bitwise_or, o)
-
-    def __ixor__(self, o):
-        return self._inplace(np.bitwise_xor, o)
-
-    def __ifloordiv__(self, o):
-        return self._inplace(np.floor_divide, o)
-
-    def __imod__(self, o):
-        return self._inplace(np.remainder, o)
 
     def _inplace(self, ufunc, other):
         return user_errors(_inplace_update)(self, ufunc, other)
@@ -754,23 +561,7 @@ class Tracer:
     def __setitem__(self, key, value):
         user_errors(_setitem)(self, key, value)
 
-    # --- methods (all routed through numpy so each rule lives in one place) -------------------
-    def reshape(self, *shape, order="C"):
-        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-            shape = tuple(shape[0])
-        return np.reshape(self, shape, order=order)
-
-    def transpose(self, *axes):
-        if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
-            axes = tuple(axes[0])
-        return np.transpose(self, axes or None)
-
-    def swapaxes(self, a, b):
-        return np.swapaxes(self, a, b)
-
-    def squeeze(self, axis=None):
-        return np.squeeze(self, axis)
-
+    # --- methods that make copies (the rest: frontend/ndarray_methods.py) ---------------------
     def flatten(self, order="C"):
         return fresh(cast(Tracer, np.reshape(self, (-1,), order=order)))  # (a copy)
 
@@ -779,48 +570,6 @@ class Tracer:
 
     def copy(self, order="C"):
         return _like_scalar(fresh(self), self)
-
-    def dot(self, b):
-        return np.dot(self, b)
-
-    def clip(self, min=None, max=None):
-        return np.clip(self, min, max)
-
-    def repeat(self, repeats, axis=None):
-        return np.repeat(self, repeats, axis)
-
-    def take(self, indices, axis=None):
-        return np.take(self, indices, axis)
-
-    def sum(self, axis=None, dtype=None, keepdims=False):
-        return np.sum(self, axis, dtype, keepdims=keepdims)
-
-    def mean(self, axis=None, dtype=None, keepdims=False):
-        return np.mean(self, axis, dtype, keepdims=keepdims)
-
-    def max(self, axis=None, keepdims=False):
-        return np.max(self, axis, keepdims=keepdims)
-
-    def min(self, axis=None, keepdims=False):
-        return np.min(self, axis, keepdims=keepdims)
-
-    def argmax(self, axis=None, keepdims=False):
-        return np.argmax(self, axis, keepdims=keepdims)
-
-    def argmin(self, axis=None, keepdims=False):
-        return np.argmin(self, axis, keepdims=keepdims)
-
-    def all(self, axis=None, keepdims=False):
-        return np.all(self, axis, keepdims=keepdims)
-
-    def any(self, axis=None, keepdims=False):
-        return np.any(self, axis, keepdims=keepdims)
-
-    def var(self, axis=None, dtype=None, ddof=0, keepdims=False):
-        return np.var(self, axis, dtype, ddof=ddof, keepdims=keepdims)
-
-    def std(self, axis=None, dtype=None, ddof=0, keepdims=False):
-        return np.std(self, axis, dtype, ddof=ddof, keepdims=keepdims)
 
     def astype(self, dtype, copy=True):
         result = user_errors(convert)(self, dtype)

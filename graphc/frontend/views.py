@@ -230,7 +230,10 @@ def layout(x: Tracer) -> np.ndarray:
 
 def view_of(base: Tracer, steps: list[Step], value: Tracer) -> Tracer:
     """A new view object: ``base`` (an array or a view) followed by ``steps``, whose current value
-    is ``value``."""
+    is ``value``; a new array when ``base`` is a numpy scalar (which shares its memory with no
+    array: numpy's reshape, ravel, atleast_1d or ``s[...]`` of one is a new array)."""
+    if base._scalar:
+        return fresh(value)
     root = base._root if base._root is not None else base
     current = value._value  # (first: brought up to date if ``value`` is itself a view)
     view = Tracer(value._c, current, value._weak)

@@ -1,0 +1,1 @@
+"""Differential fuzzing of graphc against numpy (docs/fuzzing_numpy.md)."""
