@@ -25,7 +25,8 @@ import numpy as np
 
 import graphc
 from graphc.core.errors import PlanError
-from graphc.core.mesh import MachineProfile, Mesh
+from graphc.core.mesh import Mesh
+from graphc.core.profile import MachineProfile
 from graphc.passes.options import PlanOptions
 from graphc.passes.partition import build_problem, optimize_for_planning, solve_problem, state_ties
 from graphc.passes.sharding.memory import view_roots

@@ -30,7 +30,8 @@ import numpy as np
 
 from graphc.core.errors import PlanError
 from graphc.core.ir import Graph, Value
-from graphc.core.mesh import Link, Mesh
+from graphc.core.mesh import Mesh
+from graphc.core.profile import Link
 from graphc.core.spec import P, R, S
 from graphc.core.traits import Collective, Constant, DeviceLocal
 from graphc.ops.random import state_inputs

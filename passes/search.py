@@ -7,7 +7,7 @@ ranks them by predicted step time. A candidate that cannot meet the memory limit
 planned, stays in the list with the reason; so does one that is skipped without planning, with
 why (a micro-batch count the batch does not divide; a mesh that is the same planning problem as
 one already planned: axes of equal roles, sizes and links). Axis names carry roles (dp splits
-only batch dims, tp anything: graphc/core/mesh.py), so dp=8 and tp=8 are different problems.
+only batch dims, tp anything: graphc/core/roles.py), so dp=8 and tp=8 are different problems.
 Links per axis (``links={"dp": Link(...)}``) model a slow network between data-parallel groups;
 ``pp`` and ``tp`` keep the machine's link unless given one.
 """
@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 
 from graphc.core.errors import GraphcError, PlanError
 from graphc.core.ir import Graph
-from graphc.core.mesh import Mesh, axis_role, load_profile
+from graphc.core.mesh import Mesh
+from graphc.core.profiles import load_profile
+from graphc.core.roles import axis_role
 from graphc.passes.microbatch import batch_inputs
 from graphc.passes.options import PlanOptions
 from graphc.passes.partition import plan_sharding, state_ties

@@ -8,7 +8,8 @@ import pytest
 
 import graphc
 from graphc.core.errors import PlanError
-from graphc.core.mesh import Link, MachineProfile, Mesh
+from graphc.core.mesh import Mesh
+from graphc.core.profile import Link, MachineProfile
 from graphc.core.spec import format_spec
 from graphc.passes.options import PlanOptions
 from graphc.passes.partition import build_problem, solve_problem, state_ties

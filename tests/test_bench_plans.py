@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from graphc.bench import plans
-from graphc.core.mesh import MachineProfile
+from graphc.core.profile import MachineProfile
 
 
 def test_bench_plans_tiny_structure():

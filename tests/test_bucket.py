@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import graphc
-from graphc.core.mesh import MachineProfile, Mesh
+from graphc.core.mesh import Mesh
+from graphc.core.profile import MachineProfile
 from graphc.core.pytree import flatten
 from graphc.core.spec import P
 from graphc.models import gpt

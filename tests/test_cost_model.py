@@ -12,8 +12,10 @@ import numpy as np
 import pytest
 
 from graphc.builder import GraphBuilder
+from graphc.core.errors import MeshError
 from graphc.core.ir import TensorType
-from graphc.core.mesh import DEFAULT_MATMUL_EFFICIENCY, MachineProfile, Mesh, MeshError, matmul_key, size_class
+from graphc.core.mesh import Mesh
+from graphc.core.profile import DEFAULT_MATMUL_EFFICIENCY, MachineProfile, matmul_key, size_class
 from graphc.core.profiles import get_profile
 from graphc.models import mlp
 from graphc.passes.options import PlanOptions

@@ -15,7 +15,8 @@ import pytest
 
 import graphc
 from graphc.api.parallel import write_ties
-from graphc.core.mesh import MachineProfile, Mesh
+from graphc.core.mesh import Mesh
+from graphc.core.profile import MachineProfile
 from graphc.core.spec import R
 from graphc.core.units import fmt_bytes, fmt_time
 from graphc.models import gpt, mlp

@@ -8,7 +8,8 @@ import pytest
 
 import graphc
 from graphc.core.errors import VerifyError
-from graphc.core.mesh import MachineProfile, Mesh
+from graphc.core.mesh import Mesh
+from graphc.core.profile import MachineProfile
 from graphc.core.pytree import flatten
 from graphc.interpreter import bind_arguments, run_flat
 from graphc.passes.partition import lower

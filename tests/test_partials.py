@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import graphc
-from graphc.core.mesh import MachineProfile, Mesh
+from graphc.core.mesh import Mesh
+from graphc.core.profile import MachineProfile
 from graphc.core.spec import P, R
 from graphc.passes.options import PlanOptions
 from graphc.passes.partition import build_problem, optimize_for_planning

@@ -13,7 +13,8 @@ import pytest
 
 import graphc
 from graphc.core.errors import GraphcError, PlanError
-from graphc.core.mesh import MachineProfile, Mesh
+from graphc.core.mesh import Mesh
+from graphc.core.profile import MachineProfile
 from graphc.core.pytree import flatten
 from graphc.interpreter import bind_arguments
 from graphc.models import gpt

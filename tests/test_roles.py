@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import graphc
-from graphc.core.mesh import Mesh, axis_role
+from graphc.core.mesh import Mesh
+from graphc.core.roles import axis_role
 from graphc.core.spec import R, S
 from graphc.models import gpt, llama
 from graphc.passes.options import PlanOptions

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 import graphc
-from graphc.core.mesh import Link, MachineProfile
+from graphc.core.profile import Link, MachineProfile
 from graphc.models import mlp
 from graphc.passes.options import PlanOptions
 from graphc.passes.partition import optimize_for_planning

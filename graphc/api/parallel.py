@@ -53,9 +53,10 @@ from graphc.api.jit import Jitted, Specializations, StaticArgs, trace_hint
 from graphc.core.errors import GraphcError, PlanError, PlanWarning, TraceError, user_stacklevel
 from graphc.core.files import cache_dir
 from graphc.core.ir import Graph
-from graphc.core.mesh import Mesh, as_mesh, warn_near_role_names
+from graphc.core.mesh import Mesh, as_mesh
 from graphc.core.profiles import get_profile
 from graphc.core.pytree import StateUpdate, TreeDef, flatten, top_level
+from graphc.core.roles import warn_near_role_names
 from graphc.core.spec import Placement, Spec, SpecError, format_spec, parse_spec
 from graphc.core.units import parse_bytes
 from graphc.frontend import random as traced_random

@@ -37,9 +37,9 @@ from graphc.cli.common import (
     run_options,
 )
 from graphc.cli.loader import UsageError, load_target, static_argnames
-from graphc.core.errors import GraphcError, PlanError, PlanWarning
+from graphc.core.errors import GraphcError, MeshError, PlanError, PlanWarning
 from graphc.core.files import atomic_write
-from graphc.core.mesh import Mesh, MeshError, parse_links
+from graphc.core.mesh import Mesh, parse_links
 from graphc.core.profiles import PRESETS, get_profile
 from graphc.passes.manager import run_passes
 from graphc.passes.options import RECOMPUTE_MODES, SCHEDULES, ZERO_CHOICES, zero_from_text

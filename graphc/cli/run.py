@@ -38,9 +38,9 @@ from graphc.cli.common import (
     run_options,
 )
 from graphc.cli.loader import UsageError, load_target, static_argnames
-from graphc.core.errors import GraphcError, PlanError
+from graphc.core.errors import GraphcError, MeshError, PlanError
 from graphc.core.files import atomic_write
-from graphc.core.mesh import Mesh, MeshError, parse_links
+from graphc.core.mesh import Mesh, parse_links
 from graphc.core.pytree import flatten
 from graphc.core.units import fmt_bytes, fmt_time
 from graphc.interpreter import bind_arguments

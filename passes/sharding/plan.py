@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from graphc.core.errors import PlanError
+from graphc.core.errors import MeshError, PlanError
 from graphc.core.files import atomic_write, check_record, dump_document, read_document
 from graphc.core.ir import Graph, print_graph
-from graphc.core.mesh import Mesh, MeshError
+from graphc.core.mesh import Mesh
 from graphc.core.spec import Spec, SpecError, format_spec
 from graphc.core.units import fmt_bytes, fmt_rate, fmt_time
 from graphc.passes.options import PlanOptions
