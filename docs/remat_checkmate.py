@@ -10,7 +10,7 @@ memory (R[t, j] <= R[t, i] + S[t, i] for every edge i -> j); a value is kept int
 it was in memory in the one before (S[t, i] <= R[t-1, i] + S[t-1, i]); the memory after each node
 of each stage, U[t, k], is at most the budget. Minimize the compute time sum R[t, i] * C[i].
 
-graphc (passes/sharding/remat.py) has one binary per forward node (keep, or recompute once
+graphc (passes/recompute/choices.py) has one binary per forward node (keep, or recompute once
 before its first backward reader), folded into the sharding ILP as a second strategy per node.
 Both are given the same graph (the planning graph of a two-layer tanh(z) * z step, 1024 x 128,
 float32), the same per-node compute times (graphc's cost model, one device) and the same bytes;
@@ -25,10 +25,12 @@ import numpy as np
 
 import graphc
 from graphc.core.errors import PlanError
-from graphc.core.mesh import MachineProfile, Mesh
-from graphc.passes.partition import PlanOptions, build_problem, optimize_for_planning, solve_problem, state_ties
+from graphc.core.mesh import Mesh
+from graphc.core.profile import MachineProfile
+from graphc.passes.options import PlanOptions
+from graphc.passes.partition import build_problem, optimize_for_planning, solve_problem, state_ties
+from graphc.passes.sharding.memory import view_roots
 from graphc.passes.sharding.milp import Milp, solve_milp
-from graphc.passes.sharding.problem import view_roots
 
 
 def layer(h, w):
@@ -131,14 +133,22 @@ def main() -> None:
     p, x = example()
     graph = optimize_for_planning(graphc.trace(step, p, x))
     mesh = Mesh({"dp": 1}, profile=MachineProfile.default())
-    problem = build_problem(graph, mesh, ties=state_ties(graph), recompute="auto")
+    ties = state_ties(graph)
+
+    def limited(limit: int, shrink: bool = True):
+        """The problem and options under a memory limit (where "auto" gives it recompute strategies)."""
+        options = PlanOptions(memory_limit=limit, shrink=shrink)
+        return build_problem(graph, mesh, options, ties=ties), options
+
+    problem = build_problem(graph, mesh, PlanOptions(), ties=ties)
     base = solve_problem(problem, PlanOptions())
-    ours_peak0 = problem.peak_memory(base.choice)[0]
+    ours_peak0 = problem.memory.peak(base.choice)[0]
     cost, size, edges, resident, outputs = checkmate_graph(graph, problem)
     ops = [n.op.name for n in graph.nodes if n.op.name != "constant"]
     cm_base, n_vars, n_rows, _s, _again = checkmate(cost, size, edges, resident, outputs, 1 << 40)
     print(
-        f"{len(cost)} nodes; Checkmate MILP {n_vars} columns / {n_rows} rows; graphc: {len(problem.remat)} candidates"
+        f"{len(cost)} nodes; Checkmate MILP {n_vars} columns / {n_rows} rows; graphc: "
+        f"{len(limited(ours_peak0)[0].remat)} candidates"
     )
     # Checkmate's own peak without recomputation: the smallest budget its schedule with no
     # recomputation meets (a bisection on the budget, R fixed to the diagonal by the objective)
@@ -163,8 +173,9 @@ def main() -> None:
         for shrink in (True, False):
             t0 = time.perf_counter()
             try:
-                sol = solve_problem(problem, PlanOptions(memory_limit=ours_peak0 - cut, shrink=shrink))
-                again = [problem.items[i].node.op.name for i in problem.recomputed(sol.choice)]
+                under, options = limited(ours_peak0 - cut, shrink)
+                sol = solve_problem(under, options)
+                again = [under.items[i].node.op.name for i in under.recomputed(sol.choice)]
                 row.append(
                     f"+{(sol.objective - base.objective) * 1e6:.1f} us ({', '.join(again)}), "
                     f"{time.perf_counter() - t0:.2f} s"

@@ -14,7 +14,7 @@ result is needed; the bucket then runs as
 placed right after its last operand is produced (so it overlaps the rest of the backward pass
 on a runtime that runs ahead); the update steps that wait for it move after it, as in DDP.
 Every device's program has the same structure, so every device forms the same buckets. The planner prices deferred all-reduces the same way
-(``Problem.bucket_share_bytes``): each pays the fixed cost of a collective in proportion to its
+(``CostModel.bucket_share_bytes``): each pays the fixed cost of a collective in proportion to its
 share of a bucket.
 """
 

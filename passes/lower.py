@@ -20,7 +20,7 @@ every node that reads it, so each gathered copy is freed after its one use.
 Read phases (``read_phase``, passes/sharding/redistribute.py): under a memory limit a forward
 value's backward and update readers redistribute it again rather than share the forward pass's
 copy, so targets, hubs and redistributed pieces are kept per (value, phase). A recomputed node's
-copy (passes/sharding/remat.py) runs in part "recompute", a later part: its operands are
+copy (passes/recompute/choices.py) runs in part "recompute", a later part: its operands are
 redistributed again there too, and the hub of its results is chosen afresh.
 
 Masked lookups (a gather from a table split by rows, graphc/ops/dims.py) become explicit ops:
@@ -40,12 +40,12 @@ from graphc.core.pytree import LEAF, TreeDef
 from graphc.core.spec import format_spec, local_shape
 from graphc.core.traits import IndexedLookup, ShardingConstraint
 from graphc.ops import get_op
+from graphc.passes.recompute.choices import candidates
 from graphc.passes.rewrite import Rewriter
 from graphc.passes.sharding.local import local_attrs, owned_rows
+from graphc.passes.sharding.memory import view_roots
 from graphc.passes.sharding.plan import ShardingPlan
-from graphc.passes.sharding.problem import view_roots
 from graphc.passes.sharding.redistribute import plan_steps, read_phase, redistribution_time
-from graphc.passes.sharding.remat import candidates
 from graphc.passes.sharding.roles import update_nodes
 from graphc.passes.sharding.strategies import Strategy, get_rule
 from graphc.passes.sharding.zero import gradients
@@ -277,7 +277,7 @@ def _strategies(graph: Graph, plan: ShardingPlan) -> tuple[list[tuple], list[Str
     for x in plan.outputs:
         outs[x.index] = x.spec
     for n in plan.nodes:
-        nodes[n.index] = Strategy(n.strategy, n.in_specs, n.out_specs)
+        nodes[n.index] = Strategy(name=n.strategy, in_specs=n.in_specs, out_specs=n.out_specs)
     if any(s is None for s in ins + outs + nodes):
         raise GraphcError("the plan does not cover every input, node and output of the graph")
     return ins, nodes, outs

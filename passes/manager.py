@@ -27,7 +27,7 @@ from graphc.passes.cse import cse
 from graphc.passes.dce import dce
 from graphc.passes.fold import fold_constants
 from graphc.passes.fuse import fuse
-from graphc.passes.recompute import recompute_cheap
+from graphc.passes.recompute.cheap import recompute_cheap
 from graphc.passes.simplify import simplify
 
 PASSES: dict[str, Callable[[Graph], Graph]] = {

@@ -30,11 +30,13 @@ import numpy as np
 
 from graphc.core.errors import PlanError
 from graphc.core.ir import Graph, Value
-from graphc.core.mesh import Link, Mesh
+from graphc.core.mesh import Mesh
+from graphc.core.profile import Link
 from graphc.core.spec import P, R, S
 from graphc.core.traits import Collective, Constant, DeviceLocal
 from graphc.ops.random import state_inputs
-from graphc.passes.partition import Pins, PlanOptions, build_problem, lower, plan_sharding, state_ties
+from graphc.passes.options import PlanOptions
+from graphc.passes.partition import Pins, build_problem, lower, plan_sharding, state_ties
 from graphc.passes.sharding.plan import ShardingPlan
 from graphc.programs import ParallelProgram, simulate
 
@@ -193,15 +195,10 @@ def microbatch(graph: Graph, m: int, batch: list[int] | None = None) -> Microbat
     in_pins = {k: (S(0),) if k in batch and m > 1 else (R,) for k in range(len(graph.inputs))}
     out_pins = {k: (R,) for k in range(len(graph.outputs))}
     ties = state_ties(graph)
-    pins = Pins(in_pins, out_pins)
-    node_pins = propagate(build_problem(graph, mesh, pins, ties, linear_partials=True, bucket_bytes=0))
-    plan = plan_sharding(
-        graph,
-        mesh,
-        Pins(in_pins, out_pins, node_pins),
-        ties,
-        PlanOptions(shrink=False, linear_partials=True, bucket_bytes=0),
-    )
+    # every choice is the propagation's: no ILP heuristics, buckets, ZeRO or recomputation
+    options = PlanOptions(shrink=False, linear_partials=True, bucket_bytes=0, zero=0, recompute="off")
+    node_pins = propagate(build_problem(graph, mesh, options, Pins(in_pins, out_pins), ties))
+    plan = plan_sharding(graph, mesh, Pins(in_pins, out_pins, node_pins), ties, options)
     program = lower(graph, plan)
     mb = Microbatched(graph, m, plan, program, batch)
     mb.step_phase, mb.varies = _phases(program.devices[0].graph, set(batch))

@@ -20,85 +20,29 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from graphc.core.cache import private_dir, read_entry, warn_cache, write_entry
 from graphc.core.errors import PlanError
 from graphc.core.ir import Graph
 from graphc.core.mesh import Mesh
 from graphc.core.pytree import call_arguments, top_level
-from graphc.core.spec import Spec, format_spec
-from graphc.passes.bucket import DEFAULT_BUCKET_BYTES, bucket_all_reduces
+from graphc.passes.bucket import bucket_all_reduces
 from graphc.passes.lower import lower_graph, regather
 from graphc.passes.manager import optimize
+from graphc.passes.options import PlanOptions
+from graphc.passes.recompute.choices import add_recompute, recompute_mode
 from graphc.passes.sharding.build import plan_from_solution
 from graphc.passes.sharding.ilp import Group, Solution, shrink_groups, solve
 from graphc.passes.sharding.plan import ShardingPlan
-from graphc.passes.sharding.problem import Problem, apply_ties, pin_nodes
-from graphc.passes.sharding.problem import build_problem as _items_and_edges
-from graphc.passes.sharding.remat import add_recompute, recompute_mode
+from graphc.passes.sharding.problem import Pins, Problem, apply_ties, items_and_edges, pin_nodes
 from graphc.passes.sharding.zero import restrict_zero
 from graphc.programs import ParallelProgram
 
 PLAN_PASSES = ("fold_constants", "simplify", "cse", "dce", "recompute_cheap")  # fusion runs per device, after lowering
 DEVICE_PASSES = ("cse", "batch_projections", "batch_products", "cse", "dce", "recompute_cheap", "fuse")
-PLANNER_VERSION = 12  # part of the plan cache key: bump when rules or costs change what a plan says
-
-
-@dataclass(frozen=True)
-class Pins:
-    """Choices fixed by the user: specs of graph inputs / outputs (by position) and strategies of
-    nodes (by index: a strategy name or a result spec, from a hand-edited plan)."""
-
-    inputs: Mapping[int, Spec] = field(default_factory=dict)
-    outputs: Mapping[int, Spec] = field(default_factory=dict)
-    nodes: Mapping[int, str] = field(default_factory=dict)
-
-    def to_json(self) -> dict:
-        return {
-            "inputs": {str(k): format_spec(v) for k, v in sorted(self.inputs.items())},
-            "outputs": {str(k): format_spec(v) for k, v in sorted(self.outputs.items())},
-            "nodes": {str(k): v for k, v in sorted(self.nodes.items())},
-        }
-
-
-@dataclass(frozen=True)
-class PlanOptions:
-    """How to plan: per-device memory limit (bytes), time limit (seconds, the whole compile's
-    wall time when the API plans), ILP solver (passes/sharding/milp.py), and shrinking."""
-
-    memory_limit: int | None = None
-    time_limit_s: float = 60.0
-    solver: str = "highs"
-    shrink: bool = True
-    linear_partials: bool = True  # partial sums (P) carried through the ops linear in them
-    free_axes: bool = False  # ignore the axis roles (passes/sharding/roles.py): every axis may split anything
-    bucket_bytes: int = DEFAULT_BUCKET_BYTES  # gradient buckets (passes/bucket.py); 0: none
-    # ZeRO along data axes (passes/sharding/zero.py): 0 off, None the solver picks each
-    # parameter's stage, 1-3 that stage forced. graphc.parallelize and graphc compile default to None
-    zero: int | None = 0
-    # activation recomputation (passes/sharding/remat.py): "auto" (the solver chooses, under a
-    # memory limit: without one, recomputing only costs time), "on" (every candidate), "off"
-    recompute: str = "auto"
-
-    def to_json(self) -> dict:
-        return {
-            "memory_limit": self.memory_limit,
-            "time_limit_s": self.time_limit_s,
-            "solver": self.solver,
-            "shrink": self.shrink,
-            "linear_partials": self.linear_partials,
-            "free_axes": self.free_axes,
-            "bucket_bytes": self.bucket_bytes,
-            "zero": self.zero,
-            "recompute": self.recompute,
-        }
-
-    def recompute_mode(self) -> str:
-        """What the problem gets: "auto" only under a memory limit ("off" without one)."""
-        mode = recompute_mode(self.recompute)
-        return "off" if mode == "auto" and self.memory_limit is None else mode
+PLANNER_VERSION = 13  # part of the plan cache key: bump when rules or costs change what a plan says
 
 
 # --- the steps ----------------------------------------------------------------------------------------
@@ -111,37 +55,20 @@ def optimize_for_planning(graph: Graph) -> Graph:
 def build_problem(
     graph: Graph,
     mesh: Mesh,
+    options: PlanOptions = PlanOptions(),
     pins: Pins = Pins(),
     ties: list[tuple[int, int]] | None = None,
-    linear_partials: bool = True,
-    free_axes: bool = False,
-    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-    zero: int | None = 0,
-    recompute: str = "off",
-    redo_later: bool = False,
 ) -> Problem:
-    """The sharding problem of ``graph`` on ``mesh`` with the pins, a forced ZeRO stage and the
-    state ties applied, and recompute strategies for its candidates (``recompute``: "auto", "on"
-    or "off"); ``redo_later`` under a memory limit (passes/sharding/redistribute.py:
-    ``read_phase``)."""
+    """The sharding problem of ``graph`` on ``mesh`` planned with ``options``: its items and edges
+    (passes/sharding/problem.py), a forced ZeRO stage, the state ties and the node pins applied,
+    and recompute strategies for its candidates (``recompute_mode``)."""
     ties = list(ties or [])
-    problem = _items_and_edges(
-        graph,
-        mesh,
-        dict(pins.inputs),
-        dict(pins.outputs),
-        ties,
-        linear_partials,
-        free_axes,
-        bucket_bytes,
-        zero,
-        redo_later,
-    )
+    problem = items_and_edges(graph, mesh, options, pins, ties)
     restrict_zero(problem)
     apply_ties(problem, ties)
     if pins.nodes:
         pin_nodes(problem, dict(pins.nodes))
-    add_recompute(problem, recompute)
+    add_recompute(problem, recompute_mode(options))
     return problem
 
 
@@ -156,16 +83,16 @@ def solve_problem(
     progress: Callable[[str], None] | None = None,
     time_limit_s: float | None = None,
 ) -> Solution:
-    """shrink -> solve, both within ``time_limit_s`` (default ``options.time_limit_s``)."""
+    """shrink -> solve, both within ``time_limit_s`` seconds (default ``options.time_limit``)."""
     start = time.perf_counter()
     groups, of = shrink(problem, options.shrink)
-    limit = (options.time_limit_s if time_limit_s is None else time_limit_s) - (time.perf_counter() - start)
+    limit = (options.time_limit if time_limit_s is None else time_limit_s) - (time.perf_counter() - start)
     return solve(problem, groups, of, options.memory_limit, limit, options.solver, progress)
 
 
 def make_plan(problem: Problem, solution: Solution, options: PlanOptions, build_s: float) -> ShardingPlan:
     """The plan of ``solution``; leaves ``problem`` re-bucketed to the buckets the plan fills."""
-    return plan_from_solution(problem, solution, options.memory_limit, build_s, options.to_json())
+    return plan_from_solution(problem, solution, options, build_s)
 
 
 def plan_sharding(
@@ -178,25 +105,14 @@ def plan_sharding(
     deadline: float | None = None,
 ) -> ShardingPlan:
     """build_problem -> shrink -> solve -> make_plan, done by ``deadline`` (``time.perf_counter()``
-    seconds; default: ``options.time_limit_s`` from now). The solver gets what the other steps
+    seconds; default: ``options.time_limit`` from now). The solver gets what the other steps
     leave: making the plan and writing it cost a little more than building the problem (measured
     on LLaMA-8B: 1.0 + 0.5 s against 1.3 s), so 1.5 times that, and 0.2 s to write and exit,
     are kept back."""
     start = time.perf_counter()
     if deadline is None:
-        deadline = start + options.time_limit_s
-    problem = build_problem(
-        graph,
-        mesh,
-        pins,
-        ties,
-        options.linear_partials,
-        options.free_axes,
-        options.bucket_bytes,
-        options.zero,
-        options.recompute_mode(),
-        redo_later=options.memory_limit is not None,
-    )
+        deadline = start + options.time_limit
+    problem = build_problem(graph, mesh, options, pins, ties)
     build_s = time.perf_counter() - start
     budget = deadline - time.perf_counter() - 1.5 * build_s - 0.2
     solution = solve_problem(problem, options, progress, budget)
@@ -209,7 +125,7 @@ def lower(graph: Graph, plan: ShardingPlan) -> ParallelProgram:
     """One program per device of the plan's mesh (passes/lower.py), its deferred all-reduces
     in gradient buckets of the plan's size (passes/bucket.py), verified."""
     program = lower_graph(graph, plan)
-    bucket_bytes = int(plan.options.get("bucket_bytes", 0))
+    bucket_bytes = plan.options.bucket_bytes
     if bucket_bytes:
         devices = tuple(p.with_graph(bucket_all_reduces(p.graph, bucket_bytes)) for p in program.devices)
         program = ParallelProgram(program.mesh, devices, program.in_types, program.out_types)
@@ -344,7 +260,6 @@ __all__ = [
     "PLAN_PASSES",
     "Partitioned",
     "PlanCache",
-    "PlanOptions",
     "Pins",
     "build_problem",
     "compile_devices",

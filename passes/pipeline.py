@@ -37,15 +37,15 @@ from graphc.core.ir import Graph, Node, Value
 from graphc.core.mesh import Mesh, as_mesh
 from graphc.core.traits import Collective, Constant
 from graphc.passes.microbatch import Microbatched, microbatch
-from graphc.passes.partition import PlanOptions, plan_sharding, state_ties
+from graphc.passes.options import SCHEDULES, PlanOptions
+from graphc.passes.partition import plan_sharding, state_ties
 from graphc.passes.sharding.plan import ShardingPlan, check_made_for, graph_hash
 from graphc.passes.sharding.strategies import full_time
 
-SCHEDULES = ("gpipe", "1f1b")
 PIPELINE_PLAN_VERSION = 1
 
 
-@dataclass
+@dataclass(slots=True, kw_only=True)
 class StageAssignment:
     n_stages: int
     stage: list[int]  # per program node: its stage (-1: a constant, copied to every stage using it)
@@ -99,7 +99,15 @@ def assign_stages(
     ab = [int(costs.activation_bytes[bounds[s + 1]] - costs.activation_bytes[bounds[s]]) for s in range(S)]
     times = placed.times
     return StageAssignment(
-        S, placed.stage, placed.phase, bounds[1:-1], list(times[:, 0]), list(times[:, 1]), list(times[:, 2]), st, ab
+        n_stages=S,
+        stage=placed.stage,
+        phase=placed.phase,
+        cuts=bounds[1:-1],
+        forward_s=list(times[:, 0]),
+        backward_s=list(times[:, 1]),
+        update_s=list(times[:, 2]),
+        state_bytes=st,
+        activation_bytes=ab,
     )
 
 
@@ -388,7 +396,7 @@ def sub_mesh(mesh: Mesh) -> Mesh:
     return Mesh(rest or {"stage": 1}, links=links or None, profile=mesh.profile)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PipelinePlan:
     """What ``plan_pipeline`` decides, as a frozen value: the micro-batch count and schedule, every
     micro-batch-program node's stage and phase, the sharding plan every stage follows on its
@@ -399,8 +407,7 @@ class PipelinePlan:
     graph_name: str
     graph_hash: str
     mesh: Mesh  # with a pp axis
-    m: int
-    schedule: str
+    options: PlanOptions  # how it was planned: its micro-batch count and schedule among them
     assignment: StageAssignment
     sub_plan: ShardingPlan | None  # on sub_mesh(mesh); None on one device per stage
     stage_s: tuple[tuple[float, float, float], ...]  # per stage: forward, backward per micro-batch; update
@@ -412,6 +419,16 @@ class PipelinePlan:
     @property
     def n_stages(self) -> int:
         return self.assignment.n_stages
+
+    @property
+    def m(self) -> int:
+        """The number of micro-batches (``options.microbatches``)."""
+        return self.options.microbatches
+
+    @property
+    def schedule(self) -> str:
+        """The schedule (``options.schedule``)."""
+        return self.options.schedule
 
     @property
     def pp_axis(self) -> int:
@@ -460,8 +477,7 @@ class PipelinePlan:
             "kind": "pipeline",
             "graph": {"name": self.graph_name, "hash": self.graph_hash},
             "mesh": self.mesh.to_json(),
-            "microbatches": self.m,
-            "schedule": self.schedule,
+            "options": self.options.to_json(),
             "stages": stages,
             "cuts": list(a.cuts),
             "transfer_s": self.transfer_s,
@@ -491,32 +507,32 @@ class PipelinePlan:
         doc = read_document(text, source, "pipeline plan", PIPELINE_PLAN_VERSION, "pipeline", PlanError)
         try:
             a = doc["assignment"]
-            n_stages = len(doc["stages"])
             assignment = StageAssignment(
-                n_stages,
-                list(a["stage"]),
-                list(a["phase"]),
-                list(doc["cuts"]),
-                list(a["forward_s"]),
-                list(a["backward_s"]),
-                list(a["update_s"]),
-                list(a["state_bytes"]),
-                list(a["activation_bytes"]),
+                n_stages=len(doc["stages"]),
+                stage=list(a["stage"]),
+                phase=list(a["phase"]),
+                cuts=list(doc["cuts"]),
+                forward_s=list(a["forward_s"]),
+                backward_s=list(a["backward_s"]),
+                update_s=list(a["update_s"]),
+                state_bytes=list(a["state_bytes"]),
+                activation_bytes=list(a["activation_bytes"]),
             )
             sub = doc["sub_plan"]
+            # a plan written before its options were recorded has its micro-batches and schedule
+            options = doc["options"] if "options" in doc else {k: doc[k] for k in ("microbatches", "schedule")}
             plan = cls(
-                doc["graph"]["name"],
-                doc["graph"]["hash"],
-                Mesh.from_json(doc["mesh"]),
-                doc["microbatches"],
-                doc["schedule"],
-                assignment,
-                ShardingPlan.from_json(json.dumps(sub), source) if sub else None,
-                tuple((x["forward_s"], x["backward_s"], x["update_s"]) for x in doc["stages"]),
-                doc["transfer_s"],
-                doc["predicted"],
-                tuple(x["memory_bytes"] for x in doc["stages"]),
-                doc.get("timing", {}),
+                graph_name=doc["graph"]["name"],
+                graph_hash=doc["graph"]["hash"],
+                mesh=Mesh.from_json(doc["mesh"]),
+                options=PlanOptions.from_json(options, source),
+                assignment=assignment,
+                sub_plan=ShardingPlan.from_json(json.dumps(sub), source) if sub else None,
+                stage_s=tuple((x["forward_s"], x["backward_s"], x["update_s"]) for x in doc["stages"]),
+                transfer_s=doc["transfer_s"],
+                predicted=doc["predicted"],
+                memory_bytes=tuple(x["memory_bytes"] for x in doc["stages"]),
+                timing=doc.get("timing", {}),
             )
         except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as exc:
             raise PlanError(f"{source}: not a complete pipeline plan ({type(exc).__name__}: {exc})") from None
@@ -549,7 +565,8 @@ class PipelinePlan:
 
 def _check_pipeline_plan(p: PipelinePlan, source: str) -> None:
     """PlanError unless the parts of a pipeline plan read from a file fit together: a pipe axis of
-    as many stages as the plan has, a known schedule, per-node and per-stage lists of one length."""
+    as many stages as the plan has, per-node and per-stage lists of one length (its options checked
+    themselves)."""
     pp = pipe_axis(p.mesh)
     a = p.assignment
     problems = []
@@ -557,10 +574,6 @@ def _check_pipeline_plan(p: PipelinePlan, source: str) -> None:
         problems.append(f"its mesh {p.mesh} has no pipeline axis (pp)")
     elif p.mesh.shape[p.mesh.axis_index(pp)] != a.n_stages:
         problems.append(f"its mesh has {p.mesh.shape[p.mesh.axis_index(pp)]} stages on {pp}, the plan {a.n_stages}")
-    if p.schedule not in SCHEDULES:
-        problems.append(f"unknown schedule {p.schedule!r} (expected one of {', '.join(SCHEDULES)})")
-    if p.m < 1:
-        problems.append(f"microbatches is {p.m} (expected at least 1)")
     if not (len(p.stage_s) == len(p.memory_bytes) == a.n_stages):
         problems.append(f"'stages' needs one entry per stage ({a.n_stages})")
     if len(a.stage) != len(a.phase) or any(not -1 <= s < a.n_stages for s in a.stage):
@@ -574,23 +587,36 @@ def _check_pipeline_plan(p: PipelinePlan, source: str) -> None:
         raise PlanError(f"{source}: not a consistent pipeline plan: {'; '.join(problems)}")
 
 
+def check_pipeline_options(options: PlanOptions, mesh: Mesh) -> None:
+    """PlanError for what a pipeline cannot do: a stage's tasks are cut from its lowered program
+    by part, so there are no recomputed copies there (``recompute="on"``), and its state is not
+    sharded with ZeRO (a forced stage)."""
+    if options.recompute == "on":
+        raise PlanError(f"recompute='on': pipelines do not recompute (mesh {mesh} has a pp axis)")
+    if options.forced_zero is not None:
+        raise PlanError(
+            f"zero={options.zero}: pipeline stages do not shard their state with ZeRO (mesh {mesh} has a pp axis)"
+        )
+
+
 def plan_pipeline(
     graph: Graph,
     mesh,
-    m: int,
-    schedule: str = "1f1b",
-    memory_limit: int | None = None,
+    options: PlanOptions = PlanOptions(),
     ties: list | None = None,
-    time_limit_s: float = 60.0,
     mb: Microbatched | None = None,
 ) -> PipelinePlan:
-    """Micro-batch ``graph`` into ``m``, cut it into the ``pp`` axis's stages, and plan it on the
-    sub-mesh of the other axes (the same plan in every stage). ``mb``: the micro-batched step,
-    if the caller has it already."""
+    """Micro-batch ``graph`` into ``options.microbatches``, cut it into the ``pp`` axis's stages
+    for ``options.schedule``, and plan it on the sub-mesh of the other axes (the same plan in
+    every stage) within ``options.memory_limit`` per device; the sub-mesh's plan neither
+    recomputes nor shards state with ZeRO (``check_pipeline_options``). ``mb``: the micro-batched
+    step, if the caller has it already."""
     mesh = as_mesh(mesh)
     pp = pipe_axis(mesh)
     if pp is None:
         raise PlanError(f"a pipeline needs a 'pp' (or 'pipe') axis in its mesh, got {mesh}")
+    check_pipeline_options(options, mesh)
+    m, schedule, memory_limit = options.microbatches, options.schedule, options.memory_limit
     S = mesh.shape[mesh.axis_index(pp)]
     sub = sub_mesh(mesh)
     mb = mb if mb is not None else microbatch(graph, m)
@@ -600,13 +626,7 @@ def plan_pipeline(
     sub_plan = None
     if sub.size > 1:
         sub_ties = state_ties(graph) if ties is None else ties
-        sub_plan = plan_sharding(
-            g0,
-            sub,
-            ties=sub_ties,
-            # a stage's tasks are cut from its lowered program by part: no recomputed copies there
-            options=PlanOptions(memory_limit=memory_limit, time_limit_s=time_limit_s, recompute="off"),
-        )
+        sub_plan = plan_sharding(g0, sub, ties=sub_ties, options=dataclasses.replace(options, zero=0, recompute="off"))
     stage_s = _stage_times(a, sub_plan)
     transfer = _transfer_time(g0, a, mesh.links[pp], sub.size)
     per_mb = max(f + b for f, b, _u in stage_s) + (transfer / (S - 1) if S > 1 else 0.0)
@@ -619,7 +639,16 @@ def plan_pipeline(
     }
     mem = _stage_memory(g0, a, schedule, m, sub.size)
     return PipelinePlan(
-        graph.name, graph_hash(graph), mesh, m, schedule, a, sub_plan, tuple(stage_s), transfer, predicted, tuple(mem)
+        graph_name=graph.name,
+        graph_hash=graph_hash(graph),
+        mesh=mesh,
+        options=options,
+        assignment=a,
+        sub_plan=sub_plan,
+        stage_s=tuple(stage_s),
+        transfer_s=transfer,
+        predicted=predicted,
+        memory_bytes=tuple(mem),
     )
 
 
@@ -687,10 +716,10 @@ def _transfer_time(g: Graph, a: StageAssignment, link, n_sub: int) -> float:
 
 __all__ = [
     "pipe_axis",
-    "SCHEDULES",
     "PipelinePlan",
     "StageAssignment",
     "assign_stages",
+    "check_pipeline_options",
     "in_flight",
     "node_seconds",
     "plan_pipeline",

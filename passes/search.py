@@ -7,28 +7,32 @@ ranks them by predicted step time. A candidate that cannot meet the memory limit
 planned, stays in the list with the reason; so does one that is skipped without planning, with
 why (a micro-batch count the batch does not divide; a mesh that is the same planning problem as
 one already planned: axes of equal roles, sizes and links). Axis names carry roles (dp splits
-only batch dims, tp anything: graphc/core/mesh.py), so dp=8 and tp=8 are different problems.
+only batch dims, tp anything: graphc/core/roles.py), so dp=8 and tp=8 are different problems.
 Links per axis (``links={"dp": Link(...)}``) model a slow network between data-parallel groups;
 ``pp`` and ``tp`` keep the machine's link unless given one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
 from graphc.core.errors import GraphcError, PlanError
 from graphc.core.ir import Graph
-from graphc.core.mesh import Mesh, axis_role, load_profile
+from graphc.core.mesh import Mesh
+from graphc.core.profiles import load_profile
+from graphc.core.roles import axis_role
 from graphc.passes.microbatch import batch_inputs
-from graphc.passes.partition import PlanOptions, plan_sharding, state_ties
+from graphc.passes.options import PlanOptions
+from graphc.passes.partition import plan_sharding, state_ties
 from graphc.passes.pipeline import PipelinePlan, plan_pipeline
 from graphc.passes.sharding.plan import ShardingPlan
 
 AXES = ("pp", "dp", "tp")
 
 
-@dataclass
+@dataclass(slots=True, kw_only=True)
 class Candidate:
     axes: dict[str, int]
     microbatches: int
@@ -113,17 +117,17 @@ def _batch(graph: Graph) -> int | None:
 def search_meshes(
     graph: Graph,
     n_devices: int,
-    memory_limit: int | None = None,
+    options: PlanOptions = PlanOptions(),
     links: dict | None = None,
     profile=None,
     axes: tuple[str, ...] = AXES,
-    schedule: str = "1f1b",
     microbatches: tuple[int, ...] | None = None,
-    time_limit_s: float = 60.0,
     progress=None,
 ) -> list[Candidate]:
-    """Plan ``graph`` on every factorization of ``n_devices``; candidates best first (feasible
-    ones by predicted step time, then the infeasible ones)."""
+    """Plan ``graph`` on every factorization of ``n_devices`` with ``options`` (each candidate
+    within ``options.time_limit``; a pipeline candidate with its own micro-batch count, from
+    ``microbatches`` or 1, S, 2S and 4S); candidates best first (feasible ones by predicted step
+    time, then the infeasible ones)."""
     profile = profile or load_profile()
     links = links or {}
     batch = _batch(graph)
@@ -141,7 +145,7 @@ def search_meshes(
             ),
         )
         if key in seen:
-            out.append(Candidate(dict(shape), 1, skipped=f"the same planning problem as {seen[key]}"))
+            out.append(Candidate(axes=dict(shape), microbatches=1, skipped=f"the same planning problem as {seen[key]}"))
             continue
         seen[key] = _mesh_text(shape)
         S = shape.get("pp", 1)
@@ -151,18 +155,16 @@ def search_meshes(
         for m in ms:
             if batch is not None and batch % m:
                 why = f"indivisible: the batch of {batch} does not split into {m} micro-batches"
-                out.append(Candidate(dict(shape), m, skipped=why))
+                out.append(Candidate(axes=dict(shape), microbatches=m, skipped=why))
                 continue
-            cand = Candidate(dict(shape), m)
+            cand = Candidate(axes=dict(shape), microbatches=m)
             start = time.perf_counter()
             try:
                 mesh = Mesh(shape or {"dp": 1}, links=mesh_links or None, profile=profile)
                 if S == 1:  # no pipeline (an empty shape: one device)
-                    _plan_flat(
-                        cand, graph, mesh, ties, PlanOptions(memory_limit=memory_limit, time_limit_s=time_limit_s)
-                    )
+                    _plan_flat(cand, graph, mesh, ties, options)
                 else:
-                    _plan_pipelined(cand, graph, mesh, m, schedule, memory_limit, ties, time_limit_s)
+                    _plan_pipelined(cand, graph, mesh, dataclasses.replace(options, microbatches=m), ties)
             except PlanError as exc:
                 cand.error = str(exc).splitlines()[0]
             cand.seconds = time.perf_counter() - start
@@ -181,17 +183,9 @@ def _plan_flat(cand: Candidate, graph: Graph, mesh: Mesh, ties, options: PlanOpt
     cand.plan = plan
 
 
-def _plan_pipelined(
-    cand: Candidate,
-    graph: Graph,
-    mesh: Mesh,
-    m: int,
-    schedule: str,
-    memory_limit: int | None,
-    ties,
-    time_limit_s: float,
-) -> None:
-    plan = plan_pipeline(graph, mesh, m, schedule, memory_limit, ties=ties, time_limit_s=time_limit_s)
+def _plan_pipelined(cand: Candidate, graph: Graph, mesh: Mesh, options: PlanOptions, ties) -> None:
+    plan = plan_pipeline(graph, mesh, options, ties=ties)
+    memory_limit = options.memory_limit
     cand.predicted_s = plan.predicted["step_s"]
     cand.bubble = plan.predicted["bubble"]
     cand.memory_bytes = max(plan.memory_bytes)

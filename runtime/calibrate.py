@@ -1,4 +1,4 @@
-"""``graphc calibrate``: measure this machine for the cost model (graphc/core/mesh.py's
+"""``graphc calibrate``: measure this machine for the cost model (graphc/core/profile.py:
 MachineProfile). Planning never measures; it reads the stored profile."""
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from datetime import datetime
 import numpy as np
 
 from graphc.builder import GraphBuilder
+from graphc.core.errors import MeshError
 from graphc.core.ir import TensorType
-from graphc.core.mesh import Link, MachineProfile, MeshError
+from graphc.core.profile import Link, MachineProfile
 from graphc.runtime.executor import Executable
 from graphc.runtime.threads import one_blas_thread
 

@@ -153,11 +153,13 @@ def pipeline_executable(graph, stages: int, m: int, schedule: str, profile, time
     """Plan ``graph`` as a pipeline of ``stages`` stages on one device each (passes/pipeline.py),
     lower it to every device's tasks and build the runtime that runs them."""
     from graphc.core.mesh import Mesh
+    from graphc.passes.options import PlanOptions
     from graphc.passes.pipeline import plan_pipeline
     from graphc.passes.pipeline_lower import lower_pipeline
     from graphc.runtime.pipeline import PipelineExecutable
 
-    plan = plan_pipeline(graph, Mesh({"pp": stages}, profile=profile), m, schedule)
+    options = PlanOptions(microbatches=m, schedule=schedule)
+    plan = plan_pipeline(graph, Mesh({"pp": stages}, profile=profile), options)
     return PipelineExecutable(lower_pipeline(graph, plan), timeout_s=timeout_s)
 
 

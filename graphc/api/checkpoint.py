@@ -37,7 +37,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from graphc.api.parallel import ParallelCompiled, PipelineCompiled
+from graphc.api.compiled import ParallelCompiled, PipelineCompiled
 from graphc.core.checkpoint_format import (
     DTYPES,
     MANIFEST,

@@ -9,7 +9,10 @@
 Calling the object runs the partition pipeline (graphc/passes/partition.py: plan, lower, compile
 every device program) and the device programs on one thread per device (graphc/runtime/
 devices.py); results are numpy arrays equal to the function's. ``pf.compile(*args)`` returns the
-compiled specialization (its ``.plan``, ``.ir(stage)`` and device ``.program``).
+compiled specialization (its ``.plan``, ``.ir(stage)`` and device ``.program``). How a traced
+graph is planned, built and run (a sharded mesh or a pipeline, threads or MPI ranks) is one small
+class per path in graphc/api/compiled.py. The options are two frozen values: ``PlanOptions``
+(passes/options.py) and ``RunOptions`` (below).
 
 Inside a model, ``graphc.shard(x, "S(0)", "R")`` pins the spec of ``x`` (one placement per mesh
 axis); ``in_specs=`` / ``out_specs=`` pin the function's arguments and results (one entry per
@@ -34,43 +37,36 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+from graphc.api.compiled import (
+    Mpi,
+    ParallelCompiled,
+    PipelineCompiled,
+    PipelinePath,
+    ShardedPath,
+    Threads,
+    write_ties,
+)
 from graphc.api.jit import Jitted, Specializations, StaticArgs, trace_hint
 from graphc.core.errors import GraphcError, PlanError, PlanWarning, TraceError, user_stacklevel
 from graphc.core.files import cache_dir
 from graphc.core.ir import Graph
-from graphc.core.mesh import Mesh, as_mesh, warn_near_role_names
+from graphc.core.mesh import Mesh, as_mesh
 from graphc.core.profiles import get_profile
-from graphc.core.pytree import StateUpdate, TreeDef, flatten, top_level, unflatten
+from graphc.core.pytree import StateUpdate, TreeDef, flatten, top_level
+from graphc.core.roles import warn_near_role_names
 from graphc.core.spec import Placement, Spec, SpecError, format_spec, parse_spec
 from graphc.core.units import parse_bytes
 from graphc.frontend import random as traced_random
 from graphc.frontend.entry import on_a_copy, trace
 from graphc.frontend.tracer import Tracer, bind, current_context
-from graphc.interpreter import as_numpy_result, bind_arguments
-from graphc.passes.microbatch import microbatch
-from graphc.passes.partition import (
-    Partitioned,
-    Pins,
-    PlanCache,
-    PlanOptions,
-    compile_devices,
-    lower,
-    optimize_for_planning,
-    plan_sharding,
-    state_ties,
-    zero3_inputs,
-)
-from graphc.passes.pipeline import PipelinePlan, pipe_axis, plan_pipeline
-from graphc.passes.pipeline_lower import lower_pipeline
-from graphc.passes.sharding.plan import ShardingPlan, graph_hash
-from graphc.passes.sharding.remat import recompute_mode
-from graphc.passes.sharding.zero import check_stage
-from graphc.runtime.devices import ParallelExecutable, ShardedArray, ShardedInput
+from graphc.passes.options import PlanOptions, Recompute, Zero
+from graphc.passes.partition import Pins, PlanCache, optimize_for_planning
+from graphc.passes.pipeline import PipelinePlan, check_pipeline_options, pipe_axis
+from graphc.passes.sharding.plan import ShardingPlan
 from graphc.runtime.mpi_world import DEFAULT_TIMEOUT_S, join_world
-from graphc.runtime.pipeline import PipelineExecutable
-from graphc.runtime.ranks import RankExecutable, RankPipelineExecutable
 
 BACKENDS = ("threads", "mpi")
 THREADS_TIMEOUT_S = 60.0
@@ -126,44 +122,75 @@ def check_plan_mesh(plan: ShardingPlan | PipelinePlan, mesh: Mesh) -> None:
         raise PlanError(f"mesh {mesh} has a pipeline axis: it runs a pipeline plan, and this is a sharding plan")
 
 
-def _pipeline_options(plan: ShardingPlan | PipelinePlan, microbatches: int | None, schedule: str | None):
-    """The micro-batch count and schedule a given plan runs with: its own (a pipeline plan), and
-    any that were asked for must agree with them."""
+def planned_pipeline(plan: ShardingPlan | PipelinePlan | None, microbatches: int | None, schedule: str | None):
+    """(micro-batches, schedule) to plan or run with: those asked for (None: 1 and "1f1b"), or a
+    given pipeline plan's own, which any that were asked for must equal (PlanError otherwise)."""
     if not isinstance(plan, PipelinePlan):
-        return microbatches, schedule
+        return (1 if microbatches is None else microbatches), ("1f1b" if schedule is None else schedule)
     for what, asked, planned in (("microbatches", microbatches, plan.m), ("schedule", schedule, plan.schedule)):
         if asked is not None and asked != planned:
             raise PlanError(f"the pipeline plan runs {what}={planned!r}, but {what}={asked!r} was asked for")
     return plan.m, plan.schedule
 
 
+@dataclass(frozen=True, slots=True)
+class RunOptions:
+    """How to run what was planned: ``cache`` solved plans on disk (PlanCache), ``timeout_s`` a
+    collective may wait for its peers (None: THREADS_TIMEOUT_S on threads, mpi_world's
+    DEFAULT_TIMEOUT_S under MPI), keep a training step's state ``sharded_state`` on the devices
+    between calls (threads), and the ``backend`` (BACKENDS: "threads" or "mpi")."""
+
+    cache: bool = True
+    timeout_s: float | None = None
+    sharded_state: bool = False
+    backend: str = "threads"
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise GraphcError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {self.backend!r}")
+        if self.timeout_s is not None and not (
+            isinstance(self.timeout_s, (int, float)) and not isinstance(self.timeout_s, bool) and self.timeout_s > 0
+        ):
+            raise GraphcError(f"timeout_s must be a positive number of seconds or None, got {self.timeout_s!r}")
+
+    @property
+    def collective_timeout_s(self) -> float:
+        """``timeout_s``, or the backend's default."""
+        if self.timeout_s is not None:
+            return float(self.timeout_s)
+        return DEFAULT_TIMEOUT_S if self.backend == "mpi" else THREADS_TIMEOUT_S
+
+
+def _check_given_plan(plan: ShardingPlan | PipelinePlan, mesh: Mesh, options: PlanOptions) -> None:
+    """PlanError unless ``plan`` was made for ``mesh`` and, a pipeline plan, runs the options'
+    micro-batches and schedule (``planned_pipeline`` takes them from it)."""
+    check_plan_mesh(plan, mesh)
+    if isinstance(plan, PipelinePlan) and (options.microbatches, options.schedule) != (plan.m, plan.schedule):
+        raise PlanError(
+            f"the pipeline plan runs microbatches={plan.m}, schedule={plan.schedule!r}, but the options say "
+            f"microbatches={options.microbatches}, schedule={options.schedule!r}"
+        )
+
+
 class Parallelized:
-    """The object ``graphc.parallelize`` returns."""
+    """The object ``graphc.parallelize`` returns. It traces the function, takes the user's pins,
+    and keeps one compiled specialization per shapes, dtypes and static values; what a traced
+    graph becomes is its path's (``.path``: ShardedPath or PipelinePath, by the mesh) and how it
+    runs its backend's (``.backend``: Threads or Mpi), both in api/compiled.py. A given plan is
+    followed as written; a 1-device mesh runs like ``graphc.jit``."""
 
     def __init__(
         self,
         fn: Callable,
         mesh=None,
-        memory_limit=None,
+        options: PlanOptions = PlanOptions(),
+        run: RunOptions = RunOptions(),
         static_argnames=(),
         in_specs=None,
         out_specs=None,
-        shrink: bool = True,
-        time_limit: float = 60.0,
-        cache: bool = True,
-        timeout_s: float | None = None,
-        sharded_state: bool = False,
-        microbatches: int | None = None,
-        schedule: str | None = None,
-        free_axes: bool = False,
         profile=None,
-        backend: str = "threads",
         plan: ShardingPlan | PipelinePlan | None = None,
-        zero: int | None = None,
-        recompute: bool | str = "auto",
     ):
-        if backend not in BACKENDS:
-            raise GraphcError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
         if plan is not None and not isinstance(plan, (ShardingPlan, PipelinePlan)):
             raise GraphcError(f"plan must be a ShardingPlan or PipelinePlan (graphc.Plan.load(path)), got {plan!r}")
         if mesh is None:
@@ -175,46 +202,40 @@ class Parallelized:
         self._one_device = Jitted(fn, tuple(static_argnames))  # a 1-device mesh runs like graphc.jit
         self._lock = threading.Lock()
         functools.update_wrapper(self, fn)
-        try:
-            mode = recompute_mode(recompute)
-        except ValueError as exc:
-            raise GraphcError(str(exc)) from None
         self.mesh = as_mesh(mesh) if profile is None else Mesh(as_mesh(mesh), profile=get_profile(profile))
         warn_near_role_names(self.mesh.axis_names)  # dq=2 is a free axis, not a data axis
         # a plan given is run exactly as written: made for this mesh (and, checked on the first
         # call, for the traced graph); nothing is solved
         self.given_plan = plan
         if plan is not None:
-            check_plan_mesh(plan, self.mesh)
-            microbatches, schedule = _pipeline_options(plan, microbatches, schedule)
-        if mode == "on" and pipe_axis(self.mesh) is not None:
-            raise GraphcError(f"recompute=True: pipelines do not recompute (mesh {self.mesh} has a pp axis)")
-        self.memory_limit = parse_bytes(memory_limit)
+            _check_given_plan(plan, self.mesh, options)
+        if pipe_axis(self.mesh) is not None:
+            check_pipeline_options(options, self.mesh)
         self.in_specs = in_specs
         self.out_specs = out_specs
-        self.options = PlanOptions(
-            memory_limit=self.memory_limit,
-            time_limit_s=time_limit,
-            shrink=shrink,
-            free_axes=free_axes,
-            zero=check_stage(zero),
-            recompute=mode,
-        )
-        self.cache = PlanCache(cache_dir("plans")) if cache else None
-        self.backend = backend
-        default_timeout = DEFAULT_TIMEOUT_S if backend == "mpi" else THREADS_TIMEOUT_S
-        self.timeout_s = default_timeout if timeout_s is None else float(timeout_s)
-        # under MPI each process is one device: the job must have one rank per device (checked
-        # here, before anything is traced, so every rank stops at once with the same message)
-        self.world = join_world(self.mesh.size) if backend == "mpi" and self.mesh.size > 1 else None
-        self.sharded_state = sharded_state
-        # a mesh with a "pp" axis runs a pipeline of this many micro-batches
-        self.microbatches = 1 if microbatches is None else microbatches
-        self.schedule = "1f1b" if schedule is None else schedule
+        self.options = options
+        self.run_options = run
         self.followed: tuple[dict, dict, dict] | None = None  # the pins of a plan file being followed
         name = getattr(fn, "__name__", "the function")
-        self._plans = Specializations(name, warn_after=1 << 62)  # by plan-cache key (the compiles warn)
         self._compiled = Specializations(name)
+        # under MPI each process is one device: the job must have one rank per device (checked
+        # here, before anything is traced, so every rank stops at once with the same message)
+        self.backend: Threads | Mpi = (
+            Mpi(join_world(self.mesh.size), run.collective_timeout_s)
+            if run.backend == "mpi" and self.mesh.size > 1
+            else Threads(run.collective_timeout_s, run.sharded_state)
+        )
+        self.path: ShardedPath | PipelinePath
+        if pipe_axis(self.mesh) is not None:
+            self.path = PipelinePath(self.mesh)
+        else:
+            cache = PlanCache(cache_dir("plans")) if run.cache else None
+            self.path = ShardedPath(self.mesh, cache, Specializations(name, warn_after=1 << 62))  # the compiles warn
+
+    @property
+    def world(self):
+        """The MPI world of the ranks (the ``"mpi"`` backend on more than one device), else None."""
+        return self.backend.world
 
     def split_static(self, args: tuple, kwargs: dict) -> tuple[tuple, dict, dict]:
         """(dynamic args, dynamic kwargs, static values) of a call."""
@@ -296,42 +317,17 @@ class Parallelized:
         self, *args: Any, progress=None, start: float | None = None, **kwargs: Any
     ) -> tuple[ShardingPlan | PipelinePlan, Graph]:
         """The plan for these arguments and the (optimized) graph it partitions, within the time
-        limit counted from ``start`` (``time.perf_counter()``; default now)."""
-        deadline = (time.perf_counter() if start is None else start) + self.options.time_limit_s
+        limit counted from ``start`` (``time.perf_counter()``; default now): a given plan as
+        written (checked against the graph), else what the path plans (api/compiled.py)."""
+        deadline = (time.perf_counter() if start is None else start) + self.options.time_limit
         traced, graph, seconds = self.trace_optimized(*args, **kwargs)
-        t0 = time.perf_counter()
         if self.given_plan is not None:  # run as written: only checked against the graph
             self.given_plan.check(graph)
             self._warn(self.given_plan)
             return self.given_plan.with_timing(**seconds, given=True), graph
-        if self.pipelined:
-            pplan = plan_pipeline(
-                graph,
-                self.mesh,
-                self.microbatches,
-                self.schedule,
-                self.memory_limit,
-                time_limit_s=self.options.time_limit_s,
-            )
-            self._warn(pplan)
-            return pplan.with_timing(**seconds, plan_s=time.perf_counter() - t0), graph
-        pins, ties = self.pins(graph), write_ties(graph)
-        key = self.cache.key(graph_hash(graph), self.mesh, pins, ties, self.options) if self.cache else None
-        memo = self._plans.get(key) if key else None
-        if memo is not None:
-            return memo, graph
-        cached = self.cache.get(key) if self.cache and key else None
-        if cached is not None:
-            plan = cached.with_timing(**seconds, cached=True)
-        else:
-            plan = plan_sharding(graph, self.mesh, pins, ties, self.options, progress, deadline)
-            plan = plan.with_timing(
-                **seconds, plan_s=time.perf_counter() - t0, cached=False, nodes_traced=len(traced.nodes)
-            )
-            if self.cache and key and plan.solver.status == "optimal":  # a plan cut short is not kept
-                self.cache.put(key, plan)
-        if key:
-            self._plans.put(key, plan, {})
+        pins = Pins() if self.pipelined else self.pins(graph)
+        timing = {**seconds, "nodes_traced": len(traced.nodes)}
+        plan = self.path.plan(graph, pins, self.options, timing, progress, deadline)
         self._warn(plan)
         return plan, graph
 
@@ -352,13 +348,7 @@ class Parallelized:
         """Trace, optimize, plan, lower and build for these arguments (cached by shapes, dtypes
         and static values, like graphc.jit). The result runs on the mesh when called."""
         args, kwargs, _ = traced_random.bind_generators(args, kwargs)  # a Generator stands for its state
-        if self.world is None:
-            return self._compile(*args, **kwargs)
-        try:
-            return self._compile(*args, **kwargs)
-        except BaseException as exc:  # the other ranks wait for this one: tell them
-            self.world.fail(exc)
-            raise
+        return self.backend.compiling(lambda: self._compile(*args, **kwargs))
 
     def _compile(self, *args: Any, **kwargs: Any) -> ParallelCompiled | PipelineCompiled:
         dyn_args, dyn_kwargs, static = self.static.split(args, kwargs)
@@ -372,9 +362,9 @@ class Parallelized:
             if hit is None:
                 plan, graph = self.plan_and_graph(*args, **kwargs)
                 if isinstance(plan, PipelinePlan):
-                    hit = PipelineCompiled(self, graph, plan)
+                    hit = PipelineCompiled(graph, plan, self.backend, self.split_static)
                 else:
-                    hit = ParallelCompiled(self, graph, plan)
+                    hit = ParallelCompiled(graph, plan, self.backend, self.split_static)
                 self._compiled.put(key, hit, self.static.describe(targs, tkwargs, static))
         return hit
 
@@ -390,132 +380,6 @@ class Parallelized:
             dyn_args, dyn_kwargs, _ = self.static.split(args, kwargs)
             traced_random.advance_generators(compiled.graph, *self.static.for_trace(dyn_args, dyn_kwargs), generators)
         return result
-
-
-class ParallelCompiled:
-    """One specialization of a parallelized function: its plan, device programs and executable."""
-
-    def __init__(self, owner: Parallelized, graph: Graph, plan: ShardingPlan):
-        self._owner = owner
-        self.plan = plan
-        self.graph = graph
-        start = time.perf_counter()
-        lowered = lower(graph, plan)
-        self.partitioned = Partitioned(
-            graph, plan, lowered, compile_devices(lowered, regather_inputs=zero3_inputs(plan))
-        )
-        # threads: every device in this process; MPI: this rank's device only
-        self._threads: ParallelExecutable | None = None
-        self.rank_executable: RankExecutable | None = None
-        if owner.world is not None:
-            self.rank_executable = RankExecutable(self.partitioned.program, owner.world, owner.timeout_s)
-        else:
-            self._threads = ParallelExecutable(self.partitioned.program, timeout_s=owner.timeout_s)
-        self.seconds = {**plan.timing, "build_s": time.perf_counter() - start}
-        self.state_outputs = frozenset(o for _i, o in write_ties(graph))
-
-    @property
-    def program(self):
-        """The device programs the runtime runs (graphc.programs.ParallelProgram, after fusion)."""
-        return self.partitioned.program
-
-    @property
-    def executable(self) -> ParallelExecutable:
-        """The threaded runtime of every device (``rank_executable`` under MPI)."""
-        if self._threads is None:
-            raise GraphcError("this specialization runs one device per MPI rank: use .rank_executable")
-        return self._threads
-
-    def ir(self, stage: str = "optimized") -> str:
-        """Text IR: "optimized" (the graph the plan partitions), "lowered" / "device" (every
-        device program after lowering / after fusion, concatenated)."""
-        if stage == "optimized":
-            return str(self.graph)
-        if stage == "lowered":
-            return "\n".join(str(p.graph) for p in self.partitioned.lowered.devices)
-        if stage == "device":
-            return "\n".join(str(p.graph) for p in self.partitioned.program.devices)
-        raise GraphcError(f"unknown stage {stage!r}: optimized, lowered or device")
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        args, kwargs, _ = self._owner.split_static(args, kwargs)
-        # shards stay on the devices; sharded inputs are built there
-        arrays = bind_arguments(self.graph, args, kwargs, keep=(ShardedArray, ShardedInput))
-        if self.rank_executable is not None:  # MPI: every result is this rank's piece
-            return _stored(unflatten(self.graph.out_tree, self.rank_executable.run_flat(arrays)), args, kwargs)
-        keep = self.state_outputs if self._owner.sharded_state else frozenset()
-        outs = self.executable.run_flat(arrays, keep_sharded=keep)
-        out = unflatten(self.graph.out_tree, [o if k in keep else as_numpy_result(o) for k, o in enumerate(outs)])
-        return _stored(out, args, kwargs)
-
-
-class PipelineCompiled:
-    """One specialization of a function parallelized on a mesh with a ``pp`` axis: its pipeline
-    plan (passes/pipeline.py), every device's tasks (passes/pipeline_lower.py) and the pipeline
-    runtime (runtime/pipeline.py)."""
-
-    def __init__(self, owner: Parallelized, graph: Graph, plan: PipelinePlan):
-        self._owner = owner
-        self.plan = plan
-        self.graph = graph
-        start = time.perf_counter()
-        self.mb = microbatch(graph, plan.m)
-        self.program = lower_pipeline(graph, plan, self.mb)
-        # threads: every device in this process; MPI: this rank's device only
-        self._threads: PipelineExecutable | None = None
-        self.rank_executable: RankPipelineExecutable | None = None
-        if owner.world is not None:
-            self.rank_executable = RankPipelineExecutable(self.program, owner.world, owner.timeout_s)
-        else:
-            self._threads = PipelineExecutable(self.program, timeout_s=owner.timeout_s)
-        self.seconds = {**plan.timing, "build_s": time.perf_counter() - start}
-
-    @property
-    def executable(self) -> PipelineExecutable:
-        """The threaded pipeline runtime of every device (``rank_executable`` under MPI)."""
-        if self._threads is None:
-            raise GraphcError("this specialization runs one device per MPI rank: use .rank_executable")
-        return self._threads
-
-    def ir(self, stage: str = "optimized") -> str:
-        """Text IR: "optimized" (the step), "microbatch" (micro-batch 0's program), "tasks" (every
-        device's forward, backward and update tasks of micro-batch 0)."""
-        if stage == "optimized":
-            return str(self.graph)
-        if stage == "microbatch":
-            return str(self.mb.program.devices[0].graph)
-        if stage == "tasks":
-            return "\n".join(str(t.graph) for (_d, _ph, k), t in sorted(self.program.tasks.items()) if k <= 0)
-        raise GraphcError(f"unknown stage {stage!r}: optimized, microbatch or tasks")
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        args, kwargs, _ = self._owner.split_static(args, kwargs)
-        arrays = bind_arguments(self.graph, args, kwargs, keep=ShardedInput)
-        if self.rank_executable is not None:  # MPI: the pieces of the stage holding each result
-            return _stored(unflatten(self.graph.out_tree, self.rank_executable.run_flat(arrays)), args, kwargs)
-        outs = self.executable.run_flat(arrays)
-        return _stored(unflatten(self.graph.out_tree, [as_numpy_result(o) for o in outs]), args, kwargs)
-
-
-def _stored(out: Any, args: tuple, kwargs: dict) -> Any:
-    """The call's result, after storing what the function wrote into its argument objects."""
-    return out.apply_to(args, kwargs) if type(out) is StateUpdate else out
-
-
-def write_ties(graph: Graph) -> list[tuple[int, int]]:
-    """``state_ties``, with every array a function wrote into an argument object (a KV cache on
-    ``self``) tied to the input it replaces instead: the state keeps its spec from call to call."""
-    node = graph.out_tree.node
-    if node is None or node.cls is not StateUpdate:
-        return state_ties(graph)
-    ties, first = [], graph.out_tree.children[0].num_leaves
-    for place, tree in zip(node.aux, graph.out_tree.children[1:]):
-        if place.input_leaf is not None and tree.kind == "leaf":
-            if graph.inputs[place.input_leaf].type == graph.outputs[first].type:
-                ties.append((place.input_leaf, first))
-        first += tree.num_leaves
-    tied_in, tied_out = {i for i, _o in ties}, {o for _i, o in ties}
-    return ties + [(i, o) for i, o in state_ties(graph) if i not in tied_in and o not in tied_out]
 
 
 def parallelize(
@@ -537,8 +401,8 @@ def parallelize(
     profile=None,
     backend: str = "threads",
     plan: ShardingPlan | PipelinePlan | None = None,
-    zero: int | None = None,
-    recompute: bool | str = "auto",
+    zero: Zero = "auto",
+    recompute: Recompute = "auto",
 ):
     """Decorator or function: ``graphc.parallelize(fn, mesh={"dp": 2, "tp": 4})``. A mesh with a
     ``pp`` axis (``{"pp": 2, "dp": 2, "tp": 2}``) runs the step as a pipeline of ``microbatches``
@@ -565,10 +429,11 @@ def parallelize(
     for the whole value). ``timeout_s``: how long a collective may wait for its peers (default
     60 s on threads, 30 s under MPI, where a failed or stuck rank ends the whole job).
 
-    ``zero``: ZeRO along the data axes (passes/sharding/zero.py): None (default) lets the solver
-    pick each parameter's stage, 1 shards the optimizer state, 2 the gradients too, 3 the
+    ``zero``: ZeRO along the data axes (passes/sharding/zero.py): ``"auto"`` (default) lets the
+    solver pick each parameter's stage, 1 shards the optimizer state, 2 the gradients too, 3 the
     parameters too (gathered before each use); 0 keeps the state replicated. A forced stage that
     does not fit the memory limit is a ``PlanError`` naming the smallest memory it needs.
+    (``zero=None`` is the deprecated spelling of ``"auto"``.)
 
     ``plan``: a plan to run exactly as written (``graphc.Plan.load(path)``, a ShardingPlan or a
     PipelinePlan): nothing is solved. It must have been made for this mesh's axes (``mesh`` may be
@@ -576,41 +441,51 @@ def parallelize(
     mismatch is a ``PlanError`` naming both. A pipeline plan brings its micro-batch count and
     schedule. (Re-solving around a hand-edited plan's pins is ``graphc compile --resolve-pins``.)
 
-    ``recompute``: activation recomputation (passes/sharding/remat.py). ``"auto"``: under a
+    ``recompute``: activation recomputation (passes/recompute/choices.py). ``"auto"``: under a
     ``memory_limit`` the solver recomputes forward values in the backward pass where that is the
-    cheapest way to fit (without a limit it only costs time, so nothing is); ``True``: every
-    value that can be recomputed is (``remat.forced``); ``False``: none. The plan marks each
+    cheapest way to fit (without a limit it only costs time, so nothing is); ``"on"``: every
+    value that can be recomputed is (``remat.forced``); ``"off"``: none. The plan marks each
     recomputed node (``"recompute": true``). Pipelines (a ``pp`` axis) do not recompute.
+    (``True`` / ``False`` are the deprecated spellings of ``"on"`` / ``"off"``.)
+
+    The planning options (``memory_limit`` as bytes or a string such as ``"2GiB"``,
+    ``time_limit``, ``zero``, ``recompute``, ``microbatches``, ``schedule``, ``shrink``,
+    ``free_axes``) become one ``PlanOptions`` (passes/options.py: every option's type and values),
+    the running ones (``cache``, ``timeout_s``, ``sharded_state``, ``backend``) one
+    ``RunOptions``; the returned object keeps them as ``.options`` and ``.run_options``.
 
     Python ``float`` arguments not in ``static_argnames`` are traced as weakly typed values, as in
     ``graphc.jit``: a new learning rate runs the same compiled step and plan."""
     if isinstance(static_argnames, str):
         static_argnames = (static_argnames,)
+    microbatches, schedule = planned_pipeline(plan, microbatches, schedule)
+    options = PlanOptions.of(
+        memory_limit=parse_bytes(memory_limit),
+        time_limit=time_limit,
+        zero=zero,
+        recompute=recompute,
+        microbatches=microbatches,
+        schedule=schedule,
+        shrink=shrink,
+        free_axes=free_axes,
+    )
+    run = RunOptions(cache=cache, timeout_s=timeout_s, sharded_state=sharded_state, backend=backend)
 
     def wrap(f):
-        return Parallelized(
-            f,
-            mesh,
-            memory_limit,
-            static_argnames,
-            in_specs,
-            out_specs,
-            shrink,
-            time_limit,
-            cache,
-            timeout_s,
-            sharded_state,
-            microbatches,
-            schedule,
-            free_axes,
-            profile,
-            backend,
-            plan,
-            zero=zero,
-            recompute=recompute,
-        )
+        return Parallelized(f, mesh, options, run, static_argnames, in_specs, out_specs, profile, plan)
 
     return wrap if fn is None else wrap(fn)
 
 
-__all__ = ["ParallelCompiled", "Parallelized", "PipelineCompiled", "check_plan_mesh", "parallelize", "shard"]
+__all__ = [
+    "BACKENDS",
+    "ParallelCompiled",
+    "Parallelized",
+    "PipelineCompiled",
+    "RunOptions",
+    "check_plan_mesh",
+    "parallelize",
+    "planned_pipeline",
+    "shard",
+    "write_ties",
+]

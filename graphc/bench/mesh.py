@@ -22,8 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from graphc.api.compiled import ParallelCompiled
 from graphc.api.jit import jit
-from graphc.api.parallel import ParallelCompiled, parallelize
+from graphc.api.parallel import parallelize
 from graphc.bench.comm import bench_all_reduce, bench_memcpy
 from graphc.bench.timing import direct_call, fmt, same, times_of
 from graphc.core.errors import PlanError

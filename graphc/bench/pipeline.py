@@ -21,6 +21,7 @@ from graphc.frontend.entry import trace
 from graphc.interpreter import bind_arguments
 from graphc.models import mlp
 from graphc.passes.microbatch import microbatch
+from graphc.passes.options import PlanOptions
 from graphc.passes.partition import optimize_for_planning
 from graphc.passes.pipeline import plan_pipeline
 from graphc.passes.pipeline_lower import lower_pipeline
@@ -64,7 +65,7 @@ def main(argv=None) -> None:
     for m in (1, 2, 4, 8, 16):
         for schedule in ("gpipe", "1f1b"):
             mb = microbatch(g, m)
-            plan = plan_pipeline(g, {"pp": S}, m, schedule, mb=mb)
+            plan = plan_pipeline(g, {"pp": S}, PlanOptions(microbatches=m, schedule=schedule), mb=mb)
             pe = PipelineExecutable(lower_pipeline(g, plan, mb))
             pe.run_flat(flat)
             bubbles, steps = [], []

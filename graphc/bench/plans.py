@@ -28,10 +28,13 @@ from typing import Any
 
 import numpy as np
 
-from graphc.api.parallel import ParallelCompiled, parallelize
+from graphc.api.compiled import ParallelCompiled
+from graphc.api.parallel import parallelize
 from graphc.bench.mesh import plan_variants, spearman
 from graphc.core.errors import PlanError
-from graphc.core.mesh import MachineProfile, Mesh, load_profile
+from graphc.core.mesh import Mesh
+from graphc.core.profile import MachineProfile
+from graphc.core.profiles import load_profile
 from graphc.core.spec import parse_spec
 from graphc.core.units import fmt_bytes, fmt_time
 from graphc.interpreter import bind_arguments

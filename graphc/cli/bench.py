@@ -8,8 +8,8 @@ import argparse
 from graphc.bench import comm, mesh, model, pipeline, plans
 from graphc.cli.common import positive_int
 from graphc.cli.loader import load_target, static_argnames
-from graphc.core.errors import GraphcError
-from graphc.core.mesh import Mesh, MeshError, parse_links
+from graphc.core.errors import GraphcError, MeshError
+from graphc.core.mesh import Mesh, parse_links
 
 NAMED = ("runtime", "kernels", "pipeline", "comm", "fastmath", "plans", "ps")
 

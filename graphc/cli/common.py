@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -33,9 +34,12 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import graphc.models  # noqa: F401  (registers the example models as user code: errors name their lines)
+from graphc.api.parallel import RunOptions, planned_pipeline
 from graphc.cli.loader import UsageError
-from graphc.core.errors import GraphcWarning, PlanError
+from graphc.core.errors import GraphcError, GraphcWarning, PlanError
+from graphc.core.units import parse_bytes
 from graphc.frontend.locations import is_user_code
+from graphc.passes.options import PlanOptions
 from graphc.passes.pipeline import PipelinePlan
 from graphc.passes.sharding.plan import ShardingPlan
 
@@ -76,6 +80,38 @@ def positive_seconds(text: str) -> float:
     if not (value > 0 and math.isfinite(value)):
         raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
     return value
+
+
+def memory_size(text: str) -> int:
+    """A memory size as users write it (``2GiB``, ``512MB``, a number of bytes) -> bytes
+    (graphc/core/units.py)."""
+    try:
+        size = parse_bytes(text)
+    except GraphcError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    assert size is not None
+    return size
+
+
+# --- the options a command's flags set ----------------------------------------------------------
+# A flag that sets an option has the option's name as its ``dest`` (``--memory`` sets
+# ``memory_limit``) and default None (not given: the option's own default), and takes its
+# ``choices`` from the option's values (passes/options.py).
+
+
+def plan_options(args: argparse.Namespace, plan: ShardingPlan | PipelinePlan | None = None) -> PlanOptions:
+    """The PlanOptions the command's flags give; micro-batches and schedule not given are a given
+    pipeline plan's own (``planned_pipeline``: PlanError when they differ from it)."""
+    given: dict[str, Any] = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(PlanOptions)}
+    given = {name: value for name, value in given.items() if value is not None}
+    given["microbatches"], given["schedule"] = planned_pipeline(plan, given.get("microbatches"), given.get("schedule"))
+    return PlanOptions(**given)
+
+
+def run_options(args: argparse.Namespace) -> RunOptions:
+    """The RunOptions the command's flags give (``--no-cache``, ``--timeout``, ``--backend``)."""
+    given: dict[str, Any] = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(RunOptions)}
+    return RunOptions(**{name: value for name, value in given.items() if value is not None})
 
 
 def add_debug(parser: argparse.ArgumentParser) -> None:
@@ -319,6 +355,9 @@ __all__: list[Any] = [
     "check_output_dir",
     "check_output_file",
     "debug_enabled",
+    "memory_size",
+    "plan_options",
+    "run_options",
     "describe_exception",
     "positive_int",
     "positive_seconds",

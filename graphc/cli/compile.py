@@ -15,6 +15,7 @@ outputs (``-o``, default ``plan.json``; ``--dump-ir``) are checked before anythi
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import json
 import math
@@ -23,23 +24,27 @@ import sys
 import time
 import warnings
 
-from graphc.api.parallel import parallelize
+from graphc.api.parallel import Parallelized
 from graphc.cli.common import (
     Output,
     check_output_dir,
     check_output_file,
     load_plan,
+    memory_size,
+    plan_options,
     positive_int,
     process_age,
+    run_options,
 )
 from graphc.cli.loader import UsageError, load_target, static_argnames
-from graphc.core.errors import GraphcError, PlanError, PlanWarning
+from graphc.core.errors import GraphcError, MeshError, PlanError, PlanWarning
 from graphc.core.files import atomic_write
-from graphc.core.mesh import Mesh, MeshError, parse_links
+from graphc.core.mesh import Mesh, parse_links
 from graphc.core.profiles import PRESETS, get_profile
-from graphc.core.units import parse_bytes
 from graphc.passes.manager import run_passes
+from graphc.passes.options import RECOMPUTE_MODES, SCHEDULES, ZERO_CHOICES, zero_from_text
 from graphc.passes.partition import compile_devices, lower, zero3_inputs
+from graphc.passes.pipeline import PipelinePlan
 from graphc.passes.search import explain, search_meshes
 from graphc.passes.sharding.plan import ShardingPlan
 
@@ -55,8 +60,10 @@ def add_parser(sub) -> None:
         metavar="N",
         help="search the factorizations of N devices into pp x dp x tp (and micro-batch counts)",
     )
-    p.add_argument("--microbatches", type=positive_int, default=1, help="micro-batches of a pipeline (--mesh with pp)")
-    p.add_argument("--schedule", choices=("1f1b", "gpipe"), default="1f1b", help="pipeline schedule (default 1f1b)")
+    p.add_argument(
+        "--microbatches", type=positive_int, metavar="M", help="micro-batches of a pipeline (--mesh with pp; default 1)"
+    )
+    p.add_argument("--schedule", choices=SCHEDULES, help="pipeline schedule (default 1f1b)")
     p.add_argument(
         "--profile",
         metavar="NAME|FILE",
@@ -64,7 +71,13 @@ def add_parser(sub) -> None:
         "or a JSON profile file (default: cpu-here, this machine's 'graphc calibrate' profile)",
     )
     p.add_argument("--link", help="per-axis link model overrides, e.g. dp=1GB/s:50us,tp=10GB/s:5us")
-    p.add_argument("--memory", help="per-device memory limit, e.g. 2GiB (default: none)")
+    p.add_argument(
+        "--memory",
+        dest="memory_limit",
+        metavar="SIZE",
+        type=memory_size,
+        help="per-device memory limit, e.g. 2GiB (default: none)",
+    )
     p.add_argument("--example", help="function in FILE returning (args, kwargs) (default: example_args)")
     p.add_argument("-o", "--output", help="write the plan JSON here (default: plan.json, printed)")
     p.add_argument("--force", action="store_true", help="overwrite -o FILE even if it is not a graphc plan")
@@ -79,19 +92,20 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--time-limit",
         type=float,
-        default=60.0,
+        metavar="SECONDS",
         help="wall-time limit of the compile (trace, optimize, plan) in seconds (default 60): "
         "on expiry the best plan so far is written, with its gap",
     )
     p.add_argument(
         "--free-axes",
         action="store_true",
+        default=None,
         help="ignore the axis roles (dp splits only batch dims, sp only sequence dims): any axis may split anything",
     )
     p.add_argument(
         "--zero",
-        choices=("auto", "0", "1", "2", "3"),
-        default="auto",
+        type=zero_from_text,
+        choices=ZERO_CHOICES,
         help="ZeRO stage of the training state along the data axes: 1 shards the optimizer state, 2 the "
         "gradients too, 3 the parameters too; 0 none; auto (default): the solver picks per parameter",
     )
@@ -99,13 +113,20 @@ def add_parser(sub) -> None:
         "--recompute",
         nargs="?",
         const="on",
-        default="auto",
-        choices=("auto", "on", "off"),
+        choices=RECOMPUTE_MODES,
         help="activation recomputation: auto (default: the solver recomputes where a --memory limit needs it), "
         "on (--recompute alone: every value that can be), off",
     )
-    p.add_argument("--no-shrink", action="store_true", help="one ILP variable per node (no tying / follower merging)")
-    p.add_argument("--no-cache", action="store_true", help="do not read or write the plan cache")
+    p.add_argument(
+        "--no-shrink",
+        dest="shrink",
+        action="store_false",
+        default=None,
+        help="one ILP variable per node (no tying / follower merging)",
+    )
+    p.add_argument(
+        "--no-cache", dest="cache", action="store_false", default=None, help="do not read or write the plan cache"
+    )
     p.add_argument(
         "--explain",
         action="append",
@@ -140,9 +161,8 @@ def _compile(args: argparse.Namespace) -> int:
             f"compile --plan {args.plan}: renamed; --resolve-pins {args.plan} solves again around the plan's "
             "pins, and 'graphc run --plan' runs a plan as written"
         )
-    if not (args.time_limit > 0 and math.isfinite(args.time_limit)):
+    if args.time_limit is not None and not (args.time_limit > 0 and math.isfinite(args.time_limit)):
         raise UsageError(f"--time-limit must be a positive number of seconds, got {args.time_limit}")
-    memory = parse_bytes(args.memory)  # a bad size is an error before any work
     output = _check_outputs(args)
     if args.devices is not None:
         return _search(args, progress, output)
@@ -154,25 +174,16 @@ def _compile(args: argparse.Namespace) -> int:
         raise GraphcError(f"--mesh/--link/--profile: {exc}") from None
     pinned = _load_pinned(args.resolve_pins)
     fn, fargs, fkwargs = load_target(args.target, args.example)
-    pf = parallelize(
-        fn,
-        mesh=mesh,
-        memory_limit=memory,
-        static_argnames=static_argnames(fkwargs),
-        shrink=not args.no_shrink,
-        time_limit=args.time_limit,
-        cache=not args.no_cache and not pinned,
-        microbatches=args.microbatches,
-        schedule=args.schedule,
-        free_axes=args.free_axes,
-        zero=None if args.zero == "auto" else int(args.zero),
-        recompute=args.recompute,
-    )
+    run = run_options(args)
+    if pinned:  # a plan solved around hand-made pins is not one to keep
+        run = dataclasses.replace(run, cache=False)
+    pf = Parallelized(fn, mesh, plan_options(args), run, static_argnames=static_argnames(fkwargs))
     if pf.pipelined:
         if pinned or args.explain:
             raise UsageError("--resolve-pins and --explain work on meshes without a pp axis")
         progress(f"tracing {args.target} and planning a pipeline on mesh {mesh}")
         pplan = pf.plan(*fargs, **fkwargs)
+        assert isinstance(pplan, PipelinePlan)  # a mesh with a pp axis plans a pipeline
         print(pplan.summary())
         if pplan.sub_plan is not None:
             print(pplan.sub_plan.summary())
@@ -185,6 +196,7 @@ def _compile(args: argparse.Namespace) -> int:
         progress(f"re-solving around {n} pin(s) from {args.resolve_pins}")
     progress(f"tracing {args.target} on mesh {mesh}")
     plan, graph = pf.plan_and_graph(*fargs, progress=progress, start=start, **fkwargs)
+    assert isinstance(plan, ShardingPlan)  # a mesh without one plans the sharding
     if args.dump_ir:
         _dump_ir(args.dump_ir, pf, graph, plan, fargs, fkwargs)
     t = plan.timing
@@ -276,8 +288,9 @@ def _search(args: argparse.Namespace, progress, output: Output) -> int:
         profile = get_profile(args.profile) if args.profile else None
     except MeshError as exc:
         raise GraphcError(f"--link/--profile: {exc}") from None
+    options = plan_options(args)
     fn, fargs, fkwargs = load_target(args.target, args.example)
-    pf = parallelize(fn, mesh={"dp": 1}, static_argnames=static_argnames(fkwargs))
+    pf = Parallelized(fn, {"dp": 1}, options, static_argnames=static_argnames(fkwargs))
     progress(f"tracing {args.target}")
     _traced, graph, _s = pf.trace_optimized(*fargs, **fkwargs)
     progress(f"searching meshes of {args.devices} devices")
@@ -285,11 +298,9 @@ def _search(args: argparse.Namespace, progress, output: Output) -> int:
     cands = search_meshes(
         graph,
         args.devices,
-        parse_bytes(args.memory),
+        options,
         links,
         profile,
-        schedule=args.schedule,
-        time_limit_s=args.time_limit,
         progress=lambda c: progress(f"  {c.describe()} [{c.seconds:.2f}s]"),
     )
     seconds = time.perf_counter() - t0

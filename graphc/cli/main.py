@@ -47,7 +47,7 @@ from graphc.cli.common import (
     warnings_on_stderr,
 )
 from graphc.core.errors import GraphcError
-from graphc.core.mesh import load_profile, profile_path, save_profile
+from graphc.core.profiles import load_profile, profile_path, save_profile
 from graphc.runtime.calibrate import calibrate
 from graphc.runtime.mpi_world import current_world, note_exit_code
 

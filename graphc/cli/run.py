@@ -25,16 +25,26 @@ import sys
 import time
 from typing import Any
 
-from graphc.api.parallel import check_plan_mesh, parallelize
+from graphc.api.parallel import BACKENDS, Parallelized, check_plan_mesh
 from graphc.bench.timing import direct_call, fmt_range, same, times_of
-from graphc.cli.common import Output, check_output_file, load_plan, positive_int, positive_seconds
+from graphc.cli.common import (
+    Output,
+    check_output_file,
+    load_plan,
+    memory_size,
+    plan_options,
+    positive_int,
+    positive_seconds,
+    run_options,
+)
 from graphc.cli.loader import UsageError, load_target, static_argnames
-from graphc.core.errors import GraphcError, PlanError
+from graphc.core.errors import GraphcError, MeshError, PlanError
 from graphc.core.files import atomic_write
-from graphc.core.mesh import Mesh, MeshError, parse_links
+from graphc.core.mesh import Mesh, parse_links
 from graphc.core.pytree import flatten
 from graphc.core.units import fmt_bytes, fmt_time
 from graphc.interpreter import bind_arguments
+from graphc.passes.options import SCHEDULES
 from graphc.passes.pipeline import PipelinePlan
 from graphc.passes.sharding.plan import ShardingPlan
 from graphc.runtime.devices import ShardedArray
@@ -55,7 +65,13 @@ def add_parser(sub) -> None:
         help="run this plan exactly as written (from graphc compile; its mesh is used, nothing is solved)",
     )
     p.add_argument("--link", help="per-axis link model overrides for planning, e.g. dp=1GB/s:50us")
-    p.add_argument("--memory", help="per-device memory limit for planning, e.g. 2GiB")
+    p.add_argument(
+        "--memory",
+        dest="memory_limit",
+        metavar="SIZE",
+        type=memory_size,
+        help="per-device memory limit for planning, e.g. 2GiB",
+    )
     p.add_argument("--example", help="function in FILE returning (args, kwargs) (default: example_args)")
     p.add_argument("--repeat", type=positive_int, default=3, help="timed runs (default 3)")
     p.add_argument("--trace", metavar="FILE", help="write a Chrome trace of one run (JSON, Perfetto)")
@@ -63,19 +79,22 @@ def add_parser(sub) -> None:
     p.add_argument("--mkdir", action="store_true", help="create the folder of --trace FILE outside this folder")
     p.add_argument(
         "--timeout",
+        dest="timeout_s",
+        metavar="SECONDS",
         type=positive_seconds,
         help="seconds a collective may wait for its peers (default 60 on threads, 30 under MPI, where a failed "
         "or stuck rank ends the whole job within it)",
     )
     p.add_argument(
         "--backend",
-        choices=("threads", "mpi"),
-        default="threads",
+        choices=BACKENDS,
         help="threads: one thread per device in this process; mpi: one process per device, launched as "
         "mpiexec -n <devices> python -m graphc run ... (needs pip install 'graphc[mpi]')",
     )
-    p.add_argument("--microbatches", type=positive_int, help="micro-batches of a pipeline (a mesh with pp; default 1)")
-    p.add_argument("--schedule", choices=("1f1b", "gpipe"), help="pipeline schedule (default 1f1b)")
+    p.add_argument(
+        "--microbatches", type=positive_int, metavar="M", help="micro-batches of a pipeline (a mesh with pp; default 1)"
+    )
+    p.add_argument("--schedule", choices=SCHEDULES, help="pipeline schedule (default 1f1b)")
     p.set_defaults(func=cmd_run)
 
 
@@ -83,7 +102,7 @@ def _mesh_and_plan(args: argparse.Namespace) -> tuple[Mesh, ShardingPlan | Pipel
     """The mesh to run on and the plan file given, checked against each other before any work."""
     if args.mesh is None and args.plan is None:
         raise UsageError("run needs --mesh (to plan), --plan (a plan to run as written), or both")
-    if args.plan and (args.memory or args.link):
+    if args.plan and (args.memory_limit or args.link):
         raise UsageError(
             f"--plan {args.plan} runs that plan as written: --memory and --link only plan a new one "
             "(graphc compile ... --memory ... -o plan.json, then run it)"
@@ -123,18 +142,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     trace_out = _check_trace(args)
     if args.backend == "mpi":
         return cmd_run_mpi(args, mesh, loaded, trace_out)
+    options = plan_options(args, loaded)
     fn, fargs, fkwargs = load_target(args.target, args.example)
-    static = static_argnames(fkwargs)
-    pf = parallelize(
-        fn,
-        mesh=mesh,
-        memory_limit=args.memory,
-        static_argnames=static,
-        timeout_s=args.timeout,
-        microbatches=args.microbatches,
-        schedule=args.schedule,
-        plan=loaded,
-    )
+    pf = Parallelized(fn, mesh, options, run_options(args), static_argnames=static_argnames(fkwargs), plan=loaded)
     if pf.pipelined:
         return _run_pipeline(args, pf, fn, fargs, fkwargs, trace_out)
     start = time.perf_counter()
@@ -295,18 +305,9 @@ def cmd_run_mpi(args: argparse.Namespace, mesh, loaded, trace_out: Output | None
     launch = f"python -m graphc run {args.target} ..."
     world = join_world(mesh.size, launch)  # before anything slow: a wrong -n stops every rank at once
     root = world.rank == 0
+    options = plan_options(args, loaded)
     fn, fargs, fkwargs = load_target(args.target, args.example)
-    pf = parallelize(
-        fn,
-        mesh=mesh,
-        memory_limit=args.memory,
-        static_argnames=static_argnames(fkwargs),
-        timeout_s=args.timeout,
-        microbatches=args.microbatches,
-        schedule=args.schedule,
-        backend="mpi",
-        plan=loaded,
-    )
+    pf = Parallelized(fn, mesh, options, run_options(args), static_argnames=static_argnames(fkwargs), plan=loaded)
     start = time.perf_counter()
     compiled = _compile_given(pf, args, fargs, fkwargs)
     rank_ex = compiled.rank_executable

@@ -105,6 +105,10 @@ class PlanError(GraphcError):
         super().__init__(message)
 
 
+class MeshError(GraphcError, ValueError):
+    """A bad mesh, link, or machine profile (argument, string or file). The message says what was expected."""
+
+
 class GraphcWarning(UserWarning):
     """Base class of the warnings graphc gives: something was skipped or replaced, and work went on."""
 

@@ -73,47 +73,53 @@ def read_document(
 def check_record(record: Any, where: str, error: type[GraphcError] = GraphcError) -> None:
     """Raise ``error`` unless every field of the dataclass ``record`` holds a value of its declared
     type (recursively through tuples, lists, mappings, unions and the dataclasses of the same
-    module): what a document's reader calls on the value it built from a hand-edited file, so a
-    wrong type is reported where it was read (``where.field[2]: expected int, got 'x'``), not as
-    a TypeError wherever the value is first used. An int is a float; a bool is neither."""
-    module = type(record).__module__
+    package: a plan's records live beside it): what a document's reader calls on the value it
+    built from a hand-edited file, so a wrong type is reported where it was read
+    (``where.field[2]: expected int, got 'x'``), not as a TypeError wherever the value is first
+    used. An int is a float; a bool is neither."""
+    package = _package(type(record))
     hints = typing.get_type_hints(type(record))
     for f in dataclasses.fields(record):
-        _check_value(getattr(record, f.name), hints[f.name], f"{where}.{f.name}", module, error)
+        _check_value(getattr(record, f.name), hints[f.name], f"{where}.{f.name}", package, error)
 
 
-def _check_value(value: Any, hint: Any, where: str, module: str, error: type[GraphcError]) -> None:
+def _package(cls: Any) -> str:
+    """The package of the module defining ``cls``."""
+    return cls.__module__.rpartition(".")[0]
+
+
+def _check_value(value: Any, hint: Any, where: str, package: str, error: type[GraphcError]) -> None:
     origin = typing.get_origin(hint)
     if hint is Any:
         return
     if origin in (typing.Union, types.UnionType):
-        _check_union(value, hint, where, module, error)
+        _check_union(value, hint, where, package, error)
     elif origin in (tuple, list):
-        _check_sequence(value, origin, typing.get_args(hint), where, module, error)
+        _check_sequence(value, origin, typing.get_args(hint), where, package, error)
     elif origin in (Mapping, dict):
         if not isinstance(value, Mapping):
             raise error(f"{where}: expected a mapping, got {_short(value)}")
         key_hint, value_hint = typing.get_args(hint) or (Any, Any)
         for k, x in value.items():
-            _check_value(k, key_hint, f"{where} key", module, error)
-            _check_value(x, value_hint, f"{where}[{k!r}]", module, error)
+            _check_value(k, key_hint, f"{where} key", package, error)
+            _check_value(x, value_hint, f"{where}[{k!r}]", package, error)
     elif not _is_instance(value, hint):
         raise error(f"{where}: expected {_type_name(hint)}, got {_short(value)}")
-    elif dataclasses.is_dataclass(hint) and hint.__module__ == module:
+    elif dataclasses.is_dataclass(hint) and _package(hint) == package:
         check_record(value, where, error)
 
 
-def _check_union(value: Any, hint: Any, where: str, module: str, error: type[GraphcError]) -> None:
+def _check_union(value: Any, hint: Any, where: str, package: str, error: type[GraphcError]) -> None:
     for arm in typing.get_args(hint):
         try:
-            _check_value(value, arm, where, module, error)
+            _check_value(value, arm, where, package, error)
             return
         except GraphcError:
             continue
     raise error(f"{where}: expected {_type_name(hint)}, got {_short(value)}")
 
 
-def _check_sequence(value: Any, origin: type, args: tuple, where: str, module: str, error: type[GraphcError]) -> None:
+def _check_sequence(value: Any, origin: type, args: tuple, where: str, package: str, error: type[GraphcError]) -> None:
     if not isinstance(value, (tuple, list)) or not isinstance(value, origin):
         raise error(f"{where}: expected a {origin.__name__}, got {_short(value)}")
     items: list[Any] = list(value)
@@ -121,10 +127,10 @@ def _check_sequence(value: Any, origin: type, args: tuple, where: str, module: s
         if len(items) != len(args):
             raise error(f"{where}: expected {len(args)} items, got {len(items)}")
         for i, (x, arm) in enumerate(zip(items, args)):
-            _check_value(x, arm, f"{where}[{i}]", module, error)
+            _check_value(x, arm, f"{where}[{i}]", package, error)
         return
     for i, x in enumerate(items):
-        _check_value(x, args[0] if args else Any, f"{where}[{i}]", module, error)
+        _check_value(x, args[0] if args else Any, f"{where}[{i}]", package, error)
 
 
 def _is_instance(value: Any, hint: Any) -> bool:

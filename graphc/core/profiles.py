@@ -1,4 +1,5 @@
 """Machine profiles to plan for: presets of published hardware, this machine, or a JSON file.
+(The profile itself, ``MachineProfile``, is graphc/core/profile.py.)
 
     get_profile("h100-sxm")       a preset (``PRESETS``)
     get_profile("cluster.json")   a profile file: the JSON ``MachineProfile.to_json()`` writes, every
@@ -24,9 +25,86 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Callable
 
-from graphc.core.mesh import Link, MachineProfile, MeshError, load_profile
+from graphc.core.cache import private_dir, unsafe_reason, warn_cache
+from graphc.core.errors import MeshError
+from graphc.core.files import atomic_write, cache_dir
+from graphc.core.profile import Link, MachineProfile
+
+# --- this machine's stored profile (``graphc calibrate``) ------------------------------------------
+
+
+def profile_path() -> str:
+    """``$GRAPHC_PROFILE``, else ``profile.json`` in the cache folder (graphc/core/files.py ``cache_dir``)."""
+    explicit = os.environ.get("GRAPHC_PROFILE")
+    if explicit:
+        return explicit
+    return cache_dir("profile.json")
+
+
+def _in_cache_folder(path: str) -> bool:
+    return os.path.abspath(path) == os.path.abspath(cache_dir("profile.json"))
+
+
+def save_profile(profile: MachineProfile, path: str | None = None) -> str:
+    """Write ``profile`` as JSON to ``path`` (default ``profile_path()``) atomically; return the path.
+    In the cache folder, that folder is created 0700 and must be the user's alone."""
+    path = path or profile_path()
+    private = _in_cache_folder(path)
+    if private and private_dir(os.path.dirname(path)) is None:
+        raise MeshError(
+            f"{path}: the cache folder is not yours alone (see the warning); store the profile with -o FILE"
+        )
+    atomic_write(path, json.dumps(profile.to_json(), indent=1) + "\n", make_dirs=True, mode=0o600 if private else 0o666)
+    return path
+
+
+def _profile_is_trusted(path: str) -> bool:
+    """The profile in the cache folder is read only when it and its folder are the user's alone
+    (graphc/core/cache.py); a warning says why not otherwise."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return True  # no file: the default profile, below
+    if private_dir(os.path.dirname(path)) is None:
+        return False
+    why = "is a symbolic link" if stat.S_ISLNK(st.st_mode) else unsafe_reason(st)
+    if why is not None:
+        warn_cache(path, f"machine profile {why}", "not read; planning with the default profile")
+        return False
+    return True
+
+
+def load_profile(path: str | None = None) -> MachineProfile:
+    """The profile stored at ``path`` (default ``profile_path()``), or ``MachineProfile.default()``
+    when there is no such file, or when the file in the cache folder is not the user's alone. Never
+    measures: planning stays deterministic and fast."""
+    path = path or profile_path()
+    if _in_cache_folder(path) and not _profile_is_trusted(path):
+        return MachineProfile.default()
+    try:
+        with open(path) as f:
+            text = f.read()
+    except FileNotFoundError:
+        return MachineProfile.default()
+    except (OSError, UnicodeDecodeError) as exc:  # a folder, not UTF-8 text
+        raise MeshError(f"cannot read machine profile {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise MeshError(
+            f"{path}:{exc.lineno}:{exc.colno}: not a machine profile (bad JSON: {exc.msg}); "
+            f"rerun 'graphc calibrate' or delete the file"
+        ) from None
+    try:
+        return MachineProfile.from_json(doc)
+    except MeshError as exc:
+        raise MeshError(f"{path}: {exc}; rerun 'graphc calibrate' or delete the file") from None
+
+
+# --- presets and profile files -------------------------------------------------------------------
 
 NVLINK_STEP_S = 3.4e-6  # NCCL tuning.cc hwLat[NVLINK][Ring][Simple]
 NETWORK_STEP_S = 9.6e-6  # NCCL tuning.cc hwLat[NET][Ring][Simple]

@@ -27,7 +27,7 @@ class Trait:
 LOAD_STORE = 1  # add, sub, mul, neg, abs, max, min, where, compare, convert: a kernel recomputes
 #                 them in a loop of its own rather than staging their result (runtime/kernelsource.py)
 CHEAP = 2  # also div, sign and the logical ops: the backward recomputes them from kept values
-#            rather than keeping their results (passes/recompute.py)
+#            rather than keeping their results (passes/recompute/cheap.py)
 MATH = 3  # exp, log, tanh, sqrt, pow, ...: kept
 
 

@@ -63,3 +63,32 @@ def fmt_time(t: float) -> str:
 def fmt_rate(flops: float) -> str:
     """flop/s in GF/s, or TF/s from 1e12 on."""
     return f"{flops / 1e12:.4g} TF/s" if flops >= 1e12 else f"{flops / 1e9:.4g} GF/s"
+
+
+# --- bandwidths and latencies (link strings, graphc/core/mesh.py: parse_links) ---------------------
+
+# unit -> (power of 10, power of 2): "50us" is parsed as the decimal 50e-6, exactly like the literal
+BANDWIDTH_UNITS = {
+    "B/s": (0, 0),
+    "KB/s": (3, 0),
+    "kB/s": (3, 0),
+    "MB/s": (6, 0),
+    "GB/s": (9, 0),
+    "TB/s": (12, 0),
+    "KiB/s": (0, 10),
+    "MiB/s": (0, 20),
+    "GiB/s": (0, 30),
+    "TiB/s": (0, 40),
+}
+LATENCY_UNITS = {"s": (0, 0), "ms": (-3, 0), "us": (-6, 0), "µs": (-6, 0), "ns": (-9, 0)}
+_QUANTITY = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)(?:[eE]([-+]?\d+))?\s*(\S+?)\s*$")
+
+
+def parse_quantity(text: str, units: dict[str, tuple[int, int]]) -> float | None:
+    """``"50us"`` with ``LATENCY_UNITS`` -> 5e-05 (a number and one of ``units``), or None when
+    ``text`` is not such a quantity. Not checked for sign or size: the caller says what it needs."""
+    m = _QUANTITY.match(text)
+    if not m or m.group(3) not in units:
+        return None
+    power10, power2 = units[m.group(3)]
+    return float(f"{m.group(1)}e{int(m.group(2) or 0) + power10}") * 2.0**power2

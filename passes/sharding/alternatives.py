@@ -7,11 +7,11 @@ spec, so they move together). Each is priced in the solver's own model, alternat
     delta_s            the ILP objective (``Problem.evaluate``): the item's compute plus the
                        redistribution of every edge at it, ZeRO-3's gathers and the gradient
                        buckets' shares included, priced as the solver priced them (its bucket
-                       estimate: call ``find_alternatives`` before ``Problem.rebucket``)
+                       estimate: call ``find_alternatives`` before ``CostModel.rebucket``)
     step_delta_s       the predicted step: compute plus the plan's collectives of the values at
                        the item, each redistribution once (passes/sharding/collectives.py), in
                        the buckets the plan fills
-    peak_delta_bytes   the per-device liveness peak (``Problem.peak_memory``: what a memory limit
+    peak_delta_bytes   the per-device liveness peak (``MemoryModel.peak``: what a memory limit
                        bounds)
 
 and ``ruled_out`` names the first of these that keeps the solver from taking it:
@@ -38,9 +38,11 @@ from graphc.core.ir import Value
 from graphc.core.spec import R, S, Spec, format_spec
 from graphc.core.units import fmt_bytes
 from graphc.passes.sharding.collectives import redistribution_steps
+from graphc.passes.sharding.items import Edge
+from graphc.passes.sharding.memory import local_nbytes
 from graphc.passes.sharding.milp import REL_GAP
-from graphc.passes.sharding.plan import Alternative, RuledOut
-from graphc.passes.sharding.problem import Edge, Problem, local_nbytes
+from graphc.passes.sharding.problem import Problem
+from graphc.passes.sharding.records import Alternative, RuledOut
 from graphc.passes.sharding.roles import BATCH, RESTRICTED
 
 TOP = 3  # alternatives kept per item
@@ -83,14 +85,14 @@ def find_alternatives(
             peak = pricer.peak_with(moved)
             alts.append(
                 Alternative(
-                    tuple(st.out_specs) if it.kind != "output" else tuple(st.in_specs),
-                    float(delta[s]),
-                    st.name if it.kind == "node" else None,
-                    float(compute[s]),
-                    float(comm[s]),
-                    pricer.step_delta(moved, float(compute[s]), float(delta[s])),
-                    peak - pricer.peak,
-                    _ruled_out(float(delta[s]), peak, solved, [i, *pricer.partner_of(i)]),
+                    out_specs=tuple(st.out_specs) if it.kind != "output" else tuple(st.in_specs),
+                    delta_s=float(delta[s]),
+                    strategy=st.name if it.kind == "node" else None,
+                    compute_delta_s=float(compute[s]),
+                    comm_delta_s=float(comm[s]),
+                    step_delta_s=pricer.step_delta(moved, float(compute[s]), float(delta[s])),
+                    peak_delta_bytes=peak - pricer.peak,
+                    ruled_out=_ruled_out(float(delta[s]), peak, solved, [i, *pricer.partner_of(i)]),
                 )
             )
         out[i] = tuple(alts)
@@ -133,17 +135,17 @@ class _Pricer:
         self.partner: dict[int, int] = {}
         for a, b in problem.ties:
             self.partner[a], self.partner[b] = b, a
-        prof = problem.memory_profile(choice)
+        prof = problem.memory.profile(choice)
         self.prof = prof
         self.peak = int(prof.max()) if len(prof) else 0
         # the peak before / from each position: max(prof[:k]) and max(prof[k:])
         self.before = np.concatenate([[-np.inf], np.maximum.accumulate(prof)])
         self.after = np.concatenate([np.maximum.accumulate(prof[::-1])[::-1], [-np.inf]])
         self.ranges: dict[int, list[tuple[Value, int, int]]] = {}
-        for v, i, a, b in problem.live_ranges():
+        for v, i, a, b in problem.memory.live_ranges():
             self.ranges.setdefault(i, []).append((v, a, b))
         self.transients: dict[int, list[tuple[int, np.ndarray]]] = {}
-        for i, at, sizes in problem.transient_terms():
+        for i, at, sizes in problem.memory.transient_terms():
             self.transients.setdefault(i, []).append((at, sizes))
         # The plan redistributes a value once per (spec read in, read phase): the first edge in
         # program order of each such key that moves anything (src != dst) pays, and a ZeRO-3
@@ -195,18 +197,20 @@ class _Pricer:
         if i not in self.partner:  # one row of each edge's cost table
             comm = np.zeros(len(p.items[i].strategies))
             for e in self.incident.get(i, []):
-                comm += p.edge_times_at(e, i, choice)
-            compute = p.compute_times(i)
+                comm += p.costs.edge_times_at(e, i, choice)
+            compute = p.costs.compute_times(i)
             return compute - compute[choice[i]], comm - comm[choice[i]]
         j = self.partner[i]
         edges = list({id(e): e for e in (*self.incident.get(i, []), *self.incident.get(j, []))}.values())
-        now = sum(p.edge_time(e, choice[e.src], choice[e.dst]) for e in edges)
+        now = sum(p.costs.edge_time(e, choice[e.src], choice[e.dst]) for e in edges)
         n = len(p.items[i].strategies)
-        compute = p.compute_times(i) + p.compute_times(j)
+        compute = p.costs.compute_times(i) + p.costs.compute_times(j)
         comm = np.zeros(n)
         for s in range(n):
             at = {i: s, j: s}
-            comm[s] = sum(p.edge_time(e, at.get(e.src, choice[e.src]), at.get(e.dst, choice[e.dst])) for e in edges)
+            comm[s] = sum(
+                p.costs.edge_time(e, at.get(e.src, choice[e.src]), at.get(e.dst, choice[e.dst])) for e in edges
+            )
         return compute - compute[choice[i]], comm - now
 
     def peak_with(self, moved: dict[int, int]) -> int:
@@ -218,10 +222,11 @@ class _Pricer:
             c = choice[item]
             for v, a, b in self.ranges.get(item, []):
                 old, new = self._bytes(v, item, c), self._bytes(v, item, s)
-                if old == new and p.ranges_under(v, item, c, a, b) == p.ranges_under(v, item, s, a, b):
+                ranges = p.memory.ranges_under
+                if old == new and ranges(v, item, c, a, b) == ranges(v, item, s, a, b):
                     continue
-                changes += [(x, y, -old) for x, y in p.ranges_under(v, item, c, a, b)]
-                changes += [(x, y, new) for x, y in p.ranges_under(v, item, s, a, b)]
+                changes += [(x, y, -old) for x, y in ranges(v, item, c, a, b)]
+                changes += [(x, y, new) for x, y in ranges(v, item, s, a, b)]
             for at, sizes in self.transients.get(item, []):
                 changes.append((at, at, float(sizes[s] - sizes[c])))
         changes = [x for x in changes if x[2]]
@@ -243,8 +248,8 @@ class _Pricer:
         return int(max(inside, self.before[lo], self.after[hi + 1]))
 
     def _bytes(self, v: Value, item: int, s: int) -> int:
-        """``Problem.value_bytes``, remembered by value and spec."""
-        spec = self.p.value_spec(v, item, s)
+        """``MemoryModel.value_bytes``, remembered by value and spec."""
+        spec = self.p.memory.value_spec(v, item, s)
         key = (id(v), self._spec_id(spec))
         got = self._nbytes.get(key)
         if got is None:
@@ -328,7 +333,7 @@ def ruled_out_specs(problem: Problem, i: int, spec: Spec) -> tuple[RuledOut, ...
                 continue
             if q.is_split and any(x.is_split and x.dim == q.dim for b, x in enumerate(spec) if b != a):
                 continue  # not a spec: a dim splits over one axis
-            out.append(RuledOut(cand, _why_not(problem, i, a, q, cand)))
+            out.append(RuledOut(spec=cand, reason=_why_not(problem, i, a, q, cand)))
     return tuple(out)
 
 
@@ -349,7 +354,7 @@ def _why_not(problem: Problem, i: int, a: int, q, cand: Spec) -> str:
             role = roles.roles[a]
             if v in roles.state:
                 hint = (
-                    "zero=None or 1-3 (--zero auto|1|2|3) lets ZeRO shard a training step's state along it"
+                    "zero='auto' or 1-3 (--zero auto|1|2|3) lets ZeRO shard a training step's state along it"
                     if problem.zero == 0
                     else "ZeRO shards state only where a training step updates it, and this graph has no update"
                 )
@@ -359,7 +364,7 @@ def _why_not(problem: Problem, i: int, a: int, q, cand: Spec) -> str:
         if a in problem.zero_axes and any(st.out_specs[0][a].is_split for st in it.strategies):
             kept = next(format_spec(st.out_specs[0]) for st in it.strategies if st.out_specs[0][a].is_split)
             return f"ZeRO shards state along its lowest dim that splits evenly ({kept}): any dim saves the same"
-    if problem.zero and a in problem.zero_axes:
+    if problem.zero in (1, 2, 3) and a in problem.zero_axes:
         return f"zero={problem.zero} keeps only the specs of ZeRO stage {problem.zero}"
     if any(i in tie for tie in problem.ties):
         return "its tied output (the state returned updated) cannot be returned in it"

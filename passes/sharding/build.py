@@ -4,46 +4,40 @@ alternatives, the collectives, the predicted cost and memory, the solver's stati
 The order matters in one place: the alternatives are priced with the gradient-bucket share the
 solver used (passes/sharding/alternatives.py), then the problem is re-bucketed to the bytes the
 plan's all-reduces fill, which prices the plan's collectives and predicted step
-(``Problem.rebucket``).
+(``CostModel.rebucket``).
 """
 
 from __future__ import annotations
-
-from collections.abc import Mapping
 
 from graphc.core.ir import Graph
 from graphc.core.mesh import Mesh
 from graphc.core.traits import Contraction
 from graphc.ops.dims import default_cost
+from graphc.passes.options import PlanOptions
 from graphc.passes.sharding.alternatives import Solved, find_alternatives, ruled_out_specs
 from graphc.passes.sharding.collectives import collectives_of
 from graphc.passes.sharding.ilp import Solution
-from graphc.passes.sharding.plan import (
-    Cost,
-    Memory,
-    NodeChoice,
-    ShardingPlan,
-    SolverStats,
-    TensorChoice,
-    graph_hash,
-)
-from graphc.passes.sharding.problem import Item, Problem
+from graphc.passes.sharding.items import Item
+from graphc.passes.sharding.plan import ShardingPlan, graph_hash
+from graphc.passes.sharding.problem import Problem
+from graphc.passes.sharding.records import Cost, Memory, NodeChoice, SolverStats, TensorChoice
 from graphc.passes.sharding.zero import zero_report
 
 
-def plan_from_solution(
-    problem: Problem, sol: Solution, memory_limit: int | None, build_s: float, options: Mapping
-) -> ShardingPlan:
-    """The ShardingPlan of ``sol`` (a strategy per item of ``problem``, passes/sharding/problem.py).
-    Leaves ``problem`` re-bucketed to the plan's gradient all-reduces (``Problem.rebucket``)."""
+def plan_from_solution(problem: Problem, sol: Solution, options: PlanOptions, build_s: float) -> ShardingPlan:
+    """The ShardingPlan of ``sol`` (a strategy per item of ``problem``, passes/sharding/problem.py),
+    solved with ``options``. Leaves ``problem`` re-bucketed to the plan's gradient all-reduces
+    (``CostModel.rebucket``)."""
+    memory_limit = options.memory_limit
     graph = problem.graph
     names = graph.value_names()
     choice = sol.choice
-    solved_bucket = problem.bucket_share_bytes  # the solver's estimate (0: no buckets)
-    filled = problem.filled_bucket_bytes(choice)
+    costs, memory = problem.costs, problem.memory
+    solved_bucket = costs.bucket_share_bytes  # the solver's estimate (0: no buckets)
+    filled = costs.filled_bucket_bytes(choice)
     solved = Solved(sol.objective, sol.status, sol.gap, memory_limit, sol.shared)
-    alternatives = find_alternatives(problem, choice, solved, filled or problem.bucket_share_bytes)
-    problem.rebucket(choice)  # the plan reports the buckets it really fills
+    alternatives = find_alternatives(problem, choice, solved, filled or costs.bucket_share_bytes)
+    costs.rebucket(choice)  # the plan reports the buckets it really fills
     zero = zero_report(problem, choice)
     recomputed = set(problem.recomputed(choice))
     inputs, outputs, nodes = [], [], []
@@ -52,60 +46,50 @@ def plan_from_solution(
         alts = alternatives.get(i, ())
         if it.kind == "input":
             assert it.value is not None  # an input item holds its value
+            stage, saved = zero.get(it.index, (0, 0))
             inputs.append(
                 TensorChoice(
-                    it.index,
-                    f"%{names[it.value]}",
-                    str(it.value.type),
-                    st.out_specs[0],
-                    bool(it.pinned),
-                    alts,
-                    *zero.get(it.index, (0, 0)),
-                    ruled_out_specs(problem, i, st.out_specs[0]),
+                    index=it.index,
+                    name=f"%{names[it.value]}",
+                    type=str(it.value.type),
+                    spec=st.out_specs[0],
+                    pinned=bool(it.pinned),
+                    alternatives=alts,
+                    zero=stage,
+                    zero_saved_bytes=saved,
+                    ruled_out=ruled_out_specs(problem, i, st.out_specs[0]),
                 )
             )
         elif it.kind == "output":
             assert it.value is not None  # an output item holds its value
             outputs.append(
-                TensorChoice(it.index, f"%{names[it.value]}", str(it.value.type), st.in_specs[0], bool(it.pinned), alts)
-            )
-        elif it.kind == "node":
-            n = it.node
-            assert n is not None  # a node item holds its node
-            nodes.append(
-                NodeChoice(
-                    it.index,
-                    f"%{names[n.outputs[0]]}" if n.outputs else f"node{it.index}",
-                    n.op.name,
-                    str(n.loc) if n.loc else None,
-                    n.part,
-                    tuple(str(o.type) for o in n.outputs),
-                    st.name,
-                    tuple(st.in_specs),
-                    tuple(st.out_specs),
-                    st.compute_s,
-                    bool(it.pinned),
-                    it.warning,
-                    alts,
-                    i in recomputed,
-                    sum(problem.value_bytes(o, i, choice[i]) for o in n.outputs) if i in recomputed else 0,
+                TensorChoice(
+                    index=it.index,
+                    name=f"%{names[it.value]}",
+                    type=str(it.value.type),
+                    spec=st.in_specs[0],
+                    pinned=bool(it.pinned),
+                    alternatives=alts,
                 )
             )
-    ev = problem.evaluate(choice)  # with the buckets the plan fills
+        elif it.kind == "node":
+            again = i in recomputed
+            nodes.append(_node_choice(problem, i, choice[i], alts, again, names))
+    ev = costs.evaluate(choice)  # with the buckets the plan fills
     collectives = collectives_of(problem, choice)
     comm = sum(c.time_s for c in collectives)
-    peak, at = problem.peak_memory(choice)
+    peak, at = memory.peak(choice)
     at_item = problem.items[problem.order[at]] if problem.order else None
     solver = SolverStats(
-        options.get("solver", "highs"),
-        sol.status,
-        sol.objective,
-        sol.bound,
-        sol.gap,
-        sol.seconds,
-        build_s,
-        dict(sol.stats),
-        solved_bucket,
+        name=options.solver,
+        status=sol.status,
+        objective_s=sol.objective,
+        bound_s=sol.bound,
+        gap=sol.gap,
+        seconds=sol.seconds,
+        build_s=build_s,
+        sizes=dict(sol.stats),
+        bucket_bytes=solved_bucket,
     )
     return ShardingPlan(
         graph_name=graph.name,
@@ -118,16 +102,41 @@ def plan_from_solution(
         collectives=tuple(collectives),
         cost=_cost(graph, problem.mesh, ev["compute_s"], comm, filled, ev["comm_s"]),
         memory=Memory(
-            memory_limit,
-            (peak,) * problem.mesh.size,
-            _item_name(at_item, names) if at_item else None,
-            (problem.held_peak(choice),) * problem.mesh.size,
-            int(problem.memory_profile(choice, recompute=False).max()) - peak if recomputed else 0,
+            limit_bytes=memory_limit,
+            peak_bytes=(peak,) * problem.mesh.size,
+            peak_at=_item_name(at_item, names) if at_item else None,
+            held_bytes=(memory.held_peak(choice),) * problem.mesh.size,
+            recompute_saved_bytes=int(memory.profile(choice, recompute=False).max()) - peak if recomputed else 0,
         ),
         solver=solver,
-        options=dict(options),
+        options=options,
         ties=tuple((problem.items[a].index, problem.items[b].index) for a, b in problem.ties),
         warnings=tuple(_dedupe(problem.warnings)),
+    )
+
+
+def _node_choice(problem: Problem, i: int, s: int, alts: tuple, again: bool, names) -> NodeChoice:
+    """The NodeChoice of node item ``i`` at strategy ``s`` (``again``: recomputed)."""
+    it = problem.items[i]
+    n = it.node
+    assert n is not None  # a node item holds its node
+    st = it.strategies[s]
+    return NodeChoice(
+        index=it.index,
+        name=f"%{names[n.outputs[0]]}" if n.outputs else f"node{it.index}",
+        op=n.op.name,
+        loc=str(n.loc) if n.loc else None,
+        part=n.part,
+        types=tuple(str(o.type) for o in n.outputs),
+        strategy=st.name,
+        in_specs=tuple(st.in_specs),
+        out_specs=tuple(st.out_specs),
+        compute_s=st.compute_s,
+        pinned=bool(it.pinned),
+        warning=it.warning,
+        alternatives=alts,
+        recompute=again,
+        recompute_saved_bytes=sum(problem.memory.value_bytes(o, i, s) for o in n.outputs) if again else 0,
     )
 
 
@@ -137,12 +146,24 @@ def _cost(graph: Graph, mesh: Mesh, compute_s: float, comm_s: float, bucket_byte
     flops, contraction = step_flops(graph)
     by_dtype = contraction or flops
     if not by_dtype or total_s <= 0:
-        return Cost(compute_s, comm_s, total_s, bucket_bytes=bucket_bytes, edge_comm_s=edge_comm_s)
+        return Cost(
+            compute_s=compute_s, comm_s=comm_s, total_s=total_s, bucket_bytes=bucket_bytes, edge_comm_s=edge_comm_s
+        )
     dtype = max(by_dtype, key=lambda k: by_dtype[k])
     model_flops = sum(flops.values())
     peak = mesh.profile.matmul_rate(dtype)
     mfu = model_flops / (total_s * mesh.size * peak)
-    return Cost(compute_s, comm_s, total_s, model_flops, dtype, peak, mfu, bucket_bytes, edge_comm_s)
+    return Cost(
+        compute_s=compute_s,
+        comm_s=comm_s,
+        total_s=total_s,
+        model_flops=model_flops,
+        peak_dtype=dtype,
+        peak_flops=peak,
+        mfu=mfu,
+        bucket_bytes=bucket_bytes,
+        edge_comm_s=edge_comm_s,
+    )
 
 
 def step_flops(graph: Graph) -> tuple[dict[str, float], dict[str, float]]:

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from graphc.passes.sharding.plan import Collective
-from graphc.passes.sharding.problem import Edge, Problem
+from graphc.passes.sharding.items import Edge
+from graphc.passes.sharding.problem import Problem
+from graphc.passes.sharding.records import Collective
 from graphc.passes.sharding.redistribute import Step, bucketed_step_time, plan_steps
 
 
@@ -56,7 +57,7 @@ def collectives_of(problem: Problem, choice: list[int]) -> list[Collective]:
         if problem.items[e.src].kind == "fanout":
             reader.setdefault(e.src, e.dst)
     out = []
-    for e, st, seconds in redistribution_steps(problem, choice, problem.edges, problem.bucket_share_bytes):
+    for e, st, seconds in redistribution_steps(problem, choice, problem.edges, problem.costs.bucket_share_bytes):
         consumer = problem.items[reader.get(e.dst, e.dst)]  # a fan-out reports its first reader
         node = consumer.node if consumer.kind == "node" else None
         part = node.part if node is not None else None
@@ -67,20 +68,20 @@ def collectives_of(problem: Problem, choice: list[int]) -> list[Collective]:
             part = producer.node.part
         out.append(
             Collective(
-                st.kind,
-                (problem.mesh.axis_names[st.axis],),
-                e.value.type.nbytes,
-                st.local_bytes,
-                f"%{names[e.value]}",
-                f"%{names[node.outputs[0]]}" if node is not None and node.outputs else f"output {consumer.index}",
-                consumer.index if node is not None else None,
-                node.op.name if node is not None else "output",
-                str(node.loc) if node is not None and node.loc else None,
-                part,
-                st.src,
-                st.dst,
-                seconds,
-                st.sent_bytes,
+                kind=st.kind,
+                axes=(problem.mesh.axis_names[st.axis],),
+                bytes=e.value.type.nbytes,
+                local_bytes=st.local_bytes,
+                tensor=f"%{names[e.value]}",
+                node=f"%{names[node.outputs[0]]}" if node is not None and node.outputs else f"output {consumer.index}",
+                node_index=consumer.index if node is not None else None,
+                op=node.op.name if node is not None else "output",
+                loc=str(node.loc) if node is not None and node.loc else None,
+                part=part,
+                src=st.src,
+                dst=st.dst,
+                time_s=seconds,
+                sent_bytes=st.sent_bytes,
             )
         )
     return out

@@ -44,8 +44,9 @@ from graphc.core.ir import Value
 from graphc.core.spec import format_spec
 from graphc.core.traits import Constant, FollowsProducer
 from graphc.core.units import fmt_bytes
+from graphc.passes.sharding.items import Edge, Item
 from graphc.passes.sharding.milp import Milp, solve_milp
-from graphc.passes.sharding.problem import Edge, Item, Problem
+from graphc.passes.sharding.problem import Problem
 
 
 @dataclass
@@ -97,13 +98,11 @@ def _item_label(it: Item, intern: _Interner, strategy_labels: dict) -> int:
     """The label of what tells an item apart on its own: a node's op, attributes, types, source
     line and part, an input's or output's type (and an input's name without list positions),
     and the strategies and pin of either."""
-    hit = strategy_labels.get(id(it.strategies))
-    if hit is None or hit[0] is not it.strategies:
-        hit = strategy_labels[id(it.strategies)] = (
-            it.strategies,
-            intern(tuple((s.in_specs, s.out_specs, s.recompute) for s in it.strategies)),
+    strat = strategy_labels.get(it.strategies)
+    if strat is None:  # items of repeated layers share their Strategies
+        strat = strategy_labels[it.strategies] = intern(
+            tuple((s.in_specs, s.out_specs, s.recompute) for s in it.strategies)
         )
-    strat = hit[1]
     if it.kind == "node":
         n = it.node
         assert n is not None  # a node item holds its node
@@ -302,7 +301,7 @@ def objective_terms(p: Problem, groups: list[Group], of: list[int]):
     """Per-group cost vectors and per-group-pair edge matrices.
 
     Repeated layers make most terms repeats: the items of a tied group share one strategy map,
-    and their edges share cached cost tables (``Problem.edge_table``), so equal terms are
+    and their edges share cost tables (``CostModel.edge_table``), so equal terms are
     counted first and each distinct one is indexed and added once, times its count."""
     maps = {}
     for g in groups:
@@ -337,7 +336,7 @@ def _compute_vectors(p: Problem, groups: list[Group], of: list[int], maps: dict)
     """Per group: the compute time of its members under each of its strategies, summed."""
     seen: dict[tuple, list] = {}
     for i, m in maps.items():
-        times = p.compute_times(i)
+        times = p.costs.compute_times(i)
         hit = seen.setdefault((of[i], id(times), id(m)), [times, m, 0])
         hit[2] += 1
     vec = [np.zeros(g.size) for g in groups]
@@ -351,7 +350,7 @@ def _edge_terms(p: Problem, of: list[int], maps: dict):
     distinct edge term."""
     seen: dict[tuple, list] = {}
     for e in p.edges:
-        small, ui, vi = p.edge_table(e)
+        small, ui, vi = p.costs.edge_table(e)
         mu, mv = maps[e.src], maps[e.dst]
         key = (of[e.src], of[e.dst], id(small), id(ui), id(vi), id(mu), id(mv))
         hit = seen.get(key)
@@ -400,7 +399,7 @@ def solve(
         for _round in range(100):
             if sol is None:
                 break
-            peak, at = p.peak_memory(sol.choice)
+            peak, at = p.memory.peak(sol.choice)
             if peak <= memory_limit:
                 break
             if sol.status != "optimal" or at in points:
@@ -518,7 +517,7 @@ class _Model:
 
     def _add_recompute_needs(self) -> None:
         """A recomputed item whose operand is dead by its recompute point needs that operand's
-        producer recomputed too (passes/sharding/remat.py): ``r[item] - r[need] <= 0``; one whose
+        producer recomputed too (passes/recompute/choices.py): ``r[item] - r[need] <= 0``; one whose
         operand is recomputed only after its point needs it kept: ``r[item] + r[other] <= 1``.
         One row per distinct pair of groups (tied layers give the same row)."""
         p, done = self.p, set()
@@ -625,7 +624,7 @@ class _Model:
     def memory_expr(self, at: int):
         """(constant bytes, {(group, s): bytes}) live at program point ``at``."""
         if self._live is None:
-            self._live = self.p.live_ranges()
+            self._live = self.p.memory.live_ranges()
         const = 0.0
         coef: dict[tuple[int, int], float] = {}
         remat = self.p.remat
@@ -634,9 +633,9 @@ class _Model:
                 continue
             g = self.of[i]
             m = self.maps[i]
-            sizes = [self.p.value_bytes(v, i, int(s)) for s in m]
+            sizes = [self.p.memory.value_bytes(v, i, int(s)) for s in m]
             if i in remat:  # kept or recomputed, by strategy: live over different ranges
-                ranges = [self.p.ranges_under(v, i, int(s), a, b) for s in m]
+                ranges = [self.p.memory.ranges_under(v, i, int(s), a, b) for s in m]
                 sizes = [nb if any(x <= at <= y for x, y in r) else 0 for nb, r in zip(sizes, ranges)]
                 if not any(sizes):
                     continue
@@ -645,7 +644,7 @@ class _Model:
                 continue
             for s, nb in enumerate(sizes):
                 coef[(g, s)] = coef.get((g, s), 0.0) + nb
-        for i, pos, per_strategy in self.p.transient_terms():  # ZeRO-3's gathered copies
+        for i, pos, per_strategy in self.p.memory.transient_terms():  # ZeRO-3's gathered copies
             if pos != at:
                 continue
             g, m = self.of[i], self.maps[i]
@@ -696,7 +695,7 @@ def min_memory(p: Problem, groups, of, maps, solver_name: str, time_limit_s: flo
     points: set[int] = set()
     best = None
     for _round in range(200):
-        _peak, at = p.peak_memory(choice)
+        _peak, at = p.memory.peak(choice)
         if at in points:
             break
         points.add(at)
@@ -712,8 +711,8 @@ def min_memory(p: Problem, groups, of, maps, solver_name: str, time_limit_s: flo
             s = 0 if xs is None else int(np.argmax(res.x[xs]))
             for i, m in g.members:
                 choice[i] = int(m[s])
-        best = p.peak_memory(choice)[0]
-    return int(best if best is not None else p.peak_memory(choice)[0])
+        best = p.memory.peak(choice)[0]
+    return int(best if best is not None else p.memory.peak(choice)[0])
 
 
 def exhaustive(p: Problem, memory_limit: int | None = None) -> tuple[float, list[int]] | None:
@@ -723,7 +722,7 @@ def exhaustive(p: Problem, memory_limit: int | None = None) -> tuple[float, list
     best: tuple[float, list[int]] | None = None
     for combo in itertools.product(*(range(len(it.strategies)) for it in p.items)):
         choice = list(combo)
-        if memory_limit is not None and p.peak_memory(choice)[0] > memory_limit:
+        if memory_limit is not None and p.memory.peak(choice)[0] > memory_limit:
             continue
         if not p.recompute_allowed(choice):
             continue

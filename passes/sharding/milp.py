@@ -29,8 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from graphc.core.errors import PlanError
-
-BACKENDS = ("highs", "CBC", "SCIP")
+from graphc.passes.options import SOLVERS
 
 
 class Milp:
@@ -125,7 +124,7 @@ def solve_milp(
     elif backend in ("CBC", "SCIP"):
         res = _ortools(m, backend, time_limit_s, rel_gap)
     else:
-        raise PlanError(f"unknown ILP solver {backend!r}: expected one of {', '.join(BACKENDS)}")
+        raise PlanError(f"unknown ILP solver {backend!r}: expected one of {', '.join(SOLVERS)} (passes/options.py)")
     res.seconds = time.perf_counter() - t0
     return res
 
@@ -264,4 +263,4 @@ def _ortools(m: Milp, name: str, time_limit_s: float, rel_gap: float) -> MilpRes
     return MilpResult("optimal" if status == pw.OPTIMAL else "time limit", x, objective, min(bound, objective), 0.0)
 
 
-__all__ = ["BACKENDS", "REL_GAP", "Milp", "MilpResult", "solve_milp"]
+__all__ = ["REL_GAP", "Milp", "MilpResult", "solve_milp"]

@@ -4,7 +4,7 @@ Fields, each a small frozen dataclass or tuple of them:
 
     graph              name, hash (of the text IR it was made for), node count
     mesh               the Mesh (axes, links, machine profile)
-    options            how it was planned (memory limit, pins, time limit, solver, ...)
+    options            how it was planned: the PlanOptions (memory limit, time limit, ZeRO, ...)
     inputs / outputs   per graph input / output: name, type, spec, pinned, best alternatives
     nodes              per node: strategy, operand and result specs, compute time, pins, warning,
                        best alternatives
@@ -29,12 +29,22 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from graphc.core.errors import PlanError
+from graphc.core.errors import MeshError, PlanError
 from graphc.core.files import atomic_write, check_record, dump_document, read_document
 from graphc.core.ir import Graph, print_graph
-from graphc.core.mesh import Mesh, MeshError
-from graphc.core.spec import Spec, SpecError, format_spec, parse_spec
+from graphc.core.mesh import Mesh
+from graphc.core.spec import Spec, SpecError, format_spec
 from graphc.core.units import fmt_bytes, fmt_rate, fmt_time
+from graphc.passes.options import PlanOptions
+from graphc.passes.sharding.records import (
+    Alternative,
+    Collective,
+    Cost,
+    Memory,
+    NodeChoice,
+    SolverStats,
+    TensorChoice,
+)
 
 PLAN_VERSION = 2
 
@@ -58,158 +68,7 @@ def _frozen(d: Mapping | None) -> Mapping:
     return MappingProxyType(dict(d or {}))
 
 
-@dataclass(frozen=True)
-class Alternative:
-    """Another choice for one input, output or node, every other choice held fixed (the output a
-    state input is tied to moves with it), priced in the solver's own model
-    (passes/sharding/alternatives.py): what it changes, alternative minus chosen, and why the
-    solver did not take it."""
-
-    out_specs: tuple[Spec, ...]
-    delta_s: float  # the ILP objective: compute + every redistribution (ZeRO gathers, gradient buckets)
-    strategy: str | None = None  # nodes
-    compute_delta_s: float = 0.0  # the compute part of delta_s
-    comm_delta_s: float = 0.0  # the redistribution part of delta_s
-    step_delta_s: float | None = None  # the predicted step (the plan's collectives, once each)
-    peak_delta_bytes: int | None = None  # the per-device liveness peak (what a memory limit bounds)
-    ruled_out: str | None = None  # the constraint that rules it out; None: allowed, and not cheaper
-
-
-@dataclass(frozen=True)
-class RuledOut:
-    """A spec of an input that was never a candidate (one mesh axis's placement changed from the
-    chosen spec), and why the planner did not generate it."""
-
-    spec: Spec
-    reason: str
-
-
-@dataclass(frozen=True)
-class TensorChoice:
-    """The spec chosen for a graph input (what each device is given) or output (what it returns)."""
-
-    index: int
-    name: str
-    type: str
-    spec: Spec
-    pinned: bool = False
-    alternatives: tuple[Alternative, ...] = ()
-    # inputs: the ZeRO stage of its parameter's group (passes/sharding/zero.py), and the bytes per
-    # device its split along the ZeRO axes saves (a parameter's: its gradients' too)
-    zero: int = 0
-    zero_saved_bytes: int = 0
-    ruled_out: tuple[RuledOut, ...] = ()  # inputs: specs never considered, and why
-
-
-@dataclass(frozen=True)
-class NodeChoice:
-    """The strategy chosen for one node: its operand and result specs and the share of its work."""
-
-    index: int
-    name: str
-    op: str
-    loc: str | None
-    part: str | None
-    types: tuple[str, ...]
-    strategy: str
-    in_specs: tuple[Spec, ...]
-    out_specs: tuple[Spec, ...]
-    compute_s: float
-    pinned: bool = False
-    warning: str | None = None
-    alternatives: tuple[Alternative, ...] = ()
-    # recomputed before the backward pass instead of kept (passes/sharding/remat.py); the bytes
-    # of its results each device no longer holds from the forward to the backward pass
-    recompute: bool = False
-    recompute_saved_bytes: int = 0
-
-
-@dataclass(frozen=True)
-class Collective:
-    """One redistribution step: a collective along one mesh axis (or a local slice / zeroing)."""
-
-    kind: str
-    axes: tuple[str, ...]
-    bytes: int  # of the whole logical tensor (not what moves: see sent_bytes)
-    local_bytes: int  # each device's bytes before the step (after, for all_gather)
-    tensor: str
-    node: str  # the consumer it serves
-    node_index: int | None
-    op: str
-    loc: str | None
-    part: str | None
-    src: Spec
-    dst: Spec
-    time_s: float
-    # bytes each device sends, by the algorithm the cost model prices (redistribute.collective_cost);
-    # None in plans written before it
-    sent_bytes: int | None = None
-
-
-@dataclass(frozen=True)
-class Cost:
-    """The predicted step, and how much of the devices' peak it uses.
-
-    ``mfu`` (model flops utilization) = ``model_flops / (total_s x devices x peak_flops)``:
-    ``model_flops`` is the work of one step, every node of the graph counted once as on one device
-    (the unsharded work: neither the work replicated devices repeat nor recomputation counts);
-    ``peak_flops`` is the profile's matmul rate of one device for ``peak_dtype``, the dtype that
-    carries most of the step's contraction flops. None in plans written before it existed.
-
-    ``comm_s`` is the time of the plan's collectives: each redistribution once, the gradient
-    all-reduces sharing buckets of ``bucket_bytes`` (what they fill). The solver's objective
-    (``SolverStats.objective_s``) prices the same choices differently: ``edge_comm_s`` is its
-    way of counting (every edge of the problem on its own) with the buckets the plan fills, and
-    ``SolverStats.bucket_bytes`` the bucket share it estimated before solving."""
-
-    compute_s: float
-    comm_s: float
-    total_s: float
-    model_flops: float | None = None
-    peak_dtype: str | None = None
-    peak_flops: float | None = None
-    mfu: float | None = None
-    bucket_bytes: int = 0
-    edge_comm_s: float | None = None
-
-
-@dataclass(frozen=True)
-class Memory:
-    """Per-device memory of a plan. ``peak_bytes`` is the liveness peak of the values under their
-    specs (what ``limit_bytes`` bounds: the ILP's memory model); ``held_bytes`` adds the buffers
-    the plan's redistributions make (a collective's result, a local slice's copy, a gradient
-    bucket), live from the first reader that needs them to the last: what the runtime holds."""
-
-    limit_bytes: int | None
-    peak_bytes: tuple[int, ...]  # one per device
-    peak_at: str | None
-    held_bytes: tuple[int, ...] = ()  # one per device; () in plans written before it: peak_bytes
-    recompute_saved_bytes: int = 0  # the peak with every recomputed value kept, minus peak_bytes
-
-    @property
-    def held(self) -> tuple[int, ...]:
-        return self.held_bytes or self.peak_bytes
-
-
-@dataclass(frozen=True)
-class SolverStats:
-    """How the ILP was solved. ``objective_s`` is the cost it minimized: the compute of every item
-    plus the redistribution of every edge, the deferred gradient all-reduces priced as sharing
-    buckets of ``bucket_bytes`` (an estimate made before solving, from every gradient that might
-    be all-reduced; 0: no buckets)."""
-
-    name: str
-    status: str
-    objective_s: float
-    bound_s: float
-    gap: float
-    seconds: float
-    build_s: float = 0.0
-    sizes: Mapping[str, int] = field(default_factory=dict)  # items, groups, variables, constraints, ...
-    bucket_bytes: int = 0
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ShardingPlan:
     graph_name: str
     graph_hash: str
@@ -222,13 +81,12 @@ class ShardingPlan:
     cost: Cost
     memory: Memory
     solver: SolverStats
-    options: Mapping[str, Any] = field(default_factory=dict)
+    options: PlanOptions = PlanOptions()
     ties: tuple[tuple[int, int], ...] = ()
     warnings: tuple[str, ...] = ()
     timing: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
-        object.__setattr__(self, "options", _frozen(self.options))
         object.__setattr__(self, "timing", _frozen(self.timing))
 
     def with_timing(self, **seconds: Any) -> ShardingPlan:
@@ -264,7 +122,7 @@ class ShardingPlan:
     def from_json(cls, text: str, source: str = "<plan>") -> ShardingPlan:
         doc = read_document(text, source, "plan", PLAN_VERSION, error=PlanError)
         try:
-            plan = _plan_from_doc(doc)
+            plan = _plan_from_doc(doc, source)
         except (KeyError, TypeError, ValueError, OverflowError, AttributeError, SpecError, MeshError) as exc:
             raise PlanError(f"{source}: not a complete graphc plan ({type(exc).__name__}: {exc})") from None
         check_record(plan, source, PlanError)  # a hand-edited value of the wrong type is named here
@@ -307,198 +165,41 @@ def _specs(xs) -> list[str]:
     return [format_spec(s) for s in xs]
 
 
-_ALT_FIELDS = ("strategy", "compute_delta_s", "comm_delta_s", "step_delta_s", "peak_delta_bytes", "ruled_out")
-
-
-def _alt_doc(a: Alternative) -> dict:
-    return {"out_specs": _specs(a.out_specs), "delta_s": a.delta_s, **{k: getattr(a, k) for k in _ALT_FIELDS}}
-
-
-def _alt_from(d: dict, n_axes: int) -> Alternative:
-    """An alternative from its document; a plan written before the totals (with ``compute_s``,
-    ``comm_s`` and an input's ``memory_delta_bytes``) keeps only its ``delta_s``."""
-    specs = tuple(parse_spec(s, n_axes) for s in d["out_specs"])
-    return Alternative(specs, d["delta_s"], **{k: d[k] for k in _ALT_FIELDS if k in d})
-
-
-def _tensor_doc(x: TensorChoice) -> dict:
-    return {
-        "index": x.index,
-        "name": x.name,
-        "type": x.type,
-        "spec": format_spec(x.spec),
-        "pinned": x.pinned,
-        "alternatives": [_alt_doc(a) for a in x.alternatives],
-        "zero": x.zero,
-        "zero_saved_bytes": x.zero_saved_bytes,
-        "ruled_out": [{"spec": format_spec(r.spec), "reason": r.reason} for r in x.ruled_out],
-    }
-
-
-def _tensor_from(d: dict, n_axes: int) -> TensorChoice:
-    return TensorChoice(
-        d["index"],
-        d["name"],
-        d["type"],
-        parse_spec(d["spec"], n_axes),
-        bool(d.get("pinned")),
-        tuple(_alt_from(a, n_axes) for a in d.get("alternatives", ())),
-        int(d.get("zero", 0)),
-        int(d.get("zero_saved_bytes", 0)),
-        tuple(RuledOut(parse_spec(r["spec"], n_axes), r["reason"]) for r in d.get("ruled_out", ())),
-    )
-
-
-def _node_doc(n: NodeChoice) -> dict:
-    return {
-        "index": n.index,
-        "name": n.name,
-        "op": n.op,
-        "loc": n.loc,
-        "part": n.part,
-        "types": list(n.types),
-        "strategy": n.strategy,
-        "in_specs": _specs(n.in_specs),
-        "out_specs": _specs(n.out_specs),
-        "compute_s": n.compute_s,
-        "pinned": n.pinned,
-        "warning": n.warning,
-        "alternatives": [_alt_doc(a) for a in n.alternatives],
-        **({"recompute": True, "recompute_saved_bytes": n.recompute_saved_bytes} if n.recompute else {}),
-    }
-
-
-def _node_from(d: dict, n_axes: int) -> NodeChoice:
-    return NodeChoice(
-        d["index"],
-        d["name"],
-        d["op"],
-        d.get("loc"),
-        d.get("part"),
-        tuple(d.get("types", ())),
-        d["strategy"],
-        tuple(parse_spec(s, n_axes) for s in d["in_specs"]),
-        tuple(parse_spec(s, n_axes) for s in d["out_specs"]),
-        d["compute_s"],
-        bool(d.get("pinned")),
-        d.get("warning"),
-        tuple(_alt_from(a, n_axes) for a in d.get("alternatives", ())),
-        bool(d.get("recompute", False)),
-        d.get("recompute_saved_bytes", 0),
-    )
-
-
-def _collective_doc(c: Collective) -> dict:
-    return {
-        "kind": c.kind,
-        "axes": list(c.axes),
-        "bytes": c.bytes,
-        "local_bytes": c.local_bytes,
-        "tensor": c.tensor,
-        "node": c.node,
-        "node_index": c.node_index,
-        "op": c.op,
-        "loc": c.loc,
-        "part": c.part,
-        "from": format_spec(c.src),
-        "to": format_spec(c.dst),
-        "time_s": c.time_s,
-        "sent_bytes": c.sent_bytes,
-    }
-
-
-def _collective_from(d: dict, n_axes: int) -> Collective:
-    return Collective(
-        d["kind"],
-        tuple(d["axes"]),
-        d["bytes"],
-        d["local_bytes"],
-        d["tensor"],
-        d["node"],
-        d.get("node_index"),
-        d["op"],
-        d.get("loc"),
-        d.get("part"),
-        parse_spec(d["from"], n_axes),
-        parse_spec(d["to"], n_axes),
-        d["time_s"],
-        d.get("sent_bytes"),
-    )
-
-
 def _plan_doc(p: ShardingPlan) -> dict:
-    s = p.solver
     return {
         "version": PLAN_VERSION,
         "graph": {"name": p.graph_name, "hash": p.graph_hash, "nodes": p.n_nodes},
         "mesh": p.mesh.to_json(),
-        "options": dict(p.options),
-        "inputs": [_tensor_doc(x) for x in p.inputs],
-        "outputs": [_tensor_doc(x) for x in p.outputs],
-        "nodes": [_node_doc(n) for n in p.nodes],
-        "collectives": [_collective_doc(c) for c in p.collectives],
-        "cost": dataclasses.asdict(p.cost),
-        "memory": {
-            "limit_bytes": p.memory.limit_bytes,
-            "peak_bytes": list(p.memory.peak_bytes),
-            "peak_at": p.memory.peak_at,
-            "held_bytes": list(p.memory.held),
-            "recompute_saved_bytes": p.memory.recompute_saved_bytes,
-        },
-        "solver": {
-            "name": s.name,
-            "status": s.status,
-            "objective_s": s.objective_s,
-            "bound_s": s.bound_s,
-            "gap": s.gap,
-            "seconds": s.seconds,
-            "build_s": s.build_s,
-            "bucket_bytes": s.bucket_bytes,
-            **dict(s.sizes),
-        },
+        "options": p.options.to_json(),
+        "inputs": [x.to_json() for x in p.inputs],
+        "outputs": [x.to_json() for x in p.outputs],
+        "nodes": [n.to_json() for n in p.nodes],
+        "collectives": [c.to_json() for c in p.collectives],
+        "cost": p.cost.to_json(),
+        "memory": p.memory.to_json(),
+        "solver": p.solver.to_json(),
         "ties": [list(t) for t in p.ties],
         "warnings": list(p.warnings),
         "timing": dict(p.timing),
     }
 
 
-_SOLVER_FIELDS = ("name", "status", "objective_s", "bound_s", "gap", "seconds", "build_s", "bucket_bytes")
-
-
-def _plan_from_doc(doc: dict) -> ShardingPlan:
+def _plan_from_doc(doc: dict, source: str) -> ShardingPlan:
     mesh = Mesh.from_json(doc["mesh"])
     n = len(mesh.shape)
-    s = doc["solver"]
-    m = doc["memory"]
     return ShardingPlan(
         graph_name=doc["graph"]["name"],
         graph_hash=doc["graph"]["hash"],
         n_nodes=doc["graph"]["nodes"],
         mesh=mesh,
-        inputs=tuple(_tensor_from(d, n) for d in doc["inputs"]),
-        outputs=tuple(_tensor_from(d, n) for d in doc["outputs"]),
-        nodes=tuple(_node_from(d, n) for d in doc["nodes"]),
-        collectives=tuple(_collective_from(d, n) for d in doc["collectives"]),
-        cost=Cost(**doc["cost"]),
-        memory=Memory(
-            m["limit_bytes"],
-            tuple(m["peak_bytes"]),
-            m.get("peak_at"),
-            tuple(m.get("held_bytes", ())),
-            m.get("recompute_saved_bytes", 0),
-        ),
-        solver=SolverStats(
-            s["name"],
-            s["status"],
-            s["objective_s"],
-            s["bound_s"],
-            s["gap"],
-            s["seconds"],
-            s.get("build_s", 0.0),
-            {k: v for k, v in s.items() if k not in _SOLVER_FIELDS},
-            s.get("bucket_bytes", 0),
-        ),
-        options=doc.get("options", {}),
+        inputs=tuple(TensorChoice.from_json(d, n) for d in doc["inputs"]),
+        outputs=tuple(TensorChoice.from_json(d, n) for d in doc["outputs"]),
+        nodes=tuple(NodeChoice.from_json(d, n) for d in doc["nodes"]),
+        collectives=tuple(Collective.from_json(d, n) for d in doc["collectives"]),
+        cost=Cost.from_json(doc["cost"]),
+        memory=Memory.from_json(doc["memory"]),
+        solver=SolverStats.from_json(doc["solver"]),
+        options=PlanOptions.from_json(doc.get("options", {}), source),
         ties=tuple(tuple(t) for t in doc.get("ties", ())),
         warnings=tuple(doc.get("warnings", ())),
         timing=doc.get("timing", {}),
@@ -783,17 +484,4 @@ def _signed_time(seconds: float) -> str:
     return ("+" if seconds >= 0 else "-") + fmt_time(abs(seconds))
 
 
-__all__ = [
-    "PLAN_VERSION",
-    "Alternative",
-    "Collective",
-    "Cost",
-    "Memory",
-    "NodeChoice",
-    "ShardingPlan",
-    "RuledOut",
-    "SolverStats",
-    "TensorChoice",
-    "check_made_for",
-    "graph_hash",
-]
+__all__ = ["INPUTS_SHOWN", "LEGEND", "PLAN_VERSION", "ShardingPlan", "check_made_for", "graph_hash"]

@@ -1,6 +1,6 @@
 """Axis roles: what each mesh axis may split, from its name and a dataflow analysis of the graph.
 
-    role (graphc.core.mesh.axis_role)   may split
+    role (graphc.core.roles.axis_role)  may split
     data   dp, data, batch              batch dims only; model state stays replicated
     seq    sp, seq                      sequence dims only; model state stays replicated
     model  tp, model, mp                anything

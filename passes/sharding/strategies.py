@@ -16,31 +16,97 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import overload
 
 import numpy as np
 
 from graphc.core.ir import Graph, TensorType, Value, walk
-from graphc.core.spec import P, Placement, R, S, format_spec, local_shape
+from graphc.core.spec import P, Placement, R, S, Spec, format_spec, local_shape
 from graphc.core.traits import Constant, Contraction, Fused, IndexedLookup, LinearIn
 from graphc.ops.dims import MAX_BLOCKS, DimRule, default_cost, linear_operands
 from graphc.ops.linalg import einsum, parse_equation
 from graphc.passes.sharding.roles import RESTRICTED, AxisRoles
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Strategy:
     name: str
     in_specs: tuple[tuple[Placement, ...], ...]
     out_specs: tuple[tuple[Placement, ...], ...]
     compute_s: float = 0.0
     divided: int = 1  # number of pieces the work is divided into
-    recompute: bool = False  # run again before the backward pass reads it (passes/sharding/remat.py)
+    recompute: bool = False  # run again before the backward pass reads it (passes/recompute/choices.py)
 
     def describe(self) -> str:
         ins = ", ".join(format_spec(s) for s in self.in_specs)
         outs = ", ".join(format_spec(s) for s in self.out_specs)
         return f"{self.name}: ({ins}) -> ({outs})"
+
+
+class DistinctSpecs:
+    """The distinct specs of one operand or result over a list of strategies, in first-seen order,
+    and the position of each strategy's spec among them (``index``): an edge's cost table is
+    made between distinct specs. Compared by identity: the strategies it was made from keep it."""
+
+    __slots__ = ("index", "specs")
+
+    def __init__(self, specs: list[Spec]) -> None:
+        position: dict[Spec, int] = {}
+        for spec in specs:
+            position.setdefault(spec, len(position))
+        self.specs: tuple[Spec, ...] = tuple(position)
+        self.index: np.ndarray = np.array([position[spec] for spec in specs], dtype=np.int64)
+
+
+class Strategies:
+    """The strategies of one item of the sharding problem, in order, and what the cost model reads
+    of them, each made once: the compute time of every strategy and the distinct specs of every
+    operand and result (``specs``). Items with equal strategies (the nodes of repeated layers) share
+    one object, so its tables are made once for all of them. Immutable: a pin, a tie or a ZeRO
+    stage gives an item a new object with the strategies it keeps."""
+
+    __slots__ = ("_all", "_compute", "_specs")
+
+    def __init__(self, strategies: Iterable[Strategy]) -> None:
+        self._all: tuple[Strategy, ...] = tuple(strategies)
+        self._compute: np.ndarray | None = None
+        self._specs: dict[tuple[str, int], DistinctSpecs] = {}
+
+    def __len__(self) -> int:
+        return len(self._all)
+
+    @overload
+    def __getitem__(self, i: int) -> Strategy: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> tuple[Strategy, ...]: ...
+
+    def __getitem__(self, i: int | slice) -> Strategy | tuple[Strategy, ...]:
+        return self._all[i]
+
+    def __iter__(self) -> Iterator[Strategy]:
+        return iter(self._all)
+
+    def __repr__(self) -> str:
+        return f"Strategies({', '.join(s.name for s in self._all)})"
+
+    @property
+    def compute_times(self) -> np.ndarray:
+        """The compute time of every strategy (seconds)."""
+        if self._compute is None:
+            self._compute = np.array([s.compute_s for s in self._all])
+        return self._compute
+
+    def specs(self, side: str, k: int) -> DistinctSpecs:
+        """The distinct specs of result ``k`` (side "out") or operand ``k`` (side "in")."""
+        got = self._specs.get((side, k))
+        if got is None:
+            got = self._specs[(side, k)] = DistinctSpecs(
+                [s.out_specs[k] if side == "out" else s.in_specs[k] for s in self._all]
+            )
+        return got
 
 
 def _rule_args(node) -> tuple[tuple, tuple, dict]:
@@ -201,11 +267,11 @@ def tensor_specs(
 def replicated(node, mesh_shape, profile, overhead_s: float = 0.0) -> Strategy:
     rep = tuple(R for _ in mesh_shape)
     return Strategy(
-        "replicate",
-        tuple(rep for _ in node.inputs),
-        tuple(rep for _ in node.outputs),
-        compute_time(node, 1, profile, math.prod(mesh_shape), overhead_s),
-        1,
+        name="replicate",
+        in_specs=tuple(rep for _ in node.inputs),
+        out_specs=tuple(rep for _ in node.outputs),
+        compute_s=compute_time(node, 1, profile, math.prod(mesh_shape), overhead_s),
+        divided=1,
     )
 
 
@@ -271,7 +337,9 @@ def _linear_partials(node, base: list[Strategy], mesh, arriving: tuple[frozenset
                 seen.add((ins, outs))
                 tag = " ".join(f"linear{k}@{names[a]}" for a in axes)
                 name = tag if st.name == "replicate" else f"{st.name} {tag}"
-                out.append(Strategy(name, ins, outs, st.compute_s, st.divided))
+                out.append(
+                    Strategy(name=name, in_specs=ins, out_specs=outs, compute_s=st.compute_s, divided=st.divided)
+                )
     return out
 
 
@@ -313,7 +381,9 @@ def _rule_strategies(
         seen.add(key)
         name = _strategy_name(combo, mesh.axis_names)
         t = full_time(node, profile, devices=mesh.size, local=_local_types(node, key, mesh_shape)) if sized else full
-        strategies.append(Strategy(name, key[0], key[1], t / divided + overhead_s, divided))
+        strategies.append(
+            Strategy(name=name, in_specs=key[0], out_specs=key[1], compute_s=t / divided + overhead_s, divided=divided)
+        )
     return strategies or [replicated(node, mesh_shape, profile, overhead_s)]
 
 

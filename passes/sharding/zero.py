@@ -23,9 +23,10 @@ only until its fan-out item right after the producer, then as the fan-out's spec
 reduce-scatter leaves, which the lowering makes there), and a ZeRO-3 parameter's gathered copy
 lives at its reader only.
 
-``zero=None`` leaves the stage of every group to the solver; ``zero=1|2|3`` keeps only the
+``zero="auto"`` leaves the stage of every group to the solver; ``zero=1|2|3`` keeps only the
 choices of that stage (``restrict_zero``); ``zero=0`` turns the machinery off (data axes never
-split state: the planner as it was before ZeRO).
+split state: the planner as it was before ZeRO). The option's values are passes/options.py's
+``ZERO_CHOICES``.
 """
 
 from __future__ import annotations
@@ -35,10 +36,10 @@ from dataclasses import dataclass
 from graphc.core.errors import PlanError
 from graphc.core.ir import Graph, Node, Value
 from graphc.core.spec import Spec
-from graphc.passes.sharding.problem import Problem, gathered, local_nbytes
+from graphc.passes.sharding.memory import gathered, local_nbytes
+from graphc.passes.sharding.problem import Problem
 from graphc.passes.sharding.roles import update_nodes
-
-STAGES = (0, 1, 2, 3)
+from graphc.passes.sharding.strategies import Strategies
 
 
 @dataclass(frozen=True)
@@ -48,13 +49,6 @@ class ParamGroup:
     param: int | None  # the state input the forward or backward reads (None: only the update does)
     states: tuple[int, ...]  # optimizer state: state inputs only the update reads
     gradients: tuple[Value, ...]  # values the backward makes and only the update reads
-
-
-def check_stage(zero) -> int | None:
-    """``zero`` as an option: None (the solver's choice) or a stage 0-3; PlanError otherwise."""
-    if zero is None or (isinstance(zero, int) and not isinstance(zero, bool) and zero in STAGES):
-        return zero
-    raise PlanError(f"zero must be one of 0, 1, 2, 3 (a ZeRO stage) or None (the solver chooses), got {zero!r}")
 
 
 def gradients(graph: Graph, update: frozenset[Node] | None = None) -> set[Value]:
@@ -155,7 +149,7 @@ def restrict_zero(problem: Problem) -> None:
     """Keep only the choices of the forced stage ``problem.zero`` (1-3) for every parameter group
     that can be split evenly along a ZeRO axis (the others stay replicated, with a warning)."""
     stage = problem.zero
-    if not stage:
+    if stage == "auto" or stage == 0:
         return
     axes = problem.zero_axes
     if not axes:
@@ -196,7 +190,7 @@ def _keep(problem: Problem, i: int, ok) -> bool:
     keep = [st for st in it.strategies if ok(st.out_specs[0])]
     if not keep:  # no even split (or a user pin rules the stage out): left as it is
         return False
-    it.strategies = keep
+    it.strategies = Strategies(keep)
     return True
 
 
@@ -231,9 +225,7 @@ def zero_report(problem: Problem, choice: list[int]) -> dict[int, tuple[int, int
 
 
 __all__ = [
-    "STAGES",
     "ParamGroup",
-    "check_stage",
     "gradients",
     "param_groups",
     "restrict_zero",

@@ -32,7 +32,8 @@ import graphc
 from graphc.api import checkpoint
 from graphc.core import checkpoint_format
 from graphc.core.checkpoint_format import CheckpointError
-from graphc.core.mesh import MachineProfile, Mesh
+from graphc.core.mesh import Mesh
+from graphc.core.profile import MachineProfile
 from graphc.core.pytree import flatten
 from graphc.core.spec import R, S, parse_spec
 from graphc.models import mlp

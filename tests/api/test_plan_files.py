@@ -12,6 +12,7 @@ import pytest
 
 import graphc
 import graphc.cli.run
+from graphc.api.parallel import Parallelized
 from graphc.cli.main import main
 from graphc.models import mlp
 from tests.helpers import assert_same_pytree
@@ -75,10 +76,10 @@ def test_run_plan_runs_the_file_exactly_not_a_new_solve(env, monkeypatch):
     made = []  # the parallelized function the CLI builds, to ask what it compiled
 
     def spy(*a, **k):
-        made.append(graphc.parallelize(*a, **k))
+        made.append(Parallelized(*a, **k))
         return made[-1]
 
-    monkeypatch.setattr(graphc.cli.run, "parallelize", spy)
+    monkeypatch.setattr(graphc.cli.run, "Parallelized", spy)
     code, out, err = call("run", *TARGET, "--plan", str(plan_file), "--repeat", "1")
     assert code == 0, err
     assert f"{plan_file} run as written" in out and "equals graphc's interpreter: yes" in out

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from graphc.bench import plans
-from graphc.core.mesh import MachineProfile
+from graphc.core.profile import MachineProfile
 
 
 @pytest.mark.slow

@@ -296,7 +296,8 @@ def test_a_plan_cache_entry_from_something_else_is_not_used(tmp_path):
 
 
 def test_a_stored_profile_others_can_write_is_not_read(cache_home, monkeypatch):
-    from graphc.core.mesh import MachineProfile, load_profile, save_profile
+    from graphc.core.profile import MachineProfile
+    from graphc.core.profiles import load_profile, save_profile
 
     monkeypatch.delenv("GRAPHC_PROFILE", raising=False)
     mine = dataclasses.replace(MachineProfile.default(), mem_bandwidth=1.5e12)

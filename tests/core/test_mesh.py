@@ -9,19 +9,10 @@ import numpy as np
 import pytest
 
 from graphc.cli import main
-from graphc.core.errors import GraphcError
-from graphc.core.mesh import (
-    DEFAULT_MATMUL_EFFICIENCY,
-    Link,
-    MachineProfile,
-    Mesh,
-    MeshError,
-    as_mesh,
-    load_profile,
-    parse_links,
-    profile_path,
-    save_profile,
-)
+from graphc.core.errors import GraphcError, MeshError
+from graphc.core.mesh import Mesh, as_mesh, parse_links
+from graphc.core.profile import DEFAULT_MATMUL_EFFICIENCY, Link, MachineProfile
+from graphc.core.profiles import load_profile, profile_path, save_profile
 from graphc.runtime.calibrate import calibrate
 
 DEFAULT = MachineProfile.default()

@@ -10,11 +10,13 @@ import pytest
 
 import graphc
 from graphc.cli.main import main
-from graphc.core.errors import GraphcError
-from graphc.core.mesh import Link, MachineProfile, Mesh, MeshError, save_profile
-from graphc.core.profiles import PRESETS, get_profile, read_profile
+from graphc.core.errors import GraphcError, MeshError
+from graphc.core.mesh import Mesh
+from graphc.core.profile import Link, MachineProfile
+from graphc.core.profiles import PRESETS, get_profile, read_profile, save_profile
 from graphc.models import llama, mlp
-from graphc.passes.partition import Pins, PlanCache, PlanOptions
+from graphc.passes.options import PlanOptions
+from graphc.passes.partition import Pins, PlanCache
 from graphc.passes.sharding.plan import ShardingPlan
 from graphc.passes.sharding.strategies import full_time
 

@@ -22,7 +22,7 @@ from graphc.core.traits import (
     ViewOf,
 )
 from graphc.ops import OPS, REGISTRY
-from graphc.passes.sharding.problem import view_roots
+from graphc.passes.sharding.memory import view_roots
 from graphc.runtime.executor import BufferPool, Program
 from tests.graphgen import random_graphs, random_inputs
 from tests.helpers import quiet

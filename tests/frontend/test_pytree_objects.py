@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 import graphc
-from graphc.core.mesh import MachineProfile, Mesh
+from graphc.core.mesh import Mesh
+from graphc.core.profile import MachineProfile
 from graphc.core.pytree import flatten, unflatten
 
 RNG = np.random.default_rng(20)

@@ -15,7 +15,8 @@ from hypothesis import strategies as hst
 import graphc
 from graphc.core.errors import TraceError
 from graphc.core.ir import Graph, Node, TensorType, Value
-from graphc.core.mesh import MachineProfile, Mesh
+from graphc.core.mesh import Mesh
+from graphc.core.profile import MachineProfile
 from graphc.core.pytree import LEAF, TreeDef
 from graphc.core.spec import R, S, shard
 from graphc.frontend.random import RandomWarning, philox_state, set_philox_state

@@ -17,7 +17,8 @@ from hypothesis import strategies as hst
 
 import graphc
 from graphc.core.ir import TensorType
-from graphc.core.mesh import MachineProfile, Mesh
+from graphc.core.mesh import Mesh
+from graphc.core.profile import MachineProfile
 from graphc.core.spec import R, S, format_spec, shard
 from graphc.ops.dims import MAX_BLOCKS, reshape_rule
 from graphc.passes.partition import lower, optimize_for_planning, state_ties

@@ -7,12 +7,14 @@ import numpy as np
 import pytest
 
 import graphc
-from graphc.core.mesh import MachineProfile, Mesh
+from graphc.core.mesh import Mesh
+from graphc.core.profile import MachineProfile
 from graphc.core.pytree import flatten
 from graphc.core.spec import P
 from graphc.models import gpt
 from graphc.passes.bucket import bucket_all_reduces
-from graphc.passes.partition import PlanOptions, build_problem, optimize_for_planning, state_ties
+from graphc.passes.options import PlanOptions
+from graphc.passes.partition import build_problem, optimize_for_planning, state_ties
 from graphc.programs import simulate
 
 
@@ -47,7 +49,7 @@ def _args(batch=1280, sizes=(20, 40, 24, 5), seed=1):
 def _compiled(bucket_bytes, mesh="dp=4"):
     params, x, y = _args()
     f = graphc.parallelize(_step, mesh=mesh, cache=False)
-    f.options = PlanOptions(bucket_bytes=bucket_bytes)
+    f.options = PlanOptions(bucket_bytes=bucket_bytes, zero=0)
     return f, f.compile(params, x, y), (params, x, y)
 
 
@@ -94,7 +96,7 @@ def test_bucketing_any_plan_keeps_the_device_programs_equal_to_the_reference(mes
     (params, opt_state, tokens, targets), kw = gpt.example_train_args(batch=16, seq=16, d=64, n_layer=1)
     # lr static: the inputs below are built by hand from the array arguments alone
     f = graphc.parallelize(gpt.train_step, mesh=mesh, static_argnames=("n_head", "lr"), cache=False)
-    f.options = PlanOptions(bucket_bytes=0)
+    f.options = PlanOptions(bucket_bytes=0, zero=0)
     compiled = f.compile(params, opt_state, tokens, targets, **kw)
     program = compiled.partitioned.lowered
     inputs = program.shard_inputs([np.asarray(a) for a in flatten((params, opt_state, tokens, targets))[0]])
@@ -119,7 +121,7 @@ def test_the_planner_amortizes_only_deferred_all_reduces():
     params, x, y = _args(batch=64)
     graph = optimize_for_planning(graphc.trace(_step, params, x, y))
     mesh = Mesh("dp=4", profile=MachineProfile.default())
-    problem = build_problem(graph, mesh, ties=state_ties(graph))
+    problem = build_problem(graph, mesh, PlanOptions(zero=0), ties=state_ties(graph))
     deferred = [e for e in problem.edges if e.deferred]
     assert deferred
 
@@ -140,5 +142,6 @@ def test_the_planner_amortizes_only_deferred_all_reduces():
 
     partial = [e for e in deferred if gradient(e)]
     total = sum({e.value: e.value.type.nbytes for e in partial}.values())
-    assert problem.bucket_share_bytes == total
-    assert build_problem(graph, mesh, ties=state_ties(graph), bucket_bytes=0).bucket_share_bytes == 0
+    assert problem.costs.bucket_share_bytes == total
+    unbucketed = PlanOptions(zero=0, bucket_bytes=0)
+    assert build_problem(graph, mesh, unbucketed, ties=state_ties(graph)).costs.bucket_share_bytes == 0

@@ -8,7 +8,8 @@ import pytest
 
 import graphc
 from graphc.core.errors import VerifyError
-from graphc.core.mesh import MachineProfile, Mesh
+from graphc.core.mesh import Mesh
+from graphc.core.profile import MachineProfile
 from graphc.core.pytree import flatten
 from graphc.interpreter import bind_arguments, run_flat
 from graphc.passes.partition import lower
@@ -92,7 +93,9 @@ def test_foreign_models_lower_and_simulate(name):
 def test_gpt_tp4_programs_hold_the_plans_collectives():
     fn, args, kwargs, _ = MODELS["gpt_train"]
     graph, plan, program, _ = lowered(fn, args, kwargs, {"tp": 4})
-    program = lower(graph, dataclasses.replace(plan, options={**plan.options, "bucket_bytes": 0}))  # unbucketed
+    program = lower(
+        graph, dataclasses.replace(plan, options=dataclasses.replace(plan.options, bucket_bytes=0))
+    )  # unbucketed
     programs = program.devices
     kinds = sorted(c.kind for c in plan.collectives if c.kind not in ("slice", "zero"))
     prog_kinds = sorted(

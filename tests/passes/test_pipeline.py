@@ -8,7 +8,7 @@ import pytest
 
 import graphc
 from graphc.core.errors import PlanError
-from graphc.core.mesh import MachineProfile
+from graphc.core.profile import MachineProfile
 from graphc.core.pytree import flatten
 from graphc.interpreter import bind_arguments
 from graphc.models import gpt, mlp

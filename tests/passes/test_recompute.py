@@ -1,4 +1,4 @@
-"""passes/recompute.py: cheap elementwise forward values recomputed inside backward kernels, so a
+"""passes/recompute/cheap.py: cheap elementwise forward values recomputed inside backward kernels, so a
 training step keeps fewer bytes from its forward to its backward, with the same values."""
 
 import math
@@ -12,7 +12,7 @@ import graphc
 from graphc.core.pytree import flatten
 from graphc.models import gpt
 from graphc.passes import PASSES, run_passes
-from graphc.passes.recompute import recompute_cheap
+from graphc.passes.recompute.cheap import recompute_cheap
 
 BEFORE_RECOMPUTE = ("fold_constants", "simplify", "cse", "dce")
 

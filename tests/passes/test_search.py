@@ -10,8 +10,9 @@ import sys
 import pytest
 
 import graphc
-from graphc.core.mesh import Link, MachineProfile
+from graphc.core.profile import Link, MachineProfile
 from graphc.models import mlp
+from graphc.passes.options import PlanOptions
 from graphc.passes.partition import optimize_for_planning
 from graphc.passes.search import explain, factorizations, search_meshes
 
@@ -51,7 +52,8 @@ def test_memory_limit_only_a_pipeline_meets():
     args, kw = mlp.example_train_args(batch=16, sizes=(512, 512, 512, 8))
     g = graph_of(mlp.train_step, args, kw)
     weights = sum(v.type.nbytes for v in g.inputs[:6])
-    cands = search_meshes(g, 2, memory_limit=int(weights * 1.2), profile=PROFILE, axes=("pp", "dp"))
+    replicated = PlanOptions(memory_limit=int(weights * 1.2), zero=0)  # no ZeRO: dp=2 holds every weight
+    cands = search_meshes(g, 2, replicated, profile=PROFILE, axes=("pp", "dp"))
     best = cands[0]
     assert best.ok and "pp" in best.axes, [c.describe() for c in cands]
     dp = [c for c in cands if c.axes == {"dp": 2}]

@@ -126,7 +126,8 @@ _BLOCKED_RUN = textwrap.dedent(
 @pytest.mark.slow
 def test_runtime_runs_a_saved_program_with_the_compiler_blocked(tmp_path):
     import graphc
-    from graphc.core.mesh import MachineProfile, Mesh
+    from graphc.core.mesh import Mesh
+    from graphc.core.profile import MachineProfile
     from graphc.interpreter import bind_arguments, run_flat
     from graphc.models import mlp
     from graphc.passes.partition import partition
@@ -150,7 +151,8 @@ def test_runtime_runs_a_saved_program_with_the_compiler_blocked(tmp_path):
 
 def test_a_program_round_trips_through_json():
     import graphc
-    from graphc.core.mesh import MachineProfile, Mesh
+    from graphc.core.mesh import Mesh
+    from graphc.core.profile import MachineProfile
     from graphc.models import gpt
     from graphc.passes.partition import partition
     from graphc.programs import ParallelProgram

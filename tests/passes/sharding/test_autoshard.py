@@ -8,12 +8,13 @@ import pytest
 
 import graphc
 from graphc.core.errors import PlanError
-from graphc.core.mesh import Link, MachineProfile, Mesh
+from graphc.core.mesh import Mesh
+from graphc.core.profile import Link, MachineProfile
 from graphc.core.spec import format_spec
-from graphc.passes.partition import PlanOptions, solve_problem, state_ties
+from graphc.passes.options import PlanOptions
+from graphc.passes.partition import build_problem, solve_problem, state_ties
 from graphc.passes.sharding.ilp import exhaustive
 from graphc.passes.sharding.plan import ShardingPlan
-from graphc.passes.sharding.problem import build_problem
 
 PROFILE = MachineProfile.default()
 OPT = ("fold_constants", "simplify", "cse", "dce")
@@ -89,11 +90,11 @@ def test_ilp_equals_exhaustive_search_under_a_memory_limit():
     w1, w2, x = (rng.standard_normal(s).astype(np.float32) for s in [(64, 64), (64, 64), (8, 64)])
     g = optimized(lambda w1, w2, x: np.tanh(x @ w1) @ w2, w1, w2, x)
     p = build_problem(g, mesh(x=2))
-    unlimited = p.peak_memory(solve_problem(p, PlanOptions(shrink=False)).choice)[0]
+    unlimited = p.memory.peak(solve_problem(p, PlanOptions(shrink=False)).choice)[0]
     limit = int(unlimited * 0.7)
     sol = solve_problem(p, PlanOptions(memory_limit=limit, shrink=False))
     best, _ = exhaustive(p, memory_limit=limit)
-    assert p.peak_memory(sol.choice)[0] <= limit
+    assert p.memory.peak(sol.choice)[0] <= limit
     assert sol.objective == pytest.approx(best, rel=1e-9)
 
 
@@ -410,5 +411,6 @@ def test_tied_groups_do_not_grow_with_depth_when_promotion_changes_the_first_blo
         graph = graphc.parallelize(step, mesh=axes, cache=False).trace_optimized(*args)[1]
         dtypes = {str(n.outputs[0].type.dtype) for n in graph.nodes if n.op.name == "matmul"}
         assert dtypes == {"float64"}  # float64 @ float32 promotes (NEP 50)
-        counts.append(len(shrink_groups(build_problem(graph, mesh(**axes), ties=state_ties(graph)))[0]))
+        problem = build_problem(graph, mesh(**axes), PlanOptions(zero=0), ties=state_ties(graph))
+        counts.append(len(shrink_groups(problem)[0]))
     assert counts[1] == counts[0], counts

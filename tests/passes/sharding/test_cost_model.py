@@ -12,11 +12,15 @@ import numpy as np
 import pytest
 
 from graphc.builder import GraphBuilder
+from graphc.core.errors import MeshError
 from graphc.core.ir import TensorType
-from graphc.core.mesh import DEFAULT_MATMUL_EFFICIENCY, MachineProfile, Mesh, MeshError, matmul_key, size_class
+from graphc.core.mesh import Mesh
+from graphc.core.profile import DEFAULT_MATMUL_EFFICIENCY, MachineProfile, matmul_key, size_class
 from graphc.core.profiles import get_profile
 from graphc.models import mlp
-from graphc.passes.sharding.problem import build_problem, view_roots
+from graphc.passes.options import PlanOptions
+from graphc.passes.partition import build_problem
+from graphc.passes.sharding.memory import view_roots
 from graphc.passes.sharding.strategies import full_time
 from graphc.runtime.calibrate import calibrate
 from graphc.runtime.executor import BufferPool
@@ -107,7 +111,7 @@ def test_a_split_matmul_is_priced_at_the_size_one_device_runs():
     table = {"float32": {"small": 10e9, "medium": 100e9, "large": 100e9}}
     profile = dataclasses.replace(DEFAULT, matmul_table=table, mem_bandwidth=1e15)
     graph = _matmul_graph(1024, 64, 96)  # (1024 * 64 * 96)^(1/3) = 183: medium; split 16 ways: 73, small
-    problem = build_problem(graph, Mesh("tp=16", profile=profile), linear_partials=False)
+    problem = build_problem(graph, Mesh("tp=16", profile=profile), PlanOptions(linear_partials=False))
     (node,) = [it for it in problem.items if it.kind == "node"]
     by_name = {st.name: st.compute_s for st in node.strategies}
     whole = 2 * 1024 * 64 * 96
@@ -214,7 +218,7 @@ def test_views_hold_no_memory_of_their_own():
     roots = view_roots(graph)
     assert roots == {t: y, s: y}
     problem = build_problem(graph, Mesh("dp=1", profile=DEFAULT))
-    ranges = {v: (a, z) for v, _i, a, z in problem.live_ranges()}
+    ranges = {v: (a, z) for v, _i, a, z in problem.memory.live_ranges()}
     assert t not in ranges and s not in ranges and r in ranges
     pos = {item: p for p, item in enumerate(problem.order)}
     s_reader = next(i for i, it in enumerate(problem.items) if it.kind == "node" and s in it.node.inputs)

@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as hst
 
 import graphc
-from graphc.core.mesh import MachineProfile, Mesh
+from graphc.core.mesh import Mesh
+from graphc.core.profile import MachineProfile
 from graphc.core.spec import shard, unshard
 from graphc.interpreter import bind_arguments
 from graphc.ops import REGISTRY

@@ -15,11 +15,13 @@ import pytest
 
 import graphc
 from graphc.api.parallel import write_ties
-from graphc.core.mesh import MachineProfile, Mesh
+from graphc.core.mesh import Mesh
+from graphc.core.profile import MachineProfile
 from graphc.core.spec import R
 from graphc.core.units import fmt_bytes, fmt_time
 from graphc.models import gpt, mlp
-from graphc.passes.partition import PlanOptions, build_problem, make_plan, solve_problem
+from graphc.passes.options import PlanOptions
+from graphc.passes.partition import build_problem, make_plan, solve_problem
 from graphc.passes.sharding.collectives import collectives_of
 from graphc.passes.sharding.plan import INPUTS_SHOWN, LEGEND, ShardingPlan
 from graphc.passes.sharding.redistribute import collective_cost
@@ -45,16 +47,8 @@ def step_graph(mesh: str, model: str = "mlp"):
 def problem_of(mesh: str, limit: int | None, model: str = "mlp"):
     """(problem, options) of a training step, as ``plan_sharding`` builds them."""
     pf, graph = step_graph(mesh, model)
-    options = PlanOptions(memory_limit=limit, zero=None)
-    problem = build_problem(
-        graph,
-        pf.mesh,
-        ties=write_ties(graph),
-        bucket_bytes=options.bucket_bytes,
-        zero=options.zero,
-        recompute=options.recompute_mode(),
-        redo_later=limit is not None,
-    )
+    options = PlanOptions(memory_limit=limit)
+    problem = build_problem(graph, pf.mesh, options, ties=write_ties(graph))
     return problem, options
 
 
@@ -161,7 +155,7 @@ def test_explain_names_the_specs_that_were_never_candidates():
     with pytest.warns(graphc.PlanWarning):
         off = graphc.parallelize(f, mesh=Mesh("dp=4", profile=DEFAULT), cache=False, zero=0).plan(params, x)
     w = next(t for t in off.inputs if t.name == "%params.w")
-    assert "zero=None or 1-3 (--zero auto|1|2|3) lets ZeRO shard" in w.ruled_out[0].reason
+    assert "zero='auto' or 1-3 (--zero auto|1|2|3) lets ZeRO shard" in w.ruled_out[0].reason
     text = plan.explain("%x")
     assert "never candidates" in text and "[S(0)]: not divisible: dim 0 has size 6" in text
     pinned = graphc.parallelize(f, mesh=Mesh("tp=2", profile=DEFAULT), cache=False, in_specs=(None, "R")).plan(

@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 
 import graphc
-from graphc.core.mesh import MachineProfile, Mesh
+from graphc.core.mesh import Mesh
+from graphc.core.profile import MachineProfile
 from graphc.core.spec import P, R
-from graphc.passes.partition import PlanOptions, build_problem, optimize_for_planning
+from graphc.passes.options import PlanOptions
+from graphc.passes.partition import build_problem, optimize_for_planning
 
 STEPS = 5
 
@@ -40,7 +42,7 @@ def _args(batch=48, n_in=96, hidden=640, seed=3):
 
 def _collectives(fn, mesh, args, carry: bool) -> Counter:
     f = graphc.parallelize(fn, mesh=mesh, cache=False)
-    f.options = PlanOptions(linear_partials=carry)
+    f.options = PlanOptions(linear_partials=carry, zero=0)
     plan = f.plan(*args)
     return Counter((c.kind, c.axes) for c in plan.collectives if c.kind != "zero")
 
@@ -69,7 +71,7 @@ def test_per_step_gradients_meet_once_per_parameter(mesh):
 
 def _strategies(fn, *arrays, mesh="dp=2,tp=2"):
     graph = optimize_for_planning(graphc.trace(fn, *arrays))
-    problem = build_problem(graph, Mesh(mesh, profile=MachineProfile.default()))
+    problem = build_problem(graph, Mesh(mesh, profile=MachineProfile.default()), PlanOptions(zero=0))
     return {it.node.op.name: it.strategies for it in problem.items if it.kind == "node"}
 
 

@@ -1,7 +1,8 @@
-"""Activation recomputation chosen by the planner (passes/sharding/remat.py): the solver recomputes
+"""Activation recomputation chosen by the planner (passes/recompute/choices.py): the solver recomputes
 only under a memory limit that needs it, cheap values first; the lowered programs recompute
 before the backward pass and free the originals; results equal the plan without recomputation."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -12,11 +13,13 @@ import pytest
 
 import graphc
 from graphc.core.errors import GraphcError, PlanError
-from graphc.core.mesh import MachineProfile, Mesh
+from graphc.core.mesh import Mesh
+from graphc.core.profile import MachineProfile
 from graphc.core.pytree import flatten
 from graphc.interpreter import bind_arguments
 from graphc.models import gpt
-from graphc.passes.partition import PlanOptions, build_problem, optimize_for_planning, solve_problem, state_ties
+from graphc.passes.options import PlanOptions
+from graphc.passes.partition import build_problem, optimize_for_planning, solve_problem, state_ties
 from graphc.passes.sharding.ilp import exhaustive
 from graphc.passes.sharding.plan import ShardingPlan
 from tests.helpers import assert_adam_step_close
@@ -65,7 +68,7 @@ def test_a_step_that_fits_only_with_recomputation_gets_it_runs_and_equals_one_de
     unlimited = gpt_unlimited.memory.peak_bytes[0]
     limit = unlimited - 400_000  # about three of its [16, 32, 128] activations per device
     with pytest.raises(PlanError) as info:
-        par(gpt.train_step, memory_limit=limit, recompute=False, **GPT).plan(*GPT_ARGS, **GPT_KW)
+        par(gpt.train_step, memory_limit=limit, recompute="off", **GPT).plan(*GPT_ARGS, **GPT_KW)
     assert info.value.min_memory_bytes > limit  # no plan fits without recomputation
     pf = par(gpt.train_step, memory_limit=limit, **GPT)
     c = pf.compile(*GPT_ARGS, **GPT_KW)
@@ -80,7 +83,7 @@ def test_a_step_that_fits_only_with_recomputation_gets_it_runs_and_equals_one_de
     assert_same_step(got, want)
     # the same plan without recomputation gives the same numbers (up to rounding: a recomputed
     # copy runs outside the fused kernel that made the original)
-    plain = par(gpt.train_step, recompute=False, **GPT).compile(*GPT_ARGS, **GPT_KW)
+    plain = par(gpt.train_step, recompute="off", **GPT).compile(*GPT_ARGS, **GPT_KW)
     assert_same_step(got, plain(*GPT_ARGS, **GPT_KW))
     # and the runtime really holds less: the executor frees the originals after the forward pass
     assert _measured_peak(c, pf) < _measured_peak(plain, pf) - 300_000
@@ -147,8 +150,9 @@ def test_the_cheap_elementwise_value_is_recomputed_before_the_matmul_result_of_t
     unlimited = par(_two_layer_step).plan(p, x).memory.peak_bytes[0]
     activation = 1024 * 128 * 4 // 2  # one [B, H] value on each of the two devices
     limit = unlimited - activation // 2
-    problem = build_problem(graph, MESH, ties=state_ties(graph), recompute="auto")
-    sol = solve_problem(problem, PlanOptions(memory_limit=limit))
+    options = PlanOptions(memory_limit=limit, zero=0)
+    problem = build_problem(graph, MESH, options, ties=state_ties(graph))
+    sol = solve_problem(problem, options)
     chosen = [problem.items[i].node for i in problem.recomputed(sol.choice)]
     assert [n.op.name for n in chosen] == ["mul"]  # tanh(z) * z of the first layer
     # the first layer's matmul result is as large, and recomputing it instead fits as well, but
@@ -164,11 +168,11 @@ def test_the_cheap_elementwise_value_is_recomputed_before_the_matmul_result_of_t
     other[matmul] += len(problem.items[matmul].strategies) // 2
     assert not problem.items[mul].strategies[other[mul]].recompute
     assert problem.items[matmul].strategies[other[matmul]].recompute
-    assert problem.peak_memory(other)[0] <= limit
+    assert problem.memory.peak(other)[0] <= limit
     assert problem.evaluate(other)["total_s"] > sol.objective
     # the two layers' results equal the plan without recomputation
     got = par(_two_layer_step, memory_limit=limit)(p, x)
-    want = par(_two_layer_step, recompute=False)(p, x)
+    want = par(_two_layer_step, recompute="off")(p, x)
     for a, b in zip(leaves(got), leaves(want)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
@@ -176,13 +180,17 @@ def test_the_cheap_elementwise_value_is_recomputed_before_the_matmul_result_of_t
 def test_the_ilp_with_recomputation_equals_exhaustive_search():
     p, x = _two_layer_args(batch=64, width=16)
     graph = optimize_for_planning(graphc.trace(_two_layer_step, p, x))
-    problem = build_problem(graph, Mesh({"dp": 1}, profile=PROFILE), ties=state_ties(graph), recompute="auto")
-    assert len(problem.remat) == 6
-    unlimited = problem.peak_memory(solve_problem(problem, PlanOptions(shrink=False)).choice)[0]
+    mesh = Mesh({"dp": 1}, profile=PROFILE)
+    options = PlanOptions(shrink=False)
+    free = build_problem(graph, mesh, options, ties=state_ties(graph))
+    unlimited = free.memory.peak(solve_problem(free, options).choice)[0]
     for limit in (unlimited - 4096, unlimited - 8192):
-        sol = solve_problem(problem, PlanOptions(memory_limit=limit, shrink=False))
+        limited = dataclasses.replace(options, memory_limit=limit)  # "auto" recomputes under a limit
+        problem = build_problem(graph, mesh, limited, ties=state_ties(graph))
+        assert len(problem.remat) == 6
+        sol = solve_problem(problem, limited)
         best, choice = exhaustive(problem, memory_limit=limit)
-        assert problem.recomputed(sol.choice) and problem.peak_memory(sol.choice)[0] <= limit
+        assert problem.recomputed(sol.choice) and problem.memory.peak(sol.choice)[0] <= limit
         assert sol.objective == pytest.approx(best, rel=1e-9)
 
 
@@ -190,14 +198,14 @@ def test_the_ilp_with_recomputation_equals_exhaustive_search():
 
 
 def test_recompute_forced_on_and_off():
-    forced = par(gpt.train_step, recompute=True, **GPT).compile(*GPT_ARGS, **GPT_KW)
+    forced = par(gpt.train_step, recompute="on", **GPT).compile(*GPT_ARGS, **GPT_KW)
     assert len(_recomputed(forced.plan)) > 50  # no limit: recomputed because it was asked for
-    off = par(gpt.train_step, recompute=False, **GPT).plan(*GPT_ARGS, **GPT_KW)
+    off = par(gpt.train_step, recompute="off", **GPT).plan(*GPT_ARGS, **GPT_KW)
     assert forced.plan.memory.peak_bytes[0] < off.memory.peak_bytes[0]
     assert forced.plan.cost.compute_s > off.cost.compute_s
     want = graphc.jit(gpt.train_step, static_argnames=("n_head",))(*GPT_ARGS, **GPT_KW)
     assert_same_step(forced(*GPT_ARGS, **GPT_KW), want)
-    with pytest.raises(GraphcError, match="recompute must be True, False or 'auto'"):
+    with pytest.raises(GraphcError, match="recompute must be one of 'auto', 'on', 'off'"):
         par(gpt.train_step, recompute="sometimes")
 
 
@@ -207,7 +215,7 @@ def test_a_limit_too_small_even_with_recomputation_names_the_smallest_memory(gpt
         par(gpt.train_step, memory_limit=1_000_000, **GPT).plan(*GPT_ARGS, **GPT_KW)
     smallest = info.value.min_memory_bytes
     with pytest.raises(PlanError) as without:
-        par(gpt.train_step, memory_limit=1_000_000, recompute=False, **GPT).plan(*GPT_ARGS, **GPT_KW)
+        par(gpt.train_step, memory_limit=1_000_000, recompute="off", **GPT).plan(*GPT_ARGS, **GPT_KW)
     assert smallest < without.value.min_memory_bytes  # counted with recomputation
     fits = par(gpt.train_step, memory_limit=smallest, **GPT).plan(*GPT_ARGS, **GPT_KW)  # and it is enough
     assert fits.memory.peak_bytes[0] <= smallest and _recomputed(fits)
@@ -230,7 +238,7 @@ def test_a_plan_with_recomputation_round_trips_through_json_and_runs_as_written(
     name = marked[0]["name"]
     assert "recomputed before the backward pass" in loaded.explain(name)
     got = graphc.parallelize(gpt.train_step, plan=loaded, **GPT)(*GPT_ARGS, **GPT_KW)
-    want = par(gpt.train_step, recompute=False, **GPT)(*GPT_ARGS, **GPT_KW)
+    want = par(gpt.train_step, recompute="off", **GPT)(*GPT_ARGS, **GPT_KW)
     assert_same_step(got, want)
 
 

@@ -7,9 +7,11 @@ import numpy as np
 import pytest
 
 import graphc
-from graphc.core.mesh import Mesh, axis_role
+from graphc.core.mesh import Mesh
+from graphc.core.roles import axis_role
 from graphc.core.spec import R, S
 from graphc.models import gpt, llama
+from graphc.passes.options import PlanOptions
 from graphc.passes.partition import build_problem, optimize_for_planning, state_ties
 from graphc.passes.sharding.roles import BATCH, SEQ, axis_roles
 from graphc.passes.sharding.strategies import rules_of
@@ -71,8 +73,8 @@ def test_free_axes_lets_a_data_axis_split_weights():
     params, x, y = _mlp_args(32, 64, 512, 64)
     graph = optimize_for_planning(graphc.trace(_sgd_step, params, x, y))
     ties = state_ties(graph)
-    restricted = build_problem(graph, Mesh("dp=2"), ties=ties)
-    free = build_problem(graph, Mesh("dp=2"), ties=ties, free_axes=True)
+    restricted = build_problem(graph, Mesh("dp=2"), PlanOptions(zero=0), ties=ties)
+    free = build_problem(graph, Mesh("dp=2"), PlanOptions(zero=0, free_axes=True), ties=ties)
     w1 = next(it for it in restricted.items if it.kind == "input" and it.value.name == "params.w1")
     w1_free = next(it for it in free.items if it.kind == "input" and it.value.name == "params.w1")
     assert [s.out_specs[0] for s in w1.strategies] == [(R,)]

@@ -15,8 +15,8 @@ depend on this machine's calibration), on ``tp=2``:
   Every activation the forward pass saves for the backward pass in those regions is held
   half per device: the peak drops by the bytes those saved values shrink by.
 
-These plans are made with ``recompute=False``. With activation recomputation allowed (the
-default under a limit, passes/sharding/remat.py) the solver fits the same limit more cheaply by
+These plans are made with ``recompute="off"``. With activation recomputation allowed (the
+default under a limit, passes/recompute/choices.py) the solver fits the same limit more cheaply by
 recomputing layer-norm and softmax values before the backward pass, and keeps Megatron TP
 (``test_recomputation_fits_the_limit_more_cheaply``).
 """
@@ -42,7 +42,7 @@ def _args():
     return gpt.example_train_args(batch=1, seq=T, d=D, n_layer=1, n_head=4)
 
 
-def _plan(memory_limit, recompute=False):
+def _plan(memory_limit, recompute="off"):
     args, kw = _args()
     pf = graphc.parallelize(
         gpt.train_step,
@@ -128,7 +128,7 @@ def test_the_peak_drops_by_the_saved_activations_it_splits(megatron, seqpar):
     """Memory model: at the peak (the forward pass done, the backward pass starting) every value
     the forward pass made and the backward pass reads is live. SP holds the ones of the
     layer-norm regions (x - mean, 1/sqrt(var), the residual sums; and the LM head's; the
-    normalized x is recomputed in the backward from the first two, passes/recompute.py) split on
+    normalized x is recomputed in the backward from the first two, passes/recompute/cheap.py) split on
     the sequence: each shrinks by half. The peak drops by that sum, less the values the device
     program's fusion keeps out of memory (sharding/fusion.py)."""
     (mp, graph), (sp, _g) = megatron, seqpar
@@ -204,7 +204,7 @@ def test_under_a_limit_the_backward_pass_gathers_again(limit):
 
 @pytest.mark.parametrize("limit", [None, "1GB"])
 def test_a_recomputed_reader_gathers_again_under_a_limit(limit):
-    """Recomputed (``recompute=True``), the matmul ``h @ w`` runs again before the backward
+    """Recomputed (``recompute="on"``), the matmul ``h @ w`` runs again before the backward
     pass. Without a limit its copy reads the forward pass's gathered ``h``; under a limit the
     copy, a later part's reader, gathers ``h`` again (``read_phase``: part "recompute"), so no
     gathered copy is held across the passes."""
@@ -216,7 +216,7 @@ def test_a_recomputed_reader_gathers_again_under_a_limit(limit):
         mesh={"tp": 2},
         in_specs=("S(1)", None),
         memory_limit=limit,
-        recompute=True,
+        recompute="on",
         cache=False,
         profile="h100-sxm",
     )

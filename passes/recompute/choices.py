@@ -9,7 +9,7 @@ the first backward (or update) node that reads one of its results, or the earlie
 point of a candidate consumer that needs it. Recomputing a candidate is a strategy of its item:
 ``add_recompute`` gives each candidate item a copy of every strategy with ``recompute=True``
 (same specs, twice the compute time), so the ILP prices it with the variables it already has, and
-the memory model (``Problem.memory_profile``, ``ilp._Model.memory_expr``) gives a value one live
+the memory model (``MemoryModel.profile``, ``ilp._Model.memory_expr``) gives a value one live
 range when kept and two when recomputed:
 
     kept        [producer, last use]
@@ -37,16 +37,16 @@ from dataclasses import dataclass
 
 from graphc.core.ir import Graph, Value
 from graphc.core.traits import Collective, Constant, DeviceLocal, ShardingConstraint
-from graphc.passes.sharding.problem import Problem, view_roots
+from graphc.passes.options import PlanOptions, Recompute
+from graphc.passes.sharding.memory import RematRanges, view_roots
+from graphc.passes.sharding.problem import Problem
+from graphc.passes.sharding.strategies import Strategies
 
 
 def _never_recomputed(op) -> bool:
     """Constants (always in memory), sharding pins (the identity, pinned by the user) and ops
     that meet other devices or depend on the device's place (not pure to run again)."""
     return op.has(Constant) or op.has(ShardingConstraint) or op.has(Collective) or op.has(DeviceLocal)
-
-
-MODES = ("auto", "on", "off")
 
 
 @dataclass(frozen=True)
@@ -61,15 +61,12 @@ class Candidate:
     last_use: dict[Value, int]  # per result: its last reader when recomputed (backward, or a consumer's point)
 
 
-def recompute_mode(value) -> str:
-    """``True`` / ``False`` / ``"auto"`` (or "on" / "off") -> one of MODES."""
-    if value is True or value == "on":
-        return "on"
-    if value is False or value == "off":
+def recompute_mode(options: PlanOptions) -> Recompute:
+    """What the problem gets of ``options.recompute``: "auto" only under a memory limit (without
+    one, recomputing only costs time: "off"), else the option as it is."""
+    if options.recompute == "auto" and options.memory_limit is None:
         return "off"
-    if value == "auto" or value is None:
-        return "auto"
-    raise ValueError(f"recompute must be True, False or 'auto', got {value!r}")
+    return options.recompute
 
 
 def candidates(graph: Graph, roots: dict[Value, Value]) -> dict[int, Candidate]:
@@ -184,15 +181,14 @@ def add_recompute(problem: Problem, mode: str) -> None:
         return
     pos = {it.index: p for p, it_i in enumerate(problem.order) for it in [problem.items[it_i]] if it.kind == "node"}
     item_of = {it.index: i for i, it in enumerate(problem.items) if it.kind == "node"}
-    doubled: dict[int, list] = {}  # repeated layers share their strategy lists: so do their doubles
+    doubled: dict[Strategies, Strategies] = {}  # repeated layers share their strategy lists: so do their doubles
     for k, c in found.items():
         it = problem.items[item_of[k]]
-        key = id(it.strategies)
-        new = doubled.get(key)
-        if new is None or new[0] is not it.strategies:
+        new = doubled.get(it.strategies)
+        if new is None:
             again = [dataclasses.replace(s, compute_s=2 * s.compute_s, recompute=True) for s in it.strategies]
-            new = doubled[key] = [it.strategies, (again if mode == "on" else [*it.strategies, *again])]
-        it.strategies = new[1]
+            new = doubled[it.strategies] = Strategies(again if mode == "on" else [*it.strategies, *again])
+        it.strategies = new
         problem.remat[item_of[k]] = RematRanges(
             point=pos[c.point],
             ranges={o: ((pos[k], pos[c.last_forward[o]]), (pos[c.point], pos[c.last_use[o]])) for o in c.last_use},
@@ -217,14 +213,4 @@ def forced(found: dict[int, Candidate]) -> set[int]:
     return chosen
 
 
-@dataclass(frozen=True)
-class RematRanges:
-    """A candidate item's live ranges when recomputed, in program-order positions."""
-
-    point: int
-    ranges: dict[Value, tuple[tuple[int, int], tuple[int, int]]]
-    needs: tuple[int, ...]  # items that must be recomputed when this one is
-    conflicts: tuple[int, ...]  # items that must be kept when this one is recomputed
-
-
-__all__ = ["MODES", "Candidate", "RematRanges", "add_recompute", "candidates", "recompute_mode"]
+__all__ = ["Candidate", "add_recompute", "candidates", "recompute_mode"]

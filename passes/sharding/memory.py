@@ -1,0 +1,269 @@
+"""The sharding problem's memory model: the bytes each device holds at every point of the program,
+for an assignment of one strategy per item (``choice``).
+
+Memory per device is the peak, over the program order, of the bytes of live tensors under their
+chosen specs: graph inputs (parameters, optimizer state) live throughout, every other value from
+its producer to its last use, and every graph output from its output item to the end in the spec
+it is returned in (a state gathered for its return is held whole). A value the runtime makes as a
+view of another (``view_roots``) has no bytes of its own. All meshes here split evenly, so every
+device has the same peak.
+
+With ZeRO (passes/sharding/zero.py) two things are counted as the lowering runs them: a gradient
+goes through a fan-out item placed right after its producer, and lives in its producer's spec until
+there, then in the fan-out's (a reduce-scatter into a shard frees the full partial sum at once); a
+state input split along a data axis (ZeRO-3) is gathered afresh for every forward or backward node
+that reads it, and the gathered copy lives at that node only (``transient_terms``). A recomputed
+value (passes/recompute/choices.py) lives over two ranges (``RematRanges``).
+
+    live_ranges()                   (value, item, first, last position) of every value, made once
+    transient_terms()               ZeRO-3's gathered copies, made once
+    profile(choice)                 bytes live at every position: what a memory limit bounds
+    peak(choice)                    its maximum, and where
+    redistribution_buffers(choice)  the buffers the plan's redistributions make
+    held_peak(choice)               the peak with them: what the runtime holds
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from graphc.core.ir import Graph, TensorType, Value
+from graphc.core.mesh import Mesh
+from graphc.core.spec import R, local_shape
+from graphc.core.traits import ViewOf
+from graphc.passes.sharding.items import Edge, Item
+
+
+@dataclass(frozen=True)
+class RematRanges:
+    """A recomputation candidate item's live ranges when recomputed, in program-order positions."""
+
+    point: int
+    ranges: dict[Value, tuple[tuple[int, int], tuple[int, int]]]  # per result: forward range, backward range
+    needs: tuple[int, ...]  # items that must be recomputed when this one is
+    conflicts: tuple[int, ...]  # items that must be kept when this one is recomputed
+
+
+class MemoryModel:
+    """The bytes live on each device under a choice (module doc), for the items and edges of one
+    problem. It reads the problem's lists, which are complete once the problem is built (the
+    recomputation candidates in ``remat`` are added to in place until then); what it derives
+    from them alone is made on first use and kept."""
+
+    def __init__(
+        self,
+        graph: Graph,
+        mesh: Mesh,
+        items: list[Item],
+        edges: list[Edge],
+        order: list[int],
+        remat: dict[int, RematRanges],
+        gathers: list[tuple[int, int]],
+        zero_axes: tuple[int, ...],
+    ) -> None:
+        self.graph, self.mesh, self.items, self.edges, self.order = graph, mesh, items, edges, order
+        self.remat, self.gathers, self.zero_axes = remat, gathers, zero_axes
+        self.mesh_shape = tuple(mesh.shape)
+        self._live: list[tuple[Value, int, int, int]] | None = None
+        self._transients: list[tuple[int, int, np.ndarray]] | None = None
+
+    # --- what the problem gives -----------------------------------------------------------------
+    def live_ranges(self) -> list[tuple[Value, int, int, int]]:
+        """(value, producer item, first position, last position) over ``order`` positions. A
+        value the runtime makes as a view of another (``view_roots``) has no bytes of its own:
+        it is left out, and the value it looks into lives until the view's last use."""
+        if self._live is None:
+            self._live = self._live_ranges()
+        return self._live
+
+    def _last_uses(self, pos: dict[int, int], end: int) -> dict[Value, int]:
+        """The last position that reads each value: its last reader, or just before its first
+        output item (where each output is held in its output spec)."""
+        last: dict[Value, int] = {}
+        returned: dict[Value, int] = {}  # graph output -> the position of its first output item
+        for e in self.edges:
+            if self.items[e.dst].kind == "output":
+                returned[e.value] = min(returned.get(e.value, end), pos[e.dst])
+            else:
+                last[e.value] = max(last.get(e.value, -1), pos[e.dst])
+        for v, at in returned.items():
+            last[v] = max(last.get(v, -1), at - 1)
+        return last
+
+    def _live_ranges(self) -> list[tuple[Value, int, int, int]]:
+        pos = {item: p for p, item in enumerate(self.order)}
+        end = len(self.order) - 1
+        last = self._last_uses(pos, end)
+        hubs: dict[Value, int] = {}  # gradient -> its fan-out item
+        for i, it in enumerate(self.items):
+            if it.gradient:
+                assert it.value is not None
+                hubs[it.value] = i
+        roots = view_roots(self.graph)
+        for view, root in roots.items():
+            last[root] = max(last.get(root, -1), last.get(view, -1))
+        out = []
+        for i, item in enumerate(self.items):
+            if item.kind == "input":
+                assert item.value is not None  # an input item holds its graph input
+                out.append((item.value, i, 0, end))
+            elif item.kind == "node":
+                assert item.node is not None  # a node item holds its node
+                for o in item.node.outputs:
+                    if o in roots:
+                        continue
+                    hub = hubs.get(o)
+                    if hub is not None and o not in roots.values():  # in the fan-out's spec after it
+                        out.append((o, i, pos[i], pos[hub]))
+                        out.append((o, hub, pos[hub], max(pos[hub], last.get(o, pos[hub]))))
+                    else:
+                        out.append((o, i, pos[i], max(pos[i], last.get(o, pos[i]))))
+            elif item.kind == "output" and item.value is not None and item.value.producer is not None:
+                out.append((item.value, i, pos[i], end))  # held as returned (a gathered state, say)
+        return out
+
+    def transient_terms(self) -> list[tuple[int, int, np.ndarray]]:
+        """(state input item, program position, bytes per strategy of the input) of every gathered
+        copy of a ZeRO-3 parameter: a state input split along a ZeRO data axis is gathered along it
+        for each forward or backward node that reads it, and the copy lives at that node only (the
+        lowering's ``regather``). Its size is the input's spec with the data axes unsplit."""
+        if self._transients is None:
+            pos = {item: p for p, item in enumerate(self.order)}
+            sizes: dict[int, np.ndarray] = {}
+            out = []
+            for i, reader in self.gathers:
+                if i not in sizes:
+                    v = self.items[i].value
+                    assert v is not None  # an input item holds its value
+                    specs = [st.out_specs[0] for st in self.items[i].strategies]
+                    whole = [gathered(sp, self.zero_axes) for sp in specs]
+                    sizes[i] = np.array(
+                        [local_nbytes(v.type, w, self.mesh_shape) if w != sp else 0 for sp, w in zip(specs, whole)],
+                        dtype=np.float64,
+                    )
+                if sizes[i].any():
+                    out.append((i, pos[reader], sizes[i]))
+            self._transients = out
+        return self._transients
+
+    # --- under a choice --------------------------------------------------------------------------
+    def value_bytes(self, v: Value, item: int, s: int) -> int:
+        return local_nbytes(v.type, self.value_spec(v, item, s), self.mesh_shape)
+
+    def value_spec(self, v: Value, item: int, s: int) -> tuple:
+        """The spec ``v`` is held in when ``item`` (its producer, fan-out or output item) has
+        strategy ``s``."""
+        it = self.items[item]
+        st = it.strategies[s]
+        return st.in_specs[0] if it.kind == "output" else st.out_specs[v.index if it.kind == "node" else 0]
+
+    def ranges_under(self, v: Value, item: int, s: int, a: int, b: int) -> tuple[tuple[int, int], ...]:
+        """The live ranges of ``v`` (kept: ``(a, b)``) when ``item`` has strategy ``s``: two when
+        the strategy recomputes it (passes/recompute/choices.py)."""
+        if item in self.remat and self.items[item].strategies[s].recompute:
+            return self.remat[item].ranges[v]
+        return ((a, b),)
+
+    def profile(self, choice: list[int], recompute: bool = True) -> np.ndarray:
+        """Bytes live on each device at every program point; ``recompute=False``: as if every
+        recomputed value were kept instead."""
+        delta = np.zeros(len(self.order) + 1, dtype=np.float64)
+        for v, i, a, b in self.live_ranges():
+            nb = self.value_bytes(v, i, choice[i])
+            for first, last in self.ranges_under(v, i, choice[i], a, b) if recompute else ((a, b),):
+                delta[first] += nb
+                delta[last + 1] -= nb
+        for i, at, sizes in self.transient_terms():
+            delta[at] += sizes[choice[i]]
+            delta[at + 1] -= sizes[choice[i]]
+        return np.cumsum(delta[:-1])
+
+    def peak(self, choice: list[int]) -> tuple[int, int]:
+        """(the liveness peak per device, the position where it is): what a memory limit bounds."""
+        prof = self.profile(choice)
+        at = int(np.argmax(prof)) if len(prof) else 0
+        return (int(prof[at]) if len(prof) else 0), at
+
+    def redistribution_buffers(self, choice: list[int]) -> list[tuple[int, int, int]]:
+        """(bytes, first position, last position) of the buffers ``choice``'s redistributions
+        make on each device: one per value, spec it is read in other than its own, and read
+        phase (a forward value's later readers redistribute it again, ``read_phase``), from the
+        first reader that needs it to the last (the lowering redistributes at the first reader,
+        passes/lower.py; a fan-out's at its first consumer, a gradient's at its fan-out, right
+        after its producer: ZeRO's ``scatter_early``): a collective's result, a local slice's
+        copy, a deferred all-reduce's result, which the gradient bucket holds as well
+        (passes/bucket.py). A graph output's redistribution is not one: the profile holds each
+        output in its output spec."""
+        pos = {item: p for p, item in enumerate(self.order)}
+        spans: dict[tuple, list[int]] = {}
+        hub_reads: list[tuple[tuple, int]] = []  # a fan-out's spec is read by each of its consumers
+        for e in self.edges:
+            src = self.items[e.src].strategies[choice[e.src]].out_specs[e.src_out]
+            dst = self.items[e.dst].strategies[choice[e.dst]].in_specs[e.dst_in]
+            if self.items[e.src].kind == "fanout":
+                hub_reads.append(((e.value, src, e.phase), pos[e.dst]))
+            if src == dst or self.items[e.dst].kind == "output":  # an output's spec is in the profile
+                continue
+            key = (e.value, dst, e.phase)
+            span = spans.get(key)
+            if span is None:
+                span = spans[key] = [local_nbytes(e.value.type, dst, self.mesh_shape), len(self.order), -1]
+            to = self.items[e.dst]
+            if to.kind != "fanout" or to.gradient:  # a fan-out's spec is made at its first consumer (below)
+                span[1], span[2] = min(span[1], pos[e.dst]), max(span[2], pos[e.dst])
+        for key, at in hub_reads:  # the redistributed hub lives from its first reader to its last
+            span = spans.get(key)
+            if span is not None:
+                span[1], span[2] = min(span[1], at), max(span[2], at)
+        return [(nb, a, b) for nb, a, b in spans.values()]
+
+    def held_peak(self, choice: list[int]) -> int:
+        """The peak of ``profile`` with the redistribution buffers added: what the runtime holds
+        (``peak`` is what a memory limit bounds)."""
+        prof = self.profile(choice)
+        if not len(prof):
+            return 0
+        delta = np.zeros(len(prof) + 1, dtype=np.float64)
+        for nb, a, b in self.redistribution_buffers(choice):
+            delta[a] += nb
+            delta[b + 1] -= nb
+        return int((prof + np.cumsum(delta[:-1])).max())
+
+
+def gathered(spec: tuple, axes: tuple[int, ...]) -> tuple:
+    """``spec`` with its splits along ``axes`` undone (R there)."""
+    return tuple(R if a in axes and p.is_split else p for a, p in enumerate(spec))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def local_nbytes(t: TensorType, spec, mesh_shape: tuple[int, ...]) -> int:
+    """Bytes one device holds of a tensor of type ``t`` placed by ``spec`` (remembered: a memory
+    profile asks for the same few thousand (type, spec) pairs for every value of every layer)."""
+    return t.dtype.itemsize * math.prod(local_shape(t.shape, spec, mesh_shape))
+
+
+def view_roots(graph: Graph) -> dict[Value, Value]:
+    """{value: the value whose buffer it looks into} for the results of ``graph``'s top-level
+    nodes whose op returns a view of an operand (the ViewOf trait, which the executor reads too):
+    no new memory. A reshape of a strided view copies, as numpy's does."""
+    roots: dict[Value, Value] = {}
+    strided: set[Value] = set()  # views that are not C-contiguous
+    for node in graph.nodes:
+        view = node.op.trait(ViewOf)
+        if view is None or node.regions or not node.inputs:
+            continue
+        x = node.inputs[view.operand]
+        if view.copies_strided and x in strided:
+            continue  # numpy copies
+        for out in node.outputs:
+            roots[out] = roots.get(x, x)
+            if x in strided or (view.strided is not None and view.strided(node)):
+                strided.add(out)
+    return roots
+
+
+__all__ = ["MemoryModel", "RematRanges", "gathered", "local_nbytes", "view_roots"]
