@@ -62,7 +62,7 @@ from graphc.core.units import parse_bytes
 from graphc.frontend import random as traced_random
 from graphc.frontend.entry import on_a_copy, trace
 from graphc.frontend.tracer import Tracer, bind, current_context
-from graphc.passes.options import PlanOptions, Recompute, Zero
+from graphc.passes.options import DEFAULT_BUCKET_BYTES, PlanOptions, Recompute, Solver, Zero
 from graphc.passes.partition import Pins, PlanCache, optimize_for_planning
 from graphc.passes.pipeline import PipelinePlan, check_pipeline_options, pipe_axis
 from graphc.passes.sharding.plan import ShardingPlan
@@ -403,6 +403,9 @@ def parallelize(
     plan: ShardingPlan | PipelinePlan | None = None,
     zero: Zero = "auto",
     recompute: Recompute = "auto",
+    solver: Solver = "highs",
+    bucket_bytes: int | str = DEFAULT_BUCKET_BYTES,
+    linear_partials: bool = True,
 ):
     """Decorator or function: ``graphc.parallelize(fn, mesh={"dp": 2, "tp": 4})``. A mesh with a
     ``pp`` axis (``{"pp": 2, "dp": 2, "tp": 2}``) runs the step as a pipeline of ``microbatches``
@@ -450,7 +453,8 @@ def parallelize(
 
     The planning options (``memory_limit`` as bytes or a string such as ``"2GiB"``,
     ``time_limit``, ``zero``, ``recompute``, ``microbatches``, ``schedule``, ``shrink``,
-    ``free_axes``) become one ``PlanOptions`` (passes/options.py: every option's type and values),
+    ``free_axes``, ``solver``: "highs", "CBC" or "SCIP"; ``bucket_bytes``: the gradient buckets'
+    size, 0 for none; ``linear_partials``: carry partial sums through linear ops) become one ``PlanOptions`` (passes/options.py: every option's type and values),
     the running ones (``cache``, ``timeout_s``, ``sharded_state``, ``backend``) one
     ``RunOptions``; the returned object keeps them as ``.options`` and ``.run_options``.
 
@@ -468,6 +472,9 @@ def parallelize(
         schedule=schedule,
         shrink=shrink,
         free_axes=free_axes,
+        solver=solver,
+        bucket_bytes=0 if bucket_bytes == 0 else parse_bytes(bucket_bytes),
+        linear_partials=linear_partials,
     )
     run = RunOptions(cache=cache, timeout_s=timeout_s, sharded_state=sharded_state, backend=backend)
 

@@ -39,7 +39,7 @@ from graphc.cli.loader import UsageError
 from graphc.core.errors import GraphcError, GraphcWarning, PlanError
 from graphc.core.units import parse_bytes
 from graphc.frontend.locations import is_user_code
-from graphc.passes.options import PlanOptions
+from graphc.passes.options import RECOMPUTE_MODES, SCHEDULES, SOLVERS, ZERO_CHOICES, PlanOptions, zero_from_text
 from graphc.passes.pipeline import PipelinePlan
 from graphc.passes.sharding.plan import ShardingPlan
 
@@ -93,10 +93,87 @@ def memory_size(text: str) -> int:
     return size
 
 
+def bucket_size(text: str) -> int:
+    """A gradient bucket size: a memory size, or 0 (no buckets)."""
+    return 0 if text.strip() in ("0", "0B") else memory_size(text)
+
+
 # --- the options a command's flags set ----------------------------------------------------------
 # A flag that sets an option has the option's name as its ``dest`` (``--memory`` sets
 # ``memory_limit``) and default None (not given: the option's own default), and takes its
 # ``choices`` from the option's values (passes/options.py).
+
+
+def add_plan_flags(p: argparse.ArgumentParser) -> None:
+    """The flags that set planning options (``graphc compile`` and ``graphc run`` take the same):
+    each flag's ``dest`` is its ``PlanOptions`` field, its default None (not given: the option's
+    own default), its choices the option's value set (passes/options.py)."""
+    p.add_argument(
+        "--microbatches", type=positive_int, metavar="M", help="micro-batches of a pipeline (a mesh with pp; default 1)"
+    )
+    p.add_argument("--schedule", choices=SCHEDULES, help="pipeline schedule (default 1f1b)")
+    p.add_argument(
+        "--memory",
+        dest="memory_limit",
+        metavar="SIZE",
+        type=memory_size,
+        help="per-device memory limit, e.g. 2GiB (default: none)",
+    )
+    p.add_argument(
+        "--time-limit",
+        type=float,
+        metavar="SECONDS",
+        help="wall-time limit of tracing, optimizing and planning in seconds (default 60): "
+        "on expiry the best plan so far is used, with its gap",
+    )
+    p.add_argument(
+        "--free-axes",
+        action="store_true",
+        default=None,
+        help="ignore the axis roles (dp splits only batch dims, sp only sequence dims): any axis may split anything",
+    )
+    p.add_argument(
+        "--zero",
+        type=zero_from_text,
+        choices=ZERO_CHOICES,
+        help="ZeRO stage of the training state along the data axes: 1 shards the optimizer state, 2 the "
+        "gradients too, 3 the parameters too; 0 none; auto (default): the solver picks per parameter",
+    )
+    p.add_argument(
+        "--recompute",
+        nargs="?",
+        const="on",
+        choices=RECOMPUTE_MODES,
+        help="activation recomputation: auto (default: the solver recomputes where a --memory limit needs it), "
+        "on (--recompute alone: every value that can be), off",
+    )
+    p.add_argument(
+        "--solver",
+        choices=SOLVERS,
+        help="the ILP backend: highs (default; HiGHS through highspy, stops at Ctrl-C and at the time limit), "
+        "CBC or SCIP (through OR-Tools' MIP wrappers, which cannot be interrupted)",
+    )
+    p.add_argument(
+        "--bucket",
+        dest="bucket_bytes",
+        metavar="SIZE",
+        type=bucket_size,
+        help="gradient bucket size, e.g. 25MiB (the default); 0 all-reduces each gradient on its own",
+    )
+    p.add_argument(
+        "--no-linear-partials",
+        dest="linear_partials",
+        action="store_false",
+        default=None,
+        help="reduce partial sums at once instead of carrying them through linear ops (P + P stays P)",
+    )
+    p.add_argument(
+        "--no-shrink",
+        dest="shrink",
+        action="store_false",
+        default=None,
+        help="one ILP variable per node (no tying / follower merging)",
+    )
 
 
 def plan_options(args: argparse.Namespace, plan: ShardingPlan | PipelinePlan | None = None) -> PlanOptions:

@@ -27,10 +27,10 @@ import warnings
 from graphc.api.parallel import Parallelized
 from graphc.cli.common import (
     Output,
+    add_plan_flags,
     check_output_dir,
     check_output_file,
     load_plan,
-    memory_size,
     plan_options,
     positive_int,
     process_age,
@@ -42,7 +42,6 @@ from graphc.core.files import atomic_write
 from graphc.core.mesh import Mesh, parse_links
 from graphc.core.profiles import PRESETS, get_profile
 from graphc.passes.manager import run_passes
-from graphc.passes.options import RECOMPUTE_MODES, SCHEDULES, ZERO_CHOICES, zero_from_text
 from graphc.passes.partition import compile_devices, lower, zero3_inputs
 from graphc.passes.pipeline import PipelinePlan
 from graphc.passes.search import explain, search_meshes
@@ -61,23 +60,12 @@ def add_parser(sub) -> None:
         help="search the factorizations of N devices into pp x dp x tp (and micro-batch counts)",
     )
     p.add_argument(
-        "--microbatches", type=positive_int, metavar="M", help="micro-batches of a pipeline (--mesh with pp; default 1)"
-    )
-    p.add_argument("--schedule", choices=SCHEDULES, help="pipeline schedule (default 1f1b)")
-    p.add_argument(
         "--profile",
         metavar="NAME|FILE",
         help=f"the hardware to plan for: {', '.join(PRESETS)} (spec-sheet numbers; graphc/core/profiles.py) "
         "or a JSON profile file (default: cpu-here, this machine's 'graphc calibrate' profile)",
     )
     p.add_argument("--link", help="per-axis link model overrides, e.g. dp=1GB/s:50us,tp=10GB/s:5us")
-    p.add_argument(
-        "--memory",
-        dest="memory_limit",
-        metavar="SIZE",
-        type=memory_size,
-        help="per-device memory limit, e.g. 2GiB (default: none)",
-    )
     p.add_argument("--example", help="function in FILE returning (args, kwargs) (default: example_args)")
     p.add_argument("-o", "--output", help="write the plan JSON here (default: plan.json, printed)")
     p.add_argument("--force", action="store_true", help="overwrite -o FILE even if it is not a graphc plan")
@@ -89,41 +77,7 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--plan", metavar="FILE", help=argparse.SUPPRESS)  # renamed: says so
     p.add_argument("--dump-ir", metavar="DIR", help="write the IR after every pass to DIR")
-    p.add_argument(
-        "--time-limit",
-        type=float,
-        metavar="SECONDS",
-        help="wall-time limit of the compile (trace, optimize, plan) in seconds (default 60): "
-        "on expiry the best plan so far is written, with its gap",
-    )
-    p.add_argument(
-        "--free-axes",
-        action="store_true",
-        default=None,
-        help="ignore the axis roles (dp splits only batch dims, sp only sequence dims): any axis may split anything",
-    )
-    p.add_argument(
-        "--zero",
-        type=zero_from_text,
-        choices=ZERO_CHOICES,
-        help="ZeRO stage of the training state along the data axes: 1 shards the optimizer state, 2 the "
-        "gradients too, 3 the parameters too; 0 none; auto (default): the solver picks per parameter",
-    )
-    p.add_argument(
-        "--recompute",
-        nargs="?",
-        const="on",
-        choices=RECOMPUTE_MODES,
-        help="activation recomputation: auto (default: the solver recomputes where a --memory limit needs it), "
-        "on (--recompute alone: every value that can be), off",
-    )
-    p.add_argument(
-        "--no-shrink",
-        dest="shrink",
-        action="store_false",
-        default=None,
-        help="one ILP variable per node (no tying / follower merging)",
-    )
+    add_plan_flags(p)
     p.add_argument(
         "--no-cache", dest="cache", action="store_false", default=None, help="do not read or write the plan cache"
     )

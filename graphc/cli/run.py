@@ -29,9 +29,9 @@ from graphc.api.parallel import BACKENDS, Parallelized, check_plan_mesh
 from graphc.bench.timing import direct_call, fmt_range, same, times_of
 from graphc.cli.common import (
     Output,
+    add_plan_flags,
     check_output_file,
     load_plan,
-    memory_size,
     plan_options,
     positive_int,
     positive_seconds,
@@ -44,7 +44,6 @@ from graphc.core.mesh import Mesh, parse_links
 from graphc.core.pytree import flatten
 from graphc.core.units import fmt_bytes, fmt_time
 from graphc.interpreter import bind_arguments
-from graphc.passes.options import SCHEDULES
 from graphc.passes.pipeline import PipelinePlan
 from graphc.passes.sharding.plan import ShardingPlan
 from graphc.runtime.devices import ShardedArray
@@ -65,13 +64,6 @@ def add_parser(sub) -> None:
         help="run this plan exactly as written (from graphc compile; its mesh is used, nothing is solved)",
     )
     p.add_argument("--link", help="per-axis link model overrides for planning, e.g. dp=1GB/s:50us")
-    p.add_argument(
-        "--memory",
-        dest="memory_limit",
-        metavar="SIZE",
-        type=memory_size,
-        help="per-device memory limit for planning, e.g. 2GiB",
-    )
     p.add_argument("--example", help="function in FILE returning (args, kwargs) (default: example_args)")
     p.add_argument("--repeat", type=positive_int, default=3, help="timed runs (default 3)")
     p.add_argument("--trace", metavar="FILE", help="write a Chrome trace of one run (JSON, Perfetto)")
@@ -91,10 +83,7 @@ def add_parser(sub) -> None:
         help="threads: one thread per device in this process; mpi: one process per device, launched as "
         "mpiexec -n <devices> python -m graphc run ... (needs pip install 'graphc[mpi]')",
     )
-    p.add_argument(
-        "--microbatches", type=positive_int, metavar="M", help="micro-batches of a pipeline (a mesh with pp; default 1)"
-    )
-    p.add_argument("--schedule", choices=SCHEDULES, help="pipeline schedule (default 1f1b)")
+    add_plan_flags(p)
     p.set_defaults(func=cmd_run)
 
 

@@ -4,6 +4,7 @@ spellings warn and old plan files load; the pipeline planner and the mesh search
 
 import contextlib
 import dataclasses
+import inspect
 import io
 import json
 import os
@@ -16,7 +17,7 @@ from graphc.cli.common import plan_options
 from graphc.cli.main import build_parser, main
 from graphc.core.errors import GraphcError, PlanError
 from graphc.models import mlp
-from graphc.passes.options import RECOMPUTE_MODES, SCHEDULES, ZERO_CHOICES, PlanOptions
+from graphc.passes.options import RECOMPUTE_MODES, SCHEDULES, SOLVERS, ZERO_CHOICES, PlanOptions
 from graphc.passes.partition import lower
 from graphc.passes.pipeline import PipelinePlan
 from graphc.passes.sharding.plan import ShardingPlan
@@ -38,6 +39,11 @@ EVERY_FLAG = [
     "gpipe",
     "--no-shrink",
     "--free-axes",
+    "--solver",
+    "CBC",
+    "--bucket",
+    "1MiB",
+    "--no-linear-partials",
 ]
 
 
@@ -82,6 +88,9 @@ def test_the_cli_flags_and_the_api_keywords_build_the_same_options():
         schedule="gpipe",
         shrink=False,
         free_axes=True,
+        solver="CBC",
+        bucket_bytes="1MiB",
+        linear_partials=False,
     )
     want = PlanOptions(
         memory_limit=2 * 2**30,
@@ -92,6 +101,9 @@ def test_the_cli_flags_and_the_api_keywords_build_the_same_options():
         schedule="gpipe",
         shrink=False,
         free_axes=True,
+        solver="CBC",
+        bucket_bytes=2**20,
+        linear_partials=False,
     )
     assert api.options == plan_options(compile_args(*EVERY_FLAG)) == want
     # and the defaults are the object's own, everywhere
@@ -99,9 +111,18 @@ def test_the_cli_flags_and_the_api_keywords_build_the_same_options():
     assert graphc.parallelize(double, mesh="dp=2").run_options == RunOptions()
 
 
+def test_every_option_is_a_keyword_of_parallelize_and_a_flag_of_compile_and_run():
+    names = {f.name for f in dataclasses.fields(PlanOptions)}
+    assert names <= set(inspect.signature(graphc.parallelize).parameters)
+    for command in ("compile", "run"):  # every flag's dest is in the namespace, given or not
+        assert names <= set(vars(build_parser().parse_args([command, "model.py:f", "--mesh", "dp=2"]))), command
+    assert plan_options(compile_args("--bucket", "0")).bucket_bytes == 0
+    assert graphc.parallelize(double, mesh="dp=2", bucket_bytes=0).options.bucket_bytes == 0
+
+
 @pytest.mark.parametrize(
     "flag,values",
-    [("--zero", ZERO_CHOICES), ("--recompute", RECOMPUTE_MODES), ("--schedule", SCHEDULES)],
+    [("--zero", ZERO_CHOICES), ("--recompute", RECOMPUTE_MODES), ("--schedule", SCHEDULES), ("--solver", SOLVERS)],
 )
 def test_the_flags_take_the_options_values_and_nothing_else(flag, values, capsys):
     option = flag[2:]
