@@ -130,8 +130,9 @@ def main(argv: list[str] | None = None) -> int:
             code = _command(argv, started)
     except KeyboardInterrupt as exc:  # a signal landing while an error was reported, or at the body's end
         code = signals.report(exc)
-    if signals.received() is not None:  # it arrived as the work ended: recorded, not raised
-        code = signals.report(signals.received())
+    received = signals.received()
+    if received is not None:  # it arrived as the work ended: recorded, not raised
+        code = signals.report(received)
     note_exit_code(code)  # under MPI, a job that ends through this failure ends with this status
     if argv is None and signals.received() is not None and current_world() is None:
         # the program was stopped: end it now, without the interpreter's teardown (seconds on a
@@ -156,8 +157,9 @@ def _command(argv: list[str] | None, started: float) -> int:
     except GraphcError as exc:
         if debug_enabled(args):
             print_traceback(exc)
-        if signals.received() is not None:
-            return signals.report(signals.received())
+        received = signals.received()
+        if received is not None:
+            return signals.report(received)
         print_error(str(exc))
         return 2
     except Exception as exc:  # noqa: BLE001 - never a traceback unless asked: one or two lines
@@ -166,8 +168,9 @@ def _command(argv: list[str] | None, started: float) -> int:
         interrupt = _wrapped_interrupt(exc)
         if interrupt is not None:
             return signals.report(interrupt)
-        if signals.received() is not None:
-            return signals.report(signals.received())
+        received = signals.received()
+        if received is not None:
+            return signals.report(received)
         text, code = describe_exception(exc)
         print_error(text)
         return code
