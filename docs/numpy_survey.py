@@ -180,6 +180,10 @@ PROBES: dict[str, Callable[[Any], Any]] = {
     "np.take": lambda x: np.take(x, np.argmax(x, axis=1), axis=1),
     "np.tile": lambda x: np.tile(np.identity(2), (x.shape[0], 1)) @ x[:2],
     "np.tri": lambda x: (1 - np.tri(3, 4)) * x,
+    "np.convolve": lambda x: np.convolve(x[0], x[1, :3])[:4],
+    "np.isneginf": lambda x: np.isneginf(np.where(x > 1, -np.inf, x)),
+    "np.isposinf": lambda x: np.isposinf(np.where(x > 1, np.inf, -np.inf)),
+    "np.column_stack": lambda x: np.column_stack((x, x[:, 0])),
     "scipy.special.logsumexp": _logsumexp_probe,
     "scipy.stats.norm.logpdf": _norm_logpdf_probe,
 }
