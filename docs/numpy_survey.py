@@ -113,6 +113,13 @@ def _norm_logpdf_probe(x):
     return sys.modules["scipy.stats"].norm.logpdf(x, 0.5, 2.0)
 
 
+def _empty_probe(x):  # (np.empty returns a numpy array; the traced values written into it make it traced)
+    out = np.empty((3, 4))
+    out[:, 1:] = x[:, 1:] * 2
+    out[:, 0] = 1.0
+    return out
+
+
 # A probe per supported function: called on a traced float64 array of shape (3, 4) with values in
 # [0.5, 1.5) (and on the numpy array itself to compare); ``check_probes`` runs each under graphc.jit.
 PROBES: dict[str, Callable[[Any], Any]] = {
@@ -180,6 +187,12 @@ PROBES: dict[str, Callable[[Any], Any]] = {
     "np.take": lambda x: np.take(x, np.argmax(x, axis=1), axis=1),
     "np.tile": lambda x: np.tile(np.identity(2), (x.shape[0], 1)) @ x[:2],
     "np.tri": lambda x: (1 - np.tri(3, 4)) * x,
+    "np.convolve": lambda x: np.convolve(x[0], x[1, :3])[:4],
+    "np.empty": _empty_probe,
+    "np.eye": lambda x: np.eye(4)[1] * x,
+    "np.isneginf": lambda x: np.isneginf(np.where(x > 1, -np.inf, x)),
+    "np.isposinf": lambda x: np.isposinf(np.where(x > 1, np.inf, -np.inf)),
+    "np.column_stack": lambda x: np.column_stack((x, x[:, 0])),
     "scipy.special.logsumexp": _logsumexp_probe,
     "scipy.stats.norm.logpdf": _norm_logpdf_probe,
 }
@@ -198,6 +211,9 @@ OTHERS: dict[str, tuple[str, str]] = {
     "np.random.binomial": (NOT_APPLICABLE, "random numbers: a warning and numpy's numbers, frozen (issue 20 item 4)"),
     "np.random.choice": (NOT_APPLICABLE, "sampling in the generation loop, outside the traced function"),
     "np.random.seed": (NOT_APPLICABLE, "numpy's global random state (issue 20 item 4)"),
+    "np.random.normal": (NOT_APPLICABLE, "as np.random.randn (issue 20 item 4)"),
+    "np.random.standard_normal": (NOT_APPLICABLE, "as np.random.randn (issue 20 item 4)"),
+    "np.random.shuffle": (NOT_APPLICABLE, "shuffling the data set between epochs, outside the traced function"),
 }
 
 

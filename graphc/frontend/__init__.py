@@ -7,6 +7,7 @@ shape_functions.py   numpy functions that move data: reshape, concatenate, pad, 
 scan_sort.py         cumsum / cumprod / prod, sort / argsort, isin on static shapes
 linalg.py            np.linalg.inv / solve for small matrices (unrolled elimination)
 scipy_table.py       scipy functions model code calls, mapped to the handlers (never imports scipy)
+einops_backend.py    einops' backend for traced arrays, defined when the program imports einops
 indexing.py          basic and advanced indexing
 control.py           cond / while_loop / fori_loop nodes from Python functions
 autograph.py         the source transform of Python control flow (syntax only)

@@ -14,7 +14,7 @@ import numpy as np
 from graphc.core.errors import SourceLoc, TraceError
 from graphc.core.ir import TensorType
 from graphc.core.pytree import flatten, unflatten
-from graphc.frontend import autograph, control, masked, shadows
+from graphc.frontend import autograph, control, einops_backend, masked, shadows
 from graphc.frontend.library_calls import library_failure
 from graphc.frontend.shadows import redirect
 from graphc.frontend.tracer import (
@@ -626,6 +626,7 @@ def call(_gc_fn: Callable, /, *args: Any, **kwargs: Any) -> Any:
         # a numpy array's method given a traced argument (X.dot(W) with X a numpy array): numpy's
         # methods do not dispatch to the argument, so the array becomes a constant of the graph
         return getattr(lift(receiver), _gc_fn.__name__)(*args, **kwargs)
+    einops_backend.register_if_imported()  # (einops imported by the function being traced)
     replacement = HANDLERS.library(_gc_fn, args, kwargs) if HANDLERS.library is not None else None
     if replacement is not None:  # a scipy function graphc implements (frontend/scipy_table.py)
         return replacement(*args, **kwargs)

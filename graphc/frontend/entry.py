@@ -40,6 +40,7 @@ from graphc.core.pytree import (
 )
 from graphc.frontend import (  # noqa: F401  (register handlers)
     control,
+    einops_backend,
     functions,
     indexing,
     linalg,
@@ -221,6 +222,7 @@ def trace(fn: Callable, *args: Any, **kwargs: Any) -> Graph:
     placed = traced_random.wrap_inputs(leaves, tracers)  # Generators: TracedGenerator
     targs, tkwargs = unflatten(in_tree, placed)
     fn = convert(fn)
+    einops_backend.register_if_imported()  # einops on Tracers, when the program uses einops
     stack = context_stack()
     stack.append(ctx)
     try:

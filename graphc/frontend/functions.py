@@ -400,6 +400,25 @@ def isclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=False):
     return result
 
 
+def _is_signed_inf(x: Any, out: Any, negative: bool, fname: str) -> Tracer:
+    """numpy's isneginf / isposinf: ``isinf(x) & signbit(x)`` (or ``~signbit``); on an infinity
+    the sign bit is ``x < 0``. Integers and bools are never infinite. ``out=`` as a ufunc's."""
+    t = lift(x)
+    sign = apply_ufunc(np.less if negative else np.greater, t, 0)
+    result = apply_ufunc(np.logical_and, apply_ufunc(np.isinf, t), sign)
+    return result if out is None else write_out(f"numpy.{fname}", result, out)
+
+
+@implements(np.isneginf)
+def isneginf(x, out=None):
+    return _is_signed_inf(x, out, True, "isneginf")
+
+
+@implements(np.isposinf)
+def isposinf(x, out=None):
+    return _is_signed_inf(x, out, False, "isposinf")
+
+
 @implements(np.allclose)
 def allclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=False):
     """numpy returns a Python bool; a traced one is a 0-d bool array."""
@@ -462,7 +481,6 @@ HANDLERS.hints.update(
         "numpy.average": "; use np.sum(x * w, axis) / np.sum(w, axis)",
         "numpy.searchsorted": "; use np.sum(sorted_values <= x[..., None], axis=-1) (side='right')",
         "numpy.nan_to_num": "; use np.where(np.isnan(x), 0.0, x) (and np.clip for infinities)",
-        "numpy.column_stack": "; use np.stack(arrays, axis=1)",
         "numpy.dstack": "; use np.stack(arrays, axis=2) (or np.concatenate for 3-d arrays)",
         "numpy.linalg.det": "; write the 2x2 or 3x3 formula (np.linalg.inv and np.linalg.solve are supported)",
         "ndarray.diagonal": "; use np.einsum('ii->i', x)",

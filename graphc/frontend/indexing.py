@@ -32,7 +32,7 @@ from graphc.frontend.tracer import (
     registered_handler,
     user_location,
 )
-from graphc.frontend.ufuncs import apply_ufunc
+from graphc.frontend.ufuncs import apply_ufunc, ufunc_name
 from graphc.ops import OPS
 from graphc.ops.shape import normalize_slice, slice_length
 
@@ -536,7 +536,7 @@ def ufunc_inplace(ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any) -> 
     (a Tracer, or the Tracer that stands for a numpy array from now on: shadows.py) takes the new
     value in place, as numpy's write changes it for every name holding it. Returns what numpy
     returns: None for ``.at``, the out array(s) for ``out=``."""
-    name = f"numpy.{ufunc.__name__}"
+    name = ufunc_name(ufunc)
     if method == "at":
         if len(inputs) != ufunc.nin + 1 or ufunc.nout != 1:
             raise TraceError(f"{name}.at takes the array, the indices and {ufunc.nin - 1} operand(s)", user_location())
@@ -607,7 +607,7 @@ def _ufunc_at(ufunc: np.ufunc, x: Tracer, key: Any, value: Any) -> Tracer:
         return setitem(x, key, step(current, operand))
     if not _is_static(key):
         raise TraceError(
-            f"numpy.{ufunc.__name__}.at with traced indices is supported for add and subtract whose result needs no "
+            f"{ufunc_name(ufunc)}.at with traced indices is supported for add and subtract whose result needs no "
             f"cast into the array's dtype {x.dtype}; convert the values first (v.astype(x.dtype))",
             user_location(),
         )
@@ -625,7 +625,7 @@ def _ufunc_at(ufunc: np.ufunc, x: Tracer, key: Any, value: Any) -> Tracer:
     rounds = int(rank.max()) + 1 if rank.size else 0
     if rounds > _MAX_ROUNDS:
         raise TraceError(
-            f"numpy.{ufunc.__name__}.at here repeats an index {rounds} times and casts each result into {x.dtype}; "
+            f"{ufunc_name(ufunc)}.at here repeats an index {rounds} times and casts each result into {x.dtype}; "
             f"graphc computes that one repeat at a time (at most {_MAX_ROUNDS}); convert the values first "
             "(v.astype(x.dtype))",
             user_location(),

@@ -12,6 +12,7 @@ import functools
 import os
 import sys
 import sysconfig
+import warnings
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
@@ -147,6 +148,26 @@ def user_location() -> SourceLoc | None:
     target = user if user is not None else frame
     file = display_path(target.f_code.co_filename)
     return SourceLoc(file, target.f_lineno, call_chain(frame))
+
+
+def warn_from_user_code(message: str, category: type[Warning]) -> None:
+    """``warnings.warn(message, category)`` as if numpy had warned from the user's line (the innermost
+    frame outside graphc, numpy and the libraries): that line's file, and its module's filters and
+    once-per-location registry (Python shows a DeprecationWarning by default in ``__main__`` only)."""
+    frame = user_frame()
+    if frame is None:
+        warnings.warn(message, category, stacklevel=3)
+        return
+    module_globals = frame.f_globals
+    warnings.warn_explicit(
+        message,
+        category,
+        frame.f_code.co_filename,
+        frame.f_lineno,
+        module=module_globals.get("__name__"),
+        registry=module_globals.setdefault("__warningregistry__", {}),
+        module_globals=module_globals,
+    )
 
 
 def user_globals() -> dict[str, Any]:

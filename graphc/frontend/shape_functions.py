@@ -11,12 +11,14 @@ from graphc.core.errors import TraceError, numpy_error
 from graphc.frontend.functions import (
     broadcast,
     full,
+    matmul,
     norm_axes,
     norm_axis,
     reject_unsupported,
     reshape_to,
     ufunc_reduce_axes,
 )
+from graphc.frontend.locations import warn_from_user_code
 from graphc.frontend.tracer import (
     Tracer,
     bind,
@@ -205,11 +207,37 @@ def hstack(tup, *, dtype=None, casting="same_kind"):
     return concatenate(xs, axis=0 if xs[0].ndim == 1 else 1, dtype=dtype)
 
 
-@implements(np.vstack, np.row_stack) if hasattr(np, "row_stack") else implements(np.vstack)
+@implements(np.vstack)
 def vstack(tup, *, dtype=None, casting="same_kind"):
     xs = [lift(a) for a in tup]
     xs = [reshape_to(x, (1, x.size)) if x.ndim < 2 else x for x in xs]
     return concatenate(xs, axis=0, dtype=dtype)
+
+
+# numpy 2 keeps row_stack as a deprecated alias of vstack that warns (numpy/_core/shape_base.py);
+# graphc warns the same at the user's line. Where row_stack is vstack itself, vstack's handler serves.
+_ROW_STACK_DEPRECATED = getattr(np, "row_stack", np.vstack) is not np.vstack
+ROW_STACK_WARNING = "`row_stack` alias is deprecated. Use `np.vstack` directly."
+
+
+def row_stack(tup, *, dtype=None, casting="same_kind"):
+    """numpy 2's row_stack: its DeprecationWarning, as if numpy had raised it from the user's line,
+    then vstack."""
+    warn_from_user_code(ROW_STACK_WARNING, DeprecationWarning)
+    return vstack(tup, dtype=dtype, casting=casting)
+
+
+if _ROW_STACK_DEPRECATED:
+    implements(np.row_stack)(row_stack)
+
+
+@implements(np.column_stack)
+def column_stack(tup):
+    """numpy's column_stack: 0-d and 1-d arrays become columns ((n,) -> (n, 1)), 2-d and higher
+    ones join as they are, all along axis 1 (a 2-d input is concatenated, not stacked)."""
+    xs = [lift(a) for a in tup]
+    xs = [reshape_to(x, (x.size, 1)) if x.ndim < 2 else x for x in xs]
+    return concatenate(xs, axis=1)
 
 
 def _split_at(x: Tracer, indices: list[int], axis: int) -> list[Tracer]:
@@ -380,6 +408,44 @@ def pad(array, pad_width, mode="constant", **kwargs):
     if all(w == (0, 0) for w in widths):
         return x
     return bind("pad", x, widths=widths, value=float(value) if dtypes.is_float(x.dtype) else int(value))
+
+
+_CONVOLVE_MODES = {"valid": "valid", "same": "same", "full": "full", 0: "valid", 1: "same", 2: "full"}
+
+
+def _convolve_operand(x: Any, name: str) -> Tracer:
+    """numpy's ``array(x, ndmin=1)`` of a convolve operand, which must be 1-d and not empty."""
+    t = lift(x)
+    t = reshape_to(t, (1,)) if t.ndim == 0 else t
+    if t.ndim != 1:
+        raise numpy_error(ValueError("object too deep for desired array"), TraceError, user_location())
+    if t.shape[0] == 0:
+        raise numpy_error(ValueError(f"{name} cannot be empty"), TraceError, user_location())
+    return t
+
+
+@implements(np.convolve)
+def convolve(a, v, mode="full"):
+    """numpy's convolve: out[k] = sum_j x[k - j] w[j], where x is the longer operand and w the
+    shorter (numpy swaps them when v is longer). The windows of the zero-padded x under the flipped
+    w are one gather with a static index table (n_out, m), and their products with w a matmul:
+    differentiable and shardable like any gather and matmul. Modes as numpy's: full (n + m - 1
+    outputs), same (n, centered) and valid (n - m + 1, where the operands overlap fully)."""
+    picked = _CONVOLVE_MODES.get(mode) if isinstance(mode, (str, int)) and not isinstance(mode, bool) else None
+    if picked is None:
+        message = f"mode must be one of 'valid', 'same', or 'full' (got {mode!r})"
+        raise numpy_error(ValueError(message), TraceError, user_location())
+    x, w = _convolve_operand(a, "a"), _convolve_operand(v, "v")
+    if w.shape[0] > x.shape[0]:
+        x, w = w, x
+    dt = dtypes.canonical(np.result_type(x.dtype, w.dtype))  # (arrays, never weak: numpy converts them first)
+    x, w = convert(x, dt), convert(w, dt)
+    n, m = x.shape[0], w.shape[0]
+    first, count = {"full": (0, n + m - 1), "same": ((m - 1) // 2, n), "valid": (m - 1, n - m + 1)}[picked]
+    padded = pad(x, (m - 1, m - 1))  # padded[i] = x[i - (m - 1)], zero outside x
+    outputs, taps = np.arange(first, first + count)[:, None], np.arange(m)[None, :]
+    windows = bind("gather", padded, lift(outputs + (m - 1) - taps), axis=0)  # [count, m]: x[k - j]
+    return matmul(windows, w)  # [count, m] @ [m] -> [count]
 
 
 def _triangle(m, k: int, upper: bool) -> Tracer:

@@ -11,6 +11,7 @@ a bfloat16 model into a float32 one at its first scalar.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -103,7 +104,7 @@ def resolve_loop(ufunc: np.ufunc, inputs: tuple) -> tuple[np.dtype, ...]:
         return tuple(np.dtype(d) for d in ufunc.resolve_dtypes(in_dts + (None,) * ufunc.nout))
     except (TypeError, np.exceptions.DTypePromotionError) as exc:  # (numpy raises it: a TypeError)
         shown = ", ".join(str(getattr(d, "__name__", d)) for d in in_dts)
-        message = f"numpy.{ufunc.__name__} has no loop for operand dtypes ({shown}): {exc}"
+        message = f"{ufunc_name(ufunc)} has no loop for operand dtypes ({shown}): {exc}"
         raise numpy_error(exc, TraceError, user_location(), message) from None
 
 
@@ -339,9 +340,28 @@ def scalar_power(base: Tracer, exponent: Any) -> Tracer:
     return out
 
 
+def ufunc_name(ufunc: np.ufunc) -> str:
+    """The ufunc as the user's code names it: ``numpy.exp`` for numpy's; for another library's
+    (scipy's are numpy ufuncs too, and reach graphc the same way), the shortest public module of
+    the program's imports that holds it (``scipy.special.gammaln``), found by identity. Only error
+    messages ask, so the walk over ``sys.modules`` costs nothing when tracing succeeds."""
+    name = ufunc.__name__
+    if getattr(np, name, None) is ufunc:
+        return f"numpy.{name}"
+    holders = [
+        module_name
+        for module_name, module in list(sys.modules.items())
+        if not any(part.startswith("_") for part in module_name.split("."))
+        and getattr(module, "__dict__", {}).get(name) is ufunc
+    ]
+    if not holders:
+        return f"numpy.{name}"  # (a ufunc no imported module names, as numpy's repr shows it)
+    return f"{min(holders, key=lambda m: (m.count('.'), m))}.{name}"
+
+
 def _ufunc_hint(ufunc: np.ufunc) -> str:
     """The supported rewrite of an unsupported ufunc, if there is one (HANDLERS.hints)."""
-    return HANDLERS.hints.get(f"numpy.{ufunc.__name__}", "")
+    return HANDLERS.hints.get(ufunc_name(ufunc), "")
 
 
 HANDLERS.hints.update(
@@ -364,26 +384,26 @@ def handle_ufunc(ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any):
     kwargs.pop("out", None)
     if method == "reduce":
         if ufunc not in _REDUCE:
-            raise TraceError(f"numpy.{ufunc.__name__}.reduce is not supported", user_location())
+            raise TraceError(f"{ufunc_name(ufunc)}.reduce is not supported", user_location())
         axis = kwargs.pop("axis", 0)
         return _REDUCE[ufunc](inputs[0], axis=axis, **kwargs)
     if method != "__call__":
-        raise TraceError(f"numpy.{ufunc.__name__}.{method} is not supported", user_location())
+        raise TraceError(f"{ufunc_name(ufunc)}.{method} is not supported", user_location())
     library = HANDLERS.library_ufunc(ufunc) if HANDLERS.library_ufunc is not None else None
     if library is not None:  # a scipy.special ufunc (frontend/scipy_table.py)
         if kwargs:
-            raise TraceError(f"scipy.special.{ufunc.__name__}: unsupported arguments {sorted(kwargs)}", user_location())
+            raise TraceError(f"{ufunc_name(ufunc)}: unsupported arguments {sorted(kwargs)}", user_location())
         result = library(ufunc, *inputs)
         mark_scalars(result)
         return result
     if ufunc not in SUPPORTED:
-        raise TraceError(f"numpy.{ufunc.__name__} is not supported by graphc{_ufunc_hint(ufunc)}", user_location())
+        raise TraceError(f"{ufunc_name(ufunc)} is not supported by graphc{_ufunc_hint(ufunc)}", user_location())
     dtype = kwargs.pop("dtype", None)
     if kwargs.pop("where", True) is not True:
-        raise TraceError(f"numpy.{ufunc.__name__}(..., where=...) is not supported", user_location())
+        raise TraceError(f"{ufunc_name(ufunc)}(..., where=...) is not supported", user_location())
     kwargs.pop("casting", None)
     if kwargs:
-        raise TraceError(f"numpy.{ufunc.__name__}: unsupported arguments {sorted(kwargs)}", user_location())
+        raise TraceError(f"{ufunc_name(ufunc)}: unsupported arguments {sorted(kwargs)}", user_location())
     if dtype is not None:  # numpy then picks the loop for that dtype
         inputs = tuple(lift(x, np.dtype(dtype)) for x in inputs)
     result = apply_ufunc(ufunc, *inputs)

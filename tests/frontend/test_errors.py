@@ -44,6 +44,31 @@ def test_unsupported_ufunc_names_it():
     assert "numpy.arctan2 is not supported" in str(err)
 
 
+def test_unsupported_scipy_ufunc_names_scipys_module():
+    """scipy's ufuncs are numpy ufuncs; the error names the library the call is to (issue 32 item 5)."""
+    special = pytest.importorskip("scipy.special")  # a test-only dependency
+
+    def f(x):
+        return special.gammaln(x + 1)  # <gammaln>
+
+    def g(x):
+        return special.cbrt(x)  # <cbrt> (numpy has a cbrt too)
+
+    def h(x):
+        return np.sum(special.expit(x, where=x > 0))  # <where> (expit is supported, where= is not)
+
+    for fn, marker, text in [
+        (f, "<gammaln>", "scipy.special.gammaln is not supported by graphc"),
+        (g, "<cbrt>", "scipy.special.cbrt is not supported by graphc"),
+        (h, "<where>", "scipy.special.expit: unsupported arguments ['where']"),
+    ]:
+        err = trace_error(fn, X)
+        check_location(err, marker)
+        assert text in str(err) and "numpy." not in str(err), str(err)
+    err = trace_error(lambda x: special.xlogy.reduce(x), X)
+    assert "scipy.special.xlogy.reduce is not supported" in str(err), str(err)
+
+
 def test_shape_mismatch_in_matmul_names_the_line():
     def f(x, w):
         h = x @ w  # <matmul>

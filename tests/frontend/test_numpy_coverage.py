@@ -241,6 +241,182 @@ def test_einsum_with_ellipsis(subscripts, shapes):
     check(lambda *xs: np.einsum(subscripts, *xs), *operands)
 
 
+# --- convolution, signed infinities, column and row stacks (issue 32 item 4) -------------------------
+
+CONVOLVE_LENGTHS = [(1, 1), (5, 1), (1, 5), (6, 3), (3, 6), (4, 4), (7, 2), (2, 7)]
+
+
+def convolve_bound(a, v):
+    """The rounding bound of a sum of m products, elementwise: m eps (|a| * |v|) (numpy's order of
+    the additions and graphc's may differ)."""
+    a, v = np.atleast_1d(np.abs(np.asarray(a, np.float64))), np.atleast_1d(np.abs(np.asarray(v, np.float64)))
+    return min(len(a), len(v)) * np.finfo(np.result_type(a, v)).eps * np.convolve(a, v)
+
+
+@pytest.mark.parametrize("n, m", CONVOLVE_LENGTHS)
+@pytest.mark.parametrize("mode", ["full", "same", "valid", 0, 1, 2])
+def test_convolve_matches_numpy(n, m, mode):
+    a, v = RNG.standard_normal(n), RNG.standard_normal(m)
+    got, want = graphc.jit(lambda a, v: np.convolve(a, v, mode))(a, v), np.convolve(a, v, mode)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    full = convolve_bound(a, v)
+    start = {"full": 0, 2: 0, "same": (min(n, m) - 1) // 2, 1: (min(n, m) - 1) // 2}.get(mode, min(n, m) - 1)
+    assert np.all(np.abs(got - want) <= full[start : start + len(want)] + 1e-300)
+
+
+@pytest.mark.filterwarnings("ignore::graphc.PromotionWarning")  # numpy's own float64 promotions
+@pytest.mark.parametrize(
+    "a, v",
+    [
+        (np.arange(6, dtype=np.float32), np.array([0.5, -1.0, 2.0])),  # float32 with float64: float64
+        (np.arange(6, dtype=np.float32), np.array([1.5, 2.5], np.float32)),  # float32 stays float32
+        (np.arange(-3, 4), np.array([1.0, 2.0], np.float32)),  # int64 with float32: float64
+        (np.array([100, 50, -7], np.int8), np.array([100, 3], np.int8)),  # int8 products wrap as numpy's
+        (np.array([3, 1, 4, 1, 5]), [1, -1]),  # a list operand is an int64 array
+        (np.array([True, False, True, True]), np.array([True, True])),  # bools: or of ands
+        (np.array([1.0, 2.0, 3.0]), 2.0),  # a 0-d operand is one sample
+    ],
+)
+def test_convolve_dtypes_are_numpys(a, v):
+    for mode in ("full", "same", "valid"):
+        check(lambda a, mode=mode: np.convolve(a, v, mode), a, rtol=1e-6)
+        check(lambda v, mode=mode: np.convolve(a, v, mode), v, rtol=1e-6)
+
+
+def test_convolve_as_a_causal_conv1d():
+    """Mamba's depthwise causal convolution: each channel's signal convolved with its kernel, cut to
+    the signal's length (out[t] depends on x[t - 3 .. t])."""
+    x, w = RNG.standard_normal((6, 3)), RNG.standard_normal((4, 3))
+
+    def conv(x, w):
+        return np.stack([np.convolve(x[:, c], w[:, c])[: len(x)] for c in range(x.shape[1])], axis=1)
+
+    check(conv, x, w)
+    check_grad(lambda x: np.sum(np.sin(conv(x, w))), x)
+    check_grad(lambda w: np.sum(np.sin(conv(x, w))), w)
+
+
+def test_convolve_gradients_in_every_mode():
+    a, v = RNG.standard_normal(7), RNG.standard_normal(3)
+    for mode in ("full", "same", "valid"):
+        check_grad(lambda a, mode=mode: np.sum(np.convolve(a, v, mode) ** 2), a)
+        check_grad(lambda v, mode=mode: np.sum(np.convolve(a, v, mode) ** 2), v)  # the shorter one
+        check_grad(lambda v, mode=mode: np.sum(np.convolve(v, a, mode) ** 2), v)  # swapped
+
+
+def test_convolve_errors_are_numpys():
+    def bad(a, v, mode="full"):
+        with pytest.raises(ValueError) as theirs:
+            np.convolve(a, v, mode)
+        with pytest.raises(graphc.TraceError) as ours:
+            graphc.jit(lambda a: np.convolve(a, v, mode))(a)  # <convolve-error>
+        assert isinstance(ours.value, ValueError) and str(theirs.value) in str(ours.value), str(ours.value)
+        assert ours.value.lineno == line_of("<convolve-error>")
+
+    bad(np.zeros(0), np.ones(2))  # a cannot be empty
+    bad(np.ones(3), np.zeros(0))  # v cannot be empty
+    bad(np.ones((2, 2)), np.ones(2))  # object too deep
+    bad(np.ones(3), np.ones(2), "middle")
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.float16, np.int64, np.uint8, np.bool_])
+@pytest.mark.parametrize("fn", [np.isneginf, np.isposinf], ids=["isneginf", "isposinf"])
+def test_signed_infinities(fn, dtype):
+    values = np.array([-np.inf, np.inf, np.nan, -0.0, 0.0, -1.0, 2.0, 1e300, -1e300])
+    with np.errstate(invalid="ignore", over="ignore"):
+        x = values.astype(dtype)
+    check(lambda a: fn(a), x)
+    check(lambda a: fn(a), x.reshape(3, 3))
+    for shape in [(0,), (1, 1), (0, 4)]:
+        check(lambda a: fn(a), np.zeros(shape, dtype))
+    got = graphc.jit(lambda a: fn(a[1]))(x)
+    assert type(got) is type(fn(x[1])) and got == fn(x[1])  # a numpy bool scalar, as numpy's
+
+
+def test_signed_infinities_write_out_as_numpy():
+    x = np.array([-np.inf, 1.0, np.inf])
+
+    def f(x):
+        out = np.zeros(3, np.int64)
+        np.isneginf(x, out)
+        return out, np.isposinf(x, out=np.ones(3, bool))
+
+    check(lambda x: f(x)[0], x)
+    check(lambda x: f(x)[1], x)
+
+
+def attention_with_isneginf_mask(scores):
+    """Rows that are masked out entirely: where every score is -inf, the weights are 0, not nan."""
+    dead = np.all(np.isneginf(scores), axis=-1, keepdims=True)
+    safe = np.where(np.isneginf(scores), -1e30, scores)
+    e = np.exp(safe - np.max(safe, axis=-1, keepdims=True))
+    return np.where(dead, 0.0, e / np.sum(e, axis=-1, keepdims=True))
+
+
+def test_isneginf_masks_have_gradients_through_the_scores():
+    scores = RNG.standard_normal((3, 4))
+    scores[0] = -np.inf
+    scores[1, 2] = -np.inf
+    check(attention_with_isneginf_mask, scores)
+    weights = RNG.standard_normal((3, 4))
+    grads = graphc.grad(lambda s: np.sum(attention_with_isneginf_mask(s) * weights))(scores)
+    finite = np.where(np.isneginf(scores), 0.0, scores)
+    numeric = numeric_grad(
+        lambda s: np.sum(attention_with_isneginf_mask(np.where(np.isneginf(scores), -np.inf, s)) * weights), finite
+    )
+    np.testing.assert_allclose(np.where(np.isneginf(scores), 0.0, grads), numeric, rtol=1e-5, atol=1e-8)
+
+
+@pytest.mark.parametrize(
+    "arrays",
+    [
+        [np.arange(3.0), np.ones(3)],  # 1-d: columns
+        [np.ones((3, 2)), np.arange(3)],  # 2-d joined as it is (not stacked), int with float
+        [np.ones((3, 2), np.float32), np.zeros((3, 1), np.float32)],
+        [np.float32(2.0), np.ones((1, 2), np.float32)],  # a 0-d array is a (1, 1) column
+        [np.zeros(0), np.zeros((0, 2))],  # no rows
+        [np.ones((2, 0)), np.arange(2)],  # no columns in one part
+        [np.ones((2, 2, 2)), np.zeros((2, 1, 2))],  # 3-d joined along axis 1
+        [np.array([True, False]), np.array([1, 2], np.int8)],
+    ],
+)
+def test_column_stack_matches_numpy(arrays):
+    first, rest = arrays[0], arrays[1:]
+    check(lambda a: np.column_stack([a, *rest]), first)
+    check(lambda a: np.column_stack((*rest, a)), first)
+    if first.ndim:
+        check(lambda a: np.column_stack([list(a), *rest]), first)  # a list holding traced values
+
+
+def test_column_stack_gradient_and_error():
+    a, b = RNG.standard_normal(4), RNG.standard_normal((4, 2))
+    check_grad(lambda a: np.sum(np.column_stack([a, b]) ** 3), a)
+    check_grad(lambda b: np.sum(np.column_stack([a, b, a]) ** 3), b)
+    with pytest.raises(graphc.TraceError) as info:
+        graphc.jit(lambda a: np.column_stack([a, np.ones(3)]))(a)  # <rows-differ>
+    assert info.value.lineno == line_of("<rows-differ>")
+
+
+def test_row_stack_is_numpys_deprecated_vstack():
+    """numpy 2 deprecates row_stack: the same warning as numpy's, at the user's line, and vstack's result."""
+    if np.__dict__.get("row_stack") is None:
+        pytest.skip("this numpy has no row_stack")
+    x = RNG.standard_normal(3)
+
+    def stacked(x):
+        return np.row_stack([x, 2 * x])  # <row-stack>
+
+    with pytest.warns(DeprecationWarning) as theirs:
+        want = stacked(x)
+    with pytest.warns(DeprecationWarning) as ours:
+        got = graphc.jit(stacked)(x)
+    same(got, want)
+    assert [str(w.message) for w in ours] == [str(w.message) for w in theirs]
+    assert (ours[0].filename, ours[0].lineno) == (__file__, line_of("<row-stack>"))
+    with pytest.warns(DeprecationWarning):
+        check(lambda x: np.row_stack((x, np.ones((2, 3)))), x)
+
+
 # --- linalg -------------------------------------------------------------------------------------------
 
 

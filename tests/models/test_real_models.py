@@ -26,9 +26,12 @@ from tests.models.real_models import (
     dropout_mlp,
     functional_net,
     gnn_scatter,
+    gru_stack,
     kv_cache,
     layer_classes,
     llama_args,
+    mamba_conv,
+    masked_attention,
     relu_backward,
     rnn_buffer,
     softmax_backward,
@@ -412,3 +415,72 @@ def test_gnn_scatter_add_into_a_zeros_buffer():
         params, h, edges, target
     )
     close(got_mesh, (value, grads))
+
+
+# --- np.convolve, np.isneginf, np.column_stack and einops (issue 32 items 4 and 6) -----------------
+
+
+def check_model(loss, params, *data, eps=1e-6, grad_rtol=1e-6):
+    """``loss`` traced, jitted, differentiated and run on a 2x2 mesh equals numpy; its gradient
+    equals central differences along a random direction. Returns the gradient."""
+    want = loss(params, *data)
+    close(graphc.evaluate(graphc.trace(loss, params, *data), params, *data), want)
+    close(graphc.jit(loss)(params, *data), want)
+    value, grads = graphc.value_and_grad(loss)(params, *data)
+    close(value, want)
+    directional_check(lambda p: loss(p, *data), params, grads, eps, grad_rtol)
+    got_mesh = graphc.parallelize(graphc.value_and_grad(loss), mesh=mesh(), cache=False)(params, *data)
+    close(got_mesh, (value, grads))
+    return grads
+
+
+def test_mamba_causal_conv_with_np_convolve():
+    r = np.random.default_rng(15)
+    params = mamba_conv.init_params(r)
+    x, target = r.standard_normal((2, 6, 4)), r.standard_normal((2, 6, 4))
+    check_model(mamba_conv.loss, params, x, target)
+    # the conv alone: out[t] depends on x[t - 3 .. t] only
+    conv = graphc.jit(mamba_conv.causal_conv1d)
+    u = r.standard_normal((2, 6, 6))
+    later = u.copy()
+    later[:, 4:] += 1.0
+    close(conv(u, params["conv_w"], params["conv_b"]), mamba_conv.causal_conv1d(u, params["conv_w"], params["conv_b"]))
+    close(conv(later, params["conv_w"], params["conv_b"])[:, :4], conv(u, params["conv_w"], params["conv_b"])[:, :4])
+
+
+def test_attention_with_isneginf_masks():
+    r = np.random.default_rng(16)
+    params = masked_attention.init_params(r, 4)
+    x, target = r.standard_normal((4, 4, 4)), r.standard_normal((4, 4, 4))
+    mask = masked_attention.padding_mask(np.array([4, 2, 1, 3]), 4)  # left padding: some queries see no key
+    out = masked_attention.self_attention(params, x, mask, 2)
+    assert np.all(out[1, :2] == 0) and np.all(np.isfinite(out))
+    close(graphc.jit(masked_attention.self_attention, static_argnames=("num_heads",))(params, x, mask, 2), out)
+    grads = check_model(masked_attention.loss, params, x, mask, target)
+    assert all(np.all(np.isfinite(g)) for g in grads.values())
+    # a boolean mask takes the other branch of compute_attention
+    q, k, v = (r.standard_normal((2, 2, 3, 2)) for _ in range(3))
+    keep = r.standard_normal((2, 1, 3, 3)) > 0
+    close(
+        graphc.jit(masked_attention.compute_attention)(q, k, v, keep),
+        masked_attention.compute_attention(q, k, v, keep),
+    )
+
+
+def test_gru_step_with_column_stack():
+    r = np.random.default_rng(17)
+    params = gru_stack.init_params(r, 3, 4, 5)
+    xs, h0, labels = r.standard_normal((4, 2, 3)), 0.1 * r.standard_normal((2, 4)), r.integers(0, 5, (4, 2))
+    check_model(gru_stack.loss, params, xs, h0, labels)
+    close(graphc.jit(gru_stack.gru_step)(xs[0], h0, params), gru_stack.gru_step(xs[0], h0, params))
+
+
+def test_einops_classifier():
+    pytest.importorskip("einops")  # a test dependency (the test extra)
+    from tests.models.real_models import einops_classifier
+
+    r = np.random.default_rng(18)
+    params = einops_classifier.init_params(r, 4, 3)
+    x, labels = r.standard_normal((2, 4, 4)), r.integers(0, 3, 2)
+    check_model(einops_classifier.loss, params, x, labels)
+    close(graphc.jit(einops_classifier.classify)(params, x), einops_classifier.classify(params, x))
