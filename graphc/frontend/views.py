@@ -328,6 +328,8 @@ def _steps_of(ops: list[tuple[str, dict[str, Any]]], base: Tracer) -> list[Step]
     shape = base.shape
     steps: list[Step] = []
     for name, attrs in ops:
+        # the names the tracer recorded for this view (Tracer view records are (op name, attrs)
+        # pairs kept by the frontend alone; the graph's nodes are asked by trait elsewhere)
         if name == "slice":
             key = tuple(
                 slice(a, None if b < 0 else b, s) for a, b, s in zip(attrs["starts"], attrs["stops"], attrs["steps"])
