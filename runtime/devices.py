@@ -347,10 +347,11 @@ class ShardedArray(ArraySpec):
     def local(self) -> np.ndarray:
         """This process's piece (under MPI: its device's; on threads: device 0's)."""
         if not self.pieces:
-            raise GraphcError(f"{self!r}: this rank holds no piece of it (it lives on ranks {self._holders()})")
+            raise GraphcError(f"{self!r}: this rank holds no piece of it (it lives on ranks {self.holders()})")
         return self.pieces[min(self.pieces)]
 
-    def _holders(self) -> tuple[int, ...]:
+    def holders(self) -> tuple[int, ...]:
+        """The MPI ranks (or, on threads, the devices) that hold the pieces."""
         return self.ranks if self.ranks is not None else tuple(range(self.mesh.size))
 
     def _whole_here(self) -> np.ndarray | None:
@@ -376,6 +377,11 @@ class ShardedArray(ArraySpec):
 
     def __array__(self, dtype=None, copy=None):
         whole = self._whole_here()
+        if whole is None and not self.pieces:
+            raise GraphcError(
+                f"{self!r} lives on MPI ranks {self.holders()} and this rank holds no piece of it: "
+                ".gather(root=0) on every rank gives the whole value"
+            )
         if whole is None:
             raise GraphcError(
                 f"{self!r} is split over MPI ranks and this rank holds one piece: use .local for it, or "

@@ -38,6 +38,7 @@ from graphc.core.ir import Graph, Node, Value, check_runnable
 from graphc.core.traits import Collective, Constant, DeviceLocal, FreshResult, Fused, ViewOf
 from graphc.ops import OPS
 from graphc.ops.shape import slice_index
+from graphc.runtime.einsum import einsum_step
 
 
 class BufferPool:
@@ -300,6 +301,8 @@ class Program:
             return run_control
         if node.op is OPS.matmul:
             return _matmul if max(v.type.ndim for v in node.inputs) > 2 else np.matmul
+        if node.op is OPS.einsum:
+            return einsum_step(node.attrs["equation"], [v.type for v in node.inputs])
         attrs = node.attrs
         if node.op is OPS.slice:
             index = slice_index(attrs["starts"], attrs["stops"], attrs["steps"])

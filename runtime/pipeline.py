@@ -27,10 +27,10 @@ import numpy as np
 
 from graphc.core.buffers import unaliased
 from graphc.core.errors import GraphcError
-from graphc.core.spec import unshard
+from graphc.core.spec import format_spec, unshard
 from graphc.programs import PipelineProgram, PipelineTask
 from graphc.runtime.comm import ThreadWorld
-from graphc.runtime.devices import CommProxy, ShardedInput, local_piece, run_on_devices
+from graphc.runtime.devices import CommProxy, ShardedArray, ShardedInput, local_piece, run_on_devices
 from graphc.runtime.executor import Executable
 
 _TAG_STRIDE = 4096  # message tag = value id * stride + micro-batch + 1 (-1: a value of the whole step)
@@ -163,12 +163,70 @@ class PipelineExecutable:
                     if i not in self._inputs_read[d]:
                         continue
                     spec = p.in_specs[i] if p.in_specs is not None else ()
+                    if isinstance(x, ShardedArray):  # under MPI: a result of a step, on its stage's ranks
+                        x = self._held_piece(i, x, d, c, spec)
+                        if x is None:  # the plan's own piece of this device: used as it is
+                            mine[(i, -1)] = arrays[i].pieces[c]
+                            continue
                     batches = range(self.m) if i in p.batch else (-1,)
                     for k in batches:
                         first = ((0, self.m, k),) if k >= 0 else ()
                         mine[(i, k)] = local_piece(x, spec, mesh_shape, coord, first)
                 out[d] = mine
         return out
+
+    def move_held_inputs(self, arrays: list, device: int, comm) -> list:
+        """Under MPI, ``arrays`` with every ShardedArray that ``device`` reads but another stage
+        holds replaced by its whole value (a parameter one stage updates and another reads, as a
+        tied embedding): a replicated value is sent by the holder at the same place of its stage,
+        a split one by every holder, and put together as the threaded runtime gathers a result
+        (``unshard``, the same order: the same bits). Every rank calls it with the same
+        arguments: holders send, readers receive (tagged by the input's id, which no task's
+        message uses), in the same order everywhere, so no two ranks wait on each other."""
+        p = self.program
+        out = list(arrays)
+        for i, x in enumerate(arrays):
+            if not isinstance(x, ShardedArray) or x.ranks is None:
+                continue
+            replicated = all(q.kind == "R" for q in x.spec)
+            for devs in p.stage_devices:
+                for c, d in enumerate(devs):
+                    if d in x.ranks or i not in self._inputs_read[d]:
+                        continue
+                    senders = [x.ranks[c % len(x.ranks)]] if replicated else list(x.ranks)
+                    if device in senders:
+                        comm.send(x.pieces[x.ranks.index(device)], d, _tag(i, -1))
+                    if d != device:
+                        continue
+                    got = {x.mesh.coord(x.ranks.index(src)): comm.recv(src, _tag(i, -1)) for src in senders}
+                    if replicated:
+                        out[i] = next(iter(got.values()))
+                    else:
+                        out[i] = unshard(got, x.spec, tuple(x.mesh.shape), x.shape).astype(x.dtype, copy=False)
+        return out
+
+    def _held_piece(self, i: int, x: ShardedArray, device: int, c: int, spec) -> np.ndarray | None:
+        """Input ``i`` of ``device`` (the ``c``-th of its stage) from a ShardedArray a step returned
+        under MPI: the whole value when the piece this rank holds is all of it (a replicated spec),
+        None when the piece is the one the plan gives the device (the same spec on the stage's
+        sub-mesh: used as it is), else a GraphcError saying why it cannot be used here."""
+        p = self.program
+        stage = p.stage_devices[p.stage_of(device)]
+        held = x.pieces.get(c) if x.ranks == stage else x.pieces.get(device) if x.ranks is None else None
+        if held is None:
+            raise GraphcError(
+                f"input {i} is {x!r}, held by MPI ranks {x.holders()}, but pipeline stage {p.stage_of(device)} "
+                f"(ranks {stage}) reads it: a sharded value is not moved between stages; pass a whole array "
+                "(.gather() on every rank) or the value the same stage returned"
+            )
+        if all(q.kind == "R" for q in x.spec):
+            return held
+        if p.in_specs is not None and x.spec == tuple(spec) and tuple(x.mesh.shape) == p.sub_shape and i not in p.batch:
+            return None
+        raise GraphcError(
+            f"input {i} is {x!r}, but the pipeline wants it in spec {format_spec(spec)} on its stage's "
+            f"sub-mesh {p.sub_shape}: under MPI a sharded value is not resharded between calls; pass a whole array"
+        )
 
     # --- reporting ------------------------------------------------------------------------------
 

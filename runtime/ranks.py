@@ -203,6 +203,7 @@ class RankPipelineExecutable(_RankDevice):
         prof: dict | None = {"events": [], "peak_bytes": 0} if profile else None
         t0 = time.perf_counter()
         try:
+            arrays = self.pipe.move_held_inputs(arrays, self.device, comm)
             pieces = self.pipe._split_inputs(arrays, only=self.device)[self.device]
             with one_blas_thread():
                 owned = self.pipe.run_device(self.device, comm, pieces, prof)

@@ -201,7 +201,8 @@ class PipelineCompiled:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         args, kwargs, _ = self._split_static(args, kwargs)
-        arrays = bind_arguments(self.graph, args, kwargs, keep=ShardedInput)
+        # under MPI, a result of the last step (state fed back) stays with the stage that holds it
+        arrays = bind_arguments(self.graph, args, kwargs, keep=(ShardedArray, ShardedInput))
         if self.rank_executable is not None:  # MPI: the pieces of the stage holding each result
             return _stored(unflatten(self.graph.out_tree, self.rank_executable.run_flat(arrays)), args, kwargs)
         outs = self.executable.run_flat(arrays)

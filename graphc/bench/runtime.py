@@ -14,6 +14,8 @@ target. The rows:
   forward and with ``value_and_grad``, against numpy (the backward written out by hand);
 - **kernels**: the fused GELU, softmax and layer norm against a copy of the same bytes split over
   two threads (``graphc bench kernels`` has the full table);
+- **einsum**: a two-operand einsum under jit (256x256 float32, a plain and a batched form)
+  against numpy's ``einsum(..., optimize=True)``, which calls BLAS (graphc/runtime/einsum.py);
 - **training step**: the GPT loss with gradients (batch 8, seq 128, d=512, 2 layers) against a
   hand-written numpy forward plus backward (graphc/bench/handgrad.py), and the peak memory of
   both (tracemalloc, which sees numpy's and therefore the kernels' buffers);
@@ -292,6 +294,36 @@ def jax_rows(rounds: int) -> list[Row]:
     return rows
 
 
+EINSUMS = (("ij,jk->ik", (256, 256), (256, 256)), ("bij,bkj->bik", (8, 256, 64), (8, 256, 64)))
+
+
+def einsum_rows(rounds: int) -> list[Row]:
+    rng = np.random.default_rng(0)
+    rows = []
+    calls = 10  # a call is ~0.3-2 ms
+    for equation, sa, sb in EINSUMS:
+        a, b = rng.standard_normal(sa).astype(np.float32), rng.standard_normal(sb).astype(np.float32)
+        f = jit(lambda a, b, equation=equation: np.einsum(equation, a, b))
+        t = interleaved(
+            {
+                "jit": per_call(functools.partial(f, a, b), calls),
+                "numpy": per_call(functools.partial(np.einsum, equation, a, b, optimize=True), calls),
+            },
+            max(15, rounds),
+        )
+        shapes = " x ".join("x".join(map(str, s)) for s in (sa, sb))
+        rows.append(
+            Row(
+                f"einsum {equation}, {shapes}",
+                _each(t["jit"], calls),
+                "np.einsum optimize=True",
+                _each(t["numpy"], calls),
+                0.8,
+            )
+        )
+    return rows
+
+
 def _ms(times: list[float]) -> str:
     """The median and half the spread (a single figure is already a median: no spread shown)."""
     med = statistics.median(times)
@@ -316,7 +348,7 @@ def print_table(rows: list[Row]) -> None:
             print(f"{'':<40} {r.note}")
 
 
-SECTIONS = ("dp", "tp", "overhead", "rnn", "kernels", "train", "jax")
+SECTIONS = ("dp", "tp", "overhead", "rnn", "kernels", "einsum", "train", "jax")
 
 
 def main(rounds: int = 7, sections: tuple[str, ...] = SECTIONS) -> list[Row]:
@@ -339,6 +371,8 @@ def main(rounds: int = 7, sections: tuple[str, ...] = SECTIONS) -> list[Row]:
         rows += rnn_rows(rounds)
     if "kernels" in sections:
         rows += kernel_rows(rounds)
+    if "einsum" in sections:
+        rows += einsum_rows(rounds)
     if "train" in sections:
         rows += train_step_rows(rounds)
     if "jax" in sections:

@@ -53,7 +53,7 @@ def add_parser(sub) -> None:
     )
     bench.add_argument(
         "--only",
-        help="runtime: a comma-separated subset of its sections: dp, tp, overhead, rnn, kernels, train, jax",
+        help="runtime: a comma-separated subset of its sections: dp, tp, overhead, rnn, kernels, einsum, train, jax",
     )
     bench.set_defaults(func=cmd_bench)
 

@@ -80,6 +80,8 @@ def _einsum_infer(in_types, equation):
 # summed indices of the operands' products. An optimized order (optimize=True) contracts some
 # operands first and so differs: 'i,qi->i' with a = inf and b[:, i] = [1, -1] is nan in numpy
 # (inf - inf) but inf when b is summed over q first, and a sum of -0.0 products is -0.0 there.
+# The runtime runs matrix-product equations on BLAS where the result cannot differ beyond
+# rounding (graphc/runtime/einsum.py).
 einsum = register(
     OpDef(
         "einsum",

@@ -8,6 +8,10 @@ what the test compares (rank 0, ``.npz``).
                                  a pp axis): the gathered results to OUT; whole inputs, a
                                  ShardedInput and a memory-mapped .npy give the same bits, and
                                  each rank builds or reads only its piece
+    train MESH OUT STEPS M SCHEDULE
+                                 STEPS GPT training steps on a pipeline MESH, each fed the state
+                                 the last returned (ShardedArrays held by the stage that owns
+                                 them): every step's gathered results to OUT
     raise                        rank 1 raises in the user's loop while rank 0 waits in a collective
     alias MESH                   results share no memory with the arguments on any rank
 """
@@ -155,6 +159,24 @@ def step(mesh: str, out: str, microbatches: int = 1, schedule: str = "1f1b") -> 
     print(f"ok {world.rank}", flush=True)
 
 
+def train(mesh: str, out: str, steps: int, microbatches: int, schedule: str) -> None:
+    """A training loop: every step takes the parameters and optimizer state the last returned."""
+    (params, state, tokens, targets), kwargs = example()
+    pf = graphc.parallelize(
+        gpt.train_step, mesh=mesh, static_argnames=STATIC, backend="mpi", microbatches=microbatches, schedule=schedule
+    )
+    arrays = {}
+    for s in range(steps):
+        params, state, loss = pf(params, state, tokens, targets, **kwargs)
+        for i, x in enumerate(flatten((params, state, loss))[0]):
+            whole = x.gather(0)
+            if pf.world.rank == 0:
+                arrays[f"step{s}_{i}"] = whole
+    if pf.world.rank == 0:
+        np.savez(out, **arrays)
+    print(f"ok {pf.world.rank}", flush=True)
+
+
 def raise_on_rank_1() -> None:
     (params, state, tokens, targets), kwargs = example()
     pf = graphc.parallelize(gpt.train_step, mesh="dp=2", static_argnames=STATIC, backend="mpi", timeout_s=20)
@@ -203,6 +225,8 @@ if __name__ == "__main__":
         collectives()
     elif job == "step":
         step(rest[0], rest[1], *(int(rest[2]), rest[3]) if len(rest) > 2 else ())
+    elif job == "train":
+        train(rest[0], rest[1], int(rest[2]), int(rest[3]), rest[4])
     elif job == "raise":
         raise_on_rank_1()
     elif job == "alias":
