@@ -19,13 +19,14 @@ from typing import Any
 
 import numba
 from numba.core import compiler, serialize
-from numba.core.caching import _Cache
 
 from graphc.core.cache import read_entry, warn_cache, write_entry
 
 
-class KernelDiskCache(_Cache):
-    """What a Numba dispatcher asks its cache for (``load_overload`` / ``save_overload``), backed by
+class KernelDiskCache:
+    """What a Numba dispatcher asks its cache for (``load_overload`` / ``save_overload``, and
+    ``enable`` / ``disable`` / ``flush`` / ``cache_path``: the methods of Numba's cache classes,
+    which the dispatcher calls without checking a type), backed by
     sealed entries in ``folder``. ``name`` is the kernel's file stem (``k_<digest>``) and
     ``source_hash`` the SHA-256 of its source."""
 
