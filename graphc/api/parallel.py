@@ -264,8 +264,9 @@ class Parallelized:
 
     def follow(self, plan_file: ShardingPlan, *args, **kwargs) -> int:
         """Take the pins of a (hand-edited) plan file: its pinned inputs, outputs and nodes, for
-        every later .plan() and .compile(). Refused if the file was made for another graph.
-        Returns the number of pins."""
+        every later .plan() and .compile(). Refused if the file was made for another mesh (its
+        pins are specs of that mesh's axes) or another graph. Returns the number of pins."""
+        check_plan_mesh(plan_file, self.mesh)
         _traced, graph, _s = self.trace_optimized(*args, **kwargs)
         plan_file.check(graph)
         self.followed = plan_file.pins()

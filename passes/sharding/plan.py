@@ -17,7 +17,7 @@ Fields, each a small frozen dataclass or tuple of them:
 JSON is a view of it: ``to_json() -> str`` and ``ShardingPlan.from_json(str)`` (version
 ``PLAN_VERSION``). A plan file can be hand-edited (set a node's ``"pinned": true`` after changing
 its ``strategy``, or pin an input's ``spec``) and re-solved around the pins (``graphc compile
---plan FILE``); ``check(graph)`` refuses a plan made for another graph.
+--resolve-pins FILE``); ``check(graph)`` refuses a plan made for another graph.
 """
 
 from __future__ import annotations

@@ -182,3 +182,32 @@ def test_a_float_that_changes_every_step_plans_once(env):
     assert len(pf._compiled) == 1
     assert len(os.listdir(env / "cache" / "plans")) == 1
     assert np.asarray(got[-1]).dtype == np.float32  # lr stayed weak: the loss is float32 as in numpy
+
+
+def test_resolve_pins_refuses_a_plan_of_another_mesh(env):
+    """Pins are specs of the mesh their plan was made for: followed on another mesh they would
+    mean something else (a tp=2 plan's [S(1)] is a valid dp=2 spec), so the file is refused,
+    naming both meshes (issue 27: the CLI guide resolved a dp=2,tp=4 plan's pins on tp=4)."""
+    args, kwargs = mlp.example_train_args()
+    static = tuple(kwargs)
+    planned = graphc.parallelize(mlp.train_step, mesh="tp=2", static_argnames=static, cache=False).plan(*args, **kwargs)
+    doc = json.loads(planned.to_json())
+    doc["inputs"][0]["pinned"] = True
+    edited = env / "edited.json"
+    edited.write_text(json.dumps(doc))
+    pins = graphc.Plan.load(str(edited))
+
+    same = graphc.parallelize(mlp.train_step, mesh="tp=2", static_argnames=static, cache=False)
+    assert same.follow(pins, *args, **kwargs) == 1
+    for mesh in ("dp=2", "tp=4"):
+        other = graphc.parallelize(mlp.train_step, mesh=mesh, static_argnames=static, cache=False)
+        with pytest.raises(
+            graphc.PlanError, match=rf"made for mesh tp=2 \(graph @train_step\), but the mesh is {mesh}"
+        ):
+            other.follow(pins, *args, **kwargs)
+        assert other.followed is None
+    code, _out, err = call(
+        "compile", *TARGET, "--mesh", "dp=2", "--resolve-pins", str(edited), "-o", str(env / "r.json")
+    )
+    assert code == 2 and "made for mesh tp=2 (graph @train_step), but the mesh is dp=2" in err
+    assert not (env / "r.json").exists()
