@@ -539,6 +539,45 @@ def test_writes_numpy_refuses():
     check_batch("allowed writes", [allowed], (x,))
 
 
+def test_a_bool_element_takes_an_array_of_one_element():
+    """One bool element (``b[()]`` of a 0-d array, ``b[0, 1]``) takes an array of one element of
+    any dims and any dtype: numpy stores its truth value (nan is True), where an element of any
+    other dtype raises "setting an array element with a sequence"; graphc raised that for bools
+    too (found by tests/fuzz). Two elements, or none, still raise."""
+    f = np.array([[0.0, np.nan]])
+    m = np.array([[False, True]])
+
+    def element(f, m, k, v):
+        b = m[0, 1:].reshape(()).copy() if k == () else m.copy()
+        b[k] = v
+        return b
+
+    fns = [
+        lambda f, m, k=k, v=v: element(f, m, k, v(f, m))
+        for k in ((), (0, 1), (0, 0))
+        for v in (
+            lambda f, m: f[:, :1],  # 0.0 of shape (1, 1): False
+            lambda f, m: f[0, 1:],  # nan of shape (1,): True
+            lambda f, m: m[:, 1],  # True of shape (1,)
+            lambda f, m: m[0, :0],  # no element: raises
+            lambda f, m: f[0],  # two elements: raises
+            lambda f, m: f[:, 1:] > 1,  # a traced bool of shape (1, 1)
+        )
+    ]
+
+    def added(f, m):
+        b = m.copy()
+        b[0, 0] += m[:, 1]  # bool + bool array of one element: a (1,) array into one element
+        return b
+
+    def float_element(f, m):
+        g = f.copy()
+        g[0, 0] = f[0, :1]  # not a bool: raises
+        return g
+
+    check_batch("a bool element", [*fns, added, float_element], (f, m))
+
+
 # --- numpy's errors are GraphcErrors ------------------------------------------------------------------
 
 

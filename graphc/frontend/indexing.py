@@ -485,11 +485,13 @@ def setitem(x: Tracer, key: Any, value: Any) -> Tracer:
 def _check_value_dims(x: Tracer, key: Any, value: Any) -> None:
     """numpy's two rules on the value's dims that broadcasting alone does not give: one element
     (an integer for every dim, or ``()`` of a 0-d array) takes no array of 1 or more dims, and a
-    boolean mask over all the dims (the whole key) none of 2 or more."""
+    boolean mask over all the dims (the whole key) none of 2 or more. (A bool element is the
+    exception: numpy stores the truth value of an array of one element, of any dims.)"""
     parts = key if type(key) is tuple else (key,)
     ndim = np.ndim(value)
     ints = all(_is_int(k) for k in parts)
-    if ints and len(parts) == x.ndim and ndim >= 1:
+    one_bool = x.dtype == np.bool_ and isinstance(value, (Tracer, np.ndarray)) and np.size(value) == 1
+    if ints and len(parts) == x.ndim and ndim >= 1 and not one_bool:
         raise numpy_error(ValueError("setting an array element with a sequence."), TraceError, user_location())
     whole_mask = len(parts) == 1 and np.ndim(parts[0]) == x.ndim >= 1 and _is_bool_array(parts[0])
     if whole_mask and ndim >= 2:
