@@ -1,4 +1,4 @@
-"""Session-wide checks, the ``fuzz`` marker and the hypothesis profiles."""
+"""Session-wide checks and the hypothesis profiles (the ``fuzz`` and ``slow`` markers: pyproject.toml)."""
 
 import sys
 
@@ -12,15 +12,6 @@ settings.register_profile(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
 )
-
-
-def pytest_configure(config):
-    config.addinivalue_line(
-        "markers",
-        "fuzz: property tests that feed bad or random input to a parser, loader or compiler and accept only "
-        "a correct result or a GraphcError (fast in the default profile; --hypothesis-profile long for 10,000 "
-        "examples per target)",
-    )
 
 
 def pytest_sessionfinish(session, exitstatus):

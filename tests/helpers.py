@@ -29,6 +29,69 @@ def assert_same_pytree(got, want):
             np.testing.assert_array_equal(g, w)
 
 
+def assert_normwise_close(got, want, terms: int) -> None:
+    """``got`` and ``want`` are two float computations of one pytree of arrays (sums in any order,
+    on any machine): the same structure, shapes and dtypes, other leaves equal, NaN and inf in the
+    same places, and the finite float values, taken together as one vector, within
+    ||got - want||_2 <= 2 * terms * eps * ||want||_2 (eps of the widest float dtype there).
+
+    ``terms`` is the length of the longest sum behind a value (a dot product's k, a reduction's
+    n): a sum of k terms computed in any order is within (k - 1) * eps of the sum of their
+    magnitudes, so normwise within about k * eps of the result where the terms do not cancel
+    (Higham, Accuracy and Stability of Numerical Algorithms, 3.1 and 3.5), once for each side. One
+    norm over all leaves: a leaf that is 0 in exact arithmetic (a bias the loss ignores) is
+    rounding noise on both sides, of the size of the values that cancelled there."""
+    got_leaves, got_tree = flatten(got)
+    want_leaves, want_tree = flatten(want)
+    assert got_tree == want_tree, f"structure differs: {got_tree} vs {want_tree}"
+    diff_sq = want_sq = 0.0
+    eps = 0.0
+    for i, (g, w) in enumerate(zip(got_leaves, want_leaves)):
+        g, w = np.asarray(g), np.asarray(w)
+        assert g.shape == w.shape and g.dtype == w.dtype, (i, g.shape, g.dtype, w.shape, w.dtype)
+        if w.dtype.kind not in "fc":
+            np.testing.assert_array_equal(g, w, err_msg=f"leaf {i}")
+            continue
+        eps = max(eps, float(np.finfo(w.dtype).eps))
+        finite = np.isfinite(w)
+        np.testing.assert_array_equal(g[~finite], w[~finite], err_msg=f"leaf {i}: NaN or inf elsewhere")
+        g64, w64 = g[finite].astype(np.complex128 if w.dtype.kind == "c" else np.float64), w[finite]
+        diff_sq += float(np.sum(np.abs(g64 - w64) ** 2))
+        want_sq += float(np.sum(np.abs(w64.astype(g64.dtype)) ** 2))
+    bound = 2 * terms * eps * np.sqrt(want_sq)
+    assert np.sqrt(diff_sq) <= bound, (
+        f"||got - want|| = {np.sqrt(diff_sq):.3g} > 2 * {terms} * eps * ||want|| = {bound:.3g}"
+    )
+
+
+def assert_adam_step_close(got, want, lr: float, terms: int, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8):
+    """``got`` and ``want``: (params, opt_state, loss) of a training step that ends in one
+    ``graphc.optim.adam`` update, computed two ways. The loss and the moments m (the gradients'
+    running mean) and v agree normwise (``assert_normwise_close`` with ``terms``; v holds g * g,
+    twice the relative error). The params cannot agree that way: Adam moves a weight by lr * u,
+    u = m_hat / (sqrt(v_hat) + eps), and where a gradient is rounding noise around 0, u is anything
+    in [-1, 1] on either side. So each side's params must be the update its own moments give:
+    (p_got - p_want) + lr * (u_got - u_want) is the update's rounding, at most 8 roundings of
+    |p| + lr * |u| on each side (u in float64 from each side's m and v)."""
+    (got_p, got_s, got_loss), (want_p, want_s, want_loss) = got, want
+    unit = float(np.finfo(np.asarray(want_loss).dtype).eps)
+    assert abs(float(got_loss) - float(want_loss)) <= 2 * terms * unit * abs(float(want_loss)), (got_loss, want_loss)
+    assert float(got_s["t"]) == float(want_s["t"])
+    assert_normwise_close(got_s["m"], want_s["m"], terms)
+    assert_normwise_close(got_s["v"], want_s["v"], 2 * terms)
+    t = float(want_s["t"])
+    c1, c2 = 1.0 - b1**t, 1.0 - b2**t
+    leaves = [flatten(x)[0] for x in (got_p, want_p, got_s["m"], want_s["m"], got_s["v"], want_s["v"])]
+    for i, (pg, pw, mg, mw, vg, vw) in enumerate(zip(*leaves)):
+        pg, pw, mg, mw, vg, vw = (np.asarray(a, np.float64) for a in (pg, pw, mg, mw, vg, vw))
+        ug = (mg / c1) / (np.sqrt(vg / c2) + eps)
+        uw = (mw / c1) / (np.sqrt(vw / c2) + eps)
+        unit = float(np.finfo(np.asarray(flatten(want_p)[0][i]).dtype).eps)
+        bound = 16 * unit * (np.abs(pw) + lr * (np.abs(ug) + np.abs(uw)))
+        excess = np.abs((pg - pw) + lr * (ug - uw)) - bound
+        assert np.all(excess <= 0), f"params leaf {i}: {np.sum(excess > 0)} weights not the step their moments give"
+
+
 def assert_product_close(got, want, a, b, extra_rel: float = 0.0):
     """``got`` and ``want`` are two computations of ``a @ b`` (in float32 or float64, sums in any
     order): they may differ by the bound of rounding a dot product of length k in either, k * eps *

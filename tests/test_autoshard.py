@@ -65,7 +65,11 @@ def _small_cases():
 
 
 @pytest.mark.parametrize("axes", [{"x": 2}, {"a": 2, "b": 2}])
-@pytest.mark.parametrize("name,fn,args", _small_cases(), ids=[c[0] for c in _small_cases()])
+@pytest.mark.parametrize(
+    "name,fn,args",
+    [pytest.param(*c, marks=pytest.mark.slow) if c[0] in ("attn_like", "two_branch") else c for c in _small_cases()],
+    ids=[c[0] for c in _small_cases()],
+)
 def test_ilp_equals_exhaustive_search(name, fn, args, axes):
     g = optimized(fn, *args)
     assert len(g.nodes) <= 12
@@ -267,6 +271,7 @@ def test_state_outputs_are_tied_to_their_inputs():
     assert [d.spec for d in plan.inputs[:n]] == [d.spec for d in plan.outputs[:n]]
 
 
+@pytest.mark.slow
 def test_plan_document_round_trips_and_is_deterministic(tmp_path):
     fn, (args, kw) = _gpt_train(d=64, seq=16)
     p1, g1 = par(fn, mesh(dp=2, tp=2), static_argnames=("n_head", "lr")).plan_and_graph(*args, **kw)
@@ -339,6 +344,7 @@ def test_slow_link_changes_the_choice():
     )
 
 
+@pytest.mark.slow
 def test_shrinking_ties_repeated_layers():
     fn, (args, kw) = _gpt_train(d=64, seq=16, n_layer=4)
     g = graphc.parallelize(fn, mesh=mesh(tp=2), static_argnames=("n_head", "lr"), cache=False).trace_optimized(

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from graphc.bench.mesh import bench_plans, spearman
 from graphc.models import mlp
@@ -25,6 +26,7 @@ def test_spearman():
     assert math.isnan(spearman([1, 1], [2, 3]))
 
 
+@pytest.mark.slow
 def test_plan_variants_run_and_the_solver_choice_is_cheapest():
     (params, x, labels), kw = mlp.example_train_args(batch=256, sizes=(256, 256, 16))  # big enough to split
     rows = bench_plans(mlp.train_step, (params, x, labels), kw, ("lr",), {"dp": 2}, repeat=1)
@@ -36,6 +38,7 @@ def test_plan_variants_run_and_the_solver_choice_is_cheapest():
     assert rows[-1]["predicted"] > best  # every node replicated does not split the compute
 
 
+@pytest.mark.slow
 def test_cli_bench_mesh_with_plans():
     res = subprocess.run(
         [

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from graphc.bench import plans
 from graphc.core.mesh import MachineProfile
 
 
+@pytest.mark.slow
 def test_bench_plans_tiny_structure():
     profile = MachineProfile.default()
     result = plans.bench_plans(

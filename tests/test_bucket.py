@@ -86,7 +86,9 @@ def test_small_buckets_split_in_program_order_and_still_equal_numpy():
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize("mesh", ["dp=2", "dp=4", "dp=2,tp=2"])
+@pytest.mark.parametrize(
+    "mesh", ["dp=2", pytest.param("dp=4", marks=pytest.mark.slow), pytest.param("dp=2,tp=2", marks=pytest.mark.slow)]
+)
 def test_bucketing_any_plan_keeps_the_device_programs_equal_to_the_reference(mesh):
     """Bucket the lowered programs of a GPT step (whatever the plan) and simulate them: same outputs."""
     (params, opt_state, tokens, targets), kw = gpt.example_train_args(batch=16, seq=16, d=64, n_layer=1)

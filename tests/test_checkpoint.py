@@ -418,6 +418,7 @@ def test_a_shard_whose_header_disagrees_is_refused_without_unpickling(saved, arr
         graphc.load_checkpoint(d)
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, derandomize=True)
 @given(st.data())
 def test_any_edit_of_the_manifest_loads_the_same_values_or_is_a_checkpoint_error(data):
@@ -774,6 +775,7 @@ graphc.save_checkpoint(sys.argv[1], {"params": p, "velocity": v}, compiled, step
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     importlib.util.find_spec("mpi4py") is None or mpiexec_path() is None,
     reason="needs the [mpi] extra: mpi4py and mpiexec (pip install -e '.[mpi]')",

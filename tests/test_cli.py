@@ -71,6 +71,7 @@ def test_trace_error_in_user_file_is_reported(tmp_path):
     assert "user_model.py:3: numpy.fft.rfft is not supported by graphc" in res.stderr
 
 
+@pytest.mark.slow
 def test_bench_reports_timings():
     res = run("bench", "models/mlp.py:mlp", "--repeat", "2")
     assert res.returncode == 0, res.stderr
@@ -143,6 +144,7 @@ def test_compile_errors_exit_2_with_a_message_and_no_plan(tmp_path, extra, messa
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_run_on_a_mesh_checks_numpy_and_writes_a_chrome_trace(tmp_path):
     import json
 
@@ -177,6 +179,7 @@ def test_run_on_a_mesh_checks_numpy_and_writes_a_chrome_trace(tmp_path):
     assert tracks == {0, 1}
 
 
+@pytest.mark.slow
 def test_compile_resolves_around_the_pins_of_a_hand_edited_plan_and_run_runs_it(tmp_path):
     import json
 

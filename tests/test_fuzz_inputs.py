@@ -34,7 +34,7 @@ from graphc.textir import load, parse
 from tests.graphgen import random_graphs
 from tests.helpers import fuzz_settings
 
-pytestmark = pytest.mark.fuzz
+pytestmark = [pytest.mark.fuzz, pytest.mark.slow]
 
 GOLDEN = Path(__file__).parent / "golden"
 

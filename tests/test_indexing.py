@@ -276,18 +276,21 @@ def test_basic_indexing(case):
     run(*case)
 
 
+@pytest.mark.slow
 @settings(max_examples=200, **SETTINGS)
 @given(key_template(BASIC + ADVANCED + ADVANCED))
 def test_advanced_indexing_static(case):
     run(*case)
 
 
+@pytest.mark.slow
 @settings(max_examples=150, **SETTINGS)
 @given(key_template(BASIC + ["traced", "traced", "array", "list", "mask"], require="traced", min_rank=1))
 def test_advanced_indexing_traced(case):
     run(*case)
 
 
+@pytest.mark.slow
 @settings(max_examples=100, **SETTINGS)
 @given(
     st.lists(st.integers(1, 5), min_size=2, max_size=4).map(tuple),

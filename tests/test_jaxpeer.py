@@ -52,6 +52,7 @@ def test_forward_equals_numpy():
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_loss_and_gradients_equal_graphc():
     params, _, tokens, targets = small_train_args()
     lm_loss = jaxpeer.jax_gpt_namespace()["lm_loss"]
@@ -67,6 +68,7 @@ def test_loss_and_gradients_equal_graphc():
         np.testing.assert_allclose(got[path], w, rtol=1e-4, atol=1e-6 * np.abs(w).max(), err_msg=str(path))
 
 
+@pytest.mark.slow
 def test_train_step_equals_numpy():
     params, opt_state, tokens, targets = small_train_args()
     step = jaxpeer.jax_train_step(N_HEAD, lr=1e-3)

@@ -123,6 +123,7 @@ _BLOCKED_RUN = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_runtime_runs_a_saved_program_with_the_compiler_blocked(tmp_path):
     import graphc
     from graphc.core.mesh import MachineProfile, Mesh
@@ -181,6 +182,7 @@ def wheel(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 def test_the_wheel_installs_only_the_graphc_package(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names}
@@ -189,6 +191,7 @@ def test_the_wheel_installs_only_the_graphc_package(wheel):
         assert inside in names
 
 
+@pytest.mark.slow
 def test_installed_graphc_works_without_top_level_folders(wheel, tmp_path):
     target = tmp_path / "site"
     res = subprocess.run(

@@ -65,7 +65,9 @@ MODELS = _models()
 
 
 @pytest.mark.parametrize("axes", MESHES, ids=lambda a: ",".join(f"{k}={v}" for k, v in a.items()))
-@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n == "gpt_train" else n for n in sorted(MODELS)]
+)
 def test_models_lower_and_simulate_equal_the_interpreter(name, axes):
     fn, args, kwargs, rtol = MODELS[name]
     plan, programs = check_simulated(fn, args, kwargs, axes, rtol)
@@ -75,7 +77,13 @@ def test_models_lower_and_simulate_equal_the_interpreter(name, axes):
         assert n_coll > 0
 
 
-@pytest.mark.parametrize("name", sorted(foreign_models.MODELS))
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(n, marks=pytest.mark.slow) if n in ("encoder_pre_norm_eval", "gpt2_picogpt_token_array") else n
+        for n in sorted(foreign_models.MODELS)
+    ],
+)
 def test_foreign_models_lower_and_simulate(name):
     fn, args, kwargs, rtol = foreign_models.MODELS[name]()
     check_simulated(fn, args, kwargs, {"a": 2, "b": 2}, max(rtol, 1e-5))

@@ -43,7 +43,7 @@ def test_mlp_train_step(m):
         assert any(mb.step_phase) and not all(mb.step_phase)
 
 
-@pytest.mark.parametrize("m", [1, 2, 4, 8])
+@pytest.mark.parametrize("m", [1, 2, 4, pytest.param(8, marks=pytest.mark.slow)])
 def test_gpt_train_step(m):
     args, kw = gpt.example_train_args(batch=8)
     n_head = kw.pop("n_head")

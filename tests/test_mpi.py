@@ -89,6 +89,7 @@ def test_every_collective_gives_the_threaded_bits(env, n):
     assert _ranks_ok(res.stdout) == list(range(n)), res.stdout
 
 
+@pytest.mark.slow
 @needs_mpi
 @pytest.mark.parametrize(
     "n, mesh, microbatches, schedule",
@@ -161,6 +162,7 @@ def test_a_rank_that_raises_ends_the_job_naming_it(env):
     assert elapsed < 45, elapsed  # compile + a bounded stop, not the 20 s collective timeout twice
 
 
+@pytest.mark.slow
 @needs_mpi
 def test_ranks_with_their_own_cache_directories_share_nothing_but_mpi(env, tmp_path):
     base = {k: v for k, v in env.items() if k != "GRAPHC_CACHE_DIR"}

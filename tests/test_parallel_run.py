@@ -72,7 +72,9 @@ def run_unfused(fn, args, kwargs, axes):
 
 
 @pytest.mark.parametrize("axes", MESHES, ids=lambda a: ",".join(f"{k}={v}" for k, v in a.items()))
-@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n == "gpt_train" else n for n in sorted(MODELS)]
+)
 def test_models_on_meshes_equal_numpy(name, axes):
     fn, args, kwargs = MODELS[name]
     got, _graph = run_unfused(fn, args, kwargs, axes)
@@ -88,6 +90,7 @@ def test_foreign_models_on_a_2x2_mesh(name):
     assert_close(got, fn(*args, **kwargs), rtol)
 
 
+@pytest.mark.slow
 def test_parallelize_runs_with_fused_kernels():
     from graphc.models import gpt
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 import graphc
 from graphc.passes import DEFAULT_PASSES, PASSES, run_passes
 from tests.graphgen import random_graphs, random_inputs
-from tests.helpers import assert_arrays_close, assert_same_pytree, quiet
+from tests.helpers import assert_adam_step_close, assert_arrays_close, assert_same_pytree, quiet
 
 GOLDEN = Path(__file__).parent / "golden" / "passes"
 
@@ -78,7 +78,11 @@ def test_pipeline_on_models(module, func, example):
     graph = graphc.trace(fn, *args, **kwargs)
     result = run_passes(graph, verify=True)
     assert len(result.graph.nodes) < len(graph.nodes)
-    assert_same_pytree(graphc.evaluate(result.graph, *args, **kwargs), graphc.evaluate(graph, *args, **kwargs))
+    got, want = graphc.evaluate(result.graph, *args, **kwargs), graphc.evaluate(graph, *args, **kwargs)
+    if (module, func) == ("graphc.models.llama", "train_step"):  # an Adam step
+        assert_adam_step_close(got, want, lr=kwargs["lr"], terms=160)  # the longest sum: the FFN's 160 products
+    else:
+        assert_same_pytree(got, want)
     again = run_passes(result.graph)
     assert str(again.graph) == str(result.graph), "the pipeline is not idempotent"
 

@@ -55,7 +55,12 @@ def test_mlp_train_step(stages, m, schedule):
 
 
 @pytest.mark.parametrize(
-    "stages, m, schedule", [(2, 1, "1f1b"), (2, 4, "1f1b"), (2, 8, "gpipe"), (4, 4, "gpipe"), (4, 8, "1f1b")]
+    "stages, m, schedule",
+    [(2, 1, "1f1b")]
+    + [
+        pytest.param(*case, marks=pytest.mark.slow)
+        for case in [(2, 4, "1f1b"), (2, 8, "gpipe"), (4, 4, "gpipe"), (4, 8, "1f1b")]
+    ],
 )
 def test_gpt_train_step(stages, m, schedule):
     step, args, kw = gpt_step()
@@ -192,8 +197,13 @@ def test_parallelize_mlp_pipeline_steps(axes, m):
     assert_trees_close(got, want)
 
 
-@pytest.mark.parametrize("m", [1, 4, 8])
-@pytest.mark.parametrize("axes", MESHES, ids=lambda a: ",".join(f"{k}={v}" for k, v in a.items()))
+# the quick profile (-m "not slow"): one micro-batch on pp=2 and on pp=4
+@pytest.mark.parametrize("m", [1, pytest.param(4, marks=pytest.mark.slow), pytest.param(8, marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "axes",
+    [a if len(a) == 1 else pytest.param(a, marks=pytest.mark.slow) for a in MESHES],
+    ids=lambda a: ",".join(f"{k}={v}" for k, v in a.items()),
+)
 def test_parallelize_gpt_pipeline_steps(axes, m):
     (params, state, tokens, targets), kw = gpt.example_train_args(batch=8)
     pf = graphc.parallelize(

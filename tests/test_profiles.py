@@ -232,6 +232,7 @@ def test_running_bfloat16_fails_clearly():
 # --- the plan: MFU, the profile, the cache key ------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_plan_reports_mfu_and_records_the_profile():
     (args, kw) = _llama_specs(graphc.bfloat16)
     plan = _plan(llama.train_step, args, kw, "dp=2,tp=2", ("n_head", "n_kv_head", "lr"), profile="h100-sxm")

@@ -105,6 +105,7 @@ def test_layer_classes_transformer_block():
 # --- a frozen dataclass config passed with a params dict ------------------------------------------
 
 
+@pytest.mark.slow
 def test_llama_with_a_frozen_model_args_dataclass():
     args = llama_args.ModelArgs()
     params = llama_args.init_params(args)

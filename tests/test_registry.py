@@ -39,6 +39,7 @@ def test_every_op_declares_its_rules(name):
         assert name in SAMPLERS, f"{name} has no random-graph sampler in tests/graphgen.py"
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(random_graphs(), st.integers(0, 1000))
 def test_random_graphs_verify_roundtrip_and_evaluate(graph, seed):

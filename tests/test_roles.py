@@ -13,7 +13,7 @@ from graphc.models import gpt, llama
 from graphc.passes.partition import build_problem, optimize_for_planning, state_ties
 from graphc.passes.sharding.roles import BATCH, SEQ, axis_roles
 from graphc.passes.sharding.strategies import rules_of
-from tests.helpers import assert_same_pytree
+from tests.helpers import assert_adam_step_close, assert_same_pytree
 
 
 def test_roles_by_axis_name():
@@ -80,6 +80,7 @@ def test_free_axes_lets_a_data_axis_split_weights():
     assert sum(len(it.strategies) for it in restricted.items) < sum(len(it.strategies) for it in free.items)
 
 
+@pytest.mark.slow
 def test_gpt_on_dp_tp_splits_the_batch_on_dp_and_weights_on_tp_only():
     args, kw = gpt.example_train_args(batch=32, seq=16, d=32, n_head=4, n_layer=1, n_vocab=64)
     pf = graphc.parallelize(gpt.train_step, mesh="dp=2,tp=2", cache=False, static_argnames=("n_head",))
@@ -93,7 +94,8 @@ def test_gpt_on_dp_tp_splits_the_batch_on_dp_and_weights_on_tp_only():
     for n in plan.nodes:  # dp splits batch dims only: every split it makes is of a batch class
         for spec in (*n.in_specs, *n.out_specs):
             assert spec[0].kind in ("R", "P") or spec[0].is_split
-    assert_same_pytree(pf(*args, **kw), gpt.train_step(*args, **kw))
+    # the longest sum: the 32 x 16 tokens of a weight's gradient
+    assert_adam_step_close(pf(*args, **kw), gpt.train_step(*args, **kw), lr=kw["lr"], terms=32 * 16)
 
 
 def test_batch_and_sequence_dims_follow_the_dataflow():

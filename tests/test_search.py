@@ -96,6 +96,7 @@ def run_cli(*args, cwd):
     )
 
 
+@pytest.mark.slow
 def test_cli_devices_search_writes_the_chosen_plan(tmp_path):
     res = run_cli(
         "compile",
@@ -117,6 +118,7 @@ def test_cli_devices_search_writes_the_chosen_plan(tmp_path):
     assert {"tp": 4} in [c["mesh"] for c in doc["search"]["candidates"]]
 
 
+@pytest.mark.slow
 def test_cli_compile_pipeline_plan(tmp_path):
     res = run_cli(
         "compile",

@@ -28,10 +28,10 @@ import numpy as np
 import pytest
 
 import graphc
-from graphc.core.pytree import flatten
 from graphc.core.spec import P, R, S, local_shape
 from graphc.models import gpt
 from graphc.passes.sharding.redistribute import redistribution_time
+from tests.helpers import assert_adam_step_close
 
 T, D = 512, 512
 LIMIT = 48_000_000  # bytes per device: below the Megatron plan's peak (51.5 MB), above the SP plan's (47.9 MB)
@@ -147,6 +147,7 @@ def test_the_peak_drops_by_the_saved_activations_it_splits(megatron, seqpar):
     assert 0.75 * shrunk <= drop <= shrunk, (drop, shrunk)
 
 
+@pytest.mark.slow
 def test_recomputation_fits_the_limit_more_cheaply(megatron, seqpar):
     """On this profile recomputing a few forward values costs less time than SP's extra
     collective calls: with recomputation allowed, the limit is met without SP, for less."""
@@ -163,8 +164,7 @@ def test_the_sequence_parallel_plan_runs_equal_to_one_device(seqpar):
     want = gpt.train_step(*args, **kw)
     pf = graphc.parallelize(gpt.train_step, plan=plan, static_argnames=("n_head", "lr"), cache=False)
     got = pf(*args, **kw)
-    for g, w in zip(flatten(got)[0], flatten(want)[0]):
-        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)  # Adam's step amplifies float32 rounding
+    assert_adam_step_close(got, want, lr=kw["lr"], terms=4 * D)  # the longest sum: the MLP's 4d products
     program = pf.compile(*args, **kw).program
     kinds = Counter(n.op.name for n in program.devices[0].graph.nodes)
     assert kinds["reduce_scatter"] >= 4 and kinds["all_gather"] >= 4, kinds

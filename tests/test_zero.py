@@ -95,6 +95,7 @@ def collectives(plan) -> Counter:
 # --- the solver picks ZeRO to fit ------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_solver_picks_zero_3_to_fit_a_limit_that_no_other_stage_meets_and_trains_like_one_device():
     args = example()
     P = param_bytes(args[0])
@@ -137,7 +138,7 @@ def test_the_memory_model_matches_what_the_devices_hold_for_each_stage():
 # --- forced stages ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("stage", [1, 2, 3])
+@pytest.mark.parametrize("stage", [1, pytest.param(2, marks=pytest.mark.slow), 3])
 def test_a_forced_stage_is_planned_as_asked_and_trains_like_one_device(stage):
     args = example()
     pf = par(zero=stage)
@@ -310,6 +311,7 @@ def mpi_job(out: str) -> None:
     print(f"ok {pf.world.rank}", flush=True)
 
 
+@pytest.mark.slow
 @needs_mpi
 def test_zero_3_under_mpi_equals_one_device(tmp_path):
     out = tmp_path / "out.npz"

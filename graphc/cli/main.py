@@ -49,7 +49,7 @@ from graphc.cli.common import (
 from graphc.core.errors import GraphcError
 from graphc.core.mesh import load_profile, profile_path, save_profile
 from graphc.runtime.calibrate import calibrate
-from graphc.runtime.mpi_world import note_exit_code
+from graphc.runtime.mpi_world import current_world, note_exit_code
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
@@ -125,31 +125,51 @@ def main(argv: list[str] | None = None) -> int:
     # when the command started: the process's start for the program (a time limit counts its
     # imports), this call for an in-process caller
     started = time.perf_counter() - (process_age() if argv is None else 0.0)
-    with signals.stopped_by_signals(program=argv is None), warnings_on_stderr():
-        args = None
-        try:
-            args = build_parser().parse_args(argv)
-            args.started = started
-            return args.func(args)
-        except KeyboardInterrupt as exc:  # Ctrl-C (130) or SIGTERM (143): one line
-            if debug_enabled(args):
-                print_traceback(exc)
-            code = signals.report(exc)
-        except GraphcError as exc:
-            if debug_enabled(args):
-                print_traceback(exc)
-            print_error(str(exc))
-            code = 2
-        except Exception as exc:  # noqa: BLE001 - never a traceback unless asked: one or two lines
-            if debug_enabled(args):
-                print_traceback(exc)
-            interrupt = _wrapped_interrupt(exc)
-            if interrupt is not None:
-                code = signals.report(interrupt)
-            else:
-                text, code = describe_exception(exc)
-                print_error(text)
-        note_exit_code(code)  # under MPI, a job that ends through this failure ends with this status
+    try:
+        with signals.stopped_by_signals(program=argv is None), warnings_on_stderr():
+            code = _command(argv, started)
+    except KeyboardInterrupt as exc:  # a signal landing while an error was reported, or at the body's end
+        code = signals.report(exc)
+    if signals.received() is not None:  # it arrived as the work ended: recorded, not raised
+        code = signals.report(signals.received())
+    note_exit_code(code)  # under MPI, a job that ends through this failure ends with this status
+    if argv is None and signals.received() is not None and current_world() is None:
+        # the program was stopped: end it now, without the interpreter's teardown (seconds on a
+        # busy machine); an MPI rank still runs its job's shutdown (MpiWorld's atexit)
+        signals.end_now(code)
+    return code
+
+
+def _command(argv: list[str] | None, started: float) -> int:
+    """Parse ``argv`` and run its command; every way it can end becomes an exit status and at
+    most a line or two on stderr. An exception after a signal is reported as that signal: a
+    library may have replaced the interrupt by its own error (graphc/cli/signals.py)."""
+    args = None
+    try:
+        args = build_parser().parse_args(argv)
+        args.started = started
+        return args.func(args)
+    except KeyboardInterrupt as exc:  # Ctrl-C (130) or SIGTERM (143): one line
+        if debug_enabled(args):
+            print_traceback(exc)
+        return signals.report(exc)
+    except GraphcError as exc:
+        if debug_enabled(args):
+            print_traceback(exc)
+        if signals.received() is not None:
+            return signals.report(signals.received())
+        print_error(str(exc))
+        return 2
+    except Exception as exc:  # noqa: BLE001 - never a traceback unless asked: one or two lines
+        if debug_enabled(args):
+            print_traceback(exc)
+        interrupt = _wrapped_interrupt(exc)
+        if interrupt is not None:
+            return signals.report(interrupt)
+        if signals.received() is not None:
+            return signals.report(signals.received())
+        text, code = describe_exception(exc)
+        print_error(text)
         return code
 
 

@@ -13,6 +13,18 @@ a long C call; the watchdog thread, blocked on that pipe, wakes and, if the proc
 line if it was not printed yet and ends the process with ``os._exit``. A second signal while
 stopping ends it at once the same way. (Called in-process, ``main(argv)`` only raises and
 reports: the caller's process is its own.)
+
+The signal decides the status wherever it lands. Raised inside Python code that a C extension
+calls, the ``KeyboardInterrupt`` can come back as another exception with no trace of it: numpy's
+``==`` on structured arrays (``np.unique(m, axis=0)``) promotes their dtypes in Python and
+replaces any error there by ``TypeError: Cannot compare structured arrays ...``. So ``received()``
+tells the command that a signal arrived, and whatever exception then ends it is reported as that
+signal. A signal that arrives while the handlers are being restored (the command's work done) is
+recorded, not raised, and reported the same way.
+
+After a signal the program ends with ``end_now`` once ``main`` has reported it: the interpreter's
+own teardown (freeing every module: numpy, numba, HiGHS) ran for 1.5-3 s after the line with the
+machine busy, and the watchdog cannot bound it (Python threads stop running once teardown begins).
 """
 
 from __future__ import annotations
@@ -46,18 +58,40 @@ class _State:
         self.signum: int | None = None  # the first signal received
         self.reported = threading.Event()  # the line was printed
         self.program = False  # graphc is the process (not a caller's main(argv))
+        self.closing = False  # the body ended: the handlers are being restored, a signal only records
 
 
 _state = _State()
 
 
-def report(exc: KeyboardInterrupt) -> int:
-    """Print the one line for ``exc`` (once) and return the exit status."""
-    signum = signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT
+def received() -> int | None:
+    """The number of the first SIGINT or SIGTERM that arrived since ``stopped_by_signals`` began,
+    or None: any exception that ends a command after a signal is that signal's doing."""
+    return _state.signum
+
+
+def report(cause: KeyboardInterrupt | int) -> int:
+    """Print the one line for ``cause`` (the interrupt a signal raised, or the signal's number;
+    once) and return the exit status."""
+    if isinstance(cause, int):
+        signum = signal.SIGTERM if cause == signal.SIGTERM else signal.SIGINT
+    else:
+        signum = signal.SIGTERM if isinstance(cause, Terminated) else signal.SIGINT
     if not _state.reported.is_set():
         _state.reported.set()
         print(message(signum), file=sys.stderr, flush=True)
     return EXIT_STATUS[signum]
+
+
+def end_now(status: int) -> None:
+    """End the process with ``status`` at once: stdout and stderr flushed, no interpreter teardown
+    (the program's end after a signal, when ``main`` has reported it)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed, or a closed pipe
+            pass
+    os._exit(status)
 
 
 def _on_signal(signum: int, _frame) -> None:
@@ -66,6 +100,8 @@ def _on_signal(signum: int, _frame) -> None:
         _state.signum = signum
     if not first and _state.program:  # a second signal while stopping: end now
         _force_exit(signum)
+    if _state.closing:  # the command's work is done: main reports the recorded signal
+        return
     if signum == signal.SIGTERM:
         raise Terminated()
     raise KeyboardInterrupt()
@@ -78,7 +114,7 @@ def _force_exit(signum: int) -> None:
             print(message(signum), file=sys.stderr, flush=True)
         except (OSError, ValueError):  # stderr closed
             pass
-    os._exit(EXIT_STATUS.get(signal.Signals(signum), 128 + signum))
+    end_now(EXIT_STATUS.get(signal.Signals(signum), 128 + signum))
 
 
 def _watch(read_fd: int, program: bool) -> None:
@@ -93,9 +129,10 @@ def _watch(read_fd: int, program: bool) -> None:
             return
         if data[0] in EXIT_STATUS:
             break
+    if not program:  # the caller's process: nothing to bound, and its main(argv) need not wait
+        return
     time.sleep(GRACE_S)
-    if program:
-        _force_exit(data[0])
+    _force_exit(data[0])
 
 
 @contextlib.contextmanager
@@ -112,6 +149,7 @@ def stopped_by_signals(program: bool) -> Iterator[None]:
     _state.signum = None
     _state.reported.clear()
     _state.program = program
+    _state.closing = False
     old = {s: signal.getsignal(s) for s in EXIT_STATUS}
     old_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
     watchdog = threading.Thread(target=_watch, args=(read_fd, program), name="graphc-signal-watchdog", daemon=True)
@@ -121,6 +159,7 @@ def stopped_by_signals(program: bool) -> Iterator[None]:
     try:
         yield
     finally:
+        _state.closing = True
         for s, handler in old.items():
             signal.signal(s, handler)
         signal.set_wakeup_fd(old_fd)
@@ -131,4 +170,4 @@ def stopped_by_signals(program: bool) -> Iterator[None]:
             os.close(write_fd)
 
 
-__all__ = ["EXIT_STATUS", "GRACE_S", "Terminated", "message", "report", "stopped_by_signals"]
+__all__ = ["EXIT_STATUS", "GRACE_S", "Terminated", "end_now", "message", "received", "report", "stopped_by_signals"]
