@@ -578,6 +578,24 @@ def test_a_bool_element_takes_an_array_of_one_element():
     check_batch("a bool element", [*fns, added, float_element], (f, m))
 
 
+def test_std_of_one_element_has_gradient_zero():
+    """np.std over one element (ddof 0) is 0 for every finite x, nan for inf and nan, and its
+    derivative is 0; computed as numpy does it (sqrt of the squared deviation) the derivative is
+    sqrt's at 0 times 0: nan (as JAX's; found by tests/fuzz). Values and dtypes stay numpy's."""
+    x = np.array([[1.5, -2.0, np.inf, np.nan, -0.0]])
+    fns = [
+        lambda x, kw=kw: np.std(x, **kw)
+        for kw in (dict(axis=0), dict(axis=(0,), keepdims=True), dict(axis=0, dtype=np.float32), dict(axis=0, ddof=1))
+    ]
+    fns += [lambda x: x[0, :1].std(), lambda x: np.std(x[0, 0]), lambda x: np.std((x[:, :2] > 0), axis=0)]
+    check_batch("std of one element", fns, (x,))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for fn in (lambda x: np.sum(np.std(x, axis=0) * 3.0), lambda x: np.std(x[0, 1]) + np.std(x[:, :2], axis=0)[1]):
+            g = graphc.grad(fn)(x[:, :2])
+            np.testing.assert_array_equal(g, np.zeros((1, 2)))
+
+
 # --- numpy's errors are GraphcErrors ------------------------------------------------------------------
 
 
