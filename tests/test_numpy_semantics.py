@@ -474,8 +474,8 @@ def test_scans_and_argsort_of_a_0d_array_along_axis_0():
 def test_writes_numpy_refuses():
     """numpy refuses a write into a numpy scalar (``np.add.at``, ``out=``), an array of 1 or more
     dims into one element (``y[0] = v[:1]``, also through a traced index or ``+=``), and a 2-d
-    value through a boolean mask over every dim; graphc raised nothing and wrote (found by
-    tests/fuzz). A 0-d view (``y[0, ...]``) and a mask over fewer dims take such values."""
+    value through a boolean mask over every dim (of a 0-d array, True or False); graphc raised
+    nothing and wrote (found by tests/fuzz). A 0-d view (``y[0, ...]``) and a mask over fewer dims take such values."""
     x = np.array([1.0, 2.0, 3.0])
     mask = np.array([True, False, True])
 
@@ -514,6 +514,16 @@ def test_writes_numpy_refuses():
         y[x > 1.5] = x[None, :2]
         return y
 
+    def masked_0d_2d(x):  # True or False as the whole key of a 0-d array: a 0-d mask (found by the long fuzz run)
+        y = x[:1].reshape(()).copy()
+        y[True] = x[None, :1]
+        return y
+
+    def masked_0d_array_3d(x):
+        y = x[:1].reshape(()).copy()
+        y[np.array(False)] = x[None, None, :1]
+        return y
+
     for fn, args in (
         (scalar_at, (x,)),
         (scalar_out, (x,)),
@@ -522,6 +532,8 @@ def test_writes_numpy_refuses():
         (traced_element, (x, np.array(0))),
         (masked_2d, (x,)),
         (masked_traced_2d, (x,)),
+        (masked_0d_2d, (x,)),
+        (masked_0d_array_3d, (x,)),
     ):
         with pytest.raises((TypeError, ValueError)) as want:
             fn(*args)
@@ -534,7 +546,9 @@ def test_writes_numpy_refuses():
         y[0, ...] = x[None, :]  # a row of shape (3,) takes (1, 3): numpy drops the leading dim
         z = x.copy()
         z[0, ...] = x[1:2]  # a 0-d view takes (1,)
-        return y, z
+        s = x[:1].reshape(()).copy()
+        s[True] = x[1:2]  # a 0-d mask takes (1,)
+        return y, z, s
 
     check_batch("allowed writes", [allowed], (x,))
 

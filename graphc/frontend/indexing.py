@@ -484,16 +484,18 @@ def setitem(x: Tracer, key: Any, value: Any) -> Tracer:
 
 def _check_value_dims(x: Tracer, key: Any, value: Any) -> None:
     """numpy's two rules on the value's dims that broadcasting alone does not give: one element
-    (an integer for every dim, or ``()`` of a 0-d array) takes no array of 1 or more dims, and a
-    boolean mask over all the dims (the whole key) none of 2 or more. (A bool element is the
-    exception: numpy stores the truth value of an array of one element, of any dims.)"""
+    (an integer for every dim, or ``()`` of a 0-d array) takes no array of 1 or more dims (but a
+    bool element takes an array of one element, of any dims: numpy stores its truth value), and a
+    boolean mask over all the dims (the whole key; of a 0-d array, also True or False) none of 2
+    or more."""
     parts = key if type(key) is tuple else (key,)
     ndim = np.ndim(value)
     ints = all(_is_int(k) for k in parts)
     one_bool = x.dtype == np.bool_ and isinstance(value, (Tracer, np.ndarray)) and np.size(value) == 1
     if ints and len(parts) == x.ndim and ndim >= 1 and not one_bool:
         raise numpy_error(ValueError("setting an array element with a sequence."), TraceError, user_location())
-    whole_mask = len(parts) == 1 and np.ndim(parts[0]) == x.ndim >= 1 and _is_bool_array(parts[0])
+    mask = parts[0] if len(parts) == 1 else None  # (of a 0-d x, also True or False: a 0-d mask)
+    whole_mask = np.ndim(mask) == x.ndim and (_is_bool_array(mask) or isinstance(mask, (bool, np.bool_)))
     if whole_mask and ndim >= 2:
         raise numpy_error(
             TypeError(
