@@ -495,7 +495,8 @@ def _check_value_dims(x: Tracer, key: Any, value: Any) -> None:
     if ints and len(parts) == x.ndim and ndim >= 1 and not one_bool:
         raise numpy_error(ValueError("setting an array element with a sequence."), TraceError, user_location())
     mask = parts[0] if len(parts) == 1 else None  # (of a 0-d x, also True or False: a 0-d mask)
-    whole_mask = np.ndim(mask) == x.ndim and (_is_bool_array(mask) or isinstance(mask, (bool, np.bool_)))
+    is_mask = _is_bool_array(mask) or isinstance(mask, (bool, np.bool_))
+    whole_mask = is_mask and np.ndim(cast(Any, mask)) == x.ndim
     if whole_mask and ndim >= 2:
         raise numpy_error(
             TypeError(
