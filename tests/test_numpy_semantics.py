@@ -610,6 +610,33 @@ def test_std_of_one_element_has_gradient_zero():
             np.testing.assert_array_equal(g, np.zeros((1, 2)))
 
 
+def test_an_advanced_assignment_reshapes_the_value_to_its_last_dims():
+    """numpy's assignment through an advanced key (index arrays, a boolean mask over fewer dims
+    than the array's) reshapes a value of more dims than the selection to its last dims: leading
+    dims of size 1 go, and so do any leading dims of an empty value whose last dims are empty
+    (``y[mask] = v`` of shape (2, 1, 0) into a selection of shape (1, 0)); a basic key only drops
+    leading dims of size 1. graphc raised for the empty ones (found by the long fuzz run)."""
+    mask = np.array([[False], [True]])
+
+    def write(key, vshape, traced_key=False):
+        def fn(x, idx):
+            y = x.copy()
+            y[(idx,) if traced_key else key] = np.ones(vshape) * x.sum()
+            return y
+
+        return fn
+
+    fns = [
+        write(key, vshape)
+        for key in ((mask,), ([1],), (slice(1, 2),), (1,))
+        for vshape in ((2, 1, 0), (5, 1, 0), (2, 0, 0), (0, 2, 0), (1, 1, 0), (3, 0), (1, 0))
+    ]
+    fns += [write(None, vshape, traced_key=True) for vshape in ((2, 1, 1, 0), (3, 1, 1, 0), (2, 0, 1, 0))]
+    check_batch("advanced assignment of empty values", fns, (np.zeros((2, 1, 0)), np.array([1])))
+    full = [write(key, vshape) for key in ((mask,), ([1],)) for vshape in ((2, 1, 3), (1, 1, 3), (3,))]
+    check_batch("advanced assignment", full, (np.arange(6.0).reshape(2, 1, 3), np.array([1])))
+
+
 # --- numpy's errors are GraphcErrors ------------------------------------------------------------------
 
 

@@ -306,15 +306,21 @@ def _dynamic_slices(x: Tracer, items: list[tuple[str, Any]]) -> tuple[Tracer, li
 # --- x[key] = v: a new array (the tracer rebinds itself to it, tracer.py) -------------------------
 
 
-def _broadcast_value(x: Tracer, value: Any, shape: tuple[int, ...], to_dtype: bool = True) -> Tracer:
+def _broadcast_value(
+    x: Tracer, value: Any, shape: tuple[int, ...], to_dtype: bool = True, advanced: bool = False
+) -> Tracer:
     """``value`` as numpy assigns it into ``x[key]`` of ``shape``: cast to x's dtype (numpy casts
     unsafely here; not if ``to_dtype`` is False), leading size-1 dims dropped, broadcast to the
-    indexed shape."""
+    indexed shape. An ``advanced`` key's assignment reshapes the value to its last dims instead,
+    which also drops any leading dims of an empty value whose last dims hold no element."""
     if not to_dtype:
         v = value if isinstance(value, Tracer) else lift(value)
     else:
         v = convert(value, x.dtype) if isinstance(value, Tracer) else lift(value, x.dtype)
     shape = tuple(shape)
+    last = v.shape[v.ndim - len(shape) :]
+    if advanced and v.ndim > len(shape) and v.size == int(np.prod(last, dtype=np.int64)):
+        v = reshape_to(v, last)
     ok = True
     while v.ndim > len(shape) and ok:
         ok = v.shape[0] == 1
@@ -349,11 +355,11 @@ def _flat_positions(x: Tracer, key: Any) -> np.ndarray:
         raise TraceError(str(exc), user_location()) from None
 
 
-def _flat_update(x: Tracer, key: Any, value: Tracer, opname: str) -> Tracer:
+def _flat_update(x: Tracer, key: Any, value: Tracer, opname: str, advanced: bool = False) -> Tracer:
     """Any static key: scatter into the flattened array at numpy's positions (strided slices,
-    index arrays mixed with partial slices or None)."""
+    index arrays mixed with partial slices or None; ``advanced``: an advanced key's assignment)."""
     pos = _flat_positions(x, key)
-    upd = _broadcast_value(x, value, pos.shape)
+    upd = _broadcast_value(x, value, pos.shape, advanced=advanced)
     if pos.size == 0:
         return x
     out = bind(opname, reshape_to(x, (x.size,)), lift(pos), upd, axis=0)
@@ -463,11 +469,11 @@ def _indexed_update(x: Tracer, key: Any, value: Any, opname: str) -> Tracer:
                 "this key mixes them with partial slices or None",
                 user_location(),
             )
-        return _flat_update(x, key, value, opname)
+        return _flat_update(x, key, value, opname, advanced=advanced and opname == "scatter")
     xt, indices, axis, perm = form
     k = len(indices)
     bshape = np.broadcast_shapes(*(t.shape for t in indices))
-    upd = _broadcast_value(x, value, xt.shape[:axis] + bshape + xt.shape[axis + k :])
+    upd = _broadcast_value(x, value, xt.shape[:axis] + bshape + xt.shape[axis + k :], advanced=opname == "scatter")
     if upd.size == 0:
         return x
     out = bind(opname, xt, *indices, upd, axis=axis)
