@@ -592,22 +592,31 @@ def test_a_bool_element_takes_an_array_of_one_element():
     check_batch("a bool element", [*fns, added, float_element], (f, m))
 
 
-def test_std_of_one_element_has_gradient_zero():
-    """np.std over one element (ddof 0) is 0 for every finite x, nan for inf and nan, and its
-    derivative is 0; computed as numpy does it (sqrt of the squared deviation) the derivative is
-    sqrt's at 0 times 0: nan (as JAX's; found by tests/fuzz). Values and dtypes stay numpy's."""
+def test_std_at_zero_has_gradient_zero():
+    """np.std is 0 where all its elements are equal (or there is one): its minimum, where sqrt's
+    derivative at 0 made the gradient nan (as JAX's; found by tests/fuzz: a std over one element,
+    and over ``np.concatenate([x, x])``); 0 is the derivative along every direction that keeps
+    them equal, which is all finite differences can see there. Values and dtypes stay numpy's
+    (nan for inf and nan, ddof beyond the count), and away from 0 the gradient is sqrt's."""
     x = np.array([[1.5, -2.0, np.inf, np.nan, -0.0]])
     fns = [
         lambda x, kw=kw: np.std(x, **kw)
         for kw in (dict(axis=0), dict(axis=(0,), keepdims=True), dict(axis=0, dtype=np.float32), dict(axis=0, ddof=1))
     ]
     fns += [lambda x: x[0, :1].std(), lambda x: np.std(x[0, 0]), lambda x: np.std((x[:, :2] > 0), axis=0)]
+    fns += [lambda x: np.std(np.concatenate([x[0, :2], x[0, :2]]).reshape(2, 2), axis=0, ddof=3)]
     check_batch("std of one element", fns, (x,))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        for fn in (lambda x: np.sum(np.std(x, axis=0) * 3.0), lambda x: np.std(x[0, 1]) + np.std(x[:, :2], axis=0)[1]):
+        for fn in (
+            lambda x: np.sum(np.std(x, axis=0) * 3.0),
+            lambda x: np.std(x[0, 1]) + np.std(x[:, :2], axis=0)[1],
+            lambda x: np.std(np.concatenate([x[0, :1], x[0, :1]])) + np.std(np.repeat(x, 3, axis=0), axis=0)[0],
+        ):
             g = graphc.grad(fn)(x[:, :2])
             np.testing.assert_array_equal(g, np.zeros((1, 2)))
+    y = np.array([1.0, 2.0, 4.0])
+    np.testing.assert_allclose(graphc.grad(np.std)(y), (y - y.mean()) / (y.size * np.std(y)), rtol=1e-15)
 
 
 def test_an_advanced_assignment_reshapes_the_value_to_its_last_dims():

@@ -183,20 +183,14 @@ def std(
     correction=np._NoValue,
 ):
     reject_unsupported("std", out=out, where=where, mean=mean, correction=correction)
-    x = lift(a)
-    axes = norm_axes(axis, x.ndim, "std")
-    if ddof == 0 and _count(x, axes) == 1:
-        # one element: numpy's sqrt of the squared deviation is sqrt(0) (nan for inf and nan), whose
-        # derivative is nan (JAX's too) where the function is 0 for every x; |x - x| has the same
-        # values and the derivative 0
-        acc = (
-            dtypes.canonical(dtype)
-            if dtype is not None
-            else (np.dtype(np.float64) if x.dtype.kind in "biu" else x.dtype)
-        )
-        d = apply_ufunc(np.subtract, lift(x, acc), globals()["mean"](x, axes, dtype=acc, keepdims=True))
-        return sum_(apply_ufunc(np.absolute, d), axes, dtype=acc, keepdims=keepdims)
-    return apply_ufunc(np.sqrt, var(x, axis, dtype, ddof=ddof, keepdims=keepdims))
+    v = var(a, axis, dtype, ddof=ddof, keepdims=keepdims)
+    # std is 0 where all the elements are equal (or there is one): its minimum, where sqrt's
+    # derivative at 0 makes a nan (JAX's too) but 0 is the derivative along every direction that
+    # keeps them equal. There var passes its own (0) on; the inner where keeps sqrt's derivative
+    # away from 0. The values are sqrt(var)'s, nan included.
+    select = globals()["where"]
+    positive = apply_ufunc(np.greater, v, 0)
+    return select(positive, apply_ufunc(np.sqrt, select(positive, v, 1)), v)
 
 
 @implements(np.max, np.amax)
