@@ -91,7 +91,7 @@ def select_expr(name: str, args: list[str], dtype: np.dtype) -> str | None:
 
 
 def logical_expr(name: str, args: list[str], dtype: np.dtype, attrs: dict[str, Any]) -> str | None:
-    """Comparisons, logical ops and dtype conversion; None for other ops."""
+    """Comparisons and logical ops; None for other ops."""
     if name == "compare":
         return f"({args[0]} {_COMPARE[attrs['direction']]} {args[1]})"
     if name == "logical_and":
@@ -100,8 +100,18 @@ def logical_expr(name: str, args: list[str], dtype: np.dtype, attrs: dict[str, A
         return f"({args[0]} or {args[1]})"
     if name == "logical_not":
         return f"(not {args[0]})"
-    if name == "convert":
-        if dtype.kind == "b":
-            return f"({args[0]} != 0)"
-        return f"{np_type(dtype)}({args[0]})"
     return None
+
+
+def convert_expr(node: Node, args: list[str]) -> str:
+    """dtype conversion. A float goes to an integer narrower than 64 bits through int64, which
+    then wraps into the narrower type, as numpy's cast does on x86-64 (-1.0 to uint8 is 255, 300.0
+    is 44): Numba's direct conversion of a float out of the target's range is undefined (LLVM's
+    fptoui), and gave 0 in vectorized loops and the wrapped value in their tails."""
+    (x,) = args
+    dtype = node.outputs[0].dtype
+    if dtype.kind == "b":
+        return f"({x} != 0)"
+    if node.inputs[0].dtype.kind == "f" and dtype.kind in "iu" and dtype.itemsize < 8:
+        return f"{np_type(dtype)}(np.int64({x}))"
+    return f"{np_type(dtype)}({x})"

@@ -57,6 +57,7 @@ from graphc.runtime import fastmath
 from graphc.runtime.kernelexpr import (
     arithmetic_expr,
     constant_text,
+    convert_expr,
     logical_expr,
     np_type,
     power_expr,
@@ -350,6 +351,8 @@ class KernelSpec:
         args = [ref(v) for v in node.inputs]  # read first: an element loop emits an operand's load on its first read
         dtype = node.outputs[0].dtype
         text = power_expr(node, args) if name == "pow" and scalar_exponent(node) else None
+        if name == "convert":
+            text = convert_expr(node, args)
         if text is None:
             text = arithmetic_expr(name, args, dtype)
         if text is None:

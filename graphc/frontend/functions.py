@@ -27,6 +27,7 @@ from graphc.frontend.tracer import (
     user_location,
 )
 from graphc.frontend.ufuncs import apply_ufunc, resolve_loop
+from graphc.frontend.views import diagonal_view
 from graphc.ops.reduction import reduced_shape
 
 
@@ -182,7 +183,14 @@ def std(
     correction=np._NoValue,
 ):
     reject_unsupported("std", out=out, where=where, mean=mean, correction=correction)
-    return apply_ufunc(np.sqrt, var(a, axis, dtype, ddof=ddof, keepdims=keepdims))
+    v = var(a, axis, dtype, ddof=ddof, keepdims=keepdims)
+    # std is 0 where all the elements are equal (or there is one): its minimum, where sqrt's
+    # derivative at 0 makes a nan (JAX's too) but 0 is the derivative along every direction that
+    # keeps them equal. There var passes its own (0) on; the inner where keeps sqrt's derivative
+    # away from 0. The values are sqrt(var)'s, nan included.
+    select = globals()["where"]
+    positive = apply_ufunc(np.greater, v, 0)
+    return select(positive, apply_ufunc(np.sqrt, select(positive, v, 1)), v)
 
 
 @implements(np.max, np.amax)
@@ -669,15 +677,19 @@ def einsum(subscripts, *operands, out=None, optimize=False, dtype=None, **kwargs
     dt = result_dtype(*operands)
     xs = [lift(x, dt) for x in operands]
     specs, out_spec = _expand_einsum(subscripts, xs)
-    if len(xs) == 1 and out_spec and len(set(specs[0])) == len(specs[0]) and sorted(specs[0]) == sorted(out_spec):
-        # one operand, nothing summed, no diagonal: numpy returns a view, a permutation of the dims
-        # (of a 0-d operand, a numpy scalar); a diagonal ('ii->i') is a view in numpy too, a copy here
+    equation = ",".join(specs) + "->" + out_spec
+    view = len(xs) == 1 and out_spec and sorted(set(specs[0])) == sorted(out_spec)  # (one operand, nothing summed)
+    if view and len(set(specs[0])) == len(specs[0]):
+        # no diagonal: numpy returns a view, a permutation of the dims (of a 0-d operand, a numpy scalar)
         return np.transpose(xs[0], tuple(specs[0].index(c) for c in out_spec))
     if dt.kind == "b":
-        return _bool_contraction(lambda *xs: einsum(subscripts, *xs), *operands)
-    specs, xs = map(list, zip(*(_einsum_diagonal(s, x, i) for i, (s, x) in enumerate(zip(specs, xs)))))
-    xs = _einsum_broadcast(specs, xs)
-    return bind("einsum", *xs, equation=",".join(specs) + "->" + out_spec)
+        result = _bool_contraction(lambda *xs: einsum(subscripts, *xs), *operands)
+    else:
+        specs, ys = map(list, zip(*(_einsum_diagonal(s, x, i) for i, (s, x) in enumerate(zip(specs, xs)))))
+        ys = _einsum_broadcast(specs, ys)
+        result = bind("einsum", *ys, equation=",".join(specs) + "->" + out_spec)
+    # a diagonal ('ii->i', 'iij->ji'): numpy returns a view of it
+    return diagonal_view(xs[0], equation, result) if view else result
 
 
 @implements(np.tensordot)

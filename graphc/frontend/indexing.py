@@ -306,15 +306,21 @@ def _dynamic_slices(x: Tracer, items: list[tuple[str, Any]]) -> tuple[Tracer, li
 # --- x[key] = v: a new array (the tracer rebinds itself to it, tracer.py) -------------------------
 
 
-def _broadcast_value(x: Tracer, value: Any, shape: tuple[int, ...], to_dtype: bool = True) -> Tracer:
+def _broadcast_value(
+    x: Tracer, value: Any, shape: tuple[int, ...], to_dtype: bool = True, advanced: bool = False
+) -> Tracer:
     """``value`` as numpy assigns it into ``x[key]`` of ``shape``: cast to x's dtype (numpy casts
     unsafely here; not if ``to_dtype`` is False), leading size-1 dims dropped, broadcast to the
-    indexed shape."""
+    indexed shape. An ``advanced`` key's assignment reshapes the value to its last dims instead,
+    which also drops any leading dims of an empty value whose last dims hold no element."""
     if not to_dtype:
         v = value if isinstance(value, Tracer) else lift(value)
     else:
         v = convert(value, x.dtype) if isinstance(value, Tracer) else lift(value, x.dtype)
     shape = tuple(shape)
+    last = v.shape[v.ndim - len(shape) :]
+    if advanced and v.ndim > len(shape) and v.size == int(np.prod(last, dtype=np.int64)):
+        v = reshape_to(v, last)
     ok = True
     while v.ndim > len(shape) and ok:
         ok = v.shape[0] == 1
@@ -349,11 +355,11 @@ def _flat_positions(x: Tracer, key: Any) -> np.ndarray:
         raise TraceError(str(exc), user_location()) from None
 
 
-def _flat_update(x: Tracer, key: Any, value: Tracer, opname: str) -> Tracer:
+def _flat_update(x: Tracer, key: Any, value: Tracer, opname: str, advanced: bool = False) -> Tracer:
     """Any static key: scatter into the flattened array at numpy's positions (strided slices,
-    index arrays mixed with partial slices or None)."""
+    index arrays mixed with partial slices or None; ``advanced``: an advanced key's assignment)."""
     pos = _flat_positions(x, key)
-    upd = _broadcast_value(x, value, pos.shape)
+    upd = _broadcast_value(x, value, pos.shape, advanced=advanced)
     if pos.size == 0:
         return x
     out = bind(opname, reshape_to(x, (x.size,)), lift(pos), upd, axis=0)
@@ -463,11 +469,11 @@ def _indexed_update(x: Tracer, key: Any, value: Any, opname: str) -> Tracer:
                 "this key mixes them with partial slices or None",
                 user_location(),
             )
-        return _flat_update(x, key, value, opname)
+        return _flat_update(x, key, value, opname, advanced=advanced and opname == "scatter")
     xt, indices, axis, perm = form
     k = len(indices)
     bshape = np.broadcast_shapes(*(t.shape for t in indices))
-    upd = _broadcast_value(x, value, xt.shape[:axis] + bshape + xt.shape[axis + k :])
+    upd = _broadcast_value(x, value, xt.shape[:axis] + bshape + xt.shape[axis + k :], advanced=opname == "scatter")
     if upd.size == 0:
         return x
     out = bind(opname, xt, *indices, upd, axis=axis)
@@ -484,14 +490,19 @@ def setitem(x: Tracer, key: Any, value: Any) -> Tracer:
 
 def _check_value_dims(x: Tracer, key: Any, value: Any) -> None:
     """numpy's two rules on the value's dims that broadcasting alone does not give: one element
-    (an integer for every dim, or ``()`` of a 0-d array) takes no array of 1 or more dims, and a
-    boolean mask over all the dims (the whole key) none of 2 or more."""
+    (an integer for every dim, or ``()`` of a 0-d array) takes no array of 1 or more dims (but a
+    bool element takes an array of one element, of any dims: numpy stores its truth value), and a
+    boolean mask over all the dims (the whole key; of a 0-d array, also True or False) none of 2
+    or more."""
     parts = key if type(key) is tuple else (key,)
     ndim = np.ndim(value)
     ints = all(_is_int(k) for k in parts)
-    if ints and len(parts) == x.ndim and ndim >= 1:
+    one_bool = x.dtype == np.bool_ and isinstance(value, (Tracer, np.ndarray)) and np.size(value) == 1
+    if ints and len(parts) == x.ndim and ndim >= 1 and not one_bool:
         raise numpy_error(ValueError("setting an array element with a sequence."), TraceError, user_location())
-    whole_mask = len(parts) == 1 and np.ndim(parts[0]) == x.ndim >= 1 and _is_bool_array(parts[0])
+    mask = parts[0] if len(parts) == 1 else None  # (of a 0-d x, also True or False: a 0-d mask)
+    is_mask = _is_bool_array(mask) or isinstance(mask, (bool, np.bool_))
+    whole_mask = is_mask and np.ndim(cast(Any, mask)) == x.ndim
     if whole_mask and ndim >= 2:
         raise numpy_error(
             TypeError(

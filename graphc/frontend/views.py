@@ -13,6 +13,7 @@ from its base and how to write a new value of the view back into the base:
   Broadcast(shape)   np.broadcast_to(x, shape)                         read-only, as numpy's
   Positions(...)     a numpy view of a numpy buffer that traced values were written into
                      (frontend/shadows.py): a gather of its elements    write: a scatter
+  Diagonal(...)      np.einsum('ii->i', x) and other diagonals           write: a scatter
 
 The root keeps a version, bumped by every in-place write (``tracer.rebind``); a view computed at an
 older version is computed again when it is next read (``Tracer._value``). A write into a view goes
@@ -204,7 +205,33 @@ class Positions(Step):
         return _reshape(new, base.shape)
 
 
+@dataclass(frozen=True, eq=False)
+class Diagonal(Step):
+    """``np.einsum(equation, x)`` of one operand that repeats a letter and sums nothing
+    ('ii->i', 'iij->ji'): numpy's (writeable) view of a diagonal. ``positions`` (the view's shape)
+    are its elements' flat positions in the base."""
+
+    equation: str
+    positions: np.ndarray
+
+    def lay(self, stand_in: np.ndarray) -> np.ndarray:
+        return np.einsum(self.equation, stand_in)  # (numpy's view: it reads no memory)
+
+    def read(self, base: Tracer) -> Tracer:
+        return Positions(self.positions, ()).read(base)
+
+    def write(self, base: Tracer, view: Tracer) -> Tracer:
+        return Positions(self.positions, ()).write(base, view)
+
+
 # --- making views ---------------------------------------------------------------------------------
+
+
+def diagonal_view(base: Tracer, equation: str, result: Tracer) -> Tracer:
+    """``result``, the value of ``np.einsum(equation, base)`` (one operand, a repeated letter,
+    nothing summed), as numpy returns it: a view of ``base``'s diagonal."""
+    positions = np.einsum(equation, np.arange(base.size).reshape(base.shape)).copy()
+    return view_of(base, [Diagonal(equation, positions)], result)
 
 
 def _standin(shape: tuple[int, ...]) -> np.ndarray:

@@ -474,8 +474,8 @@ def test_scans_and_argsort_of_a_0d_array_along_axis_0():
 def test_writes_numpy_refuses():
     """numpy refuses a write into a numpy scalar (``np.add.at``, ``out=``), an array of 1 or more
     dims into one element (``y[0] = v[:1]``, also through a traced index or ``+=``), and a 2-d
-    value through a boolean mask over every dim; graphc raised nothing and wrote (found by
-    tests/fuzz). A 0-d view (``y[0, ...]``) and a mask over fewer dims take such values."""
+    value through a boolean mask over every dim (of a 0-d array, True or False); graphc raised
+    nothing and wrote (found by tests/fuzz). A 0-d view (``y[0, ...]``) and a mask over fewer dims take such values."""
     x = np.array([1.0, 2.0, 3.0])
     mask = np.array([True, False, True])
 
@@ -514,6 +514,16 @@ def test_writes_numpy_refuses():
         y[x > 1.5] = x[None, :2]
         return y
 
+    def masked_0d_2d(x):  # True or False as the whole key of a 0-d array: a 0-d mask (found by the long fuzz run)
+        y = x[:1].reshape(()).copy()
+        y[True] = x[None, :1]
+        return y
+
+    def masked_0d_array_3d(x):
+        y = x[:1].reshape(()).copy()
+        y[np.array(False)] = x[None, None, :1]
+        return y
+
     for fn, args in (
         (scalar_at, (x,)),
         (scalar_out, (x,)),
@@ -522,6 +532,8 @@ def test_writes_numpy_refuses():
         (traced_element, (x, np.array(0))),
         (masked_2d, (x,)),
         (masked_traced_2d, (x,)),
+        (masked_0d_2d, (x,)),
+        (masked_0d_array_3d, (x,)),
     ):
         with pytest.raises((TypeError, ValueError)) as want:
             fn(*args)
@@ -534,9 +546,104 @@ def test_writes_numpy_refuses():
         y[0, ...] = x[None, :]  # a row of shape (3,) takes (1, 3): numpy drops the leading dim
         z = x.copy()
         z[0, ...] = x[1:2]  # a 0-d view takes (1,)
-        return y, z
+        s = x[:1].reshape(()).copy()
+        s[True] = x[1:2]  # a 0-d mask takes (1,)
+        return y, z, s
 
     check_batch("allowed writes", [allowed], (x,))
+
+
+def test_a_bool_element_takes_an_array_of_one_element():
+    """One bool element (``b[()]`` of a 0-d array, ``b[0, 1]``) takes an array of one element of
+    any dims and any dtype: numpy stores its truth value (nan is True), where an element of any
+    other dtype raises "setting an array element with a sequence"; graphc raised that for bools
+    too (found by tests/fuzz). Two elements, or none, still raise."""
+    f = np.array([[0.0, np.nan]])
+    m = np.array([[False, True]])
+
+    def element(f, m, k, v):
+        b = m[0, 1:].reshape(()).copy() if k == () else m.copy()
+        b[k] = v
+        return b
+
+    fns = [
+        lambda f, m, k=k, v=v: element(f, m, k, v(f, m))
+        for k in ((), (0, 1), (0, 0))
+        for v in (
+            lambda f, m: f[:, :1],  # 0.0 of shape (1, 1): False
+            lambda f, m: f[0, 1:],  # nan of shape (1,): True
+            lambda f, m: m[:, 1],  # True of shape (1,)
+            lambda f, m: m[0, :0],  # no element: raises
+            lambda f, m: f[0],  # two elements: raises
+            lambda f, m: f[:, 1:] > 1,  # a traced bool of shape (1, 1)
+        )
+    ]
+
+    def added(f, m):
+        b = m.copy()
+        b[0, 0] += m[:, 1]  # bool + bool array of one element: a (1,) array into one element
+        return b
+
+    def float_element(f, m):
+        g = f.copy()
+        g[0, 0] = f[0, :1]  # not a bool: raises
+        return g
+
+    check_batch("a bool element", [*fns, added, float_element], (f, m))
+
+
+def test_std_at_zero_has_gradient_zero():
+    """np.std is 0 where all its elements are equal (or there is one): its minimum, where sqrt's
+    derivative at 0 made the gradient nan (as JAX's; found by tests/fuzz: a std over one element,
+    and over ``np.concatenate([x, x])``); 0 is the derivative along every direction that keeps
+    them equal, which is all finite differences can see there. Values and dtypes stay numpy's
+    (nan for inf and nan, ddof beyond the count), and away from 0 the gradient is sqrt's."""
+    x = np.array([[1.5, -2.0, np.inf, np.nan, -0.0]])
+    fns = [
+        lambda x, kw=kw: np.std(x, **kw)
+        for kw in (dict(axis=0), dict(axis=(0,), keepdims=True), dict(axis=0, dtype=np.float32), dict(axis=0, ddof=1))
+    ]
+    fns += [lambda x: x[0, :1].std(), lambda x: np.std(x[0, 0]), lambda x: np.std((x[:, :2] > 0), axis=0)]
+    fns += [lambda x: np.std(np.concatenate([x[0, :2], x[0, :2]]).reshape(2, 2), axis=0, ddof=3)]
+    check_batch("std of one element", fns, (x,))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for fn in (
+            lambda x: np.sum(np.std(x, axis=0) * 3.0),
+            lambda x: np.std(x[0, 1]) + np.std(x[:, :2], axis=0)[1],
+            lambda x: np.std(np.concatenate([x[0, :1], x[0, :1]])) + np.std(np.repeat(x, 3, axis=0), axis=0)[0],
+        ):
+            g = graphc.grad(fn)(x[:, :2])
+            np.testing.assert_array_equal(g, np.zeros((1, 2)))
+    y = np.array([1.0, 2.0, 4.0])
+    np.testing.assert_allclose(graphc.grad(np.std)(y), (y - y.mean()) / (y.size * np.std(y)), rtol=1e-15)
+
+
+def test_an_advanced_assignment_reshapes_the_value_to_its_last_dims():
+    """numpy's assignment through an advanced key (index arrays, a boolean mask over fewer dims
+    than the array's) reshapes a value of more dims than the selection to its last dims: leading
+    dims of size 1 go, and so do any leading dims of an empty value whose last dims are empty
+    (``y[mask] = v`` of shape (2, 1, 0) into a selection of shape (1, 0)); a basic key only drops
+    leading dims of size 1. graphc raised for the empty ones (found by the long fuzz run)."""
+    mask = np.array([[False], [True]])
+
+    def write(key, vshape, traced_key=False):
+        def fn(x, idx):
+            y = x.copy()
+            y[(idx,) if traced_key else key] = np.ones(vshape) * x.sum()
+            return y
+
+        return fn
+
+    fns = [
+        write(key, vshape)
+        for key in ((mask,), ([1],), (slice(1, 2),), (1,))
+        for vshape in ((2, 1, 0), (5, 1, 0), (2, 0, 0), (0, 2, 0), (1, 1, 0), (3, 0), (1, 0))
+    ]
+    fns += [write(None, vshape, traced_key=True) for vshape in ((2, 1, 1, 0), (3, 1, 1, 0), (2, 0, 1, 0))]
+    check_batch("advanced assignment of empty values", fns, (np.zeros((2, 1, 0)), np.array([1])))
+    full = [write(key, vshape) for key in ((mask,), ([1],)) for vshape in ((2, 1, 3), (1, 1, 3), (3,))]
+    check_batch("advanced assignment", full, (np.arange(6.0).reshape(2, 1, 3), np.array([1])))
 
 
 # --- numpy's errors are GraphcErrors ------------------------------------------------------------------

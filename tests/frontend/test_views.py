@@ -813,6 +813,41 @@ def test_an_einsum_that_only_permutes_is_a_view():
     check(fn, np.arange(6.0).reshape(2, 3))
 
 
+def test_an_einsum_diagonal_is_a_view():
+    """numpy's einsum of one operand that repeats a letter and sums nothing ('ii->i', 'aab->ba')
+    returns a writeable view of the diagonal: a write into it reaches the operand (graphc's copy
+    lost it, silently: found by the long fuzz run), and a later write into the operand shows in
+    it; of bools too, of a view, with a size-0 diagonal; its ravel is a copy (the diagonal is not
+    contiguous), as numpy's."""
+
+    def fn(x, m):
+        y = x.copy()
+        d = np.einsum("ii->i", y[:, :, 0])  # (a diagonal of a view)
+        d += 10.0
+        t = np.einsum("aab->ba", y)
+        t[1, 0] = -1.0  # y[0, 0, 1]
+        y[2, 2, 1] = 99.0  # shows in t
+        r = t.ravel()  # a copy
+        r[0] = 7.0
+        b = m.copy()
+        np.einsum("ii->i", b)[...] = True
+        e = np.zeros((0, 0))
+        np.einsum("ii->i", e)[...] = 1.0
+        return y, d, t, r, b, e
+
+    check(fn, np.arange(18.0).reshape(3, 3, 2), np.zeros((2, 2), bool))
+
+
+def test_gradient_through_an_einsum_diagonal_view():
+    def loss(x):
+        y = x * 1.0
+        np.einsum("ii->i", y)[...] = np.tanh(x[0])
+        return np.sum(np.sin(y) * np.arange(9.0).reshape(3, 3))
+
+    x = RNG.standard_normal((3, 3))
+    np.testing.assert_allclose(graphc.grad(loss)(x), numeric_grad(loss, x), rtol=1e-6, atol=1e-8)
+
+
 def test_a_numpy_scalar_has_no_views():
     """numpy's reshape, ravel, atleast_1d, expand_dims or ``[...]`` of a numpy scalar (the sum of
     an array, ``x + x`` of 0-d arrays, a copy of one) is a new array: a write into it leaves the

@@ -138,11 +138,12 @@ def exactness(steps: tuple, outputs: tuple, inputs: tuple) -> list[Exactness]:
     return [info[i] for i in outputs]
 
 
-def assert_matches(got: Any, want: Any, what: str, exact: list[Exactness]) -> None:
+def assert_matches(got: Any, want: Any, what: str, exact: list[Exactness], inexact_zero_signs: bool = True) -> None:
     """Same pytree; every leaf of the same dtype and shape; ints and bools equal; floats equal, with
     nan, +-inf and the sign of zeros numpy's, up to rounding where a rounding step made them
-    (``Exactness``); values that depend on such rounding discretely are not compared. A failure's
-    first line says which check failed, then ``what`` (the program)."""
+    (``Exactness``; not the sign of their zeros if ``inexact_zero_signs`` is False); values that
+    depend on such rounding discretely are not compared. A failure's first line says which check
+    failed, then ``what`` (the program)."""
     got_leaves, got_tree = flatten(got)
     want_leaves, want_tree = flatten(want)
     assert got_tree == want_tree, f"result structure {got_tree} != numpy's {want_tree}\n{what}"
@@ -159,7 +160,7 @@ def assert_matches(got: Any, want: Any, what: str, exact: list[Exactness]) -> No
         check_same(f"output {k}: nan positions differ", what, np.testing.assert_array_equal, np.isnan(g), np.isnan(w))
         inf_g, inf_w = np.where(np.isinf(g), np.sign(g), 0), np.where(np.isinf(w), np.sign(w), 0)
         check_same(f"output {k}: infinities differ", what, np.testing.assert_array_equal, inf_g, inf_w)
-        zero = (g == 0) & (w == 0)
+        zero = (g == 0) & (w == 0) & (inexact_zero_signs or not e.inexact)
         check_same(
             f"output {k}: signed zeros differ",
             what,
@@ -268,9 +269,10 @@ def numpy_outcome(steps: tuple, outputs: tuple, inputs: tuple) -> tuple[Any, Exc
         return None, exc, np_inputs
 
 
-def check_runner(runner: Callable, program: tuple, label: str) -> bool:
+def check_runner(runner: Callable, program: tuple, label: str, inexact_zero_signs: bool = True) -> bool:
     """``runner(*inputs)`` (graphc.jit of the program, or graphc.parallelize ...) against numpy: the
-    properties of this module's docstring. Returns whether both computed a result."""
+    properties of this module's docstring (``inexact_zero_signs``: ``assert_matches``'). Returns
+    whether both computed a result."""
     steps, outputs, inputs = program
     where = f"{label}:\n{describe(steps, outputs, inputs)}"
     want, numpy_error, np_inputs = numpy_outcome(steps, outputs, inputs)
@@ -288,13 +290,13 @@ def check_runner(runner: Callable, program: tuple, label: str) -> bool:
     if numpy_error is not None:
         raise AssertionError(f"numpy raised {type(numpy_error).__name__} where graphc did not: {numpy_error}\n{where}")
     exact = exactness(steps, outputs, inputs)
-    assert_matches(got, want, where, exact)
+    assert_matches(got, want, where, exact, inexact_zero_signs)
     got_leaves, want_leaves = flatten(got)[0], flatten(want)[0]
     check_memory(got_leaves, want_leaves, args, np_inputs, where)
     first = [_bits(np.asarray(x)) for x in got_leaves]
 
     again = quietly(runner, *args)  # (a warm call: the specialization's generated entry)
-    assert_matches(again, want, "(second call) " + where, exact)
+    assert_matches(again, want, "(second call) " + where, exact, inexact_zero_signs)
     again_leaves = flatten(again)[0]
     assert [_bits(np.asarray(x)) for x in got_leaves] == first, f"the second call changed the first's results\n{where}"
     for k, (g, a) in enumerate(zip(_arrays(got_leaves), _arrays(again_leaves))):
@@ -302,7 +304,9 @@ def check_runner(runner: Callable, program: tuple, label: str) -> bool:
             assert not _shares(g, a), f"result {k} of two calls share memory\n{where}"
 
     check_writes_into_results(got_leaves, want_leaves, args, again_leaves, where)
-    assert_matches(quietly(runner, *args), want, "(third call, after writing into results) " + where, exact)
+    assert_matches(
+        quietly(runner, *args), want, "(third call, after writing into results) " + where, exact, inexact_zero_signs
+    )
     for j, (x, a) in enumerate(zip(inputs, args)):
         assert _bits(a) == _bits(x), f"input {j} was changed\n{where}"
     return True

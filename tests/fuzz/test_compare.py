@@ -87,6 +87,22 @@ def test_signed_zeros_are_compared():
         check_runner(lambda x: (np.abs(x * 2),), program, "abs")
 
 
+def test_zero_signs_of_rounded_values_only_where_asked():
+    """The parallel targets do not compare the sign of a zero in a value a rounding step made (a
+    sum carried as partial sums through a product); the sign of an exact zero they do."""
+    summed = ((("reduce", ("sum",), (0,), (None, False, 0)), ("operator", ("*",), (1, Const(0.0)), ())), (2,), (X,))
+
+    def flipped(x):
+        return (np.sum(x) * 0.0 * -1.0,)  # numpy's +0.0 as -0.0
+
+    with pytest.raises(AssertionError, match="signed zeros"):
+        check_runner(flipped, summed, "flipped")
+    assert check_runner(flipped, summed, "flipped", inexact_zero_signs=False)
+    exact = (DOUBLE, (1,), (np.array([-0.0]),))
+    with pytest.raises(AssertionError, match="signed zeros"):
+        check_runner(lambda x: (np.abs(x * 2),), exact, "abs", inexact_zero_signs=False)
+
+
 def test_finite_differences_skip_kinks_and_catch_wrong_slopes():
     program = ((("ufunc", ("absolute",), (0,), ()), ("ufunc", ("sin",), (0,), ())), (1, 2), (np.array([0.0, 0.5]),))
     right = (np.sign(program[2][0]) + np.cos(program[2][0]),)  # (the kink of abs at 0: skipped)

@@ -143,3 +143,23 @@ def test_power_by_a_scalar_exponent_takes_numpys_fast_paths(dtype):
                 real = ~np.isnan(want)  # (the sign of a nan is not numpy's to promise)
                 np.testing.assert_array_equal(np.signbit(got[real]), np.signbit(want[real]), err_msg=f"** {e}")
                 np.testing.assert_allclose(got, want, rtol=4e-7 if dtype == np.float32 else 1e-15, err_msg=f"** {e}")
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8, np.int16, np.uint16, np.int32, np.uint32])
+def test_a_float_out_of_an_integers_range_wraps_as_numpys_cast(dtype):
+    """numpy's cast of a float to a narrower integer goes through a wider one and wraps on x86-64
+    (-1.0 to uint8 is 255, 300.0 is 44), without a warning; a fused kernel gave 0 in its vectorized
+    loop and the wrapped value in the tail (Numba's direct conversion is undefined out of range;
+    found by the long fuzz run, np.subtract.at on a uint8 array). Values within int32's range,
+    where numpy does not warn; 37 elements to have both a vectorized part and a tail."""
+    u = (np.arange(37) % 5).astype(dtype)
+    v = np.linspace(-300.0, 300.0, 37).astype(np.float32)
+
+    def fn(u, v):
+        return (u.astype(np.float32) - v).astype(dtype)
+
+    compiled = graphc.jit(fn).compile(u, v)
+    assert compiled.stats()["fused_kernels"] == 1
+    want = fn(u, v)
+    np.testing.assert_array_equal(compiled(u, v), want)
+    np.testing.assert_array_equal(graphc.evaluate(graphc.trace(fn, u, v), u, v), want)
