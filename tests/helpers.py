@@ -1,6 +1,7 @@
 """Shared test helpers."""
 
 import numpy as np
+import pytest
 
 from graphc.core.pytree import flatten
 
@@ -189,3 +190,22 @@ def mpiexec_path() -> str | None:
 
     here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     return here if os.path.exists(here) else shutil.which("mpiexec")
+
+
+def quick_share(values, every: int = 2, keep=(), several: bool = False):
+    """``values`` of a parametrize for the quick profile (``-m "not slow"``): every ``every``-th
+    value, and those in ``keep``, run in it; the others are marked ``slow`` and run in the full
+    suite only. For families of one check over many ops, models or dtypes, where a share of them
+    is enough to tell a developer that the feature still works. ``several``: each value is a
+    tuple of the case's arguments (a parametrize of several names)."""
+    values = list(values)
+    return [
+        v if i % every == 0 or any(v is k or (type(v) is type(k) and v == k) for k in keep) else slow_param(v, several)
+        for i, v in enumerate(values)
+    ]
+
+
+def slow_param(value, several: bool = False):
+    """``value`` as one parametrize case marked ``slow`` (``several``: a tuple of its arguments)."""
+    args = value if several else (value,)
+    return pytest.param(*args, marks=pytest.mark.slow)

@@ -13,7 +13,7 @@ from graphc.core.ir import walk
 from graphc.frontend.entry import inline_graph
 from graphc.ops import REGISTRY
 from tests.graphgen import random_graphs
-from tests.helpers import numeric_grad, quiet
+from tests.helpers import numeric_grad, quick_share, quiet
 
 F64 = np.dtype(np.float64)
 
@@ -73,7 +73,7 @@ def _float_outputs(graph):
 DIFFERENTIABLE = sorted(n for n, op in REGISTRY.items() if n not in ("constant",) and op.kind != "comm")
 
 
-@pytest.mark.parametrize("name", DIFFERENTIABLE)
+@pytest.mark.parametrize("name", quick_share(DIFFERENTIABLE))
 def test_vjp_and_jvp_agree_with_finite_differences(name):
     op = REGISTRY[name]
     assert op.vjp is not None and op.jvp is not None, f"{name} misses an autodiff rule"

@@ -25,7 +25,7 @@ from graphc.ops import OPS, REGISTRY
 from graphc.passes.sharding.memory import view_roots
 from graphc.runtime.executor import BufferPool, Program
 from tests.graphgen import random_graphs, random_inputs
-from tests.helpers import quiet
+from tests.helpers import quick_share, quiet
 
 # what a result may be, one of these per op: a new buffer, a view of an operand, or an op whose
 # results the runtime makes otherwise (a literal, a collective, a device-local step, regions, a
@@ -88,7 +88,7 @@ def _check(graph, seed):
                 assert not shares or (operand in roots or operand.producer is not None), node.op.name
 
 
-@pytest.mark.parametrize("name", RUN_ALONE)
+@pytest.mark.parametrize("name", quick_share(RUN_ALONE))
 def test_declared_aliasing_is_what_the_executor_does(name):
     # (the fuse pass makes no kernel over empty arrays: passes/fuse.py fusable)
     @settings(max_examples=30, deadline=None)

@@ -41,6 +41,7 @@ def test_jit_equals_numpy(program):
     check_runner(graphc.jit(functools.partial(run_program, steps, outputs)), program, "jit")
 
 
+@pytest.mark.slow
 @given(programs())
 @fuzz_settings(300)
 def test_optimized_graph_equals_interpreter(program):

@@ -144,6 +144,7 @@ def test_llama_with_a_frozen_model_args_dataclass():
 PROMPT = np.array([[1, 5, 7], [2, 3, 9]])
 
 
+@pytest.mark.slow
 def test_kv_cache_generation_loop_gives_numpys_tokens():
     weights = kv_cache.make_weights(kv_cache.ARGS)
     theirs, ours = kv_cache.Llama(weights, kv_cache.ARGS), kv_cache.Llama(weights, kv_cache.ARGS)

@@ -10,7 +10,7 @@ import graphc
 from graphc.core.ir import KINDS
 from graphc.ops import REGISTRY
 from tests.graphgen import SAMPLERS, random_graphs, random_inputs
-from tests.helpers import quiet
+from tests.helpers import quick_share, quiet
 
 
 def test_primitive_set_is_small():
@@ -53,7 +53,7 @@ def test_random_graphs_verify_roundtrip_and_evaluate(graph, seed):
         assert np.asarray(a).dtype == np.asarray(b).dtype
 
 
-@pytest.mark.parametrize("name", sorted(n for n, op in REGISTRY.items() if op.kind != "comm"))
+@pytest.mark.parametrize("name", quick_share(sorted(n for n, op in REGISTRY.items() if op.kind != "comm")))
 def test_each_op_in_isolation(name):
     """Random graphs that use only this op (plus the constants it needs)."""
 

@@ -14,6 +14,7 @@ from graphc.core.pytree import flatten
 from graphc.interpreter import bind_arguments, run_flat
 from graphc.passes.partition import lower
 from graphc.programs import check_collective_order, simulate
+from tests.helpers import quick_share, slow_param
 from tests.models import foreign_models
 
 PROFILE = MachineProfile.default()
@@ -80,10 +81,11 @@ def test_models_lower_and_simulate_equal_the_interpreter(name, axes):
 
 @pytest.mark.parametrize(
     "name",
-    [
-        pytest.param(n, marks=pytest.mark.slow) if n in ("encoder_pre_norm_eval", "gpt2_picogpt_token_array") else n
-        for n in sorted(foreign_models.MODELS)
-    ],
+    quick_share(
+        [n for n in sorted(foreign_models.MODELS) if n not in ("encoder_pre_norm_eval", "gpt2_picogpt_token_array")],
+        every=4,
+    )
+    + [slow_param(n) for n in ("encoder_pre_norm_eval", "gpt2_picogpt_token_array")],
 )
 def test_foreign_models_lower_and_simulate(name):
     fn, args, kwargs, rtol = foreign_models.MODELS[name]()

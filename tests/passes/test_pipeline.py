@@ -14,7 +14,7 @@ from graphc.interpreter import bind_arguments
 from graphc.models import gpt, mlp
 from graphc.passes.partition import optimize_for_planning
 from graphc.passes.pipeline import assign_stages, schedule_tasks
-from tests.helpers import pipeline_executable
+from tests.helpers import pipeline_executable, quick_share
 
 PROFILE = MachineProfile.default()
 
@@ -47,7 +47,9 @@ def assert_matches(got, want):
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
-@pytest.mark.parametrize("stages, m", [(2, 1), (2, 4), (2, 8), (4, 1), (4, 4), (4, 8)])
+@pytest.mark.parametrize(
+    "stages, m", quick_share([(2, 1), (2, 4), (2, 8), (4, 1), (4, 4), (4, 8)], every=3, several=True)
+)
 def test_mlp_train_step(stages, m, schedule):
     args, kw = mlp.example_train_args(batch=16)
     _pe, got = run_pipeline(mlp.train_step, args, kw, stages, m, schedule)
@@ -185,7 +187,7 @@ def assert_trees_close(a, b):
         np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("m", [1, 4, 8])
+@pytest.mark.parametrize("m", quick_share([1, 4, 8], every=3))
 @pytest.mark.parametrize("axes", MESHES, ids=lambda a: ",".join(f"{k}={v}" for k, v in a.items()))
 def test_parallelize_mlp_pipeline_steps(axes, m):
     (params, x, labels), kw = mlp.example_train_args(batch=32, sizes=(24, 32, 32, 8))

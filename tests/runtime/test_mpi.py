@@ -183,6 +183,7 @@ def test_results_share_no_memory_with_the_arguments_on_any_rank(env, n, mesh):
     assert _ranks_ok(res.stdout) == list(range(n)), res.stdout
 
 
+@pytest.mark.slow
 @needs_mpi
 def test_a_rank_that_raises_ends_the_job_naming_it(env):
     start = time.monotonic()
@@ -236,6 +237,7 @@ def test_without_mpi4py_parallelize_names_the_install_command(monkeypatch):
         graphc.parallelize(gpt.train_step, mesh="dp=2", backend="nccl")
 
 
+@pytest.mark.slow
 def test_sharded_input_and_memmap_on_threads_build_only_each_devices_piece(tmp_path, monkeypatch):
     monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / "cache"))
     (params, state, tokens, targets), kwargs = gpt.example_train_args(batch=8, seq=16, n_layer=1)

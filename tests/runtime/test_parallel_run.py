@@ -13,6 +13,7 @@ from graphc.interpreter import bind_arguments
 from graphc.passes.partition import compile_devices, lower
 from graphc.runtime.comm import CommError
 from graphc.runtime.devices import ParallelExecutable, ShardedArray
+from tests.helpers import quick_share
 from tests.models import foreign_models
 
 PROFILE = MachineProfile.default()
@@ -72,7 +73,7 @@ def run_unfused(fn, args, kwargs, axes):
     return unflatten(graph.out_tree, exe.run_flat(arrays)), graph
 
 
-@pytest.mark.parametrize("axes", MESHES, ids=lambda a: ",".join(f"{k}={v}" for k, v in a.items()))
+@pytest.mark.parametrize("axes", quick_share(MESHES), ids=lambda a: ",".join(f"{k}={v}" for k, v in a.items()))
 @pytest.mark.parametrize(
     "name", [pytest.param(n, marks=pytest.mark.slow) if n == "gpt_train" else n for n in sorted(MODELS)]
 )
@@ -82,7 +83,7 @@ def test_models_on_meshes_equal_numpy(name, axes):
     assert_close(got, fn(*args, **kwargs))
 
 
-@pytest.mark.parametrize("name", sorted(foreign_models.MODELS))
+@pytest.mark.parametrize("name", quick_share(sorted(foreign_models.MODELS), every=4))
 def test_foreign_models_on_a_2x2_mesh(name):
     """Plain-numpy models of other styles (picoGPT, classes, RNNs, einsum attention, batch norm,
     im2col CNNs, mixture of experts, ...)."""

@@ -185,6 +185,7 @@ def test_mlp_with_large_batch_on_dp4_is_pure_data_parallel():
     assert [c.bytes for c in coll if c.bytes <= 4] == [4]  # the mean loss, reduced once
 
 
+@pytest.mark.slow
 def test_gpt_on_dp2_tp4_mixes_both():
     """Data parallel across dp (tokens split by batch), Megatron tensor parallel across tp."""
     fn, (args, kw) = _gpt_train(batch=16, seq=16, d=64, n_vocab=128)

@@ -81,7 +81,11 @@ def item_alternatives(problem, plan):
 
 @pytest.mark.parametrize(
     "model, mesh, limit, every",
-    [("mlp", "dp=4", LIMIT, 1), ("mlp", "dp=2,tp=2", None, 1), ("gpt", "dp=2,tp=2", 3 << 20, 20)],
+    [
+        ("mlp", "dp=4", LIMIT, 1),
+        ("mlp", "dp=2,tp=2", None, 1),
+        pytest.param("gpt", "dp=2,tp=2", 3 << 20, 20, marks=pytest.mark.slow),
+    ],
 )
 def test_each_alternative_is_priced_in_the_solvers_model(model, mesh, limit, every):
     """chosen + reported difference = the alternative's cost recomputed from the problem: the

@@ -64,6 +64,7 @@ def _measured_peak(compiled, pf):
     return max(p["peak_bytes"] for p in compiled.executable.last_profile.values())
 
 
+@pytest.mark.slow
 def test_a_step_that_fits_only_with_recomputation_gets_it_runs_and_equals_one_device(gpt_unlimited):
     unlimited = gpt_unlimited.memory.peak_bytes[0]
     limit = unlimited - 400_000  # about three of its [16, 32, 128] activations per device
@@ -197,6 +198,7 @@ def test_the_ilp_with_recomputation_equals_exhaustive_search():
 # --- forced on and off, bad input ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_recompute_forced_on_and_off():
     forced = par(gpt.train_step, recompute="on", **GPT).compile(*GPT_ARGS, **GPT_KW)
     assert len(_recomputed(forced.plan)) > 50  # no limit: recomputed because it was asked for
