@@ -208,6 +208,16 @@ def _paths(doc, prefix=()):
             yield from _paths(v, (*prefix, i))
 
 
+def _at(doc, path):
+    for k in path:
+        doc = doc[k]
+    return doc
+
+
+def _set(doc, path, value):
+    _at(doc, path[:-1])[path[-1]] = value
+
+
 @st.composite
 def mutated_document(draw, text: str) -> str:
     """``text`` (JSON) with 1 to 3 values replaced by random JSON, deleted or duplicated into a list."""
@@ -215,10 +225,7 @@ def mutated_document(draw, text: str) -> str:
     for _ in range(draw(st.integers(1, 3))):
         paths = [p for p in _paths(doc) if p]
         path = draw(st.sampled_from(paths))
-        parent = doc
-        for k in path[:-1]:
-            parent = parent[k]
-        key = path[-1]
+        parent, key = _at(doc, path[:-1]), path[-1]
         action = draw(st.sampled_from(["replace", "replace", "delete", "wrap"]))
         if action == "delete":
             del parent[key]
@@ -267,16 +274,6 @@ def test_plan_loaders_on_numbers_out_of_range_in_every_int_field(which, number):
         changed = json.loads(seed)
         _set(changed, path, "@NUMBER@")
         check_plan_reads_or_fails_cleanly(cls, json.dumps(changed).replace('"@NUMBER@"', number))
-
-
-def _at(doc, path):
-    for k in path:
-        doc = doc[k]
-    return doc
-
-
-def _set(doc, path, value):
-    _at(doc, path[:-1])[path[-1]] = value
 
 
 # --- graph -> text -> graph ---------------------------------------------------------------------------
