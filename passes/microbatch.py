@@ -41,6 +41,7 @@ from graphc.passes.options import PlanOptions
 from graphc.passes.partition import Pins, build_problem, lower, make_plan, plan_sharding, solve_problem, state_ties
 from graphc.passes.sharding.costs import CostModel
 from graphc.passes.sharding.items import Edge
+from graphc.passes.sharding.memory import MemoryModel
 from graphc.passes.sharding.plan import ShardingPlan
 from graphc.passes.sharding.problem import Problem
 from graphc.programs import ParallelProgram, simulate
@@ -292,45 +293,41 @@ def item_weights(problem: Problem, step_phase: list[bool], m: int) -> list[int]:
     return weight
 
 
-def accumulator_bytes(g: Graph, plan: ShardingPlan | None = None) -> int:
-    """Bytes per device of the running sums at the meeting points, kept for the whole step: each
-    meeting value's piece under ``plan`` (whole without one)."""
-    total = 0
-    specs = {n.index: n.out_specs[0] for n in plan.nodes} if plan is not None else {}
-    for k in meeting_nodes(g):
-        v = g.nodes[k].outputs[0]
-        pieces = 1
-        for a, p in enumerate(specs.get(k, ())):
-            if p.kind == "S":
-                pieces *= plan.mesh.shape[a] if plan is not None else 1
-        total += -(-v.type.nbytes // pieces)
-    return total
+class AccumulatingMemory(MemoryModel):
+    """The memory model of a micro-batch program that runs ``m`` times per step: each running sum
+    (a meeting point's result) is live from the step's start, not from its meeting point, since
+    it is kept while every micro-batch runs. The ILP's memory rows and the plan's peak read it."""
+
+    def __init__(self, base: MemoryModel, sums: frozenset[int]) -> None:
+        super().__init__(
+            base.graph, base.mesh, base.items, base.edges, base.order, base.remat, base.gathers, base.zero_axes
+        )
+        self.sums = sums  # items of the meeting points
+        self._kept: list[tuple[Value, int, int, int]] | None = None
+
+    def live_ranges(self) -> list[tuple[Value, int, int, int]]:
+        if self._kept is None:
+            self._kept = [(v, i, 0 if i in self.sums else a, b) for v, i, a, b in super().live_ranges()]
+        return self._kept
 
 
 def plan_microbatch_program(mb: Microbatched, mesh: Mesh, ties, options: PlanOptions) -> ShardingPlan:
     """The sharding plan (passes/partition.py) of one micro-batch's program (``mb``: the step
     split into ``mb.m`` micro-batches) on ``mesh``, priced as a step runs it (``RepeatedCosts``:
-    the micro-batch phase ``m`` times, the update once), without ZeRO or recomputation. Under
-    ``options.memory_limit`` the accumulators are set aside first, as if whole (their real
-    pieces are added to the plan's peak by ``accumulator_bytes``)."""
+    the micro-batch phase ``m`` times, the update once) and its memory with the running sums
+    kept all along (``AccumulatingMemory``: what ``options.memory_limit`` bounds and the plan's
+    peak counts), without ZeRO or recomputation."""
     g0 = mb.program.devices[0].graph
     options = dataclasses.replace(options, zero=0, recompute="off")
-    limit = options.memory_limit
-    solve_options = options
-    if limit is not None:
-        kept = accumulator_bytes(g0)
-        if kept >= limit:
-            raise PlanError(
-                f"microbatches={mb.m}: @{mb.graph.name}'s gradient accumulators alone take {kept:,} B, over the "
-                f"memory limit of {limit:,} B per device"
-            )
-        solve_options = dataclasses.replace(options, memory_limit=limit - kept)
     start = time.perf_counter()
-    problem = build_problem(g0, mesh, solve_options, Pins(), ties)
+    problem = build_problem(g0, mesh, options, Pins(), ties)
     one_pass = problem.costs
     problem.costs = RepeatedCosts(one_pass, item_weights(problem, mb.step_phase, mb.m))
+    meets = set(meeting_nodes(g0))
+    sums = frozenset(i for i, it in enumerate(problem.items) if it.kind == "node" and it.index in meets)
+    problem.memory = AccumulatingMemory(problem.memory, sums)
     build_s = time.perf_counter() - start
-    solution = solve_problem(problem, solve_options, time_limit_s=options.time_limit - build_s)
+    solution = solve_problem(problem, options, time_limit_s=options.time_limit - build_s)
     # the plan is of the program it lowers: its costs are one pass's (the step is the caller's
     # to add up by phase, as passes/pipeline.py does); the solver's objective is the step's
     problem.costs = one_pass
@@ -365,8 +362,8 @@ def _phases(g: Graph, batch: set[int]) -> tuple[list[bool], set[Value]]:
 __all__ = [
     "MB_AXIS",
     "Microbatched",
+    "AccumulatingMemory",
     "RepeatedCosts",
-    "accumulator_bytes",
     "batch_inputs",
     "item_weights",
     "meeting_nodes",

@@ -36,7 +36,7 @@ from graphc.core.files import atomic_write, check_record, read_document
 from graphc.core.ir import Graph, Node, Value
 from graphc.core.mesh import Mesh, as_mesh
 from graphc.core.traits import Collective, Constant
-from graphc.passes.microbatch import Microbatched, accumulator_bytes, microbatch, plan_microbatch_program
+from graphc.passes.microbatch import Microbatched, microbatch, plan_microbatch_program
 from graphc.passes.options import SCHEDULES, PlanOptions
 from graphc.passes.partition import state_ties
 from graphc.passes.sharding.plan import ShardingPlan, check_made_for, graph_hash
@@ -687,7 +687,7 @@ def plan_pipeline(
     }
     mem = _stage_memory(g0, a, schedule, m, sub.size)
     if pp is None and sub_plan is not None:  # one stage: the plan's own memory model, with the running sums
-        mem = [max(sub_plan.memory.peak_bytes) + accumulator_bytes(g0, sub_plan)]
+        mem = [max(sub_plan.memory.peak_bytes)]
     return PipelinePlan(
         graph_name=graph.name,
         graph_hash=graph_hash(graph),
