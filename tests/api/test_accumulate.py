@@ -7,12 +7,16 @@ cannot take are errors naming the function."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import os
 
 import numpy as np
 import pytest
 
 import graphc
+from graphc.cli.main import main
 from graphc.core.errors import GraphcError, PlanError, PlanWarning
 from graphc.core.mesh import Mesh
 from graphc.core.profiles import get_profile
@@ -280,3 +284,57 @@ def test_a_memory_limit_is_met_by_the_micro_batch_plan():
         plan_accumulated(g, mesh, PlanOptions(microbatches=4, zero=0, recompute="off", memory_limit=1024))
     with pytest.raises(PlanError, match="use plan_pipeline"):
         plan_accumulated(g, {"pp": 2}, PlanOptions(microbatches=4))
+
+
+# --- the command line -------------------------------------------------------------------------------------
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+TARGET = [os.path.join(ROOT, "models", "mlp.py:train_step"), "--example", "example_train_args"]
+
+
+def call(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(argv))
+        except SystemExit as exc:  # argparse
+            code = exc.code
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture
+def cli_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("GRAPHC_PROFILE", str(tmp_path / "no_profile.json"))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_compile_and_run_take_micro_batches_on_a_mesh_without_pp(cli_env):
+    plan = cli_env / "plan.json"
+    code, out, err = call("compile", *TARGET, "--mesh", "dp=2", "--microbatches", "4", "-o", str(plan), "--quiet")
+    assert code == 0, err
+    assert "gradient accumulation on mesh dp=2: 4 micro-batches of 16 samples" in out
+    doc = json.loads(plan.read_text())
+    assert (doc["kind"], doc["options"]["microbatches"], doc["microbatch_size"]) == ("pipeline", 4, 16)
+    code, out, err = call("compile", *TARGET, "--mesh", "dp=2", "--microbatches", "4", "--explain", "%x", "--quiet")
+    assert code == 0 and "%x" in out, err
+    code, out, err = call("run", *TARGET, "--plan", str(plan))
+    assert code == 0, err
+    assert "result equals graphc's interpreter: yes" in out and "4 micro-batches of 16 samples" in out
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--microbatches", "0"], "argument --microbatches: expected a positive integer, got '0'"),
+        (["--microbatches", "3"], "@train_step: input %x of shape [64, 784] does not split into 3 micro-batches"),
+        (["--microbatches", "2", "--zero", "1"], "micro-batched steps do not shard their state with ZeRO"),
+    ],
+    ids=["zero micro-batches", "not dividing the batch", "forced ZeRO"],
+)
+def test_counts_the_command_cannot_take_exit_2(cli_env, flags, message):
+    code, out, err = call("compile", *TARGET, "--mesh", "dp=2", *flags, "-o", str(cli_env / "p.json"))
+    assert code == 2, (code, out, err)
+    assert message in err and "Traceback" not in err
+    assert not (cli_env / "p.json").exists()
