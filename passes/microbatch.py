@@ -221,8 +221,24 @@ def microbatch(graph: Graph, m: int, batch: list[int] | None = None) -> Microbat
     plan = plan_sharding(graph, mesh, Pins(in_pins, out_pins, node_pins), ties, options)
     program = lower(graph, plan)
     mb = Microbatched(graph, m, plan, program, batch)
+    _check_meetings_are_sums(graph, program.devices[0].graph)
     mb.step_phase, mb.varies = _phases(program.devices[0].graph, set(batch))
     return mb
+
+
+def _check_meetings_are_sums(graph: Graph, g: Graph) -> None:
+    """PlanError unless the micro-batches meet only in sums (all_reduce over ``mb``): a value
+    gathered or re-split across micro-batches is the whole batch at once (a maximum over the
+    batch, a result per sample), which running them one after the other cannot give."""
+    for node in g.nodes:
+        if node.op.has(Collective) and node.attrs.get("axis") == MB_AXIS and node.op.name != "all_reduce":
+            readers = [n for n in g.nodes if node.outputs[0] in n.inputs]
+            at = readers[0] if readers else node
+            raise PlanError(
+                f"@{graph.name}: {at.op.name} at {at.loc or node.loc or '?'} reads the whole batch at once (its "
+                f"operand is joined from every micro-batch by {node.op.name}, not summed): this step needs the "
+                f"whole batch at once and cannot be split into micro-batches"
+            )
 
 
 # --- planning the micro-batch program on a real mesh: k passes and one update per step -----------

@@ -242,6 +242,11 @@ def batch_norm_step(w, x):
     return w - 0.1 * g, l
 
 
+def max_scaled_step(w, x):
+    l, g = graphc.value_and_grad(lambda w: np.mean((x @ w) ** 2))(w)
+    return w - 0.1 * g * np.max(x), l  # the update reads the whole batch's maximum
+
+
 def no_batch_step(w):
     return w * 0.5, np.sum(w)
 
@@ -260,6 +265,8 @@ def test_counts_a_step_cannot_take_are_errors_naming_the_function(axes):
     w, xb = rng.standard_normal((4, 3)).astype(np.float32), rng.standard_normal((8, 4)).astype(np.float32)
     with pytest.raises(PlanError, match=r"@batch_norm_step: .* at .*test_accumulate\.py:\d+.*needs the whole batch"):
         graphc.parallelize(batch_norm_step, mesh=mesh, microbatches=2, cache=False)(w, xb)
+    with pytest.raises(PlanError, match=r"@max_scaled_step: reduce_max at .*test_accumulate\.py:\d+ reads the whole"):
+        graphc.parallelize(max_scaled_step, mesh=mesh, microbatches=2, cache=False)(w, xb)
     for bad in (0, -1, 1.5, True):
         with pytest.raises(PlanError, match="microbatches must be a positive int"):
             graphc.parallelize(mlp.train_step, mesh=mesh, microbatches=bad)
