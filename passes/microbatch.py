@@ -345,9 +345,15 @@ def plan_microbatch_program(mb: Microbatched, mesh: Mesh, ties, options: PlanOpt
     build_s = time.perf_counter() - start
     solution = solve_problem(problem, options, time_limit_s=options.time_limit - build_s)
     # the plan is of the program it lowers: its costs are one pass's (the step is the caller's
-    # to add up by phase, as passes/pipeline.py does); the solver's objective is the step's
+    # to add up by phase, as passes/pipeline.py does), and so is the objective it reports, the
+    # bound scaled alike (the gap is the solver's)
+    weighted = problem.costs.evaluate(solution.choice)["total_s"]
     problem.costs = one_pass
-    return make_plan(problem, solution, options, build_s)
+    plan = make_plan(problem, solution, options, build_s)
+    objective = one_pass.evaluate(solution.choice)["total_s"]
+    scale = objective / weighted if weighted > 0 else 1.0
+    solver = dataclasses.replace(plan.solver, objective_s=objective, bound_s=plan.solver.bound_s * scale)
+    return dataclasses.replace(plan, solver=solver)
 
 
 def _phases(g: Graph, batch: set[int]) -> tuple[list[bool], set[Value]]:
