@@ -24,6 +24,8 @@ the batch's maximum), which micro-batching cannot split: ``PlanError`` names the
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -36,8 +38,12 @@ from graphc.core.spec import P, R, S
 from graphc.core.traits import Collective, Constant, DeviceLocal
 from graphc.ops.random import state_inputs
 from graphc.passes.options import PlanOptions
-from graphc.passes.partition import Pins, build_problem, lower, plan_sharding, state_ties
+from graphc.passes.partition import Pins, build_problem, lower, make_plan, plan_sharding, solve_problem, state_ties
+from graphc.passes.sharding.costs import CostModel
+from graphc.passes.sharding.items import Edge
+from graphc.passes.sharding.memory import MemoryModel
 from graphc.passes.sharding.plan import ShardingPlan
+from graphc.passes.sharding.problem import Problem
 from graphc.programs import ParallelProgram, simulate
 
 MB_AXIS = "mb"
@@ -164,6 +170,11 @@ class Microbatched:
     varies: set = field(default_factory=set)  # values of programs[0] that differ between micro-batches
 
     @property
+    def size(self) -> int | None:
+        """Samples per micro-batch: dim 0 of the batch inputs over ``m`` (None: no batch input)."""
+        return self.graph.inputs[self.batch[0]].type.shape[0] // self.m if self.batch else None
+
+    @property
     def meeting_points(self) -> list[str]:
         """The collectives where the micro-batches meet, as ``kind %value at file:line``."""
         g = self.program.devices[0].graph
@@ -179,16 +190,25 @@ class Microbatched:
 
 def microbatch(graph: Graph, m: int, batch: list[int] | None = None) -> Microbatched:
     """Partition ``graph`` (a training step, or any function of a batch) into ``m`` micro-batches
-    along dim 0 of the ``batch`` inputs (default: ``batch_inputs(graph)``)."""
-    if not isinstance(m, int) or m < 1:
-        raise PlanError(f"the number of micro-batches must be a positive int, got {m!r}")
+    along dim 0 of the ``batch`` inputs (default: ``batch_inputs(graph)``). PlanError, naming the
+    function, for a count the step cannot take: not a positive int, more than one micro-batch of
+    a step with no batch input (every micro-batch would be the whole step), or a batch dim it
+    does not divide."""
+    if not isinstance(m, int) or isinstance(m, bool) or m < 1:
+        raise PlanError(f"microbatches must be a positive int, got {m!r} (@{graph.name})")
     batch = batch_inputs(graph) if batch is None else list(batch)
     names = graph.value_names()
+    if m > 1 and not batch:
+        raise PlanError(
+            f"microbatches={m}: @{graph.name} has no batch input to split into micro-batches (an array argument "
+            f"that no result replaces, split along dim 0); run it with microbatches=1"
+        )
     for k in batch:
         v = graph.inputs[k]
         if v.type.ndim == 0 or v.type.shape[0] % m:
             raise PlanError(
-                f"input %{names[v]} of shape {list(v.type.shape)} does not split into {m} micro-batches along dim 0"
+                f"@{graph.name}: input %{names[v]} of shape {list(v.type.shape)} does not split into {m} "
+                f"micro-batches along dim 0 (microbatches={m} must divide the batch)"
             )
     # the link is free: micro-batches meet in memory; only the propagation's choices matter
     mesh = Mesh({MB_AXIS: m}, links={MB_AXIS: Link(latency_s=1e-12, bandwidth=1e18)})
@@ -201,8 +221,139 @@ def microbatch(graph: Graph, m: int, batch: list[int] | None = None) -> Microbat
     plan = plan_sharding(graph, mesh, Pins(in_pins, out_pins, node_pins), ties, options)
     program = lower(graph, plan)
     mb = Microbatched(graph, m, plan, program, batch)
+    _check_meetings_are_sums(graph, program.devices[0].graph)
     mb.step_phase, mb.varies = _phases(program.devices[0].graph, set(batch))
     return mb
+
+
+def _check_meetings_are_sums(graph: Graph, g: Graph) -> None:
+    """PlanError unless the micro-batches meet only in sums (all_reduce over ``mb``): a value
+    gathered or re-split across micro-batches is the whole batch at once (a maximum over the
+    batch, a result per sample), which running them one after the other cannot give."""
+    for node in g.nodes:
+        if node.op.has(Collective) and node.attrs.get("axis") == MB_AXIS and node.op.name != "all_reduce":
+            readers = [n for n in g.nodes if node.outputs[0] in n.inputs]
+            at = readers[0] if readers else node
+            raise PlanError(
+                f"@{graph.name}: {at.op.name} at {at.loc or node.loc or '?'} reads the whole batch at once (its "
+                f"operand is joined from every micro-batch by {node.op.name}, not summed): this step needs the "
+                f"whole batch at once and cannot be split into micro-batches"
+            )
+
+
+# --- planning the micro-batch program on a real mesh: k passes and one update per step -----------
+
+
+def meeting_nodes(g: Graph) -> list[int]:
+    """Positions of the nodes of a micro-batch program where the micro-batches meet: the
+    all-reduces over the ``mb`` axis (gradient accumulation)."""
+    return [k for k, n in enumerate(g.nodes) if n.op.has(Collective) and n.attrs.get("axis") == MB_AXIS]
+
+
+class RepeatedCosts(CostModel):
+    """The cost model of a micro-batch program that runs ``m`` times per step: the compute of
+    every micro-batch-phase node (forward, backward, the accumulation at a meeting point) and
+    every redistribution into one counts ``m`` times, the step phase (the update, and the
+    redistributions into it) once. So the ILP sees that a data-parallel gradient all-reduce
+    before a meeting point runs once per micro-batch and one after it once per step (an
+    all-reduce carries a partial sum through: graphc/ops/comm.py). Weighted arrays are made once and kept: the ILP shares terms by their identity."""
+
+    def __init__(self, base: CostModel, item_weight: list[int]) -> None:
+        super().__init__(base.mesh, base.items, base.edges, base.bucket_share_bytes, base.bucket_limit)
+        self.item_weight = item_weight
+        self._weighted: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}  # id(base), w -> (base, weighted)
+
+    def _times(self, base: np.ndarray, w: int) -> np.ndarray:
+        if w == 1:
+            return base
+        hit = self._weighted.get((id(base), w))
+        if hit is None or hit[0] is not base:
+            hit = (base, base * w)
+            self._weighted[(id(base), w)] = hit
+        return hit[1]
+
+    def compute_times(self, item: int) -> np.ndarray:
+        return self._times(super().compute_times(item), self.item_weight[item])
+
+    def edge_table(self, e: Edge) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        table, ui, vi = super().edge_table(e)
+        return self._times(table, self.item_weight[e.dst]), ui, vi
+
+    def edge_time(self, e: Edge, s_src: int, s_dst: int) -> float:
+        return super().edge_time(e, s_src, s_dst) * self.item_weight[e.dst]
+
+    def rebucket(self, choice: list[int]) -> None:
+        super().rebucket(choice)
+        self._weighted.clear()
+
+    def evaluate(self, choice: list[int]) -> dict[str, float]:
+        w = self.item_weight
+        compute = sum(w[i] * self.items[i].strategies[s].compute_s for i, s in enumerate(choice))
+        comm = sum(self.edge_time(e, choice[e.src], choice[e.dst]) for e in self.edges)
+        return {"compute_s": compute, "comm_s": comm, "total_s": compute + comm}
+
+
+def item_weights(problem: Problem, step_phase: list[bool], m: int) -> list[int]:
+    """Per item of the micro-batch program's problem: how many times a step runs it (module doc
+    of ``RepeatedCosts``). Inputs and outputs once; a fan-out as often as its most frequent reader."""
+    weight = [1] * len(problem.items)
+    for i, it in enumerate(problem.items):
+        if it.kind == "node" and not step_phase[it.index]:
+            weight[i] = m
+    readers: dict[int, int] = {}
+    for e in problem.edges:
+        readers[e.src] = max(readers.get(e.src, 1), weight[e.dst])
+    for i, it in enumerate(problem.items):
+        if it.kind == "fanout":
+            weight[i] = readers.get(i, 1)
+    return weight
+
+
+class AccumulatingMemory(MemoryModel):
+    """The memory model of a micro-batch program that runs ``m`` times per step: each running sum
+    (a meeting point's result) is live from the step's start, not from its meeting point, since
+    it is kept while every micro-batch runs. The ILP's memory rows and the plan's peak read it."""
+
+    def __init__(self, base: MemoryModel, sums: frozenset[int]) -> None:
+        super().__init__(
+            base.graph, base.mesh, base.items, base.edges, base.order, base.remat, base.gathers, base.zero_axes
+        )
+        self.sums = sums  # items of the meeting points
+        self._kept: list[tuple[Value, int, int, int]] | None = None
+
+    def live_ranges(self) -> list[tuple[Value, int, int, int]]:
+        if self._kept is None:
+            self._kept = [(v, i, 0 if i in self.sums else a, b) for v, i, a, b in super().live_ranges()]
+        return self._kept
+
+
+def plan_microbatch_program(mb: Microbatched, mesh: Mesh, ties, options: PlanOptions) -> ShardingPlan:
+    """The sharding plan (passes/partition.py) of one micro-batch's program (``mb``: the step
+    split into ``mb.m`` micro-batches) on ``mesh``, priced as a step runs it (``RepeatedCosts``:
+    the micro-batch phase ``m`` times, the update once) and its memory with the running sums
+    kept all along (``AccumulatingMemory``: what ``options.memory_limit`` bounds and the plan's
+    peak counts), without ZeRO or recomputation."""
+    g0 = mb.program.devices[0].graph
+    options = dataclasses.replace(options, zero=0, recompute="off")
+    start = time.perf_counter()
+    problem = build_problem(g0, mesh, options, Pins(), ties)
+    one_pass = problem.costs
+    problem.costs = RepeatedCosts(one_pass, item_weights(problem, mb.step_phase, mb.m))
+    meets = set(meeting_nodes(g0))
+    sums = frozenset(i for i, it in enumerate(problem.items) if it.kind == "node" and it.index in meets)
+    problem.memory = AccumulatingMemory(problem.memory, sums)
+    build_s = time.perf_counter() - start
+    solution = solve_problem(problem, options, time_limit_s=options.time_limit - build_s)
+    # the plan is of the program it lowers: its costs are one pass's (the step is the caller's
+    # to add up by phase, as passes/pipeline.py does), and so is the objective it reports, the
+    # bound scaled alike (the gap is the solver's)
+    weighted = problem.costs.evaluate(solution.choice)["total_s"]
+    problem.costs = one_pass
+    plan = make_plan(problem, solution, options, build_s)
+    objective = one_pass.evaluate(solution.choice)["total_s"]
+    scale = objective / weighted if weighted > 0 else 1.0
+    solver = dataclasses.replace(plan.solver, objective_s=objective, bound_s=plan.solver.bound_s * scale)
+    return dataclasses.replace(plan, solver=solver)
 
 
 def _phases(g: Graph, batch: set[int]) -> tuple[list[bool], set[Value]]:
@@ -223,11 +374,22 @@ def _phases(g: Graph, batch: set[int]) -> tuple[list[bool], set[Value]]:
             bad = [v for v in node.inputs if v in varies]
             if bad:
                 raise PlanError(
-                    f"{node.op.name} at {node.loc or '?'} combines the whole batch with one micro-batch's values "
+                    f"@{g.name.split('.')[0]}: {node.op.name} at {node.loc or '?'} combines the whole batch with one micro-batch's values "
                     f"(after the micro-batches meet at a collective, it still reads per-micro-batch data): this "
                     f"step needs the whole batch at once and cannot be split into micro-batches"
                 )
     return phases, varies
 
 
-__all__ = ["MB_AXIS", "Microbatched", "batch_inputs", "microbatch", "propagate"]
+__all__ = [
+    "MB_AXIS",
+    "Microbatched",
+    "AccumulatingMemory",
+    "RepeatedCosts",
+    "batch_inputs",
+    "item_weights",
+    "meeting_nodes",
+    "microbatch",
+    "plan_microbatch_program",
+    "propagate",
+]

@@ -36,9 +36,9 @@ from graphc.core.files import atomic_write, check_record, read_document
 from graphc.core.ir import Graph, Node, Value
 from graphc.core.mesh import Mesh, as_mesh
 from graphc.core.traits import Collective, Constant
-from graphc.passes.microbatch import Microbatched, microbatch
+from graphc.passes.microbatch import Microbatched, microbatch, plan_microbatch_program
 from graphc.passes.options import SCHEDULES, PlanOptions
-from graphc.passes.partition import plan_sharding, state_ties
+from graphc.passes.partition import state_ties
 from graphc.passes.sharding.plan import ShardingPlan, check_made_for, graph_hash
 from graphc.passes.sharding.strategies import full_time
 
@@ -390,7 +390,8 @@ def pipe_axis(mesh: Mesh) -> str | None:
 
 
 def sub_mesh(mesh: Mesh) -> Mesh:
-    """The mesh every stage runs on: ``mesh`` without its pp axis (a 1-device mesh if nothing is left)."""
+    """The mesh every stage runs on: ``mesh`` without its pp axis (a 1-device mesh if nothing is
+    left; ``mesh`` itself, as one stage, if it has no pp axis: gradient accumulation)."""
     rest = {n: k for n, k in zip(mesh.axis_names, mesh.shape) if n != pipe_axis(mesh)}
     links = {n: link for n, link in mesh.links.items() if n in rest}
     return Mesh(rest or {"stage": 1}, links=links or None, profile=mesh.profile)
@@ -402,11 +403,14 @@ class PipelinePlan:
     micro-batch-program node's stage and phase, the sharding plan every stage follows on its
     sub-mesh, and the predicted step time, bubble and memory. JSON is a view of it
     (``to_json() -> str``, ``PipelinePlan.from_json``); passes/pipeline_lower.py turns it into
-    every device's tasks for the graph it was made for."""
+    every device's tasks for the graph it was made for.
+
+    A mesh without a pp axis is one stage on the whole mesh: gradient accumulation, the
+    micro-batches run one after the other and the update once (passes/accumulate.py ``plan_accumulated``)."""
 
     graph_name: str
     graph_hash: str
-    mesh: Mesh  # with a pp axis
+    mesh: Mesh  # with a pp axis, or without one for gradient accumulation (one stage)
     options: PlanOptions  # how it was planned: its micro-batch count and schedule among them
     assignment: StageAssignment
     sub_plan: ShardingPlan | None  # on sub_mesh(mesh); None on one device per stage
@@ -414,6 +418,7 @@ class PipelinePlan:
     transfer_s: float  # sending one micro-batch's activations and gradients across all stage boundaries
     predicted: Mapping[str, float]
     memory_bytes: tuple[int, ...]  # per device of each stage
+    microbatch_size: int | None = None  # samples per micro-batch (None: not recorded, or no batch input)
     timing: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -431,10 +436,34 @@ class PipelinePlan:
         return self.options.schedule
 
     @property
+    def accumulates(self) -> bool:
+        """One stage on a mesh without a pp axis: gradient accumulation."""
+        return pipe_axis(self.mesh) is None
+
+    @property
+    def stage_mesh(self) -> Mesh:
+        """The mesh the tasks run on: ``mesh``, or for gradient accumulation ``mesh`` with a
+        leading ``pp`` axis of one stage (the same devices)."""
+        if not self.accumulates:
+            return self.mesh
+        axes = {"pp": 1, **dict(zip(self.mesh.axis_names, self.mesh.shape))}
+        return Mesh(axes, links=dict(self.mesh.links) or None, profile=self.mesh.profile)
+
+    @property
     def pp_axis(self) -> int:
+        """The position of the pipeline axis in ``stage_mesh``."""
         name = pipe_axis(self.mesh)
-        assert name is not None  # a pipeline plan's mesh has a pipe axis
-        return self.mesh.axis_index(name)
+        return 0 if name is None else self.mesh.axis_index(name)
+
+    @property
+    def step_s(self) -> float:
+        """The predicted step: every micro-batch, the bubble and the update."""
+        return float(self.predicted["step_s"])
+
+    @property
+    def peak_bytes(self) -> int:
+        """The predicted peak of the fullest device."""
+        return max(self.memory_bytes)
 
     @property
     def sub(self) -> Mesh:
@@ -442,9 +471,10 @@ class PipelinePlan:
 
     def device(self, s: int, c: int) -> int:
         """The mesh device of sub-mesh device ``c`` in stage ``s``."""
-        coord = list(self.sub.coord(c)) if self.mesh.ndim > 1 else []
+        mesh = self.stage_mesh
+        coord = list(self.sub.coord(c)) if mesh.ndim > 1 else []
         pp = self.pp_axis
-        return self.mesh.device_id(coord[:pp] + [s] + coord[pp:])
+        return mesh.device_id(coord[:pp] + [s] + coord[pp:])
 
     def stage_devices(self, s: int) -> list[int]:
         return [self.device(s, c) for c in range(self.sub.size)]
@@ -478,6 +508,7 @@ class PipelinePlan:
             "graph": {"name": self.graph_name, "hash": self.graph_hash},
             "mesh": self.mesh.to_json(),
             "options": self.options.to_json(),
+            "microbatch_size": self.microbatch_size,
             "stages": stages,
             "cuts": list(a.cuts),
             "transfer_s": self.transfer_s,
@@ -532,6 +563,7 @@ class PipelinePlan:
                 transfer_s=doc["transfer_s"],
                 predicted=doc["predicted"],
                 memory_bytes=tuple(x["memory_bytes"] for x in doc["stages"]),
+                microbatch_size=doc.get("microbatch_size"),
                 timing=doc.get("timing", {}),
             )
         except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as exc:
@@ -546,8 +578,21 @@ class PipelinePlan:
     def summary(self) -> str:
         S, m = self.n_stages, self.m
         p = self.predicted
+        size = f" of {self.microbatch_size} samples" if self.microbatch_size is not None else ""
+        if self.accumulates:
+            where = f"mesh {self.sub}" if self.sub_plan is not None else "one device"
+            f, b, u = self.stage_s[0]
+            return "\n".join(
+                [
+                    f"gradient accumulation on mesh {self.mesh}: {m} micro-batches{size}, one after the other on "
+                    f"{where}, gradients summed in micro-batch order, then one update",
+                    f"predicted step {p['step_s'] * 1e3:.3f} ms = {m} x (forward {f * 1e3:.3f} ms + backward "
+                    f"{b * 1e3:.3f} ms) + update and gradient sync {u * 1e3:.3f} ms; memory "
+                    f"{self.memory_bytes[0]:,} B per device (one micro-batch's activations, the running sums)",
+                ]
+            )
         lines = [
-            f"pipeline on mesh {self.mesh}: {S} stages x {m} micro-batches ({self.schedule}), each stage on "
+            f"pipeline on mesh {self.mesh}: {S} stages x {m} micro-batches{size} ({self.schedule}), each stage on "
             f"{'sub-mesh ' + str(self.sub) if self.sub_plan is not None else 'one device'}",
             f"predicted step {p['step_s'] * 1e3:.3f} ms, bubble {p['bubble']:.1%} (a balanced pipeline: "
             f"{(S - 1) / (m + S - 1):.1%}), stage transfers {self.transfer_s * 1e6:.1f} us per micro-batch",
@@ -570,9 +615,9 @@ def _check_pipeline_plan(p: PipelinePlan, source: str) -> None:
     pp = pipe_axis(p.mesh)
     a = p.assignment
     problems = []
-    if pp is None:
-        problems.append(f"its mesh {p.mesh} has no pipeline axis (pp)")
-    elif p.mesh.shape[p.mesh.axis_index(pp)] != a.n_stages:
+    if pp is None and a.n_stages != 1:
+        problems.append(f"its mesh {p.mesh} has no pipeline axis (pp), and the plan has {a.n_stages} stages")
+    elif pp is not None and p.mesh.shape[p.mesh.axis_index(pp)] != a.n_stages:
         problems.append(f"its mesh has {p.mesh.shape[p.mesh.axis_index(pp)]} stages on {pp}, the plan {a.n_stages}")
     if not (len(p.stage_s) == len(p.memory_bytes) == a.n_stages):
         problems.append(f"'stages' needs one entry per stage ({a.n_stages})")
@@ -588,15 +633,18 @@ def _check_pipeline_plan(p: PipelinePlan, source: str) -> None:
 
 
 def check_pipeline_options(options: PlanOptions, mesh: Mesh) -> None:
-    """PlanError for what a pipeline cannot do: a stage's tasks are cut from its lowered program
-    by part, so there are no recomputed copies there (``recompute="on"``), and its state is not
-    sharded with ZeRO (a forced stage)."""
+    """PlanError for what a pipeline (or micro-batched step: a pipeline of one stage) cannot do: a
+    stage's tasks are cut from its lowered program by part, so there are no recomputed copies
+    there (``recompute="on"``), and its state is not sharded with ZeRO (a forced stage)."""
+    if pipe_axis(mesh) is not None:
+        what, runs, stages = f"mesh {mesh} has a pp axis", "pipelines", "pipeline stages"
+    else:
+        what = f"microbatches={options.microbatches} on mesh {mesh}"
+        runs = stages = "micro-batched steps"
     if options.recompute == "on":
-        raise PlanError(f"recompute='on': pipelines do not recompute (mesh {mesh} has a pp axis)")
+        raise PlanError(f"recompute='on': {runs} do not recompute ({what})")
     if options.forced_zero is not None:
-        raise PlanError(
-            f"zero={options.zero}: pipeline stages do not shard their state with ZeRO (mesh {mesh} has a pp axis)"
-        )
+        raise PlanError(f"zero={options.zero}: {stages} do not shard their state with ZeRO ({what})")
 
 
 def plan_pipeline(
@@ -608,16 +656,16 @@ def plan_pipeline(
 ) -> PipelinePlan:
     """Micro-batch ``graph`` into ``options.microbatches``, cut it into the ``pp`` axis's stages
     for ``options.schedule``, and plan it on the sub-mesh of the other axes (the same plan in
-    every stage) within ``options.memory_limit`` per device; the sub-mesh's plan neither
-    recomputes nor shards state with ZeRO (``check_pipeline_options``). ``mb``: the micro-batched
+    every stage; passes/microbatch.py ``plan_microbatch_program``: the micro-batch phase priced
+    ``m`` times, the update once) within ``options.memory_limit`` per device; the sub-mesh's plan
+    neither recomputes nor shards state with ZeRO (``check_pipeline_options``). A mesh without a
+    pp axis is one stage: gradient accumulation (passes/accumulate.py ``plan_accumulated``). ``mb``: the micro-batched
     step, if the caller has it already."""
     mesh = as_mesh(mesh)
     pp = pipe_axis(mesh)
-    if pp is None:
-        raise PlanError(f"a pipeline needs a 'pp' (or 'pipe') axis in its mesh, got {mesh}")
     check_pipeline_options(options, mesh)
     m, schedule, memory_limit = options.microbatches, options.schedule, options.memory_limit
-    S = mesh.shape[mesh.axis_index(pp)]
+    S = 1 if pp is None else mesh.shape[mesh.axis_index(pp)]
     sub = sub_mesh(mesh)
     mb = mb if mb is not None else microbatch(graph, m)
     g0 = mb.program.devices[0].graph
@@ -626,9 +674,9 @@ def plan_pipeline(
     sub_plan = None
     if sub.size > 1:
         sub_ties = state_ties(graph) if ties is None else ties
-        sub_plan = plan_sharding(g0, sub, ties=sub_ties, options=dataclasses.replace(options, zero=0, recompute="off"))
+        sub_plan = plan_microbatch_program(mb, sub, sub_ties, options)
     stage_s = _stage_times(a, sub_plan)
-    transfer = _transfer_time(g0, a, mesh.links[pp], sub.size)
+    transfer = 0.0 if pp is None else _transfer_time(g0, a, mesh.links[pp], sub.size)
     per_mb = max(f + b for f, b, _u in stage_s) + (transfer / (S - 1) if S > 1 else 0.0)
     step = (m + S - 1) * per_mb + max(u for _f, _b, u in stage_s)
     busy = sum(m * (f + b) for f, b, _u in stage_s) / S
@@ -638,6 +686,8 @@ def plan_pipeline(
         "bubble": 1.0 - busy / ((m + S - 1) * per_mb) if per_mb else 0.0,
     }
     mem = _stage_memory(g0, a, schedule, m, sub.size)
+    if pp is None and sub_plan is not None:  # one stage: the plan's own memory model, with the running sums
+        mem = [max(sub_plan.memory.peak_bytes)]
     return PipelinePlan(
         graph_name=graph.name,
         graph_hash=graph_hash(graph),
@@ -649,6 +699,7 @@ def plan_pipeline(
         transfer_s=transfer,
         predicted=predicted,
         memory_bytes=tuple(mem),
+        microbatch_size=mb.size,
     )
 
 
@@ -681,7 +732,8 @@ def _stage_memory(g: Graph, a: StageAssignment, schedule: str, m: int, n_sub: in
 
 def _stage_times(a: StageAssignment, sub_plan) -> list[tuple[float, float, float]]:
     """Per stage (forward, backward per micro-batch, update): the sub-mesh plan's compute and
-    communication of each node when there is one, else the single-device estimate."""
+    communication of each node when there is one, else the single-device estimate. Adding a
+    micro-batch's gradients to the running sums counts with its backward."""
     S = a.n_stages
     if sub_plan is None:
         return [(a.forward_s[s], a.backward_s[s], a.update_s[s]) for s in range(S)]
@@ -693,7 +745,7 @@ def _stage_times(a: StageAssignment, sub_plan) -> list[tuple[float, float, float
     for k, t in per_node.items():
         s, ph = a.stage[k], a.phase[k]
         if s >= 0:
-            out[s][{"F": 0, "B": 1}.get(ph, 2)] += t
+            out[s][{"F": 0, "B": 1, "M": 1}.get(ph, 2)] += t  # M: a micro-batch's sum added to the running one
     return [(f, b, u) for f, b, u in out]
 
 

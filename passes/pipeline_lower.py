@@ -87,7 +87,7 @@ def lower_pipeline(graph: Graph, plan: PipelinePlan, mb: Microbatched | None = N
     g0 = mb.program.devices[0].graph
     in_specs, out_specs = progs[0][0][2], progs[0][0][3]
     return PipelineProgram(
-        mesh=plan.mesh,
+        mesh=plan.stage_mesh,  # gradient accumulation: the mesh with a pp axis of one stage
         pp_axis=plan.pp_axis,
         n_stages=plan.n_stages,
         m=plan.m,

@@ -125,6 +125,11 @@ def check_plan_mesh(plan: ShardingPlan | PipelinePlan, mesh: Mesh) -> None:
 def planned_pipeline(plan: ShardingPlan | PipelinePlan | None, microbatches: int | None, schedule: str | None):
     """(micro-batches, schedule) to plan or run with: those asked for (None: 1 and "1f1b"), or a
     given pipeline plan's own, which any that were asked for must equal (PlanError otherwise)."""
+    if isinstance(plan, ShardingPlan) and microbatches not in (None, 1):
+        raise PlanError(
+            f"microbatches={microbatches!r} was asked for, but the plan given is a sharding plan of one pass "
+            "(no micro-batches): compile a plan with the micro-batches, or leave them out"
+        )
     if not isinstance(plan, PipelinePlan):
         return (1 if microbatches is None else microbatches), ("1f1b" if schedule is None else schedule)
     for what, asked, planned in (("microbatches", microbatches, plan.m), ("schedule", schedule, plan.schedule)):
@@ -209,8 +214,13 @@ class Parallelized:
         self.given_plan = plan
         if plan is not None:
             _check_given_plan(plan, self.mesh, options)
-        if pipe_axis(self.mesh) is not None:
+        if pipe_axis(self.mesh) is not None or options.microbatches > 1:
             check_pipeline_options(options, self.mesh)
+        if options.microbatches > 1 and pipe_axis(self.mesh) is None and (in_specs, out_specs) != (None, None):
+            raise PlanError(
+                f"in_specs / out_specs with microbatches={options.microbatches}: a micro-batched step's specs are "
+                "the planner's (pins are not followed on micro-batched steps)"
+            )
         self.in_specs = in_specs
         self.out_specs = out_specs
         self.options = options
@@ -226,7 +236,7 @@ class Parallelized:
             else Threads(run.collective_timeout_s, run.sharded_state)
         )
         self.path: ShardedPath | PipelinePath
-        if pipe_axis(self.mesh) is not None:
+        if self.pipelined:
             self.path = PipelinePath(self.mesh)
         else:
             cache = PlanCache(cache_dir("plans")) if run.cache else None
@@ -243,8 +253,13 @@ class Parallelized:
 
     @property
     def pipelined(self) -> bool:
-        """A mesh with a ``pp`` axis: the step runs as a pipeline of micro-batches."""
-        return pipe_axis(self.mesh) is not None
+        """A mesh with a ``pp`` axis, or more than one micro-batch (gradient accumulation: a
+        pipeline of one stage, passes/accumulate.py): the step runs as micro-batches."""
+        return (
+            pipe_axis(self.mesh) is not None
+            or self.options.microbatches > 1
+            or isinstance(self.given_plan, PipelinePlan)
+        )
 
     # --- the steps ---------------------------------------------------------------------------
     def trace_optimized(self, *args, **kwargs) -> tuple[Graph, Graph, dict[str, float]]:
@@ -372,7 +387,7 @@ class Parallelized:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if current_context() is not None:  # inside a trace (grad of a parallelized function): inline
             return on_a_copy(self.fn)(*args, **kwargs)  # (a method's writes to self stay off the object)
-        if self.mesh.size == 1:
+        if self.mesh.size == 1 and not self.pipelined:
             return self._one_device(*args, **kwargs)
         args, kwargs, generators = traced_random.bind_generators(args, kwargs)  # Generator -> its state
         compiled = self.compile(*args, **kwargs)
@@ -411,7 +426,11 @@ def parallelize(
     """Decorator or function: ``graphc.parallelize(fn, mesh={"dp": 2, "tp": 4})``. A mesh with a
     ``pp`` axis (``{"pp": 2, "dp": 2, "tp": 2}``) runs the step as a pipeline of ``microbatches``
     micro-batches on ``pp`` stages ("gpipe" or "1f1b" ``schedule``), each stage sharded on the
-    other axes.
+    other axes. On any other mesh (one device included), ``microbatches=k`` is gradient
+    accumulation (passes/accumulate.py): the step, written for the whole batch B, runs as k
+    micro-batches of B/k samples one after the other, each sharded on the mesh, their gradients
+    summed in a fixed order, then one update. A count the step cannot take (not dividing the
+    batch, no batch input, an update reading the whole batch) is a ``PlanError``.
 
     Axis names give roles (docs/guide/sharding.md, "Mesh axes"): ``dp``/``data``/``batch`` split only batch dims,
     ``sp``/``seq`` only sequence dims, ``tp``/``model``/``mp`` and other names anything;

@@ -109,7 +109,10 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
     each flag's ``dest`` is its ``PlanOptions`` field, its default None (not given: the option's
     own default), its choices the option's value set (passes/options.py)."""
     p.add_argument(
-        "--microbatches", type=positive_int, metavar="M", help="micro-batches of a pipeline (a mesh with pp; default 1)"
+        "--microbatches",
+        type=positive_int,
+        metavar="M",
+        help="micro-batches: a pipeline's (a mesh with pp), else gradient accumulation (default 1)",
     )
     p.add_argument("--schedule", choices=SCHEDULES, help="pipeline schedule (default 1f1b)")
     p.add_argument(

@@ -2,7 +2,8 @@
 example arguments; print the plan's summary and write the plan JSON atomically.
 
 A mesh with a ``pp`` axis (``--mesh pp=2,dp=2,tp=2 --microbatches 8``) plans a pipeline: stages,
-schedule and each stage's sharding. ``--devices 8`` instead searches the factorizations of 8
+schedule and each stage's sharding; on any other mesh ``--microbatches 4`` plans gradient
+accumulation (passes/accumulate.py: four micro-batches one after the other, one update). ``--devices 8`` instead searches the factorizations of 8
 into pp x dp x tp and micro-batch counts, prints the choice and the runners-up, and writes the
 chosen plan with the search in it.
 
@@ -43,7 +44,7 @@ from graphc.core.mesh import Mesh, parse_links
 from graphc.core.profiles import PRESETS, get_profile
 from graphc.passes.manager import run_passes
 from graphc.passes.partition import compile_devices, lower, zero3_inputs
-from graphc.passes.pipeline import PipelinePlan
+from graphc.passes.pipeline import PipelinePlan, pipe_axis
 from graphc.passes.search import explain, search_meshes
 from graphc.passes.sharding.plan import ShardingPlan
 
@@ -133,18 +134,9 @@ def _compile(args: argparse.Namespace) -> int:
         run = dataclasses.replace(run, cache=False)
     pf = Parallelized(fn, mesh, plan_options(args), run, static_argnames=static_argnames(fkwargs))
     if pf.pipelined:
-        if pinned or args.explain:
-            raise UsageError("--resolve-pins and --explain work on meshes without a pp axis")
-        progress(f"tracing {args.target} and planning a pipeline on mesh {mesh}")
-        pplan = pf.plan(*fargs, **fkwargs)
-        assert isinstance(pplan, PipelinePlan)  # a mesh with a pp axis plans a pipeline
-        print(pplan.summary())
-        if pplan.sub_plan is not None:
-            print(pplan.sub_plan.summary())
-        if args.dump_ir:
-            _dump_pipeline_ir(args.dump_ir, pf, fargs, fkwargs)
-        _write(output, pplan.to_json(), args)
-        return 0
+        if pinned:
+            raise UsageError("--resolve-pins works on steps of one pass (no pp axis, one micro-batch)")
+        return _compile_microbatched(args, pf, fargs, fkwargs, output, progress)
     if pinned:
         n = pf.follow(pinned, *fargs, **fkwargs)
         progress(f"re-solving around {n} pin(s) from {args.resolve_pins}")
@@ -161,6 +153,29 @@ def _compile(args: argparse.Namespace) -> int:
     print(plan.summary())
     _write(output, plan.to_json(), args)
     _explain(plan, args.explain)
+    return 0
+
+
+def _compile_microbatched(args: argparse.Namespace, pf: Parallelized, fargs, fkwargs, output: Output, progress) -> int:
+    """A pipeline (a mesh with a pp axis) or gradient accumulation (micro-batches on any other
+    mesh): its summary, its micro-batch program's sharding plan, the plan file, ``--explain``."""
+    mesh = pf.mesh
+    what = "a pipeline" if pipe_axis(mesh) is not None else f"{pf.options.microbatches} micro-batches"
+    progress(f"tracing {args.target} and planning {what} on mesh {mesh}")
+    pplan = pf.plan(*fargs, **fkwargs)
+    assert isinstance(pplan, PipelinePlan)  # a pp axis or micro-batches plan a pipeline (of one stage)
+    print(pplan.summary())
+    if pplan.sub_plan is not None:
+        if pplan.accumulates:
+            print(f"each micro-batch's program ({pplan.microbatch_size} samples), as one pass:")
+        print(pplan.sub_plan.summary())
+    if args.dump_ir:
+        _dump_pipeline_ir(args.dump_ir, pf, fargs, fkwargs)
+    _write(output, pplan.to_json(), args)
+    if args.explain:
+        if pplan.sub_plan is None:
+            raise UsageError("--explain needs a sharded plan: this one runs every stage on one device")
+        _explain(pplan.sub_plan, args.explain)
     return 0
 
 

@@ -28,7 +28,7 @@ import numpy as np
 from graphc.core.errors import GraphcError, ShapeError
 from graphc.core.ir import OpDef, TensorType
 from graphc.core.spec import piece_bounds, piece_index
-from graphc.core.traits import Collective, DeviceLocal
+from graphc.core.traits import Collective, DeviceLocal, LinearIn
 from graphc.ops.dims import DimRule, io_bytes
 from graphc.ops.registry import check_axis, get_op, register
 
@@ -270,5 +270,9 @@ for _name, _cut in (
 # --- traits (graphc/core/traits.py) ------------------------------------------------------------
 for _name in _COLLECTIVES:
     get_op(_name).traits = (Collective(),)
+# a sum over the group is linear in its operand: an all_reduce over the micro-batch axis (gradient
+# accumulation, passes/microbatch.py) carries a data-parallel partial sum through, so the
+# all-reduce over the devices runs once per step, after the micro-batches meet
+get_op("all_reduce").traits = (Collective(), LinearIn((frozenset({0}),), on_meshes=True))
 for _op in (shard_slice, partial_zero):
     _op.traits = (DeviceLocal(),)

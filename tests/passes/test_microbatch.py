@@ -145,3 +145,62 @@ def test_linear_operands_are_linear():
                     )
                 checked.add(node.op.name)
     assert {"add", "mul", "matmul", "transpose", "reshape", "reduce_sum", "scatter_add"} <= checked
+
+
+# --- the micro-batch program planned on a real mesh (gradient accumulation: passes/accumulate.py) ---------
+
+
+def _mb_problem(m=4, axes=None):
+    from graphc.core.mesh import Mesh
+    from graphc.passes.microbatch import AccumulatingMemory, RepeatedCosts, item_weights, meeting_nodes
+    from graphc.passes.options import PlanOptions
+    from graphc.passes.partition import Pins, build_problem, state_ties
+
+    args, kw = mlp.example_train_args(batch=64, sizes=(32, 64, 64, 8))
+    g = graph_of(mlp.train_step, args, kw)
+    mb = microbatch(g, m)
+    g0 = mb.program.devices[0].graph
+    problem = build_problem(g0, Mesh(axes or {"dp": 2}), PlanOptions(zero=0, recompute="off"), Pins(), state_ties(g))
+    weights = item_weights(problem, mb.step_phase, m)
+    base_costs, base_memory = problem.costs, problem.memory
+    meets = set(meeting_nodes(g0))
+    sums = frozenset(i for i, it in enumerate(problem.items) if it.kind == "node" and it.index in meets)
+    return mb, problem, weights, RepeatedCosts(base_costs, weights), base_memory, AccumulatingMemory(base_memory, sums)
+
+
+def test_a_step_prices_the_micro_batch_phase_m_times_and_the_update_once():
+    from graphc.passes.partition import solve_problem
+
+    mb, problem, weights, repeated, _base, _acc = _mb_problem(m=4)
+    for i, it in enumerate(problem.items):
+        if it.kind == "node":
+            assert weights[i] == (1 if mb.step_phase[it.index] else 4), it.node
+        elif it.kind in ("input", "output"):
+            assert weights[i] == 1
+    assert 4 in weights and 1 in weights
+    choice = [0] * len(problem.items)
+    once = problem.costs.evaluate(choice)
+    got = repeated.evaluate(choice)
+    compute = sum(weights[i] * it.strategies[0].compute_s for i, it in enumerate(problem.items))
+    comm = sum(weights[e.dst] * problem.costs.edge_time(e, 0, 0) for e in problem.edges)
+    assert got["compute_s"] == pytest.approx(compute, rel=1e-12) and got["comm_s"] == pytest.approx(comm, rel=1e-12)
+    assert once["total_s"] < got["total_s"] < 4 * once["total_s"]
+    # the ILP minimises what RepeatedCosts says a step costs
+    problem.costs = repeated
+    solution = solve_problem(problem)
+    assert solution.objective == pytest.approx(repeated.evaluate(solution.choice)["total_s"], rel=1e-6)
+
+
+def test_the_running_sums_are_live_while_every_micro_batch_runs():
+    """The accumulating memory model is the one-pass model plus, at every program point before a
+    meeting point, that meeting point's running sum (its piece on the device)."""
+    _mb, problem, _w, _costs, base, acc = _mb_problem(m=4, axes={"dp": 2, "tp": 2})
+    choice = [0] * len(problem.items)
+    position = {item: pos for pos, item in enumerate(problem.order)}
+    want = base.profile(choice).copy()
+    for i in acc.sums:
+        nb = base.value_bytes(problem.items[i].node.outputs[0], i, choice[i])
+        assert nb > 0
+        want[: position[i]] += nb
+    np.testing.assert_array_equal(acc.profile(choice), want)
+    assert acc.peak(choice)[0] > base.peak(choice)[0]

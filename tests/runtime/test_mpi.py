@@ -121,6 +121,8 @@ def test_gpt_train_step_equals_the_threaded_backend_bit_for_bit(
     "n, mesh, schedule",
     [
         (2, "pp=2", "1f1b"),
+        pytest.param(2, "dp=2", "1f1b", marks=pytest.mark.slow),  # gradient accumulation: one stage, no pp
+        pytest.param(4, "dp=2,tp=2", "1f1b", marks=pytest.mark.slow),
         pytest.param(4, "pp=2,dp=2", "gpipe", marks=pytest.mark.slow),
         pytest.param(4, "pp=2,tp=2", "1f1b", marks=pytest.mark.slow),  # split parameters stay as they are
     ],

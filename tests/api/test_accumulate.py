@@ -1,0 +1,347 @@
+"""Gradient accumulation on any mesh (passes/accumulate.py): ``microbatches=k`` without a pp axis
+runs a training step written for the whole batch as k micro-batches, one after the other, each
+sharded on the mesh, the gradients summed in micro-batch order, then one update. Several steps
+with the state fed back equal the eager step on the whole batch; data-parallel gradient
+all-reduces run once per step; the plan predicts a lower peak than one pass; counts a step
+cannot take are errors naming the function."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+
+import numpy as np
+import pytest
+
+import graphc
+from graphc.cli.main import main
+from graphc.core.errors import GraphcError, PlanError, PlanWarning
+from graphc.core.mesh import Mesh
+from graphc.core.profiles import get_profile
+from graphc.core.pytree import flatten
+from graphc.models import gpt, mlp
+from graphc.passes.accumulate import plan_accumulated
+from graphc.passes.options import PlanOptions
+from graphc.passes.partition import optimize_for_planning, plan_sharding, state_ties
+from graphc.passes.pipeline import PipelinePlan
+
+PROFILE = get_profile("cpu-here")
+F32 = np.finfo(np.float32).eps
+# float32 results of a different summation order: the micro-batches' partial sums and the devices'
+# pieces regroup every batch reduction and matmul contraction (at most a few hundred terms here).
+# Regrouping n terms moves a sum by at most about n * eps of the sum of their magnitudes; a few
+# steps of SGD / Adam carry that into the parameters. 2**10 * eps ~ 1.2e-4 bounds it for these sizes.
+TOL = 2**10 * F32
+
+
+def k_steps(step, state: tuple, rest: tuple, kw: dict, k: int) -> list:
+    """``k`` training steps, each fed the state the last returned; every step's leaves."""
+    seen = []
+    for _ in range(k):
+        out = step(*state, *rest, **kw)
+        state = tuple(out[: len(state)])
+        seen.append(flatten(out)[0])
+    return seen
+
+
+def assert_steps_close(got: list, want: list) -> None:
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=TOL, atol=TOL)
+
+
+def mlp_args(batch=32):
+    return mlp.example_train_args(batch=batch, sizes=(24, 32, 32, 8))
+
+
+MESHES = [{"dp": 2}, {"tp": 2}, {"dp": 2, "tp": 2}, {"dp": 1}]
+
+
+@pytest.mark.parametrize("axes", MESHES, ids=lambda a: ",".join(f"{k}={v}" for k, v in a.items()))
+def test_mlp_trains_with_micro_batches_as_on_the_whole_batch(axes):
+    (params, x, labels), kw = mlp_args()
+    pf = graphc.parallelize(
+        mlp.train_step, mesh=Mesh(axes, profile=PROFILE), microbatches=4, static_argnames=("lr",), cache=False
+    )
+    got = k_steps(pf, (params,), (x, labels), kw, 3)
+    assert_steps_close(got, k_steps(mlp.train_step, (params,), (x, labels), kw, 3))
+    compiled = pf.compile(params, x, labels, **kw)
+    assert isinstance(compiled.plan, PipelinePlan) and compiled.plan.accumulates
+    assert (compiled.plan.m, compiled.plan.microbatch_size) == (4, 8)
+    assert "gradient accumulation" in compiled.plan.summary() and "4 micro-batches of 8 samples" in (
+        compiled.plan.summary()
+    )
+    # k forward and k backward tasks per device, one update
+    for dev in range(Mesh(axes).size):
+        keys = [key for key in compiled.program.tasks if key[0] == dev]
+        assert sorted(k for _d, ph, k in keys if ph == "F") == [0, 1, 2, 3]
+        assert sorted(k for _d, ph, k in keys if ph == "B") == [0, 1, 2, 3]
+        assert [k for _d, ph, k in keys if ph == "U"] == [-1]
+
+
+@pytest.mark.parametrize(
+    "axes",
+    [{"dp": 2}, *[pytest.param(a, marks=pytest.mark.slow) for a in ({"tp": 2}, {"dp": 2, "tp": 2}, {"dp": 1})]],
+    ids=lambda a: ",".join(f"{k}={v}" for k, v in a.items()),
+)
+def test_gpt_trains_with_micro_batches_as_on_the_whole_batch(axes):
+    (params, state, tokens, targets), kw = gpt.example_train_args(batch=8, seq=16, n_layer=1)
+    pf = graphc.parallelize(
+        gpt.train_step,
+        mesh=Mesh(axes, profile=PROFILE),
+        microbatches=4,
+        static_argnames=("n_head", "lr"),
+        cache=False,
+    )
+    got = k_steps(pf, (params, state), (tokens, targets), kw, 2)
+    assert_steps_close(got, k_steps(gpt.train_step, (params, state), (tokens, targets), kw, 2))
+    if axes == {"dp": 2}:  # one micro-batch's activations: a lower predicted peak than the whole batch's
+        g = graph_of(gpt.train_step, (params, state, tokens, targets), kw)
+        mesh = Mesh(axes, profile=PROFILE)
+        whole = plan_sharding(g, mesh, ties=state_ties(g), options=PlanOptions(zero=0, recompute="off"))
+        acc = plan_accumulated(g, mesh, PlanOptions(zero=0, recompute="off", microbatches=4))
+        assert acc.peak_bytes < max(whole.memory.peak_bytes)
+
+
+def test_data_parallel_gradients_are_summed_once_per_step_after_the_micro_batches():
+    """Every all-reduce over dp is in the update task: the micro-batches' gradients are summed on
+    each device first (partial sums carried through the meeting points), then synced once."""
+    (params, x, labels), kw = mlp.example_train_args(batch=256, sizes=(128, 256, 256, 8))
+    pf = graphc.parallelize(
+        mlp.train_step, mesh=Mesh({"dp": 2}, profile=PROFILE), microbatches=4, static_argnames=("lr",), cache=False
+    )
+    compiled = pf.compile(params, x, labels, **kw)
+    synced = {ph: 0 for ph in "FBU"}
+    for (_dev, ph, _k), task in compiled.program.tasks.items():
+        synced[ph] += sum(1 for n in task.graph.nodes if n.op.name == "all_reduce" and n.attrs["axis"] == "dp")
+    n_params = len(flatten(params)[0])
+    assert synced["F"] == synced["B"] == 0
+    assert synced["U"] >= 2 * n_params  # each gradient on each of the 2 devices (and the loss)
+    # the micro-batches' own work is split over dp: each device runs 32 of a micro-batch's 64 samples
+    forward = compiled.program.tasks[(0, "F", 0)].graph
+    assert any(v.type.shape[:1] == (32,) for v in forward.inputs)
+    got = compiled(params, x, labels, **kw)
+    for a, b in zip(flatten(got)[0], flatten(mlp.train_step(params, x, labels, **kw))[0]):
+        np.testing.assert_allclose(a, b, rtol=TOL, atol=TOL)
+
+
+def graph_of(fn, args, kw):
+    return optimize_for_planning(graphc.trace(fn, *args, **kw))
+
+
+@pytest.mark.parametrize("axes", [{"dp": 2}, {"dp": 2, "tp": 2}], ids=["dp=2", "dp=2,tp=2"])
+def test_micro_batches_predict_a_lower_peak_and_price_k_passes(axes):
+    """One micro-batch's activations are a quarter of the batch's: the predicted peak drops; the
+    predicted step is k passes of the micro-batch program plus one update and one gradient sync."""
+    (params, x, labels), kw = mlp.example_train_args(batch=2048, sizes=(256, 512, 512, 8))
+    g = graph_of(mlp.train_step, (params, x, labels), kw)
+    mesh = Mesh(axes, profile=PROFILE)
+    options = PlanOptions(zero=0, recompute="off")
+    whole = plan_sharding(g, mesh, ties=state_ties(g), options=options)
+    acc = plan_accumulated(g, mesh, PlanOptions(zero=0, recompute="off", microbatches=4))
+    assert acc.peak_bytes < max(whole.memory.peak_bytes)
+    # the peak is the micro-batch program's plan's, with the running sums kept all along: at least
+    # one micro-batch's activations and the gradients' sums together
+    assert acc.sub_plan is not None and acc.peak_bytes == max(acc.sub_plan.memory.peak_bytes)
+    f, b, u = acc.stage_s[0]
+    assert acc.step_s == pytest.approx(4 * (f + b) + u, rel=1e-12)
+    # the update and the one gradient sync are priced once; a pass of a quarter of the batch is
+    # cheaper than the whole batch's, and four of them cost at least as much compute
+    one_pass = acc.sub_plan.cost.compute_s
+    assert one_pass < whole.cost.compute_s <= acc.step_s
+    doc = json.loads(acc.to_json())
+    assert doc["options"]["microbatches"] == 4 and doc["microbatch_size"] == 512
+
+
+def sum_loss_step(w, x, y):
+    # a loss summed (not averaged) over the batch
+    loss, g = graphc.value_and_grad(lambda w: np.sum((np.tanh(x @ w) - y) ** 2))(w)
+    return w - 0.01 * g, loss
+
+
+def mean_loss_step(w, x, y):
+    loss, g = graphc.value_and_grad(lambda w: np.mean((np.tanh(x @ w) - y) ** 2))(w)
+    return w - 0.5 * g, loss
+
+
+@pytest.mark.parametrize("step", [sum_loss_step, mean_loss_step])
+@pytest.mark.parametrize("k", [2, 4, 24])  # 24: micro-batches of one sample
+def test_mean_and_sum_losses_accumulate_the_whole_batch_gradient(step, k):
+    """In float64 against numpy's eager step: the accumulated gradient is the whole batch's, for a
+    loss that is a sum and one that is a mean (whose 1/B the partial sums carry, not 1/(B/k))."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((6, 3))
+    x = rng.standard_normal((24, 6))
+    y = rng.standard_normal((24, 3))
+    pf = graphc.parallelize(step, mesh=Mesh({"dp": 2}, profile=PROFILE), microbatches=k, cache=False)
+    if k == 24:  # one sample does not split over dp: each device runs it whole, and is told so
+        with pytest.warns(PlanWarning, match="replicates the work"):
+            got = k_steps(pf, (w,), (x, y), {}, 2)
+    else:
+        got = k_steps(pf, (w,), (x, y), {}, 2)
+    want = k_steps(step, (w,), (x, y), {}, 2)
+    eps = np.finfo(np.float64).eps
+    for a, b in zip(got, want):
+        for p, q in zip(a, b):
+            np.testing.assert_allclose(p, q, rtol=2**10 * eps, atol=2**10 * eps)
+
+
+@pytest.mark.parametrize("axes", [{"dp": 1}, {"dp": 2}], ids=["one device", "dp=2"])
+def test_micro_batches_of_one_sample(axes):
+    (params, x, labels), kw = mlp_args(batch=8)
+    pf = graphc.parallelize(
+        mlp.train_step, mesh=Mesh(axes, profile=PROFILE), microbatches=8, static_argnames=("lr",), cache=False
+    )
+    if axes["dp"] > 1:  # one sample does not split over dp: each device runs it whole, and is told so
+        with pytest.warns(PlanWarning, match="replicates the work"):
+            got = k_steps(pf, (params,), (x, labels), kw, 2)
+    else:
+        got = k_steps(pf, (params,), (x, labels), kw, 2)
+    assert_steps_close(got, k_steps(mlp.train_step, (params,), (x, labels), kw, 2))
+    assert pf.compile(params, x, labels, **kw).plan.microbatch_size == 1
+
+
+def test_the_plan_file_keeps_the_count_and_runs_as_written(tmp_path):
+    (params, x, labels), kw = mlp_args()
+    mesh = Mesh({"dp": 2}, profile=PROFILE)
+    pf = graphc.parallelize(mlp.train_step, mesh=mesh, microbatches=4, static_argnames=("lr",), cache=False)
+    plan = pf.plan(params, x, labels, **kw)
+    path = tmp_path / "plan.json"
+    plan.save(str(path))
+    loaded = PipelinePlan.from_json(path.read_text(), str(path))
+    assert isinstance(loaded, PipelinePlan) and loaded.accumulates
+    assert (loaded.m, loaded.microbatch_size, loaded.mesh.axis_names) == (4, 8, ("dp",))
+    assert loaded.to_json() == plan.to_json()
+    run = graphc.parallelize(mlp.train_step, plan=loaded, static_argnames=("lr",), cache=False)
+    assert run.options.microbatches == 4
+    assert_steps_close(
+        k_steps(run, (params,), (x, labels), kw, 2), k_steps(mlp.train_step, (params,), (x, labels), kw, 2)
+    )
+    # asking for another count than the plan's, or micro-batches of a one-pass plan, is refused
+    with pytest.raises(PlanError, match="microbatches=4, but microbatches=2 was asked for"):
+        graphc.parallelize(mlp.train_step, plan=loaded, microbatches=2)
+    one_pass = graphc.parallelize(mlp.train_step, mesh=mesh, static_argnames=("lr",), cache=False)
+    with pytest.raises(PlanError, match="microbatches=4 was asked for, but the plan given is a sharding plan"):
+        graphc.parallelize(mlp.train_step, plan=one_pass.plan(params, x, labels, **kw), microbatches=4)
+
+
+# --- counts a step cannot take: errors, never ignored ----------------------------------------------------
+
+
+def batch_norm_step(w, x):
+    def loss(w):
+        h = x @ w
+        h = (h - h.mean(axis=0)) / (h.std(axis=0) + 1e-5)  # the batch's own statistics
+        return np.mean(h**3)
+
+    l, g = graphc.value_and_grad(loss)(w)
+    return w - 0.1 * g, l
+
+
+def max_scaled_step(w, x):
+    l, g = graphc.value_and_grad(lambda w: np.mean((x @ w) ** 2))(w)
+    return w - 0.1 * g * np.max(x), l  # the update reads the whole batch's maximum
+
+
+def no_batch_step(w):
+    return w * 0.5, np.sum(w)
+
+
+@pytest.mark.parametrize("axes", [{"dp": 1}, {"dp": 2}], ids=["one device", "dp=2"])
+def test_counts_a_step_cannot_take_are_errors_naming_the_function(axes):
+    mesh = Mesh(axes, profile=PROFILE)
+    (params, x, labels), kw = mlp_args(batch=10)
+    pf = graphc.parallelize(mlp.train_step, mesh=mesh, microbatches=4, static_argnames=("lr",), cache=False)
+    with pytest.raises(PlanError, match=r"@train_step: input %x of shape \[10, 24\] does not split into 4 micro-"):
+        pf(params, x, labels, **kw)
+    w = np.ones((4, 3), np.float32)
+    with pytest.raises(PlanError, match="microbatches=2: @no_batch_step has no batch input"):
+        graphc.parallelize(no_batch_step, mesh=mesh, microbatches=2, cache=False)(w)
+    rng = np.random.default_rng(1)
+    w, xb = rng.standard_normal((4, 3)).astype(np.float32), rng.standard_normal((8, 4)).astype(np.float32)
+    with pytest.raises(PlanError, match=r"@batch_norm_step: .* at .*test_accumulate\.py:\d+.*needs the whole batch"):
+        graphc.parallelize(batch_norm_step, mesh=mesh, microbatches=2, cache=False)(w, xb)
+    with pytest.raises(PlanError, match=r"@max_scaled_step: reduce_max at .*test_accumulate\.py:\d+ reads the whole"):
+        graphc.parallelize(max_scaled_step, mesh=mesh, microbatches=2, cache=False)(w, xb)
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(PlanError, match="microbatches must be a positive int"):
+            graphc.parallelize(mlp.train_step, mesh=mesh, microbatches=bad)
+    with pytest.raises(PlanError, match="micro-batched steps do not shard their state with ZeRO"):
+        graphc.parallelize(mlp.train_step, mesh=mesh, microbatches=2, zero=2)
+    with pytest.raises(PlanError, match="micro-batched steps do not recompute"):
+        graphc.parallelize(mlp.train_step, mesh=mesh, microbatches=2, recompute="on")
+    with pytest.raises(GraphcError, match="pins are not followed on micro-batched steps"):
+        graphc.parallelize(mlp.train_step, mesh=mesh, microbatches=2, in_specs=("R",))
+
+
+def test_a_memory_limit_is_met_by_the_micro_batch_plan():
+    """Under a memory limit the micro-batch program's plan (with the running sums) fits it."""
+    (params, x, labels), kw = mlp.example_train_args(batch=1024, sizes=(256, 512, 512, 8))
+    g = graph_of(mlp.train_step, (params, x, labels), kw)
+    mesh = Mesh({"dp": 2}, profile=PROFILE)
+    free = plan_accumulated(g, mesh, PlanOptions(microbatches=4, zero=0, recompute="off"))
+    limit = int(free.peak_bytes * 1.05)
+    fitted = plan_accumulated(g, mesh, PlanOptions(microbatches=4, zero=0, recompute="off", memory_limit=limit))
+    assert fitted.peak_bytes <= limit
+    with pytest.raises(PlanError):
+        plan_accumulated(g, mesh, PlanOptions(microbatches=4, zero=0, recompute="off", memory_limit=1024))
+    with pytest.raises(PlanError, match="use plan_pipeline"):
+        plan_accumulated(g, {"pp": 2}, PlanOptions(microbatches=4))
+
+
+# --- the command line -------------------------------------------------------------------------------------
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+TARGET = [os.path.join(ROOT, "models", "mlp.py:train_step"), "--example", "example_train_args"]
+
+
+def call(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(argv))
+        except SystemExit as exc:  # argparse
+            code = exc.code
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture
+def cli_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("GRAPHC_PROFILE", str(tmp_path / "no_profile.json"))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_compile_and_run_take_micro_batches_on_a_mesh_without_pp(cli_env):
+    plan = cli_env / "plan.json"
+    code, out, err = call("compile", *TARGET, "--mesh", "dp=2", "--microbatches", "4", "-o", str(plan), "--quiet")
+    assert code == 0, err
+    assert "gradient accumulation on mesh dp=2: 4 micro-batches of 16 samples" in out
+    doc = json.loads(plan.read_text())
+    assert (doc["kind"], doc["options"]["microbatches"], doc["microbatch_size"]) == ("pipeline", 4, 16)
+    code, out, err = call("compile", *TARGET, "--mesh", "dp=2", "--microbatches", "4", "--explain", "%x", "--quiet")
+    assert code == 0 and "%x" in out, err
+    code, out, err = call("run", *TARGET, "--plan", str(plan))
+    assert code == 0, err
+    assert "result equals graphc's interpreter: yes" in out and "4 micro-batches of 16 samples" in out
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--microbatches", "0"], "argument --microbatches: expected a positive integer, got '0'"),
+        (["--microbatches", "3"], "@train_step: input %x of shape [64, 784] does not split into 3 micro-batches"),
+        (["--microbatches", "2", "--zero", "1"], "micro-batched steps do not shard their state with ZeRO"),
+    ],
+    ids=["zero micro-batches", "not dividing the batch", "forced ZeRO"],
+)
+def test_counts_the_command_cannot_take_exit_2(cli_env, flags, message):
+    code, out, err = call("compile", *TARGET, "--mesh", "dp=2", *flags, "-o", str(cli_env / "p.json"))
+    assert code == 2, (code, out, err)
+    assert message in err and "Traceback" not in err
+    assert not (cli_env / "p.json").exists()
