@@ -10,7 +10,8 @@ import pytest
 import graphc
 from graphc.core.mesh import Mesh
 from graphc.core.profiles import MachineProfile
-from tests.models.real_models import numpy_cnn
+from graphc.passes import partition
+from tests.models.real_models import kv_cache, numpy_cnn
 
 pytestmark = pytest.mark.filterwarnings("ignore::graphc.PromotionWarning")
 
@@ -61,3 +62,70 @@ def test_cnn_from_windows_gradient_and_mesh():
         numpy_cnn.forward, mesh=Mesh({"dp": 2, "tp": 2}, profile=MachineProfile.default()), cache=False
     )
     close(on_mesh(image, params), numpy_cnn.forward(image, params), rtol=1e-12, atol=1e-15)
+
+
+# --- KV-cache generation without re-planning every token -------------------------------------------
+
+PROMPT = np.array([[1, 5, 7], [2, 3, 9]])
+
+
+def counting_solver(monkeypatch) -> list[int]:
+    """Counts the calls of the sharding ILP's solver (every plan that is not reused calls it once)."""
+    calls = [0]
+    solve = partition.solve_problem
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return solve(*args, **kwargs)
+
+    monkeypatch.setattr(partition, "solve_problem", counted)
+    return calls
+
+
+def test_growing_cache_slices_reuse_the_plan_without_the_solver(monkeypatch):
+    """llama3.np's ``cache[:B, : start_pos + L]``: a new specialization every token, equal to the
+    last up to dim sizes: the prompt and the first token are solved, the rest reuse their choices."""
+    calls = counting_solver(monkeypatch)
+    weights = kv_cache.make_weights(kv_cache.ARGS)
+    want = kv_cache.Llama(weights, kv_cache.ARGS).generate(PROMPT, 8)
+    model = kv_cache.Llama(weights, kv_cache.ARGS)
+    step = graphc.parallelize(model.forward, mesh={"tp": 2}, cache=False, static_argnames=("start_pos",))
+    np.testing.assert_array_equal(model.generate(PROMPT, 8, forward=step), want)
+    assert calls[0] <= 2
+    reused = step.plan(PROMPT[:, :1], 9)
+    assert reused.solver.status == "reused" and calls[0] <= 2
+    assert reused.graph_hash != step.plan(PROMPT[:, :1], 8).graph_hash  # another graph, same choices
+
+
+def test_reused_choices_are_rechecked_for_divisibility_and_memory(monkeypatch):
+    """A choice that no longer divides (a dim sharded on tp=2 becomes odd) or no longer fits the
+    memory limit is solved again, never reused."""
+    calls = counting_solver(monkeypatch)
+
+    def layer(x, w):
+        return np.tanh(x @ w) @ w.T
+
+    w = np.random.default_rng(0).standard_normal((8, 64))
+    step = graphc.parallelize(layer, mesh={"tp": 2}, cache=False)
+    x = np.ones((4, 8))
+    first = step.plan(x, w)
+    assert calls[0] == 1 and first.node_choices()[0].strategy == "m@tp"  # x's rows sharded on tp
+    again = step.plan(np.ones((6, 8)), w)
+    assert again.solver.status == "reused" and calls[0] == 1
+    assert again.node_choices()[0].strategy == "m@tp" and again.memory.peak_bytes > first.memory.peak_bytes
+    close(step(np.ones((6, 8)), w), layer(np.ones((6, 8)), w))
+    odd = np.random.default_rng(1).standard_normal((5, 8))  # 5 rows do not divide by 2
+    plan = step.plan(odd, w)
+    assert plan.solver.status == "optimal" and calls[0] == 2
+    close(step(odd, w), layer(odd, w), rtol=1e-12, atol=1e-12)
+    # a memory limit the reused choices do not fit
+    tight = graphc.parallelize(layer, mesh={"tp": 2}, cache=False, memory_limit=first.memory.peak_bytes[0] * 4)
+    tight.plan(x, w)
+    assert calls[0] == 3
+    big = np.ones((4096, 8))
+    try:
+        plan = tight.plan(big, w)
+    except graphc.PlanError:  # nothing fits: the solver says so
+        plan = None
+    assert calls[0] == 4 and (plan is None or plan.solver.status != "reused")
+    assert step.plan(big, w).solver.status == "reused" and calls[0] == 4  # without the limit: reused
