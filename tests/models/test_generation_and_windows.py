@@ -11,7 +11,7 @@ import graphc
 from graphc.core.mesh import Mesh
 from graphc.core.profiles import MachineProfile
 from graphc.passes import partition
-from tests.models.real_models import kv_cache, numpy_cnn
+from tests.models.real_models import kv_cache, kv_cache_masked, numpy_cnn
 
 pytestmark = pytest.mark.filterwarnings("ignore::graphc.PromotionWarning")
 
@@ -32,6 +32,7 @@ def cnn_data(size=8, seed=1):
     return params, image, rng.standard_normal((2, pooled, pooled))
 
 
+@pytest.mark.slow
 def test_cnn_from_windows_forward_and_pool_backward_equal_numpys():
     params, image, dpool = cnn_data()
     close(graphc.jit(numpy_cnn.forward)(image, params), numpy_cnn.forward(image, params))
@@ -129,3 +130,39 @@ def test_reused_choices_are_rechecked_for_divisibility_and_memory(monkeypatch):
         plan = None
     assert calls[0] == 4 and (plan is None or plan.solver.status != "reused")
     assert step.plan(big, w).solver.status == "reused" and calls[0] == 4  # without the limit: reused
+
+
+def test_full_length_cache_under_a_mask_plans_once_for_every_decode_step(monkeypatch):
+    """kv_cache_masked.py: ``start_pos`` only places the new keys and masks the rest, so after the
+    prompt (``start_pos`` 0, static on the first call) the int is traced: one plan for every
+    decode step, and numpy's tokens and caches."""
+    calls = counting_solver(monkeypatch)
+    weights = kv_cache.make_weights(kv_cache.ARGS)
+    theirs = kv_cache_masked.Llama(weights, kv_cache.ARGS)
+    want = theirs.generate(PROMPT, 8)
+    np.testing.assert_array_equal(want, kv_cache.Llama(weights, kv_cache.ARGS).generate(PROMPT, 8))
+    model = kv_cache_masked.Llama(weights, kv_cache.ARGS)
+    step = graphc.parallelize(model.forward, mesh={"tp": 2}, cache=False)
+    np.testing.assert_array_equal(model.generate(PROMPT, 8, forward=step), want)
+    assert calls[0] == 2 and len(step._compiled) == 2 and step.static.traced_ints == {"start_pos"}
+    for mine, numpys in zip(model.layers, theirs.layers):
+        close(mine.attention.cache_k, numpys.attention.cache_k, 1e-5, 1e-6)
+    jitted_model = kv_cache_masked.Llama(weights, kv_cache.ARGS)
+    jitted = graphc.jit(jitted_model.forward)
+    np.testing.assert_array_equal(jitted_model.generate(PROMPT, 8, forward=jitted), want)
+    assert len(jitted._cache) == 2
+    # a position past the cache: numpy writes into an empty slice (nothing); the traced start
+    # cannot give that shape, and raises when the graph runs rather than write somewhere else
+    with pytest.raises(IndexError):
+        jitted(PROMPT[:, :1], kv_cache.ARGS["max_seq_len"])
+
+
+def test_growing_cache_slices_keep_start_pos_static():
+    """llama3.np's ``cache[:B, : start_pos + L]`` needs start_pos as a Python int (a shape): the
+    traced attempt fails and it stays static, with numpy's tokens."""
+    weights = kv_cache.make_weights(kv_cache.ARGS)
+    model = kv_cache.Llama(weights, kv_cache.ARGS)
+    jitted = graphc.jit(model.forward)
+    want = kv_cache.Llama(weights, kv_cache.ARGS).generate(PROMPT, 5)
+    np.testing.assert_array_equal(model.generate(PROMPT, 5, forward=jitted), want)
+    assert jitted.static.static_ints == {"start_pos"} and len(jitted._cache) == 5
