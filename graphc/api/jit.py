@@ -289,7 +289,7 @@ class StaticArgs:
             self.traced_ints |= new
             try:
                 return compile_()
-            except GraphcError:  # it needs them as Python values: specialize on them
+            except Exception:  # it needs them as Python values (a shape, a name, a key): specialize on them
                 self.traced_ints -= new
                 self.static_ints |= new
         return compile_()

@@ -216,6 +216,21 @@ def test_an_int_that_sets_a_shape_or_a_loop_stays_static(body):
     assert len(jitted._cache) == 3
 
 
+def test_an_int_used_as_a_python_value_elsewhere_stays_static():
+    """An int that names an attribute or keys a dict (any error of the traced attempt, not only
+    graphc's) is static: each value its own specialization, numpy's results."""
+    weights = {f"w{i}": np.full(3, float(i)) for i in range(4)}
+
+    def pick(x, i):
+        return x * weights[f"w{i}"] + i
+
+    jitted = graphc.jit(pick)
+    x = np.arange(3.0)
+    for i in (0, 1, 3, 1):
+        np.testing.assert_array_equal(jitted(x, i), pick(x, i))
+    assert jitted.static.static_ints == {"i"} and len(jitted._cache) == 3
+
+
 def test_an_int_that_decides_control_flow_stays_static():
     """``if k > 2`` on a traced int would be a cond; numpy code decides it in Python, so k stays
     static (and so does a loop bound it sets in converted code)."""
