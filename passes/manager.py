@@ -3,7 +3,7 @@
 (A "pass list" is the sequence of passes that optimizes a graph; pipelines are pipeline
 parallelism, passes/pipeline.py; a stage is a pipeline stage.)
 
-    traced --fold_constants--> --simplify--> --cse--> --batch_projections--> --batch_products--> --cse--> --dce-->
+    traced --fold_constants--> --simplify--> --cse--> --batch_projections--> --batch_products--> --batch_windows--> --cse--> --dce-->
            --recompute_cheap--> --fuse--> optimized
 
 Each pass is a function Graph -> Graph that does not mutate its input and returns it unchanged
@@ -29,6 +29,7 @@ from graphc.passes.fold import fold_constants
 from graphc.passes.fuse import fuse
 from graphc.passes.recompute.cheap import recompute_cheap
 from graphc.passes.simplify import simplify
+from graphc.passes.windows import batch_windows
 
 PASSES: dict[str, Callable[[Graph], Graph]] = {
     "fold_constants": fold_constants,
@@ -36,6 +37,7 @@ PASSES: dict[str, Callable[[Graph], Graph]] = {
     "cse": cse,
     "batch_projections": batch_projections,
     "batch_products": batch_products,
+    "batch_windows": batch_windows,
     "dce": dce,
     "recompute_cheap": recompute_cheap,
     "fuse": fuse,
@@ -47,6 +49,7 @@ DEFAULT_PASSES = (
     "cse",
     "batch_projections",
     "batch_products",
+    "batch_windows",
     "cse",
     "dce",
     "recompute_cheap",

@@ -41,7 +41,7 @@ from graphc.passes.sharding.zero import restrict_zero
 from graphc.programs import ParallelProgram
 
 PLAN_PASSES = ("fold_constants", "simplify", "cse", "dce", "recompute_cheap")  # fusion runs per device, after lowering
-DEVICE_PASSES = ("cse", "batch_projections", "batch_products", "cse", "dce", "recompute_cheap", "fuse")
+DEVICE_PASSES = ("cse", "batch_projections", "batch_products", "batch_windows", "cse", "dce", "recompute_cheap", "fuse")
 PLANNER_VERSION = 13  # part of the plan cache key: bump when rules or costs change what a plan says
 
 
@@ -119,6 +119,88 @@ def plan_sharding(
     if progress and solution.status != "optimal":
         progress(f"ILP: stopped at the time limit ({solution.status}) with gap {solution.gap:.2%}")
     return make_plan(problem, solution, options, build_s)
+
+
+@dataclass(frozen=True)
+class Choices:
+    """What a solved problem chose, by what each strategy is (its name and specs), not by its
+    position in the item's list: a graph equal to the solved one up to dim sizes (a generation
+    loop whose cache slice grows by one token a call) takes these over without the solver.
+    ``context``: the mesh, pins and options they were solved under."""
+
+    context: str
+    labels: tuple[tuple[str, str], ...]  # per item: its kind and its node's op
+    strategies: tuple[tuple, ...]  # per item: the chosen strategy's name, specs and recompute
+
+
+def _labels(problem: Problem) -> tuple[tuple[str, str], ...]:
+    return tuple((it.kind, it.node.op.name if it.node is not None else "") for it in problem.items)
+
+
+def _strategy_key(st) -> tuple:
+    return (st.name, st.in_specs, st.out_specs, st.recompute)
+
+
+def _context(mesh: Mesh, pins: Pins, options: PlanOptions) -> str:
+    return json.dumps([mesh.to_json(), pins.to_json(), options.to_json()], sort_keys=True, default=str)
+
+
+def choices_of(problem: Problem, solution: Solution, pins: Pins, options: PlanOptions) -> Choices:
+    keys = tuple(_strategy_key(it.strategies[c]) for it, c in zip(problem.items, solution.choice))
+    return Choices(_context(problem.mesh, pins, options), _labels(problem), keys)
+
+
+def reuse_choices(problem: Problem, previous: Choices, pins: Pins, options: PlanOptions) -> Solution | None:
+    """A solution of ``problem`` that makes ``previous``'s choices, or None when it cannot: another
+    mesh, pins or options; items of other kinds or ops; a chosen strategy this problem does not
+    offer (its dims no longer divide by the mesh axes: the strategies were made for the new
+    sizes); a recomputation the problem rules out; or a peak over the memory limit (the memory
+    model evaluated at the new sizes). The solver is not called."""
+    start = time.perf_counter()
+    if previous.context != _context(problem.mesh, pins, options) or previous.labels != _labels(problem):
+        return None
+    choice = []
+    for it, key in zip(problem.items, previous.strategies):
+        found = [k for k, st in enumerate(it.strategies) if _strategy_key(st) == key]
+        if not found:
+            return None
+        choice.append(found[0])
+    if any(choice[i] != choice[o] for i, o in problem.ties) or not problem.recompute_allowed(choice):
+        return None
+    if options.memory_limit is not None and problem.memory.peak(choice)[0] > options.memory_limit:
+        return None
+    total = problem.costs.evaluate(choice)["total_s"]
+    stats = {"items": len(problem.items), "edges": len(problem.edges)}
+    # nothing is proven about a reused choice: the bound is 0 and the gap 100%
+    return Solution(choice, total, "reused", 0.0, 1.0, time.perf_counter() - start, stats, [1] * len(choice))
+
+
+def plan_sharding_reusing(
+    graph: Graph,
+    mesh: Mesh,
+    previous: Choices | None,
+    pins: Pins = Pins(),
+    ties: list[tuple[int, int]] | None = None,
+    options: PlanOptions = PlanOptions(),
+    progress: Callable[[str], None] | None = None,
+    deadline: float | None = None,
+) -> tuple[ShardingPlan, Choices | None]:
+    """``plan_sharding``, taking over ``previous``'s choices when they fit this graph (plan
+    status "reused", ``reuse_choices``), else solved; and the choices of the plan made (None
+    for a plan the solver cut short: it is not passed on)."""
+    start = time.perf_counter()
+    if deadline is None:
+        deadline = start + options.time_limit
+    problem = build_problem(graph, mesh, options, pins, ties)
+    build_s = time.perf_counter() - start
+    solution = reuse_choices(problem, previous, pins, options) if previous is not None else None
+    if solution is None:
+        budget = deadline - time.perf_counter() - 1.5 * build_s - 0.2
+        solution = solve_problem(problem, options, progress, budget)
+        if progress and solution.status != "optimal":
+            progress(f"ILP: stopped at the time limit ({solution.status}) with gap {solution.gap:.2%}")
+    made = choices_of(problem, solution, pins, options) if solution.status in ("optimal", "reused") else previous
+    return make_plan(problem, solution, options, build_s), made
 
 
 def lower(graph: Graph, plan: ShardingPlan) -> ParallelProgram:
@@ -256,18 +338,22 @@ class PlanCache:
 
 
 __all__ = [
+    "Choices",
     "DEVICE_PASSES",
     "PLAN_PASSES",
     "Partitioned",
     "PlanCache",
     "Pins",
     "build_problem",
+    "choices_of",
     "compile_devices",
     "lower",
     "make_plan",
     "optimize_for_planning",
     "partition",
     "plan_sharding",
+    "plan_sharding_reusing",
+    "reuse_choices",
     "shrink",
     "solve_problem",
     "state_ties",

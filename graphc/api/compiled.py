@@ -30,12 +30,13 @@ from graphc.interpreter import as_numpy_result, bind_arguments
 from graphc.passes.microbatch import microbatch
 from graphc.passes.options import PlanOptions
 from graphc.passes.partition import (
+    Choices,
     Partitioned,
     Pins,
     PlanCache,
     compile_devices,
     lower,
-    plan_sharding,
+    plan_sharding_reusing,
     state_ties,
     zero3_inputs,
 )
@@ -236,12 +237,15 @@ def write_ties(graph: Graph) -> list[tuple[int, int]]:
 class ShardedPath:
     """A mesh without a pp axis: the sharding ILP on the whole mesh. Solved plans are kept on disk
     (``cache``, a PlanCache; only those solved to optimality) and in memory (by their cache key)
-    by the graph's hash, the mesh, the pins, the ties and the options."""
+    by the graph's hash, the mesh, the pins, the ties and the options. A new graph equal to the
+    last one planned up to dim sizes (a KV cache's slice growing a token a call) reuses that
+    plan's choices where they still divide and fit (passes/partition.py ``reuse_choices``)."""
 
     def __init__(self, mesh: Mesh, cache: PlanCache | None, remembered) -> None:
         self.mesh = mesh
         self.cache = cache
         self.remembered = remembered  # Specializations: plans by cache key
+        self.choices: Choices | None = None  # the last plan's choices, for the next graph like it
 
     def plan(
         self,
@@ -265,7 +269,10 @@ class ShardedPath:
         if cached is not None:
             plan = cached.with_timing(**seconds, cached=True)
         else:
-            plan = plan_sharding(graph, self.mesh, pins, ties, options, progress, deadline)
+            # a graph equal to the last one solved up to dim sizes takes its choices over (issue 32)
+            plan, self.choices = plan_sharding_reusing(
+                graph, self.mesh, self.choices, pins, ties, options, progress, deadline
+            )
             plan = plan.with_timing(**traced, plan_s=time.perf_counter() - start, cached=False)
             if self.cache and key and plan.solver.status == "optimal":  # a plan cut short is not kept
                 self.cache.put(key, plan)

@@ -120,6 +120,11 @@ def _is_traced_number(x: Any) -> bool:
     return type(x) is float
 
 
+def _is_int(x: Any) -> bool:
+    """A Python int (not a bool) that fits an int64: one that may be traced (StaticArgs doc)."""
+    return type(x) is int and -(2**63) <= x < 2**63
+
+
 def _map_numbers(tree: Any, fn: Callable[[Any], Any]) -> Any:
     """``tree`` with every traced Python number replaced by ``fn(leaf)``."""
     if _is_traced_number(tree):
@@ -177,13 +182,25 @@ class StaticArgs:
     does (``WeakScalar``): a learning rate that changes every call does not recompile, and it
     promotes like the Python number it is (NEP 50: ``x_f32 * lr`` stays float32). A float the
     function needs as a Python value (a shape, a loop count, ``int(frac * n)``) belongs in
-    ``static_argnames``; the TraceError says so. Python ints, bools, strings and None stay static
-    (``_is_traced_number`` says why ints do); a changing one recompiles, and the
-    RecompileWarning names it."""
+    ``static_argnames``; the TraceError says so. Python bools, strings and None stay static.
+
+    A Python ``int`` argument is static at first (``_is_traced_number`` says why). When a call
+    passes a top-level int argument a value other than the first one it had, the function is
+    traced with that int as a weakly typed 0-d value (``traced_ints``), and keeps it traced if
+    the trace used it only as data: slice starts, indices, arithmetic, masks. A trace that needs
+    its Python value (a shape, ``range()``, a reshape size, a slice whose length it sets) fails,
+    and one that feeds it to control flow (an ``if`` or a loop bound become cond / loops) is
+    refused (``check_traced_ints``): then it stays static for good (``static_ints``) and each
+    value is its own specialization, as before. So a decode loop's ``start_pos`` compiles once,
+    and llama3.np's ``cache[:, :start_pos + n]`` specializes per position. A changing static
+    value recompiles, and the RecompileWarning names it."""
 
     def __init__(self, fn: Callable, static_argnames: tuple[str, ...] = ()):
         self.fn, self.receiver = _receiver(fn)
         self.names = tuple(static_argnames)
+        self.traced_ints: set[str] = set()  # top-level int arguments traced as values
+        self.static_ints: set[str] = set()  # ... found to be needed as Python values
+        self._first_ints: dict[str, int] = {}  # the first value of each top-level int argument
         self.signature: inspect.Signature | None
         try:
             self.signature = inspect.signature(self.fn)
@@ -223,8 +240,63 @@ class StaticArgs:
         return tuple(bound.args), {**bound.kwargs, **hidden}, static
 
     def for_trace(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-        """Dynamic arguments as trace() takes them: Python floats become ``WeakScalar`` inputs."""
+        """Dynamic arguments as trace() takes them: Python floats, and the ints in
+        ``traced_ints``, become ``WeakScalar`` inputs."""
+        if self.traced_ints:
+            names = self._positional_names()
+            args = tuple(
+                WeakScalar.of(v) if _is_int(v) and i < len(names) and names[i] in self.traced_ints else v
+                for i, v in enumerate(args)
+            )
+            kwargs = {k: WeakScalar.of(v) if _is_int(v) and k in self.traced_ints else v for k, v in kwargs.items()}
         return _map_numbers(args, WeakScalar.of), _map_numbers(kwargs, WeakScalar.of)
+
+    def new_traced_ints(self, args: tuple, kwargs: dict) -> set[str]:
+        """The top-level int arguments of this call (dynamic ones) that have not been decided on
+        and now have a value other than their first: the ones to try tracing."""
+        found = set()
+        for name, v in self._named(args, kwargs):
+            if not _is_int(v) or name in self.traced_ints or name in self.static_ints:
+                continue
+            first = self._first_ints.setdefault(name, v)
+            if first != v:
+                found.add(name)
+        return found
+
+    def check_traced_ints(self, graph: Graph, targs: tuple, tkwargs: dict) -> None:
+        """TraceError if a traced int argument reaches control flow in ``graph`` (traced from
+        ``targs``/``tkwargs``): a cond's predicate or a loop's bounds that numpy code decides with
+        a Python int; such an int stays static (``StaticArgs`` doc)."""
+        if not self.traced_ints:
+            return
+        ints = {id(v) for name, v in self._named(targs, tkwargs) if name in self.traced_ints}
+        leaves, _ = flatten((targs, tkwargs))
+        tainted = {graph.inputs[i] for i, leaf in enumerate(leaves) if id(leaf) in ints}
+        for node in graph.nodes:
+            if not any(v in tainted for v in node.inputs):
+                continue
+            if node.regions:
+                raise TraceError(
+                    f"the traced int argument reaches {node.op.name} (control flow): it stays a Python int", node.loc
+                )
+            tainted.update(node.outputs)
+
+    def trying_traced_ints(self, args: tuple, kwargs: dict, compile_: Callable[[], Any]) -> Any:
+        """``compile_()``, first with the int arguments that changed value traced (see the class
+        doc); if that fails, they are static for good and it runs again."""
+        new = self.new_traced_ints(args, kwargs)
+        if new:
+            self.traced_ints |= new
+            try:
+                return compile_()
+            except Exception:  # it needs them as Python values (a shape, a name, a key): specialize on them
+                self.traced_ints -= new
+                self.static_ints |= new
+        return compile_()
+
+    def _positional_names(self) -> list[str]:
+        params = list(self.signature.parameters.values()) if self.signature is not None else []
+        return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
     def key(self, args: tuple, kwargs: dict, static: dict) -> Any:
         """The cache key of dynamic arguments as ``for_trace`` makes them, and the static values."""
@@ -255,8 +327,7 @@ class StaticArgs:
         return [name for name, v in self._named(args, kwargs) if _has_number(v)]
 
     def _named(self, args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
-        params = list(self.signature.parameters.values()) if self.signature is not None else []
-        positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        positional = self._positional_names()
         named = [(positional[i] if i < len(positional) else f"args[{i}]", v) for i, v in enumerate(args)]
         return [*named, *kwargs.items()]
 
@@ -360,8 +431,9 @@ class Specializations:
         return (
             f"{self.fn_name} was compiled {self.compiles} times ({self.compiles - 1} recompiles: each new shape, "
             f"dtype or static value compiles it again; the last {self.limit} are kept): {why}. A value that "
-            "changes every call is traced if it is an array or a numpy scalar (np.int64(step)), or a Python "
-            "float not in static_argnames; shapes that vary can be padded to a few sizes"
+            "changes every call is traced if it is an array or a numpy scalar (np.int64(step)), a Python "
+            "float not in static_argnames, or a Python int the function uses only as data (not as a shape, "
+            "a loop count or an if); shapes that vary can be padded to a few sizes"
         )
 
 
@@ -396,6 +468,9 @@ class Jitted:
         return self._compile_keyed(args, kwargs, static)[0]
 
     def _compile_keyed(self, args: tuple, kwargs: dict, static: dict) -> tuple[Compiled, Any]:
+        return self.static.trying_traced_ints(args, kwargs, lambda: self._compile_now(args, kwargs, static))
+
+    def _compile_now(self, args: tuple, kwargs: dict, static: dict) -> tuple[Compiled, Any]:
         targs, tkwargs = self.static.for_trace(args, kwargs)
         key = self.static.key(targs, tkwargs, static)
         hit = self._cache.get(key)
@@ -415,6 +490,7 @@ class Jitted:
                 traced = trace(fn, *targs, **tkwargs)
             except TraceError as exc:
                 raise trace_hint(exc, self.static.number_arguments(args, kwargs)) from None
+            self.static.check_traced_ints(traced, targs, tkwargs)
             seconds["trace_s"] = time.perf_counter() - start
             if not self._promotions_named:
                 sites = promotions(traced)

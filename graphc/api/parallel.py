@@ -272,6 +272,7 @@ class Parallelized:
             traced = trace(fn, *targs, **tkwargs)
         except TraceError as exc:
             raise trace_hint(exc, self.static.number_arguments(args, kwargs)) from None
+        self.static.check_traced_ints(traced, targs, tkwargs)
         t1 = time.perf_counter()
         optimized = optimize_for_planning(traced)
         t2 = time.perf_counter()
@@ -367,6 +368,10 @@ class Parallelized:
         return self.backend.compiling(lambda: self._compile(*args, **kwargs))
 
     def _compile(self, *args: Any, **kwargs: Any) -> ParallelCompiled | PipelineCompiled:
+        dyn_args, dyn_kwargs, _ = self.static.split(args, kwargs)  # an int that changed: traced if it can be
+        return self.static.trying_traced_ints(dyn_args, dyn_kwargs, lambda: self._compile_now(*args, **kwargs))
+
+    def _compile_now(self, *args: Any, **kwargs: Any) -> ParallelCompiled | PipelineCompiled:
         dyn_args, dyn_kwargs, static = self.static.split(args, kwargs)
         targs, tkwargs = self.static.for_trace(dyn_args, dyn_kwargs)
         key = self.static.key(targs, tkwargs, static)

@@ -4,6 +4,7 @@ tracer.py            Tracer (a traced array), TraceContext, bind / lift; where n
 ufuncs.py            numpy ufuncs on traced arrays (numpy's own type resolution)
 functions.py         numpy functions: reductions, contractions, elementwise helpers
 shape_functions.py   numpy functions that move data: reshape, concatenate, pad, ...
+index_functions.py   nanargmax / nanargmin, unravel_index (run-time guards where numpy raises)
 scan_sort.py         cumsum / cumprod / prod, sort / argsort, isin on static shapes
 linalg.py            np.linalg.inv / solve for small matrices (unrolled elimination)
 scipy_table.py       scipy functions model code calls, mapped to the handlers (never imports scipy)

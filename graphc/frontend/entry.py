@@ -42,6 +42,7 @@ from graphc.frontend import (  # noqa: F401  (register handlers)
     control,
     einops_backend,
     functions,
+    index_functions,
     indexing,
     linalg,
     scan_sort,

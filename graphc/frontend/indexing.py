@@ -237,20 +237,27 @@ def getitem(x: Tracer, key: Any) -> Tracer:
 
 
 def _static_length(start: Any, stop: Any) -> int | None:
-    """``stop - start`` when it is known while tracing: both static, or ``stop`` computed as
-    ``start + n`` from the same traced start and a constant (the ``pos:pos + n`` of a KV cache)."""
+    """``stop - start`` when it is known while tracing: both static, or both a constant away from
+    the same traced value (the ``pos:pos + n`` of a KV cache, ``k - 1:k + 1``)."""
     if not isinstance(start, Tracer) and not isinstance(stop, Tracer):
         return int(stop) - int(start or 0)
     if not (isinstance(start, Tracer) and isinstance(stop, Tracer)):
         return None
-    node = stop._value.producer
-    if node is None or node.op is not OPS.add:
-        return None
-    for mine, other in (node.inputs, node.inputs[::-1]):
+    (a, da), (b, db) = _offset(start._value), _offset(stop._value)
+    return db - da if a is b else None
+
+
+def _offset(v: Any) -> tuple[Any, int]:
+    """(base value, c) with ``v = base + c`` for a 0-d integer constant c added (or subtracted)."""
+    node = v.producer
+    if node is None or node.op not in (OPS.add, OPS.sub) or v.type.shape:
+        return v, 0
+    x, y = node.inputs
+    for base, other, sign in ((x, y, 1), (y, x, 1)) if node.op is OPS.add else ((x, y, -1),):
         producer = other.producer
-        if mine is start._value and producer is not None and producer.op.has(Constant) and not other.type.shape:
-            return int(producer.attrs["value"])
-    return None
+        if producer is not None and producer.op.has(Constant) and not other.type.shape:
+            return base, sign * int(producer.attrs["value"])
+    return v, 0
 
 
 def _wrap_start(start: Any, n: int) -> Tracer:
@@ -262,6 +269,29 @@ def _wrap_start(start: Any, n: int) -> Tracer:
     if start.dtype.kind == "u":
         return start
     return cast(Tracer, np.where(start < 0, start + n, start))
+
+
+def guarded(index: Tracer, bad: Tracer, n: int) -> Tracer:
+    """``index`` (a 0-d or n-d int64 in [0, n) wherever ``bad`` is False), raising IndexError
+    when the graph runs wherever ``bad`` holds: a gather from ``arange(n)`` at ``n`` there (the
+    run-time error is noted with the op and the user's line, runtime/executor.py). Where numpy
+    raises, or gives another shape, for a value known only when the graph runs."""
+    index = bind("where", bad, lift(np.int64(n)), convert(index, np.int64))
+    return bind("gather", lift(np.arange(n, dtype=np.int64)), index, axis=0)
+
+
+def _checked_start(raw: Any, start: Tracer, n: int, length: int, to_end: bool) -> Tracer:
+    """``start`` (``raw`` wrapped), checked when the graph runs to give numpy's block of
+    ``length``: dynamic_slice clamps a start so its block fits, where numpy gives a shorter
+    slice (or raises, writing). ``x[pos:pos + k]`` needs 0 <= pos <= n - k (a negative pos wraps
+    alone in numpy, not its stop), ``x[pos:] = v`` needs pos to wrap to n - k."""
+    if not isinstance(raw, Tracer):
+        return start
+    if to_end:
+        bad = apply_ufunc(np.not_equal, start, n - length)
+    else:
+        bad = apply_ufunc(np.logical_or, apply_ufunc(np.less, raw, 0), apply_ufunc(np.greater, raw, n - length))
+    return guarded(start, bad, n - length + 1)
 
 
 def _dynamic_bounds(s: slice, n: int, dim: int, known_length: int | None) -> tuple[Tracer, int]:
@@ -282,7 +312,7 @@ def _dynamic_bounds(s: slice, n: int, dim: int, known_length: int | None) -> tup
         )
     if not 0 <= length <= n:
         raise TraceError(f"a slice of length {length} does not fit dim {dim} of size {n}", user_location())
-    return _wrap_start(start, n), length
+    return _checked_start(start, _wrap_start(start, n), n, length, s.stop is None), length
 
 
 def _dynamic_slices(x: Tracer, items: list[tuple[str, Any]]) -> tuple[Tracer, list[tuple[str, Any]]]:
@@ -389,8 +419,10 @@ def _basic_update(x: Tracer, items: list[tuple[str, Any]], value: Tracer) -> Tra
         if kind == "int":
             _check_int(v, n, dim)
             blocks.append((v % n, 1))
-        elif kind == "dint":
-            blocks.append((_wrap_start(v, n), 1))
+        elif kind == "dint":  # numpy's IndexError outside [-n, n), when the graph runs
+            start = _wrap_start(v, n)
+            bad = apply_ufunc(np.logical_or, apply_ufunc(np.less, start, 0), apply_ufunc(np.greater_equal, start, n))
+            blocks.append((guarded(start, bad, n), 1))
         elif kind == "slice":
             a, b, s = normalize_slice(v, n)
             length = slice_length(a, b, s)

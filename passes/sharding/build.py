@@ -36,7 +36,10 @@ def plan_from_solution(problem: Problem, sol: Solution, options: PlanOptions, bu
     solved_bucket = costs.bucket_share_bytes  # the solver's estimate (0: no buckets)
     filled = costs.filled_bucket_bytes(choice)
     solved = Solved(sol.objective, sol.status, sol.gap, memory_limit, sol.shared)
-    alternatives = find_alternatives(problem, choice, solved, filled or costs.bucket_share_bytes)
+    # a reused choice (passes/partition.py reuse_choices, once per token of a generation loop) is
+    # not explained again: pricing every alternative costs more than the rest of the plan
+    reused = sol.status == "reused"
+    alternatives = {} if reused else find_alternatives(problem, choice, solved, filled or costs.bucket_share_bytes)
     costs.rebucket(choice)  # the plan reports the buckets it really fills
     zero = zero_report(problem, choice)
     recomputed = set(problem.recomputed(choice))

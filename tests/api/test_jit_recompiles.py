@@ -147,7 +147,7 @@ def test_the_warning_names_a_changing_shape():
 
 
 def test_parallelize_recompiles_are_bounded_and_named_too():
-    pf = graphc.parallelize(lambda x, k: x * k, mesh="dp=2", cache=False)
+    pf = graphc.parallelize(lambda x, k: x[:k] * 2, mesh="dp=2", cache=False)  # k sets a shape: static
     with pytest.warns(RecompileWarning, match="'k' changed in 8 of them"):
         for k in range(RECOMPILE_WARNING_AFTER + 1):
             pf(np.ones(4, np.float32), k)
@@ -168,3 +168,97 @@ def test_warm_calls_with_positional_arrays_take_the_fast_path_and_stay_exact():
             assert got.dtype == np.asarray(want).dtype and got.shape == want.shape
             np.testing.assert_allclose(got, np.asarray(want), rtol=1e-6)
     assert len(f._cache) == 3  # f32[3,4] (a32, b[::2], the masked array), f64[3,4], f32[5,4]
+
+
+# --- Python ints: traced once they change, if used only as data ---------------------------------
+
+
+def test_an_int_used_only_as_data_is_traced_once_it_changes():
+    """The first call specializes on the int; a second value traces it as a weak int64 (NEP 50:
+    ``x_f32 * k`` stays float32) and that one compile serves every later value."""
+
+    def f(x, k):
+        return x * k + np.arange(3)[k % 3] + x[k - 1 : k + 1].sum()  # arithmetic, an index, a slice start
+
+    fn, calls = counted(f)
+    jitted = graphc.jit(fn)
+    x = np.arange(6, dtype=np.float32)
+    for k in (1, 2, 5, 3, 2, 4):
+        got, want = jitted(x, k), f(x, k)
+        assert got.dtype == want.dtype  # float64: the int64 scalar np.arange(3)[k % 3] is strong
+        np.testing.assert_array_equal(got, want)
+    assert len(calls) == 2 and jitted.static.traced_ints == {"k"}
+    # k = 0 slices x[-1:1], empty in numpy: a traced start never wraps alone, it raises (not a wrong sum)
+    with pytest.raises(IndexError):
+        jitted(x, 0)
+    scale = graphc.jit(lambda x, k: x * k)
+    for k in (2, 3, 2**40):
+        assert scale(x, k).dtype == np.float32  # a Python int is weak, traced or not
+        np.testing.assert_array_equal(scale(x, k), x * k)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        lambda x, n: x[:n],  # a slice length
+        lambda x, n: x.reshape(n, -1),  # a reshape size
+        lambda x, n: sum(x[i] for i in range(n)),  # a Python loop count
+        lambda x, n: np.zeros(n) + x.sum(),  # a shape
+    ],
+    ids=["slice-length", "reshape", "range", "shape"],
+)
+def test_an_int_that_sets_a_shape_or_a_loop_stays_static(body):
+    x = np.arange(12.0)
+    jitted = graphc.jit(body)
+    for n in (2, 3, 4, 3):
+        np.testing.assert_array_equal(jitted(x, n), body(x, n))
+    assert jitted.static.static_ints == {"n"} and not jitted.static.traced_ints
+    assert len(jitted._cache) == 3
+
+
+def test_an_int_used_as_a_python_value_elsewhere_stays_static():
+    """An int that names an attribute or keys a dict (any error of the traced attempt, not only
+    graphc's) is static: each value its own specialization, numpy's results."""
+    weights = {f"w{i}": np.full(3, float(i)) for i in range(4)}
+
+    def pick(x, i):
+        return x * weights[f"w{i}"] + i
+
+    jitted = graphc.jit(pick)
+    x = np.arange(3.0)
+    for i in (0, 1, 3, 1):
+        np.testing.assert_array_equal(jitted(x, i), pick(x, i))
+    assert jitted.static.static_ints == {"i"} and len(jitted._cache) == 3
+
+
+def test_an_int_that_decides_control_flow_stays_static():
+    """``if k > 2`` on a traced int would be a cond; numpy code decides it in Python, so k stays
+    static (and so does a loop bound it sets in converted code)."""
+
+    def f(x, k):
+        if k > 2:
+            return x * 2
+        return x - k
+
+    def g(x, k):
+        total = x
+        i = 0
+        while i < k:
+            total = total + x
+            i += 1
+        return total
+
+    x = np.arange(3.0)
+    for fn in (f, g):
+        jitted = graphc.jit(fn)
+        for k in (1, 2, 3, 4):
+            np.testing.assert_array_equal(jitted(x, k), fn(x, k))
+        assert jitted.static.static_ints == {"k"} and len(jitted._cache) == 4
+
+
+def test_ints_inside_containers_and_static_argnames_stay_static():
+    jitted = graphc.jit(lambda x, cfg, k: x * cfg["scale"] + k, static_argnames=("k",))
+    x = np.ones(2)
+    for v in (1, 2, 3):
+        np.testing.assert_array_equal(jitted(x, {"scale": v}, v), x * v + v)
+    assert len(jitted._cache) == 3 and not jitted.static.traced_ints

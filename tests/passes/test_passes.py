@@ -144,7 +144,7 @@ def test_unknown_pass_is_an_error():
     args, _ = mlp.example_args(batch=4, sizes=(5, 4, 3))
     with pytest.raises(
         graphc.GraphcError,
-        match="unknown pass 'nope'; passes: fold_constants, simplify, cse, batch_projections, batch_products, dce",
+        match="unknown pass 'nope'; passes: fold_constants, simplify, cse, batch_projections, batch_products, batch_windows",
     ):
         graphc.optimize(graphc.trace(mlp.mlp, *args), passes=["nope"])
 
