@@ -14,6 +14,8 @@ what the test compares (rank 0, ``.npz``).
                                  them): every step's gathered results to OUT
     raise                        rank 1 raises in the user's loop while rank 0 waits in a collective
     alias MESH                   results share no memory with the arguments on any rank
+    low_float DTYPE MESH OUT     the MLP's value_and_grad on 16-bit floats (bf16, f16): the gathered
+                                 results to OUT; all_reduce of 16-bit pieces gives the threaded bits
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import numpy as np
 
 import graphc
 from graphc.core.pytree import flatten
-from graphc.models import gpt
+from graphc.models import gpt, mlp
 from graphc.runtime.comm import ThreadWorld
 from graphc.runtime.devices import ShardedArray
 from graphc.runtime.mpi import MpiComm
@@ -219,6 +221,30 @@ def alias(mesh: str) -> None:
     print(f"ok {pf.world.rank}", flush=True)
 
 
+def low_float(dtype_name: str, mesh: str, out: str) -> None:
+    """tests/runtime/test_low_float.py: a 16-bit MLP's loss and gradients under MPI."""
+    from tests.runtime.test_low_float import mlp_case
+
+    dtype = graphc.bfloat16 if dtype_name == "bf16" else np.float16
+    world = MpiWorld.get()
+    n, rank = world.size, world.rank
+    group = tuple(range(n))
+    world.setup([group])
+    comm = MpiComm(world, timeout_s=20)
+
+    def piece(c, d):
+        return c.all_reduce(np.random.default_rng(d).standard_normal(100_000).astype(dtype), group)
+
+    want = _threaded(n, piece)[rank]
+    assert piece(comm, rank).tobytes() == want.tobytes(), "all_reduce of 16-bit pieces: other bits than threads"
+    params, x, labels = mlp_case(dtype)
+    pf = graphc.parallelize(graphc.value_and_grad(mlp.loss), mesh=mesh, backend="mpi")
+    whole = [a.gather(0) for a in flatten(pf(params, x, labels))[0]]
+    if pf.world.rank == 0:
+        np.savez(out, **{f"leaf_{i}": a.view(np.uint16) for i, a in enumerate(whole)})
+    print(f"ok {pf.world.rank}", flush=True)
+
+
 if __name__ == "__main__":
     job, *rest = sys.argv[1:]
     if job == "collectives":
@@ -231,5 +257,7 @@ if __name__ == "__main__":
         raise_on_rank_1()
     elif job == "alias":
         alias(rest[0])
+    elif job == "low_float":
+        low_float(rest[0], rest[1], rest[2])
     else:
         raise SystemExit(f"unknown job {job!r}")
