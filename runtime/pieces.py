@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from graphc.core.dtypes import LOW_FLOATS
 from graphc.core.spec import piece_bounds
-from graphc.ops.precision import COMPUTE, LOW_FLOATS
+from graphc.ops.precision import COMPUTE
 
 
 def check_split(size: int, n: int, blocks: int, what: str) -> None:

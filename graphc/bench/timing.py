@@ -12,8 +12,8 @@ import ml_dtypes
 import numpy as np
 
 from graphc.autodiff import interpreted_calls
+from graphc.core.dtypes import is_low_float
 from graphc.core.pytree import flatten
-from graphc.ops.precision import is_low_float
 
 
 def timed(fn: Callable[[], Any], repeat: int, warmup: int = 1) -> tuple[list[float], Any]:

@@ -292,6 +292,12 @@ def walk(nodes: Iterable[Node]):
             yield from walk(region.nodes)
 
 
+def uses_low_floats(graph: Graph) -> bool:
+    """Whether any input or node result of ``graph`` (regions included) is bfloat16 or float16."""
+    values = [*graph.inputs, *(o for node in walk(graph.nodes) for o in node.outputs)]
+    return any(v.type.dtype in dtypes.LOW_FLOATS for v in values)
+
+
 _NAME_OK = re.compile(r"[^A-Za-z0-9_.]")
 
 

@@ -23,17 +23,11 @@ from typing import Any
 
 import numpy as np
 
-from graphc.core.dtypes import BFLOAT16
-from graphc.core.ir import Graph, Node, walk
+from graphc.core.dtypes import LOW_FLOATS
+from graphc.core.ir import Node
 from graphc.core.traits import Collective, ViewOf
 
-LOW_FLOATS = frozenset({BFLOAT16, np.dtype(np.float16)})
 COMPUTE = np.dtype(np.float32)
-
-
-def is_low_float(dtype: Any) -> bool:
-    """bfloat16 or float16: computed in float32, stored rounded."""
-    return np.dtype(dtype) in LOW_FLOATS
 
 
 def computes_in_float32(node: Node) -> bool:
@@ -42,12 +36,6 @@ def computes_in_float32(node: Node) -> bool:
     if node.regions or node.op.has(ViewOf) or node.op.has(Collective):
         return False
     return any(v.type.dtype in LOW_FLOATS for v in (*node.inputs, *node.outputs))
-
-
-def uses_low_floats(graph: Graph) -> bool:
-    """Whether any input or node of ``graph`` (regions included) is a 16-bit float."""
-    values = [*graph.inputs, *(o for node in walk(graph.nodes) for o in node.outputs)]
-    return any(v.type.dtype in LOW_FLOATS for v in values)
 
 
 def result_dtypes(node: Node) -> tuple[np.dtype, ...]:
