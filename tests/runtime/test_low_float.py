@@ -31,6 +31,7 @@ from graphc.core.pytree import flatten, unflatten
 from graphc.models import mlp
 from graphc.programs import simulate
 from graphc.runtime.comm import ThreadWorld
+from graphc.runtime.einsum import BlasEinsum, einsum_step
 from graphc.runtime.executor import Executable
 from graphc.runtime.pieces import sum_in_rank_order
 from tests.graphgen import random_graphs, random_inputs
@@ -367,3 +368,17 @@ def test_graphc_run_checks_a_bfloat16_model_against_the_interpreter(tmp_path):
     )
     assert res.returncode == 0, res.stdout + res.stderr
     assert "result equals graphc's interpreter: yes" in res.stdout
+
+
+@pytest.mark.parametrize("dtype", LOW)
+def test_a_16_bit_einsum_contraction_is_a_float32_gemm_rounded(dtype):
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((8, 64, 48)).astype(dtype)
+    b = rng.standard_normal((8, 48, 40)).astype(dtype)
+    f = graphc.jit(lambda a, b: np.einsum("bij,bjk->bik", a, b))
+    got = f(a, b)
+    want = np.einsum("bij,bjk->bik", a.astype(np.float32), b.astype(np.float32)).astype(dtype)
+    assert got.dtype == dtype
+    assert_within_ulps(got, want, 1)  # BLAS adds the 48 products in an order of its own
+    types = [TensorType(a.shape, dtype), TensorType(b.shape, dtype)]
+    assert isinstance(einsum_step("bij,bjk->bik", types), BlasEinsum)
