@@ -271,13 +271,38 @@ def test_mlp_value_and_grad_on_dp2_tp2_threads(dtype):
     assert_within_ulps(leaves, program.gather_outputs(simulate(program, inputs)), 1)
     # against one device: a sum split over the mesh is rounded once per partial sum and once more
     single = flatten(graphc.jit(vg)(params, x, labels))[0]
-    assert_normwise_close_low(leaves, single, terms=x.shape[0])
+    assert_normwise_close_low(leaves, single, terms=x.shape[0], dtype=dtype)
 
 
-def assert_normwise_close_low(got, want, terms: int) -> None:
-    """As tests/helpers.assert_normwise_close, with the 16-bit dtype's eps: two computations
-    rounding at other points, each within about terms * eps of the exact result normwise."""
-    eps = float(ml_dtypes.finfo(np.asarray(want[0]).dtype).eps)
+@pytest.mark.parametrize(
+    "mesh, options",
+    [
+        pytest.param("pp=2", {"microbatches": 2}, id="pp2-microbatches2"),
+        pytest.param("dp=2", {"zero": 2}, id="dp2-zero2", marks=pytest.mark.slow),
+    ],
+)
+def test_a_bfloat16_train_step_with_float32_layers_on_pipelines_and_zero(mesh, options):
+    (params, x, labels), kwargs = mlp.example_train_args_bf16(batch=32, sizes=(24, 16, 16, 5))
+    params["layers"][-1] = {k: a.astype(np.float32) for k, a in params["layers"][-1].items()}  # mixed
+    step = graphc.parallelize(mlp.train_step, mesh=mesh, static_argnames=("lr",), cache=False, **options)
+    got = [
+        np.asarray(a.gather(0) if isinstance(a, graphc.ShardedArray) else a)
+        for a in flatten(step(params, x, labels, **kwargs))[0]
+    ]
+    want = flatten(graphc.jit(mlp.train_step, static_argnames=("lr",))(params, x, labels, **kwargs))[0]
+    assert [a.dtype for a in got] == [np.asarray(a).dtype for a in want]
+    assert {a.dtype for a in got} == {BF16, np.dtype(np.float32)}
+    # micro-batches add their gradients in bfloat16: the batch's sum is rounded once per micro-batch
+    assert_normwise_close_low(
+        [a.astype(np.float32) for a in got], [np.asarray(a, np.float32) for a in want], terms=32, dtype=BF16
+    )
+
+
+def assert_normwise_close_low(got, want, terms: int, dtype: np.dtype) -> None:
+    """As tests/helpers.assert_normwise_close, with the eps of the 16-bit ``dtype`` the results
+    were computed in: two computations rounding at other points, each within about terms * eps
+    of the exact result normwise."""
+    eps = float(ml_dtypes.finfo(dtype).eps)
     g = np.concatenate([np.asarray(a, np.float64).ravel() for a in got])
     w = np.concatenate([np.asarray(a, np.float64).ravel() for a in want])
     assert np.linalg.norm(g - w) <= 2 * terms * eps * np.linalg.norm(w)
