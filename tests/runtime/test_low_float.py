@@ -282,7 +282,7 @@ def test_mlp_value_and_grad_on_dp2_tp2_threads(dtype):
     ],
 )
 def test_a_bfloat16_train_step_with_float32_layers_on_pipelines_and_zero(mesh, options):
-    (params, x, labels), kwargs = mlp.example_train_args_bf16(batch=32, sizes=(24, 16, 16, 5))
+    (params, x, labels), kwargs = mlp.example_train_args_bf16(batch=32, sizes=(24, 16, 16, 6))
     params["layers"][-1] = {k: a.astype(np.float32) for k, a in params["layers"][-1].items()}  # mixed
     step = graphc.parallelize(mlp.train_step, mesh=mesh, static_argnames=("lr",), cache=False, **options)
     got = [
