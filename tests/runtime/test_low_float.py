@@ -36,6 +36,7 @@ from graphc.runtime.executor import Executable
 from graphc.runtime.pieces import sum_in_rank_order
 from tests.graphgen import random_graphs, random_inputs
 from tests.helpers import fuzz_settings, quiet
+from tests.runtime.mpi_jobs import mlp_case
 from tests.runtime.test_mpi import JOBS, mpirun, needs_mpi
 
 BF16 = np.dtype(graphc.bfloat16)
@@ -189,12 +190,6 @@ def test_python_floats_stay_weak_and_integers_promote_as_numpy():
 
 
 # --- the bfloat16 MLP: value and gradients under jit --------------------------------------------
-
-
-def mlp_case(dtype, batch=32, sizes=(24, 16, 16, 5)):
-    (params, x, labels), _ = mlp.example_loss_args(batch, sizes, seed=3)
-    layers = [{k: a.astype(dtype) for k, a in layer.items()} for layer in params["layers"]]
-    return {"layers": layers}, x.astype(dtype), labels
 
 
 @pytest.mark.parametrize("dtype", LOW)
@@ -407,3 +402,11 @@ def test_a_16_bit_einsum_contraction_is_a_float32_gemm_rounded(dtype):
     assert_within_ulps(got, want, 1)  # BLAS adds the 48 products in an order of its own
     types = [TensorType(a.shape, dtype), TensorType(b.shape, dtype)]
     assert isinstance(einsum_step("bij,bjk->bik", types), BlasEinsum)
+
+
+@needs_mpi
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+def test_every_collective_on_16_bit_floats_gives_the_threaded_bits_under_mpiexec(dtype):
+    res = mpirun(4, sys.executable, JOBS, "collectives", dtype, env=dict(os.environ), timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert sorted(int(r) for r in re.findall(r"ok (\d+)", res.stdout)) == [0, 1, 2, 3], res.stdout
