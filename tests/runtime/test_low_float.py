@@ -225,6 +225,34 @@ def test_mlp_train_step_example_runs_in_bfloat16():
     assert_within_ulps((new, loss), want, 1)
 
 
+@pytest.mark.parametrize("dtype", LOW)
+def test_control_flow_regions_round_their_ops_too(dtype):
+    def f(x, n):
+        for i in range(n):
+            if x.sum() > 0:
+                x = np.tanh(x) * 2.0 - i
+            else:
+                x = x + 1.0
+        return x
+
+    x = np.array([0.5, -0.2, 0.1], dtype)
+    for n in (0, 1, 4):
+        graph = graphc.trace(f, x, np.int64(n))
+        assert any(node.regions for node in graph.nodes)
+        got = graphc.jit(f)(x, np.int64(n))
+        assert got.dtype == dtype
+        # one op per step of the loop, each rounded: as the interpreter, which runs the same routines
+        assert_same_bits(got, graphc.evaluate(graph, x, np.int64(n)))
+        want = x.astype(np.float32)
+
+        def r(v):
+            return np.asarray(v, np.float32).astype(dtype).astype(np.float32)
+
+        for i in range(n):  # by hand, rounding each op's result
+            want = r(r(r(np.tanh(want)) * 2) - i) if r(want.sum()) > 0 else r(want + 1)
+        assert_same_bits(got, want.astype(dtype))
+
+
 # --- collectives and meshes -------------------------------------------------------------------------
 
 
