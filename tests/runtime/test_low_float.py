@@ -139,7 +139,11 @@ def every_value(dtype: np.dtype) -> np.ndarray:
 
 
 @pytest.mark.parametrize("dtype", LOW)
-@pytest.mark.parametrize("op", [np.exp, np.tanh, np.log, np.sqrt, np.negative, np.abs, np.square])
+@pytest.mark.parametrize(
+    "op",
+    [np.exp, np.tanh, np.log, np.sqrt, np.negative, np.abs, np.square, lambda x: x**2, lambda x: x**3],
+    ids=["exp", "tanh", "log", "sqrt", "negative", "abs", "square", "pow2", "pow3"],
+)
 def test_elementwise_ops_are_float32_rounded_bit_for_bit_on_every_value(dtype, op):
     x = every_value(dtype)
     want = quiet(lambda: op(x.astype(np.float32)).astype(dtype))
@@ -210,6 +214,30 @@ def test_mlp_value_and_grad_under_jit_equal_the_rounded_float32_graph(dtype):
     # and the rounding points matter: the float32 graph rounded only at its end is another result
     float32_end = [np.asarray(a).astype(dtype) for a in flatten(graphc.jit(vg)(*_up_tree((params, x, labels))))[0]]
     assert any(ulps(np.asarray(g), e).max(initial=0) > 1 for g, e in zip(leaves, float32_end))
+
+
+def _batched_loss(w, x, v):  # x [B, T, d] @ w: w's gradient is a sum over B of batched products
+    return np.sum(np.tanh(x @ w) * v)
+
+
+def _shared_loss(w, b, x1, x2):  # w and b used twice: their gradients are sums of two products / row sums
+    return np.sum(np.tanh(x1 @ w + b) * np.tanh(x2 @ w + b))
+
+
+@pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize(
+    "loss, shapes",
+    [(_batched_loss, [(16, 8), (8, 12, 16), (8, 12, 8)]), (_shared_loss, [(16, 8), (8,), (12, 16), (12, 16)])],
+    ids=["batched", "shared"],
+)
+def test_no_pass_moves_a_rounding_point_of_a_16_bit_gradient(dtype, loss, shapes):
+    """The batching pass's sums of products (passes/batching.py) would round once where the
+    graph rounds each product: they leave 16-bit floats alone."""
+    rng = np.random.default_rng(5)
+    args = [rng.standard_normal(s).astype(dtype) for s in shapes]
+    vg = graphc.value_and_grad(loss)
+    want = rounded_float32_run(graphc.trace(vg, *args), args)
+    assert_within_ulps(flatten(graphc.jit(vg)(*args))[0], want, 1)
 
 
 def _up_tree(tree):
