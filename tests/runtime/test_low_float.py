@@ -361,29 +361,12 @@ def assert_normwise_close_low(got, want, terms: int, dtype: np.dtype) -> None:
 
 # --- random graphs ----------------------------------------------------------------------------------
 
-RANDOM_OPS = [
-    "add",
-    "mul",
-    "sub",
-    "div",
-    "exp",
-    "tanh",
-    "maximum",
-    "where",
-    "compare",
-    "reduce_sum",
-    "reduce_max",
-    "sqrt",
-    "neg",
-    "abs",
-    "reshape",
-    "transpose",
-    "slice",
-    "pad",
-    "concatenate",
-    "broadcast_to",
-    "matmul",
-]
+RANDOM_OPS = [  # every sampler of tests/graphgen.py but control flow, fused regions, random and sharding ops
+    "abs", "add", "argmax", "broadcast_to", "compare", "concatenate", "convert", "cos", "div", "dynamic_slice",
+    "dynamic_update_slice", "einsum", "exp", "expm1", "gather", "log", "log1p", "matmul", "maximum", "minimum",
+    "mul", "neg", "pad", "pow", "reduce_max", "reduce_min", "reduce_sum", "reshape", "scatter", "scatter_add",
+    "sign", "sin", "slice", "split", "sqrt", "sub", "tanh", "transpose", "where",
+]  # fmt: skip
 
 
 @st.composite
