@@ -28,7 +28,8 @@ from graphc.builder import GraphBuilder
 from graphc.core.errors import GraphcError
 from graphc.core.ir import TensorType
 from graphc.core.pytree import flatten, unflatten
-from graphc.models import mlp
+from graphc.interpreter import run_flat
+from graphc.models import gpt, mlp
 from graphc.programs import simulate
 from graphc.runtime.comm import ThreadWorld
 from graphc.runtime.einsum import BlasEinsum, einsum_step
@@ -238,6 +239,21 @@ def test_no_pass_moves_a_rounding_point_of_a_16_bit_gradient(dtype, loss, shapes
     vg = graphc.value_and_grad(loss)
     want = rounded_float32_run(graphc.trace(vg, *args), args)
     assert_within_ulps(flatten(graphc.jit(vg)(*args))[0], want, 1)
+
+
+def test_the_optimized_bfloat16_gpt_gradient_keeps_the_graphs_rounding_points():
+    """Every pass jit runs keeps each rounding point: the optimized graph, interpreted, is the
+    traced one interpreted, within the ulp a product regrouped for BLAS may move."""
+    (params, tokens, targets), kwargs = gpt.example_loss_args(batch=4, seq=16, n_layer=1)
+    leaves, treedef = flatten(params)
+    params = unflatten(treedef, [a.astype(BF16) if a.dtype == np.float32 else a for a in leaves])
+    vg = graphc.value_and_grad(gpt.lm_loss)
+    traced = graphc.trace(vg, params, tokens, targets, **kwargs)
+    optimized = graphc.jit(vg, static_argnames=tuple(kwargs)).compile(params, tokens, targets, **kwargs).graph
+    arrays = [np.asarray(a) for a in flatten((params, tokens, targets))[0]]
+    want = run_flat(traced, arrays)
+    assert sum(np.asarray(a).dtype == BF16 for a in want) > 10
+    assert_within_ulps(run_flat(optimized, arrays), want, 1)
 
 
 def _up_tree(tree):
