@@ -38,7 +38,7 @@ from graphc.runtime.pieces import sum_in_rank_order
 from tests.graphgen import random_graphs, random_inputs
 from tests.helpers import fuzz_settings, quiet
 from tests.runtime.mpi_jobs import mlp_case
-from tests.runtime.test_mpi import JOBS, mpirun, needs_mpi
+from tests.runtime.test_mpi import JOBS, MPIEXEC, mpirun, needs_mpi
 
 BF16 = np.dtype(graphc.bfloat16)
 F16 = np.dtype(np.float16)
@@ -429,18 +429,16 @@ def test_mlp_value_and_grad_under_mpiexec_n_4_gives_the_threaded_bits(tmp_path_f
         assert got[f"leaf_{i}"].tobytes() == want.view(np.uint16).tobytes(), f"leaf {i}: other bits than threads"
 
 
-def test_graphc_run_checks_a_bfloat16_model_against_the_interpreter(tmp_path):
+@pytest.mark.parametrize("backend", ["threads", pytest.param("mpi", marks=[needs_mpi, pytest.mark.slow])])
+def test_graphc_run_checks_a_bfloat16_model_against_the_interpreter(tmp_path, backend):
     env = dict(os.environ, GRAPHC_CACHE_DIR=str(tmp_path / "cache"), GRAPHC_PROFILE=str(tmp_path / "none.json"))
     root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
     target = ("models/mlp.py:train_step", "--example", "example_train_args_bf16", "--mesh", "dp=2,tp=2")
-    res = subprocess.run(
-        [sys.executable, "-m", "graphc.cli", "run", *target, "--repeat", "1"],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
+    cli = [sys.executable, "-m", "graphc.cli", "run", *target, "--repeat", "1"]
+    if backend == "mpi":
+        assert MPIEXEC is not None
+        cli = [MPIEXEC, "-n", "4", *cli, "--backend", "mpi"]
+    res = subprocess.run(cli, cwd=root, capture_output=True, text=True, timeout=300, env=env)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "result equals graphc's interpreter: yes" in res.stdout
 
