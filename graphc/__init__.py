@@ -32,7 +32,7 @@ Public API (everything else is internal and may change):
     parse(text) -> Graph                     read the text IR back
     Graph, Node, Value, TensorType           the IR
     ArraySpec(shape, dtype)                  an argument that has a type but no data
-    bfloat16                                 numpy's bfloat16 dtype (ml_dtypes): traced and planned, not run
+    bfloat16                                 numpy's bfloat16 dtype (ml_dtypes): computed in float32, each result rounded
     OPS                                      the op registry (name -> OpDef)
     TraceError, ParseError, VerifyError, EvaluationError, PlanError, MeshError, GraphcError
     GraphcWarning, CacheWarning              warnings (a cache not used, an entry discarded and rebuilt)

@@ -1,7 +1,8 @@
 """The reference interpreter: the oracle every later stage is checked against.
 
 A plain loop over the nodes with an environment of numpy arrays; each op runs its numpy reference
-implementation. A value is dropped after its last use.
+implementation. A value is dropped after its last use. An op on bfloat16 or float16 computes in
+float32 and rounds each result (graphc/ops/precision.py).
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ import numpy as np
 
 from graphc.core.buffers import unaliased
 from graphc.core.errors import NUMPY_ERRORS, EvaluationError, GraphcError, NumpyError, note_where, numpy_error
-from graphc.core.ir import Graph, Region, Value, check_runnable
+from graphc.core.ir import Graph, Region, Value
 from graphc.core.pytree import ArraySpec, flatten_as, unflatten
+from graphc.ops import precision
 
 
 def bind_arguments(graph: Graph, args: tuple, kwargs: dict, keep: type | tuple[type, ...] = ()) -> list[Any]:
@@ -61,8 +63,8 @@ def run_flat(graph: Graph | Region, arrays: list[np.ndarray]) -> list[np.ndarray
         try:
             if node.regions:
                 results = tuple(np.asarray(r) for r in node.op.impl(run_flat, node.regions, *operands, **node.attrs))
-            else:
-                results = node.op.evaluate(*operands, **node.attrs)
+            else:  # (bfloat16 and float16 in float32, each result rounded: ops/precision.py)
+                results = precision.evaluate(node, *operands)
         except Exception as exc:
             note_where(exc, node.op.name, node.loc)
             if isinstance(exc, NUMPY_ERRORS) and not isinstance(exc, GraphcError):  # numpy raised on these values
@@ -87,7 +89,6 @@ def as_numpy_result(x: np.ndarray) -> Any:
 
 def evaluate(graph: Graph, *args: Any, **kwargs: Any) -> Any:
     """Run ``graph`` on the same arguments its function was traced with; returns the same pytree."""
-    check_runnable(graph, "evaluate")
     arrays = bind_arguments(graph, args, kwargs)
     outs = run_flat(graph, arrays)
     outs = [o if o.flags.writeable else o.copy() for o in outs]  # constants are read-only: return copies

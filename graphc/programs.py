@@ -30,6 +30,7 @@ from graphc.core.mesh import Mesh
 from graphc.core.spec import Spec, format_spec, parse_spec, shard, unshard
 from graphc.core.traits import Collective
 from graphc.interpreter import run_flat
+from graphc.ops import precision
 from graphc.ops.comm import reference
 from graphc.textir import parse
 
@@ -219,7 +220,7 @@ def simulate(program: ParallelProgram, inputs: Mapping[int, list[np.ndarray]]) -
             outs = (
                 node.op.impl(run_flat, node.regions, *args, **node.attrs)
                 if node.regions
-                else node.op.evaluate(*args, **node.attrs)
+                else precision.evaluate(node, *args)  # bfloat16 and float16 in float32, rounded
             )
             for o, y in zip(node.outputs, outs):
                 env[o] = np.asarray(y)

@@ -68,6 +68,14 @@ def example_train_args(batch=64, sizes=(784, 256, 256, 10), seed=0):
     return (params, x, labels), {"lr": 0.1}
 
 
+def example_train_args_bf16(batch=64, sizes=(784, 256, 256, 10), seed=0):
+    """The training step on bfloat16 parameters and inputs: every op computes in float32 and
+    rounds its result to bfloat16, as XLA's CPU backend does."""
+    (params, x, labels), kwargs = example_train_args(batch, sizes, seed)
+    layers = [{k: a.astype(graphc.bfloat16) for k, a in layer.items()} for layer in params["layers"]]
+    return ({"layers": layers}, x.astype(graphc.bfloat16), labels), kwargs
+
+
 def example_train_args_bench():
     """A matmul-heavy training step for ``graphc bench --mesh``: 2048 x 1024 inputs, 2048-wide layers."""
     return example_train_args(batch=2048, sizes=(1024, 2048, 2048, 16))

@@ -21,13 +21,15 @@ computes as a batched matmul and a sum over the batch. These run on graphs that 
 merges a dp-split batch with a tp-split sequence is no longer a block split.
 
 Assumes: a verified graph. Guarantees: the output verifies and computes the same values (to
-rounding).
+rounding). The sums are left alone on bfloat16 and float16, whose every product and sum is
+rounded where the graph makes it (graphc/ops/precision.py): one product would round once.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from graphc.core.dtypes import is_low_float
 from graphc.core.ir import Graph, Node, Value
 from graphc.ops import OPS
 from graphc.passes.rewrite import Rewriter, apply_to_graph, finish, map_regions
@@ -110,6 +112,7 @@ def flat_weight_gradient(rw, node, ops):  # sum_b L_b^T @ R_b -> L^T @ R on the 
     nb = p.ndim - 2
     if (
         m is None
+        or is_low_float(p.dtype)  # bfloat16/float16 round each product: one sum would move that point
         or m.op is not OPS.matmul
         or node.attrs["keepdims"]
         or nb < 1
@@ -168,6 +171,8 @@ def add_of_products(rw, node, ops):  # A.T @ B + C.T @ D -> [A; C].T @ [B; D]
     # product of the stacked rows instead of a product and an addition per step. Small operands
     # only (STACK_BYTES). The sum's order changes: not bit for bit.
     x, y = ops
+    if is_low_float(x.dtype):  # bfloat16/float16 round each product before the sum (ops/precision.py)
+        return None
     px, py = _product_of_transposed(x), _product_of_transposed(y)
     if px is None or py is None or x.type != node.outputs[0].type or y.type != node.outputs[0].type:
         return None
@@ -187,6 +192,8 @@ def add_of_row_sums(rw, node, ops):  # A.sum(0) + B.sum(0) -> [A; B].sum(0)
     x, y = ops
     nx, ny = x.producer, y.producer
     if nx is None or ny is None or nx.op is not OPS.reduce_sum or ny.op is not OPS.reduce_sum:
+        return None
+    if is_low_float(x.dtype):  # bfloat16/float16 round each sum before the addition (ops/precision.py)
         return None
     if nx.attrs != {"axes": (0,), "keepdims": False} or ny.attrs != nx.attrs:
         return None

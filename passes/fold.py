@@ -13,6 +13,7 @@ import numpy as np
 
 from graphc.core.ir import Graph, Node, Value
 from graphc.core.traits import Collective, Constant, DeviceLocal
+from graphc.ops import precision
 from graphc.passes.rewrite import Rewriter, apply_to_graph, constant_value, finish, map_regions
 
 MAX_GROWTH_BYTES = 1 << 20  # a folded constant may exceed its inputs' total size by at most this
@@ -37,11 +38,11 @@ def fold_block(inputs: list[Value], nodes: list[Node], outputs: list[Value]) -> 
             continue
         with np.errstate(all="ignore"):
             try:
-                results = node.op.evaluate(*values, **node.attrs)
+                results = precision.evaluate(node, *values)  # bfloat16 and float16 in float32, rounded
             except (ValueError, IndexError, ArithmeticError):  # the error belongs to run time (e.g. a bad index)
                 rw.keep(node)
                 continue
-        # in the result's declared dtype: numpy's bfloat16 matmul returns float32
+        # in the result's declared dtype (a 0-d result may come back a numpy scalar)
         outs = [np.array(r, dtype=o.type.dtype, order="C") for r, o in zip(results, node.outputs)]
         rw.replace(node, [rw.constant(r, node) for r in outs])
     return finish(rw, nodes, outputs)

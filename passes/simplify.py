@@ -88,7 +88,7 @@ def small_integer_power(rw, node, ops):  # x**1 -> x, x**2 -> x*x, x**3 -> x*x*x
         return [x]
     if _is(y, 2):
         return list(rw.emit("mul", [x, x], {}, node).outputs)
-    if _is(y, 3):
+    if _is(y, 3) and x.dtype.itemsize > 2:  # float16: x*x would be rounded before the last product
         sq = rw.emit("mul", [x, x], {}, node).outputs[0]
         return list(rw.emit("mul", [sq, x], {}, node).outputs)
     return None

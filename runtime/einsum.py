@@ -25,8 +25,10 @@ numpy's in three ways, and the step rules each out:
   value unchanged), a pass over the output.
 
 Equations that are not such a product (outer and elementwise products, a label summed in one
-operand only, three operands), integer and float16 operands, and small products (below
+operand only, three operands), integer operands, and small products (below
 ``BLAS_MIN_PRODUCTS``, where the run-time checks cost more than the loop) keep numpy's einsum.
+bfloat16 and float16 operands reach the step as float32 copies (graphc/ops/precision.py), so they
+take the float32 GEMM and their result is rounded after it.
 """
 
 from __future__ import annotations
@@ -37,8 +39,10 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from graphc.core.dtypes import is_low_float
 from graphc.core.ir import TensorType
 from graphc.ops.linalg import parse_equation
+from graphc.ops.precision import COMPUTE
 
 # Below this many multiply-adds numpy's einsum loop is as fast as the checks, transposes and GEMM
 # call of the BLAS path (measured: docs/performance.md#einsum).
@@ -49,9 +53,11 @@ def einsum_step(equation: str, in_types: Sequence[TensorType]) -> Callable[..., 
     """The function a program calls for an einsum node: ``BlasEinsum`` where the equation and the
     operand types allow it, else numpy's einsum with the equation bound."""
     plain = functools.partial(_numpy_einsum, equation)
-    if len(in_types) != 2 or in_types[0].dtype not in (np.float32, np.float64):
+    # bfloat16 and float16 operands arrive as float32 copies (ops/precision.py): a float32 GEMM
+    types = [TensorType(t.shape, COMPUTE) if is_low_float(t.dtype) else t for t in in_types]
+    if len(types) != 2 or types[0].dtype not in (np.float32, np.float64) or types[1].dtype != types[0].dtype:
         return plain
-    blas = BlasEinsum.of(equation, in_types[0], in_types[1])
+    blas = BlasEinsum.of(equation, types[0], types[1])
     return blas if blas is not None else plain
 
 

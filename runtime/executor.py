@@ -34,9 +34,10 @@ import numpy as np
 
 from graphc.core.buffers import root_buffer, unaliased
 from graphc.core.errors import NUMPY_ERRORS, GraphcError, NumpyError, note_where, numpy_error
-from graphc.core.ir import Graph, Node, Value, check_runnable
+from graphc.core.ir import Graph, Node, Value
 from graphc.core.traits import Collective, Constant, DeviceLocal, FreshResult, Fused, ViewOf
 from graphc.ops import OPS
+from graphc.ops.precision import computes_in_float32, in_float32, result_dtypes
 from graphc.ops.shape import slice_index
 from graphc.runtime.einsum import einsum_step
 
@@ -299,6 +300,12 @@ class Program:
                 return impl(lambda region, arrays: by_region[id(region)](list(arrays)), node.regions, *xs, **attrs)
 
             return run_control
+        step = self._op_step(node)
+        # bfloat16 and float16: in float32, each result rounded, as the interpreter (ops/precision.py)
+        return in_float32(step, result_dtypes(node)) if computes_in_float32(node) else step
+
+    def _op_step(self, node: Node) -> Callable:
+        """The function a step calls for a node that is not fused, a collective or control flow."""
         if node.op is OPS.matmul:
             return _matmul if max(v.type.ndim for v in node.inputs) > 2 else np.matmul
         if node.op is OPS.einsum:
@@ -656,7 +663,6 @@ class Executable:
     """A graph compiled for the single-device executor."""
 
     def __init__(self, graph: Graph, comm=None):
-        check_runnable(graph)
         self.graph = graph
         self.pool = BufferPool()
         self.stats: dict[str, Any] = {}

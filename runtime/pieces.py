@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from graphc.core.dtypes import LOW_FLOATS
 from graphc.core.spec import piece_bounds
+from graphc.ops.precision import COMPUTE
 
 
 def check_split(size: int, n: int, blocks: int, what: str) -> None:
@@ -66,7 +68,8 @@ def with_dim(shape: tuple[int, ...], dim: int, size: int) -> tuple[int, ...]:
 
 
 def sum_in_rank_order(dst: np.ndarray, parts: list[np.ndarray], own: int | None = None) -> None:
-    """``dst = ((parts[0] + parts[1]) + parts[2]) + ...``, operands in this order (fixed bits).
+    """``dst = ((parts[0] + parts[1]) + parts[2]) + ...``, operands in this order (fixed bits);
+    16-bit floats are added in float32 and rounded once.
 
     ``own``: the index of the part ``dst`` is (in place), or None when ``dst`` is separate.
     """
@@ -74,6 +77,12 @@ def sum_in_rank_order(dst: np.ndarray, parts: list[np.ndarray], own: int | None 
     if n == 1:
         if own is None:
             np.copyto(dst, parts[0])
+        return
+    if dst.dtype in LOW_FLOATS:  # bfloat16, float16: added in float32, rounded once (ops/precision.py)
+        total = parts[0].astype(COMPUTE)
+        for p in parts[1:]:
+            np.add(total, p, out=total)
+        np.copyto(dst, total, casting="same_kind")
         return
     if own is None or own <= 1:
         np.add(parts[0], parts[1], out=dst)  # dst may be parts[0] or parts[1]: elementwise, read before write

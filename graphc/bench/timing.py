@@ -8,9 +8,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from graphc.autodiff import interpreted_calls
+from graphc.core.dtypes import is_low_float
 from graphc.core.pytree import flatten
 
 
@@ -56,12 +58,21 @@ def fmt_range(times: list[float]) -> str:
 
 
 def same(got: Any, want: Any) -> str:
-    """ "yes" when two results (pytrees of arrays) agree to float32/float64 tolerance, else why not."""
+    """ "yes" when two results (pytrees of arrays) agree to float32/float64 tolerance, else why not.
+    bfloat16 and float16 results (rounded at every op, ops/precision.py) agree within 8 of their
+    ulps at the leaf's largest magnitude: partial sums rounded on a mesh move a result by a few."""
     g, w = flatten(got)[0], flatten(want)[0]
     for a, b in zip(g, w):
         a, b = np.asarray(a), np.asarray(b)
         if a.shape != b.shape or a.dtype != b.dtype:
             return f"no ({a.dtype}{a.shape} vs {b.dtype}{b.shape})"
+        if is_low_float(a.dtype):
+            scale = float(np.max(np.abs(b.astype(np.float32)), initial=1.0))
+            tol = 8 * float(ml_dtypes.finfo(a.dtype).eps)
+            a, b = a.astype(np.float32), b.astype(np.float32)
+            if not np.allclose(a, b, rtol=tol, atol=tol * scale):
+                return f"no (max abs diff {np.max(np.abs(a - b)):.3g})"
+            continue
         tol = 1e-4 if a.dtype == np.float32 else 1e-6
         if a.dtype.kind == "f" and not np.allclose(a, b, rtol=tol, atol=tol):
             return f"no (max abs diff {np.max(np.abs(a - b)):.3g})"

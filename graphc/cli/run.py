@@ -40,10 +40,11 @@ from graphc.cli.common import (
 from graphc.cli.loader import UsageError, load_target, static_argnames
 from graphc.core.errors import GraphcError, MeshError, PlanError
 from graphc.core.files import atomic_write
+from graphc.core.ir import uses_low_floats
 from graphc.core.mesh import Mesh, parse_links
 from graphc.core.pytree import flatten
 from graphc.core.units import fmt_bytes, fmt_time
-from graphc.interpreter import bind_arguments
+from graphc.interpreter import bind_arguments, evaluate
 from graphc.passes.pipeline import PipelinePlan
 from graphc.passes.sharding.plan import ShardingPlan
 from graphc.runtime.devices import ShardedArray
@@ -145,16 +146,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         + (f"; {args.plan} run as written)" if loaded is not None else ")")
     )
 
-    baseline, want = direct_call(fn, fargs, fkwargs)
+    baseline, want, call = _baseline(pf, compiled, fn, fargs, fkwargs)
     got = compiled(*fargs, **fkwargs)  # first run: kernels compiled or loaded from the disk cache
     verdict = same(got, want)
-    t_eager = times_of(lambda: fn(*fargs, **fkwargs), args.repeat)
+    t_eager = times_of(call, args.repeat)
     t_mesh = times_of(lambda: compiled(*fargs, **fkwargs), args.repeat)
     dyn_args, dyn_kwargs, _ = pf.split_static(fargs, fkwargs)
     arrays = bind_arguments(compiled.graph, dyn_args, dyn_kwargs)
     compiled.executable.run_flat(arrays, profile=True)
     prof = compiled.executable.last_profile
-    print(f"  {baseline:<20} {fmt_range(t_eager)}   ({_baseline_note(baseline, args.target)})")
+    print(f"  {baseline:<20} {fmt_range(t_eager)}   ({_baseline_note(baseline, args.target, compiled.graph)})")
     print(
         f"  graphc on {mesh.size} devices {fmt_range(t_mesh)}   ({statistics.median(t_eager) / statistics.median(t_mesh):.2f}x "
         f"{baseline}; predicted step {fmt_time(plan.cost.total_s)})"
@@ -164,9 +165,27 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0 if verdict == "yes" else 1
 
 
-def _baseline_note(baseline: str, target: str) -> str:
-    """What the baseline row is: the function called directly, and what that ran."""
+def _baseline(pf, compiled, fn, fargs, fkwargs) -> tuple[str, Any, Any]:
+    """(name, result, call) of what a run is checked and timed against: the function called
+    directly, or for a graph on bfloat16 or float16 graphc's interpreter on the graph. (numpy with
+    ml_dtypes makes ``bf16_array * 0.5`` float32 where graphc keeps the Python float weak: called
+    directly, the function would compute another model.)"""
+    if not uses_low_floats(compiled.graph):
+        baseline, want = direct_call(fn, fargs, fkwargs)
+        return baseline, want, lambda: fn(*fargs, **fkwargs)
+    dyn_args, dyn_kwargs, _ = pf.split_static(fargs, fkwargs)
+
+    def interpret():
+        return evaluate(compiled.graph, *dyn_args, **dyn_kwargs)
+
+    return "graphc's interpreter", interpret(), interpret
+
+
+def _baseline_note(baseline: str, target: str, graph) -> str:
+    """What the baseline row is: the function called directly and what that ran, or the graph."""
     func = target.rsplit(":", 1)[-1]
+    if uses_low_floats(graph):
+        return f"{func}'s graph on graphc's interpreter: numpy with ml_dtypes promotes bfloat16 otherwise"
     if baseline == "numpy":
         return f"{func} called directly"
     return f"{func} called directly: its graphc.grad / value_and_grad trace and interpret it on every call"
@@ -212,16 +231,16 @@ def _run_pipeline(args: argparse.Namespace, pf, fn, fargs, fkwargs, trace_out: O
         f"{time.perf_counter() - start:.2f} s"
     )
     print(plan.summary())
-    baseline, want = direct_call(fn, fargs, fkwargs)
+    baseline, want, call = _baseline(pf, compiled, fn, fargs, fkwargs)
     got = compiled(*fargs, **fkwargs)
     verdict = same(got, want)
-    t_eager = times_of(lambda: fn(*fargs, **fkwargs), args.repeat)
+    t_eager = times_of(call, args.repeat)
     t_pipe = times_of(lambda: compiled(*fargs, **fkwargs), args.repeat)
     dyn_args, dyn_kwargs, _ = pf.split_static(fargs, fkwargs)
     ex = compiled.executable
     ex.run_flat(bind_arguments(compiled.graph, dyn_args, dyn_kwargs), profile=True)
     prof = ex.last_profile
-    print(f"  {baseline:<20} {fmt_range(t_eager)}   ({_baseline_note(baseline, args.target)})")
+    print(f"  {baseline:<20} {fmt_range(t_eager)}   ({_baseline_note(baseline, args.target, compiled.graph)})")
     print(
         f"  graphc pipeline      {fmt_range(t_pipe)}   ({statistics.median(t_eager) / statistics.median(t_pipe):.2f}x "
         f"{baseline})"
@@ -308,14 +327,15 @@ def cmd_run_mpi(args: argparse.Namespace, mesh, loaded, trace_out: Output | None
         )
         if pf.pipelined:
             print(compiled.plan.summary())
-    baseline, want = direct_call(fn, fargs, fkwargs) if root else ("", None)
+    baseline, want, call = _baseline(pf, compiled, fn, fargs, fkwargs) if root else ("", None, None)
     got = compiled(*fargs, **fkwargs)  # first run: kernels compiled or loaded, every call checked
     whole = [x.gather(0) if isinstance(x, ShardedArray) else x for x in flatten(got)[0]]
     verdict = same(whole, flatten(want)[0]) if root else ""
     ok = world.broadcast_int(int(verdict == "yes"))
     t_eager = [0.0]
     if root:
-        t_eager = _times(lambda: fn(*fargs, **fkwargs), args.repeat)
+        assert call is not None
+        t_eager = _times(call, args.repeat)
     t_step = _step_times(world, lambda: compiled(*fargs, **fkwargs), args.repeat)
     dyn_args, dyn_kwargs, _ = pf.split_static(fargs, fkwargs)
     arrays = bind_arguments(compiled.graph, dyn_args, dyn_kwargs)
@@ -327,7 +347,9 @@ def cmd_run_mpi(args: argparse.Namespace, mesh, loaded, trace_out: Output | None
     assert gathered is not None and t_step is not None
     profiles = {int(d): p for blob in gathered for d, p in json.loads(blob).items()}
     step = list(t_step.max(axis=0))  # each repetition: the slowest rank
-    print(f"  {baseline + ' (rank 0)':<24} {fmt_range(t_eager)}   ({_baseline_note(baseline, args.target)})")
+    print(
+        f"  {baseline + ' (rank 0)':<24} {fmt_range(t_eager)}   ({_baseline_note(baseline, args.target, compiled.graph)})"
+    )
     print(
         f"  graphc on {mesh.size} ranks      {fmt_range(step)}   ({statistics.median(t_eager) / statistics.median(step):.2f}x "
         f"{baseline}; the slowest rank of each step)"

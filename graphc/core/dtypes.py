@@ -55,6 +55,15 @@ def is_float(dtype: np.dtype) -> bool:
     return dt.kind == "f" or dt == BFLOAT16
 
 
+# bfloat16 and float16: an op computes on them in float32 and rounds its results (graphc/ops/precision.py)
+LOW_FLOATS = frozenset({BFLOAT16, np.dtype(np.float16)})
+
+
+def is_low_float(dtype) -> bool:
+    """bfloat16 or float16: computed in float32, stored rounded."""
+    return np.dtype(dtype) in LOW_FLOATS
+
+
 def is_int(dtype: np.dtype) -> bool:
     return np.dtype(dtype).kind in "iu"
 

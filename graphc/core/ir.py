@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from graphc.core import dtypes
-from graphc.core.errors import GraphcError, ShapeError, SourceLoc, VerifyError
+from graphc.core.errors import ShapeError, SourceLoc, VerifyError
 from graphc.core.literals import format_literal
 from graphc.core.pytree import TreeDef
 from graphc.core.traits import Trait
@@ -292,18 +292,10 @@ def walk(nodes: Iterable[Node]):
             yield from walk(region.nodes)
 
 
-def check_runnable(graph: Graph, what: str = "run") -> None:
-    """GraphcError naming the first value of a dtype graphc traces and plans but cannot run:
-    bfloat16 (numpy's bfloat16 matmul returns float32, and the kernels have no bfloat16)."""
+def uses_low_floats(graph: Graph) -> bool:
+    """Whether any input or node result of ``graph`` (regions included) is bfloat16 or float16."""
     values = [*graph.inputs, *(o for node in walk(graph.nodes) for o in node.outputs)]
-    for v in values:
-        if v.type.dtype == dtypes.BFLOAT16:
-            where = f" at {v.producer.loc}" if v.producer is not None and v.producer.loc else ""
-            raise GraphcError(
-                f"cannot {what} @{graph.name}: it computes in bfloat16 ({v.type}{where}); graphc traces and "
-                "plans bfloat16 (for a GPU profile) but runs only float16/32/64: convert the "
-                "inputs to float32 to run it"
-            )
+    return any(v.type.dtype in dtypes.LOW_FLOATS for v in values)
 
 
 _NAME_OK = re.compile(r"[^A-Za-z0-9_.]")

@@ -30,6 +30,7 @@ from graphc.core.ir import OpDef, TensorType
 from graphc.core.spec import piece_bounds, piece_index
 from graphc.core.traits import Collective, DeviceLocal, LinearIn
 from graphc.ops.dims import DimRule, io_bytes
+from graphc.ops.precision import up
 from graphc.ops.registry import check_axis, get_op, register
 
 
@@ -143,11 +144,12 @@ def join_pieces(pieces: list[np.ndarray], dim: int, blocks: int = 1) -> np.ndarr
 
 
 def _sum_in_rank_order(xs: list[np.ndarray]) -> np.ndarray:
-    """((x0 + x1) + x2) + ...: the order every communicator must reproduce, bit for bit."""
-    total = np.array(xs[0], copy=True)
+    """((x0 + x1) + x2) + ...: the order every communicator must reproduce, bit for bit. 16-bit
+    floats (bfloat16, float16) are added in float32 and rounded once (ops/precision.py)."""
+    total = np.array(up(xs[0]), copy=True)
     for x in xs[1:]:
         total += x
-    return total
+    return total.astype(xs[0].dtype, copy=False)
 
 
 def reference(kind: str, xs_by_rank: list, **attrs) -> list:

@@ -2,8 +2,8 @@
 module: every rank runs it). Each job prints ``ok <rank>`` on every rank that finished and writes
 what the test compares (rank 0, ``.npz``).
 
-    collectives                  every collective kind and layout, and send/recv, on MpiComm and on
-                                 ThreadComm (in this process): identical bits
+    collectives [DTYPE]          every collective kind and layout, and send/recv, on MpiComm and on
+                                 ThreadComm (in this process): identical bits (DTYPE f32, bf16, f16)
     step MESH OUT [M SCHEDULE]   the GPT training step on MESH (a pipeline of M micro-batches with
                                  a pp axis): the gathered results to OUT; whole inputs, a
                                  ShardedInput and a memory-mapped .npy give the same bits, and
@@ -14,6 +14,8 @@ what the test compares (rank 0, ``.npz``).
                                  them): every step's gathered results to OUT
     raise                        rank 1 raises in the user's loop while rank 0 waits in a collective
     alias MESH                   results share no memory with the arguments on any rank
+    low_float DTYPE MESH OUT     the MLP's value_and_grad on 16-bit floats (bf16, f16): the gathered
+                                 results to OUT
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import numpy as np
 
 import graphc
 from graphc.core.pytree import flatten
-from graphc.models import gpt
+from graphc.models import gpt, mlp
 from graphc.runtime.comm import ThreadWorld
 from graphc.runtime.devices import ShardedArray
 from graphc.runtime.mpi import MpiComm
@@ -72,7 +74,8 @@ CASES = [  # (kind, shape on n ranks, attributes; root -1: the last rank)
 ]
 
 
-def collectives() -> None:
+def collectives(dtype_name: str = "f32") -> None:
+    dtype = {"f32": np.float32, "bf16": graphc.bfloat16, "f16": np.float16}[dtype_name]
     world = MpiWorld.get()
     n, rank = world.size, world.rank
     group = tuple(range(n))
@@ -87,7 +90,7 @@ def collectives() -> None:
             rng = np.random.default_rng(100 * k + d)
             if kind == "all_gather" and attrs["dim"] == 0:
                 shape = (shape[0] + d, *shape[1:])
-            x = rng.standard_normal(shape).astype(np.float32)
+            x = rng.standard_normal(shape).astype(dtype)
             if kind == "all_reduce_inplace":
                 return c.all_reduce(x, group, inplace=True)
             return getattr(c, kind)(x, group, **attrs)
@@ -219,10 +222,28 @@ def alias(mesh: str) -> None:
     print(f"ok {pf.world.rank}", flush=True)
 
 
+def mlp_case(dtype, batch=32, sizes=(24, 16, 16, 5)):
+    """The MLP's loss arguments with parameters and inputs in ``dtype`` (tests/runtime/test_low_float.py)."""
+    (params, x, labels), _ = mlp.example_loss_args(batch, sizes, seed=3)
+    layers = [{k: a.astype(dtype) for k, a in layer.items()} for layer in params["layers"]]
+    return {"layers": layers}, x.astype(dtype), labels
+
+
+def low_float(dtype_name: str, mesh: str, out: str) -> None:
+    """tests/runtime/test_low_float.py: a 16-bit MLP's loss and gradients under MPI."""
+    dtype = graphc.bfloat16 if dtype_name == "bf16" else np.float16
+    params, x, labels = mlp_case(dtype)
+    pf = graphc.parallelize(graphc.value_and_grad(mlp.loss), mesh=mesh, backend="mpi")
+    whole = [a.gather(0) for a in flatten(pf(params, x, labels))[0]]
+    if pf.world.rank == 0:
+        np.savez(out, **{f"leaf_{i}": a.view(np.uint16) for i, a in enumerate(whole)})
+    print(f"ok {pf.world.rank}", flush=True)
+
+
 if __name__ == "__main__":
     job, *rest = sys.argv[1:]
     if job == "collectives":
-        collectives()
+        collectives(*rest)
     elif job == "step":
         step(rest[0], rest[1], *(int(rest[2]), rest[3]) if len(rest) > 2 else ())
     elif job == "train":
@@ -231,5 +252,7 @@ if __name__ == "__main__":
         raise_on_rank_1()
     elif job == "alias":
         alias(rest[0])
+    elif job == "low_float":
+        low_float(rest[0], rest[1], rest[2])
     else:
         raise SystemExit(f"unknown job {job!r}")
