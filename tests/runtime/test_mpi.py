@@ -149,6 +149,45 @@ def test_a_pipeline_trains_with_its_state_fed_back_as_on_threads(env, tmp_path, 
     assert not np.array_equal(got["step0_0"], got["step2_0"])  # the state moved from step to step
 
 
+@pytest.mark.slow
+@needs_mpi
+def test_a_sharded_array_from_a_dp_step_feeds_a_tp_step(env, tmp_path, monkeypatch):
+    """Under MPI, ShardedArrays a dp=2 step returned go to tp=2 steps that want them in other
+    specs, and are redistributed on the ranks (graphc/api/reshard.py): the GPT step's replicated
+    state cut into the tp pieces (local slices), and a batch-split activation all-gathered or
+    re-split by an all-to-all. The results equal the threaded backend's, which passes whole
+    arrays, bit for bit, and the single-device results."""
+    from tests.runtime.mpi_jobs import head, hidden
+
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", env["GRAPHC_CACHE_DIR"])
+    monkeypatch.setenv("GRAPHC_PROFILE", env["GRAPHC_PROFILE"])
+    (params, state, tokens, targets), kwargs = gpt.example_train_args(batch=8, seq=16, n_layer=1)
+    dp = graphc.parallelize(gpt.train_step, mesh="dp=2", static_argnames=STATIC)
+    tp = graphc.parallelize(gpt.train_step, mesh="tp=2", static_argnames=STATIC)
+    p1, s1, _ = dp(params, state, tokens, targets, **kwargs)
+    result = tp(p1, s1, tokens, targets, **kwargs)
+    rng = np.random.default_rng(0)
+    x, w, w2 = (rng.standard_normal(s).astype(np.float32) for s in ((16, 8), (8, 12), (12, 6)))
+    h = graphc.parallelize(hidden, mesh="dp=2")(x, w)
+    ys = [graphc.parallelize(head, mesh="tp=2", in_specs=pins)(h, w2) for pins in (("R", "S(1)"), ("S(1)", "R"))]
+    want = flatten((result, ys))[0]
+    out = tmp_path / "out.npz"
+    res = mpirun(2, sys.executable, JOBS, "reshard", str(out), env=env, timeout=240)
+    assert res.returncode == 0, res.stderr
+    assert _ranks_ok(res.stdout) == [0, 1], res.stdout
+    got = np.load(out)
+    assert len(got.files) == len(want)
+    for i, w_i in enumerate(want):
+        _assert_same_bits(got[f"r{i}"], w_i)
+    # against one device: h and h @ w2 are sums of 8 and 12 float32 products in any order, squared
+    # and summed over 6; each result within 2 * (8 + 12 + 6 + 4) roundings of its terms' magnitudes
+    single = graphc.jit(head)(graphc.jit(hidden)(x, w), w2)
+    mag = np.abs(np.tanh(x.astype(np.float64) @ w)) @ np.abs(w2) + (np.abs(x) @ np.abs(w)) @ np.abs(w2)
+    bound = 2 * (8 + 12 + 6 + 4) * float(np.finfo(np.float32).eps) * np.sum(mag**2, axis=1)
+    for y in ys:
+        assert np.all(np.abs(np.asarray(y, np.float64) - single) <= bound)
+
+
 @needs_mpi
 def test_rank_count_not_the_mesh_size_stops_every_rank_with_status_2(env):
     start = time.monotonic()
