@@ -15,6 +15,11 @@ what the test compares (rank 0, ``.npz``).
     reshard OUT                  ShardedArrays from dp=2 steps fed to tp=2 steps (the GPT training
                                  step's state; a batch-split activation): redistributed on the
                                  ranks, the gathered results to OUT
+    soak MESH STEPS OUT          STEPS GPT training steps on MESH, each fed the state the last
+                                 returned; every rank prints its RSS, threads and open files at
+                                 step STEPS // 10 and at the end, rank 0 writes the gathered state
+    loop                         every rank all-reduces in a loop (at most 60 s), after printing
+                                 ``ready <rank> <pid>`` once every rank is in it: a rank to kill
     raise                        rank 1 raises in the user's loop while rank 0 waits in a collective
     alias MESH                   results share no memory with the arguments on any rank
 """
@@ -25,6 +30,7 @@ import os
 import sys
 import tempfile
 import threading
+import time
 
 import numpy as np
 
@@ -212,6 +218,47 @@ def reshard(out: str) -> None:
     print(f"ok {tp.world.rank}", flush=True)
 
 
+def process_usage() -> tuple[int, int, int]:
+    """(resident bytes, threads, open file descriptors) of this process (Linux /proc)."""
+    with open("/proc/self/statm") as f:
+        rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    return rss, len(os.listdir("/proc/self/task")), len(os.listdir("/proc/self/fd"))
+
+
+def soak(mesh: str, steps: int, out: str) -> None:
+    (params, state, tokens, targets), kwargs = example()
+    pf = graphc.parallelize(gpt.train_step, mesh=mesh, static_argnames=STATIC, backend="mpi")
+    first = None
+    losses = []
+    for s in range(steps):
+        if s == steps // 10:
+            first = process_usage()
+        params, state, loss = pf(params, state, tokens, targets, **kwargs)
+        losses.append(float(np.asarray(loss)))
+    last = process_usage()
+    assert first is not None
+    print(f"usage {pf.world.rank} {' '.join(map(str, first + last))}", flush=True)
+    gathered = [x.gather(0) for x in flatten((params, state))[0]]
+    if pf.world.rank == 0:
+        np.savez(out, *gathered, losses=np.array(losses))
+    print(f"ok {pf.world.rank}", flush=True)
+
+
+def all_reduce_loop() -> None:
+    world = MpiWorld.get()
+    group = tuple(range(world.size))
+    world.setup([group])
+    comm = MpiComm(world, timeout_s=30)
+    x = np.ones(1 << 18, np.float32)
+    comm.all_reduce(x, group)
+    comm.barrier(group)
+    print(f"ready {world.rank} {os.getpid()}", flush=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        comm.all_reduce(x, group)
+    print(f"rank {world.rank} finished the loop", flush=True)
+
+
 def raise_on_rank_1() -> None:
     (params, state, tokens, targets), kwargs = example()
     pf = graphc.parallelize(gpt.train_step, mesh="dp=2", static_argnames=STATIC, backend="mpi", timeout_s=20)
@@ -264,6 +311,10 @@ if __name__ == "__main__":
         train(rest[0], rest[1], int(rest[2]), int(rest[3]), rest[4])
     elif job == "reshard":
         reshard(rest[0])
+    elif job == "soak":
+        soak(rest[0], int(rest[1]), rest[2])
+    elif job == "loop":
+        all_reduce_loop()
     elif job == "raise":
         raise_on_rank_1()
     elif job == "alias":
