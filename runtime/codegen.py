@@ -233,6 +233,9 @@ def run_pieces(func: Callable, pieces: list[tuple], threads: int) -> None:
     finally:
         for f in futures:
             f.result()
+        # a pool thread drops its task (whose closure reaches the pieces) only after the future
+        # is done: the pieces' views must not keep the results' buffers from the executor's pool
+        pieces.clear()
 
 
 def _space_of(region: Region) -> tuple[int, ...]:

@@ -57,6 +57,7 @@ _ACK_TAG = 32002  # a peer printed the notice
 _NOTICE_BYTES = 2048
 _WATCH_S = 0.02  # how often the watchdog looks for notices
 _LINGER_S = 0.3
+_WATCH_FINISH_S = 2.0  # at exit, the longest wait for the (host, pid) exchange to complete
 _LOST_LINGER_S = 0.5  # a survivor of a lost rank ends this long after it noticed: the others print their line
 _yield_core = getattr(
     os, "sched_yield", lambda: time.sleep(0)
@@ -162,10 +163,12 @@ class _PeerWatch:
         return self.fds[readable[0]] if readable else None
 
     def finish(self) -> None:
-        """At exit: the all-gather completed (every rank posted it), the pidfds closed."""
-        if self._req is not None:
-            self._req.Wait()
-            self._req = None
+        """At exit: the all-gather completed (every rank posted it when it joined the world; at
+        most ``_WATCH_FINISH_S`` for one that has not yet), the pidfds closed."""
+        deadline = time.monotonic() + _WATCH_FINISH_S
+        while self._req is not None and not self._req.Test() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        self._req = None
         for fd in self.fds:
             os.close(fd)
         self.fds.clear()
