@@ -26,8 +26,9 @@ wait of its rank raise ``CommAborted``. At exit a world that saw a failure calls
 aborted by its watchdog after ``3 * grace_s``. A rank killed outright (``kill -9``, the OOM
 killer) sends no notice: the watchdog of every rank on the same machine watches the others'
 processes (``_PeerWatch``: a pidfd per process, readable the moment it ends), prints a line naming
-the lost rank at once, makes every wait raise ``CommAborted``, and ends its rank within
-``grace_s``; mpiexec (hydra) also stops the job's other ranks when one is killed.
+the lost rank at once, makes every wait raise ``CommAborted``, and ends its rank with status 1
+``_LOST_LINGER_S`` later; mpiexec (hydra) also kills the job's other ranks when one is killed,
+often before they can print.
 """
 
 from __future__ import annotations
