@@ -381,3 +381,24 @@ def regather(graph: Graph, sources: frozenset[int]) -> Graph:
         else:
             outputs.append(rw.get(v))
     return Graph(graph.name, graph.inputs, rw.nodes, outputs, graph.in_tree, graph.out_tree)
+
+
+def redistribution_program(ttype: TensorType, src: tuple, dst: tuple, mesh) -> ParallelProgram:
+    """One program per device of ``mesh`` that takes a tensor of type ``ttype`` placed by spec
+    ``src`` to spec ``dst``: the steps of passes/sharding/redistribute.py, as the lowering emits
+    them between a plan's choices (the runtime redistributes a sharded value passed to a step that
+    wants it in another spec with it)."""
+    in_tree = TreeDef("tuple", (TreeDef("tuple", (LEAF,)), TreeDef("dict")))
+    out_tree = TreeDef("tuple", (LEAF,))
+    whole = Value(ttype, None, 0, "x")
+    identity = Graph("redistribute", [whole], [], [whole], in_tree, out_tree)
+    programs = []
+    for device in mesh.devices():
+        em = _Emitter(identity, mesh, device)
+        local = Value(TensorType(local_shape(ttype.shape, src, em.mesh_shape), ttype.dtype), None, 0, "x")
+        em.inputs.append(local)
+        em.produced(whole, local, tuple(src))
+        out = em.get(whole, tuple(dst))
+        g = Graph(f"redistribute.dev{device}", em.inputs, em.nodes, [out], in_tree, out_tree)
+        programs.append(DeviceProgram(device, em.coord, g, (tuple(src),), (tuple(dst),)))
+    return ParallelProgram(mesh, tuple(programs), (ttype,), (ttype,))

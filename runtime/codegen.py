@@ -4,8 +4,10 @@ region, and calling it on arrays.
 A kernel works on R rows of n elements (runtime/kernelsource.py explains the loops). Its operands
 arrive as 2-d (R, n) views, per-row vectors (R,), rows repeated with a period (P, n) (a (T, T) mask
 broadcast over batch and heads), vectors (n,) or scalars; anything else is materialized here. A
-kernel over at least ``PARALLEL_MIN_ELEMENTS`` elements splits its rows over the threads
-runtime/threads.py allows. Kernels are compiled with ``nogil=True`` and cached on disk in the
+kernel over at least ``PARALLEL_MIN_ELEMENTS`` elements runs in pieces over the threads
+runtime/threads.py allows, each thread taking the next piece until none is left: ranges of rows,
+or for elementwise work in few rows (a 1-d array is one row) segments of rows. Each thread so
+also takes the first-touch page faults of the parts of a fresh result it writes. Kernels are compiled with ``nogil=True`` and cached on disk in the
 kernel cache folder (``<cache>/kernels``, see graphc/core/files.py ``cache_dir``): another process
 that needs the same kernel loads its machine code from a sealed entry (runtime/kernel_cache.py)
 instead of compiling it. Only the source generated here is run; a copy of it is written next to
@@ -80,9 +82,14 @@ class CompiledKernel:
             (t.shape, t.dtype, (self.rows, self.n) if level == "elem" else (self.rows,))
             for t, level in zip(self.out_types, self.out_levels)
         ]
-        self._may_split = self.rows >= 2 and self.rows * self.n >= PARALLEL_MIN_ELEMENTS
+        # elementwise work (no row reduction, no per-row result) may also be cut inside a row: a
+        # 1-d array is one row, and split by rows it would never leave the caller's thread
+        self._elementwise = not any(n.op.has(Reduction) for n in region.nodes) and all(
+            level == "elem" for level in self.out_levels
+        )
+        self._may_split = (self.rows >= 2 or self._elementwise) and self.rows * self.n >= PARALLEL_MIN_ELEMENTS
         # a kernel run in one call on the caller's thread is called through Python specialized to
-        # its shapes (the executor calls ``call``); larger ones through ``__call__``, which splits rows
+        # its shapes (the executor calls ``call``); larger ones through ``__call__``, which splits them
         self.call: Callable[..., tuple[np.ndarray, ...]] = (
             self if self._may_split else self._straight_call([v.type.shape for v in region.inputs])
         )
@@ -151,23 +158,84 @@ class CompiledKernel:
             outs.append(buf)
             views.append(buf if shape == view else buf.reshape(view))
         threads = kernel_threads() if self._may_split else 1
-        if threads > 1 and self.rows >= threads:
-            # rows split evenly; the caller runs the first share, pool threads the others (nogil)
-            bounds = [self.rows * i // threads for i in range(threads + 1)]
-            pool = kernel_pool(threads - 1)
-            futures = [
-                pool.submit(func, *operands, *views, bounds[i], bounds[i + 1], self.n) for i in range(1, threads)
-            ]
-            func(*operands, *views, bounds[0], bounds[1], self.n)
-            for f in futures:
-                f.result()
-        else:
+        if threads == 1:
             func(*operands, *views, 0, self.rows, self.n)
+        else:
+            run_pieces(func, self._pieces(operands, views, threads), threads)
         return tuple(outs)
 
+    def _pieces(self, operands: list[np.ndarray], views: list[np.ndarray], threads: int) -> list[tuple]:
+        """The kernel's arguments for each piece of its work: ranges of whole rows (a row
+        reduction's work is its row), or, for elementwise work in fewer rows than pieces, segments
+        of rows, each passed as a one-row kernel call on views of that row's elements."""
+        count = min(threads * PIECES_PER_THREAD, max(2, self.rows * self.n // PIECE_MIN_ELEMENTS))
+        if self.rows >= count or not self._elementwise:
+            bounds = _bounds(self.rows, min(count, self.rows))
+            return [(*operands, *views, lo, hi, self.n) for lo, hi in zip(bounds, bounds[1:])]
+        cuts = _bounds(self.n, -(-count // self.rows), align=PIECE_ALIGN)
+        return [
+            (
+                *[_segment(a, kind, r, lo, hi) for a, kind in zip(operands, self.kinds)],
+                *[v[r, lo:hi].reshape(1, hi - lo) for v in views],
+                0,
+                1,
+                hi - lo,
+            )
+            for r in range(self.rows)
+            for lo, hi in zip(cuts, cuts[1:])
+        ]
 
-# A kernel over at least this many elements splits its rows over the threads runtime/threads.py allows.
+
+def _segment(a: np.ndarray, kind: OperandKind, r: int, lo: int, hi: int) -> np.ndarray:
+    """Operand ``a`` (of ``kind``, in the kernel's shape) as a one-row kernel call on elements
+    [lo, hi) of row ``r`` reads it."""
+    if kind.kind == "full":
+        return a[r, lo:hi].reshape(1, hi - lo)
+    if kind.kind == "periodic":
+        return a[r % kind.period, lo:hi].reshape(1, hi - lo)
+    if kind.kind == "vec":
+        return a[lo:hi]
+    if kind.kind == "row":
+        return a[r : r + 1]
+    return a  # a scalar
+
+
+# A kernel over at least this many elements splits its work over the threads runtime/threads.py allows.
 PARALLEL_MIN_ELEMENTS = 1 << 18
+# ... in pieces of about this many elements or more, up to PIECES_PER_THREAD per thread: a thread
+# that finishes its piece takes the next one, so a thread slowed by another process (the other core
+# busy) holds up the call by one piece, not by half the work; a piece costs one Numba dispatch.
+PIECE_MIN_ELEMENTS = 1 << 16
+PIECES_PER_THREAD = 4
+# segments of a row start at multiples of this many elements (whole cache lines of the output)
+PIECE_ALIGN = 1024
+
+
+def _bounds(count: int, pieces: int, align: int = 1) -> list[int]:
+    """The bounds of ``pieces`` about equal ranges of ``count`` items, inner bounds at multiples of
+    ``align`` (fewer pieces where ranges would be empty)."""
+    inner = {(count * i // pieces) // align * align for i in range(1, pieces)}
+    return sorted({0, count} | {b for b in inner if 0 < b < count})
+
+
+def run_pieces(func: Callable, pieces: list[tuple], threads: int) -> None:
+    """``func(*args)`` for every ``args`` in ``pieces``: the caller and ``threads - 1`` pool threads
+    each take the next piece not yet taken until none is left (the kernels release the GIL)."""
+    todo = iter(pieces)  # (a list iterator's next is atomic under the GIL)
+
+    def work() -> None:
+        for args in todo:
+            func(*args)
+
+    futures = [kernel_pool(threads - 1).submit(work) for _ in range(min(threads, len(pieces)) - 1)]
+    try:
+        work()
+    finally:
+        for f in futures:
+            f.result()
+        # a pool thread drops its task (whose closure reaches the pieces) only after the future
+        # is done: the pieces' views must not keep the results' buffers from the executor's pool
+        pieces.clear()
 
 
 def _space_of(region: Region) -> tuple[int, ...]:

@@ -23,14 +23,20 @@ thread receives notices: it prints one line naming the failed rank, acknowledges
 wait of its rank raise ``CommAborted``. At exit a world that saw a failure calls ``MPI_Abort``
 (the failed rank once its peers acknowledged, at most ``grace_s`` later; the others after
 ``grace_s``), so the whole job ends and no rank stays in a collective; a rank still computing is
-aborted by its watchdog after ``3 * grace_s``. A rank killed by a signal ends the job through
-mpiexec (hydra stops the others at once).
+aborted by its watchdog after ``3 * grace_s``. A rank killed outright (``kill -9``, the OOM
+killer) sends no notice: the watchdog of every rank on the same machine watches the others'
+processes (``_PeerWatch``: a pidfd per process, readable the moment it ends), prints a line naming
+the lost rank at once, makes every wait raise ``CommAborted``, and ends its rank with status 1
+``_LOST_LINGER_S`` later; mpiexec (hydra) also kills the job's other ranks when one is killed,
+often before they can print.
 """
 
 from __future__ import annotations
 
 import atexit
 import os
+import select
+import socket
 import sys
 import threading
 import time
@@ -52,6 +58,8 @@ _ACK_TAG = 32002  # a peer printed the notice
 _NOTICE_BYTES = 2048
 _WATCH_S = 0.02  # how often the watchdog looks for notices
 _LINGER_S = 0.3
+_WATCH_FINISH_S = 2.0  # at exit, the longest wait for the (host, pid) exchange to complete
+_LOST_LINGER_S = 0.5  # a survivor of a lost rank ends this long after it noticed: the others print their line
 _yield_core = getattr(
     os, "sched_yield", lambda: time.sleep(0)
 )  # Linux and macOS have it  # a failed rank's wait, once the others acknowledged, before it aborts the job
@@ -99,6 +107,74 @@ def note_exit_code(code: int) -> None:
         world.exit_code = code
 
 
+def _survive_sigusr1() -> None:
+    """``mpiexec -disable-auto-cleanup`` (hydra) tells the survivors of a rank that ended by a
+    signal with SIGUSR1, whose default action ends the process before it can say anything: ignore
+    it (the watchdog sees the lost rank itself). Only from the main thread, and only over the
+    default action."""
+    import signal
+
+    usr1 = getattr(signal, "SIGUSR1", None)
+    if usr1 is None or threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(usr1) == signal.SIG_DFL:
+        signal.signal(usr1, signal.SIG_IGN)
+
+
+class _PeerWatch:
+    """The processes of the other ranks on this machine, so that one that ends without a word
+    (killed by a signal) is noticed at once. Every rank's (host, pid) is exchanged once, by a
+    non-blocking all-gather the watchdog completes; a rank on this host is then watched through a
+    pidfd (Linux 5.3+), which becomes readable when its process ends. Ranks on other machines,
+    and systems without pidfds, are left to MPI and the launcher."""
+
+    def __init__(self, comm: Any, MPI: Any, rank: int, size: int):
+        self.rank = rank
+        self._mine = np.array([zlib.crc32(socket.gethostname().encode()), os.getpid()], np.int64)
+        self._every = np.zeros((size, 2), np.int64)
+        self._req: Any = comm.Iallgather([self._mine, MPI.INT64_T], [self._every, MPI.INT64_T])
+        self.fds: dict[int, int] = {}  # pidfd -> the rank whose process it watches
+        self.gone: int | None = None  # a rank whose process ended before it could be watched
+
+    def start(self) -> None:
+        """Once every rank's (host, pid) is known: a pidfd for each other rank on this machine."""
+        if self._req is None or not self._req.Test():
+            return
+        self._req = None
+        pidfd_open = getattr(os, "pidfd_open", None)
+        for r, (host, pid) in enumerate(self._every.tolist()):
+            if r == self.rank or host != self._mine[0] or pidfd_open is None:
+                continue
+            try:
+                self.fds[pidfd_open(pid)] = r
+            except ProcessLookupError:
+                self.gone = r if self.gone is None else self.gone
+            except OSError:  # no pidfds here (an old kernel, a sandbox): left to MPI and the launcher
+                return
+
+    def wait(self, timeout_s: float) -> int | None:
+        """Wait up to ``timeout_s`` for a watched process to end: its rank, or None."""
+        self.start()
+        if self.gone is not None:
+            return self.gone
+        if not self.fds:
+            time.sleep(timeout_s)
+            return None
+        readable, _, _ = select.select(list(self.fds), [], [], timeout_s)
+        return self.fds[readable[0]] if readable else None
+
+    def finish(self) -> None:
+        """At exit: the all-gather completed (every rank posted it when it joined the world; at
+        most ``_WATCH_FINISH_S`` for one that has not yet), the pidfds closed."""
+        deadline = time.monotonic() + _WATCH_FINISH_S
+        while self._req is not None and not self._req.Test() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        self._req = None
+        for fd in self.fds:
+            os.close(fd)
+        self.fds.clear()
+
+
 class MpiWorld:
     """The MPI job as this process sees it: its rank, the sub-communicators, and fault handling.
     One per process (``MpiWorld.get()``)."""
@@ -139,6 +215,8 @@ class MpiWorld:
         self._notice_req = self._post_notice_recv()
         self._stop = threading.Event()
         self._watchdog: threading.Thread | None = None
+        self._lost = False  # the failure is a rank whose process ended without a notice
+        self._peers = _PeerWatch(self.world, MPI, self.rank, self.size) if self._threaded else None
         if self._threaded:
             self._watchdog = threading.Thread(target=self._watch, name="graphc-mpi-watchdog", daemon=True)
             self._watchdog.start()
@@ -150,6 +228,7 @@ class MpiWorld:
 
         sys.excepthook = excepthook
         atexit.register(self._at_exit)
+        _survive_sigusr1()
 
     # --- communicators ---------------------------------------------------------------------------
 
@@ -243,8 +322,13 @@ class MpiWorld:
 
     def fail(self, exc: BaseException) -> None:
         """This rank failed with ``exc``: tell every other rank (once). No-op for the consequences
-        of another rank's failure and for errors every rank raises alike."""
+        of another rank's failure and for errors every rank raises alike. A rank whose process
+        has ended is the failure (a launcher's Ctrl-C after it is a consequence)."""
         if isinstance(exc, MpiSetupError) or (isinstance(exc, CommAborted) and self.failed is not None):
+            return
+        lost = self._peers.wait(0.0) if self._peers is not None and self.failed is None else None
+        if lost is not None:
+            self._lose(lost)
             return
         with self._lock:
             if self.failed is not None:  # failed already, or a peer did first and this is a consequence
@@ -281,9 +365,20 @@ class MpiWorld:
         self._pending.append((self.world.Isend([ack, self.MPI.BYTE], dest=src, tag=_ACK_TAG), ack))
 
     def _watch(self) -> None:
-        """The watchdog thread: receives notices; aborts a rank that does not stop by itself."""
+        """The watchdog thread: receives notices and watches the other ranks' processes; ends this
+        rank ``_LOST_LINGER_S`` after a rank was lost, aborts it ``3 * grace_s`` after a notice if
+        it does not stop by itself."""
+        assert self._peers is not None
         while not self._stop.is_set():
             self._check_notice()
+            if self.failed is None:
+                lost = self._peers.wait(_WATCH_S)
+                if lost is not None:
+                    self._lose(lost)
+            else:
+                self._stop.wait(_WATCH_S)
+            if self._lost and time.monotonic() - self._failed_at > _LOST_LINGER_S:
+                self._end_lost()
             if self.failed is not None and time.monotonic() - self._failed_at > 3 * self.grace_s:
                 print(
                     f"graphc: rank {self.rank}: still running {3 * self.grace_s:g} s after rank {self.failed[0]} "
@@ -292,17 +387,44 @@ class MpiWorld:
                     flush=True,
                 )
                 self._abort()
-            self._stop.wait(_WATCH_S)
+
+    def _end_lost(self) -> None:
+        """End this survivor of a lost rank ``_LOST_LINGER_S`` after it noticed (the other survivors
+        print their line meanwhile; its own program stops at its next wait), with its exit status
+        and without MPI: MPI_Abort and MPI_Finalize may wait for the lost process."""
+        try:
+            time.sleep(max(0.0, _LOST_LINGER_S - (time.monotonic() - self._failed_at)))
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:  # (a launcher's Ctrl-C during the wait ends it early, not the exit)
+            os._exit(self.exit_code)
+
+    def _lose(self, rank: int) -> None:
+        """Rank ``rank``'s process ended without a notice (module doc, Faults)."""
+        text = "its process ended without reporting an error (killed by a signal?)"
+        with self._lock:
+            if self.failed is not None:
+                return
+            self.failed = (rank, f"lost: {text}")
+            self._failed_at = time.monotonic()
+            self._lost = True
+        print(f"graphc: rank {self.rank}: stopping: rank {rank} was lost: {text}", file=sys.stderr, flush=True)
 
     def _at_exit(self) -> None:
+        if self._lost:  # first: a launcher's Ctrl-C must not leave this rank in MPI_Finalize
+            self._end_lost()
         self._stop.set()
         if self._watchdog is not None:
             self._watchdog.join(1.0)
+        if self._lost:  # (seen while the watchdog stopped)
+            self._end_lost()
         if self.failed is None:
             if self._notice_req is not None:
                 self._notice_req.Cancel()
                 self._notice_req.Wait()
                 self._notice_req = None
+            if self._peers is not None:
+                self._peers.finish()
             return
         if self._failed_here:  # let the others print what happened before the job ends
             if self._await_acks():

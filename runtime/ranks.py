@@ -122,8 +122,8 @@ class RankExecutable(_RankDevice):
                 if a.spec != spec or a.mesh != self.mesh or self.device not in a.pieces:
                     raise GraphcError(
                         f"input {k} is a ShardedArray in spec {a.spec} on mesh {a.mesh}, but the plan wants "
-                        f"{spec} on {self.mesh}: under MPI a sharded value is not resharded between calls; "
-                        "pin in_specs/out_specs so that they agree, or pass a whole array"
+                        f"{spec} on {self.mesh}: a rank's program runs pieces in its own specs "
+                        "(graphc.parallelize redistributes a ShardedArray first: graphc/api/reshard.py)"
                     )
                 pieces.append(a.pieces[self.device])
                 continue

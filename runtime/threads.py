@@ -1,7 +1,7 @@
 """How many threads the runtime may use: BLAS threads and the threads of one fused kernel.
 
 A single-device run has the machine to itself: a fused kernel over at least
-``codegen.PARALLEL_MIN_ELEMENTS`` elements splits its rows over one thread per core. Device threads
+``codegen.PARALLEL_MIN_ELEMENTS`` elements runs in pieces over one thread per core. Device threads
 of a multi-device run (and anything under ``one_blas_thread``) keep each kernel, and BLAS, on
 their own thread: the cores are theirs.
 """

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from graphc.api.reshard import Resharder
 from graphc.core.errors import GraphcError
 from graphc.core.ir import Graph
 from graphc.core.mesh import Mesh
@@ -121,6 +122,7 @@ class ParallelCompiled:
         self.rank_executable: RankExecutable | None = None
         if isinstance(backend, Mpi):
             self.rank_executable = backend.sharded(self.partitioned.program)
+            self._resharder = Resharder(backend.world, backend.timeout_s)  # inputs wanted in another spec
         else:
             self._threads = backend.sharded(self.partitioned.program)
         self.seconds = {**plan.timing, "build_s": time.perf_counter() - start}
@@ -154,6 +156,7 @@ class ParallelCompiled:
         # shards stay on the devices; sharded inputs are built there
         arrays = bind_arguments(self.graph, args, kwargs, keep=(ShardedArray, ShardedInput))
         if self.rank_executable is not None:  # MPI: every result is this rank's piece
+            arrays = self._resharder.arrange(arrays, self.program.in_specs, self.program.mesh)
             return _stored(unflatten(self.graph.out_tree, self.rank_executable.run_flat(arrays)), args, kwargs)
         keep = self.state_outputs if self._sharded_state else frozenset()
         outs = self.executable.run_flat(arrays, keep_sharded=keep)

@@ -136,6 +136,24 @@ def _copy_two_threads(x: np.ndarray, dst: np.ndarray) -> Callable[[], None]:
     return both
 
 
+def fresh_copy_two_threads(x: np.ndarray) -> Callable[[], np.ndarray]:
+    """A copy of ``x`` into a new array, each half copied by its own thread (the second from the
+    kernels' pool): the ceiling of a call that reads ``x`` and returns a fresh result, first-touch
+    page faults of the new array included."""
+    flat = x.reshape(-1)
+    h = flat.size // 2
+    pool = kernel_pool(1)
+
+    def copy() -> np.ndarray:
+        dst = np.empty_like(flat)
+        other = pool.submit(np.copyto, dst[h:], flat[h:])
+        np.copyto(dst[:h], flat[:h])
+        other.result()
+        return dst.reshape(x.shape)
+
+    return copy
+
+
 def print_kernel_table(rows: list[dict[str, Any]]) -> None:
     """'kernel' writes into a reused buffer (as inside a compiled graph); 'call' is graphc.jit's
     call, which returns a new array (a fresh 64 MiB result pays ~10-20 ms of page faults here).

@@ -12,6 +12,14 @@ what the test compares (rank 0, ``.npz``).
                                  STEPS GPT training steps on a pipeline MESH, each fed the state
                                  the last returned (ShardedArrays held by the stage that owns
                                  them): every step's gathered results to OUT
+    reshard OUT                  ShardedArrays from dp=2 steps fed to tp=2 steps (the GPT training
+                                 step's state; a batch-split activation): redistributed on the
+                                 ranks, the gathered results to OUT
+    soak MESH STEPS OUT          STEPS GPT training steps on MESH, each fed the state the last
+                                 returned; every rank prints its RSS, threads and open files at
+                                 step STEPS // 10 and at the end, rank 0 writes the gathered state
+    loop                         every rank all-reduces in a loop (at most 60 s), after printing
+                                 ``ready <rank> <pid>`` once every rank is in it: a rank to kill
     raise                        rank 1 raises in the user's loop while rank 0 waits in a collective
     alias MESH                   results share no memory with the arguments on any rank
     low_float DTYPE MESH OUT     the MLP's value_and_grad on 16-bit floats (bf16, f16): the gathered
@@ -24,11 +32,13 @@ import os
 import sys
 import tempfile
 import threading
+import time
 
 import numpy as np
 
 import graphc
 from graphc.core.pytree import flatten
+from graphc.core.spec import S
 from graphc.models import gpt, mlp
 from graphc.runtime.comm import ThreadWorld
 from graphc.runtime.devices import ShardedArray
@@ -180,6 +190,78 @@ def train(mesh: str, out: str, steps: int, microbatches: int, schedule: str) -> 
     print(f"ok {pf.world.rank}", flush=True)
 
 
+def hidden(x, w):
+    return np.tanh(x @ w)  # [batch, d] -> [batch, h]
+
+
+def head(h, w2):
+    return np.sum((h @ w2) ** 2, axis=1)  # [batch, h] -> [batch]
+
+
+def reshard(out: str) -> None:
+    """dp=2 results (ShardedArrays in the dp plan's specs) passed to tp=2 steps, which want them in
+    theirs: the GPT step's new parameters and state, and a batch-split activation."""
+    (params, state, tokens, targets), kwargs = example()
+    dp = graphc.parallelize(gpt.train_step, mesh="dp=2", static_argnames=STATIC, backend="mpi")
+    tp = graphc.parallelize(gpt.train_step, mesh="tp=2", static_argnames=STATIC, backend="mpi")
+    params, state, _ = dp(params, state, tokens, targets, **kwargs)
+    result = tp(params, state, tokens, targets, **kwargs)
+    rng = np.random.default_rng(0)
+    x, w, w2 = (rng.standard_normal(s).astype(np.float32) for s in ((16, 8), (8, 12), (12, 6)))
+    h = graphc.parallelize(hidden, mesh="dp=2", backend="mpi")(x, w)
+    assert h.spec == (S(0),), h.spec
+    ys = []
+    for pins in (("R", "S(1)"), ("S(1)", "R")):  # all_gather; all_to_all
+        tp_head = graphc.parallelize(head, mesh="tp=2", backend="mpi", in_specs=pins)
+        assert tp_head.compile(h, w2).program.in_specs[0] != h.spec
+        ys.append(tp_head(h, w2))
+    gathered = [a.gather(0) for a in flatten((result, ys))[0]]
+    if tp.world.rank == 0:
+        np.savez(out, **{f"r{i}": a for i, a in enumerate(gathered)})
+    print(f"ok {tp.world.rank}", flush=True)
+
+
+def process_usage() -> tuple[int, int, int]:
+    """(resident bytes, threads, open file descriptors) of this process (Linux /proc)."""
+    with open("/proc/self/statm") as f:
+        rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    return rss, len(os.listdir("/proc/self/task")), len(os.listdir("/proc/self/fd"))
+
+
+def soak(mesh: str, steps: int, out: str) -> None:
+    (params, state, tokens, targets), kwargs = example()
+    pf = graphc.parallelize(gpt.train_step, mesh=mesh, static_argnames=STATIC, backend="mpi")
+    first = None
+    losses = []
+    for s in range(steps):
+        if s == steps // 10:
+            first = process_usage()
+        params, state, loss = pf(params, state, tokens, targets, **kwargs)
+        losses.append(float(np.asarray(loss)))
+    last = process_usage()
+    assert first is not None
+    print(f"usage {pf.world.rank} {' '.join(map(str, first + last))}", flush=True)
+    gathered = [x.gather(0) for x in flatten((params, state))[0]]
+    if pf.world.rank == 0:
+        np.savez(out, *gathered, losses=np.array(losses))
+    print(f"ok {pf.world.rank}", flush=True)
+
+
+def all_reduce_loop() -> None:
+    world = MpiWorld.get()
+    group = tuple(range(world.size))
+    world.setup([group])
+    comm = MpiComm(world, timeout_s=30)
+    x = np.ones(1 << 18, np.float32)
+    comm.all_reduce(x, group)
+    comm.barrier(group)
+    print(f"ready {world.rank} {os.getpid()}", flush=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        comm.all_reduce(x, group)
+    print(f"rank {world.rank} finished the loop", flush=True)
+
+
 def raise_on_rank_1() -> None:
     (params, state, tokens, targets), kwargs = example()
     pf = graphc.parallelize(gpt.train_step, mesh="dp=2", static_argnames=STATIC, backend="mpi", timeout_s=20)
@@ -248,6 +330,12 @@ if __name__ == "__main__":
         step(rest[0], rest[1], *(int(rest[2]), rest[3]) if len(rest) > 2 else ())
     elif job == "train":
         train(rest[0], rest[1], int(rest[2]), int(rest[3]), rest[4])
+    elif job == "reshard":
+        reshard(rest[0])
+    elif job == "soak":
+        soak(rest[0], int(rest[1]), rest[2])
+    elif job == "loop":
+        all_reduce_loop()
     elif job == "raise":
         raise_on_rank_1()
     elif job == "alias":

@@ -63,12 +63,58 @@ def test_fused_kernels_propagate_nan_and_inf():
             np.testing.assert_allclose(got[finite], want[finite], rtol=1e-6, atol=1e-7)
 
 
+def _pieces_run(kernel, args, threads: int):
+    """The kernel's results on ``args`` with ``threads`` threads, and the element range of its first
+    result that each Numba call wrote: [(start, stop)] in the result's flat elements."""
+    from graphc.runtime import threads as runtime_threads
+
+    calls = []
+    real = kernel.func
+    n_out = len(kernel.out_types)
+
+    def spy(*a):
+        out, r0, r1, n = a[-3 - n_out], a[-3], a[-2], a[-1]
+        calls.append((out.ctypes.data, r0 * n, r1 * n))
+        return real(*a)
+
+    kernel.func = spy
+    runtime_threads._threads_local.threads = threads
+    try:
+        results = kernel(*args)
+    finally:
+        del runtime_threads._threads_local.threads
+        kernel.func = real
+    base, size = results[0].ctypes.data, results[0].dtype.itemsize
+    return results, sorted(((ptr - base) // size + lo, (ptr - base) // size + hi) for ptr, lo, hi in calls)
+
+
+def _kernel_of(fn, args):
+    from graphc.core.ir import walk
+    from graphc.runtime import codegen
+
+    compiled = graphc.jit(fn).compile(*args)
+    (node,) = [n for n in walk(compiled.graph.nodes) if n.op.name == "fused"]
+    ins = dict(zip(compiled.graph.inputs, args))
+    operands = [ins[v] for v in node.inputs]
+    return codegen.CompiledKernel(node, [a.shape for a in operands]), operands
+
+
+def _tiles(ranges, size: int) -> bool:
+    """Whether the ranges cover [0, size) once each, in more than one piece."""
+    return (
+        len(ranges) > 1
+        and ranges[0][0] == 0
+        and ranges[-1][1] == size
+        and all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+    )
+
+
 @pytest.mark.parametrize("name", ["gelu", "softmax", "layer_norm"])
 @pytest.mark.parametrize("rows", [512, 513])
 def test_threaded_kernels_equal_single_threaded(name, rows):
-    """A kernel over >= PARALLEL_MIN_ELEMENTS elements splits its rows over threads (also an odd
-    number of rows); the result is bitwise the one-thread result."""
-    from graphc.core.ir import walk
+    """A kernel over >= PARALLEL_MIN_ELEMENTS elements runs in pieces over threads (also an odd
+    number of rows): a row reduction in pieces of whole rows, elementwise work in pieces of its
+    elements; every element is written by one piece and the result is bitwise the one-thread one."""
     from graphc.runtime import codegen, threads
 
     rng = np.random.default_rng(1)
@@ -76,28 +122,88 @@ def test_threaded_kernels_equal_single_threaded(name, rows):
     assert x.size >= codegen.PARALLEL_MIN_ELEMENTS
     g, b = rng.standard_normal(1024).astype(np.float32), rng.standard_normal(1024).astype(np.float32)
     args = (x, g, b) if name == "layer_norm" else (x,)
-    compiled = graphc.jit(getattr(bench, name)).compile(*args)
-    (node,) = [n for n in walk(compiled.graph.nodes) if n.op.name == "fused"]
-    calls = []
-    kernel = codegen.CompiledKernel(node, [a.shape for a in args])
-    real = kernel.func
-    kernel.func = lambda *a: (calls.append(a[-3:-1]), real(*a))
-    threads._threads_local.threads = 2
-    try:
-        threaded = kernel(*args)[0]
-    finally:
-        del threads._threads_local.threads
-    assert sorted(calls) == [(0, rows // 2), (rows // 2, rows)]
-    calls.clear()
+    kernel, operands = _kernel_of(getattr(bench, name), args)
+    (threaded,), ranges = _pieces_run(kernel, operands, threads=2)
+    assert _tiles(ranges, x.size)
+    if name != "gelu":  # a row's reduction is one piece's work
+        assert all(lo % 1024 == 0 and hi % 1024 == 0 for lo, hi in ranges)
     with threads.single_threaded():
-        single = kernel(*args)[0]
-    assert calls == [(0, rows)]
+        (single,), one = _pieces_run(kernel, operands, threads=1)
+    assert one == [(0, x.size)]
     np.testing.assert_array_equal(threaded, single)
     want = getattr(bench, name)(*args)
     if name == "layer_norm":  # its row sums: rounding of 1,024 terms in two orders
         assert np.all(np.abs(threaded.astype(np.float64) - want) <= layer_norm_error_bound(*args))
     else:
         np.testing.assert_allclose(threaded, want, rtol=2e-6, atol=2e-6)
+
+
+def _mixed(x, v, k):
+    """Two results of two dtypes from operands of three: a float32 run, a vector, an int64 count."""
+    y = np.tanh(x * 0.5 + v)
+    return y, (y > 0).astype(np.int64) + k
+
+
+@pytest.mark.parametrize(
+    "shape", [((1 << 18) + 37,), (3, (1 << 17) + 5), (1, (1 << 18) + 1), ((1 << 18) + 1, 1), (0, 1 << 18)]
+)
+@pytest.mark.parametrize("threads", [2, 3])
+def test_elementwise_work_splits_over_threads_whatever_its_rows(shape, threads):
+    """Elementwise work is one run of elements: a 1-d array (one row), three long rows (fewer rows
+    than pieces) or a column of one-element rows splits into pieces of about equal size over the
+    threads, at any length (not a multiple of the pieces' alignment); a vector operand of a
+    one-row space is cut with it. Each element is written once, bitwise as on one thread."""
+    from graphc.runtime import codegen
+    from graphc.runtime import threads as runtime_threads
+
+    rng = np.random.default_rng(2)
+    x = (rng.standard_normal(shape) * 3).astype(np.float32)
+    v = rng.standard_normal(shape[-1:]).astype(np.float32)
+    k = np.int64(3)
+    if not x.size:  # nothing to compute: no kernel at all
+        for got, want in zip(graphc.jit(_mixed)(x, v, k), _mixed(x, v, k)):
+            assert got.shape == want.shape and got.dtype == want.dtype
+        return
+    kernel, operands = _kernel_of(_mixed, (x, v, k))
+    (y, c), ranges = _pieces_run(kernel, operands, threads)
+    assert kernel._elementwise
+    assert _tiles(ranges, x.size)
+    assert max(hi - lo for lo, hi in ranges) <= 2 * x.size // len(ranges)  # about equal
+    with runtime_threads.single_threaded():
+        y1, c1 = kernel(*operands)
+    np.testing.assert_array_equal(y, y1)
+    np.testing.assert_array_equal(c, c1)
+    y_want, c_want = _mixed(x, v, k)
+    np.testing.assert_allclose(y, y_want, rtol=2e-6, atol=2e-6)
+    assert c.dtype == c_want.dtype
+    np.testing.assert_array_equal(c, c_want)
+    assert x.size >= codegen.PARALLEL_MIN_ELEMENTS
+
+
+def test_a_kernel_writing_over_its_operand_splits_alike():
+    """A kernel whose result takes over its dying operand's buffer (the in-place variant) cuts the
+    operand and the result at the same elements: the jitted result equals the one-thread one."""
+    from graphc.runtime import threads as runtime_threads
+
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((1, 8)).astype(np.float32)
+    w = rng.standard_normal((8, (1 << 18) + 3)).astype(np.float32)
+
+    def fn(a, w):
+        return np.tanh(a @ w) * 2.0 + 1.0  # a @ w: one fresh row, dead after the kernel
+
+    compiled = graphc.jit(fn).compile(a, w)
+    (step,) = [st for st in compiled.executable.program.steps if st.in_place is not None]
+    assert step.in_place[1] == [(0, 0)]
+    runtime_threads._threads_local.threads = 2
+    try:
+        got = compiled(a, w)
+    finally:
+        del runtime_threads._threads_local.threads
+    with runtime_threads.single_threaded():
+        one = compiled(a, w)
+    np.testing.assert_array_equal(got, one)
+    np.testing.assert_allclose(got, fn(a, w), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("shape", [(1,), (1, 1), (3, 1), (1, 4), (2, 1, 1), (1, 1, 5)])

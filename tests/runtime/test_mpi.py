@@ -151,6 +151,45 @@ def test_a_pipeline_trains_with_its_state_fed_back_as_on_threads(env, tmp_path, 
     assert not np.array_equal(got["step0_0"], got["step2_0"])  # the state moved from step to step
 
 
+@pytest.mark.slow
+@needs_mpi
+def test_a_sharded_array_from_a_dp_step_feeds_a_tp_step(env, tmp_path, monkeypatch):
+    """Under MPI, ShardedArrays a dp=2 step returned go to tp=2 steps that want them in other
+    specs, and are redistributed on the ranks (graphc/api/reshard.py): the GPT step's replicated
+    state cut into the tp pieces (local slices), and a batch-split activation all-gathered or
+    re-split by an all-to-all. The results equal the threaded backend's, which passes whole
+    arrays, bit for bit, and the single-device results."""
+    from tests.runtime.mpi_jobs import head, hidden
+
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", env["GRAPHC_CACHE_DIR"])
+    monkeypatch.setenv("GRAPHC_PROFILE", env["GRAPHC_PROFILE"])
+    (params, state, tokens, targets), kwargs = gpt.example_train_args(batch=8, seq=16, n_layer=1)
+    dp = graphc.parallelize(gpt.train_step, mesh="dp=2", static_argnames=STATIC)
+    tp = graphc.parallelize(gpt.train_step, mesh="tp=2", static_argnames=STATIC)
+    p1, s1, _ = dp(params, state, tokens, targets, **kwargs)
+    result = tp(p1, s1, tokens, targets, **kwargs)
+    rng = np.random.default_rng(0)
+    x, w, w2 = (rng.standard_normal(s).astype(np.float32) for s in ((16, 8), (8, 12), (12, 6)))
+    h = graphc.parallelize(hidden, mesh="dp=2")(x, w)
+    ys = [graphc.parallelize(head, mesh="tp=2", in_specs=pins)(h, w2) for pins in (("R", "S(1)"), ("S(1)", "R"))]
+    want = flatten((result, ys))[0]
+    out = tmp_path / "out.npz"
+    res = mpirun(2, sys.executable, JOBS, "reshard", str(out), env=env, timeout=240)
+    assert res.returncode == 0, res.stderr
+    assert _ranks_ok(res.stdout) == [0, 1], res.stdout
+    got = np.load(out)
+    assert len(got.files) == len(want)
+    for i, w_i in enumerate(want):
+        _assert_same_bits(got[f"r{i}"], w_i)
+    # against one device: h and h @ w2 are sums of 8 and 12 float32 products in any order, squared
+    # and summed over 6; each result within 2 * (8 + 12 + 6 + 4) roundings of its terms' magnitudes
+    single = graphc.jit(head)(graphc.jit(hidden)(x, w), w2)
+    mag = np.abs(np.tanh(x.astype(np.float64) @ w)) @ np.abs(w2) + (np.abs(x) @ np.abs(w)) @ np.abs(w2)
+    bound = 2 * (8 + 12 + 6 + 4) * float(np.finfo(np.float32).eps) * np.sum(mag**2, axis=1)
+    for y in ys:
+        assert np.all(np.abs(np.asarray(y, np.float64) - single) <= bound)
+
+
 @needs_mpi
 def test_rank_count_not_the_mesh_size_stops_every_rank_with_status_2(env):
     start = time.monotonic()
@@ -183,6 +222,91 @@ def test_results_share_no_memory_with_the_arguments_on_any_rank(env, n, mesh):
     res = mpirun(n, sys.executable, JOBS, "alias", mesh, env=env, timeout=120)
     assert res.returncode == 0, res.stderr
     assert _ranks_ok(res.stdout) == list(range(n)), res.stdout
+
+
+def _ends_within(pids: dict[int, int], seconds: float) -> dict[int, float]:
+    """Seconds until each process ends (pidfds: the test waits for the exits, not for a time);
+    the ones still running after ``seconds`` are missing from the result."""
+    import select
+
+    fds = {}
+    for rank, pid in pids.items():
+        try:
+            fds[os.pidfd_open(pid)] = rank
+        except ProcessLookupError:
+            fds[-1 - rank] = rank  # gone already
+    start, ended = time.monotonic(), {}
+    try:
+        for fd, rank in list(fds.items()):
+            if fd < 0:
+                ended[rank] = 0.0
+                del fds[fd]
+        while fds and time.monotonic() - start < seconds:
+            ready, _, _ = select.select(list(fds), [], [], max(0.0, seconds - (time.monotonic() - start)))
+            for fd in ready:
+                ended[fds.pop(fd)] = time.monotonic() - start
+                os.close(fd)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return ended
+
+
+@needs_mpi
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="watching processes needs pidfds (Linux)")
+@pytest.mark.parametrize("launcher", ["mpiexec.gforker", "mpiexec"])
+def test_a_rank_killed_outright_ends_every_survivor_within_5_s_naming_it(env, launcher):
+    """kill -9 of one of 4 ranks while all of them are in all-reduces, with the other core busy.
+    Every survivor's watchdog sees the process end (runtime/mpi_world.py), prints a line naming the
+    lost rank and ends its rank with status 1 within 5 s. With MPICH's gforker launcher, which
+    leaves the survivors running, every survivor says so; hydra (the default mpiexec) kills them
+    at once itself (its own message names the process), so there any line names the right rank.
+    The test waits for the ranks to say they are in the loop, and for their exits, not for times."""
+    import queue
+    import signal
+    import threading
+
+    assert MPIEXEC is not None
+    program = os.path.join(os.path.dirname(MPIEXEC), launcher)
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # the other core busy
+    job = subprocess.Popen(
+        [program, "-n", "4", sys.executable, JOBS, "loop"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines: queue.Queue = queue.Queue()
+    reader = threading.Thread(target=lambda: [lines.put(ln) for ln in job.stdout or ()], daemon=True)
+    reader.start()
+    try:
+        pids: dict[int, int] = {}
+        deadline = time.monotonic() + 120
+        while len(pids) < 4:
+            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            for rank, pid in re.findall(r"ready (\d+) (\d+)", line):  # (ranks' lines may share one)
+                pids[int(rank)] = int(pid)
+        os.kill(pids[2], signal.SIGKILL)
+        survivors = {r: p for r, p in pids.items() if r != 2}
+        ended = _ends_within(survivors, 5.0)
+        job.wait(timeout=30)
+        reader.join(10)
+    finally:
+        busy.kill()
+        busy.wait()
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    output = "".join(lines.queue)
+    assert sorted(ended) == [0, 1, 3], (ended, output)  # every survivor ended within 5 s
+    assert job.returncode != 0, output
+    named = re.findall(r"graphc: rank (\d+): stopping: rank (\d+) was lost", output)
+    assert all(lost == "2" for _rank, lost in named), output
+    if launcher == "mpiexec.gforker":  # survivors left to graphc: each names the rank, exits 1
+        assert sorted(int(r) for r, _lost in named) == [0, 1, 3], output
+        for rank in (0, 1, 3):
+            assert f"[0]{rank}:Return code = 1" in output, output
 
 
 @pytest.mark.slow

@@ -287,3 +287,28 @@ def test_lookups_in_a_split_table_keep_negative_zeros(n):
         got = graphc.parallelize(fn, mesh={"tp": n})(*args)
         np.testing.assert_array_equal(got, want)
         np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+
+
+def test_a_redistribution_program_moves_a_value_between_any_two_specs():
+    """passes/lower.py ``redistribution_program`` (what graphc/api/reshard.py runs on MPI ranks for
+    a ShardedArray a step wants in another spec): the plan's redistribution steps on every device;
+    on threads, the whole value comes out as it went in, for every pair of specs over a 2 x 2 mesh
+    (partial sums, splits of either dim over either axis, replicas)."""
+    import itertools
+
+    from graphc.core.ir import TensorType
+    from graphc.core.mesh import Mesh
+    from graphc.core.spec import P, R, S
+    from graphc.passes.lower import redistribution_program
+    from graphc.runtime.devices import ParallelExecutable
+
+    mesh = Mesh({"dp": 2, "tp": 2})
+    specs = [(R, R), (S(0), R), (R, S(1)), (S(0), S(1)), (S(1), S(0)), (P, R), (R, P), (P, S(1)), (P, P)]
+    x = np.arange(8 * 12, dtype=np.float32).reshape(8, 12) - 40.0
+    kinds = set()
+    for src, dst in itertools.permutations(specs, 2):
+        program = redistribution_program(TensorType(x.shape, x.dtype), src, dst, mesh).verify()
+        kinds |= {n.op.name for p in program.devices for n in p.graph.nodes}
+        (got,) = ParallelExecutable(program, timeout_s=20).run_flat([x])
+        np.testing.assert_array_equal(got, x, err_msg=f"{src} -> {dst}")
+    assert {"all_reduce", "reduce_scatter", "all_gather", "all_to_all", "shard_slice", "partial_zero"} <= kinds
