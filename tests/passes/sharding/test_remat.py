@@ -15,6 +15,7 @@ import graphc
 from graphc.core.errors import GraphcError, PlanError
 from graphc.core.mesh import Mesh
 from graphc.core.profile import MachineProfile
+from graphc.core.traits import ViewOf
 from graphc.core.pytree import flatten
 from graphc.interpreter import bind_arguments
 from graphc.models import gpt
@@ -90,22 +91,22 @@ def test_a_step_that_fits_only_with_recomputation_gets_it_runs_and_equals_one_de
     assert _measured_peak(c, pf) < _measured_peak(plain, pf) - 300_000
 
 
-def test_the_lowered_program_recomputes_right_before_the_first_backward_reader(gpt_unlimited):
+def test_the_lowered_program_recomputes_in_runs_before_the_backward_pass_reads_the_copies(gpt_unlimited):
     limit = gpt_unlimited.memory.peak_bytes[0] - 400_000
     c = par(gpt.train_step, memory_limit=limit, **GPT).compile(*GPT_ARGS, **GPT_KW)
     n_again = len(_recomputed(c.plan))
     for program in c.partitioned.lowered.devices:
         nodes = program.graph.nodes
-        copies = [k for k, n in enumerate(nodes) if n.part == "recompute"]
-        assert len(copies) == n_again
+        copies = [k for k, n in enumerate(nodes) if n.part == "recompute" and not n.op.has(ViewOf)]
+        assert len(copies) == n_again  # and the views into them, made again from the copies
         for k in copies:
             copy = nodes[k]
-            original = next(n for n in nodes[:k] if n.part == "forward" and n.op is copy.op and n.inputs == copy.inputs)
+            original = next(n for n in nodes[:k] if n.part == "forward" and n.op is copy.op and n.attrs == copy.attrs)
             readers = [j for j, n in enumerate(nodes) if original.outputs[0] in n.inputs]
-            assert all(nodes[j].part in ("forward", "recompute") for j in readers)  # freed after the forward pass
-            first = min(j for j, n in enumerate(nodes) if copy.outputs[0] in n.inputs)
-            assert nodes[first].part == "backward" or nodes[first].part == "recompute"
-            assert all(n.part == "recompute" for n in nodes[k:first])  # nothing in between but other copies
+            assert all(nodes[j].part == "forward" for j in readers)  # freed after the forward pass
+            assert all(nodes[j].part in ("backward", "recompute") for j, n in enumerate(nodes) if copy.outputs[0] in n.inputs)
+            after = next(j for j in range(k, len(nodes)) if nodes[j].part != "recompute")
+            assert nodes[after].part == "backward"  # a run of copies right before a backward node
     # device CSE leaves the copies alone
     assert sum(n.part == "recompute" for n in c.program.devices[0].graph.nodes) >= 1
 
@@ -155,7 +156,8 @@ def test_the_cheap_elementwise_value_is_recomputed_before_the_matmul_result_of_t
     problem = build_problem(graph, MESH, options, ties=state_ties(graph))
     sol = solve_problem(problem, options)
     chosen = [problem.items[i].node for i in problem.recomputed(sol.choice)]
-    assert [n.op.name for n in chosen] == ["mul"]  # tanh(z) * z of the first layer
+    # one elementwise value of the first layer: tanh(z) (z is kept for the backward anyway) or tanh(z) * z
+    assert len(chosen) == 1 and chosen[0].op.name in ("tanh", "mul")
     # the first layer's matmul result is as large, and recomputing it instead fits as well, but
     # costs more: it is a matmul
     matmul = next(
