@@ -117,30 +117,37 @@ class _Uses:
         return [r for r in self.of(v) if not self.forward(r)]
 
     def points(self) -> dict[int, int]:
-        """Recompute points, consumers first: a forward value is needed again at its first
-        backward reader, or where a forward consumer that needs it (it is dead there when kept)
-        is recomputed; nodes that may not be recomputed get none."""
+        """Recompute points, consumers first. A forward value's own point is its first backward
+        reader, or the earliest own point of a recomputable reader in its segment (so the chains
+        of a segment are made producers first, passes/recompute/segments.py). A value with
+        neither (read only by the next segment) may still be recomputed for a reader there: at
+        the earliest point of such readers, which its own producers do not follow (they would
+        be recomputed for the whole of the later segments' backward pass). Nodes that may not be
+        recomputed get none."""
         point: dict[int, int] = {}
+        own: set[int] = set()  # nodes whose point is their own (not a later segment's)
         for k in range(len(self.nodes) - 1, -1, -1):
             n = self.nodes[k]
             if not self.forward(k) or n.regions or _never_recomputed(n.op):
                 continue
             if any(o in self.roots or o in self.outputs for o in n.outputs):
                 continue  # a view costs no memory; an output is kept to the end anyway
+            readers = [r for o in n.outputs for r in self.of(o) if self.forward(r) and r in point]
             at = [r for o in n.outputs for r in self.late(o)]
-            at += [point[r] for o in n.outputs for r in self.recomputable_readers(k, o, point)]
+            at += [point[r] for r in readers if r in own and self.segment.get(r) == self.segment[k]]
             if at:
                 point[k] = min(at)
+                own.add(k)
+                continue
+            later = [point[r] for r in readers if self.segment.get(r) != self.segment[k]]
+            if later:
+                point[k] = min(later)
         return point
 
-    def recomputable_readers(self, k: int, v: Value, point: dict[int, int]) -> list[int]:
-        """The forward readers of ``v`` (a result of node ``k``, or a view into it) in ``k``'s
-        segment that have a recompute point: recomputed, they read a copy of ``v`` if ``v`` is
-        recomputed too. ``v``'s own copy is then made by the earliest of their points and kept to
-        the latest, so a chain of recomputed values in a segment is always made producers first,
-        whichever of them the solver recomputes (passes/recompute/segments.py)."""
-        seg = self.segment[k]
-        return [r for r in self.of(v) if self.forward(r) and r in point and self.segment.get(r) == seg]
+    def copy_readers(self, k: int, v: Value, point: dict[int, int]) -> list[int]:
+        """The recomputable forward readers of ``v`` (a result of node ``k``, or a view into it)
+        whose copies, made at or after ``k``'s point, read ``v``'s copy when both are recomputed."""
+        return [r for r in self.of(v) if self.forward(r) and r in point and point[r] >= point[k]]
 
     def candidate(self, k: int, point: dict[int, int], found: dict[int, Candidate]) -> Candidate | None:
         """Node ``k`` as a candidate (``found``: the candidates before it), or None."""
@@ -164,8 +171,8 @@ class _Uses:
             if self.segment.get(j) != self.segment[k]:
                 keeps.append(j)  # the previous segment's cut, kept until here as a checkpoint
                 continue
-            if j not in found:
-                return None
+            if j not in found or found[j].point > point[k]:
+                return None  # dead by its point, and not recomputed by then
             needs.append(j)
         last_forward = {o: max([k] + [r for r in self.of(o) if self.forward(r)]) for o in n.outputs}
         return Candidate(
@@ -175,7 +182,7 @@ class _Uses:
             tuple(sorted(set(conflicts))),
             last_forward,
             {o: max(self.late(o), default=-1) for o in n.outputs},
-            {o: tuple(sorted(set(self.recomputable_readers(k, o, point)))) for o in n.outputs},
+            {o: tuple(sorted(set(self.copy_readers(k, o, point)))) for o in n.outputs},
             tuple(sorted(set(keeps))),
         )
 
@@ -193,7 +200,9 @@ def add_recompute(problem: Problem, mode: str) -> None:
         found = {k: found[k] for k in forced(found)}
     if not found:
         return
-    order_pos = {it.index: p for p, it_i in enumerate(problem.order) for it in [problem.items[it_i]] if it.kind == "node"}
+    order_pos = {
+        it.index: p for p, it_i in enumerate(problem.order) for it in [problem.items[it_i]] if it.kind == "node"
+    }
     item_of = {it.index: i for i, it in enumerate(problem.items) if it.kind == "node"}
     # the copies made before one program position run in graph order, each in a memory slot of its own
     at_point: dict[int, list[int]] = {}
@@ -224,7 +233,10 @@ def add_recompute(problem: Problem, mode: str) -> None:
         ranges = {}
         if c is not None:
             for o in c.last_late:
-                last = max([pos(c.last_late[o]) if c.last_late[o] >= 0 else slot[k]] + [slot[r] for r in c.copy_readers[o]])
+                last = max(
+                    [pos(c.last_late[o]) if c.last_late[o] >= 0 else slot[k]]
+                    + [slot[r] for r in c.copy_readers[o] if r in slot]
+                )
                 ranges[o] = ((pos(k), pos(c.last_forward[o])), (slot[k], last))
         problem.remat[item_of[k]] = RematRanges(
             point=slot[k] if c else -1,

@@ -99,7 +99,9 @@ class Problem:
         again = set(self.recomputed(choice))
         kept = {i for i in self.remat if self.items[i].strategies[choice[i]].checkpoint}  # checkpoints (issue 30)
         return all(
-            set(self.remat[i].needs) <= again and not again & set(self.remat[i].conflicts) and set(self.remat[i].keeps) <= kept
+            set(self.remat[i].needs) <= again
+            and not again & set(self.remat[i].conflicts)
+            and set(self.remat[i].keeps) <= kept
             for i in again
         )
 

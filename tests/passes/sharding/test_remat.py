@@ -15,10 +15,11 @@ import graphc
 from graphc.core.errors import GraphcError, PlanError
 from graphc.core.mesh import Mesh
 from graphc.core.profile import MachineProfile
-from graphc.core.traits import ViewOf
 from graphc.core.pytree import flatten
+from graphc.core.traits import ViewOf
 from graphc.interpreter import bind_arguments
 from graphc.models import gpt
+from graphc.passes.lower import lower_graph
 from graphc.passes.options import PlanOptions
 from graphc.passes.partition import build_problem, optimize_for_planning, solve_problem, state_ties
 from graphc.passes.sharding.ilp import exhaustive
@@ -95,16 +96,20 @@ def test_the_lowered_program_recomputes_in_runs_before_the_backward_pass_reads_t
     limit = gpt_unlimited.memory.peak_bytes[0] - 400_000
     c = par(gpt.train_step, memory_limit=limit, **GPT).compile(*GPT_ARGS, **GPT_KW)
     n_again = len(_recomputed(c.plan))
-    for program in c.partitioned.lowered.devices:
+    for program in lower_graph(c.partitioned.graph, c.plan).devices:
         nodes = program.graph.nodes
+        assert program.origin is not None
         copies = [k for k, n in enumerate(nodes) if n.part == "recompute" and not n.op.has(ViewOf)]
         assert len(copies) == n_again  # and the views into them, made again from the copies
         for k in copies:
             copy = nodes[k]
-            original = next(n for n in nodes[:k] if n.part == "forward" and n.op is copy.op and n.attrs == copy.attrs)
+            j = program.origin[k]  # the graph node it is a copy of
+            original = next(n for i, n in enumerate(nodes[:k]) if program.origin[i] == j and n.op is copy.op)
             readers = [j for j, n in enumerate(nodes) if original.outputs[0] in n.inputs]
             assert all(nodes[j].part == "forward" for j in readers)  # freed after the forward pass
-            assert all(nodes[j].part in ("backward", "recompute") for j, n in enumerate(nodes) if copy.outputs[0] in n.inputs)
+            assert all(
+                nodes[j].part in ("backward", "recompute") for j, n in enumerate(nodes) if copy.outputs[0] in n.inputs
+            )
             after = next(j for j in range(k, len(nodes)) if nodes[j].part != "recompute")
             assert nodes[after].part == "backward"  # a run of copies right before a backward node
     # device CSE leaves the copies alone

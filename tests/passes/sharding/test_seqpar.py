@@ -224,6 +224,8 @@ def test_a_recomputed_reader_gathers_again_under_a_limit(limit):
     assert any(n.recompute and n.op == "matmul" for n in compiled.plan.nodes)
     program = compiled.program.devices[0].graph
     gathers = Counter(n.part for n in program.nodes if n.op.name == "all_gather")
-    assert (gathers["forward"], gathers["recompute"]) == (1, 1 if limit else 0), gathers
+    # under a limit h is gathered again after the forward pass (by the copy, or by the backward
+    # reader before it, whose gathered copy the copy then reads)
+    assert (gathers["forward"], gathers["recompute"] + gathers["backward"]) == (1, 1 if limit else 0), gathers
     for got, want in zip(pf(w, x), _gather_step(w, x)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
