@@ -161,5 +161,10 @@ def test_a_small_step_under_a_limit_recomputes_and_equals_one_device():
     )
     c = limited.compile(*args, **kw)
     assert any(n.recompute for n in c.plan.nodes) and c.plan.memory.peak_bytes[0] <= 0.7 * unlimited
+    # the plan says why: the peak keeping the recomputed values, over the limit
+    again = next(n for n in c.plan.nodes if n.recompute)
+    kept = c.plan.memory.peak_bytes[0] + c.plan.memory.recompute_saved_bytes
+    assert kept > c.plan.memory.limit_bytes
+    assert "over the limit of" in c.plan.explain(again.name) and "why: keeping them" in c.plan.summary()
     want = graphc.jit(gpt.train_step, static_argnames=STATIC)(*args, **kw)
     assert_adam_step_close(c(*args, **kw), want, lr=kw["lr"], terms=4 * 64)  # a weight gradient's sum
