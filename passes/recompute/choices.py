@@ -6,7 +6,9 @@ The planner's version of Checkmate (Jain et al., MLSys 2020), simplified to one 
 value (docs/remat.md compares the two). Every forward node whose results the backward pass needs,
 directly or through other recomputable nodes, is a *candidate* with a static *recompute point*:
 the first backward (or update) node that reads one of its results, or the earliest recompute
-point of a candidate consumer that needs it. Recomputing a candidate is a strategy of its item:
+point of a candidate consumer in its segment (passes/recompute/segments.py), so chains inside a
+segment are always made producers first; a node of a later segment reading the previous
+segment's cut needs it kept as a checkpoint (``Candidate.keeps``). Recomputing a candidate is a strategy of its item:
 ``add_recompute`` gives each candidate item a copy of every strategy with ``recompute=True``
 (same specs, twice the compute time), so the ILP prices it with the variables it already has, and
 the memory model (``MemoryModel.profile``, ``ilp._Model.memory_expr``) gives a value one live
@@ -20,9 +22,9 @@ recomputed as well (``Candidate.needs``: the ILP row ``r[node] <= r[need]``), Ch
 "a recomputed node's operands are in memory" constraint.
 
 Not candidates: nodes with regions (control flow), constants, collectives, sharding pins, nodes
-whose result is a view of an operand (a reshape or transpose costs no memory), graph outputs,
-nodes whose result is looked into by a forward view that the backward pass reads (the view would
-hold the original), and nodes reading a forward view (its root would stay alive).
+whose result is a view of an operand (a reshape or transpose costs no memory; the lowering makes
+the views into a recomputed value again from its copy) and graph outputs (or values returned
+through a view). A node reading a view reads the value it looks into.
 
 Lowering (passes/lower.py) emits a second copy of every recomputed node, tagged
 ``part="recompute"`` (device CSE does not merge it with the original), right before its recompute
