@@ -284,17 +284,24 @@ def _strategies(graph: Graph, plan: ShardingPlan) -> tuple[list[tuple], list[Str
 
 
 def _recompute_points(graph: Graph, plan: ShardingPlan) -> dict[int, list[int]]:
-    """{node index: the recomputed nodes to emit again right before it, in graph order}."""
+    """{node index: the recomputed nodes to emit again right before it, in graph order}, with the
+    forward views into their results: readers of a view read the copy's."""
     again = sorted(n.index for n in plan.nodes if n.recompute)
     if not again:
         return {}
-    found = candidates(graph, view_roots(graph))
+    roots = view_roots(graph)
+    found = candidates(graph, roots)
+    views: dict[Value, list[int]] = {}  # forward views into a value, to make again from its copy
+    for k, n in enumerate(graph.nodes):
+        if n.part == "forward" and n.outputs and all(o in roots for o in n.outputs):
+            views.setdefault(roots[n.outputs[0]], []).append(k)
     at: dict[int, list[int]] = {}
     for k in again:
         if k not in found:
             raise GraphcError(f"the plan recomputes node {k} ({graph.nodes[k].op.name}), which cannot be recomputed")
         at.setdefault(found[k].point, []).append(k)
-    return at
+        at[found[k].point] += [j for o in graph.nodes[k].outputs for j in views.get(o, ())]
+    return {p: sorted(set(ks)) for p, ks in at.items()}
 
 
 def lower_graph(graph: Graph, plan: ShardingPlan) -> ParallelProgram:

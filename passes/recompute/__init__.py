@@ -8,6 +8,7 @@ from the forward pass, trading compute for memory. Two modules, one idea:
                  strategy of its item in the sharding problem, chosen by the ILP under a memory
                  limit (``recompute`` option: "auto", "on", "off"; ``recompute_mode``)
 
-Issue 30 grows the planner's part (chains and segments, selective attention recomputation,
-offload) in this package.
+    segments.py  the forward pass cut into segments (half a transformer layer): a segment's
+                 recomputed values form chains with one point each, from checkpoints the solver
+                 keeps (issue 30; docs/remat.md)
 """

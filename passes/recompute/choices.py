@@ -6,7 +6,9 @@ The planner's version of Checkmate (Jain et al., MLSys 2020), simplified to one 
 value (docs/remat.md compares the two). Every forward node whose results the backward pass needs,
 directly or through other recomputable nodes, is a *candidate* with a static *recompute point*:
 the first backward (or update) node that reads one of its results, or the earliest recompute
-point of a candidate consumer that needs it. Recomputing a candidate is a strategy of its item:
+point of a candidate consumer in its segment (passes/recompute/segments.py), so chains inside a
+segment are always made producers first; a node of a later segment reading the previous
+segment's cut needs it kept as a checkpoint (``Candidate.keeps``). Recomputing a candidate is a strategy of its item:
 ``add_recompute`` gives each candidate item a copy of every strategy with ``recompute=True``
 (same specs, twice the compute time), so the ILP prices it with the variables it already has, and
 the memory model (``MemoryModel.profile``, ``ilp._Model.memory_expr``) gives a value one live
@@ -20,9 +22,9 @@ recomputed as well (``Candidate.needs``: the ILP row ``r[node] <= r[need]``), Ch
 "a recomputed node's operands are in memory" constraint.
 
 Not candidates: nodes with regions (control flow), constants, collectives, sharding pins, nodes
-whose result is a view of an operand (a reshape or transpose costs no memory), graph outputs,
-nodes whose result is looked into by a forward view that the backward pass reads (the view would
-hold the original), and nodes reading a forward view (its root would stay alive).
+whose result is a view of an operand (a reshape or transpose costs no memory; the lowering makes
+the views into a recomputed value again from its copy) and graph outputs (or values returned
+through a view). A node reading a view reads the value it looks into.
 
 Lowering (passes/lower.py) emits a second copy of every recomputed node, tagged
 ``part="recompute"`` (device CSE does not merge it with the original), right before its recompute
@@ -38,6 +40,7 @@ from dataclasses import dataclass
 from graphc.core.ir import Graph, Value
 from graphc.core.traits import Collective, Constant, DeviceLocal, ShardingConstraint
 from graphc.passes.options import PlanOptions, Recompute
+from graphc.passes.recompute.segments import forward_segments
 from graphc.passes.sharding.memory import RematRanges, view_roots
 from graphc.passes.sharding.problem import Problem
 from graphc.passes.sharding.strategies import Strategies
@@ -58,7 +61,9 @@ class Candidate:
     needs: tuple[int, ...]  # candidates that must be recomputed too when it is
     conflicts: tuple[int, ...]  # candidates it reads that are recomputed only after its point
     last_forward: dict[Value, int]  # per result: its last forward reader (the node itself if none)
-    last_use: dict[Value, int]  # per result: its last reader when recomputed (backward, or a consumer's point)
+    last_late: dict[Value, int]  # per result: its last backward (or update) reader, -1 if none
+    copy_readers: dict[Value, tuple[int, ...]]  # per result: the candidates whose copies may read its copy
+    keeps: tuple[int, ...] = ()  # nodes of an earlier segment it reads, which must then be kept until its point
 
 
 def recompute_mode(options: PlanOptions) -> Recompute:
@@ -97,6 +102,7 @@ class _Uses:
         self.views_of: dict[Value, list[Value]] = {}
         for view, root in roots.items():
             self.views_of.setdefault(root, []).append(view)
+        self.segment = forward_segments(graph, roots)
 
     def forward(self, k: int) -> bool:
         return self.nodes[k].part == "forward"
@@ -113,65 +119,82 @@ class _Uses:
         return [r for r in self.of(v) if not self.forward(r)]
 
     def points(self) -> dict[int, int]:
-        """Recompute points, consumers first: a forward value is needed again at its first
-        backward reader, or where a forward consumer that needs it (it is dead there when kept)
-        is recomputed; nodes that may not be recomputed get none."""
+        """Recompute points, consumers first. A forward value's own point is its first backward
+        reader, or the earliest own point of a recomputable reader in its segment (so the chains
+        of a segment are made producers first, passes/recompute/segments.py). A value with
+        neither (read only by the next segment) may still be recomputed for a reader there: at
+        the earliest point of such readers, which its own producers do not follow (they would
+        be recomputed for the whole of the later segments' backward pass). Nodes that may not be
+        recomputed get none."""
         point: dict[int, int] = {}
+        own: set[int] = set()  # nodes whose point is their own (not a later segment's)
         for k in range(len(self.nodes) - 1, -1, -1):
             n = self.nodes[k]
             if not self.forward(k) or n.regions or _never_recomputed(n.op):
                 continue
             if any(o in self.roots or o in self.outputs for o in n.outputs):
                 continue  # a view costs no memory; an output is kept to the end anyway
+            readers = [r for o in n.outputs for r in self.of(o) if self.forward(r) and r in point]
             at = [r for o in n.outputs for r in self.late(o)]
-            at += [point[r] for o in n.outputs for r in self.needed_by(o, point, max(at, default=-1))]
+            at += [point[r] for r in readers if r in own and self.segment.get(r) == self.segment[k]]
             if at:
                 point[k] = min(at)
+                own.add(k)
+                continue
+            later = [point[r] for r in readers if self.segment.get(r) != self.segment[k]]
+            if later:
+                point[k] = min(later)
         return point
 
-    def needed_by(self, v: Value, point: dict[int, int], last: int) -> list[int]:
-        """The forward readers of ``v`` with a recompute point after ``last`` (``v``'s last
-        backward reader): recomputed, they need a copy of ``v``."""
-        return [r for r in self.readers.get(v, ()) if self.forward(r) and r in point and point[r] > last]
+    def copy_readers(self, k: int, v: Value, point: dict[int, int]) -> list[int]:
+        """The recomputable forward readers of ``v`` (a result of node ``k``, or a view into it)
+        whose copies, made at or after ``k``'s point, read ``v``'s copy when both are recomputed."""
+        return [r for r in self.of(v) if self.forward(r) and r in point and point[r] >= point[k]]
 
     def candidate(self, k: int, point: dict[int, int], found: dict[int, Candidate]) -> Candidate | None:
         """Node ``k`` as a candidate (``found``: the candidates before it), or None."""
         n = self.nodes[k]
-        views = [w for o in n.outputs for w in self.views_of.get(o, ()) if self.forward(self.index[id(w.producer)])]
-        if any(w in self.outputs or self.late(w) for w in views):
-            return None  # a forward view of it is read later: the original stays alive
+        if any(w in self.outputs for o in n.outputs for w in self.views_of.get(o, ())):
+            return None  # returned through a view: the original stays alive
         needs: list[int] = []
         conflicts: list[int] = []
+        keeps: list[int] = []
         for u in n.inputs:
+            u = self.roots.get(u, u)  # a view is read through the value it looks into
             p = u.producer
-            if p is None or p.op.has(Constant):
-                continue  # a graph input or a constant: always in memory
-            if u in self.roots:
-                if self.roots[u].producer is None:
-                    continue  # a view of a graph input
-                return None  # a forward view of a forward value: recomputing keeps its root alive
+            if p is None or p.op.has(Constant) or u in self.outputs:
+                continue  # a graph input, a constant or an output: always in memory
             j = self.index[id(p)]
             if max(self.of(u), default=j) >= point[k]:
                 # kept, it is alive at the point; recomputed, its copy must be made by then
                 if j in found and found[j].point > point[k]:
                     conflicts.append(j)
                 continue
-            if j not in found:
-                return None
+            if self.segment.get(j) != self.segment[k]:
+                keeps.append(j)  # the previous segment's cut, kept until here as a checkpoint
+                continue
+            if j not in found or found[j].point > point[k]:
+                return None  # dead by its point, and not recomputed by then
             needs.append(j)
         last_forward = {o: max([k] + [r for r in self.of(o) if self.forward(r)]) for o in n.outputs}
-        last_use = {}
-        for o in n.outputs:
-            late = self.late(o)
-            late += [point[r] for r in self.needed_by(o, point, max(late, default=-1))]
-            last_use[o] = max(late, default=point[k])
-        return Candidate(k, point[k], tuple(sorted(set(needs))), tuple(sorted(set(conflicts))), last_forward, last_use)
+        return Candidate(
+            k,
+            point[k],
+            tuple(sorted(set(needs))),
+            tuple(sorted(set(conflicts))),
+            last_forward,
+            {o: max(self.late(o), default=-1) for o in n.outputs},
+            {o: tuple(sorted(set(self.copy_readers(k, o, point)))) for o in n.outputs},
+            tuple(sorted(set(keeps))),
+        )
 
 
 def add_recompute(problem: Problem, mode: str) -> None:
     """Give every candidate item of ``problem`` recompute strategies (mode "auto": as well as its
-    own; "on": instead of them, for the candidates ``forced`` picks) and record their live ranges
-    in ``problem.remat``; "off": nothing. Call before anything measures the problem's memory."""
+    own; "on": instead of them, for the candidates ``forced`` picks), every value a candidate of a
+    later segment reads checkpoint strategies (the same, kept until that candidate's point), and
+    record their live ranges in ``problem.remat``; "off": nothing. Call before anything measures
+    the problem's memory."""
     if mode == "off":
         return
     found = candidates(problem.graph, view_roots(problem.graph))
@@ -179,35 +202,87 @@ def add_recompute(problem: Problem, mode: str) -> None:
         found = {k: found[k] for k in forced(found)}
     if not found:
         return
-    pos = {it.index: p for p, it_i in enumerate(problem.order) for it in [problem.items[it_i]] if it.kind == "node"}
+    order_pos = {
+        it.index: p for p, it_i in enumerate(problem.order) for it in [problem.items[it_i]] if it.kind == "node"
+    }
     item_of = {it.index: i for i, it in enumerate(problem.items) if it.kind == "node"}
-    doubled: dict[Strategies, Strategies] = {}  # repeated layers share their strategy lists: so do their doubles
-    for k, c in found.items():
+    # the copies made before one program position run in graph order, each in a memory slot of its own
+    at_point: dict[int, list[int]] = {}
+    for k in sorted(found):
+        at_point.setdefault(order_pos[found[k].point], []).append(k)
+    grid = problem.memory.set_slots({p: len(ks) for p, ks in at_point.items()})
+    slot = {k: int(grid[p]) - len(ks) + t for p, ks in at_point.items() for t, k in enumerate(ks)}
+
+    def pos(k: int) -> int:  # the memory position of graph node k
+        return int(grid[order_pos[k]])
+
+    until = _checkpoints(problem.graph, found)  # node -> {value: the candidates reading it as a checkpoint}
+    twins: dict[tuple, Strategies] = {}  # repeated layers share their strategy lists: so do their twins
+    for k in sorted(set(found) | set(until)):
         it = problem.items[item_of[k]]
-        new = doubled.get(it.strategies)
+        key = (it.strategies, k in found, k in until)
+        new = twins.get(key)
         if new is None:
             again = [dataclasses.replace(s, compute_s=2 * s.compute_s, recompute=True) for s in it.strategies]
-            new = doubled[it.strategies] = Strategies(again if mode == "on" else [*it.strategies, *again])
+            held = [dataclasses.replace(s, checkpoint=True) for s in it.strategies]
+            if mode == "on":  # forced: only the twins
+                new = Strategies(again if k in found else held)
+            else:
+                new = Strategies([*it.strategies, *(again if k in found else ()), *(held if k in until else ())])
+            twins[key] = new
         it.strategies = new
+        c = found.get(k)
+        ranges = {}
+        if c is not None:
+            for o in c.last_late:
+                last = max(
+                    [pos(c.last_late[o]) if c.last_late[o] >= 0 else slot[k]]
+                    + [slot[r] for r in c.copy_readers[o] if r in slot]
+                )
+                ranges[o] = ((pos(k), pos(c.last_forward[o])), (slot[k], last))
         problem.remat[item_of[k]] = RematRanges(
-            point=pos[c.point],
-            ranges={o: ((pos[k], pos[c.last_forward[o]]), (pos[c.point], pos[c.last_use[o]])) for o in c.last_use},
-            needs=tuple(item_of[j] for j in c.needs),
-            conflicts=tuple(item_of[j] for j in c.conflicts),
+            point=slot[k] if c else -1,
+            ranges=ranges,
+            needs=tuple(item_of[j] for j in c.needs) if c else (),
+            conflicts=tuple(item_of[j] for j in c.conflicts) if c else (),
+            keeps=tuple(item_of[j] for j in c.keeps) if c else (),
+            checkpoint={v: max(slot[r] for r in readers) for v, readers in until.get(k, {}).items()},
         )
+
+
+def _checkpoints(graph: Graph, found: dict[int, Candidate]) -> dict[int, dict[Value, list[int]]]:
+    """{node of an earlier segment that candidates read: {its result they read: those candidates}}:
+    kept as a checkpoint, it must live until the last of their copies."""
+    roots = view_roots(graph)
+    index = {id(n): k for k, n in enumerate(graph.nodes)}
+    until: dict[int, dict[Value, list[int]]] = {}
+    for k, c in found.items():
+        if not c.keeps:
+            continue
+        for u in graph.nodes[k].inputs:
+            u = roots.get(u, u)
+            j = index.get(id(u.producer)) if u.producer is not None else None
+            if j in c.keeps:
+                until.setdefault(j, {}).setdefault(u, []).append(k)
+    return until
 
 
 def forced(found: dict[int, Candidate]) -> set[int]:
     """The candidates ``recompute=True`` recomputes: all of them, less those that would read a
     value recomputed only after their own point (``conflicts``; the producer is recomputed, its
-    reader kept) and those that need a candidate left out, until nothing changes."""
+    reader kept), those reading a checkpoint that is recomputed itself, and those that need a
+    candidate left out, until nothing changes."""
     chosen = set(found)
     changed = True
     while changed:
         changed = False
         for k in sorted(chosen):
             c = found[k]
-            if any(j in chosen for j in c.conflicts) or any(j not in chosen for j in c.needs):
+            if (
+                any(j in chosen for j in c.conflicts)
+                or any(j in chosen for j in c.keeps)
+                or any(j not in chosen for j in c.needs)
+            ):
                 chosen.discard(k)
                 changed = True
     return chosen

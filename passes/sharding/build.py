@@ -82,7 +82,7 @@ def plan_from_solution(problem: Problem, sol: Solution, options: PlanOptions, bu
     collectives = collectives_of(problem, choice)
     comm = sum(c.time_s for c in collectives)
     peak, at = memory.peak(choice)
-    at_item = problem.items[problem.order[at]] if problem.order else None
+    at_item = problem.items[memory.item_at(at)] if problem.order else None  # a recomputation slot: its item
     solver = SolverStats(
         name=options.solver,
         status=sol.status,

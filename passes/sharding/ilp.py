@@ -101,7 +101,7 @@ def _item_label(it: Item, intern: _Interner, strategy_labels: dict) -> int:
     strat = strategy_labels.get(it.strategies)
     if strat is None:  # items of repeated layers share their Strategies
         strat = strategy_labels[it.strategies] = intern(
-            tuple((s.in_specs, s.out_specs, s.recompute) for s in it.strategies)
+            tuple((s.in_specs, s.out_specs, s.recompute, s.checkpoint) for s in it.strategies)
         )
     if it.kind == "node":
         n = it.node
@@ -521,16 +521,19 @@ class _Model:
         operand is recomputed only after its point needs it kept: ``r[item] + r[other] <= 1``.
         One row per distinct pair of groups (tied layers give the same row)."""
         p, done = self.p, set()
-        pairs = [(i, j, -1.0, 0.0) for i, rr in p.remat.items() for j in rr.needs]
-        pairs += [(i, j, 1.0, 1.0) for i, rr in p.remat.items() for j in rr.conflicts]
-        for i, j, other, bound in pairs:
+        pairs = [(i, j, -1.0, 0.0, False) for i, rr in p.remat.items() for j in rr.needs]
+        pairs += [(i, j, 1.0, 1.0, False) for i, rr in p.remat.items() for j in rr.conflicts]
+        # issue 30: a recomputed item reading a value of an earlier segment needs it kept as a checkpoint
+        pairs += [(i, j, -1.0, 0.0, True) for i, rr in p.remat.items() for j in rr.keeps]
+        for i, j, other, bound, checkpoint in pairs:
             coef: dict[int, float] = {}
             const = 0.0
             for item, sign in ((i, 1.0), (j, other)):
                 g, m, sts = self.of[item], self.maps[item], p.items[item].strategies
                 xs = self.x[g]
                 for s in range(self.groups[g].size):
-                    if not sts[int(m[s])].recompute:
+                    st = sts[int(m[s])]
+                    if not (st.checkpoint if checkpoint and item == j else st.recompute):
                         continue
                     if xs is None:
                         const += sign

@@ -341,6 +341,7 @@ def _recompute_lines(p: ShardingPlan, top: int) -> list[str]:
         f"recomputed before the backward pass: {len(again)} nodes, saving {fmt_bytes(p.memory.recompute_saved_bytes)} "
         f"at the peak per device, for {fmt_time(sum(n.compute_s for n in again) / 2)} of compute"
     ]
+    lines.append(f"  why: {_why_recomputed(p)}")
     for n in again[:top]:
         lines.append(
             f"  recompute {n.name:<8}{n.op:<12}{', '.join(n.types):<22} frees {fmt_bytes(n.recompute_saved_bytes):>11} "
@@ -437,6 +438,19 @@ def _explain_input(p: ShardingPlan, x: TensorChoice) -> str:
     return "\n".join(lines)
 
 
+def _why_recomputed(p: ShardingPlan) -> str:
+    """Why a plan recomputes (issue 30): the limit it must fit, and the peak it would have
+    keeping every recomputed value; or that recomputation was asked for."""
+    m = p.memory
+    kept = m.peak_bytes[0] + m.recompute_saved_bytes
+    if m.limit_bytes is None or p.options.recompute == "on":
+        return f"recompute='on' asked for it (keeping them, the peak would be {fmt_bytes(kept)} per device)"
+    return (
+        f"keeping them, the peak would be {fmt_bytes(kept)} per device, over the limit of "
+        f"{fmt_bytes(m.limit_bytes)}; the solver recomputes the values that fit it for the least compute"
+    )
+
+
 def _explain_node(p: ShardingPlan, n: NodeChoice) -> str:
     lines = [
         f"{n.name} = {n.op} at {n.loc or '?'} ({n.part or 'untagged'}): strategy {n.strategy}, "
@@ -447,7 +461,8 @@ def _explain_node(p: ShardingPlan, n: NodeChoice) -> str:
     if n.recompute:
         lines.append(
             f"  recomputed before the backward pass (compute counted twice): each device frees "
-            f"{fmt_bytes(n.recompute_saved_bytes)} of its results from the forward to the backward pass"
+            f"{fmt_bytes(n.recompute_saved_bytes)} of its results from the forward to the backward pass; "
+            f"{_why_recomputed(p)}"
         )
     if n.warning:
         lines.append(f"  warning: {n.warning}")

@@ -97,7 +97,13 @@ class Problem:
         """Whether every item ``choice`` recomputes can be: what it needs recomputed is, what it
         needs kept is (the ILP's rows, passes/sharding/ilp.py ``_add_recompute_needs``)."""
         again = set(self.recomputed(choice))
-        return all(set(self.remat[i].needs) <= again and not again & set(self.remat[i].conflicts) for i in again)
+        kept = {i for i in self.remat if self.items[i].strategies[choice[i]].checkpoint}  # checkpoints (issue 30)
+        return all(
+            set(self.remat[i].needs) <= again
+            and not again & set(self.remat[i].conflicts)
+            and set(self.remat[i].keeps) <= kept
+            for i in again
+        )
 
 
 def lowest_zero_dims(placements: list[tuple], axes: frozenset[int]) -> list[tuple]:

@@ -38,6 +38,7 @@ class Strategy:
     compute_s: float = 0.0
     divided: int = 1  # number of pieces the work is divided into
     recompute: bool = False  # run again before the backward pass reads it (passes/recompute/choices.py)
+    checkpoint: bool = False  # kept until a later segment's recomputation reads it (passes/recompute/segments.py)
 
     def describe(self) -> str:
         ins = ", ".join(format_spec(s) for s in self.in_specs)
