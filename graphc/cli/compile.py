@@ -119,7 +119,7 @@ def _compile(args: argparse.Namespace) -> int:
         raise UsageError(f"--time-limit must be a positive number of seconds, got {args.time_limit}")
     output = _check_outputs(args)
     if args.devices is not None:
-        return _search(args, progress, output)
+        return _search(args, progress, output, start)
     try:
         links = parse_links(args.link) if args.link else None
         profile = get_profile(args.profile) if args.profile else None
@@ -235,7 +235,11 @@ def _dump_pipeline_ir(folder: str, pf, fargs, fkwargs) -> None:
         atomic_write(os.path.join(folder, f"device-{d}.gir"), "\n".join(texts))
 
 
-def _search(args: argparse.Namespace, progress, output: Output) -> int:
+# kept back from --time-limit for printing and writing the chosen plan after the search stops
+SEARCH_MARGIN_S = 1.0
+
+
+def _search(args: argparse.Namespace, progress, output: Output, start: float) -> int:
     """``--devices N``: plan every factorization, print the choice and why, write the chosen plan."""
     try:
         links = parse_links(args.link) if args.link else None
@@ -256,6 +260,7 @@ def _search(args: argparse.Namespace, progress, output: Output) -> int:
         links,
         profile,
         progress=lambda c: progress(f"  {c.describe()} [{c.seconds:.2f}s]"),
+        deadline=start + options.time_limit - SEARCH_MARGIN_S,  # the whole compile within --time-limit
     )
     seconds = time.perf_counter() - t0
     planned = sum(c.skipped is None for c in cands)
