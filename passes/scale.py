@@ -59,6 +59,7 @@ MFU_FORMULA = "model_flops / (step_s * devices * peak_flops)"
 VIRTUAL_AXIS = "dp"  # the block's data axis: batch / b devices of b sequences each
 MICROBATCH_SIZES = (1, 2, 4, 8, 16)
 ZERO_STAGES = (0, 1, 3)
+MIN_SOLVE_S = 1.0  # a segment solve begun just before the deadline still gets this long
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,7 +214,8 @@ def solve_segment(
     if tp > 1:
         axes["tp"] = tp
     mesh = Mesh(axes or {VIRTUAL_AXIS: 1}, profile=profile)
-    opts = PlanOptions(zero=0, recompute="off", time_limit=max(deadline - time.perf_counter(), 1.0))
+    deadline = max(deadline, time.perf_counter() + MIN_SOLVE_S)
+    opts = PlanOptions(zero=0, recompute="off", time_limit=deadline - time.perf_counter())
     plan = plan_sharding(g, mesh, ties=[], options=opts, deadline=deadline)
     scores = _score_values(g) if figures.fused_attention else set()
     fused = {k for k, n in enumerate(g.nodes) if not n.op.has(Contraction) and any(o in scores for o in n.outputs)}
@@ -443,6 +445,7 @@ def search_layered(
     profile,
     deadline: float,
     progress: Callable[[Outcome], None] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> list[Outcome]:
     """Every layout of ``n`` devices (``layouts``), pruned by bounds, composed from segments solved
     once per (tp, micro-batch size), until ``deadline`` (``time.perf_counter()`` seconds)."""
@@ -478,7 +481,7 @@ def search_layered(
         if compute_bound(model, lo, profile) >= best:
             o.skipped = "compute bound: slower than the best plan so far at any cut"
             continue
-        if (lo.tp, 1) not in solved and time.perf_counter() >= deadline:
+        if (lo.tp, 1) not in solved and clock() >= deadline:
             o.skipped = "time limit: the search stopped before its block was solved"
             continue
         _compose_into(o, model, segments(lo.tp, lo.micro_batch, False), profile, figures, limit)
@@ -487,8 +490,21 @@ def search_layered(
         o.seconds = time.perf_counter() - start
         if progress is not None:
             progress(o)
-    _refine(out, segments, model, profile, figures, limit, deadline)
+    _refine(out, segments, model, profile, figures, limit, deadline, clock)
     return out
+
+
+def plan_layout(model: _Model, layout: Layout, options: PlanOptions, profile, deadline: float) -> ComposedPlan:
+    """The composed plan of one given layout (a mesh such as Megatron-LM's pp=16, dp=8, tp=8 with
+    its micro-batch size), its segments solved at that micro-batch size: what the search would
+    predict for it. PlanError when it cannot run."""
+    figures = cluster_figures(profile)
+    segs = _solve_all(model, layout.tp, layout.micro_batch, profile, figures, deadline)
+    o = Outcome(layout)
+    _compose_into(o, model, segs, profile, figures, options.memory_limit)
+    if o.plan is None:
+        raise PlanError(f"layout {layout}: {o.error}")
+    return o.plan
 
 
 def _is_exact(s: _Segments | str) -> bool:
@@ -504,10 +520,10 @@ def _compose_into(o: Outcome, model: _Model, segs: _Segments | str, profile, fig
     o.exact = segs.exact
 
 
-def _refine(out: list[Outcome], segments, model, profile, figures, limit, deadline: float) -> None:
+def _refine(out: list[Outcome], segments, model, profile, figures, limit, deadline: float, clock) -> None:
     """While time remains: solve the best plan's (tp, micro-batch size) exactly when its costs
     were scaled from micro-batch 1, and compose its layouts again; until the best is exact."""
-    while time.perf_counter() < deadline:
+    while clock() < deadline:
         ok = [o for o in out if o.plan is not None]
         if not ok:
             return
@@ -556,6 +572,7 @@ __all__ = [
     "layered_model",
     "layouts",
     "memory_bound",
+    "plan_layout",
     "search_layered",
     "solve_segment",
     "stage_cut",
