@@ -156,6 +156,6 @@ def example_train_specs_175b_12l():
 
 
 def example_train_specs_13b():
-    """GPT-3 13B (40 layers, d = 5120, 40 heads) on a global batch of 1,024 sequences of 2048 tokens
-    (Brown et al. 2020 trained 13B with 1M-token batches; Narayanan et al. 2021 do not list 13B)."""
+    """GPT-3 13B (40 layers, d = 5120, 40 heads) on 512 sequences of 2048 tokens: the 1M-token
+    batch Brown et al. 2020 (table 2.1) trained 13B with."""
     return example_train_specs(n_layer=40, d=5120, n_head=40, batch=512)

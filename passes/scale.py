@@ -453,13 +453,19 @@ def search_layered(
     limit = options.memory_limit
     cands = layouts(model, n, figures.node_size, options)
     solved: dict[tuple[int, int], _Segments | str] = {}
+    solve_s: list[float] = []  # how long each solve took: the next is not begun unless one fits
+
+    def time_left() -> bool:
+        return clock() + (max(solve_s) if solve_s else 0.0) < deadline
 
     def segments(t: int, b: int, exact: bool) -> _Segments | str:
         """Cached: exact per (t, b), else micro-batch 1's scaled by b."""
         if (t, b) in solved and (not exact or _is_exact(solved[(t, b)])):
             return solved[(t, b)]
         if exact or b == 1:
+            begun = time.perf_counter()
             solved[(t, b)] = _solve_all(model, t, b, profile, figures, deadline)
+            solve_s.append(time.perf_counter() - begun)
         else:
             one = segments(t, 1, True)
             solved[(t, b)] = (
@@ -481,7 +487,7 @@ def search_layered(
         if compute_bound(model, lo, profile) >= best:
             o.skipped = "compute bound: slower than the best plan so far at any cut"
             continue
-        if (lo.tp, 1) not in solved and clock() >= deadline:
+        if (lo.tp, 1) not in solved and not time_left():
             o.skipped = "time limit: the search stopped before its block was solved"
             continue
         _compose_into(o, model, segments(lo.tp, lo.micro_batch, False), profile, figures, limit)
@@ -490,7 +496,7 @@ def search_layered(
         o.seconds = time.perf_counter() - start
         if progress is not None:
             progress(o)
-    _refine(out, segments, model, profile, figures, limit, deadline, clock)
+    _refine(out, segments, model, profile, figures, limit, time_left)
     return out
 
 
@@ -520,10 +526,10 @@ def _compose_into(o: Outcome, model: _Model, segs: _Segments | str, profile, fig
     o.exact = segs.exact
 
 
-def _refine(out: list[Outcome], segments, model, profile, figures, limit, deadline: float, clock) -> None:
+def _refine(out: list[Outcome], segments, model, profile, figures, limit, time_left) -> None:
     """While time remains: solve the best plan's (tp, micro-batch size) exactly when its costs
     were scaled from micro-batch 1, and compose its layouts again; until the best is exact."""
-    while clock() < deadline:
+    while time_left():
         ok = [o for o in out if o.plan is not None]
         if not ok:
             return
