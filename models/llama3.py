@@ -18,4 +18,6 @@ def example_train_specs_8b(batch=512):
 
 def example_train_specs_70b(batch=1024):
     """LLaMA-3-70B on ``batch`` sequences of 2048 tokens (2M tokens by default)."""
-    return example_train_specs(n_layer=80, d=8192, n_head=64, n_kv_head=8, ffn=28672, batch=batch, dtype=graphc.bfloat16)
+    return example_train_specs(
+        n_layer=80, d=8192, n_head=64, n_kv_head=8, ffn=28672, batch=batch, dtype=graphc.bfloat16
+    )

@@ -7,9 +7,8 @@ exists for that model on that cluster."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from graphc.api.parallel import Parallelized
 from graphc.core.profiles import get_profile
@@ -64,7 +63,9 @@ def run_row(row: Row, time_limit: float) -> list[str]:
         return [row.model, cluster, plan_time, "no plan", "-", "-", "-", row.published]
     if isinstance(best.plan, ComposedPlan):
         lo = best.plan.layout
-        layout = f"pp={lo.pp} dp={lo.dp} tp={lo.tp} mb={lo.micro_batch}x{lo.microbatches} zero={lo.zero} rc={lo.recompute}"
+        layout = (
+            f"pp={lo.pp} dp={lo.dp} tp={lo.tp} mb={lo.micro_batch}x{lo.microbatches} zero={lo.zero} rc={lo.recompute}"
+        )
         mfu = f"{best.plan.mfu:.1%}"
     else:
         layout, mfu = best.mesh_text, "-"
@@ -73,7 +74,15 @@ def run_row(row: Row, time_limit: float) -> list[str]:
 
 def main(time_limit: float = 60.0, rows: tuple[Row, ...] = ROWS) -> list[list[str]]:
     """Print the table (module doc); return its rows."""
-    head = ["model", "cluster", "plan time", "layout (pp dp tp micro-batch ZeRO recompute)", "step", "MFU", "published MFU"]
+    head = [
+        "model",
+        "cluster",
+        "plan time",
+        "layout (pp dp tp micro-batch ZeRO recompute)",
+        "step",
+        "MFU",
+        "published MFU",
+    ]
     print(f"graphc bench scale: block search within {time_limit:.0f} s per row (plan time includes tracing)")
     table = []
     for row in rows:

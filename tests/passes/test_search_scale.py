@@ -31,7 +31,9 @@ def _graph(args, kw):
 
 
 def _small(n_layer=5, batch=16, dtype=np.float32):
-    return _graph(*gpt3.example_train_specs(n_layer=n_layer, d=64, n_head=4, seq=16, n_vocab=128, batch=batch, dtype=dtype))
+    return _graph(
+        *gpt3.example_train_specs(n_layer=n_layer, d=64, n_head=4, seq=16, n_vocab=128, batch=batch, dtype=dtype)
+    )
 
 
 def test_layers_are_found_and_every_node_has_a_segment():
