@@ -60,6 +60,7 @@ VIRTUAL_AXIS = "dp"  # the block's data axis: batch / b devices of b sequences e
 MICROBATCH_SIZES = (1, 2, 4, 8, 16)
 ZERO_STAGES = (0, 1, 3)
 MIN_SOLVE_S = 1.0  # a segment solve begun just before the deadline still gets this long
+MAX_GAP = 0.05  # a segment's ILP stopped further than this from its bound is not used
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,6 +218,10 @@ def solve_segment(
     deadline = max(deadline, time.perf_counter() + MIN_SOLVE_S)
     opts = PlanOptions(zero=0, recompute="off", time_limit=deadline - time.perf_counter())
     plan = plan_sharding(g, mesh, ties=[], options=opts, deadline=deadline)
+    if plan.solver.status != "optimal" and plan.solver.gap > MAX_GAP:
+        raise PlanError(
+            f"the ILP of {g.name} on tp={tp} stopped at the time limit {plan.solver.gap:.0%} from its bound"
+        )
     scores = _score_values(g) if figures.fused_attention else set()
     fused = {k for k, n in enumerate(g.nodes) if not n.op.has(Contraction) and any(o in scores for o in n.outputs)}
     f = bwd = 0.0
@@ -238,23 +243,27 @@ def solve_segment(
             f += c.time_s
         else:
             bwd += c.time_s
-    shape = mesh.shape
+    act = _kept_bytes(g, plan, mesh.shape, scores)
+    fwd_reads = {v for n in g.nodes if n.part == "forward" for v in n.inputs}
+    inp = max((v.type.nbytes for v in g.inputs if v in fwd_reads and v.type.shape[:1] == (batch,)), default=0)
+    flops = sum(step_flops(g)[0].values())
+    return SegmentCost(f, bwd + qk, act, inp // max(virtual, 1) // tp, flops, plan)
+
+
+def _kept_bytes(g: Graph, plan: ShardingPlan, shape: tuple[int, ...], scores: set) -> int:
+    """Bytes per device of the forward values the backward reads, under the plan's specs (fused
+    attention scores are not kept)."""
     spec_of = {}
     for nc in plan.nodes:
         for o, sp in zip(g.nodes[nc.index].outputs, nc.out_specs):
             spec_of[o] = sp
     read_back = {v for n in g.nodes if n.part != "forward" for v in n.inputs}
-    act = 0
-    for n in g.nodes:
-        if n.part != "forward":
-            continue
-        for o in n.outputs:
-            if o in read_back and o not in scores and o in spec_of:
-                act += o.type.nbytes // split_factor(spec_of[o], shape)
-    fwd_reads = {v for n in g.nodes if n.part == "forward" for v in n.inputs}
-    inp = max((v.type.nbytes for v in g.inputs if v in fwd_reads and v.type.shape[:1] == (batch,)), default=0)
-    flops = sum(step_flops(g)[0].values())
-    return SegmentCost(f, bwd + qk, act, inp // max(virtual, 1) // tp, flops, plan)
+    kept = [o for n in g.nodes if n.part == "forward" for o in n.outputs]
+    return sum(
+        o.type.nbytes // split_factor(spec_of[o], shape)
+        for o in kept
+        if o in read_back and o not in scores and o in spec_of
+    )
 
 
 def _ring_s(nbytes: float, n: int, link) -> float:
