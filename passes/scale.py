@@ -500,7 +500,7 @@ def search_layered(
             o.skipped = "time limit: the search stopped before its block was solved"
             continue
         _compose_into(o, model, segments(lo.tp, lo.micro_batch, False), profile, figures, limit)
-        if o.plan is not None:
+        if o.plan is not None and o.exact:  # only a solved plan bounds the others
             best = min(best, o.plan.predicted["step_s"])
         o.seconds = time.perf_counter() - start
         if progress is not None:
@@ -536,19 +536,18 @@ def _compose_into(o: Outcome, model: _Model, segs: _Segments | str, profile, fig
 
 
 def _refine(out: list[Outcome], segments, model, profile, figures, limit, time_left) -> None:
-    """While time remains: solve the best plan's (tp, micro-batch size) exactly when its costs
-    were scaled from micro-batch 1, and compose its layouts again; until the best is exact."""
+    """While time remains: solve exactly the (tp, micro-batch size) of the fastest layout whose
+    costs were scaled from micro-batch 1, and compose its layouts again; until every composed
+    layout is exact (a scaled estimate is no bound, so only then is the choice the model's best)."""
     while time_left():
-        ok = [o for o in out if o.plan is not None]
-        if not ok:
+        pending = [o for o in out if o.plan is not None and not o.exact]
+        if not pending:
             return
-        top = min(ok, key=lambda o: o.plan.predicted["step_s"])  # type: ignore[union-attr]
-        if top.exact:
-            return
-        t, b = top.layout.tp, top.layout.micro_batch
-        segs = segments(t, b, True)
+        top = min(pending, key=lambda o: o.plan.predicted["step_s"])  # type: ignore[union-attr]
+        key = (top.layout.tp, top.layout.micro_batch)
+        segs = segments(*key, True)
         for o in out:
-            if (o.layout.tp, o.layout.micro_batch) == (t, b) and o.skipped is None:
+            if (o.layout.tp, o.layout.micro_batch) == key and o.skipped is None:
                 _compose_into(o, model, segs, profile, figures, limit)
 
 
