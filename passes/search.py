@@ -10,6 +10,11 @@ one already planned: axes of equal roles, sizes and links). Axis names carry rol
 only batch dims, tp anything: graphc/core/roles.py), so dp=8 and tp=8 are different problems.
 Links per axis (``links={"dp": Link(...)}``) model a slow network between data-parallel groups;
 ``pp`` and ``tp`` keep the machine's link unless given one.
+
+A step of repeated layers on the default axes is searched by blocks instead (passes/scale.py,
+docs/scale.md): one ILP per tensor-parallel sub-mesh and micro-batch size, stamped over the layers
+and composed into layouts with micro-batch sizes, ZeRO and recomputation. Either way the whole
+search ends by its deadline (``options.time_limit``); what it did not reach is listed as skipped.
 """
 
 from __future__ import annotations
