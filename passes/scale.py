@@ -45,6 +45,7 @@ import numpy as np
 from graphc.core.errors import PlanError
 from graphc.core.ir import Graph
 from graphc.core.mesh import Mesh
+from graphc.core.profile import MachineProfile
 from graphc.core.profiles import ClusterFigures, cluster_figures
 from graphc.core.spec import split_factor
 from graphc.core.traits import Contraction
@@ -56,6 +57,7 @@ from graphc.passes.sharding.build import step_flops
 from graphc.passes.sharding.plan import ShardingPlan
 
 MFU_FORMULA = "model_flops / (step_s * devices * peak_flops)"
+COMPOSED_PLAN_VERSION = 1
 VIRTUAL_AXIS = "dp"  # the block's data axis: batch / b devices of b sequences each
 MICROBATCH_SIZES = (1, 2, 4, 8, 16)
 ZERO_STAGES = (0, 1, 3)
@@ -107,15 +109,20 @@ class ComposedPlan:
     peak_flops: float
     figures: ClusterFigures
     block_plan: ShardingPlan | None = field(default=None, repr=False)
+    profile: MachineProfile | None = field(default=None, repr=False)
+    graph_hash: str = ""  # filled for the chosen plan (hashing a large step's text takes seconds)
 
     @property
     def mfu(self) -> float:
         return self.model_flops / (self.predicted["step_s"] * self.devices * self.peak_flops)
 
     def to_json(self, indent: int | None = 1) -> str:
+        axes = self.layout.axes or {"dp": 1}
         doc = {
+            "version": COMPOSED_PLAN_VERSION,
             "kind": "composed",
-            "graph": {"name": self.graph_name},
+            "graph": {"name": self.graph_name, "hash": self.graph_hash},
+            "mesh": Mesh(axes, profile=self.profile).to_json(),
             "layout": dataclasses.asdict(self.layout),
             "devices": self.devices,
             "stage_layers": list(self.stage_layers),
@@ -383,6 +390,7 @@ def compose(model: _Model, segs: _Segments, lo: Layout, profile, figures: Cluste
         peak_flops=peak,
         figures=figures,
         block_plan=blk.plan,
+        profile=profile,
     )
     return plan, None
 

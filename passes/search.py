@@ -33,7 +33,7 @@ from graphc.passes.options import PlanOptions
 from graphc.passes.partition import plan_sharding, state_ties
 from graphc.passes.pipeline import PipelinePlan, plan_pipeline
 from graphc.passes.scale import ComposedPlan, Layout, layered_model, search_layered
-from graphc.passes.sharding.plan import ShardingPlan
+from graphc.passes.sharding.plan import ShardingPlan, graph_hash
 
 AXES = ("pp", "dp", "tp")
 TIME_UP = "time limit: the search stopped before reaching it"
@@ -222,6 +222,8 @@ def _by_blocks(model, n_devices: int, options: PlanOptions, profile, deadline: f
         if progress is not None and cand.skipped is None:
             progress(cand)
     out.sort(key=lambda c: (c.skipped is not None, not c.ok, c.step_s if c.ok else 0.0))
+    if out and isinstance(out[0].plan, ComposedPlan):  # the chosen plan names the graph it was made for
+        out[0].plan = dataclasses.replace(out[0].plan, graph_hash=graph_hash(model.graph))
     return out
 
 
