@@ -13,7 +13,9 @@ import pytest
 
 import graphc
 from graphc.api.parallel import Parallelized
+from graphc.cli.common import load_plan
 from graphc.cli.loader import static_argnames
+from graphc.core.errors import PlanError
 from graphc.core.profiles import get_profile
 from graphc.models import gpt3
 from graphc.passes import scale
@@ -170,3 +172,10 @@ def test_gpt3_175b_on_1024_a100s_against_megatron():
     model = layered_model(g, _batch(g), A100)
     megatron = plan_layout(model, Layout(16, 8, 8, 1, 192, 1, "off"), options, A100, time.perf_counter() + 120)
     assert megatron.predicted["step_s"] >= best.step_s * (1 - 1e-12)
+
+
+def test_running_a_composed_plan_is_a_clear_error(tmp_path):
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps({"version": 1, "kind": "composed", "graph": {"name": "f", "hash": ""}, "mesh": {}}))
+    with pytest.raises(PlanError, match="block search predicted.*--mesh"):
+        load_plan(str(path))
