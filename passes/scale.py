@@ -360,10 +360,14 @@ def compose(model: _Model, segs: _Segments, lo: Layout, profile, figures: Cluste
         model.param_bytes + model.state_bytes, 1
     )
     dp_link = profile.link_for("dp")
-    reduce_s = _ring_s(grad_bytes, D, dp_link)
+    # ZeRO 0: an all-reduce during the backward; ZeRO 1-2: its reduce-scatter half during the
+    # backward, then an all-gather of the updated parameters after the update (not hidden); ZeRO 3:
+    # the reduce-scatter, and an all-gather of the parameters before every forward and backward
+    ring_s = _ring_s(grad_bytes, D, dp_link)
+    hidden_s, after_s = (ring_s, 0.0) if lo.zero == 0 else (ring_s / 2, ring_s / 2 if lo.zero < 3 else 0.0)
     gather_s = 2 * k * _ring_s(model.param_bytes * n_max / t, D, dp_link) / 2 if lo.zero >= 3 else 0.0
     last_backward = max(b_s)
-    dp_s = max(0.0, reduce_s - figures.dp_overlap * last_backward) + gather_s
+    dp_s = max(0.0, hidden_s - figures.dp_overlap * last_backward) + after_s + gather_s
     update_s = model.update_s * n_max / L / t / (D if lo.zero >= 1 else 1)
     step = pipeline_s + p2p + dp_s + update_s
     mem = [int(stage_mem(s, float(unit_a[bounds[s] : bounds[s + 1]].sum()), counts[s])) for s in range(S)]
