@@ -169,6 +169,7 @@ class _Model:
     model_flops: float
     peak_dtype: str
     graphs: dict[str, Graph] = field(default_factory=dict)
+    matmul_flops: float = 0.0  # the contractions' share of model_flops (what the compute bound counts)
 
 
 def layered_model(graph: Graph, batch: int | None, profile) -> _Model | None:
@@ -198,7 +199,20 @@ def layered_model(graph: Graph, batch: int | None, profile) -> _Model | None:
         "head": segment_graph(graph, seg.nodes(L + 1), f"{graph.name}.head"),
     }
     update_s = sum(secs[k] for k in seg.update_nodes)
-    return _Model(graph, layers, seg, batch, param, state, other, update_s, sum(flops.values()), dtype, graphs)
+    return _Model(
+        graph,
+        layers,
+        seg,
+        batch,
+        param,
+        state,
+        other,
+        update_s,
+        sum(flops.values()),
+        dtype,
+        graphs,
+        sum(contraction.values()),
+    )
 
 
 def _score_values(g: Graph) -> set:
@@ -451,10 +465,11 @@ def memory_bound(model: _Model, lo: Layout) -> float:
 
 
 def compute_bound(model: _Model, lo: Layout, profile) -> float:
-    """Seconds no plan of ``lo`` goes below: the step's flops at the best matmul rate over all
-    devices (recomputation adds a forward, a third), stretched by the 1F1B bubble."""
+    """Seconds no plan of ``lo`` goes below: the step's matmul flops at the best matmul rate over
+    all devices (recomputation adds a forward, a third), stretched by the 1F1B bubble. (Only the
+    matmuls: fused attention prices its elementwise work at nothing.)"""
     rates = [profile.matmul_rate(model.peak_dtype), *profile.matmul_table.get(model.peak_dtype, {}).values()]
-    work = model.model_flops * (4 / 3 if lo.recompute == "full" else 1.0)
+    work = model.matmul_flops * (4 / 3 if lo.recompute == "full" else 1.0)
     ideal = work / (lo.pp * lo.dp * lo.tp * max(rates))
     return ideal * (lo.microbatches + lo.pp - 1) / lo.microbatches
 

@@ -3,6 +3,7 @@ block stamped over them equal to the whole step's work, the stage DP against bru
 search on a small layered step, the time limit, and (slow) GPT-3 175B on 1,024 A100s against
 Megatron-LM's own layout."""
 
+import dataclasses
 import itertools
 import json
 import math
@@ -179,3 +180,32 @@ def test_running_a_composed_plan_is_a_clear_error(tmp_path):
     path.write_text(json.dumps({"version": 1, "kind": "composed", "graph": {"name": "f", "hash": ""}, "mesh": {}}))
     with pytest.raises(PlanError, match="block search predicted.*--mesh"):
         load_plan(str(path))
+
+
+def test_a_composed_step_is_the_1f1b_closed_form():
+    """Balanced stages, no memory limit: step = (k + S - 1) x (f + b) x layers per stage + the
+    fill and drain's sends + the gradient all-reduce the last backward does not hide + update."""
+    g = _small(n_layer=4, batch=32, dtype=graphc.bfloat16)
+    model = layered_model(g, _batch(g), A100)
+    blk = scale.SegmentCost(1e-3, 2e-3, 100, 10, 0.0, None)
+    zero = scale.SegmentCost(0.0, 0.0, 0, 0, 0.0, None)
+    segs = scale._Segments(zero, blk, zero)
+    figures = scale.cluster_figures(A100)
+    lo = Layout(pp=2, dp=4, tp=2, micro_batch=1, microbatches=8, zero=0, recompute="off")
+    plan, why = scale.compose(model, segs, lo, A100, figures, None)
+    assert why is None and plan.stage_layers == (2, 2)
+    link = A100.link_for("pp")
+    sends = 2 * (2 - 1) * (link.latency_s + 10 / link.bandwidth)  # only the fill and drain wait
+    dp_link = A100.link_for("dp")
+    grads = model.param_bytes * 2 / 2 + model.other_state / 2 * model.param_bytes / (
+        model.param_bytes + model.state_bytes
+    )
+    ring = 2 * 3 / 4 * grads / dp_link.bandwidth + 2 * 3 * dp_link.latency_s
+    exposed = max(0.0, ring - 2 * 2e-3)  # hidden behind one micro-batch's backward of a stage
+    update = model.update_s * 2 / 4 / 2
+    assert plan.predicted["step_s"] == pytest.approx((8 + 1) * 2 * 3e-3 + sends + exposed + update, rel=1e-12)
+    assert plan.predicted["bubble"] == pytest.approx(1 / 9)
+    assert plan.mfu == pytest.approx(plan.model_flops / (plan.predicted["step_s"] * 16 * 312e12))
+    full, _ = scale.compose(model, segs, dataclasses.replace(lo, recompute="full"), A100, figures, None)
+    assert full.predicted["pipeline_s"] == pytest.approx((8 + 1) * 2 * 4e-3)  # the forward twice
+    assert max(full.memory_bytes) < max(plan.memory_bytes)  # keeps 10 bytes a layer, not 100
