@@ -140,6 +140,11 @@ def example_train_specs(n_layer=96, d=12288, n_head=96, seq=2048, n_vocab=51200,
     return (params, _state(params, True), tokens, tokens), {"n_head": n_head, "lr": 6e-5}
 
 
+def example_train_specs_small():
+    """Four small layers in bfloat16 on 32 sequences of 16 tokens: the block search in seconds."""
+    return example_train_specs(n_layer=4, d=64, n_head=4, seq=16, n_vocab=128, batch=32)
+
+
 def example_train_specs_175b():
     """GPT-3 175B (96 layers, d = 12288, 96 heads, 2048 tokens, 51200-token vocabulary) on
     Megatron-LM's global batch of 1,536 sequences."""

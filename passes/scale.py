@@ -549,6 +549,32 @@ def plan_layout(model: _Model, layout: Layout, options: PlanOptions, profile, de
     return o.plan
 
 
+def plan_mesh(model: _Model, axes: dict[str, int], options: PlanOptions, profile, deadline: float) -> ComposedPlan:
+    """The composed plan of a given mesh {pp, dp, tp} with ``options.microbatches`` micro-batches
+    (so micro-batch size batch / (dp x microbatches)): its ZeRO stage and recomputation as
+    ``options`` force them, else the fastest of the choices. PlanError for a mesh the step
+    cannot take."""
+    unknown = set(axes) - {"pp", "dp", "tp"}
+    if unknown:
+        raise PlanError(f"the block search prices meshes of pp, dp and tp axes, not {', '.join(sorted(unknown))}")
+    S, D, t, k = axes.get("pp", 1), axes.get("dp", 1), axes.get("tp", 1), options.microbatches
+    if model.batch % (D * k):
+        raise PlanError(f"the batch of {model.batch} does not split into dp={D} x {k} micro-batches")
+    b = model.batch // (D * k)
+    zeros = ZERO_STAGES if options.zero == "auto" else (int(options.zero),)
+    recs = {"auto": ("off", "full"), "off": ("off",), "on": ("full",)}[options.recompute]
+    plans, errors = [], []
+    for z in zeros if D > 1 else (0,):
+        for r in recs:
+            try:
+                plans.append(plan_layout(model, Layout(S, D, t, b, k, z, r), options, profile, deadline))
+            except PlanError as exc:
+                errors.append(str(exc))
+    if not plans:
+        raise PlanError(errors[0])
+    return min(plans, key=lambda p: p.predicted["step_s"])
+
+
 def _is_exact(s: _Segments | str) -> bool:
     return isinstance(s, str) or s.exact
 
@@ -614,6 +640,7 @@ __all__ = [
     "layouts",
     "memory_bound",
     "plan_layout",
+    "plan_mesh",
     "search_layered",
     "solve_segment",
     "stage_cut",

@@ -121,7 +121,7 @@ def factorizations(n: int, axes: tuple[str, ...] = AXES) -> list[dict[str, int]]
     return out
 
 
-def _batch(graph: Graph) -> int | None:
+def step_batch(graph: Graph) -> int | None:
     sizes = {graph.inputs[k].type.shape[0] for k in batch_inputs(graph)}
     return min(sizes) if sizes else None
 
@@ -146,7 +146,7 @@ def search_meshes(
     step time, then the infeasible ones, then the skipped)."""
     profile = profile or load_profile()
     links = links or {}
-    batch = _batch(graph)
+    batch = step_batch(graph)
     if deadline is None:
         deadline = time.perf_counter() + options.time_limit
     model = layered_model(graph, batch, profile) if axes == AXES and not links and microbatches is None else None
@@ -318,4 +318,4 @@ def _why(best: Candidate, ok: list[Candidate]) -> str:
     return "; ".join(parts)
 
 
-__all__ = ["AXES", "Candidate", "explain", "factorizations", "search_meshes"]
+__all__ = ["AXES", "Candidate", "explain", "factorizations", "search_meshes", "step_batch"]

@@ -7,6 +7,9 @@ import dataclasses
 import itertools
 import json
 import math
+import os
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -23,10 +26,11 @@ from graphc.passes import scale
 from graphc.passes.blocks import cut_segments, find_layers, segment_graph, update_only
 from graphc.passes.options import PlanOptions
 from graphc.passes.scale import Layout, layered_model, plan_layout, search_layered, stage_cut
-from graphc.passes.search import _batch, search_meshes
+from graphc.passes.search import search_meshes, step_batch
 from graphc.passes.sharding.build import step_flops
 
 A100 = get_profile("a100-sxm")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _graph(args, kw):
@@ -132,7 +136,7 @@ def test_block_search_on_a_small_step_finds_a_plan_and_says_what_it_skipped(smal
 
 def test_a_search_stopped_at_its_limit_returns_the_best_plan_so_far(monkeypatch):
     g = _small(n_layer=4, batch=32, dtype=graphc.bfloat16)
-    model = layered_model(g, _batch(g), A100)
+    model = layered_model(g, step_batch(g), A100)
     solved = []
     real = scale._solve_all
 
@@ -153,7 +157,7 @@ def test_a_search_stopped_at_its_limit_returns_the_best_plan_so_far(monkeypatch)
 @pytest.mark.slow
 def test_plan_layout_prices_a_given_layout_no_faster_than_the_search(small_search):
     g, cands = small_search
-    model = layered_model(g, _batch(g), A100)
+    model = layered_model(g, step_batch(g), A100)
     lo = Layout(2, 1, 2, 2, 16, 0, "off")
     fixed = plan_layout(model, lo, PlanOptions(memory_limit=2**30), A100, time.perf_counter() + 60)
     assert fixed.layout == lo and fixed.predicted["step_s"] >= cands[0].step_s * (1 - 1e-12)
@@ -170,7 +174,7 @@ def test_gpt3_175b_on_1024_a100s_against_megatron():
     best = cands[0]
     assert best.ok and best.axes.get("tp", 1) <= 8 and best.axes.get("pp", 1) > 1
     assert 0.35 <= best.plan.mfu < 1
-    model = layered_model(g, _batch(g), A100)
+    model = layered_model(g, step_batch(g), A100)
     megatron = plan_layout(model, Layout(16, 8, 8, 1, 192, 1, "off"), options, A100, time.perf_counter() + 120)
     assert megatron.predicted["step_s"] >= best.step_s * (1 - 1e-12)
 
@@ -186,7 +190,7 @@ def test_a_composed_step_is_the_1f1b_closed_form():
     """Balanced stages, no memory limit: step = (k + S - 1) x (f + b) x layers per stage + the
     fill and drain's sends + the gradient all-reduce the last backward does not hide + update."""
     g = _small(n_layer=4, batch=32, dtype=graphc.bfloat16)
-    model = layered_model(g, _batch(g), A100)
+    model = layered_model(g, step_batch(g), A100)
     blk = scale.SegmentCost(1e-3, 2e-3, 100, 10, 0.0, None)
     zero = scale.SegmentCost(0.0, 0.0, 0, 0, 0.0, None)
     segs = scale._Segments(zero, blk, zero)
@@ -209,3 +213,33 @@ def test_a_composed_step_is_the_1f1b_closed_form():
     full, _ = scale.compose(model, segs, dataclasses.replace(lo, recompute="full"), A100, figures, None)
     assert full.predicted["pipeline_s"] == pytest.approx((8 + 1) * 2 * 4e-3)  # the forward twice
     assert max(full.memory_bytes) < max(plan.memory_bytes)  # keeps 10 bytes a layer, not 100
+
+
+def _cli(*args, cwd):
+    return subprocess.run(
+        [sys.executable, "-m", "graphc.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=600
+    )
+
+
+@pytest.mark.slow
+def test_cli_prices_a_given_mesh_by_blocks_no_faster_than_the_search(tmp_path):
+    target = [os.path.join(ROOT, "models/gpt3.py") + ":train_step", "--example", "example_train_specs_small"]
+    common = ["--profile", "a100-sxm", "--quiet", "--time-limit", "300"]
+    searched = _cli("compile", *target, "--devices", "4", *common, "-o", str(tmp_path / "s.json"), cwd=tmp_path)
+    assert searched.returncode == 0, searched.stderr
+    given = _cli(
+        "compile", *target, "--mesh", "pp=2,tp=2", "--microbatches", "4", "--by-blocks", *common,
+        "-o", str(tmp_path / "m.json"), cwd=tmp_path,
+    )  # fmt: skip
+    assert given.returncode == 0, given.stderr
+    s, m = (json.loads((tmp_path / f).read_text()) for f in ("s.json", "m.json"))
+    assert s["kind"] == m["kind"] == "composed" and m["layout"]["micro_batch"] == 8
+    assert m["predicted"]["step_s"] >= s["predicted"]["step_s"] * (1 - 1e-12)
+
+
+def test_by_blocks_with_devices_is_a_usage_error(tmp_path):
+    res = _cli(
+        "compile", os.path.join(ROOT, "models/gpt3.py") + ":train_step", "--devices", "4", "--by-blocks",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert res.returncode == 2 and "--by-blocks prices one --mesh" in res.stderr
