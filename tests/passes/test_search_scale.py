@@ -25,7 +25,7 @@ from graphc.models import gpt3
 from graphc.passes import scale
 from graphc.passes.blocks import cut_segments, find_layers, segment_graph, update_only
 from graphc.passes.options import PlanOptions
-from graphc.passes.scale import Layout, layered_model, plan_layout, search_layered, stage_cut
+from graphc.passes.scale import Layout, layered_model, plan_layout, plan_mesh, search_layered, stage_cut
 from graphc.passes.search import search_meshes, step_batch
 from graphc.passes.sharding.build import step_flops
 
@@ -175,7 +175,9 @@ def test_gpt3_175b_on_1024_a100s_against_megatron():
     assert best.ok and best.axes.get("tp", 1) <= 8 and best.axes.get("pp", 1) > 1
     assert 0.35 <= best.plan.mfu < 1
     model = layered_model(g, step_batch(g), A100)
-    megatron = plan_layout(model, Layout(16, 8, 8, 1, 192, 1, "off"), options, A100, time.perf_counter() + 120)
+    mesh = {"pp": 16, "dp": 8, "tp": 8}  # 192 micro-batches of 1 sequence per replica
+    megatron = plan_mesh(model, mesh, dataclasses.replace(options, microbatches=192), A100, time.perf_counter() + 300)
+    assert megatron.layout.micro_batch == 1
     assert megatron.predicted["step_s"] >= best.step_s * (1 - 1e-12)
 
 
