@@ -79,7 +79,7 @@ def main(rows: tuple[Row, ...] = ROWS) -> list[list[str]]:
     head = [
         "model",
         "cluster",
-        "plan time",
+        "plan time (limit)",
         "layout (pp dp tp micro-batch ZeRO recompute)",
         "step",
         "MFU",
