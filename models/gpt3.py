@@ -131,6 +131,12 @@ def example_train_args(batch=2, seq=16, n_vocab=128, d=64, n_layer=2, n_head=4, 
     return (params, _state(params, False), tokens, targets), {"n_head": n_head, "lr": 6e-5}
 
 
+def example_loss_args(batch=2, seq=16, n_vocab=128, d=64, n_layer=2, n_head=4, seed=0):
+    """The loss's arguments: small float32 weights with data."""
+    (params, _state, tokens, targets), kw = example_train_args(batch, seq, n_vocab, d, n_layer, n_head, seed)
+    return (params, tokens, targets), {"n_head": kw["n_head"]}
+
+
 def example_train_specs(n_layer=96, d=12288, n_head=96, seq=2048, n_vocab=51200, batch=1536, dtype=None):
     """A training step by types only: GPT-3 175B's shape at Megatron-LM's global batch by default,
     bfloat16 parameters and float32 Adam moments."""
