@@ -1,15 +1,16 @@
 """Mesh search at scale: plan one transformer block per tensor-parallel sub-mesh and compose.
 
 A step of L identical layers (passes/blocks.py finds them) is cut into segments: the embedding
-(pre), the repeated block, and the last layer with the head (post). Each segment is solved once
-per (tp, b): the sharding ILP (passes/partition.py ``plan_sharding``) on the segment's graph over
+(pre), the repeated block, and the head (final norm, output projection, loss). Each segment is
+solved once per (tp, b): the sharding ILP (passes/partition.py ``plan_sharding``) on the segment's graph over
 a mesh {dp: V, tp: t}, where the virtual data axis of V = batch / b devices gives every device b
 sequences, the micro-batch size (micro-batching is data parallelism in time:
 passes/microbatch.py). What the block plan predicts on the tp axis (compute, tensor-parallel
 collectives, the activations kept for the backward) is a micro-batch's work per device; what it
 does on the virtual axis (the gradient reduction) is dropped and priced below for the real one.
 Solutions are cached by (tp, b): every candidate with that sub-mesh and micro-batch size reuses
-them.
+them. Micro-batch 1 is solved for every tp first; larger sizes start as its costs scaled by b
+(an estimate, not a bound) and are solved exactly, fastest estimate first, while time remains.
 
 Each candidate (pp = S, dp = D, tp = t, micro-batch size b, so k = batch / (D b) micro-batches,
 a ZeRO stage, recompute off or full) is then composed:
@@ -27,8 +28,8 @@ a ZeRO stage, recompute off or full) is then composed:
 
 Candidates are pruned before their blocks are solved: a memory lower bound (the state alone, over
 t x S and ZeRO over D) over the limit, or a compute lower bound (the step's flops at the best
-matmul rate, with the bubble) over the best step so far. The search stops at its deadline and
-lists what it did not reach. What the composed model leaves out is in docs/scale.md.
+matmul rate, with the bubble) over the best solved step so far. The search stops at its deadline
+and lists what it did not reach. What the composed model leaves out is in docs/scale.md.
 """
 
 from __future__ import annotations
