@@ -10,6 +10,11 @@ one already planned: axes of equal roles, sizes and links). Axis names carry rol
 only batch dims, tp anything: graphc/core/roles.py), so dp=8 and tp=8 are different problems.
 Links per axis (``links={"dp": Link(...)}``) model a slow network between data-parallel groups;
 ``pp`` and ``tp`` keep the machine's link unless given one.
+
+A step of repeated layers on the default axes is searched by blocks instead (passes/scale.py,
+docs/scale.md): one ILP per tensor-parallel sub-mesh and micro-batch size, stamped over the layers
+and composed into layouts with micro-batch sizes, ZeRO and recomputation. Either way the whole
+search ends by its deadline (``options.time_limit``); what it did not reach is listed as skipped.
 """
 
 from __future__ import annotations
@@ -27,9 +32,11 @@ from graphc.passes.microbatch import batch_inputs
 from graphc.passes.options import PlanOptions
 from graphc.passes.partition import plan_sharding, state_ties
 from graphc.passes.pipeline import PipelinePlan, plan_pipeline
-from graphc.passes.sharding.plan import ShardingPlan
+from graphc.passes.scale import ComposedPlan, Layout, layered_model, search_layered
+from graphc.passes.sharding.plan import ShardingPlan, graph_hash
 
 AXES = ("pp", "dp", "tp")
+TIME_UP = "time limit: the search stopped before reaching it"
 
 
 @dataclass(slots=True, kw_only=True)
@@ -42,8 +49,9 @@ class Candidate:
     memory_bytes: int | None = None  # the largest device's predicted peak
     error: str | None = None
     seconds: float = 0.0  # planning time
-    plan: ShardingPlan | PipelinePlan | None = field(default=None, repr=False)
+    plan: ShardingPlan | PipelinePlan | ComposedPlan | None = field(default=None, repr=False)
     skipped: str | None = None  # why it was not planned at all
+    layout: Layout | None = None  # the block search's layout (micro-batch size, ZeRO, recompute)
 
     @property
     def ok(self) -> bool:
@@ -62,6 +70,9 @@ class Candidate:
     def describe(self) -> str:
         mesh = self.mesh_text
         mb = f", {self.microbatches} micro-batches" if "pp" in self.axes else ""
+        if self.layout is not None:
+            lo = self.layout
+            mb = f", micro-batch {lo.micro_batch} x {lo.microbatches}, ZeRO {lo.zero}, recompute {lo.recompute}"
         if self.skipped is not None:
             return f"{mesh}{mb}: skipped ({self.skipped})"
         if not self.ok:
@@ -84,6 +95,7 @@ class Candidate:
             "error": self.error,
             "skipped": self.skipped,
             "seconds": self.seconds,
+            "layout": None if self.layout is None else dataclasses.asdict(self.layout),
         }
 
 
@@ -109,7 +121,7 @@ def factorizations(n: int, axes: tuple[str, ...] = AXES) -> list[dict[str, int]]
     return out
 
 
-def _batch(graph: Graph) -> int | None:
+def step_batch(graph: Graph) -> int | None:
     sizes = {graph.inputs[k].type.shape[0] for k in batch_inputs(graph)}
     return min(sizes) if sizes else None
 
@@ -123,18 +135,30 @@ def search_meshes(
     axes: tuple[str, ...] = AXES,
     microbatches: tuple[int, ...] | None = None,
     progress=None,
+    deadline: float | None = None,
 ) -> list[Candidate]:
-    """Plan ``graph`` on every factorization of ``n_devices`` with ``options`` (each candidate
-    within ``options.time_limit``; a pipeline candidate with its own micro-batch count, from
-    ``microbatches`` or 1, S, 2S and 4S); candidates best first (feasible ones by predicted step
-    time, then the infeasible ones)."""
+    """Plan ``graph`` on every factorization of ``n_devices`` with ``options``, the whole search
+    by ``deadline`` (``time.perf_counter()`` seconds; default ``options.time_limit`` from now):
+    what it does not reach is listed as skipped. A step of repeated layers on the default axes is
+    searched by blocks (passes/scale.py: pp x dp x tp, micro-batch sizes, ZeRO, recomputation);
+    any other plans each candidate whole (a pipeline candidate with its own micro-batch count,
+    from ``microbatches`` or 1, S, 2S and 4S). Candidates best first (feasible ones by predicted
+    step time, then the infeasible ones, then the skipped)."""
     profile = profile or load_profile()
     links = links or {}
-    batch = _batch(graph)
+    batch = step_batch(graph)
+    if deadline is None:
+        deadline = time.perf_counter() + options.time_limit
+    model = layered_model(graph, batch, profile) if axes == AXES and not links and microbatches is None else None
+    if model is not None:
+        return _by_blocks(model, n_devices, options, profile, deadline, progress)
     ties = state_ties(graph)
     out: list[Candidate] = []
     seen: dict[tuple, str] = {}  # planning problem -> the mesh that stands for it
     for shape in factorizations(n_devices, axes):
+        if time.perf_counter() >= deadline:
+            out.append(Candidate(axes=dict(shape), microbatches=1, skipped=TIME_UP))
+            continue
         mesh_links = {a: link for a, link in links.items() if a in shape}
         # axes of one role, size and link are one problem whatever their names ({model: 4} and
         # {tp: 4}); the roles differ between dp and tp, so {dp: 4} and {tp: 4} are two
@@ -159,6 +183,11 @@ def search_meshes(
                 continue
             cand = Candidate(axes=dict(shape), microbatches=m)
             start = time.perf_counter()
+            if start >= deadline:
+                cand.skipped = TIME_UP
+                out.append(cand)
+                continue
+            options = dataclasses.replace(options, time_limit=max(deadline - start, 0.1))
             try:
                 mesh = Mesh(shape or {"dp": 1}, links=mesh_links or None, profile=profile)
                 if S == 1:  # no pipeline (an empty shape: one device)
@@ -173,6 +202,28 @@ def search_meshes(
                 progress(cand)
     # feasible by predicted step, then the infeasible, then the skipped
     out.sort(key=lambda c: (c.skipped is not None, not c.ok, c.step_s if c.ok else 0.0))
+    return out
+
+
+def _by_blocks(model, n_devices: int, options: PlanOptions, profile, deadline: float, progress) -> list[Candidate]:
+    """The block search (passes/scale.py), its layouts as candidates."""
+    out = []
+    for o in search_layered(model, n_devices, options, profile, deadline):
+        lo = o.layout
+        cand = Candidate(axes=lo.axes, microbatches=lo.microbatches, layout=lo, seconds=o.seconds)
+        cand.skipped, cand.error = o.skipped, o.error
+        if o.plan is not None:
+            cand.plan = o.plan
+            cand.predicted_s = o.plan.predicted["step_s"]
+            cand.comm_s = o.plan.predicted["comm_s"]
+            cand.bubble = o.plan.predicted["bubble"] if lo.pp > 1 else None
+            cand.memory_bytes = max(o.plan.memory_bytes)
+        out.append(cand)
+        if progress is not None and cand.skipped is None:
+            progress(cand)
+    out.sort(key=lambda c: (c.skipped is not None, not c.ok, c.step_s if c.ok else 0.0))
+    if out and isinstance(out[0].plan, ComposedPlan):  # the chosen plan names the graph it was made for
+        out[0].plan = dataclasses.replace(out[0].plan, graph_hash=graph_hash(model.graph))
     return out
 
 
@@ -233,7 +284,8 @@ def _considered(cands: list[Candidate]) -> str:
     for c in cands:
         if c.skipped is None:
             continue
-        why = "indivisible micro-batch counts" if c.skipped.startswith("indivisible") else c.skipped
+        why = c.skipped.split(":")[0] if c.skipped.split(":")[0] in _KINDS else c.skipped
+        why = "indivisible micro-batch counts" if why == "indivisible" else why
         reasons[why] = reasons.get(why, 0) + 1
     text = (
         f"considered {len(shapes)} mesh shapes ({'; '.join(shapes)}): planned {len(planned)} candidates "
@@ -242,6 +294,9 @@ def _considered(cands: list[Candidate]) -> str:
     if skipped:
         text += f", skipped {len(skipped)} (" + "; ".join(f"{n} {why}" for why, n in reasons.items()) + ")"
     return text
+
+
+_KINDS = ("indivisible", "time limit", "memory bound", "compute bound")
 
 
 def _why(best: Candidate, ok: list[Candidate]) -> str:
@@ -263,4 +318,4 @@ def _why(best: Candidate, ok: list[Candidate]) -> str:
     return "; ".join(parts)
 
 
-__all__ = ["AXES", "Candidate", "explain", "factorizations", "search_meshes"]
+__all__ = ["AXES", "Candidate", "explain", "factorizations", "search_meshes", "step_batch"]

@@ -11,7 +11,7 @@ from graphc.cli.loader import load_target, static_argnames
 from graphc.core.errors import GraphcError, MeshError
 from graphc.core.mesh import Mesh, parse_links
 
-NAMED = ("runtime", "kernels", "pipeline", "comm", "fastmath", "plans", "ps")
+NAMED = ("runtime", "kernels", "pipeline", "comm", "fastmath", "plans", "ps", "scale")
 
 
 def add_parser(sub) -> None:
@@ -26,7 +26,8 @@ def add_parser(sub) -> None:
         "table), kernels (fused kernels against memory bandwidth), "
         "pipeline (bubble and memory), comm (collective bandwidth), fastmath, plans (the cost "
         "model's predicted step times and memory of many plans against the threaded runtime), ps (parameter "
-        "server: sync vs SSP vs async with a straggler)",
+        "server: sync vs SSP vs async with a straggler), scale (the mesh search on GPT-3 175B, LLaMA-3 8B/70B and GPT-3 13B "
+        "at cluster scale: plan time, layout, predicted step and MFU)",
     )
     bench.add_argument("--example", help="function in FILE returning (args, kwargs) (default: example_args)")
     bench.add_argument(
@@ -89,6 +90,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from graphc.bench import fastmath
 
         fastmath.main(["--repeat", str(args.repeat)])
+        return 0
+    if args.target == "scale":
+        from graphc.bench import scale
+
+        scale.main()
         return 0
     if args.target == "ps":
         from graphc.bench import ps

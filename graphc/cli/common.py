@@ -342,6 +342,11 @@ def load_plan(path: str) -> ShardingPlan | PipelinePlan:
         kind = None  # not JSON, or not an object: the plan reader says so, with the line
     if kind == "pipeline":
         return PipelinePlan.from_json(text, path)
+    if kind == "composed":
+        raise PlanError(
+            f"{path}: a layout the block search predicted (docs/scale.md), not a plan for one mesh; "
+            "compile the step with --mesh of its layout to get a plan to run"
+        )
     return ShardingPlan.from_json(text, path)
 
 

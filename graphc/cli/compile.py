@@ -45,8 +45,9 @@ from graphc.core.profiles import PRESETS, get_profile
 from graphc.passes.manager import run_passes
 from graphc.passes.partition import compile_devices, lower, zero3_inputs
 from graphc.passes.pipeline import PipelinePlan, pipe_axis
-from graphc.passes.search import explain, search_meshes
-from graphc.passes.sharding.plan import ShardingPlan
+from graphc.passes.scale import layered_model, plan_mesh
+from graphc.passes.search import explain, search_meshes, step_batch
+from graphc.passes.sharding.plan import ShardingPlan, graph_hash
 
 
 def add_parser(sub) -> None:
@@ -79,6 +80,12 @@ def add_parser(sub) -> None:
     p.add_argument("--plan", metavar="FILE", help=argparse.SUPPRESS)  # renamed: says so
     p.add_argument("--dump-ir", metavar="DIR", help="write the IR after every pass to DIR")
     add_plan_flags(p)
+    p.add_argument(
+        "--by-blocks",
+        action="store_true",
+        help="with --mesh pp=..,dp=..,tp=.. on a step of repeated layers: price that layout with the block "
+        "search's model, as --devices does (docs/scale.md; a prediction, not a plan to run)",
+    )
     p.add_argument(
         "--no-cache", dest="cache", action="store_false", default=None, help="do not read or write the plan cache"
     )
@@ -119,8 +126,8 @@ def _compile(args: argparse.Namespace) -> int:
     if args.time_limit is not None and not (args.time_limit > 0 and math.isfinite(args.time_limit)):
         raise UsageError(f"--time-limit must be a positive number of seconds, got {args.time_limit}")
     output = _check_outputs(args)
-    if args.devices is not None:
-        return _search(args, progress, output)
+    if args.devices is not None or args.by_blocks:
+        return _search_or_blocks(args, progress, output, start)
     try:
         links = parse_links(args.link) if args.link else None
         profile = get_profile(args.profile) if args.profile else None
@@ -250,7 +257,42 @@ def _dump_pipeline_ir(folder: str, pf, fargs, fkwargs) -> None:
         atomic_write(os.path.join(folder, f"device-{d}.gir"), "\n".join(texts))
 
 
-def _search(args: argparse.Namespace, progress, output: Output) -> int:
+def _search_or_blocks(args: argparse.Namespace, progress, output: Output, start: float) -> int:
+    if args.devices is None:
+        return _mesh_by_blocks(args, progress, output, start)
+    if args.by_blocks:
+        raise UsageError("--by-blocks prices one --mesh; --devices searches by blocks already")
+    return _search(args, progress, output, start)
+
+
+def _mesh_by_blocks(args: argparse.Namespace, progress, output: Output, start: float) -> int:
+    """``--mesh ... --by-blocks``: the block search's composed plan of one mesh (passes/scale.py)."""
+    try:
+        profile = get_profile(args.profile) if args.profile else get_profile("cpu-here")
+        mesh = Mesh(args.mesh, profile=profile)
+    except MeshError as exc:
+        raise GraphcError(f"--mesh/--profile: {exc}") from None
+    options = plan_options(args)
+    fn, fargs, fkwargs = load_target(args.target, args.example)
+    pf = Parallelized(fn, {"dp": 1}, options, static_argnames=static_argnames(fkwargs))
+    progress(f"tracing {args.target}")
+    _traced, graph, _s = pf.trace_optimized(*fargs, **fkwargs)
+    model = layered_model(graph, step_batch(graph), profile)
+    if model is None:
+        raise UsageError(f"--by-blocks: {args.target} has no repeated layers (a list of identical blocks) to price")
+    axes = dict(zip(mesh.axis_names, mesh.shape))
+    plan = plan_mesh(model, axes, options, profile, start + options.time_limit - SEARCH_MARGIN_S)
+    plan = dataclasses.replace(plan, graph_hash=graph_hash(graph))
+    print(plan.summary())
+    _write(output, plan.to_json(), args)
+    return 0
+
+
+# kept back from --time-limit for printing and writing the chosen plan after the search stops
+SEARCH_MARGIN_S = 1.0
+
+
+def _search(args: argparse.Namespace, progress, output: Output, start: float) -> int:
     """``--devices N``: plan every factorization, print the choice and why, write the chosen plan."""
     try:
         links = parse_links(args.link) if args.link else None
@@ -271,6 +313,7 @@ def _search(args: argparse.Namespace, progress, output: Output) -> int:
         links,
         profile,
         progress=lambda c: progress(f"  {c.describe()} [{c.seconds:.2f}s]"),
+        deadline=start + options.time_limit - SEARCH_MARGIN_S,  # the whole compile within --time-limit
     )
     seconds = time.perf_counter() - t0
     planned = sum(c.skipped is None for c in cands)

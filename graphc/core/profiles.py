@@ -27,6 +27,7 @@ import json
 import os
 import stat
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from graphc.core.cache import private_dir, unsafe_reason, warn_cache
 from graphc.core.errors import MeshError
@@ -110,6 +111,19 @@ NVLINK_STEP_S = 3.4e-6  # NCCL tuning.cc hwLat[NVLINK][Ring][Simple]
 NETWORK_STEP_S = 9.6e-6  # NCCL tuning.cc hwLat[NET][Ring][Simple]
 NCCL_CALL_S = 8.4e-6  # NCCL tuning.cc baseLat[Ring][Simple]
 
+# Tensor-core GEMMs sustain about 80-90% of the datasheet peak: "optimized matrix-multiply (GEMM)
+# operations ... can reach up to 80-90% of the theoretical maximum device throughput" (Dao,
+# FlashAttention-2, 2023, section 1). The GPU presets price bfloat16/float16 matmuls of every size
+# class at the lower end, 80%; their peaks (``matmul_flops``) stay the datasheet's, and MFU is
+# reported against those.
+SUSTAINED_GEMM = 0.8
+
+
+def _sustained_gemm(peak: float) -> dict[str, dict[str, float]]:
+    rate = SUSTAINED_GEMM * peak
+    keys = [size + batched for size in ("small", "medium", "large") for batched in ("", " batched")]
+    return {dtype: dict.fromkeys(keys, rate) for dtype in ("bfloat16", "float16")}
+
 
 def h100_sxm() -> MachineProfile:
     """One H100 SXM5 80GB of a DGX/HGX H100 node (8 GPUs on NVSwitch), nodes on InfiniBand NDR.
@@ -135,6 +149,7 @@ def h100_sxm() -> MachineProfile:
         },
         inter_link=Link(NETWORK_STEP_S, 50e9),  # InfiniBand NDR, 400 Gb/s = 50 GB/s
         fuses_elementwise=True,
+        matmul_table=_sustained_gemm(989.4e12),
     )
 
 
@@ -161,6 +176,7 @@ def a100_sxm() -> MachineProfile:
         },
         inter_link=Link(NETWORK_STEP_S, 25e9),  # InfiniBand HDR, 200 Gb/s = 25 GB/s
         fuses_elementwise=True,
+        matmul_table=_sustained_gemm(312e12),
     )
 
 
@@ -171,6 +187,50 @@ def cpu_here() -> MachineProfile:
 
 
 PRESETS: dict[str, Callable[[], MachineProfile]] = {"h100-sxm": h100_sxm, "a100-sxm": a100_sxm, "cpu-here": cpu_here}
+
+
+# --- what the scale search (passes/scale.py) adds for GPU clusters -------------------------------
+
+
+@dataclass(frozen=True)
+class ClusterFigures:
+    """What a training stack on a GPU cluster does that the per-op cost model does not see, as the
+    scale search prices it (passes/scale.py). Each figure's source is in ``CLUSTER_FIGURES``."""
+
+    node_size: int | None  # devices per node: tensor parallelism stays inside one (None: no limit)
+    fused_attention: bool  # attention scores never reach memory (FlashAttention)
+    dp_overlap: float  # share of one micro-batch's backward the data-parallel gradient reduction hides
+    p2p_overlap: bool  # pipeline sends run beside compute: only the fill and drain wait for them
+    sources: tuple[str, ...] = ()
+
+
+NO_CLUSTER = ClusterFigures(node_size=None, fused_attention=False, dp_overlap=0.0, p2p_overlap=False)
+
+# Node size: a DGX A100 and a DGX H100 each hold 8 GPUs on one NVSwitch (NVIDIA DGX A100 and DGX
+# H100 datasheets). Fused attention: FlashAttention (Dao et al. 2022) computes softmax(QK^T)V in
+# tiles without writing the scores, and recomputes them in the backward; Megatron-LM and PyTorch
+# (scaled_dot_product_attention) use it on A100 and H100. DP overlap: PyTorch DDP (Li et al.,
+# VLDB 2020, section 3.2.3) all-reduces gradient buckets while the backward still runs, as does
+# Megatron-LM's --overlap-grad-reduce; the backward of the last micro-batch hides the reduction up
+# to its own length (1.0). P2P overlap: Megatron-LM's 1F1B sends activations asynchronously
+# (Narayanan et al. 2021, section 4.1: scatter/gather of the sends over the tensor-parallel ranks),
+# so only the pipeline's fill and drain wait for a transfer.
+_GPU_SOURCES = (
+    "node_size: NVIDIA DGX A100 / DGX H100 datasheets (8 GPUs per node on NVSwitch)",
+    "fused_attention: FlashAttention (Dao et al., NeurIPS 2022)",
+    "dp_overlap: PyTorch DDP bucketed all-reduce during the backward (Li et al., VLDB 2020)",
+    "p2p_overlap: Megatron-LM asynchronous 1F1B sends with scatter/gather (Narayanan et al., SC 2021, 4.1)",
+)
+CLUSTER_FIGURES: dict[str, ClusterFigures] = {
+    name: ClusterFigures(node_size=8, fused_attention=True, dp_overlap=1.0, p2p_overlap=True, sources=_GPU_SOURCES)
+    for name in ("a100-sxm", "h100-sxm")
+}
+
+
+def cluster_figures(profile: MachineProfile) -> ClusterFigures:
+    """The cluster figures of a preset GPU profile, by name; ``NO_CLUSTER`` for any other profile
+    (this machine's threads, a profile file: nothing overlaps, nothing is fused, no node limit)."""
+    return CLUSTER_FIGURES.get(profile.name, NO_CLUSTER)
 
 
 def read_profile(path: str) -> MachineProfile:

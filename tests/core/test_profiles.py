@@ -212,8 +212,9 @@ def test_bfloat16_is_priced_at_two_bytes_and_the_bfloat16_rate():
     p16 = _plan(llama.train_step, a16, kw, Mesh("dp=2", profile=H100), static)
     # the parameters and optimizer state dominate: half the bytes, less the int64 tokens and step count
     assert 0.45 < p16.memory.peak_bytes[0] / p32.memory.peak_bytes[0] < 0.55
-    # a large matmul is compute bound: bfloat16 at the tensor cores' rate, float32 at fp32's
-    for dtype, rate in ((graphc.bfloat16, 989.4e12), (np.float32, 66.9e12)):
+    # a large matmul is compute bound: bfloat16 at the tensor cores' sustained rate (80% of the
+    # datasheet peak, profiles.SUSTAINED_GEMM), float32 at fp32's
+    for dtype, rate in ((graphc.bfloat16, 0.8 * 989.4e12), (np.float32, 66.9e12)):
         spec = graphc.ArraySpec((4096, 4096), dtype)
         (node,) = graphc.trace(lambda x, y: x @ y, spec, spec).nodes
         assert full_time(node, H100) == pytest.approx(2 * 4096**3 / rate)

@@ -18,6 +18,7 @@ CASES = [
     ("graphc.models.cnn", "loss", "example_loss_args"),
     ("graphc.models.llama", "llama", "example_args"),
     ("graphc.models.llama", "loss", "example_loss_args"),
+    ("graphc.models.gpt3", "loss", "example_loss_args"),
 ]
 
 

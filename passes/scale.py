@@ -1,0 +1,648 @@
+"""Mesh search at scale: plan one transformer block per tensor-parallel sub-mesh and compose.
+
+A step of L identical layers (passes/blocks.py finds them) is cut into segments: the embedding
+(pre), the repeated block, and the head (final norm, output projection, loss). Each segment is
+solved once per (tp, b): the sharding ILP (passes/partition.py ``plan_sharding``) on the segment's graph over
+a mesh {dp: V, tp: t}, where the virtual data axis of V = batch / b devices gives every device b
+sequences, the micro-batch size (micro-batching is data parallelism in time:
+passes/microbatch.py). What the block plan predicts on the tp axis (compute, tensor-parallel
+collectives, the activations kept for the backward) is a micro-batch's work per device; what it
+does on the virtual axis (the gradient reduction) is dropped and priced below for the real one.
+Solutions are cached by (tp, b): every candidate with that sub-mesh and micro-batch size reuses
+them. Micro-batch 1 is solved for every tp first; larger sizes start as its costs scaled by b
+(an estimate, not a bound) and are solved exactly, fastest estimate first, while time remains.
+
+Each candidate (pp = S, dp = D, tp = t, micro-batch size b, so k = batch / (D b) micro-batches,
+a ZeRO stage, recompute off or full) is then composed:
+
+- stages: the L layers cut into S contiguous stages by dynamic programming over the per-layer
+  costs (as Alpa), minimising the slowest stage under the memory limit;
+- step (1F1B): (k + S - 1) x slowest stage's forward + backward per micro-batch, plus the
+  pipeline sends the fill and drain wait for, the data-parallel gradient reduction the last
+  backward does not hide, and the update;
+- memory per device of stage s: its parameters, gradients and optimizer state over t (ZeRO
+  splits them over D), plus min(k, S - s) micro-batches' activations (1F1B); with recomputation
+  only each layer's input is kept, and one layer's activations at a time;
+- MFU = model flops / (step x devices x peak of the dtype carrying the matmul flops), the
+  definition of a ShardingPlan's (passes/sharding/records.py ``Cost``).
+
+Candidates are pruned before their blocks are solved: a memory lower bound (the state alone, over
+t x S and ZeRO over D) over the limit, or a compute lower bound (the step's flops at the best
+matmul rate, with the bubble) over the best solved step so far. The search stops at its deadline
+and lists what it did not reach. What the composed model leaves out is in docs/scale.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from graphc.core.errors import PlanError
+from graphc.core.ir import Graph
+from graphc.core.mesh import Mesh
+from graphc.core.profile import MachineProfile
+from graphc.core.profiles import ClusterFigures, cluster_figures
+from graphc.core.spec import split_factor
+from graphc.core.traits import Contraction
+from graphc.passes.blocks import Layers, Segments, cut_segments, find_layers, segment_graph, update_only
+from graphc.passes.options import PlanOptions
+from graphc.passes.partition import plan_sharding, state_ties
+from graphc.passes.pipeline import node_seconds
+from graphc.passes.sharding.build import step_flops
+from graphc.passes.sharding.plan import ShardingPlan
+
+MFU_FORMULA = "model_flops / (step_s * devices * peak_flops)"
+COMPOSED_PLAN_VERSION = 1
+VIRTUAL_AXIS = "dp"  # the block's data axis: batch / b devices of b sequences each
+MICROBATCH_SIZES = (1, 2, 4, 8, 16)
+ZERO_STAGES = (0, 1, 3)
+MIN_SOLVE_S = 1.0  # a segment solve begun just before the deadline still gets this long
+MAX_GAP = 0.05  # a segment's ILP stopped further than this from its bound is not used
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentCost:
+    """One segment solved on a tp sub-mesh at micro-batch size b, per device and micro-batch."""
+
+    forward_s: float  # compute and tensor-parallel collectives
+    backward_s: float
+    activation_bytes: int  # forward values the backward reads
+    input_bytes: int  # the segment's activation input (what recomputation keeps)
+    flops: float
+    plan: ShardingPlan
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    pp: int
+    dp: int
+    tp: int
+    micro_batch: int  # sequences per device per micro-batch
+    microbatches: int
+    zero: int
+    recompute: str  # "off" | "full"
+
+    @property
+    def axes(self) -> dict[str, int]:
+        return {a: n for a, n in (("pp", self.pp), ("dp", self.dp), ("tp", self.tp)) if n > 1}
+
+
+@dataclass(frozen=True)
+class ComposedPlan:
+    """The plan the scale search chose: a layout, its stages, and the step it predicts (module
+    doc), with the block's own sharding plan on the tp sub-mesh. A prediction to compare
+    layouts with: graphc runs a plan made for one mesh (``graphc compile --mesh``)."""
+
+    graph_name: str
+    layout: Layout
+    devices: int
+    stage_layers: tuple[int, ...]
+    predicted: dict[str, float]
+    memory_bytes: tuple[int, ...]  # per device of each stage
+    model_flops: float
+    peak_dtype: str
+    peak_flops: float
+    figures: ClusterFigures
+    block_plan: ShardingPlan | None = field(default=None, repr=False)
+    profile: MachineProfile | None = field(default=None, repr=False)
+    graph_hash: str = ""  # filled for the chosen plan (hashing a large step's text takes seconds)
+
+    @property
+    def mfu(self) -> float:
+        return self.model_flops / (self.predicted["step_s"] * self.devices * self.peak_flops)
+
+    def to_json(self, indent: int | None = 1) -> str:
+        axes = self.layout.axes or {"dp": 1}
+        doc = {
+            "version": COMPOSED_PLAN_VERSION,
+            "kind": "composed",
+            "graph": {"name": self.graph_name, "hash": self.graph_hash},
+            "mesh": Mesh(axes, profile=self.profile).to_json(),
+            "layout": dataclasses.asdict(self.layout),
+            "devices": self.devices,
+            "stage_layers": list(self.stage_layers),
+            "predicted": dict(self.predicted),
+            "memory_bytes": list(self.memory_bytes),
+            "mfu": {
+                "value": self.mfu,
+                "formula": MFU_FORMULA,
+                "model_flops": self.model_flops,
+                "peak_dtype": self.peak_dtype,
+                "peak_flops": self.peak_flops,
+            },
+            "cluster_figures": dataclasses.asdict(self.figures),
+            "block_plan": None if self.block_plan is None else json.loads(self.block_plan.to_json()),
+        }
+        return json.dumps(doc, indent=indent)
+
+    def summary(self) -> str:
+        lo, p = self.layout, self.predicted
+        return "\n".join(
+            [
+                f"layout pp={lo.pp} dp={lo.dp} tp={lo.tp}: micro-batch {lo.micro_batch} x {lo.microbatches} "
+                f"micro-batches, ZeRO {lo.zero}, recompute {lo.recompute}; layers per stage {list(self.stage_layers)}",
+                f"predicted step {p['step_s']:.3f} s (pipeline {p['pipeline_s']:.3f} s, bubble {p['bubble']:.1%}, "
+                f"exposed sends {p['p2p_s']:.3f} s, exposed gradient reduction {p['dp_s']:.3f} s, "
+                f"update {p['update_s']:.3f} s); MFU {self.mfu:.1%} ({MFU_FORMULA}, peak {self.peak_dtype})",
+                f"memory per device {max(self.memory_bytes) / 2**30:.1f} GiB at most",
+            ]
+        )
+
+
+@dataclass
+class _Model:
+    """What the search knows about the step once: its layers, segments and per-layer state."""
+
+    graph: Graph
+    layers: Layers
+    segments: Segments
+    batch: int
+    param_bytes: float  # one layer's parameters (the inputs its forward reads)
+    state_bytes: float  # one layer's optimizer state (its inputs only the update reads)
+    other_state: float  # parameters and state outside the layers (embedding, final norm)
+    update_s: float  # the whole update on one device
+    model_flops: float
+    peak_dtype: str
+    graphs: dict[str, Graph] = field(default_factory=dict)
+    matmul_flops: float = 0.0  # the contractions' share of model_flops (what the compute bound counts)
+
+
+def layered_model(graph: Graph, batch: int | None, profile) -> _Model | None:
+    """The step's layers and segments, or None when it has no repeated block."""
+    layers = find_layers(graph)
+    if layers is None or batch is None:
+        return None
+    seg = cut_segments(graph, layers)
+    if seg is None:
+        return None
+    upd = update_only(graph)
+    read_fwd = {v for k, n in enumerate(graph.nodes) if n.part == "forward" and k not in upd for v in n.inputs}
+    first = [graph.inputs[k] for k in layers.inputs[0]]
+    param = sum(v.type.nbytes for v in first if v in read_fwd)
+    state = sum(v.type.nbytes for v in first if v not in read_fwd)
+    layer_inputs = {k for ks in layers.inputs for k in ks}
+    tied = {i for i, _o in state_ties(graph)}
+    other = sum(v.type.nbytes for k, v in enumerate(graph.inputs) if k in tied and k not in layer_inputs)
+    secs = node_seconds(graph, profile)
+    flops, contraction = step_flops(graph)
+    by = contraction or flops
+    dtype = max(by, key=lambda d: by[d]) if by else "float32"
+    L = layers.count
+    graphs = {
+        "pre": segment_graph(graph, seg.nodes(0), f"{graph.name}.pre"),
+        "block": segment_graph(graph, seg.nodes(seg.block), f"{graph.name}.block"),
+        "head": segment_graph(graph, seg.nodes(L + 1), f"{graph.name}.head"),
+    }
+    update_s = sum(secs[k] for k in seg.update_nodes)
+    return _Model(
+        graph,
+        layers,
+        seg,
+        batch,
+        param,
+        state,
+        other,
+        update_s,
+        sum(flops.values()),
+        dtype,
+        graphs,
+        sum(contraction.values()),
+    )
+
+
+def _score_values(g: Graph) -> set:
+    """Attention scores: the [.., T, T] values between two batched contractions (QK^T, then the
+    product with V) and their gradients (every value of that shape)."""
+    shapes = set()
+    for n in g.nodes:
+        if n.op.has(Contraction) and n.outputs and n.outputs[0].type.ndim >= 4:
+            sh = n.outputs[0].type.shape
+            if sh[-1] == sh[-2] and sh[-1] > 1 and n.part == "forward":
+                shapes.add(sh)
+    return {o for n in g.nodes for o in n.outputs if o.type.shape in shapes}
+
+
+def solve_segment(
+    g: Graph, tp: int, b: int, batch: int, profile, figures: ClusterFigures, deadline: float
+) -> SegmentCost:
+    """``g`` (a segment at the step's batch) planned on {dp: batch / b, tp} (module doc)."""
+    virtual = batch // b
+    axes = {VIRTUAL_AXIS: virtual} if virtual > 1 else {}
+    if tp > 1:
+        axes["tp"] = tp
+    mesh = Mesh(axes or {VIRTUAL_AXIS: 1}, profile=profile)
+    deadline = max(deadline, time.perf_counter() + MIN_SOLVE_S)
+    opts = PlanOptions(zero=0, recompute="off", time_limit=deadline - time.perf_counter())
+    plan = plan_sharding(g, mesh, ties=[], options=opts, deadline=deadline)
+    if plan.solver.status != "optimal" and plan.solver.gap > MAX_GAP:
+        raise PlanError(
+            f"the ILP of {g.name} on tp={tp} stopped at the time limit {plan.solver.gap:.0%} from its bound"
+        )
+    scores = _score_values(g) if figures.fused_attention else set()
+    fused = {k for k, n in enumerate(g.nodes) if not n.op.has(Contraction) and any(o in scores for o in n.outputs)}
+    f = bwd = 0.0
+    qk = 0.0
+    for nc in plan.nodes:
+        n = g.nodes[nc.index]
+        if nc.index in fused:
+            continue  # inside the fused attention kernel: no round trip through memory
+        if n.op.has(Contraction) and n.part == "forward" and any(o in scores for o in n.outputs):
+            qk += nc.compute_s  # FlashAttention recomputes the scores in the backward
+        if n.part == "forward":
+            f += nc.compute_s
+        else:
+            bwd += nc.compute_s
+    for c in plan.collectives:
+        if VIRTUAL_AXIS in c.axes:
+            continue  # the gradient reduction over the virtual batch axis: priced for the real dp
+        if c.part == "forward":
+            f += c.time_s
+        else:
+            bwd += c.time_s
+    act = _kept_bytes(g, plan, mesh.shape, scores)
+    fwd_reads = {v for n in g.nodes if n.part == "forward" for v in n.inputs}
+    inp = max((v.type.nbytes for v in g.inputs if v in fwd_reads and v.type.shape[:1] == (batch,)), default=0)
+    flops = sum(step_flops(g)[0].values())
+    return SegmentCost(f, bwd + qk, act, inp // max(virtual, 1) // tp, flops, plan)
+
+
+def _kept_bytes(g: Graph, plan: ShardingPlan, shape: tuple[int, ...], scores: set) -> int:
+    """Bytes per device of the forward values the backward reads, under the plan's specs (fused
+    attention scores are not kept)."""
+    spec_of = {}
+    for nc in plan.nodes:
+        for o, sp in zip(g.nodes[nc.index].outputs, nc.out_specs):
+            spec_of[o] = sp
+    read_back = {v for n in g.nodes if n.part != "forward" for v in n.inputs}
+    kept = [o for n in g.nodes if n.part == "forward" for o in n.outputs]
+    return sum(
+        o.type.nbytes // split_factor(spec_of[o], shape)
+        for o in kept
+        if o in read_back and o not in scores and o in spec_of
+    )
+
+
+def _ring_s(nbytes: float, n: int, link) -> float:
+    """A ring all-reduce of ``nbytes`` per device over ``n`` devices."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    return 2 * (n - 1) / n * nbytes / link.bandwidth + 2 * (n - 1) * link.latency_s
+
+
+def stage_cut(unit_s: np.ndarray, unit_mem: np.ndarray, fixed_mem, S: int, limit: float | None) -> list[int] | None:
+    """Layers per stage: the contiguous cut of the units into ``S`` stages whose slowest stage is
+    fastest, each stage's memory ``fixed_mem(s, units)`` + in-flight share within ``limit``, by
+    dynamic programming (``best[s, j]``: the slowest stage of the best cut of units 0 .. j into s
+    stages). None when no cut fits."""
+    L = len(unit_s)
+    t = np.concatenate([[0.0], np.cumsum(unit_s)])
+    mem = np.concatenate([[0.0], np.cumsum(unit_mem)])
+    best = np.full((S + 1, L + 1), np.inf)
+    arg = np.zeros((S + 1, L + 1), dtype=np.int64)
+    best[0, 0] = 0.0
+    j, i = np.meshgrid(np.arange(L + 1), np.arange(L + 1), indexing="ij")  # stage [i, j)
+    span = np.where(i < j, t[j] - t[i], np.inf)
+    for s in range(1, S + 1):
+        cost = np.maximum(best[s - 1][None, :], span)
+        if limit is not None:
+            cost = np.where(fixed_mem(s - 1, mem[j] - mem[i], j - i) <= limit, cost, np.inf)
+        arg[s] = np.argmin(cost, axis=1)
+        best[s] = cost[np.arange(L + 1), arg[s]]
+    if not np.isfinite(best[S, L]):
+        return None
+    bounds = [L]
+    for s in range(S, 0, -1):
+        bounds.append(int(arg[s, bounds[-1]]))
+    bounds = bounds[::-1]
+    return [bounds[s + 1] - bounds[s] for s in range(S)]
+
+
+@dataclass
+class _Segments:
+    pre: SegmentCost
+    block: SegmentCost
+    head: SegmentCost
+    exact: bool = True  # solved at this micro-batch size, not scaled from micro-batch 1
+
+
+def compose(model: _Model, segs: _Segments, lo: Layout, profile, figures: ClusterFigures, limit: int | None):
+    """The ComposedPlan of layout ``lo`` from its solved segments, or the reason it cannot run."""
+    L, S, D, t, k = model.layers.count, lo.pp, lo.dp, lo.tp, lo.microbatches
+    full = lo.recompute == "full"
+    blk, pre, head = segs.block, segs.pre, segs.head
+    unit_f = np.full(L, blk.forward_s)
+    unit_b = np.full(L, blk.backward_s)
+    unit_a = np.full(L, float(blk.input_bytes if full else blk.activation_bytes))
+    for i, end in ((0, pre), (L - 1, head)):  # the embedding with the first layer, the head with the last
+        unit_f[i] += end.forward_s
+        unit_b[i] += end.backward_s
+        unit_a[i] += end.input_bytes if full else end.activation_bytes
+    unit_s = unit_f * (2 if full else 1) + unit_b
+    per_layer_state = (
+        model.param_bytes / (D if lo.zero >= 3 else 1)
+        + model.param_bytes / (D if lo.zero >= 2 else 1)  # gradients, in the parameters' dtype
+        + model.state_bytes / (D if lo.zero >= 1 else 1)
+    ) / t
+    other = model.other_state / t / (D if lo.zero >= 1 else 1)
+    work = max(blk.activation_bytes, head.activation_bytes) if full else 0.0
+
+    def stage_mem(s, unit_bytes, n_units):
+        flight = min(k, S - s)
+        ends = other if s in (0, S - 1) else 0.0
+        return per_layer_state * n_units + ends + flight * unit_bytes + work
+
+    counts = stage_cut(unit_s, unit_a, stage_mem, S, limit)
+    if counts is None:
+        return None, f"no cut into {S} stages fits {limit / 2**30:.1f} GiB per device" if limit else "no cut"
+    bounds = np.concatenate([[0], np.cumsum(counts)]).astype(int)
+    f_s = [float(unit_f[bounds[s] : bounds[s + 1]].sum()) for s in range(S)]
+    b_s = [float(unit_b[bounds[s] : bounds[s + 1]].sum()) for s in range(S)]
+    per_mb = [(2 * f if full else f) + b for f, b in zip(f_s, b_s)]
+    slowest = max(per_mb)
+    pipeline_s = (k + S - 1) * slowest
+    bubble = 1.0 - k * sum(per_mb) / S / pipeline_s if pipeline_s else 0.0
+    pp_link = profile.link_for("pp")
+    send = pp_link.latency_s + blk.input_bytes / pp_link.bandwidth
+    p2p = 0.0 if S == 1 else 2 * send * ((S - 1) if figures.p2p_overlap else (k + S - 1))
+    n_max = max(counts)
+    grad_bytes = model.param_bytes * n_max / t + model.other_state / t * model.param_bytes / max(
+        model.param_bytes + model.state_bytes, 1
+    )
+    dp_link = profile.link_for("dp")
+    # ZeRO 0: an all-reduce during the backward; ZeRO 1-2: its reduce-scatter half during the
+    # backward, then an all-gather of the updated parameters after the update (not hidden); ZeRO 3:
+    # the reduce-scatter, and an all-gather of the parameters before every forward and backward
+    ring_s = _ring_s(grad_bytes, D, dp_link)
+    hidden_s, after_s = (ring_s, 0.0) if lo.zero == 0 else (ring_s / 2, ring_s / 2 if lo.zero < 3 else 0.0)
+    gather_s = 2 * k * _ring_s(model.param_bytes * n_max / t, D, dp_link) / 2 if lo.zero >= 3 else 0.0
+    last_backward = max(b_s)
+    dp_s = max(0.0, hidden_s - figures.dp_overlap * last_backward) + after_s + gather_s
+    update_s = model.update_s * n_max / L / t / (D if lo.zero >= 1 else 1)
+    step = pipeline_s + p2p + dp_s + update_s
+    mem = [int(stage_mem(s, float(unit_a[bounds[s] : bounds[s + 1]].sum()), counts[s])) for s in range(S)]
+    peak = profile.matmul_rate(model.peak_dtype)
+    predicted = {
+        "step_s": step,
+        "pipeline_s": pipeline_s,
+        "per_microbatch_s": slowest,
+        "bubble": bubble,
+        "p2p_s": p2p,
+        "dp_s": dp_s,
+        "update_s": update_s,
+        "comm_s": p2p + dp_s,
+    }
+    plan = ComposedPlan(
+        graph_name=model.graph.name,
+        layout=lo,
+        devices=S * D * t,
+        stage_layers=tuple(int(c) for c in counts),
+        predicted=predicted,
+        memory_bytes=tuple(mem),
+        model_flops=model.model_flops,
+        peak_dtype=model.peak_dtype,
+        peak_flops=peak,
+        figures=figures,
+        block_plan=blk.plan,
+        profile=profile,
+    )
+    return plan, None
+
+
+def flat_accumulated(model: _Model, segs: _Segments, lo: Layout, profile, figures, limit):
+    """A layout without pipeline stages: k micro-batches accumulate gradients on a dp x tp mesh.
+    MERGE POINT (issue 29 item 1): passes/microbatch.py's accumulated planner (branch mb29) plans
+    such a mesh whole; until it is wired here, the composed model prices it as one stage."""
+    return compose(model, segs, lo, profile, figures, limit)
+
+
+@dataclass
+class Outcome:
+    """One layout the search considered: its plan, or why not (``error``), or why it was not
+    composed at all (``skipped``)."""
+
+    layout: Layout
+    plan: ComposedPlan | None = None
+    error: str | None = None
+    skipped: str | None = None
+    seconds: float = 0.0
+    exact: bool = True  # composed from segments solved at its micro-batch size (not scaled)
+
+
+def layouts(model: _Model, n: int, node_size: int | None, options: PlanOptions) -> list[Layout]:
+    """Every layout of ``n`` devices (tp within a node, pp at most the layers), largest tp and
+    smallest micro-batch first."""
+    L, B = model.layers.count, model.batch
+    out = []
+    tps = [t for t in range(n, 0, -1) if n % t == 0 and (node_size is None or t <= node_size)]
+    zeros = ZERO_STAGES if options.zero == "auto" else (int(options.zero),)
+    recs = {"auto": ("off", "full"), "off": ("off",), "on": ("full",)}[options.recompute]
+    for t in tps:
+        for b in MICROBATCH_SIZES:
+            for S in (s for s in range(1, min(L, n // t) + 1) if (n // t) % s == 0):
+                D = n // (t * S)
+                if B % (D * b):
+                    continue
+                for z in zeros if D > 1 else (0,):
+                    for r in recs:
+                        out.append(Layout(S, D, t, b, B // (D * b), z, r))
+    return out
+
+
+def memory_bound(model: _Model, lo: Layout) -> float:
+    """Bytes per device no cut can go below: the state spread evenly over tp x pp (ZeRO over dp)."""
+    L, D = model.layers.count, lo.dp
+    per_layer = (
+        model.param_bytes / (D if lo.zero >= 3 else 1)
+        + model.param_bytes / (D if lo.zero >= 2 else 1)
+        + model.state_bytes / (D if lo.zero >= 1 else 1)
+    )
+    return per_layer * L / (lo.tp * lo.pp)
+
+
+def compute_bound(model: _Model, lo: Layout, profile) -> float:
+    """Seconds no plan of ``lo`` goes below: the step's matmul flops at the best matmul rate over
+    all devices (recomputation adds a forward, a third), stretched by the 1F1B bubble. (Only the
+    matmuls: fused attention prices its elementwise work at nothing.)"""
+    rates = [profile.matmul_rate(model.peak_dtype), *profile.matmul_table.get(model.peak_dtype, {}).values()]
+    work = model.matmul_flops * (4 / 3 if lo.recompute == "full" else 1.0)
+    ideal = work / (lo.pp * lo.dp * lo.tp * max(rates))
+    return ideal * (lo.microbatches + lo.pp - 1) / lo.microbatches
+
+
+def search_layered(
+    model: _Model,
+    n: int,
+    options: PlanOptions,
+    profile,
+    deadline: float,
+    progress: Callable[[Outcome], None] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> list[Outcome]:
+    """Every layout of ``n`` devices (``layouts``), pruned by bounds, composed from segments solved
+    once per (tp, micro-batch size), until ``deadline`` (``time.perf_counter()`` seconds)."""
+    figures = cluster_figures(profile)
+    limit = options.memory_limit
+    cands = layouts(model, n, figures.node_size, options)
+    solved: dict[tuple[int, int], _Segments | str] = {}
+    solve_s: list[float] = []  # how long each solve took: the next is not begun unless one fits
+
+    def time_left() -> bool:
+        return clock() + (max(solve_s) if solve_s else 0.0) < deadline
+
+    def segments(t: int, b: int, exact: bool) -> _Segments | str:
+        """Cached: exact per (t, b), else micro-batch 1's scaled by b."""
+        if (t, b) in solved and (not exact or _is_exact(solved[(t, b)])):
+            return solved[(t, b)]
+        if exact or b == 1:
+            begun = time.perf_counter()
+            solved[(t, b)] = _solve_all(model, t, b, profile, figures, deadline)
+            solve_s.append(time.perf_counter() - begun)
+        else:
+            one = segments(t, 1, True)
+            solved[(t, b)] = (
+                one
+                if isinstance(one, str)
+                else _Segments(scaled(one.pre, b), scaled(one.block, b), scaled(one.head, b), exact=False)
+            )
+        return solved[(t, b)]
+
+    best = math.inf
+    out: list[Outcome] = []
+    for lo in cands:
+        start = time.perf_counter()
+        o = Outcome(lo)
+        out.append(o)
+        if limit is not None and memory_bound(model, lo) > limit:
+            o.skipped = f"memory bound: its state alone needs {memory_bound(model, lo) / 2**30:.1f} GiB per device"
+            continue
+        if compute_bound(model, lo, profile) >= best:
+            o.skipped = "compute bound: slower than the best plan so far at any cut"
+            continue
+        if (lo.tp, 1) not in solved and not time_left():
+            o.skipped = "time limit: the search stopped before its block was solved"
+            continue
+        _compose_into(o, model, segments(lo.tp, lo.micro_batch, False), profile, figures, limit)
+        if o.plan is not None and o.exact:  # only a solved plan bounds the others
+            best = min(best, o.plan.predicted["step_s"])
+        o.seconds = time.perf_counter() - start
+        if progress is not None:
+            progress(o)
+    _refine(out, segments, model, profile, figures, limit, time_left)
+    return out
+
+
+def plan_layout(model: _Model, layout: Layout, options: PlanOptions, profile, deadline: float) -> ComposedPlan:
+    """The composed plan of one given layout (a mesh such as Megatron-LM's pp=16, dp=8, tp=8 with
+    its micro-batch size), its segments solved at that micro-batch size: what the search would
+    predict for it. PlanError when it cannot run."""
+    figures = cluster_figures(profile)
+    segs = _solve_all(model, layout.tp, layout.micro_batch, profile, figures, deadline)
+    o = Outcome(layout)
+    _compose_into(o, model, segs, profile, figures, options.memory_limit)
+    if o.plan is None:
+        raise PlanError(f"layout {layout}: {o.error}")
+    return o.plan
+
+
+def plan_mesh(model: _Model, axes: dict[str, int], options: PlanOptions, profile, deadline: float) -> ComposedPlan:
+    """The composed plan of a given mesh {pp, dp, tp} with ``options.microbatches`` micro-batches
+    (so micro-batch size batch / (dp x microbatches)): its ZeRO stage and recomputation as
+    ``options`` force them, else the fastest of the choices. PlanError for a mesh the step
+    cannot take."""
+    unknown = set(axes) - {"pp", "dp", "tp"}
+    if unknown:
+        raise PlanError(f"the block search prices meshes of pp, dp and tp axes, not {', '.join(sorted(unknown))}")
+    S, D, t, k = axes.get("pp", 1), axes.get("dp", 1), axes.get("tp", 1), options.microbatches
+    if model.batch % (D * k):
+        raise PlanError(f"the batch of {model.batch} does not split into dp={D} x {k} micro-batches")
+    b = model.batch // (D * k)
+    zeros = ZERO_STAGES if options.zero == "auto" else (int(options.zero),)
+    recs = {"auto": ("off", "full"), "off": ("off",), "on": ("full",)}[options.recompute]
+    plans, errors = [], []
+    for z in zeros if D > 1 else (0,):
+        for r in recs:
+            try:
+                plans.append(plan_layout(model, Layout(S, D, t, b, k, z, r), options, profile, deadline))
+            except PlanError as exc:
+                errors.append(str(exc))
+    if not plans:
+        raise PlanError(errors[0])
+    return min(plans, key=lambda p: p.predicted["step_s"])
+
+
+def _is_exact(s: _Segments | str) -> bool:
+    return isinstance(s, str) or s.exact
+
+
+def _compose_into(o: Outcome, model: _Model, segs: _Segments | str, profile, figures, limit) -> None:
+    if isinstance(segs, str):
+        o.error = segs
+        return
+    compose_fn = compose if o.layout.pp > 1 else flat_accumulated
+    o.plan, o.error = compose_fn(model, segs, o.layout, profile, figures, limit)
+    o.exact = segs.exact
+
+
+def _refine(out: list[Outcome], segments, model, profile, figures, limit, time_left) -> None:
+    """While time remains: solve exactly the (tp, micro-batch size) of the fastest layout whose
+    costs were scaled from micro-batch 1, and compose its layouts again; until every composed
+    layout is exact (a scaled estimate is no bound, so only then is the choice the model's best)."""
+    while time_left():
+        pending = [o for o in out if o.plan is not None and not o.exact]
+        if not pending:
+            return
+        top = min(pending, key=lambda o: o.plan.predicted["step_s"])  # type: ignore[union-attr]
+        key = (top.layout.tp, top.layout.micro_batch)
+        segs = segments(*key, True)
+        for o in out:
+            if (o.layout.tp, o.layout.micro_batch) == key and o.skipped is None:
+                _compose_into(o, model, segs, profile, figures, limit)
+
+
+def _solve_all(model: _Model, tp: int, b: int, profile, figures, deadline: float) -> _Segments | str:
+    """The segments solved on tp at micro-batch size ``b``, or why they cannot be."""
+    try:
+        parts = {
+            name: solve_segment(g, tp, b, model.batch, profile, figures, deadline) for name, g in model.graphs.items()
+        }
+    except PlanError as exc:
+        return f"block on tp={tp}, micro-batch {b}: {str(exc).splitlines()[0]}"
+    return _Segments(parts["pre"], parts["block"], parts["head"])
+
+
+def scaled(c: SegmentCost, b: int) -> SegmentCost:
+    """A segment's micro-batch-1 costs for a micro-batch of ``b`` sequences: b times the compute,
+    the tensor-parallel traffic and the activations (the per-collective latencies are scaled too,
+    which overstates them by at most (b - 1) latencies per collective)."""
+    return dataclasses.replace(
+        c,
+        forward_s=c.forward_s * b,
+        backward_s=c.backward_s * b,
+        activation_bytes=c.activation_bytes * b,
+        input_bytes=c.input_bytes * b,
+    )
+
+
+__all__ = [
+    "MFU_FORMULA",
+    "ComposedPlan",
+    "Layout",
+    "Outcome",
+    "SegmentCost",
+    "compose",
+    "compute_bound",
+    "layered_model",
+    "layouts",
+    "memory_bound",
+    "plan_layout",
+    "plan_mesh",
+    "search_layered",
+    "solve_segment",
+    "stage_cut",
+]
