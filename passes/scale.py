@@ -415,9 +415,10 @@ def compose(model: _Model, segs: _Segments, lo: Layout, profile, figures: Cluste
 
 
 def flat_accumulated(model: _Model, segs: _Segments, lo: Layout, profile, figures, limit):
-    """A layout without pipeline stages: k micro-batches accumulate gradients on a dp x tp mesh.
-    MERGE POINT (issue 29 item 1): passes/microbatch.py's accumulated planner (branch mb29) plans
-    such a mesh whole; until it is wired here, the composed model prices it as one stage."""
+    """A layout without pipeline stages: k micro-batches accumulate gradients on a dp x tp mesh,
+    priced by the same composed model as a pipeline of one stage, so that every layout is compared
+    by one model. The search's choice is then planned whole when the step is small enough
+    (passes/search.py ``_plan_whole``: passes/accumulate.py's planner for such a layout)."""
     return compose(model, segs, lo, profile, figures, limit)
 
 

@@ -52,6 +52,7 @@ class Candidate:
     plan: ShardingPlan | PipelinePlan | ComposedPlan | None = field(default=None, repr=False)
     skipped: str | None = None  # why it was not planned at all
     layout: Layout | None = None  # the block search's layout (micro-batch size, ZeRO, recompute)
+    whole_error: str | None = None  # why the block search's choice kept its composed plan (_plan_whole)
 
     @property
     def ok(self) -> bool:
@@ -151,7 +152,10 @@ def search_meshes(
         deadline = time.perf_counter() + options.time_limit
     model = layered_model(graph, batch, profile) if axes == AXES and not links and microbatches is None else None
     if model is not None:
-        return _by_blocks(model, n_devices, options, profile, deadline, progress)
+        out = _by_blocks(model, n_devices, options, profile, deadline, progress)
+        if out and out[0].ok and len(graph.nodes) <= WHOLE_PLAN_NODES:
+            _plan_whole(out[0], graph, options, profile, deadline)
+        return out
     ties = state_ties(graph)
     out: list[Candidate] = []
     seen: dict[tuple, str] = {}  # planning problem -> the mesh that stands for it
@@ -227,6 +231,37 @@ def _by_blocks(model, n_devices: int, options: PlanOptions, profile, deadline: f
     return out
 
 
+# a step up to this many nodes (a few dozen layers of a small model) has the block search's choice
+# planned whole, so the plan it returns runs; larger steps keep the composed plan (a prediction)
+WHOLE_PLAN_NODES = 6000
+
+
+def _plan_whole(cand: Candidate, graph: Graph, options: PlanOptions, profile, deadline: float) -> None:
+    """Replace the block search's composed plan for ``cand`` by the whole-graph plan of its layout
+    (its mesh and micro-batch count; ZeRO and recomputation as ``options`` say), which
+    ``graphc run`` and ``parallelize`` can run; keep the composed plan when the time is up or the
+    whole plan cannot be made (the reason in ``cand.whole_error``)."""
+    assert cand.layout is not None
+    start = time.perf_counter()
+    if start >= deadline:
+        cand.whole_error = "the time limit ran out before the chosen layout could be planned whole"
+        return
+    lo = cand.layout
+    opts = dataclasses.replace(options, microbatches=lo.microbatches, time_limit=max(deadline - start, 0.1))
+    fake = Candidate(axes=lo.axes, microbatches=lo.microbatches)
+    try:
+        mesh = Mesh(lo.axes or {"dp": 1}, profile=profile)
+        if lo.pp > 1 or lo.microbatches > 1:  # plan_pipeline also plans accumulation on a mesh without pp
+            _plan_pipelined(fake, graph, mesh, opts, state_ties(graph))
+        else:
+            _plan_flat(fake, graph, mesh, state_ties(graph), opts)
+    except PlanError as exc:
+        cand.whole_error = str(exc).splitlines()[0]
+        return
+    cand.plan = fake.plan
+    cand.seconds += time.perf_counter() - start
+
+
 def _plan_flat(cand: Candidate, graph: Graph, mesh: Mesh, ties, options: PlanOptions) -> None:
     plan = plan_sharding(graph, mesh, ties=ties, options=options)
     cand.predicted_s, cand.comm_s = plan.cost.total_s, plan.cost.comm_s
@@ -261,6 +296,13 @@ def explain(cands: list[Candidate], shown: int = 6, verbose: bool = False) -> st
         return "\n".join(lines)
     best = ok[0]
     lines.append(f"chose {best.describe()}")
+    if isinstance(best.plan, ComposedPlan):
+        why = best.whole_error or f"a step of over {WHOLE_PLAN_NODES:,} nodes is not planned whole"
+        lines.append(
+            f"the plan written is the block search's prediction, not a plan to run ({why}): compile the chosen mesh with --mesh to run it"
+        )
+    elif best.layout is not None:
+        lines.append("the chosen layout was then planned whole: the plan written runs (graphc run --plan)")
     lines.append("why: " + _why(best, ok))
     if verbose:
         return "\n".join(lines)

@@ -22,11 +22,11 @@ from graphc.cli.loader import static_argnames
 from graphc.core.errors import PlanError
 from graphc.core.profiles import get_profile
 from graphc.models import gpt3
-from graphc.passes import scale
+from graphc.passes import scale, search
 from graphc.passes.blocks import cut_segments, find_layers, segment_graph, update_only
 from graphc.passes.options import PlanOptions
 from graphc.passes.scale import Layout, layered_model, plan_layout, plan_mesh, search_layered, stage_cut
-from graphc.passes.search import search_meshes, step_batch
+from graphc.passes.search import explain, search_meshes, step_batch
 from graphc.passes.sharding.build import step_flops
 
 A100 = get_profile("a100-sxm")
@@ -124,7 +124,10 @@ def test_block_search_on_a_small_step_finds_a_plan_and_says_what_it_skipped(smal
     _g, cands = small_search
     best = cands[0]
     assert best.ok and best.layout is not None and best.axes.get("tp", 1) <= 8
-    doc = json.loads(best.plan.to_json())
+    # a step this small has its choice planned whole (a plan that runs); the others stay composed
+    assert not isinstance(best.plan, scale.ComposedPlan) and best.whole_error is None
+    assert "planned whole" in explain(cands)
+    doc = json.loads(next(c for c in cands[1:] if c.ok).plan.to_json())
     assert doc["kind"] == "composed" and doc["mfu"]["formula"] == scale.MFU_FORMULA
     assert doc["mfu"]["value"] == pytest.approx(
         doc["mfu"]["model_flops"] / (doc["predicted"]["step_s"] * 4 * doc["mfu"]["peak_flops"])
@@ -181,6 +184,22 @@ def test_gpt3_175b_on_1024_a100s_against_megatron():
     assert megatron.predicted["step_s"] >= best.step_s * (1 - 1e-12)
 
 
+def test_a_step_too_large_to_plan_whole_keeps_the_composed_plan_and_says_so(monkeypatch):
+    monkeypatch.setattr(search, "WHOLE_PLAN_NODES", 0)
+    g = _small(n_layer=4, batch=8, dtype=graphc.bfloat16)
+    cands = search_meshes(g, 2, PlanOptions(), profile=A100)
+    assert isinstance(cands[0].plan, scale.ComposedPlan)
+    assert "not a plan to run" in explain(cands) and "--mesh" in explain(cands)
+
+
+def test_a_search_out_of_time_keeps_the_composed_plan():
+    g = _small(n_layer=4, batch=8, dtype=graphc.bfloat16)
+    cand = search_meshes(g, 2, PlanOptions(), profile=A100)[0]
+    composed = dataclasses.replace(cand, plan=None, whole_error=None)
+    search._plan_whole(composed, g, PlanOptions(), A100, deadline=time.perf_counter() - 1)
+    assert composed.plan is None and "time limit" in composed.whole_error
+
+
 def test_running_a_composed_plan_is_a_clear_error(tmp_path):
     path = tmp_path / "plan.json"
     path.write_text(json.dumps({"version": 1, "kind": "composed", "graph": {"name": "f", "hash": ""}, "mesh": {}}))
@@ -235,8 +254,9 @@ def test_cli_prices_a_given_mesh_by_blocks_no_faster_than_the_search(tmp_path):
     )  # fmt: skip
     assert given.returncode == 0, given.stderr
     s, m = (json.loads((tmp_path / f).read_text()) for f in ("s.json", "m.json"))
-    assert s["kind"] == m["kind"] == "composed" and m["layout"]["micro_batch"] == 8
-    assert m["predicted"]["step_s"] >= s["predicted"]["step_s"] * (1 - 1e-12)
+    assert m["kind"] == "composed" and m["layout"]["micro_batch"] == 8
+    chosen = s["search"]["candidates"][0]  # the search's composed prediction (its plan was then made whole)
+    assert m["predicted"]["step_s"] >= chosen["predicted_s"] * (1 - 1e-12)
 
 
 def test_by_blocks_with_devices_is_a_usage_error(tmp_path):
