@@ -13,6 +13,7 @@ import pytest
 
 from graphc.ops.registry import REGISTRY as OPS
 from tests.fuzz.compare import check_runner
+from tests.fuzz.magnitudes import absolute_jvp
 from tests.fuzz.steps import Const, run_program
 from tests.fuzz.test_numpy_grad import check_jvp_and_vjp, expected_gradients, finite_difference_check
 
@@ -155,3 +156,18 @@ def test_jvp_vjp_check_catches_a_wrong_vjp_rule(monkeypatch, op):
     }
     with pytest.raises(AssertionError, match="<vjp"):
         check_jvp_and_vjp(programs[op])
+
+
+def test_magnitudes_by_hand():
+    """|J| |v| of small functions, derived by hand: the terms that cancel count twice."""
+    x, v = np.array([0.5, -2.0]), np.array([3.0, -1.0])
+    cases = [
+        (lambda x: (np.stack([x, x]) - x,), [np.abs(np.stack([v, v])) * 2]),
+        (lambda x: (np.sin(x) * x,), [np.abs(np.cos(x)) * np.abs(x) * np.abs(v) + np.abs(np.sin(x)) * np.abs(v)]),
+        (lambda x: (np.max(x), x @ x), [np.abs(v[0]), 2 * np.abs(x) @ np.abs(v)]),
+    ]
+    for fn, want in cases:
+        got = absolute_jvp(fn, (x,), (np.abs(v),))
+        assert got.eps == np.finfo(np.float64).eps and got.roundings > 0
+        for g, w in zip(got.outputs, want):
+            np.testing.assert_allclose(g, w, rtol=1e-15)
