@@ -19,6 +19,12 @@ from graphc.core.ir import Node
 _FASTMATH = {"exp": "exp", "tanh": "tanh", "log": "log", "log1p": "log1p_", "expm1": "expm1_"}
 _FLOAT_FUNCS = {"sqrt": "math.sqrt", "sin": "math.sin", "cos": "math.cos"}  # (kernels are float32/64 only)
 _BINARY = {"add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "**"}
+# numpy's integer +, - and * wrap. Numba computes integers of every signed width in int64 with
+# LLVM's nsw flag, under which a signed overflow is undefined: LLVM folds ``x + x == 0`` to
+# ``x == 0`` and ``x - 1 > x`` to False. Its uint64 arithmetic has no such flag and wraps, and
+# the low bits of a sum, difference or product do not depend on the operands' signedness, so
+# these ops compute in uint64 and cast to the result dtype.
+_WRAPPING = ("add", "sub", "mul")
 _COMPARE = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 
 
@@ -35,6 +41,8 @@ def constant_text(value: np.ndarray) -> str:
 def arithmetic_expr(name: str, args: list[str], dtype: np.dtype) -> str | None:
     """Arithmetic and math functions, cast to the result dtype; None for other ops."""
     cast = np_type(dtype)
+    if name in _WRAPPING and dtype.kind in "iu":  # in uint64, which wraps (see _WRAPPING)
+        return f"{cast}(np.uint64({args[0]}) {_BINARY[name]} np.uint64({args[1]}))"
     if name in _BINARY:
         return f"{cast}({args[0]} {_BINARY[name]} {args[1]})"
     if name in _FASTMATH:  # vectorizable versions (runtime/fastmath.py)

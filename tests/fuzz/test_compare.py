@@ -11,9 +11,11 @@ import functools
 import numpy as np
 import pytest
 
+from graphc.ops.registry import REGISTRY as OPS
 from tests.fuzz.compare import check_runner
+from tests.fuzz.magnitudes import absolute_jvp
 from tests.fuzz.steps import Const, run_program
-from tests.fuzz.test_numpy_grad import expected_gradients, finite_difference_check
+from tests.fuzz.test_numpy_grad import check_jvp_and_vjp, expected_gradients, finite_difference_check
 
 X = np.array([1.0, -2.0, 3.0])
 DOUBLE = (("operator", ("*",), (0, Const(2)), ()),)  # x * 2
@@ -118,3 +120,54 @@ def test_duplicate_index_oracle_by_hand():
     assert [g.tolist() for g in expected_gradients("copy", "+=", [0, 0], x, v, w)] == [[1, 2, 3], [0, 1]]
     assert [g.tolist() for g in expected_gradients("zeros", "add.at", [0, 0], x, v, w)] == [[0, 0, 0], [1, 1]]
     assert [g.tolist() for g in expected_gradients("copy", "subtract.at", [2], x, v[:1], w)] == [[1, 2, 3], [-3]]
+
+
+# --- the jvp/vjp identity -------------------------------------------------------------------------
+
+STACK_MINUS = (("stack", (0,), (0, 0), ()), ("operator", ("-",), (1, 0), ()))  # np.stack([x, x]) - x
+
+
+def test_jvp_vjp_bound_holds_where_the_result_cancels():
+    """Class 27 of docs/fuzzing_numpy.md: ``np.stack([x, x]) - x`` is 0 for every x; its jvp is
+    ``v - v``, exactly 0, while the vjp's ``(u0 + u1) - (u0 + u1)``, summed in two orders, is not.
+    A bound taken from the results (0) failed; the chain rule's magnitudes bound it."""
+    for x in (np.array([0.3, -1.7, 2.9]), np.array(1.3), np.arange(6.0).reshape(2, 3) / 7):
+        check_jvp_and_vjp((STACK_MINUS, (2,), (x,)))
+
+
+@pytest.mark.parametrize("op", ["sub", "tanh", "mul"])
+def test_jvp_vjp_check_catches_a_wrong_vjp_rule(monkeypatch, op):
+    """A vjp rule that is wrong on purpose (one term's sign, or a factor 1 + 1e-9) fails the
+    identity: the bound is about 1e-13 of the chain rule's magnitudes."""
+    rule = OPS[op].vjp
+
+    def wrong(ad, g):
+        grads = rule(ad, g)
+        if op == "sub":
+            return [grads[0], -grads[1]]  # d(x - y)/dy = +1
+        return [grads[0] * (1 + 1e-9), *grads[1:]]
+
+    monkeypatch.setattr(OPS[op], "vjp", wrong)
+    x = np.array([0.3, -1.7, 2.9])
+    programs = {
+        "sub": (STACK_MINUS, (2,), (x,)),
+        "tanh": ((("ufunc", ("tanh",), (0,), ()),), (1,), (x,)),
+        "mul": ((("operator", ("*",), (0, 0), ()),), (1,), (x,)),
+    }
+    with pytest.raises(AssertionError, match="<vjp"):
+        check_jvp_and_vjp(programs[op])
+
+
+def test_magnitudes_by_hand():
+    """|J| |v| of small functions, derived by hand: the terms that cancel count twice."""
+    x, v = np.array([0.5, -2.0]), np.array([3.0, -1.0])
+    cases = [
+        (lambda x: (np.stack([x, x]) - x,), [np.abs(np.stack([v, v])) * 2]),
+        (lambda x: (np.sin(x) * x,), [np.abs(np.cos(x)) * np.abs(x) * np.abs(v) + np.abs(np.sin(x)) * np.abs(v)]),
+        (lambda x: (np.max(x), x @ x), [np.abs(v[0]), 2 * np.abs(x) @ np.abs(v)]),
+    ]
+    for fn, want in cases:
+        got = absolute_jvp(fn, (x,), (np.abs(v),))
+        assert got.eps == np.finfo(np.float64).eps and got.roundings > 0
+        for g, w in zip(got.outputs, want):
+            np.testing.assert_allclose(g, w, rtol=1e-15)

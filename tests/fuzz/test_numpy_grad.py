@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 import graphc
 from graphc.core.errors import GraphcError
 from tests.fuzz.compare import assert_matches, check_same, documented_rejection, exactness
+from tests.fuzz.magnitudes import absolute_jvp
 from tests.fuzz.programs import GRAD, describe, programs, quietly
 from tests.fuzz.steps import op_write, run_program
 from tests.helpers import fuzz_settings
@@ -148,11 +149,21 @@ def _random_like(rng: np.random.Generator, x: Any) -> np.ndarray:
 @given(programs(GRAD))
 @fuzz_settings(120)
 def test_jvp_and_vjp_agree(program):
-    """<vjp(u), v> == <u, jvp(v)>: both are u^T J v. Each side sums at most n = (elements of the
-    inputs and outputs) products per op, the program has at most 6 ops, and every term of u^T J v
-    is a product of values bounded by the loss's magnitudes, so each side's rounding error is below
-    6 n eps (|u| . |jvp(v)| + |vjp(u)| . |v|), the sums of the absolute terms."""
     assume(_grad_program(program) is not None)
+    check_jvp_and_vjp(program)
+
+
+def check_jvp_and_vjp(program: tuple) -> None:
+    """<vjp(u), v> == <u, jvp(v)>: both are u^T J v, J the product of the Jacobians of the
+    primitives the program traces to, multiplied from the right by forward mode and from the left
+    by reverse mode. Each side's rounding error is below gamma_K A (tests/fuzz/magnitudes.py), where
+    A = |u|^T |J_m| ... |J_1| |v| sums the magnitudes of the chain rule's terms (computed from numpy
+    and the calculus, not from graphc's rules), K bounds the roundings along any chain of them (the
+    rules' and the final inner products'), and gamma_K = K eps / (1 - K eps). The bound cannot be
+    taken from the two results: they can cancel (``np.stack([x, x]) - x``: the jvp is exactly 0,
+    the vjp adds and subtracts u0 + u1 in two orders). A wrong rule is off by a share of the terms
+    it makes, far above gamma_K A unless its terms are negligible in A.
+    Both modes' primal outputs must equal numpy's."""
     steps, outputs, inputs = program
     floats = _float_outputs(program)
     want = quietly(run_program, steps, outputs, *inputs)
@@ -184,11 +195,17 @@ def test_jvp_and_vjp_agree(program):
         return
     lhs = sum(float(np.sum(a * b)) for a, b in zip(uv, v))
     rhs = sum(float(np.sum(a * b)) for a, b in zip(u, jv))
-    absolute = sum(float(np.sum(np.abs(a * b))) for a, b in zip(uv, v))
-    absolute += sum(float(np.sum(np.abs(a * b))) for a, b in zip(u, jv))
-    n = sum(np.size(x) for x in inputs) + sum(np.size(w) for w in u) + 1
-    tol = 6 * n * EPS * absolute
-    assert abs(lhs - rhs) <= tol, f"<vjp(u), v> = {lhs!r} != <u, jvp(v)> = {rhs!r} (tolerance {tol:.3g})\n{where}"
+    chain = quietly(absolute_jvp, fn, inputs, [np.abs(t) for t in v])
+    absolute = sum(float(np.sum(np.abs(a) * b)) for a, b in zip(u, chain.outputs))
+    if not np.isfinite(absolute):  # (an infinite partial derivative on a path whose tangent is 0: no bound)
+        return
+    roundings = chain.roundings + sum(np.size(t) for t in (*u, *v))  # (with the final inner products)
+    gamma = roundings * chain.eps / (1 - roundings * chain.eps)
+    tol = 2 * gamma * absolute / (1 - gamma)  # (each side; A's own rounding, relative gamma)
+    assert abs(lhs - rhs) <= tol, (
+        f"<vjp(u), v> = {lhs!r} != <u, jvp(v)> = {rhs!r} (tolerance {tol:.3g}: gamma_K A, K = {roundings}, "
+        f"A = {absolute:.3g})\n{where}"
+    )
 
 
 # --- duplicate indices, exactly ---------------------------------------------------------------------------

@@ -269,3 +269,24 @@ def test_a_float_out_of_an_integers_range_wraps_as_numpys_cast(dtype):
     want = fn(u, v)
     np.testing.assert_array_equal(compiled(u, v), want)
     np.testing.assert_array_equal(graphc.evaluate(graphc.trace(fn, u, v), u, v), want)
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.uint32, np.int8])
+def test_integer_arithmetic_wraps_as_numpys(dtype):
+    """numpy's integer +, - and * wrap. Numba compiles int64 arithmetic with LLVM's ``nsw`` flag,
+    which makes a signed overflow undefined, and LLVM then folds ``x + x == 0`` to ``x == 0`` and
+    ``x - 1 > x`` to False: the fused kernel of ``(x + x) // (x + x)`` at the most negative int64
+    gave -1 where numpy's 0 // 0 is 0 (found by the long fuzz run, dp2). uint32 * uint32 overflows
+    int64, the type Numba computes it in. Values at the dtype's extremes, in a vectorized part and
+    a tail (37 elements)."""
+    info = np.iinfo(dtype)
+    x = np.resize(np.array([info.min, info.max, info.min + 1, info.max - 1, 0, 1], dtype), 37)
+
+    def fn(x):
+        one = dtype(1)
+        return (x + x == 0, x - one > x, (x * dtype(2)) == 0, x * x, -x < 0)
+
+    compiled = graphc.jit(fn).compile(x)
+    assert compiled.stats()["fused_kernels"] >= 1
+    for got, want in zip(compiled(x), fn(x)):
+        np.testing.assert_array_equal(got, want)
