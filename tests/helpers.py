@@ -171,8 +171,11 @@ def fuzz_settings(examples: int):
     (tests/conftest.py) that profile's settings, at least 10,000 examples with random seeds."""
     from hypothesis import HealthCheck, settings
 
-    if settings.get_current_profile_name() == "long":
-        return settings(settings.get_profile("long"))
+    # hypothesis names the profile "long-with-verbose-verbosity" when --hypothesis-verbosity is
+    # also given: still the long profile, with its verbosity
+    current = settings.get_current_profile_name()
+    if current == "long" or current.startswith("long-with-"):
+        return settings(settings.get_profile(current))
     return settings(
         max_examples=examples,
         deadline=None,
