@@ -239,16 +239,16 @@ class _Pricer:
         growth = sum(nb for _x, _y, nb in changes if nb > 0)
         if growth == 0 and outside >= self.peak:
             return self.peak  # nothing grows, and the peak lies away from the changes
-        if float(self.prof[lo : hi + 1].max()) + growth <= outside:
+        if self._range_max(lo, hi) + growth <= outside:
             return int(outside)  # even all growth at the highest point stays below it
         # the changes add a step function to the profile: per step, its highest point plus the step
         steps: dict[int, float] = {}
         for x, y, nb in changes:
             steps[x] = steps.get(x, 0.0) + nb
             steps[y + 1] = steps.get(y + 1, 0.0) - nb
-        at = sorted(steps)
+        bounds = sorted(steps)
         inside, level = -np.inf, 0.0
-        for first, end in zip(at, at[1:]):
+        for first, end in zip(bounds, bounds[1:]):
             level += steps[first]
             inside = max(inside, self._range_max(first, end - 1) + level)
         return int(max(inside, self.before[lo], self.after[hi + 1]))
