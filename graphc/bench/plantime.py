@@ -20,8 +20,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import graphc
 from graphc.api.compiled import write_ties
+from graphc.api.parallel import parallelize
 from graphc.core.units import fmt_time
 from graphc.models import gpt, gpt3, llama
 from graphc.passes.options import PlanOptions
@@ -103,7 +103,7 @@ class Timing:
 
 
 def _parallel(case: Case, solver: str, kwargs: dict):
-    return graphc.parallelize(
+    return parallelize(
         case.fn,
         mesh=case.mesh,
         memory_limit=case.memory_limit,

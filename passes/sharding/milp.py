@@ -9,6 +9,9 @@ the linearized pair products, memory rows). ``solve_milp`` hands it to a backend
   HiGHS's own thread while this one waits in 0.1 s steps: Ctrl-C cancels it (HiGHS stops at its
   next callback and keeps its incumbent), and the thread is joined before ``KeyboardInterrupt``
   propagates. A starting solution seeds the incumbent, so a time limit always leaves a plan.
+* ``cpsat``: OR-Tools' CP-SAT (``_cpsat``): interruptible the same way (``StopSearch`` from this
+  thread), the starting solution as its hint, one worker per core. Slower than HiGHS on the
+  planning ILPs on this 2-core machine, so not the default (docs/solver.md has the figures).
 * ``CBC`` and ``SCIP``: OR-Tools' pywraplp, for comparison (they honour the time limit but
   not Ctrl-C while inside the solver).
 
