@@ -251,3 +251,17 @@ def test_cli_ctrl_c_exits_130_with_one_line_and_no_plan(tmp_path):
     assert proc.returncode == 130
     assert stderr.strip() == "graphc: interrupted"
     assert not out.exists()
+
+
+def test_cpsat_plans_what_highs_plans():
+    """The whole planner on CP-SAT (memory limit and lazy rows included) finds HiGHS's objective."""
+    from graphc.models import mlp
+    from graphc.passes.sharding.milp import REL_GAP
+
+    args, kw = mlp.example_train_args(batch=8, sizes=(16, 32, 8))
+    plans = {}
+    for solver in ("highs", "cpsat"):
+        step = graphc.parallelize(mlp.train_step, mesh="tp=2", static_argnames=tuple(kw), solver=solver, cache=False)
+        plans[solver] = step.plan(*args, **kw)
+    assert plans["cpsat"].solver.name == "cpsat" and plans["cpsat"].solver.status == "optimal"
+    assert plans["cpsat"].solver.objective_s == pytest.approx(plans["highs"].solver.objective_s, rel=2 * REL_GAP)
