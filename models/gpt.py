@@ -169,3 +169,8 @@ def example_train_specs_24l():
 
 def example_train_specs_48l():
     return example_train_specs(n_layer=48)
+
+
+def example_train_specs_1000l():
+    """1,000 layers of d=256 (Aceso's depth): how planning time grows with depth alone."""
+    return example_train_specs(n_layer=1000, d=256, n_head=4, batch=8, seq=128)

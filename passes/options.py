@@ -20,7 +20,7 @@ Each option has one type and one set of values, defined here next to it:
     schedule         "1f1b" | "gpipe"              SCHEDULES: a pipeline's schedule
     shrink           bool                          tie repeated layers, merge followers (ilp.py)
     free_axes        bool                          ignore the axis roles (passes/sharding/roles.py)
-    solver           "highs" | "CBC" | "SCIP"      SOLVERS: the ILP backend (passes/sharding/milp.py)
+    solver           "highs" | "cpsat" | ...       SOLVERS: the ILP backend (passes/sharding/milp.py)
     linear_partials  bool                          carry partial sums through ops linear in them
     bucket_bytes     int >= 0                      gradient buckets (passes/bucket.py); 0: none
 
@@ -46,12 +46,12 @@ RECOMPUTE_MODES = ("auto", "on", "off")
 ZERO_STAGES = (0, 1, 2, 3)
 ZERO_CHOICES = ("auto", *ZERO_STAGES)
 SCHEDULES = ("1f1b", "gpipe")
-SOLVERS = ("highs", "CBC", "SCIP")
+SOLVERS = ("highs", "cpsat", "CBC", "SCIP")
 
 Recompute = Literal["auto", "on", "off"]
 Zero = Literal["auto", 0, 1, 2, 3]
 Schedule = Literal["1f1b", "gpipe"]
-Solver = Literal["highs", "CBC", "SCIP"]
+Solver = Literal["highs", "cpsat", "CBC", "SCIP"]
 
 # What a plan file written before an option existed was planned with: no gradient buckets, no
 # ZeRO, no recomputation, the axis roles, one micro-batch.

@@ -1,5 +1,5 @@
 """``graphc bench``: FILE:FUNC [--mesh ...], or one of the named benchmarks (kernels, pipeline,
-comm, fastmath, plans, ps, runtime). Each prints its figures next to a peer measured in the same run."""
+comm, fastmath, plans, plantime, ps, runtime, scale). Each prints its figures next to a peer measured in the same run."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from graphc.cli.loader import load_target, static_argnames
 from graphc.core.errors import GraphcError, MeshError
 from graphc.core.mesh import Mesh, parse_links
 
-NAMED = ("runtime", "kernels", "pipeline", "comm", "fastmath", "plans", "ps", "scale")
+NAMED = ("runtime", "kernels", "pipeline", "comm", "fastmath", "plans", "plantime", "ps", "scale")
 
 
 def add_parser(sub) -> None:
@@ -25,9 +25,10 @@ def add_parser(sub) -> None:
         help="FILE:FUNC, or one of: runtime (every runtime figure against its ceiling or peer, in one "
         "table), kernels (fused kernels against memory bandwidth), "
         "pipeline (bubble and memory), comm (collective bandwidth), fastmath, plans (the cost "
-        "model's predicted step times and memory of many plans against the threaded runtime), ps (parameter "
-        "server: sync vs SSP vs async with a straggler), scale (the mesh search on GPT-3 175B, LLaMA-3 8B/70B and GPT-3 13B "
-        "at cluster scale: plan time, layout, predicted step and MFU)",
+        "model's predicted step times and memory of many plans against the threaded runtime), plantime (how "
+        "long planning takes on a fixed mesh, by stage and depth; --solvers: HiGHS against CP-SAT), ps (parameter "
+        "server: sync vs SSP vs async with a straggler), scale (the mesh search on GPT-3 175B, LLaMA-3 8B/70B and "
+        "GPT-3 13B at cluster scale: plan time, layout, predicted step and MFU)",
     )
     bench.add_argument("--example", help="function in FILE returning (args, kwargs) (default: example_args)")
     bench.add_argument(
@@ -53,6 +54,9 @@ def add_parser(sub) -> None:
         help="comm: the threaded communicator alone, or MPI processes next to it (launches mpiexec itself)",
     )
     bench.add_argument(
+        "--solvers", action="store_true", help="plantime: solve the benchmark ILPs with HiGHS and with CP-SAT"
+    )
+    bench.add_argument(
         "--only",
         help="runtime: a comma-separated subset of its sections: dp, tp, overhead, rnn, kernels, einsum, train, jax",
     )
@@ -60,10 +64,15 @@ def add_parser(sub) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    if args.repeat is None and args.target != "runtime":
+    if args.repeat is None and args.target not in ("runtime", "plantime"):
         args.repeat = 7 if args.target == "plans" else 3
     if args.target == "plans":
         plans.main(repeat=args.repeat)
+        return 0
+    if args.target == "plantime":
+        from graphc.bench import plantime  # (traces 175B- and 8B-shaped steps: only for this benchmark)
+
+        plantime.main(repeat=args.repeat if args.repeat is not None else 1, solvers=args.solvers)
         return 0
     if args.target == "runtime":
         from graphc.bench import runtime  # (loads numba, and jax when it is installed, only for this benchmark)

@@ -154,6 +154,7 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
         "--solver",
         choices=SOLVERS,
         help="the ILP backend: highs (default; HiGHS through highspy, stops at Ctrl-C and at the time limit), "
+        "cpsat (OR-Tools' CP-SAT, stops likewise; slower here, docs/solver.md), "
         "CBC or SCIP (through OR-Tools' MIP wrappers, which cannot be interrupted)",
     )
     p.add_argument(

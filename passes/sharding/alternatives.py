@@ -141,6 +141,7 @@ class _Pricer:
         # the peak before / from each position: max(prof[:k]) and max(prof[k:])
         self.before = np.concatenate([[-np.inf], np.maximum.accumulate(prof)])
         self.after = np.concatenate([np.maximum.accumulate(prof[::-1])[::-1], [-np.inf]])
+        self._range_max = _RangeMax(prof)
         self.ranges: dict[int, list[tuple[Value, int, int]]] = {}
         for v, i, a, b in problem.memory.live_ranges():
             self.ranges.setdefault(i, []).append((v, a, b))
@@ -238,13 +239,18 @@ class _Pricer:
         growth = sum(nb for _x, _y, nb in changes if nb > 0)
         if growth == 0 and outside >= self.peak:
             return self.peak  # nothing grows, and the peak lies away from the changes
-        if float(self.prof[lo : hi + 1].max()) + growth <= outside:
+        if self._range_max(lo, hi) + growth <= outside:
             return int(outside)  # even all growth at the highest point stays below it
-        delta = np.zeros(hi - lo + 2)
+        # the changes add a step function to the profile: per step, its highest point plus the step
+        steps: dict[int, float] = {}
         for x, y, nb in changes:
-            delta[x - lo] += nb
-            delta[y - lo + 1] -= nb
-        inside = float((self.prof[lo : hi + 1] + np.cumsum(delta)[: hi - lo + 1]).max())
+            steps[x] = steps.get(x, 0.0) + nb
+            steps[y + 1] = steps.get(y + 1, 0.0) - nb
+        bounds = sorted(steps)
+        inside, level = -np.inf, 0.0
+        for first, end in zip(bounds, bounds[1:]):
+            level += steps[first]
+            inside = max(inside, self._range_max(first, end - 1) + level)
         return int(max(inside, self.before[lo], self.after[hi + 1]))
 
     def _bytes(self, v: Value, item: int, s: int) -> int:
@@ -314,6 +320,25 @@ class _Pricer:
     def _seconds(self, edges: list[Edge]) -> float:
         steps = redistribution_steps(self.p, self.work, edges, self.plan_share, self.regathered)
         return sum(t for _e, _st, t in steps)
+
+
+class _RangeMax:
+    """``max(values[a : b + 1])`` in constant time (a sparse table: the maxima of every run of
+    2**k values), so a memory peak under a move costs per live range it changes, not per
+    program position."""
+
+    def __init__(self, values: np.ndarray) -> None:
+        self.levels = [np.asarray(values, dtype=np.float64)]
+        width = 1
+        while 2 * width <= len(values):
+            last = self.levels[-1]
+            self.levels.append(np.maximum(last[:-width], last[width:]))
+            width *= 2
+
+    def __call__(self, a: int, b: int) -> float:
+        k = (b - a + 1).bit_length() - 1
+        level = self.levels[k]
+        return float(max(level[a], level[b - (1 << k) + 1]))
 
 
 def ruled_out_specs(problem: Problem, i: int, spec: Spec) -> tuple[RuledOut, ...]:

@@ -9,6 +9,9 @@ the linearized pair products, memory rows). ``solve_milp`` hands it to a backend
   HiGHS's own thread while this one waits in 0.1 s steps: Ctrl-C cancels it (HiGHS stops at its
   next callback and keeps its incumbent), and the thread is joined before ``KeyboardInterrupt``
   propagates. A starting solution seeds the incumbent, so a time limit always leaves a plan.
+* ``cpsat``: OR-Tools' CP-SAT (``_cpsat``): interruptible the same way (``StopSearch`` from this
+  thread), the starting solution as its hint, one worker per core. Slower than HiGHS on the
+  planning ILPs on this 2-core machine, so not the default (docs/solver.md has the figures).
 * ``CBC`` and ``SCIP``: OR-Tools' pywraplp, for comparison (they honour the time limit but
   not Ctrl-C while inside the solver).
 
@@ -121,6 +124,8 @@ def solve_milp(
     time_limit_s = max(0.0, float(time_limit_s))
     if backend == "highs":
         res = _highs(m, time_limit_s, rel_gap, start)
+    elif backend == "cpsat":
+        res = _cpsat(m, time_limit_s, rel_gap, start)
     elif backend in ("CBC", "SCIP"):
         res = _ortools(m, backend, time_limit_s, rel_gap)
     else:
@@ -227,6 +232,113 @@ def _highs(m: Milp, time_limit_s: float, rel_gap: float, start: np.ndarray | Non
     bound = float(info.mip_dual_bound) + m.offset
     if not math.isfinite(bound):
         bound = objective if word == "optimal" else -math.inf
+    return MilpResult(word, x, objective, min(bound, objective), 0.0)
+
+
+# CP-SAT takes integer coefficients in its rows. A row with fractional ones (memory rows are in
+# MiB: byte counts / 2**20) is multiplied by the smallest power of two up to 2**ROW_SCALE_BITS that
+# makes them integral; one still fractional there is rounded outward (rows are then tighter by
+# less than 2**-ROW_SCALE_BITS per unit: a plan CP-SAT finds always satisfies the row as given).
+ROW_SCALE_BITS = 20
+
+
+def _integral_row(val: np.ndarray, lower: float, upper: float) -> tuple[list[int], float, float]:
+    """(integer coefficients, lower, upper) of ``lower <= val . x <= upper`` for CP-SAT."""
+    scale = 1.0
+    for _bits in range(ROW_SCALE_BITS):
+        if np.all(val * scale == np.round(val * scale)):
+            break
+        scale *= 2.0
+    scaled = val * scale
+    coeffs = np.round(scaled)
+    if not np.array_equal(coeffs, scaled):  # still fractional: round away from zero (tighter for x >= 0)
+        coeffs = np.where(scaled > 0, np.ceil(scaled), np.floor(scaled))
+    lo = -(2**62) if math.isinf(lower) else math.ceil(lower * scale - 1e-9)
+    hi = 2**62 if math.isinf(upper) else math.floor(upper * scale + 1e-9)
+    return [int(c) for c in coeffs], lo, hi
+
+
+def _cpsat(m: Milp, time_limit_s: float, rel_gap: float, start: np.ndarray | None) -> MilpResult:
+    """OR-Tools' CP-SAT: every column an integer in ``[0, ceil(upper)]`` (a 0-1 product variable is
+    0 or 1 at every integer point of the one-hot rows, so the model stays exact; a continuous
+    column with a larger range, ``min_memory``'s peak, becomes whole MiB), the costs a floating
+    objective. The search runs in a thread of its own with as many workers as the machine has
+    cores; this one waits in 0.05 s steps and calls ``StopSearch`` at the deadline or on Ctrl-C
+    (CP-SAT's own SIGINT handler is turned off, so Python's ``KeyboardInterrupt`` is raised here
+    after the thread is joined). ``start`` becomes CP-SAT's solution hint."""
+    from ortools.sat.python import cp_model
+
+    model = cp_model.CpModel()
+    proto = model.proto
+    upper = np.ceil(m.upper - 1e-9).astype(np.int64)
+    for j in range(m.n):
+        proto.variables.add().domain.extend([0, int(upper[j])])
+    start_, index, value, lower, upper_r = m.csr()
+    for r in range(m.num_rows):
+        idx = index[start_[r] : start_[r + 1]]
+        val = value[start_[r] : start_[r + 1]]
+        ct = proto.constraints.add()
+        if lower[r] == 1.0 and upper_r[r] == 1.0 and np.all(val == 1.0) and np.all(upper[idx] == 1):
+            ct.exactly_one.literals.extend(idx.tolist())  # a one-hot row: CP-SAT propagates these best
+            continue
+        coeffs, lo, hi = _integral_row(val, float(lower[r]), float(upper_r[r]))
+        ct.linear.vars.extend(idx.tolist())
+        ct.linear.coeffs.extend(coeffs)
+        ct.linear.domain.extend([lo, hi])
+    cost = m.cost
+    nz = np.flatnonzero(cost)
+    proto.floating_point_objective.vars.extend(nz.tolist())
+    proto.floating_point_objective.coeffs.extend(cost[nz].tolist())
+    if start is not None:
+        proto.solution_hint.vars.extend(range(m.n))
+        proto.solution_hint.values.extend(np.round(start).astype(np.int64).tolist())
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(time_limit_s, 1e-3)
+    solver.parameters.relative_gap_limit = rel_gap
+    solver.parameters.num_workers = max(1, os.cpu_count() or 1)
+    solver.parameters.catch_sigint_signal = False
+    outcome: list = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            outcome.append(solver.solve(model))
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=run, name="graphc-cpsat", daemon=True)
+    stop_at = time.perf_counter() + time_limit_s
+    stopped = False
+    thread.start()
+    try:  # (an Event's wait, not join(timeout): a Ctrl-C inside join can leave the thread listed)
+        while not done.wait(0.05):
+            if not stopped and time.perf_counter() > stop_at:
+                solver.stop_search()
+                stopped = True
+    except KeyboardInterrupt:
+        solver.stop_search()
+        thread.join()
+        raise
+    thread.join()
+    status = outcome[0] if outcome else cp_model.UNKNOWN
+    word = {
+        cp_model.OPTIMAL: "optimal",
+        cp_model.FEASIBLE: "time limit",
+        cp_model.INFEASIBLE: "infeasible",
+        cp_model.UNKNOWN: "time limit",
+    }.get(status, solver.status_name(status).lower())
+    bound = float(solver.best_objective_bound) + m.offset
+    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        x = np.asarray(solver.response_proto.solution, dtype=np.float64)
+    elif status == cp_model.UNKNOWN and start is not None and m.violation(start) <= 1e-6:
+        x = np.asarray(start, dtype=np.float64)  # stopped in presolve, before the hint became a solution
+    else:
+        return MilpResult(word, None, math.inf, -math.inf, 0.0)
+    objective = float(cost @ x) + m.offset
+    if not math.isfinite(bound):
+        bound = -math.inf
+    if word == "optimal":
+        bound = min(bound, objective)
     return MilpResult(word, x, objective, min(bound, objective), 0.0)
 
 

@@ -307,3 +307,16 @@ def test_compile_explain_names_the_memory_limit(tmp_path):
     w = next(d for d in doc["inputs"] if d["name"] == "%params.layers.1.w")
     assert w["alternatives"][0]["ruled_out"].startswith("exceeds the memory limit")
     assert math.isfinite(w["alternatives"][0]["step_delta_s"])
+
+
+def test_range_max_equals_numpy_on_every_range():
+    """The sparse table the peak of an alternative is read from (alternatives._RangeMax)."""
+    from graphc.passes.sharding.alternatives import _RangeMax
+
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 3, 8, 17, 40):
+        values = rng.integers(0, 1000, n).astype(np.float64)
+        table = _RangeMax(values)
+        for a in range(n):
+            for b in range(a, n):
+                assert table(a, b) == values[a : b + 1].max()

@@ -3,6 +3,7 @@ search, a time limit returns the best plan so far with its gap, Ctrl-C stops a s
 leaves no thread behind, and nothing is printed."""
 
 import itertools
+import math
 import os
 import signal
 import subprocess
@@ -60,7 +61,7 @@ def brute_force(n, k, unary, pairs) -> float:
     return best
 
 
-@pytest.mark.parametrize("backend", ["highs", "CBC"])
+@pytest.mark.parametrize("backend", ["highs", "cpsat", "CBC"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_backends_find_the_exhaustive_optimum(backend, seed):
     m, xs, unary, pairs, _ = pairwise(6, 3, 3, seed)
@@ -78,13 +79,15 @@ def test_an_empty_program_and_an_unknown_backend():
         solve_milp(m, "gurobi")
 
 
-def test_a_time_limit_returns_the_incumbent_and_a_proven_bound():
-    m, _xs, _unary, _pairs, start = pairwise(40, 6, 6, 0)  # HiGHS needs minutes to close this gap
+@pytest.mark.parametrize("backend", ["highs", "cpsat"])
+def test_a_time_limit_returns_the_incumbent_and_a_proven_bound(backend):
+    m, _xs, _unary, _pairs, start = pairwise(40, 6, 6, 0)  # HiGHS and CP-SAT need minutes to close this gap
     assert m.violation(start) < 1e-9
     t0 = time.perf_counter()
-    res = solve_milp(m, "highs", 0.5, start=start)  # an incumbent from the start, however slow the machine
-    # HiGHS sees its limit (and the cancel at limit + 0.05 s) between simplex passes: about 0.5 s
-    # late here, 2-3 s with both cores busy; not the minutes the solve needs
+    res = solve_milp(m, backend, 0.5, start=start)  # an incumbent from the start, however slow the machine
+    # HiGHS sees its limit (and the cancel at limit + 0.05 s) between simplex passes, CP-SAT its
+    # StopSearch between presolve steps: about 0.5 s late here, 2-3 s with both cores busy; not
+    # the minutes the solve needs
     assert time.perf_counter() - t0 < 0.5 + 5.0
     assert res.status == "time limit"
     assert res.x is not None and m.violation(res.x) < 1e-6
@@ -123,6 +126,60 @@ def test_ctrl_c_cancels_the_solve_and_joins_its_thread(monkeypatch):
     # here, 2-3 s with both cores busy; without it the solve would run to its 60 s limit
     assert stopped - sent[0] < 10.0
     assert threading.active_count() == before
+
+
+def test_ctrl_c_stops_cpsat_and_joins_its_thread(monkeypatch):
+    from ortools.sat.python import cp_model
+
+    m, *_ = pairwise(40, 6, 6, 1)  # CP-SAT needs minutes for it
+    solving = threading.Event()
+    solve = cp_model.CpSolver.solve
+
+    def solving_now(self, *args, **kwargs):
+        solving.set()
+        return solve(self, *args, **kwargs)
+
+    monkeypatch.setattr(cp_model.CpSolver, "solve", solving_now)
+    sent = []
+
+    def interrupt_when_solving():
+        if solving.wait(120):
+            time.sleep(0.2)  # inside the search, past the model's loading
+            sent.append(time.perf_counter())
+            os.kill(os.getpid(), signal.SIGINT)
+
+    before = threading.active_count()
+    interrupter = threading.Thread(target=interrupt_when_solving)
+    interrupter.start()
+    with pytest.raises(KeyboardInterrupt):  # CP-SAT's own SIGINT handler would swallow it: it is off
+        solve_milp(m, "cpsat", 60.0)
+    stopped = time.perf_counter()
+    interrupter.join()
+    assert sent, "the solve never started"
+    assert stopped - sent[0] < 10.0  # StopSearch is seen within a presolve step; the solve needs minutes
+    assert threading.active_count() == before, threading.enumerate()
+
+
+def test_cpsat_rows_with_fractional_coefficients_hold_as_given():
+    """CP-SAT takes integer rows: a memory row in MiB (bytes / 2**20) is scaled back to bytes
+    exactly, and a row still fractional at 2**20 is rounded to a tighter one."""
+    from graphc.passes.sharding.milp import _integral_row
+
+    coeffs, lo, hi = _integral_row(np.array([3 * 2**-20, 5.0, 2**-19]), -np.inf, 7 + 2**-20)
+    assert coeffs == [3, 5 * 2**20, 2] and hi == 7 * 2**20 + 1 and lo < -(2**61)
+    coeffs, lo, hi = _integral_row(np.array([1 / 3, -1 / 3]), 0.1, 0.2)
+    assert coeffs == [349526, -349526]  # 2**20 / 3 = 349525.33, away from zero
+    assert lo == math.ceil(0.1 * 2**20) and hi == math.floor(0.2 * 2**20)
+    # the same knapsack-shaped problem, with byte counts in MiB, solved by both backends
+    sizes = np.array([3, 5, 7, 11, 13, 17]) * 2**18 + 1  # not whole MiB
+    values = np.array([4.0, 6.0, 8.0, 13.0, 14.0, 20.0])
+    m = Milp()
+    x = m.add_vars(-values, integer=True)
+    m.add_row(x, sizes / 2**20, -np.inf, float(sizes[[0, 2, 4]].sum()) / 2**20)  # exactly full at {0, 2, 4}
+    res = {b: solve_milp(m, b, 30.0, rel_gap=0.0) for b in ("highs", "cpsat")}
+    assert res["cpsat"].objective == pytest.approx(res["highs"].objective, rel=1e-12)
+    for r in res.values():
+        assert r.x is not None and m.violation(r.x) <= 1e-12
 
 
 def test_highs_prints_nothing(capfd):
@@ -194,3 +251,17 @@ def test_cli_ctrl_c_exits_130_with_one_line_and_no_plan(tmp_path):
     assert proc.returncode == 130
     assert stderr.strip() == "graphc: interrupted"
     assert not out.exists()
+
+
+def test_cpsat_plans_what_highs_plans():
+    """The whole planner on CP-SAT (memory limit and lazy rows included) finds HiGHS's objective."""
+    from graphc.models import mlp
+    from graphc.passes.sharding.milp import REL_GAP
+
+    args, kw = mlp.example_train_args(batch=8, sizes=(16, 32, 8))
+    plans = {}
+    for solver in ("highs", "cpsat"):
+        step = graphc.parallelize(mlp.train_step, mesh="tp=2", static_argnames=tuple(kw), solver=solver, cache=False)
+        plans[solver] = step.plan(*args, **kw)
+    assert plans["cpsat"].solver.name == "cpsat" and plans["cpsat"].solver.status == "optimal"
+    assert plans["cpsat"].solver.objective_s == pytest.approx(plans["highs"].solver.objective_s, rel=2 * REL_GAP)

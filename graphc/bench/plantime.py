@@ -1,0 +1,202 @@
+"""``graphc bench plantime``: how long planning a training step on a fixed mesh takes, by stage,
+and how it grows with depth.
+
+Each case is traced, optimized and planned by the steps of ``plan_sharding`` run one by one
+(passes/partition.py: build_problem, shrink, solve, make_plan), each timed on its own. Printed per
+case: the seconds of each stage, the ILP's size (items, groups, columns) and the solver's status;
+then the ratios the depth targets name (issue 29): the GPT-3 175B slice at 12 layers over 4, and
+LLaMA-3-8B at 32 layers over 8.
+
+``graphc bench plantime --solvers`` instead solves the ILPs of the solver benchmarks (the 8B step,
+the 3-axis GPT, one GPT-3 175B layer) with HiGHS and with CP-SAT, interleaved, and prints each
+one's seconds, status and objective (docs/solver.md).
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from graphc.api.compiled import write_ties
+from graphc.api.parallel import parallelize
+from graphc.core.units import fmt_time
+from graphc.models import gpt, gpt3, llama
+from graphc.passes.options import PlanOptions, Solver
+from graphc.passes.partition import build_problem, make_plan, shrink
+from graphc.passes.sharding.ilp import solve
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Case:
+    """A training step at one size on one mesh: ``fn(*args, **kwargs)`` with ``static`` names."""
+
+    name: str
+    fn: Callable
+    example: Callable[[], tuple[tuple, dict]]
+    mesh: dict[str, int]
+    profile: str | None = None
+    memory_limit: int | None = None
+
+
+def _gpt3(n_layer: int, batch: int = 64) -> Case:
+    return Case(
+        f"GPT-3 175B shapes, {n_layer} layer(s), batch {batch}",
+        gpt3.train_step,
+        lambda: gpt3.example_train_specs(n_layer=n_layer, batch=batch),
+        {"dp": 8, "tp": 8},
+        "a100-sxm",
+        80 * GIB,
+    )
+
+
+def _llama(n_layer: int) -> Case:
+    return Case(
+        f"LLaMA-3-8B shapes, {n_layer} layers",
+        llama.train_step,
+        lambda: llama.example_train_specs(n_layer=n_layer),
+        {"dp": 8, "tp": 8},
+        None,
+        80 * GIB,
+    )
+
+
+def depth_cases(deep: bool = True) -> list[Case]:
+    """The fixed-mesh cases of issue 29's targets; ``deep``: with the 1,000-layer transformer."""
+    cases = [_gpt3(4), _gpt3(12), _llama(8), _llama(32)]
+    if deep:
+        cases.append(
+            Case(
+                "GPT d=256, 1000 layers",
+                gpt.train_step,
+                gpt.example_train_specs_1000l,
+                {"dp": 2, "tp": 2},
+            )
+        )
+    return cases
+
+
+def solver_cases() -> list[Case]:
+    """The solver benchmarks (issue 29 item 4): the 8B step, the 3-axis GPT, one 175B layer at
+    micro-batch 1 per data-parallel rank."""
+    return [
+        _llama(32),
+        Case("GPT train step, dp=2,tp=2,sp=2", gpt.train_step, gpt.example_train_args, {"dp": 2, "tp": 2, "sp": 2}),
+        _gpt3(1, batch=8),
+    ]
+
+
+@dataclass
+class Timing:
+    stages: dict[str, float]
+    sizes: dict[str, int]
+    status: str
+    objective_s: float
+
+    @property
+    def total(self) -> float:
+        return sum(self.stages.values())
+
+
+def _parallel(case: Case, solver: Solver, kwargs: dict):
+    return parallelize(
+        case.fn,
+        mesh=case.mesh,
+        memory_limit=case.memory_limit,
+        static_argnames=tuple(k for k in kwargs if k in ("n_head", "n_kv_head")),
+        profile=case.profile,
+        cache=False,
+        time_limit=600.0,
+        solver=solver,
+    )
+
+
+def plan_case(case: Case, solver: Solver = "highs") -> Timing:
+    """Plan ``case`` once, stage by stage (the steps of ``plan_sharding``)."""
+    args, kwargs = case.example()
+    par = _parallel(case, solver, kwargs)
+    gc.collect()
+    _traced, graph, seconds = par.trace_optimized(*args, **kwargs)
+    options: PlanOptions = par.options
+    t1 = time.perf_counter()
+    problem = build_problem(graph, par.mesh, options, par.pins(graph), write_ties(graph))
+    t2 = time.perf_counter()
+    groups, of = shrink(problem, options.shrink)
+    t3 = time.perf_counter()
+    sol = solve(problem, groups, of, options.memory_limit, options.time_limit, options.solver)
+    t4 = time.perf_counter()
+    make_plan(problem, sol, options, t2 - t1)
+    t5 = time.perf_counter()
+    stages = {
+        "trace": seconds["trace_s"],
+        "optimize": seconds["optimize_s"],
+        "problem": t2 - t1,
+        "shrink": t3 - t2,
+        "solve": t4 - t3,
+        "plan": t5 - t4,
+    }
+    sizes = {k: int(sol.stats[k]) for k in ("items", "groups", "variables")}
+    return Timing(stages, sizes, sol.status, sol.objective)
+
+
+def main(repeat: int = 1, solvers: bool = False) -> None:
+    if solvers:
+        _main_solvers(repeat)
+        return
+    print("graphc bench plantime: planning a training step on a fixed mesh, by stage (seconds; median of")
+    print(f"{repeat} run(s); stages: trace, optimize, build the problem, shrink, solve the ILP, make the plan)")
+    cases = depth_cases()
+    runs: dict[str, list[Timing]] = {c.name: [] for c in cases}
+    for _round in range(repeat):
+        for c in cases:
+            runs[c.name].append(plan_case(c))
+    head = f"{'case':<40} {'mesh':<10} {'items':>7} {'groups':>6} {'columns':>8} " + " ".join(
+        f"{s:>8}" for s in ("trace", "optimize", "problem", "shrink", "solve", "plan", "total")
+    )
+    print(head)
+    total: dict[str, float] = {}
+    for c in cases:
+        ts = runs[c.name]
+        med = {s: statistics.median(t.stages[s] for t in ts) for s in ts[0].stages}
+        total[c.name] = statistics.median(t.total for t in ts)
+        mesh = ",".join(f"{k}={v}" for k, v in c.mesh.items())
+        sz = ts[0].sizes
+        cells = " ".join(f"{med[s]:>8.2f}" for s in med)
+        print(
+            f"{c.name:<40} {mesh:<10} {sz['items']:>7} {sz['groups']:>6} {sz['variables']:>8} {cells} "
+            f"{total[c.name]:>8.2f}  {ts[0].status}"
+        )
+    g4, g12, l8, l32 = (c.name for c in cases[:4])
+    print(f"GPT-3 175B slice, 12 layers / 4 layers: {total[g12] / total[g4]:.2f}x (target <= 1.3x, 12 layers <= 20 s)")
+    print(f"LLaMA-3-8B shapes, 32 layers / 8 layers: {total[l32] / total[l8]:.2f}x (32 layers: target <= 5 s)")
+
+
+def _main_solvers(repeat: int, limit_s: float = 120.0) -> None:
+    print("graphc bench plantime --solvers: each benchmark's ILP (tied groups, memory limit) built once, then")
+    print(f"solved by HiGHS and by CP-SAT in turn, {repeat} round(s), at most {limit_s:.0f} s each; seconds of `solve`")
+    print("(objective terms, the backend's model, the search, the memory rounds), the median")
+    print(f"{'case':<40} {'solver':<6} {'columns':>8} {'solve s':>8} {'status':<11} {'objective':>12} {'gap':>7}")
+    for c in solver_cases():
+        args, kwargs = c.example()
+        par = _parallel(c, "highs", kwargs)
+        graph = par.trace_optimized(*args, **kwargs)[1]
+        problem = build_problem(graph, par.mesh, par.options, par.pins(graph), write_ties(graph))
+        groups, of = shrink(problem, True)
+        seconds: dict[str, list[float]] = {"highs": [], "cpsat": []}
+        last = {}
+        for _round in range(repeat):
+            for solver in seconds:
+                t0 = time.perf_counter()
+                last[solver] = solve(problem, groups, of, c.memory_limit, limit_s, solver)
+                seconds[solver].append(time.perf_counter() - t0)
+        for solver, secs in seconds.items():
+            sol = last[solver]
+            print(
+                f"{c.name:<40} {solver:<6} {sol.stats['variables']:>8} {statistics.median(secs):>8.2f} "
+                f"{sol.status:<11} {fmt_time(sol.objective):>12} {sol.gap:>7.2%}",
+                flush=True,
+            )

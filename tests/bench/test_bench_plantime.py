@@ -1,0 +1,27 @@
+"""``graphc bench plantime``: the machinery on a tiny model (no timing assertions)."""
+
+import pytest
+
+from graphc.bench.plantime import Case, depth_cases, plan_case, solver_cases
+from graphc.models import gpt
+
+
+def test_plan_case_runs_every_stage_and_reports_the_ilp():
+    case = Case("tiny GPT", gpt.train_step, lambda: gpt.example_train_args(batch=2, seq=8, d=16, n_layer=3), {"tp": 2})
+    t = plan_case(case, "highs")
+    assert list(t.stages) == ["trace", "optimize", "problem", "shrink", "solve", "plan"]
+    assert all(s >= 0 for s in t.stages.values()) and t.total == pytest.approx(sum(t.stages.values()))
+    assert 0 < t.sizes["groups"] < t.sizes["items"] / 2 and t.sizes["variables"] > 0  # three blocks tied
+    assert t.status == "optimal" and t.objective_s > 0
+
+
+def test_the_benchmark_cases_are_the_issue_targets():
+    names = [c.name for c in depth_cases()]
+    assert names[:4] == [
+        "GPT-3 175B shapes, 4 layer(s), batch 64",
+        "GPT-3 175B shapes, 12 layer(s), batch 64",
+        "LLaMA-3-8B shapes, 8 layers",
+        "LLaMA-3-8B shapes, 32 layers",
+    ]
+    assert [c.mesh for c in depth_cases()] == [{"dp": 8, "tp": 8}] * 4 + [{"dp": 2, "tp": 2}]
+    assert len(solver_cases()) == 3
