@@ -53,6 +53,7 @@ class Candidate:
     skipped: str | None = None  # why it was not planned at all
     layout: Layout | None = None  # the block search's layout (micro-batch size, ZeRO, recompute)
     whole_error: str | None = None  # why the block search's choice kept its composed plan (_plan_whole)
+    composed: ComposedPlan | None = field(default=None, repr=False)  # the block search's prediction, when planned whole
 
     @property
     def ok(self) -> bool:
@@ -152,10 +153,10 @@ def search_meshes(
         deadline = time.perf_counter() + options.time_limit
     model = layered_model(graph, batch, profile) if axes == AXES and not links and microbatches is None else None
     if model is not None:
-        out = _by_blocks(model, n_devices, options, profile, deadline, progress)
-        if out and out[0].ok and len(graph.nodes) <= WHOLE_PLAN_NODES:
-            _plan_whole(out[0], graph, options, profile, deadline)
-        return out
+        found = _by_blocks(model, n_devices, options, profile, deadline, progress)
+        if found and found[0].ok and len(graph.nodes) <= WHOLE_PLAN_NODES:
+            _plan_whole(found[0], graph, options, profile, deadline)
+        return found
     ties = state_ties(graph)
     out: list[Candidate] = []
     seen: dict[tuple, str] = {}  # planning problem -> the mesh that stands for it
@@ -258,7 +259,8 @@ def _plan_whole(cand: Candidate, graph: Graph, options: PlanOptions, profile, de
     except PlanError as exc:
         cand.whole_error = str(exc).splitlines()[0]
         return
-    cand.plan = fake.plan
+    assert isinstance(cand.plan, ComposedPlan)
+    cand.composed, cand.plan = cand.plan, fake.plan
     cand.seconds += time.perf_counter() - start
 
 

@@ -63,12 +63,13 @@ def run_row(row: Row) -> list[str]:
     plan_time = f"{seconds:.1f} s ({row.time_limit:.0f} s)" + (f", {skipped} layouts not reached" if skipped else "")
     if not best.ok:
         return [row.model, cluster, plan_time, "no plan", "-", "-", "-", row.published]
-    if isinstance(best.plan, ComposedPlan):
-        lo = best.plan.layout
+    composed = best.composed or best.plan  # (a small step's choice is then planned whole: passes/search.py)
+    if isinstance(composed, ComposedPlan):
+        lo = composed.layout
         layout = (
             f"pp={lo.pp} dp={lo.dp} tp={lo.tp} mb={lo.micro_batch}x{lo.microbatches} zero={lo.zero} rc={lo.recompute}"
         )
-        mfu = f"{best.plan.mfu:.1%}"
+        mfu = f"{composed.mfu:.1%}"
     else:
         layout, mfu = best.mesh_text, "-"
     return [row.model, cluster, plan_time, layout, f"{best.step_s:.2f} s", mfu, row.published]

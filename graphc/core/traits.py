@@ -118,6 +118,15 @@ class LinearIn(Trait):
 
 
 @dataclass(frozen=True)
+class Selects(Trait):
+    """Each result element is one of the operand elements at its index, bit for bit (maximum,
+    minimum): no arithmetic to round, so a 16-bit float result is computed in its own dtype
+    (graphc/ops/precision.py). numpy's float16 loop returns the first of two equal operands
+    (maximum(0, -0) is 0), its float32 loop the second, so computing in float32 would change
+    the sign of a zero."""
+
+
+@dataclass(frozen=True)
 class Fused(Trait):
     """A region of elementwise ops and row reductions run as one kernel."""
 

@@ -8,7 +8,7 @@ import numpy as np
 from graphc.core import dtypes
 from graphc.core.errors import ShapeError
 from graphc.core.ir import OpDef, TensorType
-from graphc.core.traits import CHEAP, LOAD_STORE, MATH, Elementwise, FollowsProducer, FreshResult, LinearIn
+from graphc.core.traits import CHEAP, LOAD_STORE, MATH, Elementwise, FollowsProducer, FreshResult, LinearIn, Selects
 from graphc.ops.dims import elementwise_rule, io_bytes
 from graphc.ops.registry import REGISTRY, register, same_dtype
 
@@ -319,4 +319,5 @@ _LINEAR = {
 for _op in REGISTRY.values():
     if _op.kind == "elementwise":
         linear = (_LINEAR[_op],) if _op in _LINEAR else ()
-        _op.traits = (Elementwise(_COSTS.get(_op, MATH)), FreshResult(), FollowsProducer(), *linear)
+        selects = (Selects(),) if _op in (maximum, minimum) else ()
+        _op.traits = (Elementwise(_COSTS.get(_op, MATH)), FreshResult(), FollowsProducer(), *linear, *selects)

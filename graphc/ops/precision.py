@@ -25,15 +25,16 @@ import numpy as np
 
 from graphc.core.dtypes import LOW_FLOATS
 from graphc.core.ir import Node
-from graphc.core.traits import Collective, ViewOf
+from graphc.core.traits import Collective, Selects, ViewOf
 
 COMPUTE = np.dtype(np.float32)
 
 
 def computes_in_float32(node: Node) -> bool:
     """Whether ``node`` reads or makes a 16-bit float and does arithmetic on it (not a view, a
-    collective, or a control-flow node, whose regions' nodes are run one by one)."""
-    if node.regions or node.op.has(ViewOf) or node.op.has(Collective):
+    collective, a selection (maximum, minimum: the result is an operand, bit for bit), or a
+    control-flow node, whose regions' nodes are run one by one)."""
+    if node.regions or node.op.has(ViewOf) or node.op.has(Collective) or node.op.has(Selects):
         return False
     return any(v.type.dtype in LOW_FLOATS for v in (*node.inputs, *node.outputs))
 
