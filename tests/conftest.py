@@ -1,8 +1,30 @@
-"""Session-wide checks and the hypothesis profiles (the ``fuzz`` and ``slow`` markers: pyproject.toml)."""
+"""Session-wide checks, the hypothesis profiles and the ``--long`` option (the ``fuzz``, ``slow``
+and ``long`` markers: pyproject.toml)."""
 
 import sys
 
+import pytest
 from hypothesis import HealthCheck, settings
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--long",
+        action="store_true",
+        help="also run the tests marked long: searches that use a minute-long time limit, solves "
+        "under tight limits, soaks under MPI (docs/development.md)",
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``long`` run only with ``--long``: each takes a minute or more on two cores, so
+    the full run (CI) leaves them out and says so in its summary of skips."""
+    if config.getoption("--long"):
+        return
+    skip = pytest.mark.skip(reason="a long run (over a minute): pytest --long runs it")
+    for item in items:
+        if "long" in item.keywords:
+            item.add_marker(skip)
 
 # ``pytest -m fuzz --hypothesis-profile long``: every fuzz target (tests.helpers.fuzz_settings) runs
 # at least 10,000 random examples; docs/fuzzing.md records how long that takes and what it found.

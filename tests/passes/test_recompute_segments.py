@@ -142,6 +142,7 @@ def test_the_transformer_fits_60_and_40_percent_of_its_peak_on_one_device(fracti
     _check_limited({"dp": 1}, fraction, rtol=0.0)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_the_transformer_fits_half_its_peak_on_tp2():
     # tp=2: a copy's kernels may split differently from the fused original's (rounding); the

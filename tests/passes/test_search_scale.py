@@ -166,6 +166,7 @@ def test_plan_layout_prices_a_given_layout_no_faster_than_the_search(small_searc
     assert fixed.layout == lo and fixed.predicted["step_s"] >= cands[0].step_s * (1 - 1e-12)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_gpt3_175b_on_1024_a100s_against_megatron():
     """Issue 29: the searched layout keeps tp within a node and uses stages; Megatron-LM's own
@@ -242,6 +243,7 @@ def _cli(*args, cwd):
     )
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_cli_prices_a_given_mesh_by_blocks_no_faster_than_the_search(tmp_path):
     target = [os.path.join(ROOT, "models/gpt3.py") + ":train_step", "--example", "example_train_specs_small"]

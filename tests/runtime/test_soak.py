@@ -71,6 +71,7 @@ def test_a_long_run_on_threads_holds_its_memory_threads_and_files(steps):
     _trains_on_as_on_one_device(pf, last)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 @needs_mpi
 @pytest.mark.parametrize("steps", [200])
