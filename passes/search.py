@@ -74,6 +74,7 @@ class Candidate:
         if self.layout is not None:
             lo = self.layout
             mb = f", micro-batch {lo.micro_batch} x {lo.microbatches}, ZeRO {lo.zero}, recompute {lo.recompute}"
+            mb += f", offload {lo.offload}" if lo.offload != "off" else ""
         if self.skipped is not None:
             return f"{mesh}{mb}: skipped ({self.skipped})"
         if not self.ok:
@@ -247,6 +248,9 @@ def _plan_whole(cand: Candidate, graph: Graph, options: PlanOptions, profile, de
         cand.whole_error = "the time limit ran out before the chosen layout could be planned whole"
         return
     lo = cand.layout
+    if lo.offload != "off":  # the runtime has no host tier: a whole plan would silently keep the state
+        cand.whole_error = "it offloads the optimizer state, which only the block search's prediction models"
+        return
     opts = dataclasses.replace(options, microbatches=lo.microbatches, time_limit=max(deadline - start, 0.1))
     fake = Candidate(axes=lo.axes, microbatches=lo.microbatches)
     try:
@@ -357,6 +361,14 @@ def _why(best: Candidate, ok: list[Candidate]) -> str:
                 f"the best pipeline ({other.describe().split(':')[0]}) is {other.step_s / best.step_s:.2f}x "
                 f"slower, {other.bubble or 0.0:.0%} of it bubble"
             )
+    if best.layout is not None and best.layout.offload != "off":  # offload is chosen only to fit or to be faster
+        kept = next((c for c in ok if c.layout is not None and c.layout.offload == "off"), None)
+        parts.append(
+            "no plan that keeps the optimizer state on the device fits"
+            if kept is None
+            else f"the best plan keeping the optimizer state on the device ({kept.describe().split(':')[0]}) is "
+            f"{kept.step_s / best.step_s:.2f}x slower"
+        )
     return "; ".join(parts)
 
 
