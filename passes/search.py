@@ -153,10 +153,10 @@ def search_meshes(
         deadline = time.perf_counter() + options.time_limit
     model = layered_model(graph, batch, profile) if axes == AXES and not links and microbatches is None else None
     if model is not None:
-        out = _by_blocks(model, n_devices, options, profile, deadline, progress)
-        if out and out[0].ok and len(graph.nodes) <= WHOLE_PLAN_NODES:
-            _plan_whole(out[0], graph, options, profile, deadline)
-        return out
+        by_blocks = _by_blocks(model, n_devices, options, profile, deadline, progress)
+        if by_blocks and by_blocks[0].ok and len(graph.nodes) <= WHOLE_PLAN_NODES:
+            _plan_whole(by_blocks[0], graph, options, profile, deadline)
+        return by_blocks
     ties = state_ties(graph)
     out: list[Candidate] = []
     seen: dict[tuple, str] = {}  # planning problem -> the mesh that stands for it
@@ -237,6 +237,10 @@ def _by_blocks(model, n_devices: int, options: PlanOptions, profile, deadline: f
 WHOLE_PLAN_NODES = 6000
 
 
+# why a layout that offloads stays a prediction (docs/remat.md, "Offload")
+OFFLOAD_WHY = "it offloads the optimizer state, which only the block search's prediction models (no host tier here)"
+
+
 def _plan_whole(cand: Candidate, graph: Graph, options: PlanOptions, profile, deadline: float) -> None:
     """Replace the block search's composed plan for ``cand`` by the whole-graph plan of its layout
     (its mesh and micro-batch count; ZeRO and recomputation as ``options`` say), which
@@ -249,7 +253,7 @@ def _plan_whole(cand: Candidate, graph: Graph, options: PlanOptions, profile, de
         return
     lo = cand.layout
     if lo.offload != "off":  # the runtime has no host tier: a whole plan would silently keep the state
-        cand.whole_error = "it offloads the optimizer state, which only the block search's prediction models"
+        cand.whole_error = OFFLOAD_WHY
         return
     opts = dataclasses.replace(options, microbatches=lo.microbatches, time_limit=max(deadline - start, 0.1))
     fake = Candidate(axes=lo.axes, microbatches=lo.microbatches)
@@ -301,7 +305,10 @@ def explain(cands: list[Candidate], shown: int = 6, verbose: bool = False) -> st
     best = ok[0]
     lines.append(f"chose {best.describe()}")
     if isinstance(best.plan, ComposedPlan):
-        why = best.whole_error or f"a step of over {WHOLE_PLAN_NODES:,} nodes is not planned whole"
+        offloads = best.layout is not None and best.layout.offload != "off"
+        why = best.whole_error or (
+            OFFLOAD_WHY if offloads else f"a step of over {WHOLE_PLAN_NODES:,} nodes is not planned whole"
+        )
         lines.append(
             f"the plan written is the block search's prediction, not a plan to run ({why}): compile the chosen mesh with --mesh to run it"
         )

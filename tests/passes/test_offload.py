@@ -158,6 +158,8 @@ def test_an_offloading_choice_stays_a_prediction_and_explain_says_why(model, fre
     text = explain(cands)
     assert "offload optimizer" in text and "no plan that keeps the optimizer state on the device fits" in text
     assert "not a plan to run" in text
+    unplanned = [dataclasses.replace(best, whole_error=None), *cands[1:]]  # a step too large to plan whole
+    assert "offloads the optimizer state" in explain(unplanned)
     direct = dataclasses.replace(best, plan=None, whole_error=None)
     search._plan_whole(direct, g, PlanOptions(), H100, deadline=time.perf_counter() + 60)
     assert direct.plan is None  # never silently planned without the offload
