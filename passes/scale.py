@@ -47,10 +47,11 @@ from graphc.core.errors import PlanError
 from graphc.core.ir import Graph
 from graphc.core.mesh import Mesh
 from graphc.core.profile import MachineProfile
-from graphc.core.profiles import ClusterFigures, cluster_figures
+from graphc.core.profiles import ClusterFigures, cluster_figures, host_tier
 from graphc.core.spec import split_factor
 from graphc.core.traits import Contraction
 from graphc.passes.blocks import Layers, Segments, cut_segments, find_layers, segment_graph, update_only
+from graphc.passes.offload import OFFLOADS, OffloadCost, offload_costs
 from graphc.passes.options import PlanOptions
 from graphc.passes.partition import plan_sharding, state_ties
 from graphc.passes.pipeline import node_seconds
@@ -87,6 +88,7 @@ class Layout:
     microbatches: int
     zero: int
     recompute: str  # "off" | "full"
+    offload: str = "off"  # "off" | "optimizer": the optimizer state in host memory (passes/offload.py)
 
     @property
     def axes(self) -> dict[str, int]:
@@ -112,6 +114,8 @@ class ComposedPlan:
     block_plan: ShardingPlan | None = field(default=None, repr=False)
     profile: MachineProfile | None = field(default=None, repr=False)
     graph_hash: str = ""  # filled for the chosen plan (hashing a large step's text takes seconds)
+    offload: OffloadCost | None = None  # what offloading costs one device of the slowest stage
+    offloaded: tuple[str, ...] = ()  # the step's inputs held in host memory
 
     @property
     def mfu(self) -> float:
@@ -138,6 +142,7 @@ class ComposedPlan:
             },
             "cluster_figures": dataclasses.asdict(self.figures),
             "block_plan": None if self.block_plan is None else json.loads(self.block_plan.to_json()),
+            "offload": None if self.offload is None else self.offload.to_json(self.offloaded),
         }
         return json.dumps(doc, indent=indent)
 
@@ -146,12 +151,13 @@ class ComposedPlan:
         return "\n".join(
             [
                 f"layout pp={lo.pp} dp={lo.dp} tp={lo.tp}: micro-batch {lo.micro_batch} x {lo.microbatches} "
-                f"micro-batches, ZeRO {lo.zero}, recompute {lo.recompute}; layers per stage {list(self.stage_layers)}",
+                f"micro-batches, ZeRO {lo.zero}, recompute {lo.recompute}, offload {lo.offload}; layers per stage {list(self.stage_layers)}",
                 f"predicted step {p['step_s']:.3f} s (pipeline {p['pipeline_s']:.3f} s, bubble {p['bubble']:.1%}, "
                 f"exposed sends {p['p2p_s']:.3f} s, exposed gradient reduction {p['dp_s']:.3f} s, "
                 f"update {p['update_s']:.3f} s); MFU {self.mfu:.1%} ({MFU_FORMULA}, peak {self.peak_dtype})",
                 f"memory per device {max(self.memory_bytes) / 2**30:.1f} GiB at most",
             ]
+            + ([] if self.offload is None else [self.offload.why() + " (a prediction: the runtime has no host tier)"])
         )
 
 
@@ -171,6 +177,12 @@ class _Model:
     peak_dtype: str
     graphs: dict[str, Graph] = field(default_factory=dict)
     matmul_flops: float = 0.0  # the contractions' share of model_flops (what the compute bound counts)
+    state_names: tuple[str, ...] = ()  # the optimizer state: tied inputs only the update reads
+
+    @property
+    def state_share(self) -> float:
+        """The optimizer state's share of the state outside the layers (as in the layers)."""
+        return self.state_bytes / max(self.param_bytes + self.state_bytes, 1)
 
 
 def layered_model(graph: Graph, batch: int | None, profile) -> _Model | None:
@@ -213,6 +225,7 @@ def layered_model(graph: Graph, batch: int | None, profile) -> _Model | None:
         dtype,
         graphs,
         sum(contraction.values()),
+        tuple(v.name or f"input{k}" for k, v in enumerate(graph.inputs) if k in tied and v not in read_fwd),
     )
 
 
@@ -344,12 +357,16 @@ def compose(model: _Model, segs: _Segments, lo: Layout, profile, figures: Cluste
         unit_b[i] += end.backward_s
         unit_a[i] += end.input_bytes if full else end.activation_bytes
     unit_s = unit_f * (2 if full else 1) + unit_b
+    offloaded = lo.offload == "optimizer"
+    host = host_tier(profile)
+    if offloaded and host is None:
+        return None, f"profile {profile.name} has no host memory tier to offload to"
     per_layer_state = (
         model.param_bytes / (D if lo.zero >= 3 else 1)
         + model.param_bytes / (D if lo.zero >= 2 else 1)  # gradients, in the parameters' dtype
-        + model.state_bytes / (D if lo.zero >= 1 else 1)
+        + (0.0 if offloaded else model.state_bytes / (D if lo.zero >= 1 else 1))
     ) / t
-    other = model.other_state / t / (D if lo.zero >= 1 else 1)
+    other = model.other_state / t / (D if lo.zero >= 1 else 1) * (1 - model.state_share if offloaded else 1)
     work = max(blk.activation_bytes, head.activation_bytes) if full else 0.0
 
     def stage_mem(s, unit_bytes, n_units):
@@ -384,6 +401,18 @@ def compose(model: _Model, segs: _Segments, lo: Layout, profile, figures: Cluste
     last_backward = max(b_s)
     dp_s = max(0.0, hidden_s - figures.dp_overlap * last_backward) + after_s + gather_s
     update_s = model.update_s * n_max / L / t / (D if lo.zero >= 1 else 1)
+    off = None
+    if offloaded:  # the update runs on the host instead (passes/offload.py)
+        assert host is not None
+        owned = 1 / t / (D if lo.zero >= 1 else 1)  # the share of the state this device updates
+        state = (model.state_bytes * n_max + model.other_state * model.state_share) * owned
+        off = offload_costs(host, state, grad_bytes * t * owned, last_backward, figures.dp_overlap)
+        if off.host_bytes > host.memory_bytes:
+            return None, (
+                f"offload needs {off.host_bytes / 2**30:.1f} GiB of host memory per device, "
+                f"the host has {host.memory_bytes / 2**30:.1f}"
+            )
+        update_s = off.step_s
     step = pipeline_s + p2p + dp_s + update_s
     mem = [int(stage_mem(s, float(unit_a[bounds[s] : bounds[s + 1]].sum()), counts[s])) for s in range(S)]
     peak = profile.matmul_rate(model.peak_dtype)
@@ -397,6 +426,8 @@ def compose(model: _Model, segs: _Segments, lo: Layout, profile, figures: Cluste
         "update_s": update_s,
         "comm_s": p2p + dp_s,
     }
+    if off is not None:
+        predicted["offload_s"] = off.step_s
     plan = ComposedPlan(
         graph_name=model.graph.name,
         layout=lo,
@@ -410,6 +441,8 @@ def compose(model: _Model, segs: _Segments, lo: Layout, profile, figures: Cluste
         figures=figures,
         block_plan=blk.plan,
         profile=profile,
+        offload=off,
+        offloaded=model.state_names if off is not None else (),
     )
     return plan, None
 
@@ -435,9 +468,11 @@ class Outcome:
     exact: bool = True  # composed from segments solved at its micro-batch size (not scaled)
 
 
-def layouts(model: _Model, n: int, node_size: int | None, options: PlanOptions) -> list[Layout]:
+def layouts(
+    model: _Model, n: int, node_size: int | None, options: PlanOptions, offloads: tuple[str, ...] = ("off",)
+) -> list[Layout]:
     """Every layout of ``n`` devices (tp within a node, pp at most the layers), largest tp and
-    smallest micro-batch first."""
+    smallest micro-batch first; each with every offload choice of ``offloads``."""
     L, B = model.layers.count, model.batch
     out = []
     tps = [t for t in range(n, 0, -1) if n % t == 0 and (node_size is None or t <= node_size)]
@@ -451,7 +486,7 @@ def layouts(model: _Model, n: int, node_size: int | None, options: PlanOptions) 
                     continue
                 for z in zeros if D > 1 else (0,):
                     for r in recs:
-                        out.append(Layout(S, D, t, b, B // (D * b), z, r))
+                        out += [Layout(S, D, t, b, B // (D * b), z, r, f) for f in offloads]
     return out
 
 
@@ -461,7 +496,7 @@ def memory_bound(model: _Model, lo: Layout) -> float:
     per_layer = (
         model.param_bytes / (D if lo.zero >= 3 else 1)
         + model.param_bytes / (D if lo.zero >= 2 else 1)
-        + model.state_bytes / (D if lo.zero >= 1 else 1)
+        + (0.0 if lo.offload == "optimizer" else model.state_bytes / (D if lo.zero >= 1 else 1))
     )
     return per_layer * L / (lo.tp * lo.pp)
 
@@ -489,7 +524,7 @@ def search_layered(
     once per (tp, micro-batch size), until ``deadline`` (``time.perf_counter()`` seconds)."""
     figures = cluster_figures(profile)
     limit = options.memory_limit
-    cands = layouts(model, n, figures.node_size, options)
+    cands = layouts(model, n, figures.node_size, options, offload_choices(profile))
     solved: dict[tuple[int, int], _Segments | str] = {}
     solve_s: list[float] = []  # how long each solve took: the next is not begun unless one fits
 
@@ -544,6 +579,10 @@ def plan_layout(model: _Model, layout: Layout, options: PlanOptions, profile, de
     predict for it. PlanError when it cannot run."""
     figures = cluster_figures(profile)
     segs = _solve_all(model, layout.tp, layout.micro_batch, profile, figures, deadline)
+    return _layout_plan(model, layout, segs, options, profile, figures)
+
+
+def _layout_plan(model: _Model, layout: Layout, segs, options: PlanOptions, profile, figures) -> ComposedPlan:
     o = Outcome(layout)
     _compose_into(o, model, segs, profile, figures, options.memory_limit)
     if o.plan is None:
@@ -566,15 +605,23 @@ def plan_mesh(model: _Model, axes: dict[str, int], options: PlanOptions, profile
     zeros = ZERO_STAGES if options.zero == "auto" else (int(options.zero),)
     recs = {"auto": ("off", "full"), "off": ("off",), "on": ("full",)}[options.recompute]
     plans, errors = [], []
+    figures = cluster_figures(profile)
+    segs = _solve_all(model, t, b, profile, figures, deadline)  # once: every choice below composes them
     for z in zeros if D > 1 else (0,):
         for r in recs:
-            try:
-                plans.append(plan_layout(model, Layout(S, D, t, b, k, z, r), options, profile, deadline))
-            except PlanError as exc:
-                errors.append(str(exc))
+            for f in offload_choices(profile):
+                try:
+                    plans.append(_layout_plan(model, Layout(S, D, t, b, k, z, r, f), segs, options, profile, figures))
+                except PlanError as exc:
+                    errors.append(str(exc))
     if not plans:
         raise PlanError(errors[0])
     return min(plans, key=lambda p: p.predicted["step_s"])
+
+
+def offload_choices(profile) -> tuple[str, ...]:
+    """What a layout may offload on ``profile``: nothing without a host tier."""
+    return OFFLOADS if host_tier(profile) is not None else ("off",)
 
 
 def _is_exact(s: _Segments | str) -> bool:
@@ -641,6 +688,7 @@ __all__ = [
     "layered_model",
     "layouts",
     "memory_bound",
+    "offload_choices",
     "plan_layout",
     "plan_mesh",
     "search_layered",

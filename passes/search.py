@@ -75,6 +75,7 @@ class Candidate:
         if self.layout is not None:
             lo = self.layout
             mb = f", micro-batch {lo.micro_batch} x {lo.microbatches}, ZeRO {lo.zero}, recompute {lo.recompute}"
+            mb += f", offload {lo.offload}" if lo.offload != "off" else ""
         if self.skipped is not None:
             return f"{mesh}{mb}: skipped ({self.skipped})"
         if not self.ok:
@@ -237,6 +238,10 @@ def _by_blocks(model, n_devices: int, options: PlanOptions, profile, deadline: f
 WHOLE_PLAN_NODES = 6000
 
 
+# why a layout that offloads stays a prediction (docs/remat.md, "Offload")
+OFFLOAD_WHY = "it offloads the optimizer state, which only the block search's prediction models (no host tier here)"
+
+
 def _plan_whole(cand: Candidate, graph: Graph, options: PlanOptions, profile, deadline: float) -> None:
     """Replace the block search's composed plan for ``cand`` by the whole-graph plan of its layout
     (its mesh and micro-batch count; ZeRO and recomputation as ``options`` say), which
@@ -248,6 +253,9 @@ def _plan_whole(cand: Candidate, graph: Graph, options: PlanOptions, profile, de
         cand.whole_error = "the time limit ran out before the chosen layout could be planned whole"
         return
     lo = cand.layout
+    if lo.offload != "off":  # the runtime has no host tier: a whole plan would silently keep the state
+        cand.whole_error = OFFLOAD_WHY
+        return
     opts = dataclasses.replace(options, microbatches=lo.microbatches, time_limit=max(deadline - start, 0.1))
     fake = Candidate(axes=lo.axes, microbatches=lo.microbatches)
     try:
@@ -299,7 +307,10 @@ def explain(cands: list[Candidate], shown: int = 6, verbose: bool = False) -> st
     best = ok[0]
     lines.append(f"chose {best.describe()}")
     if isinstance(best.plan, ComposedPlan):
-        why = best.whole_error or f"a step of over {WHOLE_PLAN_NODES:,} nodes is not planned whole"
+        offloads = best.layout is not None and best.layout.offload != "off"
+        why = best.whole_error or (
+            OFFLOAD_WHY if offloads else f"a step of over {WHOLE_PLAN_NODES:,} nodes is not planned whole"
+        )
         lines.append(
             f"the plan written is the block search's prediction, not a plan to run ({why}): compile the chosen mesh with --mesh to run it"
         )
@@ -359,6 +370,14 @@ def _why(best: Candidate, ok: list[Candidate]) -> str:
                 f"the best pipeline ({other.describe().split(':')[0]}) is {other.step_s / best.step_s:.2f}x "
                 f"slower, {other.bubble or 0.0:.0%} of it bubble"
             )
+    if best.layout is not None and best.layout.offload != "off":  # offload is chosen only to fit or to be faster
+        kept = next((c for c in ok if c.layout is not None and c.layout.offload == "off"), None)
+        parts.append(
+            "no plan that keeps the optimizer state on the device fits"
+            if kept is None
+            else f"the best plan keeping the optimizer state on the device ({kept.describe().split(':')[0]}) is "
+            f"{kept.step_s / best.step_s:.2f}x slower"
+        )
     return "; ".join(parts)
 
 

@@ -233,6 +233,55 @@ def cluster_figures(profile: MachineProfile) -> ClusterFigures:
     return CLUSTER_FIGURES.get(profile.name, NO_CLUSTER)
 
 
+# --- the host memory tier (offload: passes/scale.py) ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class HostTier:
+    """Host memory beside one GPU, as the scale search's optimizer-state offload prices it
+    (passes/scale.py ``offload_costs``; docs/remat.md "Offload"). Each figure's source is in
+    ``sources``."""
+
+    link: Link  # host <-> device, one direction, per GPU (PCIe)
+    memory_bytes: float  # host DRAM per GPU: the node's DRAM over its 8 GPUs
+    memory_bandwidth: float  # host DRAM bandwidth per GPU: what bounds the CPU Adam update
+    sources: tuple[str, ...] = ()
+
+
+# PCIe: the A100 datasheet lists "PCIe Gen4: 64 GB/s" and the H100 SXM datasheet "PCIe Gen5:
+# 128 GB/s", both directions together: 32 and 64 GB/s each way (x16; measured host-to-device
+# copies reach about 25 GB/s on Gen4, which the nominal figure leaves out, as the presets' other
+# links are line rates). Latency: 10 us a transfer, an assumed figure (a cudaMemcpyAsync call and
+# its DMA set-up are a few microseconds), negligible against offload's gigabyte transfers. Host DRAM: a
+# DGX A100 640GB and a DGX H100 each hold 2 TB for 8 GPUs (DGX A100 / DGX H100 datasheets). Host
+# bandwidth: a DGX A100 has 2 AMD EPYC 7742 (8 channels of DDR4-3200 each, 204.8 GB/s a socket:
+# AMD's specification), a DGX H100 2 Intel Xeon Platinum 8480C (8 channels of DDR5-4800, 307.2
+# GB/s a socket: Intel's specification); over 8 GPUs that is 51.2 and 76.8 GB/s per GPU.
+HOST_TRANSFER_S = 10e-6
+_HOST_SOURCES = {
+    "a100-sxm": (
+        "link: NVIDIA A100 datasheet, PCIe Gen4 64 GB/s (both directions) = 32 GB/s each way; latency assumed 10 us",
+        "memory: NVIDIA DGX A100 640GB datasheet, 2 TB system memory for 8 GPUs",
+        "bandwidth: 2x AMD EPYC 7742, 8 channels DDR4-3200 = 204.8 GB/s per socket (AMD), over 8 GPUs",
+    ),
+    "h100-sxm": (
+        "link: NVIDIA H100 SXM datasheet, PCIe Gen5 128 GB/s (both directions) = 64 GB/s each way; latency assumed 10 us",
+        "memory: NVIDIA DGX H100 datasheet, 2 TB system memory for 8 GPUs",
+        "bandwidth: 2x Intel Xeon Platinum 8480C, 8 channels DDR5-4800 = 307.2 GB/s per socket (Intel), over 8 GPUs",
+    ),
+}
+HOST_TIERS: dict[str, HostTier] = {
+    "a100-sxm": HostTier(Link(HOST_TRANSFER_S, 32e9), 2e12 / 8, 2 * 204.8e9 / 8, _HOST_SOURCES["a100-sxm"]),
+    "h100-sxm": HostTier(Link(HOST_TRANSFER_S, 64e9), 2e12 / 8, 2 * 307.2e9 / 8, _HOST_SOURCES["h100-sxm"]),
+}
+
+
+def host_tier(profile: MachineProfile) -> HostTier | None:
+    """The host tier of a preset GPU profile, by name; None for any other (this machine's threads
+    share one memory, a profile file says nothing of a host): such a profile never offloads."""
+    return HOST_TIERS.get(profile.name)
+
+
 def read_profile(path: str) -> MachineProfile:
     """The profile in the JSON file ``path``; MeshError naming the file and the bad or missing key."""
     try:
