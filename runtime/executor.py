@@ -213,11 +213,12 @@ class Program:
         if self._straight is not None:
             self.pooled_outputs = []
 
-    def _straight_line(self, handed: bool = False) -> Callable[[Sequence[np.ndarray]], list]:
+    def _straight_line(self, handed: bool = False, unalias: bool = True) -> Callable[[Sequence[np.ndarray]], list]:
         """``run`` of this program as generated Python: ``v7 = f3(v0, v5)`` per step, ``del`` after
         each slot's last use, constants and step functions as globals, an error re-raised by
         ``_straight_error`` (which names the step). ``self._step_of_line`` maps a source line to
-        its step. ``handed``: the results as ``Executable`` hands them to a caller (``_handed_out``)."""
+        its step. ``handed``: the results as ``Executable`` hands them to a caller (``_handed_out``;
+        ``unalias``: copied where they share memory, unless the caller's are private)."""
         names = {s: f"v{s}" for s in range(self.n_slots)}
         env: dict[str, Any] = {"fail": self._straight_error, "result": _handed_result}
         lines = ["def run(args):", "  try:"]
@@ -268,7 +269,9 @@ class Program:
             results = [names[s] if s in fresh else f"result({names[s]})" for s in self.out_slots]
         else:
             results = [names[s] for s in self.out_slots]
-        if handed and self.aliasing.needed:  # results that may share memory with the arguments or each other
+        if (
+            handed and unalias and self.aliasing.needed
+        ):  # results that may share memory with the arguments or each other
             env["unalias"] = self.aliasing.apply
             lines.append(f"    return unalias([{', '.join(results)}], args)")
         else:
@@ -684,14 +687,24 @@ class Executable:
     buffers from (default: its own); graphs that run one after the other on the same device (a
     pipeline's tasks) share one, so the device keeps one pool's free buffers, not one per graph."""
 
-    def __init__(self, graph: Graph, comm=None, pool: BufferPool | None = None, donated: frozenset[int] = frozenset()):
+    def __init__(
+        self,
+        graph: Graph,
+        comm=None,
+        pool: BufferPool | None = None,
+        donated: frozenset[int] = frozenset(),
+        private: bool = False,
+    ):
         self.graph = graph
+        # ``private``: the results go to a caller that never writes into them nor hands them on (a
+        # pipeline's values between its tasks), so a result may be an argument or share its memory
+        self.private = private
         self.pool = BufferPool() if pool is None else pool
         self.stats: dict[str, Any] = {}
         start = time.perf_counter()
         self.program = Program(graph.inputs, graph.nodes, graph.outputs, self.pool, self.stats, comm, donated)
         if self.program._straight is not None:  # nothing pooled: one generated function does it all
-            self.run_arrays = self.program._straight_line(handed=True)  # type: ignore[method-assign,assignment]
+            self.run_arrays = self.program._straight_line(handed=True, unalias=not private)  # type: ignore[method-assign,assignment]
         self.stats["build_s"] = time.perf_counter() - start
 
     def run_flat(self, arrays: list[np.ndarray], profile: dict | None = None) -> list[np.ndarray]:
@@ -718,4 +731,4 @@ class Executable:
         # constants are read-only and shared between calls: callers get writeable copies
         handed = [_handed_result(o) for o in outs]
         aliasing = self.program.aliasing
-        return aliasing.apply(handed, args) if aliasing.needed else handed
+        return aliasing.apply(handed, args) if aliasing.needed and not self.private else handed

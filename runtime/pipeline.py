@@ -299,7 +299,7 @@ class _DeviceRun:
             if task.graph.nodes or task.out_ids:
                 self._run_task(task, k)
             if ph == "B":  # this micro-batch's values are dead unless the update reads them
-                self._drop(lambda key, k=k: key[1] == k)
+                self._drop(lambda key, k=k: key[1] == k, keep_needed=k == 0)
         return self._results()
 
     def _update(self) -> None:
@@ -315,9 +315,12 @@ class _DeviceRun:
         for i in range(self.p.n_segments[self.device]):
             self._run_task(self.p.tasks[(self.device, "U", -1 - i)], -1)
 
-    def _drop(self, which) -> None:
+    def _drop(self, which, keep_needed: bool = True) -> None:
+        """Forget the values ``which`` picks, but (``keep_needed``) those the update or the
+        step's results read: they read micro-batch 0's (``_fetch``, ``_results``), so another
+        micro-batch's copy is dropped with the rest."""
         for key in [key for key in self.store if which(key)]:
-            if not self.p.needed_later(key[0], self.stage):
+            if not (keep_needed and self.p.needed_later(key[0], self.stage)):
                 del self.store[key]
 
     def _fetch(self, vid: int, k: int) -> np.ndarray:
