@@ -396,6 +396,7 @@ def solve(
     sol = model.run(deadline - time.perf_counter(), guess)
     points: list[int] = []
     reserved: set[tuple[int, int]] = set()  # (point, buffer bytes) rows added for redistribution buffers
+    fits: Solution | None = None  # the last plan whose values fit the limit
     if memory_limit is not None:
         for _round in range(100):
             if sol is None:
@@ -403,15 +404,13 @@ def solve(
             peak, at = p.memory.peak(sol.choice)
             room = memory_limit
             if peak <= memory_limit:
+                fits = sol  # the values fit: the redistribution buffers are bounded where it can be done
                 peak, at, buffers = held_peak_at(p, sol.choice)
-                if peak <= memory_limit:
+                if peak <= memory_limit or (at, buffers) in reserved:
                     break
-                # the redistribution buffers held there take their room from the point's row
-                if (at, buffers) in reserved:
-                    raise PlanError(
-                        f"no plan found within {fmt_bytes(memory_limit)} per device with its redistribution "
-                        f"buffers: the best needs {fmt_bytes(peak)}, {fmt_bytes(buffers)} of them buffers"
-                    )
+                # the buffers held there take their room off the point's row (this plan's buffers:
+                # the row may rule out a plan with fewer there, so when no plan is left, or only
+                # ones over the limit, the last plan whose values fit stands, docs/remat.md)
                 reserved.add((at, buffers))
                 room = memory_limit - buffers
             elif sol.status != "optimal" or at in points:
@@ -426,6 +425,8 @@ def solve(
                     f"ILP: memory {peak / 2**20:.1f} MiB > limit at point {at}; re-solving with {len(points)} point(s)"
                 )
             sol = model.run(deadline - time.perf_counter(), model.last_choice)
+        if fits is not None and (sol is None or p.memory.peak(sol.choice)[0] > memory_limit):
+            sol = fits
         if sol is None and model.last_status == "infeasible":
             minimum = min_memory(p, groups, of, maps, solver_name, max(1.0, deadline - time.perf_counter()))
             raise PlanError(
@@ -703,8 +704,8 @@ class _Model:
 
 def held_peak_at(p: Problem, choice: list[int]) -> tuple[int, int, int]:
     """(the peak per device with the redistribution buffers: what the runtime holds, the position
-    where it is, the buffers' bytes there): a memory limit bounds this too (``solve`` adds a row
-    at that point with the buffers' room taken off the limit until the plan fits)."""
+    where it is, the buffers' bytes there). ``solve`` bounds it by the memory limit too where it
+    can: a row at that point with the buffers' room taken off the limit."""
     prof = p.memory.profile(choice)
     if not len(prof):
         return 0, 0, 0
