@@ -13,10 +13,17 @@ collectives of the update (the data-parallel gradient all-reduce) then run once 
 Everything is sent as soon as it is produced and the update is cut where it needs another stage's
 update result, so devices cannot wait on each other in a cycle; every wait is bounded.
 
+Memory follows the plan's liveness model (passes/microbatch.py ``AccumulatingMemory``): a
+device's tasks share one buffer pool, trimmed before each task to that task's high-water mark; a
+backward task is handed the forward values that die in it (``_dying``) and frees each at its last
+use; another micro-batch's copy of a value the update reads is dropped after its backward task;
+forward and backward results are not copied off their arguments (they stay in the pipeline).
+
 ``run_flat(arrays, profile=True)`` also records every task's start and end (Chrome trace,
-measured bubble fraction), each device's peak bytes (values held between tasks plus the running
-task's own live values) and ``held_bytes``, the most it holds between forward and backward tasks
-(the activations of the micro-batches in flight and the running gradient sums).
+measured bubble fraction), each device's peak bytes (what it holds besides the running task's
+arguments, plus the task's own peak: its arguments, the arrays it made, the pool's free buffers)
+and ``held_bytes``, the most it holds between forward and backward tasks (the activations of the
+micro-batches in flight and the running gradient sums).
 """
 
 from __future__ import annotations
