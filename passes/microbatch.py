@@ -311,8 +311,10 @@ def item_weights(problem: Problem, step_phase: list[bool], m: int) -> list[int]:
 
 class AccumulatingMemory(MemoryModel):
     """The memory model of a micro-batch program that runs ``m`` times per step: each running sum
-    (a meeting point's result) is live from the step's start, not from its meeting point, since
-    it is kept while every micro-batch runs. The ILP's memory rows and the plan's peak read it."""
+    (a meeting point's result) is live all through the program, not from its meeting point to its
+    last reader: it is kept while every micro-batch runs, read by the update as an argument (which
+    a task does not free) and its buffer kept for the next step (runtime/pipeline.py). The ILP's
+    memory rows and the plan's peak read it."""
 
     def __init__(self, base: MemoryModel, sums: frozenset[int]) -> None:
         super().__init__(
@@ -323,7 +325,8 @@ class AccumulatingMemory(MemoryModel):
 
     def live_ranges(self) -> list[tuple[Value, int, int, int]]:
         if self._kept is None:
-            self._kept = [(v, i, 0 if i in self.sums else a, b) for v, i, a, b in super().live_ranges()]
+            end = self.size - 1
+            self._kept = [(v, i, 0, end) if i in self.sums else (v, i, a, b) for v, i, a, b in super().live_ranges()]
         return self._kept
 
 

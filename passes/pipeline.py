@@ -686,8 +686,9 @@ def plan_pipeline(
         "bubble": 1.0 - busy / ((m + S - 1) * per_mb) if per_mb else 0.0,
     }
     mem = _stage_memory(g0, a, schedule, m, sub.size)
-    if pp is None and sub_plan is not None:  # one stage: the plan's own memory model, with the running sums
-        mem = [max(sub_plan.memory.peak_bytes)]
+    if pp is None:  # one stage: the liveness model of the micro-batch program, with the running sums
+        own = sub_plan or plan_microbatch_program(mb, sub, state_ties(graph) if ties is None else ties, options)
+        mem = [max(own.memory.peak_bytes)]
     return PipelinePlan(
         graph_name=graph.name,
         graph_hash=graph_hash(graph),

@@ -126,8 +126,12 @@ class Program:
         pool: BufferPool,
         stats: dict[str, Any],
         comm=None,
+        donated: frozenset[int] = frozenset(),
     ):
         self.pool = pool
+        # inputs the caller hands over (Executable.run_donating): freed at their last use, counted
+        # as the run's own values until then (a pipeline's backward task reads its forward's values)
+        self.donated = frozenset(i for i in donated if inputs[i] not in outputs)
         self.comm = comm  # the device's communicator (runtime/comm.py) in a multi-device run
         self.high_water = 0  # the most bytes of live arrays made by the steps of one run so far
         slot: dict[Value, int] = {}
@@ -179,7 +183,7 @@ class Program:
             for s in step[1]:
                 last[s] = k
         for s, k in last.items():
-            if s not in keep and s >= self.n_inputs:
+            if s not in keep and (s >= self.n_inputs or s in self.donated):
                 steps[k][3].append(s)
         self.steps = [
             Step(
@@ -202,16 +206,19 @@ class Program:
         # a program whose every value is small keeps no accounting: it runs as one generated
         # straight-line Python function (a call per step, locals for slots), as torch.fx does
         self._straight = (
-            self._straight_line() if self._modest or not any(st.counted or st.frees for st in self.steps) else None
+            self._straight_line()
+            if not self.donated and (self._modest or not any(st.counted or st.frees for st in self.steps))
+            else None
         )
         if self._straight is not None:
             self.pooled_outputs = []
 
-    def _straight_line(self, handed: bool = False) -> Callable[[Sequence[np.ndarray]], list]:
+    def _straight_line(self, handed: bool = False, unalias: bool = True) -> Callable[[Sequence[np.ndarray]], list]:
         """``run`` of this program as generated Python: ``v7 = f3(v0, v5)`` per step, ``del`` after
         each slot's last use, constants and step functions as globals, an error re-raised by
         ``_straight_error`` (which names the step). ``self._step_of_line`` maps a source line to
-        its step. ``handed``: the results as ``Executable`` hands them to a caller (``_handed_out``)."""
+        its step. ``handed``: the results as ``Executable`` hands them to a caller (``_handed_out``;
+        ``unalias``: copied where they share memory, unless the caller's are private)."""
         names = {s: f"v{s}" for s in range(self.n_slots)}
         env: dict[str, Any] = {"fail": self._straight_error, "result": _handed_result}
         lines = ["def run(args):", "  try:"]
@@ -262,7 +269,9 @@ class Program:
             results = [names[s] if s in fresh else f"result({names[s]})" for s in self.out_slots]
         else:
             results = [names[s] for s in self.out_slots]
-        if handed and self.aliasing.needed:  # results that may share memory with the arguments or each other
+        if (
+            handed and unalias and self.aliasing.needed
+        ):  # results that may share memory with the arguments or each other
             env["unalias"] = self.aliasing.apply
             lines.append(f"    return unalias([{', '.join(results)}], args)")
         else:
@@ -338,7 +347,10 @@ class Program:
         memory model predicts)."""
         if profile is None and self._straight is not None:
             return self._straight(args)
-        recorder = None if profile is None else _Profile(profile, args, self.constants, self.pool.free_bytes)
+        recorder = None
+        if profile is not None:
+            held = [a for i, a in enumerate(args) if i not in self.donated]
+            recorder = _Profile(profile, held, self.constants, self.pool.free_bytes)
         return self._run_steps(args, recorder)
 
     def _run_steps(self, args: Sequence[np.ndarray], profile: _Profile | None) -> list[np.ndarray]:
@@ -350,7 +362,9 @@ class Program:
             env[s] = value
         pool = self.pool
         live, high = 0, self.high_water
-        buffers = _Buffers(args, self.constants)
+        buffers = _Buffers([a for i, a in enumerate(args) if i not in self.donated], self.constants)
+        if self.donated:
+            live = self._take_donated(args, buffers)
         clock = time.perf_counter
         for k, st in enumerate(self.steps):
             if st.outside and live + st.outside + pool.free_bytes > high:
@@ -386,6 +400,15 @@ class Program:
         if profile is not None:
             profile.finish()
         return [env[s] for s in self.out_slots]
+
+    def _take_donated(self, args: Sequence[np.ndarray], buffers: _Buffers) -> int:
+        """The run holds the donated inputs now, until their last use (the caller's list lets go
+        of them); the bytes they add to the live ones."""
+        live = sum(buffers.hold(args[i]) for i in sorted(self.donated))
+        if isinstance(args, list):
+            for i in self.donated:
+                args[i] = None
+        return live
 
     def _step_failed(self, k: int, exc: Exception) -> None:
         """Step ``k`` raised ``exc``: note the node and its source line on it; a numpy error is
@@ -660,16 +683,28 @@ def _matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 class Executable:
-    """A graph compiled for the single-device executor."""
+    """A graph compiled for the single-device executor. ``pool``: the buffer pool it takes its
+    buffers from (default: its own); graphs that run one after the other on the same device (a
+    pipeline's tasks) share one, so the device keeps one pool's free buffers, not one per graph."""
 
-    def __init__(self, graph: Graph, comm=None):
+    def __init__(
+        self,
+        graph: Graph,
+        comm=None,
+        pool: BufferPool | None = None,
+        donated: frozenset[int] = frozenset(),
+        private: bool = False,
+    ):
         self.graph = graph
-        self.pool = BufferPool()
+        # ``private``: the results go to a caller that never writes into them nor hands them on (a
+        # pipeline's values between its tasks), so a result may be an argument or share its memory
+        self.private = private
+        self.pool = BufferPool() if pool is None else pool
         self.stats: dict[str, Any] = {}
         start = time.perf_counter()
-        self.program = Program(graph.inputs, graph.nodes, graph.outputs, self.pool, self.stats, comm)
+        self.program = Program(graph.inputs, graph.nodes, graph.outputs, self.pool, self.stats, comm, donated)
         if self.program._straight is not None:  # nothing pooled: one generated function does it all
-            self.run_arrays = self.program._straight_line(handed=True)  # type: ignore[method-assign,assignment]
+            self.run_arrays = self.program._straight_line(handed=True, unalias=not private)  # type: ignore[method-assign,assignment]
         self.stats["build_s"] = time.perf_counter() - start
 
     def run_flat(self, arrays: list[np.ndarray], profile: dict | None = None) -> list[np.ndarray]:
@@ -677,6 +712,14 @@ class Executable:
             args = [np.asarray(a) for a in arrays]
             return self._handed_out(self.program.run(args, profile), args)
         return self.run_arrays([np.asarray(a) for a in arrays])
+
+    def run_donating(self, arrays: list, profile: dict | None = None) -> list[np.ndarray]:
+        """``run_flat`` that takes the donated inputs (the ``donated`` positions given when it was
+        built) out of ``arrays`` (set to None there): with no other reference left, each is freed
+        at its last use instead of living to the end of the run."""
+        args = [np.asarray(a) for a in arrays]
+        arrays[:] = [None if i in self.program.donated else a for i, a in enumerate(arrays)]
+        return self._handed_out(self.program.run(args, profile), args)
 
     def run_arrays(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         """``run_flat`` of arguments that are all ndarrays already."""
@@ -688,4 +731,4 @@ class Executable:
         # constants are read-only and shared between calls: callers get writeable copies
         handed = [_handed_result(o) for o in outs]
         aliasing = self.program.aliasing
-        return aliasing.apply(handed, args) if aliasing.needed else handed
+        return aliasing.apply(handed, args) if aliasing.needed and not self.private else handed

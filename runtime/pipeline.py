@@ -13,10 +13,17 @@ collectives of the update (the data-parallel gradient all-reduce) then run once 
 Everything is sent as soon as it is produced and the update is cut where it needs another stage's
 update result, so devices cannot wait on each other in a cycle; every wait is bounded.
 
+Memory follows the plan's liveness model (passes/microbatch.py ``AccumulatingMemory``): a
+device's tasks share one buffer pool, trimmed before each task to that task's high-water mark; a
+backward task is handed the forward values that die in it (``_dying``) and frees each at its last
+use; another micro-batch's copy of a value the update reads is dropped after its backward task;
+forward and backward results are not copied off their arguments (they stay in the pipeline).
+
 ``run_flat(arrays, profile=True)`` also records every task's start and end (Chrome trace,
-measured bubble fraction), each device's peak bytes (values held between tasks plus the running
-task's own live values) and ``held_bytes``, the most it holds between forward and backward tasks
-(the activations of the micro-batches in flight and the running gradient sums).
+measured bubble fraction), each device's peak bytes (what it holds besides the running task's
+arguments, plus the task's own peak: its arguments, the arrays it made, the pool's free buffers)
+and ``held_bytes``, the most it holds between forward and backward tasks (the activations of the
+micro-batches in flight and the running gradient sums).
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from graphc.core.spec import format_spec, unshard
 from graphc.programs import PipelineProgram, PipelineTask
 from graphc.runtime.comm import ThreadWorld
 from graphc.runtime.devices import CommProxy, ShardedArray, ShardedInput, local_piece, run_on_devices
-from graphc.runtime.executor import Executable
+from graphc.runtime.executor import BufferPool, Executable
 
 _TAG_STRIDE = 4096  # message tag = value id * stride + micro-batch + 1 (-1: a value of the whole step)
 
@@ -76,8 +83,13 @@ class PipelineExecutable:
         self.timeout_s = timeout_s
         built = None if devices is None else set(devices)
         self.comms = {d: CommProxy() for devs in program.stage_devices for d in devs if built is None or d in built}
+        # a device's tasks run one at a time: they share one buffer pool, so it keeps one task's
+        # free buffers (at most its liveness high-water mark), not one pool per task and micro-batch
+        self.pools = {d: BufferPool() for d in self.comms}
+        sent = {v for task in program.tasks.values() for v in task.sends}
+        self.donated = {key: _dying(program, task, sent) for key, task in program.tasks.items()}
         self.executables = {
-            key: Executable(task.graph, self.comms[task.device])
+            key: Executable(task.graph, self.comms[task.device], self.pools[task.device], self.donated[key])
             for key, task in program.tasks.items()
             if built is None or task.device in built
         }
@@ -244,6 +256,24 @@ class PipelineExecutable:
         return 1.0 - busy / (len(prof) * (end - start))
 
 
+def _dying(p: PipelineProgram, task: PipelineTask, sent: set[int]) -> frozenset[int]:
+    """Positions of ``task``'s arguments that die in it, for its executable to free at their last
+    use: in a backward task (a micro-batch's last on its device), the micro-batch's values its own
+    stage made, sent nowhere, that neither the update nor the step's results read (``_drop``
+    would delete them after the task)."""
+    if task.phase != "B":
+        return frozenset()
+    stage = p.stage_of(task.device)
+    out = set()
+    for i, v in enumerate(task.in_ids):
+        if v < p.n_inputs or v in sent or p.needed_later(v, stage) or task.in_ids.count(v) > 1:
+            continue
+        src, ph = p.producer(v)
+        if src == stage and ph in ("F", "B"):
+            out.add(i)
+    return frozenset(out)
+
+
 def _sub_coord(shape: tuple[int, ...], c: int) -> tuple[int, ...]:
     """Row-major coordinate of device ``c`` of a sub-mesh of ``shape``."""
     return tuple(int(x) for x in np.unravel_index(c, shape)) if shape else ()
@@ -276,7 +306,7 @@ class _DeviceRun:
             if task.graph.nodes or task.out_ids:
                 self._run_task(task, k)
             if ph == "B":  # this micro-batch's values are dead unless the update reads them
-                self._drop(lambda key, k=k: key[1] == k)
+                self._drop(lambda key, k=k: key[1] == k, keep_needed=k == 0)
         return self._results()
 
     def _update(self) -> None:
@@ -292,9 +322,12 @@ class _DeviceRun:
         for i in range(self.p.n_segments[self.device]):
             self._run_task(self.p.tasks[(self.device, "U", -1 - i)], -1)
 
-    def _drop(self, which) -> None:
+    def _drop(self, which, keep_needed: bool = True) -> None:
+        """Forget the values ``which`` picks, but (``keep_needed``) those the update or the
+        step's results read: they read micro-batch 0's (``_fetch``, ``_results``), so another
+        micro-batch's copy is dropped with the rest."""
         for key in [key for key in self.store if which(key)]:
-            if not self.p.needed_later(key[0], self.stage):
+            if not (keep_needed and self.p.needed_later(key[0], self.stage)):
                 del self.store[key]
 
     def _fetch(self, vid: int, k: int) -> np.ndarray:
@@ -314,10 +347,19 @@ class _DeviceRun:
         return x
 
     def _run_task(self, task: PipelineTask, k: int) -> None:
+        key = (self.device, task.phase, task.k)
         args = [self._fetch(v, k) for v in task.in_ids]
+        for i in self.ex.donated[key]:  # the task's executable frees them at their last use
+            del self.store[(task.in_ids[i], k)]
+        executable = self.ex.executables[key]
+        # the device's pool keeps at most what this task's values need at their peak (the rule the
+        # executor applies at its first step, applied before the task counts the pool's buffers)
+        self.ex.pools[self.device].trim(executable.program.high_water)
+        # what the device holds besides the task's arguments (the task's profile counts those)
+        before = self._held_bytes(skip={id(x) for x in args}) if self.prof is not None else 0
         start = time.perf_counter()
         tprof: dict | None = {} if self.prof is not None else None
-        outs = self.ex.executables[(self.device, task.phase, task.k)].run_flat(args, tprof)
+        outs = executable.run_donating(args, tprof)
         kk = k if task.phase in ("F", "B") else -1
         for vid, y in zip(task.out_ids, outs):
             if vid in self.summand_of:
@@ -326,7 +368,7 @@ class _DeviceRun:
             for dst in task.sends.get(vid, ()):
                 self.comm.send(y, dst, _tag(vid, kk))
         if self.prof is not None:  # the task's work includes accumulating and sending its results
-            self._record(task, start, time.perf_counter(), tprof or {})
+            self._record(task, start, time.perf_counter(), before + (tprof or {}).get("peak_bytes", 0), args)
 
     def _accumulate(self, m_out: int, y: np.ndarray) -> None:
         if m_out in self.acc:
@@ -339,14 +381,31 @@ class _DeviceRun:
         np.copyto(buf, y)
         self.acc[m_out] = buf
 
-    def _record(self, task: PipelineTask, start: float, end: float, tprof: dict) -> None:
+    def _held_bytes(self, skip: set[int] = frozenset(), extra: list = ()) -> int:  # type: ignore[assignment]
+        """Bytes of the arrays the device holds between tasks: the values kept (each array once:
+        a running sum is also a value of the step after the meeting), the running sums' buffers
+        (kept from step to step) and ``extra``, without the arrays whose ids are in ``skip``."""
+        seen = set(skip)
+        total = 0
+        for x in [*self.store.values(), *self.acc.values(), *self.buffers.values(), *extra]:
+            if x is not None and id(x) not in seen:
+                seen.add(id(x))
+                total += np.asarray(x).nbytes
+        return total
+
+    def _record(self, task: PipelineTask, start: float, end: float, during: int, args: list) -> None:
+        """``during``: the most the device held while the task ran (what it held besides the
+        task's arguments, plus the task's own peak: its arguments, the arrays it made, the free
+        buffers of the device's pool). After it: what it holds, the arguments still referenced
+        and the pool's free buffers (the results are added to the running sums meanwhile)."""
         prof = self.prof
         assert prof is not None
-        live = sum(x.nbytes for x in self.store.values()) + sum(x.nbytes for x in self.acc.values())
+        live = self._held_bytes()
         if task.phase in ("F", "B"):  # what the micro-batches in flight hold between tasks
             prof["held_bytes"] = max(prof.get("held_bytes", 0), live)
         prof["events"].append((task.phase, task.k, start, end))
-        prof["peak_bytes"] = max(prof["peak_bytes"], live + tprof.get("peak_bytes", 0))
+        after = self._held_bytes(extra=args) + self.ex.pools[self.device].free_bytes
+        prof["peak_bytes"] = max(prof["peak_bytes"], during, after)
 
     def _results(self) -> dict[int, np.ndarray]:
         owned = {}

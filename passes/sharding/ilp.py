@@ -395,25 +395,38 @@ def solve(
     stats["constraints"] = model.milp.num_rows
     sol = model.run(deadline - time.perf_counter(), guess)
     points: list[int] = []
+    reserved: set[tuple[int, int]] = set()  # (point, buffer bytes) rows added for redistribution buffers
+    fits: Solution | None = None  # the last plan whose values fit the limit
     if memory_limit is not None:
         for _round in range(100):
             if sol is None:
                 break
             peak, at = p.memory.peak(sol.choice)
+            room = memory_limit
             if peak <= memory_limit:
-                break
-            if sol.status != "optimal" or at in points:
+                fits = sol  # the values fit: the redistribution buffers are bounded where it can be done
+                peak, at, buffers = held_peak_at(p, sol.choice)
+                if peak <= memory_limit or (at, buffers) in reserved:
+                    break
+                # the buffers held there take their room off the point's row (this plan's buffers:
+                # the row may rule out a plan with fewer there, so when no plan is left, or only
+                # ones over the limit, the last plan whose values fit stands, docs/remat.md)
+                reserved.add((at, buffers))
+                room = memory_limit - buffers
+            elif sol.status != "optimal" or at in points:
                 raise PlanError(
                     f"the time limit ran out before a plan within {fmt_bytes(memory_limit)} per device was found "
                     f"(the best so far needs {fmt_bytes(peak)}; the solver had {time_limit_s:.1f} s): raise the time limit"
                 )
             points.append(at)
-            model.add_memory_point(at, memory_limit)
+            model.add_memory_point(at, room)
             if progress:
                 progress(
                     f"ILP: memory {peak / 2**20:.1f} MiB > limit at point {at}; re-solving with {len(points)} point(s)"
                 )
             sol = model.run(deadline - time.perf_counter(), model.last_choice)
+        if fits is not None and (sol is None or p.memory.peak(sol.choice)[0] > memory_limit):
+            sol = fits
         if sol is None and model.last_status == "infeasible":
             minimum = min_memory(p, groups, of, maps, solver_name, max(1.0, deadline - time.perf_counter()))
             raise PlanError(
@@ -687,6 +700,23 @@ class _Model:
     def trivial_bound(self) -> float:
         """Every group at its cheapest strategy, no edge costs: a lower bound (scaled)."""
         return self.milp.offset + sum(float(v.min()) * self.SCALE for v, xs in zip(self.vec, self.x) if xs is not None)
+
+
+def held_peak_at(p: Problem, choice: list[int]) -> tuple[int, int, int]:
+    """(the peak per device with the redistribution buffers: what the runtime holds, the position
+    where it is, the buffers' bytes there). ``solve`` bounds it by the memory limit too where it
+    can: a row at that point with the buffers' room taken off the limit."""
+    prof = p.memory.profile(choice)
+    if not len(prof):
+        return 0, 0, 0
+    delta = np.zeros(len(prof) + 1, dtype=np.float64)
+    for nb, a, b in p.memory.redistribution_buffers(choice):
+        delta[a] += nb
+        delta[b + 1] -= nb
+    buffers = np.cumsum(delta[:-1])
+    held = prof + buffers
+    at = int(np.argmax(held))
+    return int(held[at]), at, int(buffers[at])
 
 
 def min_memory(p: Problem, groups, of, maps, solver_name: str, time_limit_s: float) -> int:

@@ -100,6 +100,9 @@ def test_gpt_trains_with_micro_batches_as_on_the_whole_batch(axes):
     got = k_steps(pf, (params, state), (tokens, targets), kw, 2)
     assert_steps_close(got, k_steps(gpt.train_step, (params, state), (tokens, targets), kw, 2))
     if axes == {"dp": 2}:  # one micro-batch's activations: a lower predicted peak than the whole batch's
+        # (on sequences long enough that activations outweigh the gradient sums accumulation keeps
+        # all step long: at seq=16 they do not, and accumulating needs more memory, not less)
+        (params, state, tokens, targets), kw = gpt.example_train_args(batch=8, seq=64, n_layer=1)
         g = graph_of(gpt.train_step, (params, state, tokens, targets), kw)
         mesh = Mesh(axes, profile=PROFILE)
         whole = plan_sharding(g, mesh, ties=state_ties(g), options=PlanOptions(zero=0, recompute="off"))

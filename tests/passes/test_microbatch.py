@@ -193,14 +193,18 @@ def test_a_step_prices_the_micro_batch_phase_m_times_and_the_update_once():
 
 def test_the_running_sums_are_live_while_every_micro_batch_runs():
     """The accumulating memory model is the one-pass model plus, at every program point before a
-    meeting point, that meeting point's running sum (its piece on the device)."""
+    meeting point or after the running sum's last reader, that meeting point's running sum (its
+    piece on the device): kept while every micro-batch runs, and through the update, which reads
+    it as an argument and does not free it (runtime/pipeline.py keeps its buffer for the next step)."""
     _mb, problem, _w, _costs, base, acc = _mb_problem(m=4, axes={"dp": 2, "tp": 2})
     choice = [0] * len(problem.items)
-    position = {item: pos for pos, item in enumerate(problem.order)}
+    ranges = {i: (a, b) for _v, i, a, b in base.live_ranges()}
     want = base.profile(choice).copy()
     for i in acc.sums:
         nb = base.value_bytes(problem.items[i].node.outputs[0], i, choice[i])
         assert nb > 0
-        want[: position[i]] += nb
+        first, last = ranges[i]
+        want[:first] += nb
+        want[last + 1 :] += nb
     np.testing.assert_array_equal(acc.profile(choice), want)
     assert acc.peak(choice)[0] > base.peak(choice)[0]

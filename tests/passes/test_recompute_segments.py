@@ -37,8 +37,8 @@ def _graph(**shape):
     return optimize_for_planning(graphc.trace(_step, params, state, tokens, targets))
 
 
-def _compile(mesh, limit):
-    args, kw = _args()
+def _compile(mesh, limit, args_of=_args):
+    args, kw = args_of()
     # tp=2 under a limit takes the solver tens of seconds on a busy 2-core machine: room for it
     pf = graphc.parallelize(
         gpt.train_step, mesh=mesh, memory_limit=limit, static_argnames=STATIC, cache=False, time_limit=600
@@ -46,10 +46,10 @@ def _compile(mesh, limit):
     return pf, pf.compile(*args, **kw)
 
 
-def _first_run(pf, compiled):
+def _first_run(pf, compiled, args_of=_args):
     """The step's results and each device's peak bytes on the first run after compiling (an
     empty buffer pool: the run whose allocations show the plan's peak)."""
-    args, kw = _args()
+    args, kw = args_of()
     dyn, dkw, _ = pf.split_static(args, kw)
     outs = compiled.executable.run_flat(bind_arguments(compiled.graph, dyn, dkw), profile=True)
     peak = max(p["peak_bytes"] for p in compiled.executable.last_profile.values())
@@ -116,19 +116,26 @@ def test_the_ilp_recomputes_whole_segments_when_the_limit_needs_it():
 # --- the issue's transformer: plans found, equal results, measured peaks ----------------------------------
 
 
-def _check_limited(mesh, fraction, rtol):
-    pf0, free = _compile(mesh, None)
-    want, free_measured = _first_run(pf0, free)
+# the runtime's measured peak may exceed the plan's (values and redistribution buffers) by this
+# fraction: arrays under the executor's SMALL_BYTES are neither pooled nor counted by the model's
+# liveness, and a collective's send buffers are not in it (docs/remat.md)
+SLACK = 0.05
+
+
+def _check_limited(mesh, fraction, rtol, args_of=_args):
+    pf0, free = _compile(mesh, None, args_of)
+    want, free_measured = _first_run(pf0, free, args_of)
     unlimited = free.plan.memory.peak_bytes[0]
     limit = int(fraction * unlimited)
-    pf, c = _compile(mesh, limit)
-    predicted = c.plan.memory.peak_bytes[0]
-    assert predicted <= limit
+    pf, c = _compile(mesh, limit, args_of)
+    # the limit bounds what the runtime holds: the values and the redistribution buffers
+    predicted = c.plan.memory.held[0]
+    assert c.plan.memory.peak_bytes[0] <= predicted <= limit
     assert any(n.recompute for n in c.plan.nodes)
-    got, measured = _first_run(pf, c)
-    # the runtime keeps what the plan predicts: within 10% of it, and of the limit
+    got, measured = _first_run(pf, c, args_of)
+    # the runtime keeps what the plan predicts: within 10% of it, and under the limit (with slack)
     assert 0.9 * predicted <= measured <= 1.1 * predicted, (measured, predicted)
-    assert 0.9 * limit <= measured <= 1.1 * limit, (measured, limit)
+    assert 0.85 * limit <= measured <= (1 + SLACK) * limit, (measured, limit)
     assert measured < 0.75 * free_measured
     for a, b in zip(got, want):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=rtol, atol=rtol)
@@ -149,6 +156,19 @@ def test_the_transformer_fits_half_its_peak_on_tp2():
     # longest sum is a weight gradient over the batch's tokens
     c = _check_limited({"tp": 2}, 0.5, rtol=BATCH * SEQ * float(np.finfo(np.float32).eps))
     assert c.plan.mesh.size == 2
+
+
+def test_a_small_step_on_tp2_under_a_limit_measures_under_it():
+    """The quick version of the tp=2 check: the limit bounds the redistribution buffers too (the
+    ILP adds a row at the held peak, the buffers' room taken off), so the step measures under it.
+    Before: predicted 1,488,680 with 1,595,176 held and 1,651,236 measured against 1,492,402."""
+    c = _check_limited(
+        {"tp": 2},
+        0.7,
+        rtol=4 * 64 * float(np.finfo(np.float32).eps),
+        args_of=lambda: _args(n_layer=2, d=32, batch=4, seq=64),
+    )
+    assert c.plan.memory.held[0] > c.plan.memory.peak_bytes[0]  # the plan has buffers to bound
 
 
 def test_a_small_step_under_a_limit_recomputes_and_equals_one_device():
