@@ -186,7 +186,7 @@ class _Choice:
         candidacy or chain reads whether a changed value is kept."""
         seen, frontier = set(changed), set(changed)
         for _ in range(RECOMPUTE_DEPTH):
-            nxt = set()
+            nxt: set[Value] = set()
             for v in frontier:
                 for n in self.uses.get(v, ()):
                     if n.part != "backward":
