@@ -396,16 +396,17 @@ class _ProblemBuilder:
                 self.producer[o] = (idx, o.index)
 
     def _fused(self, node: Node, strategies: Strategies, saved: int, overhead: float, key, cache: dict) -> Strategies:
-        """``strategies`` at the time of the fused kernel, which keeps ``saved`` bytes out of memory;
-        made once per (node key, saved): equal keys are equal ops, attributes and types, so equal
-        times."""
+        """``strategies`` at the time of the fused kernel, which keeps ``saved`` bytes out of memory.
+        The times are made once per (node key, saved): equal keys are equal ops, attributes and
+        types, so equal times. Each node still gets a Strategies object of its own, as before the
+        times were shared: the ILP's tables, and so its tie-breaking, stay as they were."""
         fused = cache.get((key, saved)) if key is not None else None
         if fused is None:
             fused_s = full_time(node, self.mesh.profile, saved, devices=self.mesh.size)
-            fused = Strategies(dataclasses.replace(s, compute_s=fused_s / s.divided + overhead) for s in strategies)
+            fused = tuple(dataclasses.replace(s, compute_s=fused_s / s.divided + overhead) for s in strategies)
             if key is not None:
                 cache[(key, saved)] = fused
-        return fused
+        return Strategies(fused)
 
     def add_fanouts(self) -> None:
         """A value read by several consumers gets a fan-out item between them, whose strategy is
