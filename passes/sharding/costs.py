@@ -75,9 +75,9 @@ class CostModel:
     def edge_table(self, e: Edge) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(times between the distinct specs, producer index per strategy, consumer index per
         strategy): one table per distinct (type, specs, deferred) combination."""
-        a, b = self.items[e.src].strategies, self.items[e.dst].strategies
+        src_of, dst_of = self.items[e.src].strategies, self.items[e.dst].strategies
         got = self._by_edge.get(id(e))
-        if got is not None and got[0] is e and got[1] is a and got[2] is b:
+        if got is not None and got[0] is e and got[1] is src_of and got[2] is dst_of:
             return got[3]
         us, vs = self.ends(e)
         key = (e.value.type, us, vs, e.deferred)
@@ -89,7 +89,7 @@ class CostModel:
                 table = np.array([[self.time(e, a, b) for b in vs.specs] for a in us.specs])
                 self._tables_by_value[by_value] = table
             self._tables[key] = table
-        self._by_edge[id(e)] = (e, a, b, (table, us.index, vs.index))
+        self._by_edge[id(e)] = (e, src_of, dst_of, (table, us.index, vs.index))
         return table, us.index, vs.index
 
     def edge_times_at(self, e: Edge, item: int, choice: list[int]) -> np.ndarray:
