@@ -35,6 +35,7 @@ same operands).
 from __future__ import annotations
 
 import functools
+import heapq
 
 from graphc.core.ir import Graph, Node, Value
 from graphc.core.traits import CHEAP, Constant, Elementwise
@@ -108,25 +109,91 @@ class _Choice:
             self.kept |= keep
 
     def run(self, order: dict[Value, int]) -> set[Value]:
+        """The fixed point: first every candidate that needs no newly kept operand (``pure``), in
+        graph order; when none is left, the candidates of the one operand whose recomputation
+        saves the most bytes (ties: the earliest operand); until no operand saves any.
+
+        Incremental: a decision changes which values are kept only near it, and a candidate's
+        chain reads whether values at most RECOMPUTE_DEPTH ops before it are kept, so only the
+        candidates within that many ops after a changed value are looked at again (linear in
+        the block; the same decisions as rescanning every kept value after each one)."""
+        self.order = order
+        self.pure: set[Value] = set()
+        self.operand_of: dict[Value, Value] = {}  # candidate -> the one operand it would newly keep
+        self.groups: dict[Value, set[Value]] = {}  # operand -> its candidates
+        self.heap: list[tuple[int, int, int]] = []  # (-gain, order of the operand, id) per group, lazily
+        self.by_id: dict[int, Value] = {}
+        for v in list(self.kept):
+            self._update(v)
         while True:
-            candidates = sorted((v for v in self.kept if self.candidate(v)), key=order.__getitem__)
-            pure = [v for v in candidates if not self.chain(v)[1]]
-            if pure:  # from values kept anyway: recomputing only frees bytes
-                self.recompute(pure)
+            if self.pure:
+                self._recompute_near(sorted(self.pure, key=order.__getitem__))
                 continue
-            by_operand: dict[Value, list[Value]] = {}
-            for v in candidates:
-                needs = self.chain(v)[1]
-                if len(needs) == 1:
-                    by_operand.setdefault(next(iter(needs)), []).append(v)
-            best = max(
-                by_operand.items(),
-                key=lambda item: (sum(v.type.nbytes for v in item[1]) - item[0].type.nbytes, -order[item[0]]),
-                default=None,
-            )
-            if best is None or sum(v.type.nbytes for v in best[1]) <= best[0].type.nbytes:
+            best = self._best()
+            if best is None or self._gain(best) <= 0:
                 return self.recomputed
-            self.recompute(best[1])
+            self._recompute_near(sorted(self.groups[best], key=order.__getitem__))
+
+    def _gain(self, u: Value) -> int:
+        return sum(v.type.nbytes for v in self.groups[u]) - u.type.nbytes
+
+    def _best(self) -> Value | None:
+        """The operand of the largest gain (ties: the earliest), dropping stale heap entries."""
+        while self.heap:
+            g, _o, key = self.heap[0]
+            u = self.by_id[key]
+            if self.groups.get(u) and -g == self._gain(u):
+                return u
+            heapq.heappop(self.heap)  # stale: the group changed since
+        return None
+
+    def _update(self, v: Value) -> None:
+        """Re-file ``v``: pure, a candidate of one operand, or neither."""
+        self.pure.discard(v)
+        touched = set()
+        u = self.operand_of.pop(v, None)
+        if u is not None:
+            self.groups[u].discard(v)
+            touched.add(u)
+        if v in self.kept and self.candidate(v):
+            needs = self.chain(v)[1]
+            if not needs:
+                self.pure.add(v)
+            elif len(needs) == 1:
+                u = next(iter(needs))
+                self.operand_of[v] = u
+                self.groups.setdefault(u, set()).add(v)
+                touched.add(u)
+        for u in touched:
+            if self.groups[u]:
+                self.by_id[id(u)] = u
+                heapq.heappush(self.heap, (-self._gain(u), self.order[u], id(u)))
+
+    def _recompute_near(self, values: list[Value]) -> None:
+        """``recompute``, then re-file the candidates it may have changed."""
+        changed: set[Value] = set()
+        for v in values:
+            ops, keep = self.chain(v)
+            changed |= ops | (keep - self.kept)
+            self.kept -= ops
+            self.recomputed |= ops
+            self.kept |= keep
+        for v in self._after(changed):
+            self._update(v)
+
+    def _after(self, changed: set[Value]) -> set[Value]:
+        """``changed`` and the forward values up to RECOMPUTE_DEPTH ops after them: the values whose
+        candidacy or chain reads whether a changed value is kept."""
+        seen, frontier = set(changed), set(changed)
+        for _ in range(RECOMPUTE_DEPTH):
+            nxt: set[Value] = set()
+            for v in frontier:
+                for n in self.uses.get(v, ()):
+                    if n.part != "backward":
+                        nxt.update(o for o in n.outputs if o not in seen)
+            seen |= nxt
+            frontier = nxt
+        return seen
 
 
 def _recompute_block(

@@ -160,6 +160,10 @@ class _Pricer:
         self._zero_split: list[bool] = []  # per spec id: split along a ZeRO axis (a regather gathers it)
         self.mesh_shape = tuple(problem.mesh.shape)
         self._nbytes: dict[tuple[int, int], int] = {}  # (id(value), spec id) -> bytes per device
+        self._item_bytes: dict[tuple[int, int, int], int] = {}  # (id(value), item, strategy) -> bytes
+        # per Strategies object (shared by equal items): (it, per strategy the spec ids of its
+        # results, and of its operands)
+        self._ids: dict[int, tuple] = {}
         self._at: tuple | None = None  # _edges_at's last answer
         self.active: dict[tuple, list[Edge]] = {}  # key -> its edges that move data, in program order
         for e in problem.edges:
@@ -181,9 +185,19 @@ class _Pricer:
     def _read(self, e: Edge) -> tuple[tuple, bool, int]:
         """(the key of the redistribution ``e`` shares: value, spec read in, phase; whether it moves
         data; the id of its source spec) under ``work``: the chosen plan, or an alternative."""
-        src = self._spec_id(self.p.items[e.src].strategies[self.work[e.src]].out_specs[e.src_out])
-        dst = self._spec_id(self.p.items[e.dst].strategies[self.work[e.dst]].in_specs[e.dst_in])
+        src = self._ids_of(e.src)[1][self.work[e.src]][e.src_out]
+        dst = self._ids_of(e.dst)[2][self.work[e.dst]][e.dst_in]
         return (id(e.value), dst, e.phase), src != dst, src
+
+    def _ids_of(self, item: int) -> tuple:
+        """(the item's Strategies, per strategy the spec ids of its results, of its operands)."""
+        strategies = self.p.items[item].strategies
+        got = self._ids.get(id(strategies))
+        if got is None or got[0] is not strategies:
+            outs = [tuple(self._spec_id(q) for q in st.out_specs) for st in strategies]
+            ins = [tuple(self._spec_id(q) for q in st.in_specs) for st in strategies]
+            got = self._ids[id(strategies)] = (strategies, outs, ins)
+        return got
 
     def partner_of(self, i: int) -> list[int]:
         return [self.partner[i]] if i in self.partner else []
@@ -254,12 +268,17 @@ class _Pricer:
         return int(max(inside, self.before[lo], self.after[hi + 1]))
 
     def _bytes(self, v: Value, item: int, s: int) -> int:
-        """``MemoryModel.value_bytes``, remembered by value and spec."""
+        """``MemoryModel.value_bytes``, remembered by value, item and strategy, and by value and spec."""
+        at = (id(v), item, s)
+        known = self._item_bytes.get(at)
+        if known is not None:
+            return known
         spec = self.p.memory.value_spec(v, item, s)
         key = (id(v), self._spec_id(spec))
         got = self._nbytes.get(key)
         if got is None:
             got = self._nbytes[key] = local_nbytes(v.type, spec, self.mesh_shape)
+        self._item_bytes[at] = got
         return got
 
     def step_delta(self, moved: dict[int, int], compute_delta: float, delta: float) -> float:

@@ -44,6 +44,9 @@ class CostModel:
         # edge tables by (type, the two DistinctSpecs objects, deferred), and by their specs' values
         self._tables: dict[tuple, np.ndarray] = {}
         self._tables_by_value: dict[tuple, np.ndarray] = {}
+        # per edge: (the edge, its ends' Strategies objects, its table and indices), while both
+        # ends keep those objects (a pin, tie or ZeRO stage gives an item a new one)
+        self._by_edge: dict[int, tuple] = {}
 
     # --- compute -------------------------------------------------------------------------------
     def compute_times(self, item: int) -> np.ndarray:
@@ -72,6 +75,10 @@ class CostModel:
     def edge_table(self, e: Edge) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(times between the distinct specs, producer index per strategy, consumer index per
         strategy): one table per distinct (type, specs, deferred) combination."""
+        src_of, dst_of = self.items[e.src].strategies, self.items[e.dst].strategies
+        got = self._by_edge.get(id(e))
+        if got is not None and got[0] is e and got[1] is src_of and got[2] is dst_of:
+            return got[3]
         us, vs = self.ends(e)
         key = (e.value.type, us, vs, e.deferred)
         table = self._tables.get(key)
@@ -82,6 +89,7 @@ class CostModel:
                 table = np.array([[self.time(e, a, b) for b in vs.specs] for a in us.specs])
                 self._tables_by_value[by_value] = table
             self._tables[key] = table
+        self._by_edge[id(e)] = (e, src_of, dst_of, (table, us.index, vs.index))
         return table, us.index, vs.index
 
     def edge_times_at(self, e: Edge, item: int, choice: list[int]) -> np.ndarray:
@@ -124,6 +132,7 @@ class CostModel:
             self.bucket_share_bytes = filled
             self._tables.clear()  # the times change; which specs an edge joins does not
             self._tables_by_value.clear()
+            self._by_edge.clear()
 
 
 __all__ = ["CostModel"]

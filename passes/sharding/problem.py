@@ -339,6 +339,8 @@ class _ProblemBuilder:
         equal keys (repeated layers) share the strategies computed for the first of them."""
         mesh_shape = tuple(self.mesh.shape)
         strategy_cache: dict = {}
+        partial_cache: dict[int, tuple] = {}  # id(strategies) -> (them, per result the sets of axes left P)
+        fused_cache: dict = {}  # (key, bytes fusion saves) -> the strategies at the fused time
         partial: dict[Value, frozenset] = {}  # value -> the sets of axes its producer may leave P
         zero_axes = self.zero_axes()
         for n_i, node in enumerate(self.graph.nodes):
@@ -367,15 +369,11 @@ class _ProblemBuilder:
                 strategies = Strategies(found)
                 if key is not None:
                     strategy_cache[key] = strategies
-            for k, o in enumerate(node.outputs):
-                axes = {frozenset(a for a, q in enumerate(st.out_specs[k]) if q == P) for st in strategies}
-                partial[o] = frozenset(axes - {frozenset()})
+            for o, sets_o in zip(node.outputs, _left_partial(strategies, len(node.outputs), partial_cache)):
+                partial[o] = sets_o
             saved = saved_bytes(node, self.fused)
             if saved:  # the device's compiler keeps some operands or results out of memory (sharding/fusion.py)
-                fused_s = full_time(node, self.mesh.profile, saved, devices=self.mesh.size)
-                strategies = Strategies(
-                    dataclasses.replace(s, compute_s=fused_s / s.divided + overhead) for s in strategies
-                )
+                strategies = self._fused(node, strategies, saved, overhead, key, fused_cache)
             item = Item(kind="node", index=n_i, strategies=strategies, node=node)  # strategies shared with equal nodes
             if rule is None and any(d > 1 for d in mesh_shape):
                 why = (
@@ -396,6 +394,19 @@ class _ProblemBuilder:
                 )
             for o in node.outputs:
                 self.producer[o] = (idx, o.index)
+
+    def _fused(self, node: Node, strategies: Strategies, saved: int, overhead: float, key, cache: dict) -> Strategies:
+        """``strategies`` at the time of the fused kernel, which keeps ``saved`` bytes out of memory.
+        The times are made once per (node key, saved): equal keys are equal ops, attributes and
+        types, so equal times. Each node still gets a Strategies object of its own, as before the
+        times were shared: the ILP's tables, and so its tie-breaking, stay as they were."""
+        fused = cache.get((key, saved)) if key is not None else None
+        if fused is None:
+            fused_s = full_time(node, self.mesh.profile, saved, devices=self.mesh.size)
+            fused = tuple(dataclasses.replace(s, compute_s=fused_s / s.divided + overhead) for s in strategies)
+            if key is not None:
+                cache[(key, saved)] = fused
+        return Strategies(fused)
 
     def add_fanouts(self) -> None:
         """A value read by several consumers gets a fan-out item between them, whose strategy is
@@ -475,6 +486,19 @@ class _ProblemBuilder:
             self.items.append(item)
             src, out = self.producer[v]
             self.edges.append(Edge(src=src, src_out=out, dst=idx, dst_in=0, value=v, deferred=v not in consumed))
+
+
+def _left_partial(strategies: Strategies, n_out: int, cache: dict[int, tuple]) -> list[frozenset]:
+    """Per result: the sets of mesh axes some strategy leaves it partial (P) along; made once per
+    Strategies object (shared by equal nodes)."""
+    got = cache.get(id(strategies))
+    if got is None or got[0] is not strategies:
+        sets_of = []
+        for k in range(n_out):
+            axes = {frozenset(a for a, q in enumerate(st.out_specs[k]) if q == P) for st in strategies}
+            sets_of.append(frozenset(axes - {frozenset()}))
+        got = cache[id(strategies)] = (strategies, sets_of)
+    return got[1]
 
 
 def _node_key(node, sets, roles: AxisRoles):
