@@ -26,6 +26,7 @@ def pytest_collection_modifyitems(config, items):
         if "long" in item.keywords:
             item.add_marker(skip)
 
+
 # ``pytest -m fuzz --hypothesis-profile long``: every fuzz target (tests.helpers.fuzz_settings) runs
 # at least 10,000 random examples; docs/fuzzing.md records how long that takes and what it found.
 settings.register_profile(
