@@ -17,11 +17,11 @@ def pytest_addoption(parser):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``long`` run only with ``--long``: each takes a minute or more on two cores, so
+    """Tests marked ``long`` run only with ``--long``: each takes about a minute on two cores (more under load), so
     the full run (CI) leaves them out and says so in its summary of skips."""
     if config.getoption("--long"):
         return
-    skip = pytest.mark.skip(reason="a long run (over a minute): pytest --long runs it")
+    skip = pytest.mark.skip(reason="a long run (about a minute): pytest --long runs it")
     for item in items:
         if "long" in item.keywords:
             item.add_marker(skip)
