@@ -228,9 +228,10 @@ def process_usage() -> tuple[int, int, int]:
     return rss, len(os.listdir("/proc/self/task")), len(os.listdir("/proc/self/fd"))
 
 
-def soak(mesh: str, steps: int, out: str) -> None:
+def soak_steps(pf, steps: int):
+    """``steps`` GPT training steps of ``pf`` on the example, each fed the state the last returned:
+    (params, state, the losses, process_usage() at step ``steps // 10`` and at the end)."""
     (params, state, tokens, targets), kwargs = example()
-    pf = graphc.parallelize(gpt.train_step, mesh=mesh, static_argnames=STATIC, backend="mpi")
     first = None
     losses = []
     for s in range(steps):
@@ -238,8 +239,13 @@ def soak(mesh: str, steps: int, out: str) -> None:
             first = process_usage()
         params, state, loss = pf(params, state, tokens, targets, **kwargs)
         losses.append(float(np.asarray(loss)))
-    last = process_usage()
     assert first is not None
+    return params, state, losses, first, process_usage()
+
+
+def soak(mesh: str, steps: int, out: str) -> None:
+    pf = graphc.parallelize(gpt.train_step, mesh=mesh, static_argnames=STATIC, backend="mpi")
+    params, state, losses, first, last = soak_steps(pf, steps)
     print(f"usage {pf.world.rank} {' '.join(map(str, first + last))}", flush=True)
     gathered = [x.gather(0) for x in flatten((params, state))[0]]
     if pf.world.rank == 0:

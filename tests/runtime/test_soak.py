@@ -20,7 +20,7 @@ import pytest
 import graphc
 from graphc.core.pytree import flatten
 from graphc.models import gpt
-from tests.runtime.mpi_jobs import STATIC, example, process_usage
+from tests.runtime.mpi_jobs import STATIC, example, soak_steps
 from tests.runtime.test_mpi import JOBS, env, mpirun, needs_mpi  # noqa: F401 - env is a fixture
 from tests.runtime.test_parallel_run import assert_close
 
@@ -39,17 +39,9 @@ def _check_usage(first: tuple[int, ...], last: tuple[int, ...], who: str) -> Non
 def _threads_run(steps: int):
     """STEPS steps on threads, the state kept on the devices (ShardedArrays) from step to step:
     (the parallelized step, the last state, the losses, usage at STEPS // 10 and at the end)."""
-    (params, state, tokens, targets), kwargs = example()
     pf = graphc.parallelize(gpt.train_step, mesh=MESH, static_argnames=STATIC, sharded_state=True)
-    first = None
-    losses = []
-    for s in range(steps):
-        if s == steps // 10:
-            first = process_usage()
-        params, state, loss = pf(params, state, tokens, targets, **kwargs)
-        losses.append(float(loss))
-    assert first is not None
-    return pf, (params, state), losses, first, process_usage()
+    params, state, losses, first, last = soak_steps(pf, steps)
+    return pf, (params, state), losses, first, last
 
 
 def _trains_on_as_on_one_device(pf, last_state) -> None:
