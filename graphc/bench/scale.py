@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from graphc.api.parallel import Parallelized
 from graphc.core.profiles import get_profile
+from graphc.core.pytree import static_argnames
 from graphc.models import gpt3, llama3
 from graphc.passes.options import PlanOptions
 from graphc.passes.scale import ComposedPlan
@@ -50,8 +51,7 @@ def run_row(row: Row) -> list[str]:
     """The table cells of one row: trace, search within the row's time limit, the choice."""
     start = time.perf_counter()
     fargs, fkwargs = row.example()
-    static = tuple(k for k, v in fkwargs.items() if not hasattr(v, "shape"))  # numbers: static
-    pf = Parallelized(row.step, {"dp": 1}, static_argnames=static)
+    pf = Parallelized(row.step, {"dp": 1}, static_argnames=static_argnames(fkwargs))
     _traced, graph, _s = pf.trace_optimized(*fargs, **fkwargs)
     options = PlanOptions(memory_limit=row.memory_gib * 2**30, time_limit=row.time_limit)
     deadline = start + row.time_limit

@@ -7,9 +7,10 @@ import argparse
 
 from graphc.bench import comm, mesh, model, pipeline, plans
 from graphc.cli.common import positive_int
-from graphc.cli.loader import load_target, static_argnames
+from graphc.cli.loader import load_target
 from graphc.core.errors import GraphcError, MeshError
 from graphc.core.mesh import Mesh, parse_links
+from graphc.core.pytree import static_argnames
 
 NAMED = ("runtime", "kernels", "pipeline", "comm", "fastmath", "plans", "plantime", "ps", "scale")
 

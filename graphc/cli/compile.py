@@ -37,11 +37,12 @@ from graphc.cli.common import (
     process_age,
     run_options,
 )
-from graphc.cli.loader import UsageError, load_target, static_argnames
+from graphc.cli.loader import UsageError, load_target
 from graphc.core.errors import GraphcError, MeshError, PlanError, PlanWarning
 from graphc.core.files import atomic_write
 from graphc.core.mesh import Mesh, parse_links
 from graphc.core.profiles import PRESETS, get_profile
+from graphc.core.pytree import static_argnames
 from graphc.passes.manager import run_passes
 from graphc.passes.partition import compile_devices, lower, zero3_inputs
 from graphc.passes.pipeline import PipelinePlan, pipe_axis
@@ -265,6 +266,15 @@ def _search_or_blocks(args: argparse.Namespace, progress, output: Output, start:
     return _search(args, progress, output, start)
 
 
+def _planning_graph(args: argparse.Namespace, options, progress):
+    """The graph the planner partitions: ``args.target`` traced on its example and optimized for
+    planning, without a mesh (the block search and the mesh search choose one)."""
+    fn, fargs, fkwargs = load_target(args.target, args.example)
+    pf = Parallelized(fn, {"dp": 1}, options, static_argnames=static_argnames(fkwargs))
+    progress(f"tracing {args.target}")
+    return pf.trace_optimized(*fargs, **fkwargs)[1]
+
+
 def _mesh_by_blocks(args: argparse.Namespace, progress, output: Output, start: float) -> int:
     """``--mesh ... --by-blocks``: the block search's composed plan of one mesh (passes/scale.py)."""
     try:
@@ -273,10 +283,7 @@ def _mesh_by_blocks(args: argparse.Namespace, progress, output: Output, start: f
     except MeshError as exc:
         raise GraphcError(f"--mesh/--profile: {exc}") from None
     options = plan_options(args)
-    fn, fargs, fkwargs = load_target(args.target, args.example)
-    pf = Parallelized(fn, {"dp": 1}, options, static_argnames=static_argnames(fkwargs))
-    progress(f"tracing {args.target}")
-    _traced, graph, _s = pf.trace_optimized(*fargs, **fkwargs)
+    graph = _planning_graph(args, options, progress)
     model = layered_model(graph, step_batch(graph), profile)
     if model is None:
         raise UsageError(f"--by-blocks: {args.target} has no repeated layers (a list of identical blocks) to price")
@@ -300,10 +307,7 @@ def _search(args: argparse.Namespace, progress, output: Output, start: float) ->
     except MeshError as exc:
         raise GraphcError(f"--link/--profile: {exc}") from None
     options = plan_options(args)
-    fn, fargs, fkwargs = load_target(args.target, args.example)
-    pf = Parallelized(fn, {"dp": 1}, options, static_argnames=static_argnames(fkwargs))
-    progress(f"tracing {args.target}")
-    _traced, graph, _s = pf.trace_optimized(*fargs, **fkwargs)
+    graph = _planning_graph(args, options, progress)
     progress(f"searching meshes of {args.devices} devices")
     t0 = time.perf_counter()
     cands = search_meshes(

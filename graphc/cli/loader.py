@@ -10,7 +10,6 @@ from types import ModuleType
 from typing import Any
 
 from graphc.core.errors import GraphcError
-from graphc.core.pytree import flatten
 
 
 class UsageError(GraphcError):
@@ -87,16 +86,3 @@ def _first_function(path: str) -> str:
     except (OSError, UnicodeDecodeError):
         pass
     return "FUNC"
-
-
-def static_argnames(kwargs: dict) -> tuple[str, ...]:
-    """Keyword arguments of an example that hold no arrays: static to jit and parallelize."""
-    return tuple(k for k, v in kwargs.items() if not _has_arrays(v))
-
-
-def _has_arrays(v) -> bool:
-    try:
-        leaves, _ = flatten(v)
-    except TypeError:
-        return False
-    return bool(leaves)

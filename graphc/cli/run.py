@@ -37,12 +37,12 @@ from graphc.cli.common import (
     positive_seconds,
     run_options,
 )
-from graphc.cli.loader import UsageError, load_target, static_argnames
+from graphc.cli.loader import UsageError, load_target
 from graphc.core.errors import GraphcError, MeshError, PlanError
 from graphc.core.files import atomic_write
 from graphc.core.ir import uses_low_floats
 from graphc.core.mesh import Mesh, parse_links
-from graphc.core.pytree import flatten
+from graphc.core.pytree import flatten, static_argnames
 from graphc.core.units import fmt_bytes, fmt_time
 from graphc.interpreter import bind_arguments, evaluate
 from graphc.passes.pipeline import PipelinePlan

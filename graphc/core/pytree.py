@@ -598,3 +598,17 @@ register_pytree(
     lambda u: ((u.result, *u.values), u.places),
     lambda places, children: StateUpdate(children[0], children[1:], places),
 )
+
+
+def static_argnames(kwargs: dict) -> tuple[str, ...]:
+    """Keyword arguments of an example that hold no arrays (numbers, strings, None): static to jit
+    and parallelize (the CLI's examples, the cluster benchmark's)."""
+    return tuple(k for k, v in kwargs.items() if not _has_arrays(v))
+
+
+def _has_arrays(v: Any) -> bool:
+    try:
+        leaves, _ = flatten(v)
+    except TypeError:
+        return False
+    return bool(leaves)

@@ -13,10 +13,10 @@ import pytest
 import graphc
 from graphc.api.parallel import Parallelized
 from graphc.cli.common import load_plan
-from graphc.cli.loader import static_argnames
 from graphc.core.errors import PlanError
 from graphc.core.profile import MachineProfile
 from graphc.core.profiles import HOST_TIERS, get_profile, host_tier
+from graphc.core.pytree import static_argnames
 from graphc.models import gpt3
 from graphc.passes import scale, search
 from graphc.passes.offload import offload_costs

@@ -18,9 +18,9 @@ import pytest
 import graphc
 from graphc.api.parallel import Parallelized
 from graphc.cli.common import load_plan
-from graphc.cli.loader import static_argnames
 from graphc.core.errors import PlanError
 from graphc.core.profiles import get_profile
+from graphc.core.pytree import static_argnames
 from graphc.models import gpt3
 from graphc.passes import scale, search
 from graphc.passes.blocks import cut_segments, find_layers, segment_graph, update_only
