@@ -69,7 +69,7 @@ def run_row(row: Row) -> list[str]:
         layout = (
             f"pp={lo.pp} dp={lo.dp} tp={lo.tp} mb={lo.micro_batch}x{lo.microbatches} zero={lo.zero} rc={lo.recompute}"
         )
-        mfu = f"{composed.mfu:.1%}"
+        mfu = f"{composed.mfu:.1%}" if composed.mfu >= 0.01 else f"{composed.mfu:.3%}"  # a toy step's
     else:
         layout, mfu = best.mesh_text, "-"
     return [row.model, cluster, plan_time, layout, f"{best.step_s:.2f} s", mfu, row.published]
