@@ -18,8 +18,12 @@ a ZeRO stage, recompute off or full) is then composed:
 - stages: the L layers cut into S contiguous stages by dynamic programming over the per-layer
   costs (as Alpa), minimising the slowest stage under the memory limit;
 - step (1F1B): (k + S - 1) x slowest stage's forward + backward per micro-batch, plus the
-  pipeline sends the fill and drain wait for, the data-parallel gradient reduction the last
-  backward does not hide, and the update;
+  pipeline sends (those of the fill and drain when the profile overlaps them, else every
+  micro-batch's), the data-parallel gradient reduction the last backward does not hide, and the
+  update; ``ComposedPlan.breakdown`` splits it term by term;
+- a segment's time per micro-batch: its matmuls, the fused attention kernel's matmuls at the
+  profile's attention rate, its memory-bound ops and its tensor-parallel collectives
+  (``TERMS``), less what a GPU GEMM library runs inside the GEMM (``_gemm_absorbed``);
 - memory per device of stage s: its parameters, gradients and optimizer state over t (ZeRO
   splits them over D), plus min(k, S - s) micro-batches' activations (1F1B); with recomputation
   only each layer's input is kept, and one layer's activations at a time;

@@ -255,7 +255,7 @@ NO_CLUSTER = ClusterFigures(node_size=None, fused_attention=False, dp_overlap=0.
 # DistributedDataParallel); the backward of the last micro-batch hides the reduction up to its
 # own length (1.0). Megatron-LM 2021 (the 175B measurement of Narayanan et al. 2021) did not: its
 # train_step all-reduced the gradients after the pipeline's last backward (megatron/training.py,
-# ``allreduce_gradients`` after ``forward_backward_func``); docs/scale.md prices that difference.
+# ``allreduce_gradients`` after ``forward_backward_func``), which docs/scale.md discusses.
 # P2P overlap: none. Megatron-LM's 1F1B schedule waits for every send and receive before the next
 # micro-batch (megatron/p2p_communication.py ``_communicate``: ``req.wait()`` on each isend/irecv,
 # then a device synchronize), so every micro-batch's sends are on the critical path; the
