@@ -130,8 +130,8 @@ HBM_EFFICIENCY = 1727 / 1935
 
 # Links, as NCCL's all-reduce bus bandwidth (the ring's 2 (n-1)/n B per second, the form
 # passes/sharding/redistribute.py prices), measured on DGX-class nodes:
-# - NVLink 3 (A100 SXM, 300 GB/s line rate each way): all_reduce_perf on one node of 8 A100 SXM
-#   80GB, 232.54 GB/s (NVIDIA/nccl issue 1048 and nccl-tests issue 175, 2023).
+# - NVLink 3 (A100 SXM, 300 GB/s line rate each way): all_reduce_perf -g 8 on one node of 8
+#   A100, 232.54 GB/s (NVIDIA/nccl issue 1048 and nccl-tests issue 175, 2023).
 # - NVLink 4 (H100 SXM, 450 GB/s): "450GB/s is the line rate. With the protocol overhead (~20%)
 #   NCCL can get an effective NVLink bandwidth of 370GB/s" (S. Jeaugey, NCCL's maintainer,
 #   nccl-tests issue 212, 2024; the ring algorithm, without NVLink SHARP).
