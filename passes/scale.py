@@ -296,7 +296,7 @@ def solve_segment(
         for k, n in enumerate(g.nodes)
         if not n.op.has(Contraction) and any(v in scores for v in (*n.inputs, *n.outputs))
     }
-    absorbed = _gemm_absorbed(g) if figures.attention_efficiency is not None else set()
+    absorbed = _gemm_absorbed(g) if figures.gemm_absorbs_layouts else set()
     fwd: dict[str, float] = dict.fromkeys(TERMS, 0.0)  # seconds per term (``TERMS``)
     bwd: dict[str, float] = dict.fromkeys(TERMS, 0.0)
     for nc in plan.nodes:

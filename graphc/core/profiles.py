@@ -236,6 +236,8 @@ class ClusterFigures:
     sources: tuple[str, ...] = ()
     # the share of the peak the fused attention kernel's matmuls reach (None: the GEMM rate)
     attention_efficiency: float | None = None
+    # the GEMM library takes transposed operands and a weight gradient's batch sum inside the GEMM
+    gemm_absorbs_layouts: bool = False
 
 
 NO_CLUSTER = ClusterFigures(node_size=None, fused_attention=False, dp_overlap=0.0, p2p_overlap=False)
@@ -261,6 +263,10 @@ NO_CLUSTER = ClusterFigures(node_size=None, fused_attention=False, dp_overlap=0.
 # then a device synchronize), so every micro-batch's sends are on the critical path; the
 # scatter/gather of the sends over the tensor-parallel ranks (Narayanan et al. 2021, section 4.1)
 # is priced (a send carries 1/tp of the activation).
+# GEMM operand layouts: cuBLAS takes a transposed operand as a flag (cublasGemmEx transa /
+# transb), and Megatron-LM computes a weight gradient over a batch of sequences as one GEMM over
+# s x b rows (tensor_parallel/layers.py: ``grad_output.view(s * b, h).t().matmul(total_input)``),
+# so neither the transpose nor the sum over the batch is a kernel of its own.
 # Tensor-parallel collectives are exposed (the per-op model adds them to the compute): Megatron-LM
 # all-reduces a layer's partial sums synchronously on the compute stream (megatron/mpu/mappings.py
 # ``_reduce``: ``torch.distributed.all_reduce``), before the next layer can start.
@@ -269,6 +275,7 @@ _GPU_SOURCES = (
     "fused_attention: FlashAttention (Dao et al., NeurIPS 2022)",
     "dp_overlap: PyTorch DDP bucketed all-reduce during the backward (Li et al., VLDB 2020)",
     "p2p_overlap: none; Megatron-LM 1F1B waits for each send and receive (megatron/p2p_communication.py)",
+    "gemm_absorbs_layouts: cuBLAS transa/transb; Megatron-LM tensor_parallel/layers.py weight gradient as one GEMM",
 )
 CLUSTER_FIGURES: dict[str, ClusterFigures] = {
     "a100-sxm": ClusterFigures(
@@ -278,6 +285,7 @@ CLUSTER_FIGURES: dict[str, ClusterFigures] = {
         p2p_overlap=False,
         sources=(*_GPU_SOURCES, "attention_efficiency: FlashAttention-2 on A100, 50-73% of peak (Dao 2023)"),
         attention_efficiency=0.50,
+        gemm_absorbs_layouts=True,
     ),
     "h100-sxm": ClusterFigures(
         node_size=8,
@@ -289,6 +297,7 @@ CLUSTER_FIGURES: dict[str, ClusterFigures] = {
             "attention_efficiency: FlashAttention-3 on H100, 1.5x FlashAttention-2's 35% (Shah 2024)",
         ),
         attention_efficiency=0.525,
+        gemm_absorbs_layouts=True,
     ),
 }
 

@@ -324,6 +324,8 @@ def test_gemm_absorbed_ops_are_operand_transposes_and_batch_sums_of_products():
         else:
             assert n.inputs[0].producer.op.has(Contraction)
             assert n.attrs["axes"] == tuple(range(len(n.attrs["axes"])))
+    assert scale.cluster_figures(A100).gemm_absorbs_layouts  # only GPU presets say so
+    assert not scale.cluster_figures(get_profile("cpu-here")).gemm_absorbs_layouts
     weights = {v.type.shape for v in blk.inputs if (v.name or "").endswith(".w")}
     sums = {n.outputs[0].type.shape for n in nodes if n.op.name == "reduce_sum"}
     assert weights and weights <= sums  # every weight gradient is one GEMM
