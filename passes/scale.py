@@ -18,8 +18,12 @@ a ZeRO stage, recompute off or full) is then composed:
 - stages: the L layers cut into S contiguous stages by dynamic programming over the per-layer
   costs (as Alpa), minimising the slowest stage under the memory limit;
 - step (1F1B): (k + S - 1) x slowest stage's forward + backward per micro-batch, plus the
-  pipeline sends the fill and drain wait for, the data-parallel gradient reduction the last
-  backward does not hide, and the update;
+  pipeline sends (those of the fill and drain when the profile overlaps them, else every
+  micro-batch's), the data-parallel gradient reduction the last backward does not hide, and the
+  update; ``ComposedPlan.breakdown`` splits it term by term;
+- a segment's time per micro-batch: its matmuls, the fused attention kernel's matmuls at the
+  profile's attention rate, its memory-bound ops and its tensor-parallel collectives
+  (``TERMS``), less what a GPU GEMM library runs inside the GEMM (``_gemm_absorbed``);
 - memory per device of stage s: its parameters, gradients and optimizer state over t (ZeRO
   splits them over D), plus min(k, S - s) micro-batches' activations (1F1B); with recomputation
   only each layer's input is kept, and one layer's activations at a time;
@@ -50,6 +54,7 @@ from graphc.core.profile import MachineProfile
 from graphc.core.profiles import ClusterFigures, cluster_figures, host_tier
 from graphc.core.spec import split_factor
 from graphc.core.traits import Contraction
+from graphc.ops.dims import default_cost
 from graphc.passes.blocks import Layers, Segments, cut_segments, find_layers, segment_graph, update_only
 from graphc.passes.offload import OFFLOADS, OffloadCost, offload_costs
 from graphc.passes.options import PlanOptions
@@ -65,6 +70,10 @@ MICROBATCH_SIZES = (1, 2, 4, 8, 16)
 ZERO_STAGES = (0, 1, 3)
 MIN_SOLVE_S = 1.0  # a segment solve begun just before the deadline still gets this long
 MAX_GAP = 0.05  # a segment's ILP stopped further than this from its bound is not used
+# what a segment's time is made of (SegmentCost.forward_terms / backward_terms): matmuls, the
+# fused attention kernel's matmuls, memory-bound ops (norms, elementwise chains, reductions) and
+# the tensor-parallel collectives (exposed: Megatron-LM's all-reduces block the compute stream)
+TERMS = ("gemm", "attention", "non_gemm", "tp_comm")
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +86,8 @@ class SegmentCost:
     input_bytes: int  # the segment's activation input (what recomputation keeps)
     flops: float
     plan: ShardingPlan
+    forward_terms: dict[str, float] = field(default_factory=dict)  # forward_s by ``TERMS``
+    backward_terms: dict[str, float] = field(default_factory=dict)  # backward_s by ``TERMS``
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +157,27 @@ class ComposedPlan:
         }
         return json.dumps(doc, indent=indent)
 
+    def breakdown(self) -> str:
+        """The predicted step term by term (the slowest stage's k micro-batches, the fill and
+        drain, the exposed communication, the update), each with its share of the step."""
+        p = self.predicted
+        if "gemm_s" not in p:
+            return "step breakdown: not recorded in this plan"
+        names = [
+            ("GEMM", "gemm_s"),
+            ("attention", "attention_s"),
+            ("non-GEMM", "non_gemm_s"),
+            ("TP collectives (exposed)", "tp_comm_s"),
+            ("recompute", "recompute_s"),
+            ("bubble (fill and drain)", "bubble_s"),
+            ("pipeline sends", "p2p_s"),
+            ("DP collectives (exposed)", "dp_s"),
+            ("optimizer step", "update_s"),
+        ]
+        unit, scale = ("s", 1.0) if p["step_s"] >= 1 else ("ms", 1e3)
+        parts = [f"{name} {p[key] * scale:.3f} {unit} ({p[key] / p['step_s']:.1%})" for name, key in names]
+        return "step breakdown: " + ", ".join(parts)
+
     def summary(self) -> str:
         lo, p = self.layout, self.predicted
         return "\n".join(
@@ -155,6 +187,7 @@ class ComposedPlan:
                 f"predicted step {p['step_s']:.3f} s (pipeline {p['pipeline_s']:.3f} s, bubble {p['bubble']:.1%}, "
                 f"exposed sends {p['p2p_s']:.3f} s, exposed gradient reduction {p['dp_s']:.3f} s, "
                 f"update {p['update_s']:.3f} s); MFU {self.mfu:.1%} ({MFU_FORMULA}, peak {self.peak_dtype})",
+                self.breakdown(),
                 f"memory per device {max(self.memory_bytes) / 2**30:.1f} GiB at most",
             ]
             + ([] if self.offload is None else [self.offload.why() + " (a prediction: the runtime has no host tier)"])
@@ -258,31 +291,78 @@ def solve_segment(
             f"the ILP of {g.name} on tp={tp} stopped at the time limit {plan.solver.gap:.0%} from its bound"
         )
     scores = _score_values(g) if figures.fused_attention else set()
-    fused = {k for k, n in enumerate(g.nodes) if not n.op.has(Contraction) and any(o in scores for o in n.outputs)}
-    f = bwd = 0.0
-    qk = 0.0
+    fused = {  # softmax, masking and their reductions: inside the fused kernel, on chip
+        k
+        for k, n in enumerate(g.nodes)
+        if not n.op.has(Contraction) and any(v in scores for v in (*n.inputs, *n.outputs))
+    }
+    absorbed = _gemm_absorbed(g) if figures.gemm_absorbs_layouts else set()
+    fwd: dict[str, float] = dict.fromkeys(TERMS, 0.0)  # seconds per term (``TERMS``)
+    bwd: dict[str, float] = dict.fromkeys(TERMS, 0.0)
     for nc in plan.nodes:
         n = g.nodes[nc.index]
         if nc.index in fused:
             continue  # inside the fused attention kernel: no round trip through memory
-        if n.op.has(Contraction) and n.part == "forward" and any(o in scores for o in n.outputs):
-            qk += nc.compute_s  # FlashAttention recomputes the scores in the backward
-        if n.part == "forward":
-            f += nc.compute_s
+        side = fwd if n.part == "forward" else bwd
+        if nc.index in absorbed:
+            continue  # an operand layout or batch sum the GEMM library takes in the GEMM itself
+        if not n.op.has(Contraction):
+            side["non_gemm"] += nc.compute_s
+        elif scores and any(v in scores for v in (*n.inputs, *n.outputs)):
+            t = _attention_s(n, nc, mesh.shape, profile, figures)
+            side["attention"] += t
+            if n.part == "forward" and any(o in scores for o in n.outputs):
+                bwd["attention"] += t  # FlashAttention recomputes the scores in the backward
         else:
-            bwd += nc.compute_s
+            side["gemm"] += nc.compute_s
     for c in plan.collectives:
         if VIRTUAL_AXIS in c.axes:
             continue  # the gradient reduction over the virtual batch axis: priced for the real dp
-        if c.part == "forward":
-            f += c.time_s
-        else:
-            bwd += c.time_s
+        (fwd if c.part == "forward" else bwd)["tp_comm"] += c.time_s
     act = _kept_bytes(g, plan, mesh.shape, scores)
     fwd_reads = {v for n in g.nodes if n.part == "forward" for v in n.inputs}
     inp = max((v.type.nbytes for v in g.inputs if v in fwd_reads and v.type.shape[:1] == (batch,)), default=0)
     flops = sum(step_flops(g)[0].values())
-    return SegmentCost(f, bwd + qk, act, inp // max(virtual, 1) // tp, flops, plan)
+    return SegmentCost(sum(fwd.values()), sum(bwd.values()), act, inp // max(virtual, 1) // tp, flops, plan, fwd, bwd)
+
+
+def _gemm_absorbed(g: Graph) -> set[int]:
+    """Nodes a GPU GEMM library runs inside the GEMM, not as kernels of their own: a transpose of
+    the last two axes read only by contractions (cuBLAS's transa / transb operand flags), and a
+    sum over the leading batch axes of a contraction's product (the weight gradient over a batch
+    of sequences is one GEMM over batch x sequence rows: Megatron-LM's tensor_parallel/layers.py
+    ``grad_output.view(s * b, h).t().matmul(total_input.view(s * b, h))``)."""
+    readers: dict = {}
+    for n in g.nodes:
+        for v in n.inputs:
+            readers.setdefault(v, []).append(n)
+    out = set()
+    for k, n in enumerate(g.nodes):
+        if n.op.name == "transpose" and n.outputs:
+            perm, r = tuple(n.attrs.get("perm", ())), len(n.attrs.get("perm", ()))
+            swap_last = r >= 2 and perm == (*range(r - 2), r - 1, r - 2)
+            users = readers.get(n.outputs[0], [])
+            if swap_last and users and all(u.op.has(Contraction) for u in users):
+                out.add(k)
+        elif n.op.name == "reduce_sum" and n.inputs and n.inputs[0].producer is not None:
+            axes, rank = tuple(n.attrs.get("axes", ())), n.inputs[0].type.ndim
+            batch_only = axes == tuple(range(len(axes))) and 0 < len(axes) <= rank - 2
+            if batch_only and n.inputs[0].producer.op.has(Contraction) and not n.attrs.get("keepdims"):
+                out.add(k)
+    return out
+
+
+def _attention_s(node, nc, shape: tuple[int, ...], profile, figures: ClusterFigures) -> float:
+    """The seconds of an attention contraction inside the fused kernel on one device: its flops
+    (the mesh axes splitting any operand or result divide them) at ``figures.attention_efficiency``
+    of the peak; the scores stay on chip, so no memory term (None: the per-op time as is)."""
+    if figures.attention_efficiency is None:
+        return nc.compute_s
+    in_types, out_types, attrs = [v.type for v in node.inputs], [o.type for o in node.outputs], dict(node.attrs)
+    flops = (node.op.cost or default_cost)(in_types, out_types, **attrs)[0]
+    specs = (*nc.in_specs, *nc.out_specs)
+    divided = math.prod(n for a, n in enumerate(shape) if any(sp[a].is_split for sp in specs))
+    return flops / divided / (figures.attention_efficiency * profile.matmul_rate(in_types[0].dtype))
 
 
 def _kept_bytes(g: Graph, plan: ShardingPlan, shape: tuple[int, ...], scores: set) -> int:
@@ -382,6 +462,7 @@ def compose(model: _Model, segs: _Segments, lo: Layout, profile, figures: Cluste
     b_s = [float(unit_b[bounds[s] : bounds[s + 1]].sum()) for s in range(S)]
     per_mb = [(2 * f if full else f) + b for f, b in zip(f_s, b_s)]
     slowest = max(per_mb)
+    terms = _stage_terms(segs, counts, int(np.argmax(per_mb)), k, full)
     pipeline_s = (k + S - 1) * slowest
     bubble = 1.0 - k * sum(per_mb) / S / pipeline_s if pipeline_s else 0.0
     pp_link = profile.link_for("pp")
@@ -425,6 +506,8 @@ def compose(model: _Model, segs: _Segments, lo: Layout, profile, figures: Cluste
         "dp_s": dp_s,
         "update_s": update_s,
         "comm_s": p2p + dp_s,
+        **terms,  # what the pipeline is made of (``_stage_terms``)
+        "bubble_s": (S - 1) * slowest,
     }
     if off is not None:
         predicted["offload_s"] = off.step_s
@@ -445,6 +528,21 @@ def compose(model: _Model, segs: _Segments, lo: Layout, profile, figures: Cluste
         offloaded=model.state_names if off is not None else (),
     )
     return plan, None
+
+
+def _stage_terms(segs: _Segments, counts, s: int, k: int, full: bool) -> dict[str, float]:
+    """The k micro-batches of stage ``s`` (the slowest) by ``TERMS`` (``{term}_s``), forward and
+    backward together, and the forward run again (``recompute_s``) when ``full``: with the fill
+    and drain, (S - 1) x one micro-batch (``bubble_s``), they add up to the pipeline's time."""
+    S = len(counts)
+    parts = [(segs.block, int(counts[s]))] + [(e, 1) for e, at in ((segs.pre, 0), (segs.head, S - 1)) if at == s]
+    out = {}
+    for term in TERMS:
+        fb = [(c.forward_terms.get(term, 0.0), c.backward_terms.get(term, 0.0), n) for c, n in parts]
+        out[f"{term}_s"] = k * sum((f + b) * n for f, b, n in fb)
+    forward = sum(c.forward_s * n for c, n in parts)
+    out["recompute_s"] = k * forward if full else 0.0
+    return out
 
 
 def flat_accumulated(model: _Model, segs: _Segments, lo: Layout, profile, figures, limit):
@@ -672,6 +770,8 @@ def scaled(c: SegmentCost, b: int) -> SegmentCost:
         c,
         forward_s=c.forward_s * b,
         backward_s=c.backward_s * b,
+        forward_terms={t: x * b for t, x in c.forward_terms.items()},
+        backward_terms={t: x * b for t, x in c.backward_terms.items()},
         activation_bytes=c.activation_bytes * b,
         input_bytes=c.input_bytes * b,
     )

@@ -381,4 +381,4 @@ def _why(best: Candidate, ok: list[Candidate]) -> str:
     return "; ".join(parts)
 
 
-__all__ = ["AXES", "Candidate", "explain", "factorizations", "search_meshes", "step_batch"]
+__all__ = ["AXES", "WHOLE_PLAN_NODES", "Candidate", "explain", "factorizations", "search_meshes", "step_batch"]

@@ -7,6 +7,11 @@ accumulation (passes/accumulate.py: four micro-batches one after the other, one 
 into pp x dp x tp and micro-batch counts, prints the choice and the runners-up, and writes the
 chosen plan with the search in it.
 
+On a step of repeated layers too large to plan whole (more nodes than passes/search.py's
+``WHOLE_PLAN_NODES``: GPT-3 175B), ``--mesh pp=..,dp=..,tp=..`` prices that layout by blocks
+instead (passes/scale.py, as ``--by-blocks`` does for any step) and says so: the plan written
+is a prediction to compare layouts with, not a plan ``graphc run`` runs.
+
 ``--resolve-pins EDITED.json`` solves again, keeping the choices a hand-edited plan marks
 ``"pinned": true`` (``graphc run --plan`` runs a plan as written; this makes a new one). The
 outputs (``-o``, default ``plan.json``; ``--dump-ir``) are checked before anything is traced
@@ -40,6 +45,7 @@ from graphc.cli.common import (
 from graphc.cli.loader import UsageError, load_target
 from graphc.core.errors import GraphcError, MeshError, PlanError, PlanWarning
 from graphc.core.files import atomic_write
+from graphc.core.ir import Graph
 from graphc.core.mesh import Mesh, parse_links
 from graphc.core.profiles import PRESETS, get_profile
 from graphc.core.pytree import static_argnames
@@ -47,7 +53,7 @@ from graphc.passes.manager import run_passes
 from graphc.passes.partition import compile_devices, lower, zero3_inputs
 from graphc.passes.pipeline import PipelinePlan, pipe_axis
 from graphc.passes.scale import layered_model, plan_mesh
-from graphc.passes.search import explain, search_meshes, step_batch
+from graphc.passes.search import AXES, WHOLE_PLAN_NODES, explain, search_meshes, step_batch
 from graphc.passes.sharding.plan import ShardingPlan, graph_hash
 
 
@@ -140,6 +146,10 @@ def _compile(args: argparse.Namespace) -> int:
     run = run_options(args)
     if pinned:  # a plan solved around hand-made pins is not one to keep
         run = dataclasses.replace(run, cache=False)
+    if not pinned:
+        big = _too_big_to_plan_whole(args, mesh, (fn, fargs, fkwargs), progress)
+        if big is not None:
+            return _mesh_by_blocks(args, progress, output, start, graph=big)
     pf = Parallelized(fn, mesh, plan_options(args), run, static_argnames=static_argnames(fkwargs))
     if pf.pipelined:
         if pinned:
@@ -266,27 +276,53 @@ def _search_or_blocks(args: argparse.Namespace, progress, output: Output, start:
     return _search(args, progress, output, start)
 
 
-def _planning_graph(args: argparse.Namespace, options, progress):
-    """The graph the planner partitions: ``args.target`` traced on its example and optimized for
-    planning, without a mesh (the block search and the mesh search choose one)."""
-    fn, fargs, fkwargs = load_target(args.target, args.example)
-    pf = Parallelized(fn, {"dp": 1}, options, static_argnames=static_argnames(fkwargs))
+def _planning_graph(args: argparse.Namespace, progress, target=None):
+    """The graph the planner partitions: ``args.target`` traced on its example (``target``: the
+    loaded (function, args, kwargs)) and optimized for planning, without a mesh (the block search
+    and the mesh search choose one)."""
+    fn, fargs, fkwargs = target or load_target(args.target, args.example)
+    # traced without the options: what a mesh of one device could not run (micro-batches with
+    # recomputation, a forced ZeRO stage) is the planner's to price, not the trace's to refuse
+    pf = Parallelized(fn, {"dp": 1}, static_argnames=static_argnames(fkwargs))
     progress(f"tracing {args.target}")
     return pf.trace_optimized(*fargs, **fkwargs)[1]
 
 
-def _mesh_by_blocks(args: argparse.Namespace, progress, output: Output, start: float) -> int:
-    """``--mesh ... --by-blocks``: the block search's composed plan of one mesh (passes/scale.py)."""
+def _too_big_to_plan_whole(args: argparse.Namespace, mesh: Mesh, target, progress) -> Graph | None:
+    """The traced step when ``--mesh`` of pp, dp and tp axes is asked of a step of repeated
+    layers larger than the search plans whole (passes/search.py ``WHOLE_PLAN_NODES``): it is then
+    priced by blocks, as ``--by-blocks`` does. None (plan it whole) for any smaller step, another
+    mesh, or flags that need a whole plan (--link, --dump-ir, --explain)."""
+    if args.link or args.dump_ir or args.explain or not set(mesh.axis_names) <= set(AXES):
+        return None
+    graph = _planning_graph(args, progress, target)
+    if len(graph.nodes) <= WHOLE_PLAN_NODES or layered_model(graph, step_batch(graph), mesh.profile) is None:
+        return None
+    return graph
+
+
+def _mesh_by_blocks(
+    args: argparse.Namespace, progress, output: Output, start: float, graph: Graph | None = None
+) -> int:
+    """``--mesh ... --by-blocks``, or ``--mesh`` on a ``graph`` too big to plan whole: the block
+    search's composed plan of one mesh (passes/scale.py), a prediction, not a plan to run."""
     try:
         profile = get_profile(args.profile) if args.profile else get_profile("cpu-here")
         mesh = Mesh(args.mesh, profile=profile)
     except MeshError as exc:
         raise GraphcError(f"--mesh/--profile: {exc}") from None
     options = plan_options(args)
-    graph = _planning_graph(args, options, progress)
+    automatic = graph is not None
+    graph = graph if graph is not None else _planning_graph(args, progress)
     model = layered_model(graph, step_batch(graph), profile)
     if model is None:
         raise UsageError(f"--by-blocks: {args.target} has no repeated layers (a list of identical blocks) to price")
+    if automatic:
+        print(
+            f"the step has {len(graph.nodes):,} nodes, more than the {WHOLE_PLAN_NODES:,} planned whole: mesh "
+            f"{mesh} is priced by blocks (docs/scale.md), as --by-blocks does; the plan written is that "
+            "prediction, not a plan to run"
+        )
     axes = dict(zip(mesh.axis_names, mesh.shape))
     plan = plan_mesh(model, axes, options, profile, start + options.time_limit - SEARCH_MARGIN_S)
     plan = dataclasses.replace(plan, graph_hash=graph_hash(graph))
@@ -307,7 +343,7 @@ def _search(args: argparse.Namespace, progress, output: Output, start: float) ->
     except MeshError as exc:
         raise GraphcError(f"--link/--profile: {exc}") from None
     options = plan_options(args)
-    graph = _planning_graph(args, options, progress)
+    graph = _planning_graph(args, progress)
     progress(f"searching meshes of {args.devices} devices")
     t0 = time.perf_counter()
     cands = search_meshes(

@@ -6,11 +6,14 @@
                                   key checked (``read_profile``)
     get_profile(profile)          a MachineProfile as it is
 
-The presets hold spec-sheet peaks, each number with its source below: the planner then predicts
-the step a perfect implementation would take (every matmul at the tensor cores' peak, every link
-at its line rate), so a predicted MFU is an upper bound of what a real run reaches. A per-GPU
-link is what one GPU can send one way: NVLink's total is counted in both directions, and a DGX
-node has one InfiniBand port per GPU.
+The presets hold spec-sheet peaks (``matmul_flops``, against which MFU is reported) and the rates
+published measurements reach, each number with its source below: tensor-core GEMMs at
+``SUSTAINED_GEMM`` of the peak, memory-bound kernels at ``HBM_EFFICIENCY`` of the datasheet's
+bandwidth, and links at the bus bandwidth NCCL's own tests measure on DGX nodes (``NVLINK3_BUSBW``
+...), not at their line rates. A per-GPU link is what one GPU can send one way: NVLink's total is
+counted in both directions, and a DGX node has one InfiniBand port per GPU. What the planner
+still leaves out (kernel launch gaps, the causal half of attention a kernel skips) is listed in
+docs/scale.md.
 
 The GPU presets fuse elementwise chains (``fuses_elementwise``), as the compilers and fused
 kernels of GPU training stacks do (XLA, torch.compile, Megatron-LM's fused softmax and bias-GELU):
@@ -119,6 +122,29 @@ NCCL_CALL_S = 8.4e-6  # NCCL tuning.cc baseLat[Ring][Simple]
 SUSTAINED_GEMM = 0.8
 
 
+# Memory-bound kernels: a copy benchmark on an A800 80GB PCIe (an A100 with the same 80 GB of
+# HBM2e, 1,935 GB/s on its datasheet) measured 1,727 GB/s, 89% (mli/transformers-benchmarks issue
+# 4, 2023). The GPU presets price elementwise, normalisation and optimizer kernels at that share
+# of their datasheet bandwidth (no H100 measurement was found: the same share, an assumption).
+HBM_EFFICIENCY = 1727 / 1935
+
+# Links, as NCCL's all-reduce bus bandwidth (the ring's 2 (n-1)/n B per second, the form
+# passes/sharding/redistribute.py prices), measured on DGX-class nodes:
+# - NVLink 3 (A100 SXM, 300 GB/s line rate each way): all_reduce_perf -g 8 on one node of 8
+#   A100, 232.54 GB/s (NVIDIA/nccl issue 1048 and nccl-tests issue 175, 2023).
+# - NVLink 4 (H100 SXM, 450 GB/s): "450GB/s is the line rate. With the protocol overhead (~20%)
+#   NCCL can get an effective NVLink bandwidth of 370GB/s" (S. Jeaugey, NCCL's maintainer,
+#   nccl-tests issue 212, 2024; the ring algorithm, without NVLink SHARP).
+# - InfiniBand HDR (200 Gb/s = 25 GB/s per GPU): "On an Nvidia DGX-A100 system we have 8x200Gbit/s
+#   IB cards and we measure 192GB/s AllReduce BusBW" (NVIDIA, nccl issue 812, 2023): 24 GB/s a GPU.
+# - InfiniBand NDR (400 Gb/s = 50 GB/s per GPU): "For NDR @ 400Gbps you should see 46-48GB/s per
+#   NIC" (NVIDIA, nccl-tests issue 290, 2025): the lower end, 46 GB/s.
+NVLINK3_BUSBW = 232.5e9
+NVLINK4_BUSBW = 370e9
+HDR_BUSBW = 24e9
+NDR_BUSBW = 46e9
+
+
 def _sustained_gemm(peak: float) -> dict[str, dict[str, float]]:
     rate = SUSTAINED_GEMM * peak
     keys = [size + batched for size in ("small", "medium", "large") for batched in ("", " batched")]
@@ -133,13 +159,16 @@ def h100_sxm() -> MachineProfile:
     FP32 66.9 (without tensor cores: numpy's float32 matmul is full fp32; TF32 would be 494.7),
     HBM3 3.35 TB/s. NVLink 4: 900 GB/s per GPU in both directions = 450 GB/s each way.
     InfiniBand NDR: 400 Gb/s per GPU (a DGX H100 has eight ConnectX-7 ports for its 8 GPUs) = 50 GB/s.
+    Achieved rates (module doc): HBM at ``HBM_EFFICIENCY``, NVLink 370 GB/s and NDR 46 GB/s of
+    NCCL bus bandwidth.
     """
     return MachineProfile(
         flops=66.9e12,  # FP32, datasheet
-        mem_bandwidth=3.35e12,  # HBM3, datasheet
-        link=Link(NVLINK_STEP_S, 450e9),  # NVLink 4, 900 GB/s bidirectional
+        mem_bandwidth=3.35e12 * HBM_EFFICIENCY,  # HBM3, datasheet x the measured share
+        link=Link(NVLINK_STEP_S, NVLINK4_BUSBW),  # NVLink 4: 450 GB/s line rate, NCCL's ring reaches 370
         collective_overhead_s=NCCL_CALL_S,
-        source="NVIDIA H100 SXM5 datasheet (dense peaks), NVLink 4, InfiniBand NDR 400 Gb/s per GPU; NCCL latencies",
+        source="NVIDIA H100 SXM5 datasheet (dense peaks); measured NCCL bus bandwidth (NVLink 4, InfiniBand NDR), "
+        "HBM and GEMM shares of the peak; NCCL latencies",
         name="h100-sxm",
         matmul_flops={
             "float64": 66.9e12,  # FP64 tensor core, datasheet
@@ -147,7 +176,7 @@ def h100_sxm() -> MachineProfile:
             "bfloat16": 989.4e12,  # BF16 tensor core, datasheet 1,979 with sparsity
             "float16": 989.4e12,  # FP16 tensor core, datasheet 1,979 with sparsity
         },
-        inter_link=Link(NETWORK_STEP_S, 50e9),  # InfiniBand NDR, 400 Gb/s = 50 GB/s
+        inter_link=Link(NETWORK_STEP_S, NDR_BUSBW),  # InfiniBand NDR: 50 GB/s line rate, 46 measured
         fuses_elementwise=True,
         matmul_table=_sustained_gemm(989.4e12),
     )
@@ -160,13 +189,16 @@ def a100_sxm() -> MachineProfile:
     312 TFLOP/s, FP64 tensor core 19.5, FP32 19.5 (TF32 would be 156), HBM2e 2,039 GB/s (80GB
     SXM). NVLink 3: 600 GB/s per GPU in both directions = 300 GB/s each way. InfiniBand HDR:
     200 Gb/s per GPU (a DGX A100 has eight ConnectX-6 ports for its 8 GPUs) = 25 GB/s.
+    Achieved rates (module doc): HBM at ``HBM_EFFICIENCY``, NVLink 232.5 GB/s and HDR 24 GB/s of
+    NCCL bus bandwidth.
     """
     return MachineProfile(
         flops=19.5e12,  # FP32, datasheet
-        mem_bandwidth=2.039e12,  # HBM2e, datasheet (80GB SXM)
-        link=Link(NVLINK_STEP_S, 300e9),  # NVLink 3, 600 GB/s bidirectional
+        mem_bandwidth=2.039e12 * HBM_EFFICIENCY,  # HBM2e, datasheet (80GB SXM) x the measured share
+        link=Link(NVLINK_STEP_S, NVLINK3_BUSBW),  # NVLink 3: 300 GB/s line rate, all_reduce_perf 232.5
         collective_overhead_s=NCCL_CALL_S,
-        source="NVIDIA A100 SXM4 80GB datasheet (dense peaks), NVLink 3, InfiniBand HDR 200 Gb/s per GPU; NCCL latencies",
+        source="NVIDIA A100 SXM4 80GB datasheet (dense peaks); measured NCCL bus bandwidth (NVLink 3, InfiniBand HDR), "
+        "HBM and GEMM shares of the peak; NCCL latencies",
         name="a100-sxm",
         matmul_flops={
             "float64": 19.5e12,  # FP64 tensor core, datasheet
@@ -174,7 +206,7 @@ def a100_sxm() -> MachineProfile:
             "bfloat16": 312e12,  # BF16 tensor core, datasheet 624 with sparsity
             "float16": 312e12,  # FP16 tensor core, datasheet 624 with sparsity
         },
-        inter_link=Link(NETWORK_STEP_S, 25e9),  # InfiniBand HDR, 200 Gb/s = 25 GB/s
+        inter_link=Link(NETWORK_STEP_S, HDR_BUSBW),  # InfiniBand HDR: 25 GB/s line rate, 24 measured
         fuses_elementwise=True,
         matmul_table=_sustained_gemm(312e12),
     )
@@ -202,28 +234,71 @@ class ClusterFigures:
     dp_overlap: float  # share of one micro-batch's backward the data-parallel gradient reduction hides
     p2p_overlap: bool  # pipeline sends run beside compute: only the fill and drain wait for them
     sources: tuple[str, ...] = ()
+    # the share of the peak the fused attention kernel's matmuls reach (None: the GEMM rate)
+    attention_efficiency: float | None = None
+    # the GEMM library takes transposed operands and a weight gradient's batch sum inside the GEMM
+    gemm_absorbs_layouts: bool = False
 
 
 NO_CLUSTER = ClusterFigures(node_size=None, fused_attention=False, dp_overlap=0.0, p2p_overlap=False)
 
 # Node size: a DGX A100 and a DGX H100 each hold 8 GPUs on one NVSwitch (NVIDIA DGX A100 and DGX
-# H100 datasheets). Fused attention: FlashAttention (Dao et al. 2022) computes softmax(QK^T)V in
-# tiles without writing the scores, and recomputes them in the backward; Megatron-LM and PyTorch
-# (scaled_dot_product_attention) use it on A100 and H100. DP overlap: PyTorch DDP (Li et al.,
-# VLDB 2020, section 3.2.3) all-reduces gradient buckets while the backward still runs, as does
-# Megatron-LM's --overlap-grad-reduce; the backward of the last micro-batch hides the reduction up
-# to its own length (1.0). P2P overlap: Megatron-LM's 1F1B sends activations asynchronously
-# (Narayanan et al. 2021, section 4.1: scatter/gather of the sends over the tensor-parallel ranks),
-# so only the pipeline's fill and drain wait for a transfer.
+# H100 datasheets).
+# Fused attention: FlashAttention (Dao et al. 2022) computes softmax(QK^T)V in tiles without
+# writing the scores, and recomputes them in the backward. Its matmuls run below the GEMM rate:
+# FlashAttention-2 (Dao 2023, abstract) reaches "50-73% of the theoretical maximum FLOPs/s on
+# A100", priced at the lower end, 50%, as ``SUSTAINED_GEMM`` takes the lower end of its range.
+# On H100, FlashAttention-3 (Shah et al. 2024, abstract and section 1) measures FlashAttention-2
+# at 35% of the peak and itself 1.5-2.0x faster: the lower end, 1.5 x 35% = 52.5%. (A causal
+# kernel skips the masked half of the blocks, which this leaves out: the attention matmuls are
+# priced on all the flops the step counts.)
+# DP overlap: PyTorch DDP (Li et al., VLDB 2020, section 3.2.3) all-reduces gradient buckets
+# while the backward still runs, as does Megatron-LM's --overlap-grad-reduce (Megatron Core's
+# DistributedDataParallel); the backward of the last micro-batch hides the reduction up to its
+# own length (1.0). Megatron-LM 2021 (the 175B measurement of Narayanan et al. 2021) did not: its
+# train_step all-reduced the gradients after the pipeline's last backward (megatron/training.py,
+# ``allreduce_gradients`` after ``forward_backward_func``), which docs/scale.md discusses.
+# P2P overlap: none. Megatron-LM's 1F1B schedule waits for every send and receive before the next
+# micro-batch (megatron/p2p_communication.py ``_communicate``: ``req.wait()`` on each isend/irecv,
+# then a device synchronize), so every micro-batch's sends are on the critical path; the
+# scatter/gather of the sends over the tensor-parallel ranks (Narayanan et al. 2021, section 4.1)
+# is priced (a send carries 1/tp of the activation).
+# GEMM operand layouts: cuBLAS takes a transposed operand as a flag (cublasGemmEx transa /
+# transb), and Megatron-LM computes a weight gradient over a batch of sequences as one GEMM over
+# s x b rows (tensor_parallel/layers.py: ``grad_output.view(s * b, h).t().matmul(total_input)``),
+# so neither the transpose nor the sum over the batch is a kernel of its own.
+# Tensor-parallel collectives are exposed (the per-op model adds them to the compute): Megatron-LM
+# all-reduces a layer's partial sums synchronously on the compute stream (megatron/mpu/mappings.py
+# ``_reduce``: ``torch.distributed.all_reduce``), before the next layer can start.
 _GPU_SOURCES = (
     "node_size: NVIDIA DGX A100 / DGX H100 datasheets (8 GPUs per node on NVSwitch)",
     "fused_attention: FlashAttention (Dao et al., NeurIPS 2022)",
     "dp_overlap: PyTorch DDP bucketed all-reduce during the backward (Li et al., VLDB 2020)",
-    "p2p_overlap: Megatron-LM asynchronous 1F1B sends with scatter/gather (Narayanan et al., SC 2021, 4.1)",
+    "p2p_overlap: none; Megatron-LM 1F1B waits for each send and receive (megatron/p2p_communication.py)",
+    "gemm_absorbs_layouts: cuBLAS transa/transb; Megatron-LM tensor_parallel/layers.py weight gradient as one GEMM",
 )
 CLUSTER_FIGURES: dict[str, ClusterFigures] = {
-    name: ClusterFigures(node_size=8, fused_attention=True, dp_overlap=1.0, p2p_overlap=True, sources=_GPU_SOURCES)
-    for name in ("a100-sxm", "h100-sxm")
+    "a100-sxm": ClusterFigures(
+        node_size=8,
+        fused_attention=True,
+        dp_overlap=1.0,
+        p2p_overlap=False,
+        sources=(*_GPU_SOURCES, "attention_efficiency: FlashAttention-2 on A100, 50-73% of peak (Dao 2023)"),
+        attention_efficiency=0.50,
+        gemm_absorbs_layouts=True,
+    ),
+    "h100-sxm": ClusterFigures(
+        node_size=8,
+        fused_attention=True,
+        dp_overlap=1.0,
+        p2p_overlap=False,
+        sources=(
+            *_GPU_SOURCES,
+            "attention_efficiency: FlashAttention-3 on H100, 1.5x FlashAttention-2's 35% (Shah 2024)",
+        ),
+        attention_efficiency=0.525,
+        gemm_absorbs_layouts=True,
+    ),
 }
 
 

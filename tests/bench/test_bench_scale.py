@@ -19,6 +19,12 @@ def test_the_rows_are_the_published_setups_and_allocate_nothing():
         ("GPT-3 13B", 128, "a100-sxm"),
     ]
     assert "45%" in scale.ROWS[0].published and scale.ROWS[0].time_limit == 60.0
+    # the published MFU in model flops: Megatron-LM's 96 B s l h^2 (1 + s/6h + V/16lh) counts the
+    # recomputed forward; 72 B s l h^2 (1 + s/6h + V/12lh) of it are model flops
+    B, s, n_layer, h, V = 1536, 2048, 96, 12288, 51200
+    hardware = 96 * B * s * n_layer * h * h * (1 + s / (6 * h) + V / (16 * n_layer * h))
+    model = 72 * B * s * n_layer * h * h * (1 + s / (6 * h) + V / (12 * n_layer * h))
+    assert scale.ROWS[0].published.startswith(f"{140e12 * model / hardware / 312e12:.1%}")
     for row in scale.ROWS:
         leaves = flatten(row.example())[0]
         assert leaves and all(isinstance(x, graphc.ArraySpec) for x in leaves if not isinstance(x, (int, float)))

@@ -48,12 +48,15 @@ def test_presets_hold_the_spec_sheet_numbers():
     assert H100.name == "h100-sxm"
     assert H100.matmul_rate(graphc.bfloat16) == H100.matmul_rate(np.float16) == 989.4e12
     assert H100.matmul_rate(np.float32) == H100.flops == 66.9e12
-    assert H100.mem_bandwidth == 3.35e12
-    assert H100.link.bandwidth == 450e9 and H100.inter_link is not None and H100.inter_link.bandwidth == 50e9
+    # achieved rates, each below its datasheet line rate (the measurements in profiles.py)
+    assert H100.mem_bandwidth == pytest.approx(3.35e12 * 1727 / 1935)
+    assert H100.link.bandwidth == 370e9 and H100.inter_link is not None and H100.inter_link.bandwidth == 46e9
     assert 1e-6 < H100.link.latency_s < H100.inter_link.latency_s <= 10e-6
     a100 = get_profile("a100-sxm")
-    assert (a100.matmul_rate(graphc.bfloat16), a100.flops, a100.mem_bandwidth) == (312e12, 19.5e12, 2.039e12)
-    assert (a100.link.bandwidth, a100.inter_link and a100.inter_link.bandwidth) == (300e9, 25e9)
+    assert (a100.matmul_rate(graphc.bfloat16), a100.flops) == (312e12, 19.5e12)
+    assert a100.mem_bandwidth == pytest.approx(2.039e12 * 1727 / 1935) and a100.mem_bandwidth < 2.039e12
+    assert (a100.link.bandwidth, a100.inter_link and a100.inter_link.bandwidth) == (232.5e9, 24e9)
+    assert a100.link.bandwidth < 300e9 and H100.link.bandwidth < 450e9  # NVLink line rates, one way
     # this machine: the stored calibration, here none, so the defaults; one link for every axis
     here = get_profile("cpu-here")
     assert here == MachineProfile.default() and here.name == "cpu-here" and here.inter_link is None
@@ -95,7 +98,7 @@ def test_a_slow_data_axis_moves_traffic_off_it():
         return _plan(mlp.train_step, (params, x, labels), kw, Mesh("dp=2,tp=2", profile=profile), ("lr",))
 
     slow, fast = plan(H100), plan(one_node)
-    assert slow.mesh.links["dp"].bandwidth == 50e9 and fast.mesh.links["dp"].bandwidth == 450e9
+    assert slow.mesh.links["dp"].bandwidth == 46e9 and fast.mesh.links["dp"].bandwidth == 370e9
 
     def dp_bytes(p):
         return sum(c.local_bytes for c in p.collectives if c.axes == ("dp",))
