@@ -11,6 +11,14 @@ and plans with the inputs pinned (all replicated, data parallel, every input spl
 last dim), each planned by the ILP around the pins. Predicted and measured step times (devices
 running on inputs already in place: what the cost model predicts) and their Spearman rank
 correlation say whether the cost model orders plans the way the machine does.
+
+Where a call on the mesh spends its time (``profile_mesh``): the medians over profiled runs of
+the call, of each device program's span, of its steps by kind (matmuls, fused kernels,
+collectives: their wait for the slowest device included, other steps) and of the time outside
+the device programs (splitting the inputs, waking the device threads, gathering the results).
+For a data-parallel plan on one mesh axis (every input replicated or split on dim 0) the same
+profile of the two-thread ceiling beside it: each device's pieces through the single-device
+program, all devices at once on one thread each (one BLAS thread), no runtime at all.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from __future__ import annotations
 import functools
 import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -29,10 +38,12 @@ from graphc.bench.comm import bench_all_reduce, bench_memcpy
 from graphc.bench.timing import direct_call, fmt, same, times_of
 from graphc.core.errors import PlanError
 from graphc.core.mesh import Mesh, as_mesh
+from graphc.core.pytree import unflatten
 from graphc.core.spec import parse_spec
+from graphc.core.traits import Collective, Contraction, Fused
 from graphc.core.units import fmt_time
 from graphc.interpreter import bind_arguments
-from graphc.ops import OPS
+from graphc.ops import OPS, REGISTRY
 from graphc.passes.partition import state_ties
 from graphc.runtime.threads import one_blas_thread
 
@@ -138,6 +149,129 @@ def _state_loop(compiled, arrays: list, repeat: int) -> list[float]:
     return times_of(step, repeat)
 
 
+def _kind(op_name: str) -> str:
+    """The profile's bucket of a step: matmul, fused, collective or other (by the op's traits)."""
+    op = REGISTRY.get(op_name)
+    if op is None:
+        return "other"
+    if op.has(Collective):
+        return "collective"
+    if op.has(Fused):
+        return "fused"
+    return "matmul" if op.has(Contraction) else "other"
+
+
+KINDS = ("matmul", "fused", "collective", "other")
+
+
+def _steps(events: list, start: float, end: float) -> dict[str, float]:
+    """One device's (or thread's) run from its profile events: its span and its steps by kind,
+    and the call's time outside it (``start``/``end``: the call's)."""
+    out = dict.fromkeys(KINDS, 0.0)
+    for name, _loc, t0, t1, _nbytes in events:
+        out[_kind(name)] += t1 - t0
+    first = min((e[2] for e in events), default=start)
+    last = max((e[3] for e in events), default=start)
+    out["span"] = last - first
+    out["outside"] = (end - start) - out["span"]
+    return out
+
+
+def _medians(rows: list[dict[str, float]]) -> dict[str, float]:
+    return {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+
+
+def ceiling_inputs(compiled, arrays: list, static_kwargs: dict) -> list[tuple[tuple, dict]] | None:
+    """Each device's (args, kwargs) for the single-device function, when the plan is data
+    parallel on one mesh axis (every input replicated or split on dim 0); else None."""
+    program = compiled.program
+    if program.mesh.ndim != 1:
+        return None
+    for spec in program.in_specs:
+        if any(p.kind == "P" or (p.is_split and (p.dim != 0 or p.blocks != 1)) for p in spec):
+            return None
+    pieces = compiled.executable.shard(arrays)
+    calls = []
+    for p in program.devices:
+        args, kwargs = unflatten(compiled.graph.in_tree, pieces[p.device])
+        calls.append((tuple(args), {**kwargs, **static_kwargs}))
+    return calls
+
+
+def profile_mesh(fn, compiled, arrays: list, static: tuple[str, ...], fkwargs: dict, repeat: int) -> dict[str, Any]:
+    """Medians over ``repeat`` profiled runs (module doc): {"call": seconds, "devices": {d: {kind:
+    seconds, "span", "outside"}}, and for a data-parallel plan "ceiling" and "threads" alike}."""
+    ex = compiled.executable
+    ex.run_flat(arrays)  # warm
+    runs: dict[int, list[dict[str, float]]] = {p.device: [] for p in compiled.program.devices}
+    calls: list[float] = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        ex.run_flat(arrays, profile=True)
+        end = time.perf_counter()
+        calls.append(end - start)
+        assert ex.last_profile is not None
+        for d, prof in ex.last_profile.items():
+            runs[d].append(_steps(prof.get("events", []), start, end))
+    result: dict[str, Any] = {
+        "call": statistics.median(calls),
+        "devices": {d: _medians(rows) for d, rows in runs.items()},
+    }
+    inputs = ceiling_inputs(compiled, arrays, {k: v for k, v in fkwargs.items() if k in static})
+    if inputs is None:
+        return result
+    execs = []
+    for args, kwargs in inputs:  # one executable per thread: each keeps its own buffers
+        one = jit(fn, static_argnames=static)
+        c = one.compile(*args, **kwargs)
+        dyn_args, dyn_kwargs = args, {k: v for k, v in kwargs.items() if k not in static}
+        execs.append((c.executable, bind_arguments(c.graph, dyn_args, dyn_kwargs)))
+    pool = ThreadPoolExecutor(len(execs), thread_name_prefix="graphc-bench")
+    threads: list[list[dict[str, float]]] = [[] for _ in execs]
+    ceiling: list[float] = []
+    try:
+        with one_blas_thread():
+            for k in range(repeat + 1):
+                profs: list[dict] = [{} for _ in execs]
+                start = time.perf_counter()
+                futures = [pool.submit(e.run_flat, a, prof) for (e, a), prof in zip(execs, profs)]
+                for f in futures:
+                    f.result()
+                end = time.perf_counter()
+                if k == 0:
+                    continue  # warm
+                ceiling.append(end - start)
+                for i, prof in enumerate(profs):
+                    threads[i].append(_steps(prof.get("events", []), start, end))
+    finally:
+        pool.shutdown()
+    result["ceiling"] = statistics.median(ceiling)
+    result["threads"] = {i: _medians(rows) for i, rows in enumerate(threads)}
+    return result
+
+
+def print_profile(prof: dict[str, Any], repeat: int) -> None:
+    def line(who: str, r: dict[str, float]) -> str:
+        kinds = ", ".join(f"{k} {r[k] * 1e3:.1f}" for k in KINDS if r[k] or k != "collective")
+        return f"    {who:<9} program {r['span'] * 1e3:8.1f} ms: {kinds}; outside it {r['outside'] * 1e3:.1f} ms"
+
+    print(
+        f"  where a call on the mesh spends its time (profiled, medians of {repeat}; collectives include "
+        "the wait for the slowest device):"
+    )
+    print(f"    call      {prof['call'] * 1e3:8.1f} ms")
+    for d, r in prof["devices"].items():
+        print(line(f"device {d}", r))
+    if "ceiling" not in prof:
+        return
+    print(
+        f"  the ceiling: each device's pieces through the 1-device program, all at once on one thread "
+        f"each, no runtime: {prof['ceiling'] * 1e3:.1f} ms, the call {prof['ceiling'] / prof['call']:.2f}x of it"
+    )
+    for i, r in prof["threads"].items():
+        print(line(f"thread {i}", r))
+
+
 def bench_mesh(
     fn, fargs, fkwargs, static: tuple[str, ...], mesh: Mesh, repeat: int, plans: bool = False, label: str = ""
 ) -> str:
@@ -176,6 +310,8 @@ def bench_mesh(
             f"with 1 BLAS thread, {med(t_one) / med(t_state):.2f}x with default BLAS; a training loop's step)"
         )
     print(f"  predicted step (plan) {fmt_time(compiled.plan.cost.total_s)}, measured {fmt_time(med(measured))}")
+    if mesh.size > 1:
+        print_profile(profile_mesh(fn, compiled, arrays, static, fkwargs, repeat), repeat)
     verdict = same(got, want)
     print(f"  result on the mesh equals {baseline}: {verdict}")
     n = mesh.size
