@@ -200,53 +200,57 @@ def ceiling_inputs(compiled, arrays: list, static_kwargs: dict) -> list[tuple[tu
 
 def profile_mesh(fn, compiled, arrays: list, static: tuple[str, ...], fkwargs: dict, repeat: int) -> dict[str, Any]:
     """Medians over ``repeat`` profiled runs (module doc): {"call": seconds, "devices": {d: {kind:
-    seconds, "span", "outside"}}, and for a data-parallel plan "ceiling" and "threads" alike}."""
+    seconds, "span", "outside"}}, and for a data-parallel plan "ceiling" and "threads" alike, its
+    runs interleaved with the call's (a busy moment of the machine hits both)."""
     ex = compiled.executable
-    ex.run_flat(arrays)  # warm
-    runs: dict[int, list[dict[str, float]]] = {p.device: [] for p in compiled.program.devices}
+    devices: dict[int, list[dict[str, float]]] = {p.device: [] for p in compiled.program.devices}
     calls: list[float] = []
-    for _ in range(repeat):
+
+    def call() -> None:
         start = time.perf_counter()
         ex.run_flat(arrays, profile=True)
         end = time.perf_counter()
         calls.append(end - start)
         assert ex.last_profile is not None
         for d, prof in ex.last_profile.items():
-            runs[d].append(_steps(prof.get("events", []), start, end))
-    result: dict[str, Any] = {
-        "call": statistics.median(calls),
-        "devices": {d: _medians(rows) for d, rows in runs.items()},
-    }
-    inputs = ceiling_inputs(compiled, arrays, {k: v for k, v in fkwargs.items() if k in static})
-    if inputs is None:
-        return result
+            devices[d].append(_steps(prof.get("events", []), start, end))
+
     execs = []
-    for args, kwargs in inputs:  # one executable per thread: each keeps its own buffers
-        one = jit(fn, static_argnames=static)
-        c = one.compile(*args, **kwargs)
-        dyn_args, dyn_kwargs = args, {k: v for k, v in kwargs.items() if k not in static}
-        execs.append((c.executable, bind_arguments(c.graph, dyn_args, dyn_kwargs)))
-    pool = ThreadPoolExecutor(len(execs), thread_name_prefix="graphc-bench")
+    inputs = ceiling_inputs(compiled, arrays, {k: v for k, v in fkwargs.items() if k in static})
+    for args, kwargs in inputs or ():  # one executable per thread: each keeps its own buffers
+        c = jit(fn, static_argnames=static).compile(*args, **kwargs)
+        execs.append(
+            (c.executable, bind_arguments(c.graph, args, {k: v for k, v in kwargs.items() if k not in static}))
+        )
     threads: list[list[dict[str, float]]] = [[] for _ in execs]
-    ceiling: list[float] = []
-    try:
+    ceilings: list[float] = []
+    pool = ThreadPoolExecutor(max(1, len(execs)), thread_name_prefix="graphc-bench")
+
+    def ceiling() -> None:
+        profs: list[dict] = [{} for _ in execs]
         with one_blas_thread():
-            for k in range(repeat + 1):
-                profs: list[dict] = [{} for _ in execs]
-                start = time.perf_counter()
-                futures = [pool.submit(e.run_flat, a, prof) for (e, a), prof in zip(execs, profs)]
-                for f in futures:
-                    f.result()
-                end = time.perf_counter()
-                if k == 0:
-                    continue  # warm
-                ceiling.append(end - start)
-                for i, prof in enumerate(profs):
-                    threads[i].append(_steps(prof.get("events", []), start, end))
+            start = time.perf_counter()
+            futures = [pool.submit(e.run_flat, a, prof) for (e, a), prof in zip(execs, profs)]
+            for f in futures:
+                f.result()
+            end = time.perf_counter()
+        ceilings.append(end - start)
+        for i, prof in enumerate(profs):
+            threads[i].append(_steps(prof.get("events", []), start, end))
+
+    try:
+        for k in range(repeat + 1):  # round 0 warms both
+            for run in (call, ceiling)[:: 1 if k % 2 else -1] if execs else (call,):
+                run()
     finally:
         pool.shutdown()
-    result["ceiling"] = statistics.median(ceiling)
-    result["threads"] = {i: _medians(rows) for i, rows in enumerate(threads)}
+    result: dict[str, Any] = {
+        "call": statistics.median(calls[1:]),
+        "devices": {d: _medians(rows[1:]) for d, rows in devices.items()},
+    }
+    if execs:
+        result["ceiling"] = statistics.median(ceilings[1:])
+        result["threads"] = {i: _medians(rows[1:]) for i, rows in enumerate(threads)}
     return result
 
 
@@ -266,7 +270,8 @@ def print_profile(prof: dict[str, Any], repeat: int) -> None:
         return
     print(
         f"  the ceiling: each device's pieces through the 1-device program, all at once on one thread "
-        f"each, no runtime: {prof['ceiling'] * 1e3:.1f} ms, the call {prof['ceiling'] / prof['call']:.2f}x of it"
+        f"each, no runtime: {prof['ceiling'] * 1e3:.1f} ms; the call's speed against it "
+        f"{prof['ceiling'] / prof['call']:.2f}x (ceiling time / call time)"
     )
     for i, r in prof["threads"].items():
         print(line(f"thread {i}", r))
