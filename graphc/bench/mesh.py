@@ -260,8 +260,8 @@ def print_profile(prof: dict[str, Any], repeat: int) -> None:
         return f"    {who:<9} program {r['span'] * 1e3:8.1f} ms: {kinds}; outside it {r['outside'] * 1e3:.1f} ms"
 
     print(
-        f"  where a call on the mesh spends its time (profiled, medians of {repeat}; collectives include "
-        "the wait for the slowest device):"
+        f"  where a call on the mesh spends its time (profiled, medians of {repeat}, each figure its own; "
+        "collectives include the wait for the slowest device):"
     )
     print(f"    call      {prof['call'] * 1e3:8.1f} ms")
     for d, r in prof["devices"].items():
