@@ -5,24 +5,26 @@ What hydra does (MPICH 5.0.2, measured with strace on its proxy): the moment it 
 ended by a signal (``kill -9``, the OOM killer, a segfault) it sends SIGKILL to the process group
 of every other rank of the job, with or without ``-disable-auto-cleanup`` (that option only adds a
 SIGUSR1 half a millisecond earlier). Without the option it does the same as soon as a rank's PMI
-connection closes before ``MPI_Finalize``, which happens before the rank's process has even ended.
-SIGKILL cannot be caught, and it comes within a millisecond, before the survivors' watchdogs can
-print; hydra's own message names the process of the first rank with a non-zero status, which is
-not the lost one when the survivors were killed too (docs/guide/mpi.md).
+connection closes before ``MPI_Finalize`` (a dying process's descriptors close before its end is
+reported to anyone). SIGKILL cannot be caught, and it comes within a millisecond, before the
+survivors' watchdogs can print; hydra's own message names the process of the first rank with a
+non-zero status, which is not the lost one when the survivors were killed too
+(docs/guide/mpi.md).
 
 The guard takes the signal out of hydra's sight. Run every rank under it, with the option:
 
     mpiexec -disable-auto-cleanup -n 4 python -m graphc.runtime.rank_guard python train.py
 
-It starts the rank's command as its child, in its own process group (so hydra's signals to the
-group reach the rank), and ends with the child's status, a signal turned into 128 + its number as
-a shell does. Hydra then sees a rank that exited with a status, not one killed by a signal, and
-leaves the survivors to graphc's watchdog (runtime/mpi_world.py): each names the lost rank and
-ends with status 1, and mpiexec ends with a non-zero status. The guard itself prints one line
-naming the signal that killed its rank. It survives the signals hydra sends the whole group
+It starts the rank's command as its child, in the guard's process group (so hydra's signals to
+the group reach the rank), and ends with the child's status, a signal turned into 128 + its
+number as a shell does. Hydra then sees a rank that exited with a status, not one killed by a
+signal, and leaves the survivors to graphc's watchdog (runtime/mpi_world.py): each names the lost
+rank and ends with status 1, and mpiexec ends with a non-zero status. The guard itself prints one
+line naming the signal that killed its rank. It survives the signals hydra sends the whole group
 (SIGINT for Ctrl-C, SIGTERM, SIGUSR1) while its child handles them, and its child is killed if
-the guard is (``PR_SET_PDEATHSIG``, Linux). Without ``-disable-auto-cleanup``, or with ranks on
-several machines, hydra's own cleanup still applies.
+the guard is (``PR_SET_PDEATHSIG``, Linux). The watchdog watches the ranks on its own machine
+only: with the option, ranks on other machines stop at their collective's timeout (a CommError,
+then ``MPI_Abort``), not at once.
 
 Only the standard library: the guard is the parent of every rank and costs one idle process.
 """
