@@ -183,9 +183,9 @@ def _medians(rows: list[dict[str, float]]) -> dict[str, float]:
 
 def ceiling_inputs(compiled, arrays: list, static_kwargs: dict) -> list[tuple[tuple, dict]] | None:
     """Each device's (args, kwargs) for the single-device function, when the plan is data
-    parallel on one mesh axis (every input replicated or split on dim 0); else None."""
+    parallel on one mesh axis (every input replicated or split on dim 0, some split); else None."""
     program = compiled.program
-    if program.mesh.ndim != 1:
+    if program.mesh.ndim != 1 or not any(p.is_split for spec in program.in_specs for p in spec):
         return None
     for spec in program.in_specs:
         if any(p.kind == "P" or (p.is_split and (p.dim != 0 or p.blocks != 1)) for p in spec):
@@ -315,7 +315,7 @@ def bench_mesh(
             f"with 1 BLAS thread, {med(t_one) / med(t_state):.2f}x with default BLAS; a training loop's step)"
         )
     print(f"  predicted step (plan) {fmt_time(compiled.plan.cost.total_s)}, measured {fmt_time(med(measured))}")
-    if mesh.size > 1:
+    if mesh.size > 1 and isinstance(compiled, ParallelCompiled):  # (a pipeline's tasks are profiled elsewhere)
         print_profile(profile_mesh(fn, compiled, arrays, static, fkwargs, repeat), repeat)
     verdict = same(got, want)
     print(f"  result on the mesh equals {baseline}: {verdict}")

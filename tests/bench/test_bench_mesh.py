@@ -95,3 +95,7 @@ def test_the_mesh_profile_splits_each_device_program_by_kind_and_profiles_the_ce
     assert np.isclose(np.mean(halves), mlp.loss(params, x, labels), rtol=256 * 2.0**-23)
     two_axes = parallelize(mlp.loss, mesh="dp=2,tp=2", cache=False).compile(params, x, labels)
     assert ceiling_inputs(two_axes, bind_arguments(two_axes.graph, (params, x, labels), {}), {}) is None
+    (small, xs, ls), _ = mlp.example_loss_args(batch=64, sizes=(32, 64, 8))  # too small to split: replicated
+    replicated = parallelize(mlp.loss, mesh="dp=2", cache=False).compile(small, xs, ls)
+    assert not any(p.is_split for spec in replicated.program.in_specs for p in spec)
+    assert ceiling_inputs(replicated, bind_arguments(replicated.graph, (small, xs, ls), {}), {}) is None
