@@ -36,7 +36,7 @@ from graphc.api.jit import jit
 from graphc.api.parallel import parallelize
 from graphc.bench.comm import bench_all_reduce, bench_memcpy
 from graphc.bench.timing import direct_call, fmt, same, times_of
-from graphc.core.errors import PlanError
+from graphc.core.errors import GraphcError, PlanError
 from graphc.core.mesh import Mesh, as_mesh
 from graphc.core.pytree import unflatten
 from graphc.core.spec import parse_spec
@@ -183,13 +183,19 @@ def _medians(rows: list[dict[str, float]]) -> dict[str, float]:
 
 def ceiling_inputs(compiled, arrays: list, static_kwargs: dict) -> list[tuple[tuple, dict]] | None:
     """Each device's (args, kwargs) for the single-device function, when the plan is data
-    parallel on one mesh axis (every input replicated or split on dim 0, some split); else None."""
+    parallel on one mesh axis: every input replicated or split on dim 0, the split ones all of
+    one length there (the batch: a weight split on its rows is not data parallel); else None."""
     program = compiled.program
-    if program.mesh.ndim != 1 or not any(p.is_split for spec in program.in_specs for p in spec):
+    if program.mesh.ndim != 1:
         return None
-    for spec in program.in_specs:
+    batch = set()
+    for v, spec in zip(compiled.graph.inputs, program.in_specs):
         if any(p.kind == "P" or (p.is_split and (p.dim != 0 or p.blocks != 1)) for p in spec):
             return None
+        if any(p.is_split for p in spec):
+            batch.add(v.type.shape[0])
+    if len(batch) != 1:
+        return None
     pieces = compiled.executable.shard(arrays)
     calls = []
     for p in program.devices:
@@ -217,11 +223,14 @@ def profile_mesh(fn, compiled, arrays: list, static: tuple[str, ...], fkwargs: d
 
     execs = []
     inputs = ceiling_inputs(compiled, arrays, {k: v for k, v in fkwargs.items() if k in static})
-    for args, kwargs in inputs or ():  # one executable per thread: each keeps its own buffers
-        c = jit(fn, static_argnames=static).compile(*args, **kwargs)
-        execs.append(
-            (c.executable, bind_arguments(c.graph, args, {k: v for k, v in kwargs.items() if k not in static}))
-        )
+    try:
+        for args, kwargs in inputs or ():  # one executable per thread: each keeps its own buffers
+            c = jit(fn, static_argnames=static).compile(*args, **kwargs)
+            execs.append(
+                (c.executable, bind_arguments(c.graph, args, {k: v for k, v in kwargs.items() if k not in static}))
+            )
+    except GraphcError:  # the function does not take a device's pieces (a batch it checks): no ceiling
+        execs = []
     threads: list[list[dict[str, float]]] = [[] for _ in execs]
     ceilings: list[float] = []
     pool = ThreadPoolExecutor(max(1, len(execs)), thread_name_prefix="graphc-bench")
@@ -307,14 +316,16 @@ def bench_mesh(
     dyn_args, dyn_kwargs, _ = pf.split_static(fargs, fkwargs)
     arrays = bind_arguments(compiled.graph, dyn_args, dyn_kwargs)
     measured = t_mesh
-    if compiled.state_outputs:
+    if isinstance(compiled, ParallelCompiled) and compiled.state_outputs:  # (a pipeline has none to keep)
         t_state = _state_loop(compiled, arrays, repeat)
         measured = t_state
         print(
             f"  graphc, {mesh.size} devices, state sharded {fmt(t_state)}   ({med(t_one1) / med(t_state):.2f}x 1 device "
             f"with 1 BLAS thread, {med(t_one) / med(t_state):.2f}x with default BLAS; a training loop's step)"
         )
-    print(f"  predicted step (plan) {fmt_time(compiled.plan.cost.total_s)}, measured {fmt_time(med(measured))}")
+    cost = getattr(compiled.plan, "cost", None)  # a pipeline's plan predicts its step itself
+    predicted = cost.total_s if cost is not None else compiled.plan.step_s
+    print(f"  predicted step (plan) {fmt_time(predicted)}, measured {fmt_time(med(measured))}")
     if mesh.size > 1 and isinstance(compiled, ParallelCompiled):  # (a pipeline's tasks are profiled elsewhere)
         print_profile(profile_mesh(fn, compiled, arrays, static, fkwargs, repeat), repeat)
     verdict = same(got, want)

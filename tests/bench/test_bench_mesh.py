@@ -95,7 +95,40 @@ def test_the_mesh_profile_splits_each_device_program_by_kind_and_profiles_the_ce
     assert np.isclose(np.mean(halves), mlp.loss(params, x, labels), rtol=256 * 2.0**-23)
     two_axes = parallelize(mlp.loss, mesh="dp=2,tp=2", cache=False).compile(params, x, labels)
     assert ceiling_inputs(two_axes, bind_arguments(two_axes.graph, (params, x, labels), {}), {}) is None
+    # the training step's plan splits the first weight on its rows too (784 of them, the batch 64): not a ceiling
+    (p2, x2, l2), kw2 = mlp.example_train_args()
+    step = parallelize(mlp.train_step, mesh="dp=2", static_argnames=("lr",), cache=False).compile(p2, x2, l2, **kw2)
+    if any(p.is_split for p in step.program.in_specs[0]):
+        assert ceiling_inputs(step, bind_arguments(step.graph, (p2, x2, l2), {}), kw2) is None
     (small, xs, ls), _ = mlp.example_loss_args(batch=64, sizes=(32, 64, 8))  # too small to split: replicated
     replicated = parallelize(mlp.loss, mesh="dp=2", cache=False).compile(small, xs, ls)
     assert not any(p.is_split for spec in replicated.program.in_specs for p in spec)
     assert ceiling_inputs(replicated, bind_arguments(replicated.graph, (small, xs, ls), {}), {}) is None
+
+
+@pytest.mark.slow
+def test_cli_bench_on_a_pipeline_mesh():
+    """A pp mesh: no state loop and no per-device profile (a pipeline runs tasks, not one program
+    per device), the pipeline plan's own predicted step."""
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "graphc.cli",
+            "bench",
+            "models/mlp.py:train_step",
+            "--example",
+            "example_train_args",
+            "--mesh",
+            "pp=2",
+            "--repeat",
+            "1",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr
+    assert "predicted step (plan)" in res.stdout and "equals graphc's interpreter: yes" in res.stdout
+    assert "where a call on the mesh spends its time" not in res.stdout
