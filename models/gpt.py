@@ -150,6 +150,11 @@ def example_train_args_bench():
     return example_train_args(batch=8, seq=256, n_vocab=1024, d=512, n_layer=2, n_head=8)
 
 
+def example_loss_args_bench():
+    """The loss alone (a forward pass) at the benchmark size of ``example_args_bench``."""
+    return example_loss_args(batch=8, seq=256, n_vocab=1024, d=512, n_layer=2, n_head=8)
+
+
 def example_train_specs(n_layer=12, d=768, n_head=12, batch=8, seq=256, n_vocab=1024):
     """A GPT-2-small-shaped training step described by types only (graphc.ArraySpec: no data is
     allocated), for planning benchmarks: ``graphc compile models/gpt.py:train_step

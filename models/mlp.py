@@ -79,3 +79,8 @@ def example_train_args_bf16(batch=64, sizes=(784, 256, 256, 10), seed=0):
 def example_train_args_bench():
     """A matmul-heavy training step for ``graphc bench --mesh``: 2048 x 1024 inputs, 2048-wide layers."""
     return example_train_args(batch=2048, sizes=(1024, 2048, 2048, 16))
+
+
+def example_loss_args_bench():
+    """The loss alone (a forward pass) at the size of ``example_train_args_bench``."""
+    return example_loss_args(batch=2048, sizes=(1024, 2048, 2048, 16))

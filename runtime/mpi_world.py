@@ -27,8 +27,9 @@ aborted by its watchdog after ``3 * grace_s``. A rank killed outright (``kill -9
 killer) sends no notice: the watchdog of every rank on the same machine watches the others'
 processes (``_PeerWatch``: a pidfd per process, readable the moment it ends), prints a line naming
 the lost rank at once, makes every wait raise ``CommAborted``, and ends its rank with status 1
-``_LOST_LINGER_S`` later; mpiexec (hydra) also kills the job's other ranks when one is killed,
-often before they can print.
+``_LOST_LINGER_S`` later. Hydra (MPICH's mpiexec) SIGKILLs the other ranks within a millisecond
+of a rank killed by a signal, before they can print, unless each rank runs under graphc's rank
+guard with ``-disable-auto-cleanup`` (runtime/rank_guard.py).
 """
 
 from __future__ import annotations

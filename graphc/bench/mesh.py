@@ -11,6 +11,14 @@ and plans with the inputs pinned (all replicated, data parallel, every input spl
 last dim), each planned by the ILP around the pins. Predicted and measured step times (devices
 running on inputs already in place: what the cost model predicts) and their Spearman rank
 correlation say whether the cost model orders plans the way the machine does.
+
+Where a call on the mesh spends its time (``profile_mesh``): the medians over profiled runs of
+the call, of each device program's span, of its steps by kind (matmuls, fused kernels,
+collectives: their wait for the slowest device included, other steps) and of the time outside
+the device programs (splitting the inputs, waking the device threads, gathering the results).
+For a data-parallel plan on one mesh axis (every input replicated or split on dim 0) the same
+profile of the two-thread ceiling beside it: each device's pieces through the single-device
+program, all devices at once on one thread each (one BLAS thread), no runtime at all.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from __future__ import annotations
 import functools
 import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -27,12 +36,14 @@ from graphc.api.jit import jit
 from graphc.api.parallel import parallelize
 from graphc.bench.comm import bench_all_reduce, bench_memcpy
 from graphc.bench.timing import direct_call, fmt, same, times_of
-from graphc.core.errors import PlanError
+from graphc.core.errors import GraphcError, PlanError
 from graphc.core.mesh import Mesh, as_mesh
+from graphc.core.pytree import unflatten
 from graphc.core.spec import parse_spec
+from graphc.core.traits import Collective, Contraction, Fused
 from graphc.core.units import fmt_time
 from graphc.interpreter import bind_arguments
-from graphc.ops import OPS
+from graphc.ops import OPS, REGISTRY
 from graphc.passes.partition import state_ties
 from graphc.runtime.threads import one_blas_thread
 
@@ -138,6 +149,143 @@ def _state_loop(compiled, arrays: list, repeat: int) -> list[float]:
     return times_of(step, repeat)
 
 
+def _kind(op_name: str) -> str:
+    """The profile's bucket of a step: matmul, fused, collective or other (by the op's traits)."""
+    op = REGISTRY.get(op_name)
+    if op is None:
+        return "other"
+    if op.has(Collective):
+        return "collective"
+    if op.has(Fused):
+        return "fused"
+    return "matmul" if op.has(Contraction) else "other"
+
+
+KINDS = ("matmul", "fused", "collective", "other")
+
+
+def _steps(events: list, start: float, end: float) -> dict[str, float]:
+    """One device's (or thread's) run from its profile events: its span and its steps by kind,
+    and the call's time outside it (``start``/``end``: the call's)."""
+    out = dict.fromkeys(KINDS, 0.0)
+    for name, _loc, t0, t1, _nbytes in events:
+        out[_kind(name)] += t1 - t0
+    first = min((e[2] for e in events), default=start)
+    last = max((e[3] for e in events), default=start)
+    out["span"] = last - first
+    out["outside"] = (end - start) - out["span"]
+    return out
+
+
+def _medians(rows: list[dict[str, float]]) -> dict[str, float]:
+    return {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+
+
+def ceiling_inputs(compiled, arrays: list, static_kwargs: dict) -> list[tuple[tuple, dict]] | None:
+    """Each device's (args, kwargs) for the single-device function, when the plan is data
+    parallel on one mesh axis: every input replicated or split on dim 0, the split ones all of
+    one length there (the batch: a weight split on its rows is not data parallel); else None."""
+    program = compiled.program
+    if program.mesh.ndim != 1:
+        return None
+    batch = set()
+    for v, spec in zip(compiled.graph.inputs, program.in_specs):
+        if any(p.kind == "P" or (p.is_split and (p.dim != 0 or p.blocks != 1)) for p in spec):
+            return None
+        if any(p.is_split for p in spec):
+            batch.add(v.type.shape[0])
+    if len(batch) != 1:
+        return None
+    pieces = compiled.executable.shard(arrays)
+    calls = []
+    for p in program.devices:
+        args, kwargs = unflatten(compiled.graph.in_tree, pieces[p.device])
+        calls.append((tuple(args), {**kwargs, **static_kwargs}))
+    return calls
+
+
+def profile_mesh(fn, compiled, arrays: list, static: tuple[str, ...], fkwargs: dict, repeat: int) -> dict[str, Any]:
+    """Medians over ``repeat`` profiled runs (module doc): {"call": seconds, "devices": {d: {kind:
+    seconds, "span", "outside"}}, and for a data-parallel plan "ceiling" and "threads" alike, its
+    runs interleaved with the call's (a busy moment of the machine hits both)."""
+    ex = compiled.executable
+    devices: dict[int, list[dict[str, float]]] = {p.device: [] for p in compiled.program.devices}
+    calls: list[float] = []
+
+    def call() -> None:
+        start = time.perf_counter()
+        ex.run_flat(arrays, profile=True)
+        end = time.perf_counter()
+        calls.append(end - start)
+        assert ex.last_profile is not None
+        for d, prof in ex.last_profile.items():
+            devices[d].append(_steps(prof.get("events", []), start, end))
+
+    execs = []
+    inputs = ceiling_inputs(compiled, arrays, {k: v for k, v in fkwargs.items() if k in static})
+    try:
+        for args, kwargs in inputs or ():  # one executable per thread: each keeps its own buffers
+            c = jit(fn, static_argnames=static).compile(*args, **kwargs)
+            execs.append(
+                (c.executable, bind_arguments(c.graph, args, {k: v for k, v in kwargs.items() if k not in static}))
+            )
+    except GraphcError:  # the function does not take a device's pieces (a batch it checks): no ceiling
+        execs = []
+    threads: list[list[dict[str, float]]] = [[] for _ in execs]
+    ceilings: list[float] = []
+    pool = ThreadPoolExecutor(max(1, len(execs)), thread_name_prefix="graphc-bench")
+
+    def ceiling() -> None:
+        profs: list[dict] = [{} for _ in execs]
+        with one_blas_thread():
+            start = time.perf_counter()
+            futures = [pool.submit(e.run_flat, a, prof) for (e, a), prof in zip(execs, profs)]
+            for f in futures:
+                f.result()
+            end = time.perf_counter()
+        ceilings.append(end - start)
+        for i, prof in enumerate(profs):
+            threads[i].append(_steps(prof.get("events", []), start, end))
+
+    try:
+        for k in range(repeat + 1):  # round 0 warms both
+            for run in (call, ceiling)[:: 1 if k % 2 else -1] if execs else (call,):
+                run()
+    finally:
+        pool.shutdown()
+    result: dict[str, Any] = {
+        "call": statistics.median(calls[1:]),
+        "devices": {d: _medians(rows[1:]) for d, rows in devices.items()},
+    }
+    if execs:
+        result["ceiling"] = statistics.median(ceilings[1:])
+        result["threads"] = {i: _medians(rows[1:]) for i, rows in enumerate(threads)}
+    return result
+
+
+def print_profile(prof: dict[str, Any], repeat: int) -> None:
+    def line(who: str, r: dict[str, float]) -> str:
+        kinds = ", ".join(f"{k} {r[k] * 1e3:.1f}" for k in KINDS if r[k] or k != "collective")
+        return f"    {who:<9} program {r['span'] * 1e3:8.1f} ms: {kinds}; outside it {r['outside'] * 1e3:.1f} ms"
+
+    print(
+        f"  where a call on the mesh spends its time (profiled, medians of {repeat}, each figure its own; "
+        "collectives include the wait for the slowest device):"
+    )
+    print(f"    call      {prof['call'] * 1e3:8.1f} ms")
+    for d, r in prof["devices"].items():
+        print(line(f"device {d}", r))
+    if "ceiling" not in prof:
+        return
+    print(
+        f"  the ceiling: each device's pieces through the 1-device program, all at once on one thread "
+        f"each, no runtime: {prof['ceiling'] * 1e3:.1f} ms; the call's speed against it "
+        f"{prof['ceiling'] / prof['call']:.2f}x (ceiling time / call time)"
+    )
+    for i, r in prof["threads"].items():
+        print(line(f"thread {i}", r))
+
+
 def bench_mesh(
     fn, fargs, fkwargs, static: tuple[str, ...], mesh: Mesh, repeat: int, plans: bool = False, label: str = ""
 ) -> str:
@@ -168,14 +316,18 @@ def bench_mesh(
     dyn_args, dyn_kwargs, _ = pf.split_static(fargs, fkwargs)
     arrays = bind_arguments(compiled.graph, dyn_args, dyn_kwargs)
     measured = t_mesh
-    if compiled.state_outputs:
+    if isinstance(compiled, ParallelCompiled) and compiled.state_outputs:  # (a pipeline has none to keep)
         t_state = _state_loop(compiled, arrays, repeat)
         measured = t_state
         print(
             f"  graphc, {mesh.size} devices, state sharded {fmt(t_state)}   ({med(t_one1) / med(t_state):.2f}x 1 device "
             f"with 1 BLAS thread, {med(t_one) / med(t_state):.2f}x with default BLAS; a training loop's step)"
         )
-    print(f"  predicted step (plan) {fmt_time(compiled.plan.cost.total_s)}, measured {fmt_time(med(measured))}")
+    cost = getattr(compiled.plan, "cost", None)  # a pipeline's plan predicts its step itself
+    predicted = cost.total_s if cost is not None else compiled.plan.step_s
+    print(f"  predicted step (plan) {fmt_time(predicted)}, measured {fmt_time(med(measured))}")
+    if mesh.size > 1 and isinstance(compiled, ParallelCompiled):  # (a pipeline's tasks are profiled elsewhere)
+        print_profile(profile_mesh(fn, compiled, arrays, static, fkwargs, repeat), repeat)
     verdict = same(got, want)
     print(f"  result on the mesh equals {baseline}: {verdict}")
     n = mesh.size

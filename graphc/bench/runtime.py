@@ -4,9 +4,10 @@ Every row times graphc and its peer in the same run, interleaved round by round 
 moment of the machine hits both), and prints the medians, the spread and the ratio against the
 target. The rows:
 
-- **data parallel** (MLP and GPT training steps on ``dp=2``): the ceiling is the single-device
-  jit on half the batch in two threads at once (one BLAS thread each), what two devices could do
-  with no runtime at all; also 1 device on 1 core and 1 device on both cores;
+- **data parallel** (MLP and GPT training steps, and their forward passes alone: the loss, on
+  ``dp=2``): the ceiling is the single-device jit on half the batch in two threads at once (one
+  BLAS thread each), what two devices could do with no runtime at all; also 1 device on 1 core
+  and 1 device on both cores;
 - **tensor parallel**: the GPT training step on ``tp=2`` against 1 device on 1 core;
 - **per-call overhead**: 10 small ops on 8x8 arrays against the same numpy calls; a jitted
   function that is one fused kernel against a direct call of that Numba kernel;
@@ -396,6 +397,10 @@ def main(rounds: int = 7, sections: tuple[str, ...] = SECTIONS) -> list[Row]:
         rows += data_parallel_rows("MLP train step", mlp.train_step, args, kw, ("lr",), (1, 2), rounds)
         (args, kw) = gpt.example_train_args_bench()
         rows += data_parallel_rows("GPT train step", gpt.train_step, args, kw, ("n_head", "lr"), (2, 3), rounds)
+        (args, kw) = mlp.example_loss_args_bench()  # the forward alone (the loss): the plan's all-reduce is a scalar
+        rows += data_parallel_rows("MLP forward (loss)", mlp.loss, args, kw, (), (1, 2), rounds)
+        (args, kw) = gpt.example_loss_args_bench()
+        rows += data_parallel_rows("GPT forward (loss)", gpt.lm_loss, args, kw, ("n_head",), (1, 2), rounds)
     if "tp" in sections:
         (args, kw) = gpt.example_train_args_bench()
         rows.append(tensor_parallel_row(gpt.train_step, args, kw, ("n_head", "lr"), rounds))

@@ -252,25 +252,31 @@ def _ends_within(pids: dict[int, int], seconds: float) -> dict[int, float]:
     return ended
 
 
-@needs_mpi
-@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="watching processes needs pidfds (Linux)")
-@pytest.mark.parametrize("launcher", ["mpiexec.gforker", "mpiexec"])
-def test_a_rank_killed_outright_ends_every_survivor_within_5_s_naming_it(env, launcher):
-    """kill -9 of one of 4 ranks while all of them are in all-reduces, with the other core busy.
-    Every survivor's watchdog sees the process end (runtime/mpi_world.py), prints a line naming the
-    lost rank and ends its rank with status 1 within 5 s. With MPICH's gforker launcher, which
-    leaves the survivors running, every survivor says so; hydra (the default mpiexec) kills them
-    at once itself (its own message names the process), so there any line names the right rank.
-    The test waits for the ranks to say they are in the loop, and for their exits, not for times."""
-    import queue
-    import signal
-    import threading
+def _launch(launcher: str, n: int, argv: list[str]) -> list[str]:
+    """The command that starts ``argv`` on ``n`` ranks: ``hydra+guard`` is the default mpiexec (hydra)
+    with every rank under graphc's rank guard (runtime/rank_guard.py), ``hydra`` the same mpiexec
+    bare, ``gforker`` MPICH's other launcher."""
+    from graphc.runtime.rank_guard import hydra_command, is_hydra
 
     assert MPIEXEC is not None
-    program = os.path.join(os.path.dirname(MPIEXEC), launcher)
+    if launcher == "gforker":
+        return [os.path.join(os.path.dirname(MPIEXEC), "mpiexec.gforker"), "-n", str(n), *argv]
+    if not is_hydra(MPIEXEC):
+        pytest.skip(f"{MPIEXEC} is not MPICH's hydra")
+    if launcher == "hydra":
+        return [MPIEXEC, "-n", str(n), *argv]
+    return hydra_command(MPIEXEC, n, argv)
+
+
+def _start_loop(launcher: str, env: dict):
+    """4 ranks all-reducing in a loop, the other core busy: (job, busy, lines, pids once every rank
+    said it is in the loop). The test waits for the ranks' readiness lines, never for a time."""
+    import queue
+    import threading
+
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # the other core busy
     job = subprocess.Popen(
-        [program, "-n", "4", sys.executable, JOBS, "loop"],
+        _launch(launcher, 4, [sys.executable, JOBS, "loop"]),
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -280,33 +286,78 @@ def test_a_rank_killed_outright_ends_every_survivor_within_5_s_naming_it(env, la
     lines: queue.Queue = queue.Queue()
     reader = threading.Thread(target=lambda: [lines.put(ln) for ln in job.stdout or ()], daemon=True)
     reader.start()
+    pids: dict[int, int] = {}
+    deadline = time.monotonic() + 120
+    while len(pids) < 4:
+        line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+        for rank, pid in re.findall(r"ready (\d+) (\d+)", line):  # (ranks' lines may share one)
+            pids[int(rank)] = int(pid)
+    return job, busy, lines, reader, pids
+
+
+def _stop(job, busy) -> None:
+    busy.kill()
+    busy.wait()
+    if job.poll() is None:
+        job.kill()
+        job.wait()
+
+
+@needs_mpi
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="watching processes needs pidfds (Linux)")
+@pytest.mark.parametrize("launcher", ["hydra+guard", "gforker", pytest.param("hydra", marks=pytest.mark.slow)])
+def test_a_rank_killed_outright_ends_every_survivor_within_5_s_naming_it(env, launcher):
+    """kill -9 of one of 4 ranks while all of them are in all-reduces, with the other core busy.
+    Every survivor's watchdog sees the process end (runtime/mpi_world.py), prints a line naming the
+    lost rank and ends its rank with status 1 within 5 s. Under the default mpiexec (hydra) with
+    ``-disable-auto-cleanup`` and every rank under graphc's rank guard, and under MPICH's gforker,
+    every survivor says so. Bare hydra SIGKILLs the survivors itself within a millisecond
+    (runtime/rank_guard.py), so there they end within 5 s and any line that got out names the
+    right rank."""
+    import signal
+
+    job, busy, lines, reader, pids = _start_loop(launcher, env)
     try:
-        pids: dict[int, int] = {}
-        deadline = time.monotonic() + 120
-        while len(pids) < 4:
-            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
-            for rank, pid in re.findall(r"ready (\d+) (\d+)", line):  # (ranks' lines may share one)
-                pids[int(rank)] = int(pid)
         os.kill(pids[2], signal.SIGKILL)
-        survivors = {r: p for r, p in pids.items() if r != 2}
-        ended = _ends_within(survivors, 5.0)
+        ended = _ends_within({r: p for r, p in pids.items() if r != 2}, 5.0)
         job.wait(timeout=30)
         reader.join(10)
     finally:
-        busy.kill()
-        busy.wait()
-        if job.poll() is None:
-            job.kill()
-            job.wait()
+        _stop(job, busy)
     output = "".join(lines.queue)
     assert sorted(ended) == [0, 1, 3], (ended, output)  # every survivor ended within 5 s
     assert job.returncode != 0, output
     named = re.findall(r"graphc: rank (\d+): stopping: rank (\d+) was lost", output)
     assert all(lost == "2" for _rank, lost in named), output
-    if launcher == "mpiexec.gforker":  # survivors left to graphc: each names the rank, exits 1
-        assert sorted(int(r) for r, _lost in named) == [0, 1, 3], output
+    if launcher == "hydra":
+        return
+    assert sorted(int(r) for r, _lost in named) == [0, 1, 3], output  # each survivor names the rank
+    if launcher == "gforker":
         for rank in (0, 1, 3):
             assert f"[0]{rank}:Return code = 1" in output, output
+    else:  # the lost rank's guard names its signal; mpiexec ends with the guard's 128 + 9
+        assert f"graphc: rank 2: its process {pids[2]} was killed by signal 9 (SIGKILL)" in output, output
+        assert job.returncode == 137, output
+
+
+@needs_mpi
+def test_ctrl_c_ends_every_rank_under_the_rank_guard(env):
+    """Ctrl-C to mpiexec (hydra forwards SIGINT to every rank's process group, guard included):
+    every rank stops with KeyboardInterrupt and the job ends with status 130."""
+    import signal
+
+    job, busy, lines, reader, pids = _start_loop("hydra+guard", env)
+    try:
+        job.send_signal(signal.SIGINT)
+        ended = _ends_within(pids, 5.0)
+        job.wait(timeout=30)
+        reader.join(10)
+    finally:
+        _stop(job, busy)
+    output = "".join(lines.queue)
+    assert sorted(ended) == [0, 1, 2, 3], (ended, output)
+    assert job.returncode == 130, output
+    assert output.count("KeyboardInterrupt") >= 1 and "was killed by signal" not in output, output
 
 
 @pytest.mark.slow
