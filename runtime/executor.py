@@ -40,6 +40,7 @@ from graphc.ops import OPS
 from graphc.ops.precision import computes_in_float32, in_float32, result_dtypes
 from graphc.ops.shape import slice_index
 from graphc.runtime.einsum import einsum_step
+from graphc.runtime.lending import Lender
 
 
 class BufferPool:
@@ -54,6 +55,12 @@ class BufferPool:
         self.allocated = 0
         self.dropped = 0
         self.free_bytes = 0  # bytes of the free buffers held
+        self.lender = Lender()  # results lent to the caller (runtime/lending.py)
+
+    @property
+    def lent_bytes(self) -> int:
+        """Bytes of the results lent to callers that the pool still keeps (runtime/lending.py)."""
+        return self.lender.bytes
 
     def get(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         key = (shape, np.dtype(dtype).str)
@@ -64,8 +71,12 @@ class BufferPool:
                 buf = bucket.pop()
                 self.free_bytes -= buf.nbytes
                 return buf
-            self.allocated += 1
-        buf = np.empty(shape, dtype)
+            taken = self.lender.take(shape, np.dtype(dtype)) if self.lender.bytes else None
+            if taken is None:
+                self.allocated += 1
+            else:
+                self.reused += 1
+        buf = np.empty(shape, dtype) if taken is None else taken
         with self._lock:
             self._owned[id(buf)] = weakref.ref(buf)
         return buf
@@ -99,6 +110,23 @@ class BufferPool:
         if isinstance(arr, np.ndarray):
             with self._lock:
                 self._owned.pop(id(arr), None)
+
+    def lend(self, outs: list, ks: list[int]) -> None:
+        """Results ``outs[k]`` (k in ``ks``) leave the executor: each that is one of the pool's
+        buffers is replaced by a new view of it, and the pool keeps the buffer to take back once the
+        caller has dropped every view of it (runtime/lending.py); the others are only forgotten."""
+        with self._lock:
+            mine = []
+            for k in ks:
+                arr = outs[k]
+                if not isinstance(arr, np.ndarray):
+                    continue
+                ref = self._owned.pop(id(arr), None)
+                if arr.base is None and ref is not None and ref() is arr:
+                    mine.append(k)
+            views = self.lender.lend([outs[k] for k in mine])
+        for k, v in zip(mine, views):
+            outs[k] = v
 
 
 @dataclass(slots=True)
@@ -694,8 +722,12 @@ class Executable:
         pool: BufferPool | None = None,
         donated: frozenset[int] = frozenset(),
         private: bool = False,
+        lend: bool = False,
     ):
         self.graph = graph
+        # ``lend``: results made in the pool leave as views of its buffers, taken back once the
+        # caller dropped them (runtime/lending.py): a call in a loop writes into warm memory
+        self.lend = lend
         # ``private``: the results go to a caller that never writes into them nor hands them on (a
         # pipeline's values between its tasks), so a result may be an argument or share its memory
         self.private = private
@@ -726,8 +758,11 @@ class Executable:
         return self._handed_out(self.program.run(arrays), arrays)
 
     def _handed_out(self, outs: list, args: Sequence[np.ndarray]) -> list[np.ndarray]:
-        for k in self.program.pooled_outputs:
-            self.pool.forget(outs[k])
+        if self.lend:
+            self.pool.lend(outs, self.program.pooled_outputs)
+        else:
+            for k in self.program.pooled_outputs:
+                self.pool.forget(outs[k])
         # constants are read-only and shared between calls: callers get writeable copies
         handed = [_handed_result(o) for o in outs]
         aliasing = self.program.aliasing

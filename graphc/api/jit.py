@@ -43,7 +43,7 @@ class Compiled:
         self._split_static = split_static
         self.traced = traced
         self.graph = optimized
-        self.executable = Executable(optimized)
+        self.executable = Executable(optimized, lend=True)  # results lent: runtime/lending.py
         self._one_result = optimized.out_tree.kind == "leaf"
         seconds["build_s"] = time.perf_counter() - start
         self.seconds = seconds
