@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from graphc.runtime import fastmath as fm
+from graphc.runtime import rowkernels as rk
 
 F32_TINY = np.finfo(np.float32).tiny
 F32_SUB = np.float32(2.0**-149)
@@ -319,7 +320,7 @@ def test_gelu_matches_numpy():
         [rng.standard_normal(300_000) * 3, np.linspace(-30, 30, 100_001), EDGES32.astype(np.float64)]
     ).astype(np.float32)
     out = np.empty_like(x)
-    fm.gelu_f32(x, out)
+    rk.gelu_f32(x, out)
     with np.errstate(all="ignore"):
         ref = numpy_gelu(x)
     assert ref.dtype == np.float32
@@ -330,7 +331,7 @@ def test_gelu_matches_numpy():
     assert np.array_equal(out[~fin], ref[~fin], equal_nan=True)
     x3 = x[:300_000].reshape(100, 30, 100)
     out3 = np.empty_like(x3)
-    fm.gelu_f32(x3, out3)
+    rk.gelu_f32(x3, out3)
     np.testing.assert_array_equal(out3.reshape(-1), out[:300_000])
 
 
@@ -347,7 +348,7 @@ def test_softmax_matches_numpy(shape, scale):
     rng = np.random.default_rng(1)
     x = (rng.standard_normal(shape) * scale).astype(np.float32)
     out = np.full_like(x, np.nan)
-    fm.softmax_lastaxis_f32(x, out)
+    rk.softmax_lastaxis_f32(x, out)
     ref = numpy_softmax(x)
     check_close(x, out, ref, 1e-6, 4 * F32_SUB)
     np.testing.assert_allclose(out.sum(-1, dtype=np.float64), 1.0, rtol=1e-5)
@@ -365,7 +366,7 @@ def test_softmax_special_rows():
         np.float32,
     )
     out = np.empty_like(x)
-    fm.softmax_lastaxis_f32(x, out)
+    rk.softmax_lastaxis_f32(x, out)
     with np.errstate(invalid="ignore"):
         ref = numpy_softmax(x)
     check_close(x, out, ref, 1e-6, 4 * F32_SUB)  # nan rows where numpy has them, zeros where it has zeros
@@ -386,7 +387,7 @@ def test_layernorm_matches_numpy(shape, offset):
     g = rng.standard_normal(n).astype(np.float32)
     b = rng.standard_normal(n).astype(np.float32)
     out = np.empty_like(x)
-    fm.layernorm_lastaxis_f32(x, g, b, out, 1e-5)
+    rk.layernorm_lastaxis_f32(x, g, b, out, 1e-5)
     # ours is the float64 result rounded once: half an ulp (relative 6e-8) plus float64 noise
     exact = float64_layernorm(x, g, b, 1e-5)
     assert np.all(np.abs(out - exact) <= 1e-7 * np.abs(exact) + 1e-12)
@@ -402,18 +403,18 @@ def test_layernorm_constant_rows():
     g = np.ones(8, np.float32)
     b = np.arange(8, dtype=np.float32)
     out = np.empty_like(x)
-    fm.layernorm_lastaxis_f32(x, g, b, out, 1e-5)
+    rk.layernorm_lastaxis_f32(x, g, b, out, 1e-5)
     np.testing.assert_array_equal(out, np.broadcast_to(b, x.shape))
 
 
 def test_kernels_reject_mismatched_buffers():
     x = np.zeros((4, 8), np.float32)
     with pytest.raises(ValueError):
-        fm.gelu_f32(x, np.zeros(5, np.float32))
+        rk.gelu_f32(x, np.zeros(5, np.float32))
     with pytest.raises(ValueError):
-        fm.softmax_lastaxis_f32(x, np.zeros((4, 7), np.float32))
+        rk.softmax_lastaxis_f32(x, np.zeros((4, 7), np.float32))
     with pytest.raises(ValueError):
-        fm.layernorm_lastaxis_f32(x, np.ones(7, np.float32), np.zeros(8, np.float32), np.empty_like(x), 1e-5)
+        rk.layernorm_lastaxis_f32(x, np.ones(7, np.float32), np.zeros(8, np.float32), np.empty_like(x), 1e-5)
     with pytest.raises(ValueError):
         fm.apply("exp", x, out=np.empty((8, 4), np.float32).T)
 
