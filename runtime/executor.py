@@ -10,7 +10,9 @@ The pool never makes a program hold more than its values need at their peak: a r
 bytes of the live arrays its steps made (views of other arrays count nothing), and whenever
 those plus the pool's free buffers exceed the highest live count seen so far, the pool drops
 free buffers (``BufferPool.trim``). So a device's memory at any moment is at most its liveness
-peak, the number the planner's memory model predicts (passes/sharding/problem.py).
+peak, the number the planner's memory model predicts (passes/sharding/problem.py). An executable
+that lends its results (``graphc.jit``'s: runtime/lending.py) also keeps the buffers of its last
+two calls' results, to write later results into once the caller has dropped them.
 
 A program whose values are all small (under ``STRAIGHT_BYTES``, an RNN step or a decode step)
 needs none of that: it runs as one generated straight-line Python function, its arrays

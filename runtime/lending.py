@@ -42,7 +42,7 @@ class Lender:
     """The result buffers lent out by one buffer pool. Not thread-safe: the pool calls it under its lock."""
 
     def __init__(self) -> None:
-        self._lent: list[list] = []  # [buffer, call number]
+        self._lent: dict[tuple, list[list]] = {}  # (shape, dtype) -> [[buffer, call number], ...]
         self._call = 0
         self.bytes = 0  # bytes of the buffers lent and still kept
         self.taken_back = 0
@@ -53,12 +53,17 @@ class Lender:
         buffers lent by calls more than KEEP_CALLS - 1 calls ago."""
         self._call += 1
         oldest = self._call - KEEP_CALLS + 1
-        kept = [e for e in self._lent if e[1] >= oldest]
-        self.bytes = sum(e[0].nbytes for e in kept)
-        self._lent = kept
+        if self.bytes:
+            for key, entries in list(self._lent.items()):
+                kept = [e for e in entries if e[1] >= oldest]
+                self.bytes -= sum(e[0].nbytes for e in entries) - sum(e[0].nbytes for e in kept)
+                if kept:
+                    self._lent[key] = kept
+                else:
+                    del self._lent[key]
         handed = []
         for buf in buffers:
-            self._lent.append([buf, self._call])
+            self._lent.setdefault((buf.shape, buf.dtype), []).append([buf, self._call])
             self.bytes += buf.nbytes
             handed.append(buf.view())
         return handed
@@ -66,14 +71,13 @@ class Lender:
     def take(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
         """A lent buffer of this shape and dtype that nothing outside the lender refers to any
         more, taken back (None when there is none)."""
-        for k, entry in enumerate(self._lent):
-            buf = entry[0]
-            if buf.shape != shape or buf.dtype != dtype:
-                continue
-            del buf  # (a local reference would count)
+        entries = self._lent.get((shape, dtype))
+        if not entries:
+            return None
+        for k, entry in enumerate(entries):
             if _references(entry) > _ONLY_THE_ENTRY:
                 continue
-            del self._lent[k]
+            del entries[k]
             self.bytes -= entry[0].nbytes
             self.taken_back += 1
             return entry[0]
@@ -81,5 +85,5 @@ class Lender:
 
     def release(self) -> None:
         """Let go of every lent buffer (those the caller dropped are freed)."""
-        self._lent = []
+        self._lent = {}
         self.bytes = 0
