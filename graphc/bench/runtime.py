@@ -46,7 +46,7 @@ from graphc.api.parallel import parallelize
 from graphc.autodiff import value_and_grad
 from graphc.bench import jaxpeer
 from graphc.bench.handgrad import gpt_loss_and_grads_numpy
-from graphc.bench.kernels import bench_kernels, fresh_copy_two_threads, gelu, layer_norm, softmax
+from graphc.bench.kernels import bench_kernels, fresh_copy_two_threads, gelu, layer_norm, max_rel_error, softmax
 from graphc.bench.timing import interleaved, per_call
 from graphc.core.ir import walk
 from graphc.core.traits import Fused
@@ -205,44 +205,58 @@ def rnn_rows(rounds: int) -> list[Row]:
     return rows
 
 
-def jit_call_rows(rounds: int) -> list[Row]:
+def jit_call_rows(rounds: int, size: int = 16 << 20, width: int = 1024) -> list[Row]:
     """``graphc.jit`` calls that return a fresh result, as a user calls them (GELU on a 1-d array,
     softmax and layer norm over rows of 1,024), against a copy of the same bytes into a new array
     split over two threads. Each call's result is dropped before the next call, so graphc writes
     into the buffer of a result the caller dropped (runtime/lending.py) where the copy pays the new
     array's first-touch page faults; the last row keeps the last two GELU results alive, so every
-    call pays them too."""
+    call pays them too. The notes give each call's largest error against numpy (bench/kernels.py
+    max_rel_error), for the kept row over the results still held after the last round."""
     rng = np.random.default_rng(0)
-    size, width = 16 << 20, 1024
     flat = (rng.standard_normal(size) * 2).astype(np.float32)
     x = flat.reshape(size // width, width)
     g, b = rng.standard_normal(width).astype(np.float32), rng.standard_normal(width).astype(np.float32)
-    calls = {
-        "gelu": (jit(gelu), (flat,), "jit(gelu), 16M float32, 1-d", 0.8),
-        "softmax": (jit(softmax), (x,), "jit(softmax), 16K rows of 1,024", 0.7),
-        "layer_norm": (jit(layer_norm), (x, g, b), "jit(layer norm), 16K rows", 0.7),
+    rows = _count(size // width)
+    calls = {  # name -> (numpy function, arguments, figure, target)
+        "gelu": (gelu, (flat,), f"jit(gelu), {_count(size)} float32, 1-d", 0.8),
+        "softmax": (softmax, (x,), f"jit(softmax), {rows} rows of {width:,}", 0.7),
+        "layer_norm": (layer_norm, (x, g, b), f"jit(layer norm), {rows} rows", 0.7),
+        "gelu_kept": (gelu, (flat,), "  the same, last 2 results kept", 0.0),
     }
+    jitted = {name: jit(fn) for name, (fn, _, _, _) in calls.items()}
     contenders: dict[str, Callable[[], Any]] = {"copy": fresh_copy_two_threads(flat)}
-    for name, (fn, args, _, _) in calls.items():
-        contenders[name] = functools.partial(fn, *args)
+    for name, (_, args, _, _) in calls.items():
+        contenders[name] = functools.partial(jitted[name], *args)
     kept: deque = deque(maxlen=2)  # the caller holds the last two results: none can be written again
-    gelu_kept = jit(gelu)
-    contenders["gelu_kept"] = lambda: kept.append(gelu_kept(flat))
+    contenders["gelu_kept"] = lambda: kept.append(jitted["gelu_kept"](flat))
     t = interleaved(contenders, max(15, rounds))
     nbytes = 2 * flat.nbytes
-    calls["gelu_kept"] = (gelu_kept, (flat,), "  the same, last 2 results kept", 0.0)
-    return [
-        Row(
-            figure,
-            t[name],
-            "2-thread copy, new array",
-            t["copy"],
-            target,
-            note=f"{nbytes / statistics.median(t[name]) / 1e9:.1f} GB/s"
-            + (", a new result each call" if name == "gelu_kept" else ""),
+    out = []
+    for name, (fn, args, figure, target) in calls.items():
+        want = fn(*args)
+        got = list(kept) if name == "gelu_kept" else [jitted[name](*args)]
+        err = max(max_rel_error(r, want) for r in got)
+        out.append(
+            Row(
+                figure,
+                t[name],
+                "2-thread copy, new array",
+                t["copy"],
+                target,
+                note=f"{nbytes / statistics.median(t[name]) / 1e9:.1f} GB/s, max err {err:.1e}"
+                + (", a new result each call" if name == "gelu_kept" else ""),
+            )
         )
-        for name, (_, _, figure, target) in calls.items()
-    ]
+    return out
+
+
+def _count(n: int) -> str:
+    """16M, 16K, 300: a count as the table prints it."""
+    for unit, scale in (("M", 1 << 20), ("K", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale}{unit}"
+    return str(n)
 
 
 def kernel_rows(rounds: int) -> list[Row]:
