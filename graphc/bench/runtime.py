@@ -218,7 +218,9 @@ def jit_call_rows(rounds: int, size: int = 16 << 20, width: int = 1024) -> list[
     x = flat.reshape(size // width, width)
     g, b = rng.standard_normal(width).astype(np.float32), rng.standard_normal(width).astype(np.float32)
     rows = _count(size // width)
-    calls = {  # name -> (numpy function, arguments, figure, target)
+    calls: dict[
+        str, tuple[Callable[..., Any], tuple, str, float]
+    ] = {  # name -> (numpy function, arguments, figure, target)
         "gelu": (gelu, (flat,), f"jit(gelu), {_count(size)} float32, 1-d", 0.8),
         "softmax": (softmax, (x,), f"jit(softmax), {rows} rows of {width:,}", 0.7),
         "layer_norm": (layer_norm, (x, g, b), f"jit(layer norm), {rows} rows", 0.7),
