@@ -18,9 +18,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from graphc.core.dtypes import BFLOAT16
 from graphc.core.ir import Graph, Node, Region, Value
 from graphc.core.traits import Constant, Elementwise, Fused, Reduction
 from graphc.ops import elementwise
+from graphc.ops.precision import fuses_in_bfloat16
 from graphc.passes.dce import dce_block
 from graphc.passes.rewrite import Rewriter, apply_to_graph, finish, map_regions
 
@@ -32,6 +34,22 @@ class Cluster:
     first: int
     nodes: list[int] = field(default_factory=list)
     values: dict[Value, str] = field(default_factory=dict)  # value -> "elem" | "row"
+    low: bool = False  # holds bfloat16 values: elementwise ops only (runtime/lowkernel.py)
+    rows: bool = False  # holds a reduction or a per-row value
+
+    def admits(self, node: Node, level: str) -> bool:
+        """Whether ``node`` may join at ``level``: a kernel on bfloat16 values is one elementwise
+        loop, so a cluster holds bfloat16 values or reductions and per-row values, never both."""
+        if not (self.low or touches_bfloat16(node)):
+            return True
+        return level == "elem" and not self.rows and not is_row_reduction(node)
+
+    def add(self, i: int, node: Node, level: str) -> None:
+        self.nodes.append(i)
+        self.low = self.low or touches_bfloat16(node)
+        self.rows = self.rows or level != "elem"
+        for o in node.outputs:
+            self.values[o] = level
 
     @property
     def row_shapes(self) -> tuple[tuple[int, ...], ...]:
@@ -51,12 +69,20 @@ def is_row_reduction(node: Node) -> bool:
     )
 
 
+def touches_bfloat16(node: Node) -> bool:
+    return any(v.dtype == BFLOAT16 for v in (*node.inputs, *node.outputs))
+
+
 def fusable(node: Node) -> bool:
     if node.regions:
         return False
     values = [*node.inputs, *node.outputs]
-    if any(v.type.size == 0 or (v.dtype.kind in "fV" and v.dtype.itemsize == 2) for v in values):
-        return False  # empty arrays need no kernel; Numba has no float16 or bfloat16 arithmetic
+    if any(v.type.size == 0 for v in values):
+        return False  # empty arrays need no kernel
+    if touches_bfloat16(node):  # the ops a kernel computes with the op-by-op path's bits (ops/precision.py)
+        return node.op.has(Elementwise) and fuses_in_bfloat16(node)
+    if any(v.dtype.kind == "f" and v.dtype.itemsize == 2 for v in values):
+        return False  # Numba has no float16 arithmetic
     if node.op is elementwise.pow_ and node.outputs[0].dtype.kind in "iu":
         return False  # numpy raises for negative integer exponents; a kernel would not
     if node.op.has(Elementwise):
@@ -108,14 +134,22 @@ def find_clusters(nodes: list[Node]) -> list[Cluster]:
                 continue
             level = _level(c, node)
             outside = [u for u in node.inputs if u not in c.values]
-            if level is not None and all(_producer_index(u, index) < c.first for u in outside):
+            if (
+                level is not None
+                and c.admits(node, level)
+                and all(_producer_index(u, index) < c.first for u in outside)
+            ):
                 joined = (c, level)
                 break
         if joined is None and recent is not None and recent.part == node.part:
             # operands all from outside any cluster (0.5 * x in GELU, evaluated before the rest):
             # join the cluster being built if it has this space and the operands predate it
             level = _level(recent, node)
-            if level == "elem" and all(_producer_index(u, index) < recent.first for u in node.inputs):
+            if (
+                level == "elem"
+                and recent.admits(node, level)
+                and all(_producer_index(u, index) < recent.first for u in node.inputs)
+            ):
                 joined = (recent, level)
         if joined is None:
             space = node.inputs[0].shape if is_row_reduction(node) else node.outputs[0].shape
@@ -125,9 +159,8 @@ def find_clusters(nodes: list[Node]) -> list[Cluster]:
             joined = (c, level)
         c, level = joined
         recent = c
-        c.nodes.append(i)
+        c.add(i, node, level)
         for o in node.outputs:
-            c.values[o] = level
             owner[o] = c
     return [c for c in clusters if len(c.nodes) >= 2]
 

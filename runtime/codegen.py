@@ -29,11 +29,13 @@ from typing import Any
 import numpy as np
 
 from graphc.core.cache import private_dir, unsafe_reason, warn_cache
+from graphc.core.dtypes import BFLOAT16
 from graphc.core.files import atomic_write, cache_dir
 from graphc.core.ir import Node, Region
 from graphc.core.traits import Reduction
 from graphc.runtime.kernel_cache import attach_disk_cache
 from graphc.runtime.kernelsource import KernelSpec, OperandKind
+from graphc.runtime.lowkernel import low_float_source
 from graphc.runtime.threads import kernel_pool, kernel_threads
 
 
@@ -67,9 +69,16 @@ class CompiledKernel:
         self.n = space[-1] if space else 1
         self.spec = KernelSpec(region, space)
         self.kinds = self.spec.operand_kinds()
-        self.source = self.spec.source(self.kinds)
+        # bfloat16 values: one elementwise loop, on their uint16 bits (runtime/lowkernel.py)
+        self._bits = [v.dtype == BFLOAT16 for v in region.inputs], [v.dtype == BFLOAT16 for v in region.outputs]
+        low = (
+            any(self._bits[0])
+            or any(self._bits[1])
+            or any(o.dtype == BFLOAT16 for n in region.nodes for o in n.outputs)
+        )
+        self.source = low_float_source(self.spec, self.kinds) if low else self.spec.source(self.kinds)
         # (operand, result) pairs whose buffer the result may take over
-        self.in_place: list[tuple[int, int]] = self.spec.in_place_pairs(self.kinds)
+        self.in_place: list[tuple[int, int]] = [] if low else self.spec.in_place_pairs(self.kinds)
         self.func = load_kernel(self.source)
         self._aliased: dict[frozenset[tuple[int, int]], Callable] = {}  # variants for in-place calls
         self.out_types = [v.type for v in region.outputs]
@@ -106,7 +115,12 @@ class CompiledKernel:
         and copies each operand needs are decided here, so a small kernel's call is its dispatch
         plus an allocation, a fraction of the general path's overhead over the Numba call
         (docs/measurements.md#kernel-call)."""
-        env: dict[str, Any] = {"asc": np.ascontiguousarray, "bcast": np.broadcast_to, "func": self.func}
+        env: dict[str, Any] = {
+            "asc": np.ascontiguousarray,
+            "bcast": np.broadcast_to,
+            "func": self.func,
+            "u16": np.uint16,
+        }
         ins = [f"a{k}" for k in range(len(shapes))]
         lines = [f"def call({', '.join(ins)}):"]
         for k, (given, (shape, full)) in enumerate(zip(shapes, self._operand_shapes)):
@@ -117,12 +131,16 @@ class CompiledKernel:
             lines.append(f"    if not {a}.flags.c_contiguous: {a} = asc({a})")
             if given != shape:
                 lines.append(f"    {a} = {a}.reshape({shape!r})")
+        for k, bits in enumerate(self._bits[0]):
+            if bits:
+                lines.append(f"    {ins[k]} = {ins[k]}.view(u16)")
         outs, views = [], []
         for k, (shape, dtype, view) in enumerate(self._out_shapes):
             env[f"d{k}"] = dtype
             lines.append(f"    o{k} = alloc({shape!r}, d{k})")
             outs.append(f"o{k}")
-            views.append(f"o{k}" if shape == view else f"o{k}.reshape({view!r})")
+            view_text = f"o{k}" if shape == view else f"o{k}.reshape({view!r})"
+            views.append(f"{view_text}.view(u16)" if self._bits[1][k] else view_text)
         lines.append(f"    func({', '.join(ins + views)}, 0, {self.rows}, {self.n})")
         lines.append(f"    return ({', '.join(outs)},)")
         env["alloc"] = self.alloc
@@ -140,7 +158,7 @@ class CompiledKernel:
             aliased = frozenset((i, k) for i, k in self.in_place if given.get(k) is arrays[i])
             if aliased:
                 func = self._aliased_func(aliased)
-        operands = []
+        operands: list[np.ndarray] = []
         for a, (shape, full) in zip(arrays, self._operand_shapes):
             if a.shape != shape:  # (an operand already in the kernel's shape needs no view)
                 if full is not None and a.shape != full:
@@ -150,13 +168,14 @@ class CompiledKernel:
                 a = a.reshape(shape)
             elif not a.flags.c_contiguous:
                 a = np.ascontiguousarray(a)
-            operands.append(a)
+            operands.append(a.view(np.uint16) if self._bits[0][len(operands)] else a)
         outs = []
         views = []
         for k, (shape, dtype, view) in enumerate(self._out_shapes):
             buf = given[k] if k in given else self.alloc(shape, dtype)
             outs.append(buf)
-            views.append(buf if shape == view else buf.reshape(view))
+            v = buf if shape == view else buf.reshape(view)
+            views.append(v.view(np.uint16) if self._bits[1][k] else v)
         threads = kernel_threads() if self._may_split else 1
         if threads == 1:
             func(*operands, *views, 0, self.rows, self.n)

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from graphc.core.dtypes import LOW_FLOATS
+from graphc.core.dtypes import BFLOAT16, LOW_FLOATS
 from graphc.core.ir import Node
 from graphc.core.traits import Collective, Selects, ViewOf
 
@@ -73,3 +73,23 @@ def evaluate(node: Node, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
 def _round(result: Any, dtype: np.dtype) -> np.ndarray:
     result = np.asarray(result)
     return result if result.dtype == dtype else result.astype(dtype)
+
+
+# Ops a fused kernel may run on bfloat16 values (runtime/lowkernel.py) with the bits of the op-by-op
+# path above: each computes an exactly rounded float32 result (IEEE +, -, *, /, sqrt; sign, abs, neg,
+# where, compare and the float32 <-> bfloat16 conversion are exact), so computing it in float32 and
+# rounding to bfloat16 gives the same bits whatever routine computes it. Not here: exp, tanh, log
+# (the kernels' own approximations differ from numpy's float32 in the last bit, which can move a
+# bfloat16 rounding), reductions (another order of addition), maximum / minimum (Selects: numpy's
+# bfloat16 loop picks between equal zeros its own way), float16 (Numba has no float16 arithmetic).
+BF16_KERNEL_OPS = frozenset({"add", "sub", "mul", "div", "neg", "abs", "sign", "sqrt", "where", "compare", "convert"})
+_BF16_KERNEL_DTYPES = frozenset({BFLOAT16, COMPUTE, np.dtype(np.bool_)})
+
+
+def fuses_in_bfloat16(node: Node) -> bool:
+    """Whether ``node``, which reads or makes a bfloat16 value, can run in a fused kernel with the
+    bits of ``in_float32`` (see BF16_KERNEL_OPS). Its operands and results are bfloat16, float32 or
+    bool (a where's condition, a comparison's result)."""
+    if node.op.name not in BF16_KERNEL_OPS or node.regions:
+        return False
+    return all(v.type.dtype in _BF16_KERNEL_DTYPES for v in (*node.inputs, *node.outputs))
