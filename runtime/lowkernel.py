@@ -9,7 +9,8 @@ NaN of its sign, as ml_dtypes' ``astype`` gives) and keeps it as a float32, and 
 the upper 16 bits of that float32. The fusion pass lets only the ops of
 ``graphc.ops.precision.BF16_KERNEL_OPS`` into such a kernel (exactly rounded in float32, so the
 rounded result is the same whichever routine computes it) and no reductions: a kernel here is one
-loop over the elements of its rows.
+loop over the elements of its rows. Ops on float32 values in the same loop compute as in a float32
+kernel (runtime/kernelsource.py), so their results are the bits they had when only they were fused.
 """
 
 from __future__ import annotations
@@ -26,10 +27,10 @@ from numba import types
 from numba.extending import intrinsic
 
 from graphc.core.dtypes import BFLOAT16
-from graphc.core.ir import Node
+from graphc.core.ir import Node, Value
 from graphc.core.traits import Constant
-from graphc.runtime.kernelexpr import arithmetic_expr, constant_text, convert_expr, logical_expr, np_type, select_expr
-from graphc.runtime.kernelsource import KernelSpec, OperandKind
+from graphc.runtime.kernelexpr import arithmetic_expr, constant_text, logical_expr, np_type, select_expr
+from graphc.runtime.kernelsource import FASTMATH_VERSION, KernelSpec, OperandKind
 
 # part of every kernel's text: editing this file gives the kernels new cache entries
 LOWKERNEL_VERSION = hashlib.sha256(pathlib.Path(__file__).read_bytes()).hexdigest()[:12]
@@ -94,20 +95,25 @@ def _compute_type(dtype: np.dtype) -> np.dtype:
     return np.dtype(np.float32) if dtype == BFLOAT16 else dtype
 
 
-def _expr(node: Node, args: list[str]) -> str:
-    """The node's result for one element, as a float32 for a bfloat16 result (rounded)."""
-    name = node.op.name
+def _expr(spec: KernelSpec, node: Node, ref: Callable[[Value], str]) -> str:
+    """The node's result for one element: a result that is not bfloat16 as in a float32 kernel
+    (``KernelSpec.expr``: the ops of a float32 kernel may share the loop), a bfloat16 one
+    computed in float32 and rounded."""
     out = node.outputs[0].dtype
-    dtype = _compute_type(out)
+    if out != BFLOAT16:
+        return spec.expr(node, ref)
+    name = node.op.name
+    args = [ref(v) for v in node.inputs]
+    f32 = np.dtype(np.float32)
     text: str | None
     if name == "convert":
-        text = convert_expr(node, args) if out != BFLOAT16 else f"np.float32({args[0]})"
+        text = f"np.float32({args[0]})"
     else:
-        text = arithmetic_expr(name, args, dtype) or select_expr(name, args, dtype)
-        text = text or logical_expr(name, args, dtype, node.attrs)
+        text = arithmetic_expr(name, args, f32) or select_expr(name, args, f32)
+        text = text or logical_expr(name, args, f32, node.attrs)
     if text is None:
         raise NotImplementedError(f"no bfloat16 kernel code for {name}")
-    return f"lk.round_bf16({text})" if out == BFLOAT16 else text
+    return f"lk.round_bf16({text})"
 
 
 def low_float_source(spec: KernelSpec, kinds: list[OperandKind]) -> str:
@@ -118,10 +124,11 @@ def low_float_source(spec: KernelSpec, kinds: list[OperandKind]) -> str:
     operands = [f"in{i}" for i in range(len(region.inputs))]
     results = [f"out{k}" for k in range(len(region.outputs))]
     lines = [
-        f"# graphc fused bfloat16 kernel (lowkernel {LOWKERNEL_VERSION})",
+        f"# graphc fused bfloat16 kernel (lowkernel {LOWKERNEL_VERSION}, fastmath {FASTMATH_VERSION})",
         "import math",
         "import numpy as np",
         "import numba",
+        "from graphc.runtime import fastmath as fm",
         "from graphc.runtime import lowkernel as lk",
         "",
         '@numba.njit(nogil=True, error_model="numpy")',
@@ -142,7 +149,7 @@ def low_float_source(spec: KernelSpec, kinds: list[OperandKind]) -> str:
     for node in region.nodes:
         if node.op.has(Constant):
             continue
-        loop.append(f"{names[node.outputs[0]]} = {_expr(node, [ref(v) for v in node.inputs])}")
+        loop.append(f"{names[node.outputs[0]]} = {_expr(spec, node, ref)}")
     for k, v in enumerate(region.outputs):
         loop.append(f"out{k}[r, j] = {'lk.bf16_bits(' + ref(v) + ')' if v.dtype == BFLOAT16 else ref(v)}")
     body.append("for r in range(r0, r1):")

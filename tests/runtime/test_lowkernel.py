@@ -124,3 +124,37 @@ def test_ops_whose_bits_could_differ_stay_out_of_bfloat16_kernels():
 
 def test_ml_dtypes_is_the_bfloat16_of_graphc():
     assert BF16 == np.dtype(ml_dtypes.bfloat16)
+
+
+def test_float32_ops_in_the_loop_keep_the_bits_of_a_float32_kernel():
+    # exp on float32 values joins the bfloat16 loop: it computes as in a float32 kernel (graphc's
+    # exp32), so the result is the float32 kernel's, rounded where the graph says bfloat16
+    def fn(x, y):
+        return (np.exp(x.astype(np.float32) * 0.5) * y.astype(np.float32)).astype(graphc.bfloat16) + x
+
+    x, y = special_values(PARALLEL_MIN_ELEMENTS + 77, 6), special_values(PARALLEL_MIN_ELEMENTS + 77, 7)
+    compiled = graphc.jit(fn).compile(x, y)
+    (kernel,) = [n for n in walk(compiled.graph.nodes) if n.op.has(Fused)]
+    assert {"exp", "add"} <= {n.op.name for n in kernel.regions[0].nodes}
+    f32 = graphc.jit(lambda a, b: np.exp(a * 0.5) * b)
+    with np.errstate(all="ignore"):
+        got = compiled(x, y)
+        a = f32(x.astype(np.float32), y.astype(np.float32))
+        want = (a.astype(BF16).astype(np.float32) + x.astype(np.float32)).astype(BF16)
+    np.testing.assert_array_equal(bits(got), bits(want))
+
+
+def test_float32_power_and_maximum_in_the_loop_keep_the_float32_kernels_bits():
+    def fn(x, y):
+        z = np.maximum(x.astype(np.float32), 0.0) ** 2 + y.astype(np.float32) ** 0.5
+        return z.astype(graphc.bfloat16) * y
+
+    x, y = special_values(4096, 8), special_values(4096, 9)
+    compiled = graphc.jit(fn).compile(x, y)
+    assert any(n.op.has(Fused) for n in walk(compiled.graph.nodes))
+    f32 = graphc.jit(lambda a, b: np.maximum(a, 0.0) ** 2 + b**0.5)
+    with np.errstate(all="ignore"):
+        got = compiled(x, y)
+        z = f32(x.astype(np.float32), y.astype(np.float32)).astype(BF16)
+        want = (z.astype(np.float32) * y.astype(np.float32)).astype(BF16)
+    np.testing.assert_array_equal(bits(got), bits(want))
