@@ -158,3 +158,25 @@ def test_float32_power_and_maximum_in_the_loop_keep_the_float32_kernels_bits():
         z = f32(x.astype(np.float32), y.astype(np.float32)).astype(BF16)
         want = (z.astype(np.float32) * y.astype(np.float32)).astype(BF16)
     np.testing.assert_array_equal(bits(got), bits(want))
+
+
+def test_a_kernel_holds_bfloat16_values_or_reductions_never_both():
+    def fn(x, y):
+        s = (x * 2.0).astype(np.float32).sum(-1, keepdims=True)  # bf16 ops feeding a float32 row sum
+        return (s * y.astype(np.float32) + 1.0).astype(graphc.bfloat16) - y
+
+    x, y = special_values(64 * 32, 10).reshape(64, 32), special_values(64 * 32, 11).reshape(64, 32)
+    x[np.isnan(x.astype(np.float32)) | np.isinf(x.astype(np.float32))] = 1.0
+    compiled = graphc.jit(fn).compile(x, y)
+    kernels = [n for n in walk(compiled.graph.nodes) if n.op.has(Fused)]
+    assert len(kernels) >= 2
+    for k in kernels:
+        body = k.regions[0].nodes
+        has_bf16 = any(v.dtype == BF16 for n in body for v in (*n.inputs, *n.outputs))
+        has_sum = any(n.op.name == "reduce_sum" for n in body)
+        assert not (has_bf16 and has_sum), [n.op.name for n in body]
+    with np.errstate(all="ignore"):
+        got = compiled(x, y).astype(np.float32)
+        want = run_flat(compiled.traced, [x, y])[0].astype(np.float32)
+    # the float32 row sum adds in the kernel's order: within a bfloat16 ulp of the interpreter's
+    np.testing.assert_allclose(got, want, rtol=2.0**-7, atol=0)
