@@ -11,8 +11,8 @@ bytes of the live arrays its steps made (views of other arrays count nothing), a
 those plus the pool's free buffers exceed the highest live count seen so far, the pool drops
 free buffers (``BufferPool.trim``). So a device's memory at any moment is at most its liveness
 peak, the number the planner's memory model predicts (passes/sharding/problem.py). An executable
-that lends its results (``graphc.jit``'s: runtime/lending.py) also keeps the buffers of its last
-two calls' results, to write later results into once the caller has dropped them.
+that lends its results (``graphc.jit``'s: runtime/lending.py) keeps the buffers of its last two
+calls' results; those the caller has dropped become free buffers at the start of the next run.
 
 A program whose values are all small (under ``STRAIGHT_BYTES``, an RNN step or a decode step)
 needs none of that: it runs as one generated straight-line Python function, its arrays
@@ -73,12 +73,8 @@ class BufferPool:
                 buf = bucket.pop()
                 self.free_bytes -= buf.nbytes
                 return buf
-            taken = self.lender.take(shape, np.dtype(dtype)) if self.lender.bytes else None
-            if taken is None:
-                self.allocated += 1
-            else:
-                self.reused += 1
-        buf = np.empty(shape, dtype) if taken is None else taken
+            self.allocated += 1
+        buf = np.empty(shape, dtype)
         with self._lock:
             self._owned[id(buf)] = weakref.ref(buf)
         return buf
@@ -112,6 +108,16 @@ class BufferPool:
         if isinstance(arr, np.ndarray):
             with self._lock:
                 self._owned.pop(id(arr), None)
+
+    def reclaim_lent(self) -> None:
+        """Lent results that nothing outside the pool refers to any more become free buffers."""
+        with self._lock:
+            if not self.lender.bytes:
+                return
+            for buf in self.lender.reclaim():
+                self._free.setdefault((buf.shape, buf.dtype.str), []).append(buf)
+                self.free_bytes += buf.nbytes
+                self._owned[id(buf)] = weakref.ref(buf)
 
     def lend(self, outs: list, ks: list[int]) -> None:
         """Results ``outs[k]`` (k in ``ks``) leave the executor: each that is one of the pool's
@@ -744,6 +750,7 @@ class Executable:
     def run_flat(self, arrays: list[np.ndarray], profile: dict | None = None) -> list[np.ndarray]:
         if profile is not None:
             args = [np.asarray(a) for a in arrays]
+            self._reclaim()
             return self._handed_out(self.program.run(args, profile), args)
         return self.run_arrays([np.asarray(a) for a in arrays])
 
@@ -753,11 +760,19 @@ class Executable:
         at its last use instead of living to the end of the run."""
         args = [np.asarray(a) for a in arrays]
         arrays[:] = [None if i in self.program.donated else a for i, a in enumerate(arrays)]
+        self._reclaim()
         return self._handed_out(self.program.run(args, profile), args)
 
     def run_arrays(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         """``run_flat`` of arguments that are all ndarrays already."""
+        self._reclaim()
         return self._handed_out(self.program.run(arrays), arrays)
+
+    def _reclaim(self) -> None:
+        """Before a run: the lent results the caller has dropped become free buffers of the pool,
+        which the run reuses or trims like any other (so a run stays within its liveness peak)."""
+        if self.lend:
+            self.pool.reclaim_lent()
 
     def _handed_out(self, outs: list, args: Sequence[np.ndarray]) -> list[np.ndarray]:
         if self.lend:

@@ -7,8 +7,9 @@ docs/measurements.md#lent-results). A caller that drops each result before the n
 
 So a result the executor made in its buffer pool leaves as a *new view* of that buffer, and the pool
 keeps the buffer (``Lender.lend``). The caller owns the view: nothing in graphc writes into it while
-anyone can see it. ``Lender.take`` gives a lent buffer back to the pool only when nothing outside the
-pool refers to it: every numpy view of the result, every view of those, every memoryview or buffer
+anyone can see it. ``Lender.reclaim``, at the start of each run, gives a lent buffer back to the
+pool's free buffers (which the run reuses for a result or a temporary of its shape, or drops to stay
+within its liveness peak) only when nothing outside the pool refers to it: every numpy view of the result, every view of those, every memoryview or buffer
 export holds a reference to the buffer (numpy views point at the array that owns the memory), so the
 buffer's reference count says whether any of them is alive. An argument of the call that is the
 previous result, or a view of it, is alive during the call: a result never shares memory with
@@ -68,20 +69,23 @@ class Lender:
             handed.append(buf.view())
         return handed
 
-    def take(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
-        """A lent buffer of this shape and dtype that nothing outside the lender refers to any
-        more, taken back (None when there is none)."""
-        entries = self._lent.get((shape, dtype))
-        if not entries:
-            return None
-        for k, entry in enumerate(entries):
-            if _references(entry) > _ONLY_THE_ENTRY:
-                continue
-            del entries[k]
-            self.bytes -= entry[0].nbytes
-            self.taken_back += 1
-            return entry[0]
-        return None
+    def reclaim(self) -> list[np.ndarray]:
+        """The lent buffers that nothing outside the lender refers to any more, taken back."""
+        back = []
+        for key, entries in list(self._lent.items()):
+            kept = []
+            for entry in entries:
+                if _references(entry) > _ONLY_THE_ENTRY:
+                    kept.append(entry)
+                else:
+                    back.append(entry[0])
+            if kept:
+                self._lent[key] = kept
+            else:
+                del self._lent[key]
+        self.bytes -= sum(b.nbytes for b in back)
+        self.taken_back += len(back)
+        return back
 
     def release(self) -> None:
         """Let go of every lent buffer (those the caller dropped are freed)."""
