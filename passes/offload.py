@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from graphc.core.errors import PlanError
 from graphc.core.profiles import HostTier
 from graphc.core.units import fmt_bytes, fmt_time
 
@@ -148,4 +149,13 @@ class OffloadRecord:
         )
 
 
-__all__ = ["OFFLOADS", "OffloadCost", "OffloadRecord", "offload_costs"]
+def not_runnable(record: OffloadRecord, profile: str) -> PlanError:
+    """The error of running a plan that offloads ``record`` (the lowering raises it)."""
+    return PlanError(
+        f"the plan keeps the optimizer state of {len(record.params)} parameter(s) in host memory (offload on "
+        f"profile {profile}), which the runtime here cannot do: it is a prediction, not a plan to run; plan "
+        "with a memory limit that fits without offload, or on a profile without a host tier (cpu-here)"
+    )
+
+
+__all__ = ["OFFLOADS", "OffloadCost", "OffloadRecord", "not_runnable", "offload_costs"]

@@ -216,15 +216,7 @@ def plan_sharding_reusing(
 
 def lower(graph: Graph, plan: ShardingPlan) -> ParallelProgram:
     """One program per device of the plan's mesh (passes/lower.py), its deferred all-reduces
-    in gradient buckets of the plan's size (passes/bucket.py), verified. A plan that offloads
-    (``plan.offload``) is refused: the runtime here has no host memory tier."""
-    if plan.offload is not None:
-        raise PlanError(
-            f"the plan keeps the optimizer state of {len(plan.offload.params)} parameter(s) in host memory "
-            f"(offload on profile {plan.mesh.profile.name}), which the runtime here cannot do: it is a "
-            "prediction, not a plan to run; plan without a memory limit that needs offload, or on a profile "
-            "without a host tier (cpu-here)"
-        )
+    in gradient buckets of the plan's size (passes/bucket.py), verified."""
     program = lower_graph(graph, plan)
     bucket_bytes = plan.options.bucket_bytes
     if bucket_bytes:

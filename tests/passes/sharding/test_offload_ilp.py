@@ -196,3 +196,19 @@ def test_the_summary_and_explain_say_what_moved_and_why(everything):
 def test_an_offloading_plan_is_never_run(graph, everything):
     with pytest.raises(PlanError, match="host memory.*not a plan to run"):
         lower(graph, everything[2])
+
+
+def test_parallelize_plans_the_offload_and_refuses_to_run_it():
+    """The API path: a step planned on a GPU profile under a limit only offloading meets is planned
+    (``plan``), and calling it is a clear error, never a run that keeps the state on the device.
+    (Two devices without ZeRO or recomputation: a one-device mesh runs like graphc.jit, unplanned.)"""
+    args, kw = gpt3.example_train_args(batch=2, seq=8, d=32, n_layer=1)
+    step = dict(static_argnames=("n_head", "lr"), cache=False, profile="h100-sxm", recompute="off", zero=0)
+    free = graphc.parallelize(gpt3.train_step, mesh={"dp": 2}, **step).plan(*args, **kw)
+    limit = int(0.8 * free.memory.peak_bytes[0])
+    pf = graphc.parallelize(gpt3.train_step, mesh={"dp": 2}, memory_limit=limit, **step)
+    plan = pf.plan(*args, **kw)
+    assert plan.offload is not None and plan.offload.reason == "fit"
+    assert max(plan.memory.peak_bytes) <= limit < plan.offload.kept_peak_bytes
+    with pytest.raises(PlanError, match="host memory.*not a plan to run"):
+        pf(*args, **kw)
