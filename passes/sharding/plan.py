@@ -346,8 +346,9 @@ def _offload_lines(p: ShardingPlan, top: int) -> list[str]:
         return []
     lines = [
         f"offloaded to host memory: the optimizer state of {len(off.params)} parameter(s), {len(off.values)} "
-        f"input(s), {fmt_bytes(int(off.state_bytes))} per device, for {fmt_time(off.step_s)} a step "
-        "(a prediction: the runtime here has no host tier; the plan is not run)",
+        f"input(s), {fmt_bytes(int(off.state_bytes))} per device; it adds {fmt_time(off.step_s)} to the step (the "
+        "host's part less the device update it replaces; a prediction: the runtime here has no host tier, the plan "
+        "is not run)",
         f"  why: {off.why(p.memory.limit_bytes)}",
     ]
     lines += [f"  offloaded {v}" for v in off.values[:top]]
