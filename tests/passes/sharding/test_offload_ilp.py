@@ -15,6 +15,7 @@ from graphc.core.mesh import Mesh
 from graphc.core.profile import MachineProfile
 from graphc.core.profiles import HOST_TIERS, cluster_figures, get_profile, host_tier
 from graphc.core.pytree import static_argnames
+from graphc.core.spec import R
 from graphc.models import gpt3
 from graphc.passes import scale
 from graphc.passes.offload import offload_costs
@@ -22,7 +23,7 @@ from graphc.passes.options import PlanOptions
 from graphc.passes.partition import build_problem, lower, make_plan, solve_problem, state_ties
 from graphc.passes.scale import Layout, layered_model
 from graphc.passes.search import step_batch
-from graphc.passes.sharding.offload_terms import candidates, use
+from graphc.passes.sharding.offload_terms import candidates, record, use
 from graphc.passes.sharding.plan import ShardingPlan
 
 H100 = get_profile("h100-sxm")
@@ -212,3 +213,24 @@ def test_parallelize_plans_the_offload_and_refuses_to_run_it():
     assert max(plan.memory.peak_bytes) <= limit < plan.offload.kept_peak_bytes
     with pytest.raises(PlanError, match="host memory.*not a plan to run"):
         pf(*args, **kw)
+
+
+def test_a_zero_shard_moves_and_updates_only_its_share():
+    """ZeRO-1 on dp=2 splits every moment in two: offloading a parameter moves the device's half of
+    its state, and the host updates half of the parameter (its gradient's half out, half back)."""
+    args, kw = gpt3.example_train_args(batch=2, seq=8, d=32, n_layer=1)
+    pf = graphc.parallelize(gpt3.train_step, mesh=Mesh({"dp": 2}, profile=H100), static_argnames=("n_head", "lr"))
+    graph = pf.trace_optimized(*args, **kw)[1]
+    options = PlanOptions(zero=1, recompute="off")
+    problem = build_problem(graph, pf.mesh, options, ties=state_ties(graph))
+    choice = solve_problem(problem, options).choice
+    cands = tuple(candidates(problem))
+    split = [
+        c for c in cands if all(problem.items[i].strategies[choice[i]].out_specs[0] != (R,) for i in c.state_items)
+    ]
+    assert len(split) >= len(cands) // 2  # the moments ZeRO-1 splits along dp
+    off = record(problem, choice, tuple(split), None)
+    inputs = problem.graph.inputs
+    assert off.state_bytes == sum(inputs[k].type.nbytes for c in split for k in c.states) / 2
+    assert off.param_bytes == sum(inputs[c.param].type.nbytes for c in split) / 2
+    assert off.cost == offload_costs(host_tier(H100), off.state_bytes, off.param_bytes, off.backward_s, 1.0)
