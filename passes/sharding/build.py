@@ -13,6 +13,7 @@ from graphc.core.ir import Graph
 from graphc.core.mesh import Mesh
 from graphc.core.traits import Contraction
 from graphc.ops.dims import default_cost
+from graphc.passes.offload import OffloadRecord
 from graphc.passes.options import PlanOptions
 from graphc.passes.sharding.alternatives import Solved, find_alternatives, ruled_out_specs
 from graphc.passes.sharding.collectives import collectives_of
@@ -150,7 +151,13 @@ def _node_choice(problem: Problem, i: int, s: int, alts: tuple, again: bool, nam
 
 
 def _cost(
-    graph: Graph, mesh: Mesh, compute_s: float, comm_s: float, bucket_bytes: int, edge_comm_s: float, offload=None
+    graph: Graph,
+    mesh: Mesh,
+    compute_s: float,
+    comm_s: float,
+    bucket_bytes: int,
+    edge_comm_s: float,
+    offload: OffloadRecord | None = None,
 ) -> Cost:
     """The Cost of a step, with its MFU (the definition is ``Cost``'s)."""
     offload_s = 0.0 if offload is None else offload.cost.step_s

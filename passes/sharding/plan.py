@@ -129,6 +129,8 @@ class ShardingPlan:
         except (KeyError, TypeError, ValueError, OverflowError, AttributeError, SpecError, MeshError) as exc:
             raise PlanError(f"{source}: not a complete graphc plan ({type(exc).__name__}: {exc})") from None
         check_record(plan, source, PlanError)  # a hand-edited value of the wrong type is named here
+        if plan.offload is not None:  # a record of another package: checked on its own
+            check_record(plan.offload, f"{source}.offload", PlanError)
         devices = plan.mesh.size
         if len(plan.memory.peak_bytes) != devices or len(plan.memory.held_bytes) not in (0, devices):
             raise PlanError(f"{source}: memory.peak_bytes and held_bytes need one entry per device ({devices})")

@@ -182,6 +182,12 @@ def test_the_plan_json_marks_the_offloaded_values_and_reads_back(everything):
     assert doc["cost"]["offload_s"] == pytest.approx(marks["step_s"])
     again = ShardingPlan.from_json(plan.to_json())
     assert again.offload == plan.offload and again == plan
+    marks["state_bytes"] = "a lot"  # a hand-edited plan: the field is named
+    with pytest.raises(PlanError, match=r"plan.json.offload.state_bytes: expected float"):
+        ShardingPlan.from_json(json.dumps(doc), "plan.json")
+    del marks["reason"]
+    with pytest.raises(PlanError, match="plan.json: not a complete graphc plan"):
+        ShardingPlan.from_json(json.dumps(doc), "plan.json")
 
 
 def test_the_summary_and_explain_say_what_moved_and_why(everything):
