@@ -149,15 +149,12 @@ class OffloadTerms:
         self.saved: list[list[dict[int, float]]] = []  # per candidate, per entry: -MiB saved, by column
         self._shared: dict[tuple[int, int], list[int]] = {}  # (group, o) -> its w columns
         self.w: dict[int, list[tuple[int, int]]] = {}  # item -> (column, strategy) of the candidate being built
-        self.built = False
         if every or any(self._may_be_faster(c) for c in self.cands):
             self._build()
 
     def _may_be_faster(self, c: Candidate) -> bool:
         """Whether offloading ``c`` could shorten the step: its host update and copy back at their
-        cheapest against its device update at its dearest. When no candidate could, the columns
-        wait for the first memory row (``memory_terms``): without a limit the ILP stays the one
-        without offload, and so do its ties between equal plans."""
+        cheapest against its device update at its dearest (module doc, "When")."""
         p = self.p
         host = host_tier(p.mesh.profile)
         assert host is not None  # candidates exist only with a host tier
@@ -168,7 +165,6 @@ class OffloadTerms:
         return least < sum(float(p.costs.compute_times(i).max()) for i in c.update_items)
 
     def _build(self) -> None:
-        self.built = True
         if not self.cands:
             return
         model, priced = self.model, self.priced
@@ -187,7 +183,9 @@ class OffloadTerms:
         device_s: dict[int, float] = {}  # the device's update, which no longer runs
         for c, o in zip(self.cands, (int(o) for o in self.o)):
             m.add_row([o, u], [1.0, -1.0], -np.inf, 0.0)  # u >= o: the latency of one transfer each way
-            self.w = {i: self._share(i, o) for i in {*c.state_items, *c.update_items, *(e[1] for e in c.entries)}}
+            self.w = {
+                i: self._share(i, o) for i in {*c.state_items, *c.update_items, *(entry[1] for entry in c.entries)}
+            }
             pb = _param_bytes(p, c)
             sb = [(i, _state_bytes(p, c, i)) for i in c.state_items]
             rep = c.state_items[0]
