@@ -40,6 +40,7 @@ from graphc.core.pytree import LEAF, TreeDef
 from graphc.core.spec import format_spec, local_shape
 from graphc.core.traits import IndexedLookup, ShardingConstraint
 from graphc.ops import get_op
+from graphc.passes.offload import not_runnable
 from graphc.passes.recompute.choices import candidates
 from graphc.passes.rewrite import Rewriter
 from graphc.passes.sharding.local import local_attrs, owned_rows
@@ -305,7 +306,10 @@ def _recompute_points(graph: Graph, plan: ShardingPlan) -> dict[int, list[int]]:
 
 
 def lower_graph(graph: Graph, plan: ShardingPlan) -> ParallelProgram:
-    """One program per device of the plan's mesh for ``graph`` partitioned by ``plan``."""
+    """One program per device of the plan's mesh for ``graph`` partitioned by ``plan``; PlanError for
+    a plan that offloads (the runtime here has no host memory tier, passes/offload.py)."""
+    if plan.offload is not None:
+        raise not_runnable(plan.offload, plan.mesh.profile.name)
     mesh = plan.mesh
     in_specs, strategies, out_specs = _strategies(graph, plan)
     names = graph.value_names()

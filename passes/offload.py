@@ -1,4 +1,6 @@
-"""Optimizer-state offload, as the scale search prices it (passes/scale.py ``compose``).
+"""Optimizer-state offload, as both planners price it: the block search (passes/scale.py
+``compose``) per layout, and the fixed-mesh sharding ILP per parameter
+(passes/sharding/offload_terms.py).
 
 ZeRO-Offload (Ren et al., *ZeRO-Offload: Democratizing Billion-Scale Model Training*, USENIX
 ATC 2021) keeps the optimizer state (Adam's moments, the fp32 master copy) in host memory and
@@ -18,14 +20,17 @@ The device then holds no optimizer state; its parameters and gradients stay (ZeR
 streams the gradients out in buckets, which this model leaves on the device: a conservative
 peak). The host must hold the state and a copy of the parameters. The figures (PCIe, host DRAM
 size and bandwidth) are the profile's host tier (graphc/core/profiles.py ``HostTier``); a
-profile without one never offloads.
+profile without one never offloads. Both planners price a choice with ``offload_costs``; the
+fixed-mesh plan records what it moved as an ``OffloadRecord`` (its JSON ``"offload"``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
+from graphc.core.errors import PlanError
 from graphc.core.profiles import HostTier
+from graphc.core.units import fmt_bytes, fmt_time
 
 OFFLOADS = ("off", "optimizer")  # what a layout may offload
 
@@ -68,10 +73,10 @@ class OffloadCost:
         """One sentence: the bytes saved and the time they cost."""
         hidden = self.d2h_s - self.d2h_exposed_s
         return (
-            f"offloads the optimizer state to host memory: {self.state_bytes / 2**30:.2f} GiB less per device "
-            f"for {self.step_s * 1e3:.3f} ms a step (gradients to the host {self.d2h_s * 1e3:.3f} ms, "
-            f"{hidden * 1e3:.3f} ms of it hidden behind the backward; Adam on the CPU "
-            f"{self.host_update_s * 1e3:.3f} ms; parameters back {self.h2d_s * 1e3:.3f} ms)"
+            f"offloads the optimizer state to host memory: {fmt_bytes(int(self.state_bytes))} less per device "
+            f"for {fmt_time(self.step_s)} a step (gradients to the host {fmt_time(self.d2h_s)}, "
+            f"{fmt_time(hidden)} of it hidden behind the backward; Adam on the CPU "
+            f"{fmt_time(self.host_update_s)}; parameters back {fmt_time(self.h2d_s)})"
         )
 
 
@@ -86,4 +91,71 @@ def offload_costs(host: HostTier, state_bytes: float, param_bytes: float, backwa
     return OffloadCost(state_bytes, param_bytes, d2h, exposed, update, h2d)
 
 
-__all__ = ["OFFLOADS", "OffloadCost", "offload_costs"]
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OffloadRecord:
+    """What a fixed-mesh plan (passes/sharding/plan.py ``ShardingPlan.offload``) keeps in host
+    memory, per device, priced by ``offload_costs`` at the plan's choices; ``reason`` is "fit"
+    (the peak keeping the state, ``kept_peak_bytes``, is over the limit) or "faster" (the step
+    is shorter with the update on the host)."""
+
+    values: tuple[str, ...]  # the offloaded inputs (optimizer state), graph input names
+    params: tuple[str, ...]  # the parameters the host updates
+    state_bytes: float
+    param_bytes: float
+    backward_s: float  # the backward the gradients' copy hides behind (its compute, as the ILP prices it)
+    overlap: float  # the share of it that hides the copy (ClusterFigures.dp_overlap)
+    d2h_s: float
+    d2h_exposed_s: float
+    host_update_s: float
+    h2d_s: float
+    device_update_s: float  # the device's update of those parameters, which no longer runs
+    kept_peak_bytes: int  # the plan's peak with the state kept on the device
+    reason: str  # "fit" or "faster"
+
+    @property
+    def cost(self) -> OffloadCost:
+        return OffloadCost(
+            self.state_bytes, self.param_bytes, self.d2h_s, self.d2h_exposed_s, self.host_update_s, self.h2d_s
+        )
+
+    @property
+    def step_s(self) -> float:
+        """What offloading adds to the step: the host's part, less the device update it replaces."""
+        return self.cost.step_s - self.device_update_s
+
+    def to_json(self) -> dict:
+        doc = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {**self.cost.to_json(self.values), **doc, "values": list(self.values), "params": list(self.params)}
+
+    @classmethod
+    def from_json(cls, d: dict) -> OffloadRecord:
+        values = {f.name: d[f.name] for f in fields(cls)}
+        values["values"], values["params"] = tuple(values["values"]), tuple(values["params"])
+        return cls(**values)
+
+    def why(self, limit_bytes: int | None) -> str:
+        """Why the plan offloads, and what it costs (one paragraph)."""
+        if self.reason == "fit":
+            because = (
+                f"keeping it, the peak would be {fmt_bytes(self.kept_peak_bytes)} per device, over the limit"
+                + (f" of {fmt_bytes(limit_bytes)}" if limit_bytes else "")
+                + ": the solver moves the state whose transfers cost the least time"
+            )
+        else:
+            because = "the step is shorter with the update on the host than on the device"
+        return (
+            f"{self.cost.why()}; the device's own update of those parameters "
+            f"({fmt_time(self.device_update_s)}) no longer runs; {because}"
+        )
+
+
+def not_runnable(record: OffloadRecord, profile: str) -> PlanError:
+    """The error of running a plan that offloads ``record`` (the lowering raises it)."""
+    return PlanError(
+        f"the plan keeps the optimizer state of {len(record.params)} parameter(s) in host memory (offload on "
+        f"profile {profile}), which the runtime here cannot do: it is a prediction, not a plan to run; plan "
+        "with a memory limit that fits without offload, or on a profile without a host tier (cpu-here)"
+    )
+
+
+__all__ = ["OFFLOADS", "OffloadCost", "OffloadRecord", "not_runnable", "offload_costs"]

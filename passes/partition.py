@@ -35,6 +35,7 @@ from graphc.passes.options import PlanOptions
 from graphc.passes.recompute.choices import add_recompute, recompute_mode
 from graphc.passes.sharding.build import plan_from_solution
 from graphc.passes.sharding.ilp import Group, Solution, shrink_groups, solve
+from graphc.passes.sharding.offload_terms import candidates
 from graphc.passes.sharding.plan import ShardingPlan
 from graphc.passes.sharding.problem import Pins, Problem, apply_ties, items_and_edges, pin_nodes
 from graphc.passes.sharding.zero import restrict_zero
@@ -42,7 +43,7 @@ from graphc.programs import ParallelProgram
 
 PLAN_PASSES = ("fold_constants", "simplify", "cse", "dce", "recompute_cheap")  # fusion runs per device, after lowering
 DEVICE_PASSES = ("cse", "batch_projections", "batch_products", "batch_windows", "cse", "dce", "recompute_cheap", "fuse")
-PLANNER_VERSION = 15  # part of the plan cache key: bump when rules or costs change what a plan says
+PLANNER_VERSION = 16  # part of the plan cache key: bump when rules or costs change what a plan says
 
 
 # --- the steps ----------------------------------------------------------------------------------------
@@ -83,11 +84,21 @@ def solve_problem(
     progress: Callable[[str], None] | None = None,
     time_limit_s: float | None = None,
 ) -> Solution:
-    """shrink -> solve, both within ``time_limit_s`` seconds (default ``options.time_limit``)."""
+    """shrink -> solve, both within ``time_limit_s`` seconds (default ``options.time_limit``); when
+    no plan fits the memory limit, solve again letting the solver offload optimizer state to host
+    memory, on a profile with a host tier (passes/sharding/offload_terms.py)."""
     start = time.perf_counter()
     groups, of = shrink(problem, options.shrink)
     limit = (options.time_limit if time_limit_s is None else time_limit_s) - (time.perf_counter() - start)
-    return solve(problem, groups, of, options.memory_limit, limit, options.solver, progress)
+    try:
+        return solve(problem, groups, of, options.memory_limit, limit, options.solver, progress)
+    except PlanError as exc:  # nothing fits keeping the optimizer state: may some live in host memory?
+        if exc.min_memory_bytes is None or not candidates(problem):
+            raise
+        limit = (options.time_limit if time_limit_s is None else time_limit_s) - (time.perf_counter() - start)
+        if progress:
+            progress("ILP: no plan fits keeping the optimizer state on the device; solving again with offload")
+        return solve(problem, groups, of, options.memory_limit, limit, options.solver, progress, offload=True)
 
 
 def make_plan(problem: Problem, solution: Solution, options: PlanOptions, build_s: float) -> ShardingPlan:

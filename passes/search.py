@@ -29,6 +29,7 @@ from graphc.core.mesh import Mesh
 from graphc.core.profiles import load_profile
 from graphc.core.roles import axis_role
 from graphc.passes.microbatch import batch_inputs
+from graphc.passes.offload import not_runnable
 from graphc.passes.options import PlanOptions
 from graphc.passes.partition import plan_sharding, state_ties
 from graphc.passes.pipeline import PipelinePlan, plan_pipeline
@@ -274,6 +275,8 @@ def _plan_whole(cand: Candidate, graph: Graph, options: PlanOptions, profile, de
 
 def _plan_flat(cand: Candidate, graph: Graph, mesh: Mesh, ties, options: PlanOptions) -> None:
     plan = plan_sharding(graph, mesh, ties=ties, options=options)
+    if plan.offload is not None:  # fits only offloading: a plan the runtime here cannot run
+        raise not_runnable(plan.offload, mesh.profile.name)
     cand.predicted_s, cand.comm_s = plan.cost.total_s, plan.cost.comm_s
     cand.memory_bytes = max(plan.memory.peak_bytes)
     cand.plan = plan
@@ -281,6 +284,8 @@ def _plan_flat(cand: Candidate, graph: Graph, mesh: Mesh, ties, options: PlanOpt
 
 def _plan_pipelined(cand: Candidate, graph: Graph, mesh: Mesh, options: PlanOptions, ties) -> None:
     plan = plan_pipeline(graph, mesh, options, ties=ties)
+    if plan.sub_plan is not None and plan.sub_plan.offload is not None:  # as in _plan_flat
+        raise not_runnable(plan.sub_plan.offload, mesh.profile.name)
     memory_limit = options.memory_limit
     cand.predicted_s = plan.predicted["step_s"]
     cand.bubble = plan.predicted["bubble"]

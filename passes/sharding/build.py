@@ -13,11 +13,13 @@ from graphc.core.ir import Graph
 from graphc.core.mesh import Mesh
 from graphc.core.traits import Contraction
 from graphc.ops.dims import default_cost
+from graphc.passes.offload import OffloadRecord
 from graphc.passes.options import PlanOptions
 from graphc.passes.sharding.alternatives import Solved, find_alternatives, ruled_out_specs
 from graphc.passes.sharding.collectives import collectives_of
 from graphc.passes.sharding.ilp import Solution
 from graphc.passes.sharding.items import Item
+from graphc.passes.sharding.offload_terms import record, use
 from graphc.passes.sharding.plan import ShardingPlan, graph_hash
 from graphc.passes.sharding.problem import Problem
 from graphc.passes.sharding.records import Cost, Memory, NodeChoice, SolverStats, TensorChoice
@@ -33,6 +35,8 @@ def plan_from_solution(problem: Problem, sol: Solution, options: PlanOptions, bu
     names = graph.value_names()
     choice = sol.choice
     costs, memory = problem.costs, problem.memory
+    use(problem, sol.offload)
+    offload = record(problem, choice, sol.offload, memory_limit)  # optimizer state in host memory
     solved_bucket = costs.bucket_share_bytes  # the solver's estimate (0: no buckets)
     filled = costs.filled_bucket_bytes(choice)
     solved = Solved(sol.objective, sol.status, sol.gap, memory_limit, sol.shared)
@@ -79,6 +83,8 @@ def plan_from_solution(problem: Problem, sol: Solution, options: PlanOptions, bu
             again = i in recomputed
             nodes.append(_node_choice(problem, i, choice[i], alts, again, names))
     ev = costs.evaluate(choice)  # with the buckets the plan fills
+    if offload is not None:  # the update of the offloaded parameters runs on the host instead
+        ev["compute_s"] -= offload.device_update_s
     collectives = collectives_of(problem, choice)
     comm = sum(c.time_s for c in collectives)
     peak, at = memory.peak(choice)
@@ -103,7 +109,7 @@ def plan_from_solution(problem: Problem, sol: Solution, options: PlanOptions, bu
         outputs=tuple(outputs),
         nodes=tuple(nodes),
         collectives=tuple(collectives),
-        cost=_cost(graph, problem.mesh, ev["compute_s"], comm, filled, ev["comm_s"]),
+        cost=_cost(graph, problem.mesh, ev["compute_s"], comm, filled, ev["comm_s"], offload),
         memory=Memory(
             limit_bytes=memory_limit,
             peak_bytes=(peak,) * problem.mesh.size,
@@ -115,6 +121,7 @@ def plan_from_solution(problem: Problem, sol: Solution, options: PlanOptions, bu
         options=options,
         ties=tuple((problem.items[a].index, problem.items[b].index) for a, b in problem.ties),
         warnings=tuple(_dedupe(problem.warnings)),
+        offload=offload,
     )
 
 
@@ -143,14 +150,28 @@ def _node_choice(problem: Problem, i: int, s: int, alts: tuple, again: bool, nam
     )
 
 
-def _cost(graph: Graph, mesh: Mesh, compute_s: float, comm_s: float, bucket_bytes: int, edge_comm_s: float) -> Cost:
+def _cost(
+    graph: Graph,
+    mesh: Mesh,
+    compute_s: float,
+    comm_s: float,
+    bucket_bytes: int,
+    edge_comm_s: float,
+    offload: OffloadRecord | None = None,
+) -> Cost:
     """The Cost of a step, with its MFU (the definition is ``Cost``'s)."""
-    total_s = compute_s + comm_s
+    offload_s = 0.0 if offload is None else offload.cost.step_s
+    total_s = compute_s + comm_s + offload_s
     flops, contraction = step_flops(graph)
     by_dtype = contraction or flops
     if not by_dtype or total_s <= 0:
         return Cost(
-            compute_s=compute_s, comm_s=comm_s, total_s=total_s, bucket_bytes=bucket_bytes, edge_comm_s=edge_comm_s
+            compute_s=compute_s,
+            comm_s=comm_s,
+            total_s=total_s,
+            bucket_bytes=bucket_bytes,
+            edge_comm_s=edge_comm_s,
+            offload_s=offload_s,
         )
     dtype = max(by_dtype, key=lambda k: by_dtype[k])
     model_flops = sum(flops.values())
@@ -166,6 +187,7 @@ def _cost(graph: Graph, mesh: Mesh, compute_s: float, comm_s: float, bucket_byte
         mfu=mfu,
         bucket_bytes=bucket_bytes,
         edge_comm_s=edge_comm_s,
+        offload_s=offload_s,
     )
 
 

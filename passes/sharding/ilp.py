@@ -46,6 +46,7 @@ from graphc.core.traits import Constant, FollowsProducer
 from graphc.core.units import fmt_bytes
 from graphc.passes.sharding.items import Edge, Item
 from graphc.passes.sharding.milp import Milp, solve_milp
+from graphc.passes.sharding.offload_terms import OffloadTerms, use
 from graphc.passes.sharding.problem import Problem
 
 
@@ -65,6 +66,7 @@ class Solution:
     seconds: float
     stats: dict = field(default_factory=dict)
     shared: list[int] = field(default_factory=list)  # per item: the items sharing its ILP variable, itself included
+    offload: tuple = ()  # the parameters whose optimizer state is in host memory (offload_terms.py)
 
 
 # --- shrinking ------------------------------------------------------------------------------------
@@ -369,6 +371,7 @@ def solve(
     time_limit_s: float = 60.0,
     solver_name: str = "highs",
     progress=None,
+    offload: bool = False,
 ) -> Solution:
     """The cheapest assignment of strategies to ``groups`` (from ``shrink_groups``) under the memory
     limit, by the ILP described in the module docstring, within ``time_limit_s`` seconds in all.
@@ -389,7 +392,7 @@ def solve(
     }
     if progress:
         progress(f"ILP: {len(p.items)} items -> {len(groups)} groups, {len(pair)} group edges")
-    model = _Model(p, groups, of, vec, pair, maps, solver_name)
+    model = _Model(p, groups, of, vec, pair, maps, solver_name, offload=offload)
     guess = model.local_search()
     stats["variables"] = model.milp.n
     stats["constraints"] = model.milp.num_rows
@@ -428,7 +431,7 @@ def solve(
         if fits is not None and (sol is None or p.memory.peak(sol.choice)[0] > memory_limit):
             sol = fits
         if sol is None and model.last_status == "infeasible":
-            minimum = min_memory(p, groups, of, maps, solver_name, max(1.0, deadline - time.perf_counter()))
+            minimum = min_memory(p, groups, of, maps, solver_name, max(1.0, deadline - time.perf_counter()), offload)
             raise PlanError(
                 f"no plan fits in {fmt_bytes(memory_limit)} per device on mesh {p.mesh}: the smallest per-device "
                 f"memory any plan needs is {fmt_bytes(minimum)} ({minimum} bytes)",
@@ -445,6 +448,7 @@ def solve(
     sol.stats = stats
     sol.shared = [len(groups[g].members) for g in of]
     sol.seconds = time.perf_counter() - start
+    use(p, sol.offload)  # the memory model drops what the returned plan offloads
     return sol
 
 
@@ -468,7 +472,7 @@ class _Model:
     SCALE = 1e6
     MIB = float(2**20)
 
-    def __init__(self, p, groups, of, vec, pair, maps, backend: str) -> None:
+    def __init__(self, p, groups, of, vec, pair, maps, backend: str, priced: bool = True, offload: bool = False):
         self.p, self.groups, self.of, self.maps = p, groups, of, maps
         self.vec, self.pair, self.backend = vec, pair, backend
         self.last_status: str | None = None
@@ -489,6 +493,7 @@ class _Model:
             self._add_pair(gu, gv, mat)
         self._add_ties()
         self._add_recompute_needs()
+        self.offload = OffloadTerms(self, priced, offload)
 
     def _add_pair(self, gu: int, gv: int, mat: np.ndarray) -> None:
         m = self.milp
@@ -673,8 +678,10 @@ class _Model:
 
     def add_memory_point(self, at: int, limit: float) -> None:
         const, coef = self.memory_expr(at)
-        idx = [int(self.x[g][s]) for g, s in coef]
-        self.milp.add_row(idx, np.array(list(coef.values())) / self.MIB, -np.inf, (float(limit) - const) / self.MIB)
+        idx, val = self.offload.memory_terms(at)
+        idx += [int(self.x[g][s]) for g, s in coef]
+        val += [v / self.MIB for v in coef.values()]
+        self.milp.add_row(idx, val, -np.inf, (float(limit) - const) / self.MIB)
 
     def run(self, time_limit_s: float, start: list[int] | None = None) -> Solution | None:
         z = self.point(start) if start is not None else None
@@ -695,7 +702,7 @@ class _Model:
                 choice[i] = int(m[gchoice[gi]])
         obj, bound = res.objective / self.SCALE, res.bound / self.SCALE
         gap = 0.0 if obj <= 0 else max(0.0, (obj - bound) / obj)
-        return Solution(choice, obj, res.status, bound, gap, res.seconds)
+        return Solution(choice, obj, res.status, bound, gap, res.seconds, offload=self.offload.chosen(res.x))
 
     def trivial_bound(self) -> float:
         """Every group at its cheapest strategy, no edge costs: a lower bound (scaled)."""
@@ -719,9 +726,9 @@ def held_peak_at(p: Problem, choice: list[int]) -> tuple[int, int, int]:
     return int(held[at]), at, int(buffers[at])
 
 
-def min_memory(p: Problem, groups, of, maps, solver_name: str, time_limit_s: float) -> int:
+def min_memory(p: Problem, groups, of, maps, solver_name: str, time_limit_s: float, offload: bool = False) -> int:
     """The smallest per-device peak over all plans (lazy program points, as in ``solve``)."""
-    model = _Model(p, groups, of, [np.zeros(g.size) for g in groups], {}, maps, solver_name)
+    model = _Model(p, groups, of, [np.zeros(g.size) for g in groups], {}, maps, solver_name, False, offload)
     choice = [0] * len(p.items)
     peak = model.milp.add_vars([1.0], integer=False, upper=2.0**60 / model.MIB)[0]
     deadline = time.perf_counter() + time_limit_s
@@ -733,8 +740,9 @@ def min_memory(p: Problem, groups, of, maps, solver_name: str, time_limit_s: flo
             break
         points.add(at)
         const, coef = model.memory_expr(at)
-        idx = [peak] + [int(model.x[g][s]) for g, s in coef]
-        val = np.concatenate([[1.0], -np.array(list(coef.values())) / model.MIB])
+        oi, ov = model.offload.memory_terms(at)
+        idx = [peak, *oi] + [int(model.x[g][s]) for g, s in coef]
+        val = np.concatenate([[1.0], -np.array(ov), -np.array(list(coef.values())) / model.MIB])
         model.milp.add_row(idx, val, const / model.MIB, np.inf)
         res = solve_milp(model.milp, solver_name, deadline - time.perf_counter())
         if res.x is None:
@@ -744,6 +752,7 @@ def min_memory(p: Problem, groups, of, maps, solver_name: str, time_limit_s: flo
             s = 0 if xs is None else int(np.argmax(res.x[xs]))
             for i, m in g.members:
                 choice[i] = int(m[s])
+        model.offload.chosen(res.x)
         best = p.memory.peak(choice)[0]
     return int(best if best is not None else p.memory.peak(choice)[0])
 

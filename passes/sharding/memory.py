@@ -79,6 +79,7 @@ class MemoryModel:
         self.grid: np.ndarray | None = None
         self._live: list[tuple[Value, int, int, int]] | None = None
         self._transients: list[tuple[int, int, np.ndarray]] | None = None
+        self.offloaded: frozenset[Value] = frozenset()  # in host memory: no bytes here (sharding/offload_terms.py)
 
     # --- what the problem gives -----------------------------------------------------------------
     def set_slots(self, before: dict[int, int]) -> np.ndarray:
@@ -219,6 +220,8 @@ class MemoryModel:
         recomputed value were kept instead."""
         delta = np.zeros(self.size + 1, dtype=np.float64)
         for v, i, a, b in self.live_ranges():
+            if v in self.offloaded:
+                continue
             nb = self.value_bytes(v, i, choice[i])
             for first, last in self.ranges_under(v, i, choice[i], a, b) if recompute else ((a, b),):
                 delta[first] += nb

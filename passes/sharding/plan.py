@@ -12,6 +12,7 @@ Fields, each a small frozen dataclass or tuple of them:
     cost               compute_s, comm_s, total_s; model flops and MFU (``Cost``)
     memory             limit_bytes, peak_bytes (one per device), peak_at
     solver             name, status, objective, bound, gap, seconds, problem sizes
+    offload            what lives in host memory, or None (passes/offload.py ``OffloadRecord``)
     ties, warnings, timing
 
 JSON is a view of it: ``to_json() -> str`` and ``ShardingPlan.from_json(str)`` (version
@@ -35,6 +36,7 @@ from graphc.core.ir import Graph, print_graph
 from graphc.core.mesh import Mesh
 from graphc.core.spec import Spec, SpecError, format_spec
 from graphc.core.units import fmt_bytes, fmt_rate, fmt_time
+from graphc.passes.offload import OffloadRecord
 from graphc.passes.options import PlanOptions
 from graphc.passes.sharding.records import (
     Alternative,
@@ -85,6 +87,7 @@ class ShardingPlan:
     ties: tuple[tuple[int, int], ...] = ()
     warnings: tuple[str, ...] = ()
     timing: Mapping[str, Any] = field(default_factory=dict)
+    offload: OffloadRecord | None = None  # optimizer state in host memory (sharding/offload_terms.py)
 
     def __post_init__(self):
         object.__setattr__(self, "timing", _frozen(self.timing))
@@ -126,6 +129,8 @@ class ShardingPlan:
         except (KeyError, TypeError, ValueError, OverflowError, AttributeError, SpecError, MeshError) as exc:
             raise PlanError(f"{source}: not a complete graphc plan ({type(exc).__name__}: {exc})") from None
         check_record(plan, source, PlanError)  # a hand-edited value of the wrong type is named here
+        if plan.offload is not None:  # a record of another package: checked on its own
+            check_record(plan.offload, f"{source}.offload", PlanError)
         devices = plan.mesh.size
         if len(plan.memory.peak_bytes) != devices or len(plan.memory.held_bytes) not in (0, devices):
             raise PlanError(f"{source}: memory.peak_bytes and held_bytes need one entry per device ({devices})")
@@ -181,6 +186,7 @@ def _plan_doc(p: ShardingPlan) -> dict:
         "ties": [list(t) for t in p.ties],
         "warnings": list(p.warnings),
         "timing": dict(p.timing),
+        "offload": None if p.offload is None else p.offload.to_json(),
     }
 
 
@@ -203,6 +209,7 @@ def _plan_from_doc(doc: dict, source: str) -> ShardingPlan:
         ties=tuple(tuple(t) for t in doc.get("ties", ())),
         warnings=tuple(doc.get("warnings", ())),
         timing=doc.get("timing", {}),
+        offload=None if doc.get("offload") is None else OffloadRecord.from_json(doc["offload"]),
     )
 
 
@@ -238,6 +245,7 @@ def _summary(p: ShardingPlan, top: int) -> str:
         + (f", at {m.peak_at}" if m.peak_at else "")
         + f"; with redistribution buffers {fmt_bytes(m.held[0])}",
         *_recompute_lines(p, top),
+        *_offload_lines(p, top),
         f"solver {s.name}: {s.status}, objective {fmt_time(s.objective_s)}, gap {s.gap:.2%}, "
         f"{s.seconds:.2f} s, {sizes.get('variables', '?')} variables / {sizes.get('constraints', '?')} constraints "
         f"(unshrunk {sizes.get('vars_unshrunk', '?')}; {sizes.get('items', '?')} items -> {sizes.get('groups', '?')} groups)",
@@ -263,10 +271,11 @@ def _summary(p: ShardingPlan, top: int) -> str:
 
 def _objective_lines(c: Cost, s: SolverStats) -> list[str]:
     """What the solver's objective contains, and why the predicted step differs from it."""
-    obj_comm = s.objective_s - c.compute_s
+    obj_comm = s.objective_s - c.compute_s - c.offload_s
     counted = (
         f"  the objective is what the ILP minimized: compute {fmt_time(c.compute_s)} + redistribution "
         f"{fmt_time(obj_comm)}, every edge of the problem priced on its own"
+        + (f", + offload {fmt_time(c.offload_s)}" if c.offload_s else "")
         + (
             f", gradient all-reduces in buckets of {fmt_bytes(s.bucket_bytes)} (its estimate before solving)"
             if s.bucket_bytes
@@ -330,6 +339,23 @@ def _zero_lines(p: ShardingPlan, top: int) -> list[str]:
     ]
     for x in sorted(staged, key=lambda x: -x.zero_saved_bytes)[:top]:
         lines.append(f"  {x.name:<28} stage {x.zero}  {format_spec(x.spec):<12} saves {fmt_bytes(x.zero_saved_bytes)}")
+    return lines
+
+
+def _offload_lines(p: ShardingPlan, top: int) -> list[str]:
+    off = p.offload
+    if off is None:
+        return []
+    lines = [
+        f"offloaded to host memory: the optimizer state of {len(off.params)} parameter(s), {len(off.values)} "
+        f"input(s), {fmt_bytes(int(off.state_bytes))} per device; it adds {fmt_time(off.step_s)} to the step (the "
+        "host's part less the device update it replaces; a prediction: the runtime here has no host tier, the plan "
+        "is not run)",
+        f"  why: {off.why(p.memory.limit_bytes)}",
+    ]
+    lines += [f"  offloaded {v}" for v in off.values[:top]]
+    if len(off.values) > top:
+        lines.append(f'  ... and {len(off.values) - top} more (the plan JSON\'s "offload")')
     return lines
 
 
@@ -425,6 +451,8 @@ def _explain_input(p: ShardingPlan, x: TensorChoice) -> str:
         ),
         _chosen_line(p),
     ]
+    if p.offload is not None and x.name.lstrip("%") in p.offload.values:
+        lines.insert(1, f"  in host memory (offloaded): {p.offload.why(p.memory.limit_bytes)}")
     for a in x.alternatives:
         lines.append(f"  instead {', '.join(_specs(a.out_specs)):<22} {_describe(a)}")
     if not x.alternatives:

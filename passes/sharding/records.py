@@ -257,7 +257,9 @@ class Cost:
     all-reduces sharing buckets of ``bucket_bytes`` (what they fill). The solver's objective
     (``SolverStats.objective_s``) prices the same choices differently: ``edge_comm_s`` is its
     way of counting (every edge of the problem on its own) with the buckets the plan fills, and
-    ``SolverStats.bucket_bytes`` the bucket share it estimated before solving."""
+    ``SolverStats.bucket_bytes`` the bucket share it estimated before solving. ``offload_s`` is
+    the host's part of an offloaded update (passes/offload.py ``OffloadCost.step_s``); the
+    device's update it replaces is not in ``compute_s``."""
 
     compute_s: float
     comm_s: float
@@ -268,6 +270,7 @@ class Cost:
     mfu: float | None = None
     bucket_bytes: int = 0
     edge_comm_s: float | None = None
+    offload_s: float = 0.0
 
     def to_json(self) -> dict:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

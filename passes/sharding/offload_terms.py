@@ -1,0 +1,326 @@
+"""Optimizer-state offload as a choice of the fixed-mesh sharding ILP (issue 30 item 3).
+
+On a profile with a host tier (graphc/core/profiles.py ``host_tier``: the GPU presets), every
+parameter whose update keeps optimizer state (a ``ParamGroup`` of passes/sharding/zero.py with a
+parameter and some state) is a *candidate*: one binary ``o[c]`` moves its state to host memory,
+as ZeRO-Offload does (passes/offload.py has the model and its source). Each item the choice
+touches gets ``w[s] <= x[g, s]``, ``sum_s w[s] = o[c]`` (the tight linearization of
+``o[c] x[g, s]``; ``o[c]`` itself when its group has one strategy), and when ``o[c] = 1``:
+
+* memory: the state inputs, the update's values of that parameter and the updated state
+  (everything the update of that parameter makes but the updated parameter, which comes back)
+  are never on the device: every memory row subtracts their bytes under the item's strategy
+  where the memory model has them live. The gradient stays on the device until it is copied
+  (conservative, as in the block search).
+* time, priced as ``offload_costs`` prices it, with the device's share of the update (its shard
+  of the state, from the state's chosen spec: ZeRO and tensor parallelism both shrink it): the
+  parameters' copy back and the CPU Adam, ``P/link + (2 S + 3 P)/host DRAM``; the gradients'
+  copy ``P/link``, of which only ``e >= latency u + sum P/link - overlap x backward`` waits
+  (``u >= o[c]``: one transfer each way; ``backward`` the backward's compute under the chosen
+  strategies, ``overlap`` the profile's ``ClusterFigures.dp_overlap``, as the block search hides
+  it); less the device's own update of the parameter, which no longer runs. Objective +=
+  ``e + latency u + host time - device update``.
+* the host holds the state and a copy of the parameters: ``sum (S + P) <= host memory`` (only
+  when the candidates could exceed it).
+
+So the objective's offload part is ``offload_costs``' step minus the device update it replaces,
+exactly, and the memory rows count the saving the plan gets.
+
+**When.** Offload is chosen only to fit or when it is faster. The columns are in the ILP when some
+candidate's host update could be faster than its device update, or when ``every`` asks for them:
+passes/partition.py ``solve_problem`` solves again with them when no plan fits the memory limit
+without offload. Otherwise the ILP is the one without offload: a plan that fits keeps its state,
+its solve time and its ties between equal plans. (So a plan that fits only by recomputing or by
+ZeRO does not weigh offloading some state instead; the block search, passes/scale.py, does.) A
+profile without a host tier has no candidate.
+
+The chosen values are dropped from the memory model (``MemoryModel.offloaded``), so every peak
+measured after solving (the lazy memory rows, the plan's peak, its alternatives) sees them
+moved; the plan records them as an ``OffloadRecord`` (passes/offload.py) and the lowering
+refuses to run it (passes/partition.py ``lower``: the runtime here has no host tier).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from graphc.core.ir import Value
+from graphc.core.profiles import cluster_figures, host_tier
+from graphc.passes.offload import OffloadRecord, offload_costs
+from graphc.passes.sharding.problem import Problem
+from graphc.passes.sharding.roles import update_nodes
+from graphc.passes.sharding.zero import param_groups, state_positions
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A parameter whose optimizer state may live in host memory."""
+
+    param: int  # graph input position of the parameter
+    states: tuple[int, ...]  # graph input positions of its optimizer state
+    state_items: tuple[int, ...]  # their input items
+    param_nbytes: int  # the whole parameter's bytes (the device's share: its state's share)
+    update_items: tuple[int, ...]  # the node items of its update (they run on the host)
+    entries: tuple[tuple[Value, int, int, int], ...]  # live ranges (MemoryModel) that move to the host
+    values: frozenset[Value]  # their values
+
+
+def candidates(p: Problem) -> list[Candidate]:
+    """The parameters of ``p`` whose state may be offloaded (module doc); none without a host tier."""
+    if host_tier(p.mesh.profile) is None:
+        return []
+    state = state_positions(p)
+    if not state:
+        return []
+    graph = p.graph
+    update = update_nodes(graph)
+    input_item = {it.index: i for i, it in enumerate(p.items) if it.kind == "input"}
+    node_item = {it.node: i for i, it in enumerate(p.items) if it.kind == "node"}
+    tied = dict(p.ties)  # input item -> output item
+    live = p.memory.live_ranges()
+    out = []
+    for pg in param_groups(graph, state):
+        if pg.param is None or not pg.states or pg.param not in input_item:
+            continue
+        param = graph.inputs[pg.param]
+        shape = param.type.shape
+        mine = {param, *(graph.inputs[k] for k in pg.states), *pg.gradients}
+        nodes = []
+        for node in graph.nodes:  # program order: a node joins when it reads one of the group's values
+            if node in update and node.outputs and node.outputs[0].type.shape == shape:
+                if any(v in mine for v in node.inputs):
+                    nodes.append(node)
+                    mine.update(node.outputs)
+        back = tied.get(input_item[pg.param])
+        returned = p.items[back].value if back is not None else None  # the updated parameter: comes back
+        moved = {graph.inputs[k] for k in pg.states} | {o for n in nodes for o in n.outputs}
+        if returned is not None:
+            moved.discard(returned)
+        entries = tuple(e for e in live if e[0] in moved and e[1] not in p.remat)
+        out.append(
+            Candidate(
+                param=pg.param,
+                states=pg.states,
+                state_items=tuple(input_item[k] for k in pg.states),
+                param_nbytes=param.type.nbytes,
+                update_items=tuple(node_item[n] for n in nodes if n in node_item),
+                entries=entries,
+                values=frozenset(e[0] for e in entries),
+            )
+        )
+    return out
+
+
+# --- per-strategy figures of a candidate ---------------------------------------------------------------
+
+
+def _state_bytes(p: Problem, c: Candidate, item: int) -> np.ndarray:
+    v = p.items[item].value
+    assert v is not None  # an input item holds its value
+    return np.array([p.memory.value_bytes(v, item, s) for s in range(len(p.items[item].strategies))], float)
+
+
+def _param_bytes(p: Problem, c: Candidate) -> np.ndarray:
+    """The parameter bytes this device updates, per strategy of the first state item: the share of
+    the state its spec leaves each device."""
+    rep = c.state_items[0]
+    v = p.items[rep].value
+    assert v is not None  # an input item holds its value
+    return _state_bytes(p, c, rep) / max(v.type.nbytes, 1) * c.param_nbytes
+
+
+def _backward_items(p: Problem) -> list[int]:
+    return [
+        i for i, it in enumerate(p.items) if it.kind == "node" and it.node is not None and it.node.part == "backward"
+    ]
+
+
+class OffloadTerms:
+    """The offload columns and rows of one ILP model (passes/sharding/ilp.py ``_Model``: its
+    ``milp``, ``x``, ``of``, ``maps``, ``SCALE`` and ``MIB``). ``priced=False`` leaves the time
+    out (the smallest-peak ILP, ``min_memory``). Empty without candidates."""
+
+    def __init__(self, model, priced: bool = True, every: bool = False) -> None:
+        self.model, self.p, self.priced = model, model.p, priced
+        self.cands = candidates(self.p)
+        self.o = np.zeros(0, dtype=np.int64)
+        self.saved: list[list[dict[int, float]]] = []  # per candidate, per entry: -MiB saved, by column
+        self._shared: dict[tuple[int, int], list[int]] = {}  # (group, o) -> its w columns
+        self.w: dict[int, list[tuple[int, int]]] = {}  # item -> (column, strategy) of the candidate being built
+        if every or any(self._may_be_faster(c) for c in self.cands):
+            self._build()
+
+    def _may_be_faster(self, c: Candidate) -> bool:
+        """Whether offloading ``c`` could shorten the step: its host update and copy back at their
+        cheapest against its device update at its dearest (module doc, "When")."""
+        p = self.p
+        host = host_tier(p.mesh.profile)
+        assert host is not None  # candidates exist only with a host tier
+        pb = _param_bytes(p, c)
+        state = sum(float(_state_bytes(p, c, i).min()) for i in c.state_items)
+        least = host.link.latency_s + float(pb.min()) * (1 / host.link.bandwidth + 3 / host.memory_bandwidth)
+        least += 2 * state / host.memory_bandwidth
+        return least < sum(float(p.costs.compute_times(i).max()) for i in c.update_items)
+
+    def _build(self) -> None:
+        if not self.cands:
+            return
+        model, priced = self.model, self.priced
+        p, m, us = self.p, model.milp, model.SCALE
+        host = host_tier(p.mesh.profile)
+        assert host is not None  # candidates exist only with a host tier
+        link, dram = host.link, host.memory_bandwidth
+        self.o = m.add_vars(np.zeros(len(self.cands)), integer=True)
+        u = m.add_vars([link.latency_s * us if priced else 0.0], integer=False)[0]
+        e = m.add_vars([1.0 if priced else 0.0], integer=False, upper=1e30)[0]
+        overlap = cluster_figures(p.mesh.profile).dp_overlap
+        bconst, bcoef = self._x_expr([(i, p.costs.compute_times(i) * us) for i in _backward_items(p)])
+        e_row = {e: 1.0, u: -link.latency_s * us, **{col: overlap * v for col, v in bcoef.items()}}
+        host_row: dict[int, float] = {}
+        host_s: dict[int, float] = {}  # the copy back and the CPU Adam
+        device_s: dict[int, float] = {}  # the device's update, which no longer runs
+        for c, o in zip(self.cands, (int(o) for o in self.o)):
+            m.add_row([o, u], [1.0, -1.0], -np.inf, 0.0)  # u >= o: the latency of one transfer each way
+            self.w = {
+                i: self._share(i, o) for i in {*c.state_items, *c.update_items, *(entry[1] for entry in c.entries)}
+            }
+            pb = _param_bytes(p, c)
+            sb = [(i, _state_bytes(p, c, i)) for i in c.state_items]
+            rep = c.state_items[0]
+            # the copy back and the CPU Adam; less the device's update of the parameter
+            _add(host_s, self._w_expr([(rep, pb * (1 / link.bandwidth + 3 / dram) * us)]))
+            _add(host_s, self._w_expr([(i, 2 * b / dram * us) for i, b in sb]))
+            _add(device_s, self._w_expr([(i, p.costs.compute_times(i) * us) for i in c.update_items]))
+            _add(e_row, self._w_expr([(rep, -pb / link.bandwidth * us)]))  # the gradients' copy
+            _add(host_row, self._w_expr([(rep, pb / model.MIB)] + [(i, b / model.MIB) for i, b in sb]))
+            self.saved.append(
+                [
+                    self._w_expr(
+                        [(item, [p.memory.value_bytes(v, item, s) / -model.MIB for s in _strategies(p, item)])]
+                    )
+                    for v, item, _a, _b in c.entries
+                ]
+            )
+        for sign, terms in ((1.0, host_s), (-1.0, device_s)):  # a column each, equal to its sum, priced
+            total = m.add_vars([sign if priced else 0.0], integer=False, upper=1e30)[0]
+            m.add_row([total, *terms], [1.0, *(-v for v in terms.values())], 0.0, 0.0)
+        m.add_row(list(e_row), list(e_row.values()), -overlap * bconst, np.inf)
+        if sum(max(0.0, v) for v in host_row.values()) > host.memory_bytes / model.MIB:  # the host can run out
+            m.add_row(list(host_row), list(host_row.values()), -np.inf, host.memory_bytes / model.MIB)
+
+    def _share(self, item: int, o: int) -> list[tuple[int, int]]:
+        """(column, item strategy) pairs whose sum is 1 when ``o`` is and the item has that strategy:
+        ``w[s] <= x[g, s]``, ``sum_s w[s] = o`` (the tight linearization of ``o x[g, s]``); ``o``
+        itself for an item whose group has one strategy."""
+        model, m = self.model, self.model.milp
+        g, mp = model.of[item], model.maps[item]
+        xs = model.x[g]
+        if xs is None:
+            return [(o, int(mp[0]))]
+        key = (g, o)
+        if key not in self._shared:
+            w = m.add_vars(np.zeros(len(xs)), integer=False)
+            for s in range(len(xs)):
+                m.add_row([int(w[s]), int(xs[s])], [1.0, -1.0], -np.inf, 0.0)
+            m.add_row([*map(int, w), o], [*np.ones(len(xs)), -1.0], 0.0, 0.0)
+            self._shared[key] = [int(col) for col in w]
+        return [(col, int(mp[s])) for s, col in enumerate(self._shared[key])]
+
+    def _w_expr(self, terms) -> dict[int, float]:
+        """{column: coefficient} of the sum over ``(item, value per item strategy)`` of the value at
+        the item's strategy when its candidate is offloaded (0 when not)."""
+        coef: dict[int, float] = {}
+        for item, per_strategy in terms:
+            vals = np.asarray(per_strategy, float)
+            for col, s in self.w[item]:
+                if vals[s]:
+                    coef[col] = coef.get(col, 0.0) + float(vals[s])
+        return coef
+
+    def _x_expr(self, terms) -> tuple[float, dict[int, float]]:
+        """(constant, {column: coefficient}) of the sum over ``(item, value per item strategy)``
+        of the value at the item's chosen strategy."""
+        model = self.model
+        const = 0.0
+        coef: dict[int, float] = {}
+        for item, per_strategy in terms:
+            g, mp = model.of[item], model.maps[item]
+            vals = np.asarray(per_strategy, float)[mp]
+            xs = model.x[g]
+            if xs is None:
+                const += float(vals[0])
+                continue
+            for s, val in enumerate(vals):
+                if val:
+                    coef[int(xs[s])] = coef.get(int(xs[s]), 0.0) + float(val)
+        return const, coef
+
+    def memory_terms(self, at: int) -> tuple[list[int], list[float]]:
+        """(columns, MiB coefficients) the offload adds to the memory row at position ``at``."""
+        row: dict[int, float] = {}
+        for c, per_entry in zip(self.cands, self.saved):
+            for coef, (_v, _i, a, b) in zip(per_entry, c.entries):
+                if a <= at <= b:
+                    _add(row, coef)
+        return list(row), list(row.values())
+
+    def chosen(self, x: np.ndarray) -> tuple[Candidate, ...]:
+        """The candidates the solution ``x`` offloads; the memory model drops their values from
+        now on (module doc)."""
+        out = tuple(c for c, o in zip(self.cands, self.o) if x[o] > 0.5)
+        use(self.p, out)
+        return out
+
+
+def _add(into: dict[int, float], coef: dict[int, float]) -> None:
+    for col, val in coef.items():
+        into[col] = into.get(col, 0.0) + val
+
+
+def _strategies(p: Problem, item: int) -> range:
+    return range(len(p.items[item].strategies))
+
+
+def use(p: Problem, chosen: tuple[Candidate, ...]) -> None:
+    """Make ``p``'s memory model drop the values of the ``chosen`` candidates (none: keep all)."""
+    p.memory.offloaded = frozenset(v for c in chosen for v in c.values)
+
+
+def record(p: Problem, choice: list[int], chosen: tuple[Candidate, ...], limit: int | None) -> OffloadRecord | None:
+    """The ``OffloadRecord`` of offloading ``chosen`` under ``choice`` (None for none): the bytes,
+    the transfers and the CPU update priced by ``offload_costs``, the device update it replaces,
+    the peak with the state kept and whether it was needed to fit ``limit``."""
+    if not chosen:
+        return None
+    host = host_tier(p.mesh.profile)
+    assert host is not None  # candidates exist only with a host tier
+    names = p.graph.value_names()
+    state = sum(float(_state_bytes(p, c, i)[choice[i]]) for c in chosen for i in c.state_items)
+    params = sum(float(_param_bytes(p, c)[choice[c.state_items[0]]]) for c in chosen)
+    backward = sum(float(p.costs.compute_times(i)[choice[i]]) for i in _backward_items(p))
+    device = sum(float(p.costs.compute_times(i)[choice[i]]) for c in chosen for i in c.update_items)
+    overlap = cluster_figures(p.mesh.profile).dp_overlap
+    off = offload_costs(host, state, params, backward, overlap)
+    use(p, ())
+    kept = p.memory.peak(choice)[0]
+    use(p, chosen)
+    return OffloadRecord(
+        values=tuple(names[p.graph.inputs[k]] for c in chosen for k in c.states),
+        params=tuple(names[p.graph.inputs[c.param]] for c in chosen),
+        state_bytes=off.state_bytes,
+        param_bytes=off.param_bytes,
+        backward_s=backward,
+        overlap=overlap,
+        d2h_s=off.d2h_s,
+        d2h_exposed_s=off.d2h_exposed_s,
+        host_update_s=off.host_update_s,
+        h2d_s=off.h2d_s,
+        device_update_s=device,
+        kept_peak_bytes=int(kept),
+        reason="fit" if limit is not None and kept > limit else "faster",
+    )
+
+
+__all__ = ["Candidate", "OffloadTerms", "candidates", "record", "use"]
