@@ -304,6 +304,7 @@ def _line_positions(sn: _StepNodes, stage_of_pos: np.ndarray, S: int) -> list[in
             p[k] = -1
             continue
         before = max((p[sn.producer[v]] for v in n.inputs if v in sn.producer), default=0)
+        before = max(before, 0)  # a constant (-1) is copied where used: it does not place its readers
         if k in sn.fpos:
             p[k] = max(before, int(stage_of_pos[sn.fpos[k]]))
             if p[k] >= S:

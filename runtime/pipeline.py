@@ -296,6 +296,7 @@ class _DeviceRun:
         self.acc: dict[int, np.ndarray] = {}  # meeting output id -> running sum
         self.buffers = ex._acc_buffers.setdefault(device, {})
         self.summand_of = {src: out for out, (src, _s) in self.p.meetings.items()}
+        self.current = 0  # the micro-batch of the last forward or backward task
 
     def run(self) -> dict[int, np.ndarray]:
         for ph, k in self.p.order[self.stage]:
@@ -348,6 +349,8 @@ class _DeviceRun:
 
     def _run_task(self, task: PipelineTask, k: int) -> None:
         key = (self.device, task.phase, task.k)
+        if task.phase in ("F", "B"):
+            self.current = k
         args = [self._fetch(v, k) for v in task.in_ids]
         for i in self.ex.donated[key]:  # the task's executable frees them at their last use
             del self.store[(task.in_ids[i], k)]
@@ -382,12 +385,16 @@ class _DeviceRun:
         self.acc[m_out] = buf
 
     def _held_bytes(self, skip: set[int] = frozenset(), extra: list = ()) -> int:  # type: ignore[assignment]
-        """Bytes of the arrays the device holds between tasks: the values kept (each array once:
-        a running sum is also a value of the step after the meeting), the running sums' buffers
-        (kept from step to step) and ``extra``, without the arrays whose ids are in ``skip``."""
+        """Bytes of the arrays the device holds between tasks: its inputs (the pieces of the
+        step's state, and one micro-batch's pieces of the batch inputs, the current one's: as the
+        memory model holds them, all step long, whether or not the running task reads them), the
+        values kept (each array once: a running sum is also a value of the step after the
+        meeting), the running sums' buffers (kept from step to step) and ``extra``, without the
+        arrays whose ids are in ``skip``."""
         seen = set(skip)
         total = 0
-        for x in [*self.store.values(), *self.acc.values(), *self.buffers.values(), *extra]:
+        inputs = [x for (_i, k), x in self.pieces.items() if k < 0 or k == self.current]
+        for x in [*inputs, *self.store.values(), *self.acc.values(), *self.buffers.values(), *extra]:
             if x is not None and id(x) not in seen:
                 seen.add(id(x))
                 total += np.asarray(x).nbytes
