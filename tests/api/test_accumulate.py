@@ -193,6 +193,38 @@ def test_mean_and_sum_losses_accumulate_the_whole_batch_gradient(step, k):
             np.testing.assert_allclose(p, q, rtol=2**10 * eps, atol=2**10 * eps)
 
 
+def momentum_step(w1, w2, v1, v2, x, y):
+    def loss(w1, w2):
+        return np.mean((np.tanh(x @ w1) @ w2 - y) ** 2)
+
+    value, (g1, g2) = graphc.value_and_grad(loss, argnums=(0, 1))(w1, w2)
+    v1, v2 = 0.9 * v1 + g1, 0.9 * v2 + g2  # 0.9 * v: of the optimizer state alone
+    return w1 - 0.5 * v1, w2 - 0.5 * v2, v1, v2, value
+
+
+@pytest.mark.parametrize("axes", [{"dp": 1}, {"dp": 2}, {"pp": 2}], ids=["one device", "dp=2", "pp=2"])
+def test_values_of_the_state_alone_run_once_in_the_update(axes):
+    """``0.9 * v`` reads no micro-batch and only the update reads it: it runs once, in the update
+    task of the stage that makes the new velocity (not in every micro-batch's forward task, held
+    until the update, as before); the steps equal numpy's. A node reading only the step's inputs
+    and constants has no stage of its own: it takes its readers' (at first it took the
+    constants', -1, and its reader waited for it forever; then stage 0's, sending it on)."""
+    rng = np.random.default_rng(0)
+    w1, w2, v1, v2 = (rng.standard_normal(s) for s in ((6, 5), (5, 3), (6, 5), (5, 3)))
+    x, y = rng.standard_normal((8, 6)), rng.standard_normal((8, 3))
+    pf = graphc.parallelize(momentum_step, mesh=Mesh(axes, profile=PROFILE), microbatches=2, cache=False)
+    got = k_steps(pf, (w1, w2, v1, v2), (x, y), {}, 2)
+    want = k_steps(momentum_step, (w1, w2, v1, v2), (x, y), {}, 2)
+    eps = np.finfo(np.float64).eps
+    for a, b in zip(got, want):
+        for p, q in zip(a, b):
+            np.testing.assert_allclose(p, q, rtol=2**10 * eps, atol=2**10 * eps)
+    program = pf.compile(w1, w2, v1, v2, x, y).program
+    for v in (2, 3):  # the velocities: read by the update task of the stage making the new velocity
+        read_in = {(ph, program.stage_of(d)) for (d, ph, _k), t in program.tasks.items() if v in t.in_ids}
+        assert read_in == {("U", program.owner(program.out_ids[v]))}, (v, read_in)
+
+
 @pytest.mark.parametrize("axes", [{"dp": 1}, {"dp": 2}], ids=["one device", "dp=2"])
 def test_micro_batches_of_one_sample(axes):
     (params, x, labels), kw = mlp_args(batch=8)
