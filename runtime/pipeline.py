@@ -21,8 +21,9 @@ forward and backward results are not copied off their arguments (they stay in th
 
 ``run_flat(arrays, profile=True)`` also records every task's start and end (Chrome trace,
 measured bubble fraction), each device's peak bytes (what it holds besides the running task's
-arguments, plus the task's own peak: its arguments, the arrays it made, the pool's free buffers)
-and ``held_bytes``, the most it holds between forward and backward tasks (the activations of the
+arguments: its pieces of the state and one micro-batch's inputs, the values kept; plus the task's
+own peak: its arguments, the arrays it made, the pool's free buffers) and ``held_bytes``, the most
+it holds between forward and backward tasks besides its inputs (the activations of the
 micro-batches in flight and the running gradient sums).
 """
 
@@ -384,17 +385,17 @@ class _DeviceRun:
         np.copyto(buf, y)
         self.acc[m_out] = buf
 
-    def _held_bytes(self, skip: set[int] = frozenset(), extra: list = ()) -> int:  # type: ignore[assignment]
+    def _held_bytes(self, skip: set[int] = frozenset(), extra: list = (), inputs: bool = True) -> int:  # type: ignore[assignment]
         """Bytes of the arrays the device holds between tasks: its inputs (the pieces of the
         step's state, and one micro-batch's pieces of the batch inputs, the current one's: as the
         memory model holds them, all step long, whether or not the running task reads them), the
         values kept (each array once: a running sum is also a value of the step after the
         meeting), the running sums' buffers (kept from step to step) and ``extra``, without the
-        arrays whose ids are in ``skip``."""
+        arrays whose ids are in ``skip`` (``inputs=False``: and without the inputs)."""
         seen = set(skip)
         total = 0
-        inputs = [x for (_i, k), x in self.pieces.items() if k < 0 or k == self.current]
-        for x in [*inputs, *self.store.values(), *self.acc.values(), *self.buffers.values(), *extra]:
+        pieces = [x for (_i, k), x in self.pieces.items() if k < 0 or k == self.current] if inputs else []
+        for x in [*pieces, *self.store.values(), *self.acc.values(), *self.buffers.values(), *extra]:
             if x is not None and id(x) not in seen:
                 seen.add(id(x))
                 total += np.asarray(x).nbytes
@@ -407,7 +408,7 @@ class _DeviceRun:
         and the pool's free buffers (the results are added to the running sums meanwhile)."""
         prof = self.prof
         assert prof is not None
-        live = self._held_bytes()
+        live = self._held_bytes(inputs=False)
         if task.phase in ("F", "B"):  # what the micro-batches in flight hold between tasks
             prof["held_bytes"] = max(prof.get("held_bytes", 0), live)
         prof["events"].append((task.phase, task.k, start, end))
