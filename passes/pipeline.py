@@ -29,6 +29,7 @@ from graphc.passes.microbatch import Microbatched, microbatch, plan_microbatch_p
 from graphc.passes.options import SCHEDULES, PlanOptions
 from graphc.passes.partition import state_ties
 from graphc.passes.pipeline_stages import StageAssignment, assign_stages, in_flight, node_seconds
+from graphc.passes.sharding.memory import local_nbytes, view_roots
 from graphc.passes.sharding.plan import ShardingPlan, check_made_for, graph_hash
 
 PIPELINE_PLAN_VERSION = 1
@@ -353,10 +354,18 @@ def plan_pipeline(
         "per_microbatch_s": per_mb,
         "bubble": 1.0 - busy / ((m + S - 1) * per_mb) if per_mb else 0.0,
     }
-    mem = _stage_memory(g0, a, schedule, m, sub.size)
     if pp is None:  # one stage: the liveness model of the micro-batch program, with the running sums
         own = sub_plan or plan_microbatch_program(mb, sub, state_ties(graph) if ties is None else ties, options)
         mem = [max(own.memory.peak_bytes)]
+    else:
+        mem = _stage_memory(g0, a, schedule, m, _local_bytes(g0, sub_plan))
+        over = [s for s in range(S) if memory_limit is not None and mem[s] > memory_limit]
+        if over:  # the cut counted each stage's state and activations; its tasks need more
+            raise PlanError(
+                f"pipeline stage {over[0]} needs {mem[over[0]]:,} bytes per device at its peak ({schedule}, "
+                f"{m} micro-batches: its state, running sums, activations in flight and the tasks' own values), "
+                f"over the memory limit of {memory_limit:,} bytes: more stages or micro-batches, or 1f1b, need less"
+            )
     return PipelinePlan(
         graph_name=graph.name,
         graph_hash=graph_hash(graph),
@@ -372,31 +381,110 @@ def plan_pipeline(
     )
 
 
-def _stage_memory(g: Graph, a: StageAssignment, schedule: str, m: int, n_sub: int) -> list[int]:
-    """Predicted peak bytes per device of each stage: the inputs it reads (parameters, optimizer
-    state, a micro-batch), the running gradient sums, and either the activations of the
-    micro-batches in flight or, during the update, the new state it writes; a sub-mesh of n
-    devices shares them evenly (assumed)."""
-    S = a.n_stages
-    reads: list[set[Value]] = [set() for _ in range(S)]
-    for k, n in enumerate(g.nodes):
-        if a.stage[k] >= 0:
-            reads[a.stage[k]].update(v for v in n.inputs if v.producer is None)
-    sums = [0] * S
-    for k, n in enumerate(g.nodes):
-        if a.phase[k] == "M":
-            sums[a.stage[k]] += n.outputs[0].type.nbytes
-    producer = {o: k for k, n in enumerate(g.nodes) for o in n.outputs}
-    writes = [0] * S
-    for v in set(g.outputs):
-        j = producer.get(v)
-        if j is not None and a.stage[j] >= 0:
-            writes[a.stage[j]] += v.type.nbytes
-    out = []
-    for s in range(S):
-        base = sum(v.type.nbytes for v in reads[s]) + sums[s]
-        out.append(int(max(base + in_flight(schedule, S, m, s) * a.activation_bytes[s], base + writes[s]) / n_sub))
+def _local_bytes(g: Graph, sub_plan: ShardingPlan | None) -> dict[Value, int]:
+    """Bytes per device of every value of ``g`` (one micro-batch's program) under the sub-mesh
+    plan: its piece in the spec the plan gives it (all of it, replicated or a partial sum)."""
+    if sub_plan is None:
+        return {v: v.type.nbytes for v in g.inputs} | {o: o.type.nbytes for n in g.nodes for o in n.outputs}
+    shape = tuple(sub_plan.mesh.shape)
+    out = {v: local_nbytes(v.type, x.spec, shape) for v, x in zip(g.inputs, sorted(sub_plan.inputs, key=_index))}
+    for choice in sub_plan.nodes:
+        for o, spec in zip(g.nodes[choice.index].outputs, choice.out_specs):
+            out[o] = local_nbytes(o.type, spec, shape)
     return out
+
+
+def _index(x) -> int:
+    return x.index
+
+
+def _stage_memory(g: Graph, a: StageAssignment, schedule: str, m: int, size: dict[Value, int]) -> list[int]:
+    """Predicted peak bytes per device of each stage, by walking its tasks in the schedule's order
+    as runtime/pipeline.py runs them (``_TaskBytes``). Held all step: the inputs the stage reads
+    (parameters, optimizer state, one micro-batch's pieces) and its running gradient sums. Held
+    from a micro-batch's forward task to the end of its backward task: what the forward made for
+    other tasks or received. While a task runs: its constants, what it receives anew, and what it
+    makes, each until its last reader in the task unless another task reads it (a backward task
+    frees its own stage's forward values at their last use). Each value counts its ``size`` on a
+    device (``_local_bytes``); not counted: the buffers of the sub-mesh's collectives."""
+    producer = {o: k for k, n in enumerate(g.nodes) for o in n.outputs}
+    readers: dict[Value, set[tuple[int, str]]] = {}
+    for k, n in enumerate(g.nodes):
+        for v in n.inputs:
+            readers.setdefault(v, set()).add((a.stage[k], a.phase[k]))
+    roots = view_roots(g)  # views hold no bytes: their root lives as long as they do
+    out = []
+    for s in range(a.n_stages):
+        inputs = {v for k, n in enumerate(g.nodes) if a.stage[k] == s for v in n.inputs if v.producer is None}
+        sums = {n.outputs[0] for k, n in enumerate(g.nodes) if a.stage[k] == s and a.phase[k] == "M"}
+        held = sum(size[v] for v in inputs | sums)
+        size_of = {v: 0 if v in roots else nb for v, nb in size.items()}  # views hold no bytes
+        forward = _TaskBytes(g, a, s, "F", producer, readers, roots, size_of, set())
+        tasks = {
+            "F": forward,
+            "B": _TaskBytes(g, a, s, "B", producer, readers, roots, size_of, forward.stored),
+            "U": _TaskBytes(g, a, s, "U", producer, readers, roots, size_of, sums),
+        }
+        kept = sum(size_of[v] for v in forward.stored)
+        peak, flight = 0, 0
+        for ph, _k in schedule_tasks(schedule, a.n_stages, m, s):
+            peak = max(peak, held + flight + tasks[ph].adds)
+            flight += kept if ph == "F" else -kept if ph == "B" else 0
+        out.append(int(peak))
+    return out
+
+
+class _TaskBytes:
+    """What one task (stage ``s``, phase ``ph``) of a micro-batch program ``g`` adds to what its
+    stage holds while it runs (``adds``): its constants, the values it receives that the stage
+    does not hold yet (``held``: a backward task's micro-batch's forward values, stored since its
+    forward task; the update's running sums), and the peak of what it makes, each made value
+    live until its last reader in the task unless another task reads it or the step returns it.
+    ``stored``: the values a forward task leaves stored for its micro-batch (what it received,
+    what it made for other tasks)."""
+
+    def __init__(
+        self, g: Graph, a: StageAssignment, s: int, ph: str, producer, readers, roots, size, held: set
+    ) -> None:
+        idx = [k for k in range(len(g.nodes)) if a.stage[k] == s and a.phase[k] == ph]
+        mine = set(idx)
+        made = {o for k in idx for o in g.nodes[k].outputs}
+        returned = set(g.outputs)
+        last: dict[Value, int] = {}
+        consts: set[Value] = set()
+        received: set[Value] = set()
+        for i, k in enumerate(idx):
+            for v in g.nodes[k].inputs:
+                j = producer.get(v)
+                if j is None:
+                    continue  # a step input: held all step
+                if a.phase[j] == "C":
+                    consts.add(v)
+                elif j not in mine:
+                    received.add(v)
+                last[v] = i
+                last[roots.get(v, v)] = i
+        leaves = {v for v in made if v in returned or readers.get(v, set()) - {(s, ph)}}
+        # what a backward task frees at its last use: its stage's forward values that nothing
+        # later reads (runtime/pipeline.py ``_dying``)
+        dying = {
+            v
+            for v in received & held
+            if a.stage[producer[v]] == s and (s, "U") not in readers.get(v, set()) and v not in returned
+        }
+        self.stored = received | leaves if ph == "F" else set()
+
+        def nbytes(vs) -> int:
+            return sum(size[v] for v in vs)
+
+        live = top = nbytes(received - held)
+        for i, k in enumerate(idx):
+            live += nbytes(g.nodes[k].outputs)
+            top = max(top, live)
+            for v in {roots.get(x, x) for x in g.nodes[k].inputs}:
+                if last.get(v) == i and (v in dying or (v in made and v not in leaves)):
+                    live -= nbytes([v])
+        self.adds = nbytes(consts) + top
 
 
 def _stage_times(a: StageAssignment, sub_plan) -> list[tuple[float, float, float]]:

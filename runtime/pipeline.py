@@ -13,11 +13,13 @@ collectives of the update (the data-parallel gradient all-reduce) then run once 
 Everything is sent as soon as it is produced and the update is cut where it needs another stage's
 update result, so devices cannot wait on each other in a cycle; every wait is bounded.
 
-Memory follows the plan's liveness model (passes/microbatch.py ``AccumulatingMemory``): a
-device's tasks share one buffer pool, trimmed before each task to that task's high-water mark; a
-backward task is handed the forward values that die in it (``_dying``) and frees each at its last
-use; another micro-batch's copy of a value the update reads is dropped after its backward task;
-forward and backward results are not copied off their arguments (they stay in the pipeline).
+Memory follows the plan's models (passes/microbatch.py ``AccumulatingMemory`` for one stage,
+passes/pipeline.py ``_stage_memory`` for a pipeline's): a device's tasks share one buffer pool,
+trimmed before each task to that task's high-water mark; a backward task is handed the forward
+values that die in it (``_dying``) and frees each at its last use; another micro-batch's copy of a
+value the update reads is dropped after its backward task; a value one update segment passes to
+a later one is dropped after the last segment reading it; forward and backward results are not
+copied off their arguments (they stay in the pipeline).
 
 ``run_flat(arrays, profile=True)`` also records every task's start and end (Chrome trace,
 measured bubble fraction), each device's peak bytes (what it holds besides the running task's
@@ -313,7 +315,8 @@ class _DeviceRun:
 
     def _update(self) -> None:
         """The micro-batches have met: the sums become values of the step, sent where needed; then
-        the update's segments run."""
+        the update's segments run, each value another segment reads forgotten after the last
+        segment reading it (unless the step returns it), as within a task."""
         for m_out, (_src, st) in self.p.meetings.items():
             if st != self.stage:
                 continue
@@ -321,8 +324,14 @@ class _DeviceRun:
             for dst in sorted({r[0] for r in self.p.readers.get(m_out, ()) if r[0] != self.stage}):
                 self.comm.send(self.acc[m_out], self.p.device(dst, self.c), _tag(m_out, -1))
         self._drop(lambda key: key[1] >= 0)
-        for i in range(self.p.n_segments[self.device]):
-            self._run_task(self.p.tasks[(self.device, "U", -1 - i)], -1)
+        segments = [self.p.tasks[(self.device, "U", -1 - i)] for i in range(self.p.n_segments[self.device])]
+        last = {v: i for i, task in enumerate(segments) for v in task.in_ids}
+        returned = set(self.p.out_ids)
+        for i, task in enumerate(segments):
+            self._run_task(task, -1)
+            for v in [v for v, j in last.items() if j == i and v >= self.p.n_inputs and v not in returned]:
+                self.store.pop((v, -1), None)
+                self.store.pop((v, 0), None)  # micro-batch 0's value the update read
 
     def _drop(self, which, keep_needed: bool = True) -> None:
         """Forget the values ``which`` picks, but (``keep_needed``) those the update or the
