@@ -16,10 +16,12 @@ a sum both accumulate to the full-batch gradient.
 
 The nodes split into two phases: the **micro-batch phase** (everything upstream of the meeting
 points: forward and backward of one micro-batch) and the **step phase** (from the meeting points
-on, run once: the optimizer update). A step-phase node may read step-phase values, meeting-point
-results, and values that are the same for every micro-batch; reading one micro-batch's
-activations there means the step needs the whole batch at once (batch statistics, a loss over
-the batch's maximum), which micro-batching cannot split: ``PlanError`` names the line.
+on, run once: the optimizer update), which also takes the values of the state alone that only it
+reads (Adam's ``b1 * m``: computed once, not once per micro-batch and held to the update). A
+step-phase node may read step-phase values, meeting-point results, and values that are the same
+for every micro-batch; reading one micro-batch's activations there means the step needs the
+whole batch at once (batch statistics, a loss over the batch's maximum), which micro-batching
+cannot split: ``PlanError`` names the line.
 """
 
 from __future__ import annotations

@@ -387,15 +387,11 @@ def _local_bytes(g: Graph, sub_plan: ShardingPlan | None) -> dict[Value, int]:
     if sub_plan is None:
         return {v: v.type.nbytes for v in g.inputs} | {o: o.type.nbytes for n in g.nodes for o in n.outputs}
     shape = tuple(sub_plan.mesh.shape)
-    out = {v: local_nbytes(v.type, x.spec, shape) for v, x in zip(g.inputs, sorted(sub_plan.inputs, key=_index))}
+    out = {v: local_nbytes(v.type, spec, shape) for v, spec in zip(g.inputs, sub_plan.input_specs())}
     for choice in sub_plan.nodes:
         for o, spec in zip(g.nodes[choice.index].outputs, choice.out_specs):
             out[o] = local_nbytes(o.type, spec, shape)
     return out
-
-
-def _index(x) -> int:
-    return x.index
 
 
 def _stage_memory(g: Graph, a: StageAssignment, schedule: str, m: int, size: dict[Value, int]) -> list[int]:
@@ -413,12 +409,12 @@ def _stage_memory(g: Graph, a: StageAssignment, schedule: str, m: int, size: dic
         for v in n.inputs:
             readers.setdefault(v, set()).add((a.stage[k], a.phase[k]))
     roots = view_roots(g)  # views hold no bytes: their root lives as long as they do
+    size_of = {v: 0 if v in roots else nb for v, nb in size.items()}
     out = []
     for s in range(a.n_stages):
         inputs = {v for k, n in enumerate(g.nodes) if a.stage[k] == s for v in n.inputs if v.producer is None}
         sums = {n.outputs[0] for k, n in enumerate(g.nodes) if a.stage[k] == s and a.phase[k] == "M"}
-        held = sum(size[v] for v in inputs | sums)
-        size_of = {v: 0 if v in roots else nb for v, nb in size.items()}  # views hold no bytes
+        held = sum(size_of[v] for v in inputs | sums)
         forward = _TaskBytes(g, a, s, "F", producer, readers, roots, size_of, set())
         tasks = {
             "F": forward,
