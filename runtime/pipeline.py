@@ -296,11 +296,6 @@ class _DeviceRun:
         self.acc: dict[int, np.ndarray] = {}  # meeting output id -> running sum
         self.buffers = ex._acc_buffers.setdefault(device, {})
         self.summand_of = {src: out for out, (src, _s) in self.p.meetings.items()}
-        # every task program of the device holds its constants all along (Program.constants): a
-        # task's profile counts its own, the device's peak the others' too
-        self.constants = {
-            id(c): c.nbytes for key, e in ex.executables.items() if key[0] == device for _, c in e.program.constants
-        }
 
     def run(self) -> dict[int, np.ndarray]:
         for ph, k in self.p.order[self.stage]:
@@ -361,11 +356,7 @@ class _DeviceRun:
         # executor applies at its first step, applied before the task counts the pool's buffers)
         self.ex.pools[self.device].trim(executable.program.high_water)
         # what the device holds besides the task's arguments (the task's profile counts those)
-        before = 0
-        if self.prof is not None:
-            own = {id(c) for _, c in executable.program.constants}
-            others = sum(nb for i, nb in self.constants.items() if i not in own)
-            before = self._held_bytes(skip={id(x) for x in args}) + others
+        before = self._held_bytes(skip={id(x) for x in args}) if self.prof is not None else 0
         start = time.perf_counter()
         tprof: dict | None = {} if self.prof is not None else None
         outs = executable.run_donating(args, tprof)
@@ -413,7 +404,7 @@ class _DeviceRun:
         if task.phase in ("F", "B"):  # what the micro-batches in flight hold between tasks
             prof["held_bytes"] = max(prof.get("held_bytes", 0), live)
         prof["events"].append((task.phase, task.k, start, end))
-        after = self._held_bytes(extra=args) + self.ex.pools[self.device].free_bytes + sum(self.constants.values())
+        after = self._held_bytes(extra=args) + self.ex.pools[self.device].free_bytes
         prof["peak_bytes"] = max(prof["peak_bytes"], during, after)
 
     def _results(self) -> dict[int, np.ndarray]:

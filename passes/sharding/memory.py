@@ -61,6 +61,8 @@ class MemoryModel:
     recomputation candidates in ``remat`` are added to in place until then); what it derives
     from them alone is made on first use and kept."""
 
+    constants_all_run = True  # a device program holds its constants all run and between runs
+
     def __init__(
         self,
         graph: Graph,
@@ -158,7 +160,7 @@ class MemoryModel:
                     if o in roots or o in inside:
                         continue
                     hub = hubs.get(o)
-                    if item.node.op.has(Constant):  # the program holds its constants all run (and between runs)
+                    if self.constants_all_run and item.node.op.has(Constant):  # the program holds them
                         out.append((o, i, 0, end))
                     elif hub is not None and o not in roots.values():  # in the fan-out's spec after it
                         out.append((o, i, pos[i], pos[hub]))
