@@ -329,6 +329,10 @@ class AccumulatingMemory(MemoryModel):
         self.phases = phases
         self._kept: list[tuple[Value, int, int, int]] | None = None
 
+    # each task program holds its own copy of the constants it reads (runtime/pipeline.py's
+    # profile counts the running task's): a constant lives from its position to its last reader
+    constants_all_run = False
+
     def live_ranges(self) -> list[tuple[Value, int, int, int]]:
         if self._kept is None:
             end = self.size - 1

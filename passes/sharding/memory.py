@@ -2,7 +2,8 @@
 for an assignment of one strategy per item (``choice``).
 
 Memory per device is the peak, over the program order, of the bytes of live tensors under their
-chosen specs: graph inputs (parameters, optimizer state) live throughout, every other value from
+chosen specs: graph inputs (parameters, optimizer state) and constants (each device program holds
+its piece of every constant, runtime/executor.py) live throughout, every other value from
 its producer to its last use, and every graph output from its output item to the end in the spec
 it is returned in (a state gathered for its return is held whole). A value the runtime makes as a
 view of another (``view_roots``) has no bytes of its own, nor has one that stays inside a fused
@@ -35,7 +36,7 @@ import numpy as np
 from graphc.core.ir import Graph, TensorType, Value
 from graphc.core.mesh import Mesh
 from graphc.core.spec import R, local_shape
-from graphc.core.traits import ViewOf
+from graphc.core.traits import Constant, ViewOf
 from graphc.passes.fuse import find_clusters
 from graphc.passes.sharding.items import Edge, Item
 
@@ -59,6 +60,8 @@ class MemoryModel:
     problem. It reads the problem's lists, which are complete once the problem is built (the
     recomputation candidates in ``remat`` are added to in place until then); what it derives
     from them alone is made on first use and kept."""
+
+    constants_all_run = True  # a device program holds its constants all run and between runs
 
     def __init__(
         self,
@@ -157,7 +160,9 @@ class MemoryModel:
                     if o in roots or o in inside:
                         continue
                     hub = hubs.get(o)
-                    if hub is not None and o not in roots.values():  # in the fan-out's spec after it
+                    if self.constants_all_run and item.node.op.has(Constant):  # the program holds them
+                        out.append((o, i, 0, end))
+                    elif hub is not None and o not in roots.values():  # in the fan-out's spec after it
                         out.append((o, i, pos[i], pos[hub]))
                         out.append((o, hub, pos[hub], max(pos[hub], last.get(o, pos[hub]))))
                     else:

@@ -5,8 +5,9 @@ float16, under jit value_and_grad, on dp=2,tp=2 threads and under ``mpiexec -n 4
 
 The oracle is test_low_float's: the graph's float32 twin run op by op by the ops' reference
 implementations, each 16-bit value rounded where the graph types it 16-bit. The interpreter must
-equal it bit for bit; a compiled run within one 16-bit ulp (a matmul or sum BLAS adds in its own
-order); a mesh's executor equals the simulation of its own device programs within one ulp, and
+equal it bit for bit; a compiled run within the bound its matmuls and sums added in another order
+allow (test_low_float ``rounded_float32_run_with_bounds``: one ulp of a rounded result is not
+enough where a sum cancels, as a tied-embedding GPT's gradient shows); a mesh's executor equals the simulation of its own device programs within one ulp, and
 one device normwise within the 16-bit rounding of the sums split over the mesh."""
 
 from __future__ import annotations
@@ -20,14 +21,17 @@ import pytest
 
 import graphc
 from graphc.core.pytree import flatten
-from graphc.models import rnn
+from graphc.models import gpt, rnn
 from graphc.programs import simulate
 from tests.models.unseen_mpi_jobs import LOW, cast, loss_case
 from tests.runtime.test_low_float import (
+    assert_each_leaf_off_by_2_percent_fails,
     assert_normwise_close_low,
     assert_same_bits,
+    assert_within_bounds,
     assert_within_ulps,
-    rounded_float32_run,
+    rounded_float32_run_with_bounds,
+    ulp_at,
 )
 from tests.runtime.test_mpi import MPIEXEC, ROOT, mpirun, needs_mpi
 
@@ -50,9 +54,33 @@ def test_value_and_grad_under_jit_equal_the_rounded_float32_graph(model, dtype):
     got = [np.asarray(a) for a in flatten(graphc.jit(vg, static_argnames=tuple(kw))(*args, **kw))[0]]
     assert all(a.dtype == LOW[dtype] for a in got[1:])  # every gradient is 16-bit, as its parameter
     graph = graphc.trace(vg, *args, **kw)
-    want = rounded_float32_run(graph, [np.asarray(a) for a in flatten(args)[0]])
+    want, bounds = rounded_float32_run_with_bounds(graph, [np.asarray(a) for a in flatten(args)[0]])
     assert_same_bits(flatten(graphc.evaluate(graph, *args, **kw))[0], want)
-    assert_within_ulps(got, want, 1)
+    assert_within_bounds(got, want, bounds)
+
+
+def test_a_bfloat16_gpt_gradient_that_cancels_is_within_its_bound_not_one_ulp():
+    """The tied embedding's gradient (the token lookup's scatter-add plus the LM head's matmul)
+    of a bfloat16 GPT with batch 1 and one head cancels to -2.6e-8 from terms around 1e-3 in one
+    element: the two float32 summation orders are several bfloat16 ulps apart there (6 measured),
+    within 2 gamma_K of the terms' magnitudes. A result 2% off still fails the bound in the
+    embedding's gradient and in the last layers' ones (the bounds of the attention's and first
+    layer norm's gradients are loose: a forward value within the reordering of a rounding
+    boundary may round either way, and the bound carries that through every later sum)."""
+    (p, tokens, targets), kw = gpt.example_loss_args(batch=1, seq=8, d=16, n_layer=1, n_head=1)
+    args = (cast(p, LOW["bf16"]), tokens, targets)
+    vg = graphc.value_and_grad(gpt.lm_loss)
+    got = [np.asarray(a) for a in flatten(graphc.jit(vg, static_argnames=tuple(kw))(*args, **kw))[0]]
+    graph = graphc.trace(vg, *args, **kw)
+    want, bounds = rounded_float32_run_with_bounds(graph, [np.asarray(a) for a in flatten(args)[0]])
+    wte = [i for i, v in enumerate(graph.inputs) if v.name and v.name.endswith("wte")]
+    assert len(wte) == 1, [v.name for v in graph.inputs]
+    leaf = wte[0] + 1  # after the loss
+    # one ulp is not the bound: the reordering alone may move the embedding's gradient further
+    w, b = want[leaf], bounds[leaf]
+    assert (b > 2 * ulp_at(np.abs(w.astype(np.float64)), w.dtype)).any()
+    assert_within_bounds(got, want, bounds)
+    assert_each_leaf_off_by_2_percent_fails(want, bounds, leaves=[leaf, len(want) - 1, len(want) - 2])
 
 
 # models/llama.py's causal mask, -1e9 in the model's dtype, is -inf in float16, and 0 * -inf is NaN

@@ -29,12 +29,16 @@ import pytest
 
 import graphc
 from graphc.core.spec import P, R, S, local_shape
+from graphc.core.traits import Constant
 from graphc.models import gpt
 from graphc.passes.sharding.redistribute import redistribution_time
 from tests.helpers import assert_adam_step_close
 
 T, D = 512, 512
-LIMIT = 48_000_000  # bytes per device: below the Megatron plan's peak (51.5 MB), above the SP plan's (47.9 MB)
+# bytes per device: below the Megatron plan's peak (54.1 MB), above the SP plan's (50.0 MB; 51.1 MB
+# held with its redistribution buffers). Both were 2.1 MB less before the memory model held the
+# constants (the causal mask, the backward's) all run, as the executor does.
+LIMIT = 51_500_000
 LN_LINES = ("gpt.py:30", "gpt.py:31")  # layer_norm's body in models/gpt.py
 
 
@@ -129,7 +133,7 @@ def test_the_peak_drops_by_the_saved_activations_it_splits(megatron, seqpar):
     the forward pass made and the backward pass reads is live. SP holds the ones of the
     layer-norm regions (x - mean, 1/sqrt(var), the residual sums; and the LM head's; the
     normalized x is recomputed in the backward from the first two, passes/recompute/cheap.py) split on
-    the sequence: each shrinks by half. The peak drops by that sum, less the values the device
+    the sequence: each shrinks by half, and so do the constants it splits (held all run). The peak drops by that sum, less the values the device
     program's fusion keeps out of memory (sharding/fusion.py)."""
     (mp, graph), (sp, _g) = megatron, seqpar
     later = {v for node in graph.nodes if node.part != "forward" for v in node.inputs}
@@ -137,7 +141,7 @@ def test_the_peak_drops_by_the_saved_activations_it_splits(megatron, seqpar):
     for a, b in zip(mp.nodes, sp.nodes):
         node = graph.nodes[a.index]
         for o, before, after in zip(node.outputs, a.out_specs, b.out_specs):
-            if node.part == "forward" and o in later:
+            if (node.part == "forward" and o in later) or node.op.has(Constant):  # constants: held all run
                 shrunk += o.type.dtype.itemsize * (
                     math.prod(local_shape(o.type.shape, before, (2,)))
                     - math.prod(local_shape(o.type.shape, after, (2,)))
