@@ -45,6 +45,7 @@ from graphc.core.spec import format_spec
 from graphc.core.traits import Constant, FollowsProducer
 from graphc.core.units import fmt_bytes
 from graphc.passes.sharding.items import Edge, Item
+from graphc.passes.sharding.memrows import TIME_SHARE, lp_memory_points
 from graphc.passes.sharding.milp import Milp, solve_milp
 from graphc.passes.sharding.problem import Problem
 
@@ -393,8 +394,13 @@ def solve(
     guess = model.local_search()
     stats["variables"] = model.milp.n
     stats["constraints"] = model.milp.num_rows
-    sol = model.run(deadline - time.perf_counter(), guess)
     points: list[int] = []
+    if memory_limit is not None:  # the rows the LP relaxation needs, before any integer solve (memrows.py)
+        for at, const, idx, nb in lp_memory_points(model, memory_limit, TIME_SHARE * (deadline - time.perf_counter())):
+            points.append(at)
+            model.milp.add_row(idx, nb / model.MIB, -np.inf, (float(memory_limit) - const) / model.MIB)
+        stats["lp_memory_points"] = len(points)
+    sol = model.run(deadline - time.perf_counter(), guess)
     reserved: set[tuple[int, int]] = set()  # (point, buffer bytes) rows added for redistribution buffers
     fits: Solution | None = None  # the last plan whose values fit the limit
     if memory_limit is not None:
