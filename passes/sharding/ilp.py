@@ -45,7 +45,7 @@ from graphc.core.spec import format_spec
 from graphc.core.traits import Constant, FollowsProducer
 from graphc.core.units import fmt_bytes
 from graphc.passes.sharding.items import Edge, Item
-from graphc.passes.sharding.memrows import TIME_SHARE, lp_memory_points
+from graphc.passes.sharding.memrows import TIME_SHARE, add_lp_rows, add_run_rows
 from graphc.passes.sharding.milp import Milp, solve_milp
 from graphc.passes.sharding.problem import Problem
 
@@ -396,10 +396,9 @@ def solve(
     stats["constraints"] = model.milp.num_rows
     points: list[int] = []
     if memory_limit is not None:  # the rows the LP relaxation needs, before any integer solve (memrows.py)
-        for at, const, idx, nb in lp_memory_points(model, memory_limit, TIME_SHARE * (deadline - time.perf_counter())):
-            points.append(at)
-            model.milp.add_row(idx, nb / model.MIB, -np.inf, (float(memory_limit) - const) / model.MIB)
-        stats["lp_memory_points"] = len(points)
+        stats["lp_memory_points"] = add_lp_rows(
+            model, memory_limit, TIME_SHARE * (deadline - time.perf_counter()), points
+        )
     sol = model.run(deadline - time.perf_counter(), guess)
     reserved: set[tuple[int, int]] = set()  # (point, buffer bytes) rows added for redistribution buffers
     fits: Solution | None = None  # the last plan whose values fit the limit
@@ -426,6 +425,8 @@ def solve(
                 )
             points.append(at)
             model.add_memory_point(at, room)
+            if room == memory_limit:  # every other run of positions over the limit gets its row too
+                add_run_rows(model, p.memory.profile(sol.choice), memory_limit, points)
             if progress:
                 progress(
                     f"ILP: memory {peak / 2**20:.1f} MiB > limit at point {at}; re-solving with {len(points)} point(s)"

@@ -19,6 +19,8 @@ the solve, and lazy rounds still add what the relaxation did not need (usually n
     MemoryRows.profile(x)      bytes live at every position under column values x
     MemoryRows.row(at)         (constant bytes, columns, bytes) of the row at position ``at``
     lp_memory_points(...)      the positions whose rows the LP relaxation needs
+    add_lp_rows(...)           ... added to the integer program before its first solve
+    add_run_rows(...)          a lazy round's rows: the peak of every run over the limit
 """
 
 from __future__ import annotations
@@ -138,4 +140,24 @@ def lp_memory_points(model, limit: int, time_limit_s: float) -> list[tuple[int, 
     return found
 
 
-__all__ = ["MemoryRows", "lp_memory_points", "runs_over"]
+def add_lp_rows(model, limit: int, time_limit_s: float, points: list[int]) -> int:
+    """Add to ``model`` the rows ``lp_memory_points`` finds, their positions to ``points``; returns
+    how many."""
+    found = lp_memory_points(model, limit, time_limit_s)
+    for at, const, idx, nb in found:
+        points.append(at)
+        model.milp.add_row(idx, nb / model.MIB, -np.inf, (float(limit) - const) / model.MIB)
+    return len(found)
+
+
+def add_run_rows(model, prof: np.ndarray, limit: int, points: list[int]) -> None:
+    """Add to ``model`` the row at the peak of each run of positions where a plan's profile
+    ``prof`` is over ``limit`` (``runs_over``) that ``points`` does not hold yet, and note it there:
+    one lazy round then rules out every peak of that plan, not only its highest."""
+    for at in runs_over(prof, limit, POINTS_PER_ROUND):
+        if at not in points:
+            points.append(at)
+            model.add_memory_point(at, limit)
+
+
+__all__ = ["MemoryRows", "add_lp_rows", "add_run_rows", "lp_memory_points", "runs_over"]
