@@ -172,11 +172,15 @@ def _stdout_fd_silenced():
 
 
 # HiGHS's sub-MIP heuristics (RINS, RENS) took half the time of a sharding ILP under a memory
-# limit and found nothing the root's cuts and its other heuristics did not. Without them, the
-# same optima (within REL_GAP) in 0.58x the CPU time (the sequence-parallel test model at 97% of
-# its free peak), 0.93x (at 90%), 0.71x and 1.0x (LLaMA-3-8B at 40 GiB, two rounds), two runs
-# each; the unlimited solves took the same (docs/remat.md, "Solve time under a limit").
-HIGHS_OPTIONS = {"mip_heuristic_run_rins": False, "mip_heuristic_run_rens": False}
+# limit and found nothing the root's cuts and its other heuristics did not; its restarts (after
+# reduced-cost fixing at the root) re-ran the root's cuts on a smaller problem that ended at the
+# same node. Measured on the solves of the sequence-parallel test model at 97% and 90% of its free
+# peak and of LLaMA-3-8B at 40 GiB (docs/remat.md, "Solve time under a limit"), the same models
+# given to HiGHS, two runs each: without RINS and RENS the same optima (within REL_GAP) in 0.58x
+# (97%), 0.93x (90%), 0.71x and 1.0x (LLaMA's two limited solves) the CPU time; without restarts
+# as well, 0.61x (97%), 0.80x and 0.90x (the two solves at 90%), 0.88x and 1.0x (LLaMA) the time
+# without RINS and RENS alone. The unlimited solves took the same either way.
+HIGHS_OPTIONS = {"mip_heuristic_run_rins": False, "mip_heuristic_run_rens": False, "mip_allow_restart": False}
 
 
 def _highs_lp(m: Milp, integral: bool = True):
