@@ -88,7 +88,9 @@ class MemoryRows:
 
     def profile(self, x: np.ndarray) -> np.ndarray:
         """Bytes live at every position when column ``j`` has value ``x[j]`` (constants: 1)."""
-        w = self.nbytes * np.where(self.col < 0, 1.0, x[np.maximum(self.col, 0)])
+        w = self.nbytes.copy()
+        var = self.col >= 0
+        w[var] *= x[self.col[var]]
         delta = np.bincount(self.first, w, self.size + 1) - np.bincount(self.last + 1, w, self.size + 1)
         return np.cumsum(delta[: self.size])
 
