@@ -119,7 +119,9 @@ def solve_milp(
     """Minimize ``m`` within ``time_limit_s`` seconds; stop at relative gap ``rel_gap``. ``start``
     (a feasible point, if given) seeds the incumbent."""
     t0 = time.perf_counter()
-    if m.n == 0:
+    if m.n == 0:  # nothing to choose: its rows hold or they do not (a memory row over the limit)
+        if m.violation(np.zeros(0)) > 1e-9:
+            return MilpResult("infeasible", None, math.inf, -math.inf, time.perf_counter() - t0)
         return MilpResult("optimal", np.zeros(0), m.offset, m.offset, 0.0)
     time_limit_s = max(0.0, float(time_limit_s))
     if backend == "highs":

@@ -140,3 +140,19 @@ def test_the_lp_needs_no_rows_when_the_limit_is_loose(cases):
     graph, mesh, options = cases[0]
     problem, model = _problem(graph, mesh, options)
     assert lp_memory_points(model, 10**12, 10.0) == []
+
+
+def test_a_limit_below_a_problem_with_nothing_to_choose_names_its_peak():
+    """One device, nothing to recompute: every item has one strategy, the ILP no column. A limit below
+    the only plan's peak is "no plan fits" with that peak (it used to be "the time limit ran out":
+    a program with no columns was called optimal whatever its rows said)."""
+    x = np.ones((4, 4), np.float32)
+    free = graphc.parallelize(lambda x: np.tanh(x) * 2, mesh={"dp": 1}, cache=False).plan(x)
+    peak = free.memory.peak_bytes[0]
+    # 16 bytes under it (memory rows are in MiB: a start point within 1e-6 MiB of a row counts as on it)
+    pf = graphc.parallelize(lambda x: np.tanh(x) * 2, mesh={"dp": 1}, memory_limit=peak - 16, cache=False)
+    with pytest.raises(graphc.PlanError, match="no plan fits") as info:
+        pf.plan(x)
+    assert info.value.min_memory_bytes == peak
+    at_peak = graphc.parallelize(lambda x: np.tanh(x) * 2, mesh={"dp": 1}, memory_limit=peak, cache=False)
+    assert at_peak.plan(x).memory.peak_bytes == (peak,)
