@@ -45,6 +45,7 @@ from graphc.core.spec import format_spec
 from graphc.core.traits import Constant, FollowsProducer
 from graphc.core.units import fmt_bytes
 from graphc.passes.sharding.items import Edge, Item
+from graphc.passes.sharding.memrows import TIME_SHARE, add_lp_rows, add_run_rows
 from graphc.passes.sharding.milp import Milp, solve_milp
 from graphc.passes.sharding.offload_terms import OffloadTerms, use
 from graphc.passes.sharding.problem import Problem
@@ -396,8 +397,12 @@ def solve(
     guess = model.local_search()
     stats["variables"] = model.milp.n
     stats["constraints"] = model.milp.num_rows
-    sol = model.run(deadline - time.perf_counter(), guess)
     points: list[int] = []
+    if memory_limit is not None:  # the rows the LP relaxation needs, before any integer solve (memrows.py)
+        stats["lp_memory_points"] = add_lp_rows(
+            model, memory_limit, TIME_SHARE * (deadline - time.perf_counter()), points
+        )
+    sol = model.run(deadline - time.perf_counter(), guess)
     reserved: set[tuple[int, int]] = set()  # (point, buffer bytes) rows added for redistribution buffers
     fits: Solution | None = None  # the last plan whose values fit the limit
     if memory_limit is not None:
@@ -423,6 +428,8 @@ def solve(
                 )
             points.append(at)
             model.add_memory_point(at, room)
+            if room == memory_limit:  # every other run of positions over the limit gets its row too
+                add_run_rows(model, p.memory.profile(sol.choice), memory_limit, points)
             if progress:
                 progress(
                     f"ILP: memory {peak / 2**20:.1f} MiB > limit at point {at}; re-solving with {len(points)} point(s)"

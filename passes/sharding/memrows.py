@@ -1,0 +1,165 @@
+"""Memory rows of the sharding ILP found before it is solved, on its LP relaxation (issue 30).
+
+A memory limit is a row per program position: the bytes live there, a sum over the strategy
+columns of the values alive at it, at most the limit. There are thousands of positions, so
+``ilp.solve`` adds rows lazily: solve the integer program, find where its plan's peak is over the
+limit, add that position's row, solve again. Each round is a new integer solve, and the plan
+moves its peak from one position to the next: the LLaMA-3-8B case of docs/remat.md took three
+rounds of 5-11 s of HiGHS each, the sequence-parallel test model up to four.
+
+Here the same separation runs on the LP relaxation first. Its fractional point has a
+fractional profile (the same sum with the columns' values as weights), so the positions over
+the limit are read off it exactly, their rows added, and the LP re-solved warm from its last
+basis: a few pivots per row. When the relaxation fits everywhere, the integer program gets all
+those rows at once. Every row is "the bytes live at this position are at most the limit", true
+of every plan that fits, so the optimum is the same; the integral plan is still measured after
+the solve, and lazy rounds still add what the relaxation did not need (usually nothing).
+
+    MemoryRows(model)          every live range under every column, as arrays
+    MemoryRows.profile(x)      bytes live at every position under column values x
+    MemoryRows.row(at)         (constant bytes, columns, bytes) of the row at position ``at``
+    lp_memory_points(...)      the positions whose rows the LP relaxation needs
+    add_lp_rows(...)           ... added to the integer program before its first solve
+    add_run_rows(...)          a lazy round's rows: the peak of every run over the limit
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from graphc.passes.sharding.milp import LpRelaxation
+
+# Rows added per LP round: the peak of each run of positions over the limit, largest first.
+POINTS_PER_ROUND = 8
+# LP rounds at most (each adds rows; the relaxation usually fits after a handful).
+MAX_ROUNDS = 40
+# The share of the solver's time the LP rounds may take at most.
+TIME_SHARE = 0.25
+# A position is over the limit when the LP's profile exceeds it by more than this many bytes
+# (rows are in MiB, and HiGHS's feasibility tolerance is 1e-7: about 0.1 byte).
+SLACK_BYTES = 64.0
+
+
+class MemoryRows:
+    """The memory model of ``model``'s problem as linear functions of ``model``'s columns
+    (``ilp._Model``: ``x[group][s]``, its groups and maps): one entry per live range of a value
+    under a group strategy, (first position, last position, column or -1 for a constant, bytes).
+    The same terms as ``_Model.memory_expr``, made once for all positions."""
+
+    def __init__(self, model) -> None:
+        p = model.p
+        mem = p.memory
+        first: list[int] = []
+        last: list[int] = []
+        col: list[int] = []
+        nbytes: list[float] = []
+        remat = p.remat
+        for v, i, a, b in mem.live_ranges():
+            g, m = model.of[i], model.maps[i]
+            xs = model.x[g]
+            for s in range(1 if xs is None else len(m)):
+                item_s = int(m[s])
+                nb = mem.value_bytes(v, i, item_s)
+                if not nb:
+                    continue
+                ranges = mem.ranges_under(v, i, item_s, a, b) if i in remat else ((a, b),)
+                for lo, hi in ranges:
+                    first.append(lo)
+                    last.append(hi)
+                    col.append(-1 if xs is None else int(xs[s]))
+                    nbytes.append(nb)
+        for i, at, per_strategy in mem.transient_terms():  # ZeRO-3's gathered copies
+            g, m = model.of[i], model.maps[i]
+            xs = model.x[g]
+            for s in range(1 if xs is None else len(m)):
+                nb = float(per_strategy[int(m[s])])
+                if nb:
+                    first.append(at)
+                    last.append(at)
+                    col.append(-1 if xs is None else int(xs[s]))
+                    nbytes.append(nb)
+        self.size = mem.size
+        self.first = np.array(first, dtype=np.int64)
+        self.last = np.array(last, dtype=np.int64)
+        self.col = np.array(col, dtype=np.int64)
+        self.nbytes = np.array(nbytes, dtype=np.float64)
+
+    def profile(self, x: np.ndarray) -> np.ndarray:
+        """Bytes live at every position when column ``j`` has value ``x[j]`` (constants: 1)."""
+        w = self.nbytes.copy()
+        var = self.col >= 0
+        w[var] *= x[self.col[var]]
+        delta = np.bincount(self.first, w, self.size + 1) - np.bincount(self.last + 1, w, self.size + 1)
+        return np.cumsum(delta[: self.size])
+
+    def row(self, at: int) -> tuple[float, np.ndarray, np.ndarray]:
+        """(constant bytes, columns, their bytes) live at position ``at``."""
+        alive = (self.first <= at) & (at <= self.last)
+        cols, nb = self.col[alive], self.nbytes[alive]
+        const = float(nb[cols < 0].sum())
+        var = cols >= 0
+        idx, inv = np.unique(cols[var], return_inverse=True)
+        return const, idx, np.bincount(inv, nb[var], len(idx))
+
+
+def runs_over(prof: np.ndarray, limit: float, at_most: int) -> list[int]:
+    """The position of the peak of each maximal run of positions where ``prof`` exceeds
+    ``limit``, largest first, at most ``at_most``."""
+    over = prof > limit
+    if not over.any():
+        return []
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], over.astype(np.int8), [0]])))
+    peaks = [a + int(np.argmax(prof[a:b])) for a, b in zip(edges[::2], edges[1::2])]
+    return sorted(peaks, key=lambda at: -prof[at])[:at_most]
+
+
+def lp_memory_points(model, limit: int, time_limit_s: float) -> list[tuple[int, float, np.ndarray, np.ndarray]]:
+    """(position, constant bytes, columns, bytes) of the memory rows ``model``'s LP relaxation
+    needs to fit ``limit`` at every position (module doc), within ``time_limit_s`` seconds.
+    Empty when the relaxation fits without any, or has no point at all (then no plan fits, and
+    the integer solve says so)."""
+    deadline = time.perf_counter() + time_limit_s
+    rows = MemoryRows(model)
+    lp = LpRelaxation(model.milp)
+    found: list[tuple[int, float, np.ndarray, np.ndarray]] = []
+    seen: set[int] = set()
+    for _round in range(MAX_ROUNDS):
+        x = lp.solve(deadline - time.perf_counter())
+        if x is None:
+            break
+        new = [at for at in runs_over(rows.profile(x), limit + SLACK_BYTES, POINTS_PER_ROUND) if at not in seen]
+        if not new:
+            break
+        for at in new:
+            seen.add(at)
+            const, idx, nb = rows.row(at)
+            lp.add_row(idx, nb / model.MIB, -np.inf, (float(limit) - const) / model.MIB)
+            found.append((at, const, idx, nb))
+        if time.perf_counter() > deadline:
+            break
+    return found
+
+
+def add_lp_rows(model, limit: int, time_limit_s: float, points: list[int]) -> int:
+    """Add to ``model`` the rows ``lp_memory_points`` finds, their positions to ``points``; returns
+    how many."""
+    found = lp_memory_points(model, limit, time_limit_s)
+    for at, const, idx, nb in found:
+        points.append(at)
+        model.milp.add_row(idx, nb / model.MIB, -np.inf, (float(limit) - const) / model.MIB)
+    return len(found)
+
+
+def add_run_rows(model, prof: np.ndarray, limit: int, points: list[int]) -> None:
+    """Add to ``model`` the row at the peak of each run of positions where a plan's profile
+    ``prof`` is over ``limit`` (``runs_over``) that ``points`` does not hold yet, and note it there:
+    one lazy round then rules out every peak of that plan, not only its highest."""
+    for at in runs_over(prof, limit, POINTS_PER_ROUND):
+        if at not in points:
+            points.append(at)
+            model.add_memory_point(at, limit)
+
+
+__all__ = ["MemoryRows", "add_lp_rows", "add_run_rows", "lp_memory_points", "runs_over"]

@@ -1,0 +1,158 @@
+"""Memory rows found on the LP relaxation before the integer solve (passes/sharding/memrows.py):
+the rows are the memory model's, term for term; adding them changes no optimum; and the integer
+solve then needs no (or fewer) lazy rounds."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import graphc
+from graphc.core.mesh import Mesh
+from graphc.core.profiles import MachineProfile
+from graphc.models import gpt
+from graphc.passes.options import PlanOptions
+from graphc.passes.partition import build_problem, optimize_for_planning, shrink, solve_problem, state_ties
+from graphc.passes.sharding import ilp, memrows
+from graphc.passes.sharding.memrows import MemoryRows, lp_memory_points, runs_over
+from graphc.passes.sharding.milp import solve_milp
+from tests.passes.sharding.test_remat import _two_layer_args, _two_layer_step
+from tests.passes.sharding.test_zero import example, train_step
+
+PROFILE = MachineProfile.default()
+TIME = 600.0  # seconds: every solve here is proven optimal, however loaded the machine
+
+
+def _gpt_graph():
+    args, kw = gpt.example_train_args(batch=2, seq=8, d=16, n_layer=1)
+    return optimize_for_planning(graphc.trace(gpt.train_step, *args, **kw))
+
+
+def _problem(graph, mesh: Mesh, options: PlanOptions):
+    problem = build_problem(graph, mesh, options, ties=state_ties(graph))
+    groups, of = shrink(problem, options.shrink)
+    vec, pair, maps = ilp.objective_terms(problem, groups, of)
+    return problem, ilp._Model(problem, groups, of, vec, pair, maps, "highs")
+
+
+def _cases():
+    """(graph, mesh, options) with recomputation twins and checkpoints (a limit, recompute auto),
+    with ZeRO-3's gathered copies, tied and untied."""
+    p, x = _two_layer_args(batch=256, width=64)
+    two = optimize_for_planning(graphc.trace(_two_layer_step, p, x))
+    mlp = optimize_for_planning(graphc.trace(train_step, *example(batch=16, sizes=(16, 32, 32, 8))))
+    return [
+        (two, Mesh({"dp": 2}, profile=PROFILE), PlanOptions(memory_limit=10**9, time_limit=TIME)),
+        (two, Mesh({"dp": 2}, profile=PROFILE), PlanOptions(memory_limit=10**9, shrink=False, time_limit=TIME)),
+        (mlp, Mesh({"dp": 4}, profile=PROFILE), PlanOptions(memory_limit=10**9, zero=3, time_limit=TIME)),
+        (_gpt_graph(), Mesh({"tp": 2}, profile=PROFILE), PlanOptions(memory_limit=10**9, time_limit=TIME)),
+    ]
+
+
+@pytest.fixture(scope="module")
+def cases():
+    return _cases()
+
+
+def test_the_rows_are_the_memory_model_term_for_term(cases):
+    rng = np.random.default_rng(0)
+    for graph, mesh, options in cases:
+        problem, model = _problem(graph, mesh, options)
+        rows = MemoryRows(model)
+        assert problem.remat or problem.memory.transient_terms()  # the case has the terms it is for
+        for _ in range(5):
+            gchoice = [int(rng.integers(g.size)) for g in model.groups]
+            choice = [0] * len(problem.items)
+            for gi, g in enumerate(model.groups):
+                for i, m in g.members:
+                    choice[i] = int(m[gchoice[gi]])
+            np.testing.assert_array_equal(rows.profile(model.point(gchoice)), problem.memory.profile(choice))
+        for at in rng.choice(rows.size, size=min(rows.size, 25), replace=False):
+            const, idx, nb = rows.row(int(at))
+            want_const, want = model.memory_expr(int(at))
+            assert const == pytest.approx(want_const, abs=0.5)
+            got = dict(zip(idx.tolist(), nb.tolist()))
+            want = {int(model.x[g][s]): b for (g, s), b in want.items() if b}
+            assert got == pytest.approx(want)
+
+
+def test_runs_over_gives_each_runs_peak_largest_first():
+    prof = np.array([0, 5, 9, 7, 0, 3, 12, 4, 0, 6], dtype=float)
+    assert runs_over(prof, 4.0, 8) == [6, 2, 9]
+    assert runs_over(prof, 4.0, 2) == [6, 2]
+    assert runs_over(prof, 12.0, 8) == []
+    assert runs_over(np.zeros(0), 0.0, 8) == []
+
+
+def _values_peak(p, choice):
+    """``ilp.held_peak_at`` without the redistribution buffers (module doc of the test below)."""
+    peak, at = p.memory.peak(choice)
+    return peak, at, 0
+
+
+def _solve(problem, options, lp_rows: bool, monkeypatch):
+    """The solution, with the number of integer solves it took in ``stats["integer_solves"]``."""
+    solves = []
+
+    def counted(*a, **k):
+        solves.append(1)
+        return solve_milp(*a, **k)
+
+    with monkeypatch.context() as m:
+        m.setattr(ilp, "held_peak_at", _values_peak)
+        m.setattr(ilp, "solve_milp", counted)
+        if not lp_rows:
+            m.setattr(memrows, "lp_memory_points", lambda *a, **k: [])
+        sol = solve_problem(problem, options)
+    sol.stats["integer_solves"] = len(solves)
+    return sol
+
+
+@pytest.mark.parametrize("share", [0.95, 0.8, 0.6])
+def test_the_optimum_is_the_same_with_the_lp_rows(cases, share, monkeypatch):
+    """Every LP row holds for every plan whose values fit, so the optimum under the limit is the
+    one the lazy rounds alone find, and the solve needs no more integer rounds with them. (The
+    redistribution buffers' rows are left out here: each is this plan's buffers taken off the
+    limit, not a row every plan that fits satisfies, so with them the plan found depends on the
+    order the rows come in: docs/remat.md.)"""
+    for graph, mesh, options in cases[:3]:  # the GPT step's solves take a minute on a loaded machine
+        free = build_problem(graph, mesh, dataclasses.replace(options, memory_limit=None), ties=state_ties(graph))
+        unlimited = free.memory.peak(solve_problem(free, dataclasses.replace(options, memory_limit=None)).choice)[0]
+        limited = dataclasses.replace(options, memory_limit=int(share * unlimited))
+        problem = build_problem(graph, mesh, limited, ties=state_ties(graph))
+        try:
+            lazy = _solve(problem, limited, False, monkeypatch)
+        except graphc.PlanError as e:  # no plan fits: the same answer either way
+            with pytest.raises(graphc.PlanError) as again:
+                _solve(problem, limited, True, monkeypatch)
+            assert again.value.min_memory_bytes == e.min_memory_bytes
+            continue
+        both = _solve(problem, limited, True, monkeypatch)
+        assert lazy.status == both.status == "optimal"
+        assert both.objective == pytest.approx(lazy.objective, rel=2e-4)  # both within REL_GAP of the optimum
+        assert problem.memory.peak(both.choice)[0] <= limited.memory_limit
+        assert both.stats["integer_solves"] <= lazy.stats["integer_solves"]
+
+
+def test_the_lp_needs_no_rows_when_the_limit_is_loose(cases):
+    graph, mesh, options = cases[0]
+    problem, model = _problem(graph, mesh, options)
+    assert lp_memory_points(model, 10**12, 10.0) == []
+
+
+def test_a_limit_below_a_problem_with_nothing_to_choose_names_its_peak():
+    """One device, nothing to recompute: every item has one strategy, the ILP no column. A limit below
+    the only plan's peak is "no plan fits" with that peak (it used to be "the time limit ran out":
+    a program with no columns was called optimal whatever its rows said)."""
+    x = np.ones((4, 4), np.float32)
+    free = graphc.parallelize(lambda x: np.tanh(x) * 2, mesh={"dp": 1}, cache=False).plan(x)
+    peak = free.memory.peak_bytes[0]
+    # 16 bytes under it (memory rows are in MiB: a start point within 1e-6 MiB of a row counts as on it)
+    pf = graphc.parallelize(lambda x: np.tanh(x) * 2, mesh={"dp": 1}, memory_limit=peak - 16, cache=False)
+    with pytest.raises(graphc.PlanError, match="no plan fits") as info:
+        pf.plan(x)
+    assert info.value.min_memory_bytes == peak
+    at_peak = graphc.parallelize(lambda x: np.tanh(x) * 2, mesh={"dp": 1}, memory_limit=peak, cache=False)
+    assert at_peak.plan(x).memory.peak_bytes == (peak,)
