@@ -37,7 +37,7 @@ from graphc.passes.sharding.build import plan_from_solution
 from graphc.passes.sharding.ilp import Group, Solution, shrink_groups, solve
 from graphc.passes.sharding.offload_terms import candidates
 from graphc.passes.sharding.plan import ShardingPlan
-from graphc.passes.sharding.problem import Pins, Problem, apply_ties, items_and_edges, pin_nodes
+from graphc.passes.sharding.problem import Pins, Problem, apply_ties, collector_paused, items_and_edges, pin_nodes
 from graphc.passes.sharding.zero import restrict_zero
 from graphc.programs import ParallelProgram
 
@@ -53,6 +53,7 @@ def optimize_for_planning(graph: Graph) -> Graph:
     return optimize(graph, PLAN_PASSES)
 
 
+@collector_paused()
 def build_problem(
     graph: Graph,
     mesh: Mesh,

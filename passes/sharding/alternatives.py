@@ -41,7 +41,7 @@ from graphc.passes.sharding.collectives import redistribution_steps
 from graphc.passes.sharding.items import Edge
 from graphc.passes.sharding.memory import local_nbytes
 from graphc.passes.sharding.milp import REL_GAP
-from graphc.passes.sharding.problem import Problem
+from graphc.passes.sharding.problem import Problem, collector_paused
 from graphc.passes.sharding.records import Alternative, RuledOut
 from graphc.passes.sharding.roles import BATCH, RESTRICTED
 
@@ -59,6 +59,7 @@ class Solved:
     shared: list[int]  # per item: the items sharing its ILP variable (``Solution.shared``; [] none shared)
 
 
+@collector_paused()
 def find_alternatives(
     problem: Problem, choice: list[int], solved: Solved, plan_share_bytes: int, top: int = TOP
 ) -> dict[int, tuple[Alternative, ...]]:
@@ -166,10 +167,15 @@ class _Pricer:
         self._ids: dict[int, tuple] = {}
         self._at: tuple | None = None  # _edges_at's last answer
         self.active: dict[tuple, list[Edge]] = {}  # key -> its edges that move data, in program order
+        # key -> its edges that pay every time (a ZeRO-3 regather from a spec split along a ZeRO
+        # axis), in program order: with the first of ``active``, the only ones of a key that pay
+        self.again: dict[tuple, list[Edge]] = {}
         for e in problem.edges:
-            key, moves, _src = self._read(e)
+            key, moves, src = self._read(e)
             if moves:
                 self.active.setdefault(key, []).append(e)
+                if (e.src, e.dst) in self.regathered and self._zero_split[src]:
+                    self.again.setdefault(key, []).append(e)
 
     def _spec_id(self, spec: Spec) -> int:
         got = self._spec_ids.get(id(spec))  # strategies hold their specs for the problem's life
@@ -297,13 +303,23 @@ class _Pricer:
                 return delta
             edges = {id(e): e for e in mine}
             for key, _moves, _src in before + after:
-                edges.update((id(e), e) for e in self.active.get(key, ()))
+                edges.update((id(e), e) for e in self._payers(key, edges))
             ordered = sorted(edges.values(), key=lambda e: self.position[id(e)])
             then = self._seconds(ordered)
         finally:
             for i in moved:
                 self.work[i] = self.choice[i]
         return compute_delta + then - self._seconds(ordered)
+
+    def _payers(self, key: tuple, mine: dict[int, Edge]) -> list[Edge]:
+        """The edges of ``key`` (``active``) other than ``mine`` that may pay in the plan, before
+        or after a move of ``mine``'s items: the first of them (it pays when none of ``mine``
+        comes first) and the regathers (they pay every time). The others never pay either way
+        (``redistribution_steps`` skips them), so leaving them out keeps the sum, term for term,
+        and a value read in one spec by every layer costs per move what one reader does."""
+        first = next((e for e in self.active.get(key, ()) if id(e) not in mine), None)
+        payers = [] if first is None else [first]
+        return payers + [e for e in self.again.get(key, ()) if id(e) not in mine and e is not first]
 
     def _edges_at(self, items: tuple[int, ...]) -> tuple[list[Edge], list]:
         """(the edges at ``items``, how the chosen plan reads each: ``_read``), remembered for the

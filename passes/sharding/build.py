@@ -21,11 +21,12 @@ from graphc.passes.sharding.ilp import Solution
 from graphc.passes.sharding.items import Item
 from graphc.passes.sharding.offload_terms import record, use
 from graphc.passes.sharding.plan import ShardingPlan, graph_hash
-from graphc.passes.sharding.problem import Problem
+from graphc.passes.sharding.problem import Problem, collector_paused
 from graphc.passes.sharding.records import Cost, Memory, NodeChoice, SolverStats, TensorChoice
 from graphc.passes.sharding.zero import zero_report
 
 
+@collector_paused()
 def plan_from_solution(problem: Problem, sol: Solution, options: PlanOptions, build_s: float) -> ShardingPlan:
     """The ShardingPlan of ``sol`` (a strategy per item of ``problem``, passes/sharding/problem.py),
     solved with ``options``. Leaves ``problem`` re-bucketed to the plan's gradient all-reduces

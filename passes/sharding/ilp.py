@@ -48,7 +48,7 @@ from graphc.passes.sharding.items import Edge, Item
 from graphc.passes.sharding.memrows import TIME_SHARE, add_lp_rows, add_run_rows
 from graphc.passes.sharding.milp import Milp, solve_milp
 from graphc.passes.sharding.offload_terms import OffloadTerms, use
-from graphc.passes.sharding.problem import Problem
+from graphc.passes.sharding.problem import Problem, collector_paused
 
 
 @dataclass
@@ -160,6 +160,7 @@ def structure_classes(p: Problem, rounds: int = 3) -> list[int]:
 FOLLOW_ABOVE_GROUPS = 2000
 
 
+@collector_paused()
 def shrink_groups(p: Problem, tie: bool = True, follow: bool | None = None) -> tuple[list[Group], list[int]]:
     """Groups of items sharing a strategy variable, and each item's group index. ``follow=None``:
     merge followers only when there are more than FOLLOW_ABOVE_GROUPS groups."""
@@ -364,6 +365,7 @@ def _edge_terms(p: Problem, of: list[int], maps: dict):
     return seen.values()
 
 
+@collector_paused()
 def solve(
     p: Problem,
     groups: list[Group],

@@ -25,7 +25,9 @@ the ILP is tested against (exhaustive search on small graphs).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import gc
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import InitVar, dataclass, field
 
 from graphc.core.errors import PlanError
@@ -140,6 +142,23 @@ class Pins:
         }
 
 
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cycle collector off while planning builds or walks a problem (a context manager
+    and a decorator). Planning allocates millions of small objects that live as long as the
+    problem: each full collection walks all of them, and the collections come more often the
+    more there are, so at 60 layers of a small GPT they took a third of the planning time. What
+    the planner leaves behind is freed by reference counting; the collector runs again after."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+@collector_paused()
 def items_and_edges(
     graph: Graph,
     mesh: Mesh,
