@@ -61,43 +61,88 @@ class Solved:
 
 @collector_paused()
 def find_alternatives(
-    problem: Problem, choice: list[int], solved: Solved, plan_share_bytes: int, top: int = TOP
+    problem: Problem, choice: list[int], solved: Solved, plan_share_bytes: int, top: int = TOP, reuse: bool = True
 ) -> dict[int, tuple[Alternative, ...]]:
     """{item: its ``top`` cheapest alternatives by the objective} for every input, node and output
     with more than one strategy (a fan-out is not a choice the plan reports).
-    ``plan_share_bytes``: the gradient bucket share of the plan's collectives."""
+    ``plan_share_bytes``: the gradient bucket share of the plan's collectives.
+
+    The items of repeated layers price their alternatives alike: an item whose ``_Pricer.context``
+    (everything the objective's and the step's deltas read: its strategies and choice, and per
+    edge the cost table, the other end's spec and table index, and how the value's other readers
+    share its redistributions) equals one priced before takes over that one's deltas and its
+    order of alternatives (``reuse``; False prices every item, as the tests compare). The peak
+    is the item's own (it depends on where the item's values live), and a step delta that the
+    plan counts otherwise than the objective is priced for the item itself."""
     pricer = _Pricer(problem, choice, plan_share_bytes)
+    priced: dict[tuple, _Priced] = {}
     out: dict[int, tuple[Alternative, ...]] = {}
     for i, it in enumerate(problem.items):
         if len(it.strategies) < 2 or it.kind == "fanout":
             continue
-        compute, comm = pricer.objective_deltas(i)
-        delta = compute + comm
-        delta[choice[i]] = np.inf
-        chosen = it.strategies[choice[i]]
-        if i in problem.remat:  # the other specs; keeping or recomputing is reported apart
-            delta[[st.recompute != chosen.recompute for st in it.strategies]] = np.inf
+        context = pricer.context(i) if reuse else None
+        known = priced.get(context) if context is not None else None
+        if known is None:
+            known = _price(pricer, i, top)
+            if context is not None:
+                priced[context] = known
         alts = []
-        for s in np.argsort(delta, kind="stable")[:top]:
-            if not np.isfinite(delta[s]):
-                break
+        for s in known.order:
             st = it.strategies[s]
-            moved = pricer.moved(i, int(s))
+            moved = pricer.moved(i, s)
             peak = pricer.peak_with(moved)
+            delta = float(known.delta[s])
+            step = known.steps.get(s)
+            if step is None:
+                step = pricer.step_delta(moved, float(known.compute[s]), delta)
             alts.append(
                 Alternative(
                     out_specs=tuple(st.out_specs) if it.kind != "output" else tuple(st.in_specs),
-                    delta_s=float(delta[s]),
+                    delta_s=delta,
                     strategy=st.name if it.kind == "node" else None,
-                    compute_delta_s=float(compute[s]),
-                    comm_delta_s=float(comm[s]),
-                    step_delta_s=pricer.step_delta(moved, float(compute[s]), float(delta[s])),
+                    compute_delta_s=float(known.compute[s]),
+                    comm_delta_s=float(known.comm[s]),
+                    step_delta_s=step,
                     peak_delta_bytes=peak - pricer.peak,
-                    ruled_out=_ruled_out(float(delta[s]), peak, solved, [i, *pricer.partner_of(i)]),
+                    ruled_out=_ruled_out(delta, peak, solved, [i, *pricer.partner_of(i)]),
                 )
             )
         out[i] = tuple(alts)
     return out
+
+
+@dataclass(frozen=True)
+class _Priced:
+    """An item's deltas by strategy (compute, redistribution, their sum with the chosen and the
+    ruled-out strategies at infinity), its ``top`` alternatives in order, and the step delta of
+    those the plan counts as the objective does (the others are priced per item)."""
+
+    compute: np.ndarray
+    comm: np.ndarray
+    delta: np.ndarray
+    order: tuple[int, ...]
+    steps: dict[int, float]
+
+
+def _price(pricer: _Pricer, i: int, top: int) -> _Priced:
+    it = pricer.p.items[i]
+    compute, comm = pricer.objective_deltas(i)
+    delta = compute + comm
+    delta[pricer.choice[i]] = np.inf
+    chosen = it.strategies[pricer.choice[i]]
+    if i in pricer.p.remat:  # the other specs; keeping or recomputing is reported apart
+        delta[[st.recompute != chosen.recompute for st in it.strategies]] = np.inf
+    order: list[int] = []
+    for s in np.argsort(delta, kind="stable")[:top]:
+        if not np.isfinite(delta[s]):
+            break
+        order.append(int(s))
+    steps = {}
+    for s in order:
+        step, per_edge = pricer.step(pricer.moved(i, s), float(compute[s]), float(delta[s]))
+        if per_edge:
+            steps[s] = step
+    return _Priced(compute, comm, delta, tuple(order), steps)
 
 
 def _ruled_out(delta: float, peak: int, solved: Solved, items: list[int]) -> str | None:
@@ -166,6 +211,8 @@ class _Pricer:
         # results, and of its operands)
         self._ids: dict[int, tuple] = {}
         self._at: tuple | None = None  # _edges_at's last answer
+        self._labels: dict[int, tuple] = {}  # id(Strategies) -> (it, its content's label: _label)
+        self._contents: dict[tuple, int] = {}
         self.active: dict[tuple, list[Edge]] = {}  # key -> its edges that move data, in program order
         # key -> its edges that pay every time (a ZeRO-3 regather from a spec split along a ZeRO
         # axis), in program order: with the first of ``active``, the only ones of a key that pay
@@ -176,6 +223,13 @@ class _Pricer:
                 self.active.setdefault(key, []).append(e)
                 if (e.src, e.dst) in self.regathered and self._zero_split[src]:
                     self.again.setdefault(key, []).append(e)
+        # per value (by id): a label of its readers that move data, by (spec read in, phase) and
+        # how many (``context``: the counts ``_counted_per_edge`` reads)
+        readers: dict[int, list] = {}
+        for (value, dst, phase), moving in self.active.items():
+            readers.setdefault(value, []).append((dst, phase, len(moving)))
+        labels: dict[tuple, int] = {}
+        self._sharing = {v: labels.setdefault(tuple(sorted(r)), len(labels)) for v, r in readers.items()}
 
     def _spec_id(self, spec: Spec) -> int:
         got = self._spec_ids.get(id(spec))  # strategies hold their specs for the problem's life
@@ -204,6 +258,24 @@ class _Pricer:
             ins = [tuple(self._spec_id(q) for q in st.in_specs) for st in strategies]
             got = self._ids[id(strategies)] = (strategies, outs, ins)
         return got
+
+    def _label(self, i: int) -> int:
+        """A small int per distinct content of item ``i``'s strategies, as pricing reads it: the
+        compute times, the spec ids of every result and operand (and so the item's rows and
+        columns of its edges' tables), which recompute. Remembered per Strategies object (the
+        fused nodes of repeated layers each have one of their own, with equal content)."""
+        strategies = self.p.items[i].strategies
+        got = self._labels.get(id(strategies))
+        if got is None or got[0] is not strategies:
+            _it, outs, ins = self._ids_of(i)
+            content = (
+                strategies.compute_times.tobytes(),
+                tuple(outs),
+                tuple(ins),
+                tuple(st.recompute for st in strategies),
+            )
+            got = self._labels[id(strategies)] = (strategies, self._contents.setdefault(content, len(self._contents)))
+        return got[1]
 
     def partner_of(self, i: int) -> list[int]:
         return [self.partner[i]] if i in self.partner else []
@@ -294,13 +366,18 @@ class _Pricer:
         pays), a ZeRO-3 regather, a deferred all-reduce (priced in the buckets the plan fills).
         For those the plan's redistributions of the moved items' edges, and of the edges that
         share one with them, are counted before and after the move."""
+        return self.step(moved, compute_delta, delta)[0]
+
+    def step(self, moved: dict[int, int], compute_delta: float, delta: float) -> tuple[float, bool]:
+        """(``step_delta``, whether the plan counts the moved items' redistributions as the
+        objective does, one per edge: the step delta is then ``delta``)."""
         mine, before = self._edges_at(tuple(moved))
         for i, s in moved.items():
             self.work[i] = s
         try:
             after = [self._read(e) for e in mine]
             if self._counted_per_edge(mine, before, after):
-                return delta
+                return delta, True
             edges = {id(e): e for e in mine}
             for key, _moves, _src in before + after:
                 edges.update((id(e), e) for e in self._payers(key, edges))
@@ -309,7 +386,42 @@ class _Pricer:
         finally:
             for i in moved:
                 self.work[i] = self.choice[i]
-        return compute_delta + then - self._seconds(ordered)
+        return compute_delta + then - self._seconds(ordered), False
+
+    def context(self, i: int) -> tuple | None:
+        """What pricing item ``i``'s alternatives reads, other than where its values live: two
+        items of equal context have equal ``objective_deltas`` and take the fast path of
+        ``step`` for the same strategies, with equal results. Its strategies (``_label``) and choice, whether it may be recomputed, and per edge at it, in order:
+        its side, cost table (one object per distinct table), the other end's index into it, both ends' spec ids under the plan, the operand or result it
+        joins, deferred, phase, regathered, which of the item's values it carries, and how the
+        value's readers that move data share its redistributions (``_sharing``). None for a
+        tied item (its partner moves with it: priced on its own)."""
+        if i in self.partner:
+            return None
+        choice = self.choice
+        parts: list = [self._label(i), choice[i], i in self.p.remat]
+        values: dict[int, int] = {}
+        for e in self.incident.get(i, ()):
+            table, ui, vi = self.p.costs.edge_table(e)
+            (_v, dst, _phase), _moves, src = self._read(e)
+            mine = e.src == i
+            other = vi[choice[e.dst]] if mine else ui[choice[e.src]]
+            parts.append(
+                (
+                    mine,
+                    id(table),
+                    int(other),
+                    src,
+                    dst,
+                    e.src_out if mine else e.dst_in,
+                    e.deferred,
+                    e.phase,
+                    (e.src, e.dst) in self.regathered,
+                    values.setdefault(id(e.value), len(values)),
+                    self._sharing.get(id(e.value), -1),
+                )
+            )
+        return tuple(parts)
 
     def _payers(self, key: tuple, mine: dict[int, Edge]) -> list[Edge]:
         """The edges of ``key`` (``active``) other than ``mine`` that may pay in the plan, before
