@@ -30,6 +30,7 @@ output).
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import numpy as np
@@ -488,9 +489,12 @@ class _RangeMax:
         return float(max(level[a], level[b - (1 << k) + 1]))
 
 
-def ruled_out_specs(problem: Problem, i: int, spec: Spec) -> tuple[RuledOut, ...]:
+def ruled_out_specs(problem: Problem, i: int, spec: Spec, tied: Collection[int] | None = None) -> tuple[RuledOut, ...]:
     """The specs of input item ``i`` one mesh axis away from ``spec`` (R or an even S(d) there)
-    that are not among its strategies, each with why the planner did not generate it."""
+    that are not among its strategies, each with why the planner did not generate it.
+    ``tied``: the items of ``problem.ties`` (a set, for callers that ask for every input)."""
+    if tied is None:
+        tied = {k for tie in problem.ties for k in tie}
     it = problem.items[i]
     v = it.value
     assert v is not None  # an input item holds its value
@@ -505,11 +509,11 @@ def ruled_out_specs(problem: Problem, i: int, spec: Spec) -> tuple[RuledOut, ...
                 continue
             if q.is_split and any(x.is_split and x.dim == q.dim for b, x in enumerate(spec) if b != a):
                 continue  # not a spec: a dim splits over one axis
-            out.append(RuledOut(spec=cand, reason=_why_not(problem, i, a, q, cand)))
+            out.append(RuledOut(spec=cand, reason=_why_not(problem, i, a, q, cand, tied)))
     return tuple(out)
 
 
-def _why_not(problem: Problem, i: int, a: int, q, cand: Spec) -> str:
+def _why_not(problem: Problem, i: int, a: int, q, cand: Spec, tied: Collection[int]) -> str:
     """Why input item ``i`` has no strategy with spec ``cand`` (``q`` on axis ``a``)."""
     it = problem.items[i]
     v = it.value
@@ -538,7 +542,7 @@ def _why_not(problem: Problem, i: int, a: int, q, cand: Spec) -> str:
             return f"ZeRO shards state along its lowest dim that splits evenly ({kept}): any dim saves the same"
     if problem.zero in (1, 2, 3) and a in problem.zero_axes:
         return f"zero={problem.zero} keeps only the specs of ZeRO stage {problem.zero}"
-    if any(i in tie for tie in problem.ties):
+    if i in tied:
         return "its tied output (the state returned updated) cannot be returned in it"
     return "not a candidate: the planner splits only dims some op's sharding rule can split"
 

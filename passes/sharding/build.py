@@ -49,6 +49,8 @@ def plan_from_solution(problem: Problem, sol: Solution, options: PlanOptions, bu
     zero = zero_report(problem, choice)
     recomputed = set(problem.recomputed(choice))
     inputs, outputs, nodes = [], [], []
+    tied = {k for tie in problem.ties for k in tie}
+    type_names: dict = {}  # type -> its text (repeated layers repeat a few types many times)
     for i, it in enumerate(problem.items):
         st = it.strategies[choice[i]]
         alts = alternatives.get(i, ())
@@ -65,7 +67,7 @@ def plan_from_solution(problem: Problem, sol: Solution, options: PlanOptions, bu
                     alternatives=alts,
                     zero=stage,
                     zero_saved_bytes=saved,
-                    ruled_out=ruled_out_specs(problem, i, st.out_specs[0]),
+                    ruled_out=ruled_out_specs(problem, i, st.out_specs[0], tied),
                 )
             )
         elif it.kind == "output":
@@ -82,7 +84,7 @@ def plan_from_solution(problem: Problem, sol: Solution, options: PlanOptions, bu
             )
         elif it.kind == "node":
             again = i in recomputed
-            nodes.append(_node_choice(problem, i, choice[i], alts, again, names))
+            nodes.append(_node_choice(problem, i, choice[i], alts, again, names, type_names))
     ev = costs.evaluate(choice)  # with the buckets the plan fills
     if offload is not None:  # the update of the offloaded parameters runs on the host instead
         ev["compute_s"] -= offload.device_update_s
@@ -126,8 +128,17 @@ def plan_from_solution(problem: Problem, sol: Solution, options: PlanOptions, bu
     )
 
 
-def _node_choice(problem: Problem, i: int, s: int, alts: tuple, again: bool, names) -> NodeChoice:
-    """The NodeChoice of node item ``i`` at strategy ``s`` (``again``: recomputed)."""
+def _type_text(t, memo: dict) -> str:
+    """``str(t)``, remembered in ``memo``."""
+    got = memo.get(t)
+    if got is None:
+        got = memo[t] = str(t)
+    return got
+
+
+def _node_choice(problem: Problem, i: int, s: int, alts: tuple, again: bool, names, type_names: dict) -> NodeChoice:
+    """The NodeChoice of node item ``i`` at strategy ``s`` (``again``: recomputed); ``type_names``:
+    the text of each type met so far."""
     it = problem.items[i]
     n = it.node
     assert n is not None  # a node item holds its node
@@ -138,7 +149,7 @@ def _node_choice(problem: Problem, i: int, s: int, alts: tuple, again: bool, nam
         op=n.op.name,
         loc=str(n.loc) if n.loc else None,
         part=n.part,
-        types=tuple(str(o.type) for o in n.outputs),
+        types=tuple(_type_text(o.type, type_names) for o in n.outputs),
         strategy=st.name,
         in_specs=tuple(st.in_specs),
         out_specs=tuple(st.out_specs),
