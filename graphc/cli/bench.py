@@ -58,6 +58,9 @@ def add_parser(sub) -> None:
         "--solvers", action="store_true", help="plantime: solve the benchmark ILPs with HiGHS and with CP-SAT"
     )
     bench.add_argument(
+        "--deep", action="store_true", help="plantime: also plan the 1,000-layer transformer (minutes; issue 29)"
+    )
+    bench.add_argument(
         "--only",
         help="runtime: a comma-separated subset of its sections: dp, tp, overhead, rnn, kernels, einsum, train, jax",
     )
@@ -73,7 +76,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.target == "plantime":
         from graphc.bench import plantime  # (traces 175B- and 8B-shaped steps: only for this benchmark)
 
-        plantime.main(repeat=args.repeat if args.repeat is not None else 1, solvers=args.solvers)
+        plantime.main(repeat=args.repeat if args.repeat is not None else 1, solvers=args.solvers, deep=args.deep)
         return 0
     if args.target == "runtime":
         from graphc.bench import runtime  # (loads numba, and jax when it is installed, only for this benchmark)

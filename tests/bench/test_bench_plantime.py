@@ -24,4 +24,11 @@ def test_the_benchmark_cases_are_the_issue_targets():
         "LLaMA-3-8B shapes, 32 layers",
     ]
     assert [c.mesh for c in depth_cases()] == [{"dp": 8, "tp": 8}] * 4 + [{"dp": 2, "tp": 2}]
+    # the default run plans the d=256 GPT at 100 layers; --deep at the target's 1,000
+    assert [depth_cases()[4].name, depth_cases(deep=True)[4].name] == [
+        "GPT d=256, 100 layers",
+        "GPT d=256, 1000 layers",
+    ]
+    args, _kw = depth_cases(deep=True)[4].example()
+    assert len(args[0]["blocks"]) == 1000
     assert len(solver_cases()) == 3
