@@ -70,11 +70,10 @@ def find_alternatives(
 
     The items of repeated layers price their alternatives alike: an item whose ``_Pricer.context``
     (everything the objective's and the step's deltas read: its strategies and choice, and per
-    edge the cost table, the other end's spec and table index, and how the value's other readers
-    share its redistributions) equals one priced before takes over that one's deltas and its
-    order of alternatives (``reuse``; False prices every item, as the tests compare). The peak
-    is the item's own (it depends on where the item's values live), and a step delta that the
-    plan counts otherwise than the objective is priced for the item itself."""
+    edge the cost table, the other end's spec and table index, and the redistributions its
+    values share with other readers) equals one priced before takes over that one's deltas,
+    order of alternatives and step deltas (``reuse``; False prices every item, as the tests
+    compare). The peak is the item's own: it depends on where the item's values live."""
     pricer = _Pricer(problem, choice, plan_share_bytes)
     priced: dict[tuple, _Priced] = {}
     out: dict[int, tuple[Alternative, ...]] = {}
@@ -93,9 +92,7 @@ def find_alternatives(
             moved = pricer.moved(i, s)
             peak = pricer.peak_with(moved)
             delta = float(known.delta[s])
-            step = known.steps.get(s)
-            if step is None:
-                step = pricer.step_delta(moved, float(known.compute[s]), delta)
+            step = known.steps[s]
             alts.append(
                 Alternative(
                     out_specs=tuple(st.out_specs) if it.kind != "output" else tuple(st.in_specs),
@@ -115,8 +112,7 @@ def find_alternatives(
 @dataclass(frozen=True)
 class _Priced:
     """An item's deltas by strategy (compute, redistribution, their sum with the chosen and the
-    ruled-out strategies at infinity), its ``top`` alternatives in order, and the step delta of
-    those the plan counts as the objective does (the others are priced per item)."""
+    ruled-out strategies at infinity), its ``top`` alternatives in order, and their step deltas."""
 
     compute: np.ndarray
     comm: np.ndarray
@@ -138,11 +134,7 @@ def _price(pricer: _Pricer, i: int, top: int) -> _Priced:
         if not np.isfinite(delta[s]):
             break
         order.append(int(s))
-    steps = {}
-    for s in order:
-        step, per_edge = pricer.step(pricer.moved(i, s), float(compute[s]), float(delta[s]))
-        if per_edge:
-            steps[s] = step
+    steps = {s: pricer.step_delta(pricer.moved(i, s), float(compute[s]), float(delta[s])) for s in order}
     return _Priced(compute, comm, delta, tuple(order), steps)
 
 
@@ -231,6 +223,9 @@ class _Pricer:
             readers.setdefault(value, []).append((dst, phase, len(moving)))
         labels: dict[tuple, int] = {}
         self._sharing = {v: labels.setdefault(tuple(sorted(r)), len(labels)) for v, r in readers.items()}
+        self._keys: dict[tuple[int, str], list[int]] = {}  # (id(value), phase) -> spec ids of its keys
+        for value, dst, phase in self.active:
+            self._keys.setdefault((value, phase), []).append(dst)
 
     def _spec_id(self, spec: Spec) -> int:
         got = self._spec_ids.get(id(spec))  # strategies hold their specs for the problem's life
@@ -367,54 +362,57 @@ class _Pricer:
         pays), a ZeRO-3 regather, a deferred all-reduce (priced in the buckets the plan fills).
         For those the plan's redistributions of the moved items' edges, and of the edges that
         share one with them, are counted before and after the move."""
-        return self.step(moved, compute_delta, delta)[0]
-
-    def step(self, moved: dict[int, int], compute_delta: float, delta: float) -> tuple[float, bool]:
-        """(``step_delta``, whether the plan counts the moved items' redistributions as the
-        objective does, one per edge: the step delta is then ``delta``)."""
         mine, before = self._edges_at(tuple(moved))
         for i, s in moved.items():
             self.work[i] = s
         try:
             after = [self._read(e) for e in mine]
             if self._counted_per_edge(mine, before, after):
-                return delta, True
-            edges = {id(e): e for e in mine}
+                return delta
+            mine_ids = {id(e): e for e in mine}
+            edges = dict(mine_ids)
             for key, _moves, _src in before + after:
-                edges.update((id(e), e) for e in self._payers(key, edges))
+                edges.update((id(e), e) for e in self._payers(key, mine_ids))
             ordered = sorted(edges.values(), key=lambda e: self.position[id(e)])
             then = self._seconds(ordered)
         finally:
             for i in moved:
                 self.work[i] = self.choice[i]
-        return compute_delta + then - self._seconds(ordered), False
+        return compute_delta + then - self._seconds(ordered)
 
-    def context(self, i: int) -> tuple | None:
+    def context(self, i: int) -> tuple:
         """What pricing item ``i``'s alternatives reads, other than where its values live: two
-        items of equal context have equal ``objective_deltas`` and take the fast path of
-        ``step`` for the same strategies, with equal results. Its strategies (``_label``) and choice, whether it may be recomputed, and per edge at it, in order:
-        its side, cost table (one object per distinct table), the other end's index into it, both ends' spec ids under the plan, the operand or result it
-        joins, deferred, phase, regathered, which of the item's values it carries, and how the
-        value's readers that move data share its redistributions (``_sharing``). None for a
-        tied item (its partner moves with it: priced on its own)."""
-        if i in self.partner:
-            return None
+        items of equal context have equal ``objective_deltas`` and equal ``step`` results for
+        every strategy. Per moved item (``i``, and its tied partner, which moves with it): its
+        strategies (``_label``), choice and whether it may be recomputed; per edge at them, in
+        the order ``step`` reads them: which moved item each end is (or neither), the cost table
+        (one object per distinct table), both ends' table indices and spec ids under the plan,
+        the operand and result it joins, deferred, phase, regathered, which of the moved items'
+        values it carries, and how the value's readers that move data share its redistributions
+        (``_sharing``); per value and phase they carry, the edges of each redistribution key that
+        may pay (``_payers``: their specs, deferred, regathered, and where they fall among the
+        moved items' edges in program order)."""
+        moved = (i, *self.partner_of(i))
         choice = self.choice
-        parts: list = [self._label(i), choice[i], i in self.p.remat]
+        parts: list = [(self._label(m), choice[m], m in self.p.remat) for m in moved]
+        mine = list({id(e): e for m in moved for e in self.incident.get(m, ())}.values())
+        mine_ids = {id(e): e for e in mine}
         values: dict[int, int] = {}
-        for e in self.incident.get(i, ()):
+        phases: dict[tuple[int, str], None] = {}
+        for e in mine:
             table, ui, vi = self.p.costs.edge_table(e)
             (_v, dst, _phase), _moves, src = self._read(e)
-            mine = e.src == i
-            other = vi[choice[e.dst]] if mine else ui[choice[e.src]]
             parts.append(
                 (
-                    mine,
+                    moved.index(e.src) if e.src in moved else -1,
+                    moved.index(e.dst) if e.dst in moved else -1,
                     id(table),
-                    int(other),
+                    int(ui[choice[e.src]]),
+                    int(vi[choice[e.dst]]),
                     src,
                     dst,
-                    e.src_out if mine else e.dst_in,
+                    e.src_out,
+                    e.dst_in,
                     e.deferred,
                     e.phase,
                     (e.src, e.dst) in self.regathered,
@@ -422,6 +420,17 @@ class _Pricer:
                     self._sharing.get(id(e.value), -1),
                 )
             )
+            phases[(id(e.value), e.phase)] = None
+        # the program order of the moved items' edges and the payers: the order ``step`` sums in
+        order = [(self.position[id(e)], k) for k, e in enumerate(mine)]
+        for value, phase in phases:
+            for dst in self._keys.get((value, phase), ()):
+                for e in self._payers((value, dst, phase), mine_ids):
+                    order.append((self.position[id(e)], len(parts)))
+                    parts.append(
+                        (values[value], phase, dst, self._read(e)[2], e.deferred, (e.src, e.dst) in self.regathered)
+                    )
+        parts.append(tuple(k for _position, k in sorted(order)))
         return tuple(parts)
 
     def _payers(self, key: tuple, mine: dict[int, Edge]) -> list[Edge]:
