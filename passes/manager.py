@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from graphc.core.collector import collector_paused
 from graphc.core.errors import GraphcError, VerifyError
 from graphc.core.files import atomic_write
 from graphc.core.ir import Graph
@@ -92,6 +93,7 @@ def _debug() -> bool:
     return os.environ.get("GRAPHC_DEBUG", "") not in ("", "0")
 
 
+@collector_paused()
 def run_passes(
     graph: Graph,
     passes: list[str] | tuple[str, ...] | None = None,

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from graphc.core.cache import private_dir, read_entry, warn_cache, write_entry
+from graphc.core.collector import collector_paused
 from graphc.core.errors import PlanError
 from graphc.core.ir import Graph
 from graphc.core.mesh import Mesh
@@ -37,7 +38,7 @@ from graphc.passes.sharding.build import plan_from_solution
 from graphc.passes.sharding.ilp import Group, Solution, shrink_groups, solve
 from graphc.passes.sharding.offload_terms import candidates
 from graphc.passes.sharding.plan import ShardingPlan
-from graphc.passes.sharding.problem import Pins, Problem, apply_ties, collector_paused, items_and_edges, pin_nodes
+from graphc.passes.sharding.problem import Pins, Problem, apply_ties, items_and_edges, pin_nodes
 from graphc.passes.sharding.zero import restrict_zero
 from graphc.programs import ParallelProgram
 

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from graphc.core import dtypes
+from graphc.core.collector import collector_paused
 from graphc.core.errors import GraphcWarning, ShapeError, SourceLoc, TraceError, numpy_error
 from graphc.core.ir import Graph, Node, TensorType, Value
 from graphc.core.pytree import (
@@ -185,6 +186,7 @@ def _input_type(leaf: Any, name: str) -> TensorType:
         raise TraceError(f"argument {name}: {exc}") from None
 
 
+@collector_paused()
 def trace(fn: Callable, *args: Any, **kwargs: Any) -> Graph:
     """Trace ``fn(*args, **kwargs)`` into a Graph.
 

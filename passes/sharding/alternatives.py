@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from graphc.core.collector import collector_paused
 from graphc.core.ir import Value
 from graphc.core.spec import R, S, Spec, format_spec
 from graphc.core.units import fmt_bytes
@@ -42,7 +43,7 @@ from graphc.passes.sharding.collectives import redistribution_steps
 from graphc.passes.sharding.items import Edge
 from graphc.passes.sharding.memory import local_nbytes
 from graphc.passes.sharding.milp import REL_GAP
-from graphc.passes.sharding.problem import Problem, collector_paused
+from graphc.passes.sharding.problem import Problem
 from graphc.passes.sharding.records import Alternative, RuledOut
 from graphc.passes.sharding.roles import BATCH, RESTRICTED
 

@@ -9,6 +9,7 @@ plan's all-reduces fill, which prices the plan's collectives and predicted step
 
 from __future__ import annotations
 
+from graphc.core.collector import collector_paused
 from graphc.core.ir import Graph
 from graphc.core.mesh import Mesh
 from graphc.core.traits import Contraction
@@ -21,7 +22,7 @@ from graphc.passes.sharding.ilp import Solution
 from graphc.passes.sharding.items import Item
 from graphc.passes.sharding.offload_terms import record, use
 from graphc.passes.sharding.plan import ShardingPlan, graph_hash
-from graphc.passes.sharding.problem import Problem, collector_paused
+from graphc.passes.sharding.problem import Problem
 from graphc.passes.sharding.records import Cost, Memory, NodeChoice, SolverStats, TensorChoice
 from graphc.passes.sharding.zero import zero_report
 

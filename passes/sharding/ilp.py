@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from graphc.core.collector import collector_paused
 from graphc.core.errors import PlanError
 from graphc.core.ir import Value
 from graphc.core.spec import format_spec
@@ -48,7 +49,7 @@ from graphc.passes.sharding.items import Edge, Item
 from graphc.passes.sharding.memrows import TIME_SHARE, add_lp_rows, add_run_rows
 from graphc.passes.sharding.milp import Milp, solve_milp
 from graphc.passes.sharding.offload_terms import OffloadTerms, use
-from graphc.passes.sharding.problem import Problem, collector_paused
+from graphc.passes.sharding.problem import Problem
 
 
 @dataclass

@@ -25,11 +25,10 @@ the ILP is tested against (exhaustive search on small graphs).
 from __future__ import annotations
 
 import dataclasses
-import gc
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import InitVar, dataclass, field
 
+from graphc.core.collector import collector_paused
 from graphc.core.errors import PlanError
 from graphc.core.ir import Graph, Node, TensorType, Value
 from graphc.core.mesh import Mesh
@@ -140,22 +139,6 @@ class Pins:
             "outputs": {str(k): format_spec(v) for k, v in sorted(self.outputs.items())},
             "nodes": {str(k): v for k, v in sorted(self.nodes.items())},
         }
-
-
-@contextmanager
-def collector_paused() -> Iterator[None]:
-    """Python's cycle collector off while planning builds or walks a problem (a context manager
-    and a decorator). Planning allocates millions of small objects that live as long as the
-    problem: each full collection walks all of them, and the collections come more often the
-    more there are, so at 60 layers of a small GPT they took a third of the planning time. What
-    the planner leaves behind is freed by reference counting; the collector runs again after."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 @collector_paused()

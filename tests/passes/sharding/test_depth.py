@@ -15,6 +15,7 @@ from hypothesis import strategies as hst
 
 import graphc
 from graphc.api.parallel import write_ties
+from graphc.core.collector import collector_paused
 from graphc.core.mesh import Mesh
 from graphc.core.profile import MachineProfile
 from graphc.models import gpt, gpt3, llama, mlp
@@ -22,7 +23,6 @@ from graphc.passes.options import PlanOptions
 from graphc.passes.partition import build_problem, solve_problem
 from graphc.passes.sharding import alternatives
 from graphc.passes.sharding.alternatives import Solved, _Pricer, find_alternatives
-from graphc.passes.sharding.problem import collector_paused
 from tests.graphgen import random_graphs
 
 DEFAULT = MachineProfile.default()
