@@ -13,6 +13,7 @@ from graphc.core.collector import collector_paused
 from graphc.core.ir import Graph
 from graphc.core.mesh import Mesh
 from graphc.core.traits import Contraction
+from graphc.core.units import fmt_bytes
 from graphc.ops.dims import default_cost
 from graphc.passes.offload import OffloadRecord
 from graphc.passes.options import PlanOptions
@@ -104,6 +105,13 @@ def plan_from_solution(problem: Problem, sol: Solution, options: PlanOptions, bu
         sizes=dict(sol.stats),
         bucket_bytes=solved_bucket,
     )
+    held = memory.held_peak(choice)
+    if memory_limit is not None and held > memory_limit:  # ilp.solve's fallback (docs/remat.md)
+        problem.warnings.append(
+            f"the plan's values fit in {fmt_bytes(memory_limit)} per device, but with the redistribution buffers "
+            f"the runtime also holds its peak is {fmt_bytes(held)} ({held / memory_limit:.0%} of the limit): the "
+            "solver found no plan whose buffers fit as well (docs/remat.md): the run may need that much"
+        )
     return ShardingPlan(
         graph_name=graph.name,
         graph_hash=graph_hash(graph),
@@ -118,7 +126,7 @@ def plan_from_solution(problem: Problem, sol: Solution, options: PlanOptions, bu
             limit_bytes=memory_limit,
             peak_bytes=(peak,) * problem.mesh.size,
             peak_at=_item_name(at_item, names) if at_item else None,
-            held_bytes=(memory.held_peak(choice),) * problem.mesh.size,
+            held_bytes=(held,) * problem.mesh.size,
             recompute_saved_bytes=int(memory.profile(choice, recompute=False).max()) - peak if recomputed else 0,
         ),
         solver=solver,

@@ -5,6 +5,7 @@ solve then needs no (or fewer) lazy rounds."""
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ import pytest
 import graphc
 from graphc.core.mesh import Mesh
 from graphc.core.profiles import MachineProfile
+from graphc.core.pytree import static_argnames
 from graphc.models import gpt
 from graphc.passes.options import PlanOptions
 from graphc.passes.partition import build_problem, optimize_for_planning, shrink, solve_problem, state_ties
@@ -156,3 +158,33 @@ def test_a_limit_below_a_problem_with_nothing_to_choose_names_its_peak():
     assert info.value.min_memory_bytes == peak
     at_peak = graphc.parallelize(lambda x: np.tanh(x) * 2, mesh={"dp": 1}, memory_limit=peak, cache=False)
     assert at_peak.plan(x).memory.peak_bytes == (peak,)
+
+
+@pytest.mark.slow  # about 25 s: the fallback at 60% runs the held-buffer rounds out
+def test_a_plan_whose_held_buffers_break_the_limit_says_so():
+    """ilp.solve's fallback (docs/remat.md): when the held-buffer rows leave no plan, the last plan
+    whose values fit stands, and its held peak may be over the limit. The plan then says so in its
+    warnings (and parallelize warns): the limit is never broken silently. A plan held within the
+    limit has no such warning."""
+    args, kw = gpt.example_train_args(batch=2, seq=8, d=16, n_layer=1, n_head=2)
+
+    def plan(limit):
+        step = graphc.parallelize(
+            gpt.train_step, mesh={"tp": 2}, memory_limit=limit, static_argnames=static_argnames(kw), cache=False
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return step.plan(*args, **kw)
+
+    free = plan(None).memory.peak_bytes[0]
+    seen = set()
+    for share in (0.9, 0.6):
+        limit = int(share * free)
+        p = plan(limit)
+        over = p.memory.held_bytes[0] > limit
+        said = [w for w in p.warnings if "redistribution buffers" in w]
+        assert bool(said) == over, (share, p.memory.held_bytes[0], limit, said)
+        if over:
+            assert f"{p.memory.held_bytes[0] / limit:.0%} of the limit" in said[0]
+        seen.add(over)
+    assert seen == {False, True}  # both sides are exercised (the fallback at 60% on this step)
