@@ -55,6 +55,13 @@ from graphc.runtime.codegen import CompiledKernel
 from graphc.runtime.threads import one_blas_thread
 
 
+# An untimed pause before each call of the rows that time a two-thread BLAS call next to the others:
+# OpenBLAS's workers keep spinning for a while after it returns, and the next contender shares the
+# cores with them (a GPT forward on dp=2 measured 0.80x of its ceiling when it followed one, 1.01x
+# with 0.1 s between; docs/performance.md).
+BLAS_SETTLE_S = 0.1
+
+
 @dataclass
 class Row:
     figure: str
@@ -103,6 +110,7 @@ def data_parallel_rows(label: str, fn, args: tuple, kwargs: dict, static, batch_
                 "two_cores": lambda: one(*args, **kwargs),
             },
             rounds,
+            settle_s=BLAS_SETTLE_S,
         )
     finally:
         pool.shutdown()
@@ -121,7 +129,7 @@ def tensor_parallel_row(fn, args, kwargs, static, rounds: int) -> Row:
         with one_blas_thread():
             one(*args, **kwargs)
 
-    t = interleaved({"tp2": lambda: tp2(*args, **kwargs), "one_core": one_core}, rounds)
+    t = interleaved({"tp2": lambda: tp2(*args, **kwargs), "one_core": one_core}, rounds, settle_s=BLAS_SETTLE_S)
     return Row("GPT train step, tp=2", t["tp2"], "1 device, 1 core", t["one_core"], 1.2)
 
 

@@ -79,10 +79,15 @@ def same(got: Any, want: Any) -> str:
     return "yes"
 
 
-def interleaved(contenders: dict[Any, Callable[[], Any]], rounds: int, rotate: bool = True) -> dict[Any, list[float]]:
+def interleaved(
+    contenders: dict[Any, Callable[[], Any]], rounds: int, rotate: bool = True, settle_s: float = 0.0
+) -> dict[Any, list[float]]:
     """Seconds of each contender per round; each round calls every contender once (so a busy
     moment of the machine hits them alike), the order rotating from round to round unless
-    ``rotate`` is False. One untimed warm-up call each."""
+    ``rotate`` is False. One untimed warm-up call each. ``settle_s``: an untimed pause before each
+    call, for contenders that leave threads spinning after they return (OpenBLAS's workers
+    busy-wait for a while after a multi-threaded call: on this machine a GPT forward right after
+    one ran 1.25x slower, docs/performance.md)."""
     for fn in contenders.values():
         fn()
     names = list(contenders)
@@ -90,6 +95,8 @@ def interleaved(contenders: dict[Any, Callable[[], Any]], rounds: int, rotate: b
     for r in range(rounds):
         turn = r % len(names) if rotate else 0
         for n in names[turn:] + names[:turn]:
+            if settle_s:
+                time.sleep(settle_s)
             start = time.perf_counter()
             contenders[n]()
             times[n].append(time.perf_counter() - start)
