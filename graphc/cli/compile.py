@@ -8,7 +8,7 @@ into pp x dp x tp and micro-batch counts, prints the choice and the runners-up, 
 chosen plan with the search in it.
 
 On a step of repeated layers too large to plan whole (more nodes than passes/search.py's
-``WHOLE_PLAN_NODES``: GPT-3 175B), ``--mesh pp=..,dp=..,tp=..`` prices that layout by blocks
+``WHOLE_PLAN_NODES``: GPT-3 175B), ``--mesh pp=..,dp=..,tp=..`` with pp >= 2 prices that layout by blocks
 instead (passes/scale.py, as ``--by-blocks`` does for any step) and says so: the plan written
 is a prediction to compare layouts with, not a plan ``graphc run`` runs.
 
@@ -289,11 +289,15 @@ def _planning_graph(args: argparse.Namespace, progress, target=None):
 
 
 def _too_big_to_plan_whole(args: argparse.Namespace, mesh: Mesh, target, progress) -> Graph | None:
-    """The traced step when ``--mesh`` of pp, dp and tp axes is asked of a step of repeated
-    layers larger than the search plans whole (passes/search.py ``WHOLE_PLAN_NODES``): it is then
-    priced by blocks, as ``--by-blocks`` does. None (plan it whole) for any smaller step, another
-    mesh, or flags that need a whole plan (--link, --dump-ir, --explain)."""
+    """The traced step when a pipeline ``--mesh`` (a pp axis of 2 or more, with dp and tp) is asked
+    of a step of repeated layers larger than the search plans whole (passes/search.py
+    ``WHOLE_PLAN_NODES``): it is then priced by blocks, as ``--by-blocks`` does. None (plan it
+    whole) for any smaller step, a mesh without pipeline stages (planned whole at any depth: LLaMA-3-8B
+    on dp=8,tp=8 in about 4 s, docs/solver.md), another mesh, or flags that need a whole plan
+    (--link, --dump-ir, --explain)."""
     if args.link or args.dump_ir or args.explain or not set(mesh.axis_names) <= set(AXES):
+        return None
+    if dict(zip(mesh.axis_names, mesh.shape)).get("pp", 1) < 2:
         return None
     graph = _planning_graph(args, progress, target)
     if len(graph.nodes) <= WHOLE_PLAN_NODES or layered_model(graph, step_batch(graph), mesh.profile) is None:

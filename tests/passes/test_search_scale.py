@@ -198,7 +198,8 @@ def test_gpt3_175b_on_1024_a100s_against_megatron(tmp_path):
 @pytest.mark.slow
 def test_plain_mesh_on_a_step_too_big_to_plan_whole_is_priced_by_blocks(tmp_path, monkeypatch):
     """``compile --mesh`` plans a small step whole (a plan that runs); past ``WHOLE_PLAN_NODES``
-    it prices the mesh by blocks, as --by-blocks, and says so."""
+    it prices a pipeline mesh by blocks, as --by-blocks, and says so; a mesh without stages is
+    planned whole at any size."""
     target = [os.path.join(ROOT, "models/gpt3.py") + ":train_step", "--example", "example_train_specs_small"]
     common = [*target, "--mesh", "pp=2,tp=2", "--microbatches", "4", "--profile", "a100-sxm", "--quiet", "--no-cache"]
     assert cli_main(["compile", *common, "-o", str(tmp_path / "whole.json")]) == 0
@@ -210,6 +211,9 @@ def test_plain_mesh_on_a_step_too_big_to_plan_whole_is_priced_by_blocks(tmp_path
     assert (doc["layout"]["pp"], doc["layout"]["tp"], doc["layout"]["microbatches"]) == (2, 2, 4)
     assert cli_main(["compile", *common, "--explain", "%x", "-o", str(tmp_path / "x.json")]) == 0  # needs a whole plan
     assert json.loads((tmp_path / "x.json").read_text())["kind"] != "composed"
+    flat = [*target, "--mesh", "dp=2,tp=2", "--profile", "a100-sxm", "--quiet", "--no-cache"]
+    assert cli_main(["compile", *flat, "-o", str(tmp_path / "flat.json")]) == 0  # no stages: planned whole
+    assert json.loads((tmp_path / "flat.json").read_text()).get("kind") != "composed"
 
 
 def test_a_step_too_large_to_plan_whole_keeps_the_composed_plan_and_says_so(monkeypatch):
