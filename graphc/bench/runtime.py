@@ -54,7 +54,6 @@ from graphc.models import gpt, mlp, rnn
 from graphc.runtime.codegen import CompiledKernel
 from graphc.runtime.threads import one_blas_thread
 
-
 # An untimed pause before each call of the rows that time a two-thread BLAS call next to the others:
 # OpenBLAS's workers keep spinning for a while after it returns, and the next contender shares the
 # cores with them (a GPT forward on dp=2 measured 0.80x of its ceiling when it followed one, 1.01x
