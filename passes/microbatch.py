@@ -315,85 +315,23 @@ class AccumulatingMemory(MemoryModel):
     """The memory model of a micro-batch program that runs ``m`` times per step: each running sum
     (a meeting point's result) is live all through the program, not from its meeting point to its
     last reader: it is kept while every micro-batch runs, read by the update as an argument (which
-    a task does not free) and its buffer kept for the next step (runtime/pipeline.py). With
-    ``phases`` (per program node, its task: ``task_phases``), a constant is live all through each
-    task that reads it, not from its position to its last reader: it is copied into the task,
-    whose executor holds it while the task runs. The ILP's memory rows and the plan's peak read
-    it."""
+    a task does not free) and its buffer kept for the next step (runtime/pipeline.py). Constants
+    are live all run, as in the one-pass model: a device holds one copy of each, shared by all its
+    task programs (runtime/pipeline.py ``ConstantTable``). The ILP's memory rows and the plan's
+    peak read it."""
 
-    def __init__(self, base: MemoryModel, sums: frozenset[int], phases: list[str] | None = None) -> None:
+    def __init__(self, base: MemoryModel, sums: frozenset[int]) -> None:
         super().__init__(
             base.graph, base.mesh, base.items, base.edges, base.order, base.remat, base.gathers, base.zero_axes
         )
         self.sums = sums  # items of the meeting points
-        self.phases = phases
         self._kept: list[tuple[Value, int, int, int]] | None = None
-
-    # each task program holds its own copy of the constants it reads (runtime/pipeline.py's
-    # profile counts the running task's): a constant lives from its position to its last reader
-    constants_all_run = False
 
     def live_ranges(self) -> list[tuple[Value, int, int, int]]:
         if self._kept is None:
             end = self.size - 1
-            spans = self._task_spans()
-            kept = []
-            for v, i, a, b in super().live_ranges():
-                if i in self.sums:
-                    kept.append((v, i, 0, end))
-                elif i in spans:
-                    kept.extend((v, i, lo, hi) for lo, hi in spans[i])
-                else:
-                    kept.append((v, i, a, b))
-            self._kept = kept
+            self._kept = [(v, i, 0, end) if i in self.sums else (v, i, a, b) for v, i, a, b in super().live_ranges()]
         return self._kept
-
-    def _task_spans(self) -> dict[int, list[tuple[int, int]]]:
-        """{item of a constant: the (first, last) positions of each task reading it}."""
-        if self.phases is None:
-            return {}
-        pos = self.positions()
-        item_of = {it.index: i for i, it in enumerate(self.items) if it.kind == "node"}
-        extent: dict[str, tuple[int, int]] = {}
-        for k, ph in enumerate(self.phases):
-            if k in item_of and ph in TASK_PHASES:
-                p = pos[item_of[k]]
-                lo, hi = extent.get(ph, (p, p))
-                extent[ph] = (min(lo, p), max(hi, p))
-        read_in: dict[Value, set[str]] = {}
-        for k, node in enumerate(self.graph.nodes):
-            for v in node.inputs:
-                if self.phases[k] in TASK_PHASES:
-                    read_in.setdefault(v, set()).add(self.phases[k])
-        out = {}
-        for k, node in enumerate(self.graph.nodes):
-            if node.op.has(Constant) and k in item_of:
-                tasks = sorted({ph for o in node.outputs for ph in read_in.get(o, ())})
-                if tasks:
-                    out[item_of[k]] = [extent[ph] for ph in tasks]
-        return out
-
-
-TASK_PHASES = ("F", "B", "U")  # the tasks of a pipeline stage (passes/pipeline.py): forward, backward, update
-
-
-def task_phases(g: Graph, step_phase: list[bool]) -> list[str]:
-    """Per node of a micro-batch program ``g``, what runs it in a pipeline of one stage
-    (passes/pipeline.py ``assign_stages``): "F" the forward task (a forward node), "B" the
-    backward task (any other node of the micro-batch phase), "M" a meeting point (the runtime
-    adds the summands), "U" the update task (the step phase), "C" a constant (copied into every
-    task that reads it)."""
-    out = []
-    for k, node in enumerate(g.nodes):
-        if node.op.has(Constant):
-            out.append("C")
-        elif node.op.has(Collective):
-            out.append("M")
-        elif step_phase[k]:
-            out.append("U")
-        else:
-            out.append("F" if node.part == "forward" else "B")
-    return out
 
 
 def plan_microbatch_program(mb: Microbatched, mesh: Mesh, ties, options: PlanOptions) -> ShardingPlan:
@@ -410,7 +348,7 @@ def plan_microbatch_program(mb: Microbatched, mesh: Mesh, ties, options: PlanOpt
     problem.costs = RepeatedCosts(one_pass, item_weights(problem, mb.step_phase, mb.m))
     meets = set(meeting_nodes(g0))
     sums = frozenset(i for i, it in enumerate(problem.items) if it.kind == "node" and it.index in meets)
-    problem.memory = AccumulatingMemory(problem.memory, sums, task_phases(g0, mb.step_phase))
+    problem.memory = AccumulatingMemory(problem.memory, sums)
     build_s = time.perf_counter() - start
     solution = solve_problem(problem, options, time_limit_s=options.time_limit - build_s)
     # the plan is of the program it lowers: its costs are one pass's (the step is the caller's
@@ -458,7 +396,8 @@ def _join_update(g: Graph, phases: list[bool], varies: set[Value]) -> None:
     micro-batch and be held from the first forward to the update, which the memory model (the
     program's order: read by the update, so live there) does not count; in the step phase it
     runs once, after the micro-batches meet, where the model places it. Constants stay where
-    they are (copied into every task that uses them), and so do meeting points."""
+    they are (in every task that uses them, one array per device: runtime/constants.py), and so
+    do meeting points."""
     readers: dict[Value, list[int]] = {}
     for k, node in enumerate(g.nodes):
         for v in node.inputs:
@@ -486,5 +425,4 @@ __all__ = [
     "microbatch",
     "plan_microbatch_program",
     "propagate",
-    "task_phases",
 ]

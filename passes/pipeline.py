@@ -397,11 +397,12 @@ def _local_bytes(g: Graph, sub_plan: ShardingPlan | None) -> dict[Value, int]:
 def _stage_memory(g: Graph, a: StageAssignment, schedule: str, m: int, size: dict[Value, int]) -> list[int]:
     """Predicted peak bytes per device of each stage, by walking its tasks in the schedule's order
     as runtime/pipeline.py runs them (``_TaskBytes``). Held all step: the inputs the stage reads
-    (parameters, optimizer state, one micro-batch's pieces) and its running gradient sums. Held
+    (parameters, optimizer state, one micro-batch's pieces), its running gradient sums and the
+    constants its tasks read (one copy each, shared by the tasks: runtime/pipeline.py). Held
     from a micro-batch's forward task to the end of its backward task: what the forward made for
-    other tasks or received. While a task runs: its constants, what it receives anew, and what it
-    makes, each until its last reader in the task unless another task reads it (a backward task
-    frees its own stage's forward values at their last use). Each value counts its ``size`` on a
+    other tasks or received. While a task runs: what it receives anew, and what it makes, each
+    until its last reader in the task unless another task reads it (a backward task frees its
+    own stage's forward values at their last use). Each value counts its ``size`` on a
     device (``_local_bytes``); not counted: the buffers of the sub-mesh's collectives."""
     producer = {o: k for k, n in enumerate(g.nodes) for o in n.outputs}
     readers: dict[Value, set[tuple[int, str]]] = {}
@@ -421,6 +422,7 @@ def _stage_memory(g: Graph, a: StageAssignment, schedule: str, m: int, size: dic
             "B": _TaskBytes(g, a, s, "B", producer, readers, roots, size_of, forward.stored),
             "U": _TaskBytes(g, a, s, "U", producer, readers, roots, size_of, sums),
         }
+        held += sum(size_of[v] for v in set().union(*(t.consts for t in tasks.values())))
         kept = sum(size_of[v] for v in forward.stored)
         peak, flight = 0, 0
         for ph, _k in schedule_tasks(schedule, a.n_stages, m, s):
@@ -432,12 +434,12 @@ def _stage_memory(g: Graph, a: StageAssignment, schedule: str, m: int, size: dic
 
 class _TaskBytes:
     """What one task (stage ``s``, phase ``ph``) of a micro-batch program ``g`` adds to what its
-    stage holds while it runs (``adds``): its constants, the values it receives that the stage
-    does not hold yet (``held``: a backward task's micro-batch's forward values, stored since its
-    forward task; the update's running sums), and the peak of what it makes, each made value
-    live until its last reader in the task unless another task reads it or the step returns it.
+    stage holds while it runs (``adds``): the values it receives that the stage does not hold
+    yet (``held``: a backward task's micro-batch's forward values, stored since its forward task;
+    the update's running sums), and the peak of what it makes, each made value live until its
+    last reader in the task unless another task reads it or the step returns it.
     ``stored``: the values a forward task leaves stored for its micro-batch (what it received,
-    what it made for other tasks)."""
+    what it made for other tasks). ``consts``: the constants it reads (the stage holds them)."""
 
     def __init__(
         self, g: Graph, a: StageAssignment, s: int, ph: str, producer, readers, roots, size, held: set
@@ -480,7 +482,8 @@ class _TaskBytes:
             for v in {roots.get(x, x) for x in g.nodes[k].inputs}:
                 if last.get(v) == i and (v in dying or (v in made and v not in leaves)):
                     live -= nbytes([v])
-        self.adds = nbytes(consts) + top
+        self.consts = consts
+        self.adds = top
 
 
 def _stage_times(a: StageAssignment, sub_plan) -> list[tuple[float, float, float]]:

@@ -41,6 +41,7 @@ from graphc.core.traits import Collective, Constant, DeviceLocal, FreshResult, F
 from graphc.ops import OPS
 from graphc.ops.precision import computes_in_float32, in_float32, result_dtypes
 from graphc.ops.shape import slice_index
+from graphc.runtime.constants import ConstantTable
 from graphc.runtime.einsum import einsum_step
 from graphc.runtime.lending import Lender
 
@@ -163,8 +164,12 @@ class Program:
         stats: dict[str, Any],
         comm=None,
         donated: frozenset[int] = frozenset(),
+        shared: ConstantTable | None = None,
     ):
         self.pool = pool
+        # ``shared``: the device's one copy of each constant, shared by the programs it runs (a
+        # pipeline's task programs, regions): constants are read-only, no kernel writes them
+        self.shared = shared
         # inputs the caller hands over (Executable.run_donating): freed at their last use, counted
         # as the run's own values until then (a pipeline's backward task reads its forward's values)
         self.donated = frozenset(i for i in donated if inputs[i] not in outputs)
@@ -193,7 +198,8 @@ class Program:
         for node in nodes:
             if node.op.has(Constant):
                 slot[node.outputs[0]] = len(slot)
-                self.constants.append((slot[node.outputs[0]], np.asarray(node.attrs["value"])))
+                value = np.asarray(node.attrs["value"])
+                self.constants.append((slot[node.outputs[0]], value if shared is None else shared.get(value)))
                 uncounted_roots.add(slot[node.outputs[0]])
                 continue
             fn = self._make_step(node, stats)
@@ -335,7 +341,9 @@ class Program:
         if node.op.has(Collective):
             return _collective_step(node, self.comm)
         if node.regions:
-            regions = [Program(r.inputs, r.nodes, r.outputs, self.pool, stats) for r in node.regions]
+            regions = [
+                Program(r.inputs, r.nodes, r.outputs, self.pool, stats, shared=self.shared) for r in node.regions
+            ]
             runners = [r.run for r in regions]
             impl = node.op.impl
             attrs = node.attrs
@@ -731,6 +739,7 @@ class Executable:
         donated: frozenset[int] = frozenset(),
         private: bool = False,
         lend: bool = False,
+        constants: ConstantTable | None = None,
     ):
         self.graph = graph
         # ``lend``: results made in the pool leave as views of its buffers, taken back once the
@@ -742,7 +751,9 @@ class Executable:
         self.pool = BufferPool() if pool is None else pool
         self.stats: dict[str, Any] = {}
         start = time.perf_counter()
-        self.program = Program(graph.inputs, graph.nodes, graph.outputs, self.pool, self.stats, comm, donated)
+        self.program = Program(
+            graph.inputs, graph.nodes, graph.outputs, self.pool, self.stats, comm, donated, constants
+        )
         if self.program._straight is not None:  # nothing pooled: one generated function does it all
             self.run_arrays = self.program._straight_line(handed=True, unalias=not private)  # type: ignore[method-assign,assignment]
         self.stats["build_s"] = time.perf_counter() - start

@@ -23,7 +23,8 @@ copied off their arguments (they stay in the pipeline).
 
 ``run_flat(arrays, profile=True)`` also records every task's start and end (Chrome trace,
 measured bubble fraction), each device's peak bytes (what it holds besides the running task's
-arguments: its pieces of the state and one micro-batch's inputs, the values kept; plus the task's
+arguments: its pieces of the state and one micro-batch's inputs, its constants (one copy each,
+shared by its tasks), the values kept; plus the task's
 own peak: its arguments, the arrays it made, the pool's free buffers) and ``held_bytes``, the most
 it holds between forward and backward tasks besides its inputs (the activations of the
 micro-batches in flight and the running gradient sums).
@@ -40,6 +41,7 @@ from graphc.core.errors import GraphcError
 from graphc.core.spec import format_spec, unshard
 from graphc.programs import PipelineProgram, PipelineTask
 from graphc.runtime.comm import ThreadWorld
+from graphc.runtime.constants import ConstantTable
 from graphc.runtime.devices import CommProxy, ShardedArray, ShardedInput, local_piece, run_on_devices
 from graphc.runtime.executor import BufferPool, Executable
 
@@ -91,8 +93,17 @@ class PipelineExecutable:
         self.pools = {d: BufferPool() for d in self.comms}
         sent = {v for task in program.tasks.values() for v in task.sends}
         self.donated = {key: _dying(program, task, sent) for key, task in program.tasks.items()}
+        # a device's tasks read one copy of each constant (the k forward and k backward tasks of
+        # the micro-batches and the update read the same mask), held all step and counted once
+        self.constants = {d: ConstantTable() for d in self.comms}
         self.executables = {
-            key: Executable(task.graph, self.comms[task.device], self.pools[task.device], self.donated[key])
+            key: Executable(
+                task.graph,
+                self.comms[task.device],
+                self.pools[task.device],
+                self.donated[key],
+                constants=self.constants[task.device],
+            )
             for key, task in program.tasks.items()
             if built is None or task.device in built
         }
@@ -368,8 +379,12 @@ class _DeviceRun:
         # the device's pool keeps at most what this task's values need at their peak (the rule the
         # executor applies at its first step, applied before the task counts the pool's buffers)
         self.ex.pools[self.device].trim(executable.program.high_water)
-        # what the device holds besides the task's arguments (the task's profile counts those)
-        before = self._held_bytes(skip={id(x) for x in args}) if self.prof is not None else 0
+        # what the device holds besides the task's arguments and constants (its profile counts those)
+        if self.prof is not None:
+            mine = {id(x) for x in args} | {id(c) for _s, c in executable.program.constants}
+            before = self._held_bytes(skip=mine)
+        else:
+            before = 0
         start = time.perf_counter()
         tprof: dict | None = {} if self.prof is not None else None
         outs = executable.run_donating(args, tprof)
@@ -397,13 +412,16 @@ class _DeviceRun:
     def _held_bytes(self, skip: set[int] = frozenset(), extra: list = (), inputs: bool = True) -> int:  # type: ignore[assignment]
         """Bytes of the arrays the device holds between tasks: its inputs (the pieces of the
         step's state, and one micro-batch's pieces of the batch inputs, the current one's: as the
-        memory model holds them, all step long, whether or not the running task reads them), the
+        memory model holds them, all step long, whether or not the running task reads them; and
+        the constants its tasks share, each once), the
         values kept (each array once: a running sum is also a value of the step after the
         meeting), the running sums' buffers (kept from step to step) and ``extra``, without the
         arrays whose ids are in ``skip`` (``inputs=False``: and without the inputs)."""
         seen = set(skip)
         total = 0
         pieces = [x for (_i, k), x in self.pieces.items() if k < 0 or k == self.current] if inputs else []
+        if inputs:  # the device's constants, shared by its tasks and held all step
+            pieces += self.ex.constants[self.device].arrays()
         for x in [*pieces, *self.store.values(), *self.acc.values(), *self.buffers.values(), *extra]:
             if x is not None and id(x) not in seen:
                 seen.add(id(x))

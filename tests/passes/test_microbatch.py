@@ -14,7 +14,6 @@ from graphc.interpreter import bind_arguments
 from graphc.models import gpt, mlp
 from graphc.passes.microbatch import batch_inputs, microbatch
 from graphc.passes.partition import optimize_for_planning
-from graphc.passes.sharding.memory import MemoryModel
 
 
 def graph_of(fn, args, kw):
@@ -198,11 +197,8 @@ def test_the_running_sums_are_live_while_every_micro_batch_runs():
     piece on the device): kept while every micro-batch runs, and through the update, which reads
     it as an argument and does not free it (runtime/pipeline.py keeps its buffer for the next step)."""
     _mb, problem, _w, _costs, one_pass, acc = _mb_problem(m=4, axes={"dp": 2, "tp": 2})
-    # with constants to their last reader, as the accumulating model keeps them (its tasks each
-    # hold their own copy; the one-pass model holds them all run)
-    o = one_pass
-    base = MemoryModel(o.graph, o.mesh, o.items, o.edges, o.order, o.remat, o.gathers, o.zero_axes)
-    base.constants_all_run = False
+    # constants all run in both (a device's tasks share one copy of each: runtime/pipeline.py)
+    base = one_pass
     choice = [0] * len(problem.items)
     ranges = {i: (a, b) for _v, i, a, b in base.live_ranges()}
     want = base.profile(choice).copy()
