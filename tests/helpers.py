@@ -1,5 +1,8 @@
 """Shared test helpers."""
 
+import contextlib
+import io
+
 import numpy as np
 import pytest
 
@@ -212,3 +215,16 @@ def slow_param(value, several: bool = False):
     """``value`` as one parametrize case marked ``slow`` (``several``: a tuple of its arguments)."""
     args = value if several else (value,)
     return pytest.param(*args, marks=pytest.mark.slow)
+
+
+def graphc_cli(*argv: str) -> tuple[int, str, str]:
+    """``graphc argv`` in this process: (exit status, stdout, stderr); argparse's exits included."""
+    from graphc.cli.main import main  # the CLI only for the tests that call it
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(argv))
+        except SystemExit as exc:  # argparse
+            code = exc.code
+    return code, out.getvalue(), err.getvalue()

@@ -7,8 +7,6 @@ cannot take are errors naming the function."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 
@@ -16,7 +14,6 @@ import numpy as np
 import pytest
 
 import graphc
-from graphc.cli.main import main
 from graphc.core.errors import GraphcError, PlanError, PlanWarning
 from graphc.core.mesh import Mesh
 from graphc.core.profiles import get_profile
@@ -26,6 +23,7 @@ from graphc.passes.accumulate import plan_accumulated
 from graphc.passes.options import PlanOptions
 from graphc.passes.partition import optimize_for_planning, plan_sharding, state_ties
 from graphc.passes.pipeline import PipelinePlan
+from tests.helpers import graphc_cli as call
 
 PROFILE = get_profile("cpu-here")
 F32 = np.finfo(np.float32).eps
@@ -332,16 +330,6 @@ def test_a_memory_limit_is_met_by_the_micro_batch_plan():
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 TARGET = [os.path.join(ROOT, "models", "mlp.py:train_step"), "--example", "example_train_args"]
-
-
-def call(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(list(argv))
-        except SystemExit as exc:  # argparse
-            code = exc.code
-    return code, out.getvalue(), err.getvalue()
 
 
 @pytest.fixture

@@ -2,8 +2,6 @@
 (checked against the model and the mesh, never solved again); ``compile`` writes its plan where it
 says, never over a file that is not a plan, and keeps it when an ``--explain`` name is a typo."""
 
-import contextlib
-import io
 import json
 import os
 
@@ -13,9 +11,9 @@ import pytest
 import graphc
 import graphc.cli.run
 from graphc.api.parallel import Parallelized
-from graphc.cli.main import main
 from graphc.models import mlp
 from tests.helpers import assert_same_pytree
+from tests.helpers import graphc_cli as call
 
 TARGET = ["models/mlp.py:train_step", "--example", "example_train_args"]
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -27,16 +25,6 @@ def env(tmp_path, monkeypatch):
     monkeypatch.setenv("GRAPHC_PROFILE", str(tmp_path / "no_profile.json"))
     monkeypatch.chdir(ROOT)
     return tmp_path
-
-
-def call(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(list(argv))
-        except SystemExit as exc:
-            code = exc.code
-    return code, out.getvalue(), err.getvalue()
 
 
 def _what_runs(plan) -> tuple:

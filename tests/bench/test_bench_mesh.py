@@ -38,28 +38,17 @@ def test_plan_variants_run_and_the_solver_choice_is_cheapest():
     assert rows[-1]["predicted"] > best  # every node replicated does not split the compute
 
 
+def _bench_mlp_train_step(mesh: str, *flags: str) -> subprocess.CompletedProcess:
+    """``graphc bench models/mlp.py:train_step --mesh MESH --repeat 1 FLAGS`` from the repository root."""
+    argv = ["bench", "models/mlp.py:train_step", "--example", "example_train_args", "--mesh", mesh, "--repeat", "1"]
+    return subprocess.run(
+        [sys.executable, "-m", "graphc.cli", *argv, *flags], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+
+
 @pytest.mark.slow
 def test_cli_bench_mesh_with_plans():
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "graphc.cli",
-            "bench",
-            "models/mlp.py:train_step",
-            "--example",
-            "example_train_args",
-            "--mesh",
-            "dp=2",
-            "--repeat",
-            "1",
-            "--plans",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    res = _bench_mlp_train_step("dp=2", "--plans")
     assert res.returncode == 0, res.stderr
     out = res.stdout
     assert "state sharded" in out and "equals graphc's interpreter: yes" in out
@@ -110,25 +99,7 @@ def test_the_mesh_profile_splits_each_device_program_by_kind_and_profiles_the_ce
 def test_cli_bench_on_a_pipeline_mesh():
     """A pp mesh: no state loop and no per-device profile (a pipeline runs tasks, not one program
     per device), the pipeline plan's own predicted step."""
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "graphc.cli",
-            "bench",
-            "models/mlp.py:train_step",
-            "--example",
-            "example_train_args",
-            "--mesh",
-            "pp=2",
-            "--repeat",
-            "1",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    res = _bench_mlp_train_step("pp=2")
     assert res.returncode == 0, res.stderr
     assert "predicted step (plan)" in res.stdout and "equals graphc's interpreter: yes" in res.stdout
     assert "where a call on the mesh spends its time" not in res.stdout

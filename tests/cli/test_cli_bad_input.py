@@ -4,7 +4,6 @@ that name the input, exit status 2, and never a traceback (unless --debug or GRA
 The commands run in this process (``graphc.cli.main.main(argv)``), so the table takes seconds."""
 
 import contextlib
-import io
 import json
 import os
 import stat
@@ -12,7 +11,7 @@ import textwrap
 
 import pytest
 
-from graphc.cli.main import main
+from tests.helpers import graphc_cli as call
 
 MODEL = textwrap.dedent(
     """
@@ -103,17 +102,6 @@ def _env(d):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-
-
-def call(*argv: str) -> tuple[int, str, str]:
-    """``graphc argv`` in this process: (exit status, stdout, stderr)."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(list(argv))
-        except SystemExit as exc:  # argparse
-            code = exc.code
-    return code, out.getvalue(), err.getvalue()
 
 
 # (id, argv with {d} for the folder of the files, a text the message must contain: it names the input)

@@ -2,10 +2,8 @@
 flags build the same ``PlanOptions``; its JSON is derived from its fields and read back checked; old
 spellings warn and old plan files load; the pipeline planner and the mesh search plan with it."""
 
-import contextlib
 import dataclasses
 import inspect
-import io
 import json
 import os
 
@@ -14,13 +12,14 @@ import pytest
 import graphc
 from graphc.api.parallel import RunOptions
 from graphc.cli.common import plan_options
-from graphc.cli.main import build_parser, main
+from graphc.cli.main import build_parser
 from graphc.core.errors import GraphcError, PlanError
 from graphc.models import mlp
 from graphc.passes.options import RECOMPUTE_MODES, SCHEDULES, SOLVERS, ZERO_CHOICES, PlanOptions
 from graphc.passes.partition import lower
 from graphc.passes.pipeline import PipelinePlan
 from graphc.passes.sharding.plan import ShardingPlan
+from tests.helpers import graphc_cli as call
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 TARGET = ["models/mlp.py:train_step", "--example", "example_train_args"]
@@ -53,16 +52,6 @@ def double(x):
 
 def compile_args(*flags: str):
     return build_parser().parse_args(["compile", "model.py:f", "--mesh", "dp=2", *flags])
-
-
-def call(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(list(argv))
-        except SystemExit as exc:
-            code = exc.code
-    return code, out.getvalue(), err.getvalue()
 
 
 @pytest.fixture
