@@ -46,7 +46,7 @@ class MemoryRows:
     """The memory model of ``model``'s problem as linear functions of ``model``'s columns
     (``ilp._Model``: ``x[group][s]``, its groups and maps): one entry per live range of a value
     under a group strategy, (first position, last position, column or -1 for a constant, bytes).
-    The same terms as ``_Model.memory_expr`` plus the offload's (``OffloadTerms.memory_terms``:
+    The same terms as ``_Model.memory_expr`` plus the offload's (``OffloadTerms.ranges``:
     negative bytes on its columns), made once for all positions."""
 
     def __init__(self, model) -> None:
@@ -81,14 +81,12 @@ class MemoryRows:
                     last.append(at)
                     col.append(-1 if xs is None else int(xs[s]))
                     nbytes.append(nb)
-        offload = getattr(model, "offload", None)  # offloaded state's bytes come off (offload_terms.py)
-        for c, per_entry in zip(offload.cands, offload.saved) if offload is not None else ():
-            for coef, (_v, _i, a, b) in zip(per_entry, c.entries):
-                for column, mib in coef.items():
-                    first.append(a)
-                    last.append(b)
-                    col.append(int(column))
-                    nbytes.append(mib * model.MIB)
+        for a, b, coef in model.offload.ranges():  # offloaded state's bytes come off (offload_terms.py)
+            for column, mib in coef.items():
+                first.append(a)
+                last.append(b)
+                col.append(int(column))
+                nbytes.append(mib * model.MIB)
         self.size = mem.size
         self.first = np.array(first, dtype=np.int64)
         self.last = np.array(last, dtype=np.int64)

@@ -42,6 +42,7 @@ refuses to run it (passes/partition.py ``lower``: the runtime here has no host t
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -257,13 +258,19 @@ class OffloadTerms:
                     coef[int(xs[s])] = coef.get(int(xs[s]), 0.0) + float(val)
         return const, coef
 
+    def ranges(self) -> Iterator[tuple[int, int, dict[int, float]]]:
+        """(first position, last position, MiB saved by column) of every offloaded value's live
+        range: what the offload takes off each memory row it spans (negative coefficients)."""
+        for c, per_entry in zip(self.cands, self.saved):
+            for coef, (_v, _i, a, b) in zip(per_entry, c.entries):
+                yield a, b, coef
+
     def memory_terms(self, at: int) -> tuple[list[int], list[float]]:
         """(columns, MiB coefficients) the offload adds to the memory row at position ``at``."""
         row: dict[int, float] = {}
-        for c, per_entry in zip(self.cands, self.saved):
-            for coef, (_v, _i, a, b) in zip(per_entry, c.entries):
-                if a <= at <= b:
-                    _add(row, coef)
+        for a, b, coef in self.ranges():
+            if a <= at <= b:
+                _add(row, coef)
         return list(row), list(row.values())
 
     def chosen(self, x: np.ndarray) -> tuple[Candidate, ...]:
