@@ -161,11 +161,12 @@ def test_a_limit_below_a_problem_with_nothing_to_choose_names_its_peak():
 
 
 @pytest.mark.slow  # about 25 s: the fallback at 60% runs the held-buffer rounds out
-def test_a_plan_whose_held_buffers_break_the_limit_says_so():
+def test_a_plan_whose_held_buffers_break_the_limit_says_so(tmp_path, monkeypatch):
     """ilp.solve's fallback (docs/remat.md): when the held-buffer rows leave no plan, the last plan
     whose values fit stands, and its held peak may be over the limit. The plan then says so in its
     warnings (and parallelize warns): the limit is never broken silently. A plan held within the
     limit has no such warning."""
+    monkeypatch.setenv("GRAPHC_PROFILE", str(tmp_path / "no_profile.json"))  # the default profile, not a calibration
     args, kw = gpt.example_train_args(batch=2, seq=8, d=16, n_layer=1, n_head=2)
 
     def plan(limit):
