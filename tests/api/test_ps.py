@@ -2,7 +2,8 @@
 
 * sync is bit-equal to data-parallel SGD written here in numpy (the same jitted gradient, summed
   in worker order), a partial last round included;
-* async and SSP converge to within a stated tolerance of sync's loss;
+* SSP converges to within 0.01 of sync's loss, async (staleness unbounded) to 90% of the
+  way from the initial loss to the optimum;
 * a slow worker: SSP's staleness bound holds in stats and in the log (checked from the order of
   the pulls alone, not from the min_clock the log reports), and is reached; async exceeds it;
 * one jitted function called from several threads gives the bits of serial calls;
@@ -109,17 +110,29 @@ def test_jit_false_and_a_plain_function_give_the_same_bits():
 def test_async_and_ssp_converge_to_within_tolerance_of_sync():
     """20 epochs of batches of 25 on 4 workers: the loss falls from 0.693 (ln 2) to about 0.14
     (the optimum is 0.123). Sync takes one step per round with lr 2; async and SSP apply each
-    worker's gradient, 4 times as many steps, with lr 2 / 4. Their losses: within 0.01 of sync's
-    (async's moves with the thread scheduling: 0.1416-0.1451 in 40 runs here, sync's 0.1418)."""
+    worker's gradient, 4 times as many steps, with lr 2 / 4.
+
+    SSP's staleness is bounded, so its loss stays within 0.01 of sync's (0.1418-0.1421 for s = 0
+    and 3 with the other core busy, sync's 0.1418). Async's is not: how stale a gradient gets
+    depends on the thread scheduling alone (a staleness of 56-75 pushes and losses 0.150-0.157
+    with the other core busy, 0.1416-0.1451 quiet), so the claim for async is convergence: it
+    closes at least 90% of the gap from ln 2 to the optimum, as every schedule of these bounded
+    steps on this convex loss does."""
     batches = batches_of(25, epochs=20)
     sync, _ = ps.train(GRAD, zeros(), batches, workers=WORKERS, servers=2, mode="sync", lr=2.0)
     sync_loss = full_loss(sync)
     assert sync_loss < 0.16
+    start, optimum = float(np.log(2.0)), 0.123
     for mode, staleness in (("async", None), ("ssp", 0), ("ssp", 3)):
         params, stats = ps.train(
             GRAD, zeros(), batches, workers=WORKERS, servers=2, mode=mode, staleness=staleness, lr=0.5
         )
-        assert abs(full_loss(params) - sync_loss) < 0.01, (mode, staleness, full_loss(params), sync_loss)
+        got = full_loss(params)
+        if mode == "ssp":
+            assert stats["max_staleness"] <= staleness
+            assert abs(got - sync_loss) < 0.01, (mode, staleness, got, sync_loss)
+        else:
+            assert (start - got) >= 0.9 * (start - optimum), (mode, got, stats["max_staleness"])
         assert stats["steps"] == [len(batches) // WORKERS] * WORKERS
         assert sum(stats["updates"]) == 2 * len(batches)  # every push applied by both servers
 
