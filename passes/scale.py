@@ -23,7 +23,8 @@ a ZeRO stage, recompute off or full) is then composed:
   update; ``ComposedPlan.breakdown`` splits it term by term;
 - a segment's time per micro-batch: its matmuls, the fused attention kernel's matmuls at the
   profile's attention rate, its memory-bound ops and its tensor-parallel collectives
-  (``TERMS``), less what a GPU GEMM library runs inside the GEMM (``_gemm_absorbed``);
+  (``TERMS``), less what a GPU GEMM library runs inside the GEMM, its matmuls' last waves of
+  output tiles priced whole (passes/gpu_kernels.py);
 - memory per device of stage s: its parameters, gradients and optimizer state over t (ZeRO
   splits them over D), plus min(k, S - s) micro-batches' activations (1F1B); with recomputation
   only each layer's input is kept, and one layer's activations at a time;
@@ -51,11 +52,12 @@ from graphc.core.errors import PlanError
 from graphc.core.ir import Graph
 from graphc.core.mesh import Mesh
 from graphc.core.profile import MachineProfile
-from graphc.core.profiles import ClusterFigures, cluster_figures, host_tier
+from graphc.core.profiles import ClusterFigures, cluster_figures, host_tier, launch_gap
 from graphc.core.spec import split_factor
 from graphc.core.traits import Contraction
 from graphc.ops.dims import default_cost
 from graphc.passes.blocks import Layers, Segments, cut_segments, find_layers, segment_graph, update_only
+from graphc.passes.gpu_kernels import GemmWaves, gemm_absorbed, kernel_launches
 from graphc.passes.offload import OFFLOADS, OffloadCost, offload_costs
 from graphc.passes.options import PlanOptions
 from graphc.passes.partition import plan_sharding, state_ties
@@ -73,7 +75,7 @@ MAX_GAP = 0.05  # a segment's ILP stopped further than this from its bound is no
 # what a segment's time is made of (SegmentCost.forward_terms / backward_terms): matmuls, the
 # fused attention kernel's matmuls, memory-bound ops (norms, elementwise chains, reductions) and
 # the tensor-parallel collectives (exposed: Megatron-LM's all-reduces block the compute stream)
-TERMS = ("gemm", "attention", "non_gemm", "tp_comm")
+TERMS = ("gemm", "attention", "non_gemm", "tp_comm", "launch")  # launch: the GPU waiting for the host
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +170,7 @@ class ComposedPlan:
             ("attention", "attention_s"),
             ("non-GEMM", "non_gemm_s"),
             ("TP collectives (exposed)", "tp_comm_s"),
+            ("kernel launches (exposed)", "launch_s"),
             ("recompute", "recompute_s"),
             ("bubble (fill and drain)", "bubble_s"),
             ("pipeline sends", "p2p_s"),
@@ -175,7 +178,9 @@ class ComposedPlan:
             ("optimizer step", "update_s"),
         ]
         unit, scale = ("s", 1.0) if p["step_s"] >= 1 else ("ms", 1e3)
-        parts = [f"{name} {p[key] * scale:.3f} {unit} ({p[key] / p['step_s']:.1%})" for name, key in names]
+        parts = [
+            f"{name} {p.get(key, 0.0) * scale:.3f} {unit} ({p.get(key, 0.0) / p['step_s']:.1%})" for name, key in names
+        ]
         return "step breakdown: " + ", ".join(parts)
 
     def summary(self) -> str:
@@ -296,7 +301,8 @@ def solve_segment(
         for k, n in enumerate(g.nodes)
         if not n.op.has(Contraction) and any(v in scores for v in (*n.inputs, *n.outputs))
     }
-    absorbed = _gemm_absorbed(g) if figures.gemm_absorbs_layouts else set()
+    absorbed = gemm_absorbed(g) if figures.gemm_absorbs_layouts else set()
+    waves = GemmWaves(g, absorbed, mesh.shape, figures)  # the last wave of a matmul's tiles
     fwd: dict[str, float] = dict.fromkeys(TERMS, 0.0)  # seconds per term (``TERMS``)
     bwd: dict[str, float] = dict.fromkeys(TERMS, 0.0)
     for nc in plan.nodes:
@@ -314,42 +320,19 @@ def solve_segment(
             if n.part == "forward" and any(o in scores for o in n.outputs):
                 bwd["attention"] += t  # FlashAttention recomputes the scores in the backward
         else:
-            side["gemm"] += nc.compute_s
+            side["gemm"] += waves.seconds(nc)
     for c in plan.collectives:
         if VIRTUAL_AXIS in c.axes:
             continue  # the gradient reduction over the virtual batch axis: priced for the real dp
         (fwd if c.part == "forward" else bwd)["tp_comm"] += c.time_s
+    kernels = kernel_launches(g, plan, fused | absorbed, scores, VIRTUAL_AXIS)
+    for part, side in (("forward", fwd), ("backward", bwd)):  # the host launching kernels slower than they run
+        side["launch"] = launch_gap(sum(side.values()), kernels[part], figures.launch_s)
     act = _kept_bytes(g, plan, mesh.shape, scores)
     fwd_reads = {v for n in g.nodes if n.part == "forward" for v in n.inputs}
     inp = max((v.type.nbytes for v in g.inputs if v in fwd_reads and v.type.shape[:1] == (batch,)), default=0)
     flops = sum(step_flops(g)[0].values())
     return SegmentCost(sum(fwd.values()), sum(bwd.values()), act, inp // max(virtual, 1) // tp, flops, plan, fwd, bwd)
-
-
-def _gemm_absorbed(g: Graph) -> set[int]:
-    """Nodes a GPU GEMM library runs inside the GEMM, not as kernels of their own: a transpose of
-    the last two axes read only by contractions (cuBLAS's transa / transb operand flags), and a
-    sum over the leading batch axes of a contraction's product (the weight gradient over a batch
-    of sequences is one GEMM over batch x sequence rows: Megatron-LM's tensor_parallel/layers.py
-    ``grad_output.view(s * b, h).t().matmul(total_input.view(s * b, h))``)."""
-    readers: dict = {}
-    for n in g.nodes:
-        for v in n.inputs:
-            readers.setdefault(v, []).append(n)
-    out = set()
-    for k, n in enumerate(g.nodes):
-        if n.op.name == "transpose" and n.outputs:
-            perm, r = tuple(n.attrs.get("perm", ())), len(n.attrs.get("perm", ()))
-            swap_last = r >= 2 and perm == (*range(r - 2), r - 1, r - 2)
-            users = readers.get(n.outputs[0], [])
-            if swap_last and users and all(u.op.has(Contraction) for u in users):
-                out.add(k)
-        elif n.op.name == "reduce_sum" and n.inputs and n.inputs[0].producer is not None:
-            axes, rank = tuple(n.attrs.get("axes", ())), n.inputs[0].type.ndim
-            batch_only = axes == tuple(range(len(axes))) and 0 < len(axes) <= rank - 2
-            if batch_only and n.inputs[0].producer.op.has(Contraction) and not n.attrs.get("keepdims"):
-                out.add(k)
-    return out
 
 
 def _attention_s(node, nc, shape: tuple[int, ...], profile, figures: ClusterFigures) -> float:

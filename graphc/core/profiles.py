@@ -11,9 +11,10 @@ published measurements reach, each number with its source below: tensor-core GEM
 ``SUSTAINED_GEMM`` of the peak, memory-bound kernels at ``HBM_EFFICIENCY`` of the datasheet's
 bandwidth, and links at the bus bandwidth NCCL's own tests measure on DGX nodes (``NVLINK3_BUSBW``
 ...), not at their line rates. A per-GPU link is what one GPU can send one way: NVLink's total is
-counted in both directions, and a DGX node has one InfiniBand port per GPU. What the planner
-still leaves out (kernel launch gaps, the causal half of attention a kernel skips) is listed in
-docs/scale.md.
+counted in both directions, and a DGX node has one InfiniBand port per GPU. The scale search adds
+what a GPU training stack does beyond the per-op model (``ClusterFigures``: overlap, fused
+attention, GEMM waves, kernel launches); what it still leaves out (the causal half of attention a
+kernel skips, ...) is listed in docs/scale.md.
 
 The GPU presets fuse elementwise chains (``fuses_elementwise``), as the compilers and fused
 kernels of GPU training stacks do (XLA, torch.compile, Megatron-LM's fused softmax and bias-GELU):
@@ -27,6 +28,7 @@ Link latencies and the per-collective overhead are those of NCCL's own cost mode
 from __future__ import annotations
 
 import json
+import math
 import os
 import stat
 from collections.abc import Callable
@@ -238,6 +240,35 @@ class ClusterFigures:
     attention_efficiency: float | None = None
     # the GEMM library takes transposed operands and a weight gradient's batch sum inside the GEMM
     gemm_absorbs_layouts: bool = False
+    # output tiles of ``GEMM_TILE`` a GEMM runs at once (one a streaming multiprocessor): a GEMM
+    # of T tiles runs ceil(T / wave) waves (``wave_efficiency``; None: no wave quantization)
+    gemm_wave: int | None = None
+    gemm_tile: tuple[int, int] = (256, 128)  # output rows x columns of one thread block's tile
+    # seconds the host takes to launch one kernel: a micro-batch's forward or backward on a stage
+    # takes at least its kernels' launches (``launch_gap``; 0: launches never wait)
+    launch_s: float = 0.0
+
+
+def wave_efficiency(tiles: int, wave: int | None) -> float:
+    """The share of the whole-wave rate reached by a GEMM of ``tiles`` output tiles on a GPU that
+    runs ``wave`` tiles at once: its last wave runs as long as a full one with some SMs idle, so
+    it reaches tiles / (ceil(tiles / wave) x wave) (``GEMM_WAVES``). 1 without a wave size."""
+    if not wave or tiles <= 0:
+        return 1.0
+    return tiles / (math.ceil(tiles / wave) * wave)
+
+
+def gemm_tiles(rows: int, cols: int, tile: tuple[int, int], matrices: int = 1) -> int:
+    """Output tiles of ``matrices`` GEMMs of ``rows`` x ``cols`` results each, in tiles of
+    ``tile`` (rows, columns); a partial tile is a whole one (tile quantization)."""
+    return matrices * math.ceil(rows / tile[0]) * math.ceil(cols / tile[1])
+
+
+def launch_gap(gpu_s: float, kernels: int, launch_s: float) -> float:
+    """The seconds a GPU waits for the host when ``kernels`` kernels that together run ``gpu_s``
+    are launched one after another at ``launch_s`` each (``LAUNCH_S``): none while the host keeps
+    ahead, else the launches' excess over the GPU's work."""
+    return max(0.0, kernels * launch_s - gpu_s)
 
 
 NO_CLUSTER = ClusterFigures(node_size=None, fused_attention=False, dp_overlap=0.0, p2p_overlap=False)
@@ -267,6 +298,27 @@ NO_CLUSTER = ClusterFigures(node_size=None, fused_attention=False, dp_overlap=0.
 # transb), and Megatron-LM computes a weight gradient over a batch of sequences as one GEMM over
 # s x b rows (tensor_parallel/layers.py: ``grad_output.view(s * b, h).t().matmul(total_input)``),
 # so neither the transpose nor the sum over the batch is a kernel of its own.
+# GEMM wave quantization: a GEMM computes its output in tiles, one thread block each; "an NVIDIA
+# A100 GPU has 108 SMs; in the particular case of 256x128 thread block tiles, it can execute one
+# thread block per SM, leading to a wave size of 108 tiles that can execute simultaneously", and
+# "GPU utilization will be highest when the number of tiles is an integer multiple of 108 or just
+# below" (NVIDIA, Matrix Multiplication Background User's Guide, "Wave Quantization"). The presets
+# price a GEMM at ``SUSTAINED_GEMM`` (the lower end of what large GEMMs, of many whole waves,
+# reach) times ``wave_efficiency`` of its 256 x 128 tiles over one wave of tiles per SM: 108 SMs
+# on an A100, 132 on an H100 SXM5 (NVIDIA H100 Tensor Core GPU datasheet and architecture
+# whitepaper). cuBLAS picks its tile per shape and may pick a smaller one for a GEMM a 256 x 128
+# tile quantizes badly: this prices the guide's example tile, not cuBLAS's choice.
+GEMM_WAVES = {"a100-sxm": 108, "h100-sxm": 132}
+# Kernel launches: the host launches each kernel asynchronously, "usually, the launch time on the
+# CPU side is between 5-20 microseconds" (PyTorch operators; Meta's Holistic Trace Analysis,
+# docs/source/features/cuda_kernel_launch_stats.rst). The presets take the lower end, 5 us. The
+# GPU waits only when its kernels run shorter than their launches: the host runs ahead of long
+# kernels, and Megatron-LM's 1F1B synchronizes the host at each micro-batch's send and receive
+# (p2p_communication.py: ``torch.cuda.synchronize()``), so one micro-batch's forward or backward
+# on a stage takes at least its kernels' launches (``launch_gap``). The per-kernel gap between
+# kernels the host has already queued (about a microsecond) is left out: no measurement of it was
+# found to cite.
+LAUNCH_S = 5e-6
 # Tensor-parallel collectives are exposed (the per-op model adds them to the compute): Megatron-LM
 # all-reduces a layer's partial sums synchronously on the compute stream (megatron/mpu/mappings.py
 # ``_reduce``: ``torch.distributed.all_reduce``), before the next layer can start.
@@ -276,6 +328,8 @@ _GPU_SOURCES = (
     "dp_overlap: PyTorch DDP bucketed all-reduce during the backward (Li et al., VLDB 2020)",
     "p2p_overlap: none; Megatron-LM 1F1B waits for each send and receive (megatron/p2p_communication.py)",
     "gemm_absorbs_layouts: cuBLAS transa/transb; Megatron-LM tensor_parallel/layers.py weight gradient as one GEMM",
+    "gemm_wave: NVIDIA Matrix Multiplication Background User's Guide, wave quantization (256x128 tiles, one per SM)",
+    "launch_s: 5-20 us a kernel launch on the CPU side (Meta Holistic Trace Analysis docs), the lower end",
 )
 CLUSTER_FIGURES: dict[str, ClusterFigures] = {
     "a100-sxm": ClusterFigures(
@@ -286,6 +340,8 @@ CLUSTER_FIGURES: dict[str, ClusterFigures] = {
         sources=(*_GPU_SOURCES, "attention_efficiency: FlashAttention-2 on A100, 50-73% of peak (Dao 2023)"),
         attention_efficiency=0.50,
         gemm_absorbs_layouts=True,
+        gemm_wave=GEMM_WAVES["a100-sxm"],
+        launch_s=LAUNCH_S,
     ),
     "h100-sxm": ClusterFigures(
         node_size=8,
@@ -298,6 +354,8 @@ CLUSTER_FIGURES: dict[str, ClusterFigures] = {
         ),
         attention_efficiency=0.525,
         gemm_absorbs_layouts=True,
+        gemm_wave=GEMM_WAVES["h100-sxm"],
+        launch_s=LAUNCH_S,
     ),
 }
 

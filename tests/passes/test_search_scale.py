@@ -27,6 +27,7 @@ from graphc.core.traits import Contraction
 from graphc.models import gpt3
 from graphc.passes import scale, search
 from graphc.passes.blocks import cut_segments, find_layers, segment_graph, update_only
+from graphc.passes.gpu_kernels import gemm_absorbed
 from graphc.passes.options import PlanOptions
 from graphc.passes.scale import Layout, layered_model, plan_layout, search_layered, stage_cut
 from graphc.passes.search import explain, search_meshes, step_batch
@@ -318,7 +319,7 @@ def test_gemm_absorbed_ops_are_operand_transposes_and_batch_sums_of_products():
     batch are part of the GEMMs (cuBLAS operand flags; one GEMM over batch x sequence rows)."""
     g = _small(n_layer=4, batch=8, dtype=graphc.bfloat16)
     blk = layered_model(g, step_batch(g), A100).graphs["block"]
-    nodes = [blk.nodes[k] for k in sorted(scale._gemm_absorbed(blk))]
+    nodes = [blk.nodes[k] for k in sorted(gemm_absorbed(blk))]
     assert {n.op.name for n in nodes} == {"transpose", "reduce_sum"}
     for n in nodes:
         if n.op.name == "transpose":
