@@ -1,7 +1,8 @@
 """A GPT-3-style decoder in plain numpy, as Megatron-LM trains it: pre-LayerNorm blocks, one fused
 QKV projection split by ``reshape(B, T, 3, H, E).transpose(2, 0, 3, 1, 4)``, GELU, a tied
 embedding, bfloat16 parameters with float32 Adam moments (the update runs in float32 and is cast
-back to the parameters' dtype).
+back to the parameters' dtype), and, given a Generator ``rng`` and ``dropout_p``, Megatron-LM's
+dropout: on the embeddings, the attention probabilities and each branch's output.
 
 params = {
   "wte": [n_vocab, d], "wpe": [n_ctx, d],
@@ -34,7 +35,16 @@ def layer_norm(x, g, b, eps=1e-5):
     return g * (x - mean) / np.sqrt(variance + eps) + b
 
 
-def attention(x, qkv, proj, mask, n_head):
+def dropout(x, rng, p):
+    # [...] -> [...]: each element kept with probability 1 - p and scaled by 1 / (1 - p), as
+    # torch.nn.functional.dropout (Megatron-LM's); none without a generator
+    if rng is None or not p:
+        return x
+    keep = rng.random(x.shape, dtype=np.float32) >= p
+    return np.where(keep, x * (1 / (1 - p)), 0)
+
+
+def attention(x, qkv, proj, mask, n_head, rng=None, p=0.0):
     # [B, T, d] -> [B, T, d]
     B, T, d = x.shape
     E = d // n_head
@@ -42,24 +52,25 @@ def attention(x, qkv, proj, mask, n_head):
     q, k, v = fused[0], fused[1], fused[2]
     scores = q @ k.swapaxes(-1, -2) * (1.0 / math.sqrt(E)) + mask  # [B, H, T, T]
     e = np.exp(scores - np.max(scores, axis=-1, keepdims=True))
-    out = (e / np.sum(e, axis=-1, keepdims=True)) @ v  # [B, H, T, E]
+    out = dropout(e / np.sum(e, axis=-1, keepdims=True), rng, p) @ v  # [B, H, T, E]
     return out.transpose(0, 2, 1, 3).reshape(B, T, d) @ proj["w"] + proj["b"]
 
 
-def block(x, p, mask, n_head):
-    # [B, T, d] -> [B, T, d]
-    x = x + attention(layer_norm(x, **p["ln_1"]), p["qkv"], p["proj"], mask, n_head)
+def block(x, p, mask, n_head, rng=None, p_drop=0.0):
+    # [B, T, d] -> [B, T, d]; dropout on the attention probabilities and on both branches' outputs
+    x = x + dropout(attention(layer_norm(x, **p["ln_1"]), p["qkv"], p["proj"], mask, n_head, rng, p_drop), rng, p_drop)
     h = gelu(layer_norm(x, **p["ln_2"]) @ p["fc"]["w"] + p["fc"]["b"])  # [B, T, 4d]
-    return x + h @ p["out"]["w"] + p["out"]["b"]
+    return x + dropout(h @ p["out"]["w"] + p["out"]["b"], rng, p_drop)
 
 
-def loss(params, tokens, targets, n_head):
-    # tokens, targets [B, T] int -> mean next-token cross-entropy (in float32)
+def loss(params, tokens, targets, n_head, rng=None, dropout_p=0.0):
+    # tokens, targets [B, T] int -> mean next-token cross-entropy (in float32); dropout_p with a
+    # Generator rng: Megatron-LM's dropout on the embeddings, attention probabilities and branches
     T = tokens.shape[1]
-    x = params["wte"][tokens] + params["wpe"][np.arange(T)]  # [B, T, d]
+    x = dropout(params["wte"][tokens] + params["wpe"][np.arange(T)], rng, dropout_p)  # [B, T, d]
     mask = ((1 - np.tri(T, dtype=np.float32)) * -1e9).astype(x.dtype)  # [T, T] causal
     for p in params["blocks"]:
-        x = block(x, p, mask, n_head)
+        x = block(x, p, mask, n_head, rng, dropout_p)
     logits = (layer_norm(x, **params["ln_f"]) @ params["wte"].T).astype(np.float32)  # [B, T, V]
     B, _T, V = logits.shape
     z = logits.reshape(B * T, V)
@@ -83,9 +94,9 @@ def adam_mixed(params, grads, state, lr, b1=0.9, b2=0.95, eps=1e-8):
     return graphc.tree_map(update, params, m, v), {"m": m, "v": v, "t": t}
 
 
-def train_step(params, opt_state, tokens, targets, n_head, lr=6e-5):
+def train_step(params, opt_state, tokens, targets, n_head, lr=6e-5, rng=None, dropout_p=0.0):
     # one mixed-precision Adam step: returns (params, opt_state, loss before the step)
-    value, grads = graphc.value_and_grad(loss)(params, tokens, targets, n_head)
+    value, grads = graphc.value_and_grad(loss)(params, tokens, targets, n_head, rng, dropout_p)
     params, opt_state = adam_mixed(params, grads, opt_state, lr)
     return params, opt_state, value
 
@@ -137,13 +148,18 @@ def example_loss_args(batch=2, seq=16, n_vocab=128, d=64, n_layer=2, n_head=4, s
     return (params, tokens, targets), {"n_head": kw["n_head"]}
 
 
-def example_train_specs(n_layer=96, d=12288, n_head=96, seq=2048, n_vocab=51200, batch=1536, dtype=None):
+def example_train_specs(n_layer=96, d=12288, n_head=96, seq=2048, n_vocab=51200, batch=1536, dtype=None, dropout_p=0.1):
     """A training step by types only: GPT-3 175B's shape at Megatron-LM's global batch by default,
-    bfloat16 parameters and float32 Adam moments."""
+    bfloat16 parameters and float32 Adam moments, and Megatron-LM's dropout (its defaults,
+    ``--hidden-dropout 0.1 --attention-dropout 0.1``, which its GPT-3 175B example script keeps:
+    megatron/arguments.py, examples/pretrain_gpt3_175B.sh) drawn from a Philox Generator."""
     dtype = graphc.bfloat16 if dtype is None else dtype
     params = init_params(None, n_vocab, seq, d, n_layer, dtype, spec=True)
     tokens = graphc.ArraySpec((batch, seq), np.int64)
-    return (params, _state(params, True), tokens, tokens), {"n_head": n_head, "lr": 6e-5}
+    kw = {"n_head": n_head, "lr": 6e-5}
+    if dropout_p:
+        kw |= {"rng": np.random.Generator(np.random.Philox(0)), "dropout_p": dropout_p}
+    return (params, _state(params, True), tokens, tokens), kw
 
 
 def example_train_specs_small():

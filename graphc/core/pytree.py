@@ -602,11 +602,15 @@ register_pytree(
 
 def static_argnames(kwargs: dict) -> tuple[str, ...]:
     """Keyword arguments of an example that hold no arrays (numbers, strings, None): static to jit
-    and parallelize (the CLI's examples, the cluster benchmark's)."""
+    and parallelize (the CLI's examples, the cluster benchmark's). A numpy Generator is not
+    static: jit and parallelize pass its state as an array (graphc/frontend/random.py), where a
+    static one would draw numpy's numbers once, as constants of the graph."""
     return tuple(k for k, v in kwargs.items() if not _has_arrays(v))
 
 
 def _has_arrays(v: Any) -> bool:
+    if isinstance(v, np.random.Generator):
+        return True
     try:
         leaves, _ = flatten(v)
     except TypeError:
