@@ -272,7 +272,7 @@ def test_a_composed_step_is_the_1f1b_closed_form():
     p = plan.predicted
     assert p["gemm_s"] == pytest.approx(8 * 2 * 1.8e-3) and p["tp_comm_s"] == pytest.approx(8 * 2 * 0.6e-3)
     assert p["bubble_s"] == pytest.approx(1 * 2 * 3e-3) and p["recompute_s"] == 0.0
-    terms = ("gemm_s", "attention_s", "non_gemm_s", "tp_comm_s", "recompute_s", "bubble_s")
+    terms = ("gemm_s", "attention_s", "non_gemm_s", "tp_comm_s", "launch_s", "recompute_s", "bubble_s")
     assert sum(p[t] for t in terms) == pytest.approx(p["pipeline_s"], rel=1e-12)
     assert sum(p[t] for t in (*terms, "p2p_s", "dp_s", "update_s")) == pytest.approx(p["step_s"], rel=1e-12)
     assert "GEMM" in plan.breakdown() and "bubble" in plan.summary()
