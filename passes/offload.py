@@ -22,6 +22,22 @@ peak). The host must hold the state and a copy of the parameters. The figures (P
 size and bandwidth) are the profile's host tier (graphc/core/profiles.py ``HostTier``); a
 profile without one never offloads. Both planners price a choice with ``offload_costs``; the
 fixed-mesh plan records what it moved as an ``OffloadRecord`` (its JSON ``"offload"``).
+
+**Activations** (``activation_costs``). A forward value the backward reads is stashed on the
+device from its last forward use to its first backward use, across the micro-batches in flight.
+Megatron-LM's CPU activation offload (Megatron Core ``cpu_offload``) and ZeRO-Offload's
+activation checkpoint offload (ZeRO-Infinity, Rajbhandari et al. SC 2021, section 5) copy such a
+value to host memory after the forward and back before the backward, each copy on its own CUDA
+stream beside the compute. The rule both planners use: the link is full duplex and each figure
+of ``HostTier.link`` is one direction; a micro-batch's copies out run beside its forward, its
+copies back beside its backward (prefetched), and only what that pass's compute does not hide
+waits: ``max(0, out - forward) + max(0, back - backward)``, with ``out = back = transfers x
+latency + bytes / bandwidth``. The optimizer state's transfers share the link in other phases
+(the gradients go out in the last backward, when no activation goes out; the parameters come
+back after it, when every activation is back), so the two never wait for each other. The device
+keeps, besides what stays, one layer's offloaded share of one micro-batch in transit (the
+block search's ``staging`` bytes; the fixed-mesh model frees a value only between its last
+forward and first backward use, so a value in transit is counted whole).
 """
 
 from __future__ import annotations
@@ -29,10 +45,28 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from graphc.core.errors import PlanError
-from graphc.core.profiles import HostTier
+from graphc.core.profile import Link
+from graphc.core.profiles import HostTier, host_tier
 from graphc.core.units import fmt_bytes, fmt_time
 
-OFFLOADS = ("off", "optimizer")  # what a layout may offload
+OFFLOADS = ("off", "optimizer", "activations", "both")  # what a layout may offload
+# the shares of a stage's stashed activations the block search tries to keep in host memory
+ACTIVATION_FRACTIONS = (0.25, 0.5, 0.75, 1.0)
+
+
+def offloads_state(kind: str) -> bool:
+    """Whether a layout's ``offload`` moves the optimizer state."""
+    return kind in ("optimizer", "both")
+
+
+def offloads_activations(kind: str) -> bool:
+    """Whether a layout's ``offload`` moves stashed activations."""
+    return kind in ("activations", "both")
+
+
+def offload_choices(profile) -> tuple[str, ...]:
+    """What a layout may offload on ``profile``: nothing without a host tier."""
+    return OFFLOADS if host_tier(profile) is not None else ("off",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,11 +126,148 @@ def offload_costs(host: HostTier, state_bytes: float, param_bytes: float, backwa
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ActivationOffload:
+    """Stashed activations one device keeps in host memory, per micro-batch, and their copies
+    priced by the overlap rule (module doc, ``activation_costs``)."""
+
+    values: tuple[str, ...]  # the offloaded values (the fixed-mesh plan's names; () in the block search)
+    value_bytes: tuple[float, ...]  # each one's bytes per device (the block search: one entry per stage layer)
+    fraction: float  # the share of the stash moved (the block search's choice; 1.0 in the fixed-mesh plan)
+    transfers: int  # copies each way (one per value, or per layer)
+    out_s: float  # device -> host, after the forward
+    back_s: float  # host -> device, before the backward
+    forward_s: float  # the compute that hides the copies out
+    backward_s: float  # the compute that hides the copies back
+
+    @property
+    def nbytes(self) -> float:
+        return float(sum(self.value_bytes))
+
+    @property
+    def out_exposed_s(self) -> float:
+        return max(0.0, self.out_s - self.forward_s)
+
+    @property
+    def back_exposed_s(self) -> float:
+        return max(0.0, self.back_s - self.backward_s)
+
+    @property
+    def exposed_s(self) -> float:
+        """What the step waits for, per micro-batch: the copies the compute does not hide."""
+        return self.out_exposed_s + self.back_exposed_s
+
+    @property
+    def hidden_s(self) -> float:
+        return self.out_s + self.back_s - self.exposed_s
+
+    def to_json(self) -> dict:
+        doc = {f.name: getattr(self, f.name) for f in fields(self)}
+        doc["values"], doc["value_bytes"] = list(self.values), list(self.value_bytes)
+        return {**doc, "bytes_per_device": self.nbytes, "exposed_s": self.exposed_s, "hidden_s": self.hidden_s}
+
+    @classmethod
+    def from_json(cls, d: dict) -> ActivationOffload:
+        values = {f.name: d[f.name] for f in fields(cls)}
+        values["values"], values["value_bytes"] = tuple(values["values"]), tuple(values["value_bytes"])
+        return cls(**values)
+
+    def why(self) -> str:
+        """One sentence: what moved, the copies, what the compute hid."""
+        what = f"{len(self.values)} stashed activation(s)" if self.values else f"{self.fraction:.0%} of the stash"
+        return (
+            f"offloads {what} to host memory: {fmt_bytes(int(self.nbytes))} less per device and micro-batch, "
+            f"copied out in {fmt_time(self.out_s)} beside the forward ({fmt_time(self.forward_s)}) and back in "
+            f"{fmt_time(self.back_s)} beside the backward ({fmt_time(self.backward_s)}): "
+            f"{fmt_time(self.hidden_s)} hidden, {fmt_time(self.exposed_s)} exposed"
+        )
+
+
+def activation_costs(
+    link: Link,
+    value_bytes: tuple[float, ...],
+    forward_s: float,
+    backward_s: float,
+    values: tuple[str, ...] = (),
+    fraction: float = 1.0,
+) -> ActivationOffload:
+    """The ActivationOffload of copying ``value_bytes`` (one transfer each) out beside
+    ``forward_s`` of compute and back beside ``backward_s`` (module doc)."""
+    copy = len(value_bytes) * link.latency_s + sum(value_bytes) / link.bandwidth
+    return ActivationOffload(
+        values=values,
+        value_bytes=tuple(float(b) for b in value_bytes),
+        fraction=fraction,
+        transfers=len(value_bytes),
+        out_s=copy,
+        back_s=copy,
+        forward_s=forward_s,
+        backward_s=backward_s,
+    )
+
+
+def stash_bytes(flight: int, stash: float, fraction: float, staging: float) -> float:
+    """A stage's activation bytes on the device when ``flight`` micro-batches each stash ``stash``
+    bytes and ``fraction`` of it lives in host memory, one layer's share (``staging``) of one
+    micro-batch in transit (module doc)."""
+    if not fraction:
+        return flight * stash
+    return flight * stash * (1 - fraction) + fraction * staging
+
+
+def stage_activations(host: HostTier | None, fraction: float, layer_bytes, bounds, forward, per_microbatch):
+    """Per stage of a block-search cut (stage s holds layers ``bounds[s]:bounds[s + 1]``, each
+    stashing ``layer_bytes[i]`` a micro-batch), the ActivationOffload of keeping ``fraction`` of
+    its stash in host memory: one copy per layer each way, out beside the stage's forward of the
+    micro-batch (``forward[s]``), back beside the rest of its ``per_microbatch[s]`` (the backward,
+    and the forward run again under full recomputation). [] without a host tier or a fraction."""
+    if host is None or not fraction:
+        return []
+    return [
+        activation_costs(
+            host.link,
+            tuple(fraction * float(b) for b in layer_bytes[lo:hi]),
+            forward[s],
+            per_microbatch[s] - forward[s],
+            fraction=fraction,
+        )
+        for s, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:]))
+    ]
+
+
+def host_shortfall(host: HostTier | None, state: OffloadCost | None, acts, microbatches: int) -> str | None:
+    """Why the host cannot hold what a layout moves (the state and the host copy of the
+    parameters, and each stage's stash over its micro-batches in flight, 1F1B), else None."""
+    if host is None:
+        return None
+    stages = len(acts)
+    need = (state.host_bytes if state is not None else 0.0) + max(
+        (min(microbatches, stages - s) * a.nbytes for s, a in enumerate(acts)), default=0.0
+    )
+    if need <= host.memory_bytes:
+        return None
+    return (
+        f"offload needs {need / 2**30:.1f} GiB of host memory per device, the host has {host.memory_bytes / 2**30:.1f}"
+    )
+
+
+def fastest(results) -> tuple:
+    """The (plan, None) of the fastest plan among the (plan, why) ``results``, else the first
+    (None, why): the block search composes a layout at every ``ACTIVATION_FRACTIONS``."""
+    results = list(results)
+    plans = [r for r in results if r[0] is not None]
+    if not plans:
+        return results[0]
+    return min(plans, key=lambda r: r[0].predicted["step_s"])
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class OffloadRecord:
     """What a fixed-mesh plan (passes/sharding/plan.py ``ShardingPlan.offload``) keeps in host
-    memory, per device, priced by ``offload_costs`` at the plan's choices; ``reason`` is "fit"
-    (the peak keeping the state, ``kept_peak_bytes``, is over the limit) or "faster" (the step
-    is shorter with the update on the host)."""
+    memory, per device: optimizer state priced by ``offload_costs`` at the plan's choices (its
+    fields are empty and zero when only activations move), and stashed ``activations`` priced by
+    ``activation_costs``. ``reason`` is "fit" (the peak keeping everything on the device,
+    ``kept_peak_bytes``, is over the limit) or "faster" (the step is shorter with the update on
+    the host)."""
 
     values: tuple[str, ...]  # the offloaded inputs (optimizer state), graph input names
     params: tuple[str, ...]  # the parameters the host updates
@@ -109,8 +280,9 @@ class OffloadRecord:
     host_update_s: float
     h2d_s: float
     device_update_s: float  # the device's update of those parameters, which no longer runs
-    kept_peak_bytes: int  # the plan's peak with the state kept on the device
+    kept_peak_bytes: int  # the plan's peak with everything kept on the device
     reason: str  # "fit" or "faster"
+    activations: ActivationOffload | None = None  # stashed activations in host memory
 
     @property
     def cost(self) -> OffloadCost:
@@ -119,19 +291,39 @@ class OffloadRecord:
         )
 
     @property
+    def host_s(self) -> float:
+        """What the step waits for on the host tier: the state's transfers and CPU update, and the
+        activation copies the compute does not hide (``Cost.offload_s``)."""
+        return self.cost.step_s + (self.activations.exposed_s if self.activations is not None else 0.0)
+
+    @property
     def step_s(self) -> float:
         """What offloading adds to the step: the host's part, less the device update it replaces."""
-        return self.cost.step_s - self.device_update_s
+        return self.host_s - self.device_update_s
+
+    @property
+    def what(self) -> str:
+        parts = (["optimizer state"] if self.params else []) + (["activations"] if self.activations else [])
+        return " and ".join(parts) or "nothing"
 
     def to_json(self) -> dict:
         doc = {f.name: getattr(self, f.name) for f in fields(self)}
-        return {**self.cost.to_json(self.values), **doc, "values": list(self.values), "params": list(self.params)}
+        doc["activations"] = None if self.activations is None else self.activations.to_json()
+        return {
+            **self.cost.to_json(self.values),
+            **doc,
+            "what": self.what,
+            "step_s": self.step_s,
+            "values": list(self.values),
+            "params": list(self.params),
+        }
 
     @classmethod
     def from_json(cls, d: dict) -> OffloadRecord:
-        values = {f.name: d[f.name] for f in fields(cls)}
+        values = {f.name: d[f.name] for f in fields(cls) if f.name != "activations"}
         values["values"], values["params"] = tuple(values["values"]), tuple(values["params"])
-        return cls(**values)
+        acts = d.get("activations")
+        return cls(**values, activations=None if acts is None else ActivationOffload.from_json(acts))
 
     def why(self, limit_bytes: int | None) -> str:
         """Why the plan offloads, and what it costs (one paragraph)."""
@@ -139,23 +331,47 @@ class OffloadRecord:
             because = (
                 f"keeping it, the peak would be {fmt_bytes(self.kept_peak_bytes)} per device, over the limit"
                 + (f" of {fmt_bytes(limit_bytes)}" if limit_bytes else "")
-                + ": the solver moves the state whose transfers cost the least time"
+                + ": the solver moves what costs the least time"
             )
         else:
             because = "the step is shorter with the update on the host than on the device"
-        return (
-            f"{self.cost.why()}; the device's own update of those parameters "
-            f"({fmt_time(self.device_update_s)}) no longer runs; {because}"
-        )
+        parts = []
+        if self.params:
+            parts.append(
+                f"{self.cost.why()}; the device's own update of those parameters "
+                f"({fmt_time(self.device_update_s)}) no longer runs"
+            )
+        if self.activations is not None:
+            parts.append(self.activations.why())
+        return "; ".join(parts) + f"; {because}"
 
 
 def not_runnable(record: OffloadRecord, profile: str) -> PlanError:
     """The error of running a plan that offloads ``record`` (the lowering raises it)."""
+    what = f"the optimizer state of {len(record.params)} parameter(s)" if record.params else ""
+    if record.activations is not None:
+        what += (" and " if what else "") + f"{len(record.activations.values)} stashed activation(s)"
     return PlanError(
-        f"the plan keeps the optimizer state of {len(record.params)} parameter(s) in host memory (offload on "
+        f"the plan keeps {what} in host memory (offload on "
         f"profile {profile}), which the runtime here cannot do: it is a prediction, not a plan to run; plan "
         "with a memory limit that fits without offload, or on a profile without a host tier (cpu-here)"
     )
 
 
-__all__ = ["OFFLOADS", "OffloadCost", "OffloadRecord", "not_runnable", "offload_costs"]
+__all__ = [
+    "ACTIVATION_FRACTIONS",
+    "OFFLOADS",
+    "ActivationOffload",
+    "OffloadCost",
+    "OffloadRecord",
+    "activation_costs",
+    "fastest",
+    "host_shortfall",
+    "not_runnable",
+    "offload_choices",
+    "offload_costs",
+    "offloads_activations",
+    "offloads_state",
+    "stage_activations",
+    "stash_bytes",
+]

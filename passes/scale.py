@@ -56,9 +56,9 @@ from graphc.core.profiles import ClusterFigures, cluster_figures, host_tier, lau
 from graphc.core.spec import split_factor
 from graphc.core.traits import Contraction
 from graphc.ops.dims import default_cost
+from graphc.passes import offload as offloading
 from graphc.passes.blocks import Layers, Segments, cut_segments, find_layers, segment_graph, update_only
 from graphc.passes.gpu_kernels import GemmWaves, gemm_absorbed, kernel_launches
-from graphc.passes.offload import OFFLOADS, OffloadCost, offload_costs
 from graphc.passes.options import PlanOptions
 from graphc.passes.partition import plan_sharding, state_ties
 from graphc.passes.pipeline import node_seconds
@@ -69,6 +69,7 @@ MFU_FORMULA = "model_flops / (step_s * devices * peak_flops)"
 COMPOSED_PLAN_VERSION = 1
 VIRTUAL_AXIS = "dp"  # the block's data axis: batch / b devices of b sequences each
 MICROBATCH_SIZES = (1, 2, 4, 8, 16)
+ACT_FRACTIONS = offloading.ACTIVATION_FRACTIONS  # the shares of a stage's stash offload may move
 ZERO_STAGES = (0, 1, 3)
 MIN_SOLVE_S = 1.0  # a segment solve begun just before the deadline still gets this long
 MAX_GAP = 0.05  # a segment's ILP stopped further than this from its bound is not used
@@ -101,7 +102,7 @@ class Layout:
     microbatches: int
     zero: int
     recompute: str  # "off" | "full"
-    offload: str = "off"  # "off" | "optimizer": the optimizer state in host memory (passes/offload.py)
+    offload: str = "off"  # passes/offload.py OFFLOADS: the optimizer state and/or activations in host memory
 
     @property
     def axes(self) -> dict[str, int]:
@@ -127,8 +128,9 @@ class ComposedPlan:
     block_plan: ShardingPlan | None = field(default=None, repr=False)
     profile: MachineProfile | None = field(default=None, repr=False)
     graph_hash: str = ""  # filled for the chosen plan (hashing a large step's text takes seconds)
-    offload: OffloadCost | None = None  # what offloading costs one device of the slowest stage
+    offload: offloading.OffloadCost | None = None  # what offloading costs one device of the slowest stage
     offloaded: tuple[str, ...] = ()  # the step's inputs held in host memory
+    activations: offloading.ActivationOffload | None = None  # the slowest stage's stash in host memory, per micro-batch
 
     @property
     def mfu(self) -> float:
@@ -156,6 +158,7 @@ class ComposedPlan:
             "cluster_figures": dataclasses.asdict(self.figures),
             "block_plan": None if self.block_plan is None else json.loads(self.block_plan.to_json()),
             "offload": None if self.offload is None else self.offload.to_json(self.offloaded),
+            "offload_activations": None if self.activations is None else self.activations.to_json(),
         }
         return json.dumps(doc, indent=indent)
 
@@ -172,6 +175,7 @@ class ComposedPlan:
             ("TP collectives (exposed)", "tp_comm_s"),
             ("kernel launches (exposed)", "launch_s"),
             ("recompute", "recompute_s"),
+            ("activation copies (exposed)", "act_offload_s"),
             ("bubble (fill and drain)", "bubble_s"),
             ("pipeline sends", "p2p_s"),
             ("DP collectives (exposed)", "dp_s"),
@@ -196,6 +200,7 @@ class ComposedPlan:
                 f"memory per device {max(self.memory_bytes) / 2**30:.1f} GiB at most",
             ]
             + ([] if self.offload is None else [self.offload.why() + " (a prediction: the runtime has no host tier)"])
+            + ([] if self.activations is None else [self.activations.why() + " (a prediction, not run)"])
         )
 
 
@@ -407,9 +412,13 @@ class _Segments:
     exact: bool = True  # solved at this micro-batch size, not scaled from micro-batch 1
 
 
-def compose(model: _Model, segs: _Segments, lo: Layout, profile, figures: ClusterFigures, limit: int | None):
-    """The ComposedPlan of layout ``lo`` from its solved segments, or the reason it cannot run."""
-    L, S, D, t, k = model.layers.count, lo.pp, lo.dp, lo.tp, lo.microbatches
+def compose(model: _Model, segs: _Segments, lo: Layout, profile, figures: ClusterFigures, limit, fraction=None):
+    """The ComposedPlan of layout ``lo`` from its solved segments, or the reason it cannot run; a
+    layout offloading activations keeps ``fraction`` of each stage's stash in host memory, the
+    fastest of ``ACT_FRACTIONS`` when None (passes/offload.py ``stage_activations``)."""
+    if fraction is None and offloading.offloads_activations(lo.offload):
+        return offloading.fastest(compose(model, segs, lo, profile, figures, limit, f) for f in ACT_FRACTIONS)
+    L, S, D, t, k, act_f = model.layers.count, lo.pp, lo.dp, lo.tp, lo.microbatches, fraction or 0.0
     full = lo.recompute == "full"
     blk, pre, head = segs.block, segs.pre, segs.head
     unit_f = np.full(L, blk.forward_s)
@@ -420,9 +429,9 @@ def compose(model: _Model, segs: _Segments, lo: Layout, profile, figures: Cluste
         unit_b[i] += end.backward_s
         unit_a[i] += end.input_bytes if full else end.activation_bytes
     unit_s = unit_f * (2 if full else 1) + unit_b
-    offloaded = lo.offload == "optimizer"
+    offloaded = offloading.offloads_state(lo.offload)
     host = host_tier(profile)
-    if offloaded and host is None:
+    if lo.offload != "off" and host is None:
         return None, f"profile {profile.name} has no host memory tier to offload to"
     per_layer_state = (
         model.param_bytes / (D if lo.zero >= 3 else 1)
@@ -435,7 +444,7 @@ def compose(model: _Model, segs: _Segments, lo: Layout, profile, figures: Cluste
     def stage_mem(s, unit_bytes, n_units):
         flight = min(k, S - s)
         ends = other if s in (0, S - 1) else 0.0
-        return per_layer_state * n_units + ends + flight * unit_bytes + work
+        return per_layer_state * n_units + ends + offloading.stash_bytes(flight, unit_bytes, act_f, unit_a.max()) + work
 
     counts = stage_cut(unit_s, unit_a, stage_mem, S, limit)
     if counts is None:
@@ -444,8 +453,11 @@ def compose(model: _Model, segs: _Segments, lo: Layout, profile, figures: Cluste
     f_s = [float(unit_f[bounds[s] : bounds[s + 1]].sum()) for s in range(S)]
     b_s = [float(unit_b[bounds[s] : bounds[s + 1]].sum()) for s in range(S)]
     per_mb = [(2 * f if full else f) + b for f, b in zip(f_s, b_s)]
+    acts = offloading.stage_activations(host, act_f, unit_a, bounds, f_s, per_mb)
+    per_mb = [m + (acts[s].exposed_s if acts else 0.0) for s, m in enumerate(per_mb)]
     slowest = max(per_mb)
     terms = _stage_terms(segs, counts, int(np.argmax(per_mb)), k, full)
+    terms["act_offload_s"] = k * acts[int(np.argmax(per_mb))].exposed_s if acts else 0.0
     pipeline_s = (k + S - 1) * slowest
     bubble = 1.0 - k * sum(per_mb) / S / pipeline_s if pipeline_s else 0.0
     pp_link = profile.link_for("pp")
@@ -470,13 +482,10 @@ def compose(model: _Model, segs: _Segments, lo: Layout, profile, figures: Cluste
         assert host is not None
         owned = 1 / t / (D if lo.zero >= 1 else 1)  # the share of the state this device updates
         state = (model.state_bytes * n_max + model.other_state * model.state_share) * owned
-        off = offload_costs(host, state, grad_bytes * t * owned, last_backward, figures.dp_overlap)
-        if off.host_bytes > host.memory_bytes:
-            return None, (
-                f"offload needs {off.host_bytes / 2**30:.1f} GiB of host memory per device, "
-                f"the host has {host.memory_bytes / 2**30:.1f}"
-            )
+        off = offloading.offload_costs(host, state, grad_bytes * t * owned, last_backward, figures.dp_overlap)
         update_s = off.step_s
+    if (short := offloading.host_shortfall(host, off, acts, k)) is not None:
+        return None, short
     step = pipeline_s + p2p + dp_s + update_s
     mem = [int(stage_mem(s, float(unit_a[bounds[s] : bounds[s + 1]].sum()), counts[s])) for s in range(S)]
     peak = profile.matmul_rate(model.peak_dtype)
@@ -492,8 +501,7 @@ def compose(model: _Model, segs: _Segments, lo: Layout, profile, figures: Cluste
         **terms,  # what the pipeline is made of (``_stage_terms``)
         "bubble_s": (S - 1) * slowest,
     }
-    if off is not None:
-        predicted["offload_s"] = off.step_s
+    predicted.update({} if off is None else {"offload_s": off.step_s})
     plan = ComposedPlan(
         graph_name=model.graph.name,
         layout=lo,
@@ -509,6 +517,7 @@ def compose(model: _Model, segs: _Segments, lo: Layout, profile, figures: Cluste
         profile=profile,
         offload=off,
         offloaded=model.state_names if off is not None else (),
+        activations=acts[int(np.argmax(per_mb))] if acts else None,
     )
     return plan, None
 
@@ -528,12 +537,12 @@ def _stage_terms(segs: _Segments, counts, s: int, k: int, full: bool) -> dict[st
     return out
 
 
-def flat_accumulated(model: _Model, segs: _Segments, lo: Layout, profile, figures, limit):
+def flat_accumulated(model: _Model, segs: _Segments, lo: Layout, profile, figures, limit, fraction=None):
     """A layout without pipeline stages: k micro-batches accumulate gradients on a dp x tp mesh,
     priced by the same composed model as a pipeline of one stage, so that every layout is compared
     by one model. The search's choice is then planned whole when the step is small enough
     (passes/search.py ``_plan_whole``: passes/accumulate.py's planner for such a layout)."""
-    return compose(model, segs, lo, profile, figures, limit)
+    return compose(model, segs, lo, profile, figures, limit, fraction)
 
 
 @dataclass
@@ -577,7 +586,7 @@ def memory_bound(model: _Model, lo: Layout) -> float:
     per_layer = (
         model.param_bytes / (D if lo.zero >= 3 else 1)
         + model.param_bytes / (D if lo.zero >= 2 else 1)
-        + (0.0 if lo.offload == "optimizer" else model.state_bytes / (D if lo.zero >= 1 else 1))
+        + (0.0 if offloading.offloads_state(lo.offload) else model.state_bytes / (D if lo.zero >= 1 else 1))
     )
     return per_layer * L / (lo.tp * lo.pp)
 
@@ -605,7 +614,7 @@ def search_layered(
     once per (tp, micro-batch size), until ``deadline`` (``time.perf_counter()`` seconds)."""
     figures = cluster_figures(profile)
     limit = options.memory_limit
-    cands = layouts(model, n, figures.node_size, options, offload_choices(profile))
+    cands = layouts(model, n, figures.node_size, options, offloading.offload_choices(profile))
     solved: dict[tuple[int, int], _Segments | str] = {}
     solve_s: list[float] = []  # how long each solve took: the next is not begun unless one fits
 
@@ -690,7 +699,7 @@ def plan_mesh(model: _Model, axes: dict[str, int], options: PlanOptions, profile
     segs = _solve_all(model, t, b, profile, figures, deadline)  # once: every choice below composes them
     for z in zeros if D > 1 else (0,):
         for r in recs:
-            for f in offload_choices(profile):
+            for f in offloading.offload_choices(profile):
                 try:
                     plans.append(_layout_plan(model, Layout(S, D, t, b, k, z, r, f), segs, options, profile, figures))
                 except PlanError as exc:
@@ -698,11 +707,6 @@ def plan_mesh(model: _Model, axes: dict[str, int], options: PlanOptions, profile
     if not plans:
         raise PlanError(errors[0])
     return min(plans, key=lambda p: p.predicted["step_s"])
-
-
-def offload_choices(profile) -> tuple[str, ...]:
-    """What a layout may offload on ``profile``: nothing without a host tier."""
-    return OFFLOADS if host_tier(profile) is not None else ("off",)
 
 
 def _is_exact(s: _Segments | str) -> bool:
@@ -771,7 +775,6 @@ __all__ = [
     "layered_model",
     "layouts",
     "memory_bound",
-    "offload_choices",
     "plan_layout",
     "plan_mesh",
     "search_layered",

@@ -181,7 +181,7 @@ def _cost(
     offload: OffloadRecord | None = None,
 ) -> Cost:
     """The Cost of a step, with its MFU (the definition is ``Cost``'s)."""
-    offload_s = 0.0 if offload is None else offload.cost.step_s
+    offload_s = 0.0 if offload is None else offload.host_s
     total_s = compute_s + comm_s + offload_s
     flops, contraction = step_flops(graph)
     by_dtype = contraction or flops

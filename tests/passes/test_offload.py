@@ -19,7 +19,7 @@ from graphc.core.profiles import HOST_TIERS, get_profile, host_tier
 from graphc.core.pytree import static_argnames
 from graphc.models import gpt3
 from graphc.passes import scale, search
-from graphc.passes.offload import offload_costs
+from graphc.passes.offload import offload_choices, offload_costs
 from graphc.passes.options import PlanOptions
 from graphc.passes.scale import Layout, layered_model, search_layered
 from graphc.passes.search import explain, search_meshes, step_batch
@@ -47,13 +47,13 @@ def test_the_gpu_presets_have_a_host_tier_with_sources_and_nothing_else_has():
     assert host_tier(H100).memory_bytes == host_tier(A100).memory_bytes == 2e12 / 8  # 2 TB per DGX of 8
     assert all(len(t.sources) == 3 for t in HOST_TIERS.values())
     assert host_tier(get_profile("cpu-here")) is None and host_tier(MachineProfile.default()) is None
-    assert scale.offload_choices(get_profile("cpu-here")) == ("off",)
-    assert scale.offload_choices(H100) == ("off", "optimizer")
+    assert offload_choices(get_profile("cpu-here")) == ("off",)
+    assert offload_choices(H100) == ("off", "optimizer", "activations", "both")
 
 
 def test_a_profile_without_a_host_tier_never_offloads(model):
     cpu = MachineProfile.default()
-    assert all(lo.offload == "off" for lo in scale.layouts(model, 4, None, PlanOptions(), scale.offload_choices(cpu)))
+    assert all(lo.offload == "off" for lo in scale.layouts(model, 4, None, PlanOptions(), offload_choices(cpu)))
     lo = Layout(1, 1, 1, 8, 1, 0, "off", "optimizer")
     plan, why = scale.compose(model, SEGS, lo, cpu, scale.cluster_figures(cpu), None)
     assert plan is None and "no host memory tier" in why
