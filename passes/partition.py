@@ -36,7 +36,7 @@ from graphc.passes.options import PlanOptions
 from graphc.passes.recompute.choices import add_recompute, recompute_mode
 from graphc.passes.sharding.build import plan_from_solution
 from graphc.passes.sharding.ilp import Group, Solution, shrink_groups, solve
-from graphc.passes.sharding.offload_terms import candidates
+from graphc.passes.sharding.offload_terms import may_offload
 from graphc.passes.sharding.plan import ShardingPlan
 from graphc.passes.sharding.problem import Pins, Problem, apply_ties, items_and_edges, pin_nodes
 from graphc.passes.sharding.zero import restrict_zero
@@ -88,14 +88,14 @@ def solve_problem(
 ) -> Solution:
     """shrink -> solve, both within ``time_limit_s`` seconds (default ``options.time_limit``); when
     no plan fits the memory limit, solve again letting the solver offload optimizer state to host
-    memory, on a profile with a host tier (passes/sharding/offload_terms.py)."""
+    memory (or stashed activations), on a profile with a host tier (passes/sharding/offload_terms.py)."""
     start = time.perf_counter()
     groups, of = shrink(problem, options.shrink)
     limit = (options.time_limit if time_limit_s is None else time_limit_s) - (time.perf_counter() - start)
     try:
         return solve(problem, groups, of, options.memory_limit, limit, options.solver, progress)
     except PlanError as exc:  # nothing fits keeping the optimizer state: may some live in host memory?
-        if exc.min_memory_bytes is None or not candidates(problem):
+        if exc.min_memory_bytes is None or not may_offload(problem):
             raise
         limit = (options.time_limit if time_limit_s is None else time_limit_s) - (time.perf_counter() - start)
         if progress:

@@ -83,6 +83,8 @@ class MemoryModel:
         self._live: list[tuple[Value, int, int, int]] | None = None
         self._transients: list[tuple[int, int, np.ndarray]] | None = None
         self.offloaded: frozenset[Value] = frozenset()  # in host memory: no bytes here (sharding/offload_terms.py)
+        # stashed activations in host memory between two positions (sharding/offload_terms.py)
+        self.away: dict[Value, tuple[int, int]] = {}
 
     # --- what the problem gives -----------------------------------------------------------------
     def set_slots(self, before: dict[int, int]) -> np.ndarray:
@@ -231,6 +233,9 @@ class MemoryModel:
             for first, last in self.ranges_under(v, i, choice[i], a, b) if recompute else ((a, b),):
                 delta[first] += nb
                 delta[last + 1] -= nb
+            if v in self.away:  # copied to the host after its last forward use, back before its backward
+                delta[self.away[v][0]] -= nb
+                delta[self.away[v][1] + 1] += nb
         for i, at, sizes in self.transient_terms():
             delta[at] += sizes[choice[i]]
             delta[at + 1] -= sizes[choice[i]]

@@ -34,6 +34,16 @@ its solve time and its ties between equal plans. (So a plan that fits only by re
 ZeRO does not weigh offloading some state instead; the block search, passes/scale.py, does.) A
 profile without a host tier has no candidate.
 
+**Activations.** With the same columns (only when ``every`` asks: activation offload only costs
+time), every forward value a backward node reads is a ``Stash``: one binary ``a[v]`` (with its
+``w[s]`` as above) keeps it in host memory from just after its last forward use to just before its
+first backward use (``Stash.away``), where every memory row subtracts its bytes under the chosen
+strategy, as recomputation's terms move a value's range. Its two copies, ``latency a + sum w
+bytes/link`` each, are priced by passes/offload.py's overlap rule over all stashes together:
+``e_out >= sum copies - forward``, ``e_back >= sum copies - backward`` (the forward's and the
+backward's compute under the chosen strategies), objective ``+= e_out + e_back``; the host holds
+them too. Recomputed values (``p.remat``) and views are not stashes.
+
 The chosen values are dropped from the memory model (``MemoryModel.offloaded``), so every peak
 measured after solving (the lazy memory rows, the plan's peak, its alternatives) sees them
 moved; the plan records them as an ``OffloadRecord`` (passes/offload.py) and the lowering
@@ -49,7 +59,8 @@ import numpy as np
 
 from graphc.core.ir import Value
 from graphc.core.profiles import cluster_figures, host_tier
-from graphc.passes.offload import OffloadRecord, offload_costs
+from graphc.passes.offload import OffloadCost, OffloadRecord, activation_costs, offload_costs
+from graphc.passes.sharding.memory import view_roots
 from graphc.passes.sharding.problem import Problem
 from graphc.passes.sharding.roles import update_nodes
 from graphc.passes.sharding.zero import param_groups, state_positions
@@ -66,6 +77,49 @@ class Candidate:
     update_items: tuple[int, ...]  # the node items of its update (they run on the host)
     entries: tuple[tuple[Value, int, int, int], ...]  # live ranges (MemoryModel) that move to the host
     values: frozenset[Value]  # their values
+
+
+@dataclass(frozen=True)
+class Stash:
+    """A forward value the backward reads, which may wait in host memory (module doc)."""
+
+    value: Value
+    item: int  # its producer's item
+    away: tuple[
+        int, int
+    ]  # the memory positions it is off the device: after its last forward use, before its first backward use
+
+
+def stashes(p: Problem) -> list[Stash]:
+    """The stashed activations of ``p`` that may be offloaded (module doc); none without a host tier."""
+    if host_tier(p.mesh.profile) is None:
+        return []
+    pos = p.memory.positions()
+    forward_last: dict[Value, int] = {}  # the last reader that is not a backward node
+    backward_first: dict[Value, int] = {}
+    for e in p.edges:
+        dst = p.items[e.dst]
+        if dst.kind == "node" and dst.node is not None and dst.node.part == "backward":
+            backward_first[e.value] = min(backward_first.get(e.value, pos[e.dst]), pos[e.dst])
+        else:
+            forward_last[e.value] = max(forward_last.get(e.value, -1), pos[e.dst])
+    viewed = set(view_roots(p.graph).values())
+    out = []
+    for v, i, a, _b in p.memory.live_ranges():
+        it = p.items[i]
+        if it.kind != "node" or it.node is None or it.node.part != "forward" or i in p.remat or v in viewed:
+            continue
+        if v not in backward_first or it.gradient:
+            continue
+        first, last = max(a, forward_last.get(v, a)) + 1, backward_first[v] - 1
+        if first <= last and any(p.memory.value_bytes(v, i, s) for s in _strategies(p, i)):
+            out.append(Stash(v, i, (first, last)))
+    return out
+
+
+def may_offload(p: Problem) -> bool:
+    """Whether any optimizer state or stashed activation of ``p`` may live in host memory."""
+    return bool(candidates(p) or stashes(p))
 
 
 def candidates(p: Problem) -> list[Candidate]:
@@ -132,10 +186,12 @@ def _param_bytes(p: Problem, c: Candidate) -> np.ndarray:
     return _state_bytes(p, c, rep) / max(v.type.nbytes, 1) * c.param_nbytes
 
 
-def _backward_items(p: Problem) -> list[int]:
-    return [
-        i for i, it in enumerate(p.items) if it.kind == "node" and it.node is not None and it.node.part == "backward"
-    ]
+def _backward_items(p: Problem, part: str = "backward") -> list[int]:
+    return [i for i, it in enumerate(p.items) if it.kind == "node" and it.node is not None and it.node.part == part]
+
+
+def _stash_bytes(p: Problem, st: Stash) -> np.ndarray:
+    return np.array([p.memory.value_bytes(st.value, st.item, s) for s in _strategies(p, st.item)], float)
 
 
 class OffloadTerms:
@@ -146,8 +202,11 @@ class OffloadTerms:
     def __init__(self, model, priced: bool = True, every: bool = False) -> None:
         self.model, self.p, self.priced = model, model.p, priced
         self.cands = candidates(self.p)
+        self.stashes = stashes(self.p) if every else []
         self.o = np.zeros(0, dtype=np.int64)
+        self.a = np.zeros(0, dtype=np.int64)  # per stash: in host memory
         self.saved: list[list[dict[int, float]]] = []  # per candidate, per entry: -MiB saved, by column
+        self.away: list[dict[int, float]] = []  # per stash: -MiB saved, by column
         self._shared: dict[tuple[int, int], list[int]] = {}  # (group, o) -> its w columns
         self.w: dict[int, list[tuple[int, int]]] = {}  # item -> (column, strategy) of the candidate being built
         if every or any(self._may_be_faster(c) for c in self.cands):
@@ -166,8 +225,20 @@ class OffloadTerms:
         return least < sum(float(p.costs.compute_times(i).max()) for i in c.update_items)
 
     def _build(self) -> None:
-        if not self.cands:
+        host = host_tier(self.p.mesh.profile)
+        if host is None:
             return
+        host_row: dict[int, float] = {}
+        if self.cands:
+            self._build_state(host_row)
+        if self.stashes:
+            self._build_stashes(host_row)
+        if sum(max(0.0, v) for v in host_row.values()) > host.memory_bytes / self.model.MIB:  # the host can run out
+            self.model.milp.add_row(
+                list(host_row), list(host_row.values()), -np.inf, host.memory_bytes / self.model.MIB
+            )
+
+    def _build_state(self, host_row: dict[int, float]) -> None:
         model, priced = self.model, self.priced
         p, m, us = self.p, model.milp, model.SCALE
         host = host_tier(p.mesh.profile)
@@ -179,7 +250,6 @@ class OffloadTerms:
         overlap = cluster_figures(p.mesh.profile).dp_overlap
         bconst, bcoef = self._x_expr([(i, p.costs.compute_times(i) * us) for i in _backward_items(p)])
         e_row = {e: 1.0, u: -link.latency_s * us, **{col: overlap * v for col, v in bcoef.items()}}
-        host_row: dict[int, float] = {}
         host_s: dict[int, float] = {}  # the copy back and the CPU Adam
         device_s: dict[int, float] = {}  # the device's update, which no longer runs
         for c, o in zip(self.cands, (int(o) for o in self.o)):
@@ -208,8 +278,28 @@ class OffloadTerms:
             total = m.add_vars([sign if priced else 0.0], integer=False, upper=1e30)[0]
             m.add_row([total, *terms], [1.0, *(-v for v in terms.values())], 0.0, 0.0)
         m.add_row(list(e_row), list(e_row.values()), -overlap * bconst, np.inf)
-        if sum(max(0.0, v) for v in host_row.values()) > host.memory_bytes / model.MIB:  # the host can run out
-            m.add_row(list(host_row), list(host_row.values()), -np.inf, host.memory_bytes / model.MIB)
+
+    def _build_stashes(self, host_row: dict[int, float]) -> None:
+        """The stashes' columns: memory off the device while away, the copies by the overlap rule."""
+        model, p, m, us = self.model, self.p, self.model.milp, self.model.SCALE
+        host = host_tier(p.mesh.profile)
+        assert host is not None  # stashes exist only with a host tier
+        link = host.link
+        self.a = m.add_vars(np.zeros(len(self.stashes)), integer=True)
+        copies: dict[int, float] = {}  # one way, in microseconds: both ways are the same bytes
+        for st, a in zip(self.stashes, (int(a) for a in self.a)):
+            self.w = {st.item: self._share(st.item, a)}
+            nb = _stash_bytes(p, st)
+            self.away.append(self._w_expr([(st.item, -nb / model.MIB)]))
+            _add(copies, {a: link.latency_s * us})
+            _add(copies, self._w_expr([(st.item, nb / link.bandwidth * us)]))
+            _add(host_row, self._w_expr([(st.item, nb / model.MIB)]))
+        for part in ("forward", "backward"):  # e >= copies - that pass's compute
+            e = m.add_vars([1.0 if self.priced else 0.0], integer=False, upper=1e30)[0]
+            const, coef = self._x_expr([(i, p.costs.compute_times(i) * us) for i in _backward_items(p, part)])
+            row = {e: 1.0, **{c: -v for c, v in copies.items()}}
+            _add(row, coef)
+            m.add_row(list(row), list(row.values()), -const, np.inf)
 
     def _share(self, item: int, o: int) -> list[tuple[int, int]]:
         """(column, item strategy) pairs whose sum is 1 when ``o`` is and the item has that strategy:
@@ -264,6 +354,8 @@ class OffloadTerms:
         for c, per_entry in zip(self.cands, self.saved):
             for coef, (_v, _i, a, b) in zip(per_entry, c.entries):
                 yield a, b, coef
+        for st, coef in zip(self.stashes, self.away):
+            yield st.away[0], st.away[1], coef
 
     def memory_terms(self, at: int) -> tuple[list[int], list[float]]:
         """(columns, MiB coefficients) the offload adds to the memory row at position ``at``."""
@@ -273,10 +365,11 @@ class OffloadTerms:
                 _add(row, coef)
         return list(row), list(row.values())
 
-    def chosen(self, x: np.ndarray) -> tuple[Candidate, ...]:
-        """The candidates the solution ``x`` offloads; the memory model drops their values from
-        now on (module doc)."""
-        out = tuple(c for c, o in zip(self.cands, self.o) if x[o] > 0.5)
+    def chosen(self, x: np.ndarray) -> tuple[Candidate | Stash, ...]:
+        """The candidates and stashes the solution ``x`` offloads; the memory model drops their
+        values from now on (module doc)."""
+        out: tuple[Candidate | Stash, ...] = tuple(c for c, o in zip(self.cands, self.o) if x[o] > 0.5)
+        out += tuple(st for st, a in zip(self.stashes, self.a) if x[a] > 0.5)
         use(self.p, out)
         return out
 
@@ -290,32 +383,44 @@ def _strategies(p: Problem, item: int) -> range:
     return range(len(p.items[item].strategies))
 
 
-def use(p: Problem, chosen: tuple[Candidate, ...]) -> None:
-    """Make ``p``'s memory model drop the values of the ``chosen`` candidates (none: keep all)."""
-    p.memory.offloaded = frozenset(v for c in chosen for v in c.values)
+def use(p: Problem, chosen: tuple[Candidate | Stash, ...]) -> None:
+    """Make ``p``'s memory model drop the values of the ``chosen`` candidates, and the chosen
+    stashes while they are away (none: keep all)."""
+    p.memory.offloaded = frozenset(v for c in chosen if isinstance(c, Candidate) for v in c.values)
+    p.memory.away = {st.value: st.away for st in chosen if isinstance(st, Stash)}
 
 
-def record(p: Problem, choice: list[int], chosen: tuple[Candidate, ...], limit: int | None) -> OffloadRecord | None:
-    """The ``OffloadRecord`` of offloading ``chosen`` under ``choice`` (None for none): the bytes,
-    the transfers and the CPU update priced by ``offload_costs``, the device update it replaces,
-    the peak with the state kept and whether it was needed to fit ``limit``."""
+def record(
+    p: Problem, choice: list[int], chosen: tuple[Candidate | Stash, ...], limit: int | None
+) -> OffloadRecord | None:
+    """The ``OffloadRecord`` of offloading ``chosen`` under ``choice`` (None for none): the state's
+    bytes, transfers and CPU update priced by ``offload_costs``, the device update it replaces,
+    the stashes' copies priced by ``activation_costs``, the peak with everything kept and whether
+    the offload was needed to fit ``limit``."""
     if not chosen:
         return None
     host = host_tier(p.mesh.profile)
     assert host is not None  # candidates exist only with a host tier
     names = p.graph.value_names()
-    state = sum(float(_state_bytes(p, c, i)[choice[i]]) for c in chosen for i in c.state_items)
-    params = sum(float(_param_bytes(p, c)[choice[c.state_items[0]]]) for c in chosen)
+    state = tuple(c for c in chosen if isinstance(c, Candidate))
+    away = tuple(st for st in chosen if isinstance(st, Stash))
+    state_bytes = sum(float(_state_bytes(p, c, i)[choice[i]]) for c in state for i in c.state_items)
+    params = sum(float(_param_bytes(p, c)[choice[c.state_items[0]]]) for c in state)
     backward = sum(float(p.costs.compute_times(i)[choice[i]]) for i in _backward_items(p))
-    device = sum(float(p.costs.compute_times(i)[choice[i]]) for c in chosen for i in c.update_items)
+    device = sum(float(p.costs.compute_times(i)[choice[i]]) for c in state for i in c.update_items)
     overlap = cluster_figures(p.mesh.profile).dp_overlap
-    off = offload_costs(host, state, params, backward, overlap)
+    off = offload_costs(host, state_bytes, params, backward, overlap) if state else OffloadCost(0, 0, 0, 0, 0, 0)
+    acts = None
+    if away:
+        forward = sum(float(p.costs.compute_times(i)[choice[i]]) for i in _backward_items(p, "forward"))
+        nbytes = tuple(float(_stash_bytes(p, st)[choice[st.item]]) for st in away)
+        acts = activation_costs(host.link, nbytes, forward, backward, values=tuple(names[st.value] for st in away))
     use(p, ())
     kept = p.memory.peak(choice)[0]
     use(p, chosen)
     return OffloadRecord(
-        values=tuple(names[p.graph.inputs[k]] for c in chosen for k in c.states),
-        params=tuple(names[p.graph.inputs[c.param]] for c in chosen),
+        values=tuple(names[p.graph.inputs[k]] for c in state for k in c.states),
+        params=tuple(names[p.graph.inputs[c.param]] for c in state),
         state_bytes=off.state_bytes,
         param_bytes=off.param_bytes,
         backward_s=backward,
@@ -327,7 +432,8 @@ def record(p: Problem, choice: list[int], chosen: tuple[Candidate, ...], limit: 
         device_update_s=device,
         kept_peak_bytes=int(kept),
         reason="fit" if limit is not None and kept > limit else "faster",
+        activations=acts,
     )
 
 
-__all__ = ["Candidate", "OffloadTerms", "candidates", "record", "use"]
+__all__ = ["Candidate", "OffloadTerms", "Stash", "candidates", "may_offload", "record", "stashes", "use"]

@@ -346,16 +346,20 @@ def _offload_lines(p: ShardingPlan, top: int) -> list[str]:
     off = p.offload
     if off is None:
         return []
+    acts = off.activations
+    moved = [f"the optimizer state of {len(off.params)} parameter(s), {len(off.values)} input(s)"] if off.params else []
+    moved += [f"{len(acts.values)} stashed activation(s), between the forward and the backward"] if acts else []
+    size = off.state_bytes + (acts.nbytes if acts else 0.0)
     lines = [
-        f"offloaded to host memory: the optimizer state of {len(off.params)} parameter(s), {len(off.values)} "
-        f"input(s), {fmt_bytes(int(off.state_bytes))} per device; it adds {fmt_time(off.step_s)} to the step (the "
-        "host's part less the device update it replaces; a prediction: the runtime here has no host tier, the plan "
-        "is not run)",
+        f"offloaded to host memory: {'; '.join(moved)}; {fmt_bytes(int(size))} per device; it adds "
+        f"{fmt_time(off.step_s)} to the step (the host's part and the copies the compute does not hide, less the "
+        "device update it replaces; a prediction: the runtime here has no host tier, the plan is not run)",
         f"  why: {off.why(p.memory.limit_bytes)}",
     ]
-    lines += [f"  offloaded {v}" for v in off.values[:top]]
-    if len(off.values) > top:
-        lines.append(f'  ... and {len(off.values) - top} more (the plan JSON\'s "offload")')
+    names = [*off.values, *(acts.values if acts else ())]
+    lines += [f"  offloaded {v}" for v in names[:top]]
+    if len(names) > top:
+        lines.append(f'  ... and {len(names) - top} more (the plan JSON\'s "offload")')
     return lines
 
 
@@ -486,6 +490,9 @@ def _explain_node(p: ShardingPlan, n: NodeChoice) -> str:
         + (" (pinned)" if n.pinned else ""),
         _chosen_line(p),
     ]
+    acts = p.offload.activations if p.offload is not None else None
+    if acts is not None and n.name.lstrip("%") in acts.values:
+        lines.insert(1, f"  in host memory between its forward and backward uses (offloaded): {acts.why()}")
     if n.recompute:
         lines.append(
             f"  recomputed before the backward pass (compute counted twice): each device frees "
