@@ -313,7 +313,7 @@ class OffloadRecord:
             **self.cost.to_json(self.values),
             **doc,
             "what": self.what,
-            "step_s": self.step_s,
+            "step_s": self.host_s,  # what the step waits on the host tier (Cost.offload_s)
             "values": list(self.values),
             "params": list(self.params),
         }
