@@ -29,7 +29,7 @@ from graphc.core.mesh import Mesh
 from graphc.core.profiles import load_profile
 from graphc.core.roles import axis_role
 from graphc.passes.microbatch import batch_inputs
-from graphc.passes.offload import not_runnable
+from graphc.passes.offload import not_runnable, offloads_state
 from graphc.passes.options import PlanOptions
 from graphc.passes.partition import plan_sharding, state_ties
 from graphc.passes.pipeline import PipelinePlan, plan_pipeline
@@ -240,7 +240,7 @@ WHOLE_PLAN_NODES = 6000
 
 
 # why a layout that offloads stays a prediction (docs/remat.md, "Offload")
-OFFLOAD_WHY = "it offloads the optimizer state, which only the block search's prediction models (no host tier here)"
+OFFLOAD_WHY = "it offloads the optimizer state or activations, which only the block search's prediction models (no host tier here)"
 
 
 def _plan_whole(cand: Candidate, graph: Graph, options: PlanOptions, profile, deadline: float) -> None:
@@ -377,10 +377,11 @@ def _why(best: Candidate, ok: list[Candidate]) -> str:
             )
     if best.layout is not None and best.layout.offload != "off":  # offload is chosen only to fit or to be faster
         kept = next((c for c in ok if c.layout is not None and c.layout.offload == "off"), None)
+        what = "the optimizer state" if offloads_state(best.layout.offload) else "the activations"
         parts.append(
-            "no plan that keeps the optimizer state on the device fits"
+            f"no plan that keeps {what} on the device fits"
             if kept is None
-            else f"the best plan keeping the optimizer state on the device ({kept.describe().split(':')[0]}) is "
+            else f"the best plan keeping {what} on the device ({kept.describe().split(':')[0]}) is "
             f"{kept.step_s / best.step_s:.2f}x slower"
         )
     return "; ".join(parts)
