@@ -36,7 +36,7 @@ from graphc.passes.options import PlanOptions
 from graphc.passes.recompute.choices import add_recompute, recompute_mode
 from graphc.passes.sharding.build import plan_from_solution
 from graphc.passes.sharding.ilp import Group, Solution, shrink_groups, solve
-from graphc.passes.sharding.offload_terms import may_offload
+from graphc.passes.sharding.offload_terms import solve_offloading
 from graphc.passes.sharding.plan import ShardingPlan
 from graphc.passes.sharding.problem import Pins, Problem, apply_ties, items_and_edges, pin_nodes
 from graphc.passes.sharding.zero import restrict_zero
@@ -94,13 +94,13 @@ def solve_problem(
     limit = (options.time_limit if time_limit_s is None else time_limit_s) - (time.perf_counter() - start)
     try:
         return solve(problem, groups, of, options.memory_limit, limit, options.solver, progress)
-    except PlanError as exc:  # nothing fits keeping the optimizer state: may some live in host memory?
-        if exc.min_memory_bytes is None or not may_offload(problem):
-            raise
-        limit = (options.time_limit if time_limit_s is None else time_limit_s) - (time.perf_counter() - start)
-        if progress:
-            progress("ILP: no plan fits keeping the optimizer state on the device; solving again with offload")
-        return solve(problem, groups, of, options.memory_limit, limit, options.solver, progress, offload=True)
+    except PlanError as exc:  # nothing fits keeping everything on the device: may some live in host memory?
+
+        def again(offload: bool | str) -> Solution:
+            limit = (options.time_limit if time_limit_s is None else time_limit_s) - (time.perf_counter() - start)
+            return solve(problem, groups, of, options.memory_limit, limit, options.solver, progress, offload=offload)
+
+        return solve_offloading(problem, exc, again, progress)
 
 
 def make_plan(problem: Problem, solution: Solution, options: PlanOptions, build_s: float) -> ShardingPlan:

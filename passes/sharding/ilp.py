@@ -375,7 +375,7 @@ def solve(
     time_limit_s: float = 60.0,
     solver_name: str = "highs",
     progress=None,
-    offload: bool = False,
+    offload: bool | str = False,
 ) -> Solution:
     """The cheapest assignment of strategies to ``groups`` (from ``shrink_groups``) under the memory
     limit, by the ILP described in the module docstring, within ``time_limit_s`` seconds in all.
@@ -482,7 +482,7 @@ class _Model:
     SCALE = 1e6
     MIB = float(2**20)
 
-    def __init__(self, p, groups, of, vec, pair, maps, backend: str, priced: bool = True, offload: bool = False):
+    def __init__(self, p, groups, of, vec, pair, maps, backend: str, priced: bool = True, offload: bool | str = False):
         self.p, self.groups, self.of, self.maps = p, groups, of, maps
         self.vec, self.pair, self.backend = vec, pair, backend
         self.last_status: str | None = None
@@ -736,7 +736,7 @@ def held_peak_at(p: Problem, choice: list[int]) -> tuple[int, int, int]:
     return int(held[at]), at, int(buffers[at])
 
 
-def min_memory(p: Problem, groups, of, maps, solver_name: str, time_limit_s: float, offload: bool = False) -> int:
+def min_memory(p: Problem, groups, of, maps, solver_name: str, time_limit_s: float, offload: bool | str = False) -> int:
     """The smallest per-device peak over all plans (lazy program points, as in ``solve``)."""
     model = _Model(p, groups, of, [np.zeros(g.size) for g in groups], {}, maps, solver_name, False, offload)
     choice = [0] * len(p.items)

@@ -26,23 +26,27 @@ touches gets ``w[s] <= x[g, s]``, ``sum_s w[s] = o[c]`` (the tight linearization
 So the objective's offload part is ``offload_costs``' step minus the device update it replaces,
 exactly, and the memory rows count the saving the plan gets.
 
-**When.** Offload is chosen only to fit or when it is faster. The columns are in the ILP when some
-candidate's host update could be faster than its device update, or when ``every`` asks for them:
-passes/partition.py ``solve_problem`` solves again with them when no plan fits the memory limit
-without offload. Otherwise the ILP is the one without offload: a plan that fits keeps its state,
-its solve time and its ties between equal plans. (So a plan that fits only by recomputing or by
-ZeRO does not weigh offloading some state instead; the block search, passes/scale.py, does.) A
-profile without a host tier has no candidate.
+**When.** Offload is chosen only to fit or when it is faster. The state's columns are in the ILP
+when some candidate's host update could be faster than its device update, or when ``every`` asks
+for them: passes/partition.py ``solve_problem`` solves again with them when no plan fits the
+memory limit without offload (``solve_offloading``). Otherwise the ILP is the one without
+offload: a plan that fits keeps its state, its solve time and its ties between equal plans. (So a
+plan that fits only by recomputing or by ZeRO does not weigh offloading some state instead; the
+block search, passes/scale.py, does.) A profile without a host tier has no candidate.
 
-**Activations.** With the same columns (only when ``every`` asks: activation offload only costs
-time), every forward value a backward node reads is a ``Stash``: one binary ``a[v]`` (with its
-``w[s]`` as above) keeps it in host memory from just after its last forward use to just before its
-first backward use (``Stash.away``), where every memory row subtracts its bytes under the chosen
-strategy, as recomputation's terms move a value's range. Its two copies, ``latency a + sum w
-bytes/link`` each, are priced by passes/offload.py's overlap rule over all stashes together:
-``e_out >= sum copies - forward``, ``e_back >= sum copies - backward`` (the forward's and the
-backward's compute under the chosen strategies), objective ``+= e_out + e_back``; the host holds
-them too. Recomputed values (``p.remat``) and views are not stashes.
+**Activations.** When ``every`` is "activations" (``solve_offloading``, a third solve: moving the
+optimizer state fitted nothing either; moving activations only costs time), every forward value
+a backward node reads is a ``Stash``: one binary ``a[v]`` (with its ``w[s]`` as above) keeps it in
+host memory from just after its last forward use to just before its first backward use
+(``Stash.away``), where every memory row subtracts its bytes under the chosen strategy, as
+recomputation's terms move a value's range. Its two copies, ``latency a + sum w bytes/link``
+each, are priced by passes/offload.py's overlap rule over all stashes together: ``e_out >= sum
+copies - forward``, ``e_back >= sum copies - backward`` (the forward's and the backward's compute
+under the chosen strategies), objective ``+= e_out + e_back``; the host holds them too.
+Recomputed values (``p.remat``) and views are not stashes. (In one solve with the state's
+columns, on the SP test model at 70% the stash columns made the solve take 15% longer and, through
+the lazy held-buffer rows that depend on the order plans come in, end at a plan 2% slower than
+the state alone gives: docs/remat.md.)
 
 The chosen values are dropped from the memory model (``MemoryModel.offloaded``), so every peak
 measured after solving (the lazy memory rows, the plan's peak, its alternatives) sees them
@@ -52,11 +56,13 @@ refuses to run it (passes/partition.py ``lower``: the runtime here has no host t
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
+from graphc.core.errors import PlanError
 from graphc.core.ir import Value
 from graphc.core.profiles import cluster_figures, host_tier
 from graphc.passes.offload import OffloadCost, OffloadRecord, activation_costs, offload_costs
@@ -64,6 +70,8 @@ from graphc.passes.sharding.memory import view_roots
 from graphc.passes.sharding.problem import Problem
 from graphc.passes.sharding.roles import update_nodes
 from graphc.passes.sharding.zero import param_groups, state_positions
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -120,6 +128,28 @@ def stashes(p: Problem) -> list[Stash]:
 def may_offload(p: Problem) -> bool:
     """Whether any optimizer state or stashed activation of ``p`` may live in host memory."""
     return bool(candidates(p) or stashes(p))
+
+
+def solve_offloading(p: Problem, failed: PlanError, solve: Callable[[bool | str], T], progress=None) -> T:
+    """After ``failed`` (no plan fits keeping everything on the device): ``solve(True)``, the ILP
+    with the optimizer state's columns, and when that fits nothing either, ``solve("activations")``,
+    with the stashes' as well (module doc, "When"). Re-raises the last failure when nothing is
+    left to move."""
+    steps = (["state"] if candidates(p) else []) + (["activations"] if stashes(p) else [])
+    if failed.min_memory_bytes is None or not steps:
+        raise failed
+    for step in steps:
+        if progress:
+            progress(
+                f"ILP: no plan fits keeping the {'optimizer state' if step == 'state' else 'activations'} on the device; solving again with offload"
+            )
+        try:
+            return solve(True if step == "state" else "activations")
+        except PlanError as exc:
+            if exc.min_memory_bytes is None:
+                raise
+            failed = exc
+    raise failed
 
 
 def candidates(p: Problem) -> list[Candidate]:
@@ -199,10 +229,10 @@ class OffloadTerms:
     ``milp``, ``x``, ``of``, ``maps``, ``SCALE`` and ``MIB``). ``priced=False`` leaves the time
     out (the smallest-peak ILP, ``min_memory``). Empty without candidates."""
 
-    def __init__(self, model, priced: bool = True, every: bool = False) -> None:
+    def __init__(self, model, priced: bool = True, every: bool | str = False) -> None:
         self.model, self.p, self.priced = model, model.p, priced
         self.cands = candidates(self.p)
-        self.stashes = stashes(self.p) if every else []
+        self.stashes = stashes(self.p) if every == "activations" else []
         self.o = np.zeros(0, dtype=np.int64)
         self.a = np.zeros(0, dtype=np.int64)  # per stash: in host memory
         self.saved: list[list[dict[int, float]]] = []  # per candidate, per entry: -MiB saved, by column
@@ -436,4 +466,14 @@ def record(
     )
 
 
-__all__ = ["Candidate", "OffloadTerms", "Stash", "candidates", "may_offload", "record", "stashes", "use"]
+__all__ = [
+    "Candidate",
+    "OffloadTerms",
+    "Stash",
+    "candidates",
+    "may_offload",
+    "record",
+    "solve_offloading",
+    "stashes",
+    "use",
+]
