@@ -161,7 +161,7 @@ def test_the_memory_rows_are_the_memory_model_with_stashes_away(graph):
     problem = build_problem(graph, Mesh({"tp": 2}, profile=H100), options, ties=state_ties(graph))
     groups, of = shrink(problem, options.shrink)
     vec, pair, maps = ilp.objective_terms(problem, groups, of)
-    model = ilp._Model(problem, groups, of, vec, pair, maps, "highs", offload=True)
+    model = ilp._Model(problem, groups, of, vec, pair, maps, "highs", offload="activations")
     terms = model.offload
     assert len(terms.stashes) and len(terms.cands)
     rows = MemoryRows(model)
