@@ -124,6 +124,12 @@ def test_activation_offload_is_what_lets_the_plan_fit(graph, floors, moved):
     assert doc["step_s"] == pytest.approx(off.host_s) == pytest.approx(json.loads(plan.to_json())["cost"]["offload_s"])
 
 
+def test_a_limit_the_state_alone_meets_moves_no_activation(graph, floors):
+    """The stashes' columns enter only when moving the state fits nothing (``solve_offloading``)."""
+    plan = _plan(graph, H100, floors[3])[2]
+    assert plan.offload is not None and plan.offload.activations is None and plan.offload.what == "optimizer state"
+
+
 def test_the_plan_reads_back_and_explain_says_what_moved(moved):
     plan = moved[2]
     again = ShardingPlan.from_json(plan.to_json())
