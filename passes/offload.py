@@ -250,6 +250,16 @@ def host_shortfall(host: HostTier | None, state: OffloadCost | None, acts, micro
     )
 
 
+def composed_json(state: OffloadCost | None, values: tuple[str, ...], acts: ActivationOffload | None) -> dict | None:
+    """The block search plan's JSON ``"offload"``: the state's record (``OffloadCost.to_json``)
+    and ``"activations"``, what moved in ``"what"``; None when nothing did."""
+    if state is None and acts is None:
+        return None
+    doc = state.to_json(values) if state is not None else {}
+    what = " and ".join((["optimizer state"] if state is not None else []) + (["activations"] if acts else []))
+    return {**doc, "what": what, "activations": None if acts is None else acts.to_json()}
+
+
 def fastest(results) -> tuple:
     """The (plan, None) of the fastest plan among the (plan, why) ``results``, else the first
     (None, why): the block search composes a layout at every ``ACTIVATION_FRACTIONS``."""
@@ -365,6 +375,7 @@ __all__ = [
     "OffloadCost",
     "OffloadRecord",
     "activation_costs",
+    "composed_json",
     "fastest",
     "host_shortfall",
     "not_runnable",

@@ -157,8 +157,7 @@ class ComposedPlan:
             },
             "cluster_figures": dataclasses.asdict(self.figures),
             "block_plan": None if self.block_plan is None else json.loads(self.block_plan.to_json()),
-            "offload": None if self.offload is None else self.offload.to_json(self.offloaded),
-            "offload_activations": None if self.activations is None else self.activations.to_json(),
+            "offload": offloading.composed_json(self.offload, self.offloaded, self.activations),
         }
         return json.dumps(doc, indent=indent)
 

@@ -356,10 +356,10 @@ def _offload_lines(p: ShardingPlan, top: int) -> list[str]:
         "device update it replaces; a prediction: the runtime here has no host tier, the plan is not run)",
         f"  why: {off.why(p.memory.limit_bytes)}",
     ]
-    names = [*off.values, *(acts.values if acts else ())]
-    lines += [f"  offloaded {v}" for v in names[:top]]
-    if len(names) > top:
-        lines.append(f'  ... and {len(names) - top} more (the plan JSON\'s "offload")')
+    for kind, names in (("", off.values), ("activation ", acts.values if acts else ())):
+        lines += [f"  offloaded {kind}{v}" for v in names[:top]]
+        if len(names) > top:
+            lines.append(f'  ... and {len(names) - top} more (the plan JSON\'s "offload")')
     return lines
 
 

@@ -77,12 +77,13 @@ def test_offloading_a_share_of_the_stash_in_closed_form(model):
     assert plan.predicted["act_offload_s"] == pytest.approx(4 * exposed, rel=1e-12)
     assert "activation copies (exposed)" in plan.breakdown()
     doc = json.loads(plan.to_json())
-    assert doc["layout"]["offload"] == "activations" and doc["offload"] is None  # the state stays
-    marks = doc["offload_activations"]
+    assert doc["layout"]["offload"] == "activations" and doc["offload"]["what"] == "activations"
+    assert "state_bytes" not in doc["offload"]  # the state stays
+    marks = doc["offload"]["activations"]
     assert marks["fraction"] == 0.5 and marks["exposed_s"] == pytest.approx(exposed)
     assert marks["hidden_s"] == pytest.approx(2 * copy - exposed)
     assert "50% of the stash" in plan.summary() and "exposed" in plan.summary()
-    assert json.loads(kept.to_json())["offload_activations"] is None
+    assert json.loads(kept.to_json())["offload"] is None
 
 
 def test_with_the_state_offloaded_too_both_are_priced(model):
@@ -134,7 +135,7 @@ def test_activation_offload_is_what_lets_the_plan_fit(model):
     limit = min(max(p.memory_bytes) for p in kept.values()) - int(A / 2)
     best = _best(model, limit, recompute=("off",))
     assert best.layout.offload in ("activations", "both") and max(best.memory_bytes) <= limit
-    assert best.activations is not None and json.loads(best.to_json())["offload_activations"]["fraction"] > 0
+    assert best.activations is not None and json.loads(best.to_json())["offload"]["activations"]["fraction"] > 0
 
 
 def test_it_wins_over_recomputation_on_a_fast_link_and_loses_on_a_slow_one(model, monkeypatch):
