@@ -335,16 +335,19 @@ class OffloadRecord:
         acts = d.get("activations")
         return cls(**values, activations=None if acts is None else ActivationOffload.from_json(acts))
 
+    def because(self, limit_bytes: int | None) -> str:
+        """Why anything moved: the peak keeping it over the limit, or a shorter step."""
+        if self.reason != "fit":
+            return "the step is shorter with the update on the host than on the device"
+        return (
+            f"keeping it, the peak would be {fmt_bytes(self.kept_peak_bytes)} per device, over the limit"
+            + (f" of {fmt_bytes(limit_bytes)}" if limit_bytes else "")
+            + ": the solver moves what costs the least time"
+        )
+
     def why(self, limit_bytes: int | None) -> str:
         """Why the plan offloads, and what it costs (one paragraph)."""
-        if self.reason == "fit":
-            because = (
-                f"keeping it, the peak would be {fmt_bytes(self.kept_peak_bytes)} per device, over the limit"
-                + (f" of {fmt_bytes(limit_bytes)}" if limit_bytes else "")
-                + ": the solver moves what costs the least time"
-            )
-        else:
-            because = "the step is shorter with the update on the host than on the device"
+        because = self.because(limit_bytes)
         parts = []
         if self.params:
             parts.append(

@@ -490,9 +490,11 @@ def _explain_node(p: ShardingPlan, n: NodeChoice) -> str:
         + (" (pinned)" if n.pinned else ""),
         _chosen_line(p),
     ]
-    acts = p.offload.activations if p.offload is not None else None
-    if acts is not None and n.name.lstrip("%") in acts.values:
-        lines.insert(1, f"  in host memory between its forward and backward uses (offloaded): {acts.why()}")
+    off = p.offload
+    acts = off.activations if off is not None else None
+    if off is not None and acts is not None and n.name.lstrip("%") in acts.values:
+        why = f"{acts.why()}; {off.because(p.memory.limit_bytes)}"
+        lines.insert(1, f"  in host memory between its forward and backward uses (offloaded): {why}")
     if n.recompute:
         lines.append(
             f"  recomputed before the backward pass (compute counted twice): each device frees "
