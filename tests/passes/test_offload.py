@@ -154,10 +154,11 @@ def test_an_offloading_choice_stays_a_prediction_and_explain_says_why(model, fre
     g = model.graph
     cands = search_meshes(g, 2, PlanOptions(memory_limit=free[1]), profile=H100)
     best = cands[0]
-    assert best.ok and best.layout.offload == "optimizer"
+    assert best.ok and offloads_state(best.layout.offload)  # "both" when moving activations too is faster
     assert isinstance(best.plan, scale.ComposedPlan) and "offloads the optimizer state" in best.whole_error
     text = explain(cands)
-    assert "offload optimizer" in text and "no plan that keeps the optimizer state on the device fits" in text
+    assert f"offload {best.layout.offload}" in text
+    assert "no plan that keeps the optimizer state on the device fits" in text
     assert "not a plan to run" in text
     unplanned = [dataclasses.replace(best, whole_error=None), *cands[1:]]  # a step too large to plan whole
     assert "offloads the optimizer state" in explain(unplanned)
