@@ -1,6 +1,6 @@
-"""Optimizer-state offload, as both planners price it: the block search (passes/scale.py
-``compose``) per layout, and the fixed-mesh sharding ILP per parameter
-(passes/sharding/offload_terms.py).
+"""Offload to host memory of the optimizer state and of stashed activations, as both planners
+price it: the block search (passes/scale.py ``compose``) per layout, and the fixed-mesh sharding
+ILP per parameter and per value (passes/sharding/offload_terms.py).
 
 ZeRO-Offload (Ren et al., *ZeRO-Offload: Democratizing Billion-Scale Model Training*, USENIX
 ATC 2021) keeps the optimizer state (Adam's moments, the fp32 master copy) in host memory and
@@ -25,10 +25,13 @@ fixed-mesh plan records what it moved as an ``OffloadRecord`` (its JSON ``"offlo
 
 **Activations** (``activation_costs``). A forward value the backward reads is stashed on the
 device from its last forward use to its first backward use, across the micro-batches in flight.
-Megatron-LM's CPU activation offload (Megatron Core ``cpu_offload``) and ZeRO-Offload's
-activation checkpoint offload (ZeRO-Infinity, Rajbhandari et al. SC 2021, section 5) copy such a
-value to host memory after the forward and back before the backward, each copy on its own CUDA
-stream beside the compute. The rule both planners use: the link is full duplex and each figure
+Megatron Core's CPU offloading (``TransformerConfig.cpu_offloading`` with
+``cpu_offloading_num_layers``, the layers whose activations move, through TransformerEngine's
+``get_cpu_offload_context``; and its fine-grained activation offloading, which copies a module's
+saved tensors out after its forward and reloads the next module's during the backward) and
+ZeRO-Infinity's offload of activation checkpoints (Rajbhandari et al., SC 2021) copy such a value
+to host memory after the forward and back before the backward, on a stream of its own beside the
+compute. (The block search's share of a stage's stash plays the part of the number of layers.) The rule both planners use: the link is full duplex and each figure
 of ``HostTier.link`` is one direction; a micro-batch's copies out run beside its forward, its
 copies back beside its backward (prefetched), and only what that pass's compute does not hide
 waits: ``max(0, out - forward) + max(0, back - backward)``, with ``out = back = transfers x
