@@ -216,7 +216,8 @@ def _param_bytes(p: Problem, c: Candidate) -> np.ndarray:
     return _state_bytes(p, c, rep) / max(v.type.nbytes, 1) * c.param_nbytes
 
 
-def _backward_items(p: Problem, part: str = "backward") -> list[int]:
+def _part_items(p: Problem, part: str) -> list[int]:
+    """The node items of the pass ``part`` ("forward", "backward")."""
     return [i for i, it in enumerate(p.items) if it.kind == "node" and it.node is not None and it.node.part == part]
 
 
@@ -278,7 +279,7 @@ class OffloadTerms:
         u = m.add_vars([link.latency_s * us if priced else 0.0], integer=False)[0]
         e = m.add_vars([1.0 if priced else 0.0], integer=False, upper=1e30)[0]
         overlap = cluster_figures(p.mesh.profile).dp_overlap
-        bconst, bcoef = self._x_expr([(i, p.costs.compute_times(i) * us) for i in _backward_items(p)])
+        bconst, bcoef = self._x_expr([(i, p.costs.compute_times(i) * us) for i in _part_items(p, "backward")])
         e_row = {e: 1.0, u: -link.latency_s * us, **{col: overlap * v for col, v in bcoef.items()}}
         host_s: dict[int, float] = {}  # the copy back and the CPU Adam
         device_s: dict[int, float] = {}  # the device's update, which no longer runs
@@ -326,7 +327,7 @@ class OffloadTerms:
             _add(host_row, self._w_expr([(st.item, nb / model.MIB)]))
         for part in ("forward", "backward"):  # e >= copies - that pass's compute
             e = m.add_vars([1.0 if self.priced else 0.0], integer=False, upper=1e30)[0]
-            const, coef = self._x_expr([(i, p.costs.compute_times(i) * us) for i in _backward_items(p, part)])
+            const, coef = self._x_expr([(i, p.costs.compute_times(i) * us) for i in _part_items(p, part)])
             row = {e: 1.0, **{c: -v for c, v in copies.items()}}
             _add(row, coef)
             m.add_row(list(row), list(row.values()), -const, np.inf)
@@ -436,13 +437,13 @@ def record(
     away = tuple(st for st in chosen if isinstance(st, Stash))
     state_bytes = sum(float(_state_bytes(p, c, i)[choice[i]]) for c in state for i in c.state_items)
     params = sum(float(_param_bytes(p, c)[choice[c.state_items[0]]]) for c in state)
-    backward = sum(float(p.costs.compute_times(i)[choice[i]]) for i in _backward_items(p))
+    backward = sum(float(p.costs.compute_times(i)[choice[i]]) for i in _part_items(p, "backward"))
     device = sum(float(p.costs.compute_times(i)[choice[i]]) for c in state for i in c.update_items)
     overlap = cluster_figures(p.mesh.profile).dp_overlap
     off = offload_costs(host, state_bytes, params, backward, overlap) if state else OffloadCost(0, 0, 0, 0, 0, 0)
     acts = None
     if away:
-        forward = sum(float(p.costs.compute_times(i)[choice[i]]) for i in _backward_items(p, "forward"))
+        forward = sum(float(p.costs.compute_times(i)[choice[i]]) for i in _part_items(p, "forward"))
         nbytes = tuple(float(_stash_bytes(p, st)[choice[st.item]]) for st in away)
         acts = activation_costs(host.link, nbytes, forward, backward, values=tuple(names[st.value] for st in away))
     use(p, ())
