@@ -43,7 +43,7 @@ recomputation's terms move a value's range. Its two copies, ``latency a + sum w 
 each, are priced by passes/offload.py's overlap rule over all stashes together: ``e_out >= sum
 copies - forward``, ``e_back >= sum copies - backward`` (the forward's and the backward's compute
 under the chosen strategies), objective ``+= e_out + e_back``; the host holds them too.
-Recomputed values (``p.remat``) and views are not stashes. (In one solve with the state's
+Recomputed values (``p.remat``), views and constants are not stashes. (In one solve with the state's
 columns, on the SP test model at 70% the stash columns made the solve take 15% longer and, through
 the lazy held-buffer rows that depend on the order plans come in, end at a plan 2% slower than
 the state alone gives: docs/remat.md.)
@@ -65,6 +65,7 @@ import numpy as np
 from graphc.core.errors import PlanError
 from graphc.core.ir import Value
 from graphc.core.profiles import cluster_figures, host_tier
+from graphc.core.traits import Constant
 from graphc.passes.offload import OffloadCost, OffloadRecord, activation_costs, offload_costs
 from graphc.passes.sharding.memory import view_roots
 from graphc.passes.sharding.problem import Problem
@@ -117,7 +118,7 @@ def stashes(p: Problem) -> list[Stash]:
         it = p.items[i]
         if it.kind != "node" or it.node is None or it.node.part != "forward" or i in p.remat or v in viewed:
             continue
-        if v not in backward_first or it.gradient:
+        if v not in backward_first or it.gradient or it.node.op.has(Constant):  # a program holds its constants
             continue
         first, last = max(a, forward_last.get(v, a)) + 1, backward_first[v] - 1
         if first <= last and any(p.memory.value_bytes(v, i, s) for s in _strategies(p, i)):

@@ -17,6 +17,7 @@ from graphc.core.mesh import Mesh
 from graphc.core.profile import MachineProfile
 from graphc.core.profiles import get_profile, host_tier
 from graphc.core.pytree import static_argnames
+from graphc.core.traits import Constant
 from graphc.models import gpt3
 from graphc.passes.offload import activation_costs
 from graphc.passes.options import PlanOptions
@@ -76,6 +77,7 @@ def test_the_stashes_are_forward_values_the_backward_reads(floors):
     for st in found:
         node = problem.items[st.item].node
         assert node is not None and node.part == "forward" and st.item not in problem.remat
+        assert not node.op.has(Constant)  # a program holds its constants all run
         readers = [pos[e.dst] for e in problem.edges if e.value == st.value]
         backward = [
             pos[e.dst]
