@@ -47,7 +47,7 @@ from graphc.core.traits import Constant, FollowsProducer
 from graphc.core.units import fmt_bytes
 from graphc.passes.sharding.items import Edge, Item
 from graphc.passes.sharding.memrows import TIME_SHARE, add_lp_rows, add_run_rows
-from graphc.passes.sharding.milp import Milp, solve_milp
+from graphc.passes.sharding.milp import FOUND_KEPT, Milp, solve_milp
 from graphc.passes.sharding.offload_terms import OffloadTerms, use
 from graphc.passes.sharding.problem import Problem
 
@@ -437,7 +437,9 @@ def solve(
                 progress(
                     f"ILP: memory {peak / 2**20:.1f} MiB > limit at point {at}; re-solving with {len(points)} point(s)"
                 )
-            sol = model.run(deadline - time.perf_counter(), model.last_choice)
+            sol = model.run(
+                deadline - time.perf_counter(), model.last_choice, sol.bound * model.SCALE
+            )  # rows only grow
         if fits is not None and (sol is None or p.memory.peak(sol.choice)[0] > memory_limit):
             sol = fits
         if sol is None and model.last_status == "infeasible":
@@ -487,6 +489,7 @@ class _Model:
         self.vec, self.pair, self.backend = vec, pair, backend
         self.last_status: str | None = None
         self.last_choice: list[int] | None = None  # per group, of the last solution
+        self.found: list[np.ndarray] = []  # plans the solver found, best first: the next round's start
         self._live: list[tuple[Value, int, int, int]] | None = None
         m = self.milp = Milp()
         self.x: list[np.ndarray | None] = []
@@ -693,12 +696,11 @@ class _Model:
         val += [v / self.MIB for v in coef.values()]
         self.milp.add_row(idx, val, -np.inf, (float(limit) - const) / self.MIB)
 
-    def run(self, time_limit_s: float, start: list[int] | None = None) -> Solution | None:
-        z = self.point(start) if start is not None else None
-        if z is not None and self.milp.violation(z) > 1e-6:
-            z = None
-        res = solve_milp(self.milp, self.backend, time_limit_s, start=z)
-        self.last_status = res.status
+    def run(self, time_limit_s: float, start: list[int] | None = None, bound: float | None = None) -> Solution | None:
+        """Solve from the cheapest of ``start`` and earlier runs' plans that meet the rows now."""
+        z = self.milp.cheapest_feasible(([self.point(start)] if start is not None else []) + self.found)
+        res = solve_milp(self.milp, self.backend, time_limit_s, start=z, known_bound=bound)
+        self.last_status, self.found = res.status, (res.found + self.found)[:FOUND_KEPT]
         if res.x is None:
             if z is None:
                 return None

@@ -10,15 +10,19 @@ rounds of 5-11 s of HiGHS each, the sequence-parallel test model up to four.
 Here the same separation runs on the LP relaxation first. Its fractional point has a
 fractional profile (the same sum with the columns' values as weights), so the positions over
 the limit are read off it exactly, their rows added, and the LP re-solved warm from its last
-basis: a few pivots per row. When the relaxation fits everywhere, the integer program gets all
-those rows at once. Every row is "the bytes live at this position are at most the limit", true
-of every plan that fits, so the optimum is the same; the integral plan is still measured after
-the solve, and lazy rounds still add what the relaxation did not need (usually nothing).
+basis: a few pivots per row. When the relaxation fits everywhere, the plan its point rounds to
+(each group's largest column, ``rounded``) is measured the same way and its runs over the limit
+get their rows too, until both fit: the integer plans near the LP point peak where the
+fractional one does not (the lazy rounds found them one integer solve each). The integer
+program then gets all those rows at once. Every row is "the bytes live at this position are at
+most the limit", true of every plan that fits, so the optimum is the same; the integral plan is
+still measured after the solve, and lazy rounds still add what the relaxation did not need.
 
     MemoryRows(model)          every live range under every column, as arrays
     MemoryRows.profile(x)      bytes live at every position under column values x
     MemoryRows.row(at)         (constant bytes, columns, bytes) of the row at position ``at``
-    lp_memory_points(...)      the positions whose rows the LP relaxation needs
+    rounded(model, x)          the columns of the plan an LP point rounds to
+    lp_memory_points(...)      the positions whose rows the LP relaxation (and its rounding) needs
     add_lp_rows(...)           ... added to the integer program before its first solve
     add_run_rows(...)          a lazy round's rows: the peak of every run over the limit
 """
@@ -37,6 +41,10 @@ POINTS_PER_ROUND = 8
 MAX_ROUNDS = 40
 # The share of the solver's time the LP rounds may take at most.
 TIME_SHARE = 0.25
+# Whether the LP rounds also add the rows where the plan the relaxation's point rounds to is over the
+# limit (``rounded``), once the relaxation fits: the integer solve then starts with the rows its
+# first plans would have needed (tests turn it off to compare optima).
+ROUNDED = True
 # A position is over the limit when the LP's profile exceeds it by more than this many bytes
 # (rows are in MiB, and HiGHS's feasibility tolerance is 1e-7: about 0.1 byte).
 SLACK_BYTES = 64.0
@@ -137,6 +145,8 @@ def lp_memory_points(model, limit: int, time_limit_s: float) -> list[tuple[int, 
         if x is None:
             break
         new = [at for at in runs_over(rows.profile(x), limit + SLACK_BYTES, POINTS_PER_ROUND) if at not in seen]
+        if not new and ROUNDED:  # the relaxation fits: where would the plan its point rounds to not?
+            new = [at for at in runs_over(rows.profile(rounded(model, x)), limit, POINTS_PER_ROUND) if at not in seen]
         if not new:
             break
         for at in new:
@@ -147,6 +157,19 @@ def lp_memory_points(model, limit: int, time_limit_s: float) -> list[tuple[int, 
         if time.perf_counter() > deadline:
             break
     return found
+
+
+def rounded(model, x: np.ndarray) -> np.ndarray:
+    """The plan ``x`` rounds to, as column values: each group's largest column, the pair columns
+    of the chosen strategies, each offload candidate offloaded when its column is at least 1/2
+    (its ``w`` columns then follow the groups' choices)."""
+    gchoice = [0 if xs is None else int(np.argmax(x[xs])) for xs in model.x]
+    z = model.point(gchoice)
+    for o in model.offload.o:
+        z[o] = float(x[o] >= 0.5)
+    for g, o, w in model.offload.shares():
+        z[w[gchoice[g]]] = z[o]
+    return z
 
 
 def add_lp_rows(model, limit: int, time_limit_s: float, points: list[int]) -> int:
@@ -169,4 +192,4 @@ def add_run_rows(model, prof: np.ndarray, limit: int, points: list[int]) -> None
             model.add_memory_point(at, limit)
 
 
-__all__ = ["MemoryRows", "add_lp_rows", "add_run_rows", "lp_memory_points", "runs_over"]
+__all__ = ["MemoryRows", "add_lp_rows", "add_run_rows", "lp_memory_points", "rounded", "runs_over"]

@@ -27,7 +27,7 @@ import os
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -86,6 +86,18 @@ class Milp:
         upper = np.array([r[3] for r in self._rows], dtype=np.float64)
         return start, index, value, lower, upper
 
+    def cheapest_feasible(self, points: list[np.ndarray]) -> np.ndarray | None:
+        """The cheapest of ``points`` that breaks no row by more than 1e-6, or None."""
+        start, index, value, lower, upper = self.csr()
+        rows = np.repeat(np.arange(self.num_rows), np.diff(start))
+        best, best_cost = None, math.inf
+        for z in points:
+            a = np.bincount(rows, value * z[index], self.num_rows)
+            cost = float(self.cost @ z)
+            if cost < best_cost and np.all(lower - a <= 1e-6) and np.all(a - upper <= 1e-6):
+                best, best_cost = z, cost
+        return best
+
     def violation(self, x: np.ndarray) -> float:
         """The largest amount by which ``x`` breaks a row."""
         worst = 0.0
@@ -102,6 +114,7 @@ class MilpResult:
     objective: float
     bound: float  # best proven lower bound (== objective when optimal)
     seconds: float
+    found: list[np.ndarray] = field(default_factory=list)  # HiGHS: its improving points, last (best) first
 
 
 # The relative gap at which the solver stops: a plan within 0.01% of the optimum is optimal enough
@@ -115,9 +128,12 @@ def solve_milp(
     time_limit_s: float = 60.0,
     rel_gap: float = REL_GAP,
     start: np.ndarray | None = None,
+    known_bound: float | None = None,
 ) -> MilpResult:
     """Minimize ``m`` within ``time_limit_s`` seconds; stop at relative gap ``rel_gap``. ``start``
-    (a feasible point, if given) seeds the incumbent."""
+    (a feasible point, if given) seeds the incumbent. ``known_bound``: a lower bound on the
+    optimum proven elsewhere (the optimum of a program with fewer rows: ``ilp.solve``'s lazy
+    rounds); HiGHS stops as soon as its incumbent is within ``rel_gap`` of it, optimal."""
     t0 = time.perf_counter()
     if m.n == 0:  # nothing to choose: its rows hold or they do not (a memory row over the limit)
         if m.violation(np.zeros(0)) > 1e-9:
@@ -125,7 +141,7 @@ def solve_milp(
         return MilpResult("optimal", np.zeros(0), m.offset, m.offset, 0.0)
     time_limit_s = max(0.0, float(time_limit_s))
     if backend == "highs":
-        res = _highs(m, time_limit_s, rel_gap, start)
+        res = _highs(m, time_limit_s, rel_gap, start, known_bound)
     elif backend == "cpsat":
         res = _cpsat(m, time_limit_s, rel_gap, start)
     elif backend in ("CBC", "SCIP"):
@@ -182,6 +198,8 @@ def _stdout_fd_silenced():
 # (97%), 0.93x (90%), 0.71x and 1.0x (LLaMA's two limited solves) the CPU time; without restarts
 # as well, 0.61x (97%), 0.80x and 0.90x (the two solves at 90%), 0.88x and 1.0x (LLaMA) the time
 # without RINS and RENS alone. The unlimited solves took the same either way.
+# Improving points of a HiGHS solve kept for the caller (``MilpResult.found``).
+FOUND_KEPT = 8
 HIGHS_OPTIONS = {"mip_heuristic_run_rins": False, "mip_heuristic_run_rens": False, "mip_allow_restart": False}
 
 
@@ -209,7 +227,14 @@ def _highs_lp(m: Milp, integral: bool = True):
     return lp
 
 
-def _highs(m: Milp, time_limit_s: float, rel_gap: float, start: np.ndarray | None) -> MilpResult:
+def _within(objective: float, bound: float, rel_gap: float) -> bool:
+    """Whether ``objective`` is within ``rel_gap`` of the lower bound ``bound`` (HiGHS's gap)."""
+    return math.isfinite(objective) and objective - bound <= rel_gap * max(abs(objective), 1e-12)
+
+
+def _highs(
+    m: Milp, time_limit_s: float, rel_gap: float, start: np.ndarray | None, known_bound: float | None = None
+) -> MilpResult:
     import highspy
 
     h = _quiet_highs()
@@ -226,6 +251,22 @@ def _highs(m: Milp, time_limit_s: float, rel_gap: float, start: np.ndarray | Non
         sol.value_valid = True
         h.setSolution(sol)
     h.HandleUserInterrupt = True
+    reached = []  # the incumbent met ``known_bound``: stopped there, optimal
+
+    def enough(e) -> None:
+        if known_bound is not None and _within(e.data_out.mip_primal_bound + m.offset, known_bound, rel_gap):
+            reached.append(True)
+            e.interrupt()
+
+    if known_bound is not None and math.isfinite(known_bound):
+        h.cbMipInterrupt += enough
+    found: list[np.ndarray] = []  # the next round of a lazy loop may start from one (ilp.py)
+
+    def improved(e) -> None:
+        found.append(np.array(e.data_out.mip_solution, dtype=np.float64))
+        del found[:-FOUND_KEPT]
+
+    h.cbMipImprovingSolution += improved
     stop_at = time.perf_counter() + time_limit_s + 0.05  # HiGHS checks its limit coarsely in a long LP
     cancelled = False
     h.startSolve()
@@ -254,9 +295,13 @@ def _highs(m: Milp, time_limit_s: float, rel_gap: float, start: np.ndarray | Non
         x = np.asarray(h.getSolution().col_value, dtype=np.float64)
     objective = float(m.cost @ x) + m.offset if x is not None else math.inf
     bound = float(info.mip_dual_bound) + m.offset
+    if known_bound is not None and math.isfinite(known_bound):
+        bound = max(bound, known_bound) if math.isfinite(bound) else known_bound
+        if reached and word == "interrupted" and _within(objective, bound, rel_gap):
+            word = "optimal"
     if not math.isfinite(bound):
         bound = objective if word == "optimal" else -math.inf
-    return MilpResult(word, x, objective, min(bound, objective), 0.0)
+    return MilpResult(word, x, objective, min(bound, objective), 0.0, found[::-1])
 
 
 class LpRelaxation:

@@ -351,6 +351,11 @@ class OffloadTerms:
             self._shared[key] = [int(col) for col in w]
         return [(col, int(mp[s])) for s, col in enumerate(self._shared[key])]
 
+    def shares(self) -> Iterator[tuple[int, int, list[int]]]:
+        """(group, ``o`` column, its ``w`` columns by group strategy) of every linearized product."""
+        for (g, o), w in self._shared.items():
+            yield g, o, w
+
     def _w_expr(self, terms) -> dict[int, float]:
         """{column: coefficient} of the sum over ``(item, value per item strategy)`` of the value at
         the item's strategy when its candidate is offloaded (0 when not)."""

@@ -12,18 +12,20 @@ import pytest
 
 import graphc
 from graphc.core.mesh import Mesh
-from graphc.core.profiles import MachineProfile
+from graphc.core.profiles import MachineProfile, get_profile
 from graphc.core.pytree import static_argnames
 from graphc.models import gpt
 from graphc.passes.options import PlanOptions
 from graphc.passes.partition import build_problem, optimize_for_planning, shrink, solve_problem, state_ties
 from graphc.passes.sharding import ilp, memrows
-from graphc.passes.sharding.memrows import MemoryRows, lp_memory_points, runs_over
-from graphc.passes.sharding.milp import solve_milp
+from graphc.passes.sharding.memrows import MemoryRows, lp_memory_points, rounded, runs_over
+from graphc.passes.sharding.milp import Milp, solve_milp
+from graphc.passes.sharding.offload_terms import use
 from tests.passes.sharding.test_remat import _two_layer_args, _two_layer_step
 from tests.passes.sharding.test_zero import example, train_step
 
 PROFILE = MachineProfile.default()
+H100 = get_profile("h100-sxm")
 TIME = 600.0  # seconds: every solve here is proven optimal, however loaded the machine
 
 
@@ -50,6 +52,8 @@ def _cases():
         (two, Mesh({"dp": 2}, profile=PROFILE), PlanOptions(memory_limit=10**9, shrink=False, time_limit=TIME)),
         (mlp, Mesh({"dp": 4}, profile=PROFILE), PlanOptions(memory_limit=10**9, zero=3, time_limit=TIME)),
         (_gpt_graph(), Mesh({"tp": 2}, profile=PROFILE), PlanOptions(memory_limit=10**9, time_limit=TIME)),
+        # a host tier: below the smallest peak without offload, the solver offloads Adam state
+        (mlp, Mesh({"dp": 2}, profile=H100), PlanOptions(memory_limit=10**9, time_limit=TIME)),
     ]
 
 
@@ -94,32 +98,40 @@ def _values_peak(p, choice):
     return peak, at, 0
 
 
-def _solve(problem, options, lp_rows: bool, monkeypatch):
-    """The solution, with the number of integer solves it took in ``stats["integer_solves"]``."""
+def _solve(problem, options, fast: bool, monkeypatch):
+    """The solution, with the number of integer solves it took in ``stats["integer_solves"]`` and
+    how many of them were given the last round's bound in ``stats["bounded_solves"]``. ``fast``:
+    as ``solve_problem`` runs (LP rows, their rounding, known bounds); else lazy rounds alone."""
     solves = []
 
     def counted(*a, **k):
-        solves.append(1)
+        if not fast:
+            k.pop("known_bound", None)
+        solves.append(k.get("known_bound") is not None)
         return solve_milp(*a, **k)
 
     with monkeypatch.context() as m:
         m.setattr(ilp, "held_peak_at", _values_peak)
         m.setattr(ilp, "solve_milp", counted)
-        if not lp_rows:
+        if not fast:
             m.setattr(memrows, "lp_memory_points", lambda *a, **k: [])
+            m.setattr(memrows, "ROUNDED", False)
         sol = solve_problem(problem, options)
     sol.stats["integer_solves"] = len(solves)
+    sol.stats["bounded_solves"] = sum(solves)
     return sol
 
 
-@pytest.mark.parametrize("share", [0.95, 0.8, 0.6])
-def test_the_optimum_is_the_same_with_the_lp_rows(cases, share, monkeypatch):
-    """Every LP row holds for every plan whose values fit, so the optimum under the limit is the
-    one the lazy rounds alone find, and the solve needs no more integer rounds with them. (The
-    redistribution buffers' rows are left out here: each is this plan's buffers taken off the
-    limit, not a row every plan that fits satisfies, so with them the plan found depends on the
-    order the rows come in: docs/remat.md.)"""
-    for graph, mesh, options in cases[:3]:  # the GPT step's solves take a minute on a loaded machine
+@pytest.mark.parametrize("share", [0.95, 0.8, 0.6, 0.45])
+def test_the_optimum_is_the_same_with_the_lp_rows_and_known_bounds(cases, share, monkeypatch):
+    """Every LP row (of the relaxation's point or of the plan it rounds to) holds for every plan
+    whose values fit, and a lazy round's optimum is at least the last round's bound (its rows are a
+    subset), so the optimum under the limit is the one the lazy rounds alone find, and the solve
+    needs no more integer rounds. Four problems, one of them offloading on a GPU profile below
+    the smallest peak without offload. (The redistribution buffers' rows are left out here: each
+    is this plan's buffers taken off the limit, not a row every plan that fits satisfies, so with
+    them the plan found depends on the order the rows come in: docs/remat.md.)"""
+    for graph, mesh, options in cases[:3] + cases[4:]:  # the GPT step's solves take a minute on a loaded machine
         free = build_problem(graph, mesh, dataclasses.replace(options, memory_limit=None), ties=state_ties(graph))
         unlimited = free.memory.peak(solve_problem(free, dataclasses.replace(options, memory_limit=None)).choice)[0]
         limited = dataclasses.replace(options, memory_limit=int(share * unlimited))
@@ -132,10 +144,108 @@ def test_the_optimum_is_the_same_with_the_lp_rows(cases, share, monkeypatch):
             assert again.value.min_memory_bytes == e.min_memory_bytes
             continue
         both = _solve(problem, limited, True, monkeypatch)
-        assert lazy.status == both.status == "optimal"
+        assert lazy.status == both.status == "optimal" and bool(lazy.offload) == bool(both.offload)
+        assert bool(both.offload) == (mesh is cases[4][1] and share < 0.5)  # the MLP on h100-sxm offloads at 45%
         assert both.objective == pytest.approx(lazy.objective, rel=2e-4)  # both within REL_GAP of the optimum
         assert problem.memory.peak(both.choice)[0] <= limited.memory_limit
         assert both.stats["integer_solves"] <= lazy.stats["integer_solves"]
+
+
+def _offloading_case(cases):
+    graph, mesh, options = cases[4]
+    problem = build_problem(graph, mesh, options, ties=state_ties(graph))
+    groups, of = shrink(problem, options.shrink)
+    vec, pair, maps = ilp.objective_terms(problem, groups, of)
+    return problem, ilp._Model(problem, groups, of, vec, pair, maps, "highs", offload=True)
+
+
+def test_a_rounded_point_is_a_plan_and_its_profile_the_memory_models(cases):
+    """``rounded`` of a plan's columns (strategies, offloaded candidates and their products) is
+    that plan, and of a fractional point the plan its largest columns choose; the rows' profile of
+    it is the memory model's with those candidates offloaded."""
+    problem, model = _offloading_case(cases)
+    rows = MemoryRows(model)
+    assert len(model.offload.o) >= 2  # the case offloads
+    rng = np.random.default_rng(1)
+    for _ in range(5):
+        gchoice = [int(rng.integers(g.size)) for g in model.groups]
+        off = rng.random(len(model.offload.o)) < 0.5
+        z = model.point(gchoice)
+        z[model.offload.o] = off
+        for g, o, w in model.offload.shares():
+            z[w[gchoice[g]]] = z[o]
+        np.testing.assert_array_equal(rounded(model, z), z)
+        blurred = 0.6 * z + 0.4 * rng.random(model.milp.n) * 0.5  # largest column and o >= 1/2 unchanged
+        np.testing.assert_array_equal(rounded(model, blurred), z)
+        choice = [0] * len(problem.items)
+        for gi, g in enumerate(model.groups):
+            for i, m in g.members:
+                choice[i] = int(m[gchoice[gi]])
+        use(problem, tuple(c for c, on in zip(model.offload.cands, off) if on))
+        try:
+            np.testing.assert_allclose(rows.profile(z), problem.memory.profile(choice), atol=1e-3)
+        finally:
+            use(problem, ())
+
+
+def _knapsack(n: int = 24, seed: int = 3) -> Milp:
+    """A 0-1 knapsack (as a minimization) HiGHS must branch on."""
+    rng = np.random.default_rng(seed)
+    m = Milp()
+    value, weight = rng.integers(10, 100, n).astype(float), rng.integers(10, 100, n).astype(float)
+    xs = m.add_vars(-value, integer=True)
+    m.add_row(xs, weight, -np.inf, weight.sum() / 3)
+    return m
+
+
+def test_a_known_bound_stops_the_solve_at_the_optimum_and_is_reported():
+    """``known_bound`` (a lower bound proven elsewhere) lets HiGHS stop as soon as its incumbent is
+    within the gap of it: the same optimum, called optimal, with that bound. A bound below the
+    optimum changes nothing but the reported bound when it is the better one."""
+    m = _knapsack()
+    plain = solve_milp(m, time_limit_s=TIME)
+    assert plain.status == "optimal"
+    exact = solve_milp(m, time_limit_s=TIME, known_bound=plain.objective)
+    assert exact.status == "optimal" and exact.bound == plain.objective
+    assert exact.objective == pytest.approx(plain.objective, rel=1e-4)
+    loose = solve_milp(m, time_limit_s=TIME, known_bound=plain.objective - 1000.0)
+    assert loose.status == "optimal" and loose.objective == pytest.approx(plain.objective, rel=1e-4)
+    assert loose.bound >= plain.objective - 1000.0
+
+
+def test_lazy_rounds_pass_on_their_bound(cases, monkeypatch):
+    """Every integer solve after the first of a limited solve gets the last round's bound."""
+    graph, mesh, options = cases[0]
+    free = build_problem(graph, mesh, dataclasses.replace(options, memory_limit=None), ties=state_ties(graph))
+    unlimited = free.memory.peak(solve_problem(free, dataclasses.replace(options, memory_limit=None)).choice)[0]
+    limited = dataclasses.replace(options, memory_limit=int(0.8 * unlimited))
+    problem = build_problem(graph, mesh, limited, ties=state_ties(graph))
+    with monkeypatch.context() as m:
+        m.setattr(memrows, "lp_memory_points", lambda *a, **k: [])  # lazy rounds only, so there are some
+        sol = _solve(problem, limited, True, monkeypatch)
+    assert sol.stats["integer_solves"] >= 2
+    assert sol.stats["bounded_solves"] == sol.stats["integer_solves"] - 1
+
+
+def test_an_infeasible_limit_names_the_smallest_peak_with_and_without_the_speed_ups(cases, monkeypatch):
+    """A limit no plan fits is "no plan fits" with ``min_memory``'s figure, the same with the LP rows,
+    their rounding and the known bounds as without; that figure is a plan's peak: a limit one byte
+    under it has no plan, at it one."""
+    graph, mesh, options = cases[0]
+    tiny = dataclasses.replace(options, memory_limit=1000)
+    figures = []
+    for fast in (True, False):
+        with pytest.raises(graphc.PlanError, match="no plan fits") as info:
+            _solve(build_problem(graph, mesh, tiny, ties=state_ties(graph)), tiny, fast, monkeypatch)
+        figures.append(info.value.min_memory_bytes)
+    assert figures[0] == figures[1] and figures[0] > 1000
+    under = dataclasses.replace(options, memory_limit=figures[0] - 1)
+    with pytest.raises(graphc.PlanError, match="no plan fits") as info:
+        _solve(build_problem(graph, mesh, under, ties=state_ties(graph)), under, True, monkeypatch)
+    assert info.value.min_memory_bytes == figures[0]
+    at = dataclasses.replace(options, memory_limit=figures[0])
+    problem = build_problem(graph, mesh, at, ties=state_ties(graph))
+    assert problem.memory.peak(_solve(problem, at, True, monkeypatch).choice)[0] <= figures[0]
 
 
 def test_the_lp_needs_no_rows_when_the_limit_is_loose(cases):
