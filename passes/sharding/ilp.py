@@ -46,7 +46,7 @@ from graphc.core.spec import format_spec
 from graphc.core.traits import Constant, FollowsProducer
 from graphc.core.units import fmt_bytes
 from graphc.passes.sharding.items import Edge, Item
-from graphc.passes.sharding.memrows import TIME_SHARE, add_lp_rows, add_run_rows
+from graphc.passes.sharding.memrows import REPAIR_SHARE, TIME_SHARE, add_lp_rows, add_run_rows, held_peak_at, repaired
 from graphc.passes.sharding.milp import FOUND_KEPT, Milp, solve_milp
 from graphc.passes.sharding.offload_terms import OffloadTerms, use
 from graphc.passes.sharding.problem import Problem
@@ -699,6 +699,9 @@ class _Model:
     def run(self, time_limit_s: float, start: list[int] | None = None, bound: float | None = None) -> Solution | None:
         """Solve from the cheapest of ``start`` and earlier runs' plans that meet the rows now."""
         z = self.milp.cheapest_feasible(([self.point(start)] if start is not None else []) + self.found)
+        if start is not None and bound is not None:  # a lazy round: the last plan, repaired, may be cheaper
+            fixed = repaired(self, self.point(start), REPAIR_SHARE * time_limit_s)
+            z = self.milp.cheapest_feasible([p for p in (z, fixed) if p is not None])
         res = solve_milp(self.milp, self.backend, time_limit_s, start=z, known_bound=bound)
         self.last_status, self.found = res.status, (res.found + self.found)[:FOUND_KEPT]
         if res.x is None:
@@ -719,23 +722,6 @@ class _Model:
     def trivial_bound(self) -> float:
         """Every group at its cheapest strategy, no edge costs: a lower bound (scaled)."""
         return self.milp.offset + sum(float(v.min()) * self.SCALE for v, xs in zip(self.vec, self.x) if xs is not None)
-
-
-def held_peak_at(p: Problem, choice: list[int]) -> tuple[int, int, int]:
-    """(the peak per device with the redistribution buffers: what the runtime holds, the position
-    where it is, the buffers' bytes there). ``solve`` bounds it by the memory limit too where it
-    can: a row at that point with the buffers' room taken off the limit."""
-    prof = p.memory.profile(choice)
-    if not len(prof):
-        return 0, 0, 0
-    delta = np.zeros(len(prof) + 1, dtype=np.float64)
-    for nb, a, b in p.memory.redistribution_buffers(choice):
-        delta[a] += nb
-        delta[b + 1] -= nb
-    buffers = np.cumsum(delta[:-1])
-    held = prof + buffers
-    at = int(np.argmax(held))
-    return int(held[at]), at, int(buffers[at])
 
 
 def min_memory(p: Problem, groups, of, maps, solver_name: str, time_limit_s: float, offload: bool | str = False) -> int:

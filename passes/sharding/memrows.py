@@ -25,6 +25,8 @@ still measured after the solve, and lazy rounds still add what the relaxation di
     lp_memory_points(...)      the positions whose rows the LP relaxation (and its rounding) needs
     add_lp_rows(...)           ... added to the integer program before its first solve
     add_run_rows(...)          a lazy round's rows: the peak of every run over the limit
+    repaired(model, z, s)      the last round's plan changed to meet its new rows: the next start
+    held_peak_at(p, choice)    the peak with the redistribution buffers the runtime holds
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import time
 
 import numpy as np
 
-from graphc.passes.sharding.milp import LpRelaxation
+from graphc.passes.sharding.milp import LpRelaxation, solve_milp
 
 # Rows added per LP round: the peak of each run of positions over the limit, largest first.
 POINTS_PER_ROUND = 8
@@ -45,6 +47,10 @@ TIME_SHARE = 0.25
 # limit (``rounded``), once the relaxation fits: the integer solve then starts with the rows its
 # first plans would have needed (tests turn it off to compare optima).
 ROUNDED = True
+# The share of a round's time ``repaired`` may take.
+REPAIR_SHARE = 0.1
+# ``repaired`` frees at most this share of the groups (more: about the whole problem again).
+REPAIR_FREE = 0.5
 # A position is over the limit when the LP's profile exceeds it by more than this many bytes
 # (rows are in MiB, and HiGHS's feasibility tolerance is 1e-7: about 0.1 byte).
 SLACK_BYTES = 64.0
@@ -130,20 +136,24 @@ def runs_over(prof: np.ndarray, limit: float, at_most: int) -> list[int]:
     return sorted(peaks, key=lambda at: -prof[at])[:at_most]
 
 
-def lp_memory_points(model, limit: int, time_limit_s: float) -> list[tuple[int, float, np.ndarray, np.ndarray]]:
+def lp_memory_points(
+    model, limit: int, time_limit_s: float
+) -> tuple[list[tuple[int, float, np.ndarray, np.ndarray]], np.ndarray | None]:
     """(position, constant bytes, columns, bytes) of the memory rows ``model``'s LP relaxation
-    needs to fit ``limit`` at every position (module doc), within ``time_limit_s`` seconds.
-    Empty when the relaxation fits without any, or has no point at all (then no plan fits, and
-    the integer solve says so)."""
+    needs to fit ``limit`` at every position (module doc), within ``time_limit_s`` seconds, and the
+    relaxation's last point. Empty when the relaxation fits without any, or has no point at all
+    (then no plan fits, and the integer solve says so; the point is None)."""
     deadline = time.perf_counter() + time_limit_s
     rows = MemoryRows(model)
     lp = LpRelaxation(model.milp)
     found: list[tuple[int, float, np.ndarray, np.ndarray]] = []
     seen: set[int] = set()
+    last = None
     for _round in range(MAX_ROUNDS):
         x = lp.solve(deadline - time.perf_counter())
         if x is None:
             break
+        last = x
         new = [at for at in runs_over(rows.profile(x), limit + SLACK_BYTES, POINTS_PER_ROUND) if at not in seen]
         if not new and ROUNDED:  # the relaxation fits: where would the plan its point rounds to not?
             new = [at for at in runs_over(rows.profile(rounded(model, x)), limit, POINTS_PER_ROUND) if at not in seen]
@@ -156,7 +166,7 @@ def lp_memory_points(model, limit: int, time_limit_s: float) -> list[tuple[int, 
             found.append((at, const, idx, nb))
         if time.perf_counter() > deadline:
             break
-    return found
+    return found, last
 
 
 def rounded(model, x: np.ndarray) -> np.ndarray:
@@ -172,13 +182,61 @@ def rounded(model, x: np.ndarray) -> np.ndarray:
     return z
 
 
+def repaired(model, z: np.ndarray, time_limit_s: float) -> np.ndarray | None:
+    """A plan near ``z`` that meets every row of ``model``, or None: ``z`` is a plan's columns
+    that break some rows (the last round's plan, and the rows that round added); the groups with
+    a column in a broken row may take any strategy, every other group keeps its own, and that
+    small integer program is solved within ``time_limit_s``. It seeds the next integer solve:
+    with the last round's bound (``solve_milp``'s ``known_bound``) a repair as cheap as that
+    bound ends the solve at once. Not tried when more than REPAIR_FREE of the groups are free."""
+    m = model.milp
+    broken = m.broken_rows(z)
+    if not len(broken) or time_limit_s <= 0:
+        return None
+    cols = np.zeros(m.n, dtype=bool)
+    for r in broken:
+        cols[m.row_columns(int(r))] = True
+    upper = m.upper
+    groups = [xs for xs in model.x if xs is not None]
+    fixed = [xs for xs in groups if not cols[xs].any()]
+    if len(groups) - len(fixed) > REPAIR_FREE * len(groups):
+        return None
+    for xs in fixed:
+        upper[xs] = z[xs]
+    res = solve_milp(m.restricted(upper), "highs", time_limit_s)
+    return res.x
+
+
+def held_peak_at(p, choice: list[int]) -> tuple[int, int, int]:
+    """(the peak per device with the redistribution buffers: what the runtime holds, the position
+    where it is, the buffers' bytes there). ``ilp.solve`` bounds it by the memory limit too where it
+    can: a row at that point with the buffers' room taken off the limit."""
+    prof = p.memory.profile(choice)
+    if not len(prof):
+        return 0, 0, 0
+    delta = np.zeros(len(prof) + 1, dtype=np.float64)
+    for nb, a, b in p.memory.redistribution_buffers(choice):
+        delta[a] += nb
+        delta[b + 1] -= nb
+    buffers = np.cumsum(delta[:-1])
+    held = prof + buffers
+    at = int(np.argmax(held))
+    return int(held[at]), at, int(buffers[at])
+
+
 def add_lp_rows(model, limit: int, time_limit_s: float, points: list[int]) -> int:
-    """Add to ``model`` the rows ``lp_memory_points`` finds, their positions to ``points``; returns
-    how many."""
-    found = lp_memory_points(model, limit, time_limit_s)
+    """Add to ``model`` the rows ``lp_memory_points`` finds, their positions to ``points``, and the
+    plan the relaxation's point rounds to, ``repaired``, to the plans its first solve may start
+    from (``model.found``); returns how many rows."""
+    found, x = lp_memory_points(model, limit, time_limit_s)
     for at, const, idx, nb in found:
         points.append(at)
         model.milp.add_row(idx, nb / model.MIB, -np.inf, (float(limit) - const) / model.MIB)
+    if x is not None:
+        z = rounded(model, x)
+        start = repaired(model, z, REPAIR_SHARE * time_limit_s / TIME_SHARE) if len(model.milp.broken_rows(z)) else z
+        if start is not None:
+            model.found.append(start)
     return len(found)
 
 
@@ -192,4 +250,13 @@ def add_run_rows(model, prof: np.ndarray, limit: int, points: list[int]) -> None
             model.add_memory_point(at, limit)
 
 
-__all__ = ["MemoryRows", "add_lp_rows", "add_run_rows", "lp_memory_points", "rounded", "runs_over"]
+__all__ = [
+    "MemoryRows",
+    "add_lp_rows",
+    "add_run_rows",
+    "held_peak_at",
+    "lp_memory_points",
+    "repaired",
+    "rounded",
+    "runs_over",
+]

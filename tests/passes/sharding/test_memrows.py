@@ -101,7 +101,8 @@ def _values_peak(p, choice):
 def _solve(problem, options, fast: bool, monkeypatch):
     """The solution, with the number of integer solves it took in ``stats["integer_solves"]`` and
     how many of them were given the last round's bound in ``stats["bounded_solves"]``. ``fast``:
-    as ``solve_problem`` runs (LP rows, their rounding, known bounds); else lazy rounds alone."""
+    as ``solve_problem`` runs (LP rows, their rounding, repaired starts, known bounds); else lazy
+    rounds alone."""
     solves = []
 
     def counted(*a, **k):
@@ -114,8 +115,9 @@ def _solve(problem, options, fast: bool, monkeypatch):
         m.setattr(ilp, "held_peak_at", _values_peak)
         m.setattr(ilp, "solve_milp", counted)
         if not fast:
-            m.setattr(memrows, "lp_memory_points", lambda *a, **k: [])
+            m.setattr(memrows, "lp_memory_points", lambda *a, **k: ([], None))
             m.setattr(memrows, "ROUNDED", False)
+            m.setattr(ilp, "repaired", lambda *a, **k: None)
         sol = solve_problem(problem, options)
     sol.stats["integer_solves"] = len(solves)
     sol.stats["bounded_solves"] = sum(solves)
@@ -221,7 +223,7 @@ def test_lazy_rounds_pass_on_their_bound(cases, monkeypatch):
     limited = dataclasses.replace(options, memory_limit=int(0.8 * unlimited))
     problem = build_problem(graph, mesh, limited, ties=state_ties(graph))
     with monkeypatch.context() as m:
-        m.setattr(memrows, "lp_memory_points", lambda *a, **k: [])  # lazy rounds only, so there are some
+        m.setattr(memrows, "lp_memory_points", lambda *a, **k: ([], None))  # lazy rounds only, so there are some
         sol = _solve(problem, limited, True, monkeypatch)
     assert sol.stats["integer_solves"] >= 2
     assert sol.stats["bounded_solves"] == sol.stats["integer_solves"] - 1
@@ -251,7 +253,7 @@ def test_an_infeasible_limit_names_the_smallest_peak_with_and_without_the_speed_
 def test_the_lp_needs_no_rows_when_the_limit_is_loose(cases):
     graph, mesh, options = cases[0]
     problem, model = _problem(graph, mesh, options)
-    assert lp_memory_points(model, 10**12, 10.0) == []
+    assert lp_memory_points(model, 10**12, 10.0)[0] == []
 
 
 def test_a_limit_below_a_problem_with_nothing_to_choose_names_its_peak():
