@@ -242,10 +242,16 @@ def _within(objective: float, bound: float, rel_gap: float) -> bool:
 
 
 def _highs(
-    m: Milp, time_limit_s: float, rel_gap: float, start: np.ndarray | None, known_bound: float | None = None
+    m: Milp,
+    time_limit_s: float,
+    rel_gap: float,
+    start: np.ndarray | None,
+    known_bound: float | None = None,
+    presolve: bool = True,
 ) -> MilpResult:
     import highspy
 
+    t0 = time.perf_counter()
     h = _quiet_highs()
     # HiGHS notices its limit (and a cancel) only between simplex passes, up to ~0.4 s late on
     # a 140k-column LP: it is asked to stop early, and cancelled at the limit itself
@@ -254,33 +260,17 @@ def _highs(
     for option, value in HIGHS_OPTIONS.items():
         h.setOptionValue(option, value)
     h.passModel(_highs_lp(m))
-    if start is not None:
-        # HiGHS 1.16's presolve misvalued a start (an offloading plan of the sequence-parallel test
-        # model at 85% of its free peak: 310.14 against its 310.29 us) and proved "optimal" against
-        # that value, 4.8e-4 from its bound; without presolve it values it right, and that solve
-        # took 6.9 s of CPU against 9.5 s with presolve (12 s without the start)
+    if not presolve:
         h.setOptionValue("presolve", "off")
+    if start is not None:
         sol = highspy.HighsSolution()
         sol.col_value = list(map(float, start))
         sol.value_valid = True
         h.setSolution(sol)
     h.HandleUserInterrupt = True
-    reached = []  # the incumbent met ``known_bound``: stopped there, optimal
-
-    def enough(e) -> None:
-        if known_bound is not None and _within(e.data_out.mip_primal_bound + m.offset, known_bound, rel_gap):
-            reached.append(True)
-            e.interrupt()
-
-    if known_bound is not None and math.isfinite(known_bound):
-        h.cbMipInterrupt += enough
-    found: list[np.ndarray] = []  # the next round of a lazy loop may start from one (ilp.py)
-
-    def improved(e) -> None:
-        found.append(np.array(e.data_out.mip_solution, dtype=np.float64))
-        del found[:-FOUND_KEPT]
-
-    h.cbMipImprovingSolution += improved
+    watch = _Watch(m, rel_gap, known_bound, start is not None)
+    h.cbMipInterrupt += watch.interrupt
+    h.cbMipImprovingSolution += watch.improved
     stop_at = time.perf_counter() + time_limit_s + 0.05  # HiGHS checks its limit coarsely in a long LP
     cancelled = False
     h.startSolve()
@@ -293,6 +283,58 @@ def _highs(
         h.cancelSolve()
         h.wait()
         raise
+    # HiGHS 1.16's presolve often values a start below its columns' cost (the sequence-parallel
+    # test model at 96% of its free peak: 251.14 against 251.99 us), and when no better plan
+    # turns up it proves "optimal" against that value (an offloading plan at 85%: 310.14 against
+    # 310.29, 4.8e-4 from its bound). Without presolve it values it right, but solves slower (that
+    # 96% solve: 6.5 s of CPU against 1.5 s). So a misvalued start is dropped (unless it met the
+    # known bound: that is checked on its cost here), and an "optimal" whose plan HiGHS values
+    # other than its cost is solved again without presolve.
+    left = time_limit_s - (time.perf_counter() - t0)
+    if watch.misvalued_start and not watch.reached and not cancelled:
+        return _highs(m, left, rel_gap, None, known_bound, presolve)
+    res = _outcome(h, m, watch, cancelled)
+    if presolve and res.status == "optimal" and not watch.reached and res.x is not None and not cancelled:
+        if not _same_value(h.getInfo().objective_function_value, float(m.cost @ res.x)):
+            return _highs(m, left, rel_gap, start, known_bound, presolve=False)
+    return res
+
+
+class _Watch:
+    """HiGHS's callbacks during one solve: keeps its improving points (``found``: the next round
+    of a lazy loop may start from one, ilp.py); stops it when the incumbent's cost meets
+    ``known_bound`` (``reached``), or when HiGHS values the start other than its cost
+    (``misvalued_start``, ``_highs``)."""
+
+    def __init__(self, m: Milp, rel_gap: float, known_bound: float | None, started: bool) -> None:
+        self.m, self.rel_gap, self.started = m, rel_gap, started
+        self.known_bound = known_bound if known_bound is not None and math.isfinite(known_bound) else None
+        self.found: list[np.ndarray] = []
+        self.best = math.inf  # the cost of the incumbent, by its columns
+        self.reached = self.misvalued_start = False
+
+    def interrupt(self, e) -> None:
+        kb = self.known_bound
+        self.reached = kb is not None and _within(self.best + self.m.offset, kb, self.rel_gap)
+        if self.reached or self.misvalued_start:
+            e.interrupt()
+
+    def improved(self, e) -> None:
+        x = np.array(e.data_out.mip_solution, dtype=np.float64)
+        self.best = float(self.m.cost @ x)
+        if self.started and not self.found and not _same_value(e.data_out.objective_function_value, self.best):
+            self.misvalued_start = True
+        self.found = [*self.found[-(FOUND_KEPT - 1) :], x]
+
+
+def _same_value(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-7 * max(1.0, abs(b))
+
+
+def _outcome(h, m: Milp, watch: _Watch, cancelled: bool) -> MilpResult:
+    """The result of HiGHS's solve ``h`` of ``m``."""
+    import highspy
+
     status = h.getModelStatus()
     info = h.getInfo()
     words = {
@@ -309,13 +351,14 @@ def _highs(
         x = np.asarray(h.getSolution().col_value, dtype=np.float64)
     objective = float(m.cost @ x) + m.offset if x is not None else math.inf
     bound = float(info.mip_dual_bound) + m.offset
-    if known_bound is not None and math.isfinite(known_bound):
-        bound = max(bound, known_bound) if math.isfinite(bound) else known_bound
-        if reached and word == "interrupted" and _within(objective, bound, rel_gap):
+    kb = watch.known_bound
+    if kb is not None:
+        bound = max(bound, kb) if math.isfinite(bound) else kb
+        if watch.reached and word == "interrupted" and _within(objective, bound, watch.rel_gap):
             word = "optimal"
     if not math.isfinite(bound):
         bound = objective if word == "optimal" else -math.inf
-    return MilpResult(word, x, objective, min(bound, objective), 0.0, found[::-1])
+    return MilpResult(word, x, objective, min(bound, objective), 0.0, watch.found[::-1])
 
 
 class LpRelaxation:
