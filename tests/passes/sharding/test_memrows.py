@@ -1,6 +1,7 @@
 """Memory rows found on the LP relaxation before the integer solve (passes/sharding/memrows.py):
-the rows are the memory model's, term for term; adding them changes no optimum; and the integer
-solve then needs no (or fewer) lazy rounds."""
+the rows are the memory model's, term for term; adding them (and the rows of the LP point's
+rounded plan), starting from repaired plans and passing each lazy round's bound on change no
+optimum; and the integer solve then needs no (or fewer) lazy rounds."""
 
 from __future__ import annotations
 
