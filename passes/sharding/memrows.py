@@ -171,11 +171,11 @@ def lp_memory_points(
 
 def rounded(model, x: np.ndarray) -> np.ndarray:
     """The plan ``x`` rounds to, as column values: each group's largest column, the pair columns
-    of the chosen strategies, each offload candidate offloaded when its column is at least 1/2
-    (its ``w`` columns then follow the groups' choices)."""
+    of the chosen strategies, each offload candidate or stash offloaded when its column is at
+    least 1/2 (its ``w`` columns then follow the groups' choices)."""
     gchoice = [0 if xs is None else int(np.argmax(x[xs])) for xs in model.x]
     z = model.point(gchoice)
-    for o in model.offload.o:
+    for o in (*model.offload.o, *model.offload.a):  # optimizer state, stashed activations
         z[o] = float(x[o] >= 0.5)
     for g, o, w in model.offload.shares():
         z[w[gchoice[g]]] = z[o]

@@ -154,27 +154,32 @@ def test_the_optimum_is_the_same_with_the_lp_rows_and_known_bounds(cases, share,
         assert both.stats["integer_solves"] <= lazy.stats["integer_solves"]
 
 
-def _offloading_case(cases):
+def _offloading_case(cases, offload):
     graph, mesh, options = cases[4]
+    if offload == "activations":  # stashes are forward values nothing may recompute
+        options = dataclasses.replace(options, recompute="off")
     problem = build_problem(graph, mesh, options, ties=state_ties(graph))
     groups, of = shrink(problem, options.shrink)
     vec, pair, maps = ilp.objective_terms(problem, groups, of)
-    return problem, ilp._Model(problem, groups, of, vec, pair, maps, "highs", offload=True)
+    return problem, ilp._Model(problem, groups, of, vec, pair, maps, "highs", offload=offload)
 
 
-def test_a_rounded_point_is_a_plan_and_its_profile_the_memory_models(cases):
-    """``rounded`` of a plan's columns (strategies, offloaded candidates and their products) is
-    that plan, and of a fractional point the plan its largest columns choose; the rows' profile of
-    it is the memory model's with those candidates offloaded."""
-    problem, model = _offloading_case(cases)
+@pytest.mark.parametrize("offload", [True, "activations"])
+def test_a_rounded_point_is_a_plan_and_its_profile_the_memory_models(cases, offload):
+    """``rounded`` of a plan's columns (strategies, offloaded candidates or stashes and their
+    products) is that plan, and of a fractional point the plan its largest columns choose; the
+    rows' profile of it is the memory model's with those candidates or stashes offloaded."""
+    problem, model = _offloading_case(cases, offload)
     rows = MemoryRows(model)
-    assert len(model.offload.o) >= 2  # the case offloads
+    off_cols = np.concatenate([model.offload.o, model.offload.a]).astype(np.int64)
+    moved = [*model.offload.cands, *model.offload.stashes]
+    assert len(off_cols) >= 2 and (offload is True or len(model.offload.a))  # the case offloads
     rng = np.random.default_rng(1)
     for _ in range(5):
         gchoice = [int(rng.integers(g.size)) for g in model.groups]
-        off = rng.random(len(model.offload.o)) < 0.5
+        off = rng.random(len(off_cols)) < 0.5
         z = model.point(gchoice)
-        z[model.offload.o] = off
+        z[off_cols] = off
         for g, o, w in model.offload.shares():
             z[w[gchoice[g]]] = z[o]
         np.testing.assert_array_equal(rounded(model, z), z)
@@ -184,7 +189,7 @@ def test_a_rounded_point_is_a_plan_and_its_profile_the_memory_models(cases):
         for gi, g in enumerate(model.groups):
             for i, m in g.members:
                 choice[i] = int(m[gchoice[gi]])
-        use(problem, tuple(c for c, on in zip(model.offload.cands, off) if on))
+        use(problem, tuple(c for c, on in zip(moved, off) if on))
         try:
             np.testing.assert_allclose(rows.profile(z), problem.memory.profile(choice), atol=1e-3)
         finally:
