@@ -45,6 +45,9 @@ class Milp:
         self._integer: list[np.ndarray] = []
         self._upper: list[np.ndarray] = []
         self._rows: list[tuple[np.ndarray, np.ndarray, float, float]] = []
+        # a start HiGHS's presolve misvalues is kept, solving again without presolve, rather than
+        # dropped (``_highs``: the offload columns' programs, passes/sharding/offload_terms.py)
+        self.keep_misvalued_start = False
 
     def add_vars(self, cost, integer: bool, upper: float = 1.0) -> np.ndarray:
         """New columns in ``[0, upper]`` with these costs; returns their indices."""
@@ -289,9 +292,13 @@ def _highs(
     # 310.29, 4.8e-4 from its bound). Without presolve it values it right, but solves slower (that
     # 96% solve: 6.5 s of CPU against 1.5 s). So a misvalued start is dropped (unless it met the
     # known bound: that is checked on its cost here), and an "optimal" whose plan HiGHS values
-    # other than its cost is solved again without presolve.
+    # other than its cost is solved again without presolve. In the offload columns' programs
+    # (``keep_misvalued_start``) the start is kept instead, without presolve: at 85% and 86% it is
+    # the optimum, and their first offload solve took about 6 s of CPU against 15 (docs/remat.md).
     left = time_limit_s - (time.perf_counter() - t0)
     if watch.misvalued_start and not watch.reached and not cancelled:
+        if m.keep_misvalued_start and presolve:
+            return _highs(m, left, rel_gap, start, known_bound, presolve=False)
         return _highs(m, left, rel_gap, None, known_bound, presolve)
     res = _outcome(h, m, watch, cancelled)
     if presolve and res.status == "optimal" and not watch.reached and res.x is not None and not cancelled:

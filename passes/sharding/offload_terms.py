@@ -265,6 +265,7 @@ class OffloadTerms:
             self._build_state(host_row)
         if self.stashes:
             self._build_stashes(host_row)
+        self.model.milp.keep_misvalued_start = True
         if sum(max(0.0, v) for v in host_row.values()) > host.memory_bytes / self.model.MIB:  # the host can run out
             self.model.milp.add_row(
                 list(host_row), list(host_row.values()), -np.inf, host.memory_bytes / self.model.MIB

@@ -18,7 +18,7 @@ from graphc.core.pytree import static_argnames
 from graphc.models import gpt
 from graphc.passes.options import PlanOptions
 from graphc.passes.partition import build_problem, optimize_for_planning, shrink, solve_problem, state_ties
-from graphc.passes.sharding import ilp, memrows
+from graphc.passes.sharding import ilp, memrows, milp
 from graphc.passes.sharding.memrows import MemoryRows, lp_memory_points, rounded, runs_over
 from graphc.passes.sharding.milp import Milp, solve_milp
 from graphc.passes.sharding.offload_terms import use
@@ -152,6 +152,50 @@ def test_the_optimum_is_the_same_with_the_lp_rows_and_known_bounds(cases, share,
         assert both.objective == pytest.approx(lazy.objective, rel=2e-4)  # both within REL_GAP of the optimum
         assert problem.memory.peak(both.choice)[0] <= limited.memory_limit
         assert both.stats["integer_solves"] <= lazy.stats["integer_solves"]
+
+
+@pytest.mark.parametrize("share", [0.45, 0.3])
+def test_a_misvalued_start_of_an_offload_solve_is_kept_without_presolve_and_keeps_the_optimum(
+    cases, share, monkeypatch
+):
+    """A start HiGHS's presolve misvalues (milp.py ``_highs``) is kept in the programs with offload
+    columns, solved again without presolve: on the MLP on h100-sxm below its smallest peak without
+    offload, every started solve is made to see its start misvalued, and the optimum is the one of
+    the solves that drop such a start (within REL_GAP)."""
+    graph, mesh, options = cases[4]
+    free = build_problem(graph, mesh, dataclasses.replace(options, memory_limit=None), ties=state_ties(graph))
+    unlimited = free.memory.peak(solve_problem(free, dataclasses.replace(options, memory_limit=None)).choice)[0]
+    limited = dataclasses.replace(options, memory_limit=int(share * unlimited))
+    calls: list[tuple[bool, bool, bool]] = []  # per HiGHS solve: (kept, has a start, presolved)
+    original, improved = milp._highs, milp._Watch.improved
+
+    def misvalued(watch, e):  # the first solution presolved HiGHS reports from a start is "misvalued"
+        if watch.started and not watch.found and calls[-1][2]:
+            watch.misvalued_start = True
+            return
+        improved(watch, e)
+
+    def solutions(keep: bool):
+        def highs(m, time_limit_s, rel_gap, start, known_bound=None, presolve=True):
+            m.keep_misvalued_start = m.keep_misvalued_start and keep
+            calls.append((m.keep_misvalued_start, start is not None, presolve))
+            return original(m, time_limit_s, rel_gap, start, known_bound, presolve)
+
+        calls.clear()
+        with monkeypatch.context() as mp:
+            mp.setattr(milp, "_highs", highs)
+            if keep:
+                mp.setattr(milp._Watch, "improved", misvalued)
+            problem = build_problem(graph, mesh, limited, ties=state_ties(graph))
+            return problem, _solve(problem, limited, True, monkeypatch)
+
+    problem, kept = solutions(True)
+    assert any(k and started and not presolved for k, started, presolved in calls)  # the start was kept
+    _, dropped = solutions(False)
+    assert not any(k for k, _, _ in calls)
+    assert kept.offload and dropped.offload and kept.status == dropped.status == "optimal"
+    assert kept.objective == pytest.approx(dropped.objective, rel=2e-4)  # both within REL_GAP of the optimum
+    assert problem.memory.peak(kept.choice)[0] <= limited.memory_limit
 
 
 def _offloading_case(cases, offload):
