@@ -294,7 +294,8 @@ def _highs(
     # known bound: that is checked on its cost here), and an "optimal" whose plan HiGHS values
     # other than its cost is solved again without presolve. In the offload columns' programs
     # (``keep_misvalued_start``) the start is kept instead, without presolve: at 85% and 86% it is
-    # the optimum, and their first offload solve took about 6 s of CPU against 15 (docs/remat.md).
+    # the optimum, and their first offload solve took 6.5-7.7 s of CPU against 12.9-14.9 (loaded);
+    # at 83% it was slower, 6.9 against 4.2 (docs/remat.md).
     left = time_limit_s - (time.perf_counter() - t0)
     if watch.misvalued_start and not watch.reached and not cancelled:
         if m.keep_misvalued_start and presolve:
