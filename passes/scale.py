@@ -56,7 +56,6 @@ from graphc.core.ir import Graph
 from graphc.core.mesh import Mesh
 from graphc.core.profile import MachineProfile
 from graphc.core.profiles import ClusterFigures, cluster_figures, host_tier, launch_gap
-from graphc.core.spec import split_factor
 from graphc.core.traits import Contraction
 from graphc.ops.dims import default_cost
 from graphc.passes import offload as offloading
@@ -75,8 +74,9 @@ from graphc.passes.partition import plan_sharding, state_ties
 from graphc.passes.pipeline import node_seconds
 from graphc.passes.sharding.build import step_flops
 from graphc.passes.sharding.plan import ShardingPlan
+from graphc.passes.sharding.problem import Pins
 from graphc.passes.stage_cut import stage_cut
-from graphc.passes.state_layout import SegmentSpecs, StateLayout, state_layout
+from graphc.passes.state_layout import SegmentSpecs, StateLayout, kept_bytes, split_reads, state_layout
 
 MFU_FORMULA = "model_flops / (step_s * devices * peak_flops)"
 COMPOSED_PLAN_VERSION = 1
@@ -301,9 +301,10 @@ def _score_values(g: Graph) -> set:
 
 
 def solve_segment(
-    g: Graph, tp: int, b: int, batch: int, profile, figures: ClusterFigures, deadline: float
+    g: Graph, tp: int, b: int, batch: int, profile, figures: ClusterFigures, deadline: float, pins: Pins = Pins()
 ) -> SegmentCost:
-    """``g`` (a segment at the step's batch) planned on {dp: batch / b, tp} (module doc)."""
+    """``g`` (a segment at the step's batch) planned on {dp: batch / b, tp} (module doc), its
+    inputs' ``pins`` applied."""
     virtual = batch // b
     axes = {VIRTUAL_AXIS: virtual} if virtual > 1 else {}
     if tp > 1:
@@ -311,7 +312,7 @@ def solve_segment(
     mesh = Mesh(axes or {VIRTUAL_AXIS: 1}, profile=profile)
     deadline = max(deadline, time.perf_counter() + MIN_SOLVE_S)
     opts = PlanOptions(zero=0, recompute="off", time_limit=deadline - time.perf_counter())
-    plan = plan_sharding(g, mesh, ties=[], options=opts, deadline=deadline)
+    plan = plan_sharding(g, mesh, pins, ties=[], options=opts, deadline=deadline)
     if plan.solver.status != "optimal" and plan.solver.gap > MAX_GAP:
         raise PlanError(
             f"the ILP of {g.name} on tp={tp} stopped at the time limit {plan.solver.gap:.0%} from its bound"
@@ -349,7 +350,7 @@ def solve_segment(
     kernels = kernel_launches(g, plan, fused | absorbed, scores, VIRTUAL_AXIS)
     for part, side in (("forward", fwd), ("backward", bwd)):  # the host launching kernels slower than they run
         side["launch"] = launch_gap(sum(side.values()), kernels[part], figures.launch_s)
-    act = _kept_bytes(g, plan, mesh.shape, scores)
+    act = kept_bytes(g, plan, mesh.shape, scores)
     fwd_reads = {v for n in g.nodes if n.part == "forward" for v in n.inputs}
     inp = max((v.type.nbytes for v in g.inputs if v in fwd_reads and v.type.shape[:1] == (batch,)), default=0)
     flops = sum(step_flops(g)[0].values())
@@ -369,22 +370,6 @@ def _attention_s(node, nc, shape: tuple[int, ...], profile, figures: ClusterFigu
     return flops / divided / (figures.attention_efficiency * profile.matmul_rate(in_types[0].dtype))
 
 
-def _kept_bytes(g: Graph, plan: ShardingPlan, shape: tuple[int, ...], scores: set) -> int:
-    """Bytes per device of the forward values the backward reads, under the plan's specs (fused
-    attention scores are not kept)."""
-    spec_of = {}
-    for nc in plan.nodes:
-        for o, sp in zip(g.nodes[nc.index].outputs, nc.out_specs):
-            spec_of[o] = sp
-    read_back = {v for n in g.nodes if n.part != "forward" for v in n.inputs}
-    kept = [o for n in g.nodes if n.part == "forward" for o in n.outputs]
-    return sum(
-        o.type.nbytes // split_factor(spec_of[o], shape)
-        for o in kept
-        if o in read_back and o not in scores and o in spec_of
-    )
-
-
 def _ring_s(nbytes: float, n: int, link) -> float:
     """A ring all-reduce of ``nbytes`` per device over ``n`` devices."""
     if n <= 1 or nbytes <= 0:
@@ -400,6 +385,7 @@ class _Segments:
     exact: bool = True  # solved at this micro-batch size, not scaled from micro-batch 1
     layer_state: StateLayout | None = None  # one layer's state as the block plan lays it out
     other_state: StateLayout | None = None  # the state outside the layers, as pre and head lay it out
+    split: _Segments | None = None  # the block re-solved reading no parameter less split than its update
 
     def states(self, model: _Model, tp: int) -> tuple[StateLayout, StateLayout]:
         """(one layer's, the rest's) state layouts; split evenly over tp when not read from plans."""
@@ -630,13 +616,7 @@ def search_layered(
             solve_s.append(time.perf_counter() - begun)
         else:
             one = segments(t, 1, True)
-            solved[(t, b)] = (
-                one
-                if isinstance(one, str)
-                else dataclasses.replace(
-                    one, pre=scaled(one.pre, b), block=scaled(one.block, b), head=scaled(one.head, b), exact=False
-                )
-            )
+            solved[(t, b)] = one if isinstance(one, str) else _scaled_segments(one, b)
         return solved[(t, b)]
 
     best = math.inf
@@ -720,6 +700,10 @@ def _compose_into(o: Outcome, model: _Model, segs: _Segments | str, profile, fig
         return
     compose_fn = compose if o.layout.pp > 1 else flat_accumulated
     o.plan, o.error = compose_fn(model, segs, o.layout, profile, figures, limit)
+    if segs.split is not None:  # the block reading its parameters split: kept when it fits or is faster
+        alt, _why = compose_fn(model, segs.split, o.layout, profile, figures, limit)
+        if alt is not None and (o.plan is None or alt.predicted["step_s"] < o.plan.predicted["step_s"]):
+            o.plan, o.error = alt, None
     o.exact = segs.exact
 
 
@@ -741,6 +725,7 @@ def _refine(out: list[Outcome], segments, model, profile, figures, limit, time_l
 
 def _solve_all(model: _Model, tp: int, b: int, profile, figures, deadline: float) -> _Segments | str:
     """The segments solved on tp at micro-batch size ``b``, or why they cannot be."""
+    begun = time.perf_counter()
     try:
         parts = {
             name: solve_segment(g, tp, b, model.batch, profile, figures, deadline) for name, g in model.graphs.items()
@@ -750,7 +735,26 @@ def _solve_all(model: _Model, tp: int, b: int, profile, figures, deadline: float
     specs = {name: SegmentSpecs(*model.boundaries[name], c.plan) for name, c in parts.items()}
     layer = state_layout(model.graph, model.layer_params, [specs["block"]], profile)
     other = state_layout(model.graph, model.other_params, [specs["pre"], specs["head"]], profile)
-    return _Segments(parts["pre"], parts["block"], parts["head"], True, layer, other)
+    segs = _Segments(parts["pre"], parts["block"], parts["head"], True, layer, other)
+    # A block that reads a parameter whole (less split than its gradient) is solved again with
+    # it read split: every layout is composed from both and keeps the faster that fits, so the
+    # choice sees the bytes held and the gather after the update, not only the per-micro-batch time.
+    pins = split_reads(specs["block"], layer)
+    if pins is None or time.perf_counter() + (time.perf_counter() - begun) / len(parts) >= deadline:
+        return segs
+    try:
+        blk = solve_segment(model.graphs["block"], tp, b, model.batch, profile, figures, deadline, pins)
+    except PlanError:
+        return segs
+    split = state_layout(model.graph, model.layer_params, [SegmentSpecs(*model.boundaries["block"], blk.plan)], profile)
+    segs.split = dataclasses.replace(segs, block=blk, layer_state=split)
+    return segs
+
+
+def _scaled_segments(one: _Segments, b: int) -> _Segments:
+    split = None if one.split is None else _scaled_segments(one.split, b)
+    pre, block, head = scaled(one.pre, b), scaled(one.block, b), scaled(one.head, b)
+    return dataclasses.replace(one, pre=pre, block=block, head=head, exact=False, split=split)
 
 
 def scaled(c: SegmentCost, b: int) -> SegmentCost:

@@ -18,7 +18,8 @@ needs. Per parameter this module reads:
 A parameter's gradient is the value its update reads nearest to it (through update nodes) that
 has its shape and is made before the update; its optimizer state the step's inputs of its shape
 that only the update reads. The bytes here are per device of the tp sub-mesh: ZeRO's split over
-the data axis applies on top (passes/scale.py ``compose``).
+the data axis applies on top (passes/scale.py ``compose``). ``kept_bytes`` counts the other thing
+a device holds of a segment, the forward values its backward reads, under the plan's specs.
 """
 
 from __future__ import annotations
@@ -28,10 +29,11 @@ from dataclasses import dataclass
 
 from graphc.core.ir import Graph, Value
 from graphc.core.mesh import Mesh
-from graphc.core.spec import Placement, R
+from graphc.core.spec import Placement, R, split_factor
 from graphc.passes.blocks import update_only
 from graphc.passes.partition import state_ties
 from graphc.passes.sharding.plan import ShardingPlan
+from graphc.passes.sharding.problem import Pins
 from graphc.passes.sharding.redistribute import redistribution_time
 
 TP_AXIS = "tp"
@@ -163,6 +165,39 @@ def state_layout(graph: Graph, params: Iterable[int], segments: Sequence[Segment
     return StateLayout.of(out)
 
 
+def split_reads(seg: SegmentSpecs, layout: StateLayout) -> Pins | None:
+    """Pins that read every parameter the segment's plan reads less split than its update runs
+    in the update's layout on tp (the other axes as the plan has them): the segment's
+    alternative that holds no parameter whole and gathers nothing after the update. None when
+    the plan reads every parameter in its update's layout."""
+    finer = {p.name: p.grad_at for p in layout.params if p.read < p.update}
+    if not finer or not _has_tp(seg.plan):
+        return None
+    at = seg.plan.mesh.axis_names.index(TP_AXIS)
+    pins = {
+        j: (*spec[:at], finer[v.name], *spec[at + 1 :])
+        for j, (v, spec) in enumerate(zip(seg.inputs, seg.plan.input_specs()))
+        if v.name in finer
+    }
+    return Pins(inputs=pins)
+
+
+def kept_bytes(g: Graph, plan: ShardingPlan, shape: tuple[int, ...], scores: set) -> int:
+    """Bytes per device of the forward values the backward reads, under the plan's specs (fused
+    attention scores are not kept)."""
+    spec_of = {}
+    for nc in plan.nodes:
+        for o, sp in zip(g.nodes[nc.index].outputs, nc.out_specs):
+            spec_of[o] = sp
+    read_back = {v for n in g.nodes if n.part != "forward" for v in n.inputs}
+    kept = [o for n in g.nodes if n.part == "forward" for o in n.outputs]
+    return sum(
+        o.type.nbytes // split_factor(spec_of[o], shape)
+        for o in kept
+        if o in read_back and o not in scores and o in spec_of
+    )
+
+
 def _has_tp(plan: ShardingPlan) -> bool:
     return TP_AXIS in plan.mesh.axis_names
 
@@ -198,4 +233,12 @@ def _update_operands(graph: Graph, producer, upd: set[int], read_fwd: set, p: Va
     return grad, state
 
 
-__all__ = ["ParamLayout", "SegmentSpecs", "StateLayout", "state_layout", "tp_placement"]
+__all__ = [
+    "ParamLayout",
+    "SegmentSpecs",
+    "StateLayout",
+    "kept_bytes",
+    "split_reads",
+    "state_layout",
+    "tp_placement",
+]

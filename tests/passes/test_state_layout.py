@@ -193,3 +193,26 @@ def test_a_fixed_mesh_plan_counts_a_replicated_weight_whole_as_the_runtime_holds
     measured = max(p["peak_bytes"] for p in compiled.executable.last_profile.values())
     assert 0.9 * predicted <= measured <= 1.1 * predicted, (measured, predicted)
     assert measured >= held
+
+
+def test_the_search_weighs_the_block_read_split_against_it_read_whole(replicated):
+    """A block that reads weights whole is solved again reading them split (``split_reads``):
+    each layout keeps the faster of the two, and the split one where only it fits."""
+    model, segs = replicated
+    alt = segs.split
+    assert alt is not None and alt.layer_state.relayout_s == 0.0
+    assert all(p.read == p.update for p in alt.layer_state.params)
+    assert alt.layer_state.param_bytes < segs.layer_state.param_bytes
+    lo = Layout(pp=1, dp=2, tp=TP, micro_batch=1, microbatches=4, zero=0, recompute="off")
+    figures = scale.cluster_figures(A100)
+    whole, _ = scale.compose(model, segs, lo, A100, figures, None)
+    split, _ = scale.compose(model, alt, lo, A100, figures, None)
+    assert max(split.memory_bytes) < max(whole.memory_bytes)
+    free = scale.Outcome(lo)
+    scale._compose_into(free, model, segs, A100, figures, None)
+    assert free.plan.predicted["step_s"] == min(whole.predicted["step_s"], split.predicted["step_s"])
+    limit = (max(split.memory_bytes) + max(whole.memory_bytes)) // 2  # only the split one fits
+    tight = scale.Outcome(lo)
+    scale._compose_into(tight, model, segs, A100, figures, limit)
+    assert tight.error is None and tight.plan.memory_bytes == split.memory_bytes
+    assert tight.plan.block_plan is alt.block.plan
