@@ -45,7 +45,7 @@ class ParamLayout:
 
     name: str
     nbytes: int  # the whole parameter
-    grad_nbytes: int  # its whole gradient
+    grad_nbytes: int  # its whole gradient (0 for an input the step reads but does not train)
     state_nbytes: int  # its whole optimizer state
     read: int  # tp pieces as read
     grad: int  # tp pieces of the gradient
@@ -153,7 +153,7 @@ def state_layout(graph: Graph, params: Iterable[int], segments: Sequence[Segment
             ParamLayout(
                 name=p.name or f"input{i}",
                 nbytes=p.type.nbytes,
-                grad_nbytes=grad_v.type.nbytes if grad_v is not None else p.type.nbytes,
+                grad_nbytes=grad_v.type.nbytes if grad_v is not None else 0,  # none: not trained
                 state_nbytes=sum(s.type.nbytes for s in state),
                 read=_pieces(read, tp),
                 grad=_pieces(grad, tp),
