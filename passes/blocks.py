@@ -226,6 +226,7 @@ def segment_graph(graph: Graph, ks: list[int], name: str) -> Graph:
                 nv = Value(v.type, name=v.name or f"in{len(inputs)}")
                 mapping[v] = nv
                 inputs.append(nv)
+    _, outside_out = segment_boundary(graph, ks)
     new_nodes = []
     for k in order:
         n = nodes[k]
@@ -235,12 +236,52 @@ def segment_graph(graph: Graph, ks: list[int], name: str) -> Graph:
         for o, no in zip(n.outputs, c.outputs):
             mapping[o] = no
         new_nodes.append(c)
-    used_outside = {v for k, n in enumerate(nodes) if k not in own for v in n.inputs} | set(graph.outputs)
-    outputs = [mapping[o] for k in order if k in inside for o in nodes[k].outputs if o in used_outside]
+    outputs = [mapping[o] for o in outside_out]
     leaf = np.empty(0)
     in_tree = flatten((tuple(leaf for _ in inputs), {}))[1]  # (args, kwargs), as a traced call
     out_tree = flatten(tuple(leaf for _ in outputs))[1]
     return Graph(name, inputs, new_nodes, outputs, in_tree, out_tree)
 
 
-__all__ = ["Layers", "Segments", "cut_segments", "find_layers", "segment_graph", "update_only"]
+def segment_boundary(graph: Graph, ks: list[int]) -> tuple[list[Value], list[Value]]:
+    """The values of ``graph`` that ``segment_graph(graph, ks, ...)`` makes its inputs and its
+    outputs, in the same order: input j of the segment's graph stands for the first list's j-th."""
+    nodes = graph.nodes
+    producer = {o: k for k, n in enumerate(nodes) for o in n.outputs}
+    own = set(ks)
+    const: set[int] = set()
+
+    def closure(v: Value) -> None:  # the constants segment_graph copies in
+        k = producer.get(v)
+        if k is None or k in own or k in const or not nodes[k].op.has(Constant):
+            return
+        const.add(k)
+        for u in nodes[k].inputs:
+            closure(u)
+
+    for k in ks:
+        for v in nodes[k].inputs:
+            closure(v)
+    order = sorted(own | const)
+    inside = own | const
+    inputs: list[Value] = []
+    seen: set[Value] = set()
+    for k in order:
+        for v in nodes[k].inputs:
+            if v not in seen and producer.get(v) not in inside:
+                seen.add(v)
+                inputs.append(v)
+    used_outside = {v for k, n in enumerate(nodes) if k not in inside for v in n.inputs} | set(graph.outputs)
+    outputs = [o for k in order if k in own for o in nodes[k].outputs if o in used_outside]
+    return inputs, outputs
+
+
+__all__ = [
+    "Layers",
+    "Segments",
+    "cut_segments",
+    "find_layers",
+    "segment_boundary",
+    "segment_graph",
+    "update_only",
+]

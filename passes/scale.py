@@ -25,9 +25,12 @@ a ZeRO stage, recompute off or full) is then composed:
   profile's attention rate, its memory-bound ops and its tensor-parallel collectives
   (``TERMS``), less what a GPU GEMM library runs inside the GEMM, its matmuls' last waves of
   output tiles priced whole (passes/gpu_kernels.py);
-- memory per device of stage s: its parameters, gradients and optimizer state over t (ZeRO
+- memory per device of stage s: its parameters, gradients and optimizer state as the segments'
+  plans lay them out on tp (a parameter read whole counts whole: passes/state_layout.py; ZeRO
   splits them over D), plus min(k, S - s) micro-batches' activations (1F1B); with recomputation
-  only each layer's input is kept, and one layer's activations at a time;
+  only each layer's input is kept, and one layer's activations at a time; the update's
+  redistributions over tp (a parameter read whole from a split gradient is all-gathered) are
+  priced after the update;
 - MFU = model flops / (step x devices x peak of the dtype carrying the matmul flops), the
   definition of a ShardingPlan's (passes/sharding/records.py ``Cost``).
 
@@ -53,17 +56,27 @@ from graphc.core.ir import Graph
 from graphc.core.mesh import Mesh
 from graphc.core.profile import MachineProfile
 from graphc.core.profiles import ClusterFigures, cluster_figures, host_tier, launch_gap
-from graphc.core.spec import split_factor
 from graphc.core.traits import Contraction
 from graphc.ops.dims import default_cost
 from graphc.passes import offload as offloading
-from graphc.passes.blocks import Layers, Segments, cut_segments, find_layers, segment_graph, update_only
+from graphc.passes.blocks import (
+    Layers,
+    Segments,
+    cut_segments,
+    find_layers,
+    segment_boundary,
+    segment_graph,
+    update_only,
+)
 from graphc.passes.gpu_kernels import GemmWaves, gemm_absorbed, kernel_launches
 from graphc.passes.options import PlanOptions
 from graphc.passes.partition import plan_sharding, state_ties
 from graphc.passes.pipeline import node_seconds
 from graphc.passes.sharding.build import step_flops
 from graphc.passes.sharding.plan import ShardingPlan
+from graphc.passes.sharding.problem import Pins
+from graphc.passes.stage_cut import stage_cut
+from graphc.passes.state_layout import SegmentSpecs, StateLayout, kept_bytes, split_reads, state_layout
 
 MFU_FORMULA = "model_flops / (step_s * devices * peak_flops)"
 COMPOSED_PLAN_VERSION = 1
@@ -179,6 +192,7 @@ class ComposedPlan:
             ("pipeline sends", "p2p_s"),
             ("DP collectives (exposed)", "dp_s"),
             ("optimizer step", "update_s"),
+            ("update's TP re-layout", "relayout_s"),
         ]
         unit, scale = ("s", 1.0) if p["step_s"] >= 1 else ("ms", 1e3)
         parts = [
@@ -220,6 +234,9 @@ class _Model:
     graphs: dict[str, Graph] = field(default_factory=dict)
     matmul_flops: float = 0.0  # the contractions' share of model_flops (what the compute bound counts)
     state_names: tuple[str, ...] = ()  # the optimizer state: tied inputs only the update reads
+    layer_params: tuple[int, ...] = ()  # the stamped block's parameters (graph input positions)
+    other_params: tuple[int, ...] = ()  # the parameters outside the layers
+    boundaries: dict[str, tuple[list, list]] = field(default_factory=dict)  # per segment graph
 
     @property
     def state_share(self) -> float:
@@ -248,11 +265,8 @@ def layered_model(graph: Graph, batch: int | None, profile) -> _Model | None:
     by = contraction or flops
     dtype = max(by, key=lambda d: by[d]) if by else "float32"
     L = layers.count
-    graphs = {
-        "pre": segment_graph(graph, seg.nodes(0), f"{graph.name}.pre"),
-        "block": segment_graph(graph, seg.nodes(seg.block), f"{graph.name}.block"),
-        "head": segment_graph(graph, seg.nodes(L + 1), f"{graph.name}.head"),
-    }
+    ks = {"pre": seg.nodes(0), "block": seg.nodes(seg.block), "head": seg.nodes(L + 1)}
+    graphs = {name: segment_graph(graph, nodes, f"{graph.name}.{name}") for name, nodes in ks.items()}
     update_s = sum(secs[k] for k in seg.update_nodes)
     return _Model(
         graph,
@@ -268,6 +282,9 @@ def layered_model(graph: Graph, batch: int | None, profile) -> _Model | None:
         graphs,
         sum(contraction.values()),
         tuple(v.name or f"input{k}" for k, v in enumerate(graph.inputs) if k in tied and v not in read_fwd),
+        tuple(k for k in layers.inputs[seg.block - 1] if graph.inputs[k] in read_fwd),
+        tuple(k for k in sorted(tied - layer_inputs) if graph.inputs[k] in read_fwd),
+        {name: segment_boundary(graph, nodes) for name, nodes in ks.items()},
     )
 
 
@@ -284,9 +301,10 @@ def _score_values(g: Graph) -> set:
 
 
 def solve_segment(
-    g: Graph, tp: int, b: int, batch: int, profile, figures: ClusterFigures, deadline: float
+    g: Graph, tp: int, b: int, batch: int, profile, figures: ClusterFigures, deadline: float, pins: Pins = Pins()
 ) -> SegmentCost:
-    """``g`` (a segment at the step's batch) planned on {dp: batch / b, tp} (module doc)."""
+    """``g`` (a segment at the step's batch) planned on {dp: batch / b, tp} (module doc), its
+    inputs' ``pins`` applied."""
     virtual = batch // b
     axes = {VIRTUAL_AXIS: virtual} if virtual > 1 else {}
     if tp > 1:
@@ -294,7 +312,7 @@ def solve_segment(
     mesh = Mesh(axes or {VIRTUAL_AXIS: 1}, profile=profile)
     deadline = max(deadline, time.perf_counter() + MIN_SOLVE_S)
     opts = PlanOptions(zero=0, recompute="off", time_limit=deadline - time.perf_counter())
-    plan = plan_sharding(g, mesh, ties=[], options=opts, deadline=deadline)
+    plan = plan_sharding(g, mesh, pins, ties=[], options=opts, deadline=deadline)
     if plan.solver.status != "optimal" and plan.solver.gap > MAX_GAP:
         raise PlanError(
             f"the ILP of {g.name} on tp={tp} stopped at the time limit {plan.solver.gap:.0%} from its bound"
@@ -332,7 +350,7 @@ def solve_segment(
     kernels = kernel_launches(g, plan, fused | absorbed, scores, VIRTUAL_AXIS)
     for part, side in (("forward", fwd), ("backward", bwd)):  # the host launching kernels slower than they run
         side["launch"] = launch_gap(sum(side.values()), kernels[part], figures.launch_s)
-    act = _kept_bytes(g, plan, mesh.shape, scores)
+    act = kept_bytes(g, plan, mesh.shape, scores)
     fwd_reads = {v for n in g.nodes if n.part == "forward" for v in n.inputs}
     inp = max((v.type.nbytes for v in g.inputs if v in fwd_reads and v.type.shape[:1] == (batch,)), default=0)
     flops = sum(step_flops(g)[0].values())
@@ -352,55 +370,11 @@ def _attention_s(node, nc, shape: tuple[int, ...], profile, figures: ClusterFigu
     return flops / divided / (figures.attention_efficiency * profile.matmul_rate(in_types[0].dtype))
 
 
-def _kept_bytes(g: Graph, plan: ShardingPlan, shape: tuple[int, ...], scores: set) -> int:
-    """Bytes per device of the forward values the backward reads, under the plan's specs (fused
-    attention scores are not kept)."""
-    spec_of = {}
-    for nc in plan.nodes:
-        for o, sp in zip(g.nodes[nc.index].outputs, nc.out_specs):
-            spec_of[o] = sp
-    read_back = {v for n in g.nodes if n.part != "forward" for v in n.inputs}
-    kept = [o for n in g.nodes if n.part == "forward" for o in n.outputs]
-    return sum(
-        o.type.nbytes // split_factor(spec_of[o], shape)
-        for o in kept
-        if o in read_back and o not in scores and o in spec_of
-    )
-
-
 def _ring_s(nbytes: float, n: int, link) -> float:
     """A ring all-reduce of ``nbytes`` per device over ``n`` devices."""
     if n <= 1 or nbytes <= 0:
         return 0.0
     return 2 * (n - 1) / n * nbytes / link.bandwidth + 2 * (n - 1) * link.latency_s
-
-
-def stage_cut(unit_s: np.ndarray, unit_mem: np.ndarray, fixed_mem, S: int, limit: float | None) -> list[int] | None:
-    """Layers per stage: the contiguous cut of the units into ``S`` stages whose slowest stage is
-    fastest, each stage's memory ``fixed_mem(s, units)`` + in-flight share within ``limit``, by
-    dynamic programming (``best[s, j]``: the slowest stage of the best cut of units 0 .. j into s
-    stages). None when no cut fits."""
-    L = len(unit_s)
-    t = np.concatenate([[0.0], np.cumsum(unit_s)])
-    mem = np.concatenate([[0.0], np.cumsum(unit_mem)])
-    best = np.full((S + 1, L + 1), np.inf)
-    arg = np.zeros((S + 1, L + 1), dtype=np.int64)
-    best[0, 0] = 0.0
-    j, i = np.meshgrid(np.arange(L + 1), np.arange(L + 1), indexing="ij")  # stage [i, j)
-    span = np.where(i < j, t[j] - t[i], np.inf)
-    for s in range(1, S + 1):
-        cost = np.maximum(best[s - 1][None, :], span)
-        if limit is not None:
-            cost = np.where(fixed_mem(s - 1, mem[j] - mem[i], j - i) <= limit, cost, np.inf)
-        arg[s] = np.argmin(cost, axis=1)
-        best[s] = cost[np.arange(L + 1), arg[s]]
-    if not np.isfinite(best[S, L]):
-        return None
-    bounds = [L]
-    for s in range(S, 0, -1):
-        bounds.append(int(arg[s, bounds[-1]]))
-    bounds = bounds[::-1]
-    return [bounds[s + 1] - bounds[s] for s in range(S)]
 
 
 @dataclass
@@ -409,6 +383,17 @@ class _Segments:
     block: SegmentCost
     head: SegmentCost
     exact: bool = True  # solved at this micro-batch size, not scaled from micro-batch 1
+    layer_state: StateLayout | None = None  # one layer's state as the block plan lays it out
+    other_state: StateLayout | None = None  # the state outside the layers, as pre and head lay it out
+    split: _Segments | None = None  # the block re-solved reading no parameter less split than its update
+
+    def states(self, model: _Model, tp: int) -> tuple[StateLayout, StateLayout]:
+        """(one layer's, the rest's) state layouts; split evenly over tp when not read from plans."""
+        share = model.state_share
+        return (
+            self.layer_state or StateLayout.even(model.param_bytes, model.state_bytes, tp),
+            self.other_state or StateLayout.even(model.other_state * (1 - share), model.other_state * share, tp),
+        )
 
 
 def compose(model: _Model, segs: _Segments, lo: Layout, profile, figures: ClusterFigures, limit, fraction=None):
@@ -432,12 +417,9 @@ def compose(model: _Model, segs: _Segments, lo: Layout, profile, figures: Cluste
     host = host_tier(profile)
     if lo.offload != "off" and host is None:
         return None, f"profile {profile.name} has no host memory tier to offload to"
-    per_layer_state = (
-        model.param_bytes / (D if lo.zero >= 3 else 1)
-        + model.param_bytes / (D if lo.zero >= 2 else 1)  # gradients, in the parameters' dtype
-        + (0.0 if offloaded else model.state_bytes / (D if lo.zero >= 1 else 1))
-    ) / t
-    other = model.other_state / t / (D if lo.zero >= 1 else 1) * (1 - model.state_share if offloaded else 1)
+    layer_st, other_st = segs.states(model, t)  # as the segments' plans lay them out on tp
+    per_layer_state = layer_st.held(D, lo.zero, offloaded)
+    other = other_st.held(D, lo.zero, offloaded)
     work = max(blk.activation_bytes, head.activation_bytes) if full else 0.0
 
     def stage_mem(s, unit_bytes, n_units):
@@ -463,29 +445,32 @@ def compose(model: _Model, segs: _Segments, lo: Layout, profile, figures: Cluste
     send = pp_link.latency_s + blk.input_bytes / pp_link.bandwidth
     p2p = 0.0 if S == 1 else 2 * send * ((S - 1) if figures.p2p_overlap else (k + S - 1))
     n_max = max(counts)
-    grad_bytes = model.param_bytes * n_max / t + model.other_state / t * model.param_bytes / max(
-        model.param_bytes + model.state_bytes, 1
-    )
+    grad_bytes = layer_st.grad_bytes * n_max + other_st.grad_bytes
     dp_link = profile.link_for("dp")
     # ZeRO 0: an all-reduce during the backward; ZeRO 1-2: its reduce-scatter half during the
     # backward, then an all-gather of the updated parameters after the update (not hidden); ZeRO 3:
     # the reduce-scatter, and an all-gather of the parameters before every forward and backward
     ring_s = _ring_s(grad_bytes, D, dp_link)
     hidden_s, after_s = (ring_s, 0.0) if lo.zero == 0 else (ring_s / 2, ring_s / 2 if lo.zero < 3 else 0.0)
-    gather_s = 2 * k * _ring_s(model.param_bytes * n_max / t, D, dp_link) / 2 if lo.zero >= 3 else 0.0
+    gather_s = 2 * k * _ring_s(layer_st.param_bytes * n_max, D, dp_link) / 2 if lo.zero >= 3 else 0.0
     last_backward = max(b_s)
     dp_s = max(0.0, hidden_s - figures.dp_overlap * last_backward) + after_s + gather_s
-    update_s = model.update_s * n_max / L / t / (D if lo.zero >= 1 else 1)
+    update_s = model.update_s * n_max / L * layer_st.update_share / (D if lo.zero >= 1 else 1)
+    # the update's redistributions over tp (a parameter read whole, its gradient split: the
+    # updated parameter all-gathered), after the update: the slowest stage's
+    relayout_s = max(
+        layer_st.relayout_s * c + (other_st.relayout_s if s in (0, S - 1) else 0.0) for s, c in enumerate(counts)
+    )
     off = None
     if offloaded:  # the update runs on the host instead (passes/offload.py)
         assert host is not None
-        owned = 1 / t / (D if lo.zero >= 1 else 1)  # the share of the state this device updates
-        state = (model.state_bytes * n_max + model.other_state * model.state_share) * owned
-        off = offloading.offload_costs(host, state, grad_bytes * t * owned, last_backward, figures.dp_overlap)
+        owned = 1 / (D if lo.zero >= 1 else 1)  # the share of the tp piece's state this device updates
+        state = (layer_st.state_bytes * n_max + other_st.state_bytes) * owned
+        off = offloading.offload_costs(host, state, grad_bytes * owned, last_backward, figures.dp_overlap)
         update_s = off.step_s
     if (short := offloading.host_shortfall(host, off, acts, k)) is not None:
         return None, short
-    step = pipeline_s + p2p + dp_s + update_s
+    step = pipeline_s + p2p + dp_s + update_s + relayout_s
     mem = [int(stage_mem(s, float(unit_a[bounds[s] : bounds[s + 1]].sum()), counts[s])) for s in range(S)]
     peak = profile.matmul_rate(model.peak_dtype)
     predicted = {
@@ -496,7 +481,8 @@ def compose(model: _Model, segs: _Segments, lo: Layout, profile, figures: Cluste
         "p2p_s": p2p,
         "dp_s": dp_s,
         "update_s": update_s,
-        "comm_s": p2p + dp_s,
+        "relayout_s": relayout_s,
+        "comm_s": p2p + dp_s + relayout_s,
         **terms,  # what the pipeline is made of (``_stage_terms``)
         "bubble_s": (S - 1) * slowest,
     }
@@ -630,11 +616,7 @@ def search_layered(
             solve_s.append(time.perf_counter() - begun)
         else:
             one = segments(t, 1, True)
-            solved[(t, b)] = (
-                one
-                if isinstance(one, str)
-                else _Segments(scaled(one.pre, b), scaled(one.block, b), scaled(one.head, b), exact=False)
-            )
+            solved[(t, b)] = one if isinstance(one, str) else _scaled_segments(one, b)
         return solved[(t, b)]
 
     best = math.inf
@@ -718,6 +700,10 @@ def _compose_into(o: Outcome, model: _Model, segs: _Segments | str, profile, fig
         return
     compose_fn = compose if o.layout.pp > 1 else flat_accumulated
     o.plan, o.error = compose_fn(model, segs, o.layout, profile, figures, limit)
+    if segs.split is not None:  # the block reading its parameters split: kept when it fits or is faster
+        alt, _why = compose_fn(model, segs.split, o.layout, profile, figures, limit)
+        if alt is not None and (o.plan is None or alt.predicted["step_s"] < o.plan.predicted["step_s"]):
+            o.plan, o.error = alt, None
     o.exact = segs.exact
 
 
@@ -739,13 +725,36 @@ def _refine(out: list[Outcome], segments, model, profile, figures, limit, time_l
 
 def _solve_all(model: _Model, tp: int, b: int, profile, figures, deadline: float) -> _Segments | str:
     """The segments solved on tp at micro-batch size ``b``, or why they cannot be."""
+    begun = time.perf_counter()
     try:
         parts = {
             name: solve_segment(g, tp, b, model.batch, profile, figures, deadline) for name, g in model.graphs.items()
         }
     except PlanError as exc:
         return f"block on tp={tp}, micro-batch {b}: {str(exc).splitlines()[0]}"
-    return _Segments(parts["pre"], parts["block"], parts["head"])
+    specs = {name: SegmentSpecs(*model.boundaries[name], c.plan) for name, c in parts.items()}
+    layer = state_layout(model.graph, model.layer_params, [specs["block"]], profile)
+    other = state_layout(model.graph, model.other_params, [specs["pre"], specs["head"]], profile)
+    segs = _Segments(parts["pre"], parts["block"], parts["head"], True, layer, other)
+    # A block that reads a parameter whole (less split than its gradient) is solved again with
+    # it read split: every layout is composed from both and keeps the faster that fits, so the
+    # choice sees the bytes held and the gather after the update, not only the per-micro-batch time.
+    pins = split_reads(specs["block"], layer)
+    if pins is None or time.perf_counter() + (time.perf_counter() - begun) / len(parts) >= deadline:
+        return segs
+    try:
+        blk = solve_segment(model.graphs["block"], tp, b, model.batch, profile, figures, deadline, pins)
+    except PlanError:
+        return segs
+    split = state_layout(model.graph, model.layer_params, [SegmentSpecs(*model.boundaries["block"], blk.plan)], profile)
+    segs.split = dataclasses.replace(segs, block=blk, layer_state=split)
+    return segs
+
+
+def _scaled_segments(one: _Segments, b: int) -> _Segments:
+    split = None if one.split is None else _scaled_segments(one.split, b)
+    pre, block, head = scaled(one.pre, b), scaled(one.block, b), scaled(one.head, b)
+    return dataclasses.replace(one, pre=pre, block=block, head=head, exact=False, split=split)
 
 
 def scaled(c: SegmentCost, b: int) -> SegmentCost:

@@ -274,7 +274,9 @@ def test_a_composed_step_is_the_1f1b_closed_form():
     assert p["bubble_s"] == pytest.approx(1 * 2 * 3e-3) and p["recompute_s"] == 0.0
     terms = ("gemm_s", "attention_s", "non_gemm_s", "tp_comm_s", "launch_s", "recompute_s", "bubble_s")
     assert sum(p[t] for t in terms) == pytest.approx(p["pipeline_s"], rel=1e-12)
-    assert sum(p[t] for t in (*terms, "p2p_s", "dp_s", "update_s")) == pytest.approx(p["step_s"], rel=1e-12)
+    assert sum(p[t] for t in (*terms, "p2p_s", "dp_s", "update_s", "relayout_s")) == pytest.approx(
+        p["step_s"], rel=1e-12
+    )
     assert "GEMM" in plan.breakdown() and "bubble" in plan.summary()
     full, _ = scale.compose(model, segs, dataclasses.replace(lo, recompute="full"), A100, figures, None)
     assert full.predicted["pipeline_s"] == pytest.approx((8 + 1) * 2 * 4e-3)  # the forward twice

@@ -1,0 +1,244 @@
+"""Where a step's parameters, gradients and optimizer state live on a tensor-parallel sub-mesh,
+read from the segment plans the block search (passes/scale.py) solved.
+
+A segment's sharding ILP chooses the spec each parameter is read in and the spec each gradient is
+made in, freely: a parameter may be read whole on every tp rank (a sequence-split matmul with a
+replicated weight) while its gradient comes out split over tp. Counting every parameter as split
+over tp then undercounts the memory of such a plan, and forgets the redistribution the update
+needs. Per parameter this module reads:
+
+    read      tp pieces of the parameter as its segment reads it (1: replicated)
+    grad      tp pieces of its gradient as the segment's backward makes it (a partial sum: 1)
+    update    the layout the update runs in: the finer of the two (its optimizer state, the
+              inputs only its update reads, is held there); the gradient is redistributed to it
+              (free from a replicated gradient, an all-reduce from a partial one), and the updated
+              parameter from it to the read layout (an all-gather over tp when the parameter is
+              read replicated and its gradient is split), once a step after the update
+
+A parameter's gradient is the value its update reads nearest to it (through update nodes) that
+has its shape and is made before the update; its optimizer state the step's inputs of its shape
+that only the update reads. The bytes here are per device of the tp sub-mesh: ZeRO's split over
+the data axis applies on top (passes/scale.py ``compose``). ``kept_bytes`` counts the other thing
+a device holds of a segment, the forward values its backward reads, under the plan's specs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from graphc.core.ir import Graph, Value
+from graphc.core.mesh import Mesh
+from graphc.core.spec import Placement, R, split_factor
+from graphc.passes.blocks import update_only
+from graphc.passes.partition import state_ties
+from graphc.passes.sharding.plan import ShardingPlan
+from graphc.passes.sharding.problem import Pins
+from graphc.passes.sharding.redistribute import redistribution_time
+
+TP_AXIS = "tp"
+
+
+@dataclass(frozen=True, slots=True)
+class ParamLayout:
+    """One parameter on the tp sub-mesh (module doc)."""
+
+    name: str
+    nbytes: int  # the whole parameter
+    grad_nbytes: int  # its whole gradient (0 for an input the step reads but does not train)
+    state_nbytes: int  # its whole optimizer state
+    read: int  # tp pieces as read
+    grad: int  # tp pieces of the gradient
+    relayout_s: float  # per step: the gradient to the update's layout, the new parameter back
+    read_at: Placement = R  # its placement on tp as read
+    grad_at: Placement = R  # its gradient's
+
+    @property
+    def update(self) -> int:
+        return max(self.read, self.grad)
+
+
+@dataclass(frozen=True, slots=True)
+class StateLayout:
+    """Per device of the tp sub-mesh: the bytes of a set of parameters, their gradients and their
+    optimizer state, and the update's redistributions over tp a step."""
+
+    param_bytes: float
+    grad_bytes: float
+    state_bytes: float
+    relayout_s: float
+    update_share: float  # the share of their update one device runs (1/tp when all is split)
+    params: tuple[ParamLayout, ...] = ()
+
+    def held(self, dp: int, zero: int, offloaded: bool) -> float:
+        """Bytes per device with ZeRO stage ``zero`` over ``dp`` devices (1: the optimizer state
+        split, 2: and the gradients, 3: and the parameters); the optimizer state in host memory
+        when ``offloaded``."""
+        return (
+            self.param_bytes / (dp if zero >= 3 else 1)
+            + self.grad_bytes / (dp if zero >= 2 else 1)
+            + (0.0 if offloaded else self.state_bytes / (dp if zero >= 1 else 1))
+        )
+
+    @classmethod
+    def of(cls, params: Sequence[ParamLayout]) -> StateLayout:
+        work = sum(p.nbytes + p.state_nbytes for p in params)
+        return cls(
+            param_bytes=sum(p.nbytes / p.read for p in params),
+            grad_bytes=sum(p.grad_nbytes / p.grad for p in params),
+            state_bytes=sum(p.state_nbytes / p.update for p in params),
+            relayout_s=sum(p.relayout_s for p in params),
+            update_share=sum((p.nbytes + p.state_nbytes) / p.update for p in params) / work if work else 1.0,
+            params=tuple(params),
+        )
+
+    @classmethod
+    def even(cls, param_bytes: float, state_bytes: float, tp: int) -> StateLayout:
+        """Everything split over tp, the gradients in the parameters' dtype: what a plan of
+        unknown specs is taken to do."""
+        return cls(param_bytes / tp, param_bytes / tp, state_bytes / tp, 0.0, 1 / tp)
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentSpecs:
+    """A solved segment: the step's values its graph's inputs and outputs stand for
+    (passes/blocks.py ``segment_boundary``), and its plan."""
+
+    inputs: list[Value]
+    outputs: list[Value]
+    plan: ShardingPlan
+
+
+def tp_placement(spec, plan: ShardingPlan) -> Placement:
+    """The placement of ``spec`` on the plan's tp axis (R on a mesh without one)."""
+    names = plan.mesh.axis_names
+    return spec[names.index(TP_AXIS)] if TP_AXIS in names else R
+
+
+def state_layout(graph: Graph, params: Iterable[int], segments: Sequence[SegmentSpecs], profile) -> StateLayout:
+    """The layout of the step's inputs ``params`` (positions in ``graph.inputs``) as the
+    ``segments`` that read them and make their gradients planned them (module doc). A parameter
+    read by several segments counts in its least split read."""
+    nodes = graph.nodes
+    producer = {o: k for k, n in enumerate(nodes) for o in n.outputs}
+    upd = update_only(graph)
+    read_fwd = {v for k, n in enumerate(nodes) if n.part == "forward" and k not in upd for v in n.inputs}
+    new_of = {graph.inputs[i]: graph.outputs[o] for i, o in state_ties(graph)}
+    read_in: dict[Value, list[Placement]] = {}
+    made_in: dict[Value, Placement] = {}
+    tp = 1
+    for seg in segments:
+        tp = max(tp, seg.plan.mesh.shape[seg.plan.mesh.axis_names.index(TP_AXIS)] if _has_tp(seg.plan) else 1)
+        for v, spec in zip(seg.inputs, seg.plan.input_specs()):
+            read_in.setdefault(v, []).append(tp_placement(spec, seg.plan))
+        for v, spec in zip(seg.outputs, seg.plan.output_specs()):
+            made_in[v] = tp_placement(spec, seg.plan)
+    mesh = Mesh({TP_AXIS: tp}, profile=profile) if tp > 1 else None
+    out = []
+    for i in params:
+        p = graph.inputs[i]
+        reads = read_in.get(p)
+        if not reads:
+            continue  # no segment reads it: nothing of it is on the sub-mesh's plans
+        read = min(reads, key=lambda x: _pieces(x, tp))
+        grad_v, state = _update_operands(graph, producer, upd, read_fwd, p, new_of.get(p))
+        grad = made_in.get(grad_v, read) if grad_v is not None else read
+        update = read if _pieces(read, tp) >= _pieces(grad, tp) else grad
+        relayout = 0.0
+        if mesh is not None:
+            g_type = grad_v.type if grad_v is not None else p.type
+            relayout = redistribution_time(g_type.shape, g_type.dtype.itemsize, (grad,), (update,), mesh)
+            relayout += redistribution_time(p.type.shape, p.type.dtype.itemsize, (update,), (read,), mesh)
+        out.append(
+            ParamLayout(
+                name=p.name or f"input{i}",
+                nbytes=p.type.nbytes,
+                grad_nbytes=grad_v.type.nbytes if grad_v is not None else 0,  # none: not trained
+                state_nbytes=sum(s.type.nbytes for s in state),
+                read=_pieces(read, tp),
+                grad=_pieces(grad, tp),
+                relayout_s=relayout,
+                read_at=read,
+                grad_at=grad,
+            )
+        )
+    return StateLayout.of(out)
+
+
+def split_reads(seg: SegmentSpecs, layout: StateLayout) -> Pins | None:
+    """Pins that read every parameter the segment's plan reads less split than its update runs
+    in the update's layout on tp (the other axes as the plan has them): the segment's
+    alternative that holds no parameter whole and gathers nothing after the update. None when
+    the plan reads every parameter in its update's layout."""
+    finer = {p.name: p.grad_at for p in layout.params if p.read < p.update}
+    if not finer or not _has_tp(seg.plan):
+        return None
+    at = seg.plan.mesh.axis_names.index(TP_AXIS)
+    pins = {
+        j: (*spec[:at], finer[v.name], *spec[at + 1 :])
+        for j, (v, spec) in enumerate(zip(seg.inputs, seg.plan.input_specs()))
+        if v.name in finer
+    }
+    return Pins(inputs=pins)
+
+
+def kept_bytes(g: Graph, plan: ShardingPlan, shape: tuple[int, ...], scores: set) -> int:
+    """Bytes per device of the forward values the backward reads, under the plan's specs (fused
+    attention scores are not kept)."""
+    spec_of = {}
+    for nc in plan.nodes:
+        for o, sp in zip(g.nodes[nc.index].outputs, nc.out_specs):
+            spec_of[o] = sp
+    read_back = {v for n in g.nodes if n.part != "forward" for v in n.inputs}
+    kept = [o for n in g.nodes if n.part == "forward" for o in n.outputs]
+    return sum(
+        o.type.nbytes // split_factor(spec_of[o], shape)
+        for o in kept
+        if o in read_back and o not in scores and o in spec_of
+    )
+
+
+def _has_tp(plan: ShardingPlan) -> bool:
+    return TP_AXIS in plan.mesh.axis_names
+
+
+def _pieces(x: Placement, tp: int) -> int:
+    return tp if x.is_split else 1
+
+
+def _update_operands(graph: Graph, producer, upd: set[int], read_fwd: set, p: Value, new: Value | None):
+    """(the gradient of ``p``, its optimizer state) read by the update nodes that make ``new``
+    (module doc); (None, []) when the step returns no new value of ``p``."""
+    if new is None:
+        return None, []
+    seen, frontier, reached = {new}, [new], []
+    while frontier:  # breadth first: the nearest operands first
+        nxt = []
+        for v in frontier:
+            k = producer.get(v)
+            if k is None or k not in upd:
+                reached.append(v)
+                continue
+            for u in graph.nodes[k].inputs:
+                if u not in seen:
+                    seen.add(u)
+                    nxt.append(u)
+        frontier = nxt
+    shape = p.type.shape
+    grad = next(
+        (v for v in reached if v.type.shape == shape and v in producer and graph.nodes[producer[v]].part != "forward"),
+        None,
+    )
+    state = [v for v in reached if v not in producer and v is not p and v.type.shape == shape and v not in read_fwd]
+    return grad, state
+
+
+__all__ = [
+    "ParamLayout",
+    "SegmentSpecs",
+    "StateLayout",
+    "kept_bytes",
+    "split_reads",
+    "state_layout",
+    "tp_placement",
+]
