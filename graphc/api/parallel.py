@@ -50,6 +50,7 @@ from graphc.api.compiled import (
     write_ties,
 )
 from graphc.api.jit import Jitted, Specializations, StaticArgs, trace_hint
+from graphc.core.collector import collector_paused
 from graphc.core.errors import GraphcError, PlanError, PlanWarning, TraceError, user_stacklevel
 from graphc.core.files import cache_dir
 from graphc.core.ir import Graph
@@ -330,12 +331,14 @@ class Parallelized:
         args, kwargs, _ = traced_random.bind_generators(args, kwargs)  # a Generator stands for its state
         return self.plan_and_graph(*args, progress=progress, **kwargs)[0]
 
+    @collector_paused()
     def plan_and_graph(
         self, *args: Any, progress=None, start: float | None = None, **kwargs: Any
     ) -> tuple[ShardingPlan | PipelinePlan, Graph]:
         """The plan for these arguments and the (optimized) graph it partitions, within the time
         limit counted from ``start`` (``time.perf_counter()``; default now): a given plan as
-        written (checked against the graph), else what the path plans (api/compiled.py)."""
+        written (checked against the graph), else what the path plans (api/compiled.py). The
+        cycle collector is paused throughout (graphc/core/collector.py): once, not per stage."""
         deadline = (time.perf_counter() if start is None else start) + self.options.time_limit
         traced, graph, seconds = self.trace_optimized(*args, **kwargs)
         if self.given_plan is not None:  # run as written: only checked against the graph
