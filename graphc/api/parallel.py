@@ -331,7 +331,6 @@ class Parallelized:
         args, kwargs, _ = traced_random.bind_generators(args, kwargs)  # a Generator stands for its state
         return self.plan_and_graph(*args, progress=progress, **kwargs)[0]
 
-    @collector_paused()
     def plan_and_graph(
         self, *args: Any, progress=None, start: float | None = None, **kwargs: Any
     ) -> tuple[ShardingPlan | PipelinePlan, Graph]:
@@ -340,16 +339,17 @@ class Parallelized:
         written (checked against the graph), else what the path plans (api/compiled.py). The
         cycle collector is paused throughout (graphc/core/collector.py): once, not per stage."""
         deadline = (time.perf_counter() if start is None else start) + self.options.time_limit
-        traced, graph, seconds = self.trace_optimized(*args, **kwargs)
-        if self.given_plan is not None:  # run as written: only checked against the graph
-            self.given_plan.check(graph)
-            self._warn(self.given_plan)
-            return self.given_plan.with_timing(**seconds, given=True), graph
-        pins = Pins() if self.pipelined else self.pins(graph)
-        timing = {**seconds, "nodes_traced": len(traced.nodes)}
-        plan = self.path.plan(graph, pins, self.options, timing, progress, deadline)
-        self._warn(plan)
-        return plan, graph
+        with collector_paused():  # a with, not a decorator: a warning's stack level names the user's line
+            traced, graph, seconds = self.trace_optimized(*args, **kwargs)
+            if self.given_plan is not None:  # run as written: only checked against the graph
+                self.given_plan.check(graph)
+                self._warn(self.given_plan)
+                return self.given_plan.with_timing(**seconds, given=True), graph
+            pins = Pins() if self.pipelined else self.pins(graph)
+            timing = {**seconds, "nodes_traced": len(traced.nodes)}
+            plan = self.path.plan(graph, pins, self.options, timing, progress, deadline)
+            self._warn(plan)
+            return plan, graph
 
     def _warn(self, plan: ShardingPlan | PipelinePlan) -> None:
         """A PlanWarning with the plan's warnings (replicated work, ops without a sharding rule):

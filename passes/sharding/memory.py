@@ -148,6 +148,7 @@ class MemoryModel:
         roots = view_roots(self.graph)
         for view, root in roots.items():
             last[root] = max(last.get(root, -1), last.get(view, -1))
+        viewed = set(roots.values())  # values some view looks into
         inside = fused_inside(self.graph) if self.remat else set()  # only with recomputation, for now
         out = []
         for i, item in enumerate(self.items):
@@ -162,7 +163,7 @@ class MemoryModel:
                     hub = hubs.get(o)
                     if self.constants_all_run and item.node.op.has(Constant):  # the program holds them
                         out.append((o, i, 0, end))
-                    elif hub is not None and o not in roots.values():  # in the fan-out's spec after it
+                    elif hub is not None and o not in viewed:  # in the fan-out's spec after it
                         out.append((o, i, pos[i], pos[hub]))
                         out.append((o, hub, pos[hub], max(pos[hub], last.get(o, pos[hub]))))
                     else:
