@@ -259,6 +259,7 @@ def step_flops(graph: Graph) -> tuple[dict[str, float], dict[str, float]]:
     each node's first operand (result when it has none), every node counted once."""
     flops: dict[str, float] = {}
     contraction: dict[str, float] = {}
+    dtype_names: dict = {}  # dtype -> its name (numpy makes the string on every ask)
     for node in graph.nodes:
         in_types = tuple(v.type for v in node.inputs)
         out_types = tuple(o.type for o in node.outputs)
@@ -266,7 +267,8 @@ def step_flops(graph: Graph) -> tuple[dict[str, float], dict[str, float]]:
         f = (node.op.cost or default_cost)(in_types, out_types, **attrs)[0]
         if not (in_types or out_types) or not f:
             continue
-        dtype = (in_types or out_types)[0].dtype.name
+        dt = (in_types or out_types)[0].dtype
+        dtype = dtype_names.get(dt) or dtype_names.setdefault(dt, dt.name)
         flops[dtype] = flops.get(dtype, 0.0) + f
         if node.op.has(Contraction):
             contraction[dtype] = contraction.get(dtype, 0.0) + f

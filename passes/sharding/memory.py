@@ -83,6 +83,7 @@ class MemoryModel:
         self._live: list[tuple[Value, int, int, int]] | None = None
         self._transients: list[tuple[int, int, np.ndarray]] | None = None
         self.offloaded: frozenset[Value] = frozenset()  # in host memory: no bytes here (sharding/offload_terms.py)
+        self._last_profile: tuple | None = None  # (what it was asked for, the profile): the plan asks again
 
     # --- what the problem gives -----------------------------------------------------------------
     def set_slots(self, before: dict[int, int]) -> np.ndarray:
@@ -94,7 +95,7 @@ class MemoryModel:
         for p, n in before.items():
             extra[p] = n
         self.grid = np.arange(len(self.order), dtype=np.int64) + np.cumsum(extra)
-        self._live = self._transients = None
+        self._live = self._transients = self._last_profile = None
         return self.grid
 
     @property
@@ -223,7 +224,18 @@ class MemoryModel:
 
     def profile(self, choice: list[int], recompute: bool = True) -> np.ndarray:
         """Bytes live on each device at every program point; ``recompute=False``: as if every
-        recomputed value were kept instead."""
+        recomputed value were kept instead. Read-only: the last one is remembered (making a plan
+        asks for its choice's profile three times)."""
+        asked = (tuple(choice), recompute, self.offloaded)
+        last = self._last_profile
+        if last is not None and last[0][1] == recompute and last[0][2] is self.offloaded and last[0][0] == asked[0]:
+            return last[1]
+        prof = self._profile(choice, recompute)
+        prof.setflags(write=False)
+        self._last_profile = (asked, prof)
+        return prof
+
+    def _profile(self, choice: list[int], recompute: bool) -> np.ndarray:
         delta = np.zeros(self.size + 1, dtype=np.float64)
         for v, i, a, b in self.live_ranges():
             if v in self.offloaded:
