@@ -68,7 +68,11 @@ class TensorType:
         return self.size * self.dtype.itemsize
 
     def __str__(self) -> str:
-        return f"{dtypes.short_name(self.dtype)}[{','.join(map(str, self.shape))}]"
+        text = self.__dict__.get("_text")  # made once: the printer asks per value of every node
+        if text is None:
+            text = f"{dtypes.short_name(self.dtype)}[{','.join(map(str, self.shape))}]"
+            object.__setattr__(self, "_text", text)
+        return text
 
     @classmethod
     def parse(cls, text: str) -> TensorType:

@@ -260,11 +260,17 @@ def step_flops(graph: Graph) -> tuple[dict[str, float], dict[str, float]]:
     flops: dict[str, float] = {}
     contraction: dict[str, float] = {}
     dtype_names: dict = {}  # dtype -> its name (numpy makes the string on every ask)
+    known: dict[tuple, float] = {}  # (op, types) -> flops, for the nodes without attributes (most)
     for node in graph.nodes:
         in_types = tuple(v.type for v in node.inputs)
         out_types = tuple(o.type for o in node.outputs)
-        attrs = {**node.attrs, "regions": node.regions} if node.regions else dict(node.attrs)
-        f = (node.op.cost or default_cost)(in_types, out_types, **attrs)[0]
+        key = None if node.attrs or node.regions else (node.op, in_types, out_types)
+        f = known.get(key) if key is not None else None
+        if f is None:
+            attrs = {**node.attrs, "regions": node.regions} if node.regions else dict(node.attrs)
+            f = (node.op.cost or default_cost)(in_types, out_types, **attrs)[0]
+            if key is not None:
+                known[key] = f
         if not (in_types or out_types) or not f:
             continue
         dt = (in_types or out_types)[0].dtype
