@@ -349,13 +349,4 @@ class SolverStats:
 _SOLVER_FIELDS = ("name", "status", "objective_s", "bound_s", "gap", "seconds", "build_s", "bucket_bytes")
 
 
-__all__ = [
-    "Alternative",
-    "Collective",
-    "Cost",
-    "Memory",
-    "NodeChoice",
-    "RuledOut",
-    "SolverStats",
-    "TensorChoice",
-]
+__all__ = ["Alternative", "Collective", "Cost", "Memory", "NodeChoice", "RuledOut", "SolverStats", "TensorChoice"]
