@@ -286,15 +286,13 @@ def state_ties(graph: Graph) -> list[tuple[int, int]]:
     args = call_arguments(graph.in_tree)
     used: set[int] = set()
     ties = []
+    # each argument's signature once (a model's parameters: thousands of leaves)
+    in_sigs = [(repr(it), in_types[ifirst : ifirst + it.num_leaves]) for it, ifirst in args]
     for pos, (ot, ofirst) in enumerate(top_level(graph.out_tree)):
         if ot.num_leaves == 0:
             continue
-        sig = (repr(ot), [out_types[ofirst + k] for k in range(ot.num_leaves)])
-        candidates = [
-            j
-            for j, (it, ifirst) in enumerate(args)
-            if j not in used and (repr(it), [in_types[ifirst + k] for k in range(it.num_leaves)]) == sig
-        ]
+        sig = (repr(ot), out_types[ofirst : ofirst + ot.num_leaves])
+        candidates = [j for j, in_sig in enumerate(in_sigs) if j not in used and in_sig == sig]
         if not candidates:
             continue
         j = pos if pos in candidates else candidates[0]

@@ -35,7 +35,7 @@ class Rewriter:
         if all(a is b for a, b in zip(ins, node.inputs)) and regions is node.regions:
             self.nodes.append(node)
             return node
-        new = Node(node.op, ins, node.attrs, [o.type for o in node.outputs], node.loc, node.part, regions)
+        new = node.with_operands(ins, regions)
         for old, out in zip(node.outputs, new.outputs):
             self.subst[old] = out
         self.nodes.append(new)

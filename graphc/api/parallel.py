@@ -50,6 +50,7 @@ from graphc.api.compiled import (
     write_ties,
 )
 from graphc.api.jit import Jitted, Specializations, StaticArgs, trace_hint
+from graphc.core.collector import collector_paused
 from graphc.core.errors import GraphcError, PlanError, PlanWarning, TraceError, user_stacklevel
 from graphc.core.files import cache_dir
 from graphc.core.ir import Graph
@@ -335,18 +336,20 @@ class Parallelized:
     ) -> tuple[ShardingPlan | PipelinePlan, Graph]:
         """The plan for these arguments and the (optimized) graph it partitions, within the time
         limit counted from ``start`` (``time.perf_counter()``; default now): a given plan as
-        written (checked against the graph), else what the path plans (api/compiled.py)."""
+        written (checked against the graph), else what the path plans (api/compiled.py). The
+        cycle collector is paused throughout (graphc/core/collector.py): once, not per stage."""
         deadline = (time.perf_counter() if start is None else start) + self.options.time_limit
-        traced, graph, seconds = self.trace_optimized(*args, **kwargs)
-        if self.given_plan is not None:  # run as written: only checked against the graph
-            self.given_plan.check(graph)
-            self._warn(self.given_plan)
-            return self.given_plan.with_timing(**seconds, given=True), graph
-        pins = Pins() if self.pipelined else self.pins(graph)
-        timing = {**seconds, "nodes_traced": len(traced.nodes)}
-        plan = self.path.plan(graph, pins, self.options, timing, progress, deadline)
-        self._warn(plan)
-        return plan, graph
+        with collector_paused():  # a with, not a decorator: a warning's stack level names the user's line
+            traced, graph, seconds = self.trace_optimized(*args, **kwargs)
+            if self.given_plan is not None:  # run as written: only checked against the graph
+                self.given_plan.check(graph)
+                self._warn(self.given_plan)
+                return self.given_plan.with_timing(**seconds, given=True), graph
+            pins = Pins() if self.pipelined else self.pins(graph)
+            timing = {**seconds, "nodes_traced": len(traced.nodes)}
+            plan = self.path.plan(graph, pins, self.options, timing, progress, deadline)
+            self._warn(plan)
+            return plan, graph
 
     def _warn(self, plan: ShardingPlan | PipelinePlan) -> None:
         """A PlanWarning with the plan's warnings (replicated work, ops without a sharding rule):

@@ -29,10 +29,14 @@ SHORT_NAMES: dict[np.dtype, str] = {
     np.dtype(np.float64): "f64",
 }
 BY_SHORT_NAME: dict[str, np.dtype] = {v: k for k, v in SHORT_NAMES.items()}
+_CANONICAL_IDS = {id(dt): dt for dt in SHORT_NAMES}  # the dtype objects ``canonical`` returns
 
 
 def canonical(dtype) -> np.dtype:
     """The numpy dtype for ``dtype`` (a dtype, type, or name), or ShapeError if unsupported."""
+    known = _CANONICAL_IDS.get(id(dtype))
+    if known is not None and known is dtype:  # one already (every TensorType asks)
+        return known
     if isinstance(dtype, str) and dtype in BY_SHORT_NAME:
         return BY_SHORT_NAME[dtype]
     try:

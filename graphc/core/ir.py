@@ -68,7 +68,11 @@ class TensorType:
         return self.size * self.dtype.itemsize
 
     def __str__(self) -> str:
-        return f"{dtypes.short_name(self.dtype)}[{','.join(map(str, self.shape))}]"
+        text = self.__dict__.get("_text")  # made once: the printer asks per value of every node
+        if text is None:
+            text = f"{dtypes.short_name(self.dtype)}[{','.join(map(str, self.shape))}]"
+            object.__setattr__(self, "_text", text)
+        return text
 
     @classmethod
     def parse(cls, text: str) -> TensorType:
@@ -109,8 +113,15 @@ class OpDef:
         return f"OpDef({self.name})"
 
     def has(self, kind: type[Trait]) -> bool:
-        """Whether the op declares a trait of class ``kind``."""
-        return any(isinstance(t, kind) for t in self.traits)
+        """Whether the op declares a trait of class ``kind`` (remembered per kind while ``traits``
+        is the same tuple: the passes and the planner ask millions of times a compile)."""
+        known: tuple[tuple[Trait, ...], dict[type[Trait], bool]] | None = self.__dict__.get("_has")
+        if known is None or known[0] is not self.traits:
+            known = self.__dict__["_has"] = (self.traits, {})
+        got = known[1].get(kind)
+        if got is None:
+            got = known[1][kind] = any(isinstance(t, kind) for t in self.traits)
+        return got
 
     def trait(self, kind: type[T]) -> T | None:
         """The op's trait of class ``kind``, or None."""
@@ -226,6 +237,20 @@ class Node:
         if part is not None and part not in PARTS:
             raise ValueError(f"part must be one of {PARTS}, got {part!r}")
         self.part = part  # which part of a training step: forward / backward / update (None: untagged)
+
+    def with_operands(self, inputs: Iterable[Value], regions: Iterable[Region] | None = None) -> Node:
+        """A node like this one (op, attributes, result types, location, part) reading ``inputs``
+        (and ``regions``, if given), with results of its own: what a pass keeps when an operand
+        was rewritten. The attributes are this node's (frozen already, never mutated)."""
+        new = Node.__new__(Node)
+        new.op = self.op
+        new.regions = self.regions if regions is None else tuple(regions)
+        new.inputs = tuple(inputs)
+        new.attrs = self.attrs
+        new.outputs = tuple(Value(o.type, new, i) for i, o in enumerate(self.outputs))
+        new.loc = self.loc
+        new.part = self.part
+        return new
 
     @property
     def output(self) -> Value:
@@ -555,21 +580,29 @@ def format_tree(t: TreeDef, leaf, indent: str, width: int = 96) -> str:
     """Pretty-print a pytree, ``leaf(i)`` giving the text of the i-th dynamic leaf: one line if it
     fits in ``width``, else one child per line."""
     leaves = [leaf(i) for i in range(t.num_leaves)]
+    texts: dict[tuple[int, int], str] = {}  # (id(subtree), its first leaf) -> its one line, made once
 
     def one_line(t: TreeDef, first: int) -> str:
         if t.kind == "leaf":
             return leaves[first]
         if t.kind == "static":
             return static_text(t.value)
+        known = texts.get((id(t), first))
+        if known is not None:
+            return known
         parts = []
+        at = first
         for c in t.children:
-            parts.append(one_line(c, first))
-            first += c.num_leaves
+            parts.append(one_line(c, at))
+            at += c.num_leaves
         if t.kind == "dict":
-            return "{" + ", ".join(f"{format_literal(k)}: {p}" for k, p in zip(t.keys, parts)) + "}"
-        if t.kind == "list":
-            return "[" + ", ".join(parts) + "]"
-        return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
+            text = "{" + ", ".join(f"{format_literal(k)}: {p}" for k, p in zip(t.keys, parts)) + "}"
+        elif t.kind == "list":
+            text = "[" + ", ".join(parts) + "]"
+        else:
+            text = "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
+        texts[(id(t), first)] = text
+        return text
 
     def go(t: TreeDef, first: int, ind: str) -> str:
         text = one_line(t, first)

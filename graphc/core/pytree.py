@@ -127,8 +127,8 @@ class TreeDef:
     value: Any = None
     node: NodeType | None = None
 
-    @property
-    def num_leaves(self) -> int:
+    @functools.cached_property
+    def num_leaves(self) -> int:  # counted once per tree (the printer and the planner ask per subtree)
         if self.kind == "leaf":
             return 1
         return sum(c.num_leaves for c in self.children)

@@ -189,17 +189,23 @@ def user_errors(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except TraceError as exc:
-            if exc.loc is None:
-                raise TraceError(exc.message, user_location()) from None
-            raise
-        except ShapeError as exc:
-            raise TraceError(str(exc), user_location()) from None
-        except GraphcError:
-            raise
-        except NUMPY_ERRORS as exc:  # numpy's own error on these arguments (numpy raises it too)
-            raise numpy_error(exc, TraceError, user_location()).with_traceback(exc.__traceback__) from None
+        return call_with_user_errors(fn, *args, **kwargs)
 
     return wrapper
+
+
+def call_with_user_errors(fn: Callable, *args, **kwargs):
+    """``user_errors(fn)(*args, **kwargs)`` without making the wrapper: for the tracer's hooks,
+    which numpy calls once per traced op."""
+    try:
+        return fn(*args, **kwargs)
+    except TraceError as exc:
+        if exc.loc is None:
+            raise TraceError(exc.message, user_location()) from None
+        raise
+    except ShapeError as exc:
+        raise TraceError(str(exc), user_location()) from None
+    except GraphcError:
+        raise
+    except NUMPY_ERRORS as exc:  # numpy's own error on these arguments (numpy raises it too)
+        raise numpy_error(exc, TraceError, user_location()).with_traceback(exc.__traceback__) from None

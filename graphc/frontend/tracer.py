@@ -23,6 +23,7 @@ from graphc.core.errors import ShapeError, SourceLoc, TraceError, numpy_error
 from graphc.core.ir import Node, TensorType, Value, clone_region
 from graphc.frontend.autograph import unconverted_reason
 from graphc.frontend.locations import (
+    call_with_user_errors,
     user_errors,
     user_frame,
     user_location,
@@ -434,10 +435,10 @@ class Tracer(NdarrayMethods):
 
     # --- numpy protocols -------------------------------------------------------------------
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
-        return user_errors(registered_handler(HANDLERS.ufunc, "ufunc"))(ufunc, method, *inputs, **kwargs)
+        return call_with_user_errors(registered_handler(HANDLERS.ufunc, "ufunc"), ufunc, method, *inputs, **kwargs)
 
     def __array_function__(self, func, types, args, kwargs):
-        return user_errors(handle_function)(func, args, kwargs)
+        return call_with_user_errors(handle_function, func, args, kwargs)
 
     def __array__(self, dtype=None, copy=None):
         raise TraceError(
@@ -537,10 +538,10 @@ class Tracer(NdarrayMethods):
         return self._inplace(_power_op(self, o), o)
 
     def _inplace(self, ufunc, other):
-        return user_errors(_inplace_update)(self, ufunc, other)
+        return call_with_user_errors(_inplace_update, self, ufunc, other)
 
     def __getitem__(self, key):
-        result = user_errors(registered_handler(HANDLERS.getitem, "indexing"))(self, key)
+        result = call_with_user_errors(registered_handler(HANDLERS.getitem, "indexing"), self, key)
         if not result.shape and not any(k is Ellipsis for k in (key if isinstance(key, tuple) else (key,))):
             result = fresh(result) if result is self else result
             result._scalar = True  # x[0] of a vector, x[()]: a numpy scalar (x[0, ...] is a 0-d view)
@@ -559,7 +560,7 @@ class Tracer(NdarrayMethods):
         raise AttributeError(f"'Tracer' object has no attribute {name!r}")
 
     def __setitem__(self, key, value):
-        user_errors(_setitem)(self, key, value)
+        call_with_user_errors(_setitem, self, key, value)
 
     # --- methods that make copies (the rest: frontend/ndarray_methods.py) ---------------------
     def flatten(self, order="C"):
@@ -572,7 +573,7 @@ class Tracer(NdarrayMethods):
         return _like_scalar(fresh(self), self)
 
     def astype(self, dtype, copy=True):
-        result = user_errors(convert)(self, dtype)
+        result = call_with_user_errors(convert, self, dtype)
         if result is self and not copy:  # numpy returns the array itself when no conversion is needed
             return self
         return _like_scalar(fresh(result) if result is self else result, self)

@@ -40,6 +40,7 @@ from graphc.core.ir import Value
 from graphc.core.spec import R, S, Spec, format_spec
 from graphc.core.units import fmt_bytes
 from graphc.passes.sharding.collectives import redistribution_steps
+from graphc.passes.sharding.costs import CostModel
 from graphc.passes.sharding.items import Edge
 from graphc.passes.sharding.memory import local_nbytes
 from graphc.passes.sharding.milp import REL_GAP
@@ -63,11 +64,19 @@ class Solved:
 
 @collector_paused()
 def find_alternatives(
-    problem: Problem, choice: list[int], solved: Solved, plan_share_bytes: int, top: int = TOP, reuse: bool = True
+    problem: Problem,
+    choice: list[int],
+    solved: Solved,
+    plan_share_bytes: int,
+    top: int = TOP,
+    reuse: bool = True,
+    costs: CostModel | None = None,
 ) -> dict[int, tuple[Alternative, ...]]:
     """{item: its ``top`` cheapest alternatives by the objective} for every input, node and output
     with more than one strategy (a fan-out is not a choice the plan reports).
-    ``plan_share_bytes``: the gradient bucket share of the plan's collectives.
+    ``plan_share_bytes``: the gradient bucket share of the plan's collectives; ``costs``: the
+    objective's cost model as the solver priced it (default ``problem.costs``; a
+    ``CostModel.snapshot`` taken before the problem was re-bucketed).
 
     The items of repeated layers price their alternatives alike: an item whose ``_Pricer.context``
     (everything the objective's and the step's deltas read: its strategies and choice, and per
@@ -75,7 +84,7 @@ def find_alternatives(
     values share with other readers) equals one priced before takes over that one's deltas,
     order of alternatives and step deltas (``reuse``; False prices every item, as the tests
     compare). The peak is the item's own: it depends on where the item's values live."""
-    pricer = _Pricer(problem, choice, plan_share_bytes)
+    pricer = _Pricer(problem, choice, plan_share_bytes, costs)
     priced: dict[tuple, _Priced] = {}
     out: dict[int, tuple[Alternative, ...]] = {}
     for i, it in enumerate(problem.items):
@@ -163,8 +172,11 @@ class _Pricer:
     """Prices moving one item (and its tied partner) to another strategy: the objective's compute
     and redistribution, the predicted step, the memory peak."""
 
-    def __init__(self, problem: Problem, choice: list[int], plan_share_bytes: int) -> None:
+    def __init__(
+        self, problem: Problem, choice: list[int], plan_share_bytes: int, costs: CostModel | None = None
+    ) -> None:
         self.p = problem
+        self.costs = problem.costs if costs is None else costs  # the objective's, at the solver's bucket share
         self.choice = choice
         self.work = list(choice)  # choice with some items moved, restored after each use
         self.plan_share = plan_share_bytes
@@ -287,19 +299,19 @@ class _Pricer:
         if i not in self.partner:  # one row of each edge's cost table
             comm = np.zeros(len(p.items[i].strategies))
             for e in self.incident.get(i, []):
-                comm += p.costs.edge_times_at(e, i, choice)
-            compute = p.costs.compute_times(i)
+                comm += self.costs.edge_times_at(e, i, choice)
+            compute = self.costs.compute_times(i)
             return compute - compute[choice[i]], comm - comm[choice[i]]
         j = self.partner[i]
         edges = list({id(e): e for e in (*self.incident.get(i, []), *self.incident.get(j, []))}.values())
-        now = sum(p.costs.edge_time(e, choice[e.src], choice[e.dst]) for e in edges)
+        now = sum(self.costs.edge_time(e, choice[e.src], choice[e.dst]) for e in edges)
         n = len(p.items[i].strategies)
-        compute = p.costs.compute_times(i) + p.costs.compute_times(j)
+        compute = self.costs.compute_times(i) + self.costs.compute_times(j)
         comm = np.zeros(n)
         for s in range(n):
             at = {i: s, j: s}
             comm[s] = sum(
-                p.costs.edge_time(e, at.get(e.src, choice[e.src]), at.get(e.dst, choice[e.dst])) for e in edges
+                self.costs.edge_time(e, at.get(e.src, choice[e.src]), at.get(e.dst, choice[e.dst])) for e in edges
             )
         return compute - compute[choice[i]], comm - now
 
@@ -401,7 +413,7 @@ class _Pricer:
         values: dict[int, int] = {}
         phases: dict[tuple[int, str], None] = {}
         for e in mine:
-            table, ui, vi = self.p.costs.edge_table(e)
+            table, ui, vi = self.costs.edge_table(e)
             (_v, dst, _phase), _moves, src = self._read(e)
             parts.append(
                 (

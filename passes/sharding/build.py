@@ -2,12 +2,15 @@
 alternatives, the collectives, the predicted cost and memory, the solver's statistics.
 
 The order matters in one place: the alternatives are priced with the gradient-bucket share the
-solver used (passes/sharding/alternatives.py), then the problem is re-bucketed to the bytes the
-plan's all-reduces fill, which prices the plan's collectives and predicted step
-(``CostModel.rebucket``).
+solver used (passes/sharding/alternatives.py, on a ``CostModel.snapshot`` taken first: they are
+priced when first read), then the problem is re-bucketed to the bytes the plan's all-reduces
+fill, which prices the plan's collectives and predicted step (``CostModel.rebucket``).
 """
 
 from __future__ import annotations
+
+import threading
+import weakref
 
 from graphc.core.collector import collector_paused
 from graphc.core.ir import Graph
@@ -22,17 +25,25 @@ from graphc.passes.sharding.collectives import collectives_of
 from graphc.passes.sharding.ilp import Solution
 from graphc.passes.sharding.items import Item
 from graphc.passes.sharding.offload_terms import record, use
+from graphc.passes.sharding.pending import LazyAlternatives, Pending
 from graphc.passes.sharding.plan import ShardingPlan, graph_hash
 from graphc.passes.sharding.problem import Problem
-from graphc.passes.sharding.records import Cost, Memory, NodeChoice, SolverStats, TensorChoice
+from graphc.passes.sharding.records import Alternative, Cost, Memory, NodeChoice, SolverStats, TensorChoice
 from graphc.passes.sharding.zero import zero_report
 
 
 @collector_paused()
-def plan_from_solution(problem: Problem, sol: Solution, options: PlanOptions, build_s: float) -> ShardingPlan:
+def plan_from_solution(
+    problem: Problem, sol: Solution, options: PlanOptions, build_s: float, explain_now: bool = False
+) -> ShardingPlan:
     """The ShardingPlan of ``sol`` (a strategy per item of ``problem``, passes/sharding/problem.py),
     solved with ``options``. Leaves ``problem`` re-bucketed to the plan's gradient all-reduces
-    (``CostModel.rebucket``)."""
+    (``CostModel.rebucket``).
+
+    The alternatives of its inputs, nodes and outputs are priced when one of them is first read
+    (the plan's JSON, ``explain``: ``LazyAlternatives``), or when the next plan is made, whichever
+    comes first (``_unread``: one unread plan holds its problem at a time), or now
+    (``explain_now``). The plan keeps ``problem`` until then: the problem must not change."""
     memory_limit = options.memory_limit
     graph = problem.graph
     names = graph.value_names()
@@ -46,7 +57,9 @@ def plan_from_solution(problem: Problem, sol: Solution, options: PlanOptions, bu
     # a reused choice (passes/partition.py reuse_choices, once per token of a generation loop) is
     # not explained again: pricing every alternative costs more than the rest of the plan
     reused = sol.status == "reused"
-    alternatives = {} if reused else find_alternatives(problem, choice, solved, filled or costs.bucket_share_bytes)
+    pending = None if reused else _pending(problem, list(choice), solved, filled or costs.bucket_share_bytes)
+    if pending is not None and explain_now:
+        pending.get(-1)  # priced before the problem is re-bucketed, as the solver priced it
     costs.rebucket(choice)  # the plan reports the buckets it really fills
     zero = zero_report(problem, choice)
     recomputed = set(problem.recomputed(choice))
@@ -55,7 +68,7 @@ def plan_from_solution(problem: Problem, sol: Solution, options: PlanOptions, bu
     type_names: dict = {}  # type -> its text (repeated layers repeat a few types many times)
     for i, it in enumerate(problem.items):
         st = it.strategies[choice[i]]
-        alts = alternatives.get(i, ())
+        alts: tuple[Alternative, ...] | LazyAlternatives = () if pending is None else LazyAlternatives(pending, i)
         if it.kind == "input":
             assert it.value is not None  # an input item holds its value
             stage, saved = zero.get(it.index, (0, 0))
@@ -112,6 +125,8 @@ def plan_from_solution(problem: Problem, sol: Solution, options: PlanOptions, bu
             f"the runtime also holds its peak is {fmt_bytes(held)} ({held / memory_limit:.0%} of the limit): the "
             "solver found no plan whose buffers fit as well (docs/remat.md): the run may need that much"
         )
+    if pending is not None:
+        _unread(pending)
     return ShardingPlan(
         graph_name=graph.name,
         graph_hash=graph_hash(graph),
@@ -137,6 +152,31 @@ def plan_from_solution(problem: Problem, sol: Solution, options: PlanOptions, bu
     )
 
 
+def _pending(problem: Problem, choice: list[int], solved: Solved, plan_share_bytes: int) -> Pending:
+    """The alternatives of ``choice``, priced when first read, with the cost model as the solver
+    priced it (before the plan re-buckets the problem)."""
+    costs = problem.costs.snapshot()
+    return Pending(lambda: find_alternatives(problem, choice, solved, plan_share_bytes, costs=costs))
+
+
+# The plans made whose alternatives are not priced yet, weakly (a plan dropped unread is never
+# priced): at most one, so a search that makes many plans holds one extra problem, not one per plan.
+_UNREAD: list[weakref.ref[Pending]] = []
+_UNREAD_LOCK = threading.Lock()
+
+
+def _unread(pending: Pending) -> None:
+    """Price the alternatives of the plan made before (if unread and alive), and remember this
+    one's (if unread) as the one unread plan."""
+    with _UNREAD_LOCK:
+        before = [p for p in (ref() for ref in _UNREAD) if p is not None]
+        _UNREAD.clear()
+        if not pending.priced:
+            _UNREAD.append(weakref.ref(pending))
+    for p in before:
+        p.get(-1)
+
+
 def _type_text(t, memo: dict) -> str:
     """``str(t)``, remembered in ``memo``."""
     got = memo.get(t)
@@ -145,7 +185,9 @@ def _type_text(t, memo: dict) -> str:
     return got
 
 
-def _node_choice(problem: Problem, i: int, s: int, alts: tuple, again: bool, names, type_names: dict) -> NodeChoice:
+def _node_choice(
+    problem: Problem, i: int, s: int, alts: tuple | LazyAlternatives, again: bool, names, type_names: dict
+) -> NodeChoice:
     """The NodeChoice of node item ``i`` at strategy ``s`` (``again``: recomputed); ``type_names``:
     the text of each type met so far."""
     it = problem.items[i]
@@ -217,14 +259,22 @@ def step_flops(graph: Graph) -> tuple[dict[str, float], dict[str, float]]:
     each node's first operand (result when it has none), every node counted once."""
     flops: dict[str, float] = {}
     contraction: dict[str, float] = {}
+    dtype_names: dict = {}  # dtype -> its name (numpy makes the string on every ask)
+    known: dict[tuple, float] = {}  # (op, types) -> flops, for the nodes without attributes (most)
     for node in graph.nodes:
         in_types = tuple(v.type for v in node.inputs)
         out_types = tuple(o.type for o in node.outputs)
-        attrs = {**node.attrs, "regions": node.regions} if node.regions else dict(node.attrs)
-        f = (node.op.cost or default_cost)(in_types, out_types, **attrs)[0]
+        key = None if node.attrs or node.regions else (node.op, in_types, out_types)
+        f = known.get(key) if key is not None else None
+        if f is None:
+            attrs = {**node.attrs, "regions": node.regions} if node.regions else dict(node.attrs)
+            f = (node.op.cost or default_cost)(in_types, out_types, **attrs)[0]
+            if key is not None:
+                known[key] = f
         if not (in_types or out_types) or not f:
             continue
-        dtype = (in_types or out_types)[0].dtype.name
+        dt = (in_types or out_types)[0].dtype
+        dtype = dtype_names.get(dt) or dtype_names.setdefault(dt, dt.name)
         flops[dtype] = flops.get(dtype, 0.0) + f
         if node.op.has(Contraction):
             contraction[dtype] = contraction.get(dtype, 0.0) + f

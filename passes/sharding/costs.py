@@ -17,9 +17,12 @@ collective in proportion to its share of ``bucket_share_bytes`` (passes/bucket.p
     edge_time(e, s, t)         one entry of it
     evaluate(choice)           compute and redistribution of an assignment: the ILP's objective
     rebucket(choice)           price the buckets at the bytes ``choice``'s all-reduces fill
+    snapshot()                 the model as it prices now, kept from a later rebucket
 """
 
 from __future__ import annotations
+
+import copy
 
 import numpy as np
 
@@ -130,9 +133,15 @@ class CostModel:
         filled = self.filled_bucket_bytes(choice)
         if filled:
             self.bucket_share_bytes = filled
-            self._tables.clear()  # the times change; which specs an edge joins does not
-            self._tables_by_value.clear()
-            self._by_edge.clear()
+            # the times change (which specs an edge joins does not): new tables, the old ones left
+            # to a ``snapshot`` taken before
+            self._tables, self._tables_by_value, self._by_edge = {}, {}, {}
+
+    def snapshot(self) -> CostModel:
+        """This model as it prices now (its bucket share), unchanged by a later ``rebucket``: what
+        a plan's alternatives, priced after the plan is made, are priced with. It shares the
+        tables made so far."""
+        return copy.copy(self)
 
 
 __all__ = ["CostModel"]

@@ -85,6 +85,7 @@ class MemoryModel:
         self.offloaded: frozenset[Value] = frozenset()  # in host memory: no bytes here (sharding/offload_terms.py)
         # stashed activations in host memory between two positions (sharding/offload_terms.py)
         self.away: dict[Value, tuple[int, int]] = {}
+        self._last_profile: tuple | None = None  # (what it was asked for, the profile): the plan asks again
 
     # --- what the problem gives -----------------------------------------------------------------
     def set_slots(self, before: dict[int, int]) -> np.ndarray:
@@ -96,7 +97,7 @@ class MemoryModel:
         for p, n in before.items():
             extra[p] = n
         self.grid = np.arange(len(self.order), dtype=np.int64) + np.cumsum(extra)
-        self._live = self._transients = None
+        self._live = self._transients = self._last_profile = None
         return self.grid
 
     @property
@@ -150,6 +151,7 @@ class MemoryModel:
         roots = view_roots(self.graph)
         for view, root in roots.items():
             last[root] = max(last.get(root, -1), last.get(view, -1))
+        viewed = set(roots.values())  # values some view looks into
         inside = fused_inside(self.graph) if self.remat else set()  # only with recomputation, for now
         out = []
         for i, item in enumerate(self.items):
@@ -164,7 +166,7 @@ class MemoryModel:
                     hub = hubs.get(o)
                     if self.constants_all_run and item.node.op.has(Constant):  # the program holds them
                         out.append((o, i, 0, end))
-                    elif hub is not None and o not in roots.values():  # in the fan-out's spec after it
+                    elif hub is not None and o not in viewed:  # in the fan-out's spec after it
                         out.append((o, i, pos[i], pos[hub]))
                         out.append((o, hub, pos[hub], max(pos[hub], last.get(o, pos[hub]))))
                     else:
@@ -224,7 +226,19 @@ class MemoryModel:
 
     def profile(self, choice: list[int], recompute: bool = True) -> np.ndarray:
         """Bytes live on each device at every program point; ``recompute=False``: as if every
-        recomputed value were kept instead."""
+        recomputed value were kept instead. Read-only: the last one is remembered (making a plan
+        asks for its choice's profile three times)."""
+        # offloaded and away are part of the question: offload_terms.py sets both after a solve
+        asked = (tuple(choice), recompute, self.offloaded, tuple(self.away.items()))
+        last = self._last_profile
+        if last is not None and last[0] == asked:
+            return last[1]
+        prof = self._profile(choice, recompute)
+        prof.setflags(write=False)
+        self._last_profile = (asked, prof)
+        return prof
+
+    def _profile(self, choice: list[int], recompute: bool) -> np.ndarray:
         delta = np.zeros(self.size + 1, dtype=np.float64)
         for v, i, a, b in self.live_ranges():
             if v in self.offloaded:

@@ -293,6 +293,9 @@ class _ProblemBuilder:
     gathers: list[tuple[int, int]] = field(default_factory=list)  # (state input item, forward/backward reader)
     fanless_state: dict[Value, int] = field(default_factory=dict)  # state inputs ZeRO gave no fan-out: bytes
     redo_later: bool = False  # a forward value's later readers redistribute it again (read_phase)
+    # the specs of a graph input or output by what they depend on (``tensor_specs``): repeated layers'
+    # parameters and their state have a few kinds
+    specs_of: dict[tuple, list[tuple]] = field(default_factory=dict)
 
     def op_overhead(self, node: Node) -> float:
         """``overhead_s`` for a node the device program runs as an op of its own: not a constant,
@@ -312,10 +315,18 @@ class _ProblemBuilder:
             for d, s in enumerate(self.sets.get(other, [])):
                 blocks[d] |= s
         roles = self.roles
-        specs = tensor_specs(v.type, tuple(self.mesh.shape), blocks, lambda a, d: roles.allows(a, v, d))
-        if v not in roles.zero:
-            return specs
-        return [sp for (sp,) in lowest_zero_dims([(sp,) for sp in specs], self.zero_axes())]
+        mesh_shape = tuple(self.mesh.shape)
+        allowed = tuple(roles.allows(a, v, d) for a in range(len(mesh_shape)) for d in range(v.type.ndim))
+        key = (v.type, tuple(frozenset(b) for b in blocks), allowed, v in roles.zero)
+        known = self.specs_of.get(key)
+        if known is not None:
+            return list(known)
+        ndim = v.type.ndim
+        specs = tensor_specs(v.type, mesh_shape, blocks, lambda a, d: allowed[a * ndim + d])
+        if v in roles.zero:
+            specs = [sp for (sp,) in lowest_zero_dims([(sp,) for sp in specs], self.zero_axes())]
+        self.specs_of[key] = specs
+        return list(specs)
 
     def zero_axes(self) -> frozenset[int]:
         """The data axes along which ZeRO may split state (none unless it is on)."""

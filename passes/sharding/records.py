@@ -3,7 +3,8 @@ its JSON (``to_json()``; ``from_json(doc, n_axes)`` parses the specs on a mesh o
 
     TensorChoice   a graph input's or output's spec, its ZeRO stage, its alternatives
     NodeChoice     a node's strategy, operand and result specs, compute time, recomputation
-    Alternative    another choice for one of them, priced (passes/sharding/alternatives.py)
+    Alternative    another choice for one of them, priced (passes/sharding/alternatives.py); a plan
+                   just made prices them when first read (passes/sharding/pending.py)
     RuledOut       a spec never considered for an input, and why
     Collective     one redistribution step of the plan
     Cost, Memory, SolverStats   the predicted step, the per-device memory, how the ILP was solved
@@ -19,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from graphc.core.spec import Spec, format_spec, parse_spec
+from graphc.passes.sharding.pending import LazyAlternatives
 
 
 def _specs(xs) -> list[str]:
@@ -88,7 +90,7 @@ class TensorChoice:
     type: str
     spec: Spec
     pinned: bool = False
-    alternatives: tuple[Alternative, ...] = ()
+    alternatives: tuple[Alternative, ...] | LazyAlternatives = ()  # LazyAlternatives of Alternative (a plan just made)
     # inputs: the ZeRO stage of its parameter's group (passes/sharding/zero.py), and the bytes per
     # device its split along the ZeRO axes saves (a parameter's: its gradients' too)
     zero: int = 0
@@ -139,7 +141,7 @@ class NodeChoice:
     compute_s: float
     pinned: bool = False
     warning: str | None = None
-    alternatives: tuple[Alternative, ...] = ()
+    alternatives: tuple[Alternative, ...] | LazyAlternatives = ()  # LazyAlternatives of Alternative (a plan just made)
     # recomputed before the backward pass instead of kept (passes/recompute/choices.py); the bytes
     # of its results each device no longer holds from the forward to the backward pass
     recompute: bool = False

@@ -206,20 +206,18 @@ def block_sets(graph: Graph, rules: dict) -> dict[Value, list[set[int]]]:
     groups: list[list[tuple[Value, int, int]]] = []  # per (node, label): its (value, dim, factor)s
     at: dict[tuple[Value, int], list[int]] = {}  # (value, dim) -> the groups it is in
     work: list[int] = []
+    by_label: dict[int, tuple] = {}  # id(rule) -> (rule, per label: its (side, index, dim, factor)s, any factor > 1)
     for node in walk(graph.nodes):
         rule = rules.get(node)
         if rule is None:
             continue
-        occ: dict[str, list[tuple[Value, int, int]]] = {}
-        for side, i, d, label, f in rule.occurrences():
-            v = node.inputs[i] if side == "in" else node.outputs[i]
-            occ.setdefault(label, []).append((v, d, f))
-        for places in occ.values():
+        for labelled, factored in _label_groups(rule, by_label):
             g = len(groups)
+            places = [(node.inputs[i] if side == "in" else node.outputs[i], d, f) for side, i, d, f in labelled]
             groups.append(places)
             for v, d, _f in places:
                 at.setdefault((v, d), []).append(g)
-            if any(f > 1 for _v, _d, f in places):
+            if factored:
                 work.append(g)
     queued = set(work)
     while work:
@@ -239,6 +237,18 @@ def block_sets(graph: Graph, rules: dict) -> dict[Value, list[set[int]]]:
                         queued.add(h)
                         work.append(h)
     return sets
+
+
+def _label_groups(rule, cache: dict[int, tuple]) -> list[tuple[list[tuple[str, int, int, int]], bool]]:
+    """Per label of ``rule``: its (side, index, dim, factor)s, and whether a factor is over 1;
+    made once per rule object (equal nodes share theirs) and kept in ``cache``."""
+    known = cache.get(id(rule))
+    if known is None or known[0] is not rule:
+        occ: dict[str, list[tuple[str, int, int, int]]] = {}
+        for side, i, d, label, f in rule.occurrences():
+            occ.setdefault(label, []).append((side, i, d, f))
+        known = cache[id(rule)] = (rule, [(o, any(f > 1 for *_x, f in o)) for o in occ.values()])
+    return known[1]
 
 
 def tensor_specs(
