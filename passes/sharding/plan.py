@@ -33,6 +33,7 @@ from typing import Any
 from graphc.core.errors import MeshError, PlanError
 from graphc.core.files import atomic_write, check_record, dump_document, read_document
 from graphc.core.ir import Graph, print_graph
+from graphc.core.literals import arrays_as_digests
 from graphc.core.mesh import Mesh
 from graphc.core.spec import Spec, SpecError, format_spec
 from graphc.core.units import fmt_bytes, fmt_rate, fmt_time
@@ -52,8 +53,10 @@ PLAN_VERSION = 2
 
 
 def graph_hash(graph: Graph) -> str:
-    """The hash a plan is made for: of the graph's text IR."""
-    return hashlib.sha256(print_graph(graph).encode()).hexdigest()[:32]
+    """The hash a plan is made for: of the graph's text IR, large constants by their own hash."""
+    with arrays_as_digests():
+        text = print_graph(graph)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def check_made_for(graph: Graph, name: str, made_for: str, what: str) -> None:

@@ -199,3 +199,29 @@ def test_resolve_pins_refuses_a_plan_of_another_mesh(env):
     )
     assert code == 2 and "made for mesh tp=2 (graph @train_step), but the mesh is dp=2" in err
     assert not (env / "r.json").exists()
+
+
+def test_the_graph_hash_sees_every_byte_of_a_large_constant_and_leaves_the_text_ir_alone():
+    """graph_hash hashes large constants by their SHA-256 (arrays_as_digests), not by printing
+    their compressed bytes: one changed element changes the hash, equal bytes give equal hashes,
+    and the text IR printed outside the hash still carries the bytes and parses back."""
+    from graphc.core.ir import print_graph
+    from graphc.passes.sharding.plan import graph_hash
+    from graphc.textir import parse
+
+    mask = np.tril(np.ones((300, 300), np.float32))  # over the small-literal size: printed compressed
+
+    def graph_with(constant):
+        return graphc.trace(lambda x: x @ constant, np.ones((2, 300), np.float32))
+
+    changed = mask.copy()
+    changed[299, 0] = 0.5
+    base = graph_with(mask)
+    assert graph_hash(base) == graph_hash(graph_with(mask.copy()))
+    assert graph_hash(base) != graph_hash(graph_with(changed))
+    from graphc.core.literals import arrays_as_digests
+
+    with arrays_as_digests():
+        assert "array<f32[300,300]>#" in print_graph(base)
+    text = print_graph(base)
+    assert "#" not in text and print_graph(parse(text)) == text
