@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from graphc.api.compiled import write_ties
 from graphc.api.parallel import parallelize
 from graphc.core.collector import collector_paused
+from graphc.core.pytree import static_argnames
 from graphc.core.units import fmt_time
 from graphc.models import gpt, gpt3, llama
 from graphc.passes.options import PlanOptions, Solver
@@ -110,7 +111,7 @@ def _parallel(case: Case, solver: Solver, kwargs: dict):
         case.fn,
         mesh=case.mesh,
         memory_limit=case.memory_limit,
-        static_argnames=tuple(k for k in kwargs if k in ("n_head", "n_kv_head")),
+        static_argnames=static_argnames(kwargs),  # the same rule as the CLI: numbers static, a Generator traced
         profile=case.profile,
         cache=False,
         time_limit=600.0,

@@ -32,3 +32,17 @@ def test_the_benchmark_cases_are_the_issue_targets():
     args, _kw = depth_cases(deep=True)[4].example()
     assert len(args[0]["blocks"]) == 1000
     assert len(solver_cases()) == 3
+
+
+def test_a_case_with_dropout_traces_its_generator_and_keeps_its_rate_static():
+    """The GPT-3 cases carry Megatron-LM's dropout: a Philox Generator (traced) and a rate (a
+    number, static). A rate passed as an array made `if not p` a traced bool (the --deep run failed)."""
+    from graphc.models import gpt3
+
+    def example():
+        args, kw = gpt3.example_train_specs(n_layer=1, d=32, n_head=2, seq=8, n_vocab=64, batch=4)
+        assert kw["dropout_p"] == 0.1 and "rng" in kw
+        return args, kw
+
+    t = plan_case(Case("tiny GPT-3 with dropout", gpt3.train_step, example, {"dp": 2}), "highs")
+    assert t.status == "optimal" and t.objective_s > 0
