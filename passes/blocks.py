@@ -35,7 +35,7 @@ import numpy as np
 
 from graphc.core.ir import Graph, Node, Value
 from graphc.core.pytree import flatten
-from graphc.core.traits import Constant
+from graphc.core.traits import Constant, stream_position
 
 _INDEXED = re.compile(r"^(.*?)\.(\d+)\.(.*)$")
 
@@ -180,16 +180,11 @@ def _index(graph: Graph, node: Node) -> int:
     return cache[id(node)]
 
 
-# Attributes that only place a node's draw in its random stream (graphc/ops/random.py ``philox``):
-# two layers' dropout masks are the same computation at different positions of the stream.
-_STREAM_POSITION = {("philox", "offset")}
-
-
 def _signature(graph: Graph, ks: list[int]) -> list[tuple]:
     out = []
     for k in ks:
         n = graph.nodes[k]
-        attrs = tuple(sorted((a, repr(v)) for a, v in n.attrs.items() if (n.op.name, a) not in _STREAM_POSITION))
+        attrs = tuple(sorted((a, repr(v)) for a, v in n.attrs.items() if a not in stream_position(n)))
         out.append((n.op.name, n.part, attrs, tuple(o.type for o in n.outputs)))
     return out
 

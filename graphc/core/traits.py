@@ -83,7 +83,13 @@ class Constant(Trait):
 
 @dataclass(frozen=True)
 class Random(Trait):
-    """Draws counter-based random bits (philox): the same attributes give the same bits."""
+    """Draws counter-based random bits (philox): the same attributes give the same bits.
+    ``stream_position``: the attributes that only place the draw in its stream (where two layers'
+    dropout masks differ); the op's strategies and costs do not read them, so the planner's ties
+    of repeated layers (sharding/problem.py) and the block search's signatures (passes/blocks.py)
+    leave them out."""
+
+    stream_position: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -169,3 +175,10 @@ class LocalAttrs(Trait):
     draw holds)."""
 
     fn: Callable[..., dict]
+
+
+def stream_position(node: Any) -> tuple[str, ...]:
+    """The attributes of ``node`` that only place its random draw in the stream (``Random``): ()
+    for every other op."""
+    t = node.op.trait(Random)
+    return t.stream_position if t is not None else ()

@@ -250,7 +250,7 @@ def state_inputs(graph: Graph) -> dict[int, int]:
 philox.dim_rule = _philox_dim_rule
 philox.cost = _philox_cost
 philox.traits = (
-    Random(),
+    Random(stream_position=("offset",)),  # _philox_dim_rule and _philox_cost ignore it
     FreshResult(),
     LocalAttrs(lambda node, ins, outs, specs, mesh_shape, coord: local_attrs(node.attrs, specs[0], mesh_shape, coord)),
 )

@@ -43,7 +43,7 @@ from graphc.core.collector import collector_paused
 from graphc.core.errors import PlanError
 from graphc.core.ir import Value
 from graphc.core.spec import format_spec
-from graphc.core.traits import Constant, FollowsProducer
+from graphc.core.traits import Constant, FollowsProducer, stream_position
 from graphc.core.units import fmt_bytes
 from graphc.passes.sharding.items import Edge, Item
 from graphc.passes.sharding.memrows import REPAIR_SHARE, TIME_SHARE, add_lp_rows, add_run_rows, held_peak_at, repaired
@@ -99,8 +99,8 @@ class _Interner(dict):
 
 
 def _item_label(it: Item, intern: _Interner, strategy_labels: dict) -> int:
-    """The label of what tells an item apart on its own: a node's op, attributes, types, source
-    line and part, an input's or output's type (and an input's name without list positions),
+    """The label of what tells an item apart on its own: a node's op, attributes (not a random
+    draw's stream position: layers' dropout masks tie), types, source line and part, an input's or output's type (and an input's name without list positions),
     and the strategies and pin of either."""
     strat = strategy_labels.get(it.strategies)
     if strat is None:  # items of repeated layers share their Strategies
@@ -114,7 +114,7 @@ def _item_label(it: Item, intern: _Interner, strategy_labels: dict) -> int:
             (
                 "node",
                 n.op.name,
-                tuple(sorted((k, _attr_key(v)) for k, v in n.attrs.items())),
+                tuple(sorted((k, _attr_key(v)) for k, v in n.attrs.items() if k not in stream_position(n))),
                 tuple(v.type for v in n.inputs),
                 tuple(o.type for o in n.outputs),
                 str(n.loc),

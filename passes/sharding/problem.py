@@ -33,7 +33,7 @@ from graphc.core.errors import PlanError
 from graphc.core.ir import Graph, Node, TensorType, Value
 from graphc.core.mesh import Mesh
 from graphc.core.spec import P, Spec, SpecError, format_spec, parse_spec
-from graphc.core.traits import Constant, IndexedLookup, ShardingConstraint
+from graphc.core.traits import Constant, IndexedLookup, ShardingConstraint, stream_position
 from graphc.ops.dims import DimRule
 from graphc.passes.options import PlanOptions, Zero
 from graphc.passes.sharding.costs import CostModel
@@ -515,15 +515,18 @@ def _left_partial(strategies: Strategies, n_out: int, cache: dict[int, tuple]) -
 
 
 def _node_key(node, sets, roles: AxisRoles):
-    """Nodes with equal keys have equal strategies (repeated layers): op, attributes, types, the
-    block counts their values may carry, and the kinds of their dims (batch, sequence)."""
+    """Nodes with equal keys have equal strategies (repeated layers): op, attributes (but those
+    that only place a random draw in its stream), types, the block counts their values may carry,
+    and the kinds of their dims (batch, sequence)."""
     if node.regions:
         return None
+    skip = stream_position(node)
     try:
         attrs = tuple(
             sorted(
                 (k, v if not hasattr(v, "tobytes") else (v.shape, v.dtype.str, v.tobytes()))
                 for k, v in node.attrs.items()
+                if k not in skip
             )
         )
         hash(attrs)

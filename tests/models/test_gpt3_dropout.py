@@ -47,3 +47,25 @@ def test_dropout_layers_are_one_repeated_block():
     layers = find_layers(g)
     assert layers is not None and layers.count == 4
     assert cut_segments(g, layers) is not None  # the same computation at different positions
+
+
+def test_the_fixed_mesh_planner_ties_layers_whose_draws_differ_only_in_stream_position():
+    """The ILP ties repeated layers by structure (sharding/ilp.py structure_classes); a philox
+    draw's ``offset`` (its stream position, the Random trait's ``stream_position``) differs per
+    layer and must not split them: two more layers add as many groups with dropout as without
+    (one, the optimizer's step count). The tie is exact: philox's strategies and cost do not read
+    the offset (graphc/ops/random.py)."""
+    from graphc.bench.plantime import Case, plan_case
+
+    def sizes(n_layer, p):
+        def spec():
+            return gpt3.example_train_specs(n_layer=n_layer, d=32, n_head=2, seq=8, n_vocab=64, batch=4, dropout_p=p)
+
+        t = plan_case(Case(f"{n_layer} layers", gpt3.train_step, spec, {"dp": 2, "tp": 2}), "highs")
+        assert t.status == "optimal"
+        return t.sizes["groups"], t.objective_s
+
+    (g2, _), (g4, o4) = sizes(2, 0.1), sizes(4, 0.1)
+    (h2, _), (h4, _) = sizes(2, 0.0), sizes(4, 0.0)
+    assert g4 - g2 == h4 - h2
+    assert g2 > h2 and o4 > 0
