@@ -242,7 +242,7 @@ class OffloadTerms:
         self._shared: dict[tuple[int, int], list[int]] = {}  # (group, o) -> its w columns
         self.w: dict[int, list[tuple[int, int]]] = {}  # item -> (column, strategy) of the candidate being built
         if every or any(self._may_be_faster(c) for c in self.cands):
-            self._build()
+            self._build(keep_misvalued_start=bool(every))
 
     def _may_be_faster(self, c: Candidate) -> bool:
         """Whether offloading ``c`` could shorten the step: its host update and copy back at their
@@ -256,7 +256,7 @@ class OffloadTerms:
         least += 2 * state / host.memory_bandwidth
         return least < sum(float(p.costs.compute_times(i).max()) for i in c.update_items)
 
-    def _build(self) -> None:
+    def _build(self, keep_misvalued_start: bool) -> None:
         host = host_tier(self.p.mesh.profile)
         if host is None:
             return
@@ -265,7 +265,9 @@ class OffloadTerms:
             self._build_state(host_row)
         if self.stashes:
             self._build_stashes(host_row)
-        self.model.milp.keep_misvalued_start = True
+        # measured on the solves that offload because nothing fits (milp.py): a plain solve whose
+        # screen (_may_be_faster) let a large parameter's columns in keeps presolve and drops the start
+        self.model.milp.keep_misvalued_start = keep_misvalued_start
         if sum(max(0.0, v) for v in host_row.values()) > host.memory_bytes / self.model.MIB:  # the host can run out
             self.model.milp.add_row(
                 list(host_row), list(host_row.values()), -np.inf, host.memory_bytes / self.model.MIB
