@@ -10,19 +10,16 @@ import time
 
 import pytest
 
-import graphc
-from graphc.api.parallel import Parallelized
 from graphc.cli.common import load_plan
 from graphc.core.errors import PlanError
 from graphc.core.profile import MachineProfile
 from graphc.core.profiles import HOST_TIERS, get_profile, host_tier
-from graphc.core.pytree import static_argnames
-from graphc.models import gpt3
 from graphc.passes import scale, search
 from graphc.passes.offload import offload_choices, offload_costs, offloads_state
 from graphc.passes.options import PlanOptions
-from graphc.passes.scale import Layout, layered_model, search_layered
-from graphc.passes.search import explain, search_meshes, step_batch
+from graphc.passes.scale import Layout, search_layered
+from graphc.passes.search import explain, search_meshes
+from tests.passes.offload_models import NO_COST, gpt3_bf16_layered
 
 H100 = get_profile("h100-sxm")
 A100 = get_profile("a100-sxm")
@@ -30,16 +27,12 @@ A100 = get_profile("a100-sxm")
 
 @pytest.fixture(scope="module")
 def model():
-    args, kw = gpt3.example_train_specs(n_layer=4, d=64, n_head=4, seq=16, n_vocab=128, batch=8, dtype=graphc.bfloat16)
-    pf = Parallelized(gpt3.train_step, {"dp": 1}, static_argnames=static_argnames(kw))
-    g = pf.trace_optimized(*args, **kw)[1]
-    return layered_model(g, step_batch(g), H100)
+    return gpt3_bf16_layered(H100)
 
 
 # a block whose activations are small beside its optimizer state (the case offload is for)
 BLOCK = scale.SegmentCost(1e-3, 2e-3, 100, 10, 0.0, None)
-ZERO = scale.SegmentCost(0.0, 0.0, 0, 0, 0.0, None)
-SEGS = scale._Segments(ZERO, BLOCK, ZERO)
+SEGS = scale._Segments(NO_COST, BLOCK, NO_COST)
 
 
 def test_the_gpu_presets_have_a_host_tier_with_sources_and_nothing_else_has():

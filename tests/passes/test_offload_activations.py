@@ -9,24 +9,19 @@ import json
 
 import pytest
 
-import graphc
-from graphc.api.parallel import Parallelized
 from graphc.core.profile import Link, MachineProfile
 from graphc.core.profiles import HOST_TIERS, get_profile, host_tier
-from graphc.core.pytree import static_argnames
-from graphc.models import gpt3
 from graphc.passes import scale
 from graphc.passes.offload import ACTIVATION_FRACTIONS, activation_costs, offload_choices
 from graphc.passes.options import PlanOptions
-from graphc.passes.scale import Layout, layered_model
-from graphc.passes.search import step_batch
+from graphc.passes.scale import Layout
+from tests.passes.offload_models import NO_COST, gpt3_bf16_layered
 
 H100 = get_profile("h100-sxm")
 FIGURES = scale.cluster_figures(H100)
 A = 1e9  # bytes one layer stashes per micro-batch: large beside the test model's state
 BLOCK = scale.SegmentCost(1e-3, 2e-3, int(A), 1000, 0.0, None)  # forward 1 ms, backward 2 ms a layer
-ZERO = scale.SegmentCost(0.0, 0.0, 0, 0, 0.0, None)
-SEGS = scale._Segments(ZERO, BLOCK, ZERO)
+SEGS = scale._Segments(NO_COST, BLOCK, NO_COST)
 # two stages of two layers, four micro-batches: stage 0 holds two micro-batches' stash, stage 1 one
 LO = Layout(pp=2, dp=1, tp=1, micro_batch=2, microbatches=4, zero=0, recompute="off")
 # one stage of four layers, one micro-batch of 8 (no cut to choose: the stash is 4A)
@@ -35,10 +30,7 @@ ONE = Layout(pp=1, dp=1, tp=1, micro_batch=8, microbatches=1, zero=0, recompute=
 
 @pytest.fixture(scope="module")
 def model():
-    args, kw = gpt3.example_train_specs(n_layer=4, d=64, n_head=4, seq=16, n_vocab=128, batch=8, dtype=graphc.bfloat16)
-    pf = Parallelized(gpt3.train_step, {"dp": 1}, static_argnames=static_argnames(kw))
-    g = pf.trace_optimized(*args, **kw)[1]
-    return layered_model(g, step_batch(g), H100)
+    return gpt3_bf16_layered(H100)
 
 
 def test_the_overlap_rule_on_a_hand_worked_example():
@@ -143,7 +135,7 @@ def test_it_wins_over_recomputation_on_a_fast_link_and_loses_on_a_slow_one(model
     small stash's copies behind the compute (nothing exposed), which beats running the forward
     again; on a host link of 100 MB/s the copies cost more than the forward, and recomputation
     wins."""
-    small = scale._Segments(ZERO, dataclasses.replace(BLOCK, activation_bytes=10**7), ZERO)
+    small = scale._Segments(NO_COST, dataclasses.replace(BLOCK, activation_bytes=10**7), NO_COST)
 
     def best(limit):
         plans = [

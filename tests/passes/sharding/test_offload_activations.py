@@ -11,21 +11,19 @@ import json
 import numpy as np
 import pytest
 
-import graphc
 from graphc.core.errors import PlanError
 from graphc.core.mesh import Mesh
 from graphc.core.profile import MachineProfile
 from graphc.core.profiles import get_profile, host_tier
-from graphc.core.pytree import static_argnames
 from graphc.core.traits import Constant
-from graphc.models import gpt3
 from graphc.passes.offload import activation_costs
 from graphc.passes.options import PlanOptions
-from graphc.passes.partition import build_problem, lower, make_plan, shrink, solve_problem, state_ties
+from graphc.passes.partition import build_problem, lower, shrink, state_ties
 from graphc.passes.sharding import ilp
 from graphc.passes.sharding.memrows import MemoryRows
 from graphc.passes.sharding.offload_terms import Stash, candidates, may_offload, stashes, use
 from graphc.passes.sharding.plan import ShardingPlan
+from tests.passes.offload_models import gpt3_bf16_step, plan_one_device
 
 H100 = get_profile("h100-sxm")
 # one device, no recomputation: offload is the only way to save memory, so the choice and its
@@ -35,17 +33,11 @@ OPTIONS = dict(recompute="off", time_limit=120.0)
 
 @pytest.fixture(scope="module")
 def graph():
-    """A 4-layer GPT-3 step in bfloat16 with float32 Adam moments (as tests/passes/sharding/test_offload_ilp.py)."""
-    args, kw = gpt3.example_train_specs(n_layer=4, d=64, n_head=4, seq=16, n_vocab=128, batch=8, dtype=graphc.bfloat16)
-    step = graphc.parallelize(gpt3.train_step, mesh={"dp": 1}, static_argnames=static_argnames(kw), cache=False)
-    return step.trace_optimized(*args, **kw)[1]
+    return gpt3_bf16_step()
 
 
 def _plan(graph, profile, limit):
-    options = PlanOptions(memory_limit=limit, **OPTIONS)
-    problem = build_problem(graph, Mesh({"dp": 1}, profile=profile), options, ties=state_ties(graph))
-    solution = solve_problem(problem, options)
-    return problem, solution, make_plan(problem, solution, options, 0.0)
+    return plan_one_device(graph, profile, limit, **OPTIONS)
 
 
 @pytest.fixture(scope="module")

@@ -14,20 +14,21 @@ from graphc.core.errors import PlanError
 from graphc.core.mesh import Mesh
 from graphc.core.profile import MachineProfile
 from graphc.core.profiles import HOST_TIERS, cluster_figures, get_profile, host_tier
-from graphc.core.pytree import static_argnames
 from graphc.core.spec import R
 from graphc.models import gpt3
 from graphc.passes import scale
 from graphc.passes.offload import offload_costs
 from graphc.passes.options import PlanOptions
-from graphc.passes.partition import build_problem, lower, make_plan, solve_problem, state_ties
+from graphc.passes.partition import build_problem, lower, solve_problem, state_ties
 from graphc.passes.scale import Layout, layered_model
 from graphc.passes.search import step_batch
 from graphc.passes.sharding.offload_terms import candidates, record, use
 from graphc.passes.sharding.plan import ShardingPlan
+from tests.passes import offload_models
+from tests.passes.offload_models import gpt3_bf16_step, plan_one_device
 
 H100 = get_profile("h100-sxm")
-BATCH = 8
+BATCH = offload_models.BATCH
 # one device and no recomputation: the only way to save memory is to offload, so the ILP's choice
 # can be checked in closed form (its peak, its objective)
 OPTIONS = dict(recompute="off", time_limit=120.0)
@@ -35,19 +36,11 @@ OPTIONS = dict(recompute="off", time_limit=120.0)
 
 @pytest.fixture(scope="module")
 def graph():
-    """A 4-layer GPT-3 step in bfloat16 with float32 Adam moments (the block search's test model)."""
-    args, kw = gpt3.example_train_specs(
-        n_layer=4, d=64, n_head=4, seq=16, n_vocab=128, batch=BATCH, dtype=graphc.bfloat16
-    )
-    step = graphc.parallelize(gpt3.train_step, mesh={"dp": 1}, static_argnames=static_argnames(kw), cache=False)
-    return step.trace_optimized(*args, **kw)[1]
+    return gpt3_bf16_step()
 
 
 def _plan(graph, profile, limit):
-    options = PlanOptions(memory_limit=limit, **OPTIONS)
-    problem = build_problem(graph, Mesh({"dp": 1}, profile=profile), options, ties=state_ties(graph))
-    solution = solve_problem(problem, options)
-    return problem, solution, make_plan(problem, solution, options, 0.0)
+    return plan_one_device(graph, profile, limit, **OPTIONS)
 
 
 @pytest.fixture(scope="module")
