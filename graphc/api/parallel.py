@@ -501,7 +501,7 @@ def parallelize(
         shrink=shrink,
         free_axes=free_axes,
         solver=solver,
-        bucket_bytes=0 if bucket_bytes == 0 else parse_bytes(bucket_bytes),
+        bucket_bytes=parse_bytes(bucket_bytes, allow_zero=True, what="bucket size"),
         linear_partials=linear_partials,
     )
     run = RunOptions(cache=cache, timeout_s=timeout_s, sharded_state=sharded_state, backend=backend)

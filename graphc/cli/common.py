@@ -82,11 +82,11 @@ def positive_seconds(text: str) -> float:
     return value
 
 
-def memory_size(text: str) -> int:
+def memory_size(text: str, allow_zero: bool = False, what: str = "memory size") -> int:
     """A memory size as users write it (``2GiB``, ``512MB``, a number of bytes) -> bytes
     (graphc/core/units.py)."""
     try:
-        size = parse_bytes(text)
+        size = parse_bytes(text, allow_zero=allow_zero, what=what)
     except GraphcError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     assert size is not None
@@ -95,7 +95,7 @@ def memory_size(text: str) -> int:
 
 def bucket_size(text: str) -> int:
     """A gradient bucket size: a memory size, or 0 (no buckets)."""
-    return 0 if text.strip() in ("0", "0B") else memory_size(text)
+    return memory_size(text, allow_zero=True, what="bucket size")
 
 
 # --- the options a command's flags set ----------------------------------------------------------

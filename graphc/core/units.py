@@ -27,21 +27,23 @@ _UNITS = {
 }
 
 
-def parse_bytes(value) -> int | None:
-    """``2GiB``, ``512MB``, ``1e9`` or an int -> bytes (None stays None)."""
+def parse_bytes(value, *, allow_zero: bool = False, what: str = "memory size") -> int | None:
+    """``2GiB``, ``512MB``, ``1e9`` or an int -> bytes (None stays None). ``what`` names the
+    quantity in the error; ``allow_zero`` takes 0 (``0``, ``0B``, ``0MiB``) for sizes where 0
+    means "none" (a gradient bucket of 0 bytes: no buckets)."""
     if value is None:
         return None
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-        if value <= 0:
-            raise GraphcError(f"memory limit must be positive, got {value}")
+        if value < 0 or (value == 0 and not allow_zero):
+            raise GraphcError(f"{what} must be {'non-negative' if allow_zero else 'positive'}, got {value}")
         return int(value)
     if isinstance(value, float):
-        return parse_bytes(int(value))
+        return parse_bytes(int(value), allow_zero=allow_zero, what=what)
     m = _SIZE.match(str(value))
     unit = m.group(2).upper() if m else None
     if not m or unit not in _UNITS:
-        raise GraphcError(f"bad memory size {value!r}: expected a number of bytes or e.g. 2GiB, 512MB, 64KiB")
-    return parse_bytes(int(float(m.group(1)) * _UNITS[unit]))
+        raise GraphcError(f"bad {what} {value!r}: expected a number of bytes or e.g. 2GiB, 512MB, 64KiB")
+    return parse_bytes(int(float(m.group(1)) * _UNITS[unit]), allow_zero=allow_zero, what=what)
 
 
 def fmt_bytes(n: float) -> str:

@@ -134,6 +134,12 @@ CASES = [
     ("malformed --mesh", ["compile", "{d}/model.py:f", "--mesh", "dp=x"], "'dp=x'"),
     ("--mesh without a size", ["compile", "{d}/model.py:f", "--mesh", "dp=2,tp"], "dp=2,tp"),
     ("malformed --memory", ["compile", "{d}/model.py:f", "--mesh", "dp=2", "--memory", "lots"], "'lots'"),
+    ("--memory 0", ["compile", "{d}/model.py:f", "--mesh", "dp=2", "--memory", "0B"], "memory size must be positive"),
+    (
+        "malformed --bucket",
+        ["compile", "{d}/model.py:f", "--mesh", "dp=2", "--bucket", "lots"],
+        "bad bucket size 'lots'",
+    ),
     ("malformed --link", ["compile", "{d}/model.py:f", "--mesh", "dp=2", "--link", "dp=fast"], "dp=fast"),
     ("--microbatches not a number", ["compile", "{d}/model.py:f", "--mesh", "pp=2", "--microbatches", "x"], "'x'"),
     ("--microbatches 0", ["compile", "{d}/model.py:f", "--mesh", "pp=2", "--microbatches", "0"], "--microbatches"),

@@ -139,6 +139,18 @@ def test_bad_values_are_plan_errors_naming_the_option():
         graphc.parallelize(double, mesh="dp=2", memory_limit="lots")
     with pytest.raises(PlanError, match="bucket_bytes must be a number of bytes >= 0"):
         PlanOptions(bucket_bytes=-1)
+    with pytest.raises(GraphcError, match="bucket size must be non-negative, got -1"):
+        graphc.parallelize(double, mesh="dp=2", bucket_bytes=-1)
+    with pytest.raises(GraphcError, match="bad bucket size 'lots'"):
+        graphc.parallelize(double, mesh="dp=2", bucket_bytes="lots")
+    with pytest.raises(GraphcError, match="memory size must be positive, got 0"):
+        graphc.parallelize(double, mesh="dp=2", memory_limit="0B")
+
+
+def test_a_bucket_of_zero_bytes_is_no_buckets_however_it_is_written():
+    for zero in (0, "0", "0B", "0MiB", 0.0):
+        assert graphc.parallelize(double, mesh="dp=2", bucket_bytes=zero).options.bucket_bytes == 0
+    assert graphc.parallelize(double, mesh="dp=2", bucket_bytes="1KiB").options.bucket_bytes == 1024
     with pytest.raises(GraphcError, match="backend must be one of 'threads', 'mpi'"):
         graphc.parallelize(double, mesh="dp=2", backend="gpu")
 
