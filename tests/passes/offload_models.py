@@ -17,6 +17,9 @@ from graphc.passes.partition import build_problem, make_plan, solve_problem, sta
 from graphc.passes.search import step_batch
 
 BATCH = 8
+# one device, no recomputation: offload is the only way to save memory, so the ILP's choice and its
+# price can be checked in closed form
+OFFLOAD_ONLY = dict(recompute="off", time_limit=120.0)
 # a segment that costs nothing: the pre and head of block-search cost tables built by hand
 NO_COST = scale.SegmentCost(0.0, 0.0, 0, 0, 0.0, None)
 
@@ -36,9 +39,10 @@ def gpt3_bf16_layered(profile: MachineProfile):
     return scale.layered_model(g, step_batch(g), profile)
 
 
-def plan_one_device(graph: Graph, profile: MachineProfile, limit: int | None, **options):
-    """The fixed-mesh ILP's problem, solution and plan of ``graph`` on one device under ``limit``."""
-    opts = PlanOptions(memory_limit=limit, **options)
+def plan_one_device(graph: Graph, profile: MachineProfile, limit: int | None):
+    """The fixed-mesh ILP's problem, solution and plan of ``graph`` on one device under ``limit``,
+    without recomputation (``OFFLOAD_ONLY``)."""
+    opts = PlanOptions(memory_limit=limit, **OFFLOAD_ONLY)
     problem = build_problem(graph, Mesh({"dp": 1}, profile=profile), opts, ties=state_ties(graph))
     solution = solve_problem(problem, opts)
     return problem, solution, make_plan(problem, solution, opts, 0.0)

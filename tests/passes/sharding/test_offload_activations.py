@@ -23,12 +23,9 @@ from graphc.passes.sharding import ilp
 from graphc.passes.sharding.memrows import MemoryRows
 from graphc.passes.sharding.offload_terms import Stash, candidates, may_offload, stashes, use
 from graphc.passes.sharding.plan import ShardingPlan
-from tests.passes.offload_models import gpt3_bf16_step, plan_one_device
+from tests.passes.offload_models import OFFLOAD_ONLY, gpt3_bf16_step, plan_one_device
 
 H100 = get_profile("h100-sxm")
-# one device, no recomputation: offload is the only way to save memory, so the choice and its
-# price can be checked in closed form
-OPTIONS = dict(recompute="off", time_limit=120.0)
 
 
 @pytest.fixture(scope="module")
@@ -36,15 +33,11 @@ def graph():
     return gpt3_bf16_step()
 
 
-def _plan(graph, profile, limit):
-    return plan_one_device(graph, profile, limit, **OPTIONS)
-
-
 @pytest.fixture(scope="module")
 def floors(graph):
     """The free plan, and the peaks under its choice with every state offloaded (``state``) and
     with every stash offloaded as well (``both``)."""
-    problem, solution, plan = _plan(graph, H100, None)
+    problem, solution, plan = plan_one_device(graph, H100, None)
     use(problem, tuple(candidates(problem)))
     state = problem.memory.peak(solution.choice)[0]
     use(problem, (*candidates(problem), *stashes(problem)))
@@ -58,7 +51,7 @@ def floors(graph):
 def moved(graph, floors):
     """The plan under a limit half way between the two floors: only moving activations meets it."""
     state, both = floors[3], floors[4]
-    return _plan(graph, H100, (state + both) // 2)
+    return plan_one_device(graph, H100, (state + both) // 2)
 
 
 def test_the_stashes_are_forward_values_the_backward_reads(floors):
@@ -120,7 +113,7 @@ def test_activation_offload_is_what_lets_the_plan_fit(graph, floors, moved):
 
 def test_a_limit_the_state_alone_meets_moves_no_activation(graph, floors):
     """The stashes' columns enter only when moving the state fits nothing (``solve_offloading``)."""
-    plan = _plan(graph, H100, floors[3])[2]
+    plan = plan_one_device(graph, H100, floors[3])[2]
     assert plan.offload is not None and plan.offload.activations is None and plan.offload.what == "optimizer state"
 
 
@@ -148,17 +141,17 @@ def test_an_activation_offloading_plan_is_never_run(graph, moved):
 def test_a_profile_without_a_host_tier_never_offloads_activations(graph, moved):
     limit = moved[2].memory.limit_bytes
     for profile in (get_profile("cpu-here"), MachineProfile.default()):
-        problem = build_problem(graph, Mesh({"dp": 1}, profile=profile), PlanOptions(**OPTIONS))
+        problem = build_problem(graph, Mesh({"dp": 1}, profile=profile), PlanOptions(**OFFLOAD_ONLY))
         assert stashes(problem) == [] and not may_offload(problem)
         with pytest.raises(PlanError, match="no plan fits"):
-            _plan(graph, profile, limit)
+            plan_one_device(graph, profile, limit)
 
 
 def test_the_memory_rows_are_the_memory_model_with_stashes_away(graph):
     """With the offload columns in (state and stashes), the rows the ILP bounds (memrows.py, and
     ``memory_expr`` + ``OffloadTerms.memory_terms`` per position) equal the memory model's profile
     with the chosen values away, for random choices of strategies and of what moves."""
-    options = PlanOptions(memory_limit=10**9, **OPTIONS)
+    options = PlanOptions(memory_limit=10**9, **OFFLOAD_ONLY)
     problem = build_problem(graph, Mesh({"tp": 2}, profile=H100), options, ties=state_ties(graph))
     groups, of = shrink(problem, options.shrink)
     vec, pair, maps = ilp.objective_terms(problem, groups, of)

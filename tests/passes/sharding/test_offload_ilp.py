@@ -25,13 +25,10 @@ from graphc.passes.search import step_batch
 from graphc.passes.sharding.offload_terms import candidates, record, use
 from graphc.passes.sharding.plan import ShardingPlan
 from tests.passes import offload_models
-from tests.passes.offload_models import gpt3_bf16_step, plan_one_device
+from tests.passes.offload_models import OFFLOAD_ONLY, gpt3_bf16_step, plan_one_device
 
 H100 = get_profile("h100-sxm")
 BATCH = offload_models.BATCH
-# one device and no recomputation: the only way to save memory is to offload, so the ILP's choice
-# can be checked in closed form (its peak, its objective)
-OPTIONS = dict(recompute="off", time_limit=120.0)
 
 
 @pytest.fixture(scope="module")
@@ -39,13 +36,9 @@ def graph():
     return gpt3_bf16_step()
 
 
-def _plan(graph, profile, limit):
-    return plan_one_device(graph, profile, limit, **OPTIONS)
-
-
 @pytest.fixture(scope="module")
 def free(graph):
-    return _plan(graph, H100, None)
+    return plan_one_device(graph, H100, None)
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +48,7 @@ def everything(graph, free):
     use(problem, tuple(candidates(problem)))
     floor = problem.memory.peak(solution.choice)[0]
     use(problem, ())
-    return _plan(graph, H100, floor)
+    return plan_one_device(graph, H100, floor)
 
 
 def test_the_candidates_are_the_parameters_with_adam_state(free):
@@ -76,10 +69,10 @@ def test_a_profile_without_a_host_tier_never_offloads(graph, everything):
     limit = everything[2].memory.limit_bytes
     for profile in (get_profile("cpu-here"), MachineProfile.default()):
         assert host_tier(profile) is None
-        problem = build_problem(graph, Mesh({"dp": 1}, profile=profile), PlanOptions(**OPTIONS))
+        problem = build_problem(graph, Mesh({"dp": 1}, profile=profile), PlanOptions(**OFFLOAD_ONLY))
         assert candidates(problem) == []
         with pytest.raises(PlanError, match="no plan fits"):
-            _plan(graph, profile, limit)
+            plan_one_device(graph, profile, limit)
 
 
 def test_a_loose_limit_keeps_the_state_on_the_device(graph, free):
@@ -87,7 +80,7 @@ def test_a_loose_limit_keeps_the_state_on_the_device(graph, free):
     problem, solution, plan = free
     assert plan.offload is None and solution.offload == ()
     assert plan.cost.offload_s == 0.0 and json.loads(plan.to_json())["offload"] is None
-    loose = _plan(graph, H100, plan.memory.peak_bytes[0])[2]
+    loose = plan_one_device(graph, H100, plan.memory.peak_bytes[0])[2]
     assert loose.offload is None and loose.cost.total_s == pytest.approx(plan.cost.total_s, rel=1e-12)
 
 
@@ -130,7 +123,7 @@ def test_a_tight_limit_offloads_everything_priced_as_the_block_search_prices_it(
 def test_a_limit_in_between_offloads_only_what_it_must(graph, free, everything):
     free_plan, all_plan = free[2], everything[2]
     limit = (free_plan.memory.peak_bytes[0] + all_plan.memory.peak_bytes[0]) // 2
-    problem, solution, plan = _plan(graph, H100, limit)
+    problem, solution, plan = plan_one_device(graph, H100, limit)
     off = plan.offload
     assert off is not None and 0 < len(off.params) < len(all_plan.offload.params)
     assert plan.memory.peak_bytes[0] <= limit < off.kept_peak_bytes
@@ -149,7 +142,7 @@ def test_offload_is_chosen_without_a_limit_when_it_is_faster(graph, free, monkey
     fast = dataclasses.replace(HOST_TIERS["h100-sxm"], memory_bandwidth=1e18)
     fast = dataclasses.replace(fast, link=dataclasses.replace(fast.link, latency_s=1e-12, bandwidth=1e18))
     monkeypatch.setitem(HOST_TIERS, "h100-sxm", fast)
-    problem, solution, plan = _plan(graph, H100, None)
+    problem, solution, plan = plan_one_device(graph, H100, None)
     off = plan.offload
     assert off is not None and off.reason == "faster" and len(off.params) == len(candidates(problem))
     assert plan.cost.total_s < free[2].cost.total_s
@@ -160,7 +153,7 @@ def test_the_host_must_hold_what_moves(graph, everything, monkeypatch):
     small = dataclasses.replace(HOST_TIERS["h100-sxm"], memory_bytes=everything[2].offload.state_bytes / 2)
     monkeypatch.setitem(HOST_TIERS, "h100-sxm", small)
     with pytest.raises(PlanError, match="no plan fits"):
-        _plan(graph, H100, everything[2].memory.limit_bytes)
+        plan_one_device(graph, H100, everything[2].memory.limit_bytes)
 
 
 def test_the_plan_json_marks_the_offloaded_values_and_reads_back(everything):
