@@ -23,7 +23,9 @@ killed rank prints one line naming the signal. It survives the signals hydra sen
 (SIGINT for Ctrl-C, SIGTERM, SIGUSR1) while its child handles them, and its child is killed if the
 guard is (``PR_SET_PDEATHSIG``, Linux).
 
-No guard when: ``GRAPHC_RANK_GUARD=0``; the parent is not hydra's proxy (``hydra_pmi_proxy``:
+The guard is a fork of the program as it was at ``import graphc``: it keeps (copy-on-write, never
+written) the memory the program held then, so a program should import graphc before it loads
+data. No guard when: ``GRAPHC_RANK_GUARD=0``; the parent is not hydra's proxy (``hydra_pmi_proxy``:
 gforker, Open MPI, a plain ``python``); mpi4py was imported before graphc (MPI may be initialized:
 a fork then would split one rank in two); a Python thread is running; not Linux. The same guard
 runs explicitly as ``mpiexec -n 4 python -m graphc.runtime.rank_guard python train.py``

@@ -29,7 +29,7 @@ processes (``_PeerWatch``: a pidfd per process, readable the moment it ends), pr
 the lost rank at once, makes every wait raise ``CommAborted``, and ends its rank with status 1
 ``_LOST_LINGER_S`` later. Hydra (MPICH's mpiexec) would SIGKILL the other ranks within a
 millisecond of a rank killed by a signal, before they can print: under hydra every rank runs under
-x.
+graphc's rank guard, which ``import graphc`` starts (runtime/guarding.py).
 """
 
 from __future__ import annotations

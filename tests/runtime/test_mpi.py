@@ -319,8 +319,8 @@ def test_a_rank_killed_outright_ends_every_survivor_within_5_s_naming_it(env, la
     Every survivor's watchdog sees the process end (runtime/mpi_world.py), prints a line naming the
     lost rank and ends its rank with status 1 within 5 s. Under the default mpiexec (hydra), bare
     as a user types it, ``import graphc`` put every rank under graphc's rank guard
-    (runtime/rank_guard.py): the lost rank's guard names the signal, and hydra kills no survivor
-    before it said so. The same with the guard run explicitly (``-disable-auto-cleanup``), and
+    (runtime/guarding.py): the lost rank's guard names the signal, hydra kills no survivor before
+    it said so, and hydra reports each rank's own status. The same with the guard run explicitly (``-disable-auto-cleanup``), and
     under MPICH's gforker, which needs no guard."""
     import signal
 
