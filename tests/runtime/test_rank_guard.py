@@ -100,15 +100,17 @@ PROXY = (  # hydra's proxy as the rank guard sees it: the parent process named h
 )
 
 
-def under_proxy(tmp_path, code: str, **env) -> subprocess.CompletedProcess:
-    """``python -c CODE`` started by a process named like hydra's proxy, with a rank's PMI_RANK."""
+def under_proxy(tmp_path, code: str, *, explicit: bool = False, **env) -> subprocess.CompletedProcess:
+    """``python -c CODE`` (under the explicit guard if ``explicit``) started by a process named
+    like hydra's proxy, with a rank's PMI_RANK."""
     proxy = tmp_path / "hydra_pmi_proxy"
     if not proxy.exists():
         proxy.symlink_to(sys.executable)  # (a process's name is the name it was started by)
     full = {k: v for k, v in os.environ.items() if k != "GRAPHC_RANK_GUARD"}
     full.update(PMI_RANK="3", PYTHONPATH=ROOT, **env)
+    rank = [sys.executable, "-m", "graphc.runtime.rank_guard"] if explicit else []
     return subprocess.run(
-        [str(proxy), "-c", PROXY, sys.executable, "-c", code],
+        [str(proxy), "-c", PROXY, *rank, sys.executable, "-c", code],
         cwd=ROOT,
         env=full,
         capture_output=True,
@@ -135,8 +137,12 @@ def test_no_guard_when_turned_off_or_after_mpi4py_or_outside_hydra(tmp_path):
     fake_mpi = "import sys, types; sys.modules['mpi4py.MPI'] = types.ModuleType('mpi4py.MPI')\n"
     res = under_proxy(tmp_path, fake_mpi + code)  # MPI may be initialized: no fork
     assert (res.returncode, res.stdout) == (0, "hydra_pmi_proxy hydra_pmi_proxy\n"), res.stderr
-    res = guard(sys.executable, "-c", code)  # the explicit guard: one guard, not two
+    res = guard(sys.executable, "-c", code)  # the explicit guard, outside hydra
     assert (res.returncode, res.stdout) == (0, "python python\n"), res.stderr
+    grandparent = "pp = open(f'/proc/{os.getppid()}/stat').read().split(')')[1].split()[1]\n"
+    code = PARENT + grandparent + "import graphc\nprint(parent, open(f'/proc/{pp}/comm').read().strip())\n"
+    res = under_proxy(tmp_path, code, explicit=True)  # the explicit guard under hydra: one guard, not two
+    assert (res.returncode, res.stdout) == (0, "python hydra_pmi_proxy\n"), res.stderr
 
 
 def test_a_rank_killed_under_the_import_guard_is_named_and_ends_with_128_plus_9(tmp_path):
