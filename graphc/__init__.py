@@ -51,7 +51,13 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from graphc.runtime.guarding import guard_this_rank
+
 __version__ = "0.1.0"
+
+# under hydra (MPICH's mpiexec) this rank goes on in a child process, guarded by this one, so that
+# a rank killed by a signal is named by every survivor (runtime/guarding.py; GRAPHC_RANK_GUARD=0: not)
+guard_this_rank()
 
 # public name -> (module, attribute in it)
 _EXPORTS: dict[str, tuple[str, str]] = {

@@ -27,9 +27,9 @@ aborted by its watchdog after ``3 * grace_s``. A rank killed outright (``kill -9
 killer) sends no notice: the watchdog of every rank on the same machine watches the others'
 processes (``_PeerWatch``: a pidfd per process, readable the moment it ends), prints a line naming
 the lost rank at once, makes every wait raise ``CommAborted``, and ends its rank with status 1
-``_LOST_LINGER_S`` later. Hydra (MPICH's mpiexec) SIGKILLs the other ranks within a millisecond
-of a rank killed by a signal, before they can print, unless each rank runs under graphc's rank
-guard with ``-disable-auto-cleanup`` (runtime/rank_guard.py).
+``_LOST_LINGER_S`` later. Hydra (MPICH's mpiexec) would SIGKILL the other ranks within a
+millisecond of a rank killed by a signal, before they can print: under hydra every rank runs under
+graphc's rank guard, which ``import graphc`` starts (runtime/guarding.py).
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ import numpy as np
 from graphc.core.errors import GraphcError
 from graphc.core.spec import local_shape, unshard
 from graphc.runtime.comm import CommAborted, CommError
+from graphc.runtime.guarding import tell_guard
 
 INSTALL_HINT = "pip install 'graphc[mpi]' (in a checkout: pip install -e '.[mpi]')"
 DEFAULT_TIMEOUT_S = 30.0
@@ -136,6 +137,7 @@ class _PeerWatch:
         self._req: Any = comm.Iallgather([self._mine, MPI.INT64_T], [self._every, MPI.INT64_T])
         self.fds: dict[int, int] = {}  # pidfd -> the rank whose process it watches
         self.gone: int | None = None  # a rank whose process ended before it could be watched
+        self.watching = False  # the other ranks' processes here are watched, and this rank's guard told
 
     def start(self) -> None:
         """Once every rank's (host, pid) is known: a pidfd for each other rank on this machine."""
@@ -152,6 +154,9 @@ class _PeerWatch:
                 self.gone = r if self.gone is None else self.gone
             except OSError:  # no pidfds here (an old kernel, a sandbox): left to MPI and the launcher
                 return
+        local = [pid for r, (host, pid) in enumerate(self._every.tolist()) if r != self.rank and host == self._mine[0]]
+        tell_guard(local)  # a failed rank's guard waits for these before hydra can kill them
+        self.watching = True
 
     def wait(self, timeout_s: float) -> int | None:
         """Wait up to ``timeout_s`` for a watched process to end: its rank, or None."""
@@ -230,6 +235,11 @@ class MpiWorld:
         sys.excepthook = excepthook
         atexit.register(self._at_exit)
         _survive_sigusr1()
+
+    def watching_peers(self) -> bool:
+        """Whether this rank's watchdog watches the other ranks' processes on its machine (module
+        doc, Faults); False until every rank joined, and without a watchdog or pidfds."""
+        return self._peers is not None and self._peers.watching
 
     # --- communicators ---------------------------------------------------------------------------
 

@@ -1,59 +1,27 @@
-"""One rank's process under hydra (MPICH's ``mpiexec``), so that a rank killed by a signal is
-named by every survivor.
+"""``python -m graphc.runtime.rank_guard COMMAND...``: one rank's process under an explicit guard,
+and the commands that start a job so (tests, ``graphc bench comm``).
 
-What hydra does (MPICH 5.0.2, measured with strace on its proxy): the moment it reaps a rank that
-ended by a signal (``kill -9``, the OOM killer, a segfault) it sends SIGKILL to the process group
-of every other rank of the job, with or without ``-disable-auto-cleanup`` (that option only adds a
-SIGUSR1 half a millisecond earlier). Without the option it does the same as soon as a rank's PMI
-connection closes before ``MPI_Finalize`` (a dying process's descriptors close before its end is
-reported to anyone). SIGKILL cannot be caught, and it comes within a millisecond, before the
-survivors' watchdogs can print; hydra's own message names the process of the first rank with a
-non-zero status, which is not the lost one when the survivors were killed too
-(docs/guide/mpi.md).
+``import graphc`` guards every rank hydra starts by itself (runtime/guarding.py, which says why).
+This runs the same guard around any command, for a rank whose program imports mpi4py before
+graphc, or does not import graphc at all:
 
-The guard takes the signal out of hydra's sight. Run every rank under it, with the option:
+    mpiexec -n 4 python -m graphc.runtime.rank_guard python train.py
 
-    mpiexec -disable-auto-cleanup -n 4 python -m graphc.runtime.rank_guard python train.py
-
-It starts the rank's command as its child, in the guard's process group (so hydra's signals to
-the group reach the rank), and ends with the child's status, a signal turned into 128 + its
-number as a shell does. Hydra then sees a rank that exited with a status, not one killed by a
-signal, and leaves the survivors to graphc's watchdog (runtime/mpi_world.py): each names the lost
-rank and ends with status 1, and mpiexec ends with a non-zero status. The guard itself prints one
-line naming the signal that killed its rank. It survives the signals hydra sends the whole group
-(SIGINT for Ctrl-C, SIGTERM, SIGUSR1) while its child handles them, and its child is killed if
-the guard is (``PR_SET_PDEATHSIG``, Linux). The watchdog watches the ranks on its own machine
-only: with the option, ranks on other machines stop at their collective's timeout (a CommError,
-then ``MPI_Abort``), not at once.
-
-Only the standard library: the guard is the parent of every rank and costs one idle process.
+It starts the command as its child (in the guard's process group, so hydra's signals to the group
+reach it), with every inherited descriptor (the PMI connection is one), and ends as the guard
+does: the child's status, a signal as 128 + its number and named in one line, after the other
+ranks on this machine ended if the child failed. Only the standard library.
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 
-# the signals hydra sends a rank's whole process group: the guard lives through them, its child acts
-_PASSED_ON = ("SIGINT", "SIGTERM", "SIGUSR1", "SIGHUP")
+from graphc.runtime.guarding import FD_ENV, GUARD_ENV, die_with_parent, finish, survive_group_signals
+
 HYDRA_OPTION = "-disable-auto-cleanup"
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGKILL it if the guard ends (Linux prctl PR_SET_PDEATHSIG)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
-    except (OSError, AttributeError):  # not Linux: the launcher's cleanup of the group remains
-        pass
-
-
-def exit_status(returncode: int) -> int:
-    """A child's status as a shell reports it: a signal ``s`` (Popen's ``-s``) becomes 128 + s."""
-    return 128 - returncode if returncode < 0 else returncode
 
 
 def run(argv: list[str]) -> int:
@@ -61,29 +29,21 @@ def run(argv: list[str]) -> int:
     if not argv:
         print("usage: python -m graphc.runtime.rank_guard COMMAND [ARG...]", file=sys.stderr)
         return 2
-    for name in _PASSED_ON:  # handlers, not SIG_IGN: exec resets handlers, so the child gets the defaults
-        if hasattr(signal, name):
-            signal.signal(getattr(signal, name), lambda signum, frame: None)
+    # handlers, not SIG_IGN: exec resets handlers, so the child gets the defaults
+    survive_group_signals(lambda signum, frame: None)
+    report, write_end = os.pipe()
+    os.set_inheritable(write_end, True)
+    env = dict(os.environ, **{GUARD_ENV: "child", FD_ENV: str(write_end)})
     try:
         child = subprocess.Popen(  # every inherited descriptor: the PMI connection (PMI_FD) is one
-            argv, close_fds=False, preexec_fn=_die_with_parent if sys.platform == "linux" else None
+            argv, close_fds=False, env=env, preexec_fn=die_with_parent if sys.platform == "linux" else None
         )
     except OSError as exc:
         print(f"graphc rank_guard: cannot start {argv[0]}: {exc}", file=sys.stderr)
         return 127
-    returncode = child.wait()
-    for name in _PASSED_ON:  # (Python's shutdown would restore the default action, which ends the guard by signal)
-        if hasattr(signal, name):
-            signal.signal(getattr(signal, name), signal.SIG_IGN)
-    if returncode < 0 and -returncode != signal.SIGINT:
-        name = signal.Signals(-returncode).name if -returncode in signal.valid_signals() else str(-returncode)
-        rank = os.environ.get("PMI_RANK", "?")
-        print(
-            f"graphc: rank {rank}: its process {child.pid} was killed by signal {-returncode} ({name})",
-            file=sys.stderr,
-            flush=True,
-        )
-    return exit_status(returncode)
+    finally:
+        os.close(write_end)
+    return finish(child.wait(), child.pid, report)
 
 
 def is_hydra(mpiexec: str) -> bool:
@@ -96,8 +56,8 @@ def is_hydra(mpiexec: str) -> bool:
 
 
 def hydra_command(mpiexec: str, n: int, argv: list[str], python: str = sys.executable) -> list[str]:
-    """``mpiexec -disable-auto-cleanup -n N python -m graphc.runtime.rank_guard ARGV...``: hydra
-    leaves the survivors of a killed rank to graphc (module doc)."""
+    """``mpiexec -disable-auto-cleanup -n N python -m graphc.runtime.rank_guard ARGV...``: every
+    rank under an explicit guard (what ``import graphc`` does by itself under hydra)."""
     return [mpiexec, HYDRA_OPTION, "-n", str(n), python, "-m", "graphc.runtime.rank_guard", *argv]
 
 

@@ -19,7 +19,8 @@ what the test compares (rank 0, ``.npz``).
                                  returned; every rank prints its RSS, threads and open files at
                                  step STEPS // 10 and at the end, rank 0 writes the gathered state
     loop                         every rank all-reduces in a loop (at most 60 s), after printing
-                                 ``ready <rank> <pid>`` once every rank is in it: a rank to kill
+                                 ``ready <rank> <pid>`` once every rank is in it and watches the
+                                 others' processes: a rank to kill
     raise                        rank 1 raises in the user's loop while rank 0 waits in a collective
     alias MESH                   results share no memory with the arguments on any rank
     low_float DTYPE MESH OUT     the MLP's value_and_grad on 16-bit floats (bf16, f16): the gathered
@@ -261,6 +262,9 @@ def all_reduce_loop() -> None:
     x = np.ones(1 << 18, np.float32)
     comm.all_reduce(x, group)
     comm.barrier(group)
+    deadline = time.monotonic() + 30
+    while not world.watching_peers() and time.monotonic() < deadline:  # (the watchdog's exchange of pids)
+        time.sleep(0.001)
     print(f"ready {world.rank} {os.getpid()}", flush=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

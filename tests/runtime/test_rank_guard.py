@@ -1,6 +1,9 @@
-"""runtime/rank_guard.py without MPI: a rank's exit status passes through, a signal becomes
-128 + its number with a line naming it, the guard lives through the signals a launcher sends the
-whole process group while its child handles them, and its child gets the default handlers."""
+"""runtime/guarding.py and runtime/rank_guard.py without MPI: a rank's exit status passes through,
+a signal becomes 128 + its number with a line naming it, the guard lives through the signals a
+launcher sends the whole process group while its child handles them, and its child gets the
+default handlers. ``import graphc`` in a process started by one named like hydra's proxy puts the
+rest of the program in a guarded child (not when turned off, after mpi4py, or under the explicit
+guard), and a failed rank's guard ends only after the processes its rank told it of."""
 
 from __future__ import annotations
 
@@ -10,7 +13,8 @@ import sys
 
 import pytest
 
-from graphc.runtime.rank_guard import exit_status, hydra_command
+from graphc.runtime.guarding import exit_status
+from graphc.runtime.rank_guard import hydra_command
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the guard's process handling is tested on Linux")
@@ -85,3 +89,100 @@ def test_hydra_command_puts_the_option_before_the_rank_count():
         "python",
         "train.py",
     ]
+
+
+# --- the guard ``import graphc`` starts under hydra ----------------------------------------------
+
+PROXY = (  # hydra's proxy as the rank guard sees it: the parent process named hydra_pmi_proxy
+    "import os, subprocess, sys\n"
+    "res = subprocess.run(sys.argv[1:])\n"
+    "sys.exit(res.returncode if res.returncode >= 0 else 200 - res.returncode)\n"
+)
+
+
+def under_proxy(tmp_path, code: str, *, explicit: bool = False, **env) -> subprocess.CompletedProcess:
+    """``python -c CODE`` (under the explicit guard if ``explicit``) started by a process named
+    like hydra's proxy, with a rank's PMI_RANK."""
+    proxy = tmp_path / "hydra_pmi_proxy"
+    if not proxy.exists():
+        proxy.symlink_to(sys.executable)  # (a process's name is the name it was started by)
+    full = {k: v for k, v in os.environ.items() if k != "GRAPHC_RANK_GUARD"}
+    full.update(PMI_RANK="3", PYTHONPATH=ROOT, **env)
+    rank = [sys.executable, "-m", "graphc.runtime.rank_guard"] if explicit else []
+    return subprocess.run(
+        [str(proxy), "-c", PROXY, *rank, sys.executable, "-c", code],
+        cwd=ROOT,
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+PARENT = "import os; parent = open(f'/proc/{os.getppid()}/comm').read().strip()\n"
+
+
+def test_import_graphc_under_hydra_runs_the_rank_in_a_guarded_child(tmp_path):
+    code = (
+        PARENT + "import graphc, sys\nprint(parent, open(f'/proc/{os.getppid()}/comm').read().strip())\nsys.exit(7)\n"
+    )
+    res = under_proxy(tmp_path, code)
+    assert (res.returncode, res.stdout, res.stderr) == (7, "hydra_pmi_proxy python\n", "")  # status passed on
+
+
+def test_no_guard_when_turned_off_or_after_mpi4py_or_outside_hydra(tmp_path):
+    code = PARENT + "import graphc\nprint(parent, open(f'/proc/{os.getppid()}/comm').read().strip())\n"
+    res = under_proxy(tmp_path, code, GRAPHC_RANK_GUARD="0")
+    assert (res.returncode, res.stdout) == (0, "hydra_pmi_proxy hydra_pmi_proxy\n"), res.stderr
+    fake_mpi = "import sys, types; sys.modules['mpi4py.MPI'] = types.ModuleType('mpi4py.MPI')\n"
+    res = under_proxy(tmp_path, fake_mpi + code)  # MPI may be initialized: no fork
+    assert (res.returncode, res.stdout) == (0, "hydra_pmi_proxy hydra_pmi_proxy\n"), res.stderr
+    res = guard(sys.executable, "-c", code)  # the explicit guard, outside hydra
+    assert (res.returncode, res.stdout) == (0, "python python\n"), res.stderr
+    grandparent = "pp = open(f'/proc/{os.getppid()}/stat').read().split(')')[1].split()[1]\n"
+    code = PARENT + grandparent + "import graphc\nprint(parent, open(f'/proc/{pp}/comm').read().strip())\n"
+    res = under_proxy(tmp_path, code, explicit=True)  # the explicit guard under hydra: one guard, not two
+    assert (res.returncode, res.stdout) == (0, "python hydra_pmi_proxy\n"), res.stderr
+
+
+def test_a_rank_killed_under_the_import_guard_is_named_and_ends_with_128_plus_9(tmp_path):
+    code = "import graphc, os, signal\nprint(os.getpid(), flush=True)\nos.kill(os.getpid(), signal.SIGKILL)\n"
+    res = under_proxy(tmp_path, code)
+    pid = res.stdout.strip()
+    assert res.returncode == 137, res.stderr  # an exit status the proxy sees, not a signal
+    assert res.stderr == f"graphc: rank 3: its process {pid} was killed by signal 9 (SIGKILL)\n"
+
+
+@pytest.mark.parametrize("explicit", [False, True], ids=["import", "explicit"])
+def test_a_failed_ranks_guard_ends_only_after_the_ranks_it_was_told_of(tmp_path, explicit):
+    """A rank tells its guard the pids of the other ranks on its machine; killed, its guard names
+    it and then waits for those processes before it ends (so hydra kills no survivor early)."""
+    peer = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    code = (
+        "import graphc, os, signal\n"
+        "from graphc.runtime.guarding import tell_guard\n"
+        f"tell_guard([{peer.pid}])\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    env = dict(os.environ, PMI_RANK="3", PYTHONPATH=ROOT)
+    env.pop("GRAPHC_RANK_GUARD", None)
+    if explicit:
+        argv = [sys.executable, "-m", "graphc.runtime.rank_guard", sys.executable, "-c", code]
+    else:
+        proxy = tmp_path / "hydra_pmi_proxy"
+        proxy.symlink_to(sys.executable)
+        argv = [str(proxy), "-c", PROXY, sys.executable, "-c", code]
+    job = subprocess.Popen(argv, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        assert job.stderr is not None
+        line = job.stderr.readline()  # the guard saw its rank killed
+        assert line.startswith("graphc: rank 3: its process ") and line.endswith("(SIGKILL)\n"), line
+        with pytest.raises(subprocess.TimeoutExpired):  # and waits while the peer lives
+            job.wait(timeout=1.0)
+        peer.communicate(b"")  # the peer ends
+        assert job.wait(timeout=30) == 137
+    finally:
+        for p in (peer, job):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
