@@ -79,6 +79,8 @@ def test_a_memory_rows_cover_rows_hold_for_every_plan_that_meets_it(case, offloa
             assert len(new) == 1
         brought += len(new) > 1
     assert brought >= 20
+
+
 @pytest.mark.parametrize("share", [0.45, 0.3])
 def test_the_optimum_is_the_same_with_and_without_cover_rows(case, share, monkeypatch):
     """Below the smallest peak without offload the solver offloads; with the cover rows it finds
