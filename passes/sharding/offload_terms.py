@@ -290,6 +290,8 @@ class OffloadTerms:
         # measured on the solves that offload because nothing fits (milp.py): a plain solve whose
         # screen (_may_be_faster) let a large parameter's columns in keeps presolve and drops the start
         self.model.milp.keep_misvalued_start = keep_misvalued_start
+        if keep_misvalued_start:  # nothing fits without offload: a solve from a start probes the binaries (milp.py)
+            self.model.milp.probe = np.concatenate([self.o, self.a]).astype(np.int64)
         if sum(max(0.0, v) for v in host_row.values()) > host.memory_bytes / self.model.MIB:  # the host can run out
             self.model.milp.add_row(
                 list(host_row), list(host_row.values()), -np.inf, host.memory_bytes / self.model.MIB

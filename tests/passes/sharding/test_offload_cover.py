@@ -1,6 +1,8 @@
 """Cover rows of the offload columns (passes/sharding/offload_terms.py, "Cover rows"): each memory
 row whose smallest bytes leave a deficit brings rows that every plan meeting it satisfies, so
-they hold for random plans that fit, change no optimum, and raise the LP relaxation's bound."""
+they hold for random plans that fit, change no optimum, and raise the LP relaxation's bound. And
+probing (passes/sharding/milp.py ``probed``): a binary whose LP at 1 costs more than the start is
+fixed at 0, which changes no optimum either."""
 
 from __future__ import annotations
 
@@ -10,9 +12,9 @@ import numpy as np
 import pytest
 
 from graphc.passes.partition import build_problem, shrink, solve_problem, state_ties
-from graphc.passes.sharding import ilp, offload_terms
+from graphc.passes.sharding import ilp, milp, offload_terms
 from graphc.passes.sharding.memrows import MemoryRows, add_lp_rows, smallest_bytes
-from graphc.passes.sharding.milp import LpRelaxation
+from graphc.passes.sharding.milp import LpRelaxation, Milp, probed, solve_milp
 from tests.passes.sharding.test_memrows import _cases, _solve
 
 
@@ -82,17 +84,24 @@ def test_a_memory_rows_cover_rows_hold_for_every_plan_that_meets_it(case, offloa
 
 
 @pytest.mark.parametrize("share", [0.45, 0.3])
-def test_the_optimum_is_the_same_with_and_without_cover_rows(case, share, monkeypatch):
-    """Below the smallest peak without offload the solver offloads; with the cover rows it finds
-    the optimum it finds without them (within REL_GAP), and the LP relaxation with the first
-    memory rows and their cover rows bounds at least as high."""
+def test_the_optimum_is_the_same_with_and_without_cover_rows_and_probing(case, share, monkeypatch):
+    """Below the smallest peak without offload the solver offloads; with the cover rows and
+    probing it finds the optimum it finds without them (within REL_GAP), and the LP relaxation
+    with the first memory rows and their cover rows bounds at least as high."""
     graph, mesh, options = case
     free = build_problem(graph, mesh, dataclasses.replace(options, memory_limit=None), ties=state_ties(graph))
     unlimited = free.memory.peak(solve_problem(free, dataclasses.replace(options, memory_limit=None)).choice)[0]
     limited = dataclasses.replace(options, memory_limit=int(share * unlimited))
-    solutions, bounds = [], []
-    for cover in (False, True):
-        monkeypatch.setattr(offload_terms, "COVER", cover)
+    solutions, bounds, probes = [], [], []
+    original = milp.probed
+
+    def counted(*a, **k):
+        probes.append(1)
+        return original(*a, **k)
+
+    for on in (False, True):
+        monkeypatch.setattr(offload_terms, "COVER", on)
+        monkeypatch.setattr(milp, "probed", counted if on else lambda *a, **k: None)
         problem = build_problem(graph, mesh, limited, ties=state_ties(graph))
         solutions.append((problem, _solve(problem, limited, True, monkeypatch)))
         _p, model = _model((graph, mesh, limited), True)
@@ -100,8 +109,32 @@ def test_the_optimum_is_the_same_with_and_without_cover_rows(case, share, monkey
         x = LpRelaxation(model.milp).solve(60.0)
         assert x is not None
         bounds.append(float(model.milp.cost @ x))
-    (_p0, without), (problem, with_cover) = solutions
-    assert without.offload and with_cover.offload and without.status == with_cover.status == "optimal"
-    assert with_cover.objective == pytest.approx(without.objective, rel=2e-4)  # both within REL_GAP
-    assert problem.memory.peak(with_cover.choice)[0] <= limited.memory_limit
+    (_p0, without), (problem, with_both) = solutions
+    assert without.offload and with_both.offload and without.status == with_both.status == "optimal"
+    assert with_both.objective == pytest.approx(without.objective, rel=2e-4)  # both within REL_GAP
+    assert problem.memory.peak(with_both.choice)[0] <= limited.memory_limit
     assert bounds[1] >= bounds[0] - 1e-6
+    assert probes  # the offload solves from a start probed their binaries
+
+
+def _choose_one(costs) -> Milp:
+    """min costs . x, x binary, sum x >= 1."""
+    m = Milp()
+    xs = m.add_vars(costs, integer=True)
+    m.add_row(xs, np.ones(len(xs)), 1.0, np.inf)
+    m.probe = xs
+    return m
+
+
+def test_probing_fixes_exactly_the_binaries_whose_lp_at_1_costs_more_than_the_start():
+    m = _choose_one([3.0, 1.0, 2.0, 10.0])
+    start = np.array([0.0, 0.0, 1.0, 0.0])  # cost 2: x1 (1) is cheaper, x0 (3) and x3 (10) are not
+    np.testing.assert_array_equal(probed(m, start, 60.0), [0.0, 1.0, 1.0, 0.0])
+    assert m.probe_values == pytest.approx({0: 3.0, 1: 1.0, 3: 10.0})  # each probed once, kept
+    m.add_row([3], [1.0], -np.inf, 1.0)  # rows only grow: the values stay lower bounds
+    # no time to probe: x2 (the first start's) is not fixed, x0 and x3 are by their values
+    np.testing.assert_array_equal(probed(m, np.array([0.0, 1.0, 0.0, 0.0]), 0.0), [0.0, 1.0, 1.0, 0.0])
+    assert probed(_choose_one([1.0, 1.0]), np.array([1.0, 0.0]), 60.0) is None  # a tie is not fixed
+    res = solve_milp(m, start=start)  # the start is not the optimum: the solve still finds it
+    assert res.status == "optimal" and res.objective == pytest.approx(1.0)
+    np.testing.assert_array_equal(np.round(res.x), [0.0, 1.0, 0.0, 0.0])
