@@ -691,6 +691,8 @@ class _Model:
 
     def add_memory_point(self, at: int, limit: float) -> None:
         const, coef = self.memory_expr(at)
+        floor = const + sum(min(coef.get((g, s), 0.0) for s in range(len(self.x[g]))) for g in {g for g, _s in coef})
+        self.offload.add_cover_rows(at, (floor - limit) / self.MIB)  # offload_terms.py: valid cover rows
         idx, val = self.offload.memory_terms(at)
         idx += [int(self.x[g][s]) for g, s in coef]
         val += [v / self.MIB for v in coef.values()]

@@ -232,12 +232,20 @@ def add_lp_rows(model, limit: int, time_limit_s: float, points: list[int]) -> in
     for at, const, idx, nb in found:
         points.append(at)
         model.milp.add_row(idx, nb / model.MIB, -np.inf, (float(limit) - const) / model.MIB)
+        model.offload.add_cover_rows(at, (smallest_bytes(model, const, idx, nb) - limit) / model.MIB)
     if x is not None:
         z = rounded(model, x)
         start = repaired(model, z, REPAIR_SHARE * time_limit_s / TIME_SHARE) if len(model.milp.broken_rows(z)) else z
         if start is not None:
             model.found.append(start)
     return len(found)
+
+
+def smallest_bytes(model, const: float, idx: np.ndarray, nb: np.ndarray) -> float:
+    """The fewest bytes a row ``(const, columns, bytes)`` can count without offload: the constant
+    and each group's smallest bytes over its strategies (its columns not in the row: 0)."""
+    at_col = dict(zip(idx.tolist(), nb.tolist()))
+    return const + sum(min(at_col.get(int(c), 0.0) for c in xs) for xs in model.x if xs is not None)
 
 
 def add_run_rows(model, prof: np.ndarray, limit: int, points: list[int]) -> None:

@@ -48,6 +48,20 @@ columns, on the SP test model at 70% the stash columns made the solve take 15% l
 the lazy held-buffer rows that depend on the order plans come in, end at a plan 2% slower than
 the state alone gives: docs/remat.md.)
 
+**Cover rows.** The memory rows alone make a weak LP relaxation: a fraction of a large
+candidate frees what the limit asks at a fraction of its price (on the SP test model of docs/remat.md
+at 85% of its free peak, the root bound was 277.1 us against the optimum 310.3). So each memory
+row at a position ``t`` with room ``L`` (``ilp._Model.add_memory_point``, ``memrows.add_lp_rows``)
+brings rows every plan that meets it satisfies. Even each group at its smallest bytes there counts
+``F`` (``memrows.smallest_bytes``); when ``D = F - L > 0``, the plan must move ``D`` off ``t``, and
+candidate or stash ``c`` moves at most ``A_c`` there (its ranges live at ``t``, each at its largest
+over the strategies), so ``sum A_c b_c >= D`` over their binaries ``b``. Its rounding for binaries,
+``sum min(1, A_c / D) b_c >= 1``, is added, and, when the smallest ``A_c`` together stay under ``D``,
+``sum b_c >= 1`` over the others (one of them is needed). When only optimizer state can move there,
+``u >= 1``: some transfer's latency is paid. Every such row follows from its memory row and
+integrality, so the optimum is the same (tests/passes/sharding/test_offload_cover.py); the root bound
+at 85% became 304.1 us, at 84% 316.0 against 323.6 (277.1 and 310.9 before).
+
 The chosen values are dropped from the memory model (``MemoryModel.offloaded``), so every peak
 measured after solving (the lazy memory rows, the plan's peak, its alternatives) sees them
 moved; the plan records them as an ``OffloadRecord`` (passes/offload.py) and the lowering
@@ -73,6 +87,12 @@ from graphc.passes.sharding.roles import update_nodes
 from graphc.passes.sharding.zero import param_groups, state_positions
 
 T = TypeVar("T")
+
+# Whether memory rows bring their cover rows (module doc, "Cover rows"; tests turn it off to compare optima).
+COVER = True
+# A cover row asks this much less than its memory row's deficit: a plan HiGHS takes as meeting the memory
+# row (within its feasibility tolerance, 1e-7 on rows in MiB) meets its cover rows too.
+TOLERANCE_MIB = 1e-6
 
 
 @dataclass(frozen=True)
@@ -241,6 +261,8 @@ class OffloadTerms:
         self.away: list[dict[int, float]] = []  # per stash: -MiB saved, by column
         self._shared: dict[tuple[int, int], list[int]] = {}  # (group, o) -> its w columns
         self.w: dict[int, list[tuple[int, int]]] = {}  # item -> (column, strategy) of the candidate being built
+        self.u: int | None = None  # the state's transfers' latency column (``u >= o[c]``)
+        self.forced = False  # whether a cover row has set ``u`` to 1 (``add_cover_rows``)
         if every or any(self._may_be_faster(c) for c in self.cands):
             self._build(keep_misvalued_start=bool(every))
 
@@ -268,6 +290,8 @@ class OffloadTerms:
         # measured on the solves that offload because nothing fits (milp.py): a plain solve whose
         # screen (_may_be_faster) let a large parameter's columns in keeps presolve and drops the start
         self.model.milp.keep_misvalued_start = keep_misvalued_start
+        if keep_misvalued_start:  # nothing fits without offload: a solve from a start probes the binaries (milp.py)
+            self.model.milp.probe = np.concatenate([self.o, self.a]).astype(np.int64)
         if sum(max(0.0, v) for v in host_row.values()) > host.memory_bytes / self.model.MIB:  # the host can run out
             self.model.milp.add_row(
                 list(host_row), list(host_row.values()), -np.inf, host.memory_bytes / self.model.MIB
@@ -281,6 +305,7 @@ class OffloadTerms:
         link, dram = host.link, host.memory_bandwidth
         self.o = m.add_vars(np.zeros(len(self.cands)), integer=True)
         u = m.add_vars([link.latency_s * us if priced else 0.0], integer=False)[0]
+        self.u = int(u)
         e = m.add_vars([1.0 if priced else 0.0], integer=False, upper=1e30)[0]
         overlap = cluster_figures(p.mesh.profile).dp_overlap
         bconst, bcoef = self._x_expr([(i, p.costs.compute_times(i) * us) for i in _part_items(p, "backward")])
@@ -396,6 +421,38 @@ class OffloadTerms:
                 yield a, b, coef
         for st, coef in zip(self.stashes, self.away):
             yield st.away[0], st.away[1], coef
+
+    def savings_at(self, at: int) -> list[tuple[int, float]]:
+        """(binary column, the most MiB its candidate or stash can take off position ``at``, under
+        any strategies) of every candidate and stash that takes some off there."""
+        out = []
+        for o, c, per_entry in zip(self.o, self.cands, self.saved):
+            most = sum(-min(coef.values(), default=0.0) for coef, e in zip(per_entry, c.entries) if e[2] <= at <= e[3])
+            out.append((int(o), most))
+        for a, st, coef in zip(self.a, self.stashes, self.away):
+            out.append((int(a), -min(coef.values(), default=0.0) if st.away[0] <= at <= st.away[1] else 0.0))
+        return [(col, v) for col, v in out if v > 0]
+
+    def add_cover_rows(self, at: int, deficit_mib: float) -> None:
+        """Rows true of every plan whose memory at position ``at`` fits, when even each group's
+        smallest bytes there leave ``deficit_mib`` over the limit (module doc, "Cover rows")."""
+        deficit_mib -= TOLERANCE_MIB
+        if not COVER or deficit_mib <= 0 or (not len(self.o) and not len(self.a)):
+            return
+        save = sorted((v, col) for col, v in self.savings_at(at))
+        if not save:  # nothing moves off there: the memory row alone rules every plan out
+            return
+        m = self.model.milp
+        if self.u is not None and not self.forced and not set(c for _, c in save) & set(map(int, self.a)):
+            m.add_row([self.u], [1.0], 1.0, np.inf)  # some state is offloaded: its latency is paid
+            self.forced = True
+        m.add_row([c for _, c in save], [min(1.0, v / deficit_mib) for v, _ in save], 1.0, np.inf)
+        small, total = 0, 0.0  # the smallest savings that together cannot cover D: one of the others is needed
+        while small < len(save) and total + save[small][0] < deficit_mib:
+            total += save[small][0]
+            small += 1
+        if 0 < small < len(save):
+            m.add_row([c for _, c in save[small:]], np.ones(len(save) - small), 1.0, np.inf)
 
     def memory_terms(self, at: int) -> tuple[list[int], list[float]]:
         """(columns, MiB coefficients) the offload adds to the memory row at position ``at``."""
