@@ -75,7 +75,7 @@ from graphc.passes.pipeline import node_seconds
 from graphc.passes.sharding.build import step_flops
 from graphc.passes.sharding.plan import ShardingPlan
 from graphc.passes.sharding.problem import Pins
-from graphc.passes.stage_cut import stage_cut
+from graphc.passes.stage_cut import StageMemory, stage_cut
 from graphc.passes.state_layout import SegmentSpecs, StateLayout, kept_bytes, split_reads, state_layout
 
 MFU_FORMULA = "model_flops / (step_s * devices * peak_flops)"
@@ -422,11 +422,7 @@ def compose(model: _Model, segs: _Segments, lo: Layout, profile, figures: Cluste
     other = other_st.held(D, lo.zero, offloaded)
     work = max(blk.activation_bytes, head.activation_bytes) if full else 0.0
 
-    def stage_mem(s, unit_bytes, n_units):
-        flight = min(k, S - s)
-        ends = other if s in (0, S - 1) else 0.0
-        return per_layer_state * n_units + ends + offloading.stash_bytes(flight, unit_bytes, act_f, unit_a.max()) + work
-
+    stage_mem = StageMemory(S, k, per_layer_state, other, act_f, unit_a.max(), work)
     counts = stage_cut(unit_s, unit_a, stage_mem, S, limit)
     if counts is None:
         return None, f"no cut into {S} stages fits {limit / 2**30:.1f} GiB per device" if limit else "no cut"
