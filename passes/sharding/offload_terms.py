@@ -186,28 +186,43 @@ def candidates(p: Problem) -> list[Candidate]:
     node_item = {it.node: i for i, it in enumerate(p.items) if it.kind == "node"}
     tied = dict(p.ties)  # input item -> output item
     live = p.memory.live_ranges()
-    out = []
-    for pg in param_groups(graph, state):
-        if pg.param is None or not pg.states or pg.param not in input_item:
+    ranges_of: dict[Value, list[int]] = {}  # value -> its entries' positions in ``live``
+    for k, entry in enumerate(live):
+        ranges_of.setdefault(entry[0], []).append(k)
+    groups = [  # (its parameter's input position, the group)
+        (pg.param, pg)
+        for pg in param_groups(graph, state)
+        if pg.param is not None and pg.states and pg.param in input_item
+    ]
+    # program order: a node joins a group when it reads one of the group's values (its
+    # parameter, state, gradients, or what an earlier node of the group made), all groups in one pass
+    owners: dict[Value, set[int]] = {}
+    for gi, (k_param, pg) in enumerate(groups):
+        for v in (graph.inputs[k_param], *(graph.inputs[k] for k in pg.states), *pg.gradients):
+            owners.setdefault(v, set()).add(gi)
+    joined: list[list] = [[] for _ in groups]
+    for node in graph.nodes:
+        if node not in update or not node.outputs:
             continue
-        param = graph.inputs[pg.param]
-        shape = param.type.shape
-        mine = {param, *(graph.inputs[k] for k in pg.states), *pg.gradients}
-        nodes = []
-        for node in graph.nodes:  # program order: a node joins when it reads one of the group's values
-            if node in update and node.outputs and node.outputs[0].type.shape == shape:
-                if any(v in mine for v in node.inputs):
-                    nodes.append(node)
-                    mine.update(node.outputs)
-        back = tied.get(input_item[pg.param])
+        shape = node.outputs[0].type.shape
+        reading = {gi for v in node.inputs for gi in owners.get(v, ())}
+        for gi in sorted(gi for gi in reading if graph.inputs[groups[gi][0]].type.shape == shape):
+            joined[gi].append(node)
+            for o in node.outputs:
+                owners.setdefault(o, set()).add(gi)
+    out = []
+    for (k_param, pg), nodes in zip(groups, joined):
+        param = graph.inputs[k_param]
+        back = tied.get(input_item[k_param])
         returned = p.items[back].value if back is not None else None  # the updated parameter: comes back
         moved = {graph.inputs[k] for k in pg.states} | {o for n in nodes for o in n.outputs}
         if returned is not None:
             moved.discard(returned)
-        entries = tuple(e for e in live if e[0] in moved and e[1] not in p.remat)
+        at = sorted(k for v in moved for k in ranges_of.get(v, ()))
+        entries = tuple(e for e in (live[k] for k in at) if e[1] not in p.remat)
         out.append(
             Candidate(
-                param=pg.param,
+                param=k_param,
                 states=pg.states,
                 state_items=tuple(input_item[k] for k in pg.states),
                 param_nbytes=param.type.nbytes,

@@ -1,0 +1,110 @@
+"""What grows with depth in the sharding ILP of a tied transformer (issue 29), and what is done
+once: the state ties of repeated layers give equal rows, added once (passes/sharding/ilp.py
+``_add_ties``), with the optimum of the program that has every one of them (with and without a
+memory limit, with and without the offload columns); the offload candidates (one per parameter,
+passes/sharding/offload_terms.py ``candidates``) found in one pass over the program equal the
+per-parameter scans they replace."""
+
+from __future__ import annotations
+
+import pytest
+
+import graphc
+from graphc.core.mesh import Mesh
+from graphc.core.profiles import get_profile
+from graphc.core.pytree import static_argnames
+from graphc.models import gpt3
+from graphc.passes.options import PlanOptions
+from graphc.passes.partition import build_problem, shrink, state_ties
+from graphc.passes.sharding import ilp
+from graphc.passes.sharding.offload_terms import candidates
+from graphc.passes.sharding.roles import update_nodes
+from graphc.passes.sharding.zero import param_groups, state_positions
+
+A100 = get_profile("a100-sxm")  # a host tier: the offload columns exist
+MESH = {"tp": 2}
+
+
+@pytest.fixture(scope="module")
+def graph():
+    """A 3-layer GPT-3 step in bfloat16 with float32 Adam moments: three tied layers."""
+    args, kw = gpt3.example_train_specs(n_layer=3, d=32, n_head=4, seq=8, n_vocab=64, batch=4, dtype=graphc.bfloat16)
+    step = graphc.parallelize(gpt3.train_step, mesh=MESH, static_argnames=static_argnames(kw), cache=False)
+    return step.trace_optimized(*args, **kw)[1]
+
+
+def _solve(graph, limit, offload, distinct, monkeypatch):
+    monkeypatch.setattr(ilp, "DISTINCT_TIE_ROWS", distinct)
+    options = PlanOptions(memory_limit=limit, recompute="off", time_limit=120.0)
+    problem = build_problem(graph, Mesh(MESH, profile=A100), options, ties=state_ties(graph))
+    groups, of = shrink(problem)
+    sol = ilp.solve(problem, groups, of, limit, options.time_limit, offload=offload)
+    return sol, problem.memory.peak(sol.choice)[0]
+
+
+@pytest.fixture(scope="module")
+def free_peak(graph):
+    with pytest.MonkeyPatch.context() as mp:
+        return _solve(graph, None, False, True, mp)[1]
+
+
+@pytest.mark.parametrize(
+    ("share", "offload"),
+    [
+        (None, False),
+        (None, True),
+        # a limit that binds: memory rows; the offload columns under a limit take minutes, left out
+        pytest.param(0.9, False, marks=pytest.mark.slow),
+    ],
+)
+def test_tie_rows_once_keep_the_optimum_of_every_tie_row(graph, free_peak, share, offload, monkeypatch):
+    limit = None if share is None else int(share * free_peak)
+    reduced, peak = _solve(graph, limit, offload, True, monkeypatch)
+    whole, whole_peak = _solve(graph, limit, offload, False, monkeypatch)
+    assert reduced.status == whole.status == "optimal"
+    assert reduced.objective == pytest.approx(whole.objective, rel=1e-9, abs=1e-15)
+    assert reduced.stats["constraints"] < whole.stats["constraints"]  # the layers' equal rows, once
+    if limit is not None:
+        assert peak <= limit and whole_peak <= limit
+        assert reduced.stats["memory_points"] > 0  # the limit binds: memory rows were needed
+
+
+def _candidates_per_parameter(p):
+    """offload_terms.candidates as it was: each parameter's update nodes and live ranges found by a
+    scan of the whole program (quadratic in depth); the reference the one-pass version must equal."""
+    graph, state = p.graph, state_positions(p)
+    update = update_nodes(graph)
+    input_item = {it.index: i for i, it in enumerate(p.items) if it.kind == "input"}
+    node_item = {it.node: i for i, it in enumerate(p.items) if it.kind == "node"}
+    tied = dict(p.ties)
+    live = p.memory.live_ranges()
+    out = []
+    for pg in param_groups(graph, state):
+        if pg.param is None or not pg.states or pg.param not in input_item:
+            continue
+        param = graph.inputs[pg.param]
+        mine = {param, *(graph.inputs[k] for k in pg.states), *pg.gradients}
+        nodes = []
+        for node in graph.nodes:
+            if node in update and node.outputs and node.outputs[0].type.shape == param.type.shape:
+                if any(v in mine for v in node.inputs):
+                    nodes.append(node)
+                    mine.update(node.outputs)
+        back = tied.get(input_item[pg.param])
+        moved = {graph.inputs[k] for k in pg.states} | {o for n in nodes for o in n.outputs}
+        if back is not None:
+            moved.discard(p.items[back].value)
+        entries = tuple(e for e in live if e[0] in moved and e[1] not in p.remat)
+        out.append((pg.param, tuple(node_item[n] for n in nodes if n in node_item), entries))
+    return out
+
+
+@pytest.mark.parametrize("zero", [0, 1])
+def test_offload_candidates_in_one_pass_equal_the_per_parameter_scans(graph, zero):
+    options = PlanOptions(zero=zero)
+    p = build_problem(graph, Mesh({"dp": 2, "tp": 2}, profile=A100), options, ties=state_ties(graph))
+    got = [(c.param, c.update_items, c.entries) for c in candidates(p)]
+    want = _candidates_per_parameter(p)
+    assert len(got) == 3 * 12 + 4  # 12 parameters a layer, the embeddings and the final norm's
+    assert all(update for _param, update, _entries in got)
+    assert got == want
