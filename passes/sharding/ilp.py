@@ -300,9 +300,7 @@ def _renumber(groups: list[Group], of: list[int]) -> tuple[list[Group], list[int
 
 
 # --- ILP -----------------------------------------------------------------------------------------
-
-# Whether equal tie rows are added once (``_Model._add_ties``; tests turn it off to compare optima).
-DISTINCT_TIE_ROWS = True
+DISTINCT_TIE_ROWS = True  # equal tie rows added once (``_Model._add_ties``; tests compare optima without)
 
 
 def objective_terms(p: Problem, groups: list[Group], of: list[int]):
@@ -357,10 +355,20 @@ def _edge_terms(p: Problem, of: list[int], maps: dict):
     """(group pair, cost table, its rows and columns for the groups' strategies, edge count) per
     distinct edge term."""
     seen: dict[tuple, list] = {}
+    # tables looked up once per (ends' strategy tuples, shared by repeated layers' fused nodes,
+    # problem.py ``_fused``; operand positions, type, deferral); terms still told apart by the ends'
+    # Strategies objects, as their ``DistinctSpecs`` told them: the same sums in the same order
+    tables: dict[tuple, tuple] = {}
+    items = p.items
     for e in p.edges:
-        small, ui, vi = p.costs.edge_table(e)
+        src_of, dst_of = items[e.src].strategies, items[e.dst].strategies
+        made = (id(src_of.as_tuple), e.src_out, id(dst_of.as_tuple), e.dst_in, e.value.type, e.deferred)
+        got = tables.get(made)
+        if got is None:
+            got = tables[made] = p.costs.edge_table(e)
+        small, ui, vi = got
         mu, mv = maps[e.src], maps[e.dst]
-        key = (of[e.src], of[e.dst], id(small), id(ui), id(vi), id(mu), id(mv))
+        key = (of[e.src], of[e.dst], id(small), id(src_of), e.src_out, id(dst_of), e.dst_in, id(mu), id(mv))
         hit = seen.get(key)
         if hit is None:
             seen[key] = [(of[e.src], of[e.dst]), small, ui[mu], vi[mv], 1]
@@ -529,9 +537,8 @@ class _Model:
         self.y.append((gu, gv, rc, cc, ids))
 
     def _add_ties(self) -> None:
-        """Tied input/output items: equal strategy index (= equal spec). One row per distinct
-        row: the ties of repeated layers join the same two groups by the same maps, so give the
-        same rows (the 12-layer GPT-3 slice: 445 ties, as many rows as the 4-layer slice's 157)."""
+        """Tied input/output items: equal strategy index (= equal spec). Each distinct row once:
+        repeated layers' ties join the same two groups by the same maps (equal rows)."""
         p, maps = self.p, self.maps
         done: set[tuple] = set()
         for a, b in p.ties:

@@ -90,6 +90,12 @@ class Strategies:
     def __iter__(self) -> Iterator[Strategy]:
         return iter(self._all)
 
+    @property
+    def as_tuple(self) -> tuple[Strategy, ...]:
+        """The strategies as one tuple: objects made from one tuple (equal nodes' fused kernels,
+        problem.py ``_fused``) hold that very tuple, so equal ``id`` means equal strategies."""
+        return self._all
+
     def __repr__(self) -> str:
         return f"Strategies({', '.join(s.name for s in self._all)})"
 

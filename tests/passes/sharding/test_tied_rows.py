@@ -7,6 +7,7 @@ per-parameter scans they replace."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import graphc
@@ -108,3 +109,43 @@ def test_offload_candidates_in_one_pass_equal_the_per_parameter_scans(graph, zer
     assert len(got) == 3 * 12 + 4  # 12 parameters a layer, the embeddings and the final norm's
     assert all(update for _param, update, _entries in got)
     assert got == want
+
+
+def _edge_terms_per_edge(p, of, maps):
+    """ilp._edge_terms as it was: every edge's table looked up (``CostModel.edge_table``)."""
+    seen: dict[tuple, list] = {}
+    for e in p.edges:
+        small, ui, vi = p.costs.edge_table(e)
+        mu, mv = maps[e.src], maps[e.dst]
+        key = (of[e.src], of[e.dst], id(small), id(ui), id(vi), id(mu), id(mv))
+        hit = seen.get(key)
+        if hit is None:
+            seen[key] = [(of[e.src], of[e.dst]), small, ui[mu], vi[mv], 1]
+        else:
+            hit[4] += 1
+    return seen.values()
+
+
+def test_edge_tables_made_once_per_strategy_tuple_give_the_same_objective_bit_for_bit(graph, monkeypatch):
+    """On a GPU profile fused nodes keep a Strategies object each (problem.py ``_fused``) over one
+    shared tuple: the tables are looked up once per tuple, and the objective's vectors and pair
+    matrices are the ones every edge's own lookup gives, to the bit."""
+    options = PlanOptions(recompute="off")
+    fresh = build_problem(graph, Mesh(MESH, profile=A100), options, ties=state_ties(graph))
+    groups, of = shrink(fresh)
+    calls = []
+    lookup = type(fresh.costs).edge_table
+
+    def counted(self, e):
+        calls.append(e)
+        return lookup(self, e)
+
+    monkeypatch.setattr(type(fresh.costs), "edge_table", counted)
+    vec, pair, _maps = ilp.objective_terms(fresh, groups, of)
+    once = len(calls)
+    monkeypatch.setattr(ilp, "_edge_terms", _edge_terms_per_edge)
+    other = build_problem(graph, Mesh(MESH, profile=A100), options, ties=state_ties(graph))
+    vec0, pair0, _maps0 = ilp.objective_terms(other, *shrink(other))
+    assert len(calls) - once == len(other.edges) > 2 * once  # far fewer lookups
+    assert len(vec) == len(vec0) and all(np.array_equal(a, b) for a, b in zip(vec, vec0))
+    assert pair.keys() == pair0.keys() and all(np.array_equal(pair[k], pair0[k]) for k in pair)
