@@ -359,14 +359,11 @@ def _edge_terms(p: Problem, of: list[int], maps: dict):
     # problem.py ``_fused``; operand positions, type, deferral); terms still told apart by the ends'
     # Strategies objects, as their ``DistinctSpecs`` told them: the same sums in the same order
     tables: dict[tuple, tuple] = {}
-    items = p.items
     for e in p.edges:
-        src_of, dst_of = items[e.src].strategies, items[e.dst].strategies
+        src_of, dst_of = p.items[e.src].strategies, p.items[e.dst].strategies
         made = (id(src_of.as_tuple), e.src_out, id(dst_of.as_tuple), e.dst_in, e.value.type, e.deferred)
         got = tables.get(made)
-        if got is None:
-            got = tables[made] = p.costs.edge_table(e)
-        small, ui, vi = got
+        small, ui, vi = got if got is not None else tables.setdefault(made, p.costs.edge_table(e))
         mu, mv = maps[e.src], maps[e.dst]
         key = (of[e.src], of[e.dst], id(small), id(src_of), e.src_out, id(dst_of), e.dst_in, id(mu), id(mv))
         hit = seen.get(key)
