@@ -441,6 +441,7 @@ class _ProblemBuilder:
         zero = self.roles.zero  # ZeRO: gradients get a fan-out, state inputs none (module doc)
         edges: list[Edge] = []
         made: dict[tuple, Strategies] = {}  # one strategy list per distinct spec set (shared)
+        spread: dict[tuple, tuple] = {}  # the DistinctSpecs of a value's producer and readers -> its spec set
 
         for (src, out, phase), group in reads.items():
             v = group[0].value
@@ -454,10 +455,16 @@ class _ProblemBuilder:
             if (len(group) < 2 and not grad) or state_input:
                 edges += group
                 continue
-            specs: dict[tuple, None] = dict.fromkeys(self.items[src].strategies.specs("out", out).specs)
-            for e in group:
-                specs.update(dict.fromkeys(self.items[e.dst].strategies.specs("in", e.dst_in).specs))
-            key = tuple(specs)
+            ends = (
+                self.items[src].strategies.specs("out", out),
+                *(self.items[e.dst].strategies.specs("in", e.dst_in) for e in group),
+            )
+            key = spread.get(ends)
+            if key is None:  # the specs of both ends in first-seen order, once per (shared) ends
+                specs: dict[tuple, None] = dict.fromkeys(ends[0].specs)
+                for ds in ends[1:]:
+                    specs.update(dict.fromkeys(ds.specs))
+                key = spread[ends] = tuple(specs)
             strategies = made.get(key)
             if strategies is None:
                 strategies = made[key] = Strategies(
