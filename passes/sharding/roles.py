@@ -179,7 +179,9 @@ def axis_roles(
         if k in state_pos:
             continue
         first = classes.first.get(v)
-        dims = [] if first is None else [d for d in range(v.type.ndim) if first + d in labelled]
+        if first is None:  # no rule labels a dim of it
+            continue
+        dims = [d for d in range(v.type.ndim) if first + d in labelled]
         if not dims:
             continue
         b = dims[0]
