@@ -26,13 +26,15 @@ class Rewriter:
         return self.subst.get(v, v)
 
     def operands(self, node: Node) -> list[Value]:
-        return [self.get(v) for v in node.inputs]
+        subst = self.subst
+        return [subst.get(v, v) for v in node.inputs]
 
     def keep(self, node: Node, regions: tuple[Region, ...] | None = None) -> Node:
         """Add ``node`` with its operands remapped (and, if given, new regions)."""
-        ins = self.operands(node)
+        subst = self.subst  # ``operands``, inline: every pass keeps nearly every node
+        ins = [subst.get(v, v) for v in node.inputs]
         regions = node.regions if regions is None else regions
-        if all(a is b for a, b in zip(ins, node.inputs)) and regions is node.regions:
+        if regions is node.regions and all(a is b for a, b in zip(ins, node.inputs)):
             self.nodes.append(node)
             return node
         new = node.with_operands(ins, regions)

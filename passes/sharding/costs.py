@@ -47,9 +47,10 @@ class CostModel:
         # edge tables by (type, the two DistinctSpecs objects, deferred), and by their specs' values
         self._tables: dict[tuple, np.ndarray] = {}
         self._tables_by_value: dict[tuple, np.ndarray] = {}
-        # per edge: (the edge, its ends' Strategies objects, its table and indices), while both
-        # ends keep those objects (a pin, tie or ZeRO stage gives an item a new one)
-        self._by_edge: dict[int, tuple] = {}
+        # (table, producer indices, consumer indices) by what an edge's table depends on: its ends'
+        # Strategies objects (a pin, tie or ZeRO stage gives an item a new one), the result and
+        # operand it joins, its value's type, deferred; repeated layers' edges share an entry
+        self._by_ends: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
     # --- compute -------------------------------------------------------------------------------
     def compute_times(self, item: int) -> np.ndarray:
@@ -78,10 +79,17 @@ class CostModel:
     def edge_table(self, e: Edge) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(times between the distinct specs, producer index per strategy, consumer index per
         strategy): one table per distinct (type, specs, deferred) combination."""
-        src_of, dst_of = self.items[e.src].strategies, self.items[e.dst].strategies
-        got = self._by_edge.get(id(e))
-        if got is not None and got[0] is e and got[1] is src_of and got[2] is dst_of:
-            return got[3]
+        ends = (
+            self.items[e.src].strategies,
+            e.src_out,
+            self.items[e.dst].strategies,
+            e.dst_in,
+            e.value.type,
+            e.deferred,
+        )
+        got = self._by_ends.get(ends)
+        if got is not None:
+            return got
         us, vs = self.ends(e)
         key = (e.value.type, us, vs, e.deferred)
         table = self._tables.get(key)
@@ -92,8 +100,8 @@ class CostModel:
                 table = np.array([[self.time(e, a, b) for b in vs.specs] for a in us.specs])
                 self._tables_by_value[by_value] = table
             self._tables[key] = table
-        self._by_edge[id(e)] = (e, src_of, dst_of, (table, us.index, vs.index))
-        return table, us.index, vs.index
+        got = self._by_ends[ends] = (table, us.index, vs.index)
+        return got
 
     def edge_times_at(self, e: Edge, item: int, choice: list[int]) -> np.ndarray:
         """The edge's time for every strategy of ``item`` (one of its ends), the other end as
@@ -135,7 +143,7 @@ class CostModel:
             self.bucket_share_bytes = filled
             # the times change (which specs an edge joins does not): new tables, the old ones left
             # to a ``snapshot`` taken before
-            self._tables, self._tables_by_value, self._by_edge = {}, {}, {}
+            self._tables, self._tables_by_value, self._by_ends = {}, {}, {}
 
     def snapshot(self) -> CostModel:
         """This model as it prices now (its bucket share), unchanged by a later ``rebucket``: what

@@ -356,13 +356,15 @@ class _ProblemBuilder:
         fused_cache: dict = {}  # (key, bytes fusion saves) -> the strategies at the fused time
         partial: dict[Value, frozenset] = {}  # value -> the sets of axes its producer may leave P
         zero_axes = self.zero_axes()
+        numbering = _ValueKeys(self.sets, self.roles)
+        value_keys = (numbering.for_update(False), numbering.for_update(True))
         for n_i, node in enumerate(self.graph.nodes):
             rule = rules[node]
             arriving = tuple(partial.get(v, frozenset()) for v in node.inputs)
             if zero_axes and node in self.roles.update:  # ZeRO reduces a gradient before the update
                 arriving = tuple(frozenset(s for s in sets if not s & zero_axes) for sets in arriving)
             overhead = self.op_overhead(node)
-            key = _node_key(node, self.sets, self.roles)
+            key = _node_key(node, value_keys[node in self.roles.update])
             key = None if key is None else (key, arriving, overhead)
             strategies = strategy_cache.get(key) if key is not None else None
             if strategies is None:
@@ -439,6 +441,7 @@ class _ProblemBuilder:
         zero = self.roles.zero  # ZeRO: gradients get a fan-out, state inputs none (module doc)
         edges: list[Edge] = []
         made: dict[tuple, Strategies] = {}  # one strategy list per distinct spec set (shared)
+        spread: dict[tuple, tuple] = {}  # the DistinctSpecs of a value's producer and readers -> its spec set
 
         for (src, out, phase), group in reads.items():
             v = group[0].value
@@ -452,10 +455,16 @@ class _ProblemBuilder:
             if (len(group) < 2 and not grad) or state_input:
                 edges += group
                 continue
-            specs: dict[tuple, None] = dict.fromkeys(self.items[src].strategies.specs("out", out).specs)
-            for e in group:
-                specs.update(dict.fromkeys(self.items[e.dst].strategies.specs("in", e.dst_in).specs))
-            key = tuple(specs)
+            ends = (
+                self.items[src].strategies.specs("out", out),
+                *(self.items[e.dst].strategies.specs("in", e.dst_in) for e in group),
+            )
+            key = spread.get(ends)
+            if key is None:  # the specs of both ends in first-seen order, once per (shared) ends
+                specs: dict[tuple, None] = dict.fromkeys(ends[0].specs)
+                for ds in ends[1:]:
+                    specs.update(dict.fromkeys(ds.specs))
+                key = spread[ends] = tuple(specs)
             strategies = made.get(key)
             if strategies is None:
                 strategies = made[key] = Strategies(
@@ -514,10 +523,11 @@ def _left_partial(strategies: Strategies, n_out: int, cache: dict[int, tuple]) -
     return got[1]
 
 
-def _node_key(node, sets, roles: AxisRoles):
+def _node_key(node, value_key):
     """Nodes with equal keys have equal strategies (repeated layers): op, attributes (but those
-    that only place a random draw in its stream), types, the block counts their values may carry,
-    and the kinds of their dims (batch, sequence)."""
+    that only place a random draw in its stream), and per operand and result what
+    ``value_key(v, update)`` numbers: its type, the block counts it may carry and the kinds of
+    its dims (batch, sequence; ``AxisRoles.key``)."""
     if node.regions:
         return None
     skip = stream_position(node)
@@ -533,9 +543,32 @@ def _node_key(node, sets, roles: AxisRoles):
     except TypeError:
         return None
     values = (*node.inputs, *node.outputs)
-    blocks = tuple(tuple(frozenset(x) for x in sets.get(v, ())) for v in values)
-    types = (tuple(v.type for v in node.inputs), tuple(o.type for o in node.outputs))
-    return (node.op.name, attrs, types, blocks, roles.key(values, node in roles.update))
+    return (node.op.name, attrs, len(node.inputs), tuple(value_key(v) for v in values))
+
+
+class _ValueKeys:
+    """``_node_key``'s per-value part, numbered: values of one type, block counts and dim kinds
+    get one number (made once per value; a node key is then a short tuple of integers, cheap to
+    hash however often repeated layers look it up). ``for_update(u)``: the numbering of an update
+    node's operands (``u``) or another node's, both from one count."""
+
+    def __init__(self, sets: dict[Value, list[set[int]]], roles: AxisRoles) -> None:
+        self.sets, self.roles = sets, roles
+        self.numbers: dict[tuple, int] = {}
+        self.of: tuple[dict[Value, int], dict[Value, int]] = ({}, {})
+
+    def for_update(self, update: bool):
+        of, sets, roles, numbers = self.of[update], self.sets, self.roles, self.numbers
+
+        def number(v: Value) -> int:
+            got = of.get(v)
+            if got is None:
+                blocks = tuple(frozenset(x) for x in sets.get(v, ()))
+                key = (v.type, blocks, roles.key((v,), update))
+                got = of[v] = numbers.setdefault(key, len(numbers))
+            return got
+
+        return number
 
 
 def _pin(item: Item, spec, what: str, error, node: bool = False) -> None:

@@ -48,20 +48,33 @@ BATCH, SEQ = 1, 2  # bits of a dim's kind
 RESTRICTED = {"data": BATCH, "seq": SEQ}  # role -> the kind of dim it may split
 
 
-class _UnionFind:
-    def __init__(self) -> None:
-        self.parent: dict[tuple[Value, int], tuple[Value, int]] = {}
+class _DimClasses:
+    """A union-find over the dims of values: dim ``d`` of value ``v`` is the integer
+    ``slot(v, d)`` (the value's first slot plus ``d``), so the classes of a large graph are a
+    list of integers, not a dict of (value, dim) pairs the cycle collector walks."""
 
-    def find(self, x: tuple[Value, int]) -> tuple[Value, int]:
+    def __init__(self) -> None:
+        self.first: dict[Value, int] = {}  # a value's dim 0; its dims follow
+        self.parent: list[int] = []
+
+    def slot(self, v: Value, d: int) -> int:
+        """The integer of dim ``d`` of ``v`` (given one on first use)."""
+        b = self.first.get(v)
+        if b is None:
+            b = self.first[v] = len(self.parent)
+            self.parent.extend(range(b, b + v.type.ndim))
+        return b + d
+
+    def find(self, x: int) -> int:
         parent = self.parent
         root = x
-        while parent.get(root, root) != root:
+        while parent[root] != root:
             root = parent[root]
-        while parent.get(x, x) != root:  # path compression
+        while parent[x] != root:  # path compression
             parent[x], x = root, parent[x]
         return root
 
-    def union(self, a: tuple[Value, int], b: tuple[Value, int]) -> None:
+    def union(self, a: int, b: int) -> None:
         ra, rb = self.find(a), self.find(b)
         if ra != rb:
             self.parent[ra] = rb
@@ -86,10 +99,10 @@ class AxisRoles:
     axis allows. ``allows(a, v, d)``: may axis ``a`` split dim ``d`` of value ``v``?"""
 
     roles: tuple[str, ...]  # per mesh axis
-    classes: _UnionFind
-    labelled: set[tuple[Value, int]]
-    batch: set[tuple[Value, int]]  # class roots
-    seq: set[tuple[Value, int]]
+    classes: _DimClasses
+    labelled: set[int]  # dims (``classes.slot``) some rule labels
+    batch: set[int]  # class roots
+    seq: set[int]
     state: frozenset[Value]  # state inputs and the outputs tied to them
     zero: frozenset[Value] = frozenset()  # values a data axis may split anywhere (ZeRO, module doc)
     update: frozenset[Node] = frozenset()  # the update's nodes (``update_nodes``), with ZeRO
@@ -104,9 +117,13 @@ class AxisRoles:
         """Per dim of ``v``: BATCH | SEQ bits (0 for a dim of neither kind)."""
         hit = self._kinds.get(v)
         if hit is None:
+            first = self.classes.first.get(v)
+            if first is None:  # no rule labels a dim of it: each dim is a class of its own
+                hit = self._kinds[v] = (0,) * v.type.ndim
+                return hit
             out = []
             for d in range(v.type.ndim):
-                root = self.classes.find((v, d))
+                root = self.classes.find(first + d)
                 out.append((BATCH if root in self.batch else 0) | (SEQ if root in self.seq else 0))
             hit = self._kinds[v] = tuple(out)
         return hit
@@ -147,12 +164,13 @@ def axis_roles(
     of ``graph`` (see the module doc); ``zero``: data axes may split the training state and the
     update."""
     roles = free_roles(mesh) if free_axes else tuple(mesh.roles[name] for name in mesh.axis_names)
-    classes = _UnionFind()
-    labelled: set[tuple[Value, int]] = set()
+    classes = _DimClasses()
+    labelled: set[int] = set()
+    by_rule: dict[int, tuple] = {}
     for node in graph.nodes:
         rule = rules.get(node)
         if rule is not None:
-            _unite(classes, labelled, node, rule)
+            _unite(classes, labelled, node, rule, by_rule)
     state_pos = state_inputs(graph, ties)
     state = {graph.inputs[i] for i in state_pos} | {graph.outputs[o] for i, o in ties}
     batch: set = set()
@@ -160,13 +178,16 @@ def axis_roles(
     for k, v in enumerate(graph.inputs):
         if k in state_pos:
             continue
-        dims = [d for d in range(v.type.ndim) if (v, d) in labelled]
+        first = classes.first.get(v)
+        if first is None:  # no rule labels a dim of it
+            continue
+        dims = [d for d in range(v.type.ndim) if first + d in labelled]
         if not dims:
             continue
         b = dims[0]
-        batch.add(classes.find((v, b)))
-        if b + 1 < v.type.ndim and (v, b + 1) in labelled and (v.type.dtype.kind in "iu" or v.type.ndim >= 3):
-            seq.add(classes.find((v, b + 1)))
+        batch.add(classes.find(first + b))
+        if b + 1 < v.type.ndim and first + b + 1 in labelled and (v.type.dtype.kind in "iu" or v.type.ndim >= 3):
+            seq.add(classes.find(first + b + 1))
     zero_values: frozenset[Value] = frozenset()
     update = update_nodes(graph) if zero and "data" in roles else frozenset()
     if update:  # a training step: ZeRO shards its state and update
@@ -196,24 +217,40 @@ def update_nodes(graph: Graph) -> frozenset[Node]:
     return frozenset(update)
 
 
-def _unite(classes: _UnionFind, labelled: set, node: Node, rule: DimRule) -> None:
+def _unite(classes: _DimClasses, labelled: set[int], node: Node, rule: DimRule, cache: dict[int, tuple]) -> None:
     """Put the dims that carry one label of ``rule`` as their primary label in one class; every
     dim with a splittable label, alternatives included, is ``labelled``. An alternative label
     relates dims without making them one (a reshape's ``[b*s] -> [b, s]`` can cut the merged dim
-    by s with b blocks, but s is not the batch dim), so it unites nothing."""
-    ok = set(rule.labels())
-    for side, i, d, label, _f in rule.occurrences():
-        if label in ok:
-            labelled.add((node.inputs[i] if side == "in" else node.outputs[i], d))
-    first: dict[str, tuple[Value, int]] = {}
-    for side, i, d, label, _f in rule.occurrences(primary_only=True):
-        if label not in ok:
-            continue
-        key = (node.inputs[i] if side == "in" else node.outputs[i], d)
-        if label in first:
-            classes.union(first[label], key)
-        else:
-            first[label] = key
+    by s with b blocks, but s is not the batch dim), so it unites nothing. Which dims those are is
+    read from ``rule`` once (``_rule_places``; equal nodes share a rule)."""
+    places, pairs = _rule_places(rule, cache)
+    slot = classes.slot
+    ins, outs = node.inputs, node.outputs
+    for side, i, d in places:
+        labelled.add(slot(ins[i] if side == "in" else outs[i], d))
+    for (s1, i1, d1), (s2, i2, d2) in pairs:
+        classes.union(slot(ins[i1] if s1 == "in" else outs[i1], d1), slot(ins[i2] if s2 == "in" else outs[i2], d2))
+
+
+def _rule_places(rule: DimRule, cache: dict[int, tuple]) -> tuple[list, list]:
+    """The (side, index, dim)s of ``rule``'s splittable labels, and the pairs of them ``_unite``
+    puts in one class (a label's first primary place with each of its others); made once per rule
+    object and kept in ``cache``."""
+    known = cache.get(id(rule))
+    if known is None or known[0] is not rule:
+        ok = set(rule.labels())
+        places = [(side, i, d) for side, i, d, label, _f in rule.occurrences() if label in ok]
+        first: dict[str, tuple[str, int, int]] = {}
+        pairs = []
+        for side, i, d, label, _f in rule.occurrences(primary_only=True):
+            if label not in ok:
+                continue
+            if label in first:
+                pairs.append((first[label], (side, i, d)))
+            else:
+                first[label] = (side, i, d)
+        known = cache[id(rule)] = (rule, places, pairs)
+    return known[1], known[2]
 
 
 def _unusable_axes(graph: Graph, mesh: Mesh, roles: AxisRoles) -> list[str]:

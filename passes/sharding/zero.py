@@ -68,11 +68,12 @@ def gradients(graph: Graph, update: frozenset[Node] | None = None) -> set[Value]
     }
 
 
-def param_groups(graph: Graph, state: set[int]) -> list[ParamGroup]:
+def param_groups(graph: Graph, state: set[int], update: frozenset[Node] | None = None) -> list[ParamGroup]:
     """The groups of the state inputs at positions ``state``: the values of one shape that update
     nodes join (an elementwise update links its operands and results of its result's shape; the
-    scalars Adam shares between parameters, such as its step count, link nothing)."""
-    update = update_nodes(graph)
+    scalars Adam shares between parameters, such as its step count, link nothing). ``update``:
+    the update's nodes when known (``update_nodes(graph)``, which a problem's roles hold with ZeRO)."""
+    update = update_nodes(graph) if update is None else update
     parent: dict[Value, Value] = {}
 
     def find(v: Value) -> Value:
@@ -135,6 +136,13 @@ def state_positions(problem: Problem) -> set[int]:
     return {it.index for it in problem.items if it.kind == "input" and it.value in state}
 
 
+def _update(problem: Problem) -> frozenset[Node] | None:
+    """The update's nodes as the problem's roles found them (with ZeRO on a data axis, the only
+    way a problem has ZeRO axes), else None (``param_groups`` finds them)."""
+    roles = problem.roles
+    return roles.update if roles is not None and roles.zero and problem.zero_axes else None
+
+
 def gradient_hubs(problem: Problem) -> dict[Value, int]:
     """{gradient: its fan-out item}."""
     out = {}
@@ -160,7 +168,7 @@ def restrict_zero(problem: Problem) -> None:
     inputs = {it.index: i for i, it in enumerate(problem.items) if it.kind == "input"}
     hubs = gradient_hubs(problem)
     names = problem.graph.value_names()
-    for group in param_groups(problem.graph, state_positions(problem)):
+    for group in param_groups(problem.graph, state_positions(problem), _update(problem)):
         split_ok = True
         for k in group.states:
             split_ok &= _keep(problem, inputs[k], lambda s: split_on(s, axes))
@@ -213,7 +221,7 @@ def zero_report(problem: Problem, choice: list[int]) -> dict[int, tuple[int, int
     hubs = gradient_hubs(problem)
     gradient_spec = {g: problem.items[i].strategies[choice[i]].out_specs[0] for g, i in hubs.items()}
     out: dict[int, tuple[int, int]] = {}
-    for group in param_groups(problem.graph, state_positions(problem)):
+    for group in param_groups(problem.graph, state_positions(problem), _update(problem)):
         stage = stage_of(group, input_spec, gradient_spec, axes)
         for k in group.states:
             out[k] = (stage, saved_bytes(problem, inputs[k], input_spec[k]))
