@@ -55,7 +55,7 @@ from graphc.core.errors import PlanError
 from graphc.core.ir import Graph
 from graphc.core.mesh import Mesh
 from graphc.core.profile import MachineProfile
-from graphc.core.profiles import ClusterFigures, cluster_figures, host_tier, launch_gap
+from graphc.core.profiles import ClusterFigures, cluster_figures, host_tier, launch_gap, ring_allreduce_s
 from graphc.core.traits import Contraction
 from graphc.passes import offload as offloading
 from graphc.passes.blocks import (
@@ -239,6 +239,7 @@ class _Model:
     boundaries: dict[str, tuple[list, list]] = field(default_factory=dict)  # per segment graph
     itemsizes: dict[str, int] = field(default_factory=dict)  # bytes an element of each step input, by name
     param_itemsize: int = 4  # a layer's parameters' bytes an element (their bytes over their elements)
+    tied_ends: frozenset[str] = frozenset()  # parameters both the pre and the head segments read (a tied embedding)
 
     @property
     def state_share(self) -> float:
@@ -270,6 +271,7 @@ def layered_model(graph: Graph, batch: int | None, profile) -> _Model | None:
     ks = {"pre": seg.nodes(0), "block": seg.nodes(seg.block), "head": seg.nodes(L + 1)}
     graphs = {name: segment_graph(graph, nodes, f"{graph.name}.{name}") for name, nodes in ks.items()}
     update_s = sum(secs[k] for k in seg.update_nodes)
+    bounds = {name: segment_boundary(graph, nodes) for name, nodes in ks.items()}
     return _Model(
         graph,
         layers,
@@ -286,9 +288,10 @@ def layered_model(graph: Graph, batch: int | None, profile) -> _Model | None:
         tuple(v.name or f"input{k}" for k, v in enumerate(graph.inputs) if k in tied and v not in read_fwd),
         tuple(k for k in layers.inputs[seg.block - 1] if graph.inputs[k] in read_fwd),
         tuple(k for k in sorted(tied - layer_inputs) if graph.inputs[k] in read_fwd),
-        {name: segment_boundary(graph, nodes) for name, nodes in ks.items()},
+        bounds,
         {v.name or f"input{k}": v.type.dtype.itemsize for k, v in enumerate(graph.inputs)},
         max(1, round(param / max(1, sum(v.type.size for v in first if v in read_fwd)))),
+        frozenset(v.name or "" for v in bounds["pre"][0] if v in bounds["head"][0] and v in set(graph.inputs)),
     )
 
 
@@ -363,13 +366,6 @@ def solve_segment(
     inp = max((v.type.nbytes for v in g.inputs if v in fwd_reads and v.type.shape[:1] == (batch,)), default=0)
     flops = sum(step_flops(g)[0].values())
     return SegmentCost(sum(fwd.values()), sum(bwd.values()), act, inp // max(virtual, 1) // tp, flops, plan, fwd, bwd)
-
-
-def _ring_s(nbytes: float, n: int, link) -> float:
-    """A ring all-reduce of ``nbytes`` per device over ``n`` devices."""
-    if n <= 1 or nbytes <= 0:
-        return 0.0
-    return 2 * (n - 1) / n * nbytes / link.bandwidth + 2 * (n - 1) * link.latency_s
 
 
 @dataclass
@@ -449,14 +445,18 @@ def compose(model: _Model, segs: _Segments, lo: Layout, profile, figures: Cluste
     # ZeRO 0: an all-reduce during the backward; ZeRO 1-2: its reduce-scatter half during the
     # backward, then an all-gather of the updated parameters beside the next forward; ZeRO 3:
     # the reduce-scatter, and an all-gather of the parameters before every forward and backward
-    ring_s = _ring_s(grad_bytes, D, dp_link)
-    gathered_s = _ring_s(gather_bytes(layer_st) * n_max + gather_bytes(other_st), D, dp_link) / 2
+    ring_s = ring_allreduce_s(grad_bytes, D, dp_link)
+    gathered_s = ring_allreduce_s(gather_bytes(layer_st) * n_max + gather_bytes(other_st), D, dp_link) / 2
     hidden_s, after_s = (ring_s, 0.0) if lo.zero == 0 else (ring_s / 2, gathered_s if lo.zero < 3 else 0.0)
-    gather_s = 2 * k * _ring_s(layer_st.param_bytes * n_max, D, dp_link) / 2 if lo.zero >= 3 else 0.0
+    gather_s = 2 * k * ring_allreduce_s(layer_st.param_bytes * n_max, D, dp_link) / 2 if lo.zero >= 3 else 0.0
     last_backward = max(b_s)
     # ZeRO 1-2's all-gather waits in the next step's first forward (Megatron's overlap_param_gather)
     after_s = max(0.0, after_s - figures.dp_overlap * max(f_s))
     dp_s = max(0.0, hidden_s - figures.dp_overlap * last_backward) + after_s + gather_s
+    # a parameter of the first and the last stage (a tied embedding): its gradients summed between
+    # them after the backward (Megatron-LM's all-reduce of word_embeddings' grad, exposed)
+    tied = sum(p.grad_nbytes / p.grad for p in other_st.params if p.name in model.tied_ends)
+    dp_s += ring_allreduce_s(tied, 2, pp_link) if S > 1 else 0.0
     update_s = model.update_s * n_max / L * update_share / (D if lo.zero >= 1 else 1)
     update_s += (
         (up_l * n_max + up_o) / (D if lo.zero >= 1 else 1) + (zero_l * n_max + zero_o) / (D if lo.zero >= 2 else 1)

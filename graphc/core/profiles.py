@@ -272,6 +272,14 @@ def gemm_tiles(rows: int, cols: int, tile: tuple[int, int], matrices: int = 1) -
     return matrices * math.ceil(rows / tile[0]) * math.ceil(cols / tile[1])
 
 
+def ring_allreduce_s(nbytes: float, n: int, link: Link) -> float:
+    """Seconds of a ring all-reduce of ``nbytes`` per device over ``n`` devices on ``link`` (its
+    bus bandwidth and per-step latency): 2 (n - 1) / n x nbytes / bandwidth + 2 (n - 1) steps."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    return 2 * (n - 1) / n * nbytes / link.bandwidth + 2 * (n - 1) * link.latency_s
+
+
 def launch_gap(gpu_s: float, kernels: int, launch_s: float) -> float:
     """The seconds a GPU waits for the host when ``kernels`` kernels that together run ``gpu_s``
     are launched one after another at ``launch_s`` each (``LAUNCH_S``): none while the host keeps

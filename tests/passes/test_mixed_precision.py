@@ -67,10 +67,10 @@ def test_a_zero1_step_reduces_float32_gradients_and_gathers_bf16_parameters_besi
     pf = Parallelized(gpt3.train_step, {"dp": 1}, static_argnames=static_argnames(kw))
     model = scale.layered_model(pf.trace_optimized(*args, **kw)[1], 32, a100)
     name = "params.blocks.0.qkv.w"
-    assert model.itemsizes[name] == 2
-    n = 10**8
+    assert model.itemsizes[name] == 2 and model.tied_ends == {"params.wte"}  # the embedding and the logits
+    n, m = 10**8, 10**7
     layer = StateLayout.of([ParamLayout(name, 2 * n, 2 * n, 8 * n, 1, 1, 0.0)])
-    other = StateLayout.of([])
+    other = StateLayout.of([ParamLayout("params.wte", 2 * m, 2 * m, 8 * m, 1, 1, 0.0)])
     f, b = 2.5e-3, 5e-3  # one layer's forward and backward a micro-batch
     blk = scale.SegmentCost(f, b, 100, 10, 0.0, None, {}, {})
     zero = scale.SegmentCost(0.0, 0.0, 0, 0, 0.0, None)
@@ -83,10 +83,17 @@ def test_a_zero1_step_reduces_float32_gradients_and_gathers_bf16_parameters_besi
     def half_ring(nbytes):  # a reduce-scatter or an all-gather over 4: half a ring all-reduce
         return 3 / 4 * nbytes / link.bandwidth + 3 * link.latency_s
 
-    reduce_s = half_ring(2 * 4 * n)  # two layers' float32 gradients
-    gather_s = half_ring(2 * 2 * n)  # two layers' bf16 parameters
-    expected = max(0.0, reduce_s - 2 * b) + max(0.0, gather_s - 2 * f)
+    reduce_s = half_ring(2 * 4 * n + 4 * m)  # two layers' float32 gradients, and the embedding's
+    gather_s = half_ring(2 * 2 * n + 2 * m)  # two layers' bf16 parameters, and the embedding
+    # the tied embedding's float32 gradient summed between the first and the last stage
+    pp = a100.link_for("pp")
+    tied_s = 4 * m / pp.bandwidth + 2 * pp.latency_s  # a ring all-reduce over 2: 2 (2 - 1) / 2 = 1
+    expected = max(0.0, reduce_s - 2 * b) + max(0.0, gather_s - 2 * f) + tied_s
     assert reduce_s > 2 * b and gather_s > 2 * f  # neither hides whole
     assert plan.predicted["dp_s"] == pytest.approx(expected, rel=1e-12)
-    # memory: 2 layers of 2 + 4 + 12 / 4 bytes an element (Megatron's 6 + 12/d)
-    assert plan.memory_bytes[1] == pytest.approx(2 * n * (6 + 12 / 4) + 2 * 100, rel=1e-9)
+    # memory: 2 layers of 2 + 4 + 12 / 4 bytes an element (Megatron's 6 + 12/d), the embedding too
+    assert plan.memory_bytes[1] == pytest.approx((2 * n + m) * (6 + 12 / 4) + 2 * 100, rel=1e-9)
+    one, _ = scale.compose(model, segs, scale.Layout(1, 4, 1, 1, 8, 1, "off"), a100, cluster_figures(a100), None)
+    # one stage of 4 layers: nothing to sum between stages
+    flat = max(0.0, half_ring(4 * 4 * n + 4 * m) - 4 * b) + max(0.0, half_ring(4 * 2 * n + 2 * m) - 4 * f)
+    assert one.predicted["dp_s"] == pytest.approx(flat, rel=1e-12)
