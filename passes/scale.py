@@ -19,8 +19,9 @@ a ZeRO stage, recompute off or full) is then composed:
   costs (as Alpa), minimising the slowest stage under the memory limit;
 - step (1F1B): (k + S - 1) x slowest stage's forward + backward per micro-batch, plus the
   pipeline sends (those of the fill and drain when the profile overlaps them, else every
-  micro-batch's), the data-parallel gradient reduction the last backward does not hide, and the
-  update; ``ComposedPlan.breakdown`` splits it term by term;
+  micro-batch's), the data-parallel gradient reduction the last backward does not hide (of the
+  float32 main gradients of low-precision parameters: passes/mixed_precision.py), ZeRO's gather
+  the next forward does not hide, and the update; ``ComposedPlan.breakdown`` splits it by term;
 - a segment's time per micro-batch: its matmuls, the fused attention kernel's matmuls at the
   profile's attention rate, its memory-bound ops and its tensor-parallel collectives
   (``TERMS``), less what a GPU GEMM library runs inside the GEMM, its matmuls' last waves of
