@@ -413,6 +413,7 @@ def compose(model: _Model, segs: _Segments, lo: Layout, profile, figures: Cluste
     # the training stack's float32 main gradients and master copies (passes/mixed_precision.py)
     mp = (model.itemsizes, model.param_itemsize, figures.main_bytes)
     (up_l, zero_l), (up_o, zero_o) = update_bytes(layer_st, *mp), update_bytes(other_st, *mp)
+    step_st = (layer_st, other_st)  # as the step is written: what offload moves and updates on the host
     update_share, layer_st, other_st = layer_st.update_share, main_copies(layer_st, *mp), main_copies(other_st, *mp)
     per_layer_state = layer_st.held(D, lo.zero, offloaded)
     other = other_st.held(D, lo.zero, offloaded)
@@ -471,8 +472,9 @@ def compose(model: _Model, segs: _Segments, lo: Layout, profile, figures: Cluste
     if offloaded:  # the update runs on the host instead (passes/offload.py)
         assert host is not None
         owned = 1 / (D if lo.zero >= 1 else 1)  # the share of the tp piece's state this device updates
-        state = (layer_st.state_bytes * n_max + other_st.state_bytes) * owned
-        off = offloading.offload_costs(host, state, grad_bytes * owned, last_backward, figures.dp_overlap)
+        state = (step_st[0].state_bytes * n_max + step_st[1].state_bytes) * owned
+        grads = (step_st[0].grad_bytes * n_max + step_st[1].grad_bytes) * owned
+        off = offloading.offload_costs(host, state, grads, last_backward, figures.dp_overlap)
         update_s = off.step_s
     if (short := offloading.host_shortfall(host, off, acts, k)) is not None:
         return None, short
