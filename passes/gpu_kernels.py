@@ -7,12 +7,6 @@
                               (``wave_efficiency``)
     kernel_launches(g, plan)  the kernels one device launches for a segment's forward and backward
                               (``launch_gap`` prices the host's launches against them)
-    attention_seconds(...)    an attention product inside the fused attention kernel
-    overlapped_comm(g, plan, gemm_s)
-                              the seconds of the backward's tensor-parallel collectives that run
-                              beside an independent GEMM of the same incoming gradient (Megatron-LM's
-                              linear layers: the input gradient's all-reduce beside the weight
-                              gradient's GEMM), each GEMM hiding at most its own time
 
 A matmul's rows and columns are those of its result on one device (its spec over the mesh): the
 rows of every leading axis when the right operand is one matrix (a layer's input times its
@@ -28,7 +22,6 @@ from graphc.core.ir import Graph
 from graphc.core.profiles import ClusterFigures, gemm_tiles, wave_efficiency
 from graphc.core.spec import local_shape
 from graphc.core.traits import Contraction
-from graphc.ops.dims import default_cost
 from graphc.passes.sharding.fusion import fused_values
 
 
@@ -114,73 +107,4 @@ def kernel_launches(g: Graph, plan, skipped: set[int], scores: set, virtual_axis
     return out
 
 
-def attention_seconds(node, nc, shape: tuple[int, ...], profile, figures: ClusterFigures) -> float:
-    """The seconds of an attention contraction inside the fused kernel on one device: its flops
-    (the mesh axes splitting any operand or result divide them) at ``figures.attention_efficiency``
-    of the peak; the scores stay on chip, so no memory term (None: the per-op time as is)."""
-    if figures.attention_efficiency is None:
-        return nc.compute_s
-    in_types, out_types, attrs = [v.type for v in node.inputs], [o.type for o in node.outputs], dict(node.attrs)
-    flops = (node.op.cost or default_cost)(in_types, out_types, **attrs)[0]
-    specs = (*nc.in_specs, *nc.out_specs)
-    divided = math.prod(n for a, n in enumerate(shape) if any(sp[a].is_split for sp in specs))
-    return flops / divided / (figures.attention_efficiency * profile.matmul_rate(in_types[0].dtype))
-
-
-def overlapped_comm(g: Graph, plan, gemm_s: dict[int, float], virtual_axis: str) -> float:
-    """Seconds of the backward's collectives (but those on ``virtual_axis``) that run beside a GEMM
-    (``gemm_s``: the backward's GEMMs by node, with their seconds): a collective whose value a
-    backward GEMM makes or reads runs beside a sibling GEMM, one that reads the same gradient
-    (an input made in the backward) but not the collective's value, nor anything made after the
-    collective's reader. Each GEMM hides collectives up to its own seconds, in program order.
-    Megatron-LM's column-parallel backward is the case: the input gradient (dy W) all-reduced
-    while the weight gradient (x^T dy) runs, and with sequence parallelism the saved input
-    all-gathered for x^T dy while dy W runs (graphc/core/profiles.py)."""
-    nodes = g.nodes
-    value = {name: v for v, name in g.value_names().items()}
-    producer = {o: k for k, n in enumerate(nodes) for o in n.outputs}
-    readers: dict = {}
-    for k, n in enumerate(nodes):
-        for u in n.inputs:
-            readers.setdefault(u, []).append(k)
-    free = dict(gemm_s)  # what each GEMM can still hide
-    hidden = 0.0
-    for c in plan.collectives:
-        if c.part != "backward" or virtual_axis in c.axes or c.time_s <= 0:
-            continue
-        v = value.get(c.tensor.lstrip("%"))
-        made_by = producer.get(v) if v is not None else None
-        ends = {k for k in (c.node_index, made_by) if k in gemm_s}
-        after = _descendants(nodes, readers, c.node_index) if c.node_index is not None else set()
-        siblings = sorted(
-            {
-                j
-                for k in ends
-                for u in nodes[k].inputs
-                if producer.get(u) is not None and nodes[producer[u]].part == "backward"
-                for j in readers.get(u, [])
-                if j in free and j not in ends and j not in after and v not in nodes[j].inputs
-            }
-        )
-        left = c.time_s
-        for j in siblings:
-            take = min(left, free[j])
-            free[j] -= take
-            left -= take
-        hidden += c.time_s - left
-    return hidden
-
-
-def _descendants(nodes, readers: dict, start: int) -> set[int]:
-    """The nodes that read, directly or not, a result of node ``start`` (and ``start`` itself)."""
-    seen, todo = {start}, [start]
-    while todo:
-        for o in nodes[todo.pop()].outputs:
-            for j in readers.get(o, []):
-                if j not in seen:
-                    seen.add(j)
-                    todo.append(j)
-    return seen
-
-
-__all__ = ["GemmWaves", "attention_seconds", "gemm_absorbed", "kernel_launches", "overlapped_comm"]
+__all__ = ["GemmWaves", "gemm_absorbed", "kernel_launches"]

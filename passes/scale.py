@@ -19,9 +19,8 @@ a ZeRO stage, recompute off or full) is then composed:
   costs (as Alpa), minimising the slowest stage under the memory limit;
 - step (1F1B): (k + S - 1) x slowest stage's forward + backward per micro-batch, plus the
   pipeline sends (those of the fill and drain when the profile overlaps them, else every
-  micro-batch's), the data-parallel gradient reduction the last backward does not hide (of the
-  float32 main gradients of low-precision parameters: passes/mixed_precision.py), ZeRO's gather
-  the next forward does not hide, and the update; ``ComposedPlan.breakdown`` splits it by term;
+  micro-batch's), the data-parallel gradient reduction the last backward does not hide, and the
+  update; ``ComposedPlan.breakdown`` splits it term by term;
 - a segment's time per micro-batch: its matmuls, the fused attention kernel's matmuls at the
   profile's attention rate, its memory-bound ops and its tensor-parallel collectives
   (``TERMS``), less what a GPU GEMM library runs inside the GEMM, its matmuls' last waves of
@@ -56,8 +55,9 @@ from graphc.core.errors import PlanError
 from graphc.core.ir import Graph
 from graphc.core.mesh import Mesh
 from graphc.core.profile import MachineProfile
-from graphc.core.profiles import ClusterFigures, cluster_figures, host_tier, launch_gap, ring_allreduce_s
+from graphc.core.profiles import ClusterFigures, cluster_figures, host_tier, launch_gap
 from graphc.core.traits import Contraction
+from graphc.ops.dims import default_cost
 from graphc.passes import offload as offloading
 from graphc.passes.blocks import (
     Layers,
@@ -68,8 +68,7 @@ from graphc.passes.blocks import (
     segment_graph,
     update_only,
 )
-from graphc.passes.gpu_kernels import GemmWaves, attention_seconds, gemm_absorbed, kernel_launches, overlapped_comm
-from graphc.passes.mixed_precision import gather_bytes, main_copies, update_bytes
+from graphc.passes.gpu_kernels import GemmWaves, gemm_absorbed, kernel_launches
 from graphc.passes.options import PlanOptions
 from graphc.passes.partition import plan_sharding, state_ties
 from graphc.passes.pipeline import node_seconds
@@ -238,9 +237,6 @@ class _Model:
     layer_params: tuple[int, ...] = ()  # the stamped block's parameters (graph input positions)
     other_params: tuple[int, ...] = ()  # the parameters outside the layers
     boundaries: dict[str, tuple[list, list]] = field(default_factory=dict)  # per segment graph
-    itemsizes: dict[str, int] = field(default_factory=dict)  # bytes an element of each step input, by name
-    param_itemsize: int = 4  # a layer's parameters' bytes an element (their bytes over their elements)
-    tied_ends: frozenset[str] = frozenset()  # parameters both the pre and the head segments read (a tied embedding)
 
     @property
     def state_share(self) -> float:
@@ -272,7 +268,6 @@ def layered_model(graph: Graph, batch: int | None, profile) -> _Model | None:
     ks = {"pre": seg.nodes(0), "block": seg.nodes(seg.block), "head": seg.nodes(L + 1)}
     graphs = {name: segment_graph(graph, nodes, f"{graph.name}.{name}") for name, nodes in ks.items()}
     update_s = sum(secs[k] for k in seg.update_nodes)
-    bounds = {name: segment_boundary(graph, nodes) for name, nodes in ks.items()}
     return _Model(
         graph,
         layers,
@@ -289,10 +284,7 @@ def layered_model(graph: Graph, batch: int | None, profile) -> _Model | None:
         tuple(v.name or f"input{k}" for k, v in enumerate(graph.inputs) if k in tied and v not in read_fwd),
         tuple(k for k in layers.inputs[seg.block - 1] if graph.inputs[k] in read_fwd),
         tuple(k for k in sorted(tied - layer_inputs) if graph.inputs[k] in read_fwd),
-        bounds,
-        {v.name or f"input{k}": v.type.dtype.itemsize for k, v in enumerate(graph.inputs)},
-        max(1, round(param / max(1, sum(v.type.size for v in first if v in read_fwd)))),
-        frozenset(v.name or "" for v in bounds["pre"][0] if v in bounds["head"][0] and v in set(graph.inputs)),
+        {name: segment_boundary(graph, nodes) for name, nodes in ks.items()},
     )
 
 
@@ -335,7 +327,6 @@ def solve_segment(
     waves = GemmWaves(g, absorbed, mesh.shape, figures)  # the last wave of a matmul's tiles
     fwd: dict[str, float] = dict.fromkeys(TERMS, 0.0)  # seconds per term (``TERMS``)
     bwd: dict[str, float] = dict.fromkeys(TERMS, 0.0)
-    gemm_s: dict[int, float] = {}  # the backward's GEMMs, by node
     for nc in plan.nodes:
         n = g.nodes[nc.index]
         if nc.index in fused:
@@ -346,19 +337,16 @@ def solve_segment(
         if not n.op.has(Contraction):
             side["non_gemm"] += nc.compute_s
         elif scores and any(v in scores for v in (*n.inputs, *n.outputs)):
-            t = attention_seconds(n, nc, mesh.shape, profile, figures)
+            t = _attention_s(n, nc, mesh.shape, profile, figures)
             side["attention"] += t
             if n.part == "forward" and any(o in scores for o in n.outputs):
                 bwd["attention"] += t  # FlashAttention recomputes the scores in the backward
         else:
             side["gemm"] += waves.seconds(nc)
-            gemm_s.update({nc.index: waves.seconds(nc)} if n.part == "backward" else {})
     for c in plan.collectives:
         if VIRTUAL_AXIS in c.axes:
             continue  # the gradient reduction over the virtual batch axis: priced for the real dp
         (fwd if c.part == "forward" else bwd)["tp_comm"] += c.time_s
-    if figures.tp_backward_overlap:  # the backward's collectives beside an independent GEMM
-        bwd["tp_comm"] -= overlapped_comm(g, plan, gemm_s, VIRTUAL_AXIS)
     kernels = kernel_launches(g, plan, fused | absorbed, scores, VIRTUAL_AXIS)
     for part, side in (("forward", fwd), ("backward", bwd)):  # the host launching kernels slower than they run
         side["launch"] = launch_gap(sum(side.values()), kernels[part], figures.launch_s)
@@ -367,6 +355,26 @@ def solve_segment(
     inp = max((v.type.nbytes for v in g.inputs if v in fwd_reads and v.type.shape[:1] == (batch,)), default=0)
     flops = sum(step_flops(g)[0].values())
     return SegmentCost(sum(fwd.values()), sum(bwd.values()), act, inp // max(virtual, 1) // tp, flops, plan, fwd, bwd)
+
+
+def _attention_s(node, nc, shape: tuple[int, ...], profile, figures: ClusterFigures) -> float:
+    """The seconds of an attention contraction inside the fused kernel on one device: its flops
+    (the mesh axes splitting any operand or result divide them) at ``figures.attention_efficiency``
+    of the peak; the scores stay on chip, so no memory term (None: the per-op time as is)."""
+    if figures.attention_efficiency is None:
+        return nc.compute_s
+    in_types, out_types, attrs = [v.type for v in node.inputs], [o.type for o in node.outputs], dict(node.attrs)
+    flops = (node.op.cost or default_cost)(in_types, out_types, **attrs)[0]
+    specs = (*nc.in_specs, *nc.out_specs)
+    divided = math.prod(n for a, n in enumerate(shape) if any(sp[a].is_split for sp in specs))
+    return flops / divided / (figures.attention_efficiency * profile.matmul_rate(in_types[0].dtype))
+
+
+def _ring_s(nbytes: float, n: int, link) -> float:
+    """A ring all-reduce of ``nbytes`` per device over ``n`` devices."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    return 2 * (n - 1) / n * nbytes / link.bandwidth + 2 * (n - 1) * link.latency_s
 
 
 @dataclass
@@ -410,11 +418,6 @@ def compose(model: _Model, segs: _Segments, lo: Layout, profile, figures: Cluste
     if lo.offload != "off" and host is None:
         return None, f"profile {profile.name} has no host memory tier to offload to"
     layer_st, other_st = segs.states(model, t)  # as the segments' plans lay them out on tp
-    # the training stack's float32 main gradients and master copies (passes/mixed_precision.py)
-    mp = (model.itemsizes, model.param_itemsize, figures.main_bytes)
-    (up_l, zero_l), (up_o, zero_o) = update_bytes(layer_st, *mp), update_bytes(other_st, *mp)
-    step_st = (layer_st, other_st)  # as the step is written: what offload moves and updates on the host
-    update_share, layer_st, other_st = layer_st.update_share, main_copies(layer_st, *mp), main_copies(other_st, *mp)
     per_layer_state = layer_st.held(D, lo.zero, offloaded)
     other = other_st.held(D, lo.zero, offloaded)
     work = max(blk.activation_bytes, head.activation_bytes) if full else 0.0
@@ -441,24 +444,14 @@ def compose(model: _Model, segs: _Segments, lo: Layout, profile, figures: Cluste
     grad_bytes = layer_st.grad_bytes * n_max + other_st.grad_bytes
     dp_link = profile.link_for("dp")
     # ZeRO 0: an all-reduce during the backward; ZeRO 1-2: its reduce-scatter half during the
-    # backward, then an all-gather of the updated parameters beside the next forward; ZeRO 3:
+    # backward, then an all-gather of the updated parameters after the update (not hidden); ZeRO 3:
     # the reduce-scatter, and an all-gather of the parameters before every forward and backward
-    ring_s = ring_allreduce_s(grad_bytes, D, dp_link)
-    gathered_s = ring_allreduce_s(gather_bytes(layer_st) * n_max + gather_bytes(other_st), D, dp_link) / 2
-    hidden_s, after_s = (ring_s, 0.0) if lo.zero == 0 else (ring_s / 2, gathered_s if lo.zero < 3 else 0.0)
-    gather_s = 2 * k * ring_allreduce_s(layer_st.param_bytes * n_max, D, dp_link) / 2 if lo.zero >= 3 else 0.0
+    ring_s = _ring_s(grad_bytes, D, dp_link)
+    hidden_s, after_s = (ring_s, 0.0) if lo.zero == 0 else (ring_s / 2, ring_s / 2 if lo.zero < 3 else 0.0)
+    gather_s = 2 * k * _ring_s(layer_st.param_bytes * n_max, D, dp_link) / 2 if lo.zero >= 3 else 0.0
     last_backward = max(b_s)
-    # ZeRO 1-2's all-gather waits in the next step's first forward (Megatron's overlap_param_gather)
-    after_s = max(0.0, after_s - figures.dp_overlap * max(f_s))
     dp_s = max(0.0, hidden_s - figures.dp_overlap * last_backward) + after_s + gather_s
-    # a parameter of the first and the last stage (a tied embedding): its gradients summed between
-    # them after the backward (Megatron-LM's all-reduce of word_embeddings' grad, exposed)
-    tied = sum(p.grad_nbytes / p.grad for p in other_st.params if p.name in model.tied_ends)
-    dp_s += ring_allreduce_s(tied, 2, pp_link) if S > 1 else 0.0
-    update_s = model.update_s * n_max / L * update_share / (D if lo.zero >= 1 else 1)
-    update_s += (
-        (up_l * n_max + up_o) / (D if lo.zero >= 1 else 1) + (zero_l * n_max + zero_o) / (D if lo.zero >= 2 else 1)
-    ) / profile.mem_bandwidth
+    update_s = model.update_s * n_max / L * layer_st.update_share / (D if lo.zero >= 1 else 1)
     # the update's redistributions over tp (a parameter read whole, its gradient split: the
     # updated parameter all-gathered), after the update: the slowest stage's
     relayout_s = max(
@@ -468,9 +461,8 @@ def compose(model: _Model, segs: _Segments, lo: Layout, profile, figures: Cluste
     if offloaded:  # the update runs on the host instead (passes/offload.py)
         assert host is not None
         owned = 1 / (D if lo.zero >= 1 else 1)  # the share of the tp piece's state this device updates
-        state = (step_st[0].state_bytes * n_max + step_st[1].state_bytes) * owned
-        grads = (step_st[0].grad_bytes * n_max + step_st[1].grad_bytes) * owned
-        off = offloading.offload_costs(host, state, grads, last_backward, figures.dp_overlap)
+        state = (layer_st.state_bytes * n_max + other_st.state_bytes) * owned
+        off = offloading.offload_costs(host, state, grad_bytes * owned, last_backward, figures.dp_overlap)
         update_s = off.step_s
     if (short := offloading.host_shortfall(host, off, acts, k)) is not None:
         return None, short

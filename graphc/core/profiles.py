@@ -233,9 +233,7 @@ class ClusterFigures:
 
     node_size: int | None  # devices per node: tensor parallelism stays inside one (None: no limit)
     fused_attention: bool  # attention scores never reach memory (FlashAttention)
-    # share of one micro-batch's backward the data-parallel gradient reduction hides, and of one
-    # micro-batch's forward the all-gather of ZeRO 1-2's updated parameters hides
-    dp_overlap: float
+    dp_overlap: float  # share of one micro-batch's backward the data-parallel gradient reduction hides
     p2p_overlap: bool  # pipeline sends run beside compute: only the fill and drain wait for them
     sources: tuple[str, ...] = ()
     # the share of the peak the fused attention kernel's matmuls reach (None: the GEMM rate)
@@ -249,12 +247,6 @@ class ClusterFigures:
     # seconds the host takes to launch one kernel: a micro-batch's forward or backward on a stage
     # takes at least its kernels' launches (``launch_gap``; 0: launches never wait)
     launch_s: float = 0.0
-    # bytes an element of the float32 main gradient and master copy the training stack keeps of a
-    # parameter narrower than that (passes/mixed_precision.py; 0: the step as written)
-    main_bytes: int = 0
-    # the backward's tensor-parallel collectives overlap an independent GEMM beside them, as
-    # Megatron-LM's linear layers do (passes/gpu_kernels.py ``overlapped_comm``)
-    tp_backward_overlap: bool = False
 
 
 def wave_efficiency(tiles: int, wave: int | None) -> float:
@@ -270,14 +262,6 @@ def gemm_tiles(rows: int, cols: int, tile: tuple[int, int], matrices: int = 1) -
     """Output tiles of ``matrices`` GEMMs of ``rows`` x ``cols`` results each, in tiles of
     ``tile`` (rows, columns); a partial tile is a whole one (tile quantization)."""
     return matrices * math.ceil(rows / tile[0]) * math.ceil(cols / tile[1])
-
-
-def ring_allreduce_s(nbytes: float, n: int, link: Link) -> float:
-    """Seconds of a ring all-reduce of ``nbytes`` per device over ``n`` devices on ``link`` (its
-    bus bandwidth and per-step latency): 2 (n - 1) / n x nbytes / bandwidth + 2 (n - 1) steps."""
-    if n <= 1 or nbytes <= 0:
-        return 0.0
-    return 2 * (n - 1) / n * nbytes / link.bandwidth + 2 * (n - 1) * link.latency_s
 
 
 def launch_gap(gpu_s: float, kernels: int, launch_s: float) -> float:
@@ -302,12 +286,7 @@ NO_CLUSTER = ClusterFigures(node_size=None, fused_attention=False, dp_overlap=0.
 # DP overlap: PyTorch DDP (Li et al., VLDB 2020, section 3.2.3) all-reduces gradient buckets
 # while the backward still runs, as does Megatron-LM's --overlap-grad-reduce (Megatron Core's
 # DistributedDataParallel); the backward of the last micro-batch hides the reduction up to its
-# own length (1.0). The all-gather of the parameters a ZeRO 1-2 update leaves split over the
-# data axis waits, bucket by bucket, in the next step's first forward (Megatron Core's
-# --overlap-param-gather, used with --overlap-grad-reduce: megatron/training/arguments.py;
-# megatron/core/distributed/distributed_data_parallel.py ``_make_forward_pre_hook`` waits for a
-# module's bucket before its forward): it hides up to one micro-batch's forward of the stage (the
-# same 1.0). Megatron-LM 2021 (the 175B measurement of Narayanan et al. 2021) did neither: its
+# own length (1.0). Megatron-LM 2021 (the 175B measurement of Narayanan et al. 2021) did not: its
 # train_step all-reduced the gradients after the pipeline's last backward (megatron/training.py,
 # ``allreduce_gradients`` after ``forward_backward_func``), which docs/scale.md discusses.
 # P2P overlap: none. Megatron-LM's 1F1B schedule waits for every send and receive before the next
@@ -340,42 +319,17 @@ GEMM_WAVES = {"a100-sxm": 108, "h100-sxm": 132}
 # kernels the host has already queued (about a microsecond) is left out: no measurement of it was
 # found to cite.
 LAUNCH_S = 5e-6
-# Tensor-parallel collectives of the forward are exposed (the per-op model adds them to the
-# compute): Megatron-LM all-reduces a layer's partial sums synchronously on the compute stream
-# (megatron/mpu/mappings.py ``_reduce``: ``torch.distributed.all_reduce``), before the next layer
-# can start. In the backward, its column-parallel linear layer starts the all-reduce of the input
-# gradient asynchronously and computes the weight gradient meanwhile (Megatron-LM, September 2021,
-# megatron/mpu/layers.py ``ColumnParallelLinearWithAsyncAllreduce.backward``: ``all_reduce(grad_input,
-# async_op=True)``, then ``grad_weight = grad_output.t().matmul(input)``, then ``handle.wait()``;
-# megatron/core/tensor_parallel/layers.py ``LinearWithGradAccumulationAndAsyncCommunication``
-# does the same with sequence parallelism: the reduce-scatter of the input gradient beside the
-# weight gradient, the all-gather of the saved input beside the input gradient's GEMM). The
-# presets price a backward collective beside an independent GEMM of the same incoming gradient as
-# hidden up to that GEMM's time (``tp_backward_overlap``; passes/gpu_kernels.py ``overlapped_comm``).
-# Main gradients and master weights: with bfloat16 parameters Megatron-LM accumulates and
-# reduces the gradients in float32 ("bfloat16 requires gradient accumulation and all-reduce to be
-# done in fp32": megatron/arguments.py, 2021, and megatron/training/arguments.py today, which set
-# ``accumulate_allreduce_grads_in_fp32``; the ``main_grad`` buffers of its DistributedDataParallel)
-# and its optimizer steps on float32 master parameters ("Optimizer steps always use fp32 main
-# parameters": docs/user-guide/features/dist_optimizer.md, whose table counts 18 bytes a
-# parameter for bf16 parameters with fp32 gradients, 6 + 12/d with the distributed optimizer).
-# The presets count 4 bytes a gradient element and 4 bytes of master copy a parameter element for
-# parameters narrower than float32 (``main_bytes``; passes/mixed_precision.py), in memory, in the
-# data-parallel reduction and in the update's traffic. The all-gather after a ZeRO update moves
-# the parameters in their own dtype (the distributed optimizer gathers the bf16 parameters).
+# Tensor-parallel collectives are exposed (the per-op model adds them to the compute): Megatron-LM
+# all-reduces a layer's partial sums synchronously on the compute stream (megatron/mpu/mappings.py
+# ``_reduce``: ``torch.distributed.all_reduce``), before the next layer can start.
 _GPU_SOURCES = (
     "node_size: NVIDIA DGX A100 / DGX H100 datasheets (8 GPUs per node on NVSwitch)",
     "fused_attention: FlashAttention (Dao et al., NeurIPS 2022)",
-    "dp_overlap: PyTorch DDP bucketed all-reduce during the backward (Li et al., VLDB 2020); Megatron Core"
-    " --overlap-grad-reduce, --overlap-param-gather (megatron/core/distributed/distributed_data_parallel.py)",
+    "dp_overlap: PyTorch DDP bucketed all-reduce during the backward (Li et al., VLDB 2020)",
     "p2p_overlap: none; Megatron-LM 1F1B waits for each send and receive (megatron/p2p_communication.py)",
     "gemm_absorbs_layouts: cuBLAS transa/transb; Megatron-LM tensor_parallel/layers.py weight gradient as one GEMM",
     "gemm_wave: NVIDIA Matrix Multiplication Background User's Guide, wave quantization (256x128 tiles, one per SM)",
     "launch_s: 5-20 us a kernel launch on the CPU side (Meta Holistic Trace Analysis docs), the lower end",
-    "main_bytes: Megatron-LM float32 main gradients and master parameters for bf16 (megatron/training/arguments.py;"
-    " docs/user-guide/features/dist_optimizer.md)",
-    "tp_backward_overlap: Megatron-LM column-parallel backward, input-gradient all-reduce async beside the weight"
-    " gradient GEMM (megatron/mpu/layers.py 2021; megatron/core/tensor_parallel/layers.py)",
 )
 CLUSTER_FIGURES: dict[str, ClusterFigures] = {
     "a100-sxm": ClusterFigures(
@@ -388,8 +342,6 @@ CLUSTER_FIGURES: dict[str, ClusterFigures] = {
         gemm_absorbs_layouts=True,
         gemm_wave=GEMM_WAVES["a100-sxm"],
         launch_s=LAUNCH_S,
-        main_bytes=4,
-        tp_backward_overlap=True,
     ),
     "h100-sxm": ClusterFigures(
         node_size=8,
@@ -404,8 +356,6 @@ CLUSTER_FIGURES: dict[str, ClusterFigures] = {
         gemm_absorbs_layouts=True,
         gemm_wave=GEMM_WAVES["h100-sxm"],
         launch_s=LAUNCH_S,
-        main_bytes=4,
-        tp_backward_overlap=True,
     ),
 }
 

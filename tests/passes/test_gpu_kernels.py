@@ -26,7 +26,7 @@ from graphc.core.pytree import static_argnames
 from graphc.core.spec import R, S
 from graphc.models import gpt3
 from graphc.passes import scale
-from graphc.passes.gpu_kernels import GemmWaves, gemm_absorbed, kernel_launches, overlapped_comm
+from graphc.passes.gpu_kernels import GemmWaves, gemm_absorbed, kernel_launches
 from graphc.passes.partition import plan_sharding
 
 A100 = cluster_figures(get_profile("a100-sxm"))
@@ -141,45 +141,3 @@ def test_a_small_block_on_a_gpu_waits_for_its_launches():
         assert total == pytest.approx(sum(terms.values()), rel=1e-12)
         assert total <= kernels[part] * LAUNCH_S * (1 + 1e-12)
         assert total >= 0.5 * kernels[part] * LAUNCH_S
-
-
-# --- the backward's collectives beside a GEMM (passes/gpu_kernels.py ``overlapped_comm``) ---------
-
-
-def _linear_backward():
-    """A linear layer's step: the backward's input gradient dy W^T (node 13) and weight gradient
-    X^T dy (node 15) both read dy (node 11); node 14 is X^T."""
-
-    def step(p):
-        return graphc.value_and_grad(lambda p: np.sum(np.tanh(p["x"] @ p["w"])))(p)
-
-    g = graphc.trace(step, {"x": np.ones((8, 16), np.float32), "w": np.ones((16, 4), np.float32)})
-    ops = [(n.op.name, n.part) for n in g.nodes]
-    assert ops[13] == ops[15] == ("matmul", "backward") and ops[14] == ("transpose", "backward")
-    assert g.nodes[13].inputs[0] is g.nodes[15].inputs[1] is g.nodes[11].outputs[0]
-    return g
-
-
-def _coll(g, k, time_s, part="backward", axes=("tp",), reader=None):
-    return SimpleNamespace(
-        part=part, axes=axes, time_s=time_s, tensor=f"%{g.value_names()[g.nodes[k].outputs[0]]}", node_index=reader
-    )
-
-
-def test_the_input_gradients_reduction_hides_behind_the_weight_gradient_up_to_its_time():
-    g = _linear_backward()
-    gemm_s = {13: 1e-4, 15: 2e-4}
-    plan = SimpleNamespace(collectives=[_coll(g, 13, 3e-4)])  # dy W^T reduced over tp: beside X^T dy
-    assert overlapped_comm(g, plan, gemm_s, "dp") == pytest.approx(2e-4, rel=1e-12)
-    plan = SimpleNamespace(collectives=[_coll(g, 13, 0.5e-4)])
-    assert overlapped_comm(g, plan, gemm_s, "dp") == pytest.approx(0.5e-4, rel=1e-12)
-    # a second collective finds the weight gradient's time taken
-    plan = SimpleNamespace(collectives=[_coll(g, 13, 1.5e-4), _coll(g, 13, 1e-4)])
-    assert overlapped_comm(g, plan, gemm_s, "dp") == pytest.approx(2e-4, rel=1e-12)
-    # the saved input gathered for X^T dy (its reader) hides behind dy W^T, which does not read it
-    plan = SimpleNamespace(collectives=[_coll(g, 14, 3e-4, reader=15)])
-    assert overlapped_comm(g, plan, gemm_s, "dp") == pytest.approx(1e-4, rel=1e-12)
-    # the forward's collectives, those on the virtual batch axis and those with no GEMM beside: exposed
-    for c in (_coll(g, 13, 3e-4, part="forward"), _coll(g, 13, 3e-4, axes=("dp",)), _coll(g, 8, 3e-4, reader=10)):
-        assert overlapped_comm(g, SimpleNamespace(collectives=[c]), gemm_s, "dp") == 0.0
-    assert overlapped_comm(g, SimpleNamespace(collectives=[_coll(g, 13, 3e-4)]), {13: 1e-4}, "dp") == 0.0

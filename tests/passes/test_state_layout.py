@@ -22,7 +22,6 @@ from graphc.interpreter import bind_arguments
 from graphc.models import gpt, gpt3
 from graphc.passes import scale
 from graphc.passes.blocks import segment_boundary, segment_graph, update_only
-from graphc.passes.mixed_precision import main_copies
 from graphc.passes.scale import Layout, layered_model
 from graphc.passes.search import step_batch
 from graphc.passes.sharding.redistribute import redistribution_time
@@ -136,9 +135,7 @@ def test_a_composed_plan_holds_and_prices_the_plans_layout(replicated):
     lo = Layout(pp=1, dp=2, tp=TP, micro_batch=1, microbatches=4, zero=1, recompute="off")
     plan, why = scale.compose(model, segs, lo, A100, scale.cluster_figures(A100), None)
     assert why is None
-    # with the float32 main gradients and master copies of the bf16 parameters (passes/mixed_precision.py)
-    layer, other = (main_copies(st, model.itemsizes, model.param_itemsize, 4) for st in segs.states(model, TP))
-    assert layer.grad_bytes == 2 * segs.layer_state.grad_bytes  # every parameter of the layer is bf16
+    layer, other = segs.layer_state, segs.other_state
     L = model.layers.count
     state = L * (layer.param_bytes + layer.grad_bytes + layer.state_bytes / 2)
     state += other.param_bytes + other.grad_bytes + other.state_bytes / 2
