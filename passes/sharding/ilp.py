@@ -46,7 +46,7 @@ from graphc.core.spec import format_spec
 from graphc.core.traits import Constant, FollowsProducer, stream_position
 from graphc.core.units import fmt_bytes
 from graphc.passes.sharding.items import Edge, Item
-from graphc.passes.sharding.memrows import REPAIR_SHARE, TIME_SHARE, add_lp_rows, add_run_rows, held_peak_at, repaired
+from graphc.passes.sharding.memrows import REPAIR_SHARE, TIME_SHARE, add_lp_rows, add_run_rows, held_over, repaired
 from graphc.passes.sharding.milp import FOUND_KEPT, Milp, solve_milp
 from graphc.passes.sharding.offload_terms import OffloadTerms, use
 from graphc.passes.sharding.problem import Problem
@@ -424,13 +424,17 @@ def solve(
             room = memory_limit
             if peak <= memory_limit:
                 fits = sol  # the values fit: the redistribution buffers are bounded where it can be done
-                peak, at, buffers = held_peak_at(p, sol.choice)
-                if peak <= memory_limit or (at, buffers) in reserved:
+                # the buffers held at each peak over the limit take their room off its row (this plan's
+                # buffers: the row may rule out a plan with fewer there, so when no plan is left, or
+                # only ones over the limit, the last plan whose values fit stands, docs/remat.md)
+                held = [h for h in held_over(p, sol.choice, memory_limit) if h[1:] not in reserved]
+                if not held:
                     break
-                # the buffers held there take their room off the point's row (this plan's buffers:
-                # the row may rule out a plan with fewer there, so when no plan is left, or only
-                # ones over the limit, the last plan whose values fit stands, docs/remat.md)
-                reserved.add((at, buffers))
+                reserved.update(h[1:] for h in held)
+                for _peak, at, buffers in held[1:]:  # all of this plan's held peaks in one round
+                    points.append(at)
+                    model.add_memory_point(at, memory_limit - buffers)
+                peak, at, buffers = held[0]
                 room = memory_limit - buffers
             elif sol.status != "optimal" or at in points:
                 raise PlanError(

@@ -26,7 +26,7 @@ still measured after the solve, and lazy rounds still add what the relaxation di
     add_lp_rows(...)           ... added to the integer program before its first solve
     add_run_rows(...)          a lazy round's rows: the peak of every run over the limit
     repaired(model, z, s)      the last round's plan changed to meet its new rows: the next start
-    held_peak_at(p, choice)    the peak with the redistribution buffers the runtime holds
+    held_over(p, choice, lim)  the peaks over the limit with the redistribution buffers the runtime holds
 """
 
 from __future__ import annotations
@@ -207,21 +207,28 @@ def repaired(model, z: np.ndarray, time_limit_s: float) -> np.ndarray | None:
     return res.x
 
 
-def held_peak_at(p, choice: list[int]) -> tuple[int, int, int]:
-    """(the peak per device with the redistribution buffers: what the runtime holds, the position
-    where it is, the buffers' bytes there). ``ilp.solve`` bounds it by the memory limit too where it
-    can: a row at that point with the buffers' room taken off the limit."""
+def held_over(p, choice: list[int], limit: int, at_most: int = POINTS_PER_ROUND) -> list[tuple[int, int, int]]:
+    """(held bytes, position, buffers' bytes there) at the peak of each run of positions where
+    ``choice``'s values plus the redistribution buffers the runtime holds (what it measures) are
+    over ``limit``, a run split where the buffers change, largest first, at most ``at_most``.
+    ``ilp.solve`` bounds each by a row with those buffers taken off the limit, all in one round:
+    the rows the rounds after would add one by one while this plan stood (docs/remat.md)."""
     prof = p.memory.profile(choice)
     if not len(prof):
-        return 0, 0, 0
+        return []
     delta = np.zeros(len(prof) + 1, dtype=np.float64)
     for nb, a, b in p.memory.redistribution_buffers(choice):
         delta[a] += nb
         delta[b + 1] -= nb
     buffers = np.cumsum(delta[:-1])
     held = prof + buffers
-    at = int(np.argmax(held))
-    return int(held[at]), at, int(buffers[at])
+    idx = np.flatnonzero(held > limit)
+    if not len(idx):
+        return []
+    starts = np.flatnonzero(np.concatenate([[True], (np.diff(idx) > 1) | (np.diff(buffers[idx]) != 0)]))
+    peaks = [int(run[np.argmax(held[run])]) for run in np.split(idx, starts[1:])]
+    peaks.sort(key=lambda at: -held[at])
+    return [(int(held[at]), at, int(buffers[at])) for at in peaks[:at_most]]
 
 
 def add_lp_rows(model, limit: int, time_limit_s: float, points: list[int]) -> int:
@@ -262,7 +269,7 @@ __all__ = [
     "MemoryRows",
     "add_lp_rows",
     "add_run_rows",
-    "held_peak_at",
+    "held_over",
     "lp_memory_points",
     "repaired",
     "rounded",

@@ -6,6 +6,7 @@ optimum; and the integer solve then needs no (or fewer) lazy rounds."""
 from __future__ import annotations
 
 import dataclasses
+import types
 import warnings
 
 import numpy as np
@@ -19,7 +20,7 @@ from graphc.models import gpt
 from graphc.passes.options import PlanOptions
 from graphc.passes.partition import build_problem, optimize_for_planning, shrink, solve_problem, state_ties
 from graphc.passes.sharding import ilp, memrows, milp
-from graphc.passes.sharding.memrows import MemoryRows, lp_memory_points, rounded, runs_over
+from graphc.passes.sharding.memrows import MemoryRows, held_over, lp_memory_points, rounded, runs_over
 from graphc.passes.sharding.milp import Milp, solve_milp
 from graphc.passes.sharding.offload_terms import use
 from tests.passes.sharding.test_remat import _two_layer_args, _two_layer_step
@@ -93,10 +94,30 @@ def test_runs_over_gives_each_runs_peak_largest_first():
     assert runs_over(np.zeros(0), 0.0, 8) == []
 
 
-def _values_peak(p, choice):
-    """``ilp.held_peak_at`` without the redistribution buffers (module doc of the test below)."""
-    peak, at = p.memory.peak(choice)
-    return peak, at, 0
+def _values_only(p, choice, limit, at_most=8):
+    """``ilp.held_over`` without the redistribution buffers (module doc of the test below): the
+    values of a plan that reaches it fit, so nothing is over."""
+    return []
+
+
+def test_held_over_gives_each_runs_peak_per_buffer_level_largest_first():
+    """Values [5, 6, 5, 9, 2, 7, 7], buffers of 4 held over positions 0-3 and 1-2 and of 1 over
+    5-6: held [9, 14, 13, 13, 2, 8, 8]. Over 10 at 1-3, one run at two buffer levels (8 at 1-2,
+    4 at 3): a row for the peak of each, largest first; nowhere over 14 (at it is not over)."""
+
+    class Memory:
+        def profile(self, choice):
+            return np.array([5, 6, 5, 9, 2, 7, 7], dtype=float)
+
+        def redistribution_buffers(self, choice):
+            return [(4, 0, 3), (1, 5, 6), (4, 1, 2)]
+
+    p = types.SimpleNamespace(memory=Memory())
+    assert held_over(p, [], 10) == [(14, 1, 8), (13, 3, 4)]
+    assert held_over(p, [], 10, at_most=1) == [(14, 1, 8)]
+    assert held_over(p, [], 14) == []
+    p.memory.profile = lambda choice: np.zeros(0)
+    assert held_over(p, [], 0) == []
 
 
 def _solve(problem, options, fast: bool, monkeypatch):
@@ -113,7 +134,7 @@ def _solve(problem, options, fast: bool, monkeypatch):
         return solve_milp(*a, **k)
 
     with monkeypatch.context() as m:
-        m.setattr(ilp, "held_peak_at", _values_peak)
+        m.setattr(ilp, "held_over", _values_only)
         m.setattr(ilp, "solve_milp", counted)
         if not fast:
             m.setattr(memrows, "lp_memory_points", lambda *a, **k: ([], None))
