@@ -774,27 +774,9 @@ def min_memory(p: Problem, groups, of, maps, solver_name: str, time_limit_s: flo
     return int(best if best is not None else p.memory.peak(choice)[0])
 
 
-def exhaustive(p: Problem, memory_limit: int | None = None) -> tuple[float, list[int]] | None:
-    """Best assignment by enumerating every combination (tests; small problems only)."""
-    import itertools
-
-    best: tuple[float, list[int]] | None = None
-    for combo in itertools.product(*(range(len(it.strategies)) for it in p.items)):
-        choice = list(combo)
-        if memory_limit is not None and p.memory.peak(choice)[0] > memory_limit:
-            continue
-        if not p.recompute_allowed(choice):
-            continue
-        t = p.evaluate(choice)["total_s"]
-        if best is None or t < best[0] - 1e-15:
-            best = (t, choice)
-    return best
-
-
 __all__ = [
     "Group",
     "Solution",
-    "exhaustive",
     "format_spec",
     "min_memory",
     "shrink_groups",

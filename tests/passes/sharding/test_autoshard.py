@@ -13,8 +13,8 @@ from graphc.core.profile import Link, MachineProfile
 from graphc.core.spec import format_spec
 from graphc.passes.options import PlanOptions
 from graphc.passes.partition import build_problem, solve_problem, state_ties
-from graphc.passes.sharding.ilp import exhaustive
 from graphc.passes.sharding.plan import ShardingPlan
+from tests.passes.sharding.exhaustive import exhaustive
 
 PROFILE = MachineProfile.default()
 OPT = ("fold_constants", "simplify", "cse", "dce")

@@ -22,9 +22,9 @@ from graphc.models import gpt
 from graphc.passes.lower import lower_graph
 from graphc.passes.options import PlanOptions
 from graphc.passes.partition import build_problem, optimize_for_planning, solve_problem, state_ties
-from graphc.passes.sharding.ilp import exhaustive
 from graphc.passes.sharding.plan import ShardingPlan
 from tests.helpers import assert_adam_step_close
+from tests.passes.sharding.exhaustive import exhaustive
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 PROFILE = MachineProfile.default()
