@@ -26,13 +26,24 @@ touches gets ``w[s] <= x[g, s]``, ``sum_s w[s] = o[c]`` (the tight linearization
 So the objective's offload part is ``offload_costs``' step minus the device update it replaces,
 exactly, and the memory rows count the saving the plan gets.
 
-**When.** Offload is chosen only to fit or when it is faster. The state's columns are in the ILP
-when some candidate's host update could be faster than its device update, or when ``every`` asks
-for them: passes/partition.py ``solve_problem`` solves again with them when no plan fits the
-memory limit without offload (``solve_offloading``). Otherwise the ILP is the one without
-offload: a plan that fits keeps its state, its solve time and its ties between equal plans. (So a
-plan that fits only by recomputing or by ZeRO does not weigh offloading some state instead; the
-block search, passes/scale.py, does.) A profile without a host tier has no candidate.
+**When.** Offload is chosen only to fit or when it is faster. A plain solve (``every`` false)
+gives columns only to the candidates whose offload could make some plan's step shorter
+(``_may_be_faster``); ``every`` gives them to all: passes/partition.py ``solve_problem`` solves
+again so when no plan fits the memory limit without offload (``solve_offloading``). The screen is
+exact without a memory limit: offloading a set ``S`` of candidates adds to a plan's objective
+``latency u + e + sum_S (host_c - device_c)``, ``u = 1``, ``e >= 0`` (the exposed copy) and
+``host_c - device_c`` a sum over the groups its items are in of a term fixed by that group's
+strategy, so at least ``g_c``, the sum of each group's least (``_least_gain``); and keeping
+everything on the device (``u = e = 0``) stays feasible with no memory row. So dropping a
+candidate with ``g_c >= 0`` from ``S`` never makes the objective larger, nor dropping all of
+``S`` when ``latency + sum`` of the negative ``g_c`` is ``>= 0``: an optimum offloads only
+candidates that pass, and none when none does (tests/passes/sharding/test_offload_screen.py). Under
+a limit a plain solve likewise weighs only those candidates (offloading one that cannot be
+faster only to fit a faster plan is not weighed; as before, when no candidate passed, none was).
+Otherwise the ILP is the one without offload: a plan that fits keeps its state, its solve time
+and its ties between equal plans. (So a plan that fits only by recomputing or by ZeRO does not
+weigh offloading some state instead; the block search, passes/scale.py, does.) A profile without
+a host tier has no candidate.
 
 **Activations.** When ``every`` is "activations" (``solve_offloading``, a third solve: moving the
 optimizer state fitted nothing either; moving activations only costs time), every forward value
@@ -278,20 +289,40 @@ class OffloadTerms:
         self.w: dict[int, list[tuple[int, int]]] = {}  # item -> (column, strategy) of the candidate being built
         self.u: int | None = None  # the state's transfers' latency column (``u >= o[c]``)
         self.forced = False  # whether a cover row has set ``u`` to 1 (``add_cover_rows``)
-        if every or any(self._may_be_faster(c) for c in self.cands):
+        if not every:  # a plain solve: only what could make the step shorter (module doc, "When")
+            self.cands = self._may_be_faster(self.cands)
+        if every or self.cands:
             self._build(keep_misvalued_start=bool(every))
 
-    def _may_be_faster(self, c: Candidate) -> bool:
-        """Whether offloading ``c`` could shorten the step: its host update and copy back at their
-        cheapest against its device update at its dearest (module doc, "When")."""
-        p = self.p
+    def _may_be_faster(self, cands: list[Candidate]) -> list[Candidate]:
+        """The candidates whose offload could shorten the step of some plan (module doc, "When"):
+        those whose ``_least_gain`` is negative, none when all of those together cannot pay the
+        transfers' latency."""
+        host = host_tier(self.p.mesh.profile)
+        if host is None:  # no candidates
+            return []
+        least = [(c, self._least_gain(c)) for c in cands]
+        out = [(c, g) for c, g in least if g < 0]
+        return [c for c, _g in out] if host.link.latency_s + sum(g for _c, g in out) < 0 else []
+
+    def _least_gain(self, c: Candidate) -> float:
+        """A lower bound, over every plan, of what offloading ``c`` adds to the step's objective
+        apart from the shared latency and exposed gradient copy (``u``, ``e``, both >= 0): its
+        host side (copy back, CPU Adam) less its device update, each item at the strategy its
+        group's strategy gives it, at its least per group (module doc, "When")."""
+        p, model = self.p, self.model
         host = host_tier(p.mesh.profile)
         assert host is not None  # candidates exist only with a host tier
-        pb = _param_bytes(p, c)
-        state = sum(float(_state_bytes(p, c, i).min()) for i in c.state_items)
-        least = host.link.latency_s + float(pb.min()) * (1 / host.link.bandwidth + 3 / host.memory_bandwidth)
-        least += 2 * state / host.memory_bandwidth
-        return least < sum(float(p.costs.compute_times(i).max()) for i in c.update_items)
+        dram = host.memory_bandwidth
+        terms = [(c.state_items[0], _param_bytes(p, c) * (1 / host.link.bandwidth + 3 / dram))]
+        terms += [(i, 2 * _state_bytes(p, c, i) / dram) for i in c.state_items]
+        terms += [(i, -p.costs.compute_times(i)) for i in c.update_items]
+        by_group: dict[int, np.ndarray] = {}
+        for item, per_strategy in terms:
+            g, mp = model.of[item], model.maps[item]
+            vals = np.asarray(per_strategy, float)[mp if model.x[g] is not None else mp[:1]]
+            by_group[g] = by_group[g] + vals if g in by_group else vals
+        return sum(float(v.min()) for v in by_group.values())
 
     def _build(self, keep_misvalued_start: bool) -> None:
         host = host_tier(self.p.mesh.profile)
