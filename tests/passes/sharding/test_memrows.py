@@ -219,8 +219,10 @@ def test_a_misvalued_start_of_an_offload_solve_is_kept_without_presolve_and_keep
     assert problem.memory.peak(kept.choice)[0] <= limited.memory_limit
 
 
-def _offloading_case(cases, offload):
-    graph, mesh, options = cases[4]
+def offloading_model(case, offload):
+    """The ILP model (with its problem) of ``case`` = (graph, mesh, options) with the offload
+    columns ``offload`` asks for (True: the optimizer state; "activations": the stashes too)."""
+    graph, mesh, options = case
     if offload == "activations":  # stashes are forward values nothing may recompute
         options = dataclasses.replace(options, recompute="off")
     problem = build_problem(graph, mesh, options, ties=state_ties(graph))
@@ -234,7 +236,7 @@ def test_a_rounded_point_is_a_plan_and_its_profile_the_memory_models(cases, offl
     """``rounded`` of a plan's columns (strategies, offloaded candidates or stashes and their
     products) is that plan, and of a fractional point the plan its largest columns choose; the
     rows' profile of it is the memory model's with those candidates or stashes offloaded."""
-    problem, model = _offloading_case(cases, offload)
+    problem, model = offloading_model(cases[4], offload)  # the MLP on h100-sxm, dp=2
     rows = MemoryRows(model)
     off_cols = np.concatenate([model.offload.o, model.offload.a]).astype(np.int64)
     moved = [*model.offload.cands, *model.offload.stashes]

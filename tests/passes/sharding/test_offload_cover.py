@@ -11,26 +11,16 @@ import dataclasses
 import numpy as np
 import pytest
 
-from graphc.passes.partition import build_problem, shrink, solve_problem, state_ties
-from graphc.passes.sharding import ilp, milp, offload_terms
+from graphc.passes.partition import build_problem, solve_problem, state_ties
+from graphc.passes.sharding import milp, offload_terms
 from graphc.passes.sharding.memrows import MemoryRows, add_lp_rows, smallest_bytes
 from graphc.passes.sharding.milp import LpRelaxation, Milp, probed, solve_milp
-from tests.passes.sharding.test_memrows import _cases, _solve
+from tests.passes.sharding.test_memrows import _cases, _solve, offloading_model
 
 
 @pytest.fixture(scope="module")
 def case():
     return _cases()[4]  # the MLP on h100-sxm, dp=2: below its smallest peak without offload, it offloads
-
-
-def _model(case, offload):
-    graph, mesh, options = case
-    if offload == "activations":  # stashes are forward values nothing may recompute
-        options = dataclasses.replace(options, recompute="off")
-    problem = build_problem(graph, mesh, options, ties=state_ties(graph))
-    groups, of = shrink(problem, options.shrink)
-    vec, pair, maps = ilp.objective_terms(problem, groups, of)
-    return problem, ilp._Model(problem, groups, of, vec, pair, maps, "highs", offload=offload)
 
 
 def _plan(model, gchoice: list[int], moved: np.ndarray) -> np.ndarray:
@@ -61,7 +51,7 @@ def test_a_memory_rows_cover_rows_hold_for_every_plan_that_meets_it(case, offloa
     candidates or stashes, and random plans: a memory row at that position with the plan's own
     bytes as its room brings cover rows exactly when even the fewest bytes exceed the room, and
     the plan meets every one of them."""
-    _problem, model = _model(case, offload)
+    _problem, model = offloading_model(case, offload)
     rows = MemoryRows(model)
     off = np.concatenate([model.offload.o, model.offload.a]).astype(np.int64)
     rng = np.random.default_rng(3)
@@ -104,7 +94,7 @@ def test_the_optimum_is_the_same_with_and_without_cover_rows_and_probing(case, s
         monkeypatch.setattr(milp, "probed", counted if on else lambda *a, **k: None)
         problem = build_problem(graph, mesh, limited, ties=state_ties(graph))
         solutions.append((problem, _solve(problem, limited, True, monkeypatch)))
-        _p, model = _model((graph, mesh, limited), True)
+        _p, model = offloading_model((graph, mesh, limited), True)
         add_lp_rows(model, limited.memory_limit, 60.0, [])
         x = LpRelaxation(model.milp).solve(60.0)
         assert x is not None
