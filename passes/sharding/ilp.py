@@ -46,8 +46,9 @@ from graphc.core.spec import format_spec
 from graphc.core.traits import Constant, FollowsProducer, stream_position
 from graphc.core.units import fmt_bytes
 from graphc.passes.sharding.items import Edge, Item
-from graphc.passes.sharding.memrows import REPAIR_SHARE, TIME_SHARE, add_lp_rows, add_run_rows, held_over, repaired
-from graphc.passes.sharding.milp import FOUND_KEPT, Milp, solve_milp
+from graphc.passes.sharding.memrows import HELD_GAP, REPAIR_SHARE, TIME_SHARE, add_lp_rows, add_run_rows, held_over
+from graphc.passes.sharding.memrows import repaired
+from graphc.passes.sharding.milp import FOUND_KEPT, REL_GAP, Milp, solve_milp
 from graphc.passes.sharding.offload_terms import OffloadTerms, use
 from graphc.passes.sharding.problem import Problem
 
@@ -449,9 +450,8 @@ def solve(
                 progress(
                     f"ILP: memory {peak / 2**20:.1f} MiB > limit at point {at}; re-solving with {len(points)} point(s)"
                 )
-            sol = model.run(
-                deadline - time.perf_counter(), model.last_choice, sol.bound * model.SCALE
-            )  # rows only grow
+            gap = HELD_GAP if room < memory_limit else REL_GAP  # a held round's rows are heuristic (memrows.py)
+            sol = model.run(deadline - time.perf_counter(), model.last_choice, sol.bound * model.SCALE, gap)
         if fits is not None and (sol is None or p.memory.peak(sol.choice)[0] > memory_limit):
             sol = fits
         if sol is None and model.last_status == "infeasible":
@@ -715,13 +715,15 @@ class _Model:
         val += [v / self.MIB for v in coef.values()]
         self.milp.add_row(idx, val, -np.inf, (float(limit) - const) / self.MIB)
 
-    def run(self, time_limit_s: float, start: list[int] | None = None, bound: float | None = None) -> Solution | None:
-        """Solve from the cheapest of ``start`` and earlier runs' plans that meet the rows now."""
+    def run(
+        self, time_limit_s: float, start: list[int] | None = None, bound: float | None = None, gap: float = REL_GAP
+    ) -> Solution | None:
+        """Solve from the cheapest of ``start`` and earlier runs' plans that meet the rows now, to ``gap``."""
         z = self.milp.cheapest_feasible(([self.point(start)] if start is not None else []) + self.found)
         if start is not None and bound is not None:  # a lazy round: the last plan, repaired, may be cheaper
             fixed = repaired(self, self.point(start), REPAIR_SHARE * time_limit_s)
             z = self.milp.cheapest_feasible([p for p in (z, fixed) if p is not None])
-        res = solve_milp(self.milp, self.backend, time_limit_s, start=z, known_bound=bound)
+        res = solve_milp(self.milp, self.backend, time_limit_s, gap, start=z, known_bound=bound)
         self.last_status, self.found = res.status, (res.found + self.found)[:FOUND_KEPT]
         if res.x is None:
             if z is None:
