@@ -163,7 +163,7 @@ def _ruled_out(delta: float, peak: int, solved: Solved, items: list[int]) -> str
         )
     if solved.status != "optimal":
         return f"the solver stopped ({solved.status}, gap {solved.gap:.2%}) before it found this"
-    gap = max(REL_GAP, solved.gap)  # a held-buffer round stops at a wider gap (memrows.HELD_GAP)
+    gap = max(REL_GAP, solved.gap)  # a held-buffer round stops at a wider gap (milp.HELD_GAP)
     if -delta <= gap * abs(solved.objective_s):
         return f"cheaper by less than the gap the solver stops at ({gap:.2%} of the objective)"
     return "cheaper and within every constraint: the solver missed it (please report this plan)"

@@ -46,9 +46,8 @@ from graphc.core.spec import format_spec
 from graphc.core.traits import Constant, FollowsProducer, stream_position
 from graphc.core.units import fmt_bytes
 from graphc.passes.sharding.items import Edge, Item
-from graphc.passes.sharding.memrows import HELD_GAP, REPAIR_SHARE, TIME_SHARE, add_lp_rows, add_run_rows, held_over
-from graphc.passes.sharding.memrows import repaired
-from graphc.passes.sharding.milp import FOUND_KEPT, REL_GAP, Milp, solve_milp
+from graphc.passes.sharding.memrows import REPAIR_SHARE, TIME_SHARE, add_lp_rows, add_run_rows, held_over, repaired
+from graphc.passes.sharding.milp import FOUND_KEPT, HELD_GAP, REL_GAP, Milp, solve_milp
 from graphc.passes.sharding.offload_terms import OffloadTerms, use
 from graphc.passes.sharding.problem import Problem
 
@@ -450,7 +449,7 @@ def solve(
                 progress(
                     f"ILP: memory {peak / 2**20:.1f} MiB > limit at point {at}; re-solving with {len(points)} point(s)"
                 )
-            gap = HELD_GAP if room < memory_limit else REL_GAP  # a held round's rows are heuristic (memrows.py)
+            gap = HELD_GAP if room < memory_limit else REL_GAP  # a held round's rows are heuristic (milp.py)
             sol = model.run(deadline - time.perf_counter(), model.last_choice, sol.bound * model.SCALE, gap)
         if fits is not None and (sol is None or p.memory.peak(sol.choice)[0] > memory_limit):
             sol = fits

@@ -51,12 +51,6 @@ ROUNDED = True
 REPAIR_SHARE = 0.1
 # ``repaired`` frees at most this share of the groups (more: about the whole problem again).
 REPAIR_FREE = 0.5
-# The relative gap a held-buffer round's re-solve stops at (``ilp.solve``; the other solves stop at
-# milp.REL_GAP). Its rows are the last plan's buffers, a heuristic bound on the runtime's peak, not
-# a row every plan that fits must meet, so proving the last 0.1% buys little; the re-solve starts
-# from the last plan repaired, within 0.05-0.1% of the last bound, and used to spend 2-6 s of CPU
-# closing that to 1e-4 on the sequence-parallel test model (docs/remat.md).
-HELD_GAP = 1e-3
 # A position is over the limit when the LP's profile exceeds it by more than this many bytes
 # (rows are in MiB, and HiGHS's feasibility tolerance is 1e-7: about 0.1 byte).
 SLACK_BYTES = 64.0

@@ -405,3 +405,33 @@ def test_a_plan_whose_held_buffers_break_the_limit_says_so(tmp_path, monkeypatch
             assert f"{p.memory.held_bytes[0] / limit:.0%} of the limit" in said[0]
         seen.add(over)
     assert seen == {False, True}  # both sides are exercised (the fallback at 60% on this step)
+
+
+def test_a_held_round_re_solves_to_the_held_gap_and_the_rest_to_the_solvers_gap(cases, monkeypatch):
+    """The re-solve after a held-buffer round (its rows are the last plan's buffers, docs/remat.md)
+    stops at ``milp.HELD_GAP``; every other integer solve at ``milp.REL_GAP``. The plan reports
+    a gap within the one it was solved to, against a bound that holds."""
+    graph, mesh, options = cases[2]  # ZeRO-3's gathered copies: held buffers over the limit at 80%
+    free = build_problem(graph, mesh, dataclasses.replace(options, memory_limit=None), ties=state_ties(graph))
+    unlimited = free.memory.peak(solve_problem(free, dataclasses.replace(options, memory_limit=None)).choice)[0]
+    limited = dataclasses.replace(options, memory_limit=int(0.8 * unlimited))
+    events: list[tuple[str, float]] = []
+
+    def held(*a, **k):
+        rows = held_over(*a, **k)
+        events.append(("held", len(rows)))
+        return rows
+
+    def solved(m, backend, time_limit_s, rel_gap=milp.REL_GAP, **k):
+        events.append(("solve", rel_gap))
+        return solve_milp(m, backend, time_limit_s, rel_gap, **k)
+
+    monkeypatch.setattr(ilp, "held_over", held)
+    monkeypatch.setattr(ilp, "solve_milp", solved)
+    sol = solve_problem(build_problem(graph, mesh, limited, ties=state_ties(graph)), limited)
+    gaps = [g for kind, g in events if kind == "solve"]
+    after_held = [g for (kind, n), (_, g) in zip(events, events[1:]) if kind == "held" and n]
+    assert after_held and all(g == milp.HELD_GAP for g in after_held), events
+    assert gaps.count(milp.HELD_GAP) == len(after_held) and gaps[0] == milp.REL_GAP, events
+    assert milp.HELD_GAP > milp.REL_GAP
+    assert sol.status == "optimal" and sol.bound <= sol.objective and sol.gap <= milp.HELD_GAP
