@@ -30,11 +30,12 @@ class Rewriter:
         subst = self.subst
         return [subst.get(v, v) for v in node.inputs]
 
-    def keep(self, node: Node, regions: tuple[Region, ...] | None = None) -> Node:
-        """Add ``node`` with its operands remapped (and, if given, new regions)."""
+    def keep(self, node: Node, regions: tuple[Region, ...] | None = None, operands: list[Value] | None = None) -> Node:
+        """Add ``node`` with its operands remapped (and, if given, new regions); ``operands``: what
+        ``operands(node)`` returned, if the pass asked since the last substitution."""
         inputs = node.inputs
         # ``operands``, inline and in C: every pass keeps nearly every node
-        ins = tuple(map(self.subst.get, inputs, inputs))
+        ins = tuple(map(self.subst.get, inputs, inputs)) if operands is None else tuple(operands)
         if (regions is None or regions is node.regions) and all(map(is_, ins, inputs)):
             self.nodes.append(node)
             return node
