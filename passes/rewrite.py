@@ -27,8 +27,8 @@ class Rewriter:
         return self.subst.get(v, v)
 
     def operands(self, node: Node) -> list[Value]:
-        subst = self.subst
-        return [subst.get(v, v) for v in node.inputs]
+        inputs = node.inputs
+        return list(map(self.subst.get, inputs, inputs))
 
     def keep(self, node: Node, regions: tuple[Region, ...] | None = None, operands: list[Value] | None = None) -> Node:
         """Add ``node`` with its operands remapped (and, if given, new regions); ``operands``: what

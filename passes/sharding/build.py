@@ -60,7 +60,7 @@ def plan_from_solution(
     pending = None if reused else _pending(problem, list(choice), solved, filled or costs.bucket_share_bytes)
     if pending is not None and explain_now:
         pending.get(-1)  # priced before the problem is re-bucketed, as the solver priced it
-    costs.rebucket(choice)  # the plan reports the buckets it really fills
+    costs.rebucket(choice, filled)  # the plan reports the buckets it really fills
     zero = zero_report(problem, choice)
     recomputed = set(problem.recomputed(choice))
     inputs, outputs, nodes = [], [], []
