@@ -645,8 +645,9 @@ def format_tree(t: TreeDef, leaf, indent: str, width: int = 96) -> str:
     return go(t, 0, indent)
 
 
-def print_graph(g: Graph) -> str:
-    names = g.value_names()
+def print_graph(g: Graph, names: dict[Value, str] | None = None) -> str:
+    """The text IR of ``g``; ``names``: ``g.value_names()``, if the caller has them."""
+    names = g.value_names() if names is None else names
     args_t, kwargs_t = g.in_tree.children
     lines = [f"graph @{g.name}("]
     offset = 0
