@@ -42,12 +42,13 @@ def cse_block(inputs: list[Value], nodes: list[Node], outputs: list[Value]) -> t
         if node.regions:
             rw.keep(node, regions)
             continue
-        key = node_key(node.op.name, rw.operands(node), node.attrs)
+        operands = rw.operands(node)
+        key = node_key(node.op.name, operands, node.attrs)
         earlier = seen.get(key)
         if earlier is not None and node.part != "recompute":  # a recomputed copy is meant to be one
             rw.replace(node, list(earlier.outputs))
             continue
-        seen[key] = rw.keep(node)
+        seen[key] = rw.keep(node, None, operands)
     return finish(rw, nodes, outputs)
 
 

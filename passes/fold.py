@@ -26,15 +26,15 @@ def fold_block(inputs: list[Value], nodes: list[Node], outputs: list[Value]) -> 
         values = [constant_value(v) for v in operands]
         foldable = (
             not node.regions
+            and operands
+            and all(v is not None for v in values)  # first: it rules out nearly every node
             and not node.op.has(Constant)
             and not node.op.has(Collective)  # a collective's value depends on the other devices' operands
             and not node.op.has(DeviceLocal)  # and a device-local op's on the device
-            and operands
-            and all(v is not None for v in values)
             and sum(o.type.nbytes for o in node.outputs) <= sum(v.nbytes for v in values) + MAX_GROWTH_BYTES
         )
         if not foldable:
-            rw.keep(node, map_regions(node, fold_block))
+            rw.keep(node, map_regions(node, fold_block), operands)
             continue
         with np.errstate(all="ignore"):
             try:

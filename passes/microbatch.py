@@ -284,8 +284,8 @@ class RepeatedCosts(CostModel):
     def edge_time(self, e: Edge, s_src: int, s_dst: int) -> float:
         return super().edge_time(e, s_src, s_dst) * self.item_weight[e.dst]
 
-    def rebucket(self, choice: list[int]) -> None:
-        super().rebucket(choice)
+    def rebucket(self, choice: list[int], filled: int | None = None) -> None:
+        super().rebucket(choice, filled)
         self._weighted.clear()
 
     def evaluate(self, choice: list[int]) -> dict[str, float]:

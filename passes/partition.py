@@ -103,9 +103,12 @@ def solve_problem(
         return solve_offloading(problem, exc, again, progress)
 
 
-def make_plan(problem: Problem, solution: Solution, options: PlanOptions, build_s: float) -> ShardingPlan:
-    """The plan of ``solution``; leaves ``problem`` re-bucketed to the buckets the plan fills."""
-    return plan_from_solution(problem, solution, options, build_s)
+def make_plan(
+    problem: Problem, solution: Solution, options: PlanOptions, build_s: float, hashed: str | None = None
+) -> ShardingPlan:
+    """The plan of ``solution``; leaves ``problem`` re-bucketed to the buckets the plan fills.
+    ``hashed``: ``graph_hash(problem.graph)``, if the caller has it."""
+    return plan_from_solution(problem, solution, options, build_s, hashed=hashed)
 
 
 def plan_sharding(
@@ -197,10 +200,12 @@ def plan_sharding_reusing(
     options: PlanOptions = PlanOptions(),
     progress: Callable[[str], None] | None = None,
     deadline: float | None = None,
+    hashed: str | None = None,
 ) -> tuple[ShardingPlan, Choices | None]:
     """``plan_sharding``, taking over ``previous``'s choices when they fit this graph (plan
     status "reused", ``reuse_choices``), else solved; and the choices of the plan made (None
-    for a plan the solver cut short: it is not passed on)."""
+    for a plan the solver cut short: it is not passed on). ``hashed``: ``graph_hash(graph)``, if
+    the caller has it (the graph's text is printed once)."""
     start = time.perf_counter()
     if deadline is None:
         deadline = start + options.time_limit
@@ -213,7 +218,7 @@ def plan_sharding_reusing(
         if progress and solution.status != "optimal":
             progress(f"ILP: stopped at the time limit ({solution.status}) with gap {solution.gap:.2%}")
     made = choices_of(problem, solution, pins, options) if solution.status in ("optimal", "reused") else previous
-    return make_plan(problem, solution, options, build_s), made
+    return make_plan(problem, solution, options, build_s, hashed), made
 
 
 def lower(graph: Graph, plan: ShardingPlan) -> ParallelProgram:

@@ -10,6 +10,7 @@ convention), so an unchanged graph costs little to rebuild.
 from __future__ import annotations
 
 from collections.abc import Callable
+from operator import is_
 from typing import Any
 
 from graphc.core.ir import Graph, Node, Region, TensorType, Value
@@ -26,20 +27,20 @@ class Rewriter:
         return self.subst.get(v, v)
 
     def operands(self, node: Node) -> list[Value]:
-        subst = self.subst
-        return [subst.get(v, v) for v in node.inputs]
+        inputs = node.inputs
+        return list(map(self.subst.get, inputs, inputs))
 
-    def keep(self, node: Node, regions: tuple[Region, ...] | None = None) -> Node:
-        """Add ``node`` with its operands remapped (and, if given, new regions)."""
-        subst = self.subst  # ``operands``, inline: every pass keeps nearly every node
-        ins = [subst.get(v, v) for v in node.inputs]
-        regions = node.regions if regions is None else regions
-        if regions is node.regions and all(a is b for a, b in zip(ins, node.inputs)):
+    def keep(self, node: Node, regions: tuple[Region, ...] | None = None, operands: list[Value] | None = None) -> Node:
+        """Add ``node`` with its operands remapped (and, if given, new regions); ``operands``: what
+        ``operands(node)`` returned, if the pass asked since the last substitution."""
+        inputs = node.inputs
+        # ``operands``, inline and in C: every pass keeps nearly every node
+        ins = tuple(map(self.subst.get, inputs, inputs)) if operands is None else tuple(operands)
+        if (regions is None or regions is node.regions) and all(map(is_, ins, inputs)):
             self.nodes.append(node)
             return node
         new = node.with_operands(ins, regions)
-        for old, out in zip(node.outputs, new.outputs):
-            self.subst[old] = out
+        self.subst.update(zip(node.outputs, new.outputs))
         self.nodes.append(new)
         return new
 

@@ -263,7 +263,8 @@ class ShardedPath:
         trace's timings and node count, recorded with the plan (a cached plan keeps its own count)."""
         start = time.perf_counter()
         ties = write_ties(graph)
-        key = self.cache.key(graph_hash(graph), self.mesh, pins, ties, options) if self.cache else None
+        hashed = graph_hash(graph) if self.cache else None  # printed once: for the key and the plan
+        key = self.cache.key(hashed, self.mesh, pins, ties, options) if self.cache and hashed else None
         remembered = self.remembered.get(key) if key else None
         if remembered is not None:
             return remembered
@@ -274,7 +275,7 @@ class ShardedPath:
         else:
             # a graph equal to the last one solved up to dim sizes takes its choices over (issue 32)
             plan, self.choices = plan_sharding_reusing(
-                graph, self.mesh, self.choices, pins, ties, options, progress, deadline
+                graph, self.mesh, self.choices, pins, ties, options, progress, deadline, hashed
             )
             plan = plan.with_timing(**traced, plan_s=time.perf_counter() - start, cached=False)
             if self.cache and key and plan.solver.status == "optimal":  # a plan cut short is not kept

@@ -13,6 +13,7 @@ Stage machine (each later pass says which stage it needs): traced -> optimized -
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -46,11 +47,12 @@ class TensorType:
 
     def __hash__(self) -> int:
         # computed once: the planner keys its caches by types, tens of thousands of times a compile
-        h = self.__dict__.get("_hash")
-        if h is None:
+        try:
+            return self._hash  # type: ignore[attr-defined]
+        except AttributeError:
             h = hash((self.shape, self.dtype))
             object.__setattr__(self, "_hash", h)
-        return h
+            return h
 
     def __getstate__(self) -> dict:
         return {"shape": self.shape, "dtype": self.dtype}  # a hash is recomputed in each process
@@ -68,11 +70,12 @@ class TensorType:
         return self.size * self.dtype.itemsize
 
     def __str__(self) -> str:
-        text = self.__dict__.get("_text")  # made once: the printer asks per value of every node
-        if text is None:
+        try:
+            return self._text  # type: ignore[attr-defined]  # made once: the printer asks per value of every node
+        except AttributeError:
             text = f"{dtypes.short_name(self.dtype)}[{','.join(map(str, self.shape))}]"
             object.__setattr__(self, "_text", text)
-        return text
+            return text
 
     @classmethod
     def parse(cls, text: str) -> TensorType:
@@ -132,6 +135,21 @@ class OpDef:
 
     def infer_types(
         self, in_types: tuple[TensorType, ...], attrs: dict[str, Any], regions: tuple = ()
+    ) -> tuple[TensorType, ...]:
+        if not attrs and not regions:
+            # an op without attributes: its result types depend on the operand types alone, so they
+            # are remembered (per ``infer`` function) and shared by the nodes that read the same types
+            known: tuple[Callable, dict] | None = self.__dict__.get("_inferred")
+            if known is None or known[0] is not self.infer:
+                known = self.__dict__["_inferred"] = (self.infer, {})
+            got = known[1].get(in_types)
+            if got is None:
+                got = known[1][in_types] = self._infer_types(in_types, attrs, regions)
+            return got
+        return self._infer_types(in_types, attrs, regions)
+
+    def _infer_types(
+        self, in_types: tuple[TensorType, ...], attrs: dict[str, Any], regions: tuple
     ) -> tuple[TensorType, ...]:
         if self.num_inputs is not None and len(in_types) != self.num_inputs:
             raise ShapeError(f"{self.name} takes {self.num_inputs} operand(s), got {len(in_types)}")
@@ -210,6 +228,8 @@ def freeze_attr(v: Any) -> Any:
     return v
 
 
+_TYPES: dict[TensorType, TensorType] = {}  # each result type met, once (types are immutable)
+
 PARTS = ("forward", "backward", "update", "recompute")  # recompute: a forward node run again (passes/lower.py)
 
 
@@ -232,7 +252,8 @@ class Node:
         self.regions = tuple(regions)
         self.inputs = tuple(inputs)
         self.attrs = {k: freeze_attr(v) for k, v in attrs.items()}
-        self.outputs = tuple(Value(t, self, i) for i, t in enumerate(output_types))
+        intern = _TYPES.setdefault  # equal result types shared: fewer objects for the collector to walk
+        self.outputs = tuple(Value(intern(t, t), self, i) for i, t in enumerate(output_types))
         self.loc = loc
         if part is not None and part not in PARTS:
             raise ValueError(f"part must be one of {PARTS}, got {part!r}")
@@ -247,7 +268,10 @@ class Node:
         new.regions = self.regions if regions is None else tuple(regions)
         new.inputs = tuple(inputs)
         new.attrs = self.attrs
-        new.outputs = tuple(Value(o.type, new, i) for i, o in enumerate(self.outputs))
+        outs = self.outputs
+        new.outputs = (
+            (Value(outs[0].type, new),) if len(outs) == 1 else tuple(Value(o.type, new, i) for i, o in enumerate(outs))
+        )
         new.loc = self.loc
         new.part = self.part
         return new
@@ -621,8 +645,9 @@ def format_tree(t: TreeDef, leaf, indent: str, width: int = 96) -> str:
     return go(t, 0, indent)
 
 
-def print_graph(g: Graph) -> str:
-    names = g.value_names()
+def print_graph(g: Graph, names: dict[Value, str] | None = None) -> str:
+    """The text IR of ``g``; ``names``: ``g.value_names()``, if the caller has them."""
+    names = g.value_names() if names is None else names
     args_t, kwargs_t = g.in_tree.children
     lines = [f"graph @{g.name}("]
     offset = 0
@@ -648,13 +673,19 @@ def print_graph(g: Graph) -> str:
     return "\n".join(lines) + "\n"
 
 
+@functools.lru_cache(maxsize=4096)
+def _file_text(file: str) -> str:
+    """A location's file as the text IR quotes it (made once per file: the printer asks per node)."""
+    return json.dumps(file)
+
+
 def format_node(node: Node, names: dict[Value, str], indent: str = "") -> list[str]:
     """The node's line, followed by its regions (indented) if it has any."""
     results = ", ".join("%" + names[o] for o in node.outputs)
     operands = ["%" + names[v] for v in node.inputs]
     operands += [f"{k}={format_literal(v)}" for k, v in node.attrs.items()]
     types = ", ".join(str(o.type) for o in node.outputs) or "()"
-    loc = f" loc({json.dumps(node.loc.file)}:{node.loc.line})" if node.loc else ""
+    loc = f" loc({_file_text(node.loc.file)}:{node.loc.line})" if node.loc else ""
     part = f" part({node.part})" if node.part else ""
     head = f"{results} = " if node.outputs else ""
     line = f"{indent}{head}{node.op.name}({', '.join(operands)}) : {types}{loc}{part}"

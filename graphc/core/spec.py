@@ -52,8 +52,15 @@ R = Placement("R")
 P = Placement("P")
 
 
+_SPLITS: dict[tuple[int, int], Placement] = {}  # one object per split: specs compare by identity first
+
+
 def S(dim: int, blocks: int = 1) -> Placement:  # noqa: N802 (the notation of the field)
-    return Placement("S", int(dim), int(blocks))
+    key = (int(dim), int(blocks))
+    got = _SPLITS.get(key)
+    if got is None:
+        got = _SPLITS[key] = Placement("S", *key)
+    return got
 
 
 _PLACEMENT = re.compile(r"\s*(?:(R)|(P)|S\(\s*(-?\d+)\s*(?:,\s*(?:blocks\s*=\s*)?(\d+)\s*)?\))\s*$")

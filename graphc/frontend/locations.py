@@ -131,6 +131,9 @@ def call_chain(start: FrameType) -> tuple[str, ...]:
     return tuple(_frame_text(f) for f in reversed(users)) + tuple(_frame_text(f) for f in reversed(frames[:first_user]))
 
 
+_LOCS: dict[tuple[str, int], SourceLoc] = {}  # (file, line) -> its location (no call chain)
+
+
 def user_location() -> SourceLoc | None:
     """The user's line that is being traced: the innermost frame outside graphc, numpy and the
     libraries. When the call being traced was made inside a library function that line called, the
@@ -141,7 +144,11 @@ def user_location() -> SourceLoc | None:
     if frame is None:
         return None
     if library_path(frame.f_code.co_filename) is None:  # the usual case: the user's own line
-        return SourceLoc(display_path(frame.f_code.co_filename), frame.f_lineno)
+        key = (display_path(frame.f_code.co_filename), frame.f_lineno)
+        loc = _LOCS.get(key)
+        if loc is None:  # one object per line traced, shared by its nodes (fewer objects kept)
+            loc = _LOCS[key] = SourceLoc(*key)
+        return loc
     user = frame.f_back
     while user is not None and (is_internal(user.f_code.co_filename) or library_path(user.f_code.co_filename)):
         user = user.f_back

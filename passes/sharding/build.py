@@ -34,7 +34,12 @@ from graphc.passes.sharding.zero import zero_report
 
 @collector_paused()
 def plan_from_solution(
-    problem: Problem, sol: Solution, options: PlanOptions, build_s: float, explain_now: bool = False
+    problem: Problem,
+    sol: Solution,
+    options: PlanOptions,
+    build_s: float,
+    explain_now: bool = False,
+    hashed: str | None = None,
 ) -> ShardingPlan:
     """The ShardingPlan of ``sol`` (a strategy per item of ``problem``, passes/sharding/problem.py),
     solved with ``options``. Leaves ``problem`` re-bucketed to the plan's gradient all-reduces
@@ -43,7 +48,8 @@ def plan_from_solution(
     The alternatives of its inputs, nodes and outputs are priced when one of them is first read
     (the plan's JSON, ``explain``: ``LazyAlternatives``), or when the next plan is made, whichever
     comes first (``_unread``: one unread plan holds its problem at a time), or now
-    (``explain_now``). The plan keeps ``problem`` until then: the problem must not change."""
+    (``explain_now``). The plan keeps ``problem`` until then: the problem must not change.
+    ``hashed``: ``graph_hash(problem.graph)``, if the caller has it (printing the graph is linear)."""
     memory_limit = options.memory_limit
     graph = problem.graph
     names = graph.value_names()
@@ -60,7 +66,7 @@ def plan_from_solution(
     pending = None if reused else _pending(problem, list(choice), solved, filled or costs.bucket_share_bytes)
     if pending is not None and explain_now:
         pending.get(-1)  # priced before the problem is re-bucketed, as the solver priced it
-    costs.rebucket(choice)  # the plan reports the buckets it really fills
+    costs.rebucket(choice, filled)  # the plan reports the buckets it really fills
     zero = zero_report(problem, choice)
     recomputed = set(problem.recomputed(choice))
     inputs, outputs, nodes = [], [], []
@@ -103,7 +109,7 @@ def plan_from_solution(
     ev = costs.evaluate(choice)  # with the buckets the plan fills
     if offload is not None:  # the update of the offloaded parameters runs on the host instead
         ev["compute_s"] -= offload.device_update_s
-    collectives = collectives_of(problem, choice)
+    collectives = collectives_of(problem, choice, names)
     comm = sum(c.time_s for c in collectives)
     peak, at = memory.peak(choice)
     at_item = problem.items[memory.item_at(at)] if problem.order else None  # a recomputation slot: its item
@@ -129,7 +135,7 @@ def plan_from_solution(
         _unread(pending)
     return ShardingPlan(
         graph_name=graph.name,
-        graph_hash=graph_hash(graph),
+        graph_hash=graph_hash(graph, names) if hashed is None else hashed,
         n_nodes=len(graph.nodes),
         mesh=problem.mesh,
         inputs=tuple(inputs),

@@ -48,10 +48,11 @@ def redistribution_steps(
             yield e, st, bucketed_step_time(st, problem.mesh, share_bytes) if e.deferred else st.time_s
 
 
-def collectives_of(problem: Problem, choice: list[int]) -> list[Collective]:
+def collectives_of(problem: Problem, choice: list[int], names: dict | None = None) -> list[Collective]:
     """The redistributions the plan of ``choice`` needs, in program order (``redistribution_steps``
-    with the buckets the problem's share prices), each named by its tensor and first reader."""
-    names = problem.graph.value_names()
+    with the buckets the problem's share prices), each named by its tensor and first reader
+    (``names``: the graph's ``value_names()``, if the caller has them)."""
+    names = problem.graph.value_names() if names is None else names
     reader: dict[int, int] = {}
     for e in problem.edges:
         if problem.items[e.src].kind == "fanout":

@@ -135,10 +135,12 @@ class CostModel:
         total = sum(moved.values())
         return max(1, min(self.bucket_limit, total)) if total else 0
 
-    def rebucket(self, choice: list[int]) -> None:
+    def rebucket(self, choice: list[int], filled: int | None = None) -> None:
         """Share the fixed cost over the bytes the deferred all-reduces of ``choice`` really move
-        (the estimate the problem starts from counts every tensor that might)."""
-        filled = self.filled_bucket_bytes(choice)
+        (the estimate the problem starts from counts every tensor that might); ``filled``: what
+        ``filled_bucket_bytes(choice)`` returned, if the caller asked already."""
+        if filled is None:
+            filled = self.filled_bucket_bytes(choice)
         if filled:
             self.bucket_share_bytes = filled
             # the times change (which specs an edge joins does not): new tables, the old ones left

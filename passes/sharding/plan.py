@@ -32,7 +32,7 @@ from typing import Any
 
 from graphc.core.errors import MeshError, PlanError
 from graphc.core.files import atomic_write, check_record, dump_document, read_document
-from graphc.core.ir import Graph, print_graph
+from graphc.core.ir import Graph, Value, print_graph
 from graphc.core.literals import arrays_as_digests
 from graphc.core.mesh import Mesh
 from graphc.core.spec import Spec, SpecError, format_spec
@@ -52,10 +52,11 @@ from graphc.passes.sharding.records import (
 PLAN_VERSION = 2
 
 
-def graph_hash(graph: Graph) -> str:
-    """The hash a plan is made for: of the graph's text IR, large constants by their own hash."""
+def graph_hash(graph: Graph, names: dict[Value, str] | None = None) -> str:
+    """The hash a plan is made for: of the graph's text IR, large constants by their own hash
+    (``names``: ``graph.value_names()``, if the caller has them)."""
     with arrays_as_digests():
-        text = print_graph(graph)
+        text = print_graph(graph, names)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 

@@ -336,13 +336,14 @@ class _ProblemBuilder:
 
     def add_inputs(self, in_pins: dict[int, tuple], tied_in: dict[int, int]) -> None:
         """One item per graph input: a strategy per spec it may arrive in."""
-        names = self.graph.value_names()
+        names: dict | None = None  # made for a pinned input's message only (a walk over the graph)
         for k, v in enumerate(self.graph.inputs):
             other = self.graph.outputs[tied_in[k]] if k in tied_in else None
             specs = self.tensor_specs(v, other)
             strategies = Strategies(Strategy(name=format_spec(s), in_specs=(), out_specs=(s,)) for s in specs)
             item = Item(kind="input", index=k, strategies=strategies, value=v)
             if k in in_pins:
+                names = self.graph.value_names() if names is None else names
                 _pin(item, in_pins[k], f"input %{names[v]}", PlanError)
             self.producer[v] = (len(self.items), 0)
             self.items.append(item)

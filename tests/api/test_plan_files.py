@@ -225,3 +225,27 @@ def test_the_graph_hash_sees_every_byte_of_a_large_constant_and_leaves_the_text_
         assert "array<f32[300,300]>#" in print_graph(base)
     text = print_graph(base)
     assert "#" not in text and print_graph(parse(text)) == text
+
+
+def test_the_plan_cache_prints_the_graph_once_and_the_plan_carries_its_hash(env, monkeypatch):
+    """With its plan cache, ``parallelize`` hashes the graph for the cache key and hands that hash
+    to the plan: the graph's text is printed once (a 1,000-layer step prints for seconds), and the
+    plan's hash is the graph's (a plan file made from it is followed on that graph only)."""
+    from graphc.core import ir
+    from graphc.passes.sharding import plan as plan_module
+
+    printed = []
+    real = ir.print_graph
+
+    def counting(g, names=None):
+        printed.append(g.name)
+        return real(g, names)
+
+    monkeypatch.setattr(plan_module, "print_graph", counting)
+    args, kwargs = mlp.example_train_args()
+    pf = graphc.parallelize(mlp.train_step, mesh="tp=2", static_argnames=tuple(kwargs))
+    planned = pf.plan(*args, **kwargs)
+    assert printed == ["train_step"]
+    graph = pf.trace_optimized(*args, **kwargs)[1]
+    assert planned.graph_hash == plan_module.graph_hash(graph)
+    assert pf.follow(planned, *args, **kwargs) == 0  # checked against the graph: the hash is its own

@@ -415,3 +415,19 @@ def test_tied_groups_do_not_grow_with_depth_when_promotion_changes_the_first_blo
         problem = build_problem(graph, mesh(**axes), PlanOptions(zero=0), ties=state_ties(graph))
         counts.append(len(shrink_groups(problem)[0]))
     assert counts[1] == counts[0], counts
+
+
+def test_a_pin_no_input_strategy_has_is_refused_naming_the_input():
+    """An input pinned to a spec it cannot take (3 rows on 2 devices) is refused with its text-IR
+    name; the names are made only for that message (building a problem does not walk the graph
+    for them otherwise)."""
+    from graphc.passes.sharding.problem import Pins
+
+    def f(rows, w):
+        return rows @ w
+
+    g = graphc.trace(f, np.ones((3, 4), np.float32), np.ones((4, 2), np.float32))
+    with pytest.raises(PlanError, match=r"input %rows: pinned spec \[S\(0\)\] is not a valid even placement"):
+        build_problem(g, mesh(tp=2), pins=Pins(inputs={0: "S(0)"}))
+    p = build_problem(g, mesh(tp=2), pins=Pins(inputs={1: "S(0)"}))
+    assert p.items[1].pinned == "[S(0)]"

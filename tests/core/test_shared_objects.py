@@ -1,0 +1,76 @@
+"""Objects the IR shares instead of making one per node (issue 29, 1,000 layers: fewer objects
+for the cycle collector to walk, comparisons that hit identity): result types, the result types of
+an op without attributes per operand types, split placements, and source locations. Sharing must
+not change what is equal, and an error must still be raised each time."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+
+from graphc.core.errors import ShapeError
+from graphc.core.ir import Node, TensorType
+from graphc.core.spec import S, parse_spec
+from graphc.frontend.entry import trace
+from graphc.ops import get_op
+
+F32 = np.dtype(np.float32)
+
+
+def test_equal_result_types_are_one_object():
+    const = get_op("constant")
+    a = Node(const, [], {"value": np.zeros((2, 3), np.float32)}, [TensorType((2, 3), F32)])
+    b = Node(const, [], {"value": np.ones((2, 3), np.float32)}, [TensorType((2, 3), F32)])
+    c = Node(const, [], {"value": np.ones((3, 2), np.float32)}, [TensorType((3, 2), F32)])
+    assert a.outputs[0].type is b.outputs[0].type
+    assert c.outputs[0].type != a.outputs[0].type
+    # a type sent to another process hashes there as an equal type does
+    back = pickle.loads(pickle.dumps(a.outputs[0].type))
+    assert back == a.outputs[0].type and hash(back) == hash(a.outputs[0].type)
+
+
+def test_attribute_free_ops_infer_once_per_operand_types():
+    add = get_op("add")
+    x, y = TensorType((4, 1), F32), TensorType((1, 5), F32)
+    first = add.infer_types((x, y), {})
+    assert first == (TensorType((4, 5), F32),)
+    assert add.infer_types((TensorType((4, 1), F32), TensorType((1, 5), F32)), {}) is first
+    assert add.infer_types((y, x), {}) == (TensorType((4, 5), F32),)
+    for _ in range(2):  # a bad pair is refused every time, never remembered
+        with pytest.raises(ShapeError, match="could not be broadcast"):
+            add.infer_types((TensorType((3,), F32), TensorType((4,), F32)), {})
+    with pytest.raises(ShapeError, match="takes 2 operand"):
+        add.infer_types((x,), {})
+    with pytest.raises(ShapeError, match="unknown"):
+        add.infer_types((x, y), {"axis": 0})
+
+
+def test_a_replaced_infer_rule_is_used(monkeypatch):
+    neg = get_op("neg")
+    x = TensorType((2,), F32)
+    assert neg.infer_types((x,), {}) == (x,)
+    monkeypatch.setattr(neg, "infer", lambda in_types: (TensorType((7,), F32),))
+    assert neg.infer_types((x,), {}) == (TensorType((7,), F32),)
+
+
+def test_split_placements_are_one_object():
+    assert S(0) is S(0) and S(1, 3) is S(np.int64(1), 3)
+    assert S(0) != S(1) and S(0, 2) != S(0)
+    assert parse_spec("S(0), R") == (S(0), parse_spec("R")[0])
+    assert parse_spec("S(0), R")[0] is S(0)
+
+
+def test_nodes_of_one_line_share_its_location():
+    def f(x):
+        y = x * 2.0
+        return y + y * y
+
+    g = trace(f, np.ones(3, np.float32))
+    by_line: dict[int, set[int]] = {}
+    for node in g.nodes:
+        if node.loc is not None:
+            by_line.setdefault(node.loc.line, set()).add(id(node.loc))
+    assert len(by_line) == 2 and all(len(ids) == 1 for ids in by_line.values())
+    assert all(node.loc.file.endswith("test_shared_objects.py") for node in g.nodes if node.loc is not None)
