@@ -46,7 +46,15 @@ from graphc.core.spec import format_spec
 from graphc.core.traits import Constant, FollowsProducer, stream_position
 from graphc.core.units import fmt_bytes
 from graphc.passes.sharding.items import Edge, Item
-from graphc.passes.sharding.memrows import REPAIR_SHARE, TIME_SHARE, add_lp_rows, add_run_rows, held_over, repaired
+from graphc.passes.sharding.memrows import (
+    REPAIR_SHARE,
+    TIME_SHARE,
+    add_lp_rows,
+    add_run_rows,
+    held_over,
+    repaired,
+    smallest_bytes,
+)
 from graphc.passes.sharding.milp import FOUND_KEPT, HELD_GAP, REL_GAP, Milp, solve_milp
 from graphc.passes.sharding.offload_terms import OffloadTerms, use
 from graphc.passes.sharding.problem import Problem
@@ -707,12 +715,14 @@ class _Model:
 
     def add_memory_point(self, at: int, limit: float) -> None:
         const, coef = self.memory_expr(at)
-        floor = const + sum(min(coef.get((g, s), 0.0) for s in range(len(self.x[g]))) for g in {g for g, _s in coef})
-        self.offload.add_cover_rows(at, (floor - limit) / self.MIB)  # offload_terms.py: valid cover rows
+        cols = np.array([int(self.x[g][s]) for g, s in coef], dtype=np.int64)
+        nb = np.array(list(coef.values()), dtype=float)
+        floor = smallest_bytes(self, const, cols, nb)  # offload_terms.py: valid cover rows
+        self.offload.add_cover_rows(at, (floor - limit) / self.MIB)
         idx, val = self.offload.memory_terms(at)
-        idx += [int(self.x[g][s]) for g, s in coef]
-        val += [v / self.MIB for v in coef.values()]
-        self.milp.add_row(idx, val, -np.inf, (float(limit) - const) / self.MIB)
+        self.milp.add_row(
+            idx + cols.tolist(), val + (nb / self.MIB).tolist(), -np.inf, (float(limit) - const) / self.MIB
+        )
 
     def run(
         self, time_limit_s: float, start: list[int] | None = None, bound: float | None = None, gap: float = REL_GAP
