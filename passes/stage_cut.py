@@ -7,7 +7,7 @@ distinct), so ``stage_cut`` keeps the last ``CACHED_CUTS`` results by their inpu
 memory function is a frozen dataclass there, ``StageMemory``, so equal layouts give equal keys),
 and its table covers only the boundaries a cut into S non-empty stages can have (the band ``s ..
 s + L - S`` after stage s), read as slices of the stage spans and bytes made once: the same cut
-as the whole table (``stage_cut_dense``, kept for the tests), in (L - S + 1)^2 entries per stage
+as the whole table (tests/passes/test_stage_cut.py's ``stage_cut_dense``), in (L - S + 1)^2 entries per stage
 instead of (L + 1)^2. Those 8,425 cuts, replayed: 8.3 s of CPU with the whole table, 3.3 s so
 (loaded machine).
 """
@@ -110,32 +110,4 @@ def _banded_cut(unit_s, unit_mem, fixed_mem, S: int, limit: float | None) -> lis
     return [bounds[s + 1] - bounds[s] for s in range(S)]
 
 
-def stage_cut_dense(
-    unit_s: np.ndarray, unit_mem: np.ndarray, fixed_mem, S: int, limit: float | None
-) -> list[int] | None:
-    """The whole table (``best[s, j]``: the slowest stage of the best cut of units 0 .. j into s
-    stages), every boundary pair: the reference ``stage_cut`` is tested against."""
-    L = len(unit_s)
-    t = np.concatenate([[0.0], np.cumsum(unit_s)])
-    mem = np.concatenate([[0.0], np.cumsum(unit_mem)])
-    best = np.full((S + 1, L + 1), np.inf)
-    arg = np.zeros((S + 1, L + 1), dtype=np.int64)
-    best[0, 0] = 0.0
-    j, i = np.meshgrid(np.arange(L + 1), np.arange(L + 1), indexing="ij")  # stage [i, j)
-    span = np.where(i < j, t[j] - t[i], np.inf)
-    for s in range(1, S + 1):
-        cost = np.maximum(best[s - 1][None, :], span)
-        if limit is not None:
-            cost = np.where(fixed_mem(s - 1, mem[j] - mem[i], j - i) <= limit, cost, np.inf)
-        arg[s] = np.argmin(cost, axis=1)
-        best[s] = cost[np.arange(L + 1), arg[s]]
-    if not np.isfinite(best[S, L]):
-        return None
-    bounds = [L]
-    for s in range(S, 0, -1):
-        bounds.append(int(arg[s, bounds[-1]]))
-    bounds = bounds[::-1]
-    return [bounds[s + 1] - bounds[s] for s in range(S)]
-
-
-__all__ = ["CACHED_CUTS", "StageMemory", "stage_cut", "stage_cut_dense"]
+__all__ = ["CACHED_CUTS", "StageMemory", "stage_cut"]

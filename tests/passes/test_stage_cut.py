@@ -6,7 +6,35 @@ import pytest
 
 from graphc.passes import offload as offloading
 from graphc.passes import stage_cut as sc
-from graphc.passes.stage_cut import StageMemory, stage_cut, stage_cut_dense
+from graphc.passes.stage_cut import StageMemory, stage_cut
+
+
+def stage_cut_dense(
+    unit_s: np.ndarray, unit_mem: np.ndarray, fixed_mem, S: int, limit: float | None
+) -> list[int] | None:
+    """The whole table (``best[s, j]``: the slowest stage of the best cut of units 0 .. j into s
+    stages), every boundary pair: the reference ``stage_cut`` is tested against."""
+    L = len(unit_s)
+    t = np.concatenate([[0.0], np.cumsum(unit_s)])
+    mem = np.concatenate([[0.0], np.cumsum(unit_mem)])
+    best = np.full((S + 1, L + 1), np.inf)
+    arg = np.zeros((S + 1, L + 1), dtype=np.int64)
+    best[0, 0] = 0.0
+    j, i = np.meshgrid(np.arange(L + 1), np.arange(L + 1), indexing="ij")  # stage [i, j)
+    span = np.where(i < j, t[j] - t[i], np.inf)
+    for s in range(1, S + 1):
+        cost = np.maximum(best[s - 1][None, :], span)
+        if limit is not None:
+            cost = np.where(fixed_mem(s - 1, mem[j] - mem[i], j - i) <= limit, cost, np.inf)
+        arg[s] = np.argmin(cost, axis=1)
+        best[s] = cost[np.arange(L + 1), arg[s]]
+    if not np.isfinite(best[S, L]):
+        return None
+    bounds = [L]
+    for s in range(S, 0, -1):
+        bounds.append(int(arg[s, bounds[-1]]))
+    bounds = bounds[::-1]
+    return [bounds[s + 1] - bounds[s] for s in range(S)]
 
 
 def _cases(seed: int):
