@@ -144,7 +144,7 @@ class OpDef:
                 known = self.__dict__["_inferred"] = (self.infer, {})
             got = known[1].get(in_types)
             if got is None:
-                got = known[1][in_types] = self._infer_types(in_types, attrs, regions)
+                got = bounded_put(known[1], in_types, self._infer_types(in_types, attrs, regions))
             return got
         return self._infer_types(in_types, attrs, regions)
 
@@ -228,7 +228,24 @@ def freeze_attr(v: Any) -> Any:
     return v
 
 
+# Tables of shared immutable objects (result types here, source locations in the frontend): equal
+# objects made once, so a large graph keeps fewer objects for the collector to walk. A table holds
+# at most INTERN_LIMIT entries and starts afresh when full (what it handed out stays valid; only
+# the sharing across the reset is lost), so a long-running process that traces many shapes does
+# not keep every type it ever met.
+INTERN_LIMIT = 1 << 16
+
 _TYPES: dict[TensorType, TensorType] = {}  # each result type met, once (types are immutable)
+
+
+def bounded_put(table: dict, key: Any, value: Any) -> Any:
+    """``table[key] = value``, first emptying ``table`` when it holds ``INTERN_LIMIT`` entries;
+    returns ``value``."""
+    if len(table) >= INTERN_LIMIT:
+        table.clear()
+    table[key] = value
+    return value
+
 
 PARTS = ("forward", "backward", "update", "recompute")  # recompute: a forward node run again (passes/lower.py)
 
@@ -252,8 +269,8 @@ class Node:
         self.regions = tuple(regions)
         self.inputs = tuple(inputs)
         self.attrs = {k: freeze_attr(v) for k, v in attrs.items()}
-        intern = _TYPES.setdefault  # equal result types shared: fewer objects for the collector to walk
-        self.outputs = tuple(Value(intern(t, t), self, i) for i, t in enumerate(output_types))
+        known = _TYPES.get  # equal result types shared (INTERN_LIMIT)
+        self.outputs = tuple(Value(known(t) or bounded_put(_TYPES, t, t), self, i) for i, t in enumerate(output_types))
         self.loc = loc
         if part is not None and part not in PARTS:
             raise ValueError(f"part must be one of {PARTS}, got {part!r}")

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from graphc.core.errors import NUMPY_ERRORS, GraphcError, ShapeError, SourceLoc, TraceError, numpy_error
+from graphc.core.ir import bounded_put
 
 _GRAPHC_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 # folders whose code is the user's even inside graphc or an installed package (add_user_code)
@@ -146,8 +147,8 @@ def user_location() -> SourceLoc | None:
     if library_path(frame.f_code.co_filename) is None:  # the usual case: the user's own line
         key = (display_path(frame.f_code.co_filename), frame.f_lineno)
         loc = _LOCS.get(key)
-        if loc is None:  # one object per line traced, shared by its nodes (fewer objects kept)
-            loc = _LOCS[key] = SourceLoc(*key)
+        if loc is None:  # one object per line traced, shared by its nodes (ir.INTERN_LIMIT)
+            loc = bounded_put(_LOCS, key, SourceLoc(*key))
         return loc
     user = frame.f_back
     while user is not None and (is_internal(user.f_code.co_filename) or library_path(user.f_code.co_filename)):

@@ -74,3 +74,25 @@ def test_nodes_of_one_line_share_its_location():
             by_line.setdefault(node.loc.line, set()).add(id(node.loc))
     assert len(by_line) == 2 and all(len(ids) == 1 for ids in by_line.values())
     assert all(node.loc.file.endswith("test_shared_objects.py") for node in g.nodes if node.loc is not None)
+
+
+def test_shared_tables_are_bounded(monkeypatch):
+    # a long-running process that traces many shapes keeps at most INTERN_LIMIT of each table,
+    # and what a table handed out before it started afresh stays valid and equal
+    from graphc.core import ir
+    from graphc.frontend import locations
+
+    monkeypatch.setattr(ir, "INTERN_LIMIT", 8)
+    monkeypatch.setattr(ir, "_TYPES", {})
+    monkeypatch.setattr(locations, "_LOCS", {})
+    add = get_op("add")
+    monkeypatch.setattr(add, "_inferred", (add.infer, {}), raising=False)
+    first = trace(lambda x: x + 1.0, np.ones(1, np.float32))
+    for n in range(2, 40):
+        g = trace(lambda x: x + 1.0, np.ones(n, np.float32))
+        assert g.outputs[0].type == TensorType((n,), F32)
+        assert add.infer_types((TensorType((n,), F32), TensorType((), F32)), {}) == (TensorType((n,), F32),)
+    assert len(ir._TYPES) <= 8 and len(add._inferred[1]) <= 8 and len(locations._LOCS) <= 8
+    assert first.outputs[0].type == TensorType((1,), F32)
+    again = Node(get_op("constant"), [], {"value": np.ones(1, np.float32)}, [TensorType((1,), F32)])
+    assert again.outputs[0].type == first.outputs[0].type
