@@ -55,7 +55,7 @@ from graphc.core.errors import PlanError
 from graphc.core.ir import Graph
 from graphc.core.mesh import Mesh
 from graphc.core.profile import MachineProfile
-from graphc.core.profiles import ClusterFigures, cluster_figures, host_tier, launch_gap
+from graphc.core.profiles import ClusterFigures, cluster_figures, hidden_collective_s, host_tier, launch_gap
 from graphc.core.traits import Contraction
 from graphc.ops.dims import default_cost
 from graphc.passes import offload as offloading
@@ -450,7 +450,10 @@ def compose(model: _Model, segs: _Segments, lo: Layout, profile, figures: Cluste
     hidden_s, after_s = (ring_s, 0.0) if lo.zero == 0 else (ring_s / 2, ring_s / 2 if lo.zero < 3 else 0.0)
     gather_s = 2 * k * _ring_s(layer_st.param_bytes * n_max, D, dp_link) / 2 if lo.zero >= 3 else 0.0
     last_backward = max(b_s)
-    dp_s = max(0.0, hidden_s - figures.dp_overlap * last_backward) + after_s + gather_s
+    # what the reduction beside the last backward adds to it: its excess, or the backward slowed
+    # beside it (``hidden_collective_s``)
+    hidden = hidden_collective_s(hidden_s, figures.dp_overlap * last_backward, figures.overlap_slowdown)
+    dp_s = hidden + after_s + gather_s
     update_s = model.update_s * n_max / L * layer_st.update_share / (D if lo.zero >= 1 else 1)
     # the update's redistributions over tp (a parameter read whole, its gradient split: the
     # updated parameter all-gathered), after the update: the slowest stage's

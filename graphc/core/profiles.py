@@ -120,7 +120,17 @@ NCCL_CALL_S = 8.4e-6  # NCCL tuning.cc baseLat[Ring][Simple]
 # operations ... can reach up to 80-90% of the theoretical maximum device throughput" (Dao,
 # FlashAttention-2, 2023, section 1). The GPU presets price bfloat16/float16 matmuls of every size
 # class at the lower end, 80%; their peaks (``matmul_flops``) stay the datasheet's, and MFU is
-# reported against those.
+# reported against those. Measurements agree with that end on the presets' GPUs: the best bf16
+# torch.mm found over a sweep of shapes, the mean of 100 runs, is 271.2 TFLOP/s on an A100 SXM
+# (86.9%, at 1024x10240x5120) and 794.5 on an H100 SXM (80.3%) (S. Bekman, ml-engineering,
+# compute/accelerator, "Maximum Achievable Matmul FLOPS comparison table", mamf-finder.py); XLA's
+# measured H100 table gives 783 TFLOP/s (79.2%) for a 4096-cube bf16 product (openxla
+# xla/service/gpu/model/matmul_interpolator_data.h, sm_90). The lower 230 TFLOP/s (74%) of an
+# 8,192-cube fp16 product in mli/transformers-benchmarks is of an "A100 80GB" whose form factor it
+# does not name (the same repository's copy benchmark ran on a PCIe card, whose best is 81.1% in
+# the table above), so it is not taken for the SXM preset. No measurement at the 175B block's own
+# shapes (2048 rows, k = 12288 or 1536-6144) was found: the rate is not made shape-dependent
+# beyond the waves (``GEMM_WAVES``).
 SUSTAINED_GEMM = 0.8
 
 
@@ -247,6 +257,9 @@ class ClusterFigures:
     # seconds the host takes to launch one kernel: a micro-batch's forward or backward on a stage
     # takes at least its kernels' launches (``launch_gap``; 0: launches never wait)
     launch_s: float = 0.0
+    # how much slower compute runs while a collective hidden behind it runs beside it (0.189:
+    # 18.9% slower; ``hidden_collective_s``): NCCL's kernels take SMs and memory bandwidth
+    overlap_slowdown: float = 0.0
 
 
 def wave_efficiency(tiles: int, wave: int | None) -> float:
@@ -269,6 +282,18 @@ def launch_gap(gpu_s: float, kernels: int, launch_s: float) -> float:
     are launched one after another at ``launch_s`` each (``LAUNCH_S``): none while the host keeps
     ahead, else the launches' excess over the GPU's work."""
     return max(0.0, kernels * launch_s - gpu_s)
+
+
+def hidden_collective_s(comm_s: float, window_s: float, slowdown: float) -> float:
+    """The seconds a collective of ``comm_s`` started beside ``window_s`` of compute adds to that
+    compute: the compute runs 1 + ``slowdown`` times slower while the collective runs
+    (``OVERLAP_SLOWDOWN``), and the collective's excess over the slowed compute waits. The compute
+    ends after comm_s + (window_s - comm_s / (1 + slowdown)) when the collective ends first, else
+    the collective ends last: max(comm_s - window_s, slowdown x comm_s / (1 + slowdown)). Without a
+    slowdown, max(0, comm_s - window_s)."""
+    if comm_s <= 0:
+        return 0.0
+    return max(comm_s - window_s, slowdown * comm_s / (1 + slowdown), 0.0)
 
 
 NO_CLUSTER = ClusterFigures(node_size=None, fused_attention=False, dp_overlap=0.0, p2p_overlap=False)
@@ -319,6 +344,18 @@ GEMM_WAVES = {"a100-sxm": 108, "h100-sxm": 132}
 # kernels the host has already queued (about a microsecond) is left out: no measurement of it was
 # found to cite.
 LAUNCH_S = 5e-6
+# Overlap slowdown: a collective run beside compute takes SMs (NCCL's channels are thread blocks)
+# and memory bandwidth from it: "overlapping computation and communication can result in an
+# average computational slowdown of 18.9%, with a maximum of 40.0% slowdown", against the same
+# compute with no communication beside it, over GPT and LLaMA training on 4 A100s, H100s, MI250s
+# and MI210s (Lee et al., "Characterizing Compute-Communication Overlap in GPU-Accelerated
+# Distributed Deep Learning: Performance and Power Implications", arXiv 2507.03114, 2025,
+# abstract). The presets take the average, the one figure the source gives for its
+# configurations as a whole (its 40% is the worst of them); the compute a collective hides behind
+# is slowed by it for as long as the collective runs (``hidden_collective_s``). Only NCCL
+# collectives: the host copies of offloading run on the copy engines, not on SMs (no figure for
+# their effect on compute was found).
+OVERLAP_SLOWDOWN = 0.189
 # Tensor-parallel collectives are exposed (the per-op model adds them to the compute): Megatron-LM
 # all-reduces a layer's partial sums synchronously on the compute stream (megatron/mpu/mappings.py
 # ``_reduce``: ``torch.distributed.all_reduce``), before the next layer can start.
@@ -330,6 +367,7 @@ _GPU_SOURCES = (
     "gemm_absorbs_layouts: cuBLAS transa/transb; Megatron-LM tensor_parallel/layers.py weight gradient as one GEMM",
     "gemm_wave: NVIDIA Matrix Multiplication Background User's Guide, wave quantization (256x128 tiles, one per SM)",
     "launch_s: 5-20 us a kernel launch on the CPU side (Meta Holistic Trace Analysis docs), the lower end",
+    "overlap_slowdown: compute 18.9% slower beside overlapped communication, on average (Lee et al. 2025)",
 )
 CLUSTER_FIGURES: dict[str, ClusterFigures] = {
     "a100-sxm": ClusterFigures(
@@ -342,6 +380,7 @@ CLUSTER_FIGURES: dict[str, ClusterFigures] = {
         gemm_absorbs_layouts=True,
         gemm_wave=GEMM_WAVES["a100-sxm"],
         launch_s=LAUNCH_S,
+        overlap_slowdown=OVERLAP_SLOWDOWN,
     ),
     "h100-sxm": ClusterFigures(
         node_size=8,
@@ -356,6 +395,7 @@ CLUSTER_FIGURES: dict[str, ClusterFigures] = {
         gemm_absorbs_layouts=True,
         gemm_wave=GEMM_WAVES["h100-sxm"],
         launch_s=LAUNCH_S,
+        overlap_slowdown=OVERLAP_SLOWDOWN,
     ),
 }
 

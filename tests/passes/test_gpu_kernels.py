@@ -1,6 +1,7 @@
 """GEMM wave quantization on GPU profiles (graphc/core/profiles.py ``wave_efficiency``,
 ``gemm_tiles``; passes/gpu_kernels.py ``GemmWaves``): the formula on hand-worked examples, and the
-rows and columns a matmul's tiles are counted over."""
+rows and columns a matmul's tiles are counted over; kernel launches, and compute slowed beside a
+collective it hides (``hidden_collective_s``)."""
 
 import dataclasses
 import math
@@ -16,9 +17,11 @@ from graphc.core.mesh import Mesh
 from graphc.core.profiles import (
     GEMM_WAVES,
     LAUNCH_S,
+    OVERLAP_SLOWDOWN,
     cluster_figures,
     gemm_tiles,
     get_profile,
+    hidden_collective_s,
     launch_gap,
     wave_efficiency,
 )
@@ -141,3 +144,37 @@ def test_a_small_block_on_a_gpu_waits_for_its_launches():
         assert total == pytest.approx(sum(terms.values()), rel=1e-12)
         assert total <= kernels[part] * LAUNCH_S * (1 + 1e-12)
         assert total >= 0.5 * kernels[part] * LAUNCH_S
+
+
+# --- compute beside a collective (graphc/core/profiles.py ``hidden_collective_s``)
+
+
+def _timeline_extra(comm_s: float, window_s: float, slowdown: float) -> float:
+    """The same by the timeline: the compute does 1 / (1 + slowdown) of its work a second while
+    the collective runs (from 0 to comm_s), then all of it; the step goes on when both are done."""
+    if window_s <= comm_s / (1 + slowdown):  # the compute is done while the collective still runs
+        done = window_s * (1 + slowdown)
+    else:
+        done = comm_s + (window_s - comm_s / (1 + slowdown))
+    return max(done, comm_s) - window_s
+
+
+@pytest.mark.parametrize(
+    "comm_s, window_s",
+    [(0.1, 1.0), (0.5, 1.0), (1.0, 1.0), (1.2, 1.0), (2.0, 1.0), (1.0, 0.0), (0.0, 1.0), (1e-6, 1e-3)],
+)
+@pytest.mark.parametrize("slowdown", [0.0, OVERLAP_SLOWDOWN, 0.4])
+def test_a_hidden_collective_adds_its_excess_or_the_slowed_compute(comm_s, window_s, slowdown):
+    assert hidden_collective_s(comm_s, window_s, slowdown) == pytest.approx(
+        _timeline_extra(comm_s, window_s, slowdown), rel=1e-12, abs=1e-15
+    )
+
+
+def test_a_collective_shorter_than_its_window_slows_the_compute_by_the_published_share():
+    # 0.1 s of reduction beside 1 s of backward: the backward runs 18.9% slower for 0.1 s, so it
+    # does 0.1 / 1.189 s of its work then and ends 0.1 x 0.189 / 1.189 s late (Lee et al. 2025)
+    assert A100.overlap_slowdown == OVERLAP_SLOWDOWN == 0.189
+    assert hidden_collective_s(0.1, 1.0, 0.189) == pytest.approx(0.1 * 0.189 / 1.189, rel=1e-12)
+    assert hidden_collective_s(0.1, 1.0, 0.0) == 0.0  # no slowdown: hidden whole
+    assert hidden_collective_s(3.0, 1.0, 0.189) == pytest.approx(2.0, rel=1e-12)  # longer: its excess
+    assert cluster_figures(get_profile("cpu-here")).overlap_slowdown == 0.0  # nothing overlaps on threads
