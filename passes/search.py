@@ -311,7 +311,8 @@ def explain(cands: list[Candidate], shown: int = 6, verbose: bool = False) -> st
     if verbose:
         lines += [f"  {c.describe()}" for c in cands]
     if not ok:
-        lines.append("no mesh can run this step:")
+        late = any((c.skipped or "").startswith("time limit") for c in cands)
+        lines.append("no plan was made before the time limit ran out:" if late else "no mesh can run this step:")
         lines += [f"  {c.describe()}" for c in planned[:shown]]
         return "\n".join(lines)
     best = ok[0]
