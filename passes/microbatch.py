@@ -208,9 +208,11 @@ def microbatch(graph: Graph, m: int, batch: list[int] | None = None) -> Microbat
     for k in batch:
         v = graph.inputs[k]
         if v.type.ndim == 0 or v.type.shape[0] % m:
+            at = next((n.loc for n in graph.nodes if n.loc is not None and v in n.inputs), None)
             raise PlanError(
-                f"@{graph.name}: input %{names[v]} of shape {list(v.type.shape)} does not split into {m} "
-                f"micro-batches along dim 0 (microbatches={m} must divide the batch)"
+                f"{f'{at}: ' if at else ''}@{graph.name}: input %{names[v]} of shape {list(v.type.shape)} does not split "
+                f"into {m} micro-batches along dim 0 (microbatches={m} must divide the batch"
+                + ("; the line named first reads it)" if at else ")")
             )
     # the link is free: micro-batches meet in memory; only the propagation's choices matter
     mesh = Mesh({MB_AXIS: m}, links={MB_AXIS: Link(latency_s=1e-12, bandwidth=1e18)})

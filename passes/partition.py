@@ -28,7 +28,7 @@ from graphc.core.collector import collector_paused
 from graphc.core.errors import PlanError
 from graphc.core.ir import Graph
 from graphc.core.mesh import Mesh
-from graphc.core.pytree import call_arguments, top_level
+from graphc.core.pytree import TreeDef, call_arguments, top_level
 from graphc.passes.bucket import bucket_all_reduces
 from graphc.passes.lower import lower_graph, regather
 from graphc.passes.manager import optimize
@@ -285,26 +285,49 @@ def zero3_inputs(plan: ShardingPlan) -> frozenset[int]:
 def state_ties(graph: Graph) -> list[tuple[int, int]]:
     """(input leaf, output leaf) pairs of outputs that replace an argument of the same structure,
     shapes and dtypes (new parameters for old, new optimizer state): tied to one spec, so a loop
-    of steps never reshards its state."""
+    of steps never reshards its state. A dict is the same structure in any key order (a step that
+    rebuilds its parameters' dict in another order still returns them): leaves pair by key."""
     in_types = [v.type for v in graph.inputs]
     out_types = [v.type for v in graph.outputs]
-    args = call_arguments(graph.in_tree)
     used: set[int] = set()
     ties = []
+
+    def signature(tree: TreeDef, first: int, types: list) -> tuple[tuple, list[int]]:
+        order: list[int] = []
+        text = _keyed_structure(tree, first, order)
+        return (text, tuple(types[i] for i in order)), order
+
     # each argument's signature once (a model's parameters: thousands of leaves)
-    in_sigs = [(repr(it), in_types[ifirst : ifirst + it.num_leaves]) for it, ifirst in args]
+    in_sigs = [signature(it, ifirst, in_types) for it, ifirst in call_arguments(graph.in_tree)]
     for pos, (ot, ofirst) in enumerate(top_level(graph.out_tree)):
         if ot.num_leaves == 0:
             continue
-        sig = (repr(ot), out_types[ofirst : ofirst + ot.num_leaves])
-        candidates = [j for j, in_sig in enumerate(in_sigs) if j not in used and in_sig == sig]
+        sig, out_order = signature(ot, ofirst, out_types)
+        candidates = [j for j, (in_sig, _o) in enumerate(in_sigs) if j not in used and in_sig == sig]
         if not candidates:
             continue
         j = pos if pos in candidates else candidates[0]
         used.add(j)
-        ifirst = args[j][1]
-        ties += [(ifirst + k, ofirst + k) for k in range(ot.num_leaves)]
+        ties += sorted(zip(in_sigs[j][1], out_order))
     return ties
+
+
+def _keyed_structure(t: TreeDef, first: int, order: list[int]) -> str:
+    """The tree's structure with every dict's keys in sorted order (static leaves as their repr),
+    appending its dynamic leaves' positions (from ``first``) to ``order`` in that order."""
+    if t.kind == "leaf":
+        order.append(first)
+        return "*"
+    if t.kind == "static":
+        return repr(t.value)
+    items, start = [], first
+    for k, c in zip(t.keys if t.kind == "dict" else range(len(t.children)), t.children):
+        items.append((repr(k), c, start))
+        start += c.num_leaves
+    if t.kind == "dict":
+        items.sort(key=lambda x: x[0])
+    inner = ", ".join(f"{k}: {_keyed_structure(c, s, order)}" for k, c, s in items)
+    return f"{t.node.name if t.node is not None else ''}{t.kind}({inner})"
 
 
 # --- the plan cache ----------------------------------------------------------------------------------

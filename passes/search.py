@@ -148,6 +148,11 @@ def search_meshes(
     any other plans each candidate whole (a pipeline candidate with its own micro-batch count,
     from ``microbatches`` or 1, S, 2S and 4S). Candidates best first (feasible ones by predicted
     step time, then the infeasible ones, then the skipped)."""
+    if options.microbatches != 1:  # each candidate takes its own count: a fixed one would be silently dropped
+        raise PlanError(
+            f"microbatches={options.microbatches} with a search of {n_devices} devices: the search chooses each "
+            "mesh's micro-batch count itself; fix the count on one mesh instead (--mesh ... --microbatches k)"
+        )
     profile = profile or load_profile()
     links = links or {}
     batch = step_batch(graph)
@@ -306,7 +311,8 @@ def explain(cands: list[Candidate], shown: int = 6, verbose: bool = False) -> st
     if verbose:
         lines += [f"  {c.describe()}" for c in cands]
     if not ok:
-        lines.append("no mesh can run this step:")
+        late = any((c.skipped or "").startswith("time limit") for c in cands)
+        lines.append("no plan was made before the time limit ran out:" if late else "no mesh can run this step:")
         lines += [f"  {c.describe()}" for c in planned[:shown]]
         return "\n".join(lines)
     best = ok[0]

@@ -365,6 +365,12 @@ def _search(args: argparse.Namespace, progress, output: Output, start: float) ->
     print(explain(cands, verbose=args.verbose))
     best = cands[0]
     if best.plan is None:
+        unreached = sum((c.skipped or "").startswith("time limit") for c in cands)
+        if unreached:  # not "no mesh can run": the limit ran out before these were planned
+            raise GraphcError(
+                f"no plan for {args.devices} devices within --time-limit {options.time_limit:g} s: {unreached} "
+                f"candidates were not reached before it ran out (raise --time-limit; the other reasons are above)"
+            )
         raise GraphcError(f"no mesh of {args.devices} devices can run {args.target} (the reasons are above)")
     doc = json.loads(best.plan.to_json())
     doc["search"] = {"devices": args.devices, "seconds": seconds, "candidates": [c.to_json() for c in cands]}

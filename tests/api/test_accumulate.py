@@ -8,7 +8,9 @@ cannot take are errors naming the function."""
 from __future__ import annotations
 
 import json
+import linecache
 import os
+import re
 
 import numpy as np
 import pytest
@@ -289,8 +291,12 @@ def test_counts_a_step_cannot_take_are_errors_naming_the_function(axes):
     mesh = Mesh(axes, profile=PROFILE)
     (params, x, labels), kw = mlp_args(batch=10)
     pf = graphc.parallelize(mlp.train_step, mesh=mesh, microbatches=4, static_argnames=("lr",), cache=False)
-    with pytest.raises(PlanError, match=r"@train_step: input %x of shape \[10, 24\] does not split into 4 micro-"):
+    with pytest.raises(PlanError, match=r"@train_step: input %x of shape \[10, 24\] does not split into 4 micro-") as e:
         pf(params, x, labels, **kw)
+    # the user's file:line that first reads the batch input (models/mlp.py's forward)
+    where = re.match(r"(\S+mlp\.py):(\d+): @train_step", str(e.value))
+    assert where, str(e.value)
+    assert re.search(r"\bx\b", linecache.getline(where[1], int(where[2])))
     w = np.ones((4, 3), np.float32)
     with pytest.raises(PlanError, match="microbatches=2: @no_batch_step has no batch input"):
         graphc.parallelize(no_batch_step, mesh=mesh, microbatches=2, cache=False)(w)

@@ -180,3 +180,45 @@ def test_cli_run_pipeline_with_trace(tmp_path):
     assert {"F0", "F3", "B0", "B3", "U"} <= names
     tracks = [e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M"]
     assert len(tracks) == 4 and any("stage 1" in t for t in tracks)
+
+
+def test_a_fixed_micro_batch_count_in_a_search_is_refused_not_dropped(tmp_path):
+    """The search picks each candidate's micro-batch count; --microbatches with --devices used to be
+    dropped without a word (the plan's options said 3, its layout ran 1)."""
+    args, kw = mlp.example_train_args(batch=16, sizes=(8, 8, 4))
+    g = graph_of(mlp.train_step, args, kw)
+    with pytest.raises(graphc.GraphcError, match="microbatches=3 with a search of 2 devices"):
+        search_meshes(g, 2, PlanOptions(microbatches=3), profile=PROFILE)
+    from tests.helpers import graphc_cli
+
+    target = os.path.join(ROOT, "models", "mlp.py") + ":train_step"
+    code, out, err = graphc_cli(
+        "compile",
+        target,
+        "--example",
+        "example_train_args",
+        "--devices",
+        "2",
+        "--microbatches",
+        "4",
+        "-o",
+        str(tmp_path / "p.json"),
+    )
+    assert code == 2 and "fix the count on one mesh" in err and "Traceback" not in err, (code, out, err)
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_a_search_whose_time_ran_out_before_any_plan_says_so(tmp_path):
+    """Not "no mesh can run": every candidate was skipped at the time limit (the limit counts from
+    launch, less a second kept for writing, so 0.01 s reaches none)."""
+    from tests.helpers import graphc_cli
+
+    target = os.path.join(ROOT, "models", "mlp.py") + ":train_step"
+    out_file = str(tmp_path / "p.json")
+    code, out, err = graphc_cli(
+        "compile", target, "--example", "example_train_args", "--devices", "4", "--time-limit", "0.01", "-o", out_file
+    )
+    assert code == 2 and "Traceback" not in err, (code, out, err)
+    assert "no plan for 4 devices within --time-limit 0.01 s" in err and "raise --time-limit" in err, err
+    assert "no mesh" not in err + out and "no plan was made before the time limit ran out" in out, out
+    assert not (tmp_path / "p.json").exists()
