@@ -20,13 +20,15 @@ import hashlib
 import json
 import os
 import time
+import warnings
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from graphc.core.cache import private_dir, read_entry, warn_cache, write_entry
 from graphc.core.collector import collector_paused
-from graphc.core.errors import PlanError
-from graphc.core.ir import Graph
+from graphc.core.errors import PlanError, PlanWarning
+from graphc.core.ir import Graph, Value
 from graphc.core.mesh import Mesh
 from graphc.core.pytree import TreeDef, call_arguments, top_level
 from graphc.passes.bucket import bucket_all_reduces
@@ -310,6 +312,31 @@ def state_ties(graph: Graph) -> list[tuple[int, int]]:
         used.add(j)
         ties += sorted(zip(in_sigs[j][1], out_order))
     return ties
+
+
+def warn_untied(graph: Graph, params: list[Value], tied: set[int]) -> None:
+    """A ``PlanWarning`` when a step returns updated values of the types of ``params`` (its layers'
+    parameters) yet ties none of ``params`` to an output (``tied``, from ``state_ties``): new
+    parameters returned in another structure, which the planner would see as constants, with no
+    gradient reduction, optimizer state or update priced for them. (Frozen layers, whose new
+    values the step does not return, are not warned about.)"""
+    index = {v: k for k, v in enumerate(graph.inputs)}
+    if not params or any(index[v] in tied for v in params):
+        return
+    need = Counter(v.type for v in params)
+    made = Counter(o.type for o in graph.outputs if o.producer is not None and o.producer.part == "update")
+    if any(made[t] < c for t, c in need.items()):  # not one updated value per parameter of a layer
+        return
+    names = ", ".join(v.name or "?" for v in params[:3]) + (", ..." if len(params) > 3 else "")
+    where = next((f"{n.loc}: " for n in graph.nodes if n.part == "update" and n.loc is not None), "")
+    warnings.warn(
+        f"{where}{graph.name}: the step has an update but returns no new value for its layers' parameters "
+        f"({names}) in the structure they were passed in (the same nesting, keys, shapes and dtypes), "
+        "so they are planned as constants: no gradient reduction, optimizer state or update is priced "
+        "for them; return the new parameters in the argument's structure",
+        PlanWarning,
+        stacklevel=2,
+    )
 
 
 def _keyed_structure(t: TreeDef, first: int, order: list[int]) -> str:

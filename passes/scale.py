@@ -70,7 +70,7 @@ from graphc.passes.blocks import (
 )
 from graphc.passes.gpu_kernels import GemmWaves, gemm_absorbed, kernel_launches
 from graphc.passes.options import PlanOptions
-from graphc.passes.partition import plan_sharding, state_ties
+from graphc.passes.partition import plan_sharding, state_ties, warn_untied
 from graphc.passes.pipeline import node_seconds
 from graphc.passes.sharding.build import step_flops
 from graphc.passes.sharding.plan import ShardingPlan
@@ -259,6 +259,7 @@ def layered_model(graph: Graph, batch: int | None, profile) -> _Model | None:
     state = sum(v.type.nbytes for v in first if v not in read_fwd)
     layer_inputs = {k for ks in layers.inputs for k in ks}
     tied = {i for i, _o in state_ties(graph)}
+    warn_untied(graph, [graph.inputs[k] for k in layers.inputs[0] if graph.inputs[k] in read_fwd], tied)
     other = sum(v.type.nbytes for k, v in enumerate(graph.inputs) if k in tied and k not in layer_inputs)
     secs = node_seconds(graph, profile)
     flops, contraction = step_flops(graph)

@@ -3,11 +3,14 @@ key order, so a step that rebuilds its parameters' dict in another order still h
 tied (and the block search still sees its gradients and optimizer state)."""
 
 import time
+import warnings
 
 import numpy as np
+import pytest
 
 import graphc
 from graphc.api.parallel import Parallelized
+from graphc.core.errors import PlanWarning
 from graphc.core.profiles import get_profile
 from graphc.core.pytree import static_argnames
 from graphc.models import gpt3
@@ -76,3 +79,38 @@ def test_the_block_search_prices_a_reordered_steps_state_as_the_same_step():
         preds.append((plan.predicted, plan.memory_bytes))
     assert preds[0][0]["dp_s"] > 0 and preds[0][0]["update_s"] > 0
     assert preds[1] == preds[0]
+
+
+def _listed_train_step(params, opt_state, tokens, targets, n_head, lr=6e-5, rng=None, dropout_p=0.0):
+    # returns the new layers' parameters under another key: no longer the argument's structure
+    params, opt_state, value = gpt3.train_step(params, opt_state, tokens, targets, n_head, lr, rng, dropout_p)
+    blocks = params.pop("blocks")
+    return {**params, "layers": blocks}, opt_state, value
+
+
+def test_a_step_returning_its_parameters_in_another_structure_is_warned():
+    args, kw = gpt3.example_train_specs(n_layer=4, d=64, n_head=4, seq=16, n_vocab=128, batch=16)
+    profile = get_profile("a100-sxm")
+    ok = Parallelized(gpt3.train_step, {"dp": 1}, static_argnames=static_argnames(kw)).trace_optimized(*args, **kw)[1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PlanWarning)
+        layered_model(ok, step_batch(ok), profile)  # tied: no warning
+    g = Parallelized(_listed_train_step, {"dp": 1}, static_argnames=static_argnames(kw)).trace_optimized(*args, **kw)[1]
+    with pytest.warns(
+        PlanWarning, match=r"gpt3\.py:\d+: _listed_train_step: .*params\.blocks\.0\..*planned as constants"
+    ):
+        layered_model(g, step_batch(g), profile)
+
+
+def _frozen_train_step(params, opt_state, tokens, targets, n_head, lr=6e-5, rng=None, dropout_p=0.0):
+    # trains everything but returns only the new embeddings and final norm: the layers are frozen
+    params, opt_state, value = gpt3.train_step(params, opt_state, tokens, targets, n_head, lr, rng, dropout_p)
+    return {k: v for k, v in params.items() if k != "blocks"}, value
+
+
+def test_a_step_not_returning_its_layers_is_not_warned():
+    args, kw = gpt3.example_train_specs(n_layer=4, d=64, n_head=4, seq=16, n_vocab=128, batch=16)
+    g = Parallelized(_frozen_train_step, {"dp": 1}, static_argnames=static_argnames(kw)).trace_optimized(*args, **kw)[1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PlanWarning)
+        layered_model(g, step_batch(g), get_profile("a100-sxm"))
