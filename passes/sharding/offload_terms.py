@@ -207,7 +207,7 @@ def candidates(p: Problem) -> list[Candidate]:
         ranges_of.setdefault(entry[0], []).append(k)
     groups = [  # (its parameter's input position, the group)
         (pg.param, pg)
-        for pg in param_groups(graph, state)
+        for pg in param_groups(graph, state, update)
         if pg.param is not None and pg.states and pg.param in input_item
     ]
     # program order: a node joins a group when it reads one of the group's values (its
