@@ -5,7 +5,9 @@ parameter whose update keeps optimizer state (a ``ParamGroup`` of passes/shardin
 parameter and some state) is a *candidate*: one binary ``o[c]`` moves its state to host memory,
 as ZeRO-Offload does (passes/offload.py has the model and its source). Each item the choice
 touches gets ``w[s] <= x[g, s]``, ``sum_s w[s] = o[c]`` (the tight linearization of
-``o[c] x[g, s]``; ``o[c]`` itself when its group has one strategy), and when ``o[c] = 1``:
+``o[c] x[g, s]``; ``o[c]`` itself when its group has one strategy; one ``w`` per class of the
+group's strategies that give every term below the same coefficient, ``OffloadTerms._shares``),
+and when ``o[c] = 1``:
 
 * memory: the state inputs, the update's values of that parameter and the updated state
   (everything the update of that parameter makes but the updated parameter, which comes back)
@@ -81,9 +83,9 @@ refuses to run it (passes/partition.py ``lower``: the runtime here has no host t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -101,6 +103,9 @@ T = TypeVar("T")
 
 # Whether memory rows bring their cover rows (module doc, "Cover rows"; tests turn it off to compare optima).
 COVER = True
+# Whether a group's strategies with the same offload coefficients share a w column (``OffloadTerms._shares``;
+# tests turn it off to compare optima).
+SHARE_CLASSES = True
 # A cover row asks this much less than its memory row's deficit: a plan HiGHS takes as meeting the memory
 # row (within its feasibility tolerance, 1e-7 on rows in MiB) meets its cover rows too.
 TOLERANCE_MIB = 1e-6
@@ -202,7 +207,7 @@ def candidates(p: Problem) -> list[Candidate]:
         ranges_of.setdefault(entry[0], []).append(k)
     groups = [  # (its parameter's input position, the group)
         (pg.param, pg)
-        for pg in param_groups(graph, state)
+        for pg in param_groups(graph, state, update)
         if pg.param is not None and pg.states and pg.param in input_item
     ]
     # program order: a node joins a group when it reads one of the group's values (its
@@ -285,7 +290,8 @@ class OffloadTerms:
         self.a = np.zeros(0, dtype=np.int64)  # per stash: in host memory
         self.saved: list[list[dict[int, float]]] = []  # per candidate, per entry: -MiB saved, by column
         self.away: list[dict[int, float]] = []  # per stash: -MiB saved, by column
-        self._shared: dict[tuple[int, int], list[int]] = {}  # (group, o) -> its w columns
+        self._shared: dict[tuple[int, int], list[int]] = {}  # (group, o) -> its w column by group strategy
+        self._first: dict[tuple[int, int], list[int]] = {}  # (group, o) -> the first group strategy of each w column
         self.w: dict[int, list[tuple[int, int]]] = {}  # item -> (column, strategy) of the candidate being built
         self.u: int | None = None  # the state's transfers' latency column (``u >= o[c]``)
         self.forced = False  # whether a cover row has set ``u`` to 1 (``add_cover_rows``)
@@ -360,26 +366,27 @@ class OffloadTerms:
         device_s: dict[int, float] = {}  # the device's update, which no longer runs
         for c, o in zip(self.cands, (int(o) for o in self.o)):
             m.add_row([o, u], [1.0, -1.0], -np.inf, 0.0)  # u >= o: the latency of one transfer each way
-            self.w = {
-                i: self._share(i, o) for i in {*c.state_items, *c.update_items, *(entry[1] for entry in c.entries)}
-            }
             pb = _param_bytes(p, c)
             sb = [(i, _state_bytes(p, c, i)) for i in c.state_items]
             rep = c.state_items[0]
-            # the copy back and the CPU Adam; less the device's update of the parameter
-            _add(host_s, self._w_expr([(rep, pb * (1 / link.bandwidth + 3 / dram) * us)]))
-            _add(host_s, self._w_expr([(i, 2 * b / dram * us) for i, b in sb]))
-            _add(device_s, self._w_expr([(i, p.costs.compute_times(i) * us) for i in c.update_items]))
-            _add(e_row, self._w_expr([(rep, -pb / link.bandwidth * us)]))  # the gradients' copy
-            _add(host_row, self._w_expr([(rep, pb / model.MIB)] + [(i, b / model.MIB) for i, b in sb]))
-            self.saved.append(
-                [
-                    self._w_expr(
-                        [(item, [p.memory.value_bytes(v, item, s) / -model.MIB for s in _strategies(p, item)])]
-                    )
-                    for v, item, _a, _b in c.entries
-                ]
-            )
+            # every sum of w-terms the candidate enters (each becomes coefficients of its w columns):
+            # the copy back and the CPU Adam; the device's update of the parameter, which no longer
+            # runs; the gradients' copy; the host's bytes; per entry, the MiB it takes off the device
+            host_terms = [(rep, pb * (1 / link.bandwidth + 3 / dram) * us)] + [(i, 2 * b / dram * us) for i, b in sb]
+            device_terms = [(i, p.costs.compute_times(i) * us) for i in c.update_items]
+            copy_terms = [(rep, -pb / link.bandwidth * us)]
+            host_mib = [(rep, pb / model.MIB)] + [(i, b / model.MIB) for i, b in sb]
+            saved = [
+                [(item, [p.memory.value_bytes(v, item, s) / -model.MIB for s in _strategies(p, item)])]
+                for v, item, _a, _b in c.entries
+            ]
+            items = {*c.state_items, *c.update_items, *(entry[1] for entry in c.entries)}
+            self.w = self._shares(o, items, [host_terms, device_terms, copy_terms, host_mib, *saved])
+            _add(host_s, self._w_expr(host_terms))
+            _add(device_s, self._w_expr(device_terms))
+            _add(e_row, self._w_expr(copy_terms))
+            _add(host_row, self._w_expr(host_mib))
+            self.saved.append([self._w_expr(terms) for terms in saved])
         for sign, terms in ((1.0, host_s), (-1.0, device_s)):  # a column each, equal to its sum, priced
             total = m.add_vars([sign if priced else 0.0], integer=False, upper=1e30)[0]
             m.add_row([total, *terms], [1.0, *(-v for v in terms.values())], 0.0, 0.0)
@@ -411,19 +418,49 @@ class OffloadTerms:
         """(column, item strategy) pairs whose sum is 1 when ``o`` is and the item has that strategy:
         ``w[s] <= x[g, s]``, ``sum_s w[s] = o`` (the tight linearization of ``o x[g, s]``); ``o``
         itself for an item whose group has one strategy."""
+        return self._shares(o, {item}, [])[item]
+
+    def _shares(self, o: int, items, exprs: Sequence[Sequence[tuple[int, Any]]]) -> dict[int, list[tuple[int, int]]]:
+        """Per item of ``items``, (column, item strategy) pairs of the linearized product of ``o``
+        and its group's strategy, one pair per class: a group's strategies whose coefficients are
+        equal in every sum of ``exprs`` (lists of ``(item, value per item strategy)``, each summed
+        by ``_w_expr``) share one column, ``w[a] <= sum of x[g, s] over the s in class a``,
+        ``sum_a w[a] = o``. The tight linearization still (as ``ilp._Model._add_pair`` merges the
+        equal rows of a pair's costs): a plan has ``w[a] = o`` for its strategy's class and every
+        sum counts the value every strategy of the class has; an LP point's ``w[s]`` add up to
+        ``w[a]`` and back in proportion to ``x[g, s]``, at the same cost. So the optimum, and the
+        relaxation's, are the ones with a column per strategy (tests/passes/sharding/
+        test_offload_classes.py), with fewer columns: on the GPT-3 175B slice of ``graphc bench
+        plantime`` (dp=8,tp=8) a group's 6-16 strategies fall in 3-6 classes, 9,050 ``w`` columns
+        become 3,600 at 12 layers. Each sum's coefficient of a class column is its value at the
+        class's first strategy (``_w_expr`` takes one pair per column)."""
         model, m = self.model, self.model.milp
-        g, mp = model.of[item], model.maps[item]
-        xs = model.x[g]
-        if xs is None:
-            return [(o, int(mp[0]))]
-        key = (g, o)
-        if key not in self._shared:
-            w = m.add_vars(np.zeros(len(xs)), integer=False)
-            for s in range(len(xs)):
-                m.add_row([int(w[s]), int(xs[s])], [1.0, -1.0], -np.inf, 0.0)
-            m.add_row([*map(int, w), o], [*np.ones(len(xs)), -1.0], 0.0, 0.0)
-            self._shared[key] = [int(col) for col in w]
-        return [(col, int(mp[s])) for s, col in enumerate(self._shared[key])]
+        by_group: dict[int, list[int]] = {}
+        for item in items:
+            by_group.setdefault(model.of[item], []).append(item)
+        out: dict[int, list[tuple[int, int]]] = {}
+        for g, members in by_group.items():
+            xs = model.x[g]
+            if xs is None:
+                for item in members:
+                    out[item] = [(o, int(model.maps[item][0]))]
+                continue
+            key = (g, o)
+            if key not in self._shared:
+                classes = _strategy_classes(model, g, len(xs), exprs)
+                first = {int(a): s for s, a in reversed(list(enumerate(classes)))}
+                w = m.add_vars(np.zeros(len(first)), integer=False)
+                for a in range(len(first)):
+                    in_a = xs[classes == a]
+                    m.add_row([int(w[a]), *map(int, in_a)], [1.0, *(-np.ones(len(in_a)))], -np.inf, 0.0)
+                m.add_row([*map(int, w), o], [*np.ones(len(w)), -1.0], 0.0, 0.0)
+                self._shared[key] = [int(w[a]) for a in classes]
+                self._first[key] = [first[a] for a in range(len(first))]
+            cols, first_s = self._shared[key], self._first[key]
+            for item in members:
+                mp = model.maps[item]
+                out[item] = [(cols[s], int(mp[s])) for s in first_s]
+        return out
 
     def shares(self) -> Iterator[tuple[int, int, list[int]]]:
         """(group, ``o`` column, its ``w`` columns by group strategy) of every linearized product."""
@@ -515,6 +552,21 @@ class OffloadTerms:
         out += tuple(st for st, a in zip(self.stashes, self.a) if x[a] > 0.5)
         use(self.p, out)
         return out
+
+
+def _strategy_classes(model, g: int, size: int, exprs: Sequence[Sequence[tuple[int, Any]]]) -> np.ndarray:
+    """Per strategy of group ``g``, its class (numbered in order of first strategy): strategies
+    with equal coefficients in every sum of ``exprs`` (``OffloadTerms._shares``); each its own
+    class when ``SHARE_CLASSES`` is off."""
+    if not SHARE_CLASSES or not exprs:
+        return np.arange(size)
+    sig = np.zeros((size, len(exprs)))
+    for k, terms in enumerate(exprs):
+        for item, per_strategy in terms:
+            if model.of[item] == g:
+                sig[:, k] += np.asarray(per_strategy, float)[model.maps[item]]
+    number: dict[tuple, int] = {}
+    return np.array([number.setdefault(row, len(number)) for row in map(tuple, sig.tolist())], dtype=np.int64)
 
 
 def _add(into: dict[int, float], coef: dict[int, float]) -> None:

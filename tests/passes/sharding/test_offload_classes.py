@@ -1,0 +1,131 @@
+"""One offload column per class of equal strategies (passes/sharding/offload_terms.py
+``OffloadTerms._shares``): a group's strategies whose coefficients are equal in every sum a
+candidate's product columns enter share one ``w`` column. Against the model with a column per
+strategy (``SHARE_CLASSES`` off), on a mesh whose groups have such strategies: fewer columns, the
+same memory profile for every plan, the same LP relaxation optimum and the same integer optimum,
+both when offloading is faster (no limit) and when only offloading fits (a limit)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import graphc
+from graphc.core.mesh import Mesh
+from graphc.core.profiles import HOST_TIERS, get_profile
+from graphc.core.pytree import static_argnames
+from graphc.models import gpt3
+from graphc.passes.options import PlanOptions
+from graphc.passes.partition import build_problem, shrink, solve_problem, state_ties
+from graphc.passes.sharding import ilp, offload_terms
+from graphc.passes.sharding.memrows import MemoryRows
+from graphc.passes.sharding.milp import LpRelaxation
+from tests.passes.sharding.test_memrows import _cases
+
+A100 = get_profile("a100-sxm")
+
+
+@pytest.fixture(scope="module")
+def tied():
+    """The 3-layer GPT-3 of test_offload_screen.py on tp=2 (a100-sxm: a host tier)."""
+    args, kw = gpt3.example_train_specs(n_layer=3, d=32, n_head=4, seq=8, n_vocab=64, batch=4, dtype=graphc.bfloat16)
+    step = graphc.parallelize(gpt3.train_step, mesh={"tp": 2}, static_argnames=static_argnames(kw), cache=False)
+    return step.trace_optimized(*args, **kw)[1], Mesh({"tp": 2}, profile=A100), PlanOptions(recompute="off")
+
+
+@pytest.fixture(scope="module")
+def limited():
+    """The MLP on h100-sxm, dp=2 (test_memrows.py) at 40% of its peak without a limit: only
+    offloading fits (test_offload_cover.py)."""
+    graph, mesh, options = _cases()[4]
+    free = build_problem(graph, mesh, dataclasses.replace(options, memory_limit=None), ties=state_ties(graph))
+    unlimited = free.memory.peak(solve_problem(free, dataclasses.replace(options, memory_limit=None)).choice)[0]
+    return graph, mesh, dataclasses.replace(options, memory_limit=int(0.4 * unlimited))
+
+
+def _fast_host(monkeypatch, name):
+    """A host so fast that offloading every candidate's state is faster (test_offload_screen.py)."""
+    fast = dataclasses.replace(HOST_TIERS[name], memory_bandwidth=1e18)
+    fast = dataclasses.replace(fast, link=dataclasses.replace(fast.link, latency_s=1e-12, bandwidth=1e18))
+    monkeypatch.setitem(HOST_TIERS, name, fast)
+
+
+def _model(case, share: bool, monkeypatch, offload=True):
+    graph, mesh, options = case
+    monkeypatch.setattr(offload_terms, "SHARE_CLASSES", share)
+    problem = build_problem(graph, mesh, options, ties=state_ties(graph))
+    groups, of = shrink(problem, options.shrink)
+    vec, pair, maps = ilp.objective_terms(problem, groups, of)
+    return problem, ilp._Model(problem, groups, of, vec, pair, maps, "highs", offload=offload)
+
+
+def _lp_optimum(model) -> float:
+    lp = LpRelaxation(model.milp)
+    assert lp.solve(60.0) is not None
+    return float(lp.h.getInfo().objective_function_value) + model.milp.offset
+
+
+def _plan(model, gchoice, moved) -> np.ndarray:
+    """The columns of the plan choosing ``gchoice`` and offloading the candidates ``moved``."""
+    z = model.point(gchoice)
+    for k in moved:
+        z[model.offload.o[k]] = 1.0
+    for g, o, w in model.offload.shares():
+        if z[o]:
+            z[w[gchoice[g]]] = 1.0
+    return z
+
+
+@pytest.mark.parametrize("case", ["tied", "limited"])
+def test_classes_keep_the_profile_and_the_relaxation_with_fewer_columns(case, request, monkeypatch):
+    c = request.getfixturevalue(case)
+    _p, each = _model(c, False, monkeypatch)
+    _p, shared = _model(c, True, monkeypatch)
+    n = len(each.offload.cands)
+    assert n == len(shared.offload.cands) > 0
+    assert shared.milp.n < each.milp.n  # some group has strategies with equal coefficients
+    assert sum(len(set(w)) < len(w) for _g, _o, w in shared.offload.shares()) > 0
+    rows_each, rows_shared = MemoryRows(each), MemoryRows(shared)
+    rng = np.random.default_rng(0)
+    for _ in range(20):  # a plan's memory under either model is the same
+        gchoice = [int(rng.integers(g.size)) for g in each.groups]
+        moved = np.flatnonzero(rng.random(n) < 0.5)
+        np.testing.assert_allclose(
+            rows_shared.profile(_plan(shared, gchoice, moved)),
+            rows_each.profile(_plan(each, gchoice, moved)),
+            rtol=1e-12,
+            atol=1e-9,
+        )
+    assert _lp_optimum(shared) == pytest.approx(_lp_optimum(each), rel=1e-9)
+
+
+def test_classes_keep_the_optimum_when_offloading_is_faster(tied, monkeypatch):
+    _fast_host(monkeypatch, A100.name)
+    got = {}
+    for share in (False, True):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(offload_terms, "SHARE_CLASSES", share)
+            graph, mesh, options = tied
+            problem = build_problem(graph, mesh, options, ties=state_ties(graph))
+            sol = solve_problem(problem, options)
+        assert sol.status == "optimal"
+        got[share] = (sol.objective, len(sol.offload))
+    assert got[True][1] > 0  # the fast host's offload is chosen
+    assert got[True][0] == pytest.approx(got[False][0], rel=1e-9)
+
+
+def test_classes_keep_the_optimum_when_only_offloading_fits(limited, monkeypatch):
+    got = {}
+    for share in (False, True):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(offload_terms, "SHARE_CLASSES", share)
+            graph, mesh, options = limited
+            problem = build_problem(graph, mesh, options, ties=state_ties(graph))
+            sol = solve_problem(problem, options)
+        assert sol.status == "optimal"
+        assert problem.memory.peak(sol.choice)[0] <= options.memory_limit
+        got[share] = (sol.objective, len(sol.offload))
+    assert got[True][1] > 0  # only offloading fits
+    assert got[True][0] == pytest.approx(got[False][0], rel=1e-9)
