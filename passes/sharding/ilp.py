@@ -509,6 +509,7 @@ class _Model:
         self.last_status: str | None = None
         self.last_choice: list[int] | None = None  # per group, of the last solution
         self.found: list[np.ndarray] = []  # plans the solver found, best first: the next round's start
+        self.lp_bound: float | None = None  # the LP relaxation's optimum, when solved (memrows.add_lp_rows)
         self._live: list[tuple[Value, int, int, int]] | None = None
         m = self.milp = Milp()
         self.x: list[np.ndarray | None] = []
@@ -732,7 +733,9 @@ class _Model:
         if start is not None and bound is not None:  # a lazy round: the last plan, repaired, may be cheaper
             fixed = repaired(self, self.point(start), REPAIR_SHARE * time_limit_s)
             z = self.milp.cheapest_feasible([p for p in (z, fixed) if p is not None])
-        res = solve_milp(self.milp, self.backend, time_limit_s, gap, start=z, known_bound=bound)
+        # the LP optimum bounds every round (rows only raise it): a start meeting it is optimal as is
+        known = bound if self.lp_bound is None else max(self.lp_bound, bound if bound is not None else -np.inf)
+        res = solve_milp(self.milp, self.backend, time_limit_s, gap, start=z, known_bound=known)
         self.last_status, self.found = res.status, (res.found + self.found)[:FOUND_KEPT]
         if res.x is None:
             if z is None:

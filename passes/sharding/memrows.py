@@ -236,6 +236,8 @@ def add_lp_rows(model, limit: int, time_limit_s: float, points: list[int]) -> in
     plan the relaxation's point rounds to, ``repaired``, to the plans its first solve may start
     from (``model.found``); returns how many rows."""
     found, x = lp_memory_points(model, limit, time_limit_s)
+    if x is not None:  # an optimum of a relaxation with at most the integer program's rows: a lower bound
+        model.lp_bound = float(model.milp.cost @ x) + model.milp.offset
     for at, const, idx, nb in found:
         points.append(at)
         model.milp.add_row(idx, nb / model.MIB, -np.inf, (float(limit) - const) / model.MIB)

@@ -164,6 +164,10 @@ def solve_milp(
             return MilpResult("infeasible", None, math.inf, -math.inf, time.perf_counter() - t0)
         return MilpResult("optimal", np.zeros(0), m.offset, m.offset, 0.0)
     time_limit_s = max(0.0, float(time_limit_s))
+    if start is not None and known_bound is not None and not len(m.broken_rows(start)) and (start <= m.upper).all():
+        value = float(m.cost @ start) + m.offset
+        if _within(value, known_bound, rel_gap):  # the start meets a proven bound: optimal as it is
+            return MilpResult("optimal", start, value, min(value, known_bound), time.perf_counter() - t0)
     if backend == "highs" and start is not None and len(m.probe):
         upper = probed(m, start, PROBE_SHARE * time_limit_s)
         if upper is not None:

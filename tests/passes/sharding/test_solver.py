@@ -72,6 +72,30 @@ def test_backends_find_the_exhaustive_optimum(backend, seed):
     assert m.violation(res.x) < 1e-6
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_start_meeting_a_known_bound_is_optimal_without_a_solve(seed, monkeypatch):
+    # the LP relaxation's optimum is a proven bound (memrows.add_lp_rows): a feasible start that
+    # meets it within the gap is the optimum, and no solver runs; one above it is solved as before
+    m, _xs, _unary, _pairs, _ = pairwise(6, 3, 3, seed)
+    best = solve_milp(m, "highs", 30.0, rel_gap=0.0)
+    from graphc.passes.sharding import milp
+
+    def no_solver(*_a, **_k):
+        raise AssertionError("the solver ran")
+
+    with monkeypatch.context() as mp:
+        mp.setattr(milp, "_highs", no_solver)
+        res = solve_milp(m, "highs", 30.0, start=best.x, known_bound=best.objective)
+        assert res.status == "optimal" and res.x is best.x and res.objective == pytest.approx(best.objective)
+        assert res.bound <= res.objective
+        with pytest.raises(AssertionError, match="the solver ran"):  # a bound the start does not meet
+            solve_milp(m, "highs", 30.0, start=best.x, known_bound=best.objective * (1 - 1e-2))
+        broken = best.x.copy()
+        broken[np.flatnonzero(broken)[0]] = 0.0  # breaks its group's one-hot row: not a plan
+        with pytest.raises(AssertionError, match="the solver ran"):
+            solve_milp(m, "highs", 30.0, start=broken, known_bound=float(m.cost @ broken) + m.offset)
+
+
 def test_an_empty_program_and_an_unknown_backend():
     assert solve_milp(Milp(), "highs").status == "optimal"
     m, *_ = pairwise(2, 2, 1, 0)
