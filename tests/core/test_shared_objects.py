@@ -60,6 +60,8 @@ def test_split_placements_are_one_object():
     assert S(0) != S(1) and S(0, 2) != S(0)
     assert parse_spec("S(0), R") == (S(0), parse_spec("R")[0])
     assert parse_spec("S(0), R")[0] is S(0)
+    back = pickle.loads(pickle.dumps(S(1, 3)))  # its hash is made again in another process
+    assert back == S(1, 3) and hash(back) == hash(S(1, 3)) and "_hash" not in pickle.loads(pickle.dumps(S(2))).__dict__
 
 
 def test_nodes_of_one_line_share_its_location():
