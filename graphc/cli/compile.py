@@ -54,7 +54,7 @@ from graphc.passes.partition import compile_devices, lower, zero3_inputs
 from graphc.passes.pipeline import PipelinePlan, pipe_axis
 from graphc.passes.scale import layered_model, plan_mesh
 from graphc.passes.search import AXES, WHOLE_PLAN_NODES, explain, search_meshes, step_batch
-from graphc.passes.sharding.plan import ShardingPlan, graph_hash
+from graphc.passes.sharding.plan import ALTERNATIVES_IN_FILE, ShardingPlan, graph_hash
 
 
 def add_parser(sub) -> None:
@@ -102,6 +102,12 @@ def add_parser(sub) -> None:
         default=[],
         metavar="NAME",
         help="explain the spec of an input (%%x, %%params.w) or a node (%%12) (repeatable)",
+    )
+    p.add_argument(
+        "--alternatives",
+        action="store_true",
+        help=f"write every input's, node's and output's priced alternatives into the plan file (by default only "
+        f"a plan of at most {ALTERNATIVES_IN_FILE:,} of them has them: pricing them is slow on a deep model)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress messages")
     p.add_argument(
@@ -161,6 +167,12 @@ def _compile(args: argparse.Namespace) -> int:
     progress(f"tracing {args.target} on mesh {mesh}")
     plan, graph = pf.plan_and_graph(*fargs, progress=progress, start=start, **fkwargs)
     assert isinstance(plan, ShardingPlan)  # a mesh without one plans the sharding
+    if (args.explain or args.alternatives) and not plan.alternatives_kept:  # cached without them (a deep plan)
+        progress("the cached plan was stored without its alternatives: solving again to price them")
+        run = dataclasses.replace(run, cache=False)
+        pf = Parallelized(fn, mesh, plan_options(args), run, static_argnames=static_argnames(fkwargs))
+        plan, graph = pf.plan_and_graph(*fargs, progress=progress, **fkwargs)
+        assert isinstance(plan, ShardingPlan)
     if args.dump_ir:
         _dump_ir(args.dump_ir, pf, graph, plan, fargs, fkwargs)
     t = plan.timing
@@ -169,7 +181,9 @@ def _compile(args: argparse.Namespace) -> int:
         f"plan {t.get('plan_s', 0):.2f}s{' (cached)' if t.get('cached') else ''}"
     )
     print(plan.summary())
-    _write(output, plan.to_json(), args)
+    t0 = time.perf_counter()
+    _write(output, plan.to_json(alternatives=True if args.alternatives else None), args)
+    progress(f"wrote the plan in {time.perf_counter() - t0:.2f}s")
     _explain(plan, args.explain)
     return 0
 
