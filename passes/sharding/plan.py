@@ -57,9 +57,11 @@ from graphc.passes.sharding.records import (
 PLAN_VERSION = 2
 
 # A plan of more inputs, nodes and outputs than this leaves its alternatives out of its JSON unless
-# asked: a 25-layer d=256 GPT on dp=2,tp=2 has about 10,000; at 200 layers the alternatives were
-# 2/3 of a 92 MB file and pricing them 15 of the 25 s of writing it (docs/plans.md).
-ALTERNATIVES_IN_FILE = 10_000
+# asked: pricing them costs about 0.3 ms an item on dp=8,tp=8 (the GPT-3 175B slice's 7,485 items:
+# its file written in 2.7 s with them, loaded, where LLaMA-3-8B's 14,696 without took 0.3 s), and at
+# 200 layers of a d=256 GPT (87,000 items; 5,000 is about 11 layers) they were two thirds of an
+# 86 MB file and most of the 18 s of writing it (docs/plans.md).
+ALTERNATIVES_IN_FILE = 5_000
 
 
 def graph_hash(graph: Graph, names: dict[Value, str] | None = None) -> str:
