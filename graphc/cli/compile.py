@@ -31,6 +31,7 @@ import time
 import warnings
 
 from graphc.api.parallel import Parallelized
+from graphc.cli import signals
 from graphc.cli.common import (
     Output,
     add_plan_flags,
@@ -121,7 +122,9 @@ def add_parser(sub) -> None:
 def cmd_compile(args: argparse.Namespace) -> int:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PlanWarning)  # the summary prints the plan's warnings
-        return _compile(args)
+        code = _compile(args)
+    signals.end_without_teardown()  # the plan file is written: freeing what planning made is not needed
+    return code
 
 
 def _compile(args: argparse.Namespace) -> int:
