@@ -134,13 +134,7 @@ def _compile(args: argparse.Namespace) -> int:
 
     # the limit counts from launch, imports included (from main's call when graphc runs in-process)
     start = args.started if getattr(args, "started", None) is not None else time.perf_counter() - process_age()
-    if args.plan:
-        raise UsageError(
-            f"compile --plan {args.plan}: renamed; --resolve-pins {args.plan} solves again around the plan's "
-            "pins, and 'graphc run --plan' runs a plan as written"
-        )
-    if args.time_limit is not None and not (args.time_limit > 0 and math.isfinite(args.time_limit)):
-        raise UsageError(f"--time-limit must be a positive number of seconds, got {args.time_limit}")
+    _check_flags(args)
     output = _check_outputs(args)
     if args.devices is not None or args.by_blocks:
         return _search_or_blocks(args, progress, output, start)
@@ -194,6 +188,11 @@ def _compile(args: argparse.Namespace) -> int:
 def _compile_microbatched(args: argparse.Namespace, pf: Parallelized, fargs, fkwargs, output: Output, progress) -> int:
     """A pipeline (a mesh with a pp axis) or gradient accumulation (micro-batches on any other
     mesh): its summary, its micro-batch program's sharding plan, the plan file, ``--explain``."""
+    if args.alternatives:
+        raise UsageError(
+            "--alternatives writes the alternatives of a plan of one pass; with a pp axis or --microbatches, "
+            "--explain NAME prints those of the micro-batch's program"
+        )
     mesh = pf.mesh
     what = "a pipeline" if pipe_axis(mesh) is not None else f"{pf.options.microbatches} micro-batches"
     progress(f"tracing {args.target} and planning {what} on mesh {mesh}")
@@ -212,6 +211,21 @@ def _compile_microbatched(args: argparse.Namespace, pf: Parallelized, fargs, fkw
             raise UsageError("--explain needs a sharded plan: this one runs every stage on one device")
         _explain(pplan.sub_plan, args.explain)
     return 0
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """Refuse a renamed flag and flags that cannot work, before anything is traced."""
+    if args.plan:
+        raise UsageError(
+            f"compile --plan {args.plan}: renamed; --resolve-pins {args.plan} solves again around the plan's "
+            "pins, and 'graphc run --plan' runs a plan as written"
+        )
+    if args.time_limit is not None and not (args.time_limit > 0 and math.isfinite(args.time_limit)):
+        raise UsageError(f"--time-limit must be a positive number of seconds, got {args.time_limit}")
+    if args.alternatives and (args.devices is not None or args.by_blocks):
+        raise UsageError(
+            "--alternatives writes the alternatives of one --mesh's plan; a search or --by-blocks has none"
+        )
 
 
 def _check_outputs(args: argparse.Namespace) -> Output:

@@ -301,3 +301,17 @@ def test_compile_writes_a_deep_plan_without_alternatives_unless_asked_and_explai
     assert code == 0, err
     assert "solving again to price them" in err  # the cached plan was kept without them
     assert "\n  instead " in stdout and "not in this plan" not in stdout
+
+
+@pytest.mark.parametrize(
+    "where", [["--mesh", "pp=2", "--microbatches", "2"], ["--devices", "2"], ["--mesh", "dp=2", "--by-blocks"]]
+)
+def test_alternatives_is_refused_where_the_plan_written_has_none_of_its_own(where, tmp_path):
+    from tests.helpers import graphc_cli
+
+    code, _out, err = graphc_cli(
+        "compile", f"{ROOT}/models/mlp.py:train_step", "--example", "example_train_args", *where, "--alternatives",
+        "-o", str(tmp_path / "p.json"),
+    )  # fmt: skip
+    assert code == 2 and "--alternatives writes the alternatives of" in err, err
+    assert not (tmp_path / "p.json").exists()
