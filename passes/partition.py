@@ -136,7 +136,9 @@ def plan_sharding(
     return make_plan(problem, solution, options, build_s)
 
 
-def _say_stopped(progress: Callable[[str], None] | None, solution: Solution, budget: float, options) -> None:
+def _say_stopped(
+    progress: Callable[[str], None] | None, solution: Solution, budget: float, options: PlanOptions
+) -> None:
     """Say that the solver stopped short of optimality, and the share of the time limit it had:
     what tracing and building the problem left, less what making and writing the plan keep back
     (on a loaded machine a deep model's tracing can spend all of it)."""

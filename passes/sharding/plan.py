@@ -20,9 +20,10 @@ JSON is a view of it: ``to_json() -> str`` and ``ShardingPlan.from_json(str)`` (
 inputs, nodes and outputs, or when asked (``to_json(alternatives=True)``, ``graphc compile
 --alternatives``): pricing them is linear in the items, and they were two thirds of a deep
 model's file (docs/plans.md); a file without them says so (``"alternatives_kept": false``), and
-``explain`` of a plan read from it says that they were left out. A plan file can be hand-edited (set a node's ``"pinned": true`` after changing
-its ``strategy``, or pin an input's ``spec``) and re-solved around the pins (``graphc compile
---resolve-pins FILE``); ``check(graph)`` refuses a plan made for another graph.
+``explain`` of a plan read from it says that they were left out. A plan file can be hand-edited
+(set a node's ``"pinned": true`` after changing its ``strategy``, or pin an input's ``spec``) and
+re-solved around the pins (``graphc compile --resolve-pins FILE``); ``check(graph)`` refuses a
+plan made for another graph.
 """
 
 from __future__ import annotations
