@@ -134,9 +134,22 @@ def plan_sharding(
     build_s = time.perf_counter() - start
     budget = deadline - time.perf_counter() - 1.5 * build_s - 0.2
     solution = solve_problem(problem, options, progress, budget)
-    if progress and solution.status != "optimal":
-        progress(f"ILP: stopped at the time limit ({solution.status}) with gap {solution.gap:.2%}")
+    _say_stopped(progress, solution, budget, options)
     return make_plan(problem, solution, options, build_s)
+
+
+def _say_stopped(
+    progress: Callable[[str], None] | None, solution: Solution, budget: float, options: PlanOptions
+) -> None:
+    """Say that the solver stopped short of optimality, and the share of the time limit it had:
+    what tracing and building the problem left, less what making and writing the plan keep back
+    (on a loaded machine a deep model's tracing can spend all of it)."""
+    if progress and solution.status != "optimal":
+        progress(
+            f"ILP: stopped at the time limit ({solution.status}) with gap {solution.gap:.2%}: it had "
+            f"{max(budget, 0.0):.1f} s of the {options.time_limit:g} s limit (tracing and building the problem "
+            "took the rest, less what making and writing the plan keep back; a larger --time-limit solves further)"
+        )
 
 
 @dataclass(frozen=True)
@@ -217,8 +230,7 @@ def plan_sharding_reusing(
     if solution is None:
         budget = deadline - time.perf_counter() - 1.5 * build_s - 0.2
         solution = solve_problem(problem, options, progress, budget)
-        if progress and solution.status != "optimal":
-            progress(f"ILP: stopped at the time limit ({solution.status}) with gap {solution.gap:.2%}")
+        _say_stopped(progress, solution, budget, options)
     made = choices_of(problem, solution, pins, options) if solution.status in ("optimal", "reused") else previous
     return make_plan(problem, solution, options, build_s, hashed), made
 

@@ -2,8 +2,10 @@
 and how it grows with depth.
 
 Each case is traced, optimized and planned by the steps of ``plan_sharding`` run one by one
-(passes/partition.py: build_problem, shrink, solve, make_plan), each timed on its own. Printed per
-case: the seconds of each stage, the ILP's size (items, groups, columns) and the solver's status;
+(passes/partition.py: build_problem, shrink, solve, make_plan), each timed on its own, and its
+plan JSON written to a file as ``graphc compile`` writes it (the "write" stage: what a user waits
+for after planning). Printed per case: the seconds of each stage, the ILP's size (items, groups,
+columns), the plan file's size and the solver's status;
 then the ratios the depth targets name (issue 29): the GPT-3 175B slice at 12 layers over 4, and
 LLaMA-3-8B at 32 layers over 8.
 
@@ -15,7 +17,9 @@ one's seconds, status and objective (docs/solver.md).
 from __future__ import annotations
 
 import gc
+import os
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +27,7 @@ from dataclasses import dataclass
 from graphc.api.compiled import write_ties
 from graphc.api.parallel import parallelize
 from graphc.core.collector import collector_paused
+from graphc.core.files import atomic_write
 from graphc.core.pytree import static_argnames
 from graphc.core.units import fmt_time
 from graphc.models import gpt, gpt3, llama
@@ -124,7 +129,8 @@ def plan_case(case: Case, solver: Solver = "highs") -> Timing:
     paused throughout as ``parallelize``'s ``plan_and_graph`` pauses it; "collect" is the
     collection it postponed, run as the pause ends with the graph, the problem and the plan
     alive, as after ``plan_and_graph`` (what planning left as garbage is freed then; the three
-    are freed after, untimed)."""
+    are freed after, untimed). "write" is the plan's JSON written to a file, as ``graphc compile``
+    writes it (its size in ``sizes["plan_bytes"]``)."""
     args, kwargs = case.example()
     par = _parallel(case, solver, kwargs)
     gc.collect()
@@ -133,7 +139,14 @@ def plan_case(case: Case, solver: Solver = "highs") -> Timing:
         t0 = time.perf_counter()  # the collection runs as the pause ends
     gc.collect()
     timing.stages["collect"] = time.perf_counter() - t0
-    del kept
+    plan = kept[2]
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "plan.json")
+        t0 = time.perf_counter()
+        atomic_write(path, plan.to_json())
+        timing.stages["write"] = time.perf_counter() - t0
+        timing.sizes["plan_bytes"] = os.path.getsize(path)
+    del kept, plan
     return timing
 
 
@@ -168,15 +181,15 @@ def main(repeat: int = 1, solvers: bool = False, deep: bool = False) -> None:
         _main_solvers(repeat)
         return
     print("graphc bench plantime: planning a training step on a fixed mesh, by stage (seconds; median of")
-    print(f"{repeat} run(s); stages: trace, optimize, build the problem, shrink, solve the ILP, make the plan, and")
-    print("the cycle collection postponed while planning)")
+    print(f"{repeat} run(s); stages: trace, optimize, build the problem, shrink, solve the ILP, make the plan, the")
+    print("cycle collection postponed while planning, and writing the plan JSON as graphc compile does; MB: its size)")
     cases = depth_cases(deep)
     runs: dict[str, list[Timing]] = {c.name: [] for c in cases}
     for _round in range(repeat):
         for c in cases:
             runs[c.name].append(plan_case(c))
-    head = f"{'case':<40} {'mesh':<10} {'items':>7} {'groups':>6} {'columns':>8} " + " ".join(
-        f"{s:>8}" for s in ("trace", "optimize", "problem", "shrink", "solve", "plan", "collect", "total")
+    head = f"{'case':<40} {'mesh':<10} {'items':>7} {'groups':>6} {'columns':>8} {'MB':>6} " + " ".join(
+        f"{s:>8}" for s in ("trace", "optimize", "problem", "shrink", "solve", "plan", "collect", "write", "total")
     )
     print(head)
     total: dict[str, float] = {}
@@ -188,7 +201,8 @@ def main(repeat: int = 1, solvers: bool = False, deep: bool = False) -> None:
         sz = ts[0].sizes
         cells = " ".join(f"{med[s]:>8.2f}" for s in med)
         print(
-            f"{c.name:<40} {mesh:<10} {sz['items']:>7} {sz['groups']:>6} {sz['variables']:>8} {cells} "
+            f"{c.name:<40} {mesh:<10} {sz['items']:>7} {sz['groups']:>6} {sz['variables']:>8} "
+            f"{sz['plan_bytes'] / 1e6:>6.1f} {cells} "
             f"{total[c.name]:>8.2f}  {ts[0].status}"
         )
     g4, g12, l8, l32 = (c.name for c in cases[:4])

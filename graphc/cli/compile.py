@@ -31,6 +31,7 @@ import time
 import warnings
 
 from graphc.api.parallel import Parallelized
+from graphc.cli import signals
 from graphc.cli.common import (
     Output,
     add_plan_flags,
@@ -54,7 +55,7 @@ from graphc.passes.partition import compile_devices, lower, zero3_inputs
 from graphc.passes.pipeline import PipelinePlan, pipe_axis
 from graphc.passes.scale import layered_model, plan_mesh
 from graphc.passes.search import AXES, WHOLE_PLAN_NODES, explain, search_meshes, step_batch
-from graphc.passes.sharding.plan import ShardingPlan, graph_hash
+from graphc.passes.sharding.plan import ALTERNATIVES_IN_FILE, ShardingPlan, graph_hash
 
 
 def add_parser(sub) -> None:
@@ -103,6 +104,12 @@ def add_parser(sub) -> None:
         metavar="NAME",
         help="explain the spec of an input (%%x, %%params.w) or a node (%%12) (repeatable)",
     )
+    p.add_argument(
+        "--alternatives",
+        action="store_true",
+        help=f"write every input's, node's and output's priced alternatives into the plan file (by default only "
+        f"a plan of at most {ALTERNATIVES_IN_FILE:,} of them has them: pricing them is slow on a deep model)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress messages")
     p.add_argument(
         "--verbose",
@@ -115,7 +122,9 @@ def add_parser(sub) -> None:
 def cmd_compile(args: argparse.Namespace) -> int:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PlanWarning)  # the summary prints the plan's warnings
-        return _compile(args)
+        code = _compile(args)
+    signals.end_without_teardown()  # the plan file is written: freeing what planning made is not needed
+    return code
 
 
 def _compile(args: argparse.Namespace) -> int:
@@ -125,13 +134,7 @@ def _compile(args: argparse.Namespace) -> int:
 
     # the limit counts from launch, imports included (from main's call when graphc runs in-process)
     start = args.started if getattr(args, "started", None) is not None else time.perf_counter() - process_age()
-    if args.plan:
-        raise UsageError(
-            f"compile --plan {args.plan}: renamed; --resolve-pins {args.plan} solves again around the plan's "
-            "pins, and 'graphc run --plan' runs a plan as written"
-        )
-    if args.time_limit is not None and not (args.time_limit > 0 and math.isfinite(args.time_limit)):
-        raise UsageError(f"--time-limit must be a positive number of seconds, got {args.time_limit}")
+    _check_flags(args)
     output = _check_outputs(args)
     if args.devices is not None or args.by_blocks:
         return _search_or_blocks(args, progress, output, start)
@@ -161,6 +164,12 @@ def _compile(args: argparse.Namespace) -> int:
     progress(f"tracing {args.target} on mesh {mesh}")
     plan, graph = pf.plan_and_graph(*fargs, progress=progress, start=start, **fkwargs)
     assert isinstance(plan, ShardingPlan)  # a mesh without one plans the sharding
+    if (args.explain or args.alternatives) and not plan.alternatives_kept:  # cached without them (a deep plan)
+        progress("the cached plan was stored without its alternatives: solving again to price them")
+        run = dataclasses.replace(run, cache=False)
+        pf = Parallelized(fn, mesh, plan_options(args), run, static_argnames=static_argnames(fkwargs))
+        plan, graph = pf.plan_and_graph(*fargs, progress=progress, **fkwargs)
+        assert isinstance(plan, ShardingPlan)
     if args.dump_ir:
         _dump_ir(args.dump_ir, pf, graph, plan, fargs, fkwargs)
     t = plan.timing
@@ -169,7 +178,9 @@ def _compile(args: argparse.Namespace) -> int:
         f"plan {t.get('plan_s', 0):.2f}s{' (cached)' if t.get('cached') else ''}"
     )
     print(plan.summary())
-    _write(output, plan.to_json(), args)
+    t0 = time.perf_counter()
+    _write(output, plan.to_json(alternatives=True if args.alternatives else None), args)
+    progress(f"wrote the plan in {time.perf_counter() - t0:.2f}s")
     _explain(plan, args.explain)
     return 0
 
@@ -177,6 +188,11 @@ def _compile(args: argparse.Namespace) -> int:
 def _compile_microbatched(args: argparse.Namespace, pf: Parallelized, fargs, fkwargs, output: Output, progress) -> int:
     """A pipeline (a mesh with a pp axis) or gradient accumulation (micro-batches on any other
     mesh): its summary, its micro-batch program's sharding plan, the plan file, ``--explain``."""
+    if args.alternatives:
+        raise UsageError(
+            "--alternatives writes the alternatives of a plan of one pass; with a pp axis or --microbatches, "
+            "--explain NAME prints those of the micro-batch's program"
+        )
     mesh = pf.mesh
     what = "a pipeline" if pipe_axis(mesh) is not None else f"{pf.options.microbatches} micro-batches"
     progress(f"tracing {args.target} and planning {what} on mesh {mesh}")
@@ -195,6 +211,21 @@ def _compile_microbatched(args: argparse.Namespace, pf: Parallelized, fargs, fkw
             raise UsageError("--explain needs a sharded plan: this one runs every stage on one device")
         _explain(pplan.sub_plan, args.explain)
     return 0
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """Refuse a renamed flag and flags that cannot work, before anything is traced."""
+    if args.plan:
+        raise UsageError(
+            f"compile --plan {args.plan}: renamed; --resolve-pins {args.plan} solves again around the plan's "
+            "pins, and 'graphc run --plan' runs a plan as written"
+        )
+    if args.time_limit is not None and not (args.time_limit > 0 and math.isfinite(args.time_limit)):
+        raise UsageError(f"--time-limit must be a positive number of seconds, got {args.time_limit}")
+    if args.alternatives and (args.devices is not None or args.by_blocks):
+        raise UsageError(
+            "--alternatives writes the alternatives of one --mesh's plan; a search or --by-blocks has none"
+        )
 
 
 def _check_outputs(args: argparse.Namespace) -> Output:

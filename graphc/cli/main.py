@@ -134,9 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     if received is not None:  # it arrived as the work ended: recorded, not raised
         code = signals.report(received)
     note_exit_code(code)  # under MPI, a job that ends through this failure ends with this status
-    if argv is None and signals.received() is not None and current_world() is None:
-        # the program was stopped: end it now, without the interpreter's teardown (seconds on a
-        # busy machine); an MPI rank still runs its job's shutdown (MpiWorld's atexit)
+    if argv is None and current_world() is None and (signals.received() is not None or signals.ends_without_teardown()):
+        # the program was stopped, or its command asked (compile: its files are written): end it
+        # now, without the interpreter's teardown (seconds on a busy machine, tens after a deep
+        # plan); an MPI rank still runs its job's shutdown (MpiWorld's atexit)
         signals.end_now(code)
     return code
 

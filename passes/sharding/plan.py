@@ -16,9 +16,14 @@ Fields, each a small frozen dataclass or tuple of them:
     ties, warnings, timing
 
 JSON is a view of it: ``to_json() -> str`` and ``ShardingPlan.from_json(str)`` (version
-``PLAN_VERSION``). A plan file can be hand-edited (set a node's ``"pinned": true`` after changing
-its ``strategy``, or pin an input's ``spec``) and re-solved around the pins (``graphc compile
---resolve-pins FILE``); ``check(graph)`` refuses a plan made for another graph.
+``PLAN_VERSION``). The alternatives are in it for a plan of at most ``ALTERNATIVES_IN_FILE``
+inputs, nodes and outputs, or when asked (``to_json(alternatives=True)``, ``graphc compile
+--alternatives``): pricing them is linear in the items, and they were two thirds of a deep
+model's file (docs/plans.md); a file without them says so (``"alternatives_kept": false``), and
+``explain`` of a plan read from it says that they were left out. A plan file can be hand-edited
+(set a node's ``"pinned": true`` after changing its ``strategy``, or pin an input's ``spec``) and
+re-solved around the pins (``graphc compile --resolve-pins FILE``); ``check(graph)`` refuses a
+plan made for another graph.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from graphc.core.collector import collector_paused
 from graphc.core.errors import MeshError, PlanError
 from graphc.core.files import atomic_write, check_record, dump_document, read_document
 from graphc.core.ir import Graph, Value, print_graph
@@ -50,6 +56,13 @@ from graphc.passes.sharding.records import (
 )
 
 PLAN_VERSION = 2
+
+# A plan of more inputs, nodes and outputs than this leaves its alternatives out of its JSON unless
+# asked: pricing them costs about 0.3 ms an item on dp=8,tp=8 (the GPT-3 175B slice's 7,485 items:
+# its file written in 2.7 s with them, loaded, where LLaMA-3-8B's 14,696 without took 0.3 s), and at
+# 200 layers of a d=256 GPT (87,000 items; 5,000 is about 11 layers) they were two thirds of an
+# 86 MB file and most of the 18 s of writing it (docs/plans.md).
+ALTERNATIVES_IN_FILE = 5_000
 
 
 def graph_hash(graph: Graph, names: dict[Value, str] | None = None) -> str:
@@ -92,6 +105,7 @@ class ShardingPlan:
     warnings: tuple[str, ...] = ()
     timing: Mapping[str, Any] = field(default_factory=dict)
     offload: OffloadRecord | None = None  # optimizer state in host memory (sharding/offload_terms.py)
+    alternatives_kept: bool = True  # False: read from a file written without them (to_json)
 
     def __post_init__(self):
         object.__setattr__(self, "timing", _frozen(self.timing))
@@ -122,8 +136,14 @@ class ShardingPlan:
         return ins, outs, nodes
 
     # --- files -----------------------------------------------------------------------------
-    def to_json(self) -> str:
-        return dump_document(_plan_doc(self))
+    @collector_paused()
+    def to_json(self, alternatives: bool | None = None) -> str:
+        """The plan's document. ``alternatives``: write every item's alternatives (True), none
+        (False), or (None) those of a plan of at most ``ALTERNATIVES_IN_FILE`` items. The cycle
+        collector is paused: a deep plan's records are a few hundred thousand new objects."""
+        if alternatives is None:
+            alternatives = len(self.inputs) + len(self.nodes) + len(self.outputs) <= ALTERNATIVES_IN_FILE
+        return dump_document(_plan_doc(self, alternatives and self.alternatives_kept))
 
     @classmethod
     def from_json(cls, text: str, source: str = "<plan>") -> ShardingPlan:
@@ -174,15 +194,16 @@ def _specs(xs) -> list[str]:
     return [format_spec(s) for s in xs]
 
 
-def _plan_doc(p: ShardingPlan) -> dict:
+def _plan_doc(p: ShardingPlan, alternatives: bool) -> dict:
     return {
         "version": PLAN_VERSION,
         "graph": {"name": p.graph_name, "hash": p.graph_hash, "nodes": p.n_nodes},
         "mesh": p.mesh.to_json(),
         "options": p.options.to_json(),
-        "inputs": [x.to_json() for x in p.inputs],
-        "outputs": [x.to_json() for x in p.outputs],
-        "nodes": [n.to_json() for n in p.nodes],
+        "alternatives_kept": alternatives,
+        "inputs": [x.to_json(alternatives) for x in p.inputs],
+        "outputs": [x.to_json(alternatives) for x in p.outputs],
+        "nodes": [n.to_json(alternatives) for n in p.nodes],
         "collectives": [c.to_json() for c in p.collectives],
         "cost": p.cost.to_json(),
         "memory": p.memory.to_json(),
@@ -214,6 +235,7 @@ def _plan_from_doc(doc: dict, source: str) -> ShardingPlan:
         warnings=tuple(doc.get("warnings", ())),
         timing=doc.get("timing", {}),
         offload=None if doc.get("offload") is None else OffloadRecord.from_json(doc["offload"]),
+        alternatives_kept=doc.get("alternatives_kept", True),
     )
 
 
@@ -463,7 +485,9 @@ def _explain_input(p: ShardingPlan, x: TensorChoice) -> str:
         lines.insert(1, f"  in host memory (offloaded): {p.offload.why(p.memory.limit_bytes)}")
     for a in x.alternatives:
         lines.append(f"  instead {', '.join(_specs(a.out_specs)):<22} {_describe(a)}")
-    if not x.alternatives:
+    if not p.alternatives_kept:
+        lines.append(_LEFT_OUT)
+    elif not x.alternatives:
         lines.append("  no alternative spec on this mesh" + (" (pinned)" if x.pinned else ""))
     by_reason: dict[str, list[str]] = {}
     for r in x.ruled_out:
@@ -507,7 +531,9 @@ def _explain_node(p: ShardingPlan, n: NodeChoice) -> str:
         )
     if n.warning:
         lines.append(f"  warning: {n.warning}")
-    if not n.alternatives:
+    if not p.alternatives_kept:
+        lines.append(_LEFT_OUT)
+    elif not n.alternatives:
         lines.append(
             "  no alternative strategy: "
             + ("it is pinned" if n.pinned else "only one is valid on this mesh (the legend of the summary says why)")
@@ -515,6 +541,12 @@ def _explain_node(p: ShardingPlan, n: NodeChoice) -> str:
     for a in n.alternatives:
         lines.append(f"  instead {a.strategy or '?':<22} out {', '.join(_specs(a.out_specs)):<18} {_describe(a)}")
     return "\n".join(lines)
+
+
+_LEFT_OUT = (
+    f"  alternatives: not in this plan: its file was written without them (more than {ALTERNATIVES_IN_FILE:,} "
+    "inputs, nodes and outputs; graphc compile --alternatives writes them, --explain prints them)"
+)
 
 
 def _describe(a: Alternative) -> str:
@@ -540,4 +572,12 @@ def _signed_time(seconds: float) -> str:
     return ("+" if seconds >= 0 else "-") + fmt_time(abs(seconds))
 
 
-__all__ = ["INPUTS_SHOWN", "LEGEND", "PLAN_VERSION", "ShardingPlan", "check_made_for", "graph_hash"]
+__all__ = [
+    "ALTERNATIVES_IN_FILE",
+    "INPUTS_SHOWN",
+    "LEGEND",
+    "PLAN_VERSION",
+    "ShardingPlan",
+    "check_made_for",
+    "graph_hash",
+]

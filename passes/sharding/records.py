@@ -97,14 +97,16 @@ class TensorChoice:
     zero_saved_bytes: int = 0
     ruled_out: tuple[RuledOut, ...] = ()  # inputs: specs never considered, and why
 
-    def to_json(self) -> dict:
+    def to_json(self, alternatives: bool = True) -> dict:
+        """Its document; ``pinned`` only when true, ``alternatives`` only if asked (the plan's
+        ``to_json`` decides: module docstring)."""
         return {
             "index": self.index,
             "name": self.name,
             "type": self.type,
             "spec": format_spec(self.spec),
-            "pinned": self.pinned,
-            "alternatives": [a.to_json() for a in self.alternatives],
+            **({"pinned": True} if self.pinned else {}),
+            **({"alternatives": [a.to_json() for a in self.alternatives]} if alternatives else {}),
             "zero": self.zero,
             "zero_saved_bytes": self.zero_saved_bytes,
             "ruled_out": [r.to_json() for r in self.ruled_out],
@@ -147,7 +149,9 @@ class NodeChoice:
     recompute: bool = False
     recompute_saved_bytes: int = 0
 
-    def to_json(self) -> dict:
+    def to_json(self, alternatives: bool = True) -> dict:
+        """Its document; ``pinned``, ``warning`` and ``recompute`` only when set, ``alternatives``
+        only if asked (the plan's ``to_json`` decides: module docstring)."""
         return {
             "index": self.index,
             "name": self.name,
@@ -159,9 +163,9 @@ class NodeChoice:
             "in_specs": _specs(self.in_specs),
             "out_specs": _specs(self.out_specs),
             "compute_s": self.compute_s,
-            "pinned": self.pinned,
-            "warning": self.warning,
-            "alternatives": [a.to_json() for a in self.alternatives],
+            **({"pinned": True} if self.pinned else {}),
+            **({"warning": self.warning} if self.warning is not None else {}),
+            **({"alternatives": [a.to_json() for a in self.alternatives]} if alternatives else {}),
             **({"recompute": True, "recompute_saved_bytes": self.recompute_saved_bytes} if self.recompute else {}),
         }
 

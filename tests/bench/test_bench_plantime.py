@@ -9,10 +9,11 @@ from graphc.models import gpt
 def test_plan_case_runs_every_stage_and_reports_the_ilp():
     case = Case("tiny GPT", gpt.train_step, lambda: gpt.example_train_args(batch=2, seq=8, d=16, n_layer=3), {"tp": 2})
     t = plan_case(case, "highs")
-    assert list(t.stages) == ["trace", "optimize", "problem", "shrink", "solve", "plan", "collect"]
+    assert list(t.stages) == ["trace", "optimize", "problem", "shrink", "solve", "plan", "collect", "write"]
     assert all(s >= 0 for s in t.stages.values()) and t.total == pytest.approx(sum(t.stages.values()))
     assert 0 < t.sizes["groups"] < t.sizes["items"] / 2 and t.sizes["variables"] > 0  # three blocks tied
     assert t.status == "optimal" and t.objective_s > 0
+    assert t.sizes["plan_bytes"] > 1000  # the plan file graphc compile writes was written
 
 
 def test_the_benchmark_cases_are_the_issue_targets():

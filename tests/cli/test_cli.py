@@ -272,3 +272,46 @@ def test_warnings_reach_stderr_of_compile_and_run(tmp_path):
     )
     assert compiled.returncode == 0, compiled.stderr
     assert compiled.stdout.count("replicates the work") == 1 and "replicates the work" not in compiled.stderr
+
+
+def test_compile_writes_a_deep_plan_without_alternatives_unless_asked_and_explains_them(tmp_path, monkeypatch):
+    """A plan of more items than ALTERNATIVES_IN_FILE (lowered here, so the MLP is "deep") is
+    written without its alternatives; --alternatives writes them; --explain prints them, and
+    solves again when the plan cache kept a plan without them."""
+    import json
+
+    from graphc.passes.sharding import plan as plan_module
+    from tests.helpers import graphc_cli
+
+    monkeypatch.setattr(plan_module, "ALTERNATIVES_IN_FILE", 10)
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("GRAPHC_PROFILE", str(tmp_path / "none.json"))
+    monkeypatch.chdir(ROOT)
+    target = ("compile", "models/mlp.py:train_step", "--example", "example_train_args", "--mesh", "dp=2")
+    out = tmp_path / "plan.json"
+    code, _stdout, err = graphc_cli(*target, "-o", str(out))  # planned, and kept in the plan cache
+    assert code == 0, err
+    doc = json.loads(out.read_text())
+    assert doc["alternatives_kept"] is False and not any("alternatives" in n for n in doc["nodes"])
+    code, _stdout, err = graphc_cli(*target, "-o", str(out), "--alternatives")
+    assert code == 0, err
+    doc = json.loads(out.read_text())
+    assert doc["alternatives_kept"] is True and any(n["alternatives"] for n in doc["nodes"])
+    code, stdout, err = graphc_cli(*target, "-o", str(out), "--explain", "%params.layers.0.w")
+    assert code == 0, err
+    assert "solving again to price them" in err  # the cached plan was kept without them
+    assert "\n  instead " in stdout and "not in this plan" not in stdout
+
+
+@pytest.mark.parametrize(
+    "where", [["--mesh", "pp=2", "--microbatches", "2"], ["--devices", "2"], ["--mesh", "dp=2", "--by-blocks"]]
+)
+def test_alternatives_is_refused_where_the_plan_written_has_none_of_its_own(where, tmp_path):
+    from tests.helpers import graphc_cli
+
+    code, _out, err = graphc_cli(
+        "compile", f"{ROOT}/models/mlp.py:train_step", "--example", "example_train_args", *where, "--alternatives",
+        "-o", str(tmp_path / "p.json"),
+    )  # fmt: skip
+    assert code == 2 and "--alternatives writes the alternatives of" in err, err
+    assert not (tmp_path / "p.json").exists()

@@ -245,3 +245,24 @@ def test_a_sigterm_as_the_handlers_are_restored_is_reported_not_raised(monkeypat
         sys.setprofile(None)
     assert capsys.readouterr().err.strip() == LINE[signal.SIGTERM]
     assert {s: signal.getsignal(s) for s in STATUS} == before
+
+
+def test_compile_as_the_program_ends_without_the_interpreters_teardown(monkeypatch, tmp_path):
+    """`graphc compile` run as the program ends through end_now once its plan file is written
+    (freeing a deep plan's objects at teardown took 20 s at 1,000 layers); an in-process caller
+    keeps its process, and a command that did not ask (ir) ends as before."""
+    from graphc.cli import signals
+    from graphc.cli.main import main
+
+    ended: list[int] = []
+    monkeypatch.setattr(signals, "end_now", ended.append)
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "p.json"
+    argv = ["compile", "models/mlp.py:train_step", "--example", "example_train_args", "--mesh", "dp=2"]
+    argv += ["-o", str(out), "--no-cache", "--quiet", "--time-limit", "100000"]  # the limit counts from pytest's start
+    monkeypatch.setattr(sys, "argv", ["graphc", *argv])
+    assert main() == 0 and ended == [0] and out.stat().st_size > 0
+    ended.clear()
+    assert main(argv) == 0 and ended == []
+    monkeypatch.setattr(sys, "argv", ["graphc", "ir", "models/mlp.py:mlp", "-o", str(tmp_path / "m.gir")])
+    assert main() == 0 and ended == []

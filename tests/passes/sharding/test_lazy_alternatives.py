@@ -48,7 +48,7 @@ def _plan(solved, now: bool):
 
 
 def _doc(plan) -> dict:
-    doc = json.loads(plan.to_json())
+    doc = json.loads(plan.to_json(alternatives=True))  # whatever the plan's size
     doc["solver"].pop("seconds")  # the only field that is a measurement
     return doc
 

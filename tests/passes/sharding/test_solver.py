@@ -247,6 +247,7 @@ def test_cli_time_limit_writes_the_best_plan_with_its_gap(tmp_path):
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 0, stderr
     assert "stopped at the time limit" in stderr and "gap" in stdout
+    assert "it had 0.0 s of the 0.001 s limit (tracing and building the problem took the rest" in stderr
     assert graphc.Plan.load(str(out)).solver.status == "time limit"
     bad = _compile(tmp_path, *args, "--time-limit", "0", "-o", str(out))
     _out, err = bad.communicate(timeout=120)
