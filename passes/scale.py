@@ -564,6 +564,15 @@ def layouts(
     return out
 
 
+def offload_choices(model: _Model, profile) -> tuple[str, ...]:
+    """What a layout of ``model`` may offload on ``profile``: a step without optimizer state (plain
+    SGD) has none to offload, so only its activations."""
+    choices = offloading.offload_choices(profile)
+    if model.state_names:
+        return choices
+    return tuple(f for f in choices if not offloading.offloads_state(f))
+
+
 def memory_bound(model: _Model, lo: Layout) -> float:
     """Bytes per device no cut can go below: the state spread evenly over tp x pp (ZeRO over dp)."""
     L, D = model.layers.count, lo.dp
@@ -598,7 +607,7 @@ def search_layered(
     once per (tp, micro-batch size), until ``deadline`` (``time.perf_counter()`` seconds)."""
     figures = cluster_figures(profile)
     limit = options.memory_limit
-    cands = layouts(model, n, figures.node_size, options, offloading.offload_choices(profile))
+    cands = layouts(model, n, figures.node_size, options, offload_choices(model, profile))
     solved: dict[tuple[int, int], _Segments | str] = {}
     solve_s: list[float] = []  # how long each solve took: the next is not begun unless one fits
 
@@ -679,7 +688,7 @@ def plan_mesh(model: _Model, axes: dict[str, int], options: PlanOptions, profile
     segs = _solve_all(model, t, b, profile, figures, deadline)  # once: every choice below composes them
     for z in zeros if D > 1 else (0,):
         for r in recs:
-            for f in offloading.offload_choices(profile):
+            for f in offload_choices(model, profile):
                 try:
                     plans.append(_layout_plan(model, Layout(S, D, t, b, k, z, r, f), segs, options, profile, figures))
                 except PlanError as exc:

@@ -1,7 +1,9 @@
 """Automatic mesh choice: factor a device count into pipeline, data and tensor axes.
 
 ``search_meshes(graph, 8)`` tries every factorization 8 = pp x dp x tp (axes of size 1 left out),
-with, for pipelines, micro-batch counts 1, S, 2S and 4S that divide the batch, plans each (the
+with, for pipelines, micro-batch counts 1, S, 2S and 4S that divide the batch (without pipeline
+stages, gradient accumulation over 2, 4, 8, ... micro-batches while the step does not fit at
+once: passes/accumulate.py), plans each (the
 sharding ILP on {dp, tp}; stages, schedule and the ILP on each stage's sub-mesh for pp > 1) and
 ranks them by predicted step time. A candidate that cannot meet the memory limit, or cannot be
 planned, stays in the list with the reason; so does one that is skipped without planning, with
@@ -72,7 +74,7 @@ class Candidate:
 
     def describe(self) -> str:
         mesh = self.mesh_text
-        mb = f", {self.microbatches} micro-batches" if "pp" in self.axes else ""
+        mb = f", {self.microbatches} micro-batches" if "pp" in self.axes or self.microbatches > 1 else ""
         if self.layout is not None:
             lo = self.layout
             mb = f", micro-batch {lo.micro_batch} x {lo.microbatches}, ZeRO {lo.zero}, recompute {lo.recompute}"
@@ -146,7 +148,9 @@ def search_meshes(
     what it does not reach is listed as skipped. A step of repeated layers on the default axes is
     searched by blocks (passes/scale.py: pp x dp x tp, micro-batch sizes, ZeRO, recomputation);
     any other plans each candidate whole (a pipeline candidate with its own micro-batch count,
-    from ``microbatches`` or 1, S, 2S and 4S). Candidates best first (feasible ones by predicted
+    from ``microbatches`` or 1, S, 2S and 4S; a mesh without pipeline stages that does not fit
+    the memory limit at once again with more micro-batches, ``accumulation_counts``, until one
+    fits). Candidates best first (feasible ones by predicted
     step time, then the infeasible ones, then the skipped)."""
     if options.microbatches != 1:  # each candidate takes its own count: a fixed one would be silently dropped
         raise PlanError(
@@ -188,7 +192,12 @@ def search_meshes(
         ms: list[int] = [1]
         if S > 1:
             ms = list(microbatches or sorted({1, S, 2 * S, 4 * S}))
+        elif batch is not None and microbatches is None:
+            ms += accumulation_counts(batch)  # tried only while the fewer do not fit (below)
+        floors: list[int] = []  # the least memory each count tried on a flat mesh needs
         for m in ms:
+            if S == 1 and m > 1 and not _worth_more(out[-1], floors, options.memory_limit):
+                break  # accumulation on a flat mesh: only while the step does not fit with fewer
             if batch is not None and batch % m:
                 why = f"indivisible: the batch of {batch} does not split into {m} micro-batches"
                 out.append(Candidate(axes=dict(shape), microbatches=m, skipped=why))
@@ -202,12 +211,14 @@ def search_meshes(
             options = dataclasses.replace(options, time_limit=max(deadline - start, 0.1))
             try:
                 mesh = Mesh(shape or {"dp": 1}, links=mesh_links or None, profile=profile)
-                if S == 1:  # no pipeline (an empty shape: one device)
+                if S == 1 and m == 1:  # no pipeline (an empty shape: one device)
                     _plan_flat(cand, graph, mesh, ties, options)
-                else:
+                else:  # plan_pipeline also plans gradient accumulation on a mesh without pp
                     _plan_pipelined(cand, graph, mesh, dataclasses.replace(options, microbatches=m), ties)
             except PlanError as exc:
                 cand.error = str(exc).splitlines()[0]
+                if S == 1 and m > 1 and getattr(exc, "min_memory_bytes", None) is not None:
+                    floors.append(exc.min_memory_bytes)  # type: ignore[attr-defined]
             cand.seconds = time.perf_counter() - start
             out.append(cand)
             if progress is not None:
@@ -215,6 +226,37 @@ def search_meshes(
     # feasible by predicted step, then the infeasible, then the skipped
     out.sort(key=lambda c: (c.skipped is not None, not c.ok, c.step_s if c.ok else 0.0))
     return out
+
+
+def accumulation_counts(batch: int) -> list[int]:
+    """The micro-batch counts a mesh without pipeline stages tries when the whole batch does not
+    fit at once: divisors of ``batch``, each at least twice the last (2, 4, 8, ... for a power of
+    two), so that a handful of solves halves the activations each time. The search stops at the
+    first count that fits: k passes of smaller micro-batches are never predicted faster than fewer
+    passes that fit (each pass pays its ops' fixed costs again), so a larger count could only cost
+    search time."""
+    out: list[int] = []
+    for d in range(2, batch + 1):
+        if batch % d == 0 and d >= 2 * (out[-1] if out else 1):
+            out.append(d)
+    return out
+
+
+def _worth_more(last: Candidate, floors: list[int], limit: int | None) -> bool:
+    """Whether a flat mesh should try the next micro-batch count after ``last``: only when
+    ``last`` did not fit the memory limit (and failed for nothing else), and more micro-batches
+    can still reach the limit. A count's activations halve with each doubling, so when the last
+    doubling lowered the least memory needed by d, every later one together lowers it by less
+    than d: once the excess over the limit is larger, no count fits (``floors``: the least
+    memory each count over 1 needed, in order)."""
+    if last.ok or last.skipped is not None or limit is None:
+        return False
+    if not any(words in (last.error or "") for words in ("no plan fits in", "over the memory limit")):
+        return False  # the step cannot be planned on this mesh at all
+    if len(floors) >= 2:
+        drop, excess = floors[-2] - floors[-1], floors[-1] - limit
+        return excess < drop
+    return True
 
 
 def _by_blocks(model, n_devices: int, options: PlanOptions, profile, deadline: float, progress) -> list[Candidate]:
@@ -293,7 +335,7 @@ def _plan_pipelined(cand: Candidate, graph: Graph, mesh: Mesh, options: PlanOpti
         raise not_runnable(plan.sub_plan.offload, mesh.profile.name)
     memory_limit = options.memory_limit
     cand.predicted_s = plan.predicted["step_s"]
-    cand.bubble = plan.predicted["bubble"]
+    cand.bubble = plan.predicted["bubble"] if "pp" in cand.axes else None  # accumulation alone has none
     cand.memory_bytes = max(plan.memory_bytes)
     if plan.sub_plan is not None:
         cand.comm_s = plan.sub_plan.cost.comm_s

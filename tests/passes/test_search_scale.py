@@ -362,3 +362,31 @@ def test_attention_is_priced_at_the_fused_kernels_share_of_the_peak():
     flops = sum(sum(step_flops(segment_graph(blk, [blk.nodes.index(n)], "n"))[0].values()) for n in qk_pv)
     assert len(qk_pv) == 2 and a.forward_terms["attention"] >= flops / 16 / (0.5 * 312e12) * (1 - 1e-9)
     assert a.forward_s == pytest.approx(sum(a.forward_terms.values()))
+
+
+def _sgd_step(params, tokens, targets, n_head, lr=0.1):
+    # plain SGD: no optimizer state, only the parameters
+    value, grads = graphc.value_and_grad(gpt3.loss)(params, tokens, targets, n_head, None, 0.0)
+
+    def step(p, g):
+        if isinstance(p, dict):
+            return {k: step(p[k], g[k]) for k in p}
+        if isinstance(p, list):
+            return [step(a, b) for a, b in zip(p, g)]
+        return p - lr * g
+
+    return step(params, grads), value
+
+
+def test_a_step_without_optimizer_state_gets_no_optimizer_offload_layouts():
+    params = gpt3.init_params(None, 128, 16, 64, 3, np.float32, spec=True)
+    tokens = graphc.ArraySpec((8, 16), np.int64)
+    pf = Parallelized(_sgd_step, {"dp": 1}, static_argnames=("n_head",))
+    g = pf.trace_optimized(params, tokens, tokens, n_head=4)[1]
+    model = layered_model(g, step_batch(g), A100)
+    assert model is not None and model.state_bytes == 0 and not model.state_names
+    assert scale.offload_choices(model, A100) == ("off", "activations")
+    outs = search_layered(model, 2, PlanOptions(), A100, deadline=0.0)  # nothing solved: the layouts listed
+    assert outs and {o.layout.offload for o in outs} == {"off", "activations"}
+    adam = layered_model(_small(n_layer=3, batch=8), 8, A100)
+    assert scale.offload_choices(adam, A100) == ("off", "optimizer", "activations", "both")
