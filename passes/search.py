@@ -189,11 +189,7 @@ def search_meshes(
             continue
         seen[key] = _mesh_text(shape)
         S = shape.get("pp", 1)
-        ms: list[int] = [1]
-        if S > 1:
-            ms = list(microbatches or sorted({1, S, 2 * S, 4 * S}))
-        elif batch is not None and microbatches is None:
-            ms += accumulation_counts(batch)  # tried only while the fewer do not fit (below)
+        ms = _counts(S, batch, microbatches)
         floors: list[int] = []  # the least memory each count tried on a flat mesh needs
         for m in ms:
             if S == 1 and m > 1 and not _worth_more(out[-1], floors, options.memory_limit):
@@ -209,16 +205,11 @@ def search_meshes(
                 out.append(cand)
                 continue
             options = dataclasses.replace(options, time_limit=max(deadline - start, 0.1))
-            try:
-                mesh = Mesh(shape or {"dp": 1}, links=mesh_links or None, profile=profile)
-                if S == 1 and m == 1:  # no pipeline (an empty shape: one device)
-                    _plan_flat(cand, graph, mesh, ties, options)
-                else:  # plan_pipeline also plans gradient accumulation on a mesh without pp
-                    _plan_pipelined(cand, graph, mesh, dataclasses.replace(options, microbatches=m), ties)
-            except PlanError as exc:
-                cand.error = str(exc).splitlines()[0]
-                if S == 1 and m > 1 and getattr(exc, "min_memory_bytes", None) is not None:
-                    floors.append(exc.min_memory_bytes)  # type: ignore[attr-defined]
+            floor = _plan_one(
+                cand, graph, Mesh(shape or {"dp": 1}, links=mesh_links or None, profile=profile), ties, options
+            )
+            if S == 1 and m > 1 and floor is not None:
+                floors.append(floor)
             cand.seconds = time.perf_counter() - start
             out.append(cand)
             if progress is not None:
@@ -226,6 +217,29 @@ def search_meshes(
     # feasible by predicted step, then the infeasible, then the skipped
     out.sort(key=lambda c: (c.skipped is not None, not c.ok, c.step_s if c.ok else 0.0))
     return out
+
+
+def _counts(S: int, batch: int | None, microbatches: tuple[int, ...] | None) -> list[int]:
+    """The micro-batch counts a mesh of ``S`` pipeline stages tries (``search_meshes``)."""
+    if S > 1:
+        return list(microbatches or sorted({1, S, 2 * S, 4 * S}))
+    if batch is not None and microbatches is None:
+        return [1, *accumulation_counts(batch)]  # tried only while the fewer do not fit
+    return [1]
+
+
+def _plan_one(cand: Candidate, graph: Graph, mesh: Mesh, ties, options: PlanOptions) -> int | None:
+    """Plan ``cand`` on ``mesh`` (its error when it cannot be); the least memory a plan needs when
+    that is why not and the solver said how much (else None)."""
+    try:
+        if "pp" not in cand.axes and cand.microbatches == 1:  # no pipeline (an empty shape: one device)
+            _plan_flat(cand, graph, mesh, ties, options)
+        else:  # plan_pipeline also plans gradient accumulation on a mesh without pp
+            _plan_pipelined(cand, graph, mesh, dataclasses.replace(options, microbatches=cand.microbatches), ties)
+    except PlanError as exc:
+        cand.error = str(exc).splitlines()[0]
+        return getattr(exc, "min_memory_bytes", None)
+    return None
 
 
 def accumulation_counts(batch: int) -> list[int]:
