@@ -73,6 +73,7 @@ from graphc.passes.options import PlanOptions
 from graphc.passes.partition import plan_sharding, state_ties
 from graphc.passes.pipeline import node_seconds
 from graphc.passes.sharding.build import step_flops
+from graphc.passes.sharding.milp import HELD_GAP
 from graphc.passes.sharding.plan import ShardingPlan
 from graphc.passes.sharding.problem import Pins
 from graphc.passes.stage_cut import StageMemory, stage_cut
@@ -86,6 +87,9 @@ ACT_FRACTIONS = offloading.ACTIVATION_FRACTIONS  # the shares of a stage's stash
 ZERO_STAGES = (0, 1, 3)
 MIN_SOLVE_S = 1.0  # a segment solve begun just before the deadline still gets this long
 MAX_GAP = 0.05  # a segment's ILP stopped further than this from its bound is not used
+# the loosest relative gap at which the sharding ILP reports "optimal" (a held-buffer round's,
+# passes/sharding/milp.py): two predictions closer than this are a tie the solver cannot split
+SOLVER_GAP = HELD_GAP
 # what a segment's time is made of (SegmentCost.forward_terms / backward_terms): matmuls, the
 # fused attention kernel's matmuls, memory-bound ops (norms, elementwise chains, reductions) and
 # the tensor-parallel collectives (exposed: Megatron-LM's all-reduces block the compute stream)
@@ -540,6 +544,7 @@ class Outcome:
     skipped: str | None = None
     seconds: float = 0.0
     exact: bool = True  # composed from segments solved at its micro-batch size (not scaled)
+    unsolved: str | None = None  # why a scaled estimate was left unsolved when the search ended (``_refine``)
 
 
 def layouts(
@@ -704,7 +709,7 @@ def _is_exact(s: _Segments | str) -> bool:
 
 def _compose_into(o: Outcome, model: _Model, segs: _Segments | str, profile, figures, limit) -> None:
     if isinstance(segs, str):
-        o.error = segs
+        o.plan, o.error = None, segs  # an estimate's segments that cannot be solved leave no plan
         return
     compose_fn = compose if o.layout.pp > 1 else flat_accumulated
     o.plan, o.error = compose_fn(model, segs, o.layout, profile, figures, limit)
@@ -717,18 +722,29 @@ def _compose_into(o: Outcome, model: _Model, segs: _Segments | str, profile, fig
 
 def _refine(out: list[Outcome], segments, model, profile, figures, limit, time_left) -> None:
     """While time remains: solve exactly the (tp, micro-batch size) of the fastest layout whose
-    costs were scaled from micro-batch 1, and compose its layouts again; until every composed
-    layout is exact (a scaled estimate is no bound, so only then is the choice the model's best)."""
+    costs were scaled from micro-batch 1, and compose its layouts again; until no estimate is
+    left, or none is faster than the best solved plan by more than the solver's gap
+    (``SOLVER_GAP``). A scaled estimate is no bound (solved, a larger micro-batch is usually
+    faster still: fuller GEMM waves, fewer latencies), so the layouts left so are marked
+    (``Outcome.unsolved``), as are those the time limit leaves, and the choice says how many."""
+    why = "the time limit ran out before it was solved"
     while time_left():
         pending = [o for o in out if o.plan is not None and not o.exact]
         if not pending:
             return
         top = min(pending, key=lambda o: o.plan.predicted["step_s"])  # type: ignore[union-attr]
+        best = min((o.plan.predicted["step_s"] for o in out if o.plan is not None and o.exact), default=math.inf)
+        if top.plan.predicted["step_s"] >= best * (1 - SOLVER_GAP):  # type: ignore[union-attr]
+            why = "no estimate was faster than the best solved plan by more than the solver's gap"
+            break
         key = (top.layout.tp, top.layout.micro_batch)
         segs = segments(*key, True)
         for o in out:
             if (o.layout.tp, o.layout.micro_batch) == key and o.skipped is None:
                 _compose_into(o, model, segs, profile, figures, limit)
+    for o in out:
+        if o.plan is not None and not o.exact:
+            o.unsolved = why
 
 
 def _solve_all(model: _Model, tp: int, b: int, profile, figures, deadline: float) -> _Segments | str:
@@ -768,16 +784,30 @@ def _scaled_segments(one: _Segments, b: int) -> _Segments:
 def scaled(c: SegmentCost, b: int) -> SegmentCost:
     """A segment's micro-batch-1 costs for a micro-batch of ``b`` sequences: b times the compute,
     the tensor-parallel traffic and the activations (the per-collective latencies are scaled too,
-    which overstates them by at most (b - 1) latencies per collective)."""
+    which overstates them by at most (b - 1) latencies per collective). The kernel launches are
+    not: a micro-batch launches the same kernels whatever its size, so the host's excess over the
+    GPU's work (``launch_gap``) is taken again against b times the work (at micro-batch 1 the
+    launches last the work plus that excess, when there is one)."""
+    fwd, bwd = _scaled_terms(c.forward_terms, b), _scaled_terms(c.backward_terms, b)
     return dataclasses.replace(
         c,
-        forward_s=c.forward_s * b,
-        backward_s=c.backward_s * b,
-        forward_terms={t: x * b for t, x in c.forward_terms.items()},
-        backward_terms={t: x * b for t, x in c.backward_terms.items()},
+        forward_s=sum(fwd.values()) if fwd else c.forward_s * b,
+        backward_s=sum(bwd.values()) if bwd else c.backward_s * b,
+        forward_terms=fwd,
+        backward_terms=bwd,
         activation_bytes=c.activation_bytes * b,
         input_bytes=c.input_bytes * b,
     )
+
+
+def _scaled_terms(terms: dict[str, float], b: int) -> dict[str, float]:
+    """``terms`` (``TERMS``) of one micro-batch scaled to ``b`` sequences (``scaled``)."""
+    work = sum(x for t, x in terms.items() if t != "launch")
+    out = {t: x * b for t, x in terms.items() if t != "launch"}
+    if "launch" in terms:
+        launches = work + terms["launch"] if terms["launch"] > 0 else 0.0  # the launches' own time
+        out["launch"] = max(0.0, launches - b * work)
+    return out
 
 
 __all__ = [

@@ -35,7 +35,7 @@ from graphc.passes.offload import not_runnable, offloads_state
 from graphc.passes.options import PlanOptions
 from graphc.passes.partition import plan_sharding, state_ties
 from graphc.passes.pipeline import PipelinePlan, plan_pipeline
-from graphc.passes.scale import ComposedPlan, Layout, layered_model, search_layered
+from graphc.passes.scale import SOLVER_GAP, ComposedPlan, Layout, layered_model, search_layered
 from graphc.passes.sharding.plan import ShardingPlan, graph_hash
 
 AXES = ("pp", "dp", "tp")
@@ -57,6 +57,8 @@ class Candidate:
     layout: Layout | None = None  # the block search's layout (micro-batch size, ZeRO, recompute)
     whole_error: str | None = None  # why the block search's choice kept its composed plan (_plan_whole)
     composed: ComposedPlan | None = field(default=None, repr=False)  # the block search's prediction, when planned whole
+    estimate: str | None = None  # a block-search prediction scaled from micro-batch 1, not solved: why
+    tie: str | None = None  # why a runnable plan was chosen over a faster prediction within the solver's gap
 
     @property
     def ok(self) -> bool:
@@ -79,6 +81,7 @@ class Candidate:
             lo = self.layout
             mb = f", micro-batch {lo.micro_batch} x {lo.microbatches}, ZeRO {lo.zero}, recompute {lo.recompute}"
             mb += f", offload {lo.offload}" if lo.offload != "off" else ""
+        mb += " (an estimate, not solved)" if self.estimate is not None and self.ok else ""
         if self.skipped is not None:
             return f"{mesh}{mb}: skipped ({self.skipped})"
         if not self.ok:
@@ -102,6 +105,7 @@ class Candidate:
             "skipped": self.skipped,
             "seconds": self.seconds,
             "layout": None if self.layout is None else dataclasses.asdict(self.layout),
+            "estimate": self.estimate,
         }
 
 
@@ -275,11 +279,14 @@ def _worth_more(last: Candidate, floors: list[int], limit: int | None) -> bool:
 
 def _by_blocks(model, n_devices: int, options: PlanOptions, profile, deadline: float, progress) -> list[Candidate]:
     """The block search (passes/scale.py), its layouts as candidates."""
+    begun = time.perf_counter()
+    hashed = graph_hash(model.graph)  # the chosen plan names its graph: hashed before the deadline, not after
+    deadline -= time.perf_counter() - begun  # as long again for writing the plan after the search
     out = []
     for o in search_layered(model, n_devices, options, profile, deadline):
         lo = o.layout
         cand = Candidate(axes=lo.axes, microbatches=lo.microbatches, layout=lo, seconds=o.seconds)
-        cand.skipped, cand.error = o.skipped, o.error
+        cand.skipped, cand.error, cand.estimate = o.skipped, o.error, o.unsolved
         if o.plan is not None:
             cand.plan = o.plan
             cand.predicted_s = o.plan.predicted["step_s"]
@@ -290,9 +297,28 @@ def _by_blocks(model, n_devices: int, options: PlanOptions, profile, deadline: f
         if progress is not None and cand.skipped is None:
             progress(cand)
     out.sort(key=lambda c: (c.skipped is not None, not c.ok, c.step_s if c.ok else 0.0))
+    _prefer_runnable(out)
     if out and isinstance(out[0].plan, ComposedPlan):  # the chosen plan names the graph it was made for
-        out[0].plan = dataclasses.replace(out[0].plan, graph_hash=graph_hash(model.graph))
+        out[0].plan = dataclasses.replace(out[0].plan, graph_hash=hashed)
     return out
+
+
+def _prefer_runnable(out: list[Candidate]) -> None:
+    """Put first the best plan graphc can run (one that offloads nothing: the runtime has no host
+    tier) when it is within the solver's relative gap (``SOLVER_GAP``) of the best plan, which
+    offloads: a difference that small is a tie the ILP does not split. ``out`` best first."""
+    if not out or not out[0].ok or out[0].layout is None or out[0].layout.offload == "off":
+        return
+    best = out[0]
+    at = next((i for i, c in enumerate(out) if c.ok and c.layout is not None and c.layout.offload == "off"), None)
+    if at is None or out[at].step_s > best.step_s * (1 + SOLVER_GAP):
+        return
+    runnable = out.pop(at)
+    runnable.tie = (
+        f"chosen over {best.describe().split(':')[0]} (only {(runnable.step_s / best.step_s - 1):.3%} slower, within the "
+        f"solver's relative gap of {SOLVER_GAP:.1%}), which offloads and so cannot run here"
+    )
+    out.insert(0, runnable)
 
 
 # a step up to this many nodes (a few dozen layers of a small model) has the block search's choice
@@ -424,7 +450,13 @@ _KINDS = ("indivisible", "time limit", "memory bound", "compute bound")
 def _why(best: Candidate, ok: list[Candidate]) -> str:
     piped = "pp" in best.axes
     other = next((c for c in ok[1:] if ("pp" in c.axes) != piped), None)
-    parts = [f"the lowest predicted step of {len(ok)} feasible plans"]
+    parts = [best.tie] if best.tie is not None else [f"the lowest predicted step of {len(ok)} feasible plans"]
+    estimates = [c for c in ok if c.estimate is not None]
+    if estimates:
+        parts[0] += (
+            f" ({len(estimates)} of them estimates scaled from micro-batch 1, not solved: "
+            f"{estimates[0].estimate}; --verbose marks them)"
+        )
     if other is not None:
         if piped:
             parts.append(

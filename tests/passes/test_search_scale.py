@@ -390,3 +390,83 @@ def test_a_step_without_optimizer_state_gets_no_optimizer_offload_layouts():
     assert outs and {o.layout.offload for o in outs} == {"off", "activations"}
     adam = layered_model(_small(n_layer=3, batch=8), 8, A100)
     assert scale.offload_choices(adam, A100) == ("off", "optimizer", "activations", "both")
+
+
+def test_a_scaled_estimate_keeps_a_micro_batch_s_kernel_launches_once():
+    """A micro-batch launches the same kernels whatever its size: scaled to b sequences, the work
+    is b times micro-batch 1's and the host's excess over it is taken again (it used to be b times
+    the excess too, so a launch-bound block looked no faster at larger micro-batches)."""
+    terms = dict.fromkeys(scale.TERMS, 0.0) | {"gemm": 1e-3, "tp_comm": 0.5e-3, "launch": 3e-3}  # launches: 4.5 ms
+    cost = scale.SegmentCost(4.5e-3, 0.0, 10, 2, 1.0, None, terms, dict.fromkeys(scale.TERMS, 0.0))  # type: ignore[arg-type]
+    for b, launch in ((1, 3e-3), (2, 1.5e-3), (3, 0.0), (16, 0.0)):
+        s = scale.scaled(cost, b)
+        assert s.forward_terms["gemm"] == pytest.approx(b * 1e-3) and s.forward_terms["launch"] == pytest.approx(launch)
+        assert s.forward_s == pytest.approx(max(4.5e-3, b * 1.5e-3)) and s.activation_bytes == 10 * b
+    no_gap = dataclasses.replace(cost, forward_terms=terms | {"launch": 0.0}, forward_s=1.5e-3)
+    assert scale.scaled(no_gap, 4).forward_s == pytest.approx(6e-3)
+
+
+def _outcome(tp, b, step, exact):
+    o = scale.Outcome(Layout(1, 1, tp, b, 8 // b, 0, "off"), exact=exact)
+    o.plan = type("P", (), {"predicted": {"step_s": step}})()  # type: ignore[assignment]
+    return o
+
+
+def test_refinement_stops_when_no_estimate_beats_the_best_solved_plan(monkeypatch):
+    solved_steps = {(1, 2): 0.7, (1, 4): 0.5}  # what solving each (tp, b) gives
+
+    def compose_into(o, model, segs, profile, figures, limit):
+        o.plan.predicted = {"step_s": solved_steps[(o.layout.tp, o.layout.micro_batch)]}
+        o.exact = True
+
+    monkeypatch.setattr(scale, "_compose_into", compose_into)
+    asked = []
+    out = [_outcome(1, 1, 1.0, True), _outcome(1, 2, 0.69, False), _outcome(1, 4, 0.7 * (1 - 1e-4), False)]
+    scale._refine(out, lambda t, b, exact: asked.append((t, b)), None, A100, None, None, lambda: True)
+    # 0.69 beat the solved 1.0: solved (0.7); then 0.69993 is within the solver's gap of 0.7: left
+    assert asked == [(1, 2)] and out[1].exact and out[1].unsolved is None
+    assert not out[2].exact and out[2].unsolved is not None and "solver's gap" in out[2].unsolved
+    late = [_outcome(1, 1, 1.0, True), _outcome(1, 2, 0.5, False)]
+    scale._refine(late, lambda *a: None, None, A100, None, None, lambda: False)
+    assert late[1].unsolved is not None and late[1].unsolved.startswith("the time limit")
+
+
+def test_the_choice_says_how_many_plans_were_estimates_and_prefers_a_runnable_tie():
+    def cand(step, offload="off", estimate=None):
+        lo = Layout(1, 8, 1, 1, 4, 0, "off", offload)
+        c = search.Candidate(
+            axes=lo.axes, microbatches=4, layout=lo, predicted_s=step, memory_bytes=1, estimate=estimate
+        )
+        return c
+
+    cands = [cand(14.6331, "activations"), cand(14.6377), cand(15.0, estimate="the time limit ran out")]
+    search._prefer_runnable(cands)
+    assert cands[0].layout.offload == "off" and cands[0].step_s == 14.6377  # 0.03% slower: a tie
+    text = explain(cands)
+    assert "cannot run here" in text and "0.031% slower" in text
+    assert "1 of them estimates scaled from micro-batch 1, not solved: the time limit ran out" in text
+    assert "(an estimate, not solved)" in explain(cands, verbose=True)
+    apart = [cand(14.0, "activations"), cand(14.6377)]  # 4.6% apart: the offloading plan stays first
+    search._prefer_runnable(apart)
+    assert apart[0].layout.offload == "activations" and apart[1].tie is None
+
+
+def test_the_block_search_hashes_the_step_inside_its_deadline(monkeypatch):
+    """The chosen plan names its graph's hash; hashing a large step takes seconds, so it is done
+    before the search and the search ends that much earlier (it used to run after the deadline)."""
+    g = _small(n_layer=3, batch=8)
+    seen = {}
+
+    def slow_hash(graph):
+        time.sleep(0.3)
+        return "hash"
+
+    def record(model, n, options, profile, deadline, progress=None, clock=time.perf_counter):
+        seen["deadline"] = deadline
+        return []
+
+    monkeypatch.setattr(search, "graph_hash", slow_hash)
+    monkeypatch.setattr(search, "search_layered", record)
+    deadline = time.perf_counter() + 100
+    search.search_meshes(g, 2, PlanOptions(), profile=A100, deadline=deadline)
+    assert seen["deadline"] <= deadline - 0.3
