@@ -10,7 +10,8 @@ collectives, the activations kept for the backward) is a micro-batch's work per 
 does on the virtual axis (the gradient reduction) is dropped and priced below for the real one.
 Solutions are cached by (tp, b): every candidate with that sub-mesh and micro-batch size reuses
 them. Micro-batch 1 is solved for every tp first; larger sizes start as its costs scaled by b
-(an estimate, not a bound) and are solved exactly, fastest estimate first, while time remains.
+(an estimate, not a bound) and are solved exactly, fastest estimate first, while time remains
+and some estimate is faster than the best solved plan by more than the solver's gap.
 
 Each candidate (pp = S, dp = D, tp = t, micro-batch size b, so k = batch / (D b) micro-batches,
 a ZeRO stage, recompute off or full) is then composed:
