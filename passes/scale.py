@@ -725,24 +725,34 @@ def _refine(out: list[Outcome], segments, model, profile, figures, limit, time_l
     """While time remains: solve exactly the (tp, micro-batch size) of the fastest layout whose
     costs were scaled from micro-batch 1, and compose its layouts again; until no estimate is
     left, or none is faster than the best solved plan by more than the solver's gap
-    (``SOLVER_GAP``). A scaled estimate is no bound (solved, a larger micro-batch is usually
-    faster still: fuller GEMM waves, fewer latencies), so the layouts left so are marked
-    (``Outcome.unsolved``), as are those the time limit leaves, and the choice says how many."""
+    (``SOLVER_GAP``) once shrunk by the most any solved layout beat its own estimate by. A
+    scaled estimate is no bound (solved, a larger micro-batch is usually faster still: fuller
+    GEMM waves, fewer latencies), so the stop needs at least one solved estimate to measure that
+    by, and the layouts left so are marked (``Outcome.unsolved``), as are those the time limit
+    leaves; the choice says how many."""
     why = "the time limit ran out before it was solved"
+    ratio = 1.0  # the least (solved step / its estimate) seen: how far estimates overstate
+    calibrated = False  # some estimate was solved: ``ratio`` is measured
     while time_left():
         pending = [o for o in out if o.plan is not None and not o.exact]
         if not pending:
             return
         top = min(pending, key=lambda o: o.plan.predicted["step_s"])  # type: ignore[union-attr]
         best = min((o.plan.predicted["step_s"] for o in out if o.plan is not None and o.exact), default=math.inf)
-        if top.plan.predicted["step_s"] >= best * (1 - SOLVER_GAP):  # type: ignore[union-attr]
-            why = "no estimate was faster than the best solved plan by more than the solver's gap"
+        if calibrated and top.plan.predicted["step_s"] * ratio >= best * (1 - SOLVER_GAP):  # type: ignore[union-attr]
+            why = (
+                f"no estimate, even {1 - ratio:.1%} faster (the most a solved one beat its estimate by), "
+                "was faster than the best solved plan by more than the solver's gap"
+            )
             break
         key = (top.layout.tp, top.layout.micro_batch)
         segs = segments(*key, True)
         for o in out:
             if (o.layout.tp, o.layout.micro_batch) == key and o.skipped is None:
+                estimate = o.plan.predicted["step_s"] if o.plan is not None and not o.exact else None
                 _compose_into(o, model, segs, profile, figures, limit)
+                if estimate and o.plan is not None and o.exact:
+                    ratio, calibrated = min(ratio, o.plan.predicted["step_s"] / estimate), True
     for o in out:
         if o.plan is not None and not o.exact:
             o.unsolved = why

@@ -406,26 +406,31 @@ def test_a_scaled_estimate_keeps_a_micro_batch_s_kernel_launches_once():
     assert scale.scaled(no_gap, 4).forward_s == pytest.approx(6e-3)
 
 
-def _outcome(tp, b, step, exact):
-    o = scale.Outcome(Layout(1, 1, tp, b, 8 // b, 0, "off"), exact=exact)
+def _outcome(tp, b, step, exact, zero=0):
+    o = scale.Outcome(Layout(1, 1, tp, b, 8 // b, zero, "off"), exact=exact)
     o.plan = type("P", (), {"predicted": {"step_s": step}})()  # type: ignore[assignment]
     return o
 
 
 def test_refinement_stops_when_no_estimate_beats_the_best_solved_plan(monkeypatch):
-    solved_steps = {(1, 2): 0.7, (1, 4): 0.5}  # what solving each (tp, b) gives
+    solved_steps = {(1, 2, 0): 0.7, (1, 2, 1): 0.84, (1, 4, 0): 0.72, (1, 8, 0): 0.5}  # each layout solved
 
     def compose_into(o, model, segs, profile, figures, limit):
-        o.plan.predicted = {"step_s": solved_steps[(o.layout.tp, o.layout.micro_batch)]}
+        o.plan.predicted = {"step_s": solved_steps[(o.layout.tp, o.layout.micro_batch, o.layout.zero)]}
         o.exact = True
 
     monkeypatch.setattr(scale, "_compose_into", compose_into)
     asked = []
-    out = [_outcome(1, 1, 1.0, True), _outcome(1, 2, 0.69, False), _outcome(1, 4, 0.7 * (1 - 1e-4), False)]
+    out = [
+        _outcome(1, 1, 1.0, True),
+        _outcome(1, 2, 0.75, False),
+        _outcome(1, 2, 1.2, False, zero=1),  # solved 30% below its estimate
+        _outcome(1, 4, 0.8, False),  # above the best solved (0.7), but 30% below is 0.56: solved
+        _outcome(1, 8, 1.0 * (1 - 1e-4), False),  # 30% below is within the solver's gap of 0.7: left
+    ]
     scale._refine(out, lambda t, b, exact: asked.append((t, b)), None, A100, None, None, lambda: True)
-    # 0.69 beat the solved 1.0: solved (0.7); then 0.69993 is within the solver's gap of 0.7: left
-    assert asked == [(1, 2)] and out[1].exact and out[1].unsolved is None
-    assert not out[2].exact and out[2].unsolved is not None and "solver's gap" in out[2].unsolved
+    assert asked == [(1, 2), (1, 4)] and all(o.exact and o.unsolved is None for o in out[:4])
+    assert not out[4].exact and out[4].unsolved is not None and "solver's gap" in out[4].unsolved
     late = [_outcome(1, 1, 1.0, True), _outcome(1, 2, 0.5, False)]
     scale._refine(late, lambda *a: None, None, A100, None, None, lambda: False)
     assert late[1].unsolved is not None and late[1].unsolved.startswith("the time limit")
