@@ -617,8 +617,8 @@ def search_layered(
     solved: dict[tuple[int, int], _Segments | str] = {}
     solve_s: list[float] = []  # how long each solve took: the next is not begun unless one fits
 
-    def time_left() -> bool:
-        return clock() + (max(solve_s) if solve_s else 0.0) < deadline
+    def time_left() -> bool:  # for one more solve: as long as the longest so far, and at least MIN_SOLVE_S
+        return clock() + max([MIN_SOLVE_S, *solve_s]) < deadline
 
     def segments(t: int, b: int, exact: bool) -> _Segments | str:
         """Cached: exact per (t, b), else micro-batch 1's scaled by b."""

@@ -475,3 +475,14 @@ def test_the_block_search_hashes_the_step_inside_its_deadline(monkeypatch):
     deadline = time.perf_counter() + 100
     search.search_meshes(g, 2, PlanOptions(), profile=A100, deadline=deadline)
     assert seen["deadline"] <= deadline - 0.3
+
+
+def test_no_solve_begins_within_its_least_time_of_the_deadline(monkeypatch):
+    """A segment solve gets at least MIN_SOLVE_S: one begun closer to the deadline than that would
+    end after it (the first solve of a search used to be begun at any time before the deadline)."""
+    g = _small(n_layer=3, batch=8)
+    model = layered_model(g, step_batch(g), A100)
+    monkeypatch.setattr(scale, "_solve_all", lambda *a, **k: pytest.fail("a solve was begun"))
+    deadline = 1000.0
+    outs = search_layered(model, 2, PlanOptions(), A100, deadline, clock=lambda: deadline - scale.MIN_SOLVE_S / 2)
+    assert outs and all(o.skipped and o.skipped.startswith("time limit") for o in outs)
