@@ -724,27 +724,33 @@ def _compose_into(o: Outcome, model: _Model, segs: _Segments | str, profile, fig
 def _refine(out: list[Outcome], segments, model, profile, figures, limit, time_left) -> None:
     """While time remains: solve exactly the (tp, micro-batch size) of the fastest layout whose
     costs were scaled from micro-batch 1, and compose its layouts again; until no estimate is
-    left, or none is faster than the best solved plan by more than the solver's gap
-    (``SOLVER_GAP``) once shrunk by the most any solved layout beat its own estimate by. A
-    scaled estimate is no bound (solved, a larger micro-batch is usually faster still: fuller
-    GEMM waves, fewer latencies), so the stop needs at least one solved estimate to measure that
-    by, and the layouts left so are marked (``Outcome.unsolved``), as are those the time limit
-    leaves; the choice says how many."""
+    left that could still beat the best solved plan. A scaled estimate is no bound (solved, a
+    larger micro-batch is usually faster still: fuller GEMM waves, fewer latencies, and more so
+    the larger it is), so an estimate of micro-batch size b is left unsolved only once some
+    estimate of size b or larger was solved, and it is not faster than the best solved plan by
+    more than the solver's gap (``SOLVER_GAP``) even shrunk by the most those beat their own
+    estimates by. The layouts left so are marked (``Outcome.unsolved``), as are those the time
+    limit leaves; the choice says how many."""
     why = "the time limit ran out before it was solved"
-    ratio = 1.0  # the least (solved step / its estimate) seen: how far estimates overstate
-    calibrated = False  # some estimate was solved: ``ratio`` is measured
+    ratios: dict[int, float] = {}  # micro-batch size -> the least (solved step / its estimate) seen
+
+    def could_win(o: Outcome, best: float) -> bool:
+        seen = [r for b, r in ratios.items() if b >= o.layout.micro_batch]
+        return not seen or o.plan.predicted["step_s"] * min(seen) < best * (1 - SOLVER_GAP)  # type: ignore[union-attr]
+
     while time_left():
         pending = [o for o in out if o.plan is not None and not o.exact]
         if not pending:
             return
-        top = min(pending, key=lambda o: o.plan.predicted["step_s"])  # type: ignore[union-attr]
         best = min((o.plan.predicted["step_s"] for o in out if o.plan is not None and o.exact), default=math.inf)
-        if calibrated and top.plan.predicted["step_s"] * ratio >= best * (1 - SOLVER_GAP):  # type: ignore[union-attr]
+        live = [o for o in pending if could_win(o, best)]
+        if not live:
             why = (
-                f"no estimate, even {1 - ratio:.1%} faster (the most a solved one beat its estimate by), "
-                "was faster than the best solved plan by more than the solver's gap"
+                "no estimate was faster than the best solved plan by more than the solver's gap, even shrunk by "
+                "the most a solved estimate of its micro-batch size or larger was overstated"
             )
             break
+        top = min(live, key=lambda o: o.plan.predicted["step_s"])  # type: ignore[union-attr]
         key = (top.layout.tp, top.layout.micro_batch)
         segs = segments(*key, True)
         for o in out:
@@ -752,7 +758,8 @@ def _refine(out: list[Outcome], segments, model, profile, figures, limit, time_l
                 estimate = o.plan.predicted["step_s"] if o.plan is not None and not o.exact else None
                 _compose_into(o, model, segs, profile, figures, limit)
                 if estimate and o.plan is not None and o.exact:
-                    ratio, calibrated = min(ratio, o.plan.predicted["step_s"] / estimate), True
+                    b = o.layout.micro_batch
+                    ratios[b] = min(ratios.get(b, 1.0), o.plan.predicted["step_s"] / estimate)
     for o in out:
         if o.plan is not None and not o.exact:
             o.unsolved = why

@@ -413,7 +413,7 @@ def _outcome(tp, b, step, exact, zero=0):
 
 
 def test_refinement_stops_when_no_estimate_beats_the_best_solved_plan(monkeypatch):
-    solved_steps = {(1, 2, 0): 0.7, (1, 2, 1): 0.84, (1, 4, 0): 0.72, (1, 8, 0): 0.5}  # each layout solved
+    solved_steps = {(1, 2, 0): 0.7, (1, 2, 1): 0.84, (1, 4, 0): 0.72, (1, 8, 0): 1.9}  # each layout solved
 
     def compose_into(o, model, segs, profile, figures, limit):
         o.plan.predicted = {"step_s": solved_steps[(o.layout.tp, o.layout.micro_batch, o.layout.zero)]}
@@ -425,12 +425,13 @@ def test_refinement_stops_when_no_estimate_beats_the_best_solved_plan(monkeypatc
         _outcome(1, 1, 1.0, True),
         _outcome(1, 2, 0.75, False),
         _outcome(1, 2, 1.2, False, zero=1),  # solved 30% below its estimate
-        _outcome(1, 4, 0.8, False),  # above the best solved (0.7), but 30% below is 0.56: solved
-        _outcome(1, 8, 1.0 * (1 - 1e-4), False),  # 30% below is within the solver's gap of 0.7: left
+        _outcome(1, 4, 0.8, False),  # no estimate of 4 or more solved yet: solved
+        _outcome(1, 8, 2.0, False),  # nor of 8: solved, though far above the best (0.7)
+        _outcome(2, 2, 1.0 * (1 - 1e-4), False),  # 30% below is within the solver's gap of 0.7: left
     ]
     scale._refine(out, lambda t, b, exact: asked.append((t, b)), None, A100, None, None, lambda: True)
-    assert asked == [(1, 2), (1, 4)] and all(o.exact and o.unsolved is None for o in out[:4])
-    assert not out[4].exact and out[4].unsolved is not None and "solver's gap" in out[4].unsolved
+    assert asked == [(1, 2), (1, 4), (1, 8)] and all(o.exact and o.unsolved is None for o in out[:5])
+    assert not out[5].exact and out[5].unsolved is not None and "solver's gap" in out[5].unsolved
     late = [_outcome(1, 1, 1.0, True), _outcome(1, 2, 0.5, False)]
     scale._refine(late, lambda *a: None, None, A100, None, None, lambda: False)
     assert late[1].unsolved is not None and late[1].unsolved.startswith("the time limit")
