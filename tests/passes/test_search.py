@@ -120,6 +120,8 @@ def test_cli_devices_search_writes_the_chosen_plan(tmp_path):
     doc = json.loads((tmp_path / "plan.json").read_text())
     assert doc["search"]["devices"] == 4 and len(doc["search"]["candidates"]) >= 5
     assert {"tp": 4} in [c["mesh"] for c in doc["search"]["candidates"]]
+    # every plan of a search that plans each mesh whole is solved: none is a scaled estimate
+    assert doc["search"]["estimates"] == 0 and all(c["estimate"] is None for c in doc["search"]["candidates"])
 
 
 @pytest.mark.slow
