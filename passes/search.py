@@ -242,7 +242,7 @@ def _plan_one(cand: Candidate, graph: Graph, mesh: Mesh, ties, options: PlanOpti
             _plan_pipelined(cand, graph, mesh, dataclasses.replace(options, microbatches=cand.microbatches), ties)
     except PlanError as exc:
         cand.error = str(exc).splitlines()[0]
-        return getattr(exc, "min_memory_bytes", None)
+        return getattr(exc, "min_memory_bytes", None) or cand.memory_bytes  # the ILP's least, else the plan's peak
     return None
 
 
@@ -269,7 +269,7 @@ def _worth_more(last: Candidate, floors: list[int], limit: int | None) -> bool:
     memory each count over 1 needed, in order)."""
     if last.ok or last.skipped is not None or limit is None:
         return False
-    if not any(words in (last.error or "") for words in ("no plan fits in", "over the memory limit")):
+    if not any(words in (last.error or "") for words in ("no plan fits in", "over the memory limit", "over the limit")):
         return False  # the step cannot be planned on this mesh at all
     if len(floors) >= 2:
         drop, excess = floors[-2] - floors[-1], floors[-1] - limit
