@@ -10,7 +10,8 @@ collectives, the activations kept for the backward) is a micro-batch's work per 
 does on the virtual axis (the gradient reduction) is dropped and priced below for the real one.
 Solutions are cached by (tp, b): every candidate with that sub-mesh and micro-batch size reuses
 them. Micro-batch 1 is solved for every tp first; larger sizes start as its costs scaled by b
-(an estimate, not a bound) and are solved exactly, fastest estimate first, while time remains.
+(an estimate, not a bound) and are solved exactly, fastest estimate first, while time remains
+and some estimate is faster than the best solved plan by more than the solver's gap.
 
 Each candidate (pp = S, dp = D, tp = t, micro-batch size b, so k = batch / (D b) micro-batches,
 a ZeRO stage, recompute off or full) is then composed:
@@ -43,7 +44,6 @@ and lists what it did not reach. What the composed model leaves out is in docs/s
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import time
 from collections.abc import Callable
@@ -54,7 +54,6 @@ import numpy as np
 from graphc.core.errors import PlanError
 from graphc.core.ir import Graph
 from graphc.core.mesh import Mesh
-from graphc.core.profile import MachineProfile
 from graphc.core.profiles import ClusterFigures, cluster_figures, hidden_collective_s, host_tier, launch_gap
 from graphc.core.traits import Contraction
 from graphc.ops.dims import default_cost
@@ -68,24 +67,27 @@ from graphc.passes.blocks import (
     segment_graph,
     update_only,
 )
+from graphc.passes.composed import MFU_FORMULA, ComposedPlan, Layout
 from graphc.passes.gpu_kernels import GemmWaves, gemm_absorbed, kernel_launches
 from graphc.passes.options import PlanOptions
 from graphc.passes.partition import plan_sharding, state_ties, warn_untied
 from graphc.passes.pipeline import node_seconds
 from graphc.passes.sharding.build import step_flops
+from graphc.passes.sharding.milp import HELD_GAP
 from graphc.passes.sharding.plan import ShardingPlan
 from graphc.passes.sharding.problem import Pins
 from graphc.passes.stage_cut import StageMemory, stage_cut
 from graphc.passes.state_layout import SegmentSpecs, StateLayout, kept_bytes, split_reads, state_layout
 
-MFU_FORMULA = "model_flops / (step_s * devices * peak_flops)"
-COMPOSED_PLAN_VERSION = 1
 VIRTUAL_AXIS = "dp"  # the block's data axis: batch / b devices of b sequences each
 MICROBATCH_SIZES = (1, 2, 4, 8, 16)
 ACT_FRACTIONS = offloading.ACTIVATION_FRACTIONS  # the shares of a stage's stash offload may move
 ZERO_STAGES = (0, 1, 3)
 MIN_SOLVE_S = 1.0  # a segment solve begun just before the deadline still gets this long
 MAX_GAP = 0.05  # a segment's ILP stopped further than this from its bound is not used
+# the loosest relative gap at which the sharding ILP reports "optimal" (a held-buffer round's,
+# passes/sharding/milp.py): two predictions closer than this are a tie the solver cannot split
+SOLVER_GAP = HELD_GAP
 # what a segment's time is made of (SegmentCost.forward_terms / backward_terms): matmuls, the
 # fused attention kernel's matmuls, memory-bound ops (norms, elementwise chains, reductions) and
 # the tensor-parallel collectives (exposed: Megatron-LM's all-reduces block the compute stream)
@@ -104,117 +106,6 @@ class SegmentCost:
     plan: ShardingPlan
     forward_terms: dict[str, float] = field(default_factory=dict)  # forward_s by ``TERMS``
     backward_terms: dict[str, float] = field(default_factory=dict)  # backward_s by ``TERMS``
-
-
-@dataclass(frozen=True, slots=True)
-class Layout:
-    pp: int
-    dp: int
-    tp: int
-    micro_batch: int  # sequences per device per micro-batch
-    microbatches: int
-    zero: int
-    recompute: str  # "off" | "full"
-    offload: str = "off"  # passes/offload.py OFFLOADS: the optimizer state and/or activations in host memory
-
-    @property
-    def axes(self) -> dict[str, int]:
-        return {a: n for a, n in (("pp", self.pp), ("dp", self.dp), ("tp", self.tp)) if n > 1}
-
-
-@dataclass(frozen=True)
-class ComposedPlan:
-    """The plan the scale search chose: a layout, its stages, and the step it predicts (module
-    doc), with the block's own sharding plan on the tp sub-mesh. A prediction to compare
-    layouts with: graphc runs a plan made for one mesh (``graphc compile --mesh``)."""
-
-    graph_name: str
-    layout: Layout
-    devices: int
-    stage_layers: tuple[int, ...]
-    predicted: dict[str, float]
-    memory_bytes: tuple[int, ...]  # per device of each stage
-    model_flops: float
-    peak_dtype: str
-    peak_flops: float
-    figures: ClusterFigures
-    block_plan: ShardingPlan | None = field(default=None, repr=False)
-    profile: MachineProfile | None = field(default=None, repr=False)
-    graph_hash: str = ""  # filled for the chosen plan (hashing a large step's text takes seconds)
-    offload: offloading.OffloadCost | None = None  # what offloading costs one device of the slowest stage
-    offloaded: tuple[str, ...] = ()  # the step's inputs held in host memory
-    activations: offloading.ActivationOffload | None = None  # the slowest stage's stash in host memory, per micro-batch
-
-    @property
-    def mfu(self) -> float:
-        return self.model_flops / (self.predicted["step_s"] * self.devices * self.peak_flops)
-
-    def to_json(self, indent: int | None = 1) -> str:
-        axes = self.layout.axes or {"dp": 1}
-        doc = {
-            "version": COMPOSED_PLAN_VERSION,
-            "kind": "composed",
-            "graph": {"name": self.graph_name, "hash": self.graph_hash},
-            "mesh": Mesh(axes, profile=self.profile).to_json(),
-            "layout": dataclasses.asdict(self.layout),
-            "devices": self.devices,
-            "stage_layers": list(self.stage_layers),
-            "predicted": dict(self.predicted),
-            "memory_bytes": list(self.memory_bytes),
-            "mfu": {
-                "value": self.mfu,
-                "formula": MFU_FORMULA,
-                "model_flops": self.model_flops,
-                "peak_dtype": self.peak_dtype,
-                "peak_flops": self.peak_flops,
-            },
-            "cluster_figures": dataclasses.asdict(self.figures),
-            "block_plan": None if self.block_plan is None else json.loads(self.block_plan.to_json()),
-            "offload": offloading.composed_json(self.offload, self.offloaded, self.activations),
-        }
-        return json.dumps(doc, indent=indent)
-
-    def breakdown(self) -> str:
-        """The predicted step term by term (the slowest stage's k micro-batches, the fill and
-        drain, the exposed communication, the update), each with its share of the step."""
-        p = self.predicted
-        if "gemm_s" not in p:
-            return "step breakdown: not recorded in this plan"
-        names = [
-            ("GEMM", "gemm_s"),
-            ("attention", "attention_s"),
-            ("non-GEMM", "non_gemm_s"),
-            ("TP collectives (exposed)", "tp_comm_s"),
-            ("kernel launches (exposed)", "launch_s"),
-            ("recompute", "recompute_s"),
-            ("activation copies (exposed)", "act_offload_s"),
-            ("bubble (fill and drain)", "bubble_s"),
-            ("pipeline sends", "p2p_s"),
-            ("DP collectives (exposed)", "dp_s"),
-            ("optimizer step", "update_s"),
-            ("update's TP re-layout", "relayout_s"),
-        ]
-        unit, scale = ("s", 1.0) if p["step_s"] >= 1 else ("ms", 1e3)
-        parts = [
-            f"{name} {p.get(key, 0.0) * scale:.3f} {unit} ({p.get(key, 0.0) / p['step_s']:.1%})" for name, key in names
-        ]
-        return "step breakdown: " + ", ".join(parts)
-
-    def summary(self) -> str:
-        lo, p = self.layout, self.predicted
-        return "\n".join(
-            [
-                f"layout pp={lo.pp} dp={lo.dp} tp={lo.tp}: micro-batch {lo.micro_batch} x {lo.microbatches} "
-                f"micro-batches, ZeRO {lo.zero}, recompute {lo.recompute}, offload {lo.offload}; layers per stage {list(self.stage_layers)}",
-                f"predicted step {p['step_s']:.3f} s (pipeline {p['pipeline_s']:.3f} s, bubble {p['bubble']:.1%}, "
-                f"exposed sends {p['p2p_s']:.3f} s, exposed gradient reduction {p['dp_s']:.3f} s, "
-                f"update {p['update_s']:.3f} s); MFU {self.mfu:.1%} ({MFU_FORMULA}, peak {self.peak_dtype})",
-                self.breakdown(),
-                f"memory per device {max(self.memory_bytes) / 2**30:.1f} GiB at most",
-            ]
-            + ([] if self.offload is None else [self.offload.why() + " (a prediction: the runtime has no host tier)"])
-            + ([] if self.activations is None else [self.activations.why() + " (a prediction, not run)"])
-        )
 
 
 @dataclass
@@ -541,6 +432,7 @@ class Outcome:
     skipped: str | None = None
     seconds: float = 0.0
     exact: bool = True  # composed from segments solved at its micro-batch size (not scaled)
+    unsolved: str | None = None  # why a scaled estimate was left unsolved when the search ended (``_refine``)
 
 
 def layouts(
@@ -563,6 +455,15 @@ def layouts(
                     for r in recs:
                         out += [Layout(S, D, t, b, B // (D * b), z, r, f) for f in offloads]
     return out
+
+
+def offload_choices(model: _Model, profile) -> tuple[str, ...]:
+    """What a layout of ``model`` may offload on ``profile``: a step without optimizer state (plain
+    SGD) has none to offload, so only its activations."""
+    choices = offloading.offload_choices(profile)
+    if model.state_names:
+        return choices
+    return tuple(f for f in choices if not offloading.offloads_state(f))
 
 
 def memory_bound(model: _Model, lo: Layout) -> float:
@@ -599,12 +500,12 @@ def search_layered(
     once per (tp, micro-batch size), until ``deadline`` (``time.perf_counter()`` seconds)."""
     figures = cluster_figures(profile)
     limit = options.memory_limit
-    cands = layouts(model, n, figures.node_size, options, offloading.offload_choices(profile))
+    cands = layouts(model, n, figures.node_size, options, offload_choices(model, profile))
     solved: dict[tuple[int, int], _Segments | str] = {}
     solve_s: list[float] = []  # how long each solve took: the next is not begun unless one fits
 
-    def time_left() -> bool:
-        return clock() + (max(solve_s) if solve_s else 0.0) < deadline
+    def time_left() -> bool:  # for one more solve: as long as the longest so far, and at least MIN_SOLVE_S
+        return clock() + max([MIN_SOLVE_S, *solve_s]) < deadline
 
     def segments(t: int, b: int, exact: bool) -> _Segments | str:
         """Cached: exact per (t, b), else micro-batch 1's scaled by b."""
@@ -680,7 +581,7 @@ def plan_mesh(model: _Model, axes: dict[str, int], options: PlanOptions, profile
     segs = _solve_all(model, t, b, profile, figures, deadline)  # once: every choice below composes them
     for z in zeros if D > 1 else (0,):
         for r in recs:
-            for f in offloading.offload_choices(profile):
+            for f in offload_choices(model, profile):
                 try:
                     plans.append(_layout_plan(model, Layout(S, D, t, b, k, z, r, f), segs, options, profile, figures))
                 except PlanError as exc:
@@ -696,7 +597,7 @@ def _is_exact(s: _Segments | str) -> bool:
 
 def _compose_into(o: Outcome, model: _Model, segs: _Segments | str, profile, figures, limit) -> None:
     if isinstance(segs, str):
-        o.error = segs
+        o.plan, o.error = None, segs  # an estimate's segments that cannot be solved leave no plan
         return
     compose_fn = compose if o.layout.pp > 1 else flat_accumulated
     o.plan, o.error = compose_fn(model, segs, o.layout, profile, figures, limit)
@@ -709,18 +610,46 @@ def _compose_into(o: Outcome, model: _Model, segs: _Segments | str, profile, fig
 
 def _refine(out: list[Outcome], segments, model, profile, figures, limit, time_left) -> None:
     """While time remains: solve exactly the (tp, micro-batch size) of the fastest layout whose
-    costs were scaled from micro-batch 1, and compose its layouts again; until every composed
-    layout is exact (a scaled estimate is no bound, so only then is the choice the model's best)."""
+    costs were scaled from micro-batch 1, and compose its layouts again; until no estimate is
+    left that could still beat the best solved plan. A scaled estimate is no bound (solved, a
+    larger micro-batch is usually faster still: fuller GEMM waves, fewer latencies, and more so
+    the larger it is), so an estimate of micro-batch size b is left unsolved only once some
+    estimate of size b or larger was solved, and it is not faster than the best solved plan by
+    more than the solver's gap (``SOLVER_GAP``) even shrunk by the most those beat their own
+    estimates by. The layouts left so are marked (``Outcome.unsolved``), as are those the time
+    limit leaves; the choice says how many."""
+    why = "the time limit ran out before it was solved"
+    ratios: dict[int, float] = {}  # micro-batch size -> the least (solved step / its estimate) seen
+
+    def could_win(o: Outcome, best: float) -> bool:
+        seen = [r for b, r in ratios.items() if b >= o.layout.micro_batch]
+        return not seen or o.plan.predicted["step_s"] * min(seen) < best * (1 - SOLVER_GAP)  # type: ignore[union-attr]
+
     while time_left():
         pending = [o for o in out if o.plan is not None and not o.exact]
         if not pending:
             return
-        top = min(pending, key=lambda o: o.plan.predicted["step_s"])  # type: ignore[union-attr]
+        best = min((o.plan.predicted["step_s"] for o in out if o.plan is not None and o.exact), default=math.inf)
+        live = [o for o in pending if could_win(o, best)]
+        if not live:
+            why = (
+                "no estimate was faster than the best solved plan by more than the solver's gap, even shrunk by "
+                "the most a solved estimate of its micro-batch size or larger was overstated"
+            )
+            break
+        top = min(live, key=lambda o: o.plan.predicted["step_s"])  # type: ignore[union-attr]
         key = (top.layout.tp, top.layout.micro_batch)
         segs = segments(*key, True)
         for o in out:
             if (o.layout.tp, o.layout.micro_batch) == key and o.skipped is None:
+                estimate = o.plan.predicted["step_s"] if o.plan is not None and not o.exact else None
                 _compose_into(o, model, segs, profile, figures, limit)
+                if estimate and o.plan is not None and o.exact:
+                    b = o.layout.micro_batch
+                    ratios[b] = min(ratios.get(b, 1.0), o.plan.predicted["step_s"] / estimate)
+    for o in out:
+        if o.plan is not None and not o.exact:
+            o.unsolved = why
 
 
 def _solve_all(model: _Model, tp: int, b: int, profile, figures, deadline: float) -> _Segments | str:
@@ -760,16 +689,30 @@ def _scaled_segments(one: _Segments, b: int) -> _Segments:
 def scaled(c: SegmentCost, b: int) -> SegmentCost:
     """A segment's micro-batch-1 costs for a micro-batch of ``b`` sequences: b times the compute,
     the tensor-parallel traffic and the activations (the per-collective latencies are scaled too,
-    which overstates them by at most (b - 1) latencies per collective)."""
+    which overstates them by at most (b - 1) latencies per collective). The kernel launches are
+    not: a micro-batch launches the same kernels whatever its size, so the host's excess over the
+    GPU's work (``launch_gap``) is taken again against b times the work (at micro-batch 1 the
+    launches last the work plus that excess, when there is one)."""
+    fwd, bwd = _scaled_terms(c.forward_terms, b), _scaled_terms(c.backward_terms, b)
     return dataclasses.replace(
         c,
-        forward_s=c.forward_s * b,
-        backward_s=c.backward_s * b,
-        forward_terms={t: x * b for t, x in c.forward_terms.items()},
-        backward_terms={t: x * b for t, x in c.backward_terms.items()},
+        forward_s=sum(fwd.values()) if fwd else c.forward_s * b,
+        backward_s=sum(bwd.values()) if bwd else c.backward_s * b,
+        forward_terms=fwd,
+        backward_terms=bwd,
         activation_bytes=c.activation_bytes * b,
         input_bytes=c.input_bytes * b,
     )
+
+
+def _scaled_terms(terms: dict[str, float], b: int) -> dict[str, float]:
+    """``terms`` (``TERMS``) of one micro-batch scaled to ``b`` sequences (``scaled``)."""
+    work = sum(x for t, x in terms.items() if t != "launch")
+    out = {t: x * b for t, x in terms.items() if t != "launch"}
+    if "launch" in terms:
+        launches = work + terms["launch"] if terms["launch"] > 0 else 0.0  # the launches' own time
+        out["launch"] = max(0.0, launches - b * work)
+    return out
 
 
 __all__ = [

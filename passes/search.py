@@ -1,7 +1,9 @@
 """Automatic mesh choice: factor a device count into pipeline, data and tensor axes.
 
 ``search_meshes(graph, 8)`` tries every factorization 8 = pp x dp x tp (axes of size 1 left out),
-with, for pipelines, micro-batch counts 1, S, 2S and 4S that divide the batch, plans each (the
+with, for pipelines, micro-batch counts 1, S, 2S and 4S that divide the batch (without pipeline
+stages, gradient accumulation over 2, 4, 8, ... micro-batches while the step does not fit at
+once: passes/accumulate.py), plans each (the
 sharding ILP on {dp, tp}; stages, schedule and the ILP on each stage's sub-mesh for pp > 1) and
 ranks them by predicted step time. A candidate that cannot meet the memory limit, or cannot be
 planned, stays in the list with the reason; so does one that is skipped without planning, with
@@ -33,7 +35,7 @@ from graphc.passes.offload import not_runnable, offloads_state
 from graphc.passes.options import PlanOptions
 from graphc.passes.partition import plan_sharding, state_ties
 from graphc.passes.pipeline import PipelinePlan, plan_pipeline
-from graphc.passes.scale import ComposedPlan, Layout, layered_model, search_layered
+from graphc.passes.scale import SOLVER_GAP, ComposedPlan, Layout, layered_model, search_layered
 from graphc.passes.sharding.plan import ShardingPlan, graph_hash
 
 AXES = ("pp", "dp", "tp")
@@ -55,6 +57,8 @@ class Candidate:
     layout: Layout | None = None  # the block search's layout (micro-batch size, ZeRO, recompute)
     whole_error: str | None = None  # why the block search's choice kept its composed plan (_plan_whole)
     composed: ComposedPlan | None = field(default=None, repr=False)  # the block search's prediction, when planned whole
+    estimate: str | None = None  # a block-search prediction scaled from micro-batch 1, not solved: why
+    tie: str | None = None  # why a runnable plan was chosen over a faster prediction within the solver's gap
 
     @property
     def ok(self) -> bool:
@@ -72,11 +76,12 @@ class Candidate:
 
     def describe(self) -> str:
         mesh = self.mesh_text
-        mb = f", {self.microbatches} micro-batches" if "pp" in self.axes else ""
+        mb = f", {self.microbatches} micro-batches" if "pp" in self.axes or self.microbatches > 1 else ""
         if self.layout is not None:
             lo = self.layout
             mb = f", micro-batch {lo.micro_batch} x {lo.microbatches}, ZeRO {lo.zero}, recompute {lo.recompute}"
             mb += f", offload {lo.offload}" if lo.offload != "off" else ""
+        mb += " (an estimate, not solved)" if self.estimate is not None and self.ok else ""
         if self.skipped is not None:
             return f"{mesh}{mb}: skipped ({self.skipped})"
         if not self.ok:
@@ -100,6 +105,7 @@ class Candidate:
             "skipped": self.skipped,
             "seconds": self.seconds,
             "layout": None if self.layout is None else dataclasses.asdict(self.layout),
+            "estimate": self.estimate,
         }
 
 
@@ -146,7 +152,9 @@ def search_meshes(
     what it does not reach is listed as skipped. A step of repeated layers on the default axes is
     searched by blocks (passes/scale.py: pp x dp x tp, micro-batch sizes, ZeRO, recomputation);
     any other plans each candidate whole (a pipeline candidate with its own micro-batch count,
-    from ``microbatches`` or 1, S, 2S and 4S). Candidates best first (feasible ones by predicted
+    from ``microbatches`` or 1, S, 2S and 4S; a mesh without pipeline stages that does not fit
+    the memory limit at once again with more micro-batches, ``accumulation_counts``, until one
+    fits). Candidates best first (feasible ones by predicted
     step time, then the infeasible ones, then the skipped)."""
     if options.microbatches != 1:  # each candidate takes its own count: a fixed one would be silently dropped
         raise PlanError(
@@ -185,10 +193,11 @@ def search_meshes(
             continue
         seen[key] = _mesh_text(shape)
         S = shape.get("pp", 1)
-        ms: list[int] = [1]
-        if S > 1:
-            ms = list(microbatches or sorted({1, S, 2 * S, 4 * S}))
+        ms = _counts(S, batch, microbatches)
+        floors: list[int] = []  # the least memory each count tried on a flat mesh needs
         for m in ms:
+            if S == 1 and m > 1 and not _worth_more(out[-1], floors, options.memory_limit):
+                break  # accumulation on a flat mesh: only while the step does not fit with fewer
             if batch is not None and batch % m:
                 why = f"indivisible: the batch of {batch} does not split into {m} micro-batches"
                 out.append(Candidate(axes=dict(shape), microbatches=m, skipped=why))
@@ -200,14 +209,11 @@ def search_meshes(
                 out.append(cand)
                 continue
             options = dataclasses.replace(options, time_limit=max(deadline - start, 0.1))
-            try:
-                mesh = Mesh(shape or {"dp": 1}, links=mesh_links or None, profile=profile)
-                if S == 1:  # no pipeline (an empty shape: one device)
-                    _plan_flat(cand, graph, mesh, ties, options)
-                else:
-                    _plan_pipelined(cand, graph, mesh, dataclasses.replace(options, microbatches=m), ties)
-            except PlanError as exc:
-                cand.error = str(exc).splitlines()[0]
+            floor = _plan_one(
+                cand, graph, Mesh(shape or {"dp": 1}, links=mesh_links or None, profile=profile), ties, options
+            )
+            if S == 1 and m > 1 and floor is not None:
+                floors.append(floor)
             cand.seconds = time.perf_counter() - start
             out.append(cand)
             if progress is not None:
@@ -217,13 +223,70 @@ def search_meshes(
     return out
 
 
+def _counts(S: int, batch: int | None, microbatches: tuple[int, ...] | None) -> list[int]:
+    """The micro-batch counts a mesh of ``S`` pipeline stages tries (``search_meshes``)."""
+    if S > 1:
+        return list(microbatches or sorted({1, S, 2 * S, 4 * S}))
+    if batch is not None and microbatches is None:
+        return [1, *accumulation_counts(batch)]  # tried only while the fewer do not fit
+    return [1]
+
+
+def _plan_one(cand: Candidate, graph: Graph, mesh: Mesh, ties, options: PlanOptions) -> int | None:
+    """Plan ``cand`` on ``mesh`` (its error when it cannot be); the least memory a plan needs when
+    that is why not and the solver said how much (else None)."""
+    try:
+        if "pp" not in cand.axes and cand.microbatches == 1:  # no pipeline (an empty shape: one device)
+            _plan_flat(cand, graph, mesh, ties, options)
+        else:  # plan_pipeline also plans gradient accumulation on a mesh without pp
+            _plan_pipelined(cand, graph, mesh, dataclasses.replace(options, microbatches=cand.microbatches), ties)
+    except PlanError as exc:
+        cand.error = str(exc).splitlines()[0]
+        return getattr(exc, "min_memory_bytes", None) or cand.memory_bytes  # the ILP's least, else the plan's peak
+    return None
+
+
+def accumulation_counts(batch: int) -> list[int]:
+    """The micro-batch counts a mesh without pipeline stages tries when the whole batch does not
+    fit at once: divisors of ``batch``, each at least twice the last (2, 4, 8, ... for a power of
+    two), so that a handful of solves halves the activations each time. The search stops at the
+    first count that fits: more passes of smaller micro-batches pay their ops' fixed costs again
+    and run no op faster, so a larger count would mostly cost search time (on the MLP of
+    tests/passes/test_search.py, tp=2 at 2 micro-batches is predicted 1.8% slower than at 1)."""
+    out: list[int] = []
+    for d in range(2, batch + 1):
+        if batch % d == 0 and d >= 2 * (out[-1] if out else 1):
+            out.append(d)
+    return out
+
+
+def _worth_more(last: Candidate, floors: list[int], limit: int | None) -> bool:
+    """Whether a flat mesh should try the next micro-batch count after ``last``: only when
+    ``last`` did not fit the memory limit (and failed for nothing else), and more micro-batches
+    can still reach the limit. A count's activations halve with each doubling, so when the last
+    doubling lowered the least memory needed by d, every later one together lowers it by less
+    than d: once the excess over the limit is larger, no count fits (``floors``: the least
+    memory each count over 1 needed, in order)."""
+    if last.ok or last.skipped is not None or limit is None:
+        return False
+    if not any(words in (last.error or "") for words in ("no plan fits in", "over the memory limit", "over the limit")):
+        return False  # the step cannot be planned on this mesh at all
+    if len(floors) >= 2:
+        drop, excess = floors[-2] - floors[-1], floors[-1] - limit
+        return excess < drop
+    return True
+
+
 def _by_blocks(model, n_devices: int, options: PlanOptions, profile, deadline: float, progress) -> list[Candidate]:
     """The block search (passes/scale.py), its layouts as candidates."""
+    begun = time.perf_counter()
+    hashed = graph_hash(model.graph)  # the chosen plan names its graph: hashed before the deadline, not after
+    deadline -= time.perf_counter() - begun  # as long again for writing the plan after the search
     out = []
     for o in search_layered(model, n_devices, options, profile, deadline):
         lo = o.layout
         cand = Candidate(axes=lo.axes, microbatches=lo.microbatches, layout=lo, seconds=o.seconds)
-        cand.skipped, cand.error = o.skipped, o.error
+        cand.skipped, cand.error, cand.estimate = o.skipped, o.error, o.unsolved
         if o.plan is not None:
             cand.plan = o.plan
             cand.predicted_s = o.plan.predicted["step_s"]
@@ -234,9 +297,28 @@ def _by_blocks(model, n_devices: int, options: PlanOptions, profile, deadline: f
         if progress is not None and cand.skipped is None:
             progress(cand)
     out.sort(key=lambda c: (c.skipped is not None, not c.ok, c.step_s if c.ok else 0.0))
+    _prefer_runnable(out)
     if out and isinstance(out[0].plan, ComposedPlan):  # the chosen plan names the graph it was made for
-        out[0].plan = dataclasses.replace(out[0].plan, graph_hash=graph_hash(model.graph))
+        out[0].plan = dataclasses.replace(out[0].plan, graph_hash=hashed)
     return out
+
+
+def _prefer_runnable(out: list[Candidate]) -> None:
+    """Put first the best plan graphc can run (one that offloads nothing: the runtime has no host
+    tier) when it is within the solver's relative gap (``SOLVER_GAP``) of the best plan, which
+    offloads: a difference that small is a tie the ILP does not split. ``out`` best first."""
+    if not out or not out[0].ok or out[0].layout is None or out[0].layout.offload == "off":
+        return
+    best = out[0]
+    at = next((i for i, c in enumerate(out) if c.ok and c.layout is not None and c.layout.offload == "off"), None)
+    if at is None or out[at].step_s > best.step_s * (1 + SOLVER_GAP):
+        return
+    runnable = out.pop(at)
+    runnable.tie = (
+        f"chosen over {best.describe().split(':')[0]} (only {(runnable.step_s / best.step_s - 1):.3%} slower, within the "
+        f"solver's relative gap of {SOLVER_GAP:.1%}), which offloads and so cannot run here"
+    )
+    out.insert(0, runnable)
 
 
 # a step up to this many nodes (a few dozen layers of a small model) has the block search's choice
@@ -293,7 +375,7 @@ def _plan_pipelined(cand: Candidate, graph: Graph, mesh: Mesh, options: PlanOpti
         raise not_runnable(plan.sub_plan.offload, mesh.profile.name)
     memory_limit = options.memory_limit
     cand.predicted_s = plan.predicted["step_s"]
-    cand.bubble = plan.predicted["bubble"]
+    cand.bubble = plan.predicted["bubble"] if "pp" in cand.axes else None  # accumulation alone has none
     cand.memory_bytes = max(plan.memory_bytes)
     if plan.sub_plan is not None:
         cand.comm_s = plan.sub_plan.cost.comm_s
@@ -368,7 +450,13 @@ _KINDS = ("indivisible", "time limit", "memory bound", "compute bound")
 def _why(best: Candidate, ok: list[Candidate]) -> str:
     piped = "pp" in best.axes
     other = next((c for c in ok[1:] if ("pp" in c.axes) != piped), None)
-    parts = [f"the lowest predicted step of {len(ok)} feasible plans"]
+    parts = [best.tie] if best.tie is not None else [f"the lowest predicted step of {len(ok)} feasible plans"]
+    estimates = [c for c in ok if c.estimate is not None]
+    if estimates:
+        parts[0] += (
+            f" ({len(estimates)} of them estimates scaled from micro-batch 1, not solved: "
+            f"{estimates[0].estimate}; --verbose marks them)"
+        )
     if other is not None:
         if piped:
             parts.append(

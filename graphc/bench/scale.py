@@ -63,6 +63,8 @@ def run_row(row: Row) -> list[str]:
     best = cands[0]
     skipped = sum(c.skipped is not None and c.skipped.startswith("time limit") for c in cands)
     plan_time = f"{seconds:.1f} s ({row.time_limit:.0f} s)" + (f", {skipped} layouts not reached" if skipped else "")
+    estimates = sum(c.ok and c.estimate is not None for c in cands)  # scaled from micro-batch 1, not solved
+    plan_time += f", {estimates} estimates not solved" if estimates else ""
     if not best.ok:
         return [row.model, cluster, plan_time, "no plan", "-", "-", "-", row.published]
     composed = best.composed or best.plan  # (a small step's choice is then planned whole: passes/search.py)

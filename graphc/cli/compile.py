@@ -392,7 +392,9 @@ def _search(args: argparse.Namespace, progress, output: Output, start: float) ->
     )
     seconds = time.perf_counter() - t0
     planned = sum(c.skipped is None for c in cands)
-    print(f"searched {planned} plans for {args.devices} devices in {seconds:.2f} s")
+    estimates = sum(c.ok and c.estimate is not None for c in cands)  # scaled from micro-batch 1, not solved
+    unsolved = f" ({estimates} of them estimates, not solved)" if estimates else ""
+    print(f"searched {planned} plans for {args.devices} devices in {seconds:.2f} s{unsolved}")
     print(explain(cands, verbose=args.verbose))
     best = cands[0]
     if best.plan is None:
@@ -404,7 +406,12 @@ def _search(args: argparse.Namespace, progress, output: Output, start: float) ->
             )
         raise GraphcError(f"no mesh of {args.devices} devices can run {args.target} (the reasons are above)")
     doc = json.loads(best.plan.to_json())
-    doc["search"] = {"devices": args.devices, "seconds": seconds, "candidates": [c.to_json() for c in cands]}
+    doc["search"] = {
+        "devices": args.devices,
+        "seconds": seconds,
+        "estimates": estimates,
+        "candidates": [c.to_json() for c in cands],
+    }
     print(best.plan.summary())
     _write(output, json.dumps(doc, indent=1), args)
     return 0

@@ -120,6 +120,8 @@ def test_cli_devices_search_writes_the_chosen_plan(tmp_path):
     doc = json.loads((tmp_path / "plan.json").read_text())
     assert doc["search"]["devices"] == 4 and len(doc["search"]["candidates"]) >= 5
     assert {"tp": 4} in [c["mesh"] for c in doc["search"]["candidates"]]
+    # every plan of a search that plans each mesh whole is solved: none is a scaled estimate
+    assert doc["search"]["estimates"] == 0 and all(c["estimate"] is None for c in doc["search"]["candidates"])
 
 
 @pytest.mark.slow
@@ -222,3 +224,28 @@ def test_a_search_whose_time_ran_out_before_any_plan_says_so(tmp_path):
     assert "no plan for 4 devices within --time-limit 0.01 s" in err and "raise --time-limit" in err, err
     assert "no mesh" not in err + out and "no plan was made before the time limit ran out" in out, out
     assert not (tmp_path / "p.json").exists()
+
+
+def test_a_flat_mesh_accumulates_gradients_when_the_batch_does_not_fit_at_once():
+    """A batch whose activations do not fit on dp=2 or tp=2 at once: the search tries those meshes
+    again with 2, 4, ... micro-batches (gradient accumulation, no pipeline) until one fits, and
+    such a plan beats every pipeline (it used to plan pp=2 only, 1.9x slower here)."""
+    args, kw = mlp.example_train_args(batch=4096, sizes=(256, 1024, 1024, 16))
+    g = graph_of(mlp.train_step, args, kw)
+    free = search_meshes(g, 2, profile=PROFILE)
+    assert all(c.microbatches == 1 for c in free if "pp" not in c.axes)  # it fits at once: one pass
+    limit = 30 * 2**20  # below dp=2's and tp=2's least memory in one pass (40.7 and 38.7 MiB)
+    cands = search_meshes(g, 2, PlanOptions(memory_limit=limit), profile=PROFILE)
+    best = cands[0]
+    assert best.ok and "pp" not in best.axes and best.microbatches > 1, explain(cands, verbose=True)
+    assert best.memory_bytes <= limit and best.plan.options.microbatches == best.microbatches
+    one_pass = [c for c in cands if "pp" not in c.axes and c.microbatches == 1]
+    assert len(one_pass) == 2 and not any(c.ok for c in one_pass)
+    piped = [c for c in cands if "pp" in c.axes and c.ok]
+    assert piped and all(c.step_s > best.step_s for c in piped)
+    assert f", {best.microbatches} micro-batches" in explain(cands).splitlines()[1]
+    # each flat mesh stops at its first count that fits, or when no larger one can
+    for axes in ({"dp": 2}, {"tp": 2}):
+        counts = sorted(c.microbatches for c in cands if c.axes == axes)
+        fits = sorted(c.microbatches for c in cands if c.axes == axes and c.ok)
+        assert counts[0] == 1 and (not fits or counts[-1] == fits[0])

@@ -362,3 +362,128 @@ def test_attention_is_priced_at_the_fused_kernels_share_of_the_peak():
     flops = sum(sum(step_flops(segment_graph(blk, [blk.nodes.index(n)], "n"))[0].values()) for n in qk_pv)
     assert len(qk_pv) == 2 and a.forward_terms["attention"] >= flops / 16 / (0.5 * 312e12) * (1 - 1e-9)
     assert a.forward_s == pytest.approx(sum(a.forward_terms.values()))
+
+
+def _sgd_step(params, tokens, targets, n_head, lr=0.1):
+    # plain SGD: no optimizer state, only the parameters
+    value, grads = graphc.value_and_grad(gpt3.loss)(params, tokens, targets, n_head, None, 0.0)
+
+    def step(p, g):
+        if isinstance(p, dict):
+            return {k: step(p[k], g[k]) for k in p}
+        if isinstance(p, list):
+            return [step(a, b) for a, b in zip(p, g)]
+        return p - lr * g
+
+    return step(params, grads), value
+
+
+def test_a_step_without_optimizer_state_gets_no_optimizer_offload_layouts():
+    params = gpt3.init_params(None, 128, 16, 64, 3, np.float32, spec=True)
+    tokens = graphc.ArraySpec((8, 16), np.int64)
+    pf = Parallelized(_sgd_step, {"dp": 1}, static_argnames=("n_head",))
+    g = pf.trace_optimized(params, tokens, tokens, n_head=4)[1]
+    model = layered_model(g, step_batch(g), A100)
+    assert model is not None and model.state_bytes == 0 and not model.state_names
+    assert scale.offload_choices(model, A100) == ("off", "activations")
+    outs = search_layered(model, 2, PlanOptions(), A100, deadline=0.0)  # nothing solved: the layouts listed
+    assert outs and {o.layout.offload for o in outs} == {"off", "activations"}
+    adam = layered_model(_small(n_layer=3, batch=8), 8, A100)
+    assert scale.offload_choices(adam, A100) == ("off", "optimizer", "activations", "both")
+
+
+def test_a_scaled_estimate_keeps_a_micro_batch_s_kernel_launches_once():
+    """A micro-batch launches the same kernels whatever its size: scaled to b sequences, the work
+    is b times micro-batch 1's and the host's excess over it is taken again (it used to be b times
+    the excess too, so a launch-bound block looked no faster at larger micro-batches)."""
+    terms = dict.fromkeys(scale.TERMS, 0.0) | {"gemm": 1e-3, "tp_comm": 0.5e-3, "launch": 3e-3}  # launches: 4.5 ms
+    cost = scale.SegmentCost(4.5e-3, 0.0, 10, 2, 1.0, None, terms, dict.fromkeys(scale.TERMS, 0.0))  # type: ignore[arg-type]
+    for b, launch in ((1, 3e-3), (2, 1.5e-3), (3, 0.0), (16, 0.0)):
+        s = scale.scaled(cost, b)
+        assert s.forward_terms["gemm"] == pytest.approx(b * 1e-3) and s.forward_terms["launch"] == pytest.approx(launch)
+        assert s.forward_s == pytest.approx(max(4.5e-3, b * 1.5e-3)) and s.activation_bytes == 10 * b
+    no_gap = dataclasses.replace(cost, forward_terms=terms | {"launch": 0.0}, forward_s=1.5e-3)
+    assert scale.scaled(no_gap, 4).forward_s == pytest.approx(6e-3)
+
+
+def _outcome(tp, b, step, exact, zero=0):
+    o = scale.Outcome(Layout(1, 1, tp, b, 8 // b, zero, "off"), exact=exact)
+    o.plan = type("P", (), {"predicted": {"step_s": step}})()  # type: ignore[assignment]
+    return o
+
+
+def test_refinement_stops_when_no_estimate_beats_the_best_solved_plan(monkeypatch):
+    solved_steps = {(1, 2, 0): 0.7, (1, 2, 1): 0.84, (1, 4, 0): 0.72, (1, 8, 0): 1.9}  # each layout solved
+
+    def compose_into(o, model, segs, profile, figures, limit):
+        o.plan.predicted = {"step_s": solved_steps[(o.layout.tp, o.layout.micro_batch, o.layout.zero)]}
+        o.exact = True
+
+    monkeypatch.setattr(scale, "_compose_into", compose_into)
+    asked = []
+    out = [
+        _outcome(1, 1, 1.0, True),
+        _outcome(1, 2, 0.75, False),
+        _outcome(1, 2, 1.2, False, zero=1),  # solved 30% below its estimate
+        _outcome(1, 4, 0.8, False),  # no estimate of 4 or more solved yet: solved
+        _outcome(1, 8, 2.0, False),  # nor of 8: solved, though far above the best (0.7)
+        _outcome(2, 2, 1.0 * (1 - 1e-4), False),  # 30% below is within the solver's gap of 0.7: left
+    ]
+    scale._refine(out, lambda t, b, exact: asked.append((t, b)), None, A100, None, None, lambda: True)
+    assert asked == [(1, 2), (1, 4), (1, 8)] and all(o.exact and o.unsolved is None for o in out[:5])
+    assert not out[5].exact and out[5].unsolved is not None and "solver's gap" in out[5].unsolved
+    late = [_outcome(1, 1, 1.0, True), _outcome(1, 2, 0.5, False)]
+    scale._refine(late, lambda *a: None, None, A100, None, None, lambda: False)
+    assert late[1].unsolved is not None and late[1].unsolved.startswith("the time limit")
+
+
+def test_the_choice_says_how_many_plans_were_estimates_and_prefers_a_runnable_tie():
+    def cand(step, offload="off", estimate=None):
+        lo = Layout(1, 8, 1, 1, 4, 0, "off", offload)
+        c = search.Candidate(
+            axes=lo.axes, microbatches=4, layout=lo, predicted_s=step, memory_bytes=1, estimate=estimate
+        )
+        return c
+
+    cands = [cand(14.6331, "activations"), cand(14.6377), cand(15.0, estimate="the time limit ran out")]
+    search._prefer_runnable(cands)
+    assert cands[0].layout.offload == "off" and cands[0].step_s == 14.6377  # 0.03% slower: a tie
+    text = explain(cands)
+    assert "cannot run here" in text and "0.031% slower" in text
+    assert "1 of them estimates scaled from micro-batch 1, not solved: the time limit ran out" in text
+    assert "(an estimate, not solved)" in explain(cands, verbose=True)
+    apart = [cand(14.0, "activations"), cand(14.6377)]  # 4.6% apart: the offloading plan stays first
+    search._prefer_runnable(apart)
+    assert apart[0].layout.offload == "activations" and apart[1].tie is None
+
+
+def test_the_block_search_hashes_the_step_inside_its_deadline(monkeypatch):
+    """The chosen plan names its graph's hash; hashing a large step takes seconds, so it is done
+    before the search and the search ends that much earlier (it used to run after the deadline)."""
+    g = _small(n_layer=3, batch=8)
+    seen = {}
+
+    def slow_hash(graph):
+        time.sleep(0.3)
+        return "hash"
+
+    def record(model, n, options, profile, deadline, progress=None, clock=time.perf_counter):
+        seen["deadline"] = deadline
+        return []
+
+    monkeypatch.setattr(search, "graph_hash", slow_hash)
+    monkeypatch.setattr(search, "search_layered", record)
+    deadline = time.perf_counter() + 100
+    search.search_meshes(g, 2, PlanOptions(), profile=A100, deadline=deadline)
+    assert seen["deadline"] <= deadline - 0.3
+
+
+def test_no_solve_begins_within_its_least_time_of_the_deadline(monkeypatch):
+    """A segment solve gets at least MIN_SOLVE_S: one begun closer to the deadline than that would
+    end after it (the first solve of a search used to be begun at any time before the deadline)."""
+    g = _small(n_layer=3, batch=8)
+    model = layered_model(g, step_batch(g), A100)
+    monkeypatch.setattr(scale, "_solve_all", lambda *a, **k: pytest.fail("a solve was begun"))
+    deadline = 1000.0
+    outs = search_layered(model, 2, PlanOptions(), A100, deadline, clock=lambda: deadline - scale.MIN_SOLVE_S / 2)
+    assert outs and all(o.skipped and o.skipped.startswith("time limit") for o in outs)
