@@ -52,6 +52,7 @@ from graphc.passes.sharding.memrows import (
     add_lp_rows,
     add_run_rows,
     held_over,
+    lp_start,
     repaired,
     smallest_bytes,
 )
@@ -164,9 +165,7 @@ def structure_classes(p: Problem, rounds: int = 3) -> list[int]:
     return label
 
 
-# Following loses up to ~10% of plan quality (GPT on tp=2: 4.86 ms against 4.32 ms tied only), so
-# it is kept for problems that tying alone leaves too large for the solver's time.
-FOLLOW_ABOVE_GROUPS = 2000
+FOLLOW_ABOVE_GROUPS = 2000  # following loses up to ~10% (GPT on tp=2: 4.86 against 4.32 ms tied only)
 
 
 @collector_paused()
@@ -417,10 +416,11 @@ def solve(
     stats["variables"] = model.milp.n
     stats["constraints"] = model.milp.num_rows
     points: list[int] = []
-    if memory_limit is not None:  # the rows the LP relaxation needs, before any integer solve (memrows.py)
-        stats["lp_memory_points"] = add_lp_rows(
-            model, memory_limit, TIME_SHARE * (deadline - time.perf_counter()), points
-        )
+    lp_s = TIME_SHARE * (deadline - time.perf_counter())  # the relaxation first (memrows.py): its rows, its plan
+    if memory_limit is not None:
+        stats["lp_memory_points"] = add_lp_rows(model, memory_limit, lp_s, points)
+    else:
+        lp_start(model, lp_s)
     sol = model.run(deadline - time.perf_counter(), guess)
     reserved: set[tuple[int, int]] = set()  # (point, buffer bytes) rows added for redistribution buffers
     fits: Solution | None = None  # the last plan whose values fit the limit

@@ -43,6 +43,8 @@ POINTS_PER_ROUND = 8
 MAX_ROUNDS = 40
 # The share of the solver's time the LP rounds may take at most.
 TIME_SHARE = 0.25
+# Solves without a memory limit start from the LP relaxation (``lp_start``); False: as before.
+LP_FIRST = True
 # Whether the LP rounds also add the rows where the plan the relaxation's point rounds to is over the
 # limit (``rounded``), once the relaxation fits: the integer solve then starts with the rows its
 # first plans would have needed (tests turn it off to compare optima).
@@ -250,6 +252,16 @@ def add_lp_rows(model, limit: int, time_limit_s: float, points: list[int]) -> in
     return len(found)
 
 
+def lp_start(model, time_limit_s: float) -> None:
+    """Without a memory limit: the LP relaxation's optimum as ``model.lp_bound`` and the plan its
+    point rounds to among the plans the first solve may start from; when that plan meets the
+    bound it is optimal and no integer solve runs (milp.py ``solve_milp``)."""
+    x = LpRelaxation(model.milp).solve(time_limit_s) if LP_FIRST else None
+    if x is not None:
+        model.lp_bound = float(model.milp.cost @ x) + model.milp.offset
+        model.found.append(rounded(model, x))
+
+
 def smallest_bytes(model, const: float, idx: np.ndarray, nb: np.ndarray) -> float:
     """The fewest bytes a row ``(const, columns, bytes)`` can count without offload: the constant
     and each group's smallest bytes over its strategies (its columns not in the row: 0)."""
@@ -270,6 +282,7 @@ def add_run_rows(model, prof: np.ndarray, limit: int, points: list[int]) -> None
 __all__ = [
     "MemoryRows",
     "add_lp_rows",
+    "lp_start",
     "add_run_rows",
     "held_over",
     "lp_memory_points",

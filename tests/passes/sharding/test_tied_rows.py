@@ -149,3 +149,18 @@ def test_edge_tables_made_once_per_strategy_tuple_give_the_same_objective_bit_fo
     assert len(calls) - once == len(other.edges) > 2 * once  # far fewer lookups
     assert len(vec) == len(vec0) and all(np.array_equal(a, b) for a, b in zip(vec, vec0))
     assert pair.keys() == pair0.keys() and all(np.array_equal(pair[k], pair0[k]) for k in pair)
+
+
+@pytest.mark.parametrize("offload", [False, True])
+def test_a_solve_from_the_relaxation_keeps_the_optimum(graph, offload, monkeypatch):
+    # without a memory limit the LP relaxation is solved first (memrows.lp_start): when the plan
+    # its point rounds to meets its optimum no integer solve runs; the optimum is the same
+    from graphc.passes.sharding import memrows
+
+    got = {}
+    for first in (True, False):
+        monkeypatch.setattr(memrows, "LP_FIRST", first)
+        got[first] = _solve(graph, None, offload, True, monkeypatch)[0]
+    assert got[True].status == got[False].status == "optimal"
+    assert got[True].objective == pytest.approx(got[False].objective, rel=2e-4)  # both within REL_GAP
+    assert got[True].bound <= got[True].objective
