@@ -24,6 +24,7 @@ still measured after the solve, and lazy rounds still add what the relaxation di
     rounded(model, x)          the columns of the plan an LP point rounds to
     lp_memory_points(...)      the positions whose rows the LP relaxation (and its rounding) needs
     add_lp_rows(...)           ... added to the integer program before its first solve
+    add_lp_bound(model, s)     without a limit: the relaxation's optimum and rounded plan only
     add_run_rows(...)          a lazy round's rows: the peak of every run over the limit
     repaired(model, z, s)      the last round's plan changed to meet its new rows: the next start
     held_over(p, choice, lim)  the peaks over the limit with the redistribution buffers the runtime holds
@@ -248,6 +249,24 @@ def add_lp_rows(model, limit: int, time_limit_s: float, points: list[int]) -> in
         if start is not None:
             model.found.append(start)
     return len(found)
+
+
+def add_lp_bound(model, time_limit_s: float) -> None:
+    """Without a memory limit: the LP relaxation's optimum as ``model.lp_bound`` and the plan its
+    point rounds to (when it meets every row) to the plans the solve may start from, as
+    ``add_lp_rows`` leaves them. When that plan meets the bound within the gap, the integer solve
+    returns it as optimal without running (``milp.solve_milp``): exact, the relaxation's optimum
+    bounds the integer program's. The sharding programs' relaxations are often integral: LLaMA-3-8B
+    in bf16 on h100-sxm (dp=8,tp=8, 72k columns), the LP 1.06-1.08 s of CPU against 2.85-2.99 for
+    HiGHS's integer solve, the same optimum (loaded; docs/solver.md). When it is fractional, the
+    integer solve runs as before from the better of its starts, after one LP more."""
+    x = LpRelaxation(model.milp).solve(time_limit_s)
+    if x is None:
+        return
+    model.lp_bound = float(model.milp.cost @ x) + model.milp.offset
+    z = rounded(model, x)
+    if not len(model.milp.broken_rows(z)):
+        model.found.append(z)
 
 
 def smallest_bytes(model, const: float, idx: np.ndarray, nb: np.ndarray) -> float:
