@@ -49,7 +49,6 @@ from graphc.passes.sharding.items import Edge, Item
 from graphc.passes.sharding.memrows import (
     REPAIR_SHARE,
     TIME_SHARE,
-    add_lp_bound,
     add_lp_rows,
     add_run_rows,
     held_over,
@@ -418,12 +417,8 @@ def solve(
     stats["variables"] = model.milp.n
     stats["constraints"] = model.milp.num_rows
     points: list[int] = []
-    if memory_limit is not None:  # the rows the LP relaxation needs, before any integer solve (memrows.py)
-        stats["lp_memory_points"] = add_lp_rows(
-            model, memory_limit, TIME_SHARE * (deadline - time.perf_counter()), points
-        )
-    else:  # no memory rows: the LP relaxation's optimum and its rounded plan (memrows.add_lp_bound)
-        add_lp_bound(model, TIME_SHARE * (deadline - time.perf_counter()))
+    # the LP relaxation first: the rows a limit needs before any integer solve, its bound, its plan (memrows.py)
+    stats["lp_memory_points"] = add_lp_rows(model, memory_limit, TIME_SHARE * (deadline - time.perf_counter()), points)
     sol = model.run(deadline - time.perf_counter(), guess)
     reserved: set[tuple[int, int]] = set()  # (point, buffer bytes) rows added for redistribution buffers
     fits: Solution | None = None  # the last plan whose values fit the limit

@@ -232,10 +232,13 @@ def held_over(p, choice: list[int], limit: int, at_most: int = POINTS_PER_ROUND)
     return [(int(held[at]), at, int(buffers[at])) for at in peaks[:at_most]]
 
 
-def add_lp_rows(model, limit: int, time_limit_s: float, points: list[int]) -> int:
+def add_lp_rows(model, limit: int | None, time_limit_s: float, points: list[int]) -> int:
     """Add to ``model`` the rows ``lp_memory_points`` finds, their positions to ``points``, and the
     plan the relaxation's point rounds to, ``repaired``, to the plans its first solve may start
-    from (``model.found``); returns how many rows."""
+    from (``model.found``); returns how many rows. No limit: ``add_lp_bound``, no rows."""
+    if limit is None:
+        add_lp_bound(model, time_limit_s)
+        return 0
     found, x = lp_memory_points(model, limit, time_limit_s)
     if x is not None:  # an optimum of a relaxation with at most the integer program's rows: a lower bound
         model.lp_bound = float(model.milp.cost @ x) + model.milp.offset
