@@ -24,6 +24,7 @@ still measured after the solve, and lazy rounds still add what the relaxation di
     rounded(model, x)          the columns of the plan an LP point rounds to
     lp_memory_points(...)      the positions whose rows the LP relaxation (and its rounding) needs
     add_lp_rows(...)           ... added to the integer program before its first solve
+    lp_start(model, s)         without a limit: the relaxation's optimum and rounded plan only
     add_run_rows(...)          a lazy round's rows: the peak of every run over the limit
     repaired(model, z, s)      the last round's plan changed to meet its new rows: the next start
     held_over(p, choice, lim)  the peaks over the limit with the redistribution buffers the runtime holds
@@ -236,7 +237,7 @@ def held_over(p, choice: list[int], limit: int, at_most: int = POINTS_PER_ROUND)
 def add_lp_rows(model, limit: int, time_limit_s: float, points: list[int]) -> int:
     """Add to ``model`` the rows ``lp_memory_points`` finds, their positions to ``points``, and the
     plan the relaxation's point rounds to, ``repaired``, to the plans its first solve may start
-    from (``model.found``); returns how many rows."""
+    from (``model.found``); returns how many rows. (No limit: ``lp_start``.)"""
     found, x = lp_memory_points(model, limit, time_limit_s)
     if x is not None:  # an optimum of a relaxation with at most the integer program's rows: a lower bound
         model.lp_bound = float(model.milp.cost @ x) + model.milp.offset

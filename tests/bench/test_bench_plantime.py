@@ -2,6 +2,7 @@
 
 import pytest
 
+import graphc
 from graphc.bench.plantime import Case, depth_cases, plan_case, solver_cases
 from graphc.models import gpt
 
@@ -18,19 +19,25 @@ def test_plan_case_runs_every_stage_and_reports_the_ilp():
 
 def test_the_benchmark_cases_are_the_issue_targets():
     names = [c.name for c in depth_cases()]
-    assert names[:4] == [
+    assert names[:5] == [
         "GPT-3 175B shapes, 4 layer(s), batch 64",
         "GPT-3 175B shapes, 12 layer(s), batch 64",
         "LLaMA-3-8B shapes, 8 layers",
         "LLaMA-3-8B shapes, 32 layers",
+        "LLaMA-3-8B bf16 h100-sxm, 32 layers",
     ]
-    assert [c.mesh for c in depth_cases()] == [{"dp": 8, "tp": 8}] * 4 + [{"dp": 2, "tp": 2}]
+    assert [c.mesh for c in depth_cases()] == [{"dp": 8, "tp": 8}] * 5 + [{"dp": 2, "tp": 2}]
+    # the checker's case: the repo's bf16 example on a GPU profile, no memory limit
+    bf16 = depth_cases()[4]
+    assert (bf16.profile, bf16.memory_limit) == ("h100-sxm", None)
+    (params, *_rest), _kw = bf16.example()
+    assert len(params["layers"]) == 32 and params["embed"].dtype == graphc.bfloat16
     # the default run plans the d=256 GPT at 100 layers; --deep at the target's 1,000
-    assert [depth_cases()[4].name, depth_cases(deep=True)[4].name] == [
+    assert [depth_cases()[5].name, depth_cases(deep=True)[5].name] == [
         "GPT d=256, 100 layers",
         "GPT d=256, 1000 layers",
     ]
-    args, _kw = depth_cases(deep=True)[4].example()
+    args, _kw = depth_cases(deep=True)[5].example()
     assert len(args[0]["blocks"]) == 1000
     assert len(solver_cases()) == 3
 

@@ -435,3 +435,34 @@ def test_a_held_round_re_solves_to_the_held_gap_and_the_rest_to_the_solvers_gap(
     assert gaps.count(milp.HELD_GAP) == len(after_held) and gaps[0] == milp.REL_GAP, events
     assert milp.HELD_GAP > milp.REL_GAP
     assert sol.status == "optimal" and sol.bound <= sol.objective and sol.gap <= milp.HELD_GAP
+
+
+@pytest.mark.parametrize("mesh", [{"tp": 2}, {"dp": 2, "tp": 2}])
+def test_without_a_limit_an_integral_relaxation_is_the_plan_and_no_integer_solve_runs(mesh, monkeypatch):
+    """lp_start: without a memory limit the LP relaxation's optimum is the known bound and its
+    rounded point a start; the tiny GPT's relaxations are integral, so the plan is the LP's, proven
+    optimal with no integer solve, at the objective of the integer solve it replaces."""
+    graph = _gpt_graph()
+    options = PlanOptions(time_limit=TIME)
+    calls: list[int] = []
+    highs = milp._highs
+
+    def counted(*a, **k):
+        calls.append(1)
+        return highs(*a, **k)
+
+    def solve():
+        problem = build_problem(graph, Mesh(mesh, profile=PROFILE), options, ties=state_ties(graph))
+        groups, of = shrink(problem, options.shrink)
+        return ilp.solve(problem, groups, of, None, TIME)
+
+    monkeypatch.setattr(milp, "_highs", counted)
+    first = solve()
+    assert first.status == "optimal" and not calls and not first.stats.get("lp_memory_points")
+    with monkeypatch.context() as m:
+        m.setattr(memrows, "LP_FIRST", False)  # as before: the integer solve alone
+        before = solve()
+    assert calls and before.status == "optimal"
+    # the same program's optimum: neither below the other's proven bound
+    assert first.objective >= before.bound * (1 - 1e-9) and before.objective >= first.bound * (1 - 1e-9)
+    assert first.objective == pytest.approx(before.objective, rel=milp.REL_GAP)
