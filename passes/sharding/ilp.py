@@ -416,11 +416,11 @@ def solve(
     stats["variables"] = model.milp.n
     stats["constraints"] = model.milp.num_rows
     points: list[int] = []
-    lp_s = TIME_SHARE * (deadline - time.perf_counter())  # the relaxation first (memrows.py): its rows, its plan
+    left = deadline - time.perf_counter()  # the relaxation first (memrows.py): its rows, its plan
     if memory_limit is not None:
-        stats["lp_memory_points"] = add_lp_rows(model, memory_limit, lp_s, points)
-    else:
-        lp_start(model, lp_s)
+        stats["lp_memory_points"] = add_lp_rows(model, memory_limit, TIME_SHARE * left, points)
+    else:  # all the time left: the integer solve would need this LP at its root too
+        lp_start(model, left)
     sol = model.run(deadline - time.perf_counter(), guess)
     reserved: set[tuple[int, int]] = set()  # (point, buffer bytes) rows added for redistribution buffers
     fits: Solution | None = None  # the last plan whose values fit the limit
