@@ -109,8 +109,8 @@ def test_the_plan_json_marks_the_offloaded_values_and_the_summary_says_why(model
     assert json.loads(kept.to_json())["offload"] is None
 
 
-def _peaks(outs):
-    return {o.layout: max(o.plan.memory_bytes) for o in outs if o.plan is not None}
+def _peaks(outs, solved_only=False):
+    return {o.layout: max(o.plan.memory_bytes) for o in outs if o.plan is not None and (o.exact or not solved_only)}
 
 
 @pytest.fixture(scope="module")
@@ -136,9 +136,15 @@ def test_the_search_offloads_only_when_nothing_else_fits(model, free):
     fits = [o for o in tight if o.plan is not None]
     # every plan that fits offloads the state ("both": and some activations, tests/passes/test_offload_activations.py)
     assert fits and all(offloads_state(o.layout.offload) and max(o.plan.memory_bytes) <= limit for o in fits)
-    peaks = _peaks(outs)
-    for o in (o for o in fits if o.layout.offload == "optimizer"):  # keeping the state: over by the state moved
-        twin = dataclasses.replace(o.layout, offload="off")
+    # keeping the state: over by the state moved, where both plans' segments were solved at their
+    # micro-batch size (a scaled estimate the refinement left unsolved has memory of its own)
+    peaks = _peaks(outs, solved_only=True)
+    pairs = [
+        (o, dataclasses.replace(o.layout, offload="off")) for o in fits if o.layout.offload == "optimizer" and o.exact
+    ]
+    pairs = [(o, twin) for o, twin in pairs if twin in peaks]
+    assert pairs
+    for o, twin in pairs:
         assert peaks[twin] - max(o.plan.memory_bytes) == pytest.approx(o.plan.offload.state_bytes, abs=2)
 
 
