@@ -33,6 +33,14 @@ def gpt3_bf16_step() -> Graph:
     return step.trace_optimized(*args, **kw)[1]
 
 
+def gpt3_tied_tp2_step() -> Graph:
+    """A 3-layer GPT-3 step in bfloat16 with float32 Adam moments (d=32), traced for tp=2: three
+    tied layers, small enough for the fixed-mesh ILP's exactness tests to solve whole."""
+    args, kw = gpt3.example_train_specs(n_layer=3, d=32, n_head=4, seq=8, n_vocab=64, batch=4, dtype=graphc.bfloat16)
+    step = Parallelized(gpt3.train_step, {"tp": 2}, static_argnames=static_argnames(kw))
+    return step.trace_optimized(*args, **kw)[1]
+
+
 def gpt3_bf16_layered(profile: MachineProfile):
     """The step as the block search sees it: pre, one repeated layer, head."""
     g = gpt3_bf16_step()

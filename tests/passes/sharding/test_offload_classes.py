@@ -12,16 +12,14 @@ import dataclasses
 import numpy as np
 import pytest
 
-import graphc
 from graphc.core.mesh import Mesh
 from graphc.core.profiles import HOST_TIERS, get_profile
-from graphc.core.pytree import static_argnames
-from graphc.models import gpt3
 from graphc.passes.options import PlanOptions
 from graphc.passes.partition import build_problem, shrink, solve_problem, state_ties
 from graphc.passes.sharding import ilp, offload_terms
 from graphc.passes.sharding.memrows import MemoryRows
 from graphc.passes.sharding.milp import LpRelaxation
+from tests.passes.offload_models import gpt3_tied_tp2_step
 from tests.passes.sharding.test_memrows import _cases
 
 A100 = get_profile("a100-sxm")
@@ -29,10 +27,8 @@ A100 = get_profile("a100-sxm")
 
 @pytest.fixture(scope="module")
 def tied():
-    """The 3-layer GPT-3 of test_offload_screen.py on tp=2 (a100-sxm: a host tier)."""
-    args, kw = gpt3.example_train_specs(n_layer=3, d=32, n_head=4, seq=8, n_vocab=64, batch=4, dtype=graphc.bfloat16)
-    step = graphc.parallelize(gpt3.train_step, mesh={"tp": 2}, static_argnames=static_argnames(kw), cache=False)
-    return step.trace_optimized(*args, **kw)[1], Mesh({"tp": 2}, profile=A100), PlanOptions(recompute="off")
+    """The 3-layer GPT-3 on tp=2 (tests/passes/offload_models.py; a100-sxm: a host tier)."""
+    return gpt3_tied_tp2_step(), Mesh({"tp": 2}, profile=A100), PlanOptions(recompute="off")
 
 
 @pytest.fixture(scope="module")
@@ -101,31 +97,30 @@ def test_classes_keep_the_profile_and_the_relaxation_with_fewer_columns(case, re
     assert _lp_optimum(shared) == pytest.approx(_lp_optimum(each), rel=1e-9)
 
 
-def test_classes_keep_the_optimum_when_offloading_is_faster(tied, monkeypatch):
-    _fast_host(monkeypatch, A100.name)
+def _solved_both_ways(case):
+    """``case`` (graph, mesh, options) solved with the class columns off and on: {share: (problem, solution)}."""
+    graph, mesh, options = case
     got = {}
     for share in (False, True):
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(offload_terms, "SHARE_CLASSES", share)
-            graph, mesh, options = tied
             problem = build_problem(graph, mesh, options, ties=state_ties(graph))
-            sol = solve_problem(problem, options)
-        assert sol.status == "optimal"
-        got[share] = (sol.objective, len(sol.offload))
-    assert got[True][1] > 0  # the fast host's offload is chosen
-    assert got[True][0] == pytest.approx(got[False][0], rel=1e-9)
+            got[share] = problem, solve_problem(problem, options)
+    return got
+
+
+def test_classes_keep_the_optimum_when_offloading_is_faster(tied, monkeypatch):
+    _fast_host(monkeypatch, A100.name)
+    got = _solved_both_ways(tied)
+    assert all(sol.status == "optimal" for _p, sol in got.values())
+    assert len(got[True][1].offload) > 0  # the fast host's offload is chosen
+    assert got[True][1].objective == pytest.approx(got[False][1].objective, rel=1e-9)
 
 
 def test_classes_keep_the_optimum_when_only_offloading_fits(limited, monkeypatch):
-    got = {}
-    for share in (False, True):
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(offload_terms, "SHARE_CLASSES", share)
-            graph, mesh, options = limited
-            problem = build_problem(graph, mesh, options, ties=state_ties(graph))
-            sol = solve_problem(problem, options)
+    got = _solved_both_ways(limited)
+    for problem, sol in got.values():
         assert sol.status == "optimal"
-        assert problem.memory.peak(sol.choice)[0] <= options.memory_limit
-        got[share] = (sol.objective, len(sol.offload))
-    assert got[True][1] > 0  # only offloading fits
-    assert got[True][0] == pytest.approx(got[False][0], rel=1e-9)
+        assert problem.memory.peak(sol.choice)[0] <= limited[2].memory_limit
+    assert len(got[True][1].offload) > 0  # only offloading fits
+    assert got[True][1].objective == pytest.approx(got[False][1].objective, rel=1e-9)

@@ -13,16 +13,13 @@ import dataclasses
 import numpy as np
 import pytest
 
-import graphc
 from graphc.core.mesh import Mesh
 from graphc.core.profiles import HOST_TIERS, get_profile, host_tier
-from graphc.core.pytree import static_argnames
-from graphc.models import gpt3
 from graphc.passes.options import PlanOptions
 from graphc.passes.partition import build_problem, shrink, state_ties
 from graphc.passes.sharding import ilp
 from graphc.passes.sharding.offload_terms import OffloadTerms, _param_bytes, _state_bytes, candidates
-from tests.passes.offload_models import OFFLOAD_ONLY, gpt3_bf16_step
+from tests.passes.offload_models import OFFLOAD_ONLY, gpt3_bf16_step, gpt3_tied_tp2_step
 
 A100 = get_profile("a100-sxm")
 H100 = get_profile("h100-sxm")
@@ -48,10 +45,8 @@ SCREENS = {"new": None, "old": _old_screen, "all": lambda self, cands: cands}
 
 @pytest.fixture(scope="module")
 def tied():
-    """The 3-layer GPT-3 of test_tied_rows.py on tp=2 (a100-sxm: a host tier)."""
-    args, kw = gpt3.example_train_specs(n_layer=3, d=32, n_head=4, seq=8, n_vocab=64, batch=4, dtype=graphc.bfloat16)
-    step = graphc.parallelize(gpt3.train_step, mesh={"tp": 2}, static_argnames=static_argnames(kw), cache=False)
-    return step.trace_optimized(*args, **kw)[1], Mesh({"tp": 2}, profile=A100), PlanOptions(recompute="off")
+    """The 3-layer GPT-3 on tp=2 (tests/passes/offload_models.py; a100-sxm: a host tier)."""
+    return gpt3_tied_tp2_step(), Mesh({"tp": 2}, profile=A100), PlanOptions(recompute="off")
 
 
 @pytest.fixture(scope="module")

@@ -10,17 +10,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import graphc
 from graphc.core.mesh import Mesh
 from graphc.core.profiles import get_profile
-from graphc.core.pytree import static_argnames
-from graphc.models import gpt3
 from graphc.passes.options import PlanOptions
 from graphc.passes.partition import build_problem, shrink, state_ties
 from graphc.passes.sharding import ilp
 from graphc.passes.sharding.offload_terms import candidates
 from graphc.passes.sharding.roles import update_nodes
 from graphc.passes.sharding.zero import param_groups, state_positions
+from tests.passes.offload_models import gpt3_tied_tp2_step
 
 A100 = get_profile("a100-sxm")  # a host tier: the offload columns exist
 MESH = {"tp": 2}
@@ -28,10 +26,8 @@ MESH = {"tp": 2}
 
 @pytest.fixture(scope="module")
 def graph():
-    """A 3-layer GPT-3 step in bfloat16 with float32 Adam moments: three tied layers."""
-    args, kw = gpt3.example_train_specs(n_layer=3, d=32, n_head=4, seq=8, n_vocab=64, batch=4, dtype=graphc.bfloat16)
-    step = graphc.parallelize(gpt3.train_step, mesh=MESH, static_argnames=static_argnames(kw), cache=False)
-    return step.trace_optimized(*args, **kw)[1]
+    """A 3-layer GPT-3 step in bfloat16 with float32 Adam moments: three tied layers (on ``MESH``)."""
+    return gpt3_tied_tp2_step()
 
 
 def _solve(graph, limit, offload, distinct, monkeypatch):
