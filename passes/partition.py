@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from graphc.core.cache import private_dir, read_entry, warn_cache, write_entry
 from graphc.core.collector import collector_paused
 from graphc.core.errors import PlanError, PlanWarning
-from graphc.core.ir import Graph, Value
+from graphc.core.ir import Graph
 from graphc.core.mesh import Mesh
 from graphc.core.pytree import TreeDef, call_arguments, top_level
 from graphc.passes.bucket import bucket_all_reduces
@@ -326,15 +326,15 @@ def state_ties(graph: Graph) -> list[tuple[int, int]]:
     return ties
 
 
-def warn_untied(graph: Graph, params: list[Value], tied: set[int]) -> None:
-    """A ``PlanWarning`` when a step returns updated values of the types of ``params`` (its layers'
-    parameters) yet ties none of ``params`` to an output (``tied``, from ``state_ties``): new
-    parameters returned in another structure, which the planner would see as constants, with no
-    gradient reduction, optimizer state or update priced for them. (Frozen layers, whose new
-    values the step does not return, are not warned about.)"""
-    index = {v: k for k, v in enumerate(graph.inputs)}
-    if not params or any(index[v] in tied for v in params):
+def warn_untied(graph: Graph, inputs: list[int], tied: set[int]) -> None:
+    """A ``PlanWarning`` when a step returns updated values of the types of its inputs at
+    positions ``inputs`` (its layers' parameters) yet ties none of them to an output (``tied``, from
+    ``state_ties``): new parameters returned in another structure, which the planner would see as
+    constants, with no gradient reduction, optimizer state or update priced for them. (Frozen
+    layers, whose new values the step does not return, are not warned about.)"""
+    if not inputs or any(k in tied for k in inputs):
         return
+    params = [graph.inputs[k] for k in inputs]
     need = Counter(v.type for v in params)
     made = Counter(o.type for o in graph.outputs if o.producer is not None and o.producer.part == "update")
     if any(made[t] < c for t, c in need.items()):  # not one updated value per parameter of a layer

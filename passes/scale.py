@@ -150,7 +150,7 @@ def layered_model(graph: Graph, batch: int | None, profile) -> _Model | None:
     state = sum(v.type.nbytes for v in first if v not in read_fwd)
     layer_inputs = {k for ks in layers.inputs for k in ks}
     tied = {i for i, _o in state_ties(graph)}
-    warn_untied(graph, [graph.inputs[k] for k in layers.inputs[0] if graph.inputs[k] in read_fwd], tied)
+    warn_untied(graph, [k for k in layers.inputs[0] if graph.inputs[k] in read_fwd], tied)
     other = sum(v.type.nbytes for k, v in enumerate(graph.inputs) if k in tied and k not in layer_inputs)
     secs = node_seconds(graph, profile)
     flops, contraction = step_flops(graph)

@@ -734,7 +734,7 @@ class _Model:
             fixed = repaired(self, self.point(start), REPAIR_SHARE * time_limit_s)
             z = self.milp.cheapest_feasible([p for p in (z, fixed) if p is not None])
         # the LP optimum bounds every round (rows only raise it): a start meeting it is optimal as is
-        known = bound if self.lp_bound is None else max(self.lp_bound, bound if bound is not None else -np.inf)
+        known = max((b for b in (bound, self.lp_bound) if b is not None), default=None)
         res = solve_milp(self.milp, self.backend, time_limit_s, gap, start=z, known_bound=known)
         self.last_status, self.found = res.status, (res.found + self.found)[:FOUND_KEPT]
         if res.x is None:
