@@ -35,6 +35,7 @@ Public API (everything else is internal and may change):
     bfloat16                                 numpy's bfloat16 dtype (ml_dtypes): computed in float32, each result rounded
     OPS                                      the op registry (name -> OpDef)
     TraceError, ParseError, VerifyError, EvaluationError, PlanError, MeshError, GraphcError
+    MemoryLimitError                         a PlanError: no plan fits the memory limit (min_memory_bytes when proven)
     GraphcWarning, CacheWarning              warnings (a cache not used, an entry discarded and rebuilt)
     RecompileWarning                         a jitted/parallelized function compiled again and again (names why)
     PromotionWarning                         numpy's promotion made a jitted function's float32 values float64 (names the line)
@@ -115,6 +116,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "VerifyError": ("graphc.core.errors", "VerifyError"),
     "EvaluationError": ("graphc.core.errors", "EvaluationError"),
     "PlanError": ("graphc.core.errors", "PlanError"),
+    "MemoryLimitError": ("graphc.core.errors", "MemoryLimitError"),
     "SourceLoc": ("graphc.core.errors", "SourceLoc"),
 }
 # public submodule -> the module it is

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from graphc.core.errors import PlanError
+from graphc.core.errors import MemoryLimitError, PlanError
 from graphc.core.files import atomic_write, check_record, read_document
 from graphc.core.ir import Graph, Value
 from graphc.core.mesh import Mesh, as_mesh
@@ -361,7 +361,7 @@ def plan_pipeline(
         mem = _stage_memory(g0, a, schedule, m, _local_bytes(g0, sub_plan))
         over = [s for s in range(S) if memory_limit is not None and mem[s] > memory_limit]
         if over:  # the cut counted each stage's state and activations; its tasks need more
-            raise PlanError(
+            raise MemoryLimitError(
                 f"pipeline stage {over[0]} needs {mem[over[0]]:,} bytes per device at its peak ({schedule}, "
                 f"{m} micro-batches: its state, running sums, activations in flight and the tasks' own values), "
                 f"over the memory limit of {memory_limit:,} bytes: more stages or micro-batches, or 1f1b, need less"

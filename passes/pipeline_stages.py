@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from graphc.core.errors import PlanError
+from graphc.core.errors import MemoryLimitError, PlanError
 from graphc.core.ir import Graph, Node, Value
 from graphc.core.traits import Collective, Constant
 from graphc.passes.options import SCHEDULES
@@ -277,7 +277,7 @@ def _cut_forward(costs: _SegmentCosts, nf: int, memory_limit: int | None) -> lis
             best[s, j], arg[s, j] = t[a], i[a]
     if not np.isfinite(best[S, nf]):
         need = min(max(costs.memory(0, nf, 0), 0.0), INF)
-        raise PlanError(
+        raise MemoryLimitError(
             f"no cut of the step into {S} pipeline stages fits the memory limit of {memory_limit:,} bytes "
             f"per device (the whole step needs {int(need):,} bytes on one device)"
         )

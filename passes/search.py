@@ -25,7 +25,7 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 
-from graphc.core.errors import GraphcError, PlanError
+from graphc.core.errors import GraphcError, MemoryLimitError, PlanError
 from graphc.core.ir import Graph
 from graphc.core.mesh import Mesh
 from graphc.core.profiles import load_profile
@@ -59,6 +59,7 @@ class Candidate:
     composed: ComposedPlan | None = field(default=None, repr=False)  # the block search's prediction, when planned whole
     estimate: str | None = None  # a block-search prediction scaled from micro-batch 1, not solved: why
     tie: str | None = None  # why a runnable plan was chosen over a faster prediction within the solver's gap
+    over_memory: bool = False  # the error is that no plan fits the memory limit (MemoryLimitError)
 
     @property
     def ok(self) -> bool:
@@ -242,6 +243,7 @@ def _plan_one(cand: Candidate, graph: Graph, mesh: Mesh, ties, options: PlanOpti
             _plan_pipelined(cand, graph, mesh, dataclasses.replace(options, microbatches=cand.microbatches), ties)
     except PlanError as exc:
         cand.error = str(exc).splitlines()[0]
+        cand.over_memory = isinstance(exc, MemoryLimitError)
         return getattr(exc, "min_memory_bytes", None) or cand.memory_bytes  # the ILP's least, else the plan's peak
     return None
 
@@ -269,7 +271,7 @@ def _worth_more(last: Candidate, floors: list[int], limit: int | None) -> bool:
     memory each count over 1 needed, in order)."""
     if last.ok or last.skipped is not None or limit is None:
         return False
-    if not any(words in (last.error or "") for words in ("no plan fits in", "over the memory limit", "over the limit")):
+    if not last.over_memory:
         return False  # the step cannot be planned on this mesh at all
     if len(floors) >= 2:
         drop, excess = floors[-2] - floors[-1], floors[-1] - limit
@@ -380,7 +382,7 @@ def _plan_pipelined(cand: Candidate, graph: Graph, mesh: Mesh, options: PlanOpti
     if plan.sub_plan is not None:
         cand.comm_s = plan.sub_plan.cost.comm_s
     if memory_limit is not None and cand.memory_bytes > memory_limit:
-        raise PlanError(f"stage memory {cand.memory_bytes:,} B over the limit")
+        raise MemoryLimitError(f"stage memory {cand.memory_bytes:,} B over the limit")
     cand.plan = plan
 
 

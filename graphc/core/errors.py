@@ -105,6 +105,12 @@ class PlanError(GraphcError):
         super().__init__(message)
 
 
+class MemoryLimitError(PlanError):
+    """No plan fits the memory limit, though the step could be planned without one: more devices,
+    micro-batches or memory per device may help (the mesh search tries more micro-batches on a
+    mesh only after this error)."""
+
+
 class MeshError(GraphcError, ValueError):
     """A bad mesh, link, or machine profile (argument, string or file). The message says what was expected."""
 

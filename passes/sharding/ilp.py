@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from graphc.core.collector import collector_paused
-from graphc.core.errors import PlanError
+from graphc.core.errors import MemoryLimitError, PlanError
 from graphc.core.ir import Value
 from graphc.core.spec import format_spec
 from graphc.core.traits import Constant, FollowsProducer, stream_position
@@ -463,7 +463,7 @@ def solve(
             sol = fits
         if sol is None and model.last_status == "infeasible":
             minimum = min_memory(p, groups, of, maps, solver_name, max(1.0, deadline - time.perf_counter()), offload)
-            raise PlanError(
+            raise MemoryLimitError(
                 f"no plan fits in {fmt_bytes(memory_limit)} per device on mesh {p.mesh}: the smallest per-device "
                 f"memory any plan needs is {fmt_bytes(minimum)} ({minimum} bytes)",
                 min_memory_bytes=minimum,

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import graphc
-from graphc.core.errors import PlanError
+from graphc.core.errors import MemoryLimitError
 from graphc.core.profile import MachineProfile
 from graphc.core.pytree import flatten
 from graphc.interpreter import bind_arguments
@@ -137,7 +137,7 @@ def test_memory_limit_needs_two_stages():
     g = mb.program.devices[0].graph
     whole = sum(v.type.nbytes for v in g.inputs)
     limit = int(whole * 0.75)
-    with pytest.raises(PlanError, match="no cut of the step into 1 pipeline stages fits"):
+    with pytest.raises(MemoryLimitError, match="no cut of the step into 1 pipeline stages fits"):
         assign_stages(g, mb.step_phase, 1, PROFILE, memory_limit=limit)
     a = assign_stages(g, mb.step_phase, 2, PROFILE, memory_limit=limit)
     assert all(b <= limit for b in a.state_bytes)

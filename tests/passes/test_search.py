@@ -14,7 +14,7 @@ from graphc.core.profile import Link, MachineProfile
 from graphc.models import mlp
 from graphc.passes.options import PlanOptions
 from graphc.passes.partition import optimize_for_planning
-from graphc.passes.search import explain, factorizations, search_meshes
+from graphc.passes.search import Candidate, _worth_more, explain, factorizations, search_meshes
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 PROFILE = MachineProfile.default()
@@ -240,7 +240,7 @@ def test_a_flat_mesh_accumulates_gradients_when_the_batch_does_not_fit_at_once()
     assert best.ok and "pp" not in best.axes and best.microbatches > 1, explain(cands, verbose=True)
     assert best.memory_bytes <= limit and best.plan.options.microbatches == best.microbatches
     one_pass = [c for c in cands if "pp" not in c.axes and c.microbatches == 1]
-    assert len(one_pass) == 2 and not any(c.ok for c in one_pass)
+    assert len(one_pass) == 2 and not any(c.ok for c in one_pass) and all(c.over_memory for c in one_pass)
     piped = [c for c in cands if "pp" in c.axes and c.ok]
     assert piped and all(c.step_s > best.step_s for c in piped)
     assert f", {best.microbatches} micro-batches" in explain(cands).splitlines()[1]
@@ -249,3 +249,15 @@ def test_a_flat_mesh_accumulates_gradients_when_the_batch_does_not_fit_at_once()
         counts = sorted(c.microbatches for c in cands if c.axes == axes)
         fits = sorted(c.microbatches for c in cands if c.axes == axes and c.ok)
         assert counts[0] == 1 and (not fits or counts[-1] == fits[0])
+
+
+def test_a_flat_mesh_tries_more_micro_batches_only_after_a_memory_limit_error():
+    """The error's class, not its words, says whether more micro-batches could help: only a
+    MemoryLimitError (the step plans, but over the limit) leads to the next count, and only while
+    the last doubling lowered the least memory needed by more than the excess left."""
+    failed = Candidate(axes={"dp": 2}, microbatches=1, error="a pinned spec cannot be met")
+    assert not _worth_more(failed, [], 1000)
+    failed.over_memory = True
+    assert _worth_more(failed, [], 1000) and not _worth_more(failed, [], None)
+    assert _worth_more(failed, [2000, 1400], 1000)  # excess 400 < drop 600: a later count may fit
+    assert not _worth_more(failed, [2000, 1500], 1000)  # excess 500 >= drop 500: none can

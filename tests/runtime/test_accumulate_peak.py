@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 import graphc
-from graphc.core.errors import PlanError
+from graphc.core.errors import MemoryLimitError
 from graphc.core.mesh import Mesh
 from graphc.core.traits import Constant
 from graphc.interpreter import bind_arguments
@@ -240,5 +240,5 @@ def test_a_pipeline_under_a_memory_limit_stays_under_it_or_is_refused():
     _p, measured = _stage_peaks(fn, args, kw, {"pp": 2}, 4, "1f1b", memory_limit=limit)
     assert max(measured) <= SLACK * limit, (measured, limit)
     stage = predicted.index(limit)
-    with pytest.raises(PlanError, match=f"pipeline stage {stage} needs {limit:,} bytes per device at its peak"):
+    with pytest.raises(MemoryLimitError, match=f"pipeline stage {stage} needs {limit:,} bytes per device at its peak"):
         _stage_peaks(fn, args, kw, {"pp": 2}, 4, "1f1b", memory_limit=limit - 1)

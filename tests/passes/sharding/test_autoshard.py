@@ -220,7 +220,7 @@ def test_large_weight_is_split_to_fit_and_too_small_a_limit_names_the_minimum():
     assert fits.memory.peak_bytes[0] <= 10 * unit < free.memory.peak_bytes[0]
     big_spec = format_spec(fits.inputs[0].spec)
     assert "S(" in big_spec
-    with pytest.raises(PlanError) as err:
+    with pytest.raises(graphc.MemoryLimitError) as err:
         par(_two_weights, m, memory_limit=4 * unit).plan(w_big, w_small, x)
     minimum = err.value.min_memory_bytes
     assert minimum and minimum > 4 * unit
