@@ -13,7 +13,7 @@ bandwidth, and links at the bus bandwidth NCCL's own tests measure on DGX nodes 
 ...), not at their line rates. A per-GPU link is what one GPU can send one way: NVLink's total is
 counted in both directions, and a DGX node has one InfiniBand port per GPU. The scale search adds
 what a GPU training stack does beyond the per-op model (``ClusterFigures``: overlap, fused
-attention, GEMM waves, kernel launches); what it still leaves out (the causal half of attention a
+attention and dropout inside it, GEMM waves, kernel launches); what it still leaves out (the causal half of attention a
 kernel skips, ...) is listed in docs/scale.md.
 
 The GPU presets fuse elementwise chains (``fuses_elementwise``), as the compilers and fused

@@ -13,7 +13,15 @@ from graphc.cli.main import main
 from graphc.core.errors import MeshError
 from graphc.core.mesh import Mesh
 from graphc.core.profile import Link, MachineProfile
-from graphc.core.profiles import PRESETS, get_profile, read_profile, save_profile
+from graphc.core.profiles import (
+    CLUSTER_FIGURES,
+    FLASH_DROPOUT,
+    PRESETS,
+    attention_dropout_slowdown,
+    get_profile,
+    read_profile,
+    save_profile,
+)
 from graphc.models import llama, mlp
 from graphc.passes.options import PlanOptions
 from graphc.passes.partition import Pins, PlanCache
@@ -262,8 +270,6 @@ def test_the_profile_is_part_of_the_plan_cache_key(tmp_path):
 def test_attention_dropout_slowdown_reads_the_measured_rows():
     """FlashAttention's own A100 tables (profiles.FLASH_DROPOUT_MS): at a measured length its ratio,
     between two the slower of them, outside them the nearest; no rows, no cost."""
-    from graphc.core.profiles import CLUSTER_FIGURES, FLASH_DROPOUT, attention_dropout_slowdown
-
     assert attention_dropout_slowdown(FLASH_DROPOUT, 2048) == pytest.approx((2.81 / 2.40, 6.50 / 5.45))
     lo, hi = attention_dropout_slowdown(FLASH_DROPOUT, 1024), attention_dropout_slowdown(FLASH_DROPOUT, 2048)
     assert lo == pytest.approx((0.83 / 0.68, 1.86 / 1.62))
