@@ -54,8 +54,15 @@ import numpy as np
 from graphc.core.errors import PlanError
 from graphc.core.ir import Graph
 from graphc.core.mesh import Mesh
-from graphc.core.profiles import ClusterFigures, cluster_figures, hidden_collective_s, host_tier, launch_gap
-from graphc.core.traits import Contraction
+from graphc.core.profiles import (
+    ClusterFigures,
+    attention_dropout_slowdown,
+    cluster_figures,
+    hidden_collective_s,
+    host_tier,
+    launch_gap,
+)
+from graphc.core.traits import Contraction, Random
 from graphc.ops.dims import default_cost
 from graphc.passes import offload as offloading
 from graphc.passes.blocks import (
@@ -215,6 +222,8 @@ def solve_segment(
         for k, n in enumerate(g.nodes)
         if not n.op.has(Contraction) and any(v in scores for v in (*n.inputs, *n.outputs))
     }
+    # scores with dropout drawn inside the fused kernel: their attention runs slower (``attention_dropout``)
+    dropped = {o.type.shape for k in fused for o in g.nodes[k].outputs if g.nodes[k].op.has(Random)}
     absorbed = gemm_absorbed(g) if figures.gemm_absorbs_layouts else set()
     waves = GemmWaves(g, absorbed, mesh.shape, figures)  # the last wave of a matmul's tiles
     fwd: dict[str, float] = dict.fromkeys(TERMS, 0.0)  # seconds per term (``TERMS``)
@@ -230,9 +239,13 @@ def solve_segment(
             side["non_gemm"] += nc.compute_s
         elif scores and any(v in scores for v in (*n.inputs, *n.outputs)):
             t = _attention_s(n, nc, mesh.shape, profile, figures)
-            side["attention"] += t
+            shape = next(v.type.shape for v in (*n.inputs, *n.outputs) if v in scores)
+            fwd_x, bwd_x = (
+                attention_dropout_slowdown(figures.attention_dropout, shape[-1]) if shape in dropped else (1, 1)
+            )
+            side["attention"] += t * (fwd_x if side is fwd else bwd_x)
             if n.part == "forward" and any(o in scores for o in n.outputs):
-                bwd["attention"] += t  # FlashAttention recomputes the scores in the backward
+                bwd["attention"] += t * bwd_x  # FlashAttention recomputes the scores in the backward
         else:
             side["gemm"] += waves.seconds(nc)
     for c in plan.collectives:

@@ -13,7 +13,7 @@ bandwidth, and links at the bus bandwidth NCCL's own tests measure on DGX nodes 
 ...), not at their line rates. A per-GPU link is what one GPU can send one way: NVLink's total is
 counted in both directions, and a DGX node has one InfiniBand port per GPU. The scale search adds
 what a GPU training stack does beyond the per-op model (``ClusterFigures``: overlap, fused
-attention, GEMM waves, kernel launches); what it still leaves out (the causal half of attention a
+attention and dropout inside it, GEMM waves, kernel launches); what it still leaves out (the causal half of attention a
 kernel skips, ...) is listed in docs/scale.md.
 
 The GPU presets fuse elementwise chains (``fuses_elementwise``), as the compilers and fused
@@ -260,6 +260,10 @@ class ClusterFigures:
     # how much slower compute runs while a collective hidden behind it runs beside it (0.189:
     # 18.9% slower; ``hidden_collective_s``): NCCL's kernels take SMs and memory bandwidth
     overlap_slowdown: float = 0.0
+    # the fused attention kernel's time with dropout on its probabilities over its time without,
+    # measured: (sequence length, forward, backward) rows (``attention_dropout_slowdown``;
+    # ``FLASH_DROPOUT_MS``); (): dropout inside the kernel is free
+    attention_dropout: tuple[tuple[int, float, float], ...] = ()
 
 
 def wave_efficiency(tiles: int, wave: int | None) -> float:
@@ -275,6 +279,20 @@ def gemm_tiles(rows: int, cols: int, tile: tuple[int, int], matrices: int = 1) -
     """Output tiles of ``matrices`` GEMMs of ``rows`` x ``cols`` results each, in tiles of
     ``tile`` (rows, columns); a partial tile is a whole one (tile quantization)."""
     return matrices * math.ceil(rows / tile[0]) * math.ceil(cols / tile[1])
+
+
+def attention_dropout_slowdown(rows: tuple[tuple[int, float, float], ...], seq: int) -> tuple[float, float]:
+    """(forward, backward): how many times longer the fused attention kernel runs at sequence
+    length ``seq`` with dropout on its probabilities than without, from the measured ``rows``
+    (``ClusterFigures.attention_dropout``): the row at ``seq``; between two measured lengths the
+    slower of the two (the lower end of efficiency, as elsewhere in this file); below or above
+    them all, the nearest. (1, 1) without rows."""
+    if not rows:
+        return (1.0, 1.0)
+    below = [r for r in rows if r[0] <= seq]
+    above = [r for r in rows if r[0] >= seq]
+    near = [max(below) if below else min(rows), min(above) if above else max(rows)]
+    return (max(r[1] for r in near), max(r[2] for r in near))
 
 
 def launch_gap(gpu_s: float, kernels: int, launch_s: float) -> float:
@@ -356,6 +374,35 @@ LAUNCH_S = 5e-6
 # collectives: the host copies of offloading run on the copy engines, not on SMs (no figure for
 # their effect on compute was found).
 OVERLAP_SLOWDOWN = 0.189
+# Dropout inside the fused attention kernel: the kernel draws a random number for every
+# probability (FlashAttention: Philox in registers; no mask is written) and masks and rescales
+# it, so the kernel runs longer than without dropout. The one published measurement on the A100
+# is FlashAttention's own (Dao et al., "FlashAttention: Fast and Memory-Efficient Exact Attention
+# with IO-Awareness", NeurIPS 2022, appendix E.6): the attention call alone, fp16, 8 heads of
+# dimension 64, batch 16, dropout 0.1, on an A100 40GB, the mean of 100 runs, in milliseconds;
+# table 15 (forward, with dropout), table 18 (forward, neither dropout nor masking), table 16 and
+# table 19 (the same for the backward), FlashAttention's row at each sequence length. At 2,048
+# (GPT-3's) the forward is 2.81 / 2.40 = 1.171x and the backward 6.50 / 5.45 = 1.193x as long.
+# That is FlashAttention (1), not the FlashAttention-2 whose rate ``attention_efficiency`` prices:
+# no measurement of FlashAttention-2 with dropout against without on an A100 was found, and the
+# ratio is applied to the FlashAttention-2 rate as measured for the first kernel (the draws cost
+# per probability, the matmuls per probability and head dimension: at GPT-3's head dimension of
+# 128 the draws' share of the kernel may be smaller, at FlashAttention-2's faster matmuls larger).
+# The H100 preset prices no dropout cost: FlashAttention-3, whose rate it uses, has no dropout,
+# and no H100 measurement was found (docs/scale.md).
+FLASH_DROPOUT_MS = {  # sequence length: (forward with, forward without, backward with, backward without)
+    128: (0.10, 0.08, 0.15, 0.11),
+    256: (0.10, 0.09, 0.18, 0.16),
+    512: (0.22, 0.18, 0.58, 0.52),
+    1024: (0.83, 0.68, 1.86, 1.62),
+    2048: (2.81, 2.40, 6.50, 5.45),
+    4096: (10.38, 8.42, 26.21, 21.57),
+    8192: (41.63, 33.54, 104.27, 84.75),
+    16384: (167.01, 134.03, 416.10, 336.00),
+    32768: (668.74, 535.95, 1661.92, 1338.56),
+    65536: (2678.11, 2147.05, 6643.01, 5343.19),
+}
+FLASH_DROPOUT = tuple((n, fw / f0, bw / b0) for n, (fw, f0, bw, b0) in FLASH_DROPOUT_MS.items())
 # Tensor-parallel collectives are exposed (the per-op model adds them to the compute): Megatron-LM
 # all-reduces a layer's partial sums synchronously on the compute stream (megatron/mpu/mappings.py
 # ``_reduce``: ``torch.distributed.all_reduce``), before the next layer can start.
@@ -369,18 +416,26 @@ _GPU_SOURCES = (
     "launch_s: 5-20 us a kernel launch on the CPU side (Meta Holistic Trace Analysis docs), the lower end",
     "overlap_slowdown: compute 18.9% slower beside overlapped communication, on average (Lee et al. 2025)",
 )
+_A100_DROPOUT = (
+    "attention_dropout: FlashAttention with dropout 0.1 against without on A100 (Dao et al. 2022, tables 15-19)"
+)
 CLUSTER_FIGURES: dict[str, ClusterFigures] = {
     "a100-sxm": ClusterFigures(
         node_size=8,
         fused_attention=True,
         dp_overlap=1.0,
         p2p_overlap=False,
-        sources=(*_GPU_SOURCES, "attention_efficiency: FlashAttention-2 on A100, 50-73% of peak (Dao 2023)"),
+        sources=(
+            *_GPU_SOURCES,
+            "attention_efficiency: FlashAttention-2 on A100, 50-73% of peak (Dao 2023)",
+            _A100_DROPOUT,
+        ),
         attention_efficiency=0.50,
         gemm_absorbs_layouts=True,
         gemm_wave=GEMM_WAVES["a100-sxm"],
         launch_s=LAUNCH_S,
         overlap_slowdown=OVERLAP_SLOWDOWN,
+        attention_dropout=FLASH_DROPOUT,
     ),
     "h100-sxm": ClusterFigures(
         node_size=8,

@@ -13,7 +13,15 @@ from graphc.cli.main import main
 from graphc.core.errors import MeshError
 from graphc.core.mesh import Mesh
 from graphc.core.profile import Link, MachineProfile
-from graphc.core.profiles import PRESETS, get_profile, read_profile, save_profile
+from graphc.core.profiles import (
+    CLUSTER_FIGURES,
+    FLASH_DROPOUT,
+    PRESETS,
+    attention_dropout_slowdown,
+    get_profile,
+    read_profile,
+    save_profile,
+)
 from graphc.models import llama, mlp
 from graphc.passes.options import PlanOptions
 from graphc.passes.partition import Pins, PlanCache
@@ -257,3 +265,18 @@ def test_the_profile_is_part_of_the_plan_cache_key(tmp_path):
         for p in (MachineProfile.default(), H100, get_profile("a100-sxm"), dataclasses.replace(H100, name="other"))
     }
     assert len(keys) == 4
+
+
+def test_attention_dropout_slowdown_reads_the_measured_rows():
+    """FlashAttention's own A100 tables (profiles.FLASH_DROPOUT_MS): at a measured length its ratio,
+    between two the slower of them, outside them the nearest; no rows, no cost."""
+    assert attention_dropout_slowdown(FLASH_DROPOUT, 2048) == pytest.approx((2.81 / 2.40, 6.50 / 5.45))
+    lo, hi = attention_dropout_slowdown(FLASH_DROPOUT, 1024), attention_dropout_slowdown(FLASH_DROPOUT, 2048)
+    assert lo == pytest.approx((0.83 / 0.68, 1.86 / 1.62))
+    assert attention_dropout_slowdown(FLASH_DROPOUT, 1500) == pytest.approx((max(lo[0], hi[0]), max(lo[1], hi[1])))
+    assert attention_dropout_slowdown(FLASH_DROPOUT, 16) == pytest.approx((0.10 / 0.08, 0.15 / 0.11))
+    assert attention_dropout_slowdown(FLASH_DROPOUT, 10**6) == pytest.approx((2678.11 / 2147.05, 6643.01 / 5343.19))
+    assert attention_dropout_slowdown((), 2048) == (1.0, 1.0)
+    assert all(f > 1 and b > 1 for _n, f, b in FLASH_DROPOUT)  # dropout never made the kernel faster
+    assert CLUSTER_FIGURES["a100-sxm"].attention_dropout == FLASH_DROPOUT
+    assert CLUSTER_FIGURES["h100-sxm"].attention_dropout == ()  # no H100 measurement: not priced

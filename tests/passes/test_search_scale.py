@@ -364,6 +364,28 @@ def test_attention_is_priced_at_the_fused_kernels_share_of_the_peak():
     assert a.forward_s == pytest.approx(sum(a.forward_terms.values()))
 
 
+@pytest.mark.slow
+def test_dropout_inside_the_fused_attention_kernel_is_priced_at_its_measured_slowdown():
+    """The probabilities' dropout runs inside the fused attention kernel: its forward and backward
+    take FlashAttention's measured ratios with dropout over without (graphc/core/profiles.py
+    ``FLASH_DROPOUT_MS``; 16 tokens are below its shortest row, 128), and nothing else changes; a
+    step without dropout is priced the same with or without the figure."""
+    figs = dataclasses.replace(scale.cluster_figures(A100), launch_s=0.0)  # launches would hide the difference
+    free = dataclasses.replace(figs, attention_dropout=())
+    fwd_x, bwd_x = 0.10 / 0.08, 0.15 / 0.11  # FlashAttention (Dao et al. 2022), tables 15, 18, 16, 19, at 128
+    for p_drop, ratios in ((0.1, (fwd_x, bwd_x)), (0.0, (1.0, 1.0))):
+        args, kw = gpt3.example_train_specs(
+            n_layer=4, d=64, n_head=4, seq=16, n_vocab=128, batch=8, dtype=graphc.bfloat16, dropout_p=p_drop
+        )
+        g = _graph(args, kw)
+        blk = layered_model(g, step_batch(g), A100).graphs["block"]
+        a, b = (scale.solve_segment(blk, 2, 1, 8, A100, f, time.perf_counter() + 60) for f in (figs, free))
+        for side, ratio in zip(("forward_terms", "backward_terms"), ratios):
+            x, y = getattr(a, side), getattr(b, side)
+            assert y["attention"] > 0 and x["attention"] == pytest.approx(ratio * y["attention"])
+            assert {t: x[t] for t in x if t != "attention"} == pytest.approx({t: y[t] for t in y if t != "attention"})
+
+
 def _sgd_step(params, tokens, targets, n_head, lr=0.1):
     # plain SGD: no optimizer state, only the parameters
     value, grads = graphc.value_and_grad(gpt3.loss)(params, tokens, targets, n_head, None, 0.0)
