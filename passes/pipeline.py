@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from graphc.core.errors import MemoryLimitError, PlanError
-from graphc.core.files import atomic_write, check_record, read_document
+from graphc.core.files import atomic_write, check_record, read_document, read_text
 from graphc.core.ir import Graph, Value
 from graphc.core.mesh import Mesh, as_mesh
 from graphc.passes.microbatch import Microbatched, microbatch, plan_microbatch_program
@@ -243,6 +243,11 @@ class PipelinePlan:
 
     def save(self, path: str, make_dirs: bool = False) -> None:
         atomic_write(path, self.to_json(), make_dirs=make_dirs)
+
+    @classmethod
+    def load(cls, path: str) -> PipelinePlan:
+        """The pipeline (or gradient accumulation) plan in the file ``path``, as ``save`` wrote it."""
+        return cls.from_json(read_text(path, "pipeline plan", PlanError), path)
 
     def summary(self) -> str:
         S, m = self.n_stages, self.m

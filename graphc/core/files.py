@@ -48,6 +48,16 @@ def atomic_write(path: str, data: str | bytes, make_dirs: bool = False, mode: in
         raise
 
 
+def read_text(path: str, what: str, error: type[GraphcError] = GraphcError) -> str:
+    """The text of the file ``path`` (a graphc document), or ``error`` naming it: missing, a folder,
+    not UTF-8 text."""
+    try:
+        with open(path) as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise error(f"cannot read {what} {path}: {getattr(exc, 'strerror', None) or exc}") from None
+
+
 def read_document(
     text: str,
     source: str,
@@ -63,7 +73,10 @@ def read_document(
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
         raise error(f"{source}:{exc.lineno}:{exc.colno}: not a graphc {what} (bad JSON: {exc.msg})") from None
-    if not isinstance(doc, dict) or "version" not in doc or (kind is not None and doc.get("kind") != kind):
+    found = doc.get("kind") if isinstance(doc, dict) else None
+    if isinstance(found, str) and found != kind:  # another graphc document (a pipeline plan read as a plan)
+        raise error(f"{source}: not a graphc {what} (a graphc {found} document)")
+    if not isinstance(doc, dict) or "version" not in doc or (kind is not None and found != kind):
         raise error(f"{source}: not a graphc {what}")
     if doc["version"] != version:
         raise error(f"{source}: {what} version {doc['version']!r} is not supported (expected {version})")

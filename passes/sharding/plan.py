@@ -37,7 +37,7 @@ from typing import Any
 
 from graphc.core.collector import collector_paused
 from graphc.core.errors import MeshError, PlanError
-from graphc.core.files import atomic_write, check_record, dump_document, read_document
+from graphc.core.files import atomic_write, check_record, dump_document, read_document, read_text
 from graphc.core.ir import Graph, Value, print_graph
 from graphc.core.literals import arrays_as_digests
 from graphc.core.mesh import Mesh
@@ -165,12 +165,9 @@ class ShardingPlan:
 
     @classmethod
     def load(cls, path: str) -> ShardingPlan:
-        try:
-            with open(path) as f:
-                text = f.read()
-        except (OSError, UnicodeDecodeError) as exc:  # missing, a folder, not UTF-8 text
-            raise PlanError(f"cannot read plan {path}: {getattr(exc, 'strerror', None) or exc}") from None
-        return cls.from_json(text, path)
+        """The plan in the file ``path``; a pipeline (or gradient accumulation) plan is
+        ``PipelinePlan.load``'s: refused here, named as one."""
+        return cls.from_json(read_text(path, "plan", PlanError), path)
 
     # --- for people ------------------------------------------------------------------------
     def summary(self, top: int = 12) -> str:

@@ -247,8 +247,10 @@ def test_the_plan_file_keeps_the_count_and_runs_as_written(tmp_path):
     plan = pf.plan(params, x, labels, **kw)
     path = tmp_path / "plan.json"
     plan.save(str(path))
-    loaded = PipelinePlan.from_json(path.read_text(), str(path))
+    loaded = PipelinePlan.load(str(path))
     assert isinstance(loaded, PipelinePlan) and loaded.accumulates
+    with pytest.raises(PlanError, match=r"plan\.json: not a graphc plan \(a graphc pipeline document\)"):
+        graphc.Plan.load(str(path))  # the sharding plan's reader names what the file is, not its version
     assert (loaded.m, loaded.microbatch_size, loaded.mesh.axis_names) == (4, 8, ("dp",))
     assert loaded.to_json() == plan.to_json()
     run = graphc.parallelize(mlp.train_step, plan=loaded, static_argnames=("lr",), cache=False)
