@@ -30,6 +30,9 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
+import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -67,10 +70,29 @@ ALTERNATIVES_IN_FILE = 5_000
 
 def graph_hash(graph: Graph, names: dict[Value, str] | None = None) -> str:
     """The hash a plan is made for: of the graph's text IR, large constants by their own hash
-    (``names``: ``graph.value_names()``, if the caller has them)."""
+    (``names``: ``graph.value_names()``, if the caller has them), source files by their absolute
+    paths (the text names a file relative to the working directory: a plan compiled in one folder
+    runs from another)."""
     with arrays_as_digests():
         text = print_graph(graph, names)
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
+    return hashlib.sha256(_absolute_locations(text).encode()).hexdigest()[:32]
+
+
+_LOCATION = re.compile(r' loc\(("(?:[^"\\]|\\.)*"):')  # loc("models/gpt.py":12), the file JSON-quoted
+
+
+def _absolute_locations(text: str) -> str:
+    """``text`` with every location's file absolute (``<stdin>`` and the like stay as they are)."""
+    files: dict[str, str] = {}
+
+    def absolute(m: re.Match) -> str:
+        quoted = m.group(1)
+        if quoted not in files:
+            file = json.loads(quoted)
+            files[quoted] = json.dumps(file if file.startswith("<") else os.path.abspath(file))
+        return f" loc({files[quoted]}:"
+
+    return _LOCATION.sub(absolute, text)
 
 
 def check_made_for(graph: Graph, name: str, made_for: str, what: str) -> None:

@@ -11,6 +11,7 @@ import pytest
 import graphc
 import graphc.cli.run
 from graphc.api.parallel import Parallelized
+from graphc.frontend.locations import display_path
 from graphc.models import mlp
 from tests.helpers import assert_same_pytree
 from tests.helpers import graphc_cli as call
@@ -249,3 +250,24 @@ def test_the_plan_cache_prints_the_graph_once_and_the_plan_carries_its_hash(env,
     graph = pf.trace_optimized(*args, **kwargs)[1]
     assert planned.graph_hash == plan_module.graph_hash(graph)
     assert pf.follow(planned, *args, **kwargs) == 0  # checked against the graph: the hash is its own
+
+
+def test_a_plan_compiled_in_one_folder_runs_from_another(env, monkeypatch):
+    """The text IR names the model's file relative to the working directory; the graph hash a plan
+    is made for names it by its absolute path, so a plan compiled beside the model runs from the
+    folder above (it was refused there as stale: "the model or its arguments changed")."""
+    folder = env / "project"
+    folder.mkdir()
+    (folder / "model.py").write_text(
+        "import numpy as np\n\n\ndef f(w, x):\n    return np.tanh(x @ w)\n\n\n"
+        "def example_args():\n    return (np.ones((3, 2)), np.ones((4, 3))), {}\n"
+    )
+    plan_file = str(env / "plan.json")
+    monkeypatch.chdir(folder)
+    code, _out, err = call("compile", "model.py:f", "--mesh", "dp=2", "-o", plan_file, "--no-cache")
+    assert code == 0, err
+    monkeypatch.chdir(env)
+    display_path.cache_clear()  # as a new process starts: the working directory changed in this one
+    code, out, err = call("run", "project/model.py:f", "--plan", plan_file, "--repeat", "1")
+    assert code == 0 and "stale" not in err, err
+    assert "graphc run project/model.py:f on mesh dp=2" in out
