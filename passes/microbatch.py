@@ -36,6 +36,7 @@ from graphc.core.errors import PlanError
 from graphc.core.ir import Graph, Value
 from graphc.core.mesh import Mesh
 from graphc.core.profile import Link
+from graphc.core.pytree import leaf_paths
 from graphc.core.spec import P, R, S
 from graphc.core.traits import Collective, Constant, DeviceLocal
 from graphc.ops.random import state_inputs
@@ -237,6 +238,15 @@ def _check_meetings_are_sums(graph: Graph, g: Graph) -> None:
     for node in g.nodes:
         if node.op.has(Collective) and node.attrs.get("axis") == MB_AXIS and node.op.name != "all_reduce":
             readers = [n for n in g.nodes if node.outputs[0] in n.inputs]
+            if not readers and node.outputs[0] in g.outputs:  # gathered only to be returned
+                path = leaf_paths(graph.out_tree)[g.outputs.index(node.outputs[0])]
+                where = "".join(f"[{key!r}]" for key in path)  # [2] or [0]['logits']: where it is returned
+                raise PlanError(
+                    f"@{graph.name}: its result{where} ({node.outputs[0].type}, made at {node.loc or '?'}) is one value "
+                    "per sample, but micro-batches run one after the other: a micro-batched step returns only "
+                    "values of the whole batch (a loss, sums, the new state); return per-sample values from a "
+                    "step without microbatches"
+                )
             at = readers[0] if readers else node
             raise PlanError(
                 f"@{graph.name}: {at.op.name} at {at.loc or node.loc or '?'} reads the whole batch at once (its "

@@ -93,6 +93,25 @@ def test_step_needing_the_whole_batch_is_refused_with_its_line():
     check(batch_norm_step, (w, x), {}, 1)  # one micro-batch is the whole batch
 
 
+def logits_step(w, x, y):
+    # returns the batch's predictions beside the loss, as a step kept for metrics often does
+    l, g = graphc.value_and_grad(lambda w: np.mean((np.tanh(x @ w) - y) ** 2))(w)
+    return w - 0.1 * g, l, np.tanh(x @ w)[:, :2]  # [B, 2]: no argument has its type (so none is state)
+
+
+def test_a_result_per_sample_is_refused_as_one():
+    """A micro-batch's share of a per-sample result is gathered only to be returned: the error names
+    the result, not the line that made it as one reading the whole batch (it did not)."""
+    rng = np.random.default_rng(2)
+    w, x, y = rng.standard_normal((4, 3)), rng.standard_normal((8, 4)), rng.standard_normal((8, 3))
+    g = graph_of(logits_step, (w, x, y), {})
+    with pytest.raises(
+        PlanError, match=r"its result\[2\] \(f64\[8,2\], made at .*test_microbatch\.py:\d+\) is one value per"
+    ):
+        microbatch(g, 2)
+    check(logits_step, (w, x, y), {}, 1)
+
+
 def test_batch_that_does_not_split_is_refused():
     args, kw = mlp.example_train_args(batch=10)
     g = graph_of(mlp.train_step, args, kw)
