@@ -139,7 +139,11 @@ def _forward_order(g: Graph, step_phase: list[bool], S: int, profile) -> _StepNo
         k for k, n in enumerate(nodes) if n.part == "forward" and not step_phase[k] and not meets[k] and not is_const[k]
     ]
     if not fwd:
-        raise PlanError("the step has no forward nodes to cut into pipeline stages")
+        raise PlanError(
+            f"@{g.name.split('.dev')[0]} has no forward pass (nodes graphc.grad or value_and_grad differentiates): "
+            "micro-batches and pipeline stages split a training step's forward and backward passes; run it with "
+            "microbatches=1 and no pp axis"
+        )
     if len(fwd) < S:
         raise PlanError(f"the step's forward pass has {len(fwd)} nodes: too few for {S} pipeline stages")
     fpos = {k: i for i, k in enumerate(fwd)}

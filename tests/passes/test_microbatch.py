@@ -229,3 +229,18 @@ def test_the_running_sums_are_live_while_every_micro_batch_runs():
         want[last + 1 :] += nb
     np.testing.assert_array_equal(acc.profile(choice), want)
     assert acc.peak(choice)[0] > base.peak(choice)[0]
+
+
+def test_a_step_without_a_forward_pass_is_refused_as_one():
+    """A step that takes no gradient (an evaluation returning its state) has no forward pass to
+    split: micro-batching it says so (it said "no forward nodes to cut into pipeline stages" on a
+    mesh without pipeline stages)."""
+
+    def eval_step(w, x, y):
+        return w, np.mean((np.tanh(x @ w) - y) ** 2)
+
+    rng = np.random.default_rng(3)
+    w, x, y = rng.standard_normal((4, 3)), rng.standard_normal((8, 4)), rng.standard_normal((8, 3))
+    for mesh in ({"dp": 2}, {"pp": 2}):
+        with pytest.raises(PlanError, match=r"@eval_step has no forward pass .* run it with microbatches=1"):
+            graphc.parallelize(eval_step, mesh=mesh, microbatches=2, cache=False)(w, x, y)
