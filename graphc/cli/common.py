@@ -381,6 +381,19 @@ def _is_user_file(filename: str) -> bool:
     return not any(real.startswith(lib + os.sep) for lib in library) and "site-packages" not in real
 
 
+def _function_name(exc: BaseException, frame: traceback.FrameSummary) -> str:
+    """The user's function ``frame`` ran in: a block of it the source transform made a function of
+    (``_gc_if_true_1``, frontend/autograph.py) is named by the function around it."""
+    if not frame.name.startswith("_gc_"):
+        return frame.name
+    outer = [
+        f.name
+        for f in traceback.extract_tb(exc.__traceback__)
+        if f.filename == frame.filename and not f.name.startswith("_gc_")
+    ]
+    return outer[-1] if outer else frame.name
+
+
 def describe_exception(exc: BaseException) -> tuple[str, int]:
     """(one or two lines, exit status) for an exception that is not a GraphcError. Raised while the
     user's code ran (their function being traced, their example function) -> their innermost line
@@ -391,7 +404,8 @@ def describe_exception(exc: BaseException) -> tuple[str, int]:
     if frame is not None:
         where = _display(frame.filename)
         return (
-            f"{where}:{frame.lineno}: {first}\n  (in {frame.name}, while graphc ran it; --debug shows the traceback)",
+            f"{where}:{frame.lineno}: {first}\n  (in {_function_name(exc, frame)}, while graphc ran it; --debug shows "
+            "the traceback)",
             2,
         )
     return f"internal error: {first}\n  (a bug in graphc: rerun with --debug for the traceback and report it)", 1

@@ -34,6 +34,12 @@ MODEL = textwrap.dedent(
         raise RuntimeError("user bug")  # <user-bug>
 
 
+    def user_bug_in_if(x):
+        if np.sum(x) > 0:  # a traced condition: graphc makes each branch a function of its own
+            raise RuntimeError("user bug in a branch")  # <user-bug-if>
+        return x
+
+
     def example_args():
         return (np.ones((4, 4), np.float32),), {}
 
@@ -116,6 +122,11 @@ CASES = [
     ("example raises", ["ir", "{d}/model.py:f", "--example", "ex_raises"], "model.py:{ex-raises}: ValueError"),
     ("example with a bad leaf", ["ir", "{d}/model.py:f", "--example", "ex_bad_leaf"], "has type object"),
     ("function raises", ["ir", "{d}/model.py:user_bug"], "model.py:{user-bug}: RuntimeError: user bug"),
+    (
+        "function raises in a branch",
+        ["ir", "{d}/model.py:user_bug_in_if"],
+        "model.py:{user-bug-if}: RuntimeError: user bug in a branch\n  (in user_bug_in_if, while",
+    ),
     ("syntax error", ["ir", "{d}/broken.py:f"], "broken.py:1: syntax error"),
     ("folder as FILE", ["ir", "{d}/adir:f"], "adir: is a folder"),
     ("folder as target", ["ir", "{d}/adir"], "adir: is a folder"),
@@ -268,7 +279,7 @@ def test_bad_input_is_one_or_two_lines_naming_it_with_exit_status_2(files, argv,
         pytest.skip("root reads any file")
     d = str(files)
     argv = [a.format(d=d) for a in argv]
-    marks = {m: _line(f"<{m}>") for m in ("mm", "ex-raises", "user-bug")}
+    marks = {m: _line(f"<{m}>") for m in ("mm", "ex-raises", "user-bug", "user-bug-if")}
     message = message.replace("{d}", d).format(**marks)
     with _env(files):
         before = sorted(os.listdir(files))
