@@ -238,21 +238,42 @@ def _check_meetings_are_sums(graph: Graph, g: Graph) -> None:
     for node in g.nodes:
         if node.op.has(Collective) and node.attrs.get("axis") == MB_AXIS and node.op.name != "all_reduce":
             readers = [n for n in g.nodes if node.outputs[0] in n.inputs]
-            if not readers and node.outputs[0] in g.outputs:  # gathered only to be returned
-                path = leaf_paths(graph.out_tree)[g.outputs.index(node.outputs[0])]
+            returned = g.outputs.index(node.outputs[0]) if not readers and node.outputs[0] in g.outputs else None
+            if returned is not None and returned not in {o for _i, o in state_ties(graph)}:  # gathered to be returned
+                path = leaf_paths(graph.out_tree)[returned]
                 where = "".join(f"[{key!r}]" for key in path)  # [2] or [0]['logits']: where it is returned
                 raise PlanError(
-                    f"@{graph.name}: its result{where} ({node.outputs[0].type}, made at {node.loc or '?'}) is one value "
-                    "per sample, but micro-batches run one after the other: a micro-batched step returns only "
-                    "values of the whole batch (a loss, sums, the new state); return per-sample values from a "
-                    "step without microbatches"
+                    f"@{graph.name}: its result{where} ({node.outputs[0].type}, made at {node.loc or '?'}) is joined "
+                    "from every micro-batch's piece (a value per sample, such as predictions), but micro-batches run "
+                    "one after the other: a micro-batched step returns only values of the whole batch (a loss, sums, "
+                    "the new state); return such values from a step without microbatches"
                 )
             at = readers[0] if readers else node
+            joined = _joined_inputs(graph, g)
             raise PlanError(
                 f"@{graph.name}: {at.op.name} at {at.loc or node.loc or '?'} reads the whole batch at once (its "
                 f"operand is joined from every micro-batch by {node.op.name}, not summed): this step needs the "
                 f"whole batch at once and cannot be split into micro-batches"
+                + (
+                    f"; it joins {joined}, split as batch inputs (every array argument the step does not return "
+                    "replaced is one: a frozen weight is state only if the step returns it unchanged)"
+                    if joined
+                    else ""
+                )
             )
+
+
+def _joined_inputs(graph: Graph, g: Graph) -> str:
+    """The step's inputs that micro-batching split and a collective of the micro-batch program ``g``
+    joins whole again (``%W, %x``), or ""."""
+    names = graph.value_names()
+    at = {
+        g.inputs.index(n.inputs[0])
+        for n in g.nodes
+        if n.op.has(Collective) and n.attrs.get("axis") == MB_AXIS and n.op.name != "all_reduce" and n.inputs
+        if n.inputs[0] in g.inputs
+    }
+    return ", ".join(f"%{names[graph.inputs[k]]}" for k in sorted(at))
 
 
 # --- planning the micro-batch program on a real mesh: k passes and one update per step -----------

@@ -106,7 +106,8 @@ def test_a_result_per_sample_is_refused_as_one():
     w, x, y = rng.standard_normal((4, 3)), rng.standard_normal((8, 4)), rng.standard_normal((8, 3))
     g = graph_of(logits_step, (w, x, y), {})
     with pytest.raises(
-        PlanError, match=r"its result\[2\] \(f64\[8,2\], made at .*test_microbatch\.py:\d+\) is one value per"
+        PlanError,
+        match=r"its result\[2\] \(f64\[8,2\], made at .*test_microbatch\.py:\d+\) is joined from every micro-batch's piece",
     ):
         microbatch(g, 2)
     check(logits_step, (w, x, y), {}, 1)
@@ -229,6 +230,31 @@ def test_the_running_sums_are_live_while_every_micro_batch_runs():
         want[last + 1 :] += nb
     np.testing.assert_array_equal(acc.profile(choice), want)
     assert acc.peak(choice)[0] > base.peak(choice)[0]
+
+
+def lora_step(lora, w, x, y):
+    # a frozen base weight w beside trained adapters: an argument the step does not return
+    def loss(lora):
+        return np.mean((np.tanh(x @ w + (x @ lora["a"]) @ lora["b"]) - y) ** 2)
+
+    l, g = graphc.value_and_grad(loss)(lora)
+    return {k: lora[k] - 0.1 * g[k] for k in lora}, l
+
+
+def test_a_frozen_weight_taken_for_a_batch_input_is_named():
+    """An array argument the step does not return replaced is a batch input, split into micro-batches:
+    a frozen weight read whole is refused naming it, and returned unchanged it is state and runs."""
+    rng = np.random.default_rng(4)
+    lora = {"a": rng.standard_normal((6, 2)), "b": rng.standard_normal((2, 6))}
+    w, x, y = rng.standard_normal((6, 6)), rng.standard_normal((8, 6)), rng.standard_normal((8, 6))
+    with pytest.raises(PlanError, match=r"reads the whole batch at once .*; it joins %w, %x, split as batch inputs"):
+        microbatch(graph_of(lora_step, (lora, w, x, y), {}), 2)
+
+    def returning_w(lora, w, x, y):
+        new, l = lora_step(lora, w, x, y)
+        return new, w, l
+
+    check(returning_w, (lora, w, x, y), {}, 2, rtol=1e-12, atol=1e-12)
 
 
 def test_a_step_without_a_forward_pass_is_refused_as_one():
