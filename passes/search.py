@@ -162,11 +162,13 @@ def search_meshes(
             f"microbatches={options.microbatches} with a search of {n_devices} devices: the search chooses each "
             "mesh's micro-batch count itself; fix the count on one mesh instead (--mesh ... --microbatches k)"
         )
+    if deadline is None:
+        deadline = time.perf_counter() + options.time_limit
+    if time.perf_counter() >= deadline:  # tracing took the whole limit: no candidate is priced, nor blocks found
+        return [Candidate(axes=shape, microbatches=1, skipped=TIME_UP) for shape in factorizations(n_devices, axes)]
     profile = profile or load_profile()
     links = links or {}
     batch = step_batch(graph)
-    if deadline is None:
-        deadline = time.perf_counter() + options.time_limit
     model = layered_model(graph, batch, profile) if axes == AXES and not links and microbatches is None else None
     if model is not None:
         found = _by_blocks(model, n_devices, options, profile, deadline, progress)

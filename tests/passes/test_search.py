@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -14,7 +15,7 @@ from graphc.core.profile import Link, MachineProfile
 from graphc.models import mlp
 from graphc.passes.options import PlanOptions
 from graphc.passes.partition import optimize_for_planning
-from graphc.passes.search import Candidate, _worth_more, explain, factorizations, search_meshes
+from graphc.passes.search import AXES, TIME_UP, Candidate, _worth_more, explain, factorizations, search_meshes
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 PROFILE = MachineProfile.default()
@@ -261,3 +262,13 @@ def test_a_flat_mesh_tries_more_micro_batches_only_after_a_memory_limit_error():
     assert _worth_more(failed, [], 1000) and not _worth_more(failed, [], None)
     assert _worth_more(failed, [2000, 1400], 1000)  # excess 400 < drop 600: a later count may fit
     assert not _worth_more(failed, [2000, 1500], 1000)  # excess 500 >= drop 500: none can
+
+
+def test_a_search_whose_limit_ran_out_before_it_began_returns_at_once():
+    """Tracing took the whole --time-limit: the search prices nothing (it took 2.3 s on the 175B
+    step to find its blocks and hash its graph after the limit) and lists every mesh as skipped."""
+    args, kw = mlp.example_train_args()
+    g = graph_of(mlp.train_step, args, kw)
+    cands = search_meshes(g, 4, profile=PROFILE, deadline=time.perf_counter() - 1.0)
+    assert [c.axes for c in cands] == factorizations(4, AXES)
+    assert all(c.skipped == TIME_UP and c.plan is None for c in cands)
