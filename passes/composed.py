@@ -13,8 +13,8 @@ from graphc.core.profile import MachineProfile
 from graphc.core.profiles import ClusterFigures
 from graphc.passes import offload as offloading
 from graphc.passes.sharding.plan import ShardingPlan
+from graphc.passes.sharding.records import MFU_FORMULA, Mfu
 
-MFU_FORMULA = "model_flops / (step_s * devices * peak_flops)"
 COMPOSED_PLAN_VERSION = 1
 
 
@@ -73,13 +73,14 @@ class ComposedPlan:
             "stage_layers": list(self.stage_layers),
             "predicted": dict(self.predicted),
             "memory_bytes": list(self.memory_bytes),
-            "mfu": {
-                "value": self.mfu,
-                "formula": MFU_FORMULA,
-                "model_flops": self.model_flops,
-                "peak_dtype": self.peak_dtype,
-                "peak_flops": self.peak_flops,
-            },
+            "mfu": Mfu(
+                value=self.mfu,
+                model_flops=self.model_flops,
+                step_s=self.predicted["step_s"],
+                devices=self.devices,
+                peak_dtype=self.peak_dtype,
+                peak_flops=self.peak_flops,
+            ).to_json(),
             "cluster_figures": dataclasses.asdict(self.figures),
             "block_plan": None if self.block_plan is None else json.loads(self.block_plan.to_json()),
             "offload": offloading.composed_json(self.offload, self.offloaded, self.activations),

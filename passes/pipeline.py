@@ -25,12 +25,15 @@ from graphc.core.errors import MemoryLimitError, PlanError
 from graphc.core.files import atomic_write, check_record, read_document, read_text
 from graphc.core.ir import Graph, Value
 from graphc.core.mesh import Mesh, as_mesh
+from graphc.core.units import fmt_rate
 from graphc.passes.microbatch import Microbatched, microbatch, plan_microbatch_program
 from graphc.passes.options import SCHEDULES, PlanOptions
 from graphc.passes.partition import state_ties
 from graphc.passes.pipeline_stages import StageAssignment, assign_stages, in_flight, node_seconds
+from graphc.passes.sharding.build import step_mfu
 from graphc.passes.sharding.memory import local_nbytes, view_roots
 from graphc.passes.sharding.plan import ShardingPlan, check_made_for, graph_hash
+from graphc.passes.sharding.records import MFU_FORMULA, Mfu
 
 PIPELINE_PLAN_VERSION = 1
 
@@ -89,6 +92,7 @@ class PipelinePlan:
     memory_bytes: tuple[int, ...]  # per device of each stage
     microbatch_size: int | None = None  # samples per micro-batch (None: not recorded, or no batch input)
     timing: Mapping[str, Any] = field(default_factory=dict)
+    mfu: Mfu | None = None  # the whole step's (None: no flops, or a plan written before it was recorded)
 
     @property
     def n_stages(self) -> int:
@@ -198,6 +202,7 @@ class PipelinePlan:
             },
             "predicted": dict(self.predicted),
             "timing": dict(self.timing),
+            "mfu": None if self.mfu is None else self.mfu.to_json(),
             "sub_plan": json.loads(self.sub_plan.to_json()) if self.sub_plan is not None else None,
         }
         return json.dumps(doc, indent=indent)
@@ -234,6 +239,7 @@ class PipelinePlan:
                 memory_bytes=tuple(x["memory_bytes"] for x in doc["stages"]),
                 microbatch_size=doc.get("microbatch_size"),
                 timing=doc.get("timing", {}),
+                mfu=Mfu.from_json(doc["mfu"]) if doc.get("mfu") is not None else None,
             )
         except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as exc:
             raise PlanError(f"{source}: not a complete pipeline plan ({type(exc).__name__}: {exc})") from None
@@ -263,6 +269,7 @@ class PipelinePlan:
                     f"predicted step {p['step_s'] * 1e3:.3f} ms = {m} x (forward {f * 1e3:.3f} ms + backward "
                     f"{b * 1e3:.3f} ms) + update and gradient sync {u * 1e3:.3f} ms; memory "
                     f"{self.memory_bytes[0]:,} B per device (one micro-batch's activations, the running sums)",
+                    *self._mfu_lines(),
                 ]
             )
         lines = [
@@ -279,7 +286,17 @@ class PipelinePlan:
                 f"backward {b * 1e3:.3f} ms per micro-batch, update {u * 1e3:.3f} ms, "
                 f"memory {self.memory_bytes[s]:,} B per device"
             )
-        return "\n".join(lines)
+        return "\n".join([*lines, *self._mfu_lines()])
+
+    def _mfu_lines(self) -> list[str]:
+        m = self.mfu
+        if m is None:
+            return []
+        return [
+            f"MFU {m.value:.1%} of the whole step ({MFU_FORMULA}): model flops {m.model_flops:.4g} per step "
+            f"over {m.devices} devices x {fmt_rate(m.peak_flops)} ({m.peak_dtype} matmul peak of profile "
+            f"{self.mesh.profile.name})"
+        ]
 
 
 def _check_pipeline_plan(p: PipelinePlan, source: str) -> None:
@@ -383,6 +400,7 @@ def plan_pipeline(
         predicted=predicted,
         memory_bytes=tuple(mem),
         microbatch_size=mb.size,
+        mfu=step_mfu(graph, step, mesh),
     )
 
 

@@ -28,7 +28,7 @@ from graphc.passes.sharding.offload_terms import record, use
 from graphc.passes.sharding.pending import LazyAlternatives, Pending
 from graphc.passes.sharding.plan import ShardingPlan, graph_hash
 from graphc.passes.sharding.problem import Problem
-from graphc.passes.sharding.records import Alternative, Cost, Memory, NodeChoice, SolverStats, TensorChoice
+from graphc.passes.sharding.records import Alternative, Cost, Memory, Mfu, NodeChoice, SolverStats, TensorChoice
 from graphc.passes.sharding.zero import zero_report
 
 
@@ -231,32 +231,34 @@ def _cost(
     """The Cost of a step, with its MFU (the definition is ``Cost``'s)."""
     offload_s = 0.0 if offload is None else offload.host_s
     total_s = compute_s + comm_s + offload_s
-    flops, contraction = step_flops(graph)
-    by_dtype = contraction or flops
-    if not by_dtype or total_s <= 0:
-        return Cost(
-            compute_s=compute_s,
-            comm_s=comm_s,
-            total_s=total_s,
-            bucket_bytes=bucket_bytes,
-            edge_comm_s=edge_comm_s,
-            offload_s=offload_s,
-        )
-    dtype = max(by_dtype, key=lambda k: by_dtype[k])
-    model_flops = sum(flops.values())
-    peak = mesh.profile.matmul_rate(dtype)
-    mfu = model_flops / (total_s * mesh.size * peak)
+    m = step_mfu(graph, total_s, mesh)
     return Cost(
         compute_s=compute_s,
         comm_s=comm_s,
         total_s=total_s,
-        model_flops=model_flops,
-        peak_dtype=dtype,
-        peak_flops=peak,
-        mfu=mfu,
+        model_flops=None if m is None else m.model_flops,
+        peak_dtype=None if m is None else m.peak_dtype,
+        peak_flops=None if m is None else m.peak_flops,
+        mfu=None if m is None else m.value,
         bucket_bytes=bucket_bytes,
         edge_comm_s=edge_comm_s,
         offload_s=offload_s,
+    )
+
+
+def step_mfu(graph: Graph, step_s: float, mesh: Mesh) -> Mfu | None:
+    """The MFU of one step of ``graph`` predicted to take ``step_s`` on ``mesh`` (``Mfu``); None
+    for a step with no flops or no time."""
+    flops, contraction = step_flops(graph)
+    by_dtype = contraction or flops
+    if not by_dtype or step_s <= 0:
+        return None
+    dtype = max(by_dtype, key=lambda k: by_dtype[k])
+    model_flops = sum(flops.values())
+    peak = mesh.profile.matmul_rate(dtype)
+    value = model_flops / (step_s * mesh.size * peak)
+    return Mfu(
+        value=value, model_flops=model_flops, step_s=step_s, devices=mesh.size, peak_dtype=dtype, peak_flops=peak
     )
 
 

@@ -22,6 +22,32 @@ from dataclasses import dataclass, field
 from graphc.core.spec import Spec, format_spec, parse_spec
 from graphc.passes.sharding.pending import LazyAlternatives
 
+# model flops utilization, as every plan's JSON states it (``Cost.mfu``, ``Mfu``)
+MFU_FORMULA = "model_flops / (step_s * devices * peak_flops)"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Mfu:
+    """The model flops utilization of a predicted step, ``MFU_FORMULA``: ``model_flops``, the work
+    of one step with every node counted once as on one device (neither replicated work nor
+    recomputation counts), over ``step_s`` x ``devices`` x ``peak_flops``, the profile's matmul
+    rate of one device for ``peak_dtype``, the dtype carrying most of the step's contraction flops
+    (a pipeline's or gradient accumulation's whole step: every micro-batch, the bubble, the update)."""
+
+    value: float
+    model_flops: float
+    step_s: float
+    devices: int
+    peak_dtype: str
+    peak_flops: float
+
+    def to_json(self) -> dict:
+        return {"formula": MFU_FORMULA, **{f.name: getattr(self, f.name) for f in dataclasses.fields(self)}}
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> Mfu:
+        return cls(**{k: v for k, v in d.items() if k != "formula"})
+
 
 def _specs(xs) -> list[str]:
     return [format_spec(s) for s in xs]
@@ -279,11 +305,12 @@ class Cost:
     offload_s: float = 0.0
 
     def to_json(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return out if self.mfu is None else {**out, "mfu_formula": MFU_FORMULA}
 
     @classmethod
     def from_json(cls, d: dict) -> Cost:
-        return cls(**d)
+        return cls(**{k: v for k, v in d.items() if k != "mfu_formula"})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -353,4 +380,14 @@ class SolverStats:
 _SOLVER_FIELDS = ("name", "status", "objective_s", "bound_s", "gap", "seconds", "build_s", "bucket_bytes")
 
 
-__all__ = ["Alternative", "Collective", "Cost", "Memory", "NodeChoice", "RuledOut", "SolverStats", "TensorChoice"]
+__all__ = [  # the records (MFU_FORMULA, a string, is imported by name)
+    "Alternative",
+    "Collective",
+    "Cost",
+    "Memory",
+    "Mfu",
+    "NodeChoice",
+    "RuledOut",
+    "SolverStats",
+    "TensorChoice",
+]

@@ -3,6 +3,8 @@ threaded runtime against eager numpy."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -13,7 +15,8 @@ from graphc.core.pytree import flatten
 from graphc.interpreter import bind_arguments
 from graphc.models import gpt, mlp
 from graphc.passes.partition import optimize_for_planning
-from graphc.passes.pipeline import assign_stages, schedule_tasks
+from graphc.passes.pipeline import PipelinePlan, assign_stages, schedule_tasks
+from graphc.passes.sharding.records import MFU_FORMULA
 from tests.helpers import pipeline_executable, quick_share
 
 PROFILE = MachineProfile.default()
@@ -221,3 +224,23 @@ def test_parallelize_gpt_pipeline_steps(axes, m):
     compiled = pf.compile(params, state, tokens, targets, **kw)
     assert "stage 1" in compiled.plan.summary()
     assert compiled.ir("tasks").count("graph @") >= 2 * axes["pp"]
+
+
+@pytest.mark.parametrize("mesh", [{"pp": 2}, {"dp": 2}, {"pp": 2, "dp": 2}])
+def test_a_pipeline_or_accumulation_plan_states_its_whole_steps_mfu(mesh):
+    """A pipeline or gradient accumulation plan gives the MFU of its whole step (every
+    micro-batch, the bubble, the update), not only its micro-batch program's: the step's model
+    flops are the one-device plan's, over the plan's step time, devices and peak; the JSON states
+    the formula, and reads back."""
+    args, kw = mlp.example_train_args(batch=16)
+    plan = graphc.parallelize(mlp.train_step, mesh=mesh, microbatches=4, cache=False).plan(*args, **kw)
+    whole = graphc.parallelize(mlp.train_step, mesh={"dp": 1}, cache=False).plan(*args, **kw)
+    m = plan.mfu
+    assert m.model_flops == whole.cost.model_flops and m.peak_dtype == whole.cost.peak_dtype == "float32"
+    assert m.step_s == plan.step_s and m.devices == plan.mesh.size and m.peak_flops == PROFILE.matmul_rate("float32")
+    assert m.value == pytest.approx(m.model_flops / (plan.step_s * plan.mesh.size * m.peak_flops), rel=1e-12)
+    doc = json.loads(plan.to_json())
+    assert doc["mfu"]["formula"] == MFU_FORMULA and doc["mfu"]["value"] == m.value
+    assert json.loads(whole.to_json())["cost"]["mfu_formula"] == MFU_FORMULA
+    assert PipelinePlan.from_json(plan.to_json()).mfu == m
+    assert f"MFU {m.value:.1%} of the whole step" in plan.summary()
