@@ -36,6 +36,7 @@ Public API (everything else is internal and may change):
     OPS                                      the op registry (name -> OpDef)
     TraceError, ParseError, VerifyError, EvaluationError, PlanError, MeshError, GraphcError
     MemoryLimitError                         a PlanError: no plan fits the memory limit (min_memory_bytes when proven)
+    TimeLimitError                           a PlanError: the time limit ran out before any plan was found
     GraphcWarning, CacheWarning              warnings (a cache not used, an entry discarded and rebuilt)
     RecompileWarning                         a jitted/parallelized function compiled again and again (names why)
     PromotionWarning                         numpy's promotion made a jitted function's float32 values float64 (names the line)
@@ -117,6 +118,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "EvaluationError": ("graphc.core.errors", "EvaluationError"),
     "PlanError": ("graphc.core.errors", "PlanError"),
     "MemoryLimitError": ("graphc.core.errors", "MemoryLimitError"),
+    "TimeLimitError": ("graphc.core.errors", "TimeLimitError"),
     "SourceLoc": ("graphc.core.errors", "SourceLoc"),
 }
 # public submodule -> the module it is

@@ -25,7 +25,7 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 
-from graphc.core.errors import GraphcError, MemoryLimitError, PlanError
+from graphc.core.errors import GraphcError, MemoryLimitError, PlanError, TimeLimitError
 from graphc.core.ir import Graph
 from graphc.core.mesh import Mesh
 from graphc.core.profiles import load_profile
@@ -60,6 +60,7 @@ class Candidate:
     estimate: str | None = None  # a block-search prediction scaled from micro-batch 1, not solved: why
     tie: str | None = None  # why a runnable plan was chosen over a faster prediction within the solver's gap
     over_memory: bool = False  # the error is that no plan fits the memory limit (MemoryLimitError)
+    timed_out: bool = False  # the error is that its share of the time ran out before a plan (TimeLimitError)
 
     @property
     def ok(self) -> bool:
@@ -155,8 +156,9 @@ def search_meshes(
     any other plans each candidate whole (a pipeline candidate with its own micro-batch count,
     from ``microbatches`` or 1, S, 2S and 4S; a mesh without pipeline stages that does not fit
     the memory limit at once again with more micro-batches, ``accumulation_counts``, until one
-    fits). Candidates best first (feasible ones by predicted
-    step time, then the infeasible ones, then the skipped)."""
+    fits), each solve with an even share of the time left for the solves expected from it on.
+    Candidates best first (feasible ones by predicted step time, then the infeasible ones, then
+    the skipped)."""
     if options.microbatches != 1:  # each candidate takes its own count: a fixed one would be silently dropped
         raise PlanError(
             f"microbatches={options.microbatches} with a search of {n_devices} devices: the search chooses each "
@@ -175,22 +177,35 @@ def search_meshes(
         if found and found[0].ok and len(graph.nodes) <= WHOLE_PLAN_NODES:
             _plan_whole(found[0], graph, options, profile, deadline)
         return found
+    return _search_whole(
+        graph, factorizations(n_devices, axes), options, links, profile, microbatches, deadline, progress
+    )
+
+
+def _search_whole(
+    graph: Graph,
+    shapes: list[dict[str, int]],
+    options: PlanOptions,
+    links: dict,
+    profile,
+    microbatches: tuple[int, ...] | None,
+    deadline: float,
+    progress,
+) -> list[Candidate]:
+    """``search_meshes`` of a step not searched by blocks: each mesh shape planned whole."""
     ties = state_ties(graph)
+    batch = step_batch(graph)
     out: list[Candidate] = []
     seen: dict[tuple, str] = {}  # planning problem -> the mesh that stands for it
-    for shape in factorizations(n_devices, axes):
+    # each solve gets an even share of the time left, so one hard ILP cannot spend every later mesh's
+    solves = [len(_counts(s["pp"], batch, microbatches)) if "pp" in s else 1 for s in shapes]  # expected per shape
+    again: list[tuple[Candidate, Mesh, PlanOptions]] = []  # cut short by their share: they get the time left
+    for i, shape in enumerate(shapes):
         if time.perf_counter() >= deadline:
             out.append(Candidate(axes=dict(shape), microbatches=1, skipped=TIME_UP))
             continue
         mesh_links = {a: link for a, link in links.items() if a in shape}
-        # axes of one role, size and link are one problem whatever their names ({model: 4} and
-        # {tp: 4}); the roles differ between dp and tp, so {dp: 4} and {tp: 4} are two
-        key = (
-            shape.get("pp", 1),
-            tuple(
-                sorted((axis_role(a), n, str(links.get(a, profile.link_for(a)))) for a, n in shape.items() if a != "pp")
-            ),
-        )
+        key = _problem_key(shape, links, profile)
         if key in seen:
             out.append(Candidate(axes=dict(shape), microbatches=1, skipped=f"the same planning problem as {seen[key]}"))
             continue
@@ -198,7 +213,7 @@ def search_meshes(
         S = shape.get("pp", 1)
         ms = _counts(S, batch, microbatches)
         floors: list[int] = []  # the least memory each count tried on a flat mesh needs
-        for m in ms:
+        for j, m in enumerate(ms):
             if S == 1 and m > 1 and not _worth_more(out[-1], floors, options.memory_limit):
                 break  # accumulation on a flat mesh: only while the step does not fit with fewer
             if batch is not None and batch % m:
@@ -211,19 +226,47 @@ def search_meshes(
                 cand.skipped = TIME_UP
                 out.append(cand)
                 continue
-            options = dataclasses.replace(options, time_limit=max(deadline - start, 0.1))
-            floor = _plan_one(
-                cand, graph, Mesh(shape or {"dp": 1}, links=mesh_links or None, profile=profile), ties, options
-            )
+            left = (len(ms) - j if S > 1 else 1) + sum(solves[i + 1 :])  # this solve and those expected after it
+            options = dataclasses.replace(options, time_limit=max((deadline - start) / left, 0.1))
+            mesh = Mesh(shape or {"dp": 1}, links=mesh_links or None, profile=profile)
+            floor = _plan_one(cand, graph, mesh, ties, options)
+            if cand.timed_out:
+                again.append((cand, mesh, options))
             if S == 1 and m > 1 and floor is not None:
                 floors.append(floor)
             cand.seconds = time.perf_counter() - start
             out.append(cand)
             if progress is not None:
                 progress(cand)
+    _plan_again(again, graph, ties, deadline, progress)
     # feasible by predicted step, then the infeasible, then the skipped
     out.sort(key=lambda c: (c.skipped is not None, not c.ok, c.step_s if c.ok else 0.0))
     return out
+
+
+def _problem_key(shape: dict[str, int], links: dict, profile) -> tuple:
+    """Axes of one role, size and link are one problem whatever their names ({model: 4} and
+    {tp: 4}); the roles differ between dp and tp, so {dp: 4} and {tp: 4} are two."""
+    flat = ((axis_role(a), n, str(links.get(a, profile.link_for(a)))) for a, n in shape.items() if a != "pp")
+    return (shape.get("pp", 1), tuple(sorted(flat)))
+
+
+def _plan_again(
+    again: list[tuple[Candidate, Mesh, PlanOptions]], graph: Graph, ties, deadline: float, progress
+) -> None:
+    """Plan again the candidates whose share of the time ran out before the solver found a plan
+    (``TimeLimitError``), in search order, each with an even share of what the search has left."""
+    for k, (cand, mesh, options) in enumerate(again):
+        start = time.perf_counter()
+        if start >= deadline:
+            return
+        cand.error, cand.timed_out = None, False
+        _plan_one(
+            cand, graph, mesh, ties, dataclasses.replace(options, time_limit=(deadline - start) / (len(again) - k))
+        )
+        cand.seconds += time.perf_counter() - start
+        if progress is not None:
+            progress(cand)
 
 
 def _counts(S: int, batch: int | None, microbatches: tuple[int, ...] | None) -> list[int]:
@@ -246,6 +289,7 @@ def _plan_one(cand: Candidate, graph: Graph, mesh: Mesh, ties, options: PlanOpti
     except PlanError as exc:
         cand.error = str(exc).splitlines()[0]
         cand.over_memory = isinstance(exc, MemoryLimitError)
+        cand.timed_out = isinstance(exc, TimeLimitError)
         return getattr(exc, "min_memory_bytes", None) or cand.memory_bytes  # the ILP's least, else the plan's peak
     return None
 

@@ -105,6 +105,11 @@ class PlanError(GraphcError):
         super().__init__(message)
 
 
+class TimeLimitError(PlanError):
+    """The time limit ran out before the solver found a plan (within the memory limit, when there
+    is one): more time may find one (the mesh search gives such a mesh the time the others left)."""
+
+
 class MemoryLimitError(PlanError):
     """No plan fits the memory limit, though the step could be planned without one: more devices,
     micro-batches or memory per device may help (the mesh search tries more micro-batches on a

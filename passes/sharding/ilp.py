@@ -27,7 +27,7 @@ runs out still leaves a plan, with its proven gap. The
 per-device memory limit is enforced lazily: solve, measure the plan's liveness peak, add the
 constraint "live bytes at that program point <= limit", solve again, until the plan fits. When
 no plan fits, a second ILP (minimize the peak, same lazy points) finds the smallest memory that
-any plan needs, and ``PlanError`` names it.
+any plan needs, and ``MemoryLimitError`` names it.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from graphc.core.collector import collector_paused
-from graphc.core.errors import MemoryLimitError, PlanError
+from graphc.core.errors import MemoryLimitError, TimeLimitError
 from graphc.core.ir import Value
 from graphc.core.spec import format_spec
 from graphc.core.traits import Constant, FollowsProducer, stream_position
@@ -445,7 +445,7 @@ def solve(
                 peak, at, buffers = held[0]
                 room = memory_limit - buffers
             elif sol.status != "optimal" or at in points:
-                raise PlanError(
+                raise TimeLimitError(
                     f"the time limit ran out before a plan within {fmt_bytes(memory_limit)} per device was found "
                     f"(the best so far needs {fmt_bytes(peak)}; the solver had {time_limit_s:.1f} s): raise the time limit"
                 )
@@ -469,7 +469,7 @@ def solve(
                 min_memory_bytes=minimum,
             )
     if sol is None:
-        raise PlanError(
+        raise TimeLimitError(
             f"the time limit ran out before the sharding ILP found a plan (the solver had {time_limit_s:.1f} s, "
             f"status {model.last_status}): raise the time limit"
         )

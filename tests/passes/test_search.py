@@ -13,6 +13,7 @@ import pytest
 import graphc
 from graphc.core.profile import Link, MachineProfile
 from graphc.models import mlp
+from graphc.passes import search
 from graphc.passes.options import PlanOptions
 from graphc.passes.partition import optimize_for_planning
 from graphc.passes.search import AXES, TIME_UP, Candidate, _worth_more, explain, factorizations, search_meshes
@@ -272,3 +273,29 @@ def test_a_search_whose_limit_ran_out_before_it_began_returns_at_once():
     cands = search_meshes(g, 4, profile=PROFILE, deadline=time.perf_counter() - 1.0)
     assert [c.axes for c in cands] == factorizations(4, AXES)
     assert all(c.skipped == TIME_UP and c.plan is None for c in cands)
+
+
+def test_a_mesh_cut_short_by_its_share_of_the_time_gets_what_the_others_left(monkeypatch):
+    """Each solve of a search gets an even share of the time left, so one hard ILP cannot spend
+    every later mesh's time (a tiny GPT under a tight memory limit spent 52 s of 60 on dp=2,tp=2
+    and never reached the pipelines); a mesh whose share ran out before any plan
+    (TimeLimitError) is planned again with the time the others left."""
+    args, kw = mlp.example_train_args()
+    g = graph_of(mlp.train_step, args, kw)
+    calls: list[tuple[str, float]] = []
+
+    def plan_one(cand, graph, mesh, ties, options):  # dp=4's first share is too short to find a plan
+        calls.append((cand.mesh_text, options.time_limit))
+        if cand.axes == {"dp": 4} and len(calls) == 1:
+            cand.error, cand.timed_out = "the time limit ran out before the sharding ILP found a plan", True
+            return None
+        cand.predicted_s = 1.0 if cand.axes == {"dp": 4} else 2.0
+        return None
+
+    monkeypatch.setattr(search, "_plan_one", plan_one)
+    cands = search_meshes(g, 4, PlanOptions(time_limit=30.0), profile=PROFILE)
+    shares = [t for _, t in calls]
+    assert calls[0][0] == "dp=4" and calls[-1][0] == "dp=4" and len(calls) == 1 + sum(c.skipped is None for c in cands)
+    assert shares[0] < 30.0 / 3  # a share, not the whole limit: more solves were expected after it
+    assert shares[-1] > 10 * shares[0]  # planned again with all that was left (the fakes take no time)
+    assert cands[0].axes == {"dp": 4} and cands[0].ok and not cands[0].timed_out
