@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from graphc.core.dtypes import LOW_FLOATS
 from graphc.core.errors import PlanError
 from graphc.core.ir import Graph, Value
 from graphc.core.mesh import Mesh
@@ -154,7 +155,11 @@ def _hoistable(problem, pins: dict[int, str], wants: dict[int, tuple], spec: dic
         if spec[o] != (P,) or o in outputs or not takes.get(o) or any(s != (R,) for s in takes[o]):
             continue
         partial = [v for v, s in zip(node.inputs, wants[k]) if s == (P,)]
-        if all(v.type.nbytes <= o.type.nbytes for v in partial):
+        # a 16-bit float widened (``g.astype(np.float32)``) meets after the widening: summed in its
+        # own dtype the running sum would round at every micro-batch, and stop growing once one
+        # micro-batch's share is under half its last bit (192 micro-batches of bfloat16 gradients)
+        widens = any(v.type.dtype in LOW_FLOATS and o.type.dtype.itemsize > v.type.dtype.itemsize for v in partial)
+        if not widens and all(v.type.nbytes <= o.type.nbytes for v in partial):
             out.add(k)
     return out
 

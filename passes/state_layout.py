@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from graphc.core.dtypes import LOW_FLOATS
 from graphc.core.ir import Graph, Value
 from graphc.core.mesh import Mesh
 from graphc.core.spec import Placement, R, split_factor
@@ -153,7 +154,7 @@ def state_layout(graph: Graph, params: Iterable[int], segments: Sequence[Segment
             ParamLayout(
                 name=p.name or f"input{i}",
                 nbytes=p.type.nbytes,
-                grad_nbytes=grad_v.type.nbytes if grad_v is not None else 0,  # none: not trained
+                grad_nbytes=_summed_nbytes(graph, grad_v, upd) if grad_v is not None else 0,  # none: not trained
                 state_nbytes=sum(s.type.nbytes for s in state),
                 read=_pieces(read, tp),
                 grad=_pieces(grad, tp),
@@ -204,6 +205,17 @@ def _has_tp(plan: ShardingPlan) -> bool:
 
 def _pieces(x: Placement, tp: int) -> int:
     return tp if x.is_split else 1
+
+
+def _summed_nbytes(graph: Graph, grad: Value, upd: set[int]) -> int:
+    """The bytes of ``grad`` as micro-batches and data-parallel ranks sum it: a 16-bit gradient
+    that the update only widens (``g.astype(np.float32)``) is summed after the widening, in the
+    wider dtype (passes/microbatch.py ``_hoistable``)."""
+    readers = [graph.nodes[k] for k in upd if grad in graph.nodes[k].inputs]
+    if grad.type.dtype not in LOW_FLOATS or not readers or any(n.op.name != "convert" for n in readers):
+        return grad.type.nbytes
+    wide = max(n.outputs[0].type.dtype.itemsize for n in readers)
+    return grad.type.size * max(wide, grad.type.dtype.itemsize)
 
 
 def _update_operands(graph: Graph, producer, upd: set[int], read_fwd: set, p: Value, new: Value | None):

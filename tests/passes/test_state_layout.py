@@ -48,7 +48,8 @@ def _expected_layer_state(model, segs):
     """One layer's state per device, from the block plan's specs alone: each parameter input of
     the block as its tp placement reads it, each gradient (a block output only the update reads)
     as the block makes it, and Adam's two float32 moments (twice a bfloat16 parameter's bytes
-    each) in the finer of the two, matched by shape (the parameters of one shape are read alike
+    each) in the finer of the two, matched by shape; the gradients as they are summed, in
+    float32 (the parameters of one shape are read alike
     in these blocks, checked)."""
     plan = segs.block.plan
     blk = model.graphs["block"]
@@ -71,7 +72,10 @@ def _expected_layer_state(model, segs):
     for v, o, spec in zip(outs, blk.outputs, plan.output_specs()):
         if v in update_reads and v.type.shape in reads:
             grads[v.type.shape].append((o.type.nbytes, pieces(spec)))
-    grad_bytes = sum(n / f for gs in grads.values() for n, f in gs)
+    # the update widens each bfloat16 gradient (Adam's float32 moments): the micro-batches and
+    # data-parallel ranks sum it in float32, twice its bytes (passes/microbatch.py _hoistable)
+    assert all(o.type.dtype.itemsize == 2 for o in blk.outputs if o.type.shape in reads)
+    grad_bytes = sum(2 * n / f for gs in grads.values() for n, f in gs)
     moments = 0.0
     for shape, fs in reads.items():
         assert len(set(fs)) == 1 and len(grads[shape]) == len(fs)
@@ -154,7 +158,8 @@ def test_the_stamped_block_finds_every_parameters_gradient_and_moments(split):
     assert len(segs.layer_state.params) == len(model.layer_params)
     total = sum(p.state_nbytes for p in segs.layer_state.params)
     assert total == model.state_bytes  # every moment of the layer belongs to one parameter
-    assert all(p.grad_nbytes == p.nbytes for p in segs.layer_state.params)  # bfloat16 gradients
+    # bfloat16 gradients the update widens: summed (over micro-batches and dp) in float32
+    assert all(p.grad_nbytes == 2 * p.nbytes for p in segs.layer_state.params)
 
 
 def test_segment_boundary_is_what_segment_graph_makes(replicated):
