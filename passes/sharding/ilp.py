@@ -326,7 +326,7 @@ def objective_terms(p: Problem, groups: list[Group], of: list[int]):
         if gu == gv:
             vec[gu] += n * small[rows, cols]
             continue
-        m = small[np.ix_(rows, cols)]
+        m = small[rows[:, None], cols]  # small[np.ix_(rows, cols)]
         if not m.any():
             continue
         m = m * n
@@ -366,16 +366,18 @@ def _edge_terms(p: Problem, of: list[int], maps: dict):
     # problem.py ``_fused``; operand positions, type, deferral); terms still told apart by the ends'
     # Strategies objects, as their ``DistinctSpecs`` told them: the same sums in the same order
     tables: dict[tuple, tuple] = {}
+    items, edge_table = p.items, p.costs.edge_table
     for e in p.edges:
-        src_of, dst_of = p.items[e.src].strategies, p.items[e.dst].strategies
-        made = (id(src_of.as_tuple), e.src_out, id(dst_of.as_tuple), e.dst_in, e.value.type, e.deferred)
+        src, dst, src_out, dst_in = e.src, e.dst, e.src_out, e.dst_in
+        src_of, dst_of = items[src].strategies, items[dst].strategies
+        made = (id(src_of.as_tuple), src_out, id(dst_of.as_tuple), dst_in, e.value.type, e.deferred)
         got = tables.get(made)
-        small, ui, vi = got if got is not None else tables.setdefault(made, p.costs.edge_table(e))
-        mu, mv = maps[e.src], maps[e.dst]
-        key = (of[e.src], of[e.dst], id(small), id(src_of), e.src_out, id(dst_of), e.dst_in, id(mu), id(mv))
+        small, ui, vi = got if got is not None else tables.setdefault(made, edge_table(e))
+        gu, gv, mu, mv = of[src], of[dst], maps[src], maps[dst]
+        key = (gu, gv, id(small), id(src_of), src_out, id(dst_of), dst_in, id(mu), id(mv))
         hit = seen.get(key)
         if hit is None:
-            seen[key] = [(of[e.src], of[e.dst]), small, ui[mu], vi[mv], 1]
+            seen[key] = [(gu, gv), small, ui[mu], vi[mv], 1]
         else:
             hit[4] += 1
     return seen.values()
@@ -692,7 +694,7 @@ class _Model:
                 continue
             g = self.of[i]
             m = self.maps[i]
-            sizes = [self.p.memory.value_bytes(v, i, int(s)) for s in m]
+            sizes = self.p.memory.strategy_bytes(v, i)[m].tolist()
             if i in remat:  # kept or recomputed, by strategy: live over different ranges
                 ranges = [self.p.memory.ranges_under(v, i, int(s), a, b) for s in m]
                 sizes = [nb if any(x <= at <= y for x, y in r) else 0 for nb, r in zip(sizes, ranges)]

@@ -86,6 +86,9 @@ class MemoryModel:
         # stashed activations in host memory between two positions (sharding/offload_terms.py)
         self.away: dict[Value, tuple[int, int]] = {}
         self._last_profile: tuple | None = None  # (what it was asked for, the profile): the plan asks again
+        # ``strategy_bytes``: by (strategy tuple's id, kind, result, type), and by (type, distinct specs)
+        self._strategy_bytes: dict[tuple, tuple[np.ndarray, tuple]] = {}
+        self._spec_bytes: dict[tuple, np.ndarray] = {}
 
     # --- what the problem gives -----------------------------------------------------------------
     def set_slots(self, before: dict[int, int]) -> np.ndarray:
@@ -203,6 +206,27 @@ class MemoryModel:
     def value_bytes(self, v: Value, item: int, s: int) -> int:
         return local_nbytes(v.type, self.value_spec(v, item, s), self.mesh_shape)
 
+    def strategy_bytes(self, v: Value, item: int) -> np.ndarray:
+        """``value_bytes(v, item, s)`` for every strategy ``s`` of ``item``, as floats (read-only):
+        made once per (the item's strategy tuple, its kind, the result, its type), which the items
+        of repeated layers share, from the bytes of each distinct spec (``Strategies.specs``)."""
+        it = self.items[item]
+        kind = it.kind
+        k = v.index if kind == "node" else 0
+        strategies = it.strategies
+        key = (id(strategies.as_tuple), kind, k, v.type)
+        got = self._strategy_bytes.get(key)
+        if got is None:
+            ds = strategies.specs("in" if kind == "output" else "out", k)
+            by_spec = self._spec_bytes.get((v.type, ds.specs))
+            if by_spec is None:
+                by_spec = np.array([local_nbytes(v.type, sp, self.mesh_shape) for sp in ds.specs], dtype=np.float64)
+                self._spec_bytes[(v.type, ds.specs)] = by_spec
+            per = by_spec[ds.index]
+            per.setflags(write=False)
+            got = self._strategy_bytes[key] = (per, strategies.as_tuple)  # the tuple kept: its id is the key
+        return got[0]
+
     def value_spec(self, v: Value, item: int, s: int) -> tuple:
         """The spec ``v`` is held in when ``item`` (its producer, fan-out or output item) has
         strategy ``s``."""
@@ -243,7 +267,7 @@ class MemoryModel:
         for v, i, a, b in self.live_ranges():
             if v in self.offloaded:
                 continue
-            nb = self.value_bytes(v, i, choice[i])
+            nb = self.strategy_bytes(v, i)[choice[i]]
             for first, last in self.ranges_under(v, i, choice[i], a, b) if recompute else ((a, b),):
                 delta[first] += nb
                 delta[last + 1] -= nb

@@ -74,20 +74,36 @@ class MemoryRows:
         col: list[int] = []
         nbytes: list[float] = []
         remat = p.remat
+        # (bytes by item strategy, group map, group) -> (columns, bytes) of the group strategies
+        # with bytes: tied layers' items share all three
+        terms: dict[tuple[int, int, int], tuple[list[int], list[float]]] = {}
         for v, i, a, b in mem.live_ranges():
             g, m = model.of[i], model.maps[i]
             xs = model.x[g]
-            for s in range(1 if xs is None else len(m)):
-                item_s = int(m[s])
-                nb = mem.value_bytes(v, i, item_s)
-                if not nb:
-                    continue
-                ranges = mem.ranges_under(v, i, item_s, a, b) if i in remat else ((a, b),)
-                for lo, hi in ranges:
-                    first.append(lo)
-                    last.append(hi)
-                    col.append(-1 if xs is None else int(xs[s]))
-                    nbytes.append(nb)
+            per = mem.strategy_bytes(v, i)
+            if i in remat:  # kept or recomputed, by strategy: live over different ranges
+                for s in range(1 if xs is None else len(m)):
+                    item_s = int(m[s])
+                    nb = float(per[item_s])
+                    if not nb:
+                        continue
+                    for lo, hi in mem.ranges_under(v, i, item_s, a, b):
+                        first.append(lo)
+                        last.append(hi)
+                        col.append(-1 if xs is None else int(xs[s]))
+                        nbytes.append(nb)
+                continue
+            got = terms.get((id(per), id(m), g))
+            if got is None:
+                under = per[m[:1]] if xs is None else per[m]
+                keep = np.flatnonzero(under)
+                cols = [-1] * len(keep) if xs is None else xs[keep].tolist()
+                got = terms[(id(per), id(m), g)] = (cols, under[keep].tolist())
+            cols, nbs = got
+            first += [a] * len(cols)
+            last += [b] * len(cols)
+            col += cols
+            nbytes += nbs
         for i, at, per_strategy in mem.transient_terms():  # ZeRO-3's gathered copies
             g, m = model.of[i], model.maps[i]
             xs = model.x[g]

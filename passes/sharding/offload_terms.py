@@ -157,7 +157,7 @@ def stashes(p: Problem) -> list[Stash]:
         if v not in backward_first or it.gradient or it.node.op.has(Constant):  # a program holds its constants
             continue
         first, last = max(a, forward_last.get(v, a)) + 1, backward_first[v] - 1
-        if first <= last and any(p.memory.value_bytes(v, i, s) for s in _strategies(p, i)):
+        if first <= last and p.memory.strategy_bytes(v, i).any():
             out.append(Stash(v, i, (first, last)))
     return out
 
@@ -256,7 +256,7 @@ def candidates(p: Problem) -> list[Candidate]:
 def _state_bytes(p: Problem, c: Candidate, item: int) -> np.ndarray:
     v = p.items[item].value
     assert v is not None  # an input item holds its value
-    return np.array([p.memory.value_bytes(v, item, s) for s in range(len(p.items[item].strategies))], float)
+    return p.memory.strategy_bytes(v, item)
 
 
 def _param_bytes(p: Problem, c: Candidate) -> np.ndarray:
@@ -274,7 +274,7 @@ def _part_items(p: Problem, part: str) -> list[int]:
 
 
 def _stash_bytes(p: Problem, st: Stash) -> np.ndarray:
-    return np.array([p.memory.value_bytes(st.value, st.item, s) for s in _strategies(p, st.item)], float)
+    return p.memory.strategy_bytes(st.value, st.item)
 
 
 class OffloadTerms:
@@ -376,10 +376,7 @@ class OffloadTerms:
             device_terms = [(i, p.costs.compute_times(i) * us) for i in c.update_items]
             copy_terms = [(rep, -pb / link.bandwidth * us)]
             host_mib = [(rep, pb / model.MIB)] + [(i, b / model.MIB) for i, b in sb]
-            saved = [
-                [(item, [p.memory.value_bytes(v, item, s) / -model.MIB for s in _strategies(p, item)])]
-                for v, item, _a, _b in c.entries
-            ]
+            saved = [[(item, p.memory.strategy_bytes(v, item) / -model.MIB)] for v, item, _a, _b in c.entries]
             items = {*c.state_items, *c.update_items, *(entry[1] for entry in c.entries)}
             self.w = self._shares(o, items, [host_terms, device_terms, copy_terms, host_mib, *saved])
             _add(host_s, self._w_expr(host_terms))
@@ -572,10 +569,6 @@ def _strategy_classes(model, g: int, size: int, exprs: Sequence[Sequence[tuple[i
 def _add(into: dict[int, float], coef: dict[int, float]) -> None:
     for col, val in coef.items():
         into[col] = into.get(col, 0.0) + val
-
-
-def _strategies(p: Problem, item: int) -> range:
-    return range(len(p.items[item].strategies))
 
 
 def use(p: Problem, chosen: tuple[Candidate | Stash, ...]) -> None:

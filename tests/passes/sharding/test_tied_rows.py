@@ -108,12 +108,15 @@ def test_offload_candidates_in_one_pass_equal_the_per_parameter_scans(graph, zer
 
 
 def _edge_terms_per_edge(p, of, maps):
-    """ilp._edge_terms as it was: every edge's table looked up (``CostModel.edge_table``)."""
+    """ilp._edge_terms as it was: every edge's table looked up (``CostModel.edge_table``), its
+    terms told apart by their ends' distinct specs, one object per (Strategies object, result or
+    operand) then (twins share them now: ``Strategies.twin``)."""
     seen: dict[tuple, list] = {}
     for e in p.edges:
         small, ui, vi = p.costs.edge_table(e)
         mu, mv = maps[e.src], maps[e.dst]
-        key = (of[e.src], of[e.dst], id(small), id(ui), id(vi), id(mu), id(mv))
+        ends = (id(p.items[e.src].strategies), e.src_out, id(p.items[e.dst].strategies), e.dst_in)
+        key = (of[e.src], of[e.dst], id(small), *ends, id(mu), id(mv))
         hit = seen.get(key)
         if hit is None:
             seen[key] = [(of[e.src], of[e.dst]), small, ui[mu], vi[mv], 1]
