@@ -111,9 +111,9 @@ def _item_label(it: Item, intern: _Interner, strategy_labels: dict) -> int:
     """The label of what tells an item apart on its own: a node's op, attributes (not a random
     draw's stream position: layers' dropout masks tie), types, source line and part, an input's or output's type (and an input's name without list positions),
     and the strategies and pin of either."""
-    strat = strategy_labels.get(it.strategies)
-    if strat is None:  # items of repeated layers share their Strategies
-        strat = strategy_labels[it.strategies] = intern(
+    strat = strategy_labels.get(id(it.strategies.as_tuple))
+    if strat is None:  # items of repeated layers share their strategy tuples (the items hold them)
+        strat = strategy_labels[id(it.strategies.as_tuple)] = intern(
             tuple((s.in_specs, s.out_specs, s.recompute, s.checkpoint) for s in it.strategies)
         )
     if it.kind == "node":
@@ -156,8 +156,8 @@ def structure_classes(p: Problem, rounds: int = 3) -> list[int]:
             intern(
                 (
                     label[i],
-                    tuple((a, b, label[s]) for a, b, s in ins[i]),
-                    tuple(sorted((a, b, label[d]) for a, b, d in outs[i])),
+                    tuple([(a, b, label[s]) for a, b, s in ins[i]]),
+                    tuple(sorted([(a, b, label[d]) for a, b, d in outs[i]])),
                 )
             )
             for i in range(len(p.items))
@@ -322,12 +322,18 @@ def objective_terms(p: Problem, groups: list[Group], of: list[int]):
             maps[i] = m
     vec = _compute_vectors(p, groups, of, maps)
     pair: dict[tuple[int, int], np.ndarray] = {}
+    cut: dict[tuple[int, int, int], np.ndarray | None] = {}  # (table, rows, cols) -> the part, None if all 0
     for (gu, gv), small, rows, cols, n in _edge_terms(p, of, maps):
         if gu == gv:
             vec[gu] += n * small[rows, cols]
             continue
-        m = small[rows[:, None], cols]  # small[np.ix_(rows, cols)]
-        if not m.any():
+        part = (id(small), id(rows), id(cols))  # terms of equal layers share their tables and index arrays
+        if part in cut:
+            m = cut[part]
+        else:
+            m = small[rows[:, None], cols]  # small[np.ix_(rows, cols)]
+            m = cut[part] = m if m.any() else None
+        if m is None:
             continue
         m = m * n
         if gu > gv:
@@ -366,6 +372,7 @@ def _edge_terms(p: Problem, of: list[int], maps: dict):
     # problem.py ``_fused``; operand positions, type, deferral); terms still told apart by the ends'
     # Strategies objects, as their ``DistinctSpecs`` told them: the same sums in the same order
     tables: dict[tuple, tuple] = {}
+    picked: dict[tuple[int, int], np.ndarray] = {}  # (index, map) -> index[map]: twins share both
     items, edge_table = p.items, p.costs.edge_table
     for e in p.edges:
         src, dst, src_out, dst_in = e.src, e.dst, e.src_out, e.dst_in
@@ -377,7 +384,13 @@ def _edge_terms(p: Problem, of: list[int], maps: dict):
         key = (gu, gv, id(small), id(src_of), src_out, id(dst_of), dst_in, id(mu), id(mv))
         hit = seen.get(key)
         if hit is None:
-            seen[key] = [(gu, gv), small, ui[mu], vi[mv], 1]
+            rows = picked.get((id(ui), id(mu)))
+            if rows is None:
+                rows = picked[(id(ui), id(mu))] = ui[mu]
+            cols = picked.get((id(vi), id(mv)))
+            if cols is None:
+                cols = picked[(id(vi), id(mv))] = vi[mv]
+            seen[key] = [(gu, gv), small, rows, cols, 1]
         else:
             hit[4] += 1
     return seen.values()

@@ -86,6 +86,7 @@ class MemoryModel:
         # stashed activations in host memory between two positions (sharding/offload_terms.py)
         self.away: dict[Value, tuple[int, int]] = {}
         self._last_profile: tuple | None = None  # (what it was asked for, the profile): the plan asks again
+        self._last_buffers: tuple | None = None  # the same for ``redistribution_buffers``
         # ``strategy_bytes``: by (strategy tuple's id, kind, result, type), and by (type, distinct specs)
         self._strategy_bytes: dict[tuple, tuple[np.ndarray, tuple]] = {}
         self._spec_bytes: dict[tuple, np.ndarray] = {}
@@ -100,7 +101,7 @@ class MemoryModel:
         for p, n in before.items():
             extra[p] = n
         self.grid = np.arange(len(self.order), dtype=np.int64) + np.cumsum(extra)
-        self._live = self._transients = self._last_profile = None
+        self._live = self._transients = self._last_profile = self._last_buffers = None
         return self.grid
 
     @property
@@ -294,7 +295,17 @@ class MemoryModel:
         after its producer: ZeRO's ``scatter_early``): a collective's result, a local slice's
         copy, a deferred all-reduce's result, which the gradient bucket holds as well
         (passes/bucket.py). A graph output's redistribution is not one: the profile holds each
-        output in its output spec."""
+        output in its output spec. The last one is remembered (a solve and its plan ask for the
+        same choice's)."""
+        asked = (tuple(choice), self.grid)
+        last = self._last_buffers
+        if last is not None and last[0][0] == asked[0] and last[0][1] is asked[1]:
+            return list(last[1])
+        out = self._redistribution_buffers(choice)
+        self._last_buffers = (asked, out)
+        return list(out)
+
+    def _redistribution_buffers(self, choice: list[int]) -> list[tuple[int, int, int]]:
         pos = self.positions()
         spans: dict[tuple, list[int]] = {}
         hub_reads: list[tuple[tuple, int]] = []  # a fan-out's spec is read by each of its consumers

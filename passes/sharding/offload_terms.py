@@ -435,6 +435,10 @@ class OffloadTerms:
         by_group: dict[int, list[int]] = {}
         for item in items:
             by_group.setdefault(model.of[item], []).append(item)
+        in_group: dict[int, list[tuple[int, int, Any]]] = {}  # group -> (sum, item, values) of its items' terms
+        for k, terms in enumerate(exprs):
+            for item, per_strategy in terms:
+                in_group.setdefault(model.of[item], []).append((k, item, per_strategy))
         out: dict[int, list[tuple[int, int]]] = {}
         for g, members in by_group.items():
             xs = model.x[g]
@@ -444,7 +448,7 @@ class OffloadTerms:
                 continue
             key = (g, o)
             if key not in self._shared:
-                classes = _strategy_classes(model, g, len(xs), exprs)
+                classes = _strategy_classes(model, len(xs), len(exprs), in_group.get(g, []))
                 first = {int(a): s for s, a in reversed(list(enumerate(classes)))}
                 w = m.add_vars(np.zeros(len(first)), integer=False)
                 for a in range(len(first)):
@@ -551,17 +555,16 @@ class OffloadTerms:
         return out
 
 
-def _strategy_classes(model, g: int, size: int, exprs: Sequence[Sequence[tuple[int, Any]]]) -> np.ndarray:
-    """Per strategy of group ``g``, its class (numbered in order of first strategy): strategies
-    with equal coefficients in every sum of ``exprs`` (``OffloadTerms._shares``); each its own
-    class when ``SHARE_CLASSES`` is off."""
-    if not SHARE_CLASSES or not exprs:
+def _strategy_classes(model, size: int, sums: int, terms: list[tuple[int, int, Any]]) -> np.ndarray:
+    """Per strategy of a group of ``size`` strategies, its class (numbered in order of first
+    strategy): strategies with equal coefficients in every one of ``sums`` sums
+    (``OffloadTerms._shares``), whose terms on the group's items are ``terms`` (sum, item, value
+    per item strategy), in order; each its own class when ``SHARE_CLASSES`` is off."""
+    if not SHARE_CLASSES or not sums:
         return np.arange(size)
-    sig = np.zeros((size, len(exprs)))
-    for k, terms in enumerate(exprs):
-        for item, per_strategy in terms:
-            if model.of[item] == g:
-                sig[:, k] += np.asarray(per_strategy, float)[model.maps[item]]
+    sig = np.zeros((size, sums))
+    for k, item, per_strategy in terms:
+        sig[:, k] += np.asarray(per_strategy, float)[model.maps[item]]
     number: dict[tuple, int] = {}
     return np.array([number.setdefault(row, len(number)) for row in map(tuple, sig.tolist())], dtype=np.int64)
 
