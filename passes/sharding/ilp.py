@@ -119,11 +119,12 @@ def _item_label(it: Item, intern: _Interner, strategy_labels: dict) -> int:
     if it.kind == "node":
         n = it.node
         assert n is not None  # a node item holds its node
+        skip = stream_position(n) if n.attrs else ()
         return intern(
             (
                 "node",
                 n.op.name,
-                tuple(sorted((k, _attr_key(v)) for k, v in n.attrs.items() if k not in stream_position(n))),
+                tuple(sorted((k, _attr_key(v)) for k, v in n.attrs.items() if k not in skip)),
                 tuple(v.type for v in n.inputs),
                 tuple(o.type for o in n.outputs),
                 str(n.loc),
@@ -565,26 +566,40 @@ class _Model:
         repeated layers' ties join the same two groups by the same maps (equal rows)."""
         p, maps = self.p, self.maps
         done: set[tuple] = set()
+        # (groups, maps, strategies) -> the rows' (key, coefficients, constant): equal for tied layers
+        made: dict[tuple, list[tuple[tuple, dict[int, float], float]]] = {}
         for a, b in p.ties:
             ga, gb = self.of[a], self.of[b]
-            for k in range(len(p.items[a].strategies)):
-                coef: dict[int, float] = {}
-                const = 0.0
-                for g, i, sign in ((ga, a, 1.0), (gb, b, -1.0)):
-                    xs = self.x[g]
-                    for s in np.flatnonzero(maps[i] == k):
-                        if xs is None:
-                            const += sign
-                        else:
-                            coef[int(xs[s])] = coef.get(int(xs[s]), 0.0) + sign
-                coef = {j: c for j, c in coef.items() if c}
-                if not coef:
-                    continue  # both sides fixed (single-strategy groups aligned by _tie)
-                key = (tuple(sorted(coef.items())), const)
+            ends = (ga, id(maps[a]), gb, id(maps[b]), len(p.items[a].strategies))
+            rows = made.get(ends)
+            if rows is None:
+                rows = made[ends] = self._tie_rows(a, b)
+            for key, coef, const in rows:
                 if key in done and DISTINCT_TIE_ROWS:
                     continue
                 done.add(key)
                 self.milp.add_row(list(coef), list(coef.values()), -const, -const)
+
+    def _tie_rows(self, a: int, b: int) -> list[tuple[tuple, dict[int, float], float]]:
+        """(key, coefficients, constant) of the rows tying items ``a`` and ``b``: one per strategy
+        index but those whose both sides are fixed."""
+        maps, rows = self.maps, []
+        ga, gb = self.of[a], self.of[b]
+        for k in range(len(self.p.items[a].strategies)):
+            coef: dict[int, float] = {}
+            const = 0.0
+            for g, i, sign in ((ga, a, 1.0), (gb, b, -1.0)):
+                xs = self.x[g]
+                for s in np.flatnonzero(maps[i] == k):
+                    if xs is None:
+                        const += sign
+                    else:
+                        coef[int(xs[s])] = coef.get(int(xs[s]), 0.0) + sign
+            coef = {j: c for j, c in coef.items() if c}
+            if not coef:
+                continue  # both sides fixed (single-strategy groups aligned by _tie)
+            rows.append(((tuple(sorted(coef.items())), const), coef, const))
+        return rows
 
     def _add_recompute_needs(self) -> None:
         """A recomputed item whose operand is dead by its recompute point needs that operand's

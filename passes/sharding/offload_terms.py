@@ -83,6 +83,7 @@ refuses to run it (passes/partition.py ``lower``: the runtime here has no host t
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -283,7 +284,10 @@ class OffloadTerms:
     out (the smallest-peak ILP, ``min_memory``). Empty without candidates."""
 
     def __init__(self, model, priced: bool = True, every: bool | str = False) -> None:
-        self.model, self.p, self.priced = model, model.p, priced
+        # the model holds these terms: a weak link back keeps the two out of a cycle, so a solve's
+        # model (its rows, tens of thousands of tuples) is freed when the solve returns, not by the
+        # cycle collector
+        self.model, self.p, self.priced = weakref.proxy(model), model.p, priced
         self.cands = candidates(self.p)
         self.stashes = stashes(self.p) if every == "activations" else []
         self.o = np.zeros(0, dtype=np.int64)
