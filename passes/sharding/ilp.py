@@ -330,13 +330,13 @@ def objective_terms(p: Problem, groups: list[Group], of: list[int]):
             continue
         part = (id(small), id(rows), id(cols))  # terms of equal layers share their tables and index arrays
         if part in cut:
-            m = cut[part]
+            sub = cut[part]
         else:
-            m = small[rows[:, None], cols]  # small[np.ix_(rows, cols)]
-            m = cut[part] = m if m.any() else None
-        if m is None:
+            sub = small[rows[:, None], cols]  # small[np.ix_(rows, cols)]
+            sub = cut[part] = sub if sub.any() else None
+        if sub is None:
             continue
-        m = m * n
+        m = sub * n
         if gu > gv:
             gu, gv, m = gv, gu, m.T
         pair[(gu, gv)] = pair[(gu, gv)] + m if (gu, gv) in pair else m

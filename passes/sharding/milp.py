@@ -45,7 +45,7 @@ class Milp:
         self._integer: list[np.ndarray] = []
         self._upper: list[np.ndarray] = []
         self._rows: list[tuple[np.ndarray, np.ndarray, float, float]] = []
-        self._csr: tuple | None = None  # (the rows list, how many rows, their ``csr`` arrays)
+        self._csr: tuple[list, int, tuple[np.ndarray, ...]] | None = None  # (the rows, how many, ``csr``'s arrays)
         # a start HiGHS's presolve misvalues is kept, solving again without presolve, rather than
         # dropped (``_highs``: the offload columns' programs, passes/sharding/offload_terms.py)
         self.keep_misvalued_start = False
@@ -85,14 +85,14 @@ class Milp:
     def integer(self) -> np.ndarray:
         return np.concatenate(self._integer) if self._integer else np.zeros(0, dtype=bool)
 
-    def csr(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def csr(self) -> tuple[np.ndarray, ...]:
         """(start, index, value, lower, upper) of the rows (read-only: kept until a row is added;
         rows are only ever added, so a later call makes only theirs)."""
         rows = self._rows
-        done = self._csr
-        if done is not None and done[0] is rows and done[1] == len(rows):
+        done = self._csr if self._csr is not None and self._csr[0] is rows else None
+        if done is not None and done[1] == len(rows):
             return done[2]
-        k = done[1] if done is not None and done[0] is rows else 0
+        k = done[1] if done is not None else 0
         new = rows[k:]
         lens = np.array([len(r[0]) for r in new], dtype=np.int64)
         parts = (
@@ -102,7 +102,7 @@ class Milp:
             np.array([r[2] for r in new], dtype=np.float64),
             np.array([r[3] for r in new], dtype=np.float64),
         )
-        if k:  # the rows made before, then the new ones
+        if done is not None and k:  # the rows made before, then the new ones
             start, index, value, lower, upper = done[2]
             parts = (start[-1] + parts[0], *parts[1:])
             start = np.concatenate([start, parts[0]]).astype(np.int32)
