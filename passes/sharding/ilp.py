@@ -611,16 +611,23 @@ class _Model:
         pairs += [(i, j, 1.0, 1.0, False) for i, rr in p.remat.items() for j in rr.conflicts]
         # issue 30: a recomputed item reading a value of an earlier segment needs it kept as a checkpoint
         pairs += [(i, j, -1.0, 0.0, True) for i, rr in p.remat.items() for j in rr.keeps]
+        marked: dict[tuple, list[int]] = {}  # (group, map, strategy tuple, kind) -> the group strategies marked
         for i, j, other, bound, checkpoint in pairs:
             coef: dict[int, float] = {}
             const = 0.0
             for item, sign in ((i, 1.0), (j, other)):
                 g, m, sts = self.of[item], self.maps[item], p.items[item].strategies
                 xs = self.x[g]
-                for s in range(self.groups[g].size):
-                    st = sts[int(m[s])]
-                    if not (st.checkpoint if checkpoint and item == j else st.recompute):
-                        continue
+                kept = checkpoint and item == j  # kept as a checkpoint, or recomputed
+                side = (g, id(m), id(sts.as_tuple), kept)  # tied layers' items share all four
+                ss = marked.get(side)
+                if ss is None:
+                    ss = marked[side] = [
+                        s
+                        for s in range(self.groups[g].size)
+                        if (sts[int(m[s])].checkpoint if kept else sts[int(m[s])].recompute)
+                    ]
+                for s in ss:
                     if xs is None:
                         const += sign
                     else:
