@@ -87,6 +87,7 @@ class MemoryModel:
         self.away: dict[Value, tuple[int, int]] = {}
         self._last_profile: tuple | None = None  # (what it was asked for, the profile): the plan asks again
         self._last_buffers: tuple | None = None  # the same for ``redistribution_buffers``
+        self._positions: dict[int, int] | None = None  # ``positions``
         # ``strategy_bytes``: by (strategy tuple's id, kind, result, type), and by (type, distinct specs)
         self._strategy_bytes: dict[tuple, tuple[np.ndarray, tuple]] = {}
         self._spec_bytes: dict[tuple, np.ndarray] = {}
@@ -101,7 +102,7 @@ class MemoryModel:
         for p, n in before.items():
             extra[p] = n
         self.grid = np.arange(len(self.order), dtype=np.int64) + np.cumsum(extra)
-        self._live = self._transients = self._last_profile = self._last_buffers = None
+        self._live = self._transients = self._last_profile = self._last_buffers = self._positions = None
         return self.grid
 
     @property
@@ -110,10 +111,11 @@ class MemoryModel:
         return len(self.order) if self.grid is None or not len(self.grid) else int(self.grid[-1]) + 1
 
     def positions(self) -> dict[int, int]:
-        """{item: its memory position}."""
-        if self.grid is None:
-            return {item: p for p, item in enumerate(self.order)}
-        return {item: int(self.grid[p]) for p, item in enumerate(self.order)}
+        """{item: its memory position} (made once: not to be changed)."""
+        if self._positions is None:
+            at = range(len(self.order)) if self.grid is None else self.grid.tolist()
+            self._positions = dict(zip(self.order, at))
+        return self._positions
 
     def item_at(self, at: int) -> int:
         """The item at memory position ``at`` (a recomputation slot: the item it runs before)."""
