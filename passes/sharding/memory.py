@@ -240,7 +240,8 @@ class MemoryModel:
     def ranges_under(self, v: Value, item: int, s: int, a: int, b: int) -> tuple[tuple[int, int], ...]:
         """The live ranges of ``v`` (kept: ``(a, b)``) when ``item`` has strategy ``s``: two when
         the strategy recomputes it (passes/recompute/choices.py), one up to a later segment's
-        recomputation when it keeps it as a checkpoint (passes/recompute/segments.py)."""
+        recomputation when it keeps it as a checkpoint (passes/recompute/segments.py). Of the
+        strategy it reads only those two flags (memrows.py asks once per pair of them)."""
         rr = self.remat.get(item)
         if rr is None:
             return ((a, b),)
