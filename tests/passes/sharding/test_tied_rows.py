@@ -163,3 +163,31 @@ def test_a_solve_from_the_relaxation_keeps_the_optimum(graph, offload, monkeypat
     assert got[True].status == got[False].status == "optimal"
     assert got[True].objective == pytest.approx(got[False].objective, rel=2e-4)  # both within REL_GAP
     assert got[True].bound <= got[True].objective
+
+
+def test_per_tuple_tables_equal_the_per_item_ones_and_twins_keep_objects_of_their_own(graph):
+    """Items over one strategy tuple (fused nodes of repeated layers, their recompute lists, the
+    tied state's inputs and outputs: ``Strategies.twin``) share their bytes per strategy
+    (``MemoryModel.strategy_bytes``), each equal to ``value_bytes``; each keeps its own object and
+    compute-time array (the ILP tells their terms apart by object); ``positions`` is the
+    program order's."""
+    options = PlanOptions(memory_limit=2**40)  # a limit: recompute "auto" gives recompute lists
+    p = build_problem(graph, Mesh(MESH, profile=A100), options, ties=state_ties(graph))
+    mem = p.memory
+    assert p.remat
+    for v, i, _a, _b in mem.live_ranges():
+        per = mem.strategy_bytes(v, i)
+        assert per.tolist() == [float(mem.value_bytes(v, i, s)) for s in range(len(p.items[i].strategies))]
+    by_tuple: dict[int, list] = {}
+    for it in p.items:
+        by_tuple.setdefault(id(it.strategies.as_tuple), []).append(it.strategies)
+    shared = [objs for objs in by_tuple.values() if len({id(o) for o in objs}) > 1]
+    assert len(shared) > 10  # twins: tuples held by several objects
+    for objs in shared:
+        distinct = list({id(o): o for o in objs}.values())
+        assert len({id(o.compute_times) for o in distinct}) == len(distinct)
+        assert all(np.array_equal(o.compute_times, distinct[0].compute_times) for o in distinct)
+    remat_shared = [i for i in p.remat if len(by_tuple[id(p.items[i].strategies.as_tuple)]) > 1]
+    assert remat_shared  # recompute lists made once per tuple
+    grid = mem.grid
+    assert mem.positions() == {item: at if grid is None else int(grid[at]) for at, item in enumerate(p.order)}
