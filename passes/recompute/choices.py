@@ -218,10 +218,16 @@ def add_recompute(problem: Problem, mode: str) -> None:
 
     until = _checkpoints(problem.graph, found)  # node -> {value: the candidates reading it as a checkpoint}
     twins: dict[tuple, Strategies] = {}  # repeated layers share their strategy lists: so do their twins
+    # items whose own Strategies objects hold one tuple (problem.py ``_fused``) get twins of one
+    # object (``Strategies.twin``: objects of their own, sharing the strategies and their specs)
+    by_tuple: dict[tuple, tuple[Strategies, tuple]] = {}
     for k in sorted(set(found) | set(until)):
         it = problem.items[item_of[k]]
         key = (it.strategies, k in found, k in until)
         new = twins.get(key)
+        alike = (id(it.strategies.as_tuple), k in found, k in until)
+        if new is None and alike in by_tuple:  # another object over the same tuple (fused twins): a twin
+            new = twins[key] = by_tuple[alike][0].twin()
         if new is None:
             again = [dataclasses.replace(s, compute_s=2 * s.compute_s, recompute=True) for s in it.strategies]
             held = [dataclasses.replace(s, checkpoint=True) for s in it.strategies]
@@ -230,6 +236,7 @@ def add_recompute(problem: Problem, mode: str) -> None:
             else:
                 new = Strategies([*it.strategies, *(again if k in found else ()), *(held if k in until else ())])
             twins[key] = new
+            by_tuple[alike] = (new, it.strategies.as_tuple)  # the tuple kept: its id is the key
         it.strategies = new
         c = found.get(k)
         ranges = {}

@@ -111,19 +111,20 @@ def _item_label(it: Item, intern: _Interner, strategy_labels: dict) -> int:
     """The label of what tells an item apart on its own: a node's op, attributes (not a random
     draw's stream position: layers' dropout masks tie), types, source line and part, an input's or output's type (and an input's name without list positions),
     and the strategies and pin of either."""
-    strat = strategy_labels.get(it.strategies)
-    if strat is None:  # items of repeated layers share their Strategies
-        strat = strategy_labels[it.strategies] = intern(
+    strat = strategy_labels.get(id(it.strategies.as_tuple))
+    if strat is None:  # items of repeated layers share their strategy tuples (the items hold them)
+        strat = strategy_labels[id(it.strategies.as_tuple)] = intern(
             tuple((s.in_specs, s.out_specs, s.recompute, s.checkpoint) for s in it.strategies)
         )
     if it.kind == "node":
         n = it.node
         assert n is not None  # a node item holds its node
+        skip = stream_position(n) if n.attrs else ()
         return intern(
             (
                 "node",
                 n.op.name,
-                tuple(sorted((k, _attr_key(v)) for k, v in n.attrs.items() if k not in stream_position(n))),
+                tuple(sorted((k, _attr_key(v)) for k, v in n.attrs.items() if k not in skip)),
                 tuple(v.type for v in n.inputs),
                 tuple(o.type for o in n.outputs),
                 str(n.loc),
@@ -156,8 +157,8 @@ def structure_classes(p: Problem, rounds: int = 3) -> list[int]:
             intern(
                 (
                     label[i],
-                    tuple((a, b, label[s]) for a, b, s in ins[i]),
-                    tuple(sorted((a, b, label[d]) for a, b, d in outs[i])),
+                    tuple([(a, b, label[s]) for a, b, s in ins[i]]),
+                    tuple(sorted([(a, b, label[d]) for a, b, d in outs[i]])),
                 )
             )
             for i in range(len(p.items))
@@ -322,14 +323,20 @@ def objective_terms(p: Problem, groups: list[Group], of: list[int]):
             maps[i] = m
     vec = _compute_vectors(p, groups, of, maps)
     pair: dict[tuple[int, int], np.ndarray] = {}
+    cut: dict[tuple[int, int, int], np.ndarray | None] = {}  # (table, rows, cols) -> the part, None if all 0
     for (gu, gv), small, rows, cols, n in _edge_terms(p, of, maps):
         if gu == gv:
             vec[gu] += n * small[rows, cols]
             continue
-        m = small[np.ix_(rows, cols)]
-        if not m.any():
+        part = (id(small), id(rows), id(cols))  # terms of equal layers share their tables and index arrays
+        if part in cut:
+            sub = cut[part]
+        else:
+            sub = small[rows[:, None], cols]  # small[np.ix_(rows, cols)]
+            sub = cut[part] = sub if sub.any() else None
+        if sub is None:
             continue
-        m = m * n
+        m = sub * n
         if gu > gv:
             gu, gv, m = gv, gu, m.T
         pair[(gu, gv)] = pair[(gu, gv)] + m if (gu, gv) in pair else m
@@ -366,16 +373,25 @@ def _edge_terms(p: Problem, of: list[int], maps: dict):
     # problem.py ``_fused``; operand positions, type, deferral); terms still told apart by the ends'
     # Strategies objects, as their ``DistinctSpecs`` told them: the same sums in the same order
     tables: dict[tuple, tuple] = {}
+    picked: dict[tuple[int, int], np.ndarray] = {}  # (index, map) -> index[map]: twins share both
+    items, edge_table = p.items, p.costs.edge_table
     for e in p.edges:
-        src_of, dst_of = p.items[e.src].strategies, p.items[e.dst].strategies
-        made = (id(src_of.as_tuple), e.src_out, id(dst_of.as_tuple), e.dst_in, e.value.type, e.deferred)
+        src, dst, src_out, dst_in = e.src, e.dst, e.src_out, e.dst_in
+        src_of, dst_of = items[src].strategies, items[dst].strategies
+        made = (id(src_of.as_tuple), src_out, id(dst_of.as_tuple), dst_in, e.value.type, e.deferred)
         got = tables.get(made)
-        small, ui, vi = got if got is not None else tables.setdefault(made, p.costs.edge_table(e))
-        mu, mv = maps[e.src], maps[e.dst]
-        key = (of[e.src], of[e.dst], id(small), id(src_of), e.src_out, id(dst_of), e.dst_in, id(mu), id(mv))
+        small, ui, vi = got if got is not None else tables.setdefault(made, edge_table(e))
+        gu, gv, mu, mv = of[src], of[dst], maps[src], maps[dst]
+        key = (gu, gv, id(small), id(src_of), src_out, id(dst_of), dst_in, id(mu), id(mv))
         hit = seen.get(key)
         if hit is None:
-            seen[key] = [(of[e.src], of[e.dst]), small, ui[mu], vi[mv], 1]
+            rows = picked.get((id(ui), id(mu)))
+            if rows is None:
+                rows = picked[(id(ui), id(mu))] = ui[mu]
+            cols = picked.get((id(vi), id(mv)))
+            if cols is None:
+                cols = picked[(id(vi), id(mv))] = vi[mv]
+            seen[key] = [(gu, gv), small, rows, cols, 1]
         else:
             hit[4] += 1
     return seen.values()
@@ -550,26 +566,40 @@ class _Model:
         repeated layers' ties join the same two groups by the same maps (equal rows)."""
         p, maps = self.p, self.maps
         done: set[tuple] = set()
+        # (groups, maps, strategies) -> the rows' (key, coefficients, constant): equal for tied layers
+        made: dict[tuple, list[tuple[tuple, dict[int, float], float]]] = {}
         for a, b in p.ties:
             ga, gb = self.of[a], self.of[b]
-            for k in range(len(p.items[a].strategies)):
-                coef: dict[int, float] = {}
-                const = 0.0
-                for g, i, sign in ((ga, a, 1.0), (gb, b, -1.0)):
-                    xs = self.x[g]
-                    for s in np.flatnonzero(maps[i] == k):
-                        if xs is None:
-                            const += sign
-                        else:
-                            coef[int(xs[s])] = coef.get(int(xs[s]), 0.0) + sign
-                coef = {j: c for j, c in coef.items() if c}
-                if not coef:
-                    continue  # both sides fixed (single-strategy groups aligned by _tie)
-                key = (tuple(sorted(coef.items())), const)
+            ends = (ga, id(maps[a]), gb, id(maps[b]), len(p.items[a].strategies))
+            rows = made.get(ends)
+            if rows is None:
+                rows = made[ends] = self._tie_rows(a, b)
+            for key, coef, const in rows:
                 if key in done and DISTINCT_TIE_ROWS:
                     continue
                 done.add(key)
                 self.milp.add_row(list(coef), list(coef.values()), -const, -const)
+
+    def _tie_rows(self, a: int, b: int) -> list[tuple[tuple, dict[int, float], float]]:
+        """(key, coefficients, constant) of the rows tying items ``a`` and ``b``: one per strategy
+        index but those whose both sides are fixed."""
+        maps, rows = self.maps, []
+        ga, gb = self.of[a], self.of[b]
+        for k in range(len(self.p.items[a].strategies)):
+            coef: dict[int, float] = {}
+            const = 0.0
+            for g, i, sign in ((ga, a, 1.0), (gb, b, -1.0)):
+                xs = self.x[g]
+                for s in np.flatnonzero(maps[i] == k):
+                    if xs is None:
+                        const += sign
+                    else:
+                        coef[int(xs[s])] = coef.get(int(xs[s]), 0.0) + sign
+            coef = {j: c for j, c in coef.items() if c}
+            if not coef:
+                continue  # both sides fixed (single-strategy groups aligned by _tie)
+            rows.append(((tuple(sorted(coef.items())), const), coef, const))
+        return rows
 
     def _add_recompute_needs(self) -> None:
         """A recomputed item whose operand is dead by its recompute point needs that operand's
@@ -581,16 +611,23 @@ class _Model:
         pairs += [(i, j, 1.0, 1.0, False) for i, rr in p.remat.items() for j in rr.conflicts]
         # issue 30: a recomputed item reading a value of an earlier segment needs it kept as a checkpoint
         pairs += [(i, j, -1.0, 0.0, True) for i, rr in p.remat.items() for j in rr.keeps]
+        marked: dict[tuple, list[int]] = {}  # (group, map, strategy tuple, kind) -> the group strategies marked
         for i, j, other, bound, checkpoint in pairs:
             coef: dict[int, float] = {}
             const = 0.0
             for item, sign in ((i, 1.0), (j, other)):
                 g, m, sts = self.of[item], self.maps[item], p.items[item].strategies
                 xs = self.x[g]
-                for s in range(self.groups[g].size):
-                    st = sts[int(m[s])]
-                    if not (st.checkpoint if checkpoint and item == j else st.recompute):
-                        continue
+                kept = checkpoint and item == j  # kept as a checkpoint, or recomputed
+                side = (g, id(m), id(sts.as_tuple), kept)  # tied layers' items share all four
+                ss = marked.get(side)
+                if ss is None:
+                    ss = marked[side] = [
+                        s
+                        for s in range(self.groups[g].size)
+                        if (sts[int(m[s])].checkpoint if kept else sts[int(m[s])].recompute)
+                    ]
+                for s in ss:
                     if xs is None:
                         const += sign
                     else:
@@ -692,7 +729,7 @@ class _Model:
                 continue
             g = self.of[i]
             m = self.maps[i]
-            sizes = [self.p.memory.value_bytes(v, i, int(s)) for s in m]
+            sizes = self.p.memory.strategy_bytes(v, i)[m].tolist()
             if i in remat:  # kept or recomputed, by strategy: live over different ranges
                 ranges = [self.p.memory.ranges_under(v, i, int(s), a, b) for s in m]
                 sizes = [nb if any(x <= at <= y for x, y in r) else 0 for nb, r in zip(sizes, ranges)]

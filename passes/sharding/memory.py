@@ -86,6 +86,11 @@ class MemoryModel:
         # stashed activations in host memory between two positions (sharding/offload_terms.py)
         self.away: dict[Value, tuple[int, int]] = {}
         self._last_profile: tuple | None = None  # (what it was asked for, the profile): the plan asks again
+        self._last_buffers: tuple | None = None  # the same for ``redistribution_buffers``
+        self._positions: dict[int, int] | None = None  # ``positions``
+        # ``strategy_bytes``: by (strategy tuple's id, kind, result, type), and by (type, distinct specs)
+        self._strategy_bytes: dict[tuple, tuple[np.ndarray, tuple]] = {}
+        self._spec_bytes: dict[tuple, np.ndarray] = {}
 
     # --- what the problem gives -----------------------------------------------------------------
     def set_slots(self, before: dict[int, int]) -> np.ndarray:
@@ -97,7 +102,7 @@ class MemoryModel:
         for p, n in before.items():
             extra[p] = n
         self.grid = np.arange(len(self.order), dtype=np.int64) + np.cumsum(extra)
-        self._live = self._transients = self._last_profile = None
+        self._live = self._transients = self._last_profile = self._last_buffers = self._positions = None
         return self.grid
 
     @property
@@ -106,10 +111,11 @@ class MemoryModel:
         return len(self.order) if self.grid is None or not len(self.grid) else int(self.grid[-1]) + 1
 
     def positions(self) -> dict[int, int]:
-        """{item: its memory position}."""
-        if self.grid is None:
-            return {item: p for p, item in enumerate(self.order)}
-        return {item: int(self.grid[p]) for p, item in enumerate(self.order)}
+        """{item: its memory position} (made once: not to be changed)."""
+        if self._positions is None:
+            at = range(len(self.order)) if self.grid is None else self.grid.tolist()
+            self._positions = dict(zip(self.order, at))
+        return self._positions
 
     def item_at(self, at: int) -> int:
         """The item at memory position ``at`` (a recomputation slot: the item it runs before)."""
@@ -203,6 +209,27 @@ class MemoryModel:
     def value_bytes(self, v: Value, item: int, s: int) -> int:
         return local_nbytes(v.type, self.value_spec(v, item, s), self.mesh_shape)
 
+    def strategy_bytes(self, v: Value, item: int) -> np.ndarray:
+        """``value_bytes(v, item, s)`` for every strategy ``s`` of ``item``, as floats (read-only):
+        made once per (the item's strategy tuple, its kind, the result, its type), which the items
+        of repeated layers share, from the bytes of each distinct spec (``Strategies.specs``)."""
+        it = self.items[item]
+        kind = it.kind
+        k = v.index if kind == "node" else 0
+        strategies = it.strategies
+        key = (id(strategies.as_tuple), kind, k, v.type)
+        got = self._strategy_bytes.get(key)
+        if got is None:
+            ds = strategies.specs("in" if kind == "output" else "out", k)
+            by_spec = self._spec_bytes.get((v.type, ds.specs))
+            if by_spec is None:
+                by_spec = np.array([local_nbytes(v.type, sp, self.mesh_shape) for sp in ds.specs], dtype=np.float64)
+                self._spec_bytes[(v.type, ds.specs)] = by_spec
+            per = by_spec[ds.index]
+            per.setflags(write=False)
+            got = self._strategy_bytes[key] = (per, strategies.as_tuple)  # the tuple kept: its id is the key
+        return got[0]
+
     def value_spec(self, v: Value, item: int, s: int) -> tuple:
         """The spec ``v`` is held in when ``item`` (its producer, fan-out or output item) has
         strategy ``s``."""
@@ -213,7 +240,8 @@ class MemoryModel:
     def ranges_under(self, v: Value, item: int, s: int, a: int, b: int) -> tuple[tuple[int, int], ...]:
         """The live ranges of ``v`` (kept: ``(a, b)``) when ``item`` has strategy ``s``: two when
         the strategy recomputes it (passes/recompute/choices.py), one up to a later segment's
-        recomputation when it keeps it as a checkpoint (passes/recompute/segments.py)."""
+        recomputation when it keeps it as a checkpoint (passes/recompute/segments.py). Of the
+        strategy it reads only those two flags (memrows.py asks once per pair of them)."""
         rr = self.remat.get(item)
         if rr is None:
             return ((a, b),)
@@ -243,7 +271,7 @@ class MemoryModel:
         for v, i, a, b in self.live_ranges():
             if v in self.offloaded:
                 continue
-            nb = self.value_bytes(v, i, choice[i])
+            nb = self.strategy_bytes(v, i)[choice[i]]
             for first, last in self.ranges_under(v, i, choice[i], a, b) if recompute else ((a, b),):
                 delta[first] += nb
                 delta[last + 1] -= nb
@@ -270,7 +298,17 @@ class MemoryModel:
         after its producer: ZeRO's ``scatter_early``): a collective's result, a local slice's
         copy, a deferred all-reduce's result, which the gradient bucket holds as well
         (passes/bucket.py). A graph output's redistribution is not one: the profile holds each
-        output in its output spec."""
+        output in its output spec. The last one is remembered (a solve and its plan ask for the
+        same choice's)."""
+        asked = (tuple(choice), self.grid)
+        last = self._last_buffers
+        if last is not None and last[0][0] == asked[0] and last[0][1] is asked[1]:
+            return list(last[1])
+        out = self._redistribution_buffers(choice)
+        self._last_buffers = (asked, out)
+        return list(out)
+
+    def _redistribution_buffers(self, choice: list[int]) -> list[tuple[int, int, int]]:
         pos = self.positions()
         spans: dict[tuple, list[int]] = {}
         hub_reads: list[tuple[tuple, int]] = []  # a fan-out's spec is read by each of its consumers

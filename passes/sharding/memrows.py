@@ -74,20 +74,40 @@ class MemoryRows:
         col: list[int] = []
         nbytes: list[float] = []
         remat = p.remat
+        # (bytes by item strategy, group map, group) -> (columns, bytes) of the group strategies
+        # with bytes: tied layers' items share all three
+        terms: dict[tuple[int, int, int], tuple[list[int], list[float]]] = {}
+        remat_terms: dict[tuple[int, int, int, int], tuple[list, dict]] = {}  # the same with the strategies' flags
         for v, i, a, b in mem.live_ranges():
             g, m = model.of[i], model.maps[i]
             xs = model.x[g]
-            for s in range(1 if xs is None else len(m)):
-                item_s = int(m[s])
-                nb = mem.value_bytes(v, i, item_s)
-                if not nb:
-                    continue
-                ranges = mem.ranges_under(v, i, item_s, a, b) if i in remat else ((a, b),)
-                for lo, hi in ranges:
-                    first.append(lo)
-                    last.append(hi)
-                    col.append(-1 if xs is None else int(xs[s]))
-                    nbytes.append(nb)
+            per = mem.strategy_bytes(v, i)
+            if i in remat:  # kept or recomputed, by strategy: live over different ranges
+                sts = p.items[i].strategies
+                marks = remat_terms.get((id(per), id(m), g, id(sts.as_tuple)))
+                if marks is None:  # (column, bytes, flags) per group strategy with bytes; a strategy per flags
+                    marks = remat_terms[(id(per), id(m), g, id(sts.as_tuple))] = _remat_marks(per, m, xs, sts)
+                entries, example = marks
+                # the ranges depend on the strategy's flags alone (``MemoryModel.ranges_under``)
+                under = {flags: mem.ranges_under(v, i, item_s, a, b) for flags, item_s in example.items()}
+                for c, nb, flags in entries:
+                    for lo, hi in under[flags]:
+                        first.append(lo)
+                        last.append(hi)
+                        col.append(c)
+                        nbytes.append(nb)
+                continue
+            got = terms.get((id(per), id(m), g))
+            if got is None:
+                under = per[m[:1]] if xs is None else per[m]
+                keep = np.flatnonzero(under)
+                cols = [-1] * len(keep) if xs is None else xs[keep].tolist()
+                got = terms[(id(per), id(m), g)] = (cols, under[keep].tolist())
+            cols, nbs = got
+            first += [a] * len(cols)
+            last += [b] * len(cols)
+            col += cols
+            nbytes += nbs
         for i, at, per_strategy in mem.transient_terms():  # ZeRO-3's gathered copies
             g, m = model.of[i], model.maps[i]
             xs = model.x[g]
@@ -126,6 +146,23 @@ class MemoryRows:
         var = cols >= 0
         idx, inv = np.unique(cols[var], return_inverse=True)
         return const, idx, np.bincount(inv, nb[var], len(idx))
+
+
+def _remat_marks(per: np.ndarray, m: np.ndarray, xs: np.ndarray | None, sts) -> tuple[list, dict]:
+    """(column, bytes, (recompute, checkpoint)) of each group strategy whose item strategy has
+    bytes (``per``: by item strategy; ``m``: the group's map; ``xs``: its columns, None: one fixed
+    strategy), and an item strategy for each pair of flags met."""
+    entries = []
+    example: dict[tuple[bool, bool], int] = {}
+    for s in range(1 if xs is None else len(m)):
+        item_s = int(m[s])
+        nb = float(per[item_s])
+        if not nb:
+            continue
+        flags = (sts[item_s].recompute, sts[item_s].checkpoint)
+        example.setdefault(flags, item_s)
+        entries.append((-1 if xs is None else int(xs[s]), nb, flags))
+    return entries, example
 
 
 def runs_over(prof: np.ndarray, limit: float, at_most: int) -> list[int]:

@@ -45,6 +45,7 @@ class Milp:
         self._integer: list[np.ndarray] = []
         self._upper: list[np.ndarray] = []
         self._rows: list[tuple[np.ndarray, np.ndarray, float, float]] = []
+        self._csr: tuple[list, int, tuple[np.ndarray, ...]] | None = None  # (the rows, how many, ``csr``'s arrays)
         # a start HiGHS's presolve misvalues is kept, solving again without presolve, rather than
         # dropped (``_highs``: the offload columns' programs, passes/sharding/offload_terms.py)
         self.keep_misvalued_start = False
@@ -84,15 +85,34 @@ class Milp:
     def integer(self) -> np.ndarray:
         return np.concatenate(self._integer) if self._integer else np.zeros(0, dtype=bool)
 
-    def csr(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(start, index, value, lower, upper) of the rows."""
-        lens = np.array([len(r[0]) for r in self._rows], dtype=np.int64)
-        start = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
-        index = np.concatenate([r[0] for r in self._rows]) if self._rows else np.zeros(0, np.int32)
-        value = np.concatenate([r[1] for r in self._rows]) if self._rows else np.zeros(0)
-        lower = np.array([r[2] for r in self._rows], dtype=np.float64)
-        upper = np.array([r[3] for r in self._rows], dtype=np.float64)
-        return start, index, value, lower, upper
+    def csr(self) -> tuple[np.ndarray, ...]:
+        """(start, index, value, lower, upper) of the rows (read-only: kept until a row is added;
+        rows are only ever added, so a later call makes only theirs)."""
+        rows = self._rows
+        done = self._csr if self._csr is not None and self._csr[0] is rows else None
+        if done is not None and done[1] == len(rows):
+            return done[2]
+        k = done[1] if done is not None else 0
+        new = rows[k:]
+        lens = np.array([len(r[0]) for r in new], dtype=np.int64)
+        parts = (
+            np.cumsum(lens),
+            np.concatenate([r[0] for r in new]) if new else np.zeros(0, np.int32),
+            np.concatenate([r[1] for r in new]) if new else np.zeros(0),
+            np.array([r[2] for r in new], dtype=np.float64),
+            np.array([r[3] for r in new], dtype=np.float64),
+        )
+        if done is not None and k:  # the rows made before, then the new ones
+            start, index, value, lower, upper = done[2]
+            parts = (start[-1] + parts[0], *parts[1:])
+            start = np.concatenate([start, parts[0]]).astype(np.int32)
+            arrays = (start, *(np.concatenate([a, b]) for a, b in zip((index, value, lower, upper), parts[1:])))
+        else:
+            arrays = (np.concatenate([[0], parts[0]]).astype(np.int32), *parts[1:])
+        for a in arrays:
+            a.setflags(write=False)
+        self._csr = (rows, len(rows), arrays)
+        return arrays
 
     def broken_rows(self, x: np.ndarray) -> np.ndarray:
         """The rows ``x`` breaks by more than 1e-6."""

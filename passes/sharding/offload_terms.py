@@ -83,6 +83,7 @@ refuses to run it (passes/partition.py ``lower``: the runtime here has no host t
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -157,7 +158,7 @@ def stashes(p: Problem) -> list[Stash]:
         if v not in backward_first or it.gradient or it.node.op.has(Constant):  # a program holds its constants
             continue
         first, last = max(a, forward_last.get(v, a)) + 1, backward_first[v] - 1
-        if first <= last and any(p.memory.value_bytes(v, i, s) for s in _strategies(p, i)):
+        if first <= last and p.memory.strategy_bytes(v, i).any():
             out.append(Stash(v, i, (first, last)))
     return out
 
@@ -256,7 +257,7 @@ def candidates(p: Problem) -> list[Candidate]:
 def _state_bytes(p: Problem, c: Candidate, item: int) -> np.ndarray:
     v = p.items[item].value
     assert v is not None  # an input item holds its value
-    return np.array([p.memory.value_bytes(v, item, s) for s in range(len(p.items[item].strategies))], float)
+    return p.memory.strategy_bytes(v, item)
 
 
 def _param_bytes(p: Problem, c: Candidate) -> np.ndarray:
@@ -274,7 +275,7 @@ def _part_items(p: Problem, part: str) -> list[int]:
 
 
 def _stash_bytes(p: Problem, st: Stash) -> np.ndarray:
-    return np.array([p.memory.value_bytes(st.value, st.item, s) for s in _strategies(p, st.item)], float)
+    return p.memory.strategy_bytes(st.value, st.item)
 
 
 class OffloadTerms:
@@ -283,7 +284,10 @@ class OffloadTerms:
     out (the smallest-peak ILP, ``min_memory``). Empty without candidates."""
 
     def __init__(self, model, priced: bool = True, every: bool | str = False) -> None:
-        self.model, self.p, self.priced = model, model.p, priced
+        # the model holds these terms: a weak link back keeps the two out of a cycle, so a solve's
+        # model (its rows, tens of thousands of tuples) is freed when the solve returns, not by the
+        # cycle collector
+        self.model, self.p, self.priced = weakref.proxy(model), model.p, priced
         self.cands = candidates(self.p)
         self.stashes = stashes(self.p) if every == "activations" else []
         self.o = np.zeros(0, dtype=np.int64)
@@ -376,10 +380,7 @@ class OffloadTerms:
             device_terms = [(i, p.costs.compute_times(i) * us) for i in c.update_items]
             copy_terms = [(rep, -pb / link.bandwidth * us)]
             host_mib = [(rep, pb / model.MIB)] + [(i, b / model.MIB) for i, b in sb]
-            saved = [
-                [(item, [p.memory.value_bytes(v, item, s) / -model.MIB for s in _strategies(p, item)])]
-                for v, item, _a, _b in c.entries
-            ]
+            saved = [[(item, p.memory.strategy_bytes(v, item) / -model.MIB)] for v, item, _a, _b in c.entries]
             items = {*c.state_items, *c.update_items, *(entry[1] for entry in c.entries)}
             self.w = self._shares(o, items, [host_terms, device_terms, copy_terms, host_mib, *saved])
             _add(host_s, self._w_expr(host_terms))
@@ -438,6 +439,10 @@ class OffloadTerms:
         by_group: dict[int, list[int]] = {}
         for item in items:
             by_group.setdefault(model.of[item], []).append(item)
+        in_group: dict[int, list[tuple[int, int, Any]]] = {}  # group -> (sum, item, values) of its items' terms
+        for k, terms in enumerate(exprs):
+            for item, per_strategy in terms:
+                in_group.setdefault(model.of[item], []).append((k, item, per_strategy))
         out: dict[int, list[tuple[int, int]]] = {}
         for g, members in by_group.items():
             xs = model.x[g]
@@ -447,7 +452,7 @@ class OffloadTerms:
                 continue
             key = (g, o)
             if key not in self._shared:
-                classes = _strategy_classes(model, g, len(xs), exprs)
+                classes = _strategy_classes(model, len(xs), len(exprs), in_group.get(g, []))
                 first = {int(a): s for s, a in reversed(list(enumerate(classes)))}
                 w = m.add_vars(np.zeros(len(first)), integer=False)
                 for a in range(len(first)):
@@ -554,17 +559,16 @@ class OffloadTerms:
         return out
 
 
-def _strategy_classes(model, g: int, size: int, exprs: Sequence[Sequence[tuple[int, Any]]]) -> np.ndarray:
-    """Per strategy of group ``g``, its class (numbered in order of first strategy): strategies
-    with equal coefficients in every sum of ``exprs`` (``OffloadTerms._shares``); each its own
-    class when ``SHARE_CLASSES`` is off."""
-    if not SHARE_CLASSES or not exprs:
+def _strategy_classes(model, size: int, sums: int, terms: list[tuple[int, int, Any]]) -> np.ndarray:
+    """Per strategy of a group of ``size`` strategies, its class (numbered in order of first
+    strategy): strategies with equal coefficients in every one of ``sums`` sums
+    (``OffloadTerms._shares``), whose terms on the group's items are ``terms`` (sum, item, value
+    per item strategy), in order; each its own class when ``SHARE_CLASSES`` is off."""
+    if not SHARE_CLASSES or not sums:
         return np.arange(size)
-    sig = np.zeros((size, len(exprs)))
-    for k, terms in enumerate(exprs):
-        for item, per_strategy in terms:
-            if model.of[item] == g:
-                sig[:, k] += np.asarray(per_strategy, float)[model.maps[item]]
+    sig = np.zeros((size, sums))
+    for k, item, per_strategy in terms:
+        sig[:, k] += np.asarray(per_strategy, float)[model.maps[item]]
     number: dict[tuple, int] = {}
     return np.array([number.setdefault(row, len(number)) for row in map(tuple, sig.tolist())], dtype=np.int64)
 
@@ -572,10 +576,6 @@ def _strategy_classes(model, g: int, size: int, exprs: Sequence[Sequence[tuple[i
 def _add(into: dict[int, float], coef: dict[int, float]) -> None:
     for col, val in coef.items():
         into[col] = into.get(col, 0.0) + val
-
-
-def _strategies(p: Problem, item: int) -> range:
-    return range(len(p.items[item].strategies))
 
 
 def use(p: Problem, chosen: tuple[Candidate | Stash, ...]) -> None:

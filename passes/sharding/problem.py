@@ -337,10 +337,16 @@ class _ProblemBuilder:
     def add_inputs(self, in_pins: dict[int, tuple], tied_in: dict[int, int]) -> None:
         """One item per graph input: a strategy per spec it may arrive in."""
         names: dict | None = None  # made for a pinned input's message only (a walk over the graph)
+        made: dict[tuple, Strategies] = {}  # specs -> their strategies, each input a twin (shared specs)
         for k, v in enumerate(self.graph.inputs):
             other = self.graph.outputs[tied_in[k]] if k in tied_in else None
-            specs = self.tensor_specs(v, other)
-            strategies = Strategies(Strategy(name=format_spec(s), in_specs=(), out_specs=(s,)) for s in specs)
+            specs = tuple(self.tensor_specs(v, other))
+            proto = made.get(specs)
+            if proto is None:
+                proto = made[specs] = Strategies(
+                    Strategy(name=format_spec(s), in_specs=(), out_specs=(s,)) for s in specs
+                )
+            strategies = proto.twin()
             item = Item(kind="input", index=k, strategies=strategies, value=v)
             if k in in_pins:
                 names = self.graph.value_names() if names is None else names
@@ -414,15 +420,15 @@ class _ProblemBuilder:
     def _fused(self, node: Node, strategies: Strategies, saved: int, overhead: float, key, cache: dict) -> Strategies:
         """``strategies`` at the time of the fused kernel, which keeps ``saved`` bytes out of memory.
         The times are made once per (node key, saved): equal keys are equal ops, attributes and
-        types, so equal times. Each node still gets a Strategies object of its own, as before the
-        times were shared: the ILP's tables, and so its tie-breaking, stay as they were."""
+        types, so equal times. Each node still gets a Strategies object of its own (a twin), as
+        before the times were shared: the ILP's tables, and so its tie-breaking, stay as they were."""
         fused = cache.get((key, saved)) if key is not None else None
         if fused is None:
             fused_s = full_time(node, self.mesh.profile, saved, devices=self.mesh.size)
-            fused = tuple(dataclasses.replace(s, compute_s=fused_s / s.divided + overhead) for s in strategies)
+            fused = Strategies(dataclasses.replace(s, compute_s=fused_s / s.divided + overhead) for s in strategies)
             if key is not None:
                 cache[(key, saved)] = fused
-        return Strategies(fused)
+        return fused.twin()
 
     def add_fanouts(self) -> None:
         """A value read by several consumers gets a fan-out item between them, whose strategy is
@@ -498,10 +504,16 @@ class _ProblemBuilder:
         """One item per graph output (a strategy per spec it may be returned in), with an edge
         from its producer: deferred when no node consumes the value (the loss)."""
         consumed = {v for node in self.graph.nodes for v in node.inputs}
+        made: dict[tuple, Strategies] = {}  # specs -> their strategies, each output a twin (shared specs)
         for k, v in enumerate(self.graph.outputs):
             other = self.graph.inputs[tied_out[k]] if k in tied_out else None
-            specs = self.tensor_specs(v, other)
-            strategies = Strategies(Strategy(name=format_spec(s), in_specs=(s,), out_specs=()) for s in specs)
+            specs = tuple(self.tensor_specs(v, other))
+            proto = made.get(specs)
+            if proto is None:
+                proto = made[specs] = Strategies(
+                    Strategy(name=format_spec(s), in_specs=(s,), out_specs=()) for s in specs
+                )
+            strategies = proto.twin()
             item = Item(kind="output", index=k, strategies=strategies, value=v)
             if k in out_pins:
                 _pin(item, out_pins[k], f"output {k}", PlanError)
@@ -604,20 +616,26 @@ def apply_ties(problem: Problem, ties) -> None:
         return
     inputs = {it.index: k for k, it in enumerate(problem.items) if it.kind == "input"}
     outputs = {it.index: k for k, it in enumerate(problem.items) if it.kind == "output"}
+    # (the two ends' strategy tuples' ids) -> (their new strategies, each pair twins of these; the tuples)
+    made: dict[tuple[int, int], tuple[Strategies, Strategies, tuple, tuple]] = {}
     for i, o in ties:
         a, b = problem.items[inputs[i]], problem.items[outputs[o]]
-        specs_b = {s.in_specs[0]: s for s in b.strategies}
-        keep_a = [s for s in a.strategies if s.out_specs[0] in specs_b]
-        if not keep_a:
-            names = problem.graph.value_names()
-            raise PlanError(
-                f"input %{names[problem.graph.inputs[i]]} and output {o} are the same state (a training step "
-                f"returns it updated), so they need one spec, but the pins allow "
-                f"{', '.join(s.name for s in a.strategies)} for the input and "
-                f"{', '.join(s.name for s in b.strategies)} for the output"
-            )
-        a.strategies = Strategies(keep_a)
-        b.strategies = Strategies(specs_b[s.out_specs[0]] for s in keep_a)
+        key = (id(a.strategies.as_tuple), id(b.strategies.as_tuple))
+        got = made.get(key)
+        if got is None:
+            specs_b = {s.in_specs[0]: s for s in b.strategies}
+            keep_a = [s for s in a.strategies if s.out_specs[0] in specs_b]
+            if not keep_a:
+                names = problem.graph.value_names()
+                raise PlanError(
+                    f"input %{names[problem.graph.inputs[i]]} and output {o} are the same state (a training step "
+                    f"returns it updated), so they need one spec, but the pins allow "
+                    f"{', '.join(s.name for s in a.strategies)} for the input and "
+                    f"{', '.join(s.name for s in b.strategies)} for the output"
+                )
+            new_a, new_b = Strategies(keep_a), Strategies(specs_b[s.out_specs[0]] for s in keep_a)
+            got = made[key] = (new_a, new_b, a.strategies.as_tuple, b.strategies.as_tuple)  # tuples kept: ids
+        a.strategies, b.strategies = got[0].twin(), got[1].twin()
         problem.ties.append((inputs[i], outputs[o]))
 
 

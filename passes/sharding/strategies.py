@@ -75,6 +75,15 @@ class Strategies:
         self._compute: np.ndarray | None = None
         self._specs: dict[tuple[str, int], DistinctSpecs] = {}
 
+    def twin(self) -> Strategies:
+        """A new object with the same strategies, sharing their distinct specs (``specs``, made
+        once for both) but not the compute-time array: an item whose strategies equal another's
+        but must stay an object of its own (the ILP tells its terms apart by object,
+        passes/sharding/ilp.py ``_edge_terms``)."""
+        other = Strategies(self._all)
+        other._specs = self._specs
+        return other
+
     def __len__(self) -> int:
         return len(self._all)
 

@@ -61,6 +61,37 @@ def brute_force(n, k, unary, pairs) -> float:
     return best
 
 
+def _csr_of(rows) -> tuple:
+    """The CSR arrays of ``rows`` made in one go, as ``Milp.csr`` made them before it kept them."""
+    lens = np.array([len(r[0]) for r in rows], dtype=np.int64)
+    start = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    index = np.concatenate([np.asarray(r[0], np.int32) for r in rows]) if rows else np.zeros(0, np.int32)
+    value = np.concatenate([np.asarray(r[1], np.float64) for r in rows]) if rows else np.zeros(0)
+    return start, index, value, np.array([r[2] for r in rows], float), np.array([r[3] for r in rows], float)
+
+
+def test_csr_is_kept_and_grows_with_the_rows_added_after():
+    # the rows' arrays are made once and extended by the rows added since (the lazy memory rows,
+    # the LP rounds'), equal to making them afresh, with the same dtypes; a restricted copy makes its own
+    m, _xs, _unary, _pairs, start = pairwise(5, 3, 2, seed=0)
+    rows = [(r[0].tolist(), r[1].tolist(), r[2], r[3]) for r in m._rows]
+    first = m.csr()
+    assert m.csr() is first  # kept while no row is added
+    for a, b in zip(first, _csr_of(rows)):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+    extra = [([0, 4, 7], [1.0, -2.5, 0.5], -np.inf, 3.0), ([], [], 0.0, 0.0), ([2], [1.0], 1.0, np.inf)]
+    for idx, val, lo, hi in extra:
+        m.add_row(idx, val, lo, hi)
+        rows.append((idx, val, lo, hi))
+        for a, b in zip(m.csr(), _csr_of(rows)):
+            assert a.dtype == b.dtype and np.array_equal(a, b)
+    assert not m.csr()[1].flags.writeable
+    assert m.broken_rows(start).tolist() == [m.num_rows - 1]  # x[2] >= 1: the start has x[2] = 0
+    r = m.restricted(m.upper)
+    r.add_row([1], [1.0], 0.0, 1.0)
+    assert len(r.csr()[0]) == len(m.csr()[0]) + 1
+
+
 @pytest.mark.parametrize("backend", ["highs", "cpsat", "CBC"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_backends_find_the_exhaustive_optimum(backend, seed):

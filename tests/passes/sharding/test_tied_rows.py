@@ -108,12 +108,15 @@ def test_offload_candidates_in_one_pass_equal_the_per_parameter_scans(graph, zer
 
 
 def _edge_terms_per_edge(p, of, maps):
-    """ilp._edge_terms as it was: every edge's table looked up (``CostModel.edge_table``)."""
+    """ilp._edge_terms as it was: every edge's table looked up (``CostModel.edge_table``), its
+    terms told apart by their ends' distinct specs, one object per (Strategies object, result or
+    operand) then (twins share them now: ``Strategies.twin``)."""
     seen: dict[tuple, list] = {}
     for e in p.edges:
         small, ui, vi = p.costs.edge_table(e)
         mu, mv = maps[e.src], maps[e.dst]
-        key = (of[e.src], of[e.dst], id(small), id(ui), id(vi), id(mu), id(mv))
+        ends = (id(p.items[e.src].strategies), e.src_out, id(p.items[e.dst].strategies), e.dst_in)
+        key = (of[e.src], of[e.dst], id(small), *ends, id(mu), id(mv))
         hit = seen.get(key)
         if hit is None:
             seen[key] = [(of[e.src], of[e.dst]), small, ui[mu], vi[mv], 1]
@@ -160,3 +163,31 @@ def test_a_solve_from_the_relaxation_keeps_the_optimum(graph, offload, monkeypat
     assert got[True].status == got[False].status == "optimal"
     assert got[True].objective == pytest.approx(got[False].objective, rel=2e-4)  # both within REL_GAP
     assert got[True].bound <= got[True].objective
+
+
+def test_per_tuple_tables_equal_the_per_item_ones_and_twins_keep_objects_of_their_own(graph):
+    """Items over one strategy tuple (fused nodes of repeated layers, their recompute lists, the
+    tied state's inputs and outputs: ``Strategies.twin``) share their bytes per strategy
+    (``MemoryModel.strategy_bytes``), each equal to ``value_bytes``; each keeps its own object and
+    compute-time array (the ILP tells their terms apart by object); ``positions`` is the
+    program order's."""
+    options = PlanOptions(memory_limit=2**40)  # a limit: recompute "auto" gives recompute lists
+    p = build_problem(graph, Mesh(MESH, profile=A100), options, ties=state_ties(graph))
+    mem = p.memory
+    assert p.remat
+    for v, i, _a, _b in mem.live_ranges():
+        per = mem.strategy_bytes(v, i)
+        assert per.tolist() == [float(mem.value_bytes(v, i, s)) for s in range(len(p.items[i].strategies))]
+    by_tuple: dict[int, list] = {}
+    for it in p.items:
+        by_tuple.setdefault(id(it.strategies.as_tuple), []).append(it.strategies)
+    shared = [objs for objs in by_tuple.values() if len({id(o) for o in objs}) > 1]
+    assert len(shared) > 10  # twins: tuples held by several objects
+    for objs in shared:
+        distinct = list({id(o): o for o in objs}.values())
+        assert len({id(o.compute_times) for o in distinct}) == len(distinct)
+        assert all(np.array_equal(o.compute_times, distinct[0].compute_times) for o in distinct)
+    remat_shared = [i for i in p.remat if len(by_tuple[id(p.items[i].strategies.as_tuple)]) > 1]
+    assert remat_shared  # recompute lists made once per tuple
+    grid = mem.grid
+    assert mem.positions() == {item: at if grid is None else int(grid[at]) for at, item in enumerate(p.order)}
