@@ -4,7 +4,7 @@
 Prices three layouts of models/gpt3.py's 175B step by blocks (passes/scale.py ``plan_layout``),
 with the a100-sxm preset's figures as they are:
 
-- the layout `graphc bench scale` chose (pp=4, dp=32, tp=8, micro-batch 1 x 48, ZeRO 1);
+- the layout `graphc bench scale` chose (pp=8, dp=16, tp=8, micro-batch 1 x 96, ZeRO 1);
 - Megatron-LM's layout (pp=16, dp=8, tp=8, micro-batch 1 x 192) with ZeRO 1, no recomputation;
 - the same with Megatron-LM 2021's own settings (full recomputation, no ZeRO),
 
@@ -42,7 +42,7 @@ from graphc.passes.search import step_batch
 
 MEASURED_S = 31.5  # Narayanan et al. 2021: 1,536 sequences at 140 TFLOP/s a GPU of 96 B s l h^2 (...) flops
 LAYOUTS = {
-    "searched: pp=4 dp=32 tp=8, ZeRO 1": Layout(4, 32, 8, 1, 48, 1, "off"),
+    "searched: pp=8 dp=16 tp=8, ZeRO 1": Layout(8, 16, 8, 1, 96, 1, "off"),
     "Megatron's layout, ZeRO 1": Layout(16, 8, 8, 1, 192, 1, "off"),
     "Megatron's layout as run in 2021 (recompute, no ZeRO)": Layout(16, 8, 8, 1, 192, 0, "full"),
 }

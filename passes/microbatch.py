@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from graphc.core.dtypes import LOW_FLOATS
-from graphc.core.errors import PlanError
+from graphc.core.errors import PlanError, PlanWarning
 from graphc.core.ir import Graph, Value
 from graphc.core.mesh import Mesh
 from graphc.core.profile import Link
@@ -232,8 +233,28 @@ def microbatch(graph: Graph, m: int, batch: list[int] | None = None) -> Microbat
     program = lower(graph, plan)
     mb = Microbatched(graph, m, plan, program, batch)
     _check_meetings_are_sums(graph, program.devices[0].graph)
+    if m > 1:
+        _warn_low_precision_sums(graph, program.devices[0].graph, m)
     mb.step_phase, mb.varies = _phases(program.devices[0].graph, set(batch))
     return mb
+
+
+def _warn_low_precision_sums(graph: Graph, g: Graph, m: int) -> None:
+    """A ``PlanWarning`` when micro-batches meet in a 16-bit float sum: the runtime adds each
+    micro-batch's piece into a running sum of that dtype, rounding at every one of the ``m``
+    (Adam's ``g.astype(np.float32)`` makes the sum float32: ``_hoistable``)."""
+    low = [n for n in g.nodes if n.op.has(Collective) and n.inputs[0].type.dtype in LOW_FLOATS]
+    if not low:
+        return
+    first = low[0]
+    where = f"{first.loc}: " if first.loc is not None else ""
+    warnings.warn(
+        f"{where}{graph.name}: {len(low)} sum(s) of {m} micro-batches (the first: {first.inputs[0].type}) run in "
+        f"{first.inputs[0].type.dtype}, rounding at every micro-batch; widen the gradients before the update "
+        "(g.astype(np.float32), as mixed-precision optimizers do) to sum them in float32",
+        PlanWarning,
+        stacklevel=3,
+    )
 
 
 def _check_meetings_are_sums(graph: Graph, g: Graph) -> None:

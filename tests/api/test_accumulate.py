@@ -11,6 +11,7 @@ import json
 import linecache
 import os
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -410,7 +411,9 @@ def test_bfloat16_gradients_widened_by_the_step_accumulate_in_float32(m):
     zeros = [np.zeros(a.shape, np.float32) for a in w]
     x, y = rng.standard_normal((B, d)).astype(bf), rng.standard_normal((B, 3)).astype(bf)
     one = graphc.jit(_bf16_step)(w, zeros, zeros, x, y)[1]
-    got = graphc.parallelize(_bf16_step, mesh={"dp": 1}, microbatches=m, cache=False)(w, zeros, zeros, x, y)[1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PlanWarning)  # summed in float32: nothing to warn of
+        got = graphc.parallelize(_bf16_step, mesh={"dp": 1}, microbatches=m, cache=False)(w, zeros, zeros, x, y)[1]
     k = B // m
     pieces = [graphc.jit(_bf16_step)(w, zeros, zeros, x[i : i + k], y[i : i + k])[1] for i in range(0, B, k)]
     u = 2.0**-8
@@ -419,3 +422,25 @@ def test_bfloat16_gradients_widened_by_the_step_accumulate_in_float32(m):
         parts = sum(np.abs(p[j].astype(np.float64)) * (k / B) for p in pieces)  # a piece of the mean: k/B of its own
         bound = u * (parts + np.abs(g1)) + 4 * m * 2.0**-24 * parts  # and the float32 sums' own rounding
         assert np.all(np.abs(got[j] - g1) <= bound), float(np.max(np.abs(got[j] - g1) - bound))
+
+
+def _pure_bf16_step(w, x, y):
+    def loss(w, x, y):
+        d = x @ w - y
+        return (d * d).astype(np.float32).sum() / x.shape[0]
+
+    g = graphc.grad(loss)(w, x, y)
+    return w - g * np.asarray(0.01, w.dtype)  # the gradient never widened: its sum is bfloat16
+
+
+def test_a_bfloat16_sum_of_micro_batches_is_warned_of_at_the_users_line():
+    """A 16-bit gradient the step does not widen is summed in its own dtype, rounding at every
+    micro-batch: a PlanWarning names the line, the count and the way out (widen it)."""
+    bf = graphc.bfloat16
+    rng = np.random.default_rng(1)
+    w, x, y = (rng.standard_normal(s).astype(bf) for s in ((8, 2), (16, 8), (16, 2)))
+    with pytest.warns(
+        PlanWarning, match=r"test_accumulate\.py:\d+: .*1 sum\(s\) of 4 micro-batches .* run in bfloat16"
+    ) as ws:
+        graphc.parallelize(_pure_bf16_step, mesh={"dp": 1}, microbatches=4, cache=False)(w, x, y)
+    assert "g.astype(np.float32)" in str(ws[0].message)
