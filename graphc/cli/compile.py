@@ -165,11 +165,12 @@ def _compile(args: argparse.Namespace) -> int:
 def _collector_off_to_the_end() -> Iterator[None]:
     """The cycle collector paused from planning to the plan file written (graphc/core/collector.py),
     and, when graphc is the process, never run again: the process then ends without teardown
-    (``signals.end_without_teardown``), and each collection would walk the millions of objects a
-    deep model's graph, problem and plan are (7 s at 1,000 layers for one walk; re-enabled as
-    planning ends, the collector walked them once per generation while the summary and the JSON
-    were made). ``gc.freeze`` moves them out of its sight at once. An in-process caller's
-    ``main(argv)`` gets the collector back as it was, to collect what the command left."""
+    (``signals.end_without_teardown``), and a collection walks the millions of objects a deep
+    model's graph, problem and plan are (re-enabled as planning ended, its first collection took
+    6-7 s at 1,000 layers, before the summary). ``gc.freeze`` moves them out of its sight at once;
+    the traced and intermediate graphs it would have freed stay until the end (peak RSS 2.6
+    against 2.4 GB there). An in-process caller's ``main(argv)`` gets the collector back as it
+    was, to collect what the command left."""
     with collector_paused():
         yield
         if signals.is_program():
