@@ -168,8 +168,8 @@ def _collector_off_to_the_end() -> Iterator[None]:
     (``signals.end_without_teardown``), and a collection walks the millions of objects a deep
     model's graph, problem and plan are (re-enabled as planning ended, its first collection took
     6-7 s at 1,000 layers, before the summary). ``gc.freeze`` moves them out of its sight at once;
-    the traced and intermediate graphs it would have freed stay until the end (peak RSS 2.6
-    against 2.4 GB there). An in-process caller's ``main(argv)`` gets the collector back as it
+    the traced and intermediate graphs it would have freed stay until the end (peak RSS 2.5
+    against 2.3 GiB there). An in-process caller's ``main(argv)`` gets the collector back as it
     was, to collect what the command left."""
     with collector_paused():
         yield
