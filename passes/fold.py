@@ -45,7 +45,7 @@ def fold_block(inputs: list[Value], nodes: list[Node], outputs: list[Value]) -> 
             and not node.op.has(DeviceLocal)  # and a device-local op's on the device
             and sum(o.type.nbytes for o in node.outputs) <= sum(v.nbytes for v in values) + MAX_GROWTH_BYTES
         )
-        if not foldable:
+        if not foldable or values is None:  # (foldable implies values; said again for the type checker)
             rw.keep(node, map_regions(node, fold_block), operands)
             continue
         with np.errstate(all="ignore"):
