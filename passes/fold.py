@@ -19,21 +19,33 @@ from graphc.passes.rewrite import Rewriter, apply_to_graph, constant_value, fini
 MAX_GROWTH_BYTES = 1 << 20  # a folded constant may exceed its inputs' total size by at most this
 
 
+def _constants_of(operands: list[Value]) -> list | None:
+    """The values of ``operands`` if every one is a constant, else None (asked no further than the
+    first that is not: nearly every node's first operand)."""
+    values = []
+    for v in operands:
+        value = constant_value(v)
+        if value is None:
+            return None
+        values.append(value)
+    return values
+
+
 def fold_block(inputs: list[Value], nodes: list[Node], outputs: list[Value]) -> tuple[list[Node], list[Value]]:
     rw = Rewriter()
     for node in nodes:
         operands = rw.operands(node)
-        values = [constant_value(v) for v in operands]
+        values = _constants_of(operands)
         foldable = (
             not node.regions
             and operands
-            and all(v is not None for v in values)  # first: it rules out nearly every node
+            and values is not None  # first: it rules out nearly every node
             and not node.op.has(Constant)
             and not node.op.has(Collective)  # a collective's value depends on the other devices' operands
             and not node.op.has(DeviceLocal)  # and a device-local op's on the device
             and sum(o.type.nbytes for o in node.outputs) <= sum(v.nbytes for v in values) + MAX_GROWTH_BYTES
         )
-        if not foldable:
+        if not foldable or values is None:  # (foldable implies values; said again for the type checker)
             rw.keep(node, map_regions(node, fold_block), operands)
             continue
         with np.errstate(all="ignore"):

@@ -160,6 +160,9 @@ ELEMENTWISE_BINARY = ("add", "sub", "mul", "div", "pow", "maximum", "minimum", "
 
 @rule(*ELEMENTWISE_BINARY)
 def implicit_broadcast(rw, node, ops):  # f(x, broadcast_to(y)) -> f(x, y): elementwise ops broadcast by themselves
+    broadcast = OPS.broadcast_to
+    if not any(v.producer is not None and v.producer.op is broadcast for v in ops):
+        return None  # (nearly every node: asked once per operand, no copies)
     changed = list(ops)
     for i, v in enumerate(ops):
         if v.producer is not None and v.producer.op is OPS.broadcast_to:
@@ -270,7 +273,7 @@ def rewrite_with(table: dict[str, list[Rule]]) -> Callable[[Graph], Graph]:
                 one(rw, new)
             rw.replace(node, [rw.get(v) for v in replacement])
             return
-        rw.keep(node, map_regions(node, block))
+        rw.keep(node, map_regions(node, block), ops)  # (a rule that declined substituted nothing)
 
     return lambda graph: apply_to_graph(graph, block)
 

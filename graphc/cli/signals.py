@@ -97,6 +97,12 @@ def ends_without_teardown() -> bool:
     return _state.no_teardown
 
 
+def is_program() -> bool:
+    """graphc is the process (``main()`` from the command line), not a caller's ``main(argv)``:
+    the process ends once the command has."""
+    return _state.program
+
+
 def end_now(status: int) -> None:
     """End the process with ``status`` at once: stdout and stderr flushed, no interpreter teardown
     (the program's end after a signal, when ``main`` has reported it)."""
@@ -192,6 +198,7 @@ __all__ = [
     "end_now",
     "end_without_teardown",
     "ends_without_teardown",
+    "is_program",
     "message",
     "received",
     "report",

@@ -61,6 +61,7 @@ class TraceContext:
         self.captured: dict[Value, Tracer] = {}  # outer value -> this region's input for it
         self.captured_outer: list[Tracer] = []  # the outer values, in input order
         self._constants: dict[int, tuple[Any, Tracer]] = {}
+        self._numbers: dict[tuple[np.dtype, bytes], Value] = {}  # 0-d constants by dtype and bytes
         self.part: str | None = None  # tag for new nodes (autodiff sets "backward")
         self.loc_override: SourceLoc | None = None  # autodiff: backward nodes keep their forward node's line
         # numpy arrays written with traced values: id -> (array, the Tracer that stands for it), see shadows.py
@@ -149,8 +150,15 @@ class TraceContext:
             dtypes.canonical(array.dtype)
         except ShapeError as exc:
             raise TraceError(f"constant array: {exc}", user_location()) from None
+        if array.ndim == 0:  # a number: equal ones share one node (what CSE would make of them)
+            number = (array.dtype, array.tobytes())
+            made = self._numbers.get(number)
+            if made is not None:
+                return Tracer(self, made)
         (t,) = self.emit("constant", [], {"value": array})
         self._constants[key] = (array, t)
+        if array.ndim == 0:
+            self._numbers[number] = t._value
         return t
 
 

@@ -2,6 +2,7 @@
 status 130 (SIGINT) or 143 (SIGTERM), no traceback, no half-written output; even when the user's
 code swallows the KeyboardInterrupt (graphc/cli/signals.py's watchdog)."""
 
+import gc
 import os
 import signal
 import subprocess
@@ -249,8 +250,9 @@ def test_a_sigterm_as_the_handlers_are_restored_is_reported_not_raised(monkeypat
 
 def test_compile_as_the_program_ends_without_the_interpreters_teardown(monkeypatch, tmp_path):
     """`graphc compile` run as the program ends through end_now once its plan file is written
-    (freeing a deep plan's objects at teardown took 20 s at 1,000 layers); an in-process caller
-    keeps its process, and a command that did not ask (ir) ends as before."""
+    (freeing a deep plan's objects at teardown took 20 s at 1,000 layers), with the cycle collector
+    kept from walking them before that end; an in-process caller keeps its process and its
+    collector, and a command that did not ask (ir) ends as before."""
     from graphc.cli import signals
     from graphc.cli.main import main
 
@@ -261,8 +263,15 @@ def test_compile_as_the_program_ends_without_the_interpreters_teardown(monkeypat
     argv = ["compile", "models/mlp.py:train_step", "--example", "example_train_args", "--mesh", "dp=2"]
     argv += ["-o", str(out), "--no-cache", "--quiet", "--time-limit", "100000"]  # the limit counts from pytest's start
     monkeypatch.setattr(sys, "argv", ["graphc", *argv])
-    assert main() == 0 and ended == [0] and out.stat().st_size > 0
+    assert gc.get_freeze_count() == 0 and gc.isenabled()
+    try:
+        assert main() == 0 and ended == [0] and out.stat().st_size > 0
+        # what planning made is out of the collector's sight (gc.freeze), not walked before the end
+        assert gc.get_freeze_count() > 0 and gc.isenabled()
+    finally:
+        gc.unfreeze()
     ended.clear()
     assert main(argv) == 0 and ended == []
+    assert gc.get_freeze_count() == 0 and gc.isenabled()  # an in-process caller's collector, as it was
     monkeypatch.setattr(sys, "argv", ["graphc", "ir", "models/mlp.py:mlp", "-o", str(tmp_path / "m.gir")])
     assert main() == 0 and ended == []

@@ -676,3 +676,26 @@ def test_numpy_errors_keep_their_class_and_become_graphc_errors():
     assert isinstance(info.value, GraphcError)
     with pytest.raises(TraceError):  # shifts: not supported, and never a bare TypeError
         graphc.trace(lambda x: x << 1, i8)
+
+
+def _numbers(x):
+    y = x * 0.5 + x * 0.5  # one float32 0.5
+    z = y * -0.0 + y * 0.0  # -0.0 and 0.0: other bits, two numbers
+    w = (x.astype(np.float64) * 0.5).astype(np.float32)  # a float64 0.5: another number
+    return z + 2 * y + 2 * w + np.float32(0.5) * x
+
+
+def test_equal_numbers_share_one_constant_node():
+    """The numbers a function uses are constants; equal ones (the same dtype and bits) are one
+    node, as CSE would make them later (a deep model repeats a few numbers in every layer: Adam's
+    b1, b2, lr, eps per parameter), and the function computes what numpy computes."""
+    x = np.array([[1.5, -2.0, 0.0], [4.0, -0.0, 3.0]], np.float32)
+    graph = graphc.trace(_numbers, x)
+    numbers = [(n.attrs["value"].dtype, n.attrs["value"].tobytes()) for n in graph.nodes if n.op.name == "constant"]
+    assert len(numbers) == len(set(numbers))
+    half = np.array(0.5, np.float32).tobytes()
+    assert (np.dtype(np.float32), half) in numbers and (np.dtype(np.float64), np.array(0.5).tobytes()) in numbers
+    assert {b for d, b in numbers if d == np.float32} >= {np.array(-0.0, np.float32).tobytes(), bytes(4)}
+    got, want = graphc.jit(_numbers)(x), _numbers(x)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))

@@ -466,3 +466,27 @@ def test_without_a_limit_an_integral_relaxation_is_the_plan_and_no_integer_solve
     # the same program's optimum: neither below the other's proven bound
     assert first.objective >= before.bound * (1 - 1e-9) and before.objective >= first.bound * (1 - 1e-9)
     assert first.objective == pytest.approx(before.objective, rel=milp.REL_GAP)
+
+
+def test_the_relaxation_runs_before_the_local_search_so_a_short_limit_goes_to_it(monkeypatch):
+    """The local search takes no time limit: run before the LP relaxation, a slow one left the LP
+    no time (at 1,000 layers its 0.5 s did, and its plan, 16% off, was the one written). Here it
+    uses up the whole limit (the solver's clock moved on by it), and the plan the LP's point
+    rounds to is still proven optimal by the LP's bound: the same plan as with time to spare."""
+    graph = _gpt_graph()
+    options = PlanOptions(time_limit=TIME)
+    problem = build_problem(graph, Mesh({"tp": 2}, profile=PROFILE), options, ties=state_ties(graph))
+    groups, of = shrink(problem, options.shrink)
+    want = ilp.solve(problem, groups, of, None, TIME)
+    now = [0.0]
+    search = ilp._Model.local_search
+
+    def slow(self, *args, **kwargs):
+        now[0] += 2 * TIME
+        return search(self, *args, **kwargs)
+
+    monkeypatch.setattr(ilp, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    monkeypatch.setattr(ilp._Model, "local_search", slow)
+    got = ilp.solve(problem, groups, of, None, TIME)
+    assert now[0] == 2 * TIME and want.status == got.status == "optimal"
+    assert got.choice == want.choice and got.objective == want.objective
