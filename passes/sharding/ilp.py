@@ -1,6 +1,6 @@
-"""Shrink the auto-sharding problem, then solve it exactly with an integer linear program.
+"""Solve the auto-sharding problem, shrunk, exactly with an integer linear program.
 
-Shrinking (``shrink=True``) puts items into *groups* that share one strategy variable; each
+Shrinking (``shrink=True``; passes/sharding/groups.py) puts items into *groups* that share one strategy variable; each
 member maps the group's strategy index to its own:
 
 * **tying repeated structure**: items that are indistinguishable after a few rounds of
@@ -32,8 +32,6 @@ any plan needs, and ``MemoryLimitError`` names it.
 
 from __future__ import annotations
 
-import hashlib
-import re
 import time
 from dataclasses import dataclass, field
 
@@ -42,10 +40,8 @@ import numpy as np
 from graphc.core.collector import collector_paused
 from graphc.core.errors import MemoryLimitError, TimeLimitError
 from graphc.core.ir import Value
-from graphc.core.spec import format_spec
-from graphc.core.traits import Constant, FollowsProducer, stream_position
 from graphc.core.units import fmt_bytes
-from graphc.passes.sharding.items import Edge, Item
+from graphc.passes.sharding.groups import Group
 from graphc.passes.sharding.memrows import (
     REPAIR_SHARE,
     TIME_SHARE,
@@ -62,12 +58,6 @@ from graphc.passes.sharding.problem import Problem
 
 
 @dataclass
-class Group:
-    members: list[tuple[int, np.ndarray]]  # (item index, group strategy -> item strategy)
-    size: int
-
-
-@dataclass
 class Solution:
     choice: list[int]  # strategy per item
     objective: float
@@ -78,233 +68,6 @@ class Solution:
     stats: dict = field(default_factory=dict)
     shared: list[int] = field(default_factory=list)  # per item: the items sharing its ILP variable, itself included
     offload: tuple = ()  # the parameters whose optimizer state is in host memory (offload_terms.py)
-
-
-# --- shrinking ------------------------------------------------------------------------------------
-
-
-def _attr_key(v):
-    if isinstance(v, np.ndarray):
-        return (
-            "array",
-            v.shape,
-            v.dtype.str,
-            hashlib.blake2b(np.ascontiguousarray(v).tobytes(), digest_size=8).hexdigest(),
-        )
-    return repr(v)
-
-
-_INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)")  # list positions in pytree paths: blocks.3.attn
-
-
-class _Interner(dict):
-    """Equal keys get equal small ints (in first-seen order): a class label that hashes fast."""
-
-    def __call__(self, key) -> int:
-        got = self.get(key)
-        if got is None:
-            got = self[key] = len(self)
-        return got
-
-
-def _item_label(it: Item, intern: _Interner, strategy_labels: dict) -> int:
-    """The label of what tells an item apart on its own: a node's op, attributes (not a random
-    draw's stream position: layers' dropout masks tie), types, source line and part, an input's or output's type (and an input's name without list positions),
-    and the strategies and pin of either."""
-    strat = strategy_labels.get(id(it.strategies.as_tuple))
-    if strat is None:  # items of repeated layers share their strategy tuples (the items hold them)
-        strat = strategy_labels[id(it.strategies.as_tuple)] = intern(
-            tuple((s.in_specs, s.out_specs, s.recompute, s.checkpoint) for s in it.strategies)
-        )
-    if it.kind == "node":
-        n = it.node
-        assert n is not None  # a node item holds its node
-        skip = stream_position(n) if n.attrs else ()
-        return intern(
-            (
-                "node",
-                n.op.name,
-                tuple(sorted((k, _attr_key(v)) for k, v in n.attrs.items() if k not in skip)),
-                tuple(v.type for v in n.inputs),
-                tuple(o.type for o in n.outputs),
-                str(n.loc),
-                n.part,
-                strat,
-                it.pinned,
-            )
-        )
-    v = it.value
-    assert v is not None  # an input, output or fan-out item holds its value
-    name = _INDEX.sub("#", v.name or "") if it.kind == "input" else ""
-    return intern((it.kind, v.type, name, strat, it.pinned))
-
-
-def structure_classes(p: Problem, rounds: int = 3) -> list[int]:
-    """Every item's class after ``rounds`` of Weisfeiler-Lehman refinement: items with equal
-    labels are indistinguishable (the same layer of a repeated block)."""
-    intern = _Interner()
-    strategy_labels: dict = {}
-    label = [_item_label(it, intern, strategy_labels) for it in p.items]
-    ins: list[list] = [[] for _ in p.items]
-    outs: list[list] = [[] for _ in p.items]
-    for e in p.edges:
-        ins[e.dst].append((e.dst_in, e.src_out, e.src))
-        outs[e.src].append((e.src_out, e.dst_in, e.dst))
-    for x in ins:
-        x.sort()
-    for _ in range(rounds):
-        label = [
-            intern(
-                (
-                    label[i],
-                    tuple([(a, b, label[s]) for a, b, s in ins[i]]),
-                    tuple(sorted([(a, b, label[d]) for a, b, d in outs[i]])),
-                )
-            )
-            for i in range(len(p.items))
-        ]
-    return label
-
-
-FOLLOW_ABOVE_GROUPS = 2000  # following loses up to ~10% (GPT on tp=2: 4.86 against 4.32 ms tied only)
-
-
-@collector_paused()
-def shrink_groups(p: Problem, tie: bool = True, follow: bool | None = None) -> tuple[list[Group], list[int]]:
-    """Groups of items sharing a strategy variable, and each item's group index. ``follow=None``:
-    merge followers only when there are more than FOLLOW_ABOVE_GROUPS groups."""
-    groups, of = _tied_groups(p) if tie else _single_groups(p)
-    if follow or (follow is None and len(groups) > FOLLOW_ABOVE_GROUPS):
-        groups, of = _merge_followers(p, groups, of)
-    return groups, of
-
-
-def _single_groups(p: Problem) -> tuple[list[Group], list[int]]:
-    """One group per item (no tying)."""
-    groups = [Group([(i, np.arange(len(it.strategies)))], len(it.strategies)) for i, it in enumerate(p.items)]
-    return groups, list(range(len(p.items)))
-
-
-def _tied_groups(p: Problem) -> tuple[list[Group], list[int]]:
-    """One group per structure class (``structure_classes``), its members in item order and
-    mapping the group's strategies to their own one to one."""
-    classes: dict[int, list[int]] = {}
-    for i, lab in enumerate(structure_classes(p)):
-        classes.setdefault(lab, []).append(i)
-    groups: list[Group] = []
-    of: list[int] = [-1] * len(p.items)
-    for members in classes.values():
-        k = len(p.items[members[0]].strategies)
-        for i in members:
-            of[i] = len(groups)
-        same = np.arange(k)  # one map object for all members: objective_terms counts repeats by it
-        groups.append(Group([(i, same) for i in members], k))
-    return groups, of
-
-
-def _merge_followers(p: Problem, groups: list[Group], of: list[int]) -> tuple[list[Group], list[int]]:
-    """Move every group that can follow (``_follow``) into the group it follows, in the order of
-    the groups' first items, then drop the emptied groups."""
-    in_edges: list[list[Edge]] = [[] for _ in p.items]
-    for e in p.edges:
-        in_edges[e.dst].append(e)
-    mapping = {i: m for g in groups for i, m in g.members}  # item -> (its group's strategy -> its own)
-    for gi in sorted(range(len(groups)), key=lambda g: min(i for i, _ in groups[g].members)):
-        g = groups[gi]
-        if not g.members:
-            continue
-        follow = _follow(p, g, gi, of, mapping, in_edges)
-        if follow is None:
-            continue
-        target, maps = follow
-        for i, m in maps:
-            groups[target].members.append((i, m))
-            mapping[i] = m
-            of[i] = target
-        g.members = []
-    return _renumber(groups, of)
-
-
-def _follow(
-    p: Problem,
-    g: Group,
-    gi: int,
-    of: list[int],
-    mapping: dict[int, np.ndarray],
-    in_edges: list[list[Edge]],
-) -> tuple[int, list[tuple[int, np.ndarray]]] | None:
-    """The group that group ``gi`` follows and each member's map from that group's strategies to
-    its own, or None: every member must follow (``_followed_operand``) a value produced by one
-    and the same other group, and read it as produced under each of that group's strategies."""
-    target: int | None = None
-    maps: list[tuple[int, np.ndarray]] = []
-    for i, _m in g.members:
-        main = _followed_operand(p, i, in_edges[i])
-        if main is None:
-            return None
-        tg = of[main.src]
-        if tg == gi or (target is not None and tg != target):
-            return None
-        target = tg
-        m = _follow_map(p, main, mapping[main.src])
-        if m is None:
-            return None
-        maps.append((i, m))
-    if target is None:
-        return None
-    return target, maps
-
-
-def _followed_operand(p: Problem, i: int, in_edges: list[Edge]) -> Edge | None:
-    """The edge item ``i`` would follow: the largest non-constant operand (the first of equal
-    size) of an unpinned elementwise / shape / fused node; None for any other item."""
-    it = p.items[i]
-    if it.kind != "node" or it.node is None or it.pinned or not it.node.op.has(FollowsProducer) or not in_edges:
-        return None
-    cand = [e for e in in_edges if not _is_constant(p.items[e.src])]
-    if not cand:
-        return None
-    return max(cand, key=lambda e: (e.value.type.size, -e.dst_in))
-
-
-def _is_constant(it: Item) -> bool:
-    """A constant node (never followed: the 0 of a relu says nothing about the placement)."""
-    return it.kind == "node" and it.node is not None and it.node.op.has(Constant)
-
-
-def _follow_map(p: Problem, main: Edge, src_map: np.ndarray) -> np.ndarray | None:
-    """For each strategy of the producer's group: the consumer's cheapest strategy (the first of
-    equal cost) that reads ``main`` in the spec the producer leaves it in; None if some producer
-    strategy has no such consumer strategy."""
-    producer = p.items[main.src]
-    consumer = p.items[main.dst]
-    new_map = []
-    for s in src_map:
-        spec = producer.strategies[s].out_specs[main.src_out]
-        if any(q.kind == "P" for q in spec):
-            return None  # a partial sum may be carried on or reduced here: the ILP decides
-        best = _cheapest_reading(consumer, main.dst_in, spec)
-        if best is None:
-            return None
-        new_map.append(best)
-    return np.array(new_map, dtype=np.int64)
-
-
-def _cheapest_reading(it: Item, k: int, spec: tuple) -> int | None:
-    """The index of the item's cheapest strategy (the first of equal cost) whose operand ``k`` has
-    spec ``spec``, or None."""
-    best: int | None = None
-    for s, st in enumerate(it.strategies):
-        if st.in_specs[k] == spec and (best is None or st.compute_s < it.strategies[best].compute_s):
-            best = s
-    return best
-
-
-def _renumber(groups: list[Group], of: list[int]) -> tuple[list[Group], list[int]]:
-    """Drop the empty groups; renumber the others (and every item's group index) in order."""
-    keep = [gi for gi, g in enumerate(groups) if g.members]
-    renum = {gi: k for k, gi in enumerate(keep)}
-    return [groups[gi] for gi in keep], [renum[g] for g in of]
 
 
 # --- ILP -----------------------------------------------------------------------------------------
@@ -828,12 +591,4 @@ def min_memory(p: Problem, groups, of, maps, solver_name: str, time_limit_s: flo
     return int(best if best is not None else p.memory.peak(choice)[0])
 
 
-__all__ = [
-    "Group",
-    "Solution",
-    "format_spec",
-    "min_memory",
-    "shrink_groups",
-    "solve",
-    "structure_classes",
-]
+__all__ = ["Solution", "min_memory", "solve"]

@@ -50,7 +50,7 @@ def test_dropout_layers_are_one_repeated_block():
 
 
 def test_the_fixed_mesh_planner_ties_layers_whose_draws_differ_only_in_stream_position():
-    """The ILP ties repeated layers by structure (sharding/ilp.py structure_classes); a philox
+    """The ILP ties repeated layers by structure (sharding/groups.py structure_classes); a philox
     draw's ``offset`` (its stream position, the Random trait's ``stream_position``) differs per
     layer and must not split them: two more layers add as many groups with dropout as without
     (one, the optimizer's step count). The tie is exact: philox's strategies and cost do not read

@@ -353,7 +353,7 @@ def test_shrinking_ties_repeated_layers():
         *args, **kw
     )[1]
     p = build_problem(g, mesh(tp=2))
-    from graphc.passes.sharding.ilp import shrink_groups
+    from graphc.passes.sharding.groups import shrink_groups
 
     groups, _of = shrink_groups(p)
     assert len(groups) < len(p.items) / 2.5  # four blocks tied into one
@@ -404,7 +404,7 @@ def _promoting_blocks(n_layer, seed=0):
 
 @pytest.mark.parametrize("axes", [{"dp": 2, "tp": 2}, {"tp": 4}])
 def test_tied_groups_do_not_grow_with_depth_when_promotion_changes_the_first_block(axes):
-    from graphc.passes.sharding.ilp import shrink_groups
+    from graphc.passes.sharding.groups import shrink_groups
 
     counts = []
     for n_layer in (10, 20):

@@ -1,5 +1,5 @@
 """Tying repeated layers (one ILP variable per structure class, its strategy stamped on every
-layer of the class: passes/sharding/ilp.py ``shrink_groups``) against every item with its own
+layer of the class: passes/sharding/groups.py ``shrink_groups``) against every item with its own
 variable: on small models the tied plan costs what the untied one costs, within the solver's
 stopping gap, and the tied plan's results equal numpy's."""
 
@@ -9,7 +9,7 @@ import graphc
 from graphc.models import gpt, gpt3, llama
 from graphc.passes.options import PlanOptions
 from graphc.passes.partition import build_problem, solve_problem, state_ties
-from graphc.passes.sharding.ilp import shrink_groups
+from graphc.passes.sharding.groups import shrink_groups
 from graphc.passes.sharding.milp import REL_GAP
 from tests.helpers import assert_adam_step_close
 
