@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from graphc.core.dtypes import LOW_FLOATS
-from graphc.core.errors import PlanError, PlanWarning
+from graphc.core.errors import PlanError, PlanWarning, user_stacklevel
 from graphc.core.ir import Graph, Value
 from graphc.core.mesh import Mesh
 from graphc.core.profile import Link
@@ -253,7 +253,7 @@ def _warn_low_precision_sums(graph: Graph, g: Graph, m: int) -> None:
         f"{first.inputs[0].type.dtype}, rounding at every micro-batch; widen the gradients before the update "
         "(g.astype(np.float32), as mixed-precision optimizers do) to sum them in float32",
         PlanWarning,
-        stacklevel=3,
+        stacklevel=user_stacklevel(),  # planning and compiling micro-batch the step: one user line, shown once
     )
 
 

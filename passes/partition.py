@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from graphc.core.cache import private_dir, read_entry, warn_cache, write_entry
 from graphc.core.collector import collector_paused
-from graphc.core.errors import PlanError, PlanWarning
+from graphc.core.errors import PlanError, PlanWarning, user_stacklevel
 from graphc.core.ir import Graph
 from graphc.core.mesh import Mesh
 from graphc.core.pytree import TreeDef, call_arguments, top_level
@@ -353,7 +353,7 @@ def warn_untied(graph: Graph, inputs: list[int], tied: set[int]) -> None:
         "so they are planned as constants: no gradient reduction, optimizer state or update is priced "
         "for them; return the new parameters in the argument's structure",
         PlanWarning,
-        stacklevel=2,
+        stacklevel=user_stacklevel(),
     )
 
 

@@ -71,6 +71,7 @@ from graphc.runtime.mpi_world import DEFAULT_TIMEOUT_S, join_world
 
 BACKENDS = ("threads", "mpi")
 THREADS_TIMEOUT_S = 60.0
+PLAN_WARNINGS = "the plan of "  # how the PlanWarning of a plan's own warnings begins (the CLI prints them itself)
 
 
 def shard(x, *placements):
@@ -362,7 +363,7 @@ class Parallelized:
             return
         shown = "; ".join(found[:5]) + (f"; and {len(found) - 5} more (plan.warnings)" if len(found) > 5 else "")
         name = getattr(self.fn, "__name__", "the function")
-        warnings.warn(PlanWarning(f"the plan of {name} on mesh {self.mesh}: {shown}"), stacklevel=user_stacklevel())
+        warnings.warn(PlanWarning(f"{PLAN_WARNINGS}{name} on mesh {self.mesh}: {shown}"), stacklevel=user_stacklevel())
 
     def compile(self, *args: Any, **kwargs: Any) -> ParallelCompiled | PipelineCompiled:
         """Trace, optimize, plan, lower and build for these arguments (cached by shapes, dtypes
@@ -514,6 +515,7 @@ def parallelize(
 
 __all__ = [
     "BACKENDS",
+    "PLAN_WARNINGS",
     "ParallelCompiled",
     "Parallelized",
     "PipelineCompiled",

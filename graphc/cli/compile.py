@@ -33,7 +33,7 @@ import time
 import warnings
 from collections.abc import Iterator
 
-from graphc.api.parallel import Parallelized
+from graphc.api.parallel import PLAN_WARNINGS, Parallelized
 from graphc.cli import signals
 from graphc.cli.common import (
     Output,
@@ -125,7 +125,9 @@ def add_parser(sub) -> None:
 
 def cmd_compile(args: argparse.Namespace) -> int:
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", PlanWarning)  # the summary prints the plan's warnings
+        # the summary prints the plan's own warnings; the others (a 16-bit sum of micro-batches, new
+        # parameters returned in another structure) are shown
+        warnings.filterwarnings("ignore", message=PLAN_WARNINGS, category=PlanWarning)
         code = _compile(args)
     signals.end_without_teardown()  # the plan file is written: freeing what planning made is not needed
     return code

@@ -444,3 +444,36 @@ def test_a_bfloat16_sum_of_micro_batches_is_warned_of_at_the_users_line():
     ) as ws:
         graphc.parallelize(_pure_bf16_step, mesh={"dp": 1}, microbatches=4, cache=False)(w, x, y)
     assert "g.astype(np.float32)" in str(ws[0].message)
+
+
+def test_graphc_compile_shows_the_warning_the_plan_summary_does_not_print(tmp_path):
+    """graphc compile silences the PlanWarning of a plan's own warnings (its summary prints them),
+    not the others: the 16-bit sum of micro-batches is shown (it was silenced with them)."""
+    src = tmp_path / "pure16.py"
+    src.write_text(
+        "import numpy as np\n"
+        "import graphc\n"
+        "from tests.api.test_accumulate import _pure_bf16_step as step\n"
+        "def example():\n"
+        "    bf = graphc.bfloat16\n"
+        "    return (graphc.ArraySpec((8, 2), bf), graphc.ArraySpec((16, 8), bf), graphc.ArraySpec((16, 2), bf)), {}\n"
+    )
+    out = tmp_path / "p.json"
+    code, _out, err = call(
+        "compile",
+        f"{src}:step",
+        "--example",
+        "example",
+        "--mesh",
+        "dp=2",
+        "--microbatches",
+        "4",
+        "-o",
+        str(out),
+        "--quiet",
+        "--no-cache",  # the warning comes with planning: a plan read from the cache is not planned again
+    )
+    assert code == 0 and out.exists(), err
+    assert re.search(
+        r"graphc: warning: .*test_accumulate\.py:\d+: .*1 sum\(s\) of 4 micro-batches .* run in bfloat16", err
+    ), err
