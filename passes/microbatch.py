@@ -137,6 +137,15 @@ def _propagate_once(problem, replicate: set[int]):
     return pins, wants, spec
 
 
+def summed_widened(src: np.dtype, dst: np.dtype) -> bool:
+    """Whether a partial sum of dtype ``src`` that a linear op widens to ``dst`` is summed (over
+    micro-batches, and so over data-parallel ranks) after the widening: a 16-bit float widened
+    (``g.astype(np.float32)``) is, since summed in its own dtype the running sum would round at
+    every micro-batch, and stop growing once one micro-batch's share is under half its last bit
+    (192 micro-batches of bfloat16 gradients)."""
+    return src in LOW_FLOATS and dst.itemsize > src.itemsize
+
+
 def _hoistable(problem, pins: dict[int, str], wants: dict[int, tuple], spec: dict[Value, tuple]) -> set[int]:
     """Linear-partial nodes whose result every consumer takes whole (R) and whose partial
     operands are no larger than the result."""
@@ -156,10 +165,7 @@ def _hoistable(problem, pins: dict[int, str], wants: dict[int, tuple], spec: dic
         if spec[o] != (P,) or o in outputs or not takes.get(o) or any(s != (R,) for s in takes[o]):
             continue
         partial = [v for v, s in zip(node.inputs, wants[k]) if s == (P,)]
-        # a 16-bit float widened (``g.astype(np.float32)``) meets after the widening: summed in its
-        # own dtype the running sum would round at every micro-batch, and stop growing once one
-        # micro-batch's share is under half its last bit (192 micro-batches of bfloat16 gradients)
-        widens = any(v.type.dtype in LOW_FLOATS and o.type.dtype.itemsize > v.type.dtype.itemsize for v in partial)
+        widens = any(summed_widened(v.type.dtype, o.type.dtype) for v in partial)
         if not widens and all(v.type.nbytes <= o.type.nbytes for v in partial):
             out.add(k)
     return out

@@ -27,11 +27,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from graphc.core.dtypes import LOW_FLOATS
 from graphc.core.ir import Graph, Value
 from graphc.core.mesh import Mesh
 from graphc.core.spec import Placement, R, split_factor
 from graphc.passes.blocks import update_only
+from graphc.passes.microbatch import summed_widened
 from graphc.passes.partition import state_ties
 from graphc.passes.sharding.plan import ShardingPlan
 from graphc.passes.sharding.problem import Pins
@@ -210,12 +210,12 @@ def _pieces(x: Placement, tp: int) -> int:
 def _summed_nbytes(graph: Graph, grad: Value, upd: set[int]) -> int:
     """The bytes of ``grad`` as micro-batches and data-parallel ranks sum it: a 16-bit gradient
     that the update only widens (``g.astype(np.float32)``) is summed after the widening, in the
-    wider dtype (passes/microbatch.py ``_hoistable``)."""
+    wider dtype (passes/microbatch.py ``summed_widened``)."""
     readers = [graph.nodes[k] for k in upd if grad in graph.nodes[k].inputs]
-    if grad.type.dtype not in LOW_FLOATS or not readers or any(n.op.name != "convert" for n in readers):
+    if not readers or any(n.op.name != "convert" for n in readers):
         return grad.type.nbytes
-    wide = max(n.outputs[0].type.dtype.itemsize for n in readers)
-    return grad.type.size * max(wide, grad.type.dtype.itemsize)
+    wide = [n.outputs[0].type.dtype for n in readers if summed_widened(grad.type.dtype, n.outputs[0].type.dtype)]
+    return grad.type.size * max(wide, key=lambda d: d.itemsize).itemsize if wide else grad.type.nbytes
 
 
 def _update_operands(graph: Graph, producer, upd: set[int], read_fwd: set, p: Value, new: Value | None):
