@@ -25,7 +25,6 @@ from graphc.core.errors import MemoryLimitError, PlanError
 from graphc.core.files import atomic_write, check_record, read_document, read_text
 from graphc.core.ir import Graph, Value
 from graphc.core.mesh import Mesh, as_mesh
-from graphc.core.units import fmt_rate
 from graphc.passes.microbatch import Microbatched, microbatch, plan_microbatch_program
 from graphc.passes.options import SCHEDULES, PlanOptions
 from graphc.passes.partition import state_ties
@@ -290,13 +289,7 @@ class PipelinePlan:
 
     def _mfu_lines(self) -> list[str]:
         m = self.mfu
-        if m is None:
-            return []
-        return [
-            f"MFU {m.value:.1%} of the whole step ({MFU_FORMULA}): model flops {m.model_flops:.4g} per step "
-            f"over {m.devices} devices x {fmt_rate(m.peak_flops)} ({m.peak_dtype} matmul peak of profile "
-            f"{self.mesh.profile.name})"
-        ]
+        return [] if m is None else [m.describe(self.mesh.profile.name, f" of the whole step ({MFU_FORMULA})")]
 
 
 def _check_pipeline_plan(p: PipelinePlan, source: str) -> None:

@@ -45,7 +45,7 @@ from graphc.core.ir import Graph, Value, print_graph
 from graphc.core.literals import arrays_as_digests
 from graphc.core.mesh import Mesh
 from graphc.core.spec import Spec, SpecError, format_spec
-from graphc.core.units import fmt_bytes, fmt_rate, fmt_time
+from graphc.core.units import fmt_bytes, fmt_time
 from graphc.passes.offload import OffloadRecord
 from graphc.passes.options import PlanOptions
 from graphc.passes.sharding.records import (
@@ -428,13 +428,8 @@ def _recompute_lines(p: ShardingPlan, top: int) -> list[str]:
 
 
 def _mfu_lines(p: ShardingPlan) -> list[str]:
-    c = p.cost
-    if c.mfu is None or c.model_flops is None or c.peak_flops is None:
-        return []
-    return [
-        f"MFU {c.mfu:.1%}: model flops {c.model_flops:.4g} per step over {p.mesh.size} devices x "
-        f"{fmt_rate(c.peak_flops)} ({c.peak_dtype} matmul peak of profile {p.mesh.profile.name})"
-    ]
+    m = p.cost.mfu_record(p.mesh.size)
+    return [] if m is None else [m.describe(p.mesh.profile.name)]
 
 
 def _collective_lines(collectives: tuple[Collective, ...], top: int) -> list[str]:

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from graphc.core.spec import Spec, format_spec, parse_spec
+from graphc.core.units import fmt_rate
 from graphc.passes.sharding.pending import LazyAlternatives
 
 # model flops utilization, as every plan's JSON states it (``Cost.mfu``, ``Mfu``)
@@ -43,6 +44,13 @@ class Mfu:
 
     def to_json(self) -> dict:
         return {"formula": MFU_FORMULA, **{f.name: getattr(self, f.name) for f in dataclasses.fields(self)}}
+
+    def describe(self, profile: str, what: str = "") -> str:
+        """The summary's line (``what``: of which step, after the figure)."""
+        return (
+            f"MFU {self.value:.1%}{what}: model flops {self.model_flops:.4g} per step over {self.devices} devices x "
+            f"{fmt_rate(self.peak_flops)} ({self.peak_dtype} matmul peak of profile {profile})"
+        )
 
     @classmethod
     def from_json(cls, d: Mapping) -> Mfu:
@@ -307,6 +315,19 @@ class Cost:
     def to_json(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         return out if self.mfu is None else {**out, "mfu_formula": MFU_FORMULA}
+
+    def mfu_record(self, devices: int) -> Mfu | None:
+        """The MFU as a record (None when the plan has none), the step ``total_s`` on ``devices``."""
+        if self.mfu is None or self.model_flops is None or self.peak_dtype is None or self.peak_flops is None:
+            return None
+        return Mfu(
+            value=self.mfu,
+            model_flops=self.model_flops,
+            step_s=self.total_s,
+            devices=devices,
+            peak_dtype=self.peak_dtype,
+            peak_flops=self.peak_flops,
+        )
 
     @classmethod
     def from_json(cls, d: dict) -> Cost:
