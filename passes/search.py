@@ -177,14 +177,14 @@ def search_meshes(
         if found and found[0].ok and len(graph.nodes) <= WHOLE_PLAN_NODES:
             _plan_whole(found[0], graph, options, profile, deadline)
         return found
-    return _search_whole(
-        graph, factorizations(n_devices, axes), options, links, profile, microbatches, deadline, progress
-    )
+    shapes = factorizations(n_devices, axes)
+    return _search_whole(graph, shapes, batch, options, links, profile, microbatches, deadline, progress)
 
 
 def _search_whole(
     graph: Graph,
     shapes: list[dict[str, int]],
+    batch: int | None,
     options: PlanOptions,
     links: dict,
     profile,
@@ -194,7 +194,6 @@ def _search_whole(
 ) -> list[Candidate]:
     """``search_meshes`` of a step not searched by blocks: each mesh shape planned whole."""
     ties = state_ties(graph)
-    batch = step_batch(graph)
     out: list[Candidate] = []
     seen: dict[tuple, str] = {}  # planning problem -> the mesh that stands for it
     # each solve gets an even share of the time left, so one hard ILP cannot spend every later mesh's
