@@ -67,6 +67,11 @@ class Candidate:
         return self.error is None and self.skipped is None
 
     @property
+    def unreached(self) -> bool:
+        """Skipped because the time limit ran out before it (``TIME_UP``, or the block search's)."""
+        return (self.skipped or "").startswith("time limit")
+
+    @property
     def mesh_text(self) -> str:
         return _mesh_text(self.axes)
 
@@ -440,7 +445,7 @@ def explain(cands: list[Candidate], shown: int = 6, verbose: bool = False) -> st
     if verbose:
         lines += [f"  {c.describe()}" for c in cands]
     if not ok:
-        late = any((c.skipped or "").startswith("time limit") for c in cands)
+        late = any(c.unreached for c in cands)
         lines.append("no plan was made before the time limit ran out:" if late else "no mesh can run this step:")
         lines += [f"  {c.describe()}" for c in planned[:shown]]
         return "\n".join(lines)

@@ -428,7 +428,7 @@ def _search(args: argparse.Namespace, progress, output: Output, start: float) ->
     print(explain(cands, verbose=args.verbose))
     best = cands[0]
     if best.plan is None:
-        unreached = sum((c.skipped or "").startswith("time limit") for c in cands)
+        unreached = sum(c.unreached for c in cands)
         if unreached:  # not "no mesh can run": the limit ran out before these were planned
             raise GraphcError(
                 f"no plan for {args.devices} devices within --time-limit {options.time_limit:g} s: {unreached} "
