@@ -198,7 +198,7 @@ def _plan_and_write(args: argparse.Namespace, mesh: Mesh, pinned, target, run, o
         progress("the cached plan was stored without its alternatives: solving again to price them")
         run = dataclasses.replace(run, cache=False)
         pf = Parallelized(fn, mesh, plan_options(args), run, static_argnames=static_argnames(fkwargs))
-        plan, graph = pf.plan_and_graph(*fargs, progress=progress, **fkwargs)
+        plan, graph = pf.plan_and_graph(*fargs, progress=progress, start=start, **fkwargs)  # the same --time-limit
         assert isinstance(plan, ShardingPlan)
     if args.dump_ir:
         _dump_ir(args.dump_ir, pf, graph, plan, fargs, fkwargs)
