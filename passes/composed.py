@@ -130,4 +130,4 @@ class ComposedPlan:
         )
 
 
-__all__ = ["COMPOSED_PLAN_VERSION", "MFU_FORMULA", "ComposedPlan", "Layout"]
+__all__ = ["COMPOSED_PLAN_VERSION", "ComposedPlan", "Layout"]

@@ -74,7 +74,7 @@ from graphc.passes.blocks import (
     segment_graph,
     update_only,
 )
-from graphc.passes.composed import MFU_FORMULA, ComposedPlan, Layout
+from graphc.passes.composed import ComposedPlan, Layout
 from graphc.passes.gpu_kernels import GemmWaves, gemm_absorbed, kernel_launches
 from graphc.passes.options import PlanOptions
 from graphc.passes.partition import plan_sharding, state_ties, warn_untied
@@ -729,7 +729,6 @@ def _scaled_terms(terms: dict[str, float], b: int) -> dict[str, float]:
 
 
 __all__ = [
-    "MFU_FORMULA",
     "ComposedPlan",
     "Layout",
     "Outcome",

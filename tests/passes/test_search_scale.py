@@ -32,6 +32,7 @@ from graphc.passes.options import PlanOptions
 from graphc.passes.scale import Layout, layered_model, plan_layout, search_layered, stage_cut
 from graphc.passes.search import explain, search_meshes, step_batch
 from graphc.passes.sharding.build import step_flops
+from graphc.passes.sharding.records import MFU_FORMULA
 
 A100 = get_profile("a100-sxm")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -132,7 +133,7 @@ def test_block_search_on_a_small_step_finds_a_plan_and_says_what_it_skipped(smal
     assert not isinstance(best.plan, scale.ComposedPlan) and best.whole_error is None
     assert "planned whole" in explain(cands)
     doc = json.loads(next(c for c in cands[1:] if c.ok).plan.to_json())
-    assert doc["kind"] == "composed" and doc["mfu"]["formula"] == scale.MFU_FORMULA
+    assert doc["kind"] == "composed" and doc["mfu"]["formula"] == MFU_FORMULA
     assert doc["mfu"]["value"] == pytest.approx(
         doc["mfu"]["model_flops"] / (doc["predicted"]["step_s"] * 4 * doc["mfu"]["peak_flops"])
     )
