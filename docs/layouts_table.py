@@ -1,7 +1,7 @@
 """The training-layout table of docs/guide/memory.md (issue 21) and of docs/seqpar.md: one GPT train step on
 4 devices, per layout its predicted and measured memory per device and traffic per step.
 
-    PYTHONPATH=. python docs/layouts_table.py [profile] [memory limit] [--all]
+    .venv/bin/python docs/layouts_table.py [profile] [memory limit] [--all]
 
 Layouts, each the solver's plan (priced with the profile given, default h100-sxm):
   dp=4               {"dp": 4}, tokens and targets given split on the batch (ZeRO off)
@@ -47,7 +47,7 @@ def wire_bytes(kind: str, n: int, nbytes: int) -> float:
     return (2 if kind == "all_reduce" else 1) * (n - 1) / n * nbytes
 
 
-def run(name, mesh, limit=None, in_specs=None, zero=0, recompute=False):
+def run(name, mesh, limit=None, in_specs=None, zero=0, recompute="off"):
     args, kw = gpt.example_train_args(batch=BATCH, seq=SEQ, d=D, n_layer=N_LAYER, n_head=N_HEAD)
     pf = graphc.parallelize(
         gpt.train_step,
@@ -103,7 +103,7 @@ def main():
     if "--all" in sys.argv:
         for stage in (1, 2, 3):
             run(f"dp=4, ZeRO-{stage}", {"dp": 4}, in_specs=(None, None, "S(0)", "S(0)"), zero=stage)
-        run("dp=4, recompute all", {"dp": 4}, in_specs=(None, None, "S(0)", "S(0)"), recompute=True)
+        run("dp=4, recompute all", {"dp": 4}, in_specs=(None, None, "S(0)", "S(0)"), recompute="on")
         parameter_server()
 
 

@@ -23,7 +23,7 @@ against a stored copy); the script prices that layout with the preset's figures 
 had no FlashAttention: its attention core ran unfused and was recomputed in the backward, which
 the preset's fused attention prices as FlashAttention's).
 
-    PYTHONPATH=$PWD python docs/megatron_2021.py
+    .venv/bin/python docs/megatron_2021.py
 """
 
 from __future__ import annotations
