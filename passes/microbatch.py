@@ -28,13 +28,12 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from graphc.core.dtypes import LOW_FLOATS
-from graphc.core.errors import PlanError, PlanWarning, user_stacklevel
+from graphc.core.errors import PlanError
 from graphc.core.ir import Graph, Value
 from graphc.core.mesh import Mesh
 from graphc.core.profile import Link
@@ -183,6 +182,7 @@ class Microbatched:
     batch: list[int]  # positions of the inputs split into micro-batches
     step_phase: list[bool] = field(default_factory=list)  # per program node: runs once per step
     varies: set = field(default_factory=set)  # values of programs[0] that differ between micro-batches
+    warnings: tuple[str, ...] = ()  # what the user should know of the step micro-batched (``_low_precision_sums``)
 
     @property
     def size(self) -> int | None:
@@ -240,26 +240,25 @@ def microbatch(graph: Graph, m: int, batch: list[int] | None = None) -> Microbat
     mb = Microbatched(graph, m, plan, program, batch)
     _check_meetings_are_sums(graph, program.devices[0].graph)
     if m > 1:
-        _warn_low_precision_sums(graph, program.devices[0].graph, m)
+        mb.warnings = _low_precision_sums(graph, program.devices[0].graph, m)
     mb.step_phase, mb.varies = _phases(program.devices[0].graph, set(batch))
     return mb
 
 
-def _warn_low_precision_sums(graph: Graph, g: Graph, m: int) -> None:
-    """A ``PlanWarning`` when micro-batches meet in a 16-bit float sum: the runtime adds each
+def _low_precision_sums(graph: Graph, g: Graph, m: int) -> tuple[str, ...]:
+    """The warning, if any, that micro-batches meet in a 16-bit float sum: the runtime adds each
     micro-batch's piece into a running sum of that dtype, rounding at every one of the ``m``
-    (Adam's ``g.astype(np.float32)`` makes the sum float32: ``_hoistable``)."""
+    (Adam's ``g.astype(np.float32)`` makes the sum float32: ``_hoistable``). The plan carries it
+    (``PipelinePlan.warnings``), so a plan read from the cache or a file warns as one just made does."""
     low = [n for n in g.nodes if n.op.has(Collective) and n.inputs[0].type.dtype in LOW_FLOATS]
     if not low:
-        return
+        return ()
     first = low[0]
     where = f"{first.loc}: " if first.loc is not None else ""
-    warnings.warn(
+    return (
         f"{where}{graph.name}: {len(low)} sum(s) of {m} micro-batches (the first: {first.inputs[0].type}) run in "
         f"{first.inputs[0].type.dtype}, rounding at every micro-batch; widen the gradients before the update "
         "(g.astype(np.float32), as mixed-precision optimizers do) to sum them in float32",
-        PlanWarning,
-        stacklevel=user_stacklevel(),  # planning and compiling micro-batch the step: one user line, shown once
     )
 
 

@@ -92,6 +92,9 @@ class PipelinePlan:
     microbatch_size: int | None = None  # samples per micro-batch (None: not recorded, or no batch input)
     timing: Mapping[str, Any] = field(default_factory=dict)
     mfu: Mfu | None = None  # the whole step's (None: no flops, or a plan written before it was recorded)
+    # what the user should know of the micro-batched step (a 16-bit sum of micro-batches: passes/microbatch.py);
+    # the sub-plan's own warnings are its ``warnings``
+    warnings: tuple[str, ...] = ()
 
     @property
     def n_stages(self) -> int:
@@ -202,6 +205,7 @@ class PipelinePlan:
             "predicted": dict(self.predicted),
             "timing": dict(self.timing),
             "mfu": None if self.mfu is None else self.mfu.to_json(),
+            "warnings": list(self.warnings),
             "sub_plan": json.loads(self.sub_plan.to_json()) if self.sub_plan is not None else None,
         }
         return json.dumps(doc, indent=indent)
@@ -239,6 +243,7 @@ class PipelinePlan:
                 microbatch_size=doc.get("microbatch_size"),
                 timing=doc.get("timing", {}),
                 mfu=Mfu.from_json(doc["mfu"]) if doc.get("mfu") is not None else None,
+                warnings=tuple(doc.get("warnings", ())),
             )
         except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as exc:
             raise PlanError(f"{source}: not a complete pipeline plan ({type(exc).__name__}: {exc})") from None
@@ -394,6 +399,7 @@ def plan_pipeline(
         memory_bytes=tuple(mem),
         microbatch_size=mb.size,
         mfu=step_mfu(graph, step, mesh),
+        warnings=mb.warnings,
     )
 
 

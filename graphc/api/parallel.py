@@ -353,9 +353,12 @@ class Parallelized:
             return plan, graph
 
     def _warn(self, plan: ShardingPlan | PipelinePlan) -> None:
-        """A PlanWarning with the plan's warnings (replicated work, ops without a sharding rule):
-        once per plan made, where the user called."""
+        """A PlanWarning with the plan's warnings (replicated work, ops without a sharding rule),
+        and one per warning of a pipeline plan's own (a 16-bit sum of micro-batches), each where the
+        user called: for a plan made, read from the cache or given."""
         if isinstance(plan, PipelinePlan):
+            for w in plan.warnings:  # not the summary's: graphc compile shows these (PLAN_WARNINGS)
+                warnings.warn(PlanWarning(w), stacklevel=user_stacklevel())
             found = plan.sub_plan.warnings if plan.sub_plan is not None else ()
         else:
             found = plan.warnings

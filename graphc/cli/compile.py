@@ -443,5 +443,8 @@ def _search(args: argparse.Namespace, progress, output: Output, start: float) ->
         "candidates": [c.to_json() for c in cands],
     }
     print(best.plan.summary())
+    if isinstance(best.plan, PipelinePlan):  # its own warnings (a 16-bit sum of micro-batches): not in the summary
+        for w in best.plan.warnings:
+            warnings.warn(PlanWarning(w), stacklevel=1)
     _write(output, json.dumps(doc, indent=1), args)
     return 0

@@ -448,9 +448,30 @@ def test_a_bfloat16_sum_of_micro_batches_is_warned_of_at_the_users_line():
     assert "g.astype(np.float32)" in str(ws[0].message)
 
 
+def test_the_plan_carries_the_warning_to_its_file_and_its_runs(tmp_path):
+    """The warning is the plan's (``PipelinePlan.warnings``, in its JSON): a step run from the plan
+    file warns as the one that made it did, once."""
+    bf = graphc.bfloat16
+    rng = np.random.default_rng(1)
+    w, x, y = (rng.standard_normal(s).astype(bf) for s in ((8, 2), (16, 8), (16, 2)))
+    match = r"1 sum\(s\) of 4 micro-batches .* run in bfloat16"
+    with pytest.warns(PlanWarning, match=match):
+        plan = graphc.parallelize(_pure_bf16_step, mesh={"dp": 1}, microbatches=4, cache=False).plan(w, x, y)
+    assert len(plan.warnings) == 1
+    path = tmp_path / "p.json"
+    plan.save(str(path))
+    assert json.loads(path.read_text())["warnings"] == list(plan.warnings)
+    assert graphc.PipelinePlan.load(str(path)).warnings == plan.warnings
+    with warnings.catch_warnings(record=True) as ws:
+        warnings.simplefilter("always")
+        graphc.parallelize(_pure_bf16_step, mesh={"dp": 1}, plan=graphc.PipelinePlan.load(str(path)))(w, x, y)
+    assert [str(x.message) for x in ws if issubclass(x.category, PlanWarning)] == list(plan.warnings)
+
+
 def test_graphc_compile_shows_the_warning_the_plan_summary_does_not_print(tmp_path):
     """graphc compile silences the PlanWarning of a plan's own warnings (its summary prints them),
-    not the others: the 16-bit sum of micro-batches is shown (it was silenced with them)."""
+    not the others: the 16-bit sum of micro-batches is shown (it was silenced with them), once, and
+    written in the plan file."""
     src = tmp_path / "pure16.py"
     src.write_text(
         "import numpy as np\n"
@@ -462,20 +483,11 @@ def test_graphc_compile_shows_the_warning_the_plan_summary_does_not_print(tmp_pa
     )
     out = tmp_path / "p.json"
     code, _out, err = call(
-        "compile",
-        f"{src}:step",
-        "--example",
-        "example",
-        "--mesh",
-        "dp=2",
-        "--microbatches",
-        "4",
-        "-o",
-        str(out),
-        "--quiet",
-        "--no-cache",  # the warning comes with planning: a plan read from the cache is not planned again
+        "compile", f"{src}:step", "--example", "example", "--mesh", "dp=2", "--microbatches", "4", "-o", str(out)
     )
     assert code == 0 and out.exists(), err
-    assert re.search(
-        r"graphc: warning: .*test_accumulate\.py:\d+: .*1 sum\(s\) of 4 micro-batches .* run in bfloat16", err
+    shown = re.findall(r"graphc: warning: (.*)", err)
+    assert len(shown) == 1 and re.search(
+        r".*test_accumulate\.py:\d+: .*1 sum\(s\) of 4 micro-batches .* run in bfloat16", shown[0]
     ), err
+    assert json.loads(out.read_text())["warnings"] == shown
