@@ -6,8 +6,9 @@ Each case is traced, optimized and planned by the steps of ``plan_sharding`` run
 plan JSON written to a file as ``graphc compile`` writes it (the "write" stage: what a user waits
 for after planning). Printed per case: the seconds of each stage, the ILP's size (items, groups,
 columns), the plan file's size and the solver's status;
-then the ratios the depth targets name (issue 29): the GPT-3 175B slice at 12 layers over 4, and
-LLaMA-3-8B at 32 layers over 8, and the 8B step as a checker runs it (``_llama_bf16``).
+then the ratios the depth targets name (issue 29): the GPT-3 175B slice at 12 layers over 4 (by
+the stages above, and by the wall clock of ``graphc compile`` run as a user runs it, the two slices
+interleaved), and LLaMA-3-8B at 32 layers over 8, and the 8B step as a checker runs it (``_llama_bf16``).
 
 ``graphc bench plantime --solvers`` instead solves the ILPs of the solver benchmarks (the 8B step,
 the 3-axis GPT, one GPT-3 175B layer) with HiGHS and with CP-SAT, interleaved, and prints each
@@ -19,6 +20,8 @@ from __future__ import annotations
 import gc
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -27,6 +30,7 @@ from dataclasses import dataclass
 from graphc.api.compiled import write_ties
 from graphc.api.parallel import parallelize
 from graphc.core.collector import collector_paused
+from graphc.core.errors import GraphcError
 from graphc.core.files import atomic_write
 from graphc.core.pytree import static_argnames
 from graphc.core.units import fmt_time
@@ -227,10 +231,66 @@ def main(repeat: int = 1, solvers: bool = False, deep: bool = False) -> None:
         f"{planning[g12] / planning[g4]:.2f}x (the 4-layer plan's file keeps its alternatives, the 12-layer one's, "
         "over 5,000 items, does not; target <= 1.3x, 12 layers <= 20 s)"
     )
+    _print_compile_walls(repeat)
     print(f"LLaMA-3-8B shapes, 32 layers / 8 layers: {total[l32] / total[l8]:.2f}x (32 layers: target <= 5 s)")
     print(f"{bf16}: {total[bf16]:.2f} s (target <= 5 s)")
     deepest = cases[5]
     print(f"{deepest.name}: {total[deepest.name]:.1f} s (target at 1,000 layers: <= 60 s; --deep plans that one)")
+
+
+# ``graphc compile``'s example of each slice (models/gpt3.py), as a user plans it
+COMPILE_SLICES = {4: "example_train_specs_175b_4l", 12: "example_train_specs_175b_12l"}
+COMPILE_ROUNDS = 3  # at least, interleaved: the wall clock of a process varies more than a stage's
+
+
+def compile_wall(n_layer: int, folder: str) -> float:
+    """Seconds of one ``graphc compile`` of the GPT-3 175B slice of ``n_layer`` layers on
+    dp=8,tp=8, a process of its own started to exit, as a user waits for it (the import, tracing,
+    planning, the summary, the plan file; no plan cache)."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "graphc",
+        "compile",
+        f"{gpt3.__file__}:train_step",
+        "--example",
+        COMPILE_SLICES[n_layer],
+        "--mesh",
+        "dp=8,tp=8",
+        "--profile",
+        "a100-sxm",
+        "--memory",
+        "80GiB",
+        "--no-cache",
+        "--quiet",
+        "-o",
+        os.path.join(folder, f"plan{n_layer}.json"),
+    ]
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    seconds = time.perf_counter() - t0
+    if done.returncode:
+        raise GraphcError(
+            f"graphc compile of the {n_layer}-layer slice failed (exit {done.returncode}):\n{done.stderr}"
+        )
+    return seconds
+
+
+def _print_compile_walls(repeat: int) -> None:
+    """The 12/4-layer ratio of ``graphc compile``'s wall clock: the two interleaved, the median
+    and the spread (lowest-highest) of each, and of the ratio of each round's pair."""
+    rounds = max(repeat, COMPILE_ROUNDS)
+    walls: dict[int, list[float]] = {4: [], 12: []}
+    with tempfile.TemporaryDirectory() as folder:
+        for _round in range(rounds):
+            for n in walls:
+                walls[n].append(compile_wall(n, folder))
+    ratios = [b / a for a, b in zip(walls[4], walls[12])]
+    cells = ", ".join(f"{n} layers {statistics.median(w):.2f} s ({min(w):.2f}-{max(w):.2f})" for n, w in walls.items())
+    print(
+        f"graphc compile of the slice, wall clock over {rounds} interleaved rounds: {cells}; 12 / 4 layers "
+        f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
+    )
 
 
 def _main_solvers(repeat: int, limit_s: float = 120.0) -> None:

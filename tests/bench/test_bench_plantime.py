@@ -54,3 +54,15 @@ def test_a_case_with_dropout_traces_its_generator_and_keeps_its_rate_static():
 
     t = plan_case(Case("tiny GPT-3 with dropout", gpt3.train_step, example, {"dp": 2}), "highs")
     assert t.status == "optimal" and t.objective_s > 0
+
+
+def test_compile_wall_runs_graphc_compile_as_a_user_does(tmp_path):
+    """The wall-clock ratio's runs are whole ``graphc compile`` processes that write the slice's plan
+    (the 4-layer one here: about 2 s)."""
+    import json
+
+    from graphc.bench.plantime import compile_wall
+
+    assert compile_wall(4, str(tmp_path)) > 0
+    doc = json.loads((tmp_path / "plan4.json").read_text())
+    assert doc["mesh"]["axes"] == {"dp": 8, "tp": 8} and doc["solver"]["status"] == "optimal"
