@@ -390,7 +390,8 @@ class Parallelized:
             if hit is None:
                 plan, graph = self.plan_and_graph(*args, **kwargs)
                 if isinstance(plan, PipelinePlan):
-                    hit = PipelineCompiled(graph, plan, self.backend, self.split_static)
+                    path = self.path if isinstance(self.path, PipelinePath) else PipelinePath(self.mesh)
+                    hit = path.build(graph, plan, self.backend, self.split_static)
                 else:
                     hit = ParallelCompiled(graph, plan, self.backend, self.split_static)
                 self._compiled.put(key, hit, self.static.describe(targs, tkwargs, static))

@@ -84,6 +84,27 @@ def test_mlp_trains_with_micro_batches_as_on_the_whole_batch(axes):
         assert [k for _d, ph, k in keys if ph == "U"] == [-1]
 
 
+def test_a_compile_micro_batches_the_step_once_and_a_given_plan_once_more(monkeypatch):
+    """Planning's micro-batched step is the one the compiled step runs (micro-batching a GPT step
+    is a fifth of its compile); a plan given to a new parallelize micro-batches its own graph."""
+    import graphc.api.compiled as compiled_mod
+    import graphc.passes.pipeline as pipeline_mod
+
+    calls = []
+    real = compiled_mod.microbatch
+    for mod in (compiled_mod, pipeline_mod):  # wherever a step is micro-batched
+        monkeypatch.setattr(mod, "microbatch", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    (params, x, labels), kw = mlp_args()
+    pf = graphc.parallelize(mlp.train_step, mesh={"dp": 2}, microbatches=4, static_argnames=("lr",), cache=False)
+    got = k_steps(pf, (params,), (x, labels), kw, 2)
+    assert calls == [4]
+    plan = pf.compile(params, x, labels, **kw).plan
+    given = graphc.parallelize(mlp.train_step, mesh={"dp": 2}, plan=plan, static_argnames=("lr",))
+    assert_steps_close(k_steps(given, (params,), (x, labels), kw, 2), got)
+    assert calls == [4, 4]
+    assert_steps_close(got, k_steps(mlp.train_step, (params,), (x, labels), kw, 2))
+
+
 @pytest.mark.parametrize(
     "axes",
     [{"dp": 2}, *[pytest.param(a, marks=pytest.mark.slow) for a in ({"tp": 2}, {"dp": 2, "tp": 2}, {"dp": 1})]],
