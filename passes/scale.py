@@ -349,10 +349,15 @@ def compose(model: _Model, segs: _Segments, lo: Layout, profile, figures: Cluste
     grad_bytes = layer_st.grad_bytes * n_max + other_st.grad_bytes
     dp_link = profile.link_for("dp")
     # ZeRO 0: an all-reduce during the backward; ZeRO 1-2: its reduce-scatter half during the
-    # backward, then an all-gather of the updated parameters after the update (not hidden); ZeRO 3:
-    # the reduce-scatter, and an all-gather of the parameters before every forward and backward
+    # backward, then an all-gather of the updated parameters after the update (not hidden), in
+    # their own dtype (a bfloat16 parameter's gradient summed in float32 moves twice its bytes:
+    # Megatron-LM's distributed optimizer reduce-scatters float32 gradients and all-gathers
+    # bfloat16 parameters); ZeRO 3: the reduce-scatter, and an all-gather of the parameters before
+    # every forward and backward
     ring_s = _ring_s(grad_bytes, D, dp_link)
-    hidden_s, after_s = (ring_s, 0.0) if lo.zero == 0 else (ring_s / 2, ring_s / 2 if lo.zero < 3 else 0.0)
+    param_bytes = layer_st.param_bytes * n_max + other_st.param_bytes
+    after_s = _ring_s(param_bytes, D, dp_link) / 2 if 1 <= lo.zero < 3 else 0.0
+    hidden_s = ring_s if lo.zero == 0 else ring_s / 2
     gather_s = 2 * k * _ring_s(layer_st.param_bytes * n_max, D, dp_link) / 2 if lo.zero >= 3 else 0.0
     last_backward = max(b_s)
     # what the reduction beside the last backward adds to it: its excess, or the backward slowed

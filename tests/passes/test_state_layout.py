@@ -153,6 +153,34 @@ def test_a_composed_plan_holds_and_prices_the_plans_layout(replicated):
     assert "re-layout" in plan.breakdown()
 
 
+@pytest.mark.parametrize("zero", [0, 1, 2])
+def test_the_data_parallel_term_moves_float32_gradients_and_bfloat16_parameters(split, zero):
+    """By hand: the gradients (bfloat16 parameters' gradients summed in float32) are all-reduced,
+    or with ZeRO 1-2 reduce-scattered, beside the last backward; ZeRO 1-2 then all-gather the
+    updated parameters in their own dtype, half the gradients' bytes (Megatron-LM's distributed
+    optimizer). The all-gather was priced at the gradients' bytes."""
+    model, segs = split
+    D = 4
+    lo = Layout(pp=1, dp=D, tp=TP, micro_batch=1, microbatches=4, zero=zero, recompute="off")
+    figures = scale.cluster_figures(A100)
+    plan, why = scale.compose(model, segs, lo, A100, figures, None)
+    assert why is None
+    layer, other, L = segs.layer_state, segs.other_state, model.layers.count
+    grads = L * layer.grad_bytes + other.grad_bytes
+    params = L * layer.param_bytes + other.param_bytes
+    assert grads == pytest.approx(2 * params, rel=0.01)  # float32 sums of bfloat16 gradients
+    link = A100.link_for("dp")
+
+    def ring(nbytes):  # a ring all-reduce: 2 (D - 1) / D of the bytes, 2 (D - 1) latencies
+        return 2 * (D - 1) / D * nbytes / link.bandwidth + 2 * (D - 1) * link.latency_s
+
+    backward = L * segs.block.backward_s + segs.pre.backward_s + segs.head.backward_s
+    beside = ring(grads) if zero == 0 else ring(grads) / 2
+    hidden = scale.hidden_collective_s(beside, figures.dp_overlap * backward, figures.overlap_slowdown)
+    after = 0.0 if zero == 0 else ring(params) / 2
+    assert plan.predicted["dp_s"] == pytest.approx(hidden + after, rel=1e-9)
+
+
 def test_the_stamped_block_finds_every_parameters_gradient_and_moments(split):
     model, segs = split
     assert len(segs.layer_state.params) == len(model.layer_params)
