@@ -249,7 +249,7 @@ def _low_precision_sums(graph: Graph, g: Graph, m: int) -> tuple[str, ...]:
     """The warning, if any, that micro-batches meet in a 16-bit float sum: the runtime adds each
     micro-batch's piece into a running sum of that dtype, rounding at every one of the ``m``
     (Adam's ``g.astype(np.float32)`` makes the sum float32: ``_hoistable``). The plan carries it
-    (``PipelinePlan.warnings``), so a plan read from the cache or a file warns as one just made does."""
+    (``PipelinePlan.warnings``), so a plan read from a file warns as one just made does."""
     low = [n for n in g.nodes if n.op.has(Collective) and n.inputs[0].type.dtype in LOW_FLOATS]
     if not low:
         return ()

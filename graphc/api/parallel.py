@@ -355,7 +355,7 @@ class Parallelized:
     def _warn(self, plan: ShardingPlan | PipelinePlan) -> None:
         """A PlanWarning with the plan's warnings (replicated work, ops without a sharding rule),
         and one per warning of a pipeline plan's own (a 16-bit sum of micro-batches), each where the
-        user called: for a plan made, read from the cache or given."""
+        user called: for a plan made, read from the cache, or given."""
         if isinstance(plan, PipelinePlan):
             for w in plan.warnings:  # not the summary's: graphc compile shows these (PLAN_WARNINGS)
                 warnings.warn(PlanWarning(w), stacklevel=user_stacklevel())
