@@ -246,20 +246,36 @@ def microbatch(graph: Graph, m: int, batch: list[int] | None = None) -> Microbat
 
 
 def _low_precision_sums(graph: Graph, g: Graph, m: int) -> tuple[str, ...]:
-    """The warning, if any, that micro-batches meet in a 16-bit float sum: the runtime adds each
+    """The warnings, if any, that micro-batches meet in a 16-bit float sum: the runtime adds each
     micro-batch's piece into a running sum of that dtype, rounding at every one of the ``m``
-    (Adam's ``g.astype(np.float32)`` makes the sum float32: ``_hoistable``). The plan carries it
-    (``PipelinePlan.warnings``), so a plan read from a file warns as one just made does."""
+    (Adam's ``g.astype(np.float32)`` makes the sum float32: ``_hoistable``). A sum the step returns
+    as it is (a bfloat16 loss) is named apart, with its own way out: widening the gradients does
+    not reach it. The plan carries them (``PipelinePlan.warnings``), so a plan read from a file
+    warns as one just made does."""
     low = [n for n in g.nodes if n.op.has(Collective) and n.inputs[0].type.dtype in LOW_FLOATS]
-    if not low:
-        return ()
-    first = low[0]
-    where = f"{first.loc}: " if first.loc is not None else ""
-    return (
-        f"{where}{graph.name}: {len(low)} sum(s) of {m} micro-batches (the first: {first.inputs[0].type}) run in "
-        f"{first.inputs[0].type.dtype}, rounding at every micro-batch; widen the gradients before the update "
-        "(g.astype(np.float32), as mixed-precision optimizers do) to sum them in float32",
-    )
+    outputs = list(g.outputs)
+    returned = [n for n in low if n.outputs[0] in outputs]
+    found = []
+    summed = [n for n in low if n not in returned]
+    if summed:
+        first = summed[0]
+        where = f"{first.loc}: " if first.loc is not None else ""
+        found.append(
+            f"{where}{graph.name}: {len(summed)} sum(s) of {m} micro-batches (the first: {first.inputs[0].type}) run "
+            f"in {first.inputs[0].type.dtype}, rounding at every micro-batch; widen the gradients before the update "
+            "(g.astype(np.float32), as mixed-precision optimizers do) to sum them in float32"
+        )
+    if returned:
+        first = returned[0]
+        where = f"{first.loc}: " if first.loc is not None else ""
+        path = "".join(f"[{key!r}]" for key in leaf_paths(graph.out_tree)[outputs.index(first.outputs[0])])
+        more = f" and {len(returned) - 1} more" if len(returned) > 1 else ""
+        found.append(
+            f"{where}{graph.name}: the result at {path} ({first.inputs[0].type}, a loss?){more} is summed over {m} "
+            f"micro-batches in {first.inputs[0].type.dtype}, rounding at every micro-batch; return it widened "
+            "(loss.astype(np.float32)) to sum it in float32"
+        )
+    return tuple(found)
 
 
 def _check_meetings_are_sums(graph: Graph, g: Graph) -> None:
