@@ -43,6 +43,7 @@ from graphc.core.traits import Collective, Constant, DeviceLocal
 from graphc.ops.random import state_inputs
 from graphc.passes.options import PlanOptions
 from graphc.passes.partition import Pins, build_problem, lower, make_plan, plan_sharding, solve_problem, state_ties
+from graphc.passes.pipeline_stages import no_forward_pass
 from graphc.passes.sharding.costs import CostModel
 from graphc.passes.sharding.items import Edge
 from graphc.passes.sharding.memory import MemoryModel
@@ -218,6 +219,8 @@ def microbatch(graph: Graph, m: int, batch: list[int] | None = None) -> Microbat
             f"microbatches={m}: @{graph.name} has no batch input to split into micro-batches (an array argument "
             f"that no result replaces, split along dim 0); run it with microbatches=1"
         )
+    if m > 1 and not any(n.part in ("forward", "backward") for n in graph.nodes):
+        raise no_forward_pass(graph.name)  # before its weights, not returned, are split as batch inputs
     for k in batch:
         v = graph.inputs[k]
         if v.type.ndim == 0 or v.type.shape[0] % m:

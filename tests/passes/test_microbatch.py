@@ -270,3 +270,19 @@ def test_a_step_without_a_forward_pass_is_refused_as_one():
     for mesh in ({"dp": 2}, {"pp": 2}):
         with pytest.raises(PlanError, match=r"@eval_step has no forward pass .* run it with microbatches=1"):
             graphc.parallelize(eval_step, mesh=mesh, microbatches=2, cache=False)(w, x, y)
+
+
+def test_a_step_without_a_forward_pass_is_refused_before_its_weights_are_read_as_batch_inputs():
+    """A loss with no gradient taken, whose weight (an argument it does not return, so a batch
+    input) does not divide by the count: the error says the step has no forward pass, not that the
+    weight "does not split into 2 micro-batches" (nor that a matmul reads the whole batch)."""
+
+    def loss(w, x):
+        return np.mean(np.tanh(x @ w))
+
+    rng = np.random.default_rng(3)
+    w, x = rng.standard_normal((5, 3)), rng.standard_normal((8, 5))
+    for k in (2, 4):
+        with pytest.raises(PlanError, match=r"@loss has no forward pass .* run it with microbatches=1") as info:
+            graphc.parallelize(loss, mesh={"dp": 2}, microbatches=k, cache=False)(w, x)
+        assert "does not split" not in str(info.value)
