@@ -305,8 +305,9 @@ def _check_meetings_are_sums(graph: Graph, g: Graph) -> None:
                 f"operand is joined from every micro-batch by {node.op.name}, not summed): this step needs the "
                 f"whole batch at once and cannot be split into micro-batches"
                 + (
-                    f"; it joins {joined}, split as batch inputs (every array argument the step does not return "
-                    "replaced is one: a frozen weight is state only if the step returns it unchanged)"
+                    f"; it joins {joined}, split along dim 0 as batch inputs (every array argument the step does not "
+                    "return replaced is one, split along its dim 0: a frozen weight is state only if the step returns "
+                    "it unchanged, and a time-major input [T, B, ...] splits time)"
                     if joined
                     else ""
                 )
@@ -315,7 +316,7 @@ def _check_meetings_are_sums(graph: Graph, g: Graph) -> None:
 
 def _joined_inputs(graph: Graph, g: Graph) -> str:
     """The step's inputs that micro-batching split and a collective of the micro-batch program ``g``
-    joins whole again (``%W, %x``), or ""."""
+    joins whole again (``%W (f32[8,4]), %x (f32[16,8])``), or ""."""
     names = graph.value_names()
     at = {
         g.inputs.index(n.inputs[0])
@@ -323,7 +324,7 @@ def _joined_inputs(graph: Graph, g: Graph) -> str:
         if n.op.has(Collective) and n.attrs.get("axis") == MB_AXIS and n.op.name != "all_reduce" and n.inputs
         if n.inputs[0] in g.inputs
     }
-    return ", ".join(f"%{names[graph.inputs[k]]}" for k in sorted(at))
+    return ", ".join(f"%{names[graph.inputs[k]]} ({graph.inputs[k].type})" for k in sorted(at))
 
 
 # --- planning the micro-batch program on a real mesh: k passes and one update per step -----------
