@@ -43,6 +43,7 @@ from graphc.core.traits import Collective, Constant, DeviceLocal
 from graphc.ops.random import state_inputs
 from graphc.passes.options import PlanOptions
 from graphc.passes.partition import Pins, build_problem, lower, make_plan, plan_sharding, solve_problem, state_ties
+from graphc.passes.pipeline_stages import no_forward_pass
 from graphc.passes.sharding.costs import CostModel
 from graphc.passes.sharding.items import Edge
 from graphc.passes.sharding.memory import MemoryModel
@@ -218,6 +219,8 @@ def microbatch(graph: Graph, m: int, batch: list[int] | None = None) -> Microbat
             f"microbatches={m}: @{graph.name} has no batch input to split into micro-batches (an array argument "
             f"that no result replaces, split along dim 0); run it with microbatches=1"
         )
+    if m > 1 and not any(n.part in ("forward", "backward") for n in graph.nodes):
+        raise no_forward_pass(graph.name)  # before its weights, not returned, are split as batch inputs
     for k in batch:
         v = graph.inputs[k]
         if v.type.ndim == 0 or v.type.shape[0] % m:
@@ -246,20 +249,36 @@ def microbatch(graph: Graph, m: int, batch: list[int] | None = None) -> Microbat
 
 
 def _low_precision_sums(graph: Graph, g: Graph, m: int) -> tuple[str, ...]:
-    """The warning, if any, that micro-batches meet in a 16-bit float sum: the runtime adds each
+    """The warnings, if any, that micro-batches meet in a 16-bit float sum: the runtime adds each
     micro-batch's piece into a running sum of that dtype, rounding at every one of the ``m``
-    (Adam's ``g.astype(np.float32)`` makes the sum float32: ``_hoistable``). The plan carries it
-    (``PipelinePlan.warnings``), so a plan read from a file warns as one just made does."""
+    (Adam's ``g.astype(np.float32)`` makes the sum float32: ``_hoistable``). A sum the step returns
+    as it is (a bfloat16 loss) is named apart, with its own way out: widening the gradients does
+    not reach it. The plan carries them (``PipelinePlan.warnings``), so a plan read from a file
+    warns as one just made does."""
     low = [n for n in g.nodes if n.op.has(Collective) and n.inputs[0].type.dtype in LOW_FLOATS]
-    if not low:
-        return ()
-    first = low[0]
-    where = f"{first.loc}: " if first.loc is not None else ""
-    return (
-        f"{where}{graph.name}: {len(low)} sum(s) of {m} micro-batches (the first: {first.inputs[0].type}) run in "
-        f"{first.inputs[0].type.dtype}, rounding at every micro-batch; widen the gradients before the update "
-        "(g.astype(np.float32), as mixed-precision optimizers do) to sum them in float32",
-    )
+    outputs = list(g.outputs)
+    returned = [n for n in low if n.outputs[0] in outputs]
+    found = []
+    summed = [n for n in low if n not in returned]
+    if summed:
+        first = summed[0]
+        where = f"{first.loc}: " if first.loc is not None else ""
+        found.append(
+            f"{where}{graph.name}: {len(summed)} sum(s) of {m} micro-batches (the first: {first.inputs[0].type}) run "
+            f"in {first.inputs[0].type.dtype}, rounding at every micro-batch; widen the gradients before the update "
+            "(g.astype(np.float32), as mixed-precision optimizers do) to sum them in float32"
+        )
+    if returned:
+        first = returned[0]
+        where = f"{first.loc}: " if first.loc is not None else ""
+        path = "".join(f"[{key!r}]" for key in leaf_paths(graph.out_tree)[outputs.index(first.outputs[0])])
+        more = f" and {len(returned) - 1} more" if len(returned) > 1 else ""
+        found.append(
+            f"{where}{graph.name}: the result at {path} ({first.inputs[0].type}, a loss?){more} is summed over {m} "
+            f"micro-batches in {first.inputs[0].type.dtype}, rounding at every micro-batch; return it widened "
+            "(loss.astype(np.float32)) to sum it in float32"
+        )
+    return tuple(found)
 
 
 def _check_meetings_are_sums(graph: Graph, g: Graph) -> None:
@@ -286,8 +305,9 @@ def _check_meetings_are_sums(graph: Graph, g: Graph) -> None:
                 f"operand is joined from every micro-batch by {node.op.name}, not summed): this step needs the "
                 f"whole batch at once and cannot be split into micro-batches"
                 + (
-                    f"; it joins {joined}, split as batch inputs (every array argument the step does not return "
-                    "replaced is one: a frozen weight is state only if the step returns it unchanged)"
+                    f"; it joins {joined}, split along dim 0 as batch inputs (every array argument the step does not "
+                    "return replaced is one, split along its dim 0: a frozen weight is state only if the step returns "
+                    "it unchanged, and a time-major input [T, B, ...] splits time)"
                     if joined
                     else ""
                 )
@@ -296,7 +316,7 @@ def _check_meetings_are_sums(graph: Graph, g: Graph) -> None:
 
 def _joined_inputs(graph: Graph, g: Graph) -> str:
     """The step's inputs that micro-batching split and a collective of the micro-batch program ``g``
-    joins whole again (``%W, %x``), or ""."""
+    joins whole again (``%W (f32[8,4]), %x (f32[16,8])``), or ""."""
     names = graph.value_names()
     at = {
         g.inputs.index(n.inputs[0])
@@ -304,7 +324,7 @@ def _joined_inputs(graph: Graph, g: Graph) -> str:
         if n.op.has(Collective) and n.attrs.get("axis") == MB_AXIS and n.op.name != "all_reduce" and n.inputs
         if n.inputs[0] in g.inputs
     }
-    return ", ".join(f"%{names[graph.inputs[k]]}" for k in sorted(at))
+    return ", ".join(f"%{names[graph.inputs[k]]} ({graph.inputs[k].type})" for k in sorted(at))
 
 
 # --- planning the micro-batch program on a real mesh: k passes and one update per step -----------

@@ -30,7 +30,7 @@ from graphc.core.collector import collector_paused
 from graphc.core.errors import PlanError, PlanWarning, user_stacklevel
 from graphc.core.ir import Graph
 from graphc.core.mesh import Mesh
-from graphc.core.pytree import TreeDef, call_arguments, top_level
+from graphc.core.pytree import StateUpdate, TreeDef, call_arguments, top_level
 from graphc.passes.bucket import bucket_all_reduces
 from graphc.passes.lower import lower_graph, regather
 from graphc.passes.manager import optimize
@@ -306,7 +306,25 @@ def state_ties(graph: Graph) -> list[tuple[int, int]]:
     """(input leaf, output leaf) pairs of outputs that replace an argument of the same structure,
     shapes and dtypes (new parameters for old, new optimizer state): tied to one spec, so a loop
     of steps never reshards its state. A dict is the same structure in any key order (a step that
-    rebuilds its parameters' dict in another order still returns them): leaves pair by key."""
+    rebuilds its parameters' dict in another order still returns them): leaves pair by key.
+    Every array the function wrote into an argument object (a KV cache on ``self``, a model's
+    weights assigned on the object it returns: a ``StateUpdate``) is tied to the input it
+    replaces first, so the planner, micro-batching and pipelines all see it as state."""
+    node = graph.out_tree.node
+    if node is None or node.cls is not StateUpdate:
+        return _returned_ties(graph)
+    ties, first = [], graph.out_tree.children[0].num_leaves
+    for place, tree in zip(node.aux, graph.out_tree.children[1:]):
+        if place.input_leaf is not None and tree.kind == "leaf":
+            if graph.inputs[place.input_leaf].type == graph.outputs[first].type:
+                ties.append((place.input_leaf, first))
+        first += tree.num_leaves
+    tied_in, tied_out = {i for i, _o in ties}, {o for _i, o in ties}
+    return ties + [(i, o) for i, o in _returned_ties(graph) if i not in tied_in and o not in tied_out]
+
+
+def _returned_ties(graph: Graph) -> list[tuple[int, int]]:
+    """``state_ties`` of the arguments the step returns replaced."""
     in_types = [v.type for v in graph.inputs]
     out_types = [v.type for v in graph.outputs]
     used: set[int] = set()

@@ -126,6 +126,17 @@ class _StepNodes:
         return max(pos) if pos else None
 
 
+def no_forward_pass(name: str) -> PlanError:
+    """The error for micro-batching or pipelining a step with no forward pass to split (one that
+    takes no gradient): ``microbatch`` raises it before anything else is checked, stage assignment
+    for one micro-batch on stages."""
+    return PlanError(
+        f"@{name} has no forward pass (nodes graphc.grad or value_and_grad differentiates): micro-batches and "
+        "pipeline stages split a training step's forward and backward passes; run it with microbatches=1 and no "
+        "pp axis"
+    )
+
+
 def _forward_order(g: Graph, step_phase: list[bool], S: int, profile) -> _StepNodes:
     """The forward order (the forward nodes that are neither step phase, meeting points nor
     constants, in program order; at least ``S`` of them) and the value homes: the forward
@@ -139,11 +150,7 @@ def _forward_order(g: Graph, step_phase: list[bool], S: int, profile) -> _StepNo
         k for k, n in enumerate(nodes) if n.part == "forward" and not step_phase[k] and not meets[k] and not is_const[k]
     ]
     if not fwd:
-        raise PlanError(
-            f"@{g.name.split('.dev')[0]} has no forward pass (nodes graphc.grad or value_and_grad differentiates): "
-            "micro-batches and pipeline stages split a training step's forward and backward passes; run it with "
-            "microbatches=1 and no pp axis"
-        )
+        raise no_forward_pass(g.name.split(".dev")[0])
     if len(fwd) < S:
         raise PlanError(f"the step's forward pass has {len(fwd)} nodes: too few for {S} pipeline stages")
     fpos = {k: i for i, k in enumerate(fwd)}

@@ -226,19 +226,10 @@ def _stored(out: Any, args: tuple, kwargs: dict) -> Any:
 
 
 def write_ties(graph: Graph) -> list[tuple[int, int]]:
-    """``state_ties``, with every array a function wrote into an argument object (a KV cache on
-    ``self``) tied to the input it replaces instead: the state keeps its spec from call to call."""
-    node = graph.out_tree.node
-    if node is None or node.cls is not StateUpdate:
-        return state_ties(graph)
-    ties, first = [], graph.out_tree.children[0].num_leaves
-    for place, tree in zip(node.aux, graph.out_tree.children[1:]):
-        if place.input_leaf is not None and tree.kind == "leaf":
-            if graph.inputs[place.input_leaf].type == graph.outputs[first].type:
-                ties.append((place.input_leaf, first))
-        first += tree.num_leaves
-    tied_in, tied_out = {i for i, _o in ties}, {o for _i, o in ties}
-    return ties + [(i, o) for i, o in state_ties(graph) if i not in tied_in and o not in tied_out]
+    """``state_ties`` (passes/partition.py), which ties every array a function wrote into an
+    argument object (a KV cache on ``self``) to the input it replaces: the state keeps its spec
+    from call to call."""
+    return state_ties(graph)
 
 
 # --- paths: how a graph is planned and built --------------------------------------------------------

@@ -13,6 +13,7 @@ import numpy as np
 
 from graphc.autodiff import interpreted_calls
 from graphc.core.dtypes import is_low_float
+from graphc.core.ir import Graph
 from graphc.core.pytree import flatten
 
 
@@ -57,18 +58,22 @@ def fmt_range(times: list[float]) -> str:
     return f"{med * 1e3:9.2f} ms (min {min(times) * 1e3:.2f}, max {max(times) * 1e3:.2f}, n={len(times)})"
 
 
-def same(got: Any, want: Any) -> str:
+def same(got: Any, want: Any, computed_in: np.dtype | None = None) -> str:
     """ "yes" when two results (pytrees of arrays) agree to float32/float64 tolerance, else why not.
     bfloat16 and float16 results (rounded at every op, ops/precision.py) agree within 8 of their
-    ulps at the leaf's largest magnitude: partial sums rounded on a mesh move a result by a few."""
+    ulps at the leaf's largest magnitude: partial sums rounded on a mesh move a result by a few.
+    ``computed_in``: the 16-bit float the computation ran in (``narrowest_float``), whose tolerance
+    every float leaf gets: a float32 leaf made from 16-bit values (Adam's float32 moments of
+    bfloat16 gradients) carries their rounding."""
     g, w = flatten(got)[0], flatten(want)[0]
     for a, b in zip(g, w):
         a, b = np.asarray(a), np.asarray(b)
         if a.shape != b.shape or a.dtype != b.dtype:
             return f"no ({a.dtype}{a.shape} vs {b.dtype}{b.shape})"
-        if is_low_float(a.dtype):
-            scale = float(np.max(np.abs(b.astype(np.float32)), initial=1.0))
-            tol = 8 * float(ml_dtypes.finfo(a.dtype).eps)
+        low = a.dtype if is_low_float(a.dtype) else computed_in if a.dtype.kind == "f" else None
+        if low is not None:
+            scale = float(np.max(np.abs(b.astype(np.float32)), initial=0.0))
+            tol = 8 * float(ml_dtypes.finfo(low).eps)
             a, b = a.astype(np.float32), b.astype(np.float32)
             if not np.allclose(a, b, rtol=tol, atol=tol * scale):
                 return f"no (max abs diff {np.max(np.abs(a - b)):.3g})"
@@ -77,6 +82,14 @@ def same(got: Any, want: Any) -> str:
         if a.dtype.kind == "f" and not np.allclose(a, b, rtol=tol, atol=tol):
             return f"no (max abs diff {np.max(np.abs(a - b)):.3g})"
     return "yes"
+
+
+def narrowest_float(graph: Graph) -> np.dtype | None:
+    """The coarsest 16-bit float (bfloat16 before float16) any input or node result of ``graph``
+    has, or None: what ``same`` compares the graph's results at."""
+    values = [*graph.inputs, *(v for node in graph.nodes for v in node.outputs)]
+    low = {v.type.dtype for v in values if is_low_float(v.type.dtype)}
+    return max(low, key=lambda d: float(ml_dtypes.finfo(d).eps)) if low else None
 
 
 def interleaved(

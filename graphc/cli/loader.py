@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import os
 import sys
 from collections.abc import Callable
@@ -73,7 +74,31 @@ def load_target(target: str, example: str | None = None) -> tuple[Callable, tupl
         and isinstance(result[1], dict)
     ):
         raise UsageError(f"{path}:{ex_name}() must return (args, kwargs): a tuple of positional arguments and a dict")
-    return fn, tuple(result[0]), dict(result[1])
+    args, kwargs = tuple(result[0]), dict(result[1])
+    _check_binds(fn, func_name, path, f"{path}:{ex_name}()", args, kwargs)
+    return fn, args, kwargs
+
+
+def _check_binds(fn: Callable, name: str, path: str, example: str, args: tuple, kwargs: dict) -> None:
+    """UsageError, naming the example and the function's ``file:line``, when the example's
+    arguments do not fit the function's parameters (a keyword it does not take, one too many or
+    too few): said before any tracing, and not as a static_argnames or tracing error."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # no signature to check (a builtin): tracing says what is wrong
+        return
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        code = getattr(inspect.unwrap(fn), "__code__", None)
+        where = ""
+        if code is not None:
+            same = os.path.abspath(code.co_filename) == os.path.abspath(path)
+            where = f" ({path if same else code.co_filename}:{code.co_firstlineno})"
+        raise UsageError(
+            f"{example} returns arguments that {name}{where} does not take: {exc} "
+            f"(parameters: {', '.join(signature.parameters)})"
+        ) from None
 
 
 def _first_function(path: str) -> str:

@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 from graphc.api.parallel import BACKENDS, Parallelized, check_plan_mesh
-from graphc.bench.timing import direct_call, fmt_range, same, times_of
+from graphc.bench.timing import direct_call, fmt_range, narrowest_float, same, times_of
 from graphc.cli.common import (
     Output,
     add_plan_flags,
@@ -148,7 +148,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     baseline, want, call = _baseline(pf, compiled, fn, fargs, fkwargs)
     got = compiled(*fargs, **fkwargs)  # first run: kernels compiled or loaded from the disk cache
-    verdict = same(got, want)
+    verdict = same(got, want, narrowest_float(compiled.graph))
     t_eager = times_of(call, args.repeat)
     t_mesh = times_of(lambda: compiled(*fargs, **fkwargs), args.repeat)
     dyn_args, dyn_kwargs, _ = pf.split_static(fargs, fkwargs)
@@ -233,7 +233,7 @@ def _run_pipeline(args: argparse.Namespace, pf, fn, fargs, fkwargs, trace_out: O
     print(plan.summary())
     baseline, want, call = _baseline(pf, compiled, fn, fargs, fkwargs)
     got = compiled(*fargs, **fkwargs)
-    verdict = same(got, want)
+    verdict = same(got, want, narrowest_float(compiled.graph))
     t_eager = times_of(call, args.repeat)
     t_pipe = times_of(lambda: compiled(*fargs, **fkwargs), args.repeat)
     dyn_args, dyn_kwargs, _ = pf.split_static(fargs, fkwargs)
@@ -330,7 +330,7 @@ def cmd_run_mpi(args: argparse.Namespace, mesh, loaded, trace_out: Output | None
     baseline, want, call = _baseline(pf, compiled, fn, fargs, fkwargs) if root else ("", None, None)
     got = compiled(*fargs, **fkwargs)  # first run: kernels compiled or loaded, every call checked
     whole = [x.gather(0) if isinstance(x, ShardedArray) else x for x in flatten(got)[0]]
-    verdict = same(whole, flatten(want)[0]) if root else ""
+    verdict = same(whole, flatten(want)[0], narrowest_float(compiled.graph)) if root else ""
     ok = world.broadcast_int(int(verdict == "yes"))
     t_eager = [0.0]
     if root:

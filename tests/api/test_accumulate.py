@@ -512,3 +512,42 @@ def test_graphc_compile_shows_the_warning_the_plan_summary_does_not_print(tmp_pa
         r".*test_accumulate\.py:\d+: .*1 sum\(s\) of 4 micro-batches .* run in bfloat16", shown[0]
     ), err
     assert json.loads(out.read_text())["warnings"] == shown
+
+
+def _mixed_step_returning_a_bf16_loss(w, m, x, y, widen_loss=False):
+    def loss(w, x, y):
+        d = x @ w - y
+        return np.mean(d * d)  # bfloat16
+
+    value, g = graphc.value_and_grad(loss)(w, x, y)
+    m = 0.9 * m + g.astype(np.float32)  # the gradient widened: summed in float32
+    new_w = (w.astype(np.float32) - 0.01 * m).astype(w.dtype)
+    return new_w, m, value.astype(np.float32) if widen_loss else value
+
+
+def test_a_bfloat16_loss_summed_over_micro_batches_is_named_as_a_result():
+    """A step that widens its gradients but returns its bfloat16 loss: the loss is what sums in
+    bfloat16, and the warning names that result and its way out (return it widened), not the
+    gradients (it said "widen the gradients", which the step already does)."""
+    bf = graphc.bfloat16
+    rng = np.random.default_rng(1)
+    w, x, y = (rng.standard_normal(s).astype(bf) for s in ((8, 2), (16, 8), (16, 2)))
+    m = np.zeros((8, 2), np.float32)
+    with warnings.catch_warnings(record=True) as ws:
+        warnings.simplefilter("always")
+        graphc.parallelize(_mixed_step_returning_a_bf16_loss, mesh={"dp": 2}, microbatches=4, cache=False)(w, m, x, y)
+    shown = [str(x.message) for x in ws if issubclass(x.category, PlanWarning)]
+    assert len(shown) == 1, shown
+    assert re.search(r"test_accumulate\.py:\d+: .*the result at \[2\] \(bf16\[\], a loss\?\)", shown[0]), shown
+    assert "loss.astype(np.float32)" in shown[0] and "widen the gradients" not in shown[0]
+    with warnings.catch_warnings(record=True) as ws:
+        warnings.simplefilter("always")
+        step = graphc.parallelize(
+            _mixed_step_returning_a_bf16_loss,
+            mesh={"dp": 2},
+            microbatches=4,
+            cache=False,
+            static_argnames=("widen_loss",),
+        )
+        step(w, m, x, y, widen_loss=True)
+    assert not [x for x in ws if issubclass(x.category, PlanWarning)]

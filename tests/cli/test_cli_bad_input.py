@@ -57,7 +57,11 @@ MODEL = textwrap.dedent(
 
 
     def ex_bad_leaf():
-        return (np.ones(3), object()), {}
+        return (object(),), {}
+
+
+    def ex_extra_keyword():
+        return (np.ones(3),), {"scale": 2.0}
     """
 )
 
@@ -121,6 +125,12 @@ CASES = [
     ("example of the wrong shape", ["ir", "{d}/model.py:mm", "--example", "ex_wrong_shape"], "model.py:{mm}:"),
     ("example raises", ["ir", "{d}/model.py:f", "--example", "ex_raises"], "model.py:{ex-raises}: ValueError"),
     ("example with a bad leaf", ["ir", "{d}/model.py:f", "--example", "ex_bad_leaf"], "has type object"),
+    (
+        "example the function does not take",
+        ["compile", "{d}/model.py:f", "--example", "ex_extra_keyword", "--mesh", "dp=2"],
+        "model.py:ex_extra_keyword() returns arguments that f ({d}/model.py:5) does not take: got an unexpected "
+        "keyword argument 'scale' (parameters: x)",
+    ),
     ("function raises", ["ir", "{d}/model.py:user_bug"], "model.py:{user-bug}: RuntimeError: user bug"),
     (
         "function raises in a branch",

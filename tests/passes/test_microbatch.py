@@ -247,7 +247,10 @@ def test_a_frozen_weight_taken_for_a_batch_input_is_named():
     rng = np.random.default_rng(4)
     lora = {"a": rng.standard_normal((6, 2)), "b": rng.standard_normal((2, 6))}
     w, x, y = rng.standard_normal((6, 6)), rng.standard_normal((8, 6)), rng.standard_normal((8, 6))
-    with pytest.raises(PlanError, match=r"reads the whole batch at once .*; it joins %w, %x, split as batch inputs"):
+    with pytest.raises(
+        PlanError,
+        match=r"reads the whole batch at once .*; it joins %w \(.*\), %x \(.*\), split along dim 0 as batch inputs",
+    ):
         microbatch(graph_of(lora_step, (lora, w, x, y), {}), 2)
 
     def returning_w(lora, w, x, y):
@@ -270,3 +273,40 @@ def test_a_step_without_a_forward_pass_is_refused_as_one():
     for mesh in ({"dp": 2}, {"pp": 2}):
         with pytest.raises(PlanError, match=r"@eval_step has no forward pass .* run it with microbatches=1"):
             graphc.parallelize(eval_step, mesh=mesh, microbatches=2, cache=False)(w, x, y)
+
+
+def test_a_step_without_a_forward_pass_is_refused_before_its_weights_are_read_as_batch_inputs():
+    """A loss with no gradient taken, whose weight (an argument it does not return, so a batch
+    input) does not divide by the count: the error says the step has no forward pass, not that the
+    weight "does not split into 2 micro-batches" (nor that a matmul reads the whole batch)."""
+
+    def loss(w, x):
+        return np.mean(np.tanh(x @ w))
+
+    rng = np.random.default_rng(3)
+    w, x = rng.standard_normal((5, 3)), rng.standard_normal((8, 5))
+    for k in (2, 4):
+        with pytest.raises(PlanError, match=r"@loss has no forward pass .* run it with microbatches=1") as info:
+            graphc.parallelize(loss, mesh={"dp": 2}, microbatches=k, cache=False)(w, x)
+        assert "does not split" not in str(info.value)
+
+
+def test_a_time_major_input_joined_whole_is_named_with_its_shape_and_dim():
+    """A recurrent step over a time-major input [T, B, d]: micro-batches split dim 0, time, and the
+    recurrence reads every step: the error names the input with its shape and says it was split
+    along dim 0 (it said only "it joins %x, split as batch inputs")."""
+
+    def loss(w, x, y):
+        h = np.zeros((x.shape[1], w.shape[1]))
+        for t in range(x.shape[0]):
+            h = np.tanh(x[t] @ w + h)
+        return np.mean((h - y) ** 2)
+
+    def step(w, x, y):
+        value, g = graphc.value_and_grad(loss)(w, x, y)
+        return w - 0.1 * g, value
+
+    rng = np.random.default_rng(4)
+    w, x, y = rng.standard_normal((5, 3)), rng.standard_normal((4, 6, 5)), rng.standard_normal((6, 3))
+    with pytest.raises(PlanError, match=r"it joins %x \(f64\[4,6,5\]\), split along dim 0 .*time-major"):
+        graphc.parallelize(step, mesh={"dp": 1}, microbatches=2, cache=False)(w, x, y)
