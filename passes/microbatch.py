@@ -44,6 +44,7 @@ from graphc.ops.random import state_inputs
 from graphc.passes.options import PlanOptions
 from graphc.passes.partition import Pins, build_problem, lower, make_plan, plan_sharding, solve_problem, state_ties
 from graphc.passes.pipeline_stages import no_forward_pass
+from graphc.passes.rewrite import Rewriter, finish
 from graphc.passes.sharding.costs import CostModel
 from graphc.passes.sharding.items import Edge
 from graphc.passes.sharding.memory import MemoryModel
@@ -90,12 +91,17 @@ def propagate(problem) -> dict[int, str]:
     (``(1 - b1) * g``) is only ever summed whole, and its partial operand is no larger, the op
     runs once after the meeting instead, so the operand (``g``) is what meets, once for all its
     consumers (Adam's ``g`` and ``g * g``)."""
+    return _propagation(problem)[0]
+
+
+def _propagation(problem) -> tuple[dict[int, str], dict[int, tuple], dict[Value, tuple]]:
+    """``propagate``'s pins, with each node's operand specs and each value's spec."""
     replicate: set[int] = set()
     while True:
         pins, spec_in, spec_out = _propagate_once(problem, replicate)
         hoist = _hoistable(problem, pins, spec_in, spec_out) - replicate
         if not hoist:
-            return pins
+            return pins, spec_in, spec_out
         replicate |= hoist
 
 
@@ -148,7 +154,8 @@ def summed_widened(src: np.dtype, dst: np.dtype) -> bool:
 
 def _hoistable(problem, pins: dict[int, str], wants: dict[int, tuple], spec: dict[Value, tuple]) -> set[int]:
     """Linear-partial nodes whose result every consumer takes whole (R) and whose partial
-    operands are no larger than the result."""
+    operands are no larger than the result; and converts that narrow a partial sum to a 16-bit
+    float, taken whole or returned (``_narrows_a_sum``: the sum meets in the wider dtype)."""
     graph = problem.graph
     index = {n: k for k, n in enumerate(graph.nodes)}
     takes: dict[Value, list[tuple]] = {}
@@ -162,13 +169,29 @@ def _hoistable(problem, pins: dict[int, str], wants: dict[int, tuple], spec: dic
         if not pins[k].startswith("linear") or len(node.outputs) != 1:
             continue
         o = node.outputs[0]
-        if spec[o] != (P,) or o in outputs or not takes.get(o) or any(s != (R,) for s in takes[o]):
+        if spec[o] != (P,) or any(s != (R,) for s in takes.get(o, ())):
             continue
         partial = [v for v, s in zip(node.inputs, wants[k]) if s == (P,)]
+        if _narrows_a_sum(node, partial) and (o in outputs or o in takes):  # returned too: meets before it
+            out.add(k)
+            continue
+        if o in outputs or not takes.get(o):
+            continue
         widens = any(summed_widened(v.type.dtype, o.type.dtype) for v in partial)
         if not widens and all(v.type.nbytes <= o.type.nbytes for v in partial):
             out.add(k)
     return out
+
+
+def _narrows_a_sum(node, partial: list[Value]) -> bool:
+    """A convert of a wider float partial sum to a 16-bit float: the micro-batches meet before
+    it, in the wider dtype (``microbatch`` puts one after each 16-bit sum)."""
+    o = node.outputs[0]
+    return (
+        node.op.name == "convert"
+        and o.type.dtype in LOW_FLOATS
+        and any(summed_widened(o.type.dtype, v.type.dtype) for v in partial)
+    )
 
 
 @dataclass
@@ -237,9 +260,14 @@ def microbatch(graph: Graph, m: int, batch: list[int] | None = None) -> Microbat
     ties = state_ties(graph)
     # every choice is the propagation's: no ILP heuristics, buckets, ZeRO or recomputation
     options = PlanOptions(shrink=False, linear_partials=True, bucket_bytes=0, zero=0, recompute="off")
-    node_pins = propagate(build_problem(graph, mesh, options, Pins(in_pins, out_pins), ties))
-    plan = plan_sharding(graph, mesh, Pins(in_pins, out_pins, node_pins), ties, options)
-    program = lower(graph, plan)
+    split = graph
+    node_pins, _wants, spec = _propagation(build_problem(split, mesh, options, Pins(in_pins, out_pins), ties))
+    if m > 1 and (low := _low_sums(split, spec)):  # sum them in float32 (``widen_sums``)
+        split = widen_sums(split, low)
+        ties = state_ties(split)
+        node_pins = propagate(build_problem(split, mesh, options, Pins(in_pins, out_pins), ties))
+    plan = plan_sharding(split, mesh, Pins(in_pins, out_pins, node_pins), ties, options)
+    program = lower(split, plan)
     mb = Microbatched(graph, m, plan, program, batch)
     _check_meetings_are_sums(graph, program.devices[0].graph)
     if m > 1:
@@ -248,37 +276,55 @@ def microbatch(graph: Graph, m: int, batch: list[int] | None = None) -> Microbat
     return mb
 
 
+def _low_sums(graph: Graph, spec: dict[Value, tuple]) -> list[Value]:
+    """The 16-bit float values of ``graph`` the micro-batches meet at under the propagation's
+    ``spec``: partial sums that a reader takes whole, or that the step returns."""
+    whole: set[Value] = set(graph.outputs)
+    for node in graph.nodes:
+        whole.update(node.inputs)
+    return [
+        o
+        for node in graph.nodes
+        for o in node.outputs
+        if o.type.dtype in LOW_FLOATS and spec.get(o) == (P,) and o in whole
+    ]
+
+
+def widen_sums(graph: Graph, low: list[Value]) -> Graph:
+    """``graph`` with each value of ``low`` widened to float32 and narrowed back where it is
+    made (``x.astype(np.float32).astype(x.dtype)``): the micro-batches meet between the two
+    converts (``_narrows_a_sum``), so the running sum is float32, rounded once to the 16-bit
+    dtype after the last micro-batch, as Megatron-LM accumulates bfloat16 gradients in a float32
+    ``main_grad``; summed in the 16-bit dtype it would round at every micro-batch, and stop
+    growing once a micro-batch's share is under half its last bit."""
+    wanted = set(low)
+    rw = Rewriter()
+    for node in graph.nodes:
+        kept = rw.keep(node)
+        for old, new in zip(node.outputs, kept.outputs):
+            if old in wanted:
+                wide = rw.emit("convert", [new], {"dtype": np.dtype(np.float32)}, kept).outputs[0]
+                narrow = rw.emit("convert", [wide], {"dtype": old.type.dtype}, kept).outputs[0]
+                rw.subst[old] = narrow
+    nodes, outputs = finish(rw, graph.nodes, graph.outputs)
+    return Graph(graph.name, graph.inputs, nodes, outputs, graph.in_tree, graph.out_tree)
+
+
 def _low_precision_sums(graph: Graph, g: Graph, m: int) -> tuple[str, ...]:
-    """The warnings, if any, that micro-batches meet in a 16-bit float sum: the runtime adds each
-    micro-batch's piece into a running sum of that dtype, rounding at every one of the ``m``
-    (Adam's ``g.astype(np.float32)`` makes the sum float32: ``_hoistable``). A sum the step returns
-    as it is (a bfloat16 loss) is named apart, with its own way out: widening the gradients does
-    not reach it. The plan carries them (``PipelinePlan.warnings``), so a plan read from a file
-    warns as one just made does."""
+    """The warning, if any, that micro-batches still meet in a 16-bit float sum in the lowered
+    program ``g``, rounding at every one of the ``m``: ``widen_sums`` moves every 16-bit meeting
+    point the propagation finds to float32, so this is a guard against one it missed. The plan
+    carries it (``PipelinePlan.warnings``), so a plan read from a file warns as one just made does."""
     low = [n for n in g.nodes if n.op.has(Collective) and n.inputs[0].type.dtype in LOW_FLOATS]
-    outputs = list(g.outputs)
-    returned = [n for n in low if n.outputs[0] in outputs]
-    found = []
-    summed = [n for n in low if n not in returned]
-    if summed:
-        first = summed[0]
-        where = f"{first.loc}: " if first.loc is not None else ""
-        found.append(
-            f"{where}{graph.name}: {len(summed)} sum(s) of {m} micro-batches (the first: {first.inputs[0].type}) run "
-            f"in {first.inputs[0].type.dtype}, rounding at every micro-batch; widen the gradients before the update "
-            "(g.astype(np.float32), as mixed-precision optimizers do) to sum them in float32"
-        )
-    if returned:
-        first = returned[0]
-        where = f"{first.loc}: " if first.loc is not None else ""
-        path = "".join(f"[{key!r}]" for key in leaf_paths(graph.out_tree)[outputs.index(first.outputs[0])])
-        more = f" and {len(returned) - 1} more" if len(returned) > 1 else ""
-        found.append(
-            f"{where}{graph.name}: the result at {path} ({first.inputs[0].type}, a loss?){more} is summed over {m} "
-            f"micro-batches in {first.inputs[0].type.dtype}, rounding at every micro-batch; return it widened "
-            "(loss.astype(np.float32)) to sum it in float32"
-        )
-    return tuple(found)
+    if not low:
+        return ()
+    first = low[0]
+    where = f"{first.loc}: " if first.loc is not None else ""
+    return (
+        f"{where}{graph.name}: {len(low)} sum(s) of {m} micro-batches (the first: {first.inputs[0].type}) run in "
+        f"{first.inputs[0].type.dtype}, rounding at every micro-batch (graphc sums 16-bit values in float32 where it "
+        "finds them; not these)",
+    )
 
 
 def _check_meetings_are_sums(graph: Graph, g: Graph) -> None:

@@ -323,8 +323,9 @@ def compose(model: _Model, segs: _Segments, lo: Layout, profile, figures: Cluste
     if lo.offload != "off" and host is None:
         return None, f"profile {profile.name} has no host memory tier to offload to"
     layer_st, other_st = segs.states(model, t)  # as the segments' plans lay them out on tp
-    per_layer_state = layer_st.held(D, lo.zero, offloaded)
-    other = other_st.held(D, lo.zero, offloaded)
+    summed = k > 1  # the gradients held as running sums over the micro-batches
+    per_layer_state = layer_st.held(D, lo.zero, offloaded, summed)
+    other = other_st.held(D, lo.zero, offloaded, summed)
     work = max(blk.activation_bytes, head.activation_bytes) if full else 0.0
 
     stage_mem = StageMemory(S, k, per_layer_state, other, act_f, unit_a.max(), work)

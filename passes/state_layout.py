@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from graphc.core.dtypes import LOW_FLOATS
 from graphc.core.ir import Graph, Value
 from graphc.core.mesh import Mesh
 from graphc.core.spec import Placement, R, split_factor
@@ -53,6 +54,9 @@ class ParamLayout:
     relayout_s: float  # per step: the gradient to the update's layout, the new parameter back
     read_at: Placement = R  # its placement on tp as read
     grad_at: Placement = R  # its gradient's
+    # its whole gradient's running sum over micro-batches (None: ``grad_nbytes``): float32 for a
+    # 16-bit float gradient (passes/microbatch.py ``widen_sums``)
+    sum_nbytes: int | None = None
 
     @property
     def update(self) -> int:
@@ -70,14 +74,16 @@ class StateLayout:
     relayout_s: float
     update_share: float  # the share of their update one device runs (1/tp when all is split)
     params: tuple[ParamLayout, ...] = ()
+    sum_bytes: float | None = None  # the gradients' running sums over micro-batches (None: grad_bytes)
 
-    def held(self, dp: int, zero: int, offloaded: bool) -> float:
+    def held(self, dp: int, zero: int, offloaded: bool, microbatched: bool = False) -> float:
         """Bytes per device with ZeRO stage ``zero`` over ``dp`` devices (1: the optimizer state
         split, 2: and the gradients, 3: and the parameters); the optimizer state in host memory
-        when ``offloaded``."""
+        when ``offloaded``; the gradients as their running sums when ``microbatched``."""
+        grads = self.sum_bytes if microbatched and self.sum_bytes is not None else self.grad_bytes
         return (
             self.param_bytes / (dp if zero >= 3 else 1)
-            + self.grad_bytes / (dp if zero >= 2 else 1)
+            + grads / (dp if zero >= 2 else 1)
             + (0.0 if offloaded else self.state_bytes / (dp if zero >= 1 else 1))
         )
 
@@ -91,6 +97,7 @@ class StateLayout:
             relayout_s=sum(p.relayout_s for p in params),
             update_share=sum((p.nbytes + p.state_nbytes) / p.update for p in params) / work if work else 1.0,
             params=tuple(params),
+            sum_bytes=sum((p.grad_nbytes if p.sum_nbytes is None else p.sum_nbytes) / p.grad for p in params),
         )
 
     @classmethod
@@ -155,6 +162,7 @@ def state_layout(graph: Graph, params: Iterable[int], segments: Sequence[Segment
                 name=p.name or f"input{i}",
                 nbytes=p.type.nbytes,
                 grad_nbytes=_summed_nbytes(graph, grad_v, upd) if grad_v is not None else 0,  # none: not trained
+                sum_nbytes=_running_sum_nbytes(graph, grad_v, upd) if grad_v is not None else 0,
                 state_nbytes=sum(s.type.nbytes for s in state),
                 read=_pieces(read, tp),
                 grad=_pieces(grad, tp),
@@ -216,6 +224,13 @@ def _summed_nbytes(graph: Graph, grad: Value, upd: set[int]) -> int:
         return grad.type.nbytes
     wide = [n.outputs[0].type.dtype for n in readers if summed_widened(grad.type.dtype, n.outputs[0].type.dtype)]
     return grad.type.size * max(wide, key=lambda d: d.itemsize).itemsize if wide else grad.type.nbytes
+
+
+def _running_sum_nbytes(graph: Graph, grad: Value, upd: set[int]) -> int:
+    """The bytes of ``grad``'s running sum over micro-batches: float32 for a 16-bit float
+    gradient, widened by the step or not (passes/microbatch.py ``widen_sums``)."""
+    summed = _summed_nbytes(graph, grad, upd)
+    return max(summed, grad.type.size * 4) if grad.type.dtype in LOW_FLOATS else summed
 
 
 def _update_operands(graph: Graph, producer, upd: set[int], read_fwd: set, p: Value, new: Value | None):

@@ -249,3 +249,36 @@ def test_the_search_weighs_the_block_read_split_against_it_read_whole(replicated
     scale._compose_into(tight, model, segs, A100, figures, limit)
     assert tight.error is None and tight.plan.memory_bytes == split.memory_bytes
     assert tight.plan.block_plan is alt.block.plan
+
+
+def test_running_sums_of_bfloat16_gradients_are_float32_widened_or_not(split):
+    """Micro-batched, every 16-bit gradient is held as a float32 running sum (passes/microbatch.py
+    ``widen_sums``): for GPT-3's widened gradients that is what the gradients already count; for
+    a pure bfloat16 LLaMA step (bfloat16 Adam moments, gradients never widened) twice their bytes,
+    and a layout of several micro-batches holds the difference on every device."""
+    from graphc.models import llama
+
+    model, segs = split
+    assert segs.layer_state.sum_bytes == pytest.approx(segs.layer_state.grad_bytes, rel=1e-12)
+    args, kw = llama.example_train_specs(
+        n_layer=3, d=64, n_head=4, n_kv_head=2, ffn=128, n_vocab=128, batch=8, seq=16, dtype=graphc.bfloat16
+    )
+    pf = Parallelized(llama.train_step, {"dp": 1}, static_argnames=static_argnames(kw))
+    g = pf.trace_optimized(*args, **kw)[1]
+    pure = layered_model(g, step_batch(g), A100)
+    solved = _solved(pure)
+    st = solved.layer_state
+    assert st.grad_bytes > 0 and st.sum_bytes == pytest.approx(2 * st.grad_bytes, rel=1e-12)
+    figures = scale.cluster_figures(A100)
+    peaks = {}
+    for k in (1, 4):
+        lo = Layout(pp=1, dp=2, tp=TP, micro_batch=8 // (2 * k), microbatches=k, zero=0, recompute="off")
+        plan, why = scale.compose(pure, solved, lo, A100, figures, None)
+        assert why is None
+        peaks[k] = plan.memory_bytes[0]
+    L, other = pure.layers.count, solved.other_state
+    extra = L * (st.sum_bytes - st.grad_bytes) + (other.sum_bytes - other.grad_bytes)
+    assert extra > 0
+    assert st.held(2, 0, False, True) - st.held(2, 0, False) == pytest.approx(st.sum_bytes - st.grad_bytes)
+    # the same solved segments (one micro-batch's activations in flight on one stage): the sums alone
+    assert peaks[4] - peaks[1] == pytest.approx(extra, abs=2)
