@@ -25,7 +25,7 @@ from graphc.core.errors import MemoryLimitError, PlanError
 from graphc.core.files import atomic_write, check_record, read_document, read_text
 from graphc.core.ir import Graph, Value
 from graphc.core.mesh import Mesh, as_mesh
-from graphc.passes.microbatch import Microbatched, microbatch, plan_microbatch_program
+from graphc.passes.microbatch import Microbatched, batch_inputs, microbatch, plan_microbatch_program
 from graphc.passes.options import SCHEDULES, PlanOptions
 from graphc.passes.partition import state_ties
 from graphc.passes.pipeline_stages import StageAssignment, assign_stages, in_flight, node_seconds
@@ -158,8 +158,18 @@ class PipelinePlan:
         return dataclasses.replace(self, timing={**self.timing, **seconds})
 
     def check(self, graph: Graph) -> None:
-        """Refuse a plan made for a different graph."""
+        """Refuse a plan made for a different graph, or whose micro-batches do not make its batch
+        (a plan file whose count was edited: its stages and tasks are of the count it was made for)."""
         check_made_for(graph, self.graph_name, self.graph_hash, "pipeline plan")
+        batch = batch_inputs(graph)
+        if self.microbatch_size is None or not batch:
+            return
+        n = graph.inputs[batch[0]].type.shape[0]
+        if self.microbatch_size * self.m != n:
+            raise PlanError(
+                f"pipeline plan for @{self.graph_name}: {self.m} micro-batches of {self.microbatch_size} samples do not "
+                f"make its batch of {n} (was the plan's micro-batch count edited?); recompile the plan"
+            )
 
     def to_json(self, indent: int | None = 1) -> str:
         a = self.assignment

@@ -287,6 +287,13 @@ def test_the_plan_file_keeps_the_count_and_runs_as_written(tmp_path):
     one_pass = graphc.parallelize(mlp.train_step, mesh=mesh, static_argnames=("lr",), cache=False)
     with pytest.raises(PlanError, match="microbatches=4 was asked for, but the plan given is a sharding plan"):
         graphc.parallelize(mlp.train_step, plan=one_pass.plan(params, x, labels, **kw), microbatches=4)
+    # a file whose count was edited (its stages and tasks are of 4) is refused when it meets the step
+    doc = json.loads(path.read_text())
+    doc["options"]["microbatches"] = 2
+    path.write_text(json.dumps(doc))
+    edited = graphc.parallelize(mlp.train_step, plan=PipelinePlan.load(str(path)), static_argnames=("lr",))
+    with pytest.raises(PlanError, match=r"2 micro-batches of 8 samples do not make its batch of 32 .*edited"):
+        edited(params, x, labels, **kw)
 
 
 # --- counts a step cannot take: errors, never ignored ----------------------------------------------------
