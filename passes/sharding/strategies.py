@@ -68,12 +68,13 @@ class Strategies:
     one object, so its tables are made once for all of them. Immutable: a pin, a tie or a ZeRO
     stage gives an item a new object with the strategies it keeps."""
 
-    __slots__ = ("_all", "_compute", "_specs")
+    __slots__ = ("_all", "_compute", "_specs", "_times")
 
     def __init__(self, strategies: Iterable[Strategy]) -> None:
         self._all: tuple[Strategy, ...] = tuple(strategies)
         self._compute: np.ndarray | None = None
         self._specs: dict[tuple[str, int], DistinctSpecs] = {}
+        self._times: list[np.ndarray] = []  # the compute times once made by this object or a twin (shared)
 
     def twin(self) -> Strategies:
         """A new object with the same strategies, sharing their distinct specs (``specs``, made
@@ -82,6 +83,7 @@ class Strategies:
         passes/sharding/ilp.py ``_edge_terms``)."""
         other = Strategies(self._all)
         other._specs = self._specs
+        other._times = self._times
         return other
 
     def __len__(self) -> int:
@@ -110,9 +112,12 @@ class Strategies:
 
     @property
     def compute_times(self) -> np.ndarray:
-        """The compute time of every strategy (seconds)."""
+        """The compute time of every strategy (seconds): an array of this object's own (a twin's
+        holds the same values, made once for all twins and copied)."""
         if self._compute is None:
-            self._compute = np.array([s.compute_s for s in self._all])
+            if not self._times:
+                self._times.append(np.array([s.compute_s for s in self._all]))
+            self._compute = self._times[0].copy()
         return self._compute
 
     def specs(self, side: str, k: int) -> DistinctSpecs:
