@@ -296,6 +296,7 @@ class OffloadTerms:
         self.away: list[dict[int, float]] = []  # per stash: -MiB saved, by column
         self._shared: dict[tuple[int, int], list[int]] = {}  # (group, o) -> its w column by group strategy
         self._first: dict[tuple[int, int], list[int]] = {}  # (group, o) -> the first group strategy of each w column
+        self._classes: dict[tuple, tuple] = {}  # ``_classes_of``, by group and terms' values
         self.w: dict[int, list[tuple[int, int]]] = {}  # item -> (column, strategy) of the candidate being built
         self.u: int | None = None  # the state's transfers' latency column (``u >= o[c]``)
         self.forced = False  # whether a cover row has set ``u`` to 1 (``add_cover_rows``)
@@ -452,20 +453,35 @@ class OffloadTerms:
                 continue
             key = (g, o)
             if key not in self._shared:
-                classes = _strategy_classes(model, len(xs), len(exprs), in_group.get(g, []))
-                first = {int(a): s for s, a in reversed(list(enumerate(classes)))}
+                classes, first, rows = self._classes_of(g, xs, len(exprs), in_group.get(g, []))
                 w = m.add_vars(np.zeros(len(first)), integer=False)
-                for a in range(len(first)):
-                    in_a = xs[classes == a]
-                    m.add_row([int(w[a]), *map(int, in_a)], [1.0, *(-np.ones(len(in_a)))], -np.inf, 0.0)
-                m.add_row([*map(int, w), o], [*np.ones(len(w)), -1.0], 0.0, 0.0)
-                self._shared[key] = [int(w[a]) for a in classes]
-                self._first[key] = [first[a] for a in range(len(first))]
+                for a, (in_a, coef) in enumerate(rows):  # w[a] <= the x of class a
+                    m.add_row(np.concatenate((w[a : a + 1], in_a)), coef, -np.inf, 0.0)
+                m.add_row(np.append(w, o), np.append(np.ones(len(w)), -1.0), 0.0, 0.0)
+                self._shared[key] = w[classes].tolist()
+                self._first[key] = first
             cols, first_s = self._shared[key], self._first[key]
             for item in members:
                 mp = model.maps[item]
                 out[item] = [(cols[s], int(mp[s])) for s in first_s]
         return out
+
+    def _classes_of(self, g: int, xs: np.ndarray, sums: int, terms: list[tuple[int, int, Any]]):
+        """(``_strategy_classes``, the first strategy of each class, per class its ``x`` columns
+        and the coefficients of its row ``w[a] - sum x <= 0``) of group ``g`` with these terms:
+        made once per group and terms' values (the candidates of repeated layers repeat them)."""
+        key = (g, sums, tuple((k, id(self.model.maps[item]), np.asarray(v, float).tobytes()) for k, item, v in terms))
+        got = self._classes.get(key)
+        if got is None:
+            classes = _strategy_classes(self.model, len(xs), sums, terms)
+            at = {int(a): s for s, a in reversed(list(enumerate(classes)))}
+            first = [at[a] for a in range(len(at))]
+            rows = []
+            for a in range(len(first)):
+                in_a = xs[classes == a]
+                rows.append((in_a, np.concatenate(([1.0], -np.ones(len(in_a))))))
+            got = self._classes[key] = (classes, first, rows)
+        return got
 
     def shares(self) -> Iterator[tuple[int, int, list[int]]]:
         """(group, ``o`` column, its ``w`` columns by group strategy) of every linearized product."""
