@@ -97,8 +97,7 @@ from graphc.core.traits import Constant
 from graphc.passes.offload import OffloadCost, OffloadRecord, activation_costs, offload_costs
 from graphc.passes.sharding.memory import view_roots
 from graphc.passes.sharding.problem import Problem
-from graphc.passes.sharding.roles import update_nodes
-from graphc.passes.sharding.zero import param_groups, state_positions
+from graphc.passes.sharding.zero import problem_groups, problem_update, state_positions
 
 T = TypeVar("T")
 
@@ -198,7 +197,7 @@ def candidates(p: Problem) -> list[Candidate]:
     if not state:
         return []
     graph = p.graph
-    update = update_nodes(graph)
+    update = problem_update(p)
     input_item = {it.index: i for i, it in enumerate(p.items) if it.kind == "input"}
     node_item = {it.node: i for i, it in enumerate(p.items) if it.kind == "node"}
     tied = dict(p.ties)  # input item -> output item
@@ -207,9 +206,7 @@ def candidates(p: Problem) -> list[Candidate]:
     for k, entry in enumerate(live):
         ranges_of.setdefault(entry[0], []).append(k)
     groups = [  # (its parameter's input position, the group)
-        (pg.param, pg)
-        for pg in param_groups(graph, state, update)
-        if pg.param is not None and pg.states and pg.param in input_item
+        (pg.param, pg) for pg in problem_groups(p) if pg.param is not None and pg.states and pg.param in input_item
     ]
     # program order: a node joins a group when it reads one of the group's values (its
     # parameter, state, gradients, or what an earlier node of the group made), all groups in one pass
