@@ -112,10 +112,11 @@ def param_groups(graph: Graph, state: set[int], update: frozenset[Node] | None =
 
 
 def problem_update(problem: Problem) -> frozenset[Node]:
-    """``update_nodes`` of the problem's graph (made once per problem)."""
+    """``update_nodes`` of the problem's graph (made once per problem: the roles hold it with ZeRO)."""
     got = problem.derived.get("update")
     if got is None:
-        got = problem.derived["update"] = update_nodes(problem.graph)
+        roles = problem.roles
+        got = problem.derived["update"] = (roles.update if roles is not None else None) or update_nodes(problem.graph)
     return got
 
 
