@@ -74,7 +74,7 @@ class Strategies:
         self._all: tuple[Strategy, ...] = tuple(strategies)
         self._compute: np.ndarray | None = None
         self._specs: dict[tuple[str, int], DistinctSpecs] = {}
-        self._times: list[np.ndarray] = []  # the compute times once made by this object or a twin (shared)
+        self._times: list[np.ndarray] | None = None  # the compute times once made, shared with the twins
 
     def twin(self) -> Strategies:
         """A new object with the same strategies, sharing their distinct specs (``specs``, made
@@ -83,6 +83,8 @@ class Strategies:
         passes/sharding/ilp.py ``_edge_terms``)."""
         other = Strategies(self._all)
         other._specs = self._specs
+        if self._times is None:
+            self._times = [] if self._compute is None else [self._compute]
         other._times = self._times
         return other
 
@@ -115,6 +117,9 @@ class Strategies:
         """The compute time of every strategy (seconds): an array of this object's own (a twin's
         holds the same values, made once for all twins and copied)."""
         if self._compute is None:
+            if self._times is None:  # no twin
+                self._compute = np.array([s.compute_s for s in self._all])
+                return self._compute
             if not self._times:
                 self._times.append(np.array([s.compute_s for s in self._all]))
             self._compute = self._times[0].copy()
