@@ -16,6 +16,7 @@ the original ops); the output verifies. Runs inside control-flow regions.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from graphc.core.dtypes import BFLOAT16
@@ -118,13 +119,34 @@ def _producer_index(v: Value, index: dict[int, int]) -> int:
     return -1 if v.producer is None else index[id(v.producer)]
 
 
+def _fusable_by_kind() -> Callable[[Node], bool]:
+    """``fusable``, remembered per (op, operand types, result types, reduced axes): all it reads
+    of a node without regions (the nodes of repeated layers ask the same few hundred times)."""
+    memo: dict[tuple, bool] = {}
+
+    def check(node: Node) -> bool:
+        if node.regions:
+            return False
+        key = (node.op, tuple(v.type for v in node.inputs), tuple(o.type for o in node.outputs), node.attrs.get("axes"))
+        try:
+            got = memo.get(key)
+        except TypeError:  # an unhashable attribute
+            return fusable(node)
+        if got is None:
+            got = memo[key] = fusable(node)
+        return got
+
+    return check
+
+
 def find_clusters(nodes: list[Node]) -> list[Cluster]:
     index = {id(n): i for i, n in enumerate(nodes)}
     owner: dict[Value, Cluster] = {}
     clusters: list[Cluster] = []
     recent: Cluster | None = None
+    fusable_here = _fusable_by_kind()
     for i, node in enumerate(nodes):
-        if not fusable(node):
+        if not fusable_here(node):
             recent = None  # a cluster is only extended by the run of fusable ops that builds it
             continue
         joined = None

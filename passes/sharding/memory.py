@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -53,6 +54,20 @@ class RematRanges:
     conflicts: tuple[int, ...]  # items that must be kept when this one is recomputed
     keeps: tuple[int, ...] = ()  # items that must be kept as checkpoints when this one is recomputed
     checkpoint: dict[Value, int] = field(default_factory=dict)  # per result: kept at least until, as a checkpoint
+
+
+@dataclass(frozen=True)
+class _RangeTable:
+    """Live ranges as arrays: per range its first and last position, producer item, and the
+    offset in ``bytes`` of its bytes per strategy of that item (ranges of equal items share
+    them); ``remat_free``: its item is not a recomputation candidate."""
+
+    first: np.ndarray
+    last: np.ndarray
+    item: np.ndarray
+    offset: np.ndarray
+    bytes: np.ndarray
+    remat_free: np.ndarray
 
 
 class MemoryModel:
@@ -88,6 +103,8 @@ class MemoryModel:
         self._last_profile: tuple | None = None  # (what it was asked for, the profile): the plan asks again
         self._last_buffers: tuple | None = None  # the same for ``redistribution_buffers``
         self._positions: dict[int, int] | None = None  # ``positions``
+        # (the live ranges, the items' strategies, ``_range_table`` of them)
+        self._ranges: tuple[list, list, _RangeTable] | None = None
         # ``strategy_bytes``: by (strategy tuple's id, kind, result, type), and by (type, distinct specs)
         self._strategy_bytes: dict[tuple, tuple[np.ndarray, tuple]] = {}
         self._spec_bytes: dict[tuple, np.ndarray] = {}
@@ -267,21 +284,63 @@ class MemoryModel:
         return prof
 
     def _profile(self, choice: list[int], recompute: bool) -> np.ndarray:
-        delta = np.zeros(self.size + 1, dtype=np.float64)
-        for v, i, a, b in self.live_ranges():
+        """The profile as arrays (``_range_table``): byte counts are integers, so the sums are
+        exact in any order. The ranges of offloaded, stashed and (with ``recompute``) recomputable
+        values are counted one by one, as they depend on more than the choice's bytes."""
+        live = self.live_ranges()
+        table = self._range_table(live)
+        size = self.size
+        choose = np.asarray(choice, dtype=np.int64)
+        nb = table.bytes[table.offset + choose[table.item]]
+        plain = table.remat_free if recompute else np.ones(len(live), dtype=bool)
+        special = self.offloaded or self.away
+        if special:
+            plain = plain & np.array([v not in self.offloaded and v not in self.away for v, *_r in live], dtype=bool)
+        delta = np.bincount(table.first[plain], nb[plain], size + 1) - np.bincount(
+            table.last[plain] + 1, nb[plain], size + 1
+        )
+        for r in np.flatnonzero(~plain).tolist():
+            v, i, a, b = live[r]
             if v in self.offloaded:
                 continue
-            nb = self.strategy_bytes(v, i)[choice[i]]
+            n = float(nb[r])
             for first, last in self.ranges_under(v, i, choice[i], a, b) if recompute else ((a, b),):
-                delta[first] += nb
-                delta[last + 1] -= nb
+                delta[first] += n
+                delta[last + 1] -= n
             if v in self.away:  # copied to the host after its last forward use, back before its backward
-                delta[self.away[v][0]] -= nb
-                delta[self.away[v][1] + 1] += nb
+                delta[self.away[v][0]] -= n
+                delta[self.away[v][1] + 1] += n
         for i, at, sizes in self.transient_terms():
             delta[at] += sizes[choice[i]]
             delta[at + 1] -= sizes[choice[i]]
         return np.cumsum(delta[:-1])
+
+    def _range_table(self, live: list[tuple[Value, int, int, int]]) -> _RangeTable:
+        """``live`` as arrays (made once per list of live ranges and items' strategies)."""
+        held = [it.strategies for it in self.items]
+        got = self._ranges
+        if got is not None and got[0] is live and all(map(operator.is_, got[1], held)):
+            return got[2]
+        arrays: dict[int, tuple[int, np.ndarray]] = {}  # id(bytes per strategy) -> (offset, it): items share them
+        offset = []
+        total = 0
+        for v, i, _a, _b in live:
+            per = self.strategy_bytes(v, i)
+            at = arrays.get(id(per))
+            if at is None:
+                at = arrays[id(per)] = (total, per)
+                total += len(per)
+            offset.append(at[0])
+        table = _RangeTable(
+            first=np.array([a for _v, _i, a, _b in live], dtype=np.int64),
+            last=np.array([b for _v, _i, _a, b in live], dtype=np.int64),
+            item=np.array([i for _v, i, _a, _b in live], dtype=np.int64),
+            offset=np.array(offset, dtype=np.int64),
+            bytes=np.concatenate([x for _o, x in arrays.values()]) if arrays else np.zeros(0),
+            remat_free=np.array([i not in self.remat for _v, i, _a, _b in live], dtype=bool),
+        )
+        self._ranges = (live, held, table)
+        return table
 
     def peak(self, choice: list[int]) -> tuple[int, int]:
         """(the liveness peak per device, the position where it is): what a memory limit bounds."""
@@ -312,20 +371,25 @@ class MemoryModel:
         pos = self.positions()
         spans: dict[tuple, list[int]] = {}
         hub_reads: list[tuple[tuple, int]] = []  # a fan-out's spec is read by each of its consumers
+        items, size, mesh_shape = self.items, self.size, self.mesh_shape
         for e in self.edges:
-            src = self.items[e.src].strategies[choice[e.src]].out_specs[e.src_out]
-            dst = self.items[e.dst].strategies[choice[e.dst]].in_specs[e.dst_in]
-            if self.items[e.src].kind == "fanout":
+            frm, to = items[e.src], items[e.dst]
+            src = frm.strategies[choice[e.src]].out_specs[e.src_out]
+            dst = to.strategies[choice[e.dst]].in_specs[e.dst_in]
+            if frm.kind == "fanout":
                 hub_reads.append(((e.value, src, e.phase), pos[e.dst]))
-            if src == dst or self.items[e.dst].kind == "output":  # an output's spec is in the profile
+            if src == dst or to.kind == "output":  # an output's spec is in the profile
                 continue
             key = (e.value, dst, e.phase)
             span = spans.get(key)
             if span is None:
-                span = spans[key] = [local_nbytes(e.value.type, dst, self.mesh_shape), self.size, -1]
-            to = self.items[e.dst]
+                span = spans[key] = [local_nbytes(e.value.type, dst, mesh_shape), size, -1]
             if to.kind != "fanout" or to.gradient:  # a fan-out's spec is made at its first consumer (below)
-                span[1], span[2] = min(span[1], pos[e.dst]), max(span[2], pos[e.dst])
+                at = pos[e.dst]
+                if at < span[1]:
+                    span[1] = at
+                if at > span[2]:
+                    span[2] = at
         for key, at in hub_reads:  # the redistributed hub lives from its first reader to its last
             span = spans.get(key)
             if span is not None:

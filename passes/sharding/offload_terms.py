@@ -97,8 +97,7 @@ from graphc.core.traits import Constant
 from graphc.passes.offload import OffloadCost, OffloadRecord, activation_costs, offload_costs
 from graphc.passes.sharding.memory import view_roots
 from graphc.passes.sharding.problem import Problem
-from graphc.passes.sharding.roles import update_nodes
-from graphc.passes.sharding.zero import param_groups, state_positions
+from graphc.passes.sharding.zero import problem_groups, problem_update, state_positions
 
 T = TypeVar("T")
 
@@ -198,7 +197,7 @@ def candidates(p: Problem) -> list[Candidate]:
     if not state:
         return []
     graph = p.graph
-    update = update_nodes(graph)
+    update = problem_update(p)
     input_item = {it.index: i for i, it in enumerate(p.items) if it.kind == "input"}
     node_item = {it.node: i for i, it in enumerate(p.items) if it.kind == "node"}
     tied = dict(p.ties)  # input item -> output item
@@ -207,9 +206,7 @@ def candidates(p: Problem) -> list[Candidate]:
     for k, entry in enumerate(live):
         ranges_of.setdefault(entry[0], []).append(k)
     groups = [  # (its parameter's input position, the group)
-        (pg.param, pg)
-        for pg in param_groups(graph, state, update)
-        if pg.param is not None and pg.states and pg.param in input_item
+        (pg.param, pg) for pg in problem_groups(p) if pg.param is not None and pg.states and pg.param in input_item
     ]
     # program order: a node joins a group when it reads one of the group's values (its
     # parameter, state, gradients, or what an earlier node of the group made), all groups in one pass
@@ -296,6 +293,7 @@ class OffloadTerms:
         self.away: list[dict[int, float]] = []  # per stash: -MiB saved, by column
         self._shared: dict[tuple[int, int], list[int]] = {}  # (group, o) -> its w column by group strategy
         self._first: dict[tuple[int, int], list[int]] = {}  # (group, o) -> the first group strategy of each w column
+        self._classes: dict[tuple, tuple] = {}  # ``_classes_of``, by group and terms' values
         self.w: dict[int, list[tuple[int, int]]] = {}  # item -> (column, strategy) of the candidate being built
         self.u: int | None = None  # the state's transfers' latency column (``u >= o[c]``)
         self.forced = False  # whether a cover row has set ``u`` to 1 (``add_cover_rows``)
@@ -452,20 +450,35 @@ class OffloadTerms:
                 continue
             key = (g, o)
             if key not in self._shared:
-                classes = _strategy_classes(model, len(xs), len(exprs), in_group.get(g, []))
-                first = {int(a): s for s, a in reversed(list(enumerate(classes)))}
+                classes, first, rows = self._classes_of(g, xs, len(exprs), in_group.get(g, []))
                 w = m.add_vars(np.zeros(len(first)), integer=False)
-                for a in range(len(first)):
-                    in_a = xs[classes == a]
-                    m.add_row([int(w[a]), *map(int, in_a)], [1.0, *(-np.ones(len(in_a)))], -np.inf, 0.0)
-                m.add_row([*map(int, w), o], [*np.ones(len(w)), -1.0], 0.0, 0.0)
-                self._shared[key] = [int(w[a]) for a in classes]
-                self._first[key] = [first[a] for a in range(len(first))]
+                for a, (in_a, coef) in enumerate(rows):  # w[a] <= the x of class a
+                    m.add_row(np.concatenate((w[a : a + 1], in_a)), coef, -np.inf, 0.0)
+                m.add_row(np.append(w, o), np.append(np.ones(len(w)), -1.0), 0.0, 0.0)
+                self._shared[key] = w[classes].tolist()
+                self._first[key] = first
             cols, first_s = self._shared[key], self._first[key]
             for item in members:
                 mp = model.maps[item]
                 out[item] = [(cols[s], int(mp[s])) for s in first_s]
         return out
+
+    def _classes_of(self, g: int, xs: np.ndarray, sums: int, terms: list[tuple[int, int, Any]]):
+        """(``_strategy_classes``, the first strategy of each class, per class its ``x`` columns
+        and the coefficients of its row ``w[a] - sum x <= 0``) of group ``g`` with these terms:
+        made once per group and terms' values (the candidates of repeated layers repeat them)."""
+        key = (g, sums, tuple((k, id(self.model.maps[item]), np.asarray(v, float).tobytes()) for k, item, v in terms))
+        got = self._classes.get(key)
+        if got is None:
+            classes = _strategy_classes(self.model, len(xs), sums, terms)
+            at = {int(a): s for s, a in reversed(list(enumerate(classes)))}
+            first = [at[a] for a in range(len(at))]
+            rows = []
+            for a in range(len(first)):
+                in_a = xs[classes == a]
+                rows.append((in_a, np.concatenate(([1.0], -np.ones(len(in_a))))))
+            got = self._classes[key] = (classes, first, rows)
+        return got
 
     def shares(self) -> Iterator[tuple[int, int, list[int]]]:
         """(group, ``o`` column, its ``w`` columns by group strategy) of every linearized product."""

@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import InitVar, dataclass, field
+from typing import Any
 
 from graphc.core.collector import collector_paused
 from graphc.core.errors import PlanError
@@ -78,6 +79,9 @@ class Problem:
     remat: dict[int, RematRanges] = field(default_factory=dict)
     costs: CostModel = field(init=False, repr=False)
     memory: MemoryModel = field(init=False, repr=False)
+    # what the steps after building derive from the graph and the items, made once by the first to
+    # ask (zero.py ``problem_groups``): the problem's graph, items and roles do not change after
+    derived: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self, bucket_share_bytes: int, bucket_limit: int) -> None:
         self.costs = CostModel(self.mesh, self.items, self.edges, bucket_share_bytes, bucket_limit)

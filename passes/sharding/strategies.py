@@ -68,12 +68,13 @@ class Strategies:
     one object, so its tables are made once for all of them. Immutable: a pin, a tie or a ZeRO
     stage gives an item a new object with the strategies it keeps."""
 
-    __slots__ = ("_all", "_compute", "_specs")
+    __slots__ = ("_all", "_compute", "_specs", "_times")
 
     def __init__(self, strategies: Iterable[Strategy]) -> None:
         self._all: tuple[Strategy, ...] = tuple(strategies)
         self._compute: np.ndarray | None = None
         self._specs: dict[tuple[str, int], DistinctSpecs] = {}
+        self._times: list[np.ndarray] | None = None  # the compute times once made, shared with the twins
 
     def twin(self) -> Strategies:
         """A new object with the same strategies, sharing their distinct specs (``specs``, made
@@ -82,6 +83,9 @@ class Strategies:
         passes/sharding/ilp.py ``_edge_terms``)."""
         other = Strategies(self._all)
         other._specs = self._specs
+        if self._times is None:
+            self._times = [] if self._compute is None else [self._compute]
+        other._times = self._times
         return other
 
     def __len__(self) -> int:
@@ -110,9 +114,15 @@ class Strategies:
 
     @property
     def compute_times(self) -> np.ndarray:
-        """The compute time of every strategy (seconds)."""
+        """The compute time of every strategy (seconds): an array of this object's own (a twin's
+        holds the same values, made once for all twins and copied)."""
         if self._compute is None:
-            self._compute = np.array([s.compute_s for s in self._all])
+            if self._times is None:  # no twin
+                self._compute = np.array([s.compute_s for s in self._all])
+                return self._compute
+            if not self._times:
+                self._times.append(np.array([s.compute_s for s in self._all]))
+            self._compute = self._times[0].copy()
         return self._compute
 
     def specs(self, side: str, k: int) -> DistinctSpecs:

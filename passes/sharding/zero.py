@@ -111,6 +111,26 @@ def param_groups(graph: Graph, state: set[int], update: frozenset[Node] | None =
     return out
 
 
+def problem_update(problem: Problem) -> frozenset[Node]:
+    """``update_nodes`` of the problem's graph (made once per problem: the roles hold it with ZeRO)."""
+    got = problem.derived.get("update")
+    if got is None:
+        roles = problem.roles
+        got = problem.derived["update"] = (roles.update if roles is not None else None) or update_nodes(problem.graph)
+    return got
+
+
+def problem_groups(problem: Problem) -> list[ParamGroup]:
+    """``param_groups`` of the problem's state (made once per problem: the offload candidates and
+    the plan's ZeRO report both ask)."""
+    got = problem.derived.get("param_groups")
+    if got is None:
+        got = problem.derived["param_groups"] = tuple(
+            param_groups(problem.graph, state_positions(problem), problem_update(problem))
+        )
+    return list(got)
+
+
 def split_on(spec: Spec, axes: tuple[int, ...]) -> bool:
     return any(spec[a].is_split for a in axes)
 
@@ -221,7 +241,7 @@ def zero_report(problem: Problem, choice: list[int]) -> dict[int, tuple[int, int
     hubs = gradient_hubs(problem)
     gradient_spec = {g: problem.items[i].strategies[choice[i]].out_specs[0] for g, i in hubs.items()}
     out: dict[int, tuple[int, int]] = {}
-    for group in param_groups(problem.graph, state_positions(problem), _update(problem)):
+    for group in problem_groups(problem):
         stage = stage_of(group, input_spec, gradient_spec, axes)
         for k in group.states:
             out[k] = (stage, saved_bytes(problem, inputs[k], input_spec[k]))

@@ -168,3 +168,38 @@ def test_cli_stage():
         timeout=300,
     )
     assert fused.returncode == 0 and "fused(" in fused.stdout
+
+
+@given(random_graphs(max_nodes=12), st.integers(0, 1000))
+@settings(max_examples=60, deadline=None)
+def test_fusable_by_kind_agrees_with_fusable_on_random_graphs(graph, _seed):
+    """``find_clusters`` remembers ``fusable`` per (op, operand and result types, reduced axes):
+    all it reads of a node, so the remembered answer is the node's own."""
+    from graphc.passes.fuse import _fusable_by_kind, fusable
+
+    check = _fusable_by_kind()
+    for node in graph.nodes:
+        assert check(node) == fusable(node)
+
+
+def test_fusable_by_kind_tells_apart_what_fusable_reads():
+    """Nodes of one op on one operand type that ``fusable`` tells apart by their reduced axes
+    (a row reduction or not) or their result type (float16 has no kernel), asked in both orders,
+    and a bfloat16 training step's nodes each asked twice (the second answer from the memo)."""
+    from graphc.models import gpt3
+    from graphc.passes.fuse import _fusable_by_kind, fusable
+
+    def f(x):
+        return x.sum(axis=1), x.sum(axis=0), x.astype(np.float64), x.astype(np.float16)
+
+    graph = graphc.trace(f, np.ones((4, 4), np.float32))
+    want = [fusable(node) for node in graph.nodes]
+    assert want == [True, False, True, False]
+    assert [_fusable_by_kind()(node) for node in graph.nodes] == want
+    check = _fusable_by_kind()
+    assert [check(node) for node in reversed(graph.nodes)] == want[::-1]
+    args, kw = gpt3.example_train_specs_small()
+    graph = graphc.trace(gpt3.train_step, *args, **kw)
+    check = _fusable_by_kind()
+    want = [fusable(node) for node in graph.nodes]
+    assert [check(node) for node in graph.nodes] == want == [check(node) for node in graph.nodes]

@@ -124,3 +124,23 @@ def test_classes_keep_the_optimum_when_only_offloading_fits(limited, monkeypatch
         assert problem.memory.peak(sol.choice)[0] <= limited[2].memory_limit
     assert len(got[True][1].offload) > 0  # only offloading fits
     assert got[True][1].objective == pytest.approx(got[False][1].objective, rel=1e-9)
+
+
+def test_candidates_of_repeated_layers_share_their_classes_exactly(tied, monkeypatch):
+    """``OffloadTerms._classes_of`` makes a group's classes and rows once per terms' values: the
+    program (every column, row and coefficient) is the one each candidate making its own gives."""
+    _p, cached = _model(tied, True, monkeypatch)
+    assert 0 < len(cached.offload._classes) < sum(1 for _ in cached.offload.shares())  # repeated layers hit it
+    real = offload_terms.OffloadTerms._classes_of
+
+    def forgetful(self, *args):
+        self._classes.clear()
+        return real(self, *args)
+
+    monkeypatch.setattr(offload_terms.OffloadTerms, "_classes_of", forgetful)
+    _p, alone = _model(tied, True, monkeypatch)
+    assert cached.milp.n == alone.milp.n
+    np.testing.assert_array_equal(cached.milp.cost, alone.milp.cost)
+    for a, b in zip(cached.milp.csr(), alone.milp.csr()):
+        np.testing.assert_array_equal(a, b)
+    assert list(cached.offload.shares()) == list(alone.offload.shares())

@@ -321,3 +321,22 @@ def test_cpsat_plans_what_highs_plans():
         plans[solver] = step.plan(*args, **kw)
     assert plans["cpsat"].solver.name == "cpsat" and plans["cpsat"].solver.status == "optimal"
     assert plans["cpsat"].solver.objective_s == pytest.approx(plans["highs"].solver.objective_s, rel=2 * REL_GAP)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_pair_classes_number_rows_as_np_unique_does(seed):
+    """``ilp._classes``: the class of every row and their count as ``np.unique(axis=0)`` gives them
+    (the ILP's pair columns are made in that order), on cost matrices with repeated rows, rows
+    equal but for one entry, -0.0 against 0.0, one row and one column."""
+    from graphc.passes.sharding.ilp import _classes
+
+    rng = np.random.default_rng(seed)
+    base = rng.choice([0.0, 1.5e-6, 2.5e-6, 1e-3], size=(5, 4))
+    m = base[rng.integers(0, 5, size=12)]
+    m[3, 2] += 1e-12  # equal to another row but for one entry
+    m[m == 0.0] = np.where(rng.random((m == 0.0).sum()) < 0.5, -0.0, 0.0)
+    for mat in (m, m.T, m[:1], m[:, :1], m[:0]):
+        _u, want = np.unique(mat, axis=0, return_inverse=True)
+        got, n = _classes(mat)
+        assert got.tolist() == want.reshape(-1).tolist()
+        assert n == len(_u)

@@ -65,3 +65,53 @@ def test_the_tied_plan_runs_equal_to_numpy(name):
     want = fn(*args, **kw)
     d = args[0]["wte"].shape[1]
     assert_adam_step_close(got, want, lr=kw.get("lr", 6e-5), terms=4 * 4 * d, b2=b2)
+
+
+def _classes_by_tuples(problem, rounds):
+    """``structure_classes`` as its definition reads: each round interns the tuple (label, the
+    in-edges by operand position, the out-edges sorted) of every item."""
+    from graphc.passes.sharding.groups import _Interner, _item_label
+
+    intern, strategy_labels = _Interner(), {}
+    label = [_item_label(it, intern, strategy_labels) for it in problem.items]
+    ins: list[list] = [[] for _ in problem.items]
+    outs: list[list] = [[] for _ in problem.items]
+    for e in problem.edges:
+        ins[e.dst].append((e.dst_in, e.src_out, e.src))
+        outs[e.src].append((e.src_out, e.dst_in, e.dst))
+    for x in ins:
+        x.sort()
+    for _ in range(rounds):
+        label = [
+            intern(
+                (
+                    label[i],
+                    tuple((a, b, label[s]) for a, b, s in ins[i]),
+                    tuple(sorted((a, b, label[d]) for a, b, d in outs[i])),
+                )
+            )
+            for i in range(len(problem.items))
+        ]
+    return label
+
+
+def _partition(labels):
+    first: dict = {}
+    return [first.setdefault(x, len(first)) for x in labels]
+
+
+@pytest.mark.parametrize("name", ["gpt3 dp=2,tp=2", "llama tp=2"])
+def test_structure_classes_are_the_tuple_refinement(name):
+    """The array refinement (``_refine``) splits the items exactly as interning the tuples does,
+    round by round (the classes differ between rounds, so every round is checked)."""
+    from graphc.passes.sharding.groups import structure_classes
+
+    step, _fn, args, kw, _b2 = _step(name)
+    graph = step.trace_optimized(*args, **kw)[1]
+    problem = build_problem(graph, step.mesh, PlanOptions(), ties=state_ties(graph))
+    sizes = []
+    for rounds in range(5):
+        want = _partition(_classes_by_tuples(problem, rounds))
+        assert _partition(structure_classes(problem, rounds)) == want
+        sizes.append(max(want) + 1)
+    assert sizes[0] < sizes[-1] < len(problem.items)  # refinement split classes, and layers still tie

@@ -336,3 +336,23 @@ def test_zero_3_under_mpi_equals_one_device(tmp_path):
 
 if __name__ == "__main__":  # a rank of test_zero_3_under_mpi_equals_one_device
     mpi_job(sys.argv[1])
+
+
+def test_a_problems_parameter_groups_are_made_once_and_are_param_groups():
+    """``problem_groups``: the groups ``param_groups`` finds for the problem's state and update,
+    made by the first to ask (the offload candidates, the plan's ZeRO report) and handed out as
+    a list of one's own."""
+    from graphc.passes.partition import build_problem, state_ties
+    from graphc.passes.sharding import zero
+    from graphc.passes.sharding.roles import update_nodes
+
+    pf = par()
+    graph = pf.trace_optimized(*example())[1]
+    problem = build_problem(graph, pf.mesh, pf.options, ties=state_ties(graph))
+    want = zero.param_groups(graph, zero.state_positions(problem), update_nodes(graph))
+    assert sum(g.param is not None and len(g.states) == 2 for g in want) == 2 * (len(SIZES) - 1)  # w and b
+    first = zero.problem_groups(problem)
+    assert first == want
+    first.clear()
+    assert zero.problem_groups(problem) == want
+    assert zero.problem_update(problem) is zero.problem_update(problem) == update_nodes(graph)
