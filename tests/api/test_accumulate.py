@@ -508,8 +508,8 @@ def _bf16_sgd_logging_a_gradient_sum(w, x, y):
     return [p - 0.25 * gi for p, gi in zip(w, g)], np.sum(g[0]), g[0]
 
 
-@pytest.mark.parametrize("m", [8, 64])
-def test_a_gradient_also_read_by_a_linear_statistic_meets_in_float32(m):
+@pytest.mark.parametrize(("axes", "m"), [({"dp": 1}, 8), ({"dp": 1}, 64), ({"pp": 2}, 8)])
+def test_a_gradient_also_read_by_a_linear_statistic_meets_in_float32(axes, m):
     """A bfloat16 gradient the update takes whole and a linear statistic (np.sum(g)) would keep
     partial: the micro-batches still meet at its float32 running sum, and the statistic is of the
     gradient so summed. Before, the narrowing convert stayed before the meeting for the sake of
@@ -525,7 +525,7 @@ def test_a_gradient_also_read_by_a_linear_statistic_meets_in_float32(m):
     one = graphc.jit(_bf16_sgd_logging_a_gradient_sum)(w, x, y)
     with warnings.catch_warnings():
         warnings.simplefilter("error", PlanWarning)  # summed in float32: nothing to warn of
-        pf = graphc.parallelize(_bf16_sgd_logging_a_gradient_sum, mesh={"dp": 1}, microbatches=m, cache=False)
+        pf = graphc.parallelize(_bf16_sgd_logging_a_gradient_sum, mesh=axes, microbatches=m, cache=False)
         got = pf(w, x, y)
     meets = [ln for ln in pf.compile(w, x, y).ir("microbatch").splitlines() if "all_reduce(" in ln and '"mb"' in ln]
     assert meets and all(ln.rstrip().split(" : ")[-1].startswith("f32") for ln in meets), meets
