@@ -155,7 +155,8 @@ def summed_widened(src: np.dtype, dst: np.dtype) -> bool:
 def _hoistable(problem, pins: dict[int, str], wants: dict[int, tuple], spec: dict[Value, tuple]) -> set[int]:
     """Linear-partial nodes whose result every consumer takes whole (R) and whose partial
     operands are no larger than the result; and converts that narrow a partial sum to a 16-bit
-    float, taken whole or returned (``_narrows_a_sum``: the sum meets in the wider dtype)."""
+    float that any consumer takes whole or the step returns (``_narrows_a_sum``: the sum meets
+    in the wider dtype, even where another consumer would have kept it partial)."""
     graph = problem.graph
     index = {n: k for k, n in enumerate(graph.nodes)}
     takes: dict[Value, list[tuple]] = {}
@@ -169,13 +170,17 @@ def _hoistable(problem, pins: dict[int, str], wants: dict[int, tuple], spec: dic
         if not pins[k].startswith("linear") or len(node.outputs) != 1:
             continue
         o = node.outputs[0]
-        if spec[o] != (P,) or any(s != (R,) for s in takes.get(o, ())):
+        if spec[o] != (P,):
             continue
         partial = [v for v, s in zip(node.inputs, wants[k]) if s == (P,)]
-        if _narrows_a_sum(node, partial) and (o in outputs or o in takes):  # returned too: meets before it
-            out.add(k)
+        whole = [s == (R,) for s in takes.get(o, ())]
+        if _narrows_a_sum(node, partial):
+            # taken whole by any reader, or returned: meets before it, in the wider dtype; readers
+            # that would keep it partial (np.sum(g) beside the update) then take it whole too
+            if o in outputs or any(whole):
+                out.add(k)
             continue
-        if o in outputs or not takes.get(o):
+        if o in outputs or not whole or not all(whole):
             continue
         widens = any(summed_widened(v.type.dtype, o.type.dtype) for v in partial)
         if not widens and all(v.type.nbytes <= o.type.nbytes for v in partial):

@@ -496,6 +496,49 @@ def test_bfloat16_gradients_never_widened_accumulate_in_float32_too(m):
         assert np.all(np.abs(gm - g1) <= bound), float(np.max(np.abs(gm - g1) - bound))
 
 
+def _bf16_sgd_logging_a_gradient_sum(w, x, y):
+    """Pure bfloat16 SGD that also returns a sum of one gradient (a logged statistic, linear in
+    the gradient, so it could be summed over the micro-batches on its own) and that gradient."""
+
+    def loss(w, x, y):
+        d = (x @ w[0]) @ w[1] - y
+        return np.mean(d * d)
+
+    g = graphc.grad(loss)(w, x, y)
+    return [p - 0.25 * gi for p, gi in zip(w, g)], np.sum(g[0]), g[0]
+
+
+@pytest.mark.parametrize(("axes", "m"), [({"dp": 1}, 8), ({"dp": 1}, 64), ({"pp": 2}, 8)])
+def test_a_gradient_also_read_by_a_linear_statistic_meets_in_float32(axes, m):
+    """A bfloat16 gradient the update takes whole and a linear statistic (np.sum(g)) would keep
+    partial: the micro-batches still meet at its float32 running sum, and the statistic is of the
+    gradient so summed. Before, the narrowing convert stayed before the meeting for the sake of
+    the statistic, so the gradient the update and the step returned was summed in bfloat16,
+    rounding at every micro-batch (the guard PlanWarning fired; the gradient broke the bound at
+    64 micro-batches). The bound is the one above, |g_m - g_1| <= u (sum_k |g_k| + |g_1| + |g_m|),
+    and the statistic is the bfloat16 sum of the returned gradient, as on one pass."""
+    bf = graphc.bfloat16
+    rng = np.random.default_rng(2)
+    B = 64
+    w = [(rng.integers(-2, 3, s) / 4).astype(bf) for s in ((8, 4), (4, 3))]
+    x, y = (rng.integers(-2, 3, s).astype(bf) for s in ((B, 8), (B, 3)))
+    one = graphc.jit(_bf16_sgd_logging_a_gradient_sum)(w, x, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PlanWarning)  # summed in float32: nothing to warn of
+        pf = graphc.parallelize(_bf16_sgd_logging_a_gradient_sum, mesh=axes, microbatches=m, cache=False)
+        got = pf(w, x, y)
+    meets = [ln for ln in pf.compile(w, x, y).ir("microbatch").splitlines() if "all_reduce(" in ln and '"mb"' in ln]
+    assert meets and all(ln.rstrip().split(" : ")[-1].startswith("f32") for ln in meets), meets
+    k = B // m
+    pieces = [graphc.jit(_bf16_sgd_logging_a_gradient_sum)(w, x[i : i + k], y[i : i + k])[2] for i in range(0, B, k)]
+    u = 2.0**-8
+    g1, gm = one[2].astype(np.float64), got[2].astype(np.float64)
+    parts = sum(np.abs(p.astype(np.float64)) * (k / B) for p in pieces)
+    bound = u * (parts + np.abs(g1) + np.abs(gm)) + 4 * m * 2.0**-24 * parts
+    assert np.all(np.abs(gm - g1) <= bound), float(np.max(np.abs(gm - g1) - bound))
+    assert float(got[1]) == float(graphc.jit(np.sum)(got[2]))
+
+
 def test_a_pipeline_plans_own_warnings_go_with_its_file_and_its_runs(tmp_path):
     """A pipeline plan's own warnings (``PipelinePlan.warnings``: a 16-bit sum micro-batching
     could not widen) are in its JSON, and a step run from the plan file warns with them, once."""
