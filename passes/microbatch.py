@@ -266,8 +266,8 @@ def microbatch(graph: Graph, m: int, batch: list[int] | None = None) -> Microbat
     # every choice is the propagation's: no ILP heuristics, buckets, ZeRO or recomputation
     options = PlanOptions(shrink=False, linear_partials=True, bucket_bytes=0, zero=0, recompute="off")
     split = graph
-    node_pins, _wants, spec = _propagation(build_problem(split, mesh, options, Pins(in_pins, out_pins), ties))
-    if m > 1 and (low := _low_sums(split, spec)):  # sum them in float32 (``widen_sums``)
+    node_pins, wants, spec = _propagation(build_problem(split, mesh, options, Pins(in_pins, out_pins), ties))
+    if m > 1 and (low := _low_sums(split, wants, spec)):  # sum them in float32 (``widen_sums``)
         split = widen_sums(split, low)
         ties = state_ties(split)
         node_pins = propagate(build_problem(split, mesh, options, Pins(in_pins, out_pins), ties))
@@ -281,12 +281,15 @@ def microbatch(graph: Graph, m: int, batch: list[int] | None = None) -> Microbat
     return mb
 
 
-def _low_sums(graph: Graph, spec: dict[Value, tuple]) -> list[Value]:
+def _low_sums(graph: Graph, wants: dict[int, tuple], spec: dict[Value, tuple]) -> list[Value]:
     """The 16-bit float values of ``graph`` the micro-batches meet at under the propagation's
-    ``spec``: partial sums that a reader takes whole, or that the step returns."""
+    ``spec`` and operand specs ``wants`` (by node position): partial sums that a reader takes
+    whole, or that the step returns. A partial value every reader keeps partial (a bfloat16
+    gradient that Adam's ``g.astype(np.float32)`` widens before the meeting) is not one: a
+    float32 round trip after it would run in every micro-batch for nothing."""
     whole: set[Value] = set(graph.outputs)
-    for node in graph.nodes:
-        whole.update(node.inputs)
+    for k, node in enumerate(graph.nodes):
+        whole.update(v for v, s in zip(node.inputs, wants.get(k, ())) if s == (R,))
     return [
         o
         for node in graph.nodes

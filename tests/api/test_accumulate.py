@@ -606,3 +606,36 @@ def test_graphc_run_shows_a_pipeline_plans_own_warnings(cli_env):
     code, _out, err = call("run", *TARGET, "--plan", str(plan))
     assert code == 0, err
     assert re.findall(r"graphc: warning: (.*)", err) == ["a warning of the plan's own"], err
+
+
+@pytest.mark.parametrize("step", ["widened", "never widened"])
+def test_no_float32_round_trip_runs_in_every_micro_batch(step):
+    """``widen_sums`` widens only the 16-bit values the micro-batches meet at: a bfloat16 gradient
+    that Adam widens before the meeting gets no float32 round trip of its own (it was given one,
+    run in every micro-batch for nothing), and a never-widened one meets between its two converts.
+    No convert to a 16-bit float reads a convert from it directly, and every sum is float32."""
+    from graphc.passes.microbatch import microbatch
+
+    bf = graphc.bfloat16
+    rng = np.random.default_rng(5)
+    w = [(rng.integers(-2, 3, s) / 4).astype(bf) for s in ((6, 4), (4, 3))]
+    x, y = (rng.integers(-2, 3, s).astype(bf) for s in ((8, 6), (8, 3)))
+    if step == "widened":
+        zeros = [np.zeros(a.shape, np.float32) for a in w]
+        fn, args = _bf16_step, (w, zeros, zeros, x, y)
+    else:
+        fn, args = _bf16_grads, (w, x, y)
+    graph = graphc.parallelize(fn, mesh={"dp": 1}, cache=False).trace_optimized(*args)[1]
+    g0 = microbatch(graph, 4).program.devices[0].graph
+    sums = [n for n in g0.nodes if n.op.name == "all_reduce"]
+    assert sums and all(n.outputs[0].type.dtype == np.float32 for n in sums)
+    round_trips = [
+        n
+        for n in g0.nodes
+        if n.op.name == "convert"
+        and n.outputs[0].type.dtype == bf
+        and n.inputs[0].producer is not None
+        and n.inputs[0].producer.op.name == "convert"
+        and n.inputs[0].producer.inputs[0].type.dtype == bf
+    ]
+    assert not round_trips, [str(n.loc) for n in round_trips]
