@@ -277,7 +277,7 @@ def microbatch(graph: Graph, m: int, batch: list[int] | None = None) -> Microbat
     _check_meetings_are_sums(graph, program.devices[0].graph)
     if m > 1:
         mb.warnings = _low_precision_sums(graph, program.devices[0].graph, m)
-    mb.step_phase, mb.varies = _phases(program.devices[0].graph, set(batch))
+    mb.step_phase, mb.varies = _phases(program.devices[0].graph, set(batch), m)
     return mb
 
 
@@ -501,21 +501,26 @@ def plan_microbatch_program(mb: Microbatched, mesh: Mesh, ties, options: PlanOpt
     return dataclasses.replace(plan, solver=solver)
 
 
-def _phases(g: Graph, batch: set[int]) -> tuple[list[bool], set[Value]]:
+def _phases(g: Graph, batch: set[int], m: int = 2) -> tuple[list[bool], set[Value]]:
     """Each node's phase (True: step phase) and the values that differ between micro-batches;
-    raises PlanError where a step-phase node reads one micro-batch's values."""
+    raises PlanError where a step-phase node reads one micro-batch's values. With one micro-batch
+    (``m`` 1) nothing meets: the update (the nodes graphc.grad's caller runs on the gradients,
+    part "update") and what reads it are the step phase all the same, so a pipeline places them
+    with their parameters, as it does for more micro-batches, instead of sending the update's
+    values across stages."""
     varies: set[Value] = {v for k, v in enumerate(g.inputs) if k in batch}  # differs per micro-batch
     step: set[Value] = set()  # computed once per step
     phases = []
     for node in g.nodes:
         meets = node.op.has(Collective)
-        is_step = not meets and any(v in step for v in node.inputs)
+        seeds = m == 1 and node.part == "update" and not meets
+        is_step = not meets and (seeds or any(v in step for v in node.inputs))
         phases.append(is_step)
         if meets or is_step:
             step.update(node.outputs)
         elif node.op.has(DeviceLocal) or any(v in varies for v in node.inputs):
             varies.update(node.outputs)
-        if is_step:
+        if is_step and m > 1:  # one micro-batch is the whole batch
             bad = [v for v in node.inputs if v in varies]
             if bad:
                 raise PlanError(

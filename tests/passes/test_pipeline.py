@@ -244,3 +244,26 @@ def test_a_pipeline_or_accumulation_plan_states_its_whole_steps_mfu(mesh):
     assert json.loads(whole.to_json())["cost"]["mfu_formula"] == MFU_FORMULA
     assert PipelinePlan.from_json(plan.to_json()).mfu == m
     assert f"MFU {m.value:.1%} of the whole step" in plan.summary()
+
+
+def test_one_micro_batch_runs_the_update_on_its_parameters_stages():
+    """With one micro-batch nothing meets, yet the update is the step phase all the same: it runs
+    once, after the backward, on its parameters' stages, as with more micro-batches. It used to
+    run in the backward tasks wherever its operands were, so Adam's state-only values crossed the
+    stages (on this GPT at pp=2: 13x the stage transfers of two micro-batches). Only activations
+    cross now: twice two micro-batches' (the whole batch is one micro-batch). Equal to one device."""
+    args, kw = gpt.example_train_args(batch=4, seq=8, d=32, n_layer=4)
+    plans = {}
+    for m in (1, 2):
+        pf = graphc.parallelize(
+            gpt.train_step, mesh={"pp": 2}, microbatches=m, cache=False, static_argnames=("n_head", "lr")
+        )
+        compiled = pf.compile(*args, **kw)
+        plans[m] = compiled.plan
+        got, want = flatten(pf(*args, **kw))[0], flatten(gpt.train_step(*args, **kw))[0]
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
+        g0 = compiled.mb.program.devices[0].graph
+        update = [k for k, n in enumerate(g0.nodes) if n.part == "update" and n.op.name != "all_reduce"]
+        assert update and all(compiled.plan.assignment.phase[k] == "U" for k in update)
+    assert plans[1].transfer_s <= 2.05 * plans[2].transfer_s, (plans[1].transfer_s, plans[2].transfer_s)

@@ -55,8 +55,9 @@ def test_memory_limit_only_a_pipeline_meets():
     g = graph_of(mlp.train_step, args, kw)
     weights = sum(v.type.nbytes for v in g.inputs[:6])
     # no ZeRO: dp=2 holds every weight, its gradient and the new one (2.5x); a stage of pp=2 holds
-    # its half of them (1.53x: its update's new weights included, which the runtime measures)
-    replicated = PlanOptions(memory_limit=int(weights * 1.7), zero=0)
+    # its half of them with its update's values and its activations (2.0x at any micro-batch count:
+    # the update runs on its parameters' stage, one micro-batch or more)
+    replicated = PlanOptions(memory_limit=int(weights * 2.2), zero=0)
     cands = search_meshes(g, 2, replicated, profile=PROFILE, axes=("pp", "dp"))
     best = cands[0]
     assert best.ok and "pp" in best.axes, [c.describe() for c in cands]
