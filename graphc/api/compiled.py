@@ -126,7 +126,7 @@ class ParallelCompiled:
         else:
             self._threads = backend.sharded(self.partitioned.program)
         self.seconds = {**plan.timing, "build_s": time.perf_counter() - start}
-        self.state_outputs = frozenset(o for _i, o in write_ties(graph))
+        self.state_outputs = frozenset(o for _i, o in state_ties(graph))
 
     @property
     def program(self):
@@ -225,13 +225,6 @@ def _stored(out: Any, args: tuple, kwargs: dict) -> Any:
     return out.apply_to(args, kwargs) if type(out) is StateUpdate else out
 
 
-def write_ties(graph: Graph) -> list[tuple[int, int]]:
-    """``state_ties`` (passes/partition.py), which ties every array a function wrote into an
-    argument object (a KV cache on ``self``) to the input it replaces: the state keeps its spec
-    from call to call."""
-    return state_ties(graph)
-
-
 # --- paths: how a graph is planned and built --------------------------------------------------------
 
 
@@ -260,7 +253,7 @@ class ShardedPath:
         """The plan of ``graph``: remembered, cached, or solved by ``deadline``. ``traced``: the
         trace's timings and node count, recorded with the plan (a cached plan keeps its own count)."""
         start = time.perf_counter()
-        ties = write_ties(graph)
+        ties = state_ties(graph)
         hashed = graph_hash(graph) if self.cache else None  # printed once: for the key and the plan
         key = self.cache.key(hashed, self.mesh, pins, ties, options) if self.cache and hashed else None
         remembered = self.remembered.get(key) if key else None
@@ -330,5 +323,4 @@ __all__ = [
     "PipelinePath",
     "ShardedPath",
     "Threads",
-    "write_ties",
 ]

@@ -47,7 +47,6 @@ from graphc.api.compiled import (
     PipelinePath,
     ShardedPath,
     Threads,
-    write_ties,
 )
 from graphc.api.jit import Jitted, Specializations, StaticArgs, trace_hint
 from graphc.core.collector import collector_paused
@@ -528,5 +527,4 @@ __all__ = [
     "parallelize",
     "planned_pipeline",
     "shard",
-    "write_ties",
 ]

@@ -27,7 +27,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from graphc.api.compiled import write_ties
 from graphc.api.parallel import parallelize
 from graphc.core.collector import collector_paused
 from graphc.core.errors import GraphcError
@@ -36,7 +35,7 @@ from graphc.core.pytree import static_argnames
 from graphc.core.units import fmt_time
 from graphc.models import gpt, gpt3, llama
 from graphc.passes.options import PlanOptions, Solver
-from graphc.passes.partition import build_problem, make_plan, shrink
+from graphc.passes.partition import build_problem, make_plan, shrink, state_ties
 from graphc.passes.sharding.ilp import solve
 
 GIB = 2**30
@@ -172,7 +171,7 @@ def _plan_stages(par, args: tuple, kwargs: dict, solver: Solver) -> tuple[Timing
     _traced, graph, seconds = par.trace_optimized(*args, **kwargs)
     options: PlanOptions = par.options
     t1 = time.perf_counter()
-    problem = build_problem(graph, par.mesh, options, par.pins(graph), write_ties(graph))
+    problem = build_problem(graph, par.mesh, options, par.pins(graph), state_ties(graph))
     t2 = time.perf_counter()
     groups, of = shrink(problem, options.shrink)
     t3 = time.perf_counter()
@@ -302,7 +301,7 @@ def _main_solvers(repeat: int, limit_s: float = 120.0) -> None:
         args, kwargs = c.example()
         par = _parallel(c, "highs", kwargs)
         graph = par.trace_optimized(*args, **kwargs)[1]
-        problem = build_problem(graph, par.mesh, par.options, par.pins(graph), write_ties(graph))
+        problem = build_problem(graph, par.mesh, par.options, par.pins(graph), state_ties(graph))
         groups, of = shrink(problem, True)
         seconds: dict[str, list[float]] = {"highs": [], "cpsat": []}
         last = {}

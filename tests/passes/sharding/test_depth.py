@@ -14,13 +14,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as hst
 
 import graphc
-from graphc.api.parallel import write_ties
 from graphc.core.collector import collector_paused
 from graphc.core.mesh import Mesh
 from graphc.core.profile import MachineProfile
 from graphc.models import gpt, gpt3, llama, mlp
 from graphc.passes.options import PlanOptions
-from graphc.passes.partition import build_problem, solve_problem
+from graphc.passes.partition import build_problem, solve_problem, state_ties
 from graphc.passes.sharding import alternatives
 from graphc.passes.sharding.alternatives import Solved, _Pricer, find_alternatives
 from tests.graphgen import random_graphs
@@ -61,7 +60,7 @@ def _solved(name):
     step = graphc.parallelize(fn, mesh=Mesh(mesh, profile=DEFAULT), static_argnames=static, cache=False)
     graph = step.trace_optimized(*args, **kw)[1]
     options = PlanOptions(**opts)
-    problem = build_problem(graph, step.mesh, options, ties=write_ties(graph))
+    problem = build_problem(graph, step.mesh, options, ties=state_ties(graph))
     sol = solve_problem(problem, options)
     solved = Solved(sol.objective, sol.status, sol.gap, options.memory_limit, sol.shared)
     share = problem.costs.filled_bucket_bytes(sol.choice) or problem.costs.bucket_share_bytes

@@ -14,14 +14,13 @@ import numpy as np
 import pytest
 
 import graphc
-from graphc.api.parallel import write_ties
 from graphc.core.mesh import Mesh
 from graphc.core.profile import MachineProfile
 from graphc.core.spec import R
 from graphc.core.units import fmt_bytes, fmt_time
 from graphc.models import gpt, mlp
 from graphc.passes.options import PlanOptions
-from graphc.passes.partition import build_problem, make_plan, solve_problem
+from graphc.passes.partition import build_problem, make_plan, solve_problem, state_ties
 from graphc.passes.sharding.collectives import collectives_of
 from graphc.passes.sharding.plan import INPUTS_SHOWN, LEGEND, ShardingPlan
 from graphc.passes.sharding.redistribute import collective_cost
@@ -48,7 +47,7 @@ def problem_of(mesh: str, limit: int | None, model: str = "mlp"):
     """(problem, options) of a training step, as ``plan_sharding`` builds them."""
     pf, graph = step_graph(mesh, model)
     options = PlanOptions(memory_limit=limit)
-    problem = build_problem(graph, pf.mesh, options, ties=write_ties(graph))
+    problem = build_problem(graph, pf.mesh, options, ties=state_ties(graph))
     return problem, options
 
 

@@ -14,12 +14,11 @@ import pickle
 import pytest
 
 import graphc
-from graphc.api.parallel import write_ties
 from graphc.core.mesh import Mesh
 from graphc.core.profile import MachineProfile
 from graphc.models import gpt
 from graphc.passes.options import PlanOptions
-from graphc.passes.partition import build_problem, solve_problem
+from graphc.passes.partition import build_problem, solve_problem, state_ties
 from graphc.passes.sharding import build
 from graphc.passes.sharding.build import plan_from_solution
 from graphc.passes.sharding.pending import LazyAlternatives
@@ -35,13 +34,13 @@ def solved():
         gpt.train_step, mesh=Mesh("dp=2,tp=2", profile=MachineProfile.default()), static_argnames=("n_head", "lr")
     )
     graph = step.trace_optimized(*args, **kw)[1]
-    problem = build_problem(graph, step.mesh, OPTIONS, ties=write_ties(graph))
+    problem = build_problem(graph, step.mesh, OPTIONS, ties=state_ties(graph))
     return graph, step.mesh, solve_problem(problem, OPTIONS)
 
 
 def _plan(solved, now: bool):
     graph, mesh, sol = solved
-    problem = build_problem(graph, mesh, OPTIONS, ties=write_ties(graph))  # each plan its own problem
+    problem = build_problem(graph, mesh, OPTIONS, ties=state_ties(graph))  # each plan its own problem
     share = problem.costs.bucket_share_bytes
     plan = plan_from_solution(problem, sol, OPTIONS, 0.0, explain_now=now)
     return plan, share, problem.costs.bucket_share_bytes
