@@ -340,7 +340,7 @@ def _check_meetings_are_sums(graph: Graph, g: Graph) -> None:
     gathered or re-split across micro-batches is the whole batch at once (a maximum over the
     batch, a result per sample), which running them one after the other cannot give."""
     for node in g.nodes:
-        if node.op.has(Collective) and node.attrs.get("axis") == MB_AXIS and node.op.name != "all_reduce":
+        if _joins(node):
             readers = [n for n in g.nodes if node.outputs[0] in n.inputs]
             returned = g.outputs.index(node.outputs[0]) if not readers and node.outputs[0] in g.outputs else None
             if returned is not None and returned not in {o for _i, o in state_ties(graph)}:  # gathered to be returned
@@ -368,16 +368,16 @@ def _check_meetings_are_sums(graph: Graph, g: Graph) -> None:
             )
 
 
+def _joins(node) -> bool:
+    """A collective over ``mb`` that is not a sum: it joins the micro-batches' pieces whole."""
+    return node.op.has(Collective) and node.attrs.get("axis") == MB_AXIS and node.op.name != "all_reduce"
+
+
 def _joined_inputs(graph: Graph, g: Graph) -> str:
     """The step's inputs that micro-batching split and a collective of the micro-batch program ``g``
     joins whole again (``%W (f32[8,4]), %x (f32[16,8])``), or ""."""
     names = graph.value_names()
-    at = {
-        g.inputs.index(n.inputs[0])
-        for n in g.nodes
-        if n.op.has(Collective) and n.attrs.get("axis") == MB_AXIS and n.op.name != "all_reduce" and n.inputs
-        if n.inputs[0] in g.inputs
-    }
+    at = {g.inputs.index(n.inputs[0]) for n in g.nodes if _joins(n) and n.inputs and n.inputs[0] in g.inputs}
     return ", ".join(f"%{names[graph.inputs[k]]} ({graph.inputs[k].type})" for k in sorted(at))
 
 

@@ -152,6 +152,7 @@ def state_layout(graph: Graph, params: Iterable[int], segments: Sequence[Segment
         grad_v, state = _update_operands(graph, producer, upd, read_fwd, p, new_of.get(p))
         grad = made_in.get(grad_v, read) if grad_v is not None else read
         update = read if _pieces(read, tp) >= _pieces(grad, tp) else grad
+        summed = _summed_nbytes(graph, grad_v, upd) if grad_v is not None else 0  # none: not trained
         relayout = 0.0
         if mesh is not None:
             g_type = grad_v.type if grad_v is not None else p.type
@@ -161,8 +162,8 @@ def state_layout(graph: Graph, params: Iterable[int], segments: Sequence[Segment
             ParamLayout(
                 name=p.name or f"input{i}",
                 nbytes=p.type.nbytes,
-                grad_nbytes=_summed_nbytes(graph, grad_v, upd) if grad_v is not None else 0,  # none: not trained
-                sum_nbytes=_running_sum_nbytes(graph, grad_v, upd) if grad_v is not None else 0,
+                grad_nbytes=summed,
+                sum_nbytes=_running_sum_nbytes(grad_v, summed) if grad_v is not None else 0,
                 state_nbytes=sum(s.type.nbytes for s in state),
                 read=_pieces(read, tp),
                 grad=_pieces(grad, tp),
@@ -226,10 +227,10 @@ def _summed_nbytes(graph: Graph, grad: Value, upd: set[int]) -> int:
     return grad.type.size * max(wide, key=lambda d: d.itemsize).itemsize if wide else grad.type.nbytes
 
 
-def _running_sum_nbytes(graph: Graph, grad: Value, upd: set[int]) -> int:
-    """The bytes of ``grad``'s running sum over micro-batches: float32 for a 16-bit float
-    gradient, widened by the step or not (passes/microbatch.py ``widen_sums``)."""
-    summed = _summed_nbytes(graph, grad, upd)
+def _running_sum_nbytes(grad: Value, summed: int) -> int:
+    """The bytes of ``grad``'s running sum over micro-batches (``summed``: ``_summed_nbytes``):
+    float32 for a 16-bit float gradient, widened by the step or not (passes/microbatch.py
+    ``widen_sums``)."""
     return max(summed, grad.type.size * 4) if grad.type.dtype in LOW_FLOATS else summed
 
 
