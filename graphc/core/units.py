@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 import numpy as np
 
 from graphc.core.errors import GraphcError
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)\s*$", re.IGNORECASE)
+_SIZE = re.compile(r"^\s*([-+]?)(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)\s*$", re.IGNORECASE)
 _UNITS = {
     "": 1,
     "B": 1,
@@ -33,17 +34,21 @@ def parse_bytes(value, *, allow_zero: bool = False, what: str = "memory size") -
     means "none" (a gradient bucket of 0 bytes: no buckets)."""
     if value is None:
         return None
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-        if value < 0 or (value == 0 and not allow_zero):
-            raise GraphcError(f"{what} must be {'non-negative' if allow_zero else 'positive'}, got {value}")
-        return int(value)
-    if isinstance(value, float):
-        return parse_bytes(int(value), allow_zero=allow_zero, what=what)
-    m = _SIZE.match(str(value))
-    unit = m.group(2).upper() if m else None
-    if not m or unit not in _UNITS:
-        raise GraphcError(f"bad {what} {value!r}: expected a number of bytes or e.g. 2GiB, 512MB, 64KiB")
-    return parse_bytes(int(float(m.group(1)) * _UNITS[unit]), allow_zero=allow_zero, what=what)
+    sign = "non-negative" if allow_zero else "positive"
+    shown = repr(value) if isinstance(value, str) else str(value)
+    if isinstance(value, (int, np.integer, float, np.floating)) and not isinstance(value, bool):
+        if isinstance(value, (float, np.floating)) and not math.isfinite(value):
+            raise GraphcError(f"bad {what} {shown}: expected a {sign} number of bytes")
+        size = int(value)
+    else:
+        m = _SIZE.match(str(value))
+        unit = m.group(3).upper() if m else None
+        if not m or unit not in _UNITS:
+            raise GraphcError(f"bad {what} {value!r}: expected a number of bytes or e.g. 2GiB, 512MB, 64KiB")
+        size = int(float(m.group(1) + m.group(2)) * _UNITS[unit])
+    if size < 0 or (size == 0 and not allow_zero):  # 0.5 bytes counts as 0
+        raise GraphcError(f"{what} must be {sign}, got {shown}")
+    return size
 
 
 def fmt_bytes(n: float) -> str:
