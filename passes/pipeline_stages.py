@@ -3,8 +3,9 @@
 
 Input: the program of one micro-batch (passes/microbatch.py), whose nodes are forward, backward,
 meeting points (gradient accumulation) and step-phase (the update). Stage partitioning cuts the
-forward nodes, in program order, into S contiguous segments by dynamic programming (as Alpa's
-inter-op pass and PipeDream do), minimising the slowest stage's predicted time (its forward and
+forward nodes (or, where a loss linear in the weights left fewer than S, the whole micro-batch
+phase: ``_cut_order``), in program order, into S contiguous segments by dynamic programming (as
+Alpa's inter-op pass and PipeDream do), minimising the slowest stage's predicted time (its forward and
 the backward that belongs to it) under each stage's memory limit (parameters, optimizer state
 and the activations the schedule keeps in flight).
 
