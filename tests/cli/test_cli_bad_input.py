@@ -173,9 +173,9 @@ CASES = [
     *[
         (f"--memory {size}", ["compile", "{d}/model.py:f", "--mesh", "dp=2", "--memory", size], message)
         for size, message in [
-            ("-1GiB", "argument --memory: memory size must be positive, got '-1GiB'"),
-            ("-5", "argument --memory: memory size must be positive, got '-5'"),
-            ("0", "argument --memory: memory size must be positive, got '0'"),
+            ("-1GiB", "argument --memory: memory size must be positive (at least 1 byte), got '-1GiB'"),
+            ("-5", "argument --memory: memory size must be positive (at least 1 byte), got '-5'"),
+            ("0", "argument --memory: memory size must be positive (at least 1 byte), got '0'"),
             ("abc", "argument --memory: bad memory size 'abc': expected a number of bytes or e.g. 2GiB"),
             ("1.5XB", "argument --memory: bad memory size '1.5XB': expected a number of bytes or e.g. 2GiB"),
         ]
@@ -183,7 +183,7 @@ CASES = [
     (
         "--memory=-1GiB",
         ["compile", "{d}/model.py:f", "--mesh", "dp=2", "--memory=-1GiB"],
-        "argument --memory: memory size must be positive, got '-1GiB'",
+        "argument --memory: memory size must be positive (at least 1 byte), got '-1GiB'",
     ),
     (
         "--bucket -1MiB",
@@ -193,7 +193,7 @@ CASES = [
     (
         "run: --memory -1GiB",
         ["run", "{d}/model.py:f", "--mesh", "dp=2", "--memory", "-1GiB"],
-        "argument --memory: memory size must be positive, got '-1GiB'",
+        "argument --memory: memory size must be positive (at least 1 byte), got '-1GiB'",
     ),
     (
         "malformed --bucket",

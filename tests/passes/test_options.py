@@ -144,22 +144,27 @@ def test_bad_values_are_plan_errors_naming_the_option():
         graphc.parallelize(double, mesh="dp=2", bucket_bytes=-1)
     with pytest.raises(GraphcError, match="bad bucket_bytes 'lots'"):
         graphc.parallelize(double, mesh="dp=2", bucket_bytes="lots")
-    with pytest.raises(GraphcError, match="memory_limit must be positive, got .0B."):
+    with pytest.raises(GraphcError, match="memory_limit must be positive \\(at least 1 byte\\), got .0B."):
         graphc.parallelize(double, mesh="dp=2", memory_limit="0B")
 
 
 @pytest.mark.parametrize(
     "value, match",
     [
-        (-1, "memory_limit must be positive, got -1"),
-        (0, "memory_limit must be positive, got 0"),
-        (0.5, "memory_limit must be positive, got 0.5"),  # under a byte
-        (np.int64(-3), "memory_limit must be positive, got -3"),
-        ("-1GiB", "memory_limit must be positive, got '-1GiB'"),
+        (-1, "memory_limit must be positive \\(at least 1 byte\\), got -1"),
+        (0, "memory_limit must be positive \\(at least 1 byte\\), got 0"),
+        (0.5, "memory_limit must be positive \\(at least 1 byte\\), got 0.5"),  # under a byte
+        (np.int64(-3), "memory_limit must be positive \\(at least 1 byte\\), got -3"),
+        ("-1GiB", "memory_limit must be positive \\(at least 1 byte\\), got '-1GiB'"),
         ("abc", "bad memory_limit 'abc': expected a number of bytes or e.g. 2GiB"),
         ("1.5XB", "bad memory_limit '1.5XB': expected a number of bytes or e.g. 2GiB"),
-        (float("nan"), "bad memory_limit nan: expected a positive number of bytes"),  # was numpy's ValueError
+        (
+            float("nan"),
+            "bad memory_limit nan: expected a positive number of bytes under 2\\*\\*63",
+        ),  # was numpy's ValueError
         (float("inf"), "bad memory_limit inf: expected a positive number of bytes"),
+        ("1e-3", "memory_limit must be positive \\(at least 1 byte\\), got '1e-3'"),  # under a byte
+        (10**30, "bad memory_limit 10+: expected a positive number of bytes under"),
         (True, "bad memory_limit True"),
     ],
 )
@@ -169,7 +174,13 @@ def test_a_bad_memory_limit_is_an_error_naming_the_keyword(value, match):
 
 
 def test_a_memory_limit_is_bytes_or_a_size_with_a_unit():
-    for value, want in [(2e9, 2_000_000_000), ("1.5GiB", 3 * 2**29), ("+2 KiB", 2048), (np.int64(4096), 4096)]:
+    for value, want in [
+        (2e9, 2_000_000_000),
+        ("1e9", 1_000_000_000),
+        ("1.5GiB", 3 * 2**29),
+        ("+2 KiB", 2048),
+        (np.int64(4096), 4096),
+    ]:
         assert graphc.parallelize(double, mesh="dp=2", memory_limit=value).options.memory_limit == want
 
 
