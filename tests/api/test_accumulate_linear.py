@@ -142,6 +142,30 @@ def test_a_forward_shorter_than_the_stages_is_cut_with_the_backward(mesh, k):
     assert_close(run(short_forward_step, mesh, k, w, v, x), want, tol(x, w, v))
 
 
+def adam_linear_step(w, m, v, t, x):
+    # Adam on a linear mean loss: the moments read the gradient twice, the update runs once per step
+    g = graphc.grad(lambda w: np.mean(x @ w))(w)
+    m = 0.9 * m + 0.1 * g
+    v = 0.999 * v + 0.001 * g * g
+    t = t + 1
+    step = 0.01 * (m / (1 - 0.9**t)) / (np.sqrt(v / (1 - 0.999**t)) + 1e-8)
+    return w - step, m, v, t
+
+
+@pytest.mark.parametrize("mesh", [*MESHES, pytest.param({"pp": 2, "dp": 2}, id="pp2dp2")])
+def test_adam_on_a_linear_loss_takes_three_steps_as_one_device(mesh):
+    """The state fed back for three steps, against the eager step (graphc's interpreter). Adam's
+    m / sqrt(v) does not grow a gradient's relative error, so ``tol`` bounds the parameters too."""
+    w, x = data(8, 4, 3, seed=9)
+    state = (w, np.zeros_like(w), np.zeros_like(w), np.float64(0.0))
+    fast = graphc.parallelize(adam_linear_step, mesh=mesh, microbatches=2, cache=False)
+    got, want = state, state
+    for _ in range(3):
+        got, want = tuple(fast(*got, x)), tuple(adam_linear_step(*want, x))
+        assert_close(got, want, tol(x, w))
+    assert float(got[3]) == 3.0
+
+
 @pytest.mark.parametrize("k", [2, 4])
 def test_a_gradient_folded_to_a_constant_micro_batches_without_pipeline_stages(k):
     """Nothing of the step depends on the batch: every micro-batch is empty, the update runs once."""
