@@ -247,7 +247,7 @@ def microbatch(graph: Graph, m: int, batch: list[int] | None = None) -> Microbat
             f"microbatches={m}: @{graph.name} has no batch input to split into micro-batches (an array argument "
             f"that no result replaces, split along dim 0); run it with microbatches=1"
         )
-    if m > 1 and not any(n.part in ("forward", "backward") for n in graph.nodes):
+    if m > 1 and not any(n.part in ("forward", "backward", "update") for n in graph.nodes):
         raise no_forward_pass(graph.name)  # before its weights, not returned, are split as batch inputs
     for k in batch:
         v = graph.inputs[k]

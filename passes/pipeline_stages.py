@@ -3,8 +3,9 @@
 
 Input: the program of one micro-batch (passes/microbatch.py), whose nodes are forward, backward,
 meeting points (gradient accumulation) and step-phase (the update). Stage partitioning cuts the
-forward nodes, in program order, into S contiguous segments by dynamic programming (as Alpa's
-inter-op pass and PipeDream do), minimising the slowest stage's predicted time (its forward and
+forward nodes (or, where a loss linear in the weights left fewer than S, the whole micro-batch
+phase: ``_cut_order``), in program order, into S contiguous segments by dynamic programming (as
+Alpa's inter-op pass and PipeDream do), minimising the slowest stage's predicted time (its forward and
 the backward that belongs to it) under each stage's memory limit (parameters, optimizer state
 and the activations the schedule keeps in flight).
 
@@ -146,13 +147,7 @@ def _forward_order(g: Graph, step_phase: list[bool], S: int, profile) -> _StepNo
     producer: dict[Value, int] = {o: k for k, n in enumerate(nodes) for o in n.outputs}
     is_const = [n.op.has(Constant) for n in nodes]
     meets = [n.op.has(Collective) for n in nodes]
-    fwd = [
-        k for k, n in enumerate(nodes) if n.part == "forward" and not step_phase[k] and not meets[k] and not is_const[k]
-    ]
-    if not fwd:
-        raise no_forward_pass(g.name.split(".dev")[0])
-    if len(fwd) < S:
-        raise PlanError(f"the step's forward pass has {len(fwd)} nodes: too few for {S} pipeline stages")
+    fwd = _cut_order(g, step_phase, meets, is_const, S)
     fpos = {k: i for i, k in enumerate(fwd)}
     users: dict[Value, list[int]] = {}
     for k in fwd:
@@ -169,6 +164,42 @@ def _forward_order(g: Graph, step_phase: list[bool], S: int, profile) -> _StepNo
             sn.readers.setdefault(v, []).append(k)
     sn.anchor = _anchors(sn)
     return sn
+
+
+def _cut_order(g: Graph, step_phase: list[bool], meets: list[bool], is_const: list[bool], S: int) -> list[int]:
+    """The nodes the stages cut, in program order: the forward nodes of the micro-batch phase
+    (neither step phase, meeting points nor constants), if there are at least ``S``. A loss
+    linear in (some of) the weights needs few or no forward values for its gradient
+    (``np.sum(x @ w)``: ``x.T @ 1``), so a step that does not return it may keep fewer forward
+    nodes than stages, or none: then the whole micro-batch phase, forward and backward nodes in
+    program order (each reads only values made before it, so a cut of them sends data only to
+    later stages). A gradient folded to a constant leaves no micro-batch work at all: one stage
+    runs an empty micro-batch phase and the update once; more stages are an error naming the
+    update's line, as is a micro-batch phase of fewer than ``S`` nodes."""
+    nodes = g.nodes
+    name = g.name.split(".dev")[0]
+    work = [k for k, n in enumerate(nodes) if not (step_phase[k] or meets[k] or is_const[k])]
+    fwd = [k for k in work if nodes[k].part == "forward"]
+    if len(fwd) < S:
+        fwd = [k for k in work if nodes[k].part in ("forward", "backward")]
+    update = [n for n in nodes if n.part == "update"]
+    if not fwd and not update:  # no gradient taken
+        raise no_forward_pass(name)
+    if len(fwd) >= S or (S == 1 and not fwd):
+        return fwd
+    if not fwd:
+        at = next((n.loc for n in update if n.loc is not None), "?")
+        raise PlanError(
+            f"@{name}: the update at {at} reads a gradient folded to a constant (no node of the step depends on "
+            f"the batch): there is no micro-batch work to cut into {S} pipeline stages; micro-batch it on a mesh "
+            "without a pp axis"
+        )
+    locs = sorted({str(nodes[k].loc) for k in fwd if nodes[k].loc is not None})
+    raise PlanError(
+        f"@{name}: one micro-batch's forward and backward passes ({', '.join(locs) or '?'}) are {len(fwd)} node(s) "
+        f"once optimized: too few to cut into {S} pipeline stages (each stage takes at least one); "
+        + (f"use at most {len(fwd)} stages" if len(fwd) > 1 else "micro-batch it on a mesh without a pp axis")
+    )
 
 
 def _anchors(sn: _StepNodes) -> dict[int, int]:
@@ -274,6 +305,8 @@ def _cut_forward(costs: _SegmentCosts, nf: int, memory_limit: int | None) -> lis
     by dynamic programming: ``best[s, j]`` is the slowest stage of the best cut of positions
     0 .. j into s stages, ``arg[s, j]`` where its last stage starts."""
     S = costs.n_stages
+    if nf == 0 and S == 1:  # a gradient folded to a constant: the micro-batch phase is empty
+        return [0, 0]
     INF = float("inf")
     best = np.full((S + 1, nf + 1), INF)
     arg = np.zeros((S + 1, nf + 1), dtype=np.int64)

@@ -496,7 +496,7 @@ def parallelize(
         static_argnames = (static_argnames,)
     microbatches, schedule = planned_pipeline(plan, microbatches, schedule)
     options = PlanOptions.of(
-        memory_limit=parse_bytes(memory_limit),
+        memory_limit=parse_bytes(memory_limit, what="memory_limit"),
         time_limit=time_limit,
         zero=zero,
         recompute=recompute,
@@ -505,7 +505,7 @@ def parallelize(
         shrink=shrink,
         free_axes=free_axes,
         solver=solver,
-        bucket_bytes=parse_bytes(bucket_bytes, allow_zero=True, what="bucket size"),
+        bucket_bytes=parse_bytes(bucket_bytes, allow_zero=True, what="bucket_bytes"),
         linear_partials=linear_partials,
     )
     run = RunOptions(cache=cache, timeout_s=timeout_s, sharded_state=sharded_state, backend=backend)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from graphc.bench import comm, mesh, model, pipeline, plans
-from graphc.cli.common import positive_int
+from graphc.cli.common import mesh_text, positive_int
 from graphc.cli.loader import load_target
 from graphc.core.errors import GraphcError, MeshError
 from graphc.core.mesh import Mesh, parse_links
@@ -38,6 +38,7 @@ def add_parser(sub) -> None:
     bench.add_argument("--no-run", action="store_true", help="skip the direct call's and the interpreter's timings")
     bench.add_argument(
         "--mesh",
+        type=mesh_text,
         help="also run on this device mesh (e.g. dp=2): the function called directly, graphc on 1 device and "
         "on the mesh, predicted vs measured step time, all-reduce bus bandwidth",
     )

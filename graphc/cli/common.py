@@ -25,6 +25,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import sys
 import time
 import traceback
@@ -36,7 +37,8 @@ from typing import Any, NoReturn
 import graphc.models  # noqa: F401  (registers the example models as user code: errors name their lines)
 from graphc.api.parallel import RunOptions, planned_pipeline
 from graphc.cli.loader import UsageError
-from graphc.core.errors import GraphcError, GraphcWarning, PlanError
+from graphc.core.errors import GraphcError, GraphcWarning, MeshError, PlanError
+from graphc.core.mesh import parse_axes
 from graphc.core.units import parse_bytes
 from graphc.frontend.locations import is_user_code
 from graphc.passes.options import RECOMPUTE_MODES, SCHEDULES, SOLVERS, ZERO_CHOICES, PlanOptions, zero_from_text
@@ -57,6 +59,27 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+    def parse_known_args(self, args=None, namespace=None):
+        """argparse takes ``-1GiB`` or ``-5s`` after ``--memory`` for an unknown option (only plain
+        numbers such as ``-5`` count as values) and says "expected one argument": a long flag
+        followed by a word that starts like a negative number gets it as its value
+        (``--memory=-1GiB``), so the flag's type names what it expected."""
+        words = list(sys.argv[1:] if args is None else args)
+        joined: list[str] = []
+        for k, word in enumerate(words):
+            if word == "--":  # the rest is positional
+                joined += words[k:]
+                break
+            flag = joined[-1] if joined else ""
+            if _NEGATIVE.match(word) and flag.startswith("--") and flag != "--" and "=" not in flag:
+                joined[-1] = f"{flag}={word}"
+            else:
+                joined.append(word)
+        return super().parse_known_args(joined, namespace)
+
+
+_NEGATIVE = re.compile(r"^-\.?\d")  # a word that starts like a negative number: a value, never a flag
 
 
 # --- argument types ----------------------------------------------------------------------------
@@ -80,6 +103,16 @@ def positive_seconds(text: str) -> float:
     if not (value > 0 and math.isfinite(value)):
         raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
     return value
+
+
+def mesh_text(text: str) -> str:
+    """A ``--mesh`` value, checked as mesh axes (``dp=2,tp=4``: graphc/core/mesh.py) and kept as
+    written."""
+    try:
+        parse_axes(text)
+    except MeshError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def memory_size(text: str, allow_zero: bool = False, what: str = "memory size") -> int:
@@ -124,7 +157,7 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--time-limit",
-        type=float,
+        type=positive_seconds,
         metavar="SECONDS",
         help="wall-time limit of tracing, optimizing and planning in seconds (default 60): "
         "on expiry the best plan so far is used, with its gap",
@@ -456,6 +489,7 @@ __all__: list[Any] = [
     "check_output_file",
     "debug_enabled",
     "memory_size",
+    "mesh_text",
     "plan_options",
     "run_options",
     "describe_exception",

@@ -26,7 +26,6 @@ import dataclasses
 import difflib
 import gc
 import json
-import math
 import os
 import sys
 import time
@@ -41,6 +40,7 @@ from graphc.cli.common import (
     check_output_dir,
     check_output_file,
     load_plan,
+    mesh_text,
     plan_options,
     positive_int,
     process_age,
@@ -66,7 +66,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("compile", help="auto-shard FILE:FUNC on a device mesh and write the partition plan (JSON)")
     p.add_argument("target", help="FILE:FUNC, e.g. models/gpt.py:train_step")
     where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--mesh", help="named mesh axes, e.g. dp=2,tp=4 (a pp axis makes a pipeline)")
+    where.add_argument("--mesh", type=mesh_text, help="named mesh axes, e.g. dp=2,tp=4 (a pp axis makes a pipeline)")
     where.add_argument(
         "--devices",
         type=positive_int,
@@ -144,12 +144,11 @@ def _compile(args: argparse.Namespace) -> int:
     output = _check_outputs(args)
     if args.devices is not None or args.by_blocks:
         return _search_or_blocks(args, progress, output, start)
+    links, profile = _links(args), _profile(args)
     try:
-        links = parse_links(args.link) if args.link else None
-        profile = get_profile(args.profile) if args.profile else None
         mesh = Mesh(args.mesh, links=links, profile=profile)
-    except MeshError as exc:
-        raise GraphcError(f"--mesh/--link/--profile: {exc}") from None
+    except MeshError as exc:  # a link for an axis the mesh does not have
+        raise GraphcError(f"--mesh/--link: {exc}") from None
     pinned = _load_pinned(args.resolve_pins)
     fn, fargs, fkwargs = load_target(args.target, args.example)
     run = run_options(args)
@@ -250,8 +249,6 @@ def _check_flags(args: argparse.Namespace) -> None:
             f"compile --plan {args.plan}: renamed; --resolve-pins {args.plan} solves again around the plan's "
             "pins, and 'graphc run --plan' runs a plan as written"
         )
-    if args.time_limit is not None and not (args.time_limit > 0 and math.isfinite(args.time_limit)):
-        raise UsageError(f"--time-limit must be a positive number of seconds, got {args.time_limit}")
     if args.alternatives and (args.devices is not None or args.by_blocks):
         raise UsageError(
             "--alternatives writes the alternatives of one --mesh's plan; a search or --by-blocks has none"
@@ -371,11 +368,8 @@ def _mesh_by_blocks(
 ) -> int:
     """``--mesh ... --by-blocks``, or ``--mesh`` on a ``graph`` too big to plan whole: the block
     search's composed plan of one mesh (passes/scale.py), a prediction, not a plan to run."""
-    try:
-        profile = get_profile(args.profile) if args.profile else get_profile("cpu-here")
-        mesh = Mesh(args.mesh, profile=profile)
-    except MeshError as exc:
-        raise GraphcError(f"--mesh/--profile: {exc}") from None
+    profile = _profile(args, "cpu-here")
+    mesh = Mesh(args.mesh, profile=profile)  # --mesh checked by the parser (mesh_text)
     options = plan_options(args)
     automatic = graph is not None
     graph = graph if graph is not None else _planning_graph(args, progress)
@@ -396,17 +390,30 @@ def _mesh_by_blocks(
     return 0
 
 
+def _links(args: argparse.Namespace) -> dict | None:
+    """The ``--link`` overrides, or None; an error names the flag."""
+    try:
+        return parse_links(args.link) if args.link else None
+    except MeshError as exc:
+        raise GraphcError(f"--link: {exc}") from None
+
+
+def _profile(args: argparse.Namespace, default: str | None = None):
+    """The ``--profile`` machine profile (else ``default``'s, or None); an error names the flag."""
+    name = args.profile or default
+    try:
+        return get_profile(name) if name else None
+    except MeshError as exc:
+        raise GraphcError(f"--profile: {exc}") from None
+
+
 # kept back from --time-limit for printing and writing the chosen plan after the search stops
 SEARCH_MARGIN_S = 1.0
 
 
 def _search(args: argparse.Namespace, progress, output: Output, start: float) -> int:
     """``--devices N``: plan every factorization, print the choice and why, write the chosen plan."""
-    try:
-        links = parse_links(args.link) if args.link else None
-        profile = get_profile(args.profile) if args.profile else None
-    except MeshError as exc:
-        raise GraphcError(f"--link/--profile: {exc}") from None
+    links, profile = _links(args), _profile(args)
     options = plan_options(args)
     graph = _planning_graph(args, progress)
     progress(f"searching meshes of {args.devices} devices")

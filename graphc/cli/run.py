@@ -32,6 +32,7 @@ from graphc.cli.common import (
     add_plan_flags,
     check_output_file,
     load_plan,
+    mesh_text,
     plan_options,
     positive_int,
     positive_seconds,
@@ -58,7 +59,9 @@ def add_parser(sub) -> None:
         "against FUNC called directly (numpy, or graphc's interpreter where FUNC calls graphc.grad)",
     )
     p.add_argument("target", help="FILE:FUNC, e.g. models/gpt.py:train_step")
-    p.add_argument("--mesh", help="named mesh axes, e.g. dp=2,tp=2 (with --plan: checked against the plan's)")
+    p.add_argument(
+        "--mesh", type=mesh_text, help="named mesh axes, e.g. dp=2,tp=2 (with --plan: checked against the plan's)"
+    )
     p.add_argument(
         "--plan",
         metavar="FILE",

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 import numpy as np
 
 from graphc.core.errors import GraphcError
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)\s*$", re.IGNORECASE)
+_SIZE = re.compile(r"^\s*([-+]?)(\d+(?:\.\d+)?(?:e[-+]?\d+)?)\s*([KMGT]?i?B?)\s*$", re.IGNORECASE)
 _UNITS = {
     "": 1,
     "B": 1,
@@ -28,22 +29,29 @@ _UNITS = {
 
 
 def parse_bytes(value, *, allow_zero: bool = False, what: str = "memory size") -> int | None:
-    """``2GiB``, ``512MB``, ``1e9`` or an int -> bytes (None stays None). ``what`` names the
-    quantity in the error; ``allow_zero`` takes 0 (``0``, ``0B``, ``0MiB``) for sizes where 0
-    means "none" (a gradient bucket of 0 bytes: no buckets)."""
+    """``2GiB``, ``512MB``, ``1e9`` (text or a number) or an int -> bytes (None stays None); a
+    fraction of a byte is dropped. ``what`` names the quantity (the flag's or keyword's) in the
+    error; ``allow_zero`` takes 0 (``0``, ``0B``, ``0MiB``) for sizes where 0 means "none" (a
+    gradient bucket of 0 bytes: no buckets)."""
     if value is None:
         return None
+    sign = "non-negative" if allow_zero else "positive (at least 1 byte)"
+    shown = repr(value) if isinstance(value, str) else str(value)
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-        if value < 0 or (value == 0 and not allow_zero):
-            raise GraphcError(f"{what} must be {'non-negative' if allow_zero else 'positive'}, got {value}")
-        return int(value)
-    if isinstance(value, float):
-        return parse_bytes(int(value), allow_zero=allow_zero, what=what)
-    m = _SIZE.match(str(value))
-    unit = m.group(2).upper() if m else None
-    if not m or unit not in _UNITS:
-        raise GraphcError(f"bad {what} {value!r}: expected a number of bytes or e.g. 2GiB, 512MB, 64KiB")
-    return parse_bytes(int(float(m.group(1)) * _UNITS[unit]), allow_zero=allow_zero, what=what)
+        size = float(value) if abs(value) < 2**63 else float("inf")
+    elif isinstance(value, (float, np.floating)):
+        size = float(value)
+    else:
+        m = _SIZE.match(str(value))
+        unit = m.group(3).upper() if m else None
+        if not m or unit not in _UNITS:
+            raise GraphcError(f"bad {what} {value!r}: expected a number of bytes or e.g. 2GiB, 512MB, 64KiB")
+        size = float(m.group(1) + m.group(2)) * _UNITS[unit]
+    if not math.isfinite(size) or size >= 2**63:
+        raise GraphcError(f"bad {what} {shown}: expected a {sign.split()[0]} number of bytes under 2**63")
+    if int(size) < 0 or (int(size) == 0 and not allow_zero):  # 0.5 bytes counts as 0
+        raise GraphcError(f"{what} must be {sign}, got {shown}")
+    return int(value) if isinstance(value, (int, np.integer)) else int(size)
 
 
 def fmt_bytes(n: float) -> str:

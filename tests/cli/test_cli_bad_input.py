@@ -153,25 +153,77 @@ CASES = [
     ("IR file not UTF-8", ["ir", "{d}/binary.gir"], "binary.gir: line 1, column 1: not UTF-8"),
     # graphc compile
     ("malformed --mesh", ["compile", "{d}/model.py:f", "--mesh", "dp=x"], "'dp=x'"),
+    (
+        "--mesh dp=0",
+        ["compile", "{d}/model.py:f", "--mesh", "dp=0"],
+        "graphc compile: error: argument --mesh: bad mesh 'dp=0': axis 'dp' has size 0; expected an integer >= 1",
+    ),
+    ("--mesh dp=-1", ["compile", "{d}/model.py:f", "--mesh", "dp=-1"], "argument --mesh: bad mesh 'dp=-1'"),
+    ("run: --mesh dp=0", ["run", "{d}/model.py:f", "--mesh", "dp=0"], "argument --mesh: bad mesh 'dp=0'"),
+    ("bench: --mesh dp=0", ["bench", "{d}/model.py:f", "--mesh", "dp=0"], "argument --mesh: bad mesh 'dp=0'"),
+    (
+        "--link for an axis the mesh lacks",
+        ["compile", "{d}/model.py:f", "--mesh", "dp=2", "--link", "tp=1GB/s:1us"],
+        "graphc: error: --mesh/--link: link given for axis 'tp', but the mesh has axes dp",
+    ),
     ("--mesh without a size", ["compile", "{d}/model.py:f", "--mesh", "dp=2,tp"], "dp=2,tp"),
     ("malformed --memory", ["compile", "{d}/model.py:f", "--mesh", "dp=2", "--memory", "lots"], "'lots'"),
-    ("--memory 0", ["compile", "{d}/model.py:f", "--mesh", "dp=2", "--memory", "0B"], "memory size must be positive"),
+    ("--memory 0B", ["compile", "{d}/model.py:f", "--mesh", "dp=2", "--memory", "0B"], "memory size must be positive"),
+    # argparse took -1GiB for an unknown option ("argument --memory: expected one argument")
+    *[
+        (f"--memory {size}", ["compile", "{d}/model.py:f", "--mesh", "dp=2", "--memory", size], message)
+        for size, message in [
+            ("-1GiB", "argument --memory: memory size must be positive (at least 1 byte), got '-1GiB'"),
+            ("-5", "argument --memory: memory size must be positive (at least 1 byte), got '-5'"),
+            ("0", "argument --memory: memory size must be positive (at least 1 byte), got '0'"),
+            ("abc", "argument --memory: bad memory size 'abc': expected a number of bytes or e.g. 2GiB"),
+            ("1.5XB", "argument --memory: bad memory size '1.5XB': expected a number of bytes or e.g. 2GiB"),
+        ]
+    ],
+    (
+        "--memory=-1GiB",
+        ["compile", "{d}/model.py:f", "--mesh", "dp=2", "--memory=-1GiB"],
+        "argument --memory: memory size must be positive (at least 1 byte), got '-1GiB'",
+    ),
+    (
+        "--bucket -1MiB",
+        ["compile", "{d}/model.py:f", "--mesh", "dp=2", "--bucket", "-1MiB"],
+        "argument --bucket: bucket size must be non-negative, got '-1MiB'",
+    ),
+    (
+        "run: --memory -1GiB",
+        ["run", "{d}/model.py:f", "--mesh", "dp=2", "--memory", "-1GiB"],
+        "argument --memory: memory size must be positive (at least 1 byte), got '-1GiB'",
+    ),
     (
         "malformed --bucket",
         ["compile", "{d}/model.py:f", "--mesh", "dp=2", "--bucket", "lots"],
         "bad bucket size 'lots'",
     ),
-    ("malformed --link", ["compile", "{d}/model.py:f", "--mesh", "dp=2", "--link", "dp=fast"], "dp=fast"),
+    ("malformed --link", ["compile", "{d}/model.py:f", "--mesh", "dp=2", "--link", "dp=fast"], "--link: bad link"),
     ("--microbatches not a number", ["compile", "{d}/model.py:f", "--mesh", "pp=2", "--microbatches", "x"], "'x'"),
-    ("--microbatches 0", ["compile", "{d}/model.py:f", "--mesh", "pp=2", "--microbatches", "0"], "--microbatches"),
+    *[
+        (
+            f"--microbatches {k}",
+            ["compile", "{d}/model.py:f", "--mesh", mesh, "--microbatches", k],
+            f"argument --microbatches: expected a positive integer, got '{k}'",
+        )
+        for mesh, k in [("pp=2", "0"), ("dp=2", "0"), ("dp=2", "-2")]
+    ],
     (
         "negative --time-limit",
-        ["compile", "{d}/model.py:f", "--mesh", "dp=2", "--time-limit", "-1"],
-        "--time-limit must be a positive number of seconds, got -1",
+        ["compile", "{d}/model.py:f", "--mesh", "dp=2", "--time-limit", "-5"],
+        "argument --time-limit: expected a positive number of seconds, got '-5'",
     ),
-    ("--time-limit nan", ["compile", "{d}/model.py:f", "--mesh", "dp=2", "--time-limit", "nan"], "got nan"),
+    ("--time-limit nan", ["compile", "{d}/model.py:f", "--mesh", "dp=2", "--time-limit", "nan"], "got 'nan'"),
+    (
+        "--time-limit -1e3",
+        ["compile", "{d}/model.py:f", "--devices", "2", "--time-limit", "-1e3"],
+        "argument --time-limit: expected a positive number of seconds, got '-1e3'",
+    ),
     ("--time-limit not a number", ["compile", "{d}/model.py:f", "--mesh", "dp=2", "--time-limit", "soon"], "'soon'"),
-    ("unknown --profile", ["compile", "{d}/model.py:f", "--mesh", "dp=2", "--profile", "nosuch"], "'nosuch'"),
+    ("unknown --profile", ["compile", "{d}/model.py:f", "--mesh", "dp=2", "--profile", "nosuch"], "--profile: unknown"),
+    ("--devices: unknown --profile", ["compile", "{d}/model.py:f", "--devices", "2", "--profile", "x"], "--profile: "),
     (
         "non-JSON --profile",
         ["compile", "{d}/model.py:f", "--mesh", "dp=2", "--profile", "{d}/not_json.json"],
@@ -182,7 +234,14 @@ CASES = [
         ["compile", "{d}/model.py:f", "--mesh", "dp=2", "--profile", "{d}/binary.json"],
         "binary.json",
     ),
-    ("--devices 0", ["compile", "{d}/model.py:f", "--devices", "0"], "--devices"),
+    *[
+        (
+            f"--devices {n}",
+            ["compile", "{d}/model.py:f", "--devices", n],
+            f"argument --devices: expected a positive integer, got '{n}'",
+        )
+        for n in ("0", "-2")
+    ],
     (
         "pins: non-JSON plan",
         ["compile", "{d}/model.py:f", "--mesh", "dp=2", "--resolve-pins", "{d}/not_json.json"],

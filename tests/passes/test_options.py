@@ -7,6 +7,7 @@ import inspect
 import json
 import os
 
+import numpy as np
 import pytest
 
 import graphc
@@ -135,16 +136,52 @@ def test_bad_values_are_plan_errors_naming_the_option():
     ]:
         with pytest.raises(PlanError, match=match):
             graphc.parallelize(double, mesh="dp=2", **keywords)
-    with pytest.raises(GraphcError, match="bad memory size 'lots'"):
+    with pytest.raises(GraphcError, match="bad memory_limit 'lots'"):
         graphc.parallelize(double, mesh="dp=2", memory_limit="lots")
     with pytest.raises(PlanError, match="bucket_bytes must be a number of bytes >= 0"):
         PlanOptions(bucket_bytes=-1)
-    with pytest.raises(GraphcError, match="bucket size must be non-negative, got -1"):
+    with pytest.raises(GraphcError, match="bucket_bytes must be non-negative, got -1"):
         graphc.parallelize(double, mesh="dp=2", bucket_bytes=-1)
-    with pytest.raises(GraphcError, match="bad bucket size 'lots'"):
+    with pytest.raises(GraphcError, match="bad bucket_bytes 'lots'"):
         graphc.parallelize(double, mesh="dp=2", bucket_bytes="lots")
-    with pytest.raises(GraphcError, match="memory size must be positive, got 0"):
+    with pytest.raises(GraphcError, match="memory_limit must be positive \\(at least 1 byte\\), got .0B."):
         graphc.parallelize(double, mesh="dp=2", memory_limit="0B")
+
+
+@pytest.mark.parametrize(
+    "value, match",
+    [
+        (-1, "memory_limit must be positive \\(at least 1 byte\\), got -1"),
+        (0, "memory_limit must be positive \\(at least 1 byte\\), got 0"),
+        (0.5, "memory_limit must be positive \\(at least 1 byte\\), got 0.5"),  # under a byte
+        (np.int64(-3), "memory_limit must be positive \\(at least 1 byte\\), got -3"),
+        ("-1GiB", "memory_limit must be positive \\(at least 1 byte\\), got '-1GiB'"),
+        ("abc", "bad memory_limit 'abc': expected a number of bytes or e.g. 2GiB"),
+        ("1.5XB", "bad memory_limit '1.5XB': expected a number of bytes or e.g. 2GiB"),
+        (
+            float("nan"),
+            "bad memory_limit nan: expected a positive number of bytes under 2\\*\\*63",
+        ),  # was numpy's ValueError
+        (float("inf"), "bad memory_limit inf: expected a positive number of bytes"),
+        ("1e-3", "memory_limit must be positive \\(at least 1 byte\\), got '1e-3'"),  # under a byte
+        (10**30, "bad memory_limit 10+: expected a positive number of bytes under"),
+        (True, "bad memory_limit True"),
+    ],
+)
+def test_a_bad_memory_limit_is_an_error_naming_the_keyword(value, match):
+    with pytest.raises(GraphcError, match=match):
+        graphc.parallelize(double, mesh="dp=2", memory_limit=value)
+
+
+def test_a_memory_limit_is_bytes_or_a_size_with_a_unit():
+    for value, want in [
+        (2e9, 2_000_000_000),
+        ("1e9", 1_000_000_000),
+        ("1.5GiB", 3 * 2**29),
+        ("+2 KiB", 2048),
+        (np.int64(4096), 4096),
+    ]:
+        assert graphc.parallelize(double, mesh="dp=2", memory_limit=value).options.memory_limit == want
 
 
 def test_a_bucket_of_zero_bytes_is_no_buckets_however_it_is_written():
