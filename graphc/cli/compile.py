@@ -59,7 +59,8 @@ from graphc.passes.partition import compile_devices, lower, zero3_inputs
 from graphc.passes.pipeline import PipelinePlan, pipe_axis
 from graphc.passes.scale import layered_model, plan_mesh
 from graphc.passes.search import AXES, WHOLE_PLAN_NODES, explain, search_meshes, step_batch
-from graphc.passes.sharding.plan import ALTERNATIVES_IN_FILE, ShardingPlan, graph_hash
+from graphc.passes.sharding import plan as plan_file
+from graphc.passes.sharding.plan import ShardingPlan, graph_hash
 
 
 def add_parser(sub) -> None:
@@ -112,7 +113,7 @@ def add_parser(sub) -> None:
         "--alternatives",
         action="store_true",
         help=f"write every input's, node's and output's priced alternatives into the plan file (by default only "
-        f"a plan of at most {ALTERNATIVES_IN_FILE:,} of them has them: pricing them is slow on a deep model)",
+        f"a plan of at most {plan_file.ALTERNATIVES_IN_FILE:,} of them has them: pricing them is slow on a deep model)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress messages")
     p.add_argument(
