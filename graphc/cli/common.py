@@ -43,6 +43,7 @@ from graphc.core.units import parse_bytes
 from graphc.frontend.locations import is_user_code
 from graphc.passes.options import RECOMPUTE_MODES, SCHEDULES, SOLVERS, ZERO_CHOICES, PlanOptions, zero_from_text
 from graphc.passes.pipeline import PipelinePlan
+from graphc.passes.search import WHOLE_PLAN_NODES
 from graphc.passes.sharding.plan import ShardingPlan
 
 _GRAPHC_DIR = os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -378,8 +379,10 @@ def load_plan(path: str) -> ShardingPlan | PipelinePlan:
         return PipelinePlan.from_json(text, path)
     if kind == "composed":
         raise PlanError(
-            f"{path}: a layout the block search predicted (docs/scale.md), not a plan for one mesh; "
-            "compile the step with --mesh of its layout to get a plan to run"
+            f"{path}: a layout the block search predicted (docs/scale.md), not a plan graphc can run: it predicts a "
+            f"layout with pipeline stages for a step of over {WHOLE_PLAN_NODES:,} nodes, and a layout that offloads; "
+            "graphc compile --mesh of the layout writes a plan to run for a smaller step (fewer layers) that fits "
+            "without offload"
         )
     return ShardingPlan.from_json(text, path)
 

@@ -11,6 +11,7 @@ from types import ModuleType
 from typing import Any
 
 from graphc.core.errors import GraphcError
+from graphc.core.pytree import ArraySpec, WeakScalar, flatten, leaf_paths
 
 
 class UsageError(GraphcError):
@@ -45,9 +46,11 @@ def load_module(path: str) -> ModuleType:
     return module
 
 
-def load_target(target: str, example: str | None = None) -> tuple[Callable, tuple, dict]:
+def load_target(target: str, example: str | None = None, runs: str | None = None) -> tuple[Callable, tuple, dict]:
     """``FILE:FUNC`` -> (function, args, kwargs), the arguments from ``example`` (a function in the
-    same file returning ``(args, kwargs)``; default ``example_args``)."""
+    same file returning ``(args, kwargs)``; default ``example_args``). ``runs``: the command, when
+    it runs the step (``graphc run``, ``graphc bench``), which needs arrays where an example for
+    planning may give types alone (``ArraySpec``): refused before any tracing."""
     path, sep, func_name = target.rpartition(":")
     if not sep or not path or not func_name:
         example = f"{target}:{_first_function(target)}" if target.endswith(".py") else "models/gpt.py:gpt"
@@ -76,7 +79,22 @@ def load_target(target: str, example: str | None = None) -> tuple[Callable, tupl
         raise UsageError(f"{path}:{ex_name}() must return (args, kwargs): a tuple of positional arguments and a dict")
     args, kwargs = tuple(result[0]), dict(result[1])
     _check_binds(fn, func_name, path, f"{path}:{ex_name}()", args, kwargs)
+    if runs is not None:
+        _check_data(runs, f"{path}:{ex_name}()", args, kwargs)
     return fn, args, kwargs
+
+
+def _check_data(runs: str, example: str, args: tuple, kwargs: dict) -> None:
+    """UsageError when the example gives an ``ArraySpec`` (a shape and dtype, no data) for an
+    argument of a step ``runs`` runs, naming the first such argument."""
+    leaves, treedef = flatten((args, kwargs))
+    for leaf, keys in zip(leaves, leaf_paths(treedef)):
+        if isinstance(leaf, ArraySpec) and not isinstance(leaf, WeakScalar):
+            where = ("arguments" if keys[0] == 0 else "keyword arguments") + "".join(f"[{k!r}]" for k in keys[1:])
+            raise UsageError(
+                f"{example} gives types, not data ({where} is an ArraySpec {leaf.dtype}{list(leaf.shape)}): "
+                f"{runs} runs the step, so its example must return arrays; graphc compile plans from types alone"
+            )
 
 
 def _check_binds(fn: Callable, name: str, path: str, example: str, args: tuple, kwargs: dict) -> None:

@@ -136,7 +136,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.backend == "mpi":
         return cmd_run_mpi(args, mesh, loaded, trace_out)
     options = plan_options(args, loaded)
-    fn, fargs, fkwargs = load_target(args.target, args.example)
+    fn, fargs, fkwargs = load_target(args.target, args.example, runs="graphc run")
     pf = Parallelized(fn, mesh, options, run_options(args), static_argnames=static_argnames(fkwargs), plan=loaded)
     if pf.pipelined:
         return _run_pipeline(args, pf, fn, fargs, fkwargs, trace_out)
@@ -317,7 +317,7 @@ def cmd_run_mpi(args: argparse.Namespace, mesh, loaded, trace_out: Output | None
     world = join_world(mesh.size, launch)  # before anything slow: a wrong -n stops every rank at once
     root = world.rank == 0
     options = plan_options(args, loaded)
-    fn, fargs, fkwargs = load_target(args.target, args.example)
+    fn, fargs, fkwargs = load_target(args.target, args.example, runs="graphc run")
     pf = Parallelized(fn, mesh, options, run_options(args), static_argnames=static_argnames(fkwargs), plan=loaded)
     start = time.perf_counter()
     compiled = _compile_given(pf, args, fargs, fkwargs)

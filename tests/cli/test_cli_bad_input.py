@@ -62,6 +62,12 @@ MODEL = textwrap.dedent(
 
     def ex_extra_keyword():
         return (np.ones(3),), {"scale": 2.0}
+
+
+    def ex_types_only():
+        from graphc import ArraySpec
+
+        return ({"w": np.ones((4, 4), np.float32), "x": ArraySpec((4, 4), np.float32)},), {}
     """
 )
 
@@ -90,6 +96,7 @@ def files(tmp_path_factory):
     (d / "plan.gir").write_text(text)  # a plan where an IR file is expected
     doc = json.loads(text)
     (d / "pipeline_plan.gir").write_text(json.dumps({**doc, "kind": "pipeline"}))
+    (d / "composed.json").write_text(json.dumps({**doc, "kind": "composed"}))
     unreadable = d / "unreadable.py"
     unreadable.write_text(MODEL)
     unreadable.chmod(0)
@@ -130,6 +137,22 @@ CASES = [
         ["compile", "{d}/model.py:f", "--example", "ex_extra_keyword", "--mesh", "dp=2"],
         "model.py:ex_extra_keyword() returns arguments that f ({d}/model.py:5) does not take: got an unexpected "
         "keyword argument 'scale' (parameters: x)",
+    ),
+    (
+        "run of an example of types only",
+        ["run", "{d}/model.py:f", "--example", "ex_types_only", "--mesh", "dp=2"],
+        "model.py:ex_types_only() gives types, not data (arguments[0]['x'] is an ArraySpec float32[4, 4]): graphc "
+        "run runs the step",
+    ),
+    (
+        "bench of an example of types only",
+        ["bench", "{d}/model.py:f", "--example", "ex_types_only", "--mesh", "dp=2"],
+        "ex_types_only() gives types, not data",
+    ),
+    (
+        "run of the block search's prediction",
+        ["run", "{d}/model.py:f", "--plan", "{d}/composed.json"],
+        "composed.json: a layout the block search predicted (docs/scale.md), not a plan graphc can run",
     ),
     ("function raises", ["ir", "{d}/model.py:user_bug"], "model.py:{user-bug}: RuntimeError: user bug"),
     (
