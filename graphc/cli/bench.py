@@ -115,7 +115,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         ps.main(["--repeat", str(args.repeat)])
         return 0
-    fn, fargs, fkwargs = load_target(args.target, args.example, runs="graphc bench")
+    fn, fargs, fkwargs = load_target(
+        args.target, args.example, runs=None if args.no_run and not args.mesh else "graphc bench"
+    )
     label = f"{args.target} ({args.example or 'example_args'})"
     if args.mesh:
         try:
