@@ -510,3 +510,23 @@ def test_no_solve_begins_within_its_least_time_of_the_deadline(monkeypatch):
     deadline = 1000.0
     outs = search_layered(model, 2, PlanOptions(), A100, deadline, clock=lambda: deadline - scale.MIN_SOLVE_S / 2)
     assert outs and all(o.skipped and o.skipped.startswith("time limit") for o in outs)
+
+
+def test_every_data_parallel_width_may_take_its_whole_batch_in_one_micro_batch():
+    """A batch of 24 on 8 devices: each data-parallel width D may run its 24 / D sequences per
+    replica as one micro-batch, or split them (24 / D over 2, 4, ...), not only in the power-of-two
+    sizes 1, 2, 4, 8, 16 (it used to try dp=8 only as 3 micro-batches of 1 and dp=4 as 6 of 1 or
+    3 of 2: a search on a batch of 24 returned a plan `--mesh dp=4,tp=2 --by-blocks` beat)."""
+    model = layered_model(_small(n_layer=3, batch=24), 24, A100)
+    los = scale.layouts(model, 8, 8, PlanOptions())
+    sizes: dict[tuple[int, int, int], set[int]] = {}
+    for lo in los:
+        assert lo.micro_batch * lo.microbatches * lo.dp == 24
+        sizes.setdefault((lo.pp, lo.dp, lo.tp), set()).add(lo.micro_batch)
+    for (_S, D, _t), got in sizes.items():
+        per = 24 // D
+        want = {b for b in (1, 2, 4, 8, 16) if per % b == 0} | {per // m for m in (1, 2, 4, 8, 16) if per % m == 0}
+        assert got == want and per in got
+    assert sizes[(1, 8, 1)] == {1, 3} and sizes[(1, 4, 2)] == {1, 2, 3, 6} and sizes[(1, 1, 8)] == {1, 2, 3, 4, 6, 8, 12, 24}
+    firsts = [lo.micro_batch for lo in los if lo.tp == 8]
+    assert firsts == sorted(firsts)  # smallest micro-batch first within a tp
