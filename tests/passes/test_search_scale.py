@@ -527,6 +527,10 @@ def test_every_data_parallel_width_may_take_its_whole_batch_in_one_micro_batch()
         per = 24 // D
         want = {b for b in (1, 2, 4, 8, 16) if per % b == 0} | {per // m for m in (1, 2, 4, 8, 16) if per % m == 0}
         assert got == want and per in got
-    assert sizes[(1, 8, 1)] == {1, 3} and sizes[(1, 4, 2)] == {1, 2, 3, 6} and sizes[(1, 1, 8)] == {1, 2, 3, 4, 6, 8, 12, 24}
+    assert (
+        sizes[(1, 8, 1)] == {1, 3}
+        and sizes[(1, 4, 2)] == {1, 2, 3, 6}
+        and sizes[(1, 1, 8)] == {1, 2, 3, 4, 6, 8, 12, 24}
+    )
     firsts = [lo.micro_batch for lo in los if lo.tp == 8]
     assert firsts == sorted(firsts)  # smallest micro-batch first within a tp
