@@ -37,7 +37,8 @@ from graphc.core.ir import Graph, Node, Value
 from graphc.core.pytree import flatten
 from graphc.core.traits import Constant, stream_position
 
-_INDEXED = re.compile(r"^(.*?)\.(\d+)\.(.*)$")
+_INDEXED = re.compile(r"^(.*?)\.(\d+)\.(.*)$")  # a list position: params.blocks.3.w
+_KEYED = re.compile(r"^(.*?\.[A-Za-z_]+)(\d+)\.(.*)$")  # a dict key of a name and a number: params.h.layer3.w
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,25 +52,29 @@ class Layers:
 
 def find_layers(graph: Graph, min_layers: int = 3) -> Layers | None:
     """The longest list of layers whose inputs have the same names and types layer by layer
-    (module doc); None when the step has fewer than ``min_layers``."""
+    (module doc); None when the step has fewer than ``min_layers``. Layers are list positions
+    (``params.blocks.3.w``), or, in a name with none, dict keys of one name numbered from 0 or 1
+    (``params.h.layer3.w``: the family ``params.h.layer``), taken in their numbers' order."""
     families: dict[str, dict[int, list[tuple[str, int]]]] = {}
     for k, v in enumerate(graph.inputs):
-        m = _INDEXED.match(v.name or "")
+        m = _INDEXED.match(v.name or "") or _KEYED.match(v.name or "")
         if m:
             families.setdefault(m.group(1), {}).setdefault(int(m.group(2)), []).append((m.group(3), k))
     best: dict[int, list[str]] = {}
     for prefix, members in families.items():
         n = len(members)
-        if n < min_layers or sorted(members) != list(range(n)):
+        if n < min_layers or sorted(members) != list(range(min(members), min(members) + n)) or min(members) > 1:
             continue
-        sig = [sorted((rest, graph.inputs[k].type) for rest, k in members[i]) for i in range(n)]
+        sig = [sorted((rest, graph.inputs[k].type) for rest, k in members[i]) for i in sorted(members)]
         if all(s == sig[0] for s in sig):
             best.setdefault(n, []).append(prefix)
     if not best:
         return None
     n = max(best)
     prefixes = tuple(sorted(best[n]))
-    per_layer = tuple(tuple(sorted(k for p in prefixes for _rest, k in families[p][i])) for i in range(n))
+    per_layer = tuple(
+        tuple(sorted(k for p in prefixes for _rest, k in families[p][min(families[p]) + i])) for i in range(n)
+    )
     return Layers(n, prefixes, per_layer)
 
 

@@ -39,7 +39,7 @@ from graphc.core.mesh import Mesh
 from graphc.core.profile import Link
 from graphc.core.pytree import leaf_paths
 from graphc.core.spec import P, R, S
-from graphc.core.traits import Collective, Constant, DeviceLocal
+from graphc.core.traits import Collective, Constant, DeviceLocal, Random
 from graphc.ops.random import state_inputs
 from graphc.passes.options import PlanOptions
 from graphc.passes.partition import Pins, build_problem, lower, make_plan, plan_sharding, solve_problem, state_ties
@@ -112,7 +112,7 @@ def _propagate_once(problem, replicate: set[int]):
             spec[it.value] = it.strategies[0].out_specs[0] if len(it.strategies) == 1 else (R,)
     pins: dict[int, str] = {}
     wants: dict[int, tuple] = {}  # node index -> the chosen strategy's operand specs
-    constants = {n.outputs[0] for n in problem.graph.nodes if n.op.has(Constant)}
+    constants = _constant_values(problem.graph)
     rank = {"S": 0, "P": 1, "R": 2}
     for it in problem.items:
         if it.kind != "node":
@@ -133,7 +133,8 @@ def _propagate_once(problem, replicate: set[int]):
             return (mixes, moved, sliced, split, st.compute_s)
 
         best = min(it.strategies, key=cost)
-        if not node.inputs or it.index in replicate or cost(best)[1] == float("inf"):
+        whole = not node.inputs or (node.outputs and node.outputs[0] in constants)
+        if whole or it.index in replicate or cost(best)[1] == float("inf"):
             # constants stay whole (consumers slice them); hoisted ops run once, after the meeting
             best = next(s for s in it.strategies if all(x == (R,) for x in s.in_specs + s.out_specs))
         pins[it.index] = best.name
@@ -141,6 +142,24 @@ def _propagate_once(problem, replicate: set[int]):
         for o, s in zip(node.outputs, best.out_specs):
             spec[o] = s
     return pins, wants, spec
+
+
+def _constant_values(graph: Graph) -> set[Value]:
+    """The values computed from constants alone, the same in every micro-batch: a ``Constant``'s,
+    and the results of ops whose operands are all such values (``broadcast_to`` of a scalar zero:
+    constant folding leaves a large array of zeros so, and a scatter_add adds into it). They
+    stay whole, and each is its own partial copy (``_redistribution_bytes``)."""
+    out: set[Value] = set()
+    for n in graph.nodes:
+        if n.op.has(Constant) or (
+            n.inputs
+            and not n.regions
+            and not n.op.has(Random)
+            and not n.op.has(DeviceLocal)
+            and all(v in out for v in n.inputs)
+        ):
+            out.update(n.outputs)
+    return out
 
 
 def summed_widened(src: np.dtype, dst: np.dtype) -> bool:

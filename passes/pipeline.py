@@ -369,7 +369,7 @@ def plan_pipeline(
     mb = mb if mb is not None else microbatch(graph, m)
     g0 = mb.program.devices[0].graph
     limit = None if memory_limit is None else memory_limit * sub.size  # a stage's memory, shared evenly
-    a = assign_stages(g0, mb.step_phase, S, mesh.profile, schedule, m, limit)
+    a = assign_stages(g0, mb.step_phase, S, mesh.profile, schedule, m, limit, sub.size)
     sub_plan = None
     if sub.size > 1:
         sub_ties = state_ties(graph) if ties is None else ties

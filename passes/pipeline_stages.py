@@ -68,18 +68,21 @@ def assign_stages(
     schedule: str = "1f1b",
     m: int = 1,
     memory_limit: int | None = None,
+    devices: int = 1,
 ) -> StageAssignment:
     """Cut ``g`` (one micro-batch's program) into ``n_stages`` stages; see the module doc. The
     steps: the forward order and the forward position every other node belongs to
     (``_forward_order``), the costs of a stage of forward positions (``_segment_costs``), the
     cuts by dynamic programming (``_cut_forward``), and their refinement against the placement
-    of every node on the line F0 .. F(S-1) B(S-1) .. B0 (``_refine_cuts``, ``_place``)."""
+    of every node on the line F0 .. F(S-1) B(S-1) .. B0 (``_refine_cuts``, ``_place``).
+    ``memory_limit`` is a stage's, shared evenly by its ``devices`` (what an error reports per
+    device)."""
     if schedule not in SCHEDULES:
         raise PlanError(f"unknown pipeline schedule {schedule!r}: expected one of {', '.join(SCHEDULES)}")
     S = n_stages
     sn = _forward_order(g, step_phase, S, profile)
     costs = _segment_costs(g, sn, schedule, S, m)
-    bounds = _cut_forward(costs, len(sn.fwd), memory_limit)
+    bounds = _cut_forward(costs, len(sn.fwd), memory_limit, devices)
     bounds, placed = _refine_cuts(sn, costs, bounds, memory_limit)
     st = [int(costs.state_bytes[bounds[s + 1]] - costs.state_bytes[bounds[s]]) for s in range(S)]
     ab = [int(costs.activation_bytes[bounds[s + 1]] - costs.activation_bytes[bounds[s]]) for s in range(S)]
@@ -299,7 +302,7 @@ def _segment_costs(g: Graph, sn: _StepNodes, schedule: str, S: int, m: int) -> _
     )
 
 
-def _cut_forward(costs: _SegmentCosts, nf: int, memory_limit: int | None) -> list[int]:
+def _cut_forward(costs: _SegmentCosts, nf: int, memory_limit: int | None, devices: int = 1) -> list[int]:
     """The cut of the ``nf`` forward positions into S stages (stage s: ``bounds[s]`` ..
     ``bounds[s + 1]``) whose slowest stage is fastest and whose every stage fits the memory limit,
     by dynamic programming: ``best[s, j]`` is the slowest stage of the best cut of positions
@@ -321,9 +324,10 @@ def _cut_forward(costs: _SegmentCosts, nf: int, memory_limit: int | None) -> lis
             best[s, j], arg[s, j] = t[a], i[a]
     if not np.isfinite(best[S, nf]):
         need = min(max(costs.memory(0, nf, 0), 0.0), INF)
+        per, over = int((memory_limit or 0) // devices), f" over each stage's {devices} devices" if devices > 1 else ""
         raise MemoryLimitError(
-            f"no cut of the step into {S} pipeline stages fits the memory limit of {memory_limit:,} bytes "
-            f"per device (the whole step needs {int(need):,} bytes on one device)"
+            f"no cut of the step into {S} pipeline stages fits the memory limit of {per:,} bytes "
+            f"per device (the whole step as one stage needs {int(need // devices):,} bytes per device{over})"
         )
     bounds = [nf]
     for s in range(S, 0, -1):

@@ -457,23 +457,32 @@ class Outcome:
 def layouts(
     model: _Model, n: int, node_size: int | None, options: PlanOptions, offloads: tuple[str, ...] = ("off",)
 ) -> list[Layout]:
-    """Every layout of ``n`` devices (tp within a node, pp at most the layers), largest tp and
-    smallest micro-batch first; each with every offload choice of ``offloads``."""
+    """Every layout of ``n`` devices (tp within a node, pp at most the layers, micro-batch sizes
+    ``microbatch_sizes``), largest tp and smallest micro-batch first; each with every offload
+    choice of ``offloads``."""
     L, B = model.layers.count, model.batch
     out = []
     tps = [t for t in range(n, 0, -1) if n % t == 0 and (node_size is None or t <= node_size)]
     zeros = ZERO_STAGES if options.zero == "auto" else (int(options.zero),)
     recs = {"auto": ("off", "full"), "off": ("off",), "on": ("full",)}[options.recompute]
     for t in tps:
-        for b in MICROBATCH_SIZES:
-            for S in (s for s in range(1, min(L, n // t) + 1) if (n // t) % s == 0):
-                D = n // (t * S)
-                if B % (D * b):
-                    continue
-                for z in zeros if D > 1 else (0,):
-                    for r in recs:
-                        out += [Layout(S, D, t, b, B // (D * b), z, r, f) for f in offloads]
+        stages = [s for s in range(1, min(L, n // t) + 1) if (n // t) % s == 0]
+        meshes = [(b, S) for S in stages if B % (n // (t * S)) == 0 for b in microbatch_sizes(B // (n // (t * S)))]
+        for b, S in sorted(meshes):
+            D = n // (t * S)
+            for z in zeros if D > 1 else (0,):
+                for r in recs:
+                    out += [Layout(S, D, t, b, B // (D * b), z, r, f) for f in offloads]
     return out
+
+
+def microbatch_sizes(per_replica: int) -> list[int]:
+    """The micro-batch sizes tried for ``per_replica`` sequences per data-parallel replica: those
+    of ``MICROBATCH_SIZES`` that divide it, and it split into that many micro-batches, so the
+    whole replica's batch at once (one micro-batch) is always a choice: 12 per replica tries
+    1, 2, 3, 4, 6 and 12, not only 1, 2 and 4."""
+    sizes = {b for b in MICROBATCH_SIZES if per_replica % b == 0}
+    return sorted(sizes | {per_replica // m for m in MICROBATCH_SIZES if per_replica % m == 0})
 
 
 def offload_choices(model: _Model, profile) -> tuple[str, ...]:
@@ -744,6 +753,7 @@ __all__ = [
     "layered_model",
     "layouts",
     "memory_bound",
+    "microbatch_sizes",
     "plan_layout",
     "plan_mesh",
     "search_layered",

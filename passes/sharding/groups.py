@@ -34,6 +34,26 @@ def _attr_key(v):
 
 
 _INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)")  # list positions in pytree paths: blocks.3.attn
+_KEYED = re.compile(r"^(.*?\.[A-Za-z_]+)(\d+)(\..+)$")  # a dict key of a name and a number: h.layer3.attn
+
+
+def _layer_names(p: Problem) -> dict[str, str]:
+    """Each input's name with its layer's number replaced by ``#``: list positions
+    (``blocks.3.attn``), and in a name with none, the number of a dict key of a name and a number
+    holding a layer's arrays (``h.layer3.attn``) when at least 3 inputs' keys of that name differ
+    in it: layers kept in a dict, as passes/blocks.py ``find_layers`` reads them (a key holding
+    one array, ``params.w1``, is no layer)."""
+    names = {it.value.name or "" for it in p.items if it.kind == "input" and it.value is not None}
+    keyed: dict[str, set[int]] = {}
+    for name in names:
+        m = None if _INDEX.search(name) else _KEYED.match(name)
+        if m:
+            keyed.setdefault(m.group(1), set()).add(int(m.group(2)))
+    out = {}
+    for name in names:
+        m = None if _INDEX.search(name) else _KEYED.match(name)
+        out[name] = f"{m.group(1)}#{m.group(3)}" if m and len(keyed[m.group(1)]) >= 3 else _INDEX.sub("#", name)
+    return out
 
 
 class _Interner(dict):
@@ -46,7 +66,7 @@ class _Interner(dict):
         return got
 
 
-def _item_label(it: Item, intern: _Interner, strategy_labels: dict) -> int:
+def _item_label(it: Item, intern: _Interner, strategy_labels: dict, names: dict[str, str]) -> int:
     """The label of what tells an item apart on its own: a node's op, attributes (not a random
     draw's stream position: layers' dropout masks tie), types, source line and part, an input's or output's type (and an input's name without list positions),
     and the strategies and pin of either."""
@@ -74,7 +94,7 @@ def _item_label(it: Item, intern: _Interner, strategy_labels: dict) -> int:
         )
     v = it.value
     assert v is not None  # an input, output or fan-out item holds its value
-    name = _INDEX.sub("#", v.name or "") if it.kind == "input" else ""
+    name = names[v.name or ""] if it.kind == "input" else ""
     return intern((it.kind, v.type, name, strat, it.pinned))
 
 
@@ -88,7 +108,8 @@ def structure_classes(p: Problem, rounds: int = 3) -> list[int]:
     are small integers, not in any particular order."""
     intern = _Interner()
     strategy_labels: dict = {}
-    label = np.array([_item_label(it, intern, strategy_labels) for it in p.items], dtype=np.int64)
+    names = _layer_names(p)
+    label = np.array([_item_label(it, intern, strategy_labels, names) for it in p.items], dtype=np.int64)
     edges = np.array([(e.src, e.src_out, e.dst, e.dst_in) for e in p.edges], dtype=np.int64).reshape(-1, 4)
     src, src_out, dst, dst_in = edges.T
     n = len(label)

@@ -639,3 +639,37 @@ def test_no_float32_round_trip_runs_in_every_micro_batch(step):
         and n.inputs[0].producer.inputs[0].type.dtype == bf
     ]
     assert not round_trips, [str(n.loc) for n in round_trips]
+
+
+def _untied_loss(params, tokens, targets):
+    # an embedding table read only by its gather (untied from the head): its gradient is a
+    # scatter_add into zeros of the table's shape, left unfolded (``broadcast_to``) when large
+    x = params["emb"][tokens]  # [B, T, d]
+    logits = np.tanh(x) @ params["head"]  # [B, T, V]
+    z = logits - logits.max(axis=-1, keepdims=True)
+    logp = z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+    onehot = np.arange(logits.shape[-1]) == targets[..., None]
+    return -np.sum(np.where(onehot, logp, 0)) / tokens.size
+
+
+def _untied_step(params, tokens, targets):
+    value, grads = graphc.value_and_grad(_untied_loss)(params, tokens, targets)
+    return graphc.tree_map(lambda p, g: p - 0.5 * g, params, grads), value
+
+
+@pytest.mark.parametrize("axes", [{"dp": 1}, {"dp": 2}], ids=["dp=1", "dp=2"])
+def test_a_large_untied_embedding_accumulates_its_scatter_add(axes):
+    """The embedding's gradient adds into zeros of [V, d]: over 1 MiB, constant folding leaves
+    them a ``broadcast_to`` of a scalar, which the micro-batches' propagation took for a value of
+    the step (no partial copy of its own), so it gathered every micro-batch's tokens to scatter
+    them once: "reads the whole batch at once" for any GPT with untied embeddings and a real
+    vocabulary. The zeros are the same in every micro-batch: each adds its own tokens into them."""
+    rng = np.random.default_rng(5)
+    V, d = 8192, 32  # float64 [V, d]: 2 MiB of zeros, over the folding limit
+    params = {"emb": rng.standard_normal((V, d)), "head": rng.standard_normal((d, V)) * 0.1}
+    tokens, targets = rng.integers(0, V, (8, 4)), rng.integers(0, V, (8, 4))
+    want = k_steps(_untied_step, (params,), (tokens, targets), {}, 2)
+    pf = graphc.parallelize(_untied_step, mesh=Mesh(axes, profile=PROFILE), microbatches=4, cache=False)
+    got = k_steps(pf, (params,), (tokens, targets), {}, 2)
+    assert_steps_close(got, want)
+    assert pf.compile(params, tokens, targets).plan.m == 4

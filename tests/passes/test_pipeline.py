@@ -146,6 +146,19 @@ def test_memory_limit_needs_two_stages():
     assert all(b <= limit for b in a.state_bytes)
 
 
+def test_a_stage_cut_refused_on_a_sub_mesh_names_the_limit_per_device():
+    """On pp=2 x dp=2 a stage's memory is shared by its 2 devices, and the cut is sized against
+    2 x the limit; refused, it names the limit the user gave per device, not the stage's (it used
+    to say "the memory limit of 2 x L bytes per device")."""
+    args, kw = mlp.example_train_args(batch=8, sizes=(512, 512, 512, 8))
+    limit = 2**18  # one [512, 512] float32 weight is 1 MiB: no cut fits
+    pf = graphc.parallelize(mlp.train_step, mesh={"pp": 2, "dp": 2}, microbatches=2, memory_limit=limit, cache=False)
+    with pytest.raises(MemoryLimitError, match="no cut of the step into 2 pipeline stages") as err:
+        pf.compile(*args, **kw)
+    assert f"memory limit of {limit:,} bytes per device" in str(err.value), str(err.value)
+    assert "over each stage's 2 devices" in str(err.value)
+
+
 def test_1f1b_holds_fewer_activations_than_gpipe():
     """Measured by the runtime: stage 0 of 2 holds 2 micro-batches' activations under 1F1B, all 8
     under GPipe (a batch-heavy step, so activations dominate its peak)."""

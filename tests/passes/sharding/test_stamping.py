@@ -70,10 +70,10 @@ def test_the_tied_plan_runs_equal_to_numpy(name):
 def _classes_by_tuples(problem, rounds):
     """``structure_classes`` as its definition reads: each round interns the tuple (label, the
     in-edges by operand position, the out-edges sorted) of every item."""
-    from graphc.passes.sharding.groups import _Interner, _item_label
+    from graphc.passes.sharding.groups import _Interner, _item_label, _layer_names
 
-    intern, strategy_labels = _Interner(), {}
-    label = [_item_label(it, intern, strategy_labels) for it in problem.items]
+    intern, strategy_labels, names = _Interner(), {}, _layer_names(problem)
+    label = [_item_label(it, intern, strategy_labels, names) for it in problem.items]
     ins: list[list] = [[] for _ in problem.items]
     outs: list[list] = [[] for _ in problem.items]
     for e in problem.edges:
