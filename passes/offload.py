@@ -9,9 +9,11 @@ updates (its ZeRO partition when the stage is >= 1, else all of it over tp):
 
 - gradients go device -> host over PCIe as the backward makes them; ZeRO-Offload (section 4.1)
   overlaps this copy with the backward, so only what the last micro-batch's backward does not
-  hide waits: ``max(0, d2h - overlap x backward)``;
+  hide waits: ``max(0, d2h - overlap x backward)``, ``d2h = latency + grads / bandwidth``;
 - the CPU runs Adam: memory-bound, it reads and writes the state and the host copy of the
-  parameters and reads the gradients, ``(2 x state + 3 x params) / host DRAM bandwidth``;
+  parameters and reads the gradients, ``(2 x state + 2 x params + grads) / host DRAM bandwidth``
+  (the gradients' bytes as the step makes them: a bfloat16 parameter's gradient summed in float32
+  moves twice its parameter's bytes; the fixed-mesh ILP prices them as the parameters');
 - the updated parameters go host -> device before the next forward. ZeRO-Offload's one-step
   delayed parameter update (section 4.2) would hide the update and this copy, but changes the
   numerics (the step uses last step's parameters); it is not assumed, so both wait.
@@ -117,13 +119,22 @@ class OffloadCost:
         )
 
 
-def offload_costs(host: HostTier, state_bytes: float, param_bytes: float, backward_s: float, overlap: float):
+def offload_costs(
+    host: HostTier,
+    state_bytes: float,
+    param_bytes: float,
+    backward_s: float,
+    overlap: float,
+    grad_bytes: float | None = None,
+):
     """The OffloadCost of moving ``state_bytes`` to ``host`` for the update of ``param_bytes`` of
-    parameters, the copy of their gradients hidden behind ``overlap`` x ``backward_s`` (module doc)."""
+    parameters from ``grad_bytes`` of gradients (None: as many as the parameters), the copy of the
+    gradients hidden behind ``overlap`` x ``backward_s`` (module doc)."""
+    grads = param_bytes if grad_bytes is None else grad_bytes
     link = host.link
-    d2h = link.latency_s + param_bytes / link.bandwidth
+    d2h = link.latency_s + grads / link.bandwidth
     exposed = max(0.0, d2h - overlap * backward_s)
-    update = (2 * state_bytes + 3 * param_bytes) / host.memory_bandwidth
+    update = (2 * state_bytes + 2 * param_bytes + grads) / host.memory_bandwidth
     h2d = link.latency_s + param_bytes / link.bandwidth
     return OffloadCost(state_bytes, param_bytes, d2h, exposed, update, h2d)
 

@@ -135,6 +135,8 @@ class _Model:
     layer_params: tuple[int, ...] = ()  # the stamped block's parameters (graph input positions)
     other_params: tuple[int, ...] = ()  # the parameters outside the layers
     boundaries: dict[str, tuple[list, list]] = field(default_factory=dict)  # per segment graph
+    layer_state_inputs: tuple[int, ...] = ()  # the stamped block's optimizer state (graph input positions)
+    other_state_inputs: tuple[int, ...] = ()  # the optimizer state outside the layers
 
     @property
     def state_share(self) -> float:
@@ -184,6 +186,8 @@ def layered_model(graph: Graph, batch: int | None, profile) -> _Model | None:
         tuple(k for k in layers.inputs[seg.block - 1] if graph.inputs[k] in read_fwd),
         tuple(k for k in sorted(tied - layer_inputs) if graph.inputs[k] in read_fwd),
         {name: segment_boundary(graph, nodes) for name, nodes in ks.items()},
+        tuple(k for k in layers.inputs[seg.block - 1] if graph.inputs[k] not in read_fwd),
+        tuple(k for k in sorted(tied - layer_inputs) if graph.inputs[k] not in read_fwd),
     )
 
 
@@ -376,7 +380,12 @@ def compose(model: _Model, segs: _Segments, lo: Layout, profile, figures: Cluste
         assert host is not None
         owned = 1 / (D if lo.zero >= 1 else 1)  # the share of the tp piece's state this device updates
         state = (layer_st.state_bytes * n_max + other_st.state_bytes) * owned
-        off = offloading.offload_costs(host, state, grad_bytes * owned, last_backward, figures.dp_overlap)
+        if state <= 0:  # nothing moves: the device keeps its update (no saving to buy with the host's)
+            return None, "no optimizer state of this layout to offload (its update reads no state input)"
+        updated = layer_st.updated_bytes * n_max + other_st.updated_bytes
+        off = offloading.offload_costs(
+            host, state, updated * owned, last_backward, figures.dp_overlap, grad_bytes=grad_bytes * owned
+        )
         update_s = off.step_s
     if (short := offloading.host_shortfall(host, off, acts, k)) is not None:
         return None, short
@@ -690,8 +699,9 @@ def _solve_all(model: _Model, tp: int, b: int, profile, figures, deadline: float
     except PlanError as exc:
         return f"block on tp={tp}, micro-batch {b}: {str(exc).splitlines()[0]}"
     specs = {name: SegmentSpecs(*model.boundaries[name], c.plan) for name, c in parts.items()}
-    layer = state_layout(model.graph, model.layer_params, [specs["block"]], profile)
-    other = state_layout(model.graph, model.other_params, [specs["pre"], specs["head"]], profile)
+    layer = state_layout(model.graph, model.layer_params, [specs["block"]], profile, model.layer_state_inputs)
+    ends = [specs["pre"], specs["head"]]
+    other = state_layout(model.graph, model.other_params, ends, profile, model.other_state_inputs)
     segs = _Segments(parts["pre"], parts["block"], parts["head"], True, layer, other)
     # A block that reads a parameter whole (less split than its gradient) is solved again with
     # it read split: every layout is composed from both and keeps the faster that fits, so the
@@ -703,7 +713,8 @@ def _solve_all(model: _Model, tp: int, b: int, profile, figures, deadline: float
         blk = solve_segment(model.graphs["block"], tp, b, model.batch, profile, figures, deadline, pins)
     except PlanError:
         return segs
-    split = state_layout(model.graph, model.layer_params, [SegmentSpecs(*model.boundaries["block"], blk.plan)], profile)
+    blk_specs = [SegmentSpecs(*model.boundaries["block"], blk.plan)]
+    split = state_layout(model.graph, model.layer_params, blk_specs, profile, model.layer_state_inputs)
     segs.split = dataclasses.replace(segs, block=blk, layer_state=split)
     return segs
 

@@ -37,6 +37,7 @@ from graphc.passes.partition import state_ties
 from graphc.passes.sharding.plan import ShardingPlan
 from graphc.passes.sharding.problem import Pins
 from graphc.passes.sharding.redistribute import redistribution_time
+from graphc.passes.sharding.zero import param_groups
 
 TP_AXIS = "tp"
 
@@ -75,6 +76,11 @@ class StateLayout:
     update_share: float  # the share of their update one device runs (1/tp when all is split)
     params: tuple[ParamLayout, ...] = ()
     sum_bytes: float | None = None  # the gradients' running sums over micro-batches (None: grad_bytes)
+
+    @property
+    def updated_bytes(self) -> float:
+        """The parameters' bytes per device in the update's layout (what an update writes)."""
+        return sum(p.nbytes / p.update for p in self.params) if self.params else self.param_bytes
 
     def held(self, dp: int, zero: int, offloaded: bool, microbatched: bool = False) -> float:
         """Bytes per device with ZeRO stage ``zero`` over ``dp`` devices (1: the optimizer state
@@ -123,10 +129,16 @@ def tp_placement(spec, plan: ShardingPlan) -> Placement:
     return spec[names.index(TP_AXIS)] if TP_AXIS in names else R
 
 
-def state_layout(graph: Graph, params: Iterable[int], segments: Sequence[SegmentSpecs], profile) -> StateLayout:
+def state_layout(
+    graph: Graph, params: Iterable[int], segments: Sequence[SegmentSpecs], profile, state: Iterable[int] = ()
+) -> StateLayout:
     """The layout of the step's inputs ``params`` (positions in ``graph.inputs``) as the
     ``segments`` that read them and make their gradients planned them (module doc). A parameter
-    read by several segments counts in its least split read."""
+    read by several segments counts in its least split read. ``state``: the optimizer state of
+    these parameters (inputs only the update reads); what no parameter's update claims (a
+    parameter whose new value the step returns in another dtype or structure, so that no tie leads
+    from it to its update) still counts, with the gradients the segments make that its update
+    reads (``_unclaimed``)."""
     nodes = graph.nodes
     producer = {o: k for k, n in enumerate(nodes) for o in n.outputs}
     upd = update_only(graph)
@@ -143,13 +155,15 @@ def state_layout(graph: Graph, params: Iterable[int], segments: Sequence[Segment
             made_in[v] = tp_placement(spec, seg.plan)
     mesh = Mesh({TP_AXIS: tp}, profile=profile) if tp > 1 else None
     out = []
+    claimed: set[Value] = set()
     for i in params:
         p = graph.inputs[i]
         reads = read_in.get(p)
         if not reads:
             continue  # no segment reads it: nothing of it is on the sub-mesh's plans
         read = min(reads, key=lambda x: _pieces(x, tp))
-        grad_v, state = _update_operands(graph, producer, upd, read_fwd, p, new_of.get(p))
+        grad_v, operands = _update_operands(graph, producer, upd, read_fwd, p, new_of.get(p))
+        claimed.update([grad_v, *operands])
         grad = made_in.get(grad_v, read) if grad_v is not None else read
         update = read if _pieces(read, tp) >= _pieces(grad, tp) else grad
         summed = _summed_nbytes(graph, grad_v, upd) if grad_v is not None else 0  # none: not trained
@@ -164,7 +178,7 @@ def state_layout(graph: Graph, params: Iterable[int], segments: Sequence[Segment
                 nbytes=p.type.nbytes,
                 grad_nbytes=summed,
                 sum_nbytes=_running_sum_nbytes(grad_v, summed) if grad_v is not None else 0,
-                state_nbytes=sum(s.type.nbytes for s in state),
+                state_nbytes=sum(s.type.nbytes for s in operands),
                 read=_pieces(read, tp),
                 grad=_pieces(grad, tp),
                 relayout_s=relayout,
@@ -172,7 +186,41 @@ def state_layout(graph: Graph, params: Iterable[int], segments: Sequence[Segment
                 grad_at=grad,
             )
         )
+    out += _unclaimed(graph, upd, [k for k in state if graph.inputs[k] not in claimed], made_in, claimed, tp)
     return StateLayout.of(out)
+
+
+def _unclaimed(graph: Graph, upd: set[int], state: list[int], made_in: dict, claimed: set, tp: int) -> list:
+    """ParamLayouts (of no parameter bytes) of the optimizer state at positions ``state`` that no
+    parameter's update claimed, with the gradients the update joins to it (passes/sharding/zero.py
+    ``param_groups``, which follows the update's nodes, not ties): held in the layout the
+    segments made their gradient in (``made_in``), split over tp when they made none of it."""
+    if not state:
+        return []
+    update = frozenset(graph.nodes[k] for k in upd)
+    out = []
+    for group in param_groups(graph, set(state), update):
+        grads = [v for v in group.gradients if v not in claimed]
+        made = [made_in[v] for v in grads if v in made_in]
+        pieces = max((_pieces(x, tp) for x in made), default=tp)
+        at = next((x for x in made if _pieces(x, tp) == pieces), R)
+        summed = [_summed_nbytes(graph, v, upd) for v in grads]
+        ks = group.states if group.param is None else (*group.states, group.param)
+        out.append(
+            ParamLayout(
+                name=graph.inputs[ks[0]].name or f"input{ks[0]}",
+                nbytes=0,
+                grad_nbytes=sum(summed),
+                sum_nbytes=sum(_running_sum_nbytes(v, n) for v, n in zip(grads, summed)),
+                state_nbytes=sum(graph.inputs[k].type.nbytes for k in ks),
+                read=pieces,
+                grad=pieces,
+                relayout_s=0.0,
+                read_at=at,
+                grad_at=at,
+            )
+        )
+    return out
 
 
 def split_reads(seg: SegmentSpecs, layout: StateLayout) -> Pins | None:

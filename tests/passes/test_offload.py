@@ -55,8 +55,9 @@ def test_a_profile_without_a_host_tier_never_offloads(model):
 @pytest.mark.parametrize("zero", [0, 1, 3])
 def test_offload_drops_the_peak_by_the_state_and_adds_the_priced_transfers(model, zero):
     """Closed form (passes/offload.py): d2h = lat + P / bw, hidden behind the last backward;
-    CPU Adam = (2 S + 3 P) / host DRAM bandwidth; h2d = lat + P / bw; S and P the state and
-    parameters this device updates (its ZeRO share of the stage's layers and the ends)."""
+    CPU Adam = (2 S + 2 P + G) / host DRAM bandwidth; h2d = lat + P / bw; S, P and G the state,
+    parameters and gradients this device updates (its ZeRO share of the stage's layers and the
+    ends; G = P in the even layout this builds by hand)."""
     figures = scale.cluster_figures(H100)
     D, t = 4, 2
     lo = Layout(pp=1, dp=D, tp=t, micro_batch=1, microbatches=2, zero=zero, recompute="off")
