@@ -7,12 +7,21 @@ float32 and rounds each result (graphc/ops/precision.py).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from graphc.core.buffers import unaliased
-from graphc.core.errors import NUMPY_ERRORS, EvaluationError, GraphcError, NumpyError, note_where, numpy_error
+from graphc.core.buffers import unaliased, written_overlap
+from graphc.core.errors import (
+    NUMPY_ERRORS,
+    EvaluationError,
+    GraphcError,
+    NumpyError,
+    TraceError,
+    note_where,
+    numpy_error,
+)
 from graphc.core.ir import Graph, Region, Value
 from graphc.core.pytree import ArraySpec, flatten_as, unflatten
 from graphc.ops import precision
@@ -37,7 +46,31 @@ def bind_arguments(graph: Graph, args: tuple, kwargs: dict, keep: type | tuple[t
                 f"got array of shape {arr.shape} and dtype {arr.dtype}"
             )
         arrays.append(arr)
+    check_written_unaliased(graph, arrays)
     return arrays
+
+
+def check_written_unaliased(graph: Graph, arrays: Sequence[Any]) -> None:
+    """Refuse a call whose arguments share memory with an input the function writes into in place
+    (``graph.written_inputs``): numpy would see the write through the other name (a tied weight
+    held twice, the same array passed twice, a view held beside its array), the graph reads each
+    input as it was at the call. A TraceError at the line of the write."""
+    if not graph.written_inputs:
+        return
+    hit = written_overlap(arrays, [i for i, _ in graph.written_inputs])
+    if hit is None:
+        return
+    i, j = hit
+    loc = dict(graph.written_inputs)[i]
+    a, b = graph.inputs[i].name, graph.inputs[j].name
+    same = type(arrays[i]) is np.ndarray and arrays[i] is arrays[j]
+    raise TraceError(
+        f"{graph.name} writes into {a} in place, and this call passes {b} "
+        f"{'as the same array' if same else 'over memory it shares'}: numpy would see "
+        f"the write through {b}, graphc reads each argument as it was at the call. Pass separate "
+        f"arrays (np.copy), or hold the array under one name",
+        loc,
+    )
 
 
 def last_uses(graph: Graph | Region) -> dict[int, list[Value]]:

@@ -37,3 +37,32 @@ def unaliased(outs: list, args: Sequence[Any]) -> list:
             outs[k] = r = o.copy()
         taken.add(id(r))
     return outs
+
+
+def _memory_key(x: np.ndarray) -> int:
+    """Arrays that may share memory have equal keys: their root array, or the foreign buffer
+    (bytes, mmap) that root looks into."""
+    r = root_buffer(x)
+    assert r is not None
+    return id(r.base) if r.base is not None else id(r)
+
+
+def written_overlap(arrays: Sequence[Any], written: Sequence[int]) -> tuple[int, int] | None:
+    """The first pair ``(i, j)``: ``arrays[i]``, one the function writes into in place (``written``:
+    its indices), shares memory with ``arrays[j]`` (the same array passed twice, a tied weight held
+    under two names, a view of it); None if there is none. One walk of the arguments and exact
+    checks (``np.shares_memory``) only between arrays over one buffer: x[::2] and x[1::2] do not
+    overlap."""
+    keys = [_memory_key(a) if type(a) is np.ndarray else None for a in arrays]
+    groups: dict[int, list[int]] = {}
+    for k, key in enumerate(keys):
+        if key is not None:
+            groups.setdefault(key, []).append(k)
+    if len(groups) == len(arrays) - keys.count(None):  # (every array over its own buffer)
+        return None
+    for i in written:
+        key = keys[i]
+        for j in groups[key] if key is not None else ():
+            if j != i and np.shares_memory(arrays[i], arrays[j]):
+                return i, j
+    return None

@@ -253,7 +253,20 @@ def trace(fn: Callable, *args: Any, **kwargs: Any) -> Graph:
     finally:
         stack.pop()
     tag_parts(ctx.nodes)
-    return Graph(ctx.name, ctx.inputs, ctx.nodes, outputs, in_tree, out_tree)
+    graph = Graph(ctx.name, ctx.inputs, ctx.nodes, outputs, in_tree, out_tree)
+    graph.written_inputs = _written_inputs(placed, ctx.inputs, where)
+    return graph
+
+
+def _written_inputs(placed: list[Any], inputs: list[Value], where: SourceLoc | None) -> tuple:
+    """The inputs whose Tracer now holds another value (written in place: ``x[i] = v``, ``x +=
+    v``, ``out=x``, through a view), each with the line of its last write (Graph.written_inputs)."""
+    out = []
+    for i, (leaf, start) in enumerate(zip(placed, inputs)):
+        if isinstance(leaf, Tracer) and leaf._value is not start:
+            producer = leaf._value.producer
+            out.append((i, (producer.loc if producer is not None else None) or where))
+    return tuple(out)
 
 
 def on_a_copy(fn: Callable) -> Callable:
