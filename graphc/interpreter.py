@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from graphc.core.buffers import unaliased, written_overlap
+from graphc.core.captured import changed_read
 from graphc.core.errors import (
     NUMPY_ERRORS,
     EvaluationError,
@@ -46,8 +47,33 @@ def bind_arguments(graph: Graph, args: tuple, kwargs: dict, keep: type | tuple[t
                 f"got array of shape {arr.shape} and dtype {arr.dtype}"
             )
         arrays.append(arr)
-    check_written_unaliased(graph, arrays)
+    check_call(graph, arrays)
     return arrays
+
+
+def check_call(graph: Graph, arrays: Sequence[Any]) -> None:
+    """Refuse a call of ``graph`` (``arrays``: its inputs) that it would answer unlike numpy:
+    arguments overlapping an array it writes in place, globals it compiled that changed since."""
+    if graph.written_inputs:
+        check_written_unaliased(graph, arrays)
+    if graph.global_reads:
+        check_global_reads(graph)
+
+
+def check_global_reads(graph: Graph) -> None:
+    """Refuse a call after an array the traced functions read from their globals or closures
+    (``graph.global_reads``, compiled as constants) changed: numpy would read its new values. A
+    TraceError at the function that reads it."""
+    read = changed_read(graph.global_reads)
+    if read is None:
+        return
+    where = "global" if isinstance(read.holder, dict) else "closure variable"
+    raise TraceError(
+        f"{read.function} reads the {where} {read.name}, whose arrays changed since graphc compiled their values "
+        f"into this function as constants (as jax.jit does); numpy would read the new values. Pass {read.name} "
+        "as an argument (or hold it on an object passed as one) to read it at every call",
+        read.loc,
+    )
 
 
 def check_written_unaliased(graph: Graph, arrays: Sequence[Any]) -> None:

@@ -373,6 +373,9 @@ class Graph:
     # (core/buffers.py: written_overlap). Set by the tracer on the graph it makes; a pass's new
     # graph has none, so callers keep the traced graph's (api/jit.py, api/parallel.py).
     written_inputs: tuple[tuple[int, SourceLoc | None], ...] = ()
+    # The arrays the traced functions read from their globals and closures, compiled as constants
+    # (core/captured.py: GlobalRead): a call after their values changed is refused. As above.
+    global_reads: tuple[Any, ...] = ()
 
     def __init__(
         self,

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from graphc.core import dtypes
+from graphc.core.captured import global_reads
 from graphc.core.collector import collector_paused
 from graphc.core.errors import GraphcWarning, ShapeError, SourceLoc, TraceError, numpy_error
 from graphc.core.ir import Graph, Node, TensorType, Value
@@ -224,7 +225,10 @@ def trace(fn: Callable, *args: Any, **kwargs: Any) -> Graph:
         t._weak = isinstance(leaf, WeakScalar)
     placed = traced_random.wrap_inputs(leaves, tracers)  # Generators: TracedGenerator
     targs, tkwargs = unflatten(in_tree, placed)
-    fn = convert(fn)
+    converted = convert(fn)
+    if converted is not fn:  # a user function: the trace reads its globals (core/captured.py)
+        ctx.read_function(fn)
+    fn = converted
     einops_backend.register_if_imported()  # einops on Tracers, when the program uses einops
     stack = context_stack()
     stack.append(ctx)
@@ -255,6 +259,7 @@ def trace(fn: Callable, *args: Any, **kwargs: Any) -> Graph:
     tag_parts(ctx.nodes)
     graph = Graph(ctx.name, ctx.inputs, ctx.nodes, outputs, in_tree, out_tree)
     graph.written_inputs = _written_inputs(placed, ctx.inputs, where)
+    graph.global_reads = global_reads((f, definition_location(f)) for f in ctx.functions.values())
     return graph
 
 

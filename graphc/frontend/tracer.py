@@ -13,6 +13,7 @@ import functools
 import inspect
 import itertools
 import threading
+import types
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -71,6 +72,16 @@ class TraceContext:
         # a region's write log: arrays from outside it written in place, id -> (array, its context and value
         # before the first write); control.py makes their new values outputs of the region and restores them
         self.written: dict[int, tuple[Tracer, TraceContext, Value]] = {}
+        # the user functions converted while tracing, by id of their code: their global and closure
+        # names are read at the trace's end (core/captured.py)
+        self.functions: dict[int, Any] = {}
+
+    def read_function(self, fn: Any) -> None:
+        """``fn`` (a user function being traced) reads its globals and closure: remember it."""
+        root = self.root()
+        func = getattr(fn, "__func__", fn)
+        if isinstance(func, types.FunctionType):
+            root.functions.setdefault(id(func), func)
 
     def root(self) -> TraceContext:
         """The outermost trace (the function's, not a branch's or a loop body's)."""

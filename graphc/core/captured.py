@@ -1,0 +1,139 @@
+"""numpy arrays a traced function reads from its module's globals or its closure.
+
+A graph holds such an array as a constant: its values at the trace (as ``jax.jit`` does). numpy
+code reads them again at every call, and programs change them between calls: min-char-rnn's
+``lossFun`` reads the global ``Wxh``, which its training loop updates in place (``param +=
+-lr * dparam / np.sqrt(mem + 1e-8)``), and a script rebinds a global it loaded. A compiled
+function kept its first values silently. ``global_reads`` lists, at the end of a trace, the arrays
+held by the global or closure names of the functions traced (the ndarrays themselves, and those
+in dicts, lists, tuples and objects of the function's own module held there), with a copy of
+their values; ``changed_read`` finds one whose values differ at a later call (a TraceError there,
+graphc/interpreter.py): pass such arrays as arguments, or on an object passed as one.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from graphc.core.errors import SourceLoc
+from graphc.core.pytree import flatten
+
+_MISSING = object()
+_NOT_HOLDERS = (
+    type,
+    types.ModuleType,
+    types.FunctionType,
+    types.BuiltinFunctionType,
+    types.MethodType,
+    functools.partial,
+)
+
+
+@dataclass(eq=False)
+class GlobalRead:
+    """The arrays one global (``holder`` a module's dict) or closure (``holder`` a cell) name
+    held at the trace, and copies of their values."""
+
+    name: str
+    function: str
+    loc: SourceLoc | None
+    holder: Any
+    value: Any
+    arrays: list[np.ndarray]
+    copies: list[np.ndarray]
+
+    def current(self) -> Any:
+        if isinstance(self.holder, dict):
+            return self.holder.get(self.name, _MISSING)
+        try:
+            return self.holder.cell_contents
+        except ValueError:  # (a cell emptied by del)
+            return _MISSING
+
+    def changed(self) -> bool:
+        now = self.current()
+        arrays = self.arrays if now is self.value and type(now) is np.ndarray else _arrays_of(now, None)
+        if arrays is None or len(arrays) != len(self.copies):
+            return True
+        return not all(map(_same_values, arrays, self.copies))
+
+
+def _same_values(a: np.ndarray, b: np.ndarray) -> bool:
+    """Equal bits (NaN equals NaN, -0.0 differs from 0.0), compared as unsigned integers of the
+    item's size: several times faster than ``np.array_equal(..., equal_nan=True)``."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.dtype.itemsize in (1, 2, 4, 8) and not a.dtype.hasobject:
+        bits = np.dtype(f"u{a.dtype.itemsize}")
+        return bool(np.array_equal(a.view(bits), b.view(bits)))
+    return bool(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"))
+
+
+def _arrays_of(value: Any, module: str | None) -> list[np.ndarray] | None:
+    """The ndarrays ``value`` holds (itself; the leaves of a dict, list, tuple or, when ``module``
+    is None or is the object's class's module, an object); None when it holds none."""
+    if type(value) is np.ndarray:
+        return [value]
+    if not isinstance(value, (dict, list, tuple)):
+        if value is _MISSING or isinstance(value, _NOT_HOLDERS):
+            return None
+        if not hasattr(value, "__dict__") or (module is not None and type(value).__module__ != module):
+            return None
+    try:
+        leaves, _ = flatten(value)
+    except (TypeError, ValueError, RecursionError):
+        return None
+    arrays = [x for x in leaves if type(x) is np.ndarray]
+    return arrays or None
+
+
+def _names_read(code: types.CodeType) -> set[str]:
+    """The global names ``code`` and the functions nested in it read."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _names_read(const)
+    return names
+
+
+def global_reads(functions: Iterable[tuple[types.FunctionType, SourceLoc | None]]) -> tuple[GlobalRead, ...]:
+    """What the global and closure names of ``functions`` (each with where it is defined) hold
+    that is an array or holds arrays, once per name and holder."""
+    out: list[GlobalRead] = []
+    seen: set[tuple[int, str]] = set()
+    for fn, loc in functions:
+        code, module = fn.__code__, fn.__module__
+        places: list[tuple[str, Any, Any]] = []
+        namespace = fn.__globals__
+        for name in sorted(_names_read(code)):
+            value = namespace.get(name, _MISSING)
+            if value is not _MISSING:
+                places.append((name, namespace, value))
+        for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
+            try:
+                places.append((name, cell, cell.cell_contents))
+            except ValueError:
+                continue
+        for name, holder, value in places:
+            if (id(holder), name) in seen:
+                continue
+            seen.add((id(holder), name))
+            arrays = _arrays_of(value, module)
+            if arrays:
+                copies = [a.copy() for a in arrays]
+                out.append(GlobalRead(name, fn.__qualname__, loc, holder, value, arrays, copies))
+    return tuple(out)
+
+
+def changed_read(reads: tuple[GlobalRead, ...]) -> GlobalRead | None:
+    """The first of ``reads`` whose arrays no longer hold the values they had at the trace."""
+    for read in reads:
+        if read.changed():
+            return read
+    return None

@@ -1,0 +1,132 @@
+"""numpy arrays a compiled function reads from globals or closures (wrong29). graphc compiles
+their values into the graph as constants; numpy reads them at every call. min-char-rnn's
+``lossFun`` reads its weights as globals that the training loop updates in place, and graphc went
+on with the first values silently. A call after such an array changed is now a TraceError naming
+the function that reads it and the name; unchanged arrays (NaN included), and a name rebound to
+equal values, run as before (core/captured.py)."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import graphc
+from tests.helpers import line_of
+
+RNG = np.random.default_rng(0)
+H, V = 6, 4
+Wxh = RNG.standard_normal((H, V)) * 0.1
+Whh = RNG.standard_normal((H, H)) * 0.1
+bh = np.zeros((H, 1))
+TABLE = np.array([0.5, np.nan, 2.0])
+params = {"w": np.ones(3)}
+
+
+def rnn_step(x, h):  # <- rnn_step
+    return np.tanh(Wxh @ x + Whh @ h + bh)
+
+
+def helper(x):  # <- helper
+    return x * TABLE[0] + params["w"]
+
+
+def calls_helper(x):
+    return helper(x) * 2
+
+
+class Model:
+    def __init__(self):
+        self.w = np.arange(3.0)
+
+
+MODEL = Model()
+
+
+def reads_model(x):
+    return x * MODEL.w
+
+
+def compiled(fn, how):
+    return graphc.jit(fn) if how == "jit" else graphc.parallelize(fn, mesh={"dp": 2}, cache=False)
+
+
+def run(f, *args):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", graphc.GraphcWarning)  # (a plan that replicates the work)
+        return f(*args)
+
+
+@pytest.mark.parametrize("how", ["jit", "dp2"])
+def test_globals_updated_in_place_between_calls_are_refused(how):
+    global Wxh, Whh
+    saved = Wxh.copy(), Whh.copy()
+    try:
+        x, h = np.zeros((V, 1)), RNG.standard_normal((H, 1))
+        x[1] = 1
+        f = compiled(rnn_step, how)
+        for _ in range(3):  # the first call, then warm calls: the globals did not change
+            np.testing.assert_allclose(run(f, x, h), rnn_step(x, h), rtol=1e-12, atol=1e-15)
+        for p in (Wxh, Whh):  # min-char-rnn's update
+            p += -0.1 * np.ones_like(p)
+        with pytest.raises(graphc.TraceError, match=r"rnn_step reads the global Whh, whose arrays changed") as err:
+            run(f, x, h)
+        assert err.value.lineno == line_of("# <- rnn_step")
+        np.testing.assert_allclose(run(compiled(rnn_step, how), x, h), rnn_step(x, h), rtol=1e-12, atol=1e-15)
+    finally:
+        Wxh, Whh = saved
+
+
+def test_a_callee_s_global_dict_item_replaced_is_refused():
+    f = graphc.jit(calls_helper)
+    x = np.ones(3)
+    for _ in range(2):
+        assert np.array_equal(f(x), calls_helper(x))
+    old = params["w"]
+    params["w"] = old * 2
+    try:
+        with pytest.raises(graphc.TraceError, match=r"helper reads the global params") as err:
+            f(x)
+        assert err.value.lineno == line_of("# <- helper")
+    finally:
+        params["w"] = old
+    assert np.array_equal(f(x), calls_helper(x))  # (its values back: runs)
+
+
+def test_a_global_rebound_to_equal_values_and_nan_values_run():
+    global TABLE
+    f = graphc.jit(calls_helper)
+    x = np.ones(3)
+    assert np.array_equal(f(x), calls_helper(x))
+    saved = TABLE
+    try:
+        TABLE = TABLE.copy()  # a new array of the same values (NaN in it): nothing changed for numpy
+        assert np.array_equal(f(x), calls_helper(x)) and np.array_equal(f(x), calls_helper(x))
+    finally:
+        TABLE = saved
+
+
+def test_a_global_object_s_array_and_a_closure_s_array_changed_are_refused():
+    f = graphc.jit(reads_model)
+    x = np.ones(3)
+    assert np.array_equal(f(x), reads_model(x))
+    MODEL.w[0] = 7.0
+    try:
+        with pytest.raises(graphc.TraceError, match=r"reads_model reads the global MODEL"):
+            f(x)
+    finally:
+        MODEL.w[0] = 0.0
+
+    def make(w):
+        def scaled(x):
+            return x * w
+
+        return scaled
+
+    w = np.arange(3.0)
+    g = graphc.jit(make(w))
+    assert np.array_equal(g(x), w)
+    w[:] = 5
+    with pytest.raises(graphc.TraceError, match=r"scaled reads the closure variable w"):
+        g(x)
