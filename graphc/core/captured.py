@@ -7,7 +7,8 @@ code reads them again at every call, and programs change them between calls: min
 function kept its first values silently. ``global_reads`` lists, at the end of a trace, the arrays
 held by the global or closure names of the functions traced (the ndarrays themselves, and those
 in dicts, lists, tuples and objects of the function's own module held there), with a copy of
-their values; ``changed_read`` finds one whose values differ at a later call (a TraceError there,
+their values (of an array over 64 KiB, its CRC-32: a copy would double a large global's memory,
+and a change goes unseen with probability 2**-32); ``changed_read`` finds one whose values differ at a later call (a TraceError there,
 graphc/interpreter.py): pass such arrays as arguments, or on an object passed as one.
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import types
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -46,7 +48,7 @@ class GlobalRead:
     holder: Any
     value: Any
     arrays: list[np.ndarray]
-    copies: list[np.ndarray]
+    copies: list[np.ndarray | _Checksum]
 
     def current(self) -> Any:
         if isinstance(self.holder, dict):
@@ -64,15 +66,41 @@ class GlobalRead:
         return not all(map(_same_values, arrays, self.copies))
 
 
-def _same_values(a: np.ndarray, b: np.ndarray) -> bool:
-    """Equal bits (NaN equals NaN, -0.0 differs from 0.0), compared as unsigned integers of the
-    item's size: several times faster than ``np.array_equal(..., equal_nan=True)``."""
-    if a.shape != b.shape or a.dtype != b.dtype:
+@dataclass(frozen=True)
+class _Checksum:
+    """What is kept of an array over ``COPY_BYTES``: its shape, dtype and the CRC-32 of its bytes
+    (zlib's, about 3.5 GB/s here; a copy would double the memory of a large global)."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    crc: int
+
+
+COPY_BYTES = 1 << 16  # arrays up to this size are kept as copies and compared exactly
+
+
+def _crc(a: np.ndarray) -> int:
+    return zlib.crc32(memoryview(np.ascontiguousarray(a).reshape(-1).view(np.uint8)))
+
+
+def _kept(a: np.ndarray) -> np.ndarray | _Checksum:
+    if a.nbytes <= COPY_BYTES or a.dtype.hasobject:
+        return a.copy()
+    return _Checksum(a.shape, a.dtype, _crc(a))
+
+
+def _same_values(a: np.ndarray, kept: np.ndarray | _Checksum) -> bool:
+    """``a`` holds what ``kept`` recorded: equal bits (NaN equals NaN, -0.0 differs from 0.0),
+    compared as unsigned integers of the item's size (several times faster than
+    ``np.array_equal(..., equal_nan=True)``), or an equal CRC-32 for a large array."""
+    if a.shape != kept.shape or a.dtype != kept.dtype:
         return False
+    if isinstance(kept, _Checksum):
+        return _crc(a) == kept.crc
     if a.dtype.itemsize in (1, 2, 4, 8) and not a.dtype.hasobject:
         bits = np.dtype(f"u{a.dtype.itemsize}")
-        return bool(np.array_equal(a.view(bits), b.view(bits)))
-    return bool(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"))
+        return bool(np.array_equal(a.view(bits), kept.view(bits)))
+    return bool(np.array_equal(a, kept, equal_nan=a.dtype.kind in "fc"))
 
 
 def _arrays_of(value: Any, module: str | None) -> list[np.ndarray] | None:
@@ -126,7 +154,7 @@ def global_reads(functions: Iterable[tuple[types.FunctionType, SourceLoc | None]
             seen.add((id(holder), name))
             arrays = _arrays_of(value, module)
             if arrays:
-                copies = [a.copy() for a in arrays]
+                copies = [_kept(a) for a in arrays]
                 out.append(GlobalRead(name, fn.__qualname__, loc, holder, value, arrays, copies))
     return tuple(out)
 

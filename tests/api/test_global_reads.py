@@ -130,3 +130,26 @@ def test_a_global_object_s_array_and_a_closure_s_array_changed_are_refused():
     w[:] = 5
     with pytest.raises(graphc.TraceError, match=r"scaled reads the closure variable w"):
         g(x)
+
+
+BIG = np.zeros((200, 100))  # over COPY_BYTES: kept as a CRC-32
+
+
+def reads_big(x):
+    return x @ BIG[:, :3]
+
+
+def test_a_large_global_changed_is_refused():
+    from graphc.core.captured import COPY_BYTES
+
+    assert BIG.nbytes > COPY_BYTES
+    f = graphc.jit(reads_big)
+    saved = BIG.copy()
+    try:
+        for _ in range(2):
+            assert np.array_equal(f(np.ones((2, 200))), reads_big(np.ones((2, 200))))
+        BIG[-1, -1] = np.nextafter(0.0, 1.0)  # one bit of one element, outside the columns read
+        with pytest.raises(graphc.TraceError, match="reads_big reads the global BIG"):
+            f(np.ones((2, 200)))
+    finally:
+        BIG[...] = saved
