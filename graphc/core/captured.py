@@ -80,7 +80,7 @@ COPY_BYTES = 1 << 16  # arrays up to this size are kept as copies and compared e
 
 
 def _crc(a: np.ndarray) -> int:
-    return zlib.crc32(memoryview(np.ascontiguousarray(a).reshape(-1).view(np.uint8)))
+    return zlib.crc32(np.ascontiguousarray(a).reshape(-1).view(np.uint8).data)
 
 
 def _kept(a: np.ndarray) -> np.ndarray | _Checksum:
