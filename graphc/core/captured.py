@@ -10,6 +10,10 @@ in dicts, lists, tuples and objects of the function's own module held there), wi
 their values (of an array over 64 KiB, its CRC-32: a copy would double a large global's memory,
 and a change goes unseen with probability 2**-32); ``changed_read`` finds one whose values differ at a later call (a TraceError there,
 graphc/interpreter.py): pass such arrays as arguments, or on an object passed as one.
+
+Not looked into (a change there is still unseen): objects of other modules and of classes graphc
+cannot flatten (only ``__slots__``), arrays reached through a module attribute (``weights.W``),
+and functions the trace does not see being called (passed to ``map``, called by a library).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from __future__ import annotations
 import functools
 import types
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,21 +107,22 @@ def _same_values(a: np.ndarray, kept: np.ndarray | _Checksum) -> bool:
     return bool(np.array_equal(a, kept, equal_nan=a.dtype.kind in "fc"))
 
 
-def _arrays_of(value: Any, module: str | None) -> list[np.ndarray] | None:
+def _arrays_of(value: Any, module: str | None, traced: Callable[[Any], bool] | None = None) -> list[Any] | None:
     """The ndarrays ``value`` holds (itself; the leaves of a dict, list, tuple or, when ``module``
-    is None or is the object's class's module, an object); None when it holds none."""
-    if type(value) is np.ndarray:
+    is None or is the object's class's module, an object), and the values ``traced`` says are
+    traced; None when it holds none."""
+    if type(value) is np.ndarray or (traced is not None and traced(value)):
         return [value]
     if not isinstance(value, (dict, list, tuple)):
         if value is _MISSING or isinstance(value, _NOT_HOLDERS):
             return None
-        if not hasattr(value, "__dict__") or (module is not None and type(value).__module__ != module):
+        if _attributes(value) is None or (module is not None and type(value).__module__ != module):
             return None
     try:
-        leaves, _ = flatten(value)
-    except (TypeError, ValueError, RecursionError):
+        leaves, _ = flatten(value, is_leaf=traced)
+    except Exception:  # (not looked into: a class with only __slots__, an object that raises)
         return None
-    arrays = [x for x in leaves if type(x) is np.ndarray]
+    arrays = [x for x in leaves if type(x) is np.ndarray or (traced is not None and traced(x))]
     return arrays or None
 
 
@@ -130,10 +135,15 @@ def _names_read(code: types.CodeType) -> set[str]:
     return names
 
 
-def global_reads(functions: Iterable[tuple[types.FunctionType, SourceLoc | None]]) -> tuple[GlobalRead, ...]:
+def global_reads(
+    functions: Iterable[tuple[types.FunctionType, SourceLoc | None]], traced: Callable[[Any], bool]
+) -> tuple[tuple[GlobalRead, ...], list[tuple[str, SourceLoc | None, str]]]:
     """What the global and closure names of ``functions`` (each with where it is defined) hold
-    that is an array or holds arrays, once per name and holder."""
+    that is an array or holds arrays, once per name and holder; and (function, where, name) for
+    each that now holds a value ``traced`` says is traced (stored there while tracing:
+    ``state["m"] = 0.9 * state["m"] + g`` on a global dict), which no call can write back."""
     out: list[GlobalRead] = []
+    stored: list[tuple[str, SourceLoc | None, str]] = []
     seen: set[tuple[int, str]] = set()
     for fn, loc in functions:
         code, module = fn.__code__, fn.__module__
@@ -152,11 +162,13 @@ def global_reads(functions: Iterable[tuple[types.FunctionType, SourceLoc | None]
             if (id(holder), name) in seen:
                 continue
             seen.add((id(holder), name))
-            arrays = _arrays_of(value, module)
-            if arrays:
+            arrays = _arrays_of(value, module, traced)
+            if arrays and any(map(traced, arrays)):
+                stored.append((fn.__qualname__, loc, name))
+            elif arrays:
                 copies = [_kept(a) for a in arrays]
                 out.append(GlobalRead(name, fn.__qualname__, loc, holder, value, arrays, copies))
-    return tuple(out)
+    return tuple(out), stored
 
 
 def changed_read(reads: tuple[GlobalRead, ...]) -> GlobalRead | None:
@@ -165,3 +177,71 @@ def changed_read(reads: tuple[GlobalRead, ...]) -> GlobalRead | None:
         if read.changed():
             return read
     return None
+
+
+@dataclass(eq=False)
+class HeldState:
+    """What one global or closure name held before a traced function ran, one level deep: the
+    value, and a shallow copy of a dict's items, a list's items or an object's attributes."""
+
+    holder: Any
+    name: str
+    value: Any
+    contents: Any
+
+    def restore(self, traced: Callable[[Any], bool]) -> None:
+        """Put back what was there if a traced value was stored in it (the name, or one of the
+        value's items or attributes)."""
+        if isinstance(self.holder, dict):
+            if traced(self.holder.get(self.name)):
+                self.holder[self.name] = self.value
+        elif traced(_cell_value(self.holder)):
+            self.holder.cell_contents = self.value
+        value, contents = self.value, self.contents
+        if isinstance(value, dict) and any(map(traced, value.values())):
+            value.clear()
+            value.update(contents)
+        elif isinstance(value, list) and any(map(traced, value)):
+            value[:] = contents
+        elif contents is not None and not isinstance(value, (dict, list)) and any(map(traced, vars(value).values())):
+            vars(value).clear()
+            vars(value).update(contents)
+
+
+def _cell_value(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:
+        return _MISSING
+
+
+def held_state(fn: types.FunctionType) -> list[HeldState]:
+    """HeldState of the global and closure names ``fn`` reads that hold a dict, a list or an
+    object of ``fn``'s module (taken before it runs while traced)."""
+    out = []
+    namespace, module = fn.__globals__, fn.__module__
+    places: list[tuple[Any, str, Any]] = [
+        (namespace, name, namespace[name]) for name in _names_read(fn.__code__) if name in namespace
+    ]
+    for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
+        value = _cell_value(cell)
+        if value is not _MISSING:
+            places.append((cell, name, value))
+    for holder, name, value in places:
+        if isinstance(value, dict):
+            out.append(HeldState(holder, name, value, dict(value)))
+        elif isinstance(value, list):
+            out.append(HeldState(holder, name, value, list(value)))
+        elif type(value).__module__ == module and isinstance(_attributes(value), dict):
+            out.append(HeldState(holder, name, value, dict(vars(value))))
+        else:
+            out.append(HeldState(holder, name, value, None))
+    return out
+
+
+def _attributes(value: Any) -> Any:
+    """``value.__dict__``, or None (an object whose attribute access raises: a lazy proxy)."""
+    try:
+        return getattr(value, "__dict__", None)
+    except Exception:
+        return None

@@ -632,7 +632,7 @@ def call(_gc_fn: Callable, /, *args: Any, **kwargs: Any) -> Any:
     if replacement is not None:  # a scipy function graphc implements (frontend/scipy_table.py)
         return replacement(*args, **kwargs)
     converted = convert(_gc_fn)
-    if converted is not _gc_fn:  # a user function: the trace reads its globals (core/captured.py)
+    if converted is not _gc_fn or _unconverted(_gc_fn):  # a user function: its globals are read (core/captured.py)
         ctx.read_function(_gc_fn)
     try:
         return converted(*args, **kwargs)
@@ -641,6 +641,12 @@ def call(_gc_fn: Callable, /, *args: Any, **kwargs: Any) -> Any:
         if error is None:
             raise
         raise error from exc
+
+
+def _unconverted(fn: Any) -> bool:
+    """A user function traced without the source transform (``global`` statements, no source)."""
+    code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+    return code is not None and autograph.unconverted_reason(code) is not None
 
 
 def _redirect_deep(x: Any) -> Any:

@@ -225,10 +225,8 @@ def trace(fn: Callable, *args: Any, **kwargs: Any) -> Graph:
         t._weak = isinstance(leaf, WeakScalar)
     placed = traced_random.wrap_inputs(leaves, tracers)  # Generators: TracedGenerator
     targs, tkwargs = unflatten(in_tree, placed)
-    converted = convert(fn)
-    if converted is not fn:  # a user function: the trace reads its globals (core/captured.py)
-        ctx.read_function(fn)
-    fn = converted
+    ctx.read_function(fn)  # the trace reads its globals (core/captured.py)
+    fn = convert(fn)
     einops_backend.register_if_imported()  # einops on Tracers, when the program uses einops
     stack = context_stack()
     stack.append(ctx)
@@ -259,8 +257,28 @@ def trace(fn: Callable, *args: Any, **kwargs: Any) -> Graph:
     tag_parts(ctx.nodes)
     graph = Graph(ctx.name, ctx.inputs, ctx.nodes, outputs, in_tree, out_tree)
     graph.written_inputs = _written_inputs(placed, ctx.inputs, where)
-    graph.global_reads = global_reads((f, definition_location(f)) for f in ctx.functions.values())
+    graph.global_reads = _global_reads(ctx, name)
     return graph
+
+
+def _global_reads(ctx: TraceContext, name: str) -> tuple:
+    """Graph.global_reads of the functions the trace converted; a TraceError if one of their
+    globals or closure variables now holds a traced value: numpy would keep the new value there
+    for the next call, the compiled function cannot store it."""
+    converted = ((f, definition_location(f)) for f in ctx.functions.values())
+    reads, stored = global_reads(converted, lambda x: isinstance(x, Tracer))
+    if stored:
+        for before in ctx.held_before:
+            before.restore(lambda x: isinstance(x, Tracer))
+        function, loc, held = stored[0]
+        raise TraceError(
+            f"{function} stores a traced value in the global or closure variable {held!r} (an item, an "
+            f"attribute or itself): graphc cannot store it there after each call as numpy would, so every "
+            f"call would read its first value. Pass {held} as an argument to the function you compile (graphc "
+            f"writes back what is stored into objects passed as arguments) or return the new value",
+            loc,
+        )
+    return reads
 
 
 def _written_inputs(placed: list[Any], inputs: list[Value], where: SourceLoc | None) -> tuple:

@@ -20,6 +20,7 @@ from typing import Any, cast
 import numpy as np
 
 from graphc.core import dtypes, pytree
+from graphc.core.captured import HeldState, held_state
 from graphc.core.errors import ShapeError, SourceLoc, TraceError, numpy_error
 from graphc.core.ir import Node, TensorType, Value, clone_region
 from graphc.frontend.autograph import unconverted_reason
@@ -75,13 +76,19 @@ class TraceContext:
         # the user functions converted while tracing, by id of their code: their global and closure
         # names are read at the trace's end (core/captured.py)
         self.functions: dict[int, Any] = {}
+        self.held_before: list[HeldState] = []  # what their globals held before they ran (captured.py)
 
     def read_function(self, fn: Any) -> None:
         """``fn`` (a user function being traced) reads its globals and closure: remember it."""
         root = self.root()
+        while isinstance(fn, functools.partial):
+            fn = fn.func
         func = getattr(fn, "__func__", fn)
-        if isinstance(func, types.FunctionType):
-            root.functions.setdefault(id(func), func)
+        if not isinstance(func, (types.FunctionType, type)):  # a callable object: its class's __call__
+            func = inspect.getattr_static(type(func), "__call__", None)
+        if isinstance(func, types.FunctionType) and id(func) not in root.functions:
+            root.functions[id(func)] = func
+            root.held_before.extend(held_state(func))  # (to undo a traced value stored there)
 
     def root(self) -> TraceContext:
         """The outermost trace (the function's, not a branch's or a loop body's)."""

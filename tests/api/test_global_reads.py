@@ -153,3 +153,59 @@ def test_a_large_global_changed_is_refused():
             f(np.ones((2, 200)))
     finally:
         BIG[...] = saved
+
+
+momentum = {"m": np.zeros(3)}
+G = np.zeros(3)
+
+
+class Box:
+    pass
+
+
+BOX = Box()
+BOX.m = np.zeros(3)
+
+
+def into_dict(g):  # <- into_dict
+    momentum["m"] = 0.9 * momentum["m"] + g
+    return momentum["m"]
+
+
+def into_object(g):
+    BOX.m = 0.9 * BOX.m + g
+    return BOX.m
+
+
+def rebinds_global(g):  # (a global statement: traced without the source transform)
+    global G
+    G = G + g
+    return G
+
+
+@pytest.mark.parametrize("fn, name", [(into_dict, "momentum"), (into_object, "BOX"), (rebinds_global, "G")])
+def test_a_traced_value_stored_in_a_global_is_refused_and_put_back(fn, name):
+    """numpy keeps the new value for the next call (1, 1.9, 2.71, ...); the compiled function
+    returned the first call's value every time and left a traced value in the global."""
+    before = {"momentum": momentum["m"], "BOX": BOX.m, "G": G}[name]
+    with pytest.raises(graphc.TraceError, match=rf"stores a traced value in the global or closure variable '{name}'"):
+        graphc.jit(fn)(np.ones(3))
+    now = {"momentum": momentum["m"], "BOX": BOX.m, "G": G}[name]
+    assert now is before  # (no traced value left there)
+
+
+def scaled_by_table(x, k):
+    return x * TABLE[k]
+
+
+def test_static_arguments_keep_the_check():
+    f = graphc.jit(scaled_by_table, static_argnames=("k",))
+    x = np.ones(3)
+    assert np.array_equal(f(x, 0), scaled_by_table(x, 0))
+    saved = TABLE[0]
+    TABLE[0] = 4.0
+    try:
+        with pytest.raises(graphc.TraceError, match="scaled_by_table reads the global TABLE"):
+            f(x, 0)
+    finally:
+        TABLE[0] = saved
