@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from graphc.core.buffers import unaliased, written_overlap
+from graphc.core.buffers import foreign_semantics, unaliased, written_overlap
 from graphc.core.captured import changed_read
 from graphc.core.errors import (
     NUMPY_ERRORS,
@@ -40,6 +40,9 @@ def bind_arguments(graph: Graph, args: tuple, kwargs: dict, keep: type | tuple[t
     for leaf, value in zip(leaves, graph.inputs):
         if isinstance(leaf, ArraySpec) and not hasattr(leaf, "__array__"):  # a ShardedArray has data
             raise EvaluationError(f"graph @{graph.name}: input %{value.name} is an ArraySpec; evaluation needs data")
+        foreign = foreign_semantics(leaf)
+        if foreign is not None:
+            raise EvaluationError(f"graph @{graph.name}: input %{value.name} is {foreign}")
         arr: Any = leaf if keep and isinstance(leaf, keep) else np.asarray(leaf)
         if tuple(arr.shape) != value.type.shape or np.dtype(arr.dtype) != value.type.dtype:
             raise EvaluationError(

@@ -66,3 +66,20 @@ def written_overlap(arrays: Sequence[Any], written: Sequence[int]) -> tuple[int,
             if j != i and np.shares_memory(arrays[i], arrays[j]):
                 return i, j
     return None
+
+
+def foreign_semantics(x: Any) -> str | None:
+    """Why graphc cannot compute with ``x`` as numpy would, for the ndarray subclasses whose
+    operators mean something else (wrong29: ``np.matrix``'s ``*`` is a matrix product, a masked
+    array's ``sum`` skips its masked items; graphc computed elementwise on all items); None for
+    every other value (cheap: one type check for a plain ndarray)."""
+    if type(x) is np.ndarray or not isinstance(x, np.ndarray):
+        return None
+    if isinstance(x, np.matrix):
+        return "a numpy.matrix, whose * and ** are matrix products; pass np.asarray(...) and use @"
+    if isinstance(x, np.ma.MaskedArray):
+        return (
+            "a numpy masked array, whose operations skip its masked items; pass np.ma.filled(x, value) "
+            "(or its .data and its mask as two arrays)"
+        )
+    return None

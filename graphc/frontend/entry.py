@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from graphc.core import dtypes
+from graphc.core.buffers import foreign_semantics
 from graphc.core.captured import global_reads
 from graphc.core.collector import collector_paused
 from graphc.core.errors import GraphcWarning, ShapeError, SourceLoc, TraceError, numpy_error
@@ -176,6 +177,9 @@ def _input_names(fn: Callable, args: tuple, kwargs: dict) -> list[str]:
 
 
 def _input_type(leaf: Any, name: str) -> TensorType:
+    foreign = foreign_semantics(leaf)
+    if foreign is not None:
+        raise TraceError(f"argument {name} is {foreign}")
     if isinstance(leaf, ArraySpec):
         shape, dt = leaf.shape, leaf.dtype
     else:

@@ -20,6 +20,7 @@ from typing import Any, cast
 import numpy as np
 
 from graphc.core import dtypes, pytree
+from graphc.core.buffers import foreign_semantics
 from graphc.core.captured import HeldState, held_state
 from graphc.core.errors import ShapeError, SourceLoc, TraceError, numpy_error
 from graphc.core.ir import Node, TensorType, Value, clone_region
@@ -208,6 +209,9 @@ def lift(x: Any, dtype: np.dtype | None = None) -> Tracer:
     if ctx is None:
         raise RuntimeError("graphc: no active trace")
     if isinstance(x, np.ndarray):
+        foreign = foreign_semantics(x)
+        if foreign is not None:
+            raise TraceError(f"this array is {foreign}", user_location())
         arr = x if dtype is None or x.dtype == dtype else x.astype(dtype)
     else:
         if isinstance(x, (list, tuple)) and contains_tracer(x):
