@@ -72,9 +72,10 @@ def check_global_reads(graph: Graph) -> None:
         return
     where = "global" if isinstance(read.holder, dict) else "closure variable"
     raise TraceError(
-        f"{read.function} reads the {where} {read.name}, whose arrays changed since graphc compiled their values "
-        f"into this function as constants (as jax.jit does); numpy would read the new values. Pass {read.name} "
-        "as an argument (or hold it on an object passed as one) to read it at every call",
+        f"{read.function} reads the {where} {read.name}, whose value changed since graphc compiled it into this "
+        f"function (as jax.jit does: arrays as constants, numbers and functions as traced then); numpy would "
+        f"read the new value. Pass {read.name} as an argument (or hold it on an object passed as one) to read it "
+        "at every call",
         read.loc,
     )
 

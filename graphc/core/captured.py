@@ -18,6 +18,7 @@ and functions the trace does not see being called (passed to ``map``, called by 
 
 from __future__ import annotations
 
+import dis
 import functools
 import types
 import zlib
@@ -28,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from graphc.core.errors import SourceLoc
-from graphc.core.pytree import flatten
+from graphc.core.pytree import LEAF, STATIC_TYPES, flatten
 
 _MISSING = object()
 _NOT_HOLDERS = (
@@ -53,6 +54,7 @@ class GlobalRead:
     value: Any
     arrays: list[np.ndarray]
     copies: list[np.ndarray | _Checksum]
+    tree: Any = None  # the value's TreeDef (its static values: a float, a config's fields); None: by identity
 
     def current(self) -> Any:
         if isinstance(self.holder, dict):
@@ -64,8 +66,16 @@ class GlobalRead:
 
     def changed(self) -> bool:
         now = self.current()
-        arrays = self.arrays if now is self.value and type(now) is np.ndarray else _arrays_of(now, None)
-        if arrays is None or len(arrays) != len(self.copies):
+        if self.tree is None:  # (a module, a function, an object of a library: rebound or not)
+            return now is not self.value
+        if now is self.value and type(now) is np.ndarray:
+            arrays = self.arrays
+        else:
+            held = _contents(now, None, None)
+            if held is None or held[1] != self.tree:
+                return True
+            arrays = held[0]
+        if len(arrays) != len(self.copies):
             return True
         return not all(map(_same_values, arrays, self.copies))
 
@@ -107,28 +117,31 @@ def _same_values(a: np.ndarray, kept: np.ndarray | _Checksum) -> bool:
     return bool(np.array_equal(a, kept, equal_nan=a.dtype.kind in "fc"))
 
 
-def _arrays_of(value: Any, module: str | None, traced: Callable[[Any], bool] | None = None) -> list[Any] | None:
-    """The ndarrays ``value`` holds (itself; the leaves of a dict, list, tuple or, when ``module``
-    is None or is the object's class's module, an object), and the values ``traced`` says are
-    traced; None when it holds none."""
+def _contents(value: Any, module: str | None, traced: Callable[[Any], bool] | None) -> tuple[list, Any] | None:
+    """The array leaves ``value`` holds (ndarrays and numpy scalars, as arrays; the values
+    ``traced`` says are traced) and its TreeDef, for an array, a number, a dict, list or tuple and,
+    when ``module`` is None or is the object's class's module, an object; None for anything else
+    (compared by identity)."""
     if type(value) is np.ndarray or (traced is not None and traced(value)):
-        return [value]
-    if not isinstance(value, (dict, list, tuple)):
+        return [value], LEAF
+    if not isinstance(value, (dict, list, tuple)) and not isinstance(value, STATIC_TYPES + (np.generic,)):
         if value is _MISSING or isinstance(value, _NOT_HOLDERS):
             return None
         if _attributes(value) is None or (module is not None and type(value).__module__ != module):
             return None
     try:
-        leaves, _ = flatten(value, is_leaf=traced)
+        leaves, tree = flatten(value, is_leaf=traced)
     except Exception:  # (not looked into: a class with only __slots__, an object that raises)
         return None
-    arrays = [x for x in leaves if type(x) is np.ndarray or (traced is not None and traced(x))]
-    return arrays or None
+    return [x if type(x) is np.ndarray or (traced is not None and traced(x)) else np.asarray(x) for x in leaves], tree
+
+
+_GLOBAL_OPS = {"LOAD_GLOBAL", "STORE_GLOBAL", "DELETE_GLOBAL", "LOAD_NAME"}
 
 
 def _names_read(code: types.CodeType) -> set[str]:
-    """The global names ``code`` and the functions nested in it read."""
-    names = set(code.co_names)
+    """The global names ``code`` and the functions nested in it read (not its attribute names)."""
+    names = {ins.argval for ins in dis.get_instructions(code) if ins.opname in _GLOBAL_OPS}
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             names |= _names_read(const)
@@ -162,12 +175,16 @@ def global_reads(
             if (id(holder), name) in seen:
                 continue
             seen.add((id(holder), name))
-            arrays = _arrays_of(value, module, traced)
-            if arrays and any(map(traced, arrays)):
+            held = _contents(value, module, traced)
+            if held is None and isinstance(value, types.ModuleType):
+                continue  # (``np`` rebound: not a thing programs do)
+            if held is None:
+                out.append(GlobalRead(name, fn.__qualname__, loc, holder, value, [], []))
+            elif any(map(traced, held[0])):
                 stored.append((fn.__qualname__, loc, name))
-            elif arrays:
-                copies = [_kept(a) for a in arrays]
-                out.append(GlobalRead(name, fn.__qualname__, loc, holder, value, arrays, copies))
+            else:
+                copies = [_kept(a) for a in held[0]]
+                out.append(GlobalRead(name, fn.__qualname__, loc, holder, value, held[0], copies, held[1]))
     return tuple(out), stored
 
 

@@ -70,7 +70,7 @@ def test_globals_updated_in_place_between_calls_are_refused(how):
             np.testing.assert_allclose(run(f, x, h), rnn_step(x, h), rtol=1e-12, atol=1e-15)
         for p in (Wxh, Whh):  # min-char-rnn's update
             p += -0.1 * np.ones_like(p)
-        with pytest.raises(graphc.TraceError, match=r"rnn_step reads the global Whh, whose arrays changed") as err:
+        with pytest.raises(graphc.TraceError, match=r"rnn_step reads the global Whh, whose value changed") as err:
             run(f, x, h)
         assert err.value.lineno == line_of("# <- rnn_step")
         np.testing.assert_allclose(run(compiled(rnn_step, how), x, h), rnn_step(x, h), rtol=1e-12, atol=1e-15)
@@ -209,3 +209,53 @@ def test_static_arguments_keep_the_check():
             f(x, 0)
     finally:
         TABLE[0] = saved
+
+
+TEMPERATURE = 0.8
+
+
+class Config:
+    def __init__(self):
+        self.top_k = 2
+
+
+CONFIG = Config()
+
+
+def scale(x):
+    return x * 2.0
+
+
+def sample_logits(x):
+    return scale(x) / TEMPERATURE + CONFIG.top_k
+
+
+def test_a_global_number_a_config_field_and_a_redefined_helper_changed_are_refused():
+    """numpy reads them at every call (a temperature schedule, a config edited, a helper redefined
+    in a notebook); graphc traced their first values and kept them silently."""
+    global TEMPERATURE, scale
+    x = np.ones(3)
+    f = graphc.jit(sample_logits)
+    assert np.array_equal(f(x), sample_logits(x))
+    saved = TEMPERATURE, scale
+    try:
+        TEMPERATURE = float("0.8")  # an equal number: nothing changed for numpy
+        assert np.array_equal(f(x), sample_logits(x))
+        TEMPERATURE = 0.5
+        with pytest.raises(graphc.TraceError, match="sample_logits reads the global TEMPERATURE, whose value changed"):
+            f(x)
+        TEMPERATURE = saved[0]
+        CONFIG.top_k = 3
+        with pytest.raises(graphc.TraceError, match="reads the global CONFIG"):
+            f(x)
+        CONFIG.top_k = 2
+
+        def scale(x):  # noqa: F811  (redefined, as in a notebook)
+            return x * 3.0
+
+        with pytest.raises(graphc.TraceError, match="reads the global scale"):
+            f(x)
+    finally:
+        TEMPERATURE, scale = saved
+        CONFIG.top_k = 2
+    assert np.array_equal(f(x), sample_logits(x))
