@@ -205,6 +205,21 @@ class HeldState:
     name: str
     value: Any
     contents: Any
+    rng_state: Any = None  # a numpy Generator's or RandomState's state
+
+    def drew(self) -> bool:
+        """The value is a numpy random generator that was drawn from since (by numpy, at the trace:
+        numbers a graph would keep as constants); its state is put back."""
+        if self.rng_state is None:
+            return False
+        now = _rng_state(self.value)
+        if _same_state(now, self.rng_state):
+            return False
+        if isinstance(self.value, np.random.Generator):
+            self.value.bit_generator.state = self.rng_state
+        else:
+            self.value.set_state(self.rng_state)
+        return True
 
     def restore(self, traced: Callable[[Any], bool]) -> None:
         """Put back what was there if a traced value was stored in it (the name, or one of the
@@ -251,9 +266,25 @@ def held_state(fn: types.FunctionType) -> list[HeldState]:
             out.append(HeldState(holder, name, value, list(value)))
         elif type(value).__module__ == module and isinstance(_attributes(value), dict):
             out.append(HeldState(holder, name, value, dict(vars(value))))
+        elif isinstance(value, (np.random.Generator, np.random.RandomState)):
+            out.append(HeldState(holder, name, value, None, _rng_state(value)))
         else:
             out.append(HeldState(holder, name, value, None))
     return out
+
+
+def _rng_state(value: Any) -> Any:
+    if isinstance(value, np.random.Generator):
+        return value.bit_generator.state
+    return value.get_state(legacy=False)
+
+
+def _same_state(a: Any, b: Any) -> bool:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same_state(a[k], b[k]) for k in a)
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return bool(np.array_equal(a, b))
+    return bool(a == b)
 
 
 def _attributes(value: Any) -> Any:

@@ -271,6 +271,7 @@ def _global_reads(ctx: TraceContext, name: str) -> tuple:
     for the next call, the compiled function cannot store it."""
     converted = ((f, definition_location(f)) for f in ctx.functions.values())
     reads, stored = global_reads(converted, lambda x: isinstance(x, Tracer))
+    drawn = [before for before in ctx.held_before if before.drew()]  # (each put back)
     if stored:
         for before in ctx.held_before:
             before.restore(lambda x: isinstance(x, Tracer))
@@ -281,6 +282,13 @@ def _global_reads(ctx: TraceContext, name: str) -> tuple:
             f"call would read its first value. Pass {held} as an argument to the function you compile (graphc "
             f"writes back what is stored into objects passed as arguments) or return the new value",
             loc,
+        )
+    if drawn:
+        raise TraceError(
+            f"{name} draws from the numpy random generator {drawn[0].name!r} it reads from a global or closure: "
+            "numpy's own object, whose numbers graphc would compile as constants, the same at every call. Pass it "
+            "as an argument (graphc then draws new numbers at every call; docs/random.md)",
+            definition_location(next(iter(ctx.functions.values()))) if ctx.functions else None,
         )
     return reads
 

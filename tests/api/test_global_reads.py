@@ -259,3 +259,20 @@ def test_a_global_number_a_config_field_and_a_redefined_helper_changed_are_refus
         TEMPERATURE, scale = saved
         CONFIG.top_k = 2
     assert np.array_equal(f(x), sample_logits(x))
+
+
+DROPOUT_RNG = np.random.default_rng(0)
+
+
+def dropout_from_global(x):  # <- dropout_from_global
+    return x * (DROPOUT_RNG.random(x.shape) > 0.5)
+
+
+def test_draws_from_a_global_generator_are_refused_and_its_state_put_back():
+    """numpy draws a new mask at every call; graphc ran the Generator's C methods once, at the
+    trace, and compiled that mask as a constant: the same mask at every call, silently."""
+    before = DROPOUT_RNG.bit_generator.state
+    with pytest.raises(graphc.TraceError, match="draws from the numpy random generator 'DROPOUT_RNG'") as err:
+        graphc.jit(dropout_from_global)(np.ones(6))
+    assert err.value.lineno == line_of("# <- dropout_from_global")
+    assert DROPOUT_RNG.bit_generator.state == before  # (the trace's draws undone)
