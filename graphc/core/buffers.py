@@ -72,14 +72,15 @@ def foreign_semantics(x: Any) -> str | None:
     """Why graphc cannot compute with ``x`` as numpy would, for the ndarray subclasses whose
     operators mean something else (wrong29: ``np.matrix``'s ``*`` is a matrix product, a masked
     array's ``sum`` skips its masked items; graphc computed elementwise on all items); None for
-    every other value (cheap: one type check for a plain ndarray)."""
+    every other value (cheap: one type check for a plain ndarray), a masked array with nothing
+    masked included (its values are its data's)."""
     if type(x) is np.ndarray or not isinstance(x, np.ndarray):
         return None
     if isinstance(x, np.matrix):
         return "a numpy.matrix, whose * and ** are matrix products; pass np.asarray(...) and use @"
-    if isinstance(x, np.ma.MaskedArray):
+    if isinstance(x, np.ma.MaskedArray) and np.ma.getmask(x) is not np.ma.nomask and bool(np.ma.getmask(x).any()):
         return (
-            "a numpy masked array, whose operations skip its masked items; pass np.ma.filled(x, value) "
+            "a numpy masked array with masked items, which its operations skip; pass np.ma.filled(x, value) "
             "(or its .data and its mask as two arrays)"
         )
     return None

@@ -149,12 +149,15 @@ def _names_read(code: types.CodeType) -> set[str]:
 
 
 def global_reads(
-    functions: Iterable[tuple[types.FunctionType, SourceLoc | None]], traced: Callable[[Any], bool]
+    functions: Iterable[tuple[types.FunctionType, SourceLoc | None]],
+    traced: Callable[[Any], bool],
+    written: frozenset[tuple[int, str]] = frozenset(),
 ) -> tuple[tuple[GlobalRead, ...], list[tuple[str, SourceLoc | None, str]]]:
     """What the global and closure names of ``functions`` (each with where it is defined) hold
     that is an array or holds arrays, once per name and holder; and (function, where, name) for
     each that now holds a value ``traced`` says is traced (stored there while tracing:
-    ``state["m"] = 0.9 * state["m"] + g`` on a global dict), which no call can write back."""
+    ``state["m"] = 0.9 * state["m"] + g`` on a global dict), which no call can write back.
+    ``written``: the (id of holder, name) places the trace changed, not compared."""
     out: list[GlobalRead] = []
     stored: list[tuple[str, SourceLoc | None, str]] = []
     seen: set[tuple[int, str]] = set()
@@ -176,6 +179,8 @@ def global_reads(
                 continue
             seen.add((id(holder), name))
             held = _contents(value, module, traced)
+            if (id(holder), name) in written and not (held is not None and any(map(traced, held[0]))):
+                continue  # (side-effect state the function wrote: HeldState.modified)
             if held is None and isinstance(value, types.ModuleType):
                 continue  # (``np`` rebound: not a thing programs do)
             if held is None:
@@ -206,6 +211,24 @@ class HeldState:
     value: Any
     contents: Any
     rng_state: Any = None  # a numpy Generator's or RandomState's state
+
+    def modified(self) -> bool:
+        """The traced function changed what the name holds (``calls.append(1)``, ``stats["n"] +=
+        1``, ``global n; n += 1``): state it writes as a side effect, which numpy would change at
+        every call and graphc changes once, at the trace; not compared after (a trace counter would
+        refuse every call)."""
+        now = self.holder.get(self.name, _MISSING) if isinstance(self.holder, dict) else _cell_value(self.holder)
+        if now is not self.value:
+            return True
+        value, contents = self.value, self.contents
+        if isinstance(value, dict):
+            return value.keys() != contents.keys() or any(value[k] is not contents[k] for k in value)
+        if isinstance(value, list):
+            return len(value) != len(contents) or any(a is not b for a, b in zip(value, contents))
+        if contents is not None:
+            now_attrs = _attributes(value) or {}
+            return now_attrs.keys() != contents.keys() or any(now_attrs[k] is not contents[k] for k in now_attrs)
+        return False
 
     def drew(self) -> bool:
         """The value is a numpy random generator that was drawn from since (by numpy, at the trace:

@@ -270,7 +270,8 @@ def _global_reads(ctx: TraceContext, name: str) -> tuple:
     globals or closure variables now holds a traced value: numpy would keep the new value there
     for the next call, the compiled function cannot store it."""
     converted = ((f, definition_location(f)) for f in ctx.functions.values())
-    reads, stored = global_reads(converted, lambda x: isinstance(x, Tracer))
+    written = frozenset((id(h.holder), h.name) for h in ctx.held_before if h.modified())
+    reads, stored = global_reads(converted, lambda x: isinstance(x, Tracer), written)
     drawn = [before for before in ctx.held_before if before.drew()]  # (each put back)
     if stored:
         for before in ctx.held_before:
