@@ -256,6 +256,11 @@ def trace(fn: Callable, *args: Any, **kwargs: Any) -> Graph:
             _warn_unsaved_writes(name, names, placed, list(ctx.inputs), writes, outputs, where)
             if writes:
                 out_tree = _with_state(fn, ctx, writes, out_tree, outputs, where)
+    except BaseException:  # (a failed trace leaves no traced value or draw in the user's globals)
+        for before in ctx.held_before:
+            before.restore(lambda x: isinstance(x, Tracer))
+            before.drew()
+        raise
     finally:
         stack.pop()
     tag_parts(ctx.nodes)

@@ -276,3 +276,15 @@ def test_draws_from_a_global_generator_are_refused_and_its_state_put_back():
         graphc.jit(dropout_from_global)(np.ones(6))
     assert err.value.lineno == line_of("# <- dropout_from_global")
     assert DROPOUT_RNG.bit_generator.state == before  # (the trace's draws undone)
+
+
+def stores_then_fails(g):
+    momentum["m"] = momentum["m"] + g
+    return g.reshape(7)  # (a shape error: the trace fails)
+
+
+def test_a_failed_trace_leaves_no_traced_value_in_a_global():
+    before = momentum["m"]
+    with pytest.raises(graphc.TraceError):
+        graphc.jit(stores_then_fails)(np.ones(3))
+    assert momentum["m"] is before
