@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dis
 import functools
+import inspect
 import types
 import zlib
 from collections.abc import Callable, Iterable
@@ -268,6 +269,17 @@ def _cell_value(cell: Any) -> Any:
         return cell.cell_contents
     except ValueError:
         return _MISSING
+
+
+def function_of(fn: Any) -> types.FunctionType | None:
+    """The Python function a call of ``fn`` runs: itself, a method's or a partial's function, or a
+    callable object's class's ``__call__``; None for anything else."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    fn = getattr(fn, "__func__", fn)
+    if not isinstance(fn, (types.FunctionType, type)):
+        fn = inspect.getattr_static(type(fn), "__call__", None)
+    return fn if isinstance(fn, types.FunctionType) else None
 
 
 def held_state(fn: types.FunctionType) -> list[HeldState]:

@@ -13,7 +13,6 @@ import functools
 import inspect
 import itertools
 import threading
-import types
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -21,7 +20,7 @@ import numpy as np
 
 from graphc.core import dtypes, pytree
 from graphc.core.buffers import foreign_semantics
-from graphc.core.captured import HeldState, held_state
+from graphc.core.captured import HeldState, function_of, held_state
 from graphc.core.errors import ShapeError, SourceLoc, TraceError, numpy_error
 from graphc.core.ir import Node, TensorType, Value, clone_region
 from graphc.frontend.autograph import unconverted_reason
@@ -74,22 +73,17 @@ class TraceContext:
         # a region's write log: arrays from outside it written in place, id -> (array, its context and value
         # before the first write); control.py makes their new values outputs of the region and restores them
         self.written: dict[int, tuple[Tracer, TraceContext, Value]] = {}
-        # the user functions converted while tracing, by id of their code: their global and closure
-        # names are read at the trace's end (core/captured.py)
+        # the user functions traced, by id: their globals are read at the trace's end (core/captured.py)
         self.functions: dict[int, Any] = {}
         self.held_before: list[HeldState] = []  # what their globals held before they ran (captured.py)
 
     def read_function(self, fn: Any) -> None:
-        """``fn`` (a user function being traced) reads its globals and closure: remember it."""
-        root = self.root()
-        while isinstance(fn, functools.partial):
-            fn = fn.func
-        func = getattr(fn, "__func__", fn)
-        if not isinstance(func, (types.FunctionType, type)):  # a callable object: its class's __call__
-            func = inspect.getattr_static(type(func), "__call__", None)
-        if isinstance(func, types.FunctionType) and id(func) not in root.functions:
+        """``fn`` (a user function being traced) reads its globals and closure: remember it, and
+        what they hold before it runs (to put back a traced value stored there)."""
+        root, func = self.root(), function_of(fn)
+        if func is not None and id(func) not in root.functions:
             root.functions[id(func)] = func
-            root.held_before.extend(held_state(func))  # (to undo a traced value stored there)
+            root.held_before.extend(held_state(func))
 
     def root(self) -> TraceContext:
         """The outermost trace (the function's, not a branch's or a loop body's)."""
