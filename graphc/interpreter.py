@@ -7,12 +7,22 @@ float32 and rounds each result (graphc/ops/precision.py).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from graphc.core.buffers import unaliased
-from graphc.core.errors import NUMPY_ERRORS, EvaluationError, GraphcError, NumpyError, note_where, numpy_error
+from graphc.core.buffers import foreign_semantics, unaliased, written_overlap
+from graphc.core.captured import changed_read
+from graphc.core.errors import (
+    NUMPY_ERRORS,
+    EvaluationError,
+    GraphcError,
+    NumpyError,
+    TraceError,
+    note_where,
+    numpy_error,
+)
 from graphc.core.ir import Graph, Region, Value
 from graphc.core.pytree import ArraySpec, flatten_as, unflatten
 from graphc.ops import precision
@@ -30,6 +40,9 @@ def bind_arguments(graph: Graph, args: tuple, kwargs: dict, keep: type | tuple[t
     for leaf, value in zip(leaves, graph.inputs):
         if isinstance(leaf, ArraySpec) and not hasattr(leaf, "__array__"):  # a ShardedArray has data
             raise EvaluationError(f"graph @{graph.name}: input %{value.name} is an ArraySpec; evaluation needs data")
+        foreign = foreign_semantics(leaf)
+        if foreign is not None:
+            raise EvaluationError(f"graph @{graph.name}: input %{value.name} is {foreign}")
         arr: Any = leaf if keep and isinstance(leaf, keep) else np.asarray(leaf)
         if tuple(arr.shape) != value.type.shape or np.dtype(arr.dtype) != value.type.dtype:
             raise EvaluationError(
@@ -37,7 +50,57 @@ def bind_arguments(graph: Graph, args: tuple, kwargs: dict, keep: type | tuple[t
                 f"got array of shape {arr.shape} and dtype {arr.dtype}"
             )
         arrays.append(arr)
+    check_call(graph, arrays)
     return arrays
+
+
+def check_call(graph: Graph, arrays: Sequence[Any]) -> None:
+    """Refuse a call of ``graph`` (``arrays``: its inputs) that it would answer unlike numpy:
+    arguments overlapping an array it writes in place, globals it compiled that changed since."""
+    if graph.written_inputs:
+        check_written_unaliased(graph, arrays)
+    if graph.global_reads:
+        check_global_reads(graph)
+
+
+def check_global_reads(graph: Graph) -> None:
+    """Refuse a call after an array the traced functions read from their globals or closures
+    (``graph.global_reads``, compiled as constants) changed: numpy would read its new values. A
+    TraceError at the function that reads it."""
+    read = changed_read(graph.global_reads)
+    if read is None:
+        return
+    where = "global" if isinstance(read.holder, dict) else "closure variable"
+    raise TraceError(
+        f"{read.function} reads the {where} {read.name}, whose value changed since graphc compiled it into this "
+        f"function (as jax.jit does: arrays as constants, numbers and functions as traced then); numpy would "
+        f"read the new value. Pass {read.name} as an argument (or hold it on an object passed as one) to read it "
+        "at every call",
+        read.loc,
+    )
+
+
+def check_written_unaliased(graph: Graph, arrays: Sequence[Any]) -> None:
+    """Refuse a call whose arguments share memory with an input the function writes into in place
+    (``graph.written_inputs``): numpy would see the write through the other name (a tied weight
+    held twice, the same array passed twice, a view held beside its array), the graph reads each
+    input as it was at the call. A TraceError at the line of the write."""
+    if not graph.written_inputs:
+        return
+    hit = written_overlap(arrays, [i for i, _ in graph.written_inputs])
+    if hit is None:
+        return
+    i, j = hit
+    loc = dict(graph.written_inputs)[i]
+    a, b = graph.inputs[i].name, graph.inputs[j].name
+    same = type(arrays[i]) is np.ndarray and arrays[i] is arrays[j]
+    raise TraceError(
+        f"{graph.name} writes into {a} in place, and this call passes {b} "
+        f"{'as the same array' if same else 'over memory it shares'}: numpy would see "
+        f"the write through {b}, graphc reads each argument as it was at the call. Pass separate "
+        f"arrays (np.copy), or hold the array under one name",
+        loc,
+    )
 
 
 def last_uses(graph: Graph | Region) -> dict[int, list[Value]]:

@@ -28,7 +28,7 @@ from graphc.frontend import random as traced_random
 from graphc.frontend.entry import argument_error, on_a_copy, trace
 from graphc.frontend.promotion import promotion_message, promotions
 from graphc.frontend.tracer import current_context
-from graphc.interpreter import as_numpy_result, bind_arguments
+from graphc.interpreter import as_numpy_result, bind_arguments, check_call
 from graphc.passes.manager import optimize
 from graphc.runtime.executor import Executable
 
@@ -64,6 +64,8 @@ class Compiled:
 
     def run_flat_args(self, arrays: Sequence[np.ndarray]) -> Any:
         """Run on ndarrays that are exactly the graph's inputs (checked by the caller's cache key)."""
+        if self.graph.written_inputs or self.graph.global_reads:
+            check_call(self.graph, arrays)
         outs = self.executable.run_arrays(arrays)
         if self._one_result:
             return as_numpy_result(outs[0])
@@ -500,6 +502,8 @@ class Jitted:
                     warnings.warn(message, PromotionWarning, stacklevel=user_stacklevel())
             start = time.perf_counter()
             optimized = optimize(traced, self.passes)
+            optimized.written_inputs = traced.written_inputs  # (a pass's new graph has none)
+            optimized.global_reads = traced.global_reads
             seconds["optimize_s"] = time.perf_counter() - start
             compiled = Compiled(traced, optimized, seconds, self.split_static)
             self._cache.put(key, compiled, self.static.describe(targs, tkwargs, static))
@@ -609,6 +613,9 @@ def _entry(trees: list[TreeDef], compiled: Compiled) -> Callable[[tuple], Any]:
     for i, t in enumerate(trees):
         visit(t, f"a{i}")
     arrays = f"[{', '.join(leaves)}]"
+    if compiled.graph.written_inputs or compiled.graph.global_reads:  # (interpreter.check_call)
+        env.update(check=check_call, graph=compiled.graph)
+        lines.append(f"    check(graph, {arrays})")
     if compiled._one_result:
         lines += [f"    o = run({arrays})[0]", "    return o if o.ndim else o[()]"]
     else:

@@ -613,7 +613,8 @@ def _augmented(parent: Any, key: Any, value: Any, op: str) -> Any:
 
 
 def call(_gc_fn: Callable, /, *args: Any, **kwargs: Any) -> Any:
-    if current_context() is None:
+    ctx = current_context()
+    if ctx is None:
         return _gc_fn(*args, **kwargs)
     if shadows.any_shadows():  # numpy arrays written with traced values: their Tracers
         args = tuple(_redirect_deep(a) for a in args)
@@ -630,13 +631,22 @@ def call(_gc_fn: Callable, /, *args: Any, **kwargs: Any) -> Any:
     replacement = HANDLERS.library(_gc_fn, args, kwargs) if HANDLERS.library is not None else None
     if replacement is not None:  # a scipy function graphc implements (frontend/scipy_table.py)
         return replacement(*args, **kwargs)
+    converted = convert(_gc_fn)
+    if converted is not _gc_fn or _unconverted(_gc_fn):  # a user function: its globals are read (core/captured.py)
+        ctx.read_function(_gc_fn)
     try:
-        return convert(_gc_fn)(*args, **kwargs)
+        return converted(*args, **kwargs)
     except Exception as exc:  # a library function failing on traced arguments: a TraceError at this line
         error = library_failure(exc, args, kwargs)
         if error is None:
             raise
         raise error from exc
+
+
+def _unconverted(fn: Any) -> bool:
+    """A user function traced without the source transform (``global`` statements, no source)."""
+    code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+    return code is not None and autograph.unconverted_reason(code) is not None
 
 
 def _redirect_deep(x: Any) -> Any:

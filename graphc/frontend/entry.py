@@ -23,6 +23,8 @@ from typing import Any
 import numpy as np
 
 from graphc.core import dtypes
+from graphc.core.buffers import foreign_semantics
+from graphc.core.captured import global_reads
 from graphc.core.collector import collector_paused
 from graphc.core.errors import GraphcWarning, ShapeError, SourceLoc, TraceError, numpy_error
 from graphc.core.ir import Graph, Node, TensorType, Value
@@ -175,6 +177,9 @@ def _input_names(fn: Callable, args: tuple, kwargs: dict) -> list[str]:
 
 
 def _input_type(leaf: Any, name: str) -> TensorType:
+    foreign = foreign_semantics(leaf)
+    if foreign is not None:
+        raise TraceError(f"argument {name} is {foreign}")
     if isinstance(leaf, ArraySpec):
         shape, dt = leaf.shape, leaf.dtype
     else:
@@ -224,6 +229,7 @@ def trace(fn: Callable, *args: Any, **kwargs: Any) -> Graph:
         t._weak = isinstance(leaf, WeakScalar)
     placed = traced_random.wrap_inputs(leaves, tracers)  # Generators: TracedGenerator
     targs, tkwargs = unflatten(in_tree, placed)
+    ctx.read_function(fn)  # the trace reads its globals (core/captured.py)
     fn = convert(fn)
     einops_backend.register_if_imported()  # einops on Tracers, when the program uses einops
     stack = context_stack()
@@ -250,10 +256,58 @@ def trace(fn: Callable, *args: Any, **kwargs: Any) -> Graph:
             _warn_unsaved_writes(name, names, placed, list(ctx.inputs), writes, outputs, where)
             if writes:
                 out_tree = _with_state(fn, ctx, writes, out_tree, outputs, where)
+    except BaseException:  # (a failed trace leaves no traced value or draw in the user's globals)
+        for before in ctx.held_before:
+            before.restore(lambda x: isinstance(x, Tracer))
+            before.drew()
+        raise
     finally:
         stack.pop()
     tag_parts(ctx.nodes)
-    return Graph(ctx.name, ctx.inputs, ctx.nodes, outputs, in_tree, out_tree)
+    graph = Graph(ctx.name, ctx.inputs, ctx.nodes, outputs, in_tree, out_tree)
+    graph.written_inputs = _written_inputs(placed, ctx.inputs, where)
+    graph.global_reads = _global_reads(ctx, name)
+    return graph
+
+
+def _global_reads(ctx: TraceContext, name: str) -> tuple:
+    """Graph.global_reads of the functions the trace converted; a TraceError if one of their
+    globals or closure variables now holds a traced value: numpy would keep the new value there
+    for the next call, the compiled function cannot store it."""
+    converted = ((f, definition_location(f)) for f in ctx.functions.values())
+    written = frozenset((id(h.holder), h.name) for h in ctx.held_before if h.modified())
+    reads, stored = global_reads(converted, lambda x: isinstance(x, Tracer), written)
+    drawn = [before for before in ctx.held_before if before.drew()]  # (each put back)
+    if stored:
+        for before in ctx.held_before:
+            before.restore(lambda x: isinstance(x, Tracer))
+        function, loc, held = stored[0]
+        raise TraceError(
+            f"{function} stores a traced value in the global or closure variable {held!r} (an item, an "
+            f"attribute or itself): graphc cannot store it there after each call as numpy would, so every "
+            f"call would read its first value. Pass {held} as an argument to the function you compile (graphc "
+            f"writes back what is stored into objects passed as arguments) or return the new value",
+            loc,
+        )
+    if drawn:
+        raise TraceError(
+            f"{name} draws from the numpy random generator {drawn[0].name!r} it reads from a global or closure: "
+            "numpy's own object, whose numbers graphc would compile as constants, the same at every call. Pass it "
+            "as an argument (graphc then draws new numbers at every call; docs/random.md)",
+            definition_location(next(iter(ctx.functions.values()))) if ctx.functions else None,
+        )
+    return reads
+
+
+def _written_inputs(placed: list[Any], inputs: list[Value], where: SourceLoc | None) -> tuple:
+    """The inputs whose Tracer now holds another value (written in place: ``x[i] = v``, ``x +=
+    v``, ``out=x``, through a view), each with the line of its last write (Graph.written_inputs)."""
+    out = []
+    for i, (leaf, start) in enumerate(zip(placed, inputs)):
+        if isinstance(leaf, Tracer) and leaf._value is not start:
+            producer = leaf._value.producer
+            out.append((i, (producer.loc if producer is not None else None) or where))
+    return tuple(out)
 
 
 def on_a_copy(fn: Callable) -> Callable:

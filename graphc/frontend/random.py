@@ -55,7 +55,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from graphc.core.errors import GraphcWarning, TraceError
+from graphc.core.errors import GraphcWarning, TraceError, user_stacklevel
 from graphc.core.ir import Graph
 from graphc.core.pytree import flatten
 from graphc.frontend.tracer import Tracer, bind, current_context, lift, user_location
@@ -113,6 +113,13 @@ def call_state(gen: np.random.Generator) -> GeneratorState:
     if isinstance(gen.bit_generator, np.random.Philox):
         state = philox_state(gen)
     else:
+        warnings.warn(
+            f"a Generator on {type(gen.bit_generator).__name__} (np.random.default_rng's bit generator is PCG64) "
+            "given to a compiled function draws from a fresh Philox key each call: its numbers are not numpy's "
+            "(docs/random.md). np.random.Generator(np.random.Philox(seed)) draws numpy's numbers",
+            RandomWarning,
+            stacklevel=user_stacklevel(),
+        )
         state = np.concatenate([gen.bit_generator.random_raw(2).astype(np.uint64), np.zeros(4, np.uint64)])
     return state.view(GeneratorState)
 
@@ -447,6 +454,7 @@ def _default_rng(seed: Any = None) -> Any:
                 f"default_rng: a traced seed must be an integer scalar, got {seed.dtype}{list(seed.shape)}",
                 user_location(),
             )
+        _warn_not_numpy()
         low = np.reshape(seed.astype(np.uint64), (1,))
         return TracedGenerator(np.concatenate([low, np.zeros(5, np.uint64)]))
     if isinstance(seed, np.random.Generator):
@@ -454,8 +462,17 @@ def _default_rng(seed: Any = None) -> Any:
     value = _static_int(seed, "default_rng: seed")
     if not 0 <= value < 2**128:
         raise TraceError(f"default_rng: seed must be in [0, 2**128), got {value}", user_location())
+    _warn_not_numpy()
     state = np.array([value & (2**64 - 1), value >> 64, 0, 0, 0, 0], dtype=np.uint64)
     return TracedGenerator(lift(state))
+
+
+def _warn_not_numpy() -> None:
+    _warn(
+        "np.random.default_rng(seed) in traced code is Generator(Philox(key=seed)), not numpy's default_rng "
+        "(PCG64): its numbers are not numpy's (docs/random.md). np.random.Generator(np.random.Philox(seed)) "
+        "passed as an argument draws numpy's numbers"
+    )
 
 
 def _legacy(method: str, adapt: Callable[..., tuple[tuple, dict]]) -> Callable:

@@ -4,7 +4,10 @@ shardable through the rules of the primitives it is made of.
 
 - ``cumsum`` / ``cumprod``: a Hillis-Steele scan, ceil(log2 n) steps of ``x + shift(x, k)``
   (``shift`` pads k identities in front and drops the last k). Sums of floats are added in a
-  different order than numpy's running sum, so they agree to rounding; integer results are exact.
+  different order than numpy's running sum, so they agree to rounding (far apart in float16,
+  whose running sum numpy rounds at every step; where numpy's running sum overflows to inf, a
+  partial sum here may stay finite or meet -inf: docs/numpy_coverage.md); integer results are
+  exact.
 - ``prod``: pairwise products (the array padded with ones to a power of two, halves multiplied).
 - ``sort`` / ``argsort`` over an axis of static length n: each element's rank is the number of
   elements that sort before it (n x n comparisons), and position r of the result takes the element

@@ -19,6 +19,8 @@ from typing import Any, cast
 import numpy as np
 
 from graphc.core import dtypes, pytree
+from graphc.core.buffers import foreign_semantics
+from graphc.core.captured import HeldState, function_of, held_state
 from graphc.core.errors import ShapeError, SourceLoc, TraceError, numpy_error
 from graphc.core.ir import Node, TensorType, Value, clone_region
 from graphc.frontend.autograph import unconverted_reason
@@ -71,6 +73,17 @@ class TraceContext:
         # a region's write log: arrays from outside it written in place, id -> (array, its context and value
         # before the first write); control.py makes their new values outputs of the region and restores them
         self.written: dict[int, tuple[Tracer, TraceContext, Value]] = {}
+        # the user functions traced, by id: their globals are read at the trace's end (core/captured.py)
+        self.functions: dict[int, Any] = {}
+        self.held_before: list[HeldState] = []  # what their globals held before they ran (captured.py)
+
+    def read_function(self, fn: Any) -> None:
+        """``fn`` (a user function being traced) reads its globals and closure: remember it, and
+        what they hold before it runs (to put back a traced value stored there)."""
+        root, func = self.root(), function_of(fn)
+        if func is not None and id(func) not in root.functions:
+            root.functions[id(func)] = func
+            root.held_before.extend(held_state(func))
 
     def root(self) -> TraceContext:
         """The outermost trace (the function's, not a branch's or a loop body's)."""
@@ -190,6 +203,9 @@ def lift(x: Any, dtype: np.dtype | None = None) -> Tracer:
     if ctx is None:
         raise RuntimeError("graphc: no active trace")
     if isinstance(x, np.ndarray):
+        foreign = foreign_semantics(x)
+        if foreign is not None:
+            raise TraceError(f"this array is {foreign}", user_location())
         arr = x if dtype is None or x.dtype == dtype else x.astype(dtype)
     else:
         if isinstance(x, (list, tuple)) and contains_tracer(x):

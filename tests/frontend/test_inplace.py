@@ -409,18 +409,28 @@ def test_kv_cache_attribute_holds_the_new_value():
     k = RNG.standard_normal((2, 2, 3))
     numpy_model, graphc_model = Attention(2, 2, 6, 3), Attention(2, 2, 6, 3)
     want = numpy_model.write(1, k, 3)
-    seen = {}
+    seen = []
 
-    def fn(k, pos):
-        out = graphc_model.write(1, k, pos)
-        seen["cache"] = graphc_model.cache
-        return out, graphc_model.cache
+    def fn(model, k, pos):
+        out = model.write(1, k, pos)
+        seen.append(type(model.cache).__name__)
+        return out, model.cache
 
-    graph = graphc.trace(fn, k, np.int64(3))
-    assert type(seen["cache"]).__name__ == "Tracer"  # obj.attr holds the new value while tracing
-    got, cache = graphc.evaluate(graph, k, np.int64(3))
+    graph = graphc.trace(fn, graphc_model, k, np.int64(3))
+    assert seen == ["Tracer"]  # obj.attr holds the new value while tracing
+    got, cache = graphc.evaluate(graph, graphc_model, k, np.int64(3)).result
     assert_same(got, want)
     assert_same(cache, numpy_model.cache)
+
+    def from_closure(k, pos):  # the object not an argument: its new cache could not be stored
+        return graphc_model.write(1, k, pos)
+
+    before = graphc_model.cache
+    with pytest.raises(
+        graphc.TraceError, match="stores a traced value in the global or closure variable 'graphc_model'"
+    ):
+        graphc.trace(from_closure, k, np.int64(3))
+    assert graphc_model.cache is before  # put back
 
 
 def test_attribute_write_in_a_traced_loop_is_an_error():
@@ -522,7 +532,7 @@ def clip_gradients(dW, db, x):
 
 def test_clip_with_out_writes_every_name_of_the_array():
     db = np.array([-1.0, 0.2, 3.0])
-    got = traced(clip_gradients, X, db, X)
+    got = traced(clip_gradients, X.copy(), db, X)  # (X as dW too: refused, it is written in place)
     want = clip_gradients(X.copy(), db.copy(), X)
     for g, w in zip(got, want):
         assert_same(g, w)
