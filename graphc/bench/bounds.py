@@ -1,0 +1,345 @@
+"""How far a compiled run of a graph may be from graphc's reference interpreter, derived from the
+computation itself: a forward error analysis (Higham, *Accuracy and Stability of Numerical
+Algorithms*, ch. 3-4) run beside the reference values, node by node.
+
+A compiled run computes the graph's ops on the same rounding points as the interpreter (an op on
+bfloat16 or float16 computes in float32 and rounds each result, graphc/ops/precision.py), but
+
+* adds the K terms of a matmul, einsum, sum or scatter_add in an order of its own (BLAS blocks,
+  fused row sums, one device's share then a collective): two sums of the same K terms, each in
+  any order, are within 2 gamma_K sum|terms| of each other (gamma_K = K u / (1 - K u), u the
+  accumulator's unit roundoff; float32 for 16-bit and float32 ops, float64 for float64). What
+  counts is the sum of the terms' magnitudes, not the result: a gradient of 6e-4 summed from
+  terms up to 0.07 may move by 2 gamma_K times their |sum|, many ulps of the result;
+* computes exp / tanh / log in its fused kernels with formulas of its own (runtime/fastmath.py:
+  within 4e-7 of numpy's float32 results, relative);
+* on a mesh or in micro-batches (``Freedom``), holds a sum as partial sums, each rounded to the
+  value's dtype once more per level it passes (each device's piece, each collective of a mesh
+  axis, each micro-batch's running sum): for a 16-bit value one unit roundoff of bfloat16 times
+  the *magnitude twin* of the value per level. The magnitude twin M is the graph evaluated on
+  absolute values through its linear ops (a sum gives sum|terms|, a difference M_a + M_b, a
+  product M_a M_b, a matmul M_a @ M_b) and restarted at |y| after any other op: it bounds the sum
+  of the magnitudes of any partial sums a plan may split a value into;
+* may regroup an op's arithmetic (a pass writing x**3 as x*x*x, numpy's function against
+  graphc's decomposition of it): ``Freedom.op_eps`` units of the compute dtype's eps times |y|
+  per op.
+
+Each value gets a bound walked forward from its operands' (``reference_with_bounds``):
+
+  D = what the operands' bounds make of the op (elementwise: the op at the corners of the
+      operands' boxes x +- E, in float64, against its value at the reference operands, exact for
+      ops monotone in each operand; a selection or layout op: the op applied to the bounds; a
+      max or min over axes: its value at x - E and x + E; a sum of products: the product rule
+      sum_i op(|x_1|..|x_i-1|, E_i, |x_i+1|+E_i+1 ..))
+    + the terms above that apply to the op
+  E = how far the roundings of y - D and y + D to the value's dtype are from the rounding of y
+      (rounding is monotone): for a 16-bit value 0 where no rounding boundary lies within D of
+      y, so a value no reordered sum reaches must be the reference's bits; for a float32 or
+      float64 value D plus one ulp at |y| + D.
+
+Comparisons whose operands differ may flip (a max's argmax, a relu at 0, a loop's condition): the
+bound assumes they do not (both sides then pick values within their bounds of each other). Where
+the bound is not finite (an overflow, log of a value its bound reaches 0 with) it allows any value.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from graphc.core.dtypes import LOW_FLOATS, is_float
+from graphc.core.ir import Graph, Node, Region, Value
+from graphc.core.traits import Collective, Constant, DeviceLocal, Elementwise, Random
+
+EPS32 = float(np.finfo(np.float32).eps)
+EPS64 = float(np.finfo(np.float64).eps)
+REORDERED_SUMS = frozenset({"matmul", "einsum", "reduce_sum", "scatter_add"})
+OWN_FORMULAS = frozenset({"exp", "expm1", "tanh", "log", "log1p"})  # runtime/fastmath.py
+SELECTIONS = frozenset(
+    {"broadcast_to", "reshape", "transpose", "slice", "pad", "gather", "concatenate", "split", "dynamic_slice",
+     "dynamic_update_slice", "scatter", "where", "sharding"}
+)  # fmt: skip
+# ops whose result is a rounded linear function of operands a plan may hold as partial sums
+ROUNDED_LINEAR = frozenset({"add", "sub", "mul", "div", "convert"})
+
+
+@dataclass(frozen=True)
+class Freedom:
+    """What a compiled run may do that the reference interpreter does not (module docstring).
+    ``split_levels``: how many more times a value held as partial sums may be rounded to its dtype
+    than on one device (0 on one device: ``jit``). ``op_eps``: how many eps of the compute dtype
+    (float32 for 16-bit values) times |y| any op's result may move by regrouping its arithmetic."""
+
+    split_levels: int = 0
+    op_eps: float = 0.0
+
+
+ONE_DEVICE = Freedom()
+# a regrouped op (x**3 as x*x*x: two roundings for pow's one) or numpy's function against graphc's
+# decomposition of it: a few roundings of the compute dtype either way
+REGROUPED_OP_EPS = 4.0
+
+
+def freedom_of_run(mesh_sizes: Sequence[int], microbatches: int) -> Freedom:
+    """The freedom of a compiled run on a mesh with axes of ``mesh_sizes`` in ``microbatches``
+    micro-batches: a value split over the mesh is rounded as each device's piece and once per
+    collective of an axis; a micro-batched gradient once per micro-batch's running sum."""
+    axes = sum(1 for n in mesh_sizes if n > 1)
+    levels = (axes + 1 if axes else 0) + (microbatches if microbatches > 1 else 0)
+    return Freedom(split_levels=levels, op_eps=REGROUPED_OP_EPS)
+
+
+def reference_with_bounds(
+    graph: Graph, arrays: Sequence[np.ndarray], freedom: Freedom = ONE_DEVICE
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The reference results of ``graph`` on ``arrays`` (each op in float32 on float32 copies of
+    its 16-bit operands, each result rounded to the dtype the graph gives it, as the interpreter
+    computes them: graphc/ops/precision.py, here without its code) and for each result the
+    elementwise bound (float64) on how far a compiled run with ``freedom`` may be from it."""
+    walk = _Walk(freedom)
+    values, errors, _ = walk.run(graph, [np.asarray(a) for a in arrays], [None] * len(arrays), [None] * len(arrays))
+    return values, [np.zeros(np.shape(v)) if e is None else e for v, e in zip(values, errors)]
+
+
+def has_bound_rule(node: Node) -> bool:
+    """Whether ``reference_with_bounds`` can walk ``node`` (every op of a single-device graph)."""
+    op = node.op
+    if node.regions or op.has(Constant) or op.has(Random) or op.name in SELECTIONS:
+        return True
+    if op.has(Collective) or op.has(DeviceLocal):
+        return False  # a device program's op: never in the graph a run is checked against
+    return op.name in REORDERED_SUMS or op.name in ("reduce_max", "reduce_min", "argmax") or op.has(Elementwise)
+
+
+class _Walk:
+    """The reference values, their bounds E (None: 0) and magnitude twins M (None: |value|)."""
+
+    def __init__(self, freedom: Freedom):
+        self.freedom = freedom
+
+    def run(self, body: Graph | Region, arrays: list, errors: list, mags: list) -> tuple[list, list, list]:
+        env: dict[Value, Any] = dict(zip(body.inputs, arrays))
+        err: dict[Value, Any] = {v: e for v, e in zip(body.inputs, errors) if e is not None}
+        mag: dict[Value, Any] = {v: m for v, m in zip(body.inputs, mags) if m is not None}
+        for node in body.nodes:
+            operands = [env[v] for v in node.inputs]
+            operand_errors = [err.get(v) for v in node.inputs]
+            operand_mags = [mag.get(v) for v in node.inputs]
+            if node.regions:
+                results, result_errors, result_mags = self.regions(node, operands, operand_errors, operand_mags)
+            else:
+                results, result_errors, result_mags = self.node(node, operands, operand_errors, operand_mags)
+            for v, y, e, m in zip(node.outputs, results, result_errors, result_mags):
+                env[v] = y
+                if e is not None:
+                    err[v] = e
+                if m is not None:
+                    mag[v] = m
+        outs = body.outputs
+        return [env[v] for v in outs], [err.get(v) for v in outs], [mag.get(v) for v in outs]
+
+    def regions(self, node: Node, operands: list, errors: list, mags: list) -> tuple[list, list, list]:
+        """A control-flow or fused node: its op's implementation, running each region through this
+        walk. The bounds travel beside the arrays, found again by the arrays' identity."""
+        beside: dict[int, tuple[Any, Any, Any]] = {id(x): (x, e, m) for x, e, m in zip(operands, errors, mags)}
+
+        def found(x) -> tuple[Any, Any]:
+            entry = beside.get(id(x))
+            return (entry[1], entry[2]) if entry is not None and entry[0] is x else (None, None)
+
+        def run(region: Region, xs: list) -> list:
+            pairs = [found(x) for x in xs]
+            ys, es, ms = self.run(region, [np.asarray(x) for x in xs], [p[0] for p in pairs], [p[1] for p in pairs])
+            beside.update({id(y): (y, e, m) for y, e, m in zip(ys, es, ms)})
+            return ys
+
+        results = list(node.op.impl(run, node.regions, *operands, **node.attrs))
+        pairs = [found(r) for r in results]
+        return [np.asarray(r) for r in results], [p[0] for p in pairs], [p[1] for p in pairs]
+
+    def node(self, node: Node, operands: list, errors: list, mags: list) -> tuple[list, list, list]:
+        low = any(v.type.dtype in LOW_FLOATS for v in (*node.inputs, *node.outputs))
+        xs = [_up(x) for x in operands] if low else operands
+        with np.errstate(all="ignore"):
+            if node.op.name == "convert" and _is_float_array(xs[0]) and is_float(node.outputs[0].type.dtype):
+                ys = [np.asarray(xs[0])]  # the value before its rounding to the new dtype
+            else:
+                ys = [np.asarray(y) for y in node.op.evaluate(*xs, **node.attrs)]
+            values = [y if y.dtype == out.type.dtype else y.astype(out.type.dtype) for y, out in zip(ys, node.outputs)]
+            if not has_bound_rule(node):
+                raise NotImplementedError(f"reference_with_bounds: no bound rule for {node.op.name!r} (add one)")
+            floats = [np.issubdtype(np.asarray(x).dtype, np.inexact) for x in xs]
+            errs = [e if f else None for e, f in zip(errors, floats)]
+            ms = [
+                (m if m is not None else np.abs(np.asarray(x, np.float64))) if f else x
+                for x, m, f in zip(xs, mags, floats)
+            ]
+            result_mags = self.magnitudes(node, xs, ms, floats, ys)
+            before = self.before_rounding(node, xs, errs, ms, floats, ys, result_mags)
+            bounds = []
+            for out, y, d in zip(node.outputs, ys, before):
+                if d is not None and is_float(out.type.dtype) and np.any(d):
+                    bounds.append(rounded_bound(y, np.asarray(d, np.float64), out.type.dtype))
+                else:
+                    bounds.append(None)
+        return values, bounds, result_mags
+
+    def before_rounding(self, node: Node, xs: list, errs: list, ms: list, floats: list, ys: list, twins: list) -> list:
+        """D of every result of ``node`` (None: 0), before it is rounded to its dtype; ``twins``:
+        the results' magnitude twins."""
+        name = node.op.name
+        if not any(np.issubdtype(y.dtype, np.inexact) for y in ys):
+            return [None] * len(ys)  # comparisons, argmax: assumed not to flip (module docstring)
+        if node.op.has(Constant) or node.op.has(Random):
+            return [None] * len(ys)
+        if name in SELECTIONS:
+            if all(e is None for e in errs):
+                return [None] * len(ys)
+            attrs = {**node.attrs, "value": 0.0} if name == "pad" else node.attrs
+            return list(node.op.evaluate(*_linear(xs, errs, floats), **attrs))
+        if name in ("reduce_max", "reduce_min"):  # nondecreasing in every element: its value at x +- E
+            if errs[0] is None:
+                return [None]
+            x64, e = np.asarray(xs[0], np.float64), errs[0]
+            center = node.op.evaluate(x64, **node.attrs)[0]
+            return [np.maximum(*(np.abs(node.op.evaluate(x64 + s * e, **node.attrs)[0] - center) for s in (-1, 1)))]
+        (y,) = ys
+        eps = EPS64 if y.dtype == np.float64 else EPS32
+        abs_y = np.abs(np.asarray(y, np.float64))
+        d: Any = self.freedom.op_eps * eps * abs_y if self.freedom.op_eps else 0.0
+        if name in REORDERED_SUMS:
+            d = d + self.reordered(node, xs, errs, ms, floats, eps)
+        elif name == "convert":
+            d = d + (errs[0] if errs[0] is not None else 0.0)
+        else:
+            if any(e is not None for e in errs) or name in OWN_FORMULAS:
+                d = d + _corners(node, xs, errs, floats, y)
+        if self.freedom.split_levels and twins[0] is not None and name in ROUNDED_LINEAR | REORDERED_SUMS:
+            d = d + self.freedom.split_levels * unit_roundoff(node.outputs[0].type.dtype) * twins[0]
+        return [d if np.any(d) else None]
+
+    def reordered(self, node: Node, xs: list, errs: list, ms: list, floats: list, eps: float) -> Any:
+        """A sum of K products (terms) per result added in another order, of operands off by
+        their bounds: 2 gamma_K op(M + E) plus what the operands' bounds make of the op."""
+        ones = [np.ones(np.shape(x)) if f else x for x, f in zip(xs, floats)]
+        terms = float(np.max(node.op.evaluate(*ones, **node.attrs)[0], initial=1.0))  # K
+        gamma = terms * eps / (1 - terms * eps)
+        plus = [m + e if e is not None else m for m, e in zip(ms, errs)]
+        d = 2 * gamma * node.op.evaluate(*plus, **node.attrs)[0]
+        if node.op.name in ("matmul", "einsum"):  # the product rule: sum_i |x_1|..E_i..(|x_n|+E_n)
+            mags = [np.abs(np.asarray(x, np.float64)) if f else x for x, f in zip(xs, floats)]
+            near = [m + e if e is not None else m for m, e in zip(mags, errs)]
+            for i, e in enumerate(errs):
+                if e is not None:
+                    d = d + node.op.evaluate(*mags[:i], e, *near[i + 1 :], **node.attrs)[0]
+        elif any(e is not None for e in errs):  # linear in its float operands
+            d = d + node.op.evaluate(*_linear(xs, errs, floats), **node.attrs)[0]
+        return d
+
+    def magnitudes(self, node: Node, xs: list, ms: list, floats: list, ys: list) -> list:
+        """The magnitude twins of ``node``'s results (None: |y|), only needed when partial sums
+        are rounded (``Freedom.split_levels``): the linear ops on their operands' twins."""
+        name = node.op.name
+        linear = name in ROUNDED_LINEAR or name in REORDERED_SUMS or name in SELECTIONS or name == "neg"
+        if not self.freedom.split_levels or not linear or not all(np.issubdtype(y.dtype, np.inexact) for y in ys):
+            return [None] * len(ys)
+        if name in ("neg", "convert"):
+            return [ms[0]]
+        if name == "sub":
+            return [ms[0] + ms[1]]
+        if name == "div":
+            return [ms[0] / np.abs(np.asarray(xs[1], np.float64))]
+        attrs = {**node.attrs, "value": 0.0} if name == "pad" else node.attrs
+        return [np.asarray(m) for m in node.op.evaluate(*[m if f else x for x, m, f in zip(xs, ms, floats)], **attrs)]
+
+
+def _linear(xs: list, errs: list, floats: list) -> list:
+    """Operands for applying a linear op to the bounds: a float operand's bound (0 where it has
+    none), other operands (indices, conditions) as they are."""
+    return [(e if e is not None else np.zeros(np.shape(x))) if f else x for x, e, f in zip(xs, errs, floats)]
+
+
+def _is_float_array(x: Any) -> bool:
+    return np.issubdtype(np.asarray(x).dtype, np.inexact)
+
+
+def _up(x: Any) -> Any:
+    """A 16-bit float array in float32 (exactly), anything else as it is."""
+    return x.astype(np.float32) if isinstance(x, np.ndarray) and x.dtype in LOW_FLOATS else x
+
+
+def _corners(node: Node, xs: list, errs: list, floats: list, y) -> np.ndarray:
+    """max |op(corner) - op(x)| over the corners of the operands' boxes x +- E, in float64, plus
+    4 eps32 |y| where a kernel may compute the op by its own formula."""
+    x64 = [np.asarray(x, np.float64) if f else x for x, f in zip(xs, floats)]
+    center = np.asarray(node.op.evaluate(*x64, **node.attrs)[0], np.float64)
+    d = np.zeros(np.shape(y))
+    sides = [(-1.0, 1.0) if e is not None else (0.0,) for e in errs]
+    for signs in itertools.product(*sides):
+        corner = [x + s * e if e is not None else x for x, s, e in zip(x64, signs, errs)]
+        value = np.asarray(node.op.evaluate(*corner, **node.attrs)[0], np.float64)
+        d = np.maximum(d, np.where(np.isnan(value) & np.isnan(center), 0.0, np.abs(value - center)))
+    if node.op.name in OWN_FORMULAS:
+        d = d + 4 * EPS32 * np.abs(np.asarray(y, np.float64))
+    return d
+
+
+def rounded_bound(y: np.ndarray, d: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """How far ``dtype``'s rounding of a value within ``d`` of ``y`` may be from the rounding of
+    ``y``: rounding is monotone, so the compiled value lies between the roundings of y - d and
+    y + d (0 where both round to the same float: no rounding boundary between them). For a 32- or
+    64-bit result, d and one ulp at |y| + d. Infinite where that is not a number."""
+    d = np.broadcast_to(d, np.shape(y))
+    y64 = np.asarray(y, np.float64)
+    with np.errstate(all="ignore"):
+        if dtype not in LOW_FLOATS:
+            out = np.where(d > 0, d + ulp_at(np.abs(y64) + d, dtype), 0.0)
+        else:
+            here = np.asarray(y).astype(np.float32).astype(dtype).astype(np.float64)
+            ends = [(y64 + s * d).astype(np.float32).astype(dtype).astype(np.float64) for s in (-1.0, 1.0)]
+            out = np.maximum(*(np.abs(e - here) for e in ends))
+            out = np.where(d > 0, out, 0.0)
+    return np.where(np.isnan(out) | np.isinf(d), np.inf, out)
+
+
+def _finfo(dtype: np.dtype) -> Any:
+    return ml_dtypes.finfo(dtype) if dtype in LOW_FLOATS else np.finfo(dtype)
+
+
+def ulp_at(magnitude: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """The spacing of ``dtype``'s floats at ``magnitude`` (the subnormal spacing below the normals)."""
+    info = _finfo(dtype)
+    exponent = np.floor(np.log2(np.maximum(magnitude, float(info.smallest_normal))))
+    return np.exp2(exponent - info.nmant)
+
+
+def unit_roundoff(dtype: np.dtype) -> float:
+    """Half the spacing of ``dtype``'s floats at 1: the largest relative error of one rounding."""
+    return float(_finfo(dtype).eps) / 2
+
+
+def outside(got: Any, want: Any, bound: np.ndarray) -> np.ndarray:
+    """Where ``got`` is farther from ``want`` than ``bound`` (elementwise, in float64): NaN where
+    ``want`` is not counts, equal values (infinities) never do."""
+    g64, w64 = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    with np.errstate(invalid="ignore"):
+        off = np.where((g64 == w64) | (np.isnan(g64) & np.isnan(w64)), 0.0, np.abs(g64 - w64))
+    return (off > bound) | (np.isnan(g64) != np.isnan(w64))
+
+
+__all__ = [
+    "ONE_DEVICE",
+    "Freedom",
+    "freedom_of_run",
+    "has_bound_rule",
+    "outside",
+    "reference_with_bounds",
+    "rounded_bound",
+    "ulp_at",
+    "unit_roundoff",
+]
