@@ -12,7 +12,7 @@ bfloat16 or float16 computes in float32 and rounds each result, graphc/ops/preci
   counts is the sum of the terms' magnitudes, not the result: a gradient of 6e-4 summed from
   terms up to 0.07 may move by 2 gamma_K times their |sum|, many ulps of the result;
 * computes exp / tanh / log in its fused kernels with formulas of its own (runtime/fastmath.py:
-  within 4e-7 of numpy's float32 results, relative);
+  within 4 eps of numpy's results, relative: 4e-7 in float32, 4.5e-16 in float64);
 * on a mesh or in micro-batches (``Freedom``), holds a sum as partial sums, each rounded to the
   value's dtype once more per level it passes (each device's piece, each collective of a mesh
   axis, each micro-batch's running sum): for a 16-bit value one unit roundoff of bfloat16 times
@@ -53,8 +53,8 @@ import ml_dtypes
 import numpy as np
 
 from graphc.core.dtypes import LOW_FLOATS, is_float
-from graphc.core.ir import Graph, Node, Region, Value
-from graphc.core.traits import Collective, Constant, DeviceLocal, Elementwise, Random
+from graphc.core.ir import Graph, Node, OpDef, Region, Value
+from graphc.core.traits import Collective, Constant, ControlFlow, DeviceLocal, Elementwise, Fused, Random
 
 EPS32 = float(np.finfo(np.float32).eps)
 EPS64 = float(np.finfo(np.float64).eps)
@@ -80,6 +80,10 @@ class Freedom:
 
 
 ONE_DEVICE = Freedom()
+# how many standard deviations a result may be off in the statistical model (reference_with_spreads):
+# a normal variable exceeds 8 sigma with a chance of 1e-15, leaving room for a model of independent
+# errors that is only near the truth
+SIGMAS = 8.0
 # a regrouped op (x**3 as x*x*x: two roundings for pow's one) or numpy's function against graphc's
 # decomposition of it: a few roundings of the compute dtype either way
 REGROUPED_OP_EPS = 4.0
@@ -103,13 +107,12 @@ def reference_with_bounds(
     elementwise bound (float64) on how far a compiled run with ``freedom`` may be from it."""
     walk = _Walk(freedom)
     values, errors, _ = walk.run(graph, [np.asarray(a) for a in arrays], [None] * len(arrays), [None] * len(arrays))
-    return values, [np.zeros(np.shape(v)) if e is None else e for v, e in zip(values, errors)]
+    return values, [np.zeros(np.shape(v)) if e is None else walk.allowed(e) for v, e in zip(values, errors)]
 
 
-def has_bound_rule(node: Node) -> bool:
-    """Whether ``reference_with_bounds`` can walk ``node`` (every op of a single-device graph)."""
-    op = node.op
-    if node.regions or op.has(Constant) or op.has(Random) or op.name in SELECTIONS:
+def has_bound_rule(op: OpDef) -> bool:
+    """Whether ``reference_with_bounds`` can walk nodes of ``op`` (every op of a single-device graph)."""
+    if op.has(ControlFlow) or op.has(Fused) or op.has(Constant) or op.has(Random) or op.name in SELECTIONS:
         return True
     if op.has(Collective) or op.has(DeviceLocal):
         return False  # a device program's op: never in the graph a run is checked against
@@ -171,23 +174,35 @@ class _Walk:
             else:
                 ys = [np.asarray(y) for y in node.op.evaluate(*xs, **node.attrs)]
             values = [y if y.dtype == out.type.dtype else y.astype(out.type.dtype) for y, out in zip(ys, node.outputs)]
-            if not has_bound_rule(node):
+            if not has_bound_rule(node.op):
                 raise NotImplementedError(f"reference_with_bounds: no bound rule for {node.op.name!r} (add one)")
             floats = [np.issubdtype(np.asarray(x).dtype, np.inexact) for x in xs]
-            errs = [e if f else None for e, f in zip(errors, floats)]
+            errs = [self.carried(e) if f and e is not None else None for e, f in zip(errors, floats)]
             ms = [
                 (m if m is not None else np.abs(np.asarray(x, np.float64))) if f else x
                 for x, m, f in zip(xs, mags, floats)
             ]
-            result_mags = self.magnitudes(node, xs, ms, floats, ys)
+            result_mags = self.magnitudes(node, xs, [m if f else None for m, f in zip(mags, floats)], floats, ys)
             before = self.before_rounding(node, xs, errs, ms, floats, ys, result_mags)
             bounds = []
             for out, y, d in zip(node.outputs, ys, before):
                 if d is not None and is_float(out.type.dtype) and np.any(d):
-                    bounds.append(rounded_bound(y, np.asarray(d, np.float64), out.type.dtype))
+                    bounds.append(self.rounded(y, np.asarray(d, np.float64), out.type.dtype))
                 else:
                     bounds.append(None)
         return values, bounds, result_mags
+
+    def carried(self, error: Any) -> Any:
+        """What the rules below read of an operand's error: its bound E."""
+        return error
+
+    def rounded(self, y: np.ndarray, d: np.ndarray, dtype: np.dtype) -> Any:
+        """A result's error after its rounding to ``dtype``: the bound E."""
+        return rounded_bound(y, d, dtype)
+
+    def allowed(self, error: Any) -> Any:
+        """How far a result may be from the reference: E."""
+        return error
 
     def before_rounding(self, node: Node, xs: list, errs: list, ms: list, floats: list, ys: list, twins: list) -> list:
         """D of every result of ``node`` (None: 0), before it is rounded to its dtype; ``twins``:
@@ -241,21 +256,139 @@ class _Walk:
             d = d + node.op.evaluate(*_linear(xs, errs, floats), **node.attrs)[0]
         return d
 
-    def magnitudes(self, node: Node, xs: list, ms: list, floats: list, ys: list) -> list:
-        """The magnitude twins of ``node``'s results (None: |y|), only needed when partial sums
-        are rounded (``Freedom.split_levels``): the linear ops on their operands' twins."""
+    def magnitudes(self, node: Node, xs: list, twins: list, floats: list, ys: list) -> list:
+        """The magnitude twins of ``node``'s results, only needed when partial sums are rounded
+        (``Freedom.split_levels``). None: the value is never held as partial sums. A sum may be
+        (its twin: the op on its operands' twins or magnitudes: sum|terms|); a plan carries partial
+        sums on only through ops linear in them (traits.LinearIn: P + P, P * R, a layout op of P),
+        so their twins follow those ops, and every other op's result is whole."""
         name = node.op.name
-        linear = name in ROUNDED_LINEAR or name in REORDERED_SUMS or name in SELECTIONS or name == "neg"
-        if not self.freedom.split_levels or not linear or not all(np.issubdtype(y.dtype, np.inexact) for y in ys):
+        if not self.freedom.split_levels or not all(np.issubdtype(y.dtype, np.inexact) for y in ys):
+            return [None] * len(ys)
+        held = [m for m, f in zip(twins, floats) if f]
+        if name in REORDERED_SUMS or name == "mul":  # a sum; a product of a partial sum and a whole value
+            if name == "mul" and all(m is None for m in held):
+                return [None]
+            ms = [
+                (m if m is not None else np.abs(np.asarray(x, np.float64))) if f else x
+                for x, m, f in zip(xs, twins, floats)
+            ]
+            return [np.asarray(node.op.evaluate(*ms, **node.attrs)[0])]
+        if name == "div":
+            return [None if twins[0] is None else twins[0] / np.abs(np.asarray(xs[1], np.float64))]
+        if not held or any(m is None for m in held):  # jointly linear: partial sums only if every operand is
             return [None] * len(ys)
         if name in ("neg", "convert"):
-            return [ms[0]]
+            return [twins[0]]
         if name == "sub":
-            return [ms[0] + ms[1]]
-        if name == "div":
-            return [ms[0] / np.abs(np.asarray(xs[1], np.float64))]
+            return [twins[0] + twins[1]]
+        if name not in ROUNDED_LINEAR and name not in SELECTIONS:
+            return [None] * len(ys)
         attrs = {**node.attrs, "value": 0.0} if name == "pad" else node.attrs
-        return [np.asarray(m) for m in node.op.evaluate(*[m if f else x for x, m, f in zip(xs, ms, floats)], **attrs)]
+        ms = [m if f else x for x, m, f in zip(xs, twins, floats)]
+        return [np.asarray(m) for m in node.op.evaluate(*ms, **attrs)]
+
+
+@dataclass(frozen=True)
+class Spread:
+    """A value's error in the statistical model (``reference_with_spreads``): ``sigma``, the
+    standard deviation of its difference from the reference after its rounding, carried on to
+    the ops that read it; ``allowed``, how far it may be from the reference: the roundings of
+    y -+ SIGMAS sigma-before-rounding (0 for a 16-bit value no rounding boundary lies that near)."""
+
+    sigma: np.ndarray
+    allowed: np.ndarray
+
+
+class _Spreads(_Walk):
+    """The walk of ``reference_with_spreads``: each error a Spread, the operands' spreads combined
+    in quadrature (independent errors) instead of added with their worst signs."""
+
+    def __init__(self, freedom: Freedom, sigmas: float):
+        super().__init__(freedom)
+        self.sigmas = sigmas
+
+    def carried(self, error: Any) -> Any:
+        return error.sigma
+
+    def rounded(self, y: np.ndarray, d: np.ndarray, dtype: np.dtype) -> Any:
+        # a rounding flips where y +- d straddles a boundary: by one ulp, with a chance of about d / ulp
+        ulp = ulp_at(np.abs(np.asarray(y, np.float64)), dtype)
+        sigma = np.sqrt(d * d + np.minimum(ulp * ulp, d * ulp))
+        return Spread(np.where(np.isnan(sigma), np.inf, sigma), rounded_bound(y, self.sigmas * d, dtype))
+
+    def allowed(self, error: Any) -> Any:
+        return error.allowed
+
+    def before_rounding(self, node: Node, xs: list, errs: list, ms: list, floats: list, ys: list, twins: list) -> list:
+        """The standard deviation of every result of ``node`` (None: 0) before its rounding."""
+        name = node.op.name
+        if not any(np.issubdtype(y.dtype, np.inexact) for y in ys) or node.op.has(Constant) or node.op.has(Random):
+            return [None] * len(ys)
+        squares = [e * e if e is not None else None for e in errs]
+        if name in SELECTIONS:
+            if all(e is None for e in errs):
+                return [None] * len(ys)
+            attrs = {**node.attrs, "value": 0.0} if name == "pad" else node.attrs
+            return [np.sqrt(v) for v in node.op.evaluate(*_linear(xs, squares, floats), **attrs)]
+        if name in ("reduce_max", "reduce_min"):  # the largest spread of the elements it picks from
+            return [None if errs[0] is None else node.op.evaluate(errs[0], **node.attrs)[0]]
+        (y,) = ys
+        eps = EPS64 if y.dtype == np.float64 else EPS32
+        abs_y = np.abs(np.asarray(y, np.float64))
+        var: Any = (self.freedom.op_eps * eps * abs_y) ** 2 if self.freedom.op_eps else 0.0
+        if name in REORDERED_SUMS:  # two orders, each within about sqrt(K) eps sum|terms| (Higham & Mary)
+            ones = [np.ones(np.shape(x)) if f else x for x, f in zip(xs, floats)]
+            terms = float(np.max(node.op.evaluate(*ones, **node.attrs)[0], initial=1.0))
+            var = var + 2 * terms * (eps * node.op.evaluate(*ms, **node.attrs)[0]) ** 2
+            if name in ("matmul", "einsum"):  # sum_i op(x_1^2 .. V_i .. x_n^2)
+                sq = [np.square(np.asarray(x, np.float64)) if f else x for x, f in zip(xs, floats)]
+                for i, v in enumerate(squares):
+                    if v is not None:
+                        var = var + node.op.evaluate(*sq[:i], v, *sq[i + 1 :], **node.attrs)[0]
+            elif any(v is not None for v in squares):
+                var = var + node.op.evaluate(*_linear(xs, squares, floats), **node.attrs)[0]
+        elif name == "convert":
+            var = var + (squares[0] if squares[0] is not None else 0.0)
+        else:
+            var = var + _sensitivities(node, xs, errs, floats)
+            if name in OWN_FORMULAS:
+                var = var + (4 * eps * abs_y) ** 2
+        if self.freedom.split_levels and twins[0] is not None and name in ROUNDED_LINEAR | REORDERED_SUMS:
+            var = var + self.freedom.split_levels * (unit_roundoff(node.outputs[0].type.dtype) * twins[0]) ** 2
+        d = np.sqrt(var)
+        return [d if np.any(d) else None]
+
+
+def _sensitivities(node: Node, xs: list, errs: list, floats: list) -> Any:
+    """sum_i max_+- (op(.. x_i +- sigma_i ..) - op(x))^2: each operand's spread through the op, in
+    float64 (its derivative times sigma_i where sigma_i is small)."""
+    x64 = [np.asarray(x, np.float64) if f else x for x, f in zip(xs, floats)]
+    center = np.asarray(node.op.evaluate(*x64, **node.attrs)[0], np.float64)
+    var: Any = 0.0
+    for i, e in enumerate(errs):
+        if e is None:
+            continue
+        worst: Any = 0.0
+        for s in (-1.0, 1.0):
+            value = np.asarray(node.op.evaluate(*x64[:i], x64[i] + s * e, *x64[i + 1 :], **node.attrs)[0], np.float64)
+            worst = np.maximum(worst, np.where(np.isnan(value) & np.isnan(center), 0.0, np.abs(value - center)))
+        var = var + worst * worst
+    return var
+
+
+def reference_with_spreads(
+    graph: Graph, arrays: Sequence[np.ndarray], freedom: Freedom = ONE_DEVICE, sigmas: float = 0.0
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """As ``reference_with_bounds``, with the rounding errors taken as independent random
+    variables (Higham & Mary's probabilistic rounding error analysis): a sum of K terms is off by
+    about sqrt(K) eps sum|terms|, and errors carried into an op combine in quadrature. Each result
+    may be ``sigmas`` (default SIGMAS) standard deviations off, then rounded. Where the worst case
+    grows by a factor of the fan-in per layer (a bfloat16 MLP's loss bound 233 on a loss of 3 on
+    dp=2,tp=2), this stays a few of the dtype's roundings per op on the path."""
+    walk = _Spreads(freedom, sigmas or SIGMAS)
+    values, errors, _ = walk.run(graph, [np.asarray(a) for a in arrays], [None] * len(arrays), [None] * len(arrays))
+    return values, [np.zeros(np.shape(v)) if e is None else walk.allowed(e) for v, e in zip(values, errors)]
 
 
 def _linear(xs: list, errs: list, floats: list) -> list:
@@ -275,7 +408,8 @@ def _up(x: Any) -> Any:
 
 def _corners(node: Node, xs: list, errs: list, floats: list, y) -> np.ndarray:
     """max |op(corner) - op(x)| over the corners of the operands' boxes x +- E, in float64, plus
-    4 eps32 |y| where a kernel may compute the op by its own formula."""
+    4 eps |y| (of float32, or float64 for a float64 op) where a kernel may compute the op by its
+    own formula."""
     x64 = [np.asarray(x, np.float64) if f else x for x, f in zip(xs, floats)]
     center = np.asarray(node.op.evaluate(*x64, **node.attrs)[0], np.float64)
     d = np.zeros(np.shape(y))
@@ -285,7 +419,7 @@ def _corners(node: Node, xs: list, errs: list, floats: list, y) -> np.ndarray:
         value = np.asarray(node.op.evaluate(*corner, **node.attrs)[0], np.float64)
         d = np.maximum(d, np.where(np.isnan(value) & np.isnan(center), 0.0, np.abs(value - center)))
     if node.op.name in OWN_FORMULAS:
-        d = d + 4 * EPS32 * np.abs(np.asarray(y, np.float64))
+        d = d + 4 * (EPS64 if np.asarray(y).dtype == np.float64 else EPS32) * np.abs(np.asarray(y, np.float64))
     return d
 
 
@@ -339,6 +473,7 @@ __all__ = [
     "has_bound_rule",
     "outside",
     "reference_with_bounds",
+    "reference_with_spreads",
     "rounded_bound",
     "ulp_at",
     "unit_roundoff",
