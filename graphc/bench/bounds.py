@@ -55,6 +55,8 @@ import numpy as np
 from graphc.core.dtypes import LOW_FLOATS, is_float
 from graphc.core.ir import Graph, Node, OpDef, Region, Value
 from graphc.core.traits import Collective, Constant, ControlFlow, DeviceLocal, Elementwise, Fused, Random
+from graphc.interpreter import last_uses
+from graphc.ops.linalg import parse_equation
 
 EPS32 = float(np.finfo(np.float32).eps)
 EPS64 = float(np.finfo(np.float64).eps)
@@ -129,7 +131,8 @@ class _Walk:
         env: dict[Value, Any] = dict(zip(body.inputs, arrays))
         err: dict[Value, Any] = {v: e for v, e in zip(body.inputs, errors) if e is not None}
         mag: dict[Value, Any] = {v: m for v, m in zip(body.inputs, mags) if m is not None}
-        for node in body.nodes:
+        frees = last_uses(body)
+        for i, node in enumerate(body.nodes):
             operands = [env[v] for v in node.inputs]
             operand_errors = [err.get(v) for v in node.inputs]
             operand_mags = [mag.get(v) for v in node.inputs]
@@ -143,6 +146,10 @@ class _Walk:
                     err[v] = e
                 if m is not None:
                     mag[v] = m
+            for v in frees.get(i, ()):  # as the interpreter: a value is dropped after its last use
+                env.pop(v, None)
+                err.pop(v, None)
+                mag.pop(v, None)
         outs = body.outputs
         return [env[v] for v in outs], [err.get(v) for v in outs], [mag.get(v) for v in outs]
 
@@ -178,10 +185,7 @@ class _Walk:
                 raise NotImplementedError(f"reference_with_bounds: no bound rule for {node.op.name!r} (add one)")
             floats = [np.issubdtype(np.asarray(x).dtype, np.inexact) for x in xs]
             errs = [self.carried(e) if f and e is not None else None for e, f in zip(errors, floats)]
-            ms = [
-                (m if m is not None else np.abs(np.asarray(x, np.float64))) if f else x
-                for x, m, f in zip(xs, mags, floats)
-            ]
+            ms = _magnitudes_of(xs, mags, floats) if node.op.name in REORDERED_SUMS else []
             result_mags = self.magnitudes(node, xs, [m if f else None for m, f in zip(mags, floats)], floats, ys)
             before = self.before_rounding(node, xs, errs, ms, floats, ys, result_mags)
             bounds = []
@@ -241,19 +245,18 @@ class _Walk:
     def reordered(self, node: Node, xs: list, errs: list, ms: list, floats: list, eps: float) -> Any:
         """A sum of K products (terms) per result added in another order, of operands off by
         their bounds: 2 gamma_K op(M + E) plus what the operands' bounds make of the op."""
-        ones = [np.ones(np.shape(x)) if f else x for x, f in zip(xs, floats)]
-        terms = float(np.max(node.op.evaluate(*ones, **node.attrs)[0], initial=1.0))  # K
+        terms = _terms(node, xs, floats)
         gamma = terms * eps / (1 - terms * eps)
         plus = [m + e if e is not None else m for m, e in zip(ms, errs)]
-        d = 2 * gamma * node.op.evaluate(*plus, **node.attrs)[0]
+        d = 2 * gamma * _on_magnitudes(node, plus)
         if node.op.name in ("matmul", "einsum"):  # the product rule: sum_i |x_1|..E_i..(|x_n|+E_n)
             mags = [np.abs(np.asarray(x, np.float64)) if f else x for x, f in zip(xs, floats)]
             near = [m + e if e is not None else m for m, e in zip(mags, errs)]
             for i, e in enumerate(errs):
                 if e is not None:
-                    d = d + node.op.evaluate(*mags[:i], e, *near[i + 1 :], **node.attrs)[0]
+                    d = d + _on_magnitudes(node, [*mags[:i], e, *near[i + 1 :]])
         elif any(e is not None for e in errs):  # linear in its float operands
-            d = d + node.op.evaluate(*_linear(xs, errs, floats), **node.attrs)[0]
+            d = d + _on_magnitudes(node, _linear(xs, errs, floats))
         return d
 
     def magnitudes(self, node: Node, xs: list, twins: list, floats: list, ys: list) -> list:
@@ -269,11 +272,7 @@ class _Walk:
         if name in REORDERED_SUMS or name == "mul":  # a sum; a product of a partial sum and a whole value
             if name == "mul" and all(m is None for m in held):
                 return [None]
-            ms = [
-                (m if m is not None else np.abs(np.asarray(x, np.float64))) if f else x
-                for x, m, f in zip(xs, twins, floats)
-            ]
-            return [np.asarray(node.op.evaluate(*ms, **node.attrs)[0])]
+            return [np.asarray(_on_magnitudes(node, _magnitudes_of(xs, twins, floats)))]
         if name == "div":
             return [None if twins[0] is None else twins[0] / np.abs(np.asarray(xs[1], np.float64))]
         if not held or any(m is None for m in held):  # jointly linear: partial sums only if every operand is
@@ -292,12 +291,13 @@ class _Walk:
 @dataclass(frozen=True)
 class Spread:
     """A value's error in the statistical model (``reference_with_spreads``): ``sigma``, the
-    standard deviation of its difference from the reference after its rounding, carried on to
-    the ops that read it; ``allowed``, how far it may be from the reference: the roundings of
-    y -+ SIGMAS sigma-before-rounding (0 for a 16-bit value no rounding boundary lies that near)."""
+    standard deviation of its difference from the reference after its rounding to ``dtype``,
+    carried on to the ops that read it; ``before``, that of ``y``, its value before the rounding."""
 
     sigma: np.ndarray
-    allowed: np.ndarray
+    y: np.ndarray
+    before: np.ndarray
+    dtype: np.dtype
 
 
 class _Spreads(_Walk):
@@ -313,12 +313,13 @@ class _Spreads(_Walk):
 
     def rounded(self, y: np.ndarray, d: np.ndarray, dtype: np.dtype) -> Any:
         # a rounding flips where y +- d straddles a boundary: by one ulp, with a chance of about d / ulp
-        ulp = ulp_at(np.abs(np.asarray(y, np.float64)), dtype)
-        sigma = np.sqrt(d * d + np.minimum(ulp * ulp, d * ulp))
-        return Spread(np.where(np.isnan(sigma), np.inf, sigma), rounded_bound(y, self.sigmas * d, dtype))
+        ulp = ulp_at(np.abs(y), dtype)
+        return Spread(np.sqrt(d * d + np.minimum(ulp * ulp, d * ulp)), y, d, dtype)
 
     def allowed(self, error: Any) -> Any:
-        return error.allowed
+        """The roundings of y -+ SIGMAS sigma-before-rounding (0 for a 16-bit value no rounding
+        boundary lies that near): how far the result may be from the reference."""
+        return rounded_bound(error.y, self.sigmas * error.before, error.dtype)
 
     def before_rounding(self, node: Node, xs: list, errs: list, ms: list, floats: list, ys: list, twins: list) -> list:
         """The standard deviation of every result of ``node`` (None: 0) before its rounding."""
@@ -338,33 +339,47 @@ class _Spreads(_Walk):
         abs_y = np.abs(np.asarray(y, np.float64))
         var: Any = (self.freedom.op_eps * eps * abs_y) ** 2 if self.freedom.op_eps else 0.0
         if name in REORDERED_SUMS:  # two orders, each within about sqrt(K) eps sum|terms| (Higham & Mary)
-            ones = [np.ones(np.shape(x)) if f else x for x, f in zip(xs, floats)]
-            terms = float(np.max(node.op.evaluate(*ones, **node.attrs)[0], initial=1.0))
-            var = var + 2 * terms * (eps * node.op.evaluate(*ms, **node.attrs)[0]) ** 2
+            magnitude = twins[0] if twins[0] is not None else _on_magnitudes(node, ms)  # sum|terms|
+            var = var + 2 * _terms(node, xs, floats) * (eps * np.asarray(magnitude, np.float64)) ** 2
             if name in ("matmul", "einsum"):  # sum_i op(x_1^2 .. V_i .. x_n^2)
                 sq = [np.square(np.asarray(x, np.float64)) if f else x for x, f in zip(xs, floats)]
                 for i, v in enumerate(squares):
                     if v is not None:
-                        var = var + node.op.evaluate(*sq[:i], v, *sq[i + 1 :], **node.attrs)[0]
+                        var = var + _on_magnitudes(node, [*sq[:i], v, *sq[i + 1 :]])
             elif any(v is not None for v in squares):
-                var = var + node.op.evaluate(*_linear(xs, squares, floats), **node.attrs)[0]
+                var = var + _on_magnitudes(node, _linear(xs, squares, floats))
         elif name == "convert":
             var = var + (squares[0] if squares[0] is not None else 0.0)
         else:
-            var = var + _sensitivities(node, xs, errs, floats)
+            var = var + _sensitivities(node, xs, errs, floats, y)
             if name in OWN_FORMULAS:
                 var = var + (4 * eps * abs_y) ** 2
         if self.freedom.split_levels and twins[0] is not None and name in ROUNDED_LINEAR | REORDERED_SUMS:
-            var = var + self.freedom.split_levels * (unit_roundoff(node.outputs[0].type.dtype) * twins[0]) ** 2
+            u = unit_roundoff(node.outputs[0].type.dtype)
+            var = var + self.freedom.split_levels * (u * np.asarray(twins[0], np.float64)) ** 2
         d = np.sqrt(var)
         return [d if np.any(d) else None]
 
 
-def _sensitivities(node: Node, xs: list, errs: list, floats: list) -> Any:
-    """sum_i max_+- (op(.. x_i +- sigma_i ..) - op(x))^2: each operand's spread through the op, in
-    float64 (its derivative times sigma_i where sigma_i is small)."""
+def _sensitivities(node: Node, xs: list, errs: list, floats: list, y: np.ndarray) -> Any:
+    """sum_i (how far operand i's spread sigma_i moves the op)^2: for add, sub, neg, mul and div
+    the first-order terms (sigma_a^2 b^2 + a^2 sigma_b^2 for a product), for any other
+    elementwise op max_+- (op(.. x_i +- sigma_i ..) - y)^2 in float64 (its derivative times
+    sigma_i where sigma_i is small)."""
+    name = node.op.name
     x64 = [np.asarray(x, np.float64) if f else x for x, f in zip(xs, floats)]
-    center = np.asarray(node.op.evaluate(*x64, **node.attrs)[0], np.float64)
+    sq = [e * e if e is not None else None for e in errs]
+    if name in ("add", "sub", "neg"):
+        return sum((v for v in sq if v is not None), 0.0)
+    if name == "mul":
+        a, b = x64
+        return (sq[0] * b * b if sq[0] is not None else 0.0) + (a * a * sq[1] if sq[1] is not None else 0.0)
+    if name == "div":
+        a, b = x64
+        return (sq[0] / (b * b) if sq[0] is not None else 0.0) + (
+            (a / (b * b)) ** 2 * sq[1] if sq[1] is not None else 0.0
+        )
+    center = np.asarray(y, np.float64)
     var: Any = 0.0
     for i, e in enumerate(errs):
         if e is None:
@@ -389,6 +404,36 @@ def reference_with_spreads(
     walk = _Spreads(freedom, sigmas or SIGMAS)
     values, errors, _ = walk.run(graph, [np.asarray(a) for a in arrays], [None] * len(arrays), [None] * len(arrays))
     return values, [np.zeros(np.shape(v)) if e is None else walk.allowed(e) for v, e in zip(values, errors)]
+
+
+def _magnitudes_of(xs: list, twins: list, floats: list) -> list:
+    """Each float operand's magnitude twin, or its magnitude (in its own dtype: a sum of their
+    products need not be exact); other operands as they are."""
+    return [(m if m is not None else np.abs(x)) if f else x for x, m, f in zip(xs, twins, floats)]
+
+
+def _terms(node: Node, xs: list, floats: list) -> float:
+    """K: the most terms any result element of a sum of products adds (at least 1)."""
+    name = node.op.name
+    if name == "matmul":
+        return float(max(np.shape(xs[0])[-1] if np.ndim(xs[0]) else 1, 1))
+    if name == "reduce_sum":
+        return float(max(int(np.prod([np.shape(xs[0])[a] for a in node.attrs["axes"]], dtype=np.int64)), 1))
+    if name == "einsum":
+        ins, out = parse_equation(node.attrs["equation"], len(xs))
+        sizes = {c: n for spec, x in zip(ins, xs) for c, n in zip(spec, np.shape(x))}
+        return float(max(int(np.prod([n for c, n in sizes.items() if c not in out], dtype=np.int64)), 1))
+    ones = [np.ones(np.shape(x), np.float32) if f else x for x, f in zip(xs, floats)]  # scatter_add: its updates
+    return float(np.max(node.op.evaluate(*ones, **node.attrs)[0], initial=1.0))
+
+
+def _on_magnitudes(node: Node, operands: list) -> np.ndarray:
+    """A sum of products (or a selection) on non-negative operands (magnitudes, bounds,
+    variances): the op itself, an einsum in numpy's optimized order (BLAS where it can: the order
+    of a sum of non-negative terms moves only its rounding, which a bound need not carry)."""
+    if node.op.name == "einsum":
+        return np.asarray(np.einsum(node.attrs["equation"], *operands, optimize=True))
+    return np.asarray(node.op.evaluate(*operands, **node.attrs)[0])
 
 
 def _linear(xs: list, errs: list, floats: list) -> list:
@@ -446,10 +491,13 @@ def _finfo(dtype: np.dtype) -> Any:
 
 
 def ulp_at(magnitude: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """The spacing of ``dtype``'s floats at ``magnitude`` (the subnormal spacing below the normals)."""
-    info = _finfo(dtype)
-    exponent = np.floor(np.log2(np.maximum(magnitude, float(info.smallest_normal))))
-    return np.exp2(exponent - info.nmant)
+    """The spacing of ``dtype``'s floats at ``magnitude`` (the subnormal spacing below the
+    normals): float32's spacing scaled to the 16-bit dtypes' fewer mantissa bits (bfloat16 has
+    float32's exponents; float16's subnormals are spaced 2**-24)."""
+    if np.dtype(dtype) == np.float64:
+        return np.spacing(np.asarray(magnitude, np.float64))
+    spacing = np.spacing(np.asarray(magnitude, np.float32)) * np.float32(2.0 ** (23 - int(_finfo(dtype).nmant)))
+    return np.maximum(spacing, np.float32(2.0**-24)) if np.dtype(dtype) == np.float16 else spacing
 
 
 def unit_roundoff(dtype: np.dtype) -> float:
