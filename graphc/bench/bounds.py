@@ -262,15 +262,20 @@ class _Walk:
     def magnitudes(self, node: Node, xs: list, twins: list, floats: list, ys: list) -> list:
         """The magnitude twins of ``node``'s results, only needed when partial sums are rounded
         (``Freedom.split_levels``). None: the value is never held as partial sums. A sum may be
-        (its twin: the op on its operands' twins or magnitudes: sum|terms|); a plan carries partial
-        sums on only through ops linear in them (traits.LinearIn: P + P, P * R, a layout op of P),
-        so their twins follow those ops, and every other op's result is whole."""
+        (its twin: sum|terms| of its own terms); a plan carries partial sums on only through ops
+        linear in them (traits.LinearIn: P + P, P * R, a layout op of P), so their twins follow
+        those ops, and every other op's result is whole. A contraction's twin starts again from
+        its own terms: a plan reduces a partial sum before the next contraction reads it (carried
+        through every contraction, the twin of a backward pass grows as the product of |W| over
+        the layers: a float32 GPT gradient's bound exceeded the gradient itself)."""
         name = node.op.name
         if not self.freedom.split_levels or not all(np.issubdtype(y.dtype, np.inexact) for y in ys):
             return [None] * len(ys)
         held = [m for m, f in zip(twins, floats) if f]
-        if name in REORDERED_SUMS or name == "mul":  # a sum; a product of a partial sum and a whole value
-            if name == "mul" and all(m is None for m in held):
+        if name in REORDERED_SUMS:  # sum|terms| of its own terms
+            return [np.asarray(_on_magnitudes(node, _magnitudes_of(xs, [None] * len(xs), floats)))]
+        if name == "mul":  # a product of a partial sum and a whole value
+            if all(m is None for m in held):
                 return [None]
             return [np.asarray(_on_magnitudes(node, _magnitudes_of(xs, twins, floats)))]
         if name == "div":
@@ -314,12 +319,24 @@ class _Spreads(_Walk):
     def rounded(self, y: np.ndarray, d: np.ndarray, dtype: np.dtype) -> Any:
         # a rounding flips where y +- d straddles a boundary: by one ulp, with a chance of about d / ulp
         ulp = ulp_at(np.abs(y), dtype)
-        return Spread(np.sqrt(d * d + np.minimum(ulp * ulp, d * ulp)), y, d, dtype)
+        sigma = np.sqrt(d * d + np.minimum(ulp * ulp, d * ulp))
+        return Spread(np.where(np.isnan(sigma), np.inf, sigma), y, d, dtype)
 
     def allowed(self, error: Any) -> Any:
         """The roundings of y -+ SIGMAS sigma-before-rounding (0 for a 16-bit value no rounding
         boundary lies that near): how far the result may be from the reference."""
         return rounded_bound(error.y, self.sigmas * error.before, error.dtype)
+
+    def extremum(self, node: Node, x: Any, sigma: np.ndarray) -> np.ndarray:
+        """A max (min) over axes picks an element the compiled run may pick too, or one that is
+        SIGMAS spreads near it: the largest spread among those, not among every element (a
+        masked score of -1e9 carries a spread far larger than any element the max can pick)."""
+        x64 = np.asarray(x, np.float64)
+        axes, sign = tuple(node.attrs["axes"]), (1.0 if node.op.name == "reduce_max" else -1.0)
+        with np.errstate(invalid="ignore"):
+            low = np.max(sign * x64 - self.sigmas * sigma, axis=axes, keepdims=True)
+            near = sign * x64 + self.sigmas * sigma >= low
+        return np.asarray(np.max(np.where(near, sigma, 0.0), axis=axes, keepdims=node.attrs["keepdims"]))
 
     def before_rounding(self, node: Node, xs: list, errs: list, ms: list, floats: list, ys: list, twins: list) -> list:
         """The standard deviation of every result of ``node`` (None: 0) before its rounding."""
@@ -332,8 +349,8 @@ class _Spreads(_Walk):
                 return [None] * len(ys)
             attrs = {**node.attrs, "value": 0.0} if name == "pad" else node.attrs
             return [np.sqrt(v) for v in node.op.evaluate(*_linear(xs, squares, floats), **attrs)]
-        if name in ("reduce_max", "reduce_min"):  # the largest spread of the elements it picks from
-            return [None if errs[0] is None else node.op.evaluate(errs[0], **node.attrs)[0]]
+        if name in ("reduce_max", "reduce_min"):
+            return [None if errs[0] is None else self.extremum(node, xs[0], errs[0])]
         (y,) = ys
         eps = EPS64 if y.dtype == np.float64 else EPS32
         abs_y = np.abs(np.asarray(y, np.float64))
@@ -384,10 +401,12 @@ def _sensitivities(node: Node, xs: list, errs: list, floats: list, y: np.ndarray
     for i, e in enumerate(errs):
         if e is None:
             continue
-        worst: Any = 0.0
+        sides = []
         for s in (-1.0, 1.0):
             value = np.asarray(node.op.evaluate(*x64[:i], x64[i] + s * e, *x64[i + 1 :], **node.attrs)[0], np.float64)
-            worst = np.maximum(worst, np.where(np.isnan(value) & np.isnan(center), 0.0, np.abs(value - center)))
+            sides.append(np.where(np.isnan(value) & np.isnan(center), 0.0, np.abs(value - center)))
+        # a side outside the op's domain (sqrt, log of x - sigma < 0) leaves the other side's slope
+        worst = np.where(np.isnan(sides[0]), sides[1], np.where(np.isnan(sides[1]), sides[0], np.maximum(*sides)))
         var = var + worst * worst
     return var
 
@@ -483,7 +502,7 @@ def rounded_bound(y: np.ndarray, d: np.ndarray, dtype: np.dtype) -> np.ndarray:
             ends = [(y64 + s * d).astype(np.float32).astype(dtype).astype(np.float64) for s in (-1.0, 1.0)]
             out = np.maximum(*(np.abs(e - here) for e in ends))
             out = np.where(d > 0, out, 0.0)
-    return np.where(np.isnan(out) | np.isinf(d), np.inf, out)
+    return np.where(np.isnan(out) | np.isnan(d) | np.isinf(d), np.inf, out)
 
 
 def _finfo(dtype: np.dtype) -> Any:

@@ -18,7 +18,7 @@ from graphc.bench.timing import result_bounds, same
 from graphc.core.dtypes import is_low_float
 from graphc.core.pytree import flatten
 from graphc.core.traits import Collective, DeviceLocal
-from graphc.models import mlp
+from graphc.models import gpt, mlp
 from graphc.ops import REGISTRY
 
 BF16 = np.dtype(graphc.bfloat16)
@@ -180,3 +180,22 @@ def test_control_flow_carries_the_bounds_through_its_regions():
     values, limits = bounds.reference_with_spreads(graph, [x, np.asarray(3)], bounds.freedom_of_run((2,), 1))
     np.testing.assert_array_equal(values[0], graphc.evaluate(graph, x, np.int64(3)))
     assert (limits[0] > 0).all()  # the matmuls inside the loop reorder their sums
+
+
+def test_a_float32_gpt_gradient_on_dp2_tp2_keeps_bounds_that_tell_every_leaf_halved():
+    """Through a transformer's backward the bounds stay far below the values: a sum's magnitude
+    twin starts again at each contraction (carried through them all, it grew as the product of
+    |W| over the layers and allowed any value in half of the gradient's leaves)."""
+    (params, tokens, targets), kwargs = gpt.example_loss_args()
+    vg = graphc.value_and_grad(gpt.lm_loss)
+    pf = graphc.parallelize(vg, mesh="dp=2,tp=2", static_argnames=tuple(kwargs), cache=False)
+    compiled = pf.compile(params, tokens, targets, **kwargs)
+    dyn_args, dyn_kwargs, _ = pf.split_static((params, tokens, targets), kwargs)
+    limits = result_bounds(compiled.graph, dyn_args, dyn_kwargs, pf.mesh.shape, 1)
+    run = pf(params, tokens, targets, **kwargs)
+    got = [np.asarray(a.gather(0) if isinstance(a, graphc.ShardedArray) else a) for a in flatten(run)[0]]
+    want = [np.asarray(a) for a in flatten(vg(params, tokens, targets, **kwargs))[0]]
+    assert same(got, want, limits) == "yes"
+    for i, w in enumerate(want):  # a gradient (or the loss) half what it is: a dropped partial sum
+        wrong = [*want[:i], (w.astype(np.float64) * 0.5).astype(w.dtype), *want[i + 1 :]]
+        assert same(wrong, want, limits).startswith("no (max abs diff"), i
