@@ -6,40 +6,42 @@ A compiled run computes the graph's ops on the same rounding points as the inter
 bfloat16 or float16 computes in float32 and rounds each result, graphc/ops/precision.py), but
 
 * adds the K terms of a matmul, einsum, sum or scatter_add in an order of its own (BLAS blocks,
-  fused row sums, one device's share then a collective): two sums of the same K terms, each in
-  any order, are within 2 gamma_K sum|terms| of each other (gamma_K = K u / (1 - K u), u the
-  accumulator's unit roundoff; float32 for 16-bit and float32 ops, float64 for float64). What
-  counts is the sum of the terms' magnitudes, not the result: a gradient of 6e-4 summed from
-  terms up to 0.07 may move by 2 gamma_K times their |sum|, many ulps of the result;
+  fused row sums, one device's share then a collective). What counts is the sum of the terms'
+  magnitudes S, not the result: a gradient of 6e-4 summed from terms up to 0.07 may move by many
+  ulps of itself. Two sums in any orders are within 2 gamma_K S of each other (gamma_K =
+  K u / (1 - K u), u the accumulator's unit roundoff: float32's for 16-bit and float32 ops);
+  with the rounding errors taken as independent, each order is about sqrt(K) u S off (Higham and
+  Mary, "A new approach to probabilistic rounding error analysis", SISC 2019);
 * computes exp / tanh / log in its fused kernels with formulas of its own (runtime/fastmath.py:
   within 4 eps of numpy's results, relative: 4e-7 in float32, 4.5e-16 in float64);
-* on a mesh or in micro-batches (``Freedom``), holds a sum as partial sums, each rounded to the
-  value's dtype once more per level it passes (each device's piece, each collective of a mesh
-  axis, each micro-batch's running sum): for a 16-bit value one unit roundoff of bfloat16 times
-  the *magnitude twin* of the value per level. The magnitude twin M is the graph evaluated on
-  absolute values through its linear ops (a sum gives sum|terms|, a difference M_a + M_b, a
-  product M_a M_b, a matmul M_a @ M_b) and restarted at |y| after any other op: it bounds the sum
-  of the magnitudes of any partial sums a plan may split a value into;
+* on a mesh or in micro-batches (``Freedom.split_levels``) holds a sum as partial sums, each
+  rounded to the value's dtype once more per level it passes (each device's piece, each mesh
+  axis's collective, each micro-batch): at most a unit roundoff of the dtype times the sum of the
+  pieces' magnitudes per level, which the value's *magnitude twin* M bounds: a sum's sum|terms|,
+  carried through the ops a plan carries partial sums through (P + P: M_a + M_b, P - P, P * R:
+  M |R|, layout ops), and none after any other op (its result is whole);
 * may regroup an op's arithmetic (a pass writing x**3 as x*x*x, numpy's function against
-  graphc's decomposition of it): ``Freedom.op_eps`` units of the compute dtype's eps times |y|
-  per op.
+  graphc's decomposition of it): ``Freedom.op_eps`` units of the compute dtype's eps times |y|.
 
-Each value gets a bound walked forward from its operands' (``reference_with_bounds``):
+Two walks carry these through the graph, each value's error from its operands':
 
-  D = what the operands' bounds make of the op (elementwise: the op at the corners of the
-      operands' boxes x +- E, in float64, against its value at the reference operands, exact for
-      ops monotone in each operand; a selection or layout op: the op applied to the bounds; a
-      max or min over axes: its value at x - E and x + E; a sum of products: the product rule
-      sum_i op(|x_1|..|x_i-1|, E_i, |x_i+1|+E_i+1 ..))
-    + the terms above that apply to the op
-  E = how far the roundings of y - D and y + D to the value's dtype are from the rounding of y
-      (rounding is monotone): for a 16-bit value 0 where no rounding boundary lies within D of
-      y, so a value no reordered sum reaches must be the reference's bits; for a float32 or
-      float64 value D plus one ulp at |y| + D.
+``reference_with_bounds``, the worst case (the 16-bit tests' oracle, one device): a bound D
+before rounding (elementwise ops: the op at the corners of the operands' boxes x +- E, in
+float64; a layout op: the op on the bounds; a max or min over axes: its value at x -+ E; a sum of
+products: the product rule sum_i op(|x_1|..E_i..|x_n| + E_n)) plus the terms above, then
+E = how far the roundings of y -+ D are from the rounding of y: for a 16-bit value 0 where no
+rounding boundary lies within D of y (the reference's bits are then the only right answer); for
+a float32 or float64 value D plus one ulp. Through a deep network these worst cases multiply:
+models/mlp.py's bfloat16 train step on dp=2,tp=2 gets an infinite bound on its loss of 3.09.
 
-Comparisons whose operands differ may flip (a max's argmax, a relu at 0, a loop's condition): the
-bound assumes they do not (both sides then pick values within their bounds of each other). Where
-the bound is not finite (an overflow, log of a value its bound reaches 0 with) it allows any value.
+``reference_with_spreads``, what ``graphc run`` checks with: the same terms as standard
+deviations of independent errors, combined in quadrature (a sum's operands' spreads through the
+op on squares, an elementwise op's through its slope at x -+ sigma), a rounding adding the
+chance d / ulp of a one-ulp flip; a result may be SIGMAS of its spreads off, then rounded as above.
+
+Comparisons whose operands differ may flip (a max's argmax, a relu at 0, a loop's condition): both
+walks assume they do not (both sides then pick values within their bounds of each other). Where a
+bound is not finite (an overflow, log of a value its bound reaches 0 with) it allows any value.
 """
 
 from __future__ import annotations
@@ -418,8 +420,8 @@ def reference_with_spreads(
     variables (Higham & Mary's probabilistic rounding error analysis): a sum of K terms is off by
     about sqrt(K) eps sum|terms|, and errors carried into an op combine in quadrature. Each result
     may be ``sigmas`` (default SIGMAS) standard deviations off, then rounded. Where the worst case
-    grows by a factor of the fan-in per layer (a bfloat16 MLP's loss bound 233 on a loss of 3 on
-    dp=2,tp=2), this stays a few of the dtype's roundings per op on the path."""
+    grows by a factor of the fan-in per layer (models/mlp.py's bfloat16 train step on dp=2,tp=2:
+    an infinite bound on its loss of 3.09), this allows 0.47 there."""
     walk = _Spreads(freedom, sigmas or SIGMAS)
     values, errors, _ = walk.run(graph, [np.asarray(a) for a in arrays], [None] * len(arrays), [None] * len(arrays))
     return values, [np.zeros(np.shape(v)) if e is None else walk.allowed(e) for v, e in zip(values, errors)]
