@@ -10,4 +10,5 @@ ceiling measured in the same run (numpy, a memory copy, one device).
     fastmath.py   hand-written kernels over runtime/fastmath.py against numpy
     ps.py         the parameter server: sync, SSP and async with a straggler, against sync
     timing.py     the timing and comparison helpers
+    bounds.py     how far a compiled run may be from the reference interpreter (same's bounds)
 """

@@ -10,7 +10,7 @@ import time
 import numpy as np
 
 from graphc.api.jit import jit
-from graphc.bench.timing import direct_call, fmt, same, timed
+from graphc.bench.timing import direct_call, fmt, result_bounds, same, timed
 from graphc.core.pytree import flatten
 from graphc.frontend.entry import trace
 from graphc.interpreter import evaluate
@@ -49,6 +49,7 @@ def bench_model(fn, fargs: tuple, fkwargs: dict, repeat: int, run: bool = True, 
     start = time.perf_counter()
     compiled = jitted.compile(*fargs, **fkwargs)
     first = time.perf_counter() - start
+    bounds = result_bounds(compiled.graph, fargs, fkwargs)
     t_jit, got = timed(lambda: compiled(*fargs, **fkwargs), repeat)
     speedup = statistics.median(t_eager) / statistics.median(t_jit)
     print(f"  graphc compiled  {fmt(t_jit)}   ({speedup:.2f}x faster than {baseline})")
@@ -62,4 +63,4 @@ def bench_model(fn, fargs: tuple, fkwargs: dict, repeat: int, run: bool = True, 
         f"  nodes: {st['nodes_traced']} traced -> {st['nodes_optimized']} optimized; {st['fused_kernels']} fused "
         f"kernels, {min(sizes, default=0)}-{max(sizes, default=0)} ops each (mean {np.mean(sizes) if sizes else 0:.1f})"
     )
-    print(f"  compiled result equals {baseline}: {same(got, want)}")
+    print(f"  compiled result equals {baseline}: {same(got, want, bounds)}")

@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from graphc.autodiff import interpreted_calls
-from graphc.core.dtypes import is_low_float
+from graphc.bench.bounds import freedom_of_run, outside, reference_with_spreads
+from graphc.core.dtypes import is_float
 from graphc.core.ir import Graph
 from graphc.core.pytree import flatten
+from graphc.interpreter import bind_arguments
 
 
 def timed(fn: Callable[[], Any], repeat: int, warmup: int = 1) -> tuple[list[float], Any]:
@@ -58,38 +59,47 @@ def fmt_range(times: list[float]) -> str:
     return f"{med * 1e3:9.2f} ms (min {min(times) * 1e3:.2f}, max {max(times) * 1e3:.2f}, n={len(times)})"
 
 
-def same(got: Any, want: Any, computed_in: np.dtype | None = None) -> str:
-    """ "yes" when two results (pytrees of arrays) agree to float32/float64 tolerance, else why not.
-    bfloat16 and float16 results (rounded at every op, ops/precision.py) agree within 8 of their
-    ulps at the leaf's largest magnitude: partial sums rounded on a mesh move a result by a few.
-    ``computed_in``: the 16-bit float the computation ran in (``narrowest_float``), whose tolerance
-    every float leaf gets: a float32 leaf made from 16-bit values (Adam's float32 moments of
-    bfloat16 gradients) carries their rounding."""
+def same(got: Any, want: Any, bounds: Sequence[np.ndarray]) -> str:
+    """ "yes" when every float result of ``got`` is within its bound of ``want``'s, else "no (why)".
+
+    The bounds are the computation's own (``result_bounds``, graphc/bench/bounds.py), not fixed
+    tolerances: how far a compiled run of the graph may move each result element by adding its
+    sums in another order (2 gamma_K times the sum of the terms' magnitudes, not of the result:
+    a cancelling sum of large terms may move by many of its own ulps), by rounding partial sums
+    once more per device split and micro-batch, and by regrouping an op, carried through the
+    graph from op to op. A 16-bit result is compared at its own rounding: exactly where no such
+    error reaches a rounding boundary. NaNs must be at the same places; only float results are
+    compared (integers, booleans as before are not)."""
     g, w = flatten(got)[0], flatten(want)[0]
-    for a, b in zip(g, w):
+    if len(g) != len(w) or len(w) != len(bounds):
+        return f"no ({len(g)} results vs {len(w)})"
+    for i, (a, b, bound) in enumerate(zip(g, w, bounds)):
         a, b = np.asarray(a), np.asarray(b)
         if a.shape != b.shape or a.dtype != b.dtype:
             return f"no ({a.dtype}{a.shape} vs {b.dtype}{b.shape})"
-        low = a.dtype if is_low_float(a.dtype) else computed_in if a.dtype.kind == "f" else None
-        if low is not None:
-            scale = float(np.max(np.abs(b.astype(np.float32)), initial=0.0))
-            tol = 8 * float(ml_dtypes.finfo(low).eps)
-            a, b = a.astype(np.float32), b.astype(np.float32)
-            if not np.allclose(a, b, rtol=tol, atol=tol * scale):
-                return f"no (max abs diff {np.max(np.abs(a - b)):.3g})"
+        if not is_float(a.dtype):
             continue
-        tol = 1e-4 if a.dtype == np.float32 else 1e-6
-        if a.dtype.kind == "f" and not np.allclose(a, b, rtol=tol, atol=tol):
-            return f"no (max abs diff {np.max(np.abs(a - b)):.3g})"
+        bad = outside(a, b, bound)
+        if bad.any():
+            with np.errstate(invalid="ignore"):
+                off = np.abs(a.astype(np.float64) - b.astype(np.float64))
+            worst = np.unravel_index(int(np.argmax(np.where(bad, off - bound, -np.inf))), a.shape)
+            return (
+                f"no (max abs diff {np.nanmax(off, initial=0.0):.3g}; {int(bad.sum())} of {a.size} elements of result "
+                f"{i} beyond their rounding bound, e.g. {off[worst]:.3g} > {float(bound[worst]):.3g})"
+            )
     return "yes"
 
 
-def narrowest_float(graph: Graph) -> np.dtype | None:
-    """The coarsest 16-bit float (bfloat16 before float16) any input or node result of ``graph``
-    has, or None: what ``same`` compares the graph's results at."""
-    values = [*graph.inputs, *(v for node in graph.nodes for v in node.outputs)]
-    low = {v.type.dtype for v in values if is_low_float(v.type.dtype)}
-    return max(low, key=lambda d: float(ml_dtypes.finfo(d).eps)) if low else None
+def result_bounds(
+    graph: Graph, args: tuple, kwargs: dict, mesh_shape: Sequence[int] = (), microbatches: int = 1
+) -> list[np.ndarray]:
+    """For each result of ``graph`` called on ``args``, ``kwargs`` (its dynamic arguments), the
+    elementwise bound ``same`` holds a compiled run on a mesh of ``mesh_shape`` in
+    ``microbatches`` micro-batches to (graphc/bench/bounds.py). Computed on copies of the
+    arguments, before a run may write into them."""
+    arrays = [np.array(a) for a in bind_arguments(graph, args, kwargs)]
+    return reference_with_spreads(graph, arrays, freedom_of_run(mesh_shape, microbatches))[1]
 
 
 def interleaved(

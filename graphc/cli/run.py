@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 from graphc.api.parallel import BACKENDS, Parallelized, check_plan_mesh
-from graphc.bench.timing import direct_call, fmt_range, narrowest_float, same, times_of
+from graphc.bench.timing import direct_call, fmt_range, result_bounds, same, times_of
 from graphc.cli.common import (
     Output,
     add_plan_flags,
@@ -149,9 +149,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         + (f"; {args.plan} run as written)" if loaded is not None else ")")
     )
 
+    bounds = _bounds(pf, compiled, fargs, fkwargs)
     baseline, want, call = _baseline(pf, compiled, fn, fargs, fkwargs)
     got = compiled(*fargs, **fkwargs)  # first run: kernels compiled or loaded from the disk cache
-    verdict = same(got, want, narrowest_float(compiled.graph))
+    verdict = same(got, want, bounds)
     t_eager = times_of(call, args.repeat)
     t_mesh = times_of(lambda: compiled(*fargs, **fkwargs), args.repeat)
     dyn_args, dyn_kwargs, _ = pf.split_static(fargs, fkwargs)
@@ -166,6 +167,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"  result equals {baseline}: {verdict}")
     _report(trace_out, compiled, prof, mesh)
     return 0 if verdict == "yes" else 1
+
+
+def _bounds(pf, compiled, fargs, fkwargs) -> list:
+    """How far each result of the run may be from the baseline's, element by element: the
+    graph's rounding bounds on this mesh and its micro-batches (graphc/bench/bounds.py)."""
+    dyn_args, dyn_kwargs, _ = pf.split_static(fargs, fkwargs)
+    return result_bounds(compiled.graph, dyn_args, dyn_kwargs, pf.mesh.shape, getattr(compiled.plan, "m", 1))
 
 
 def _baseline(pf, compiled, fn, fargs, fkwargs) -> tuple[str, Any, Any]:
@@ -234,9 +242,10 @@ def _run_pipeline(args: argparse.Namespace, pf, fn, fargs, fkwargs, trace_out: O
         f"{time.perf_counter() - start:.2f} s"
     )
     print(plan.summary())
+    bounds = _bounds(pf, compiled, fargs, fkwargs)
     baseline, want, call = _baseline(pf, compiled, fn, fargs, fkwargs)
     got = compiled(*fargs, **fkwargs)
-    verdict = same(got, want, narrowest_float(compiled.graph))
+    verdict = same(got, want, bounds)
     t_eager = times_of(call, args.repeat)
     t_pipe = times_of(lambda: compiled(*fargs, **fkwargs), args.repeat)
     dyn_args, dyn_kwargs, _ = pf.split_static(fargs, fkwargs)
@@ -330,10 +339,11 @@ def cmd_run_mpi(args: argparse.Namespace, mesh, loaded, trace_out: Output | None
         )
         if pf.pipelined:
             print(compiled.plan.summary())
+    bounds = _bounds(pf, compiled, fargs, fkwargs) if root else []
     baseline, want, call = _baseline(pf, compiled, fn, fargs, fkwargs) if root else ("", None, None)
     got = compiled(*fargs, **fkwargs)  # first run: kernels compiled or loaded, every call checked
     whole = [x.gather(0) if isinstance(x, ShardedArray) else x for x in flatten(got)[0]]
-    verdict = same(whole, flatten(want)[0], narrowest_float(compiled.graph)) if root else ""
+    verdict = same(whole, flatten(want)[0], bounds) if root else ""
     ok = world.broadcast_int(int(verdict == "yes"))
     t_eager = [0.0]
     if root:

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import graphc
+from graphc.bench.bounds import ulp_at
 from graphc.core.pytree import flatten
 from graphc.models import gpt, rnn
 from graphc.programs import simulate
@@ -31,7 +32,6 @@ from tests.runtime.test_low_float import (
     assert_within_bounds,
     assert_within_ulps,
     rounded_float32_run_with_bounds,
-    ulp_at,
 )
 from tests.runtime.test_mpi import MPIEXEC, ROOT, mpirun, needs_mpi
 

@@ -13,7 +13,6 @@ through the graph where one may.
 
 from __future__ import annotations
 
-import itertools
 import os
 import re
 import subprocess
@@ -27,12 +26,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import graphc
+from graphc.bench.bounds import outside, reference_with_bounds
 from graphc.builder import GraphBuilder
-from graphc.core import dtypes
 from graphc.core.errors import GraphcError
 from graphc.core.ir import TensorType
 from graphc.core.pytree import flatten, unflatten
-from graphc.core.traits import Elementwise
 from graphc.interpreter import run_flat
 from graphc.models import gpt, mlp
 from graphc.programs import simulate
@@ -123,157 +121,24 @@ def assert_within_ulps(got, want, n: int) -> None:
 # --- how far a compiled run may be from the oracle -------------------------------------------------
 #
 # A compiled run computes the oracle's ops on the same rounding points, but adds the terms of a
-# matmul, einsum, sum or scatter_add in an order of its own (BLAS blocks, fused row sums), and its
-# fused kernels compute exp / tanh / log with formulas of their own (runtime/fastmath.py: within
-# 4e-7 of numpy's float32 results, relative). Two float32 sums of K terms in any order are each
-# within gamma_K * sum|terms| of the exact sum (gamma_K = K eps / (1 - K eps)), so within twice that
-# of each other: where the sum cancels (a gradient of -2.6e-8 from terms around 1e-3) that is
-# several 16-bit ulps of the result, not one. ``rounding_bounds`` walks the graph forward beside the
-# oracle and bounds, for every value, how far the compiled value may be from it:
-#
-#   D = what the operands' bounds make of the op (elementwise: the op at the corners of the
-#       operands' boxes, in float64, against its value at the oracle's operands, exact for ops
-#       monotone in each operand; a selection or layout op: the op applied to the bounds; a max or
-#       min over axes: its value at x - E and x + E; a sum of products: sum_i op(|x_1|..|x_i-1|, E_i,
-#       |x_i+1|+E_i+1 ..), the product rule with the perturbation's own terms)
-#     + 2 gamma_K(float32) * op(|x| + E) for a sum of products of K terms per result
-#     + 4 eps32 |y| for a function a kernel may compute by its own formula
-#   E = how far the 16-bit roundings of y - D and y + D are from the rounding of y (rounding is
-#       monotone): 0 where no rounding boundary lies within D of y, so a value no reordered sum
-#       reaches, or reaches by less than its distance to a boundary, must be the oracle's bits
-#       (a float32 or float64 value: D plus one ulp at |y| + D).
-#
-# Comparisons whose operands differ may flip (a max's argmax, a relu at 0): the bound assumes they
-# do not (both sides then pick values within their bounds of each other).
-
-EPS32 = float(np.finfo(np.float32).eps)
-REORDERED_SUMS = frozenset({"matmul", "einsum", "reduce_sum", "scatter_add"})
-OWN_FORMULAS = frozenset({"exp", "expm1", "tanh", "log", "log1p"})  # runtime/fastmath.py
-SELECTIONS = frozenset(
-    {"broadcast_to", "reshape", "transpose", "slice", "pad", "gather", "concatenate", "split", "dynamic_slice",
-     "dynamic_update_slice", "scatter", "where"}
-)  # fmt: skip
+# matmul, einsum, sum or scatter_add in an order of its own and computes exp / tanh / log in its
+# fused kernels with formulas of its own: graphc/bench/bounds.py bounds, for every value, how far
+# the compiled value may be from the oracle's (the same bounds ``graphc run`` checks a run with).
 
 
 def rounded_float32_run_with_bounds(
     graph: graphc.Graph, arrays: list[np.ndarray]
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """The oracle: the float32 twin of ``graph`` run node by node, each value rounded to the 16-bit
-    dtype ``graph`` gives it (results in ``graph``'s dtypes); and for each result the elementwise
-    bound (float64) on how far a compiled run of ``graph`` may be from it (see above)."""
-    twin = with_dtypes(graph, {BF16: np.dtype(np.float32), F16: np.dtype(np.float32)})
-    assert twin is not None
-    env: dict = {}
-    bound: dict = {}  # twin value -> its bound, only where it is not 0
-    for v, a in zip(twin.inputs, arrays):
-        env[v] = a
-    for node, twin_node in zip(graph.nodes, twin.nodes):
-        operands = [_up(env[v]) for v in twin_node.inputs]
-        results = twin_node.op.evaluate(*operands, **twin_node.attrs)
-        errors = [bound.get(v) for v in twin_node.inputs]
-        with np.errstate(all="ignore"):
-            before = _bound_before_rounding(twin_node, operands, errors, results)
-        for out, twin_out, y, d in zip(node.outputs, twin_node.outputs, results, before):
-            env[twin_out] = np.asarray(y).astype(out.dtype)
-            if d is not None and dtypes.is_float(out.dtype) and np.any(d):
-                bound[twin_out] = rounded_bound(np.asarray(y), np.asarray(d, np.float64), out.dtype)
-    zero = [np.zeros(np.shape(env[v])) for v in twin.outputs]
-    return [env[v] for v in twin.outputs], [bound.get(v, z) for v, z in zip(twin.outputs, zero)]
-
-
-def rounded_bound(y: np.ndarray, d: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """How far ``dtype``'s rounding of a float32 value within ``d`` of ``y`` may be from the
-    rounding of ``y``: rounding is monotone, so the compiled value lies between the roundings of
-    y - d and y + d (0 where both round to the same float: no rounding boundary between them). For
-    a 32- or 64-bit result, d and one ulp at |y| + d."""
-    d = np.broadcast_to(d, np.shape(y))
-    y64 = np.asarray(y, np.float64)
-    with np.errstate(all="ignore"):
-        if dtype not in (BF16, F16):
-            out = np.where(d > 0, d + ulp_at(np.abs(y64) + d, dtype), 0.0)
-        else:
-            here = y.astype(np.float32).astype(dtype).astype(np.float64)
-            ends = [(y64 + s * d).astype(np.float32).astype(dtype).astype(np.float64) for s in (-1.0, 1.0)]
-            out = np.maximum(*(np.abs(e - here) for e in ends))
-            out = np.where(d > 0, out, 0.0)
-    return np.where(np.isnan(out) | np.isinf(d), np.inf, out)
-
-
-def ulp_at(magnitude: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """The spacing of ``dtype``'s floats at ``magnitude`` (the subnormal spacing below the normals)."""
-    info = ml_dtypes.finfo(dtype) if dtype in (BF16, F16) else np.finfo(dtype)
-    exponent = np.floor(np.log2(np.maximum(magnitude, float(info.smallest_normal))))
-    return np.exp2(exponent - info.nmant)
-
-
-def _bound_before_rounding(node, xs: list, errors: list, ys: tuple) -> list:
-    """D of every result of ``node`` (None: 0), before it is rounded to its dtype."""
-    name = node.op.name
-    floats = [np.issubdtype(np.asarray(x).dtype, np.inexact) for x in xs]
-    errs = [None if e is None or not f else e for e, f in zip(errors, floats)]
-    if all(e is None for e in errs) and name not in REORDERED_SUMS and name not in OWN_FORMULAS:
-        return [None] * len(ys)
-    if not any(np.issubdtype(np.asarray(y).dtype, np.inexact) for y in ys):
-        return [None] * len(ys)  # comparisons, argmax: assumed not to flip (above)
-    mags = [np.abs(np.asarray(x, np.float64)) if f else x for x, f in zip(xs, floats)]
-    plus = [m + e if e is not None else m for m, e in zip(mags, errs)]
-    if name in REORDERED_SUMS:
-        (y,) = ys
-        ones = [np.ones(np.shape(x)) if f else x for x, f in zip(xs, floats)]
-        terms = float(np.max(node.op.evaluate(*ones, **node.attrs)[0], initial=1.0))  # K
-        gamma = terms * EPS32 / (1 - terms * EPS32)
-        d = 2 * gamma * node.op.evaluate(*plus, **node.attrs)[0]
-        if name in ("matmul", "einsum"):  # the product rule: sum_i |x_1|..E_i..(|x_n|+E_n)
-            for i, e in enumerate(errs):
-                if e is not None:
-                    d = d + node.op.evaluate(*mags[:i], e, *plus[i + 1 :], **node.attrs)[0]
-        else:  # linear in its float operands
-            lin = [(e if e is not None else np.zeros(np.shape(x))) if f else x for x, e, f in zip(xs, errs, floats)]
-            d = d + node.op.evaluate(*lin, **node.attrs)[0]
-        return [d]
-    if name in ("reduce_max", "reduce_min"):  # nondecreasing in every element: its value at x +- E
-        if errs[0] is None:
-            return [None]
-        x64, e = np.asarray(xs[0], np.float64), errs[0]
-        center = node.op.evaluate(x64, **node.attrs)[0]
-        return [np.maximum(*(np.abs(node.op.evaluate(x64 + s * e, **node.attrs)[0] - center) for s in (-1, 1)))]
-    if name in SELECTIONS:
-        lin = [(e if e is not None else np.zeros(np.shape(x))) if f else x for x, e, f in zip(xs, errs, floats)]
-        attrs = {**node.attrs, "value": 0.0} if name == "pad" else node.attrs
-        return list(node.op.evaluate(*lin, **attrs))
-    if name == "convert":
-        return [errs[0]]
-    if node.op.has(Elementwise):
-        return [_corners(node, xs, errs, floats, ys[0])]
-    raise AssertionError(f"rounded_float32_run_with_bounds: no bound rule for {name!r} (add one)")
-
-
-def _corners(node, xs: list, errs: list, floats: list, y) -> np.ndarray:
-    """max |op(corner) - op(x)| over the corners of the operands' boxes x +- E, in float64, plus
-    4 eps32 |y| where a kernel may compute the op by its own formula."""
-    x64 = [np.asarray(x, np.float64) if f else x for x, f in zip(xs, floats)]
-    center = np.asarray(node.op.evaluate(*x64, **node.attrs)[0], np.float64)
-    d = np.zeros(np.shape(y))
-    sides = [(-1.0, 1.0) if e is not None else (0.0,) for e in errs]
-    for signs in itertools.product(*sides):
-        corner = [x + s * e if e is not None else x for x, s, e in zip(x64, signs, errs)]
-        value = np.asarray(node.op.evaluate(*corner, **node.attrs)[0], np.float64)
-        d = np.maximum(d, np.where(np.isnan(value) & np.isnan(center), 0.0, np.abs(value - center)))
-    if node.op.name in OWN_FORMULAS:
-        d = d + 4 * EPS32 * np.abs(np.asarray(y, np.float64))
-    return d
+    """The oracle: the graph run node by node in float32, each value rounded to the 16-bit dtype
+    ``graph`` gives it (results in ``graph``'s dtypes); and for each result the elementwise bound
+    (float64) on how far a compiled run of ``graph`` on one device may be from it."""
+    return reference_with_bounds(graph, arrays)
 
 
 def outside_bounds(got, want, bounds) -> list[int]:
     """The 16-bit float leaves of ``got`` with an element farther from ``want`` than its bound."""
-    out = []
-    for i, (g, w, b) in enumerate(zip(flatten(got)[0], flatten(want)[0], bounds)):
-        g64, w64 = np.asarray(g, np.float64), np.asarray(w, np.float64)
-        with np.errstate(invalid="ignore"):
-            off = np.where(g64 == w64, 0.0, np.abs(g64 - w64))
-        if np.asarray(w).dtype in (BF16, F16) and ((off > b) | (np.isnan(g64) != np.isnan(w64))).any():
-            out.append(i)
-    return out
+    leaves = zip(flatten(got)[0], flatten(want)[0], bounds)
+    return [i for i, (g, w, b) in enumerate(leaves) if np.asarray(w).dtype in (BF16, F16) and outside(g, w, b).any()]
 
 
 def assert_each_leaf_off_by_2_percent_fails(want, bounds, leaves: list[int] | None = None) -> None:
