@@ -64,7 +64,10 @@ def bucket_all_reduces(graph: Graph, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -
 def _buckets(graph: Graph, bucket_bytes: int) -> list[_Bucket]:
     """Deferred all-reduces in program order, bucketed per (axis, group, dtype) up to
     ``bucket_bytes``. One whose operand depends on another's result stays alone: its bucket
-    could not wait for it."""
+    could not wait for it. One whose result the program returns (the loss) never shares a bucket
+    with one the update reads: its unpacked view would keep the whole bucket alive to the end of
+    the run (a 4-layer GPT step held its 108 KiB gradient bucket for the
+    loss, 14% over the memory model's peak, which counts each member alone)."""
     nodes = graph.nodes
     used: dict[Value, list[int]] = {}
     for i, node in enumerate(nodes):
@@ -87,7 +90,8 @@ def _buckets(graph: Graph, bucket_bytes: int) -> list[_Bucket]:
     open_: dict[tuple, _Bucket] = {}
     for node in cands:
         x = node.inputs[0]
-        key = (node.attrs["axis"], node.attrs["group"], x.type.dtype)
+        returned = end in used.get(node.outputs[0], [])  # lives to the end of the program
+        key = (node.attrs["axis"], node.attrs["group"], x.type.dtype, returned)
         b = open_.get(key)
         if b is None or b.nbytes + x.type.nbytes > bucket_bytes:
             if b is not None:

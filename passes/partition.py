@@ -24,6 +24,7 @@ import warnings
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from graphc.core.cache import private_dir, read_entry, warn_cache, write_entry
 from graphc.core.collector import collector_paused
@@ -47,7 +48,7 @@ from graphc.programs import ParallelProgram
 
 PLAN_PASSES = ("fold_constants", "simplify", "cse", "dce", "recompute_cheap")  # fusion runs per device, after lowering
 DEVICE_PASSES = ("cse", "batch_projections", "batch_products", "batch_windows", "cse", "dce", "recompute_cheap", "fuse")
-PLANNER_VERSION = 22  # part of the plan cache key: bump when rules or costs change what a plan says
+PLANNER_VERSION = 23  # part of the plan cache key: bump when rules or costs change what a plan says
 
 
 # --- the steps ----------------------------------------------------------------------------------------
@@ -168,6 +169,9 @@ class Choices:
     context: str
     labels: tuple[tuple[str, str], ...]  # per item: its kind and its node's op
     strategies: tuple[tuple, ...]  # per item: the chosen strategy's name, specs and recompute
+    # the figures of the solve that made them (status, gap, problem sizes): a plan that reuses
+    # them reports that solve's, since it has none of its own (plan.py ``_solver_line``)
+    solved: tuple[tuple[str, Any], ...] = ()
 
 
 def _labels(problem: Problem) -> tuple[tuple[str, str], ...]:
@@ -182,9 +186,19 @@ def _context(mesh: Mesh, pins: Pins, options: PlanOptions) -> str:
     return json.dumps([mesh.to_json(), pins.to_json(), options.to_json()], sort_keys=True, default=str)
 
 
-def choices_of(problem: Problem, solution: Solution, pins: Pins, options: PlanOptions) -> Choices:
+def choices_of(problem: Problem, solution: Solution, pins: Pins, options: PlanOptions, previous=None) -> Choices:
+    """The choices ``solution`` made, with the figures of the solve that made them (``previous``'s
+    when ``solution`` reused them)."""
     keys = tuple(_strategy_key(it.strategies[c]) for it, c in zip(problem.items, solution.choice))
-    return Choices(_context(problem.mesh, pins, options), _labels(problem), keys)
+    if solution.status == "reused" and previous is not None:
+        solved = previous.solved
+    else:
+        sizes = {k: v for k, v in solution.stats.items() if k in _SOLVE_SIZES}
+        solved = tuple({"status": solution.status, "gap": solution.gap, **sizes}.items())
+    return Choices(_context(problem.mesh, pins, options), _labels(problem), keys, solved)
+
+
+_SOLVE_SIZES = ("variables", "constraints", "vars_unshrunk", "groups")  # a solve's sizes a reuse reports
 
 
 def reuse_choices(problem: Problem, previous: Choices, pins: Pins, options: PlanOptions) -> Solution | None:
@@ -207,7 +221,9 @@ def reuse_choices(problem: Problem, previous: Choices, pins: Pins, options: Plan
     if options.memory_limit is not None and problem.memory.peak(choice)[0] > options.memory_limit:
         return None
     total = problem.costs.evaluate(choice)["total_s"]
+    # the solve that made the choices, as ``reused_...`` sizes: this problem was not solved
     stats = {"items": len(problem.items), "edges": len(problem.edges)}
+    stats.update({f"reused_{k}": v for k, v in previous.solved})
     # nothing is proven about a reused choice: the bound is 0 and the gap 100%
     return Solution(choice, total, "reused", 0.0, 1.0, time.perf_counter() - start, stats, [1] * len(choice))
 
@@ -237,7 +253,9 @@ def plan_sharding_reusing(
         budget = deadline - time.perf_counter() - PLAN_RESERVE * build_s - 0.2
         solution = solve_problem(problem, options, progress, budget)
         _say_stopped(progress, solution, budget, options)
-    made = choices_of(problem, solution, pins, options) if solution.status in ("optimal", "reused") else previous
+    made = (
+        choices_of(problem, solution, pins, options, previous) if solution.status in ("optimal", "reused") else previous
+    )
     return make_plan(problem, solution, options, build_s, hashed), made
 
 

@@ -96,7 +96,8 @@ class Communicator(abc.ABC):
 
     ``log`` records one dict per call: kind, group (send/recv: (source, destination)), seq (the
     call's number on its group; send/recv have a tag instead), bytes, start (time.perf_counter())
-    and seconds. bytes is the whole tensor as nccl-tests counts it: the input of all_reduce,
+    and seconds; a thread collective also ``waited``: its seconds spent waiting for the last member
+    of the group to arrive (the rest is the exchange itself and its end meeting). bytes is the whole tensor as nccl-tests counts it: the input of all_reduce,
     reduce_scatter, reduce, broadcast and scatter (the root's), the output of all_gather and
     gather, each rank's buffer for all_to_all.
     """
@@ -200,6 +201,7 @@ class _Slot:
         self.inputs: list = [None] * n  # rank -> what the rank shares (buffers, shapes)
         self.error: str | None = None  # the members' calls disagree
         self.broken: str | None = None  # a member gave up waiting (timeout)
+        self.all_arrived = 0.0  # time.perf_counter() when the last member arrived
 
 
 class _Mailbox:
@@ -387,6 +389,7 @@ class ThreadComm(Communicator):
             if len(here) == call.n:
                 completed = True
                 if phase == "arrive":
+                    slot.all_arrived = time.perf_counter()
                     slot.error = _disagreement(slot, call.group, call.seq)
                 slot.cond.notify_all()
             else:
@@ -417,7 +420,8 @@ class ThreadComm(Communicator):
         """Wait until every member is done with the others' buffers; record the call."""
         if call.kind != "barrier":
             self._meet(call, "done", final=True)
-        self._record(call.kind, call.group, nbytes, call.start, seq=call.seq)
+        waited = max(0.0, call.slot.all_arrived - call.start)  # for the last member to arrive
+        self._record(call.kind, call.group, nbytes, call.start, seq=call.seq, waited=waited)
 
     # --- collectives ---
 

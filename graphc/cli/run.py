@@ -397,15 +397,20 @@ def _step_times(world: MpiWorld, step, repeat: int) -> Any:
 
 def _report(trace_out: Output | None, compiled, profiles: dict[int, dict], mesh) -> None:
     """Per device: measured peak memory against the plan's (values + redistribution buffers: what
-    the runtime holds), collectives and their time; the trace file, if asked for."""
+    the runtime holds), its collectives, the time in them and the part of it spent waiting for
+    the group's last member to arrive (docs/guide/cli.md); the trace file, if asked for. The time
+    in collectives includes that waiting: a device that runs ahead waits for the slowest, so the
+    sum can exceed the step."""
     predicted = compiled.plan.memory.held
-    print("  device  peak memory measured  predicted   collectives  comm time")
+    print("  device  peak memory measured  predicted   collectives  in collectives  of it waiting")
     for d in sorted(profiles):
         p = profiles[d]
         comm = [e for e in p.get("events", []) if e[4]]
+        waits = [c["waited"] for c in p.get("comm_log", []) if "waited" in c]
+        waiting = fmt_time(sum(waits)) if waits or not comm else "-"  # "-": the backend does not tell
         print(
             f"  {d:>6}  {fmt_bytes(p.get('peak_bytes', 0)):>20}  {fmt_bytes(predicted[d]):>9}   {len(comm):>11}  "
-            f"{fmt_time(sum(e[3] - e[2] for e in comm)):>9}"
+            f"{fmt_time(sum(e[3] - e[2] for e in comm)):>14}  {waiting:>13}"
         )
     if trace_out is not None:
         atomic_write(trace_out.path, json.dumps(chrome_trace(profiles, mesh)), make_dirs=trace_out.make_dirs)

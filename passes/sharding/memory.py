@@ -357,8 +357,12 @@ class MemoryModel:
         after its producer: ZeRO's ``scatter_early``): a collective's result, a local slice's
         copy, a deferred all-reduce's result, which the gradient bucket holds as well
         (passes/bucket.py). A graph output's redistribution is not one: the profile holds each
-        output in its output spec. The last one is remembered (a solve and its plan ask for the
-        same choice's)."""
+        output in its output spec; the piece it is made from is one, at the output item only
+        (held while the collective runs). Not counted, since ``profile`` holds them already: a
+        gradient's reduction into its fan-out's spec (the fan-out's value) and the readers of that
+        spec, and ZeRO-3's gathered copy for a reader (``transient_terms``); each was counted
+        twice before (tests/passes/sharding/test_held_measured.py). The last one is remembered (a
+        solve and its plan ask for the same choice's)."""
         asked = (tuple(choice), self.grid)
         last = self._last_buffers
         if last is not None and last[0][0] == asked[0] and last[0][1] is asked[1]:
@@ -372,13 +376,22 @@ class MemoryModel:
         spans: dict[tuple, list[int]] = {}
         hub_reads: list[tuple[tuple, int]] = []  # a fan-out's spec is read by each of its consumers
         items, size, mesh_shape = self.items, self.size, self.mesh_shape
+        held = self._held_in_hub()
+        regathered = set(self.gathers)
         for e in self.edges:
+            if e.dst in held:
+                continue  # the profile holds the gradient in its fan-out's spec: that is this buffer
             frm, to = items[e.src], items[e.dst]
             src = frm.strategies[choice[e.src]].out_specs[e.src_out]
             dst = to.strategies[choice[e.dst]].in_specs[e.dst_in]
-            if frm.kind == "fanout":
+            if (e.src, e.dst) in regathered and dst == gathered(src, self.zero_axes):
+                continue  # ZeRO-3's gathered copy for this reader: ``transient_terms`` counts it
+            if frm.kind == "fanout" and e.src not in held:
                 hub_reads.append(((e.value, src, e.phase), pos[e.dst]))
-            if src == dst or to.kind == "output":  # an output's spec is in the profile
+            if src != dst and to.kind == "output":  # the output's spec is in the profile from here on;
+                at = pos[e.dst]  # the piece it is made from lives while the collective runs
+                spans.setdefault((e.value, src, "returned"), [local_nbytes(e.value.type, src, mesh_shape), at, at])
+            if src == dst or to.kind == "output":
                 continue
             key = (e.value, dst, e.phase)
             span = spans.get(key)
@@ -395,6 +408,12 @@ class MemoryModel:
             if span is not None:
                 span[1], span[2] = min(span[1], at), max(span[2], at)
         return [(nb, a, b) for nb, a, b in spans.values()]
+
+    def _held_in_hub(self) -> set[int]:
+        """The gradient fan-out items whose value ``profile`` holds in the fan-out's spec from the
+        fan-out on (``_live_ranges``): the redistribution into that spec makes the buffer the
+        profile counts there, and the fan-out's readers read it as it is."""
+        return {i for _v, i, _a, _b in self.live_ranges() if self.items[i].kind == "fanout"}
 
     def held_peak(self, choice: list[int]) -> int:
         """The peak of ``profile`` with the redistribution buffers added: what the runtime holds

@@ -275,10 +275,33 @@ legend: a spec has one placement per mesh axis: R replicated, S(d) split along d
 """
 
 
+def _solver_line(s) -> str:
+    """How the plan was solved; a plan that took over the choices of an earlier solve of a graph
+    like it (passes/partition.py ``reuse_choices``) says so, with that solve's figures: it has
+    none of its own (nothing was solved, so no bound and no gap)."""
+    sizes = s.sizes
+    if s.status == "reused":
+        solved = {k[len("reused_") :]: v for k, v in sizes.items() if k.startswith("reused_")}
+        earlier = (
+            f"{solved['status']}, gap {solved['gap']:.2%}, {solved.get('variables', '?')} variables / "
+            f"{solved.get('constraints', '?')} constraints"
+            if "status" in solved
+            else "its figures not kept"
+        )
+        return (
+            f"solver {s.name}: not run: the choices of the last plan solved for a graph like this one were reused "
+            f"(that solve: {earlier}); objective {fmt_time(s.objective_s)} at these sizes, in {s.seconds:.2f} s"
+        )
+    return (
+        f"solver {s.name}: {s.status}, objective {fmt_time(s.objective_s)}, gap {s.gap:.2%}, "
+        f"{s.seconds:.2f} s, {sizes.get('variables', '?')} variables / {sizes.get('constraints', '?')} constraints "
+        f"(unshrunk {sizes.get('vars_unshrunk', '?')}; {sizes.get('items', '?')} items -> {sizes.get('groups', '?')} groups)"
+    )
+
+
 def _summary(p: ShardingPlan, top: int) -> str:
     axes = ", ".join(f"{name}={size}" for name, size in zip(p.mesh.axis_names, p.mesh.shape))
     c, m, s = p.cost, p.memory, p.solver
-    sizes = s.sizes
     lines = [
         f"plan for @{p.graph_name} on mesh ({axes}): {p.n_nodes} nodes, {len(p.collectives)} collectives",
         f"predicted step {fmt_time(c.total_s)} = compute {fmt_time(c.compute_s)} + communication {fmt_time(c.comm_s)} "
@@ -291,9 +314,7 @@ def _summary(p: ShardingPlan, top: int) -> str:
         + f"; with redistribution buffers {fmt_bytes(m.held[0])}",
         *_recompute_lines(p, top),
         *_offload_lines(p, top),
-        f"solver {s.name}: {s.status}, objective {fmt_time(s.objective_s)}, gap {s.gap:.2%}, "
-        f"{s.seconds:.2f} s, {sizes.get('variables', '?')} variables / {sizes.get('constraints', '?')} constraints "
-        f"(unshrunk {sizes.get('vars_unshrunk', '?')}; {sizes.get('items', '?')} items -> {sizes.get('groups', '?')} groups)",
+        _solver_line(s),
         *_objective_lines(c, s),
     ]
     lines += _collective_lines(p.collectives, top)

@@ -174,6 +174,12 @@ def test_run_on_a_mesh_checks_numpy_and_writes_a_chrome_trace(tmp_path):
     )
     assert res.returncode == 0, res.stderr
     assert "equals graphc's interpreter: yes" in res.stdout and "peak memory" in res.stdout
+    # the time in collectives, and of it the waiting for the last member (threads tell it apart)
+    assert "in collectives  of it waiting" in res.stdout
+    lines = res.stdout.splitlines()
+    head = next(k for k, ln in enumerate(lines) if "of it waiting" in ln)
+    rows = [ln.split() for ln in lines[head + 1 : head + 3]]
+    assert len(rows) == 2 and all(r[-1] in ("s", "ms", "us") for r in rows), res.stdout
     doc = json.loads(trace.read_text())
     tracks = {e["tid"] for e in doc["traceEvents"] if e["ph"] == "X"}
     assert tracks == {0, 1}

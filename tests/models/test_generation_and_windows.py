@@ -132,6 +132,28 @@ def test_reused_choices_are_rechecked_for_divisibility_and_memory(monkeypatch):
     assert step.plan(big, w).solver.status == "reused" and calls[0] == 4  # without the limit: reused
 
 
+def test_a_reused_plan_says_so_with_the_figures_of_the_solve_it_came_from():
+    """``step(x)`` then ``step.plan(x)`` without a plan cache: the second plan reuses the first's
+    choices; its summary says the solver did not run and gives that solve's figures (it printed
+    "reused, ..., gap 100.00%, ? variables / ? constraints", which read like a failed solve)."""
+
+    def layer(x, w):
+        return np.tanh(x @ w) @ w.T
+
+    x, w = np.ones((4, 8)), np.random.default_rng(0).standard_normal((8, 64))
+    step = graphc.parallelize(layer, mesh={"tp": 2}, cache=False)
+    first = step.plan(x, w)
+    again = step.plan(x, w)
+    assert first.solver.status == "optimal" and again.solver.status == "reused"
+    line = next(ln for ln in again.summary().splitlines() if ln.startswith("solver"))
+    sizes = first.solver.sizes
+    assert "not run" in line and "reused" in line and "?" not in line, line
+    assert f"that solve: optimal, gap {first.solver.gap:.2%}, {sizes['variables']} variables / " in line, line
+    assert f"{sizes['constraints']} constraints" in line, line
+    third = step.plan(np.ones((6, 8)), w)  # reused again: still the first solve's figures
+    assert third.solver.status == "reused" and f"{sizes['variables']} variables" in third.summary()
+
+
 def test_full_length_cache_under_a_mask_plans_once_for_every_decode_step(monkeypatch):
     """kv_cache_masked.py: ``start_pos`` only places the new keys and masks the rest, so after the
     prompt (``start_pos`` 0, static on the first call) the int is traced: one plan for every

@@ -7,6 +7,7 @@ fails if one is still running: nothing here can hang."""
 from __future__ import annotations
 
 import functools
+import math
 import operator
 import threading
 import time
@@ -455,6 +456,25 @@ def test_the_log_records_every_call():
         assert [e["kind"] for e in log] == ["all_reduce", "all_gather", "barrier"]
         assert [e["bytes"] for e in log] == [64, 64, 0]
         assert all(e["group"] == (0, 1) and e["seconds"] >= 0 for e in log)
+
+
+def test_the_log_says_how_long_each_member_waited_for_the_last_to_arrive():
+    def device(comm, d):
+        if d == 1:
+            time.sleep(0.05)  # arrives last: device 0 waits for it (no figure is checked)
+        comm.all_reduce(np.ones((4, 4), np.float32), (0, 1))
+        comm.barrier((0, 1))
+        return comm.log
+
+    logs = run_ok(2, device)
+    for k in range(2):
+        a, b = logs[0][k], logs[1][k]
+        assert 0 <= a["waited"] <= a["seconds"] and 0 <= b["waited"] <= b["seconds"]
+        # both waited until the same moment, the last arrival: start + waited is equal (up to the
+        # rounding of a subtraction and an addition of perf_counter values)
+        assert math.isclose(a["start"] + a["waited"], b["start"] + b["waited"], rel_tol=2 * np.finfo(float).eps)
+        late, early = (a, b) if a["start"] > b["start"] else (b, a)
+        assert late["waited"] <= early["waited"]
 
 
 def test_sum_order_is_rank_order():

@@ -411,10 +411,12 @@ def test_a_held_round_re_solves_to_the_held_gap_and_the_rest_to_the_solvers_gap(
     """The re-solve after a held-buffer round (its rows are the last plan's buffers, docs/remat.md)
     stops at ``milp.HELD_GAP``; every other integer solve at ``milp.REL_GAP``. The plan reports
     a gap within the one it was solved to, against a bound that holds."""
-    graph, mesh, options = cases[2]  # ZeRO-3's gathered copies: held buffers over the limit at 80%
+    # ZeRO-3: held buffers over the limit at 90% (at 80% while the model counted each gathered
+    # copy twice, as a transient and as a buffer: tests/passes/sharding/test_held_measured.py)
+    graph, mesh, options = cases[2]
     free = build_problem(graph, mesh, dataclasses.replace(options, memory_limit=None), ties=state_ties(graph))
     unlimited = free.memory.peak(solve_problem(free, dataclasses.replace(options, memory_limit=None)).choice)[0]
-    limited = dataclasses.replace(options, memory_limit=int(0.8 * unlimited))
+    limited = dataclasses.replace(options, memory_limit=int(0.9 * unlimited))
     events: list[tuple[str, float]] = []
 
     def held(*a, **k):
