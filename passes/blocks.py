@@ -38,7 +38,8 @@ from graphc.core.pytree import flatten
 from graphc.core.traits import Constant, stream_position
 
 _INDEXED = re.compile(r"^(.*?)\.(\d+)\.(.*)$")  # a list position: params.blocks.3.w
-_KEYED = re.compile(r"^(.*?\.[A-Za-z_]+)(\d+)\.(.*)$")  # a dict key of a name and a number: params.h.layer3.w
+# a dict key of a name and a number: params.h.layer3.w (also how passes/sharding/groups.py ties such layers)
+KEYED_LAYER = re.compile(r"^(.*?\.[A-Za-z_]+)(\d+)\.(.*)$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +58,7 @@ def find_layers(graph: Graph, min_layers: int = 3) -> Layers | None:
     (``params.h.layer3.w``: the family ``params.h.layer``), taken in their numbers' order."""
     families: dict[str, dict[int, list[tuple[str, int]]]] = {}
     for k, v in enumerate(graph.inputs):
-        m = _INDEXED.match(v.name or "") or _KEYED.match(v.name or "")
+        m = _INDEXED.match(v.name or "") or KEYED_LAYER.match(v.name or "")
         if m:
             families.setdefault(m.group(1), {}).setdefault(int(m.group(2)), []).append((m.group(3), k))
     best: dict[int, list[str]] = {}

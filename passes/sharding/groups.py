@@ -12,6 +12,7 @@ import numpy as np
 
 from graphc.core.collector import collector_paused
 from graphc.core.traits import Constant, FollowsProducer, stream_position
+from graphc.passes.blocks import KEYED_LAYER
 from graphc.passes.sharding.items import Edge, Item
 from graphc.passes.sharding.problem import Problem
 
@@ -34,7 +35,6 @@ def _attr_key(v):
 
 
 _INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)")  # list positions in pytree paths: blocks.3.attn
-_KEYED = re.compile(r"^(.*?\.[A-Za-z_]+)(\d+)(\..+)$")  # a dict key of a name and a number: h.layer3.attn
 
 
 def _layer_names(p: Problem) -> dict[str, str]:
@@ -44,16 +44,15 @@ def _layer_names(p: Problem) -> dict[str, str]:
     in it: layers kept in a dict, as passes/blocks.py ``find_layers`` reads them (a key holding
     one array, ``params.w1``, is no layer)."""
     names = {it.value.name or "" for it in p.items if it.kind == "input" and it.value is not None}
+    matches = {name: None if _INDEX.search(name) else KEYED_LAYER.match(name) for name in names}
     keyed: dict[str, set[int]] = {}
-    for name in names:
-        m = None if _INDEX.search(name) else _KEYED.match(name)
+    for m in matches.values():
         if m:
             keyed.setdefault(m.group(1), set()).add(int(m.group(2)))
-    out = {}
-    for name in names:
-        m = None if _INDEX.search(name) else _KEYED.match(name)
-        out[name] = f"{m.group(1)}#{m.group(3)}" if m and len(keyed[m.group(1)]) >= 3 else _INDEX.sub("#", name)
-    return out
+    return {
+        name: f"{m.group(1)}#.{m.group(3)}" if m and len(keyed[m.group(1)]) >= 3 else _INDEX.sub("#", name)
+        for name, m in matches.items()
+    }
 
 
 class _Interner(dict):
