@@ -97,22 +97,22 @@ def propagate(problem) -> dict[int, str]:
 def _propagation(problem) -> tuple[dict[int, str], dict[int, tuple], dict[Value, tuple]]:
     """``propagate``'s pins, with each node's operand specs and each value's spec."""
     replicate: set[int] = set()
+    constants = _constant_values(problem.graph)  # the same in every round
     while True:
-        pins, spec_in, spec_out = _propagate_once(problem, replicate)
+        pins, spec_in, spec_out = _propagate_once(problem, replicate, constants)
         hoist = _hoistable(problem, pins, spec_in, spec_out) - replicate
         if not hoist:
             return pins, spec_in, spec_out
         replicate |= hoist
 
 
-def _propagate_once(problem, replicate: set[int]):
+def _propagate_once(problem, replicate: set[int], constants: set[Value]):
     spec: dict[Value, tuple] = {}
     for it in problem.items:
         if it.kind == "input":
             spec[it.value] = it.strategies[0].out_specs[0] if len(it.strategies) == 1 else (R,)
     pins: dict[int, str] = {}
     wants: dict[int, tuple] = {}  # node index -> the chosen strategy's operand specs
-    constants = _constant_values(problem.graph)
     rank = {"S": 0, "P": 1, "R": 2}
     for it in problem.items:
         if it.kind != "node":
@@ -520,7 +520,7 @@ def plan_microbatch_program(mb: Microbatched, mesh: Mesh, ties, options: PlanOpt
     return dataclasses.replace(plan, solver=solver)
 
 
-def _phases(g: Graph, batch: set[int], m: int = 2) -> tuple[list[bool], set[Value]]:
+def _phases(g: Graph, batch: set[int], m: int) -> tuple[list[bool], set[Value]]:
     """Each node's phase (True: step phase) and the values that differ between micro-batches;
     raises PlanError where a step-phase node reads one micro-batch's values. With one micro-batch
     (``m`` 1) nothing meets: the update (the nodes graphc.grad's caller runs on the gradients,
