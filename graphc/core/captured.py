@@ -60,10 +60,7 @@ class GlobalRead:
     def current(self) -> Any:
         if isinstance(self.holder, dict):
             return self.holder.get(self.name, _MISSING)
-        try:
-            return self.holder.cell_contents
-        except ValueError:  # (a cell emptied by del)
-            return _MISSING
+        return _cell_value(self.holder)
 
     def changed(self) -> bool:
         now = self.current()
@@ -163,19 +160,8 @@ def global_reads(
     stored: list[tuple[str, SourceLoc | None, str]] = []
     seen: set[tuple[int, str]] = set()
     for fn, loc in functions:
-        code, module = fn.__code__, fn.__module__
-        places: list[tuple[str, Any, Any]] = []
-        namespace = fn.__globals__
-        for name in sorted(_names_read(code)):
-            value = namespace.get(name, _MISSING)
-            if value is not _MISSING:
-                places.append((name, namespace, value))
-        for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
-            try:
-                places.append((name, cell, cell.cell_contents))
-            except ValueError:
-                continue
-        for name, holder, value in places:
+        module = fn.__module__
+        for name, holder, value in _places(fn):
             if (id(holder), name) in seen:
                 continue
             seen.add((id(holder), name))
@@ -267,8 +253,23 @@ class HeldState:
 def _cell_value(cell: Any) -> Any:
     try:
         return cell.cell_contents
-    except ValueError:
+    except ValueError:  # (a cell emptied by del)
         return _MISSING
+
+
+def _places(fn: types.FunctionType) -> list[tuple[str, Any, Any]]:
+    """(name, holder, value) of each global name ``fn``'s code reads that its module holds (the
+    holder: the module's dict) and of each of its closure variables that holds a value (the
+    holder: the cell)."""
+    namespace = fn.__globals__
+    out: list[tuple[str, Any, Any]] = [
+        (name, namespace, namespace[name]) for name in sorted(_names_read(fn.__code__)) if name in namespace
+    ]
+    for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
+        value = _cell_value(cell)
+        if value is not _MISSING:
+            out.append((name, cell, value))
+    return out
 
 
 def function_of(fn: Any) -> types.FunctionType | None:
@@ -286,15 +287,8 @@ def held_state(fn: types.FunctionType) -> list[HeldState]:
     """HeldState of the global and closure names ``fn`` reads that hold a dict, a list or an
     object of ``fn``'s module (taken before it runs while traced)."""
     out = []
-    namespace, module = fn.__globals__, fn.__module__
-    places: list[tuple[Any, str, Any]] = [
-        (namespace, name, namespace[name]) for name in _names_read(fn.__code__) if name in namespace
-    ]
-    for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
-        value = _cell_value(cell)
-        if value is not _MISSING:
-            places.append((cell, name, value))
-    for holder, name, value in places:
+    module = fn.__module__
+    for name, holder, value in _places(fn):
         if isinstance(value, dict):
             out.append(HeldState(holder, name, value, dict(value)))
         elif isinstance(value, list):
