@@ -257,8 +257,8 @@ def trace(fn: Callable, *args: Any, **kwargs: Any) -> Graph:
             if writes:
                 out_tree = _with_state(fn, ctx, writes, out_tree, outputs, where)
     except BaseException:  # (a failed trace leaves no traced value or draw in the user's globals)
+        _put_back(ctx)
         for before in ctx.held_before:
-            before.restore(lambda x: isinstance(x, Tracer))
             before.drew()
         raise
     finally:
@@ -276,11 +276,10 @@ def _global_reads(ctx: TraceContext, name: str) -> tuple:
     for the next call, the compiled function cannot store it."""
     converted = ((f, definition_location(f)) for f in ctx.functions.values())
     written = frozenset((id(h.holder), h.name) for h in ctx.held_before if h.modified())
-    reads, stored = global_reads(converted, lambda x: isinstance(x, Tracer), written)
+    reads, stored = global_reads(converted, _traced, written)
     drawn = [before for before in ctx.held_before if before.drew()]  # (each put back)
     if stored:
-        for before in ctx.held_before:
-            before.restore(lambda x: isinstance(x, Tracer))
+        _put_back(ctx)
         function, loc, held = stored[0]
         raise TraceError(
             f"{function} stores a traced value in the global or closure variable {held!r} (an item, an "
@@ -297,6 +296,16 @@ def _global_reads(ctx: TraceContext, name: str) -> tuple:
             definition_location(next(iter(ctx.functions.values()))) if ctx.functions else None,
         )
     return reads
+
+
+def _traced(x: Any) -> bool:
+    return isinstance(x, Tracer)
+
+
+def _put_back(ctx: TraceContext) -> None:
+    """Put back what the traced functions' globals held where the trace stored a traced value."""
+    for before in ctx.held_before:
+        before.restore(_traced)
 
 
 def _written_inputs(placed: list[Any], inputs: list[Value], where: SourceLoc | None) -> tuple:
