@@ -6,10 +6,9 @@ from __future__ import annotations
 import argparse
 
 from graphc.bench import comm, mesh, model, pipeline, plans
-from graphc.cli.common import mesh_text, positive_int
+from graphc.cli.common import mesh_of, mesh_text, positive_int
 from graphc.cli.loader import load_target
-from graphc.core.errors import GraphcError, MeshError
-from graphc.core.mesh import Mesh, parse_links
+from graphc.core.errors import GraphcError
 from graphc.core.pytree import static_argnames
 
 NAMED = ("runtime", "kernels", "pipeline", "comm", "fastmath", "plans", "plantime", "ps", "scale")
@@ -120,11 +119,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     )
     label = f"{args.target} ({args.example or 'example_args'})"
     if args.mesh:
-        try:
-            on = Mesh(args.mesh, links=parse_links(args.link) if args.link else None)
-        except MeshError as exc:
-            raise GraphcError(f"--mesh/--link: {exc}") from None
-        verdict = mesh.bench_mesh(fn, fargs, fkwargs, static_argnames(fkwargs), on, args.repeat, args.plans, label)
+        verdict = mesh.bench_mesh(
+            fn, fargs, fkwargs, static_argnames(fkwargs), mesh_of(args), args.repeat, args.plans, label
+        )
         return 0 if verdict == "yes" else 1
     model.bench_model(fn, fargs, fkwargs, args.repeat, run=not args.no_run, label=label)
     return 0

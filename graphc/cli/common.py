@@ -38,7 +38,7 @@ import graphc.models  # noqa: F401  (registers the example models as user code: 
 from graphc.api.parallel import RunOptions, planned_pipeline
 from graphc.cli.loader import UsageError
 from graphc.core.errors import GraphcError, GraphcWarning, MeshError, PlanError
-from graphc.core.mesh import parse_axes
+from graphc.core.mesh import Mesh, parse_axes, parse_links
 from graphc.core.units import parse_bytes
 from graphc.frontend.locations import is_user_code
 from graphc.passes.options import RECOMPUTE_MODES, SCHEDULES, SOLVERS, ZERO_CHOICES, PlanOptions, zero_from_text
@@ -114,6 +114,24 @@ def mesh_text(text: str) -> str:
     except MeshError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text
+
+
+def links_of(args: argparse.Namespace) -> dict | None:
+    """The ``--link`` overrides, or None; an error names the flag."""
+    try:
+        return parse_links(args.link) if args.link else None
+    except MeshError as exc:
+        raise GraphcError(f"--link: {exc}") from None
+
+
+def mesh_of(args: argparse.Namespace, profile=None) -> Mesh:
+    """The ``--mesh`` of ``args`` with its ``--link`` overrides (and ``profile``); an error names
+    the flags (``--mesh`` itself is checked by the parser: ``mesh_text``)."""
+    links = links_of(args)
+    try:
+        return Mesh(args.mesh, links=links, profile=profile)
+    except MeshError as exc:  # a link for an axis the mesh does not have
+        raise GraphcError(f"--mesh/--link: {exc}") from None
 
 
 def memory_size(text: str, allow_zero: bool = False, what: str = "memory size") -> int:
@@ -492,6 +510,8 @@ __all__: list[Any] = [
     "check_output_file",
     "debug_enabled",
     "memory_size",
+    "links_of",
+    "mesh_of",
     "mesh_text",
     "plan_options",
     "run_options",

@@ -39,7 +39,9 @@ from graphc.cli.common import (
     add_plan_flags,
     check_output_dir,
     check_output_file,
+    links_of,
     load_plan,
+    mesh_of,
     mesh_text,
     plan_options,
     positive_int,
@@ -51,7 +53,7 @@ from graphc.core.collector import collector_paused
 from graphc.core.errors import GraphcError, MeshError, PlanError, PlanWarning
 from graphc.core.files import atomic_write
 from graphc.core.ir import Graph
-from graphc.core.mesh import Mesh, parse_links
+from graphc.core.mesh import Mesh
 from graphc.core.profiles import PRESETS, get_profile
 from graphc.core.pytree import static_argnames
 from graphc.passes.manager import run_passes
@@ -145,11 +147,7 @@ def _compile(args: argparse.Namespace) -> int:
     output = _check_outputs(args)
     if args.devices is not None or args.by_blocks:
         return _search_or_blocks(args, progress, output, start)
-    links, profile = _links(args), _profile(args)
-    try:
-        mesh = Mesh(args.mesh, links=links, profile=profile)
-    except MeshError as exc:  # a link for an axis the mesh does not have
-        raise GraphcError(f"--mesh/--link: {exc}") from None
+    mesh = mesh_of(args, _profile(args))
     pinned = _load_pinned(args.resolve_pins)
     fn, fargs, fkwargs = load_target(args.target, args.example)
     run = run_options(args)
@@ -391,14 +389,6 @@ def _mesh_by_blocks(
     return 0
 
 
-def _links(args: argparse.Namespace) -> dict | None:
-    """The ``--link`` overrides, or None; an error names the flag."""
-    try:
-        return parse_links(args.link) if args.link else None
-    except MeshError as exc:
-        raise GraphcError(f"--link: {exc}") from None
-
-
 def _profile(args: argparse.Namespace, default: str | None = None):
     """The ``--profile`` machine profile (else ``default``'s, or None); an error names the flag."""
     name = args.profile or default
@@ -414,7 +404,7 @@ SEARCH_MARGIN_S = 1.0
 
 def _search(args: argparse.Namespace, progress, output: Output, start: float) -> int:
     """``--devices N``: plan every factorization, print the choice and why, write the chosen plan."""
-    links, profile = _links(args), _profile(args)
+    links, profile = links_of(args), _profile(args)
     options = plan_options(args)
     graph = _planning_graph(args, progress)
     progress(f"searching meshes of {args.devices} devices")

@@ -32,6 +32,7 @@ from graphc.cli.common import (
     add_plan_flags,
     check_output_file,
     load_plan,
+    mesh_of,
     mesh_text,
     plan_options,
     positive_int,
@@ -39,10 +40,10 @@ from graphc.cli.common import (
     run_options,
 )
 from graphc.cli.loader import UsageError, load_target
-from graphc.core.errors import GraphcError, MeshError, PlanError
+from graphc.core.errors import PlanError
 from graphc.core.files import atomic_write
 from graphc.core.ir import uses_low_floats
-from graphc.core.mesh import Mesh, parse_links
+from graphc.core.mesh import Mesh
 from graphc.core.pytree import flatten, static_argnames
 from graphc.core.units import fmt_bytes, fmt_time
 from graphc.interpreter import bind_arguments, evaluate
@@ -101,10 +102,7 @@ def _mesh_and_plan(args: argparse.Namespace) -> tuple[Mesh, ShardingPlan | Pipel
             "(graphc compile ... --memory ... -o plan.json, then run it)"
         )
     loaded = load_plan(args.plan) if args.plan else None
-    try:
-        mesh = Mesh(args.mesh, links=parse_links(args.link) if args.link else None) if args.mesh else None
-    except MeshError as exc:
-        raise GraphcError(f"--mesh/--link: {exc}") from None
+    mesh = mesh_of(args) if args.mesh else None
     if loaded is None:
         assert mesh is not None
         return mesh, None
