@@ -63,7 +63,8 @@ from graphc.ops.linalg import parse_equation
 EPS32 = float(np.finfo(np.float32).eps)
 EPS64 = float(np.finfo(np.float64).eps)
 REORDERED_SUMS = frozenset({"matmul", "einsum", "reduce_sum", "scatter_add"})
-OWN_FORMULAS = frozenset({"exp", "expm1", "tanh", "log", "log1p"})  # runtime/fastmath.py
+# runtime/fastmath.py's FUNCTIONS (not imported here: it loads numba; a test keeps the two equal)
+OWN_FORMULAS = frozenset({"exp", "expm1", "tanh", "log", "log1p"})
 SELECTIONS = frozenset(
     {"broadcast_to", "reshape", "transpose", "slice", "pad", "gather", "concatenate", "split", "dynamic_slice",
      "dynamic_update_slice", "scatter", "where", "sharding"}

@@ -167,6 +167,13 @@ def test_every_op_of_a_single_device_graph_has_a_bound_rule():
     assert "all_reduce" in device_only and "matmul" not in device_only
 
 
+def test_the_functions_with_formulas_of_their_own_are_the_fused_kernels_fast_functions():
+    """bounds.OWN_FORMULAS names runtime/fastmath.py's functions (not imported there: numba)."""
+    from graphc.runtime import fastmath
+
+    assert bounds.OWN_FORMULAS == set(fastmath.FUNCTIONS)
+
+
 def test_control_flow_carries_the_bounds_through_its_regions():
     def f(x, n):
         for _ in range(n):
