@@ -64,8 +64,9 @@ def same(got: Any, want: Any, bounds: Sequence[np.ndarray]) -> str:
 
     The bounds are the computation's own (``result_bounds``, graphc/bench/bounds.py), not fixed
     tolerances: how far a compiled run of the graph may move each result element by adding its
-    sums in another order (2 gamma_K times the sum of the terms' magnitudes, not of the result:
-    a cancelling sum of large terms may move by many of its own ulps), by rounding partial sums
+    sums in another order (a spread of about sqrt(K) u times the sum of the terms' magnitudes, not
+    of the result: a cancelling sum of large terms may move by many of its own ulps; a result may
+    be ``bounds.SIGMAS`` spreads off), by rounding partial sums
     once more per device split and micro-batch, and by regrouping an op, carried through the
     graph from op to op. A 16-bit result is compared at its own rounding: exactly where no such
     error reaches a rounding boundary. NaNs must be at the same places; only float results are
