@@ -134,5 +134,9 @@ def optimize(
     verify: bool | None = None,
     dump_dir: str | None = None,
 ) -> Graph:
-    """Run the default pass list (or the named passes) and return the optimized graph."""
-    return run_passes(graph, passes, verify, dump_dir).graph
+    """Run the default pass list (or the named passes) and return the optimized graph, which
+    keeps ``graph``'s facts of the call (``Graph.written_inputs``, ``Graph.global_reads``: its
+    inputs are the same): a call of it is checked as a call of the traced graph."""
+    out = run_passes(graph, passes, verify, dump_dir).graph
+    out.written_inputs, out.global_reads = graph.written_inputs, graph.global_reads
+    return out

@@ -502,8 +502,6 @@ class Jitted:
                     warnings.warn(message, PromotionWarning, stacklevel=user_stacklevel())
             start = time.perf_counter()
             optimized = optimize(traced, self.passes)
-            optimized.written_inputs = traced.written_inputs  # (a pass's new graph has none)
-            optimized.global_reads = traced.global_reads
             seconds["optimize_s"] = time.perf_counter() - start
             compiled = Compiled(traced, optimized, seconds, self.split_static)
             self._cache.put(key, compiled, self.static.describe(targs, tkwargs, static))

@@ -276,8 +276,6 @@ class Parallelized:
         self.static.check_traced_ints(traced, targs, tkwargs)
         t1 = time.perf_counter()
         optimized = optimize_for_planning(traced)
-        optimized.written_inputs = traced.written_inputs  # (a pass's new graph has none)
-        optimized.global_reads = traced.global_reads
         t2 = time.perf_counter()
         return traced, optimized, {"trace_s": t1 - t0, "optimize_s": t2 - t1}
 

@@ -371,7 +371,7 @@ class Graph:
     # The inputs the traced function wrote into in place (``x[i] = v``, ``self.w -= g``), each with
     # the source line of its last write: a call whose argument arrays overlap one of them is refused
     # (core/buffers.py: written_overlap). Set by the tracer on the graph it makes; a pass's new
-    # graph has none, so callers keep the traced graph's (api/jit.py, api/parallel.py).
+    # graph has none, and passes/manager.py ``optimize`` gives it the traced graph's.
     written_inputs: tuple[tuple[int, SourceLoc | None], ...] = ()
     # The arrays the traced functions read from their globals and closures, compiled as constants
     # (core/captured.py: GlobalRead): a call after their values changed is refused. As above.
