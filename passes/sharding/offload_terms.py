@@ -75,6 +75,16 @@ over the strategies), so ``sum A_c b_c >= D`` over their binaries ``b``. Its rou
 integrality, so the optimum is the same (tests/passes/sharding/test_offload_cover.py); the root bound
 at 85% became 304.1 us, at 84% 316.0 against 323.6 (277.1 and 310.9 before).
 
+**Tied layers.** The candidates of the same parameter in identical layers, whose items shrink ties
+into the same groups (passes/sharding/groups.py: one strategy variable for the layers), share one
+binary and its ``w`` columns: each sum counts every layer's terms. So the layers' optimizer state
+moves to the host together, as their sharding, ZeRO stage and recomputation are chosen together
+(the block search, passes/scale.py, prices one layer for all, too). A plan offloading some of
+identical layers only is not weighed unless shrinking is off (``--no-shrink``: a group per item).
+The problem's offload columns then stay those of one layer: on the GPT-3 175B slice of
+``graphc bench plantime`` (dp=8,tp=8) the 4-layer solve had 18 candidates and 1,318 offload
+columns, the 12-layer one 50 and 3,654; both now have 442.
+
 The chosen values are dropped from the memory model (``MemoryModel.offloaded``), so every peak
 measured after solving (the lazy memory rows, the plan's peak, its alternatives) sees them
 moved; the plan records them as an ``OffloadRecord`` (passes/offload.py) and the lowering
@@ -106,6 +116,8 @@ COVER = True
 # Whether a group's strategies with the same offload coefficients share a w column (``OffloadTerms._shares``;
 # tests turn it off to compare optima).
 SHARE_CLASSES = True
+# Whether tied layers' candidates share one binary (module doc, "Tied layers"; tests turn it off to compare).
+TIE_LAYERS = True
 # A cover row asks this much less than its memory row's deficit: a plan HiGHS takes as meeting the memory
 # row (within its feasibility tolerance, 1e-7 on rows in MiB) meets its cover rows too.
 TOLERANCE_MIB = 1e-6
@@ -345,7 +357,7 @@ class OffloadTerms:
         # screen (_may_be_faster) let a large parameter's columns in keeps presolve and drops the start
         self.model.milp.keep_misvalued_start = keep_misvalued_start
         if keep_misvalued_start:  # nothing fits without offload: a solve from a start probes the binaries (milp.py)
-            self.model.milp.probe = np.concatenate([self.o, self.a]).astype(np.int64)
+            self.model.milp.probe = np.unique(np.concatenate([self.o, self.a])).astype(np.int64)
         if sum(max(0.0, v) for v in host_row.values()) > host.memory_bytes / self.model.MIB:  # the host can run out
             self.model.milp.add_row(
                 list(host_row), list(host_row.values()), -np.inf, host.memory_bytes / self.model.MIB
@@ -357,21 +369,11 @@ class OffloadTerms:
         host = host_tier(p.mesh.profile)
         assert host is not None  # candidates exist only with a host tier
         link, dram = host.link, host.memory_bandwidth
-        self.o = m.add_vars(np.zeros(len(self.cands)), integer=True)
-        u = m.add_vars([link.latency_s * us if priced else 0.0], integer=False)[0]
-        self.u = int(u)
-        e = m.add_vars([1.0 if priced else 0.0], integer=False, upper=1e30)[0]
-        overlap = cluster_figures(p.mesh.profile).dp_overlap
-        bconst, bcoef = self._x_expr([(i, p.costs.compute_times(i) * us) for i in _part_items(p, "backward")])
-        e_row = {e: 1.0, u: -link.latency_s * us, **{col: overlap * v for col, v in bcoef.items()}}
-        host_s: dict[int, float] = {}  # the copy back and the CPU Adam
-        device_s: dict[int, float] = {}  # the device's update, which no longer runs
-        for c, o in zip(self.cands, (int(o) for o in self.o)):
-            m.add_row([o, u], [1.0, -1.0], -np.inf, 0.0)  # u >= o: the latency of one transfer each way
+        terms_of = []  # per candidate: its items and every sum of w-terms it enters
+        for c in self.cands:
             pb = _param_bytes(p, c)
             sb = [(i, _state_bytes(p, c, i)) for i in c.state_items]
             rep = c.state_items[0]
-            # every sum of w-terms the candidate enters (each becomes coefficients of its w columns):
             # the copy back and the CPU Adam; the device's update of the parameter, which no longer
             # runs; the gradients' copy; the host's bytes; per entry, the MiB it takes off the device
             host_terms = [(rep, pb * (1 / link.bandwidth + 3 / dram) * us)] + [(i, 2 * b / dram * us) for i, b in sb]
@@ -380,7 +382,26 @@ class OffloadTerms:
             host_mib = [(rep, pb / model.MIB)] + [(i, b / model.MIB) for i, b in sb]
             saved = [[(item, p.memory.strategy_bytes(v, item) / -model.MIB)] for v, item, _a, _b in c.entries]
             items = {*c.state_items, *c.update_items, *(entry[1] for entry in c.entries)}
-            self.w = self._shares(o, items, [host_terms, device_terms, copy_terms, host_mib, *saved])
+            terms_of.append((items, [host_terms, device_terms, copy_terms, host_mib, *saved]))
+        # tied layers' candidates share one binary (module doc, "Tied layers")
+        keys = [self._tie_key(exprs) if TIE_LAYERS else (k,) for k, (_items, exprs) in enumerate(terms_of)]
+        distinct = {key: k for k, key in reversed(list(enumerate(keys)))}
+        binary = m.add_vars(np.zeros(len(distinct)), integer=True)
+        column = {key: int(binary[n]) for n, key in enumerate(sorted(distinct, key=distinct.__getitem__))}
+        self.o = np.array([column[key] for key in keys], dtype=np.int64)
+        u = m.add_vars([link.latency_s * us if priced else 0.0], integer=False)[0]
+        self.u = int(u)
+        e = m.add_vars([1.0 if priced else 0.0], integer=False, upper=1e30)[0]
+        overlap = cluster_figures(p.mesh.profile).dp_overlap
+        bconst, bcoef = self._x_expr([(i, p.costs.compute_times(i) * us) for i in _part_items(p, "backward")])
+        e_row = {e: 1.0, u: -link.latency_s * us, **{col: overlap * v for col, v in bcoef.items()}}
+        host_s: dict[int, float] = {}  # the copy back and the CPU Adam
+        device_s: dict[int, float] = {}  # the device's update, which no longer runs
+        for o in binary.tolist():
+            m.add_row([int(o), u], [1.0, -1.0], -np.inf, 0.0)  # u >= o: the latency of one transfer each way
+        for o, (items, exprs) in zip(self.o.tolist(), terms_of):
+            host_terms, device_terms, copy_terms, host_mib, *saved = exprs
+            self.w = self._shares(o, items, exprs)
             _add(host_s, self._w_expr(host_terms))
             _add(device_s, self._w_expr(device_terms))
             _add(e_row, self._w_expr(copy_terms))
@@ -390,6 +411,17 @@ class OffloadTerms:
             total = m.add_vars([sign if priced else 0.0], integer=False, upper=1e30)[0]
             m.add_row([total, *terms], [1.0, *(-v for v in terms.values())], 0.0, 0.0)
         m.add_row(list(e_row), list(e_row.values()), -overlap * bconst, np.inf)
+
+    def _tie_key(self, exprs) -> tuple:
+        """What makes two candidates' terms the same: per term, its sum, its item's group and map
+        (``model.of``, ``model.maps``) and its values; equal for the same parameter of tied layers,
+        whose items shrink put in the same groups (groups.py), and for nothing else."""
+        model = self.model
+        return tuple(
+            (k, model.of[item], np.asarray(model.maps[item]).tobytes(), np.asarray(v, float).tobytes())
+            for k, terms in enumerate(exprs)
+            for item, v in terms
+        )
 
     def _build_stashes(self, host_row: dict[int, float]) -> None:
         """The stashes' columns: memory off the device while away, the copies by the overlap rule."""
@@ -526,10 +558,11 @@ class OffloadTerms:
     def savings_at(self, at: int) -> list[tuple[int, float]]:
         """(binary column, the most MiB its candidate or stash can take off position ``at``, under
         any strategies) of every candidate and stash that takes some off there."""
-        out = []
+        by_column: dict[int, float] = {}  # tied candidates share their binary (module doc, "Tied layers")
         for o, c, per_entry in zip(self.o, self.cands, self.saved):
             most = sum(-min(coef.values(), default=0.0) for coef, e in zip(per_entry, c.entries) if e[2] <= at <= e[3])
-            out.append((int(o), most))
+            by_column[int(o)] = by_column.get(int(o), 0.0) + most
+        out = list(by_column.items())
         for a, st, coef in zip(self.a, self.stashes, self.away):
             out.append((int(a), -min(coef.values(), default=0.0) if st.away[0] <= at <= st.away[1] else 0.0))
         return [(col, v) for col, v in out if v > 0]

@@ -166,7 +166,10 @@ def test_the_memory_rows_are_the_memory_model_with_stashes_away(graph):
         for gi, g in enumerate(groups):
             for i, m in g.members:
                 choice[i] = int(m[gchoice[gi]])
-        cands = [c for c in terms.cands if rng.random() < 0.5]
+        moved = {
+            o for o in sorted(set(terms.o.tolist())) if rng.random() < 0.5
+        }  # tied layers' candidates move together
+        cands = [c for c, o in zip(terms.cands, terms.o.tolist()) if o in moved]
         away = [st for st in terms.stashes if rng.random() < 0.5]
         x = model.point(gchoice)
         on = {int(terms.o[terms.cands.index(c)]) for c in cands} | {int(terms.a[terms.stashes.index(s)]) for s in away}
