@@ -274,8 +274,9 @@ def microbatch(graph: Graph, m: int, batch: list[int] | None = None) -> Microbat
             at = next((n.loc for n in graph.nodes if n.loc is not None and v in n.inputs), None)
             raise PlanError(
                 f"{f'{at}: ' if at else ''}@{graph.name}: input %{names[v]} of shape {list(v.type.shape)} does not split "
-                f"into {m} micro-batches along dim 0 (microbatches={m} must divide the batch"
-                + ("; the line named first reads it)" if at else ")")
+                f"into {m} micro-batches along dim 0 (microbatches={m} must divide dim 0 of every batch input: an "
+                "array argument the step does not return replaced, split along its dim 0, so a time-major input "
+                "[T, B, ...] splits time" + ("; the line named first reads it)" if at else ")")
             )
     # the link is free: micro-batches meet in memory; only the propagation's choices matter
     mesh = Mesh({MB_AXIS: m}, links={MB_AXIS: Link(latency_s=1e-12, bandwidth=1e18)})

@@ -466,12 +466,13 @@ class Outcome:
 def layouts(
     model: _Model, n: int, node_size: int | None, options: PlanOptions, offloads: tuple[str, ...] = ("off",)
 ) -> list[Layout]:
-    """Every layout of ``n`` devices (tp within a node, pp at most the layers, micro-batch sizes
+    """Every layout of ``n`` devices (tp dividing a node, so every group stays inside one; pp at most the layers, micro-batch sizes
     ``microbatch_sizes``), largest tp and smallest micro-batch first; each with every offload
     choice of ``offloads``."""
     L, B = model.layers.count, model.batch
     out = []
-    tps = [t for t in range(n, 0, -1) if n % t == 0 and (node_size is None or t <= node_size)]
+    # a group of t devices stays inside a node only if t divides the node (6 of 8: ranks 6-11 span two)
+    tps = [t for t in range(n, 0, -1) if n % t == 0 and (node_size is None or node_size % t == 0)]
     zeros = ZERO_STAGES if options.zero == "auto" else (int(options.zero),)
     recs = {"auto": ("off", "full"), "off": ("off",), "on": ("full",)}[options.recompute]
     for t in tps:

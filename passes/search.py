@@ -22,13 +22,15 @@ search ends by its deadline (``options.time_limit``); what it did not reach is l
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from dataclasses import dataclass, field
 
 from graphc.core.errors import GraphcError, MemoryLimitError, PlanError, TimeLimitError
 from graphc.core.ir import Graph
 from graphc.core.mesh import Mesh
-from graphc.core.profiles import load_profile
+from graphc.core.profile import INTER_NODE_ROLES
+from graphc.core.profiles import cluster_figures, load_profile
 from graphc.core.roles import axis_role
 from graphc.passes.microbatch import batch_inputs
 from graphc.passes.offload import not_runnable, offloads_state
@@ -138,6 +140,22 @@ def factorizations(n: int, axes: tuple[str, ...] = AXES) -> list[dict[str, int]]
     return out
 
 
+def _beyond_a_node(shape: dict[str, int], links: dict, profile) -> str | None:
+    """Why ``shape`` cannot keep its axes that stay inside a node (tp, sp: not ``INTER_NODE_ROLES``,
+    and not given a link of their own) inside one node of the profile's cluster, or None: their
+    group of devices must divide the node (6 of 8: ranks 6-11 span two nodes), as the block search
+    keeps tp (passes/scale.py ``layouts``)."""
+    node = cluster_figures(profile).node_size
+    inner = {a: n for a, n in shape.items() if a not in links and axis_role(a) not in INTER_NODE_ROLES}
+    size = math.prod(inner.values())
+    if node is None or node % size == 0:
+        return None
+    return (
+        f"beyond a node: {_mesh_text(inner)} does not divide a node of {node} devices ({profile.name}), "
+        "so a group would span two"
+    )
+
+
 def step_batch(graph: Graph) -> int | None:
     sizes = {graph.inputs[k].type.shape[0] for k in batch_inputs(graph)}
     return min(sizes) if sizes else None
@@ -209,6 +227,10 @@ def _search_whole(
             out.append(Candidate(axes=dict(shape), microbatches=1, skipped=TIME_UP))
             continue
         mesh_links = {a: link for a, link in links.items() if a in shape}
+        beyond = _beyond_a_node(shape, links, profile)
+        if beyond is not None:
+            out.append(Candidate(axes=dict(shape), microbatches=1, skipped=beyond))
+            continue
         key = _problem_key(shape, links, profile)
         if key in seen:
             out.append(Candidate(axes=dict(shape), microbatches=1, skipped=f"the same planning problem as {seen[key]}"))
@@ -496,7 +518,7 @@ def _considered(cands: list[Candidate]) -> str:
     return text
 
 
-_KINDS = ("indivisible", "time limit", "memory bound", "compute bound")
+_KINDS = ("indivisible", "time limit", "memory bound", "compute bound", "beyond a node")
 
 
 def _why(best: Candidate, ok: list[Candidate]) -> str:

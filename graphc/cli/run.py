@@ -19,6 +19,7 @@ machine's monotonic clock: one machine only)."""
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -46,6 +47,7 @@ from graphc.core.ir import uses_low_floats
 from graphc.core.mesh import Mesh
 from graphc.core.pytree import flatten, static_argnames
 from graphc.core.units import fmt_bytes, fmt_time
+from graphc.frontend import random as traced_random
 from graphc.interpreter import bind_arguments, evaluate
 from graphc.passes.pipeline import PipelinePlan
 from graphc.passes.sharding.plan import ShardingPlan
@@ -118,6 +120,36 @@ def _check_trace(args: argparse.Namespace) -> Output | None:
     return check_output_file(args.trace, "--trace", "trace", args.force, args.mkdir) if args.trace else None
 
 
+def _from_example_state(fn, fargs: tuple, fkwargs: dict) -> tuple[Any, tuple, dict]:
+    """(the function, its arguments) as every call of the run takes them: each numpy Generator
+    among the example's arguments replaced by its state as the example made it (the u64[6] graphc
+    passes for one: frontend/random.py), so the compiled step, the rounding bounds, the
+    interpreter and every repetition draw the same numbers; the function, called directly, is
+    given a Generator at that state again on each call (a Generator advances as it draws)."""
+    fargs, fkwargs, bound = traced_random.bind_generators(fargs, fkwargs, ambient=False)
+    if not bound:
+        return fn, fargs, fkwargs
+
+    by_state = {id(state): gen for gen, state in bound}
+
+    def generator(x: Any) -> Any:  # bind_generators' walk undone: each state its Generator again
+        if id(x) in by_state:
+            return by_state[id(x)]
+        if isinstance(x, dict):
+            return {k: generator(v) for k, v in x.items()}
+        if type(x) in (list, tuple):
+            return type(x)(generator(v) for v in x)
+        return x
+
+    def direct(*a: Any, **kw: Any) -> Any:
+        for gen, state in bound:
+            traced_random.set_philox_state(gen, state)
+        return fn(*generator(a), **generator(kw))
+
+    functools.update_wrapper(direct, fn)
+    return direct, fargs, fkwargs
+
+
 def _compile_given(pf, args: argparse.Namespace, fargs: tuple, fkwargs: dict):
     """``pf.compile``; a plan file made for another graph is an error naming the file."""
     try:
@@ -136,6 +168,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     options = plan_options(args, loaded)
     fn, fargs, fkwargs = load_target(args.target, args.example, runs="graphc run")
     pf = Parallelized(fn, mesh, options, run_options(args), static_argnames=static_argnames(fkwargs), plan=loaded)
+    fn, fargs, fkwargs = _from_example_state(fn, fargs, fkwargs)
     if pf.pipelined:
         return _run_pipeline(args, pf, fn, fargs, fkwargs, trace_out)
     start = time.perf_counter()
@@ -326,6 +359,7 @@ def cmd_run_mpi(args: argparse.Namespace, mesh, loaded, trace_out: Output | None
     options = plan_options(args, loaded)
     fn, fargs, fkwargs = load_target(args.target, args.example, runs="graphc run")
     pf = Parallelized(fn, mesh, options, run_options(args), static_argnames=static_argnames(fkwargs), plan=loaded)
+    fn, fargs, fkwargs = _from_example_state(fn, fargs, fkwargs)
     start = time.perf_counter()
     compiled = _compile_given(pf, args, fargs, fkwargs)
     rank_ex = compiled.rank_executable

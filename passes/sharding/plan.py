@@ -305,7 +305,8 @@ def _summary(p: ShardingPlan, top: int) -> str:
     lines = [
         f"plan for @{p.graph_name} on mesh ({axes}): {p.n_nodes} nodes, {len(p.collectives)} collectives",
         f"predicted step {fmt_time(c.total_s)} = compute {fmt_time(c.compute_s)} + communication {fmt_time(c.comm_s)} "
-        "(the plan's collectives, each redistribution once"
+        + (f"{'+' if c.offload_s > 0 else '-'} offload {fmt_time(abs(c.offload_s))} " if c.offload_s else "")
+        + "(the plan's collectives, each redistribution once"
         + (f"; gradient all-reduces in the buckets they fill, {fmt_bytes(c.bucket_bytes)})" if c.bucket_bytes else ")"),
         *_mfu_lines(p),
         f"memory per device: peak {fmt_bytes(m.peak_bytes[0])}"

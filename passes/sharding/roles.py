@@ -37,11 +37,15 @@ gathered before its use.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from graphc.core.ir import Graph, Node, Value
 from graphc.core.mesh import Mesh
+from graphc.core.profile import INTER_NODE_ROLES
+from graphc.core.profiles import cluster_figures
 from graphc.core.pytree import call_arguments
+from graphc.core.roles import axis_role
 from graphc.ops.dims import DimRule
 
 BATCH, SEQ = 1, 2  # bits of a dim's kind
@@ -193,7 +197,7 @@ def axis_roles(
     if update:  # a training step: ZeRO shards its state and update
         zero_values = frozenset(state) | {v for node in update for v in (*node.inputs, *node.outputs)}
     out = AxisRoles(roles, classes, labelled, batch, seq, frozenset(state), zero_values, update)
-    out.warnings += _unusable_axes(graph, mesh, out)
+    out.warnings += _unusable_axes(graph, mesh, out) + _beyond_a_node(mesh)
     return out
 
 
@@ -251,6 +255,28 @@ def _rule_places(rule: DimRule, cache: dict[int, tuple]) -> tuple[list, list]:
                 first[label] = (side, i, d)
         known = cache[id(rule)] = (rule, places, pairs)
     return known[1], known[2]
+
+
+def _beyond_a_node(mesh: Mesh) -> list[str]:
+    """A warning when the axes the profile prices on the link inside a node (tp, sp: not
+    ``INTER_NODE_ROLES``, nor given a link of their own) make groups that do not divide a node of
+    the profile's cluster: some group spans two nodes, and its collectives cross the network at
+    the node link's price. (The mesh search skips such meshes, passes/search.py.)"""
+    node = cluster_figures(mesh.profile).node_size
+    links = mesh.links
+    inner = [
+        (name, n)
+        for name, n in zip(mesh.axis_names, mesh.shape)
+        if n > 1 and axis_role(name) not in INTER_NODE_ROLES and links[name] == mesh.profile.link
+    ]
+    size = math.prod(n for _name, n in inner)
+    if node is None or node % size == 0:
+        return []
+    axes = ",".join(f"{name}={n}" for name, n in inner)
+    return [
+        f"mesh axes {axes} are priced on the link inside a node of {mesh.profile.name}, but a group of {size} "
+        f"devices does not divide its node of {node}: some group spans two nodes (--link prices their network)"
+    ]
 
 
 def _unusable_axes(graph: Graph, mesh: Mesh, roles: AxisRoles) -> list[str]:

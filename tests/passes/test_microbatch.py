@@ -310,3 +310,7 @@ def test_a_time_major_input_joined_whole_is_named_with_its_shape_and_dim():
     w, x, y = rng.standard_normal((5, 3)), rng.standard_normal((4, 6, 5)), rng.standard_normal((6, 3))
     with pytest.raises(PlanError, match=r"it joins %x \(f64\[4,6,5\]\), split along dim 0 .*time-major"):
         graphc.parallelize(step, mesh={"dp": 1}, microbatches=2, cache=False)(w, x, y)
+    # a count dividing the batch (6) but not the time steps (4): the error says dim 0 is what splits,
+    # not only that the count "must divide the batch" (it does)
+    with pytest.raises(PlanError, match=r"input %x of shape \[4, 6, 5\] does not split into 3 .*time-major"):
+        graphc.parallelize(step, mesh={"dp": 1}, microbatches=3, cache=False)(w, x, y)

@@ -12,6 +12,7 @@ import pytest
 
 import graphc
 from graphc.core.profile import Link, MachineProfile
+from graphc.core.profiles import get_profile
 from graphc.models import mlp
 from graphc.passes import search
 from graphc.passes.options import PlanOptions
@@ -300,3 +301,24 @@ def test_a_mesh_cut_short_by_its_share_of_the_time_gets_what_the_others_left(mon
     assert shares[0] < 30.0 / 3  # a share, not the whole limit: more solves were expected after it
     assert shares[-1] > 10 * shares[0]  # planned again with all that was left (the fakes take no time)
     assert cands[0].axes == {"dp": 4} and cands[0].ok and not cands[0].timed_out
+
+
+def test_tensor_parallel_groups_that_would_span_nodes_are_skipped_and_named():
+    """On a100-sxm (8 GPUs a node) a tp group stays inside a node only if its size divides 8:
+    12 devices as tp=3, 6 or 12 put some group on two nodes, and the profile would price its
+    collectives on the node's link (NVLink). The whole-step search used to plan them; it skips
+    them, naming why, as the block search leaves them out (passes/scale.py ``layouts``)."""
+    args, kw = mlp.example_train_args(batch=12, sizes=(32, 32, 8))
+    g = graph_of(mlp.train_step, args, kw)
+    cands = search_meshes(g, 12, profile=get_profile("a100-sxm"), axes=("dp", "tp"))
+    planned = {c.axes.get("tp", 1) for c in cands if c.skipped is None}
+    assert planned == {1, 2, 4}
+    skipped = {c.axes["tp"]: c.skipped for c in cands if c.skipped is not None}
+    for t in (3, 6, 12):
+        assert (
+            skipped[t]
+            == f"beyond a node: tp={t} does not divide a node of 8 devices (a100-sxm), so a group would span two"
+        )
+    assert "3 beyond a node" in explain(cands).splitlines()[0]
+    same = search_meshes(g, 12, profile=PROFILE, axes=("dp", "tp"))  # this machine: one node, no limit
+    assert all(c.skipped is None for c in same)

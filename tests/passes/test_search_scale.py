@@ -579,3 +579,13 @@ def test_layers_kept_in_a_dict_are_found_and_tied_as_a_list_s():
     mesh = Mesh({"tp": 2}, profile=A100)
     tied = [len(shrink_groups(build_problem(h, mesh, PlanOptions(), Pins(), state_ties(h)))[0]) for h in (g, listed)]
     assert tied[0] <= tied[1] + 1, tied  # the dict's step has one item more (2,338 groups before)
+
+
+@pytest.mark.parametrize("n", [96, 1000, 12])
+def test_tensor_parallel_groups_divide_a_node(n):
+    """A tensor-parallel group stays inside a node of 8 only if its size divides 8: 96 devices in
+    groups of 6 (or 1,000 in groups of 5) put ranks 6-11 (5-9) on two nodes, priced at the
+    node's link. The search offered tp = 3, 5, 6 because they are at most 8."""
+    model = layered_model(_small(n_layer=3, batch=1000 if n == 1000 else 48), 1000 if n == 1000 else 48, A100)
+    tps = {lo.tp for lo in scale.layouts(model, n, 8, PlanOptions())}
+    assert tps == {t for t in (1, 2, 4, 8) if n % t == 0}

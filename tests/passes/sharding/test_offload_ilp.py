@@ -15,6 +15,7 @@ from graphc.core.mesh import Mesh
 from graphc.core.profile import MachineProfile
 from graphc.core.profiles import HOST_TIERS, cluster_figures, get_profile, host_tier
 from graphc.core.spec import R
+from graphc.core.units import fmt_time
 from graphc.models import gpt3
 from graphc.passes import scale
 from graphc.passes.offload import offload_costs
@@ -180,6 +181,10 @@ def test_the_summary_and_explain_say_what_moved_and_why(everything):
     plan = everything[2]
     text = plan.summary()
     assert "offloaded to host memory: the optimizer state of" in text
+    c = plan.cost  # the headline's terms add up to the step it states
+    assert c.offload_s > 0 and c.total_s == pytest.approx(c.compute_s + c.comm_s + c.offload_s)
+    headline = f"predicted step {fmt_time(c.total_s)} = compute {fmt_time(c.compute_s)} + communication "
+    assert headline + f"{fmt_time(c.comm_s)} + offload {fmt_time(c.offload_s)} " in text
     assert "Adam on the CPU" in text and "over the limit" in text and "not run" in text
     moved = plan.explain("%opt_state.m.blocks.0.qkv.w")
     assert "in host memory (offloaded)" in moved and "over the limit" in moved
