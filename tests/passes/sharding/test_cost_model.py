@@ -87,9 +87,15 @@ def test_size_classes_and_the_default_table():
     for key, eff in DEFAULT_MATMUL_EFFICIENCY.items():
         assert DEFAULT.matmul_table["float32"][key] == pytest.approx(100e9 * eff)
         assert DEFAULT.matmul_table["float64"][key] == pytest.approx(50e9 * eff)
-    # a profile without a table (the GPU presets) runs every size at its peak
+    # the GPU presets' table: every size of float32 at cuBLAS SGEMM's measured share of the fp32 peak
+    # (profiles.SUSTAINED_SGEMM); a dtype without a row (their float64) runs every size at its peak
     h100 = get_profile("h100-sxm")
-    assert h100.matmul_rate(np.float32, 16**3) == h100.matmul_rate(np.float32) == h100.flops
+    assert (
+        h100.matmul_rate(np.float32, 16**3)
+        == h100.matmul_rate(np.float32, 4096**3)
+        == pytest.approx(18.88 / 19.49 * h100.flops)
+    )
+    assert h100.matmul_rate(np.float64, 16**3) == h100.matmul_rate(np.float64) == 66.9e12
 
 
 def test_contractions_are_priced_at_their_size_class_and_dtype():
