@@ -76,6 +76,12 @@ class StateLayout:
     update_share: float  # the share of their update one device runs (1/tp when all is split)
     params: tuple[ParamLayout, ...] = ()
     sum_bytes: float | None = None  # the gradients' running sums over micro-batches (None: grad_bytes)
+    work_bytes: float = 0.0  # the parameters' and their state's whole bytes (what their update reads)
+
+    @property
+    def update_bytes(self) -> float:
+        """The bytes of their update one device runs: its share of ``work_bytes``."""
+        return self.work_bytes * self.update_share
 
     @property
     def updated_bytes(self) -> float:
@@ -104,13 +110,97 @@ class StateLayout:
             update_share=sum((p.nbytes + p.state_nbytes) / p.update for p in params) / work if work else 1.0,
             params=tuple(params),
             sum_bytes=sum((p.grad_nbytes if p.sum_nbytes is None else p.sum_nbytes) / p.grad for p in params),
+            work_bytes=work,
         )
 
     @classmethod
     def even(cls, param_bytes: float, state_bytes: float, tp: int) -> StateLayout:
         """Everything split over tp, the gradients in the parameters' dtype: what a plan of
         unknown specs is taken to do."""
-        return cls(param_bytes / tp, param_bytes / tp, state_bytes / tp, 0.0, 1 / tp)
+        return cls(
+            param_bytes / tp, param_bytes / tp, state_bytes / tp, 0.0, 1 / tp, work_bytes=param_bytes + state_bytes
+        )
+
+
+NO_STATE = StateLayout.of([])
+
+
+@dataclass(frozen=True, slots=True)
+class EndStates:
+    """The state outside the repeated layers by the pipeline stages that hold it (``end_groups``):
+    ``first`` is read only by the embedding (pre), so held by the first stage; ``last`` only by the
+    head, so by the last stage; ``both`` by both ends (a tied embedding), and the optimizer state
+    no parameter's update claims; ``every`` by the layers' blocks without being one of the layer
+    structure's parameters (a weight the layers share, a per-layer array outside the structure):
+    every stage holds it, whole when the stamped block does not read it."""
+
+    first: StateLayout = NO_STATE
+    last: StateLayout = NO_STATE
+    both: StateLayout = NO_STATE
+    every: StateLayout = NO_STATE
+
+    def at(self, s: int, stages: int) -> list[StateLayout]:
+        """What stage ``s`` of ``stages`` holds (one stage: all of it, each once)."""
+        out = [self.every]
+        out += [self.first] if s == 0 else []
+        out += [self.last] if s == stages - 1 else []
+        out += [self.both] if s in (0, stages - 1) else []
+        return out
+
+
+def held_outside(graph: Graph, layer_inputs: set[int], tied: set[int], batch: int) -> list[int]:
+    """The positions of the inputs outside the layers (``layer_inputs``) that a device holds as
+    state: every one, trained (``tied``) or not (a frozen embedding), but the data (an untied input
+    whose leading dimension is the batch's)."""
+    return [
+        k
+        for k, v in enumerate(graph.inputs)
+        if k not in layer_inputs and (k in tied or v.type.ndim == 0 or v.type.shape[0] != batch)
+    ]
+
+
+def end_groups(graph: Graph, segment: Sequence[int], n_layers: int, params: Iterable[int]) -> dict[int, str]:
+    """Which ``EndStates`` group each input at ``params`` belongs to, from the segments of the
+    nodes that read it (``segment``: per node, 0 pre, 1 .. ``n_layers`` the layers' blocks,
+    ``n_layers`` + 1 the head, -1 none: passes/blocks.py ``Segments``)."""
+    wanted = {graph.inputs[k]: k for k in params}
+    seen: dict[int, set[int]] = {k: set() for k in wanted.values()}
+    for j, n in enumerate(graph.nodes):
+        if segment[j] < 0:
+            continue
+        for v in n.inputs:
+            if v in wanted:
+                seen[wanted[v]].add(segment[j])
+    head = n_layers + 1
+    out = {}
+    for k, segs in seen.items():
+        if any(1 <= s <= n_layers for s in segs):
+            out[k] = "every"
+        elif segs == {0}:
+            out[k] = "first"
+        elif segs == {head}:
+            out[k] = "last"
+        else:
+            out[k] = "both"  # both ends, or read by no segment
+    return out
+
+
+def end_states(
+    graph: Graph,
+    groups: dict[int, str],
+    segments: Sequence[SegmentSpecs],
+    profile,
+    state: Iterable[int] = (),
+) -> tuple[EndStates, StateLayout]:
+    """The state outside the layers by ``EndStates`` group (``groups``: ``end_groups``), as the
+    ``segments`` (pre, head, the stamped block) lay it out, and all of it together. A parameter
+    none of them reads is counted whole; the state no parameter claims goes with ``both``."""
+    whole = state_layout(graph, groups, segments, profile, state, unread_whole=True)
+    group_of = {graph.inputs[k].name or f"input{k}": g for k, g in groups.items()}
+    by: dict[str, list[ParamLayout]] = {g: [] for g in ("first", "last", "both", "every")}
+    for p in whole.params:
+        by[group_of.get(p.name, "both")].append(p)
+    return EndStates(**{g: StateLayout.of(ps) for g, ps in by.items()}), whole
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,11 +220,17 @@ def tp_placement(spec, plan: ShardingPlan) -> Placement:
 
 
 def state_layout(
-    graph: Graph, params: Iterable[int], segments: Sequence[SegmentSpecs], profile, state: Iterable[int] = ()
+    graph: Graph,
+    params: Iterable[int],
+    segments: Sequence[SegmentSpecs],
+    profile,
+    state: Iterable[int] = (),
+    unread_whole: bool = False,
 ) -> StateLayout:
     """The layout of the step's inputs ``params`` (positions in ``graph.inputs``) as the
     ``segments`` that read them and make their gradients planned them (module doc). A parameter
-    read by several segments counts in its least split read. ``state``: the optimizer state of
+    read by several segments counts in its least split read; one none of them reads is left out,
+    or with ``unread_whole`` counted whole (replicated on tp). ``state``: the optimizer state of
     these parameters (inputs only the update reads); what no parameter's update claims (a
     parameter whose new value the step returns in another dtype or structure, so that no tie leads
     from it to its update) still counts, with the gradients the segments make that its update
@@ -158,7 +254,7 @@ def state_layout(
     claimed: set[Value] = set()
     for i in params:
         p = graph.inputs[i]
-        reads = read_in.get(p)
+        reads = read_in.get(p) or ([R] if unread_whole else None)
         if not reads:
             continue  # no segment reads it: nothing of it is on the sub-mesh's plans
         read = min(reads, key=lambda x: _pieces(x, tp))
@@ -310,9 +406,14 @@ def _update_operands(graph: Graph, producer, upd: set[int], read_fwd: set, p: Va
 
 
 __all__ = [
+    "NO_STATE",
+    "EndStates",
     "ParamLayout",
     "SegmentSpecs",
     "StateLayout",
+    "end_groups",
+    "end_states",
+    "held_outside",
     "kept_bytes",
     "split_reads",
     "state_layout",
