@@ -371,9 +371,7 @@ def compose(model: _Model, segs: _Segments, lo: Layout, profile, figures: Cluste
     n_max = max(counts)
 
     def most(attr: str) -> float:  # the most of a state figure a stage holds: its layers' and its ends'
-        return max(
-            getattr(layer_st, attr) * c + sum(getattr(x, attr) for x in ends_st.at(s, S)) for s, c in enumerate(counts)
-        )
+        return ends_st.most(layer_st, counts, attr)
 
     grad_bytes = most("grad_bytes")
     dp_link = profile.link_for("dp")
@@ -725,9 +723,11 @@ def _solve_all(model: _Model, tp: int, b: int, profile, figures, deadline: float
     except PlanError as exc:
         return f"block on tp={tp}, micro-batch {b}: {str(exc).splitlines()[0]}"
     specs = {name: SegmentSpecs(*model.boundaries[name], c.plan) for name, c in parts.items()}
-    layer = state_layout(model.graph, model.layer_params, [specs["block"]], profile, model.layer_state_inputs)
+    held = model.layers.count * (model.param_bytes + model.state_bytes) + model.other_state  # what the update reads
+    g, rate = model.graph, model.update_s / max(held, 1.0)  # its seconds a byte on one device
+    layer = state_layout(g, model.layer_params, [specs["block"]], profile, model.layer_state_inputs, update_rate=rate)
     ends = [specs["pre"], specs["head"], specs["block"]]
-    by_stage, other = end_states(model.graph, model.end_groups, ends, profile, model.other_state_inputs)
+    by_stage, other = end_states(g, model.end_groups, ends, profile, model.other_state_inputs, rate)
     segs = _Segments(parts["pre"], parts["block"], parts["head"], True, layer, other, end_states=by_stage)
     # A block that reads a parameter whole (less split than its gradient) is solved again with
     # it read split: every layout is composed from both and keeps the faster that fits, so the
@@ -740,7 +740,7 @@ def _solve_all(model: _Model, tp: int, b: int, profile, figures, deadline: float
     except PlanError:
         return segs
     blk_specs = [SegmentSpecs(*model.boundaries["block"], blk.plan)]
-    split = state_layout(model.graph, model.layer_params, blk_specs, profile, model.layer_state_inputs)
+    split = state_layout(g, model.layer_params, blk_specs, profile, model.layer_state_inputs, update_rate=rate)
     segs.split = dataclasses.replace(segs, block=blk, layer_state=split)
     return segs
 

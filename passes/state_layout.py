@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from graphc.core.dtypes import LOW_FLOATS
 from graphc.core.ir import Graph, Value
 from graphc.core.mesh import Mesh
-from graphc.core.spec import Placement, R, split_factor
+from graphc.core.spec import Placement, R, S, split_factor
 from graphc.passes.blocks import update_only
 from graphc.passes.microbatch import summed_widened
 from graphc.passes.partition import state_ties
@@ -58,10 +58,18 @@ class ParamLayout:
     # its whole gradient's running sum over micro-batches (None: ``grad_nbytes``): float32 for a
     # 16-bit float gradient (passes/microbatch.py ``widen_sums``)
     sum_nbytes: int | None = None
+    update_at: Placement | None = None  # the layout its update runs in (None: the finer of read and grad)
+    update_pieces: int = 0  # its tp pieces (0: None above)
 
     @property
     def update(self) -> int:
-        return max(self.read, self.grad)
+        return self.update_pieces or max(self.read, self.grad)
+
+    @property
+    def update_place(self) -> Placement:
+        if self.update_at is not None:
+            return self.update_at
+        return self.grad_at if self.grad > self.read else self.read_at
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +155,15 @@ class EndStates:
         out += [self.both] if s in (0, stages - 1) else []
         return out
 
+    def most(self, layer: StateLayout, counts: Sequence[int], attr: str) -> float:
+        """The most of ``attr`` (a ``StateLayout`` figure) a stage holds, its layers' (``layer``
+        each, ``counts`` per stage) and its ends': the first, the last and the middle stage of
+        most layers are the ones to look at."""
+        S = len(counts)
+        looked = {0, S - 1} | ({max(range(1, S - 1), key=counts.__getitem__)} if S > 2 else set())
+        per = getattr(layer, attr)
+        return max(per * counts[s] + sum(getattr(x, attr) for x in self.at(s, S)) for s in looked)
+
 
 def held_outside(graph: Graph, layer_inputs: set[int], tied: set[int], batch: int) -> list[int]:
     """The positions of the inputs outside the layers (``layer_inputs``) that a device holds as
@@ -191,11 +208,12 @@ def end_states(
     segments: Sequence[SegmentSpecs],
     profile,
     state: Iterable[int] = (),
+    update_rate: float = 0.0,
 ) -> tuple[EndStates, StateLayout]:
     """The state outside the layers by ``EndStates`` group (``groups``: ``end_groups``), as the
     ``segments`` (pre, head, the stamped block) lay it out, and all of it together. A parameter
     none of them reads is counted whole; the state no parameter claims goes with ``both``."""
-    whole = state_layout(graph, groups, segments, profile, state, unread_whole=True)
+    whole = state_layout(graph, groups, segments, profile, state, unread_whole=True, update_rate=update_rate)
     group_of = {graph.inputs[k].name or f"input{k}": g for k, g in groups.items()}
     by: dict[str, list[ParamLayout]] = {g: [] for g in ("first", "last", "both", "every")}
     for p in whole.params:
@@ -226,11 +244,15 @@ def state_layout(
     profile,
     state: Iterable[int] = (),
     unread_whole: bool = False,
+    update_rate: float = 0.0,
 ) -> StateLayout:
     """The layout of the step's inputs ``params`` (positions in ``graph.inputs``) as the
     ``segments`` that read them and make their gradients planned them (module doc). A parameter
     read by several segments counts in its least split read; one none of them reads is left out,
-    or with ``unread_whole`` counted whole (replicated on tp). ``state``: the optimizer state of
+    or with ``unread_whole`` counted whole (replicated on tp). ``update_rate``: the update's
+    seconds a byte of parameter and state on one device; with it, a parameter whose update would
+    run whole on every tp rank runs it split over tp instead when that is faster, the gathers
+    after it counted (``_update_layout``). ``state``: the optimizer state of
     these parameters (inputs only the update reads); what no parameter's update claims (a
     parameter whose new value the step returns in another dtype or structure, so that no tie leads
     from it to its update) still counts, with the gradients the segments make that its update
@@ -263,11 +285,12 @@ def state_layout(
         grad = made_in.get(grad_v, read) if grad_v is not None else read
         update = read if _pieces(read, tp) >= _pieces(grad, tp) else grad
         summed = _summed_nbytes(graph, grad_v, upd) if grad_v is not None else 0  # none: not trained
-        relayout = 0.0
+        relayout, chosen = 0.0, None
         if mesh is not None:
             g_type = grad_v.type if grad_v is not None else p.type
-            relayout = redistribution_time(g_type.shape, g_type.dtype.itemsize, (grad,), (update,), mesh)
-            relayout += redistribution_time(p.type.shape, p.type.dtype.itemsize, (update,), (read,), mesh)
+            work = update_rate * (p.type.nbytes + sum(s.type.nbytes for s in operands)) if grad_v is not None else 0.0
+            update, relayout = _update_layout(p.type, g_type, read, grad, update, work, mesh)
+            chosen = update if update not in (read, grad) else None
         out.append(
             ParamLayout(
                 name=p.name or f"input{i}",
@@ -280,10 +303,33 @@ def state_layout(
                 relayout_s=relayout,
                 read_at=read,
                 grad_at=grad,
+                update_at=chosen,
+                update_pieces=_pieces(update, tp) if chosen is not None else 0,
             )
         )
     out += _unclaimed(graph, upd, [k for k in state if graph.inputs[k] not in claimed], made_in, claimed, tp)
     return StateLayout.of(out)
+
+
+def _update_layout(p_type, g_type, read: Placement, grad: Placement, update: Placement, work: float, mesh: Mesh):
+    """(the layout a parameter's update runs in, the update's redistributions over tp): the
+    finer of its read and gradient layouts (``update``), or, when that is whole and its update
+    takes ``work`` seconds on one device, split over tp along its first dimension tp divides if
+    that is faster: the gradient sliced or reduce-scattered into it, the new parameter gathered
+    back to its read layout (as the sharding ILP may lay a step's update out)."""
+
+    def relayout(at: Placement) -> float:
+        there = redistribution_time(g_type.shape, g_type.dtype.itemsize, (grad,), (at,), mesh)
+        return there + redistribution_time(p_type.shape, p_type.dtype.itemsize, (at,), (read,), mesh)
+
+    kept = relayout(update)
+    tp = mesh.shape[0]
+    dims = [d for d, n in enumerate(p_type.shape) if n % tp == 0 and n >= tp]
+    if update.is_split or not dims or work <= 0:
+        return update, kept
+    split = S(dims[0])
+    moved = relayout(split)
+    return (split, moved) if work / tp + moved < work + kept else (update, kept)
 
 
 def _unclaimed(graph: Graph, upd: set[int], state: list[int], made_in: dict, claimed: set, tp: int) -> list:
@@ -324,7 +370,7 @@ def split_reads(seg: SegmentSpecs, layout: StateLayout) -> Pins | None:
     in the update's layout on tp (the other axes as the plan has them): the segment's
     alternative that holds no parameter whole and gathers nothing after the update. None when
     the plan reads every parameter in its update's layout."""
-    finer = {p.name: p.grad_at for p in layout.params if p.read < p.update}
+    finer = {p.name: p.update_place for p in layout.params if p.read < p.update}
     if not finer or not _has_tp(seg.plan):
         return None
     at = seg.plan.mesh.axis_names.index(TP_AXIS)
