@@ -13,7 +13,11 @@ needs. Per parameter this module reads:
               inputs only its update reads, is held there); the gradient is redistributed to it
               (free from a replicated gradient, an all-reduce from a partial one), and the updated
               parameter from it to the read layout (an all-gather over tp when the parameter is
-              read replicated and its gradient is split), once a step after the update
+              read replicated and its gradient is split), once a step after the update; when
+              both are whole, split over tp instead if that is faster (``_update_layout``)
+
+The state outside the repeated layers is held by the pipeline stages whose segments read it
+(``EndStates``: the embedding's by the first, the head's by the last).
 
 A parameter's gradient is the value its update reads nearest to it (through update nodes) that
 has its shape and is made before the update; its optimizer state the step's inputs of its shape
