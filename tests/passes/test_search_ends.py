@@ -55,17 +55,17 @@ def frozen_ends_step(params, opt_state, frozen, tokens, targets, lr=6e-5):
 ENDS = ("wte", "unembed", "head")
 
 
-def _params():
-    p = gpt3.init_params(None, VOCAB, SEQ, D, L, graphc.bfloat16, spec=True)
+def _params(d=D, seq=SEQ, vocab=VOCAB):
+    p = gpt3.init_params(None, vocab, seq, d, L, graphc.bfloat16, spec=True)
     return p | {
-        "unembed": graphc.ArraySpec((D, D), graphc.bfloat16),
-        "head": graphc.ArraySpec((D, VOCAB), graphc.bfloat16),
+        "unembed": graphc.ArraySpec((d, d), graphc.bfloat16),
+        "head": graphc.ArraySpec((d, vocab), graphc.bfloat16),
     }
 
 
-def _model(frozen: bool):
-    p = _params()
-    tokens = graphc.ArraySpec((BATCH, SEQ), np.int64)
+def _model(frozen: bool, d=D, seq=SEQ, vocab=VOCAB, batch=BATCH, tp=1, micro_batch=BATCH):
+    p = _params(d, seq, vocab)
+    tokens = graphc.ArraySpec((batch, seq), np.int64)
     if frozen:
         ends = {k: p.pop(k) for k in ENDS}
         fn, args = frozen_ends_step, (p, gpt3._state(p, True), ends, tokens, tokens)
@@ -74,7 +74,7 @@ def _model(frozen: bool):
     g = Parallelized(fn, {"dp": 1}, static_argnames=static_argnames({})).trace_optimized(*args)[1]
     model = scale.layered_model(g, step_batch(g), A100)
     assert model is not None and model.layers.count == L
-    segs = scale._solve_all(model, 1, BATCH, A100, scale.cluster_figures(A100), time.perf_counter() + 120)
+    segs = scale._solve_all(model, tp, micro_batch, A100, scale.cluster_figures(A100), time.perf_counter() + 120)
     assert not isinstance(segs, str), segs
     return model, segs
 
@@ -208,3 +208,34 @@ def test_the_most_a_stage_holds_is_the_largest_over_every_stage(seed):
         if S == 1:  # one stage holds all of it, each part once
             groups = (ends.first, ends.last, ends.both, ends.every)
             assert each[0] == getattr(layer, attr) * counts[0] + sum(getattr(x, attr) for x in groups)
+
+
+@pytest.mark.slow
+def test_a_block_that_makes_its_weights_gradients_whole_updates_them_split_when_faster():
+    """A block on tp=8 (d=512, micro-batch 8 of 64 tokens) that reads its weights whole and makes
+    some of their gradients whole: each such weight's update runs split over tp exactly when an
+    eighth of its update and the slicing and gathering are faster than the whole update (the
+    update's seconds a byte on one device: the step's update over its parameter and state
+    bytes), its moments held split; it ran whole on every tp rank (Adam over every weight 8
+    times), and those weights' moments were held whole."""
+    from graphc.core.mesh import Mesh
+    from graphc.core.spec import R, S
+    from graphc.passes.sharding.redistribute import redistribution_time
+
+    model, segs = _model(False, d=512, seq=64, vocab=512, batch=16, tp=8, micro_batch=8)
+    g, mesh = model.graph, Mesh({"tp": 8}, profile=A100)
+    rate = model.update_s / (L * (model.param_bytes + model.state_bytes) + model.other_state)
+    whole = [p for p in segs.layer_state.params if p.read == 1 and p.grad == 1 and p.name.endswith(".w")]
+    assert whole  # the block reads these weights whole and makes their gradients whole
+    split = 0
+    for p in whole:
+        v = next(x for x in g.inputs if x.name == p.name)
+        work = rate * (p.nbytes + p.state_nbytes)
+        moved = redistribution_time(v.type.shape, 2, (p.grad_at,), (S(0),), mesh)
+        moved += redistribution_time(v.type.shape, 2, (S(0),), (R,), mesh)
+        faster = work / 8 + moved < work
+        assert p.update == (8 if faster else 1) and p.relayout_s == pytest.approx(moved if faster else 0.0, abs=1e-15)
+        split += faster
+    assert split  # at least one: the update of a 512 x 1536 weight outweighs its gather
+    st = segs.layer_state
+    assert st.state_bytes == pytest.approx(sum(p.state_nbytes / p.update for p in st.params), rel=1e-12)
