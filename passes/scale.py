@@ -84,7 +84,17 @@ from graphc.passes.sharding.milp import HELD_GAP
 from graphc.passes.sharding.plan import ShardingPlan
 from graphc.passes.sharding.problem import Pins
 from graphc.passes.stage_cut import StageMemory, stage_cut
-from graphc.passes.state_layout import SegmentSpecs, StateLayout, kept_bytes, split_reads, state_layout
+from graphc.passes.state_layout import (
+    EndStates,
+    SegmentSpecs,
+    StateLayout,
+    end_groups,
+    end_states,
+    held_outside,
+    kept_bytes,
+    split_reads,
+    state_layout,
+)
 
 VIRTUAL_AXIS = "dp"  # the block's data axis: batch / b devices of b sequences each
 MICROBATCH_SIZES = (1, 2, 4, 8, 16)
@@ -125,7 +135,7 @@ class _Model:
     batch: int
     param_bytes: float  # one layer's parameters (the inputs its forward reads)
     state_bytes: float  # one layer's optimizer state (its inputs only the update reads)
-    other_state: float  # parameters and state outside the layers (embedding, final norm)
+    other_state: float  # every input outside the layers but the data (embedding, head, final norm; frozen or not)
     update_s: float  # the whole update on one device
     model_flops: float
     peak_dtype: str
@@ -133,10 +143,11 @@ class _Model:
     matmul_flops: float = 0.0  # the contractions' share of model_flops (what the compute bound counts)
     state_names: tuple[str, ...] = ()  # the optimizer state: tied inputs only the update reads
     layer_params: tuple[int, ...] = ()  # the stamped block's parameters (graph input positions)
-    other_params: tuple[int, ...] = ()  # the parameters outside the layers
+    other_params: tuple[int, ...] = ()  # the inputs outside the layers the forward reads (but the data)
     boundaries: dict[str, tuple[list, list]] = field(default_factory=dict)  # per segment graph
     layer_state_inputs: tuple[int, ...] = ()  # the stamped block's optimizer state (graph input positions)
     other_state_inputs: tuple[int, ...] = ()  # the optimizer state outside the layers
+    end_groups: dict[int, str] = field(default_factory=dict)  # other_params by the stages holding them
 
     @property
     def state_share(self) -> float:
@@ -160,7 +171,8 @@ def layered_model(graph: Graph, batch: int | None, profile) -> _Model | None:
     layer_inputs = {k for ks in layers.inputs for k in ks}
     tied = {i for i, _o in state_ties(graph)}
     warn_untied(graph, [k for k in layers.inputs[0] if graph.inputs[k] in read_fwd], tied)
-    other = sum(v.type.nbytes for k, v in enumerate(graph.inputs) if k in tied and k not in layer_inputs)
+    held = held_outside(graph, layer_inputs, tied, batch)
+    other = sum(graph.inputs[k].type.nbytes for k in held)
     secs = node_seconds(graph, profile)
     flops, contraction = step_flops(graph)
     by = contraction or flops
@@ -184,10 +196,11 @@ def layered_model(graph: Graph, batch: int | None, profile) -> _Model | None:
         sum(contraction.values()),
         tuple(v.name or f"input{k}" for k, v in enumerate(graph.inputs) if k in tied and v not in read_fwd),
         tuple(k for k in layers.inputs[seg.block - 1] if graph.inputs[k] in read_fwd),
-        tuple(k for k in sorted(tied - layer_inputs) if graph.inputs[k] in read_fwd),
+        tuple(k for k in held if graph.inputs[k] in read_fwd),
         {name: segment_boundary(graph, nodes) for name, nodes in ks.items()},
         tuple(k for k in layers.inputs[seg.block - 1] if graph.inputs[k] not in read_fwd),
-        tuple(k for k in sorted(tied - layer_inputs) if graph.inputs[k] not in read_fwd),
+        tuple(k for k in held if graph.inputs[k] not in read_fwd),
+        end_groups(graph, seg.segment, L, [k for k in held if graph.inputs[k] in read_fwd]),
     )
 
 
@@ -295,14 +308,17 @@ class _Segments:
     layer_state: StateLayout | None = None  # one layer's state as the block plan lays it out
     other_state: StateLayout | None = None  # the state outside the layers, as pre and head lay it out
     split: _Segments | None = None  # the block re-solved reading no parameter less split than its update
+    end_states: EndStates | None = None  # other_state by the stages that hold it
 
-    def states(self, model: _Model, tp: int) -> tuple[StateLayout, StateLayout]:
-        """(one layer's, the rest's) state layouts; split evenly over tp when not read from plans."""
+    def states(self, model: _Model, tp: int) -> tuple[StateLayout, EndStates]:
+        """(one layer's state layout, the rest's by stage); split evenly over tp when not read
+        from plans, the rest then held by the first and last stage."""
         share = model.state_share
-        return (
-            self.layer_state or StateLayout.even(model.param_bytes, model.state_bytes, tp),
-            self.other_state or StateLayout.even(model.other_state * (1 - share), model.other_state * share, tp),
-        )
+        layer = self.layer_state or StateLayout.even(model.param_bytes, model.state_bytes, tp)
+        if self.end_states is not None:
+            return layer, self.end_states
+        other = self.other_state or StateLayout.even(model.other_state * (1 - share), model.other_state * share, tp)
+        return layer, EndStates(both=other)
 
 
 def compose(model: _Model, segs: _Segments, lo: Layout, profile, figures: ClusterFigures, limit, fraction=None):
@@ -326,13 +342,15 @@ def compose(model: _Model, segs: _Segments, lo: Layout, profile, figures: Cluste
     host = host_tier(profile)
     if lo.offload != "off" and host is None:
         return None, f"profile {profile.name} has no host memory tier to offload to"
-    layer_st, other_st = segs.states(model, t)  # as the segments' plans lay them out on tp
+    layer_st, ends_st = segs.states(model, t)  # as the segments' plans lay them out on tp
     summed = k > 1  # the gradients held as running sums over the micro-batches
     per_layer_state = layer_st.held(D, lo.zero, offloaded, summed)
-    other = other_st.held(D, lo.zero, offloaded, summed)
+    ends = {g: getattr(ends_st, g).held(D, lo.zero, offloaded, summed) for g in ("first", "last", "both", "every")}
     work = max(blk.activation_bytes, head.activation_bytes) if full else 0.0
 
-    stage_mem = StageMemory(S, k, per_layer_state, other, act_f, unit_a.max(), work)
+    stage_mem = StageMemory(
+        S, k, per_layer_state, ends["both"], act_f, unit_a.max(), work, ends["first"], ends["last"], ends["every"]
+    )
     counts = stage_cut(unit_s, unit_a, stage_mem, S, limit)
     if counts is None:
         return None, f"no cut into {S} stages fits {limit / 2**30:.1f} GiB per device" if limit else "no cut"
@@ -351,7 +369,11 @@ def compose(model: _Model, segs: _Segments, lo: Layout, profile, figures: Cluste
     send = pp_link.latency_s + blk.input_bytes / pp_link.bandwidth
     p2p = 0.0 if S == 1 else 2 * send * ((S - 1) if figures.p2p_overlap else (k + S - 1))
     n_max = max(counts)
-    grad_bytes = layer_st.grad_bytes * n_max + other_st.grad_bytes
+
+    def most(attr: str) -> float:  # the most of a state figure a stage holds: its layers' and its ends'
+        return ends_st.most(layer_st, counts, attr)
+
+    grad_bytes = most("grad_bytes")
     dp_link = profile.link_for("dp")
     # ZeRO 0: an all-reduce during the backward; ZeRO 1-2: its reduce-scatter half during the
     # backward, then an all-gather of the updated parameters after the update (not hidden), in
@@ -360,7 +382,7 @@ def compose(model: _Model, segs: _Segments, lo: Layout, profile, figures: Cluste
     # bfloat16 parameters); ZeRO 3: the reduce-scatter, and an all-gather of the parameters before
     # every forward and backward
     ring_s = _ring_s(grad_bytes, D, dp_link)
-    param_bytes = layer_st.param_bytes * n_max + other_st.param_bytes
+    param_bytes = most("param_bytes")
     after_s = _ring_s(param_bytes, D, dp_link) / 2 if 1 <= lo.zero < 3 else 0.0
     hidden_s = ring_s if lo.zero == 0 else ring_s / 2
     gather_s = 2 * k * _ring_s(layer_st.param_bytes * n_max, D, dp_link) / 2 if lo.zero >= 3 else 0.0
@@ -369,20 +391,21 @@ def compose(model: _Model, segs: _Segments, lo: Layout, profile, figures: Cluste
     # beside it (``hidden_collective_s``)
     hidden = hidden_collective_s(hidden_s, figures.dp_overlap * last_backward, figures.overlap_slowdown)
     dp_s = hidden + after_s + gather_s
-    update_s = model.update_s * n_max / L * layer_st.update_share / (D if lo.zero >= 1 else 1)
+    # the update of the stage's layers and ends: the whole update's time by the share of its bytes
+    # this device updates (a stage's ends, as its layers, in the layout their plans update them in)
+    whole = L * layer_st.work_bytes + sum(x.work_bytes for x in ends_st.at(0, 1))
+    update_s = model.update_s * most("update_bytes") / max(whole, 1.0) / (D if lo.zero >= 1 else 1)
     # the update's redistributions over tp (a parameter read whole, its gradient split: the
     # updated parameter all-gathered), after the update: the slowest stage's
-    relayout_s = max(
-        layer_st.relayout_s * c + (other_st.relayout_s if s in (0, S - 1) else 0.0) for s, c in enumerate(counts)
-    )
+    relayout_s = most("relayout_s")
     off = None
     if offloaded:  # the update runs on the host instead (passes/offload.py)
         assert host is not None
         owned = 1 / (D if lo.zero >= 1 else 1)  # the share of the tp piece's state this device updates
-        state = (layer_st.state_bytes * n_max + other_st.state_bytes) * owned
+        state = most("state_bytes") * owned
         if state <= 0:  # nothing moves: the device keeps its update (no saving to buy with the host's)
             return None, "no optimizer state of this layout to offload (its update reads no state input)"
-        updated = layer_st.updated_bytes * n_max + other_st.updated_bytes
+        updated = most("updated_bytes")
         off = offloading.offload_costs(
             host, state, updated * owned, last_backward, figures.dp_overlap, grad_bytes=grad_bytes * owned
         )
@@ -700,10 +723,12 @@ def _solve_all(model: _Model, tp: int, b: int, profile, figures, deadline: float
     except PlanError as exc:
         return f"block on tp={tp}, micro-batch {b}: {str(exc).splitlines()[0]}"
     specs = {name: SegmentSpecs(*model.boundaries[name], c.plan) for name, c in parts.items()}
-    layer = state_layout(model.graph, model.layer_params, [specs["block"]], profile, model.layer_state_inputs)
-    ends = [specs["pre"], specs["head"]]
-    other = state_layout(model.graph, model.other_params, ends, profile, model.other_state_inputs)
-    segs = _Segments(parts["pre"], parts["block"], parts["head"], True, layer, other)
+    held = model.layers.count * (model.param_bytes + model.state_bytes) + model.other_state  # what the update reads
+    g, rate = model.graph, model.update_s / max(held, 1.0)  # its seconds a byte on one device
+    layer = state_layout(g, model.layer_params, [specs["block"]], profile, model.layer_state_inputs, update_rate=rate)
+    ends = [specs["pre"], specs["head"], specs["block"]]
+    by_stage, other = end_states(g, model.end_groups, ends, profile, model.other_state_inputs, rate)
+    segs = _Segments(parts["pre"], parts["block"], parts["head"], True, layer, other, end_states=by_stage)
     # A block that reads a parameter whole (less split than its gradient) is solved again with
     # it read split: every layout is composed from both and keeps the faster that fits, so the
     # choice sees the bytes held and the gather after the update, not only the per-micro-batch time.
@@ -715,7 +740,7 @@ def _solve_all(model: _Model, tp: int, b: int, profile, figures, deadline: float
     except PlanError:
         return segs
     blk_specs = [SegmentSpecs(*model.boundaries["block"], blk.plan)]
-    split = state_layout(model.graph, model.layer_params, blk_specs, profile, model.layer_state_inputs)
+    split = state_layout(g, model.layer_params, blk_specs, profile, model.layer_state_inputs, update_rate=rate)
     segs.split = dataclasses.replace(segs, block=blk, layer_state=split)
     return segs
 

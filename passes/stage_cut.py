@@ -31,10 +31,12 @@ _cuts: OrderedDict[tuple, list[int] | None] = OrderedDict()
 @dataclass(frozen=True)
 class StageMemory:
     """A pipeline stage's bytes per device (the block search's model, passes/scale.py
-    ``compose``): ``n_units`` layers' state, the first and last stage's ``ends`` (the state outside
-    the layers), the micro-batches in flight at stage ``s`` of ``stages`` under 1F1B (``min(k, S -
-    s)``) each stashing ``unit_bytes`` (``fraction`` of it in host memory, ``staging`` bytes in
-    transit: passes/offload.py ``stash_bytes``), and ``work`` (a layer's activations, recomputed)."""
+    ``compose``): ``n_units`` layers' state; the state outside the layers, ``ends`` on the first
+    and last stage (a tied embedding), ``first`` on the first, ``last`` on the last and ``every``
+    on each (one stage holds each once: passes/state_layout.py ``EndStates``); the micro-batches
+    in flight at stage ``s`` of ``stages`` under 1F1B (``min(k, S - s)``) each stashing
+    ``unit_bytes`` (``fraction`` of it in host memory, ``staging`` bytes in transit:
+    passes/offload.py ``stash_bytes``), and ``work`` (a layer's activations, recomputed)."""
 
     stages: int
     microbatches: int
@@ -43,10 +45,14 @@ class StageMemory:
     fraction: float
     staging: float
     work: float
+    first: float = 0.0
+    last: float = 0.0
+    every: float = 0.0
 
     def __call__(self, s: int, unit_bytes, n_units):
         flight = min(self.microbatches, self.stages - s)
-        ends = self.ends if s in (0, self.stages - 1) else 0.0
+        ends = self.every + (self.ends if s in (0, self.stages - 1) else 0.0)
+        ends += (self.first if s == 0 else 0.0) + (self.last if s == self.stages - 1 else 0.0)
         stash = offloading.stash_bytes(flight, unit_bytes, self.fraction, self.staging)
         return self.per_unit * n_units + ends + stash + self.work
 

@@ -269,7 +269,10 @@ def test_a_composed_step_is_the_1f1b_closed_form():
     # hidden behind one micro-batch's backward of a stage, which runs slower beside it
     s = figures.overlap_slowdown
     exposed = max(ring - 2 * 2e-3, s * ring / (1 + s))
-    update = model.update_s * 2 / 4 / 2
+    # the update: the whole update's time by the share of its bytes a device of a stage updates
+    # (2 of the 4 layers and the ends, which both stages hold here, split over tp = 2)
+    layer, ends = model.param_bytes + model.state_bytes, model.other_state
+    update = model.update_s * (2 * layer + ends) / 2 / (4 * layer + ends)
     assert plan.predicted["step_s"] == pytest.approx((8 + 1) * 2 * 3e-3 + sends + exposed + update, rel=1e-12)
     assert plan.predicted["bubble"] == pytest.approx(1 / 9)
     assert plan.mfu == pytest.approx(plan.model_flops / (plan.predicted["step_s"] * 16 * 312e12))
