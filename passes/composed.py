@@ -119,7 +119,7 @@ class ComposedPlan:
             [
                 f"layout pp={lo.pp} dp={lo.dp} tp={lo.tp}: micro-batch {lo.micro_batch} x {lo.microbatches} "
                 f"micro-batches, ZeRO {lo.zero}, recompute {lo.recompute}, offload {lo.offload}; layers per stage {list(self.stage_layers)}",
-                f"predicted step {p['step_s']:.3f} s (pipeline {p['pipeline_s']:.3f} s, bubble {p['bubble']:.1%}, "
+                f"predicted step {p['step_s']:.3f} s (pipeline {p['pipeline_s']:.3f} s, of it idle {p['bubble']:.1%}: fill, drain and unequal stages; "
                 f"exposed sends {p['p2p_s']:.3f} s, exposed gradient reduction {p['dp_s']:.3f} s, "
                 f"update {p['update_s']:.3f} s); MFU {self.mfu:.1%} ({MFU_FORMULA}, peak {self.peak_dtype})",
                 self.breakdown(),
