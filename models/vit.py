@@ -87,7 +87,7 @@ def init_params(rng, channels, image, patch, d, n_layer, n_classes, dtype=np.flo
     }
 
 
-def example_train_args(batch=8, channels=3, image=16, patch=4, d=32, n_layer=2, n_head=4, n_classes=10, seed=0):
+def example_train_args(batch=2, channels=3, image=16, patch=4, d=64, n_layer=2, n_head=4, n_classes=10, seed=0):
     rng = np.random.default_rng(seed)
     params = init_params(rng, channels, image, patch, d, n_layer, n_classes)
     images = rng.standard_normal((batch, channels, image, image)).astype(np.float32)

@@ -96,3 +96,17 @@ def test_the_vit_without_a_limit_predicts_its_bucket():
     for d, measured in peaks.items():
         held = compiled.plan.memory.held[d]
         assert held - fused_inner(compiled) <= measured <= held + constants_missed(compiled)
+
+
+@pytest.mark.parametrize(
+    "make, mesh", [(vit_step, "dp=2"), pytest.param(mlp_step, "dp=2,tp=2", marks=pytest.mark.slow)]
+)
+def test_a_micro_batched_plan_at_its_smallest_limit_measures_within_it(make, mesh):
+    # gradient accumulation (passes/microbatch.py): its running sums are kept all along, and its
+    # update task reduces them; the smallest limit any plan fits is the plan's own peak here
+    fn, args, kwargs = make()
+    compiled, _ = measure(fn, args, kwargs, mesh, microbatches=2)
+    limit = compiled.plan.peak_bytes
+    compiled, peaks = measure(fn, args, kwargs, mesh, microbatches=2, memory_limit=limit)
+    assert compiled.plan.peak_bytes <= limit
+    assert max(peaks.values()) <= limit, (peaks, limit)
