@@ -369,9 +369,10 @@ class MemoryModel:
         that share a gradient bucket (passes/bucket.py) count as the runtime holds them instead:
         one buffer from the bucket's packing to its last member's last reader, and their partial
         sums freed at the packing (``_bucket_terms``: negative terms, so the buffers may sum to
-        less than nothing where the profile still holds a partial sum). A graph output's redistribution is not one: the profile holds each
-        output in its output spec; the piece it is made from is one, at the output item only
-        (held while the collective runs). Not counted, since ``profile`` holds them already: a
+        less than nothing where the profile still holds a partial sum). A graph output's
+        redistribution is not one: the profile holds each output in its output spec; the piece
+        it is made from is one, at the output item only (held while the collective runs). Not
+        counted, since ``profile`` holds them already: a
         gradient's reduction into its fan-out's spec (the fan-out's value) and the readers of that
         spec, and ZeRO-3's gathered copy for a reader (``transient_terms``); each was counted
         twice before (tests/passes/sharding/test_held_measured.py). The last one is remembered (a
@@ -439,7 +440,9 @@ class MemoryModel:
         ZeRO, its fan-out's value), is freed at the pack: a negative term from there on. Returns
         the bucket buffers and those negative terms; ``spans`` loses the members' buffers."""
         pos = self.positions()
-        members = sorted(seen.bucketable().items(), key=lambda km: seen.first_read(km[0], km[1], spans))
+        members = sorted(
+            seen.bucketable(self.items, self.edges).items(), key=lambda km: seen.first_read(km[0], km[1], spans)
+        )
         open_: dict[tuple, list] = {}  # (axis, dtype) -> [bytes, members]
         buckets: list[list] = []
         for key, m in members:
@@ -514,14 +517,12 @@ class _Bucketed:
         self.kept: set[Value] = set()
         self.hub_reads: dict[int, list[int]] = {}  # held hub item -> [first reader, last reader]
         self.sliced: set[int] = set()  # held hubs some reader reads in another spec
-        self.succ: dict[int, list[int]] = {}  # item -> the items reading its results
         self.results: list[int] = []  # the items reading a deferred all-reduce's result
 
     def see(self, e: Edge, src: tuple, dst: tuple, held: set[int], model: MemoryModel) -> None:
         """Note edge ``e``, redistributed from ``src`` to ``dst``; ``held``: the fan-out items whose
         value the profile holds (``MemoryModel._held_in_hub``)."""
         items = model.items
-        self.succ.setdefault(e.src, []).append(e.dst)
         if e.src in held:
             at = model.positions()[e.dst]
             r = self.hub_reads.setdefault(e.src, [at, at])
@@ -545,19 +546,27 @@ class _Bucketed:
         self.members[key] = _Member(e.value, producer, hub, steps[0].axis, t.dtype, steps[0].local_bytes)
         self.results.append(e.dst)
 
-    def bucketable(self) -> dict[tuple, _Member]:
+    def bucketable(self, items: list[Item], edges: list[Edge]) -> dict[tuple, _Member]:
         """The members the lowering can put in a bucket: not a ZeRO hub whose readers take a
         piece of it (the lowering reduce-scatters into that piece at once, passes/lower.py
         ``scatter_early``), and not one whose partial sum is computed from a deferred
-        all-reduce's result (passes/bucket.py runs it alone: its bucket could not wait for it)."""
+        all-reduce's result (passes/bucket.py runs it alone: its bucket could not wait for it;
+        only a partial sum the update makes can be)."""
+        members = {k: m for k, m in self.members.items() if m.hub not in self.sliced}
+        made_in_update = [m.producer for m in members.values() if _part(items[m.producer]) == "update"]
+        if not made_in_update:
+            return members
+        succ: dict[int, list[int]] = {}
+        for e in edges:
+            succ.setdefault(e.src, []).append(e.dst)
         tainted: set[int] = set()
         stack = list(self.results)
         while stack:
             i = stack.pop()
             if i not in tainted:
                 tainted.add(i)
-                stack += self.succ.get(i, [])
-        return {k: m for k, m in self.members.items() if m.hub not in self.sliced and m.producer not in tainted}
+                stack += succ.get(i, [])
+        return {k: m for k, m in members.items() if m.producer not in tainted}
 
     def first_read(self, key: tuple, m: _Member, spans: dict[tuple, list[int]]) -> int:
         """Where the lowering runs the member's all-reduce: its reduced value's first reader."""
@@ -565,6 +574,10 @@ class _Bucketed:
 
     def last_read(self, key: tuple, m: _Member, spans: dict[tuple, list[int]]) -> int:
         return self.hub_reads.get(m.hub, [0, 0])[1] if m.hub is not None else spans[key][2]
+
+
+def _part(item: Item) -> str | None:
+    return item.node.part if item.node is not None else None
 
 
 def gathered(spec: tuple, axes: tuple[int, ...]) -> tuple:
