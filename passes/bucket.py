@@ -12,7 +12,9 @@ result is needed; the bucket then runs as
     g1' = reshape(slice(flat, [0:n1]), shape1) ...  views of the reduced buffer
 
 placed right after its last operand is produced (so it overlaps the rest of the backward pass
-on a runtime that runs ahead); the update steps that wait for it move after it, as in DDP.
+on a runtime that runs ahead); the update steps that wait for it move after it, as in DDP. The
+bucket's buffer lives until its last view is read: the memory model counts it so
+(passes/sharding/memory.py ``_bucket_terms``). A returned value's all-reduce (the loss) runs alone.
 Every device's program has the same structure, so every device forms the same buckets. The planner prices deferred all-reduces the same way
 (``CostModel.bucket_share_bytes``): each pays the fixed cost of a collective in proportion to its
 share of a bucket.
@@ -64,10 +66,11 @@ def bucket_all_reduces(graph: Graph, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -
 def _buckets(graph: Graph, bucket_bytes: int) -> list[_Bucket]:
     """Deferred all-reduces in program order, bucketed per (axis, group, dtype) up to
     ``bucket_bytes``. One whose operand depends on another's result stays alone: its bucket
-    could not wait for it. One whose result the program returns (the loss) never shares a bucket
-    with one the update reads: its unpacked view would keep the whole bucket alive to the end of
-    the run (a 4-layer GPT step held its 108 KiB gradient bucket for the
-    loss, 14% over the memory model's peak, which counts each member alone)."""
+    could not wait for it. One whose result the program returns (the loss) stays alone too, as
+    the planner prices it (passes/sharding/problem.py ``add_outputs``): in a bucket with the
+    gradients its unpacked view would keep the whole bucket alive to the end of the run (a
+    4-layer GPT step held its 108 KiB gradient bucket for the loss, 14% over the memory model's
+    peak), and returned values bucketed among themselves would be priced alone."""
     nodes = graph.nodes
     used: dict[Value, list[int]] = {}
     for i, node in enumerate(nodes):
@@ -81,7 +84,7 @@ def _buckets(graph: Graph, bucket_bytes: int) -> list[_Bucket]:
     for node in nodes:
         hit = any(v in tainted for v in node.inputs)
         if node.op is OPS.all_reduce and deferred(node, used.get(node.outputs[0], []), end):
-            if not hit:
+            if not hit and end not in used.get(node.outputs[0], []):  # a returned one runs alone
                 cands.append(node)
             hit = True
         if hit:
@@ -90,8 +93,7 @@ def _buckets(graph: Graph, bucket_bytes: int) -> list[_Bucket]:
     open_: dict[tuple, _Bucket] = {}
     for node in cands:
         x = node.inputs[0]
-        returned = end in used.get(node.outputs[0], [])  # lives to the end of the program
-        key = (node.attrs["axis"], node.attrs["group"], x.type.dtype, returned)
+        key = (node.attrs["axis"], node.attrs["group"], x.type.dtype)
         b = open_.get(key)
         if b is None or b.nbytes + x.type.nbytes > bucket_bytes:
             if b is not None:

@@ -48,7 +48,7 @@ from graphc.programs import ParallelProgram
 
 PLAN_PASSES = ("fold_constants", "simplify", "cse", "dce", "recompute_cheap")  # fusion runs per device, after lowering
 DEVICE_PASSES = ("cse", "batch_projections", "batch_products", "batch_windows", "cse", "dce", "recompute_cheap", "fuse")
-PLANNER_VERSION = 26  # part of the plan cache key: bump when rules or costs change what a plan says
+PLANNER_VERSION = 27  # part of the plan cache key: bump when rules or costs change what a plan says
 
 
 # --- the steps ----------------------------------------------------------------------------------------

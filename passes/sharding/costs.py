@@ -7,9 +7,10 @@ The objective of an assignment is
 (a sequential model: no overlap of compute and communication). An item's compute time per
 strategy is its strategies' own table (``Strategies.compute_times``, passes/sharding/strategies.py);
 an edge costs the redistribution of its value from the producer's result spec to the consumer's
-operand spec (passes/sharding/redistribute.py). A deferred edge (a gradient into the update, the
-loss into the outputs) all-reduces in a gradient bucket: each all-reduce pays the fixed cost of a
-collective in proportion to its share of ``bucket_share_bytes`` (passes/bucket.py).
+operand spec (passes/sharding/redistribute.py). A deferred edge (a gradient into the update)
+all-reduces in a gradient bucket: each all-reduce pays the fixed cost of a collective in
+proportion to its share of ``bucket_share_bytes`` (passes/bucket.py). A returned value's (the
+loss's) runs alone and pays it whole.
 
     compute_times(item)        seconds per strategy of the item
     edge_table(e)              the edge's seconds between the distinct specs of its ends: one table

@@ -17,6 +17,12 @@ state input split along a data axis (ZeRO-3) is gathered afresh for every forwar
 that reads it, and the gathered copy lives at that node only (``transient_terms``). A recomputed
 value (passes/recompute/choices.py) lives over two ranges (``RematRanges``).
 
+Gradient buckets (passes/bucket.py) are counted with the redistribution buffers, per choice: the
+deferred all-reduces that share a bucket are one buffer from its packing (right after its last
+member is made) to its last member's last reader, and the partial sums packed into it are freed
+at the packing (``redistribution_buffers``). The profile, which a limit bounds row by row, still
+holds each partial sum until the update reads it: it over-counts there, never under.
+
     live_ranges()                   (value, item, first, last position) of every value, made once
     transient_terms()               ZeRO-3's gathered copies, made once
     profile(choice)                 bytes live at every position: what a memory limit bounds
@@ -36,10 +42,11 @@ import numpy as np
 
 from graphc.core.ir import Graph, TensorType, Value
 from graphc.core.mesh import Mesh
-from graphc.core.spec import R, local_shape
+from graphc.core.spec import P, R, local_shape
 from graphc.core.traits import Constant, ViewOf
 from graphc.passes.fuse import find_clusters
 from graphc.passes.sharding.items import Edge, Item
+from graphc.passes.sharding.redistribute import plan_steps
 
 
 @dataclass(frozen=True)
@@ -97,6 +104,9 @@ class MemoryModel:
         self.grid: np.ndarray | None = None
         self._live: list[tuple[Value, int, int, int]] | None = None
         self._transients: list[tuple[int, int, np.ndarray]] | None = None
+        # the gradient bucket size of the lowering (passes/bucket.py; 0: none): the runtime holds a
+        # bucket's buffer until its last member is read (``_bucket_terms``)
+        self.bucket_bytes = 0
         self.offloaded: frozenset[Value] = frozenset()  # in host memory: no bytes here (sharding/offload_terms.py)
         # stashed activations in host memory between two positions (sharding/offload_terms.py)
         self.away: dict[Value, tuple[int, int]] = {}
@@ -355,10 +365,14 @@ class MemoryModel:
         first reader that needs it to the last (the lowering redistributes at the first reader,
         passes/lower.py; a fan-out's at its first consumer, a gradient's at its fan-out, right
         after its producer: ZeRO's ``scatter_early``): a collective's result, a local slice's
-        copy, a deferred all-reduce's result, which the gradient bucket holds as well
-        (passes/bucket.py). A graph output's redistribution is not one: the profile holds each
-        output in its output spec; the piece it is made from is one, at the output item only
-        (held while the collective runs). Not counted, since ``profile`` holds them already: a
+        copy, a deferred all-reduce's result when it runs alone; the deferred all-reduces
+        that share a gradient bucket (passes/bucket.py) count as the runtime holds them instead:
+        one buffer from the bucket's packing to its last member's last reader, and their partial
+        sums freed at the packing (``_bucket_terms``: negative terms, so the buffers may sum to
+        less than nothing where the profile still holds a partial sum). A graph output's
+        redistribution is not one: the profile holds each output in its output spec; the piece
+        it is made from is one, at the output item only (held while the collective runs). Not
+        counted, since ``profile`` holds them already: a
         gradient's reduction into its fan-out's spec (the fan-out's value) and the readers of that
         spec, and ZeRO-3's gathered copy for a reader (``transient_terms``); each was counted
         twice before (tests/passes/sharding/test_held_measured.py). The last one is remembered (a
@@ -378,12 +392,15 @@ class MemoryModel:
         items, size, mesh_shape = self.items, self.size, self.mesh_shape
         held = self._held_in_hub()
         regathered = set(self.gathers)
+        bucketed = _Bucketed()  # the deferred all-reduces a gradient bucket may hold (``_bucket_terms``)
         for e in self.edges:
-            if e.dst in held:
-                continue  # the profile holds the gradient in its fan-out's spec: that is this buffer
             frm, to = items[e.src], items[e.dst]
             src = frm.strategies[choice[e.src]].out_specs[e.src_out]
             dst = to.strategies[choice[e.dst]].in_specs[e.dst_in]
+            if self.bucket_bytes:
+                bucketed.see(e, src, dst, held, self)
+            if e.dst in held:
+                continue  # the profile holds the gradient in its fan-out's spec: that is this buffer
             if (e.src, e.dst) in regathered and dst == gathered(src, self.zero_axes):
                 continue  # ZeRO-3's gathered copy for this reader: ``transient_terms`` counts it
             if frm.kind == "fanout" and e.src not in held:
@@ -407,7 +424,54 @@ class MemoryModel:
             span = spans.get(key)
             if span is not None:
                 span[1], span[2] = min(span[1], at), max(span[2], at)
-        return [(nb, a, b) for nb, a, b in spans.values()]
+        extra = self._bucket_terms(choice, bucketed, spans) if len(bucketed.members) > 1 else []
+        return [(nb, a, b) for nb, a, b in spans.values()] + extra
+
+    def _bucket_terms(
+        self, choice: list[int], seen: _Bucketed, spans: dict[tuple, list[int]]
+    ) -> list[tuple[int, int, int]]:
+        """The gradient buckets of ``choice`` as the runtime holds them (passes/bucket.py): the
+        deferred all-reduces, in the order the lowering runs them (at their first reader), join
+        the open bucket of their mesh axis and dtype while it holds at most ``bucket_bytes``; a
+        bucket of two or more is packed right after its last member is made, and its one buffer
+        lives until the last member's last reader (its members are views of it). Each member's
+        own buffer (``spans``, from its first reader to its last) is dropped for it, and the
+        partial sum it is made from, which the profile holds until the update reads it (or, with
+        ZeRO, its fan-out's value), is freed at the pack: a negative term from there on. Returns
+        the bucket buffers and those negative terms; ``spans`` loses the members' buffers."""
+        pos = self.positions()
+        members = sorted(
+            seen.bucketable(self.items, self.edges).items(), key=lambda km: seen.first_read(km[0], km[1], spans)
+        )
+        open_: dict[tuple, list] = {}  # (axis, dtype) -> [bytes, members]
+        buckets: list[list] = []
+        for key, m in members:
+            group = (m.axis, m.dtype)
+            bucket = open_.get(group)
+            if bucket is None or bucket[0] + m.nbytes > self.bucket_bytes:
+                bucket = open_[group] = [0, []]
+                buckets.append(bucket)
+            bucket[0] += m.nbytes
+            bucket[1].append((key, m))
+        ranges: dict[Value, list[tuple[int, int, int]]] = {m.value: [] for _k, m in members}
+        for v, i, first, end in self.live_ranges():
+            if v in ranges:
+                ranges[v].append((i, first, end))
+        out: list[tuple[int, int, int]] = []
+        for nbytes, group_members in buckets:
+            if len(group_members) < 2:
+                continue  # one all-reduce runs alone: its own buffer stays as counted
+            packed = max(pos[m.producer] for _k, m in group_members)
+            last = max(seen.last_read(k, m, spans) for k, m in group_members)
+            out.append((nbytes, packed, last))
+            for key, m in group_members:
+                spans.pop(key, None)
+                if m.value in seen.kept or m.value in self.offloaded:
+                    continue  # a reader reads the partial sum itself: the runtime keeps it
+                for i, first, end in ranges[m.value]:
+                    if (i == m.producer or i == m.hub) and end > packed:
+                        out.append((-int(self.strategy_bytes(m.value, i)[choice[i]]), max(first, packed + 1), end))
+        return out
 
     def _held_in_hub(self) -> set[int]:
         """The gradient fan-out items whose value ``profile`` holds in the fan-out's spec from the
@@ -426,6 +490,94 @@ class MemoryModel:
             delta[a] += nb
             delta[b + 1] -= nb
         return int((prof + np.cumsum(delta[:-1])).max())
+
+
+@dataclass
+class _Member:
+    """A deferred all-reduce a gradient bucket may hold: its value, the item that makes the
+    partial sum, its fan-out item when the profile holds the reduced value there (ZeRO's hub),
+    the mesh axis and dtype (the bucket's key) and the bytes it adds to a bucket."""
+
+    value: Value
+    producer: int
+    hub: int | None
+    axis: int
+    dtype: object
+    nbytes: int
+
+
+class _Bucketed:
+    """What ``MemoryModel._bucket_terms`` needs of a choice's edges, gathered in one pass over
+    them (``see``): the deferred all-reduces (by their buffer's key in ``spans``, or the held
+    hub's ``("hub", item)``), the values some reader reads as a partial sum (``kept``), and the
+    first and last reader of each held hub."""
+
+    def __init__(self) -> None:
+        self.members: dict[tuple, _Member] = {}
+        self.kept: set[Value] = set()
+        self.hub_reads: dict[int, list[int]] = {}  # held hub item -> [first reader, last reader]
+        self.sliced: set[int] = set()  # held hubs some reader reads in another spec
+        self.results: list[int] = []  # the items reading a deferred all-reduce's result
+
+    def see(self, e: Edge, src: tuple, dst: tuple, held: set[int], model: MemoryModel) -> None:
+        """Note edge ``e``, redistributed from ``src`` to ``dst``; ``held``: the fan-out items whose
+        value the profile holds (``MemoryModel._held_in_hub``)."""
+        items = model.items
+        if e.src in held:
+            at = model.positions()[e.dst]
+            r = self.hub_reads.setdefault(e.src, [at, at])
+            r[0], r[1] = min(r[0], at), max(r[1], at)
+            if src != dst:
+                self.sliced.add(e.src)  # the lowering reduces it into its readers' spec instead (ZeRO)
+        if src == dst:
+            if items[e.dst].kind != "fanout" and P in src:
+                self.kept.add(e.value)  # read as the partial sum it is (a linear update op)
+            return
+        t = e.value.type
+        steps = plan_steps(t.shape, t.dtype.itemsize, src, dst, model.mesh)
+        if not (e.deferred and len(steps) == 1 and steps[0].kind == "all_reduce") or items[e.dst].kind == "output":
+            if P in src:
+                self.kept.add(e.value)  # some other collective reads the partial sum
+            return
+        frm = items[e.src]
+        producer = frm.index if frm.kind == "fanout" else e.src
+        hub = e.dst if e.dst in held else None
+        key = ("hub", e.dst) if hub is not None else (e.value, dst, e.phase)
+        self.members[key] = _Member(e.value, producer, hub, steps[0].axis, t.dtype, steps[0].local_bytes)
+        self.results.append(e.dst)
+
+    def bucketable(self, items: list[Item], edges: list[Edge]) -> dict[tuple, _Member]:
+        """The members the lowering can put in a bucket: not a ZeRO hub whose readers take a
+        piece of it (the lowering reduce-scatters into that piece at once, passes/lower.py
+        ``scatter_early``), and not one whose partial sum is computed from a deferred
+        all-reduce's result (passes/bucket.py runs it alone: its bucket could not wait for it;
+        only a partial sum the update makes can be)."""
+        members = {k: m for k, m in self.members.items() if m.hub not in self.sliced}
+        made_in_update = [m.producer for m in members.values() if _part(items[m.producer]) == "update"]
+        if not made_in_update:
+            return members
+        succ: dict[int, list[int]] = {}
+        for e in edges:
+            succ.setdefault(e.src, []).append(e.dst)
+        tainted: set[int] = set()
+        stack = list(self.results)
+        while stack:
+            i = stack.pop()
+            if i not in tainted:
+                tainted.add(i)
+                stack += succ.get(i, [])
+        return {k: m for k, m in members.items() if m.producer not in tainted}
+
+    def first_read(self, key: tuple, m: _Member, spans: dict[tuple, list[int]]) -> int:
+        """Where the lowering runs the member's all-reduce: its reduced value's first reader."""
+        return self.hub_reads.get(m.hub, [0, 0])[0] if m.hub is not None else spans[key][1]
+
+    def last_read(self, key: tuple, m: _Member, spans: dict[tuple, list[int]]) -> int:
+        return self.hub_reads.get(m.hub, [0, 0])[1] if m.hub is not None else spans[key][2]
+
+
+def _part(item: Item) -> str | None:
+    return item.node.part if item.node is not None else None
 
 
 def gathered(spec: tuple, axes: tuple[int, ...]) -> tuple:

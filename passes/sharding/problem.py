@@ -68,7 +68,7 @@ class Problem:
     zero: Zero = 0  # ZeRO: 0 off, "auto" the solver's choice, 1-3 a forced stage (passes/sharding/zero.py)
     zero_axes: tuple[int, ...] = ()  # the data axes ZeRO may shard state along
     gathers: list[tuple[int, int]] = field(default_factory=list)  # (state input item, reader item) not in the update
-    # deferred edges (gradients into the update, the loss into the outputs) share buckets: the
+    # deferred edges (gradients into the update) share buckets: the
     # bytes a bucket's fixed cost is shared by, as estimated before solving (0: no bucketing),
     # and the bucket size; the cost model keeps them (``costs.rebucket`` changes the share)
     bucket_share_bytes: InitVar[int] = 0
@@ -88,6 +88,7 @@ class Problem:
         self.memory = MemoryModel(
             self.graph, self.mesh, self.items, self.edges, self.order, self.remat, self.gathers, self.zero_axes
         )
+        self.memory.bucket_bytes = bucket_limit
 
     def evaluate(self, choice: list[int]) -> dict:
         """The objective of ``choice`` (``CostModel.evaluate``: compute_s, comm_s, total_s) and its
@@ -506,8 +507,8 @@ class _ProblemBuilder:
 
     def add_outputs(self, out_pins: dict[int, tuple], tied_out: dict[int, int]) -> None:
         """One item per graph output (a strategy per spec it may be returned in), with an edge
-        from its producer: deferred when no node consumes the value (the loss)."""
-        consumed = {v for node in self.graph.nodes for v in node.inputs}
+        from its producer. The edge is never deferred: a returned value's all-reduce (the loss)
+        runs alone, never in a gradient bucket (passes/bucket.py), so it is priced alone."""
         made: dict[tuple, Strategies] = {}  # specs -> their strategies, each output a twin (shared specs)
         for k, v in enumerate(self.graph.outputs):
             other = self.graph.inputs[tied_out[k]] if k in tied_out else None
@@ -524,7 +525,7 @@ class _ProblemBuilder:
             idx = len(self.items)
             self.items.append(item)
             src, out = self.producer[v]
-            self.edges.append(Edge(src=src, src_out=out, dst=idx, dst_in=0, value=v, deferred=v not in consumed))
+            self.edges.append(Edge(src=src, src_out=out, dst=idx, dst_in=0, value=v))
 
 
 def _left_partial(strategies: Strategies, n_out: int, cache: dict[int, tuple]) -> list[frozenset]:

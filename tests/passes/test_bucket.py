@@ -16,6 +16,7 @@ from graphc.models import gpt
 from graphc.passes.bucket import bucket_all_reduces
 from graphc.passes.options import PlanOptions
 from graphc.passes.partition import build_problem, optimize_for_planning, state_ties
+from graphc.passes.sharding.redistribute import redistribution_time
 from graphc.programs import simulate
 
 
@@ -128,12 +129,11 @@ def test_the_planner_amortizes_only_deferred_all_reduces():
     deferred = [e for e in problem.edges if e.deferred]
     assert deferred
 
-    def waits(e):  # the update (or only the outputs, the loss) reads it
+    def waits(e):  # the update reads it (a returned value's all-reduce, the loss's, runs alone)
         consumer = problem.items[e.dst]
         if consumer.kind == "fanout":  # read by several: deferred when every reader waits
             return all(waits(f) for f in problem.edges if f.src == e.dst)
-        update = consumer.kind == "node" and consumer.node.part == "update"
-        return update or (consumer.kind == "output" and not any(e.value in n.inputs for n in graph.nodes))
+        return consumer.kind == "node" and consumer.node.part == "update"
 
     for e in problem.edges:
         assert e.deferred == waits(e)
@@ -148,3 +148,45 @@ def test_the_planner_amortizes_only_deferred_all_reduces():
     assert problem.costs.bucket_share_bytes == total
     unbucketed = PlanOptions(zero=0, bucket_bytes=0)
     assert build_problem(graph, mesh, unbucketed, ties=state_ties(graph)).costs.bucket_share_bytes == 0
+
+
+def test_the_loss_all_reduce_is_priced_alone_as_it_runs():
+    # the runtime never buckets a returned value's all-reduce (passes/bucket.py): the planner
+    # prices it whole, where it had shared a bucket's fixed cost with the gradients
+    params, x, y = _args(batch=64)
+    graph = optimize_for_planning(graphc.trace(_step, params, x, y))
+    mesh = Mesh("dp=4", profile=MachineProfile.default())
+    problem = build_problem(graph, mesh, PlanOptions(zero=0), ties=state_ties(graph))
+    assert problem.costs.bucket_share_bytes > 0
+    loss = graph.outputs[-1]
+    (edge,) = [e for e in problem.edges if problem.items[e.dst].kind == "output" and e.value is loss]
+    assert not edge.deferred
+    src = problem.items[edge.src]
+    partial = [s for s, st in enumerate(src.strategies) if P in st.out_specs[edge.src_out]]
+    assert partial  # the loss may arrive as a partial sum over dp
+    whole = [s for s, st in enumerate(problem.items[edge.dst].strategies) if P not in st.in_specs[0]]
+    t = loss.type
+    for s in partial:
+        for d in whole:
+            a = src.strategies[s].out_specs[edge.src_out]
+            b = problem.items[edge.dst].strategies[d].in_specs[0]
+            alone = redistribution_time(t.shape, t.dtype.itemsize, a, b, mesh)
+            assert alone > 0
+            assert problem.costs.edge_time(edge, s, d) == alone
+
+
+def test_a_returned_all_reduce_never_joins_a_bucket():
+    # two returned partial sums over dp (the loss and a sum over the batch) beside the gradients:
+    # each returned value's all-reduce runs alone, as the planner prices it (before, the two
+    # shared a bucket of their own)
+    def step(params, x, y):
+        loss, grads = graphc.value_and_grad(_loss)(params, x, y)
+        return {k: params[k] - 0.1 * grads[k] for k in params}, loss, np.sum(y)
+
+    params, x, y = _args()
+    f = graphc.parallelize(step, mesh="dp=4", cache=False)
+    f.options = PlanOptions(zero=0)
+    g = f.compile(params, x, y).program.devices[0].graph
+    reduces = [n for n in g.nodes if n.op.name == "all_reduce"]
+    bucketed = [n for n in reduces if n.inputs[0].producer.op.name == "concatenate"]
+    assert [n.outputs[0].type.size for n in bucketed] == [sum(a.size for a in params.values())]  # the gradients'

@@ -29,13 +29,14 @@ def _static_names(kwargs):
 
 
 def _models():
-    from graphc.models import cnn, gpt, mlp
+    from graphc.models import cnn, gpt, mlp, vit
 
     return {
         "mlp_train": (mlp.train_step, *mlp.example_train_args(batch=64, sizes=(16, 32, 32, 8))),
         "gpt_train": (gpt.train_step, *gpt.example_train_args(batch=8, seq=16)),
         "gpt_forward": (gpt.gpt, *gpt.example_args(batch=8, seq=16)),
         "cnn_train": (cnn.train_step, *cnn.example_train_args(batch=8)),
+        "vit_train": (vit.train_step, *vit.example_train_args(batch=4)),
     }
 
 

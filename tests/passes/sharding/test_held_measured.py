@@ -9,9 +9,6 @@ programs, so the bounds are derived, not tolerances:
 - above: the lowering folds a constant's redistribution into a constant of the device program,
   held all run, where the model counts a buffer between its readers; at most the device
   constants' bytes beyond the plan's constants (``constants_missed``);
-- above: a gradient bucket (passes/bucket.py) is one buffer that its unpacked views keep alive
-  until the last of them is read, where the model frees each reduced gradient at its own last
-  read; at most the largest bucket's bytes (``largest_bucket``);
 - below: a fused kernel never writes the values that stay inside it (the update's elementwise
   chains), which the model counts for the update (passes/sharding/memory.py ``fused_inside``):
   at most the inner values of the largest kernel live at once (``fused_inner``).
@@ -21,7 +18,10 @@ loss unpacked from the gradient bucket kept the whole bucket alive to the end), 
 32 KiB over (a returned value's piece held while its output gather runs), dp=2,tp=2 was
 over-predicted by 188 KiB (each reduced gradient counted twice, as its fan-out's value and as a
 redistribution buffer), and the mlp's ZeRO-3 step on dp=2 by 156 KiB (a gathered weight counted
-twice, as ZeRO-3's transient copy and as a redistribution buffer)."""
+twice, as ZeRO-3's transient copy and as a redistribution buffer). A gradient bucket's buffer,
+which its unpacked views keep alive until the last of them is read, was allowed above the
+prediction by up to the largest bucket; the model counts it now (tests/passes/sharding/
+test_bucket_memory.py)."""
 
 from __future__ import annotations
 
@@ -73,8 +73,8 @@ def fused_inner(compiled) -> int:
     return most
 
 
-def measure(fn, args: tuple, kwargs: dict, mesh: str):
-    pf = graphc.parallelize(fn, mesh=Mesh(mesh, profile=DEFAULT), cache=False)
+def measure(fn, args: tuple, kwargs: dict, mesh: str, **options):
+    pf = graphc.parallelize(fn, mesh=Mesh(mesh, profile=DEFAULT), cache=False, **options)
     compiled = pf.compile(*args, **kwargs)
     dyn_args, dyn_kwargs, _ = pf.split_static(args, kwargs)
     compiled.executable.run_flat(bind_arguments(compiled.graph, dyn_args, dyn_kwargs), profile=True)
@@ -111,7 +111,7 @@ def mlp_zero3_step():  # on dp=2 its first weight is ZeRO-3: gathered for each r
 def test_measured_peak_is_the_predicted_held_memory_up_to_what_the_accounting_names(make, mesh):
     fn, args, kwargs = make()
     compiled, peaks = measure(fn, args, kwargs, mesh)
-    above, below = constants_missed(compiled) + largest_bucket(compiled), fused_inner(compiled)
+    above, below = constants_missed(compiled), fused_inner(compiled)
     for d, measured in peaks.items():
         predicted = compiled.plan.memory.held[d]
         assert predicted - below <= measured <= predicted + above, (d, measured, predicted, below, above)

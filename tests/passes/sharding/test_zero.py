@@ -152,8 +152,10 @@ def test_a_forced_stage_is_planned_as_asked_and_trains_like_one_device(stage):
     if stage == 1:  # gradients all-reduced whole, the updated parameters gathered
         assert gradient_all_reduces >= 14 and kinds[("reduce_scatter", "update")] == 0
         assert kinds[("all_gather", "update")] >= 14
-    else:  # gradients reduce-scattered (the first layer's may be made whole: its batch is 64 features wide)
-        assert gradient_all_reduces == 0 and kinds[("reduce_scatter", "update")] >= 12
+    else:  # gradients reduce-scattered (the first layer's may be made whole: its batch is 64 features
+        # wide; at stage 2 the last layer's too, its logits gathered so that the loss, whose
+        # all-reduce is priced alone, is computed whole)
+        assert gradient_all_reduces == 0 and kinds[("reduce_scatter", "update")] >= 11
     if stage == 2:
         assert kinds[("all_gather", "update")] >= 14
     if stage == 3:  # no updated parameter is gathered; every use gathers it
@@ -172,7 +174,7 @@ def test_zero_2_reduce_scatters_each_gradient_where_it_is_made_and_zero_3_gather
             for v in n.inputs:
                 readers.setdefault(v, []).append(k)
         scatters = [k for k, n in enumerate(nodes) if n.op.name == "reduce_scatter"]
-        assert len(scatters) >= 12
+        assert len(scatters) >= 11  # see the forced stages above
         for k in scatters:  # right after the backward node that makes the gradient
             assert made_at[nodes[k].inputs[0]] >= k - 2, nodes[k]
         gathers = [n for n in nodes if n.op.name == "all_gather" and n.inputs[0] in program.inputs]
