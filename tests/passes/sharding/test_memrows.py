@@ -376,7 +376,7 @@ def test_a_limit_below_a_problem_with_nothing_to_choose_names_its_peak():
     assert at_peak.plan(x).memory.peak_bytes == (peak,)
 
 
-@pytest.mark.slow  # about 25 s: the fallback at 60% runs the held-buffer rounds out
+@pytest.mark.slow  # about 25 s: the fallback at 54% runs the held-buffer rounds out
 def test_a_plan_whose_held_buffers_break_the_limit_says_so(tmp_path, monkeypatch):
     """ilp.solve's fallback (docs/remat.md): when the held-buffer rows leave no plan, the last plan
     whose values fit stands, and its held peak may be over the limit. The plan then says so in its
@@ -395,7 +395,7 @@ def test_a_plan_whose_held_buffers_break_the_limit_says_so(tmp_path, monkeypatch
 
     free = plan(None).memory.peak_bytes[0]
     seen = set()
-    for share in (0.9, 0.6):
+    for share in (0.9, 0.54):
         limit = int(share * free)
         p = plan(limit)
         over = p.memory.held_bytes[0] > limit
@@ -404,7 +404,9 @@ def test_a_plan_whose_held_buffers_break_the_limit_says_so(tmp_path, monkeypatch
         if over:
             assert f"{p.memory.held_bytes[0] / limit:.0%} of the limit" in said[0]
         seen.add(over)
-    assert seen == {False, True}  # both sides are exercised (the fallback at 60% on this step)
+    # both sides are exercised: the fallback at 54% on this step (at 60% before the memory model
+    # counted gradient buckets as the runtime holds them: its plans at 56-60% now hold within the limit)
+    assert seen == {False, True}
 
 
 def test_a_held_round_re_solves_to_the_held_gap_and_the_rest_to_the_solvers_gap(cases, monkeypatch):
