@@ -88,6 +88,25 @@ def train_step(params, opt_state, tokens, targets, n_head, lr=1e-3):
     return params, opt_state, loss
 
 
+def ln_params(d, dtype=np.float32):
+    return {"g": np.ones(d, dtype), "b": np.zeros(d, dtype)}
+
+
+def linear_params(w, d_in, d_out, dtype=np.float32):
+    # w(*shape) makes a weight; the bias starts at zero
+    return {"w": w(d_in, d_out), "b": np.zeros(d_out, dtype)}
+
+
+def block_params(w, d, dtype=np.float32):
+    # one transformer_block's weights, drawn by w in the order c_attn, c_proj, c_fc, c_proj
+    return {
+        "ln_1": ln_params(d, dtype),
+        "attn": {"c_attn": linear_params(w, d, 3 * d, dtype), "c_proj": linear_params(w, d, d, dtype)},
+        "ln_2": ln_params(d, dtype),
+        "mlp": {"c_fc": linear_params(w, d, 4 * d, dtype), "c_proj": linear_params(w, 4 * d, d, dtype)},
+    }
+
+
 def init_params(rng, n_vocab, n_ctx, d, n_layer, dtype=np.float32, zeros=False):
     """Random weights; ``zeros=True`` gives all-zero weights without touching memory (for
     benchmarks of tracing large models)."""
@@ -97,22 +116,8 @@ def init_params(rng, n_vocab, n_ctx, d, n_layer, dtype=np.float32, zeros=False):
             return np.zeros(shape, dtype)
         return (rng.standard_normal(shape) * scale).astype(dtype)
 
-    def ln():
-        return {"g": np.ones(d, dtype), "b": np.zeros(d, dtype)}
-
-    def lin(d_in, d_out):
-        return {"w": w(d_in, d_out), "b": np.zeros(d_out, dtype)}
-
-    blocks = [
-        {
-            "ln_1": ln(),
-            "attn": {"c_attn": lin(d, 3 * d), "c_proj": lin(d, d)},
-            "ln_2": ln(),
-            "mlp": {"c_fc": lin(d, 4 * d), "c_proj": lin(4 * d, d)},
-        }
-        for _ in range(n_layer)
-    ]
-    return {"wte": w(n_vocab, d), "wpe": w(n_ctx, d, scale=0.01), "blocks": blocks, "ln_f": ln()}
+    blocks = [block_params(w, d, dtype) for _ in range(n_layer)]
+    return {"wte": w(n_vocab, d), "wpe": w(n_ctx, d, scale=0.01), "blocks": blocks, "ln_f": ln_params(d, dtype)}
 
 
 def example_args(batch=2, seq=16, n_vocab=128, d=64, n_layer=2, n_head=4, seed=0):

@@ -10,7 +10,7 @@ import math
 import numpy as np
 
 import graphc
-from graphc.models.gpt import ffn, layer_norm, linear, softmax
+from graphc.models.gpt import block_params, ffn, layer_norm, linear, linear_params, ln_params, softmax
 
 
 def patchify(images, p):
@@ -62,28 +62,14 @@ def init_params(rng, channels, image, patch, d, n_layer, n_classes, dtype=np.flo
     def w(*shape, scale=0.02):
         return (rng.standard_normal(shape) * scale).astype(dtype)
 
-    def lin(d_in, d_out):
-        return {"w": w(d_in, d_out), "b": np.zeros(d_out, dtype)}
-
-    def ln():
-        return {"g": np.ones(d, dtype), "b": np.zeros(d, dtype)}
-
-    blocks = [
-        {
-            "ln_1": ln(),
-            "attn": {"c_attn": lin(d, 3 * d), "c_proj": lin(d, d)},
-            "ln_2": ln(),
-            "mlp": {"c_fc": lin(d, 4 * d), "c_proj": lin(4 * d, d)},
-        }
-        for _ in range(n_layer)
-    ]
+    blocks = [block_params(w, d, dtype) for _ in range(n_layer)]
     n_patches = (image // patch) ** 2
     return {
-        "patch": lin(patch * patch * channels, d),
+        "patch": linear_params(w, patch * patch * channels, d, dtype),
         "pos": w(n_patches, d),
         "blocks": blocks,
-        "ln_f": ln(),
-        "head": lin(d, n_classes),
+        "ln_f": ln_params(d, dtype),
+        "head": linear_params(w, d, n_classes, dtype),
     }
 
 
