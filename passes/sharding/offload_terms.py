@@ -385,10 +385,10 @@ class OffloadTerms:
             terms_of.append((items, [host_terms, device_terms, copy_terms, host_mib, *saved]))
         # tied layers' candidates share one binary (module doc, "Tied layers")
         keys = [self._tie_key(exprs) if TIE_LAYERS else (k,) for k, (_items, exprs) in enumerate(terms_of)]
-        distinct = {key: k for k, key in reversed(list(enumerate(keys)))}
-        binary = m.add_vars(np.zeros(len(distinct)), integer=True)
-        column = {key: int(binary[n]) for n, key in enumerate(sorted(distinct, key=distinct.__getitem__))}
-        self.o = np.array([column[key] for key in keys], dtype=np.int64)
+        first: dict[tuple, int] = {}  # key -> its binary's number, in first-seen order
+        index = [first.setdefault(key, len(first)) for key in keys]
+        binary = m.add_vars(np.zeros(len(first)), integer=True)
+        self.o = np.asarray(binary, dtype=np.int64)[index]
         u = m.add_vars([link.latency_s * us if priced else 0.0], integer=False)[0]
         self.u = int(u)
         e = m.add_vars([1.0 if priced else 0.0], integer=False, upper=1e30)[0]

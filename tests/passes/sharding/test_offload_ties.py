@@ -22,7 +22,7 @@ from graphc.passes.partition import build_problem, shrink, solve_problem, state_
 from graphc.passes.sharding import ilp, offload_terms
 from graphc.passes.sharding.memrows import MemoryRows
 from tests.passes.offload_models import gpt3_tied_tp2_step
-from tests.passes.sharding.test_offload_classes import _fast_host
+from tests.passes.sharding.test_offload_classes import _fast_host, _plan
 
 A100 = get_profile("a100-sxm")
 
@@ -46,17 +46,6 @@ def _model(case, tie: bool, monkeypatch, **options):
 def _layerless(problem, c) -> str:
     """The candidate's parameter's name with its layer number taken out."""
     return re.sub(r"\.\d+(?=\.|$)", ".#", problem.graph.inputs[c.param].name)
-
-
-def _plan(model, gchoice, moved: set[int]) -> np.ndarray:
-    """The columns of the plan choosing ``gchoice`` and offloading the candidates ``moved``."""
-    z = model.point(gchoice)
-    for k in moved:
-        z[model.offload.o[k]] = 1.0
-    for g, o, w in model.offload.shares():
-        if z[o]:
-            z[w[gchoice[g]]] = 1.0
-    return z
 
 
 def test_a_binary_is_shared_by_one_parameter_of_the_tied_layers(tied, monkeypatch):
