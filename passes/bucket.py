@@ -23,11 +23,15 @@ share of a bucket.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from graphc.core.ir import Graph, Node, Value
 from graphc.ops import OPS
 from graphc.passes.rewrite import Rewriter
+
+T = TypeVar("T")
 
 DEFAULT_BUCKET_BYTES = 25 * 2**20  # PyTorch DDP's default bucket_cap_mb
 
@@ -89,18 +93,35 @@ def _buckets(graph: Graph, bucket_bytes: int) -> list[_Bucket]:
             hit = True
         if hit:
             tainted.update(node.outputs)
-    done: list[_Bucket] = []
-    open_: dict[tuple, _Bucket] = {}
-    for node in cands:
-        x = node.inputs[0]
-        key = (node.attrs["axis"], node.attrs["group"], x.type.dtype)
-        b = open_.get(key)
-        if b is None or b.nbytes + x.type.nbytes > bucket_bytes:
+
+    def key(node: Node) -> tuple:
+        return (node.attrs["axis"], node.attrs["group"], node.inputs[0].type.dtype)
+
+    groups = fill_buckets(cands, key, lambda node: node.inputs[0].type.nbytes, bucket_bytes)
+    return [_Bucket(key(g[0]), g, sum(n.inputs[0].type.nbytes for n in g)) for g in groups]
+
+
+def fill_buckets(
+    members: Iterable[T], key: Callable[[T], Hashable], nbytes: Callable[[T], int], bucket_bytes: int
+) -> list[list[T]]:
+    """``members`` in order, each into the open bucket of its ``key`` while that holds at most
+    ``bucket_bytes`` with it, else into a new one (a bucket's first member always enters): the
+    rule the lowering buckets by (``_buckets``) and the memory model counts by
+    (passes/sharding/memory.py ``MemoryModel._bucket_terms``). The buckets in the order they
+    closed, then the open ones."""
+    done: list[list[T]] = []
+    open_: dict[Hashable, list[T]] = {}
+    held: dict[Hashable, int] = {}
+    for m in members:
+        k, n = key(m), nbytes(m)
+        b = open_.get(k)
+        if b is None or held[k] + n > bucket_bytes:
             if b is not None:
                 done.append(b)
-            b = open_[key] = _Bucket(key)
-        b.members.append(node)
-        b.nbytes += x.type.nbytes
+            b = open_[k] = []
+            held[k] = 0
+        b.append(m)
+        held[k] += n
     return done + list(open_.values())
 
 
@@ -168,4 +189,4 @@ def _emit(rw: Rewriter, b: _Bucket) -> None:
         offset += t.size
 
 
-__all__ = ["DEFAULT_BUCKET_BYTES", "bucket_all_reduces", "deferred"]
+__all__ = ["DEFAULT_BUCKET_BYTES", "bucket_all_reduces", "deferred", "fill_buckets"]

@@ -44,6 +44,7 @@ from graphc.core.ir import Graph, TensorType, Value
 from graphc.core.mesh import Mesh
 from graphc.core.spec import P, R, local_shape
 from graphc.core.traits import Constant, ViewOf
+from graphc.passes.bucket import fill_buckets
 from graphc.passes.fuse import find_clusters
 from graphc.passes.sharding.items import Edge, Item
 from graphc.passes.sharding.redistribute import plan_steps
@@ -443,24 +444,18 @@ class MemoryModel:
         members = sorted(
             seen.bucketable(self.items, self.edges).items(), key=lambda km: seen.first_read(km[0], km[1], spans)
         )
-        open_: dict[tuple, list] = {}  # (axis, dtype) -> [bytes, members]
-        buckets: list[list] = []
-        for key, m in members:
-            group = (m.axis, m.dtype)
-            bucket = open_.get(group)
-            if bucket is None or bucket[0] + m.nbytes > self.bucket_bytes:
-                bucket = open_[group] = [0, []]
-                buckets.append(bucket)
-            bucket[0] += m.nbytes
-            bucket[1].append((key, m))
+        buckets = fill_buckets(
+            members, lambda km: (km[1].axis, km[1].dtype), lambda km: km[1].nbytes, self.bucket_bytes
+        )
         ranges: dict[Value, list[tuple[int, int, int]]] = {m.value: [] for _k, m in members}
         for v, i, first, end in self.live_ranges():
             if v in ranges:
                 ranges[v].append((i, first, end))
         out: list[tuple[int, int, int]] = []
-        for nbytes, group_members in buckets:
+        for group_members in buckets:
             if len(group_members) < 2:
                 continue  # one all-reduce runs alone: its own buffer stays as counted
+            nbytes = sum(m.nbytes for _k, m in group_members)
             packed = max(pos[m.producer] for _k, m in group_members)
             last = max(seen.last_read(k, m, spans) for k, m in group_members)
             out.append((nbytes, packed, last))
