@@ -130,21 +130,10 @@ def _from_example_state(fn, fargs: tuple, fkwargs: dict) -> tuple[Any, tuple, di
     if not bound:
         return fn, fargs, fkwargs
 
-    by_state = {id(state): gen for gen, state in bound}
-
-    def generator(x: Any) -> Any:  # bind_generators' walk undone: each state its Generator again
-        if id(x) in by_state:
-            return by_state[id(x)]
-        if isinstance(x, dict):
-            return {k: generator(v) for k, v in x.items()}
-        if type(x) in (list, tuple):
-            return type(x)(generator(v) for v in x)
-        return x
-
     def direct(*a: Any, **kw: Any) -> Any:
         for gen, state in bound:
             traced_random.set_philox_state(gen, state)
-        return fn(*generator(a), **generator(kw))
+        return fn(*traced_random.restore_generators(a, bound), **traced_random.restore_generators(kw, bound))
 
     functools.update_wrapper(direct, fn)
     return direct, fargs, fkwargs

@@ -173,16 +173,15 @@ def bind_generators(
     advance after the call."""
     bound: list[tuple[np.random.Generator, GeneratorState]] = []
 
-    def swap(x: Any) -> Any:
+    def state_of(x: Any) -> Any:
         if isinstance(x, np.random.Generator):
             state = call_state(x)
             bound.append((x, state))
             return state
-        if isinstance(x, dict):
-            return {k: swap(v) for k, v in x.items()}
-        if type(x) in (list, tuple):
-            return type(x)(swap(v) for v in x)
         return x
+
+    def swap(x: Any) -> Any:
+        return _rebuilt(x, state_of)
 
     if _holds_generator(args) or _holds_generator(kwargs):
         args, kwargs = swap(args), swap(kwargs)
@@ -190,6 +189,23 @@ def bind_generators(
     if ambient and stack and AMBIENT_KWARG not in kwargs:
         kwargs = {**kwargs, AMBIENT_KWARG: swap(stack[-1])}
     return args, kwargs, bound
+
+
+def restore_generators(x: Any, bound: list[tuple[np.random.Generator, GeneratorState]]) -> Any:
+    """``x`` (arguments ``bind_generators`` made) with each state of its ``bound`` pairs the
+    Generator it came from again, at whatever state that Generator is now."""
+    by_state = {id(state): gen for gen, state in bound}
+    return _rebuilt(x, lambda leaf: by_state.get(id(leaf), leaf))
+
+
+def _rebuilt(x: Any, leaf: Callable[[Any], Any]) -> Any:
+    """``x`` with its dicts, lists and tuples rebuilt and ``leaf`` applied to everything else: where
+    ``bind_generators`` looks for Generators."""
+    if isinstance(x, dict):
+        return {k: _rebuilt(v, leaf) for k, v in x.items()}
+    if type(x) in (list, tuple):
+        return type(x)(_rebuilt(v, leaf) for v in x)
+    return leaf(x)
 
 
 _GENERATOR = np.random.Generator  # (``np.random`` is a lazy module attribute: looked up once)
