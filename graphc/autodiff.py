@@ -112,8 +112,11 @@ class RuleContext:
         return control.fori_loop(lower, upper, body_fn, init, step=step)
 
 
+_FLOATS = frozenset(dt for dt in dtypes.SHORT_NAMES if dtypes.is_float(dt))  # (every value's dtype is one of these)
+
+
 def differentiable(v: Value | Tracer) -> bool:
-    return dtypes.is_float(v.dtype)
+    return v.dtype in _FLOATS  # (dtypes.is_float of a canonical dtype, asked per value of the forward)
 
 
 # --- the two walks ---------------------------------------------------------------------------------
@@ -126,29 +129,32 @@ def backward(
     given those of ``outputs``. Emits the backward nodes into ``ctx``."""
     active = set(v for v in wrt if differentiable(v))
     for node in nodes:
-        if any(v in active for v in node.inputs):
+        if not active.isdisjoint(node.inputs):
             active.update(o for o in node.outputs if differentiable(o))
     cts: dict[Value, Tracer] = {}
     for v, ct in zip(outputs, cotangents):
         if ct is not None and v in active:
             cts[v] = cts[v] + ct if v in cts else ct
     for node in reversed(nodes):
-        if not any(o in cts for o in node.outputs):
+        if cts.keys().isdisjoint(node.outputs):
             continue
         needs = [v in active for v in node.inputs]
-        if not any(needs):
+        if True not in needs:
             continue
         gs = [cts.pop(o, None) for o in node.outputs]
         if node.op.vjp is None:
             raise TraceError(f"{node.op.name} has no VJP rule", node.loc)
-        with ctx.annotate(part="backward", loc=node.loc):
-            rule_ctx = RuleContext(ctx, node, needs)
-            grads = node.op.vjp(rule_ctx, *gs)
+        saved = ctx.part, ctx.loc_override  # ctx.annotate(part="backward", loc=node.loc), inline: per node
+        ctx.part, ctx.loc_override = "backward", node.loc or ctx.loc_override
+        try:
+            grads = node.op.vjp(RuleContext(ctx, node, needs), *gs)
             for v, g, need in zip(node.inputs, grads, needs):
                 if need and g is not None:
                     if g.shape != v.shape or g.dtype != v.dtype:
                         raise AssertionError(f"vjp of {node.op.name} gave {g.dtype}{g.shape} for {v.type}")
                     cts[v] = cts[v] + g if v in cts else g
+        finally:
+            ctx.part, ctx.loc_override = saved
     return [cts.get(v) for v in wrt]
 
 

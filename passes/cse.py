@@ -31,16 +31,17 @@ def attr_key(v: Any) -> Any:
 
 
 def node_key(op_name: str, inputs: list[Value], attrs: dict[str, Any]) -> tuple:
-    return (op_name, tuple(id(v) for v in inputs), tuple(sorted((k, attr_key(v)) for k, v in attrs.items())))
+    if not attrs:  # (most nodes)
+        return (op_name, tuple(map(id, inputs)), ())
+    return (op_name, tuple(map(id, inputs)), tuple(sorted([(k, attr_key(v)) for k, v in attrs.items()])))
 
 
 def cse_block(inputs: list[Value], nodes: list[Node], outputs: list[Value]) -> tuple[list[Node], list[Value]]:
     rw = Rewriter()
     seen: dict[tuple, Node] = {}
     for node in nodes:
-        regions = map_regions(node, cse_block)
         if node.regions:
-            rw.keep(node, regions)
+            rw.keep(node, map_regions(node, cse_block))
             continue
         operands = rw.operands(node)
         key = node_key(node.op.name, operands, node.attrs)

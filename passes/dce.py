@@ -14,12 +14,12 @@ def dce_block(inputs: list[Value], nodes: list[Node], outputs: list[Value]) -> t
     live: set[Value] = set(outputs)
     needed: list[Node] = []
     for node in reversed(nodes):
-        if any(o in live for o in node.outputs):
+        if not live.isdisjoint(node.outputs):  # (one of its results is used)
             needed.append(node)
             live.update(node.inputs)
     rw = Rewriter()
     for node in reversed(needed):
-        rw.keep(node, map_regions(node, dce_block))
+        rw.keep(node, map_regions(node, dce_block) if node.regions else None)
     return finish(rw, nodes, outputs)
 
 

@@ -14,7 +14,7 @@ import numpy as np
 from graphc.core.ir import Graph, Node, Value
 from graphc.core.traits import Collective, Constant, DeviceLocal
 from graphc.ops import precision
-from graphc.passes.rewrite import Rewriter, apply_to_graph, constant_value, finish, map_regions
+from graphc.passes.rewrite import Rewriter, apply_to_graph, finish, map_regions
 
 MAX_GROWTH_BYTES = 1 << 20  # a folded constant may exceed its inputs' total size by at most this
 
@@ -24,10 +24,10 @@ def _constants_of(operands: list[Value]) -> list | None:
     first that is not: nearly every node's first operand)."""
     values = []
     for v in operands:
-        value = constant_value(v)
-        if value is None:
+        node = v.producer
+        if node is None or not node.op.has(Constant):  # (constant_value, inline: asked of every node)
             return None
-        values.append(value)
+        values.append(node.attrs["value"])
     return values
 
 
@@ -46,7 +46,7 @@ def fold_block(inputs: list[Value], nodes: list[Node], outputs: list[Value]) -> 
             and sum(o.type.nbytes for o in node.outputs) <= sum(v.nbytes for v in values) + MAX_GROWTH_BYTES
         )
         if not foldable or values is None:  # (foldable implies values; said again for the type checker)
-            rw.keep(node, map_regions(node, fold_block), operands)
+            rw.keep(node, map_regions(node, fold_block) if node.regions else None, operands)
             continue
         with np.errstate(all="ignore"):
             try:

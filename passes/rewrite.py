@@ -10,7 +10,6 @@ convention), so an unchanged graph costs little to rebuild.
 from __future__ import annotations
 
 from collections.abc import Callable
-from operator import is_
 from typing import Any
 
 from graphc.core.ir import Graph, Node, Region, TensorType, Value
@@ -34,9 +33,13 @@ class Rewriter:
         """Add ``node`` with its operands remapped (and, if given, new regions); ``operands``: what
         ``operands(node)`` returned, if the pass asked since the last substitution."""
         inputs = node.inputs
+        subst = self.subst
+        if not subst and operands is None and (regions is None or regions is node.regions):
+            self.nodes.append(node)  # nothing substituted yet: the node as it is
+            return node
         # ``operands``, inline and in C: every pass keeps nearly every node
-        ins = tuple(map(self.subst.get, inputs, inputs)) if operands is None else tuple(operands)
-        if (regions is None or regions is node.regions) and all(map(is_, ins, inputs)):
+        ins = tuple(map(subst.get, inputs, inputs)) if operands is None else tuple(operands)
+        if ins == inputs and (regions is None or regions is node.regions):  # (Values compare by identity)
             self.nodes.append(node)
             return node
         new = node.with_operands(ins, regions)

@@ -161,8 +161,11 @@ ELEMENTWISE_BINARY = ("add", "sub", "mul", "div", "pow", "maximum", "minimum", "
 @rule(*ELEMENTWISE_BINARY)
 def implicit_broadcast(rw, node, ops):  # f(x, broadcast_to(y)) -> f(x, y): elementwise ops broadcast by themselves
     broadcast = OPS.broadcast_to
-    if not any(v.producer is not None and v.producer.op is broadcast for v in ops):
-        return None  # (nearly every node: asked once per operand, no copies)
+    for v in ops:  # (nearly every node has none: asked once per operand, no copies)
+        if v.producer is not None and v.producer.op is broadcast:
+            break
+    else:
+        return None
     changed = list(ops)
     for i, v in enumerate(ops):
         if v.producer is not None and v.producer.op is OPS.broadcast_to:
@@ -259,12 +262,14 @@ def rewrite_with(table: dict[str, list[Rule]]) -> Callable[[Graph], Graph]:
         return finish(rw, nodes, outputs)
 
     def one(rw: Rewriter, node: Node) -> None:
-        ops = rw.operands(node)
+        inputs = node.inputs
+        ops = list(map(rw.subst.get, inputs, inputs))  # (rw.operands, inline: asked of every node)
         for rule_fn in table.get(node.op.name, ()):
             start = len(rw.nodes)
             replacement = rule_fn(rw, node, ops)
             if replacement is None:
-                del rw.nodes[start:]  # a rule that declined leaves no nodes behind
+                if len(rw.nodes) != start:
+                    del rw.nodes[start:]  # a rule that declined leaves no nodes behind
                 continue
             # the nodes the rule emitted may simplify further: run the driver on them (fixpoint)
             emitted = rw.nodes[start:]
@@ -273,7 +278,8 @@ def rewrite_with(table: dict[str, list[Rule]]) -> Callable[[Graph], Graph]:
                 one(rw, new)
             rw.replace(node, [rw.get(v) for v in replacement])
             return
-        rw.keep(node, map_regions(node, block), ops)  # (a rule that declined substituted nothing)
+        # (a rule that declined substituted nothing)
+        rw.keep(node, map_regions(node, block) if node.regions else None, ops)
 
     return lambda graph: apply_to_graph(graph, block)
 

@@ -210,6 +210,8 @@ class Value:
 
 def freeze_attr(v: Any) -> Any:
     """Attributes are immutable: lists become tuples, arrays become read-only."""
+    if type(v) in _FROZEN:
+        return v
     if isinstance(v, (list, tuple)):
         return tuple(freeze_attr(x) for x in v)
     if isinstance(v, np.ndarray):
@@ -226,6 +228,9 @@ def freeze_attr(v: Any) -> Any:
     if isinstance(v, np.bool_):
         return bool(v)
     return v
+
+
+_FROZEN = (int, float, str, bool, type(None))  # attribute values frozen already, the common ones
 
 
 # Tables of shared immutable objects (result types here, source locations in the frontend): equal
@@ -268,7 +273,7 @@ class Node:
         self.op = op
         self.regions = tuple(regions)
         self.inputs = tuple(inputs)
-        self.attrs = {k: freeze_attr(v) for k, v in attrs.items()}
+        self.attrs = {k: freeze_attr(v) for k, v in attrs.items()} if attrs else {}
         known = _TYPES.get  # equal result types shared (INTERN_LIMIT)
         self.outputs = tuple(Value(known(t) or bounded_put(_TYPES, t, t), self, i) for i, t in enumerate(output_types))
         self.loc = loc

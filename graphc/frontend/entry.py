@@ -62,6 +62,7 @@ from graphc.frontend.tracer import (
     HANDLERS,
     TraceContext,
     Tracer,
+    call_with_user_errors,
     contains_tracer,
     context_stack,
     current_context,
@@ -81,7 +82,10 @@ _originals: list[tuple[Any, str, Callable]] = []
 
 
 def _contains_tracer_anywhere(args: tuple, kwargs: dict) -> bool:
-    return any(contains_tracer(a) for a in args) or any(contains_tracer(v) for v in kwargs.values())
+    for a in (*args, *kwargs.values()):  # (a loop: a traced first argument, the usual case, ends it)
+        if type(a) is Tracer or contains_tracer(a):
+            return True
+    return False
 
 
 def _constructor_patch(original: Callable) -> Callable:
@@ -96,7 +100,7 @@ def _constructor_patch(original: Callable) -> Callable:
         if current_context() is not None and contains_tracer(obj):
             dtype = kwargs.get("dtype", args[0] if args else None)
             copy = kwargs.get("copy", copies_by_default)
-            result = user_errors(lift)(obj, None if dtype is None else dtypes.canonical(dtype))
+            result = call_with_user_errors(lift, obj, None if dtype is None else dtypes.canonical(dtype))
             # True copies; False, None ("only if needed") and numpy's _CopyMode.IF_NEEDED / NEVER do not
             copies = copy is True or getattr(copy, "name", None) == "ALWAYS"
             if result is obj and (copies or result._scalar):  # (np.asarray of a numpy scalar is a 0-d array)
@@ -114,7 +118,7 @@ def _handler_patch(original: Callable) -> Callable:
     @functools.wraps(original)
     def patched(*args, **kwargs):
         if current_context() is not None and _contains_tracer_anywhere(args, kwargs):
-            return user_errors(handle_function)(original, args, kwargs)
+            return call_with_user_errors(handle_function, original, args, kwargs)
         return original(*args, **kwargs)
 
     return patched
@@ -546,13 +550,13 @@ def _find_undefined(tree: Any) -> Any:
 def tag_parts(nodes: list[Node]) -> None:
     """In a graph with backward nodes (from autodiff), tag the rest: nodes that use gradients are
     the update, all others the forward part. Graphs without gradients stay untagged."""
-    if not any(n.part == "backward" for n in nodes):
+    if "backward" not in [n.part for n in nodes]:
         return
     uses_grads: set[Value] = set()
     for n in nodes:
         if n.part == "backward":
             uses_grads.update(n.outputs)
-        elif any(v in uses_grads for v in n.inputs):
+        elif not uses_grads.isdisjoint(n.inputs):
             n.part = "update"
             uses_grads.update(n.outputs)
         else:

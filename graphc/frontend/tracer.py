@@ -13,7 +13,7 @@ import functools
 import inspect
 import itertools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -26,7 +26,7 @@ from graphc.core.ir import Node, TensorType, Value, clone_region
 from graphc.frontend.autograph import unconverted_reason
 from graphc.frontend.locations import (
     call_with_user_errors,
-    user_errors,
+    user_errors,  # noqa: F401  (re-exported: entry.py, autograph_runtime.py)
     user_frame,
     user_location,
 )
@@ -140,14 +140,15 @@ class TraceContext:
         inner._weak = t._weak
         return inner
 
-    def emit(self, opname: str, inputs: list[Tracer], attrs: dict[str, Any], regions: tuple = ()) -> tuple[Tracer, ...]:
+    def emit(self, opname: str, inputs: Sequence[Tracer], attrs: dict, regions: tuple = ()) -> tuple[Tracer, ...]:
         op = get_op(opname)
-        inputs = [self.local(t) for t in inputs]
-        out_types = op.infer_types(tuple(t._value.type for t in inputs), attrs, regions)
+        # ``local(t)._value`` of each operand (a non-view of this trace, nearly every one: its own value)
+        values = [t._val if t._root is None and t._c is self else self.local(t)._value for t in inputs]
+        out_types = op.infer_types(tuple([v.type for v in values]), attrs, regions)
         loc = self.loc_override or user_location()
-        node = Node(op, [t._value for t in inputs], attrs, out_types, loc, self.part, regions)
+        node = Node(op, values, attrs, out_types, loc, self.part, regions)
         self.nodes.append(node)
-        return tuple(Tracer(self, v) for v in node.outputs)
+        return tuple([Tracer(self, v) for v in node.outputs])
 
     def constant(self, array: np.ndarray) -> Tracer:
         """A constant node for ``array``; the same numpy object traced twice gives one node. A numpy
@@ -177,18 +178,18 @@ class TraceContext:
 
 def bind(opname: str, *inputs: Tracer, **attrs: Any) -> Tracer:
     """Emit one single-result primitive in the current trace."""
-    (out,) = _context_of(inputs).emit(opname, list(inputs), attrs)
+    (out,) = _context_of(inputs).emit(opname, inputs, attrs)
     return out
 
 
 def bind_multi(opname: str, *inputs: Tracer, **attrs: Any) -> tuple[Tracer, ...]:
-    return _context_of(inputs).emit(opname, list(inputs), attrs)
+    return _context_of(inputs).emit(opname, inputs, attrs)
 
 
 def _context_of(inputs) -> TraceContext:
-    ctx = current_context()
-    if ctx is not None:
-        return ctx  # values of enclosing traces are captured by ctx.local
+    stack = _state.stack  # (current_context, inline: once per traced op)
+    if stack:
+        return stack[-1]  # values of enclosing traces are captured by ctx.local
     for t in inputs:
         return t._ctx
     raise RuntimeError("graphc: no active trace")
@@ -643,8 +644,7 @@ def _power_op(base: Tracer, exponent: Any) -> Callable[[Any, Any], Any]:
     np.reciprocal and ``** 0.5`` np.sqrt (``float16 ** 0.5`` of -0.0 is -0.0). Exactly int and
     float only: ``** True`` and ``** np.int64(2)`` are np.power. Called as ``op(base, exponent)``."""
     if base._scalar:  # a numpy scalar's ** is np.power (for floats its pow, without fast paths)
-        scalar_power = user_errors(registered_handler(HANDLERS.scalar_power, "scalar power"))
-        return lambda x, e: scalar_power(x, e)
+        return functools.partial(call_with_user_errors, registered_handler(HANDLERS.scalar_power, "scalar power"))
     fast: np.ufunc | None = None
     if type(exponent) is int and exponent == 2:
         fast = np.square

@@ -95,13 +95,14 @@ def _operand_dtype(x: Any):
 
 def resolve_loop(ufunc: np.ufunc, inputs: tuple) -> tuple[np.dtype, ...]:
     """numpy's loop signature (input dtypes..., output dtypes...) for these operands."""
-    in_dts = tuple(_operand_dtype(x) for x in inputs)
+    # (a traced array that is not weak, nearly every operand: its dtype, without a call)
+    in_dts = tuple([x._val.type.dtype if type(x) is Tracer and not x._weak else _operand_dtype(x) for x in inputs])
     if dtypes.BFLOAT16 in in_dts:  # Python floats stay weak next to bfloat16 (the module doc)
         in_dts = tuple(dtypes.BFLOAT16 if d is float else d for d in in_dts)
-    if all(isinstance(d, type) for d in in_dts):  # only Python numbers (some as weak arrays): their own dtypes
+    if all([isinstance(d, type) for d in in_dts]):  # only Python numbers (some as weak arrays): their own dtypes
         in_dts = tuple(x.dtype if isinstance(x, Tracer) else d for x, d in zip(inputs, in_dts))
     try:
-        return tuple(np.dtype(d) for d in ufunc.resolve_dtypes(in_dts + (None,) * ufunc.nout))
+        return tuple([np.dtype(d) for d in ufunc.resolve_dtypes(in_dts + (None,) * ufunc.nout)])
     except (TypeError, np.exceptions.DTypePromotionError) as exc:  # (numpy raises it: a TypeError)
         shown = ", ".join(str(getattr(d, "__name__", d)) for d in in_dts)
         message = f"{ufunc_name(ufunc)} has no loop for operand dtypes ({shown}): {exc}"
@@ -110,6 +111,16 @@ def resolve_loop(ufunc: np.ufunc, inputs: tuple) -> tuple[np.dtype, ...]:
 
 def apply_ufunc(ufunc: np.ufunc, *inputs: Any) -> Tracer:
     """Call a supported elementwise ufunc with numpy's exact type resolution."""
+    plain = _PLAIN.get(ufunc)
+    if plain is not None:  # one primitive on the operands converted to the loop's dtypes (most calls)
+        sig = resolve_loop(ufunc, inputs)
+        # lift(x, dt) of each operand (a traced array of that dtype already, the usual one: itself)
+        out = bind(
+            plain, *[x if type(x) is Tracer and x._val.type.dtype is dt else lift(x, dt) for x, dt in zip(inputs, sig)]
+        )
+        assert out.dtype == sig[-1], (ufunc, sig, out.dtype)
+        out._weak = _all_weak(inputs) and out.dtype.kind != "b"
+        return out
     gufunc = HANDLERS.gufuncs.get(ufunc)
     if gufunc is not None:  # not elementwise (np.matmul): frontend/functions.py implements it
         return gufunc(*inputs)
@@ -146,8 +157,16 @@ def apply_ufunc(ufunc: np.ufunc, *inputs: Any) -> Tracer:
     prim, attrs = _SIMPLE[ufunc]
     out = bind(prim, *operands, **attrs)
     assert out.dtype == sig[-1], (ufunc, sig, out.dtype)
-    out._weak = all(_is_weak(x) for x in inputs) and out.dtype.kind != "b"
+    out._weak = _all_weak(inputs) and out.dtype.kind != "b"
     return out
+
+
+def _all_weak(inputs: tuple) -> bool:
+    """Whether every operand stands for a Python number (the result is weak too)."""
+    for x in inputs:
+        if type(x) is Tracer and not x._weak or not _is_weak(x):  # (a traced array that is not weak: at once)
+            return False
+    return True
 
 
 def _logical(prim: str, operands: list[Tracer]) -> Tracer:
@@ -174,6 +193,13 @@ def _is_weak(x: Any) -> bool:
 
 
 _COMPARISONS = {u: attrs["direction"] for u, (prim, attrs) in _SIMPLE.items() if prim == "compare"}
+# the ufuncs that are one primitive without attributes whatever their loop: apply_ufunc emits them at once
+# (the others of _SIMPLE: |x| and -x of unsigned ints, the logical ops on numbers, mixed-sign comparisons)
+_PLAIN: dict[np.ufunc, str] = {
+    u: prim
+    for u, (prim, attrs) in _SIMPLE.items()
+    if not attrs and u not in (np.absolute, np.negative, np.logical_not) and u not in _LOGICAL
+}
 _SWAPPED = {"eq": "eq", "ne": "ne", "lt": "gt", "le": "ge", "gt": "lt", "ge": "le"}
 
 
@@ -379,6 +405,13 @@ HANDLERS.hints.update(
 
 
 def handle_ufunc(ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any):
+    if method == "__call__" and not kwargs and ufunc in SUPPORTED:  # a plain call (no library's ufunc is one)
+        result = apply_ufunc(ufunc, *inputs)
+        if type(result) is not Tracer:
+            mark_scalars(result)
+        elif not result._val.type.shape:  # (mark_scalars of one traced array)
+            result._scalar = True
+        return result
     if method == "at" or kwargs.get("out") is not None:  # in-place writes: frontend/indexing.py
         return registered_handler(HANDLERS.ufunc_inplace, "in-place ufunc")(ufunc, method, *inputs, **kwargs)
     kwargs.pop("out", None)

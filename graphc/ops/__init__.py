@@ -35,13 +35,16 @@ class _Ops:
     """Every registered op as an attribute, for identity checks in passes' patterns:
     ``p.op is OPS.transpose`` (an unknown name raises AttributeError, so a typo fails where it
     is written). What kind of op something is (a view, a reduction, a collective) is asked of
-    its traits instead (graphc/core/traits.py)."""
+    its traits instead (graphc/core/traits.py). An op found is kept as an attribute: a name is
+    registered once and never replaced (registry.register), and the passes ask per node."""
 
     def __getattr__(self, name: str) -> OpDef:
         try:
-            return REGISTRY[name.rstrip("_")]
+            op = REGISTRY[name.rstrip("_")]
         except KeyError:
             raise AttributeError(f"no op named {name!r}") from None
+        setattr(self, name, op)
+        return op
 
 
 OPS = _Ops()
