@@ -21,6 +21,8 @@ from graphc.passes.rewrite import Rewriter, apply_to_graph, finish, map_regions
 
 def attr_key(v: Any) -> Any:
     """A hashable key for an attribute value (arrays by dtype, shape and bytes)."""
+    if type(v) is tuple and all([type(x) is int for x in v]):  # a shape, axes, a permutation: itself
+        return ("tuple of ints", v)  # (no type's name has spaces: no other value's key is equal)
     if isinstance(v, np.ndarray):
         return ("array", v.dtype.str, v.shape, v.tobytes())
     if isinstance(v, tuple):

@@ -136,15 +136,17 @@ class OpDef:
     def infer_types(
         self, in_types: tuple[TensorType, ...], attrs: dict[str, Any], regions: tuple = ()
     ) -> tuple[TensorType, ...]:
-        if not attrs and not regions:
-            # an op without attributes: its result types depend on the operand types alone, so they
-            # are remembered (per ``infer`` function) and shared by the nodes that read the same types
+        key = None if regions else in_types if not attrs else _attrs_key(in_types, attrs)
+        if key is not None:
+            # an op without regions whose attributes are plain values: its result types depend on the
+            # operand types and those values alone, so they are remembered (per ``infer`` function)
+            # and shared by the nodes that read the same types with the same attributes
             known: tuple[Callable, dict] | None = self.__dict__.get("_inferred")
             if known is None or known[0] is not self.infer:
                 known = self.__dict__["_inferred"] = (self.infer, {})
-            got = known[1].get(in_types)
+            got = known[1].get(key)
             if got is None:
-                got = bounded_put(known[1], in_types, self._infer_types(in_types, attrs, regions))
+                got = bounded_put(known[1], key, self._infer_types(in_types, attrs, regions))
             return got
         return self._infer_types(in_types, attrs, regions)
 
@@ -179,6 +181,24 @@ class OpDef:
         if isinstance(out, tuple):
             return tuple(np.asarray(o) for o in out)
         return (np.asarray(out),)
+
+
+def _attrs_key(in_types: tuple[TensorType, ...], attrs: dict[str, Any]) -> tuple | None:
+    """A key for ``infer_types``' table when every attribute is a plain value (an int, str, bool,
+    None, dtype, or a tuple of ints and such tuples), each with its type; None otherwise."""
+    items = []
+    for k, v in attrs.items():
+        if not (type(v) in _KEYED or isinstance(v, np.dtype) or type(v) is tuple and _int_tuple(v)):
+            return None
+        items.append((k, type(v), v))
+    return (in_types, tuple(items))
+
+
+_KEYED = (int, str, bool, type(None))
+
+
+def _int_tuple(v: tuple) -> bool:
+    return all([type(x) is int or type(x) is tuple and _int_tuple(x) for x in v])
 
 
 class Value:

@@ -47,6 +47,53 @@ def test_attribute_free_ops_infer_once_per_operand_types():
         add.infer_types((x, y), {"axis": 0})
 
 
+def test_ops_with_plain_attributes_infer_once_per_types_and_values(monkeypatch):
+    # the table is keyed by each attribute's type too: 1 and True, (1,) and (True,) are told apart
+    # (a rule may treat them differently); an unhashable attribute (a list) is not remembered, nor
+    # is a failure; equal values of the same types share the result
+    seen = []
+
+    def infer(in_types, axes):
+        seen.append(axes)
+        if axes == (5,):
+            raise ShapeError("axis 5 is out of range")
+        return (TensorType((len(str(axes)),), F32),)
+
+    op = get_op("reduce_sum")
+    monkeypatch.setattr(op, "infer", infer)
+    monkeypatch.setattr(op, "attrs", ("axes",))
+    x = (TensorType((2, 3), F32),)
+    first = op.infer_types(x, {"axes": (1,)})
+    assert op.infer_types(x, {"axes": (1,)}) is first and len(seen) == 1
+    assert op.infer_types(x, {"axes": (True,)}) == (TensorType((7,), F32),) and len(seen) == 2
+    assert op.infer_types(x, {"axes": 1}) == (TensorType((1,), F32),)
+    assert op.infer_types(x, {"axes": True}) == (TensorType((4,), F32),) and len(seen) == 4
+    assert op.infer_types(x, {"axes": [1]}) == (TensorType((3,), F32),)
+    op.infer_types(x, {"axes": [1]})
+    assert len(seen) == 6  # a list each time
+    for _ in range(2):
+        with pytest.raises(ShapeError, match="out of range"):
+            op.infer_types(x, {"axes": (5,)})
+    assert len(seen) == 8
+
+
+def test_cse_attribute_keys_tell_types_apart():
+    from graphc.passes.cse import attr_key
+
+    keys = [attr_key(v) for v in [(1, 2), (True, 2), (1.0, 2), (), 0, "tuple of ints", ((0, 1), (2, 3)), ((0, 1),)]]
+    assert len(set(keys)) == len(keys)
+    assert attr_key((1, 2)) == attr_key((1, 2)) and attr_key(((0, 1), (2, 3))) == attr_key(((0, 1), (2, 3)))
+
+
+def test_ops_by_name_are_the_registered_ones():
+    from graphc.ops import OPS, REGISTRY
+
+    for _ in range(2):  # (the second time: kept as an attribute)
+        assert OPS.abs_ is REGISTRY["abs"] and OPS.transpose is REGISTRY["transpose"]
+        with pytest.raises(AttributeError, match="no op named 'no_such_op'"):
+            _ = OPS.no_such_op
+
+
 def test_a_replaced_infer_rule_is_used(monkeypatch):
     neg = get_op("neg")
     x = TensorType((2,), F32)
