@@ -32,20 +32,24 @@ def attr_key(v: Any) -> Any:
     return (type(v).__name__, v)
 
 
-def node_key(op_name: str, inputs: list[Value], attrs: dict[str, Any]) -> tuple:
+def node_key(op_name: str, inputs: tuple[Value, ...], attrs: dict[str, Any]) -> tuple:
+    """Equal for nodes that compute the same thing: op, operands (Values are equal only to
+    themselves, and the key keeps them alive), attributes."""
     if not attrs:  # (most nodes)
-        return (op_name, tuple(map(id, inputs)), ())
-    return (op_name, tuple(map(id, inputs)), tuple(sorted([(k, attr_key(v)) for k, v in attrs.items()])))
+        return (op_name, inputs, ())
+    return (op_name, inputs, tuple(sorted([(k, attr_key(v)) for k, v in attrs.items()])))
 
 
 def cse_block(inputs: list[Value], nodes: list[Node], outputs: list[Value]) -> tuple[list[Node], list[Value]]:
     rw = Rewriter()
     seen: dict[tuple, Node] = {}
+    remapped = rw.subst.get
     for node in nodes:
         if node.regions:
             rw.keep(node, map_regions(node, cse_block))
             continue
-        operands = rw.operands(node)
+        ins = node.inputs
+        operands = tuple(map(remapped, ins, ins))  # (rw.operands, inline: asked of every node)
         key = node_key(node.op.name, operands, node.attrs)
         earlier = seen.get(key)
         if earlier is not None and node.part != "recompute":  # a recomputed copy is meant to be one

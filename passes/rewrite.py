@@ -9,7 +9,7 @@ convention), so an unchanged graph costs little to rebuild.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from graphc.core.ir import Graph, Node, Region, TensorType, Value
@@ -29,7 +29,9 @@ class Rewriter:
         inputs = node.inputs
         return list(map(self.subst.get, inputs, inputs))
 
-    def keep(self, node: Node, regions: tuple[Region, ...] | None = None, operands: list[Value] | None = None) -> Node:
+    def keep(
+        self, node: Node, regions: tuple[Region, ...] | None = None, operands: Sequence[Value] | None = None
+    ) -> Node:
         """Add ``node`` with its operands remapped (and, if given, new regions); ``operands``: what
         ``operands(node)`` returned, if the pass asked since the last substitution."""
         inputs = node.inputs

@@ -230,8 +230,8 @@ class Value:
 
 def freeze_attr(v: Any) -> Any:
     """Attributes are immutable: lists become tuples, arrays become read-only."""
-    if type(v) in _FROZEN:
-        return v
+    if type(v) in _FROZEN or type(v) is tuple and all([type(x) in _FROZEN for x in v]):
+        return v  # (a tuple of such values, a shape or axes, is frozen as it is)
     if isinstance(v, (list, tuple)):
         return tuple(freeze_attr(x) for x in v)
     if isinstance(v, np.ndarray):
@@ -295,7 +295,9 @@ class Node:
         self.inputs = tuple(inputs)
         self.attrs = {k: freeze_attr(v) for k, v in attrs.items()} if attrs else {}
         known = _TYPES.get  # equal result types shared (INTERN_LIMIT)
-        self.outputs = tuple(Value(known(t) or bounded_put(_TYPES, t, t), self, i) for i, t in enumerate(output_types))
+        self.outputs = tuple(
+            [Value(known(t) or bounded_put(_TYPES, t, t), self, i) for i, t in enumerate(output_types)]
+        )
         self.loc = loc
         if part is not None and part not in PARTS:
             raise ValueError(f"part must be one of {PARTS}, got {part!r}")

@@ -99,10 +99,11 @@ def resolve_loop(ufunc: np.ufunc, inputs: tuple) -> tuple[np.dtype, ...]:
     in_dts = tuple([x._val.type.dtype if type(x) is Tracer and not x._weak else _operand_dtype(x) for x in inputs])
     if dtypes.BFLOAT16 in in_dts:  # Python floats stay weak next to bfloat16 (the module doc)
         in_dts = tuple(dtypes.BFLOAT16 if d is float else d for d in in_dts)
-    if all([isinstance(d, type) for d in in_dts]):  # only Python numbers (some as weak arrays): their own dtypes
+    # only Python numbers (some as weak arrays): their own dtypes
+    if isinstance(in_dts[0], type) and all([isinstance(d, type) for d in in_dts]):
         in_dts = tuple(x.dtype if isinstance(x, Tracer) else d for x, d in zip(inputs, in_dts))
     try:
-        return tuple([np.dtype(d) for d in ufunc.resolve_dtypes(in_dts + (None,) * ufunc.nout)])
+        return ufunc.resolve_dtypes(in_dts + (None,) * ufunc.nout)  # (a tuple of dtypes)
     except (TypeError, np.exceptions.DTypePromotionError) as exc:  # (numpy raises it: a TypeError)
         shown = ", ".join(str(getattr(d, "__name__", d)) for d in in_dts)
         message = f"{ufunc_name(ufunc)} has no loop for operand dtypes ({shown}): {exc}"
