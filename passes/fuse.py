@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from graphc.core.dtypes import BFLOAT16
 from graphc.core.ir import Graph, Node, Region, Value
 from graphc.core.traits import Constant, Elementwise, Fused, Reduction
@@ -70,6 +72,9 @@ def is_row_reduction(node: Node) -> bool:
     )
 
 
+_FLOAT16 = np.dtype(np.float16)
+
+
 def touches_bfloat16(node: Node) -> bool:
     return any(v.dtype == BFLOAT16 for v in (*node.inputs, *node.outputs))
 
@@ -77,12 +82,13 @@ def touches_bfloat16(node: Node) -> bool:
 def fusable(node: Node) -> bool:
     if node.regions:
         return False
-    values = [*node.inputs, *node.outputs]
-    if any(v.type.size == 0 for v in values):
+    types = [v.type for v in (*node.inputs, *node.outputs)]
+    if any([0 in t.shape for t in types]):
         return False  # empty arrays need no kernel
-    if touches_bfloat16(node):  # the ops a kernel computes with the op-by-op path's bits (ops/precision.py)
+    dts = {t.dtype for t in types}  # (canonical dtypes: float16 is the only 2-byte one of kind "f")
+    if BFLOAT16 in dts:  # the ops a kernel computes with the op-by-op path's bits (ops/precision.py)
         return node.op.has(Elementwise) and fuses_in_bfloat16(node)
-    if any(v.dtype.kind == "f" and v.dtype.itemsize == 2 for v in values):
+    if _FLOAT16 in dts:
         return False  # Numba has no float16 arithmetic
     if node.op is elementwise.pow_ and node.outputs[0].dtype.kind in "iu":
         return False  # numpy raises for negative integer exponents; a kernel would not

@@ -10,6 +10,9 @@ from typing import Any
 
 import numpy as np
 
+from graphc.core.errors import TraceError
+from graphc.frontend.locations import user_location
+
 
 class NdarrayMethods:
     """The operators and methods of numpy's ndarray, routed through numpy (a mixin of Tracer,
@@ -227,3 +230,36 @@ class NdarrayMethods:
 
     def std(self, axis=None, dtype=None, ddof=0, keepdims=False):
         return np.std(self, axis, dtype, ddof=ddof, keepdims=keepdims)
+
+
+class FlatReader:
+    """``x.flat``: numpy's 1-d iterator over the array in C order, for reading (``x.flat[i]``,
+    ``x.flat[2:5]``, ``for v in x.flat``); writing through it is a TraceError."""
+
+    __slots__ = ("base",)
+
+    def __init__(self, base: Any):  # (a Tracer)
+        self.base = base
+
+    def _flat(self) -> Any:
+        return np.reshape(self.base, (-1,))
+
+    def __getitem__(self, key):
+        return self._flat()[key]
+
+    def __setitem__(self, key, value):
+        raise TraceError(
+            "writing through x.flat is not supported while tracing; compute the new array instead, as in "
+            "x = np.where(np.arange(x.size) == i, v, x.reshape(-1)).reshape(x.shape)",
+            user_location(),
+        )
+
+    def __len__(self) -> int:
+        return self.base.size
+
+    def __iter__(self):
+        flat = self._flat()
+        return (flat[i] for i in range(flat.shape[0]))
+
+    def __array__(self, dtype=None, copy=None):
+        return self.base.__array__(dtype, copy)

@@ -30,7 +30,7 @@ from graphc.frontend.locations import (
     user_frame,
     user_location,
 )
-from graphc.frontend.ndarray_methods import NdarrayMethods
+from graphc.frontend.ndarray_methods import FlatReader, NdarrayMethods
 from graphc.ops import get_op
 
 
@@ -40,6 +40,7 @@ class _State(threading.local):
 
 
 _state = _State()
+_asarray = np.asarray  # numpy's own (a trace patches np.asarray, which passes a number on to it: entry.py)
 
 
 def context_stack() -> list[TraceContext]:
@@ -64,6 +65,7 @@ class TraceContext:
         self.captured_outer: list[Tracer] = []  # the outer values, in input order
         self._constants: dict[int, tuple[Any, Tracer]] = {}
         self._numbers: dict[tuple[np.dtype, bytes], Value] = {}  # 0-d constants by dtype and bytes
+        self._scalars: dict[tuple, Value] = {}  # lift's Python numbers: (type, value, dtype) -> their _numbers value
         self.part: str | None = None  # tag for new nodes (autodiff sets "backward")
         self.loc_override: SourceLoc | None = None  # autodiff: backward nodes keep their forward node's line
         # numpy arrays written with traced values: id -> (array, the Tracer that stands for it), see shadows.py
@@ -209,15 +211,24 @@ def lift(x: Any, dtype: np.dtype | None = None) -> Tracer:
             raise TraceError(f"this array is {foreign}", user_location())
         arr = x if dtype is None or x.dtype == dtype else x.astype(dtype)
     else:
+        # a nonzero Python number that is not nan (equal ones have equal bits) lifted before: its constant
+        number = (type(x), x, dtype) if type(x) in (int, float) and x and x == x else None
+        known = ctx._scalars.get(number) if number is not None else None
+        if known is not None:
+            return Tracer(ctx, known)
         if isinstance(x, (list, tuple)) and contains_tracer(x):
             return array_from_nested(x, dtype)
         try:
-            arr = np.asarray(x, dtype=dtype)
+            arr = _asarray(x, dtype=dtype)
         except (TypeError, ValueError, OverflowError) as exc:  # (also an instance of numpy's error class)
             message = f"cannot use {type(x).__name__} {x!r} as an array: {exc}"
             raise numpy_error(exc, TraceError, user_location(), message) from None
         if arr.dtype == object:
             raise TraceError(f"cannot use {type(x).__name__} as an array", user_location())
+        if number is not None:
+            made = ctx.constant(arr)
+            ctx._scalars[number] = made._value
+            return made
     return ctx.constant(arr)
 
 
@@ -602,39 +613,6 @@ class Tracer(NdarrayMethods):
         if result is self and not copy:  # numpy returns the array itself when no conversion is needed
             return self
         return _like_scalar(fresh(result) if result is self else result, self)
-
-
-class FlatReader:
-    """``x.flat``: numpy's 1-d iterator over the array in C order, for reading (``x.flat[i]``,
-    ``x.flat[2:5]``, ``for v in x.flat``); writing through it is a TraceError."""
-
-    __slots__ = ("base",)
-
-    def __init__(self, base: Tracer):
-        self.base = base
-
-    def _flat(self) -> Tracer:
-        return cast(Tracer, np.reshape(self.base, (-1,)))
-
-    def __getitem__(self, key):
-        return self._flat()[key]
-
-    def __setitem__(self, key, value):
-        raise TraceError(
-            "writing through x.flat is not supported while tracing; compute the new array instead, as in "
-            "x = np.where(np.arange(x.size) == i, v, x.reshape(-1)).reshape(x.shape)",
-            user_location(),
-        )
-
-    def __len__(self) -> int:
-        return self.base.size
-
-    def __iter__(self):
-        flat = self._flat()
-        return (flat[i] for i in range(flat.shape[0]))
-
-    def __array__(self, dtype=None, copy=None):
-        return self.base.__array__(dtype, copy)
 
 
 def _power_op(base: Tracer, exponent: Any) -> Callable[[Any, Any], Any]:

@@ -14,6 +14,7 @@ from graphc.core.errors import ShapeError
 from graphc.core.ir import Node, TensorType
 from graphc.core.spec import S, parse_spec
 from graphc.frontend.entry import trace
+from graphc.interpreter import evaluate as graphc_eval
 from graphc.ops import get_op
 
 F32 = np.dtype(np.float32)
@@ -123,6 +124,20 @@ def test_nodes_of_one_line_share_its_location():
             by_line.setdefault(node.loc.line, set()).add(id(node.loc))
     assert len(by_line) == 2 and all(len(ids) == 1 for ids in by_line.values())
     assert all(node.loc.file.endswith("test_shared_objects.py") for node in g.nodes if node.loc is not None)
+
+
+def test_python_numbers_share_a_constant_by_their_bits():
+    # equal numbers lifted again are one constant node; 0.0 and -0.0 are not equal bits, and a
+    # number written as an int or a float is the same float32 constant (numpy converts it)
+    def f(x):
+        return x * 0.5 + x * 0.5 + x * 0.0 + x * -0.0 + x * 2 + x * 2.0 + x * float("nan") + x * float("nan")
+
+    g = trace(f, np.ones(3, np.float32))
+    consts = [n.attrs["value"] for n in g.nodes if n.op.name == "constant"]
+    assert len(consts) == 5 and all(c.dtype == np.float32 and c.shape == () for c in consts)
+    assert sorted(str(c) for c in consts) == ["-0.0", "0.0", "0.5", "2.0", "nan"]
+    assert [bool(np.signbit(c)) for c in consts if c == 0] == [False, True]
+    assert np.isnan(graphc_eval(g, np.full(3, 2.0, np.float32))).all()
 
 
 def test_shared_tables_are_bounded(monkeypatch):
