@@ -490,7 +490,10 @@ class Graph:
             for o in node.outputs:
                 out[o] = []
             for v in node.inputs:
-                out.setdefault(v, []).append(node)
+                users = out.get(v)  # (defined above in a verified graph: no new list per operand)
+                if users is None:
+                    users = out[v] = []
+                users.append(node)
         return out
 
     def to_networkx(self):
