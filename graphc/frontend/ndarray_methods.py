@@ -2,7 +2,7 @@
 every rule lives in one place: the handler numpy dispatches that function to (``__array_ufunc__``
 / ``__array_function__`` on ``Tracer``, frontend/tracer.py). ``Tracer`` inherits them; the few
 that need more than numpy's function (``**``'s fast paths, copies, ``astype``, indexing) are
-defined on it."""
+defined on it. ``FlatReader`` is what ``x.flat`` gives."""
 
 from __future__ import annotations
 

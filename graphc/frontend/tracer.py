@@ -212,7 +212,8 @@ def lift(x: Any, dtype: np.dtype | None = None) -> Tracer:
         arr = x if dtype is None or x.dtype == dtype else x.astype(dtype)
     else:
         # a nonzero Python number that is not nan (equal ones have equal bits) lifted before: its constant
-        number = (type(x), x, dtype) if type(x) in (int, float) and x and x == x else None
+        plain = type(x) in (int, float) and x and x == x and (dtype is None or isinstance(dtype, np.dtype))
+        number = (type(x), x, dtype) if plain else None
         known = ctx._scalars.get(number) if number is not None else None
         if known is not None:
             return Tracer(ctx, known)
