@@ -45,7 +45,11 @@ class Rewriter:
             self.nodes.append(node)
             return node
         new = node.with_operands(ins, regions)
-        self.subst.update(zip(node.outputs, new.outputs))
+        outs = node.outputs
+        if len(outs) == 1:
+            subst[outs[0]] = new.outputs[0]
+        else:
+            subst.update(zip(outs, new.outputs))
         self.nodes.append(new)
         return new
 

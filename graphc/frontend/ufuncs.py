@@ -74,6 +74,8 @@ _REDUCE: dict[np.ufunc, Callable[..., Any]] = {np.add: np.sum, np.maximum: np.ma
 def _operand_dtype(x: Any):
     """What resolve_dtypes needs: a dtype for arrays and numpy scalars, the Python type for
     Python int/float (weak scalars, NEP 50)."""
+    if type(x) in (int, float):  # (a Python number, the other usual operand: at once; not a bool)
+        return type(x)
     if isinstance(x, Tracer):
         if x._weak:  # stands for a Python number
             return np.dtype(np.bool_) if x.dtype.kind == "b" else (float if x.dtype.kind == "f" else int)
