@@ -231,9 +231,14 @@ def _node_rules(graph: Graph) -> tuple[dict[Node, DimRule | None], dict[Node, st
     shared: dict = {}  # equal ops on equal types (repeated layers) share one rule and its caches
     for node in graph.nodes:
         key = _rule_key(node)
-        if key is not None and key in shared:
-            rules[node] = shared[key]
-            continue
+        if key is not None:
+            try:
+                rule = shared.get(key, _UNKNOWN)
+            except TypeError:  # an attribute that does not hash
+                key, rule = None, _UNKNOWN
+            if rule is not _UNKNOWN:
+                rules[node] = rule
+                continue
         try:
             rules[node] = get_rule(node)
         except Exception as exc:
@@ -245,22 +250,22 @@ def _node_rules(graph: Graph) -> tuple[dict[Node, DimRule | None], dict[Node, st
     return rules, rule_errors
 
 
+_UNKNOWN: Any = object()  # not in a cache
+
+
 def _rule_key(node: Node):
     """What a node's dimension rule depends on (op, operand and result types, attributes), or
-    None when that is more (regions, constant operands) or is not hashable."""
+    None when that is more (regions, constant operands); the caller finds out whether it
+    hashes."""
     if node.regions or node.op.has(IndexedLookup):
         return None
-    try:
-        key = (
-            node.op.name,
-            tuple(v.type for v in node.inputs),
-            tuple(o.type for o in node.outputs),
-            tuple(sorted((k, type(v).__name__, v) for k, v in node.attrs.items())),
-        )
-        hash(key)
-    except TypeError:
-        return None
-    return key
+    attrs = node.attrs
+    return (
+        node.op.name,
+        tuple([v.type for v in node.inputs]),
+        tuple([o.type for o in node.outputs]),
+        tuple(sorted([(k, type(v).__name__, v) for k, v in attrs.items()])) if attrs else (),
+    )
 
 
 def _program_order(items: list[Item]) -> list[int]:
@@ -370,13 +375,19 @@ class _ProblemBuilder:
         zero_axes = self.zero_axes()
         numbering = _ValueKeys(self.sets, self.roles)
         value_keys = (numbering.for_update(False), numbering.for_update(True))
+        update = self.roles.update
+        producer, items, edges, fused = self.producer, self.items, self.edges, self.fused
+        phases: dict[tuple, str] = {}  # (value's part, reader's part) -> read_phase
+        redo_later, none = self.redo_later, frozenset()
         for n_i, node in enumerate(self.graph.nodes):
             rule = rules[node]
-            arriving = tuple(partial.get(v, frozenset()) for v in node.inputs)
-            if zero_axes and node in self.roles.update:  # ZeRO reduces a gradient before the update
+            in_update = node in update
+            inputs = node.inputs
+            arriving = tuple([partial.get(v, none) for v in inputs])
+            if zero_axes and in_update:  # ZeRO reduces a gradient before the update
                 arriving = tuple(frozenset(s for s in sets if not s & zero_axes) for sets in arriving)
             overhead = self.op_overhead(node)
-            key = _node_key(node, value_keys[node in self.roles.update])
+            key = _node_key(node, value_keys[in_update])
             key = None if key is None else (key, arriving, overhead)
             strategies = strategy_cache.get(key) if key is not None else None
             if strategies is None:
@@ -390,15 +401,16 @@ class _ProblemBuilder:
                     arriving if linear_partials else None,
                     overhead,
                 )
-                if zero_axes and node in self.roles.update:
+                if zero_axes and in_update:
                     keep = set(lowest_zero_dims([s.in_specs + s.out_specs for s in found], zero_axes))
                     found = [s for s in found if s.in_specs + s.out_specs in keep]
                 strategies = Strategies(found)
                 if key is not None:
                     strategy_cache[key] = strategies
-            for o, sets_o in zip(node.outputs, _left_partial(strategies, len(node.outputs), partial_cache)):
+            outputs = node.outputs
+            for o, sets_o in zip(outputs, _left_partial(strategies, len(outputs), partial_cache)):
                 partial[o] = sets_o
-            saved = saved_bytes(node, self.fused)
+            saved = saved_bytes(node, fused) if fused else 0
             if saved:  # the device's compiler keeps some operands or results out of memory (sharding/fusion.py)
                 strategies = self._fused(node, strategies, saved, overhead, key, fused_cache)
             item = Item(kind="node", index=n_i, strategies=strategies, node=node)  # strategies shared with equal nodes
@@ -410,17 +422,19 @@ class _ProblemBuilder:
                 self.warnings.append(f"{node.loc or '?'}: {item.warning}")
             if node.op.has(ShardingConstraint):
                 _pin(item, node.attrs["spec"], f"graphc.shard at {node.loc or '?'}", PlanError, node=True)
-            idx = len(self.items)
-            self.items.append(item)
-            for j, v in enumerate(node.inputs):
-                src, out = self.producer[v]
-                phase = read_phase(v.producer.part if v.producer is not None else None, node.part, self.redo_later)
-                deferred = node.part == "update"
-                self.edges.append(
-                    Edge(src=src, src_out=out, dst=idx, dst_in=j, value=v, deferred=deferred, phase=phase)
-                )
-            for o in node.outputs:
-                self.producer[o] = (idx, o.index)
+            idx = len(items)
+            items.append(item)
+            part = node.part
+            deferred = part == "update"
+            for j, v in enumerate(inputs):
+                src, out = producer[v]
+                made_by = v.producer.part if v.producer is not None else None
+                phase = phases.get((made_by, part))
+                if phase is None:
+                    phase = phases[(made_by, part)] = read_phase(made_by, part, redo_later)
+                edges.append(Edge(src=src, src_out=out, dst=idx, dst_in=j, value=v, deferred=deferred, phase=phase))
+            for o in outputs:
+                producer[o] = (idx, o.index)
 
     def _fused(self, node: Node, strategies: Strategies, saved: int, overhead: float, key, cache: dict) -> Strategies:
         """``strategies`` at the time of the fused kernel, which keeps ``saved`` bytes out of memory.
@@ -541,34 +555,35 @@ def _left_partial(strategies: Strategies, n_out: int, cache: dict[int, tuple]) -
     return got[1]
 
 
-def _node_key(node, value_key):
+def _node_key(node, value_keys):
     """Nodes with equal keys have equal strategies (repeated layers): op, attributes (but those
     that only place a random draw in its stream), and per operand and result what
-    ``value_key(v, update)`` numbers: its type, the block counts it may carry and the kinds of
+    ``value_keys(node)`` numbers: its type, the block counts it may carry and the kinds of
     its dims (batch, sequence; ``AxisRoles.key``)."""
     if node.regions:
         return None
-    skip = stream_position(node)
-    try:
-        attrs = tuple(
-            sorted(
-                (k, v if not hasattr(v, "tobytes") else (v.shape, v.dtype.str, v.tobytes()))
-                for k, v in node.attrs.items()
-                if k not in skip
+    attrs: tuple = ()
+    if node.attrs:
+        skip = stream_position(node)
+        try:
+            attrs = tuple(
+                sorted(
+                    (k, v if not hasattr(v, "tobytes") else (v.shape, v.dtype.str, v.tobytes()))
+                    for k, v in node.attrs.items()
+                    if k not in skip
+                )
             )
-        )
-        hash(attrs)
-    except TypeError:
-        return None
-    values = (*node.inputs, *node.outputs)
-    return (node.op.name, attrs, len(node.inputs), tuple(value_key(v) for v in values))
+            hash(attrs)
+        except TypeError:
+            return None
+    return (node.op.name, attrs, len(node.inputs), value_keys(node))
 
 
 class _ValueKeys:
     """``_node_key``'s per-value part, numbered: values of one type, block counts and dim kinds
     get one number (made once per value; a node key is then a short tuple of integers, cheap to
-    hash however often repeated layers look it up). ``for_update(u)``: the numbering of an update
-    node's operands (``u``) or another node's, both from one count."""
+    hash however often repeated layers look it up). ``for_update(u)``: the numbers of an update
+    node's operands and results (``u``) or another node's, both from one count."""
 
     def __init__(self, sets: dict[Value, list[set[int]]], roles: AxisRoles) -> None:
         self.sets, self.roles = sets, roles
@@ -579,14 +594,20 @@ class _ValueKeys:
         of, sets, roles, numbers = self.of[update], self.sets, self.roles, self.numbers
 
         def number(v: Value) -> int:
-            got = of.get(v)
-            if got is None:
-                blocks = tuple(frozenset(x) for x in sets.get(v, ()))
-                key = (v.type, blocks, roles.key((v,), update))
-                got = of[v] = numbers.setdefault(key, len(numbers))
+            key = (v.type, tuple(map(frozenset, sets.get(v, ()))), roles.key((v,), update))
+            got = of[v] = numbers.setdefault(key, len(numbers))
             return got
 
-        return number
+        def node_numbers(node: Node) -> tuple[int, ...]:
+            """The numbers of the node's operands, then of its results."""
+            get = of.get
+            out = [get(v) for v in node.inputs]
+            out += [get(o) for o in node.outputs]
+            if None in out:
+                out = [number(v) if k is None else k for v, k in zip((*node.inputs, *node.outputs), out)]
+            return tuple(out)
+
+        return node_numbers
 
 
 def _pin(item: Item, spec, what: str, error, node: bool = False) -> None:

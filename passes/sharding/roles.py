@@ -112,10 +112,10 @@ class AxisRoles:
     update: frozenset[Node] = frozenset()  # the update's nodes (``update_nodes``), with ZeRO
     warnings: list[str] = field(default_factory=list)
     _kinds: dict[Value, tuple[int, ...]] = field(default_factory=dict, repr=False)
+    restricted: bool = field(init=False, repr=False)  # some axis splits only some kinds of dims
 
-    @property
-    def restricted(self) -> bool:
-        return any(r in RESTRICTED for r in self.roles)
+    def __post_init__(self) -> None:
+        self.restricted = any(r in RESTRICTED for r in self.roles)
 
     def kinds(self, v: Value) -> tuple[int, ...]:
         """Per dim of ``v``: BATCH | SEQ bits (0 for a dim of neither kind)."""
@@ -125,11 +125,9 @@ class AxisRoles:
             if first is None:  # no rule labels a dim of it: each dim is a class of its own
                 hit = self._kinds[v] = (0,) * v.type.ndim
                 return hit
-            out = []
-            for d in range(v.type.ndim):
-                root = self.classes.find(first + d)
-                out.append((BATCH if root in self.batch else 0) | (SEQ if root in self.seq else 0))
-            hit = self._kinds[v] = tuple(out)
+            find, batch, seq = self.classes.find, self.batch, self.seq
+            roots = [find(first + d) for d in range(v.type.ndim)]
+            hit = self._kinds[v] = tuple([(BATCH if r in batch else 0) | (SEQ if r in seq else 0) for r in roots])
         return hit
 
     def allows(self, axis: int, v: Value, d: int, zero: bool = True) -> bool:
@@ -147,9 +145,10 @@ class AxisRoles:
         update node, ZeRO on)."""
         if not self.restricted:
             return ()
+        kinds = self.kinds
         if zero:
-            return tuple((self.kinds(v), v in self.zero) for v in values)
-        return tuple(self.kinds(v) for v in values)
+            return tuple([(kinds(v), v in self.zero) for v in values])
+        return tuple([kinds(v) for v in values])
 
 
 def free_roles(mesh: Mesh) -> tuple[str, ...]:
@@ -227,33 +226,50 @@ def _unite(classes: _DimClasses, labelled: set[int], node: Node, rule: DimRule, 
     relates dims without making them one (a reshape's ``[b*s] -> [b, s]`` can cut the merged dim
     by s with b blocks, but s is not the batch dim), so it unites nothing. Which dims those are is
     read from ``rule`` once (``_rule_places``; equal nodes share a rule)."""
-    places, pairs = _rule_places(rule, cache)
-    slot = classes.slot
+    operands, pairs = _rule_places(rule, cache)
+    slot, first, label = classes.slot, classes.first, labelled.add
     ins, outs = node.inputs, node.outputs
-    for side, i, d in places:
-        labelled.add(slot(ins[i] if side == "in" else outs[i], d))
-    for (s1, i1, d1), (s2, i2, d2) in pairs:
-        classes.union(slot(ins[i1] if s1 == "in" else outs[i1], d1), slot(ins[i2] if s2 == "in" else outs[i2], d2))
+    bases = []  # each operand's or result's slot of dim 0, given in the order of the places
+    for is_in, i, dims in operands:
+        v = ins[i] if is_in else outs[i]
+        b = first.get(v)
+        if b is None:
+            b = slot(v, 0)
+        bases.append(b)
+        for d in dims:
+            label(b + d)
+    find, parent = classes.find, classes.parent
+    for k1, d1, k2, d2 in pairs:  # ``classes.union``, inlined: a pair per label and node
+        ra, rb = find(bases[k1] + d1), find(bases[k2] + d2)
+        if ra != rb:
+            parent[ra] = rb
 
 
 def _rule_places(rule: DimRule, cache: dict[int, tuple]) -> tuple[list, list]:
-    """The (side, index, dim)s of ``rule``'s splittable labels, and the pairs of them ``_unite``
-    puts in one class (a label's first primary place with each of its others); made once per rule
-    object and kept in ``cache``."""
+    """The operands and results of ``rule``'s splittable labels in first-seen order (is an operand,
+    index, the dims of its labels), and the pairs of dims ``_unite`` puts in one class (a label's
+    first primary place with each of its others: (operand's position in that list, dim) twice);
+    made once per rule object and kept in ``cache``."""
     known = cache.get(id(rule))
     if known is None or known[0] is not rule:
         ok = set(rule.labels())
-        places = [(side, i, d) for side, i, d, label, _f in rule.occurrences() if label in ok]
-        first: dict[str, tuple[str, int, int]] = {}
+        dims_of: dict[tuple[str, int], list[int]] = {}
+        for side, i, d, label, _f in rule.occurrences():
+            if label in ok:
+                dims_of.setdefault((side, i), []).append(d)
+        position = {place: k for k, place in enumerate(dims_of)}
+        operands = [(side == "in", i, tuple(dims)) for (side, i), dims in dims_of.items()]
+        first: dict[str, tuple[int, int]] = {}
         pairs = []
         for side, i, d, label, _f in rule.occurrences(primary_only=True):
             if label not in ok:
                 continue
+            at = (position[(side, i)], d)
             if label in first:
-                pairs.append((first[label], (side, i, d)))
+                pairs.append((*first[label], *at))
             else:
-                first[label] = (side, i, d)
-        known = cache[id(rule)] = (rule, places, pairs)
+                first[label] = at
+        known = cache[id(rule)] = (rule, operands, pairs)
     return known[1], known[2]
 
 
