@@ -378,7 +378,7 @@ class _ProblemBuilder:
         update = self.roles.update
         producer, items, edges, fused = self.producer, self.items, self.edges, self.fused
         phases: dict[tuple, str] = {}  # (value's part, reader's part) -> read_phase
-        redo_later, none = self.redo_later, frozenset()
+        redo_later, none = self.redo_later, frozenset[frozenset[int]]()
         for n_i, node in enumerate(self.graph.nodes):
             rule = rules[node]
             in_update = node in update
@@ -601,11 +601,11 @@ class _ValueKeys:
         def node_numbers(node: Node) -> tuple[int, ...]:
             """The numbers of the node's operands, then of its results."""
             get = of.get
-            out = [get(v) for v in node.inputs]
+            out: list[int | None] = [get(v) for v in node.inputs]
             out += [get(o) for o in node.outputs]
             if None in out:
                 out = [number(v) if k is None else k for v, k in zip((*node.inputs, *node.outputs), out)]
-            return tuple(out)
+            return tuple(out)  # type: ignore[arg-type]  # no None left
 
         return node_numbers
 
