@@ -68,7 +68,9 @@ class _Interner(dict):
 def _item_label(it: Item, intern: _Interner, strategy_labels: dict, names: dict[str, str]) -> int:
     """The label of what tells an item apart on its own: a node's op, attributes (not a random
     draw's stream position: layers' dropout masks tie), types, source line and part, an input's or output's type (and an input's name without list positions),
-    and the strategies and pin of either."""
+    and the strategies and pin of either. (A type enters as its shape and dtype, a source line
+    as its file and line: equal exactly when the type or the printed line is, and compared
+    without a call into Python.)"""
     strat = strategy_labels.get(id(it.strategies.as_tuple))
     if strat is None:  # items of repeated layers share their strategy tuples (the items hold them)
         strat = strategy_labels[id(it.strategies.as_tuple)] = intern(
@@ -77,15 +79,19 @@ def _item_label(it: Item, intern: _Interner, strategy_labels: dict, names: dict[
     if it.kind == "node":
         n = it.node
         assert n is not None  # a node item holds its node
-        skip = stream_position(n) if n.attrs else ()
+        attrs: tuple = ()
+        if n.attrs:
+            skip = stream_position(n)
+            attrs = tuple(sorted([(k, _attr_key(v)) for k, v in n.attrs.items() if k not in skip]))
+        loc = n.loc
         return intern(
             (
                 "node",
                 n.op.name,
-                tuple(sorted((k, _attr_key(v)) for k, v in n.attrs.items() if k not in skip)),
-                tuple(v.type for v in n.inputs),
-                tuple(o.type for o in n.outputs),
-                str(n.loc),
+                attrs,
+                tuple([(v.type.shape, v.type.dtype) for v in n.inputs]),
+                tuple([(o.type.shape, o.type.dtype) for o in n.outputs]),
+                None if loc is None else (loc.file, loc.line),
                 n.part,
                 strat,
                 it.pinned,
@@ -94,7 +100,7 @@ def _item_label(it: Item, intern: _Interner, strategy_labels: dict, names: dict[
     v = it.value
     assert v is not None  # an input, output or fan-out item holds its value
     name = names[v.name or ""] if it.kind == "input" else ""
-    return intern((it.kind, v.type, name, strat, it.pinned))
+    return intern((it.kind, v.type.shape, v.type.dtype, name, strat, it.pinned))
 
 
 def structure_classes(p: Problem, rounds: int = 3) -> list[int]:

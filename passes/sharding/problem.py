@@ -260,10 +260,10 @@ def _rule_key(node: Node):
     if node.regions or node.op.has(IndexedLookup):
         return None
     attrs = node.attrs
-    return (
+    return (  # a type as its shape and dtype: equal when the type is, hashed and compared without Python
         node.op.name,
-        tuple([v.type for v in node.inputs]),
-        tuple([o.type for o in node.outputs]),
+        tuple([(v.type.shape, v.type.dtype) for v in node.inputs]),
+        tuple([(o.type.shape, o.type.dtype) for o in node.outputs]),
         tuple(sorted([(k, type(v).__name__, v) for k, v in attrs.items()])) if attrs else (),
     )
 
@@ -594,7 +594,8 @@ class _ValueKeys:
         of, sets, roles, numbers = self.of[update], self.sets, self.roles, self.numbers
 
         def number(v: Value) -> int:
-            key = (v.type, tuple(map(frozenset, sets.get(v, ()))), roles.key((v,), update))
+            t = v.type  # as its shape and dtype: equal when the type is, hashed and compared without Python
+            key = (t.shape, t.dtype, tuple(map(frozenset, sets.get(v, ()))), roles.key((v,), update))
             got = of[v] = numbers.setdefault(key, len(numbers))
             return got
 
