@@ -40,6 +40,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from graphc.core.ir import Graph, Node, Value
 from graphc.core.mesh import Mesh
 from graphc.core.profile import INTER_NODE_ROLES
@@ -113,6 +115,7 @@ class AxisRoles:
     warnings: list[str] = field(default_factory=list)
     _kinds: dict[Value, tuple[int, ...]] = field(default_factory=dict, repr=False)
     restricted: bool = field(init=False, repr=False)  # some axis splits only some kinds of dims
+    _slot_kinds: list[int] | None = field(default=None, init=False, repr=False)  # ``_kinds_of_slots``, made once
 
     def __post_init__(self) -> None:
         self.restricted = any(r in RESTRICTED for r in self.roles)
@@ -125,10 +128,26 @@ class AxisRoles:
             if first is None:  # no rule labels a dim of it: each dim is a class of its own
                 hit = self._kinds[v] = (0,) * v.type.ndim
                 return hit
-            find, batch, seq = self.classes.find, self.batch, self.seq
-            roots = [find(first + d) for d in range(v.type.ndim)]
-            hit = self._kinds[v] = tuple([(BATCH if r in batch else 0) | (SEQ if r in seq else 0) for r in roots])
+            if self._slot_kinds is None:
+                self._slot_kinds = self._kinds_of_slots()
+            hit = self._kinds[v] = tuple(self._slot_kinds[first : first + v.type.ndim])
         return hit
+
+    def _kinds_of_slots(self) -> list[int]:
+        """Every dim's kind by its slot (``_DimClasses.slot``): all roots found at once, by
+        pointer jumping over the parent array (the classes are complete once the roles are made)."""
+        parent = np.asarray(self.classes.parent, dtype=np.int64)
+        while len(parent):
+            grand = parent[parent]
+            if np.array_equal(grand, parent):
+                break
+            parent = grand
+        kinds = np.zeros(len(parent), dtype=np.int64)
+        if self.batch:
+            kinds[np.isin(parent, np.fromiter(self.batch, dtype=np.int64))] |= BATCH
+        if self.seq:
+            kinds[np.isin(parent, np.fromiter(self.seq, dtype=np.int64))] |= SEQ
+        return kinds.tolist()
 
     def allows(self, axis: int, v: Value, d: int, zero: bool = True) -> bool:
         """``zero``: the ZeRO values may be split anywhere along a data axis (an input's or an
