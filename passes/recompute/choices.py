@@ -222,19 +222,19 @@ def add_recompute(problem: Problem, mode: str) -> None:
         found = {k: found[k] for k in forced(found)}
     if not found:
         return
-    order_pos = {
-        it.index: p for p, it_i in enumerate(problem.order) for it in [problem.items[it_i]] if it.kind == "node"
-    }
-    item_of = {it.index: i for i, it in enumerate(problem.items) if it.kind == "node"}
+    items = problem.items
+    item_of = {it.index: i for i, it in enumerate(items) if it.kind == "node"}
+    position = {it_i: p for p, it_i in enumerate(problem.order)}
+    order_pos = {k: position[i] for k, i in item_of.items()}
     # the copies made before one program position run in graph order, each in a memory slot of its own
     at_point: dict[int, list[int]] = {}
     for k in sorted(found):
         at_point.setdefault(order_pos[found[k].point], []).append(k)
-    grid = problem.memory.set_slots({p: len(ks) for p, ks in at_point.items()})
-    slot = {k: int(grid[p]) - len(ks) + t for p, ks in at_point.items() for t, k in enumerate(ks)}
+    grid = problem.memory.set_slots({p: len(ks) for p, ks in at_point.items()}).tolist()
+    slot = {k: grid[p] - len(ks) + t for p, ks in at_point.items() for t, k in enumerate(ks)}
 
     def pos(k: int) -> int:  # the memory position of graph node k
-        return int(grid[order_pos[k]])
+        return grid[order_pos[k]]
 
     until = _checkpoints(problem.graph, found, roots)  # node -> {value: the candidates reading it as a checkpoint}
     twins: dict[tuple, Strategies] = {}  # repeated layers share their strategy lists: so do their twins
@@ -249,8 +249,11 @@ def add_recompute(problem: Problem, mode: str) -> None:
         if new is None and alike in by_tuple:  # another object over the same tuple (fused twins): a twin
             new = twins[key] = by_tuple[alike][0].twin()
         if new is None:
-            again = [dataclasses.replace(s, compute_s=2 * s.compute_s, recompute=True) for s in it.strategies]
-            held = [dataclasses.replace(s, checkpoint=True) for s in it.strategies]
+            again, held = [], []  # made only for the kinds the item gets
+            if k in found:
+                again = [dataclasses.replace(s, compute_s=2 * s.compute_s, recompute=True) for s in it.strategies]
+            if k in until:
+                held = [dataclasses.replace(s, checkpoint=True) for s in it.strategies]
             if mode == "on":  # forced: only the twins
                 new = Strategies(again if k in found else held)
             else:
@@ -270,9 +273,9 @@ def add_recompute(problem: Problem, mode: str) -> None:
         problem.remat[item_of[k]] = RematRanges(
             point=slot[k] if c else -1,
             ranges=ranges,
-            needs=tuple(item_of[j] for j in c.needs) if c else (),
-            conflicts=tuple(item_of[j] for j in c.conflicts) if c else (),
-            keeps=tuple(item_of[j] for j in c.keeps) if c else (),
+            needs=tuple([item_of[j] for j in c.needs]) if c else (),
+            conflicts=tuple([item_of[j] for j in c.conflicts]) if c else (),
+            keeps=tuple([item_of[j] for j in c.keeps]) if c else (),
             checkpoint={v: max(slot[r] for r in readers) for v, readers in until.get(k, {}).items()},
         )
 

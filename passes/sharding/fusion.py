@@ -31,19 +31,17 @@ def joins_kernel(node: Node) -> bool:
 
 def fused_values(graph: Graph) -> frozenset[Value]:
     """The values of ``graph`` that fusion keeps out of memory (the module doc)."""
-    users: dict[Value, list[Node]] = {}
+    read: set[Value] = set()  # values some node reads
+    kept: set[Value] = set()  # values some node that joins no kernel reads
+    joining: list[Node] = []
     for node in graph.nodes:
-        for v in node.inputs:
-            users.setdefault(v, []).append(node)
+        read.update(node.inputs)
+        if joins_kernel(node):
+            joining.append(node)
+        else:
+            kept.update(node.inputs)
     outputs = set(graph.outputs)
-    fused = set()
-    for node in graph.nodes:
-        if not joins_kernel(node):
-            continue
-        for v in node.outputs:
-            if v not in outputs and v in users and all(joins_kernel(u) for u in users[v]):
-                fused.add(v)
-    return frozenset(fused)
+    return frozenset(v for node in joining for v in node.outputs if v in read and v not in kept and v not in outputs)
 
 
 def saved_bytes(node: Node, fused: frozenset[Value]) -> int:

@@ -211,10 +211,17 @@ def _bucket_share(b: _ProblemBuilder, bucket_bytes: int) -> int:
     if bucket_bytes <= 0:
         return 0
 
+    partial: dict[tuple[Strategies, int], bool] = {}  # (strategies, result) -> some strategy leaves it P
+
     def gradient(e: Edge) -> bool:
         src = b.items[e.src]
-        made_in_update = src.node is not None and src.node.part == "update"
-        return not made_in_update and any(P in st.out_specs[e.src_out] for st in src.strategies)
+        if src.node is not None and src.node.part == "update":  # made in the update
+            return False
+        key = (src.strategies, e.src_out)  # repeated layers' items share their strategies
+        got = partial.get(key)
+        if got is None:
+            got = partial[key] = any(P in st.out_specs[e.src_out] for st in src.strategies)
+        return got
 
     counted = {e.value: e.value.type.nbytes for e in b.edges if e.deferred and gradient(e)}
     # as their fan-outs counted them before ZeRO (an update op linear in a parameter may read it
@@ -272,15 +279,19 @@ def _program_order(items: list[Item]) -> list[int]:
     """Item indices in program order: the graph inputs, the nodes, then the graph outputs; a
     fan-out right after the item whose value it spreads (``Item.index`` of a fan-out)."""
     after: dict[int, list[int]] = {}
+    of_kind: dict[str, list[int]] = {"input": [], "node": [], "output": []}
     for i, it in enumerate(items):
         if it.kind == "fanout":
             after.setdefault(it.index, []).append(i)
+        elif it.kind in of_kind:
+            of_kind[it.kind].append(i)
     order: list[int] = []
     for kind in ("input", "node", "output"):
-        for i, it in enumerate(items):
-            if it.kind == kind:
-                order.append(i)
-                order += after.get(i, [])
+        for i in of_kind[kind]:
+            order.append(i)
+            spread = after.get(i)
+            if spread:
+                order += spread
     return order
 
 
@@ -463,17 +474,26 @@ class _ProblemBuilder:
         (``gathers``)."""
         reads: dict[tuple[int, int, str], list[Edge]] = {}
         for e in self.edges:
-            reads.setdefault((e.src, e.src_out, e.phase), []).append(e)
+            key = (e.src, e.src_out, e.phase)
+            group = reads.get(key)
+            if group is None:
+                reads[key] = [e]
+            else:
+                group.append(e)
         zero = self.roles.zero  # ZeRO: gradients get a fan-out, state inputs none (module doc)
+        items = self.items
         edges: list[Edge] = []
         made: dict[tuple, Strategies] = {}  # one strategy list per distinct spec set (shared)
         spread: dict[tuple, tuple] = {}  # the DistinctSpecs of a value's producer and readers -> its spec set
 
         for (src, out, phase), group in reads.items():
+            if not zero and len(group) < 2:  # one reader, no ZeRO: no fan-out
+                edges += group
+                continue
             v = group[0].value
-            state_input = bool(zero) and self.items[src].kind == "input" and v in zero
+            state_input = bool(zero) and items[src].kind == "input" and v in zero
             if state_input:
-                readers = [e.dst for e in group if self.items[e.dst].kind == "node" and not self._in_update(e)]
+                readers = [e.dst for e in group if items[e.dst].kind == "node" and not self._in_update(e)]
                 self.gathers += [(src, r) for r in dict.fromkeys(readers)]  # one copy per reader
                 if len(group) > 1 and any(e.deferred for e in group):  # a parameter the update reads
                     self.fanless_state[v] = v.type.nbytes
@@ -482,8 +502,8 @@ class _ProblemBuilder:
                 edges += group
                 continue
             ends = (
-                self.items[src].strategies.specs("out", out),
-                *(self.items[e.dst].strategies.specs("in", e.dst_in) for e in group),
+                items[src].strategies.specs("out", out),
+                *[items[e.dst].strategies.specs("in", e.dst_in) for e in group],
             )
             key = spread.get(ends)
             if key is None:  # the specs of both ends in first-seen order, once per (shared) ends
