@@ -474,10 +474,10 @@ class _ProblemBuilder:
         (``gathers``)."""
         reads: dict[tuple[int, int, str], list[Edge]] = {}
         for e in self.edges:
-            key = (e.src, e.src_out, e.phase)
-            group = reads.get(key)
+            at = (e.src, e.src_out, e.phase)
+            group = reads.get(at)
             if group is None:
-                reads[key] = [e]
+                reads[at] = [e]
             else:
                 group.append(e)
         zero = self.roles.zero  # ZeRO: gradients get a fan-out, state inputs none (module doc)
