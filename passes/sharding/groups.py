@@ -23,7 +23,10 @@ class Group:
     size: int
 
 
-def _attr_key(v):
+def _attr_key(v, dtype_texts: dict | None = None):
+    """An attribute's value as a label part: an array by its shape, dtype and digest, anything
+    else by its repr (a dtype's, made in Python, once per dtype object: ``dtype_texts`` holds
+    (the object, its repr) by dtype)."""
     if isinstance(v, np.ndarray):
         return (
             "array",
@@ -31,6 +34,11 @@ def _attr_key(v):
             v.dtype.str,
             hashlib.blake2b(np.ascontiguousarray(v).tobytes(), digest_size=8).hexdigest(),
         )
+    if dtype_texts is not None and isinstance(v, np.dtype):
+        known = dtype_texts.get(v)
+        if known is None or known[0] is not v:
+            known = dtype_texts[v] = (v, repr(v))
+        return known[1]
     return repr(v)
 
 
@@ -65,7 +73,9 @@ class _Interner(dict):
         return got
 
 
-def _item_label(it: Item, intern: _Interner, strategy_labels: dict, names: dict[str, str]) -> int:
+def _item_label(
+    it: Item, intern: _Interner, strategy_labels: dict, names: dict[str, str], dtype_texts: dict | None = None
+) -> int:
     """The label of what tells an item apart on its own: a node's op, attributes (not a random
     draw's stream position: layers' dropout masks tie), types, source line and part, an input's or output's type (and an input's name without list positions),
     and the strategies and pin of either. (A type enters as its shape and dtype, a source line
@@ -82,7 +92,7 @@ def _item_label(it: Item, intern: _Interner, strategy_labels: dict, names: dict[
         attrs: tuple = ()
         if n.attrs:
             skip = stream_position(n)
-            attrs = tuple(sorted([(k, _attr_key(v)) for k, v in n.attrs.items() if k not in skip]))
+            attrs = tuple(sorted([(k, _attr_key(v, dtype_texts)) for k, v in n.attrs.items() if k not in skip]))
         loc = n.loc
         return intern(
             (
@@ -114,9 +124,13 @@ def structure_classes(p: Problem, rounds: int = 3) -> list[int]:
     intern = _Interner()
     strategy_labels: dict = {}
     names = _layer_names(p)
-    label = np.array([_item_label(it, intern, strategy_labels, names) for it in p.items], dtype=np.int64)
-    edges = np.array([(e.src, e.src_out, e.dst, e.dst_in) for e in p.edges], dtype=np.int64).reshape(-1, 4)
-    src, src_out, dst, dst_in = edges.T
+    dtype_texts: dict = {}
+    label = np.array([_item_label(it, intern, strategy_labels, names, dtype_texts) for it in p.items], dtype=np.int64)
+    edges = p.edges
+    src = np.array([e.src for e in edges], dtype=np.int64)
+    src_out = np.array([e.src_out for e in edges], dtype=np.int64)
+    dst = np.array([e.dst for e in edges], dtype=np.int64)
+    dst_in = np.array([e.dst_in for e in edges], dtype=np.int64)
     n = len(label)
     ins = _Side(dst, np.lexsort((src, src_out, dst_in, dst)), n)  # by operand position, as a sequence
     outs = _Side(src, np.lexsort((dst, dst_in, src_out, src)), n)  # sorted again each round: a multiset
@@ -195,18 +209,17 @@ def _single_groups(p: Problem) -> tuple[list[Group], list[int]]:
 def _tied_groups(p: Problem) -> tuple[list[Group], list[int]]:
     """One group per structure class (``structure_classes``), its members in item order and
     mapping the group's strategies to their own one to one."""
+    labels = structure_classes(p)
     classes: dict[int, list[int]] = {}
-    for i, lab in enumerate(structure_classes(p)):
+    for i, lab in enumerate(labels):
         classes.setdefault(lab, []).append(i)
+    number = {lab: g for g, lab in enumerate(classes)}  # groups in the order of their first items
     groups: list[Group] = []
-    of: list[int] = [-1] * len(p.items)
     for members in classes.values():
         k = len(p.items[members[0]].strategies)
-        for i in members:
-            of[i] = len(groups)
         same = np.arange(k)  # one map object for all members: objective_terms counts repeats by it
         groups.append(Group([(i, same) for i in members], k))
-    return groups, of
+    return groups, [number[lab] for lab in labels]
 
 
 def _merge_followers(p: Problem, groups: list[Group], of: list[int]) -> tuple[list[Group], list[int]]:
