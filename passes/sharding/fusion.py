@@ -46,4 +46,6 @@ def fused_values(graph: Graph) -> frozenset[Value]:
 
 def saved_bytes(node: Node, fused: frozenset[Value]) -> int:
     """The bytes of ``node``'s operands (each use) and results that fusion keeps out of memory."""
-    return sum(v.type.nbytes for v in (*node.inputs, *node.outputs) if v in fused)
+    return sum([v.type.nbytes for v in node.inputs if v in fused]) + sum(
+        [o.type.nbytes for o in node.outputs if o in fused]
+    )

@@ -324,7 +324,8 @@ class _ProblemBuilder:
         of its consumer's op)."""
         if not self.overhead_s or node.op.has(Constant):
             return 0.0
-        if node.outputs and all(o in self.in_kernels for o in node.outputs):
+        outputs = node.outputs
+        if outputs and self.in_kernels.issuperset(outputs):
             return 0.0
         return self.overhead_s
 
@@ -520,10 +521,9 @@ class _ProblemBuilder:
             self.items.append(Item(kind="fanout", index=src, strategies=strategies, value=v, gradient=grad))
             deferred = all(e.deferred for e in group)
             edges.append(Edge(src=src, src_out=out, dst=f, dst_in=0, value=v, deferred=deferred, phase=phase))
-            edges += [
-                Edge(src=f, src_out=0, dst=e.dst, dst_in=e.dst_in, value=v, deferred=e.deferred, phase=phase)
-                for e in group
-            ]
+            for e in group:  # the readers read the fan-out (the builder's own edges: changed, not made again)
+                e.src, e.src_out = f, 0
+            edges += group
         self.edges = edges
 
     def _in_update(self, e: Edge) -> bool:
@@ -615,7 +615,8 @@ class _ValueKeys:
 
         def number(v: Value) -> int:
             t = v.type  # as its shape and dtype: equal when the type is, hashed and compared without Python
-            key = (t.shape, t.dtype, tuple(map(frozenset, sets.get(v, ()))), roles.key((v,), update))
+            blocks = sets.get(v)
+            key = (t.shape, t.dtype, tuple(map(frozenset, blocks)) if blocks else (), roles.value_key(v, update))
             got = of[v] = numbers.setdefault(key, len(numbers))
             return got
 

@@ -159,15 +159,15 @@ class AxisRoles:
             return True
         return v not in self.state and bool(self.kinds(v)[d] & need)
 
-    def key(self, values, zero: bool = False) -> tuple:
-        """What the strategies of a node with these operands and results depend on (``zero``: an
-        update node, ZeRO on)."""
+    def value_key(self, v: Value, zero: bool = False):
+        """What the strategies of a node depend on of its operand or result ``v`` (``zero``: an
+        update node, ZeRO on): its dims' kinds (and whether ZeRO may split it), or () when no
+        axis is restricted."""
         if not self.restricted:
             return ()
-        kinds = self.kinds
         if zero:
-            return tuple([(kinds(v), v in self.zero) for v in values])
-        return tuple([kinds(v) for v in values])
+            return (self.kinds(v), v in self.zero)
+        return self.kinds(v)
 
 
 def free_roles(mesh: Mesh) -> tuple[str, ...]:
