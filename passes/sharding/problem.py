@@ -579,7 +579,7 @@ def _node_key(node, value_keys):
     """Nodes with equal keys have equal strategies (repeated layers): op, attributes (but those
     that only place a random draw in its stream), and per operand and result what
     ``value_keys(node)`` numbers: its type, the block counts it may carry and the kinds of
-    its dims (batch, sequence; ``AxisRoles.key``)."""
+    its dims (batch, sequence; ``AxisRoles.value_key``)."""
     if node.regions:
         return None
     attrs: tuple = ()
