@@ -382,7 +382,7 @@ class _ProblemBuilder:
         mesh_shape = tuple(self.mesh.shape)
         strategy_cache: dict = {}
         partial_cache: dict[int, tuple] = {}  # id(strategies) -> (them, per result the sets of axes left P)
-        fused_cache: dict = {}  # (key, bytes fusion saves) -> the strategies at the fused time
+        fused_cache: dict = {}  # (key's strategies, bytes fusion saves) -> the strategies at the fused time
         partial: dict[Value, frozenset] = {}  # value -> the sets of axes its producer may leave P
         zero_axes = self.zero_axes()
         numbering = _ValueKeys(self.sets, self.roles)
@@ -452,13 +452,14 @@ class _ProblemBuilder:
         """``strategies`` at the time of the fused kernel, which keeps ``saved`` bytes out of memory.
         The times are made once per (node key, saved): equal keys are equal ops, attributes and
         types, so equal times. Each node still gets a Strategies object of its own (a twin), as
-        before the times were shared: the ILP's tables, and so its tie-breaking, stay as they were."""
-        fused = cache.get((key, saved)) if key is not None else None
+        before the times were shared: the ILP's tables, and so its tie-breaking, stay as they were.
+        (``cache`` is keyed by the key's strategies object, one per key: a key hashes slower.)"""
+        fused = cache.get((strategies, saved)) if key is not None else None
         if fused is None:
             fused_s = full_time(node, self.mesh.profile, saved, devices=self.mesh.size)
             fused = Strategies(dataclasses.replace(s, compute_s=fused_s / s.divided + overhead) for s in strategies)
             if key is not None:
-                cache[(key, saved)] = fused
+                cache[(strategies, saved)] = fused
         return fused.twin()
 
     def add_fanouts(self) -> None:
