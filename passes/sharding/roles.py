@@ -259,9 +259,11 @@ def _unite(classes: _DimClasses, labelled: set[int], node: Node, rule: DimRule, 
             label(b + d)
     find, parent = classes.find, classes.parent
     for k1, d1, k2, d2 in pairs:  # ``classes.union``, inlined: a pair per label and node
-        ra, rb = find(bases[k1] + d1), find(bases[k2] + d2)
-        if ra != rb:
-            parent[ra] = rb
+        a, b = bases[k1] + d1, bases[k2] + d2
+        ra = a if parent[a] == a else find(a)
+        rb = b if parent[b] == b else find(b)
+        if ra != rb:  # the later place (mostly a new result's dim, a root) joins the first's class
+            parent[rb] = ra
 
 
 def _rule_places(rule: DimRule, cache: dict[int, tuple]) -> tuple[list, list]:
