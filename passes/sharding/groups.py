@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,7 +15,7 @@ from graphc.core.collector import collector_paused
 from graphc.core.traits import Constant, FollowsProducer, stream_position
 from graphc.passes.blocks import KEYED_LAYER
 from graphc.passes.sharding.items import Edge, Item
-from graphc.passes.sharding.problem import Problem
+from graphc.passes.sharding.problem import ArrayTokens, Problem
 
 
 @dataclass
@@ -23,11 +24,13 @@ class Group:
     size: int
 
 
-def _attr_key(v, dtype_texts: dict | None = None):
-    """An attribute's value as a label part: an array by its shape, dtype and digest, anything
-    else by its repr (a dtype's, made in Python, once per dtype object: ``dtype_texts`` holds
-    (the object, its repr) by dtype)."""
+def _attr_key(v, dtype_texts: dict | None = None, arrays: ArrayTokens | None = None):
+    """An attribute's value as a label part: an array by its shape, dtype and contents (a token
+    of ``arrays``, or a digest), anything else by its repr (a dtype's, made in Python, once per
+    dtype object: ``dtype_texts`` holds (the object, its repr) by dtype)."""
     if isinstance(v, np.ndarray):
+        if arrays is not None:
+            return ("array", *arrays(v))
         return (
             "array",
             v.shape,
@@ -40,6 +43,19 @@ def _attr_key(v, dtype_texts: dict | None = None):
             known = dtype_texts[v] = (v, repr(v))
         return known[1]
     return repr(v)
+
+
+class _AttrKeys:
+    """``_attr_key`` of one problem's attributes: each dtype object's repr made once, arrays as
+    ``ArrayTokens`` (no digest of a large constant: its bytes are compared, if at all, only with
+    those of arrays of its shape and dtype)."""
+
+    def __init__(self) -> None:
+        self.dtype_texts: dict = {}
+        self.arrays = ArrayTokens()
+
+    def __call__(self, v):
+        return _attr_key(v, self.dtype_texts, self.arrays)
 
 
 _INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)")  # list positions in pytree paths: blocks.3.attn
@@ -74,7 +90,7 @@ class _Interner(dict):
 
 
 def _item_label(
-    it: Item, intern: _Interner, strategy_labels: dict, names: dict[str, str], dtype_texts: dict | None = None
+    it: Item, intern: _Interner, strategy_labels: dict, names: dict[str, str], attr_key: Callable = _attr_key
 ) -> int:
     """The label of what tells an item apart on its own: a node's op, attributes (not a random
     draw's stream position: layers' dropout masks tie), types, source line and part, an input's or output's type (and an input's name without list positions),
@@ -92,7 +108,7 @@ def _item_label(
         attrs: tuple = ()
         if n.attrs:
             skip = stream_position(n)
-            attrs = tuple(sorted([(k, _attr_key(v, dtype_texts)) for k, v in n.attrs.items() if k not in skip]))
+            attrs = tuple(sorted([(k, attr_key(v)) for k, v in n.attrs.items() if k not in skip]))
         loc = n.loc
         return intern(
             (
@@ -124,8 +140,8 @@ def structure_classes(p: Problem, rounds: int = 3) -> list[int]:
     intern = _Interner()
     strategy_labels: dict = {}
     names = _layer_names(p)
-    dtype_texts: dict = {}
-    label = np.array([_item_label(it, intern, strategy_labels, names, dtype_texts) for it in p.items], dtype=np.int64)
+    attr_key = _AttrKeys()
+    label = np.array([_item_label(it, intern, strategy_labels, names, attr_key) for it in p.items], dtype=np.int64)
     edges = p.edges
     src = np.array([e.src for e in edges], dtype=np.int64)
     src_out = np.array([e.src_out for e in edges], dtype=np.int64)

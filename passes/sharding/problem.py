@@ -387,6 +387,7 @@ class _ProblemBuilder:
         zero_axes = self.zero_axes()
         numbering = _ValueKeys(self.sets, self.roles)
         value_keys = (numbering.for_update(False), numbering.for_update(True))
+        arrays = ArrayTokens()
         update = self.roles.update
         producer, items, edges, fused = self.producer, self.items, self.edges, self.fused
         phases: dict[tuple, str] = {}  # (value's part, reader's part) -> read_phase
@@ -399,7 +400,7 @@ class _ProblemBuilder:
             if zero_axes and in_update:  # ZeRO reduces a gradient before the update
                 arriving = tuple(frozenset(s for s in sets if not s & zero_axes) for sets in arriving)
             overhead = self.op_overhead(node)
-            key = _node_key(node, value_keys[in_update])
+            key = _node_key(node, value_keys[in_update], arrays)
             key = None if key is None else (key, arriving, overhead)
             strategies = strategy_cache.get(key) if key is not None else None
             if strategies is None:
@@ -576,11 +577,11 @@ def _left_partial(strategies: Strategies, n_out: int, cache: dict[int, tuple]) -
     return got[1]
 
 
-def _node_key(node, value_keys):
+def _node_key(node, value_keys, arrays: ArrayTokens):
     """Nodes with equal keys have equal strategies (repeated layers): op, attributes (but those
-    that only place a random draw in its stream), and per operand and result what
-    ``value_keys(node)`` numbers: its type, the block counts it may carry and the kinds of
-    its dims (batch, sequence; ``AxisRoles.value_key``)."""
+    that only place a random draw in its stream; an array by ``arrays``), and per operand and
+    result what ``value_keys(node)`` numbers: its type, the block counts it may carry and the
+    kinds of its dims (batch, sequence; ``AxisRoles.value_key``)."""
     if node.regions:
         return None
     attrs: tuple = ()
@@ -589,15 +590,32 @@ def _node_key(node, value_keys):
         try:
             attrs = tuple(
                 sorted(
-                    (k, v if not hasattr(v, "tobytes") else (v.shape, v.dtype.str, v.tobytes()))
-                    for k, v in node.attrs.items()
-                    if k not in skip
+                    [(k, v if not hasattr(v, "tobytes") else arrays(v)) for k, v in node.attrs.items() if k not in skip]
                 )
             )
             hash(attrs)
         except TypeError:
             return None
     return (node.op.name, attrs, len(node.inputs), value_keys(node))
+
+
+class ArrayTokens:
+    """Arrays (and numpy scalars) as small hashable tokens, (shape, dtype, number): equal when
+    their shapes, dtypes and bytes are. An array's bytes are compared only with those of the
+    arrays of its shape and dtype seen before (a causal mask of 8 MB is neither copied nor
+    hashed when no other array has its shape)."""
+
+    def __init__(self) -> None:
+        self.seen: dict[tuple, list] = {}
+
+    def __call__(self, a) -> tuple:
+        kind = (a.shape, a.dtype.str)
+        seen = self.seen.setdefault(kind, [])
+        for k, b in enumerate(seen):
+            if b is a or a.tobytes() == b.tobytes():
+                return (*kind, k)
+        seen.append(a)
+        return (*kind, len(seen) - 1)
 
 
 class _ValueKeys:
