@@ -188,11 +188,7 @@ def axis_roles(
     roles = free_roles(mesh) if free_axes else tuple(mesh.roles[name] for name in mesh.axis_names)
     classes = _DimClasses()
     labelled: set[int] = set()
-    by_rule: dict[int, tuple] = {}
-    for node in graph.nodes:
-        rule = rules.get(node)
-        if rule is not None:
-            _unite(classes, labelled, node, rule, by_rule)
+    _unite(classes, labelled, graph.nodes, rules)
     state_pos = state_inputs(graph, ties)
     state = {graph.inputs[i] for i in state_pos} | {graph.outputs[o] for i, o in ties}
     batch: set = set()
@@ -226,72 +222,82 @@ def update_nodes(graph: Graph) -> frozenset[Node]:
     update = {node for node in graph.nodes if node.part == "update"}
     if not update:
         return frozenset()
-    readers: dict[Value, list[Node]] = {}
+    read: set[Value] = set()  # values some node reads
+    others: dict[Value, int] = {}  # value -> how many of its reads are by nodes not (yet) in the update
     for node in graph.nodes:
-        for v in node.inputs:
-            readers.setdefault(v, []).append(node)
+        read.update(node.inputs)
+        if node not in update:
+            for v in node.inputs:
+                others[v] = others.get(v, 0) + 1
     outputs = set(graph.outputs)
-    for node in reversed(graph.nodes):
+    for node in reversed(graph.nodes):  # readers before the nodes whose results they read
         if node in update or node.part == "backward" or not node.outputs or node.regions:
             continue
-        if all(o not in outputs and readers.get(o) and all(r in update for r in readers[o]) for o in node.outputs):
+        if all(o not in outputs and o in read and not others.get(o) for o in node.outputs):
             update.add(node)
+            for v in node.inputs:
+                others[v] -= 1
     return frozenset(update)
 
 
-def _unite(classes: _DimClasses, labelled: set[int], node: Node, rule: DimRule, cache: dict[int, tuple]) -> None:
-    """Put the dims that carry one label of ``rule`` as their primary label in one class; every
-    dim with a splittable label, alternatives included, is ``labelled``. An alternative label
-    relates dims without making them one (a reshape's ``[b*s] -> [b, s]`` can cut the merged dim
-    by s with b blocks, but s is not the batch dim), so it unites nothing. Which dims those are is
-    read from ``rule`` once (``_rule_places``; equal nodes share a rule)."""
-    operands, pairs = _rule_places(rule, cache)
+def _unite(classes: _DimClasses, labelled: set[int], nodes: list[Node], rules: dict[Node, DimRule | None]) -> None:
+    """For each node with a rule: put the dims that carry one label of the rule as their primary
+    label in one class; every dim with a splittable label, alternatives included, is
+    ``labelled``. An alternative label relates dims without making them one (a reshape's
+    ``[b*s] -> [b, s]`` can cut the merged dim by s with b blocks, but s is not the batch dim), so
+    it unites nothing. Which dims those are is read from each rule once (``_rule_places``; equal
+    nodes share a rule)."""
+    cache: dict[int, tuple] = {}
     slot, first, label = classes.slot, classes.first, labelled.add
-    ins, outs = node.inputs, node.outputs
-    bases = []  # each operand's or result's slot of dim 0, given in the order of the places
-    for is_in, i, dims in operands:
-        v = ins[i] if is_in else outs[i]
-        b = first.get(v)
-        if b is None:
-            b = slot(v, 0)
-        bases.append(b)
-        for d in dims:
-            label(b + d)
     find, parent = classes.find, classes.parent
-    for k1, d1, k2, d2 in pairs:  # ``classes.union``, inlined: a pair per label and node
-        a, b = bases[k1] + d1, bases[k2] + d2
-        ra = a if parent[a] == a else find(a)
-        rb = b if parent[b] == b else find(b)
-        if ra != rb:  # the later place (mostly a new result's dim, a root) joins the first's class
-            parent[rb] = ra
+    for node in nodes:
+        rule = rules.get(node)
+        if rule is None:
+            continue
+        known = cache.get(id(rule))
+        if known is None or known[0] is not rule:
+            known = cache[id(rule)] = (rule, *_rule_places(rule))
+        _rule, operands, pairs = known
+        ins, outs = node.inputs, node.outputs
+        bases = []  # each operand's or result's slot of dim 0, given in the order of the places
+        for is_in, i, dims in operands:
+            v = ins[i] if is_in else outs[i]
+            b = first.get(v)
+            if b is None:
+                b = slot(v, 0)
+            bases.append(b)
+            for d in dims:
+                label(b + d)
+        for k1, d1, k2, d2 in pairs:  # ``classes.union``, inlined: a pair per label and node
+            a, b = bases[k1] + d1, bases[k2] + d2
+            ra = a if parent[a] == a else find(a)
+            rb = b if parent[b] == b else find(b)
+            if ra != rb:  # the later place (mostly a new result's dim, a root) joins the first's class
+                parent[rb] = ra
 
 
-def _rule_places(rule: DimRule, cache: dict[int, tuple]) -> tuple[list, list]:
+def _rule_places(rule: DimRule) -> tuple[list, list]:
     """The operands and results of ``rule``'s splittable labels in first-seen order (is an operand,
     index, the dims of its labels), and the pairs of dims ``_unite`` puts in one class (a label's
-    first primary place with each of its others: (operand's position in that list, dim) twice);
-    made once per rule object and kept in ``cache``."""
-    known = cache.get(id(rule))
-    if known is None or known[0] is not rule:
-        ok = set(rule.labels())
-        dims_of: dict[tuple[str, int], list[int]] = {}
-        for side, i, d, label, _f in rule.occurrences():
-            if label in ok:
-                dims_of.setdefault((side, i), []).append(d)
-        position = {place: k for k, place in enumerate(dims_of)}
-        operands = [(side == "in", i, tuple(dims)) for (side, i), dims in dims_of.items()]
-        first: dict[str, tuple[int, int]] = {}
-        pairs = []
-        for side, i, d, label, _f in rule.occurrences(primary_only=True):
-            if label not in ok:
-                continue
-            at = (position[(side, i)], d)
-            if label in first:
-                pairs.append((*first[label], *at))
-            else:
-                first[label] = at
-        known = cache[id(rule)] = (rule, operands, pairs)
-    return known[1], known[2]
+    first primary place with each of its others: (operand's position in that list, dim) twice)."""
+    ok = set(rule.labels())
+    dims_of: dict[tuple[str, int], list[int]] = {}
+    for side, i, d, label, _f in rule.occurrences():
+        if label in ok:
+            dims_of.setdefault((side, i), []).append(d)
+    position = {place: k for k, place in enumerate(dims_of)}
+    operands = [(side == "in", i, tuple(dims)) for (side, i), dims in dims_of.items()]
+    first: dict[str, tuple[int, int]] = {}
+    pairs = []
+    for side, i, d, label, _f in rule.occurrences(primary_only=True):
+        if label not in ok:
+            continue
+        at = (position[(side, i)], d)
+        if label in first:
+            pairs.append((*first[label], *at))
+        else:
+            first[label] = at
+    return operands, pairs
 
 
 def _beyond_a_node(mesh: Mesh) -> list[str]:

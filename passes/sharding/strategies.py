@@ -242,11 +242,14 @@ def block_sets(graph: Graph, rules: dict) -> dict[Value, list[set[int]]]:
         labels, factored = _label_groups(rule, by_label)
         k = len(nodes)
         nodes.append((node, labels))
-        for v in node.inputs:
-            touching.setdefault(v, []).append(k)
-        for v in node.outputs:
-            touching.setdefault(v, []).append(k)
-        work += [(k, j) for j in factored]
+        for v in (*node.inputs, *node.outputs):
+            at = touching.get(v)
+            if at is None:
+                touching[v] = [k]
+            elif at[-1] != k:  # a node reading a value twice is listed once
+                at.append(k)
+        if factored:
+            work += [(k, j) for j in factored]
 
     def places_of(g: tuple[int, int]) -> list[tuple[Value, int, int]]:
         node, labels = nodes[g[0]]
@@ -276,7 +279,7 @@ def _groups_at(nodes: list[tuple], at: list[int], v: Value, d: int) -> list[tupl
     """The groups (node position, label position) with dim ``d`` of ``v`` among their places, of
     the nodes at positions ``at``, in order."""
     found = []
-    for k in dict.fromkeys(at):
+    for k in at:
         node, labels = nodes[k]
         for j, places in enumerate(labels):
             if any(e == d and (node.inputs[i] if side == "in" else node.outputs[i]) is v for side, i, e, _f in places):
