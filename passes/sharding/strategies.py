@@ -231,25 +231,7 @@ def block_sets(graph: Graph, rules: dict) -> dict[Value, list[set[int]]]:
             sets[v] = [{1} for _ in v.type.shape]
         return sets[v]
 
-    nodes: list[tuple] = []  # (node, per label of its rule: its (side, index, dim, factor)s)
-    touching: dict[Value, list[int]] = {}  # value -> the positions in ``nodes`` of its readers and maker
-    work: list[tuple[int, int]] = []
-    by_label: dict[int, tuple] = {}  # id(rule) -> (rule, its labels' places, the labels with a factor > 1)
-    for node in walk(graph.nodes):
-        rule = rules.get(node)
-        if rule is None:
-            continue
-        labels, factored = _label_groups(rule, by_label)
-        k = len(nodes)
-        nodes.append((node, labels))
-        for v in (*node.inputs, *node.outputs):
-            at = touching.get(v)
-            if at is None:
-                touching[v] = [k]
-            elif at[-1] != k:  # a node reading a value twice is listed once
-                at.append(k)
-        if factored:
-            work += [(k, j) for j in factored]
+    nodes, touching, work = _label_index(graph, rules)
 
     def places_of(g: tuple[int, int]) -> list[tuple[Value, int, int]]:
         node, labels = nodes[g[0]]
@@ -273,6 +255,32 @@ def block_sets(graph: Graph, rules: dict) -> dict[Value, list[set[int]]]:
                         queued.add(h)
                         work.append(h)
     return sets
+
+
+def _label_index(graph: Graph, rules: dict) -> tuple[list[tuple], dict[Value, list[int]], list[tuple[int, int]]]:
+    """``block_sets``' index: the nodes with a rule (each with, per label of its rule, its (side,
+    index, dim, factor)s), the positions of the nodes reading or making each value, and the
+    groups (node position, label position) of the labels with a factor over 1."""
+    nodes: list[tuple] = []
+    touching: dict[Value, list[int]] = {}
+    work: list[tuple[int, int]] = []
+    by_label: dict[int, tuple] = {}  # id(rule) -> (rule, its labels' places, the labels with a factor > 1)
+    for node in walk(graph.nodes):
+        rule = rules.get(node)
+        if rule is None:
+            continue
+        labels, factored = _label_groups(rule, by_label)
+        k = len(nodes)
+        nodes.append((node, labels))
+        for v in (*node.inputs, *node.outputs):
+            at = touching.get(v)
+            if at is None:
+                touching[v] = [k]
+            elif at[-1] != k:  # a node reading a value twice is listed once
+                at.append(k)
+        if factored:
+            work += [(k, j) for j in factored]
+    return nodes, touching, work
 
 
 def _groups_at(nodes: list[tuple], at: list[int], v: Value, d: int) -> list[tuple[int, int]]:
