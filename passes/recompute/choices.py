@@ -95,9 +95,14 @@ class _Uses:
         self.roots = roots
         self.index = {id(n): k for k, n in enumerate(graph.nodes)}
         self.readers: dict[Value, list[int]] = {}
+        readers = self.readers
         for k, n in enumerate(graph.nodes):
             for v in n.inputs:
-                self.readers.setdefault(v, []).append(k)
+                got = readers.get(v)
+                if got is None:
+                    readers[v] = [k]
+                else:
+                    got.append(k)
         self.outputs = set(graph.outputs)
         self.views_of: dict[Value, list[Value]] = {}
         for view, root in roots.items():

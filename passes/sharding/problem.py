@@ -390,7 +390,7 @@ class _ProblemBuilder:
         arrays = ArrayTokens()
         update = self.roles.update
         producer, items, edges, fused = self.producer, self.items, self.edges, self.fused
-        phases: dict[tuple, str] = {}  # (value's part, reader's part) -> read_phase
+        phases: dict[str | None, dict[str | None, str]] = {}  # reader's part -> value's part -> read_phase
         redo_later, none = self.redo_later, frozenset[frozenset[int]]()
         for n_i, node in enumerate(self.graph.nodes):
             rule = rules[node]
@@ -439,12 +439,15 @@ class _ProblemBuilder:
             items.append(item)
             part = node.part
             deferred = part == "update"
+            phase_of = phases.get(part)
+            if phase_of is None:
+                phase_of = phases[part] = {}
             for j, v in enumerate(inputs):
                 src, out = producer[v]
                 made_by = v.producer.part if v.producer is not None else None
-                phase = phases.get((made_by, part))
+                phase = phase_of.get(made_by)
                 if phase is None:
-                    phase = phases[(made_by, part)] = read_phase(made_by, part, redo_later)
+                    phase = phase_of[made_by] = read_phase(made_by, part, redo_later)
                 edges.append(Edge(src=src, src_out=out, dst=idx, dst_in=j, value=v, deferred=deferred, phase=phase))
             for o in outputs:
                 producer[o] = (idx, o.index)
@@ -640,12 +643,11 @@ class _ValueKeys:
             return got
 
         def node_numbers(node: Node) -> tuple[int, ...]:
-            """The numbers of the node's operands, then of its results."""
+            """The numbers of the node's operands, then of its results (new values: numbered here)."""
             get = of.get
-            out: list[int | None] = [get(v) for v in node.inputs]
-            out += [get(o) for o in node.outputs]
-            if None in out:
-                out = [number(v) if k is None else k for v, k in zip((*node.inputs, *node.outputs), out)]
+            ins = [get(v) for v in node.inputs]
+            out = [number(v) if k is None else k for v, k in zip(node.inputs, ins)] if None in ins else ins
+            out += [number(o) for o in node.outputs]
             return tuple(out)  # type: ignore[arg-type]  # no None left
 
         return node_numbers
