@@ -17,6 +17,8 @@ charging the value's bytes to the nodes again: an estimate of what a GPU compile
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from graphc.core.ir import Graph, Node, Value
 from graphc.core.traits import Elementwise
 from graphc.passes.fuse import is_row_reduction
@@ -44,8 +46,8 @@ def fused_values(graph: Graph) -> frozenset[Value]:
     return frozenset(v for node in joining for v in node.outputs if v in read and v not in kept and v not in outputs)
 
 
-def saved_bytes(node: Node, fused: frozenset[Value]) -> int:
-    """The bytes of ``node``'s operands (each use) and results that fusion keeps out of memory."""
-    return sum([v.type.nbytes for v in node.inputs if v in fused]) + sum(
-        [o.type.nbytes for o in node.outputs if o in fused]
-    )
+def saved_bytes(node: Node, fused_bytes: Mapping[Value, int]) -> int:
+    """The bytes of ``node``'s operands (each use) and results that fusion keeps out of memory;
+    ``fused_bytes``: the bytes of each fused value (``fused_values``)."""
+    get = fused_bytes.get
+    return sum([get(v, 0) for v in node.inputs]) + sum([get(o, 0) for o in node.outputs])

@@ -389,7 +389,8 @@ class _ProblemBuilder:
         value_keys = (numbering.for_update(False), numbering.for_update(True))
         arrays = ArrayTokens()
         update = self.roles.update
-        producer, items, edges, fused = self.producer, self.items, self.edges, self.fused
+        producer, items, edges = self.producer, self.items, self.edges
+        fused = {v: v.type.nbytes for v in self.fused}  # each value's bytes once, not per use
         phases: dict[str | None, dict[str | None, str]] = {}  # reader's part -> value's part -> read_phase
         redo_later, none = self.redo_later, frozenset[frozenset[int]]()
         for n_i, node in enumerate(self.graph.nodes):

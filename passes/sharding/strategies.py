@@ -81,7 +81,9 @@ class Strategies:
         once for both) but not the compute-time array: an item whose strategies equal another's
         but must stay an object of its own (the ILP tells its terms apart by object,
         passes/sharding/ilp.py ``_edge_terms``)."""
-        other = Strategies(self._all)
+        other = Strategies.__new__(Strategies)  # made per node of repeated layers: no __init__ to undo
+        other._all = self._all
+        other._compute = None
         other._specs = self._specs
         if self._times is None:
             self._times = [] if self._compute is None else [self._compute]
