@@ -316,7 +316,7 @@ class _ProblemBuilder:
     redo_later: bool = False  # a forward value's later readers redistribute it again (read_phase)
     # the specs of a graph input or output by what they depend on (``tensor_specs``): repeated layers'
     # parameters and their state have a few kinds
-    specs_of: dict[tuple, list[tuple]] = field(default_factory=dict)
+    specs_of: dict[tuple, tuple[tuple, ...]] = field(default_factory=dict)
 
     def op_overhead(self, node: Node) -> float:
         """``overhead_s`` for a node the device program runs as an op of its own: not a constant,
@@ -329,26 +329,26 @@ class _ProblemBuilder:
             return 0.0
         return self.overhead_s
 
-    def tensor_specs(self, v: Value, other: Value | None) -> list[tuple]:
-        """The specs of a graph input / output; a tied pair's block counts are merged, so both
-        get the same candidates."""
+    def tensor_specs(self, v: Value, other: Value | None) -> tuple[tuple, tuple[tuple, ...]]:
+        """The specs of a graph input / output, and what they depend on (a key: equal keys, equal
+        specs); a tied pair's block counts are merged, so both get the same candidates."""
         blocks = [set(s) for s in self.sets.get(v, [{1} for _ in v.type.shape])]
         if other is not None:
             for d, s in enumerate(self.sets.get(other, [])):
                 blocks[d] |= s
         roles = self.roles
         mesh_shape = tuple(self.mesh.shape)
-        allowed = tuple(roles.allows(a, v, d) for a in range(len(mesh_shape)) for d in range(v.type.ndim))
-        key = (v.type, tuple(frozenset(b) for b in blocks), allowed, v in roles.zero)
+        allowed = tuple([roles.allows(a, v, d) for a in range(len(mesh_shape)) for d in range(v.type.ndim)])
+        key = (v.type, tuple([frozenset(b) for b in blocks]), allowed, v in roles.zero)
         known = self.specs_of.get(key)
         if known is not None:
-            return list(known)
+            return key, known
         ndim = v.type.ndim
         specs = tensor_specs(v.type, mesh_shape, blocks, lambda a, d: allowed[a * ndim + d])
         if v in roles.zero:
             specs = [sp for (sp,) in lowest_zero_dims([(sp,) for sp in specs], self.zero_axes())]
-        self.specs_of[key] = specs
-        return list(specs)
+        known = self.specs_of[key] = tuple(specs)
+        return key, known
 
     def zero_axes(self) -> frozenset[int]:
         """The data axes along which ZeRO may split state (none unless it is on)."""
@@ -360,14 +360,18 @@ class _ProblemBuilder:
         """One item per graph input: a strategy per spec it may arrive in."""
         names: dict | None = None  # made for a pinned input's message only (a walk over the graph)
         made: dict[tuple, Strategies] = {}  # specs -> their strategies, each input a twin (shared specs)
+        by_key: dict[tuple, Strategies] = {}  # ``tensor_specs``' key -> made[its specs] (a key hashes faster)
         for k, v in enumerate(self.graph.inputs):
             other = self.graph.outputs[tied_in[k]] if k in tied_in else None
-            specs = tuple(self.tensor_specs(v, other))
-            proto = made.get(specs)
+            key, specs = self.tensor_specs(v, other)
+            proto = by_key.get(key)
             if proto is None:
-                proto = made[specs] = Strategies(
-                    Strategy(name=format_spec(s), in_specs=(), out_specs=(s,)) for s in specs
-                )
+                proto = made.get(specs)
+                if proto is None:
+                    proto = made[specs] = Strategies(
+                        Strategy(name=format_spec(s), in_specs=(), out_specs=(s,)) for s in specs
+                    )
+                by_key[key] = proto
             strategies = proto.twin()
             item = Item(kind="input", index=k, strategies=strategies, value=v)
             if k in in_pins:
@@ -550,14 +554,18 @@ class _ProblemBuilder:
         from its producer. The edge is never deferred: a returned value's all-reduce (the loss)
         runs alone, never in a gradient bucket (passes/bucket.py), so it is priced alone."""
         made: dict[tuple, Strategies] = {}  # specs -> their strategies, each output a twin (shared specs)
+        by_key: dict[tuple, Strategies] = {}  # ``tensor_specs``' key -> made[its specs] (a key hashes faster)
         for k, v in enumerate(self.graph.outputs):
             other = self.graph.inputs[tied_out[k]] if k in tied_out else None
-            specs = tuple(self.tensor_specs(v, other))
-            proto = made.get(specs)
+            key, specs = self.tensor_specs(v, other)
+            proto = by_key.get(key)
             if proto is None:
-                proto = made[specs] = Strategies(
-                    Strategy(name=format_spec(s), in_specs=(s,), out_specs=()) for s in specs
-                )
+                proto = made.get(specs)
+                if proto is None:
+                    proto = made[specs] = Strategies(
+                        Strategy(name=format_spec(s), in_specs=(s,), out_specs=()) for s in specs
+                    )
+                by_key[key] = proto
             strategies = proto.twin()
             item = Item(kind="output", index=k, strategies=strategies, value=v)
             if k in out_pins:
