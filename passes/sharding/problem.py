@@ -495,7 +495,7 @@ class _ProblemBuilder:
         items = self.items
         edges: list[Edge] = []
         made: dict[tuple, Strategies] = {}  # one strategy list per distinct spec set (shared)
-        spread: dict[tuple, tuple] = {}  # the DistinctSpecs of a value's producer and readers -> its spec set
+        spread: dict[tuple, Strategies] = {}  # the DistinctSpecs of a value's producer and readers -> made[spec set]
 
         for (src, out, phase), group in reads.items():
             if not zero and len(group) < 2:  # one reader, no ZeRO: no fan-out
@@ -516,17 +516,18 @@ class _ProblemBuilder:
                 items[src].strategies.specs("out", out),
                 *[items[e.dst].strategies.specs("in", e.dst_in) for e in group],
             )
-            key = spread.get(ends)
-            if key is None:  # the specs of both ends in first-seen order, once per (shared) ends
+            strategies = spread.get(ends)  # (DistinctSpecs hash by identity: fast, where specs do not)
+            if strategies is None:  # the specs of both ends in first-seen order, once per (shared) ends
                 specs: dict[tuple, None] = dict.fromkeys(ends[0].specs)
                 for ds in ends[1:]:
                     specs.update(dict.fromkeys(ds.specs))
-                key = spread[ends] = tuple(specs)
-            strategies = made.get(key)
-            if strategies is None:
-                strategies = made[key] = Strategies(
-                    Strategy(name=format_spec(sp), in_specs=(sp,), out_specs=(sp,)) for sp in key
-                )
+                key = tuple(specs)
+                strategies = made.get(key)
+                if strategies is None:
+                    strategies = made[key] = Strategies(
+                        Strategy(name=format_spec(sp), in_specs=(sp,), out_specs=(sp,)) for sp in key
+                    )
+                spread[ends] = strategies
             f = len(self.items)
             self.items.append(Item(kind="fanout", index=src, strategies=strategies, value=v, gradient=grad))
             deferred = all(e.deferred for e in group)
