@@ -18,6 +18,7 @@ charging the value's bytes to the nodes again: an estimate of what a GPU compile
 from __future__ import annotations
 
 from collections.abc import Mapping
+from itertools import repeat
 
 from graphc.core.ir import Graph, Node, Value
 from graphc.core.traits import Elementwise
@@ -50,4 +51,4 @@ def saved_bytes(node: Node, fused_bytes: Mapping[Value, int]) -> int:
     """The bytes of ``node``'s operands (each use) and results that fusion keeps out of memory;
     ``fused_bytes``: the bytes of each fused value (``fused_values``)."""
     get = fused_bytes.get
-    return sum([get(v, 0) for v in node.inputs]) + sum([get(o, 0) for o in node.outputs])
+    return sum(map(get, node.inputs, repeat(0))) + sum(map(get, node.outputs, repeat(0)))

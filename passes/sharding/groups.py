@@ -15,7 +15,7 @@ from graphc.core.collector import collector_paused
 from graphc.core.traits import Constant, FollowsProducer, stream_position
 from graphc.passes.blocks import KEYED_LAYER
 from graphc.passes.sharding.items import Edge, Item
-from graphc.passes.sharding.problem import ArrayTokens, Problem
+from graphc.passes.sharding.problem import SHAPE_DTYPE, ArrayTokens, Problem
 
 
 @dataclass
@@ -115,8 +115,8 @@ def _item_label(
                 "node",
                 n.op.name,
                 attrs,
-                tuple([(v.type.shape, v.type.dtype) for v in n.inputs]),
-                tuple([(o.type.shape, o.type.dtype) for o in n.outputs]),
+                tuple(map(SHAPE_DTYPE, n.inputs)),
+                tuple(map(SHAPE_DTYPE, n.outputs)),
                 None if loc is None else (loc.file, loc.line),
                 n.part,
                 strat,
@@ -126,7 +126,7 @@ def _item_label(
     v = it.value
     assert v is not None  # an input, output or fan-out item holds its value
     name = names[v.name or ""] if it.kind == "input" else ""
-    return intern((it.kind, v.type.shape, v.type.dtype, name, strat, it.pinned))
+    return intern((it.kind, SHAPE_DTYPE(v), name, strat, it.pinned))
 
 
 def structure_classes(p: Problem, rounds: int = 3) -> list[int]:

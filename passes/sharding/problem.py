@@ -27,6 +27,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import InitVar, dataclass, field
+from itertools import repeat
+from operator import attrgetter
 from typing import Any
 
 from graphc.core.collector import collector_paused
@@ -258,6 +260,7 @@ def _node_rules(graph: Graph) -> tuple[dict[Node, DimRule | None], dict[Node, st
 
 
 _UNKNOWN: Any = object()  # not in a cache
+SHAPE_DTYPE = attrgetter("type.shape", "type.dtype")  # a value's type as a key: (shape, dtype)
 
 
 def _rule_key(node: Node):
@@ -269,8 +272,8 @@ def _rule_key(node: Node):
     attrs = node.attrs
     return (  # a type as its shape and dtype: equal when the type is, hashed and compared without Python
         node.op.name,
-        tuple([(v.type.shape, v.type.dtype) for v in node.inputs]),
-        tuple([(o.type.shape, o.type.dtype) for o in node.outputs]),
+        tuple(map(SHAPE_DTYPE, node.inputs)),
+        tuple(map(SHAPE_DTYPE, node.outputs)),
         tuple(sorted([(k, type(v).__name__, v) for k, v in attrs.items()])) if attrs else (),
     )
 
@@ -401,7 +404,7 @@ class _ProblemBuilder:
             rule = rules[node]
             in_update = node in update
             inputs = node.inputs
-            arriving = tuple([partial.get(v, none) for v in inputs])
+            arriving = tuple(map(partial.get, inputs, repeat(none)))
             if zero_axes and in_update:  # ZeRO reduces a gradient before the update
                 arriving = tuple(frozenset(s for s in sets if not s & zero_axes) for sets in arriving)
             overhead = self.op_overhead(node)
@@ -655,10 +658,10 @@ class _ValueKeys:
         def node_numbers(node: Node) -> tuple[int, ...]:
             """The numbers of the node's operands, then of its results (new values: numbered here)."""
             get = of.get
-            ins = [get(v) for v in node.inputs]
-            out = [number(v) if k is None else k for v, k in zip(node.inputs, ins)] if None in ins else ins
-            out += [number(o) for o in node.outputs]
-            return tuple(out)  # type: ignore[arg-type]  # no None left
+            ins: list[int | None] = list(map(get, node.inputs))
+            out: list = [number(v) if k is None else k for v, k in zip(node.inputs, ins)] if None in ins else ins
+            out.extend(map(number, node.outputs))
+            return tuple(out)
 
         return node_numbers
 
