@@ -47,8 +47,16 @@ def fused_values(graph: Graph) -> frozenset[Value]:
     return frozenset(v for node in joining for v in node.outputs if v in read and v not in kept and v not in outputs)
 
 
-def saved_bytes(node: Node, fused_bytes: Mapping[Value, int]) -> int:
+def saved_bytes(node: Node, fused: frozenset[Value] | Mapping[Value, int]) -> int:
     """The bytes of ``node``'s operands (each use) and results that fusion keeps out of memory;
-    ``fused_bytes``: the bytes of each fused value (``fused_values``)."""
-    get = fused_bytes.get
-    return sum(map(get, node.inputs, repeat(0))) + sum(map(get, node.outputs, repeat(0)))
+    ``fused``: the fused values (``fused_values``), or their bytes by value (``fused_bytes``: each
+    value's bytes found once, not per use, for a caller asking of every node)."""
+    if isinstance(fused, Mapping):
+        get = fused.get
+        return sum(map(get, node.inputs, repeat(0))) + sum(map(get, node.outputs, repeat(0)))
+    return sum(v.type.nbytes for v in (*node.inputs, *node.outputs) if v in fused)
+
+
+def fused_bytes(fused: frozenset[Value]) -> dict[Value, int]:
+    """The bytes of each of the ``fused`` values (``saved_bytes`` reads them)."""
+    return {v: v.type.nbytes for v in fused}

@@ -40,7 +40,7 @@ from graphc.core.traits import Constant, IndexedLookup, ShardingConstraint, stre
 from graphc.ops.dims import DimRule
 from graphc.passes.options import PlanOptions, Zero
 from graphc.passes.sharding.costs import CostModel
-from graphc.passes.sharding.fusion import fused_values, saved_bytes
+from graphc.passes.sharding.fusion import fused_bytes, fused_values, saved_bytes
 from graphc.passes.sharding.items import Edge, Item
 from graphc.passes.sharding.memory import MemoryModel, RematRanges
 from graphc.passes.sharding.redistribute import read_phase
@@ -397,7 +397,7 @@ class _ProblemBuilder:
         arrays = ArrayTokens()
         update = self.roles.update
         producer, items, edges = self.producer, self.items, self.edges
-        fused = {v: v.type.nbytes for v in self.fused}  # each value's bytes once, not per use
+        fused = fused_bytes(self.fused)  # each value's bytes once, not per use
         phases: dict[str | None, dict[str | None, str]] = {}  # reader's part -> value's part -> read_phase
         redo_later, none = self.redo_later, frozenset[frozenset[int]]()
         for n_i, node in enumerate(self.graph.nodes):
