@@ -114,8 +114,9 @@ class AxisRoles:
     update: frozenset[Node] = frozenset()  # the update's nodes (``update_nodes``), with ZeRO
     warnings: list[str] = field(default_factory=list)
     _kinds: dict[Value, tuple[int, ...]] = field(default_factory=dict, repr=False)
-    restricted: bool = field(init=False, repr=False)  # some axis splits only some kinds of dims
-    _slot_kinds: list[int] | None = field(default=None, init=False, repr=False)  # ``_kinds_of_slots``, made once
+    restricted: bool = field(init=False, repr=False, compare=False)  # some axis splits only some kinds of dims
+    # every slot's kind (``_kinds_of_slots``), made once
+    _slot_kinds: list[int] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.restricted = any(r in RESTRICTED for r in self.roles)
