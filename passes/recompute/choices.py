@@ -154,7 +154,7 @@ class _Uses:
                 skip = never[n.op] = _never_recomputed(n.op)
             if skip:
                 continue
-            if any(o in self.roots or o in self.outputs for o in n.outputs):
+            if not self.roots.keys().isdisjoint(n.outputs) or not self.outputs.isdisjoint(n.outputs):
                 continue  # a view costs no memory; an output is kept to the end anyway
             readers = [r for o in n.outputs for r in self.of(o) if forward[r] and r in point]
             at = [r for o in n.outputs for r in self.late(o)]
@@ -200,15 +200,21 @@ class _Uses:
                 return None  # dead by its point, and not recomputed by then
             needs.append(j)
         forward = self.is_forward
-        last_forward = {o: max([k] + [r for r in self.of(o) if forward[r]]) for o in n.outputs}
+        last_forward: dict[Value, int] = {}
+        last_late: dict[Value, int] = {}
+        copies: dict[Value, tuple[int, ...]] = {}
+        for o in n.outputs:
+            last_forward[o] = max([k] + [r for r in self.of(o) if forward[r]])
+            last_late[o] = max(self.late(o), default=-1)
+            copies[o] = tuple(sorted(set(self.copy_readers(k, o, point))))
         return Candidate(
             k,
             point[k],
             tuple(sorted(set(needs))),
             tuple(sorted(set(conflicts))),
             last_forward,
-            {o: max(self.late(o), default=-1) for o in n.outputs},
-            {o: tuple(sorted(set(self.copy_readers(k, o, point)))) for o in n.outputs},
+            last_late,
+            copies,
             tuple(sorted(set(keeps))),
         )
 
