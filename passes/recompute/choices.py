@@ -95,28 +95,43 @@ class _Uses:
         self.roots = roots
         self.index = {id(n): k for k, n in enumerate(graph.nodes)}
         self.readers: dict[Value, list[int]] = {}
+        readers = self.readers
         for k, n in enumerate(graph.nodes):
             for v in n.inputs:
-                self.readers.setdefault(v, []).append(k)
+                got = readers.get(v)
+                if got is None:
+                    readers[v] = [k]
+                else:
+                    got.append(k)
         self.outputs = set(graph.outputs)
         self.views_of: dict[Value, list[Value]] = {}
         for view, root in roots.items():
             self.views_of.setdefault(root, []).append(view)
         self.segment = forward_segments(graph, roots)
+        self.is_forward = [n.part == "forward" for n in graph.nodes]
+        self._of: dict[Value, tuple[int, ...]] = {}
+        self._late: dict[Value, tuple[int, ...]] = {}
 
     def forward(self, k: int) -> bool:
-        return self.nodes[k].part == "forward"
+        return self.is_forward[k]
 
-    def of(self, v: Value) -> list[int]:
-        """The readers of ``v`` and of the views looking into it."""
-        out = list(self.readers.get(v, ()))
-        for w in self.views_of.get(v, ()):
-            out += self.readers.get(w, ())
-        return out
+    def of(self, v: Value) -> tuple[int, ...]:
+        """The readers of ``v`` and of the views looking into it (found once per value)."""
+        got = self._of.get(v)
+        if got is None:
+            out = list(self.readers.get(v, ()))
+            for w in self.views_of.get(v, ()):
+                out += self.readers.get(w, ())
+            got = self._of[v] = tuple(out)
+        return got
 
-    def late(self, v: Value) -> list[int]:
+    def late(self, v: Value) -> tuple[int, ...]:
         """The readers of ``v`` (or its views) outside the forward pass."""
-        return [r for r in self.of(v) if not self.forward(r)]
+        got = self._late.get(v)
+        if got is None:
+            forward = self.is_forward
+            got = self._late[v] = tuple([r for r in self.of(v) if not forward[r]])
+        return got
 
     def points(self) -> dict[int, int]:
         """Recompute points, consumers first. A forward value's own point is its first backward
@@ -128,13 +143,20 @@ class _Uses:
         recomputed get none."""
         point: dict[int, int] = {}
         own: set[int] = set()  # nodes whose point is their own (not a later segment's)
+        forward = self.is_forward
+        never: dict = {}  # op -> _never_recomputed(op)
         for k in range(len(self.nodes) - 1, -1, -1):
             n = self.nodes[k]
-            if not self.forward(k) or n.regions or _never_recomputed(n.op):
+            if not forward[k] or n.regions:
                 continue
-            if any(o in self.roots or o in self.outputs for o in n.outputs):
+            skip = never.get(n.op)
+            if skip is None:
+                skip = never[n.op] = _never_recomputed(n.op)
+            if skip:
+                continue
+            if not self.roots.keys().isdisjoint(n.outputs) or not self.outputs.isdisjoint(n.outputs):
                 continue  # a view costs no memory; an output is kept to the end anyway
-            readers = [r for o in n.outputs for r in self.of(o) if self.forward(r) and r in point]
+            readers = [r for o in n.outputs for r in self.of(o) if forward[r] and r in point]
             at = [r for o in n.outputs for r in self.late(o)]
             at += [point[r] for r in readers if r in own and self.segment.get(r) == self.segment[k]]
             if at:
@@ -149,7 +171,8 @@ class _Uses:
     def copy_readers(self, k: int, v: Value, point: dict[int, int]) -> list[int]:
         """The recomputable forward readers of ``v`` (a result of node ``k``, or a view into it)
         whose copies, made at or after ``k``'s point, read ``v``'s copy when both are recomputed."""
-        return [r for r in self.of(v) if self.forward(r) and r in point and point[r] >= point[k]]
+        forward = self.is_forward
+        return [r for r in self.of(v) if forward[r] and r in point and point[r] >= point[k]]
 
     def candidate(self, k: int, point: dict[int, int], found: dict[int, Candidate]) -> Candidate | None:
         """Node ``k`` as a candidate (``found``: the candidates before it), or None."""
@@ -176,15 +199,22 @@ class _Uses:
             if j not in found or found[j].point > point[k]:
                 return None  # dead by its point, and not recomputed by then
             needs.append(j)
-        last_forward = {o: max([k] + [r for r in self.of(o) if self.forward(r)]) for o in n.outputs}
+        forward = self.is_forward
+        last_forward: dict[Value, int] = {}
+        last_late: dict[Value, int] = {}
+        copies: dict[Value, tuple[int, ...]] = {}
+        for o in n.outputs:
+            last_forward[o] = max([k] + [r for r in self.of(o) if forward[r]])
+            last_late[o] = max(self.late(o), default=-1)
+            copies[o] = tuple(sorted(set(self.copy_readers(k, o, point))))
         return Candidate(
             k,
             point[k],
             tuple(sorted(set(needs))),
             tuple(sorted(set(conflicts))),
             last_forward,
-            {o: max(self.late(o), default=-1) for o in n.outputs},
-            {o: tuple(sorted(set(self.copy_readers(k, o, point)))) for o in n.outputs},
+            last_late,
+            copies,
             tuple(sorted(set(keeps))),
         )
 
@@ -197,26 +227,27 @@ def add_recompute(problem: Problem, mode: str) -> None:
     the problem's memory."""
     if mode == "off":
         return
-    found = candidates(problem.graph, view_roots(problem.graph))
+    roots = view_roots(problem.graph)
+    found = candidates(problem.graph, roots)
     if mode == "on":
         found = {k: found[k] for k in forced(found)}
     if not found:
         return
-    order_pos = {
-        it.index: p for p, it_i in enumerate(problem.order) for it in [problem.items[it_i]] if it.kind == "node"
-    }
-    item_of = {it.index: i for i, it in enumerate(problem.items) if it.kind == "node"}
+    items = problem.items
+    item_of = {it.index: i for i, it in enumerate(items) if it.kind == "node"}
+    position = {it_i: p for p, it_i in enumerate(problem.order)}
+    order_pos = {k: position[i] for k, i in item_of.items()}
     # the copies made before one program position run in graph order, each in a memory slot of its own
     at_point: dict[int, list[int]] = {}
     for k in sorted(found):
         at_point.setdefault(order_pos[found[k].point], []).append(k)
-    grid = problem.memory.set_slots({p: len(ks) for p, ks in at_point.items()})
-    slot = {k: int(grid[p]) - len(ks) + t for p, ks in at_point.items() for t, k in enumerate(ks)}
+    grid = problem.memory.set_slots({p: len(ks) for p, ks in at_point.items()}).tolist()
+    slot = {k: grid[p] - len(ks) + t for p, ks in at_point.items() for t, k in enumerate(ks)}
 
     def pos(k: int) -> int:  # the memory position of graph node k
-        return int(grid[order_pos[k]])
+        return grid[order_pos[k]]
 
-    until = _checkpoints(problem.graph, found)  # node -> {value: the candidates reading it as a checkpoint}
+    until = _checkpoints(problem.graph, found, roots)  # node -> {value: the candidates reading it as a checkpoint}
     twins: dict[tuple, Strategies] = {}  # repeated layers share their strategy lists: so do their twins
     # items whose own Strategies objects hold one tuple (problem.py ``_fused``) get twins of one
     # object (``Strategies.twin``: objects of their own, sharing the strategies and their specs)
@@ -229,8 +260,11 @@ def add_recompute(problem: Problem, mode: str) -> None:
         if new is None and alike in by_tuple:  # another object over the same tuple (fused twins): a twin
             new = twins[key] = by_tuple[alike][0].twin()
         if new is None:
-            again = [dataclasses.replace(s, compute_s=2 * s.compute_s, recompute=True) for s in it.strategies]
-            held = [dataclasses.replace(s, checkpoint=True) for s in it.strategies]
+            again, held = [], []  # made only for the kinds the item gets
+            if k in found:
+                again = [dataclasses.replace(s, compute_s=2 * s.compute_s, recompute=True) for s in it.strategies]
+            if k in until:
+                held = [dataclasses.replace(s, checkpoint=True) for s in it.strategies]
             if mode == "on":  # forced: only the twins
                 new = Strategies(again if k in found else held)
             else:
@@ -250,17 +284,18 @@ def add_recompute(problem: Problem, mode: str) -> None:
         problem.remat[item_of[k]] = RematRanges(
             point=slot[k] if c else -1,
             ranges=ranges,
-            needs=tuple(item_of[j] for j in c.needs) if c else (),
-            conflicts=tuple(item_of[j] for j in c.conflicts) if c else (),
-            keeps=tuple(item_of[j] for j in c.keeps) if c else (),
+            needs=tuple([item_of[j] for j in c.needs]) if c else (),
+            conflicts=tuple([item_of[j] for j in c.conflicts]) if c else (),
+            keeps=tuple([item_of[j] for j in c.keeps]) if c else (),
             checkpoint={v: max(slot[r] for r in readers) for v, readers in until.get(k, {}).items()},
         )
 
 
-def _checkpoints(graph: Graph, found: dict[int, Candidate]) -> dict[int, dict[Value, list[int]]]:
+def _checkpoints(
+    graph: Graph, found: dict[int, Candidate], roots: dict[Value, Value]
+) -> dict[int, dict[Value, list[int]]]:
     """{node of an earlier segment that candidates read: {its result they read: those candidates}}:
-    kept as a checkpoint, it must live until the last of their copies."""
-    roots = view_roots(graph)
+    kept as a checkpoint, it must live until the last of their copies (``roots``: ``view_roots``)."""
     index = {id(n): k for k, n in enumerate(graph.nodes)}
     until: dict[int, dict[Value, list[int]]] = {}
     for k, c in found.items():

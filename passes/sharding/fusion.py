@@ -17,6 +17,9 @@ charging the value's bytes to the nodes again: an estimate of what a GPU compile
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from itertools import repeat
+
 from graphc.core.ir import Graph, Node, Value
 from graphc.core.traits import Elementwise
 from graphc.passes.fuse import is_row_reduction
@@ -31,21 +34,29 @@ def joins_kernel(node: Node) -> bool:
 
 def fused_values(graph: Graph) -> frozenset[Value]:
     """The values of ``graph`` that fusion keeps out of memory (the module doc)."""
-    users: dict[Value, list[Node]] = {}
+    read: set[Value] = set()  # values some node reads
+    kept: set[Value] = set()  # values some node that joins no kernel reads
+    joining: list[Node] = []
     for node in graph.nodes:
-        for v in node.inputs:
-            users.setdefault(v, []).append(node)
+        read.update(node.inputs)
+        if joins_kernel(node):
+            joining.append(node)
+        else:
+            kept.update(node.inputs)
     outputs = set(graph.outputs)
-    fused = set()
-    for node in graph.nodes:
-        if not joins_kernel(node):
-            continue
-        for v in node.outputs:
-            if v not in outputs and v in users and all(joins_kernel(u) for u in users[v]):
-                fused.add(v)
-    return frozenset(fused)
+    return frozenset(v for node in joining for v in node.outputs if v in read and v not in kept and v not in outputs)
 
 
-def saved_bytes(node: Node, fused: frozenset[Value]) -> int:
-    """The bytes of ``node``'s operands (each use) and results that fusion keeps out of memory."""
+def saved_bytes(node: Node, fused: frozenset[Value] | Mapping[Value, int]) -> int:
+    """The bytes of ``node``'s operands (each use) and results that fusion keeps out of memory;
+    ``fused``: the fused values (``fused_values``), or their bytes by value (``fused_bytes``: each
+    value's bytes found once, not per use, for a caller asking of every node)."""
+    if isinstance(fused, Mapping):
+        get = fused.get
+        return sum(map(get, node.inputs, repeat(0))) + sum(map(get, node.outputs, repeat(0)))
     return sum(v.type.nbytes for v in (*node.inputs, *node.outputs) if v in fused)
+
+
+def fused_bytes(fused: frozenset[Value]) -> dict[Value, int]:
+    """The bytes of each of the ``fused`` values (``saved_bytes`` reads them)."""
+    return {v: v.type.nbytes for v in fused}

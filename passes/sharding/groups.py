@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,7 +15,7 @@ from graphc.core.collector import collector_paused
 from graphc.core.traits import Constant, FollowsProducer, stream_position
 from graphc.passes.blocks import KEYED_LAYER
 from graphc.passes.sharding.items import Edge, Item
-from graphc.passes.sharding.problem import Problem
+from graphc.passes.sharding.problem import SHAPE_DTYPE, ArrayTokens, Problem
 
 
 @dataclass
@@ -23,15 +24,38 @@ class Group:
     size: int
 
 
-def _attr_key(v):
+def _attr_key(v, dtype_texts: dict | None = None, arrays: ArrayTokens | None = None):
+    """An attribute's value as a label part: an array by its shape, dtype and contents (a token
+    of ``arrays``, or a digest), anything else by its repr (a dtype's, made in Python, once per
+    dtype object: ``dtype_texts`` holds (the object, its repr) by dtype)."""
     if isinstance(v, np.ndarray):
+        if arrays is not None:
+            return ("array", *arrays(v))
         return (
             "array",
             v.shape,
             v.dtype.str,
             hashlib.blake2b(np.ascontiguousarray(v).tobytes(), digest_size=8).hexdigest(),
         )
+    if dtype_texts is not None and isinstance(v, np.dtype):
+        known = dtype_texts.get(v)
+        if known is None or known[0] is not v:
+            known = dtype_texts[v] = (v, repr(v))
+        return known[1]
     return repr(v)
+
+
+class _AttrKeys:
+    """``_attr_key`` of one problem's attributes: each dtype object's repr made once, arrays as
+    ``ArrayTokens`` (no digest of a large constant: its bytes are compared, if at all, only with
+    those of arrays of its shape and dtype)."""
+
+    def __init__(self) -> None:
+        self.dtype_texts: dict = {}
+        self.arrays = ArrayTokens()
+
+    def __call__(self, v):
+        return _attr_key(v, self.dtype_texts, self.arrays)
 
 
 _INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)")  # list positions in pytree paths: blocks.3.attn
@@ -65,10 +89,14 @@ class _Interner(dict):
         return got
 
 
-def _item_label(it: Item, intern: _Interner, strategy_labels: dict, names: dict[str, str]) -> int:
+def _item_label(
+    it: Item, intern: _Interner, strategy_labels: dict, names: dict[str, str], attr_key: Callable = _attr_key
+) -> int:
     """The label of what tells an item apart on its own: a node's op, attributes (not a random
     draw's stream position: layers' dropout masks tie), types, source line and part, an input's or output's type (and an input's name without list positions),
-    and the strategies and pin of either."""
+    and the strategies and pin of either. (A type enters as its shape and dtype, a source line
+    as its file and line: equal exactly when the type or the printed line is, and compared
+    without a call into Python.)"""
     strat = strategy_labels.get(id(it.strategies.as_tuple))
     if strat is None:  # items of repeated layers share their strategy tuples (the items hold them)
         strat = strategy_labels[id(it.strategies.as_tuple)] = intern(
@@ -77,15 +105,19 @@ def _item_label(it: Item, intern: _Interner, strategy_labels: dict, names: dict[
     if it.kind == "node":
         n = it.node
         assert n is not None  # a node item holds its node
-        skip = stream_position(n) if n.attrs else ()
+        attrs: tuple = ()
+        if n.attrs:
+            skip = stream_position(n)
+            attrs = tuple(sorted([(k, attr_key(v)) for k, v in n.attrs.items() if k not in skip]))
+        loc = n.loc
         return intern(
             (
                 "node",
                 n.op.name,
-                tuple(sorted((k, _attr_key(v)) for k, v in n.attrs.items() if k not in skip)),
-                tuple(v.type for v in n.inputs),
-                tuple(o.type for o in n.outputs),
-                str(n.loc),
+                attrs,
+                tuple(map(SHAPE_DTYPE, n.inputs)),
+                tuple(map(SHAPE_DTYPE, n.outputs)),
+                None if loc is None else (loc.file, loc.line),
                 n.part,
                 strat,
                 it.pinned,
@@ -94,7 +126,7 @@ def _item_label(it: Item, intern: _Interner, strategy_labels: dict, names: dict[
     v = it.value
     assert v is not None  # an input, output or fan-out item holds its value
     name = names[v.name or ""] if it.kind == "input" else ""
-    return intern((it.kind, v.type, name, strat, it.pinned))
+    return intern((it.kind, SHAPE_DTYPE(v), name, strat, it.pinned))
 
 
 def structure_classes(p: Problem, rounds: int = 3) -> list[int]:
@@ -108,9 +140,13 @@ def structure_classes(p: Problem, rounds: int = 3) -> list[int]:
     intern = _Interner()
     strategy_labels: dict = {}
     names = _layer_names(p)
-    label = np.array([_item_label(it, intern, strategy_labels, names) for it in p.items], dtype=np.int64)
-    edges = np.array([(e.src, e.src_out, e.dst, e.dst_in) for e in p.edges], dtype=np.int64).reshape(-1, 4)
-    src, src_out, dst, dst_in = edges.T
+    attr_key = _AttrKeys()
+    label = np.array([_item_label(it, intern, strategy_labels, names, attr_key) for it in p.items], dtype=np.int64)
+    edges = p.edges
+    src = np.array([e.src for e in edges], dtype=np.int64)
+    src_out = np.array([e.src_out for e in edges], dtype=np.int64)
+    dst = np.array([e.dst for e in edges], dtype=np.int64)
+    dst_in = np.array([e.dst_in for e in edges], dtype=np.int64)
     n = len(label)
     ins = _Side(dst, np.lexsort((src, src_out, dst_in, dst)), n)  # by operand position, as a sequence
     outs = _Side(src, np.lexsort((dst, dst_in, src_out, src)), n)  # sorted again each round: a multiset
@@ -189,18 +225,17 @@ def _single_groups(p: Problem) -> tuple[list[Group], list[int]]:
 def _tied_groups(p: Problem) -> tuple[list[Group], list[int]]:
     """One group per structure class (``structure_classes``), its members in item order and
     mapping the group's strategies to their own one to one."""
+    labels = structure_classes(p)
     classes: dict[int, list[int]] = {}
-    for i, lab in enumerate(structure_classes(p)):
+    for i, lab in enumerate(labels):
         classes.setdefault(lab, []).append(i)
+    number = {lab: g for g, lab in enumerate(classes)}  # groups in the order of their first items
     groups: list[Group] = []
-    of: list[int] = [-1] * len(p.items)
     for members in classes.values():
         k = len(p.items[members[0]].strategies)
-        for i in members:
-            of[i] = len(groups)
         same = np.arange(k)  # one map object for all members: objective_terms counts repeats by it
         groups.append(Group([(i, same) for i in members], k))
-    return groups, of
+    return groups, [number[lab] for lab in labels]
 
 
 def _merge_followers(p: Problem, groups: list[Group], of: list[int]) -> tuple[list[Group], list[int]]:

@@ -29,7 +29,9 @@ class Item:
     gradient: bool = False  # a fan-out of a gradient: its value lives in the fan-out's spec after it
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+# not frozen (hashable all the same): a frozen dataclass takes twice as long to make, and the
+# problem makes about two per edge of the graph (problem.py ``add_nodes``, ``add_fanouts``)
+@dataclass(slots=True, kw_only=True, unsafe_hash=True)
 class Edge:
     src: int  # item index
     src_out: int

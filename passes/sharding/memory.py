@@ -624,7 +624,7 @@ def view_roots(graph: Graph) -> dict[Value, Value]:
     roots: dict[Value, Value] = {}
     strided: set[Value] = set()  # views that are not C-contiguous
     for node in graph.nodes:
-        view = node.op.trait(ViewOf)
+        view = node.op.trait(ViewOf) if node.op.has(ViewOf) else None
         if view is None or node.regions or not node.inputs:
             continue
         x = node.inputs[view.operand]

@@ -27,6 +27,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import InitVar, dataclass, field
+from itertools import repeat
+from operator import attrgetter
 from typing import Any
 
 from graphc.core.collector import collector_paused
@@ -38,7 +40,7 @@ from graphc.core.traits import Constant, IndexedLookup, ShardingConstraint, stre
 from graphc.ops.dims import DimRule
 from graphc.passes.options import PlanOptions, Zero
 from graphc.passes.sharding.costs import CostModel
-from graphc.passes.sharding.fusion import fused_values, saved_bytes
+from graphc.passes.sharding.fusion import fused_bytes, fused_values, saved_bytes
 from graphc.passes.sharding.items import Edge, Item
 from graphc.passes.sharding.memory import MemoryModel, RematRanges
 from graphc.passes.sharding.redistribute import read_phase
@@ -211,10 +213,17 @@ def _bucket_share(b: _ProblemBuilder, bucket_bytes: int) -> int:
     if bucket_bytes <= 0:
         return 0
 
+    partial: dict[tuple[Strategies, int], bool] = {}  # (strategies, result) -> some strategy leaves it P
+
     def gradient(e: Edge) -> bool:
         src = b.items[e.src]
-        made_in_update = src.node is not None and src.node.part == "update"
-        return not made_in_update and any(P in st.out_specs[e.src_out] for st in src.strategies)
+        if src.node is not None and src.node.part == "update":  # made in the update
+            return False
+        key = (src.strategies, e.src_out)  # repeated layers' items share their strategies
+        got = partial.get(key)
+        if got is None:
+            got = partial[key] = any(P in st.out_specs[e.src_out] for st in src.strategies)
+        return got
 
     counted = {e.value: e.value.type.nbytes for e in b.edges if e.deferred and gradient(e)}
     # as their fan-outs counted them before ZeRO (an update op linear in a parameter may read it
@@ -231,9 +240,14 @@ def _node_rules(graph: Graph) -> tuple[dict[Node, DimRule | None], dict[Node, st
     shared: dict = {}  # equal ops on equal types (repeated layers) share one rule and its caches
     for node in graph.nodes:
         key = _rule_key(node)
-        if key is not None and key in shared:
-            rules[node] = shared[key]
-            continue
+        if key is not None:
+            try:
+                rule = shared.get(key, _UNKNOWN)
+            except TypeError:  # an attribute that does not hash
+                key, rule = None, _UNKNOWN
+            if rule is not _UNKNOWN:
+                rules[node] = rule
+                continue
         try:
             rules[node] = get_rule(node)
         except Exception as exc:
@@ -245,37 +259,42 @@ def _node_rules(graph: Graph) -> tuple[dict[Node, DimRule | None], dict[Node, st
     return rules, rule_errors
 
 
+_UNKNOWN: Any = object()  # not in a cache
+SHAPE_DTYPE = attrgetter("type.shape", "type.dtype")  # a value's type as a key: (shape, dtype)
+
+
 def _rule_key(node: Node):
     """What a node's dimension rule depends on (op, operand and result types, attributes), or
-    None when that is more (regions, constant operands) or is not hashable."""
+    None when that is more (regions, constant operands); the caller finds out whether it
+    hashes."""
     if node.regions or node.op.has(IndexedLookup):
         return None
-    try:
-        key = (
-            node.op.name,
-            tuple(v.type for v in node.inputs),
-            tuple(o.type for o in node.outputs),
-            tuple(sorted((k, type(v).__name__, v) for k, v in node.attrs.items())),
-        )
-        hash(key)
-    except TypeError:
-        return None
-    return key
+    attrs = node.attrs
+    return (  # a type as its shape and dtype: equal when the type is, hashed and compared without Python
+        node.op.name,
+        tuple(map(SHAPE_DTYPE, node.inputs)),
+        tuple(map(SHAPE_DTYPE, node.outputs)),
+        tuple(sorted([(k, type(v).__name__, v) for k, v in attrs.items()])) if attrs else (),
+    )
 
 
 def _program_order(items: list[Item]) -> list[int]:
     """Item indices in program order: the graph inputs, the nodes, then the graph outputs; a
     fan-out right after the item whose value it spreads (``Item.index`` of a fan-out)."""
     after: dict[int, list[int]] = {}
+    of_kind: dict[str, list[int]] = {"input": [], "node": [], "output": []}
     for i, it in enumerate(items):
         if it.kind == "fanout":
             after.setdefault(it.index, []).append(i)
+        elif it.kind in of_kind:
+            of_kind[it.kind].append(i)
     order: list[int] = []
     for kind in ("input", "node", "output"):
-        for i, it in enumerate(items):
-            if it.kind == kind:
-                order.append(i)
-                order += after.get(i, [])
+        for i in of_kind[kind]:
+            order.append(i)
+            spread = after.get(i)
+            if spread:
+                order += spread
     return order
 
 
@@ -300,7 +319,7 @@ class _ProblemBuilder:
     redo_later: bool = False  # a forward value's later readers redistribute it again (read_phase)
     # the specs of a graph input or output by what they depend on (``tensor_specs``): repeated layers'
     # parameters and their state have a few kinds
-    specs_of: dict[tuple, list[tuple]] = field(default_factory=dict)
+    specs_of: dict[tuple, tuple[tuple, ...]] = field(default_factory=dict)
 
     def op_overhead(self, node: Node) -> float:
         """``overhead_s`` for a node the device program runs as an op of its own: not a constant,
@@ -308,30 +327,31 @@ class _ProblemBuilder:
         of its consumer's op)."""
         if not self.overhead_s or node.op.has(Constant):
             return 0.0
-        if node.outputs and all(o in self.in_kernels for o in node.outputs):
+        outputs = node.outputs
+        if outputs and self.in_kernels.issuperset(outputs):
             return 0.0
         return self.overhead_s
 
-    def tensor_specs(self, v: Value, other: Value | None) -> list[tuple]:
-        """The specs of a graph input / output; a tied pair's block counts are merged, so both
-        get the same candidates."""
+    def tensor_specs(self, v: Value, other: Value | None) -> tuple[tuple, tuple[tuple, ...]]:
+        """The specs of a graph input / output, and what they depend on (a key: equal keys, equal
+        specs); a tied pair's block counts are merged, so both get the same candidates."""
         blocks = [set(s) for s in self.sets.get(v, [{1} for _ in v.type.shape])]
         if other is not None:
             for d, s in enumerate(self.sets.get(other, [])):
                 blocks[d] |= s
         roles = self.roles
         mesh_shape = tuple(self.mesh.shape)
-        allowed = tuple(roles.allows(a, v, d) for a in range(len(mesh_shape)) for d in range(v.type.ndim))
-        key = (v.type, tuple(frozenset(b) for b in blocks), allowed, v in roles.zero)
+        allowed = tuple([roles.allows(a, v, d) for a in range(len(mesh_shape)) for d in range(v.type.ndim)])
+        key = (v.type, tuple([frozenset(b) for b in blocks]), allowed, v in roles.zero)
         known = self.specs_of.get(key)
         if known is not None:
-            return list(known)
+            return key, known
         ndim = v.type.ndim
         specs = tensor_specs(v.type, mesh_shape, blocks, lambda a, d: allowed[a * ndim + d])
         if v in roles.zero:
             specs = [sp for (sp,) in lowest_zero_dims([(sp,) for sp in specs], self.zero_axes())]
-        self.specs_of[key] = specs
-        return list(specs)
+        known = self.specs_of[key] = tuple(specs)
+        return key, known
 
     def zero_axes(self) -> frozenset[int]:
         """The data axes along which ZeRO may split state (none unless it is on)."""
@@ -343,14 +363,18 @@ class _ProblemBuilder:
         """One item per graph input: a strategy per spec it may arrive in."""
         names: dict | None = None  # made for a pinned input's message only (a walk over the graph)
         made: dict[tuple, Strategies] = {}  # specs -> their strategies, each input a twin (shared specs)
+        by_key: dict[tuple, Strategies] = {}  # ``tensor_specs``' key -> made[its specs] (a key hashes faster)
         for k, v in enumerate(self.graph.inputs):
             other = self.graph.outputs[tied_in[k]] if k in tied_in else None
-            specs = tuple(self.tensor_specs(v, other))
-            proto = made.get(specs)
+            key, specs = self.tensor_specs(v, other)
+            proto = by_key.get(key)
             if proto is None:
-                proto = made[specs] = Strategies(
-                    Strategy(name=format_spec(s), in_specs=(), out_specs=(s,)) for s in specs
-                )
+                proto = made.get(specs)
+                if proto is None:
+                    proto = made[specs] = Strategies(
+                        Strategy(name=format_spec(s), in_specs=(), out_specs=(s,)) for s in specs
+                    )
+                by_key[key] = proto
             strategies = proto.twin()
             item = Item(kind="input", index=k, strategies=strategies, value=v)
             if k in in_pins:
@@ -365,18 +389,26 @@ class _ProblemBuilder:
         mesh_shape = tuple(self.mesh.shape)
         strategy_cache: dict = {}
         partial_cache: dict[int, tuple] = {}  # id(strategies) -> (them, per result the sets of axes left P)
-        fused_cache: dict = {}  # (key, bytes fusion saves) -> the strategies at the fused time
+        fused_cache: dict = {}  # (key's strategies, bytes fusion saves) -> the strategies at the fused time
         partial: dict[Value, frozenset] = {}  # value -> the sets of axes its producer may leave P
         zero_axes = self.zero_axes()
         numbering = _ValueKeys(self.sets, self.roles)
         value_keys = (numbering.for_update(False), numbering.for_update(True))
+        arrays = ArrayTokens()
+        update = self.roles.update
+        producer, items, edges = self.producer, self.items, self.edges
+        fused = fused_bytes(self.fused)  # each value's bytes once, not per use
+        phases: dict[str | None, dict[str | None, str]] = {}  # reader's part -> value's part -> read_phase
+        redo_later, none = self.redo_later, frozenset[frozenset[int]]()
         for n_i, node in enumerate(self.graph.nodes):
             rule = rules[node]
-            arriving = tuple(partial.get(v, frozenset()) for v in node.inputs)
-            if zero_axes and node in self.roles.update:  # ZeRO reduces a gradient before the update
+            in_update = node in update
+            inputs = node.inputs
+            arriving = tuple(map(partial.get, inputs, repeat(none)))
+            if zero_axes and in_update:  # ZeRO reduces a gradient before the update
                 arriving = tuple(frozenset(s for s in sets if not s & zero_axes) for sets in arriving)
             overhead = self.op_overhead(node)
-            key = _node_key(node, value_keys[node in self.roles.update])
+            key = _node_key(node, value_keys[in_update], arrays)
             key = None if key is None else (key, arriving, overhead)
             strategies = strategy_cache.get(key) if key is not None else None
             if strategies is None:
@@ -390,15 +422,16 @@ class _ProblemBuilder:
                     arriving if linear_partials else None,
                     overhead,
                 )
-                if zero_axes and node in self.roles.update:
+                if zero_axes and in_update:
                     keep = set(lowest_zero_dims([s.in_specs + s.out_specs for s in found], zero_axes))
                     found = [s for s in found if s.in_specs + s.out_specs in keep]
                 strategies = Strategies(found)
                 if key is not None:
                     strategy_cache[key] = strategies
-            for o, sets_o in zip(node.outputs, _left_partial(strategies, len(node.outputs), partial_cache)):
+            outputs = node.outputs
+            for o, sets_o in zip(outputs, _left_partial(strategies, len(outputs), partial_cache)):
                 partial[o] = sets_o
-            saved = saved_bytes(node, self.fused)
+            saved = saved_bytes(node, fused) if fused else 0
             if saved:  # the device's compiler keeps some operands or results out of memory (sharding/fusion.py)
                 strategies = self._fused(node, strategies, saved, overhead, key, fused_cache)
             item = Item(kind="node", index=n_i, strategies=strategies, node=node)  # strategies shared with equal nodes
@@ -410,29 +443,35 @@ class _ProblemBuilder:
                 self.warnings.append(f"{node.loc or '?'}: {item.warning}")
             if node.op.has(ShardingConstraint):
                 _pin(item, node.attrs["spec"], f"graphc.shard at {node.loc or '?'}", PlanError, node=True)
-            idx = len(self.items)
-            self.items.append(item)
-            for j, v in enumerate(node.inputs):
-                src, out = self.producer[v]
-                phase = read_phase(v.producer.part if v.producer is not None else None, node.part, self.redo_later)
-                deferred = node.part == "update"
-                self.edges.append(
-                    Edge(src=src, src_out=out, dst=idx, dst_in=j, value=v, deferred=deferred, phase=phase)
-                )
-            for o in node.outputs:
-                self.producer[o] = (idx, o.index)
+            idx = len(items)
+            items.append(item)
+            part = node.part
+            deferred = part == "update"
+            phase_of = phases.get(part)
+            if phase_of is None:
+                phase_of = phases[part] = {}
+            for j, v in enumerate(inputs):
+                src, out = producer[v]
+                made_by = v.producer.part if v.producer is not None else None
+                phase = phase_of.get(made_by)
+                if phase is None:
+                    phase = phase_of[made_by] = read_phase(made_by, part, redo_later)
+                edges.append(Edge(src=src, src_out=out, dst=idx, dst_in=j, value=v, deferred=deferred, phase=phase))
+            for o in outputs:
+                producer[o] = (idx, o.index)
 
     def _fused(self, node: Node, strategies: Strategies, saved: int, overhead: float, key, cache: dict) -> Strategies:
         """``strategies`` at the time of the fused kernel, which keeps ``saved`` bytes out of memory.
         The times are made once per (node key, saved): equal keys are equal ops, attributes and
         types, so equal times. Each node still gets a Strategies object of its own (a twin), as
-        before the times were shared: the ILP's tables, and so its tie-breaking, stay as they were."""
-        fused = cache.get((key, saved)) if key is not None else None
+        before the times were shared: the ILP's tables, and so its tie-breaking, stay as they were.
+        (``cache`` is keyed by the key's strategies object, one per key: a key hashes slower.)"""
+        fused = cache.get((strategies, saved)) if key is not None else None
         if fused is None:
             fused_s = full_time(node, self.mesh.profile, saved, devices=self.mesh.size)
             fused = Strategies(dataclasses.replace(s, compute_s=fused_s / s.divided + overhead) for s in strategies)
             if key is not None:
-                cache[(key, saved)] = fused
+                cache[(strategies, saved)] = fused
         return fused.twin()
 
     def add_fanouts(self) -> None:
@@ -449,17 +488,26 @@ class _ProblemBuilder:
         (``gathers``)."""
         reads: dict[tuple[int, int, str], list[Edge]] = {}
         for e in self.edges:
-            reads.setdefault((e.src, e.src_out, e.phase), []).append(e)
+            at = (e.src, e.src_out, e.phase)
+            group = reads.get(at)
+            if group is None:
+                reads[at] = [e]
+            else:
+                group.append(e)
         zero = self.roles.zero  # ZeRO: gradients get a fan-out, state inputs none (module doc)
+        items = self.items
         edges: list[Edge] = []
         made: dict[tuple, Strategies] = {}  # one strategy list per distinct spec set (shared)
-        spread: dict[tuple, tuple] = {}  # the DistinctSpecs of a value's producer and readers -> its spec set
+        spread: dict[tuple, Strategies] = {}  # the DistinctSpecs of a value's producer and readers -> made[spec set]
 
         for (src, out, phase), group in reads.items():
+            if not zero and len(group) < 2:  # one reader, no ZeRO: no fan-out
+                edges += group
+                continue
             v = group[0].value
-            state_input = bool(zero) and self.items[src].kind == "input" and v in zero
+            state_input = bool(zero) and items[src].kind == "input" and v in zero
             if state_input:
-                readers = [e.dst for e in group if self.items[e.dst].kind == "node" and not self._in_update(e)]
+                readers = [e.dst for e in group if items[e.dst].kind == "node" and not self._in_update(e)]
                 self.gathers += [(src, r) for r in dict.fromkeys(readers)]  # one copy per reader
                 if len(group) > 1 and any(e.deferred for e in group):  # a parameter the update reads
                     self.fanless_state[v] = v.type.nbytes
@@ -468,28 +516,28 @@ class _ProblemBuilder:
                 edges += group
                 continue
             ends = (
-                self.items[src].strategies.specs("out", out),
-                *(self.items[e.dst].strategies.specs("in", e.dst_in) for e in group),
+                items[src].strategies.specs("out", out),
+                *[items[e.dst].strategies.specs("in", e.dst_in) for e in group],
             )
-            key = spread.get(ends)
-            if key is None:  # the specs of both ends in first-seen order, once per (shared) ends
+            strategies = spread.get(ends)  # (DistinctSpecs hash by identity: fast, where specs do not)
+            if strategies is None:  # the specs of both ends in first-seen order, once per (shared) ends
                 specs: dict[tuple, None] = dict.fromkeys(ends[0].specs)
                 for ds in ends[1:]:
                     specs.update(dict.fromkeys(ds.specs))
-                key = spread[ends] = tuple(specs)
-            strategies = made.get(key)
-            if strategies is None:
-                strategies = made[key] = Strategies(
-                    Strategy(name=format_spec(sp), in_specs=(sp,), out_specs=(sp,)) for sp in key
-                )
+                key = tuple(specs)
+                strategies = made.get(key)
+                if strategies is None:
+                    strategies = made[key] = Strategies(
+                        Strategy(name=format_spec(sp), in_specs=(sp,), out_specs=(sp,)) for sp in key
+                    )
+                spread[ends] = strategies
             f = len(self.items)
             self.items.append(Item(kind="fanout", index=src, strategies=strategies, value=v, gradient=grad))
             deferred = all(e.deferred for e in group)
             edges.append(Edge(src=src, src_out=out, dst=f, dst_in=0, value=v, deferred=deferred, phase=phase))
-            edges += [
-                Edge(src=f, src_out=0, dst=e.dst, dst_in=e.dst_in, value=v, deferred=e.deferred, phase=phase)
-                for e in group
-            ]
+            for e in group:  # the readers read the fan-out (the builder's own edges: changed, not made again)
+                e.src, e.src_out = f, 0
+            edges += group
         self.edges = edges
 
     def _in_update(self, e: Edge) -> bool:
@@ -510,14 +558,18 @@ class _ProblemBuilder:
         from its producer. The edge is never deferred: a returned value's all-reduce (the loss)
         runs alone, never in a gradient bucket (passes/bucket.py), so it is priced alone."""
         made: dict[tuple, Strategies] = {}  # specs -> their strategies, each output a twin (shared specs)
+        by_key: dict[tuple, Strategies] = {}  # ``tensor_specs``' key -> made[its specs] (a key hashes faster)
         for k, v in enumerate(self.graph.outputs):
             other = self.graph.inputs[tied_out[k]] if k in tied_out else None
-            specs = tuple(self.tensor_specs(v, other))
-            proto = made.get(specs)
+            key, specs = self.tensor_specs(v, other)
+            proto = by_key.get(key)
             if proto is None:
-                proto = made[specs] = Strategies(
-                    Strategy(name=format_spec(s), in_specs=(s,), out_specs=()) for s in specs
-                )
+                proto = made.get(specs)
+                if proto is None:
+                    proto = made[specs] = Strategies(
+                        Strategy(name=format_spec(s), in_specs=(s,), out_specs=()) for s in specs
+                    )
+                by_key[key] = proto
             strategies = proto.twin()
             item = Item(kind="output", index=k, strategies=strategies, value=v)
             if k in out_pins:
@@ -541,34 +593,52 @@ def _left_partial(strategies: Strategies, n_out: int, cache: dict[int, tuple]) -
     return got[1]
 
 
-def _node_key(node, value_key):
+def _node_key(node, value_keys, arrays: ArrayTokens):
     """Nodes with equal keys have equal strategies (repeated layers): op, attributes (but those
-    that only place a random draw in its stream), and per operand and result what
-    ``value_key(v, update)`` numbers: its type, the block counts it may carry and the kinds of
-    its dims (batch, sequence; ``AxisRoles.key``)."""
+    that only place a random draw in its stream; an array by ``arrays``), and per operand and
+    result what ``value_keys(node)`` numbers: its type, the block counts it may carry and the
+    kinds of its dims (batch, sequence; ``AxisRoles.value_key``)."""
     if node.regions:
         return None
-    skip = stream_position(node)
-    try:
-        attrs = tuple(
-            sorted(
-                (k, v if not hasattr(v, "tobytes") else (v.shape, v.dtype.str, v.tobytes()))
-                for k, v in node.attrs.items()
-                if k not in skip
+    attrs: tuple = ()
+    if node.attrs:
+        skip = stream_position(node)
+        try:
+            attrs = tuple(
+                sorted(
+                    [(k, v if not hasattr(v, "tobytes") else arrays(v)) for k, v in node.attrs.items() if k not in skip]
+                )
             )
-        )
-        hash(attrs)
-    except TypeError:
-        return None
-    values = (*node.inputs, *node.outputs)
-    return (node.op.name, attrs, len(node.inputs), tuple(value_key(v) for v in values))
+            hash(attrs)
+        except TypeError:
+            return None
+    return (node.op.name, attrs, len(node.inputs), value_keys(node))
+
+
+class ArrayTokens:
+    """Arrays (and numpy scalars) as small hashable tokens, (shape, dtype, number): equal when
+    their shapes, dtypes and bytes are. An array's bytes are compared only with those of the
+    arrays of its shape and dtype seen before (a causal mask of 8 MB is neither copied nor
+    hashed when no other array has its shape)."""
+
+    def __init__(self) -> None:
+        self.seen: dict[tuple, list] = {}
+
+    def __call__(self, a) -> tuple:
+        kind = (a.shape, a.dtype.str)
+        seen = self.seen.setdefault(kind, [])
+        for k, b in enumerate(seen):
+            if b is a or a.tobytes() == b.tobytes():
+                return (*kind, k)
+        seen.append(a)
+        return (*kind, len(seen) - 1)
 
 
 class _ValueKeys:
     """``_node_key``'s per-value part, numbered: values of one type, block counts and dim kinds
     get one number (made once per value; a node key is then a short tuple of integers, cheap to
-    hash however often repeated layers look it up). ``for_update(u)``: the numbering of an update
-    node's operands (``u``) or another node's, both from one count."""
+    hash however often repeated layers look it up). ``for_update(u)``: the numbers of an update
+    node's operands and results (``u``) or another node's, both from one count."""
 
     def __init__(self, sets: dict[Value, list[set[int]]], roles: AxisRoles) -> None:
         self.sets, self.roles = sets, roles
@@ -579,14 +649,21 @@ class _ValueKeys:
         of, sets, roles, numbers = self.of[update], self.sets, self.roles, self.numbers
 
         def number(v: Value) -> int:
-            got = of.get(v)
-            if got is None:
-                blocks = tuple(frozenset(x) for x in sets.get(v, ()))
-                key = (v.type, blocks, roles.key((v,), update))
-                got = of[v] = numbers.setdefault(key, len(numbers))
+            t = v.type  # as its shape and dtype: equal when the type is, hashed and compared without Python
+            blocks = sets.get(v)
+            key = (t.shape, t.dtype, tuple(map(frozenset, blocks)) if blocks else (), roles.value_key(v, update))
+            got = of[v] = numbers.setdefault(key, len(numbers))
             return got
 
-        return number
+        def node_numbers(node: Node) -> tuple[int, ...]:
+            """The numbers of the node's operands, then of its results (new values: numbered here)."""
+            get = of.get
+            ins: list[int | None] = list(map(get, node.inputs))
+            out: list = [number(v) if k is None else k for v, k in zip(node.inputs, ins)] if None in ins else ins
+            out.extend(map(number, node.outputs))
+            return tuple(out)
+
+        return node_numbers
 
 
 def _pin(item: Item, spec, what: str, error, node: bool = False) -> None:

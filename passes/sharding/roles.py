@@ -40,6 +40,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from graphc.core.ir import Graph, Node, Value
 from graphc.core.mesh import Mesh
 from graphc.core.profile import INTER_NODE_ROLES
@@ -112,10 +114,12 @@ class AxisRoles:
     update: frozenset[Node] = frozenset()  # the update's nodes (``update_nodes``), with ZeRO
     warnings: list[str] = field(default_factory=list)
     _kinds: dict[Value, tuple[int, ...]] = field(default_factory=dict, repr=False)
+    restricted: bool = field(init=False, repr=False, compare=False)  # some axis splits only some kinds of dims
+    # every slot's kind (``_kinds_of_slots``), made once
+    _slot_kinds: list[int] | None = field(default=None, init=False, repr=False, compare=False)
 
-    @property
-    def restricted(self) -> bool:
-        return any(r in RESTRICTED for r in self.roles)
+    def __post_init__(self) -> None:
+        self.restricted = any(r in RESTRICTED for r in self.roles)
 
     def kinds(self, v: Value) -> tuple[int, ...]:
         """Per dim of ``v``: BATCH | SEQ bits (0 for a dim of neither kind)."""
@@ -125,12 +129,26 @@ class AxisRoles:
             if first is None:  # no rule labels a dim of it: each dim is a class of its own
                 hit = self._kinds[v] = (0,) * v.type.ndim
                 return hit
-            out = []
-            for d in range(v.type.ndim):
-                root = self.classes.find(first + d)
-                out.append((BATCH if root in self.batch else 0) | (SEQ if root in self.seq else 0))
-            hit = self._kinds[v] = tuple(out)
+            if self._slot_kinds is None:
+                self._slot_kinds = self._kinds_of_slots()
+            hit = self._kinds[v] = tuple(self._slot_kinds[first : first + v.type.ndim])
         return hit
+
+    def _kinds_of_slots(self) -> list[int]:
+        """Every dim's kind by its slot (``_DimClasses.slot``): all roots found at once, by
+        pointer jumping over the parent array (the classes are complete once the roles are made)."""
+        parent = np.asarray(self.classes.parent, dtype=np.int64)
+        while len(parent):
+            grand = parent[parent]
+            if np.array_equal(grand, parent):
+                break
+            parent = grand
+        kinds = np.zeros(len(parent), dtype=np.int64)
+        if self.batch:
+            kinds[np.isin(parent, np.fromiter(self.batch, dtype=np.int64))] |= BATCH
+        if self.seq:
+            kinds[np.isin(parent, np.fromiter(self.seq, dtype=np.int64))] |= SEQ
+        return kinds.tolist()
 
     def allows(self, axis: int, v: Value, d: int, zero: bool = True) -> bool:
         """``zero``: the ZeRO values may be split anywhere along a data axis (an input's or an
@@ -142,14 +160,15 @@ class AxisRoles:
             return True
         return v not in self.state and bool(self.kinds(v)[d] & need)
 
-    def key(self, values, zero: bool = False) -> tuple:
-        """What the strategies of a node with these operands and results depend on (``zero``: an
-        update node, ZeRO on)."""
+    def value_key(self, v: Value, zero: bool = False):
+        """What the strategies of a node depend on of its operand or result ``v`` (``zero``: an
+        update node, ZeRO on): its dims' kinds (and whether ZeRO may split it), or () when no
+        axis is restricted."""
         if not self.restricted:
             return ()
         if zero:
-            return tuple((self.kinds(v), v in self.zero) for v in values)
-        return tuple(self.kinds(v) for v in values)
+            return (self.kinds(v), v in self.zero)
+        return self.kinds(v)
 
 
 def free_roles(mesh: Mesh) -> tuple[str, ...]:
@@ -170,11 +189,7 @@ def axis_roles(
     roles = free_roles(mesh) if free_axes else tuple(mesh.roles[name] for name in mesh.axis_names)
     classes = _DimClasses()
     labelled: set[int] = set()
-    by_rule: dict[int, tuple] = {}
-    for node in graph.nodes:
-        rule = rules.get(node)
-        if rule is not None:
-            _unite(classes, labelled, node, rule, by_rule)
+    _unite(classes, labelled, graph.nodes, rules)
     state_pos = state_inputs(graph, ties)
     state = {graph.inputs[i] for i in state_pos} | {graph.outputs[o] for i, o in ties}
     batch: set = set()
@@ -208,53 +223,82 @@ def update_nodes(graph: Graph) -> frozenset[Node]:
     update = {node for node in graph.nodes if node.part == "update"}
     if not update:
         return frozenset()
-    readers: dict[Value, list[Node]] = {}
+    read: set[Value] = set()  # values some node reads
+    others: dict[Value, int] = {}  # value -> how many of its reads are by nodes not (yet) in the update
     for node in graph.nodes:
-        for v in node.inputs:
-            readers.setdefault(v, []).append(node)
+        read.update(node.inputs)
+        if node not in update:
+            for v in node.inputs:
+                others[v] = others.get(v, 0) + 1
     outputs = set(graph.outputs)
-    for node in reversed(graph.nodes):
+    for node in reversed(graph.nodes):  # readers before the nodes whose results they read
         if node in update or node.part == "backward" or not node.outputs or node.regions:
             continue
-        if all(o not in outputs and readers.get(o) and all(r in update for r in readers[o]) for o in node.outputs):
+        if all(o not in outputs and o in read and not others.get(o) for o in node.outputs):
             update.add(node)
+            for v in node.inputs:
+                others[v] -= 1
     return frozenset(update)
 
 
-def _unite(classes: _DimClasses, labelled: set[int], node: Node, rule: DimRule, cache: dict[int, tuple]) -> None:
-    """Put the dims that carry one label of ``rule`` as their primary label in one class; every
-    dim with a splittable label, alternatives included, is ``labelled``. An alternative label
-    relates dims without making them one (a reshape's ``[b*s] -> [b, s]`` can cut the merged dim
-    by s with b blocks, but s is not the batch dim), so it unites nothing. Which dims those are is
-    read from ``rule`` once (``_rule_places``; equal nodes share a rule)."""
-    places, pairs = _rule_places(rule, cache)
-    slot = classes.slot
-    ins, outs = node.inputs, node.outputs
-    for side, i, d in places:
-        labelled.add(slot(ins[i] if side == "in" else outs[i], d))
-    for (s1, i1, d1), (s2, i2, d2) in pairs:
-        classes.union(slot(ins[i1] if s1 == "in" else outs[i1], d1), slot(ins[i2] if s2 == "in" else outs[i2], d2))
+def _unite(classes: _DimClasses, labelled: set[int], nodes: list[Node], rules: dict[Node, DimRule | None]) -> None:
+    """For each node with a rule: put the dims that carry one label of the rule as their primary
+    label in one class; every dim with a splittable label, alternatives included, is
+    ``labelled``. An alternative label relates dims without making them one (a reshape's
+    ``[b*s] -> [b, s]`` can cut the merged dim by s with b blocks, but s is not the batch dim), so
+    it unites nothing. Which dims those are is read from each rule once (``_rule_places``; equal
+    nodes share a rule)."""
+    cache: dict[int, tuple] = {}
+    slot, first, label = classes.slot, classes.first, labelled.add
+    find, parent = classes.find, classes.parent
+    for node in nodes:
+        rule = rules.get(node)
+        if rule is None:
+            continue
+        known = cache.get(id(rule))
+        if known is None or known[0] is not rule:
+            known = cache[id(rule)] = (rule, *_rule_places(rule))
+        _rule, operands, pairs = known
+        ins, outs = node.inputs, node.outputs
+        bases = []  # each operand's or result's slot of dim 0, given in the order of the places
+        for is_in, i, dims in operands:
+            v = ins[i] if is_in else outs[i]
+            b = first.get(v)
+            if b is None:
+                b = slot(v, 0)
+            bases.append(b)
+            for d in dims:
+                label(b + d)
+        for k1, d1, k2, d2 in pairs:  # ``classes.union``, inlined: a pair per label and node
+            a, b = bases[k1] + d1, bases[k2] + d2
+            ra = a if parent[a] == a else find(a)
+            rb = b if parent[b] == b else find(b)
+            if ra != rb:  # the later place (mostly a new result's dim, a root) joins the first's class
+                parent[rb] = ra
 
 
-def _rule_places(rule: DimRule, cache: dict[int, tuple]) -> tuple[list, list]:
-    """The (side, index, dim)s of ``rule``'s splittable labels, and the pairs of them ``_unite``
-    puts in one class (a label's first primary place with each of its others); made once per rule
-    object and kept in ``cache``."""
-    known = cache.get(id(rule))
-    if known is None or known[0] is not rule:
-        ok = set(rule.labels())
-        places = [(side, i, d) for side, i, d, label, _f in rule.occurrences() if label in ok]
-        first: dict[str, tuple[str, int, int]] = {}
-        pairs = []
-        for side, i, d, label, _f in rule.occurrences(primary_only=True):
-            if label not in ok:
-                continue
-            if label in first:
-                pairs.append((first[label], (side, i, d)))
-            else:
-                first[label] = (side, i, d)
-        known = cache[id(rule)] = (rule, places, pairs)
-    return known[1], known[2]
+def _rule_places(rule: DimRule) -> tuple[list, list]:
+    """The operands and results of ``rule``'s splittable labels in first-seen order (is an operand,
+    index, the dims of its labels), and the pairs of dims ``_unite`` puts in one class (a label's
+    first primary place with each of its others: (operand's position in that list, dim) twice)."""
+    ok = set(rule.labels())
+    dims_of: dict[tuple[str, int], list[int]] = {}
+    for side, i, d, label, _f in rule.occurrences():
+        if label in ok:
+            dims_of.setdefault((side, i), []).append(d)
+    position = {place: k for k, place in enumerate(dims_of)}
+    operands = [(side == "in", i, tuple(dims)) for (side, i), dims in dims_of.items()]
+    first: dict[str, tuple[int, int]] = {}
+    pairs = []
+    for side, i, d, label, _f in rule.occurrences(primary_only=True):
+        if label not in ok:
+            continue
+        at = (position[(side, i)], d)
+        if label in first:
+            pairs.append((*first[label], *at))
+        else:
+            first[label] = at
+    return operands, pairs
 
 
 def _beyond_a_node(mesh: Mesh) -> list[str]:

@@ -81,7 +81,9 @@ class Strategies:
         once for both) but not the compute-time array: an item whose strategies equal another's
         but must stay an object of its own (the ILP tells its terms apart by object,
         passes/sharding/ilp.py ``_edge_terms``)."""
-        other = Strategies(self._all)
+        other = Strategies.__new__(Strategies)  # made per node of repeated layers: no __init__ to undo
+        other._all = self._all
+        other._compute = None
         other._specs = self._specs
         if self._times is None:
             self._times = [] if self._compute is None else [self._compute]
@@ -220,7 +222,10 @@ def block_sets(graph: Graph, rules: dict) -> dict[Value, list[set[int]]]:
     """For every value, per dim, the block counts a split of it may carry: 1, and what labels
     with block factors (a fused QKV reshape) carry to the dims they share, to a fixpoint. A
     worklist visits only the labels whose dims changed (the 48-layer LLaMA has 16k nodes, and
-    all but a few hundred of their labels only ever carry 1)."""
+    all but a few hundred of their labels only ever carry 1): a label of a node is a *group*
+    (the node's position, the label's), whose places are found when it is visited, and the
+    groups a changed dim is in are found through the nodes that read or make its value. Only
+    the values of visited groups get an entry."""
     sets: dict[Value, list[set[int]]] = {}
 
     def get(v: Value) -> list[set[int]]:
@@ -228,27 +233,17 @@ def block_sets(graph: Graph, rules: dict) -> dict[Value, list[set[int]]]:
             sets[v] = [{1} for _ in v.type.shape]
         return sets[v]
 
-    groups: list[list[tuple[Value, int, int]]] = []  # per (node, label): its (value, dim, factor)s
-    at: dict[tuple[Value, int], list[int]] = {}  # (value, dim) -> the groups it is in
-    work: list[int] = []
-    by_label: dict[int, tuple] = {}  # id(rule) -> (rule, per label: its (side, index, dim, factor)s, any factor > 1)
-    for node in walk(graph.nodes):
-        rule = rules.get(node)
-        if rule is None:
-            continue
-        for labelled, factored in _label_groups(rule, by_label):
-            g = len(groups)
-            places = [(node.inputs[i] if side == "in" else node.outputs[i], d, f) for side, i, d, f in labelled]
-            groups.append(places)
-            for v, d, _f in places:
-                at.setdefault((v, d), []).append(g)
-            if factored:
-                work.append(g)
+    nodes, touching, work = _label_index(graph, rules)
+
+    def places_of(g: tuple[int, int]) -> list[tuple[Value, int, int]]:
+        node, labels = nodes[g[0]]
+        return [(node.inputs[i] if side == "in" else node.outputs[i], d, f) for side, i, d, f in labels[g[1]]]
+
     queued = set(work)
     while work:
         g = work.pop()
         queued.discard(g)
-        places = groups[g]
+        places = places_of(g)
         base = set()
         for v, d, f in places:
             base |= {b // f for b in get(v)[d] if b % f == 0}
@@ -257,23 +252,63 @@ def block_sets(graph: Graph, rules: dict) -> dict[Value, list[set[int]]]:
             new = {b * f for b in base if b * f <= MAX_BLOCKS and size % (b * f) == 0}
             if not new <= get(v)[d]:
                 get(v)[d] |= new
-                for h in at[(v, d)]:
+                for h in _groups_at(nodes, touching[v], v, d):
                     if h != g and h not in queued:
                         queued.add(h)
                         work.append(h)
     return sets
 
 
-def _label_groups(rule, cache: dict[int, tuple]) -> list[tuple[list[tuple[str, int, int, int]], bool]]:
-    """Per label of ``rule``: its (side, index, dim, factor)s, and whether a factor is over 1;
-    made once per rule object (equal nodes share theirs) and kept in ``cache``."""
+def _label_index(graph: Graph, rules: dict) -> tuple[list[tuple], dict[Value, list[int]], list[tuple[int, int]]]:
+    """``block_sets``' index: the nodes with a rule (each with, per label of its rule, its (side,
+    index, dim, factor)s), the positions of the nodes reading or making each value, and the
+    groups (node position, label position) of the labels with a factor over 1."""
+    nodes: list[tuple] = []
+    touching: dict[Value, list[int]] = {}
+    work: list[tuple[int, int]] = []
+    by_label: dict[int, tuple] = {}  # id(rule) -> (rule, its labels' places, the labels with a factor > 1)
+    for node in walk(graph.nodes):
+        rule = rules.get(node)
+        if rule is None:
+            continue
+        labels, factored = _label_groups(rule, by_label)
+        k = len(nodes)
+        nodes.append((node, labels))
+        for v in (*node.inputs, *node.outputs):
+            at = touching.get(v)
+            if at is None:
+                touching[v] = [k]
+            elif at[-1] != k:  # a node reading a value twice is listed once
+                at.append(k)
+        if factored:
+            work += [(k, j) for j in factored]
+    return nodes, touching, work
+
+
+def _groups_at(nodes: list[tuple], at: list[int], v: Value, d: int) -> list[tuple[int, int]]:
+    """The groups (node position, label position) with dim ``d`` of ``v`` among their places, of
+    the nodes at positions ``at``, in order."""
+    found = []
+    for k in at:
+        node, labels = nodes[k]
+        for j, places in enumerate(labels):
+            if any(e == d and (node.inputs[i] if side == "in" else node.outputs[i]) is v for side, i, e, _f in places):
+                found.append((k, j))
+    return found
+
+
+def _label_groups(rule, cache: dict[int, tuple]) -> tuple[list[list[tuple[str, int, int, int]]], list[int]]:
+    """Per label of ``rule``: its (side, index, dim, factor)s; and the positions of the labels
+    with a factor over 1; made once per rule object (equal nodes share theirs) and kept in ``cache``."""
     known = cache.get(id(rule))
     if known is None or known[0] is not rule:
         occ: dict[str, list[tuple[str, int, int, int]]] = {}
         for side, i, d, label, f in rule.occurrences():
             occ.setdefault(label, []).append((side, i, d, f))
-        known = cache[id(rule)] = (rule, [(o, any(f > 1 for *_x, f in o)) for o in occ.values()])
-    return known[1]
+        labels = list(occ.values())
+        factored = [j for j, o in enumerate(labels) if any(f > 1 for *_x, f in o)]
+        known = cache[id(rule)] = (rule, labels, factored)
+    return known[1], known[2]
 
 
 def tensor_specs(

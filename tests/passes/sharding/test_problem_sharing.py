@@ -72,7 +72,7 @@ def _strategies(items):
 def test_nodes_sharing_strategies_get_what_each_gets_alone(name, monkeypatch):
     graph, mesh, options = _graph(name)
     shared = build_problem(graph, mesh, options, ties=state_ties(graph))
-    monkeypatch.setattr(problem_mod, "_node_key", lambda node, value_key: None)  # every node on its own
+    monkeypatch.setattr(problem_mod, "_node_key", lambda node, value_keys, arrays: None)  # every node on its own
     alone = build_problem(graph, mesh, options, ties=state_ties(graph))
     assert len({id(it.strategies) for it in shared.items if it.kind == "node"}) < len(shared.items) / 2
     assert _strategies(shared.items) == _strategies(alone.items)
