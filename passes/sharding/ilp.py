@@ -79,14 +79,21 @@ def objective_terms(p: Problem, groups: list[Group], of: list[int]):
 
     Repeated layers make most terms repeats: the items of a tied group share one strategy map,
     and their edges share cost tables (``CostModel.edge_table``), so equal terms are
-    counted first and each distinct one is indexed and added once, times its count."""
+    counted first and each distinct one is indexed and added once, times its count. The sums are
+    taken in one pass over all terms (``_ordered_sums``), each entry's in the terms' order, as
+    adding them one by one would."""
     maps = {}
     for g in groups:
         for i, m in g.members:
             maps[i] = m
     vec = _compute_vectors(p, groups, of, maps)
-    pair: dict[tuple[int, int], np.ndarray] = {}
     cut: dict[tuple[int, int, int], np.ndarray | None] = {}  # (table, rows, cols) -> the part, None if all 0
+    flat: dict[tuple[int, int, int, bool], np.ndarray] = {}  # the same, transposed or not -> its entries in a row
+    slot: dict[tuple[int, int], int] = {}  # group pair -> its number, in first-seen order
+    shapes: list[tuple[int, int]] = []
+    parts: list[np.ndarray] = []  # per term: its part's entries, in its pair's orientation
+    counts: list[int] = []
+    at: list[int] = []  # per term: its pair's number
     for (gu, gv), small, rows, cols, n in _edge_terms(p, of, maps):
         if gu == gv:
             vec[gu] += n * small[rows, cols]
@@ -99,10 +106,20 @@ def objective_terms(p: Problem, groups: list[Group], of: list[int]):
             sub = cut[part] = sub if sub.any() else None
         if sub is None:
             continue
-        m = sub * n
-        if gu > gv:
-            gu, gv, m = gv, gu, m.T
-        pair[(gu, gv)] = pair[(gu, gv)] + m if (gu, gv) in pair else m
+        flip = gu > gv
+        if flip:
+            gu, gv = gv, gu
+        k = slot.get((gu, gv))
+        if k is None:
+            k = slot[(gu, gv)] = len(shapes)
+            shapes.append((len(cols), len(rows)) if flip else sub.shape)
+        seq = flat.get((*part, flip))
+        if seq is None:
+            seq = flat[(*part, flip)] = (sub.T if flip else sub).ravel()
+        parts.append(seq)
+        counts.append(n)
+        at.append(k)
+    pair = _ordered_sums(slot, shapes, parts, counts, at)
     # fold edges with a single-strategy side into the other side's vector
     for gu, gv in list(pair):
         m = pair[(gu, gv)]
@@ -115,17 +132,62 @@ def objective_terms(p: Problem, groups: list[Group], of: list[int]):
     return vec, pair, maps
 
 
+def _starts(lengths: np.ndarray) -> np.ndarray:
+    """Per entry of segments of these lengths laid end to end, its position in its segment."""
+    return np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+
+
+def _ordered_sums(slot: dict, shapes: list[tuple[int, int]], parts: list, counts: list[int], at: list[int]) -> dict:
+    """{group pair: matrix} of the terms ``counts[t] * parts[t]`` (a pair matrix's entries in a row)
+    of pair number ``at[t]``: per pair its first term, plus each later one in order (``np.add.at``
+    adds an entry's terms one by one, in the order given: the same sums, to the bit, as
+    ``m = m + term`` term by term)."""
+    if not parts:
+        return {}
+    sizes = np.array([r * c for r, c in shapes], dtype=np.int64)
+    offset = np.cumsum(sizes) - sizes
+    where = np.asarray(at, dtype=np.int64)
+    lengths = sizes[where]
+    dst = np.repeat(offset[where], lengths) + _starts(lengths)
+    val = np.concatenate(parts) * np.repeat(np.asarray(counts, dtype=np.float64), lengths)
+    first = np.zeros(len(where), dtype=bool)  # each pair's first term is its matrix, the later ones are added
+    first[np.unique(where, return_index=True)[1]] = True
+    once = np.repeat(first, lengths)
+    out = np.zeros(int(sizes.sum()))
+    out[dst[once]] = val[once]
+    np.add.at(out, dst[~once], val[~once])
+    return {key: out[offset[k] : offset[k] + sizes[k]].reshape(shapes[k]) for key, k in slot.items()}
+
+
 def _compute_vectors(p: Problem, groups: list[Group], of: list[int], maps: dict) -> list[np.ndarray]:
-    """Per group: the compute time of its members under each of its strategies, summed."""
+    """Per group: the compute time of its members under each of its strategies, summed (in the
+    members' order, each distinct term once times its count, all in one ``np.add.at``). Terms are
+    told apart by their items' Strategies objects (each holds compute times of its own,
+    ``Strategies.compute_times``); the times are read once per strategy tuple, equal for every
+    object over it."""
+    items = p.items
     seen: dict[tuple, list] = {}
     for i, m in maps.items():
-        times = p.costs.compute_times(i)
-        hit = seen.setdefault((of[i], id(times), id(m)), [times, m, 0])
+        hit = seen.setdefault((of[i], id(items[i].strategies), id(m)), [i, m, 0])
         hit[2] += 1
-    vec = [np.zeros(g.size) for g in groups]
-    for (gi, _t, _m), (times, m, n) in seen.items():
-        vec[gi] += n * times[m]
-    return vec
+    sizes = np.array([g.size for g in groups], dtype=np.int64)
+    offset = np.cumsum(sizes) - sizes
+    out = np.zeros(int(sizes.sum()))
+    if seen:
+        terms = list(seen.values())
+        by_tuple: dict[int, np.ndarray] = {}
+        times = []
+        for i, _m, _n in terms:
+            key = id(items[i].strategies.as_tuple)
+            t = by_tuple.get(key)
+            times.append(t if t is not None else by_tuple.setdefault(key, p.costs.compute_times(i)))
+        lengths = np.array([len(m) for _i, m, _n in terms], dtype=np.int64)  # a map per group strategy
+        tlen = np.array([len(t) for t in times], dtype=np.int64)
+        picks = np.concatenate([m for _i, m, _n in terms]) + np.repeat(np.cumsum(tlen) - tlen, lengths)
+        val = np.concatenate(times)[picks] * np.repeat(np.array([n for _i, _m, n in terms], dtype=np.float64), lengths)
+        group = np.array([g for g, _s, _m in seen], dtype=np.int64)
+        np.add.at(out, np.repeat(offset[group], lengths) + _starts(lengths), val)
+    return [out[a : a + s] for a, s in zip(offset.tolist(), sizes.tolist())]
 
 
 def _edge_terms(p: Problem, of: list[int], maps: dict):
