@@ -71,8 +71,10 @@ def plan_from_solution(
     recomputed = set(problem.recomputed(choice))
     inputs, outputs, nodes = [], [], []
     tied = {k for tie in problem.ties for k in tie}
-    type_names: dict = {}  # type -> its text (repeated layers repeat a few types many times)
+    type_names: dict = {}  # result types -> their texts (repeated layers repeat a few types many times)
     for i, it in enumerate(problem.items):
+        if it.kind == "fanout":  # a fan-out has no record of its own in the plan
+            continue
         st = it.strategies[choice[i]]
         alts: tuple[Alternative, ...] | LazyAlternatives = () if pending is None else LazyAlternatives(pending, i)
         if it.kind == "input":
@@ -183,11 +185,11 @@ def _unread(pending: Pending) -> None:
         p.get(-1)
 
 
-def _type_text(t, memo: dict) -> str:
-    """``str(t)``, remembered in ``memo``."""
-    got = memo.get(t)
+def _type_texts(types: tuple, memo: dict) -> tuple[str, ...]:
+    """``str`` of each of ``types``, remembered in ``memo``: one tuple for every node with these."""
+    got = memo.get(types)
     if got is None:
-        got = memo[t] = str(t)
+        got = memo[types] = tuple(str(t) for t in types)
     return got
 
 
@@ -206,7 +208,7 @@ def _node_choice(
         op=n.op.name,
         loc=str(n.loc) if n.loc else None,
         part=n.part,
-        types=tuple(_type_text(o.type, type_names) for o in n.outputs),
+        types=_type_texts(tuple([o.type for o in n.outputs]), type_names),
         strategy=st.name,
         in_specs=tuple(st.in_specs),
         out_specs=tuple(st.out_specs),
@@ -270,8 +272,8 @@ def step_flops(graph: Graph) -> tuple[dict[str, float], dict[str, float]]:
     dtype_names: dict = {}  # dtype -> its name (numpy makes the string on every ask)
     known: dict[tuple, float] = {}  # (op, types) -> flops, for the nodes without attributes (most)
     for node in graph.nodes:
-        in_types = tuple(v.type for v in node.inputs)
-        out_types = tuple(o.type for o in node.outputs)
+        in_types = tuple([v.type for v in node.inputs])
+        out_types = tuple([o.type for o in node.outputs])
         key = None if node.attrs or node.regions else (node.op, in_types, out_types)
         f = known.get(key) if key is not None else None
         if f is None:
