@@ -322,9 +322,31 @@ class OffloadTerms:
         host = host_tier(self.p.mesh.profile)
         if host is None:  # no candidates
             return []
-        least = [(c, self._least_gain(c)) for c in cands]
+        known: dict[tuple, float] = {}  # ``_gain_key`` -> the least gain: tied layers' candidates share it
+        least = []
+        for c in cands:
+            key = self._gain_key(c)
+            gain = known.get(key)
+            if gain is None:
+                gain = known[key] = self._least_gain(c)
+            least.append((c, gain))
         out = [(c, g) for c, g in least if g < 0]
         return [c for c, _g in out] if host.link.latency_s + sum(g for _c, g in out) < 0 else []
+
+    def _gain_key(self, c: Candidate) -> tuple:
+        """What ``_least_gain`` reads of ``c``, by object (the arrays are the memory model's and
+        ``_compute_times``', one per strategy tuple, alive while solving): the parameter's bytes,
+        and per state and update item its group, map and bytes or compute times. Equal keys, equal
+        gains."""
+        p, model = self.p, self.model
+        rep = p.items[c.state_items[0]].value
+        assert rep is not None  # an input item holds its value
+        return (
+            c.param_nbytes,
+            rep.type.nbytes,
+            tuple((model.of[i], id(model.maps[i]), id(_state_bytes(p, c, i))) for i in c.state_items),
+            tuple((model.of[i], id(model.maps[i]), id(self._compute_times(i))) for i in c.update_items),
+        )
 
     def _least_gain(self, c: Candidate) -> float:
         """A lower bound, over every plan, of what offloading ``c`` adds to the step's objective
