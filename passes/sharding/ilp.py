@@ -246,7 +246,7 @@ def solve(
     stats = {
         "items": len(p.items),
         "edges": len(p.edges),
-        "vars_unshrunk": sum(sizes) + sum(sizes[e.src] * sizes[e.dst] for e in p.edges),
+        "vars_unshrunk": sum(sizes) + sum([sizes[e.src] * sizes[e.dst] for e in p.edges]),
         "groups": len(groups),
         "group_edges": len(pair),
     }
@@ -321,7 +321,8 @@ def solve(
     stats["variables"] = model.milp.n
     stats["constraints"] = model.milp.num_rows
     sol.stats = stats
-    sol.shared = [len(groups[g].members) for g in of]
+    members = [len(g.members) for g in groups]
+    sol.shared = [members[g] for g in of]
     sol.seconds = time.perf_counter() - start
     use(p, sol.offload)  # the memory model drops what the returned plan offloads
     return sol
@@ -452,14 +453,21 @@ class _Model:
         # issue 30: a recomputed item reading a value of an earlier segment needs it kept as a checkpoint
         pairs += [(i, j, -1.0, 0.0, True) for i, rr in p.remat.items() for j in rr.keeps]
         marked: dict[tuple, list[int]] = {}  # (group, map, strategy tuple, kind) -> the group strategies marked
+        met: set[tuple] = set()  # (both sides, kind of row): tied layers' pairs make the same row
         for i, j, other, bound, checkpoint in pairs:
+            sides = tuple(
+                (self.of[item], id(self.maps[item]), id(p.items[item].strategies.as_tuple), checkpoint and item == j)
+                for item in (i, j)
+            )
+            if (sides, other, bound) in met:  # the same coefficients and constant: a row added or not needed
+                continue
+            met.add((sides, other, bound))
             coef: dict[int, float] = {}
             const = 0.0
-            for item, sign in ((i, 1.0), (j, other)):
+            for item, sign, side in ((i, 1.0, sides[0]), (j, other, sides[1])):
                 g, m, sts = self.of[item], self.maps[item], p.items[item].strategies
                 xs = self.x[g]
-                kept = checkpoint and item == j  # kept as a checkpoint, or recomputed
-                side = (g, id(m), id(sts.as_tuple), kept)  # tied layers' items share all four
+                kept = side[3]  # kept as a checkpoint, or recomputed
                 ss = marked.get(side)
                 if ss is None:
                     ss = marked[side] = [
