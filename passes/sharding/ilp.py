@@ -113,9 +113,9 @@ def objective_terms(p: Problem, groups: list[Group], of: list[int]):
         if k is None:
             k = slot[(gu, gv)] = len(shapes)
             shapes.append((len(cols), len(rows)) if flip else sub.shape)
-        seq = flat.get((*part, flip))
+        seq = flat.get(part + (flip,))
         if seq is None:
-            seq = flat[(*part, flip)] = (sub.T if flip else sub).ravel()
+            seq = flat[part + (flip,)] = (sub.T if flip else sub).ravel()
         parts.append(seq)
         counts.append(n)
         at.append(k)
