@@ -71,7 +71,7 @@ def plan_from_solution(
     recomputed = set(problem.recomputed(choice))
     inputs, outputs, nodes = [], [], []
     tied = {k for tie in problem.ties for k in tie}
-    type_names: dict = {}  # result types -> their texts (repeated layers repeat a few types many times)
+    texts: dict = {}  # result types and locations (by object) -> their texts (``_texts``)
     for i, it in enumerate(problem.items):
         if it.kind == "fanout":  # a fan-out has no record of its own in the plan
             continue
@@ -107,7 +107,7 @@ def plan_from_solution(
             )
         elif it.kind == "node":
             again = i in recomputed
-            nodes.append(_node_choice(problem, i, choice[i], alts, again, names, type_names))
+            nodes.append(_node_choice(problem, i, choice[i], alts, again, names, texts))
     ev = costs.evaluate(choice)  # with the buckets the plan fills
     if offload is not None:  # the update of the offloaded parameters runs on the host instead
         ev["compute_s"] -= offload.device_update_s
@@ -185,30 +185,40 @@ def _unread(pending: Pending) -> None:
         p.get(-1)
 
 
-def _type_texts(types: tuple, memo: dict) -> tuple[str, ...]:
-    """``str`` of each of ``types``, remembered in ``memo``: one tuple for every node with these."""
-    got = memo.get(types)
-    if got is None:
-        got = memo[types] = tuple(str(t) for t in types)
-    return got
+def _texts(n, memo: dict) -> tuple[tuple[str, ...], str | None]:
+    """(the text of each result type, of the location) of node ``n``, remembered in ``memo`` by the
+    objects (the graph's, alive while the plan is made; repeated layers share their types and
+    source locations): one tuple for every node with these types."""
+    outs = n.outputs
+    key = id(outs[0].type) if len(outs) == 1 else tuple([id(o.type) for o in outs])
+    types = memo.get(key)
+    if types is None:
+        types = memo[key] = tuple([str(o.type) for o in outs])
+    if n.loc is None:
+        return types, None
+    loc = memo.get(id(n.loc))
+    if loc is None:
+        loc = memo[id(n.loc)] = str(n.loc)
+    return types, loc
 
 
 def _node_choice(
-    problem: Problem, i: int, s: int, alts: tuple | LazyAlternatives, again: bool, names, type_names: dict
+    problem: Problem, i: int, s: int, alts: tuple | LazyAlternatives, again: bool, names, texts: dict
 ) -> NodeChoice:
-    """The NodeChoice of node item ``i`` at strategy ``s`` (``again``: recomputed); ``type_names``:
-    the text of each type met so far."""
+    """The NodeChoice of node item ``i`` at strategy ``s`` (``again``: recomputed); ``texts``: the
+    texts of the types and locations met so far (``_texts``)."""
     it = problem.items[i]
     n = it.node
     assert n is not None  # a node item holds its node
     st = it.strategies[s]
+    types, loc = _texts(n, texts)
     return NodeChoice(
         index=it.index,
         name=f"%{names[n.outputs[0]]}" if n.outputs else f"node{it.index}",
         op=n.op.name,
-        loc=str(n.loc) if n.loc else None,
+        loc=loc,
         part=n.part,
-        types=_type_texts(tuple([o.type for o in n.outputs]), type_names),
+        types=types,
         strategy=st.name,
         in_specs=tuple(st.in_specs),
         out_specs=tuple(st.out_specs),
