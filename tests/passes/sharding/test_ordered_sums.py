@@ -1,7 +1,7 @@
-"""The sharding ILP's sums made in one pass (issue 29; passes/sharding/ilp.py ``objective_terms``,
-``_ordered_sums``, ``_compute_vectors``; offload_terms.py ``_compute_expr``) equal, to the bit and
-in the same order, the term-by-term sums they replace: floating-point addition is not associative,
-and the plans must not change."""
+"""The sharding ILP's sums made in one pass (issue 29; passes/sharding/ilp.py ``objective_terms``:
+``_edge_sums``, ``_ordered_sums``, ``_compute_vectors``; offload_terms.py ``_compute_expr``) equal,
+to the bit and in the same order, the term-by-term sums over every edge they replace:
+floating-point addition is not associative, and the plans must not change."""
 
 from __future__ import annotations
 
@@ -34,7 +34,8 @@ def test_ordered_sums_add_each_entry_term_by_term():
         at.append(k)
     parts[0][0] = -0.0  # a first term's negative zero is kept (the matrix is the term itself)
     counts[0] = 1
-    got = ilp._ordered_sums(slot, shapes, parts, counts, at)
+    start = np.cumsum([0] + [len(x) for x in parts])[:-1]
+    got = ilp._ordered_sums(slot, shapes, np.concatenate(parts), start, counts, at)
     want: dict = {}
     for part, n, k in zip(parts, counts, at):
         m = (part * n).reshape(shapes[k])
@@ -42,7 +43,7 @@ def test_ordered_sums_add_each_entry_term_by_term():
         want[key] = want[key] + m if key in want else m
     assert list(got) == list(slot)
     assert all(_bits(got[key]) == _bits(want[key]) for key in want)
-    assert ilp._ordered_sums({}, [], [], [], []) == {}
+    assert ilp._ordered_sums({}, [], np.zeros(0), [], [], []) == {}
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +53,24 @@ def problem():
     return build_problem(graph, Mesh({"tp": 2}, profile=A100), PlanOptions(), ties=state_ties(graph))
 
 
-def _term_by_term(p, groups, of):
+def edge_terms(p, of, maps):
+    """(group pair, cost table, its rows and columns, edge count) per distinct edge term, in the
+    order first met, edge by edge (each edge's table looked up on its own): the loop
+    ``ilp._edge_sums`` replaces."""
+    seen: dict = {}
+    for e in p.edges:
+        small, ui, vi = p.costs.edge_table(e)
+        mu, mv = maps[e.src], maps[e.dst]
+        ends = (id(p.items[e.src].strategies), e.src_out, id(p.items[e.dst].strategies), e.dst_in)
+        key = (of[e.src], of[e.dst], id(small), *ends, id(mu), id(mv))
+        if key in seen:
+            seen[key][4] += 1
+        else:
+            seen[key] = [(of[e.src], of[e.dst]), small, ui[mu], vi[mv], 1]
+    return seen.values()
+
+
+def term_by_term(p, groups, of, terms=edge_terms):
     """objective_terms as it was: each distinct term's matrix added to its pair's, one at a time."""
     maps = {i: m for g in groups for i, m in g.members}
     seen: dict = {}  # equal terms counted, then added once times their count
@@ -63,7 +81,7 @@ def _term_by_term(p, groups, of):
     for (gi, _t, _m), (times, m, n) in seen.items():
         vec[gi] += n * times[m]
     pair: dict = {}
-    for (gu, gv), small, rows, cols, n in ilp._edge_terms(p, of, maps):
+    for (gu, gv), small, rows, cols, n in terms(p, of, maps):
         if gu == gv:
             vec[gu] += n * small[rows, cols]
             continue
@@ -89,7 +107,7 @@ def _term_by_term(p, groups, of):
 def test_objective_terms_equal_the_term_by_term_sums(problem, tied):
     groups, of = shrink(problem, tied)
     vec, pair, _maps = ilp.objective_terms(problem, groups, of)
-    want_vec, want_pair = _term_by_term(problem, groups, of)
+    want_vec, want_pair = term_by_term(problem, groups, of)
     assert [_bits(v) for v in vec] == [_bits(v) for v in want_vec]
     assert list(pair) == list(want_pair)  # the local search visits the pairs in this order
     assert all(_bits(pair[k]) == _bits(want_pair[k]) for k in pair)
