@@ -71,8 +71,10 @@ def plan_from_solution(
     recomputed = set(problem.recomputed(choice))
     inputs, outputs, nodes = [], [], []
     tied = {k for tie in problem.ties for k in tie}
-    type_names: dict = {}  # type -> its text (repeated layers repeat a few types many times)
+    texts: dict = {}  # result types and locations (by object) -> their texts (``_texts``)
     for i, it in enumerate(problem.items):
+        if it.kind == "fanout":  # a fan-out has no record of its own in the plan
+            continue
         st = it.strategies[choice[i]]
         alts: tuple[Alternative, ...] | LazyAlternatives = () if pending is None else LazyAlternatives(pending, i)
         if it.kind == "input":
@@ -105,7 +107,7 @@ def plan_from_solution(
             )
         elif it.kind == "node":
             again = i in recomputed
-            nodes.append(_node_choice(problem, i, choice[i], alts, again, names, type_names))
+            nodes.append(_node_choice(problem, i, choice[i], alts, again, names, texts))
     ev = costs.evaluate(choice)  # with the buckets the plan fills
     if offload is not None:  # the update of the offloaded parameters runs on the host instead
         ev["compute_s"] -= offload.device_update_s
@@ -183,30 +185,40 @@ def _unread(pending: Pending) -> None:
         p.get(-1)
 
 
-def _type_text(t, memo: dict) -> str:
-    """``str(t)``, remembered in ``memo``."""
-    got = memo.get(t)
-    if got is None:
-        got = memo[t] = str(t)
-    return got
+def _texts(n, memo: dict) -> tuple[tuple[str, ...], str | None]:
+    """(the text of each result type, of the location) of node ``n``, remembered in ``memo`` by the
+    objects (the graph's, alive while the plan is made; repeated layers share their types and
+    source locations): one tuple for every node with these types."""
+    outs = n.outputs
+    key = id(outs[0].type) if len(outs) == 1 else tuple([id(o.type) for o in outs])
+    types = memo.get(key)
+    if types is None:
+        types = memo[key] = tuple([str(o.type) for o in outs])
+    if n.loc is None:
+        return types, None
+    loc = memo.get(id(n.loc))
+    if loc is None:
+        loc = memo[id(n.loc)] = str(n.loc)
+    return types, loc
 
 
 def _node_choice(
-    problem: Problem, i: int, s: int, alts: tuple | LazyAlternatives, again: bool, names, type_names: dict
+    problem: Problem, i: int, s: int, alts: tuple | LazyAlternatives, again: bool, names, texts: dict
 ) -> NodeChoice:
-    """The NodeChoice of node item ``i`` at strategy ``s`` (``again``: recomputed); ``type_names``:
-    the text of each type met so far."""
+    """The NodeChoice of node item ``i`` at strategy ``s`` (``again``: recomputed); ``texts``: the
+    texts of the types and locations met so far (``_texts``)."""
     it = problem.items[i]
     n = it.node
     assert n is not None  # a node item holds its node
     st = it.strategies[s]
+    types, loc = _texts(n, texts)
     return NodeChoice(
         index=it.index,
         name=f"%{names[n.outputs[0]]}" if n.outputs else f"node{it.index}",
         op=n.op.name,
-        loc=str(n.loc) if n.loc else None,
+        loc=loc,
         part=n.part,
-        types=tuple(_type_text(o.type, type_names) for o in n.outputs),
+        types=types,
         strategy=st.name,
         in_specs=tuple(st.in_specs),
         out_specs=tuple(st.out_specs),
@@ -270,8 +282,8 @@ def step_flops(graph: Graph) -> tuple[dict[str, float], dict[str, float]]:
     dtype_names: dict = {}  # dtype -> its name (numpy makes the string on every ask)
     known: dict[tuple, float] = {}  # (op, types) -> flops, for the nodes without attributes (most)
     for node in graph.nodes:
-        in_types = tuple(v.type for v in node.inputs)
-        out_types = tuple(o.type for o in node.outputs)
+        in_types = tuple([v.type for v in node.inputs])
+        out_types = tuple([o.type for o in node.outputs])
         key = None if node.attrs or node.regions else (node.op, in_types, out_types)
         f = known.get(key) if key is not None else None
         if f is None:

@@ -39,10 +39,12 @@ def redistribution_steps(
     for e in edges:
         src = problem.items[e.src].strategies[choice[e.src]].out_specs[e.src_out]
         dst = problem.items[e.dst].strategies[choice[e.dst]].in_specs[e.dst_in]
-        again = (e.src, e.dst) in regathered and any(src[a].is_split for a in problem.zero_axes)
-        if src == dst or ((id(e.value), dst, e.phase) in done and not again):
+        if src == dst:
             continue
-        done.add((id(e.value), dst, e.phase))
+        key = (id(e.value), dst, e.phase)
+        if key in done and not ((e.src, e.dst) in regathered and any(src[a].is_split for a in problem.zero_axes)):
+            continue
+        done.add(key)
         t = e.value.type
         for st in plan_steps(t.shape, t.dtype.itemsize, src, dst, problem.mesh):
             yield e, st, bucketed_step_time(st, problem.mesh, share_bytes) if e.deferred else st.time_s

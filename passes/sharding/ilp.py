@@ -78,31 +78,14 @@ def objective_terms(p: Problem, groups: list[Group], of: list[int]):
     """Per-group cost vectors and per-group-pair edge matrices.
 
     Repeated layers make most terms repeats: the items of a tied group share one strategy map,
-    and their edges share cost tables (``CostModel.edge_table``), so equal terms are
-    counted first and each distinct one is indexed and added once, times its count."""
+    and their edges share cost tables (``CostModel.edge_table``), so equal terms are counted first
+    and each distinct one is added once, times its count (``_edge_sums``)."""
     maps = {}
     for g in groups:
         for i, m in g.members:
             maps[i] = m
     vec = _compute_vectors(p, groups, of, maps)
-    pair: dict[tuple[int, int], np.ndarray] = {}
-    cut: dict[tuple[int, int, int], np.ndarray | None] = {}  # (table, rows, cols) -> the part, None if all 0
-    for (gu, gv), small, rows, cols, n in _edge_terms(p, of, maps):
-        if gu == gv:
-            vec[gu] += n * small[rows, cols]
-            continue
-        part = (id(small), id(rows), id(cols))  # terms of equal layers share their tables and index arrays
-        if part in cut:
-            sub = cut[part]
-        else:
-            sub = small[rows[:, None], cols]  # small[np.ix_(rows, cols)]
-            sub = cut[part] = sub if sub.any() else None
-        if sub is None:
-            continue
-        m = sub * n
-        if gu > gv:
-            gu, gv, m = gv, gu, m.T
-        pair[(gu, gv)] = pair[(gu, gv)] + m if (gu, gv) in pair else m
+    pair = _edge_sums(p, groups, of, maps, vec)
     # fold edges with a single-strategy side into the other side's vector
     for gu, gv in list(pair):
         m = pair[(gu, gv)]
@@ -115,49 +98,166 @@ def objective_terms(p: Problem, groups: list[Group], of: list[int]):
     return vec, pair, maps
 
 
+def _edge_sums(p: Problem, groups: list[Group], of: list[int], maps: dict, vec: list[np.ndarray]) -> dict:
+    """{(gu, gv): matrix, gu < gv} of the edges' redistribution times between two groups (an edge
+    within one group adds its diagonal to ``vec``), every edge of the problem at once.
+
+    An edge's *term* is told apart by (its ends' groups, its cost table, its ends' Strategies
+    objects, result and operand, its ends' maps): equal terms are counted, and each distinct one
+    adds its count times its part of the table (the table's rows and columns for the groups'
+    strategies) to its pair's matrix, the terms in the order first met, each entry's additions one
+    by one (``np.add.at``): the sums a loop over the terms makes, to the bit. Tables are looked up
+    once per (ends' strategy tuples, shared by repeated layers' fused nodes, problem.py ``_fused``;
+    result and operand; type; deferral). The keys are rows of object ids and small integers,
+    numbered for all edges at once (``_numbered``)."""
+    items, edges = p.items, p.edges
+    if not edges:
+        return {}
+    n = len(items)
+    strategies = [it.strategies for it in items]
+    mapped = _ids([maps[i] for i in range(n)])
+    item = _numbered([np.asarray(of, dtype=np.int64), _ids(strategies), mapped])
+    tup = _numbered([_ids([s.as_tuple for s in strategies])])
+    src = np.array([e.src for e in edges], dtype=np.int64)
+    dst = np.array([e.dst for e in edges], dtype=np.int64)
+    src_out = np.array([e.src_out for e in edges], dtype=np.int64)
+    dst_in = np.array([e.dst_in for e in edges], dtype=np.int64)
+    deferred = np.array([e.deferred for e in edges], dtype=np.int64)
+    types = [e.value.type for e in edges]
+    at, by_object = np.unique(_ids(types), return_index=True, return_inverse=True)[1:]
+    equal: dict = {}  # equal types, one number (types are mostly shared objects: few distinct)
+    kind = np.array([equal.setdefault(types[k], len(equal)) for k in at.tolist()], dtype=np.int64)[by_object]
+    made = _numbered([tup[src], src_out, tup[dst], dst_in, kind, deferred])
+    firsts, which = np.unique(made, return_index=True, return_inverse=True)[1:]
+    tables: list = [None] * len(firsts)
+    for j in np.argsort(firsts).tolist():  # looked up in the order of the edges
+        tables[j] = p.costs.edge_table(edges[int(firsts[j])])
+    table = _numbered([_ids([t[0] for t in tables])])
+    key = _numbered([item[src], src_out, item[dst], dst_in, table[which]])
+    first, count = np.unique(key, return_index=True, return_counts=True)[1:]
+    order = np.argsort(first, kind="stable")  # the terms in the order first met
+    first, count = first[order], count[order]
+    w = which[first]  # per term: its table lookup
+    gu, gv = np.asarray(of, dtype=np.int64)[src[first]], np.asarray(of, dtype=np.int64)[dst[first]]
+    # per term: its part, (table, rows, cols): rows = the producer index at the producer's map
+    ui_id = _ids([t[1] for t in tables])[w]
+    vi_id = _ids([t[2] for t in tables])[w]
+    part = _numbered([table[w], ui_id, mapped[src[first]], vi_id, mapped[dst[first]]])
+    for k in np.flatnonzero(gu == gv).tolist():  # within one group: the diagonal, into its vector, in order
+        e = edges[int(first[k])]
+        small, ui, vi = tables[int(w[k])]
+        vec[int(gu[k])] += int(count[k]) * small[ui[maps[e.src]], vi[maps[e.dst]]]
+    nonzero = np.zeros(int(part.max()) + 1, dtype=bool)
+    subs: dict[int, np.ndarray] = {}  # part number -> its matrix (the parts of repeated layers repeat)
+    for k in np.unique(part, return_index=True)[1].tolist():
+        small, ui, vi = tables[int(w[k])]
+        e = edges[int(first[k])]
+        sub = subs[int(part[k])] = small[ui[maps[e.src]][:, None], vi[maps[e.dst]]]
+        nonzero[part[k]] = sub.any()
+    kept = np.flatnonzero((gu != gv) & nonzero[part])  # the terms between two groups whose part is not all 0
+    if not len(kept):
+        return {}
+    flip = gu[kept] > gv[kept]
+    lo, hi = np.where(flip, gv[kept], gu[kept]), np.where(flip, gu[kept], gv[kept])
+    pair_of = _numbered([lo, hi])
+    numbers, slot_first, slot = np.unique(pair_of, return_index=True, return_inverse=True)
+    rank = np.empty(len(numbers), dtype=np.int64)
+    rank[np.argsort(slot_first, kind="stable")] = np.arange(len(numbers))  # pairs in the order first met
+    slot = rank[slot]
+    sizes = np.array([g.size for g in groups], dtype=np.int64)
+    firsts_of = np.sort(slot_first)
+    shapes = list(zip(sizes[lo[firsts_of]].tolist(), sizes[hi[firsts_of]].tolist()))
+    keys = list(zip(lo[firsts_of].tolist(), hi[firsts_of].tolist()))
+    # each (part, transposed or not) once, its entries in a row, in its pair's orientation
+    oriented = _numbered([part[kept], flip.astype(np.int64)])
+    distinct, one, which_one = np.unique(oriented, return_index=True, return_inverse=True)
+    rows = []
+    for k, f in zip(kept[one].tolist(), flip[one].tolist()):
+        sub = subs[int(part[k])]
+        rows.append((sub.T if f else sub).ravel())
+    lengths = np.array([len(r) for r in rows], dtype=np.int64)
+    start = (np.cumsum(lengths) - lengths)[which_one]
+    return _ordered_sums(dict(zip(keys, range(len(keys)))), shapes, np.concatenate(rows), start, count[kept], slot)
+
+
+def _ids(objects: list) -> np.ndarray:
+    return np.array([id(x) for x in objects], dtype=np.int64)
+
+
+def _numbered(columns: list[np.ndarray]) -> np.ndarray:
+    """Per row of these integer columns, a number from 0 up, equal exactly when the rows are: each
+    column numbered by its distinct values, the rows by mixed radix (renumbered from 0 before the
+    radix would pass 2**62, and at the end)."""
+    code = np.zeros(len(columns[0]), dtype=np.int64)
+    size = 1
+    for col in columns:
+        distinct, col = np.unique(col, return_inverse=True)
+        if size * len(distinct) >= 2**62:
+            code = np.unique(code, return_inverse=True)[1]
+            size = int(code.max()) + 1
+        code = code * len(distinct) + col
+        size *= len(distinct)
+    return np.unique(code, return_inverse=True)[1].reshape(-1)
+
+
+def _starts(lengths: np.ndarray) -> np.ndarray:
+    """Per entry of segments of these lengths laid end to end, its position in its segment."""
+    return np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+
+
+def _ordered_sums(slot: dict, shapes: list[tuple[int, int]], pool: np.ndarray, start, counts, at) -> dict:
+    """{group pair: matrix} of the terms ``counts[t]`` times the entries of ``pool`` from
+    ``start[t]`` on (as many as the matrix has, in a row) of pair number ``at[t]``: per pair its
+    first term, plus each later one in order (``np.add.at`` adds an entry's terms one by one, in
+    the order given: the same sums, to the bit, as ``m = m + term`` term by term)."""
+    where = np.asarray(at, dtype=np.int64)
+    if not len(where):
+        return {}
+    sizes = np.array([r * c for r, c in shapes], dtype=np.int64)
+    offset = np.cumsum(sizes) - sizes
+    lengths = sizes[where]
+    inside = _starts(lengths)
+    dst = np.repeat(offset[where], lengths) + inside
+    val = pool[np.repeat(np.asarray(start, dtype=np.int64), lengths) + inside]
+    val = val * np.repeat(np.asarray(counts, dtype=np.float64), lengths)
+    first = np.zeros(len(where), dtype=bool)  # each pair's first term is its matrix, the later ones are added
+    first[np.unique(where, return_index=True)[1]] = True
+    once = np.repeat(first, lengths)
+    out = np.zeros(int(sizes.sum()))
+    out[dst[once]] = val[once]
+    np.add.at(out, dst[~once], val[~once])
+    return {key: out[offset[k] : offset[k] + sizes[k]].reshape(shapes[k]) for key, k in slot.items()}
+
+
 def _compute_vectors(p: Problem, groups: list[Group], of: list[int], maps: dict) -> list[np.ndarray]:
-    """Per group: the compute time of its members under each of its strategies, summed."""
+    """Per group: the compute time of its members under each of its strategies, summed (in the
+    members' order, each distinct term once times its count, all in one ``np.add.at``). Terms are
+    told apart by their items' Strategies objects (each holds compute times of its own,
+    ``Strategies.compute_times``); the times are read once per strategy tuple, equal for every
+    object over it."""
+    items = p.items
     seen: dict[tuple, list] = {}
     for i, m in maps.items():
-        times = p.costs.compute_times(i)
-        hit = seen.setdefault((of[i], id(times), id(m)), [times, m, 0])
+        hit = seen.setdefault((of[i], id(items[i].strategies), id(m)), [i, m, 0])
         hit[2] += 1
-    vec = [np.zeros(g.size) for g in groups]
-    for (gi, _t, _m), (times, m, n) in seen.items():
-        vec[gi] += n * times[m]
-    return vec
-
-
-def _edge_terms(p: Problem, of: list[int], maps: dict):
-    """(group pair, cost table, its rows and columns for the groups' strategies, edge count) per
-    distinct edge term."""
-    seen: dict[tuple, list] = {}
-    # tables looked up once per (ends' strategy tuples, shared by repeated layers' fused nodes,
-    # problem.py ``_fused``; operand positions, type, deferral); terms still told apart by the ends'
-    # Strategies objects, as their ``DistinctSpecs`` told them: the same sums in the same order
-    tables: dict[tuple, tuple] = {}
-    picked: dict[tuple[int, int], np.ndarray] = {}  # (index, map) -> index[map]: twins share both
-    items, edge_table = p.items, p.costs.edge_table
-    for e in p.edges:
-        src, dst, src_out, dst_in = e.src, e.dst, e.src_out, e.dst_in
-        src_of, dst_of = items[src].strategies, items[dst].strategies
-        made = (id(src_of.as_tuple), src_out, id(dst_of.as_tuple), dst_in, e.value.type, e.deferred)
-        got = tables.get(made)
-        small, ui, vi = got if got is not None else tables.setdefault(made, edge_table(e))
-        gu, gv, mu, mv = of[src], of[dst], maps[src], maps[dst]
-        key = (gu, gv, id(small), id(src_of), src_out, id(dst_of), dst_in, id(mu), id(mv))
-        hit = seen.get(key)
-        if hit is None:
-            rows = picked.get((id(ui), id(mu)))
-            if rows is None:
-                rows = picked[(id(ui), id(mu))] = ui[mu]
-            cols = picked.get((id(vi), id(mv)))
-            if cols is None:
-                cols = picked[(id(vi), id(mv))] = vi[mv]
-            seen[key] = [(gu, gv), small, rows, cols, 1]
-        else:
-            hit[4] += 1
-    return seen.values()
+    sizes = np.array([g.size for g in groups], dtype=np.int64)
+    offset = np.cumsum(sizes) - sizes
+    out = np.zeros(int(sizes.sum()))
+    if seen:
+        terms = list(seen.values())
+        by_tuple: dict[int, np.ndarray] = {}
+        times = []
+        for i, _m, _n in terms:
+            key = id(items[i].strategies.as_tuple)
+            t = by_tuple.get(key)
+            times.append(t if t is not None else by_tuple.setdefault(key, p.costs.compute_times(i)))
+        lengths = np.array([len(m) for _i, m, _n in terms], dtype=np.int64)  # a map per group strategy
+        tlen = np.array([len(t) for t in times], dtype=np.int64)
+        picks = np.concatenate([m for _i, m, _n in terms]) + np.repeat(np.cumsum(tlen) - tlen, lengths)
+        val = np.concatenate(times)[picks] * np.repeat(np.array([n for _i, _m, n in terms], dtype=np.float64), lengths)
+        group = np.array([g for g, _s, _m in seen], dtype=np.int64)
+        np.add.at(out, np.repeat(offset[group], lengths) + _starts(lengths), val)
+    return [out[a : a + s] for a, s in zip(offset.tolist(), sizes.tolist())]
 
 
 @collector_paused()
@@ -184,7 +284,7 @@ def solve(
     stats = {
         "items": len(p.items),
         "edges": len(p.edges),
-        "vars_unshrunk": sum(sizes) + sum(sizes[e.src] * sizes[e.dst] for e in p.edges),
+        "vars_unshrunk": sum(sizes) + sum([sizes[e.src] * sizes[e.dst] for e in p.edges]),
         "groups": len(groups),
         "group_edges": len(pair),
     }
@@ -259,7 +359,8 @@ def solve(
     stats["variables"] = model.milp.n
     stats["constraints"] = model.milp.num_rows
     sol.stats = stats
-    sol.shared = [len(groups[g].members) for g in of]
+    members = [len(g.members) for g in groups]
+    sol.shared = [members[g] for g in of]
     sol.seconds = time.perf_counter() - start
     use(p, sol.offload)  # the memory model drops what the returned plan offloads
     return sol
@@ -390,14 +491,21 @@ class _Model:
         # issue 30: a recomputed item reading a value of an earlier segment needs it kept as a checkpoint
         pairs += [(i, j, -1.0, 0.0, True) for i, rr in p.remat.items() for j in rr.keeps]
         marked: dict[tuple, list[int]] = {}  # (group, map, strategy tuple, kind) -> the group strategies marked
+        met: set[tuple] = set()  # (both sides, kind of row): tied layers' pairs make the same row
         for i, j, other, bound, checkpoint in pairs:
+            sides = tuple(
+                (self.of[item], id(self.maps[item]), id(p.items[item].strategies.as_tuple), checkpoint and item == j)
+                for item in (i, j)
+            )
+            if (sides, other, bound) in met:  # the same coefficients and constant: a row added or not needed
+                continue
+            met.add((sides, other, bound))
             coef: dict[int, float] = {}
             const = 0.0
-            for item, sign in ((i, 1.0), (j, other)):
+            for item, sign, side in ((i, 1.0, sides[0]), (j, other, sides[1])):
                 g, m, sts = self.of[item], self.maps[item], p.items[item].strategies
                 xs = self.x[g]
-                kept = checkpoint and item == j  # kept as a checkpoint, or recomputed
-                side = (g, id(m), id(sts.as_tuple), kept)  # tied layers' items share all four
+                kept = side[3]  # kept as a checkpoint, or recomputed
                 ss = marked.get(side)
                 if ss is None:
                     ss = marked[side] = [

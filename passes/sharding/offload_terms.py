@@ -306,6 +306,7 @@ class OffloadTerms:
         self._shared: dict[tuple[int, int], list[int]] = {}  # (group, o) -> its w column by group strategy
         self._first: dict[tuple[int, int], list[int]] = {}  # (group, o) -> the first group strategy of each w column
         self._classes: dict[tuple, tuple] = {}  # ``_classes_of``, by group and terms' values
+        self._times: dict[int, np.ndarray] = {}  # ``_compute_times``, by strategy tuple
         self.w: dict[int, list[tuple[int, int]]] = {}  # item -> (column, strategy) of the candidate being built
         self.u: int | None = None  # the state's transfers' latency column (``u >= o[c]``)
         self.forced = False  # whether a cover row has set ``u`` to 1 (``add_cover_rows``)
@@ -321,9 +322,31 @@ class OffloadTerms:
         host = host_tier(self.p.mesh.profile)
         if host is None:  # no candidates
             return []
-        least = [(c, self._least_gain(c)) for c in cands]
+        known: dict[tuple, float] = {}  # ``_gain_key`` -> the least gain: tied layers' candidates share it
+        least = []
+        for c in cands:
+            key = self._gain_key(c)
+            gain = known.get(key)
+            if gain is None:
+                gain = known[key] = self._least_gain(c)
+            least.append((c, gain))
         out = [(c, g) for c, g in least if g < 0]
         return [c for c, _g in out] if host.link.latency_s + sum(g for _c, g in out) < 0 else []
+
+    def _gain_key(self, c: Candidate) -> tuple:
+        """What ``_least_gain`` reads of ``c``, by object (the arrays are the memory model's and
+        ``_compute_times``', one per strategy tuple, alive while solving): the parameter's bytes,
+        and per state and update item its group, map and bytes or compute times. Equal keys, equal
+        gains."""
+        p, model = self.p, self.model
+        rep = p.items[c.state_items[0]].value
+        assert rep is not None  # an input item holds its value
+        return (
+            c.param_nbytes,
+            rep.type.nbytes,
+            tuple((model.of[i], id(model.maps[i]), id(_state_bytes(p, c, i))) for i in c.state_items),
+            tuple((model.of[i], id(model.maps[i]), id(self._compute_times(i))) for i in c.update_items),
+        )
 
     def _least_gain(self, c: Candidate) -> float:
         """A lower bound, over every plan, of what offloading ``c`` adds to the step's objective
@@ -336,7 +359,7 @@ class OffloadTerms:
         dram = host.memory_bandwidth
         terms = [(c.state_items[0], _param_bytes(p, c) * (1 / host.link.bandwidth + 3 / dram))]
         terms += [(i, 2 * _state_bytes(p, c, i) / dram) for i in c.state_items]
-        terms += [(i, -p.costs.compute_times(i)) for i in c.update_items]
+        terms += [(i, -self._compute_times(i)) for i in c.update_items]
         by_group: dict[int, np.ndarray] = {}
         for item, per_strategy in terms:
             g, mp = model.of[item], model.maps[item]
@@ -369,6 +392,25 @@ class OffloadTerms:
         host = host_tier(p.mesh.profile)
         assert host is not None  # candidates exist only with a host tier
         link, dram = host.link, host.memory_bandwidth
+        # by array: tied layers' items share their compute times (``_compute_times``) and bytes
+        # (``MemoryModel.strategy_bytes``), so these too
+        in_us: dict[int, np.ndarray] = {}
+        off_mib: dict[int, np.ndarray] = {}
+
+        def time_us(i: int) -> np.ndarray:
+            t = self._compute_times(i)
+            got = in_us.get(id(t))
+            if got is None:
+                got = in_us[id(t)] = t * us
+            return got
+
+        def saved_mib(v: Value, i: int) -> np.ndarray:
+            b = p.memory.strategy_bytes(v, i)
+            got = off_mib.get(id(b))
+            if got is None:
+                got = off_mib[id(b)] = b / -model.MIB
+            return got
+
         terms_of = []  # per candidate: its items and every sum of w-terms it enters
         for c in self.cands:
             pb = _param_bytes(p, c)
@@ -377,14 +419,15 @@ class OffloadTerms:
             # the copy back and the CPU Adam; the device's update of the parameter, which no longer
             # runs; the gradients' copy; the host's bytes; per entry, the MiB it takes off the device
             host_terms = [(rep, pb * (1 / link.bandwidth + 3 / dram) * us)] + [(i, 2 * b / dram * us) for i, b in sb]
-            device_terms = [(i, p.costs.compute_times(i) * us) for i in c.update_items]
+            device_terms = [(i, time_us(i)) for i in c.update_items]
             copy_terms = [(rep, -pb / link.bandwidth * us)]
             host_mib = [(rep, pb / model.MIB)] + [(i, b / model.MIB) for i, b in sb]
-            saved = [[(item, p.memory.strategy_bytes(v, item) / -model.MIB)] for v, item, _a, _b in c.entries]
+            saved = [[(item, saved_mib(v, item))] for v, item, _a, _b in c.entries]
             items = {*c.state_items, *c.update_items, *(entry[1] for entry in c.entries)}
             terms_of.append((items, [host_terms, device_terms, copy_terms, host_mib, *saved]))
         # tied layers' candidates share one binary (module doc, "Tied layers")
-        keys = [self._tie_key(exprs) if TIE_LAYERS else (k,) for k, (_items, exprs) in enumerate(terms_of)]
+        seen: dict[tuple[int, bool], bytes] = {}  # ``_tie_key``'s bytes of each array
+        keys = [self._tie_key(exprs, seen) if TIE_LAYERS else (k,) for k, (_items, exprs) in enumerate(terms_of)]
         first: dict[tuple, int] = {}  # key -> its binary's number, in first-seen order
         index = [first.setdefault(key, len(first)) for key in keys]
         binary = m.add_vars(np.zeros(len(first)), integer=True)
@@ -393,32 +436,49 @@ class OffloadTerms:
         self.u = int(u)
         e = m.add_vars([1.0 if priced else 0.0], integer=False, upper=1e30)[0]
         overlap = cluster_figures(p.mesh.profile).dp_overlap
-        bconst, bcoef = self._x_expr([(i, p.costs.compute_times(i) * us) for i in _part_items(p, "backward")])
+        bconst, bcoef = self._compute_expr(_part_items(p, "backward"))
         e_row = {e: 1.0, u: -link.latency_s * us, **{col: overlap * v for col, v in bcoef.items()}}
         host_s: dict[int, float] = {}  # the copy back and the CPU Adam
         device_s: dict[int, float] = {}  # the device's update, which no longer runs
         for o in binary.tolist():
             m.add_row([int(o), u], [1.0, -1.0], -np.inf, 0.0)  # u >= o: the latency of one transfer each way
+        # tied candidates' sums: equal terms of the same groups and maps, on the same binary, so
+        # the same w columns and coefficients: made once per binary, added once per candidate
+        made: dict[int, tuple] = {}
         for o, (items, exprs) in zip(self.o.tolist(), terms_of):
-            host_terms, device_terms, copy_terms, host_mib, *saved = exprs
-            self.w = self._shares(o, items, exprs)
-            _add(host_s, self._w_expr(host_terms))
-            _add(device_s, self._w_expr(device_terms))
-            _add(e_row, self._w_expr(copy_terms))
-            _add(host_row, self._w_expr(host_mib))
-            self.saved.append([self._w_expr(terms) for terms in saved])
+            sums = made.get(o)
+            if sums is None:
+                self.w = self._shares(o, items, exprs)
+                sums = made[o] = tuple(self._w_expr(terms) for terms in exprs[:4]) + (
+                    [self._w_expr(terms) for terms in exprs[4:]],
+                )
+            host_c, device_c, copy_c, mib_c, saved_c = sums
+            _add(host_s, host_c)
+            _add(device_s, device_c)
+            _add(e_row, copy_c)
+            _add(host_row, mib_c)
+            self.saved.append(saved_c)
         for sign, terms in ((1.0, host_s), (-1.0, device_s)):  # a column each, equal to its sum, priced
             total = m.add_vars([sign if priced else 0.0], integer=False, upper=1e30)[0]
             m.add_row([total, *terms], [1.0, *(-v for v in terms.values())], 0.0, 0.0)
         m.add_row(list(e_row), list(e_row.values()), -overlap * bconst, np.inf)
 
-    def _tie_key(self, exprs) -> tuple:
+    def _tie_key(self, exprs, seen: dict[tuple[int, bool], bytes]) -> tuple:
         """What makes two candidates' terms the same: per term, its sum, its item's group and map
         (``model.of``, ``model.maps``) and its values; equal for the same parameter of tied layers,
-        whose items shrink put in the same groups (groups.py), and for nothing else."""
+        whose items shrink put in the same groups (groups.py), and for nothing else. ``seen``: the
+        bytes of each (array, as values) met so far: the maps and tied layers' values repeat (the
+        arrays are alive while the keys are made)."""
         model = self.model
+
+        def raw(a, values: bool) -> bytes:
+            got = seen.get((id(a), values))
+            if got is None:
+                got = seen[(id(a), values)] = (np.asarray(a, float) if values else np.asarray(a)).tobytes()
+            return got
+
         return tuple(
-            (k, model.of[item], np.asarray(model.maps[item]).tobytes(), np.asarray(v, float).tobytes())
+            (k, model.of[item], raw(model.maps[item], False), raw(v, True))
             for k, terms in enumerate(exprs)
             for item, v in terms
         )
@@ -440,7 +500,7 @@ class OffloadTerms:
             _add(host_row, self._w_expr([(st.item, nb / model.MIB)]))
         for part in ("forward", "backward"):  # e >= copies - that pass's compute
             e = m.add_vars([1.0 if self.priced else 0.0], integer=False, upper=1e30)[0]
-            const, coef = self._x_expr([(i, p.costs.compute_times(i) * us) for i in _part_items(p, part)])
+            const, coef = self._compute_expr(_part_items(p, part))
             row = {e: 1.0, **{c: -v for c, v in copies.items()}}
             _add(row, coef)
             m.add_row(list(row), list(row.values()), -const, np.inf)
@@ -528,23 +588,46 @@ class OffloadTerms:
                     coef[col] = coef.get(col, 0.0) + float(vals[s])
         return coef
 
-    def _x_expr(self, terms) -> tuple[float, dict[int, float]]:
-        """(constant, {column: coefficient}) of the sum over ``(item, value per item strategy)``
-        of the value at the item's chosen strategy."""
-        model = self.model
+    def _compute_times(self, item: int) -> np.ndarray:
+        """The compute time of every strategy of ``item`` (read-only), one array per strategy tuple:
+        the items of tied layers share it."""
+        tup = self.p.items[item].strategies.as_tuple
+        got = self._times.get(id(tup))
+        if got is None:
+            got = self._times[id(tup)] = self.p.costs.compute_times(item)
+        return got
+
+    def _compute_expr(self, items: list[int]) -> tuple[float, dict[int, float]]:
+        """(constant, {column: coefficient}) of the sum of the compute times of ``items`` at the
+        strategies chosen, in microseconds: a group of one strategy adds to the constant, the others
+        each strategy's time to its column; a column's terms summed in the items' order (``np.add.at``,
+        one by one as a loop over them would)."""
+        model, us = self.model, self.model.SCALE
         const = 0.0
-        coef: dict[int, float] = {}
-        for item, per_strategy in terms:
-            g, mp = model.of[item], model.maps[item]
-            vals = np.asarray(per_strategy, float)[mp]
-            xs = model.x[g]
+        arrays, picks, cols = [], [], []
+        for i in items:
+            mp, xs = model.maps[i], model.x[model.of[i]]
+            t = self._compute_times(i)
             if xs is None:
-                const += float(vals[0])
+                const += float(t[mp[0]] * us)
                 continue
-            for s, val in enumerate(vals):
-                if val:
-                    coef[int(xs[s])] = coef.get(int(xs[s]), 0.0) + float(val)
-        return const, coef
+            arrays.append(t)
+            picks.append(mp)
+            cols.append(xs)
+        if not arrays:
+            return const, {}
+        sizes = np.array([len(t) for t in arrays], dtype=np.int64)
+        lengths = np.array([len(mp) for mp in picks], dtype=np.int64)
+        at = np.concatenate(picks) + np.repeat(np.cumsum(sizes) - sizes, lengths)
+        vals = np.concatenate(arrays)[at] * us
+        col = np.concatenate(cols)
+        nonzero = vals != 0
+        vals, col = vals[nonzero], col[nonzero]
+        unique, first, inverse = np.unique(col, return_index=True, return_inverse=True)
+        sums = np.zeros(len(unique))
+        np.add.at(sums, inverse, vals)
+        order = np.argsort(first, kind="stable")  # the columns in the order first met
+        return const, dict(zip(unique[order].tolist(), sums[order].tolist()))
 
     def ranges(self) -> Iterator[tuple[int, int, dict[int, float]]]:
         """(first position, last position, MiB saved by column) of every offloaded value's live

@@ -54,17 +54,29 @@ class ParamGroup:
 def gradients(graph: Graph, update: frozenset[Node] | None = None) -> set[Value]:
     """Values the backward makes that only the update (``update_nodes``) reads (and no output)."""
     update = update_nodes(graph) if update is None else update
-    readers: dict[Value, list[Node]] = {}
+    return _gradients(graph, update, *_reads(graph, update))
+
+
+def _reads(graph: Graph, update: frozenset[Node]) -> tuple[set[Value], set[Value]]:
+    """(the values some node reads, the values some node outside ``update`` reads)."""
+    read: set[Value] = set()
+    outside: set[Value] = set()
     for node in graph.nodes:
-        for v in node.inputs:
-            readers.setdefault(v, []).append(node)
+        read.update(node.inputs)
+        if node not in update:
+            outside.update(node.inputs)
+    return read, outside
+
+
+def _gradients(graph: Graph, update: frozenset[Node], read: set[Value], outside: set[Value]) -> set[Value]:
+    """``gradients``, given ``_reads``: read, and by the update alone."""
     outputs = set(graph.outputs)
     return {
         o
         for node in graph.nodes
         if node.part == "backward" and node not in update
         for o in node.outputs
-        if o not in outputs and readers.get(o) and all(r in update for r in readers[o])
+        if o not in outputs and o in read and o not in outside
     }
 
 
@@ -92,12 +104,12 @@ def param_groups(graph: Graph, state: set[int], update: frozenset[Node] | None =
             a, b = find(same[0]), find(v)
             if a is not b:
                 parent[a] = b
-    read_outside = {v for node in graph.nodes if node not in update for v in node.inputs}
+    read, read_outside = _reads(graph, update)
     members: dict[Value, list[int]] = {}
     for k in sorted(state):
         members.setdefault(find(graph.inputs[k]), []).append(k)
     grads: dict[Value, list[Value]] = {}
-    made = gradients(graph, update)
+    made = _gradients(graph, update, read, read_outside)
     for g in (o for node in graph.nodes for o in node.outputs if o in made):  # in program order
         grads.setdefault(find(g), []).append(g)
     out = []

@@ -19,6 +19,7 @@ from graphc.passes.sharding.offload_terms import candidates
 from graphc.passes.sharding.roles import update_nodes
 from graphc.passes.sharding.zero import param_groups, state_positions
 from tests.passes.offload_models import gpt3_tied_tp2_step
+from tests.passes.sharding.test_ordered_sums import term_by_term
 
 A100 = get_profile("a100-sxm")  # a host tier: the offload columns exist
 MESH = {"tp": 2}
@@ -108,7 +109,7 @@ def test_offload_candidates_in_one_pass_equal_the_per_parameter_scans(graph, zer
 
 
 def _edge_terms_per_edge(p, of, maps):
-    """ilp._edge_terms as it was: every edge's table looked up (``CostModel.edge_table``), its
+    """The edge terms as they were: every edge's table looked up (``CostModel.edge_table``), its
     terms told apart by their ends' distinct specs, one object per (Strategies object, result or
     operand) then (twins share them now: ``Strategies.twin``)."""
     seen: dict[tuple, list] = {}
@@ -142,9 +143,8 @@ def test_edge_tables_made_once_per_strategy_tuple_give_the_same_objective_bit_fo
     monkeypatch.setattr(type(fresh.costs), "edge_table", counted)
     vec, pair, _maps = ilp.objective_terms(fresh, groups, of)
     once = len(calls)
-    monkeypatch.setattr(ilp, "_edge_terms", _edge_terms_per_edge)
     other = build_problem(graph, Mesh(MESH, profile=A100), options, ties=state_ties(graph))
-    vec0, pair0, _maps0 = ilp.objective_terms(other, *shrink(other))
+    vec0, pair0 = term_by_term(other, *shrink(other), terms=_edge_terms_per_edge)
     assert len(calls) - once == len(other.edges) > 2 * once  # far fewer lookups
     assert len(vec) == len(vec0) and all(np.array_equal(a, b) for a, b in zip(vec, vec0))
     assert pair.keys() == pair0.keys() and all(np.array_equal(pair[k], pair0[k]) for k in pair)
