@@ -80,7 +80,7 @@ class Strategies:
         """A new object with the same strategies, sharing their distinct specs (``specs``, made
         once for both) but not the compute-time array: an item whose strategies equal another's
         but must stay an object of its own (the ILP tells its terms apart by object,
-        passes/sharding/ilp.py ``_edge_terms``)."""
+        passes/sharding/ilp.py ``_edge_sums``)."""
         other = Strategies.__new__(Strategies)  # made per node of repeated layers: no __init__ to undo
         other._all = self._all
         other._compute = None
