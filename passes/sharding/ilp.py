@@ -236,15 +236,23 @@ def _compute_vectors(p: Problem, groups: list[Group], of: list[int], maps: dict)
     ``Strategies.compute_times``); the times are read once per strategy tuple, equal for every
     object over it."""
     items = p.items
-    seen: dict[tuple, list] = {}
-    for i, m in maps.items():
-        hit = seen.setdefault((of[i], id(items[i].strategies), id(m)), [i, m, 0])
-        hit[2] += 1
     sizes = np.array([g.size for g in groups], dtype=np.int64)
     offset = np.cumsum(sizes) - sizes
     out = np.zeros(int(sizes.sum()))
-    if seen:
-        terms = list(seen.values())
+    if maps:
+        # a term per distinct (group, Strategies object, map), numbered for all members at once,
+        # in the order first met, with its count
+        member = list(maps)
+        term = _numbered(
+            [
+                np.asarray(of, dtype=np.int64)[member],
+                _ids([items[i].strategies for i in member]),
+                _ids(list(maps.values())),
+            ]
+        )
+        first, count = np.unique(term, return_index=True, return_counts=True)[1:]
+        order = np.argsort(first, kind="stable")
+        terms = [(member[k], maps[member[k]], n) for k, n in zip(first[order].tolist(), count[order].tolist())]
         by_tuple: dict[int, np.ndarray] = {}
         times = []
         for i, _m, _n in terms:
@@ -255,7 +263,7 @@ def _compute_vectors(p: Problem, groups: list[Group], of: list[int], maps: dict)
         tlen = np.array([len(t) for t in times], dtype=np.int64)
         picks = np.concatenate([m for _i, m, _n in terms]) + np.repeat(np.cumsum(tlen) - tlen, lengths)
         val = np.concatenate(times)[picks] * np.repeat(np.array([n for _i, _m, n in terms], dtype=np.float64), lengths)
-        group = np.array([g for g, _s, _m in seen], dtype=np.int64)
+        group = np.array([of[i] for i, _m, _n in terms], dtype=np.int64)
         np.add.at(out, np.repeat(offset[group], lengths) + _starts(lengths), val)
     return [out[a : a + s] for a, s in zip(offset.tolist(), sizes.tolist())]
 
