@@ -69,66 +69,132 @@ class MemoryRows:
     def __init__(self, model) -> None:
         p = model.p
         mem = p.memory
-        first: list[int] = []
-        last: list[int] = []
-        col: list[int] = []
-        nbytes: list[float] = []
         remat = p.remat
-        # (bytes by item strategy, group map, group) -> (columns, bytes) of the group strategies
-        # with bytes: tied layers' items share all three
-        terms: dict[tuple[int, int, int], tuple[list[int], list[float]]] = {}
-        remat_terms: dict[tuple[int, int, int, int], tuple[list, dict]] = {}  # the same with the strategies' flags
+        # Every live range's entries, laid out at once: a range takes its entries from a pooled
+        # segment (tied layers' items share one: by bytes by item strategy, group map and group),
+        # all under its own positions, or, recomputable, each entry under each range its
+        # strategy's flags give (``MemoryModel.ranges_under``), the entries in order, each
+        # entry's ranges in order: the order a loop over ranges, entries and ranges makes.
+        pool_cols: list[int] = []
+        pool_nbytes: list[float] = []
+        pool_flag: list[int] = []  # a recomputable segment's entry: its flags' number in the segment
+        seg_start: list[int] = []
+        seg_len: list[int] = []
+        terms: dict[tuple[int, int, int], int] = {}  # (bytes, map, group) -> its segment
+        # the same with the strategies: (segment, a strategy per flags, in the flags' numbering)
+        remat_terms: dict[tuple[int, int, int, int], tuple[int, list[int]]] = {}
+        seg: list[int] = []  # per live range: its segment
+        lo_of: list[int] = []  # per live range: its positions (recomputable: unused)
+        hi_of: list[int] = []
+        slot_of: list[int] = []  # per live range: where its flags' ranges start in ``slot_start`` (-1: plain)
+        slot_start: list[int] = []  # per range's flags: its first range in ``flat_lo``, and how many
+        slot_count: list[int] = []
+        flat_lo: list[int] = []
+        flat_hi: list[int] = []
+
+        def segment(cols: list[int], nbs: list[float], flags: list[int]) -> int:
+            seg_start.append(len(pool_cols))
+            seg_len.append(len(cols))
+            pool_cols.extend(cols)
+            pool_nbytes.extend(nbs)
+            pool_flag.extend(flags)
+            return len(seg_start) - 1
+
         for v, i, a, b in mem.live_ranges():
             g, m = model.of[i], model.maps[i]
             xs = model.x[g]
             per = mem.strategy_bytes(v, i)
             if i in remat:  # kept or recomputed, by strategy: live over different ranges
                 sts = p.items[i].strategies
-                marks = remat_terms.get((id(per), id(m), g, id(sts.as_tuple)))
-                if marks is None:  # (column, bytes, flags) per group strategy with bytes; a strategy per flags
-                    marks = remat_terms[(id(per), id(m), g, id(sts.as_tuple))] = _remat_marks(per, m, xs, sts)
-                entries, example = marks
-                # the ranges depend on the strategy's flags alone (``MemoryModel.ranges_under``)
-                under = {flags: mem.ranges_under(v, i, item_s, a, b) for flags, item_s in example.items()}
-                for c, nb, flags in entries:
-                    for lo, hi in under[flags]:
-                        first.append(lo)
-                        last.append(hi)
-                        col.append(c)
-                        nbytes.append(nb)
+                key = (id(per), id(m), g, id(sts.as_tuple))
+                got = remat_terms.get(key)
+                if got is None:  # (column, bytes, flags) per group strategy with bytes; a strategy per flags
+                    entries, example = _remat_marks(per, m, xs, sts)
+                    number = {flags: k for k, flags in enumerate(example)}
+                    k_seg = segment(
+                        [c for c, _nb, _f in entries],
+                        [nb for _c, nb, _f in entries],
+                        [number[f] for _c, _nb, f in entries],
+                    )
+                    got = remat_terms[key] = (k_seg, list(example.values()))
+                k_seg, strategies = got
+                seg.append(k_seg)
+                lo_of.append(0)
+                hi_of.append(0)
+                slot_of.append(len(slot_start))
+                for item_s in strategies:  # the ranges depend on the strategy's flags alone
+                    rs = mem.ranges_under(v, i, item_s, a, b)
+                    slot_start.append(len(flat_lo))
+                    slot_count.append(len(rs))
+                    flat_lo.extend([lo for lo, _hi in rs])
+                    flat_hi.extend([hi for _lo, hi in rs])
                 continue
-            got = terms.get((id(per), id(m), g))
-            if got is None:
+            known = terms.get((id(per), id(m), g))
+            if known is None:
                 under = per[m[:1]] if xs is None else per[m]
                 keep = np.flatnonzero(under)
                 cols = [-1] * len(keep) if xs is None else xs[keep].tolist()
-                got = terms[(id(per), id(m), g)] = (cols, under[keep].tolist())
-            cols, nbs = got
-            first += [a] * len(cols)
-            last += [b] * len(cols)
-            col += cols
-            nbytes += nbs
+                known = terms[(id(per), id(m), g)] = segment(cols, under[keep].tolist(), [0] * len(cols))
+            seg.append(known)
+            lo_of.append(a)
+            hi_of.append(b)
+            slot_of.append(-1)
+        first, last, col, nbytes = self._laid_out(
+            (pool_cols, pool_nbytes, pool_flag, seg_start, seg_len),
+            (seg, lo_of, hi_of, slot_of),
+            (slot_start, slot_count, flat_lo, flat_hi),
+        )
+        tail_first: list[int] = []
+        tail_last: list[int] = []
+        tail_col: list[int] = []
+        tail_nbytes: list[float] = []
         for i, at, per_strategy in mem.transient_terms():  # ZeRO-3's gathered copies
             g, m = model.of[i], model.maps[i]
             xs = model.x[g]
             for s in range(1 if xs is None else len(m)):
                 nb = float(per_strategy[int(m[s])])
                 if nb:
-                    first.append(at)
-                    last.append(at)
-                    col.append(-1 if xs is None else int(xs[s]))
-                    nbytes.append(nb)
+                    tail_first.append(at)
+                    tail_last.append(at)
+                    tail_col.append(-1 if xs is None else int(xs[s]))
+                    tail_nbytes.append(nb)
         for a, b, coef in model.offload.ranges():  # offloaded state's bytes come off (offload_terms.py)
             for column, mib in coef.items():
-                first.append(a)
-                last.append(b)
-                col.append(int(column))
-                nbytes.append(mib * model.MIB)
+                tail_first.append(a)
+                tail_last.append(b)
+                tail_col.append(int(column))
+                tail_nbytes.append(mib * model.MIB)
         self.size = mem.size
-        self.first = np.array(first, dtype=np.int64)
-        self.last = np.array(last, dtype=np.int64)
-        self.col = np.array(col, dtype=np.int64)
-        self.nbytes = np.array(nbytes, dtype=np.float64)
+        self.first = np.concatenate([first, np.array(tail_first, dtype=np.int64)])
+        self.last = np.concatenate([last, np.array(tail_last, dtype=np.int64)])
+        self.col = np.concatenate([col, np.array(tail_col, dtype=np.int64)])
+        self.nbytes = np.concatenate([nbytes, np.array(tail_nbytes, dtype=np.float64)])
+
+    @staticmethod
+    def _laid_out(pool, ranges, slots) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(first, last, column, bytes) of every live range's entries, in the ranges' order (see
+        ``__init__``): ``pool`` the segments' entries, ``ranges`` per live range its segment,
+        positions and flags' slots, ``slots`` per slot its ranges."""
+        pool_cols = np.array(pool[0], dtype=np.int64)
+        pool_nbytes = np.array(pool[1], dtype=np.float64)
+        pool_flag, seg_start, seg_len = (np.array(x, dtype=np.int64) for x in pool[2:])
+        seg, lo_of, hi_of, slot_of = (np.array(x, dtype=np.int64) for x in ranges)
+        slot_start, slot_count, flat_lo, flat_hi = (np.array(x, dtype=np.int64) for x in slots)
+        length = seg_len[seg]  # entries per range, before its ranges
+        entry = np.repeat(seg_start[seg], length) + _starts(length)  # every range's entries, in order
+        owner = np.repeat(np.arange(len(seg)), length)
+        recomputable = slot_of[owner] >= 0
+        slot = np.where(recomputable, slot_of[owner] + pool_flag[entry], 0)
+        times = np.where(recomputable, slot_count[slot] if len(slot_count) else 0, 1)  # ranges per entry
+        at = np.repeat(entry, times)
+        placed = np.repeat(np.where(recomputable, slot_start[slot] if len(slot_start) else 0, 0), times) + _starts(
+            times
+        )
+        again = np.repeat(recomputable, times)
+        who = np.repeat(owner, times)
+        first = np.where(again, flat_lo[placed] if len(flat_lo) else 0, lo_of[who])
+        last = np.where(again, flat_hi[placed] if len(flat_hi) else 0, hi_of[who])
+        return first, last, pool_cols[at], pool_nbytes[at]
 
     def profile(self, x: np.ndarray) -> np.ndarray:
         """Bytes live at every position when column ``j`` has value ``x[j]`` (constants: 1)."""
@@ -146,6 +212,11 @@ class MemoryRows:
         var = cols >= 0
         idx, inv = np.unique(cols[var], return_inverse=True)
         return const, idx, np.bincount(inv, nb[var], len(idx))
+
+
+def _starts(lengths: np.ndarray) -> np.ndarray:
+    """Per entry of segments of these lengths laid end to end, its position in its segment."""
+    return np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
 
 
 def _remat_marks(per: np.ndarray, m: np.ndarray, xs: np.ndarray | None, sts) -> tuple[list, dict]:
