@@ -213,10 +213,6 @@ def candidates(p: Problem) -> list[Candidate]:
     input_item = {it.index: i for i, it in enumerate(p.items) if it.kind == "input"}
     node_item = {it.node: i for i, it in enumerate(p.items) if it.kind == "node"}
     tied = dict(p.ties)  # input item -> output item
-    live = p.memory.live_ranges()
-    ranges_of: dict[Value, list[int]] = {}  # value -> its entries' positions in ``live``
-    for k, entry in enumerate(live):
-        ranges_of.setdefault(entry[0], []).append(k)
     groups = [  # (its parameter's input position, the group)
         (pg.param, pg) for pg in problem_groups(p) if pg.param is not None and pg.states and pg.param in input_item
     ]
@@ -236,14 +232,23 @@ def candidates(p: Problem) -> list[Candidate]:
             joined[gi].append(node)
             for o in node.outputs:
                 owners.setdefault(o, set()).add(gi)
-    out = []
+    moved_of = []  # per group: the values it moves
     for (k_param, pg), nodes in zip(groups, joined):
-        param = graph.inputs[k_param]
         back = tied.get(input_item[k_param])
         returned = p.items[back].value if back is not None else None  # the updated parameter: comes back
         moved = {graph.inputs[k] for k in pg.states} | {o for n in nodes for o in n.outputs}
         if returned is not None:
             moved.discard(returned)
+        moved_of.append(moved)
+    live = p.memory.live_ranges()
+    wanted = set().union(*moved_of)
+    ranges_of: dict[Value, list[int]] = {}  # a moved value -> its entries' positions in ``live``
+    for k, entry in enumerate(live):
+        if entry[0] in wanted:
+            ranges_of.setdefault(entry[0], []).append(k)
+    out = []
+    for (k_param, pg), nodes, moved in zip(groups, joined, moved_of):
+        param = graph.inputs[k_param]
         at = sorted(k for v in moved for k in ranges_of.get(v, ()))
         entries = tuple(e for e in (live[k] for k in at) if e[1] not in p.remat)
         out.append(
