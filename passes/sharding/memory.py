@@ -42,7 +42,7 @@ from itertools import chain
 
 import numpy as np
 
-from graphc.core.ir import Graph, TensorType, Value
+from graphc.core.ir import Graph, OpDef, TensorType, Value
 from graphc.core.mesh import Mesh
 from graphc.core.spec import P, R, local_shape
 from graphc.core.traits import Constant, ViewOf
@@ -121,6 +121,14 @@ class MemoryModel:
         # ``strategy_bytes``: by (strategy tuple's id, kind, result, type), and by (type, distinct specs)
         self._strategy_bytes: dict[tuple, tuple[np.ndarray, tuple]] = {}
         self._spec_bytes: dict[tuple, np.ndarray] = {}
+        self._roots: dict[Value, Value] | None = None  # ``roots``
+
+    def roots(self) -> dict[Value, Value]:
+        """``view_roots`` of the graph (made once; read-only): the live ranges and the
+        recomputation candidates (passes/recompute/choices.py) both read them."""
+        if self._roots is None:
+            self._roots = view_roots(self.graph)
+        return self._roots
 
     # --- what the problem gives -----------------------------------------------------------------
     def set_slots(self, before: dict[int, int]) -> np.ndarray:
@@ -186,7 +194,7 @@ class MemoryModel:
             if it.gradient:
                 assert it.value is not None
                 hubs[it.value] = i
-        roots = view_roots(self.graph)
+        roots = self.roots()
         for view, root in roots.items():
             last[root] = max(last.get(root, -1), last.get(view, -1))
         viewed = set(roots.values())  # values some view looks into
@@ -633,6 +641,7 @@ def fused_inside(graph: Graph) -> set[Value]:
 
 
 _INPUTS = operator.attrgetter("inputs")
+_UNKNOWN = object()  # not asked yet
 
 
 def view_roots(graph: Graph) -> dict[Value, Value]:
@@ -641,8 +650,12 @@ def view_roots(graph: Graph) -> dict[Value, Value]:
     no new memory. A reshape of a strided view copies, as numpy's does."""
     roots: dict[Value, Value] = {}
     strided: set[Value] = set()  # views that are not C-contiguous
+    views: dict[OpDef, ViewOf | None] = {}  # each op's trait asked once, not per node
     for node in graph.nodes:
-        view = node.op.trait(ViewOf) if node.op.has(ViewOf) else None
+        op = node.op
+        view = views.get(op, _UNKNOWN)
+        if view is _UNKNOWN:
+            view = views[op] = op.trait(ViewOf) if op.has(ViewOf) else None
         if view is None or node.regions or not node.inputs:
             continue
         x = node.inputs[view.operand]
