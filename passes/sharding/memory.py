@@ -641,7 +641,6 @@ def fused_inside(graph: Graph) -> set[Value]:
 
 
 _INPUTS = operator.attrgetter("inputs")
-_UNKNOWN = object()  # not asked yet
 
 
 def view_roots(graph: Graph) -> dict[Value, Value]:
@@ -653,8 +652,9 @@ def view_roots(graph: Graph) -> dict[Value, Value]:
     views: dict[OpDef, ViewOf | None] = {}  # each op's trait asked once, not per node
     for node in graph.nodes:
         op = node.op
-        view = views.get(op, _UNKNOWN)
-        if view is _UNKNOWN:
+        if op in views:
+            view = views[op]
+        else:
             view = views[op] = op.trait(ViewOf) if op.has(ViewOf) else None
         if view is None or node.regions or not node.inputs:
             continue
