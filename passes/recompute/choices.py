@@ -41,7 +41,7 @@ from graphc.core.ir import Graph, Value
 from graphc.core.traits import Collective, Constant, DeviceLocal, ShardingConstraint
 from graphc.passes.options import PlanOptions, Recompute
 from graphc.passes.recompute.segments import forward_segments
-from graphc.passes.sharding.memory import RematRanges, view_roots
+from graphc.passes.sharding.memory import RematRanges
 from graphc.passes.sharding.problem import Problem
 from graphc.passes.sharding.strategies import Strategies
 
@@ -227,7 +227,7 @@ def add_recompute(problem: Problem, mode: str) -> None:
     the problem's memory."""
     if mode == "off":
         return
-    roots = view_roots(problem.graph)
+    roots = problem.memory.roots()  # made once for the problem: its live ranges read them too
     found = candidates(problem.graph, roots)
     if mode == "on":
         found = {k: found[k] for k in forced(found)}

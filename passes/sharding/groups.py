@@ -110,23 +110,24 @@ def _item_label(
             skip = stream_position(n)
             attrs = tuple(sorted([(k, attr_key(v)) for k, v in n.attrs.items() if k not in skip]))
         loc = n.loc
-        return intern(
-            (
-                "node",
-                n.op.name,
-                attrs,
-                tuple(map(SHAPE_DTYPE, n.inputs)),
-                tuple(map(SHAPE_DTYPE, n.outputs)),
-                None if loc is None else (loc.file, loc.line),
-                n.part,
-                strat,
-                it.pinned,
-            )
+        key: tuple = (
+            "node",
+            n.op.name,
+            attrs,
+            tuple(map(SHAPE_DTYPE, n.inputs)),
+            tuple(map(SHAPE_DTYPE, n.outputs)),
+            None if loc is None else (loc.file, loc.line),
+            n.part,
+            strat,
+            it.pinned,
         )
-    v = it.value
-    assert v is not None  # an input, output or fan-out item holds its value
-    name = names[v.name or ""] if it.kind == "input" else ""
-    return intern((it.kind, SHAPE_DTYPE(v), name, strat, it.pinned))
+    else:
+        v = it.value
+        assert v is not None  # an input, output or fan-out item holds its value
+        name = names[v.name or ""] if it.kind == "input" else ""
+        key = (it.kind, SHAPE_DTYPE(v), name, strat, it.pinned)
+    got = intern.get(key)  # a repeated layer's label is mostly known: no call to number it
+    return intern(key) if got is None else got
 
 
 def structure_classes(p: Problem, rounds: int = 3) -> list[int]:

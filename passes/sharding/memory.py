@@ -36,11 +36,13 @@ from __future__ import annotations
 import functools
 import math
 import operator
+from collections import Counter
 from dataclasses import dataclass, field
+from itertools import chain
 
 import numpy as np
 
-from graphc.core.ir import Graph, TensorType, Value
+from graphc.core.ir import Graph, OpDef, TensorType, Value
 from graphc.core.mesh import Mesh
 from graphc.core.spec import P, R, local_shape
 from graphc.core.traits import Constant, ViewOf
@@ -119,6 +121,14 @@ class MemoryModel:
         # ``strategy_bytes``: by (strategy tuple's id, kind, result, type), and by (type, distinct specs)
         self._strategy_bytes: dict[tuple, tuple[np.ndarray, tuple]] = {}
         self._spec_bytes: dict[tuple, np.ndarray] = {}
+        self._roots: dict[Value, Value] | None = None  # ``roots``
+
+    def roots(self) -> dict[Value, Value]:
+        """``view_roots`` of the graph (made once; read-only): the live ranges and the
+        recomputation candidates (passes/recompute/choices.py) both read them."""
+        if self._roots is None:
+            self._roots = view_roots(self.graph)
+        return self._roots
 
     # --- what the problem gives -----------------------------------------------------------------
     def set_slots(self, before: dict[int, int]) -> np.ndarray:
@@ -164,11 +174,13 @@ class MemoryModel:
         output item (where each output is held in its output spec)."""
         last: dict[Value, int] = {}
         returned: dict[Value, int] = {}  # graph output -> the position of its first output item
+        kinds = [it.kind for it in self.items]
         for e in self.edges:
-            if self.items[e.dst].kind == "output":
-                returned[e.value] = min(returned.get(e.value, end), pos[e.dst])
-            else:
-                last[e.value] = max(last.get(e.value, -1), pos[e.dst])
+            at = pos[e.dst]
+            if kinds[e.dst] == "output":
+                returned[e.value] = min(returned.get(e.value, end), at)
+            elif last.get(e.value, -1) < at:
+                last[e.value] = at
         for v, at in returned.items():
             last[v] = max(last.get(v, -1), at - 1)
         return last
@@ -182,7 +194,7 @@ class MemoryModel:
             if it.gradient:
                 assert it.value is not None
                 hubs[it.value] = i
-        roots = view_roots(self.graph)
+        roots = self.roots()
         for view, root in roots.items():
             last[root] = max(last.get(root, -1), last.get(view, -1))
         viewed = set(roots.values())  # values some view looks into
@@ -394,12 +406,18 @@ class MemoryModel:
         held = self._held_in_hub()
         regathered = set(self.gathers)
         bucketed = _Bucketed()  # the deferred all-reduces a gradient bucket may hold (``_bucket_terms``)
+        kept, bucket = bucketed.kept, self.bucket_bytes
+        chosen = [it.strategies[c] for it, c in zip(items, choice)]  # each item's strategy, once (not per edge)
         for e in self.edges:
             frm, to = items[e.src], items[e.dst]
-            src = frm.strategies[choice[e.src]].out_specs[e.src_out]
-            dst = to.strategies[choice[e.dst]].in_specs[e.dst_in]
-            if self.bucket_bytes:
-                bucketed.see(e, src, dst, held, self)
+            src = chosen[e.src].out_specs[e.src_out]
+            dst = chosen[e.dst].in_specs[e.dst_in]
+            if bucket:
+                if src == dst and e.src not in held:  # ``see``'s whole work for an edge read as it is
+                    if P in src and to.kind != "fanout":
+                        kept.add(e.value)
+                else:
+                    bucketed.see(e, src, dst, held, self)
             if e.dst in held:
                 continue  # the profile holds the gradient in its fan-out's spec: that is this buffer
             if (e.src, e.dst) in regathered and dst == gathered(src, self.zero_axes):
@@ -421,10 +439,7 @@ class MemoryModel:
                     span[1] = at
                 if at > span[2]:
                     span[2] = at
-        for key, at in hub_reads:  # the redistributed hub lives from its first reader to its last
-            span = spans.get(key)
-            if span is not None:
-                span[1], span[2] = min(span[1], at), max(span[2], at)
+        _widen(spans, hub_reads)
         extra = self._bucket_terms(choice, bucketed, spans) if len(bucketed.members) > 1 else []
         return [(nb, a, b) for nb, a, b in spans.values()] + extra
 
@@ -571,6 +586,14 @@ class _Bucketed:
         return self.hub_reads.get(m.hub, [0, 0])[1] if m.hub is not None else spans[key][2]
 
 
+def _widen(spans: dict[tuple, list[int]], hub_reads: list[tuple[tuple, int]]) -> None:
+    """A redistributed fan-out's buffer (in ``spans``) lives from its first reader to its last."""
+    for key, at in hub_reads:
+        span = spans.get(key)
+        if span is not None:
+            span[1], span[2] = min(span[1], at), max(span[2], at)
+
+
 def _part(item: Item) -> str | None:
     return item.node.part if item.node is not None else None
 
@@ -601,20 +624,23 @@ def fused_inside(graph: Graph) -> set[Value]:
     model without it (tests/passes/sharding/test_seqpar.py; docs/remat.md)."""
     nodes = graph.nodes
     outputs = set(graph.outputs)
-    readers: dict[Value, list[int]] = {}
-    for k, n in enumerate(nodes):
-        for v in n.inputs:
-            readers.setdefault(v, []).append(k)
+    # a value is read only inside its cluster when its reads there (an operand each) are all its
+    # reads: counted, not a list of readers per value of the graph
+    reads = Counter(chain.from_iterable(map(_INPUTS, nodes)))
     inside: set[Value] = set()
     for cluster in find_clusters(nodes):
         if cluster.part != "backward":
             continue
-        members = set(cluster.nodes)
-        for k in cluster.nodes:
-            for o in nodes[k].outputs:
-                if o not in outputs and readers.get(o) and all(r in members for r in readers[o]):
+        members = [nodes[k] for k in cluster.nodes]
+        within = Counter(chain.from_iterable(map(_INPUTS, members)))
+        for n in members:
+            for o in n.outputs:
+                if o not in outputs and reads[o] and within[o] == reads[o]:
                     inside.add(o)
     return inside
+
+
+_INPUTS = operator.attrgetter("inputs")
 
 
 def view_roots(graph: Graph) -> dict[Value, Value]:
@@ -623,8 +649,13 @@ def view_roots(graph: Graph) -> dict[Value, Value]:
     no new memory. A reshape of a strided view copies, as numpy's does."""
     roots: dict[Value, Value] = {}
     strided: set[Value] = set()  # views that are not C-contiguous
+    views: dict[OpDef, ViewOf | None] = {}  # each op's trait asked once, not per node
     for node in graph.nodes:
-        view = node.op.trait(ViewOf) if node.op.has(ViewOf) else None
+        op = node.op
+        if op in views:
+            view = views[op]
+        else:
+            view = views[op] = op.trait(ViewOf) if op.has(ViewOf) else None
         if view is None or node.regions or not node.inputs:
             continue
         x = node.inputs[view.operand]
