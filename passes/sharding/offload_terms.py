@@ -105,7 +105,6 @@ from graphc.core.ir import Value
 from graphc.core.profiles import cluster_figures, host_tier
 from graphc.core.traits import Constant
 from graphc.passes.offload import OffloadCost, OffloadRecord, activation_costs, offload_costs
-from graphc.passes.sharding.memory import view_roots
 from graphc.passes.sharding.problem import Problem
 from graphc.passes.sharding.zero import problem_groups, problem_update, state_positions
 
@@ -160,7 +159,7 @@ def stashes(p: Problem) -> list[Stash]:
             backward_first[e.value] = min(backward_first.get(e.value, pos[e.dst]), pos[e.dst])
         else:
             forward_last[e.value] = max(forward_last.get(e.value, -1), pos[e.dst])
-    viewed = set(view_roots(p.graph).values())
+    viewed = set(p.memory.roots().values())
     out = []
     for v, i, a, _b in p.memory.live_ranges():
         it = p.items[i]
