@@ -741,13 +741,17 @@ def _file_text(file: str) -> str:
 
 def format_node(node: Node, names: dict[Value, str], indent: str = "") -> list[str]:
     """The node's line, followed by its regions (indented) if it has any."""
-    results = ", ".join("%" + names[o] for o in node.outputs)
+    outs = node.outputs
+    if len(outs) == 1:  # (nearly every node: one result)
+        results, types = "%" + names[outs[0]], str(outs[0].type)
+    else:
+        results, types = ", ".join(["%" + names[o] for o in outs]), ", ".join([str(o.type) for o in outs]) or "()"
     operands = ["%" + names[v] for v in node.inputs]
-    operands += [f"{k}={format_literal(v)}" for k, v in node.attrs.items()]
-    types = ", ".join(str(o.type) for o in node.outputs) or "()"
+    if node.attrs:
+        operands += [f"{k}={format_literal(v)}" for k, v in node.attrs.items()]
     loc = f" loc({_file_text(node.loc.file)}:{node.loc.line})" if node.loc else ""
     part = f" part({node.part})" if node.part else ""
-    head = f"{results} = " if node.outputs else ""
+    head = f"{results} = " if outs else ""
     line = f"{indent}{head}{node.op.name}({', '.join(operands)}) : {types}{loc}{part}"
     if not node.regions:
         return [line]
