@@ -295,9 +295,12 @@ class Node:
         self.inputs = tuple(inputs)
         self.attrs = {k: freeze_attr(v) for k, v in attrs.items()} if attrs else {}
         known = _TYPES.get  # equal result types shared (INTERN_LIMIT)
-        self.outputs = tuple(
-            [Value(known(t) or bounded_put(_TYPES, t, t), self, i) for i, t in enumerate(output_types)]
-        )
+        types = output_types if type(output_types) is tuple else tuple(output_types)
+        if len(types) == 1:  # (nearly every node: one result)
+            t = types[0]
+            self.outputs: tuple[Value, ...] = (Value(known(t) or bounded_put(_TYPES, t, t), self),)
+        else:
+            self.outputs = tuple([Value(known(t) or bounded_put(_TYPES, t, t), self, i) for i, t in enumerate(types)])
         self.loc = loc
         if part is not None and part not in PARTS:
             raise ValueError(f"part must be one of {PARTS}, got {part!r}")
@@ -741,17 +744,17 @@ def _file_text(file: str) -> str:
 
 def format_node(node: Node, names: dict[Value, str], indent: str = "") -> list[str]:
     """The node's line, followed by its regions (indented) if it has any."""
-    outs = node.outputs
-    if len(outs) == 1:  # (nearly every node: one result)
-        results, types = "%" + names[outs[0]], str(outs[0].type)
+    made = node.outputs
+    if len(made) == 1:  # (nearly every node: one result)
+        results, types = "%" + names[made[0]], str(made[0].type)
     else:
-        results, types = ", ".join(["%" + names[o] for o in outs]), ", ".join([str(o.type) for o in outs]) or "()"
+        results, types = ", ".join(["%" + names[o] for o in made]), ", ".join([str(o.type) for o in made]) or "()"
     operands = ["%" + names[v] for v in node.inputs]
     if node.attrs:
         operands += [f"{k}={format_literal(v)}" for k, v in node.attrs.items()]
     loc = f" loc({_file_text(node.loc.file)}:{node.loc.line})" if node.loc else ""
     part = f" part({node.part})" if node.part else ""
-    head = f"{results} = " if outs else ""
+    head = f"{results} = " if made else ""
     line = f"{indent}{head}{node.op.name}({', '.join(operands)}) : {types}{loc}{part}"
     if not node.regions:
         return [line]
