@@ -135,7 +135,12 @@ def _fusable_by_kind() -> Callable[[Node], bool]:
     def check(node: Node) -> bool:
         if node.regions:
             return False
-        key = (node.op, tuple(v.type for v in node.inputs), tuple(o.type for o in node.outputs), node.attrs.get("axes"))
+        key = (
+            node.op,
+            tuple([v.type for v in node.inputs]),
+            tuple([o.type for o in node.outputs]),
+            node.attrs.get("axes"),
+        )
         try:
             got = memo.get(key)
         except TypeError:  # an unhashable attribute
