@@ -61,6 +61,8 @@ class Cluster:
 
 def is_row_reduction(node: Node) -> bool:
     """A sum, max or min over the last axis only: a kernel computes it along its rows."""
+    if not node.op.has(Reduction):  # (remembered per op: most nodes are not reductions)
+        return False
     reduction = node.op.trait(Reduction)
     x = node.inputs[0] if node.inputs else None
     return (
@@ -76,7 +78,7 @@ _FLOAT16 = np.dtype(np.float16)
 
 
 def touches_bfloat16(node: Node) -> bool:
-    return any(v.dtype == BFLOAT16 for v in (*node.inputs, *node.outputs))
+    return any([v.type.dtype == BFLOAT16 for v in (*node.inputs, *node.outputs)])
 
 
 def fusable(node: Node) -> bool:
@@ -133,7 +135,12 @@ def _fusable_by_kind() -> Callable[[Node], bool]:
     def check(node: Node) -> bool:
         if node.regions:
             return False
-        key = (node.op, tuple(v.type for v in node.inputs), tuple(o.type for o in node.outputs), node.attrs.get("axes"))
+        key = (
+            node.op,
+            tuple([v.type for v in node.inputs]),
+            tuple([o.type for o in node.outputs]),
+            node.attrs.get("axes"),
+        )
         try:
             got = memo.get(key)
         except TypeError:  # an unhashable attribute

@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import os
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import chain, repeat
+from operator import attrgetter
 
 from graphc.core.collector import collector_paused
 from graphc.core.errors import GraphcError, VerifyError
@@ -137,6 +140,24 @@ def optimize(
     """Run the default pass list (or the named passes) and return the optimized graph, which
     keeps ``graph``'s facts of the call (``Graph.written_inputs``, ``Graph.global_reads``: its
     inputs are the same): a call of it is checked as a call of the traced graph."""
-    out = run_passes(graph, passes, verify, dump_dir).graph
+    trace = run_passes(graph, passes, verify, dump_dir)
+    out = trace.graph
     out.written_inputs, out.global_reads = graph.written_inputs, graph.global_reads
+    release_dropped(trace)
     return out
+
+
+def release_dropped(trace: PassTrace) -> None:
+    """Unlink the results of the nodes the passes made and a later pass dropped (in no graph but
+    the intermediate ones of ``trace``, which only ``optimize`` sees) from their producers: a node
+    and its results hold each other, so each such node would be left for the cycle collector
+    (thousands per compile: a rewritten node is rebuilt by every later pass that remaps one of its
+    operands); unlinked, reference counting frees them with their graphs. The input graph and the
+    output graph are left as they are, and so is every node of theirs."""
+    snapshots = trace.snapshots
+    if len(snapshots) < 3:
+        return
+    dropped = set().union(*[s.graph.nodes for s in snapshots[1:-1]])  # (set operations: in C)
+    dropped.difference_update(snapshots[0].graph.nodes, snapshots[-1].graph.nodes)
+    results = chain.from_iterable(map(attrgetter("outputs"), dropped))
+    deque(map(setattr, results, repeat("producer"), repeat(None)), maxlen=0)

@@ -295,9 +295,12 @@ class Node:
         self.inputs = tuple(inputs)
         self.attrs = {k: freeze_attr(v) for k, v in attrs.items()} if attrs else {}
         known = _TYPES.get  # equal result types shared (INTERN_LIMIT)
-        self.outputs = tuple(
-            [Value(known(t) or bounded_put(_TYPES, t, t), self, i) for i, t in enumerate(output_types)]
-        )
+        types = output_types if type(output_types) is tuple else tuple(output_types)
+        if len(types) == 1:  # (nearly every node: one result)
+            t = types[0]
+            self.outputs: tuple[Value, ...] = (Value(known(t) or bounded_put(_TYPES, t, t), self),)
+        else:
+            self.outputs = tuple([Value(known(t) or bounded_put(_TYPES, t, t), self, i) for i, t in enumerate(types)])
         self.loc = loc
         if part is not None and part not in PARTS:
             raise ValueError(f"part must be one of {PARTS}, got {part!r}")
@@ -661,44 +664,48 @@ def format_tree(t: TreeDef, leaf, indent: str, width: int = 96) -> str:
     fits in ``width``, else one child per line."""
     leaves = [leaf(i) for i in range(t.num_leaves)]
     texts: dict[tuple[int, int], str] = {}  # (id(subtree), its first leaf) -> its one line, made once
+    return _tree_lines(t, 0, indent, width, leaves, texts)
 
-    def one_line(t: TreeDef, first: int) -> str:
-        if t.kind == "leaf":
-            return leaves[first]
-        if t.kind == "static":
-            return static_text(t.value)
-        known = texts.get((id(t), first))
-        if known is not None:
-            return known
-        parts = []
-        at = first
-        for c in t.children:
-            parts.append(one_line(c, at))
-            at += c.num_leaves
-        if t.kind == "dict":
-            text = "{" + ", ".join(f"{format_literal(k)}: {p}" for k, p in zip(t.keys, parts)) + "}"
-        elif t.kind == "list":
-            text = "[" + ", ".join(parts) + "]"
-        else:
-            text = "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
-        texts[(id(t), first)] = text
+
+# (functions of the module, not closures that call themselves: each would be a cycle for the collector)
+def _tree_line(t: TreeDef, first: int, leaves: list[str], texts: dict[tuple[int, int], str]) -> str:
+    if t.kind == "leaf":
+        return leaves[first]
+    if t.kind == "static":
+        return static_text(t.value)
+    known = texts.get((id(t), first))
+    if known is not None:
+        return known
+    parts = []
+    at = first
+    for c in t.children:
+        parts.append(_tree_line(c, at, leaves, texts))
+        at += c.num_leaves
+    if t.kind == "dict":
+        text = "{" + ", ".join(f"{format_literal(k)}: {p}" for k, p in zip(t.keys, parts)) + "}"
+    elif t.kind == "list":
+        text = "[" + ", ".join(parts) + "]"
+    else:
+        text = "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
+    texts[(id(t), first)] = text
+    return text
+
+
+def _tree_lines(
+    t: TreeDef, first: int, ind: str, width: int, leaves: list[str], texts: dict[tuple[int, int], str]
+) -> str:
+    text = _tree_line(t, first, leaves, texts)
+    if len(ind) + len(text) <= width or not t.children:
         return text
-
-    def go(t: TreeDef, first: int, ind: str) -> str:
-        text = one_line(t, first)
-        if len(ind) + len(text) <= width or not t.children:
-            return text
-        inner = ind + "  "
-        keys = t.keys if t.kind == "dict" else [None] * len(t.children)
-        parts = []
-        for k, c in zip(keys, t.children):
-            label = f"{format_literal(k)}: " if t.kind == "dict" else ""
-            parts.append(f"{inner}{label}{go(c, first, inner)},\n")
-            first += c.num_leaves
-        open_, close = {"dict": ("{", "}"), "list": ("[", "]"), "tuple": ("(", ")")}[t.kind]
-        return open_ + "\n" + "".join(parts) + ind + close
-
-    return go(t, 0, indent)
+    inner = ind + "  "
+    keys = t.keys if t.kind == "dict" else [None] * len(t.children)
+    parts = []
+    for k, c in zip(keys, t.children):
+        label = f"{format_literal(k)}: " if t.kind == "dict" else ""
+        parts.append(f"{inner}{label}{_tree_lines(c, first, inner, width, leaves, texts)},\n")
+        first += c.num_leaves
+    open_, close = {"dict": ("{", "}"), "list": ("[", "]"), "tuple": ("(", ")")}[t.kind]
+    return open_ + "\n" + "".join(parts) + ind + close
 
 
 def print_graph(g: Graph, names: dict[Value, str] | None = None) -> str:
@@ -737,13 +744,17 @@ def _file_text(file: str) -> str:
 
 def format_node(node: Node, names: dict[Value, str], indent: str = "") -> list[str]:
     """The node's line, followed by its regions (indented) if it has any."""
-    results = ", ".join("%" + names[o] for o in node.outputs)
+    made = node.outputs
+    if len(made) == 1:  # (nearly every node: one result)
+        results, types = "%" + names[made[0]], str(made[0].type)
+    else:
+        results, types = ", ".join(["%" + names[o] for o in made]), ", ".join([str(o.type) for o in made]) or "()"
     operands = ["%" + names[v] for v in node.inputs]
-    operands += [f"{k}={format_literal(v)}" for k, v in node.attrs.items()]
-    types = ", ".join(str(o.type) for o in node.outputs) or "()"
+    if node.attrs:
+        operands += [f"{k}={format_literal(v)}" for k, v in node.attrs.items()]
     loc = f" loc({_file_text(node.loc.file)}:{node.loc.line})" if node.loc else ""
     part = f" part({node.part})" if node.part else ""
-    head = f"{results} = " if node.outputs else ""
+    head = f"{results} = " if made else ""
     line = f"{indent}{head}{node.op.name}({', '.join(operands)}) : {types}{loc}{part}"
     if not node.regions:
         return [line]

@@ -196,6 +196,22 @@ class _Choice:
         return seen
 
 
+def _clone(v: Value, chosen: set[Value], rw: Rewriter, clones: dict[Value, Value]) -> Value:
+    """The backward's copy of ``v`` (and of the recomputed values it reads), emitted now into ``rw``;
+    a value not recomputed as it is. (A function of the module, not a closure calling itself: that
+    would be a cycle holding ``rw``, and the values it replaced, for the collector.)"""
+    if v not in chosen:
+        return rw.get(v)
+    if v not in clones:
+        p = v.producer
+        assert p is not None
+        operands = [_clone(u, chosen, rw, clones) for u in p.inputs]
+        copy = Node(p.op, operands, p.attrs, [v.type], p.loc, "backward")
+        rw.nodes.append(copy)
+        clones[v] = copy.outputs[0]
+    return clones[v]
+
+
 def _recompute_block(
     inputs: list[Value], nodes: list[Node], outputs: list[Value], users: dict[Value, list[Node]]
 ) -> tuple[list[Node], list[Value]]:
@@ -206,26 +222,11 @@ def _recompute_block(
         return nodes, outputs
     rw = Rewriter()
     clones: dict[Value, Value] = {}
-
-    def clone(v: Value) -> Value:
-        """The backward's copy of ``v`` (and of the recomputed values it reads), emitted now; a value
-        not recomputed as it is."""
-        if v not in chosen:
-            return rw.get(v)
-        if v not in clones:
-            p = v.producer
-            assert p is not None
-            operands = [clone(u) for u in p.inputs]
-            copy = Node(p.op, operands, p.attrs, [v.type], p.loc, "backward")
-            rw.nodes.append(copy)
-            clones[v] = copy.outputs[0]
-        return clones[v]
-
     for node in nodes:
         if node.part != "backward" or not any(v in chosen for v in node.inputs):
             rw.keep(node)
             continue
-        operands = [clone(v) for v in node.inputs]
+        operands = [_clone(v, chosen, rw, clones) for v in node.inputs]
         new = Node(node.op, operands, node.attrs, [o.type for o in node.outputs], node.loc, node.part, node.regions)
         for old, out in zip(node.outputs, new.outputs):
             rw.subst[old] = out
