@@ -155,9 +155,16 @@ def release_dropped(trace: PassTrace) -> None:
     operands); unlinked, reference counting frees them with their graphs. The input graph and the
     output graph are left as they are, and so is every node of theirs."""
     snapshots = trace.snapshots
-    if len(snapshots) < 3:
-        return
-    dropped = set().union(*[s.graph.nodes for s in snapshots[1:-1]])  # (set operations: in C)
-    dropped.difference_update(snapshots[0].graph.nodes, snapshots[-1].graph.nodes)
+    if len(snapshots) >= 3:
+        release_unshared([s.graph for s in snapshots[1:-1]], [snapshots[0].graph, snapshots[-1].graph])
+
+
+def release_unshared(dropped_graphs: list[Graph], kept: list[Graph]) -> None:
+    """Unlink the results of the top-level nodes of ``dropped_graphs`` that are in none of
+    ``kept`` from their producers (``release_dropped``): for graphs no one will read again, such
+    as the traced graph once the optimized one (which shares its unchanged nodes) is made and
+    only that one is kept (api/parallel.py ``plan_and_graph``)."""
+    dropped = set().union(*[g.nodes for g in dropped_graphs])  # (set operations: in C)
+    dropped.difference_update(*[g.nodes for g in kept])
     results = chain.from_iterable(map(attrgetter("outputs"), dropped))
     deque(map(setattr, results, repeat("producer"), repeat(None)), maxlen=0)

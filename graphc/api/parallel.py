@@ -62,6 +62,7 @@ from graphc.core.units import parse_bytes
 from graphc.frontend import random as traced_random
 from graphc.frontend.entry import on_a_copy, trace
 from graphc.frontend.tracer import Tracer, bind, current_context
+from graphc.passes.manager import release_unshared
 from graphc.passes.options import DEFAULT_BUCKET_BYTES, PlanOptions, Recompute, Solver, Zero
 from graphc.passes.partition import Pins, PlanCache, optimize_for_planning
 from graphc.passes.pipeline import PipelinePlan, check_pipeline_options, pipe_axis
@@ -341,12 +342,15 @@ class Parallelized:
         deadline = (time.perf_counter() if start is None else start) + self.options.time_limit
         with collector_paused():  # a with, not a decorator: a warning's stack level names the user's line
             traced, graph, seconds = self.trace_optimized(*args, **kwargs)
+            n_traced = len(traced.nodes)
+            release_unshared([traced], [graph])  # read no more: its own nodes freed without the collector
+            del traced
             if self.given_plan is not None:  # run as written: only checked against the graph
                 self.given_plan.check(graph)
                 self._warn(self.given_plan)
                 return self.given_plan.with_timing(**seconds, given=True), graph
             pins = Pins() if self.pipelined else self.pins(graph)
-            timing = {**seconds, "nodes_traced": len(traced.nodes)}
+            timing = {**seconds, "nodes_traced": n_traced}
             plan = self.path.plan(graph, pins, self.options, timing, progress, deadline)
             self._warn(plan)
             return plan, graph

@@ -34,6 +34,7 @@ from graphc.core.files import atomic_write
 from graphc.core.pytree import static_argnames
 from graphc.core.units import fmt_time
 from graphc.models import gpt, gpt3, llama
+from graphc.passes.manager import release_unshared
 from graphc.passes.options import PlanOptions, Solver
 from graphc.passes.partition import build_problem, make_plan, shrink, state_ties
 from graphc.passes.sharding.ilp import solve
@@ -168,7 +169,9 @@ def plan_case(case: Case, solver: Solver = "highs") -> Timing:
 
 
 def _plan_stages(par, args: tuple, kwargs: dict, solver: Solver) -> tuple[Timing, tuple]:
-    _traced, graph, seconds = par.trace_optimized(*args, **kwargs)
+    traced, graph, seconds = par.trace_optimized(*args, **kwargs)
+    release_unshared([traced], [graph])  # as plan_and_graph does
+    del traced
     options: PlanOptions = par.options
     t1 = time.perf_counter()
     problem = build_problem(graph, par.mesh, options, par.pins(graph), state_ties(graph))

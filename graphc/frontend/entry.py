@@ -271,6 +271,10 @@ def trace(fn: Callable, *args: Any, **kwargs: Any) -> Graph:
     graph = Graph(ctx.name, ctx.inputs, ctx.nodes, outputs, in_tree, out_tree)
     graph.written_inputs = _written_inputs(placed, ctx.inputs, where)
     graph.global_reads = _global_reads(ctx, name)
+    # the context and the tracers it made hold each other (a cycle, freed by the collector): it
+    # gives the graph its node list, so that the nodes are not kept with it (a caller that drops
+    # the graph, or some of its nodes, frees them by reference counting: passes/manager.py)
+    ctx.nodes = []
     return graph
 
 
