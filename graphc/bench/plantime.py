@@ -228,10 +228,13 @@ def main(repeat: int = 1, solvers: bool = False, deep: bool = False) -> None:
             f"{total[c.name]:>8.2f}  {ts[0].status}"
         )
     g4, g12, l8, l32, bf16 = (c.name for c in cases[:5])
+    rounds = [  # each round's pair (the rounds are interleaved): the spread of the ratio
+        (b.total - b.stages["write"]) / (a.total - a.stages["write"]) for a, b in zip(runs[g4], runs[g12])
+    ]
     print(
         f"GPT-3 175B slice, 12 layers / 4 layers: {total[g12] / total[g4]:.2f}x; without writing the plan file "
-        f"{planning[g12] / planning[g4]:.2f}x (the 4-layer plan's file keeps its alternatives, the 12-layer one's, "
-        "over 5,000 items, does not; target <= 1.3x, 12 layers <= 20 s)"
+        f"{planning[g12] / planning[g4]:.2f}x, rounds {min(rounds):.2f}-{max(rounds):.2f}x (the 4-layer plan's file "
+        "keeps its alternatives, the 12-layer one's, over 5,000 items, does not; target <= 1.3x, 12 layers <= 20 s)"
     )
     _print_compile_walls(repeat)
     print(f"LLaMA-3-8B shapes, 32 layers / 8 layers: {total[l32] / total[l8]:.2f}x (32 layers: target <= 5 s)")
