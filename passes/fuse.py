@@ -124,7 +124,9 @@ def _level(cluster: Cluster, node: Node) -> str | None:
 
 
 def _producer_index(v: Value, index: dict[int, int]) -> int:
-    return -1 if v.producer is None else index[id(v.producer)]
+    """The position of ``v``'s producer in the nodes clustered; -1 for a graph input or a node
+    before them (``find_clusters`` of a tail of a block: earlier than every cluster there)."""
+    return -1 if v.producer is None else index.get(id(v.producer), -1)
 
 
 def _fusable_by_kind() -> Callable[[Node], bool]:

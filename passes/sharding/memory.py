@@ -623,6 +623,10 @@ def fused_inside(graph: Graph) -> set[Value]:
     ``recompute`` "auto" or "on"): the sequence-parallel tests' limits were derived from the
     model without it (tests/passes/sharding/test_seqpar.py; docs/remat.md)."""
     nodes = graph.nodes
+    # backward clusters are made of backward nodes only, so the nodes before the first of them are
+    # left out: clustering the rest finds the same backward clusters (fuse.py ``_producer_index``)
+    start = next((k for k, n in enumerate(nodes) if n.part == "backward"), len(nodes))
+    nodes = nodes[start:]
     outputs = set(graph.outputs)
     # a value is read only inside its cluster when its reads there (an operand each) are all its
     # reads: counted, not a list of readers per value of the graph
