@@ -86,7 +86,12 @@ def objective_terms(p: Problem, groups: list[Group], of: list[int]):
             maps[i] = m
     vec = _compute_vectors(p, groups, of, maps)
     pair = _edge_sums(p, groups, of, maps, vec)
-    # fold edges with a single-strategy side into the other side's vector
+    fold_single_sides(groups, vec, pair)
+    return vec, pair, maps
+
+
+def fold_single_sides(groups: list[Group], vec: list[np.ndarray], pair: dict) -> None:
+    """Fold each pair matrix with a single-strategy side into the other side's vector (in place)."""
     for gu, gv in list(pair):
         m = pair[(gu, gv)]
         if groups[gu].size == 1:
@@ -95,7 +100,6 @@ def objective_terms(p: Problem, groups: list[Group], of: list[int]):
         elif groups[gv].size == 1:
             vec[gu] += m[:, 0]
             del pair[(gu, gv)]
-    return vec, pair, maps
 
 
 def _edge_sums(p: Problem, groups: list[Group], of: list[int], maps: dict, vec: list[np.ndarray]) -> dict:

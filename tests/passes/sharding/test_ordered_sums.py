@@ -92,14 +92,7 @@ def term_by_term(p, groups, of, terms=edge_terms):
         if gu > gv:
             gu, gv, m = gv, gu, m.T
         pair[(gu, gv)] = pair[(gu, gv)] + m if (gu, gv) in pair else m
-    for gu, gv in list(pair):
-        m = pair[(gu, gv)]
-        if groups[gu].size == 1:
-            vec[gv] += m[0]
-            del pair[(gu, gv)]
-        elif groups[gv].size == 1:
-            vec[gu] += m[:, 0]
-            del pair[(gu, gv)]
+    ilp.fold_single_sides(groups, vec, pair)  # the same fold (not what is checked: the sums)
     return vec, pair
 
 
