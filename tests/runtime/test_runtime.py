@@ -159,12 +159,21 @@ def test_buffers_are_reused_on_warm_runs():
     # dying operands instead: test_kernel_results_take_over_dying_operands)
     args, kwargs = gpt.example_loss_args(batch=4, seq=64, d=512)
     compiled = graphc.jit(graphc.value_and_grad(gpt.lm_loss), static_argnames=("n_head",)).compile(*args, **kwargs)
+    # The first call is no baseline: Numba compiles its kernels then (unless its cache has them),
+    # which holds references to their operands, so fewer results are written in place, the peak
+    # it records is higher and the pool trims less afterwards; how many buffers it allocates
+    # depends on that cache. Compare two runs of the same warmed program instead: one from an
+    # empty pool, then one from the buffers that run freed.
     compiled(*args, **kwargs)
     pool = compiled.executable.pool
+    pool.trim(0)
+    before = pool.allocated
+    compiled(*args, **kwargs)
+    from_empty = pool.allocated - before
     allocated, reused = pool.allocated, pool.reused
     compiled(*args, **kwargs)
     assert pool.reused > reused
-    assert pool.allocated - allocated < allocated  # the warm run allocates less than the first
+    assert pool.allocated - allocated < from_empty  # the warm run allocates less
 
 
 def _gelu(h):
