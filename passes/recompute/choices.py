@@ -168,12 +168,6 @@ class _Uses:
                 point[k] = min(later)
         return point
 
-    def copy_readers(self, k: int, v: Value, point: dict[int, int]) -> list[int]:
-        """The recomputable forward readers of ``v`` (a result of node ``k``, or a view into it)
-        whose copies, made at or after ``k``'s point, read ``v``'s copy when both are recomputed."""
-        forward = self.is_forward
-        return [r for r in self.of(v) if forward[r] and r in point and point[r] >= point[k]]
-
     def candidate(self, k: int, point: dict[int, int], found: dict[int, Candidate]) -> Candidate | None:
         """Node ``k`` as a candidate (``found``: the candidates before it), or None."""
         n = self.nodes[k]
@@ -203,20 +197,21 @@ class _Uses:
         last_forward: dict[Value, int] = {}
         last_late: dict[Value, int] = {}
         copies: dict[Value, tuple[int, ...]] = {}
+        at = point[k]
         for o in n.outputs:
-            last_forward[o] = max([k] + [r for r in self.of(o) if forward[r]])
+            early = [r for r in self.of(o) if forward[r]]  # its forward readers (and its views')
+            last_forward[o] = max(max(early, default=k), k)
             last_late[o] = max(self.late(o), default=-1)
-            copies[o] = tuple(sorted(set(self.copy_readers(k, o, point))))
+            # the recomputable ones whose copies, made at or after k's point, read o's copy when both are recomputed
+            copies[o] = tuple(sorted({r for r in early if r in point and point[r] >= at}))
         return Candidate(
-            k,
-            point[k],
-            tuple(sorted(set(needs))),
-            tuple(sorted(set(conflicts))),
-            last_forward,
-            last_late,
-            copies,
-            tuple(sorted(set(keeps))),
+            k, at, _ascending(needs), _ascending(conflicts), last_forward, last_late, copies, _ascending(keeps)
         )
+
+
+def _ascending(nodes: list[int]) -> tuple[int, ...]:
+    """``nodes`` without repeats, in ascending order (most lists are empty)."""
+    return tuple(sorted(set(nodes))) if nodes else ()
 
 
 def add_recompute(problem: Problem, mode: str) -> None:
@@ -252,27 +247,31 @@ def add_recompute(problem: Problem, mode: str) -> None:
     # items whose own Strategies objects hold one tuple (problem.py ``_fused``) get twins of one
     # object (``Strategies.twin``: objects of their own, sharing the strategies and their specs)
     by_tuple: dict[tuple, tuple[Strategies, tuple]] = {}
+    items_of = item_of.__getitem__
     for k in sorted(set(found) | set(until)):
-        it = problem.items[item_of[k]]
-        key = (it.strategies, k in found, k in until)
+        i = item_of[k]
+        it = items[i]
+        c = found.get(k)
+        held_for = until.get(k)
+        kinds = (c is not None, held_for is not None)  # (recomputed, kept as a checkpoint)
+        key = (it.strategies, *kinds)
         new = twins.get(key)
-        alike = (id(it.strategies.as_tuple), k in found, k in until)
+        alike = (id(it.strategies.as_tuple), *kinds)
         if new is None and alike in by_tuple:  # another object over the same tuple (fused twins): a twin
             new = twins[key] = by_tuple[alike][0].twin()
         if new is None:
             again, held = [], []  # made only for the kinds the item gets
-            if k in found:
+            if c is not None:
                 again = [dataclasses.replace(s, compute_s=2 * s.compute_s, recompute=True) for s in it.strategies]
-            if k in until:
+            if held_for is not None:
                 held = [dataclasses.replace(s, checkpoint=True) for s in it.strategies]
             if mode == "on":  # forced: only the twins
-                new = Strategies(again if k in found else held)
+                new = Strategies(again if c is not None else held)
             else:
-                new = Strategies([*it.strategies, *(again if k in found else ()), *(held if k in until else ())])
+                new = Strategies([*it.strategies, *again, *held])
             twins[key] = new
             by_tuple[alike] = (new, it.strategies.as_tuple)  # the tuple kept: its id is the key
         it.strategies = new
-        c = found.get(k)
         ranges = {}
         if c is not None:
             for o in c.last_late:
@@ -281,13 +280,13 @@ def add_recompute(problem: Problem, mode: str) -> None:
                     + [slot[r] for r in c.copy_readers[o] if r in slot]
                 )
                 ranges[o] = ((pos(k), pos(c.last_forward[o])), (slot[k], last))
-        problem.remat[item_of[k]] = RematRanges(
+        problem.remat[i] = RematRanges(
             point=slot[k] if c else -1,
             ranges=ranges,
-            needs=tuple([item_of[j] for j in c.needs]) if c else (),
-            conflicts=tuple([item_of[j] for j in c.conflicts]) if c else (),
-            keeps=tuple([item_of[j] for j in c.keeps]) if c else (),
-            checkpoint={v: max(slot[r] for r in readers) for v, readers in until.get(k, {}).items()},
+            needs=tuple(map(items_of, c.needs)) if c else (),
+            conflicts=tuple(map(items_of, c.conflicts)) if c else (),
+            keeps=tuple(map(items_of, c.keeps)) if c else (),
+            checkpoint={v: max(slot[r] for r in readers) for v, readers in held_for.items()} if held_for else {},
         )
 
 

@@ -56,10 +56,10 @@ def saved_bytes(node: Node, fused: frozenset[Value] | Mapping[Value, int]) -> in
     """The bytes of ``node``'s operands (each use) and results that fusion keeps out of memory;
     ``fused``: the fused values (``fused_values``), or their bytes by value (``fused_bytes``: each
     value's bytes found once, not per use, for a caller asking of every node)."""
-    if isinstance(fused, Mapping):
-        get = fused.get
-        return sum(map(get, node.inputs, repeat(0))) + sum(map(get, node.outputs, repeat(0)))
-    return sum(v.type.nbytes for v in (*node.inputs, *node.outputs) if v in fused)
+    if isinstance(fused, frozenset):  # (first: a Mapping check is an ABC's, slow for every node)
+        return sum(v.type.nbytes for v in (*node.inputs, *node.outputs) if v in fused)
+    get = fused.get
+    return sum(map(get, node.inputs, repeat(0))) + sum(map(get, node.outputs, repeat(0)))
 
 
 def fused_bytes(fused: frozenset[Value]) -> dict[Value, int]:

@@ -33,7 +33,7 @@ from typing import Any
 
 from graphc.core.collector import collector_paused
 from graphc.core.errors import PlanError
-from graphc.core.ir import Graph, Node, TensorType, Value
+from graphc.core.ir import Graph, Node, OpDef, TensorType, Value
 from graphc.core.mesh import Mesh
 from graphc.core.spec import P, Spec, SpecError, format_spec, parse_spec
 from graphc.core.traits import Constant, IndexedLookup, ShardingConstraint, stream_position
@@ -387,8 +387,8 @@ class _ProblemBuilder:
         """One item per node, with an edge from the producer of each of its operands. Nodes with
         equal keys (repeated layers) share the strategies computed for the first of them."""
         mesh_shape = tuple(self.mesh.shape)
-        strategy_cache: dict = {}
-        partial_cache: dict[int, tuple] = {}  # id(strategies) -> (them, per result the sets of axes left P)
+        # key -> (the strategies, per result the sets of axes some strategy leaves it P)
+        strategy_cache: dict[Any, tuple[Strategies, list[frozenset]]] = {}
         fused_cache: dict = {}  # (key's strategies, bytes fusion saves) -> the strategies at the fused time
         partial: dict[Value, frozenset] = {}  # value -> the sets of axes its producer may leave P
         zero_axes = self.zero_axes()
@@ -400,18 +400,20 @@ class _ProblemBuilder:
         fused = fused_bytes(self.fused)  # each value's bytes once, not per use
         phases: dict[str | None, dict[str | None, str]] = {}  # reader's part -> value's part -> read_phase
         redo_later, none = self.redo_later, frozenset[frozenset[int]]()
+        reduced: dict[frozenset, frozenset] = {}  # ``_reduced_along``'s cache
+        pins: dict[OpDef, bool] = {}  # op -> whether it pins its node (ShardingConstraint), asked once per op
         for n_i, node in enumerate(self.graph.nodes):
             rule = rules[node]
             in_update = node in update
             inputs = node.inputs
             arriving = tuple(map(partial.get, inputs, repeat(none)))
             if zero_axes and in_update:  # ZeRO reduces a gradient before the update
-                arriving = tuple(frozenset(s for s in sets if not s & zero_axes) for sets in arriving)
+                arriving = _reduced_along(arriving, zero_axes, reduced)
             overhead = self.op_overhead(node)
             key = _node_key(node, value_keys[in_update], arrays)
             key = None if key is None else (key, arriving, overhead)
-            strategies = strategy_cache.get(key) if key is not None else None
-            if strategies is None:
+            known = strategy_cache.get(key) if key is not None else None
+            if known is None:
                 found = node_strategies(
                     node,
                     rule,
@@ -426,11 +428,12 @@ class _ProblemBuilder:
                     keep = set(lowest_zero_dims([s.in_specs + s.out_specs for s in found], zero_axes))
                     found = [s for s in found if s.in_specs + s.out_specs in keep]
                 strategies = Strategies(found)
+                known = (strategies, _left_partial(strategies, len(node.outputs)))
                 if key is not None:
-                    strategy_cache[key] = strategies
+                    strategy_cache[key] = known
+            strategies = known[0]
             outputs = node.outputs
-            for o, sets_o in zip(outputs, _left_partial(strategies, len(outputs), partial_cache)):
-                partial[o] = sets_o
+            partial.update(zip(outputs, known[1]))
             saved = saved_bytes(node, fused) if fused else 0
             if saved:  # the device's compiler keeps some operands or results out of memory (sharding/fusion.py)
                 strategies = self._fused(node, strategies, saved, overhead, key, fused_cache)
@@ -441,7 +444,10 @@ class _ProblemBuilder:
                 )
                 item.warning = f"{node.op.name} {why}: replicated"
                 self.warnings.append(f"{node.loc or '?'}: {item.warning}")
-            if node.op.has(ShardingConstraint):
+            pinned = pins.get(node.op)
+            if pinned is None:
+                pinned = pins[node.op] = node.op.has(ShardingConstraint)
+            if pinned:
                 _pin(item, node.attrs["spec"], f"graphc.shard at {node.loc or '?'}", PlanError, node=True)
             idx = len(items)
             items.append(item)
@@ -580,17 +586,24 @@ class _ProblemBuilder:
             self.edges.append(Edge(src=src, src_out=out, dst=idx, dst_in=0, value=v))
 
 
-def _left_partial(strategies: Strategies, n_out: int, cache: dict[int, tuple]) -> list[frozenset]:
-    """Per result: the sets of mesh axes some strategy leaves it partial (P) along; made once per
-    Strategies object (shared by equal nodes)."""
-    got = cache.get(id(strategies))
-    if got is None or got[0] is not strategies:
-        sets_of = []
-        for k in range(n_out):
-            axes = {frozenset(a for a, q in enumerate(st.out_specs[k]) if q == P) for st in strategies}
-            sets_of.append(frozenset(axes - {frozenset()}))
-        got = cache[id(strategies)] = (strategies, sets_of)
-    return got[1]
+def _reduced_along(arriving: tuple[frozenset, ...], axes: frozenset[int], cache: dict) -> tuple[frozenset, ...]:
+    """Per operand, the sets of axes it may arrive partial along (``arriving``) less those that
+    meet ``axes``: what is left once ZeRO reduces a gradient along them. Each distinct set of sets
+    is filtered once (``cache``: repeated layers' update nodes read the same ones)."""
+    for sets in arriving:
+        if sets not in cache:
+            cache[sets] = frozenset(s for s in sets if not s & axes)
+    return tuple(map(cache.__getitem__, arriving))
+
+
+def _left_partial(strategies: Strategies, n_out: int) -> list[frozenset]:
+    """Per result: the sets of mesh axes some strategy leaves it partial (P) along (made once per
+    node key: ``add_nodes`` keeps them with the strategies)."""
+    sets_of = []
+    for k in range(n_out):
+        axes = {frozenset(a for a, q in enumerate(st.out_specs[k]) if q == P) for st in strategies}
+        sets_of.append(frozenset(axes - {frozenset()}))
+    return sets_of
 
 
 def _node_key(node, value_keys, arrays: ArrayTokens):

@@ -249,7 +249,7 @@ def _unite(classes: _DimClasses, labelled: set[int], nodes: list[Node], rules: d
     it unites nothing. Which dims those are is read from each rule once (``_rule_places``; equal
     nodes share a rule)."""
     cache: dict[int, tuple] = {}
-    slot, first, label = classes.slot, classes.first, labelled.add
+    first, label = classes.first, labelled.add
     find, parent = classes.find, classes.parent
     for node in nodes:
         rule = rules.get(node)
@@ -264,15 +264,19 @@ def _unite(classes: _DimClasses, labelled: set[int], nodes: list[Node], rules: d
         for is_in, i, dims in operands:
             v = ins[i] if is_in else outs[i]
             b = first.get(v)
-            if b is None:
-                b = slot(v, 0)
+            if b is None:  # ``classes.slot(v, 0)``, inlined: most results are new here
+                b = first[v] = len(parent)
+                parent.extend(range(b, b + len(v.type.shape)))
             bases.append(b)
             for d in dims:
                 label(b + d)
         for k1, d1, k2, d2 in pairs:  # ``classes.union``, inlined: a pair per label and node
             a, b = bases[k1] + d1, bases[k2] + d2
-            ra = a if parent[a] == a else find(a)
-            rb = b if parent[b] == b else find(b)
+            ra, rb = parent[a], parent[b]  # a root, or (mostly, after path compression) its child
+            if parent[ra] != ra:
+                ra = find(a)
+            if parent[rb] != rb:
+                rb = find(b)
             if ra != rb:  # the later place (mostly a new result's dim, a root) joins the first's class
                 parent[rb] = ra
 

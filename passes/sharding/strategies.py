@@ -271,7 +271,8 @@ def _label_index(graph: Graph, rules: dict) -> tuple[list[tuple], dict[Value, li
         rule = rules.get(node)
         if rule is None:
             continue
-        labels, factored = _label_groups(rule, by_label)
+        known = by_label.get(id(rule))  # equal nodes share a rule: mostly known
+        labels, factored = known[1:] if known is not None and known[0] is rule else _label_groups(rule, by_label)
         k = len(nodes)
         nodes.append((node, labels))
         for v in (*node.inputs, *node.outputs):
@@ -291,9 +292,12 @@ def _groups_at(nodes: list[tuple], at: list[int], v: Value, d: int) -> list[tupl
     found = []
     for k in at:
         node, labels = nodes[k]
+        ins, outs = node.inputs, node.outputs
         for j, places in enumerate(labels):
-            if any(e == d and (node.inputs[i] if side == "in" else node.outputs[i]) is v for side, i, e, _f in places):
-                found.append((k, j))
+            for side, i, e, _f in places:
+                if e == d and (ins[i] if side == "in" else outs[i]) is v:
+                    found.append((k, j))
+                    break
     return found
 
 

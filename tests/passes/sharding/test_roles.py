@@ -3,6 +3,7 @@ tp anything; free_axes lifts the roles. Plans are checked on what they split and
 
 import warnings
 
+import networkx as nx
 import numpy as np
 import pytest
 
@@ -14,7 +15,7 @@ from graphc.core.spec import R, S
 from graphc.models import gpt, llama
 from graphc.passes.options import PlanOptions
 from graphc.passes.partition import build_problem, optimize_for_planning, state_ties
-from graphc.passes.sharding.roles import BATCH, SEQ, axis_roles
+from graphc.passes.sharding.roles import BATCH, SEQ, _rule_places, axis_roles
 from graphc.passes.sharding.strategies import rules_of
 from tests.helpers import assert_adam_step_close, assert_same_pytree
 
@@ -111,6 +112,29 @@ def test_batch_and_sequence_dims_follow_the_dataflow():
     assert names["params.embed"] in roles.state
     hidden = [n.outputs[0] for n in graph.nodes if n.outputs and n.outputs[0].type.shape == (2, 8, 32)]
     assert hidden and all(roles.kinds(v) == (BATCH, SEQ, 0) for v in hidden)
+
+
+def test_dim_classes_are_the_connected_dims_of_the_rules():
+    """``_unite``'s union-find (inlined, skipping ``find`` for a root's child) partitions the dims
+    as the components of the graph of dims its rules' labels join (networkx), over two layers."""
+    (params, tokens, targets), kw = llama.example_loss_args(batch=2, seq=8, d=32, n_layer=2, n_head=4, n_kv_head=2)
+    graph = optimize_for_planning(graphc.trace(llama.loss, params, tokens, targets, **kw))
+    rules = rules_of(graph)
+    classes = axis_roles(graph, Mesh("dp=2,sp=2"), rules, ties=[]).classes
+    joined = nx.Graph()
+    joined.add_nodes_from(range(len(classes.parent)))
+    for node in graph.nodes:
+        if rules[node] is None:
+            continue
+        operands, pairs = _rule_places(rules[node])
+        bases = [classes.first[node.inputs[i] if is_in else node.outputs[i]] for is_in, i, _dims in operands]
+        joined.add_edges_from((bases[k1] + d1, bases[k2] + d2) for k1, d1, k2, d2 in pairs)
+    want = sorted(sorted(c) for c in nx.connected_components(joined))
+    by_root: dict[int, list[int]] = {}
+    for x in range(len(classes.parent)):
+        by_root.setdefault(classes.find(x), []).append(x)
+    assert sorted(by_root.values()) == want
+    assert len(want) < len(classes.parent) / 2  # most dims joined: the test sees unions, not singletons
 
 
 def test_time_major_batch_is_found_behind_the_time_dim():
