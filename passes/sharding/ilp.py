@@ -189,18 +189,25 @@ def _ids(objects: list) -> np.ndarray:
 
 
 def _numbered(columns: list[np.ndarray]) -> np.ndarray:
-    """Per row of these integer columns, a number from 0 up, equal exactly when the rows are: each
-    column numbered by its distinct values, the rows by mixed radix (renumbered from 0 before the
-    radix would pass 2**62, and at the end)."""
+    """Per row of these integer columns, a number from 0 up, equal exactly when the rows are: the
+    rows by mixed radix of their columns (renumbered from 0 before the radix would pass 2**62, and
+    at the end), in the rows' lexicographic order. A column of small non-negative integers (edge
+    ends, numbers made here) is its own digit; others (object ids) are numbered by their distinct
+    values first (the same order: numbering keeps it)."""
     code = np.zeros(len(columns[0]), dtype=np.int64)
     size = 1
     for col in columns:
-        distinct, col = np.unique(col, return_inverse=True)
-        if size * len(distinct) >= 2**62:
+        col = np.asarray(col, dtype=np.int64)
+        if len(col) and 0 <= col.min() and col.max() < 4 * len(col) + 16:
+            radix = int(col.max()) + 1
+        else:
+            distinct, col = np.unique(col, return_inverse=True)
+            radix = len(distinct)
+        if size * radix >= 2**62:
             code = np.unique(code, return_inverse=True)[1]
             size = int(code.max()) + 1
-        code = code * len(distinct) + col
-        size *= len(distinct)
+        code = code * radix + col.reshape(-1)
+        size *= radix
     return np.unique(code, return_inverse=True)[1].reshape(-1)
 
 
