@@ -280,23 +280,28 @@ def step_flops(graph: Graph) -> tuple[dict[str, float], dict[str, float]]:
     flops: dict[str, float] = {}
     contraction: dict[str, float] = {}
     dtype_names: dict = {}  # dtype -> its name (numpy makes the string on every ask)
-    known: dict[tuple, float] = {}  # (op, types) -> flops, for the nodes without attributes (most)
+    # (op, types) -> (flops, dtype name or None, a contraction?), for the nodes without attributes (most)
+    known: dict[tuple, tuple[float, str | None, bool]] = {}
     for node in graph.nodes:
         in_types = tuple([v.type for v in node.inputs])
         out_types = tuple([o.type for o in node.outputs])
         key = None if node.attrs or node.regions else (node.op, in_types, out_types)
-        f = known.get(key) if key is not None else None
-        if f is None:
+        share = known.get(key) if key is not None else None
+        if share is None:
             attrs = {**node.attrs, "regions": node.regions} if node.regions else dict(node.attrs)
             f = (node.op.cost or default_cost)(in_types, out_types, **attrs)[0]
+            dtype = None
+            if in_types or out_types:
+                dt = (in_types or out_types)[0].dtype
+                dtype = dtype_names.get(dt) or dtype_names.setdefault(dt, dt.name)
+            share = (f, dtype, node.op.has(Contraction))
             if key is not None:
-                known[key] = f
-        if not (in_types or out_types) or not f:
+                known[key] = share
+        f, dtype, contracts = share
+        if dtype is None or not f:
             continue
-        dt = (in_types or out_types)[0].dtype
-        dtype = dtype_names.get(dt) or dtype_names.setdefault(dt, dt.name)
         flops[dtype] = flops.get(dtype, 0.0) + f
-        if node.op.has(Contraction):
+        if contracts:
             contraction[dtype] = contraction.get(dtype, 0.0) + f
     return flops, contraction
 

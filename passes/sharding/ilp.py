@@ -189,18 +189,25 @@ def _ids(objects: list) -> np.ndarray:
 
 
 def _numbered(columns: list[np.ndarray]) -> np.ndarray:
-    """Per row of these integer columns, a number from 0 up, equal exactly when the rows are: each
-    column numbered by its distinct values, the rows by mixed radix (renumbered from 0 before the
-    radix would pass 2**62, and at the end)."""
+    """Per row of these integer columns, a number from 0 up, equal exactly when the rows are: the
+    rows by mixed radix of their columns (renumbered from 0 before the radix would pass 2**62, and
+    at the end), in the rows' lexicographic order. A column of small non-negative integers (edge
+    ends, numbers made here) is its own digit; others (object ids) are numbered by their distinct
+    values first (the same order: numbering keeps it)."""
     code = np.zeros(len(columns[0]), dtype=np.int64)
     size = 1
     for col in columns:
-        distinct, col = np.unique(col, return_inverse=True)
-        if size * len(distinct) >= 2**62:
+        col = np.asarray(col, dtype=np.int64)
+        if len(col) and 0 <= col.min() and col.max() < 4 * len(col) + 16:
+            radix = int(col.max()) + 1
+        else:
+            distinct, col = np.unique(col, return_inverse=True)
+            radix = len(distinct)
+        if size * radix >= 2**62:
             code = np.unique(code, return_inverse=True)[1]
             size = int(code.max()) + 1
-        code = code * len(distinct) + col
-        size *= len(distinct)
+        code = code * radix + col.reshape(-1)
+        size *= radix
     return np.unique(code, return_inverse=True)[1].reshape(-1)
 
 
@@ -237,8 +244,9 @@ def _compute_vectors(p: Problem, groups: list[Group], of: list[int], maps: dict)
     """Per group: the compute time of its members under each of its strategies, summed (in the
     members' order, each distinct term once times its count, all in one ``np.add.at``). Terms are
     told apart by their items' Strategies objects (each holds compute times of its own,
-    ``Strategies.compute_times``); the times are read once per strategy tuple, equal for every
-    object over it."""
+    ``Strategies.compute_times``); a term's values, its times at its map, are equal for every
+    object over one strategy tuple with that map: read once per (strategy tuple, map), which
+    repeated layers share, and laid out for all terms at once."""
     items = p.items
     sizes = np.array([g.size for g in groups], dtype=np.int64)
     offset = np.cumsum(sizes) - sizes
@@ -247,28 +255,28 @@ def _compute_vectors(p: Problem, groups: list[Group], of: list[int], maps: dict)
         # a term per distinct (group, Strategies object, map), numbered for all members at once,
         # in the order first met, with its count
         member = list(maps)
-        term = _numbered(
-            [
-                np.asarray(of, dtype=np.int64)[member],
-                _ids([items[i].strategies for i in member]),
-                _ids(list(maps.values())),
-            ]
-        )
+        strategies = [items[i].strategies for i in member]
+        map_ids = _ids(list(maps.values()))
+        group = np.asarray(of, dtype=np.int64)[member]
+        term = _numbered([group, _ids(strategies), map_ids])
         first, count = np.unique(term, return_index=True, return_counts=True)[1:]
         order = np.argsort(first, kind="stable")
-        terms = [(member[k], maps[member[k]], n) for k, n in zip(first[order].tolist(), count[order].tolist())]
+        first, count = first[order], count[order]
+        # per term, its values' number: its (strategy tuple, map), whose values are made once
+        shape = _numbered([_ids([strategies[k].as_tuple for k in first.tolist()]), map_ids[first]])
         by_tuple: dict[int, np.ndarray] = {}
-        times = []
-        for i, _m, _n in terms:
-            key = id(items[i].strategies.as_tuple)
+        values = []
+        for k in first[np.unique(shape, return_index=True)[1]].tolist():
+            key = id(strategies[k].as_tuple)
             t = by_tuple.get(key)
-            times.append(t if t is not None else by_tuple.setdefault(key, p.costs.compute_times(i)))
-        lengths = np.array([len(m) for _i, m, _n in terms], dtype=np.int64)  # a map per group strategy
-        tlen = np.array([len(t) for t in times], dtype=np.int64)
-        picks = np.concatenate([m for _i, m, _n in terms]) + np.repeat(np.cumsum(tlen) - tlen, lengths)
-        val = np.concatenate(times)[picks] * np.repeat(np.array([n for _i, _m, n in terms], dtype=np.float64), lengths)
-        group = np.array([of[i] for i, _m, _n in terms], dtype=np.int64)
-        np.add.at(out, np.repeat(offset[group], lengths) + _starts(lengths), val)
+            t = t if t is not None else by_tuple.setdefault(key, p.costs.compute_times(member[k]))
+            values.append(t[maps[member[k]]])
+        vlen = np.array([len(v) for v in values], dtype=np.int64)  # a value per group strategy
+        lengths = vlen[shape]
+        inside = _starts(lengths)
+        val = np.concatenate(values)[np.repeat((np.cumsum(vlen) - vlen)[shape], lengths) + inside]
+        val = val * np.repeat(count.astype(np.float64), lengths)
+        np.add.at(out, np.repeat(offset[group[first]], lengths) + inside, val)
     return [out[a : a + s] for a, s in zip(offset.tolist(), sizes.tolist())]
 
 

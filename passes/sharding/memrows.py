@@ -83,10 +83,11 @@ class MemoryRows:
         terms: dict[tuple[int, int, int], int] = {}  # (bytes, map, group) -> its segment
         # the same with the strategies: (segment, a strategy per flags, in the flags' numbering)
         remat_terms: dict[tuple[int, int, int, int], tuple[int, list[int]]] = {}
+        live = mem.live_ranges()
         seg: list[int] = []  # per live range: its segment
-        lo_of: list[int] = []  # per live range: its positions (recomputable: unused)
-        hi_of: list[int] = []
-        slot_of: list[int] = []  # per live range: where its flags' ranges start in ``slot_start`` (-1: plain)
+        lo_of = [a for _v, _i, a, _b in live]  # per live range: its positions (recomputable: unused)
+        hi_of = [b for _v, _i, _a, b in live]
+        slot_of = [-1] * len(live)  # per live range: where its flags' ranges start in ``slot_start`` (-1: plain)
         slot_start: list[int] = []  # per range's flags: its first range in ``flat_lo``, and how many
         slot_count: list[int] = []
         flat_lo: list[int] = []
@@ -100,16 +101,16 @@ class MemoryRows:
             pool_flag.extend(flags)
             return len(seg_start) - 1
 
-        for v, i, a, b in mem.live_ranges():
-            g, m = model.of[i], model.maps[i]
-            xs = model.x[g]
+        of, maps, x = model.of, model.maps, model.x
+        for r, (v, i, a, b) in enumerate(live):
+            g, m = of[i], maps[i]
             per = mem.strategy_bytes(v, i)
             if i in remat:  # kept or recomputed, by strategy: live over different ranges
                 sts = p.items[i].strategies
                 key = (id(per), id(m), g, id(sts.as_tuple))
                 got = remat_terms.get(key)
                 if got is None:  # (column, bytes, flags) per group strategy with bytes; a strategy per flags
-                    entries, example = _remat_marks(per, m, xs, sts)
+                    entries, example = _remat_marks(per, m, x[g], sts)
                     number = {flags: k for k, flags in enumerate(example)}
                     k_seg = segment(
                         [c for c, _nb, _f in entries],
@@ -119,26 +120,23 @@ class MemoryRows:
                     got = remat_terms[key] = (k_seg, list(example.values()))
                 k_seg, strategies = got
                 seg.append(k_seg)
-                lo_of.append(0)
-                hi_of.append(0)
-                slot_of.append(len(slot_start))
+                slot_of[r] = len(slot_start)
                 for item_s in strategies:  # the ranges depend on the strategy's flags alone
                     rs = mem.ranges_under(v, i, item_s, a, b)
                     slot_start.append(len(flat_lo))
                     slot_count.append(len(rs))
-                    flat_lo.extend([lo for lo, _hi in rs])
-                    flat_hi.extend([hi for _lo, hi in rs])
+                    for lo, hi in rs:
+                        flat_lo.append(lo)
+                        flat_hi.append(hi)
                 continue
             known = terms.get((id(per), id(m), g))
             if known is None:
+                xs = x[g]
                 under = per[m[:1]] if xs is None else per[m]
                 keep = np.flatnonzero(under)
                 cols = [-1] * len(keep) if xs is None else xs[keep].tolist()
                 known = terms[(id(per), id(m), g)] = segment(cols, under[keep].tolist(), [0] * len(cols))
             seg.append(known)
-            lo_of.append(a)
-            hi_of.append(b)
-            slot_of.append(-1)
         first, last, col, nbytes = self._laid_out(
             (pool_cols, pool_nbytes, pool_flag, seg_start, seg_len),
             (seg, lo_of, hi_of, slot_of),

@@ -46,6 +46,25 @@ def test_ordered_sums_add_each_entry_term_by_term():
     assert ilp._ordered_sums({}, [], np.zeros(0), [], [], []) == {}
 
 
+def test_numbered_numbers_rows_in_their_lexicographic_order():
+    """``ilp._numbered``'s numbers are the rows' ranks among the distinct rows, whether a column is
+    its own digit (small non-negative integers) or numbered by its distinct values first (object
+    ids, negative numbers), and when the radix passes 2**62 on the way."""
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        n = int(rng.integers(1, 200))
+        cols = [
+            rng.integers(0, 3, n),  # small: a digit of its own (every combination of these shows)
+            rng.integers(0, 3, n),
+            rng.integers(-3, 5, n),  # negative: numbered first
+            rng.integers(0, 4 * n + 40, n),  # may pass the small bound: either way
+            rng.integers(2**40, 2**40 + 6, n),  # ids: numbered first
+            *(rng.integers(0, 2**20, n) for _ in range(4)),  # large radices: renumbered before 2**62
+        ]
+        want = np.unique(np.stack(cols, axis=1), axis=0, return_inverse=True)[1].reshape(-1)
+        assert ilp._numbered(cols).tolist() == want.tolist()
+
+
 @pytest.fixture(scope="module")
 def problem():
     """A 3-layer GPT-3 step with three tied layers on tp=2 (offload candidates on the A100 profile)."""
