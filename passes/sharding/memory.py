@@ -45,7 +45,7 @@ import numpy as np
 from graphc.core.ir import Graph, OpDef, TensorType, Value
 from graphc.core.mesh import Mesh
 from graphc.core.spec import P, R, local_shape
-from graphc.core.traits import Constant, ViewOf
+from graphc.core.traits import Constant, Elementwise, Reduction, ViewOf
 from graphc.passes.bucket import fill_buckets
 from graphc.passes.fuse import find_clusters
 from graphc.passes.sharding.items import Edge, Item
@@ -650,17 +650,28 @@ _INPUTS = operator.attrgetter("inputs")
 def view_roots(graph: Graph) -> dict[Value, Value]:
     """{value: the value whose buffer it looks into} for the results of ``graph``'s top-level
     nodes whose op returns a view of an operand (the ViewOf trait, which the executor reads too):
-    no new memory. A reshape of a strided view copies, as numpy's does."""
+    no new memory. A reshape of a strided view copies, as numpy's does; so does a reshape of an
+    elementwise op's or a reduction's result over a strided operand, which numpy lays out as
+    that operand (its ufuncs' ``order="K"``: ``np.add(1, a.T)`` is as transposed as ``a.T``),
+    counted as strided whenever any operand is (never an under-count)."""
     roots: dict[Value, Value] = {}
-    strided: set[Value] = set()  # views that are not C-contiguous
+    strided: set[Value] = set()  # values that may not be C-contiguous
     views: dict[OpDef, ViewOf | None] = {}  # each op's trait asked once, not per node
+    follows: dict[OpDef, bool] = {}  # the op's result is laid out as its operands are
     for node in graph.nodes:
         op = node.op
         if op in views:
             view = views[op]
         else:
             view = views[op] = op.trait(ViewOf) if op.has(ViewOf) else None
-        if view is None or node.regions or not node.inputs:
+        if view is None:
+            if strided and not node.regions:
+                if op not in follows:
+                    follows[op] = op.has(Elementwise) or op.has(Reduction)
+                if follows[op] and not strided.isdisjoint(node.inputs):
+                    strided.update(node.outputs)
+            continue
+        if node.regions or not node.inputs:
             continue
         x = node.inputs[view.operand]
         if view.copies_strided and x in strided:

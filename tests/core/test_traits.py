@@ -100,10 +100,38 @@ def test_declared_aliasing_is_what_the_executor_does(name):
 
 
 @settings(max_examples=150, deadline=None)
-@given(random_graphs(max_nodes=8, ops=[*VIEW_OPS, "add", "convert"]), st.integers(0, 1000))
+@given(random_graphs(max_nodes=8, ops=[*VIEW_OPS, "add", "convert", "reduce_sum"]), st.integers(0, 1000))
 def test_chains_of_views_agree_between_planner_and_executor(graph, seed):
-    """Views of views (a transpose then a reshape copies in numpy; a slice of a slice does not)."""
+    """Views of views (a transpose then a reshape copies in numpy; a slice of a slice does not),
+    and views of what an elementwise op or a reduction made from a view."""
     _check(graph, seed)
+
+
+@pytest.mark.parametrize(
+    "middle",
+    [
+        "add(%x, %t) : f32[4,3,2]",  # hypothesis found it: the sum is laid out as the transpose
+        "convert(%t, dtype=f64) : f64[4,3,2]",
+        "reduce_sum(%t, axes=(1,), keepdims=true) : f32[4,1,2]",
+    ],
+)
+def test_reshape_of_a_result_laid_out_as_a_strided_operand_is_counted(middle):
+    """numpy's ufuncs and reductions lay a result out as their operands (``order="K"``), so a
+    reshape of one made from a transpose copies: the planner must count its bytes."""
+    from graphc.textir import parse
+
+    dtype, dims = middle.rsplit(":", 1)[1].strip()[:-1].split("[")
+    n = int(np.prod([int(d) for d in dims.split(",")]))
+    graph = parse(
+        "graph @g(%x : f32[4,3,2], %y : f32[2,3,4]) {\n"
+        "  %t = transpose(%y, perm=(2, 1, 0)) : f32[4,3,2]\n"
+        f"  %m = {middle}\n"
+        f"  %r = reshape(%m, shape=({n},)) : {dtype}[{n}]\n"
+        "  return %r\n}"
+    )
+    reshaped = graph.nodes[-1].outputs[0]
+    assert reshaped not in view_roots(graph)
+    _check(graph, 0)
 
 
 def test_linear_operands_come_from_the_trait():
