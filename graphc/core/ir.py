@@ -115,23 +115,29 @@ class OpDef:
     def __repr__(self) -> str:
         return f"OpDef({self.name})"
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if name == "traits":  # (also set after the op's definition, next to its rules: graphc/ops/)
+            self.__dict__.pop("_kinds", None)  # made again from the new traits when next asked
+
+    @functools.cached_property
+    def _kinds(self) -> dict[type[Trait], Trait]:
+        """Each class of the op's traits and its base classes, with the first trait that is an
+        instance of it: what ``has`` and ``trait`` look up (the passes and the planner ask
+        millions of times a compile)."""
+        kinds: dict[type[Trait], Trait] = {}
+        for t in self.traits:
+            for cls in type(t).__mro__:
+                kinds.setdefault(cls, t)
+        return kinds
+
     def has(self, kind: type[Trait]) -> bool:
-        """Whether the op declares a trait of class ``kind`` (remembered per kind while ``traits``
-        is the same tuple: the passes and the planner ask millions of times a compile)."""
-        known: tuple[tuple[Trait, ...], dict[type[Trait], bool]] | None = self.__dict__.get("_has")
-        if known is None or known[0] is not self.traits:
-            known = self.__dict__["_has"] = (self.traits, {})
-        got = known[1].get(kind)
-        if got is None:
-            got = known[1][kind] = any(isinstance(t, kind) for t in self.traits)
-        return got
+        """Whether the op declares a trait of class ``kind``."""
+        return kind in self._kinds
 
     def trait(self, kind: type[T]) -> T | None:
         """The op's trait of class ``kind``, or None."""
-        for t in self.traits:
-            if isinstance(t, kind):
-                return t
-        return None
+        return self._kinds.get(kind)  # type: ignore[return-value]  # (a trait of class kind: _kinds)
 
     def infer_types(
         self, in_types: tuple[TensorType, ...], attrs: dict[str, Any], regions: tuple = ()
