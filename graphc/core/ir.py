@@ -259,6 +259,14 @@ def freeze_attr(v: Any) -> Any:
 _FROZEN = (int, float, str, bool, type(None))  # attribute values frozen already, the common ones
 
 
+def _frozen_attrs(attrs: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``attrs`` with each value frozen (``freeze_attr``)."""
+    frozen = {}
+    for k, v in attrs.items():  # (a loop: a shape, axes or a dtype, most values, without a call)
+        frozen[k] = v if type(v) in _FROZEN else freeze_attr(v)
+    return frozen
+
+
 # Tables of shared immutable objects (result types here, source locations in the frontend): equal
 # objects made once, so a large graph keeps fewer objects for the collector to walk. A table holds
 # at most INTERN_LIMIT entries and starts afresh when full (what it handed out stays valid; only
@@ -299,7 +307,7 @@ class Node:
         self.op = op
         self.regions = tuple(regions)
         self.inputs = tuple(inputs)
-        self.attrs = {k: freeze_attr(v) for k, v in attrs.items()} if attrs else {}
+        self.attrs = _frozen_attrs(attrs) if attrs else {}
         known = _TYPES.get  # equal result types shared (INTERN_LIMIT)
         types = output_types if type(output_types) is tuple else tuple(output_types)
         if len(types) == 1:  # (nearly every node: one result)
