@@ -18,10 +18,12 @@ import numpy as np
 from graphc.core.ir import Graph, Node, Value
 from graphc.passes.rewrite import Rewriter, apply_to_graph, finish, map_regions
 
+_INT = {int}
+
 
 def attr_key(v: Any) -> Any:
     """A hashable key for an attribute value (arrays by dtype, shape and bytes)."""
-    if type(v) is tuple and all([type(x) is int for x in v]):  # a shape, axes, a permutation: itself
+    if type(v) is tuple and (not v or {*map(type, v)} == _INT):  # a shape, axes, a permutation: itself
         return ("tuple of ints", v)  # (no type's name has spaces: no other value's key is equal)
     if isinstance(v, np.ndarray):
         return ("array", v.dtype.str, v.shape, v.tobytes())
@@ -50,7 +52,8 @@ def cse_block(inputs: list[Value], nodes: list[Node], outputs: list[Value]) -> t
             continue
         ins = node.inputs
         operands = tuple(map(remapped, ins, ins))  # (rw.operands, inline: asked of every node)
-        key = node_key(node.op.name, operands, node.attrs)
+        attrs = node.attrs
+        key = node_key(node.op.name, operands, attrs) if attrs else (node.op.name, operands, ())  # (node_key, inline)
         earlier = seen.get(key)
         if earlier is not None and node.part != "recompute":  # a recomputed copy is meant to be one
             rw.replace(node, list(earlier.outputs))

@@ -33,9 +33,13 @@ def _constants_of(operands: list[Value]) -> list | None:
 
 def fold_block(inputs: list[Value], nodes: list[Node], outputs: list[Value]) -> tuple[list[Node], list[Value]]:
     rw = Rewriter()
+    remapped = rw.subst.get
     for node in nodes:
-        operands = rw.operands(node)
-        values = _constants_of(operands)
+        ins = node.inputs
+        operands = list(map(remapped, ins, ins))  # (rw.operands, inline: asked of every node)
+        first = operands[0].producer if operands else None
+        # (_constants_of asked only when the first operand is a constant: nearly every node's is not)
+        values = _constants_of(operands) if first is not None and first.op.has(Constant) else None
         foldable = (
             not node.regions
             and operands

@@ -40,16 +40,17 @@ class Cluster:
     low: bool = False  # holds bfloat16 values: elementwise ops only (runtime/lowkernel.py)
     rows: bool = False  # holds a reduction or a per-row value
 
-    def admits(self, node: Node, level: str) -> bool:
-        """Whether ``node`` may join at ``level``: a kernel on bfloat16 values is one elementwise
-        loop, so a cluster holds bfloat16 values or reductions and per-row values, never both."""
-        if not (self.low or touches_bfloat16(node)):
+    def admits(self, kind: NodeKind, level: str) -> bool:
+        """Whether a node of ``kind`` may join at ``level``: a kernel on bfloat16 values is one
+        elementwise loop, so a cluster holds bfloat16 values or reductions and per-row values,
+        never both."""
+        if not (self.low or kind.low):
             return True
-        return level == "elem" and not self.rows and not is_row_reduction(node)
+        return level == "elem" and not self.rows and not kind.row_reduction
 
-    def add(self, i: int, node: Node, level: str) -> None:
+    def add(self, i: int, node: Node, level: str, kind: NodeKind) -> None:
         self.nodes.append(i)
-        self.low = self.low or touches_bfloat16(node)
+        self.low = self.low or kind.low
         self.rows = self.rows or level != "elem"
         for o in node.outputs:
             self.values[o] = level
@@ -99,7 +100,7 @@ def fusable(node: Node) -> bool:
     return is_row_reduction(node)
 
 
-def _level(cluster: Cluster, node: Node) -> str | None:
+def _level(cluster: Cluster, node: Node, row_reduction: bool) -> str | None:
     """The level the node would have in the cluster, or None if it does not fit.
 
     A per-row value of shape S[:-1] + (1,) broadcasts over a row as numpy does; one of shape
@@ -107,15 +108,18 @@ def _level(cluster: Cluster, node: Node) -> str | None:
     elementwise op may not use it. A row op's operands from outside must be row-shaped or scalars.
     """
     out = node.outputs[0]
-    if is_row_reduction(node):
+    if row_reduction:  # (is_row_reduction(node))
         x = node.inputs[0]
         return (
             "row" if cluster.values.get(x) == "elem" or (x not in cluster.values and x.shape == cluster.space) else None
         )
     if out.shape == cluster.space:
         keep_row = cluster.space[:-1] + (1,)
-        ok = all(cluster.values.get(v) != "row" or v.shape == keep_row or v.type.size == 1 for v in node.inputs)
-        return "elem" if ok else None
+        levels = cluster.values
+        for v in node.inputs:  # (nearly every node: no per-row operand)
+            if levels.get(v) == "row" and v.shape != keep_row and v.type.size != 1:
+                return None
+        return "elem"
     if out.shape in cluster.row_shapes and all(cluster.values.get(v, "row") == "row" for v in node.inputs):
         outside = [v for v in node.inputs if v not in cluster.values]
         if all(v.shape == out.shape or v.type.size == 1 for v in outside):
@@ -129,14 +133,34 @@ def _producer_index(v: Value, index: dict[int, int]) -> int:
     return -1 if v.producer is None else index.get(id(v.producer), -1)
 
 
-def _fusable_by_kind() -> Callable[[Node], bool]:
-    """``fusable``, remembered per (op, operand types, result types, reduced axes): all it reads
-    of a node without regions (the nodes of repeated layers ask the same few hundred times)."""
-    memo: dict[tuple, bool] = {}
+@dataclass(frozen=True)
+class NodeKind:
+    """What clustering reads of a node: the same for the nodes of one kind (op, operand and
+    result types, reduced axes), as ``fusable``, ``touches_bfloat16`` and ``is_row_reduction``
+    answer them."""
 
-    def check(node: Node) -> bool:
+    fusable: bool
+    low: bool  # touches bfloat16 values
+    row_reduction: bool
+
+
+_IN_REGIONS = NodeKind(fusable=False, low=False, row_reduction=False)  # a node with regions: never fused
+
+
+def node_kind(node: Node) -> NodeKind:
+    if node.regions:
+        return _IN_REGIONS
+    return NodeKind(fusable(node), touches_bfloat16(node), is_row_reduction(node))
+
+
+def _kinds_remembered() -> Callable[[Node], NodeKind]:
+    """``node_kind``, remembered per (op, operand types, result types, reduced axes): all it reads
+    of a node without regions (the nodes of repeated layers ask the same few hundred times)."""
+    memo: dict[tuple, NodeKind] = {}
+
+    def kind_of(node: Node) -> NodeKind:
         if node.regions:
-            return False
+            return _IN_REGIONS
         key = (
             node.op,
             tuple([v.type for v in node.inputs]),
@@ -146,12 +170,12 @@ def _fusable_by_kind() -> Callable[[Node], bool]:
         try:
             got = memo.get(key)
         except TypeError:  # an unhashable attribute
-            return fusable(node)
+            return node_kind(node)
         if got is None:
-            got = memo[key] = fusable(node)
+            got = memo[key] = node_kind(node)
         return got
 
-    return check
+    return kind_of
 
 
 def find_clusters(nodes: list[Node]) -> list[Cluster]:
@@ -159,9 +183,10 @@ def find_clusters(nodes: list[Node]) -> list[Cluster]:
     owner: dict[Value, Cluster] = {}
     clusters: list[Cluster] = []
     recent: Cluster | None = None
-    fusable_here = _fusable_by_kind()
+    kind_of = _kinds_remembered()
     for i, node in enumerate(nodes):
-        if not fusable_here(node):
+        kind = kind_of(node)
+        if not kind.fusable:
             recent = None  # a cluster is only extended by the run of fusable ops that builds it
             continue
         joined = None
@@ -169,37 +194,41 @@ def find_clusters(nodes: list[Node]) -> list[Cluster]:
             c = owner.get(v)
             if c is None or c.part != node.part:
                 continue
-            level = _level(c, node)
-            outside = [u for u in node.inputs if u not in c.values]
-            if (
-                level is not None
-                and c.admits(node, level)
-                and all(_producer_index(u, index) < c.first for u in outside)
-            ):
+            level = _level(c, node, kind.row_reduction)
+            if level is not None and c.admits(kind, level) and _before(node.inputs, c, index):
                 joined = (c, level)
                 break
         if joined is None and recent is not None and recent.part == node.part:
             # operands all from outside any cluster (0.5 * x in GELU, evaluated before the rest):
             # join the cluster being built if it has this space and the operands predate it
-            level = _level(recent, node)
+            level = _level(recent, node, kind.row_reduction)
             if (
                 level == "elem"
-                and recent.admits(node, level)
+                and recent.admits(kind, level)
                 and all(_producer_index(u, index) < recent.first for u in node.inputs)
             ):
                 joined = (recent, level)
         if joined is None:
-            space = node.inputs[0].shape if is_row_reduction(node) else node.outputs[0].shape
+            space = node.inputs[0].shape if kind.row_reduction else node.outputs[0].shape
             c = Cluster(space, node.part, i)
             clusters.append(c)
-            level = _level(c, node) or "elem"
+            level = _level(c, node, kind.row_reduction) or "elem"
             joined = (c, level)
         c, level = joined
         recent = c
-        c.add(i, node, level)
+        c.add(i, node, level, kind)
         for o in node.outputs:
             owner[o] = c
     return [c for c in clusters if len(c.nodes) >= 2]
+
+
+def _before(inputs: tuple[Value, ...], c: Cluster, index: dict[int, int]) -> bool:
+    """Whether the operands of ``inputs`` from outside ``c`` were all computed before its first node."""
+    inside, first = c.values, c.first
+    for u in inputs:
+        if u not in inside and u.producer is not None and index.get(id(u.producer), -1) >= first:
+            return False  # (_producer_index(u, index) < first, inline)
+    return True
 
 
 def _is_scalar_constant(v: Value) -> bool:

@@ -218,6 +218,9 @@ def _is_zeros(v: Value) -> bool:
 @rule("add")
 def add_of_pads(rw, node, ops):  # pad(a) + pad(b), pieces side by side -> pad(concatenate([a, b]))
     x, y = ops
+    px, py = x.producer, y.producer
+    if px is None or py is None or px.op is not OPS.pad or py.op is not OPS.pad:
+        return None  # (what _segments asks first, before the types: nearly every sum adds no pads)
     out = node.outputs[0].type
     if x.type != out or y.type != out:
         return None

@@ -115,23 +115,29 @@ class OpDef:
     def __repr__(self) -> str:
         return f"OpDef({self.name})"
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if name == "traits":  # (also set after the op's definition, next to its rules: graphc/ops/)
+            self.__dict__.pop("_kinds", None)  # made again from the new traits when next asked
+
+    @functools.cached_property
+    def _kinds(self) -> dict[type[Trait], Trait]:
+        """Each class of the op's traits and its base classes, with the first trait that is an
+        instance of it: what ``has`` and ``trait`` look up (the passes and the planner ask
+        millions of times a compile)."""
+        kinds: dict[type[Trait], Trait] = {}
+        for t in self.traits:
+            for cls in type(t).__mro__:
+                kinds.setdefault(cls, t)
+        return kinds
+
     def has(self, kind: type[Trait]) -> bool:
-        """Whether the op declares a trait of class ``kind`` (remembered per kind while ``traits``
-        is the same tuple: the passes and the planner ask millions of times a compile)."""
-        known: tuple[tuple[Trait, ...], dict[type[Trait], bool]] | None = self.__dict__.get("_has")
-        if known is None or known[0] is not self.traits:
-            known = self.__dict__["_has"] = (self.traits, {})
-        got = known[1].get(kind)
-        if got is None:
-            got = known[1][kind] = any(isinstance(t, kind) for t in self.traits)
-        return got
+        """Whether the op declares a trait of class ``kind``."""
+        return kind in self._kinds
 
     def trait(self, kind: type[T]) -> T | None:
         """The op's trait of class ``kind``, or None."""
-        for t in self.traits:
-            if isinstance(t, kind):
-                return t
-        return None
+        return self._kinds.get(kind)  # type: ignore[return-value]  # (a trait of class kind: _kinds)
 
     def infer_types(
         self, in_types: tuple[TensorType, ...], attrs: dict[str, Any], regions: tuple = ()
@@ -253,6 +259,14 @@ def freeze_attr(v: Any) -> Any:
 _FROZEN = (int, float, str, bool, type(None))  # attribute values frozen already, the common ones
 
 
+def _frozen_attrs(attrs: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``attrs`` with each value frozen (``freeze_attr``)."""
+    frozen = {}
+    for k, v in attrs.items():  # (a loop: a shape, axes or a dtype, most values, without a call)
+        frozen[k] = v if type(v) in _FROZEN else freeze_attr(v)
+    return frozen
+
+
 # Tables of shared immutable objects (result types here, source locations in the frontend): equal
 # objects made once, so a large graph keeps fewer objects for the collector to walk. A table holds
 # at most INTERN_LIMIT entries and starts afresh when full (what it handed out stays valid; only
@@ -293,7 +307,7 @@ class Node:
         self.op = op
         self.regions = tuple(regions)
         self.inputs = tuple(inputs)
-        self.attrs = {k: freeze_attr(v) for k, v in attrs.items()} if attrs else {}
+        self.attrs = _frozen_attrs(attrs) if attrs else {}
         known = _TYPES.get  # equal result types shared (INTERN_LIMIT)
         types = output_types if type(output_types) is tuple else tuple(output_types)
         if len(types) == 1:  # (nearly every node: one result)
@@ -728,8 +742,9 @@ def print_graph(g: Graph, names: dict[Value, str] | None = None) -> str:
         lines[0] += ") {"
     else:
         lines.append(") {")
+    printer = _NodePrinter(names)  # one for the graph: what it remembers is shared by the nodes
     for node in g.nodes:
-        lines.extend(format_node(node, names, "  "))
+        lines.extend(printer.lines(node, "  "))
     ret = format_tree(g.out_tree, lambda i: "%" + names[g.outputs[i]], "  ")
     lines.append(f"  return {ret}")
     lines.append("}")
@@ -744,28 +759,67 @@ def _file_text(file: str) -> str:
 
 def format_node(node: Node, names: dict[Value, str], indent: str = "") -> list[str]:
     """The node's line, followed by its regions (indented) if it has any."""
-    made = node.outputs
-    if len(made) == 1:  # (nearly every node: one result)
-        results, types = "%" + names[made[0]], str(made[0].type)
-    else:
-        results, types = ", ".join(["%" + names[o] for o in made]), ", ".join([str(o.type) for o in made]) or "()"
-    operands = ["%" + names[v] for v in node.inputs]
-    if node.attrs:
-        operands += [f"{k}={format_literal(v)}" for k, v in node.attrs.items()]
-    loc = f" loc({_file_text(node.loc.file)}:{node.loc.line})" if node.loc else ""
-    part = f" part({node.part})" if node.part else ""
-    head = f"{results} = " if made else ""
-    line = f"{indent}{head}{node.op.name}({', '.join(operands)}) : {types}{loc}{part}"
-    if not node.regions:
-        return [line]
-    lines = [line + " {"]
-    for region in node.regions:
-        args = ", ".join(f"%{names[v]} : {v.type}" for v in region.inputs)
-        lines.append(f"{indent}  ({args}) {{")
-        for inner in region.nodes:
-            lines.extend(format_node(inner, names, indent + "    "))
-        outs = ", ".join("%" + names[v] for v in region.outputs)
-        lines.append(f"{indent}    yield {outs}".rstrip())
-        lines.append(f"{indent}  }}")
-    lines.append(f"{indent}}}")
-    return lines
+    return _NodePrinter(names).lines(node, indent)
+
+
+class _NodePrinter:
+    """``format_node`` for the nodes of one graph, remembering the texts that repeat from node to
+    node: of each location, and of each attribute whose value is a str, an int, a bool, None, a
+    dtype or a tuple of ints (keyed with its type: ``1`` and ``True`` print apart; floats are not
+    remembered, 0.0 and -0.0 are equal keys)."""
+
+    def __init__(self, names: dict[Value, str]):
+        self.names = names
+        self.attr_texts: dict[tuple, str] = {}
+        self.loc_texts: dict[int, str] = {}  # id of a SourceLoc (held by a node while printing) -> " loc(...)"
+
+    def lines(self, node: Node, indent: str) -> list[str]:
+        """The node's line, followed by its regions (indented) if it has any."""
+        names = self.names
+        made = node.outputs
+        if len(made) == 1:  # (nearly every node: one result)
+            results, types = "%" + names[made[0]], str(made[0].type)
+        else:
+            results, types = ", ".join(["%" + names[o] for o in made]), ", ".join([str(o.type) for o in made]) or "()"
+        operands = ["%" + names[v] for v in node.inputs]
+        if node.attrs:
+            texts = self.attr_texts
+            for k, v in node.attrs.items():
+                kind = type(v)
+                if kind in _REMEMBERED_ATTRS or isinstance(v, np.dtype) or kind is tuple and _int_tuple_flat(v):
+                    key = (k, kind, v)
+                    text = texts.get(key)
+                    if text is None:
+                        text = texts[key] = f"{k}={format_literal(v)}"
+                    operands.append(text)
+                else:
+                    operands.append(f"{k}={format_literal(v)}")
+        loc = ""
+        if node.loc:
+            loc = self.loc_texts.get(id(node.loc), "")
+            if not loc:
+                loc = self.loc_texts[id(node.loc)] = f" loc({_file_text(node.loc.file)}:{node.loc.line})"
+        part = f" part({node.part})" if node.part else ""
+        head = f"{results} = " if made else ""
+        line = f"{indent}{head}{node.op.name}({', '.join(operands)}) : {types}{loc}{part}"
+        if not node.regions:
+            return [line]
+        lines = [line + " {"]
+        for region in node.regions:
+            args = ", ".join(f"%{names[v]} : {v.type}" for v in region.inputs)
+            lines.append(f"{indent}  ({args}) {{")
+            for inner in region.nodes:
+                lines.extend(self.lines(inner, indent + "    "))
+            outs = ", ".join("%" + names[v] for v in region.outputs)
+            lines.append(f"{indent}    yield {outs}".rstrip())
+            lines.append(f"{indent}  }}")
+        lines.append(f"{indent}}}")
+        return lines
+
+
+_REMEMBERED_ATTRS = {str, int, bool, type(None)}
+_INT = {int}
+
+
+def _int_tuple_flat(v: tuple) -> bool:
+    return not v or {*map(type, v)} == _INT

@@ -21,6 +21,7 @@ import numpy as np
 from graphc.core import dtypes
 
 SMALL_ARRAY = 16  # constants with at most this many finite elements print as nested lists
+_INT = {int}
 
 
 def format_float(x: float) -> str:
@@ -32,6 +33,8 @@ def format_float(x: float) -> str:
 
 
 def format_literal(v: Any) -> str:
+    if type(v) is tuple and v and {*map(type, v)} == _INT:  # a shape, axes, a permutation (the usual tuple)
+        return f"({', '.join(map(str, v))},)" if len(v) == 1 else f"({', '.join(map(str, v))})"
     if v is None:
         return "none"
     if isinstance(v, bool):
@@ -43,7 +46,7 @@ def format_literal(v: Any) -> str:
     if isinstance(v, str):
         return json.dumps(v)
     if isinstance(v, np.dtype):
-        return dtypes.short_name(v)
+        return dtypes.SHORT_NAMES.get(v) or dtypes.short_name(v)  # (a canonical dtype, the usual one: at once)
     if isinstance(v, np.ndarray):
         return format_array(v)
     if isinstance(v, tuple):

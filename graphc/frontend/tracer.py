@@ -12,6 +12,7 @@ import contextlib
 import functools
 import inspect
 import itertools
+import operator
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, cast
@@ -31,7 +32,7 @@ from graphc.frontend.locations import (
     user_location,
 )
 from graphc.frontend.ndarray_methods import FlatReader, NdarrayMethods
-from graphc.ops import get_op
+from graphc.ops import REGISTRY, get_op
 
 
 class _State(threading.local):
@@ -40,6 +41,7 @@ class _State(threading.local):
 
 
 _state = _State()
+_TYPE = operator.attrgetter("type")  # a Value's type
 _asarray = np.asarray  # numpy's own (a trace patches np.asarray, which passes a number on to it: entry.py)
 
 
@@ -143,14 +145,17 @@ class TraceContext:
         return inner
 
     def emit(self, opname: str, inputs: Sequence[Tracer], attrs: dict, regions: tuple = ()) -> tuple[Tracer, ...]:
-        op = get_op(opname)
+        op = REGISTRY.get(opname) or get_op(opname)  # (get_op names an unknown op)
         # ``local(t)._value`` of each operand (a non-view of this trace, nearly every one: its own value)
         values = [t._val if t._root is None and t._c is self else self.local(t)._value for t in inputs]
-        out_types = op.infer_types(tuple([v.type for v in values]), attrs, regions)
+        out_types = op.infer_types(tuple(map(_TYPE, values)), attrs, regions)
         loc = self.loc_override or user_location()
         node = Node(op, values, attrs, out_types, loc, self.part, regions)
         self.nodes.append(node)
-        return tuple([Tracer(self, v) for v in node.outputs])
+        outs = node.outputs
+        if len(outs) == 1:  # (nearly every node)
+            return (Tracer(self, outs[0]),)
+        return tuple([Tracer(self, v) for v in outs])
 
     def constant(self, array: np.ndarray) -> Tracer:
         """A constant node for ``array``; the same numpy object traced twice gives one node. A numpy

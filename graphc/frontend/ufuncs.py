@@ -19,6 +19,7 @@ import numpy as np
 
 from graphc.core import dtypes
 from graphc.core.errors import TraceError, numpy_error
+from graphc.core.ir import bounded_put
 from graphc.frontend.tracer import HANDLERS, Tracer, bind, fresh, lift, mark_scalars, registered_handler, user_location
 
 # ufunc -> (primitive, attrs). The primitive sees operands already converted to the loop dtype.
@@ -104,12 +105,22 @@ def resolve_loop(ufunc: np.ufunc, inputs: tuple) -> tuple[np.dtype, ...]:
     # only Python numbers (some as weak arrays): their own dtypes
     if isinstance(in_dts[0], type) and all([isinstance(d, type) for d in in_dts]):
         in_dts = tuple(x.dtype if isinstance(x, Tracer) else d for x, d in zip(inputs, in_dts))
+    key = (ufunc, in_dts)
+    loop = _LOOPS.get(key)
+    if loop is not None:
+        return loop
     try:
-        return ufunc.resolve_dtypes(in_dts + (None,) * ufunc.nout)  # (a tuple of dtypes)
+        loop = ufunc.resolve_dtypes(in_dts + (None,) * ufunc.nout)  # (a tuple of dtypes)
     except (TypeError, np.exceptions.DTypePromotionError) as exc:  # (numpy raises it: a TypeError)
         shown = ", ".join(str(getattr(d, "__name__", d)) for d in in_dts)
         message = f"{ufunc_name(ufunc)} has no loop for operand dtypes ({shown}): {exc}"
         raise numpy_error(exc, TraceError, user_location(), message) from None
+    return bounded_put(_LOOPS, key, loop)
+
+
+# numpy's loop per (ufunc, operand dtypes and Python number types): resolve_dtypes is a function of
+# them alone, and a model calls the same few ufuncs on the same few dtypes in every layer
+_LOOPS: dict[tuple, tuple[np.dtype, ...]] = {}
 
 
 def apply_ufunc(ufunc: np.ufunc, *inputs: Any) -> Tracer:

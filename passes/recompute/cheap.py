@@ -62,13 +62,15 @@ class _Choice:
         self.returned = set(outputs)
         self.inputs = set(inputs)
         # forward values the backward reads: what the step keeps from its forward to its backward
-        self.kept = {
-            v
-            for node in nodes
-            if node.part != "backward"
-            for v in node.outputs
-            if any(u.part == "backward" for u in self.uses.get(v, ()))
-        }
+        self.kept: set[Value] = set()
+        for node in nodes:
+            if node.part == "backward":
+                continue
+            for v in node.outputs:
+                for u in users.get(v, ()):
+                    if u.part == "backward":
+                        self.kept.add(v)
+                        break
         self.recomputed: set[Value] = set()
 
     def free(self, v: Value) -> bool:
@@ -223,7 +225,7 @@ def _recompute_block(
     rw = Rewriter()
     clones: dict[Value, Value] = {}
     for node in nodes:
-        if node.part != "backward" or not any(v in chosen for v in node.inputs):
+        if node.part != "backward" or chosen.isdisjoint(node.inputs):
             rw.keep(node)
             continue
         operands = [_clone(v, chosen, rw, clones) for v in node.inputs]

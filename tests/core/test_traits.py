@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from graphc.core.ir import OpDef
 from graphc.core.traits import (
     Collective,
     Constant,
@@ -42,6 +43,27 @@ def test_every_op_says_what_its_results_are(name):
     assert len(declared) == 1, f"{name} declares {declared or 'none'} of {[k.__name__ for k in ALIASING]}"
     assert op.has(Elementwise) == (op.kind == "elementwise")
     assert op.has(Reduction) == (op.kind == "reduction")
+
+
+TRAIT_CLASSES = sorted({cls for op in REGISTRY.values() for t in op.traits for cls in type(t).__mro__}, key=str)
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_has_and_trait_answer_as_isinstance_over_the_traits(name):
+    """``has`` and ``trait`` read a table made from the traits (ir.py ``OpDef._kinds``): they
+    answer what a scan of the traits with isinstance answers, base classes (Trait) included."""
+    op = REGISTRY[name]
+    for kind in (*TRAIT_CLASSES, Constant, Reduction):
+        first = next((t for t in op.traits if isinstance(t, kind)), None)
+        assert op.has(kind) == (first is not None)
+        assert op.trait(kind) is first
+
+
+def test_has_follows_traits_set_after_the_first_question():
+    op = OpDef("traits_probe", "elementwise", lambda ts: ts, lambda x: x, traits=(Elementwise(),))
+    assert op.has(Elementwise) and not op.has(Reduction)
+    op.traits = (Reduction("add"), FreshResult())
+    assert op.has(Reduction) and op.trait(Reduction) == Reduction("add") and not op.has(Elementwise)
 
 
 def test_ops_are_named_once():

@@ -90,3 +90,27 @@ def test_float64_computed_inside_and_cast_back_is_not_reported():
     assert promotions(graphc.trace(f, np.ones(3, np.float32))) == []
     sites = promotions(graphc.trace(lambda x: (x.astype(np.float32) * np.float64(2), x), np.ones(3, np.float32)))
     assert len(sites) == 1  # ... but one result is float64: reported
+
+
+def test_remembered_loops_are_numpys_for_every_operand_mix():
+    """``resolve_loop`` remembers numpy's loop per (ufunc, operand dtypes): asked twice (the
+    second answer from the table), in either order of the mixes, it is numpy's resolve_dtypes
+    each time, Python numbers weak (NEP 50)."""
+    from graphc.core import dtypes
+    from graphc.frontend.ufuncs import _LOOPS, resolve_loop
+
+    kinds = [np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int32), np.dtype(np.bool_), dtypes.BFLOAT16]
+    operands = [np.zeros((), dt) for dt in kinds] + [2, 0.5]
+    mixes = [(a, b) for a in operands for b in operands if not (type(a) in (int, float) and type(b) in (int, float))]
+    for ufunc in (np.add, np.multiply, np.maximum, np.less):
+        for mix in (*mixes, *reversed(mixes)):
+            in_dts = tuple(type(x) if type(x) in (int, float) else x.dtype for x in mix)
+            if dtypes.BFLOAT16 in in_dts:  # a Python float next to bfloat16 stays bfloat16 (ufuncs.py)
+                in_dts = tuple(dtypes.BFLOAT16 if d is float else d for d in in_dts)
+            try:
+                want = ufunc.resolve_dtypes((*in_dts, None))
+            except TypeError:  # (no loop: resolve_loop raises a TraceError, and remembers nothing)
+                assert (ufunc, in_dts) not in _LOOPS
+                continue
+            assert resolve_loop(ufunc, mix) == want, (ufunc, mix)
+            assert _LOOPS[(ufunc, in_dts)] == want

@@ -173,3 +173,23 @@ def test_parse_errors_give_line_column_and_expectation(text, line, column, words
 def test_types_print_compactly():
     assert str(TensorType((2, 3), np.float32)) == "f32[2,3]"
     assert str(TensorType((), np.bool_)) == "bool[]"
+
+
+def test_attribute_texts_remembered_per_graph_keep_types_apart():
+    """The printer remembers the text of plain attribute values per graph (ir.py ``_NodePrinter``):
+    values that compare equal but print differently (1 and True, (1,) and (True,), 0.0 and -0.0)
+    each still print as ``format_literal`` prints them, in either order."""
+    from graphc.core.ir import Node, Value, _NodePrinter
+    from graphc.core.literals import format_literal
+    from graphc.ops import OPS
+
+    values = [1, True, (1,), (True,), (), 0.0, -0.0, 1.0, "eq", None, np.dtype(np.float32), ((0, 1),), ((False, 1),)]
+    for order in (values, values[::-1]):
+        x = Value(TensorType((2,), np.float32), name="x")
+        names = {x: "x"}
+        nodes = [Node(OPS.neg, [x], {"a": v}, [x.type]) for v in order]
+        names.update({n.outputs[0]: str(i) for i, n in enumerate(nodes)})
+        printer = _NodePrinter(names)
+        for node, v in zip(nodes, order):
+            (line,) = printer.lines(node, "")
+            assert f"(%x, a={format_literal(v)})" in line, (v, line)

@@ -170,39 +170,53 @@ def test_cli_stage():
     assert fused.returncode == 0 and "fused(" in fused.stdout
 
 
+def _kind(node):
+    """What ``find_clusters`` reads of a node, asked of the functions themselves."""
+    from graphc.passes.fuse import fusable, is_row_reduction, touches_bfloat16
+
+    return (not node.regions and fusable(node), touches_bfloat16(node), is_row_reduction(node))
+
+
+def _facts(kind):
+    return (kind.fusable, kind.low, kind.row_reduction)
+
+
 @given(random_graphs(max_nodes=12), st.integers(0, 1000))
 @settings(max_examples=60, deadline=None)
-def test_fusable_by_kind_agrees_with_fusable_on_random_graphs(graph, _seed):
-    """``find_clusters`` remembers ``fusable`` per (op, operand and result types, reduced axes):
-    all it reads of a node, so the remembered answer is the node's own."""
-    from graphc.passes.fuse import _fusable_by_kind, fusable
+def test_kinds_remembered_agree_with_the_node_on_random_graphs(graph, _seed):
+    """``find_clusters`` remembers ``node_kind`` (fusable, touches bfloat16, a row reduction) per
+    (op, operand and result types, reduced axes): all it reads of a node, so the remembered
+    answer is the node's own."""
+    from graphc.passes.fuse import _kinds_remembered
 
-    check = _fusable_by_kind()
+    kind_of = _kinds_remembered()
     for node in graph.nodes:
-        assert check(node) == fusable(node)
+        assert _facts(kind_of(node)) == _kind(node)
 
 
-def test_fusable_by_kind_tells_apart_what_fusable_reads():
-    """Nodes of one op on one operand type that ``fusable`` tells apart by their reduced axes
+def test_kinds_remembered_tell_apart_what_the_node_kind_reads():
+    """Nodes of one op on one operand type that ``node_kind`` tells apart by their reduced axes
     (a row reduction or not) or their result type (float16 has no kernel), asked in both orders,
     and a bfloat16 training step's nodes each asked twice (the second answer from the memo)."""
     from graphc.models import gpt3
-    from graphc.passes.fuse import _fusable_by_kind, fusable
+    from graphc.passes.fuse import _kinds_remembered
 
     def f(x):
         return x.sum(axis=1), x.sum(axis=0), x.astype(np.float64), x.astype(np.float16)
 
     graph = graphc.trace(f, np.ones((4, 4), np.float32))
-    want = [fusable(node) for node in graph.nodes]
-    assert want == [True, False, True, False]
-    assert [_fusable_by_kind()(node) for node in graph.nodes] == want
-    check = _fusable_by_kind()
-    assert [check(node) for node in reversed(graph.nodes)] == want[::-1]
+    want = [_kind(node) for node in graph.nodes]
+    assert [w[0] for w in want] == [True, False, True, False]
+    assert [w[2] for w in want] == [True, False, False, False]
+    assert [_facts(_kinds_remembered()(node)) for node in graph.nodes] == want
+    kind_of = _kinds_remembered()
+    assert [_facts(kind_of(node)) for node in reversed(graph.nodes)] == want[::-1]
     args, kw = gpt3.example_train_specs_small()
     graph = graphc.trace(gpt3.train_step, *args, **kw)
-    check = _fusable_by_kind()
-    want = [fusable(node) for node in graph.nodes]
-    assert [check(node) for node in graph.nodes] == want == [check(node) for node in graph.nodes]
+    kind_of = _kinds_remembered()
+    want = [_kind(node) for node in graph.nodes]
+    assert any(w[1] for w in want) and not all(w[1] for w in want)  # bfloat16 parameters, float32 moments
+    assert [_facts(kind_of(node)) for node in graph.nodes] == want == [_facts(kind_of(n)) for n in graph.nodes]
 
 
 def test_optimize_leaves_no_dropped_nodes_for_the_collector(monkeypatch):
