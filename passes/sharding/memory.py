@@ -624,15 +624,18 @@ def fused_inside(graph: Graph) -> set[Value]:
     model without it (tests/passes/sharding/test_seqpar.py; docs/remat.md)."""
     nodes = graph.nodes
     # backward clusters are made of backward nodes only, so the nodes before the first of them are
-    # left out: clustering the rest finds the same backward clusters (fuse.py ``_producer_index``)
+    # left out: clustering the rest finds the same backward clusters (fuse.py ``_producer_index``);
+    # clustering goes node by node and never adds a later part's node to a backward cluster, so
+    # the nodes after the last backward one (the update's: most of the clusters) are left out too
     start = next((k for k, n in enumerate(nodes) if n.part == "backward"), len(nodes))
+    end = next((k for k in range(len(nodes) - 1, start - 1, -1) if nodes[k].part == "backward"), start - 1) + 1
     nodes = nodes[start:]
     outputs = set(graph.outputs)
     # a value is read only inside its cluster when its reads there (an operand each) are all its
-    # reads: counted, not a list of readers per value of the graph
+    # reads, the update's included: counted, not a list of readers per value of the graph
     reads = Counter(chain.from_iterable(map(_INPUTS, nodes)))
     inside: set[Value] = set()
-    for cluster in find_clusters(nodes):
+    for cluster in find_clusters(nodes[: end - start]):
         if cluster.part != "backward":
             continue
         members = [nodes[k] for k in cluster.nodes]

@@ -1,4 +1,4 @@
-"""``memory.fused_inside`` clusters only the nodes from the first backward node on: the backward
+"""``memory.fused_inside`` clusters only the nodes from the first backward node to the last: the backward
 clusters, and so the values kept inside kernels, are those of clustering every node."""
 
 from __future__ import annotations
