@@ -55,7 +55,7 @@ def _trains_on_as_on_one_device(pf, last_state) -> None:
     assert_close(got, want)
 
 
-@pytest.mark.parametrize("steps", [100, pytest.param(1000, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("steps", [100, pytest.param(1000, marks=pytest.mark.long)])  # 1,000 steps: 25 s
 def test_a_long_run_on_threads_holds_its_memory_threads_and_files(steps):
     pf, last, losses, first, end = _threads_run(steps)
     _check_usage(first, end, f"{steps} steps on {MESH} threads")
