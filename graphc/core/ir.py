@@ -25,7 +25,7 @@ import numpy as np
 
 from graphc.core import dtypes
 from graphc.core.errors import ShapeError, SourceLoc, VerifyError
-from graphc.core.literals import format_literal
+from graphc.core.literals import format_literal, is_int_tuple
 from graphc.core.pytree import TreeDef
 from graphc.core.traits import Trait
 
@@ -786,7 +786,7 @@ class _NodePrinter:
             texts = self.attr_texts
             for k, v in node.attrs.items():
                 kind = type(v)
-                if kind in _REMEMBERED_ATTRS or isinstance(v, np.dtype) or kind is tuple and _int_tuple_flat(v):
+                if kind in _REMEMBERED_ATTRS or isinstance(v, np.dtype) or is_int_tuple(v):
                     key = (k, kind, v)
                     text = texts.get(key)
                     if text is None:
@@ -818,8 +818,3 @@ class _NodePrinter:
 
 
 _REMEMBERED_ATTRS = {str, int, bool, type(None)}
-_INT = {int}
-
-
-def _int_tuple_flat(v: tuple) -> bool:
-    return not v or {*map(type, v)} == _INT

@@ -24,6 +24,11 @@ SMALL_ARRAY = 16  # constants with at most this many finite elements print as ne
 _INT = {int}
 
 
+def is_int_tuple(v: Any) -> bool:
+    """Whether ``v`` is a tuple of plain ints (a shape, axes, a permutation: the usual tuple), or ()."""
+    return type(v) is tuple and (not v or {*map(type, v)} == _INT)
+
+
 def format_float(x: float) -> str:
     if x != x:
         return "nan"
@@ -33,7 +38,7 @@ def format_float(x: float) -> str:
 
 
 def format_literal(v: Any) -> str:
-    if type(v) is tuple and v and {*map(type, v)} == _INT:  # a shape, axes, a permutation (the usual tuple)
+    if is_int_tuple(v) and v:  # a shape, axes, a permutation (the usual tuple)
         return f"({', '.join(map(str, v))},)" if len(v) == 1 else f"({', '.join(map(str, v))})"
     if v is None:
         return "none"

@@ -660,7 +660,6 @@ def view_roots(graph: Graph) -> dict[Value, Value]:
     roots: dict[Value, Value] = {}
     strided: set[Value] = set()  # values that may not be C-contiguous
     views: dict[OpDef, ViewOf | None] = {}  # each op's trait asked once, not per node
-    follows: dict[OpDef, bool] = {}  # the op's result is laid out as its operands are
     for node in graph.nodes:
         op = node.op
         if op in views:
@@ -668,11 +667,10 @@ def view_roots(graph: Graph) -> dict[Value, Value]:
         else:
             view = views[op] = op.trait(ViewOf) if op.has(ViewOf) else None
         if view is None:
-            if strided and not node.regions:
-                if op not in follows:
-                    follows[op] = op.has(Elementwise) or op.has(Reduction)
-                if follows[op] and not strided.isdisjoint(node.inputs):
-                    strided.update(node.outputs)
+            # (the op's result laid out as its operands are)
+            follows = strided and not node.regions and (op.has(Elementwise) or op.has(Reduction))
+            if follows and not strided.isdisjoint(node.inputs):
+                strided.update(node.outputs)
             continue
         if node.regions or not node.inputs:
             continue

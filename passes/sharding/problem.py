@@ -33,7 +33,7 @@ from typing import Any
 
 from graphc.core.collector import collector_paused
 from graphc.core.errors import PlanError
-from graphc.core.ir import Graph, Node, OpDef, TensorType, Value
+from graphc.core.ir import Graph, Node, TensorType, Value
 from graphc.core.mesh import Mesh
 from graphc.core.spec import P, Spec, SpecError, format_spec, parse_spec
 from graphc.core.traits import Constant, IndexedLookup, ShardingConstraint, stream_position
@@ -401,7 +401,6 @@ class _ProblemBuilder:
         phases: dict[str | None, dict[str | None, str]] = {}  # reader's part -> value's part -> read_phase
         redo_later, none = self.redo_later, frozenset[frozenset[int]]()
         reduced: dict[frozenset, frozenset] = {}  # ``_reduced_along``'s cache
-        pins: dict[OpDef, bool] = {}  # op -> whether it pins its node (ShardingConstraint), asked once per op
         for n_i, node in enumerate(self.graph.nodes):
             rule = rules[node]
             in_update = node in update
@@ -444,10 +443,7 @@ class _ProblemBuilder:
                 )
                 item.warning = f"{node.op.name} {why}: replicated"
                 self.warnings.append(f"{node.loc or '?'}: {item.warning}")
-            pinned = pins.get(node.op)
-            if pinned is None:
-                pinned = pins[node.op] = node.op.has(ShardingConstraint)
-            if pinned:
+            if node.op.has(ShardingConstraint):
                 _pin(item, node.attrs["spec"], f"graphc.shard at {node.loc or '?'}", PlanError, node=True)
             idx = len(items)
             items.append(item)
