@@ -16,14 +16,13 @@ from typing import Any
 import numpy as np
 
 from graphc.core.ir import Graph, Node, Value
+from graphc.core.literals import is_int_tuple
 from graphc.passes.rewrite import Rewriter, apply_to_graph, finish, map_regions
-
-_INT = {int}
 
 
 def attr_key(v: Any) -> Any:
     """A hashable key for an attribute value (arrays by dtype, shape and bytes)."""
-    if type(v) is tuple and (not v or {*map(type, v)} == _INT):  # a shape, axes, a permutation: itself
+    if is_int_tuple(v):  # a shape, axes, a permutation: itself
         return ("tuple of ints", v)  # (no type's name has spaces: no other value's key is equal)
     if isinstance(v, np.ndarray):
         return ("array", v.dtype.str, v.shape, v.tobytes())
