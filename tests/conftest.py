@@ -12,16 +12,17 @@ def pytest_addoption(parser):
         "--long",
         action="store_true",
         help="also run the tests marked long: searches that use a minute-long time limit, solves "
-        "under tight limits, soaks under MPI (docs/development.md)",
+        "under tight limits, soaks under MPI, and costly cases of families the full run tests (docs/development.md)",
     )
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``long`` run only with ``--long``: each takes about a minute on two cores (more under load), so
-    the full run (CI) leaves them out and says so in its summary of skips."""
+    """Tests marked ``long`` run only with ``--long``: each takes 10 s to a minute on two cores (more under load),
+    and a faster test of its feature runs without it, so the full run (CI) leaves them out and says so in its
+    summary of skips."""
     if config.getoption("--long"):
         return
-    skip = pytest.mark.skip(reason="a long run (about a minute): pytest --long runs it")
+    skip = pytest.mark.skip(reason="a long run (10 s to a minute): pytest --long runs it")
     for item in items:
         if "long" in item.keywords:
             item.add_marker(skip)

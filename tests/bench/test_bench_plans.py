@@ -10,7 +10,7 @@ from graphc.bench import plans
 from graphc.core.profile import MachineProfile
 
 
-@pytest.mark.slow
+@pytest.mark.long  # 24 s loaded: eight plans built, run twice each and measured (the pieces have quick tests below)
 def test_bench_plans_tiny_structure():
     profile = MachineProfile.default()
     result = plans.bench_plans(

@@ -36,7 +36,7 @@ def test_the_rows_are_the_published_setups_and_allocate_nothing():
     assert 174e9 < n < 176e9  # GPT-3 175B's parameter count
 
 
-@pytest.mark.slow
+@pytest.mark.long  # 16 s loaded: a whole --devices search of a small GPT-3
 def test_a_row_prints_its_layout_step_and_mfu():
     row = scale.Row("small", gpt3.train_step, gpt3.example_train_specs_small, 4, "a100-sxm", 80, "-", 30.0)
     cells = scale.run_row(row)

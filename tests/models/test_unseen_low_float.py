@@ -107,8 +107,16 @@ def test_value_and_grad_on_dp2_tp2_threads(model, dtype):
 
 @needs_mpi
 @pytest.mark.slow
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("model", ["llama", "cnn"])
+@pytest.mark.parametrize(
+    "model, dtype",
+    # llama: 9-22 s loaded; the CNN takes the same paths in the full run
+    [
+        pytest.param("llama", "f16", marks=pytest.mark.long),
+        pytest.param("llama", "bf16", marks=pytest.mark.long),
+        ("cnn", "f16"),
+        ("cnn", "bf16"),
+    ],
+)
 def test_value_and_grad_under_mpiexec_n_4_gives_the_threaded_bits(tmp_path, monkeypatch, model, dtype):
     env = dict(os.environ, GRAPHC_CACHE_DIR=str(tmp_path / "cache"), GRAPHC_PROFILE=str(tmp_path / "none.json"))
     monkeypatch.setenv("GRAPHC_CACHE_DIR", env["GRAPHC_CACHE_DIR"])  # the ranks load the threaded run's plan

@@ -72,7 +72,7 @@ def _check(case: str, mesh: dict, fractions: list[float], rtol: float) -> None:
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=rtol, atol=rtol)
 
 
-@pytest.mark.slow
+@pytest.mark.long  # 9 s loaded; the GPT cases above run in the full run
 def test_llama_fits_60_and_40_percent_of_its_peak_on_one_device():
     _check("llama-issue", {"dp": 1}, [0.6, 0.4], rtol=0.0)
 

@@ -127,7 +127,7 @@ def small_search():
     return g, search_meshes(g, 4, PlanOptions(memory_limit=2**30), profile=A100)
 
 
-@pytest.mark.slow
+@pytest.mark.long  # 16-19 s: a whole --devices 4 search (tests/passes/test_search.py runs one through the CLI)
 def test_block_search_on_a_small_step_finds_a_plan_and_says_what_it_skipped(small_search):
     _g, cands = small_search
     best = cands[0]
@@ -165,7 +165,7 @@ def test_a_search_stopped_at_its_limit_returns_the_best_plan_so_far(monkeypatch)
     assert timed_out and {o.layout.tp for o in timed_out} - {solved[0][0]}
 
 
-@pytest.mark.slow
+@pytest.mark.long  # shares the search above
 def test_plan_layout_prices_a_given_layout_no_faster_than_the_search(small_search):
     g, cands = small_search
     model = layered_model(g, step_batch(g), A100)

@@ -477,7 +477,8 @@ def test_mlp_value_and_grad_under_mpiexec_n_4_gives_the_threaded_bits(tmp_path_f
         assert got[f"leaf_{i}"].tobytes() == want.view(np.uint16).tobytes(), f"leaf {i}: other bits than threads"
 
 
-@pytest.mark.parametrize("backend", ["threads", pytest.param("mpi", marks=[needs_mpi, pytest.mark.slow])])
+# under mpi: 12 s loaded (bfloat16 under mpiexec runs in the full run: test_mlp_value_and_grad_under_mpiexec_n_4...)
+@pytest.mark.parametrize("backend", ["threads", pytest.param("mpi", marks=[needs_mpi, pytest.mark.long])])
 def test_graphc_run_checks_a_bfloat16_model_against_the_interpreter(tmp_path, backend):
     env = dict(os.environ, GRAPHC_CACHE_DIR=str(tmp_path / "cache"), GRAPHC_PROFILE=str(tmp_path / "none.json"))
     root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))

@@ -94,7 +94,7 @@ def test_every_collective_gives_the_threaded_bits(env, n):
 @pytest.mark.parametrize(
     "n, mesh, microbatches, schedule",
     [
-        (2, "dp=2", 1, ""),
+        pytest.param(2, "dp=2", 1, "", marks=pytest.mark.long),  # 18 s loaded; dp=2,tp=2 covers it
         (4, "dp=2,tp=2", 1, ""),
         (2, "pp=2", 2, "1f1b"),
         (4, "pp=2,dp=2", 2, "gpipe"),
@@ -122,7 +122,7 @@ def test_gpt_train_step_equals_the_threaded_backend_bit_for_bit(
     [
         (2, "pp=2", "1f1b"),
         pytest.param(2, "dp=2", "1f1b", marks=pytest.mark.slow),  # gradient accumulation: one stage, no pp
-        pytest.param(4, "dp=2,tp=2", "1f1b", marks=pytest.mark.slow),
+        pytest.param(4, "dp=2,tp=2", "1f1b", marks=pytest.mark.long),  # 12 s loaded: accumulation, as dp=2's
         pytest.param(4, "pp=2,dp=2", "gpipe", marks=pytest.mark.slow),
         pytest.param(4, "pp=2,tp=2", "1f1b", marks=pytest.mark.slow),  # split parameters stay as they are
     ],

@@ -376,7 +376,7 @@ def test_a_limit_below_a_problem_with_nothing_to_choose_names_its_peak():
     assert at_peak.plan(x).memory.peak_bytes == (peak,)
 
 
-@pytest.mark.slow  # about 25 s: the fallback at 54% runs the held-buffer rounds out
+@pytest.mark.long  # 20-25 s: the fallback at 54% runs the held-buffer rounds out
 def test_a_plan_whose_held_buffers_break_the_limit_says_so(tmp_path, monkeypatch):
     """ilp.solve's fallback (docs/remat.md): when the held-buffer rows leave no plan, the last plan
     whose values fit stands, and its held peak may be over the limit. The plan then says so in its

@@ -102,7 +102,7 @@ def test_a_pinned_node_and_a_warning_round_trip(small):
     assert "pinned" not in again["nodes"][1] and "warning" not in again["nodes"][0]
 
 
-@pytest.mark.slow
+@pytest.mark.long  # 18 s loaded: plans of deep steps
 def test_a_deep_plans_file_grows_linearly_with_a_small_constant():
     """At 30 and 60 layers (both over ``ALTERNATIVES_IN_FILE`` items): the file per record is
     bounded, and doubling the depth at most doubles it."""

@@ -52,7 +52,7 @@ def free_peak(graph):
         (None, False),
         (None, True),
         # a limit that binds: memory rows; the offload columns under a limit take minutes, left out
-        pytest.param(0.9, False, marks=pytest.mark.slow),
+        pytest.param(0.9, False, marks=pytest.mark.long),  # 12 s loaded
     ],
 )
 def test_tie_rows_once_keep_the_optimum_of_every_tie_row(graph, free_peak, share, offload, monkeypatch):

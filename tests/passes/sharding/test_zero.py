@@ -313,7 +313,7 @@ def mpi_job(out: str) -> None:
     print(f"ok {pf.world.rank}", flush=True)
 
 
-@pytest.mark.slow
+@pytest.mark.long  # 15 s loaded; tests/models/test_unseen_runtime.py runs ZeRO-3 under MPI in the full run
 @needs_mpi
 def test_zero_3_under_mpi_equals_one_device(tmp_path):
     out = tmp_path / "out.npz"
