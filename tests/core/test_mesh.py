@@ -316,6 +316,9 @@ def test_profile_path(monkeypatch, tmp_path):
     monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / "cache"))
     assert profile_path() == str(tmp_path / "cache" / "profile.json")
     monkeypatch.delenv("GRAPHC_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert profile_path() == str(tmp_path / "xdg" / "graphc" / "profile.json")
+    monkeypatch.delenv("XDG_CACHE_HOME")
     assert profile_path() == os.path.join(os.path.expanduser("~"), ".cache", "graphc", "profile.json")
 
 
