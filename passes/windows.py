@@ -43,7 +43,7 @@ def _batchable(node: Node) -> bool:
         return False
     if node.op.has(Elementwise) or node.op in (OPS.where, OPS.convert, OPS.reshape):
         return True
-    r = node.op.trait(Reduction) if node.op.has(Reduction) else None
+    r = node.op.trait(Reduction)
     return r is not None and r.combine in ("add", "max", "min")
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from itertools import repeat
 
-from graphc.core.ir import Graph, Node, OpDef, Value
+from graphc.core.ir import Graph, Node, Value
 from graphc.core.traits import Elementwise
 from graphc.passes.fuse import is_row_reduction
 
@@ -37,14 +37,9 @@ def fused_values(graph: Graph) -> frozenset[Value]:
     read: set[Value] = set()  # values some node reads
     kept: set[Value] = set()  # values some node that joins no kernel reads
     joining: list[Node] = []
-    elementwise: dict[OpDef, bool] = {}  # each op asked once, not per node
     for node in graph.nodes:
         read.update(node.inputs)
-        op = node.op
-        elem = elementwise.get(op)
-        if elem is None:
-            elem = elementwise[op] = op.has(Elementwise)
-        if not node.regions and (elem or is_row_reduction(node)):  # ``joins_kernel``
+        if joins_kernel(node):
             joining.append(node)
         else:
             kept.update(node.inputs)

@@ -42,7 +42,7 @@ from itertools import chain
 
 import numpy as np
 
-from graphc.core.ir import Graph, OpDef, TensorType, Value
+from graphc.core.ir import Graph, TensorType, Value
 from graphc.core.mesh import Mesh
 from graphc.core.spec import P, R, local_shape
 from graphc.core.traits import Constant, Elementwise, Reduction, ViewOf
@@ -659,17 +659,17 @@ def view_roots(graph: Graph) -> dict[Value, Value]:
     counted as strided whenever any operand is (never an under-count)."""
     roots: dict[Value, Value] = {}
     strided: set[Value] = set()  # values that may not be C-contiguous
-    views: dict[OpDef, ViewOf | None] = {}  # each op's trait asked once, not per node
     for node in graph.nodes:
         op = node.op
-        if op in views:
-            view = views[op]
-        else:
-            view = views[op] = op.trait(ViewOf) if op.has(ViewOf) else None
+        view = op.trait(ViewOf)
         if view is None:
-            # (the op's result laid out as its operands are)
-            follows = strided and not node.regions and (op.has(Elementwise) or op.has(Reduction))
-            if follows and not strided.isdisjoint(node.inputs):
+            # the op's result laid out as its operands are: strided when one of them is
+            if (
+                strided
+                and not node.regions
+                and (op.has(Elementwise) or op.has(Reduction))
+                and not strided.isdisjoint(node.inputs)
+            ):
                 strided.update(node.outputs)
             continue
         if node.regions or not node.inputs:
