@@ -38,8 +38,9 @@ def format_float(x: float) -> str:
 
 
 def format_literal(v: Any) -> str:
-    if is_int_tuple(v) and v:  # a shape, axes, a permutation (the usual tuple)
-        return f"({', '.join(map(str, v))},)" if len(v) == 1 else f"({', '.join(map(str, v))})"
+    if isinstance(v, tuple):  # first: a shape, axes, a permutation (a tuple of ints) is the usual attribute
+        inner = ", ".join(map(str, v)) if is_int_tuple(v) else ", ".join(map(format_literal, v))
+        return f"({inner},)" if len(v) == 1 else f"({inner})"
     if v is None:
         return "none"
     if isinstance(v, bool):
@@ -54,9 +55,6 @@ def format_literal(v: Any) -> str:
         return dtypes.SHORT_NAMES.get(v) or dtypes.short_name(v)  # (a canonical dtype, the usual one: at once)
     if isinstance(v, np.ndarray):
         return format_array(v)
-    if isinstance(v, tuple):
-        inner = ", ".join(format_literal(x) for x in v)
-        return f"({inner},)" if len(v) == 1 else f"({inner})"
     raise TypeError(f"cannot print attribute value of type {type(v).__name__}")
 
 
