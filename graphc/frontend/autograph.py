@@ -548,13 +548,19 @@ class _Transformer(ast.NodeTransformer):
 # --- conversion ----------------------------------------------------------------------------------------
 
 
+@functools.cache
+def _stdlib() -> str:
+    """The standard library's folder, found once: ``sysconfig.get_paths`` expands its path
+    templates on every call (12,000 calls, 1.3 s, tracing the 1,000-layer GPT)."""
+    return sysconfig.get_paths().get("stdlib", "\0")
+
+
 def _is_user_function(fn: types.FunctionType) -> bool:
     module = getattr(fn, "__module__", None) or ""
     if module.split(".")[0] in _SKIP_PACKAGES or module in sys.builtin_module_names:
         return False
     filename = fn.__code__.co_filename
-    stdlib = sysconfig.get_paths().get("stdlib", "\0")
-    return not filename.startswith(stdlib) or "site-packages" in filename
+    return not filename.startswith(_stdlib()) or "site-packages" in filename
 
 
 def _class_of(fn: types.FunctionType) -> str | None:
