@@ -27,6 +27,7 @@ from graphc.passes.accumulate import plan_accumulated
 from graphc.passes.options import PlanOptions
 from graphc.passes.partition import optimize_for_planning, plan_sharding, state_ties
 from graphc.passes.pipeline import PipelinePlan
+from tests.helpers import cache_of_its_own
 from tests.helpers import graphc_cli as call
 
 PROFILE = get_profile("cpu-here")
@@ -372,7 +373,7 @@ TARGET = [os.path.join(ROOT, "models", "mlp.py:train_step"), "--example", "examp
 
 @pytest.fixture
 def cli_env(tmp_path, monkeypatch):
-    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", cache_of_its_own(tmp_path / "cache"))
     monkeypatch.setenv("GRAPHC_PROFILE", str(tmp_path / "no_profile.json"))
     monkeypatch.chdir(tmp_path)
     return tmp_path

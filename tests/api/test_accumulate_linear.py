@@ -15,6 +15,7 @@ import pytest
 import graphc
 from graphc.core.errors import PlanError
 from graphc.core.pytree import flatten
+from tests.helpers import cache_of_its_own
 from tests.helpers import graphc_cli as call
 
 LR = 0.1
@@ -218,7 +219,7 @@ def test_the_cli_compiles_and_runs_a_linear_loss_in_micro_batches(tmp_path, monk
     run equal to graphc's interpreter (it said the step "has no forward pass")."""
     (tmp_path / "linear.py").write_text(LINEAR_FILE)
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", cache_of_its_own(tmp_path / "cache"))
     target = f"{tmp_path}/linear.py:train_step"
     code, _out, err = call("compile", target, "--mesh", mesh, "--microbatches", "2", "-o", "plan.json", "--quiet")
     assert code == 0, err

@@ -13,7 +13,7 @@ import graphc.cli.run
 from graphc.api.parallel import Parallelized
 from graphc.frontend.locations import display_path
 from graphc.models import mlp
-from tests.helpers import assert_same_pytree
+from tests.helpers import assert_same_pytree, cache_of_its_own
 from tests.helpers import graphc_cli as call
 
 TARGET = ["models/mlp.py:train_step", "--example", "example_train_args"]
@@ -22,7 +22,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 @pytest.fixture
 def env(tmp_path, monkeypatch):
-    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", cache_of_its_own(tmp_path / "cache"))
     monkeypatch.setenv("GRAPHC_PROFILE", str(tmp_path / "no_profile.json"))
     monkeypatch.chdir(ROOT)
     return tmp_path

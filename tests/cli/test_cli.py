@@ -7,6 +7,7 @@ import sys
 import pytest
 
 import graphc
+from tests.helpers import cache_of_its_own
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
@@ -94,7 +95,9 @@ def test_a_baseline_is_named_for_what_it_ran():
 
 
 def _compile(tmp_path, *extra):
-    env = dict(os.environ, GRAPHC_CACHE_DIR=str(tmp_path / "cache"), GRAPHC_PROFILE=str(tmp_path / "none.json"))
+    env = dict(
+        os.environ, GRAPHC_CACHE_DIR=cache_of_its_own(tmp_path / "cache"), GRAPHC_PROFILE=str(tmp_path / "none.json")
+    )
     return subprocess.run(
         [sys.executable, "-m", "graphc.cli", "compile", *extra],
         cwd=ROOT,
@@ -149,7 +152,9 @@ def test_run_on_a_mesh_checks_numpy_and_writes_a_chrome_trace(tmp_path):
     import json
 
     trace = tmp_path / "timeline.json"
-    env = dict(os.environ, GRAPHC_CACHE_DIR=str(tmp_path / "cache"), GRAPHC_PROFILE=str(tmp_path / "none.json"))
+    env = dict(
+        os.environ, GRAPHC_CACHE_DIR=cache_of_its_own(tmp_path / "cache"), GRAPHC_PROFILE=str(tmp_path / "none.json")
+    )
     res = subprocess.run(
         [
             sys.executable,
@@ -189,7 +194,9 @@ def test_run_on_a_mesh_checks_numpy_and_writes_a_chrome_trace(tmp_path):
 def test_compile_resolves_around_the_pins_of_a_hand_edited_plan_and_run_runs_it(tmp_path):
     import json
 
-    env = dict(os.environ, GRAPHC_CACHE_DIR=str(tmp_path / "cache"), GRAPHC_PROFILE=str(tmp_path / "none.json"))
+    env = dict(
+        os.environ, GRAPHC_CACHE_DIR=cache_of_its_own(tmp_path / "cache"), GRAPHC_PROFILE=str(tmp_path / "none.json")
+    )
     target = ("models/mlp.py:train_step", "--example", "example_train_args")
     plan_file, resolved = tmp_path / "plan.json", tmp_path / "resolved.json"
     res = _compile(tmp_path, *target, "--mesh", "dp=2", "-o", str(plan_file))
@@ -251,7 +258,7 @@ def test_warnings_reach_stderr_of_compile_and_run(tmp_path):
     env = dict(
         os.environ,
         PYTHONPATH=ROOT,
-        GRAPHC_CACHE_DIR=str(tmp_path / "cache"),
+        GRAPHC_CACHE_DIR=cache_of_its_own(tmp_path / "cache"),
         GRAPHC_PROFILE=str(tmp_path / "none.json"),
     )
     cmd = [sys.executable, "-m", "graphc.cli"]
@@ -290,7 +297,7 @@ def test_compile_writes_a_deep_plan_without_alternatives_unless_asked_and_explai
     from tests.helpers import graphc_cli
 
     monkeypatch.setattr(plan_module, "ALTERNATIVES_IN_FILE", 10)
-    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", cache_of_its_own(tmp_path / "cache"))
     monkeypatch.setenv("GRAPHC_PROFILE", str(tmp_path / "none.json"))
     monkeypatch.chdir(ROOT)
     target = ("compile", "models/mlp.py:train_step", "--example", "example_train_args", "--mesh", "dp=2")

@@ -11,6 +11,7 @@ import textwrap
 
 import pytest
 
+from tests.helpers import cache_of_its_own
 from tests.helpers import graphc_cli as call
 
 MODEL = textwrap.dedent(
@@ -106,7 +107,7 @@ def files(tmp_path_factory):
 @contextlib.contextmanager
 def _env(d):
     saved = {k: os.environ.get(k) for k in ("GRAPHC_CACHE_DIR", "GRAPHC_PROFILE", "GRAPHC_DEBUG")}
-    os.environ.update(GRAPHC_CACHE_DIR=str(d / "cache"), GRAPHC_PROFILE=str(d / "no_profile.json"))
+    os.environ.update(GRAPHC_CACHE_DIR=cache_of_its_own(d / "cache"), GRAPHC_PROFILE=str(d / "no_profile.json"))
     os.environ.pop("GRAPHC_DEBUG", None)
     cwd = os.getcwd()
     os.chdir(d)

@@ -9,6 +9,7 @@ import textwrap
 
 import pytest
 
+from tests.helpers import cache_of_its_own
 from tests.helpers import graphc_cli as call
 
 MODEL = textwrap.dedent(
@@ -41,7 +42,7 @@ MODEL = textwrap.dedent(
 
 @pytest.fixture
 def model(tmp_path, monkeypatch):
-    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", cache_of_its_own(tmp_path / "cache"))
     monkeypatch.setenv("GRAPHC_PROFILE", str(tmp_path / "no_profile.json"))
     monkeypatch.chdir(tmp_path)
     (tmp_path / "drop.py").write_text(MODEL)

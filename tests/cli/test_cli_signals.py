@@ -13,6 +13,8 @@ import time
 import numpy as np
 import pytest
 
+from tests.helpers import cache_of_its_own
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 LINE = {signal.SIGINT: "graphc: interrupted", signal.SIGTERM: "graphc: terminated (SIGTERM)"}
 STATUS = {signal.SIGINT: 130, signal.SIGTERM: 143}
@@ -42,7 +44,9 @@ def interrupt(tmp_path, argv, ready: str, sig: int, delay: float = 0.3) -> tuple
     """Start ``graphc argv``, wait until ``ready`` appears in its output, send ``sig`` ``delay``
     seconds later (the phase that printed ``ready`` lasts longer); returns (exit status, seconds
     from the signal to the exit, stdout, stderr)."""
-    env = dict(os.environ, GRAPHC_CACHE_DIR=str(tmp_path / "cache"), GRAPHC_PROFILE=str(tmp_path / "none.json"))
+    env = dict(
+        os.environ, GRAPHC_CACHE_DIR=cache_of_its_own(tmp_path / "cache"), GRAPHC_PROFILE=str(tmp_path / "none.json")
+    )
     env.pop("GRAPHC_DEBUG", None)
     proc = subprocess.Popen(
         [sys.executable, "-m", "graphc", *argv],

@@ -24,6 +24,7 @@ from graphc.bench.bounds import ulp_at
 from graphc.core.pytree import flatten
 from graphc.models import gpt, rnn
 from graphc.programs import simulate
+from tests.helpers import cache_of_its_own
 from tests.models.unseen_mpi_jobs import LOW, cast, loss_case
 from tests.runtime.test_low_float import (
     assert_each_leaf_off_by_2_percent_fails,
@@ -119,7 +120,9 @@ def test_value_and_grad_on_dp2_tp2_threads(model, dtype):
     ],
 )
 def test_value_and_grad_under_mpiexec_n_4_gives_the_threaded_bits(tmp_path, monkeypatch, model, dtype):
-    env = dict(os.environ, GRAPHC_CACHE_DIR=str(tmp_path / "cache"), GRAPHC_PROFILE=str(tmp_path / "none.json"))
+    env = dict(
+        os.environ, GRAPHC_CACHE_DIR=cache_of_its_own(tmp_path / "cache"), GRAPHC_PROFILE=str(tmp_path / "none.json")
+    )
     monkeypatch.setenv("GRAPHC_CACHE_DIR", env["GRAPHC_CACHE_DIR"])  # the ranks load the threaded run's plan
     monkeypatch.setenv("GRAPHC_PROFILE", env["GRAPHC_PROFILE"])
     loss, args, kw = _case(model, dtype)

@@ -19,7 +19,7 @@ import graphc
 from graphc.core.ir import TensorType
 from graphc.core.pytree import flatten, unflatten
 from graphc.runtime.einsum import BlasEinsum, einsum_step
-from tests.helpers import assert_adam_step_close, assert_normwise_close
+from tests.helpers import assert_adam_step_close, assert_normwise_close, cache_of_its_own
 from tests.models.unseen_mpi_jobs import train_case
 from tests.runtime.test_einsum import assert_same_as_numpy
 from tests.runtime.test_mpi import ROOT, mpirun, needs_mpi
@@ -30,7 +30,9 @@ JOBS = os.path.join(ROOT, "tests", "models", "unseen_mpi_jobs.py")
 @pytest.fixture
 def mpi_env(tmp_path, monkeypatch):
     """The jobs' cache and profile, also this process's: the ranks load the threaded run's plans."""
-    env = dict(os.environ, GRAPHC_CACHE_DIR=str(tmp_path / "cache"), GRAPHC_PROFILE=str(tmp_path / "none.json"))
+    env = dict(
+        os.environ, GRAPHC_CACHE_DIR=cache_of_its_own(tmp_path / "cache"), GRAPHC_PROFILE=str(tmp_path / "none.json")
+    )
     monkeypatch.setenv("GRAPHC_CACHE_DIR", env["GRAPHC_CACHE_DIR"])
     monkeypatch.setenv("GRAPHC_PROFILE", env["GRAPHC_PROFILE"])
     return env

@@ -9,6 +9,8 @@ import re
 
 import pytest
 
+from tests.helpers import cache_of_its_own
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 SETUP = "python3 -m venv .venv && .venv/bin/python -m pip install -e "
@@ -49,7 +51,7 @@ def test_relative_links_lead_to_files(page):
 
 
 def test_the_readme_example_runs(tmp_path, monkeypatch):
-    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", cache_of_its_own(tmp_path / "cache"))
     (code,) = _blocks((ROOT / "README.md").read_text(), "python")
     script = tmp_path / "example.py"
     script.write_text(code)

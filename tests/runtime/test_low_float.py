@@ -39,7 +39,7 @@ from graphc.runtime.einsum import BlasEinsum, einsum_step
 from graphc.runtime.executor import Executable
 from graphc.runtime.pieces import sum_in_rank_order
 from tests.graphgen import random_graphs, random_inputs
-from tests.helpers import fuzz_settings, quiet
+from tests.helpers import cache_of_its_own, fuzz_settings, quiet
 from tests.runtime.mpi_jobs import mlp_case
 from tests.runtime.test_mpi import JOBS, MPIEXEC, mpirun, needs_mpi
 
@@ -462,7 +462,9 @@ def test_random_16_bit_graphs_equal_their_rounded_float32_twin(graph, seed):
 )
 def test_mlp_value_and_grad_under_mpiexec_n_4_gives_the_threaded_bits(tmp_path_factory, monkeypatch, dtype):
     base = tmp_path_factory.mktemp("mpi")  # the cache the threaded run fills and the ranks read
-    env = dict(os.environ, GRAPHC_CACHE_DIR=str(base / "cache"), GRAPHC_PROFILE=str(base / "no-profile.json"))
+    env = dict(
+        os.environ, GRAPHC_CACHE_DIR=cache_of_its_own(base / "cache"), GRAPHC_PROFILE=str(base / "no-profile.json")
+    )
     monkeypatch.setenv("GRAPHC_CACHE_DIR", env["GRAPHC_CACHE_DIR"])
     monkeypatch.setenv("GRAPHC_PROFILE", env["GRAPHC_PROFILE"])
     params, x, labels = mlp_case(BF16 if dtype == "bf16" else F16)
@@ -480,7 +482,9 @@ def test_mlp_value_and_grad_under_mpiexec_n_4_gives_the_threaded_bits(tmp_path_f
 # under mpi: 12 s loaded (bfloat16 under mpiexec runs in the full run: test_mlp_value_and_grad_under_mpiexec_n_4...)
 @pytest.mark.parametrize("backend", ["threads", pytest.param("mpi", marks=[needs_mpi, pytest.mark.long])])
 def test_graphc_run_checks_a_bfloat16_model_against_the_interpreter(tmp_path, backend):
-    env = dict(os.environ, GRAPHC_CACHE_DIR=str(tmp_path / "cache"), GRAPHC_PROFILE=str(tmp_path / "none.json"))
+    env = dict(
+        os.environ, GRAPHC_CACHE_DIR=cache_of_its_own(tmp_path / "cache"), GRAPHC_PROFILE=str(tmp_path / "none.json")
+    )
     root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
     target = ("models/mlp.py:train_step", "--example", "example_train_args_bf16", "--mesh", "dp=2,tp=2")
     cli = [sys.executable, "-m", "graphc.cli", "run", *target, "--repeat", "1"]

@@ -29,7 +29,7 @@ import pytest
 import graphc
 from graphc.core.pytree import flatten
 from graphc.models import gpt
-from tests.helpers import mpiexec_path
+from tests.helpers import cache_of_its_own, mpiexec_path
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 JOBS = os.path.join(ROOT, "tests", "runtime", "mpi_jobs.py")
@@ -47,7 +47,9 @@ needs_mpi = pytest.mark.skipif(
 def env(tmp_path_factory):
     """The jobs' environment: one cache directory for the module, the default machine profile."""
     base = tmp_path_factory.mktemp("mpi")
-    return dict(os.environ, GRAPHC_CACHE_DIR=str(base / "cache"), GRAPHC_PROFILE=str(base / "no-profile.json"))
+    return dict(
+        os.environ, GRAPHC_CACHE_DIR=cache_of_its_own(base / "cache"), GRAPHC_PROFILE=str(base / "no-profile.json")
+    )
 
 
 def mpirun(n: int, *args: str, env: dict, timeout: float = 120.0) -> subprocess.CompletedProcess:
@@ -423,7 +425,7 @@ def test_without_mpi4py_parallelize_names_the_install_command(monkeypatch):
 
 @pytest.mark.slow
 def test_sharded_input_and_memmap_on_threads_build_only_each_devices_piece(tmp_path, monkeypatch):
-    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", cache_of_its_own(tmp_path / "cache"))
     (params, state, tokens, targets), kwargs = gpt.example_train_args(batch=8, seq=16, n_layer=1)
     pf = graphc.parallelize(gpt.train_step, mesh="dp=2", static_argnames=STATIC)
     want = flatten(pf(params, state, tokens, targets, **kwargs))[0]
@@ -448,7 +450,7 @@ def test_sharded_input_checks_what_its_function_returns():
 
 
 def test_sharded_array_gather_on_threads_is_the_whole_value(tmp_path, monkeypatch):
-    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", cache_of_its_own(tmp_path / "cache"))
     (params, state, tokens, targets), kwargs = gpt.example_train_args(batch=8, seq=16, n_layer=1)
     pf = graphc.parallelize(gpt.train_step, mesh="dp=2", static_argnames=STATIC, sharded_state=True)
     new_params = pf(params, state, tokens, targets, **kwargs)[0]
