@@ -355,7 +355,9 @@ KINDS = {
 def _is_kind(path: str, kind: str) -> bool:
     """Whether the existing file at ``path`` is what a command writing ``kind`` makes (or empty).
     The entries a file starts with decide first (``_head_entries``): a plan of 1,000 layers is
-    111 MB, and parsing it all took 4.8 s before each compile that writes over it."""
+    111 MB, and parsing it all took 4.8 s before each compile that writes over it. So a file that
+    begins as graphc's plan is taken as one whatever follows (a plan cut short or edited since);
+    any other is parsed whole."""
     try:
         with open(path, "rb") as f:
             head = f.read(1 << 16)
@@ -367,7 +369,7 @@ def _is_kind(path: str, kind: str) -> bool:
                 return True
             text = head + f.read()
         doc = json.loads(text)
-    except (OSError, ValueError):  # unreadable, not UTF-8, not JSON
+    except (OSError, ValueError, RecursionError):  # unreadable, not UTF-8, not JSON, nested too deep
         return False
     return isinstance(doc, dict) and _doc_is_kind(doc, kind)
 
@@ -391,7 +393,8 @@ def _head_entries(head: bytes) -> dict:
     found: dict = {}
     for line in lines[1:-1]:  # the last line may be cut short
         try:
-            entry = json.loads(b"{" + line.strip().rstrip(b",") + b"}")
+            line = line.strip()
+            entry = json.loads(b"{" + (line[:-1] if line.endswith(b",") else line) + b"}")
         except ValueError:
             break
         found.update(entry)

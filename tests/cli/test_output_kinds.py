@@ -60,8 +60,21 @@ def test_a_plan_or_an_empty_file_may_be_written_over(tmp_path, text):
         dump_document({"data": [1, 2, 3]})[:-3],  # someone's truncated JSON
         "[1, 2, 3]\n",
         "{\n not json\n",
+        '{\n "version": 2,,\n "graph": {"hash": "0"},\n "mesh": {}\n}\n',  # two commas: not JSON
+        "[" * 100_000 + "]" * 100_000,  # nested past Python's recursion limit
     ],
-    ids=["text", "profile", "no-hash", "graph-not-record", "no-mesh", "truncated-other", "list", "broken"],
+    ids=[
+        "text",
+        "profile",
+        "no-hash",
+        "graph-not-record",
+        "no-mesh",
+        "truncated-other",
+        "list",
+        "broken",
+        "commas",
+        "deep",
+    ],
 )
 def test_any_other_file_is_refused(tmp_path, text):
     path = tmp_path / "plan.json"
