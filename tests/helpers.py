@@ -11,14 +11,18 @@ from graphc.core.cache import private_dir
 from graphc.core.files import cache_dir
 from graphc.core.pytree import flatten
 
+# the kernel cache of the user running the tests (GRAPHC_CACHE_DIR, XDG_CACHE_HOME or ~/.cache, as
+# at the start of the session), which the tests that keep the default cache share
+_KERNELS = cache_dir("kernels")
+
 
 def cache_of_its_own(folder) -> str:
     """A graphc cache folder (``GRAPHC_CACHE_DIR``) for a test or its subprocesses: plans and
-    machine profile of its own, and the compiled kernels of the session's cache, through a link
-    (call it before setting the variable). A kernel compiled once serves every test, as it serves
-    a user's runs; in folders of their own the tests compiled about 170 kernels again, a minute of
-    CI on an empty cache. Tests of the kernel cache itself make an empty folder instead."""
-    shared = private_dir(cache_dir("kernels"))
+    machine profile of its own, and the kernels of the default cache (``_KERNELS``) through a
+    link. A kernel compiled once serves every test, as it serves a user's runs; in folders of
+    their own the CLI, MPI and plan-file tests compiled about 170 kernels again, a minute of CI on
+    an empty cache. Tests of the kernel cache itself make an empty folder instead."""
+    shared = private_dir(_KERNELS)
     os.makedirs(folder, mode=0o700, exist_ok=True)
     link = os.path.join(folder, "kernels")
     if shared is not None and not os.path.lexists(link):  # (a module's folder is asked for again)

@@ -107,7 +107,8 @@ def _folder_problem(path: str, strict: str) -> tuple[str, str] | None:
 
 def private_dir(path: str) -> str | None:
     """``path`` (absolute) ready to hold cache entries, created 0700 when missing; None, after a
-    CacheWarning naming the folder and why, when it cannot be created or is not the user's alone."""
+    CacheWarning naming the folder and why, when it cannot be created or is not the user's alone
+    (checked along ``path`` and, when a symbolic link is on it, along the path it resolves to)."""
     path = os.path.abspath(path)
     try:
         existing, missing = _missing_folders(path)
@@ -115,6 +116,9 @@ def private_dir(path: str) -> str | None:
         if problem is None and missing:
             _make_private(missing)
             problem = _folder_problem(path, path)
+        real = os.path.realpath(path)
+        if problem is None and real != path:  # a link (or one above): the folders it leads through too
+            problem = _folder_problem(real, real)
     except OSError as exc:
         warn_cache(path, f"cannot create or inspect the cache folder ({exc.strerror})", "working without this cache")
         return None

@@ -233,6 +233,32 @@ def test_a_world_writable_folder_above_the_cache_needs_the_sticky_bit(tmp_path, 
         assert cache.private_dir(cache_dir("plans")) == str(shared / "graphc" / "plans")
 
 
+def test_a_linked_cache_folder_is_checked_where_the_link_leads(tmp_path, monkeypatch):
+    """A cache folder reached through a symbolic link (as the tests link their kernels) is trusted
+    only if the folders it resolves through are safe too: a 0700 folder inside a world-writable
+    folder without the sticky bit can be replaced by anyone, link or not."""
+    shared = tmp_path / "shared"
+    target = shared / "kernels"
+    target.mkdir(parents=True, mode=0o700)
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    (home / "kernels").symlink_to(target)
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(home))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CacheWarning)
+        assert cache.private_dir(cache_dir("kernels")) == str(home / "kernels")
+    shared.chmod(0o777)
+    with pytest.warns(CacheWarning, match=f"{shared}: cache folder is world-writable without the sticky bit"):
+        assert cache.private_dir(cache_dir("kernels")) is None
+    shared.chmod(0o1777)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CacheWarning)
+        assert cache.private_dir(cache_dir("kernels")) == str(home / "kernels")
+    target.chmod(0o770)  # the folder it leads to must be the user's alone
+    with pytest.warns(CacheWarning, match="is group-writable"):
+        assert cache.private_dir(cache_dir("kernels")) is None
+
+
 def test_seals_check_the_key_the_length_and_the_hash():
     blob = cache.seal("key-a", b"payload")
     assert cache.unseal(blob, "key-a") == (b"payload", "")

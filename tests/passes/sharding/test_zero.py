@@ -25,7 +25,7 @@ from graphc.core.mesh import Mesh
 from graphc.core.profiles import MachineProfile
 from graphc.core.pytree import flatten
 from graphc.models import mlp
-from tests.helpers import mpiexec_path
+from tests.helpers import cache_of_its_own, mpiexec_path
 
 DEFAULT = MachineProfile.default()  # planned for one fixed machine, not this one's calibration
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
@@ -318,7 +318,7 @@ def mpi_job(out: str) -> None:
 def test_zero_3_under_mpi_equals_one_device(tmp_path):
     out = tmp_path / "out.npz"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-    env["GRAPHC_CACHE_DIR"] = str(tmp_path / "cache")
+    env["GRAPHC_CACHE_DIR"] = cache_of_its_own(tmp_path / "cache")
     res = subprocess.run(
         [str(mpiexec_path()), "-n", "4", sys.executable, os.path.abspath(__file__), str(out)],
         cwd=ROOT,
